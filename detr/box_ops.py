@@ -1,0 +1,58 @@
+"""Box helpers that torchvision.ops does not have in the form DETR needs.
+
+Formats: ``cxcywh`` is (center x, center y, width, height), ``xyxy`` is (x0, y0, x1, y1); both either
+normalised to [0, 1] or in pixels, as each caller's docstring says. Conversions themselves use
+:func:`torchvision.ops.box_convert`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchvision.ops import box_convert
+
+
+def cxcywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
+    """[..., 4] cxcywh → [..., 4] xyxy (same units)."""
+    return box_convert(boxes, in_fmt="cxcywh", out_fmt="xyxy")
+
+
+def xyxy_to_cxcywh(boxes: torch.Tensor) -> torch.Tensor:
+    """[..., 4] xyxy → [..., 4] cxcywh (same units)."""
+    return box_convert(boxes, in_fmt="xyxy", out_fmt="cxcywh")
+
+
+def _area(boxes: torch.Tensor) -> torch.Tensor:
+    return (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+
+
+def batched_generalized_box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
+    """Pairwise GIoU per batch element: [B, N, 4] xyxy × [B, M, 4] xyxy → [B, N, M].
+
+    The same arithmetic as :func:`torchvision.ops.generalized_box_iou` (no epsilon, so values equal the
+    authors' to float precision), batched so the matcher computes only each image's own block.
+    """
+    area1, area2 = _area(boxes1), _area(boxes2)  # [B, N], [B, M]
+    lt = torch.max(boxes1[:, :, None, :2], boxes2[:, None, :, :2])  # [B, N, M, 2]
+    rb = torch.min(boxes1[:, :, None, 2:], boxes2[:, None, :, 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)  # [B, N, M]
+    union = area1[:, :, None] + area2[:, None, :] - inter
+    iou = inter / union
+    lt_c = torch.min(boxes1[:, :, None, :2], boxes2[:, None, :, :2])
+    rb_c = torch.max(boxes1[:, :, None, 2:], boxes2[:, None, :, 2:])
+    area_c = (rb_c - lt_c).clamp(min=0).prod(-1)
+    return iou - (area_c - union) / area_c
+
+
+def elementwise_generalized_box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
+    """GIoU of matched pairs: [N, 4] xyxy and [N, 4] xyxy → [N].
+
+    Equals the diagonal of the pairwise GIoU (what the authors' loss takes) without the N × N matrix.
+    """
+    area1, area2 = _area(boxes1), _area(boxes2)
+    lt = torch.max(boxes1[:, :2], boxes2[:, :2])
+    rb = torch.min(boxes1[:, 2:], boxes2[:, 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    union = area1 + area2 - inter
+    iou = inter / union
+    area_c = (torch.max(boxes1[:, 2:], boxes2[:, 2:]) - torch.min(boxes1[:, :2], boxes2[:, :2])).clamp(min=0).prod(-1)
+    return iou - (area_c - union) / area_c

@@ -1,0 +1,118 @@
+"""Category maps: how the model's integer labels relate to a data set's category ids and names.
+
+DETR predicts ``num_classes + 1`` logits; label ``i`` is a model class and the last logit is "no object".
+For COCO the authors use COCO's raw category ids (1..90) as labels, so ``num_classes = 91`` and the
+unused ids are simply never targets (REFERENCE.md, "COCO"). Other data sets usually want contiguous
+labels ``0..K-1``. A :class:`CategoryMap` records which convention a model uses, and travels with data
+modules, checkpoints and prediction files, so outputs always carry the data set's own ids and names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# COCO 2017's 80 categories (id, name), as in instances_val2017.json.
+COCO_CATEGORIES: tuple[tuple[int, str], ...] = (
+    (1, "person"), (2, "bicycle"), (3, "car"), (4, "motorcycle"), (5, "airplane"), (6, "bus"),
+    (7, "train"), (8, "truck"), (9, "boat"), (10, "traffic light"), (11, "fire hydrant"),
+    (13, "stop sign"), (14, "parking meter"), (15, "bench"), (16, "bird"), (17, "cat"), (18, "dog"),
+    (19, "horse"), (20, "sheep"), (21, "cow"), (22, "elephant"), (23, "bear"), (24, "zebra"),
+    (25, "giraffe"), (27, "backpack"), (28, "umbrella"), (31, "handbag"), (32, "tie"),
+    (33, "suitcase"), (34, "frisbee"), (35, "skis"), (36, "snowboard"), (37, "sports ball"),
+    (38, "kite"), (39, "baseball bat"), (40, "baseball glove"), (41, "skateboard"),
+    (42, "surfboard"), (43, "tennis racket"), (44, "bottle"), (46, "wine glass"), (47, "cup"),
+    (48, "fork"), (49, "knife"), (50, "spoon"), (51, "bowl"), (52, "banana"), (53, "apple"),
+    (54, "sandwich"), (55, "orange"), (56, "broccoli"), (57, "carrot"), (58, "hot dog"),
+    (59, "pizza"), (60, "donut"), (61, "cake"), (62, "chair"), (63, "couch"), (64, "potted plant"),
+    (65, "bed"), (67, "dining table"), (70, "toilet"), (72, "tv"), (73, "laptop"), (74, "mouse"),
+    (75, "remote"), (76, "keyboard"), (77, "cell phone"), (78, "microwave"), (79, "oven"),
+    (80, "toaster"), (81, "sink"), (82, "refrigerator"), (84, "book"), (85, "clock"), (86, "vase"),
+    (87, "scissors"), (88, "teddy bear"), (89, "hair drier"), (90, "toothbrush"),
+)
+
+#: Name given to labels of the raw-id space that no category uses (COCO's gaps).
+UNUSED_NAME = "N/A"
+
+
+@dataclass(frozen=True)
+class CategoryMap:
+    """Label ``i`` of the model is category ``category_ids[i]`` of the data set, named ``names[i]``.
+
+    Build one with :meth:`from_coco_categories` or :meth:`coco`; store it with :meth:`to_dict`.
+    """
+
+    category_ids: tuple[int, ...]
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.category_ids) != len(self.names):
+            raise ValueError(
+                f"CategoryMap needs one name per category id, got {len(self.category_ids)} ids "
+                f"and {len(self.names)} names"
+            )
+        if len(set(self.category_ids)) != len(self.category_ids):
+            raise ValueError(f"CategoryMap category ids must be unique, got {list(self.category_ids)}")
+
+    @property
+    def num_classes(self) -> int:
+        """Number of model classes (logits minus the no-object logit)."""
+        return len(self.category_ids)
+
+    def label_to_category_id(self, labels: torch.Tensor | int) -> torch.Tensor | int:
+        """Model label(s) → data set category id(s); a tensor comes back as an int64 tensor."""
+        if isinstance(labels, torch.Tensor):
+            table = torch.tensor(self.category_ids, dtype=torch.int64, device=labels.device)
+            return table[labels.long()]
+        return self.category_ids[int(labels)]
+
+    def category_id_to_label(self, category_id: int) -> int:
+        """Data set category id → model label; ``KeyError`` naming the id if the map lacks it."""
+        lookup = {cid: label for label, cid in enumerate(self.category_ids)}
+        if category_id not in lookup:
+            raise KeyError(f"category id {category_id} is not in this category map ({self.num_classes} classes)")
+        return lookup[category_id]
+
+    def name(self, label: int) -> str:
+        """Name of model label ``label``; the no-object label (``num_classes``) is called "no object"."""
+        return "no object" if label == self.num_classes else self.names[label]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form, for checkpoints and prediction files."""
+        return {"category_ids": list(self.category_ids), "names": list(self.names)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CategoryMap:
+        """Inverse of :meth:`to_dict`."""
+        return cls(tuple(int(i) for i in data["category_ids"]), tuple(str(n) for n in data["names"]))
+
+    @classmethod
+    def from_coco_categories(cls, categories: list[dict[str, Any]], contiguous: bool) -> CategoryMap:
+        """Build from a COCO json's ``categories`` list.
+
+        contiguous=False keeps raw ids as labels (``num_classes = max id + 1``; unused ids are named
+        ``"N/A"`` and map to themselves), which is how the released COCO checkpoints are labelled.
+        contiguous=True gives labels ``0..K-1`` in order of increasing category id.
+        """
+        if not categories:
+            raise ValueError("the annotation json has no 'categories'; add at least one {'id', 'name'} entry")
+        by_id = {int(c["id"]): str(c.get("name", c["id"])) for c in categories}
+        if contiguous:
+            ids = tuple(sorted(by_id))
+            return cls(ids, tuple(by_id[i] for i in ids))
+        if min(by_id) < 0:
+            raise ValueError(f"raw category ids must be >= 0 to serve as labels, got {min(by_id)}")
+        size = max(by_id) + 1
+        return cls(tuple(range(size)), tuple(by_id.get(i, UNUSED_NAME) for i in range(size)))
+
+    @classmethod
+    def coco(cls) -> CategoryMap:
+        """COCO 2017 in the raw 91-id space used by the authors' released checkpoints."""
+        return cls.from_coco_categories([{"id": i, "name": n} for i, n in COCO_CATEGORIES], contiguous=False)
+
+    @staticmethod
+    def is_coco_like(categories: list[dict[str, Any]]) -> bool:
+        """True if ``categories`` are COCO 2017's (same ids and names), so raw ids should be kept."""
+        return sorted((int(c["id"]), str(c.get("name"))) for c in categories) == list(COCO_CATEGORIES)

@@ -1,0 +1,164 @@
+"""Load released, plain and this project's own checkpoints safely (``torch.load(weights_only=True)``).
+
+Three formats are read:
+- the authors' release files (detr-r50-e632da11.pth …): ``{"model": state_dict, ...}``;
+- plain state dicts in that key layout;
+- this project's Lightning checkpoints: ``state_dict`` with keys ``"model." + official key`` and
+  ``checkpoint["detr"] = {"model_config": …, "category_map": …}`` written by the training system.
+
+The architecture is inferred from the weights (what the weights cannot show, DC5 and the number of heads,
+comes from the file name, the stored config or an override).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from detr.categories import CategoryMap
+from detr.models.detr import DETR, build_detr
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read, is unsafe, or does not fit the model."""
+
+
+@dataclass
+class CheckpointContents:
+    """What a checkpoint file holds, in the official key layout."""
+
+    state_dict: dict[str, torch.Tensor]
+    model_config: dict[str, Any] | None  # build_detr kwargs, for this project's own checkpoints
+    category_map: CategoryMap | None
+
+
+def _torch_load(path: Path) -> Any:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} does not exist")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"refused to load {path}: it holds Python objects other than tensors and plain containers, "
+            f"which could run code when unpickled ({str(error).splitlines()[0]}). Only weight files are read. "
+            f"If you trust the file, re-save its state dict: torch.save(torch.load(path, weights_only=False)"
+            f"['model'], 'clean.pth')."
+        ) from error
+    except (RuntimeError, EOFError, OSError) as error:
+        raise CheckpointError(f"could not read checkpoint {path}: {error} (truncated or not a torch file?)") from error
+
+
+def _is_state_dict(obj: Any) -> bool:
+    return isinstance(obj, dict) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def read_checkpoint(path: str | Path) -> CheckpointContents:
+    """Read any supported checkpoint file into a state dict in the official layout (+ metadata)."""
+    path = Path(path)
+    obj = _torch_load(path)
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj.get("detr"), dict):
+        meta = obj["detr"]
+        prefix = "model."
+        state_dict = {k[len(prefix):]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
+        category_map = CategoryMap.from_dict(meta["category_map"]) if meta.get("category_map") else None
+        return CheckpointContents(state_dict, dict(meta.get("model_config") or {}) or None, category_map)
+    if isinstance(obj, dict) and _is_state_dict(obj.get("model")):
+        return CheckpointContents(dict(obj["model"]), None, None)
+    if _is_state_dict(obj):
+        return CheckpointContents(dict(obj), None, None)
+    keys = list(obj)[:10] if isinstance(obj, dict) else type(obj).__name__
+    raise CheckpointError(
+        f"{path} is not a DETR checkpoint: expected an authors' release file (a dict with a 'model' state dict), "
+        f"a plain state dict, or a Lightning checkpoint of this project; found {keys}"
+    )
+
+
+def _count_layers(state_dict: dict[str, torch.Tensor], prefix: str) -> int:
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
+    found = {int(m.group(1)) for key in state_dict if (m := pattern.match(key))}
+    return max(found) + 1 if found else 0
+
+
+def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "") -> dict[str, Any]:
+    """build_detr keyword arguments that reproduce the layout of ``state_dict``.
+
+    DC5 (a dilated layer4) does not change any weight shape: it is taken from the file name (the released
+    files contain "dc5"). The number of heads is not visible either: the authors always use 8.
+    """
+    required = ("query_embed.weight", "class_embed.weight", "backbone.0.body.conv1.weight")
+    missing = [key for key in required if key not in state_dict]
+    if missing:
+        raise CheckpointError(f"{file_name or 'the state dict'} lacks DETR keys {missing}: not a DETR checkpoint "
+                              f"in the authors' layout")
+    body = "backbone.0.body."
+    bottleneck = f"{body}layer1.0.conv3.weight" in state_dict
+    blocks_layer3 = _count_layers(state_dict, f"{body}layer3.")
+    depth = {(False, 2): "resnet18", (False, 6): "resnet34", (True, 6): "resnet50", (True, 23): "resnet101"}.get(
+        (bottleneck, blocks_layer3))
+    if depth is None:
+        raise CheckpointError(f"{file_name or 'the state dict'}: cannot tell the ResNet depth (layer3 has "
+                              f"{blocks_layer3} blocks, bottleneck={bottleneck})")
+    if f"{body}bn1.running_mean" not in state_dict:
+        norm = "group_norm"
+    elif f"{body}bn1.num_batches_tracked" in state_dict:
+        norm = "batch_norm"
+    else:
+        norm = "frozen_batch_norm"
+    num_queries, hidden_dim = state_dict["query_embed.weight"].shape
+    encoder_layers = _count_layers(state_dict, "transformer.encoder.layers.")
+    ffn_key = ("transformer.encoder.layers.0.linear1.weight" if encoder_layers
+               else "transformer.decoder.layers.0.linear1.weight")
+    return {
+        "backbone": depth,
+        "dilation": "dc5" in Path(file_name).name.lower(),
+        "position_encoding": "learned" if "backbone.1.row_embed.weight" in state_dict else "sine",
+        "hidden_dim": int(hidden_dim),
+        "num_heads": 8,
+        "num_encoder_layers": encoder_layers,
+        "num_decoder_layers": _count_layers(state_dict, "transformer.decoder.layers."),
+        "dim_feedforward": int(state_dict[ffn_key].shape[0]),
+        "pre_norm": "transformer.encoder.norm.weight" in state_dict,
+        "num_queries": int(num_queries),
+        "num_classes": int(state_dict["class_embed.weight"].shape[0]) - 1,
+        "backbone_norm": norm,
+        "backbone_last_stage": "layer4" if _count_layers(state_dict, f"{body}layer4.") else "layer3",
+    }
+
+
+def load_checkpoint(path: str | Path, **overrides: Any) -> DETR:
+    """Build the model a checkpoint describes, load its weights, return it in eval mode.
+
+    Args:
+        path: an authors' release file, a plain state dict, or this project's Lightning checkpoint.
+        overrides: build_detr keyword arguments that win over what is inferred (e.g. ``dilation=True``
+            for a renamed DC5 file, ``num_heads``).
+
+    The returned model carries ``category_map``: the checkpoint's own, or COCO's for a 91-class file
+    without one. Missing or unexpected keys raise :class:`CheckpointError` naming them.
+    """
+    path = Path(path)
+    contents = read_checkpoint(path)
+    config = contents.model_config or infer_model_config(contents.state_dict, path.name)
+    config = {**config, "pretrained_backbone": False, **overrides}
+    model = build_detr(**config)
+    missing, unexpected = model.load_state_dict(contents.state_dict, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path} does not fit the model built from {config}: missing keys {missing[:10]}"
+            f"{' …' if len(missing) > 10 else ''} ({len(missing)}), unexpected keys {unexpected[:10]}"
+            f"{' …' if len(unexpected) > 10 else ''} ({len(unexpected)})"
+        )
+    category_map = contents.category_map
+    if category_map is None and model.num_classes == 91:
+        category_map = CategoryMap.coco()
+    model.category_map = category_map
+    logger.info("loaded %s (%s, %d classes)", path, config["backbone"], model.num_classes)
+    return model.eval()

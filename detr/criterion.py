@@ -1,0 +1,102 @@
+"""DETR's set loss (paper §3.1, REFERENCE.md "Matching and loss").
+
+A pure function of predictions and targets: the caller passes ``num_boxes`` already reduced across
+processes (the training system all-reduces it); nothing here talks to torch.distributed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from detr.box_ops import cxcywh_to_xyxy, elementwise_generalized_box_iou
+from detr.matcher import HungarianMatcher
+
+Outputs = dict[str, torch.Tensor]
+Targets = list[dict[str, torch.Tensor]]
+Indices = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _matched_query_index(indices: Indices) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch index, query index) of every matched query, for advanced indexing of [B, Q, ...]."""
+    batch_index = torch.cat([torch.full_like(src, i) for i, (src, _) in enumerate(indices)])
+    query_index = torch.cat([src for src, _ in indices])
+    return batch_index, query_index
+
+
+class SetCriterion(nn.Module):
+    """Hungarian-matched losses for the final and every auxiliary decoder layer.
+
+    Returns UNWEIGHTED terms under the authors' names: loss_ce (weighted cross-entropy, no-object weight
+    ``eos_coef``, mean over all B × Q queries), loss_bbox (L1 over matched boxes / num_boxes), loss_giou
+    ((1 − GIoU) over matched boxes / num_boxes), and the logged-only class_error (100 − top-1 accuracy
+    of matched queries) and cardinality_error. Auxiliary layer i adds the suffix ``_i``.
+    ``weight_dict`` maps each trained term to its weight (1, 5, 2).
+    """
+
+    def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, eos_coef: float = 0.1, *,
+                 loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
+                 num_decoder_layers: int = 6) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.matcher = matcher if matcher is not None else HungarianMatcher()
+        self.eos_coef = eos_coef
+        empty_weight = torch.ones(num_classes + 1)
+        empty_weight[-1] = eos_coef
+        self.register_buffer("empty_weight", empty_weight)
+        base = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+        self.weight_dict: dict[str, float] = dict(base)
+        for layer in range(num_decoder_layers - 1):
+            self.weight_dict.update({f"{name}_{layer}": weight for name, weight in base.items()})
+
+    def loss_labels(self, outputs: Outputs, targets: Targets, indices: Indices) -> dict[str, torch.Tensor]:
+        logits = outputs["pred_logits"].float()  # [B, Q, C+1]
+        batch_index, query_index = _matched_query_index(indices)
+        matched_labels = torch.cat([t["labels"][tgt] for t, (_, tgt) in zip(targets, indices)]).to(logits.device)
+        target_classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
+        target_classes[batch_index, query_index] = matched_labels
+        loss_ce = F.cross_entropy(logits.transpose(1, 2), target_classes, self.empty_weight)
+        if matched_labels.numel() == 0:
+            accuracy = logits.new_zeros(())  # the authors' convention: class_error 100 with no targets
+        else:
+            accuracy = (logits[batch_index, query_index].argmax(-1) == matched_labels).float().mean() * 100
+        return {"loss_ce": loss_ce, "class_error": 100 - accuracy}
+
+    @torch.no_grad()
+    def loss_cardinality(self, outputs: Outputs, targets: Targets) -> dict[str, torch.Tensor]:
+        logits = outputs["pred_logits"]
+        predicted = (logits.argmax(-1) != logits.shape[-1] - 1).sum(1).float()  # [B] non-empty predictions
+        target_lengths = torch.as_tensor([len(t["labels"]) for t in targets], dtype=torch.float32, device=logits.device)
+        return {"cardinality_error": F.l1_loss(predicted, target_lengths)}
+
+    def loss_boxes(self, outputs: Outputs, targets: Targets, indices: Indices, num_boxes: float) -> dict[str, torch.Tensor]:
+        batch_index, query_index = _matched_query_index(indices)
+        pred = outputs["pred_boxes"][batch_index, query_index].float()  # [N, 4] cxcywh
+        target = torch.cat([t["boxes"][tgt] for t, (_, tgt) in zip(targets, indices)]).to(pred)
+        loss_bbox = F.l1_loss(pred, target, reduction="none").sum() / num_boxes
+        giou = elementwise_generalized_box_iou(cxcywh_to_xyxy(pred), cxcywh_to_xyxy(target))
+        return {"loss_bbox": loss_bbox, "loss_giou": (1 - giou).sum() / num_boxes}
+
+    def layer_losses(self, outputs: Outputs, targets: Targets, num_boxes: float) -> dict[str, torch.Tensor]:
+        """Match, then every loss term for one decoder layer's predictions."""
+        indices = self.matcher(outputs, targets)
+        losses = self.loss_labels(outputs, targets, indices)
+        losses.update(self.loss_cardinality(outputs, targets))
+        losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))
+        return losses
+
+    def forward(self, outputs: dict, targets: Targets, num_boxes: float | torch.Tensor | None = None
+                ) -> dict[str, torch.Tensor]:
+        """outputs: the model's dict (pred_logits, pred_boxes, optional aux_outputs); targets: per image
+        labels int64 [T] and boxes [T, 4] normalised cxcywh; num_boxes: the batch's target count,
+        averaged over processes by the caller (local count when None), clamped to at least 1."""
+        if num_boxes is None:
+            num_boxes = float(sum(len(t["labels"]) for t in targets))
+        num_boxes = torch.as_tensor(num_boxes, dtype=torch.float32, device=outputs["pred_logits"].device).clamp(min=1)
+        losses = self.layer_losses(outputs, targets, num_boxes)
+        for layer, aux in enumerate(outputs.get("aux_outputs", [])):
+            aux_losses = self.layer_losses(aux, targets, num_boxes)
+            aux_losses.pop("class_error")  # logged for the last layer only, as the authors do
+            losses.update({f"{name}_{layer}": value for name, value in aux_losses.items()})
+        return losses

@@ -1,0 +1,64 @@
+"""Hungarian matching between predictions and targets (paper §3.1, REFERENCE.md "Matching and loss")."""
+
+from __future__ import annotations
+
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import nn
+
+from detr.box_ops import batched_generalized_box_iou, cxcywh_to_xyxy
+
+
+class HungarianMatcher(nn.Module):
+    """One-to-one assignment of queries to targets that minimises
+
+        cost = cost_class · (−p(target class)) + cost_bbox · L1(cxcywh) + cost_giou · (−GIoU(xyxy)).
+
+    The costs of every image are computed in one batched pass (each image only against its own targets,
+    targets padded to the batch maximum), moved to the CPU once, then solved per image by scipy.
+    """
+
+    def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0) -> None:
+        super().__init__()
+        if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
+            raise ValueError("at least one of cost_class, cost_bbox, cost_giou must be non-zero")
+        self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
+
+    def class_cost(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """logits [B, Q, C+1], labels int64 [B, T] → cost [B, Q, T]: minus the softmax probability."""
+        prob = logits.float().softmax(-1)
+        return -prob.gather(2, labels[:, None, :].expand(-1, prob.shape[1], -1))
+
+    @torch.no_grad()
+    def forward(self, outputs: dict[str, torch.Tensor], targets: list[dict[str, torch.Tensor]]
+                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """outputs: pred_logits [B, Q, C+1], pred_boxes [B, Q, 4] normalised cxcywh; targets: per image
+        labels int64 [T] and boxes [T, 4] normalised cxcywh. Returns per image (query indices, target
+        indices), two int64 tensors of length min(Q, T), sorted by query index."""
+        logits, pred_boxes = outputs["pred_logits"], outputs["pred_boxes"].float()
+        batch, num_queries = logits.shape[:2]
+        sizes = [len(t["boxes"]) for t in targets]
+        empty = torch.empty(0, dtype=torch.int64)
+        if max(sizes, default=0) == 0:
+            return [(empty, empty) for _ in range(batch)]
+        longest = max(sizes)
+        labels = logits.new_zeros((batch, longest), dtype=torch.int64)
+        # Padding boxes are valid (non-degenerate) so the GIoU stays finite; their columns are dropped.
+        boxes = pred_boxes.new_tensor([0.5, 0.5, 1.0, 1.0]).repeat(batch, longest, 1)
+        for index, (target, size) in enumerate(zip(targets, sizes)):
+            labels[index, :size] = target["labels"]
+            boxes[index, :size] = target["boxes"].float()
+        cost = (self.cost_bbox * torch.cdist(pred_boxes, boxes, p=1)
+                + self.cost_class * self.class_cost(logits, labels)
+                - self.cost_giou * batched_generalized_box_iou(cxcywh_to_xyxy(pred_boxes), cxcywh_to_xyxy(boxes)))
+        cost = cost.cpu()  # [B, Q, T_max]: the one device-to-host copy
+        if not torch.isfinite(cost).all():
+            raise FloatingPointError(
+                "the matching cost has NaN or infinite values: the model's predictions are not finite "
+                "(diverged training; lower the learning rate or check the inputs)"
+            )
+        indices = []
+        for index, size in enumerate(sizes):
+            rows, cols = linear_sum_assignment(cost[index, :, :size].numpy())
+            indices.append((torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)))
+        return indices

@@ -1,0 +1,138 @@
+"""ResNet backbone: images + padding mask → feature map + downsampled mask (REFERENCE.md, "Backbone").
+
+The module layout (``body`` = torchvision's IntermediateLayerGetter over a ResNet) gives the state-dict
+keys ``backbone.0.body.{conv1,bn1,layer1..4}.*`` of the authors' released checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Literal
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+from torchvision.models._utils import IntermediateLayerGetter
+from torchvision.ops.misc import FrozenBatchNorm2d
+
+logger = logging.getLogger(__name__)
+
+BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
+BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
+LastStage = Literal["layer4", "layer3"]
+
+# torchvision's "trainable layers" convention: the first n of these train.
+_STAGES_TOP_DOWN = ("layer4", "layer3", "layer2", "layer1", "conv1")
+
+_IMAGENET_WEIGHTS = {
+    "resnet18": "ResNet18_Weights",
+    "resnet34": "ResNet34_Weights",
+    "resnet50": "ResNet50_Weights",
+    "resnet101": "ResNet101_Weights",
+}
+
+
+def _norm_layer(norm: BackboneNorm) -> Callable[[int], nn.Module]:
+    if norm == "frozen_batch_norm":
+        return FrozenBatchNorm2d  # eps 1e-5, as the authors' own FrozenBatchNorm2d
+    if norm == "batch_norm":
+        return nn.BatchNorm2d
+    if norm == "group_norm":
+        return lambda channels: nn.GroupNorm(min(32, channels), channels)
+    raise ValueError(f"backbone_norm must be 'frozen_batch_norm', 'batch_norm' or 'group_norm', got {norm!r}")
+
+
+def _load_imagenet_weights(resnet: nn.Module, name: BackboneName, pretrained: bool | str) -> None:
+    """Load ImageNet weights: torchvision's IMAGENET1K_V1 (the authors' choice) or a local file."""
+    if isinstance(pretrained, str):
+        try:
+            state_dict = torch.load(pretrained, map_location="cpu", weights_only=True)
+        except FileNotFoundError as error:
+            raise ValueError(f"pretrained_backbone file {pretrained!r} does not exist") from error
+        source = pretrained
+    else:
+        weights = getattr(torchvision.models, _IMAGENET_WEIGHTS[name]).IMAGENET1K_V1
+        try:
+            state_dict = weights.get_state_dict(progress=True)
+        except Exception as error:  # offline: URLError / OSError from the download
+            raise RuntimeError(
+                f"could not get the ImageNet weights for {name} ({weights.url}): {error}. Offline, download "
+                f"that file elsewhere and pass its path: pretrained_backbone='/path/{weights.url.rsplit('/', 1)[-1]}', "
+                f"or put it in torch's hub cache ({torch.hub.get_dir()}/checkpoints/)."
+            ) from error
+        source = weights.url
+    state_dict = {k: v for k, v in state_dict.items() if not k.startswith("fc.")}
+    missing, unexpected = resnet.load_state_dict(state_dict, strict=False)
+    missing = [k for k in missing if not k.startswith("fc.") and not k.endswith("num_batches_tracked")]
+    if missing or unexpected:
+        raise ValueError(
+            f"ImageNet weights from {source} do not fit {name}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    logger.info("loaded ImageNet weights for %s from %s", name, source)
+
+
+class Backbone(nn.Module):
+    """A torchvision ResNet cut after ``last_stage``.
+
+    Args:
+        name: ResNet depth.
+        dilation: dilate layer4 instead of striding (DC5: output stride 16).
+        pretrained: False, True (torchvision's ImageNet weights) or a path to a ResNet state dict.
+        norm: FrozenBatchNorm2d (the paper; assumes pretrained statistics), trainable BatchNorm2d, or
+            GroupNorm (small batches, training from scratch).
+        trainable_layers: how many stages train, counted from the top (3: layer2–layer4, the paper;
+            5: everything including the stem).
+        last_stage: "layer4" (stride 32, or 16 with dilation) or "layer3" (stride 16, smaller images).
+    """
+
+    def __init__(self, name: BackboneName = "resnet50", *, dilation: bool = False, pretrained: bool | str = False,
+                 norm: BackboneNorm = "frozen_batch_norm", trainable_layers: int = 3,
+                 last_stage: LastStage = "layer4") -> None:
+        super().__init__()
+        if name not in _IMAGENET_WEIGHTS:
+            raise ValueError(f"backbone must be one of {sorted(_IMAGENET_WEIGHTS)}, got {name!r}")
+        if not 0 <= trainable_layers <= 5:
+            raise ValueError(f"backbone_trainable_layers must be in 0..5, got {trainable_layers}")
+        if last_stage not in ("layer4", "layer3"):
+            raise ValueError(f"backbone_last_stage must be 'layer4' or 'layer3', got {last_stage!r}")
+        if dilation and last_stage != "layer4":
+            raise ValueError("dilation (DC5) dilates layer4; it cannot be combined with backbone_last_stage='layer3'")
+        resnet = getattr(torchvision.models, name)(
+            weights=None, replace_stride_with_dilation=[False, False, dilation], norm_layer=_norm_layer(norm)
+        )
+        if pretrained:
+            _load_imagenet_weights(resnet, name, pretrained)
+        trained = _STAGES_TOP_DOWN[:trainable_layers]
+        for param_name, parameter in resnet.named_parameters():
+            stage = param_name.split(".")[0]
+            if stage == "bn1":
+                stage = "conv1"
+            parameter.requires_grad_(stage in trained)
+        self.body = IntermediateLayerGetter(resnet, return_layers={last_stage: "0"})
+        last_block = getattr(resnet, last_stage)[-1]
+        self.num_channels: int = (last_block.conv3 if hasattr(last_block, "conv3") else last_block.conv2).out_channels
+        self.stride = {"layer3": 16, "layer4": 16 if dilation else 32}[last_stage]
+
+    def forward(self, images: torch.Tensor, padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """images float [B, 3, H, W], padding_mask bool [B, H, W] (True = padding) →
+        features [B, C, h, w] and mask bool [B, h, w], the padding mask resized by nearest interpolation."""
+        features = self.body(images)["0"]
+        mask = F.interpolate(padding_mask[None].float(), size=features.shape[-2:]).to(torch.bool)[0]
+        return features, mask
+
+
+class Joiner(nn.Sequential):
+    """``backbone.0`` = :class:`Backbone`, ``backbone.1`` = position encoding: the authors' key layout."""
+
+    def __init__(self, backbone: Backbone, position_encoding: nn.Module) -> None:
+        super().__init__(backbone, position_encoding)
+
+    @property
+    def num_channels(self) -> int:
+        return self[0].num_channels
+
+    def forward(self, images: torch.Tensor, padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """→ features [B, C, h, w], mask bool [B, h, w], pos float32 [B, hidden, h, w]."""
+        features, mask = self[0](images, padding_mask)
+        return features, mask, self[1](mask)
