@@ -1,0 +1,112 @@
+"""Loading released-layout, plain, Lightning and hostile checkpoint files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from detr import CategoryMap, build_detr, load_checkpoint
+from detr.checkpoints import CheckpointError, infer_model_config
+
+LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
+
+
+def official_state_dict(backbone: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random values in exactly the authors' key layout and shapes (as in their release files)."""
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for key, shape in LAYOUT[backbone].items():
+        value = torch.randn(shape, generator=generator) * 0.02
+        if key.endswith("running_var"):
+            value = value.abs() + 1.0
+        state[key] = value
+    return state
+
+
+@pytest.mark.parametrize("backbone", ["resnet18", "resnet50"])
+def test_release_file_loads_exact_weights_and_runs(tmp_path, backbone):
+    state = official_state_dict(backbone)
+    path = tmp_path / f"detr-{backbone}-e632da11.pth"
+    torch.save({"model": state, "args": {"lr": 1e-4}, "epoch": 499}, path)
+    model = load_checkpoint(path)
+    assert not model.training
+    assert model.config["backbone"] == backbone and model.config["num_classes"] == 91 and not model.config["dilation"]
+    loaded = model.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    assert model.category_map == CategoryMap.coco() and model.category_map.names[17] == "cat"
+    with torch.no_grad():
+        out = model(torch.zeros(1, 3, 64, 64), torch.zeros(1, 64, 64, dtype=torch.bool))
+    assert out["pred_logits"].shape == (1, 100, 92)
+
+
+def test_dc5_follows_the_file_name_or_override(tmp_path):
+    config = infer_model_config(official_state_dict("resnet50"), "detr-r50-dc5-f0fb7ef5.pth")
+    assert config["dilation"] is True and config["backbone"] == "resnet50"
+    path = tmp_path / "renamed.pth"
+    torch.save(official_state_dict("resnet18"), path)  # a plain state dict
+    assert load_checkpoint(path, num_encoder_layers=6).config["dilation"] is False
+
+
+def test_r101_layout_is_recognised():
+    config = infer_model_config({k: torch.empty(v) for k, v in LAYOUT["resnet101"].items()}, "detr-r101.pth")
+    assert config["backbone"] == "resnet101" and config["num_queries"] == 100 and config["dim_feedforward"] == 2048
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned-by-checkpoint",))
+
+
+def test_malicious_pickle_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "evil.pth"
+    torch.save({"model": Exploit()}, path)
+    with pytest.raises(CheckpointError, match="refused"):
+        load_checkpoint(path)
+    assert not (tmp_path / "pwned-by-checkpoint").exists()
+
+
+def test_wrong_layout_names_missing_and_unexpected_keys(tmp_path):
+    state = official_state_dict("resnet18")
+    state["extra_head.weight"] = torch.zeros(3)
+    del state["transformer.decoder.norm.weight"]
+    path = tmp_path / "other.pth"
+    torch.save({"model": state}, path)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(path)
+    assert "transformer.decoder.norm.weight" in str(error.value) and "extra_head.weight" in str(error.value)
+
+
+def test_not_a_detr_file(tmp_path):
+    path = tmp_path / "resnet.pth"
+    torch.save({"conv1.weight": torch.zeros(1)}, path)
+    with pytest.raises(CheckpointError, match="not a DETR checkpoint"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing.pth")
+
+
+def test_lightning_checkpoint_with_config_and_categories(tmp_path, tiny_config):
+    model = build_detr(**tiny_config, backbone_norm="group_norm")
+    categories = CategoryMap((3, 7, 9, 11, 12), ("a", "b", "c", "d", "e"))
+    checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                  "detr": {"model_config": model.config, "category_map": categories.to_dict()},
+                  "epoch": 3}
+    path = tmp_path / "last.ckpt"
+    torch.save(checkpoint, path)
+    loaded = load_checkpoint(path)
+    assert loaded.category_map == categories and loaded.config["backbone_norm"] == "group_norm"
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_category_map_round_trip_and_coco_gaps():
+    coco = CategoryMap.coco()
+    assert coco.num_classes == 91 and coco.names[12] == "N/A" and coco.label_to_category_id(90) == 90
+    contiguous = CategoryMap.from_coco_categories([{"id": 5, "name": "x"}, {"id": 2, "name": "y"}], contiguous=True)
+    assert contiguous.names == ("y", "x") and contiguous.category_id_to_label(5) == 1
+    assert CategoryMap.from_dict(json.loads(json.dumps(contiguous.to_dict()))) == contiguous
+    assert contiguous.label_to_category_id(torch.tensor([1, 0])).tolist() == [5, 2]

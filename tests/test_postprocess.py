@@ -1,0 +1,24 @@
+"""Post-processing: scores exclude no-object, boxes scale to the original (h, w)."""
+
+from __future__ import annotations
+
+import torch
+
+from detr import PostProcess
+
+
+def test_scaling_and_scores():
+    logits = torch.tensor([[[0.0, 3.0, 5.0], [2.0, 0.0, -1.0]]])  # query 0: no-object is max; label 1 still wins
+    boxes = torch.tensor([[[0.5, 0.5, 0.5, 0.5], [0.25, 0.75, 0.5, 0.5]]])
+    result = PostProcess()({"pred_logits": logits, "pred_boxes": boxes}, torch.tensor([[200, 400]]))[0]
+    prob = logits[0].softmax(-1)
+    torch.testing.assert_close(result["scores"], torch.stack([prob[0, 1], prob[1, 0]]))
+    assert result["labels"].tolist() == [1, 0]
+    torch.testing.assert_close(result["boxes"], torch.tensor([[100.0, 50.0, 300.0, 150.0], [0.0, 100.0, 200.0, 200.0]]))
+
+
+def test_keeps_all_queries_per_image():
+    outputs = {"pred_logits": torch.randn(3, 7, 4), "pred_boxes": torch.rand(3, 7, 4)}
+    results = PostProcess()(outputs, torch.tensor([[10, 20], [30, 40], [50, 60]]))
+    assert len(results) == 3 and all(r["boxes"].shape == (7, 4) for r in results)
+    assert results[2]["boxes"][:, 0::2].max() <= 60 * 1.5  # x scaled by width
