@@ -191,3 +191,21 @@ def torchvision_resnet18():
     resnet = torchvision.models.resnet18()
     resnet.layer1[0].bn1.running_var.uniform_(0.5, 2.0)
     return resnet
+
+
+def test_optimize_for_inference_keeps_outputs(tiny_config, padded_batch):
+    torch.manual_seed(0)
+    model = build_detr(**tiny_config).eval()
+    for buffer_name, buffer in model.backbone.named_buffers():  # non-trivial frozen statistics
+        if buffer_name.endswith("running_var"):
+            buffer.uniform_(0.5, 2.0)
+        elif buffer_name.endswith("running_mean"):
+            buffer.normal_(0, 0.1)
+    with torch.no_grad():
+        before = model(*padded_batch)
+        folded = model.backbone[0].fold_frozen_batch_norm()
+        model.optimize_for_inference(fold_batch_norm=False)
+        after = model(*padded_batch)
+    assert folded == 20  # ResNet-18: stem + 8 blocks × 2 + 3 downsamples
+    torch.testing.assert_close(after["pred_boxes"], before["pred_boxes"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(after["pred_logits"], before["pred_logits"], rtol=1e-4, atol=1e-4)
