@@ -1,0 +1,398 @@
+"use strict";
+// DETR attention explorer: reads the JSON block written by detr/visualize/explorer.py
+// (format "detr-attention-explorer/1") and draws everything on canvases and one SVG overlay.
+// No network, no libraries: the page must open from the file system.
+(function () {
+  const DATA = JSON.parse(document.getElementById("explorer-data").textContent);
+  if (DATA.format !== "detr-attention-explorer/1") {
+    throw new Error("unsupported explorer data format: " + DATA.format);
+  }
+
+  // ---- data ---------------------------------------------------------------------------------
+  const W = DATA.image.width, H = DATA.image.height;  // model input size (eval resize), pixels
+  const FH = DATA.feature.height, FW = DATA.feature.width, STRIDE = DATA.feature.stride;
+  const HW = FH * FW;
+  const Q = DATA.num_queries, L = DATA.num_layers, NH = DATA.num_heads;
+  const NHM = NH + 1;  // stored heads, then the mean over heads
+  const MEAN = NH;
+  const NAMES = DATA.class_names;
+  const NO_OBJECT = NAMES.length - 1;
+  const PRED_LAYERS = DATA.prediction_layers;  // 1-based decoder layers with boxes and classes
+
+  function decodeBase64(text) {
+    const binary = atob(text);
+    const bytes = new Uint8Array(binary.length);
+    for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+    return bytes;
+  }
+  function checkLength(name, array, expected) {
+    if (array.length !== expected) {
+      throw new Error(name + ": expected " + expected + " values, found " + array.length);
+    }
+  }
+  // Maps are quantised to 8 bits per map: value = byte / 255 * scale (scale = the map's maximum).
+  const DEC_MAPS = decodeBase64(DATA.decoder.maps);
+  const DEC_SCALES = new Float32Array(decodeBase64(DATA.decoder.scales).buffer);
+  const ENC_MAPS = decodeBase64(DATA.encoder.maps);
+  const ENC_SCALES = new Float32Array(decodeBase64(DATA.encoder.scales).buffer);
+  checkLength("decoder.maps", DEC_MAPS, L * NHM * Q * HW);
+  checkLength("decoder.scales", DEC_SCALES, L * NHM * Q);
+  checkLength("encoder.maps", ENC_MAPS, HW * HW);
+  checkLength("encoder.scales", ENC_SCALES, HW);
+
+  function decoderIndex(layer, head, query) { return (layer * NHM + head) * Q + query; }
+  function decoderMap(layer, head, query) {
+    const i = decoderIndex(layer, head, query);
+    return { bytes: DEC_MAPS.subarray(i * HW, (i + 1) * HW), scale: DEC_SCALES[i] };
+  }
+  function encoderMap(position) {
+    return { bytes: ENC_MAPS.subarray(position * HW, (position + 1) * HW), scale: ENC_SCALES[position] };
+  }
+  function predictionIndex(layer) { return PRED_LAYERS.indexOf(layer + 1); }  // -1: no head output
+  const FINAL = PRED_LAYERS.length - 1;
+
+  const ORDER = Array.from({ length: Q }, (_, q) => q).sort((a, b) => DATA.scores[b] - DATA.scores[a]);
+
+  // ---- colours ------------------------------------------------------------------------------
+  const VIRIDIS = [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
+    [39, 173, 129], [92, 200, 99], [170, 220, 50], [253, 231, 37]];
+  const LUT = new Uint8Array(256 * 3);
+  for (let i = 0; i < 256; i++) {
+    const t = i / 255 * (VIRIDIS.length - 1), k = Math.min(Math.floor(t), VIRIDIS.length - 2), f = t - k;
+    for (let c = 0; c < 3; c++) LUT[i * 3 + c] = Math.round(VIRIDIS[k][c] * (1 - f) + VIRIDIS[k + 1][c] * f);
+  }
+  function classColour(label) { return "hsl(" + ((label * 137.508) % 360).toFixed(1) + ",75%,48%)"; }
+
+  function paintMap(canvas, bytes) {
+    canvas.width = FW; canvas.height = FH;
+    const context = canvas.getContext("2d");
+    const image = context.createImageData(FW, FH);
+    for (let i = 0; i < HW; i++) {
+      const v = bytes[i];
+      image.data[i * 4] = LUT[v * 3]; image.data[i * 4 + 1] = LUT[v * 3 + 1];
+      image.data[i * 4 + 2] = LUT[v * 3 + 2]; image.data[i * 4 + 3] = 255;
+    }
+    context.putImageData(image, 0, 0);
+  }
+
+  // ---- state --------------------------------------------------------------------------------
+  const state = {
+    query: ORDER[0], layer: L - 1, head: MEAN, mode: "decoder", encoderPosition: null,
+    showAll: false, threshold: DATA.threshold, opacity: 0.6, smooth: true, trail: true,
+  };
+
+  const $ = (id) => document.getElementById(id);
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  function svgElement(tag, attributes, parent) {
+    const element = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attributes)) element.setAttribute(k, v);
+    if (parent) parent.appendChild(element);
+    return element;
+  }
+  function element(tag, text, parent, className) {
+    const e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = text;
+    if (className) e.className = className;
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  function fmt(p) { return (100 * p).toFixed(1) + "%"; }
+
+  const photo = new Image();
+  const mainCanvas = $("main-canvas");
+  const overlay = $("overlay");
+  const mapCanvas = document.createElement("canvas");
+  let displayScale = 1;
+
+  function boxPixels(box) {  // normalised cxcywh -> model-input pixels xyxy
+    return [(box[0] - box[2] / 2) * W, (box[1] - box[3] / 2) * H, (box[0] + box[2] / 2) * W, (box[1] + box[3] / 2) * H];
+  }
+  function isShown(q) { return state.showAll || DATA.scores[q] >= state.threshold || q === state.query; }
+  function labelText(q) { return NAMES[DATA.labels[q]] + " " + DATA.scores[q].toFixed(2); }
+
+  // ---- drawing ------------------------------------------------------------------------------
+  function currentMap() {
+    if (state.mode === "encoder") {
+      return encoderMap(state.encoderPosition[0] * FW + state.encoderPosition[1]);
+    }
+    return decoderMap(state.layer, state.head, state.query);
+  }
+
+  function drawMain() {
+    mainCanvas.width = W; mainCanvas.height = H;
+    const context = mainCanvas.getContext("2d");
+    context.drawImage(photo, 0, 0, W, H);
+    const map = currentMap();
+    paintMap(mapCanvas, map.bytes);
+    context.globalAlpha = state.opacity;
+    context.imageSmoothingEnabled = state.smooth;
+    // Feature cell (r, c) covers input pixels [c*stride, (c+1)*stride); the last row and column
+    // may extend past the image, which the canvas clips.
+    context.drawImage(mapCanvas, 0, 0, FW * STRIDE, FH * STRIDE);
+    context.globalAlpha = 1;
+    let peak = 0;
+    for (let i = 1; i < HW; i++) if (map.bytes[i] > map.bytes[peak]) peak = i;
+    // Rows sum to 1 over the h × w positions, so 1 / (h·w) is a flat map's value: says how peaked it is.
+    const where = "(" + (map.scale * HW).toFixed(1) + "× uniform) at (row " + Math.floor(peak / FW)
+      + ", col " + (peak % FW) + ")";
+    const peakText = "; peak " + map.scale.toPrecision(3) + " " + where;
+    if (state.mode === "encoder") {
+      const [r, c] = state.encoderPosition;
+      $("caption").textContent = "Encoder self-attention (last layer, mean over heads) of feature position (row "
+        + r + ", col " + c + ")" + peakText;
+    } else {
+      const head = state.head === MEAN ? "mean over " + NH + " heads" : "head " + (state.head + 1) + "/" + NH;
+      $("caption").textContent = "Decoder cross-attention: query " + state.query + " (" + labelText(state.query)
+        + "), layer " + (state.layer + 1) + "/" + L + ", " + head + peakText;
+    }
+  }
+
+  function drawOverlay() {
+    overlay.replaceChildren();
+    overlay.setAttribute("viewBox", "0 0 " + W + " " + H);
+    svgElement("rect", { class: "background", x: 0, y: 0, width: W, height: H, fill: "transparent" }, overlay);
+    const fontSize = 12 / displayScale;
+    const shown = ORDER.filter(isShown).reverse();  // highest score drawn last (on top)
+    const selectedLast = shown.filter((q) => q !== state.query).concat(shown.includes(state.query) ? [state.query] : []);
+    for (const q of selectedLast) {
+      const [x0, y0, x1, y1] = boxPixels(DATA.boxes[FINAL][q]);
+      const colour = q === state.query ? "#ff7a00" : classColour(DATA.labels[q]);
+      const below = DATA.scores[q] < state.threshold;
+      const classes = "box" + (below ? " below" : "") + (q === state.query ? " selected" : "");
+      const group = svgElement("g", { class: classes, "data-query": q }, overlay);
+      svgElement("rect", { class: "hit", x: x0, y: y0, width: x1 - x0, height: y1 - y0 }, group);
+      svgElement("rect", { class: "edge", x: x0, y: y0, width: x1 - x0, height: y1 - y0, stroke: colour,
+        "stroke-opacity": below ? 0.7 : Math.max(0.5, DATA.scores[q]) }, group);
+      const tag = svgElement("g", { class: "tag" }, group);
+      const text = "#" + q + " " + labelText(q);
+      const tagWidth = (text.length * 0.6 + 0.6) * fontSize, tagHeight = 1.35 * fontSize;
+      const tx = Math.min(Math.max(x0, 0), W - tagWidth), ty = y0 - tagHeight >= 0 ? y0 - tagHeight : Math.max(y0, 0);
+      svgElement("rect", { x: tx, y: ty, width: tagWidth, height: tagHeight, fill: colour,
+        "fill-opacity": below ? 0.6 : 0.9 }, tag);
+      const label = svgElement("text", { x: tx + 0.3 * fontSize, y: ty + 1.05 * fontSize, "font-size": fontSize }, tag);
+      label.textContent = text;
+    }
+    if (state.trail && PRED_LAYERS.length > 1) {
+      const centres = [];
+      PRED_LAYERS.forEach((layer, k) => {
+        const box = DATA.boxes[k][state.query], [x0, y0, x1, y1] = boxPixels(box);
+        centres.push((box[0] * W).toFixed(2) + "," + (box[1] * H).toFixed(2));
+        if (k !== FINAL) {
+          svgElement("rect", { class: "trail", x: x0, y: y0, width: x1 - x0, height: y1 - y0,
+            "stroke-opacity": 0.25 + 0.6 * k / FINAL, "stroke-width": layer - 1 === state.layer ? 2.5 : 1 }, overlay);
+        }
+        const radius = (layer - 1 === state.layer ? 3 : 1.5) / displayScale;
+        svgElement("circle", { class: "trail-path", cx: box[0] * W, cy: box[1] * H, r: radius }, overlay);
+      });
+      svgElement("polyline", { class: "trail-path", points: centres.join(" ") }, overlay);
+    }
+    if (state.mode === "encoder") {
+      const [r, c] = state.encoderPosition;
+      const cx = Math.min((c + 0.5) * STRIDE, W - 1), cy = Math.min((r + 0.5) * STRIDE, H - 1);
+      svgElement("circle", { class: "marker", cx: cx, cy: cy, r: 7 / displayScale }, overlay);
+      svgElement("circle", { class: "marker-inner", cx: cx, cy: cy, r: 8.5 / displayScale }, overlay);
+    }
+  }
+
+  function drawDetail() {
+    const q = state.query;
+    $("detail-title").textContent = "Query " + q + ": " + labelText(q) + " (final layer)";
+    let k = predictionIndex(state.layer);
+    const note = k < 0 ? " (layer " + (state.layer + 1) + " has no head output: the model has no aux outputs;"
+      + " showing layer " + L + ")" : "";
+    if (k < 0) k = FINAL;
+    $("classes-title").textContent = "Top classes at layer " + PRED_LAYERS[k] + note;
+    const classes = $("classes");
+    classes.replaceChildren();
+    DATA.top_classes[k][q].forEach((label, i) => {
+      const p = DATA.top_probs[k][q][i];
+      const row = element("tr", null, classes);
+      element("td", NAMES[label], row);
+      const bar = element("td", null, row, "bar");
+      const fill = element("div", null, bar, "bar-fill" + (label === NO_OBJECT ? " no-object" : ""));
+      fill.style.width = (100 * p).toFixed(1) + "%";
+      element("td", fmt(p), row, "num");
+    });
+    const table = $("layer-boxes");
+    table.replaceChildren();
+    const ow = DATA.image.original_width, oh = DATA.image.original_height;
+    for (let layer = 0; layer < L; layer++) {
+      const row = element("tr", null, table, layer === state.layer ? "current" : "");
+      row.dataset.layer = layer;
+      element("td", "L" + (layer + 1), row);
+      const j = predictionIndex(layer);
+      if (j < 0) {
+        element("td", "no head output", row, "missing").colSpan = 5;
+        continue;
+      }
+      const b = DATA.boxes[j][q];
+      for (const v of [(b[0] - b[2] / 2) * ow, (b[1] - b[3] / 2) * oh, (b[0] + b[2] / 2) * ow, (b[1] + b[3] / 2) * oh]) {
+        element("td", v.toFixed(0), row, "num");
+      }
+      const top = DATA.top_classes[j][q][0];
+      element("td", NAMES[top] + " " + fmt(DATA.top_probs[j][q][0]), row);
+    }
+  }
+
+  function buildGrid() {
+    const grid = $("grid");
+    grid.style.gridTemplateColumns = "28px repeat(" + NHM + ", 1fr)";
+    element("div", "", grid, "grid-label");
+    element("div", "mean", grid, "grid-label");
+    for (let h = 0; h < NH; h++) element("div", "h" + (h + 1), grid, "grid-label");
+    for (let layer = 0; layer < L; layer++) {
+      element("div", "L" + (layer + 1), grid, "grid-label");
+      for (const head of [MEAN].concat(Array.from({ length: NH }, (_, h) => h))) {
+        const canvas = element("canvas", null, grid);
+        canvas.dataset.layer = layer; canvas.dataset.head = head;
+        canvas.title = "layer " + (layer + 1) + ", " + (head === MEAN ? "mean" : "head " + (head + 1));
+      }
+    }
+  }
+  function drawGrid() {
+    for (const canvas of $("grid").querySelectorAll("canvas")) {
+      const layer = Number(canvas.dataset.layer), head = Number(canvas.dataset.head);
+      paintMap(canvas, decoderMap(layer, head, state.query).bytes);
+      const current = state.mode === "decoder" && layer === state.layer && head === state.head;
+      canvas.classList.toggle("current", current);
+    }
+  }
+
+  function buildQueryList() {
+    const table = $("query-list");
+    for (const q of ORDER) {
+      const row = element("tr", null, table);
+      row.dataset.query = q;
+      const first = element("td", null, row);
+      element("span", null, first, "swatch").style.background = classColour(DATA.labels[q]);
+      first.appendChild(document.createTextNode("#" + q));
+      element("td", NAMES[DATA.labels[q]], row);
+      element("td", DATA.scores[q].toFixed(3), row, "num");
+      const top = DATA.top_classes[FINAL][q][0];
+      element("td", top === NO_OBJECT ? "no object " + fmt(DATA.top_probs[FINAL][q][0]) : "", row, "num");
+    }
+  }
+  function drawQueryList() {
+    for (const row of $("query-list").rows) {
+      const q = Number(row.dataset.query);
+      row.classList.toggle("current", q === state.query);
+      row.classList.toggle("below", DATA.scores[q] < state.threshold);
+    }
+  }
+
+  function syncControls() {
+    for (const input of document.querySelectorAll("input[name=layer]")) input.checked = Number(input.value) === state.layer;
+    for (const input of document.querySelectorAll("input[name=head]")) input.checked = Number(input.value) === state.head;
+    $("show-all").checked = state.showAll;
+    $("threshold").value = state.threshold;
+    $("threshold-value").textContent = state.threshold.toFixed(2);
+  }
+
+  function render() {
+    syncControls();
+    drawMain();
+    drawOverlay();
+    drawDetail();
+    drawGrid();
+    drawQueryList();
+  }
+
+  function fit() {
+    const column = $("stage-column");
+    const availableWidth = Math.max(200, column.clientWidth);
+    const availableHeight = Math.max(300, window.innerHeight - 140);
+    displayScale = Math.min(availableWidth / W, availableHeight / H);
+    mainCanvas.style.width = (W * displayScale).toFixed(1) + "px";
+    mainCanvas.style.height = (H * displayScale).toFixed(1) + "px";
+  }
+
+  // ---- actions (also the page's scripting interface, window.detrExplorer) ------------------
+  function selectQuery(q) {
+    if (!(q >= 0 && q < Q)) throw new Error("query out of range: " + q);
+    state.query = q; state.mode = "decoder"; render();
+    const row = $("query-list").querySelector("tr[data-query='" + q + "']");
+    if (row) row.scrollIntoView({ block: "nearest" });
+  }
+  function setLayer(layer) { state.layer = Math.min(Math.max(layer, 0), L - 1); state.mode = "decoder"; render(); }
+  function setHead(head) { state.head = Math.min(Math.max(head, 0), MEAN); state.mode = "decoder"; render(); }
+  function showEncoder(row, col) {
+    state.encoderPosition = [Math.min(Math.max(row, 0), FH - 1), Math.min(Math.max(col, 0), FW - 1)];
+    state.mode = "encoder"; render();
+  }
+  function eventToPixel(event) {
+    const rect = overlay.getBoundingClientRect();
+    return [(event.clientX - rect.left) * W / rect.width, (event.clientY - rect.top) * H / rect.height];
+  }
+
+  function buildControls() {
+    const layers = $("layer-buttons");
+    for (let layer = 0; layer < L; layer++) {
+      const label = element("label", null, layers);
+      const input = element("input", null, label);
+      input.type = "radio"; input.name = "layer"; input.value = layer; input.id = "layer-" + (layer + 1);
+      element("span", String(layer + 1), label);
+      input.addEventListener("change", () => setLayer(layer));
+    }
+    const heads = $("head-buttons");
+    for (const head of [MEAN].concat(Array.from({ length: NH }, (_, h) => h))) {
+      const label = element("label", null, heads);
+      const input = element("input", null, label);
+      input.type = "radio"; input.name = "head"; input.value = head;
+      input.id = head === MEAN ? "head-mean" : "head-" + (head + 1);
+      element("span", head === MEAN ? "mean" : String(head + 1), label);
+      input.addEventListener("change", () => setHead(head));
+    }
+    $("show-all").addEventListener("change", (e) => { state.showAll = e.target.checked; render(); });
+    $("threshold").addEventListener("input", (e) => { state.threshold = Number(e.target.value); render(); });
+    $("opacity").addEventListener("input", (e) => { state.opacity = Number(e.target.value); drawMain(); });
+    $("smooth").addEventListener("change", (e) => { state.smooth = e.target.checked; drawMain(); });
+    $("trail").addEventListener("change", (e) => { state.trail = e.target.checked; drawOverlay(); });
+    overlay.addEventListener("click", (event) => {
+      const box = event.target.closest(".box");
+      if (box) { selectQuery(Number(box.dataset.query)); return; }
+      const [x, y] = eventToPixel(event);
+      showEncoder(Math.floor(y / STRIDE), Math.floor(x / STRIDE));
+    });
+    $("query-list").addEventListener("click", (event) => {
+      const row = event.target.closest("tr"); if (row) selectQuery(Number(row.dataset.query));
+    });
+    $("layer-boxes").addEventListener("click", (event) => {
+      const row = event.target.closest("tr"); if (row) setLayer(Number(row.dataset.layer));
+    });
+    $("grid").addEventListener("click", (event) => {
+      const canvas = event.target.closest("canvas");
+      if (!canvas) return;
+      state.layer = Number(canvas.dataset.layer); state.head = Number(canvas.dataset.head);
+      state.mode = "decoder"; render();
+    });
+    document.addEventListener("keydown", (event) => {
+      if (event.target instanceof HTMLInputElement && event.target.type === "range") return;
+      const position = ORDER.indexOf(state.query);
+      if (event.key === "ArrowLeft") setLayer(state.layer - 1);
+      else if (event.key === "ArrowRight") setLayer(state.layer + 1);
+      else if (event.key === "ArrowUp") selectQuery(ORDER[Math.max(position - 1, 0)]);
+      else if (event.key === "ArrowDown") selectQuery(ORDER[Math.min(position + 1, Q - 1)]);
+      else if (event.key === "h") setHead((state.head + 1) % NHM);
+      else if (event.key === "e") showEncoder(...(state.encoderPosition || [Math.floor(FH / 2), Math.floor(FW / 2)]));
+      else return;
+      event.preventDefault();
+    });
+    window.addEventListener("resize", () => { fit(); drawOverlay(); });
+  }
+
+  $("title").textContent = DATA.title;
+  document.title = DATA.title + " · DETR attention explorer";
+  $("summary").textContent = DATA.image.original_width + "×" + DATA.image.original_height
+    + " image, shown at the model's input size " + W + "×" + H + "; feature map " + FW + "×" + FH
+    + " (stride " + STRIDE + "); " + Q + " queries, " + L + " decoder layers, "
+    + NH + " heads; " + DATA.scores.filter((s) => s >= DATA.threshold).length + " queries score ≥ " + DATA.threshold
+    + (DATA.model ? "; " + DATA.model : "");
+  window.detrExplorer = { state, selectQuery, setLayer, setHead, showEncoder, decoderMap, encoderMap,
+    featureSize: [FH, FW], stride: STRIDE, imageSize: [H, W] };
+  photo.addEventListener("load", () => {
+    buildControls(); buildGrid(); buildQueryList(); fit(); render();
+    document.body.dataset.ready = "true";
+  });
+  photo.addEventListener("error", () => { throw new Error("the embedded image could not be decoded"); });
+  photo.src = DATA.image.src;
+})();

@@ -1,0 +1,45 @@
+"""Write interactive attention-explorer pages: one self-contained HTML file per image (issue 7).
+
+    python tools/explore_attention.py photo.jpg --checkpoint detr-r50-e632da11.pth --out explorer/
+    python tools/explore_attention.py data/photos/*.png --checkpoint last.ckpt --out explorer/ --threshold 0.5
+
+Open <out>/<image stem>.html (or <out>/index.html for several images) in any browser; no server or
+network is needed. The page shows every query's box, decoder cross-attention per layer and head, top-5
+classes, boxes per decoder layer, and encoder self-attention for any clicked pixel.
+The pages themselves: detr.visualize.explorer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from detr.checkpoints import load_checkpoint
+from detr.visualize.explorer import write_attention_explorer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("images", nargs="+", metavar="IMAGE")
+    parser.add_argument("--checkpoint", required=True, help="released .pth, state dict or this project's .ckpt")
+    parser.add_argument("--out", required=True, help="output folder for the pages")
+    parser.add_argument("--threshold", type=float, default=0.7, help="initial score threshold of the box display")
+    parser.add_argument("--min-size", type=int, default=800, help="eval resize: shortest side (default 800)")
+    parser.add_argument("--max-size", type=int, default=1333, help="eval resize: longest side cap (default 1333)")
+    parser.add_argument("--device", default=None, help="default: CUDA when available, else CPU")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    model = load_checkpoint(args.checkpoint)
+    pages = write_attention_explorer(
+        model, args.images, args.out, threshold=args.threshold, min_size=args.min_size, max_size=args.max_size,
+        device=args.device,
+    )
+    for page in pages:
+        print(f"{page} ({page.stat().st_size / 2**20:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
