@@ -1,0 +1,99 @@
+"""Train-pipeline throughput: images per second per DataLoader worker on data/coco-mini.
+
+    .venv/bin/python benchmarks/data_throughput.py [--root data/coco-mini] [--images 100] [--workers 2]
+
+One worker is one process running decode → boxes → the authors' train augmentation (flip, multi-scale
+resize 480..800 / max 1333, or resize + random crop + multi-scale) → normalise → tensor, then collate.
+Printed: the machine, then (1) decoding alone and (2) the full train pipeline in this process (= one
+worker), and (3) the full pipeline through a DataLoader with ``--workers`` processes (total and per
+worker). Compare with the model's training step time: DETR R50 needs about 2 images per step per GPU
+(REFERENCE.md), so one worker at N images/s feeds a step of up to 2/N seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import time
+
+import albumentations
+import cv2
+import PIL
+import torch
+from torch.utils.data import DataLoader
+
+from detr.data.coco import CocoDetection
+from detr.data.collate import collate_detection
+from detr.data.images import load_rgb_image
+from detr.data.transforms import make_train_transform
+from detr.lightning.datamodule import seed_worker_transform
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or "cpu"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"{cpu}, {cores} usable cores (shared machine: other jobs may run), {platform.system()} "
+            f"{platform.release()}; python {platform.python_version()}, torch {torch.__version__}, "
+            f"albumentations {albumentations.__version__}, opencv {cv2.__version__} ({cv2.getNumThreads()} threads), "
+            f"Pillow {PIL.__version__}")
+
+
+def rate(count: int, seconds: float) -> str:
+    return f"{count / seconds:7.1f} images/s  ({1000 * seconds / count:6.1f} ms/image, {count} images)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", default="data/coco-mini", help="COCO-layout folder")
+    parser.add_argument("--split", default="train2017")
+    parser.add_argument("--images", type=int, default=100, help="images per measurement (cycles the set)")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers for measurement (3); 0 skips it")
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    dataset = CocoDetection(f"{args.root}/{args.split}", f"{args.root}/annotations/instances_{args.split}.json",
+                            transform=make_train_transform(seed=args.seed))
+    order = [i % len(dataset) for i in range(args.images)]
+    random.Random(args.seed).shuffle(order)
+    print(f"machine: {machine_description()}")
+    print(f"data: {args.root}/{args.split}, {len(dataset)} images; authors' train transform (default sizes)")
+
+    dataset[0]  # warm-up (imports, first allocation)
+    start = time.perf_counter()
+    for index in order:
+        load_rgb_image(dataset.image_path(index))
+    print(f"(1) decode only, 1 process:              {rate(len(order), time.perf_counter() - start)}")
+
+    start = time.perf_counter()
+    for index in order:
+        dataset[index]
+    print(f"(2) train pipeline, 1 process (1 worker): {rate(len(order), time.perf_counter() - start)}")
+
+    if args.workers > 0:
+        sampler = torch.utils.data.SubsetRandomSampler(order, generator=torch.Generator().manual_seed(args.seed))
+        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
+                            collate_fn=collate_detection, worker_init_fn=seed_worker_transform)
+        iterator = iter(loader)
+        next(iterator)  # workers started and warm
+        start = time.perf_counter()
+        count = 0
+        for _, _, targets in iterator:
+            count += len(targets)
+        seconds = time.perf_counter() - start
+        label = f"(3) DataLoader, {args.workers} workers, batch {args.batch_size}:".ljust(42)
+        print(f"{label}{rate(count, seconds)} total, "
+              f"{count / seconds / args.workers:.1f} images/s per worker")
+
+
+if __name__ == "__main__":
+    main()

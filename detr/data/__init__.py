@@ -1,0 +1,43 @@
+"""Data: image decoding, the COCO data set, the authors' transforms, batching, synthetic shapes, checks.
+
+Flow: image file → :mod:`~detr.data.images` (RGB uint8, EXIF applied) → :class:`~detr.data.coco.CocoDetection`
+(pixel xyxy boxes, labels) → :mod:`~detr.data.transforms` (albumentations) →
+:func:`~detr.data.collate.collate_detection` (padded batch + mask, normalised cxcywh boxes).
+"""
+
+from detr.data.checker import Problem, check_dataset, format_problems
+from detr.data.coco import (
+    AnnotationFileError,
+    CocoDetection,
+    ImageSizeMismatchError,
+    category_map_from_categories,
+    load_coco_json,
+)
+from detr.data.collate import collate_detection, pad_images
+from detr.data.images import ImageFilesDataset, ImageLoadError, decode_image, load_rgb_image
+from detr.data.shapes import SHAPE_NAMES, ShapesConfig, write_shapes_dataset
+from detr.data.transforms import make_eval_transform, make_normalize_transform, make_train_transform, resize_shape
+
+__all__ = [
+    "SHAPE_NAMES",
+    "AnnotationFileError",
+    "CocoDetection",
+    "ImageFilesDataset",
+    "ImageLoadError",
+    "ImageSizeMismatchError",
+    "Problem",
+    "ShapesConfig",
+    "category_map_from_categories",
+    "check_dataset",
+    "collate_detection",
+    "decode_image",
+    "format_problems",
+    "load_coco_json",
+    "load_rgb_image",
+    "make_eval_transform",
+    "make_normalize_transform",
+    "make_train_transform",
+    "pad_images",
+    "resize_shape",
+    "write_shapes_dataset",
+]

@@ -1,0 +1,307 @@
+"""Check a COCO-format data set for what would hurt DETR training, before a long run finds it.
+
+:func:`check_dataset` reads an image folder and an instances json and returns every :class:`Problem` it
+finds, each named by its image file and annotation id. Errors would break or silently corrupt training or
+evaluation; warnings are facts worth knowing (empty images, crowd boxes, category id gaps) that the
+pipeline handles. ``tools/check_dataset.py`` prints :func:`format_problems` and exits 1 on any error.
+
+Errors: invalid JSON (with line and column) or a json without ``images``/``categories``; duplicate
+image, annotation or category ids; an annotation on an unknown image or with a category id missing from
+``categories``; a bbox that is not 4 finite numbers, has zero (or negative) width or height, or reaches
+outside the image; missing, truncated or undecodable image files; a file whose size (after EXIF
+orientation) contradicts the json; more objects in one image than ``num_queries`` (DETR predicts at most
+one object per query, so the rest could never be matched).
+
+Warnings: images without boxes, crowd annotations (left out of training, kept for evaluation), category
+id gaps, categories without annotations, duplicate file names, annotations without ``area``/``iscrowd``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from detr.data.coco import AnnotationFileError, load_coco_json
+from detr.data.images import ImageLoadError, decode_image, read_image_size
+
+Severity = Literal["error", "warning", "info"]
+
+#: A box may reach this far (pixels) past the image border before it counts as outside (float rounding).
+OUTSIDE_TOLERANCE = 1.0
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding.
+
+    severity: "error" (would hurt training or evaluation), "warning", or "info" (the summary counts).
+    kind: short machine name, e.g. "missing_image", "unknown_category", "zero_size_box".
+    message: what is wrong and how to fix it.
+    file_name: the image file concerned (as in the json), if any.
+    annotation_id: the annotation concerned, if any.
+    """
+
+    severity: Severity
+    kind: str
+    message: str
+    file_name: str | None = None
+    annotation_id: int | str | None = None
+
+    def __str__(self) -> str:
+        where = []
+        if self.file_name is not None:
+            where.append(str(self.file_name))
+        if self.annotation_id is not None:
+            where.append(f"annotation {self.annotation_id}")
+        location = f" [{', '.join(where)}]" if where else ""
+        return f"{self.severity}: {self.kind}{location}: {self.message}"
+
+
+def _image_size(
+    path: Path, decode: bool, annotations_file: Path
+) -> tuple[tuple[int, int] | None, str | None, tuple[int, int] | None, int]:
+    """(displayed (h, w) or None, error text or None, stored (h, w), EXIF orientation) for one file."""
+    try:
+        if decode:
+            decoded = decode_image(path, annotations_file=annotations_file)
+            return decoded.pixels.shape[:2], None, decoded.stored_size, decoded.exif_orientation
+        return read_image_size(path, annotations_file=annotations_file), None, None, 1
+    except ImageLoadError as error:
+        return None, str(error), None, 1
+
+
+def _image_size_star(arguments: tuple[Path, bool, Path]) -> tuple[Any, ...]:
+    return _image_size(*arguments)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _hashable_id(value: Any) -> bool:
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
+def check_dataset(
+    images_dir: str | Path,
+    annotations_file: str | Path,
+    *,
+    num_queries: int = 100,
+    decode_images: bool = True,
+    workers: int = 0,
+) -> list[Problem]:
+    """Every problem of the data set ``images_dir`` + ``annotations_file`` (module docstring).
+
+    Args:
+        images_dir: folder that the json's ``file_name`` entries are relative to.
+        annotations_file: COCO instances json.
+        num_queries: the model's number of queries; an image with more objects is an error.
+        decode_images: decode every image completely (finds truncated files; slow on big sets). False
+            reads only the headers (finds missing and non-image files, sizes).
+        workers: processes for reading images (0: in this process).
+
+    Returns:
+        Problems: errors, then warnings, each group in json order, then one "info" summary (counts and
+        the image with the most objects).
+    """
+    images_dir, annotations_file = Path(images_dir), Path(annotations_file)
+    try:
+        data = load_coco_json(annotations_file)
+    except AnnotationFileError as error:
+        return [Problem("error", "invalid_json", str(error))]
+    problems: list[Problem] = []
+
+    def add(severity: Severity, kind: str, message: str, file_name: Any = None, annotation_id: Any = None) -> None:
+        problems.append(Problem(severity, kind, message, None if file_name is None else str(file_name), annotation_id))
+
+    for key in ("images", "categories"):
+        if not isinstance(data.get(key), list):
+            add("error", "not_coco", f"'{annotations_file}' has no '{key}' list; a COCO instances json needs "
+                "'images', 'annotations' and 'categories'")
+    if problems:
+        return problems
+    annotations = data.get("annotations", [])
+    if not isinstance(annotations, list):
+        return [Problem("error", "not_coco", f"'{annotations_file}': 'annotations' must be a list")]
+
+    # Categories.
+    categories: dict[int, str] = {}
+    for position, category in enumerate(data["categories"]):
+        category_id = category.get("id") if isinstance(category, dict) else None
+        if not isinstance(category_id, int) or isinstance(category_id, bool):
+            add("error", "invalid_category", f"categories[{position}] has no integer 'id' ({category!r})")
+        elif category_id in categories:
+            add("error", "duplicate_category_id", f"category id {category_id} is listed twice in 'categories'")
+        else:
+            categories[category_id] = str(category.get("name", category_id))
+    if not categories:
+        add("error", "no_categories", "'categories' is empty; list every category as {'id': int, 'name': str}")
+    elif sorted(categories) != list(range(min(categories), min(categories) + len(categories))):
+        gaps = sorted(set(range(min(categories), max(categories) + 1)) - set(categories))
+        shown = ", ".join(map(str, gaps[:20])) + (" ..." if len(gaps) > 20 else "")
+        add("warning", "category_id_gap", f"category ids are not contiguous ({len(gaps)} unused ids: {shown}); "
+            "fine with contiguous labels (category_ids='auto'/'contiguous'), wasted logits with raw ids")
+
+    # Images.
+    images: dict[Any, dict[str, Any]] = {}
+    file_names: Counter[str] = Counter()
+    for position, image in enumerate(data["images"]):
+        valid = isinstance(image, dict) and _hashable_id(image.get("id")) and isinstance(image.get("file_name"), str)
+        if not valid:
+            add("error", "invalid_image_entry", f"images[{position}] needs an integer 'id' and a 'file_name' "
+                f"({image!r})")
+        elif image["id"] in images:
+            add("error", "duplicate_image_id", f"image id {image['id']} is used twice (also by "
+                f"'{images[image['id']]['file_name']}')", image["file_name"])
+        else:
+            images[image["id"]] = image
+            file_names[image["file_name"]] += 1
+    for name, count in file_names.items():
+        if count > 1:
+            add("warning", "duplicate_file_name", f"{count} image entries share this file_name", name)
+
+    # Image files.
+    arguments = [(images_dir / image["file_name"], decode_images, annotations_file) for image in images.values()]
+    if workers > 0 and len(arguments) > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            results = list(pool.map(_image_size_star, arguments, chunksize=32))
+    else:
+        results = [_image_size(*a) for a in arguments]
+    sizes: dict[Any, tuple[int, int]] = {}
+    for (image_id, image), (size, error, stored_size, orientation) in zip(images.items(), results, strict=True):
+        if error is not None:
+            kind = "missing_image" if not (images_dir / image["file_name"]).is_file() else "unreadable_image"
+            add("error", kind, error, image["file_name"])
+            json_size = (image.get("height"), image.get("width"))
+            if _is_number(json_size[0]) and _is_number(json_size[1]):
+                sizes[image_id] = (int(json_size[0]), int(json_size[1]))
+            continue
+        assert size is not None
+        json_size = (image.get("height"), image.get("width"))
+        if json_size != (None, None) and tuple(json_size) != tuple(size):
+            hint = ""
+            if orientation != 1 and stored_size is not None and tuple(json_size) == tuple(stored_size):
+                hint = (f"; the file has EXIF orientation {orientation} and the json matches the un-rotated pixels: "
+                        "annotations must be in the displayed frame")
+            add("error", "image_size_mismatch", f"the file is {size[1]}x{size[0]} (width x height, EXIF applied) but "
+                f"the json says {json_size[1]}x{json_size[0]}{hint}", image["file_name"])
+        sizes[image_id] = (int(size[0]), int(size[1]))
+
+    # Annotations.
+    annotation_ids: set[Any] = set()
+    boxes_per_image: Counter[Any] = Counter()
+    used_categories: set[int] = set()
+    missing_fields: list[Any] = []
+    for position, annotation in enumerate(annotations):
+        if not isinstance(annotation, dict):
+            add("error", "invalid_annotation", f"annotations[{position}] is not an object")
+            continue
+        ann_id = annotation.get("id")
+        image = images.get(annotation.get("image_id")) if _hashable_id(annotation.get("image_id")) else None
+        file_name = image["file_name"] if image else None
+        if not _hashable_id(ann_id):
+            add("error", "invalid_annotation", f"annotations[{position}] has no integer 'id'", file_name)
+            ann_id = f"at position {position}"
+        elif ann_id in annotation_ids:
+            add("error", "duplicate_annotation_id", f"annotation id {ann_id} is used twice", file_name, ann_id)
+        else:
+            annotation_ids.add(ann_id)
+        if image is None:
+            add("error", "unknown_image_id", f"image_id {annotation.get('image_id')!r} is not in 'images'",
+                None, ann_id)
+        category_id = annotation.get("category_id")
+        if not isinstance(category_id, int) or category_id not in categories:
+            add("error", "unknown_category", f"category_id {category_id!r} is not in 'categories' (ids "
+                f"{min(categories, default=None)}..{max(categories, default=None)}); add the category or fix the "
+                "annotation", file_name, ann_id)
+        else:
+            used_categories.add(category_id)
+        if "area" not in annotation or "iscrowd" not in annotation:
+            missing_fields.append(ann_id)
+        crowd = bool(annotation.get("iscrowd", 0))
+        if crowd:
+            add("warning", "crowd", "crowd annotation: left out of the training targets, kept for evaluation",
+                file_name, ann_id)
+        bbox = annotation.get("bbox")
+        if not (isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(_is_number(v) for v in bbox)):
+            add("error", "invalid_bbox", f"bbox {bbox!r} is not [x, y, width, height] of 4 finite numbers",
+                file_name, ann_id)
+            continue
+        x, y, w, h = (float(v) for v in bbox)
+        if w <= 0 or h <= 0:
+            add("error", "zero_size_box", f"bbox {bbox} has zero or negative width/height; the pipeline drops it, "
+                "so the object is lost: fix or remove the annotation", file_name, ann_id)
+            continue
+        size = sizes.get(annotation.get("image_id")) if image is not None else None
+        if size is not None:
+            height, width = size
+            tol = OUTSIDE_TOLERANCE
+            if x >= width or y >= height or x + w <= 0 or y + h <= 0:
+                add("error", "box_outside_image", f"bbox {bbox} lies entirely outside the {width}x{height} image; "
+                    "the pipeline drops it", file_name, ann_id)
+                continue
+            if x < -tol or y < -tol or x + w > width + tol or y + h > height + tol:
+                add("error", "box_outside_image", f"bbox {bbox} (x1={x + w:g}, y1={y + h:g}) reaches outside the "
+                    f"{width}x{height} image; the pipeline clips it, which changes the box: check the annotation",
+                    file_name, ann_id)
+        if image is not None and not crowd:
+            boxes_per_image[annotation["image_id"]] += 1
+
+    crowd_count = sum(1 for p in problems if p.kind == "crowd")
+    busiest = max(boxes_per_image.items(), key=lambda item: item[1], default=(None, 0))
+    add("info", "summary", f"{len(images)} images, {len(annotations)} annotations ({crowd_count} crowd), "
+        f"{sum(1 for i in images if boxes_per_image[i] == 0)} images without boxes, {len(categories)} categories; "
+        f"most objects in one image: {busiest[1]} (num_queries={num_queries})",
+        images[busiest[0]]["file_name"] if busiest[0] is not None else None)
+    for image_id, count in boxes_per_image.items():
+        if count > num_queries:
+            add("error", "too_many_objects", f"{count} objects but the model has num_queries={num_queries}: at most "
+                f"{num_queries} can be matched; raise num_queries", images[image_id]["file_name"])
+    for image_id, image in images.items():
+        if boxes_per_image[image_id] == 0:
+            add("warning", "no_boxes", "image without (non-crowd) boxes: trains only 'no object'", image["file_name"])
+    for category_id in sorted(set(categories) - used_categories):
+        add("warning", "unused_category", f"category {category_id} ('{categories[category_id]}') has no annotation")
+    if missing_fields:
+        shown = ", ".join(map(str, missing_fields[:10])) + (" ..." if len(missing_fields) > 10 else "")
+        add("warning", "missing_field", f"{len(missing_fields)} annotation(s) lack 'area' or 'iscrowd' (ids {shown}); "
+            "the data set fills in area = w * h and iscrowd = 0 for evaluation")
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(problems, key=lambda p: order[p.severity])  # stable: json order within each group
+
+
+def summarize(problems: Iterable[Problem]) -> dict[str, Counter[str]]:
+    """Counts per kind, by severity: ``{"error": Counter, "warning": Counter, "info": Counter}``."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for problem in problems:
+        counts[problem.severity][problem.kind] += 1
+    return {severity: counts[severity] for severity in ("error", "warning", "info")}
+
+
+def format_problems(problems: list[Problem], *, max_per_kind: int = 20) -> str:
+    """A readable report: per severity and kind, a count and the first ``max_per_kind`` problems."""
+    if not problems:
+        return "no problems found"
+    lines: list[str] = []
+    counts = summarize(problems)
+    for severity in ("error", "warning", "info"):
+        if not counts[severity]:
+            continue
+        lines.append(f"{sum(counts[severity].values())} {severity}(s):")
+        for kind, count in counts[severity].items():
+            lines.append(f"  {kind} ({count}):")
+            shown = [p for p in problems if p.severity == severity and p.kind == kind][:max_per_kind]
+            lines.extend(f"    {p}" for p in shown)
+            if count > len(shown):
+                lines.append(f"    ... and {count - len(shown)} more")
+    return "\n".join(lines)
+
+
+def has_errors(problems: Iterable[Problem]) -> bool:
+    """True if any problem would hurt training (the checker's exit code 1)."""
+    return any(p.severity == "error" for p in problems)

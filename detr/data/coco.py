@@ -1,0 +1,414 @@
+"""COCO-format detection data set on pycocotools: an image folder plus an instances json.
+
+What the model sees (issue 3, REFERENCE.md "Training recipe"):
+
+- crowd annotations (``iscrowd = 1``) are kept out of the targets, as the authors do, but stay in
+  :attr:`CocoDetection.coco`, the ground truth the COCO evaluator scores against;
+- COCO ``bbox`` [x, y, w, h] → pixel xyxy, clamped to the image; boxes left with no width or height are
+  dropped;
+- labels come from a :class:`~detr.categories.CategoryMap`: COCO's raw ids for COCO itself (91 classes, so
+  the released checkpoints apply unchanged), contiguous labels 0..K-1 for other data sets.
+
+The json is validated when the data set is built, so a bad annotation fails the run at start-up with the
+file, the annotation id and the fix, not at epoch 40 inside a worker. Image files are checked for
+existence at start-up too; decoding errors (truncated, not an image, a size that contradicts the json)
+surface as :class:`~detr.data.images.ImageLoadError` naming the file and the json, or, with
+``skip_bad_images=True``, as a warning with a running count while another image takes the place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pycocotools.coco import COCO
+
+from detr.categories import CategoryMap
+from detr.data.images import ImageLoadError, decode_image
+from detr.data.transforms import make_normalize_transform
+
+logger = logging.getLogger(__name__)
+
+CategoryIds = Literal["auto", "raw", "contiguous"]
+
+#: How many problems an error message lists before "... and N more".
+_MAX_LISTED = 5
+
+
+class AnnotationFileError(ValueError):
+    """The annotation json is missing, not valid JSON, or not a usable COCO instances file."""
+
+
+class ImageSizeMismatchError(ImageLoadError):
+    """A decoded image's size contradicts the width/height its json entry gives (boxes would be wrong)."""
+
+
+def load_coco_json(path: str | Path) -> dict[str, Any]:
+    """Read a COCO json file into a dict.
+
+    Raises:
+        AnnotationFileError: the file is missing, or not valid JSON (the message names the file, the
+            line, the column and the character offset of the error), or its top level is not an object.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise AnnotationFileError(f"annotation file '{path}' does not exist; pass the path of a COCO instances json")
+    try:
+        with path.open("rb") as file:
+            data = json.load(file)
+    except json.JSONDecodeError as error:
+        raise AnnotationFileError(
+            f"annotation file '{path}' is not valid JSON: {error.msg} at line {error.lineno} column {error.colno} "
+            f"(character {error.pos}); fix the file there (a truncated download or a hand edit?)"
+        ) from error
+    except UnicodeDecodeError as error:
+        raise AnnotationFileError(
+            f"annotation file '{path}' is not UTF-8 text (byte {error.start}): {error.reason}; is it really a json?"
+        ) from error
+    if not isinstance(data, dict):
+        raise AnnotationFileError(
+            f"annotation file '{path}' holds a JSON {type(data).__name__}, not an object with 'images', "
+            "'annotations' and 'categories'"
+        )
+    return data
+
+
+def coco_from_dict(data: dict[str, Any]) -> COCO:
+    """A pycocotools ``COCO`` over an already loaded dict (pycocotools' index prints are silenced).
+
+    Fills in what pycocotools needs but some jsons lack: ``info`` and ``licenses`` (copied by some versions'
+    ``loadRes``), and each annotation's ``iscrowd`` (0) and ``area`` (bbox w * h), which COCOeval reads.
+    Expects a dict that passed :func:`validate_coco_dict`.
+    """
+    data.setdefault("info", {})
+    data.setdefault("licenses", [])
+    data.setdefault("annotations", [])
+    for annotation in data["annotations"]:  # COCOeval reads both fields of every ground-truth box
+        annotation.setdefault("iscrowd", 0)
+        if "area" not in annotation:
+            annotation["area"] = float(annotation["bbox"][2]) * float(annotation["bbox"][3])
+    coco = COCO()
+    coco.dataset = data
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+def category_map_from_categories(categories: list[dict[str, Any]], category_ids: CategoryIds = "auto") -> CategoryMap:
+    """The label convention for a data set's ``categories``.
+
+    ``"raw"``: labels are the category ids (num_classes = max id + 1), as the authors do for COCO.
+    ``"contiguous"``: labels 0..K-1 in order of increasing id. ``"auto"``: raw for COCO's own 80
+    categories (so released checkpoints apply), contiguous otherwise.
+    """
+    if category_ids not in ("auto", "raw", "contiguous"):
+        raise ValueError(f"category_ids must be 'auto', 'raw' or 'contiguous', got {category_ids!r}")
+    contiguous = category_ids == "contiguous" or (category_ids == "auto" and not CategoryMap.is_coco_like(categories))
+    return CategoryMap.from_coco_categories(categories, contiguous=contiguous)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> None:
+    """Raise :class:`AnnotationFileError` listing what makes ``data`` unusable for training.
+
+    Checked: the three lists exist; images have unique ids and a file_name; categories have unique ids;
+    annotations have unique ids, an image id that exists, a category id listed in ``categories`` and a
+    bbox of four finite numbers. (``tools/check_dataset.py`` reports these and more, without stopping.)
+    """
+    where = f"annotation file '{annotations_file}'"
+    for key in ("images", "categories"):
+        if not isinstance(data.get(key), list):
+            raise AnnotationFileError(f"{where} has no '{key}' list; a COCO instances json needs 'images', "
+                                      "'annotations' and 'categories'")
+    if not isinstance(data.get("annotations", []), list):
+        raise AnnotationFileError(f"{where}: 'annotations' must be a list")
+    problems: list[str] = []
+    file_names: dict[Any, str] = {}
+    for position, image in enumerate(data["images"]):
+        if not isinstance(image, dict) or "id" not in image or "file_name" not in image:
+            problems.append(f"images[{position}] needs 'id' and 'file_name'")
+        elif not isinstance(image["id"], (int, str)):
+            problems.append(f"images[{position}] has id {image['id']!r}; ids must be integers")
+        elif image["id"] in file_names:
+            problems.append(
+                f"image id {image['id']} is used twice ('{file_names[image['id']]}' and '{image['file_name']}')"
+            )
+        else:
+            file_names[image["id"]] = image["file_name"]
+    category_ids: set[Any] = set()
+    for position, category in enumerate(data["categories"]):
+        if not isinstance(category, dict) or not isinstance(category.get("id"), int):
+            problems.append(f"categories[{position}] needs an integer 'id'")
+        elif category["id"] in category_ids:
+            problems.append(f"category id {category['id']} is listed twice in 'categories'")
+        else:
+            category_ids.add(category["id"])
+    annotation_ids: set[Any] = set()
+    for position, annotation in enumerate(data.get("annotations", [])):
+        if not isinstance(annotation, dict):
+            problems.append(f"annotations[{position}] is not an object")
+            continue
+        ann_id = annotation.get("id", f"at position {position}")
+        image_id = annotation.get("image_id")
+        image_name = file_names.get(image_id) if isinstance(image_id, (int, str)) else None
+        label = f"annotation {ann_id}" + (f" (image '{image_name}')" if image_name else "")
+        if "id" not in annotation:
+            problems.append(f"annotations[{position}] has no 'id'")
+        elif not isinstance(ann_id, (int, str)):
+            problems.append(f"annotations[{position}] has id {ann_id!r}; ids must be integers")
+        elif ann_id in annotation_ids:
+            problems.append(f"annotation id {ann_id} is used twice")
+        else:
+            annotation_ids.add(ann_id)
+        if image_name is None:
+            problems.append(f"{label} refers to image id {image_id!r}, which is not in 'images'")
+        category_id = annotation.get("category_id")
+        if not isinstance(category_id, int) or category_id not in category_ids:
+            problems.append(
+                f"{label} has category_id {annotation.get('category_id')!r}, which is not in 'categories' "
+                "(add the category or remove the annotation)"
+            )
+        bbox = annotation.get("bbox")
+        if not (isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(_is_number(v) for v in bbox)):
+            problems.append(f"{label} has bbox {bbox!r}; COCO needs [x, y, width, height] as 4 finite numbers")
+    if problems:
+        listed = "; ".join(problems[:_MAX_LISTED])
+        more = f"; ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+        raise AnnotationFileError(
+            f"{where} has {len(problems)} problem(s): {listed}{more}. "
+            f"Run `python tools/check_dataset.py IMAGES_DIR {annotations_file}` for the full list."
+        )
+
+
+def coco_boxes_to_xyxy(
+    bboxes_xywh: np.ndarray, height: int, width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """COCO [x, y, w, h] pixel boxes → pixel xyxy clamped to the image, and which boxes survive.
+
+    Args:
+        bboxes_xywh: float [N, 4].
+        height, width: the image size in pixels.
+
+    Returns:
+        (boxes_xyxy float32 [N, 4] clamped to [0, width] x [0, height], keep bool [N]: x1 > x0 and y1 > y0).
+    """
+    boxes = np.asarray(bboxes_xywh, dtype=np.float64).reshape(-1, 4).copy()
+    boxes[:, 2:] += boxes[:, :2]
+    boxes[:, 0::2] = boxes[:, 0::2].clip(0, width)
+    boxes[:, 1::2] = boxes[:, 1::2].clip(0, height)
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    return boxes.astype(np.float32), keep
+
+
+@dataclass(frozen=True)
+class RawSample:
+    """One image and its training boxes before any transform.
+
+    pixels: uint8 [H, W, 3] RGB, EXIF orientation applied.
+    boxes_xyxy: float32 [T, 4] pixel xyxy, clamped, no crowd, no zero-size box.
+    labels: int64 [T] model labels (see the data set's category_map).
+    image_id: the json's image id.
+    path: the image file.
+    """
+
+    pixels: np.ndarray
+    boxes_xyxy: np.ndarray
+    labels: np.ndarray
+    image_id: int
+    path: Path
+
+
+class CocoDetection(torch.utils.data.Dataset):
+    """COCO-format detection data set.
+
+    Sample ``i`` is ``(image, target)``: ``image`` float32 [3, h, w] (ImageNet-normalised by ``transform``);
+    ``target`` = ``{"boxes_xyxy": float32 [T, 4] pixel xyxy in the transformed image, "labels": int64 [T],
+    "image_id": int64 scalar, "orig_size": int64 [2] (h, w) of the decoded image, "size": int64 [2] (h, w)
+    after the transform}``. :func:`detr.data.collate.collate_detection` turns the boxes into normalised
+    cxcywh.
+
+    Args:
+        images_dir: folder the json's ``file_name`` entries are relative to.
+        annotations_file: COCO instances json.
+        transform: albumentations-style callable (see :mod:`detr.data.transforms`); None normalises only.
+        category_map: the label convention; None derives it from the json (see ``category_ids``). Pass the
+            training set's map to a validation set so both agree.
+        category_ids: how to derive the map when ``category_map`` is None: "auto", "raw" or "contiguous"
+            (see :func:`category_map_from_categories`).
+        skip_bad_images: on a missing, undecodable or mis-sized image, log a warning with a running count
+            and use the next image instead of raising.
+        coco_data: the already loaded json dict (avoids reading a large file twice); ``annotations_file``
+            is still used in messages.
+
+    Attributes:
+        coco: pycocotools ``COCO`` of the full json (crowd included): the evaluator's ground truth.
+        ids: the image ids, sorted, that the data set serves.
+        num_skipped: images skipped so far in this process (with ``skip_bad_images``).
+    """
+
+    def __init__(
+        self,
+        images_dir: str | Path,
+        annotations_file: str | Path,
+        *,
+        transform: Callable[..., dict[str, Any]] | None = None,
+        category_map: CategoryMap | None = None,
+        category_ids: CategoryIds = "auto",
+        skip_bad_images: bool = False,
+        coco_data: dict[str, Any] | None = None,
+    ) -> None:
+        self.images_dir = Path(images_dir)
+        self.annotations_file = Path(annotations_file)
+        self.transform = transform if transform is not None else make_normalize_transform()
+        self.skip_bad_images = skip_bad_images
+        self.num_skipped = 0
+        if not self.images_dir.is_dir():
+            raise ValueError(
+                f"image folder '{self.images_dir}' (for annotation file '{self.annotations_file}') does not exist"
+            )
+        data = coco_data if coco_data is not None else load_coco_json(self.annotations_file)
+        validate_coco_dict(data, self.annotations_file)
+        self.coco = coco_from_dict(data)
+        if category_map is None:
+            category_map = category_map_from_categories(data["categories"], category_ids)
+        self.category_map = category_map
+        self._label_of: dict[int, int] = {}
+        for category in data["categories"]:
+            try:
+                self._label_of[category["id"]] = category_map.category_id_to_label(category["id"])
+            except KeyError:
+                raise ValueError(
+                    f"category id {category['id']} ('{category.get('name')}') of annotation file "
+                    f"'{self.annotations_file}' is not in the category map given ({category_map.num_classes} "
+                    "classes); use the same categories as the training json, or build the map from this file"
+                ) from None
+        self.ids = self._existing_image_ids(sorted(self.coco.imgs))
+
+    def _existing_image_ids(self, image_ids: list[int]) -> list[int]:
+        """All ids whose file exists; missing files raise (or, with skip_bad_images, are dropped with a warning)."""
+        missing = [i for i in image_ids if not (self.images_dir / self.coco.imgs[i]["file_name"]).is_file()]
+        if not missing:
+            return image_ids
+        names = ", ".join(f"'{self.images_dir / self.coco.imgs[i]['file_name']}'" for i in missing[:_MAX_LISTED])
+        more = f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED else ""
+        if not self.skip_bad_images:
+            first = self.images_dir / self.coco.imgs[missing[0]]["file_name"]
+            raise ImageLoadError(
+                f"{len(missing)} image file(s) listed in annotation file '{self.annotations_file}' do not exist: "
+                f"{names}{more}; restore them, remove them from the json, or pass skip_bad_images=True",
+                path=first,
+                annotations_file=self.annotations_file,
+            )
+        logger.warning(
+            "skipping %d image(s) listed in '%s' whose file does not exist: %s%s",
+            len(missing), self.annotations_file, names, more,
+        )
+        missing_set = set(missing)
+        kept = [i for i in image_ids if i not in missing_set]
+        if not kept:
+            raise ImageLoadError(
+                f"none of the images listed in annotation file '{self.annotations_file}' exists in '{self.images_dir}'",
+                annotations_file=self.annotations_file,
+            )
+        return kept
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def image_path(self, index: int) -> Path:
+        """The file of sample ``index``."""
+        return self.images_dir / self.coco.imgs[self.ids[index]]["file_name"]
+
+    def raw_sample(self, index: int) -> RawSample:
+        """Sample ``index`` decoded, with its training boxes, before the transform.
+
+        Raises:
+            ImageLoadError: the file is missing or undecodable, or its size contradicts the json's
+                width/height (:class:`ImageSizeMismatchError`); the message names the file and the json.
+        """
+        image_id = self.ids[index]
+        info = self.coco.imgs[image_id]
+        path = self.images_dir / info["file_name"]
+        decoded = decode_image(path, annotations_file=self.annotations_file)
+        height, width = decoded.pixels.shape[:2]
+        json_size = (info.get("height"), info.get("width"))
+        if json_size != (None, None) and json_size != (height, width):
+            raise ImageSizeMismatchError(self._size_message(path, json_size, decoded.stored_size,
+                                                            decoded.exif_orientation, (height, width)),
+                                         path=path, annotations_file=self.annotations_file)
+        annotations = [a for a in self.coco.imgToAnns.get(image_id, []) if not a.get("iscrowd", 0)]
+        boxes, keep = coco_boxes_to_xyxy(np.array([a["bbox"] for a in annotations], dtype=np.float64), height, width)
+        labels = np.array([self._label_of[a["category_id"]] for a in annotations], dtype=np.int64)
+        return RawSample(pixels=decoded.pixels, boxes_xyxy=boxes[keep], labels=labels[keep], image_id=int(image_id),
+                         path=path)
+
+    def _size_message(
+        self,
+        path: Path,
+        json_size: tuple[Any, Any],
+        stored_size: tuple[int, int],
+        orientation: int,
+        displayed_size: tuple[int, int],
+    ) -> str:
+        message = (
+            f"image file '{path}' is {displayed_size[1]}x{displayed_size[0]} (width x height) as displayed, but "
+            f"annotation file '{self.annotations_file}' says {json_size[1]}x{json_size[0]}, so its boxes would "
+            "land in the wrong place"
+        )
+        if orientation != 1 and tuple(json_size) == stored_size:
+            message += (
+                f"; the file has EXIF orientation {orientation} and the json matches the un-rotated pixels: "
+                "annotate the image as displayed, or strip the EXIF orientation tag (e.g. re-save the image "
+                "rotated) and convert the boxes"
+            )
+        else:
+            message += "; fix 'width'/'height' in the json or re-annotate the image"
+        return message
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        for attempt in range(len(self.ids)):
+            current = (index + attempt) % len(self.ids)
+            try:
+                return self._load(current)
+            except ImageLoadError as error:
+                if not self.skip_bad_images:
+                    raise
+                self.num_skipped += 1
+                logger.warning("skipping a bad image (%d skipped so far in this process): %s", self.num_skipped, error)
+        raise ImageLoadError(
+            f"every image of annotation file '{self.annotations_file}' failed to load",
+            annotations_file=self.annotations_file,
+        )
+
+    def _load(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        sample = self.raw_sample(index)
+        try:
+            out = self.transform(image=sample.pixels, bboxes=sample.boxes_xyxy, labels=sample.labels)
+        except Exception as error:  # name the file: a bare albumentations traceback from a worker helps no one
+            raise RuntimeError(
+                f"transform failed on image file '{sample.path}' (image id {sample.image_id}, annotation file "
+                f"'{self.annotations_file}'): {type(error).__name__}: {error}"
+            ) from error
+        image = out["image"]
+        boxes = torch.as_tensor(np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4))
+        labels = torch.as_tensor(np.asarray(out["labels"], dtype=np.int64).reshape(-1))
+        target = {
+            "boxes_xyxy": boxes,
+            "labels": labels,
+            "image_id": torch.tensor(sample.image_id, dtype=torch.int64),
+            "orig_size": torch.tensor(sample.pixels.shape[:2], dtype=torch.int64),
+            "size": torch.tensor(tuple(image.shape[-2:]), dtype=torch.int64),
+        }
+        return image, target

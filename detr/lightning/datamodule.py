@@ -1,0 +1,293 @@
+"""LightningDataModule over COCO-format data: train/val/test/predict loaders with the authors' transforms.
+
+Data comes either from ``root`` in COCO's layout::
+
+    ROOT/train2017/  ROOT/val2017/  ROOT/annotations/instances_{train,val}2017.json
+
+or from explicit image folders and json files (which override ``root``'s). The category map is read
+from the annotation json in ``__init__``, so ``num_classes``, ``category_map`` and ``category_names``
+exist before any setup and LightningCLI can link them into the model. Data sets are built on first use
+(``setup`` or the ``*_dataset`` properties); ``val_dataset.coco`` is the evaluator's ground truth.
+
+Transform sizes are constructor arguments, so a YAML config can train the 128 px shapes set at small
+scales. Lightning adds the distributed sampler itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning
+import torch
+from torch.utils.data import DataLoader
+
+from detr.categories import CategoryMap
+from detr.data.coco import CocoDetection, category_map_from_categories, load_coco_json
+from detr.data.collate import collate_detection
+from detr.data.images import ImageFilesDataset
+from detr.data.transforms import (
+    CROP_MAX_SIZE,
+    CROP_MIN_SIZE,
+    CROP_RESIZE_SCALES,
+    EVAL_MAX_SIZE,
+    EVAL_MIN_SIZE,
+    TRAIN_MAX_SIZE,
+    TRAIN_SCALES,
+    make_eval_transform,
+    make_train_transform,
+    reseed_transform,
+)
+
+logger = logging.getLogger(__name__)
+
+Split = Literal["train", "val", "test"]
+
+
+def seed_worker_transform(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: new augmentation generators per worker, epoch and process.
+
+    Workers start as copies of one transform; without this they would all draw the same flips and crops.
+    ``get_worker_info().seed`` differs per worker and per epoch and follows ``seed_everything``; the
+    process rank is mixed in as the authors seed per rank.
+    """
+    info = torch.utils.data.get_worker_info()
+    if info is None:
+        return
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank = torch.distributed.get_rank() if distributed else 0
+    reseed_transform(getattr(info.dataset, "transform", None), info.seed + 1_000_003 * rank)
+
+
+class DetrDataModule(lightning.LightningDataModule):
+    """COCO-format data for DETR.
+
+    Args:
+        root: COCO-layout folder (module docstring); optional when the explicit paths are given.
+        train_images, train_annotations, val_images, val_annotations: explicit folders and jsons
+            (override ``root``'s).
+        test_images, test_annotations: the test split; defaults to the validation split.
+        predict_images: a folder (its image files) or a list of image files for ``predict``.
+        batch_size: training images per process (authors: 2 for R50, 4 per GPU in the 64-batch recipe).
+        val_batch_size: images per evaluation batch (None: ``batch_size``). AP depends on it through
+            padding (REFERENCE.md).
+        num_workers: DataLoader worker processes.
+        pin_memory: pin batches (only when CUDA is available).
+        persistent_workers: keep workers between epochs (only with num_workers > 0).
+        drop_last: drop the last incomplete training batch (as the authors do).
+        category_ids: "auto" (raw ids for COCO's own categories, contiguous otherwise), "raw" or
+            "contiguous"; see :func:`detr.data.coco.category_map_from_categories`.
+        skip_bad_images: skip missing/undecodable images with a warning and a count instead of raising.
+        train_scales, train_max_size, crop_resize_scales, crop_min_size, crop_max_size: the train
+            augmentation's sizes (:func:`detr.data.transforms.make_train_transform`).
+        eval_min_size, eval_max_size: the eval resize (:func:`detr.data.transforms.make_eval_transform`).
+
+    Attributes:
+        category_map: label ↔ category id/name (None when only ``predict_images`` is given).
+        num_classes: ``category_map.num_classes`` (None without annotations).
+        category_names: label → name.
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        train_images: str | None = None,
+        train_annotations: str | None = None,
+        val_images: str | None = None,
+        val_annotations: str | None = None,
+        test_images: str | None = None,
+        test_annotations: str | None = None,
+        predict_images: str | list[str] | None = None,
+        batch_size: int = 2,
+        val_batch_size: int | None = None,
+        num_workers: int = 2,
+        pin_memory: bool = True,
+        persistent_workers: bool = False,
+        drop_last: bool = True,
+        category_ids: Literal["auto", "raw", "contiguous"] = "auto",
+        skip_bad_images: bool = False,
+        train_scales: Sequence[int] = TRAIN_SCALES,
+        train_max_size: int = TRAIN_MAX_SIZE,
+        crop_resize_scales: Sequence[int] = CROP_RESIZE_SCALES,
+        crop_min_size: int = CROP_MIN_SIZE,
+        crop_max_size: int = CROP_MAX_SIZE,
+        eval_min_size: int = EVAL_MIN_SIZE,
+        eval_max_size: int = EVAL_MAX_SIZE,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1) or num_workers < 0:
+            raise ValueError(
+                f"need batch_size >= 1, val_batch_size >= 1 (or None) and num_workers >= 0; got {batch_size}, "
+                f"{val_batch_size}, {num_workers}"
+            )
+        self.save_hyperparameters()
+        base = Path(root) if root is not None else None
+        if base is not None and not base.is_dir():
+            raise ValueError(
+                f"data root '{base}' does not exist; pass a folder with train2017/, val2017/ and annotations/"
+            )
+
+        # Split → (image folder, json). A split taken from ``root`` counts only if its json exists (e.g. a
+        # root with just val2017 for evaluation); explicit paths always count and fail loudly if wrong.
+        self.paths: dict[str, tuple[Path, Path]] = {}
+        explicit = {"train": (train_images, train_annotations), "val": (val_images, val_annotations),
+                    "test": (test_images, test_annotations)}
+        for split, (images, json_file) in explicit.items():
+            if (images is None) != (json_file is None):
+                raise ValueError(f"{split}: give both {split}_images and {split}_annotations, not only one of them")
+            if images is not None and json_file is not None:
+                self.paths[split] = (Path(images), Path(json_file))
+            elif base is not None and split != "test":
+                from_root = (base / f"{split}2017", base / "annotations" / f"instances_{split}2017.json")
+                if from_root[1].is_file():
+                    self.paths[split] = from_root
+                else:
+                    logger.info("no %s split under '%s' (%s does not exist)", split, base, from_root[1])
+        self.predict_images = predict_images
+        self.batch_size = batch_size
+        self.val_batch_size = val_batch_size if val_batch_size is not None else batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.drop_last = drop_last
+        self.skip_bad_images = skip_bad_images
+        self.train_transform = make_train_transform(
+            scales=train_scales, max_size=train_max_size, crop_resize_scales=crop_resize_scales,
+            crop_min_size=crop_min_size, crop_max_size=crop_max_size,
+        )
+        self.eval_transform = make_eval_transform(min_size=eval_min_size, max_size=eval_max_size)
+
+        # The json is read once: kept here until its data set is built.
+        self._json_cache: dict[Path, dict[str, Any]] = {}
+        self._datasets: dict[str, CocoDetection] = {}
+        self.category_map: CategoryMap | None = None
+        for split in ("train", "val", "test"):
+            if split in self.paths:
+                json_file = self.paths[split][1]
+                data = load_coco_json(json_file)
+                self._json_cache[json_file] = data
+                if not isinstance(data.get("categories"), list):
+                    raise ValueError(f"annotation file '{json_file}' has no 'categories' list")
+                self.category_map = category_map_from_categories(data["categories"], category_ids)
+                logger.info("%d classes from '%s' (category_ids=%s)", self.category_map.num_classes, json_file,
+                            category_ids)
+                break
+        if self.category_map is None and predict_images is None and base is not None:
+            raise ValueError(
+                f"data root '{base}' has neither annotations/instances_train2017.json nor "
+                "annotations/instances_val2017.json; pass a COCO-layout folder or explicit *_images/*_annotations"
+            )
+        if self.category_map is None and predict_images is None:
+            raise ValueError(
+                "DetrDataModule needs data: root=DIR (COCO layout), or train_images + train_annotations / "
+                "val_images + val_annotations, or predict_images"
+            )
+
+    # ------------------------------------------------------------------ what the data decides
+    @property
+    def num_classes(self) -> int | None:
+        """Number of model classes (``category_map.num_classes``)."""
+        return None if self.category_map is None else self.category_map.num_classes
+
+    @property
+    def category_names(self) -> list[str]:
+        """Name of each label (raw-id maps name unused ids "N/A")."""
+        return [] if self.category_map is None else list(self.category_map.names)
+
+    # ------------------------------------------------------------------ data sets
+    def _dataset(self, split: Split) -> CocoDetection | None:
+        if split in self._datasets:
+            return self._datasets[split]
+        if split == "test" and "test" not in self.paths:
+            return self._dataset("val")
+        if split not in self.paths:
+            return None
+        images, annotations = self.paths[split]
+        dataset = CocoDetection(
+            images,
+            annotations,
+            transform=self.train_transform if split == "train" else self.eval_transform,
+            category_map=self.category_map,
+            skip_bad_images=self.skip_bad_images,
+            coco_data=self._json_cache.pop(annotations, None),
+        )
+        self._datasets[split] = dataset
+        return dataset
+
+    @property
+    def train_dataset(self) -> CocoDetection | None:
+        """Training set (train transform), None if not configured."""
+        return self._dataset("train")
+
+    @property
+    def val_dataset(self) -> CocoDetection | None:
+        """Validation set (eval transform); ``.coco`` is the ground truth, crowd included."""
+        return self._dataset("val")
+
+    @property
+    def test_dataset(self) -> CocoDetection | None:
+        """Test set (eval transform); the validation set unless test paths were given."""
+        return self._dataset("test")
+
+    @property
+    def predict_dataset(self) -> ImageFilesDataset | None:
+        """Plain image files (eval transform), None without ``predict_images``."""
+        if self.predict_images is None:
+            return None
+        if "predict" not in self._datasets:
+            self._datasets["predict"] = ImageFilesDataset(self.predict_images, transform=self.eval_transform)  # type: ignore[assignment]
+        return self._datasets["predict"]  # type: ignore[return-value]
+
+    def setup(self, stage: str) -> None:
+        """Build the data sets the stage needs ("fit", "validate", "test", "predict")."""
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}.get(stage, ())
+        for split in wanted:
+            self._dataset(split)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ loaders
+    def _loader(self, dataset: Any, *, batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader:
+        workers = self.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            num_workers=workers,
+            collate_fn=collate_detection,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),
+            persistent_workers=self.persistent_workers and workers > 0,
+            worker_init_fn=seed_worker_transform if workers > 0 else None,
+        )
+
+    def _require(self, dataset: Any, split: str) -> Any:
+        if dataset is None:
+            raise ValueError(
+                f"no {split} data configured: pass root=DIR or {split}_images + {split}_annotations"
+                + (" (or predict_images)" if split == "predict" else "")
+            )
+        return dataset
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = self._require(self.train_dataset, "train")
+        if self.num_workers == 0:  # in-process augmentation: seed it from the (seed_everything) torch generator
+            reseed_transform(dataset.transform, int(torch.randint(0, 2**31 - 1, ()).item()))
+        if self.drop_last and len(dataset) < self.batch_size:
+            raise ValueError(
+                f"the training set has {len(dataset)} images, fewer than batch_size={self.batch_size}, so drop_last "
+                "leaves no batch; lower batch_size or set drop_last=False"
+            )
+        return self._loader(dataset, batch_size=self.batch_size, shuffle=True, drop_last=self.drop_last)
+
+    def val_dataloader(self) -> DataLoader:
+        dataset = self._require(self.val_dataset, "val")
+        return self._loader(dataset, batch_size=self.val_batch_size, shuffle=False, drop_last=False)
+
+    def test_dataloader(self) -> DataLoader:
+        dataset = self._require(self.test_dataset, "test")
+        return self._loader(dataset, batch_size=self.val_batch_size, shuffle=False, drop_last=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        dataset = self._require(self.predict_dataset, "predict")
+        return self._loader(dataset, batch_size=self.val_batch_size, shuffle=False, drop_last=False)

@@ -1,0 +1,171 @@
+"""The dataset checker finds every bad input of issue 3 on a broken copy, each named by file and annotation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from detr.data.checker import Problem, check_dataset, format_problems, has_errors
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_cli() -> Any:
+    spec = importlib.util.spec_from_file_location("check_dataset_cli", REPO / "tools" / "check_dataset.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def ann(ann_id: int, image_id: int, bbox: list[float], category_id: int = 1, iscrowd: int = 0) -> dict:
+    return {"id": ann_id, "image_id": image_id, "bbox": bbox, "category_id": category_id, "iscrowd": iscrowd,
+            "area": bbox[2] * bbox[3]}
+
+
+def write_clean(root: Path) -> tuple[Path, Path]:
+    images_dir = root / "images"
+    images_dir.mkdir(parents=True)
+    images = []
+    for image_id, (name, mode) in enumerate([("ok.jpg", "RGB"), ("gray.png", "L"), ("rgba.png", "RGBA"),
+                                             ("cmyk.jpg", "CMYK")], start=1):
+        Image.new(mode, (60, 40)).save(images_dir / name)
+        images.append({"id": image_id, "file_name": name, "height": 40, "width": 60})
+    annotations = [ann(i, i, [1, 1, 10, 10]) for i in range(1, 5)]
+    categories = [{"id": 1, "name": "thing"}, {"id": 2, "name": "other"}]
+    annotations.append(ann(5, 1, [20, 20, 5, 5], 2))
+    path = root / "instances.json"
+    path.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))
+    return images_dir, path
+
+
+def write_broken(root: Path) -> tuple[Path, Path]:
+    """Every bad input of issue 3, one per image file."""
+    images_dir, path = write_clean(root)
+    data = json.loads(path.read_text())
+    data["categories"].append({"id": 5, "name": "gap"})  # ids 1, 2, 5: a gap, and 5 is unused
+    rng = np.random.default_rng(0)
+
+    def add_image(image_id: int, name: str, height: int = 40, width: int = 60) -> None:
+        data["images"].append({"id": image_id, "file_name": name, "height": height, "width": width})
+
+    add_image(10, "missing.jpg")
+    Image.fromarray(rng.integers(0, 255, (40, 60, 3), dtype=np.uint8)).save(images_dir / "truncated.jpg")
+    raw = (images_dir / "truncated.jpg").read_bytes()
+    (images_dir / "truncated.jpg").write_bytes(raw[: len(raw) // 2])
+    add_image(11, "truncated.jpg")
+    (images_dir / "text.jpg").write_text("hello")
+    add_image(12, "text.jpg")
+    for image_id, name in [(13, "empty.jpg"), (14, "zero.jpg"), (15, "outside.jpg"), (16, "crowd.jpg"),
+                           (17, "unknown_category.jpg"), (18, "many.jpg")]:
+        Image.new("RGB", (60, 40)).save(images_dir / name)
+        add_image(image_id, name)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.new("RGB", (60, 40)).save(images_dir / "rotated.jpg", exif=exif.tobytes())  # displayed 40 x 60
+    add_image(19, "rotated.jpg", height=40, width=60)  # json describes the stored, un-rotated pixels
+    data["images"].append({"id": 1, "file_name": "duplicate.jpg", "height": 40, "width": 60})
+    data["annotations"] += [
+        ann(100, 10, [1, 1, 5, 5]), ann(101, 11, [1, 1, 5, 5]), ann(102, 12, [1, 1, 5, 5]),
+        ann(103, 14, [1, 1, 0, 5]),                  # zero width
+        ann(104, 15, [50, 30, 20, 20]),              # partly outside
+        ann(105, 16, [0, 0, 60, 40], iscrowd=1), ann(106, 16, [1, 1, 5, 5]),
+        ann(107, 17, [1, 1, 5, 5], category_id=99),  # not in categories
+        ann(108, 18, [1, 1, 5, 5]), ann(109, 18, [10, 10, 5, 5]), ann(110, 18, [20, 20, 5, 5]),
+        ann(1, 15, [1, 1, 5, 5]),                    # duplicate annotation id
+        ann(111, 999, [1, 1, 5, 5]),                 # unknown image
+        {"id": 112, "image_id": 13, "bbox": [1, 2, 3], "category_id": 1},  # malformed bbox
+    ]
+    path.write_text(json.dumps(data))
+    return images_dir, path
+
+
+def find(problems: list[Problem], kind: str) -> list[Problem]:
+    return [p for p in problems if p.kind == kind]
+
+
+def test_clean_dataset_has_no_errors(tmp_path: Path) -> None:
+    problems = check_dataset(*write_clean(tmp_path))
+    assert not has_errors(problems), format_problems(problems)
+    assert [p.kind for p in problems] == ["summary"]  # grayscale, RGBA and CMYK are fine
+
+
+def test_broken_copy_every_problem_named(tmp_path: Path) -> None:
+    problems = check_dataset(*write_broken(tmp_path), num_queries=2)
+    expected = {  # kind: (severity, file, annotation id)
+        "missing_image": ("error", "missing.jpg", None),
+        "zero_size_box": ("error", "zero.jpg", 103),
+        "box_outside_image": ("error", "outside.jpg", 104),
+        "unknown_category": ("error", "unknown_category.jpg", 107),
+        "image_size_mismatch": ("error", "rotated.jpg", None),
+        "too_many_objects": ("error", "many.jpg", None),
+        "duplicate_annotation_id": ("error", "outside.jpg", 1),
+        "duplicate_image_id": ("error", "duplicate.jpg", None),
+        "unknown_image_id": ("error", None, 111),
+        "invalid_bbox": ("error", "empty.jpg", 112),
+        "crowd": ("warning", "crowd.jpg", 105),
+        "category_id_gap": ("warning", None, None),
+        "unused_category": ("warning", None, None),
+    }
+    for kind, (severity, file_name, annotation_id) in expected.items():
+        found = find(problems, kind)
+        assert len(found) == 1, (kind, found)
+        assert (found[0].severity, found[0].file_name, found[0].annotation_id) == (severity, file_name, annotation_id)
+    unreadable = {p.file_name: p.message for p in find(problems, "unreadable_image")}
+    assert set(unreadable) == {"truncated.jpg", "text.jpg"}
+    assert "truncated" in unreadable["truncated.jpg"] and "not an image" in unreadable["text.jpg"]
+    assert "EXIF orientation 6" in find(problems, "image_size_mismatch")[0].message
+    assert {p.file_name for p in find(problems, "no_boxes")} >= {"empty.jpg", "zero.jpg"}
+    assert "most objects in one image: 3" in find(problems, "summary")[0].message
+    assert has_errors(problems)
+    # errors first, then warnings, then the summary
+    order = [p.severity for p in problems]
+    assert order == sorted(order, key=["error", "warning", "info"].index)
+
+
+def test_quick_mode_reads_headers_only(tmp_path: Path) -> None:
+    problems = check_dataset(*write_broken(tmp_path), decode_images=False)
+    assert {p.file_name for p in find(problems, "unreadable_image")} == {"text.jpg"}  # truncation needs a decode
+    assert find(problems, "image_size_mismatch")[0].file_name == "rotated.jpg"
+
+
+def test_cli_exit_codes_and_readable_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cli = load_cli()
+    images_dir, path = write_clean(tmp_path / "clean")
+    assert cli.main([str(images_dir), str(path)]) == 0
+    assert "OK" in capsys.readouterr().out
+    images_dir, path = write_broken(tmp_path / "broken")
+    assert cli.main([str(images_dir), str(path), "--num-queries", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "missing_image" in out and "[zero.jpg, annotation 103]" in out
+    assert "unknown_category (1):" in out
+
+
+def test_malformed_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text('{"images": [}')
+    problems = check_dataset(tmp_path, path)
+    assert [p.kind for p in problems] == ["invalid_json"]
+    assert "bad.json" in problems[0].message and "line 1 column 13" in problems[0].message
+    assert load_cli().main([str(tmp_path), str(path)]) == 1
+    assert "line 1 column 13" in capsys.readouterr().out
+
+
+def test_not_coco(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    path.write_text('{"annotations": []}')
+    kinds = [p.kind for p in check_dataset(tmp_path, path)]
+    assert kinds == ["not_coco", "not_coco"]
+
+
+def test_real_coco_mini_passes() -> None:
+    root = REPO / "data" / "coco-mini"
+    problems = check_dataset(root / "val2017", root / "annotations" / "instances_val2017.json",
+                             decode_images=False)
+    assert not has_errors(problems), format_problems(problems)
+    assert len(find(problems, "crowd")) == 5 and len(find(problems, "no_boxes")) == 2

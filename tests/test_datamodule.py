@@ -1,0 +1,125 @@
+"""DetrDataModule: categories before setup, all four loaders, explicit paths, YAML-typed init arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from detr.categories import CategoryMap
+from detr.data.shapes import SHAPE_NAMES, ShapesConfig, write_shapes_dataset
+from detr.lightning.datamodule import DetrDataModule
+
+REPO = Path(__file__).resolve().parents[1]
+COCO_MINI = REPO / "data" / "coco-mini"
+SMALL = dict(train_scales=[48, 64], train_max_size=96, crop_resize_scales=[48], crop_min_size=32, crop_max_size=48,
+             eval_min_size=64, eval_max_size=96)
+
+
+@pytest.fixture(scope="module")
+def shapes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("shapes")
+    write_shapes_dataset(root, ShapesConfig(num_train=6, num_val=3, image_size=64, min_object_size=8,
+                                            max_object_size=24))
+    return root
+
+
+def check_batch(batch: tuple, batch_size: int) -> None:
+    images, mask, targets = batch
+    assert images.dim() == 4 and images.shape[:2] == (batch_size, 3) and images.dtype == torch.float32
+    assert mask.shape == (batch_size, *images.shape[2:]) and mask.dtype == torch.bool
+    for index, target in enumerate(targets):
+        h, w = target["size"].tolist()
+        assert not mask[index, :h, :w].any() and mask[index].sum() == mask.shape[1] * mask.shape[2] - h * w
+        if "boxes" in target:
+            boxes = target["boxes"]
+            assert boxes.shape == (len(target["labels"]), 4) and boxes.dtype == torch.float32
+            assert ((boxes >= 0) & (boxes <= 1)).all()
+
+
+def test_shapes_root_all_loaders(shapes_root: Path) -> None:
+    data = DetrDataModule(root=str(shapes_root), batch_size=2, num_workers=0,
+                          predict_images=str(shapes_root / "val2017"), **SMALL)
+    # decided by the data, before any setup (LightningCLI links these into the model)
+    assert data.num_classes == len(SHAPE_NAMES) and data.category_names == list(SHAPE_NAMES)
+    assert data.category_map == CategoryMap(category_ids=(1, 2, 3, 4, 5), names=SHAPE_NAMES)
+    data.setup("fit")
+    train = list(data.train_dataloader())
+    assert len(train) == 3
+    for batch in train:
+        check_batch(batch, 2)
+        assert max(batch[0].shape[2:]) <= 96 + 1
+    val = next(iter(data.val_dataloader()))
+    check_batch(val, 2)
+    assert {tuple(t["size"].tolist()) for t in val[2]} == {(64, 64)} and val[2][0]["orig_size"].tolist() == [64, 64]
+    assert data.val_dataset.coco.getImgIds() == [1, 2, 3]  # the evaluator's ground truth
+    assert data.test_dataset is data.val_dataset
+    assert len(next(iter(data.test_dataloader()))[2]) == 2
+    predict = next(iter(data.predict_dataloader()))
+    check_batch(predict, 2)
+    assert predict[2][0]["file_name"].endswith("000000000001.jpg") and "boxes" not in predict[2][0]
+
+
+def test_coco_mini_raw_category_ids() -> None:
+    data = DetrDataModule(root=str(COCO_MINI), num_workers=0, val_batch_size=3, **SMALL)
+    assert data.num_classes == 91 and data.category_map == CategoryMap.coco()
+    assert data.category_names[1] == "person" and data.category_names[0] == "N/A"
+    images, mask, targets = next(iter(data.val_dataloader()))
+    labels = [int(label) for target in targets for label in target["labels"]]
+    assert len(targets) == 3 and labels and all(label in CategoryMap.coco().category_ids for label in labels)
+    contiguous = DetrDataModule(root=str(COCO_MINI), num_workers=0, category_ids="contiguous")
+    assert contiguous.num_classes == 80
+
+
+def test_explicit_paths_and_val_only(shapes_root: Path) -> None:
+    data = DetrDataModule(val_images=str(shapes_root / "val2017"),
+                          val_annotations=str(shapes_root / "annotations" / "instances_val2017.json"),
+                          num_workers=0, **SMALL)
+    assert data.num_classes == 5 and data.train_dataset is None
+    assert len(data.val_dataset) == 3
+    with pytest.raises(ValueError, match="no train data"):
+        data.train_dataloader()
+    with pytest.raises(ValueError, match="no predict data"):
+        data.predict_dataloader()
+
+
+def test_configuration_errors(tmp_path: Path, shapes_root: Path) -> None:
+    with pytest.raises(ValueError, match="needs data"):
+        DetrDataModule()
+    with pytest.raises(ValueError, match="does not exist"):
+        DetrDataModule(root=str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="not only one"):
+        DetrDataModule(train_images=str(shapes_root / "train2017"))
+    with pytest.raises(ValueError, match="batch_size"):
+        DetrDataModule(root=str(shapes_root), batch_size=0)
+    with pytest.raises(ValueError, match="fewer than batch_size=8"):
+        DetrDataModule(root=str(shapes_root), batch_size=8, num_workers=0).train_dataloader()
+    (tmp_path / "empty_root").mkdir()
+    with pytest.raises(ValueError, match="instances_train2017.json"):
+        DetrDataModule(root=str(tmp_path / "empty_root"))
+    predict_only = DetrDataModule(predict_images=[str(shapes_root / "val2017" / "000000000002.jpg")], num_workers=0)
+    assert predict_only.num_classes is None and predict_only.category_map is None
+    assert len(predict_only.predict_dataset) == 1
+
+
+def test_yaml_typed_arguments(shapes_root: Path) -> None:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(DetrDataModule, "data")
+    config = parser.parse_args(["--data.root", str(shapes_root), "--data.train_scales", "[48, 64]",
+                                "--data.train_max_size", "96", "--data.eval_min_size", "64", "--data.num_workers", "0"])
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in jsonargparse 4.49
+    data = instantiate(config).data
+    assert isinstance(data, DetrDataModule) and list(data.hparams.train_scales) == [48, 64]
+    assert data.num_classes == 5
+
+
+def test_train_loader_with_one_worker(shapes_root: Path) -> None:
+    data = DetrDataModule(root=str(shapes_root), batch_size=3, num_workers=1, persistent_workers=True, **SMALL)
+    loader = data.train_dataloader()
+    assert loader.persistent_workers and loader.worker_init_fn is not None
+    batches = list(loader)
+    assert len(batches) == 2
+    check_batch(batches[0], 3)

@@ -1,0 +1,114 @@
+"""The synthetic shapes set: deterministic, COCO layout, exact boxes, idempotent writer and CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from detr.data.checker import check_dataset, has_errors
+from detr.data.coco import CocoDetection
+from detr.data.shapes import (
+    SHAPE_NAMES,
+    ShapesConfig,
+    render_shapes_image,
+    shape_polygon,
+    shapes_dataset_is_complete,
+    write_shapes_dataset,
+)
+
+TINY = ShapesConfig(num_train=12, num_val=4, image_size=64, min_object_size=8, max_object_size=24,
+                    empty_fraction=0.25)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_layout_and_determinism(tmp_path: Path) -> None:
+    assert write_shapes_dataset(tmp_path / "a", TINY)
+    assert write_shapes_dataset(tmp_path / "b", TINY)
+    for split in ("train2017", "val2017"):
+        json_a = (tmp_path / "a" / "annotations" / f"instances_{split}.json").read_bytes()
+        assert json_a == (tmp_path / "b" / "annotations" / f"instances_{split}.json").read_bytes()
+        data = json.loads(json_a)
+        assert len(data["images"]) == (12 if split == "train2017" else 4)
+        assert [c["name"] for c in data["categories"]] == list(SHAPE_NAMES)
+        for image in data["images"]:
+            file_a = tmp_path / "a" / split / image["file_name"]
+            assert file_a.read_bytes() == (tmp_path / "b" / split / image["file_name"]).read_bytes()
+            assert Image.open(file_a).size == (64, 64)
+    other = ShapesConfig(**{**TINY.__dict__, "seed": 1})
+    write_shapes_dataset(tmp_path / "c", other)
+    assert (tmp_path / "c" / "train2017" / "000000000001.jpg").read_bytes() != (
+        tmp_path / "a" / "train2017" / "000000000001.jpg").read_bytes()
+
+
+def test_objects_are_varied_and_boxes_exact() -> None:
+    counts, categories, empty = [], set(), 0
+    for index in range(40):
+        pixels, objects = render_shapes_image(np.random.default_rng([0, 0, index]), TINY)
+        assert pixels.shape == (64, 64, 3) and pixels.dtype == np.uint8
+        counts.append(len(objects))
+        empty += not objects
+        for shape in objects:
+            categories.add(shape.category_id)
+            x, y, w, h = shape.bbox_xywh
+            assert 0 <= x and 0 <= y and x + w <= 64 and y + h <= 64 and w > 0 and h > 0
+            polygon = np.array(shape.polygon).reshape(-1, 2)
+            # the box is the rendered extent of the polygon (within the rasteriser's pixel)
+            assert abs(polygon[:, 0].min() - x) <= 1.01 and abs(polygon[:, 0].max() - (x + w)) <= 1.01
+            assert abs(polygon[:, 1].min() - y) <= 1.01 and abs(polygon[:, 1].max() - (y + h)) <= 1.01
+            assert 0 < shape.area <= w * h
+    assert categories == set(range(1, len(SHAPE_NAMES) + 1))
+    assert max(counts) <= TINY.max_objects and empty >= 3 and len(set(counts)) >= 4
+
+
+def test_shape_polygons() -> None:
+    for name in SHAPE_NAMES:
+        polygon = shape_polygon(name, (10.0, 20.0), 5.0, 0.3, 0.5)
+        assert np.linalg.norm(polygon - [10, 20], axis=1).max() <= 5.0 + 1e-9
+    with pytest.raises(ValueError, match="unknown shape"):
+        shape_polygon("hexagon", (0.0, 0.0), 1.0, 0.0, 1.0)
+
+
+def test_idempotent_and_detects_incomplete(tmp_path: Path) -> None:
+    root = tmp_path / "shapes"
+    assert write_shapes_dataset(root, TINY)
+    assert shapes_dataset_is_complete(root, TINY)
+    assert not write_shapes_dataset(root, TINY)  # complete: nothing written
+    (root / "val2017" / "000000000002.jpg").unlink()
+    assert not shapes_dataset_is_complete(root, TINY)
+    assert write_shapes_dataset(root, TINY)
+    assert not shapes_dataset_is_complete(root, ShapesConfig(**{**TINY.__dict__, "num_val": 5}))
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="min_object_size"):
+        ShapesConfig(min_object_size=50, max_object_size=20)
+    with pytest.raises(ValueError, match="image_size"):
+        ShapesConfig(image_size=8)
+
+
+def test_reads_as_coco_and_passes_the_checker(tmp_path: Path) -> None:
+    write_shapes_dataset(tmp_path, TINY)
+    dataset = CocoDetection(tmp_path / "train2017", tmp_path / "annotations" / "instances_train2017.json")
+    assert dataset.category_map.num_classes == len(SHAPE_NAMES) and dataset.category_map.names == SHAPE_NAMES
+    image, target = dataset[0]
+    assert image.shape == (3, 64, 64)
+    problems = check_dataset(tmp_path / "val2017", tmp_path / "annotations" / "instances_val2017.json")
+    assert not has_errors(problems), problems
+
+
+def test_make_shapes_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("make_shapes", REPO / "tools" / "make_shapes.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    argv = ["--out", str(tmp_path / "s"), "--num-train", "3", "--num-val", "2", "--image-size", "32",
+            "--min-object-size", "6", "--max-object-size", "16"]
+    assert module.main(argv) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert module.main(argv) == 0
+    assert "already complete" in capsys.readouterr().out
+    assert len(list((tmp_path / "s" / "train2017").glob("*.jpg"))) == 3
