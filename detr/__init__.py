@@ -7,5 +7,15 @@ from detr.matcher import HungarianMatcher
 from detr.models import DETR, build_detr
 from detr.postprocess import PostProcess
 
-__all__ = ["DETR", "CategoryMap", "HungarianMatcher", "PostProcess", "SetCriterion", "build_detr",
+__all__ = ["DETR", "CategoryMap", "HungarianMatcher", "PostProcess", "Predictor", "SetCriterion", "build_detr",
            "load_checkpoint"]
+
+
+def __getattr__(name: str):
+    # The predictor pulls in the image pipeline (albumentations, OpenCV); import it only when used, so
+    # `import detr` stays light for exporters and notebooks that need only the model.
+    if name == "Predictor":
+        from detr.predictor import Predictor
+
+        return Predictor
+    raise AttributeError(f"module 'detr' has no attribute {name!r}")

@@ -1,0 +1,272 @@
+"""Prediction outputs: the COCO results json, images with drawn boxes, and predicting a set of files.
+
+Shared by ``tools/predict.py`` and the Lightning ``detr predict`` writer so both write the same files:
+
+- :func:`write_predictions_json`: one COCO results json, a list of ``{"image_id", "file_name",
+  "category_id", "bbox": [x, y, w, h] pixels, "score"}`` with the data set's own category ids, so
+  ``pycocotools.COCO.loadRes`` reads it as is.
+- :func:`draw_prediction` / :func:`save_drawn_image`: boxes, names and scores drawn with
+  ``torchvision.utils.draw_bounding_boxes``.
+- :func:`collect_image_paths` and :func:`predict_files`: files, folders and glob patterns in, the two
+  outputs above out; a file that cannot be read is logged, skipped and reported, the rest goes on.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torchvision.ops import box_convert
+from torchvision.utils import draw_bounding_boxes
+
+from detr.categories import CategoryMap
+from detr.data.images import ImageLoadError, list_image_files
+from detr.predictor import Prediction, Predictor, to_rgb_array
+
+logger = logging.getLogger(__name__)
+
+# Tableau-like palette, readable on photos; a label always gets the same colour.
+_PALETTE: tuple[tuple[int, int, int], ...] = (
+    (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
+    (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207), (0, 114, 189), (217, 83, 25),
+)
+
+
+def label_color(label: int) -> tuple[int, int, int]:
+    """RGB colour of a model label (fixed per label, so one class has one colour in every image)."""
+    return _PALETTE[int(label) % len(_PALETTE)]
+
+
+def predictions_to_coco_results(
+    predictions: Sequence[Prediction], *, category_map: CategoryMap | None
+) -> list[dict[str, Any]]:
+    """COCO results entries for every detection of every prediction.
+
+    Each prediction needs ``image_id`` set. Category ids come from ``category_map`` (label == id
+    without one). Boxes go from pixel ``xyxy`` to COCO's pixel ``xywh``; ``file_name`` is added when known.
+    """
+    results: list[dict[str, Any]] = []
+    for prediction in predictions:
+        if prediction.image_id is None:
+            raise ValueError(
+                f"prediction for {prediction.file_name or 'an image'} has no image_id; set "
+                "prediction.image_id (e.g. with assign_image_ids) before writing a COCO results json"
+            )
+        if len(prediction) == 0:
+            continue
+        boxes_xywh = box_convert(prediction.boxes.float(), in_fmt="xyxy", out_fmt="xywh").tolist()
+        labels = prediction.labels.long()
+        category_ids = (category_map.label_to_category_id(labels) if category_map is not None else labels).tolist()
+        for box, score, category_id in zip(boxes_xywh, prediction.scores.tolist(), category_ids):
+            entry: dict[str, Any] = {
+                "image_id": int(prediction.image_id),
+                "category_id": int(category_id),
+                "bbox": [round(float(v), 2) for v in box],
+                "score": round(float(score), 5),
+            }
+            if prediction.file_name is not None:
+                entry["file_name"] = prediction.file_name
+            results.append(entry)
+    return results
+
+
+def write_predictions_json(
+    path: str | Path, predictions: Sequence[Prediction], *, category_map: CategoryMap | None
+) -> Path:
+    """Write :func:`predictions_to_coco_results` of ``predictions`` to ``path`` (parents created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    results = predictions_to_coco_results(predictions, category_map=category_map)
+    path.write_text(json.dumps(results))
+    logger.info("wrote %d detections of %d images to %s", len(results), len(predictions), path)
+    return path
+
+
+def assign_image_ids(predictions: Sequence[Prediction]) -> None:
+    """Number predictions in place: COCO's ids when every file name is a distinct number
+    (``000000039769.jpg`` → 39769, so results match COCO ground truth), else 1, 2, ... in order."""
+    stems = [Path(p.file_name).stem if p.file_name else "" for p in predictions]
+    if stems and all(s.isdigit() for s in stems) and len({int(s) for s in stems}) == len(stems):
+        ids = [int(s) for s in stems]
+    else:
+        ids = list(range(1, len(predictions) + 1))
+    for prediction, image_id in zip(predictions, ids):
+        prediction.image_id = image_id
+
+
+def draw_prediction(
+    image: np.ndarray | Tensor | Image.Image,
+    prediction: Prediction,
+    *,
+    line_width: int | None = None,
+    font_size: int | None = None,
+) -> Tensor:
+    """Draw the prediction's boxes with "name score" labels: ``uint8`` ``[3, H, W]``.
+
+    ``image`` is the original image (``uint8`` ``[H, W, 3]`` array, ``[3, H, W]`` tensor or PIL); the
+    line width and font size scale with the image unless given.
+    """
+    array = to_rgb_array(image)
+    canvas = torch.from_numpy(array).permute(2, 0, 1).contiguous()
+    if tuple(array.shape[:2]) != tuple(prediction.image_size):
+        raise ValueError(
+            f"image is {array.shape[0]}x{array.shape[1]} but the prediction is for "
+            f"{prediction.image_size[0]}x{prediction.image_size[1]}; draw on the image that was predicted"
+        )
+    if len(prediction) == 0:
+        return canvas
+    short_side = min(array.shape[:2])
+    width = line_width if line_width is not None else max(2, round(short_side / 250))
+    size = font_size if font_size is not None else max(11, round(short_side / 32))
+    labels = [f"{name} {score:.2f}" for name, score in zip(prediction.label_names, prediction.scores.tolist())]
+    colors = [label_color(int(label)) for label in prediction.labels]
+    return draw_bounding_boxes(
+        canvas,
+        prediction.boxes.float(),
+        labels=labels,
+        colors=colors,
+        width=width,
+        font=_font_path(),
+        font_size=size,
+        label_colors="white",
+        label_background_colors=colors,
+        fill_labels=True,
+    )
+
+
+def save_drawn_image(path: str | Path, image: np.ndarray | Tensor | Image.Image, prediction: Prediction) -> Path:
+    """Draw with :func:`draw_prediction` and save to ``path`` (format from its suffix; parents created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    drawn = draw_prediction(image, prediction).permute(1, 2, 0).numpy()
+    options = {"quality": 90} if path.suffix.lower() in (".jpg", ".jpeg") else {}
+    Image.fromarray(drawn).save(path, **options)
+    return path
+
+
+def collect_image_paths(inputs: Iterable[str | Path]) -> list[Path]:
+    """Files, folders (their image files by suffix, not recursive) and glob patterns → a list of files in
+    input order (each folder and pattern sorted), without duplicates. A named file is kept whatever its suffix.
+
+    Raises:
+        ValueError: when an input matches nothing, naming it.
+    """
+    paths: list[Path] = []
+    for item in inputs:
+        text = str(item)
+        path = Path(text)
+        if path.is_dir():
+            found = list_image_files(path)  # sorted, not recursive; ValueError naming an empty folder
+        elif path.is_file():
+            found = [path]
+        elif glob.has_magic(text):
+            found = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+        else:
+            found = []
+        if not found:
+            raise ValueError(
+                f"input {text!r} is not an image file, a folder with images or a glob pattern that matches files"
+            )
+        paths.extend(found)
+    unique: dict[Path, None] = {}
+    for path in paths:
+        unique.setdefault(path, None)
+    return list(unique)
+
+
+@dataclass
+class PredictionRun:
+    """What :func:`predict_files` did.
+
+    predictions: one per image that was read, with ``image_id`` and ``file_name`` set, in input order.
+    skipped: ``(path, reason)`` for every file that could not be read.
+    predictions_json: the written results json.
+    drawn: the written images (empty with ``draw=False``).
+    """
+
+    predictions: list[Prediction]
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    predictions_json: Path | None = None
+    drawn: list[Path] = field(default_factory=list)
+
+
+def predict_files(
+    predictor: Predictor,
+    paths: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    threshold: float | None = None,
+    all_queries: bool = False,
+    draw: bool = True,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+) -> PredictionRun:
+    """Run ``predictor`` on image files and write ``out_dir/predictions.json`` and drawn images.
+
+    Files are read and batched ``predictor.batch_size`` at a time; one that cannot be read is logged at
+    WARNING and skipped. ``threshold`` defaults to the predictor's; ``all_queries`` keeps every query
+    (as COCO evaluation wants) and then draws only those above the threshold. Drawn images go to
+    ``out_dir/<stem>.jpg`` (``<stem>_1.jpg``... on name clashes).
+    ``progress`` wraps the per-batch iteration (e.g. ``functools.partial(tqdm, total=...)``).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [Path(p) for p in paths]
+    run = PredictionRun(predictions=[])
+    batches = [paths[i : i + predictor.batch_size] for i in range(0, len(paths), predictor.batch_size)]
+    used_names: set[str] = set()
+    for batch in progress(batches) if progress is not None else batches:
+        arrays, names = [], []
+        for path in batch:
+            try:
+                arrays.append(to_rgb_array(path))
+                names.append(path.name)
+            except ImageLoadError as error:  # missing, truncated, not an image
+                # The decoder's own error says what is wrong; the ImageLoadError text suggests data-set fixes.
+                cause = error.__cause__
+                reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(error)
+                logger.warning("skipping %s: %s", path, reason)
+                run.skipped.append((path, reason))
+        threshold_value = predictor.threshold if threshold is None else threshold
+        predictions = predictor.predict_arrays(
+            arrays, file_names=names, threshold=None if all_queries else threshold_value
+        )
+        for array, prediction in zip(arrays, predictions):
+            run.predictions.append(prediction)
+            if draw:
+                shown = prediction.above(threshold_value) if all_queries else prediction
+                name = _unique_name(prediction.file_name, used_names)
+                run.drawn.append(save_drawn_image(out_dir / name, array, shown))
+    assign_image_ids(run.predictions)
+    run.predictions_json = write_predictions_json(
+        out_dir / "predictions.json", run.predictions, category_map=predictor.category_map
+    )
+    return run
+
+
+def _unique_name(file_name: str | None, used: set[str]) -> str:
+    stem = Path(file_name).stem if file_name else "image"
+    name, index = f"{stem}.jpg", 0
+    while name in used or name == "predictions.json":
+        index += 1
+        name = f"{stem}_{index}.jpg"
+    used.add(name)
+    return name
+
+
+def _font_path() -> str | None:
+    """A TrueType font for readable labels (matplotlib ships DejaVu Sans); None falls back to PIL's."""
+    try:
+        from matplotlib import font_manager
+
+        return font_manager.findfont("DejaVu Sans", fallback_to_default=True)
+    except Exception:  # matplotlib missing or broken: draw_bounding_boxes uses PIL's bitmap font
+        return None

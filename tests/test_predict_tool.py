@@ -1,0 +1,102 @@
+"""tools/predict.py and detr.predictions_io: unreadable files are skipped and named, the rest is written."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from detr import CategoryMap
+from detr.predictions_io import assign_image_ids, collect_image_paths, draw_prediction, predictions_to_coco_results
+from detr.predictor import Prediction
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def image_folder(tmp_path) -> Path:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(folder / "a.png")
+    Image.fromarray(rng.integers(0, 256, (64, 40), dtype=np.uint8), "L").save(folder / "b.jpg")
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    (folder / "notes.txt").write_text("not an image, and not an image suffix: never collected")
+    return folder
+
+
+def test_predict_tool_skips_corrupt_file(tmp_path, image_folder, tiny_model, capsys):
+    checkpoint = tmp_path / "tiny.pth"
+    torch.save({"model": tiny_model.state_dict()}, checkpoint)
+    out = tmp_path / "out"
+    status = load_tool("predict").main([
+        str(image_folder), "--checkpoint", str(checkpoint), "--out", str(out), "--threshold", "0.0",
+        "--device", "cpu", "--batch-size", "2", "--min-size", "64", "--max-size", "100",
+    ])
+    captured = capsys.readouterr()
+    assert status != 0
+    assert "broken.jpg" in captured.err and "a.png" not in captured.err
+
+    results = json.loads((out / "predictions.json").read_text())
+    assert {r["file_name"] for r in results} == {"a.png", "b.jpg"}
+    assert len(results) == 2 * tiny_model.num_queries  # threshold 0: every query of both images
+    for result in results:
+        assert set(result) == {"image_id", "file_name", "category_id", "bbox", "score"}
+        assert len(result["bbox"]) == 4 and result["bbox"][2] >= 0 and result["bbox"][3] >= 0
+    assert len({(r["file_name"], r["image_id"]) for r in results}) == 2  # one id per file
+    assert sorted(p.name for p in out.glob("*.jpg")) == ["a.jpg", "b.jpg"]
+    assert Image.open(out / "b.jpg").size == (40, 64)  # drawn on the original image
+
+
+def test_collect_image_paths(image_folder):
+    pattern = str(image_folder / "*.png")
+    paths = collect_image_paths([image_folder, pattern, image_folder / "a.png"])
+    assert [p.name for p in paths] == ["a.png", "b.jpg", "broken.jpg"]  # de-duplicated, folder order
+    with pytest.raises(ValueError, match="nothing.jpg"):
+        collect_image_paths([image_folder / "nothing.jpg"])
+
+
+def make_prediction(file_name: str | None, labels: list[int]) -> Prediction:
+    count = len(labels)
+    return Prediction(
+        boxes=torch.tensor([[10.0, 20.0, 30.0, 60.0]] * count), scores=torch.full((count,), 0.9),
+        labels=torch.tensor(labels, dtype=torch.int64), label_names=["x"] * count,
+        query_indices=torch.arange(count), image_size=(80, 50), file_name=file_name,
+    )
+
+
+def test_coco_results_use_category_ids_and_xywh():
+    category_map = CategoryMap(category_ids=(3, 5), names=("ant", "bee"))
+    predictions = [make_prediction("000000000042.jpg", [1, 0]), make_prediction("000000000007.jpg", [])]
+    assign_image_ids(predictions)
+    assert [p.image_id for p in predictions] == [42, 7]  # COCO file names keep COCO's ids
+    results = predictions_to_coco_results(predictions, category_map=category_map)
+    assert [r["category_id"] for r in results] == [5, 3]
+    assert results[0]["bbox"] == [10.0, 20.0, 20.0, 40.0]
+    assert results[0] == {**results[0], "image_id": 42, "file_name": "000000000042.jpg", "score": 0.9}
+
+    named = [make_prediction("dog.jpg", [0]), make_prediction("cat.jpg", [0])]
+    assign_image_ids(named)
+    assert [p.image_id for p in named] == [1, 2]
+    with pytest.raises(ValueError, match="image_id"):
+        predictions_to_coco_results([make_prediction(None, [0])], category_map=None)
+
+
+def test_draw_prediction_keeps_image_size():
+    image = np.zeros((80, 50, 3), np.uint8)
+    drawn = draw_prediction(image, make_prediction(None, [0, 1]))
+    assert drawn.shape == (3, 80, 50) and drawn.dtype == torch.uint8 and drawn.any()
+    with pytest.raises(ValueError, match="predicted"):
+        draw_prediction(np.zeros((10, 10, 3), np.uint8), make_prediction(None, [0]))

@@ -1,0 +1,196 @@
+"""detr.predictor: Predictor = model + PostProcess; boxes on the original (EXIF-rotated) image; any input mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from detr import CategoryMap, PostProcess, build_detr
+from detr.data.collate import pad_images
+from detr.data.transforms import make_eval_transform
+from detr.predictor import AttentionMaps, Predictor, to_rgb_array
+
+SIZES = dict(min_size=64, max_size=100)
+NAMES = CategoryMap(category_ids=(3, 5, 7, 9, 11), names=("ant", "bee", "cat", "dog", "eel"))
+
+
+def save_official(model: torch.nn.Module, path) -> str:
+    torch.save({"model": model.state_dict()}, path)
+    return str(path)
+
+
+@pytest.fixture
+def checkpoint(tmp_path, tiny_model) -> str:
+    return save_official(tiny_model, tmp_path / "tiny.pth")
+
+
+def fixed_box_model(tiny_config: dict, box_cxcywh: tuple[float, float, float, float], label: int) -> torch.nn.Module:
+    """A tiny model whose every query predicts ``box_cxcywh`` (normalised) with class ``label`` at ~1."""
+    torch.manual_seed(0)
+    model = build_detr(**tiny_config, dropout=0.0).eval()
+    with torch.no_grad():
+        last = model.bbox_embed.layers[-1]
+        last.weight.zero_()
+        last.bias.copy_(torch.logit(torch.tensor(box_cxcywh)))
+        model.class_embed.weight.zero_()
+        model.class_embed.bias.fill_(-10.0)
+        model.class_embed.bias[label] = 10.0
+    return model
+
+
+def test_predictor_equals_model_and_postprocess(checkpoint, tiny_model):
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(0, 256, (70, 110, 3), dtype=np.uint8), rng.integers(0, 256, (90, 60, 3), dtype=np.uint8)]
+    predictor = Predictor.from_checkpoint(checkpoint, device="cpu", num_heads=2, batch_size=2,
+                                          category_map=NAMES, **SIZES)
+    predictions = predictor.predict(arrays, all_queries=True)
+
+    transform = make_eval_transform(**SIZES)
+    images, mask = pad_images([transform(image=a, bboxes=np.zeros((0, 4)), labels=[])["image"] for a in arrays])
+    with torch.no_grad():
+        expected = PostProcess()(tiny_model(images, mask), torch.tensor([a.shape[:2] for a in arrays]))
+
+    for prediction, reference in zip(predictions, expected):
+        assert len(prediction) == tiny_model.num_queries
+        torch.testing.assert_close(prediction.scores, reference["scores"])
+        torch.testing.assert_close(prediction.boxes, reference["boxes"])
+        assert torch.equal(prediction.labels, reference["labels"])
+        assert prediction.label_names == [NAMES.names[int(i)] for i in reference["labels"]]
+        assert prediction.attention is None
+        # The threshold keeps exactly the queries above it, with their query index.
+        ranked = reference["scores"].sort(descending=True).values
+        threshold = float(ranked[4] + ranked[5]) / 2  # midway, so float rounding cannot move a query across
+        kept = prediction.above(threshold)
+        assert torch.equal(kept.query_indices, torch.nonzero(reference["scores"] > threshold).flatten())
+    thresholded = predictor.predict(arrays, threshold=threshold)  # same batch, so the same padding
+    assert torch.equal(thresholded[1].scores, predictions[1].scores[predictions[1].scores > threshold])
+
+
+def test_boxes_land_on_exif_rotated_original(tmp_path, tiny_config):
+    # Stored 60 (h) × 100 (w); EXIF orientation 6 ("rotate 90° clockwise") displays it 100 × 60.
+    box = (0.25, 0.5, 0.2, 0.4)  # normalised cxcywh in the image the model sees (the displayed one)
+    model = fixed_box_model(tiny_config, box, label=2)
+    stored = np.zeros((60, 100, 3), dtype=np.uint8)
+    stored[:, :10] = 255  # a white band on the stored left edge ends on the displayed top
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    path = tmp_path / "rotated.jpg"
+    Image.fromarray(stored).save(path, exif=exif)
+    assert to_rgb_array(path)[:5].mean() > 200  # the band is on top: orientation was applied
+
+    predictor = Predictor(model, category_map=NAMES, device="cpu", threshold=0.5, **SIZES)
+    for source in (path, Image.open(path)):
+        (prediction,) = predictor.predict(source)
+        assert prediction.image_size == (100, 60)
+        assert len(prediction) == tiny_config["num_queries"]
+        assert set(prediction.label_names) == {"cat"}
+        cx, cy, w, h = box
+        expected = torch.tensor([(cx - w / 2) * 60, (cy - h / 2) * 100, (cx + w / 2) * 60, (cy + h / 2) * 100])
+        torch.testing.assert_close(prediction.boxes, expected.expand(len(prediction), 4), atol=1e-3, rtol=0)
+    assert predictor.predict(str(path))[0].file_name == "rotated.jpg"
+
+
+def test_grayscale_and_rgba_inputs(tiny_model):
+    predictor = Predictor(tiny_model, device="cpu", threshold=0.0, **SIZES)
+    rng = np.random.default_rng(1)
+    gray = rng.integers(0, 256, (50, 80), dtype=np.uint8)
+    rgb = np.repeat(gray[:, :, None], 3, axis=2)
+    rgba = np.concatenate([rgb, np.full((50, 80, 1), 7, np.uint8)], axis=2)
+    inputs = [gray, gray[:, :, None], rgba, Image.fromarray(gray, "L"), Image.fromarray(rgba, "RGBA"),
+              torch.from_numpy(rgb).permute(2, 0, 1)]
+    reference = predictor.predict(rgb, all_queries=True)[0]
+    for prediction in predictor.predict(inputs, all_queries=True):
+        assert prediction.image_size == (50, 80)
+        torch.testing.assert_close(prediction.scores, reference.scores)
+        torch.testing.assert_close(prediction.boxes, reference.boxes)
+        assert prediction.label_names[0] == f"class {int(reference.labels[0])}"  # no category map
+
+
+def test_invalid_inputs_name_the_fix(tiny_model):
+    predictor = Predictor(tiny_model, device="cpu", **SIZES)
+    with pytest.raises(ValueError, match="uint8"):
+        predictor.predict(np.zeros((20, 20, 3), np.float32))
+    with pytest.raises(ValueError, match="transpose"):
+        predictor.predict(np.zeros((3, 20, 20, 2), np.uint8))
+    with pytest.raises(ValueError, match="precision"):
+        Predictor(tiny_model, precision="fp16")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="category_map"):
+        Predictor(tiny_model, category_map=CategoryMap.coco())
+
+
+def test_attention_is_cropped_to_the_image(tiny_model):
+    predictor = Predictor(tiny_model, device="cpu", batch_size=2, **SIZES)
+    wide, tall = np.zeros((64, 100, 3), np.uint8), np.zeros((100, 64, 3), np.uint8)
+    predictions = predictor.predict([wide, tall], threshold=0.0, return_attention=True)
+    for prediction in predictions:
+        attention = prediction.attention
+        h, w = attention.feature_size
+        # The model's feature mask is the pixel mask (batch padded to 100 x 100, 4 x 4 features) sampled by
+        # nearest interpolation: feature row j is unpadded iff pixel row floor(j * 100 / 4) is.
+        assert (h, w) == tuple(sum(25 * j < s for j in range(4)) for s in attention.input_size)
+        assert attention.decoder.shape == (2, 10, h, w)
+        assert attention.decoder_heads.shape == (2, 2, 10, h, w)
+        assert attention.encoder.shape == (h, w, h, w)
+        # Rows sum to 1 over the unpadded positions, so nothing was cut off.
+        torch.testing.assert_close(attention.decoder.sum((-2, -1)), torch.ones(2, 10))
+        torch.testing.assert_close(attention.encoder.sum((-2, -1)), torch.ones(h, w))
+        assert attention.to_image(attention.decoder[-1]).shape == (10, *prediction.image_size)
+    assert predictions[0].attention.feature_size != predictions[1].attention.feature_size
+
+
+def test_attention_upsampling_geometry():
+    # Feature cell (1, 2) of a 64 × 96 input (stride 32) covers pixels y 32..63, x 64..95; the original
+    # image is twice that size, so it lands on y 64..127, x 128..191.
+    one_hot = torch.zeros(2, 3)
+    one_hot[1, 2] = 1.0
+    attention = AttentionMaps(
+        decoder=one_hot[None, None], decoder_heads=one_hot[None, None, None], encoder=torch.zeros(2, 3, 2, 3),
+        scores=torch.zeros(1), labels=torch.zeros(1, dtype=torch.int64), no_object_scores=None,
+        boxes=torch.zeros(1, 4), stride=32, input_size=(64, 96),
+        image_size=(128, 192),
+    )
+    image_map = attention.to_image(one_hot)
+    assert image_map.shape == (128, 192)
+    row, col = divmod(int(image_map.argmax()), 192)
+    assert 64 <= row < 128 and 128 <= col < 192
+    assert attention.feature_position(x=150.0, y=100.0) == (1, 2)
+
+
+def test_bf16_runs(tiny_model):
+    predictor = Predictor(tiny_model, device="cpu", precision="bf16", **SIZES)
+    (prediction,) = predictor.predict(np.zeros((64, 64, 3), np.uint8), all_queries=True)
+    assert prediction.scores.dtype == torch.float32 and prediction.boxes.shape == (10, 4)
+
+
+def test_label_names_come_from_the_checkpoint(tmp_path, tiny_config, tiny_model):
+    # This project's Lightning checkpoint: the data set's names and ids travel with it.
+    lightning = tmp_path / "ours.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in tiny_model.state_dict().items()},
+                "detr": {"model_config": tiny_model.config, "category_map": NAMES.to_dict()}}, lightning)
+    predictor = Predictor.from_checkpoint(lightning, device="cpu", **SIZES)
+    assert predictor.category_map == NAMES
+    names = predictor.predict(np.zeros((64, 64, 3), np.uint8), all_queries=True)[0].label_names
+    assert set(names) <= set(NAMES.names)
+
+    # An authors' release file (91 classes, no names stored): COCO's names, "N/A" in the id gaps.
+    torch.manual_seed(0)
+    coco_model = build_detr(**{**tiny_config, "num_classes": 91}, dropout=0.0)
+    released = save_official(coco_model, tmp_path / "detr-tiny-coco.pth")
+    predictor = Predictor.from_checkpoint(released, device="cpu", num_heads=tiny_config["num_heads"], **SIZES)
+    assert predictor.category_map == CategoryMap.coco()
+    prediction = predictor.predict(np.zeros((64, 64, 3), np.uint8), all_queries=True)[0]
+    coco = CategoryMap.coco()
+    assert prediction.label_names == [coco.names[int(label)] for label in prediction.labels]
+    assert coco.names[17] == "cat" and coco.names[12] == "N/A"
+
+
+def test_sigmoid_class_head(tiny_config):
+    torch.manual_seed(0)
+    model = build_detr(**tiny_config, class_head="sigmoid", dropout=0.0).eval()
+    predictor = Predictor(model, device="cpu", **SIZES)
+    (prediction,) = predictor.predict(np.zeros((64, 80, 3), np.uint8), all_queries=True, return_attention=True)
+    assert prediction.attention.no_object_scores is None
+    assert prediction.labels.max() < tiny_config["num_classes"]
+    torch.testing.assert_close(prediction.attention.scores, prediction.scores)

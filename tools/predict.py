@@ -1,0 +1,65 @@
+"""Detect objects in image files with a DETR checkpoint.
+
+    python tools/predict.py photos/ more/*.jpg one.png --checkpoint detr-r50-e632da11.pth --out outputs/pred
+
+Writes OUT/predictions.json (one COCO results json with file names, the data set's category ids) and
+OUT/<name>.jpg with boxes, names and scores drawn. A file that cannot be read is reported and skipped;
+the exit status is then 1 and the skipped files are listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from functools import partial
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from detr.predictions_io import collect_image_paths, predict_files
+from detr.predictor import Predictor
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders or glob patterns")
+    parser.add_argument("--checkpoint", required=True, help="released .pth, state dict or this project's .ckpt")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--threshold", type=float, default=0.7, help="score threshold (default 0.7)")
+    parser.add_argument("--all-queries", action="store_true", help="write every query to the json (for COCO eval)")
+    parser.add_argument("--min-size", type=int, default=800, help="eval resize: shortest side (default 800)")
+    parser.add_argument("--max-size", type=int, default=1333, help="eval resize: longest side cap (default 1333)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--no-draw", action="store_true", help="write only predictions.json")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    try:
+        paths = collect_image_paths(args.inputs)
+    except ValueError as error:
+        parser.error(str(error))
+    predictor = Predictor.from_checkpoint(
+        args.checkpoint, device=args.device, precision=args.precision, threshold=args.threshold,
+        batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
+    )
+    batches = -(-len(paths) // args.batch_size)
+    with logging_redirect_tqdm():  # warnings about skipped files print above the progress bar
+        run = predict_files(
+            predictor, paths, args.out, all_queries=args.all_queries, draw=not args.no_draw,
+            progress=partial(tqdm, total=batches, unit="batch", desc="predict"),
+        )
+    detections = sum(len(p.above(args.threshold)) for p in run.predictions)
+    print(f"{len(run.predictions)} images, {detections} detections above {args.threshold} -> {run.predictions_json}")
+    if run.skipped:
+        print(f"skipped {len(run.skipped)} unreadable file(s):", file=sys.stderr)
+        for path, reason in run.skipped:
+            print(f"  {path}: {reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
