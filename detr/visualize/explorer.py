@@ -49,7 +49,8 @@ from torch import Tensor, nn
 
 from detr.categories import CategoryMap
 from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from detr.predictor import ImageInput, Predictor, label_name, pad_images, to_rgb_array
+from detr.data.collate import pad_images
+from detr.predictor import ImageInput, Predictor, label_name, to_rgb_array
 
 logger = logging.getLogger(__name__)
 
