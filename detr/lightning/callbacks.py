@@ -1,0 +1,260 @@
+"""Callbacks for the training system: validation images with boxes drawn, training speed, and the
+``detr predict`` writer (a COCO results json with file names)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import BasePredictionWriter
+from PIL import Image
+from torchvision.ops import box_convert
+from torchvision.utils import draw_bounding_boxes
+
+from detr.categories import CategoryMap
+from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from detr.predictions_io import write_predictions_json
+from detr.predictor import Prediction, label_name
+
+logger = logging.getLogger(__name__)
+
+def denormalize(image: torch.Tensor, size: torch.Tensor | tuple[int, int]) -> torch.Tensor:
+    """ImageNet-normalised float [3, H, W] (padded) → uint8 [3, h, w] of its unpadded ``size`` = (h, w)."""
+    height, width = (int(v) for v in size)
+    mean = torch.tensor(IMAGENET_MEAN, device=image.device)[:, None, None]
+    std = torch.tensor(IMAGENET_STD, device=image.device)[:, None, None]
+    pixels = (image[:, :height, :width].float() * std + mean).clamp(0, 1)
+    return (pixels * 255).round().to(torch.uint8).cpu()
+
+
+def save_png(image: torch.Tensor, path: str | Path) -> None:
+    """Write a uint8 [3, h, w] tensor as a PNG file."""
+    Image.fromarray(image.permute(1, 2, 0).cpu().numpy()).save(path)
+
+
+def draw_detections(
+    image: torch.Tensor,
+    *,
+    boxes_xyxy: torch.Tensor,
+    labels: torch.Tensor,
+    scores: torch.Tensor | None = None,
+    true_boxes_xyxy: torch.Tensor | None = None,
+    true_labels: torch.Tensor | None = None,
+    category_map: CategoryMap | None = None,
+) -> torch.Tensor:
+    """Draw true boxes (green) and predicted boxes (red, "name score") on ``image`` (uint8 [3, h, w]).
+
+    Boxes are pixel xyxy in ``image``'s own coordinates. Returns a new uint8 [3, h, w] tensor.
+    """
+
+    def name(label: int) -> str:
+        return category_map.name(label) if category_map is not None else str(label)
+
+    canvas = image
+    if true_boxes_xyxy is not None and len(true_boxes_xyxy):
+        true_names = [name(int(l)) for l in true_labels] if true_labels is not None else None
+        canvas = draw_bounding_boxes(canvas, true_boxes_xyxy.float().cpu(), labels=true_names, colors="lime", width=2)
+    if len(boxes_xyxy):
+        texts = [
+            name(int(l)) + (f" {float(s):.2f}" if scores is not None else "")
+            for l, s in zip(labels, scores if scores is not None else labels)
+        ]
+        canvas = draw_bounding_boxes(canvas, boxes_xyxy.float().cpu(), labels=texts, colors="red", width=1)
+    return canvas
+
+
+def draw_batch_item(
+    images: torch.Tensor,
+    index: int,
+    target: dict[str, Any],
+    detection: dict[str, torch.Tensor],
+    *,
+    score_threshold: float,
+    category_map: CategoryMap | None,
+    min_size: int = 0,
+) -> torch.Tensor:
+    """Image ``index`` of a batch with its targets and post-processed detections (pixel xyxy in the
+    ORIGINAL image, rescaled here to the drawn image) drawn; uint8 [3, h, w]. Images whose short side is
+    below ``min_size`` are enlarged first so that the labels stay readable."""
+    image = denormalize(images[index], target["size"].tolist())  # unpadded, as the model saw it
+    scale = max(1.0, min_size / min(image.shape[-2:]))
+    if scale > 1.0:
+        enlarged = torch.nn.functional.interpolate(image[None].float(), scale_factor=scale, mode="bilinear")
+        image = enlarged[0].round().clamp(0, 255).to(torch.uint8)
+    height, width = image.shape[-2:]
+    orig_h, orig_w = target["orig_size"].tolist()
+    keep = detection["scores"] >= score_threshold
+    scale = torch.tensor([width / orig_w, height / orig_h] * 2)
+    boxes = detection["boxes"][keep].float().cpu() * scale
+    true_boxes = None
+    if "boxes" in target and len(target["boxes"]):
+        true_boxes = box_convert(target["boxes"].float().cpu(), "cxcywh", "xyxy") * torch.tensor([width, height] * 2)
+    return draw_detections(
+        image, boxes_xyxy=boxes, labels=detection["labels"][keep], scores=detection["scores"][keep],
+        true_boxes_xyxy=true_boxes, true_labels=target.get("labels"), category_map=category_map,
+    )
+
+
+class DrawValidationPredictions(L.Callback):
+    """At each validation, draw the first ``num_images`` validation images with true (green) and
+    predicted (red, score >= ``score_threshold``) boxes, enlarged to a short side of at least ``min_size``
+    pixels; add them to TensorBoard loggers and write PNGs
+    to ``output_dir`` (default ``<trainer.log_dir>/val_images``), overwritten at every validation.
+
+    Needs ``validation_step`` to return ``{"detections": ...}`` (as :class:`DetrSystem` does).
+    """
+
+    def __init__(
+        self, num_images: int = 4, score_threshold: float = 0.5, output_dir: str | None = None, min_size: int = 384
+    ) -> None:
+        super().__init__()
+        self.num_images = num_images
+        self.min_size = min_size
+        self.score_threshold = score_threshold
+        self.output_dir = output_dir
+        self._drawn: list[tuple[int, torch.Tensor]] = []
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._drawn = []
+
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero or len(self._drawn) >= self.num_images:
+            return
+        if not isinstance(outputs, dict) or "detections" not in outputs:
+            return
+        images, _, targets = batch
+        category_map = getattr(pl_module, "category_map", None)
+        for index, (target, detection) in enumerate(zip(targets, outputs["detections"])):
+            if len(self._drawn) >= self.num_images:
+                break
+            drawing = draw_batch_item(images, index, target, detection, score_threshold=self.score_threshold,
+                                      category_map=category_map, min_size=self.min_size)
+            self._drawn.append((int(target["image_id"]), drawing))
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._drawn:
+            return
+        directory = self.images_directory(trainer)
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+        for image_id, drawing in self._drawn:
+            for experiment in _tensorboard_writers(trainer):
+                experiment.add_image(f"val_predictions/{image_id}", drawing, global_step=trainer.global_step)
+            if directory is not None:
+                save_png(drawing, directory / f"{image_id}.png")
+        logger.info("drew %d validation images%s", len(self._drawn), f" into {directory}" if directory else "")
+        self._drawn = []
+
+    def images_directory(self, trainer: L.Trainer) -> Path | None:
+        """Where the PNGs go: ``output_dir``, else ``<trainer.log_dir>/val_images``, else nowhere."""
+        if self.output_dir:
+            return Path(self.output_dir)
+        return Path(trainer.log_dir) / "val_images" if trainer.log_dir else None
+
+
+def _tensorboard_writers(trainer: L.Trainer) -> list[Any]:
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+
+
+class TrainingSpeed(L.Callback):
+    """Log training throughput and time, so AP can be read against wall time.
+
+    At the end of every training epoch (per process) logs ``time/train_images_per_second`` (images of
+    that epoch over its wall time, data loading included, validation excluded) and
+    ``time/train_seconds`` (cumulative training wall time since fit started, validation excluded; it
+    is also logged at each validation, next to val/AP). Lightning's ThroughputMonitor measures over a
+    fixed window of batches, which short CPU runs never fill; this measures whole epochs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.train_seconds = 0.0
+        self._epoch_images = 0
+        self._epoch_seconds = 0.0
+        self._since: float | None = None
+
+    def _pause(self) -> None:
+        if self._since is not None:
+            elapsed = time.perf_counter() - self._since
+            self._epoch_seconds += elapsed
+            self.train_seconds += elapsed
+            self._since = None
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_images, self._epoch_seconds = 0, 0.0
+        self._since = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._epoch_images += int(batch[0].shape[0])
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._pause()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._since = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            pl_module.log("time/train_seconds", self.train_seconds)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._pause()
+        pl_module.log("time/train_seconds", self.train_seconds)
+        if self._epoch_seconds > 0:
+            pl_module.log("time/train_images_per_second", self._epoch_images / self._epoch_seconds)
+
+
+class PredictionsWriter(BasePredictionWriter):
+    """Write what ``detr predict`` predicted as one COCO results json (``image_id``, ``file_name``,
+    ``category_id`` in the data set's ids, ``bbox`` pixel xywh, ``score``), the same format as
+    ``tools/predict.py`` (:func:`detr.predictions_io.write_predictions_json`).
+
+    Args:
+        output_path: the json file (parents created).
+        score_threshold: keep detections scoring above it (0: every query, as COCO evaluation wants).
+
+    Under DDP the processes' predictions are gathered and written once, each image once.
+    """
+
+    def __init__(self, output_path: str = "predictions.json", score_threshold: float = 0.0) -> None:
+        super().__init__(write_interval="epoch")
+        self.output_path = output_path
+        self.score_threshold = score_threshold
+
+    def write_on_epoch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, predictions: Any, batch_indices: Any
+    ) -> None:
+        flat = [item for batch in predictions for item in batch]  # one dataloader: list of batch outputs
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, flat)
+            flat = [item for part in gathered for item in part]
+        if not trainer.is_global_zero:
+            return
+        category_map = getattr(pl_module, "category_map", None)
+        by_image: dict[int, Prediction] = {}
+        for item in flat:
+            if item["image_id"] in by_image:  # the distributed sampler repeats images to even out shards
+                continue
+            keep = item["scores"] > self.score_threshold
+            labels = item["labels"][keep]
+            by_image[item["image_id"]] = Prediction(
+                boxes=item["boxes"][keep], scores=item["scores"][keep], labels=labels,
+                label_names=[label_name(category_map, int(label)) for label in labels],
+                query_indices=torch.nonzero(keep).flatten(), image_size=tuple(item["orig_size"]),
+                file_name=item.get("file_name"), image_id=item["image_id"],
+            )
+        write_predictions_json(self.output_path, list(by_image.values()), category_map=category_map)

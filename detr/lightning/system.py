@@ -1,0 +1,459 @@
+"""The training system: DETR + Hungarian set loss + COCO evaluation, as a LightningModule.
+
+The model (:func:`detr.build_detr`), the matcher, the criterion and the post-processor are plain modules;
+this file only wires them into Lightning's loops (STYLE.md: the *system* is separate from the *model*).
+Its ``__init__`` mirrors ``build_detr``'s keyword arguments one to one, so a LightningCLI YAML reads like
+the builder; ``num_classes`` and ``category_map`` are linked from the data module by the CLI.
+
+Recipe (REFERENCE.md, "Training recipe"): AdamW, lr 1e-4, backbone lr 1e-5, weight decay 1e-4 on every
+parameter, step decay ×0.1 at ``lr_drop_epochs``; gradient clipping (0.1, global norm) and precision are
+Trainer settings in configs/.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from detr.categories import CategoryMap
+from detr.checkpoints import read_checkpoint
+from detr.criterion import SetCriterion
+from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
+from detr.matcher import HungarianMatcher
+from detr.models.backbone import BackboneName, BackboneNorm, LastStage
+from detr.models.detr import ClassHead, QueryType, build_detr
+from detr.postprocess import PostProcess
+
+logger = logging.getLogger(__name__)
+
+Batch = tuple[torch.Tensor, torch.Tensor, list[dict[str, Any]]]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; raised instead of writing non-finite weights."""
+
+
+class DetrSystem(L.LightningModule):
+    """DETR trained with the Hungarian set loss and evaluated with COCO AP.
+
+    Model args: exactly :func:`detr.build_detr`'s (see there), including the convergence options of
+    issue 6 (query_type, class_head, denoising...).
+
+    Loss args:
+        cost_class, cost_bbox, cost_giou: matching cost weights (1, 5, 2).
+        loss_ce, loss_bbox, loss_giou: loss weights, repeated for every auxiliary layer (and the denoising
+            terms) (1, 5, 2).
+        eos_coef: cross-entropy weight of the no-object class (0.1; softmax head).
+        focal_alpha, focal_gamma: focal loss and focal matching cost of the sigmoid head (0.25, 2).
+
+    Optimisation args:
+        lr, lr_backbone, weight_decay: AdamW; backbone parameters get ``lr_backbone`` (1e-4, 1e-5, 1e-4).
+        lr_drop_epochs, lr_drop_gamma: multiply every learning rate by ``lr_drop_gamma`` at these epochs
+            (authors: [200] of 300 epochs, [400] of 500).
+        warmup_steps: linear learning-rate warm-up from 1/1000 over this many optimizer steps (authors: 0).
+
+    Other args:
+        category_map: label → data set category id and name (a :class:`CategoryMap` or its ``to_dict()``);
+            linked from the data module by the CLI; stored in checkpoints.
+        init_checkpoint: weights to start from (authors' release file, plain state dict in their layout, or
+            this project's checkpoint). Tensors whose shape differs from the model's, e.g. the class
+            head when fine-tuning on a data set with another number of classes, keep their fresh
+            initialisation; every other key must match. The ImageNet backbone is then not downloaded.
+            The file is read again whenever the system is rebuilt from its hyperparameters
+            (``load_from_checkpoint``); pass ``init_checkpoint=None`` there if it has moved.
+        evaluator_backend: "pycocotools" (reference) or "faster_coco_eval" (same numbers, faster).
+        evaluation_dir: where each COCO evaluation writes its per-class AP table and COCO results json
+            (default: ``<trainer.log_dir>/evaluation``; "" disables writing).
+    """
+
+    def __init__(
+        self,
+        *,
+        # --- model: build_detr's signature ---
+        backbone: BackboneName = "resnet50",
+        dilation: bool = False,
+        position_encoding: Literal["sine", "learned"] = "sine",
+        hidden_dim: int = 256,
+        num_heads: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        pre_norm: bool = False,
+        num_queries: int = 100,
+        num_classes: int = 91,
+        aux_loss: bool = True,
+        pretrained_backbone: bool | str = False,
+        backbone_norm: BackboneNorm = "frozen_batch_norm",
+        backbone_trainable_layers: int = 3,
+        backbone_last_stage: LastStage = "layer4",
+        query_type: QueryType = "learned",
+        class_head: ClassHead = "softmax",
+        denoising: bool = False,
+        denoising_groups: int = 5,
+        denoising_label_noise: float = 0.2,
+        denoising_box_noise: float = 0.4,
+        # --- matching and loss ---
+        cost_class: float = 1.0,
+        cost_bbox: float = 5.0,
+        cost_giou: float = 2.0,
+        loss_ce: float = 1.0,
+        loss_bbox: float = 5.0,
+        loss_giou: float = 2.0,
+        eos_coef: float = 0.1,
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
+        # --- optimisation ---
+        lr: float = 1e-4,
+        lr_backbone: float = 1e-5,
+        weight_decay: float = 1e-4,
+        lr_drop_epochs: list[int] | None = None,
+        lr_drop_gamma: float = 0.1,
+        warmup_steps: int = 0,
+        # --- data, weights, evaluation ---
+        category_map: CategoryMap | dict[str, Any] | None = None,
+        init_checkpoint: str | None = None,
+        evaluator_backend: Literal["pycocotools", "faster_coco_eval"] = "pycocotools",
+        evaluation_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        # category_map is stored in checkpoint["detr"] as a plain dict; hparams stay plain types so that
+        # checkpoints load with torch.load(weights_only=True).
+        self.save_hyperparameters(ignore=["category_map"])
+        if init_checkpoint and pretrained_backbone:
+            # every backbone tensor comes from init_checkpoint: no ImageNet download (which needs a network)
+            logger.info("init_checkpoint given: pretrained_backbone=%r is not loaded", pretrained_backbone)
+            pretrained_backbone = False
+        self.model = build_detr(
+            backbone=backbone, dilation=dilation, position_encoding=position_encoding, hidden_dim=hidden_dim,
+            num_heads=num_heads, num_encoder_layers=num_encoder_layers, num_decoder_layers=num_decoder_layers,
+            dim_feedforward=dim_feedforward, dropout=dropout, pre_norm=pre_norm, num_queries=num_queries,
+            num_classes=num_classes, aux_loss=aux_loss, pretrained_backbone=pretrained_backbone,
+            backbone_norm=backbone_norm, backbone_trainable_layers=backbone_trainable_layers,
+            backbone_last_stage=backbone_last_stage, query_type=query_type, class_head=class_head,
+            denoising=denoising, denoising_groups=denoising_groups, denoising_label_noise=denoising_label_noise,
+            denoising_box_noise=denoising_box_noise,
+        )
+        # The sigmoid head is trained with the focal loss and matched with the focal cost (issue 6).
+        class_loss = "focal" if class_head == "sigmoid" else "softmax"
+        self.criterion = SetCriterion(
+            num_classes,
+            HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou, class_loss=class_loss,
+                             focal_alpha=focal_alpha, focal_gamma=focal_gamma),
+            eos_coef=eos_coef, loss_ce=loss_ce, loss_bbox=loss_bbox, loss_giou=loss_giou,
+            num_decoder_layers=num_decoder_layers if aux_loss else 1, class_loss=class_loss,
+            focal_alpha=focal_alpha, focal_gamma=focal_gamma, denoising=denoising,
+        )
+        self.postprocess = PostProcess(class_head=class_head)
+        self.category_map = _as_category_map(category_map, num_classes)
+        self.lr_drop_epochs = list(lr_drop_epochs) if lr_drop_epochs is not None else [200]
+        self.evaluator: CocoEvaluator | None = None
+        self.last_evaluation: CocoEvaluation | None = None
+        if init_checkpoint:
+            self.load_initial_weights(init_checkpoint)
+
+    # ------------------------------------------------------------------ weights
+    def load_initial_weights(self, path: str) -> None:
+        """Load ``path`` into the model, skipping tensors whose shape differs (logged).
+
+        This is the fine-tuning recipe of the authors' FAQ: the class head (``class_embed``, shape
+        ``[num_classes + 1, hidden]``) of a COCO checkpoint does not fit another data set's classes, so it
+        keeps its fresh initialisation while everything else is loaded.
+        """
+        source = read_checkpoint(path).state_dict
+        own = self.model.state_dict()
+        unexpected = sorted(set(source) - set(own))
+        missing = sorted(set(own) - set(source))
+        if unexpected or missing:
+            raise ValueError(
+                f"init_checkpoint {path} does not match the model's key layout: missing {missing[:8]} "
+                f"({len(missing)}), unexpected {unexpected[:8]} ({len(unexpected)}); set the model "
+                "arguments (backbone, num_encoder_layers, num_decoder_layers, ...) to the checkpoint's"
+            )
+        skipped = {k: (tuple(v.shape), tuple(own[k].shape)) for k, v in source.items() if v.shape != own[k].shape}
+        self.model.load_state_dict({k: v for k, v in source.items() if k not in skipped}, strict=False)
+        for key, (theirs, ours) in skipped.items():
+            logger.warning("init_checkpoint: %s has shape %s in %s, the model needs %s; it stays freshly "
+                           "initialised", key, theirs, path, ours)
+        logger.info("init_checkpoint: loaded %d tensors from %s", len(source) - len(skipped), path)
+
+    # ------------------------------------------------------------------ processes
+    def setup(self, stage: str) -> None:
+        """Seed every process differently (REFERENCE.md, "Seed per rank"), once the model is built.
+
+        The entry point's seed_everything gives all processes one seed, so the model starts identical
+        everywhere; after that, dropout and in-process augmentation should not draw the same numbers on
+        every process. A resumed run then restores each process's own states from the checkpoint."""
+        if stage == "fit" and self.trainer.world_size > 1:
+            seed = (torch.initial_seed() + self.global_rank) % 2**32
+            torch.manual_seed(seed)
+            np.random.seed(seed)
+            random.seed(seed)
+
+    # ------------------------------------------------------------------ steps
+    def forward(
+        self, images: torch.Tensor, padding_mask: torch.Tensor, targets: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """images float [B, 3, H, W] normalised, padding_mask bool [B, H, W] (True = pad) → raw predictions.
+
+        ``targets`` reach the model only in training, where a denoising model builds its noised queries
+        from them; evaluation never shows the model its targets."""
+        return self.model(images, padding_mask, targets=targets if self.model.training else None)
+
+    def reduced_num_boxes(self, targets: list[dict[str, Any]]) -> float:
+        """Target boxes in the batch, averaged over processes, at least 1 (REFERENCE.md, "Matching and loss")."""
+        num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=self.device)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(num_boxes)
+            num_boxes = num_boxes / dist.get_world_size()
+        return max(float(num_boxes.item()), 1.0)
+
+    def compute_losses(self, outputs: dict[str, Any], targets: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Unweighted loss terms plus the weighted total under "loss"; computed in float32 (also under bf16)."""
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            losses = self.criterion(outputs, targets, num_boxes=self.reduced_num_boxes(targets))
+        weights = self.criterion.weight_dict
+        losses["loss"] = sum(losses[name] * weight for name, weight in weights.items())
+        return losses
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        images, padding_mask, targets = batch
+        outputs = self(images, padding_mask, targets)
+        # Checked before the loss too: the matcher cannot assign non-finite costs.
+        self._stop_if_non_finite(batch_idx, predictions=outputs)
+        losses = self.compute_losses(outputs, targets)
+        self._stop_if_non_finite(batch_idx, predictions=outputs, losses=losses)
+        self._log_losses("train", losses, batch_size=len(targets))
+        return losses["loss"]
+
+    def _stop_if_non_finite(
+        self, batch_idx: int, *, predictions: dict[str, Any], losses: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """Raise :class:`NonFiniteLossError` (on every process at once) if predictions or the loss are NaN/inf."""
+        finite = all(bool(torch.isfinite(predictions[name]).all()) for name in ("pred_logits", "pred_boxes"))
+        if losses is not None:
+            finite = finite and bool(torch.isfinite(losses["loss"]).item())
+        if self._trainer is not None:  # every process stops together instead of leaving the others waiting
+            finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if finite:
+            return
+        step = self.trainer.global_step if self._trainer is not None else "n/a"
+        bad = {name: int((~torch.isfinite(predictions[name])).sum()) for name in ("pred_logits", "pred_boxes")}
+        if losses is None:
+            what = "the model's predictions"
+            terms = "not computed (the matcher needs finite predictions)"
+        else:
+            what = "the training loss"
+            terms = ", ".join(f"{name}={value.item():.6g}" for name, value in sorted(losses.items()))
+        raise NonFiniteLossError(
+            f"non-finite training values at global step {step} (epoch {self.current_epoch}, batch {batch_idx}): "
+            f"{what} on at least one process. Here: non-finite pred_logits {bad['pred_logits']}, pred_boxes "
+            f"{bad['pred_boxes']}; loss terms: {terms}. The weights of this step were not updated. Lower the "
+            "learning rate, keep gradient clipping (configs: 0.1), check the batch (NaN pixels, zero-size "
+            "boxes), or train with precision 32-true."
+        )
+
+    def _log_losses(self, stage: str, losses: dict[str, torch.Tensor], batch_size: int) -> None:
+        on_step = stage == "train"
+        for name, value in losses.items():
+            self.log(
+                f"{stage}/{name}", value.detach(), batch_size=batch_size, on_step=on_step, on_epoch=not on_step,
+                prog_bar=name in ("loss", "class_error"), sync_dist=not on_step,
+            )
+
+    # ------------------------------------------------------------------ evaluation
+    def _ground_truth(self, stage: str) -> Any:
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        dataset = getattr(datamodule, f"{stage}_dataset", None) or getattr(datamodule, "val_dataset", None)
+        return getattr(dataset, "coco", None)
+
+    def _start_evaluation(self, stage: str) -> None:
+        coco_gt = self._ground_truth(stage)
+        if coco_gt is None:
+            logger.warning("no COCO ground truth (datamodule.%s_dataset.coco): losses only, no AP", stage)
+            self.evaluator = None
+            return
+        show_progress = self.trainer.progress_bar_callback is not None and self.trainer.is_global_zero
+        self.evaluator = CocoEvaluator(coco_gt, category_map=self.category_map, backend=self.hparams.evaluator_backend,
+                                       progress=show_progress)
+
+    def _evaluation_step(self, stage: str, batch: Batch) -> dict[str, Any]:
+        images, padding_mask, targets = batch
+        outputs = self(images, padding_mask)
+        losses = self.compute_losses(outputs, targets)
+        self._log_losses(stage, losses, batch_size=len(targets))
+        orig_sizes = torch.stack([t["orig_size"] for t in targets]).to(self.device)
+        detections = self.postprocess(outputs, orig_sizes)
+        if self.evaluator is not None:
+            self.evaluator.update([int(t["image_id"]) for t in targets], detections)
+        return {"detections": detections, "loss": losses["loss"]}
+
+    def _finish_evaluation(self, stage: str) -> None:
+        if self.evaluator is None:
+            return
+        evaluation = self.evaluator.compute()  # gathers from every process; same result everywhere
+        self.last_evaluation = evaluation
+        for name in STAT_NAMES:
+            self.log(f"{stage}/{name}", evaluation.stats[name], prog_bar=name == "AP", sync_dist=False)
+        if self.trainer.sanity_checking or not self.trainer.is_global_zero:
+            return
+        logger.info(
+            "%s COCO evaluation at epoch %d (%d images):\n%s\n%s\n%s", stage, self.current_epoch,
+            len(evaluation.image_ids), evaluation.summary, evaluation.stats_table(), evaluation.per_class_table(),
+        )
+        directory = self._evaluation_directory()
+        if directory is not None:
+            evaluation.write(directory, prefix=f"{stage}_")
+
+    def _evaluation_directory(self) -> Path | None:
+        configured = self.hparams.evaluation_dir
+        if configured == "":
+            return None
+        if configured:
+            return Path(configured)
+        log_dir = self.trainer.log_dir
+        return Path(log_dir) / "evaluation" if log_dir else None
+
+    def on_validation_epoch_start(self) -> None:
+        self._start_evaluation("val")
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> dict[str, Any]:
+        return self._evaluation_step("val", batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._finish_evaluation("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._start_evaluation("test")
+
+    def test_step(self, batch: Batch, batch_idx: int) -> dict[str, Any]:
+        return self._evaluation_step("test", batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._finish_evaluation("test")
+
+    def predict_step(self, batch: Batch, batch_idx: int) -> list[dict[str, Any]]:
+        """Post-processed detections per image: image_id, file_name (if given), orig_size (h, w), scores [Q],
+        labels [Q], category_ids [Q] (data set ids), boxes [Q, 4] pixel xyxy in the original image. No
+        threshold (:class:`detr.lightning.callbacks.PredictionsWriter` writes them to a json)."""
+        images, padding_mask, targets = batch
+        orig_sizes = torch.stack([t["orig_size"] for t in targets]).to(self.device)
+        detections = self.postprocess(self(images, padding_mask), orig_sizes)
+        results = []
+        for target, detection in zip(targets, detections):
+            labels = detection["labels"]
+            category_ids = labels if self.category_map is None else self.category_map.label_to_category_id(labels)
+            results.append(
+                {"image_id": int(target["image_id"]), "file_name": target.get("file_name"),
+                 "orig_size": [int(v) for v in target["orig_size"]],
+                 **{k: v.cpu() for k, v in detection.items()}, "category_ids": category_ids.cpu()}
+            )
+        return results
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self) -> dict[str, Any]:
+        """AdamW with the backbone in its own parameter group, and a step decay per epoch."""
+        backbone, rest = [], []
+        for name, parameter in self.model.named_parameters():
+            if parameter.requires_grad:
+                (backbone if name.startswith("backbone.") else rest).append(parameter)
+        groups = [{"params": rest, "lr": self.hparams.lr, "name": "transformer"}]
+        if backbone:
+            groups.append({"params": backbone, "lr": self.hparams.lr_backbone, "name": "backbone"})
+        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        step_decay = torch.optim.lr_scheduler.MultiStepLR(
+            optimizer, milestones=self.lr_drop_epochs, gamma=self.hparams.lr_drop_gamma
+        )
+        schedulers = [{"scheduler": step_decay, "interval": "epoch", "name": "step_decay"}]
+        if self.hparams.warmup_steps > 0:  # chainable with the step decay: the factors multiply
+            warmup = torch.optim.lr_scheduler.LinearLR(
+                optimizer, start_factor=1e-3, end_factor=1.0, total_iters=self.hparams.warmup_steps
+            )
+            schedulers.append({"scheduler": warmup, "interval": "step", "name": "warmup"})
+        return [optimizer], schedulers
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Add ``checkpoint["detr"]`` (model config + category map, read by :func:`detr.load_checkpoint`) and
+        every process's RNG states (so a resumed run continues the same random streams)."""
+        checkpoint["detr"] = {
+            "model_config": dict(self.model.config),
+            "category_map": self.category_map.to_dict() if self.category_map is not None else None,
+        }
+        states = _rng_states()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, states)
+            checkpoint["detr_rng_states"] = gathered
+        else:
+            checkpoint["detr_rng_states"] = [states]
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        meta = checkpoint.get("detr") or {}
+        if meta.get("category_map"):
+            self.category_map = CategoryMap.from_dict(meta["category_map"])
+        states = checkpoint.get("detr_rng_states")
+        if states and self._trainer is not None and self.trainer.state.fn == "fit":
+            # Restored now, before the fit loop creates the training dataloader's iterator (it draws the
+            # shuffling seed); Lightning runs the sanity check in between under isolate_rng.
+            distributed = dist.is_available() and dist.is_initialized()
+            world_size, rank = (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
+            if len(states) == world_size:
+                _set_rng_states(states[rank])
+            else:
+                logger.warning("checkpoint holds RNG states of %d processes, this run has %d; random streams "
+                               "are not restored", len(states), world_size)
+
+
+def _as_category_map(category_map: CategoryMap | dict[str, Any] | None, num_classes: int) -> CategoryMap | None:
+    if category_map is None:
+        return None
+    if isinstance(category_map, dict):
+        category_map = CategoryMap.from_dict(category_map)
+    if category_map.num_classes != num_classes:
+        raise ValueError(
+            f"category_map has {category_map.num_classes} classes but num_classes is {num_classes}; "
+            "let the CLI link both from the data module, or pass a matching map"
+        )
+    return category_map
+
+
+def _rng_states() -> dict[str, Any]:
+    """RNG states as tensors and plain Python values (loadable with torch.load(weights_only=True))."""
+    numpy_state = np.random.get_state()
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": [numpy_state[0], numpy_state[1].tolist(), int(numpy_state[2]), int(numpy_state[3]),
+                  float(numpy_state[4])],
+        "python": _to_lists(random.getstate()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _to_lists(value: Any) -> Any:
+    return [_to_lists(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _to_tuples(value: Any) -> Any:
+    return tuple(_to_tuples(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached))
+    random.setstate(_to_tuples(states["python"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+__all__ = ["DetrSystem", "NonFiniteLossError"]

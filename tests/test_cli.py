@@ -1,0 +1,134 @@
+"""The ``detr`` CLI: every config parses, --print_config works, links fill num_classes/category map, and a
+two-step fit on a tiny shapes set writes logs, COCO metrics, drawn images and loadable checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from detr import load_checkpoint
+from detr.data.shapes import ShapesConfig, write_shapes_dataset
+from detr.lightning.cli import main, make_cli
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+TINY_MODEL = [
+    "--model.backbone=resnet18", "--model.hidden_dim=32", "--model.num_heads=2", "--model.num_encoder_layers=1",
+    "--model.num_decoder_layers=2", "--model.dim_feedforward=64", "--model.num_queries=10",
+    "--model.backbone_last_stage=layer3",
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run faster on one thread, and far faster when other processes share the 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_shapes(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shapes")
+    write_shapes_dataset(root, ShapesConfig(num_train=8, num_val=4, image_size=64, min_object_size=12,
+                                            max_object_size=32, seed=3))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _no_pytest_argv(monkeypatch) -> None:
+    monkeypatch.setattr("sys.argv", ["detr"])  # LightningCLI warns when sys.argv and args both have arguments
+
+
+def _print_config(args: list[str]) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(out.getvalue())
+
+
+def test_there_are_configs() -> None:
+    names = {path.name for path in CONFIGS}
+    assert {"detr_r50_coco.yaml", "detr_r50_dc5_coco.yaml", "detr_r101_coco.yaml", "detr_r101_dc5_coco.yaml",
+            "finetune_custom.yaml", "demo_shapes_cpu.yaml"} <= names
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_every_config_parses_and_prints(config: Path) -> None:
+    printed = _print_config(["fit", "--config", str(config), "--print_config"])
+    assert printed["trainer"]["gradient_clip_val"] == 0.1
+    assert printed["trainer"]["gradient_clip_algorithm"] == "norm"
+    assert "num_classes" not in printed["model"]  # linked from the data, never configured
+    callbacks = [c["class_path"] for c in printed["trainer"]["callbacks"]]
+    assert "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks
+
+
+def test_coco_recipe_values() -> None:
+    printed = _print_config(["fit", "--config", str(CONFIGS[0].parent / "detr_r50_coco.yaml"), "--print_config"])
+    model, trainer, data = printed["model"], printed["trainer"], printed["data"]
+    assert (model["lr"], model["lr_backbone"], model["weight_decay"]) == (1e-4, 1e-5, 1e-4)
+    assert model["backbone"] == "resnet50" and model["hidden_dim"] == 256 and model["num_queries"] == 100
+    assert trainer["num_nodes"] * trainer["devices"] * data["batch_size"] == 64  # the authors' total batch
+    assert trainer["precision"] == "32-true"
+
+
+def test_links_fill_num_classes_and_category_map(tiny_shapes: Path, tmp_path: Path) -> None:
+    cli = make_cli(["--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes}",
+                f"--trainer.default_root_dir={tmp_path}", *TINY_MODEL], run=False)
+    assert cli.model.model.num_classes == cli.datamodule.num_classes == 5
+    assert cli.model.category_map == cli.datamodule.category_map
+    assert cli.model.category_map.names == ("circle", "square", "triangle", "ellipse", "star")
+
+
+def test_fit_two_steps_writes_logs_metrics_images_and_checkpoints(tiny_shapes: Path, tmp_path: Path) -> None:
+    where = {"save_dir": str(tmp_path), "name": "logs", "version": ""}
+    loggers = json.dumps([
+        {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": where},
+        {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": where},
+    ])
+    main([
+        "fit", "--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes}",
+        "--data.batch_size=4", "--data.val_batch_size=2", "--data.num_workers=0", *TINY_MODEL,
+        f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger={loggers}", "--trainer.max_epochs=1",
+        "--trainer.max_time=null", "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
+    ])
+    log_dir = tmp_path / "logs"
+    with (log_dir / "metrics.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    columns = set(rows[0])
+    for name in ("train/loss", "train/loss_ce", "train/loss_bbox", "train/loss_giou", "train/loss_ce_0",
+                 "train/class_error", "train/cardinality_error", "val/loss", "val/AP", "val/AP50", "val/AP75",
+                 "val/APs", "val/APm", "val/APl", "val/AR100", "time/train_images_per_second"):
+        assert name in columns, name
+    assert any(row["val/AP"] for row in rows)
+    assert (log_dir / "evaluation" / "val_predictions.json").is_file()
+    assert "circle" in (log_dir / "evaluation" / "val_per_class_ap.txt").read_text()
+    assert len(list((log_dir / "val_images").glob("*.png"))) == 4
+    assert list(log_dir.glob("events.out.tfevents*"))
+    checkpoints = sorted(p.name for p in (log_dir / "checkpoints").glob("*.ckpt"))
+    assert "last.ckpt" in checkpoints and len(checkpoints) == 2  # last + best val/AP
+    model = load_checkpoint(log_dir / "checkpoints" / "last.ckpt")
+    assert model.num_classes == 5 and model.category_map.names[0] == "circle"
+
+    # `detr predict` from that checkpoint writes a COCO results json with file names and data set ids
+    writer = json.dumps([{"class_path": "detr.lightning.callbacks.PredictionsWriter",
+                          "init_args": {"output_path": str(tmp_path / "predict" / "predictions.json")}}])
+    main([
+        "predict", "--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes}",
+        f"--data.predict_images={tiny_shapes / 'val2017'}", "--data.val_batch_size=3", "--data.num_workers=0",
+        *TINY_MODEL, f"--trainer.callbacks={writer}", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+        f"--ckpt_path={log_dir / 'checkpoints' / 'last.ckpt'}",
+    ])
+    predictions = json.loads((tmp_path / "predict" / "predictions.json").read_text())
+    names = {Path(p["file_name"]).name for p in predictions}
+    assert names == {p.name for p in (tiny_shapes / "val2017").glob("*.jpg")}
+    assert len(predictions) == 4 * 10  # every query of every image (score_threshold 0)
+    assert {p["category_id"] for p in predictions} <= {1, 2, 3, 4, 5}

@@ -1,0 +1,85 @@
+"""Fine-tuning from an authors'-layout checkpoint with another number of classes (configs/finetune_custom.yaml):
+everything but the class head is loaded, the head fits the new classes, and a training step runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from detr.data.shapes import ShapesConfig, write_shapes_dataset
+from detr.lightning import DetrSystem
+from detr.lightning.cli import make_cli
+
+LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
+CONFIG = Path(__file__).parents[1] / "configs" / "finetune_custom.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    """Tiny models run faster on one thread, and far faster when other processes share the 2 cores."""
+    monkeypatch.setattr("sys.argv", ["detr"])  # LightningCLI warns when sys.argv and args both have arguments
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def release_file(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """An authors' release file (``{"model": state_dict}``, 91 classes) for ResNet-18, random values."""
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for key, shape in LAYOUT["resnet18"].items():
+        value = torch.randn(shape, generator=generator) * 0.02
+        state[key] = value.abs() + 1.0 if key.endswith("running_var") else value
+    path = tmp_path_factory.mktemp("release") / "detr-r18-test.pth"
+    torch.save({"model": state, "args": {"lr": 1e-4}, "epoch": 499}, path)
+    return path, state
+
+
+@pytest.fixture(scope="module")
+def tiny_shapes(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shapes")
+    write_shapes_dataset(root, ShapesConfig(num_train=4, num_val=2, image_size=64, min_object_size=12,
+                                            max_object_size=32, seed=5))
+    return root
+
+
+def test_finetune_config_loads_all_but_the_class_head_and_trains(release_file, tiny_shapes, tmp_path) -> None:
+    path, state = release_file
+    cli = make_cli([
+        "--config", str(CONFIG), f"--model.init_checkpoint={path}", "--model.backbone=resnet18",
+        "--model.dropout=0.0", f"--data.root={tiny_shapes}", "--data.batch_size=2", "--data.num_workers=0",
+        "--data.train_scales=[64]", "--data.train_max_size=64", "--data.crop_resize_scales=[64]",
+        "--data.crop_min_size=48", "--data.crop_max_size=64", "--data.eval_min_size=64", "--data.eval_max_size=64",
+        "--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false",
+        "--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
+        "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}", "--trainer.accelerator=cpu",
+    ], run=False)
+    model = cli.model.model
+    assert model.num_classes == 5
+    assert model.class_embed.weight.shape == (6, 256) and model.class_embed.bias.shape == (6,)
+    loaded = model.state_dict()
+    assert set(loaded) == set(state)
+    for key, value in state.items():
+        if key.startswith("class_embed."):
+            assert loaded[key].shape != value.shape
+        else:
+            assert torch.equal(loaded[key], value), key
+
+    before = {k: v.clone() for k, v in loaded.items()}
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 1
+    after = cli.model.model.state_dict()
+    assert not torch.equal(after["class_embed.weight"], before["class_embed.weight"])  # the new head trains
+    assert not torch.equal(after["query_embed.weight"], before["query_embed.weight"])
+    assert torch.equal(after["backbone.0.body.layer1.0.conv1.weight"], before["backbone.0.body.layer1.0.conv1.weight"])
+
+
+def test_init_checkpoint_of_another_architecture_is_refused(release_file) -> None:
+    path, _ = release_file
+    with pytest.raises(ValueError, match="does not match the model's key layout"):
+        DetrSystem(backbone="resnet18", num_encoder_layers=2, num_classes=5, init_checkpoint=str(path))

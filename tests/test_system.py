@@ -1,0 +1,237 @@
+"""DetrSystem: a training step with its logs, optimizer groups, checkpoints that carry the model config and
+category map, prediction output, and the non-finite loss guard."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import lightning as L
+import pytest
+import torch
+from pycocotools.coco import COCO
+from torch.utils.data import DataLoader
+
+from detr import CategoryMap, load_checkpoint
+from detr.lightning import DetrSystem, NonFiniteLossError
+
+TINY = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
+            dim_feedforward=64, num_queries=10, num_classes=3, backbone_last_stage="layer3")
+CATEGORIES = [{"id": 4, "name": "cat"}, {"id": 9, "name": "dog"}, {"id": 17, "name": "fish"}]
+SIZE = 64
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run faster on one thread, and far faster when other processes share the 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _samples() -> list[tuple[torch.Tensor, dict]]:
+    """Four 64 × 64 images with 0–2 boxes (one image has none); labels are contiguous 0..2."""
+    generator = torch.Generator().manual_seed(0)
+    boxes = [[[0.3, 0.3, 0.2, 0.3]], [[0.6, 0.5, 0.4, 0.2], [0.2, 0.7, 0.2, 0.2]], [], [[0.5, 0.5, 0.5, 0.5]]]
+    labels = [[0], [1, 2], [], [2]]
+    samples = []
+    for index, (b, l) in enumerate(zip(boxes, labels)):
+        target = {"boxes": torch.tensor(b, dtype=torch.float32).reshape(-1, 4),
+                  "labels": torch.tensor(l, dtype=torch.int64),
+                  "image_id": torch.tensor(index + 1), "orig_size": torch.tensor([SIZE, SIZE]),
+                  "size": torch.tensor([SIZE, SIZE])}
+        samples.append((torch.randn(3, SIZE, SIZE, generator=generator), target))
+    return samples
+
+
+def _collate(samples: list) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
+    images = torch.stack([s[0] for s in samples])
+    return images, torch.zeros(images.shape[0], SIZE, SIZE, dtype=torch.bool), [s[1] for s in samples]
+
+
+def _ground_truth(samples: list) -> COCO:
+    annotations = []
+    for image, target in samples:
+        for (cx, cy, w, h), label in zip(target["boxes"].tolist(), target["labels"].tolist()):
+            annotations.append({"id": len(annotations) + 1, "image_id": int(target["image_id"]),
+                                "category_id": CATEGORIES[label]["id"], "iscrowd": 0, "area": w * h * SIZE * SIZE,
+                                "bbox": [(cx - w / 2) * SIZE, (cy - h / 2) * SIZE, w * SIZE, h * SIZE]})
+    coco = COCO()
+    coco.dataset = {"images": [{"id": int(t["image_id"]), "width": SIZE, "height": SIZE} for _, t in samples],
+                    "annotations": annotations, "categories": CATEGORIES}
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+class InMemoryData(L.LightningDataModule):
+    """Batches in the contract's layout; ``val_dataset.coco`` as the real data module offers it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.samples = _samples()
+        self.val_dataset = type("Val", (), {"coco": _ground_truth(self.samples)})()
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.samples, batch_size=2, shuffle=False, collate_fn=_collate)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.samples, batch_size=2, collate_fn=_collate)
+
+
+def _system(**overrides) -> DetrSystem:
+    torch.manual_seed(0)
+    category_map = CategoryMap.from_coco_categories(CATEGORIES, contiguous=True)
+    return DetrSystem(**{**TINY, **overrides}, category_map=category_map, evaluation_dir="")
+
+
+def _trainer(tmp_path, **kwargs) -> L.Trainer:
+    options = dict(accelerator="cpu", devices=1, max_steps=2, limit_val_batches=2, num_sanity_val_steps=0,
+                   enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+                   logger=L.pytorch.loggers.CSVLogger(tmp_path), default_root_dir=tmp_path)
+    options.update(kwargs)
+    return L.Trainer(**options)
+
+
+def test_fit_logs_every_term_and_coco_stats(tmp_path) -> None:
+    system = _system()
+    trainer = _trainer(tmp_path, enable_checkpointing=False)
+    trainer.fit(system, datamodule=InMemoryData())
+    logged = trainer.logged_metrics
+    for name in ("train/loss", "train/loss_ce", "train/loss_bbox", "train/loss_giou", "train/loss_ce_0",
+                 "train/loss_bbox_0", "train/loss_giou_0", "train/class_error", "train/cardinality_error",
+                 "val/loss", "val/AP", "val/AP50", "val/AP75", "val/APs", "val/APm", "val/APl", "val/AR100"):
+        assert name in logged, name
+    assert {"train/loss", "train/class_error", "val/AP"} <= set(trainer.progress_bar_metrics)
+    assert system.last_evaluation is not None and system.last_evaluation.image_ids == [1, 2, 3, 4]
+    assert {r["category_id"] for r in system.last_evaluation.results} <= {4, 9, 17}  # data set ids
+
+
+def test_bf16_mixed_precision_trains_with_a_float32_loss(tmp_path) -> None:
+    system = _system()
+    trainer = _trainer(tmp_path, enable_checkpointing=False, precision="bf16-mixed", limit_val_batches=1)
+    trainer.fit(system, datamodule=InMemoryData())
+    assert torch.isfinite(trainer.logged_metrics["train/loss"])
+    assert trainer.logged_metrics["train/loss"].dtype == torch.float32
+    assert "val/AP" in trainer.logged_metrics
+
+
+def test_total_loss_is_the_weighted_sum() -> None:
+    system = _system()
+    images, mask, targets = _collate(_samples()[:2])
+    losses = system.compute_losses(system(images, mask), targets)
+    expected = sum(losses[k] * w for k, w in system.criterion.weight_dict.items())
+    assert torch.allclose(losses["loss"], expected)
+    assert system.criterion.weight_dict["loss_bbox_0"] == 5.0 and system.criterion.weight_dict["loss_giou"] == 2.0
+    assert system.reduced_num_boxes(targets) == 3.0
+    assert system.reduced_num_boxes([targets[0] | {"labels": torch.zeros(0, dtype=torch.int64)}]) == 1.0  # clamp
+
+
+def test_optimizer_groups_and_step_decay() -> None:
+    system = _system(lr=1e-4, lr_backbone=1e-5, weight_decay=1e-4, lr_drop_epochs=[2])
+    (optimizer,), (schedule,) = system.configure_optimizers()
+    scheduler = schedule["scheduler"]
+    assert schedule["interval"] == "epoch"
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    backbone_ids = {id(p) for n, p in system.model.named_parameters() if n.startswith("backbone.") and p.requires_grad}
+    assert {id(p) for p in groups["backbone"]["params"]} == backbone_ids
+    assert groups["backbone"]["lr"] == 1e-5 and groups["transformer"]["lr"] == 1e-4
+    assert all(g["weight_decay"] == 1e-4 for g in optimizer.param_groups)
+    trainable = {id(p) for p in system.model.parameters() if p.requires_grad}
+    assert {id(p) for g in optimizer.param_groups for p in g["params"]} == trainable
+    for _ in range(2):
+        optimizer.step()
+        scheduler.step()
+    assert groups["transformer"]["lr"] == pytest.approx(1e-5) and groups["backbone"]["lr"] == pytest.approx(1e-6)
+
+
+def test_linear_warmup_then_step_decay() -> None:
+    system = _system(lr=1e-4, lr_backbone=1e-5, warmup_steps=4, lr_drop_epochs=[1])
+    (optimizer,), (decay, warmup) = system.configure_optimizers()
+    assert warmup["interval"] == "step" and decay["interval"] == "epoch"
+    lrs = []
+    for _ in range(6):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        warmup["scheduler"].step()
+    assert lrs[0] == pytest.approx(1e-7) and lrs[4] == pytest.approx(1e-4) and lrs[5] == pytest.approx(1e-4)
+    decay["scheduler"].step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-5)
+
+
+def test_convergence_options_train_and_evaluate(tmp_path) -> None:
+    """Anchor queries + denoising + sigmoid/focal head (issue 6) go through the same training system."""
+    system = _system(query_type="anchor", denoising=True, denoising_groups=2, class_head="sigmoid", cost_class=2.0)
+    assert "loss_ce_dn" in system.criterion.weight_dict and system.postprocess.class_head == "sigmoid"
+    trainer = _trainer(tmp_path, enable_checkpointing=False)
+    trainer.fit(system, datamodule=InMemoryData())
+    assert {"train/loss_bbox_dn", "train/loss_ce_dn_0", "val/AP"} <= set(trainer.logged_metrics)
+    assert torch.isfinite(trainer.logged_metrics["train/loss"])
+
+
+def test_checkpoint_carries_config_and_category_map(tmp_path) -> None:
+    system = _system()
+    trainer = _trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(system, datamodule=InMemoryData())
+    path = tmp_path / "system.ckpt"
+    trainer.save_checkpoint(path)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # no pickled objects
+    assert checkpoint["detr"]["model_config"] == system.model.config
+    assert checkpoint["detr"]["category_map"] == {"category_ids": [4, 9, 17], "names": ["cat", "dog", "fish"]}
+    assert all(k.startswith(("model.", "criterion.")) for k in checkpoint["state_dict"])
+
+    model = load_checkpoint(path)
+    assert model.category_map.names == ("cat", "dog", "fish") and model.num_classes == 3
+    images, mask, _ = _collate(_samples()[:2])
+    system.eval()
+    with torch.no_grad():
+        assert torch.allclose(model(images, mask)["pred_boxes"], system(images, mask)["pred_boxes"])
+
+    restored = DetrSystem.load_from_checkpoint(path)
+    assert restored.category_map == system.category_map
+
+
+def test_predict_step_returns_post_processed_detections_with_category_ids() -> None:
+    system = _system().eval()
+    images, mask, targets = _collate(_samples()[:2])
+    targets = [{k: t[k] for k in ("image_id", "orig_size", "size")} | {"file_name": f"{i}.png"}
+               for i, t in enumerate(targets)]
+    with torch.no_grad():
+        results = system.predict_step((images, mask, targets), 0)
+    assert [r["file_name"] for r in results] == ["0.png", "1.png"]
+    assert results[0]["boxes"].shape == (10, 4) and results[0]["scores"].shape == (10,)
+    assert set(results[0]["category_ids"].tolist()) <= {4, 9, 17}
+
+
+def test_non_finite_predictions_stop_with_step(tmp_path) -> None:
+    system = _system()
+    with torch.no_grad():
+        system.model.class_embed.bias[0] = float("nan")
+    trainer = _trainer(tmp_path, enable_checkpointing=False)
+    before = system.model.query_embed.weight.detach().clone()
+    with pytest.raises(NonFiniteLossError, match=r"global step 0 \(epoch 0, batch 0\).*pred_logits 20"):
+        trainer.fit(system, datamodule=InMemoryData())
+    assert torch.equal(system.model.query_embed.weight, before)  # nothing was written
+
+
+def test_non_finite_loss_names_step_and_terms(tmp_path, monkeypatch) -> None:
+    system = _system()
+    trainer = _trainer(tmp_path, enable_checkpointing=False, max_steps=3)
+    original = system.criterion.loss_boxes
+
+    def explode_at_third_step(*args, **kwargs):
+        losses = original(*args, **kwargs)
+        if trainer.global_step == 2:
+            losses["loss_giou"] = losses["loss_giou"] * float("inf")
+        return losses
+
+    monkeypatch.setattr(system.criterion, "loss_boxes", explode_at_third_step)
+    with pytest.raises(NonFiniteLossError, match=r"global step 2 \(epoch 1, batch 0\).*loss_giou=inf"):
+        trainer.fit(system, datamodule=InMemoryData())
+    assert trainer.global_step == 2  # the third update never happened
+
+
+def test_category_map_must_match_num_classes() -> None:
+    with pytest.raises(ValueError, match="num_classes"):
+        DetrSystem(**{**TINY, "num_classes": 5}, category_map={"category_ids": [1], "names": ["a"]})
