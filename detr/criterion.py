@@ -6,11 +6,14 @@ processes (the training system all-reduces it); nothing here talks to torch.dist
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from detr.box_ops import cxcywh_to_xyxy, elementwise_generalized_box_iou
+from detr.focal import sigmoid_focal_loss
 from detr.matcher import HungarianMatcher
 
 Outputs = dict[str, torch.Tensor]
@@ -33,14 +36,31 @@ class SetCriterion(nn.Module):
     ((1 − GIoU) over matched boxes / num_boxes), and the logged-only class_error (100 − top-1 accuracy
     of matched queries) and cardinality_error. Auxiliary layer i adds the suffix ``_i``.
     ``weight_dict`` maps each trained term to its weight (1, 5, 2).
+
+    Options (issue 6; defaults are the paper's):
+        class_loss: "softmax" (paper) or "focal": sigmoid focal loss over ``num_classes`` logits (a model
+            built with ``class_head="sigmoid"``), summed and divided by num_boxes (Deformable DETR); the
+            matcher must use the same ``class_loss``. focal_alpha, focal_gamma: 0.25, 2.
+        denoising: also compute loss_ce_dn, loss_bbox_dn, loss_giou_dn (+ ``_dn_i`` per aux layer) on the
+            model's ``dn_outputs``: each denoising query against the ground truth it was made from, no
+            matching, divided by num_boxes × groups (DN-DETR). They are zero when the outputs have none
+            (evaluation mode), so ``weight_dict`` always finds them.
     """
 
     def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, eos_coef: float = 0.1, *,
                  loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
-                 num_decoder_layers: int = 6) -> None:
+                 num_decoder_layers: int = 6, class_loss: Literal["softmax", "focal"] = "softmax",
+                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, denoising: bool = False) -> None:
         super().__init__()
+        if class_loss not in ("softmax", "focal"):
+            raise ValueError(f"class_loss must be 'softmax' or 'focal', got {class_loss!r}")
         self.num_classes = num_classes
-        self.matcher = matcher if matcher is not None else HungarianMatcher()
+        self.matcher = matcher if matcher is not None else HungarianMatcher(class_loss=class_loss)
+        if self.matcher.class_loss != class_loss:
+            raise ValueError(f"SetCriterion(class_loss={class_loss!r}) needs a matcher with the same cost: "
+                             f"HungarianMatcher(class_loss={class_loss!r}), got {self.matcher.class_loss!r}")
+        self.class_loss, self.focal_alpha, self.focal_gamma = class_loss, focal_alpha, focal_gamma
+        self.denoising, self.num_decoder_layers = denoising, num_decoder_layers
         self.eos_coef = eos_coef
         empty_weight = torch.ones(num_classes + 1)
         empty_weight[-1] = eos_coef
@@ -49,14 +69,25 @@ class SetCriterion(nn.Module):
         self.weight_dict: dict[str, float] = dict(base)
         for layer in range(num_decoder_layers - 1):
             self.weight_dict.update({f"{name}_{layer}": weight for name, weight in base.items()})
+        if denoising:
+            self.weight_dict.update({f"{name}_dn": weight for name, weight in base.items()})
+            for layer in range(num_decoder_layers - 1):
+                self.weight_dict.update({f"{name}_dn_{layer}": weight for name, weight in base.items()})
 
-    def loss_labels(self, outputs: Outputs, targets: Targets, indices: Indices) -> dict[str, torch.Tensor]:
-        logits = outputs["pred_logits"].float()  # [B, Q, C+1]
+    def loss_labels(self, outputs: Outputs, targets: Targets, indices: Indices,
+                    num_boxes: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
+        """num_boxes: divides the focal loss only (the softmax loss is a mean over all queries)."""
+        logits = outputs["pred_logits"].float()  # [B, Q, C+1] softmax, [B, Q, C] focal
         batch_index, query_index = _matched_query_index(indices)
         matched_labels = torch.cat([t["labels"][tgt] for t, (_, tgt) in zip(targets, indices)]).to(logits.device)
-        target_classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
-        target_classes[batch_index, query_index] = matched_labels
-        loss_ce = F.cross_entropy(logits.transpose(1, 2), target_classes, self.empty_weight)
+        if self.class_loss == "focal":
+            onehot = torch.zeros_like(logits)  # unmatched queries: every class negative
+            onehot[batch_index, query_index, matched_labels] = 1.0
+            loss_ce = sigmoid_focal_loss(logits, onehot, num_boxes, alpha=self.focal_alpha, gamma=self.focal_gamma)
+        else:
+            target_classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
+            target_classes[batch_index, query_index] = matched_labels
+            loss_ce = F.cross_entropy(logits.transpose(1, 2), target_classes, self.empty_weight)
         if matched_labels.numel() == 0:
             accuracy = logits.new_zeros(())  # the authors' convention: class_error 100 with no targets
         else:
@@ -66,7 +97,10 @@ class SetCriterion(nn.Module):
     @torch.no_grad()
     def loss_cardinality(self, outputs: Outputs, targets: Targets) -> dict[str, torch.Tensor]:
         logits = outputs["pred_logits"]
-        predicted = (logits.argmax(-1) != logits.shape[-1] - 1).sum(1).float()  # [B] non-empty predictions
+        if self.class_loss == "focal":  # no "no object" logit: a query predicts an object when a class p > 0.5
+            predicted = (logits.amax(-1) > 0).sum(1).float()
+        else:
+            predicted = (logits.argmax(-1) != logits.shape[-1] - 1).sum(1).float()  # [B] non-empty predictions
         target_lengths = torch.as_tensor([len(t["labels"]) for t in targets], dtype=torch.float32, device=logits.device)
         return {"cardinality_error": F.l1_loss(predicted, target_lengths)}
 
@@ -81,7 +115,7 @@ class SetCriterion(nn.Module):
     def layer_losses(self, outputs: Outputs, targets: Targets, num_boxes: float) -> dict[str, torch.Tensor]:
         """Match, then every loss term for one decoder layer's predictions."""
         indices = self.matcher(outputs, targets)
-        losses = self.loss_labels(outputs, targets, indices)
+        losses = self.loss_labels(outputs, targets, indices, num_boxes)
         losses.update(self.loss_cardinality(outputs, targets))
         losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))
         return losses
@@ -99,4 +133,37 @@ class SetCriterion(nn.Module):
             aux_losses = self.layer_losses(aux, targets, num_boxes)
             aux_losses.pop("class_error")  # logged for the last layer only, as the authors do
             losses.update({f"{name}_{layer}": value for name, value in aux_losses.items()})
+        if self.denoising:
+            losses.update(self.denoising_losses(outputs, targets, num_boxes))
+        elif "dn_outputs" in outputs:
+            raise ValueError("the outputs hold denoising predictions (dn_outputs) but the criterion ignores them: "
+                             "build it with SetCriterion(..., denoising=True)")
+        return losses
+
+    def denoising_losses(self, outputs: dict, targets: Targets, num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """loss_{ce,bbox,giou}_dn (+ ``_dn_i`` per aux layer) of the denoising queries (DN-DETR): each
+        query is scored against the target it was noised from (``outputs["dn_meta"].indices``), with no
+        matching; the class loss covers those queries only; everything is divided by num_boxes × groups.
+        Zeros when the outputs have no denoising part (evaluation, or a batch without targets)."""
+        names = ("loss_ce", "loss_bbox", "loss_giou")
+        suffixes = ["_dn"] + [f"_dn_{layer}" for layer in range(self.num_decoder_layers - 1)]
+        if "dn_outputs" not in outputs:
+            zero = outputs["pred_logits"].new_zeros((), dtype=torch.float32)
+            return {f"{name}{suffix}": zero for suffix in suffixes for name in names}
+        meta, dn_outputs = outputs["dn_meta"], outputs["dn_outputs"]
+        indices = meta.indices(targets)
+        dn_num_boxes = num_boxes * meta.num_groups
+        batch_index, query_index = _matched_query_index(indices)
+        labels = torch.cat([t["labels"][tgt] for t, (_, tgt) in zip(targets, indices)])
+        losses = {}
+        for suffix, layer in zip(suffixes, [dn_outputs, *dn_outputs.get("aux_outputs", [])]):
+            logits = layer["pred_logits"][batch_index, query_index].float()  # [N, C(+1)]
+            labels = labels.to(logits.device)
+            if self.class_loss == "focal":
+                onehot = F.one_hot(labels, logits.shape[-1]).to(logits.dtype)
+                loss_ce = sigmoid_focal_loss(logits, onehot, dn_num_boxes, alpha=self.focal_alpha, gamma=self.focal_gamma)
+            else:
+                loss_ce = F.cross_entropy(logits, labels)
+            layer_losses = {"loss_ce": loss_ce, **self.loss_boxes(layer, targets, indices, dn_num_boxes)}
+            losses.update({f"{name}{suffix}": layer_losses[name] for name in names})
         return losses

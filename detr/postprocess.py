@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import nn
 
@@ -10,18 +12,34 @@ from detr.box_ops import cxcywh_to_xyxy
 
 class PostProcess(nn.Module):
     """Softmax over all logits; score and label = max over the real classes (no-object excluded);
-    boxes cxcywh → xyxy scaled to each ORIGINAL image. No threshold and no top-k: all queries are kept."""
+    boxes cxcywh → xyxy scaled to each ORIGINAL image. No threshold and no top-k: all queries are kept.
+
+    ``class_head="sigmoid"`` (a model built with ``build_detr(class_head="sigmoid")``, trained with the
+    focal loss; ``model.class_head`` says which): independent sigmoids over the ``num_classes`` logits,
+    score and label = their max. Build it as ``PostProcess(class_head=model.class_head)``.
+    """
+
+    def __init__(self, class_head: Literal["softmax", "sigmoid"] = "softmax") -> None:
+        super().__init__()
+        if class_head not in ("softmax", "sigmoid"):
+            raise ValueError(f"PostProcess class_head must be 'softmax' or 'sigmoid' (the model's "
+                             f"model.class_head), got {class_head!r}")
+        self.class_head = class_head
 
     @torch.no_grad()
     def forward(self, outputs: dict[str, torch.Tensor], target_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """outputs: pred_logits [B, Q, C+1], pred_boxes [B, Q, 4]; target_sizes [B, 2] as (height, width)
+        """outputs: pred_logits [B, Q, C+1] (softmax head; [B, Q, C] sigmoid head), pred_boxes [B, Q, 4]
+        normalised cxcywh; target_sizes [B, 2] as (height, width)
         of the original images. Returns per image {scores float [Q], labels int64 [Q], boxes float [Q, 4]
         pixel xyxy}."""
         logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
         if len(logits) != len(target_sizes) or target_sizes.shape[-1] != 2:
             raise ValueError(f"target_sizes must be [B, 2] (height, width) with B = {len(logits)}, "
                              f"got {tuple(target_sizes.shape)}")
-        scores, labels = logits.float().softmax(-1)[..., :-1].max(-1)
+        if self.class_head == "sigmoid":
+            scores, labels = logits.float().sigmoid().max(-1)
+        else:
+            scores, labels = logits.float().softmax(-1)[..., :-1].max(-1)
         height, width = target_sizes.to(boxes.device).float().unbind(1)
         scale = torch.stack([width, height, width, height], dim=1)  # [B, 4]
         boxes = cxcywh_to_xyxy(boxes.float()) * scale[:, None, :]

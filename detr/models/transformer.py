@@ -184,32 +184,47 @@ class Transformer(nn.Module):
 
     def __init__(self, d_model: int = 256, nhead: int = 8, num_encoder_layers: int = 6,
                  num_decoder_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 pre_norm: bool = False) -> None:
+                 pre_norm: bool = False, decoder: nn.Module | None = None) -> None:
+        """``decoder``: a replacement for the learned-query decoder (the anchor decoder of
+        :mod:`detr.models.anchor_decoder`, issue 6); DETR then calls :meth:`encode` and that decoder itself.
+        ``num_decoder_layers`` is ignored when it is given."""
         super().__init__()
         if num_decoder_layers < 1:
             raise ValueError(f"num_decoder_layers must be at least 1, got {num_decoder_layers}")
         encoder_layer = TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, pre_norm)
         self.encoder = TransformerEncoder(encoder_layer, num_encoder_layers, nn.LayerNorm(d_model) if pre_norm else None)
-        decoder_layer = TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, pre_norm)
-        self.decoder = TransformerDecoder(decoder_layer, num_decoder_layers, nn.LayerNorm(d_model))
+        if decoder is None:
+            decoder_layer = TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, pre_norm)
+            decoder = TransformerDecoder(decoder_layer, num_decoder_layers, nn.LayerNorm(d_model))
+        self.decoder = decoder
         self.d_model, self.nhead = d_model, nhead
         for parameter in self.parameters():  # the authors' init: Xavier for every matrix
             if parameter.dim() > 1:
                 nn.init.xavier_uniform_(parameter)
+
+    def encode(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, return_attention: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """src [B, C, h, w] projected features, mask bool [B, h, w] (True = padding), pos [B, C, h, w] →
+        memory [B, HW, C], pos [B, HW, C], the key mask bool [B, 1, 1, HW] (True = real pixel; None when
+        nothing is padded) and, if asked, the last encoder layer's attention [B, heads, HW, HW]."""
+        src = src.flatten(2).transpose(1, 2)  # [B, HW, C]
+        pos = pos.flatten(2).transpose(1, 2).to(src.dtype)
+        key_padding = mask.flatten(1)  # [B, HW]
+        # One mask for every layer; None when nothing is padded lets SDPA pick its fastest kernel.
+        attn_mask = None if not key_padding.any() else ~key_padding[:, None, None, :]
+        memory, encoder_attention = self.encoder(src, pos, attn_mask, return_attention)
+        return memory, pos, attn_mask, encoder_attention
 
     def forward(self, src: torch.Tensor, mask: torch.Tensor, query_embed: torch.Tensor, pos: torch.Tensor,
                 return_attention: bool = False) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:
         """src [B, C, h, w] projected features, mask bool [B, h, w] (True = padding), query_embed [Q, C],
         pos [B, C, h, w]. Returns hs [L, B, Q, C], memory [B, HW, C], and when asked
         encoder_attention [B, heads, HW, HW] and decoder_attention (list of L [B, heads, Q, HW])."""
+        if not isinstance(self.decoder, TransformerDecoder):
+            raise ValueError("this Transformer holds a replacement decoder: call encode() and the decoder directly")
         batch = src.shape[0]
-        src = src.flatten(2).transpose(1, 2)  # [B, HW, C]
-        pos = pos.flatten(2).transpose(1, 2).to(src.dtype)
-        key_padding = mask.flatten(1)  # [B, HW]
-        # One mask for every layer; None when nothing is padded lets SDPA pick its fastest kernel.
-        attn_mask = None if not key_padding.any() else ~key_padding[:, None, None, :]
+        memory, pos, attn_mask, encoder_attention = self.encode(src, mask, pos, return_attention)
         query_pos = query_embed.unsqueeze(0).expand(batch, -1, -1).to(src.dtype)
-        memory, encoder_attention = self.encoder(src, pos, attn_mask, return_attention)
         tgt = torch.zeros_like(query_pos)
         hs, decoder_attention = self.decoder(tgt, memory, attn_mask, pos, query_pos, None, return_attention)
         return {"hs": hs, "memory": memory, "encoder_attention": encoder_attention,

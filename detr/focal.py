@@ -1,0 +1,57 @@
+"""Sigmoid focal classification: the loss and the matching cost that goes with it.
+
+Focal loss (Lin et al., "Focal Loss for Dense Object Detection", ICCV 2017) as Deformable DETR (Zhu et
+al., ICLR 2021) and DAB-/DN-DETR use it in place of DETR's softmax with a "no object" class: every class
+is an independent sigmoid; a query matched to a target of class c has the one-hot target e_c, every other
+query the all-zero target. Down-weighting the many easy negatives (the unmatched queries) lets the
+matched ones drive the classifier from the first steps, which is what a short training run needs
+(issue 6).
+
+A sigmoid head has ``num_classes`` logits, no "no object" logit (see :func:`detr.build_detr`'s
+``class_head``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torchvision.ops import sigmoid_focal_loss as _torchvision_sigmoid_focal_loss
+
+
+def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, num_boxes: float | torch.Tensor, *,
+                       alpha: float = 0.25, gamma: float = 2.0) -> torch.Tensor:
+    """Focal loss summed over every element and divided by ``num_boxes`` (Deformable DETR's normalisation:
+    its ``loss.mean(1).sum() / num_boxes * num_queries``).
+
+    Per element, with p = sigmoid(logit) and t ∈ {0, 1}: ``-α_t (1 - p_t)^γ log(p_t)`` where
+    p_t = p if t = 1 else 1 - p and α_t = α if t = 1 else 1 - α.
+
+    Args:
+        logits: float [..., num_classes] raw scores.
+        targets: float, same shape, one-hot (all zero for unmatched queries).
+        num_boxes: the batch's target count (already reduced across processes by the caller), ≥ 1.
+        alpha, gamma: 0.25 and 2 in the papers.
+
+    Returns a float scalar.
+    """
+    loss = _torchvision_sigmoid_focal_loss(logits, targets, alpha=alpha, gamma=gamma, reduction="sum")
+    return loss / num_boxes
+
+
+def focal_class_cost(logits: torch.Tensor, labels: torch.Tensor, *, alpha: float = 0.25,
+                     gamma: float = 2.0) -> torch.Tensor:
+    """Matching cost for a sigmoid focal head (Deformable DETR's matcher).
+
+    The cost of giving target class c to a query is the focal loss it would pay as a positive minus the
+    focal loss it pays now as a negative, for class c only:
+    ``α (1 - p)^γ (-log p) - (1 - α) p^γ (-log(1 - p))`` with p = sigmoid(logit_c).
+
+    Args:
+        logits: float [B, Q, num_classes]; labels: int64 [B, T] (target classes, padded per image).
+
+    Returns cost float32 [B, Q, T].
+    """
+    prob = logits.float().sigmoid()
+    negative = (1 - alpha) * prob.pow(gamma) * -(1 - prob + 1e-8).log()
+    positive = alpha * (1 - prob).pow(gamma) * -(prob + 1e-8).log()
+    index = labels[:, None, :].expand(-1, prob.shape[1], -1)  # [B, Q, T]
+    return positive.gather(2, index) - negative.gather(2, index)

@@ -1,0 +1,217 @@
+"""Anchor-box queries with conditional spatial cross-attention and layer-by-layer box refinement.
+
+DAB-DETR (Liu et al., "DAB-DETR: Dynamic Anchor Boxes are Better Queries for DETR", ICLR 2022), which
+builds on Conditional DETR (Meng et al., ICCV 2021). Each object query carries a learned anchor box
+(x, y, w, h), stored as logits (inverse sigmoid). In every decoder layer:
+
+- the positional query is ``ref_point_head(sine(anchor))``, an MLP of the anchor's sine embedding;
+- self-attention: q = Wqc·content + Wqp·pos_query, k = Wkc·content + Wkp·pos_query, v = Wv·content;
+- cross-attention is *conditional*: each head's query is the concatenation [content part, spatial part]
+  and each key [memory part, position part], so content and position are matched separately. The
+  spatial part is the x/y sine embedding of the anchor, scaled element-wise by ``query_scale(content)``
+  (from layer 2 on) and modulated by the anchor size: the x channels by w_ref / w and the y channels by
+  h_ref / h, with (w_ref, h_ref) = sigmoid(ref_anchor_head(content)) (DAB-DETR's "modulated attention");
+  layer 1 also adds Wqp·pos_query to the content query (Conditional DETR);
+- after the layer, the shared box head predicts a delta in inverse-sigmoid space:
+  ``box = sigmoid(box_head(norm(out)) + inverse_sigmoid(anchor))``, and that box is the next layer's
+  anchor. The anchor fed to the next layer is detached; the anchor *added* to the next delta keeps the
+  gradient of one layer ("look forward twice"), exactly as the released DAB-DETR code does.
+
+Tensors are batch-first [B, N, C]. The encoder is DETR's own (:class:`detr.models.transformer.Transformer`
+holds this decoder in place of its learned-query decoder).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """logit(x) with x clamped to [eps, 1 - eps] (DAB-DETR's eps), so boxes at 0 or 1 stay finite."""
+    x = x.clamp(min=0, max=1)
+    return torch.log(x.clamp(min=eps) / (1 - x).clamp(min=eps))
+
+
+def anchor_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Sine embedding of normalised boxes, DETR's sine encoding applied to each coordinate.
+
+    boxes float [..., 4] normalised cxcywh → float [..., 4 · num_feats], ordered (y, x, w, h) as DAB-DETR
+    (y first, like :class:`detr.models.position_encoding.PositionEmbeddingSine`, so the x/y half lines up
+    with the key positions). Each coordinate is scaled by 2π; channel i uses frequency
+    ``temperature ** (2 ⌊i/2⌋ / num_feats)``, sin on even and cos on odd channels (interleaved).
+    """
+    dim_t = torch.arange(num_feats, dtype=torch.float32, device=boxes.device)
+    dim_t = temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / num_feats)
+    scaled = boxes.float()[..., None] * (2 * math.pi) / dim_t  # [..., 4, F]
+    embedding = torch.stack((scaled[..., 0::2].sin(), scaled[..., 1::2].cos()), dim=-1).flatten(-2)  # [..., 4, F]
+    x, y, w, h = embedding.unbind(-2)
+    return torch.cat((y, x, w, h), dim=-1).to(boxes.dtype)
+
+
+class MLP(nn.Module):
+    """``num_layers`` linear layers with ReLU between them (same layout as :class:`detr.models.detr.MLP`)."""
+
+    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> None:
+        super().__init__()
+        dims = [input_dim] + [hidden_dim] * (num_layers - 1)
+        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, dims[1:] + [output_dim]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for index, layer in enumerate(self.layers):
+            x = layer(x) if index == len(self.layers) - 1 else F.relu(layer(x))
+        return x
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, attn_mask: torch.Tensor | None,
+            dropout: float, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Multi-head attention on already projected inputs: q [B, Lq, Dqk], k [B, Lk, Dqk], v [B, Lk, Dv]
+    (Dqk may differ from Dv: conditional cross-attention concatenates two parts per head). attn_mask bool
+    broadcastable to [B, heads, Lq, Lk], True = may attend. Scale 1 / sqrt(Dqk / heads).
+    Returns [B, Lq, Dv] and, if asked, the weights [B, heads, Lq, Lk] (softmax, before dropout)."""
+    batch, len_q, _ = q.shape
+    q = q.unflatten(-1, (num_heads, -1)).transpose(1, 2)  # [B, h, Lq, dqk]
+    k = k.unflatten(-1, (num_heads, -1)).transpose(1, 2)
+    v = v.unflatten(-1, (num_heads, -1)).transpose(1, 2)  # [B, h, Lk, dv]
+    weights = None
+    if need_weights:
+        logits = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)
+        if attn_mask is not None:
+            logits = logits.masked_fill(~attn_mask, float("-inf"))
+        weights = logits.softmax(dim=-1)
+        out = F.dropout(weights, dropout) @ v
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+    return out.transpose(1, 2).reshape(batch, len_q, -1), weights
+
+
+class AnchorDecoderLayer(nn.Module):
+    """One DAB-DETR decoder layer (post-norm): self-attention with separate content and position
+    projections, conditional cross-attention, FFN. ``first`` layers also add the positional query to the
+    cross-attention content query (``ca_qpos_proj``; Conditional DETR keeps it in layer 1 only)."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, *,
+                 first: bool = False) -> None:
+        super().__init__()
+        if d_model % nhead:
+            raise ValueError(f"hidden_dim ({d_model}) must be divisible by num_heads ({nhead})")
+        self.nhead, self.attention_dropout = nhead, dropout
+        self.sa_qcontent_proj, self.sa_qpos_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.sa_kcontent_proj, self.sa_kpos_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.sa_v_proj, self.sa_out_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.ca_qcontent_proj = nn.Linear(d_model, d_model)
+        self.ca_qpos_proj = nn.Linear(d_model, d_model) if first else None
+        self.ca_kcontent_proj, self.ca_kpos_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.ca_v_proj, self.ca_qpos_sine_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.ca_out_proj = nn.Linear(d_model, d_model)
+        self.linear1, self.linear2 = nn.Linear(d_model, dim_feedforward), nn.Linear(dim_feedforward, d_model)
+        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.dropout1, self.dropout2, self.dropout3 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, tgt: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None, pos: torch.Tensor,
+                query_pos: torch.Tensor, query_spatial: torch.Tensor, self_attn_mask: torch.Tensor | None = None,
+                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """tgt, query_pos, query_spatial [B, Q, C]; memory, pos [B, HW, C]; memory_mask bool [B, 1, 1, HW]
+        (True = real pixel) or None; self_attn_mask bool [Q, Q] (True = may attend) or None.
+        Returns tgt [B, Q, C] and, if need_weights, cross-attention weights [B, heads, Q, HW]."""
+        dropout = self.attention_dropout if self.training else 0.0
+        # Self-attention: content and position projected separately, then summed.
+        q = self.sa_qcontent_proj(tgt) + self.sa_qpos_proj(query_pos)
+        k = self.sa_kcontent_proj(tgt) + self.sa_kpos_proj(query_pos)
+        out, _ = _attend(q, k, self.sa_v_proj(tgt), self.nhead, self_attn_mask, dropout, False)
+        tgt = self.norm1(tgt + self.dropout1(self.sa_out_proj(out)))
+        # Conditional cross-attention: per head, [content | spatial] against [memory | key position].
+        q_content = self.ca_qcontent_proj(tgt)
+        k_content, k_pos = self.ca_kcontent_proj(memory), self.ca_kpos_proj(pos)
+        if self.ca_qpos_proj is not None:
+            q_content = q_content + self.ca_qpos_proj(query_pos)
+            k_content = k_content + k_pos
+        heads = self.nhead
+        q = torch.cat([q_content.unflatten(-1, (heads, -1)),
+                       self.ca_qpos_sine_proj(query_spatial).unflatten(-1, (heads, -1))], dim=-1).flatten(-2)
+        k = torch.cat([k_content.unflatten(-1, (heads, -1)), k_pos.unflatten(-1, (heads, -1))], dim=-1).flatten(-2)
+        out, weights = _attend(q, k, self.ca_v_proj(memory), heads, memory_mask, dropout, need_weights)
+        tgt = self.norm2(tgt + self.dropout2(self.ca_out_proj(out)))
+        ffn = self.linear2(self.dropout(F.relu(self.linear1(tgt))))
+        return self.norm3(tgt + self.dropout3(ffn)), weights
+
+
+class AnchorDecoder(nn.Module):
+    """DAB-DETR's decoder: anchors in, one refined box per layer out.
+
+    Args:
+        d_model, nhead, num_layers, dim_feedforward, dropout: decoder shape.
+
+    Parameters besides the layers: ``ref_point_head`` (MLP 2·C → C → C: anchor sine embedding →
+    positional query), ``query_scale`` (MLP C → C → C: content → element-wise scale of the spatial
+    query), ``ref_anchor_head`` (MLP C → C → 2: content → reference width and height), ``norm`` (shared
+    final LayerNorm, applied to every layer's output before the heads). Weights with more than one
+    dimension get Xavier-uniform init (the :class:`Transformer` that holds this decoder does it).
+    """
+
+    def __init__(self, d_model: int, nhead: int, num_layers: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"num_decoder_layers must be at least 1, got {num_layers}")
+        if d_model % 2:
+            raise ValueError(f"hidden_dim must be even (half of it encodes each anchor coordinate), got {d_model}")
+        layer = AnchorDecoderLayer(d_model, nhead, dim_feedforward, dropout)
+        self.layers = nn.ModuleList(
+            [AnchorDecoderLayer(d_model, nhead, dim_feedforward, dropout, first=True)]
+            + [copy.deepcopy(layer) for _ in range(num_layers - 1)]
+        )
+        self.ref_point_head = MLP(2 * d_model, d_model, d_model, 2)
+        self.query_scale = MLP(d_model, d_model, d_model, 2)
+        self.ref_anchor_head = MLP(d_model, d_model, 2, 2)
+        self.norm = nn.LayerNorm(d_model)
+        self.d_model = d_model
+
+    def forward(self, tgt: torch.Tensor, anchors: torch.Tensor, memory: torch.Tensor,
+                memory_mask: torch.Tensor | None, pos: torch.Tensor, box_head: nn.Module,
+                self_attn_mask: torch.Tensor | None = None, return_attention: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Decode ``Q`` queries.
+
+        Args:
+            tgt: float [B, Q, C] initial content queries (zeros, or label embeddings with denoising).
+            anchors: float [B, Q, 4] initial anchors as logits of normalised cxcywh.
+            memory, pos: float [B, HW, C] encoder output and key positions.
+            memory_mask: bool [B, 1, 1, HW], True = real pixel, or None (no padding).
+            box_head: module C → 4 (the model's shared box MLP) predicting the inverse-sigmoid delta.
+            self_attn_mask: bool [Q, Q], True = may attend (denoising groups), or None.
+            return_attention: also return each layer's cross-attention weights.
+
+        Returns hs float [L, B, Q, C] (every layer's output through ``norm``), boxes float [L, B, Q, 4]
+        normalised cxcywh (layer l's refined box), and a list of L cross-attention weights
+        [B, heads, Q, HW] (empty unless asked).
+        """
+        half = self.d_model // 2
+        anchor = anchors.sigmoid()  # layer 1's anchor: gradient reaches the learned anchors
+        reference = anchor  # what the layer sees (detached from layer 2 on)
+        output, hs, boxes, weights = tgt, [], [], []
+        for index, layer in enumerate(self.layers):
+            sine = anchor_sine_embedding(reference, half)  # [B, Q, 2C]: (y, x, w, h)
+            query_pos = self.ref_point_head(sine)
+            spatial = sine[..., : self.d_model]  # the (y, x) half: conditional spatial query
+            if index > 0:
+                spatial = spatial * self.query_scale(output)
+            size_ref = self.ref_anchor_head(output).sigmoid()  # [B, Q, 2] = (w_ref, h_ref)
+            spatial = torch.cat([spatial[..., :half] * (size_ref[..., 1] / reference[..., 3]).unsqueeze(-1),
+                                 spatial[..., half:] * (size_ref[..., 0] / reference[..., 2]).unsqueeze(-1)], dim=-1)
+            output, layer_weights = layer(output, memory, memory_mask, pos, query_pos, spatial, self_attn_mask,
+                                          return_attention)
+            normed = self.norm(output)
+            delta = box_head(normed)  # [B, Q, 4] in inverse-sigmoid space
+            boxes.append((delta + inverse_sigmoid(anchor)).sigmoid())
+            hs.append(normed)
+            if layer_weights is not None:
+                weights.append(layer_weights)
+            anchor = (delta + inverse_sigmoid(reference.detach())).sigmoid()
+            reference = anchor.detach()
+        return torch.stack(hs), torch.stack(boxes), weights

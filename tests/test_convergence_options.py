@@ -1,0 +1,163 @@
+"""The issue-6 options: off by default (the paper's model unchanged), composable, checkpointable."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from detr import build_detr
+from detr.checkpoints import load_checkpoint
+from detr.criterion import SetCriterion
+from detr.matcher import HungarianMatcher
+from detr.postprocess import PostProcess
+
+TINY = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
+            dim_feedforward=64, num_queries=10, num_classes=5, dropout=0.0)
+LAYOUT = Path(__file__).parent / "data" / "official_detr_state_dict_layout.json"
+
+
+def _batch(size: int = 64):
+    torch.manual_seed(1)
+    images = torch.randn(2, 3, size, size)
+    mask = torch.zeros(2, size, size, dtype=torch.bool)
+    mask[1, :, size * 3 // 4:] = True
+    targets = [{"labels": torch.tensor([1, 3]), "boxes": torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.7, 0.6, 0.3, 0.2]])},
+               {"labels": torch.tensor([0]), "boxes": torch.tensor([[0.4, 0.5, 0.3, 0.4]])}]
+    return images, mask, targets
+
+
+def test_default_model_keeps_the_authors_layout_and_outputs():
+    layout = json.loads(LAYOUT.read_text())["resnet18"]
+    model = build_detr(backbone="resnet18", num_classes=91)
+    assert {k: list(v.shape) for k, v in model.state_dict().items()
+            if not k.endswith("num_batches_tracked")} == layout
+    assert model.query_type == "learned" and model.class_head == "softmax" and model.denoising is None
+    # the options at their defaults are the same model: same weights, same outputs, targets ignored
+    torch.manual_seed(0)
+    plain = build_detr(**TINY)
+    torch.manual_seed(0)
+    explicit = build_detr(**TINY, query_type="learned", class_head="softmax", denoising=False)
+    for (name, a), (other, b) in zip(plain.state_dict().items(), explicit.state_dict().items()):
+        assert name == other and torch.equal(a, b)
+    images, mask, targets = _batch()
+    plain.train()
+    explicit.train()
+    out = plain(images, mask)
+    out_with_targets = explicit(images, mask, targets=targets)
+    assert set(out) == {"pred_logits", "pred_boxes", "aux_outputs"}
+    assert out["pred_logits"].shape == (2, 10, 6)  # num_classes + 1: the last logit is "no object"
+    assert torch.equal(out["pred_logits"], out_with_targets["pred_logits"])
+    assert torch.equal(out["pred_boxes"], out_with_targets["pred_boxes"])
+    assert SetCriterion(5).weight_dict == {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0, **{
+        f"{n}_{i}": w for i in range(5) for n, w in (("loss_ce", 1.0), ("loss_bbox", 5.0), ("loss_giou", 2.0))}}
+
+
+# Every option in both states, each query/class-head pair once, backbones varied across them.
+COMBINATIONS = [
+    dict(query_type="learned", class_head="softmax", denoising=False, backbone_norm="frozen_batch_norm",
+         backbone_last_stage="layer4"),
+    dict(query_type="learned", class_head="sigmoid", denoising=False, backbone_norm="group_norm",
+         backbone_last_stage="layer3"),
+    dict(query_type="anchor", class_head="softmax", denoising=False, backbone_norm="batch_norm",
+         backbone_last_stage="layer3"),
+    dict(query_type="anchor", class_head="sigmoid", denoising=False, backbone_norm="frozen_batch_norm",
+         backbone_last_stage="layer4"),
+    dict(query_type="anchor", class_head="softmax", denoising=True, backbone_norm="group_norm",
+         backbone_last_stage="layer4"),
+    dict(query_type="anchor", class_head="sigmoid", denoising=True, backbone_norm="batch_norm",
+         backbone_last_stage="layer3"),
+]
+
+
+@pytest.mark.parametrize("options", COMBINATIONS, ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_options_compose_train_and_predict(options):
+    torch.manual_seed(0)
+    trainable = 5 if options["backbone_norm"] != "frozen_batch_norm" else 3
+    model = build_detr(**TINY, **options, backbone_trainable_layers=trainable).train()
+    class_loss = "focal" if options["class_head"] == "sigmoid" else "softmax"
+    criterion = SetCriterion(5, HungarianMatcher(class_loss=class_loss), class_loss=class_loss, num_decoder_layers=2,
+                             denoising=options["denoising"])
+    images, mask, targets = _batch()
+    out = model(images, mask, targets=targets)
+    logits = 5 if options["class_head"] == "sigmoid" else 6
+    assert out["pred_logits"].shape == (2, 10, logits) and out["pred_boxes"].shape == (2, 10, 4)
+    assert ("dn_outputs" in out) == options["denoising"]
+    losses = criterion(out, targets)
+    total = sum(losses[name] * weight for name, weight in criterion.weight_dict.items())
+    assert torch.isfinite(total)
+    total.backward()
+    without_grad = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert without_grad == []
+    model.eval()
+    with torch.no_grad():
+        detections = PostProcess(class_head=model.class_head)(model(images, mask), torch.tensor([[64, 64], [64, 48]]))
+    assert detections[0]["scores"].shape == (10,) and ((detections[0]["scores"] >= 0) & (detections[0]["scores"] <= 1)).all()
+    assert detections[0]["labels"].max() < 5
+
+
+def test_backbone_options_for_training_from_scratch():
+    torch.manual_seed(0)
+    model = build_detr(**TINY, backbone_norm="batch_norm", backbone_trainable_layers=5, backbone_last_stage="layer3")
+    body = model.backbone[0]
+    assert all(p.requires_grad for p in body.parameters())
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in body.modules())
+    features, feature_mask = body(torch.randn(2, 3, 128, 128), torch.zeros(2, 128, 128, dtype=torch.bool))
+    assert features.shape == (2, 256, 8, 8) and body.stride == 16  # layer3 of ResNet-18: 256 channels
+    assert not any(k.startswith("backbone.0.body.layer4") for k in model.state_dict())
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="query_type"):
+        build_detr(**TINY, query_type="anchors")
+    with pytest.raises(ValueError, match="class_head"):
+        build_detr(**TINY, class_head="focal")
+    with pytest.raises(ValueError, match="query_type='anchor'"):
+        build_detr(**TINY, denoising=True)
+    with pytest.raises(ValueError, match="pre_norm"):
+        build_detr(**TINY, query_type="anchor", pre_norm=True)
+    with pytest.raises(ValueError, match="denoising_groups"):
+        build_detr(**TINY, query_type="anchor", denoising=True, denoising_groups=0)
+
+
+def test_checkpoint_round_trip_keeps_the_options(tmp_path):
+    torch.manual_seed(0)
+    model = build_detr(**TINY, query_type="anchor", class_head="sigmoid", denoising=True,
+                       backbone_norm="group_norm", backbone_trainable_layers=5, backbone_last_stage="layer3")
+    path = tmp_path / "own.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "detr": {"model_config": model.config, "category_map": None}}, path)
+    loaded = load_checkpoint(path)
+    assert loaded.query_type == "anchor" and loaded.class_head == "sigmoid" and loaded.denoising is not None
+    images, mask, _ = _batch()
+    model.eval()
+    with torch.no_grad():
+        expected, got = model(images, mask), loaded(images, mask)
+    torch.testing.assert_close(got["pred_logits"], expected["pred_logits"])
+    torch.testing.assert_close(got["pred_boxes"], expected["pred_boxes"])
+
+
+def _load_benchmark():
+    path = Path(__file__).parents[1] / "benchmarks" / "convergence.py"
+    spec = importlib.util.spec_from_file_location("convergence_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_convergence_benchmark_runs_and_reports(tmp_path, capsys):
+    benchmark = _load_benchmark()
+    train, val = benchmark.render_shapes(8, 4, seed=0)
+    assert train.images.shape == (8, 3, 128, 128) and len(val.labels) == 4
+    config = benchmark.build_run_config("best", ["hidden_dim=32", "num_heads=2", "dim_feedforward=64",
+                                                 "num_encoder_layers=1", "num_decoder_layers=2", "batch_size=4"])
+    curve = benchmark.run(config, train, val, minutes=1e-4, eval_every=1.0, clock="wall", name="smoke",
+                          jsonl=tmp_path / "runs.jsonl")
+    assert len(curve) == 1 and curve[0]["step"] == 1 and 0 <= curve[0]["AP50"] <= 1
+    assert "AP50" in capsys.readouterr().out
+    assert json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])["run"] == "smoke"
