@@ -90,6 +90,7 @@ class RunConfig:
     batch_size: int = 16
     autocast_bf16: bool = False
     channels_last: bool = False  # run the backbone in NHWC (oneDNN's preferred layout)
+    local_attention_init: float = 0.0  # > 0: AnchorDecoder.init_local_spatial_attention(scale)
     # --- data ---
     hflip: bool = True
     seed: int = 0
@@ -250,6 +251,8 @@ def make_batch(data: DetectionSet, index: torch.Tensor, hflip: bool, generator: 
 def build_training(config: RunConfig, num_classes: int) -> tuple[torch.nn.Module, SetCriterion, torch.optim.Optimizer]:
     torch.manual_seed(config.seed)
     model = build_detr(**config.model_kwargs(num_classes))
+    if config.local_attention_init > 0:
+        model.transformer.decoder.init_local_spatial_attention(config.local_attention_init)
     if config.channels_last:
         model.backbone[0].to(memory_format=torch.channels_last)
         model.backbone[0].channels_last = True

@@ -100,6 +100,7 @@ class DetrSystem(L.LightningModule):
         denoising_groups: int = 5,
         denoising_label_noise: float = 0.2,
         denoising_box_noise: float = 0.4,
+        anchor_local_attention: float = 0.0,
         # --- matching and loss ---
         cost_class: float = 1.0,
         cost_bbox: float = 5.0,
@@ -139,7 +140,7 @@ class DetrSystem(L.LightningModule):
             backbone_norm=backbone_norm, backbone_trainable_layers=backbone_trainable_layers,
             backbone_last_stage=backbone_last_stage, query_type=query_type, class_head=class_head,
             denoising=denoising, denoising_groups=denoising_groups, denoising_label_noise=denoising_label_noise,
-            denoising_box_noise=denoising_box_noise,
+            denoising_box_noise=denoising_box_noise, anchor_local_attention=anchor_local_attention,
         )
         # The sigmoid head is trained with the focal loss and matched with the focal cost (issue 6).
         class_loss = "focal" if class_head == "sigmoid" else "softmax"

@@ -172,6 +172,40 @@ class AnchorDecoder(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.d_model = d_model
 
+    @torch.no_grad()
+    def init_local_spatial_attention(self, scale: float = 4.0, num_frequencies: int | None = None) -> None:
+        """Start the spatial half of every cross-attention head as a kernel centred on the query's anchor.
+
+        With Xavier-initialised ``ca_qpos_sine_proj`` and ``ca_kpos_proj`` the spatial logit
+        ``(P_q sine(anchor)) · (P_k pos(key))`` is a random bilinear form, so the first cross-attention
+        maps are uniform over the image and the queries must first learn where to look. Here both
+        projections start as the same channel selection (× ``scale``): each head receives the sin/cos
+        pairs of the ``num_frequencies`` highest frequencies of y and of x (default: as many as fit in a
+        head), so its spatial logit is ``scale² Σ_f [cos(ω_f Δy) + cos(ω_f Δx)] / sqrt(head dim)``,
+        largest where the key position equals the anchor centre; DAB-DETR's w/h modulation then sharpens
+        it for small anchors. ``query_scale`` starts at 1 (its last layer: weight 0, bias 1) so later
+        layers keep the kernel. Only the initial values change, not the architecture.
+        """
+        d_model, heads = self.d_model, self.layers[0].nhead
+        head_dim, half = d_model // heads, d_model // 2
+        per_head = num_frequencies if num_frequencies is not None else head_dim // 4
+        if head_dim < 4 * per_head or per_head > half // 2:
+            raise ValueError(f"cannot fit {per_head} frequencies (4 channels each) in a head of {head_dim} channels")
+        rows = []
+        for _ in range(heads):
+            channels = [c for f in range(per_head) for c in (2 * f, 2 * f + 1, half + 2 * f, half + 2 * f + 1)]
+            rows += channels + [-1] * (head_dim - len(channels))  # -1: unused row, left at zero
+        selection = torch.zeros(d_model, d_model)
+        for row, channel in enumerate(rows):
+            if channel >= 0:
+                selection[row, channel] = scale
+        for layer in self.layers:
+            for projection in (layer.ca_qpos_sine_proj, layer.ca_kpos_proj):
+                projection.weight.copy_(selection)
+                projection.bias.zero_()
+        self.query_scale.layers[-1].weight.zero_()
+        self.query_scale.layers[-1].bias.fill_(1.0)
+
     def forward(self, tgt: torch.Tensor, anchors: torch.Tensor, memory: torch.Tensor,
                 memory_mask: torch.Tensor | None, pos: torch.Tensor, box_head: nn.Module,
                 self_attn_mask: torch.Tensor | None = None, return_attention: bool = False

@@ -205,6 +205,7 @@ def build_detr(
     denoising_groups: int = 5,
     denoising_label_noise: float = 0.2,
     denoising_box_noise: float = 0.4,
+    anchor_local_attention: float = 0.0,
 ) -> DETR:
     """Build DETR. Defaults are the paper's COCO model (R50, 6+6 layers, 100 queries, 91 classes).
 
@@ -227,6 +228,9 @@ def build_detr(
         denoising: DN-DETR denoising queries in training (needs query_type="anchor"; the forward then
             needs ``targets``). denoising_groups, denoising_label_noise, denoising_box_noise: DN-DETR's
             5 groups, label flip probability 0.2, box noise scale 0.4.
+        anchor_local_attention: > 0 starts every anchor-decoder cross-attention head as a kernel centred
+            on its query's anchor, with this scale (an initialisation only; see
+            :meth:`AnchorDecoder.init_local_spatial_attention`). 0 keeps DAB-DETR's Xavier init.
     """
     config = {key: value for key, value in locals().items()}
     if position_encoding not in ("sine", "learned"):
@@ -239,6 +243,8 @@ def build_detr(
         raise ValueError(f"class_head must be 'softmax' or 'sigmoid', got {class_head!r}")
     if denoising and query_type != "anchor":
         raise ValueError("denoising=True feeds noised boxes as anchors: it needs query_type='anchor'")
+    if anchor_local_attention and query_type != "anchor":
+        raise ValueError("anchor_local_attention initialises the anchor decoder: it needs query_type='anchor'")
     if pre_norm and query_type == "anchor":
         raise ValueError("query_type='anchor' has DAB-DETR's post-norm decoder: set pre_norm=False")
     if dilation and backbone in ("resnet18", "resnet34"):
@@ -256,5 +262,7 @@ def build_detr(
                 if denoising else None)
     model = DETR(Joiner(body, encoding), transformer, num_classes=num_classes, num_queries=num_queries,
                  aux_loss=aux_loss, query_type=query_type, class_head=class_head, denoising=denoiser)
+    if anchor_local_attention > 0:
+        model.transformer.decoder.init_local_spatial_attention(anchor_local_attention)
     model.config = config
     return model
