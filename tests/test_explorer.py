@@ -185,3 +185,20 @@ def test_errors_name_the_fix() -> None:
         render_explorer_html({"format": "something else"})
     with pytest.raises(ValueError, match="sequence"):
         write_attention_explorer(model, "photo.png", "out")  # type: ignore[arg-type]
+
+
+def test_sigmoid_head_scores_every_class_without_no_object(tmp_path: Path) -> None:
+    """A focal-loss model (class_head="sigmoid") has no no-object logit: scores are sigmoids of all classes."""
+    from detr.visualize.explorer import write_attention_explorer
+
+    torch.manual_seed(0)
+    model = build_detr(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
+                       dim_feedforward=64, num_queries=5, num_classes=3, query_type="anchor",
+                       class_head="sigmoid").eval()
+    with torch.no_grad():
+        model.class_embed.bias.copy_(torch.tensor([-3.0, -3.0, 4.0]))  # the last real class must win
+    page = write_attention_explorer(model, [image(64, 80)], tmp_path, min_size=64, max_size=96, device="cpu")[0]
+    data = read_page(page)
+    assert "no object" not in data["class_names"] and len(data["class_names"]) == 3
+    assert data["labels"] == [2] * 5
+    assert all(0.9 < score < 1.0 for score in data["scores"])

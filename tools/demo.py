@@ -36,7 +36,9 @@ def choose_threads() -> int:
     its own). On shared machines a second thread contending for a busy core slows small models severalfold."""
     cores = os.cpu_count() or 1
     busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return max(1, min(cores - 1 if cores > 2 else cores, int(cores - busy)))
+    # Give up a thread only for a whole core's worth of other load: the 1-minute load average still
+    # carries the tail of whatever ran just before, and int(2 - 0.5) would halve a clean 2-core machine.
+    return max(1, min(cores - 1 if cores > 2 else cores, cores - int(busy)))
 
 
 def ap_curve(metrics_csv: Path) -> list[dict[str, float]]:

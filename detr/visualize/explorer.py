@@ -126,6 +126,7 @@ def explorer_data(
     threshold: float = 0.7,
     model_description: str = "",
     jpeg_quality: int = 88,
+    class_head: str = "softmax",
 ) -> dict[str, Any]:
     """The JSON-ready data of one image's page, cut out of a batch's model outputs.
 
@@ -155,7 +156,8 @@ def explorer_data(
     if len(class_names) != num_logits:
         raise ValueError(
             f"class_names has {len(class_names)} names but the model has {num_logits} logits "
-            f"(num_classes + 1, the last one 'no object'); pass one name per logit"
+            f"(num_classes + 1 for a softmax head, the last one 'no object'; num_classes for a sigmoid head); "
+            f"pass one name per logit"
         )
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"image must be uint8 [H, W, 3] (the resized RGB image), got {image.dtype} {image.shape}")
@@ -177,12 +179,14 @@ def explorer_data(
     prediction_layers = list(range(num_layers - len(layer_outputs) + 1, num_layers + 1))
     boxes, top_classes, top_probs = [], [], []
     for layer in layer_outputs:
-        probabilities = layer["pred_logits"][index].detach().float().cpu().softmax(-1)
+        probabilities = _class_probabilities(layer["pred_logits"][index].detach().float().cpu(), class_head)
         top = probabilities.topk(min(TOP_K, num_logits), dim=-1)
         top_classes.append(top.indices.tolist())
         top_probs.append(np.round(top.values.numpy().astype(float), 5).tolist())
         boxes.append(np.round(layer["pred_boxes"][index].detach().float().cpu().numpy().astype(float), 6).tolist())
-    scores, labels = logits.softmax(-1)[:, :-1].max(dim=-1)  # as detr.PostProcess: no-object excluded
+    probabilities = _class_probabilities(logits, class_head)
+    # as detr.PostProcess: the no-object column (softmax head only) is excluded from the scores
+    scores, labels = (probabilities[:, :-1] if class_head == "softmax" else probabilities).max(dim=-1)
 
     height, width = int(image.shape[0]), int(image.shape[1])
     return {
@@ -292,8 +296,17 @@ def _thumbnail(data_uri: str, *, width: int = 240) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _class_names(category_map: CategoryMap | None, num_classes: int) -> list[str]:
-    return [label_name(category_map, label) for label in range(num_classes)] + ["no object"]
+def _class_names(category_map: CategoryMap | None, num_classes: int, with_no_object: bool = True) -> list[str]:
+    names = [label_name(category_map, label) for label in range(num_classes)]
+    return names + ["no object"] if with_no_object else names
+
+
+def _class_probabilities(logits: Tensor, class_head: str) -> Tensor:
+    """[Q, K] logits → per-class probabilities: softmax over all logits (the paper's head, last column
+    "no object") or independent sigmoids (focal-loss head of issue 6, no "no object" column)."""
+    if class_head not in ("softmax", "sigmoid"):
+        raise ValueError(f"class_head must be 'softmax' or 'sigmoid' (the model's class_head), got {class_head!r}")
+    return logits.sigmoid() if class_head == "sigmoid" else logits.softmax(-1)
 
 
 def _model_description(model: nn.Module) -> str:
@@ -366,10 +379,13 @@ def write_attention_explorer(
             outputs = predictor.model(
                 batch.to(predictor.device), padding_mask.to(predictor.device), return_attention=True
             )
-        class_names = _class_names(predictor.category_map, int(outputs["pred_logits"].shape[-1]) - 1)
+        class_head = predictor.class_head
+        num_classes = int(outputs["pred_logits"].shape[-1]) - (1 if class_head == "softmax" else 0)
+        class_names = _class_names(predictor.category_map, num_classes, with_no_object=class_head == "softmax")
         data = explorer_data(
             outputs, index=0, image=denormalize_image(tensor), original_size=pixels.shape[:2],
             class_names=class_names, title=title, threshold=threshold, model_description=description,
+            class_head=class_head,
         )
         page = out_dir / f"{stem}.html"
         text = render_explorer_html(data)
