@@ -254,9 +254,9 @@ class Predictor:
             with the batch size, as in the authors' evaluation (REFERENCE.md).
         min_size, max_size: the eval resize (shortest side ``min_size``, longest at most ``max_size``).
         optimize: call ``model.optimize_for_inference()`` (frozen BatchNorms folded into the convolutions,
-            backbone in channels-last), in place: same outputs up to float rounding, faster (R50 at
-            800 x 1066 on a shared 2-core AMX CPU: fp32 0.10 → 0.15 images/s, bf16 0.08 → 0.27;
-            benchmarks/inference.py), but the model's state dict loses the authors' layout. Default off
+            backbone in channels-last), in place: same outputs up to float rounding, faster (R50 forward
+            at 800 x 1066 on an idle 2-core AMX CPU: fp32 2.28 → 1.31 s, bf16 2.46 → 0.53 s;
+            benchmarks/model_speed.py), but the model's state dict loses the authors' layout. Default off
             for a model you pass; :meth:`from_checkpoint` turns it on.
 
     The model is put in eval mode and moved to ``device`` in place.
