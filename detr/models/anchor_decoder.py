@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.models.mlp import MLP
+
 
 def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
     """logit(x) with x clamped to [eps, 1 - eps] (DAB-DETR's eps), so boxes at 0 or 1 stay finite."""
@@ -53,18 +55,6 @@ def anchor_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: floa
     return torch.cat((y, x, w, h), dim=-1).to(boxes.dtype)
 
 
-class MLP(nn.Module):
-    """``num_layers`` linear layers with ReLU between them (same layout as :class:`detr.models.detr.MLP`)."""
-
-    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> None:
-        super().__init__()
-        dims = [input_dim] + [hidden_dim] * (num_layers - 1)
-        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, dims[1:] + [output_dim]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for index, layer in enumerate(self.layers):
-            x = layer(x) if index == len(self.layers) - 1 else F.relu(layer(x))
-        return x
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, attn_mask: torch.Tensor | None,

@@ -9,12 +9,12 @@ import math
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from detr.models.anchor_decoder import AnchorDecoder
 from detr.models.backbone import Backbone, BackboneName, BackboneNorm, Joiner, LastStage
 from detr.models.denoising import DenoisingMeta, DenoisingQueries
+from detr.models.mlp import MLP
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 from detr.models.transformer import Transformer
 
@@ -22,18 +22,6 @@ QueryType = Literal["learned", "anchor"]
 ClassHead = Literal["softmax", "sigmoid"]
 
 
-class MLP(nn.Module):
-    """``num_layers`` linear layers with ReLU between them (the box head: hidden → hidden → hidden → 4)."""
-
-    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> None:
-        super().__init__()
-        dims = [input_dim] + [hidden_dim] * (num_layers - 1)
-        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, dims[1:] + [output_dim]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for index, layer in enumerate(self.layers):
-            x = layer(x) if index == len(self.layers) - 1 else F.relu(layer(x))
-        return x
 
 
 class DETR(nn.Module):
