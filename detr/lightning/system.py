@@ -237,10 +237,14 @@ class DetrSystem(L.LightningModule):
     def _stop_if_non_finite(
         self, batch_idx: int, *, predictions: dict[str, Any], losses: dict[str, torch.Tensor] | None = None
     ) -> None:
-        """Raise :class:`NonFiniteLossError` (on every process at once) if predictions or the loss are NaN/inf."""
-        finite = all(bool(torch.isfinite(predictions[name]).all()) for name in ("pred_logits", "pred_boxes"))
-        if losses is not None:
-            finite = finite and bool(torch.isfinite(losses["loss"]).item())
+        """Raise :class:`NonFiniteLossError` (on every process at once) if predictions or the loss are NaN/inf.
+
+        Without ``losses`` the predictions are checked (before matching); with ``losses`` only the loss, since
+        the caller checked these same predictions just before computing it."""
+        if losses is None:
+            finite = all(bool(torch.isfinite(predictions[name]).all()) for name in ("pred_logits", "pred_boxes"))
+        else:
+            finite = bool(torch.isfinite(losses["loss"]).item())
         if self._trainer is not None:  # every process stops together instead of leaving the others waiting
             finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
         if finite:
