@@ -13,8 +13,6 @@ worker). Compare with the model's training step time: DETR R50 needs about 2 ima
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import random
 import time
 
@@ -29,22 +27,7 @@ from detr.data.collate import collate_detection
 from detr.data.images import load_rgb_image
 from detr.data.transforms import make_train_transform
 from detr.lightning.datamodule import seed_worker_transform
-
-
-def machine_description() -> str:
-    cpu = platform.processor() or "cpu"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"{cpu}, {cores} usable cores (shared machine: other jobs may run), {platform.system()} "
-            f"{platform.release()}; python {platform.python_version()}, torch {torch.__version__}, "
-            f"albumentations {albumentations.__version__}, opencv {cv2.__version__} ({cv2.getNumThreads()} threads), "
-            f"Pillow {PIL.__version__}")
+from machine import describe_machine
 
 
 def rate(count: int, seconds: float) -> str:
@@ -65,7 +48,9 @@ def main() -> None:
                             transform=make_train_transform(seed=args.seed))
     order = [i % len(dataset) for i in range(args.images)]
     random.Random(args.seed).shuffle(order)
-    print(f"machine: {machine_description()}")
+    print(describe_machine())
+    print(f"albumentations {albumentations.__version__}, opencv {cv2.__version__} ({cv2.getNumThreads()} threads), "
+          f"Pillow {PIL.__version__}")
     print(f"data: {args.root}/{args.split}, {len(dataset)} images; authors' train transform (default sizes)")
 
     dataset[0]  # warm-up (imports, first allocation)

@@ -15,8 +15,6 @@ at batch 1 (REFERENCE.md).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
@@ -25,26 +23,7 @@ import torch
 
 from detr import build_detr
 from detr.predictor import Predictor
-
-
-def machine_description() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    lines = [
-        f"CPU: {cpu}, {os.cpu_count()} logical cores visible, torch threads {torch.get_num_threads()}",
-        f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())} (other processes share these cores)",
-        f"torch {torch.__version__}, Python {platform.python_version()}, {platform.system()} {platform.release()}",
-    ]
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        lines.append(f"GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}")
-    else:
-        lines.append("GPU: none")
-    return "\n".join(lines)
+from machine import describe_machine
 
 
 def measure(predictor: Predictor, images: list[np.ndarray], *, warmup: int, iterations: int) -> list[float]:
@@ -80,7 +59,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
 
-    print(machine_description())
+    print(describe_machine())
     torch.manual_seed(0)
     model = build_detr(backbone=args.backbone, dilation=args.dilation, pretrained_backbone=False).eval()
     if not args.no_optimize:

@@ -10,7 +10,6 @@ bf16 < 0.8 s per image; the authors' code takes about 2.4 s in fp32 there.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 from contextlib import nullcontext
@@ -18,22 +17,7 @@ from contextlib import nullcontext
 import torch
 
 from detr import HungarianMatcher, SetCriterion, build_detr
-
-
-def machine_description() -> str:
-    cpu = platform.processor() or "cpu"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        flags = open("/proc/cpuinfo").read()
-        amx = "AMX" if "amx_bf16" in flags else "no AMX"
-    except OSError:
-        amx = "?"
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{cpu}, {torch.get_num_threads()} threads, {amx}; {gpu}; torch {torch.__version__}, "
-            f"python {platform.python_version()}")
+from machine import describe_machine
 
 
 def timed(fn, repeats: int, warmup: int, device: torch.device) -> list[float]:
@@ -109,7 +93,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1066)
     parser.add_argument("--skip-r50", action="store_true", help="only the tiny training step")
     args = parser.parse_args()
-    print(machine_description(), flush=True)
+    print(describe_machine(), flush=True)
     if not args.skip_r50:
         for optimized in (False, True):
             forward_latency(torch.device("cpu"), args.height, args.width, args.repeats, optimized)
