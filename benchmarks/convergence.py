@@ -74,6 +74,7 @@ class RunConfig:
     denoising_label_noise: float = 0.2
     denoising_box_noise: float = 0.4
     anchor_local_attention: float = 0.0
+    query_groups: int = 1
     # --- matcher and criterion ---
     cost_class: float = 1.0
     cost_bbox: float = 5.0
@@ -99,7 +100,7 @@ class RunConfig:
         names = ("backbone", "hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_layers",
                  "dim_feedforward", "dropout", "num_queries", "backbone_norm", "backbone_trainable_layers",
                  "backbone_last_stage", "query_type", "class_head", "denoising", "denoising_groups",
-                 "denoising_label_noise", "denoising_box_noise", "anchor_local_attention")
+                 "denoising_label_noise", "denoising_box_noise", "anchor_local_attention", "query_groups")
         return {name: getattr(self, name) for name in names} | {"num_classes": num_classes}
 
     @property
@@ -312,9 +313,25 @@ def evaluate(model: torch.nn.Module, data: DetectionSet, class_head: str, batch_
         detections = postprocess(model(images, mask), size.repeat(len(index), 1))
         evaluator.update([data.image_ids[i] for i in index.tolist()], detections)
     with contextlib.redirect_stdout(io.StringIO()):
-        stats = evaluator.compute().stats
+        evaluation = evaluator.compute()
+        agnostic = class_agnostic_ap50(data.coco, evaluation.results, evaluation.image_ids)
     model.train(was_training)
-    return {"AP": stats["AP"], "AP50": stats["AP50"]}
+    return {"AP": evaluation.stats["AP"], "AP50": evaluation.stats["AP50"], "AP50_agnostic": agnostic}
+
+
+def class_agnostic_ap50(coco_gt: Any, results: list[dict[str, Any]], image_ids: list[int]) -> float:
+    """AP50 with every class merged (COCOeval ``useCats=0``): how well the boxes alone are found, so a
+    curve shows whether localisation or classification holds AP50 back."""
+    from pycocotools.cocoeval import COCOeval
+
+    if not results:
+        return 0.0
+    coco_eval = COCOeval(coco_gt, coco_gt.loadRes(results), iouType="bbox")
+    coco_eval.params.imgIds, coco_eval.params.useCats = image_ids, 0
+    coco_eval.evaluate()
+    coco_eval.accumulate()
+    coco_eval.summarize()
+    return float(coco_eval.stats[1])
 
 
 def run(config: RunConfig, train: DetectionSet, val: DetectionSet, *, minutes: float, eval_every: float,
@@ -336,14 +353,15 @@ def run(config: RunConfig, train: DetectionSet, val: DetectionSet, *, minutes: f
         metrics = evaluate(model, val, config.class_head)
         point = {"run": name, "train_min": round(trained / 60, 2), "step": step, "epoch": round(seen / len(train.images), 2),
                  "images_per_s": round(seen / max(trained, 1e-9), 1), "AP": round(metrics["AP"], 4),
-                 "AP50": round(metrics["AP50"], 4), "loss": round(last.get("loss", float("nan")), 3),
+                 "AP50": round(metrics["AP50"], 4),
+                 "AP50_agnostic": round(metrics["AP50_agnostic"], 4), "loss": round(last.get("loss", float("nan")), 3),
                  "class_error": round(last.get("class_error", float("nan")), 1),
                  "wall_min": round((time.perf_counter() - wall_start) / 60, 2),
                  "cpu_min": round((time.process_time() - cpu_start) / 60, 2), "load": round(os.getloadavg()[0], 1)}
         curve.append(point)
         print(f"[{name}] train {point['train_min']:5.2f} min  step {step:5d}  epoch {point['epoch']:5.2f}  "
               f"{point['images_per_s']:5.1f} img/s  loss {point['loss']:7.3f}  class_error {point['class_error']:5.1f}  "
-              f"AP {point['AP']:.4f}  AP50 {point['AP50']:.4f}  (wall {point['wall_min']:.1f} min, "
+              f"AP {point['AP']:.4f}  AP50 {point['AP50']:.4f}  (class-agnostic {point['AP50_agnostic']:.4f})  (wall {point['wall_min']:.1f} min, "
               f"cpu {point['cpu_min']:.1f} min, load {point['load']})", flush=True)
         if jsonl is not None:
             with jsonl.open("a") as handle:

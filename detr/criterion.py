@@ -41,6 +41,9 @@ class SetCriterion(nn.Module):
         class_loss: "softmax" (paper) or "focal": sigmoid focal loss over ``num_classes`` logits (a model
             built with ``class_head="sigmoid"``), summed and divided by num_boxes (Deformable DETR); the
             matcher must use the same ``class_loss``. focal_alpha, focal_gamma: 0.25, 2.
+        Group DETR: outputs with ``query_groups`` G > 1 are matched group by group (see the matcher) and
+            the box and focal terms are divided by G · num_boxes: the mean over groups of each group's
+            loss (the softmax term is a mean over all queries already). cardinality_error counts group 1.
         denoising: also compute loss_ce_dn, loss_bbox_dn, loss_giou_dn (+ ``_dn_i`` per aux layer) on the
             model's ``dn_outputs``: each denoising query against the ground truth it was made from, no
             matching, divided by num_boxes × groups (DN-DETR). They are zero when the outputs have none
@@ -97,6 +100,8 @@ class SetCriterion(nn.Module):
     @torch.no_grad()
     def loss_cardinality(self, outputs: Outputs, targets: Targets) -> dict[str, torch.Tensor]:
         logits = outputs["pred_logits"]
+        groups = int(outputs.get("query_groups", 1))
+        logits = logits[:, : logits.shape[1] // groups]  # Group DETR: the first group (what inference keeps)
         if self.class_loss == "focal":  # no "no object" logit: a query predicts an object when a class p > 0.5
             predicted = (logits.amax(-1) > 0).sum(1).float()
         else:
@@ -115,6 +120,7 @@ class SetCriterion(nn.Module):
     def layer_losses(self, outputs: Outputs, targets: Targets, num_boxes: float) -> dict[str, torch.Tensor]:
         """Match, then every loss term for one decoder layer's predictions."""
         indices = self.matcher(outputs, targets)
+        num_boxes = num_boxes * int(outputs.get("query_groups", 1))
         losses = self.loss_labels(outputs, targets, indices, num_boxes)
         losses.update(self.loss_cardinality(outputs, targets))
         losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))

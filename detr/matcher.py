@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
@@ -19,6 +20,10 @@ class HungarianMatcher(nn.Module):
 
     The costs of every image are computed in one batched pass (each image only against its own targets,
     targets padded to the batch maximum), moved to the CPU once, then solved per image by scipy.
+
+    Group DETR (issue 6): when ``outputs["query_groups"]`` is G > 1, the Q predictions are G groups of
+    Q / G queries and each group is matched to the targets on its own (one-to-many overall); the indices
+    are into all Q queries.
 
     ``class_loss="focal"`` (issue 6) replaces −p(target class) by the focal cost of
     :func:`detr.focal.focal_class_cost` for a sigmoid head (``num_classes`` logits; Deformable DETR).
@@ -71,8 +76,18 @@ class HungarianMatcher(nn.Module):
                 "the matching cost has NaN or infinite values: the model's predictions are not finite "
                 "(diverged training; lower the learning rate or check the inputs)"
             )
+        groups = int(outputs.get("query_groups", 1))
+        if num_queries % groups:
+            raise ValueError(f"{num_queries} queries do not split into {groups} query groups")
+        group_size = num_queries // groups
         indices = []
         for index, size in enumerate(sizes):
-            rows, cols = linear_sum_assignment(cost[index, :, :size].numpy())
-            indices.append((torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)))
+            rows, cols = [], []
+            for group in range(groups):
+                block = cost[index, group * group_size:(group + 1) * group_size, :size].numpy()
+                group_rows, group_cols = linear_sum_assignment(block)
+                rows.append(group_rows + group * group_size)
+                cols.append(group_cols)
+            indices.append((torch.as_tensor(np.concatenate(rows), dtype=torch.int64),
+                            torch.as_tensor(np.concatenate(cols), dtype=torch.int64)))
         return indices

@@ -32,13 +32,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def choose_threads() -> int:
-    """Torch threads for the training process: the cores not already busy (the data loader worker takes
-    its own). On shared machines a second thread contending for a busy core slows small models severalfold."""
-    cores = os.cpu_count() or 1
-    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    # Give up a thread only for a whole core's worth of other load: the 1-minute load average still
-    # carries the tail of whatever ran just before, and int(2 - 0.5) would halve a clean 2-core machine.
-    return max(1, min(cores - 1 if cores > 2 else cores, cores - int(busy)))
+    """Torch threads for training: every core this process may run on. The data are read in the training
+    process (the demo config has no loader worker), so no core is kept back; a run on a machine that is
+    busy with other work can pass ``--threads``."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def ap_curve(metrics_csv: Path) -> list[dict[str, float]]:
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", default=str(REPO / "data" / "shapes"))
     parser.add_argument("--out", default=str(REPO / "outputs" / "demo"))
     parser.add_argument("--minutes", type=float, default=8.0, help="training budget, validation included")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: idle cores)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core of this process)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     out, data_root = Path(args.out), Path(args.data_root)

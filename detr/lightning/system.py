@@ -101,6 +101,7 @@ class DetrSystem(L.LightningModule):
         denoising_label_noise: float = 0.2,
         denoising_box_noise: float = 0.4,
         anchor_local_attention: float = 0.0,
+        query_groups: int = 1,
         # --- matching and loss ---
         cost_class: float = 1.0,
         cost_bbox: float = 5.0,
@@ -141,6 +142,7 @@ class DetrSystem(L.LightningModule):
             backbone_last_stage=backbone_last_stage, query_type=query_type, class_head=class_head,
             denoising=denoising, denoising_groups=denoising_groups, denoising_label_noise=denoising_label_noise,
             denoising_box_noise=denoising_box_noise, anchor_local_attention=anchor_local_attention,
+            query_groups=query_groups,
         )
         # The sigmoid head is trained with the focal loss and matched with the focal cost (issue 6).
         class_loss = "focal" if class_head == "sigmoid" else "softmax"

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
 BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
-LastStage = Literal["layer4", "layer3"]
+LastStage = Literal["layer4", "layer3", "layer2"]
 
 # torchvision's "trainable layers" convention: the first n of these train.
 _STAGES_TOP_DOWN = ("layer4", "layer3", "layer2", "layer1", "conv1")
@@ -83,7 +83,8 @@ class Backbone(nn.Module):
             GroupNorm (small batches, training from scratch).
         trainable_layers: how many stages train, counted from the top (3: layer2–layer4, the paper;
             5: everything including the stem).
-        last_stage: "layer4" (stride 32, or 16 with dilation) or "layer3" (stride 16, smaller images).
+        last_stage: "layer4" (stride 32, or 16 with dilation), "layer3" (stride 16) or "layer2" (stride 8):
+            finer feature maps for small images and small objects.
     """
 
     def __init__(self, name: BackboneName = "resnet50", *, dilation: bool = False, pretrained: bool | str = False,
@@ -94,10 +95,10 @@ class Backbone(nn.Module):
             raise ValueError(f"backbone must be one of {sorted(_IMAGENET_WEIGHTS)}, got {name!r}")
         if not 0 <= trainable_layers <= 5:
             raise ValueError(f"backbone_trainable_layers must be in 0..5, got {trainable_layers}")
-        if last_stage not in ("layer4", "layer3"):
-            raise ValueError(f"backbone_last_stage must be 'layer4' or 'layer3', got {last_stage!r}")
+        if last_stage not in ("layer4", "layer3", "layer2"):
+            raise ValueError(f"backbone_last_stage must be 'layer4', 'layer3' or 'layer2', got {last_stage!r}")
         if dilation and last_stage != "layer4":
-            raise ValueError("dilation (DC5) dilates layer4; it cannot be combined with backbone_last_stage='layer3'")
+            raise ValueError(f"dilation (DC5) dilates layer4; it cannot be combined with backbone_last_stage={last_stage!r}")
         resnet = getattr(torchvision.models, name)(
             weights=None, replace_stride_with_dilation=[False, False, dilation], norm_layer=_norm_layer(norm)
         )
@@ -113,7 +114,7 @@ class Backbone(nn.Module):
         last_block = getattr(resnet, last_stage)[-1]
         self.num_channels: int = (last_block.conv3 if hasattr(last_block, "conv3") else last_block.conv2).out_channels
         self.channels_last = False  # set by DETR.optimize_for_inference
-        self.stride = {"layer3": 16, "layer4": 16 if dilation else 32}[last_stage]
+        self.stride = {"layer2": 8, "layer3": 16, "layer4": 16 if dilation else 32}[last_stage]
 
     @torch.no_grad()
     def fold_frozen_batch_norm(self) -> int:

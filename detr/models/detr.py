@@ -22,6 +22,22 @@ QueryType = Literal["learned", "anchor"]
 ClassHead = Literal["softmax", "sigmoid"]
 
 
+def query_group_attention_mask(num_groups: int, group_size: int, num_before: int = 0,
+                               mask: torch.Tensor | None = None, device: torch.device | None = None) -> torch.Tensor:
+    """Self-attention mask bool [N, N] (True = may attend) for Group DETR's query groups.
+
+    The last ``num_groups · group_size`` of the N = num_before + num_groups · group_size queries are the
+    matching queries, group by group: each sees only its own group among them. ``mask`` (the denoising
+    mask for all N queries, or None = everything visible) is narrowed accordingly; the first
+    ``num_before`` queries (denoising) keep what ``mask`` gave them.
+    """
+    total = num_before + num_groups * group_size
+    allowed = (torch.ones(total, total, dtype=torch.bool, device=device) if mask is None else mask.clone())
+    group = torch.arange(num_groups * group_size, device=device) // group_size
+    allowed[num_before:, num_before:] &= group[:, None] == group[None, :]
+    return allowed
+
+
 
 
 class DETR(nn.Module):
@@ -40,11 +56,11 @@ class DETR(nn.Module):
 
     def __init__(self, backbone: Joiner, transformer: Transformer, *, num_classes: int, num_queries: int,
                  aux_loss: bool = True, query_type: QueryType = "learned", class_head: ClassHead = "softmax",
-                 denoising: DenoisingQueries | None = None) -> None:
+                 denoising: DenoisingQueries | None = None, query_groups: int = 1) -> None:
         super().__init__()
         hidden_dim = transformer.d_model
         self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
-        self.query_type, self.class_head = query_type, class_head
+        self.query_type, self.class_head, self.query_groups = query_type, class_head, query_groups
         self.transformer = transformer
         # softmax: the last logit is "no object"; sigmoid: one logit per real class, no "no object".
         self.class_embed = nn.Linear(hidden_dim, num_classes + 1 if class_head == "softmax" else num_classes)
@@ -52,7 +68,8 @@ class DETR(nn.Module):
         if query_type == "learned":
             self.query_embed = nn.Embedding(num_queries, hidden_dim)
         else:
-            self.refpoint_embed = nn.Embedding(num_queries, 4)  # anchors (DAB-DETR's name and init)
+            # anchors (DAB-DETR's name and init); Group DETR: one set per group, group 1 first
+            self.refpoint_embed = nn.Embedding(num_queries * query_groups, 4)
         self.input_proj = nn.Conv2d(backbone.num_channels, hidden_dim, kernel_size=1)
         self.backbone = backbone
         self.denoising = denoising
@@ -128,9 +145,11 @@ class DETR(nn.Module):
             num_dn = dn_meta.num_queries
             dn_logits, dn_boxes = logits[:, :, :num_dn], boxes[:, :, :num_dn]
             logits, boxes = logits[:, :, num_dn:], boxes[:, :, num_dn:]
-        result: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        groups = {"query_groups": out["query_groups"]} if out.get("query_groups", 1) > 1 else {}
+        result: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1], **groups}
         if self.aux_loss:
-            result["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
+            result["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b, **groups}
+                                     for a, b in zip(logits[:-1], boxes[:-1])]
         if dn_meta is not None:
             result["dn_outputs"] = {"pred_logits": dn_logits[-1], "pred_boxes": dn_boxes[-1]}
             if self.aux_loss:
@@ -154,18 +173,23 @@ class DETR(nn.Module):
         → hs [L, B, D + Q, C], boxes [L, B, D + Q, 4], dn_meta, encoder/decoder attention."""
         memory, pos, memory_mask, encoder_attention = self.transformer.encode(src, mask, pos, return_attention)
         batch = src.shape[0]
-        anchors = self.refpoint_embed.weight.unsqueeze(0).expand(batch, -1, -1)  # [B, Q, 4] logits
+        groups = self.query_groups if self.training else 1  # Group DETR: extra groups in training only
+        num_matching = self.num_queries * groups
+        anchors = self.refpoint_embed.weight[:num_matching].unsqueeze(0).expand(batch, -1, -1)  # [B, G·Q, 4] logits
         self_attn_mask, dn_meta = None, None
         if self.denoising is None:
-            tgt = memory.new_zeros(batch, self.num_queries, self.transformer.d_model)
+            tgt = memory.new_zeros(batch, num_matching, self.transformer.d_model)
         else:
-            tgt = self.denoising.matching_content(batch, self.num_queries).to(memory.dtype)
+            tgt = self.denoising.matching_content(batch, num_matching).to(memory.dtype)
             if self.training:
                 tgt, anchors, self_attn_mask, dn_meta = self.denoising(tgt, anchors, targets)
+        if groups > 1:
+            self_attn_mask = query_group_attention_mask(groups, self.num_queries, tgt.shape[1] - num_matching,
+                                                        self_attn_mask, tgt.device)
         hs, boxes, decoder_attention = self.transformer.decoder(
             tgt, anchors, memory, memory_mask, pos, self.bbox_embed, self_attn_mask, return_attention)
         return {"hs": hs, "boxes": boxes, "dn_meta": dn_meta, "encoder_attention": encoder_attention,
-                "decoder_attention": decoder_attention}
+                "decoder_attention": decoder_attention, "query_groups": groups}
 
 
 def build_detr(
@@ -194,6 +218,7 @@ def build_detr(
     denoising_label_noise: float = 0.2,
     denoising_box_noise: float = 0.4,
     anchor_local_attention: float = 0.0,
+    query_groups: int = 1,
 ) -> DETR:
     """Build DETR. Defaults are the paper's COCO model (R50, 6+6 layers, 100 queries, 91 classes).
 
@@ -207,7 +232,7 @@ def build_detr(
         pretrained_backbone: False, True (torchvision ImageNet weights) or a path to a ResNet state dict.
         backbone_norm: "frozen_batch_norm" (paper), "batch_norm" or "group_norm" (training from scratch).
         backbone_trainable_layers: stages that train, from the top (3 = layer2–4, paper; 5 = all).
-        backbone_last_stage: "layer4" (stride 32) or "layer3" (stride 16, for small images).
+        backbone_last_stage: "layer4" (stride 32), "layer3" (stride 16) or "layer2" (stride 8), for small images.
         query_type: "learned" (paper: a learned embedding per query) or "anchor" (DAB-DETR: a learned
             anchor box per query, conditional spatial cross-attention, box refinement in every layer).
         class_head: "softmax" (paper: num_classes + 1 logits, last = no object; train with
@@ -219,6 +244,11 @@ def build_detr(
         anchor_local_attention: > 0 starts every anchor-decoder cross-attention head as a kernel centred
             on its query's anchor, with this scale (an initialisation only; see
             :meth:`AnchorDecoder.init_local_spatial_attention`). 0 keeps DAB-DETR's Xavier init.
+        query_groups: one-to-many assignment in training (Group DETR: Chen et al., ICCV 2023; anchor
+            queries only). ``query_groups`` groups of ``num_queries`` anchors are decoded, each group
+            blind to the others in self-attention and matched one-to-one to the targets on its own, so
+            every target supervises ``query_groups`` queries per step. Inference decodes group 1 only:
+            same outputs, same speed as a model without groups. 1 (default) = the paper's assignment.
     """
     config = {key: value for key, value in locals().items()}
     if position_encoding not in ("sine", "learned"):
@@ -233,6 +263,10 @@ def build_detr(
         raise ValueError("denoising=True feeds noised boxes as anchors: it needs query_type='anchor'")
     if anchor_local_attention and query_type != "anchor":
         raise ValueError("anchor_local_attention initialises the anchor decoder: it needs query_type='anchor'")
+    if query_groups < 1:
+        raise ValueError(f"query_groups must be at least 1, got {query_groups}")
+    if query_groups > 1 and query_type != "anchor":
+        raise ValueError("query_groups > 1 (Group DETR) is built on the anchor decoder: it needs query_type='anchor'")
     if pre_norm and query_type == "anchor":
         raise ValueError("query_type='anchor' has DAB-DETR's post-norm decoder: set pre_norm=False")
     if dilation and backbone in ("resnet18", "resnet34"):
@@ -249,7 +283,8 @@ def build_detr(
                                  label_noise=denoising_label_noise, box_noise=denoising_box_noise)
                 if denoising else None)
     model = DETR(Joiner(body, encoding), transformer, num_classes=num_classes, num_queries=num_queries,
-                 aux_loss=aux_loss, query_type=query_type, class_head=class_head, denoising=denoiser)
+                 aux_loss=aux_loss, query_type=query_type, class_head=class_head, denoising=denoiser,
+                 query_groups=query_groups)
     if anchor_local_attention > 0:
         model.transformer.decoder.init_local_spatial_attention(anchor_local_attention)
     model.config = config
