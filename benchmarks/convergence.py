@@ -75,6 +75,7 @@ class RunConfig:
     denoising_box_noise: float = 0.4
     anchor_local_attention: float = 0.0
     query_groups: int = 1
+    dense_aux_head: bool = False
     # --- matcher and criterion ---
     cost_class: float = 1.0
     cost_bbox: float = 5.0
@@ -100,7 +101,8 @@ class RunConfig:
         names = ("backbone", "hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_layers",
                  "dim_feedforward", "dropout", "num_queries", "backbone_norm", "backbone_trainable_layers",
                  "backbone_last_stage", "query_type", "class_head", "denoising", "denoising_groups",
-                 "denoising_label_noise", "denoising_box_noise", "anchor_local_attention", "query_groups")
+                 "denoising_label_noise", "denoising_box_noise", "anchor_local_attention", "query_groups",
+                 "dense_aux_head")
         return {name: getattr(self, name) for name in names} | {"num_classes": num_classes}
 
     @property
@@ -265,7 +267,7 @@ def build_training(config: RunConfig, num_classes: int) -> tuple[torch.nn.Module
     matcher = HungarianMatcher(config.cost_class, config.cost_bbox, config.cost_giou, class_loss=config.class_loss)
     criterion = SetCriterion(num_classes, matcher, config.eos_coef, loss_ce=config.loss_ce, loss_bbox=config.loss_bbox,
                              loss_giou=config.loss_giou, num_decoder_layers=config.num_decoder_layers,
-                             class_loss=config.class_loss, denoising=config.denoising)
+                             class_loss=config.class_loss, denoising=config.denoising, dense_aux=config.dense_aux_head)
     backbone = [p for n, p in model.named_parameters() if n.startswith("backbone.") and p.requires_grad]
     rest = [p for n, p in model.named_parameters() if not n.startswith("backbone.") and p.requires_grad]
     optimizer = torch.optim.AdamW([{"params": rest, "lr": config.lr}, {"params": backbone, "lr": config.lr_backbone}],

@@ -15,6 +15,7 @@ from torch import nn
 from detr.box_ops import cxcywh_to_xyxy, elementwise_generalized_box_iou
 from detr.focal import sigmoid_focal_loss
 from detr.matcher import HungarianMatcher
+from detr.models.dense_head import dense_assignment
 
 Outputs = dict[str, torch.Tensor]
 Targets = list[dict[str, torch.Tensor]]
@@ -48,12 +49,17 @@ class SetCriterion(nn.Module):
             model's ``dn_outputs``: each denoising query against the ground truth it was made from, no
             matching, divided by num_boxes × groups (DN-DETR). They are zero when the outputs have none
             (evaluation mode), so ``weight_dict`` always finds them.
+        dense_aux: also compute loss_ce_dense, loss_bbox_dense, loss_giou_dense on the model's
+            ``dense_outputs`` (:mod:`detr.models.dense_head`, one-to-many: every cell inside a box):
+            sigmoid focal over the real cells, L1 and GIoU over the positive cells, each divided by this
+            process's positive-cell count; weighted like the main terms. Zeros without dense outputs.
     """
 
     def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, eos_coef: float = 0.1, *,
                  loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
                  num_decoder_layers: int = 6, class_loss: Literal["softmax", "focal"] = "softmax",
-                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, denoising: bool = False) -> None:
+                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, denoising: bool = False,
+                 dense_aux: bool = False) -> None:
         super().__init__()
         if class_loss not in ("softmax", "focal"):
             raise ValueError(f"class_loss must be 'softmax' or 'focal', got {class_loss!r}")
@@ -63,7 +69,7 @@ class SetCriterion(nn.Module):
             raise ValueError(f"SetCriterion(class_loss={class_loss!r}) needs a matcher with the same cost: "
                              f"HungarianMatcher(class_loss={class_loss!r}), got {self.matcher.class_loss!r}")
         self.class_loss, self.focal_alpha, self.focal_gamma = class_loss, focal_alpha, focal_gamma
-        self.denoising, self.num_decoder_layers = denoising, num_decoder_layers
+        self.denoising, self.num_decoder_layers, self.dense_aux = denoising, num_decoder_layers, dense_aux
         self.eos_coef = eos_coef
         empty_weight = torch.ones(num_classes + 1)
         empty_weight[-1] = eos_coef
@@ -76,6 +82,8 @@ class SetCriterion(nn.Module):
             self.weight_dict.update({f"{name}_dn": weight for name, weight in base.items()})
             for layer in range(num_decoder_layers - 1):
                 self.weight_dict.update({f"{name}_dn_{layer}": weight for name, weight in base.items()})
+        if dense_aux:
+            self.weight_dict.update({f"{name}_dense": weight for name, weight in base.items()})
 
     def loss_labels(self, outputs: Outputs, targets: Targets, indices: Indices,
                     num_boxes: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
@@ -144,7 +152,40 @@ class SetCriterion(nn.Module):
         elif "dn_outputs" in outputs:
             raise ValueError("the outputs hold denoising predictions (dn_outputs) but the criterion ignores them: "
                              "build it with SetCriterion(..., denoising=True)")
+        if self.dense_aux:
+            losses.update(self.dense_losses(outputs, targets))
+        elif "dense_outputs" in outputs:
+            raise ValueError("the outputs hold dense auxiliary predictions (dense_outputs) but the criterion ignores "
+                             "them: build it with SetCriterion(..., dense_aux=True)")
         return losses
+
+    def dense_losses(self, outputs: dict, targets: Targets) -> dict[str, torch.Tensor]:
+        """loss_{ce,bbox,giou}_dense of the training-only dense head (one-to-many assignment of
+        :func:`detr.models.dense_head.dense_assignment`); zeros when the outputs have none."""
+        if "dense_outputs" not in outputs:
+            zero = outputs["pred_logits"].new_zeros((), dtype=torch.float32)
+            return {"loss_ce_dense": zero, "loss_bbox_dense": zero, "loss_giou_dense": zero}
+        dense = outputs["dense_outputs"]
+        logits = dense["pred_logits"].float()  # [B, HW, K]
+        assigned = dense_assignment(dense["centers"], dense["valid"], targets)  # [B, HW], -1 = negative
+        positive = assigned >= 0
+        batch_index, cell_index = positive.nonzero(as_tuple=True)
+        target_index = assigned[batch_index, cell_index]
+        labels = torch.cat([t["labels"].to(logits.device) for t in targets])
+        boxes = torch.cat([t["boxes"].to(logits.device, torch.float32) for t in targets])
+        offsets = torch.tensor([0] + [len(t["labels"]) for t in targets], device=logits.device).cumsum(0)
+        flat = offsets[batch_index] + target_index  # index into the batch's concatenated targets
+        num_positive = positive.sum().clamp(min=1).float()
+        onehot = torch.zeros_like(logits)
+        onehot[batch_index, cell_index, labels[flat]] = 1.0
+        valid = dense["valid"]
+        loss_ce = sigmoid_focal_loss(logits[valid], onehot[valid], num_positive, alpha=self.focal_alpha,
+                                     gamma=self.focal_gamma)
+        pred = dense["pred_boxes"][batch_index, cell_index].float()
+        target = boxes[flat]
+        loss_bbox = F.l1_loss(pred, target, reduction="none").sum() / num_positive
+        giou = elementwise_generalized_box_iou(cxcywh_to_xyxy(pred), cxcywh_to_xyxy(target))
+        return {"loss_ce_dense": loss_ce, "loss_bbox_dense": loss_bbox, "loss_giou_dense": (1 - giou).sum() / num_positive}
 
     def denoising_losses(self, outputs: dict, targets: Targets, num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
         """loss_{ce,bbox,giou}_dn (+ ``_dn_i`` per aux layer) of the denoising queries (DN-DETR): each

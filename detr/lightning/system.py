@@ -102,6 +102,7 @@ class DetrSystem(L.LightningModule):
         denoising_box_noise: float = 0.4,
         anchor_local_attention: float = 0.0,
         query_groups: int = 1,
+        dense_aux_head: bool = False,
         # --- matching and loss ---
         cost_class: float = 1.0,
         cost_bbox: float = 5.0,
@@ -142,7 +143,7 @@ class DetrSystem(L.LightningModule):
             backbone_last_stage=backbone_last_stage, query_type=query_type, class_head=class_head,
             denoising=denoising, denoising_groups=denoising_groups, denoising_label_noise=denoising_label_noise,
             denoising_box_noise=denoising_box_noise, anchor_local_attention=anchor_local_attention,
-            query_groups=query_groups,
+            query_groups=query_groups, dense_aux_head=dense_aux_head,
         )
         # The sigmoid head is trained with the focal loss and matched with the focal cost (issue 6).
         class_loss = "focal" if class_head == "sigmoid" else "softmax"
@@ -152,7 +153,7 @@ class DetrSystem(L.LightningModule):
                              focal_alpha=focal_alpha, focal_gamma=focal_gamma),
             eos_coef=eos_coef, loss_ce=loss_ce, loss_bbox=loss_bbox, loss_giou=loss_giou,
             num_decoder_layers=num_decoder_layers if aux_loss else 1, class_loss=class_loss,
-            focal_alpha=focal_alpha, focal_gamma=focal_gamma, denoising=denoising,
+            focal_alpha=focal_alpha, focal_gamma=focal_gamma, denoising=denoising, dense_aux=dense_aux_head,
         )
         self.postprocess = PostProcess(class_head=class_head)
         self.category_map = _as_category_map(category_map, num_classes)

@@ -13,6 +13,7 @@ from torch import nn
 
 from detr.models.anchor_decoder import AnchorDecoder
 from detr.models.backbone import Backbone, BackboneName, BackboneNorm, Joiner, LastStage
+from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.denoising import DenoisingMeta, DenoisingQueries
 from detr.models.mlp import MLP
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
@@ -56,7 +57,8 @@ class DETR(nn.Module):
 
     def __init__(self, backbone: Joiner, transformer: Transformer, *, num_classes: int, num_queries: int,
                  aux_loss: bool = True, query_type: QueryType = "learned", class_head: ClassHead = "softmax",
-                 denoising: DenoisingQueries | None = None, query_groups: int = 1) -> None:
+                 denoising: DenoisingQueries | None = None, query_groups: int = 1,
+                 dense_head: DenseAuxiliaryHead | None = None) -> None:
         super().__init__()
         hidden_dim = transformer.d_model
         self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
@@ -73,6 +75,7 @@ class DETR(nn.Module):
         self.input_proj = nn.Conv2d(backbone.num_channels, hidden_dim, kernel_size=1)
         self.backbone = backbone
         self.denoising = denoising
+        self.dense_head = dense_head
         if class_head == "sigmoid":  # focal-loss prior: every class starts at p = 0.01 (Lin et al. §4.1)
             nn.init.constant_(self.class_embed.bias, -math.log((1 - 0.01) / 0.01))
         if query_type == "anchor":  # the first boxes are the anchors themselves (DAB-DETR's init)
@@ -156,6 +159,8 @@ class DETR(nn.Module):
                 result["dn_outputs"]["aux_outputs"] = [
                     {"pred_logits": a, "pred_boxes": b} for a, b in zip(dn_logits[:-1], dn_boxes[:-1])]
             result["dn_meta"] = dn_meta
+        if self.dense_head is not None and self.training:
+            result["dense_outputs"] = self.dense_head(out["memory"], mask)
         if return_attention:
             batch, height, width = mask.shape
             cross = torch.stack(out["decoder_attention"])  # [L, B, heads, Q, HW]
@@ -189,7 +194,7 @@ class DETR(nn.Module):
         hs, boxes, decoder_attention = self.transformer.decoder(
             tgt, anchors, memory, memory_mask, pos, self.bbox_embed, self_attn_mask, return_attention)
         return {"hs": hs, "boxes": boxes, "dn_meta": dn_meta, "encoder_attention": encoder_attention,
-                "decoder_attention": decoder_attention, "query_groups": groups}
+                "decoder_attention": decoder_attention, "query_groups": groups, "memory": memory}
 
 
 def build_detr(
@@ -219,6 +224,7 @@ def build_detr(
     denoising_box_noise: float = 0.4,
     anchor_local_attention: float = 0.0,
     query_groups: int = 1,
+    dense_aux_head: bool = False,
 ) -> DETR:
     """Build DETR. Defaults are the paper's COCO model (R50, 6+6 layers, 100 queries, 91 classes).
 
@@ -249,6 +255,10 @@ def build_detr(
             blind to the others in self-attention and matched one-to-one to the targets on its own, so
             every target supervises ``query_groups`` queries per step. Inference decodes group 1 only:
             same outputs, same speed as a model without groups. 1 (default) = the paper's assignment.
+        dense_aux_head: a training-only FCOS-like head on the encoder output with one-to-many assignment
+            (every cell inside a box is positive for it; Co-DETR's collaborative auxiliary heads,
+            Zong et al., ICCV 2023): :class:`detr.models.dense_head.DenseAuxiliaryHead`. Train with
+            ``SetCriterion(dense_aux=True)``. Inference does not run it.
     """
     config = {key: value for key, value in locals().items()}
     if position_encoding not in ("sine", "learned"):
@@ -284,7 +294,8 @@ def build_detr(
                 if denoising else None)
     model = DETR(Joiner(body, encoding), transformer, num_classes=num_classes, num_queries=num_queries,
                  aux_loss=aux_loss, query_type=query_type, class_head=class_head, denoising=denoiser,
-                 query_groups=query_groups)
+                 query_groups=query_groups,
+                 dense_head=DenseAuxiliaryHead(hidden_dim, num_classes) if dense_aux_head else None)
     if anchor_local_attention > 0:
         model.transformer.decoder.init_local_spatial_attention(anchor_local_attention)
     model.config = config
