@@ -161,12 +161,16 @@ def test_linear_warmup_then_step_decay() -> None:
 
 
 def test_convergence_options_train_and_evaluate(tmp_path) -> None:
-    """Anchor queries + denoising + sigmoid/focal head (issue 6) go through the same training system."""
-    system = _system(query_type="anchor", denoising=True, denoising_groups=2, class_head="sigmoid", cost_class=2.0)
+    """Anchor queries + denoising + sigmoid/focal head + query groups + dense head + NHWC backbone (issue 6)
+    go through the same training system."""
+    system = _system(query_type="anchor", denoising=True, denoising_groups=2, class_head="sigmoid", cost_class=2.0,
+                     query_groups=2, dense_aux_head=True, channels_last=True)
     assert "loss_ce_dn" in system.criterion.weight_dict and system.postprocess.class_head == "sigmoid"
+    assert "loss_ce_dense" in system.criterion.weight_dict and system.model.backbone[0].channels_last
+    assert system.model.backbone[0].body.conv1.weight.is_contiguous(memory_format=torch.channels_last)
     trainer = _trainer(tmp_path, enable_checkpointing=False)
     trainer.fit(system, datamodule=InMemoryData())
-    assert {"train/loss_bbox_dn", "train/loss_ce_dn_0", "val/AP"} <= set(trainer.logged_metrics)
+    assert {"train/loss_bbox_dn", "train/loss_ce_dn_0", "train/loss_giou_dense", "val/AP"} <= set(trainer.logged_metrics)
     assert torch.isfinite(trainer.logged_metrics["train/loss"])
 
 

@@ -1,6 +1,6 @@
 """`make demo`: train a small DETR on the synthetic shapes set on the CPU, evaluate it, write outputs/demo/.
 
-    .venv/bin/python tools/demo.py                      # data/shapes (made if missing), 8 minutes of training
+    .venv/bin/python tools/demo.py                      # data/shapes (made if missing), 10 minutes of training
     .venv/bin/python tools/demo.py --minutes 2          # a shorter run
     .venv/bin/python tools/demo.py --data-root DIR      # any COCO-layout set (DIR/train2017, val2017, annotations)
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(REPO / "configs" / "demo_shapes_cpu.yaml"))
     parser.add_argument("--data-root", default=str(REPO / "data" / "shapes"))
     parser.add_argument("--out", default=str(REPO / "outputs" / "demo"))
-    parser.add_argument("--minutes", type=float, default=8.0, help="training budget, validation included")
+    parser.add_argument("--minutes", type=float, default=10.0, help="training budget, validation included")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core of this process)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
