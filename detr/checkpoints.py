@@ -38,6 +38,7 @@ class CheckpointContents:
     state_dict: dict[str, torch.Tensor]
     model_config: dict[str, Any] | None  # build_detr kwargs, for this project's own checkpoints
     category_map: CategoryMap | None
+    eval_size: tuple[int, int] | None = None  # (min_size, max_size) the model was validated at, if recorded
 
 
 def _torch_load(path: Path) -> Any:
@@ -69,7 +70,10 @@ def read_checkpoint(path: str | Path) -> CheckpointContents:
         prefix = "model."
         state_dict = {k[len(prefix):]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
         category_map = CategoryMap.from_dict(meta["category_map"]) if meta.get("category_map") else None
-        return CheckpointContents(state_dict, dict(meta.get("model_config") or {}) or None, category_map)
+        data = obj.get("datamodule_hyper_parameters") or {}  # Lightning stores the data module's arguments
+        eval_size = ((int(data["eval_min_size"]), int(data["eval_max_size"]))
+                     if isinstance(data, dict) and "eval_min_size" in data and "eval_max_size" in data else None)
+        return CheckpointContents(state_dict, dict(meta.get("model_config") or {}) or None, category_map, eval_size)
     if isinstance(obj, dict) and _is_state_dict(obj.get("model")):
         return CheckpointContents(dict(obj["model"]), None, None)
     if _is_state_dict(obj):
@@ -142,7 +146,8 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR:
             for a renamed DC5 file, ``num_heads``).
 
     The returned model carries ``category_map``: the checkpoint's own, or COCO's for a 91-class file
-    without one. Missing or unexpected keys raise :class:`CheckpointError` naming them.
+    without one; and ``eval_size``: (min_size, max_size) of the validation resize it was trained with
+    (this project's checkpoints), else None. Missing or unexpected keys raise :class:`CheckpointError` naming them.
     """
     path = Path(path)
     contents = read_checkpoint(path)
@@ -160,5 +165,6 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR:
     if category_map is None and model.num_classes == 91:
         category_map = CategoryMap.coco()
     model.category_map = category_map
+    model.eval_size = contents.eval_size
     logger.info("loaded %s (%s, %d classes)", path, config["backbone"], model.num_classes)
     return model.eval()

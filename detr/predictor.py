@@ -252,7 +252,9 @@ class Predictor:
         threshold: default score threshold of :meth:`predict` (the authors' demo uses 0.7).
         batch_size: images per forward pass. Padding depends on the batch, so outputs can differ slightly
             with the batch size, as in the authors' evaluation (REFERENCE.md).
-        min_size, max_size: the eval resize (shortest side ``min_size``, longest at most ``max_size``).
+        min_size, max_size: the eval resize (shortest side ``min_size``, longest at most ``max_size``);
+            None: the model's ``eval_size`` (what it was validated at in training, set by
+            :func:`detr.load_checkpoint` for this project's checkpoints), else the authors' 800 and 1333.
         optimize: call ``model.optimize_for_inference()`` (frozen BatchNorms folded into the convolutions,
             backbone in channels-last), in place: same outputs up to float rounding, faster (R50 forward
             at 800 x 1066 on an idle 2-core AMX CPU: fp32 2.28 → 1.31 s, bf16 2.46 → 0.53 s;
@@ -271,8 +273,8 @@ class Predictor:
         precision: Precision = "fp32",
         threshold: float = 0.7,
         batch_size: int = 1,
-        min_size: int = 800,
-        max_size: int = 1333,
+        min_size: int | None = None,
+        max_size: int | None = None,
         optimize: bool = False,
     ) -> None:
         if precision not in ("fp32", "bf16"):
@@ -295,8 +297,9 @@ class Predictor:
         self.precision: Precision = precision
         self.threshold = float(threshold)
         self.batch_size = int(batch_size)
-        self.min_size = int(min_size)
-        self.max_size = int(max_size)
+        trained_size = getattr(model, "eval_size", None) or (800, 1333)
+        self.min_size = int(min_size if min_size is not None else trained_size[0])
+        self.max_size = int(max_size if max_size is not None else trained_size[1])
         self.transform = make_eval_transform(min_size=self.min_size, max_size=self.max_size)
         self.class_head = getattr(model, "class_head", "softmax")
         self.postprocess = PostProcess(class_head=self.class_head)
@@ -310,8 +313,8 @@ class Predictor:
         precision: Precision = "fp32",
         threshold: float = 0.7,
         batch_size: int = 1,
-        min_size: int = 800,
-        max_size: int = 1333,
+        min_size: int | None = None,
+        max_size: int | None = None,
         optimize: bool = True,
         category_map: CategoryMap | None = None,
         **model_overrides: object,

@@ -194,3 +194,19 @@ def test_sigmoid_class_head(tiny_config):
     assert prediction.attention.no_object_scores is None
     assert prediction.labels.max() < tiny_config["num_classes"]
     torch.testing.assert_close(prediction.attention.scores, prediction.scores)
+
+
+def test_resize_defaults_to_the_size_the_checkpoint_was_validated_at(tmp_path, tiny_model):
+    # A model trained on 128-px images finds nothing once upscaled to the authors' 800 px: this project's
+    # checkpoints carry the data module's eval size (Lightning's datamodule_hyper_parameters).
+    ours = tmp_path / "ours.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in tiny_model.state_dict().items()},
+                "detr": {"model_config": tiny_model.config, "category_map": None},
+                "datamodule_hyper_parameters": {"eval_min_size": 128, "eval_max_size": 160}}, ours)
+    predictor = Predictor.from_checkpoint(ours, device="cpu")
+    assert (predictor.min_size, predictor.max_size) == (128, 160)
+    assert predictor.preprocess(np.zeros((300, 400, 3), np.uint8)).shape == (3, 120, 160)
+    assert Predictor.from_checkpoint(ours, device="cpu", min_size=64).min_size == 64  # an explicit size wins
+    # Files without it (the authors' releases, plain state dicts) keep the authors' 800 / 1333.
+    released = Predictor.from_checkpoint(save_official(tiny_model, tmp_path / "plain.pth"), device="cpu")
+    assert (released.min_size, released.max_size) == (800, 1333)

@@ -25,8 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True, help="released .pth, state dict or this project's .ckpt")
     parser.add_argument("--out", required=True, help="output folder for the pages")
     parser.add_argument("--threshold", type=float, default=0.7, help="initial score threshold of the box display")
-    parser.add_argument("--min-size", type=int, default=800, help="eval resize: shortest side (default 800)")
-    parser.add_argument("--max-size", type=int, default=1333, help="eval resize: longest side cap (default 1333)")
+    parser.add_argument("--min-size", type=int, default=None,
+                        help="eval resize: shortest side (default: the checkpoint's validation size, else 800)")
+    parser.add_argument("--max-size", type=int, default=None,
+                        help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
     parser.add_argument("--device", default=None, help="default: CUDA when available, else CPU")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -28,8 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--threshold", type=float, default=0.7, help="score threshold (default 0.7)")
     parser.add_argument("--all-queries", action="store_true", help="write every query to the json (for COCO eval)")
-    parser.add_argument("--min-size", type=int, default=800, help="eval resize: shortest side (default 800)")
-    parser.add_argument("--max-size", type=int, default=1333, help="eval resize: longest side cap (default 1333)")
+    parser.add_argument("--min-size", type=int, default=None,
+                        help="eval resize: shortest side (default: the checkpoint's validation size, else 800)")
+    parser.add_argument("--max-size", type=int, default=None,
+                        help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--batch-size", type=int, default=1)

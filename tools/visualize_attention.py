@@ -39,8 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder", action="store_true", help="also draw encoder self-attention (Fig. 3)")
     parser.add_argument("--encoder-points", type=point, nargs="+", default=None, metavar="X,Y",
                         help="reference points for the encoder figure (default: centres of detections)")
-    parser.add_argument("--min-size", type=int, default=800, help="eval resize: shortest side (default 800)")
-    parser.add_argument("--max-size", type=int, default=1333, help="eval resize: longest side cap (default 1333)")
+    parser.add_argument("--min-size", type=int, default=None,
+                        help="eval resize: shortest side (default: the checkpoint's validation size, else 800)")
+    parser.add_argument("--max-size", type=int, default=None,
+                        help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dpi", type=int, default=120)
     args = parser.parse_args(argv)

@@ -340,14 +340,15 @@ def write_attention_explorer(
     *,
     category_map: CategoryMap | None = None,
     threshold: float = 0.7,
-    min_size: int = 800,
-    max_size: int = 1333,
+    min_size: int | None = None,
+    max_size: int | None = None,
     device: str | torch.device | None = None,
 ) -> list[Path]:
     """Write one explorer page per image, plus ``index.html`` linking them when there are several.
 
     Each image is resized as :class:`detr.predictor.Predictor` does (shortest side ``min_size``, longest
-    at most ``max_size``, ImageNet normalisation) and run alone, so its feature map has no padding.
+    at most ``max_size``; None: the model's training size, else 800 and 1333; ImageNet normalisation)
+    and run alone, so its feature map has no padding.
 
     Args:
         model: a DETR (moved to ``device`` and put in eval mode, as the Predictor does).
