@@ -52,7 +52,10 @@ class DETR(nn.Module):
     embedding by learned anchor boxes (``refpoint_embed`` [Q, 4], logits of cxcywh) and the transformer's
     decoder by :class:`detr.models.anchor_decoder.AnchorDecoder` (DAB-DETR); ``class_head="sigmoid"``
     has ``num_classes`` logits scored by independent sigmoids (focal loss) instead of ``num_classes + 1``
-    with a softmax; ``denoising`` (anchor queries only) adds DN-DETR's denoising queries in training.
+    with a softmax; ``denoising`` (anchor queries only) adds DN-DETR's denoising queries in training;
+    ``query_groups`` > 1 decodes that many groups of anchor queries in training (Group DETR; output
+    ``query_groups`` tells the matcher); ``dense_head`` adds ``dense_outputs`` in training (the
+    one-to-many head of :mod:`detr.models.dense_head`).
     """
 
     def __init__(self, backbone: Joiner, transformer: Transformer, *, num_classes: int, num_queries: int,
