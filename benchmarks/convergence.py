@@ -266,8 +266,7 @@ def build_training(config: RunConfig, num_classes: int) -> tuple[torch.nn.Module
     torch.manual_seed(config.seed)
     model = build_detr(**config.model_kwargs(num_classes))
     if config.channels_last:
-        model.backbone[0].to(memory_format=torch.channels_last)
-        model.backbone[0].channels_last = True
+        model.backbone[0].use_channels_last()
     matcher = HungarianMatcher(config.cost_class, config.cost_bbox, config.cost_giou, class_loss=config.class_loss)
     criterion = SetCriterion(num_classes, matcher, config.eos_coef, loss_ce=config.loss_ce, loss_bbox=config.loss_bbox,
                              loss_giou=config.loss_giou, num_decoder_layers=config.num_decoder_layers,

@@ -159,8 +159,7 @@ class DetrSystem(L.LightningModule):
             focal_alpha=focal_alpha, focal_gamma=focal_gamma, denoising=denoising, dense_aux=dense_aux_head,
         )
         if channels_last:
-            self.model.backbone[0].to(memory_format=torch.channels_last)
-            self.model.backbone[0].channels_last = True
+            self.model.backbone[0].use_channels_last()
         self.postprocess = PostProcess(class_head=class_head)
         self.category_map = _as_category_map(category_map, num_classes)
         self.lr_drop_epochs = list(lr_drop_epochs) if lr_drop_epochs is not None else [200]

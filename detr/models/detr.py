@@ -39,8 +39,6 @@ def query_group_attention_mask(num_groups: int, group_size: int, num_before: int
     return allowed
 
 
-
-
 class DETR(nn.Module):
     """The detector. Build it with :func:`build_detr`.
 
@@ -99,8 +97,7 @@ class DETR(nn.Module):
         if fold_batch_norm:
             self.backbone[0].fold_frozen_batch_norm()
         if channels_last:
-            self.backbone[0].to(memory_format=torch.channels_last)
-            self.backbone[0].channels_last = True
+            self.backbone[0].use_channels_last()
         return self
 
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor,
