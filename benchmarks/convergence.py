@@ -11,8 +11,9 @@ rendered in memory with the same per-image seeds as ``tools/make_shapes.py`` (no
 any COCO-layout folder with ``--data-root`` (e.g. data/shapes after ``tools/make_shapes.py``). Labels
 are contiguous (0..K-1); evaluation maps them back to category ids.
 
-Training is a plain PyTorch loop (no Lightning): AdamW with a separate backbone learning rate, weight
-decay, gradient clipping at global norm ``clip``, optional linear warm-up, horizontal flips. The budget
+Training is a plain PyTorch loop (no Lightning trainer) over the model, criterion and parameter groups
+that :class:`detr.lightning.DetrSystem` builds from the same arguments: AdamW with a separate backbone
+learning rate, weight decay, gradient clipping at global norm ``clip``, optional linear warm-up, horizontal flips. The budget
 is training time only (evaluation excluded), on the wall clock. On shared cores the wall clock charges a
 run for its neighbours' load, so every evaluation line also prints the load average, the step count
 and images/s: runs made under different load compare by step count. ``--clock cpu`` counts process CPU
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import inspect
 import io
 import json
 import os
@@ -41,10 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from detr import build_detr
 from detr.categories import CategoryMap
 from detr.criterion import SetCriterion
-from detr.matcher import HungarianMatcher
+from detr.lightning import DetrSystem
 from detr.postprocess import PostProcess
 
 IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
@@ -53,7 +54,7 @@ IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 
 @dataclass
 class RunConfig:
-    """Everything one run depends on: build_detr arguments, loss, optimiser, data."""
+    """Everything one run depends on: DetrSystem arguments (model, loss, learning rates), loop, data."""
 
     # --- build_detr (the issue's small model) ---
     backbone: str = "resnet18"
@@ -99,17 +100,11 @@ class RunConfig:
     hflip: bool = True
     seed: int = 0
 
-    def model_kwargs(self, num_classes: int) -> dict[str, Any]:
-        names = ("backbone", "hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_layers",
-                 "dim_feedforward", "dropout", "num_queries", "backbone_norm", "backbone_trainable_layers",
-                 "backbone_last_stage", "query_type", "class_head", "denoising", "denoising_groups",
-                 "denoising_label_noise", "denoising_box_noise", "anchor_local_attention", "query_groups",
-                 "dense_aux_head")
-        return {name: getattr(self, name) for name in names} | {"num_classes": num_classes}
-
-    @property
-    def class_loss(self) -> str:
-        return "focal" if self.class_head == "sigmoid" else "softmax"
+    def system_kwargs(self, num_classes: int) -> dict[str, Any]:
+        """The fields :class:`detr.lightning.DetrSystem` takes (model, matching, loss, learning rates),
+        plus ``num_classes``: the benchmark builds what the Lightning demo trains."""
+        accepted = inspect.signature(DetrSystem.__init__).parameters
+        return {k: v for k, v in dataclasses.asdict(self).items() if k in accepted} | {"num_classes": num_classes}
 
 
 _FROM_SCRATCH = {"backbone_norm": "batch_norm", "backbone_trainable_layers": 5, "lr_backbone": 1e-4}
@@ -263,21 +258,15 @@ def make_batch(data: DetectionSet, index: torch.Tensor, hflip: bool, generator: 
 
 # ------------------------------------------------------------------------------------------ training
 def build_training(config: RunConfig, num_classes: int) -> tuple[torch.nn.Module, SetCriterion, torch.optim.Optimizer]:
+    """The model, criterion and parameter groups as :class:`DetrSystem` builds them; AdamW without its
+    schedulers (this loop warms up and decays by itself)."""
     torch.manual_seed(config.seed)
-    model = build_detr(**config.model_kwargs(num_classes))
-    if config.channels_last:
-        model.backbone[0].use_channels_last()
-    matcher = HungarianMatcher(config.cost_class, config.cost_bbox, config.cost_giou, class_loss=config.class_loss)
-    criterion = SetCriterion(num_classes, matcher, config.eos_coef, loss_ce=config.loss_ce, loss_bbox=config.loss_bbox,
-                             loss_giou=config.loss_giou, num_decoder_layers=config.num_decoder_layers,
-                             class_loss=config.class_loss, denoising=config.denoising, dense_aux=config.dense_aux_head)
-    backbone = [p for n, p in model.named_parameters() if n.startswith("backbone.") and p.requires_grad]
-    rest = [p for n, p in model.named_parameters() if not n.startswith("backbone.") and p.requires_grad]
-    optimizer = torch.optim.AdamW([{"params": rest, "lr": config.lr}, {"params": backbone, "lr": config.lr_backbone}],
-                                  lr=config.lr, weight_decay=config.weight_decay, fused=True)
+    system = DetrSystem(**config.system_kwargs(num_classes))
+    optimizer = torch.optim.AdamW(system.parameter_groups(), lr=config.lr, weight_decay=config.weight_decay,
+                                  fused=True)
     for group in optimizer.param_groups:
         group["base_lr"] = group["lr"]
-    return model, criterion, optimizer
+    return system.model, system.criterion, optimizer
 
 
 def train_step(model: torch.nn.Module, criterion: SetCriterion, optimizer: torch.optim.Optimizer, config: RunConfig,

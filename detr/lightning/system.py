@@ -377,8 +377,9 @@ class DetrSystem(L.LightningModule):
         return results
 
     # ------------------------------------------------------------------ optimisation
-    def configure_optimizers(self) -> dict[str, Any]:
-        """AdamW with the backbone in its own parameter group, and a step decay per epoch."""
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups: every trainable parameter outside the backbone at ``lr``
+        ("transformer"), the backbone's at ``lr_backbone`` ("backbone", when any of it trains)."""
         backbone, rest = [], []
         for name, parameter in self.model.named_parameters():
             if parameter.requires_grad:
@@ -386,6 +387,11 @@ class DetrSystem(L.LightningModule):
         groups = [{"params": rest, "lr": self.hparams.lr, "name": "transformer"}]
         if backbone:
             groups.append({"params": backbone, "lr": self.hparams.lr_backbone, "name": "backbone"})
+        return groups
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        """AdamW over :meth:`parameter_groups`, and a step decay per epoch."""
+        groups = self.parameter_groups()
         # fused: one kernel for every tensor instead of a Python loop over them (on the CPU the default is
         # that loop: ~35 ms of a 0.7 s step of the demo model, measured with cProfile)
         optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, fused=True)
