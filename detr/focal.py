@@ -13,8 +13,13 @@ A sigmoid head has ``num_classes`` logits, no "no object" logit (see :func:`detr
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torchvision.ops import sigmoid_focal_loss as _torchvision_sigmoid_focal_loss
+
+#: Bias of a sigmoid class logit that starts every class at p = 0.01 (the focal-loss prior, Lin et al. §4.1).
+PRIOR_BIAS = -math.log((1 - 0.01) / 0.01)
 
 
 def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, num_boxes: float | torch.Tensor, *,

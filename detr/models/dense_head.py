@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from detr.box_ops import cxcywh_to_xyxy
+from detr.focal import PRIOR_BIAS
 from detr.models.anchor_decoder import inverse_sigmoid
 from detr.models.mlp import MLP
 
@@ -44,7 +45,7 @@ class DenseAuxiliaryHead(nn.Module):
         super().__init__()
         self.class_embed = nn.Linear(hidden_dim, num_classes)
         self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
-        nn.init.constant_(self.class_embed.bias, -4.595)  # focal prior p = 0.01, as the sigmoid head
+        nn.init.constant_(self.class_embed.bias, PRIOR_BIAS)  # every class starts at p = 0.01
         nn.init.zeros_(self.bbox_embed.layers[-1].weight)
         nn.init.zeros_(self.bbox_embed.layers[-1].bias)
 

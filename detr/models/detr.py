@@ -5,12 +5,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from detr.focal import PRIOR_BIAS
 from detr.models.anchor_decoder import AnchorDecoder
 from detr.models.backbone import Backbone, BackboneName, BackboneNorm, Joiner, LastStage
 from detr.models.dense_head import DenseAuxiliaryHead
@@ -78,7 +78,7 @@ class DETR(nn.Module):
         self.denoising = denoising
         self.dense_head = dense_head
         if class_head == "sigmoid":  # focal-loss prior: every class starts at p = 0.01 (Lin et al. §4.1)
-            nn.init.constant_(self.class_embed.bias, -math.log((1 - 0.01) / 0.01))
+            nn.init.constant_(self.class_embed.bias, PRIOR_BIAS)
         if query_type == "anchor":  # the first boxes are the anchors themselves (DAB-DETR's init)
             nn.init.zeros_(self.bbox_embed.layers[-1].weight)
             nn.init.zeros_(self.bbox_embed.layers[-1].bias)
