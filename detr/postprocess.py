@@ -10,6 +10,25 @@ from torch import nn
 from detr.box_ops import cxcywh_to_xyxy
 
 
+def _check_class_head(class_head: str) -> None:
+    if class_head not in ("softmax", "sigmoid"):
+        raise ValueError(f"class_head must be 'softmax' or 'sigmoid' (the model's model.class_head), got {class_head!r}")
+
+
+def class_probabilities(logits: torch.Tensor, class_head: Literal["softmax", "sigmoid"]) -> torch.Tensor:
+    """[..., K] logits → float per-class probabilities: a softmax over every logit (the paper's head; the
+    last column is "no object") or independent sigmoids (``class_head="sigmoid"``, no such column)."""
+    _check_class_head(class_head)
+    return logits.float().sigmoid() if class_head == "sigmoid" else logits.float().softmax(-1)
+
+
+def scores_and_labels(logits: torch.Tensor, class_head: Literal["softmax", "sigmoid"]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's score and label: its most probable real class ("no object" excluded)."""
+    probabilities = class_probabilities(logits, class_head)
+    return (probabilities[..., :-1] if class_head == "softmax" else probabilities).max(-1)
+
+
 class PostProcess(nn.Module):
     """Softmax over all logits; score and label = max over the real classes (no-object excluded);
     boxes cxcywh → xyxy scaled to each ORIGINAL image. No threshold and no top-k: all queries are kept.
@@ -21,9 +40,7 @@ class PostProcess(nn.Module):
 
     def __init__(self, class_head: Literal["softmax", "sigmoid"] = "softmax") -> None:
         super().__init__()
-        if class_head not in ("softmax", "sigmoid"):
-            raise ValueError(f"PostProcess class_head must be 'softmax' or 'sigmoid' (the model's "
-                             f"model.class_head), got {class_head!r}")
+        _check_class_head(class_head)
         self.class_head = class_head
 
     @torch.no_grad()
@@ -36,10 +53,7 @@ class PostProcess(nn.Module):
         if len(logits) != len(target_sizes) or target_sizes.shape[-1] != 2:
             raise ValueError(f"target_sizes must be [B, 2] (height, width) with B = {len(logits)}, "
                              f"got {tuple(target_sizes.shape)}")
-        if self.class_head == "sigmoid":
-            scores, labels = logits.float().sigmoid().max(-1)
-        else:
-            scores, labels = logits.float().softmax(-1)[..., :-1].max(-1)
+        scores, labels = scores_and_labels(logits, self.class_head)
         height, width = target_sizes.to(boxes.device).float().unbind(1)
         scale = torch.stack([width, height, width, height], dim=1)  # [B, 4]
         boxes = cxcywh_to_xyxy(boxes.float()) * scale[:, None, :]

@@ -50,6 +50,7 @@ from torch import Tensor, nn
 from detr.categories import CategoryMap
 from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from detr.data.collate import pad_images
+from detr.postprocess import class_probabilities, scores_and_labels
 from detr.predictor import ImageInput, Predictor, label_name, to_rgb_array
 
 logger = logging.getLogger(__name__)
@@ -179,14 +180,12 @@ def explorer_data(
     prediction_layers = list(range(num_layers - len(layer_outputs) + 1, num_layers + 1))
     boxes, top_classes, top_probs = [], [], []
     for layer in layer_outputs:
-        probabilities = _class_probabilities(layer["pred_logits"][index].detach().float().cpu(), class_head)
+        probabilities = class_probabilities(layer["pred_logits"][index].detach().cpu(), class_head)
         top = probabilities.topk(min(TOP_K, num_logits), dim=-1)
         top_classes.append(top.indices.tolist())
         top_probs.append(np.round(top.values.numpy().astype(float), 5).tolist())
         boxes.append(np.round(layer["pred_boxes"][index].detach().float().cpu().numpy().astype(float), 6).tolist())
-    probabilities = _class_probabilities(logits, class_head)
-    # as detr.PostProcess: the no-object column (softmax head only) is excluded from the scores
-    scores, labels = (probabilities[:, :-1] if class_head == "softmax" else probabilities).max(dim=-1)
+    scores, labels = scores_and_labels(logits, class_head)  # as detr.PostProcess scores them
 
     height, width = int(image.shape[0]), int(image.shape[1])
     return {
@@ -299,14 +298,6 @@ def _thumbnail(data_uri: str, *, width: int = 240) -> str:
 def _class_names(category_map: CategoryMap | None, num_classes: int, with_no_object: bool = True) -> list[str]:
     names = [label_name(category_map, label) for label in range(num_classes)]
     return names + ["no object"] if with_no_object else names
-
-
-def _class_probabilities(logits: Tensor, class_head: str) -> Tensor:
-    """[Q, K] logits → per-class probabilities: softmax over all logits (the paper's head, last column
-    "no object") or independent sigmoids (focal-loss head of issue 6, no "no object" column)."""
-    if class_head not in ("softmax", "sigmoid"):
-        raise ValueError(f"class_head must be 'softmax' or 'sigmoid' (the model's class_head), got {class_head!r}")
-    return logits.sigmoid() if class_head == "sigmoid" else logits.softmax(-1)
 
 
 def _model_description(model: nn.Module) -> str:
