@@ -168,24 +168,20 @@ class SetCriterion(nn.Module):
         dense = outputs["dense_outputs"]
         logits = dense["pred_logits"].float()  # [B, HW, K]
         assigned = dense_assignment(dense["centers"], dense["valid"], targets)  # [B, HW], -1 = negative
-        positive = assigned >= 0
-        batch_index, cell_index = positive.nonzero(as_tuple=True)
-        target_index = assigned[batch_index, cell_index]
-        labels = torch.cat([t["labels"].to(logits.device) for t in targets])
-        boxes = torch.cat([t["boxes"].to(logits.device, torch.float32) for t in targets])
-        offsets = torch.tensor([0] + [len(t["labels"]) for t in targets], device=logits.device).cumsum(0)
-        flat = offsets[batch_index] + target_index  # index into the batch's concatenated targets
-        num_positive = positive.sum().clamp(min=1).float()
+        indices = []  # per image (positive cells, their targets): the layout of the matcher's indices
+        for row in assigned:
+            cells = (row >= 0).nonzero().flatten()
+            indices.append((cells, row[cells]))
+        num_positive = (assigned >= 0).sum().clamp(min=1).float()
+        batch_index, cell_index = _matched_query_index(indices)
+        labels = torch.cat([t["labels"][tgt] for t, (_, tgt) in zip(targets, indices)]).to(logits.device)
         onehot = torch.zeros_like(logits)
-        onehot[batch_index, cell_index, labels[flat]] = 1.0
+        onehot[batch_index, cell_index, labels] = 1.0
         valid = dense["valid"]
         loss_ce = sigmoid_focal_loss(logits[valid], onehot[valid], num_positive, alpha=self.focal_alpha,
                                      gamma=self.focal_gamma)
-        pred = dense["pred_boxes"][batch_index, cell_index].float()
-        target = boxes[flat]
-        loss_bbox = F.l1_loss(pred, target, reduction="none").sum() / num_positive
-        giou = elementwise_generalized_box_iou(cxcywh_to_xyxy(pred), cxcywh_to_xyxy(target))
-        return {"loss_ce_dense": loss_ce, "loss_bbox_dense": loss_bbox, "loss_giou_dense": (1 - giou).sum() / num_positive}
+        boxes = self.loss_boxes({"pred_boxes": dense["pred_boxes"]}, targets, indices, num_positive)
+        return {"loss_ce_dense": loss_ce, "loss_bbox_dense": boxes["loss_bbox"], "loss_giou_dense": boxes["loss_giou"]}
 
     def denoising_losses(self, outputs: dict, targets: Targets, num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
         """loss_{ce,bbox,giou}_dn (+ ``_dn_i`` per aux layer) of the denoising queries (DN-DETR): each
