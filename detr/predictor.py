@@ -15,6 +15,8 @@ an :class:`AttentionMaps` cropped to the image's unpadded feature region, which 
 
 from __future__ import annotations
 
+import argparse
+
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -32,7 +34,7 @@ from detr.categories import CategoryMap
 from detr.checkpoints import load_checkpoint
 from detr.data.collate import pad_images
 from detr.data.images import load_rgb_image, pil_to_rgb_array
-from detr.data.transforms import make_eval_transform
+from detr.data.transforms import EVAL_MAX_SIZE, EVAL_MIN_SIZE, make_eval_transform
 from detr.postprocess import PostProcess
 
 logger = logging.getLogger(__name__)
@@ -237,6 +239,15 @@ def label_name(category_map: CategoryMap | None, label: int) -> str:
     return f"class {label}"
 
 
+def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--min-size`` / ``--max-size`` of the tools that run a checkpoint on images (default None: the
+    size the checkpoint was validated at, else the authors' 800 / 1333; see :class:`Predictor`)."""
+    parser.add_argument("--min-size", type=int, default=None,
+                        help=f"eval resize: shortest side (default: the checkpoint's validation size, else {EVAL_MIN_SIZE})")
+    parser.add_argument("--max-size", type=int, default=None,
+                        help=f"eval resize: longest side cap (default: the checkpoint's validation size, else {EVAL_MAX_SIZE})")
+
+
 class Predictor:
     """DETR inference on images of any size and mode.
 
@@ -297,7 +308,7 @@ class Predictor:
         self.precision: Precision = precision
         self.threshold = float(threshold)
         self.batch_size = int(batch_size)
-        trained_size = getattr(model, "eval_size", None) or (800, 1333)
+        trained_size = getattr(model, "eval_size", None) or (EVAL_MIN_SIZE, EVAL_MAX_SIZE)
         self.min_size = int(min_size if min_size is not None else trained_size[0])
         self.max_size = int(max_size if max_size is not None else trained_size[1])
         self.transform = make_eval_transform(min_size=self.min_size, max_size=self.max_size)

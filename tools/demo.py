@@ -51,7 +51,8 @@ def ap_curve(metrics_csv: Path) -> list[dict[str, float]]:
              "AP": float(r["val/AP"]), "AP50": float(r["val/AP50"])} for r in rows]
 
 
-def attention_figure(image: Path, checkpoint: Path, out: Path, *, min_size: int, max_size: int) -> None:
+def attention_figure(image: Path, checkpoint: Path, out: Path) -> None:
+    """At the size the checkpoint was validated at (it carries the data module's eval size)."""
     # ---- HOOK: attention figure of the inference issue (tools/visualize_attention.py, detr.visualize) ----
     sys.path.insert(0, str(Path(__file__).parent))
     try:
@@ -60,7 +61,7 @@ def attention_figure(image: Path, checkpoint: Path, out: Path, *, min_size: int,
         print(f"attention figure skipped: tools/visualize_attention.py not importable ({error})")
         return
     visualize_attention.main([str(image), "--checkpoint", str(checkpoint), "--out", str(out), "--top-k", "4",
-                              "--min-size", str(min_size), "--max-size", str(max_size), "--device", "cpu"])
+                              "--device", "cpu"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     first_val = sorted((data_root / "val2017").glob("*.jpg"))[:1]
     if best and first_val:
-        eval_size = cli.datamodule.hparams
-        attention_figure(first_val[0], Path(best), out / "attention.png",
-                         min_size=eval_size.eval_min_size, max_size=eval_size.eval_max_size)
+        attention_figure(first_val[0], Path(best), out / "attention.png")
 
     print(f"\nCOCO evaluation of {best or 'the last weights'} on {len(evaluation.image_ids)} validation images:")
     print(evaluation.summary)

@@ -16,6 +16,7 @@ import logging
 import sys
 
 from detr.checkpoints import load_checkpoint
+from detr.predictor import add_resize_arguments
 from detr.visualize.explorer import write_attention_explorer
 
 
@@ -25,10 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True, help="released .pth, state dict or this project's .ckpt")
     parser.add_argument("--out", required=True, help="output folder for the pages")
     parser.add_argument("--threshold", type=float, default=0.7, help="initial score threshold of the box display")
-    parser.add_argument("--min-size", type=int, default=None,
-                        help="eval resize: shortest side (default: the checkpoint's validation size, else 800)")
-    parser.add_argument("--max-size", type=int, default=None,
-                        help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
+    add_resize_arguments(parser)
     parser.add_argument("--device", default=None, help="default: CUDA when available, else CPU")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

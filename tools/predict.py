@@ -18,7 +18,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from detr.predictions_io import collect_image_paths, predict_files
-from detr.predictor import Predictor
+from detr.predictor import Predictor, add_resize_arguments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,10 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--threshold", type=float, default=0.7, help="score threshold (default 0.7)")
     parser.add_argument("--all-queries", action="store_true", help="write every query to the json (for COCO eval)")
-    parser.add_argument("--min-size", type=int, default=None,
-                        help="eval resize: shortest side (default: the checkpoint's validation size, else 800)")
-    parser.add_argument("--max-size", type=int, default=None,
-                        help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
+    add_resize_arguments(parser)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--batch-size", type=int, default=1)

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from detr.predictor import Predictor, to_rgb_array
+from detr.predictor import Predictor, add_resize_arguments, to_rgb_array
 from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure
 
 
@@ -39,10 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder", action="store_true", help="also draw encoder self-attention (Fig. 3)")
     parser.add_argument("--encoder-points", type=point, nargs="+", default=None, metavar="X,Y",
                         help="reference points for the encoder figure (default: centres of detections)")
-    parser.add_argument("--min-size", type=int, default=None,
-                        help="eval resize: shortest side (default: the checkpoint's validation size, else 800)")
-    parser.add_argument("--max-size", type=int, default=None,
-                        help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
+    add_resize_arguments(parser)
     parser.add_argument("--device", default=None)
     parser.add_argument("--dpi", type=int, default=120)
     args = parser.parse_args(argv)
