@@ -161,3 +161,20 @@ def test_convergence_benchmark_runs_and_reports(tmp_path, capsys):
     assert len(curve) == 1 and curve[0]["step"] == 1 and 0 <= curve[0]["AP50"] <= 1
     assert "AP50" in capsys.readouterr().out
     assert json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])["run"] == "smoke"
+
+
+def test_shape_classifier_crops_every_object_inside_the_image(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    import shape_classifier
+
+    benchmark = _load_benchmark()
+    train, _ = benchmark.render_shapes(6, 1, seed=0)
+    crops, labels = shape_classifier.object_crops(train, limit=1000)
+    assert crops.shape == (sum(len(l) for l in train.labels), 3, 48, 48)
+    assert torch.equal(labels, torch.cat(train.labels))
+    # the first object's crop is the image patch around its centre, clamped into the image
+    box, image = train.boxes[0][0], train.images[0].float().div(255)
+    x0 = min(max(int(box[0] * 128) - 24, 0), 80)
+    y0 = min(max(int(box[1] * 128) - 24, 0), 80)
+    expected = (image[:, y0:y0 + 48, x0:x0 + 48] - benchmark.IMAGENET_MEAN[0]) / benchmark.IMAGENET_STD[0]
+    torch.testing.assert_close(crops[0], expected)
