@@ -155,11 +155,13 @@ def test_convergence_benchmark_runs_and_reports(tmp_path, capsys):
     train, val = benchmark.render_shapes(8, 4, seed=0)
     assert train.images.shape == (8, 3, 128, 128) and len(val.labels) == 4
     config = benchmark.build_run_config("best", ["hidden_dim=32", "num_heads=2", "dim_feedforward=64",
-                                                 "num_encoder_layers=1", "num_decoder_layers=2", "batch_size=4"])
+                                                 "num_encoder_layers=1", "num_decoder_layers=2", "batch_size=4",
+                                                 "ema_decay=0.9"])
     curve = benchmark.run(config, train, val, minutes=1e-4, eval_every=1.0, clock="wall", name="smoke",
                           jsonl=tmp_path / "runs.jsonl")
     assert len(curve) == 1 and curve[0]["step"] == 1 and 0 <= curve[0]["AP50"] <= 1
-    assert "AP50" in capsys.readouterr().out
+    assert 0 <= curve[0]["ema_AP50"] <= 1  # the averaged weights are evaluated beside the trained ones
+    assert "EMA AP" in capsys.readouterr().out
     assert json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])["run"] == "smoke"
 
 
