@@ -354,8 +354,6 @@ def run(config: RunConfig, train: DetectionSet, val: DetectionSet, *, minutes: f
 
     def report() -> None:
         metrics = evaluate(model, val, config.class_head)
-        if ema is not None:  # the same run's averaged weights: a paired comparison, free of run-to-run noise
-            metrics |= {f"ema_{k}": v for k, v in evaluate(ema.module, val, config.class_head).items()}
         point = {"run": name, "train_min": round(trained / 60, 2), "step": step, "epoch": round(seen / len(train.images), 2),
                  "images_per_s": round(seen / max(trained, 1e-9), 1), "AP": round(metrics["AP"], 4),
                  "AP50": round(metrics["AP50"], 4),
@@ -363,8 +361,8 @@ def run(config: RunConfig, train: DetectionSet, val: DetectionSet, *, minutes: f
                  "class_error": round(last.get("class_error", float("nan")), 1),
                  "wall_min": round((time.perf_counter() - wall_start) / 60, 2),
                  "cpu_min": round((time.process_time() - cpu_start) / 60, 2), "load": round(os.getloadavg()[0], 1)}
-        if ema is not None:
-            point |= {k: round(v, 4) for k, v in metrics.items() if k.startswith("ema_")}
+        if ema is not None:  # the same run's averaged weights: a paired comparison, free of run-to-run noise
+            point |= {f"ema_{k}": round(v, 4) for k, v in evaluate(ema.module, val, config.class_head).items()}
         curve.append(point)
         print(f"[{name}] train {point['train_min']:5.2f} min  step {step:5d}  epoch {point['epoch']:5.2f}  "
               f"{point['images_per_s']:5.1f} img/s  loss {point['loss']:7.3f}  class_error {point['class_error']:5.1f}  "

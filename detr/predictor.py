@@ -16,7 +16,6 @@ an :class:`AttentionMaps` cropped to the image's unpadded feature region, which 
 from __future__ import annotations
 
 import argparse
-
 import logging
 import math
 from collections.abc import Iterator, Sequence

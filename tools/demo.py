@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="training budget (validation not counted)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core of this process)")
     args = parser.parse_args(argv)
+    if args.minutes <= 0:
+        parser.error(f"--minutes must be > 0 (minutes of training), got {args.minutes:g}")
     start = time.perf_counter()
     out, data_root = Path(args.out), Path(args.data_root)
 
