@@ -111,6 +111,25 @@ def test_backbone_options_for_training_from_scratch():
     assert not any(k.startswith("backbone.0.body.layer4") for k in model.state_dict())
 
 
+def test_bfloat16_backbone_returns_float32_features_close_to_float32_and_trains():
+    torch.manual_seed(0)
+    model = build_detr(**TINY, backbone_norm="batch_norm", backbone_trainable_layers=5, backbone_last_stage="layer3")
+    body = model.backbone[0]
+    images, mask = torch.randn(2, 3, 128, 128), torch.zeros(2, 128, 128, dtype=torch.bool)
+    reference, _ = body(images, mask)
+    body.use_autocast(torch.bfloat16)
+    features, _ = body(images, mask)
+    assert features.dtype == torch.float32 and body.body.conv1.weight.dtype == torch.float32
+    # bfloat16 keeps 8 bits of mantissa: about 1 % of the features' scale after 3 stages
+    assert (features - reference).abs().max() < 0.05 * reference.abs().max()
+    assert (features - reference).abs().max() > 0  # it did run in bfloat16
+    features.square().mean().backward()
+    assert body.body.conv1.weight.grad is not None and body.body.conv1.weight.grad.dtype == torch.float32
+    body.use_autocast(None)  # off again: an enclosing autocast is left to apply
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert body(images, mask)[0].dtype == torch.bfloat16
+
+
 def test_options_are_validated():
     with pytest.raises(ValueError, match="query_type"):
         build_detr(**TINY, query_type="anchors")
@@ -163,6 +182,28 @@ def test_convergence_benchmark_runs_and_reports(tmp_path, capsys):
     assert 0 <= curve[0]["ema_AP50"] <= 1  # the averaged weights are evaluated beside the trained ones
     assert "EMA AP" in capsys.readouterr().out
     assert json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])["run"] == "smoke"
+
+
+def test_convergence_benchmark_step_budget_decays_the_learning_rate_to_zero(tmp_path, monkeypatch):
+    benchmark = _load_benchmark()
+    train, val = benchmark.render_shapes(8, 2, seed=0)
+    config = benchmark.build_run_config("best", ["hidden_dim=32", "num_heads=2", "dim_feedforward=64",
+                                                 "num_encoder_layers=1", "num_decoder_layers=1", "batch_size=4",
+                                                 "warmup_steps=0", "lr_decay_fraction=0.5", "ema_decay=0"])
+    lrs = []
+    original = benchmark.train_step
+
+    def recording_step(model, criterion, optimizer, *args):
+        result = original(model, criterion, optimizer, *args)
+        lrs.append(optimizer.param_groups[0]["lr"])  # what train_step set for this step
+        return result
+
+    monkeypatch.setattr(benchmark, "train_step", recording_step)
+    curve = benchmark.run(config, train, val, minutes=1e3, eval_every=1e3, clock="wall", name="steps", jsonl=None,
+                          max_steps=4)
+    assert curve[-1]["step"] == 4  # the step budget ends the run, not the (long) time budget
+    # steps 0..3 of 4: constant for the first half, then linear to zero
+    assert lrs == pytest.approx([config.lr, config.lr, config.lr, config.lr * 0.5])
 
 
 def test_shape_classifier_crops_every_object_inside_the_image(monkeypatch):

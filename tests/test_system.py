@@ -161,11 +161,12 @@ def test_linear_warmup_then_step_decay() -> None:
 
 
 def test_convergence_options_train_and_evaluate(tmp_path) -> None:
-    """Anchor queries + denoising + sigmoid/focal head + query groups + dense head + NHWC backbone (issue 6)
-    go through the same training system."""
+    """Anchor queries + denoising + sigmoid/focal head + query groups + dense head + NHWC bfloat16 backbone
+    (issue 6) go through the same training system."""
     system = _system(query_type="anchor", denoising=True, denoising_groups=2, class_head="sigmoid", cost_class=2.0,
-                     query_groups=2, dense_aux_head=True, channels_last=True)
+                     query_groups=2, dense_aux_head=True, channels_last=True, backbone_bf16=True)
     assert "loss_ce_dn" in system.criterion.weight_dict and system.postprocess.class_head == "sigmoid"
+    assert system.model.backbone[0].autocast_dtype == torch.bfloat16
     assert "loss_ce_dense" in system.criterion.weight_dict and system.model.backbone[0].channels_last
     assert system.model.backbone[0].body.conv1.weight.is_contiguous(memory_format=torch.channels_last)
     trainer = _trainer(tmp_path, enable_checkpointing=False)

@@ -3,8 +3,6 @@ budget that leaves validation out."""
 
 from __future__ import annotations
 
-import time
-
 import lightning as L
 import pytest
 import torch
@@ -52,29 +50,90 @@ def test_ema_decay_is_checked() -> None:
         ExponentialMovingAverage(decay=1.0)
 
 
-class _SlowModel(BoringModel):
-    """Training steps of 20 ms, validation steps of 200 ms."""
+class _Clock:
+    """A simulated clock for TrainingSpeed: the model advances it, so budgets are exact, not timed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _TimedModel(BoringModel):
+    """Training steps take 1 s and validation steps 10 s of the simulated clock; the learning rate of
+    every step is recorded. Optional warm-up (LinearLR, chainable, per step) before the budget's decay."""
+
+    def __init__(self, clock: _Clock, warmup_steps: int = 0) -> None:
+        super().__init__()
+        self.clock, self.warmup_steps, self.lrs = clock, warmup_steps, []
 
     def training_step(self, batch, batch_idx):
-        time.sleep(0.02)
+        self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+        self.clock.now += 1.0
         return super().training_step(batch, batch_idx)
 
     def validation_step(self, batch, batch_idx):
-        time.sleep(0.2)
+        self.clock.now += 10.0
         return super().validation_step(batch, batch_idx)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        if not self.warmup_steps:
+            return optimizer
+        warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.5, total_iters=self.warmup_steps)
+        return [optimizer], [{"scheduler": warmup, "interval": "step"}]
+
+
+def _timed_fit(tmp_path, speed: TrainingSpeed, warmup_steps: int = 0) -> tuple[L.Trainer, _TimedModel]:
+    clock = _Clock()
+    speed._clock = clock
+    model = _TimedModel(clock, warmup_steps)
+    trainer = _trainer(tmp_path, [speed], max_steps=1000, val_check_interval=4, limit_val_batches=1,
+                       num_sanity_val_steps=0, enable_checkpointing=False)
+    trainer.fit(model)
+    return trainer, model
 
 
 def test_training_budget_stops_fit_and_does_not_count_validation(tmp_path) -> None:
-    speed = TrainingSpeed(max_train_seconds=0.4)
-    trainer = _trainer(tmp_path, [speed], max_steps=1000, val_check_interval=4, limit_val_batches=1,
-                       num_sanity_val_steps=0, enable_checkpointing=False)
-    trainer.fit(_SlowModel())
-    # ~20 steps fit in 0.4 s of training; had the validations (0.2 s after every 4 steps) counted, fit
-    # would have stopped after 8 or fewer
-    assert 12 <= trainer.global_step < 1000
-    assert 0.4 <= speed.train_seconds < 1.5
+    speed = TrainingSpeed(max_train_seconds=20)
+    trainer, _ = _timed_fit(tmp_path, speed)
+    # 20 training steps of 1 s; had the validations (10 s after every 4 steps) counted, fit would have
+    # stopped after 8
+    assert trainer.global_step == 20
+    assert speed.train_seconds == 20
+
+
+def test_learning_rate_decays_linearly_to_zero_over_the_budgets_end(tmp_path) -> None:
+    speed = TrainingSpeed(max_train_seconds=20, lr_decay_fraction=0.5)
+    _, model = _timed_fit(tmp_path, speed)
+    # step i starts after i seconds of training: factor min(1, (20 - i) / 10); validation time not counted
+    expected = [0.1 * min(1.0, (20 - i) / 10) for i in range(20)]
+    assert model.lrs == pytest.approx(expected)
+
+
+def test_learning_rate_decay_multiplies_the_schedulers_learning_rate(tmp_path) -> None:
+    speed = TrainingSpeed(max_train_seconds=12, lr_decay_fraction=0.75)  # decay from the 3rd second on
+    _, model = _timed_fit(tmp_path, speed, warmup_steps=6)
+    warmup = [0.5 + 0.5 * min(i, 6) / 6 for i in range(12)]  # LinearLR 0.5 → 1 over 6 steps
+    decay = [min(1.0, (12 - i) / 9) for i in range(12)]
+    assert model.lrs == pytest.approx([0.1 * w * d for w, d in zip(warmup, decay)])
+
+
+def test_training_budget_and_decay_are_saved_and_resumed(tmp_path) -> None:
+    speed = TrainingSpeed(max_train_seconds=20, lr_decay_fraction=0.5)
+    speed.on_train_epoch_start(None, None)  # a clock running since the epoch started
+    speed._clock = lambda: speed._since + 15.0
+    speed.lr_factor = 0.5
+    resumed = TrainingSpeed(max_train_seconds=20, lr_decay_fraction=0.5)
+    resumed.load_state_dict(speed.state_dict())
+    assert (resumed.train_seconds, resumed.lr_factor) == (15.0, 0.5)
 
 
 def test_training_budget_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_train_seconds"):
         TrainingSpeed(max_train_seconds=0)
+    with pytest.raises(ValueError, match="needs max_train_seconds"):
+        TrainingSpeed(lr_decay_fraction=0.2)
+    with pytest.raises(ValueError, match="lr_decay_fraction"):
+        TrainingSpeed(max_train_seconds=10, lr_decay_fraction=1.5)

@@ -192,8 +192,17 @@ def _tensorboard_writers(trainer: L.Trainer) -> list[Any]:
     return [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
 
 
+def budget_lr_factor(spent: float, budget: float, decay_fraction: float) -> float:
+    """The learning-rate factor of a linear decay to zero over the last ``decay_fraction`` of ``budget``
+    (seconds or steps) when ``spent`` of it is used: 1 before the decay, 0 at the end and after."""
+    if decay_fraction <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (budget - spent) / (decay_fraction * budget)))
+
+
 class TrainingSpeed(L.Callback):
-    """Log training throughput and time, so AP can be read against wall time.
+    """Log training throughput and time, so AP can be read against wall time; optionally, a budget of
+    training time and a learning-rate decay over its end.
 
     At the end of every training epoch (per process) logs ``time/train_images_per_second`` (images of
     that epoch over its wall time, data loading included, validation excluded) and
@@ -201,40 +210,73 @@ class TrainingSpeed(L.Callback):
     is also logged at each validation, next to val/AP). Lightning's ThroughputMonitor measures over a
     fixed window of batches, which short CPU runs never fill; this measures whole epochs.
 
-    ``max_train_seconds``: stop fit once this much training time has passed (validation excluded), the
-    way Lightning's ``max_time`` stops it (after the batch, with a last validation), but counting only
-    training: a budget of "10 minutes of training" that validating more often does not shorten.
+    Args:
+        max_train_seconds: stop fit once this much training time has passed (validation excluded), the
+            way Lightning's ``max_time`` stops it (after the batch, with a last validation), but counting
+            only training: a budget of "10 minutes of training" that validating more often does not
+            shorten.
+        lr_decay_fraction: over the last ``lr_decay_fraction`` of ``max_train_seconds``, every learning
+            rate falls linearly to zero with the training time spent ("warmup-stable-decay": a run that
+            knows its budget ends at a low learning rate instead of being cut off at a high one). The
+            factor multiplies what the optimizer's schedulers set (theirs are chainable: warm-up, step
+            decay), and the ranks of a DDP run apply rank 0's factor.
+
+    The training time spent and the learning-rate factor are saved in checkpoints: a resumed run goes on
+    with the budget that is left.
     """
 
-    def __init__(self, max_train_seconds: float | None = None) -> None:
+    def __init__(self, max_train_seconds: float | None = None, lr_decay_fraction: float = 0.0) -> None:
         super().__init__()
         if max_train_seconds is not None and max_train_seconds <= 0:
             raise ValueError(f"TrainingSpeed: max_train_seconds must be > 0, got {max_train_seconds}")
+        if not 0.0 <= lr_decay_fraction <= 1.0:
+            raise ValueError(f"TrainingSpeed: lr_decay_fraction must be in [0, 1], got {lr_decay_fraction}")
+        if lr_decay_fraction > 0 and max_train_seconds is None:
+            raise ValueError("TrainingSpeed: lr_decay_fraction needs max_train_seconds (the budget it ends)")
         self.max_train_seconds = max_train_seconds
+        self.lr_decay_fraction = lr_decay_fraction
         self.train_seconds = 0.0
+        self.lr_factor = 1.0  # the factor applied to every learning rate now
         self._epoch_images = 0
         self._epoch_seconds = 0.0
         self._since: float | None = None
+        self._clock = time.perf_counter  # tests substitute a simulated clock
+
+    def _spent(self) -> float:
+        return self.train_seconds + (self._clock() - self._since if self._since is not None else 0.0)
 
     def _pause(self) -> None:
         if self._since is not None:
-            elapsed = time.perf_counter() - self._since
+            elapsed = self._clock() - self._since
             self._epoch_seconds += elapsed
             self.train_seconds += elapsed
             self._since = None
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_images, self._epoch_seconds = 0, 0.0
-        self._since = time.perf_counter()
+        self._since = self._clock()
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if not self.lr_decay_fraction or self.max_train_seconds is None:
+            return
+        factor = budget_lr_factor(self._spent(), self.max_train_seconds, self.lr_decay_fraction)
+        factor = float(trainer.strategy.broadcast(factor))  # every rank steps with the same learning rate
+        if factor == self.lr_factor:
+            return
+        # the ratio to the previous factor, so the schedulers' own (multiplicative) changes carry through
+        ratio = factor / self.lr_factor if self.lr_factor > 0 else 0.0
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] *= ratio
+        self.lr_factor = factor
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._epoch_images += int(batch[0].shape[0])
         if self.max_train_seconds is not None and self._since is not None:
-            spent = self.train_seconds + time.perf_counter() - self._since
             # rank 0 decides for every process (as Lightning's Timer does), so all stop at the same batch
-            if trainer.strategy.broadcast(spent >= self.max_train_seconds):
+            if trainer.strategy.broadcast(self._spent() >= self.max_train_seconds):
                 trainer.should_stop = True
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -242,7 +284,7 @@ class TrainingSpeed(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._since = time.perf_counter()
+            self._since = self._clock()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
@@ -253,6 +295,13 @@ class TrainingSpeed(L.Callback):
         pl_module.log("time/train_seconds", self.train_seconds)
         if self._epoch_seconds > 0:
             pl_module.log("time/train_images_per_second", self._epoch_images / self._epoch_seconds)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_seconds": self._spent(), "lr_factor": self.lr_factor}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.train_seconds = float(state_dict.get("train_seconds", 0.0))
+        self.lr_factor = float(state_dict.get("lr_factor", 1.0))
 
 
 class PredictionsWriter(BasePredictionWriter):

@@ -60,6 +60,11 @@ class DetrSystem(L.LightningModule):
         warmup_steps: linear learning-rate warm-up from 1/1000 over this many optimizer steps (authors: 0).
         channels_last: run the backbone in NHWC memory layout, which oneDNN (CPU) and cuDNN prefer; same
             numbers up to float rounding (benchmarks/convergence.py --step-time measures the speed).
+        backbone_bf16: run the backbone's convolutions in bfloat16 autocast, the transformer in float32
+            (:meth:`detr.models.backbone.Backbone.use_autocast`): for CPUs with AMX / AVX512-BF16, where
+            Lightning's ``bf16-mixed`` would also put attention in bfloat16, whose CPU backward is slow.
+            Not needed on GPUs (use ``precision: bf16-mixed``). Training and validation only: checkpoints
+            load as float32 models.
 
     Other args:
         category_map: label → data set category id and name (a :class:`CategoryMap` or its ``to_dict()``);
@@ -123,6 +128,7 @@ class DetrSystem(L.LightningModule):
         lr_drop_gamma: float = 0.1,
         warmup_steps: int = 0,
         channels_last: bool = False,
+        backbone_bf16: bool = False,
         # --- data, weights, evaluation ---
         category_map: CategoryMap | dict[str, Any] | None = None,
         init_checkpoint: str | None = None,
@@ -160,6 +166,8 @@ class DetrSystem(L.LightningModule):
         )
         if channels_last:
             self.model.backbone[0].use_channels_last()
+        if backbone_bf16:
+            self.model.backbone[0].use_autocast(torch.bfloat16)
         self.postprocess = PostProcess(class_head=class_head)
         self.category_map = _as_category_map(category_map, num_classes)
         self.lr_drop_epochs = list(lr_drop_epochs) if lr_drop_epochs is not None else [200]
