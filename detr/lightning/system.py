@@ -63,8 +63,8 @@ class DetrSystem(L.LightningModule):
         backbone_bf16: run the backbone's convolutions in bfloat16 autocast, the transformer in float32
             (:meth:`detr.models.backbone.Backbone.use_autocast`): for CPUs with AMX / AVX512-BF16, where
             Lightning's ``bf16-mixed`` would also put attention in bfloat16, whose CPU backward is slow.
-            Not needed on GPUs (use ``precision: bf16-mixed``). Training and validation only: checkpoints
-            load as float32 models.
+            Not needed on GPUs (use ``precision: bf16-mixed``). The weights stay float32, and
+            :func:`detr.load_checkpoint` runs them in float32.
 
     Other args:
         category_map: label → data set category id and name (a :class:`CategoryMap` or its ``to_dict()``);
