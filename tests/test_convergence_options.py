@@ -193,8 +193,8 @@ def test_convergence_benchmark_step_budget_decays_the_learning_rate_to_zero(tmp_
     lrs = []
     original = benchmark.train_step
 
-    def recording_step(model, criterion, optimizer, *args):
-        result = original(model, criterion, optimizer, *args)
+    def recording_step(model, criterion, optimizer, *args, **kwargs):
+        result = original(model, criterion, optimizer, *args, **kwargs)
         lrs.append(optimizer.param_groups[0]["lr"])  # what train_step set for this step
         return result
 

@@ -44,7 +44,7 @@ def choose_threads() -> int:
 
 def cpu_has_bfloat16() -> bool:
     """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), where the demo config's
-    ``backbone_bf16`` makes a training step ~20 % faster; elsewhere it would be emulated, and slower."""
+    ``backbone_bf16`` made a training step ~15 % faster here; elsewhere it would be emulated, and slower."""
     checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     return any(check() for check in checks if check is not None)
 

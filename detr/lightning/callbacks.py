@@ -256,28 +256,31 @@ class TrainingSpeed(L.Callback):
         self._epoch_images, self._epoch_seconds = 0, 0.0
         self._since = self._clock()
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        if not self.lr_decay_fraction or self.max_train_seconds is None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._epoch_images += int(batch[0].shape[0])
+        if self.max_train_seconds is None or self._since is None:
             return
-        factor = budget_lr_factor(self._spent(), self.max_train_seconds, self.lr_decay_fraction)
-        factor = float(trainer.strategy.broadcast(factor))  # every rank steps with the same learning rate
+        # rank 0's clock decides for every process (as Lightning's Timer does), in one broadcast a step: all
+        # stop at the same batch and take the next step with the same learning rate
+        spent = float(trainer.strategy.broadcast(self._spent()))
+        if spent >= self.max_train_seconds:
+            trainer.should_stop = True
+        if self.lr_decay_fraction:
+            self._scale_learning_rates(trainer, budget_lr_factor(spent, self.max_train_seconds, self.lr_decay_fraction))
+
+    def _scale_learning_rates(self, trainer: L.Trainer, factor: float) -> None:
+        """Make ``factor`` the decay's share of every learning rate for the next step. Applied as the ratio
+        to the previous factor, after the schedulers stepped, so their own (multiplicative) changes carry
+        through."""
         if factor == self.lr_factor:
             return
-        # the ratio to the previous factor, so the schedulers' own (multiplicative) changes carry through
         ratio = factor / self.lr_factor if self.lr_factor > 0 else 0.0
         for optimizer in trainer.optimizers:
             for group in optimizer.param_groups:
                 group["lr"] *= ratio
         self.lr_factor = factor
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._epoch_images += int(batch[0].shape[0])
-        if self.max_train_seconds is not None and self._since is not None:
-            # rank 0 decides for every process (as Lightning's Timer does), so all stop at the same batch
-            if trainer.strategy.broadcast(self._spent() >= self.max_train_seconds):
-                trainer.should_stop = True
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pause()
