@@ -144,3 +144,25 @@ def test_anchor_model_layout_and_attention_maps(anchor_model):
     with pytest.raises(ValueError, match="replacement decoder"):
         anchor_model.transformer(torch.zeros(1, 32, 2, 2), torch.zeros(1, 2, 2, dtype=torch.bool),
                                  torch.zeros(6, 32), torch.zeros(1, 32, 2, 2))
+
+
+def test_cross_attention_with_a_wider_query_than_value_matches_explicit_attention():
+    """Conditional cross-attention's q/k heads are twice v's; the fused path pads v and slices the output
+    back: outputs and gradients equal the explicit softmax(q·kᵀ/√d)·v, masked keys included."""
+    torch.manual_seed(0)
+    heads = 4
+    q = torch.randn(2, 7, heads * 8, requires_grad=True)
+    k = torch.randn(2, 5, heads * 8, requires_grad=True)
+    v = torch.randn(2, 5, heads * 4, requires_grad=True)
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[1, ..., 3:] = False
+    fused, _ = anchor_decoder._attend(q, k, v, heads, mask, 0.0, need_weights=False)
+    explicit, weights = anchor_decoder._attend(q, k, v, heads, mask, 0.0, need_weights=True)
+    assert fused.shape == (2, 7, heads * 4)
+    assert torch.allclose(fused, explicit, atol=1e-6)
+    assert float(weights[1, ..., 3:].abs().max()) == 0.0
+    upstream = torch.randn_like(fused)
+    grads_fused = torch.autograd.grad(fused, (q, k, v), upstream)
+    grads_explicit = torch.autograd.grad(explicit, (q, k, v), upstream)
+    for a, b in zip(grads_fused, grads_explicit):
+        assert torch.allclose(a, b, atol=1e-5)
