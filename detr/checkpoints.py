@@ -6,8 +6,8 @@ Three formats are read:
 - this project's Lightning checkpoints: ``state_dict`` with keys ``"model." + official key`` and
   ``checkpoint["detr"] = {"model_config": …, "category_map": …}`` written by the training system.
 
-The architecture is inferred from the weights (what the weights cannot show, DC5 and the number of heads,
-comes from the file name, the stored config or an override).
+The architecture is inferred from the weights (what the weights cannot show, DC5, the number of heads and
+sometimes the class head or query groups, comes from the file name, the stored config or an override).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from detr.categories import CategoryMap
-from detr.models.detr import DETR, build_detr
+from detr.focal import PRIOR_BIAS
+from detr.models.detr import DETR, ClassHead, build_detr
 
 logger = logging.getLogger(__name__)
 
@@ -91,24 +92,74 @@ def _count_layers(state_dict: dict[str, torch.Tensor], prefix: str) -> int:
     return max(found) + 1 if found else 0
 
 
-def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "") -> dict[str, Any]:
+def _num_real_classes(state_dict: dict[str, torch.Tensor], where: str) -> int | None:
+    """Real classes as shown by a head that has no "no object" entry (denoising labels, dense head), else None."""
+    found = {}
+    if "denoising.label_embed.weight" in state_dict:  # num_classes + 1 rows: the last is "unknown"
+        found["denoising.label_embed.weight"] = int(state_dict["denoising.label_embed.weight"].shape[0]) - 1
+    if "dense_head.class_embed.weight" in state_dict:  # always sigmoid: num_classes rows
+        found["dense_head.class_embed.weight"] = int(state_dict["dense_head.class_embed.weight"].shape[0])
+    if len(set(found.values())) > 1:
+        raise CheckpointError(f"{where}: the heads disagree on the number of classes: {found}")
+    return next(iter(found.values()), None)
+
+
+def _infer_class_head(state_dict: dict[str, torch.Tensor], where: str) -> ClassHead:
+    """softmax (num_classes + 1 logits) or sigmoid (num_classes): the class head's shape alone cannot tell.
+
+    Decided by the real class count of the denoising or dense head when there is one, or by the focal
+    prior bias that an untrained sigmoid head holds in every entry (a softmax head starts random);
+    otherwise softmax, the authors' head.
+    """
+    outputs = int(state_dict["class_embed.weight"].shape[0])
+    real = _num_real_classes(state_dict, where)
+    if real is not None:
+        if outputs not in (real, real + 1):
+            raise CheckpointError(f"{where}: class_embed has {outputs} outputs for {real} classes; expected "
+                                  f"{real} (sigmoid) or {real + 1} (softmax)")
+        return "sigmoid" if outputs == real else "softmax"
+    bias = state_dict.get("class_embed.bias")
+    if bias is not None and torch.equal(bias, torch.full_like(bias, PRIOR_BIAS)):
+        return "sigmoid"
+    return "softmax"
+
+
+def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "", *,
+                       class_head: ClassHead | None = None, query_groups: int = 1) -> dict[str, Any]:
     """build_detr keyword arguments that reproduce the layout of ``state_dict``.
 
-    DC5 (a dilated layer4) does not change any weight shape: it is taken from the file name (the released
-    files contain "dc5"). The number of heads is not visible either: the authors always use 8.
+    Read from the weights: backbone, hidden and FFN sizes, layer counts, query_type ("anchor" has
+    ``refpoint_embed``, "learned" ``query_embed``), num_queries, denoising (``denoising.label_embed``),
+    dense_aux_head (``dense_head.*``) and num_classes.
+
+    Not visible, so defaults that ``load_checkpoint(path, **overrides)`` can replace:
+    - DC5 (a dilated layer4) changes no weight shape: it is taken from the file name (the released
+      files contain "dc5"). The number of heads: the authors always use 8.
+    - class_head: sigmoid has num_classes logits, softmax num_classes + 1, so the shape is ambiguous. It
+      is resolved by the denoising or dense head's class count, or by an untrained sigmoid head's prior
+      bias; otherwise softmax. Pass ``class_head="sigmoid"`` (here or to load_checkpoint) for a trained
+      sigmoid model without those heads: num_classes then follows from the class head.
+    - query_groups: ``refpoint_embed`` holds num_queries × query_groups anchors, indistinguishable from
+      one group of that many. Pass ``query_groups`` (num_queries is divided by it); with 1, a Group DETR
+      model loads but decodes every group at inference.
+    - The denoising noise settings and anchor_local_attention are training and initialisation choices,
+      not weights: they do not matter for loading.
     """
-    required = ("query_embed.weight", "class_embed.weight", "backbone.0.body.conv1.weight")
+    where = file_name or "the state dict"
+    required = ("class_embed.weight", "backbone.0.body.conv1.weight")
     missing = [key for key in required if key not in state_dict]
+    if "query_embed.weight" not in state_dict and "refpoint_embed.weight" not in state_dict:
+        missing.insert(0, "query_embed.weight (or refpoint_embed.weight)")
     if missing:
-        raise CheckpointError(f"{file_name or 'the state dict'} lacks DETR keys {missing}: not a DETR checkpoint "
-                              f"in the authors' layout")
+        raise CheckpointError(f"{where} lacks DETR keys {missing}: not a DETR checkpoint in the authors' "
+                              f"layout or this project's")
     body = "backbone.0.body."
     bottleneck = f"{body}layer1.0.conv3.weight" in state_dict
     blocks_layer3 = _count_layers(state_dict, f"{body}layer3.")
     depth = {(False, 2): "resnet18", (False, 6): "resnet34", (True, 6): "resnet50", (True, 23): "resnet101"}.get(
         (bottleneck, blocks_layer3))
     if depth is None:
-        raise CheckpointError(f"{file_name or 'the state dict'}: cannot tell the ResNet depth (layer3 has "
+        raise CheckpointError(f"{where}: cannot tell the ResNet depth (layer3 has "
                               f"{blocks_layer3} blocks, bottleneck={bottleneck})")
     if f"{body}bn1.running_mean" not in state_dict:
         norm = "group_norm"
@@ -116,24 +167,34 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "")
         norm = "batch_norm"
     else:
         norm = "frozen_batch_norm"
-    num_queries, hidden_dim = state_dict["query_embed.weight"].shape
+    anchor = "refpoint_embed.weight" in state_dict
+    num_queries = int(state_dict["refpoint_embed.weight" if anchor else "query_embed.weight"].shape[0])
+    if query_groups < 1 or num_queries % query_groups:
+        raise CheckpointError(f"{where}: {num_queries} queries do not split into query_groups={query_groups}")
     encoder_layers = _count_layers(state_dict, "transformer.encoder.layers.")
     ffn_key = ("transformer.encoder.layers.0.linear1.weight" if encoder_layers
                else "transformer.decoder.layers.0.linear1.weight")
+    class_head = class_head or _infer_class_head(state_dict, where)
+    outputs = int(state_dict["class_embed.weight"].shape[0])
     return {
         "backbone": depth,
         "dilation": "dc5" in Path(file_name).name.lower(),
         "position_encoding": "learned" if "backbone.1.row_embed.weight" in state_dict else "sine",
-        "hidden_dim": int(hidden_dim),
+        "hidden_dim": int(state_dict["class_embed.weight"].shape[1]),
         "num_heads": 8,
         "num_encoder_layers": encoder_layers,
         "num_decoder_layers": _count_layers(state_dict, "transformer.decoder.layers."),
         "dim_feedforward": int(state_dict[ffn_key].shape[0]),
         "pre_norm": "transformer.encoder.norm.weight" in state_dict,
-        "num_queries": int(num_queries),
-        "num_classes": int(state_dict["class_embed.weight"].shape[0]) - 1,
+        "num_queries": num_queries // query_groups,
+        "num_classes": outputs if class_head == "sigmoid" else outputs - 1,
         "backbone_norm": norm,
         "backbone_last_stage": "layer4" if _count_layers(state_dict, f"{body}layer4.") else "layer3",
+        "query_type": "anchor" if anchor else "learned",
+        "class_head": class_head,
+        "denoising": "denoising.label_embed.weight" in state_dict,
+        "query_groups": query_groups,
+        "dense_aux_head": any(key.startswith("dense_head.") for key in state_dict),
     }
 
 
@@ -143,7 +204,8 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR:
     Args:
         path: an authors' release file, a plain state dict, or this project's Lightning checkpoint.
         overrides: build_detr keyword arguments that win over what is inferred (e.g. ``dilation=True``
-            for a renamed DC5 file, ``num_heads``).
+            for a renamed DC5 file, ``num_heads``, ``class_head="sigmoid"``, ``query_groups``: what
+            :func:`infer_model_config` cannot see).
 
     The returned model carries ``category_map``: the checkpoint's own, or COCO's for a 91-class file
     without one; and ``eval_size``: (min_size, max_size) of the validation resize it was trained with
@@ -151,10 +213,15 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR:
     """
     path = Path(path)
     contents = read_checkpoint(path)
-    config = contents.model_config or infer_model_config(contents.state_dict, path.name)
+    config = contents.model_config or infer_model_config(
+        contents.state_dict, path.name, class_head=overrides.get("class_head"),
+        query_groups=overrides.get("query_groups", 1))
     config = {**config, "pretrained_backbone": False, **overrides}
     model = build_detr(**config)
-    missing, unexpected = model.load_state_dict(contents.state_dict, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(contents.state_dict, strict=False)
+    except RuntimeError as error:  # shape mismatches, e.g. an override that contradicts the weights
+        raise CheckpointError(f"{path} does not fit the model built from {config}: {error}") from error
     if missing or unexpected:
         raise CheckpointError(
             f"{path} does not fit the model built from {config}: missing keys {missing[:10]}"

@@ -84,8 +84,9 @@ def test_wrong_layout_names_missing_and_unexpected_keys(tmp_path):
 def test_not_a_detr_file(tmp_path):
     path = tmp_path / "resnet.pth"
     torch.save({"conv1.weight": torch.zeros(1)}, path)
-    with pytest.raises(CheckpointError, match="not a DETR checkpoint"):
+    with pytest.raises(CheckpointError, match="not a DETR checkpoint") as error:
         load_checkpoint(path)
+    assert "resnet.pth" in str(error.value) and "class_embed.weight" in str(error.value)
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "missing.pth")
 
@@ -110,3 +111,56 @@ def test_category_map_round_trip_and_coco_gaps():
     assert contiguous.names == ("y", "x") and contiguous.category_id_to_label(5) == 1
     assert CategoryMap.from_dict(json.loads(json.dumps(contiguous.to_dict()))) == contiguous
     assert contiguous.label_to_category_id(torch.tensor([1, 0])).tolist() == [5, 2]
+
+
+DEMO_SIZES = dict(backbone="resnet18", backbone_last_stage="layer3", backbone_norm="batch_norm", hidden_dim=32,
+                  num_heads=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=64, num_queries=6,
+                  num_classes=4)
+
+
+@pytest.mark.parametrize("options, overrides", [
+    ({"query_type": "anchor"}, {}),
+    ({"class_head": "sigmoid"}, {}),  # untrained: the focal prior bias shows the head
+    ({"class_head": "sigmoid", "trained": True}, {"class_head": "sigmoid"}),  # trained: ambiguous, override
+    ({"query_type": "anchor", "denoising": True}, {}),
+    ({"dense_aux_head": True}, {}),
+    ({"query_type": "anchor", "query_groups": 3}, {"query_groups": 3}),
+    ({"query_type": "anchor", "anchor_local_attention": 0.5}, {}),
+    ({"query_type": "anchor", "class_head": "sigmoid", "denoising": True, "dense_aux_head": True, "trained": True},
+     {}),  # the demo's combination; the denoising and dense heads' class count shows the sigmoid head
+], ids=["anchor", "sigmoid", "sigmoid-trained", "denoising", "dense-aux-head", "query-groups", "local-attention",
+        "demo"])
+def test_bare_state_dict_of_each_option_loads_with_equal_outputs(tmp_path, options, overrides):
+    options = dict(options)
+    trained = options.pop("trained", False)
+    torch.manual_seed(0)
+    model = build_detr(**DEMO_SIZES, **options).eval()
+    if trained:  # training moves the class bias off its init
+        with torch.no_grad():
+            model.class_embed.bias.add_(torch.randn_like(model.class_embed.bias))
+    path = tmp_path / "bare.pth"
+    torch.save(model.state_dict(), path)
+    loaded = load_checkpoint(path, num_heads=2, **overrides)  # the number of heads is never visible
+    inferred = infer_model_config(model.state_dict(), path.name, **overrides)
+    assert {key: loaded.config[key] for key in inferred} == {key: model.config[key] for key in inferred}
+    images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(2, 64, 64, dtype=torch.bool)
+    mask[1, :, 40:] = True
+    with torch.no_grad():
+        expected, got = model(images, mask), loaded(images, mask)
+    assert torch.equal(got["pred_logits"], expected["pred_logits"])
+    assert torch.equal(got["pred_boxes"], expected["pred_boxes"])
+
+
+def test_hidden_options_fall_back_to_the_authors_defaults():
+    torch.manual_seed(0)
+    sigmoid = build_detr(**DEMO_SIZES, class_head="sigmoid")
+    with torch.no_grad():
+        sigmoid.class_embed.bias.add_(1.0)
+    config = infer_model_config(sigmoid.state_dict())
+    assert config["class_head"] == "softmax" and config["num_classes"] == 3  # 4 logits read as 3 + no object
+    grouped = build_detr(**DEMO_SIZES, query_type="anchor", query_groups=3).state_dict()
+    config = infer_model_config(grouped)
+    assert config["num_queries"] == 18 and config["query_groups"] == 1
+    with pytest.raises(CheckpointError, match="query_groups=4"):
+        infer_model_config(grouped, query_groups=4)
