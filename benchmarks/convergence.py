@@ -132,7 +132,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "query_groups": {"query_type": "anchor", "query_groups": 3},
     "dense_aux": {"dense_aux_head": True},
     # Best measured (see the README): every option above except query groups (no gain at 50 queries for
-    # 1.5x the step time), 50 queries, lr 5e-4 with a 50-step warm-up and a linear decay to zero over the
+    # 1.5x the step time), 20 queries (below), lr 5e-4 with a 50-step warm-up and a linear decay to zero over the
     # budget's last 30 %, no dropout, channels_last backbone, batch 8 (AP50 0.52 vs 0.33 for batch 16 at
     # 10 min: twice the updates). The weights' EMA (``--set ema_decay=0.99``) no longer adds anything once
     # the learning rate decays (4 paired runs: EMA AP50 <= the weights'). The bfloat16 backbone: ~15 %
