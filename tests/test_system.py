@@ -240,3 +240,15 @@ def test_non_finite_loss_names_step_and_terms(tmp_path, monkeypatch) -> None:
 def test_category_map_must_match_num_classes() -> None:
     with pytest.raises(ValueError, match="num_classes"):
         DetrSystem(**{**TINY, "num_classes": 5}, category_map={"category_ids": [1], "names": ["a"]})
+
+
+@pytest.mark.parametrize("has_bfloat16", [True, False])
+def test_backbone_bf16_runs_in_float32_on_a_cpu_without_bfloat16(monkeypatch, tmp_path, has_bfloat16) -> None:
+    """On a CPU without AVX512-BF16 / AMX, bfloat16 is emulated and slower: the system falls back to float32."""
+    import detr.lightning.system as system_module
+
+    monkeypatch.setattr(system_module, "cpu_has_bfloat16", lambda: has_bfloat16)
+    system = _system(backbone_bf16=True)
+    system.trainer = _trainer(tmp_path, enable_checkpointing=False)
+    system.setup("fit")
+    assert system.model.backbone[0].autocast_dtype == (torch.bfloat16 if has_bfloat16 else None)

@@ -42,13 +42,6 @@ def choose_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def cpu_has_bfloat16() -> bool:
-    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), where the demo config's
-    ``backbone_bf16`` made a training step ~15 % faster here; elsewhere it would be emulated, and slower."""
-    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(check() for check in checks if check is not None)
-
-
 def ap_curve(metrics_csv: Path) -> list[dict[str, float]]:
     """(epoch, step, training seconds, AP, AP50) at every validation of the fit, from the CSV logger's
     metrics.csv (the final re-evaluation of the best checkpoint has no training time and is left out)."""
@@ -104,10 +97,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.config}: the demo needs the detr.lightning.callbacks.TrainingSpeed callback "
                          "(it ends training after --minutes of training time); add it under trainer.callbacks")
     budgets[0].max_train_seconds = seconds  # training time: the validations in between are not counted
-    backbone = cli.model.model.backbone[0]
-    if backbone.autocast_dtype == torch.bfloat16 and not cpu_has_bfloat16():
-        backbone.use_autocast(None)  # emulated bfloat16 would be slower than float32
-        print("this CPU has no bfloat16 instructions (AVX512-BF16 / AMX): the backbone runs in float32")
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     train_wall = time.perf_counter() - start
 

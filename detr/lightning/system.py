@@ -27,7 +27,7 @@ from detr.checkpoints import read_checkpoint
 from detr.criterion import SetCriterion
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
 from detr.matcher import HungarianMatcher
-from detr.models.backbone import BackboneName, BackboneNorm, LastStage
+from detr.models.backbone import BackboneName, BackboneNorm, LastStage, cpu_has_bfloat16
 from detr.models.detr import ClassHead, QueryType, build_detr
 from detr.postprocess import PostProcess
 
@@ -203,11 +203,18 @@ class DetrSystem(L.LightningModule):
 
     # ------------------------------------------------------------------ processes
     def setup(self, stage: str) -> None:
-        """Seed every process differently (REFERENCE.md, "Seed per rank"), once the model is built.
+        """Seed every process differently (REFERENCE.md, "Seed per rank"), once the model is built; run
+        the backbone in float32 after all where ``backbone_bf16`` asks for bfloat16 on a CPU without it.
 
         The entry point's seed_everything gives all processes one seed, so the model starts identical
         everywhere; after that, dropout and in-process augmentation should not draw the same numbers on
         every process. A resumed run then restores each process's own states from the checkpoint."""
+        backbone = self.model.backbone[0]
+        if (backbone.autocast_dtype == torch.bfloat16 and self.trainer.strategy.root_device.type == "cpu"
+                and not cpu_has_bfloat16()):
+            backbone.use_autocast(None)
+            logger.warning("backbone_bf16: this CPU has no bfloat16 instructions (AVX512-BF16 / AMX), where "
+                           "bfloat16 is emulated and slower: the backbone runs in float32")
         if stage == "fit" and self.trainer.world_size > 1:
             seed = (torch.initial_seed() + self.global_rank) % 2**32
             torch.manual_seed(seed)
