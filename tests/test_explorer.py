@@ -200,5 +200,6 @@ def test_sigmoid_head_scores_every_class_without_no_object(tmp_path: Path) -> No
     page = write_attention_explorer(model, [image(64, 80)], tmp_path, min_size=64, max_size=96, device="cpu")[0]
     data = read_page(page)
     assert "no object" not in data["class_names"] and len(data["class_names"]) == 3
+    assert data["no_object_label"] is None  # the page must not take the last real class for "no object"
     assert data["labels"] == [2] * 5
     assert all(0.9 < score < 1.0 for score in data["scores"])

@@ -16,7 +16,8 @@
   const NHM = NH + 1;  // stored heads, then the mean over heads
   const MEAN = NH;
   const NAMES = DATA.class_names;
-  const NO_OBJECT = NAMES.length - 1;
+  // A sigmoid (focal) head has no "no object" logit: its last name is a real class.
+  const NO_OBJECT = DATA.no_object_label === null || DATA.no_object_label === undefined ? -1 : DATA.no_object_label;
   const PRED_LAYERS = DATA.prediction_layers;  // 1-based decoder layers with boxes and classes
 
   function decodeBase64(text) {

@@ -19,7 +19,9 @@ Embedded data (the JSON block ``<script id="explorer-data">``, format ``detr-att
     image: {src (data URI, JPEG of the resized image the model saw), width, height (that size, pixels),
         original_width, original_height}
     feature: {height h, width w (unpadded feature region), stride (input pixels per feature cell)}
-    num_queries Q, num_layers L, num_heads, class_names (num_classes + 1 names, last "no object"),
+    num_queries Q, num_layers L, num_heads, class_names (one per logit: a softmax head's num_classes + 1,
+        the last "no object"; a sigmoid head's num_classes), no_object_label (the no-object logit's index,
+        null for a sigmoid head),
     threshold, scores [Q], labels [Q] (final layer, as :class:`detr.PostProcess`: max over real classes),
     prediction_layers: 1-based decoder layers with head outputs (1..L with aux outputs, else [L]),
     boxes [P][Q][4] normalised cxcywh per prediction layer, top_classes / top_probs [P][Q][k] (k = 5),
@@ -204,6 +206,8 @@ def explorer_data(
         "num_layers": num_layers,
         "num_heads": num_heads,
         "class_names": list(class_names),
+        # A softmax head's last logit is "no object"; a sigmoid head has none (every logit is a real class).
+        "no_object_label": num_logits - 1 if class_head == "softmax" else None,
         "threshold": float(threshold),
         "scores": np.round(scores.numpy().astype(float), 5).tolist(),
         "labels": labels.tolist(),
