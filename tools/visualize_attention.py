@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from detr.predictor import Predictor, add_resize_arguments, to_rgb_array
+from detr.pretrained import CheckpointArgument
 from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure
 
 
@@ -29,7 +30,9 @@ def point(text: str) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("image")
-    parser.add_argument("--checkpoint", required=True, help="released .pth, state dict or this project's .ckpt")
+    parser.add_argument("--checkpoint", required=True, action=CheckpointArgument,
+                        help="a released model's name (detr-r50 ...; 'list' prints them), a .pth / .ckpt file, "
+                             "or a Hugging Face DETR directory")
     parser.add_argument("--out", required=True, help="PNG file for the decoder figure")
     parser.add_argument("--layer", type=int, default=-1, help="decoder layer, Python index (default -1: last)")
     parser.add_argument("--head", type=int, default=None, help="one attention head (default: mean over heads)")

@@ -1,0 +1,531 @@
+"""Hugging Face transformers DETR checkpoints in and out.
+
+In: :func:`read_huggingface` reads a directory as ``transformers.DetrForObjectDetection.save_pretrained``
+writes it and as the Hugging Face hub serves it (``config.json`` + ``model.safetensors`` or
+``pytorch_model.bin``), with a timm ResNet backbone (transformers' default) or transformers' own ResNet,
+DC5, any number of labels; ``id2label`` becomes the category map. :func:`detr.load_checkpoint` calls it
+for a directory, so ``detr.load_checkpoint("detr-resnet-50/")`` just works.
+
+Out: :func:`save_pretrained` writes a model of this project in that format, so that
+``transformers.DetrForObjectDetection.from_pretrained(directory)`` gives the same outputs.
+
+The two implementations are the same model (the paper's) with different parameter names:
+
+=====================================================  ==============================================
+this project (the authors' layout)                     transformers (as written to disk)
+=====================================================  ==============================================
+``backbone.0.body.*`` (torchvision ResNet)             ``model.backbone.conv_encoder.model.*`` (timm
+                                                       ResNet: same names; transformers' ResNet:
+                                                       ``embedder`` / ``encoder.stages.N.layers.M``)
+``*.self_attn.in_proj_weight`` [3C, C] (q; k; v)       ``*.self_attn.{q,k,v}_proj.weight`` [C, C] each
+``multihead_attn``                                     ``encoder_attn``
+``norm1/norm2`` (encoder), ``norm1/2/3`` (decoder)     ``self_attn_layer_norm``, (``encoder_attn_layer_norm``),
+                                                       ``final_layer_norm``
+``linear1/linear2``, ``transformer.decoder.norm``      ``fc1/fc2``, ``model.decoder.layernorm``
+``input_proj``, ``query_embed``                        ``model.input_projection``, ``model.query_position_embeddings``
+``class_embed``, ``bbox_embed.layers.N``               ``class_labels_classifier``, ``bbox_predictor.layers.N``
+``backbone.1.{row,col}_embed`` (learned positions)     ``model.position_embedding.{row,column}_embeddings``
+=====================================================  ==============================================
+
+transformers 5 renames some of these in memory (``backbone.model``, ``o_proj``, ``mlp.fc1``) but writes the
+names above, which are also those of transformers 4 and of the hub's original uploads (transformers 4 kept
+the learned position table under ``model.backbone.position_embedding``); every spelling is read.
+transformers, timm and safetensors are imported only when needed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torchvision.ops.misc import FrozenBatchNorm2d
+
+from detr.categories import CategoryMap
+from detr.checkpoints import CheckpointContents, CheckpointError, _torch_load, infer_model_config
+from detr.models.backbone import Backbone
+from detr.models.detr import DETR
+from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
+
+logger = logging.getLogger(__name__)
+
+BackboneFormat = Literal["timm", "transformers"]
+
+#: ResNets that exist both as torchvision's (this project) and as timm's / transformers' models.
+_RESNETS = {
+    "resnet18": ("basic", [2, 2, 2, 2]),
+    "resnet34": ("basic", [3, 4, 6, 3]),
+    "resnet50": ("bottleneck", [3, 4, 6, 3]),
+    "resnet101": ("bottleneck", [3, 4, 23, 3]),
+}
+
+# (this project's prefix, transformers' prefix); "*" is a layer index, the same on both sides.
+_PAIRS: tuple[tuple[str, str], ...] = (
+    ("input_proj.", "model.input_projection."),
+    ("query_embed.", "model.query_position_embeddings."),
+    ("class_embed.", "class_labels_classifier."),
+    ("bbox_embed.layers.", "bbox_predictor.layers."),
+    ("transformer.decoder.norm.", "model.decoder.layernorm."),
+    # learned position encoding: transformers 4 had it under model.backbone., 5 reads and writes it here
+    ("backbone.1.row_embed.", "model.position_embedding.row_embeddings."),
+    ("backbone.1.col_embed.", "model.position_embedding.column_embeddings."),
+    ("transformer.encoder.layers.*.self_attn.out_proj.", "model.encoder.layers.*.self_attn.out_proj."),
+    ("transformer.encoder.layers.*.norm1.", "model.encoder.layers.*.self_attn_layer_norm."),
+    ("transformer.encoder.layers.*.norm2.", "model.encoder.layers.*.final_layer_norm."),
+    ("transformer.encoder.layers.*.linear1.", "model.encoder.layers.*.fc1."),
+    ("transformer.encoder.layers.*.linear2.", "model.encoder.layers.*.fc2."),
+    ("transformer.decoder.layers.*.self_attn.out_proj.", "model.decoder.layers.*.self_attn.out_proj."),
+    ("transformer.decoder.layers.*.multihead_attn.out_proj.", "model.decoder.layers.*.encoder_attn.out_proj."),
+    ("transformer.decoder.layers.*.norm1.", "model.decoder.layers.*.self_attn_layer_norm."),
+    ("transformer.decoder.layers.*.norm2.", "model.decoder.layers.*.encoder_attn_layer_norm."),
+    ("transformer.decoder.layers.*.norm3.", "model.decoder.layers.*.final_layer_norm."),
+    ("transformer.decoder.layers.*.linear1.", "model.decoder.layers.*.fc1."),
+    ("transformer.decoder.layers.*.linear2.", "model.decoder.layers.*.fc2."),
+)
+_BODY, _HF_BODY = "backbone.0.body.", "model.backbone.conv_encoder.model."
+# q, k, v projections ↔ one in_proj: (stack, layer index, this project's module, transformers' module)
+_HF_QKV = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.([qkv])_proj\.(weight|bias)$")
+_IN_PROJ = re.compile(
+    r"transformer\.(encoder|decoder)\.layers\.(\d+)\.(self_attn|multihead_attn)\.in_proj_(weight|bias)$")
+
+# transformers' ResNet ↔ torchvision's, inside the backbone (stage N is torchvision's layer N + 1).
+_HF_RESNET_TO_TORCHVISION: tuple[tuple[str, Callable[[re.Match], str]], ...] = (
+    (r"embedder\.embedder\.convolution\.", lambda m: "conv1."),
+    (r"embedder\.embedder\.normalization\.", lambda m: "bn1."),
+    (r"encoder\.stages\.(\d+)\.layers\.(\d+)\.shortcut\.convolution\.",
+     lambda m: f"layer{int(m[1]) + 1}.{m[2]}.downsample.0."),
+    (r"encoder\.stages\.(\d+)\.layers\.(\d+)\.shortcut\.normalization\.",
+     lambda m: f"layer{int(m[1]) + 1}.{m[2]}.downsample.1."),
+    (r"encoder\.stages\.(\d+)\.layers\.(\d+)\.layer\.(\d+)\.convolution\.",
+     lambda m: f"layer{int(m[1]) + 1}.{m[2]}.conv{int(m[3]) + 1}."),
+    (r"encoder\.stages\.(\d+)\.layers\.(\d+)\.layer\.(\d+)\.normalization\.",
+     lambda m: f"layer{int(m[1]) + 1}.{m[2]}.bn{int(m[3]) + 1}."),
+)
+_TORCHVISION_TO_HF_RESNET: tuple[tuple[str, Callable[[re.Match], str]], ...] = (
+    (r"conv1\.", lambda m: "embedder.embedder.convolution."),
+    (r"bn1\.", lambda m: "embedder.embedder.normalization."),
+    (r"layer(\d)\.(\d+)\.downsample\.0\.",
+     lambda m: f"encoder.stages.{int(m[1]) - 1}.layers.{m[2]}.shortcut.convolution."),
+    (r"layer(\d)\.(\d+)\.downsample\.1\.",
+     lambda m: f"encoder.stages.{int(m[1]) - 1}.layers.{m[2]}.shortcut.normalization."),
+    (r"layer(\d)\.(\d+)\.conv(\d)\.",
+     lambda m: f"encoder.stages.{int(m[1]) - 1}.layers.{m[2]}.layer.{int(m[3]) - 1}.convolution."),
+    (r"layer(\d)\.(\d+)\.bn(\d)\.",
+     lambda m: f"encoder.stages.{int(m[1]) - 1}.layers.{m[2]}.layer.{int(m[3]) - 1}.normalization."),
+)
+
+
+def _safetensors_torch():
+    try:
+        import safetensors.torch
+    except ImportError as error:
+        raise ImportError("Hugging Face's model.safetensors files need the safetensors package: "
+                          "pip install safetensors") from error
+    return safetensors.torch
+
+
+class ExportError(ValueError):
+    """A model that transformers' DETR cannot represent (this project's convergence options and variants)."""
+
+
+def _rename_prefix(key: str, pairs: tuple[tuple[str, str], ...], reverse: bool) -> str | None:
+    for ours, theirs in pairs:
+        source, target = (theirs, ours) if reverse else (ours, theirs)
+        match = re.match(re.escape(source).replace(r"\*", r"(\d+)"), key)
+        if match:
+            return (target.replace("*", match.group(1)) if "*" in target else target) + key[match.end():]
+    return None
+
+
+def _rename_backbone(suffix: str, rules: tuple[tuple[str, Callable[[re.Match], str]], ...]) -> str | None:
+    for pattern, target in rules:
+        match = re.match(pattern, suffix)
+        if match:
+            return target(match) + suffix[match.end():]
+    return None
+
+
+def _current_spelling(key: str) -> str:
+    """transformers 5's in-memory names and version 4's learned position table → the names transformers 5
+    writes to disk."""
+    key = re.sub(r"^model\.backbone\.model\.", _HF_BODY, key)
+    key = re.sub(r"^model\.backbone\.position_embedding\.", "model.position_embedding.", key)
+    key = re.sub(r"\.o_proj\.", ".out_proj.", key)
+    return re.sub(r"\.mlp\.(fc[12])\.", r".\1.", key)
+
+
+def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the state dict"
+                           ) -> dict[str, torch.Tensor]:
+    """A transformers ``DetrForObjectDetection`` state dict → this project's (the authors') key layout.
+
+    q, k and v projections are concatenated into ``in_proj_weight`` / ``in_proj_bias`` (in that order, as
+    ``nn.MultiheadAttention`` stores them); ``num_batches_tracked`` buffers are dropped; floating-point
+    tensors become float32. A key that has no counterpart raises :class:`CheckpointError`.
+    """
+    if any(key.startswith("detr.") for key in state_dict):
+        raise CheckpointError(f"{where} is a DetrForSegmentation (panoptic) model: only DetrForObjectDetection "
+                              f"checkpoints are read")
+    official: dict[str, torch.Tensor] = {}
+    projections: dict[tuple[str, str, str, str], dict[str, torch.Tensor]] = {}
+    unknown = []
+    for hf_key, value in state_dict.items():
+        if hf_key.endswith("num_batches_tracked"):
+            continue
+        value = value.float() if value.is_floating_point() else value
+        key = _current_spelling(hf_key)
+        if match := _HF_QKV.match(key):
+            stack, index, module, which, kind = match.groups()
+            projections.setdefault((stack, index, module, kind), {})[which] = value
+            continue
+        if key.startswith(_HF_BODY):
+            suffix = key[len(_HF_BODY):]
+            if suffix.startswith(("embedder.", "encoder.")):  # transformers' ResNet
+                renamed = _rename_backbone(suffix, _HF_RESNET_TO_TORCHVISION)
+                new_key = None if renamed is None else _BODY + renamed
+            else:  # timm's ResNet has torchvision's module names
+                new_key = _BODY + suffix
+        else:
+            new_key = _rename_prefix(key, _PAIRS, reverse=True)
+        if new_key is None:
+            unknown.append(hf_key)
+        else:
+            official[new_key] = value
+    if unknown:
+        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in DETR's layout (not a "
+                              f"DetrForObjectDetection?): {unknown[:10]}")
+    for (stack, index, module, kind), parts in projections.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise CheckpointError(f"{where}: layer {stack}.{index}.{module} has only the {sorted(parts)} projections")
+        ours = "multihead_attn" if module == "encoder_attn" else module
+        official[f"transformer.{stack}.layers.{index}.{ours}.in_proj_{kind}"] = torch.cat(
+            [parts["q"], parts["k"], parts["v"]])
+    return official
+
+
+def to_huggingface_state_dict(state_dict: dict[str, torch.Tensor], backbone_format: BackboneFormat = "timm"
+                              ) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`to_official_state_dict`: this project's layout → transformers' (as on disk).
+
+    ``backbone_format`` "timm" keeps torchvision's ResNet names (transformers' default backbone);
+    "transformers" uses transformers' own ResNet names. Every tensor is a contiguous copy (safetensors
+    refuses tensors that share memory, as the q/k/v slices of one in_proj would).
+    """
+    hf: dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        if key.endswith("num_batches_tracked"):
+            continue
+        value = value.detach().to("cpu", copy=True).contiguous()
+        if match := _IN_PROJ.match(key):
+            stack, index, module, kind = match.groups()
+            theirs = "encoder_attn" if module == "multihead_attn" else module
+            for which, part in zip("qkv", value.chunk(3)):
+                hf[f"model.{stack}.layers.{index}.{theirs}.{which}_proj.{kind}"] = part.clone()
+            continue
+        if key.startswith(_BODY):
+            suffix = key[len(_BODY):]
+            renamed = suffix if backbone_format == "timm" else _rename_backbone(suffix, _TORCHVISION_TO_HF_RESNET)
+            new_key = None if renamed is None else _HF_BODY + renamed
+        else:
+            new_key = _rename_prefix(key, _PAIRS, reverse=False)
+        if new_key is None:
+            raise ExportError(f"{key} has no counterpart in transformers' DETR")
+        hf[new_key] = value
+    return hf
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"could not read {path}: {error}") from error
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors, pytorch_model.bin, or their sharded forms (``*.index.json``)."""
+    def load(path: Path) -> dict[str, torch.Tensor]:
+        if path.suffix == ".safetensors":
+            return _safetensors_torch().load_file(str(path))
+        obj = _torch_load(path)  # weights_only=True
+        if not isinstance(obj, dict):
+            raise CheckpointError(f"{path} does not hold a state dict")
+        return obj
+
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (directory / name).is_file():
+            return load(directory / name)
+        index = directory / f"{name}.index.json"
+        if index.is_file():
+            state: dict[str, torch.Tensor] = {}
+            for shard in sorted(set(_read_json(index)["weight_map"].values())):
+                state.update(load(directory / shard))
+            return state
+    raise CheckpointError(f"{directory} has a config.json but no weights: expected model.safetensors or "
+                          f"pytorch_model.bin (or their sharded *.index.json forms)")
+
+
+def _check_backbone_config(config: dict[str, Any], where: str) -> tuple[str | None, bool]:
+    """The backbone the config describes → (ResNet name if stated, dilation); unsupported ones raise.
+
+    transformers 4 writes ``use_timm_backbone`` + ``backbone`` (+ ``backbone_config`` for its own ResNet);
+    transformers 5 writes ``backbone_config`` with model_type "timm_backbone" or "resnet"."""
+    backbone_config = config.get("backbone_config")
+    dilation = bool(config.get("dilation", False))
+    if isinstance(backbone_config, dict) and backbone_config.get("model_type") == "resnet":
+        expected = {"embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
+                    "downsample_in_bottleneck": False, "num_channels": 3}
+        wrong = {k: backbone_config[k] for k, v in expected.items() if k in backbone_config and backbone_config[k] != v}
+        layer_type, depths = backbone_config.get("layer_type", "bottleneck"), list(backbone_config.get("depths", []))
+        name = next((n for n, spec in _RESNETS.items() if spec == (layer_type, depths)), None)
+        if wrong or name is None:
+            raise CheckpointError(
+                f"{where}: backbone_config describes a ResNet ({layer_type}, depths {depths}, {wrong or 'standard'}) "
+                f"that is not torchvision's ResNet-18/34/50/101, the backbones this project builds")
+        return name, dilation
+    if isinstance(backbone_config, dict) and backbone_config.get("model_type") not in (None, "timm_backbone"):
+        raise CheckpointError(f"{where}: backbone model_type {backbone_config.get('model_type')!r} is not supported; "
+                              f"this project's DETR has a ResNet backbone (timm's or transformers' ResNet)")
+    if isinstance(backbone_config, dict):  # transformers 5, timm
+        timm_name = backbone_config.get("backbone")
+        dilation = dilation or backbone_config.get("output_stride") == 16
+    else:  # transformers 4: use_timm_backbone (default true) with `backbone`, or a hub name of a transformers ResNet
+        timm_name = config.get("backbone") or "resnet50"
+        if not config.get("use_timm_backbone", True):
+            return None, dilation  # e.g. "microsoft/resnet-50": the depth is read from the weights
+    base = str(timm_name).removeprefix("timm/").split(".")[0]
+    if base not in _RESNETS:
+        raise CheckpointError(f"{where}: backbone {timm_name!r} has no counterpart here; supported: timm's "
+                              f"{', '.join(_RESNETS)} (torchvision's architecture) or transformers' ResNet")
+    return base, dilation
+
+
+def _category_map(config: dict[str, Any], num_classes: int) -> CategoryMap:
+    """``id2label`` → labels 0..num_classes-1 with their names (transformers' "LABEL_i" where missing)."""
+    id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
+    return CategoryMap(tuple(range(num_classes)), tuple(id2label.get(i, f"LABEL_{i}") for i in range(num_classes)))
+
+
+def _eval_size(directory: Path) -> tuple[int, int] | None:
+    """(shortest side, longest-side cap) from preprocessor_config.json, if there is one."""
+    path = directory / "preprocessor_config.json"
+    if not path.is_file():
+        return None
+    config = _read_json(path)
+    size = config.get("size")
+    if isinstance(size, dict) and "shortest_edge" in size and "longest_edge" in size:
+        return int(size["shortest_edge"]), int(size["longest_edge"])
+    if isinstance(size, int) and isinstance(config.get("max_size"), int):  # older processors
+        return size, int(config["max_size"])
+    return None
+
+
+def read_huggingface(directory: str | Path) -> CheckpointContents:
+    """Read a transformers ``DetrForObjectDetection`` directory into this project's layout + build config.
+
+    Raises:
+        CheckpointError: no config.json, a config of another model type (Deformable DETR, RT-DETR, ...),
+            a segmentation model, a backbone other than a torchvision-style ResNet, settings this
+            project's transformer lacks (different encoder and decoder widths, a non-ReLU activation).
+    """
+    directory = Path(directory)
+    where = str(directory)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{directory} is a directory without config.json: not a Hugging Face model directory "
+                              f"(checkpoint files are read by path, e.g. {directory}/model.pth)")
+    config = _read_json(config_path)
+    model_type = config.get("model_type")
+    if model_type != "detr":
+        raise CheckpointError(f"{config_path} has model_type {model_type!r}: only DETR (model_type 'detr', "
+                              f"DetrForObjectDetection) is supported, which is a different model from {model_type!r}")
+    architectures = config.get("architectures") or []
+    if "DetrForSegmentation" in architectures:
+        raise CheckpointError(f"{config_path}: DetrForSegmentation (panoptic) is not supported; only "
+                              f"DetrForObjectDetection")
+    differing = {f"{a}/{b}": (config.get(a), config.get(b)) for a, b in (
+        ("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim"))
+        if config.get(a, 8) != config.get(b, 8)}
+    if differing:
+        raise CheckpointError(f"{config_path}: this project's transformer has one head count and one FFN width for the "
+                              f"encoder and the decoder; found {differing}")
+    if config.get("activation_function", "relu") != "relu":
+        raise CheckpointError(f"{config_path}: activation_function {config['activation_function']!r}; DETR uses relu")
+    if config.get("num_channels", 3) != 3:
+        raise CheckpointError(f"{config_path}: num_channels {config['num_channels']}; this project reads RGB images")
+    position_encoding = config.get("position_embedding_type", "sine")
+    if position_encoding not in ("sine", "learned"):
+        raise CheckpointError(f"{config_path}: position_embedding_type {position_encoding!r} is not 'sine' or "
+                              f"'learned'")
+    backbone, dilation = _check_backbone_config(config, str(config_path))
+    if config.get("auxiliary_loss", False):
+        logger.warning("%s: auxiliary_loss=true, with which transformers feeds each decoder layer's normalised "
+                       "output to the next layer; this project's decoder follows the paper (the final norm only "
+                       "on the heads' inputs), so predictions differ from transformers' for this model", config_path)
+
+    state_dict = to_official_state_dict(_read_weights(directory), where)
+    if "class_embed.weight" not in state_dict:
+        raise CheckpointError(f"{where} has no class_labels_classifier: a DetrModel without the detection heads?")
+    model_config = infer_model_config(state_dict, where, class_head="softmax")
+    if backbone is not None and model_config["backbone"] != backbone:
+        raise CheckpointError(f"{config_path} names backbone {backbone} but the weights are a "
+                              f"{model_config['backbone']}")
+    model_config.update(dilation=dilation, num_heads=int(config.get("encoder_attention_heads", 8)),
+                        position_encoding=position_encoding, dropout=float(config.get("dropout", 0.1)))
+    category_map = _category_map(config, model_config["num_classes"])
+    return CheckpointContents(state_dict, model_config, category_map, _eval_size(directory))
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def check_exportable(model: DETR) -> None:
+    """Raise :class:`ExportError` naming the first option transformers' DETR does not have.
+
+    transformers' DetrForObjectDetection is the paper's model: learned queries, a softmax head with a
+    no-object class, post-norm layers, a ResNet with frozen batch norm (or DC5) ending at layer4, sine or
+    learned position encoding.
+    """
+    problems = []
+    if getattr(model, "query_type", "learned") != "learned":
+        problems.append(f"query_type={model.query_type!r} (anchor queries: DAB-DETR's decoder)")
+    if getattr(model, "class_head", "softmax") != "softmax":
+        problems.append(f"class_head={model.class_head!r} (sigmoid head: no no-object logit)")
+    if getattr(model, "denoising", None) is not None:
+        problems.append("denoising queries")
+    if getattr(model, "query_groups", 1) != 1:
+        problems.append(f"query_groups={model.query_groups}")
+    if getattr(model, "dense_head", None) is not None:
+        problems.append("a dense auxiliary head")
+    transformer = model.transformer
+    if getattr(transformer.encoder, "norm", None) is not None or any(
+            getattr(layer, "pre_norm", False) for layer in transformer.modules()):
+        problems.append("pre_norm=True (transformers' DETR is post-norm)")
+    body = model.backbone[0]
+    if not isinstance(body, Backbone):
+        problems.append(f"backbone {type(body).__name__} (a ResNet Backbone is needed)")
+    else:
+        modules = list(body.body.modules())
+        if any(isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)) for m in modules):
+            problems.append("a backbone with trainable batch norm or group norm (transformers freezes batch norm)")
+        elif not any(isinstance(m, FrozenBatchNorm2d) for m in modules):
+            problems.append("frozen batch norm folded into the convolutions (optimize_for_inference); save the "
+                            "model before folding, or load the checkpoint again")
+        if "layer4" not in dict(body.body.named_children()):
+            problems.append("backbone_last_stage other than layer4")
+    encoding = model.backbone[1]
+    if isinstance(encoding, PositionEmbeddingSine):
+        if (encoding.temperature, encoding.normalize) != (10000, True) or abs(encoding.scale - 2 * torch.pi) > 1e-12:
+            problems.append("a sine encoding with non-default temperature, normalisation or scale")
+    elif not (isinstance(encoding, PositionEmbeddingLearned) and encoding.row_embed.num_embeddings == 50):
+        problems.append(f"position encoding {type(encoding).__name__}")
+    if problems:
+        raise ExportError("transformers' DetrForObjectDetection has no equivalent for " + "; ".join(problems)
+                          + ". Only the paper's model (learned queries, softmax head, post-norm, frozen-BN ResNet) "
+                            "can be exported")
+
+
+def _backbone_name(model: DETR) -> str:
+    name = model.config.get("backbone") if model.config else None
+    if name is None:  # built without build_detr: read it from the weights
+        name = infer_model_config(model.state_dict(), class_head="softmax")["backbone"]
+    if name not in _RESNETS:
+        raise ExportError(f"backbone {name!r}: transformers' DETR can hold {', '.join(_RESNETS)}")
+    return name
+
+
+def huggingface_config(model: DETR, backbone_format: BackboneFormat = "timm",
+                       category_map: CategoryMap | None = None) -> dict[str, Any]:
+    """config.json of :func:`save_pretrained`, in the form the hub's DETR configs have (read by transformers
+    4 and 5 alike): ``use_timm_backbone`` + ``backbone``, or a ResNet ``backbone_config``."""
+    transformer = model.transformer
+    heads = transformer.nhead
+    ffn = transformer.decoder.layers[0].linear1.out_features
+    dropout = float(model.config.get("dropout", 0.1)) if model.config else 0.1
+    name = _backbone_name(model)
+    dilation = model.backbone[0].stride == 16
+    if category_map is None:
+        category_map = getattr(model, "category_map", None)
+    names = (list(category_map.names) if category_map is not None
+             else [f"LABEL_{i}" for i in range(model.num_classes)])
+    config: dict[str, Any] = {
+        "architectures": ["DetrForObjectDetection"],
+        "model_type": "detr",
+        "d_model": transformer.d_model,
+        "encoder_layers": len(transformer.encoder.layers),
+        "decoder_layers": len(transformer.decoder.layers),
+        "encoder_attention_heads": heads,
+        "decoder_attention_heads": heads,
+        "encoder_ffn_dim": ffn,
+        "decoder_ffn_dim": ffn,
+        "num_queries": model.num_queries,
+        "num_channels": 3,
+        "activation_function": "relu",
+        # the paper's dropout is on the residual branches, the attention weights and the FFN hidden layer
+        "dropout": dropout,
+        "attention_dropout": dropout,
+        "activation_dropout": dropout,
+        # transformers' auxiliary_loss=True also feeds each decoder layer's normalised output to the next
+        # layer, which the paper's decoder does not (it normalises only the copies given to the heads), so
+        # it would change the predictions: off.
+        "auxiliary_loss": False,
+        "position_embedding_type": "sine" if isinstance(model.backbone[1], PositionEmbeddingSine) else "learned",
+        "dilation": dilation,
+        "use_pretrained_backbone": False,  # every backbone weight is in the file
+        "id2label": {str(i): n for i, n in enumerate(names)},
+        "label2id": {n: i for i, n in enumerate(names)},
+        "is_encoder_decoder": True,
+    }
+    if backbone_format == "timm":
+        config.update(use_timm_backbone=True, backbone=name, backbone_config=None)
+    else:
+        if dilation:
+            raise ExportError("transformers' own ResNet has no dilation (DC5): export with backbone_format='timm'")
+        layer_type, depths = _RESNETS[name]
+        widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
+        config.update(use_timm_backbone=False, backbone=None, backbone_config={
+            "model_type": "resnet", "layer_type": layer_type, "depths": depths, "hidden_sizes": widths,
+            "embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
+            "downsample_in_bottleneck": False, "num_channels": 3, "out_features": ["stage4"]})
+    return config
+
+
+def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: BackboneFormat = "timm",
+                    category_map: CategoryMap | None = None) -> Path:
+    """Write ``model`` as transformers' ``DetrForObjectDetection.save_pretrained`` would.
+
+    Files: config.json (architecture; ``id2label`` from ``category_map`` or ``model.category_map``),
+    model.safetensors (float32 weights in transformers' on-disk names) and preprocessor_config.json
+    (DetrImageProcessor with the model's eval resize, ``model.eval_size`` or 800 / 1333, and ImageNet
+    normalisation). ``backbone_format``: "timm" (transformers' default; DC5 possible; transformers needs
+    timm to load it) or "transformers" (its own ResNet; no timm needed; no DC5).
+
+    Raises:
+        ExportError: for a model transformers' DETR cannot represent (see :func:`check_exportable`).
+    """
+    if backbone_format not in ("timm", "transformers"):
+        raise ValueError(f"backbone_format must be 'timm' or 'transformers', got {backbone_format!r}")
+    check_exportable(model)
+    save_file = _safetensors_torch().save_file
+    config = huggingface_config(model, backbone_format, category_map)
+    tensors = to_huggingface_state_dict(model.state_dict(), backbone_format)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    min_size, max_size = getattr(model, "eval_size", None) or (800, 1333)
+    processor = {
+        "image_processor_type": "DetrImageProcessor", "format": "coco_detection",
+        "do_resize": True, "size": {"shortest_edge": int(min_size), "longest_edge": int(max_size)},
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_pad": True,
+    }
+    (directory / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    logger.info("wrote %s (%s backbone, %d classes)", directory, backbone_format, model.num_classes)
+    return directory

@@ -1,0 +1,250 @@
+"""The authors' released DETR models by name: where each file is, what it holds and what it scored.
+
+    model = detr.load_checkpoint("detr-r50")      # downloaded on first use, then read from the cache
+
+:data:`PRETRAINED_MODELS` maps each name to a :class:`PretrainedModel`. A file is downloaded once into
+torch's hub cache (``torch.hub.get_dir()/checkpoints``, the folder the authors' own hubconf uses), with
+a progress bar; its SHA-256 must start with the 8 hex digits of its file name (torch.hub's
+``check_hash`` convention), otherwise it is refused and nothing is left in the cache. Offline, put the
+file into that folder by hand: the error message names the URL and the folder.
+
+``python -m detr.pretrained`` (or ``--checkpoint list`` in the tools) prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import hashlib
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+import torch
+
+from detr.categories import CategoryMap
+from detr.checkpoints import CheckpointContents, CheckpointError, infer_model_config, load_checkpoint, read_checkpoint
+from detr.models.backbone import BackboneName
+from detr.models.detr import DETR, build_detr
+from detr.postprocess import PostProcess
+
+logger = logging.getLogger(__name__)
+
+Task = Literal["detection", "panoptic"]
+
+_RELEASE_URL = "https://dl.fbaipublicfiles.com/detr/"
+
+
+@dataclass(frozen=True)
+class PretrainedModel:
+    """One released checkpoint.
+
+    name: what :func:`detr.load_checkpoint` accepts ("detr-r50"). url: where the file is; its file name
+    ends in ``-<sha256_prefix>.pth``. backbone, dilation: the architecture (DC5 = dilated layer4);
+    the transformer is the paper's (6 + 6 layers, hidden 256, 8 heads, 100 queries). num_classes:
+    91 (COCO's raw category ids 1-90) for detection, 250 for panoptic (COCO panoptic ids).
+    metrics: published COCO val2017 numbers (box AP etc.; panoptic adds segm AP and PQ).
+    eval_size: the evaluation resize (shortest side, longest-side cap) the metrics were measured at.
+    """
+
+    name: str
+    url: str
+    sha256_prefix: str
+    backbone: BackboneName
+    dilation: bool
+    metrics: Mapping[str, float] = field(compare=False)
+    task: Task = "detection"
+    num_classes: int = 91
+    eval_size: tuple[int, int] = (800, 1333)
+
+    @property
+    def file_name(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+    @property
+    def category_map(self) -> CategoryMap | None:
+        """COCO's 91-id map for the detectors; None for the panoptic models, which the loader gives COCO
+        panoptic's map."""
+        return CategoryMap.coco() if self.task == "detection" else None
+
+    def model_config(self) -> dict[str, Any]:
+        """:func:`detr.build_detr` keyword arguments of the untrained detector (the rest are the paper's
+        defaults); a downloaded file's architecture is read from its weights."""
+        return {"backbone": self.backbone, "dilation": self.dilation, "num_classes": self.num_classes}
+
+
+def _released(name: str, file_name: str, backbone: BackboneName, dilation: bool, task: Task = "detection",
+              **metrics: float) -> PretrainedModel:
+    return PretrainedModel(name=name, url=_RELEASE_URL + file_name, sha256_prefix=file_name[-12:-4],
+                           backbone=backbone, dilation=dilation, metrics=MappingProxyType(metrics), task=task,
+                           num_classes=91 if task == "detection" else 250)
+
+
+#: Every released checkpoint by name, with the published COCO val2017 numbers (500-epoch schedule for
+#: detection; the panoptic models add a mask head trained for 25 more epochs).
+PRETRAINED_MODELS: Mapping[str, PretrainedModel] = MappingProxyType({model.name: model for model in (
+    _released("detr-r50", "detr-r50-e632da11.pth", "resnet50", False,
+              box_ap=42.0, box_ap50=62.4, box_ap75=44.2, box_ap_small=20.5, box_ap_medium=45.8, box_ap_large=61.1),
+    _released("detr-r50-dc5", "detr-r50-dc5-f0fb7ef5.pth", "resnet50", True,
+              box_ap=43.3, box_ap50=63.1, box_ap75=45.9, box_ap_small=22.5, box_ap_medium=47.3, box_ap_large=61.1),
+    _released("detr-r101", "detr-r101-2c7b67e5.pth", "resnet101", False,
+              box_ap=43.5, box_ap50=63.8, box_ap75=46.4, box_ap_small=21.9, box_ap_medium=48.0, box_ap_large=61.8),
+    _released("detr-r101-dc5", "detr-r101-dc5-a2e86def.pth", "resnet101", True,
+              box_ap=44.9, box_ap50=64.7, box_ap75=47.7, box_ap_small=23.7, box_ap_medium=49.5, box_ap_large=62.3),
+    _released("detr-r50-panoptic", "detr-r50-panoptic-00ce5173.pth", "resnet50", False, "panoptic",
+              box_ap=38.8, segm_ap=31.1, pq=43.4),
+    _released("detr-r50-dc5-panoptic", "detr-r50-dc5-panoptic-da08f1b1.pth", "resnet50", True, "panoptic",
+              box_ap=40.2, segm_ap=31.9, pq=44.6),
+    _released("detr-r101-panoptic", "detr-r101-panoptic-40021d53.pth", "resnet101", False, "panoptic",
+              box_ap=40.1, segm_ap=33.0, pq=45.1),
+)})
+
+
+def find(source: object) -> PretrainedModel | None:
+    """The released model that ``source`` names, or None when it is a path.
+
+    An existing file or folder always wins over a name. A string that looks like a name (no folder, no
+    file extension) but is neither a file nor a released model raises :class:`CheckpointError`
+    suggesting the closest names.
+    """
+    if isinstance(source, PretrainedModel):
+        return source
+    if isinstance(source, Path):  # load_checkpoint hands names on as paths
+        source = str(source)
+    if not isinstance(source, str) or Path(source).exists():
+        return None
+    if source in PRETRAINED_MODELS:
+        return PRETRAINED_MODELS[source]
+    if "/" not in source and "\\" not in source and not Path(source).suffix:
+        close = difflib.get_close_matches(source, list(PRETRAINED_MODELS), n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise CheckpointError(f"{source!r} is neither a file nor a released model's name; {hint}released models: "
+                              f"{', '.join(PRETRAINED_MODELS)} (python -m detr.pretrained lists them)")
+    return None
+
+
+def cache_dir() -> Path:
+    """Where released files are kept: torch's hub cache, ``torch.hub.get_dir()/checkpoints``."""
+    return Path(torch.hub.get_dir()) / "checkpoints"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def download(model: PretrainedModel, *, progress: bool = True) -> Path:
+    """The model's file in :func:`cache_dir`, downloaded first if it is not there; returns its path.
+
+    The download goes to a temporary file beside the target and is moved into place only once its
+    SHA-256 matches, so an interrupted or corrupt download never sits in the cache. A file already in
+    the cache (a finished download, or one put there by hand) is checked the same way.
+
+    Raises:
+        CheckpointError: when the file cannot be downloaded (naming the URL and the folder to put it
+            in by hand) or its hash does not match.
+    """
+    path = cache_dir() / model.file_name
+    if path.is_file():
+        digest = _sha256(path)
+        if not digest.startswith(model.sha256_prefix):
+            raise CheckpointError(
+                f"{path} is not the released {model.name} file: its SHA-256 starts with {digest[:8]}, expected "
+                f"{model.sha256_prefix}. Delete it to download it again from {model.url}")
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logger.info("downloading %s from %s to %s", model.name, model.url, path)
+    try:
+        torch.hub.download_url_to_file(model.url, str(path), hash_prefix=model.sha256_prefix, progress=progress)
+    except RuntimeError as error:  # torch.hub's hash check; it has removed its temporary file
+        raise CheckpointError(f"refused the download of {model.name} from {model.url}: {error}. Nothing was kept "
+                              f"in {path.parent}; try again, or get the file another way") from error
+    except OSError as error:  # no network, DNS failure, HTTP error (URLError and HTTPError are OSErrors)
+        raise CheckpointError(
+            f"could not download {model.name} from {model.url}: {error}. Offline, download {model.file_name} "
+            f"elsewhere and put it into torch's hub cache folder {path.parent} (torch.hub.get_dir()/checkpoints, "
+            f"set by $TORCH_HOME), then load it by name again; or pass the file's path instead of the name"
+        ) from error
+    return path
+
+
+def read_released(model: PretrainedModel, *, progress: bool = True) -> CheckpointContents:
+    """Download (once) and read a released checkpoint, with its architecture, categories and eval size.
+
+    The panoptic files hold the detector under ``detr.`` beside the mask head; the architecture is read
+    from the detector's weights (the model's ``dilation`` added, which no weight shows).
+    """
+    path = download(model, progress=progress)
+    contents = read_checkpoint(path)
+    detector = contents.state_dict
+    if model.task == "panoptic":
+        detector = {key[len("detr."):]: value for key, value in detector.items() if key.startswith("detr.")}
+    config = {**infer_model_config(detector, path.name, class_head="softmax"), "dilation": model.dilation}
+    if config["backbone"] != model.backbone:
+        raise CheckpointError(f"{path} holds a {config['backbone']} model, but {model.name} is a {model.backbone}")
+    return replace(contents, model_config=config, category_map=model.category_map, eval_size=model.eval_size)
+
+
+def describe() -> str:
+    """The table that ``python -m detr.pretrained`` prints: name, file, published AP."""
+    lines = [f"{'name':<22} {'file':<36} {'published (COCO val2017)'}"]
+    for model in PRETRAINED_MODELS.values():
+        scores = f"box AP {model.metrics['box_ap']}"
+        if model.task == "panoptic":
+            scores += f", segm AP {model.metrics['segm_ap']}, PQ {model.metrics['pq']} (panoptic)"
+        lines.append(f"{model.name:<22} {model.file_name:<36} {scores}")
+    lines.append(f"files are downloaded on first use to {cache_dir()}")
+    return "\n".join(lines)
+
+
+def hub_model(name: str, *, pretrained: bool = False, num_classes: int = 91, return_postprocessor: bool = False
+              ) -> DETR | tuple[DETR, PostProcess]:
+    """What the torch.hub entry points return (hubconf.py): the released model ``name``, as the authors'
+    hubconf builds it (no auxiliary outputs), with or without its weights.
+
+    pretrained=True: the released weights (eval mode; ``num_classes`` must be 91, COCO's). False: the same
+    architecture with ``num_classes`` classes, randomly initialised, ImageNet backbone not loaded (train
+    mode; for training from scratch or fine-tuning). return_postprocessor: also return
+    :class:`detr.PostProcess`, which turns outputs into per-image scores, labels and pixel boxes.
+    """
+    model_info = PRETRAINED_MODELS[name]
+    if pretrained:
+        if num_classes != model_info.num_classes:
+            raise ValueError(f"the released {name} predicts {model_info.num_classes} classes, not num_classes="
+                             f"{num_classes}; to fine-tune on other classes, start a training run with "
+                             f"init_checkpoint={name!r} (its class head is re-initialised)")
+        model = load_checkpoint(name, aux_loss=False)
+    else:
+        model = build_detr(**{**model_info.model_config(), "num_classes": num_classes}, aux_loss=False)
+        model.category_map = model_info.category_map if num_classes == model_info.num_classes else None
+    return (model, PostProcess()) if return_postprocessor else model
+
+
+class CheckpointArgument(argparse.Action):
+    """``--checkpoint`` of the tools: a path or a released model's name; ``list`` prints the names and exits
+    (before the other arguments are checked, like ``--version``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values == "list":
+            print(describe())
+            parser.exit()
+        setattr(namespace, self.dest, values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m detr.pretrained", description="List the released DETR models.")
+    parser.parse_args(argv)
+    print(describe())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

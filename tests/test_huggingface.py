@@ -1,0 +1,242 @@
+"""Hugging Face transformers DETR directories in and out: same outputs as transformers on a padded batch of
+two real photos, for timm and transformers ResNet backbones, DC5, learned positions and several label counts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import detr
+from detr import build_detr
+from detr.checkpoints import CheckpointError
+from detr.data.collate import pad_images
+from detr.huggingface import ExportError, save_pretrained, to_huggingface_state_dict
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("timm")
+pytest.importorskip("safetensors")
+
+ROOT = Path(__file__).resolve().parents[1]
+PHOTOS = ROOT / "data" / "photos"
+TOLERANCE = 1e-4
+TINY_TRANSFORMER = dict(d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=10, dropout=0.0)
+RESNET_SPECS = {"resnet18": ("basic", [2, 2, 2, 2], [64, 128, 256, 512]),
+                "resnet50": ("bottleneck", [3, 4, 6, 3], [256, 512, 1024, 2048])}
+
+
+@pytest.fixture(scope="module")
+def photo_batch():
+    """Two photos of different sizes, ImageNet-normalised, zero-padded bottom/right; mask True on padding."""
+    mean, std = torch.tensor([0.485, 0.456, 0.406])[:, None, None], torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    tensors = []
+    for name, size in (("chelsea.png", (144, 96)), ("astronaut.png", (112, 128))):  # (width, height)
+        image = Image.open(PHOTOS / name).convert("RGB").resize(size, Image.BILINEAR)
+        tensor = torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).float() / 255
+        tensors.append((tensor - mean) / std)
+    images, padding_mask = pad_images(tensors)
+    assert padding_mask[0].any() and padding_mask[1].any()  # each image is padded on one side
+    return images, padding_mask
+
+
+TABLES = {"query_embed", "query_position_embeddings", "row_embed", "col_embed", "row_embeddings", "column_embeddings"}
+
+
+def _randomise(module: torch.nn.Module, seed: int) -> None:
+    """Random weights, so that every query predicts a different box (transformers' init gives them all the
+    same one): matrices with variance 1 / fan-in, embeddings standard normal, norm scales and batch-norm
+    variances in [0.5, 1.5], other vectors small."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            if not tensor.is_floating_point():
+                continue
+            noise = torch.randn(tensor.shape, generator=generator)
+            if name.rsplit(".", 2)[-2] in TABLES:
+                tensor.copy_(noise)
+            elif tensor.dim() > 1:
+                tensor.copy_(noise / tensor[0].numel() ** 0.5)
+            elif name.endswith("running_var") or (name.endswith("weight") and ("norm" in name or "bn" in name)):
+                tensor.copy_(torch.rand(tensor.shape, generator=generator) + 0.5)
+            else:
+                tensor.copy_(noise * 0.05)
+
+
+def _hf_model(num_labels: int, backbone: str = "resnet18", *, timm: bool = True, dilation: bool = False,
+              position: str = "sine", seed: int = 0):
+    common = dict(TINY_TRANSFORMER, num_labels=num_labels, position_embedding_type=position,
+                  id2label={i: f"thing {i}" for i in range(num_labels)})
+    if timm:
+        config = transformers.DetrConfig(backbone=backbone, use_timm_backbone=True, use_pretrained_backbone=False,
+                                         dilation=dilation, **common)
+    else:
+        layer_type, depths, widths = RESNET_SPECS[backbone]
+        resnet = transformers.ResNetConfig(layer_type=layer_type, depths=depths, hidden_sizes=widths,
+                                           out_features=["stage4"])
+        config = transformers.DetrConfig(backbone_config=resnet, use_timm_backbone=False, **common)
+    model = transformers.DetrForObjectDetection(config).eval()
+    _randomise(model, seed)
+    return model
+
+
+def _hf_outputs(model, images, padding_mask):
+    with torch.no_grad():
+        out = model(pixel_values=images, pixel_mask=(~padding_mask).long())
+    return out.logits, out.pred_boxes
+
+
+def _our_outputs(model, images, padding_mask):
+    with torch.no_grad():
+        out = model(images, padding_mask)
+    return out["pred_logits"], out["pred_boxes"]
+
+
+def _assert_same(ours, theirs):
+    (logits, boxes), (hf_logits, hf_boxes) = ours, theirs
+    assert logits.shape == hf_logits.shape and boxes.shape == hf_boxes.shape
+    assert boxes[0].std(dim=0).max() > 1e-3  # queries differ: the comparison is not between constants
+    assert (logits - hf_logits).abs().max() <= TOLERANCE
+    assert (boxes - hf_boxes).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("backbone, timm, dilation, position, num_labels", [
+    ("resnet18", True, False, "sine", 5),
+    ("resnet18", False, False, "sine", 3),
+    ("resnet18", True, False, "learned", 1),
+    ("resnet50", True, True, "sine", 91),
+    ("resnet50", False, False, "sine", 20),
+])
+def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photo_batch, backbone, timm, dilation,
+                                                            position, num_labels):
+    from safetensors.torch import load_file
+
+    hf = _hf_model(num_labels, backbone, timm=timm, dilation=dilation, position=position)
+    hf.save_pretrained(tmp_path)
+    model = detr.load_checkpoint(tmp_path)
+    assert model.config["backbone"] == backbone and model.config["dilation"] == dilation
+    assert model.config["position_encoding"] == position and model.num_classes == num_labels
+    assert model.category_map.names == tuple(f"thing {i}" for i in range(num_labels))
+    _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf, *photo_batch))
+    # and the names back: exactly the tensors transformers wrote
+    on_disk = load_file(str(tmp_path / "model.safetensors"))
+    backbone_format = "timm" if timm else "transformers"
+    exported = to_huggingface_state_dict(model.state_dict(), backbone_format)
+    assert exported.keys() == on_disk.keys()
+    assert all(torch.equal(exported[k], v) for k, v in on_disk.items())
+    # and the whole directory back, config included: transformers builds the same model from it
+    save_pretrained(model, tmp_path / "again", backbone_format=backbone_format)
+    again = transformers.DetrForObjectDetection.from_pretrained(tmp_path / "again").eval()
+    assert again.config.dilation == dilation and again.config.id2label == hf.config.id2label
+    _assert_same(_hf_outputs(again, *photo_batch), _hf_outputs(hf, *photo_batch))
+
+
+def test_in_memory_key_names_bin_file_and_processor_size(tmp_path, photo_batch):
+    """transformers 5 renames keys in memory (backbone.model, o_proj, mlp.fc1); a state dict saved from memory
+    as pytorch_model.bin reads too, and preprocessor_config.json gives the eval resize."""
+    hf = _hf_model(4, seed=1)
+    hf.config.save_pretrained(tmp_path)
+    state = hf.state_dict()
+    assert any(".o_proj." in key for key in state) and any(".mlp.fc1." in key for key in state)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    transformers.DetrImageProcessor(size={"shortest_edge": 512, "longest_edge": 853}).save_pretrained(tmp_path)
+    model = detr.load_checkpoint(tmp_path)
+    assert model.eval_size == (512, 853)
+    _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf, *photo_batch))
+
+
+def _our_model(seed: int = 0, **config):
+    torch.manual_seed(seed)
+    model = build_detr(**{**dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1,
+                                 num_decoder_layers=2, dim_feedforward=64, num_queries=10, num_classes=5,
+                                 dropout=0.0), **config}).eval()
+    _randomise(model, seed)
+    return model
+
+
+@pytest.mark.parametrize("backbone_format, config", [
+    ("timm", dict()),
+    ("transformers", dict(num_classes=2)),
+    ("timm", dict(position_encoding="learned", num_classes=7)),
+])
+def test_saved_directory_loads_in_transformers_with_the_same_outputs(tmp_path, photo_batch, backbone_format, config):
+    model = _our_model(**config)
+    model.category_map = detr.CategoryMap(tuple(range(model.num_classes)),
+                                          tuple(f"kind {i}" for i in range(model.num_classes)))
+    save_pretrained(model, tmp_path, backbone_format=backbone_format)
+    hf, info = transformers.DetrForObjectDetection.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert hf.config.id2label[model.num_classes - 1] == f"kind {model.num_classes - 1}"
+    _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf.eval(), *photo_batch))
+    again = detr.load_checkpoint(tmp_path)  # and back: the same weights
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert again.category_map == model.category_map and again.eval_size == (800, 1333)
+
+
+@pytest.mark.parametrize("config, backbone_format, reason", [
+    (dict(query_type="anchor"), "timm", "query_type='anchor'"),
+    (dict(class_head="sigmoid"), "timm", "class_head='sigmoid'"),
+    (dict(pre_norm=True), "timm", "pre_norm"),
+    (dict(backbone_norm="group_norm"), "timm", "group norm"),
+    (dict(backbone_last_stage="layer3"), "timm", "layer4"),
+    (dict(backbone="resnet50", dilation=True), "transformers", "no dilation"),
+])
+def test_models_without_a_transformers_equivalent_are_refused(tmp_path, config, backbone_format, reason):
+    model = build_detr(**{**dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1,
+                                 num_decoder_layers=1, dim_feedforward=64, num_queries=10, num_classes=5), **config})
+    with pytest.raises(ExportError, match=reason):
+        save_pretrained(model, tmp_path / "out", backbone_format=backbone_format)
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_folded_batch_norm_is_refused(tmp_path):
+    model = _our_model().optimize_for_inference()
+    with pytest.raises(ExportError, match="folded"):
+        save_pretrained(model, tmp_path)
+
+
+@pytest.mark.parametrize("model_type", ["deformable_detr", "rt_detr", "conditional_detr"])
+def test_other_model_types_are_named_in_the_error(tmp_path, model_type):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(CheckpointError, match=f"model_type '{model_type}'"):
+        detr.load_checkpoint(tmp_path)
+
+
+def test_a_directory_without_config_or_weights_is_explained(tmp_path):
+    with pytest.raises(CheckpointError, match="without config.json"):
+        detr.load_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "detr", "architectures": ["DetrForSegmentation"]}))
+    with pytest.raises(CheckpointError, match="DetrForSegmentation"):
+        detr.load_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "detr", "backbone": "resnet18"}))
+    with pytest.raises(CheckpointError, match="no weights"):
+        detr.load_checkpoint(tmp_path)
+
+
+def test_predictor_names_labels_from_id2label(tmp_path):
+    hf = _hf_model(3, seed=2)
+    hf.save_pretrained(tmp_path)
+    predictor = detr.Predictor.from_checkpoint(tmp_path, device="cpu", min_size=96, max_size=160)
+    (prediction,) = predictor.predict(PHOTOS / "chelsea.png", all_queries=True)
+    assert len(prediction) == 10 and set(prediction.label_names) <= {"thing 0", "thing 1", "thing 2"}
+
+
+def test_convert_tool_writes_a_directory(tmp_path, photo_batch, capsys):
+    model = _our_model(seed=3, num_heads=8, num_classes=91)  # a file in the authors' format: 8 heads
+    torch.save({"model": model.state_dict()}, tmp_path / "tiny.pth")
+    spec = importlib.util.spec_from_file_location("tool_convert", ROOT / "tools" / "convert.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main([str(tmp_path / "tiny.pth"), "--to-huggingface", str(tmp_path / "hf")]) == 0
+    hf = transformers.DetrForObjectDetection.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.id2label[17] == "cat"  # a 91-class file without a map is COCO's
+    _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf, *photo_batch))
+
+    torch.save({"model": _our_model(query_type="anchor").state_dict()}, tmp_path / "anchor.pth")
+    assert tool.main([str(tmp_path / "anchor.pth"), "--to-huggingface", str(tmp_path / "no")]) == 1
+    assert "query_type='anchor'" in capsys.readouterr().err
