@@ -1,4 +1,4 @@
-"""Raw predictions → per-image scores, labels and pixel boxes (REFERENCE.md, "Post-processing")."""
+"""Raw predictions → per-image scores, labels and pixel boxes (the authors' PostProcess, models/detr.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,13 @@ def scores_and_labels(logits: torch.Tensor, class_head: Literal["softmax", "sigm
     return (probabilities[..., :-1] if class_head == "softmax" else probabilities).max(-1)
 
 
+def boxes_to_pixels(boxes: torch.Tensor, target_sizes: torch.Tensor) -> torch.Tensor:
+    """Normalised cxcywh [B, Q, 4] → float pixel xyxy [B, Q, 4] in images of target_sizes [B, 2] (height, width)."""
+    height, width = target_sizes.to(boxes.device).float().unbind(1)
+    scale = torch.stack([width, height, width, height], dim=1)  # [B, 4]
+    return cxcywh_to_xyxy(boxes.float()) * scale[:, None, :]
+
+
 class PostProcess(nn.Module):
     """Softmax over all logits; score and label = max over the real classes (no-object excluded);
     boxes cxcywh → xyxy scaled to each ORIGINAL image. No threshold and no top-k: all queries are kept.
@@ -54,7 +61,5 @@ class PostProcess(nn.Module):
             raise ValueError(f"target_sizes must be [B, 2] (height, width) with B = {len(logits)}, "
                              f"got {tuple(target_sizes.shape)}")
         scores, labels = scores_and_labels(logits, self.class_head)
-        height, width = target_sizes.to(boxes.device).float().unbind(1)
-        scale = torch.stack([width, height, width, height], dim=1)  # [B, 4]
-        boxes = cxcywh_to_xyxy(boxes.float()) * scale[:, None, :]
+        boxes = boxes_to_pixels(boxes, target_sizes)
         return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]

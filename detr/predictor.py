@@ -1,6 +1,6 @@
 """Run a trained DETR on users' images: :class:`Predictor` and the per-image :class:`Prediction`.
 
-The predictor does what evaluation does (REFERENCE.md, "Post-processing and evaluation") on images that
+The predictor does what the authors' evaluation does (models/detr.py PostProcess) on images that
 come without annotations: the authors' eval resize (shortest side 800, longest at most 1333), ImageNet
 normalisation, zero padding at the bottom and right with a padding mask (the batch contract), the model,
 then :class:`detr.PostProcess` with the ORIGINAL image size, so boxes are pixel ``xyxy`` on the image
@@ -261,14 +261,13 @@ class Predictor:
         precision: "fp32", or "bf16" for bfloat16 autocast (on CPU and CUDA).
         threshold: default score threshold of :meth:`predict` (the authors' demo uses 0.7).
         batch_size: images per forward pass. Padding depends on the batch, so outputs can differ slightly
-            with the batch size, as in the authors' evaluation (REFERENCE.md).
+            with the batch size, as in the authors' evaluation.
         min_size, max_size: the eval resize (shortest side ``min_size``, longest at most ``max_size``);
             None: the model's ``eval_size`` (what it was validated at in training, set by
             :func:`detr.load_checkpoint` for this project's checkpoints), else the authors' 800 and 1333.
         optimize: call ``model.optimize_for_inference()`` (frozen BatchNorms folded into the convolutions,
-            backbone in channels-last), in place: same outputs up to float rounding, faster (R50 forward
-            at 800 x 1066 on an idle 2-core AMX CPU: fp32 2.28 → 1.31 s, bf16 2.46 → 0.53 s;
-            benchmarks/model_speed.py), but the model's state dict loses the authors' layout. Default off
+            backbone in channels-last), in place: same outputs up to float rounding, faster (docs/speed.md),
+            but the model's state dict loses the authors' layout. Default off
             for a model you pass; :meth:`from_checkpoint` turns it on.
 
     The model is put in eval mode and moved to ``device`` in place.
@@ -313,6 +312,9 @@ class Predictor:
         self.transform = make_eval_transform(min_size=self.min_size, max_size=self.max_size)
         self.class_head = getattr(model, "class_head", "softmax")
         self.postprocess = PostProcess(class_head=self.class_head)
+        #: what runs the model, e.g. "pytorch (cpu, fp32)" or "onnxruntime (CPUExecutionProvider)"
+        self.backend: str = getattr(model, "backend", None) or f"pytorch ({self.device}, {precision})"
+        logger.info("predicting with %s", self.backend)
 
     @classmethod
     def from_checkpoint(
@@ -334,8 +336,20 @@ class Predictor:
         The label names come from the checkpoint: COCO's (with the gaps of its 91-id space) for the
         authors' files, the training data set's for this project's; ``category_map`` overrides them.
         The model is private to the predictor, so ``optimize`` defaults to on (see :class:`Predictor`).
+
+        A ``.onnx`` file (exported by ``tools/export.py``) runs with ONNX Runtime instead of PyTorch, on
+        ``device`` (CUDA when onnxruntime-gpu has it); its metadata holds the label names and eval resize.
         """
-        model = load_checkpoint(path, **model_overrides)
+        if Path(path).suffix.lower() == ".onnx":
+            if precision != "fp32" or model_overrides:
+                raise ValueError(f"{path} is an ONNX file: it runs in the precision it was exported in (fp32) "
+                                 f"and its architecture is fixed; drop precision={precision!r} and "
+                                 f"{sorted(model_overrides)} or use the PyTorch checkpoint")
+            from detr.onnx_backend import OnnxDetector  # onnxruntime is needed only for ONNX files
+
+            model = OnnxDetector(path, device=device if device is not None else default_device())
+        else:
+            model = load_checkpoint(path, **model_overrides)
         return cls(
             model,
             category_map=category_map,

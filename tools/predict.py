@@ -1,10 +1,11 @@
 """Detect objects in image files with a DETR checkpoint.
 
-    python tools/predict.py photos/ more/*.jpg one.png --checkpoint detr-r50-e632da11.pth --out outputs/pred
+    python tools/predict.py photos/ more/*.jpg one.png --checkpoint detr-r50 --out outputs/pred
+    python tools/predict.py --checkpoint list      # the released models' names
 
 Writes OUT/predictions.json (one COCO results json with file names, the data set's category ids) and
-OUT/<name>.jpg with boxes, names and scores drawn. A file that cannot be read is reported and skipped;
-the exit status is then 1 and the skipped files are listed.
+OUT/<name>.jpg with boxes, names and scores drawn. A file that cannot be read or predicted (too thin to
+resize, outputs not finite) is reported and skipped; the exit status is then 1 and the skipped files are listed.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from detr.predictions_io import collect_image_paths, predict_files
+from detr.pretrained import CheckpointArgument
 from detr.predictor import Predictor, add_resize_arguments
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders or glob patterns")
-    parser.add_argument("--checkpoint", required=True, help="released .pth, state dict or this project's .ckpt")
+    parser.add_argument("--checkpoint", required=True, action=CheckpointArgument,
+                        help="a released model's name (detr-r50 ...; 'list' prints them), a .pth / .ckpt file, "
+                             "a Hugging Face DETR directory, or a .onnx file of tools/export.py (ONNX Runtime)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--threshold", type=float, default=0.7, help="score threshold (default 0.7)")
     parser.add_argument("--all-queries", action="store_true", help="write every query to the json (for COCO eval)")
@@ -44,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         args.checkpoint, device=args.device, precision=args.precision, threshold=args.threshold,
         batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
     )
+    print(f"backend: {predictor.backend}")
     batches = -(-len(paths) // args.batch_size)
     with logging_redirect_tqdm():  # warnings about skipped files print above the progress bar
         run = predict_files(
@@ -53,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     detections = sum(len(p.above(args.threshold)) for p in run.predictions)
     print(f"{len(run.predictions)} images, {detections} detections above {args.threshold} -> {run.predictions_json}")
     if run.skipped:
-        print(f"skipped {len(run.skipped)} unreadable file(s):", file=sys.stderr)
+        print(f"skipped {len(run.skipped)} file(s) that could not be read or predicted:", file=sys.stderr)
         for path, reason in run.skipped:
             print(f"  {path}: {reason}", file=sys.stderr)
         return 1

@@ -35,8 +35,10 @@ from detr.models.mlp import MLP
 
 def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
     """logit(x) with x clamped to [eps, 1 - eps] (DAB-DETR's eps), so boxes at 0 or 1 stay finite."""
-    x = x.clamp(min=0, max=1)
-    return torch.log(x.clamp(min=eps) / (1 - x).clamp(min=eps))
+    # DAB-DETR clamps to [0, 1] first, then each operand to eps; one clamp per operand gives the same
+    # numbers, and the ONNX exporter's graph optimiser (onnxscript 0.7) writes an invalid graph when it
+    # merges the chained clamps.
+    return torch.log(x.clamp(min=eps, max=1.0) / (1 - x).clamp(min=eps, max=1.0))
 
 
 def anchor_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -75,8 +77,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, a
         weights = logits.softmax(dim=-1)
         out = F.dropout(weights, dropout) @ v
     elif v.shape[-1] < q.shape[-1]:
-        # PyTorch's fused CPU kernel wants one head size for q, k and v; otherwise SDPA takes its unfused
-        # path (~2.5 ms more per conditional cross-attention, forward + backward, at the demo's size).
+        # PyTorch's fused CPU kernel wants one head size for q, k and v; otherwise SDPA takes its slower
+        # unfused path.
         # Zero columns in v add zero columns to the output, sliced off again: the same numbers.
         dv = v.shape[-1]
         out = F.scaled_dot_product_attention(q, k, F.pad(v, (0, q.shape[-1] - dv)), attn_mask=attn_mask,

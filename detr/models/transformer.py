@@ -1,4 +1,4 @@
-"""DETR's encoder–decoder transformer (REFERENCE.md, "Transformer"; paper §3.2 and Fig. 10).
+"""DETR's encoder–decoder transformer (paper §3.2 and Fig. 10; the authors' models/transformer.py).
 
 Tensors are batch-first inside this module: sequences are [B, N, C]. Parameter names match
 ``torch.nn.MultiheadAttention`` and the authors' layers, so released checkpoints load unchanged.
@@ -186,7 +186,7 @@ class Transformer(nn.Module):
                  num_decoder_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
                  pre_norm: bool = False, decoder: nn.Module | None = None) -> None:
         """``decoder``: a replacement for the learned-query decoder (the anchor decoder of
-        :mod:`detr.models.anchor_decoder`, issue 6); DETR then calls :meth:`encode` and that decoder itself.
+        :mod:`detr.models.anchor_decoder`); DETR then calls :meth:`encode` and that decoder itself.
         ``num_decoder_layers`` is ignored when it is given."""
         super().__init__()
         if num_decoder_layers < 1:
@@ -210,8 +210,12 @@ class Transformer(nn.Module):
         src = src.flatten(2).transpose(1, 2)  # [B, HW, C]
         pos = pos.flatten(2).transpose(1, 2).to(src.dtype)
         key_padding = mask.flatten(1)  # [B, HW]
-        # One mask for every layer; None when nothing is padded lets SDPA pick its fastest kernel.
-        attn_mask = None if not key_padding.any() else ~key_padding[:, None, None, :]
+        # One mask for every layer; None when nothing is padded lets SDPA pick its fastest kernel. An
+        # exported graph (ONNX, torch.export) always keeps the mask: that branch depends on the data, and
+        # one graph must serve padded and unpadded batches alike (an all-real mask changes nothing).
+        is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.6
+        exporting = (is_exporting is not None and is_exporting()) or torch.jit.is_tracing()
+        attn_mask = None if not exporting and not key_padding.any() else ~key_padding[:, None, None, :]
         memory, encoder_attention = self.encoder(src, pos, attn_mask, return_attention)
         return memory, pos, attn_mask, encoder_attention
 

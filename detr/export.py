@@ -1,0 +1,344 @@
+"""Export DETR for deployment, and check every exported file against the PyTorch model.
+
+Two formats, both with dynamic batch, height and width (one file serves every image size and batch):
+
+- ONNX (``.onnx``), run by ONNX Runtime (:class:`detr.onnx_backend.OnnxDetector`). Inputs ``images``
+  float32 [B, 3, H, W] (normalised, zero-padded) and ``padding_mask`` bool [B, H, W] (True = padding);
+  outputs ``pred_logits`` and ``pred_boxes`` as :meth:`detr.models.DETR.forward`. With
+  ``postprocess=True`` the post-processing is in the graph too: input ``orig_sizes`` int64 [B, 2]
+  (height, width of the original images), outputs ``scores`` [B, Q], ``labels`` int64 [B, Q] and ``boxes``
+  [B, Q, 4] pixel xyxy, scored as :class:`detr.PostProcess` scores (the same functions), so a deployment
+  needs no Python. The category map, the eval resize and the class head travel in the file's
+  ``metadata_props`` (JSON strings; :func:`detr.onnx_backend.read_onnx_metadata`).
+- ``torch.export`` programs (``.pt2``): the same inputs and outputs, loaded with ``torch.export.load``;
+  the metadata travels as the extra file ``detr.json``.
+
+Why the ``torch.export``-based ONNX exporter (``torch.onnx.export(..., dynamo=True)``) and not the
+TorchScript-based one (``dynamo=False``): torch.export reasons about the dynamic sizes symbolically, so a
+size baked into the graph is an export error instead of a file that is silently wrong at other sizes; the
+TorchScript-based exporter wrote a graph for the anchor-query decoder that ONNX Runtime cannot run (a MatMul
+shape mismatch in the conditional cross-attention, even at the export size), and it is deprecated since
+torch 2.9. It exports faster; nothing else speaks for it.
+
+Why ``.pt2`` and not TorchScript: scripting needs the model rewritten in TorchScript's subset (dict outputs,
+Literal options, the denoising dataclass), and tracing records one path through the Python branches
+(padding checks, whether a batch is padded) and may bake sizes without an error; torch.export traces the
+same code with checked dynamic dimensions, and torch.jit is deprecated in its favour.
+
+Every export is verified (:func:`verify_export`): the file runs on a padded batch of two images of different
+sizes and on one image of a third size, and its outputs are compared with the PyTorch model's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from detr.categories import CategoryMap
+from detr.models.detr import DETR
+from detr.models.position_encoding import PositionEmbeddingLearned
+from detr.postprocess import boxes_to_pixels, scores_and_labels
+
+logger = logging.getLogger(__name__)
+
+ExportFormat = Literal["onnx", "pt2"]
+
+#: fp32 tolerances of :func:`verify_export` (max abs difference): normalised boxes, logits, scores.
+BOX_TOLERANCE = 1e-4
+LOGIT_TOLERANCE = 1e-3
+SCORE_TOLERANCE = 1e-4
+
+
+class ExportError(ValueError):
+    """A model that cannot be exported, or an exported file that does not reproduce the model."""
+
+
+class DeployModel(nn.Module):
+    """DETR with tensor inputs and a tuple of tensor outputs, as an exported graph has them.
+
+    forward(images [B, 3, H, W], padding_mask bool [B, H, W]) → (pred_logits, pred_boxes) of the last decoder
+    layer; with ``postprocess``: forward(images, padding_mask, orig_sizes int64 [B, 2] (height, width)) →
+    (scores [B, Q], labels int64 [B, Q], boxes [B, Q, 4] pixel xyxy), scored by :mod:`detr.postprocess`.
+    """
+
+    def __init__(self, model: DETR, *, postprocess: bool = False) -> None:
+        super().__init__()
+        self.model, self.postprocess = model, postprocess
+
+    @property
+    def input_names(self) -> list[str]:
+        return ["images", "padding_mask"] + (["orig_sizes"] if self.postprocess else [])
+
+    @property
+    def output_names(self) -> list[str]:
+        return ["scores", "labels", "boxes"] if self.postprocess else ["pred_logits", "pred_boxes"]
+
+    def forward(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor | None = None) -> tuple[Tensor, ...]:
+        outputs = self.model(images, padding_mask)
+        if not self.postprocess:
+            return outputs["pred_logits"], outputs["pred_boxes"]
+        assert orig_sizes is not None, "a post-processing graph takes orig_sizes"
+        scores, labels = scores_and_labels(outputs["pred_logits"], self.model.class_head)
+        return scores, labels, boxes_to_pixels(outputs["pred_boxes"], orig_sizes)
+
+
+def min_image_size(model: DETR) -> int:
+    """Smallest height and width an exported model takes: one stride more than a single feature cell, since
+    torch.export treats sizes 0 and 1 as static and would specialise a graph traced on them."""
+    return model.backbone[0].stride + 1
+
+
+def _max_image_size(model: DETR) -> int | None:
+    """The learned position encoding has a table of 50 rows and columns: no feature map may exceed it."""
+    encoding = model.backbone[1]
+    if isinstance(encoding, PositionEmbeddingLearned):
+        return encoding.row_embed.num_embeddings * model.backbone[0].stride
+    return None
+
+
+def prepare_for_export(model: nn.Module) -> DETR:
+    """A copy of ``model`` ready to trace: eval mode (training-only parts, i.e. denoising queries, extra
+    query groups and the dense head, are then inactive), frozen BatchNorms folded into the convolutions,
+    float32, no autocast. The caller's model is left as it was."""
+    if not isinstance(model, DETR):
+        raise ExportError(f"only detr.models.DETR exports (got {type(model).__name__}); a panoptic model's mask "
+                          f"head is not part of the export")
+    prepared = copy.deepcopy(model).float().eval().cpu()
+    prepared.optimize_for_inference(fold_batch_norm=True, channels_last=False)
+    prepared.backbone[0].autocast_dtype = None
+    return prepared
+
+
+def example_inputs(model: DETR, *, postprocess: bool, batch_sizes: list[tuple[int, int]] | None = None,
+                   seed: int = 0) -> tuple[Tensor, ...]:
+    """A zero-padded batch of random normalised images (one per (height, width) in ``batch_sizes``,
+    default two of different sizes) with its mask, and orig_sizes if ``postprocess``."""
+    stride = model.backbone[0].stride
+    sizes = batch_sizes or [(4 * stride + 3, 5 * stride + 7), (3 * stride + 5, 6 * stride + 1)]
+    generator = torch.Generator().manual_seed(seed)
+    height, width = max(h for h, _ in sizes), max(w for _, w in sizes)
+    images = torch.zeros(len(sizes), 3, height, width)
+    mask = torch.ones(len(sizes), height, width, dtype=torch.bool)
+    for index, (h, w) in enumerate(sizes):
+        images[index, :, :h, :w] = torch.randn(3, h, w, generator=generator)
+        mask[index, :h, :w] = False
+    if not postprocess:
+        return images, mask
+    # original images larger than the model's input, as after the eval resize
+    orig_sizes = torch.tensor([[2 * h + 1, 2 * w + 3] for h, w in sizes], dtype=torch.int64)
+    return images, mask, orig_sizes
+
+
+def _dynamic_shapes(model: DETR, postprocess: bool) -> dict[str, dict[int, Any]]:
+    Dim = torch.export.Dim
+    limits = {"min": min_image_size(model)}
+    if _max_image_size(model) is not None:
+        limits["max"] = _max_image_size(model)
+    batch, height, width = Dim("batch", min=1), Dim("height", **limits), Dim("width", **limits)
+    shapes: dict[str, dict[int, Any]] = {"images": {0: batch, 2: height, 3: width},
+                                         "padding_mask": {0: batch, 1: height, 2: width}}
+    if postprocess:
+        shapes["orig_sizes"] = {0: batch}
+    return shapes
+
+
+def _torch_export(model: nn.Module, postprocess: bool) -> tuple[torch.export.ExportedProgram, DeployModel]:
+    prepared = prepare_for_export(model)
+    module = DeployModel(prepared, postprocess=postprocess).eval()
+    inputs = example_inputs(prepared, postprocess=postprocess)
+    try:
+        with torch.no_grad():
+            program = torch.export.export(module, inputs, dynamic_shapes=_dynamic_shapes(prepared, postprocess),
+                                          strict=False)
+    except Exception as error:  # torch.export's errors are many types; name the model and keep the cause
+        raise ExportError(f"torch.export could not trace this model with dynamic batch, height and width "
+                          f"(config {getattr(model, 'config', {})}): {str(error).splitlines()[0]}") from error
+    return program, module
+
+
+def metadata(model: DETR, *, postprocess: bool, category_map: CategoryMap | None = None,
+             eval_size: tuple[int, int] | None = None) -> dict[str, str]:
+    """The metadata an exported file carries, as JSON strings keyed ``detr.*``."""
+    category_map = category_map if category_map is not None else getattr(model, "category_map", None)
+    eval_size = eval_size if eval_size is not None else getattr(model, "eval_size", None)
+    config = {key: value for key, value in getattr(model, "config", {}).items()
+              if isinstance(value, (str, int, float, bool, type(None)))}
+    values = {
+        "outputs": "postprocessed" if postprocess else "raw",
+        "class_head": model.class_head,
+        "num_classes": model.num_classes,
+        "category_map": category_map.to_dict() if category_map is not None else None,
+        "eval_size": list(eval_size) if eval_size is not None else None,
+        "min_image_size": min_image_size(model),
+        "model_config": config,
+    }
+    return {f"detr.{key}": json.dumps(value) for key, value in values.items()}
+
+
+@contextlib.contextmanager
+def _quiet_onnxscript() -> Iterator[None]:
+    """The ONNX optimiser logs a warning for every Split it does not fold; they say nothing to a user."""
+    quiet = logging.getLogger("onnxscript")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
+
+
+def export_onnx(model: nn.Module, path: str | Path, *, postprocess: bool = False,
+                category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None) -> Path:
+    """Export ``model`` (a :class:`DETR`; not modified) to the ONNX file ``path`` (see the module doc).
+
+    category_map, eval_size: recorded in the metadata; default the model's own (set by
+    :func:`detr.load_checkpoint`). Not verified here: :func:`export` verifies.
+    """
+    try:
+        import onnxscript  # noqa: F401  (the torch.export-based ONNX exporter needs it)
+    except ImportError as error:
+        raise ImportError("ONNX export needs onnx and onnxscript: pip install onnx onnxscript onnxruntime") from error
+    path = Path(path)
+    program, module = _torch_export(model, postprocess)
+    try:
+        with _quiet_onnxscript(), torch.no_grad():
+            onnx_program = torch.onnx.export(program, dynamo=True, input_names=module.input_names,
+                                             output_names=module.output_names, external_data=False,
+                                             optimize=True, verbose=False)
+    except Exception as error:  # the exporter's errors are many types; keep the cause
+        raise ExportError(f"the traced model could not be converted to ONNX: {str(error).splitlines()[0]}") from error
+    onnx_program.model.metadata_props.update(
+        metadata(module.model, postprocess=postprocess, category_map=category_map, eval_size=eval_size))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx_program.save(str(path), external_data=False)
+    return path
+
+
+def export_program(model: nn.Module, path: str | Path, *, postprocess: bool = False,
+                   category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None) -> Path:
+    """Export ``model`` with torch.export to ``path`` (``.pt2``); the metadata is the extra file
+    ``detr.json``. Load it with :func:`load_program`."""
+    path = Path(path)
+    program, module = _torch_export(model, postprocess)
+    values = {k.removeprefix("detr."): json.loads(v) for k, v in
+              metadata(module.model, postprocess=postprocess, category_map=category_map, eval_size=eval_size).items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, str(path), extra_files={"detr.json": json.dumps(values)})
+    return path
+
+
+def load_program(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+    """A ``.pt2`` file of :func:`export_program` → (callable module with DeployModel's signature, metadata)."""
+    extra = {"detr.json": ""}
+    program = torch.export.load(str(path), extra_files=extra)
+    return program.module(), json.loads(extra["detr.json"]) if extra["detr.json"] else {}
+
+
+@dataclass
+class Verification:
+    """Max abs differences between an exported file and the PyTorch model, per output and per check
+    (``differences[check][output]``), and the tolerance each output is held to."""
+
+    path: Path
+    differences: dict[str, dict[str, float]]
+    tolerances: dict[str, float]
+
+    @property
+    def passed(self) -> bool:
+        return all(diff <= self.tolerances[name] for outputs in self.differences.values()
+                   for name, diff in outputs.items())
+
+    def table(self) -> str:
+        names = list(self.tolerances)
+        lines = [f"{'check':<34}" + "".join(f"{name:>14}" for name in names)]
+        for check, outputs in self.differences.items():
+            lines.append(f"{check:<34}" + "".join(f"{outputs.get(name, math.nan):>14.2e}" for name in names))
+        lines.append(f"{'tolerance':<34}" + "".join(f"{self.tolerances[name]:>14.0e}" for name in names))
+        return "\n".join(lines)
+
+
+def _tolerances(postprocess: bool) -> dict[str, float]:
+    if postprocess:  # boxes are compared in normalised units (pixel difference / image size)
+        return {"scores": SCORE_TOLERANCE, "labels": 0.0, "boxes": BOX_TOLERANCE}
+    return {"pred_logits": LOGIT_TOLERANCE, "pred_boxes": BOX_TOLERANCE}
+
+
+def _runner(path: Path, format: ExportFormat, input_names: list[str]):
+    if format == "onnx":
+        from detr.onnx_backend import import_onnxruntime
+
+        session = import_onnxruntime().InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return lambda *inputs: tuple(torch.from_numpy(out) for out in session.run(
+            None, {name: tensor.numpy() for name, tensor in zip(input_names, inputs)}))
+    module, _ = load_program(path)
+    return lambda *inputs: tuple(module(*inputs))
+
+
+def verify_export(model: nn.Module, path: str | Path, *, format: ExportFormat = "onnx",
+                  postprocess: bool = False) -> Verification:
+    """Run the exported file and ``model`` (PyTorch, as given) on a padded batch of two images of different
+    sizes and on one image of a third size; return the max abs differences (not raising)."""
+    path = Path(path)
+    reference = DeployModel(copy.deepcopy(model).float().eval().cpu(), postprocess=postprocess).eval()
+    reference.model.backbone[0].autocast_dtype = None
+    run = _runner(path, format, reference.input_names)
+    stride = reference.model.backbone[0].stride
+    checks = {
+        "padded batch of 2 (two sizes)": example_inputs(
+            reference.model, postprocess=postprocess, seed=1,
+            batch_sizes=[(7 * stride + 5, 9 * stride + 3), (5 * stride + 1, 10 * stride + 13)]),
+        "single image (a third size)": example_inputs(
+            reference.model, postprocess=postprocess, seed=2, batch_sizes=[(6 * stride + 11, 4 * stride + 9)]),
+    }
+    names = reference.output_names
+    differences: dict[str, dict[str, float]] = {}
+    for check, inputs in checks.items():
+        with torch.no_grad():
+            expected = reference(*inputs)
+            actual = run(*inputs)
+        row = {}
+        for name, want, got in zip(names, expected, actual):
+            if tuple(want.shape) != tuple(got.shape):
+                row[name] = math.inf
+                continue
+            diff = (got.double() - want.double()).abs()
+            if name == "labels":
+                diff = (diff > 0).double()  # any label that differs fails
+            if name == "boxes":  # pixels → fraction of the original image size
+                diff = diff / inputs[2].double().amax(dim=1)[:, None, None]
+            row[name] = float(diff.max()) if diff.numel() else 0.0
+        differences[check] = row
+    return Verification(path, differences, _tolerances(postprocess))
+
+
+def export(model: nn.Module, path: str | Path, *, format: ExportFormat = "onnx", postprocess: bool = False,
+           category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None) -> Verification:
+    """Export ``model`` to ``path`` in ``format`` and verify the file (:func:`verify_export`).
+
+    Raises ExportError if the model cannot be exported, or if the file's outputs exceed the fp32
+    tolerances (boxes 1e-4, logits 1e-3, scores 1e-4; labels equal): the file is then renamed to
+    ``<path>.failed`` so that no deployment picks it up, and the message holds the differences.
+    """
+    if format not in ("onnx", "pt2"):
+        raise ExportError(f"format must be 'onnx' or 'pt2', got {format!r}")
+    path = Path(path)
+    writer = export_onnx if format == "onnx" else export_program
+    writer(model, path, postprocess=postprocess, category_map=category_map, eval_size=eval_size)
+    verification = verify_export(model, path, format=format, postprocess=postprocess)
+    if not verification.passed:
+        failed = path.with_name(path.name + ".failed")
+        path.replace(failed)
+        raise ExportError(f"the exported file does not reproduce the PyTorch model (moved to {failed}):\n"
+                          f"{verification.table()}")
+    logger.info("exported and verified %s", path)
+    return verification

@@ -1,0 +1,134 @@
+"""Run an exported DETR ONNX file (:mod:`detr.export`) with ONNX Runtime, behind the model's own forward contract.
+
+:class:`OnnxDetector` takes the place of a :class:`detr.models.DETR` in :class:`detr.Predictor`: the same call,
+``(images, padding_mask) → {"pred_logits", "pred_boxes"}``, and the same attributes the predictor reads
+(``category_map``, ``eval_size``, ``num_classes``, ``class_head``), which come from the file's metadata.
+onnxruntime is imported only here, when a file is opened, so ``import detr`` does not need it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from detr.categories import CategoryMap
+
+logger = logging.getLogger(__name__)
+
+#: Keys of the ONNX file's ``metadata_props`` written by :func:`detr.export.export_onnx` (values are JSON).
+METADATA_KEYS = ("detr.outputs", "detr.class_head", "detr.num_classes", "detr.category_map", "detr.eval_size",
+                 "detr.min_image_size", "detr.model_config")
+
+
+def import_onnxruntime() -> Any:
+    """onnxruntime, or an ImportError that says how to install it."""
+    try:
+        import onnxruntime
+    except ImportError as error:
+        raise ImportError("running an ONNX file needs onnxruntime: pip install onnxruntime "
+                          "(or onnxruntime-gpu for CUDA)") from error
+    return onnxruntime
+
+
+def read_onnx_metadata(path: str | Path) -> dict[str, Any]:
+    """The DETR metadata of an exported ONNX file, JSON-decoded: outputs ("raw" or "postprocessed"),
+    class_head, num_classes, category_map (dict or None), eval_size ([min, max] or None), min_image_size,
+    model_config. Raises ValueError naming the file if it was not written by :func:`detr.export.export_onnx`."""
+    ort = import_onnxruntime()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # only the metadata is read
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return _decode_metadata(session.get_modelmeta().custom_metadata_map, path)
+
+
+def _decode_metadata(props: dict[str, str], path: str | Path) -> dict[str, Any]:
+    missing = [key for key in METADATA_KEYS if key not in props]
+    if missing:
+        raise ValueError(f"{path} lacks the DETR metadata {missing}: export it with tools/export.py "
+                         f"(detr.export.export_onnx), which records the class head, categories and eval resize")
+    return {key.removeprefix("detr."): json.loads(props[key]) for key in METADATA_KEYS}
+
+
+class OnnxDetector(nn.Module):
+    """An exported DETR ONNX file run by ONNX Runtime, called like the model.
+
+    Args:
+        path: a file written by :func:`detr.export.export_onnx`.
+        device: "cuda…" uses ONNX Runtime's CUDAExecutionProvider when the installed onnxruntime has it
+            (onnxruntime-gpu), else the CPU with a warning; default CPU.
+        threads: ONNX Runtime's intra-op threads (default: its own choice).
+
+    Attributes: ``category_map``, ``eval_size`` ((min_size, max_size) or None), ``num_classes``,
+    ``class_head``, ``postprocessed`` (the file outputs scores, labels and pixel boxes), ``session`` (the
+    ``onnxruntime.InferenceSession``), ``backend`` (a description, e.g. "onnxruntime (CPUExecutionProvider)").
+    It holds no torch parameters: ``.to()`` and ``.eval()`` change nothing.
+    """
+
+    def __init__(self, path: str | Path, *, device: str | torch.device | None = None,
+                 threads: int | None = None) -> None:
+        super().__init__()
+        ort = import_onnxruntime()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ValueError(f"ONNX file {self.path} does not exist")
+        providers = ["CPUExecutionProvider"]
+        if device is not None and torch.device(device).type == "cuda":
+            if "CUDAExecutionProvider" in ort.get_available_providers():
+                index = torch.device(device).index or 0
+                providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+            else:
+                logger.warning("device %s asked for, but this onnxruntime has no CUDAExecutionProvider "
+                               "(install onnxruntime-gpu): running %s on the CPU", device, self.path.name)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads is not None:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(self.path), options, providers=providers)
+        meta = _decode_metadata(self.session.get_modelmeta().custom_metadata_map, self.path)
+        self.postprocessed = meta["outputs"] == "postprocessed"
+        self.class_head = meta["class_head"]
+        self.num_classes = int(meta["num_classes"])
+        self.category_map = CategoryMap.from_dict(meta["category_map"]) if meta["category_map"] else None
+        self.eval_size = tuple(meta["eval_size"]) if meta["eval_size"] else None
+        self.min_image_size = int(meta["min_image_size"])
+        self.config = meta["model_config"]
+        self.output_names = [output.name for output in self.session.get_outputs()]
+        self.backend = f"onnxruntime ({self.session.get_providers()[0]})"
+        logger.info("opened %s with %s", self.path, self.backend)
+
+    def optimize_for_inference(self) -> OnnxDetector:
+        """Nothing to do: ONNX Runtime optimises the graph when it opens the file (the export folded the
+        frozen BatchNorms already)."""
+        return self
+
+    def forward(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor | None = None, *,
+                return_attention: bool = False) -> dict[str, Tensor]:
+        """images float [B, 3, H, W] (normalised, zero-padded), padding_mask bool [B, H, W] (True = padding)
+        → {"pred_logits", "pred_boxes"} as :meth:`detr.models.DETR.forward` (no aux outputs), CPU tensors.
+        A file exported with post-processing also needs orig_sizes int64 [B, 2] (height, width) and returns
+        {"scores" [B, Q], "labels" int64 [B, Q], "boxes" [B, Q, 4] pixel xyxy}."""
+        if return_attention:
+            raise ValueError(f"attention maps are not available from the ONNX file {self.path.name}: the export "
+                             f"keeps only the predictions. Use the PyTorch checkpoint for attention figures")
+        if self.postprocessed != (orig_sizes is not None):
+            raise ValueError(
+                f"{self.path.name} was exported {'with' if self.postprocessed else 'without'} post-processing: "
+                + ("it needs orig_sizes [B, 2] and returns scores, labels and pixel boxes. detr.Predictor "
+                   "post-processes itself: export without --postprocess for it" if self.postprocessed
+                   else "call it with images and padding_mask only"))
+        min_size = self.min_image_size
+        if images.shape[-2] < min_size or images.shape[-1] < min_size:
+            raise ValueError(f"{self.path.name} takes images of at least {min_size} × {min_size} pixels "
+                             f"(a feature map of 2 × 2), got {tuple(images.shape[-2:])}")
+        feeds = {"images": images.detach().float().cpu().numpy(),
+                 "padding_mask": padding_mask.detach().bool().cpu().numpy()}
+        if orig_sizes is not None:
+            feeds["orig_sizes"] = orig_sizes.detach().long().cpu().numpy()
+        outputs = self.session.run(None, feeds)
+        return {name: torch.from_numpy(np.asarray(value)) for name, value in zip(self.output_names, outputs)}

@@ -1,0 +1,258 @@
+"""detr.export, detr.onnx_backend and tools/export.py: exported files reproduce the PyTorch model at any
+batch and image size, with post-processing in the graph, through detr.Predictor, and fail loudly when not."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from detr import CategoryMap, PostProcess, build_detr, load_checkpoint
+from detr.export import DeployModel, ExportError, export, export_onnx, load_program, prepare_for_export
+from tests.conftest import TINY, load_script
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxscript")
+ort = pytest.importorskip("onnxruntime")
+
+from detr.onnx_backend import OnnxDetector, read_onnx_metadata  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PHOTOS = ROOT / "data" / "photos"
+CATEGORIES = CategoryMap((1, 3, 5, 7, 9), ("circle", "square", "triangle", "star", "cross"))
+EVAL_SIZE = (160, 240)  # small eval resize, recorded in the checkpoint and carried into the ONNX metadata
+
+
+def save_project_checkpoint(model, path: Path, eval_size=EVAL_SIZE, category_map=CATEGORIES) -> Path:
+    """This project's Lightning checkpoint layout (what detr.load_checkpoint reads back with config,
+    category map and eval size)."""
+    torch.save({
+        "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
+        "detr": {"model_config": model.config, "category_map": category_map.to_dict()},
+        "datamodule_hyper_parameters": {"eval_min_size": eval_size[0], "eval_max_size": eval_size[1]},
+    }, path)
+    return path
+
+
+def padded(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    height, width = max(i.shape[1] for i in images), max(i.shape[2] for i in images)
+    batch = torch.zeros(len(images), 3, height, width)
+    mask = torch.ones(len(images), height, width, dtype=torch.bool)
+    for index, image in enumerate(images):
+        batch[index, :, : image.shape[1], : image.shape[2]] = image
+        mask[index, : image.shape[1], : image.shape[2]] = False
+    return batch, mask
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory):
+    """The tiny model as a project checkpoint, exported to ONNX once by tools/export.py (verified there)."""
+    folder = tmp_path_factory.mktemp("export")
+    torch.manual_seed(0)
+    checkpoint = save_project_checkpoint(build_detr(**TINY, dropout=0.0), folder / "tiny.ckpt")
+    onnx_path = folder / "tiny.onnx"
+    assert load_script("tools/export.py").main([str(checkpoint), "--out", str(onnx_path)]) == 0
+    return checkpoint, onnx_path
+
+
+@pytest.fixture(scope="module")
+def tiny_model_loaded(tiny_export):
+    return load_checkpoint(tiny_export[0])
+
+
+def test_export_tool_writes_a_verified_file_with_metadata(tiny_export, tiny_model_loaded, capsys):
+    _, onnx_path = tiny_export
+    meta = read_onnx_metadata(onnx_path)
+    assert meta["outputs"] == "raw" and meta["class_head"] == "softmax" and meta["num_classes"] == 5
+    assert CategoryMap.from_dict(meta["category_map"]) == CATEGORIES
+    assert tuple(meta["eval_size"]) == EVAL_SIZE
+    assert meta["model_config"]["hidden_dim"] == TINY["hidden_dim"]
+    detector = OnnxDetector(onnx_path)
+    assert detector.category_map == CATEGORIES and detector.eval_size == EVAL_SIZE
+    assert detector.backend == "onnxruntime (CPUExecutionProvider)"
+    assert [i.name for i in detector.session.get_inputs()] == ["images", "padding_mask"]
+    assert [o.name for o in detector.session.get_outputs()] == ["pred_logits", "pred_boxes"]
+
+
+@pytest.mark.parametrize("sizes", [[(70, 100)], [(96, 128), (64, 200), (130, 66)], [(257, 33)]])
+def test_one_file_serves_every_batch_and_image_size(tiny_export, tiny_model_loaded, sizes):
+    torch.manual_seed(len(sizes))
+    images, mask = padded([torch.randn(3, h, w) for h, w in sizes])
+    with torch.no_grad():
+        expected = tiny_model_loaded(images, mask)
+    got = OnnxDetector(tiny_export[1])(images, mask)
+    torch.testing.assert_close(got["pred_logits"], expected["pred_logits"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(got["pred_boxes"], expected["pred_boxes"], atol=1e-5, rtol=0)
+
+
+def test_each_image_of_a_padded_batch_gets_its_own_result(tiny_export, tiny_model_loaded):
+    # DETR's outputs depend on the padded size (the backbone's receptive fields reach into the padding, so
+    # evaluation AP depends on the batch); what the graph must keep is that an image's result depends only
+    # on that image and the padded size, never on the other images, and that it equals PyTorch's.
+    detector = OnnxDetector(tiny_export[1])
+    torch.manual_seed(3)
+    first, second, third = torch.randn(3, 96, 128), torch.randn(3, 64, 192), torch.randn(3, 50, 192)
+    with_second = detector(*padded([first, second]))
+    with_third = detector(*padded([first, third]))
+    images, mask = padded([first, second])
+    alone = detector(images[:1], mask[:1])  # the first image alone, padded to the same 96 × 192
+    for key in ("pred_logits", "pred_boxes"):
+        torch.testing.assert_close(with_second[key][0], with_third[key][0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(with_second[key][0], alone[key][0], atol=1e-5, rtol=0)
+    with torch.no_grad():
+        expected = tiny_model_loaded(images, mask)
+    torch.testing.assert_close(with_second["pred_logits"], expected["pred_logits"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(with_second["pred_boxes"], expected["pred_boxes"], atol=1e-5, rtol=0)
+
+
+def test_predictor_on_onnx_writes_the_predictions_of_the_pytorch_model(tiny_export, tmp_path, capsys):
+    checkpoint, onnx_path = tiny_export
+    predict = load_script("tools/predict.py").main
+    for name, source in (("torch", checkpoint), ("onnx", onnx_path)):
+        status = predict([str(PHOTOS), "--checkpoint", str(source), "--out", str(tmp_path / name), "--all-queries",
+                          "--device", "cpu", "--batch-size", "2", "--no-draw"])
+        assert status == 0
+    out = capsys.readouterr().out
+    assert "backend: pytorch (cpu, fp32)" in out and "backend: onnxruntime (CPUExecutionProvider)" in out
+    torch_results = json.loads((tmp_path / "torch" / "predictions.json").read_text())
+    onnx_results = json.loads((tmp_path / "onnx" / "predictions.json").read_text())
+    assert len(onnx_results) == len(torch_results) == 5 * TINY["num_queries"]
+    for a, b in zip(torch_results, onnx_results):
+        assert (a["file_name"], a["image_id"], a["category_id"]) == (b["file_name"], b["image_id"], b["category_id"])
+        assert max(abs(x - y) for x, y in zip(a["bbox"], b["bbox"])) <= 0.1  # pixels (the json rounds to 0.01)
+        assert abs(a["score"] - b["score"]) <= 1e-4
+    assert {r["category_id"] for r in onnx_results} <= set(CATEGORIES.category_ids)  # ids from the metadata
+
+
+def test_predictor_uses_the_metadata_and_refuses_attention(tiny_export):
+    from detr import Predictor
+
+    predictor = Predictor.from_checkpoint(tiny_export[1], device="cpu")
+    assert (predictor.min_size, predictor.max_size) == EVAL_SIZE
+    assert predictor.category_map == CATEGORIES
+    with pytest.raises(ValueError, match="attention maps are not available"):
+        predictor.predict(PHOTOS / "chelsea.png", return_attention=True)
+    with pytest.raises(ValueError, match="precision"):
+        Predictor.from_checkpoint(tiny_export[1], precision="bf16")
+
+
+def test_verification_rejects_a_file_that_does_not_match(tiny_export, tmp_path, monkeypatch, capsys):
+    torch.manual_seed(5)  # same architecture, other weights: the tiny file is wrong for it
+    other = save_project_checkpoint(build_detr(**TINY, dropout=0.0), tmp_path / "other.ckpt")
+    monkeypatch.setattr("detr.export.export_onnx",
+                        lambda model, path, **kwargs: Path(path).write_bytes(tiny_export[1].read_bytes()))
+    out = tmp_path / "other.onnx"
+    assert load_script("tools/export.py").main([str(other), "--out", str(out)]) == 1
+    assert "does not reproduce the PyTorch model" in capsys.readouterr().err
+    assert not out.exists() and (tmp_path / "other.onnx.failed").exists()
+
+
+def demo_model_config() -> dict:
+    """The build_detr keys of configs/demo_shapes_cpu.yaml's model section."""
+    config = yaml.safe_load((ROOT / "configs" / "demo_shapes_cpu.yaml").read_text())["model"]
+    accepted = inspect.signature(build_detr).parameters
+    return {key: value for key, value in config.items() if key in accepted}
+
+
+@pytest.fixture(scope="module")
+def demo_postprocess_export(tmp_path_factory):
+    """The demo config's model (anchor queries, sigmoid head, denoising, dense head, BatchNorm, stride 16),
+    exported with the post-processing in the graph."""
+    torch.manual_seed(0)
+    model = build_detr(**demo_model_config(), num_classes=5).eval()
+    assert model.query_type == "anchor" and model.class_head == "sigmoid" and model.denoising is not None
+    path = tmp_path_factory.mktemp("demo") / "demo.onnx"
+    verification = export(model, path, postprocess=True)
+    assert verification.passed
+    return model, path
+
+
+def test_postprocess_graph_matches_postprocess(demo_postprocess_export):
+    model, path = demo_postprocess_export
+    torch.manual_seed(4)
+    images, mask = padded([torch.randn(3, 128, 128), torch.randn(3, 96, 112), torch.randn(3, 80, 128)])
+    orig_sizes = torch.tensor([[480, 640], [300, 350], [1000, 1600]])
+    got = OnnxDetector(path)(images, mask, orig_sizes)
+    with torch.no_grad():
+        expected = PostProcess(class_head="sigmoid")(model(images, mask), orig_sizes)
+    for index, result in enumerate(expected):
+        torch.testing.assert_close(got["scores"][index], result["scores"], atol=1e-5, rtol=0)
+        assert torch.equal(got["labels"][index], result["labels"])
+        torch.testing.assert_close(got["boxes"][index], result["boxes"], atol=0.01, rtol=0)  # pixels
+    meta = read_onnx_metadata(path)
+    assert meta["outputs"] == "postprocessed" and meta["class_head"] == "sigmoid" and meta["min_image_size"] == 17
+
+
+def test_postprocessed_file_is_refused_where_raw_outputs_are_needed(demo_postprocess_export):
+    detector = OnnxDetector(demo_postprocess_export[1])
+    images, mask = padded([torch.randn(3, 64, 64)])
+    with pytest.raises(ValueError, match="with post-processing"):
+        detector(images, mask)
+    with pytest.raises(ValueError, match="at least 17"):
+        detector(*padded([torch.randn(3, 16, 64)]), torch.tensor([[16, 64]]))
+
+
+def test_softmax_postprocess_graph_and_pt2_program_match(tmp_path):
+    torch.manual_seed(0)
+    model = build_detr(**TINY, dropout=0.0).eval()
+    verification = export(model, tmp_path / "tiny.pt2", format="pt2", postprocess=True)
+    assert verification.passed
+    program, meta = load_program(tmp_path / "tiny.pt2")
+    assert meta["outputs"] == "postprocessed" and meta["class_head"] == "softmax"
+    torch.manual_seed(6)
+    images, mask = padded([torch.randn(3, 100, 150), torch.randn(3, 140, 90), torch.randn(3, 64, 64)])
+    orig_sizes = torch.tensor([[200, 300], [700, 450], [64, 64]])
+    scores, labels, boxes = program(images, mask, orig_sizes)
+    with torch.no_grad():
+        expected = PostProcess()(model(images, mask), orig_sizes)
+    for index, result in enumerate(expected):
+        torch.testing.assert_close(scores[index], result["scores"], atol=1e-5, rtol=0)
+        assert torch.equal(labels[index], result["labels"])
+        torch.testing.assert_close(boxes[index], result["boxes"], atol=0.01, rtol=0)
+
+
+def test_what_cannot_export_is_a_clear_error(tmp_path):
+    with pytest.raises(ExportError, match="only detr.models.DETR"):
+        export_onnx(torch.nn.Linear(2, 2), tmp_path / "linear.onnx")
+    assert not (tmp_path / "linear.onnx").exists()
+
+
+def test_export_leaves_the_model_as_it_was():
+    torch.manual_seed(0)
+    model = build_detr(**TINY, dropout=0.0)  # training mode, unfolded BatchNorms
+    prepared = prepare_for_export(model)
+    assert model.training and not prepared.training
+    assert "backbone.0.body.bn1.running_mean" in model.state_dict()
+    assert "backbone.0.body.bn1.running_mean" not in prepared.state_dict()  # folded in the copy only
+    assert DeployModel(prepared).output_names == ["pred_logits", "pred_boxes"]
+
+
+def test_import_detr_needs_no_onnx():
+    code = ("import sys, detr, detr.export, detr.onnx_backend, detr.predictor; "
+            "assert not {'onnx', 'onnxruntime', 'onnxscript'} & set(sys.modules), sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_r50_exports_and_matches_pytorch_on_a_photo(tmp_path):
+    """The paper's model (R50 layout, random weights) through the whole path: export, verify, Predictor."""
+    from detr import Predictor
+
+    torch.manual_seed(0)
+    model = build_detr().eval()
+    path = tmp_path / "r50.onnx"
+    assert export(model, path).passed
+    photo = PHOTOS / "000000039769.png"
+    onnx_prediction = Predictor.from_checkpoint(path, device="cpu", min_size=320, max_size=480).predict(
+        photo, all_queries=True)[0]
+    torch_prediction = Predictor(model, device="cpu", min_size=320, max_size=480, optimize=True).predict(
+        photo, all_queries=True)[0]
+    assert torch.equal(onnx_prediction.labels, torch_prediction.labels)
+    torch.testing.assert_close(onnx_prediction.scores, torch_prediction.scores, atol=1e-4, rtol=0)
+    assert (onnx_prediction.boxes - torch_prediction.boxes).abs().max() <= 0.1  # pixels
