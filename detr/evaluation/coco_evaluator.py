@@ -9,8 +9,8 @@ predicted (so a run limited to a few validation batches still gets a meaningful 
 the standard statistics, a per-class AP table and the COCO results json in the data set's own category
 ids.
 
-As in the authors' evaluation (REFERENCE.md, "Post-processing and evaluation"), every query goes to
-COCOeval: no score threshold, maxDets 100.
+As in the authors' evaluation (PostProcess in their models/detr.py, then datasets/coco_eval.py), every query
+goes to COCOeval: no score threshold, maxDets 100.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ class CocoEvaluation:
         "score"}`` in the data set's own category ids.
     image_ids: the evaluated image ids, each once, sorted.
     summary: pycocotools' 12-line summary text.
+    coco_eval: the COCOeval that produced these numbers (after accumulate), for analyses that reuse its
+        matches (:func:`detr.evaluation.analysis.analyze`); None without predictions. DetrSystem drops it
+        once its error analysis has run, since its per-image matches are large.
     """
 
     stats: dict[str, float]
@@ -62,6 +65,7 @@ class CocoEvaluation:
     results: list[dict[str, Any]] = field(default_factory=list)
     image_ids: list[int] = field(default_factory=list)
     summary: str = ""
+    coco_eval: Any = field(default=None, repr=False, compare=False)
 
     def per_class_table(self) -> str:
         """The per-class AP table as fixed-width text (AP in percent, "-" where no ground truth)."""
@@ -227,6 +231,7 @@ class CocoEvaluator:
             results=results,
             image_ids=image_ids,
             summary=summary,
+            coco_eval=coco_eval,
         )
 
     def _run_cocoeval(self, results: list[dict[str, Any]], image_ids: list[int]) -> tuple[Any, str]:

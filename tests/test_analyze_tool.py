@@ -1,0 +1,128 @@
+"""tools/analyze.py end to end on data/coco-mini (real COCO images and annotations) with made-up results,
+and the report opened in headless Chromium (skipped without Chromium unless CI is set)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from detr.evaluation.analysis import analyze, load_ground_truth, load_results
+from detr.visualize.analysis_report import write_analysis_report
+from tests.test_explorer_browser import DevToolsPipe, Page, chromium  # noqa: F401 (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+COCO_MINI = REPO / "data" / "coco-mini"
+GT_JSON = COCO_MINI / "annotations" / "instances_val2017.json"
+sys.path.insert(0, str(REPO / "tools"))
+import analyze as analyze_tool  # noqa: E402
+
+
+def made_up_results(ground_truth: dict, seed: int = 0) -> list[dict]:
+    """A detector's results on ``ground_truth``: most objects found with jittered boxes, some with the wrong
+    class, some badly placed, some twice, some missed, and a few boxes on nothing; with file names and
+    numbered image ids (1, 2, ...), as tools/predict.py writes for file names that are not numbers."""
+    rng = np.random.default_rng(seed)
+    categories = [c["id"] for c in ground_truth["categories"]]
+    images = {image["id"]: image for image in ground_truth["images"]}
+    numbered = {image_id: n + 1 for n, image_id in enumerate(sorted(images))}
+    results = []
+
+    def add(image_id: int, category_id: int, box: list[float], score: float) -> None:
+        results.append({"image_id": numbered[image_id], "file_name": images[image_id]["file_name"],
+                        "category_id": int(category_id), "bbox": [float(v) for v in box], "score": score})
+
+    for annotation in ground_truth["annotations"]:
+        if annotation["iscrowd"] or rng.random() < 0.1:
+            continue
+        x, y, w, h = annotation["bbox"]
+        spread = 0.4 if rng.random() < 0.15 else 0.06
+        jitter = rng.normal(0, spread, 4) * [w, h, w, h]
+        category = annotation["category_id"] if rng.random() > 0.1 else int(rng.choice(categories))
+        add(annotation["image_id"], category, [x + jitter[0], y + jitter[1], max(1.0, w + jitter[2]),
+                                               max(1.0, h + jitter[3])], float(rng.uniform(0.3, 1.0)))
+        if rng.random() < 0.1:
+            add(annotation["image_id"], annotation["category_id"], [x + 1, y, w, h], float(rng.uniform(0.2, 0.9)))
+    for image in images.values():
+        for _ in range(3):
+            add(image["id"], int(rng.choice(categories)), [float(rng.uniform(0, image["width"] - 60)),
+                float(rng.uniform(0, image["height"] - 60)), 50.0, 50.0], float(rng.uniform(0.0, 0.6)))
+    return results
+
+
+@pytest.fixture(scope="module")
+def results_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("results") / "predictions.json"
+    path.write_text(json.dumps(made_up_results(json.loads(GT_JSON.read_text()))))
+    return path
+
+
+def test_analyze_tool_on_coco_mini(results_file: Path, tmp_path: Path, capsys) -> None:
+    # only five of the images are there: the other cases are skipped and listed
+    images = tmp_path / "images"
+    images.mkdir()
+    for path in sorted((COCO_MINI / "val2017").glob("*.jpg"))[:5]:
+        shutil.copy(path, images / path.name)
+    arguments = [str(GT_JSON), str(results_file), "--images", str(images), "--out", str(tmp_path / "out")]
+    assert analyze_tool.main(arguments) == 0
+    printed = capsys.readouterr().out
+    assert "classification" in printed and "report:" in printed
+    out = tmp_path / "out"
+    page = (out / "report.html").read_text()
+    assert "not found under" in page
+    numbers = json.loads((out / "analysis.json").read_text())
+    assert numbers["num_images"] == 50 and numbers["num_objects"] == 377  # 382 boxes, 5 of them crowd
+    for error_type in ("cls", "loc", "dupe", "bkg", "missed"):
+        assert numbers["errors"]["counts"][error_type] > 0 and numbers["errors"]["dAP"][error_type] > 0
+    assert list(out.glob("worst_*.png"))  # drawn from the images that are there
+
+    # the same numbers whether the results name their images by file_name or by the ground truth's id
+    coco_gt = load_ground_truth(GT_JSON)
+    by_id = {image["file_name"]: image_id for image_id, image in coco_gt.imgs.items()}
+    entries = json.loads(results_file.read_text())
+    for entry in entries:
+        entry["image_id"] = by_id[entry.pop("file_name")]
+    again = analyze(coco_gt, load_results(entries, coco_gt))
+    assert again.stats["AP50"] == pytest.approx(numbers["stats"]["AP50"])
+    assert again.errors.counts == numbers["errors"]["counts"]
+
+
+def test_analyze_tool_refuses_results_of_other_images(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"image_id": 123456789, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.5}]))
+    with pytest.raises(SystemExit):
+        analyze_tool.main([str(GT_JSON), str(bad), "--out", str(tmp_path / "out")])
+
+
+def test_report_in_chromium(chromium: str, results_file: Path, tmp_path: Path) -> None:  # noqa: F811
+    coco_gt = load_ground_truth(GT_JSON)
+    analysis = analyze(coco_gt, load_results(results_file, coco_gt))
+    page_path = write_analysis_report(analysis, tmp_path / "report", images_dir=COCO_MINI / "val2017", gallery_size=4)
+    artifacts = Path(os.environ.get("DETR_TEST_ARTIFACTS", REPO / "outputs" / "test_artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    browser = DevToolsPipe(chromium, tmp_path / "chromium-profile")
+    try:
+        page = Page(browser)
+        page.navigate(page_path.as_uri())
+        images = page.evaluate("Array.from(document.images).map(i => [i.alt, i.complete && i.naturalWidth > 0, "
+                               "i.src.startsWith('data:image/png;base64,')])")
+        alts = [alt for alt, _, _ in images]
+        assert all(loaded and embedded for _, loaded, embedded in images), images
+        for alt in ("dAP per error type", "precision-recall over all classes", "precision-recall per class",
+                    "confusion matrix heat map", "worst classification cases", "worst missed ground truth cases"):
+            assert alt in alts
+        # nothing is fetched from anywhere but the page itself (offline)
+        assert page.evaluate("performance.getEntriesByType('resource').filter(r => !r.name.startsWith('data:'))"
+                             ".length") == 0
+        assert page.evaluate("document.querySelectorAll('#errors table tr').length") == 1 + 8
+        assert page.evaluate("document.querySelectorAll('#classes table tr').length") == 1 + 80
+        assert "person" in page.evaluate("document.querySelector('#confusion table').textContent")
+        (artifacts / "analysis_report_chromium.png").write_bytes(page.screenshot())
+        assert page.errors() == []
+    finally:
+        browser.close()
