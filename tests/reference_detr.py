@@ -1,4 +1,4 @@
-"""An independent, deliberately plain DETR written from REFERENCE.md for parity tests.
+"""An independent, deliberately plain DETR written from the paper and the authors' code for parity tests.
 
 It follows the authors' structure literally: sequence-first tensors, ``torch.nn.MultiheadAttention``
 (the module the released checkpoints were trained with), positions re-added in every layer, the decoder
@@ -16,7 +16,8 @@ from torch import nn
 
 
 def sine_position_encoding(mask: torch.Tensor, num_pos_feats: int) -> torch.Tensor:
-    """The formula of REFERENCE.md, written out with loops over channels (slow, obviously right)."""
+    """The authors' sine encoding (models/position_encoding.py), written out with loops over channels
+    (slow, obviously right)."""
     batch, height, width = mask.shape
     not_mask = (~mask).float()
     y = not_mask.cumsum(1)
@@ -112,4 +113,5 @@ class ReferenceDETR(nn.Module):
         for index, linear in enumerate(self.bbox_embed.layers):
             x = linear(x) if index == 2 else F.relu(linear(x))
         return {"pred_logits": self.class_embed(hs), "pred_boxes": x.sigmoid(),
-                "decoder_attention": torch.stack(attention).unflatten(-1, (height, width))}
+                "decoder_attention": torch.stack(attention).unflatten(-1, (height, width)),
+                "hs": hs, "memory": memory}  # memory [HW, B, C], for the mask head's reference

@@ -2,9 +2,10 @@
 
     python tools/make_shapes.py                      # data/shapes: 2000 train, 200 val, 128 px
     python tools/make_shapes.py --out /tmp/s --num-train 100 --num-val 20
+    python tools/make_shapes.py --panoptic           # also COCO panoptic annotations (PNGs + json)
 
 Idempotent: a complete set made with the same parameters is left as it is (--force rewrites it).
-The generator itself: detr.data.shapes.
+The generator itself: detr.data.shapes (panoptic annotations: detr.data.shapes_panoptic).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import time
 
 from detr.data.shapes import ShapesConfig, write_shapes_dataset
+from detr.data.shapes_panoptic import write_shapes_panoptic
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-object-size", type=int, default=defaults.max_object_size)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--force", action="store_true", help="rewrite even if a complete set exists")
+    parser.add_argument("--panoptic", action="store_true",
+                        help="also write COCO panoptic annotations: annotations/panoptic_{split}.json and PNGs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = ShapesConfig(
@@ -44,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out} ({config.num_train} train, {config.num_val} val) in {seconds:.1f} s")
     else:
         print(f"{args.out} is already complete with these parameters; nothing written (use --force to rewrite)")
+    if args.panoptic and write_shapes_panoptic(args.out, config, overwrite=args.force):
+        print(f"wrote panoptic annotations to {args.out}/annotations")
     return 0
 
 

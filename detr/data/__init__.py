@@ -13,15 +13,18 @@ from detr.data.coco import (
     category_map_from_categories,
     load_coco_json,
 )
+from detr.data.coco_panoptic import CocoPanoptic
 from detr.data.collate import collate_detection, pad_images
 from detr.data.images import ImageFilesDataset, ImageLoadError, decode_image, load_rgb_image
 from detr.data.shapes import SHAPE_NAMES, ShapesConfig, write_shapes_dataset
+from detr.data.shapes_panoptic import write_shapes_panoptic
 from detr.data.transforms import make_eval_transform, make_normalize_transform, make_train_transform, resize_shape
 
 __all__ = [
     "SHAPE_NAMES",
     "AnnotationFileError",
     "CocoDetection",
+    "CocoPanoptic",
     "ImageFilesDataset",
     "ImageLoadError",
     "ImageSizeMismatchError",
@@ -40,4 +43,5 @@ __all__ = [
     "pad_images",
     "resize_shape",
     "write_shapes_dataset",
+    "write_shapes_panoptic",
 ]

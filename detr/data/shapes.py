@@ -132,8 +132,12 @@ def _object_colour(rng: np.random.Generator, background: np.ndarray) -> np.ndarr
     return 255.0 - background
 
 
-def render_shapes_image(rng: np.random.Generator, config: ShapesConfig) -> tuple[np.ndarray, list[ShapeObject]]:
-    """One image: uint8 [S, S, 3] RGB and its shapes (non-overlapping, fully inside the image)."""
+def render_shapes_image(rng: np.random.Generator, config: ShapesConfig,
+                        masks: list[np.ndarray] | None = None) -> tuple[np.ndarray, list[ShapeObject]]:
+    """One image: uint8 [S, S, 3] RGB and its shapes (non-overlapping, fully inside the image).
+
+    ``masks``: a list that receives each shape's drawn pixels, bool [S, S] (the panoptic annotations use
+    them: the stored polygon is rounded, so rasterising it again may differ by a few edge pixels)."""
     size = config.image_size
     canvas, mean_colour = _background(rng, size)
     image = Image.fromarray(canvas.clip(0, 255).astype(np.uint8))
@@ -165,6 +169,8 @@ def render_shapes_image(rng: np.random.Generator, config: ShapesConfig) -> tuple
                 continue
             occupied[y0:y1, x0:x1] = True
             image.paste(colour, mask=mask_image)
+            if masks is not None:
+                masks.append(mask)
             objects.append(
                 ShapeObject(
                     category_id=category + 1,

@@ -1,4 +1,4 @@
-"""COCO evaluation of DETR detections (pycocotools, optionally faster-coco-eval)."""
+"""COCO evaluation of DETR detections (pycocotools, optionally faster-coco-eval) and panoptic quality."""
 
 from detr.evaluation.coco_evaluator import (
     STAT_NAMES,
@@ -7,6 +7,7 @@ from detr.evaluation.coco_evaluator import (
     detections_to_coco_results,
     format_per_class_table,
 )
+from detr.evaluation.panoptic import PanopticQuality, evaluate_panoptic_files, format_panoptic_table
 
 __all__ = [
     "STAT_NAMES",
@@ -14,4 +15,7 @@ __all__ = [
     "CocoEvaluator",
     "detections_to_coco_results",
     "format_per_class_table",
+    "PanopticQuality",
+    "evaluate_panoptic_files",
+    "format_panoptic_table",
 ]

@@ -1,5 +1,6 @@
-"""DETR's parts: backbone, position encodings, transformer and the composed model."""
+"""DETR's parts: backbone, position encodings, transformer, the composed model and its panoptic mask head."""
 
 from detr.models.detr import DETR, MLP, build_detr
+from detr.models.segmentation import DETRPanoptic, build_detr_panoptic
 
-__all__ = ["DETR", "MLP", "build_detr"]
+__all__ = ["DETR", "DETRPanoptic", "MLP", "build_detr", "build_detr_panoptic"]

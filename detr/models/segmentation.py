@@ -1,0 +1,269 @@
+"""DETR for panoptic segmentation: the detector plus a mask head (paper §4.4 and Fig. 8).
+
+The mask head predicts one binary-mask logit map per object query, at stride 4:
+
+1. :class:`AttentionMap` — a multi-head attention map (8 heads, no dropout) between each query's last
+   decoder output and the encoder memory: only the softmax weights, no values. They say where in the
+   feature map each object lies.
+2. :class:`MaskHead` — a small FPN-like convolutional head: the projected backbone features with every
+   query's attention maps appended as channels, upsampled ×2 three times with the backbone's layer3,
+   layer2 and layer1 features added back, GroupNorm throughout, one output channel.
+
+:class:`DETRPanoptic` composes a :class:`detr.models.detr.DETR` (unchanged, under ``detr.``) with the
+two heads (``bbox_attention.*``, ``mask_head.*``): the authors' state-dict layout, so their panoptic
+release files load unchanged. The detector is run part by part, as the authors do, because the head
+needs the backbone's intermediate stages, the encoder memory and the last decoder output; the
+detector's own ``forward`` (and its fast path) is not touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from detr.models.backbone import Backbone
+from detr.models.detr import DETR, build_detr
+
+#: Backbone stages whose outputs the mask head adds back while upsampling, coarse to fine.
+SKIP_STAGES = ("layer3", "layer2", "layer1")
+
+
+class AttentionMap(nn.Module):
+    """Multi-head attention weights of queries over a feature map (the authors' ``MHAttentionMap``).
+
+    ``q_linear`` projects the queries and ``k_linear`` (applied as a 1×1 convolution) the feature map;
+    per head the scaled dot product gives a logit per position. As in the authors' model, one softmax
+    runs over every head and position of a query jointly (the maps of all heads together sum to 1),
+    padded positions get zero weight, and there is no dropout.
+    """
+
+    def __init__(self, query_dim: int, hidden_dim: int, num_heads: int) -> None:
+        super().__init__()
+        if hidden_dim % num_heads:
+            raise ValueError(f"hidden_dim ({hidden_dim}) must be divisible by num_heads ({num_heads})")
+        self.num_heads, self.hidden_dim = num_heads, hidden_dim
+        self.q_linear = nn.Linear(query_dim, hidden_dim)
+        self.k_linear = nn.Linear(query_dim, hidden_dim)
+        for linear in (self.q_linear, self.k_linear):
+            nn.init.xavier_uniform_(linear.weight)
+            nn.init.zeros_(linear.bias)
+        self.scale = (hidden_dim / num_heads) ** -0.5
+
+    def forward(self, queries: torch.Tensor, memory: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
+        """queries [B, Q, C]; memory [B, C, h, w]; padding_mask bool [B, h, w] (True = padding) or None →
+        weights [B, Q, heads, h, w], summing to 1 over (heads, h, w) for each query."""
+        batch, num_queries, _ = queries.shape
+        height, width = memory.shape[-2:]
+        heads, head_dim = self.num_heads, self.hidden_dim // self.num_heads
+        q = self.q_linear(queries).view(batch, num_queries, heads, head_dim) * self.scale
+        k = F.conv2d(memory, self.k_linear.weight[:, :, None, None], self.k_linear.bias)  # [B, C, h, w]
+        k = k.view(batch, heads, head_dim, height, width)
+        logits = torch.einsum("bqnc,bnchw->bqnhw", q, k)
+        if padding_mask is not None:
+            logits = logits.masked_fill(padding_mask[:, None, None], float("-inf"))
+        return logits.flatten(2).softmax(-1).view_as(logits)
+
+
+class MaskHead(nn.Module):
+    """The authors' ``MaskHeadSmallConv``: per query, features + attention maps → mask logits at stride 4.
+
+    Channels: ``in_channels`` (hidden_dim + heads) → hidden/2 → hidden/4 → hidden/8 → hidden/16 → 1,
+    each 3×3 convolution followed by GroupNorm(8) and ReLU (except the last). After the first two, the
+    map is upsampled (nearest) three times to the size of the next backbone stage, whose features enter
+    through a 1×1 ``adapter`` convolution and are added.
+
+    Args:
+        in_channels: hidden_dim + num_heads (the projected features and one attention map per head).
+        skip_channels: channels of the backbone's layer3, layer2, layer1 outputs
+            (1024, 512, 256 for ResNet-50/101; 256, 128, 64 for ResNet-18/34).
+        hidden_dim: the transformer width; sets the inner widths.
+    """
+
+    def __init__(self, in_channels: int, skip_channels: tuple[int, int, int] | list[int], hidden_dim: int) -> None:
+        super().__init__()
+        widths = [in_channels, hidden_dim // 2, hidden_dim // 4, hidden_dim // 8, hidden_dim // 16]
+        if any(width < 8 or width % 8 for width in widths):
+            raise ValueError(
+                f"the mask head's GroupNorm(8) needs widths divisible by 8: hidden_dim + num_heads = {in_channels} "
+                f"and hidden_dim / 16 = {hidden_dim / 16:g} must be; use a hidden_dim that is a multiple of 128")
+        self.lay1 = nn.Conv2d(widths[0], widths[0], 3, padding=1)
+        self.gn1 = nn.GroupNorm(8, widths[0])
+        self.lay2 = nn.Conv2d(widths[0], widths[1], 3, padding=1)
+        self.gn2 = nn.GroupNorm(8, widths[1])
+        self.lay3 = nn.Conv2d(widths[1], widths[2], 3, padding=1)
+        self.gn3 = nn.GroupNorm(8, widths[2])
+        self.lay4 = nn.Conv2d(widths[2], widths[3], 3, padding=1)
+        self.gn4 = nn.GroupNorm(8, widths[3])
+        self.lay5 = nn.Conv2d(widths[3], widths[4], 3, padding=1)
+        self.gn5 = nn.GroupNorm(8, widths[4])
+        self.out_lay = nn.Conv2d(widths[4], 1, 3, padding=1)
+        self.adapter1 = nn.Conv2d(skip_channels[0], widths[1], 1)
+        self.adapter2 = nn.Conv2d(skip_channels[1], widths[2], 1)
+        self.adapter3 = nn.Conv2d(skip_channels[2], widths[3], 1)
+        for module in self.modules():  # the authors' init
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_uniform_(module.weight, a=1)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, features: torch.Tensor, attention: torch.Tensor, skips: list[torch.Tensor]) -> torch.Tensor:
+        """features [B, C, h, w] (projected backbone output); attention [B, Q, heads, h, w]; skips: the
+        backbone's layer3, layer2, layer1 outputs [B, C_i, H_i, W_i] → mask logits [B, Q, H_1, W_1]."""
+        batch, num_queries = attention.shape[:2]
+        x = torch.cat([features.unsqueeze(1).expand(-1, num_queries, -1, -1, -1), attention], dim=2)
+        x = x.flatten(0, 1)  # [B·Q, C + heads, h, w]: every query runs through the head on its own
+        x = F.relu(self.gn1(self.lay1(x)))
+        x = F.relu(self.gn2(self.lay2(x)))
+        stages = ((self.adapter1, self.lay3, self.gn3), (self.adapter2, self.lay4, self.gn4),
+                  (self.adapter3, self.lay5, self.gn5))
+        for (adapter, conv, norm), skip in zip(stages, skips):
+            skip = adapter(skip)  # once per image, shared by its queries
+            x = F.interpolate(x, size=skip.shape[-2:], mode="nearest")
+            x = (x.unflatten(0, (batch, num_queries)) + skip.unsqueeze(1)).flatten(0, 1)
+            x = F.relu(norm(conv(x)))
+        return self.out_lay(x).view(batch, num_queries, *x.shape[-2:])
+
+
+def _stage_channels(backbone: Backbone, stage: str) -> int:
+    last_block = getattr(backbone.body, stage)[-1]
+    return (last_block.conv3 if hasattr(last_block, "conv3") else last_block.conv2).out_channels
+
+
+def backbone_stages(backbone: Backbone, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Run the backbone keeping its intermediate stages: images [B, 3, H, W] → (last stage's features
+    [B, C, h, w], {"layer1": …, "layer2": …, "layer3": …}). The last stage's features are what
+    ``backbone(images, mask)`` returns (same modules, same order; channels-last and autocast honoured)."""
+    if backbone.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    stages = {}
+    # no context at all without autocast_dtype: an enclosing autocast (e.g. bf16-mixed) then applies
+    context = (contextlib.nullcontext() if backbone.autocast_dtype is None
+               else torch.autocast(images.device.type, dtype=backbone.autocast_dtype))
+    with context:
+        x = images
+        for name, module in backbone.body.items():
+            x = module(x)
+            if name in SKIP_STAGES:
+                stages[name] = x
+    if backbone.autocast_dtype is not None:
+        x, stages = x.float(), {name: value.float() for name, value in stages.items()}
+    return x, stages
+
+
+class DETRPanoptic(nn.Module):
+    """DETR with the mask head: boxes, classes and one mask per query (paper §4.4).
+
+    Build it with :func:`build_detr_panoptic`, or load the authors' panoptic release files with
+    :func:`detr.load_checkpoint`. The state dict is the authors': the detector under ``detr.``, the
+    heads under ``bbox_attention.`` and ``mask_head.``.
+
+    Args:
+        detr: the detector (learned queries and a softmax class head, as the authors').
+        freeze_detr: stop gradients to every detector weight: the second stage of the authors' two-stage
+            recipe trains only the mask head on a converged box model (paper §4.4).
+
+    Attributes ``num_classes``, ``num_queries``, ``class_head``, ``aux_loss``, ``config`` are the
+    detector's; ``category_map`` and ``is_thing`` (per label: thing or stuff, for
+    :class:`detr.postprocess_segmentation.PostProcessPanoptic`) are set by loaders (None here).
+    """
+
+    def __init__(self, detr: DETR, *, freeze_detr: bool = False) -> None:
+        super().__init__()
+        if detr.query_type != "learned" or detr.class_head != "softmax" or detr.denoising is not None:
+            raise ValueError("DETRPanoptic builds on the paper's detector: learned queries and the softmax "
+                             f"class head, without denoising (got query_type={detr.query_type!r}, "
+                             f"class_head={detr.class_head!r})")
+        backbone = detr.backbone[0]
+        missing = [stage for stage in SKIP_STAGES if not hasattr(backbone.body, stage)]
+        if missing:
+            raise ValueError(f"the mask head needs the backbone's {', '.join(SKIP_STAGES)} outputs; this backbone "
+                             f"stops before {missing[0]}: use backbone_last_stage='layer4' or 'layer3'")
+        self.detr = detr
+        if freeze_detr:
+            detr.requires_grad_(False)
+        hidden_dim, num_heads = detr.transformer.d_model, detr.transformer.nhead
+        self.bbox_attention = AttentionMap(hidden_dim, hidden_dim, num_heads)
+        self.mask_head = MaskHead(hidden_dim + num_heads, [_stage_channels(backbone, s) for s in SKIP_STAGES],
+                                  hidden_dim)
+        self.category_map = None
+        self.is_thing: list[bool] | None = None  # per label: thing (True) or stuff; set by loaders
+
+    @property
+    def num_classes(self) -> int:
+        return self.detr.num_classes
+
+    @property
+    def num_queries(self) -> int:
+        return self.detr.num_queries
+
+    @property
+    def class_head(self) -> str:
+        return self.detr.class_head
+
+    @property
+    def aux_loss(self) -> bool:
+        return self.detr.aux_loss
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.detr.config
+
+    def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DETRPanoptic:
+        """The detector's :meth:`DETR.optimize_for_inference` (the mask head keeps its layout); eval mode."""
+        self.detr.optimize_for_inference(fold_batch_norm=fold_batch_norm, channels_last=channels_last)
+        return self.eval()
+
+    def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, return_attention: bool = False,
+                targets: list[dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+        """Raw predictions for a padded batch.
+
+        Args:
+            images: float [B, 3, H, W], ImageNet-normalised, zero-padded at the bottom and right.
+            padding_mask: bool [B, H, W], True on padding.
+            return_attention: also return the detector's attention maps (the keys of :meth:`DETR.forward`).
+            targets: ignored (the detector's signature: this detector has no denoising queries).
+
+        Returns the detector's dict (pred_logits [B, Q, num_classes + 1], pred_boxes [B, Q, 4] normalised
+        cxcywh, aux_outputs if aux_loss; equal to ``model.detr(images, padding_mask)``) plus pred_masks
+        float [B, Q, H', W']: mask logits at stride 4 of the padded batch (H' = H / 4 rounded up as the
+        ResNet stem rounds), for the last decoder layer only.
+        """
+        detr = self.detr
+        if images.dim() != 4 or padding_mask.shape != (images.shape[0], *images.shape[-2:]):
+            raise ValueError(f"expected images [B, 3, H, W] and padding_mask [B, H, W], got {tuple(images.shape)} "
+                             f"and {tuple(padding_mask.shape)}")
+        features, stages = backbone_stages(detr.backbone[0], images)
+        mask = F.interpolate(padding_mask[None].bool().float(), size=features.shape[-2:]).to(torch.bool)[0]
+        pos = detr.backbone[1](mask)
+        src = detr.input_proj(features)  # [B, C, h, w]
+        out = detr.transformer(src, mask, detr.query_embed.weight, pos, return_attention)
+        hs = out["hs"]  # [L, B, Q, C]
+        logits, boxes = detr.class_embed(hs), detr.bbox_embed(hs).sigmoid()
+        result: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        if detr.aux_loss:
+            result["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
+        memory = out["memory"].transpose(1, 2).unflatten(-1, src.shape[-2:])  # [B, C, h, w]
+        attention = self.bbox_attention(hs[-1], memory, mask)  # [B, Q, heads, h, w]
+        result["pred_masks"] = self.mask_head(src, attention, [stages[name] for name in SKIP_STAGES])
+        if return_attention:  # as DETR.forward returns them
+            height, width = mask.shape[-2:]
+            result["decoder_attention_heads"] = torch.stack(out["decoder_attention"]).unflatten(-1, (height, width))
+            result["decoder_attention"] = result["decoder_attention_heads"].mean(dim=2)
+            result["encoder_attention"] = out["encoder_attention"].mean(dim=1).unflatten(-1, (height, width))
+            result["feature_mask"] = mask
+        return result
+
+
+def build_detr_panoptic(*, num_classes: int = 250, freeze_detr: bool = False, **detr_kwargs: Any) -> DETRPanoptic:
+    """Build :class:`DETRPanoptic`. Defaults are the authors' COCO panoptic model: R50, 250 classes
+    (COCO panoptic category ids 1–200 are the labels; 251 logits with no-object), 100 queries.
+
+    Args:
+        num_classes: model classes. freeze_detr: see :class:`DETRPanoptic`.
+        detr_kwargs: any other :func:`detr.build_detr` argument (backbone, dilation, hidden_dim, …). The
+            mask head needs a hidden_dim that is a multiple of 128 and learned queries.
+    """
+    return DETRPanoptic(build_detr(num_classes=num_classes, **detr_kwargs), freeze_detr=freeze_detr)

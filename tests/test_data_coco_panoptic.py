@@ -1,0 +1,107 @@
+"""COCO panoptic data set on the synthetic shapes: masks from the PNGs, boxes around them, labels, transforms
+that move masks with the image, and a batch the panoptic model and mask losses accept."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from detr.criterion_masks import SetCriterionWithMasks
+from detr.data.coco_panoptic import CocoPanoptic, is_coco_panoptic, masks_to_boxes_xyxy
+from detr.data.collate import collate_detection
+from detr.data.shapes import ShapesConfig
+from detr.data.shapes_panoptic import write_shapes_panoptic
+from detr.data.transforms import make_eval_transform, make_train_transform
+from detr.panoptic_categories import coco_panoptic_categories_json, coco_panoptic_category_map
+
+CONFIG = ShapesConfig(num_train=6, num_val=2, image_size=64, min_object_size=10, max_object_size=30, max_objects=4)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes_panoptic")
+    write_shapes_panoptic(root, CONFIG)
+    return root
+
+
+def dataset(root, transform=None):
+    return CocoPanoptic(root / "train2017", root / "annotations" / "panoptic_train2017.json", transform=transform)
+
+
+def test_targets_are_the_pngs_segments(root):
+    data = dataset(root)
+    annotations = json.loads((root / "annotations" / "panoptic_train2017.json").read_text())["annotations"]
+    assert data.category_map.names[-1] == "background" and data.is_thing == [True] * 5 + [False]
+    for index, annotation in enumerate(annotations):
+        image, target = data[index]
+        segments = annotation["segments_info"]
+        assert image.shape == (3, 64, 64) and target["masks"].shape == (len(segments), 64, 64)
+        assert target["labels"].tolist() == [s["category_id"] - 1 for s in segments]  # contiguous labels
+        assert target["masks"].sum((1, 2)).tolist() == [s["area"] for s in segments]
+        assert target["masks"].sum(0).eq(1).all()  # a partition: every pixel in exactly one segment
+        boxes = [[x, y, x + w, y + h] for x, y, w, h in (s["bbox"] for s in segments)]
+        assert target["boxes_xyxy"].tolist() == boxes
+
+
+def test_resize_and_random_crops_move_masks_with_boxes(root):
+    # the mask lies in its box up to nearest-resize rounding: < 1 output pixel per resize, and the train
+    # recipe resizes twice (the second up to 2.5×: 3 px); clamped boxes may be wider than what a crop left
+    for transform, slack in ((make_eval_transform(min_size=96, max_size=128), 1),
+                             (make_train_transform(scales=[48, 64, 80], max_size=120, crop_resize_scales=[64, 80],
+                                                   crop_min_size=32, crop_max_size=60, seed=0), 3)):
+        data = dataset(root, transform)
+        for trial in range(24):
+            image, target = data[trial % len(data)]
+            masks, boxes = target["masks"], target["boxes_xyxy"]
+            assert masks.shape[1:] == image.shape[1:] and len(masks) == len(boxes) == len(target["labels"])
+            assert masks.flatten(1).any(1).all()
+            around = torch.from_numpy(masks_to_boxes_xyxy(masks.numpy()))
+            assert (around[:, :2] >= boxes[:, :2] - slack).all() and (around[:, 2:] <= boxes[:, 2:] + slack).all()
+
+
+def test_a_batch_trains_the_panoptic_model(root):
+    from detr.models.segmentation import build_detr_panoptic
+
+    data = dataset(root)
+    images, padding_mask, targets = collate_detection([data[0], data[4]])
+    assert targets[0]["boxes"].shape[-1] == 4 and targets[0]["masks"].dtype == torch.bool
+    torch.manual_seed(0)
+    model = build_detr_panoptic(backbone="resnet18", hidden_dim=128, num_heads=8, num_encoder_layers=1,
+                                num_decoder_layers=1, dim_feedforward=64, num_queries=8,
+                                num_classes=data.category_map.num_classes)
+    losses = SetCriterionWithMasks(data.category_map.num_classes, num_decoder_layers=1)(
+        model(images, padding_mask), targets)
+    assert torch.isfinite(torch.stack(list(losses.values()))).all() and losses["loss_dice"] > 0
+
+
+def test_coco_panoptic_categories_give_the_authors_label_space():
+    categories = coco_panoptic_categories_json()
+    assert is_coco_panoptic(categories) and not is_coco_panoptic(categories[:-1])
+    assert coco_panoptic_category_map().num_classes == 250
+    assert np.array([c["isthing"] for c in categories]).sum() == 80
+
+
+def test_predictions_score_against_the_ground_truth(root):
+    """Data set → model → panoptic post-processing → PQ runs end to end; the ground truth scores PQ 1."""
+    from detr.evaluation.panoptic import PanopticQuality
+    from detr.models.segmentation import build_detr_panoptic
+    from detr.postprocess_segmentation import PostProcessPanoptic
+
+    data = dataset(root)
+    metric, perfect = PanopticQuality(data.categories), PanopticQuality(data.categories)
+    torch.manual_seed(0)
+    model = build_detr_panoptic(backbone="resnet18", hidden_dim=128, num_heads=8, num_encoder_layers=1,
+                                num_decoder_layers=1, dim_feedforward=64, num_queries=8, num_classes=6).eval()
+    post = PostProcessPanoptic(data.is_thing, threshold=0.0, category_ids=data.category_map.category_ids)
+    images, padding_mask, targets = collate_detection([data[0], data[1]])
+    with torch.no_grad():
+        results = post(model(images, padding_mask), torch.stack([t["size"] for t in targets]),
+                       torch.stack([t["orig_size"] for t in targets]))
+    for index, result in enumerate(results):
+        gt_ids, gt_segments = data.ground_truth(index)
+        metric.update(gt_ids, gt_segments, result["id_map"], result["segments_info"])
+        perfect.update(gt_ids, gt_segments, gt_ids, gt_segments)
+    assert 0 <= metric.compute()["All"]["pq"] < 1 and perfect.compute()["All"]["pq"] == 1.0
