@@ -45,6 +45,13 @@ class CheckpointContents:
 def _torch_load(path: Path) -> Any:
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} does not exist")
+    with path.open("rb") as file:
+        head = file.read(64)
+    # torch.save writes a zip archive (PK..) or, in its legacy format, a pickle (protocol byte 0x80)
+    if not head.startswith((b"PK\x03\x04", b"\x80")):
+        pointer = " (a Git LFS pointer: run `git lfs pull`)" if head.startswith(b"version https://git-lfs") else ""
+        raise CheckpointError(f"{path} is not a checkpoint torch can read: it starts with {head[:32]!r}{pointer}; pass "
+                              "a .pth/.ckpt file written by torch.save")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -56,6 +63,11 @@ def _torch_load(path: Path) -> Any:
         ) from error
     except (RuntimeError, EOFError, OSError) as error:
         raise CheckpointError(f"could not read checkpoint {path}: {error} (truncated or not a torch file?)") from error
+    except Exception as error:  # pickle fails on text and other files with KeyError, IndexError, ValueError ...
+        raise CheckpointError(
+            f"{path} is not a checkpoint torch can read ({type(error).__name__}: {error}); pass a .pth/.ckpt file "
+            "written by torch.save (a truncated download or a text file such as a Git LFS pointer?)"
+        ) from error
 
 
 def _is_state_dict(obj: Any) -> bool:
@@ -63,8 +75,21 @@ def _is_state_dict(obj: Any) -> bool:
 
 
 def read_checkpoint(path: str | Path) -> CheckpointContents:
-    """Read any supported checkpoint file into a state dict in the official layout (+ metadata)."""
+    """Read any supported checkpoint file into a state dict in the official layout (+ metadata).
+
+    ``path`` may also be a released model's name ("detr-r50": :mod:`detr.pretrained`, downloaded on first
+    use) or a directory written by Hugging Face transformers (:mod:`detr.huggingface`).
+    """
+    from detr import pretrained  # both modules import this one
+
+    released = pretrained.find(path)
+    if released is not None:
+        return pretrained.read_released(released)
     path = Path(path)
+    if path.is_dir():
+        from detr.huggingface import read_huggingface
+
+        return read_huggingface(path)
     obj = _torch_load(path)
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj.get("detr"), dict):
         meta = obj["detr"]
@@ -202,7 +227,9 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR:
     """Build the model a checkpoint describes, load its weights, return it in eval mode.
 
     Args:
-        path: an authors' release file, a plain state dict, or this project's Lightning checkpoint.
+        path: an authors' release file, a plain state dict, this project's Lightning checkpoint, a
+            released model's name ("detr-r50"; see :mod:`detr.pretrained`; downloaded on first use) or a
+            Hugging Face transformers DETR directory (see :mod:`detr.huggingface`).
         overrides: build_detr keyword arguments that win over what is inferred (e.g. ``dilation=True``
             for a renamed DC5 file, ``num_heads``, ``class_head="sigmoid"``, ``query_groups``: what
             :func:`infer_model_config` cannot see).
@@ -210,9 +237,15 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR:
     The returned model carries ``category_map``: the checkpoint's own, or COCO's for a 91-class file
     without one; and ``eval_size``: (min_size, max_size) of the validation resize it was trained with
     (this project's checkpoints), else None. Missing or unexpected keys raise :class:`CheckpointError` naming them.
+    A panoptic file (the authors' layout: the detector under ``detr.`` beside ``mask_head.*``) gives a
+    :class:`detr.models.segmentation.DETRPanoptic` (see :func:`detr.panoptic_checkpoints.load_panoptic`).
     """
     path = Path(path)
     contents = read_checkpoint(path)
+    if any(key.startswith("mask_head.") for key in contents.state_dict):  # the authors' panoptic layout
+        from detr.panoptic_checkpoints import load_panoptic
+
+        return load_panoptic(path, contents, **overrides)
     config = contents.model_config or infer_model_config(
         contents.state_dict, path.name, class_head=overrides.get("class_head"),
         query_groups=overrides.get("query_groups", 1))
@@ -231,6 +264,17 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR:
     category_map = contents.category_map
     if category_map is None and model.num_classes == 91:
         category_map = CategoryMap.coco()
+    elif category_map is None and contents.model_config is None and contents.eval_size is None:
+        # Not COCO-sized and nothing recorded: the defaults may be far from how the model was trained.
+        # (Imported here: detr.data pulls in albumentations and OpenCV, which `import detr` must not need.)
+        from detr.data.transforms import EVAL_MAX_SIZE, EVAL_MIN_SIZE
+
+        logger.warning(
+            "%s is a plain state dict of a %d-class model without a category map or eval size: its labels are "
+            "written as category ids 0..%d and images are resized to the authors' %d/%d px. If it was trained "
+            "otherwise, pass its category map (Predictor(category_map=...)) and eval size (--min-size/--max-size)",
+            path, model.num_classes, model.num_classes - 1, EVAL_MIN_SIZE, EVAL_MAX_SIZE,
+        )
     model.category_map = category_map
     model.eval_size = contents.eval_size
     logger.info("loaded %s (%s, %d classes)", path, config["backbone"], model.num_classes)

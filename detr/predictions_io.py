@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from torch import Tensor
 from torchvision.ops import box_convert
 from torchvision.utils import draw_bounding_boxes
 
+from detr.atomic_files import write_text_atomically
 from detr.categories import CategoryMap
 from detr.data.images import ImageLoadError, list_image_files
 from detr.predictor import Prediction, Predictor, to_rgb_array
@@ -84,9 +86,9 @@ def write_predictions_json(
 ) -> Path:
     """Write :func:`predictions_to_coco_results` of ``predictions`` to ``path`` (parents created)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     results = predictions_to_coco_results(predictions, category_map=category_map)
-    path.write_text(json.dumps(results))
+    # allow_nan=False: NaN is not JSON; callers leave out predictions that are not finite
+    write_text_atomically(path, json.dumps(results, allow_nan=False))
     logger.info("wrote %d detections of %d images to %s", len(results), len(predictions), path)
     return path
 
@@ -211,8 +213,10 @@ def predict_files(
 ) -> PredictionRun:
     """Run ``predictor`` on image files and write ``out_dir/predictions.json`` and drawn images.
 
-    Files are read and batched ``predictor.batch_size`` at a time; one that cannot be read is logged at
-    WARNING and skipped. ``threshold`` defaults to the predictor's; ``all_queries`` keeps every query
+    Files are read and batched ``predictor.batch_size`` at a time; one that cannot be read or predicted
+    (too thin to resize, outputs not finite) is logged at WARNING and skipped, and predictions.json is
+    written even if the run stops early. ``file_name`` is the path relative to the inputs' common folder
+    (:func:`unique_file_names`). ``threshold`` defaults to the predictor's; ``all_queries`` keeps every query
     (as COCO evaluation wants) and then draws only those above the threshold. Drawn images go to
     ``out_dir/<stem>.jpg`` (``<stem>_1.jpg``... on name clashes).
     ``progress`` wraps the per-batch iteration (e.g. ``functools.partial(tqdm, total=...)``).
@@ -220,36 +224,77 @@ def predict_files(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [Path(p) for p in paths]
+    names = unique_file_names(paths)
     run = PredictionRun(predictions=[])
-    batches = [paths[i : i + predictor.batch_size] for i in range(0, len(paths), predictor.batch_size)]
+    threshold_value = predictor.threshold if threshold is None else threshold
+    size = predictor.batch_size
+    batches = [list(range(start, min(start + size, len(paths)))) for start in range(0, len(paths), size)]
     used_names: set[str] = set()
-    for batch in progress(batches) if progress is not None else batches:
-        arrays, names = [], []
-        for path in batch:
-            try:
-                arrays.append(to_rgb_array(path))
-                names.append(path.name)
-            except ImageLoadError as error:  # missing, truncated, not an image
-                # The decoder's own error says what is wrong; the ImageLoadError text suggests data-set fixes.
-                cause = error.__cause__
-                reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(error)
-                logger.warning("skipping %s: %s", path, reason)
-                run.skipped.append((path, reason))
-        threshold_value = predictor.threshold if threshold is None else threshold
-        predictions = predictor.predict_arrays(
-            arrays, file_names=names, threshold=None if all_queries else threshold_value
+    try:
+        for batch in progress(batches) if progress is not None else batches:
+            loaded = []
+            for index in batch:
+                try:
+                    loaded.append((paths[index], names[index], to_rgb_array(paths[index])))
+                except ImageLoadError as error:  # missing, truncated, not an image
+                    # The decoder's own error says what is wrong; the ImageLoadError text suggests data-set fixes.
+                    cause = error.__cause__
+                    _skip(run, paths[index], f"{type(cause).__name__}: {cause}" if cause is not None else str(error))
+            for path, array, prediction in _predict_each(predictor, loaded, None if all_queries else threshold_value,
+                                                         run):
+                run.predictions.append(prediction)
+                if draw:
+                    shown = prediction.above(threshold_value) if all_queries else prediction
+                    name = _unique_name(prediction.file_name, used_names)
+                    run.drawn.append(save_drawn_image(out_dir / name, array, shown))
+    finally:  # whatever stops the run, the images done so far are written
+        assign_image_ids(run.predictions)
+        run.predictions_json = write_predictions_json(
+            out_dir / "predictions.json", run.predictions, category_map=predictor.category_map
         )
-        for array, prediction in zip(arrays, predictions):
-            run.predictions.append(prediction)
-            if draw:
-                shown = prediction.above(threshold_value) if all_queries else prediction
-                name = _unique_name(prediction.file_name, used_names)
-                run.drawn.append(save_drawn_image(out_dir / name, array, shown))
-    assign_image_ids(run.predictions)
-    run.predictions_json = write_predictions_json(
-        out_dir / "predictions.json", run.predictions, category_map=predictor.category_map
-    )
     return run
+
+
+def unique_file_names(paths: Sequence[Path]) -> list[str]:
+    """The ``file_name`` of each path in outputs: its path relative to the inputs' common folder (the bare
+    name when all come from one folder), so that ``a/1.jpg`` and ``b/1.jpg`` stay apart."""
+    if not paths:
+        return []
+    resolved = [path.resolve() for path in paths]
+    root = Path(os.path.commonpath([str(path.parent) for path in resolved]))
+    return [path.relative_to(root).as_posix() for path in resolved]
+
+
+def _skip(run: PredictionRun, path: Path, reason: str) -> None:
+    logger.warning("skipping %s: %s", path, reason)
+    run.skipped.append((path, reason))
+
+
+def _predict_each(
+    predictor: Predictor, loaded: list[tuple[Path, str, np.ndarray]], threshold: float | None, run: PredictionRun
+) -> list[tuple[Path, np.ndarray, Prediction]]:
+    """Predict a batch of loaded images; an image that fails (too thin to resize, ...) or whose output is
+    not finite (NaN weights) is skipped into ``run.skipped``, and a failed batch is retried image by image."""
+    if not loaded:
+        return []
+    arrays = [array for _, _, array in loaded]
+    try:
+        # every query, so that NaN scores (which no threshold keeps) are seen; the threshold is applied below
+        predictions = predictor.predict_arrays(arrays, file_names=[name for _, name, _ in loaded], threshold=None)
+    except Exception as error:  # one bad image must not cost the others
+        if len(loaded) > 1:
+            return [result for item in loaded for result in _predict_each(predictor, [item], threshold, run)]
+        path, _, array = loaded[0]
+        _skip(run, path, f"cannot predict on its {array.shape[1]}x{array.shape[0]} pixels: {type(error).__name__}: "
+                         f"{str(error).strip().splitlines()[-1] if str(error).strip() else ''}")
+        return []
+    results = []
+    for (path, _, array), prediction in zip(loaded, predictions):
+        if not (torch.isfinite(prediction.scores).all() and torch.isfinite(prediction.boxes).all()):
+            _skip(run, path, "the model's outputs are not finite (NaN or inf weights?)")
+            continue
+        results.append((path, array, prediction if threshold is None else prediction.above(threshold)))
+    return results
 
 
 def _unique_name(file_name: str | None, used: set[str]) -> str:

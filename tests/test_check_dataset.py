@@ -1,8 +1,8 @@
-"""The dataset checker finds every bad input of issue 3 on a broken copy, each named by file and annotation."""
+"""The dataset checker finds every bad input (missing, corrupt or mislabelled files and annotations) on a
+broken copy, each named by file and annotation."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -12,15 +12,13 @@ import pytest
 from PIL import Image
 
 from detr.data.checker import Problem, check_dataset, format_problems, has_errors
+from tests.conftest import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def load_cli() -> Any:
-    spec = importlib.util.spec_from_file_location("check_dataset_cli", REPO / "tools" / "check_dataset.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return load_script("tools/check_dataset.py")
 
 
 def ann(ann_id: int, image_id: int, bbox: list[float], category_id: int = 1, iscrowd: int = 0) -> dict:
@@ -45,7 +43,7 @@ def write_clean(root: Path) -> tuple[Path, Path]:
 
 
 def write_broken(root: Path) -> tuple[Path, Path]:
-    """Every bad input of issue 3, one per image file."""
+    """Every bad input the checker knows, one per image file."""
     images_dir, path = write_clean(root)
     data = json.loads(path.read_text())
     data["categories"].append({"id": 5, "name": "gap"})  # ids 1, 2, 5: a gap, and 5 is unused

@@ -1,4 +1,4 @@
-"""The COCO data set: box conversion, crowd, categories, and every bad input of issue 3 named by its file."""
+"""The COCO data set: box conversion, crowd, categories, and every bad input named by its file."""
 
 from __future__ import annotations
 

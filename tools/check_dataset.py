@@ -18,7 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images_dir", help="folder the json's file_name entries are relative to")
     parser.add_argument("annotations_json", help="COCO instances json")
-    parser.add_argument("--num-queries", type=int, default=100, help="model queries (most objects per image)")
+    parser.add_argument("--num-queries", type=int, default=100,
+                        help="the model's num_queries: an image with more objects is an error (default 100, the "
+                        "paper's; configs/demo_shapes_cpu.yaml uses 20). `detr fit` runs these checks itself with "
+                        "its model's value")
     parser.add_argument("--quick", action="store_true", help="read image headers only (misses truncated files)")
     parser.add_argument("--workers", type=int, default=0, help="processes for reading images")
     parser.add_argument("--max-per-kind", type=int, default=20, help="problems listed per kind")

@@ -1,10 +1,11 @@
-"""Write interactive attention-explorer pages: one self-contained HTML file per image (issue 7).
+"""Write interactive attention-explorer pages: one self-contained HTML file per image.
 
     python tools/explore_attention.py photo.jpg --checkpoint detr-r50-e632da11.pth --out explorer/
     python tools/explore_attention.py data/photos/*.png --checkpoint last.ckpt --out explorer/ --threshold 0.5
 
 Open <out>/<image stem>.html (or <out>/index.html for several images) in any browser; no server or
-network is needed. The page shows every query's box, decoder cross-attention per layer and head, top-5
+network is needed. An image that cannot be read or run is reported and skipped (exit status 1), the
+other pages are written. The page shows every query's box, decoder cross-attention per layer and head, top-5
 classes, boxes per decoder layer, and encoder self-attention for any clicked pixel.
 The pages themselves: detr.visualize.explorer.
 """
@@ -32,13 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     model = load_checkpoint(args.checkpoint)
+    errors: list[tuple[str, str]] = []
     pages = write_attention_explorer(
         model, args.images, args.out, threshold=args.threshold, min_size=args.min_size, max_size=args.max_size,
-        device=args.device,
+        device=args.device, errors=errors,
     )
     for page in pages:
         print(f"{page} ({page.stat().st_size / 2**20:.1f} MB)")
-    return 0
+    for image, reason in errors:
+        print(f"skipped {image}: {reason}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

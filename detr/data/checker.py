@@ -10,7 +10,8 @@ image, annotation or category ids; an annotation on an unknown image or with a c
 ``categories``; a bbox that is not 4 finite numbers, has zero (or negative) width or height, or reaches
 outside the image; missing, truncated or undecodable image files; a file whose size (after EXIF
 orientation) contradicts the json; more objects in one image than ``num_queries`` (DETR predicts at most
-one object per query, so the rest could never be matched).
+one object per query, so the rest could never be matched); string image ids; a file without any
+(non-crowd) box; boxes that look like xyxy corners (many reach outside the image, all would fit as xyxy).
 
 Warnings: images without boxes, crowd annotations (left out of training, kept for evaluation), category
 id gaps, categories without annotations, duplicate file names, annotations without ``area``/``iscrowd``.
@@ -94,6 +95,7 @@ def check_dataset(
     num_queries: int = 100,
     decode_images: bool = True,
     workers: int = 0,
+    data: dict[str, Any] | None = None,
 ) -> list[Problem]:
     """Every problem of the data set ``images_dir`` + ``annotations_file`` (module docstring).
 
@@ -104,16 +106,18 @@ def check_dataset(
         decode_images: decode every image completely (finds truncated files; slow on big sets). False
             reads only the headers (finds missing and non-image files, sizes).
         workers: processes for reading images (0: in this process).
+        data: the json already loaded (``annotations_file`` is then only named in messages).
 
     Returns:
         Problems: errors, then warnings, each group in json order, then one "info" summary (counts and
         the image with the most objects).
     """
     images_dir, annotations_file = Path(images_dir), Path(annotations_file)
-    try:
-        data = load_coco_json(annotations_file)
-    except AnnotationFileError as error:
-        return [Problem("error", "invalid_json", str(error))]
+    if data is None:
+        try:
+            data = load_coco_json(annotations_file)
+        except AnnotationFileError as error:
+            return [Problem("error", "invalid_json", str(error))]
     problems: list[Problem] = []
 
     def add(severity: Severity, kind: str, message: str, file_name: Any = None, annotation_id: Any = None) -> None:
@@ -161,6 +165,10 @@ def check_dataset(
         else:
             images[image["id"]] = image
             file_names[image["file_name"]] += 1
+            if not isinstance(image["id"], int):
+                add("error", "non_integer_image_id", f"images[{position}] has id {image['id']!r}, a string; image "
+                    "ids must be integers (COCO evaluation and the data set key on them): renumber the images and "
+                    "their annotations' image_id", image["file_name"])
     for name, count in file_names.items():
         if count > 1:
             add("warning", "duplicate_file_name", f"{count} image entries share this file_name", name)
@@ -197,6 +205,7 @@ def check_dataset(
     boxes_per_image: Counter[Any] = Counter()
     used_categories: set[int] = set()
     missing_fields: list[Any] = []
+    sized_boxes = outside_boxes = xyxy_like = 0  # for the "written as xyxy" test below
     for position, annotation in enumerate(annotations):
         if not isinstance(annotation, dict):
             add("error", "invalid_annotation", f"annotations[{position}] is not an object")
@@ -241,6 +250,9 @@ def check_dataset(
         if size is not None:
             height, width = size
             tol = OUTSIDE_TOLERANCE
+            sized_boxes += 1
+            outside_boxes += x < -tol or y < -tol or x + w > width + tol or y + h > height + tol
+            xyxy_like += x < w <= width + tol and y < h <= height + tol  # [x0, y0, x1, y1] inside the image
             if x >= width or y >= height or x + w <= 0 or y + h <= 0:
                 add("error", "box_outside_image", f"bbox {bbox} lies entirely outside the {width}x{height} image; "
                     "the pipeline drops it", file_name, ann_id)
@@ -252,6 +264,14 @@ def check_dataset(
         if image is not None and not crowd:
             boxes_per_image[annotation["image_id"]] += 1
 
+    if sized_boxes >= 4 and outside_boxes >= 0.25 * sized_boxes and xyxy_like == sized_boxes:
+        add("error", "boxes_look_like_xyxy", f"{outside_boxes} of {sized_boxes} boxes reach outside their image, and "
+            "every box read as [x0, y0, x1, y1] would lie inside it: the file seems to hold xyxy corners where COCO "
+            "wants [x, y, width, height]; convert with width = x1 - x0, height = y1 - y0")
+    if not any(boxes_per_image.values()):
+        add("error", "no_annotations", f"'{annotations_file}' has no (non-crowd) box on any of its {len(images)} "
+            "images: a model trained on it learns only 'no object' and evaluation has nothing to score; is it the "
+            "right file (an image-info or test-dev json)?")
     crowd_count = sum(1 for p in problems if p.kind == "crowd")
     busiest = max(boxes_per_image.items(), key=lambda item: item[1], default=(None, 0))
     add("info", "summary", f"{len(images)} images, {len(annotations)} annotations ({crowd_count} crowd), "

@@ -1,6 +1,6 @@
 """COCO-format detection data set on pycocotools: an image folder plus an instances json.
 
-What the model sees (issue 3, REFERENCE.md "Training recipe"):
+What the model sees (as the authors' datasets/coco.py prepares it; bad inputs fail naming their file):
 
 - crowd annotations (``iscrowd = 1``) are kept out of the targets, as the authors do, but stay in
   :attr:`CocoDetection.coco`, the ground truth the COCO evaluator scores against;
@@ -139,8 +139,9 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
     for position, image in enumerate(data["images"]):
         if not isinstance(image, dict) or "id" not in image or "file_name" not in image:
             problems.append(f"images[{position}] needs 'id' and 'file_name'")
-        elif not isinstance(image["id"], (int, str)):
-            problems.append(f"images[{position}] has id {image['id']!r}; ids must be integers")
+        elif isinstance(image["id"], bool) or not isinstance(image["id"], int):
+            problems.append(f"images[{position}] has id {image['id']!r}; image ids must be integers (renumber the "
+                            "images and their annotations' image_id)")
         elif image["id"] in file_names:
             problems.append(
                 f"image id {image['id']} is used twice ('{file_names[image['id']]}' and '{image['file_name']}')"

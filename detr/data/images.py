@@ -3,7 +3,7 @@
 Every decoding failure (missing file, truncated JPEG, a text file named ``.jpg``, an unsupported mode) becomes
 an :class:`ImageLoadError` that names the file and, when known, the annotation json that lists it. A
 ``ValueError`` subclass, so a DataLoader worker that hits one re-raises it in the main process with the
-file name in the message instead of a bare PIL traceback (issue 3).
+file name in the message instead of a bare PIL traceback: a broken data set names the file to fix.
 
 EXIF orientation is applied (``PIL.ImageOps.exif_transpose``) before anything else looks at the pixels, so
 the array is the photo as viewers show it; annotations are expected in that displayed frame, which is the
@@ -75,11 +75,16 @@ def _scale_to_uint8(values: np.ndarray, mode: str) -> np.ndarray:
 
     16-bit modes are scaled by 255/65535 (as an image viewer shows them). PIL's own ``convert("RGB")``
     clips them at 255 instead, which turns most 16-bit images white. 32-bit "I"/"F" images have no fixed
-    range: values already in 0..255 are kept, 0..65535 treated as 16-bit, anything larger scaled by its maximum.
+    range: floats ("F") within 0..1 are scaled by 255 (kept, they would all round to black), other values
+    in 0..255 are kept, 0..65535 treated as 16-bit, anything larger scaled by its maximum.
     """
     values = values.astype(np.float64)
+    finite = values[np.isfinite(values)]
     if mode in _SIXTEEN_BIT_MODES:
         scale = 255.0 / 65535.0
+    elif mode == "F" and finite.size and 0.0 <= float(finite.min()) and float(finite.max()) <= 1.0:
+        logger.info("a float image with values in [0, 1]: scaled by 255")
+        scale = 255.0
     else:
         peak = float(np.nanmax(values)) if values.size else 0.0
         scale = 1.0 if peak <= 255 else (255.0 / 65535.0 if peak <= 65535 else 255.0 / peak)
@@ -211,6 +216,10 @@ class ImageFilesDataset(torch.utils.data.Dataset):
     :mod:`detr.data.transforms`), ``target`` = ``{"image_id": int64 scalar (= i), "orig_size": int64 [2]
     (h, w) of the decoded image, "size": int64 [2] (h, w) after the transform, "file_name": str (the path)}``.
     :func:`detr.data.collate.collate_detection` batches these.
+
+    A file that cannot be read or transformed does not stop the run: its sample is a 32 x 32 black
+    placeholder whose target has ``orig_size`` (0, 0) and ``"error"``: the reason; callers leave it out
+    and report it (:class:`detr.lightning.callbacks.PredictionsWriter` does).
     """
 
     def __init__(
@@ -224,13 +233,14 @@ class ImageFilesDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
         path = self.paths[index]
-        pixels = load_rgb_image(path)
         try:
+            pixels = load_rgb_image(path)
             out = self.transform(image=pixels, bboxes=np.zeros((0, 4), np.float32), labels=np.zeros(0, np.int64))
-        except Exception as error:
-            raise ImageLoadError(
-                f"transform failed on image file '{path}': {type(error).__name__}: {error}", path=path
-            ) from error
+        except ImageLoadError as error:
+            return self._placeholder(index, _reason(error))
+        except Exception as error:  # e.g. OpenCV's resize on a 1-pixel-thin image
+            return self._placeholder(index, f"the eval transform failed on its {pixels.shape[1]}x{pixels.shape[0]} "
+                                            f"pixels: {type(error).__name__}: {error}")
         image = out["image"]
         target = {
             "image_id": torch.tensor(index, dtype=torch.int64),
@@ -239,3 +249,16 @@ class ImageFilesDataset(torch.utils.data.Dataset):
             "file_name": str(path),
         }
         return image, target
+
+    def _placeholder(self, index: int, reason: str) -> tuple[torch.Tensor, dict[str, Any]]:
+        logger.warning("cannot use image file '%s': %s", self.paths[index], reason)
+        size = torch.tensor((32, 32), dtype=torch.int64)
+        target = {"image_id": torch.tensor(index, dtype=torch.int64), "orig_size": torch.zeros(2, dtype=torch.int64),
+                  "size": size, "file_name": str(self.paths[index]), "error": reason}
+        return torch.zeros(3, 32, 32), target
+
+
+def _reason(error: ImageLoadError) -> str:
+    """What the decoder said, without the data-set advice (skip_bad_images ...) of the message."""
+    cause = error.__cause__
+    return f"{type(cause).__name__}: {cause}" if cause is not None else str(error).split(";")[0]

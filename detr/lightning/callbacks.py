@@ -169,11 +169,8 @@ class ExponentialMovingAverage(WeightAveraging):
     swapping and saving; the trained weights stay in the checkpoint under ``current_model_state``).
 
     Lightning's own ``EMAWeightAveraging`` updates one tensor at a time; this uses torch's foreach EMA
-    (one fused lerp over every tensor): the update alone takes 6 instead of 19 ms for the CPU demo model
-    on 2 cores (AveragedModel.update_parameters, 20 calls; inside a Lightning fit the profiler put this
-    callback at ~15 ms a step in a slow phase of the machine).
-    In the 10-minute shapes benchmark (issue 6) the average at decay 0.99 scored AP50 0.445 / AP 0.336
-    against 0.397 / 0.257 for the weights it averaged, in the same run.
+    (one fused lerp over every tensor), which is faster. What the average adds on the shapes benchmark:
+    docs/convergence.md.
     """
 
     def __init__(self, decay: float = 0.99, start_step: int = 0) -> None:
@@ -313,16 +310,22 @@ class PredictionsWriter(BasePredictionWriter):
     ``tools/predict.py`` (:func:`detr.predictions_io.write_predictions_json`).
 
     Args:
-        output_path: the json file (parents created).
+        output_path: the json file (parents created); default ``predictions.json`` in ``trainer.log_dir`` (the
+            ``detr`` CLI: ``<trainer.default_root_dir>/predict/``), else in ``trainer.default_root_dir``.
         score_threshold: keep detections scoring above it (0: every query, as COCO evaluation wants).
 
     Under DDP the processes' predictions are gathered and written once, each image once.
+
+    An image that could not be read or resized, or whose predictions are not finite (NaN weights), is
+    logged and left out; the rest is written, and ``failed`` lists ``(file name, reason)`` (``detr
+    predict`` then exits with status 1).
     """
 
-    def __init__(self, output_path: str = "predictions.json", score_threshold: float = 0.0) -> None:
+    def __init__(self, output_path: str | None = None, score_threshold: float = 0.0) -> None:
         super().__init__(write_interval="epoch")
         self.output_path = output_path
         self.score_threshold = score_threshold
+        self.failed: list[tuple[str, str]] = []
 
     def write_on_epoch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, predictions: Any, batch_indices: Any
@@ -336,8 +339,15 @@ class PredictionsWriter(BasePredictionWriter):
             return
         category_map = getattr(pl_module, "category_map", None)
         by_image: dict[int, Prediction] = {}
+        failed: dict[int, tuple[str, str]] = {}
         for item in flat:
-            if item["image_id"] in by_image:  # the distributed sampler repeats images to even out shards
+            if item["image_id"] in by_image or item["image_id"] in failed:  # the distributed sampler repeats images
+                continue
+            reason = item.get("error")
+            if reason is None and not all(bool(torch.isfinite(item[k]).all()) for k in ("scores", "boxes")):
+                reason = "the model's outputs are not finite (NaN or inf weights?)"
+            if reason is not None:
+                failed[item["image_id"]] = (str(item.get("file_name")), reason)
                 continue
             keep = item["scores"] > self.score_threshold
             labels = item["labels"][keep]
@@ -347,4 +357,11 @@ class PredictionsWriter(BasePredictionWriter):
                 query_indices=torch.nonzero(keep).flatten(), image_size=tuple(item["orig_size"]),
                 file_name=item.get("file_name"), image_id=item["image_id"],
             )
-        write_predictions_json(self.output_path, list(by_image.values()), category_map=category_map)
+        output_path = self.output_path or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.json"
+        write_predictions_json(output_path, list(by_image.values()), category_map=category_map)
+        self.failed = list(failed.values())
+        for file_name, reason in self.failed:
+            logger.error("no predictions for %s: %s", file_name, reason)
+        if self.failed:
+            logger.error("%d of %d images could not be predicted (listed above); %s holds the others",
+                         len(self.failed), len(failed) + len(by_image), output_path)

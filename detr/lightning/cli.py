@@ -12,11 +12,20 @@ configured: the data module reads them from the annotation json and they are lin
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 from typing import Any
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
+from detr.checkpoints import CheckpointError
+from detr.lightning.callbacks import PredictionsWriter
+from detr.lightning.checkpointing import LastCheckpoint
+from detr.lightning.data_checks import CheckData
 from detr.lightning.datamodule import DetrDataModule
+from detr.lightning.run_folder import claim_run_folder
 from detr.lightning.system import DetrSystem
 
 
@@ -24,9 +33,61 @@ class DetrCLI(LightningCLI):
     """LightningCLI with the data → model links DETR needs."""
 
     def add_arguments_to_parser(self, parser: Any) -> None:
-        # The data decides these (STYLE.md habit 4): linked once both objects are built.
+        # The data decides these (the annotation json), so no config repeats them: linked once both are built.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.category_map", "model.category_map", apply_on="instantiate")
+        # Always there, whatever the config's callbacks: last.ckpt kept current (and written on SIGTERM), and
+        # every input checked before the first step. Configurable as last_checkpoint.* and data_check.*.
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.add_lightning_class_args(CheckData, "data_check")
+        parser.add_argument(
+            "--overwrite_run", type=bool, default=False,
+            help="fit: start over in an output folder that holds a previous run, deleting its checkpoints and logs "
+            "(without it such a folder is refused unless --ckpt_path resumes the run)",
+        )
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads --ckpt_path's hyperparameters while parsing; a broken file must say which it is.
+        try:
+            super()._parse_ckpt_path()
+        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
+            subcommand = self.config.get("subcommand")
+            path = self.config[subcommand].get("ckpt_path") if subcommand else None
+            raise CheckpointError(
+                f"could not read checkpoint {path}: {type(error).__name__}: {error}. The file is truncated or not a "
+                "checkpoint; resume from another one (the best-model checkpoints beside it) or start over"
+            ) from error
+
+    def before_instantiate_classes(self) -> None:
+        # Without annotations (detr predict on plain images) the checkpoint names the classes.
+        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path and config.get("data.categories_from") is None:
+            config["data.categories_from"] = str(ckpt_path)
+
+    def fit(self, **kwargs: Any) -> None:
+        """``trainer.fit`` in output folders that no other run owns (:mod:`detr.lightning.run_folder`)."""
+        overwrite = bool(self.config.get(str(self.subcommand), self.config).get("overwrite_run"))
+        with claim_run_folder(self.trainer, resuming=kwargs.get("ckpt_path") is not None, overwrite=overwrite):
+            self.trainer.fit(**kwargs)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The trainer, with :func:`run_loggers` unless the config names its own loggers (or ``logger: false``):
+        into ``trainer.default_root_dir`` for ``fit``, into its ``validate/``, ``test/`` or ``predict/`` subfolder
+        for the others, so that evaluating a run's checkpoint keeps the run's own metrics.csv and config.yaml."""
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        if "logger" not in kwargs and trainer_config.get("logger") in (None, True):
+            root = trainer_config.get("default_root_dir") or os.getcwd()
+            subfolder = self.subcommand if self.subcommand not in (None, "fit") else ""
+            kwargs["logger"] = run_loggers(os.path.join(root, subfolder))
+        return super().instantiate_trainer(**kwargs)
+
+
+def run_loggers(root_dir: str) -> list[Logger]:
+    """A CSV and a TensorBoard logger writing straight into ``root_dir`` (``trainer.default_root_dir``), so
+    that metrics.csv, the TensorBoard events, checkpoints/ (ModelCheckpoint follows the first logger),
+    val_images/, evaluation/ and config.yaml of a run all land in the one folder that key names."""
+    return [CSVLogger(root_dir, name="", version=""), TensorBoardLogger(root_dir, name="", version="")]
 
 
 def make_cli(args: list[str] | None = None, *, run: bool = True) -> DetrCLI:
@@ -42,15 +103,17 @@ def main(args: list[str] | None = None) -> int:
     """Entry point of the ``detr`` console script: ``detr fit|validate|test|predict --config ...``.
 
     Shows this package's INFO messages (e.g. the COCO summary and per-class AP table of every
-    evaluation) next to Lightning's."""
+    evaluation) next to Lightning's. Exit status: 0; 1 when ``predict`` could not predict some images (the
+    others are written); 143 when SIGTERM stopped ``fit`` after saving last.ckpt."""
     package_logger = logging.getLogger("detr")
     if not package_logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         package_logger.addHandler(handler)
         package_logger.setLevel(logging.INFO)
-    make_cli(args)
-    return 0
+    cli = make_cli(args)
+    writers = [c for c in getattr(cli.trainer, "callbacks", []) if isinstance(c, PredictionsWriter)]
+    return 1 if any(writer.failed for writer in writers) else 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from detr.categories import CategoryMap
+from detr.checkpoints import read_checkpoint
 from detr.data.coco import CocoDetection, category_map_from_categories, load_coco_json
 from detr.data.collate import collate_detection
 from detr.data.images import ImageFilesDataset
@@ -72,7 +73,7 @@ class DetrDataModule(lightning.LightningDataModule):
         predict_images: a folder (its image files) or a list of image files for ``predict``.
         batch_size: training images per process (authors: 2 for R50, 4 per GPU in the 64-batch recipe).
         val_batch_size: images per evaluation batch (None: ``batch_size``). AP depends on it through
-            padding (REFERENCE.md).
+            padding: evaluate at the training images per GPU to reproduce the authors' numbers.
         num_workers: DataLoader worker processes.
         pin_memory: pin batches (only when CUDA is available).
         persistent_workers: keep workers between epochs (only with num_workers > 0).
@@ -83,6 +84,8 @@ class DetrDataModule(lightning.LightningDataModule):
         train_scales, train_max_size, crop_resize_scales, crop_min_size, crop_max_size: the train
             augmentation's sizes (:func:`detr.data.transforms.make_train_transform`).
         eval_min_size, eval_max_size: the eval resize (:func:`detr.data.transforms.make_eval_transform`).
+        categories_from: a checkpoint whose category map names the classes when no annotation json is
+            given (``detr predict`` on plain images; the CLI sets it to ``--ckpt_path``).
 
     Attributes:
         category_map: label ↔ category id/name (None when only ``predict_images`` is given).
@@ -115,6 +118,7 @@ class DetrDataModule(lightning.LightningDataModule):
         crop_max_size: int = CROP_MAX_SIZE,
         eval_min_size: int = EVAL_MIN_SIZE,
         eval_max_size: int = EVAL_MAX_SIZE,
+        categories_from: str | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1) or num_workers < 0:
@@ -174,6 +178,8 @@ class DetrDataModule(lightning.LightningDataModule):
                 logger.info("%d classes from '%s' (category_ids=%s)", self.category_map.num_classes, json_file,
                             category_ids)
                 break
+        if self.category_map is None and categories_from is not None:
+            self.category_map = _checkpoint_category_map(categories_from)
         if self.category_map is None and predict_images is None and base is not None:
             raise ValueError(
                 f"data root '{base}' has neither annotations/instances_train2017.json nor "
@@ -291,3 +297,15 @@ class DetrDataModule(lightning.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         dataset = self._require(self.predict_dataset, "predict")
         return self._loader(dataset, batch_size=self.val_batch_size, shuffle=False, drop_last=False)
+
+
+def _checkpoint_category_map(path: str) -> CategoryMap | None:
+    """The category map a checkpoint stores (COCO's for a 91-class file without one), None if unknown."""
+    contents = read_checkpoint(path)
+    if contents.category_map is not None:
+        return contents.category_map
+    head = contents.state_dict.get("class_embed.weight")
+    if head is not None and int(head.shape[0]) == 92:  # the authors' COCO files: 91 ids + "no object"
+        return CategoryMap.coco()
+    logger.warning("checkpoint %s names no categories: predictions use its labels as category ids", path)
+    return None

@@ -1,13 +1,14 @@
 """The training system: DETR + Hungarian set loss + COCO evaluation, as a LightningModule.
 
 The model (:func:`detr.build_detr`), the matcher, the criterion and the post-processor are plain modules;
-this file only wires them into Lightning's loops (STYLE.md: the *system* is separate from the *model*).
+this file only wires them into Lightning's loops, so the model works without Lightning (in a notebook, an
+exporter) and the training loop can change without touching it.
 Its ``__init__`` mirrors ``build_detr``'s keyword arguments one to one, so a LightningCLI YAML reads like
 the builder; ``num_classes`` and ``category_map`` are linked from the data module by the CLI.
 
-Recipe (REFERENCE.md, "Training recipe"): AdamW, lr 1e-4, backbone lr 1e-5, weight decay 1e-4 on every
-parameter, step decay ×0.1 at ``lr_drop_epochs``; gradient clipping (0.1, global norm) and precision are
-Trainer settings in configs/.
+Recipe (paper section 4 and appendix A.4; the authors' main.py): AdamW, lr 1e-4, backbone lr 1e-5,
+weight decay 1e-4 on every parameter, step decay ×0.1 at ``lr_drop_epochs``; gradient clipping (0.1,
+global norm) and precision are Trainer settings in configs/.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
 from detr.criterion import SetCriterion
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
+from detr.lightning.error_analysis import write_error_analysis
 from detr.matcher import HungarianMatcher
 from detr.models.backbone import BackboneName, BackboneNorm, LastStage, cpu_has_bfloat16
 from detr.models.detr import ClassHead, QueryType, build_detr
@@ -43,8 +45,8 @@ class NonFiniteLossError(FloatingPointError):
 class DetrSystem(L.LightningModule):
     """DETR trained with the Hungarian set loss and evaluated with COCO AP.
 
-    Model args: exactly :func:`detr.build_detr`'s (see there), including the convergence options of
-    issue 6 (query_type, class_head, denoising...).
+    Model args: exactly :func:`detr.build_detr`'s (see there), including the options for training from
+    scratch on a short budget (query_type, class_head, denoising...; docs/convergence.md).
 
     Loss args:
         cost_class, cost_bbox, cost_giou: matching cost weights (1, 5, 2).
@@ -69,8 +71,9 @@ class DetrSystem(L.LightningModule):
     Other args:
         category_map: label → data set category id and name (a :class:`CategoryMap` or its ``to_dict()``);
             linked from the data module by the CLI; stored in checkpoints.
-        init_checkpoint: weights to start from (authors' release file, plain state dict in their layout, or
-            this project's checkpoint). Tensors whose shape differs from the model's, e.g. the class
+        init_checkpoint: weights to start from (authors' release file, plain state dict in their layout,
+            this project's checkpoint, a released model's name such as "detr-r50", downloaded on first use,
+            or a Hugging Face DETR directory: whatever :func:`detr.load_checkpoint` reads). Tensors whose shape differs from the model's, e.g. the class
             head when fine-tuning on a data set with another number of classes, keep their fresh
             initialisation; every other key must match. The ImageNet backbone is then not downloaded.
             The file is read again whenever the system is rebuilt from its hyperparameters
@@ -78,6 +81,12 @@ class DetrSystem(L.LightningModule):
         evaluator_backend: "pycocotools" (reference) or "faster_coco_eval" (same numbers, faster).
         evaluation_dir: where each COCO evaluation writes its per-class AP table and COCO results json
             (default: ``<trainer.log_dir>/evaluation``; "" disables writing).
+        error_analysis: after ``detr validate`` / ``detr test``, write an error analysis (per-class AP, PR
+            curves, confusion matrix, TIDE's AP lost per error type, worst cases) as
+            ``<evaluation_dir>/<stage>_analysis/report.html`` and log its figures to TensorBoard
+            (:mod:`detr.lightning.error_analysis`).
+        error_analysis_every_n_validations: in ``detr fit``, also after every N-th validation (0: never;
+            it adds the figures' time to a validation).
     """
 
     def __init__(
@@ -134,6 +143,8 @@ class DetrSystem(L.LightningModule):
         init_checkpoint: str | None = None,
         evaluator_backend: Literal["pycocotools", "faster_coco_eval"] = "pycocotools",
         evaluation_dir: str | None = None,
+        error_analysis: bool = True,
+        error_analysis_every_n_validations: int = 0,
     ) -> None:
         super().__init__()
         # category_map is stored in checkpoint["detr"] as a plain dict; hparams stay plain types so that
@@ -154,7 +165,7 @@ class DetrSystem(L.LightningModule):
             denoising_box_noise=denoising_box_noise, anchor_local_attention=anchor_local_attention,
             query_groups=query_groups, dense_aux_head=dense_aux_head,
         )
-        # The sigmoid head is trained with the focal loss and matched with the focal cost (issue 6).
+        # The sigmoid head is trained with the focal loss and matched with the focal cost (Deformable DETR).
         class_loss = "focal" if class_head == "sigmoid" else "softmax"
         self.criterion = SetCriterion(
             num_classes,
@@ -173,6 +184,7 @@ class DetrSystem(L.LightningModule):
         self.lr_drop_epochs = list(lr_drop_epochs) if lr_drop_epochs is not None else [200]
         self.evaluator: CocoEvaluator | None = None
         self.last_evaluation: CocoEvaluation | None = None
+        self._fit_validations = 0
         if init_checkpoint:
             self.load_initial_weights(init_checkpoint)
 
@@ -203,7 +215,7 @@ class DetrSystem(L.LightningModule):
 
     # ------------------------------------------------------------------ processes
     def setup(self, stage: str) -> None:
-        """Seed every process differently (REFERENCE.md, "Seed per rank"), once the model is built; run
+        """Seed every process differently (as the authors' main.py: seed + rank), once the model is built; run
         the backbone in float32 after all where ``backbone_bf16`` asks for bfloat16 on a CPU without it.
 
         The entry point's seed_everything gives all processes one seed, so the model starts identical
@@ -232,7 +244,7 @@ class DetrSystem(L.LightningModule):
         return self.model(images, padding_mask, targets=targets if self.model.training else None)
 
     def reduced_num_boxes(self, targets: list[dict[str, Any]]) -> float:
-        """Target boxes in the batch, averaged over processes, at least 1 (REFERENCE.md, "Matching and loss")."""
+        """Target boxes in the batch, averaged over processes, at least 1 (the authors' SetCriterion.forward)."""
         num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=self.device)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(num_boxes)
@@ -293,7 +305,7 @@ class DetrSystem(L.LightningModule):
         names = list(losses)
         if on_step and self._trainer is not None and (self.trainer.global_step + 1) % self.trainer.log_every_n_steps:
             # The loggers write per-step values only every log_every_n_steps steps; on the other steps only
-            # the progress bar's terms are logged (each self.log costs ~2 ms: ~50 ms a step for all terms).
+            # the progress bar's terms are logged (every self.log call costs time on each step).
             names = [name for name in names if name in ("loss", "class_error")]
         for name in names:
             value = losses[name]
@@ -337,6 +349,7 @@ class DetrSystem(L.LightningModule):
         for name in STAT_NAMES:
             self.log(f"{stage}/{name}", evaluation.stats[name], prog_bar=name == "AP", sync_dist=False)
         if self.trainer.sanity_checking or not self.trainer.is_global_zero:
+            evaluation.coco_eval = None  # its per-image matches are large; only the error analysis reads them
             return
         logger.info(
             "%s COCO evaluation at epoch %d (%d images):\n%s\n%s\n%s", stage, self.current_epoch,
@@ -345,6 +358,21 @@ class DetrSystem(L.LightningModule):
         directory = self._evaluation_directory()
         if directory is not None:
             evaluation.write(directory, prefix=f"{stage}_")
+            if self._wants_error_analysis():
+                try:
+                    write_error_analysis(self.trainer, stage, evaluation, self.evaluator.coco_gt, directory)
+                except Exception:  # a figure that fails to draw must not end a training run
+                    logger.exception("%s error analysis failed; the evaluation itself is complete", stage)
+        evaluation.coco_eval = None
+
+    def _wants_error_analysis(self) -> bool:
+        """After ``validate`` / ``test`` when ``error_analysis``; in fit after every
+        ``error_analysis_every_n_validations``-th validation (sanity checks not counted)."""
+        if self.trainer.state.fn != "fit":
+            return bool(self.hparams.error_analysis)
+        self._fit_validations += 1
+        every = self.hparams.error_analysis_every_n_validations
+        return every > 0 and self._fit_validations % every == 0
 
     def _evaluation_directory(self) -> Path | None:
         configured = self.hparams.evaluation_dir
@@ -386,7 +414,7 @@ class DetrSystem(L.LightningModule):
             category_ids = labels if self.category_map is None else self.category_map.label_to_category_id(labels)
             results.append(
                 {"image_id": int(target["image_id"]), "file_name": target.get("file_name"),
-                 "orig_size": [int(v) for v in target["orig_size"]],
+                 "orig_size": [int(v) for v in target["orig_size"]], "error": target.get("error"),
                  **{k: v.cpu() for k, v in detection.items()}, "category_ids": category_ids.cpu()}
             )
         return results
@@ -408,7 +436,7 @@ class DetrSystem(L.LightningModule):
         """AdamW over :meth:`parameter_groups`, and a step decay per epoch."""
         groups = self.parameter_groups()
         # fused: one kernel for every tensor instead of a Python loop over them (on the CPU the default is
-        # that loop: ~35 ms of a 0.7 s step of the demo model, measured with cProfile)
+        # that loop)
         optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, fused=True)
         step_decay = torch.optim.lr_scheduler.MultiStepLR(
             optimizer, milestones=self.lr_drop_epochs, gamma=self.hparams.lr_drop_gamma

@@ -46,14 +46,15 @@ class DETR(nn.Module):
     (the :func:`build_detr` keyword arguments that built it; checkpoints store it), ``category_map`` (set
     by loaders; None here).
 
-    Variants (issue 6; the defaults are the paper's): ``query_type="anchor"`` replaces the learned query
-    embedding by learned anchor boxes (``refpoint_embed`` [Q, 4], logits of cxcywh) and the transformer's
-    decoder by :class:`detr.models.anchor_decoder.AnchorDecoder` (DAB-DETR); ``class_head="sigmoid"``
-    has ``num_classes`` logits scored by independent sigmoids (focal loss) instead of ``num_classes + 1``
-    with a softmax; ``denoising`` (anchor queries only) adds DN-DETR's denoising queries in training;
-    ``query_groups`` > 1 decodes that many groups of anchor queries in training (Group DETR; output
-    ``query_groups`` tells the matcher); ``dense_head`` adds ``dense_outputs`` in training (the
-    one-to-many head of :mod:`detr.models.dense_head`).
+    Variants for training from scratch on a short budget (docs/convergence.md; the defaults are the paper's):
+    ``query_type="anchor"`` replaces the learned query embedding by learned anchor boxes (``refpoint_embed``
+    [Q, 4], logits of cxcywh) and the transformer's decoder by
+    :class:`detr.models.anchor_decoder.AnchorDecoder` (DAB-DETR); ``class_head="sigmoid"`` has ``num_classes``
+    logits scored by independent sigmoids (focal loss) instead of ``num_classes + 1`` with a softmax;
+    ``denoising`` (anchor queries only) adds DN-DETR's denoising queries in training; ``query_groups`` > 1
+    decodes that many groups of anchor queries in training (Group DETR; output ``query_groups`` tells the
+    matcher); ``dense_head`` adds ``dense_outputs`` in training (the one-to-many head of
+    :mod:`detr.models.dense_head`).
     """
 
     def __init__(self, backbone: Joiner, transformer: Transformer, *, num_classes: int, num_queries: int,
@@ -273,6 +274,12 @@ def build_detr(
         raise ValueError("denoising=True feeds noised boxes as anchors: it needs query_type='anchor'")
     if anchor_local_attention and query_type != "anchor":
         raise ValueError("anchor_local_attention initialises the anchor decoder: it needs query_type='anchor'")
+    if isinstance(num_queries, bool) or not isinstance(num_queries, int) or num_queries < 1:
+        raise ValueError(f"num_queries must be an integer >= 1 (one query per detectable object; the paper uses "
+                         f"100), got {num_queries!r}")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"num_classes must be an integer >= 1, got {num_classes!r}; with the detr CLI it comes "
+                         "from the data's annotation json (or, for predict, from the checkpoint)")
     if query_groups < 1:
         raise ValueError(f"query_groups must be at least 1, got {query_groups}")
     if query_groups > 1 and query_type != "anchor":

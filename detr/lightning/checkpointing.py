@@ -1,0 +1,182 @@
+"""Checkpoints a long run can rely on: always current, always whole, and written on preemption.
+
+- :class:`AtomicCheckpointIO` writes every checkpoint through a temporary file beside the target
+  (:func:`detr.atomic_files.write_atomically`): a kill at any moment leaves the previous file intact.
+  Reading a file that is truncated or not a checkpoint raises a :class:`detr.checkpoints.CheckpointError`
+  that names it.
+- :class:`LastCheckpoint` rewrites ``last.ckpt`` at every validation, every ``every_n_train_steps``
+  steps and at the end of training, whether or not the monitored metric improved (Lightning's
+  ``ModelCheckpoint(save_last=True)`` rewrites it only when it also saves a best checkpoint). On
+  SIGTERM (preemption) it writes ``last.ckpt`` at the step reached and makes the process exit with
+  status 143 (128 + SIGTERM) instead of Lightning's 0, so schedulers see that the run did not finish.
+
+Resuming (``detr fit ... --ckpt_path .../checkpoints/last.ckpt``) continues at the saved step. From a
+checkpoint written mid-epoch, Lightning restores the step, epoch and batch counters, the optimizer and
+the schedulers, but not the position in the shuffled data: the epoch's remaining batches are drawn
+from a new pass over the data set (Lightning warns "not resumable"), so some images of that epoch are
+seen twice and others not at all. The epoch still has its usual number of steps. A run that ended on
+``max_steps`` is saved at its last step, mid-epoch; one stopped by a time budget (``should_stop``) is
+saved when training ends, after Lightning closed the epoch, so resuming it starts the next epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from detr.atomic_files import write_atomically
+from detr.checkpoints import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+#: Exit status of a run stopped by SIGTERM after saving ``last.ckpt`` (the shell's 128 + 15).
+PREEMPTED_EXIT_CODE = 143
+
+LAST_NAME = "last.ckpt"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch checkpoint IO with atomic local writes and readable errors (module docstring).
+
+    Remote paths (``s3://`` ...) go through Lightning's own writer.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        write_atomically(path, lambda file: torch.save(checkpoint, file))
+
+    def load_checkpoint(
+        self, path: Any, map_location: Callable | None = lambda storage, loc: storage, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        try:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except FileNotFoundError as error:
+            raise CheckpointError(f"checkpoint file {path} does not exist") from error
+        except Exception as error:  # EOFError, UnpicklingError, RuntimeError, KeyError ... by how the file is broken
+            size = os.path.getsize(path) if os.path.isfile(path) else 0
+            raise CheckpointError(
+                f"could not read checkpoint {path} ({size} bytes): {type(error).__name__}: {error}. The file is "
+                "truncated or not a checkpoint; resume from another one (the best-model checkpoints beside it) "
+                "or start over"
+            ) from error
+
+
+def use_atomic_checkpoint_io(trainer: L.Trainer) -> None:
+    """Make ``trainer`` write checkpoints with :class:`AtomicCheckpointIO` (if it uses Lightning's default IO)."""
+    strategy = trainer.strategy
+    if type(strategy.checkpoint_io) is TorchCheckpointIO:
+        strategy.checkpoint_io = AtomicCheckpointIO()
+
+
+def checkpoint_directory(trainer: L.Trainer) -> Path:
+    """Where ``ModelCheckpoint`` puts checkpoints: the first ModelCheckpoint's ``dirpath`` when set, else
+    ``<save_dir>/<name>/<version>/checkpoints`` of the first logger, else ``<default_root_dir>/checkpoints``
+    (Lightning's own rule, resolved here before ModelCheckpoint resolves it in its setup)."""
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
+            return Path(callback.dirpath)
+    if trainer.loggers:
+        first = trainer.loggers[0]
+        save_dir = first.save_dir if first.save_dir is not None else trainer.default_root_dir
+        version = first.version if isinstance(first.version, str) else f"version_{first.version}"
+        return Path(save_dir, str(first.name), version, "checkpoints")
+    return Path(trainer.default_root_dir, "checkpoints")
+
+
+class LastCheckpoint(L.Callback):
+    """Keep ``last.ckpt`` current: rewritten at every validation, every ``every_n_train_steps`` optimizer
+    steps, at the end of training and on SIGTERM (module docstring).
+
+    Args:
+        dirpath: the folder; default: the trainer's checkpoint folder (:func:`checkpoint_directory`).
+        every_n_train_steps: also save every this many steps, for epochs longer than one can afford to
+            lose (None or 0: only at validation, end and SIGTERM).
+
+    At setup it installs :class:`AtomicCheckpointIO`, and it takes ``last.ckpt`` over from any
+    ``ModelCheckpoint(save_last=True)`` writing into the same folder (that callback then keeps only its
+    best checkpoints; two writers of one ``last.ckpt`` would make Lightning name one of them
+    ``last-v1.ckpt``).
+    """
+
+    def __init__(self, dirpath: str | None = None, every_n_train_steps: int | None = 1000) -> None:
+        super().__init__()
+        if every_n_train_steps is not None and every_n_train_steps < 0:
+            raise ValueError(f"LastCheckpoint: every_n_train_steps must be >= 0 or None, got {every_n_train_steps}")
+        self.dirpath = dirpath
+        self.every_n_train_steps = every_n_train_steps or 0
+        self._saved_step: int | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "LastCheckpoint"
+
+    def path(self, trainer: L.Trainer) -> Path:
+        """The ``last.ckpt`` file this callback writes."""
+        return Path(self.dirpath) / LAST_NAME if self.dirpath else checkpoint_directory(trainer) / LAST_NAME
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        use_atomic_checkpoint_io(trainer)
+        if stage != "fit":
+            return
+        self._saved_step = None
+        # First in line: at the end of training, weight averaging copies the average into the model, and the
+        # last checkpoint must hold the trained weights (with the average beside them) to resume from.
+        if self in trainer.callbacks:
+            trainer.callbacks.remove(self)
+            trainer.callbacks.insert(0, self)
+        own = self.path(trainer).parent.resolve()
+        for callback in trainer.checkpoint_callbacks:
+            if not isinstance(callback, ModelCheckpoint) or not callback.save_last:
+                continue
+            folder = Path(callback.dirpath) if callback.dirpath is not None else checkpoint_directory(trainer)
+            if folder.resolve() == own:
+                callback.save_last = False
+                logger.info("last.ckpt in %s is written by LastCheckpoint (at every validation, every %s steps, at "
+                            "the end and on SIGTERM); ModelCheckpoint keeps the best checkpoints", own,
+                            self.every_n_train_steps or "no")
+
+    def save(self, trainer: L.Trainer, reason: str) -> Path | None:
+        """Write ``last.ckpt`` now (every process must call this together); skipped when this step is saved."""
+        if trainer.global_step == 0 or trainer.global_step == self._saved_step:
+            return None
+        path = self.path(trainer)
+        trainer.save_checkpoint(path)
+        self._saved_step = trainer.global_step
+        logger.info("saved %s at step %d (%s)", path, trainer.global_step, reason)
+        return path
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0:
+            self.save(trainer, f"every {self.every_n_train_steps} steps")
+        elif 0 < trainer.max_steps <= trainer.global_step:
+            # Saved here, not at on_train_end, where the loop has already closed the epoch: a run resumed
+            # from there with a larger max_steps would skip the rest of this epoch.
+            self.save(trainer, "end of training")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self.save(trainer, "validation")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.save(trainer, "end of training")
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+            return
+        path = self.save(trainer, "SIGTERM") or self.path(trainer)
+        # Lightning stops on SIGTERM by raising a SystemExit without a code, i.e. status 0: "finished".
+        exception.code = PREEMPTED_EXIT_CODE
+        logger.warning("SIGTERM: stopped at step %d; %s holds it. Resume with --ckpt_path %s (exit status %d)",
+                       trainer.global_step, path, path, PREEMPTED_EXIT_CODE)

@@ -1,0 +1,124 @@
+"""Check every training input before the first step: ``detr fit`` runs the data set checker on the train
+and validation splits with the model's real ``num_queries``.
+
+A long run should not find a corrupt validation image after its first epoch, train on a json without
+boxes, or drop and clip boxes without saying so. :class:`CheckData` runs
+:func:`detr.data.checker.check_dataset` at setup and then:
+
+- raises :class:`DataCheckError` listing the errors (what the checker would exit 1 for): invalid
+  files, string image ids, a split without boxes, boxes that look like xyxy corners, more objects in
+  one image than the model has queries;
+- with the data module's ``skip_bad_images``, turns missing, undecodable and mis-sized images into a
+  warning with a count, and leaves them out of the split;
+- logs a count of the boxes the pipeline drops (zero or negative size, entirely outside the image) or
+  clips (reaching outside), and of every warning kind (images without boxes, crowd boxes ...).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any, Literal
+
+import lightning as L
+
+from detr.data.checker import Problem, check_dataset, format_problems
+
+logger = logging.getLogger(__name__)
+
+ImageCheck = Literal["headers", "decode", "off"]
+
+#: Problems about one image file: with ``skip_bad_images`` the image is left out instead.
+IMAGE_KINDS = frozenset({"missing_image", "unreadable_image", "image_size_mismatch"})
+#: Boxes the pipeline drops or clips: counted and reported, not fatal.
+BOX_KINDS = frozenset({"zero_size_box", "box_outside_image"})
+
+
+class DataCheckError(ValueError):
+    """A training or validation split has problems that would break or silently corrupt training."""
+
+
+class CheckData(L.Callback):
+    """Check the data module's train and val splits when ``fit`` sets up (module docstring).
+
+    Args:
+        train_images: "headers" reads every training image's header (missing files, non-images, sizes
+            against the json), "decode" decodes each one completely (also truncated files; slow on big
+            sets), "off" skips the whole training split check.
+        val_images: the same for the validation split; "decode" by default, since validation runs only
+            after the first training epoch.
+
+    Needs a data module with ``train_dataset`` / ``val_dataset`` of :class:`detr.data.coco.CocoDetection`
+    (others are left alone) and a model with ``num_queries`` (``pl_module.model`` or ``pl_module``).
+    """
+
+    def __init__(self, train_images: ImageCheck = "headers", val_images: ImageCheck = "decode") -> None:
+        super().__init__()
+        for name, value in (("train_images", train_images), ("val_images", val_images)):
+            if value not in ("headers", "decode", "off"):
+                raise ValueError(f"CheckData: {name} must be 'headers', 'decode' or 'off', got {value!r}")
+        self.modes = {"train": train_images, "val": val_images}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit" or trainer.datamodule is None:
+            return
+        num_queries = getattr(getattr(pl_module, "model", pl_module), "num_queries", None)
+        workers = int(getattr(trainer.datamodule, "num_workers", 0) or 0)
+        errors: list[str] = []
+        for split, mode in self.modes.items():
+            dataset = getattr(trainer.datamodule, f"{split}_dataset", None)
+            if mode == "off" or dataset is None or not hasattr(dataset, "coco"):
+                continue
+            problems = None
+            if trainer.is_global_zero:  # one process reads the images; every process gets the findings
+                problems = check_dataset(
+                    dataset.images_dir, dataset.annotations_file, num_queries=num_queries or 10**9,
+                    decode_images=mode == "decode", workers=workers, data=dataset.coco.dataset,
+                )
+            problems = trainer.strategy.broadcast(problems)
+            fatal = report_problems(split, dataset, problems)
+            if fatal:
+                errors.append(f"{split} split ('{dataset.annotations_file}', images in '{dataset.images_dir}'):\n"
+                              + format_problems(fatal, max_per_kind=5))
+        if errors:
+            raise DataCheckError(
+                "the data would break or silently corrupt training:\n" + "\n".join(errors) + "\nFix them (tools/"
+                "check_dataset.py IMAGES_DIR JSON lists every one); missing or unreadable images can instead be "
+                "left out with --data.skip_bad_images true"
+            )
+
+
+def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[Problem]:
+    """Log the counts of ``problems`` of one split, leave bad images out of ``dataset`` when it skips
+    them, and return the problems that must stop the run."""
+    fatal = []
+    skipped_files: set[str] = set()
+    box_counts: Counter[str] = Counter()
+    warning_counts: Counter[str] = Counter()
+    for problem in problems:
+        if problem.severity == "info":
+            logger.info("data check, %s: %s", split, problem.message)
+        elif problem.kind in IMAGE_KINDS and dataset.skip_bad_images:
+            skipped_files.add(str(problem.file_name))
+        elif problem.kind in BOX_KINDS:
+            box_counts["dropped" if "drops it" in problem.message else "clipped"] += 1
+        elif problem.severity == "error":
+            fatal.append(problem)
+        else:
+            warning_counts[problem.kind] += 1
+    if box_counts:
+        logger.warning("data check, %s: %d box(es) dropped (zero or negative size, or entirely outside the image) "
+                       "and %d clipped to the image (reaching outside it); tools/check_dataset.py lists them",
+                       split, box_counts["dropped"], box_counts["clipped"])
+    if warning_counts:
+        counts = ", ".join(f"{kind} {count}" for kind, count in warning_counts.items())
+        logger.warning("data check, %s: %s", split, counts)
+    if skipped_files:
+        bad_ids = {image_id for image_id, info in dataset.coco.imgs.items() if info["file_name"] in skipped_files}
+        before = len(dataset.ids)
+        dataset.ids = [image_id for image_id in dataset.ids if image_id not in bad_ids]
+        logger.warning("data check, %s: %d bad image file(s) left out (skip_bad_images), %d of %d images remain: %s",
+                       split, len(skipped_files), len(dataset.ids), before, ", ".join(sorted(skipped_files)[:5]))
+        if not dataset.ids:
+            fatal.append(Problem("error", "no_images", "every image of the split is missing or unreadable"))
+    return fatal

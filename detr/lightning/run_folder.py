@@ -1,0 +1,185 @@
+"""One run, one folder: a new ``detr fit`` never writes into a folder that a live or finished run owns.
+
+Two runs in one folder mix their files: both CSV loggers write one ``metrics.csv`` (and die on each
+other's columns), Lightning names the second run's checkpoints ``-v1`` so ``last.ckpt`` stays the first
+run's, and a resumed run's CSV logger deletes the ``metrics.csv`` it resumes. So before fit starts,
+:func:`claim_run_folder` looks at the folders the trainer will write (every logger's log dir and the
+checkpoint folder, as Lightning resolves them) and:
+
+- refuses while another live run holds the folder's ``run.lock`` (naming its process, host, start time
+  and command);
+- refuses when the folder holds a previous run's files (checkpoints, ``metrics.csv``,
+  ``hparams.yaml``), naming them, unless the new run resumes (``--ckpt_path``) or ``overwrite`` is
+  set (the previous run's checkpoints and logs, TensorBoard events included, are deleted first);
+- when resuming, keeps the previous ``metrics.csv`` as ``metrics-1.csv`` (``-2`` ...), since the
+  CSV logger starts a new one;
+- then writes ``run.lock`` (JSON: pid, host, start time, command), removed when the run ends. A lock
+  left by a killed process (its pid is gone) does not block, but its folder still counts as a previous run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from detr.lightning.checkpointing import checkpoint_directory
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = "run.lock"
+#: Files that mark a folder as used by a run (besides checkpoints and the lock).
+RUN_FILES = ("metrics.csv", "hparams.yaml")
+
+
+class RunFolderError(RuntimeError):
+    """The output folder belongs to another run (live or finished)."""
+
+
+def run_folders(trainer: L.Trainer) -> tuple[list[Path], Path]:
+    """(every logger's log dir, or ``default_root_dir`` without loggers; the checkpoint folder)."""
+    log_dirs: list[Path] = []
+    for logger_ in trainer.loggers:
+        log_dir = getattr(logger_, "log_dir", None)
+        if log_dir:
+            log_dirs.append(Path(log_dir))
+    if not trainer.loggers:
+        log_dirs.append(Path(trainer.default_root_dir))
+    return list(dict.fromkeys(log_dirs)), checkpoint_directory(trainer)
+
+
+def previous_run_files(log_dirs: list[Path], checkpoint_dir: Path) -> list[Path]:
+    """Files of an earlier run in these folders: checkpoints, metrics.csv, hparams.yaml. (TensorBoard's
+    events file alone does not count: a run that stopped at setup, e.g. on a data error, leaves one.)"""
+    found: list[Path] = sorted(checkpoint_dir.glob("*.ckpt")) if checkpoint_dir.is_dir() else []
+    for folder in log_dirs:
+        if folder.is_dir():
+            found += [folder / name for name in RUN_FILES if (folder / name).is_file()]
+    return list(dict.fromkeys(found))
+
+
+def _events_files(log_dirs: list[Path]) -> list[Path]:
+    return [path for folder in log_dirs if folder.is_dir() for path in sorted(folder.glob("events.out.tfevents.*"))]
+
+
+def read_lock(path: Path) -> dict[str, Any] | None:
+    """The lock's JSON (None if there is no lock); an unreadable lock reads as ``{}``."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+
+
+def lock_is_live(lock: dict[str, Any]) -> bool:
+    """Whether the process that wrote ``lock`` still runs (a lock from another host counts as live)."""
+    if lock.get("host") != socket.gethostname():
+        return bool(lock)
+    try:
+        os.kill(int(lock["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (KeyError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _describe(lock: dict[str, Any]) -> str:
+    return (f"process {lock.get('pid', '?')} on {lock.get('host', '?')}, started {lock.get('started', '?')}, "
+            f"command: {lock.get('command', '?')}")
+
+
+def _lock_folders(log_dirs: list[Path], checkpoint_dir: Path) -> list[Path]:
+    """The outermost folders: one lock each (the checkpoint folder usually lies inside the log dir)."""
+    folders = [p.resolve() for p in [*log_dirs, checkpoint_dir.parent]]
+    return [f for f in dict.fromkeys(folders) if not any(f != o and o in f.parents for o in folders)]
+
+
+@contextlib.contextmanager
+def claim_run_folder(
+    trainer: L.Trainer, *, resuming: bool, overwrite: bool = False, command: str | None = None
+) -> Iterator[list[Path]]:
+    """Check and lock the trainer's output folders for one fit (module docstring); yields the locks.
+
+    Raises:
+        RunFolderError: a live run holds a folder, or a previous run's files are there and the run neither
+            resumes nor overwrites.
+    """
+    if rank_zero_only.rank != 0:  # the other processes of a multi-process run write where rank 0 claimed
+        yield []
+        return
+    log_dirs, checkpoint_dir = run_folders(trainer)
+    folders = _lock_folders(log_dirs, checkpoint_dir)
+    for folder in folders:
+        lock = read_lock(folder / LOCK_NAME)
+        if lock is not None and lock_is_live(lock):
+            raise RunFolderError(
+                f"output folder {folder} is in use by a live run ({_describe(lock)}); give this run another folder "
+                f"(--trainer.default_root_dir, or the loggers' save_dir), or wait for that run to end. A stale lock "
+                f"can be removed by hand: {folder / LOCK_NAME}"
+            )
+    previous = previous_run_files(log_dirs, checkpoint_dir)
+    if previous and not resuming:
+        more = f" and {len(previous) - 6} more" if len(previous) > 6 else ""
+        shown = ", ".join(str(p) for p in previous[:6]) + more
+        if not overwrite:
+            last = checkpoint_dir / "last.ckpt"
+            raise RunFolderError(
+                f"output folder {folders[0]} holds a previous run ({shown}). Resume it with --ckpt_path "
+                f"{last if last.is_file() else checkpoint_dir / '<checkpoint>.ckpt'}, start over there with "
+                "--overwrite_run true (deletes those files), or give this run another folder "
+                "(--trainer.default_root_dir, or the loggers' save_dir)"
+            )
+        logger.warning("--overwrite_run: deleting the previous run's files: %s", shown)
+        for path in [*previous, *_events_files(log_dirs)]:  # TensorBoard would draw both runs as one
+            path.unlink()
+    if resuming:
+        for folder in log_dirs:
+            _keep_previous_metrics(folder)
+    locks = []
+    try:
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / LOCK_NAME
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # a stale lock (checked above): its process is gone
+            try:
+                with path.open("x") as file:  # exclusive: of two runs starting together, one gets it
+                    json.dump({"pid": os.getpid(), "host": socket.gethostname(),
+                               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                               "command": command if command is not None else " ".join(sys.argv)}, file)
+            except FileExistsError:
+                raise RunFolderError(f"output folder {folder} was just claimed by another run "
+                                     f"({_describe(read_lock(path) or {})})") from None
+            locks.append(path)
+        yield locks
+    finally:
+        for path in locks:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _keep_previous_metrics(folder: Path) -> None:
+    current = folder / "metrics.csv"
+    if not current.is_file():
+        return
+    index = 1
+    while (folder / f"metrics-{index}.csv").exists():
+        index += 1
+    kept = folder / f"metrics-{index}.csv"
+    shutil.move(current, kept)
+    logger.info("resuming: the previous metrics.csv is kept as %s (the CSV logger starts a new one)", kept)

@@ -1,0 +1,218 @@
+"""Long runs lose nothing: last.ckpt is current (every validation, every N steps, the end, SIGTERM),
+every checkpoint write is atomic, a resume continues at the saved step, and a run never writes into a
+folder another run owns."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from detr.checkpoints import CheckpointError
+from detr.lightning import checkpointing
+from detr.lightning.checkpointing import PREEMPTED_EXIT_CODE, AtomicCheckpointIO
+from detr.lightning.cli import main
+from detr.lightning.run_folder import LOCK_NAME, RunFolderError
+from tests.conftest import tiny_fit_args
+
+REPO = Path(__file__).parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    """Tiny models run faster on one thread, and far faster when other processes share the 2 cores."""
+    monkeypatch.setattr("sys.argv", ["detr"])  # LightningCLI warns when sys.argv and args both have arguments
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _step(path: Path) -> int:
+    return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
+
+
+def _csv_steps(path: Path) -> list[int]:
+    with path.open() as file:
+        return [int(row["step"]) for row in csv.DictReader(file)]
+
+
+# ---------------------------------------------------------------------------------------------- last.ckpt
+def test_last_checkpoint_is_rewritten_at_every_validation_and_at_the_end(tiny_shapes_root, tmp_path) -> None:
+    """The configs' ModelCheckpoint(monitor=val/AP, save_last=True) alone left last.ckpt at the last
+    improvement (step 10 of a run that ended at step 60)."""
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=5"))  # 2 steps an epoch: ends mid-epoch
+    checkpoints = out / "checkpoints"
+    assert _step(checkpoints / "last.ckpt") == 5
+    assert not list(checkpoints.glob("last-v*.ckpt"))  # one writer of last.ckpt
+    assert list(checkpoints.glob("best-*.ckpt"))  # ModelCheckpoint keeps the best ones
+    assert not (out / LOCK_NAME).exists()  # released at the end
+
+
+def test_last_checkpoint_every_n_train_steps(tiny_shapes_root, tmp_path, monkeypatch) -> None:
+    saved: list[tuple[int, str]] = []
+    original = checkpointing.LastCheckpoint.save
+
+    def record(self, trainer, reason):
+        path = original(self, trainer, reason)
+        if path is not None:
+            saved.append((trainer.global_step, reason))
+        return path
+
+    monkeypatch.setattr(checkpointing.LastCheckpoint, "save", record)
+    main(tiny_fit_args(tiny_shapes_root, tmp_path / "run", "--trainer.max_steps=6",
+                       "--trainer.check_val_every_n_epoch=2",
+                       "--last_checkpoint.every_n_train_steps=3"))
+    assert saved == [(3, "every 3 steps"), (4, "validation"), (6, "every 3 steps")]
+
+
+def test_resume_continues_from_the_step_reached_mid_epoch_and_keeps_the_metrics(tiny_shapes_root, tmp_path) -> None:
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=3", "--trainer.log_every_n_steps=1"))
+    last = out / "checkpoints" / "last.ckpt"
+    assert _step(last) == 3  # mid-epoch (the second epoch's first step)
+    first_rows = _csv_steps(out / "metrics.csv")
+
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=6", "--trainer.log_every_n_steps=1",
+                       f"--ckpt_path={last}"))
+    assert _step(last) == 6
+    main(tiny_fit_args(tiny_shapes_root, tmp_path / "whole", "--trainer.max_steps=6"))
+    whole = torch.load(tmp_path / "whole" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert torch.load(last, weights_only=False)["epoch"] == whole["epoch"]  # the resumed epoch kept its length
+    assert _csv_steps(out / "metrics-1.csv") == first_rows  # the first run's rows survive the resume
+    assert min(_csv_steps(out / "metrics.csv")) >= 3  # the resumed run logs from where it stopped
+    assert not list((out / "checkpoints").glob("last-v*.ckpt"))
+
+
+# ------------------------------------------------------------------------------------ one run, one folder
+def test_a_second_run_in_a_used_folder_is_refused_until_it_resumes_or_overwrites(tiny_shapes_root, tmp_path) -> None:
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2"))
+    with pytest.raises(RunFolderError, match="holds a previous run") as refusal:
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2"))
+    message = str(refusal.value)
+    assert f"--ckpt_path {out / 'checkpoints' / 'last.ckpt'}" in message and "--overwrite_run true" in message
+
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=1", "--overwrite_run=true"))
+    names = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt"))
+    assert "last.ckpt" in names and not any("-v" in name for name in names)
+    assert _step(out / "checkpoints" / "last.ckpt") == 1  # the new run's, not the old one's
+    assert max(_csv_steps(out / "metrics.csv")) <= 1
+
+
+def test_a_live_run_holds_its_folder(tiny_shapes_root, tmp_path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        import socket
+
+        (out / LOCK_NAME).write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname(),
+                                                 "started": "now", "command": "detr fit (the other run)"}))
+        with pytest.raises(RunFolderError, match=f"live run \\(process {sleeper.pid}.*the other run"):
+            main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=1"))
+        assert not (out / "metrics.csv").exists() and not (out / "checkpoints").exists()  # nothing written
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the same lock with its process gone is stale: the folder is free again (it holds no run files)
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=1"))
+    assert _step(out / "checkpoints" / "last.ckpt") == 1
+
+
+# ------------------------------------------------------------------------------------- atomic checkpoints
+def test_a_save_that_dies_halfway_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"global_step": 10, "weights": torch.ones(1000)}, path)
+
+    def dies_halfway(obj, file):
+        file.write(b"\x80\x02partial checkpoint bytes")
+        raise KeyboardInterrupt  # stands for a kill in the middle of the write
+
+    monkeypatch.setattr(checkpointing.torch, "save", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"global_step": 20, "weights": torch.zeros(1000)}, path)
+    monkeypatch.undo()
+    assert io.load_checkpoint(path)["global_step"] == 10
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]  # no temporary file left behind
+
+    path.write_bytes(path.read_bytes()[:100])  # what a non-atomic writer leaves: the trainer's reader names it
+    with pytest.raises(CheckpointError, match=f"could not read checkpoint {re.escape(str(path))} \\(100 bytes\\)"):
+        io.load_checkpoint(path)
+
+
+def test_kill_9_during_saves_never_leaves_a_broken_checkpoint(tmp_path) -> None:
+    path = tmp_path / "last.ckpt"
+    writer = (
+        "import sys, torch\n"
+        "from detr.lightning.checkpointing import AtomicCheckpointIO\n"
+        "io, step = AtomicCheckpointIO(), 0\n"
+        "while True:\n"
+        "    step += 1\n"
+        "    io.save_checkpoint({'global_step': step, 'weights': torch.full((4_000_000,), float(step))}, sys.argv[1])\n"
+    )
+    for delay in (0.05, 0.2, 0.45):
+        process = subprocess.Popen([sys.executable, "-c", writer, str(path)])
+        deadline = time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        checkpoint = torch.load(path, weights_only=True)  # whole: one of the completed saves
+        assert torch.equal(checkpoint["weights"], torch.full((4_000_000,), float(checkpoint["global_step"])))
+
+
+def test_resuming_from_a_truncated_checkpoint_names_the_file(tiny_shapes_root, tmp_path) -> None:
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2"))
+    last = out / "checkpoints" / "last.ckpt"
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=f"could not read checkpoint {re.escape(str(last))}.*truncated"):
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", f"--ckpt_path={last}"))
+
+
+# ---------------------------------------------------------------------------------------------- SIGTERM
+def test_sigterm_saves_last_checkpoint_exits_143_and_the_run_resumes_there(tiny_shapes_root, tmp_path) -> None:
+    out = tmp_path / "run"
+    args = tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=100000", "--last_checkpoint.every_n_train_steps=0")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-m", "detr.lightning.cli", *args], env=env, cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        last = out / "checkpoints" / "last.ckpt"
+        deadline = time.monotonic() + 240
+        while not last.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the first validation (step 2) writes it: training is under way
+        assert last.exists(), "no validation within the time limit"
+        # a second run started into the folder of this live one is refused, naming it
+        with pytest.raises(RunFolderError, match=f"in use by a live run \\(process {process.pid}"):
+            main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=1", f"--ckpt_path={last}"))
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == PREEMPTED_EXIT_CODE, output[-3000:]
+    stopped = int(re.search(r"SIGTERM: stopped at step (\d+)", output).group(1))
+    assert stopped >= 2
+    assert _step(last) == stopped  # the checkpoint holds the step reached, not the last validation's
+    assert not (out / LOCK_NAME).exists()
+
+    main(tiny_fit_args(tiny_shapes_root, out, f"--trainer.max_steps={stopped + 2}",
+                       "--last_checkpoint.every_n_train_steps=0",
+                       f"--ckpt_path={last}"))
+    assert _step(last) == stopped + 2
