@@ -1,5 +1,5 @@
-"""Convergence on a CPU budget (issue 6): train one configuration on the synthetic shapes set for a fixed
-time and print COCO AP / AP50 (pycocotools) at regular points, with images per second.
+"""Convergence on a CPU budget (docs/convergence.md): train one configuration on the synthetic shapes set
+for a fixed time and print COCO AP / AP50 (pycocotools) at regular points, with images per second.
 
     .venv/bin/python benchmarks/convergence.py --preset paper --minutes 10 --eval-every 2
     .venv/bin/python benchmarks/convergence.py --preset best --minutes 10 --eval-every 2 --jsonl runs.jsonl
@@ -22,8 +22,8 @@ and images/s: runs made under different load compare by step count. ``--clock cp
 time / threads instead; it is no cure (OpenMP threads spin while they wait for a descheduled sibling,
 and that spinning counts as CPU time).
 
-Presets (``--preset``) are the configurations of the issue's report: ``paper`` (the authors' settings on
-the small model), one per option alone, and ``best``. ``--set key=value`` overrides any field of
+Presets (``--preset``) are the configurations measured in docs/convergence.md: ``paper`` (the authors'
+settings on the small model), one per option alone, and ``best``. ``--set key=value`` overrides any field of
 :class:`RunConfig` (values parsed as JSON, else kept as strings).
 """
 
@@ -59,7 +59,7 @@ IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 class RunConfig:
     """Everything one run depends on: DetrSystem arguments (model, loss, learning rates), loop, data."""
 
-    # --- build_detr (the issue's small model) ---
+    # --- build_detr (a small model for 128-px images) ---
     backbone: str = "resnet18"
     hidden_dim: int = 128
     num_heads: int = 8
@@ -116,7 +116,7 @@ class RunConfig:
 _FROM_SCRATCH = {"backbone_norm": "batch_norm", "backbone_trainable_layers": 5, "lr_backbone": 1e-4}
 _FOCAL = {"class_head": "sigmoid", "cost_class": 2.0, "loss_ce": 2.0}
 
-#: name → overrides of RunConfig's defaults (the paper's recipe on the issue's small model).
+#: name → overrides of RunConfig's defaults (the paper's recipe on the small model); results: docs/convergence.md.
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},
     "scratch_backbone": dict(_FROM_SCRATCH),
@@ -126,21 +126,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "focal": dict(_FOCAL),
     "warmup_lr": {"lr": 4e-4, "lr_backbone": 4e-4, "warmup_steps": 200},
     "anchor_local": {"query_type": "anchor", "anchor_local_attention": 4.0},
-    # The issue's four options together at the paper's lr: AP50 0.0001 after 4 min (measured, see report).
+    # The four from-scratch options together at the paper's lr.
     "combined_paper_lr": {**_FROM_SCRATCH, "backbone_last_stage": "layer3", "query_type": "anchor",
                           "denoising": True, **_FOCAL},
     "query_groups": {"query_type": "anchor", "query_groups": 3},
     "dense_aux": {"dense_aux_head": True},
-    # Best measured (see the README): every option above except query groups (no gain at 50 queries for
-    # 1.5x the step time), 20 queries (below), lr 5e-4 with a 50-step warm-up and a linear decay to zero over the
-    # budget's last 30 %, no dropout, channels_last backbone, batch 8 (AP50 0.52 vs 0.33 for batch 16 at
-    # 10 min: twice the updates). The weights' EMA (``--set ema_decay=0.99``) no longer adds anything once
-    # the learning rate decays (4 paired runs: EMA AP50 <= the weights'). The bfloat16 backbone: ~15 %
-    # faster steps on this AMX CPU for ~0.03 less AP50 at 1,000 steps (2 seeds); its net effect on a
-    # 10-minute budget is not settled (README). A lighter transformer wins on a budget of minutes (README,
-    # equal-training-time pairs of 2 seeds): FFN 512 instead of 1,024, 30 queries instead of 50 and 2
-    # denoising groups instead of 5 (0.81x the step time; AP50 0.231 / 0.318 against 0.181 / 0.207), then
-    # 20 queries and 2 encoder layers (0.90x again; 0.255 / 0.335 against 0.150 / 0.174).
+    # Best measured (docs/convergence.md has the runs): every option above except query groups (no gain for
+    # their step time), lr 5e-4 with a 50-step warm-up and a linear decay to zero over the budget's last
+    # 30 %, no dropout, channels_last backbone, batch 8 (twice the updates of batch 16 in the same time), a
+    # lighter transformer (FFN 512, 20 queries, 2 encoder layers, 2 denoising groups: on a budget of minutes
+    # a cheaper step reaches more). The weights' EMA (``--set ema_decay=0.99``) adds nothing once the
+    # learning rate decays; the bfloat16 backbone's net effect on a 10-minute budget is not settled.
     "best": {**_FROM_SCRATCH, "backbone_last_stage": "layer3", "query_type": "anchor", "denoising": True,
              **_FOCAL, "anchor_local_attention": 4.0, "dense_aux_head": True, "num_queries": 20, "dropout": 0.0,
              "dim_feedforward": 512, "denoising_groups": 2, "num_encoder_layers": 2,

@@ -7,7 +7,7 @@ resize 480..800 / max 1333, or resize + random crop + multi-scale) → normalise
 Printed: the machine, then (1) decoding alone and (2) the full train pipeline in this process (= one
 worker), and (3) the full pipeline through a DataLoader with ``--workers`` processes (total and per
 worker). Compare with the model's training step time: DETR R50 needs about 2 images per step per GPU
-(REFERENCE.md), so one worker at N images/s feeds a step of up to 2/N seconds.
+(the authors' recipe: 2 images per GPU, 32 GPUs), so one worker at N images/s feeds a step of up to 2/N seconds.
 """
 
 from __future__ import annotations

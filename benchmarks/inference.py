@@ -9,7 +9,7 @@ as in ``Predictor.from_checkpoint`` (``--no-optimize`` to compare). The timed ca
 ``Predictor.predict`` on uint8 arrays: eval resize and normalisation, padding, the model under
 ``torch.inference_mode`` (and bf16 autocast), post-processing and the threshold. The image is already at
 the eval size (800 x 1066), so the resize is a no-op copy. The paper's figure is 28 FPS for R50 on a V100
-at batch 1 (REFERENCE.md).
+at batch 1 (Carion et al. 2020, Table 1).
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
     .venv/bin/python benchmarks/model_speed.py [--repeats 5] [--height 800 --width 1066] [--skip-r50]
 
 Prints the machine, then one line per measurement (median over repeats, after warm-up). Random
-weights: speed does not depend on them. Targets (issue 2, 2-core CPU with AMX): fp32 ≤ 1.6 s and
-bf16 < 0.8 s per image; the authors' code takes about 2.4 s in fp32 there.
+weights: speed does not depend on them. Measurements and targets: docs/speed.md.
 """
 
 from __future__ import annotations

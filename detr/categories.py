@@ -2,7 +2,7 @@
 
 DETR predicts ``num_classes + 1`` logits; label ``i`` is a model class and the last logit is "no object".
 For COCO the authors use COCO's raw category ids (1..90) as labels, so ``num_classes = 91`` and the
-unused ids are simply never targets (REFERENCE.md, "COCO"). Other data sets usually want contiguous
+unused ids are simply never targets (the authors' models/detr.py). Other data sets usually want contiguous
 labels ``0..K-1``. A :class:`CategoryMap` records which convention a model uses, and travels with data
 modules, checkpoints and prediction files, so outputs always carry the data set's own ids and names.
 """

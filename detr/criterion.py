@@ -1,4 +1,4 @@
-"""DETR's set loss (paper §3.1, REFERENCE.md "Matching and loss").
+"""DETR's set loss (Carion et al. 2020, section 3.1 and appendix A.2; the authors' SetCriterion in models/detr.py).
 
 A pure function of predictions and targets: the caller passes ``num_boxes`` already reduced across
 processes (the training system all-reduces it); nothing here talks to torch.distributed.
@@ -38,7 +38,7 @@ class SetCriterion(nn.Module):
     of matched queries) and cardinality_error. Auxiliary layer i adds the suffix ``_i``.
     ``weight_dict`` maps each trained term to its weight (1, 5, 2).
 
-    Options (issue 6; defaults are the paper's):
+    Options for training from scratch on a short budget (docs/convergence.md; defaults are the paper's):
         class_loss: "softmax" (paper) or "focal": sigmoid focal loss over ``num_classes`` logits (a model
             built with ``class_head="sigmoid"``), summed and divided by num_boxes (Deformable DETR); the
             matcher must use the same ``class_loss``. focal_alpha, focal_gamma: 0.25, 2.

@@ -5,7 +5,7 @@ al., ICLR 2021) and DAB-/DN-DETR use it in place of DETR's softmax with a "no ob
 is an independent sigmoid; a query matched to a target of class c has the one-hot target e_c, every other
 query the all-zero target. Down-weighting the many easy negatives (the unmatched queries) lets the
 matched ones drive the classifier from the first steps, which is what a short training run needs
-(issue 6).
+(docs/convergence.md).
 
 A sigmoid head has ``num_classes`` logits, no "no object" logit (see :func:`detr.build_detr`'s
 ``class_head``).

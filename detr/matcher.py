@@ -1,4 +1,4 @@
-"""Hungarian matching between predictions and targets (paper §3.1, REFERENCE.md "Matching and loss")."""
+"""Hungarian matching between predictions and targets (paper §3.1; the authors' models/matcher.py)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ class HungarianMatcher(nn.Module):
     The costs of every image are computed in one batched pass (each image only against its own targets,
     targets padded to the batch maximum), moved to the CPU once, then solved per image by scipy.
 
-    Group DETR (issue 6): when ``outputs["query_groups"]`` is G > 1, the Q predictions are G groups of
-    Q / G queries and each group is matched to the targets on its own (one-to-many overall); the indices
-    are into all Q queries.
+    Group DETR (Chen et al. 2023; docs/convergence.md): when ``outputs["query_groups"]`` is G > 1, the Q
+    predictions are G groups of Q / G queries and each group is matched to the targets on its own
+    (one-to-many overall); the indices are into all Q queries.
 
-    ``class_loss="focal"`` (issue 6) replaces −p(target class) by the focal cost of
+    ``class_loss="focal"`` replaces −p(target class) by the focal cost of
     :func:`detr.focal.focal_class_cost` for a sigmoid head (``num_classes`` logits; Deformable DETR).
     """
 

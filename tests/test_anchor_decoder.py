@@ -1,4 +1,4 @@
-"""Anchor-box queries (DAB-DETR): sine embedding, refinement formula, detached references (issue 6)."""
+"""Anchor-box queries (DAB-DETR): sine embedding, refinement formula, detached references."""
 
 from __future__ import annotations
 

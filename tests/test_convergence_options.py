@@ -1,10 +1,9 @@
-"""The issue-6 options: off by default (the paper's model unchanged), composable, checkpointable."""
+"""The options for training from scratch on a short budget (docs/convergence.md): off by default (the
+paper's model unchanged), composable, checkpointable."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from detr.checkpoints import load_checkpoint
 from detr.criterion import SetCriterion
 from detr.matcher import HungarianMatcher
 from detr.postprocess import PostProcess
+from tests.conftest import load_script
 
 TINY = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
             dim_feedforward=64, num_queries=10, num_classes=5, dropout=0.0)
@@ -161,12 +161,7 @@ def test_checkpoint_round_trip_keeps_the_options(tmp_path):
 
 
 def _load_benchmark():
-    path = Path(__file__).parents[1] / "benchmarks" / "convergence.py"
-    spec = importlib.util.spec_from_file_location("convergence_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/convergence.py")
 
 
 def test_convergence_benchmark_runs_and_reports(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Denoising queries (DN-DETR): noise, attention mask, no leakage, losses without matching (issue 6)."""
+"""Denoising queries (DN-DETR): noise, attention mask, no leakage, losses without matching."""
 
 from __future__ import annotations
 

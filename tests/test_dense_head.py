@@ -1,4 +1,4 @@
-"""dense_aux_head: the training-only one-to-many head on the encoder output (issue 6)."""
+"""dense_aux_head: the training-only one-to-many head on the encoder output."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from detr import build_detr
 from detr.visualize.explorer import write_attention_explorer
 
 REPO = Path(__file__).resolve().parents[1]
-PHOTOS = (Path(__file__).resolve().parent / "data" / "chelsea.png", Path("/work/shared/data/photos/chelsea.png"))
+PHOTO = Path(__file__).resolve().parent / "data" / "chelsea.png"  # scikit-image's sample photo, in the repository
 VIEWPORT = (1400, 1000)
 
 
@@ -224,17 +224,6 @@ FREE_IMAGE_POINT = """(() => {
   return null; })()"""
 
 
-def _photo() -> Path | np.ndarray:
-    """A real photo when one is at hand, else a synthetic image (the page does not care)."""
-    for path in PHOTOS:
-        if path.is_file():
-            return path
-    rows, cols = np.mgrid[0:300, 0:450]
-    image = np.stack([rows * 255 // 300, cols * 255 // 450, np.full_like(rows, 90)], axis=-1).astype(np.uint8)
-    image[80:220, 150:320] = (230, 120, 40)
-    return image
-
-
 def spread_out_model() -> torch.nn.Module:
     """A tiny random DETR whose queries predict visibly different boxes and scores.
 
@@ -266,7 +255,7 @@ def chromium() -> str:
 def test_explorer_page_in_chromium(chromium: str, tmp_path: Path) -> None:
     synthetic = np.zeros((120, 90, 3), np.uint8)
     synthetic[30:90, 20:70] = 200
-    page_path, _, index_path = write_attention_explorer(spread_out_model(), [_photo(), synthetic], tmp_path / "pages",
+    page_path, _, index_path = write_attention_explorer(spread_out_model(), [PHOTO, synthetic], tmp_path / "pages",
                                                         threshold=0.0, min_size=160, max_size=240, device="cpu")
     artifacts = Path(os.environ.get("DETR_TEST_ARTIFACTS", REPO / "outputs" / "test_artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)

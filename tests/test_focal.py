@@ -1,4 +1,4 @@
-"""Sigmoid focal loss, its matching cost, the focal criterion and sigmoid post-processing (issue 6)."""
+"""Sigmoid focal loss, its matching cost, the focal criterion and sigmoid post-processing."""
 
 from __future__ import annotations
 

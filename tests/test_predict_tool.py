@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,15 +13,11 @@ from PIL import Image
 from detr import CategoryMap
 from detr.predictions_io import assign_image_ids, collect_image_paths, draw_prediction, predictions_to_coco_results
 from detr.predictor import Prediction
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import load_script
 
 
 def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"tools/{name}.py")
 
 
 @pytest.fixture

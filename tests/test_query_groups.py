@@ -1,4 +1,4 @@
-"""query_groups (Group DETR's one-to-many assignment) and the stride-8 backbone cut (issue 6)."""
+"""query_groups (Group DETR's one-to-many assignment) and the stride-8 backbone cut."""
 
 from __future__ import annotations
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -20,10 +19,10 @@ from detr.data.shapes import (
     shapes_dataset_is_complete,
     write_shapes_dataset,
 )
+from tests.conftest import load_script
 
 TINY = ShapesConfig(num_train=12, num_val=4, image_size=64, min_object_size=8, max_object_size=24,
                     empty_fraction=0.25)
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_layout_and_determinism(tmp_path: Path) -> None:
@@ -102,9 +101,7 @@ def test_reads_as_coco_and_passes_the_checker(tmp_path: Path) -> None:
 
 
 def test_make_shapes_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location("make_shapes", REPO / "tools" / "make_shapes.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module = load_script("tools/make_shapes.py")
     argv = ["--out", str(tmp_path / "s"), "--num-train", "3", "--num-val", "2", "--image-size", "32",
             "--min-object-size", "6", "--max-object-size", "16"]
     assert module.main(argv) == 0

@@ -162,7 +162,7 @@ def test_linear_warmup_then_step_decay() -> None:
 
 def test_convergence_options_train_and_evaluate(tmp_path) -> None:
     """Anchor queries + denoising + sigmoid/focal head + query groups + dense head + NHWC bfloat16 backbone
-    (issue 6) go through the same training system."""
+    (docs/convergence.md) go through the same training system."""
     system = _system(query_type="anchor", denoising=True, denoising_groups=2, class_head="sigmoid", cost_class=2.0,
                      query_groups=2, dense_aux_head=True, channels_last=True, backbone_bf16=True)
     assert "loss_ce_dn" in system.criterion.weight_dict and system.postprocess.class_head == "sigmoid"

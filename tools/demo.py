@@ -8,7 +8,8 @@ Steps: make data/shapes with the generator of tools/make_shapes.py if it is miss
 configs/demo_shapes_cpu.yaml under a training time budget; evaluate the best checkpoint (val/AP) with
 pycocotools; print the COCO table and the AP curve; write into outputs/demo/: metrics.json (AP, AP50, AP75,
 APs, APm, APl, AR100), predictions.json (COCO results), per_class_ap.txt, ap_curve.csv, val_images/*.png,
-checkpoints/, metrics.csv + TensorBoard events, and the attention figure (attention.png).
+checkpoints/, metrics.csv + TensorBoard events, the attention figure (attention.png) and an attention-explorer
+page for one validation image (explorer/<image>.html: open it in a browser).
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ from pathlib import Path
 
 import torch
 
+from detr.checkpoints import load_checkpoint
 from detr.data.shapes import ShapesConfig, write_shapes_dataset
 from detr.evaluation import STAT_NAMES
 from detr.lightning.callbacks import TrainingSpeed
 from detr.lightning.cli import make_cli
+from detr.predictor import Predictor, to_rgb_array
+from detr.visualize.explorer import write_attention_explorer
+from detr.visualize.figures import decoder_attention_figure
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,17 +57,15 @@ def ap_curve(metrics_csv: Path) -> list[dict[str, float]]:
              "AP": float(r["val/AP"]), "AP50": float(r["val/AP50"])} for r in rows]
 
 
-def attention_figure(image: Path, checkpoint: Path, out: Path) -> None:
-    """At the size the checkpoint was validated at (it carries the data module's eval size)."""
-    # ---- HOOK: attention figure of the inference issue (tools/visualize_attention.py, detr.visualize) ----
-    sys.path.insert(0, str(Path(__file__).parent))
-    try:
-        import visualize_attention
-    except ImportError as error:
-        print(f"attention figure skipped: tools/visualize_attention.py not importable ({error})")
-        return
-    visualize_attention.main([str(image), "--checkpoint", str(checkpoint), "--out", str(out), "--top-k", "4",
-                              "--device", "cpu"])
+def attention_outputs(image: Path, checkpoint: Path, out: Path) -> Path:
+    """The decoder attention of the 4 best queries on ``image`` (``out``/attention.png) and an
+    attention-explorer page for it (``out``/explorer/<image stem>.html, returned), both at the size the
+    checkpoint was validated at (it carries the data module's eval size)."""
+    model = load_checkpoint(checkpoint)
+    pixels = to_rgb_array(image)
+    prediction = Predictor(model, device="cpu").predict(pixels, return_attention=True)[0]
+    decoder_attention_figure(pixels, prediction, top_k=4).savefig(out / "attention.png", dpi=120)
+    return write_attention_explorer(model, [image], out / "explorer", device="cpu")[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,11 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"training for {args.minutes:g} minutes on {threads} thread(s); outputs in {out}")
 
     seconds = args.minutes * 60
-    where = {"save_dir": str(out), "name": "", "version": ""}
-    loggers = [{"class_path": f"lightning.pytorch.loggers.{name}", "init_args": where}
-               for name in ("CSVLogger", "TensorBoardLogger")]
-    cli = make_cli(["--config", args.config, f"--data.root={data_root}", f"--trainer.default_root_dir={out}",
-                    f"--trainer.logger={json.dumps(loggers)}", "--trainer.max_time=null"], run=False)
+    cli = make_cli(["--config", args.config, f"--data.root={data_root}", f"--trainer.default_root_dir={out}"],
+                   run=False)
     budgets = [c for c in cli.trainer.callbacks if isinstance(c, TrainingSpeed)]
     if not budgets:
         raise SystemExit(f"{args.config}: the demo needs the detr.lightning.callbacks.TrainingSpeed callback "
@@ -116,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerows(curve)
 
     first_val = sorted((data_root / "val2017").glob("*.jpg"))[:1]
-    if best and first_val:
-        attention_figure(first_val[0], Path(best), out / "attention.png")
+    explorer = attention_outputs(first_val[0], Path(best), out) if best and first_val else None
 
     print(f"\nCOCO evaluation of {best or 'the last weights'} on {len(evaluation.image_ids)} validation images:")
     print(evaluation.summary)
@@ -132,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
                  "attention.png", "checkpoints", "metrics.csv"):
         if (out / name).exists():
             print(f"  {out / name}")
+    if explorer is not None:
+        print(f"attention explorer of validation image {first_val[0].name}: open {explorer} in a browser")
+    report = out / "evaluation" / "val_analysis" / "report.html"  # written by the final validate
+    if report.exists():
+        print(f"error analysis (AP lost per error type, confusion matrix, worst cases): open {report}")
     return 0
 
 

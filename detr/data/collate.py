@@ -1,8 +1,9 @@
 """Batching: zero-pad images to the batch's largest height and width, mask the padding, normalise boxes.
 
-A batch is ``(images, padding_mask, targets)`` (CONTRACTS.md, "Batches"):
+A batch is ``(images, padding_mask, targets)``, what the models, the criterion and the training system take:
 
-- ``images`` float [B, 3, H, W], each image at the top-left, zeros bottom and right (REFERENCE.md, "Model");
+- ``images`` float [B, 3, H, W], each image at the top-left, zeros bottom and right (as the authors'
+  NestedTensor, util/misc.py);
 - ``padding_mask`` bool [B, H, W], True on padding;
 - ``targets`` list of B dicts: ``boxes`` float [T, 4] normalised cxcywh of the UNPADDED transformed image,
   ``labels`` int64 [T], ``image_id`` int64 scalar, ``orig_size`` int64 [2] (h, w) of the original image,

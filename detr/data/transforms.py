@@ -1,4 +1,5 @@
-"""The authors' train and eval transforms, built with albumentations (REFERENCE.md, "Training recipe").
+"""The authors' train and eval transforms, built with albumentations (paper section 4 and appendix A.4; the authors'
+datasets/coco.py and datasets/transforms.py).
 
 Train: horizontal flip (p = 0.5); then, with equal probability, either (a) resize the shortest side to one
 of ``scales`` with the long side at most ``max_size``, or (b) resize the shortest side to one of
@@ -32,7 +33,7 @@ from albumentations.augmentations.geometric import functional as fgeometric
 from albumentations.core.type_definitions import Targets
 from albumentations.pytorch import ToTensorV2
 
-#: ImageNet statistics the backbone was trained with (REFERENCE.md, "Training recipe").
+#: ImageNet statistics the backbone was trained with (torchvision's ResNet weights; the authors' datasets/coco.py).
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 

@@ -1,4 +1,5 @@
-"""ResNet backbone: images + padding mask → feature map + downsampled mask (REFERENCE.md, "Backbone").
+"""ResNet backbone: images + padding mask → feature map + downsampled mask (paper section 3.2;
+the authors' models/backbone.py).
 
 The module layout (``body`` = torchvision's IntermediateLayerGetter over a ResNet) gives the state-dict
 keys ``backbone.0.body.{conv1,bn1,layer1..4}.*`` of the authors' released checkpoints.
@@ -74,7 +75,7 @@ def _load_imagenet_weights(resnet: nn.Module, name: BackboneName, pretrained: bo
 
 def cpu_has_bfloat16() -> bool:
     """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), where :meth:`Backbone.use_autocast`
-    made a training step of the demo model ~15 % faster; elsewhere bfloat16 is emulated, and slower. (torch's
+    makes a training step faster; elsewhere bfloat16 is emulated, and slower. (torch's
     probes are private: a torch without them counts as "no", the safe side.)"""
     checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     return any(check() for check in checks if check is not None)
@@ -134,9 +135,9 @@ class Backbone(nn.Module):
     def use_autocast(self, dtype: torch.dtype | None = torch.bfloat16) -> None:
         """Run the backbone (convolutions, under ``torch.autocast``) in ``dtype`` and return float32
         features; None turns it off. The weights stay float32. On CPUs with AMX or AVX512-BF16 the
-        convolutions of a training step run ~2x faster in bfloat16; the transformer is left in float32
-        because the CPU's bfloat16 attention backward is slower than its float32 one (measured: 91 vs 6 ms
-        a step of the demo model, torch.profiler). Outputs differ from float32 by bfloat16 rounding."""
+        convolutions of a training step run faster in bfloat16; the transformer is left in float32
+        because the CPU's bfloat16 attention backward is far slower than its float32 one. Outputs differ
+        from float32 by bfloat16 rounding."""
         self.autocast_dtype = dtype
 
     @torch.no_grad()

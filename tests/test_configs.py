@@ -1,0 +1,144 @@
+"""Every config in configs/ starts and trains on this machine: each one (and each model config stacked on
+the COCO base) runs one training batch and one validation batch on the CPU with a tiny transformer and
+small images, so no config can ship that hangs waiting for other nodes or fails to build. Every output
+of a run lands in ``trainer.default_root_dir``, and nothing in the working directory."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from detr.data.shapes import ShapesConfig, write_shapes_dataset
+from detr.lightning.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+BASE = REPO / "configs" / "detr_coco.yaml"
+MODEL_CONFIGS = ["detr_r50_coco.yaml", "detr_r50_dc5_coco.yaml", "detr_r101_coco.yaml", "detr_r101_dc5_coco.yaml"]
+COCO_MINI = REPO / "data" / "coco-mini"
+
+# Small enough for one CPU step in seconds; the backbone stays a ResNet, and a dilated (DC5) config keeps
+# its dilation on the smallest ResNet that has one (torchvision's ResNet-18 blocks cannot dilate).
+TINY = [
+    "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=1", "--trainer.limit_train_batches=1",
+    "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1",
+    "--model.pretrained_backbone=false", "--model.init_checkpoint=null", "--model.hidden_dim=32",
+    "--model.num_heads=2", "--model.num_encoder_layers=1", "--model.num_decoder_layers=1",
+    "--model.dim_feedforward=64",  # each config keeps its queries: coco-mini has images with 20+ objects
+    "--data.batch_size=2", "--data.val_batch_size=2", "--data.num_workers=0", "--data.train_scales=[64]",
+    "--data.train_max_size=96", "--data.crop_resize_scales=[64]", "--data.crop_min_size=48",
+    "--data.crop_max_size=64", "--data.eval_min_size=64", "--data.eval_max_size=96",
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_no_argv(monkeypatch):
+    """Tiny models run faster on one thread; LightningCLI warns when sys.argv and args both have arguments."""
+    monkeypatch.setattr("sys.argv", ["detr"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_shapes(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shapes")
+    write_shapes_dataset(root, ShapesConfig(num_train=4, num_val=2, image_size=64, min_object_size=12,
+                                            max_object_size=32, seed=3))
+    return root
+
+
+def _printed(capsys, *configs: Path) -> dict:
+    args = ["fit"] + [arg for config in configs for arg in ("--config", str(config))]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def _tiny_backbone(printed: dict) -> str:
+    return "resnet50" if printed["model"].get("dilation") else "resnet18"
+
+
+def test_the_model_configs_and_their_base_exist() -> None:
+    names = {path.name for path in CONFIGS}
+    assert {"detr_coco.yaml", *MODEL_CONFIGS, "finetune_custom.yaml", "demo_shapes_cpu.yaml"} <= names
+
+
+@pytest.mark.parametrize("name", MODEL_CONFIGS + ["finetune_custom.yaml"])
+def test_overlays_change_the_base_only_where_they_say(name: str, capsys) -> None:
+    """A model config alone = the base with its own keys; stacked on the base (``--config detr_coco.yaml
+    --config X``) it gives the same configuration."""
+    base, alone = _printed(capsys, BASE), _printed(capsys, REPO / "configs" / name)
+    assert _printed(capsys, BASE, REPO / "configs" / name) == alone
+    own = {key for key in yaml.safe_load((REPO / "configs" / name).read_text()) if key != "config"}
+    for group in ("trainer", "model", "data"):
+        for key in set(base[group]) | set(alone[group]):
+            if f"{group}.{key}" not in own:
+                assert alone[group].get(key) == base[group].get(key), f"{name}: {group}.{key}"
+    assert alone["trainer"]["default_root_dir"] == f"outputs/{Path(name).stem}"
+
+
+@pytest.mark.parametrize("name", MODEL_CONFIGS)
+def test_coco_configs_run_on_one_machine_with_the_authors_recipe(name: str, capsys) -> None:
+    printed = _printed(capsys, REPO / "configs" / name)
+    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    assert (trainer["accelerator"], trainer["devices"], trainer["num_nodes"]) == ("auto", "auto", 1)
+    recipe = (model["lr"], model["lr_backbone"], model["weight_decay"], model["lr_drop_epochs"])
+    assert recipe == (1e-4, 1e-5, 1e-4, [400])
+    assert model["backbone"] == ("resnet101" if "r101" in name else "resnet50")
+    assert model["dilation"] == ("dc5" in name)
+    # the authors' images per GPU: 64 = 2 × 8 GPUs × 4 nodes, or 1 × 8 × 8 for DC5
+    assert data["batch_size"] == data["val_batch_size"] == (1 if "dc5" in name else 2)
+    assert trainer["gradient_clip_val"] == 0.1 and trainer["precision"] == "32-true"
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.name)
+def test_every_config_trains_a_step_and_writes_only_under_default_root_dir(
+    config: Path, tiny_shapes: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    backbone = _tiny_backbone(_printed(capsys, config))
+    data_root = tiny_shapes if config.name.startswith("demo") else COCO_MINI
+    workdir, run_dir = tmp_path / "cwd", tmp_path / "runs" / "one"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    main(["fit", "--config", str(config), *TINY, f"--model.backbone={backbone}", f"--data.root={data_root}",
+          f"--trainer.default_root_dir={run_dir}"])
+
+    assert not list(workdir.iterdir())  # no lightning_logs/, outputs/ or checkpoints beside the user
+    with (run_dir / "metrics.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert any(row.get("train/loss") for row in rows) and any(row.get("val/AP") for row in rows)
+    assert list(run_dir.glob("events.out.tfevents*"))
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert (run_dir / "config.yaml").is_file()
+    assert (run_dir / "evaluation" / "val_predictions.json").is_file()
+    assert list((run_dir / "val_images").glob("*.png"))
+
+
+def test_validate_and_predict_write_beside_the_fit_not_over_it(tiny_shapes: Path, tmp_path: Path, monkeypatch) -> None:
+    """``detr validate`` / ``predict`` of a run's checkpoint, with the run's config, write into the run's
+    validate/ and predict/ subfolders and leave the fit's metrics.csv and config.yaml alone."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    args = ["--config", str(REPO / "configs" / "demo_shapes_cpu.yaml"), *TINY, "--model.backbone=resnet18",
+            f"--data.root={tiny_shapes}", f"--trainer.default_root_dir={run_dir}"]
+    main(["fit", *args])
+    fit_metrics, fit_config = (run_dir / "metrics.csv").read_text(), (run_dir / "config.yaml").read_text()
+    checkpoint = f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"
+    main(["validate", *args, checkpoint])
+    main(["predict", *args, checkpoint, f"--data.predict_images={tiny_shapes / 'val2017'}"])
+
+    assert (run_dir / "metrics.csv").read_text() == fit_metrics
+    assert (run_dir / "config.yaml").read_text() == fit_config
+    with (run_dir / "validate" / "metrics.csv").open() as file:
+        assert any(row.get("val/AP") for row in csv.DictReader(file))
+    assert (run_dir / "validate" / "evaluation" / "val_predictions.json").is_file()
+    assert (run_dir / "predict" / "predictions.json").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]
