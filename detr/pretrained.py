@@ -204,27 +204,48 @@ def describe() -> str:
     return "\n".join(lines)
 
 
-def hub_model(name: str, *, pretrained: bool = False, num_classes: int = 91, return_postprocessor: bool = False
-              ) -> DETR | tuple[DETR, PostProcess]:
+def hub_model(name: str, *, pretrained: bool = False, num_classes: int | None = None,
+              return_postprocessor: bool = False, threshold: float = 0.85) -> Any:
     """What the torch.hub entry points return (hubconf.py): the released model ``name``, as the authors'
     hubconf builds it (no auxiliary outputs), with or without its weights.
 
-    pretrained=True: the released weights (eval mode; ``num_classes`` must be 91, COCO's). False: the same
-    architecture with ``num_classes`` classes, randomly initialised, ImageNet backbone not loaded (train
-    mode; for training from scratch or fine-tuning). return_postprocessor: also return
-    :class:`detr.PostProcess`, which turns outputs into per-image scores, labels and pixel boxes.
+    pretrained=True: the released weights (eval mode; ``num_classes`` must be the release's: 91 for the
+    detectors, 250 for the panoptic models). False: the same architecture with ``num_classes`` classes
+    (default: the release's), randomly initialised, ImageNet backbone not loaded (train mode; for training
+    from scratch or fine-tuning). return_postprocessor: also return the post-processor:
+    :class:`detr.PostProcess` (per-image scores, labels and pixel boxes) for a detector,
+    :class:`detr.postprocess_segmentation.PostProcessPanoptic` (score ``threshold``, COCO panoptic's things
+    and stuff) for a panoptic model, as the authors' hubconf does.
     """
     model_info = PRETRAINED_MODELS[name]
+    num_classes = model_info.num_classes if num_classes is None else num_classes
     if pretrained:
         if num_classes != model_info.num_classes:
             raise ValueError(f"the released {name} predicts {model_info.num_classes} classes, not num_classes="
                              f"{num_classes}; to fine-tune on other classes, start a training run with "
                              f"init_checkpoint={name!r} (its class head is re-initialised)")
         model = load_checkpoint(name, aux_loss=False)
+    elif model_info.task == "panoptic":
+        from detr.models.segmentation import build_detr_panoptic
+        from detr.panoptic_categories import coco_panoptic_category_map, coco_panoptic_is_thing
+
+        model = build_detr_panoptic(**{**model_info.model_config(), "num_classes": num_classes}, aux_loss=False)
+        coco = num_classes == model_info.num_classes
+        model.category_map = coco_panoptic_category_map() if coco else None
+        model.is_thing = coco_panoptic_is_thing() if coco else None
     else:
         model = build_detr(**{**model_info.model_config(), "num_classes": num_classes}, aux_loss=False)
         model.category_map = model_info.category_map if num_classes == model_info.num_classes else None
-    return (model, PostProcess()) if return_postprocessor else model
+    if not return_postprocessor:
+        return model
+    if model_info.task == "panoptic":
+        from detr.postprocess_segmentation import PostProcessPanoptic
+
+        if model.is_thing is None:
+            raise ValueError(f"a {name} model with num_classes={num_classes} has no things/stuff split for the "
+                             "panoptic post-processor; build PostProcessPanoptic(is_thing) yourself")
+        return model, PostProcessPanoptic(model.is_thing, threshold=threshold)
+    return model, PostProcess()
 
 
 class CheckpointArgument(argparse.Action):

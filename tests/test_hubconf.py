@@ -18,7 +18,8 @@ def test_entry_points_are_the_authors_names():
     hubconf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hubconf)
     assert {"torch", "torchvision"} <= set(hubconf.dependencies)
-    for name in ("detr_resnet50", "detr_resnet50_dc5", "detr_resnet101", "detr_resnet101_dc5"):
+    for name in ("detr_resnet50", "detr_resnet50_dc5", "detr_resnet101", "detr_resnet101_dc5",
+                 "detr_resnet50_panoptic", "detr_resnet50_dc5_panoptic", "detr_resnet101_panoptic"):
         assert callable(getattr(hubconf, name))
 
 
@@ -45,3 +46,18 @@ def test_dc5_and_num_classes():
 def test_pretrained_weights_need_coco_classes():
     with pytest.raises(ValueError, match="predicts 91 classes"):
         torch.hub.load(ROOT, "detr_resnet101", source="local", pretrained=True, num_classes=5)
+
+
+def test_untrained_panoptic_r50_with_its_postprocessor():
+    from detr import DETRPanoptic
+    from detr.postprocess_segmentation import PostProcessPanoptic
+
+    model, postprocess = torch.hub.load(ROOT, "detr_resnet50_panoptic", source="local", pretrained=False,
+                                        threshold=0.5, return_postprocessor=True)
+    assert isinstance(model, DETRPanoptic) and isinstance(postprocess, PostProcessPanoptic)
+    assert model.num_classes == 250 and postprocess.threshold == 0.5
+    assert model.is_thing[1] and not model.is_thing[200]  # COCO panoptic: thing ids <= 90, stuff above
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.zeros(1, 3, 64, 96), torch.zeros(1, 64, 96, dtype=torch.bool))
+    assert out["pred_logits"].shape == (1, 100, 251) and out["pred_masks"].shape == (1, 100, 16, 24)
