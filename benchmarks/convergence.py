@@ -47,12 +47,13 @@ import torch
 
 from detr.categories import CategoryMap
 from detr.criterion import SetCriterion
+from detr.data import transforms
 from detr.lightning import DetrSystem
 from detr.lightning.callbacks import budget_lr_factor
 from detr.postprocess import PostProcess
 
-IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
-IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+IMAGENET_MEAN = torch.tensor(transforms.IMAGENET_MEAN).view(1, 3, 1, 1)
+IMAGENET_STD = torch.tensor(transforms.IMAGENET_STD).view(1, 3, 1, 1)
 
 
 @dataclass

@@ -6,7 +6,8 @@ Shared by ``tools/predict.py`` and the Lightning ``detr predict`` writer so both
   "category_id", "bbox": [x, y, w, h] pixels, "score"}`` with the data set's own category ids, so
   ``pycocotools.COCO.loadRes`` reads it as is.
 - :func:`draw_prediction` / :func:`save_drawn_image`: boxes, names and scores drawn with
-  ``torchvision.utils.draw_bounding_boxes``.
+  ``torchvision.utils.draw_bounding_boxes`` (through :func:`draw_boxes`, which the validation images of
+  training use too).
 - :func:`collect_image_paths` and :func:`predict_files`: files, folders and glob patterns in, the two
   outputs above out; a file that cannot be read is logged, skipped and reported, the rest goes on.
 """
@@ -14,7 +15,6 @@ Shared by ``tools/predict.py`` and the Lightning ``detr predict`` writer so both
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -26,12 +26,11 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
-from torchvision.ops import box_convert
 from torchvision.utils import draw_bounding_boxes
 
-from detr.atomic_files import write_text_atomically
 from detr.categories import CategoryMap
 from detr.data.images import ImageLoadError, list_image_files
+from detr.evaluation.coco_evaluator import detections_to_coco_results, write_coco_results
 from detr.predictor import Prediction, Predictor, to_rgb_array
 
 logger = logging.getLogger(__name__)
@@ -65,19 +64,10 @@ def predictions_to_coco_results(
             )
         if len(prediction) == 0:
             continue
-        boxes_xywh = box_convert(prediction.boxes.float(), in_fmt="xyxy", out_fmt="xywh").tolist()
-        labels = prediction.labels.long()
-        category_ids = (category_map.label_to_category_id(labels) if category_map is not None else labels).tolist()
-        for box, score, category_id in zip(boxes_xywh, prediction.scores.tolist(), category_ids):
-            entry: dict[str, Any] = {
-                "image_id": int(prediction.image_id),
-                "category_id": int(category_id),
-                "bbox": [round(float(v), 2) for v in box],
-                "score": round(float(score), 5),
-            }
-            if prediction.file_name is not None:
-                entry["file_name"] = prediction.file_name
-            results.append(entry)
+        detection = {"scores": prediction.scores, "labels": prediction.labels, "boxes": prediction.boxes}
+        results += detections_to_coco_results(
+            prediction.image_id, detection, category_map, file_name=prediction.file_name, rounded=True
+        )
     return results
 
 
@@ -87,8 +77,7 @@ def write_predictions_json(
     """Write :func:`predictions_to_coco_results` of ``predictions`` to ``path`` (parents created)."""
     path = Path(path)
     results = predictions_to_coco_results(predictions, category_map=category_map)
-    # allow_nan=False: NaN is not JSON; callers leave out predictions that are not finite
-    write_text_atomically(path, json.dumps(results, allow_nan=False))
+    write_coco_results(path, results)  # NaN is not JSON: callers leave out predictions that are not finite
     logger.info("wrote %d detections of %d images to %s", len(results), len(predictions), path)
     return path
 
@@ -124,23 +113,47 @@ def draw_prediction(
             f"image is {array.shape[0]}x{array.shape[1]} but the prediction is for "
             f"{prediction.image_size[0]}x{prediction.image_size[1]}; draw on the image that was predicted"
         )
-    if len(prediction) == 0:
-        return canvas
-    short_side = min(array.shape[:2])
+    colors = [label_color(int(label)) for label in prediction.labels]
+    return draw_boxes(canvas, prediction.boxes, detection_labels(prediction.label_names, prediction.scores),
+                      colors, line_width=line_width, font_size=font_size)
+
+
+def detection_labels(names: Sequence[str], scores: Tensor | None = None) -> list[str]:
+    """The text drawn beside each box: "name score" (score to two decimals), or the bare name without scores."""
+    if scores is None:
+        return list(names)
+    return [f"{name} {score:.2f}" for name, score in zip(names, scores.tolist())]
+
+
+def draw_boxes(
+    image: Tensor,
+    boxes_xyxy: Tensor,
+    labels: Sequence[str] | None,
+    colors: str | Sequence[tuple[int, int, int]],
+    *,
+    line_width: int | None = None,
+    font_size: int | None = None,
+) -> Tensor:
+    """Boxes (pixel ``xyxy`` [N, 4] in ``image``) on ``image`` (``uint8`` ``[3, H, W]``), each label in white
+    on a background of its box's colour; one colour for all boxes or one per box. The line width and font
+    size scale with the image unless given. Returns a new ``uint8`` ``[3, H, W]`` (``image`` itself without boxes).
+    """
+    if len(boxes_xyxy) == 0:
+        return image
+    short_side = min(image.shape[-2:])
     width = line_width if line_width is not None else max(2, round(short_side / 250))
     size = font_size if font_size is not None else max(11, round(short_side / 32))
-    labels = [f"{name} {score:.2f}" for name, score in zip(prediction.label_names, prediction.scores.tolist())]
-    colors = [label_color(int(label)) for label in prediction.labels]
+    palette = colors if isinstance(colors, str) else list(colors)
     return draw_bounding_boxes(
-        canvas,
-        prediction.boxes.float(),
-        labels=labels,
-        colors=colors,
+        image,
+        boxes_xyxy.detach().float().cpu(),
+        labels=list(labels) if labels is not None else None,
+        colors=palette,
         width=width,
         font=_font_path(),
         font_size=size,
         label_colors="white",
-        label_background_colors=colors,
+        label_background_colors=palette,
         fill_labels=True,
     )
 

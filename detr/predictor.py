@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -439,7 +438,8 @@ class Predictor:
             if return_attention:
                 input_size = (int(inputs[i].shape[1]), int(inputs[i].shape[2]))
                 prediction.attention = _image_attention(
-                    outputs, result, i, input_size, image_sizes[i], images, self.category_map, self.class_head
+                    outputs, result, i, input_size, image_sizes[i], self.model.stride, self.category_map,
+                    self.class_head,
                 )
             predictions.append(prediction)
         return predictions
@@ -471,7 +471,7 @@ def _image_attention(
     index: int,
     input_size: tuple[int, int],
     image_size: tuple[int, int],
-    images: Tensor,
+    stride: int,
     category_map: CategoryMap | None,
     class_head: str,
 ) -> AttentionMaps:
@@ -483,8 +483,6 @@ def _image_attention(
     full_h, full_w = feature_mask.shape
     h = int((~feature_mask[:, 0]).sum())
     w = int((~feature_mask[0, :]).sum())
-    # ResNet stages round up, so stride = padded size / feature size up to that rounding: take the power of 2.
-    stride = 2 ** round(math.log2(images.shape[-2] / full_h))
     encoder = outputs["encoder_attention"][index].reshape(full_h, full_w, full_h, full_w)[:h, :w, :h, :w]
     logits = outputs["pred_logits"][index].float()
     no_object_scores = None

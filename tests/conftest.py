@@ -1,9 +1,18 @@
-"""Shared fixtures: tiny models and padded batches that keep the suite fast on 2 CPU cores."""
+"""Shared fixtures: tiny models, padded batches and in-memory data that keep the suite fast on 2 CPU cores."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import io
+from types import SimpleNamespace
+from typing import Any
+
+import lightning as L
 import pytest
 import torch
+from pycocotools.coco import COCO
+from torch.utils.data import DataLoader
 
 from detr import build_detr
 
@@ -11,9 +20,77 @@ TINY = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=
             dim_feedforward=64, num_queries=10, num_classes=5)
 
 
+def tiny_config_with(**changes: Any) -> dict:
+    """:data:`TINY` with some keys changed or added, so a test module states only what it needs different."""
+    return {**TINY, **changes}
+
+
 @pytest.fixture
 def tiny_config() -> dict:
     return dict(TINY)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: tiny models run faster on one, and far faster when other processes share the 2 cores
+    (forked DDP processes keep it too: an OpenMP pool does not survive a fork). Use it per module with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def bare_argv(monkeypatch):
+    """``sys.argv`` of a bare ``detr`` call: LightningCLI warns when sys.argv and its args both hold arguments."""
+    monkeypatch.setattr("sys.argv", ["detr"])
+
+
+def coco_ground_truth(dataset: dict) -> COCO:
+    """A pycocotools ``COCO`` over a copy of ``dataset`` (images, annotations, categories), indexed without
+    pycocotools' prints."""
+    coco = COCO()
+    coco.dataset = copy.deepcopy(dataset)
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+def collate_unpadded(samples: list) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
+    """Same-size ``(image [3, H, W], target)`` samples → the batch contract: images [B, 3, H, W], padding mask
+    bool [B, H, W] (all False: nothing is padded) and the targets."""
+    images = torch.stack([s[0] for s in samples])
+    return images, torch.zeros(images.shape[0], *images.shape[-2:], dtype=torch.bool), [s[1] for s in samples]
+
+
+class InMemoryData(L.LightningDataModule):
+    """A data module over samples held in memory, batched with :func:`collate_unpadded`.
+
+    Args:
+        samples: ``(image, target)`` pairs for training, and for validation unless ``val_samples`` is given.
+        coco: ground truth offered as ``val_dataset.coco``, as the real data module does (None: no
+            ``val_dataset``).
+        batch_size: of both loaders.
+        shuffle: shuffle the training loader.
+        train_repeats: the training loader goes over the samples this many times an epoch.
+    """
+
+    def __init__(self, samples: list, *, coco: Any = None, batch_size: int = 2, shuffle: bool = False,
+                 train_repeats: int = 1, val_samples: list | None = None) -> None:
+        super().__init__()
+        self.samples = samples
+        self.val_samples = samples if val_samples is None else val_samples
+        self.batch_size, self.shuffle, self.train_repeats = batch_size, shuffle, train_repeats
+        if coco is not None:
+            self.val_dataset = SimpleNamespace(coco=coco)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.samples * self.train_repeats, batch_size=self.batch_size, shuffle=self.shuffle,
+                          collate_fn=collate_unpadded)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_samples, batch_size=self.batch_size, collate_fn=collate_unpadded)
 
 
 @pytest.fixture
@@ -41,15 +118,21 @@ TINY_CLI_MODEL = [
 ]
 
 
-@pytest.fixture(scope="session")
-def tiny_shapes_root(tmp_path_factory):
-    """A COCO-layout shapes set: 8 training and 4 validation images of 64 px (5 classes, at most 6 objects)."""
+def write_tiny_shapes(tmp_path_factory, *, num_train: int = 8, num_val: int = 4, seed: int = 3):
+    """A COCO-layout shapes set of 64 px images (5 classes, at most 6 objects of 12 to 32 px) in a new
+    temporary folder; returns the folder."""
     from detr.data.shapes import ShapesConfig, write_shapes_dataset
 
     root = tmp_path_factory.mktemp("tiny_shapes")
-    write_shapes_dataset(root, ShapesConfig(num_train=8, num_val=4, image_size=64, min_object_size=12,
-                                            max_object_size=32, seed=3))
+    write_shapes_dataset(root, ShapesConfig(num_train=num_train, num_val=num_val, image_size=64, min_object_size=12,
+                                            max_object_size=32, seed=seed))
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_shapes_root(tmp_path_factory):
+    """A COCO-layout shapes set: 8 training and 4 validation images of 64 px (5 classes, at most 6 objects)."""
+    return write_tiny_shapes(tmp_path_factory)
 
 
 def tiny_fit_args(data_root, out_dir, *extra: str) -> list[str]:

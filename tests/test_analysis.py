@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 
 import numpy as np
@@ -12,24 +11,17 @@ from pycocotools.coco import COCO
 
 from detr.evaluation.analysis import ResultsFileError, analyze, evaluate_results, load_results, worst_cases
 from detr.evaluation.tide import ERROR_TYPES, class_average_precision
+from tests.conftest import coco_ground_truth
 
 A, B = 1, 2
 BOX = [10.0, 10.0, 100.0, 100.0]
-
-
-def _coco(dataset: dict) -> COCO:
-    coco = COCO()
-    coco.dataset = copy.deepcopy(dataset)
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco.createIndex()
-    return coco
 
 
 def _ground_truth(objects: list[tuple[int, int, list[float]]], num_images: int = 8) -> COCO:
     images = [{"id": i, "width": 400, "height": 400, "file_name": f"{i:04d}.jpg"} for i in range(1, num_images + 1)]
     annotations = [{"id": n + 1, "image_id": im, "category_id": c, "bbox": b, "area": b[2] * b[3], "iscrowd": 0}
                    for n, (im, c, b) in enumerate(objects)]
-    return _coco({"images": images, "annotations": annotations,
+    return coco_ground_truth({"images": images, "annotations": annotations,
                   "categories": [{"id": A, "name": "apple"}, {"id": B, "name": "banana"}]})
 
 

@@ -10,9 +10,9 @@ import torch
 import detr.models.anchor_decoder as anchor_decoder
 from detr import build_detr
 from detr.models.anchor_decoder import AnchorDecoder, anchor_sine_embedding, inverse_sigmoid
+from tests.conftest import tiny_config_with
 
-TINY = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=3,
-            dim_feedforward=64, num_queries=6, num_classes=4, dropout=0.0)
+TINY = tiny_config_with(num_decoder_layers=3, num_queries=6, num_classes=4, dropout=0.0)
 
 
 @pytest.fixture

@@ -10,36 +10,18 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from detr import load_checkpoint
-from detr.data.shapes import ShapesConfig, write_shapes_dataset
 from detr.lightning.cli import main, make_cli
+from tests.conftest import TINY_CLI_MODEL
 
-CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
-TINY_MODEL = [
-    "--model.backbone=resnet18", "--model.hidden_dim=32", "--model.num_heads=2", "--model.num_encoder_layers=1",
-    "--model.num_decoder_layers=2", "--model.dim_feedforward=64", "--model.num_queries=10",
-    "--model.backbone_last_stage=layer3",
-]
+# the panoptic configs belong to detr.lightning.panoptic_cli (tests/test_panoptic_training.py)
+CONFIGS = sorted(path for path in (Path(__file__).parents[1] / "configs").glob("*.yaml") if "panoptic" not in path.name)
+TINY_MODEL = TINY_CLI_MODEL
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run faster on one thread, and far faster when other processes share the 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_shapes(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("shapes")
-    write_shapes_dataset(root, ShapesConfig(num_train=8, num_val=4, image_size=64, min_object_size=12,
-                                            max_object_size=32, seed=3))
-    return root
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)
@@ -80,22 +62,22 @@ def test_coco_recipe_values() -> None:
     assert trainer["precision"] == "32-true"
 
 
-def test_links_fill_num_classes_and_category_map(tiny_shapes: Path, tmp_path: Path) -> None:
-    cli = make_cli(["--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes}",
+def test_links_fill_num_classes_and_category_map(tiny_shapes_root: Path, tmp_path: Path) -> None:
+    cli = make_cli(["--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes_root}",
                 f"--trainer.default_root_dir={tmp_path}", *TINY_MODEL], run=False)
     assert cli.model.model.num_classes == cli.datamodule.num_classes == 5
     assert cli.model.category_map == cli.datamodule.category_map
     assert cli.model.category_map.names == ("circle", "square", "triangle", "ellipse", "star")
 
 
-def test_fit_two_steps_writes_logs_metrics_images_and_checkpoints(tiny_shapes: Path, tmp_path: Path) -> None:
+def test_fit_two_steps_writes_logs_metrics_images_and_checkpoints(tiny_shapes_root: Path, tmp_path: Path) -> None:
     where = {"save_dir": str(tmp_path), "name": "logs", "version": ""}
     loggers = json.dumps([
         {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": where},
         {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": where},
     ])
     main([
-        "fit", "--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes}",
+        "fit", "--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes_root}",
         "--data.batch_size=4", "--data.val_batch_size=2", "--data.num_workers=0", *TINY_MODEL,
         f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger={loggers}", "--trainer.max_epochs=1",
         "--trainer.max_time=null", "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
@@ -122,13 +104,13 @@ def test_fit_two_steps_writes_logs_metrics_images_and_checkpoints(tiny_shapes: P
     writer = json.dumps([{"class_path": "detr.lightning.callbacks.PredictionsWriter",
                           "init_args": {"output_path": str(tmp_path / "predict" / "predictions.json")}}])
     main([
-        "predict", "--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes}",
-        f"--data.predict_images={tiny_shapes / 'val2017'}", "--data.val_batch_size=3", "--data.num_workers=0",
+        "predict", "--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes_root}",
+        f"--data.predict_images={tiny_shapes_root / 'val2017'}", "--data.val_batch_size=3", "--data.num_workers=0",
         *TINY_MODEL, f"--trainer.callbacks={writer}", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
         f"--ckpt_path={log_dir / 'checkpoints' / 'last.ckpt'}",
     ])
     predictions = json.loads((tmp_path / "predict" / "predictions.json").read_text())
     names = {Path(p["file_name"]).name for p in predictions}
-    assert names == {p.name for p in (tiny_shapes / "val2017").glob("*.jpg")}
+    assert names == {p.name for p in (tiny_shapes_root / "val2017").glob("*.jpg")}
     assert len(predictions) == 4 * 10  # every query of every image (score_threshold 0)
     assert {p["category_id"] for p in predictions} <= {1, 2, 3, 4, 5}

@@ -14,10 +14,9 @@ from detr.checkpoints import load_checkpoint
 from detr.criterion import SetCriterion
 from detr.matcher import HungarianMatcher
 from detr.postprocess import PostProcess
-from tests.conftest import load_script
+from tests.conftest import load_script, tiny_config_with
 
-TINY = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
-            dim_feedforward=64, num_queries=10, num_classes=5, dropout=0.0)
+TINY = tiny_config_with(dropout=0.0)
 LAYOUT = Path(__file__).parent / "data" / "official_detr_state_dict_layout.json"
 
 

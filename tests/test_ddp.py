@@ -4,8 +4,6 @@ normalises the loss is averaged over the processes."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
@@ -13,25 +11,17 @@ import lightning as L
 import pytest
 import torch
 from pycocotools.coco import COCO
-from torch.utils.data import DataLoader
 
 from detr.lightning import DetrSystem
+from tests.conftest import InMemoryData, coco_ground_truth, tiny_config_with
 
 NUM_IMAGES = 5  # odd: with 2 processes the sampler pads with a repeated image
 NUM_QUERIES = 10
 NUM_CLASSES = 3
 SIZE = 16
-TINY = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
-            dim_feedforward=64, num_queries=NUM_QUERIES, num_classes=NUM_CLASSES, aux_loss=False)
+TINY = tiny_config_with(num_queries=NUM_QUERIES, num_classes=NUM_CLASSES, aux_loss=False)
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread, also in the forked processes (an OpenMP pool does not survive a fork)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # also in the forked processes
 
 
 def _targets() -> list[dict]:
@@ -68,42 +58,17 @@ def _ground_truth(targets: list[dict]) -> COCO:
             annotations.append({"id": len(annotations) + 1, "image_id": int(target["image_id"]), "category_id": label,
                                 "iscrowd": 0, "area": w * h * width * height,
                                 "bbox": [(cx - w / 2) * width, (cy - h / 2) * height, w * width, h * height]})
-    coco = COCO()
     images = [{"id": int(t["image_id"]), "height": int(t["orig_size"][0]), "width": int(t["orig_size"][1])}
               for t in targets]
-    coco.dataset = {"images": images,
-                    "annotations": annotations,
-                    "categories": [{"id": i, "name": f"class{i}"} for i in range(NUM_CLASSES)]}
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco.createIndex()
-    return coco
+    return coco_ground_truth({"images": images, "annotations": annotations,
+                              "categories": [{"id": i, "name": f"class{i}"} for i in range(NUM_CLASSES)]})
 
 
-def _collate(samples: list) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
-    images = torch.stack([s[0] for s in samples])
-    return images, torch.zeros(len(samples), SIZE, SIZE, dtype=torch.bool), [s[1] for s in samples]
-
-
-class GroundTruth:
-    """Stands in for the data module's ``val_dataset``: only ``.coco`` is used by the system."""
-
-    def __init__(self, coco: COCO) -> None:
-        self.coco = coco
-
-
-class ValidationData(L.LightningDataModule):
-    def __init__(self) -> None:
-        super().__init__()
-        targets = _targets()
-        # pixel [0, 0, 0] of each image holds its id, which OracleSystem uses to look up its predictions
-        self.samples = [(torch.full((3, SIZE, SIZE), float(t["image_id"])), t) for t in targets]
-        self.val_dataset = GroundTruth(_ground_truth(targets))
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.samples, batch_size=2, shuffle=True, collate_fn=_collate)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.samples, batch_size=2, collate_fn=_collate)
+def _validation_data() -> InMemoryData:
+    targets = _targets()
+    # pixel [0, 0, 0] of each image holds its id, which OracleSystem uses to look up its predictions
+    samples = [(torch.full((3, SIZE, SIZE), float(t["image_id"])), t) for t in targets]
+    return InMemoryData(samples, coco=_ground_truth(targets), shuffle=True)
 
 
 class OracleSystem(DetrSystem):
@@ -145,7 +110,7 @@ def _validate(record_dir: Path, devices: int) -> None:
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp_fork" if devices > 1 else "auto",
                         logger=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=record_dir)
-    trainer.validate(_system(record_dir), datamodule=ValidationData(), verbose=False)
+    trainer.validate(_system(record_dir), datamodule=_validation_data(), verbose=False)
 
 
 def test_two_processes_give_the_single_process_ap(tmp_path) -> None:
@@ -174,7 +139,7 @@ def test_two_process_training_checkpoints_every_process_rng_and_resumes(tmp_path
                             limit_val_batches=1, num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
                             enable_model_summary=False, default_root_dir=tmp_path,
                             callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)])
-        trainer.fit(DetrSystem(**TINY, evaluation_dir=""), datamodule=ValidationData(), ckpt_path=ckpt_path)
+        trainer.fit(DetrSystem(**TINY, evaluation_dir=""), datamodule=_validation_data(), ckpt_path=ckpt_path)
         return trainer
 
     fit(max_epochs=1)

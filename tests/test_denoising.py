@@ -10,9 +10,9 @@ from detr import build_detr
 from detr.criterion import SetCriterion
 from detr.matcher import HungarianMatcher
 from detr.models.denoising import DenoisingMeta, DenoisingQueries, denoising_attention_mask
+from tests.conftest import tiny_config_with
 
-TINY = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
-            dim_feedforward=64, num_queries=6, num_classes=4, dropout=0.0)
+TINY = tiny_config_with(num_queries=6, num_classes=4, dropout=0.0)
 
 
 def _targets(seed: int, counts: tuple[int, ...]) -> list[dict[str, torch.Tensor]]:

@@ -11,10 +11,9 @@ from detr.box_ops import cxcywh_to_xyxy
 from detr.criterion import SetCriterion
 from detr.matcher import HungarianMatcher
 from detr.models.dense_head import dense_assignment
+from tests.conftest import tiny_config_with
 
-TINY = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
-            dim_feedforward=64, num_queries=5, num_classes=3, dropout=0.0, backbone_last_stage="layer3",
-            class_head="sigmoid")
+TINY = tiny_config_with(num_queries=5, num_classes=3, dropout=0.0, backbone_last_stage="layer3", class_head="sigmoid")
 
 
 def _grid_centers(height: int, width: int, cols_real: int | None = None) -> torch.Tensor:

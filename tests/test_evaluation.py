@@ -10,21 +10,13 @@ import json
 import numpy as np
 import pytest
 import torch
-from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from detr.categories import CategoryMap
 from detr.evaluation import STAT_NAMES, CocoEvaluator
+from tests.conftest import coco_ground_truth
 
 CATEGORIES = [{"id": 3, "name": "circle"}, {"id": 7, "name": "square"}, {"id": 12, "name": "triangle"}]
-
-
-def _coco(dataset: dict) -> COCO:
-    coco = COCO()
-    coco.dataset = copy.deepcopy(dataset)
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco.createIndex()
-    return coco
 
 
 def _hand_made_ground_truth() -> dict:
@@ -48,7 +40,7 @@ def _hand_made_ground_truth() -> dict:
 
 
 def _pycocotools_stats(dataset: dict, results: list[dict], image_ids: list[int]) -> list[float]:
-    gt = _coco(dataset)
+    gt = coco_ground_truth(dataset)
     with contextlib.redirect_stdout(io.StringIO()):
         dt = gt.loadRes(copy.deepcopy(results))
         coco_eval = COCOeval(gt, dt, iouType="bbox")
@@ -71,7 +63,7 @@ def _detection(rows: list[tuple[int, list[float], float]]) -> dict[str, torch.Te
 def test_hand_made_predictions_match_pycocotools_with_crowd_and_empty_image() -> None:
     dataset = _hand_made_ground_truth()
     category_map = CategoryMap.from_coco_categories(CATEGORIES, contiguous=True)  # labels 0,1,2 -> 3,7,12
-    evaluator = CocoEvaluator(_coco(dataset), category_map=category_map)
+    evaluator = CocoEvaluator(coco_ground_truth(dataset), category_map=category_map)
     evaluator.update(
         torch.tensor([10, 11]),
         [
@@ -113,7 +105,7 @@ def test_hand_made_predictions_match_pycocotools_with_crowd_and_empty_image() ->
 
 def test_false_positive_on_empty_image_lowers_precision_as_pycocotools_does() -> None:
     dataset = _hand_made_ground_truth()
-    evaluator = CocoEvaluator(_coco(dataset))  # no map: labels are category ids
+    evaluator = CocoEvaluator(coco_ground_truth(dataset))  # no map: labels are category ids
     evaluator.update([10], [_detection([(3, [10, 10, 60, 50], 0.5), (7, [100, 20, 180, 90], 0.5)])])
     evaluator.update([12], [_detection([(3, [0, 0, 20, 20], 0.99)])])  # outranks the true circle
     evaluation = evaluator.compute()
@@ -133,7 +125,7 @@ def test_false_positive_on_empty_image_lowers_precision_as_pycocotools_does() ->
 
 def test_no_detections_and_unknown_image() -> None:
     dataset = _hand_made_ground_truth()
-    evaluator = CocoEvaluator(_coco(dataset))
+    evaluator = CocoEvaluator(coco_ground_truth(dataset))
     assert evaluator.compute().stats["AP"] == -1.0  # nothing predicted
     evaluator.update([10, 12], [_detection([]), _detection([])])
     assert evaluator.compute().stats["AP"] == 0.0  # predicted, found nothing
@@ -172,7 +164,7 @@ def test_faster_coco_eval_agrees_with_pycocotools() -> None:
     dataset, detections = _random_dataset_and_detections(seed=0)
     stats = {}
     for backend in ("pycocotools", "faster_coco_eval"):
-        evaluator = CocoEvaluator(_coco(dataset), backend=backend)
+        evaluator = CocoEvaluator(coco_ground_truth(dataset), backend=backend)
         evaluator.update(list(detections), list(detections.values()))
         stats[backend] = evaluator.compute()
     assert 0.05 < stats["pycocotools"].stats["AP"] < 0.95  # a non-trivial case
@@ -186,7 +178,7 @@ def test_progress_bar_leaves_the_numbers_alone(capsys) -> None:
     dataset, detections = _random_dataset_and_detections(seed=1)
     stats = []
     for progress in (False, True):
-        evaluator = CocoEvaluator(_coco(dataset), progress=progress)
+        evaluator = CocoEvaluator(coco_ground_truth(dataset), progress=progress)
         evaluator.update(list(detections), list(detections.values()))
         stats.append(evaluator.compute().stats)
     assert stats[0] == stats[1]
@@ -195,7 +187,7 @@ def test_progress_bar_leaves_the_numbers_alone(capsys) -> None:
 
 def test_write_outputs(tmp_path) -> None:
     dataset = _hand_made_ground_truth()
-    evaluator = CocoEvaluator(_coco(dataset))
+    evaluator = CocoEvaluator(coco_ground_truth(dataset))
     evaluator.update([10], [_detection([(3, [10, 10, 60, 50], 0.5)])])
     paths = evaluator.compute().write(tmp_path)
     predictions = json.loads(paths["predictions"].read_text())

@@ -21,15 +21,14 @@ from detr.visualize.explorer import (
     render_explorer_html,
     write_attention_explorer,
 )
+from tests.conftest import tiny_config_with
 
 DATA_BLOCK = re.compile(r'<script type="application/json" id="explorer-data">(.*?)</script>', re.S)
 
 
 def tiny_model(**overrides) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
-                  dim_feedforward=64, num_queries=10, num_classes=5)
-    return build_detr(**{**config, **overrides}).eval()
+    return build_detr(**tiny_config_with(**overrides)).eval()
 
 
 def image(height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -192,9 +191,8 @@ def test_sigmoid_head_scores_every_class_without_no_object(tmp_path: Path) -> No
     from detr.visualize.explorer import write_attention_explorer
 
     torch.manual_seed(0)
-    model = build_detr(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
-                       dim_feedforward=64, num_queries=5, num_classes=3, query_type="anchor",
-                       class_head="sigmoid").eval()
+    model = build_detr(**tiny_config_with(num_queries=5, num_classes=3, query_type="anchor",
+                                          class_head="sigmoid")).eval()
     with torch.no_grad():
         model.class_embed.bias.copy_(torch.tensor([-3.0, -3.0, 4.0]))  # the last real class must win
     page = write_attention_explorer(model, [image(64, 80)], tmp_path, min_size=64, max_size=96, device="cpu")[0]

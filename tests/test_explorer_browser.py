@@ -28,6 +28,7 @@ import torch
 
 from detr import build_detr
 from detr.visualize.explorer import write_attention_explorer
+from tests.conftest import tiny_config_with
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTO = Path(__file__).resolve().parent / "data" / "chelsea.png"  # scikit-image's sample photo, in the repository
@@ -231,8 +232,7 @@ def spread_out_model() -> torch.nn.Module:
     embeddings and box/class heads spread them out so that boxes can be told apart and clicked.
     """
     torch.manual_seed(0)
-    model = build_detr(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=3,
-                       dim_feedforward=64, num_queries=12, num_classes=5)
+    model = build_detr(**tiny_config_with(num_decoder_layers=3, num_queries=12))
     with torch.no_grad():
         model.query_embed.weight.mul_(10)
         model.bbox_embed.layers[-1].weight.mul_(10)

@@ -12,6 +12,7 @@ import torch
 
 from detr import build_detr
 from detr.visualize.explorer import write_attention_explorer
+from tests.conftest import tiny_config_with
 from tests.test_explorer_browser import DevToolsPipe, Page, chromium  # noqa: F401  (chromium is a fixture)
 
 NO_OBJECT_COLUMN = ("Array.from(document.querySelectorAll('#query-list tr'))"
@@ -21,9 +22,8 @@ NO_OBJECT_BARS = "document.querySelectorAll('#classes .bar-fill.no-object').leng
 
 def sigmoid_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    model = build_detr(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
-                       dim_feedforward=64, num_queries=5, num_classes=3, query_type="anchor",
-                       class_head="sigmoid").eval()
+    model = build_detr(**tiny_config_with(num_queries=5, num_classes=3, query_type="anchor",
+                                          class_head="sigmoid")).eval()
     with torch.no_grad():
         model.class_embed.bias.copy_(torch.tensor([-3.0, -3.0, 4.0]))  # the last real class wins every query
     return model

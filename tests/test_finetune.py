@@ -9,22 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from detr.data.shapes import ShapesConfig, write_shapes_dataset
 from detr.lightning import DetrSystem
 from detr.lightning.cli import make_cli
+from tests.conftest import write_tiny_shapes
 
 LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
 CONFIG = Path(__file__).parents[1] / "configs" / "finetune_custom.yaml"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
-    """Tiny models run faster on one thread, and far faster when other processes share the 2 cores."""
-    monkeypatch.setattr("sys.argv", ["detr"])  # LightningCLI warns when sys.argv and args both have arguments
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +35,7 @@ def release_file(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
 
 @pytest.fixture(scope="module")
 def tiny_shapes(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("shapes")
-    write_shapes_dataset(root, ShapesConfig(num_train=4, num_val=2, image_size=64, min_object_size=12,
-                                            max_object_size=32, seed=5))
-    return root
+    return write_tiny_shapes(tmp_path_factory, num_train=4, num_val=2, seed=5)
 
 
 def test_finetune_config_loads_all_but_the_class_head_and_trains(release_file, tiny_shapes, tmp_path) -> None:

@@ -17,6 +17,7 @@ from detr import build_detr
 from detr.checkpoints import CheckpointError
 from detr.data.collate import pad_images
 from detr.huggingface import ExportError, save_pretrained, to_huggingface_state_dict
+from tests.conftest import tiny_config_with
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("timm")
@@ -152,9 +153,7 @@ def test_in_memory_key_names_bin_file_and_processor_size(tmp_path, photo_batch):
 
 def _our_model(seed: int = 0, **config):
     torch.manual_seed(seed)
-    model = build_detr(**{**dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1,
-                                 num_decoder_layers=2, dim_feedforward=64, num_queries=10, num_classes=5,
-                                 dropout=0.0), **config}).eval()
+    model = build_detr(**{**tiny_config_with(dropout=0.0), **config}).eval()
     _randomise(model, seed)
     return model
 
@@ -187,8 +186,7 @@ def test_saved_directory_loads_in_transformers_with_the_same_outputs(tmp_path, p
     (dict(backbone="resnet50", dilation=True), "transformers", "no dilation"),
 ])
 def test_models_without_a_transformers_equivalent_are_refused(tmp_path, config, backbone_format, reason):
-    model = build_detr(**{**dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1,
-                                 num_decoder_layers=1, dim_feedforward=64, num_queries=10, num_classes=5), **config})
+    model = build_detr(**{**tiny_config_with(num_decoder_layers=1), **config})
     with pytest.raises(ExportError, match=reason):
         save_pretrained(model, tmp_path / "out", backbone_format=backbone_format)
     assert not (tmp_path / "out" / "model.safetensors").exists()

@@ -18,12 +18,7 @@ from detr.predictor import Predictor
 from detr.visualize.explorer import write_attention_explorer
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _image(path: Path, size: tuple[int, int] = (48, 64), seed: int = 0) -> Path:

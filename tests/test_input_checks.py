@@ -22,13 +22,7 @@ from detr.lightning.data_checks import DataCheckError
 from tests.conftest import TINY, tiny_fit_args
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
-    monkeypatch.setattr("sys.argv", ["detr"])  # LightningCLI warns when sys.argv and args both have arguments
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
 
 
 @pytest.fixture

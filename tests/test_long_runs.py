@@ -27,14 +27,7 @@ from tests.conftest import tiny_fit_args
 REPO = Path(__file__).parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
-    """Tiny models run faster on one thread, and far faster when other processes share the 2 cores."""
-    monkeypatch.setattr("sys.argv", ["detr"])  # LightningCLI warns when sys.argv and args both have arguments
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
 
 
 def _step(path: Path) -> int:

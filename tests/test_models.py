@@ -11,6 +11,7 @@ import torch
 
 from detr import build_detr
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
+from tests.conftest import tiny_config_with
 from tests.reference_detr import ReferenceDETR, sine_position_encoding
 
 LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
@@ -140,9 +141,9 @@ def test_frozen_stages_follow_the_paper():
 
 
 def test_backbone_options_for_training_from_scratch(padded_batch):
-    model = build_detr(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
-                       dim_feedforward=64, num_queries=5, num_classes=3, backbone_norm="group_norm",
-                       backbone_trainable_layers=5, backbone_last_stage="layer3")
+    model = build_detr(**tiny_config_with(num_decoder_layers=1, num_queries=5, num_classes=3,
+                                          backbone_norm="group_norm", backbone_trainable_layers=5,
+                                          backbone_last_stage="layer3"))
     assert all(p.requires_grad for p in model.backbone.parameters())
     assert model.backbone[0].stride == 16 and model.backbone.num_channels == 256
     out = model(*padded_batch, return_attention=True)

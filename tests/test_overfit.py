@@ -3,21 +3,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
-
 import lightning as L
 import pytest
 import torch
 from pycocotools.coco import COCO
-from torch.utils.data import DataLoader
 
 from detr import CategoryMap
+from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from detr.lightning import DetrSystem
+from tests.conftest import InMemoryData, coco_ground_truth, tiny_config_with
 
 SIZE = 64
-MEAN = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
-STD = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+MEAN = torch.tensor(IMAGENET_MEAN)[:, None, None]
+STD = torch.tensor(IMAGENET_STD)[:, None, None]
 COLOURS = (torch.tensor([1.0, 0.2, 0.2]), torch.tensor([0.2, 0.3, 1.0]))  # class 0 red, class 1 blue
 # per image: (label, x0, y0, x1, y1) in pixels
 OBJECTS = (
@@ -42,39 +40,16 @@ def _dataset() -> tuple[list[tuple[torch.Tensor, dict]], COCO]:
         target = {"boxes": torch.tensor(boxes), "labels": torch.tensor(labels), "image_id": torch.tensor(index + 1),
                   "orig_size": torch.tensor([SIZE, SIZE]), "size": torch.tensor([SIZE, SIZE])}
         samples.append(((image - MEAN) / STD, target))
-    coco = COCO()
-    coco.dataset = {"images": [{"id": i + 1, "width": SIZE, "height": SIZE} for i in range(len(OBJECTS))],
-                    "annotations": annotations, "categories": CATEGORIES}
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco.createIndex()
+    coco = coco_ground_truth({"images": [{"id": i + 1, "width": SIZE, "height": SIZE} for i in range(len(OBJECTS))],
+                              "annotations": annotations, "categories": CATEGORIES})
     return samples, coco
 
 
-def _collate(samples: list) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
-    images = torch.stack([s[0] for s in samples])
-    return images, torch.zeros(len(samples), SIZE, SIZE, dtype=torch.bool), [s[1] for s in samples]
+def _three_images() -> InMemoryData:
+    samples, coco = _dataset()
+    return InMemoryData(samples, coco=coco, batch_size=3, train_repeats=50)  # 50 steps per epoch
 
-
-class ThreeImages(L.LightningDataModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.samples, coco = _dataset()
-        self.val_dataset = type("Val", (), {"coco": coco})()
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.samples * 50, batch_size=3, collate_fn=_collate)  # 50 steps per epoch
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.samples, batch_size=3, collate_fn=_collate)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run faster on one thread, and far faster when other processes share the 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_tiny_detr_overfits_three_images(tmp_path) -> None:
@@ -82,9 +57,8 @@ def test_tiny_detr_overfits_three_images(tmp_path) -> None:
     # Small and quick: a frozen random ResNet-18 (GroupNorm, so its random features are normalised) cut
     # after layer3 (4 × 4 features), a 1 + 2 layer transformer, no dropout, a high learning rate.
     system = DetrSystem(
-        backbone="resnet18", backbone_norm="group_norm", backbone_trainable_layers=0, backbone_last_stage="layer3",
-        hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=64, dropout=0.0,
-        num_queries=10, num_classes=2, lr=1e-3, lr_backbone=1e-3,
+        **tiny_config_with(backbone_norm="group_norm", backbone_trainable_layers=0, backbone_last_stage="layer3",
+                           dropout=0.0, num_classes=2, lr=1e-3, lr_backbone=1e-3),
         category_map=CategoryMap.from_coco_categories(CATEGORIES, contiguous=True), evaluation_dir="",
     )
     trainer = L.Trainer(
@@ -92,7 +66,7 @@ def test_tiny_detr_overfits_three_images(tmp_path) -> None:
         check_val_every_n_epoch=100, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
     )
-    data = ThreeImages()
+    data = _three_images()
     trainer.fit(system, datamodule=data)
     (metrics,) = trainer.validate(system, datamodule=data, verbose=False)
     assert trainer.global_step == 150

@@ -18,10 +18,10 @@ from detr import CategoryMap, build_detr
 from detr import pretrained
 from detr.checkpoints import CheckpointError
 from detr.pretrained import PRETRAINED_MODELS, PretrainedModel
+from tests.conftest import tiny_config_with
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_COCO = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
-                 dim_feedforward=64, num_queries=10, num_classes=91)
+TINY_COCO = tiny_config_with(num_classes=91)
 
 
 def test_registry_lists_every_release_with_its_url_hash_and_numbers():

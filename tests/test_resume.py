@@ -8,23 +8,15 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch.utils.data import DataLoader
 
 from detr.lightning import DetrSystem
+from tests.conftest import InMemoryData, tiny_config_with
 
-TINY = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
-            dim_feedforward=64, num_queries=10, num_classes=3, backbone_last_stage="layer3", dropout=0.1,
-            lr=1e-3, lr_backbone=1e-4, lr_drop_epochs=[2])
+TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3", dropout=0.1, lr=1e-3, lr_backbone=1e-4,
+                        lr_drop_epochs=[2])
 SIZE = 48
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run faster on one thread, and far faster when other processes share the 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _samples() -> list[tuple[torch.Tensor, dict]]:
@@ -40,21 +32,9 @@ def _samples() -> list[tuple[torch.Tensor, dict]]:
     return samples
 
 
-def _collate(samples: list) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
-    images = torch.stack([s[0] for s in samples])
-    return images, torch.zeros(len(samples), SIZE, SIZE, dtype=torch.bool), [s[1] for s in samples]
-
-
-class ShuffledData(L.LightningDataModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.samples = _samples()
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.samples, batch_size=2, shuffle=True, collate_fn=_collate)  # 3 steps per epoch
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.samples[:2], batch_size=2, collate_fn=_collate)
+def _shuffled_data() -> InMemoryData:
+    samples = _samples()
+    return InMemoryData(samples, shuffle=True, val_samples=samples[:2])  # batches of 2: 3 steps per epoch
 
 
 def _fit(tmp_path, *, max_epochs: int, ckpt_path: str | None = None, init_seed: int = 0) -> DetrSystem:
@@ -67,7 +47,7 @@ def _fit(tmp_path, *, max_epochs: int, ckpt_path: str | None = None, init_seed: 
         num_sanity_val_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True)], default_root_dir=tmp_path,
     )
-    trainer.fit(system, datamodule=ShuffledData(), ckpt_path=ckpt_path)
+    trainer.fit(system, datamodule=_shuffled_data(), ckpt_path=ckpt_path)
     assert trainer.current_epoch == max_epochs
     return system
 

@@ -13,14 +13,14 @@ from detr import load_checkpoint
 from detr.checkpoints import CheckpointError
 from detr.models.segmentation import AttentionMap, DETRPanoptic, build_detr_panoptic
 from detr.panoptic_categories import coco_panoptic_category_map
+from tests.conftest import tiny_config_with
 from tests.reference_detr import ReferenceDETR
 from tests.reference_segmentation import ReferencePanoptic
 
 LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
 
 # hidden_dim 128 is the smallest the mask head's GroupNorm(8) allows (hidden / 16 channels at stride 4).
-TINY = dict(backbone="resnet18", hidden_dim=128, num_heads=8, num_encoder_layers=1, num_decoder_layers=2,
-            dim_feedforward=64, num_queries=6, num_classes=5, dropout=0.0)
+TINY = tiny_config_with(hidden_dim=128, num_heads=8, num_queries=6, dropout=0.0)
 
 # The heads of the authors' R50 panoptic model (hidden 256, 8 heads), written out from their definition.
 R50_HEADS = {

@@ -3,31 +3,20 @@ category map, prediction output, and the non-finite loss guard."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-
 import lightning as L
 import pytest
 import torch
 from pycocotools.coco import COCO
-from torch.utils.data import DataLoader
 
 from detr import CategoryMap, load_checkpoint
 from detr.lightning import DetrSystem, NonFiniteLossError
+from tests.conftest import InMemoryData, coco_ground_truth, collate_unpadded, tiny_config_with
 
-TINY = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
-            dim_feedforward=64, num_queries=10, num_classes=3, backbone_last_stage="layer3")
+TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3")
 CATEGORIES = [{"id": 4, "name": "cat"}, {"id": 9, "name": "dog"}, {"id": 17, "name": "fish"}]
 SIZE = 64
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run faster on one thread, and far faster when other processes share the 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _samples() -> list[tuple[torch.Tensor, dict]]:
@@ -45,11 +34,6 @@ def _samples() -> list[tuple[torch.Tensor, dict]]:
     return samples
 
 
-def _collate(samples: list) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
-    images = torch.stack([s[0] for s in samples])
-    return images, torch.zeros(images.shape[0], SIZE, SIZE, dtype=torch.bool), [s[1] for s in samples]
-
-
 def _ground_truth(samples: list) -> COCO:
     annotations = []
     for image, target in samples:
@@ -57,27 +41,14 @@ def _ground_truth(samples: list) -> COCO:
             annotations.append({"id": len(annotations) + 1, "image_id": int(target["image_id"]),
                                 "category_id": CATEGORIES[label]["id"], "iscrowd": 0, "area": w * h * SIZE * SIZE,
                                 "bbox": [(cx - w / 2) * SIZE, (cy - h / 2) * SIZE, w * SIZE, h * SIZE]})
-    coco = COCO()
-    coco.dataset = {"images": [{"id": int(t["image_id"]), "width": SIZE, "height": SIZE} for _, t in samples],
-                    "annotations": annotations, "categories": CATEGORIES}
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco.createIndex()
-    return coco
+    return coco_ground_truth({"images": [{"id": int(t["image_id"]), "width": SIZE, "height": SIZE} for _, t in samples],
+                              "annotations": annotations, "categories": CATEGORIES})
 
 
-class InMemoryData(L.LightningDataModule):
-    """Batches in the contract's layout; ``val_dataset.coco`` as the real data module offers it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.samples = _samples()
-        self.val_dataset = type("Val", (), {"coco": _ground_truth(self.samples)})()
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.samples, batch_size=2, shuffle=False, collate_fn=_collate)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.samples, batch_size=2, collate_fn=_collate)
+def _in_memory_data() -> InMemoryData:
+    """The four samples in batches of 2, with their ground truth as ``val_dataset.coco``."""
+    samples = _samples()
+    return InMemoryData(samples, coco=_ground_truth(samples))
 
 
 def _system(**overrides) -> DetrSystem:
@@ -97,7 +68,7 @@ def _trainer(tmp_path, **kwargs) -> L.Trainer:
 def test_fit_logs_every_term_and_coco_stats(tmp_path) -> None:
     system = _system()
     trainer = _trainer(tmp_path, enable_checkpointing=False)
-    trainer.fit(system, datamodule=InMemoryData())
+    trainer.fit(system, datamodule=_in_memory_data())
     logged = trainer.logged_metrics
     for name in ("train/loss", "train/loss_ce", "train/loss_bbox", "train/loss_giou", "train/loss_ce_0",
                  "train/loss_bbox_0", "train/loss_giou_0", "train/class_error", "train/cardinality_error",
@@ -111,7 +82,7 @@ def test_fit_logs_every_term_and_coco_stats(tmp_path) -> None:
 def test_bf16_mixed_precision_trains_with_a_float32_loss(tmp_path) -> None:
     system = _system()
     trainer = _trainer(tmp_path, enable_checkpointing=False, precision="bf16-mixed", limit_val_batches=1)
-    trainer.fit(system, datamodule=InMemoryData())
+    trainer.fit(system, datamodule=_in_memory_data())
     assert torch.isfinite(trainer.logged_metrics["train/loss"])
     assert trainer.logged_metrics["train/loss"].dtype == torch.float32
     assert "val/AP" in trainer.logged_metrics
@@ -119,7 +90,7 @@ def test_bf16_mixed_precision_trains_with_a_float32_loss(tmp_path) -> None:
 
 def test_total_loss_is_the_weighted_sum() -> None:
     system = _system()
-    images, mask, targets = _collate(_samples()[:2])
+    images, mask, targets = collate_unpadded(_samples()[:2])
     losses = system.compute_losses(system(images, mask), targets)
     expected = sum(losses[k] * w for k, w in system.criterion.weight_dict.items())
     assert torch.allclose(losses["loss"], expected)
@@ -170,7 +141,7 @@ def test_convergence_options_train_and_evaluate(tmp_path) -> None:
     assert "loss_ce_dense" in system.criterion.weight_dict and system.model.backbone[0].channels_last
     assert system.model.backbone[0].body.conv1.weight.is_contiguous(memory_format=torch.channels_last)
     trainer = _trainer(tmp_path, enable_checkpointing=False)
-    trainer.fit(system, datamodule=InMemoryData())
+    trainer.fit(system, datamodule=_in_memory_data())
     assert {"train/loss_bbox_dn", "train/loss_ce_dn_0", "train/loss_giou_dense", "val/AP"} <= set(trainer.logged_metrics)
     assert torch.isfinite(trainer.logged_metrics["train/loss"])
 
@@ -178,7 +149,7 @@ def test_convergence_options_train_and_evaluate(tmp_path) -> None:
 def test_checkpoint_carries_config_and_category_map(tmp_path) -> None:
     system = _system()
     trainer = _trainer(tmp_path, max_steps=1, limit_val_batches=0)
-    trainer.fit(system, datamodule=InMemoryData())
+    trainer.fit(system, datamodule=_in_memory_data())
     path = tmp_path / "system.ckpt"
     trainer.save_checkpoint(path)
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # no pickled objects
@@ -188,7 +159,7 @@ def test_checkpoint_carries_config_and_category_map(tmp_path) -> None:
 
     model = load_checkpoint(path)
     assert model.category_map.names == ("cat", "dog", "fish") and model.num_classes == 3
-    images, mask, _ = _collate(_samples()[:2])
+    images, mask, _ = collate_unpadded(_samples()[:2])
     system.eval()
     with torch.no_grad():
         assert torch.allclose(model(images, mask)["pred_boxes"], system(images, mask)["pred_boxes"])
@@ -199,7 +170,7 @@ def test_checkpoint_carries_config_and_category_map(tmp_path) -> None:
 
 def test_predict_step_returns_post_processed_detections_with_category_ids() -> None:
     system = _system().eval()
-    images, mask, targets = _collate(_samples()[:2])
+    images, mask, targets = collate_unpadded(_samples()[:2])
     targets = [{k: t[k] for k in ("image_id", "orig_size", "size")} | {"file_name": f"{i}.png"}
                for i, t in enumerate(targets)]
     with torch.no_grad():
@@ -216,7 +187,7 @@ def test_non_finite_predictions_stop_with_step(tmp_path) -> None:
     trainer = _trainer(tmp_path, enable_checkpointing=False)
     before = system.model.query_embed.weight.detach().clone()
     with pytest.raises(NonFiniteLossError, match=r"global step 0 \(epoch 0, batch 0\).*pred_logits 20"):
-        trainer.fit(system, datamodule=InMemoryData())
+        trainer.fit(system, datamodule=_in_memory_data())
     assert torch.equal(system.model.query_embed.weight, before)  # nothing was written
 
 
@@ -233,7 +204,7 @@ def test_non_finite_loss_names_step_and_terms(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(system.criterion, "loss_boxes", explode_at_third_step)
     with pytest.raises(NonFiniteLossError, match=r"global step 2 \(epoch 1, batch 0\).*loss_giou=inf"):
-        trainer.fit(system, datamodule=InMemoryData())
+        trainer.fit(system, datamodule=_in_memory_data())
     assert trainer.global_step == 2  # the third update never happened
 
 

@@ -27,7 +27,7 @@ import torch
 
 from detr.checkpoints import load_checkpoint
 from detr.data.shapes import ShapesConfig, write_shapes_dataset
-from detr.evaluation import STAT_NAMES
+from detr.evaluation import STAT_NAMES, write_coco_results
 from detr.lightning.callbacks import TrainingSpeed
 from detr.lightning.cli import make_cli
 from detr.predictor import Predictor, to_rgb_array
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     # undefined, written as null rather than as a number.
     metrics = {k: (v if (v := evaluation.stats[k]) >= 0 else None) for k in STAT_NAMES}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    (out / "predictions.json").write_text(json.dumps(evaluation.results))
+    write_coco_results(out / "predictions.json", evaluation.results)
     (out / "per_class_ap.txt").write_text(evaluation.per_class_table() + "\n\n" + evaluation.summary + "\n")
     curve = ap_curve(out / "metrics.csv")
     with (out / "ap_curve.csv").open("w", newline="") as file:

@@ -19,7 +19,6 @@ id gaps, categories without annotations, duplicate file names, annotations witho
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -27,7 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from detr.data.coco import AnnotationFileError, load_coco_json
+from detr.data.coco import (
+    AnnotationFileError,
+    coco_structure_problems,
+    index_categories,
+    is_coco_bbox,
+    is_finite_number,
+    load_coco_json,
+)
 from detr.data.images import ImageLoadError, decode_image, read_image_size
 
 Severity = Literal["error", "warning", "info"]
@@ -80,10 +86,6 @@ def _image_size_star(arguments: tuple[Path, bool, Path]) -> tuple[Any, ...]:
     return _image_size(*arguments)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _hashable_id(value: Any) -> bool:
     return isinstance(value, (int, str)) and not isinstance(value, bool)
 
@@ -123,26 +125,15 @@ def check_dataset(
     def add(severity: Severity, kind: str, message: str, file_name: Any = None, annotation_id: Any = None) -> None:
         problems.append(Problem(severity, kind, message, None if file_name is None else str(file_name), annotation_id))
 
-    for key in ("images", "categories"):
-        if not isinstance(data.get(key), list):
-            add("error", "not_coco", f"'{annotations_file}' has no '{key}' list; a COCO instances json needs "
-                "'images', 'annotations' and 'categories'")
-    if problems:
-        return problems
+    structure = coco_structure_problems(data, annotations_file)
+    if structure:
+        return [Problem("error", "not_coco", message) for message in structure]
     annotations = data.get("annotations", [])
-    if not isinstance(annotations, list):
-        return [Problem("error", "not_coco", f"'{annotations_file}': 'annotations' must be a list")]
 
     # Categories.
-    categories: dict[int, str] = {}
-    for position, category in enumerate(data["categories"]):
-        category_id = category.get("id") if isinstance(category, dict) else None
-        if not isinstance(category_id, int) or isinstance(category_id, bool):
-            add("error", "invalid_category", f"categories[{position}] has no integer 'id' ({category!r})")
-        elif category_id in categories:
-            add("error", "duplicate_category_id", f"category id {category_id} is listed twice in 'categories'")
-        else:
-            categories[category_id] = str(category.get("name", category_id))
+    categories, category_problems = index_categories(data["categories"])
+    for kind, message in category_problems:
+        add("error", kind, message)
     if not categories:
         add("error", "no_categories", "'categories' is empty; list every category as {'id': int, 'name': str}")
     elif sorted(categories) != list(range(min(categories), min(categories) + len(categories))):
@@ -186,7 +177,7 @@ def check_dataset(
             kind = "missing_image" if not (images_dir / image["file_name"]).is_file() else "unreadable_image"
             add("error", kind, error, image["file_name"])
             json_size = (image.get("height"), image.get("width"))
-            if _is_number(json_size[0]) and _is_number(json_size[1]):
+            if is_finite_number(json_size[0]) and is_finite_number(json_size[1]):
                 sizes[image_id] = (int(json_size[0]), int(json_size[1]))
             continue
         assert size is not None
@@ -237,7 +228,7 @@ def check_dataset(
             add("warning", "crowd", "crowd annotation: left out of the training targets, kept for evaluation",
                 file_name, ann_id)
         bbox = annotation.get("bbox")
-        if not (isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(_is_number(v) for v in bbox)):
+        if not is_coco_bbox(bbox):
             add("error", "invalid_bbox", f"bbox {bbox!r} is not [x, y, width, height] of 4 finite numbers",
                 file_name, ann_id)
             continue

@@ -116,8 +116,47 @@ def category_map_from_categories(categories: list[dict[str, Any]], category_ids:
     return CategoryMap.from_coco_categories(categories, contiguous=contiguous)
 
 
-def _is_number(value: Any) -> bool:
+def is_finite_number(value: Any) -> bool:
+    """An int or float (not a bool, which JSON readers would otherwise take for 0 or 1) that is finite."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_coco_bbox(bbox: Any) -> bool:
+    """Whether ``bbox`` has COCO's form, [x, y, width, height] as 4 finite numbers (sizes not checked)."""
+    return isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(is_finite_number(v) for v in bbox)
+
+
+def index_categories(categories: list[Any]) -> tuple[dict[int, str], list[tuple[str, str]]]:
+    """A json's ``categories`` → ``{id: name}`` of its usable entries, and ``(kind, message)`` for each entry
+    without an integer id ("invalid_category") or with an id listed before ("duplicate_category_id")."""
+    names: dict[int, str] = {}
+    problems: list[tuple[str, str]] = []
+    for position, category in enumerate(categories):
+        category_id = category.get("id") if isinstance(category, dict) else None
+        if not isinstance(category_id, int) or isinstance(category_id, bool):
+            problems.append(("invalid_category", f"categories[{position}] has no integer 'id' ({category!r})"))
+        elif category_id in names:
+            problems.append(("duplicate_category_id", f"category id {category_id} is listed twice in 'categories'"))
+        else:
+            names[category_id] = str(category.get("name", category_id))
+    return names, problems
+
+
+def coco_structure_problems(data: dict[str, Any], annotations_file: str | Path) -> list[str]:
+    """What keeps ``data`` from being a COCO instances json at all: its ``images`` or ``categories`` is not a
+    list (one message each), else its ``annotations`` is not a list (optional: image-info jsons have none).
+    Empty when the top level is usable."""
+    missing = [
+        f"'{annotations_file}' has no '{key}' list; a COCO instances json needs 'images', 'annotations' and "
+        "'categories'"
+        for key in ("images", "categories")
+        if not isinstance(data.get(key), list)
+    ]
+    if missing:
+        return missing
+    if not isinstance(data.get("annotations", []), list):
+        return [f"'{annotations_file}': 'annotations' must be a list"]
+    return []
 
 
 def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> None:
@@ -128,12 +167,9 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
     bbox of four finite numbers. (``tools/check_dataset.py`` reports these and more, without stopping.)
     """
     where = f"annotation file '{annotations_file}'"
-    for key in ("images", "categories"):
-        if not isinstance(data.get(key), list):
-            raise AnnotationFileError(f"{where} has no '{key}' list; a COCO instances json needs 'images', "
-                                      "'annotations' and 'categories'")
-    if not isinstance(data.get("annotations", []), list):
-        raise AnnotationFileError(f"{where}: 'annotations' must be a list")
+    structure = coco_structure_problems(data, annotations_file)
+    if structure:
+        raise AnnotationFileError(f"annotation file {structure[0]}")
     problems: list[str] = []
     file_names: dict[Any, str] = {}
     for position, image in enumerate(data["images"]):
@@ -148,14 +184,8 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
             )
         else:
             file_names[image["id"]] = image["file_name"]
-    category_ids: set[Any] = set()
-    for position, category in enumerate(data["categories"]):
-        if not isinstance(category, dict) or not isinstance(category.get("id"), int):
-            problems.append(f"categories[{position}] needs an integer 'id'")
-        elif category["id"] in category_ids:
-            problems.append(f"category id {category['id']} is listed twice in 'categories'")
-        else:
-            category_ids.add(category["id"])
+    category_ids, category_problems = index_categories(data["categories"])
+    problems += [message for _, message in category_problems]
     annotation_ids: set[Any] = set()
     for position, annotation in enumerate(data.get("annotations", [])):
         if not isinstance(annotation, dict):
@@ -182,7 +212,7 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
                 "(add the category or remove the annotation)"
             )
         bbox = annotation.get("bbox")
-        if not (isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(_is_number(v) for v in bbox)):
+        if not is_coco_bbox(bbox):
             problems.append(f"{label} has bbox {bbox!r}; COCO needs [x, y, width, height] as 4 finite numbers")
     if problems:
         listed = "; ".join(problems[:_MAX_LISTED])

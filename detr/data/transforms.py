@@ -28,6 +28,7 @@ from typing import Any
 import albumentations as A
 import cv2
 import numpy as np
+import torch
 from albumentations.augmentations.crops.transforms import BaseCrop
 from albumentations.augmentations.geometric import functional as fgeometric
 from albumentations.core.type_definitions import Targets
@@ -228,6 +229,14 @@ def make_normalize_transform() -> A.Compose:
     return A.Compose([A.NoOp(), *_to_tensor()], bbox_params=_bbox_params())  # NoOp: a step that carries the boxes
 
 
+def denormalize(image: torch.Tensor) -> torch.Tensor:
+    """Undo the ImageNet normalisation: float ``[3, H, W]`` → uint8 ``[3, H, W]`` (0..255) on the same device,
+    the pixels the model saw (after resizing)."""
+    mean = torch.tensor(IMAGENET_MEAN, device=image.device).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=image.device).view(3, 1, 1)
+    return (image.detach().float() * std + mean).mul(255).round().clamp(0, 255).to(torch.uint8)
+
+
 def reseed_transform(transform: Any, seed: int) -> None:
     """Give ``transform`` (an albumentations Compose or transform) new generators from ``seed``.
 
@@ -250,6 +259,7 @@ __all__ = [
     "ShortestSideResize",
     "TRAIN_MAX_SIZE",
     "TRAIN_SCALES",
+    "denormalize",
     "make_eval_transform",
     "make_normalize_transform",
     "make_train_transform",

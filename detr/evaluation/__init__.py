@@ -6,6 +6,7 @@ from detr.evaluation.coco_evaluator import (
     CocoEvaluator,
     detections_to_coco_results,
     format_per_class_table,
+    write_coco_results,
 )
 from detr.evaluation.panoptic import PanopticQuality, evaluate_panoptic_files, format_panoptic_table
 
@@ -15,6 +16,7 @@ __all__ = [
     "CocoEvaluator",
     "detections_to_coco_results",
     "format_per_class_table",
+    "write_coco_results",
     "PanopticQuality",
     "evaluate_panoptic_files",
     "format_panoptic_table",

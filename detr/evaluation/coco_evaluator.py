@@ -32,6 +32,7 @@ import torch.distributed as dist
 from pycocotools.coco import COCO
 from torchvision.ops import box_convert
 
+from detr.atomic_files import write_text_atomically
 from detr.categories import CategoryMap
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class CocoEvaluation:
             "metrics": out / f"{prefix}metrics.json",
             "per_class": out / f"{prefix}per_class_ap.txt",
         }
-        paths["predictions"].write_text(json.dumps(self.results))
+        write_coco_results(paths["predictions"], self.results)
         paths["metrics"].write_text(json.dumps(self.stats, indent=2) + "\n")
         paths["per_class"].write_text(self.per_class_table() + "\n\n" + self.summary)
         return paths
@@ -112,13 +113,20 @@ def format_per_class_table(per_class: Sequence[dict[str, Any]]) -> str:
 
 
 def detections_to_coco_results(
-    image_id: int, detection: dict[str, torch.Tensor], category_map: CategoryMap | None = None
+    image_id: int,
+    detection: dict[str, torch.Tensor],
+    category_map: CategoryMap | None = None,
+    *,
+    file_name: str | None = None,
+    rounded: bool = False,
 ) -> list[dict[str, Any]]:
     """One image's post-processed detections → COCO results json entries.
 
     detection: ``scores`` float [Q], ``labels`` int64 [Q] (model labels), ``boxes`` float [Q, 4] pixel
     xyxy in the original image (the output of :class:`detr.PostProcess`). Labels become category ids
     through ``category_map`` (model label == category id when it is None); boxes become COCO xywh.
+    ``file_name``, when given, is added to every entry. ``rounded`` rounds boxes to 0.01 pixel and scores
+    to 1e-5, which keeps a predictions file small; evaluation keeps full precision.
     """
     scores = detection["scores"].detach().float().cpu()
     labels = detection["labels"].detach().long().cpu()
@@ -130,10 +138,29 @@ def detections_to_coco_results(
         )
     category_ids = labels if category_map is None else category_map.label_to_category_id(labels)
     boxes_xywh = box_convert(boxes, in_fmt="xyxy", out_fmt="xywh")
-    return [
-        {"image_id": int(image_id), "category_id": int(c), "bbox": [float(v) for v in b], "score": float(s)}
-        for c, b, s in zip(category_ids.tolist(), boxes_xywh.tolist(), scores.tolist())
-    ]
+    results = []
+    for category_id, box, score in zip(category_ids.tolist(), boxes_xywh.tolist(), scores.tolist()):
+        entry: dict[str, Any] = {
+            "image_id": int(image_id),
+            "category_id": int(category_id),
+            "bbox": [round(float(v), 2) if rounded else float(v) for v in box],
+            "score": round(float(score), 5) if rounded else float(score),
+        }
+        if file_name is not None:
+            entry["file_name"] = file_name
+        results.append(entry)
+    return results
+
+
+def write_coco_results(path: str | Path, results: Sequence[dict[str, Any]]) -> Path:
+    """Write COCO results json entries to ``path`` (parents created), atomically: a crash leaves the old
+    file or the new one, never a part.
+
+    Raises:
+        ValueError: when a value is NaN or infinite, which JSON cannot hold (leave out the predictions of
+            a model whose outputs are not finite).
+    """
+    return write_text_atomically(path, json.dumps(list(results), allow_nan=False))
 
 
 class CocoEvaluator:

@@ -16,22 +16,18 @@ from lightning.pytorch.callbacks import BasePredictionWriter, WeightAveraging
 from PIL import Image
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchvision.ops import box_convert
-from torchvision.utils import draw_bounding_boxes
 
 from detr.categories import CategoryMap
-from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from detr.predictions_io import write_predictions_json
-from detr.predictor import Prediction, label_name
+from detr.data import transforms
+from detr.predictions_io import detection_labels, draw_boxes, write_predictions_json
+from detr.predictor import Prediction, select_detections
 
 logger = logging.getLogger(__name__)
 
 def denormalize(image: torch.Tensor, size: torch.Tensor | tuple[int, int]) -> torch.Tensor:
     """ImageNet-normalised float [3, H, W] (padded) → uint8 [3, h, w] of its unpadded ``size`` = (h, w)."""
     height, width = (int(v) for v in size)
-    mean = torch.tensor(IMAGENET_MEAN, device=image.device)[:, None, None]
-    std = torch.tensor(IMAGENET_STD, device=image.device)[:, None, None]
-    pixels = (image[:, :height, :width].float() * std + mean).clamp(0, 1)
-    return (pixels * 255).round().to(torch.uint8).cpu()
+    return transforms.denormalize(image[:, :height, :width]).cpu()
 
 
 def save_png(image: torch.Tensor, path: str | Path) -> None:
@@ -58,16 +54,11 @@ def draw_detections(
         return category_map.name(label) if category_map is not None else str(label)
 
     canvas = image
-    if true_boxes_xyxy is not None and len(true_boxes_xyxy):
+    if true_boxes_xyxy is not None:
         true_names = [name(int(l)) for l in true_labels] if true_labels is not None else None
-        canvas = draw_bounding_boxes(canvas, true_boxes_xyxy.float().cpu(), labels=true_names, colors="lime", width=2)
-    if len(boxes_xyxy):
-        texts = [
-            name(int(l)) + (f" {float(s):.2f}" if scores is not None else "")
-            for l, s in zip(labels, scores if scores is not None else labels)
-        ]
-        canvas = draw_bounding_boxes(canvas, boxes_xyxy.float().cpu(), labels=texts, colors="red", width=1)
-    return canvas
+        canvas = draw_boxes(canvas, true_boxes_xyxy, true_names, "lime", line_width=2)
+    texts = detection_labels([name(int(l)) for l in labels], scores)
+    return draw_boxes(canvas, boxes_xyxy, texts, "red", line_width=1)
 
 
 def draw_batch_item(
@@ -349,13 +340,9 @@ class PredictionsWriter(BasePredictionWriter):
             if reason is not None:
                 failed[item["image_id"]] = (str(item.get("file_name")), reason)
                 continue
-            keep = item["scores"] > self.score_threshold
-            labels = item["labels"][keep]
-            by_image[item["image_id"]] = Prediction(
-                boxes=item["boxes"][keep], scores=item["scores"][keep], labels=labels,
-                label_names=[label_name(category_map, int(label)) for label in labels],
-                query_indices=torch.nonzero(keep).flatten(), image_size=tuple(item["orig_size"]),
-                file_name=item.get("file_name"), image_id=item["image_id"],
+            by_image[item["image_id"]] = select_detections(
+                item, image_size=tuple(item["orig_size"]), category_map=category_map,
+                threshold=self.score_threshold, file_name=item.get("file_name"), image_id=item["image_id"],
             )
         output_path = self.output_path or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.json"
         write_predictions_json(output_path, list(by_image.values()), category_map=category_map)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from detr.models.mlp import MLP
+from detr.models.transformer import attention_with_weights
 
 
 def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
@@ -71,11 +72,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, a
     v = v.unflatten(-1, (num_heads, -1)).transpose(1, 2)  # [B, h, Lk, dv]
     weights = None
     if need_weights:
-        logits = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)
-        if attn_mask is not None:
-            logits = logits.masked_fill(~attn_mask, float("-inf"))
-        weights = logits.softmax(dim=-1)
-        out = F.dropout(weights, dropout) @ v
+        out, weights = attention_with_weights(q, k, v, attn_mask, dropout)
     elif v.shape[-1] < q.shape[-1]:
         # PyTorch's fused CPU kernel wants one head size for q, k and v; otherwise SDPA takes its slower
         # unfused path.

@@ -86,6 +86,12 @@ class DETR(nn.Module):
         self.config: dict[str, Any] = {}
         self.category_map = None
 
+    @property
+    def stride(self) -> int:
+        """Input pixels per feature cell, the backbone's output stride: 32; 16 for DC5 or a layer3
+        backbone; 8 for layer2. Feature cell ``(y, x)`` covers input pixels ``[y * stride, (y + 1) * stride)``."""
+        return self.backbone[0].stride
+
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DETR:
         """Make this model faster for inference, in place; returns it in eval mode.
 

@@ -16,6 +16,22 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def attention_with_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+                           dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention that also returns its weights, which the fused
+    ``F.scaled_dot_product_attention`` cannot (its path for callers that asked for attention maps).
+
+    q [B, heads, Lq, d], k [B, heads, Lk, d], v [B, heads, Lk, dv]; attn_mask bool broadcastable to
+    [B, heads, Lq, Lk] with True = may attend, or None; ``dropout_p`` 0 outside training. Scale 1 / sqrt(d).
+    Returns the output [B, heads, Lq, dv] and the weights [B, heads, Lq, Lk] (softmax, before dropout).
+    """
+    logits = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # [B, h, Lq, Lk]
+    if attn_mask is not None:
+        logits = logits.masked_fill(~attn_mask, float("-inf"))
+    weights = logits.softmax(dim=-1)
+    return F.dropout(weights, dropout_p) @ v, weights
+
+
 class MultiheadAttention(nn.Module):
     """Multi-head attention with ``nn.MultiheadAttention``'s parameters (in_proj_weight [3C, C],
     in_proj_bias [3C], out_proj) and semantics (dropout on the attention weights), batch-first."""
@@ -47,11 +63,7 @@ class MultiheadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
-            logits = (q * (1.0 / math.sqrt(head_dim))) @ k.transpose(-2, -1)  # [B, h, Lq, Lk]
-            if attn_mask is not None:
-                logits = logits.masked_fill(~attn_mask, float("-inf"))
-            weights = logits.softmax(dim=-1)
-            out = F.dropout(weights, dropout_p, self.training) @ v
+            out, weights = attention_with_weights(q, k, v, attn_mask, dropout_p)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
         out = out.transpose(1, 2).reshape(batch, len_q, dim)

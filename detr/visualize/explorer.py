@@ -50,7 +50,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 from detr.categories import CategoryMap
-from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from detr.data.transforms import denormalize
 from detr.data.collate import pad_images
 from detr.postprocess import class_probabilities, scores_and_labels
 from detr.predictor import ImageInput, Predictor, label_name, to_rgb_array
@@ -98,6 +98,9 @@ def _jpeg_data_uri(image: np.ndarray, quality: int) -> str:
 def feature_stride(input_size: tuple[int, int], feature_size: tuple[int, int]) -> int:
     """Input pixels per feature cell: the power of two ``s`` with ``ceil(H / s) == h`` (ResNet rounds up).
 
+    Only for outputs that come without their model; with the model at hand, its ``model.stride`` is exact
+    (an image of at most one cell is ambiguous here).
+
     Args:
         input_size: ``(H, W)`` of the unpadded resized image.
         feature_size: ``(h, w)`` of its unpadded feature region.
@@ -113,10 +116,7 @@ def feature_stride(input_size: tuple[int, int], feature_size: tuple[int, int]) -
 
 def denormalize_image(image: Tensor) -> np.ndarray:
     """ImageNet-normalised float ``[3, H, W]`` → uint8 RGB ``[H, W, 3]`` (what the model saw)."""
-    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
-    pixels = (image.detach().float().cpu() * std + mean).mul(255).round().clamp(0, 255).to(torch.uint8)
-    return pixels.permute(1, 2, 0).contiguous().numpy()
+    return denormalize(image.cpu()).permute(1, 2, 0).contiguous().numpy()
 
 
 def explorer_data(
@@ -131,6 +131,7 @@ def explorer_data(
     model_description: str = "",
     jpeg_quality: int = 88,
     class_head: str = "softmax",
+    stride: int | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready data of one image's page, cut out of a batch's model outputs.
 
@@ -148,6 +149,8 @@ def explorer_data(
         threshold: initial score threshold of the page's box display.
         model_description: one line about the model for the header.
         jpeg_quality: quality of the embedded JPEG.
+        stride: the model's ``model.stride`` (input pixels per feature cell); None derives it from the image
+            and feature sizes (:func:`feature_stride`).
 
     Returns:
         a dict in the format described in the module docstring.
@@ -191,6 +194,8 @@ def explorer_data(
     scores, labels = scores_and_labels(logits, class_head)  # as detr.PostProcess scores them
 
     height, width = int(image.shape[0]), int(image.shape[1])
+    if stride is None:
+        stride = feature_stride((height, width), (h, w))
     return {
         "format": DATA_FORMAT,
         "title": title,
@@ -202,7 +207,7 @@ def explorer_data(
             "original_width": int(original_size[1]),
             "original_height": int(original_size[0]),
         },
-        "feature": {"height": h, "width": w, "stride": feature_stride((height, width), (h, w))},
+        "feature": {"height": h, "width": w, "stride": int(stride)},
         "num_queries": int(num_queries),
         "num_layers": num_layers,
         "num_heads": num_heads,
@@ -396,7 +401,7 @@ def write_attention_explorer(
         data = explorer_data(
             outputs, index=0, image=denormalize_image(tensor), original_size=pixels.shape[:2],
             class_names=class_names, title=title, threshold=threshold, model_description=description,
-            class_head=class_head,
+            class_head=class_head, stride=getattr(predictor.model, "stride", None),
         )
         page = out_dir / f"{stem}.html"
         text = render_explorer_html(data)
