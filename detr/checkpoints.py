@@ -40,6 +40,7 @@ class CheckpointContents:
     model_config: dict[str, Any] | None  # build_detr kwargs, for this project's own checkpoints
     category_map: CategoryMap | None
     eval_size: tuple[int, int] | None = None  # (min_size, max_size) the model was validated at, if recorded
+    is_thing: list[bool] | None = None  # panoptic checkpoints of this project: per label, thing or stuff
 
 
 def _torch_load(path: Path) -> Any:
@@ -99,7 +100,9 @@ def read_checkpoint(path: str | Path) -> CheckpointContents:
         data = obj.get("datamodule_hyper_parameters") or {}  # Lightning stores the data module's arguments
         eval_size = ((int(data["eval_min_size"]), int(data["eval_max_size"]))
                      if isinstance(data, dict) and "eval_min_size" in data and "eval_max_size" in data else None)
-        return CheckpointContents(state_dict, dict(meta.get("model_config") or {}) or None, category_map, eval_size)
+        is_thing = [bool(flag) for flag in meta["is_thing"]] if meta.get("is_thing") else None
+        return CheckpointContents(state_dict, dict(meta.get("model_config") or {}) or None, category_map, eval_size,
+                                  is_thing)
     if isinstance(obj, dict) and _is_state_dict(obj.get("model")):
         return CheckpointContents(dict(obj["model"]), None, None)
     if _is_state_dict(obj):

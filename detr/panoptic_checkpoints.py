@@ -36,7 +36,7 @@ def load_panoptic(path: str | Path, contents: CheckpointContents, **overrides: A
     ``overrides`` are :func:`detr.build_detr` arguments that win over what is inferred (e.g. ``dilation=True``
     for a renamed DC5 file). The model carries ``category_map`` (the checkpoint's own, or COCO panoptic's for
     250 classes), ``is_thing`` (per label, for :class:`detr.postprocess_segmentation.PostProcessPanoptic`;
-    COCO panoptic's for 250 classes, else None) and ``eval_size``.
+    the checkpoint's own, or COCO panoptic's for 250 classes, else None) and ``eval_size``.
     """
     path = Path(path)
     detector_state = {key[len(DETECTOR_PREFIX):]: value for key, value in contents.state_dict.items()
@@ -57,7 +57,8 @@ def load_panoptic(path: str | Path, contents: CheckpointContents, **overrides: A
         )
     coco = model.num_classes == COCO_PANOPTIC_NUM_CLASSES
     model.category_map = contents.category_map or (coco_panoptic_category_map() if coco else None)
-    model.is_thing = coco_panoptic_is_thing() if coco and contents.category_map is None else None
+    model.is_thing = contents.is_thing or (coco_panoptic_is_thing() if coco and contents.category_map is None
+                                           else None)
     model.eval_size = contents.eval_size
     logger.info("loaded %s (panoptic, %s, %d classes)", path, config["backbone"], model.num_classes)
     return model.eval()

@@ -11,6 +11,7 @@ import torch
 
 from detr import CategoryMap, build_detr, load_checkpoint
 from detr.checkpoints import CheckpointError, infer_model_config
+from tests.conftest import tiny_config_with
 
 LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
 
@@ -113,9 +114,7 @@ def test_category_map_round_trip_and_coco_gaps():
     assert contiguous.label_to_category_id(torch.tensor([1, 0])).tolist() == [5, 2]
 
 
-DEMO_SIZES = dict(backbone="resnet18", backbone_last_stage="layer3", backbone_norm="batch_norm", hidden_dim=32,
-                  num_heads=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=64, num_queries=6,
-                  num_classes=4)
+DEMO_SIZES = tiny_config_with(backbone_last_stage="layer3", backbone_norm="batch_norm", num_queries=6, num_classes=4)
 
 
 @pytest.mark.parametrize("options, overrides", [

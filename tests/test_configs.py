@@ -9,14 +9,14 @@ import csv
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
-from detr.data.shapes import ShapesConfig, write_shapes_dataset
 from detr.lightning.cli import main
+from tests.conftest import write_tiny_shapes
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+# the panoptic configs run through detr.lightning.panoptic_cli: tests/test_panoptic_training.py starts each one
+CONFIGS = sorted(path for path in (REPO / "configs").glob("*.yaml") if "panoptic" not in path.name)
 BASE = REPO / "configs" / "detr_coco.yaml"
 MODEL_CONFIGS = ["detr_r50_coco.yaml", "detr_r50_dc5_coco.yaml", "detr_r101_coco.yaml", "detr_r101_dc5_coco.yaml"]
 COCO_MINI = REPO / "data" / "coco-mini"
@@ -36,22 +36,12 @@ TINY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread_no_argv(monkeypatch):
-    """Tiny models run faster on one thread; LightningCLI warns when sys.argv and args both have arguments."""
-    monkeypatch.setattr("sys.argv", ["detr"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
 
 
 @pytest.fixture(scope="module")
 def tiny_shapes(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("shapes")
-    write_shapes_dataset(root, ShapesConfig(num_train=4, num_val=2, image_size=64, min_object_size=12,
-                                            max_object_size=32, seed=3))
-    return root
+    return write_tiny_shapes(tmp_path_factory, num_train=4, num_val=2, seed=3)
 
 
 def _printed(capsys, *configs: Path) -> dict:

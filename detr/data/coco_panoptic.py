@@ -97,6 +97,14 @@ class CocoPanoptic(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.annotations)
 
+    def image_path(self, index: int) -> Path:
+        """The image file of sample ``index``."""
+        return self.images_dir / self._image_files[index]
+
+    def png_path(self, index: int) -> Path:
+        """The panoptic PNG of sample ``index``."""
+        return self.panoptic_dir / self.annotations[index]["file_name"]
+
     def ground_truth(self, index: int) -> tuple[np.ndarray, list[dict[str, Any]]]:
         """Sample ``index``'s ground truth for :class:`detr.evaluation.panoptic.PanopticQuality`: the segment
         id map int64 [H, W] at the original size and the json's segments_info."""

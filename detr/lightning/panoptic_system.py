@@ -1,0 +1,312 @@
+"""The panoptic training system: the authors' two-stage recipe (paper §4.4) as a LightningModule.
+
+1. Box stage (``masks=False``): the detector alone, trained like :class:`DetrSystem` on every panoptic
+   segment's box and class, things and stuff (:class:`detr.lightning.panoptic_datamodule.PanopticDataModule`).
+2. Mask stage (``masks=True``, the default): :class:`detr.models.segmentation.DETRPanoptic` starts from the
+   box stage's checkpoint (``init_checkpoint``), the detector frozen (``freeze_detr``), and only the mask
+   head trains, with focal and DICE losses on the matched queries' masks beside the box losses
+   (:class:`detr.criterion_masks.SetCriterionWithMasks`). The authors trained it 25 epochs, the learning
+   rate dropped at 15.
+
+Validation adds, in the mask stage, panoptic quality (:class:`detr.postprocess_segmentation.PostProcessPanoptic`
+→ :class:`detr.evaluation.panoptic.PanopticQuality`: ``val/PQ``, ``val/SQ``, ``val/RQ``, ``val/PQ_th``,
+``val/PQ_st``) and mask AP (:class:`detr.postprocess_segmentation.PostProcessMasks` → COCOeval "segm":
+``val/segm_AP``, ``val/segm_AP50``, ``val/segm_AP75``) to the box AP every stage logs. Checkpoints load
+with :func:`detr.load_checkpoint` (a :class:`DETRPanoptic` with its category map and ``is_thing``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from detr.checkpoints import read_checkpoint
+from detr.criterion_masks import SetCriterionWithMasks
+from detr.evaluation.panoptic import PanopticQuality
+from detr.lightning.system import Batch, DetrSystem
+from detr.matcher import HungarianMatcher
+from detr.models.segmentation import DETRPanoptic
+from detr.panoptic_checkpoints import is_panoptic_state_dict
+from detr.postprocess_segmentation import PostProcessMasks, PostProcessPanoptic, masks_to_rle
+
+logger = logging.getLogger(__name__)
+
+
+class PanopticSystem(DetrSystem):
+    """DETR for panoptic segmentation, either stage of the authors' recipe (module docstring).
+
+    Args (beyond :class:`DetrSystem`'s, which all apply; ``init_checkpoint`` is the box stage's checkpoint
+    in the mask stage, or a panoptic checkpoint to continue from):
+        masks: False for the box stage (the plain detector), True for the mask stage.
+        freeze_detr: in the mask stage, keep every detector weight (and batch-norm statistic) fixed, as
+            the authors did; only ``bbox_attention`` and ``mask_head`` train.
+        loss_mask, loss_dice: weights of the focal and DICE mask losses (1, 1).
+        panoptic_threshold: class probability a query needs to enter the panoptic segmentation (0.85).
+        mask_ap: also compute mask AP (COCOeval "segm") in validation.
+        categories: the data set's categories with ``id`` and ``isthing`` (linked from the data module by
+            the CLI); they decide things and stuff for post-processing and PQ.
+    """
+
+    def __init__(
+        self,
+        *,
+        masks: bool = True,
+        freeze_detr: bool = True,
+        loss_mask: float = 1.0,
+        loss_dice: float = 1.0,
+        panoptic_threshold: float = 0.85,
+        mask_ap: bool = True,
+        categories: list[dict[str, Any]] | None = None,
+        init_checkpoint: str | None = None,
+        pretrained_backbone: bool | str = False,
+        **kwargs: Any,
+    ) -> None:
+        # the mask stage loads init_checkpoint itself, strictly: a frozen detector must not keep any
+        # freshly initialised tensor, and a panoptic checkpoint also holds the mask head
+        super().__init__(init_checkpoint=None if masks else init_checkpoint,
+                         pretrained_backbone=False if init_checkpoint else pretrained_backbone, **kwargs)
+        # (DetrSystem's save_hyperparameters also records this class's arguments, the real init_checkpoint)
+        self.categories = [dict(c) for c in categories] if categories is not None else None
+        self.is_thing = self._is_thing()
+        self.postprocess_masks = PostProcessMasks() if masks else None
+        self.postprocess_panoptic = None
+        if masks:
+            hparams = self.hparams
+            if hparams.class_head != "softmax":
+                raise ValueError("the panoptic mask stage builds on the paper's softmax class head; set class_head: "
+                                 "softmax (the box stage must have been trained with it)")
+            self.model = DETRPanoptic(self.model)
+            if init_checkpoint:
+                self._load_mask_stage_weights(init_checkpoint)
+            if freeze_detr:
+                self.model.detr.requires_grad_(False)
+                self._fix_detector_batch_norm()
+            self.criterion = SetCriterionWithMasks(
+                hparams.num_classes,
+                HungarianMatcher(cost_class=hparams.cost_class, cost_bbox=hparams.cost_bbox,
+                                 cost_giou=hparams.cost_giou),
+                eos_coef=hparams.eos_coef, loss_ce=hparams.loss_ce, loss_bbox=hparams.loss_bbox,
+                loss_giou=hparams.loss_giou, loss_mask=loss_mask, loss_dice=loss_dice,
+                num_decoder_layers=hparams.num_decoder_layers if hparams.aux_loss else 1,
+            )
+            if self.is_thing is not None:
+                self.model.is_thing = self.is_thing
+                self.postprocess_panoptic = PostProcessPanoptic(
+                    self.is_thing, threshold=panoptic_threshold,
+                    category_ids=None if self.category_map is None else self.category_map.category_ids)
+            self.model.category_map = self.category_map
+        self._panoptic: PanopticQuality | None = None
+        self._segm: dict[str, list[Any]] = {}
+        self.last_panoptic: dict[str, Any] | None = None
+
+    @property
+    def detector(self) -> nn.Module:
+        """The DETR detector (the box model), whichever stage."""
+        return self.model.detr if isinstance(self.model, DETRPanoptic) else self.model
+
+    def _is_thing(self) -> list[bool] | None:
+        if self.categories is None:
+            return None
+        thing_ids = {int(c["id"]) for c in self.categories if c.get("isthing")}
+        if self.category_map is None:
+            return [label in thing_ids for label in range(self.hparams.num_classes)]
+        return [category_id in thing_ids for category_id in self.category_map.category_ids]
+
+    def _load_mask_stage_weights(self, path: str) -> None:
+        contents = read_checkpoint(path)
+        panoptic = is_panoptic_state_dict(contents.state_dict)
+        target = self.model if panoptic else self.model.detr
+        if contents.category_map is not None and self.category_map is not None and \
+                contents.category_map != self.category_map:
+            raise ValueError(f"init_checkpoint {path} was trained on other categories than this data set's "
+                             f"({contents.category_map.num_classes} vs {self.category_map.num_classes} classes, "
+                             "or other ids/names): train the box stage on the same panoptic json")
+        try:
+            missing, unexpected = target.load_state_dict(contents.state_dict, strict=False)
+        except RuntimeError as error:  # shapes: another backbone, width or number of classes
+            raise ValueError(f"init_checkpoint {path} does not fit the panoptic model: {error}. Set the model "
+                             "arguments (backbone, hidden_dim, layers, num_queries) to the box stage's") from error
+        if missing or unexpected:
+            raise ValueError(
+                f"init_checkpoint {path} does not fit the {'panoptic model' if panoptic else 'detector'}: missing "
+                f"{missing[:8]} ({len(missing)}), unexpected {unexpected[:8]} ({len(unexpected)}); the mask stage "
+                "starts from the box stage's checkpoint (masks: false) or a panoptic checkpoint")
+        logger.info("init_checkpoint: loaded the %s from %s", "panoptic model" if panoptic else "detector", path)
+
+    # ------------------------------------------------------------------ training
+    def _fix_detector_batch_norm(self) -> None:
+        """A frozen detector's batch norms run in eval mode, so that their statistics stay fixed too (the
+        authors' FrozenBatchNorm2d has none that could move)."""
+        if isinstance(self.model, DETRPanoptic) and self.hparams.freeze_detr:
+            for module in self.model.detr.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+
+    def train(self, mode: bool = True) -> PanopticSystem:
+        super().train(mode)
+        if mode:
+            self._fix_detector_batch_norm()
+        return self
+
+    def on_train_epoch_start(self) -> None:
+        self._fix_detector_batch_norm()  # Lightning restores each module's own mode after validation
+
+    def setup(self, stage: str) -> None:
+        model, self.model = self.model, self.detector  # DetrSystem.setup reads model.backbone
+        try:
+            super().setup(stage)
+        finally:
+            self.model = model
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """As :meth:`DetrSystem.parameter_groups`; the detector's backbone sits under ``detr.`` here."""
+        backbone, rest = [], []
+        for name, parameter in self.model.named_parameters():
+            if parameter.requires_grad:
+                (backbone if name.removeprefix("detr.").startswith("backbone.") else rest).append(parameter)
+        groups = [{"params": rest, "lr": self.hparams.lr, "name": "transformer"}]
+        if backbone:
+            groups.append({"params": backbone, "lr": self.hparams.lr_backbone, "name": "backbone"})
+        return groups
+
+    # ------------------------------------------------------------------ evaluation
+    def _start_evaluation(self, stage: str) -> None:
+        super()._start_evaluation(stage)
+        self._panoptic, self._segm = None, {"gt": [], "images": [], "results": []}
+        if self.postprocess_panoptic is not None:
+            self._panoptic = PanopticQuality(self.categories)
+
+    def _panoptic_ground_truth(self, stage: str) -> Any:
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        dataset = getattr(datamodule, f"{stage}_dataset", None) or getattr(datamodule, "val_dataset", None)
+        if dataset is None or not hasattr(dataset, "ground_truth"):
+            return None
+        if not hasattr(dataset, "index_of_image"):
+            dataset.index_of_image = {int(a["image_id"]): i for i, a in enumerate(dataset.annotations)}
+        return dataset
+
+    def _evaluation_step(self, stage: str, batch: Batch) -> dict[str, Any]:
+        images, padding_mask, targets = batch
+        outputs = self(images, padding_mask)
+        losses = self.compute_losses(outputs, targets)
+        self._log_losses(stage, losses, batch_size=len(targets))
+        orig_sizes = torch.stack([t["orig_size"] for t in targets]).to(self.device)
+        detections = self.postprocess(outputs, orig_sizes)
+        image_ids = [int(t["image_id"]) for t in targets]
+        if self.evaluator is not None:
+            self.evaluator.update(image_ids, detections)
+        dataset = self._panoptic_ground_truth(stage)
+        if "pred_masks" in outputs and dataset is not None:
+            processed_sizes = torch.stack([t["size"] for t in targets])
+            ground_truth = [dataset.ground_truth(dataset.index_of_image[i]) for i in image_ids]
+            if self._panoptic is not None:
+                panoptic = self.postprocess_panoptic(outputs, processed_sizes, orig_sizes)
+                for (gt_ids, gt_segments), result in zip(ground_truth, panoptic):
+                    self._panoptic.update(gt_ids, gt_segments, result["id_map"].cpu(), result["segments_info"])
+            if self.hparams.mask_ap:
+                masks = self.postprocess_masks(outputs, processed_sizes, orig_sizes)
+                self._add_segm(image_ids, ground_truth, masks, detections)
+        return {"detections": detections, "loss": losses["loss"]}
+
+    def _add_segm(self, image_ids: list[int], ground_truth: list[Any], masks: list[torch.Tensor],
+                  detections: list[dict[str, torch.Tensor]]) -> None:
+        for image_id, (gt_ids, gt_segments), image_masks, detection in zip(image_ids, ground_truth, masks, detections):
+            height, width = gt_ids.shape
+            self._segm["images"].append({"id": image_id, "height": int(height), "width": int(width)})
+            gt_ids = torch.from_numpy(gt_ids)
+            segment_masks = torch.stack([gt_ids == int(s["id"]) for s in gt_segments]) if gt_segments else \
+                torch.zeros(0, height, width, dtype=torch.bool)
+            for segment, rle in zip(gt_segments, masks_to_rle(segment_masks) if gt_segments else []):
+                self._segm["gt"].append({"image_id": image_id, "category_id": int(segment["category_id"]),
+                                         "segmentation": rle, "area": float(segment["area"]),
+                                         "bbox": list(segment["bbox"]), "iscrowd": int(segment.get("iscrowd", 0))})
+            labels = detection["labels"]
+            category_ids = labels if self.category_map is None else self.category_map.label_to_category_id(labels)
+            for rle, category_id, score in zip(masks_to_rle(image_masks), category_ids.tolist(),
+                                               detection["scores"].tolist()):
+                self._segm["results"].append({"image_id": image_id, "category_id": int(category_id),
+                                              "segmentation": rle, "score": float(score)})
+
+    def _finish_evaluation(self, stage: str) -> None:
+        super()._finish_evaluation(stage)
+        if self._panoptic is not None and self._panoptic.num_images:
+            _merge_panoptic(self._panoptic, _gather(self._panoptic.stats))
+            results = self._panoptic.compute()
+            self.last_panoptic = results
+            for name, value in (("PQ", results["All"]["pq"]), ("SQ", results["All"]["sq"]),
+                                ("RQ", results["All"]["rq"]), ("PQ_th", results["Things"]["pq"]),
+                                ("PQ_st", results["Stuff"]["pq"])):
+                self.log(f"{stage}/{name}", value, prog_bar=name == "PQ", sync_dist=False)
+            if self._trainer is None or self.trainer.is_global_zero:
+                from detr.evaluation.panoptic import format_panoptic_table
+
+                logger.info("%s panoptic quality at epoch %d:\n%s", stage, self.current_epoch,
+                            format_panoptic_table(results))
+        if self._segm.get("images"):
+            gathered = _gather(self._segm)
+            for name, value in _segm_ap(gathered, self.categories).items():
+                self.log(f"{stage}/{name}", value, sync_dist=False)
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """DetrSystem's ``checkpoint["detr"]`` plus ``is_thing`` per label and the data set's ``categories``."""
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["detr"]["is_thing"] = self.is_thing
+        checkpoint["detr"]["categories"] = self.categories
+
+
+def _gather(value: Any) -> list[Any]:
+    """``value`` of every process (a one-item list outside distributed runs)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, value)
+        return gathered
+    return [value]
+
+
+def _merge_panoptic(metric: PanopticQuality, per_process: list[dict[int, Any]]) -> None:
+    """Sum every process's per-category statistics into ``metric`` (which holds this process's)."""
+    if len(per_process) == 1:
+        return
+    merged = {category_id: type(stat)() for category_id, stat in metric.stats.items()}
+    for stats in per_process:
+        for category_id, stat in stats.items():
+            total = merged[category_id]
+            total.iou, total.tp, total.fp, total.fn = (total.iou + stat.iou, total.tp + stat.tp, total.fp + stat.fp,
+                                                        total.fn + stat.fn)
+    metric.stats = merged
+
+
+def _segm_ap(per_process: list[dict[str, list[Any]]], categories: list[dict[str, Any]] | None) -> dict[str, float]:
+    """COCOeval "segm" over every process's ground-truth and predicted RLEs → segm_AP, segm_AP50, segm_AP75."""
+    from pycocotools.cocoeval import COCOeval
+
+    from detr.data.coco import coco_from_dict
+
+    images = {image["id"]: image for part in per_process for image in part["images"]}
+    gt = [annotation for part in per_process for annotation in part["gt"]]
+    for index, annotation in enumerate(gt):
+        annotation["id"] = index + 1
+    category_ids = sorted({a["category_id"] for a in gt} | {int(c["id"]) for c in categories or []})
+    coco_gt = coco_from_dict({"images": list(images.values()), "annotations": gt,
+                              "categories": [{"id": i} for i in category_ids]})
+    results = [r for part in per_process for r in part["results"] if r["category_id"] in set(category_ids)]
+    if not results or not gt:
+        return {"segm_AP": 0.0, "segm_AP50": 0.0, "segm_AP75": 0.0}
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress and summary
+        coco_dt = coco_gt.loadRes(results)
+        coco_eval = COCOeval(coco_gt, coco_dt, iouType="segm")
+        coco_eval.evaluate()
+        coco_eval.accumulate()
+        coco_eval.summarize()
+    return {"segm_AP": float(coco_eval.stats[0]), "segm_AP50": float(coco_eval.stats[1]),
+            "segm_AP75": float(coco_eval.stats[2])}
+
+
+__all__ = ["PanopticSystem"]
