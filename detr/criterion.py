@@ -6,14 +6,12 @@ processes (the training system all-reduces it); nothing here talks to torch.dist
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from detr.box_ops import cxcywh_to_xyxy, elementwise_generalized_box_iou
-from detr.focal import sigmoid_focal_loss
+from detr.focal import ClassHead, resolve_class_head, sigmoid_focal_loss
 from detr.matcher import HungarianMatcher
 from detr.models.dense_head import dense_assignment
 
@@ -39,9 +37,10 @@ class SetCriterion(nn.Module):
     ``weight_dict`` maps each trained term to its weight (1, 5, 2).
 
     Options for training from scratch on a short budget (docs/convergence.md; defaults are the paper's):
-        class_loss: "softmax" (paper) or "focal": sigmoid focal loss over ``num_classes`` logits (a model
-            built with ``class_head="sigmoid"``), summed and divided by num_boxes (Deformable DETR); the
-            matcher must use the same ``class_loss``. focal_alpha, focal_gamma: 0.25, 2.
+        class_head: the model's class head: "softmax" (paper: cross-entropy with a no-object class) or
+            "sigmoid" (sigmoid focal loss over ``num_classes`` logits, summed and divided by num_boxes, as
+            Deformable DETR); the matcher must have the same ``class_head``. focal_alpha, focal_gamma:
+            0.25, 2. (``class_loss="softmax"|"focal"`` is its deprecated old name.)
         Group DETR: outputs with ``query_groups`` G > 1 are matched group by group (see the matcher) and
             the box and focal terms are divided by G · num_boxes: the mean over groups of each group's
             loss (the softmax term is a mean over all queries already). cardinality_error counts group 1.
@@ -57,18 +56,17 @@ class SetCriterion(nn.Module):
 
     def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, eos_coef: float = 0.1, *,
                  loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
-                 num_decoder_layers: int = 6, class_loss: Literal["softmax", "focal"] = "softmax",
+                 num_decoder_layers: int = 6, class_head: ClassHead | None = None,
                  focal_alpha: float = 0.25, focal_gamma: float = 2.0, denoising: bool = False,
-                 dense_aux: bool = False) -> None:
+                 dense_aux: bool = False, class_loss: str | None = None) -> None:
         super().__init__()
-        if class_loss not in ("softmax", "focal"):
-            raise ValueError(f"class_loss must be 'softmax' or 'focal', got {class_loss!r}")
+        class_head = resolve_class_head(class_head, class_loss, "SetCriterion")
         self.num_classes = num_classes
-        self.matcher = matcher if matcher is not None else HungarianMatcher(class_loss=class_loss)
-        if self.matcher.class_loss != class_loss:
-            raise ValueError(f"SetCriterion(class_loss={class_loss!r}) needs a matcher with the same cost: "
-                             f"HungarianMatcher(class_loss={class_loss!r}), got {self.matcher.class_loss!r}")
-        self.class_loss, self.focal_alpha, self.focal_gamma = class_loss, focal_alpha, focal_gamma
+        self.matcher = matcher if matcher is not None else HungarianMatcher(class_head=class_head)
+        if self.matcher.class_head != class_head:
+            raise ValueError(f"SetCriterion(class_head={class_head!r}) needs a matcher with the same cost: "
+                             f"HungarianMatcher(class_head={class_head!r}), got {self.matcher.class_head!r}")
+        self.class_head, self.focal_alpha, self.focal_gamma = class_head, focal_alpha, focal_gamma
         self.denoising, self.num_decoder_layers, self.dense_aux = denoising, num_decoder_layers, dense_aux
         self.eos_coef = eos_coef
         empty_weight = torch.ones(num_classes + 1)
@@ -88,10 +86,10 @@ class SetCriterion(nn.Module):
     def loss_labels(self, outputs: Outputs, targets: Targets, indices: Indices,
                     num_boxes: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
         """num_boxes: divides the focal loss only (the softmax loss is a mean over all queries)."""
-        logits = outputs["pred_logits"].float()  # [B, Q, C+1] softmax, [B, Q, C] focal
+        logits = outputs["pred_logits"].float()  # [B, Q, C+1] softmax, [B, Q, C] sigmoid
         batch_index, query_index = _matched_query_index(indices)
         matched_labels = torch.cat([t["labels"][tgt] for t, (_, tgt) in zip(targets, indices)]).to(logits.device)
-        if self.class_loss == "focal":
+        if self.class_head == "sigmoid":
             onehot = torch.zeros_like(logits)  # unmatched queries: every class negative
             onehot[batch_index, query_index, matched_labels] = 1.0
             loss_ce = sigmoid_focal_loss(logits, onehot, num_boxes, alpha=self.focal_alpha, gamma=self.focal_gamma)
@@ -110,7 +108,7 @@ class SetCriterion(nn.Module):
         logits = outputs["pred_logits"]
         groups = int(outputs.get("query_groups", 1))
         logits = logits[:, : logits.shape[1] // groups]  # Group DETR: the first group (what inference keeps)
-        if self.class_loss == "focal":  # no "no object" logit: a query predicts an object when a class p > 0.5
+        if self.class_head == "sigmoid":  # no "no object" logit: a query predicts an object when a class p > 0.5
             predicted = (logits.amax(-1) > 0).sum(1).float()
         else:
             predicted = (logits.argmax(-1) != logits.shape[-1] - 1).sum(1).float()  # [B] non-empty predictions
@@ -202,7 +200,7 @@ class SetCriterion(nn.Module):
         for suffix, layer in zip(suffixes, [dn_outputs, *dn_outputs.get("aux_outputs", [])]):
             logits = layer["pred_logits"][batch_index, query_index].float()  # [N, C(+1)]
             labels = labels.to(logits.device)
-            if self.class_loss == "focal":
+            if self.class_head == "sigmoid":
                 onehot = F.one_hot(labels, logits.shape[-1]).to(logits.dtype)
                 loss_ce = sigmoid_focal_loss(logits, onehot, dn_num_boxes, alpha=self.focal_alpha, gamma=self.focal_gamma)
             else:

@@ -14,9 +14,35 @@ A sigmoid head has ``num_classes`` logits, no "no object" logit (see :func:`detr
 from __future__ import annotations
 
 import math
+import warnings
+from typing import Literal
 
 import torch
 from torchvision.ops import sigmoid_focal_loss as _torchvision_sigmoid_focal_loss
+
+#: The class head, in one vocabulary for the model, the matcher, the criterion and the post-processing:
+#: "softmax" (the paper: num_classes + 1 logits, the last "no object"; cross-entropy, -p matching cost) or
+#: "sigmoid" (num_classes independent sigmoids; focal loss and the focal matching cost).
+ClassHead = Literal["softmax", "sigmoid"]
+CLASS_HEADS: tuple[str, ...] = ("softmax", "sigmoid")
+
+
+def resolve_class_head(class_head: str | None, class_loss: str | None, owner: str) -> str:
+    """``class_head`` checked, or the deprecated ``class_loss`` ("softmax" / "focal") translated to it."""
+    if class_loss is not None:
+        if class_head is not None:
+            raise ValueError(f"{owner}: pass class_head only (class_loss is its old name)")
+        if class_loss not in ("softmax", "focal"):
+            raise ValueError(f"{owner}: class_loss must be 'softmax' or 'focal', got {class_loss!r}; "
+                             "it is deprecated: pass class_head='softmax' or 'sigmoid'")
+        warnings.warn(f"{owner}(class_loss=...) is deprecated: pass class_head='softmax' or 'sigmoid' (the "
+                      "model's name for the same choice)", DeprecationWarning, stacklevel=3)
+        return "sigmoid" if class_loss == "focal" else "softmax"
+    class_head = class_head or "softmax"
+    if class_head not in CLASS_HEADS:
+        raise ValueError(f"{owner}: class_head must be 'softmax' or 'sigmoid', got {class_head!r}")
+    return class_head
+
 
 #: Bias of a sigmoid class logit that starts every class at p = 0.01 (the focal-loss prior, Lin et al. §4.1).
 PRIOR_BIAS = -math.log((1 - 0.01) / 0.01)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from detr.box_ops import batched_generalized_box_iou, cxcywh_to_xyxy
-from detr.focal import focal_class_cost
+from detr.focal import ClassHead, focal_class_cost, resolve_class_head
 
 
 class HungarianMatcher(nn.Module):
@@ -25,25 +23,24 @@ class HungarianMatcher(nn.Module):
     predictions are G groups of Q / G queries and each group is matched to the targets on its own
     (one-to-many overall); the indices are into all Q queries.
 
-    ``class_loss="focal"`` replaces −p(target class) by the focal cost of
+    ``class_head="sigmoid"`` replaces −p(target class) by the focal cost of
     :func:`detr.focal.focal_class_cost` for a sigmoid head (``num_classes`` logits; Deformable DETR).
     """
 
     def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0, *,
-                 class_loss: Literal["softmax", "focal"] = "softmax", focal_alpha: float = 0.25,
-                 focal_gamma: float = 2.0) -> None:
+                 class_head: ClassHead | None = None, focal_alpha: float = 0.25, focal_gamma: float = 2.0,
+                 class_loss: str | None = None) -> None:
         super().__init__()
         if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
             raise ValueError("at least one of cost_class, cost_bbox, cost_giou must be non-zero")
-        if class_loss not in ("softmax", "focal"):
-            raise ValueError(f"class_loss must be 'softmax' or 'focal', got {class_loss!r}")
+        self.class_head = resolve_class_head(class_head, class_loss, "HungarianMatcher")
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
-        self.class_loss, self.focal_alpha, self.focal_gamma = class_loss, focal_alpha, focal_gamma
+        self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
 
     def class_cost(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """logits [B, Q, C+1] (softmax; [B, Q, C] for focal), labels int64 [B, T] → cost [B, Q, T]: minus
         the softmax probability (paper), or the focal cost."""
-        if self.class_loss == "focal":
+        if self.class_head == "sigmoid":
             return focal_class_cost(logits, labels, alpha=self.focal_alpha, gamma=self.focal_gamma)
         prob = logits.float().softmax(-1)
         return -prob.gather(2, labels[:, None, :].expand(-1, prob.shape[1], -1))

@@ -78,8 +78,8 @@ def test_options_compose_train_and_predict(options):
     torch.manual_seed(0)
     trainable = 5 if options["backbone_norm"] != "frozen_batch_norm" else 3
     model = build_detr(**TINY, **options, backbone_trainable_layers=trainable).train()
-    class_loss = "focal" if options["class_head"] == "sigmoid" else "softmax"
-    criterion = SetCriterion(5, HungarianMatcher(class_loss=class_loss), class_loss=class_loss, num_decoder_layers=2,
+    class_head = options["class_head"]
+    criterion = SetCriterion(5, HungarianMatcher(class_head=class_head), class_head=class_head, num_decoder_layers=2,
                              denoising=options["denoising"])
     images, mask, targets = _batch()
     out = model(images, mask, targets=targets)

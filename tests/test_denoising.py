@@ -186,7 +186,7 @@ def test_focal_denoising_class_loss():
     images, mask = _batch()
     targets = _targets(3, (2, 1))
     out = model(images, mask, targets=targets)
-    criterion = SetCriterion(TINY["num_classes"], HungarianMatcher(class_loss="focal"), class_loss="focal",
+    criterion = SetCriterion(TINY["num_classes"], HungarianMatcher(class_head="sigmoid"), class_head="sigmoid",
                              num_decoder_layers=2, denoising=True)
     losses = criterion(out, targets)
     meta, dn = out["dn_meta"], out["dn_outputs"]

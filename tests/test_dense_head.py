@@ -65,7 +65,7 @@ def test_dense_head_trains_with_the_model_and_is_skipped_at_inference(query_type
     dense = out["dense_outputs"]
     assert dense["pred_logits"].shape == (2, 64, 3) and dense["pred_boxes"].shape == (2, 64, 4)
     assert dense["valid"][1].view(8, 8)[:, 6:].logical_not().all()  # padded columns
-    criterion = SetCriterion(3, HungarianMatcher(class_loss="focal"), class_loss="focal", num_decoder_layers=2,
+    criterion = SetCriterion(3, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=2,
                              dense_aux=True)
     losses = criterion(out, targets)
     assert {"loss_ce_dense", "loss_bbox_dense", "loss_giou_dense"} <= set(criterion.weight_dict)
@@ -80,11 +80,11 @@ def test_dense_head_trains_with_the_model_and_is_skipped_at_inference(query_type
     assert "dense_outputs" not in got
     torch.testing.assert_close(got["pred_boxes"], expected["pred_boxes"])
     with pytest.raises(ValueError, match="dense_aux=True"):
-        SetCriterion(3, HungarianMatcher(class_loss="focal"), class_loss="focal", num_decoder_layers=2)(out, targets)
+        SetCriterion(3, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=2)(out, targets)
 
 
 def test_dense_losses_by_hand():
-    criterion = SetCriterion(2, HungarianMatcher(class_loss="focal"), class_loss="focal", num_decoder_layers=1,
+    criterion = SetCriterion(2, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=1,
                              dense_aux=True)
     centers = _grid_centers(2, 2)  # (0.25, 0.25), (0.75, 0.25), (0.25, 0.75), (0.75, 0.75)
     logits = torch.tensor([[[1.0, -1.0], [0.5, 0.2], [-2.0, 0.3], [0.0, 0.0]]])

@@ -57,7 +57,7 @@ def test_focal_matcher_pairs_confident_queries_with_their_class():
     logits[0, 2, 1] = 5.0  # query 2 says class 1
     boxes = torch.tensor([[[0.5, 0.5, 0.2, 0.2]] * 3])
     targets = [{"labels": torch.tensor([1, 2]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]] * 2)}]
-    matcher = HungarianMatcher(class_loss="focal")
+    matcher = HungarianMatcher(class_head="sigmoid")
     (queries, target_index), = matcher({"pred_logits": logits, "pred_boxes": boxes}, targets)
     assert dict(zip(queries.tolist(), target_index.tolist())) == {0: 1, 2: 0}
 
@@ -69,7 +69,7 @@ def test_focal_criterion_loss_ce_is_the_focal_loss_of_the_matched_one_hot():
     boxes = torch.cat([boxes, torch.full((2, 4, 2), 0.2)], dim=-1)
     targets = [{"labels": torch.tensor([0, 2]), "boxes": torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.6, 0.6, 0.2, 0.2]])},
                {"labels": torch.tensor([], dtype=torch.int64), "boxes": torch.zeros(0, 4)}]
-    criterion = SetCriterion(3, HungarianMatcher(class_loss="focal"), class_loss="focal", num_decoder_layers=1)
+    criterion = SetCriterion(3, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=1)
     outputs = {"pred_logits": logits, "pred_boxes": boxes}
     losses = criterion(outputs, targets)
     (queries, target_index), _ = criterion.matcher(outputs, targets)
@@ -84,11 +84,23 @@ def test_focal_criterion_loss_ce_is_the_focal_loss_of_the_matched_one_hot():
 
 
 def test_criterion_and_matcher_must_agree():
-    with pytest.raises(ValueError, match="class_loss"):
-        SetCriterion(3, HungarianMatcher(), class_loss="focal")
-    with pytest.raises(ValueError, match="class_loss"):
-        HungarianMatcher(class_loss="sigmoid")
-    assert SetCriterion(3, class_loss="focal").matcher.class_loss == "focal"
+    with pytest.raises(ValueError, match="same cost"):
+        SetCriterion(3, HungarianMatcher(), class_head="sigmoid")
+    with pytest.raises(ValueError, match="'softmax' or 'sigmoid'"):
+        HungarianMatcher(class_head="focal")
+    assert SetCriterion(3, class_head="sigmoid").matcher.class_head == "sigmoid"
+
+
+def test_class_head_is_one_vocabulary_and_class_loss_its_deprecated_name():
+    """The model, matcher, criterion and post-processing all say class_head="softmax"|"sigmoid"; the
+    matcher's and criterion's old class_loss="softmax"|"focal" still works, with a warning."""
+    with pytest.warns(DeprecationWarning, match="class_head"):
+        matcher = HungarianMatcher(class_loss="focal")
+    with pytest.warns(DeprecationWarning, match="class_head"):
+        criterion = SetCriterion(3, matcher, class_loss="focal")
+    assert matcher.class_head == criterion.class_head == "sigmoid"
+    with pytest.raises(ValueError, match="class_head only"):
+        HungarianMatcher(class_head="sigmoid", class_loss="focal")
 
 
 def test_sigmoid_postprocess_scores_with_independent_sigmoids():

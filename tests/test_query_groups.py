@@ -58,7 +58,7 @@ def test_groups_train_on_every_group_and_infer_with_the_first(denoising):
     torch.testing.assert_close(out["pred_boxes"][:, :6], inference["pred_boxes"], rtol=0, atol=1e-6)
     torch.testing.assert_close(out["pred_logits"][:, :6], inference["pred_logits"], rtol=0, atol=1e-5)
 
-    criterion = SetCriterion(4, HungarianMatcher(class_loss="focal"), class_loss="focal", num_decoder_layers=2,
+    criterion = SetCriterion(4, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=2,
                              denoising=denoising)
     indices = criterion.matcher(out, targets)
     for (queries, target_index), target in zip(indices, targets):
@@ -77,7 +77,7 @@ def test_groups_train_on_every_group_and_infer_with_the_first(denoising):
 
 def test_group_matcher_equals_matching_each_group_alone():
     torch.manual_seed(0)
-    matcher = HungarianMatcher(class_loss="focal")
+    matcher = HungarianMatcher(class_head="sigmoid")
     logits, boxes = torch.randn(2, 12, 4), torch.rand(2, 12, 4) * 0.5 + 0.25
     _, _, targets = _batch()
     grouped = matcher({"pred_logits": logits, "pred_boxes": boxes, "query_groups": 3}, targets)
@@ -92,7 +92,7 @@ def test_group_matcher_equals_matching_each_group_alone():
 
 def test_group_losses_are_the_mean_of_each_group_alone():
     torch.manual_seed(0)
-    criterion = SetCriterion(4, HungarianMatcher(class_loss="focal"), class_loss="focal", num_decoder_layers=1)
+    criterion = SetCriterion(4, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=1)
     logits, boxes = torch.randn(2, 8, 4), torch.rand(2, 8, 4) * 0.5 + 0.25
     _, _, targets = _batch()
     grouped = criterion({"pred_logits": logits, "pred_boxes": boxes, "query_groups": 2}, targets)

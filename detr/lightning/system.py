@@ -166,13 +166,12 @@ class DetrSystem(L.LightningModule):
             query_groups=query_groups, dense_aux_head=dense_aux_head,
         )
         # The sigmoid head is trained with the focal loss and matched with the focal cost (Deformable DETR).
-        class_loss = "focal" if class_head == "sigmoid" else "softmax"
         self.criterion = SetCriterion(
             num_classes,
-            HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou, class_loss=class_loss,
+            HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou, class_head=class_head,
                              focal_alpha=focal_alpha, focal_gamma=focal_gamma),
             eos_coef=eos_coef, loss_ce=loss_ce, loss_bbox=loss_bbox, loss_giou=loss_giou,
-            num_decoder_layers=num_decoder_layers if aux_loss else 1, class_loss=class_loss,
+            num_decoder_layers=num_decoder_layers if aux_loss else 1, class_head=class_head,
             focal_alpha=focal_alpha, focal_gamma=focal_gamma, denoising=denoising, dense_aux=dense_aux_head,
         )
         if channels_last:

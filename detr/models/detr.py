@@ -10,7 +10,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from detr.focal import PRIOR_BIAS
+from detr.focal import PRIOR_BIAS, ClassHead
 from detr.models.anchor_decoder import AnchorDecoder
 from detr.models.backbone import Backbone, BackboneName, BackboneNorm, Joiner, LastStage
 from detr.models.dense_head import DenseAuxiliaryHead
@@ -20,7 +20,6 @@ from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbe
 from detr.models.transformer import Transformer
 
 QueryType = Literal["learned", "anchor"]
-ClassHead = Literal["softmax", "sigmoid"]
 
 
 def query_group_attention_mask(num_groups: int, group_size: int, num_before: int = 0,
@@ -249,8 +248,8 @@ def build_detr(
         query_type: "learned" (paper: a learned embedding per query) or "anchor" (DAB-DETR: a learned
             anchor box per query, conditional spatial cross-attention, box refinement in every layer).
         class_head: "softmax" (paper: num_classes + 1 logits, last = no object; train with
-            ``SetCriterion(class_loss="softmax")``) or "sigmoid" (num_classes logits, independent
-            sigmoids; train with ``class_loss="focal"``, score with ``PostProcess(class_head="sigmoid")``).
+            ``SetCriterion(class_head="softmax")``) or "sigmoid" (num_classes logits, independent
+            sigmoids; train with ``SetCriterion(class_head="sigmoid")``, score with ``PostProcess(class_head="sigmoid")``).
         denoising: DN-DETR denoising queries in training (needs query_type="anchor"; the forward then
             needs ``targets``). denoising_groups, denoising_label_noise, denoising_box_noise: DN-DETR's
             5 groups, label flip probability 0.2, box noise scale 0.4.
