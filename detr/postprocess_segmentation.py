@@ -84,11 +84,19 @@ class PostProcessMasks(nn.Module):
         pred_masks = outputs["pred_masks"]
         processed = _sizes(processed_sizes, len(pred_masks), "processed_sizes")
         targets = _sizes(target_sizes, len(pred_masks), "target_sizes")
-        results = []
-        for masks, size, target in zip(pred_masks, processed, targets):  # one image at a time: Q full-size maps
-            binary = (upsample_masks(masks, size, _padded_size(processed)).sigmoid() > self.threshold).float()
-            results.append(F.interpolate(binary[None], size=target, mode="nearest")[0].bool())
-        return results
+        padded = _padded_size(processed)
+        return [self.image_masks(masks, size, padded, target)  # one image at a time: Q full-size maps
+                for masks, size, target in zip(pred_masks, processed, targets)]
+
+    @torch.no_grad()
+    def image_masks(self, masks: torch.Tensor, processed_size: tuple[int, int], padded_size: tuple[int, int],
+                    target_size: tuple[int, int]) -> torch.Tensor:
+        """One image's mask logits [K, h', w'] (any subset of its queries) → bool [K, H, W] at ``target_size``;
+        ``padded_size`` is the batch's padded input size (see :func:`upsample_masks`)."""
+        if len(masks) == 0:
+            return torch.zeros(0, *target_size, dtype=torch.bool, device=masks.device)
+        binary = (upsample_masks(masks, processed_size, padded_size).sigmoid() > self.threshold).float()
+        return F.interpolate(binary[None], size=target_size, mode="nearest")[0].bool()
 
 
 class PostProcessPanoptic(nn.Module):

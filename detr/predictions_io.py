@@ -4,12 +4,14 @@ Shared by ``tools/predict.py`` and the Lightning ``detr predict`` writer so both
 
 - :func:`write_predictions_json`: one COCO results json, a list of ``{"image_id", "file_name",
   "category_id", "bbox": [x, y, w, h] pixels, "score"}`` with the data set's own category ids, so
-  ``pycocotools.COCO.loadRes`` reads it as is.
+  ``pycocotools.COCO.loadRes`` reads it as is; predictions with instance masks add ``segmentation``
+  (COCO RLE, "segm" results).
 - :func:`draw_prediction` / :func:`save_drawn_image`: boxes, names and scores drawn with
   ``torchvision.utils.draw_bounding_boxes`` (through :func:`draw_boxes`, which the validation images of
   training use too).
 - :func:`collect_image_paths` and :func:`predict_files`: files, folders and glob patterns in, the two
-  outputs above out; a file that cannot be read is logged, skipped and reported, the rest goes on.
+  outputs above out; a file that cannot be read is logged, skipped and reported, the rest goes on. With
+  ``task="panoptic"`` also the COCO panoptic PNGs and json of :mod:`detr.panoptic_io`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from torchvision.utils import draw_bounding_boxes
 from detr.categories import CategoryMap
 from detr.data.images import ImageLoadError, list_image_files
 from detr.evaluation.coco_evaluator import detections_to_coco_results, write_coco_results
-from detr.predictor import Prediction, Predictor, to_rgb_array
+from detr.predictor import Prediction, Predictor, Task, to_rgb_array
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +55,8 @@ def predictions_to_coco_results(
     """COCO results entries for every detection of every prediction.
 
     Each prediction needs ``image_id`` set. Category ids come from ``category_map`` (label == id
-    without one). Boxes go from pixel ``xyxy`` to COCO's pixel ``xywh``; ``file_name`` is added when known.
+    without one). Boxes go from pixel ``xyxy`` to COCO's pixel ``xywh``; ``file_name`` is added when known;
+    ``segmentation`` (COCO RLE, :func:`detr.postprocess_segmentation.masks_to_rle`) when the prediction has masks.
     """
     results: list[dict[str, Any]] = []
     for prediction in predictions:
@@ -65,9 +68,15 @@ def predictions_to_coco_results(
         if len(prediction) == 0:
             continue
         detection = {"scores": prediction.scores, "labels": prediction.labels, "boxes": prediction.boxes}
-        results += detections_to_coco_results(
+        entries = detections_to_coco_results(
             prediction.image_id, detection, category_map, file_name=prediction.file_name, rounded=True
         )
+        if prediction.masks is not None:
+            from detr.postprocess_segmentation import masks_to_rle  # pycocotools, only when there are masks
+
+            for entry, rle in zip(entries, masks_to_rle(prediction.masks)):
+                entry["segmentation"] = rle
+        results += entries
     return results
 
 
@@ -206,12 +215,16 @@ class PredictionRun:
     skipped: ``(path, reason)`` for every file that could not be read.
     predictions_json: the written results json.
     drawn: the written images (empty with ``draw=False``).
+    panoptic_pngs: ``task="panoptic"``: the PNG of each prediction, in the same order.
+    panoptic_json: ``task="panoptic"``: the written panoptic json.
     """
 
     predictions: list[Prediction]
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     predictions_json: Path | None = None
     drawn: list[Path] = field(default_factory=list)
+    panoptic_pngs: list[Path] = field(default_factory=list)
+    panoptic_json: Path | None = None
 
 
 def predict_files(
@@ -223,6 +236,7 @@ def predict_files(
     all_queries: bool = False,
     draw: bool = True,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+    task: Task = "detection",
 ) -> PredictionRun:
     """Run ``predictor`` on image files and write ``out_dir/predictions.json`` and drawn images.
 
@@ -233,7 +247,14 @@ def predict_files(
     (as COCO evaluation wants) and then draws only those above the threshold. Drawn images go to
     ``out_dir/<stem>.jpg`` (``<stem>_1.jpg``... on name clashes).
     ``progress`` wraps the per-batch iteration (e.g. ``functools.partial(tqdm, total=...)``).
+
+    ``task="instances"`` (a panoptic model) adds each detection's mask to predictions.json as COCO RLE
+    ``segmentation`` (with ``all_queries``, one full-size mask per query of a batch is held at once).
+    ``task="panoptic"`` (a panoptic model) also writes each image's COCO panoptic PNG to
+    ``out_dir/panoptic/<stem>.png`` and ``out_dir/panoptic.json`` (:mod:`detr.panoptic_io`), and draws the
+    segments instead of the boxes.
     """
+    predictor.check_task(task)  # before any file is read: a detection model cannot segment
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [Path(p) for p in paths]
@@ -254,17 +275,33 @@ def predict_files(
                     cause = error.__cause__
                     _skip(run, paths[index], f"{type(cause).__name__}: {cause}" if cause is not None else str(error))
             for path, array, prediction in _predict_each(predictor, loaded, None if all_queries else threshold_value,
-                                                         run):
+                                                         run, task):
                 run.predictions.append(prediction)
-                if draw:
+                name = _unique_name(prediction.file_name, used_names)
+                if task == "panoptic":
+                    from detr.panoptic_io import save_drawn_panoptic, write_panoptic_png
+
+                    assert prediction.panoptic is not None
+                    run.panoptic_pngs.append(write_panoptic_png(out_dir / "panoptic" / f"{Path(name).stem}.png",
+                                                                prediction.panoptic))
+                    if draw:
+                        run.drawn.append(save_drawn_panoptic(out_dir / name, array, prediction.panoptic))
+                elif draw:
                     shown = prediction.above(threshold_value) if all_queries else prediction
-                    name = _unique_name(prediction.file_name, used_names)
                     run.drawn.append(save_drawn_image(out_dir / name, array, shown))
     finally:  # whatever stops the run, the images done so far are written
         assign_image_ids(run.predictions)
         run.predictions_json = write_predictions_json(
             out_dir / "predictions.json", run.predictions, category_map=predictor.category_map
         )
+        if task == "panoptic":
+            from detr.panoptic_io import panoptic_annotation, panoptic_categories, write_panoptic_json
+
+            annotations = [panoptic_annotation(prediction, png.name)
+                           for prediction, png in zip(run.predictions, run.panoptic_pngs)]
+            labels = [s["label"] for p in run.predictions for s in (p.panoptic.segments_info if p.panoptic else [])]
+            categories = panoptic_categories(predictor.category_map, predictor.is_thing, labels)
+            run.panoptic_json = write_panoptic_json(out_dir / "panoptic.json", annotations, categories)
     return run
 
 
@@ -284,7 +321,8 @@ def _skip(run: PredictionRun, path: Path, reason: str) -> None:
 
 
 def _predict_each(
-    predictor: Predictor, loaded: list[tuple[Path, str, np.ndarray]], threshold: float | None, run: PredictionRun
+    predictor: Predictor, loaded: list[tuple[Path, str, np.ndarray]], threshold: float | None, run: PredictionRun,
+    task: Task = "detection",
 ) -> list[tuple[Path, np.ndarray, Prediction]]:
     """Predict a batch of loaded images; an image that fails (too thin to resize, ...) or whose output is
     not finite (NaN weights) is skipped into ``run.skipped``, and a failed batch is retried image by image."""
@@ -293,10 +331,12 @@ def _predict_each(
     arrays = [array for _, _, array in loaded]
     try:
         # every query, so that NaN scores (which no threshold keeps) are seen; the threshold is applied below
-        predictions = predictor.predict_arrays(arrays, file_names=[name for _, name, _ in loaded], threshold=None)
+        # (instance masks only for "instances": one full-size mask per query costs memory)
+        predictions = predictor.predict_arrays(arrays, file_names=[name for _, name, _ in loaded], threshold=None,
+                                               task=task, masks=task == "instances")
     except Exception as error:  # one bad image must not cost the others
         if len(loaded) > 1:
-            return [result for item in loaded for result in _predict_each(predictor, [item], threshold, run)]
+            return [result for item in loaded for result in _predict_each(predictor, [item], threshold, run, task)]
         path, _, array = loaded[0]
         _skip(run, path, f"cannot predict on its {array.shape[1]}x{array.shape[0]} pixels: {type(error).__name__}: "
                          f"{str(error).strip().splitlines()[-1] if str(error).strip() else ''}")

@@ -11,6 +11,12 @@ It stays on the fast path unless attention is asked for: ``torch.inference_mode`
 weights, optional bf16 autocast. With ``return_attention=True`` every :class:`Prediction` also carries
 an :class:`AttentionMaps` cropped to the image's unpadded feature region, which the figures of
 :mod:`detr.visualize.figures` draw (paper Fig. 3 and Fig. 6).
+
+With a panoptic model (:class:`detr.DETRPanoptic`, e.g. ``Predictor.from_checkpoint("detr-r50-panoptic")``)
+every :class:`Prediction` also carries the instance masks of its detections
+(:class:`detr.postprocess_segmentation.PostProcessMasks`), and with ``task="panoptic"`` (or
+:meth:`Predictor.predict_panoptic`) a :class:`PanopticSegmentation` of the whole image
+(:class:`detr.postprocess_segmentation.PostProcessPanoptic`, paper §4.4).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import numpy as np
 import torch
@@ -33,7 +39,9 @@ from detr.checkpoints import load_checkpoint
 from detr.data.collate import pad_images
 from detr.data.images import load_rgb_image, pil_to_rgb_array
 from detr.data.transforms import EVAL_MAX_SIZE, EVAL_MIN_SIZE, make_eval_transform
+from detr.models.segmentation import DETRPanoptic
 from detr.postprocess import PostProcess
+from detr.postprocess_segmentation import PostProcessMasks, PostProcessPanoptic
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +51,11 @@ logger = logging.getLogger(__name__)
 ImageInput = Union[str, Path, Image.Image, np.ndarray, Tensor]
 
 Precision = Literal["fp32", "bf16"]
+
+#: "detection": boxes (plus instance masks with a panoptic model); "instances": the same, but a model
+#: without masks is refused; "panoptic": also the image's :class:`PanopticSegmentation`. The last two need a
+#: panoptic model (:class:`detr.DETRPanoptic`).
+Task = Literal["detection", "instances", "panoptic"]
 
 
 def to_rgb_array(image: ImageInput) -> np.ndarray:
@@ -159,6 +172,21 @@ class AttentionMaps:
 
 
 @dataclass
+class PanopticSegmentation:
+    """One image's panoptic segmentation in COCO's panoptic format (paper §4.4), at the original image size.
+
+    id_map: int64 ``[H, W]``, the segment id of every pixel: 1, 2, … (0 = void: only when no query is
+        confident enough, i.e. above the predictor's ``panoptic_threshold``).
+    segments_info: one dict per segment id, in id order: COCO panoptic's ``id``, ``category_id`` (the data
+        set's id), ``isthing``, ``area`` (pixels), ``bbox`` (pixel ``[x, y, w, h]``), ``iscrowd`` (0), plus
+        ``score`` (class probability), ``label`` (model label) and ``label_name``.
+    """
+
+    id_map: Tensor
+    segments_info: list[dict[str, Any]]
+
+
+@dataclass
 class Prediction:
     """Detections of one image; ``N`` kept queries, in query order.
 
@@ -170,6 +198,9 @@ class Prediction:
     file_name: the input's file name when it was a path, else None.
     image_id: set by callers that number images (prediction files); None otherwise.
     attention: only with ``return_attention=True``.
+    masks: bool ``[N, H, W]``, each detection's instance mask at the original image size; a panoptic model
+        only (None otherwise).
+    panoptic: the image's :class:`PanopticSegmentation`; only with ``task="panoptic"``.
     """
 
     boxes: Tensor
@@ -181,12 +212,14 @@ class Prediction:
     file_name: str | None = None
     image_id: int | None = None
     attention: AttentionMaps | None = field(default=None, repr=False)
+    masks: Tensor | None = field(default=None, repr=False)
+    panoptic: PanopticSegmentation | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return int(self.scores.numel())
 
     def above(self, threshold: float) -> Prediction:
-        """The detections whose score is strictly above ``threshold`` (attention kept as is)."""
+        """The detections whose score is strictly above ``threshold`` (attention and panoptic kept as is)."""
         keep = self.scores > threshold
         return replace(
             self,
@@ -195,6 +228,7 @@ class Prediction:
             labels=self.labels[keep],
             label_names=[name for name, k in zip(self.label_names, keep.tolist()) if k],
             query_indices=self.query_indices[keep],
+            masks=None if self.masks is None else self.masks[keep],
         )
 
 
@@ -268,6 +302,9 @@ class Predictor:
             backbone in channels-last), in place: same outputs up to float rounding, faster (docs/speed.md),
             but the model's state dict loses the authors' layout. Default off
             for a model you pass; :meth:`from_checkpoint` turns it on.
+        is_thing: panoptic models: per label, thing (True) or stuff; default ``model.is_thing`` (set by
+            :func:`detr.load_checkpoint` for COCO panoptic files and this project's panoptic checkpoints).
+        panoptic_threshold: class probability a query needs to get a panoptic segment (the authors' 0.85).
 
     The model is put in eval mode and moved to ``device`` in place.
     """
@@ -284,6 +321,8 @@ class Predictor:
         min_size: int | None = None,
         max_size: int | None = None,
         optimize: bool = False,
+        is_thing: Sequence[bool] | None = None,
+        panoptic_threshold: float = 0.85,
     ) -> None:
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
@@ -311,6 +350,11 @@ class Predictor:
         self.transform = make_eval_transform(min_size=self.min_size, max_size=self.max_size)
         self.class_head = getattr(model, "class_head", "softmax")
         self.postprocess = PostProcess(class_head=self.class_head)
+        #: whether the model predicts masks (``pred_masks``): a :class:`detr.DETRPanoptic`
+        self.predicts_masks = isinstance(model, DETRPanoptic)
+        self.postprocess_masks = PostProcessMasks()
+        self.is_thing = list(is_thing) if is_thing is not None else getattr(model, "is_thing", None)
+        self.panoptic_threshold = float(panoptic_threshold)
         #: what runs the model, e.g. "pytorch (cpu, fp32)" or "onnxruntime (CPUExecutionProvider)"
         self.backend: str = getattr(model, "backend", None) or f"pytorch ({self.device}, {precision})"
         logger.info("predicting with %s", self.backend)
@@ -328,6 +372,8 @@ class Predictor:
         max_size: int | None = None,
         optimize: bool = True,
         category_map: CategoryMap | None = None,
+        is_thing: Sequence[bool] | None = None,
+        panoptic_threshold: float = 0.85,
         **model_overrides: object,
     ) -> Predictor:
         """Load ``path`` with :func:`detr.load_checkpoint` (``model_overrides`` go to it) and wrap it.
@@ -359,6 +405,8 @@ class Predictor:
             min_size=min_size,
             max_size=max_size,
             optimize=optimize,
+            is_thing=is_thing,
+            panoptic_threshold=panoptic_threshold,
         )
 
     def preprocess(self, image: np.ndarray) -> Tensor:
@@ -377,6 +425,7 @@ class Predictor:
         threshold: float | None = None,
         all_queries: bool = False,
         return_attention: bool = False,
+        task: Task = "detection",
     ) -> list[Prediction]:
         """Detect objects in one image or a sequence of images; one :class:`Prediction` per image.
 
@@ -385,7 +434,13 @@ class Predictor:
             threshold: score threshold for this call (default: the predictor's).
             all_queries: keep every query (no threshold), as COCO evaluation does.
             return_attention: also compute the attention maps (slower; see :class:`AttentionMaps`).
+            task: "panoptic" also segments each image (:attr:`Prediction.panoptic`; a panoptic model only);
+                see :data:`Task`.
+
+        Raises:
+            ValueError: ``task`` "instances" or "panoptic" with a model that predicts no masks, naming the fix.
         """
+        self.check_task(task)
         if _is_single_image(images):
             images = [images]  # type: ignore[list-item]
         keep_threshold = None if all_queries else (self.threshold if threshold is None else float(threshold))
@@ -395,12 +450,42 @@ class Predictor:
             names = [Path(image).name if isinstance(image, (str, Path)) else None for image in chunk]
             predictions.extend(
                 self.predict_arrays(
-                    arrays, file_names=names, threshold=keep_threshold, return_attention=return_attention
+                    arrays, file_names=names, threshold=keep_threshold, return_attention=return_attention, task=task
                 )
             )
         return predictions
 
     __call__ = predict
+
+    def predict_panoptic(
+        self, images: ImageInput | Sequence[ImageInput], *, threshold: float | None = None
+    ) -> list[Prediction]:
+        """:meth:`predict` with ``task="panoptic"``: detections, their masks and :attr:`Prediction.panoptic`."""
+        return self.predict(images, threshold=threshold, task="panoptic")
+
+    def check_task(self, task: str) -> None:
+        """Raise ``ValueError`` when this predictor cannot do ``task``, naming the fix."""
+        if task not in ("detection", "instances", "panoptic"):
+            raise ValueError(f"task must be 'detection', 'instances' or 'panoptic', got {task!r}")
+        if task == "detection" or self.predicts_masks:
+            return
+        if self.backend.startswith("onnxruntime"):
+            raise ValueError(f"task {task!r} needs the mask head, which ONNX exports ({self.backend}) do not run; "
+                             "use the PyTorch panoptic checkpoint (e.g. detr-r50-panoptic)")
+        raise ValueError(f"{type(self.model).__name__} is a detection model without a mask head, so it cannot do "
+                         f"task {task!r}; load a panoptic checkpoint (e.g. detr-r50-panoptic, or a .pth/.ckpt "
+                         "with mask_head.* weights)")
+
+    def _panoptic_postprocess(self) -> PostProcessPanoptic:
+        num_classes = getattr(self.model, "num_classes", None)
+        if self.is_thing is None:
+            raise ValueError("panoptic segmentation needs to know which labels are things and which stuff; this "
+                             "checkpoint does not say: pass Predictor(..., is_thing=[one bool per label])")
+        if num_classes is not None and len(self.is_thing) != num_classes:
+            raise ValueError(f"is_thing has {len(self.is_thing)} entries but the model predicts {num_classes} "
+                             "classes; pass one bool per label")
+        category_ids = self.category_map.category_ids if self.category_map is not None else None
+        return PostProcessPanoptic(self.is_thing, threshold=self.panoptic_threshold, category_ids=category_ids)
 
     def predict_arrays(
         self,
@@ -409,12 +494,17 @@ class Predictor:
         file_names: Sequence[str | None] | None = None,
         threshold: float | None,
         return_attention: bool = False,
+        task: Task = "detection",
+        masks: bool = True,
     ) -> list[Prediction]:
         """One forward pass on already loaded ``uint8`` RGB arrays ``[H, W, 3]`` (one batch, any count).
 
         ``threshold=None`` keeps all queries. Most callers want :meth:`predict`; this is the step it
-        batches, for callers that load images themselves (e.g. to skip unreadable files).
+        batches, for callers that load images themselves (e.g. to skip unreadable files). ``masks=False``
+        leaves out a panoptic model's instance masks (e.g. when every query is kept only to check the scores:
+        a full-size mask per query costs memory).
         """
+        self.check_task(task)
         if not arrays:
             return []
         inputs = [self.preprocess(array) for array in arrays]
@@ -426,6 +516,14 @@ class Predictor:
             {"pred_logits": outputs["pred_logits"], "pred_boxes": outputs["pred_boxes"]}, target_sizes
         )
         file_names = list(file_names) if file_names is not None else [None] * len(arrays)
+        input_sizes = [(int(t.shape[1]), int(t.shape[2])) for t in inputs]
+        padded_size = (int(images.shape[-2]), int(images.shape[-1]))
+        segmentations = None
+        if task == "panoptic":
+            segmentations = self._panoptic_postprocess()(
+                {"pred_logits": outputs["pred_logits"], "pred_masks": outputs["pred_masks"]},
+                torch.tensor(input_sizes, dtype=torch.int64), target_sizes,
+            )
         predictions = []
         for i, result in enumerate(results):
             prediction = select_detections(
@@ -435,6 +533,14 @@ class Predictor:
                 threshold=threshold,
                 file_name=file_names[i],
             )
+            if masks and self.predicts_masks:  # the kept detections only: one full-size map each
+                prediction.masks = self.postprocess_masks.image_masks(
+                    outputs["pred_masks"][i, prediction.query_indices], input_sizes[i], padded_size, image_sizes[i]
+                )
+            if segmentations is not None:
+                segments = [{**segment, "label_name": label_name(self.category_map, segment["label"])}
+                            for segment in segmentations[i]["segments_info"]]
+                prediction.panoptic = PanopticSegmentation(segmentations[i]["id_map"].cpu(), segments)
             if return_attention:
                 input_size = (int(inputs[i].shape[1]), int(inputs[i].shape[2]))
                 prediction.attention = _image_attention(

@@ -201,3 +201,35 @@ def test_sigmoid_head_scores_every_class_without_no_object(tmp_path: Path) -> No
     assert data["no_object_label"] is None  # the page must not take the last real class for "no object"
     assert data["labels"] == [2] * 5
     assert all(0.9 < score < 1.0 for score in data["scores"])
+
+
+def test_panoptic_pages_carry_each_querys_mask(tmp_path: Path) -> None:
+    """A DETRPanoptic page holds every query's mask probability (stride 4, cropped to the image); detection
+    pages hold none (checked in test_page_data_equals_model_attention's page too)."""
+    from detr.models.segmentation import build_detr_panoptic
+
+    torch.manual_seed(0)
+    model = build_detr_panoptic(**tiny_config_with(hidden_dim=128, num_heads=8, num_queries=4, dropout=0.0)).eval()
+    pixels = image(70, 100)
+    page = write_attention_explorer(model, [pixels], tmp_path, min_size=64, max_size=96, device="cpu")[0]
+    data = read_page(page)
+    tensor = Predictor(model, device="cpu", min_size=64, max_size=96).preprocess(pixels)  # [3, 64, 91]
+    with torch.no_grad():
+        outputs = model(*pad_images([tensor]))
+    assert data["masks"]["shape"] == [4, 16, 23] and data["masks"]["stride"] == 4  # ceil(64 / 4), ceil(91 / 4)
+    codes = np.frombuffer(base64.b64decode(data["masks"]["maps"]), np.uint8).reshape(data["masks"]["shape"])
+    expected = outputs["pred_masks"][0, :, :16, :23].sigmoid().numpy()
+    assert np.all(np.abs(codes / 255 - expected) <= 1 / 510 + 1e-6)
+
+    detector = tiny_model()  # a detection model: no masks key
+    detection_page = write_attention_explorer(detector, [pixels], tmp_path / "det", min_size=64, max_size=96,
+                                              device="cpu")[0]
+    assert "masks" not in read_page(detection_page)
+
+    small, large = (Predictor(model, device="cpu", min_size=64, max_size=200).preprocess(image(64, w, 1))
+                    for w in (64, 128))
+    with torch.no_grad():
+        batch_outputs = model(*pad_images([large, small]), return_attention=True)
+    data = explorer_data(batch_outputs, index=1, image=np.zeros((64, 64, 3), np.uint8), original_size=(64, 64),
+                         class_names=[f"c{i}" for i in range(6)], title="small")
+    assert data["masks"]["shape"] == [4, 16, 16]  # the padded batch's masks cropped to the small image

@@ -41,6 +41,12 @@
   checkLength("encoder.maps", ENC_MAPS, HW * HW);
   checkLength("encoder.scales", ENC_SCALES, HW);
 
+  // Panoptic models: every query's mask probability at stride 4, byte = round(255 * probability).
+  const MASKS = DATA.masks ? decodeBase64(DATA.masks.maps) : null;
+  const MH = DATA.masks ? DATA.masks.shape[1] : 0, MW = DATA.masks ? DATA.masks.shape[2] : 0;
+  if (MASKS) checkLength("masks.maps", MASKS, Q * MH * MW);
+  function maskMap(query) { return MASKS ? MASKS.subarray(query * MH * MW, (query + 1) * MH * MW) : null; }
+
   function decoderIndex(layer, head, query) { return (layer * NHM + head) * Q + query; }
   function decoderMap(layer, head, query) {
     const i = decoderIndex(layer, head, query);
@@ -64,11 +70,12 @@
   }
   function classColour(label) { return "hsl(" + ((label * 137.508) % 360).toFixed(1) + ",75%,48%)"; }
 
-  function paintMap(canvas, bytes) {
-    canvas.width = FW; canvas.height = FH;
+  function paintMap(canvas, bytes, width, height) {
+    width = width || FW; height = height || FH;
+    canvas.width = width; canvas.height = height;
     const context = canvas.getContext("2d");
-    const image = context.createImageData(FW, FH);
-    for (let i = 0; i < HW; i++) {
+    const image = context.createImageData(width, height);
+    for (let i = 0; i < width * height; i++) {
       const v = bytes[i];
       image.data[i * 4] = LUT[v * 3]; image.data[i * 4 + 1] = LUT[v * 3 + 1];
       image.data[i * 4 + 2] = LUT[v * 3 + 2]; image.data[i * 4 + 3] = 255;
@@ -233,6 +240,10 @@
       const top = DATA.top_classes[j][q][0];
       element("td", NAMES[top] + " " + fmt(DATA.top_probs[j][q][0]), row);
     }
+    if (MASKS) {  // the query's mask beside the attention map shown on the image
+      $("mask-section").hidden = false;
+      paintMap($("mask-canvas"), maskMap(q), MW, MH);
+    }
   }
 
   function buildGrid() {
@@ -388,7 +399,7 @@
     + " (stride " + STRIDE + "); " + Q + " queries, " + L + " decoder layers, "
     + NH + " heads; " + DATA.scores.filter((s) => s >= DATA.threshold).length + " queries score ≥ " + DATA.threshold
     + (DATA.model ? "; " + DATA.model : "");
-  window.detrExplorer = { state, selectQuery, setLayer, setHead, showEncoder, decoderMap, encoderMap,
+  window.detrExplorer = { state, selectQuery, setLayer, setHead, showEncoder, decoderMap, encoderMap, maskMap,
     featureSize: [FH, FW], stride: STRIDE, imageSize: [H, W] };
   photo.addEventListener("load", () => {
     buildControls(); buildGrid(); buildQueryList(); fit(); render();

@@ -28,6 +28,8 @@ Embedded data (the JSON block ``<script id="explorer-data">``, format ``detr-att
     decoder: {shape [L, heads + 1, Q, h, w] (head index ``heads`` is the mean over heads), maps (base64
         uint8), scales (base64 float32 little-endian [L, heads + 1, Q])},
     encoder: {shape [h * w, h, w] (row-major reference position, then the map), maps, scales [h * w]}.
+    masks (panoptic models only, absent otherwise): {shape [Q, mh, mw] (the mask head's stride-4 map, cropped
+        to the image), stride 4, maps (base64 uint8, byte = round(255 * sigmoid(mask logit)))}.
 """
 
 from __future__ import annotations
@@ -152,6 +154,10 @@ def explorer_data(
         stride: the model's ``model.stride`` (input pixels per feature cell); None derives it from the image
             and feature sizes (:func:`feature_stride`).
 
+    With ``outputs["pred_masks"]`` (a :class:`detr.DETRPanoptic`: mask logits [B, Q, h', w'] at stride 4)
+    the data also holds every query's mask probability (key ``masks``), which the page shows beside the
+    query's attention.
+
     Returns:
         a dict in the format described in the module docstring.
     """
@@ -231,7 +237,21 @@ def explorer_data(
             "maps": _base64(encoder_codes),
             "scales": _base64(encoder_scales),
         },
+        **({"masks": _mask_data(outputs["pred_masks"][index], height, width)} if "pred_masks" in outputs else {}),
     }
+
+
+#: Input pixels per cell of the mask head's output (the ResNet stem's stride).
+MASK_STRIDE = 4
+
+
+def _mask_data(mask_logits: Tensor, height: int, width: int) -> dict[str, Any]:
+    """One image's mask logits [Q, h', w'] of the padded batch → its region's probabilities as 8-bit codes."""
+    rows = min(math.ceil(height / MASK_STRIDE), int(mask_logits.shape[-2]))
+    cols = min(math.ceil(width / MASK_STRIDE), int(mask_logits.shape[-1]))
+    probabilities = mask_logits[:, :rows, :cols].detach().float().cpu().sigmoid()
+    codes = torch.round(probabilities * 255).to(torch.uint8).numpy()  # fixed scale 1: probabilities
+    return {"shape": list(codes.shape), "stride": MASK_STRIDE, "maps": _base64(codes)}
 
 
 def _asset(name: str) -> str:
@@ -414,6 +434,7 @@ def write_attention_explorer(
             )
         logger.info("wrote %s (%.1f MiB)", page, size / 2**20)
         del data["decoder"], data["encoder"]  # the index needs only the image and the detections
+        data.pop("masks", None)
         written.append((page, data))
     paths = [page for page, _ in written]
     if len(written) > 1:
