@@ -99,18 +99,24 @@ def make_cli(args: list[str] | None = None, *, run: bool = True) -> DetrCLI:
     return DetrCLI(DetrSystem, DetrDataModule, args=args, run=run, save_config_kwargs={"overwrite": True})
 
 
-def main(args: list[str] | None = None) -> int:
-    """Entry point of the ``detr`` console script: ``detr fit|validate|test|predict --config ...``.
-
-    Shows this package's INFO messages (e.g. the COCO summary and per-class AP table of every
-    evaluation) next to Lightning's. Exit status: 0; 1 when ``predict`` could not predict some images (the
-    others are written); 143 when SIGTERM stopped ``fit`` after saving last.ckpt."""
+def show_package_messages() -> None:
+    """Print this package's INFO messages (the COCO and per-class tables of every evaluation) on stderr,
+    unless the application configured the "detr" logger itself."""
     package_logger = logging.getLogger("detr")
     if not package_logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         package_logger.addHandler(handler)
         package_logger.setLevel(logging.INFO)
+
+
+def main(args: list[str] | None = None) -> int:
+    """Entry point of the ``detr`` console script: ``detr fit|validate|test|predict --config ...``.
+
+    Shows this package's INFO messages (e.g. the COCO summary and per-class AP table of every
+    evaluation) next to Lightning's. Exit status: 0; 1 when ``predict`` could not predict some images (the
+    others are written); 143 when SIGTERM stopped ``fit`` after saving last.ckpt."""
+    show_package_messages()
     cli = make_cli(args)
     writers = [c for c in getattr(cli.trainer, "callbacks", []) if isinstance(c, PredictionsWriter)]
     return 1 if any(writer.failed for writer in writers) else 0

@@ -17,11 +17,10 @@ the detection data check.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from detr.lightning.checkpointing import LastCheckpoint
-from detr.lightning.cli import DetrCLI
+from detr.lightning.cli import DetrCLI, show_package_messages
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.lightning.panoptic_system import PanopticSystem
 
@@ -53,12 +52,7 @@ def make_cli(args: list[str] | None = None, *, run: bool = True) -> PanopticCLI:
 def main(args: list[str] | None = None) -> int:
     """``python -m detr.lightning.panoptic_cli fit|validate|test --config ...``; shows this package's INFO
     messages (the COCO and PQ tables of every evaluation). Exit status 0."""
-    package_logger = logging.getLogger("detr")
-    if not package_logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        package_logger.addHandler(handler)
-        package_logger.setLevel(logging.INFO)
+    show_package_messages()
     make_cli(args)
     return 0
 
