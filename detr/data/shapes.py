@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from detr.atomic_files import write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -225,23 +226,24 @@ def _write_split(root: Path, split: str, count: int, config: ShapesConfig) -> No
     }
     target = _split_json(root, split)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".json.partial")
-    partial.write_text(json.dumps(data))
-    os.replace(partial, target)  # the json appears last and at once: its presence means the split is complete
+    write_text_atomically(target, json.dumps(data))  # the json appears last and at once: the split is complete
+
+
+def read_json_written_with(path: Path, config: ShapesConfig) -> dict[str, Any] | None:
+    """The annotation json at ``path`` if it exists, parses and was written with exactly ``config``, else None."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if data.get("info", {}).get("parameters") == asdict(config) else None
 
 
 def shapes_dataset_is_complete(root: str | Path, config: ShapesConfig = ShapesConfig()) -> bool:
     """True if ``root`` holds both splits written with exactly ``config`` and every image file exists."""
     root = Path(root)
     for split in _SPLITS:
-        path = _split_json(root, split)
-        if not path.is_file():
-            return False
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return False
-        if data.get("info", {}).get("parameters") != asdict(config):
+        data = read_json_written_with(_split_json(root, split), config)
+        if data is None:
             return False
         if not all((root / split / image["file_name"]).is_file() for image in data.get("images", [])):
             return False

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from detr.data.shapes import _SPLITS, SHAPE_NAMES, ShapesConfig, render_shapes_image
+from detr.atomic_files import write_text_atomically
+from detr.data.shapes import _SPLITS, SHAPE_NAMES, ShapesConfig, read_json_written_with, render_shapes_image
 
 logger = logging.getLogger(__name__)
 
@@ -104,20 +104,15 @@ def write_shapes_panoptic(root: str | Path, config: ShapesConfig = ShapesConfig(
         data = {"info": {"description": "detr synthetic shapes, panoptic (detr.data.shapes_panoptic)",
                          "parameters": asdict(config)},
                 "images": images, "annotations": annotations, "categories": shapes_panoptic_categories()}
-        partial = target.with_suffix(".json.partial")
-        partial.write_text(json.dumps(data))
-        os.replace(partial, target)  # the json appears last: its presence means the split is complete
+        write_text_atomically(target, json.dumps(data))  # the json appears last: the split is complete
         logger.info("wrote panoptic annotations of %d %s images to '%s'", count, split, target)
     return True
 
 
 def _is_complete(root: Path, split: str, config: ShapesConfig) -> bool:
     path = _panoptic_json(root, split)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    if data.get("info", {}).get("parameters") != asdict(config):
+    data = read_json_written_with(path, config)
+    if data is None:
         return False
     png_folder = path.with_suffix("")
     return all((png_folder / a["file_name"]).is_file() for a in data.get("annotations", [])) and all(

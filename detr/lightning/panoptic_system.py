@@ -29,7 +29,7 @@ from torch import nn
 from detr.checkpoints import read_checkpoint
 from detr.criterion_masks import SetCriterionWithMasks
 from detr.evaluation.panoptic import PanopticQuality
-from detr.lightning.system import Batch, DetrSystem
+from detr.lightning.system import DetrSystem
 from detr.matcher import HungarianMatcher
 from detr.models.segmentation import DETRPanoptic
 from detr.panoptic_checkpoints import is_panoptic_state_dict
@@ -157,24 +157,6 @@ class PanopticSystem(DetrSystem):
     def on_train_epoch_start(self) -> None:
         self._fix_detector_batch_norm()  # Lightning restores each module's own mode after validation
 
-    def setup(self, stage: str) -> None:
-        model, self.model = self.model, self.detector  # DetrSystem.setup reads model.backbone
-        try:
-            super().setup(stage)
-        finally:
-            self.model = model
-
-    def parameter_groups(self) -> list[dict[str, Any]]:
-        """As :meth:`DetrSystem.parameter_groups`; the detector's backbone sits under ``detr.`` here."""
-        backbone, rest = [], []
-        for name, parameter in self.model.named_parameters():
-            if parameter.requires_grad:
-                (backbone if name.removeprefix("detr.").startswith("backbone.") else rest).append(parameter)
-        groups = [{"params": rest, "lr": self.hparams.lr, "name": "transformer"}]
-        if backbone:
-            groups.append({"params": backbone, "lr": self.hparams.lr_backbone, "name": "backbone"})
-        return groups
-
     # ------------------------------------------------------------------ evaluation
     def _start_evaluation(self, stage: str) -> None:
         super()._start_evaluation(stage)
@@ -183,24 +165,17 @@ class PanopticSystem(DetrSystem):
             self._panoptic = PanopticQuality(self.categories)
 
     def _panoptic_ground_truth(self, stage: str) -> Any:
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        dataset = getattr(datamodule, f"{stage}_dataset", None) or getattr(datamodule, "val_dataset", None)
+        dataset = self._evaluation_dataset(stage)
         if dataset is None or not hasattr(dataset, "ground_truth"):
             return None
         if not hasattr(dataset, "index_of_image"):
             dataset.index_of_image = {int(a["image_id"]): i for i, a in enumerate(dataset.annotations)}
         return dataset
 
-    def _evaluation_step(self, stage: str, batch: Batch) -> dict[str, Any]:
-        images, padding_mask, targets = batch
-        outputs = self(images, padding_mask)
-        losses = self.compute_losses(outputs, targets)
-        self._log_losses(stage, losses, batch_size=len(targets))
-        orig_sizes = torch.stack([t["orig_size"] for t in targets]).to(self.device)
-        detections = self.postprocess(outputs, orig_sizes)
+    def _score_outputs(self, stage: str, outputs: dict[str, Any], targets: list[dict[str, Any]],
+                       detections: list[dict[str, torch.Tensor]], orig_sizes: torch.Tensor) -> None:
+        """PQ and mask AP of the batch, beside DetrSystem's box AP."""
         image_ids = [int(t["image_id"]) for t in targets]
-        if self.evaluator is not None:
-            self.evaluator.update(image_ids, detections)
         dataset = self._panoptic_ground_truth(stage)
         if "pred_masks" in outputs and dataset is not None:
             processed_sizes = torch.stack([t["size"] for t in targets])
@@ -212,7 +187,6 @@ class PanopticSystem(DetrSystem):
             if self.hparams.mask_ap:
                 masks = self.postprocess_masks(outputs, processed_sizes, orig_sizes)
                 self._add_segm(image_ids, ground_truth, masks, detections)
-        return {"detections": detections, "loss": losses["loss"]}
 
     def _add_segm(self, image_ids: list[int], ground_truth: list[Any], masks: list[torch.Tensor],
                   detections: list[dict[str, torch.Tensor]]) -> None:

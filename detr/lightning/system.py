@@ -212,6 +212,12 @@ class DetrSystem(L.LightningModule):
                            "initialised", key, theirs, path, ours)
         logger.info("init_checkpoint: loaded %d tensors from %s", len(source) - len(skipped), path)
 
+    @property
+    def detector(self) -> torch.nn.Module:
+        """The DETR detector: the model itself here; the inner one where a subclass wraps it (the panoptic
+        system's mask head)."""
+        return self.model
+
     # ------------------------------------------------------------------ processes
     def setup(self, stage: str) -> None:
         """Seed every process differently (as the authors' main.py: seed + rank), once the model is built; run
@@ -220,7 +226,7 @@ class DetrSystem(L.LightningModule):
         The entry point's seed_everything gives all processes one seed, so the model starts identical
         everywhere; after that, dropout and in-process augmentation should not draw the same numbers on
         every process. A resumed run then restores each process's own states from the checkpoint."""
-        backbone = self.model.backbone[0]
+        backbone = self.detector.backbone[0]
         if (backbone.autocast_dtype == torch.bfloat16 and self.trainer.strategy.root_device.type == "cpu"
                 and not cpu_has_bfloat16()):
             backbone.use_autocast(None)
@@ -314,10 +320,13 @@ class DetrSystem(L.LightningModule):
             )
 
     # ------------------------------------------------------------------ evaluation
-    def _ground_truth(self, stage: str) -> Any:
+    def _evaluation_dataset(self, stage: str) -> Any:
+        """The data module's data set of ``stage`` (its validation set where it has none), or None."""
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        dataset = getattr(datamodule, f"{stage}_dataset", None) or getattr(datamodule, "val_dataset", None)
-        return getattr(dataset, "coco", None)
+        return getattr(datamodule, f"{stage}_dataset", None) or getattr(datamodule, "val_dataset", None)
+
+    def _ground_truth(self, stage: str) -> Any:
+        return getattr(self._evaluation_dataset(stage), "coco", None)
 
     def _start_evaluation(self, stage: str) -> None:
         coco_gt = self._ground_truth(stage)
@@ -338,7 +347,13 @@ class DetrSystem(L.LightningModule):
         detections = self.postprocess(outputs, orig_sizes)
         if self.evaluator is not None:
             self.evaluator.update([int(t["image_id"]) for t in targets], detections)
+        self._score_outputs(stage, outputs, targets, detections, orig_sizes)
         return {"detections": detections, "loss": losses["loss"]}
+
+    def _score_outputs(self, stage: str, outputs: dict[str, Any], targets: list[dict[str, Any]],
+                       detections: list[dict[str, torch.Tensor]], orig_sizes: torch.Tensor) -> None:
+        """Evaluation beyond box AP on one batch, for systems whose model predicts more (the panoptic
+        system's masks); nothing here."""
 
     def _finish_evaluation(self, stage: str) -> None:
         if self.evaluator is None:
@@ -422,10 +437,10 @@ class DetrSystem(L.LightningModule):
     def parameter_groups(self) -> list[dict[str, Any]]:
         """The optimizer's parameter groups: every trainable parameter outside the backbone at ``lr``
         ("transformer"), the backbone's at ``lr_backbone`` ("backbone", when any of it trains)."""
-        backbone, rest = [], []
-        for name, parameter in self.model.named_parameters():
-            if parameter.requires_grad:
-                (backbone if name.startswith("backbone.") else rest).append(parameter)
+        in_backbone = {id(parameter) for parameter in self.detector.backbone.parameters()}
+        trainable = [parameter for parameter in self.model.parameters() if parameter.requires_grad]
+        backbone = [parameter for parameter in trainable if id(parameter) in in_backbone]
+        rest = [parameter for parameter in trainable if id(parameter) not in in_backbone]
         groups = [{"params": rest, "lr": self.hparams.lr, "name": "transformer"}]
         if backbone:
             groups.append({"params": backbone, "lr": self.hparams.lr_backbone, "name": "backbone"})
