@@ -43,6 +43,7 @@ from detr.data.collate import collate_detection, pad_images
 from detr.data.transforms import make_train_transform
 from detr.lightning.datamodule import seed_worker_transform
 from detr.lightning.system import DetrSystem
+from detr.models.config import DetrConfig
 from machine import describe_machine
 
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -127,7 +128,7 @@ class Trainer:
 
     def __init__(self, model_args: dict[str, Any], device: torch.device, setting: Setting, seed: int = 0) -> None:
         torch.manual_seed(seed)
-        self.system = DetrSystem(**model_args, channels_last=device.type == "cuda").to(device).train()
+        self.system = DetrSystem(detr=DetrConfig(**model_args), channels_last=device.type == "cuda").to(device).train()
         self.device = device
         self.autocast = set_precision(setting.precision)
         self.forward: Callable = self.system.model
@@ -232,7 +233,7 @@ def infer_section(args: argparse.Namespace, device: torch.device, settings: list
     print("| setting | " + " | ".join(f"batch {b} img/s" for b in args.infer_batches) + " | MFU (largest batch) |")
     print("|---" * (len(args.infer_batches) + 2) + "|")
     torch.manual_seed(0)
-    system = DetrSystem(**args.model)
+    system = DetrSystem(detr=DetrConfig(**args.model))
     model = system.model.to(device).eval()
     model.optimize_for_inference()
     # Counted with autograd on: FlopCounterMode's module tracker fails on parameters without a graph

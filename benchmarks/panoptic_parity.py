@@ -44,12 +44,12 @@ def main() -> None:
                 elif ".gn" in name:
                     tensor.normal_(0, 0.1)
     detr, config = model.detr, model.config
-    channels = [1024, 512, 256] if config["backbone"] in ("resnet50", "resnet101") else [256, 128, 64]
+    channels = [1024, 512, 256] if config.backbone in ("resnet50", "resnet101") else [256, 128, 64]
     reference = ReferencePanoptic(
-        ReferenceDETR(detr.backbone[0].body, detr.backbone.num_channels, config["hidden_dim"], config["num_heads"],
-                      config["num_encoder_layers"], config["num_decoder_layers"], config["dim_feedforward"],
+        ReferenceDETR(detr.backbone[0].body, detr.backbone.num_channels, config.hidden_dim, config.num_heads,
+                      config.num_encoder_layers, config.num_decoder_layers, config.dim_feedforward,
                       model.num_queries, model.num_classes),
-        channels, config["hidden_dim"], config["num_heads"]).eval()
+        channels, config.hidden_dim, config.num_heads).eval()
     reference.load_state_dict(model.state_dict())
     height, width = args.height, args.width
     images = torch.zeros(2, 3, height, width)

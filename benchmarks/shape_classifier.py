@@ -8,12 +8,13 @@ upper bound on how quickly the backbone can learn the classes from this many obj
     .venv/bin/python benchmarks/shape_classifier.py                 # AdamW lr 5e-4, 200 steps of 64 crops
     .venv/bin/python benchmarks/shape_classifier.py --lr 2e-3
 
-Data: the shapes set as benchmarks/convergence.py renders it (and caches it).
+Data: the shapes set that benchmarks/convergence.py trains on (data/shapes, written if missing).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -22,28 +23,42 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from convergence import IMAGENET_MEAN, IMAGENET_STD, DetectionSet, cached_shapes
+from convergence import shapes_root
+from detr.categories import CategoryMap
+from detr.data.images import load_rgb_image
+from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from machine import describe_machine
 
 CROP = 48
 
 
-def object_crops(data: DetectionSet, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalised crops float [N, 3, 48, 48] centred on each object (moved inside the image), labels [N]."""
-    size = data.images.shape[-1]
+def object_crops(root: Path, split: str, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalised crops float [N, 3, 48, 48] centred on the objects of ``root``'s COCO-layout ``split``
+    (moved inside the image), contiguous labels [N]; the first ``limit`` objects."""
+    data = json.loads((root / "annotations" / f"instances_{split}.json").read_text())
+    category_map = CategoryMap.from_coco_categories(data["categories"], contiguous=True)
+    by_image: dict[int, list[dict]] = {}
+    for annotation in data["annotations"]:
+        by_image.setdefault(annotation["image_id"], []).append(annotation)
     crops, labels = [], []
-    for image, image_labels, boxes in zip(data.images, data.labels, data.boxes):
-        for label, box in zip(image_labels.tolist(), boxes):
-            x0 = min(max(int(box[0] * size) - CROP // 2, 0), size - CROP)
-            y0 = min(max(int(box[1] * size) - CROP // 2, 0), size - CROP)
-            crops.append(image[:, y0:y0 + CROP, x0:x0 + CROP])
-            labels.append(label)
+    for image in sorted(data["images"], key=lambda i: i["id"]):
+        objects = by_image.get(image["id"], [])
+        if not objects:
+            continue
+        pixels = torch.from_numpy(load_rgb_image(root / split / image["file_name"])).permute(2, 0, 1)  # uint8 [3, H, W]
+        height, width = pixels.shape[1:]
+        for annotation in objects:
+            x, y, w, h = annotation["bbox"]  # pixel xywh
+            x0 = min(max(int(x + w / 2) - CROP // 2, 0), width - CROP)
+            y0 = min(max(int(y + h / 2) - CROP // 2, 0), height - CROP)
+            crops.append(pixels[:, y0:y0 + CROP, x0:x0 + CROP])
+            labels.append(category_map.category_id_to_label(annotation["category_id"]))
             if len(crops) >= limit:
                 break
         if len(crops) >= limit:
             break
-    pixels = torch.stack(crops).float().div(255)
-    return (pixels - IMAGENET_MEAN) / IMAGENET_STD, torch.tensor(labels)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    return (torch.stack(crops).float().div(255) - mean) / std, torch.tensor(labels)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(describe_machine(), flush=True)
-    train, val = cached_shapes(2000, 200, 0, args.cache_dir)
-    train_x, train_y = object_crops(train, 6000)
-    val_x, val_y = object_crops(val, 500)
+    root = shapes_root(2000, 200, 0, args.cache_dir)
+    train_x, train_y = object_crops(root, "train2017", 6000)
+    val_x, val_y = object_crops(root, "val2017", 500)
     resnet = torchvision.models.resnet18(num_classes=5)
     model = torch.nn.Sequential(resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool, resnet.layer1, resnet.layer2,
                                 resnet.layer3, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),

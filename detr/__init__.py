@@ -4,11 +4,11 @@ from detr.categories import CategoryMap
 from detr.checkpoints import load_checkpoint
 from detr.criterion import SetCriterion
 from detr.matcher import HungarianMatcher
-from detr.models import DETR, DETRPanoptic, build_detr, build_detr_panoptic
+from detr.models import DETR, DETRPanoptic, DetrConfig, build_detr, build_detr_panoptic
 from detr.postprocess import PostProcess
 
-__all__ = ["DETR", "CategoryMap", "DETRPanoptic", "HungarianMatcher", "PostProcess", "Predictor", "SetCriterion",
-           "build_detr", "build_detr_panoptic", "load_checkpoint"]
+__all__ = ["DETR", "CategoryMap", "DETRPanoptic", "DetrConfig", "HungarianMatcher", "PostProcess", "Predictor",
+           "SetCriterion", "build_detr", "build_detr_panoptic", "load_checkpoint"]
 
 
 def __getattr__(name: str):

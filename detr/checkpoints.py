@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from detr.categories import CategoryMap
-from detr.focal import PRIOR_BIAS
 from detr.models.detr import DETR, ClassHead, build_detr
 
 logger = logging.getLogger(__name__)
@@ -135,9 +134,8 @@ def _num_real_classes(state_dict: dict[str, torch.Tensor], where: str) -> int | 
 def _infer_class_head(state_dict: dict[str, torch.Tensor], where: str) -> ClassHead:
     """softmax (num_classes + 1 logits) or sigmoid (num_classes): the class head's shape alone cannot tell.
 
-    Decided by the real class count of the denoising or dense head when there is one, or by the focal
-    prior bias that an untrained sigmoid head holds in every entry (a softmax head starts random);
-    otherwise softmax, the authors' head.
+    Decided by the real class count of the denoising or dense head when there is one; otherwise softmax,
+    the authors' head. (This project's checkpoints store their config: nothing is guessed for them.)
     """
     outputs = int(state_dict["class_embed.weight"].shape[0])
     real = _num_real_classes(state_dict, where)
@@ -146,9 +144,6 @@ def _infer_class_head(state_dict: dict[str, torch.Tensor], where: str) -> ClassH
             raise CheckpointError(f"{where}: class_embed has {outputs} outputs for {real} classes; expected "
                                   f"{real} (sigmoid) or {real + 1} (softmax)")
         return "sigmoid" if outputs == real else "softmax"
-    bias = state_dict.get("class_embed.bias")
-    if bias is not None and torch.equal(bias, torch.full_like(bias, PRIOR_BIAS)):
-        return "sigmoid"
     return "softmax"
 
 
@@ -164,9 +159,9 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "",
     - DC5 (a dilated layer4) changes no weight shape: it is taken from the file name (the released
       files contain "dc5"). The number of heads: the authors always use 8.
     - class_head: sigmoid has num_classes logits, softmax num_classes + 1, so the shape is ambiguous. It
-      is resolved by the denoising or dense head's class count, or by an untrained sigmoid head's prior
-      bias; otherwise softmax. Pass ``class_head="sigmoid"`` (here or to load_checkpoint) for a trained
-      sigmoid model without those heads: num_classes then follows from the class head.
+      is resolved by the denoising or dense head's class count; otherwise softmax. Pass ``class_head="sigmoid"`` (here or to load_checkpoint) for a trained
+      sigmoid model without those heads (a bare state dict: this project's checkpoints store the config):
+      num_classes then follows from the class head.
     - query_groups: ``refpoint_embed`` holds num_queries × query_groups anchors, indistinguishable from
       one group of that many. Pass ``query_groups`` (num_queries is divided by it); with 1, a Group DETR
       model loads but decodes every group at inference.

@@ -1,40 +1,39 @@
 """DETR's set loss (Carion et al. 2020, section 3.1 and appendix A.2; the authors' SetCriterion in models/detr.py).
 
 A pure function of predictions and targets: the caller passes ``num_boxes`` already reduced across
-processes (the training system all-reduces it); nothing here talks to torch.distributed.
+processes (the training system all-reduces it); nothing here talks to torch.distributed. Losses of later
+training aids (denoising queries, the dense head) are parts it composes (:mod:`detr.criterion_parts`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.box_ops import cxcywh_to_xyxy, elementwise_generalized_box_iou
+from detr.criterion_parts import DenoisingLoss, DenseLoss, LossPart
 from detr.focal import ClassHead, resolve_class_head, sigmoid_focal_loss
+from detr.matched_losses import Indices, Outputs, Targets, box_losses, matched_labels, matched_query_index
 from detr.matcher import HungarianMatcher
-from detr.models.dense_head import dense_assignment
 
-Outputs = dict[str, torch.Tensor]
-Targets = list[dict[str, torch.Tensor]]
-Indices = list[tuple[torch.Tensor, torch.Tensor]]
+_matched_query_index = matched_query_index  # the name detr.criterion_masks imports
 
-
-def _matched_query_index(indices: Indices) -> tuple[torch.Tensor, torch.Tensor]:
-    """(batch index, query index) of every matched query, for advanced indexing of [B, Q, ...]."""
-    batch_index = torch.cat([torch.full_like(src, i) for i, (src, _) in enumerate(indices)])
-    query_index = torch.cat([src for src, _ in indices])
-    return batch_index, query_index
+#: Model outputs that only a part reads: (what they are, the part, its shorthand). A criterion without the
+#: part refuses them rather than train without their loss.
+_PART_OUTPUTS = {"dn_outputs": ("denoising predictions", "DenoisingLoss", "denoising=True"),
+                 "dense_outputs": ("dense auxiliary predictions", "DenseLoss", "dense_aux=True")}
 
 
 class SetCriterion(nn.Module):
-    """Hungarian-matched losses for the final and every auxiliary decoder layer.
+    """Hungarian-matched losses for the final and every auxiliary decoder layer, plus its parts' losses.
 
     Returns UNWEIGHTED terms under the authors' names: loss_ce (weighted cross-entropy, no-object weight
     ``eos_coef``, mean over all B × Q queries), loss_bbox (L1 over matched boxes / num_boxes), loss_giou
     ((1 − GIoU) over matched boxes / num_boxes), and the logged-only class_error (100 − top-1 accuracy
     of matched queries) and cardinality_error. Auxiliary layer i adds the suffix ``_i``.
-    ``weight_dict`` maps each trained term to its weight (1, 5, 2).
+    ``weight_dict`` maps each trained term to its weight (1, 5, 2), the parts' terms included.
 
     Options for training from scratch on a short budget (docs/convergence.md; defaults are the paper's):
         class_head: the model's class head: "softmax" (paper: cross-entropy with a no-object class) or
@@ -44,21 +43,19 @@ class SetCriterion(nn.Module):
         Group DETR: outputs with ``query_groups`` G > 1 are matched group by group (see the matcher) and
             the box and focal terms are divided by G · num_boxes: the mean over groups of each group's
             loss (the softmax term is a mean over all queries already). cardinality_error counts group 1.
-        denoising: also compute loss_ce_dn, loss_bbox_dn, loss_giou_dn (+ ``_dn_i`` per aux layer) on the
-            model's ``dn_outputs``: each denoising query against the ground truth it was made from, no
-            matching, divided by num_boxes × groups (DN-DETR). They are zero when the outputs have none
-            (evaluation mode), so ``weight_dict`` always finds them.
-        dense_aux: also compute loss_ce_dense, loss_bbox_dense, loss_giou_dense on the model's
-            ``dense_outputs`` (:mod:`detr.models.dense_head`, one-to-many: every cell inside a box):
-            sigmoid focal over the real cells, L1 and GIoU over the positive cells, each divided by this
-            process's positive-cell count; weighted like the main terms. Zeros without dense outputs.
+        parts: further losses (:mod:`detr.criterion_parts`), each called with the outputs, the targets and
+            num_boxes: :class:`~detr.criterion_parts.DenoisingLoss` for a model with denoising queries
+            (loss_*_dn, loss_*_dn_i), :class:`~detr.criterion_parts.DenseLoss` for one with the dense head
+            (loss_*_dense). Outputs holding ``dn_outputs`` or ``dense_outputs`` need the part that reads them.
+        denoising, dense_aux: shorthands that add those two parts with this criterion's layer count, class
+            head, focal parameters and weights.
     """
 
     def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, eos_coef: float = 0.1, *,
                  loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
                  num_decoder_layers: int = 6, class_head: ClassHead | None = None,
-                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, denoising: bool = False,
-                 dense_aux: bool = False, class_loss: str | None = None) -> None:
+                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, parts: Sequence[LossPart] = (),
+                 denoising: bool = False, dense_aux: bool = False, class_loss: str | None = None) -> None:
         super().__init__()
         class_head = resolve_class_head(class_head, class_loss, "SetCriterion")
         self.num_classes = num_classes
@@ -67,8 +64,7 @@ class SetCriterion(nn.Module):
             raise ValueError(f"SetCriterion(class_head={class_head!r}) needs a matcher with the same cost: "
                              f"HungarianMatcher(class_head={class_head!r}), got {self.matcher.class_head!r}")
         self.class_head, self.focal_alpha, self.focal_gamma = class_head, focal_alpha, focal_gamma
-        self.denoising, self.num_decoder_layers, self.dense_aux = denoising, num_decoder_layers, dense_aux
-        self.eos_coef = eos_coef
+        self.num_decoder_layers, self.eos_coef = num_decoder_layers, eos_coef
         empty_weight = torch.ones(num_classes + 1)
         empty_weight[-1] = eos_coef
         self.register_buffer("empty_weight", empty_weight)
@@ -76,31 +72,41 @@ class SetCriterion(nn.Module):
         self.weight_dict: dict[str, float] = dict(base)
         for layer in range(num_decoder_layers - 1):
             self.weight_dict.update({f"{name}_{layer}": weight for name, weight in base.items()})
+
+        parts = list(parts)
         if denoising:
-            self.weight_dict.update({f"{name}_dn": weight for name, weight in base.items()})
-            for layer in range(num_decoder_layers - 1):
-                self.weight_dict.update({f"{name}_dn_{layer}": weight for name, weight in base.items()})
+            parts.append(DenoisingLoss(num_decoder_layers, class_head=class_head, focal_alpha=focal_alpha,
+                                       focal_gamma=focal_gamma, **base))
         if dense_aux:
-            self.weight_dict.update({f"{name}_dense": weight for name, weight in base.items()})
+            parts.append(DenseLoss(focal_alpha=focal_alpha, focal_gamma=focal_gamma, **base))
+        for part in parts:
+            if part.output_key in {other.output_key for other in parts if other is not part}:
+                raise ValueError(f"SetCriterion: two parts read {part.output_key!r}; pass each part once (the "
+                                 "denoising= and dense_aux= shorthands add one too)")
+            if getattr(part, "class_head", class_head) != class_head:
+                raise ValueError(f"SetCriterion(class_head={class_head!r}): the part {type(part).__name__} has "
+                                 f"class_head={part.class_head!r}; give both the model's class head")
+            self.weight_dict.update(part.weight_dict)
+        self.parts = nn.ModuleList(parts)
 
     def loss_labels(self, outputs: Outputs, targets: Targets, indices: Indices,
                     num_boxes: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
         """num_boxes: divides the focal loss only (the softmax loss is a mean over all queries)."""
         logits = outputs["pred_logits"].float()  # [B, Q, C+1] softmax, [B, Q, C] sigmoid
-        batch_index, query_index = _matched_query_index(indices)
-        matched_labels = torch.cat([t["labels"][tgt] for t, (_, tgt) in zip(targets, indices)]).to(logits.device)
+        batch_index, query_index = matched_query_index(indices)
+        labels = matched_labels(targets, indices).to(logits.device)
         if self.class_head == "sigmoid":
             onehot = torch.zeros_like(logits)  # unmatched queries: every class negative
-            onehot[batch_index, query_index, matched_labels] = 1.0
+            onehot[batch_index, query_index, labels] = 1.0
             loss_ce = sigmoid_focal_loss(logits, onehot, num_boxes, alpha=self.focal_alpha, gamma=self.focal_gamma)
         else:
             target_classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
-            target_classes[batch_index, query_index] = matched_labels
+            target_classes[batch_index, query_index] = labels
             loss_ce = F.cross_entropy(logits.transpose(1, 2), target_classes, self.empty_weight)
-        if matched_labels.numel() == 0:
+        if labels.numel() == 0:
             accuracy = logits.new_zeros(())  # the authors' convention: class_error 100 with no targets
         else:
-            accuracy = (logits[batch_index, query_index].argmax(-1) == matched_labels).float().mean() * 100
+            accuracy = (logits[batch_index, query_index].argmax(-1) == labels).float().mean() * 100
         return {"loss_ce": loss_ce, "class_error": 100 - accuracy}
 
     @torch.no_grad()
@@ -116,12 +122,7 @@ class SetCriterion(nn.Module):
         return {"cardinality_error": F.l1_loss(predicted, target_lengths)}
 
     def loss_boxes(self, outputs: Outputs, targets: Targets, indices: Indices, num_boxes: float) -> dict[str, torch.Tensor]:
-        batch_index, query_index = _matched_query_index(indices)
-        pred = outputs["pred_boxes"][batch_index, query_index].float()  # [N, 4] cxcywh
-        target = torch.cat([t["boxes"][tgt] for t, (_, tgt) in zip(targets, indices)]).to(pred)
-        loss_bbox = F.l1_loss(pred, target, reduction="none").sum() / num_boxes
-        giou = elementwise_generalized_box_iou(cxcywh_to_xyxy(pred), cxcywh_to_xyxy(target))
-        return {"loss_bbox": loss_bbox, "loss_giou": (1 - giou).sum() / num_boxes}
+        return box_losses(outputs["pred_boxes"], targets, indices, num_boxes)
 
     def layer_losses(self, outputs: Outputs, targets: Targets, num_boxes: float) -> dict[str, torch.Tensor]:
         """Match, then every loss term for one decoder layer's predictions."""
@@ -134,9 +135,14 @@ class SetCriterion(nn.Module):
 
     def forward(self, outputs: dict, targets: Targets, num_boxes: float | torch.Tensor | None = None
                 ) -> dict[str, torch.Tensor]:
-        """outputs: the model's dict (pred_logits, pred_boxes, optional aux_outputs); targets: per image
-        labels int64 [T] and boxes [T, 4] normalised cxcywh; num_boxes: the batch's target count,
-        averaged over processes by the caller (local count when None), clamped to at least 1."""
+        """outputs: the model's dict (pred_logits, pred_boxes, optional aux_outputs, and what the parts read);
+        targets: per image labels int64 [T] and boxes [T, 4] normalised cxcywh; num_boxes: the batch's
+        target count, averaged over processes by the caller (local count when None), clamped to at least 1."""
+        read = {part.output_key for part in self.parts}
+        for key, (what, part, shorthand) in _PART_OUTPUTS.items():
+            if key in outputs and key not in read:
+                raise ValueError(f"the outputs hold {what} ({key}) but the criterion ignores them: build it with "
+                                 f"SetCriterion(..., parts=[{part}(...)]) or SetCriterion(..., {shorthand})")
         if num_boxes is None:
             num_boxes = float(sum(len(t["labels"]) for t in targets))
         num_boxes = torch.as_tensor(num_boxes, dtype=torch.float32, device=outputs["pred_logits"].device).clamp(min=1)
@@ -145,66 +151,6 @@ class SetCriterion(nn.Module):
             aux_losses = self.layer_losses(aux, targets, num_boxes)
             aux_losses.pop("class_error")  # logged for the last layer only, as the authors do
             losses.update({f"{name}_{layer}": value for name, value in aux_losses.items()})
-        if self.denoising:
-            losses.update(self.denoising_losses(outputs, targets, num_boxes))
-        elif "dn_outputs" in outputs:
-            raise ValueError("the outputs hold denoising predictions (dn_outputs) but the criterion ignores them: "
-                             "build it with SetCriterion(..., denoising=True)")
-        if self.dense_aux:
-            losses.update(self.dense_losses(outputs, targets))
-        elif "dense_outputs" in outputs:
-            raise ValueError("the outputs hold dense auxiliary predictions (dense_outputs) but the criterion ignores "
-                             "them: build it with SetCriterion(..., dense_aux=True)")
-        return losses
-
-    def dense_losses(self, outputs: dict, targets: Targets) -> dict[str, torch.Tensor]:
-        """loss_{ce,bbox,giou}_dense of the training-only dense head (one-to-many assignment of
-        :func:`detr.models.dense_head.dense_assignment`); zeros when the outputs have none."""
-        if "dense_outputs" not in outputs:
-            zero = outputs["pred_logits"].new_zeros((), dtype=torch.float32)
-            return {"loss_ce_dense": zero, "loss_bbox_dense": zero, "loss_giou_dense": zero}
-        dense = outputs["dense_outputs"]
-        logits = dense["pred_logits"].float()  # [B, HW, K]
-        assigned = dense_assignment(dense["centers"], dense["valid"], targets)  # [B, HW], -1 = negative
-        indices = []  # per image (positive cells, their targets): the layout of the matcher's indices
-        for row in assigned:
-            cells = (row >= 0).nonzero().flatten()
-            indices.append((cells, row[cells]))
-        num_positive = (assigned >= 0).sum().clamp(min=1).float()
-        batch_index, cell_index = _matched_query_index(indices)
-        labels = torch.cat([t["labels"][tgt] for t, (_, tgt) in zip(targets, indices)]).to(logits.device)
-        onehot = torch.zeros_like(logits)
-        onehot[batch_index, cell_index, labels] = 1.0
-        valid = dense["valid"]
-        loss_ce = sigmoid_focal_loss(logits[valid], onehot[valid], num_positive, alpha=self.focal_alpha,
-                                     gamma=self.focal_gamma)
-        boxes = self.loss_boxes({"pred_boxes": dense["pred_boxes"]}, targets, indices, num_positive)
-        return {"loss_ce_dense": loss_ce, "loss_bbox_dense": boxes["loss_bbox"], "loss_giou_dense": boxes["loss_giou"]}
-
-    def denoising_losses(self, outputs: dict, targets: Targets, num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
-        """loss_{ce,bbox,giou}_dn (+ ``_dn_i`` per aux layer) of the denoising queries (DN-DETR): each
-        query is scored against the target it was noised from (``outputs["dn_meta"].indices``), with no
-        matching; the class loss covers those queries only; everything is divided by num_boxes × groups.
-        Zeros when the outputs have no denoising part (evaluation, or a batch without targets)."""
-        names = ("loss_ce", "loss_bbox", "loss_giou")
-        suffixes = ["_dn"] + [f"_dn_{layer}" for layer in range(self.num_decoder_layers - 1)]
-        if "dn_outputs" not in outputs:
-            zero = outputs["pred_logits"].new_zeros((), dtype=torch.float32)
-            return {f"{name}{suffix}": zero for suffix in suffixes for name in names}
-        meta, dn_outputs = outputs["dn_meta"], outputs["dn_outputs"]
-        indices = meta.indices(targets)
-        dn_num_boxes = num_boxes * meta.num_groups
-        batch_index, query_index = _matched_query_index(indices)
-        labels = torch.cat([t["labels"][tgt] for t, (_, tgt) in zip(targets, indices)])
-        losses = {}
-        for suffix, layer in zip(suffixes, [dn_outputs, *dn_outputs.get("aux_outputs", [])]):
-            logits = layer["pred_logits"][batch_index, query_index].float()  # [N, C(+1)]
-            labels = labels.to(logits.device)
-            if self.class_head == "sigmoid":
-                onehot = F.one_hot(labels, logits.shape[-1]).to(logits.dtype)
-                loss_ce = sigmoid_focal_loss(logits, onehot, dn_num_boxes, alpha=self.focal_alpha, gamma=self.focal_gamma)
-            else:
-                loss_ce = F.cross_entropy(logits, labels)
-            layer_losses = {"loss_ce": loss_ce, **self.loss_boxes(layer, targets, indices, dn_num_boxes)}
-            losses.update({f"{name}{suffix}": layer_losses[name] for name in names})
+        for part in self.parts:
+            losses.update(part(outputs, targets, num_boxes))
         return losses

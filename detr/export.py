@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from detr.categories import CategoryMap
+from detr.models.anchor_detr import AnchorDETR
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned
 from detr.postprocess import boxes_to_pixels, scores_and_labels
@@ -71,7 +72,7 @@ class DeployModel(nn.Module):
     (scores [B, Q], labels int64 [B, Q], boxes [B, Q, 4] pixel xyxy), scored by :mod:`detr.postprocess`.
     """
 
-    def __init__(self, model: DETR, *, postprocess: bool = False) -> None:
+    def __init__(self, model: DETR | AnchorDETR, *, postprocess: bool = False) -> None:
         super().__init__()
         self.model, self.postprocess = model, postprocess
 
@@ -92,13 +93,13 @@ class DeployModel(nn.Module):
         return scores, labels, boxes_to_pixels(outputs["pred_boxes"], orig_sizes)
 
 
-def min_image_size(model: DETR) -> int:
+def min_image_size(model: DETR | AnchorDETR) -> int:
     """Smallest height and width an exported model takes: one stride more than a single feature cell, since
     torch.export treats sizes 0 and 1 as static and would specialise a graph traced on them."""
     return model.backbone[0].stride + 1
 
 
-def _max_image_size(model: DETR) -> int | None:
+def _max_image_size(model: DETR | AnchorDETR) -> int | None:
     """The learned position encoding has a table of 50 rows and columns: no feature map may exceed it."""
     encoding = model.backbone[1]
     if isinstance(encoding, PositionEmbeddingLearned):
@@ -106,20 +107,21 @@ def _max_image_size(model: DETR) -> int | None:
     return None
 
 
-def prepare_for_export(model: nn.Module) -> DETR:
+def prepare_for_export(model: nn.Module) -> DETR | AnchorDETR:
     """A copy of ``model`` ready to trace: eval mode (training-only parts, i.e. denoising queries, extra
     query groups and the dense head, are then inactive), frozen BatchNorms folded into the convolutions,
     float32, no autocast. The caller's model is left as it was."""
-    if not isinstance(model, DETR):
-        raise ExportError(f"only detr.models.DETR exports (got {type(model).__name__}); a panoptic model's mask "
-                          f"head is not part of the export")
+    if not isinstance(model, (DETR, AnchorDETR)):
+        raise ExportError(f"only detr.models.DETR and AnchorDETR export (got {type(model).__name__}); a panoptic "
+                          f"model's mask head is not part of the export")
     prepared = copy.deepcopy(model).float().eval().cpu()
     prepared.optimize_for_inference(fold_batch_norm=True, channels_last=False)
     prepared.backbone[0].autocast_dtype = None
     return prepared
 
 
-def example_inputs(model: DETR, *, postprocess: bool, batch_sizes: list[tuple[int, int]] | None = None,
+def example_inputs(model: DETR | AnchorDETR, *, postprocess: bool,
+                   batch_sizes: list[tuple[int, int]] | None = None,
                    seed: int = 0) -> tuple[Tensor, ...]:
     """A zero-padded batch of random normalised images (one per (height, width) in ``batch_sizes``,
     default two of different sizes) with its mask, and orig_sizes if ``postprocess``."""
@@ -139,7 +141,7 @@ def example_inputs(model: DETR, *, postprocess: bool, batch_sizes: list[tuple[in
     return images, mask, orig_sizes
 
 
-def _dynamic_shapes(model: DETR, postprocess: bool) -> dict[str, dict[int, Any]]:
+def _dynamic_shapes(model: DETR | AnchorDETR, postprocess: bool) -> dict[str, dict[int, Any]]:
     Dim = torch.export.Dim
     limits = {"min": min_image_size(model)}
     if _max_image_size(model) is not None:
@@ -166,13 +168,13 @@ def _torch_export(model: nn.Module, postprocess: bool) -> tuple[torch.export.Exp
     return program, module
 
 
-def metadata(model: DETR, *, postprocess: bool, category_map: CategoryMap | None = None,
+def metadata(model: DETR | AnchorDETR, *, postprocess: bool, category_map: CategoryMap | None = None,
              eval_size: tuple[int, int] | None = None) -> dict[str, str]:
     """The metadata an exported file carries, as JSON strings keyed ``detr.*``."""
     category_map = category_map if category_map is not None else getattr(model, "category_map", None)
     eval_size = eval_size if eval_size is not None else getattr(model, "eval_size", None)
-    config = {key: value for key, value in getattr(model, "config", {}).items()
-              if isinstance(value, (str, int, float, bool, type(None)))}
+    options = model.config.to_dict() if model.config is not None else {}
+    config = {key: value for key, value in options.items() if isinstance(value, (str, int, float, bool, type(None)))}
     values = {
         "outputs": "postprocessed" if postprocess else "raw",
         "class_head": model.class_head,

@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -64,7 +63,7 @@ _RESNETS = {
     "resnet101": ("bottleneck", [3, 4, 23, 3]),
 }
 
-# (this project's prefix, transformers' prefix); "*" is a layer index, the same on both sides.
+# (this project's prefix, transformers' prefix); "{layer}" is a layer index, the same on both sides.
 _PAIRS: tuple[tuple[str, str], ...] = (
     ("input_proj.", "model.input_projection."),
     ("query_embed.", "model.query_position_embeddings."),
@@ -74,18 +73,19 @@ _PAIRS: tuple[tuple[str, str], ...] = (
     # learned position encoding: transformers 4 had it under model.backbone., 5 reads and writes it here
     ("backbone.1.row_embed.", "model.position_embedding.row_embeddings."),
     ("backbone.1.col_embed.", "model.position_embedding.column_embeddings."),
-    ("transformer.encoder.layers.*.self_attn.out_proj.", "model.encoder.layers.*.self_attn.out_proj."),
-    ("transformer.encoder.layers.*.norm1.", "model.encoder.layers.*.self_attn_layer_norm."),
-    ("transformer.encoder.layers.*.norm2.", "model.encoder.layers.*.final_layer_norm."),
-    ("transformer.encoder.layers.*.linear1.", "model.encoder.layers.*.fc1."),
-    ("transformer.encoder.layers.*.linear2.", "model.encoder.layers.*.fc2."),
-    ("transformer.decoder.layers.*.self_attn.out_proj.", "model.decoder.layers.*.self_attn.out_proj."),
-    ("transformer.decoder.layers.*.multihead_attn.out_proj.", "model.decoder.layers.*.encoder_attn.out_proj."),
-    ("transformer.decoder.layers.*.norm1.", "model.decoder.layers.*.self_attn_layer_norm."),
-    ("transformer.decoder.layers.*.norm2.", "model.decoder.layers.*.encoder_attn_layer_norm."),
-    ("transformer.decoder.layers.*.norm3.", "model.decoder.layers.*.final_layer_norm."),
-    ("transformer.decoder.layers.*.linear1.", "model.decoder.layers.*.fc1."),
-    ("transformer.decoder.layers.*.linear2.", "model.decoder.layers.*.fc2."),
+    ("transformer.encoder.layers.{layer}.self_attn.out_proj.", "model.encoder.layers.{layer}.self_attn.out_proj."),
+    ("transformer.encoder.layers.{layer}.norm1.", "model.encoder.layers.{layer}.self_attn_layer_norm."),
+    ("transformer.encoder.layers.{layer}.norm2.", "model.encoder.layers.{layer}.final_layer_norm."),
+    ("transformer.encoder.layers.{layer}.linear1.", "model.encoder.layers.{layer}.fc1."),
+    ("transformer.encoder.layers.{layer}.linear2.", "model.encoder.layers.{layer}.fc2."),
+    ("transformer.decoder.layers.{layer}.self_attn.out_proj.", "model.decoder.layers.{layer}.self_attn.out_proj."),
+    ("transformer.decoder.layers.{layer}.multihead_attn.out_proj.",
+     "model.decoder.layers.{layer}.encoder_attn.out_proj."),
+    ("transformer.decoder.layers.{layer}.norm1.", "model.decoder.layers.{layer}.self_attn_layer_norm."),
+    ("transformer.decoder.layers.{layer}.norm2.", "model.decoder.layers.{layer}.encoder_attn_layer_norm."),
+    ("transformer.decoder.layers.{layer}.norm3.", "model.decoder.layers.{layer}.final_layer_norm."),
+    ("transformer.decoder.layers.{layer}.linear1.", "model.decoder.layers.{layer}.fc1."),
+    ("transformer.decoder.layers.{layer}.linear2.", "model.decoder.layers.{layer}.fc2."),
 )
 _BODY, _HF_BODY = "backbone.0.body.", "model.backbone.conv_encoder.model."
 # q, k, v projections ↔ one in_proj: (stack, layer index, this project's module, transformers' module)
@@ -93,31 +93,17 @@ _HF_QKV = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.(self_attn|encod
 _IN_PROJ = re.compile(
     r"transformer\.(encoder|decoder)\.layers\.(\d+)\.(self_attn|multihead_attn)\.in_proj_(weight|bias)$")
 
-# transformers' ResNet ↔ torchvision's, inside the backbone (stage N is torchvision's layer N + 1).
-_HF_RESNET_TO_TORCHVISION: tuple[tuple[str, Callable[[re.Match], str]], ...] = (
-    (r"embedder\.embedder\.convolution\.", lambda m: "conv1."),
-    (r"embedder\.embedder\.normalization\.", lambda m: "bn1."),
-    (r"encoder\.stages\.(\d+)\.layers\.(\d+)\.shortcut\.convolution\.",
-     lambda m: f"layer{int(m[1]) + 1}.{m[2]}.downsample.0."),
-    (r"encoder\.stages\.(\d+)\.layers\.(\d+)\.shortcut\.normalization\.",
-     lambda m: f"layer{int(m[1]) + 1}.{m[2]}.downsample.1."),
-    (r"encoder\.stages\.(\d+)\.layers\.(\d+)\.layer\.(\d+)\.convolution\.",
-     lambda m: f"layer{int(m[1]) + 1}.{m[2]}.conv{int(m[3]) + 1}."),
-    (r"encoder\.stages\.(\d+)\.layers\.(\d+)\.layer\.(\d+)\.normalization\.",
-     lambda m: f"layer{int(m[1]) + 1}.{m[2]}.bn{int(m[3]) + 1}."),
+# transformers' ResNet ↔ torchvision's, inside the backbone: (torchvision's prefix, transformers' prefix).
+_RESNET_PAIRS: tuple[tuple[str, str], ...] = (
+    ("conv1.", "embedder.embedder.convolution."),
+    ("bn1.", "embedder.embedder.normalization."),
+    ("layer{stage}.{block}.downsample.0.", "encoder.stages.{stage}.layers.{block}.shortcut.convolution."),
+    ("layer{stage}.{block}.downsample.1.", "encoder.stages.{stage}.layers.{block}.shortcut.normalization."),
+    ("layer{stage}.{block}.conv{conv}.", "encoder.stages.{stage}.layers.{block}.layer.{conv}.convolution."),
+    ("layer{stage}.{block}.bn{conv}.", "encoder.stages.{stage}.layers.{block}.layer.{conv}.normalization."),
 )
-_TORCHVISION_TO_HF_RESNET: tuple[tuple[str, Callable[[re.Match], str]], ...] = (
-    (r"conv1\.", lambda m: "embedder.embedder.convolution."),
-    (r"bn1\.", lambda m: "embedder.embedder.normalization."),
-    (r"layer(\d)\.(\d+)\.downsample\.0\.",
-     lambda m: f"encoder.stages.{int(m[1]) - 1}.layers.{m[2]}.shortcut.convolution."),
-    (r"layer(\d)\.(\d+)\.downsample\.1\.",
-     lambda m: f"encoder.stages.{int(m[1]) - 1}.layers.{m[2]}.shortcut.normalization."),
-    (r"layer(\d)\.(\d+)\.conv(\d)\.",
-     lambda m: f"encoder.stages.{int(m[1]) - 1}.layers.{m[2]}.layer.{int(m[3]) - 1}.convolution."),
-    (r"layer(\d)\.(\d+)\.bn(\d)\.",
-     lambda m: f"encoder.stages.{int(m[1]) - 1}.layers.{m[2]}.layer.{int(m[3]) - 1}.normalization."),
-)
+#: Indices torchvision counts from 1 (layer1, conv1) and transformers from 0 (stages.0, layer.0).
+_ONE_BASED_IN_TORCHVISION = ("stage", "conv")
 
 
 def _safetensors_torch():
@@ -133,20 +119,20 @@ class ExportError(ValueError):
     """A model that transformers' DETR cannot represent (this project's convergence options and variants)."""
 
 
-def _rename_prefix(key: str, pairs: tuple[tuple[str, str], ...], reverse: bool) -> str | None:
+def _rename(key: str, pairs: tuple[tuple[str, str], ...], to_huggingface: bool) -> str | None:
+    """``key`` with the first matching prefix of ``pairs`` swapped for its counterpart, None if none matches.
+    A ``{name}`` in a prefix is an index, carried over (shifted by one for ``_ONE_BASED_IN_TORCHVISION``)."""
+    shift = -1 if to_huggingface else 1
     for ours, theirs in pairs:
-        source, target = (theirs, ours) if reverse else (ours, theirs)
-        match = re.match(re.escape(source).replace(r"\*", r"(\d+)"), key)
+        source, target = (ours, theirs) if to_huggingface else (theirs, ours)
+        literals, names = re.split(r"\{\w+\}", source), re.findall(r"\{(\w+)\}", source)
+        pattern = "".join(re.escape(text) + (rf"(?P<{name}>\d+)" if name else "")
+                          for text, name in zip(literals, [*names, None]))
+        match = re.match(pattern, key)
         if match:
-            return (target.replace("*", match.group(1)) if "*" in target else target) + key[match.end():]
-    return None
-
-
-def _rename_backbone(suffix: str, rules: tuple[tuple[str, Callable[[re.Match], str]], ...]) -> str | None:
-    for pattern, target in rules:
-        match = re.match(pattern, suffix)
-        if match:
-            return target(match) + suffix[match.end():]
+            indices = {name: int(value) + (shift if name in _ONE_BASED_IN_TORCHVISION else 0)
+                       for name, value in match.groupdict().items()}
+            return target.format(**indices) + key[match.end():]
     return None
 
 
@@ -185,12 +171,12 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
         if key.startswith(_HF_BODY):
             suffix = key[len(_HF_BODY):]
             if suffix.startswith(("embedder.", "encoder.")):  # transformers' ResNet
-                renamed = _rename_backbone(suffix, _HF_RESNET_TO_TORCHVISION)
+                renamed = _rename(suffix, _RESNET_PAIRS, to_huggingface=False)
                 new_key = None if renamed is None else _BODY + renamed
             else:  # timm's ResNet has torchvision's module names
                 new_key = _BODY + suffix
         else:
-            new_key = _rename_prefix(key, _PAIRS, reverse=True)
+            new_key = _rename(key, _PAIRS, to_huggingface=False)
         if new_key is None:
             unknown.append(hf_key)
         else:
@@ -228,10 +214,10 @@ def to_huggingface_state_dict(state_dict: dict[str, torch.Tensor], backbone_form
             continue
         if key.startswith(_BODY):
             suffix = key[len(_BODY):]
-            renamed = suffix if backbone_format == "timm" else _rename_backbone(suffix, _TORCHVISION_TO_HF_RESNET)
+            renamed = suffix if backbone_format == "timm" else _rename(suffix, _RESNET_PAIRS, to_huggingface=True)
             new_key = None if renamed is None else _HF_BODY + renamed
         else:
-            new_key = _rename_prefix(key, _PAIRS, reverse=False)
+            new_key = _rename(key, _PAIRS, to_huggingface=True)
         if new_key is None:
             raise ExportError(f"{key} has no counterpart in transformers' DETR")
         hf[new_key] = value
@@ -432,7 +418,7 @@ def check_exportable(model: DETR) -> None:
 
 
 def _backbone_name(model: DETR) -> str:
-    name = model.config.get("backbone") if model.config else None
+    name = model.config.backbone if model.config is not None else None
     if name is None:  # built without build_detr: read it from the weights
         name = infer_model_config(model.state_dict(), class_head="softmax")["backbone"]
     if name not in _RESNETS:
@@ -447,7 +433,7 @@ def huggingface_config(model: DETR, backbone_format: BackboneFormat = "timm",
     transformer = model.transformer
     heads = transformer.nhead
     ffn = transformer.decoder.layers[0].linear1.out_features
-    dropout = float(model.config.get("dropout", 0.1)) if model.config else 0.1
+    dropout = float(model.config.dropout) if model.config is not None else 0.1
     name = _backbone_name(model)
     dilation = model.backbone[0].stride == 16
     if category_map is None:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from detr.categories import CategoryMap
+from detr.models.config import DetrConfig
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class OnnxDetector(nn.Module):
         self.category_map = CategoryMap.from_dict(meta["category_map"]) if meta["category_map"] else None
         self.eval_size = tuple(meta["eval_size"]) if meta["eval_size"] else None
         self.min_image_size = int(meta["min_image_size"])
-        self.config = meta["model_config"]
+        self.config = DetrConfig.from_dict(meta["model_config"], where=str(self.path)) if meta["model_config"] else None
         self.output_names = [output.name for output in self.session.get_outputs()]
         self.backend = f"onnxruntime ({self.session.get_providers()[0]})"
         logger.info("opened %s with %s", self.path, self.backend)

@@ -25,6 +25,15 @@ def tiny_config_with(**changes: Any) -> dict:
     return {**TINY, **changes}
 
 
+def system_args(**kwargs: Any) -> dict:
+    """DetrSystem keyword arguments from one flat mix of detector options and recipe arguments (a test's
+    TINY plus what it changes): the detector's gathered into ``detr=DetrConfig(...)``, the rest kept."""
+    from detr.models.config import DetrConfig, field_names
+
+    model = {key: kwargs.pop(key) for key in list(kwargs) if key in field_names()}
+    return {"detr": DetrConfig(**model), **kwargs}
+
+
 @pytest.fixture
 def tiny_config() -> dict:
     return dict(TINY)
@@ -112,9 +121,9 @@ def padded_batch():
 
 #: Command-line overrides that shrink any config's model to a few-second CPU fit (tiny shapes images).
 TINY_CLI_MODEL = [
-    "--model.backbone=resnet18", "--model.hidden_dim=32", "--model.num_heads=2", "--model.num_encoder_layers=1",
-    "--model.num_decoder_layers=2", "--model.dim_feedforward=64", "--model.num_queries=10",
-    "--model.backbone_last_stage=layer3",
+    "--model.detr.backbone=resnet18", "--model.detr.hidden_dim=32", "--model.detr.num_heads=2", "--model.detr.num_encoder_layers=1",
+    "--model.detr.num_decoder_layers=2", "--model.detr.dim_feedforward=64", "--model.detr.num_queries=10",
+    "--model.detr.backbone_last_stage=layer3",
 ]
 
 

@@ -38,7 +38,7 @@ def test_local_init_puts_attention_on_the_anchor():
         default.refpoint_embed.weight.copy_(anchors)
     assert peak_distance(local) < 1.5  # within about one 16-pixel cell of the anchor centre
     assert peak_distance(default) > peak_distance(local)
-    assert local.config["anchor_local_attention"] == 4.0
+    assert local.config.anchor_local_attention == 4.0
 
 
 def test_local_init_needs_anchor_queries():

@@ -35,7 +35,7 @@ def test_release_file_loads_exact_weights_and_runs(tmp_path, backbone):
     torch.save({"model": state, "args": {"lr": 1e-4}, "epoch": 499}, path)
     model = load_checkpoint(path)
     assert not model.training
-    assert model.config["backbone"] == backbone and model.config["num_classes"] == 91 and not model.config["dilation"]
+    assert model.config.backbone == backbone and model.config.num_classes == 91 and not model.config.dilation
     loaded = model.state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in state.items())
     assert model.category_map == CategoryMap.coco() and model.category_map.names[17] == "cat"
@@ -49,7 +49,7 @@ def test_dc5_follows_the_file_name_or_override(tmp_path):
     assert config["dilation"] is True and config["backbone"] == "resnet50"
     path = tmp_path / "renamed.pth"
     torch.save(official_state_dict("resnet18"), path)  # a plain state dict
-    assert load_checkpoint(path, num_encoder_layers=6).config["dilation"] is False
+    assert load_checkpoint(path, num_encoder_layers=6).config.dilation is False
 
 
 def test_r101_layout_is_recognised():
@@ -96,12 +96,12 @@ def test_lightning_checkpoint_with_config_and_categories(tmp_path, tiny_config):
     model = build_detr(**tiny_config, backbone_norm="group_norm")
     categories = CategoryMap((3, 7, 9, 11, 12), ("a", "b", "c", "d", "e"))
     checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                  "detr": {"model_config": model.config, "category_map": categories.to_dict()},
+                  "detr": {"model_config": model.config.to_dict(), "category_map": categories.to_dict()},
                   "epoch": 3}
     path = tmp_path / "last.ckpt"
     torch.save(checkpoint, path)
     loaded = load_checkpoint(path)
-    assert loaded.category_map == categories and loaded.config["backbone_norm"] == "group_norm"
+    assert loaded.category_map == categories and loaded.config.backbone_norm == "group_norm"
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
 
 
@@ -119,15 +119,14 @@ DEMO_SIZES = tiny_config_with(backbone_last_stage="layer3", backbone_norm="batch
 
 @pytest.mark.parametrize("options, overrides", [
     ({"query_type": "anchor"}, {}),
-    ({"class_head": "sigmoid"}, {}),  # untrained: the focal prior bias shows the head
-    ({"class_head": "sigmoid", "trained": True}, {"class_head": "sigmoid"}),  # trained: ambiguous, override
+    ({"class_head": "sigmoid", "trained": True}, {"class_head": "sigmoid"}),  # ambiguous shape: override
     ({"query_type": "anchor", "denoising": True}, {}),
     ({"dense_aux_head": True}, {}),
     ({"query_type": "anchor", "query_groups": 3}, {"query_groups": 3}),
     ({"query_type": "anchor", "anchor_local_attention": 0.5}, {}),
     ({"query_type": "anchor", "class_head": "sigmoid", "denoising": True, "dense_aux_head": True, "trained": True},
      {}),  # the demo's combination; the denoising and dense heads' class count shows the sigmoid head
-], ids=["anchor", "sigmoid", "sigmoid-trained", "denoising", "dense-aux-head", "query-groups", "local-attention",
+], ids=["anchor", "sigmoid", "denoising", "dense-aux-head", "query-groups", "local-attention",
         "demo"])
 def test_bare_state_dict_of_each_option_loads_with_equal_outputs(tmp_path, options, overrides):
     options = dict(options)
@@ -141,7 +140,8 @@ def test_bare_state_dict_of_each_option_loads_with_equal_outputs(tmp_path, optio
     torch.save(model.state_dict(), path)
     loaded = load_checkpoint(path, num_heads=2, **overrides)  # the number of heads is never visible
     inferred = infer_model_config(model.state_dict(), path.name, **overrides)
-    assert {key: loaded.config[key] for key in inferred} == {key: model.config[key] for key in inferred}
+    assert ({key: getattr(loaded.config, key) for key in inferred}
+            == {key: getattr(model.config, key) for key in inferred})
     images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     mask = torch.zeros(2, 64, 64, dtype=torch.bool)
     mask[1, :, 40:] = True

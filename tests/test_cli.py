@@ -48,7 +48,7 @@ def test_every_config_parses_and_prints(config: Path) -> None:
     printed = _print_config(["fit", "--config", str(config), "--print_config"])
     assert printed["trainer"]["gradient_clip_val"] == 0.1
     assert printed["trainer"]["gradient_clip_algorithm"] == "norm"
-    assert "num_classes" not in printed["model"]  # linked from the data, never configured
+    assert "num_classes" not in printed["model"]["detr"]  # linked from the data, never configured
     callbacks = [c["class_path"] for c in printed["trainer"]["callbacks"]]
     assert "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks
 
@@ -57,9 +57,26 @@ def test_coco_recipe_values() -> None:
     printed = _print_config(["fit", "--config", str(CONFIGS[0].parent / "detr_r50_coco.yaml"), "--print_config"])
     model, trainer, data = printed["model"], printed["trainer"], printed["data"]
     assert (model["lr"], model["lr_backbone"], model["weight_decay"]) == (1e-4, 1e-5, 1e-4)
-    assert model["backbone"] == "resnet50" and model["hidden_dim"] == 256 and model["num_queries"] == 100
+    detector = model["detr"]
+    assert detector["backbone"] == "resnet50" and detector["hidden_dim"] == 256 and detector["num_queries"] == 100
     assert (trainer["num_nodes"], trainer["devices"], data["batch_size"]) == (1, "auto", 2)  # 2 images per GPU
     assert trainer["precision"] == "32-true"
+
+
+def test_model_keys_of_the_old_layout_name_their_new_place(tmp_path: Path, capsys) -> None:
+    """Before DetrConfig, the detector's options were model.<key>: such a config or argument is refused with
+    the key to write instead, for the file that has it (also through a `config:` include)."""
+    base = tmp_path / "base.yaml"
+    base.write_text("model:\n  backbone: resnet18\n  lr: 1.0e-4\n")
+    top = tmp_path / "top.yaml"
+    top.write_text("config: base.yaml\nmodel.num_queries: 20\n")
+    with pytest.raises(SystemExit) as exit_info:
+        make_cli(["--config", str(top), "--model.hidden_dim=64"], run=False)
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err
+    assert f"{base}: model.backbone is now model.detr.backbone" in message
+    assert f"{top}: model.num_queries is now model.detr.num_queries" in message
+    assert "command line: model.hidden_dim is now model.detr.hidden_dim" in message
 
 
 def test_links_fill_num_classes_and_category_map(tiny_shapes_root: Path, tmp_path: Path) -> None:

@@ -27,9 +27,9 @@ TINY = [
     "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=1", "--trainer.limit_train_batches=1",
     "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false",
     "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1",
-    "--model.pretrained_backbone=false", "--model.init_checkpoint=null", "--model.hidden_dim=32",
-    "--model.num_heads=2", "--model.num_encoder_layers=1", "--model.num_decoder_layers=1",
-    "--model.dim_feedforward=64",  # each config keeps its queries: coco-mini has images with 20+ objects
+    "--model.detr.pretrained_backbone=false", "--model.init_checkpoint=null", "--model.detr.hidden_dim=32",
+    "--model.detr.num_heads=2", "--model.detr.num_encoder_layers=1", "--model.detr.num_decoder_layers=1",
+    "--model.detr.dim_feedforward=64",  # each config keeps its queries: coco-mini has images with 20+ objects
     "--data.batch_size=2", "--data.val_batch_size=2", "--data.num_workers=0", "--data.train_scales=[64]",
     "--data.train_max_size=96", "--data.crop_resize_scales=[64]", "--data.crop_min_size=48",
     "--data.crop_max_size=64", "--data.eval_min_size=64", "--data.eval_max_size=96",
@@ -53,7 +53,18 @@ def _printed(capsys, *configs: Path) -> dict:
 
 
 def _tiny_backbone(printed: dict) -> str:
-    return "resnet50" if printed["model"].get("dilation") else "resnet18"
+    return "resnet50" if printed["model"]["detr"].get("dilation") else "resnet18"
+
+
+def _flat(group: dict) -> dict:
+    """One group of a printed config with its nested dicts' keys dotted: {"detr.backbone": ..., "lr": ...}."""
+    flat = {}
+    for key, value in group.items():
+        if isinstance(value, dict) and "class_path" not in value:
+            flat.update({f"{key}.{inner}": item for inner, item in value.items()})
+        else:
+            flat[key] = value
+    return flat
 
 
 def test_the_model_configs_and_their_base_exist() -> None:
@@ -69,9 +80,10 @@ def test_overlays_change_the_base_only_where_they_say(name: str, capsys) -> None
     assert _printed(capsys, BASE, REPO / "configs" / name) == alone
     own = {key for key in yaml.safe_load((REPO / "configs" / name).read_text()) if key != "config"}
     for group in ("trainer", "model", "data"):
-        for key in set(base[group]) | set(alone[group]):
+        base_group, alone_group = _flat(base[group]), _flat(alone[group])
+        for key in set(base_group) | set(alone_group):
             if f"{group}.{key}" not in own:
-                assert alone[group].get(key) == base[group].get(key), f"{name}: {group}.{key}"
+                assert alone_group.get(key) == base_group.get(key), f"{name}: {group}.{key}"
     assert alone["trainer"]["default_root_dir"] == f"outputs/{Path(name).stem}"
 
 
@@ -82,8 +94,8 @@ def test_coco_configs_run_on_one_machine_with_the_authors_recipe(name: str, caps
     assert (trainer["accelerator"], trainer["devices"], trainer["num_nodes"]) == ("auto", "auto", 1)
     recipe = (model["lr"], model["lr_backbone"], model["weight_decay"], model["lr_drop_epochs"])
     assert recipe == (1e-4, 1e-5, 1e-4, [400])
-    assert model["backbone"] == ("resnet101" if "r101" in name else "resnet50")
-    assert model["dilation"] == ("dc5" in name)
+    assert model["detr"]["backbone"] == ("resnet101" if "r101" in name else "resnet50")
+    assert model["detr"]["dilation"] == ("dc5" in name)
     # the authors' images per GPU: 64 = 2 × 8 GPUs × 4 nodes, or 1 × 8 × 8 for DC5
     assert data["batch_size"] == data["val_batch_size"] == (1 if "dc5" in name else 2)
     assert trainer["gradient_clip_val"] == 0.1 and trainer["precision"] == "32-true"
@@ -98,7 +110,7 @@ def test_every_config_trains_a_step_and_writes_only_under_default_root_dir(
     workdir, run_dir = tmp_path / "cwd", tmp_path / "runs" / "one"
     workdir.mkdir()
     monkeypatch.chdir(workdir)
-    main(["fit", "--config", str(config), *TINY, f"--model.backbone={backbone}", f"--data.root={data_root}",
+    main(["fit", "--config", str(config), *TINY, f"--model.detr.backbone={backbone}", f"--data.root={data_root}",
           f"--trainer.default_root_dir={run_dir}"])
 
     assert not list(workdir.iterdir())  # no lightning_logs/, outputs/ or checkpoints beside the user
@@ -117,7 +129,7 @@ def test_validate_and_predict_write_beside_the_fit_not_over_it(tiny_shapes: Path
     validate/ and predict/ subfolders and leave the fit's metrics.csv and config.yaml alone."""
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "run"
-    args = ["--config", str(REPO / "configs" / "demo_shapes_cpu.yaml"), *TINY, "--model.backbone=resnet18",
+    args = ["--config", str(REPO / "configs" / "demo_shapes_cpu.yaml"), *TINY, "--model.detr.backbone=resnet18",
             f"--data.root={tiny_shapes}", f"--trainer.default_root_dir={run_dir}"]
     main(["fit", *args])
     fit_metrics, fit_config = (run_dir / "metrics.csv").read_text(), (run_dir / "config.yaml").read_text()

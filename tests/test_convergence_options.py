@@ -3,18 +3,26 @@ paper's model unchanged), composable, checkpointable."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
 from detr import build_detr
 from detr.checkpoints import load_checkpoint
 from detr.criterion import SetCriterion
+from detr.data.images import load_rgb_image
+from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from detr.matcher import HungarianMatcher
+from detr.models.config import field_names
+from detr.models.detr import DETR
 from detr.postprocess import PostProcess
 from tests.conftest import load_script, tiny_config_with
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: 2 threads on shared cores are 10x slower
 
 TINY = tiny_config_with(dropout=0.0)
 LAYOUT = Path(__file__).parent / "data" / "official_detr_state_dict_layout.json"
@@ -35,7 +43,8 @@ def test_default_model_keeps_the_authors_layout_and_outputs():
     model = build_detr(backbone="resnet18", num_classes=91)
     assert {k: list(v.shape) for k, v in model.state_dict().items()
             if not k.endswith("num_batches_tracked")} == layout
-    assert model.query_type == "learned" and model.class_head == "softmax" and model.denoising is None
+    # the paper's model class (the anchor-query family, with its denoising queries, is AnchorDETR)
+    assert type(model) is DETR and model.query_type == "learned" and model.class_head == "softmax"
     # the options at their defaults are the same model: same weights, same outputs, targets ignored
     torch.manual_seed(0)
     plain = build_detr(**TINY)
@@ -148,7 +157,7 @@ def test_checkpoint_round_trip_keeps_the_options(tmp_path):
                        backbone_norm="group_norm", backbone_trainable_layers=5, backbone_last_stage="layer3")
     path = tmp_path / "own.ckpt"
     torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                "detr": {"model_config": model.config, "category_map": None}}, path)
+                "detr": {"model_config": model.config.to_dict(), "category_map": None}}, path)
     loaded = load_checkpoint(path)
     assert loaded.query_type == "anchor" and loaded.class_head == "sigmoid" and loaded.denoising is not None
     images, mask, _ = _batch()
@@ -163,55 +172,75 @@ def _load_benchmark():
     return load_script("benchmarks/convergence.py")
 
 
-def test_convergence_benchmark_runs_and_reports(tmp_path, capsys):
+#: a tiny model for the benchmark's runs (64-px images of tiny_shapes_root)
+TINY_RUN = ["detr.hidden_dim=32", "num_heads=2", "dim_feedforward=64", "num_encoder_layers=1", "num_decoder_layers=2",
+            "batch_size=4"]
+
+
+def test_convergence_benchmark_options_route_to_the_model_the_system_and_the_trainer():
     benchmark = _load_benchmark()
-    train, val = benchmark.render_shapes(8, 4, seed=0)
-    assert train.images.shape == (8, 3, 128, 128) and len(val.labels) == 4
-    config = benchmark.build_run_config("best", ["hidden_dim=32", "num_heads=2", "dim_feedforward=64",
-                                                 "num_encoder_layers=1", "num_decoder_layers=2", "batch_size=4",
-                                                 "ema_decay=0.9"])
-    curve = benchmark.run(config, train, val, minutes=1e-4, eval_every=1.0, clock="wall", name="smoke",
-                          jsonl=tmp_path / "runs.jsonl")
+    config = benchmark.build_run_config("best", ["detr.num_queries=30", "hidden_dim=64", "lr=2e-4", "batch_size=4",
+                                                 "precision=bf16-mixed", "lr_drop_epochs=[3]"])
+    assert (config.detr.num_queries, config.detr.hidden_dim, config.detr.query_type) == (30, 64, "anchor")
+    assert config.system["lr"] == 2e-4 and config.system["lr_drop_epochs"] == [3]
+    assert config.system["lr_decay_fraction"] == 0.3 and config.batch_size == 4 and config.precision == "bf16-mixed"
+    # the model's options exist once, in DetrConfig: no RunConfig field repeats them
+    assert not {f.name for f in dataclasses.fields(benchmark.RunConfig)} & set(field_names())
+    for preset in benchmark.PRESETS:  # every preset is a valid DetrConfig and DetrSystem arguments
+        built = benchmark.build_run_config(preset, [])
+        assert set(built.system) <= benchmark.system_arguments()
+    with pytest.raises(SystemExit, match="detr.NAME"):
+        benchmark.build_run_config("paper", ["num_querys=3"])
+    with pytest.raises(ValueError, match="query_type"):
+        benchmark.build_run_config("paper", ["detr.denoising=true"])  # DetrConfig's own check
+
+
+def test_convergence_benchmark_runs_and_reports(tiny_shapes_root, tmp_path, capsys):
+    benchmark = _load_benchmark()
+    config = benchmark.build_run_config("best", [*TINY_RUN, "ema_decay=0.9"])
+    curve = benchmark.run(config, tiny_shapes_root, minutes=1e-4, eval_every=1.0, name="smoke",
+                          jsonl=tmp_path / "runs.jsonl", image_size=64)
+    # the budget (6 ms) is spent by the first step: the count is fixed at 1, then the last validation
     assert len(curve) == 1 and curve[0]["step"] == 1 and 0 <= curve[0]["AP50"] <= 1
-    assert 0 <= curve[0]["ema_AP50"] <= 1  # the averaged weights are evaluated beside the trained ones
-    assert "EMA AP" in capsys.readouterr().out
-    assert json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])["run"] == "smoke"
+    assert 0 <= curve[0]["AP50_agnostic"] <= 1 and curve[0]["images_per_s"] > 0
+    assert "EMA AP" in capsys.readouterr().out  # validation scores the averaged weights
+    point = json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])
+    assert point["run"] == "smoke" and point["config"]["detr"]["hidden_dim"] == 32
 
 
-def test_convergence_benchmark_step_budget_decays_the_learning_rate_to_zero(tmp_path, monkeypatch):
+def test_convergence_benchmark_step_budget_decays_the_learning_rate_to_zero(tiny_shapes_root, monkeypatch):
     benchmark = _load_benchmark()
-    train, val = benchmark.render_shapes(8, 2, seed=0)
-    config = benchmark.build_run_config("best", ["hidden_dim=32", "num_heads=2", "dim_feedforward=64",
-                                                 "num_encoder_layers=1", "num_decoder_layers=1", "batch_size=4",
-                                                 "warmup_steps=0", "lr_decay_fraction=0.5", "ema_decay=0"])
+    config = benchmark.build_run_config("best", [*TINY_RUN, "warmup_steps=0", "lr_decay_fraction=0.5"])
     lrs = []
-    original = benchmark.train_step
 
-    def recording_step(model, criterion, optimizer, *args, **kwargs):
-        result = original(model, criterion, optimizer, *args, **kwargs)
-        lrs.append(optimizer.param_groups[0]["lr"])  # what train_step set for this step
-        return result
+    class Recorder(L.Callback):
+        def on_train_batch_start(self, trainer, *args) -> None:
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
 
-    monkeypatch.setattr(benchmark, "train_step", recording_step)
-    curve = benchmark.run(config, train, val, minutes=1e3, eval_every=1e3, clock="wall", name="steps", jsonl=None,
-                          max_steps=4)
-    assert curve[-1]["step"] == 4  # the step budget ends the run, not the (long) time budget
-    # steps 0..3 of 4: constant for the first half, then linear to zero
-    assert lrs == pytest.approx([config.lr, config.lr, config.lr, config.lr * 0.5])
+    make_trainer = benchmark.make_trainer
+    monkeypatch.setattr(benchmark, "make_trainer",
+                        lambda config, callbacks, *args, **kwargs: make_trainer(config, [*callbacks, Recorder()],
+                                                                                 *args, **kwargs))
+    curve = benchmark.run(config, tiny_shapes_root, minutes=1e3, eval_every=1e3, name="steps", jsonl=None,
+                          max_steps=4, image_size=64)
+    assert [point["step"] for point in curve] == [4]  # the step budget ends the run, evaluated once at its end
+    lr = config.system["lr"]
+    assert lrs == pytest.approx([lr, lr, lr, lr * 0.5])  # steps 0..3 of 4: constant for half, then linear
+    assert curve[-1]["lr"] == 0.0  # and zero after the last step
 
 
-def test_shape_classifier_crops_every_object_inside_the_image(monkeypatch):
+def test_shape_classifier_crops_every_object_inside_the_image(tiny_shapes_root, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
     import shape_classifier
 
-    benchmark = _load_benchmark()
-    train, _ = benchmark.render_shapes(6, 1, seed=0)
-    crops, labels = shape_classifier.object_crops(train, limit=1000)
-    assert crops.shape == (sum(len(l) for l in train.labels), 3, 48, 48)
-    assert torch.equal(labels, torch.cat(train.labels))
-    # the first object's crop is the image patch around its centre, clamped into the image
-    box, image = train.boxes[0][0], train.images[0].float().div(255)
-    x0 = min(max(int(box[0] * 128) - 24, 0), 80)
-    y0 = min(max(int(box[1] * 128) - 24, 0), 80)
-    expected = (image[:, y0:y0 + 48, x0:x0 + 48] - benchmark.IMAGENET_MEAN[0]) / benchmark.IMAGENET_STD[0]
-    torch.testing.assert_close(crops[0], expected)
+    annotations = json.loads((tiny_shapes_root / "annotations" / "instances_train2017.json").read_text())
+    crops, labels = shape_classifier.object_crops(tiny_shapes_root, "train2017", limit=1000)
+    assert crops.shape == (len(annotations["annotations"]), 3, 48, 48) and labels.max() < 5
+    # the first object's crop is the image patch around its centre, clamped into the 64-px image
+    first = min(annotations["annotations"], key=lambda a: (a["image_id"], a["id"]))
+    file_name = next(i["file_name"] for i in annotations["images"] if i["id"] == first["image_id"])
+    image = torch.from_numpy(load_rgb_image(tiny_shapes_root / "train2017" / file_name)).permute(2, 0, 1).float() / 255
+    x, y, w, h = first["bbox"]
+    x0, y0 = min(max(int(x + w / 2) - 24, 0), 16), min(max(int(y + h / 2) - 24, 0), 16)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    torch.testing.assert_close(crops[0], (image[:, y0:y0 + 48, x0:x0 + 48] - mean) / std)

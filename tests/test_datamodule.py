@@ -123,3 +123,27 @@ def test_train_loader_with_one_worker(shapes_root: Path) -> None:
     batches = list(loader)
     assert len(batches) == 2
     check_batch(batches[0], 3)
+
+
+def test_both_data_modules_keep_their_yaml_keys() -> None:
+    """The shared base (CocoFormatDataModule) reaches LightningCLI through **kwargs: every data.* key stays."""
+    from jsonargparse import ArgumentParser
+
+    from detr.lightning.datamodule import CocoFormatDataModule
+    from detr.lightning.panoptic_datamodule import PanopticDataModule
+
+    shared = {"batch_size", "val_batch_size", "num_workers", "pin_memory", "persistent_workers", "drop_last",
+              "train_scales", "train_max_size", "crop_resize_scales", "crop_min_size", "crop_max_size",
+              "eval_min_size", "eval_max_size"}
+    own = {DetrDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
+                            "test_images", "test_annotations", "predict_images", "category_ids", "skip_bad_images",
+                            "categories_from"},
+           PanopticDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
+                                "category_ids", "check_train", "check_val", "predict_images", "categories_from"}}
+    for module, keys in own.items():
+        assert issubclass(module, CocoFormatDataModule)
+        parser = ArgumentParser()
+        parser.add_class_arguments(module, "data")
+        defaults = parser.get_defaults().data
+        assert set(vars(defaults)) == shared | keys
+        assert defaults.batch_size == 2 and defaults.val_batch_size is None and defaults.num_workers == 2

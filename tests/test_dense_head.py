@@ -9,6 +9,7 @@ from torchvision.ops import generalized_box_iou, sigmoid_focal_loss
 from detr import build_detr
 from detr.box_ops import cxcywh_to_xyxy
 from detr.criterion import SetCriterion
+from detr.criterion_parts import DenseLoss
 from detr.matcher import HungarianMatcher
 from detr.models.dense_head import dense_assignment
 from tests.conftest import tiny_config_with
@@ -84,20 +85,19 @@ def test_dense_head_trains_with_the_model_and_is_skipped_at_inference(query_type
 
 
 def test_dense_losses_by_hand():
-    criterion = SetCriterion(2, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=1,
-                             dense_aux=True)
+    dense_loss = DenseLoss()
     centers = _grid_centers(2, 2)  # (0.25, 0.25), (0.75, 0.25), (0.25, 0.75), (0.75, 0.75)
     logits = torch.tensor([[[1.0, -1.0], [0.5, 0.2], [-2.0, 0.3], [0.0, 0.0]]])
     boxes = torch.tensor([[[0.3, 0.3, 0.3, 0.3], [0.7, 0.3, 0.2, 0.2], [0.2, 0.8, 0.1, 0.1], [0.5, 0.5, 0.5, 0.5]]])
     dense = {"pred_logits": logits, "pred_boxes": boxes, "centers": centers, "valid": torch.ones(1, 4, dtype=torch.bool)}
     target_box = torch.tensor([[0.25, 0.25, 0.2, 0.2]])  # holds cell 0 only
     targets = [{"labels": torch.tensor([1]), "boxes": target_box}]
-    losses = criterion.dense_losses({"pred_logits": torch.zeros(1, 1, 2), "dense_outputs": dense}, targets)
+    losses = dense_loss({"pred_logits": torch.zeros(1, 1, 2), "dense_outputs": dense}, targets)
     onehot = torch.zeros(1, 4, 2)
     onehot[0, 0, 1] = 1
     torch.testing.assert_close(losses["loss_ce_dense"], sigmoid_focal_loss(logits, onehot, reduction="sum") / 1)
     torch.testing.assert_close(losses["loss_bbox_dense"], (boxes[0, 0] - target_box[0]).abs().sum())
     giou = generalized_box_iou(cxcywh_to_xyxy(boxes[0, :1]), cxcywh_to_xyxy(target_box))[0, 0]
     torch.testing.assert_close(losses["loss_giou_dense"], 1 - giou)
-    zeros = criterion.dense_losses({"pred_logits": torch.zeros(1, 1, 2)}, targets)
+    zeros = dense_loss({"pred_logits": torch.zeros(1, 1, 2)}, targets)
     assert all(float(v) == 0 for v in zeros.values())

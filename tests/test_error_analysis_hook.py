@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from detr import CategoryMap
 from detr.lightning import DetrSystem
+from tests.conftest import system_args
 from tests.test_system import CATEGORIES, TINY, _in_memory_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def _system(tmp_path, **overrides) -> DetrSystem:
     torch.manual_seed(0)
     category_map = CategoryMap.from_coco_categories(CATEGORIES, contiguous=True)
-    return DetrSystem(**TINY, category_map=category_map, evaluation_dir=str(tmp_path / "evaluation"), **overrides)
+    return DetrSystem(**system_args(**TINY, **overrides), category_map=category_map,
+                      evaluation_dir=str(tmp_path / "evaluation"))
 
 
 def _trainer(tmp_path, **kwargs) -> L.Trainer:

@@ -3,7 +3,6 @@ batch and image size, with post-processing in the graph, through detr.Predictor,
 
 from __future__ import annotations
 
-import inspect
 import json
 import subprocess
 import sys
@@ -34,7 +33,7 @@ def save_project_checkpoint(model, path: Path, eval_size=EVAL_SIZE, category_map
     category map and eval size)."""
     torch.save({
         "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
-        "detr": {"model_config": model.config, "category_map": category_map.to_dict()},
+        "detr": {"model_config": model.config.to_dict(), "category_map": category_map.to_dict()},
         "datamodule_hyper_parameters": {"eval_min_size": eval_size[0], "eval_max_size": eval_size[1]},
     }, path)
     return path
@@ -154,10 +153,8 @@ def test_verification_rejects_a_file_that_does_not_match(tiny_export, tmp_path, 
 
 
 def demo_model_config() -> dict:
-    """The build_detr keys of configs/demo_shapes_cpu.yaml's model section."""
-    config = yaml.safe_load((ROOT / "configs" / "demo_shapes_cpu.yaml").read_text())["model"]
-    accepted = inspect.signature(build_detr).parameters
-    return {key: value for key, value in config.items() if key in accepted}
+    """The detector of configs/demo_shapes_cpu.yaml: its model.detr section (DetrConfig fields)."""
+    return dict(yaml.safe_load((ROOT / "configs" / "demo_shapes_cpu.yaml").read_text())["model"]["detr"])
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import torch
 
 from detr.lightning import DetrSystem
 from detr.lightning.cli import make_cli
+from detr.models.config import DetrConfig
 from tests.conftest import write_tiny_shapes
 
 LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
@@ -41,8 +42,8 @@ def tiny_shapes(tmp_path_factory) -> Path:
 def test_finetune_config_loads_all_but_the_class_head_and_trains(release_file, tiny_shapes, tmp_path) -> None:
     path, state = release_file
     cli = make_cli([
-        "--config", str(CONFIG), f"--model.init_checkpoint={path}", "--model.backbone=resnet18",
-        "--model.dropout=0.0", f"--data.root={tiny_shapes}", "--data.batch_size=2", "--data.num_workers=0",
+        "--config", str(CONFIG), f"--model.init_checkpoint={path}", "--model.detr.backbone=resnet18",
+        "--model.detr.dropout=0.0", f"--data.root={tiny_shapes}", "--data.batch_size=2", "--data.num_workers=0",
         "--data.train_scales=[64]", "--data.train_max_size=64", "--data.crop_resize_scales=[64]",
         "--data.crop_min_size=48", "--data.crop_max_size=64", "--data.eval_min_size=64", "--data.eval_max_size=64",
         "--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false",
@@ -72,4 +73,5 @@ def test_finetune_config_loads_all_but_the_class_head_and_trains(release_file, t
 def test_init_checkpoint_of_another_architecture_is_refused(release_file) -> None:
     path, _ = release_file
     with pytest.raises(ValueError, match="does not match the model's key layout"):
-        DetrSystem(backbone="resnet18", num_encoder_layers=2, num_classes=5, init_checkpoint=str(path))
+        DetrSystem(detr=DetrConfig(backbone="resnet18", num_encoder_layers=2, num_classes=5),
+                   init_checkpoint=str(path))

@@ -27,7 +27,7 @@ def test_untrained_r50_with_postprocessor():
     model, postprocess = torch.hub.load(ROOT, "detr_resnet50", source="local", pretrained=False,
                                         return_postprocessor=True)
     assert isinstance(model, DETR) and isinstance(postprocess, PostProcess)
-    assert model.config["backbone"] == "resnet50" and not model.config["dilation"]
+    assert model.config.backbone == "resnet50" and not model.config.dilation
     assert model.num_classes == 91 and model.category_map == CategoryMap.coco()
     model.eval()
     with torch.no_grad():
@@ -39,7 +39,7 @@ def test_untrained_r50_with_postprocessor():
 
 def test_dc5_and_num_classes():
     model = torch.hub.load(ROOT, "detr_resnet50_dc5", source="local", pretrained=False, num_classes=20)
-    assert model.backbone[0].stride == 16 and model.config["dilation"]
+    assert model.backbone[0].stride == 16 and model.config.dilation
     assert model.class_embed.out_features == 21 and model.category_map is None
 
 

@@ -120,8 +120,8 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photo_batc
     hf = _hf_model(num_labels, backbone, timm=timm, dilation=dilation, position=position)
     hf.save_pretrained(tmp_path)
     model = detr.load_checkpoint(tmp_path)
-    assert model.config["backbone"] == backbone and model.config["dilation"] == dilation
-    assert model.config["position_encoding"] == position and model.num_classes == num_labels
+    assert model.config.backbone == backbone and model.config.dilation == dilation
+    assert model.config.position_encoding == position and model.num_classes == num_labels
     assert model.category_map.names == tuple(f"thing {i}" for i in range(num_labels))
     _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf, *photo_batch))
     # and the names back: exactly the tensors transformers wrote

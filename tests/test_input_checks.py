@@ -19,7 +19,7 @@ from detr.data.coco import AnnotationFileError, CocoDetection
 from detr.lightning import DetrSystem
 from detr.lightning.cli import main
 from detr.lightning.data_checks import DataCheckError
-from tests.conftest import TINY, tiny_fit_args
+from tests.conftest import TINY, system_args, tiny_fit_args
 
 
 pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
@@ -84,7 +84,7 @@ def test_fit_refuses_a_file_without_annotations(shapes, tmp_path) -> None:
 
 def test_fit_checks_objects_per_image_against_the_models_num_queries(tiny_shapes_root, tmp_path) -> None:
     with pytest.raises(DataCheckError, match="(?s)too_many_objects.*num_queries=2"):
-        main(tiny_fit_args(tiny_shapes_root, tmp_path / "run", "--trainer.max_steps=1", "--model.num_queries=2"))
+        main(tiny_fit_args(tiny_shapes_root, tmp_path / "run", "--trainer.max_steps=1", "--model.detr.num_queries=2"))
 
 
 def test_fit_finds_a_corrupt_validation_image_before_the_first_step(shapes, tmp_path) -> None:
@@ -125,7 +125,7 @@ def test_num_queries_below_one_is_refused_at_build_time(num_queries) -> None:
     with pytest.raises(ValueError, match=f"num_queries must be an integer >= 1.*got {num_queries}"):
         build_detr(**{**TINY, "num_queries": num_queries})
     with pytest.raises(ValueError, match="num_queries must be"):
-        DetrSystem(**{**TINY, "num_queries": num_queries})
+        DetrSystem(**system_args(**{**TINY, "num_queries": num_queries}))
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

@@ -168,7 +168,7 @@ def test_label_names_come_from_the_checkpoint(tmp_path, tiny_config, tiny_model)
     # This project's Lightning checkpoint: the data set's names and ids travel with it.
     lightning = tmp_path / "ours.ckpt"
     torch.save({"state_dict": {f"model.{k}": v for k, v in tiny_model.state_dict().items()},
-                "detr": {"model_config": tiny_model.config, "category_map": NAMES.to_dict()}}, lightning)
+                "detr": {"model_config": tiny_model.config.to_dict(), "category_map": NAMES.to_dict()}}, lightning)
     predictor = Predictor.from_checkpoint(lightning, device="cpu", **SIZES)
     assert predictor.category_map == NAMES
     names = predictor.predict(np.zeros((64, 64, 3), np.uint8), all_queries=True)[0].label_names
@@ -201,7 +201,7 @@ def test_resize_defaults_to_the_size_the_checkpoint_was_validated_at(tmp_path, t
     # checkpoints carry the data module's eval size (Lightning's datamodule_hyper_parameters).
     ours = tmp_path / "ours.ckpt"
     torch.save({"state_dict": {f"model.{k}": v for k, v in tiny_model.state_dict().items()},
-                "detr": {"model_config": tiny_model.config, "category_map": None},
+                "detr": {"model_config": tiny_model.config.to_dict(), "category_map": None},
                 "datamodule_hyper_parameters": {"eval_min_size": 128, "eval_max_size": 160}}, ours)
     predictor = Predictor.from_checkpoint(ours, device="cpu")
     assert (predictor.min_size, predictor.max_size) == (128, 160)

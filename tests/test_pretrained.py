@@ -17,6 +17,7 @@ import detr
 from detr import CategoryMap, build_detr
 from detr import pretrained
 from detr.checkpoints import CheckpointError
+from detr.models.config import DetrConfig
 from detr.pretrained import PRETRAINED_MODELS, PretrainedModel
 from tests.conftest import tiny_config_with
 
@@ -129,7 +130,7 @@ def test_init_checkpoint_by_name_goes_through_the_same_download(hub_dir, served_
 
     server, path, original = served_checkpoint
     _register(monkeypatch, _entry(f"http://127.0.0.1:{server.port}/{path.name}", path.name[5:13]))
-    system = DetrSystem(**{**TINY_COCO, "num_classes": 3}, init_checkpoint="tiny-test")
+    system = DetrSystem(detr=DetrConfig(**{**TINY_COCO, "num_classes": 3}), init_checkpoint="tiny-test")
     assert torch.equal(system.model.query_embed.weight, original.query_embed.weight)
     assert system.model.class_embed.weight.shape[0] == 4  # another data set's classes: head re-initialised
     assert server.requests == 1
@@ -199,7 +200,7 @@ def test_a_panoptic_release_loads_by_name(hub_dir, tmp_path, monkeypatch):
 def test_an_existing_file_wins_over_a_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     torch.save({"model": build_detr(**TINY_COCO).state_dict()}, tmp_path / "detr-r50")
-    assert detr.load_checkpoint("detr-r50").config["backbone"] == "resnet18"
+    assert detr.load_checkpoint("detr-r50").config.backbone == "resnet18"
 
 
 def _tool(name: str):

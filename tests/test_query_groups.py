@@ -8,7 +8,7 @@ import torch
 from detr import build_detr
 from detr.criterion import SetCriterion
 from detr.matcher import HungarianMatcher
-from detr.models.detr import query_group_attention_mask
+from detr.models.anchor_detr import query_group_attention_mask
 from tests.conftest import tiny_config_with
 
 TINY = tiny_config_with(num_queries=6, num_classes=4, dropout=0.0, backbone_last_stage="layer3", query_type="anchor",
@@ -108,7 +108,7 @@ def test_query_groups_are_validated_and_stored():
         build_detr(**TINY, query_groups=0)
     with pytest.raises(ValueError, match="query_type='anchor'"):
         build_detr(**{**TINY, "query_type": "learned"}, query_groups=2)
-    assert build_detr(**TINY, query_groups=2).config["query_groups"] == 2
+    assert build_detr(**TINY, query_groups=2).config.query_groups == 2
 
 
 def test_layer2_cut_gives_a_stride_8_map():

@@ -137,8 +137,7 @@ def test_frozen_detector_trains_only_the_mask_head(padded_batch):
 def test_unsupported_detectors_are_refused():
     with pytest.raises(ValueError, match="multiple of 128"):
         build_detr_panoptic(**{**TINY, "hidden_dim": 64})
-    with pytest.raises(ValueError, match="learned queries"):
-        build_detr_panoptic(**TINY, query_type="anchor")
+    # the anchor-query detector is accepted (tests/test_panoptic_anchor.py)
 
 
 @pytest.mark.parametrize("file_name, dilation", [("detr-r50-panoptic-00ce5173.pth", False),
@@ -149,7 +148,7 @@ def test_authors_panoptic_release_file_loads(tmp_path, file_name, dilation):
     torch.save({"model": state, "args": {"masks": True}, "epoch": 24}, path)
     model = load_checkpoint(path)
     assert isinstance(model, DETRPanoptic) and not model.training
-    assert model.config["dilation"] is dilation and model.config["backbone"] == "resnet50"
+    assert model.config.dilation is dilation and model.config.backbone == "resnet50"
     assert model.num_classes == 250 and model.num_queries == 100
     loaded = model.state_dict()
     assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], v) for k, v in state.items())
@@ -197,5 +196,5 @@ def test_released_panoptic_name_loads_the_panoptic_model(tmp_path, monkeypatch):
     torch.save({"model": random_state_dict(authors_panoptic_layout())}, path)
     monkeypatch.setattr(pretrained, "download", lambda model, progress=True: path)
     model = load_checkpoint("detr-r50-dc5-panoptic")
-    assert isinstance(model, DETRPanoptic) and model.config["dilation"] is True
+    assert isinstance(model, DETRPanoptic) and model.config.dilation is True
     assert model.category_map == coco_panoptic_category_map() and model.is_thing[1]

@@ -10,7 +10,7 @@ from pycocotools.coco import COCO
 
 from detr import CategoryMap, load_checkpoint
 from detr.lightning import DetrSystem, NonFiniteLossError
-from tests.conftest import InMemoryData, coco_ground_truth, collate_unpadded, tiny_config_with
+from tests.conftest import InMemoryData, coco_ground_truth, collate_unpadded, system_args, tiny_config_with
 
 TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3")
 CATEGORIES = [{"id": 4, "name": "cat"}, {"id": 9, "name": "dog"}, {"id": 17, "name": "fish"}]
@@ -54,7 +54,7 @@ def _in_memory_data() -> InMemoryData:
 def _system(**overrides) -> DetrSystem:
     torch.manual_seed(0)
     category_map = CategoryMap.from_coco_categories(CATEGORIES, contiguous=True)
-    return DetrSystem(**{**TINY, **overrides}, category_map=category_map, evaluation_dir="")
+    return DetrSystem(**system_args(**{**TINY, **overrides}), category_map=category_map, evaluation_dir="")
 
 
 def _trainer(tmp_path, **kwargs) -> L.Trainer:
@@ -153,7 +153,7 @@ def test_checkpoint_carries_config_and_category_map(tmp_path) -> None:
     path = tmp_path / "system.ckpt"
     trainer.save_checkpoint(path)
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # no pickled objects
-    assert checkpoint["detr"]["model_config"] == system.model.config
+    assert checkpoint["detr"]["model_config"] == system.model.config.to_dict()
     assert checkpoint["detr"]["category_map"] == {"category_ids": [4, 9, 17], "names": ["cat", "dog", "fish"]}
     assert all(k.startswith(("model.", "criterion.")) for k in checkpoint["state_dict"])
 
@@ -210,7 +210,7 @@ def test_non_finite_loss_names_step_and_terms(tmp_path, monkeypatch) -> None:
 
 def test_category_map_must_match_num_classes() -> None:
     with pytest.raises(ValueError, match="num_classes"):
-        DetrSystem(**{**TINY, "num_classes": 5}, category_map={"category_ids": [1], "names": ["a"]})
+        DetrSystem(**system_args(**{**TINY, "num_classes": 5}), category_map={"category_ids": [1], "names": ["a"]})
 
 
 @pytest.mark.parametrize("has_bfloat16", [True, False])
@@ -223,3 +223,14 @@ def test_backbone_bf16_runs_in_float32_on_a_cpu_without_bfloat16(monkeypatch, tm
     system.trainer = _trainer(tmp_path, enable_checkpointing=False)
     system.setup("fit")
     assert system.model.backbone[0].autocast_dtype == (torch.bfloat16 if has_bfloat16 else None)
+
+
+def test_model_options_of_the_old_layout_are_folded_into_the_config(caplog) -> None:
+    """Before DetrConfig, DetrSystem took the detector's options itself; checkpoints written then hold them
+    as flat hyperparameters. They still build the same model, with a warning naming the new place."""
+    with caplog.at_level("WARNING", logger="detr.lightning.system"):
+        old = DetrSystem(**TINY, evaluation_dir="")
+    assert "belong in detr=DetrConfig" in caplog.text
+    assert old.model.config == DetrSystem(**system_args(**TINY), evaluation_dir="").model.config
+    with pytest.raises(TypeError, match=r"unexpected argument\(s\) \['no_such_option'\]"):
+        DetrSystem(no_such_option=1)

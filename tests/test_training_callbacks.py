@@ -1,5 +1,6 @@
-"""The training callbacks of the CPU demo: the weights' exponential moving average and the training-time
-budget that leaves validation out."""
+"""The training callbacks of the CPU demo and the step-based learning-rate schedule: the weights' exponential
+moving average, throughput, and the training-time budget that leaves validation out and fixes the run's step
+count, on which the learning-rate decay depends alone."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from detr.lightning.callbacks import ExponentialMovingAverage, TrainingSpeed
+from detr.lightning import DetrSystem
+from detr.lightning.callbacks import (
+    ExponentialMovingAverage,
+    TimeBudget,
+    TrainingSpeed,
+    TrainingThroughput,
+    time_budget_of,
+)
+from detr.lightning.schedule import LinearDecayToZero, decay_factor
 
 
 class _Recorder(L.Callback):
@@ -51,7 +60,7 @@ def test_ema_decay_is_checked() -> None:
 
 
 class _Clock:
-    """A simulated clock for TrainingSpeed: the model advances it, so budgets are exact, not timed."""
+    """A simulated clock for the budget: the model advances it, so budgets are exact, not timed."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -61,16 +70,20 @@ class _Clock:
 
 
 class _TimedModel(BoringModel):
-    """Training steps take 1 s and validation steps 10 s of the simulated clock; the learning rate of
-    every step is recorded. Optional warm-up (LinearLR, chainable, per step) before the budget's decay."""
+    """Training steps take ``step_seconds`` and validation steps 10 s of the simulated clock; the learning
+    rate of every step is recorded. SGD at lr 0.1 with the training system's per-step schedulers: an
+    optional LinearLR warm-up and :class:`LinearDecayToZero` over the last ``decay_fraction`` of the run."""
 
-    def __init__(self, clock: _Clock, warmup_steps: int = 0) -> None:
+    def __init__(self, clock: _Clock, *, warmup_steps: int = 0, decay_fraction: float = 0.0,
+                 step_seconds: float = 1.0) -> None:
         super().__init__()
-        self.clock, self.warmup_steps, self.lrs = clock, warmup_steps, []
+        self.clock, self.step_seconds = clock, step_seconds
+        self.warmup_steps, self.decay_fraction = warmup_steps, decay_fraction
+        self.lrs: list[float] = []
 
     def training_step(self, batch, batch_idx):
         self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
-        self.clock.now += 1.0
+        self.clock.now += self.step_seconds
         return super().training_step(batch, batch_idx)
 
     def validation_step(self, batch, batch_idx):
@@ -79,61 +92,162 @@ class _TimedModel(BoringModel):
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
-        if not self.warmup_steps:
-            return optimizer
-        warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.5, total_iters=self.warmup_steps)
-        return [optimizer], [{"scheduler": warmup, "interval": "step"}]
+        schedulers = []
+        if self.warmup_steps:
+            warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.5, total_iters=self.warmup_steps)
+            schedulers.append({"scheduler": warmup, "interval": "step"})
+        if self.decay_fraction:
+            max_steps = self.trainer.max_steps
+            decay = LinearDecayToZero(optimizer, self.decay_fraction, total_steps=max_steps if max_steps > 0 else None)
+            schedulers.append({"scheduler": decay, "interval": "step"})
+        return [optimizer], schedulers
 
 
-def _timed_fit(tmp_path, speed: TrainingSpeed, warmup_steps: int = 0) -> tuple[L.Trainer, _TimedModel]:
+def _timed_fit(tmp_path, budget: TimeBudget | None, *, max_steps: int = -1, callbacks=(), ckpt_path=None,
+               **model_options) -> tuple[L.Trainer, _TimedModel]:
     clock = _Clock()
-    speed._clock = clock
-    model = _TimedModel(clock, warmup_steps)
-    trainer = _trainer(tmp_path, [speed], max_steps=1000, val_check_interval=4, limit_val_batches=1,
-                       num_sanity_val_steps=0, enable_checkpointing=False)
-    trainer.fit(model)
+    if budget is not None:
+        budget.clock.now = clock
+    model = _TimedModel(clock, **model_options)
+    trainer = _trainer(tmp_path, [c for c in (budget, *callbacks) if c is not None], max_steps=max_steps,
+                       max_epochs=-1, val_check_interval=4, limit_val_batches=1, num_sanity_val_steps=0,
+                       enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks))
+    trainer.fit(model, ckpt_path=ckpt_path)
     return trainer, model
 
 
-def test_training_budget_stops_fit_and_does_not_count_validation(tmp_path) -> None:
-    speed = TrainingSpeed(max_train_seconds=20)
-    trainer, _ = _timed_fit(tmp_path, speed)
+def test_decay_factor_is_one_then_linear_to_zero() -> None:
+    assert [decay_factor(step, 10, 0.4) for step in range(12)] == pytest.approx(
+        [1, 1, 1, 1, 1, 1, 1.0, 0.75, 0.5, 0.25, 0, 0])
+    assert decay_factor(5, None, 0.4) == 1.0  # no decay while the run's length is unknown
+
+
+def test_schedule_per_step_warmup_plateau_decay_and_step_decay() -> None:
+    """DetrSystem's schedulers, stepped as Lightning steps them: the learning rate is a function of the step
+    (and the epoch): warm-up from 1/1000, a plateau, a linear decay to zero, times the epoch step decay."""
+    system = DetrSystem(lr=1e-4, lr_backbone=1e-5, warmup_steps=4, lr_decay_fraction=0.5, lr_drop_epochs=[1])
+    (optimizer,), configs = system.configure_optimizers()
+    assert [(c["name"], c["interval"]) for c in configs] == [("step_decay", "epoch"), ("warmup", "step"),
+                                                             ("decay", "step")]
+    step_decay, warmup, decay = (c["scheduler"] for c in configs)
+    decay.set_total_steps(12)  # what the trainer's max_steps or TimeBudget gives
+    lrs = []
+    for step in range(12):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        warmup.step()
+        decay.step()
+        if step == 5:  # an epoch of 6 steps ends: the step decay's milestone is epoch 1
+            step_decay.step()
+    warm = [1e-3 + (1 - 1e-3) * min(step, 4) / 4 for step in range(12)]
+    expected = [1e-4 * w * min(1.0, (12 - step) / 6) * (0.1 if step >= 6 else 1.0) for step, w in enumerate(warm)]
+    assert lrs == pytest.approx(expected, rel=1e-6)
+    assert lrs[0] == pytest.approx(1e-7) and lrs[4] == lrs[5] == pytest.approx(1e-4)  # warm-up, then the plateau
+    optimizer.step()
+    decay.step()
+    assert optimizer.param_groups[0]["lr"] == 0.0 and optimizer.param_groups[1]["lr"] == 0.0  # the end: zero
+
+
+def test_decay_without_a_run_length_is_an_error(tmp_path) -> None:
+    system = DetrSystem(lr_decay_fraction=0.3)
+    trainer = _trainer(tmp_path, [], max_epochs=-1)
+    system.trainer = trainer
+    with pytest.raises(ValueError, match="TimeBudget"):
+        system.configure_optimizers()
+
+
+def test_budget_stops_fit_and_does_not_count_validation(tmp_path) -> None:
+    budget = TimeBudget(max_train_seconds=20)
+    trainer, _ = _timed_fit(tmp_path, budget)
     # 20 training steps of 1 s; had the validations (10 s after every 4 steps) counted, fit would have
-    # stopped after 8
-    assert trainer.global_step == 20
-    assert speed.train_seconds == 20
+    # stopped after 8. The step count was fixed halfway (10 steps in 10 s: 10 more fit).
+    assert trainer.global_step == 20 and budget.total_steps == 20
+    assert budget.clock.spent() == 20
 
 
-def test_learning_rate_decays_linearly_to_zero_over_the_budgets_end(tmp_path) -> None:
-    speed = TrainingSpeed(max_train_seconds=20, lr_decay_fraction=0.5)
-    _, model = _timed_fit(tmp_path, speed)
-    # step i starts after i seconds of training: factor min(1, (20 - i) / 10); validation time not counted
-    expected = [0.1 * min(1.0, (20 - i) / 10) for i in range(20)]
-    assert model.lrs == pytest.approx(expected)
+def test_budget_fixes_the_step_count_once_and_the_decay_follows_steps(tmp_path) -> None:
+    budget = TimeBudget(max_train_seconds=40, calibration_fraction=0.9)
+    # steps of 2 s: the count is fixed when the decay starts (1 - 0.5 of the budget, before 0.9): at
+    # step 10 (20 s), 10 more steps fit
+    trainer, model = _timed_fit(tmp_path, budget, decay_fraction=0.5, step_seconds=2.0)
+    assert budget.total_steps == 20 and trainer.global_step == 20
+    assert model.lrs == pytest.approx([0.1 * min(1.0, (20 - i) / 10) for i in range(20)])
 
 
-def test_learning_rate_decay_multiplies_the_schedulers_learning_rate(tmp_path) -> None:
-    speed = TrainingSpeed(max_train_seconds=12, lr_decay_fraction=0.75)  # decay from the 3rd second on
-    _, model = _timed_fit(tmp_path, speed, warmup_steps=6)
-    warmup = [0.5 + 0.5 * min(i, 6) / 6 for i in range(12)]  # LinearLR 0.5 → 1 over 6 steps
-    decay = [min(1.0, (12 - i) / 9) for i in range(12)]
-    assert model.lrs == pytest.approx([0.1 * w * d for w, d in zip(warmup, decay)])
+def test_two_runs_of_one_step_count_train_with_the_same_learning_rates(tmp_path) -> None:
+    """The budget's run (count fixed from the simulated step rate, with a warm-up) and a run bounded by
+    max_steps, on a machine twice as slow: the same learning rate at every step."""
+    budgeted, by_budget = _timed_fit(tmp_path / "a", TimeBudget(max_train_seconds=20), decay_fraction=0.5,
+                                     warmup_steps=6)
+    by_steps = _timed_fit(tmp_path / "b", None, max_steps=20, decay_fraction=0.5, warmup_steps=6,
+                          step_seconds=2.0)[1]
+    assert budgeted.global_step == 20 and len(by_steps.lrs) == 20
+    assert by_budget.lrs == by_steps.lrs
+    warmup = [0.5 + 0.5 * min(i, 6) / 6 for i in range(20)]
+    assert by_steps.lrs == pytest.approx([0.1 * w * min(1.0, (20 - i) / 10) for i, w in enumerate(warmup)])
 
 
-def test_training_budget_and_decay_are_saved_and_resumed(tmp_path) -> None:
-    speed = TrainingSpeed(max_train_seconds=20, lr_decay_fraction=0.5)
-    speed.on_train_epoch_start(None, None)  # a clock running since the epoch started
-    speed._clock = lambda: speed._since + 15.0
-    speed.lr_factor = 0.5
-    resumed = TrainingSpeed(max_train_seconds=20, lr_decay_fraction=0.5)
-    resumed.load_state_dict(speed.state_dict())
-    assert (resumed.train_seconds, resumed.lr_factor) == (15.0, 0.5)
+def test_budget_takes_the_trainers_step_count_and_stops_on_time_as_a_safety(tmp_path) -> None:
+    budget = TimeBudget(max_train_seconds=8, time_tolerance=0.0)
+    trainer, model = _timed_fit(tmp_path / "exact", budget, max_steps=20, decay_fraction=0.5)
+    assert budget.total_steps == 20  # from max_steps: nothing to estimate
+    assert trainer.global_step == 8  # the time limit came first
+    assert model.lrs == pytest.approx([0.1] * 8)
+    trainer, _ = _timed_fit(tmp_path / "tolerant", TimeBudget(max_train_seconds=8), max_steps=20, decay_fraction=0.5)
+    assert trainer.global_step == 9  # with the count fixed, the run may overrun by 10 %: the stop is at 8.8 s
 
 
-def test_training_budget_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="max_train_seconds"):
-        TrainingSpeed(max_train_seconds=0)
+def test_resumed_run_continues_the_budget_and_its_step_count(tmp_path) -> None:
+    _, whole = _timed_fit(tmp_path / "whole", TimeBudget(max_train_seconds=20), decay_fraction=0.5)
+
+    class StopAt(L.Callback):  # an interrupted run: it stops after 14 steps, a checkpoint was saved at 12
+        def on_train_batch_end(self, trainer, *args) -> None:
+            trainer.should_stop = trainer.should_stop or trainer.global_step >= 14
+
+    saver = ModelCheckpoint(dirpath=tmp_path, filename="step12", every_n_train_steps=12, save_top_k=-1)
+    first = TimeBudget(max_train_seconds=20)
+    _timed_fit(tmp_path / "first", first, decay_fraction=0.5, callbacks=[StopAt(), saver])
+    assert first.total_steps == 20
+    resumed = TimeBudget(max_train_seconds=20)
+    trainer, model = _timed_fit(tmp_path / "resumed", resumed, decay_fraction=0.5, ckpt_path=tmp_path / "step12.ckpt")
+    assert resumed.total_steps == 20 and trainer.global_step == 20
+    assert resumed.clock.spent() == pytest.approx(20)  # 12 s before the checkpoint, 8 after
+    assert model.lrs == pytest.approx(whole.lrs[12:])
+
+
+def test_throughput_logs_images_per_second_and_training_seconds(tmp_path) -> None:
+    throughput = TrainingThroughput()
+    clock = _Clock()
+    throughput.clock.now = clock
+    trainer = _trainer(tmp_path, [throughput], max_epochs=2, limit_train_batches=5, limit_val_batches=1,
+                       num_sanity_val_steps=0, enable_checkpointing=False)
+    trainer.fit(_TimedModel(clock))
+    metrics = trainer.callback_metrics
+    # images = batch[0].shape[0]: a detection batch's images; BoringModel's batch is a [2, 32] tensor, so 32
+    # "images" a step; 5 steps of 1 s an epoch, validation (10 s) not counted
+    assert metrics["time/train_images_per_second"] == pytest.approx(32.0)
+    assert metrics["time/train_seconds"] == pytest.approx(10.0)
+
+
+def test_deprecated_training_speed_maps_to_the_new_callbacks(tmp_path) -> None:
+    with pytest.warns(FutureWarning, match="TimeBudget"):
+        speed = TrainingSpeed(max_train_seconds=20, lr_decay_fraction=0.5)
+    assert time_budget_of([speed]) is speed.budget and speed.budget.max_train_seconds == 20
+    clock = _Clock()
+    speed.budget.clock.now = speed.clock.now = clock
+    system = DetrSystem()
+    speed.setup(None, system, "fit")
+    assert system.hparams.lr_decay_fraction == 0.5  # the decay moves to the system's step schedule
     with pytest.raises(ValueError, match="needs max_train_seconds"):
         TrainingSpeed(lr_decay_fraction=0.2)
-    with pytest.raises(ValueError, match="lr_decay_fraction"):
-        TrainingSpeed(max_train_seconds=10, lr_decay_fraction=1.5)
+
+
+def test_budget_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_train_seconds"):
+        TimeBudget(max_train_seconds=0)
+    with pytest.raises(ValueError, match="calibration_fraction"):
+        TimeBudget(max_train_seconds=10, calibration_fraction=0)
+    with pytest.raises(ValueError, match="time_tolerance"):
+        TimeBudget(max_train_seconds=10, time_tolerance=-0.1)
+    with pytest.raises(ValueError, match="decay_fraction"):
+        LinearDecayToZero(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), decay_fraction=1.5)

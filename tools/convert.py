@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"wrote {out}/config.json, model.safetensors, preprocessor_config.json "
-          f"({model.config['backbone']}, {model.num_classes} classes)")
+          f"({model.config.backbone}, {model.num_classes} classes)")
     return 0
 
 

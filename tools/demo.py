@@ -28,7 +28,7 @@ import torch
 from detr.checkpoints import load_checkpoint
 from detr.data.shapes import ShapesConfig, write_shapes_dataset
 from detr.evaluation import STAT_NAMES, write_coco_results
-from detr.lightning.callbacks import TrainingSpeed
+from detr.lightning.callbacks import time_budget_of
 from detr.lightning.cli import make_cli
 from detr.predictor import Predictor, to_rgb_array
 from detr.visualize.explorer import write_attention_explorer
@@ -92,11 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.minutes * 60
     cli = make_cli(["--config", args.config, f"--data.root={data_root}", f"--trainer.default_root_dir={out}"],
                    run=False)
-    budgets = [c for c in cli.trainer.callbacks if isinstance(c, TrainingSpeed)]
-    if not budgets:
-        raise SystemExit(f"{args.config}: the demo needs the detr.lightning.callbacks.TrainingSpeed callback "
+    budget = time_budget_of(cli.trainer.callbacks)
+    if budget is None:
+        raise SystemExit(f"{args.config}: the demo needs the detr.lightning.callbacks.TimeBudget callback "
                          "(it ends training after --minutes of training time); add it under trainer.callbacks")
-    budgets[0].max_train_seconds = seconds  # training time: the validations in between are not counted
+    budget.max_train_seconds = seconds  # training time: the validations in between are not counted
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     train_wall = time.perf_counter() - start
 

@@ -1,11 +1,13 @@
-"""Callbacks for the training system: validation images with boxes drawn, training speed, an
-exponential moving average of the weights, and the ``detr predict`` writer (a COCO results json with
-file names)."""
+"""Callbacks for the training system: validation images with boxes drawn, training throughput, a budget
+of training time, an exponential moving average of the weights, and the ``detr predict`` writer (a COCO
+results json with file names)."""
 
 from __future__ import annotations
 
 import logging
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from torchvision.ops import box_convert
 
 from detr.categories import CategoryMap
 from detr.data import transforms
+from detr.lightning.schedule import LinearDecayToZero
 from detr.predictions_io import detection_labels, draw_boxes, write_predictions_json
 from detr.predictor import Prediction, select_detections
 
@@ -180,119 +183,295 @@ def _tensorboard_writers(trainer: L.Trainer) -> list[Any]:
     return [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
 
 
-def budget_lr_factor(spent: float, budget: float, decay_fraction: float) -> float:
-    """The learning-rate factor of a linear decay to zero over the last ``decay_fraction`` of ``budget``
-    (seconds or steps) when ``spent`` of it is used: 1 before the decay, 0 at the end and after."""
-    if decay_fraction <= 0:
-        return 1.0
-    return min(1.0, max(0.0, (budget - spent) / (decay_fraction * budget)))
+class TrainingClock:
+    """Seconds of training: a clock that runs only between :meth:`start` and :meth:`pause` (the callbacks
+    below pause it for validation). ``now`` is the time source (tests substitute a simulated one)."""
 
-
-class TrainingSpeed(L.Callback):
-    """Log training throughput and time, so AP can be read against wall time; optionally, a budget of
-    training time and a learning-rate decay over its end.
-
-    At the end of every training epoch (per process) logs ``time/train_images_per_second`` (images of
-    that epoch over its wall time, data loading included, validation excluded) and
-    ``time/train_seconds`` (cumulative training wall time since fit started, validation excluded; it
-    is also logged at each validation, next to val/AP). Lightning's ThroughputMonitor measures over a
-    fixed window of batches, which short CPU runs never fill; this measures whole epochs.
-
-    Args:
-        max_train_seconds: stop fit once this much training time has passed (validation excluded), the
-            way Lightning's ``max_time`` stops it (after the batch, with a last validation), but counting
-            only training: a budget of "10 minutes of training" that validating more often does not
-            shorten.
-        lr_decay_fraction: over the last ``lr_decay_fraction`` of ``max_train_seconds``, every learning
-            rate falls linearly to zero with the training time spent ("warmup-stable-decay": a run that
-            knows its budget ends at a low learning rate instead of being cut off at a high one). The
-            factor multiplies what the optimizer's schedulers set (theirs are chainable: warm-up, step
-            decay), and the ranks of a DDP run apply rank 0's factor.
-
-    The training time spent and the learning-rate factor are saved in checkpoints: a resumed run goes on
-    with the budget that is left.
-    """
-
-    def __init__(self, max_train_seconds: float | None = None, lr_decay_fraction: float = 0.0) -> None:
-        super().__init__()
-        if max_train_seconds is not None and max_train_seconds <= 0:
-            raise ValueError(f"TrainingSpeed: max_train_seconds must be > 0, got {max_train_seconds}")
-        if not 0.0 <= lr_decay_fraction <= 1.0:
-            raise ValueError(f"TrainingSpeed: lr_decay_fraction must be in [0, 1], got {lr_decay_fraction}")
-        if lr_decay_fraction > 0 and max_train_seconds is None:
-            raise ValueError("TrainingSpeed: lr_decay_fraction needs max_train_seconds (the budget it ends)")
-        self.max_train_seconds = max_train_seconds
-        self.lr_decay_fraction = lr_decay_fraction
-        self.train_seconds = 0.0
-        self.lr_factor = 1.0  # the factor applied to every learning rate now
-        self._epoch_images = 0
-        self._epoch_seconds = 0.0
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now
+        self.seconds = 0.0  # up to the last pause
         self._since: float | None = None
-        self._clock = time.perf_counter  # tests substitute a simulated clock
 
-    def _spent(self) -> float:
-        return self.train_seconds + (self._clock() - self._since if self._since is not None else 0.0)
+    def start(self) -> None:
+        if self._since is None:
+            self._since = self.now()
 
-    def _pause(self) -> None:
+    def pause(self) -> None:
         if self._since is not None:
-            elapsed = self._clock() - self._since
-            self._epoch_seconds += elapsed
-            self.train_seconds += elapsed
+            self.seconds += self.now() - self._since
             self._since = None
 
+    def spent(self) -> float:
+        """Training seconds so far, the running stretch included."""
+        return self.seconds + (self.now() - self._since if self._since is not None else 0.0)
+
+
+class _TrainingTime(L.Callback):
+    """Runs a :class:`TrainingClock` over the training batches of ``fit``: validation excluded, the
+    seconds saved in checkpoints (a resumed run goes on counting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = TrainingClock()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.clock.start()  # a run resumed in mid-epoch gets no on_train_epoch_start
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._epoch_images, self._epoch_seconds = 0, 0.0
-        self._since = self._clock()
+        self.clock.start()
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.clock.pause()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self.clock.start()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.clock.pause()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_seconds": self.clock.spent()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.clock.seconds = float(state_dict.get("train_seconds", 0.0))
+
+
+class TrainingThroughput(_TrainingTime):
+    """Log training throughput and time, so AP can be read against training time.
+
+    ``time/train_images_per_second``: each training epoch's images over its training time (per process;
+    data loading included, validation excluded), at the epoch's end. ``time/train_seconds``: training
+    time since the run started (validation excluded, resumed runs included), at every epoch's end and
+    every validation (beside val/AP: the x axis of the demo's and the benchmark's AP curves).
+
+    Why not Lightning's ``ThroughputMonitor``: it reports samples/s only once a window of batches is full
+    (100 by default) and over that window; its ``train|time`` restarts at every ``fit`` (a resumed run's
+    curve would start again at 0) and is logged every ``log_every_n_steps`` steps, not beside the
+    validation metrics (where the AP curve reads it); without a ``flops_per_batch`` on the module it warns
+    in every run (measured with Lightning 2.6 on CPU runs of tens of steps).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._epoch_images = 0
+        self._epoch_started_at = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._epoch_images, self._epoch_started_at = 0, self.clock.spent()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._epoch_images, self._epoch_started_at = 0, self.clock.spent()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._epoch_images += int(batch[0].shape[0])
-        if self.max_train_seconds is None or self._since is None:
-            return
-        # rank 0's clock decides for every process (as Lightning's Timer does), in one broadcast a step: all
-        # stop at the same batch and take the next step with the same learning rate
-        spent = float(trainer.strategy.broadcast(self._spent()))
-        if spent >= self.max_train_seconds:
-            trainer.should_stop = True
-        if self.lr_decay_fraction:
-            self._scale_learning_rates(trainer, budget_lr_factor(spent, self.max_train_seconds, self.lr_decay_fraction))
-
-    def _scale_learning_rates(self, trainer: L.Trainer, factor: float) -> None:
-        """Make ``factor`` the decay's share of every learning rate for the next step. Applied as the ratio
-        to the previous factor, after the schedulers stepped, so their own (multiplicative) changes carry
-        through."""
-        if factor == self.lr_factor:
-            return
-        ratio = factor / self.lr_factor if self.lr_factor > 0 else 0.0
-        for optimizer in trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] *= ratio
-        self.lr_factor = factor
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._pause()
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._since = self._clock()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
-            pl_module.log("time/train_seconds", self.train_seconds)
+            pl_module.log("time/train_seconds", self.clock.spent())
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._pause()
-        pl_module.log("time/train_seconds", self.train_seconds)
-        if self._epoch_seconds > 0:
-            pl_module.log("time/train_images_per_second", self._epoch_images / self._epoch_seconds)
+        super().on_train_epoch_end(trainer, pl_module)
+        pl_module.log("time/train_seconds", self.clock.seconds)
+        epoch_seconds = self.clock.seconds - self._epoch_started_at
+        if epoch_seconds > 0:
+            pl_module.log("time/train_images_per_second", self._epoch_images / epoch_seconds)
+
+
+class TimeBudget(_TrainingTime):
+    """End ``fit`` after a budget of training time (validation not counted), at a step count fixed early,
+    so that the learning-rate schedule stays a function of the step.
+
+    ``max_train_seconds`` is "10 minutes of training" that validating more often does not shorten. The
+    learning-rate decay (:class:`detr.lightning.schedule.LinearDecayToZero`, the training system's
+    ``lr_decay_fraction``) needs the run's total step count. When the trainer bounds the run
+    (``max_steps``, or ``max_epochs``), the scheduler already has it and this callback only adds the
+    time limit. Otherwise this callback measures the step rate and, once ``calibration_fraction`` of the
+    budget is spent, or when the decay would start if that comes first, fixes the total once: the steps
+    taken plus the steps the rest of the budget holds at the rate measured so far in this ``fit``. From
+    then on the decay and the stop follow the step count alone (two runs that fix the same count train
+    with the same learning rates, whatever their machines' speed did afterwards). The time limit stays as
+    a safety stop at ``max_train_seconds × (1 + time_tolerance)`` once the count is fixed (the rate drifts
+    a little: a run may overrun its budget by that share to end its decay), with a warning if it comes
+    first (a machine that slowed down: the decay is cut short).
+
+    Why fix it at all rather than follow the clock: a decay driven by the wall clock differs between two
+    runs of one config as soon as their speeds differ, and cannot be repeated from a checkpoint.
+    Why that early: the decay must not start before the count is known, and a later fix measures the rate
+    over more steps; ``calibration_fraction`` caps it for runs without a decay.
+
+    Stops like Lightning's ``max_time``: after the batch, with the validation that a stop triggers. In DDP,
+    rank 0's clock decides for every process (as Lightning's ``Timer`` does), so all stop at the same step
+    and fix the same count. The training time spent and the fixed count are saved in checkpoints: a
+    resumed run goes on with the rest of its budget and the same count.
+
+    Args:
+        max_train_seconds: the budget of training time, in seconds.
+        calibration_fraction: share of the budget after which the step count is fixed at the latest.
+        time_tolerance: once the step count is fixed, the share by which the run may overrun
+            ``max_train_seconds`` to reach it.
+    """
+
+    def __init__(self, max_train_seconds: float, calibration_fraction: float = 0.5,
+                 time_tolerance: float = 0.1) -> None:
+        super().__init__()
+        if max_train_seconds is None or max_train_seconds <= 0:
+            raise ValueError(f"TimeBudget: max_train_seconds must be > 0, got {max_train_seconds}")
+        if not 0.0 < calibration_fraction <= 1.0:
+            raise ValueError(f"TimeBudget: calibration_fraction must be in (0, 1], got {calibration_fraction}")
+        if time_tolerance < 0:
+            raise ValueError(f"TimeBudget: time_tolerance must be >= 0, got {time_tolerance}")
+        self.max_train_seconds = float(max_train_seconds)
+        self.calibration_fraction = calibration_fraction
+        self.time_tolerance = time_tolerance
+        self.total_steps: int | None = None
+        self._fix_at = calibration_fraction
+        self._start_step, self._start_seconds = 0, 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        decays = decay_schedulers(trainer)
+        known = [scheduler.total_steps for scheduler in decays if scheduler.total_steps is not None]
+        if trainer.max_steps > 0:  # this run's own bound wins over a count restored from a checkpoint
+            self.total_steps = trainer.max_steps
+        elif self.total_steps is None and known:  # the trainer's max_epochs (or a checkpoint) set it
+            self.total_steps = min(known)
+        if self.total_steps is not None:
+            for scheduler in decays:
+                scheduler.set_total_steps(self.total_steps)
+        self._fix_at = min([self.calibration_fraction] + [1.0 - scheduler.decay_fraction for scheduler in decays])
+        self._start_step, self._start_seconds = trainer.global_step, self.clock.spent()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # one broadcast a step: every process sees rank 0's training time
+        spent = float(trainer.strategy.broadcast(self.clock.spent()))
+        step = trainer.global_step
+        if self.total_steps is None and spent >= self._fix_at * self.max_train_seconds and step > self._start_step:
+            self.fix_total_steps(trainer, int(trainer.strategy.broadcast(self.estimate_total_steps(step, spent))))
+        limit = self.max_train_seconds * (1.0 + self.time_tolerance if self.total_steps is not None else 1.0)
+        if self.total_steps is not None and step >= self.total_steps:
+            trainer.should_stop = True
+        elif spent >= limit:
+            trainer.should_stop = True
+            if self.total_steps is not None:
+                logger.warning("TimeBudget: %.0f s of training spent at step %d of the %d planned: stopped by the "
+                               "time limit (budget + time_tolerance), before the learning-rate decay ended", spent,
+                               step, self.total_steps)
+
+    def estimate_total_steps(self, step: int, spent: float) -> int:
+        """``step`` plus the steps that the rest of the budget holds at this fit's step rate so far."""
+        rate = (step - self._start_step) / max(spent - self._start_seconds, 1e-9)
+        return step + int(rate * max(self.max_train_seconds - spent, 0.0))
+
+    def fix_total_steps(self, trainer: L.Trainer, total_steps: int) -> None:
+        """Make ``total_steps`` the run's length: for the stop and every decay scheduler."""
+        self.total_steps = max(total_steps, trainer.global_step)
+        for scheduler in decay_schedulers(trainer):
+            scheduler.set_total_steps(self.total_steps)
+        logger.info("TimeBudget: the run ends after %d steps (fixed at step %d from the step rate; time limit %.0f s)",
+                    self.total_steps, trainer.global_step, self.max_train_seconds)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"train_seconds": self._spent(), "lr_factor": self.lr_factor}
+        return {**super().state_dict(), "total_steps": self.total_steps}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.train_seconds = float(state_dict.get("train_seconds", 0.0))
-        self.lr_factor = float(state_dict.get("lr_factor", 1.0))
+        super().load_state_dict(state_dict)
+        self.total_steps = state_dict.get("total_steps")
+
+
+def decay_schedulers(trainer: L.Trainer) -> list[LinearDecayToZero]:
+    """The trainer's :class:`LinearDecayToZero` schedulers (those whose total step count a budget fixes)."""
+    return [config.scheduler for config in trainer.lr_scheduler_configs
+            if isinstance(config.scheduler, LinearDecayToZero)]
+
+
+def time_budget_of(callbacks: list[L.Callback]) -> TimeBudget | None:
+    """The :class:`TimeBudget` among ``callbacks`` (also inside a deprecated :class:`TrainingSpeed`), or None."""
+    for callback in callbacks:
+        if isinstance(callback, TimeBudget):
+            return callback
+        if isinstance(callback, TrainingSpeed) and callback.budget is not None:
+            return callback.budget
+    return None
+
+
+class TrainingSpeed(TrainingThroughput):
+    """Deprecated: use :class:`TrainingThroughput`, :class:`TimeBudget` and the training system's
+    ``lr_decay_fraction`` (``model.lr_decay_fraction``).
+
+    Kept so that configs that name it still run: it logs what :class:`TrainingThroughput` logs, holds a
+    :class:`TimeBudget` of ``max_train_seconds`` when given, and hands ``lr_decay_fraction`` to the system
+    (which then decays over the last share of the run's steps instead of its wall-clock seconds).
+    """
+
+    def __init__(self, max_train_seconds: float | None = None, lr_decay_fraction: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= lr_decay_fraction <= 1.0:
+            raise ValueError(f"TrainingSpeed: lr_decay_fraction must be in [0, 1], got {lr_decay_fraction}")
+        if lr_decay_fraction > 0 and max_train_seconds is None:
+            raise ValueError("TrainingSpeed: lr_decay_fraction needs max_train_seconds (the budget it ends)")
+        warnings.warn(
+            "detr.lightning.callbacks.TrainingSpeed is deprecated: replace it with "
+            "detr.lightning.callbacks.TrainingThroughput and detr.lightning.callbacks.TimeBudget "
+            "(init_args: max_train_seconds), and move lr_decay_fraction to the model (model.lr_decay_fraction)",
+            FutureWarning, stacklevel=2,
+        )
+        self.budget = TimeBudget(max_train_seconds) if max_train_seconds is not None else None
+        self.lr_decay_fraction = lr_decay_fraction
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not self.lr_decay_fraction:
+            return
+        current = pl_module.hparams.get("lr_decay_fraction")
+        if current is None:
+            raise ValueError(f"TrainingSpeed(lr_decay_fraction=...): {type(pl_module).__name__} has no "
+                             "lr_decay_fraction argument; use TimeBudget and the system's own schedule")
+        if current and current != self.lr_decay_fraction:
+            raise ValueError(f"TrainingSpeed: lr_decay_fraction {self.lr_decay_fraction} conflicts with the model's "
+                             f"lr_decay_fraction {current}; set it on the model only")
+        pl_module.hparams.lr_decay_fraction = self.lr_decay_fraction  # read by configure_optimizers, which runs later
+
+    def _forward(self, hook: str, *args: Any) -> None:
+        if self.budget is not None:
+            getattr(self.budget, hook)(*args)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._forward("on_train_start", trainer, pl_module)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._forward("on_train_epoch_start", trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args)
+        self._forward("on_train_batch_end", trainer, pl_module, *args)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_start(trainer, pl_module)
+        self._forward("on_validation_start", trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        self._forward("on_validation_end", trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        self._forward("on_train_epoch_end", trainer, pl_module)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "budget": self.budget.state_dict() if self.budget is not None else None}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)  # also reads the old TrainingSpeed's train_seconds
+        if self.budget is not None:
+            self.budget.load_state_dict(state_dict.get("budget") or {"train_seconds": self.clock.seconds})
 
 
 class PredictionsWriter(BasePredictionWriter):

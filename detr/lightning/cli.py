@@ -4,8 +4,9 @@
     detr validate --config configs/detr_r50_coco.yaml --data.root /data/coco --ckpt_path best.ckpt
     detr fit --config configs/demo_shapes_cpu.yaml --print_config
 
-YAML keys mirror the constructors (``model.*`` = DetrSystem = build_detr + recipe, ``data.*`` =
-DetrDataModule, ``trainer.*`` = lightning.Trainer). The number of classes and the category map are not
+YAML keys mirror the constructors (``model.*`` = DetrSystem: ``model.detr.*`` the detector's
+:class:`detr.models.config.DetrConfig`, the rest the recipe; ``data.*`` = DetrDataModule, ``trainer.*`` =
+lightning.Trainer). The number of classes and the category map are not
 configured: the data module reads them from the annotation json and they are linked into the model.
 """
 
@@ -14,8 +15,11 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import sys
+from pathlib import Path
 from typing import Any
 
+import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -27,6 +31,7 @@ from detr.lightning.data_checks import CheckData
 from detr.lightning.datamodule import DetrDataModule
 from detr.lightning.run_folder import claim_run_folder
 from detr.lightning.system import DetrSystem
+from detr.models.config import field_names
 
 
 class DetrCLI(LightningCLI):
@@ -34,7 +39,7 @@ class DetrCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         # The data decides these (the annotation json), so no config repeats them: linked once both are built.
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.detr.num_classes", apply_on="instantiate")
         parser.link_arguments("data.category_map", "model.category_map", apply_on="instantiate")
         # Always there, whatever the config's callbacks: last.ckpt kept current (and written on SIGTERM), and
         # every input checked before the first step. Configurable as last_checkpoint.* and data_check.*.
@@ -45,6 +50,14 @@ class DetrCLI(LightningCLI):
             help="fit: start over in an output folder that holds a previous run, deleting its checkpoints and logs "
             "(without it such a folder is refused unless --ckpt_path resumes the run)",
         )
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """Parse, after refusing the model keys of the layout before ``model.detr`` with the key to use."""
+        moved = moved_model_keys(args)
+        if moved:
+            parser.error("the detector's options moved under model.detr (detr.models.config.DetrConfig): "
+                         + "; ".join(f"{where}: model.{key} is now model.detr.{key}" for where, key in moved))
+        super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads --ckpt_path's hyperparameters while parsing; a broken file must say which it is.
@@ -81,6 +94,47 @@ class DetrCLI(LightningCLI):
             subfolder = self.subcommand if self.subcommand not in (None, "fit") else ""
             kwargs["logger"] = run_loggers(os.path.join(root, subfolder))
         return super().instantiate_trainer(**kwargs)
+
+
+def moved_model_keys(args: Any) -> list[tuple[str, str]]:
+    """(where, key) for every detector option given as ``model.<key>`` instead of ``model.detr.<key>`` in
+    command-line ``args`` or the YAML files they pass with ``--config`` (and the files those include)."""
+    fields = set(field_names())
+    if args is None:
+        args = sys.argv[1:]
+    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else []
+    found: list[tuple[str, str]] = []
+    config_files = []
+    for i, arg in enumerate(argv):
+        name = arg.split("=", 1)[0]
+        if name.startswith("--model.") and name[len("--model."):] in fields:
+            found.append(("command line", name[len("--model."):]))
+        if name == "--config":
+            value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else None)
+            if value:
+                config_files.append(Path(value))
+    seen: set[Path] = set()
+    while config_files:
+        path = config_files.pop()
+        if path in seen or not path.is_file():
+            continue  # a missing file is jsonargparse's error to report
+        seen.add(path)
+        try:
+            content = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, OSError, UnicodeDecodeError):
+            continue
+        if not isinstance(content, dict):
+            continue
+        model = content.get("model")
+        if isinstance(model, dict):
+            model = model.get("init_args", model) if isinstance(model.get("init_args"), dict) else model
+            found += [(str(path), key) for key in model if key in fields]
+        found += [(str(path), key[len("model."):]) for key in content
+                  if isinstance(key, str) and key.startswith("model.") and key[len("model."):] in fields]
+        included = content.get("config")
+        for include in [included] if isinstance(included, str) else included or []:
+            config_files.append(path.parent / include)
+    return found
 
 
 def run_loggers(root_dir: str) -> list[Logger]:

@@ -10,7 +10,8 @@ exist before any setup and LightningCLI can link them into the model. Data sets 
 (``setup`` or the ``*_dataset`` properties); ``val_dataset.coco`` is the evaluator's ground truth.
 
 Transform sizes are constructor arguments, so a YAML config can train the 128 px shapes set at small
-scales. Lightning adds the distributed sampler itself.
+scales. Lightning adds the distributed sampler itself. :class:`CocoFormatDataModule` holds what this module
+and the panoptic one (:mod:`detr.lightning.panoptic_datamodule`) share: sizes, batch sizes, loaders.
 """
 
 from __future__ import annotations
@@ -62,15 +63,42 @@ def seed_worker_transform(worker_id: int) -> None:
     reseed_transform(getattr(info.dataset, "transform", None), info.seed + 1_000_003 * rank)
 
 
-class DetrDataModule(lightning.LightningDataModule):
-    """COCO-format data for DETR.
+def split_paths(root: str | None, explicit: dict[str, tuple[str | None, str | None]], json_name: str,
+                layout: str) -> dict[str, tuple[Path, Path]]:
+    """Split → (image folder, annotation json) of a data module.
+
+    explicit: split → (images, json) as given, both or neither; a given pair always counts (a wrong path fails
+    loudly when it is read). Otherwise the train and val splits come from ``root`` in COCO's layout,
+    ``ROOT/{split}2017`` and ``ROOT/annotations/`` + ``json_name`` with ``{split}`` filled in, when that json
+    exists (e.g. a root with just val2017 for evaluation). layout: what ``root`` should hold, for the error
+    when it is not a folder.
+    """
+    base = Path(root) if root is not None else None
+    if base is not None and not base.is_dir():
+        raise ValueError(f"data root '{base}' does not exist; pass a folder with {layout}")
+    paths: dict[str, tuple[Path, Path]] = {}
+    for split, (images, json_file) in explicit.items():
+        if (images is None) != (json_file is None):
+            raise ValueError(f"{split}: give both {split}_images and {split}_annotations, not only one of them")
+        if images is not None and json_file is not None:
+            paths[split] = (Path(images), Path(json_file))
+        elif base is not None and split in ("train", "val"):
+            from_root = (base / f"{split}2017", base / "annotations" / json_name.format(split=split))
+            if from_root[1].is_file():
+                paths[split] = from_root
+            else:
+                logger.info("no %s split under '%s' (%s does not exist)", split, base, from_root[1])
+    return paths
+
+
+class CocoFormatDataModule(lightning.LightningDataModule):
+    """What the detection and the panoptic data modules share: batch sizes, loader settings, the transforms'
+    sizes, the data set of each split (built once, on first use) and the loaders (:func:`collate_detection`,
+    per-worker augmentation seeds; plain image files for ``predict``). Subclasses set ``paths``
+    (:func:`split_paths`), ``category_map`` and ``predict_images``, and build a split's data set in
+    ``_build_dataset``; their YAML keys are theirs plus these.
 
     Args:
-        root: COCO-layout folder (module docstring); optional when the explicit paths are given.
-        train_images, train_annotations, val_images, val_annotations: explicit folders and jsons
-            (override ``root``'s).
-        test_images, test_annotations: the test split; defaults to the validation split.
-        predict_images: a folder (its image files) or a list of image files for ``predict``.
         batch_size: training images per process (authors: 2 for R50, 4 per GPU in the 64-batch recipe).
         val_batch_size: images per evaluation batch (None: ``batch_size``). AP depends on it through
             padding: evaluate at the training images per GPU to reproduce the authors' numbers.
@@ -78,39 +106,25 @@ class DetrDataModule(lightning.LightningDataModule):
         pin_memory: pin batches (only when CUDA is available).
         persistent_workers: keep workers between epochs (only with num_workers > 0).
         drop_last: drop the last incomplete training batch (as the authors do).
-        category_ids: "auto" (raw ids for COCO's own categories, contiguous otherwise), "raw" or
-            "contiguous"; see :func:`detr.data.coco.category_map_from_categories`.
-        skip_bad_images: skip missing/undecodable images with a warning and a count instead of raising.
         train_scales, train_max_size, crop_resize_scales, crop_min_size, crop_max_size: the train
-            augmentation's sizes (:func:`detr.data.transforms.make_train_transform`).
+            augmentation's sizes (:func:`detr.data.transforms.make_train_transform`; masks move with the image).
         eval_min_size, eval_max_size: the eval resize (:func:`detr.data.transforms.make_eval_transform`).
-        categories_from: a checkpoint whose category map names the classes when no annotation json is
-            given (``detr predict`` on plain images; the CLI sets it to ``--ckpt_path``).
 
     Attributes:
-        category_map: label ↔ category id/name (None when only ``predict_images`` is given).
+        category_map: label ↔ category id/name (None when the subclass has no annotations to read).
         num_classes: ``category_map.num_classes`` (None without annotations).
         category_names: label → name.
     """
 
     def __init__(
         self,
-        root: str | None = None,
-        train_images: str | None = None,
-        train_annotations: str | None = None,
-        val_images: str | None = None,
-        val_annotations: str | None = None,
-        test_images: str | None = None,
-        test_annotations: str | None = None,
-        predict_images: str | list[str] | None = None,
+        *,
         batch_size: int = 2,
         val_batch_size: int | None = None,
         num_workers: int = 2,
         pin_memory: bool = True,
         persistent_workers: bool = False,
         drop_last: bool = True,
-        category_ids: Literal["auto", "raw", "contiguous"] = "auto",
-        skip_bad_images: bool = False,
         train_scales: Sequence[int] = TRAIN_SCALES,
         train_max_size: int = TRAIN_MAX_SIZE,
         crop_resize_scales: Sequence[int] = CROP_RESIZE_SCALES,
@@ -118,7 +132,6 @@ class DetrDataModule(lightning.LightningDataModule):
         crop_max_size: int = CROP_MAX_SIZE,
         eval_min_size: int = EVAL_MIN_SIZE,
         eval_max_size: int = EVAL_MAX_SIZE,
-        categories_from: str | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1) or num_workers < 0:
@@ -126,70 +139,21 @@ class DetrDataModule(lightning.LightningDataModule):
                 f"need batch_size >= 1, val_batch_size >= 1 (or None) and num_workers >= 0; got {batch_size}, "
                 f"{val_batch_size}, {num_workers}"
             )
-        self.save_hyperparameters()
-        base = Path(root) if root is not None else None
-        if base is not None and not base.is_dir():
-            raise ValueError(
-                f"data root '{base}' does not exist; pass a folder with train2017/, val2017/ and annotations/"
-            )
-
-        # Split → (image folder, json). A split taken from ``root`` counts only if its json exists (e.g. a
-        # root with just val2017 for evaluation); explicit paths always count and fail loudly if wrong.
-        self.paths: dict[str, tuple[Path, Path]] = {}
-        explicit = {"train": (train_images, train_annotations), "val": (val_images, val_annotations),
-                    "test": (test_images, test_annotations)}
-        for split, (images, json_file) in explicit.items():
-            if (images is None) != (json_file is None):
-                raise ValueError(f"{split}: give both {split}_images and {split}_annotations, not only one of them")
-            if images is not None and json_file is not None:
-                self.paths[split] = (Path(images), Path(json_file))
-            elif base is not None and split != "test":
-                from_root = (base / f"{split}2017", base / "annotations" / f"instances_{split}2017.json")
-                if from_root[1].is_file():
-                    self.paths[split] = from_root
-                else:
-                    logger.info("no %s split under '%s' (%s does not exist)", split, base, from_root[1])
-        self.predict_images = predict_images
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size if val_batch_size is not None else batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
         self.drop_last = drop_last
-        self.skip_bad_images = skip_bad_images
         self.train_transform = make_train_transform(
             scales=train_scales, max_size=train_max_size, crop_resize_scales=crop_resize_scales,
             crop_min_size=crop_min_size, crop_max_size=crop_max_size,
         )
         self.eval_transform = make_eval_transform(min_size=eval_min_size, max_size=eval_max_size)
-
-        # The json is read once: kept here until its data set is built.
-        self._json_cache: dict[Path, dict[str, Any]] = {}
-        self._datasets: dict[str, CocoDetection] = {}
+        self.paths: dict[str, tuple[Path, Path]] = {}
         self.category_map: CategoryMap | None = None
-        for split in ("train", "val", "test"):
-            if split in self.paths:
-                json_file = self.paths[split][1]
-                data = load_coco_json(json_file)
-                self._json_cache[json_file] = data
-                if not isinstance(data.get("categories"), list):
-                    raise ValueError(f"annotation file '{json_file}' has no 'categories' list")
-                self.category_map = category_map_from_categories(data["categories"], category_ids)
-                logger.info("%d classes from '%s' (category_ids=%s)", self.category_map.num_classes, json_file,
-                            category_ids)
-                break
-        if self.category_map is None and categories_from is not None:
-            self.category_map = _checkpoint_category_map(categories_from)
-        if self.category_map is None and predict_images is None and base is not None:
-            raise ValueError(
-                f"data root '{base}' has neither annotations/instances_train2017.json nor "
-                "annotations/instances_val2017.json; pass a COCO-layout folder or explicit *_images/*_annotations"
-            )
-        if self.category_map is None and predict_images is None:
-            raise ValueError(
-                "DetrDataModule needs data: root=DIR (COCO layout), or train_images + train_annotations / "
-                "val_images + val_annotations, or predict_images"
-            )
+        self.predict_images: str | list[str] | None = None  # a subclass's predict_images argument
+        self._datasets: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ what the data decides
     @property
@@ -203,37 +167,32 @@ class DetrDataModule(lightning.LightningDataModule):
         return [] if self.category_map is None else list(self.category_map.names)
 
     # ------------------------------------------------------------------ data sets
-    def _dataset(self, split: Split) -> CocoDetection | None:
+    def _build_dataset(self, split: Split, images: Path, annotations: Path) -> Any:
+        """The data set of ``split`` (train transform for "train", eval transform otherwise)."""
+        raise NotImplementedError
+
+    def _dataset(self, split: Split) -> Any:
         if split in self._datasets:
             return self._datasets[split]
         if split == "test" and "test" not in self.paths:
             return self._dataset("val")
         if split not in self.paths:
             return None
-        images, annotations = self.paths[split]
-        dataset = CocoDetection(
-            images,
-            annotations,
-            transform=self.train_transform if split == "train" else self.eval_transform,
-            category_map=self.category_map,
-            skip_bad_images=self.skip_bad_images,
-            coco_data=self._json_cache.pop(annotations, None),
-        )
-        self._datasets[split] = dataset
-        return dataset
+        self._datasets[split] = self._build_dataset(split, *self.paths[split])
+        return self._datasets[split]
 
     @property
-    def train_dataset(self) -> CocoDetection | None:
+    def train_dataset(self) -> Any:
         """Training set (train transform), None if not configured."""
         return self._dataset("train")
 
     @property
-    def val_dataset(self) -> CocoDetection | None:
-        """Validation set (eval transform); ``.coco`` is the ground truth, crowd included."""
+    def val_dataset(self) -> Any:
+        """Validation set (eval transform); ``.coco`` is the evaluator's box ground truth, crowd included."""
         return self._dataset("val")
 
     @property
-    def test_dataset(self) -> CocoDetection | None:
+    def test_dataset(self) -> Any:
         """Test set (eval transform); the validation set unless test paths were given."""
         return self._dataset("test")
 
@@ -243,14 +202,8 @@ class DetrDataModule(lightning.LightningDataModule):
         if self.predict_images is None:
             return None
         if "predict" not in self._datasets:
-            self._datasets["predict"] = ImageFilesDataset(self.predict_images, transform=self.eval_transform)  # type: ignore[assignment]
-        return self._datasets["predict"]  # type: ignore[return-value]
-
-    def setup(self, stage: str) -> None:
-        """Build the data sets the stage needs ("fit", "validate", "test", "predict")."""
-        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}.get(stage, ())
-        for split in wanted:
-            self._dataset(split)  # type: ignore[arg-type]
+            self._datasets["predict"] = ImageFilesDataset(self.predict_images, transform=self.eval_transform)
+        return self._datasets["predict"]
 
     # ------------------------------------------------------------------ loaders
     def _loader(self, dataset: Any, *, batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader:
@@ -269,10 +222,7 @@ class DetrDataModule(lightning.LightningDataModule):
 
     def _require(self, dataset: Any, split: str) -> Any:
         if dataset is None:
-            raise ValueError(
-                f"no {split} data configured: pass root=DIR or {split}_images + {split}_annotations"
-                + (" (or predict_images)" if split == "predict" else "")
-            )
+            raise ValueError(f"no {split} data configured: pass root=DIR or {split}_images + {split}_annotations")
         return dataset
 
     def train_dataloader(self) -> DataLoader:
@@ -295,8 +245,100 @@ class DetrDataModule(lightning.LightningDataModule):
         return self._loader(dataset, batch_size=self.val_batch_size, shuffle=False, drop_last=False)
 
     def predict_dataloader(self) -> DataLoader:
-        dataset = self._require(self.predict_dataset, "predict")
-        return self._loader(dataset, batch_size=self.val_batch_size, shuffle=False, drop_last=False)
+        if self.predict_dataset is None:
+            raise ValueError("no predict data configured: pass predict_images (a folder or a list of image files)")
+        return self._loader(self.predict_dataset, batch_size=self.val_batch_size, shuffle=False, drop_last=False)
+
+
+class DetrDataModule(CocoFormatDataModule):
+    """COCO-format data for DETR.
+
+    Args:
+        root: COCO-layout folder (module docstring); optional when the explicit paths are given.
+        train_images, train_annotations, val_images, val_annotations: explicit folders and jsons
+            (override ``root``'s).
+        test_images, test_annotations: the test split; defaults to the validation split.
+        predict_images: a folder (its image files) or a list of image files for ``predict``.
+        category_ids: "auto" (raw ids for COCO's own categories, contiguous otherwise), "raw" or
+            "contiguous"; see :func:`detr.data.coco.category_map_from_categories`.
+        skip_bad_images: skip missing/undecodable images with a warning and a count instead of raising.
+        categories_from: a checkpoint whose category map names the classes when no annotation json is
+            given (``detr predict`` on plain images; the CLI sets it to ``--ckpt_path``).
+        kwargs: the batch sizes, loader settings and transform sizes of :class:`CocoFormatDataModule`
+            (``batch_size``, ``val_batch_size``, ``num_workers``, ``pin_memory``, ``persistent_workers``,
+            ``drop_last``, ``train_scales``, ``train_max_size``, ``crop_resize_scales``, ``crop_min_size``,
+            ``crop_max_size``, ``eval_min_size``, ``eval_max_size``); LightningCLI lists them as ``data.*``.
+
+    Attributes: those of :class:`CocoFormatDataModule`; ``category_map`` is None when only
+    ``predict_images`` is given.
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        train_images: str | None = None,
+        train_annotations: str | None = None,
+        val_images: str | None = None,
+        val_annotations: str | None = None,
+        test_images: str | None = None,
+        test_annotations: str | None = None,
+        predict_images: str | list[str] | None = None,
+        category_ids: Literal["auto", "raw", "contiguous"] = "auto",
+        skip_bad_images: bool = False,
+        categories_from: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.save_hyperparameters()
+        explicit = {"train": (train_images, train_annotations), "val": (val_images, val_annotations),
+                    "test": (test_images, test_annotations)}
+        self.paths = split_paths(root, explicit, "instances_{split}2017.json",
+                                 layout="train2017/, val2017/ and annotations/")
+        self.predict_images = predict_images
+        self.skip_bad_images = skip_bad_images
+
+        # The json is read once: kept here until its data set is built.
+        self._json_cache: dict[Path, dict[str, Any]] = {}
+        for split in ("train", "val", "test"):
+            if split in self.paths:
+                json_file = self.paths[split][1]
+                data = load_coco_json(json_file)
+                self._json_cache[json_file] = data
+                if not isinstance(data.get("categories"), list):
+                    raise ValueError(f"annotation file '{json_file}' has no 'categories' list")
+                self.category_map = category_map_from_categories(data["categories"], category_ids)
+                logger.info("%d classes from '%s' (category_ids=%s)", self.category_map.num_classes, json_file,
+                            category_ids)
+                break
+        if self.category_map is None and categories_from is not None:
+            self.category_map = _checkpoint_category_map(categories_from)
+        if self.category_map is None and predict_images is None and root is not None:
+            raise ValueError(
+                f"data root '{Path(root)}' has neither annotations/instances_train2017.json nor "
+                "annotations/instances_val2017.json; pass a COCO-layout folder or explicit *_images/*_annotations"
+            )
+        if self.category_map is None and predict_images is None:
+            raise ValueError(
+                "DetrDataModule needs data: root=DIR (COCO layout), or train_images + train_annotations / "
+                "val_images + val_annotations, or predict_images"
+            )
+
+    # ------------------------------------------------------------------ data sets
+    def _build_dataset(self, split: Split, images: Path, annotations: Path) -> CocoDetection:
+        return CocoDetection(
+            images,
+            annotations,
+            transform=self.train_transform if split == "train" else self.eval_transform,
+            category_map=self.category_map,
+            skip_bad_images=self.skip_bad_images,
+            coco_data=self._json_cache.pop(annotations, None),
+        )
+
+    def setup(self, stage: str) -> None:
+        """Build the data sets the stage needs ("fit", "validate", "test", "predict")."""
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}.get(stage, ())
+        for split in wanted:
+            self._dataset(split)  # type: ignore[arg-type]
 
 
 def _checkpoint_category_map(path: str) -> CategoryMap | None:

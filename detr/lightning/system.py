@@ -3,8 +3,9 @@
 The model (:func:`detr.build_detr`), the matcher, the criterion and the post-processor are plain modules;
 this file only wires them into Lightning's loops, so the model works without Lightning (in a notebook, an
 exporter) and the training loop can change without touching it.
-Its ``__init__`` mirrors ``build_detr``'s keyword arguments one to one, so a LightningCLI YAML reads like
-the builder; ``num_classes`` and ``category_map`` are linked from the data module by the CLI.
+The model is one :class:`detr.models.config.DetrConfig` (the ``model.detr.*`` keys of a LightningCLI YAML,
+stored in checkpoints); ``num_classes`` (``model.detr.num_classes``) and ``category_map`` are linked from the
+data module by the CLI.
 
 Recipe (paper section 4 and appendix A.4; the authors' main.py): AdamW, lr 1e-4, backbone lr 1e-5,
 weight decay 1e-4 on every parameter, step decay ×0.1 at ``lr_drop_epochs``; gradient clipping (0.1,
@@ -14,6 +15,7 @@ global norm) and precision are Trainer settings in configs/.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from pathlib import Path
 from typing import Any, Literal
@@ -26,11 +28,15 @@ import torch.distributed as dist
 from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
 from detr.criterion import SetCriterion
+from detr.criterion_parts import DenoisingLoss, DenseLoss, LossPart
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
+from detr.lightning.callbacks import time_budget_of
 from detr.lightning.error_analysis import write_error_analysis
+from detr.lightning.schedule import LinearDecayToZero
 from detr.matcher import HungarianMatcher
-from detr.models.backbone import BackboneName, BackboneNorm, LastStage, cpu_has_bfloat16
-from detr.models.detr import ClassHead, QueryType, build_detr
+from detr.models.backbone import cpu_has_bfloat16
+from detr.models.config import DetrConfig, field_names
+from detr.models.detr import build_detr
 from detr.postprocess import PostProcess
 
 logger = logging.getLogger(__name__)
@@ -45,8 +51,11 @@ class NonFiniteLossError(FloatingPointError):
 class DetrSystem(L.LightningModule):
     """DETR trained with the Hungarian set loss and evaluated with COCO AP.
 
-    Model args: exactly :func:`detr.build_detr`'s (see there), including the options for training from
-    scratch on a short budget (query_type, class_head, denoising...; docs/convergence.md).
+    Model:
+        detr: the detector, a :class:`detr.models.config.DetrConfig` (None: the paper's COCO model), including
+            the options for training from scratch on a short budget (query_type, class_head, denoising...;
+            docs/convergence.md). Model options passed directly as keywords (the layout before ``detr``
+            existed, e.g. the hyperparameters of older checkpoints) are folded into it with a warning.
 
     Loss args:
         cost_class, cost_bbox, cost_giou: matching cost weights (1, 5, 2).
@@ -60,6 +69,10 @@ class DetrSystem(L.LightningModule):
         lr_drop_epochs, lr_drop_gamma: multiply every learning rate by ``lr_drop_gamma`` at these epochs
             (authors: [200] of 300 epochs, [400] of 500).
         warmup_steps: linear learning-rate warm-up from 1/1000 over this many optimizer steps (authors: 0).
+        lr_decay_fraction: > 0: every learning rate falls linearly to zero over this last share of the run's
+            optimizer steps (:class:`detr.lightning.schedule.LinearDecayToZero`; authors: 0). The run's step
+            count is the trainer's ``max_steps`` (or ``max_epochs`` × batches), or else the one that
+            :class:`detr.lightning.callbacks.TimeBudget` fixes from the step rate early in a time-bounded run.
         channels_last: run the backbone in NHWC memory layout, which oneDNN (CPU) and cuDNN prefer; same
             numbers up to float rounding (benchmarks/convergence.py --step-time measures the speed).
         backbone_bf16: run the backbone's convolutions in bfloat16 autocast, the transformer in float32
@@ -92,33 +105,8 @@ class DetrSystem(L.LightningModule):
     def __init__(
         self,
         *,
-        # --- model: build_detr's signature ---
-        backbone: BackboneName = "resnet50",
-        dilation: bool = False,
-        position_encoding: Literal["sine", "learned"] = "sine",
-        hidden_dim: int = 256,
-        num_heads: int = 8,
-        num_encoder_layers: int = 6,
-        num_decoder_layers: int = 6,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        pre_norm: bool = False,
-        num_queries: int = 100,
-        num_classes: int = 91,
-        aux_loss: bool = True,
-        pretrained_backbone: bool | str = False,
-        backbone_norm: BackboneNorm = "frozen_batch_norm",
-        backbone_trainable_layers: int = 3,
-        backbone_last_stage: LastStage = "layer4",
-        query_type: QueryType = "learned",
-        class_head: ClassHead = "softmax",
-        denoising: bool = False,
-        denoising_groups: int = 5,
-        denoising_label_noise: float = 0.2,
-        denoising_box_noise: float = 0.4,
-        anchor_local_attention: float = 0.0,
-        query_groups: int = 1,
-        dense_aux_head: bool = False,
+        # --- model: one DetrConfig (YAML: model.detr.backbone, model.detr.num_queries, ...) ---
+        detr: DetrConfig = DetrConfig(),  # frozen: a shared default is safe
         # --- matching and loss ---
         cost_class: float = 1.0,
         cost_bbox: float = 5.0,
@@ -138,6 +126,7 @@ class DetrSystem(L.LightningModule):
         warmup_steps: int = 0,
         channels_last: bool = False,
         backbone_bf16: bool = False,
+        lr_decay_fraction: float = 0.0,
         # --- data, weights, evaluation ---
         category_map: CategoryMap | dict[str, Any] | None = None,
         init_checkpoint: str | None = None,
@@ -145,34 +134,35 @@ class DetrSystem(L.LightningModule):
         evaluation_dir: str | None = None,
         error_analysis: bool = True,
         error_analysis_every_n_validations: int = 0,
+        **legacy_model_options: Any,
     ) -> None:
         super().__init__()
-        # category_map is stored in checkpoint["detr"] as a plain dict; hparams stay plain types so that
-        # checkpoints load with torch.load(weights_only=True).
-        self.save_hyperparameters(ignore=["category_map"])
-        if init_checkpoint and pretrained_backbone:
+        config = _model_config(detr, legacy_model_options)
+        if init_checkpoint and config.pretrained_backbone:
             # every backbone tensor comes from init_checkpoint: no ImageNet download (which needs a network)
-            logger.info("init_checkpoint given: pretrained_backbone=%r is not loaded", pretrained_backbone)
-            pretrained_backbone = False
-        self.model = build_detr(
-            backbone=backbone, dilation=dilation, position_encoding=position_encoding, hidden_dim=hidden_dim,
-            num_heads=num_heads, num_encoder_layers=num_encoder_layers, num_decoder_layers=num_decoder_layers,
-            dim_feedforward=dim_feedforward, dropout=dropout, pre_norm=pre_norm, num_queries=num_queries,
-            num_classes=num_classes, aux_loss=aux_loss, pretrained_backbone=pretrained_backbone,
-            backbone_norm=backbone_norm, backbone_trainable_layers=backbone_trainable_layers,
-            backbone_last_stage=backbone_last_stage, query_type=query_type, class_head=class_head,
-            denoising=denoising, denoising_groups=denoising_groups, denoising_label_noise=denoising_label_noise,
-            denoising_box_noise=denoising_box_noise, anchor_local_attention=anchor_local_attention,
-            query_groups=query_groups, dense_aux_head=dense_aux_head,
-        )
-        # The sigmoid head is trained with the focal loss and matched with the focal cost (Deformable DETR).
+            logger.info("init_checkpoint given: pretrained_backbone=%r is not loaded", config.pretrained_backbone)
+            config = config.replace(pretrained_backbone=False)
+        # Hyperparameters stay plain types (the config as a dict, category_map in checkpoint["detr"]), so that
+        # checkpoints load with torch.load(weights_only=True) and load_from_checkpoint rebuilds this system.
+        self.save_hyperparameters(ignore=["category_map", "detr", "legacy_model_options"])
+        self.hparams["detr"] = config.to_dict()
+        self.model = build_detr(config)
+        num_classes, class_head = config.num_classes, config.class_head
+        # The sigmoid head is trained with the focal loss and matched with the focal cost (Deformable DETR); the
+        # training-only outputs of the anchor-query recipe bring their own loss parts.
+        layers = config.num_decoder_layers if config.aux_loss else 1
+        weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+        focal = {"focal_alpha": focal_alpha, "focal_gamma": focal_gamma}
+        parts: list[LossPart] = []
+        if config.denoising:
+            parts.append(DenoisingLoss(layers, class_head=class_head, **focal, **weights))
+        if config.dense_aux_head:
+            parts.append(DenseLoss(**focal, **weights))
         self.criterion = SetCriterion(
             num_classes,
             HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou, class_head=class_head,
-                             focal_alpha=focal_alpha, focal_gamma=focal_gamma),
-            eos_coef=eos_coef, loss_ce=loss_ce, loss_bbox=loss_bbox, loss_giou=loss_giou,
-            num_decoder_layers=num_decoder_layers if aux_loss else 1, class_head=class_head,
-            focal_alpha=focal_alpha, focal_gamma=focal_gamma, denoising=denoising, dense_aux=dense_aux_head,
+                             **focal),
+            eos_coef=eos_coef, **weights, num_decoder_layers=layers, class_head=class_head, **focal, parts=parts,
         )
         if channels_last:
             self.model.backbone[0].use_channels_last()
@@ -238,6 +228,15 @@ class DetrSystem(L.LightningModule):
             np.random.seed(seed)
             random.seed(seed)
 
+    def on_train_start(self) -> None:
+        """A resumed run's decay follows this run's length: the checkpoint restored the scheduler with the
+        length of the run that wrote it (a time budget's fixed count is kept: :class:`TimeBudget`)."""
+        total = self.trainer.estimated_stepping_batches
+        if math.isfinite(total):
+            for config in self.trainer.lr_scheduler_configs:
+                if isinstance(config.scheduler, LinearDecayToZero):
+                    config.scheduler.set_total_steps(int(total))
+
     # ------------------------------------------------------------------ steps
     def forward(
         self, images: torch.Tensor, padding_mask: torch.Tensor, targets: list[dict[str, Any]] | None = None
@@ -267,36 +266,33 @@ class DetrSystem(L.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         images, padding_mask, targets = batch
         outputs = self(images, padding_mask, targets)
-        # Checked before the loss too: the matcher cannot assign non-finite costs.
-        self._stop_if_non_finite(batch_idx, predictions=outputs)
-        losses = self.compute_losses(outputs, targets)
+        try:
+            losses: dict[str, torch.Tensor] | None = self.compute_losses(outputs, targets)
+        except FloatingPointError:  # the matcher refuses non-finite predictions; every process hears of it below
+            losses = None
         self._stop_if_non_finite(batch_idx, predictions=outputs, losses=losses)
         self._log_losses("train", losses, batch_size=len(targets))
         return losses["loss"]
 
     def _stop_if_non_finite(
-        self, batch_idx: int, *, predictions: dict[str, Any], losses: dict[str, torch.Tensor] | None = None
+        self, batch_idx: int, *, predictions: dict[str, Any], losses: dict[str, torch.Tensor] | None
     ) -> None:
-        """Raise :class:`NonFiniteLossError` (on every process at once) if predictions or the loss are NaN/inf.
-
-        Without ``losses`` the predictions are checked (before matching); with ``losses`` only the loss, since
-        the caller checked these same predictions just before computing it."""
-        if losses is None:
-            finite = all(bool(torch.isfinite(predictions[name]).all()) for name in ("pred_logits", "pred_boxes"))
-        else:
-            finite = bool(torch.isfinite(losses["loss"]).item())
-        if self._trainer is not None:  # every process stops together instead of leaving the others waiting
-            finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
-        if finite:
+        """Raise :class:`NonFiniteLossError` on every process at once if, on any of them, the predictions or the
+        loss are NaN/inf, or the loss could not be computed (``losses`` None: the matcher refused the
+        predictions). One flag on the device, one all-reduce and one host sync a step."""
+        checks = [torch.isfinite(predictions[name]).all() for name in ("pred_logits", "pred_boxes")]
+        checks.append(torch.isfinite(losses["loss"]) if losses is not None
+                      else torch.zeros((), dtype=torch.bool, device=self.device))
+        flag = torch.stack(checks).all().to(torch.int32)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every process stops together, none left waiting
+        if flag.item():
             return
         step = self.trainer.global_step if self._trainer is not None else "n/a"
         bad = {name: int((~torch.isfinite(predictions[name])).sum()) for name in ("pred_logits", "pred_boxes")}
-        if losses is None:
-            what = "the model's predictions"
-            terms = "not computed (the matcher needs finite predictions)"
-        else:
-            what = "the training loss"
-            terms = ", ".join(f"{name}={value.item():.6g}" for name, value in sorted(losses.items()))
+        what = "the model's predictions" if losses is None or any(bad.values()) else "the training loss"
+        terms = ("not computed (the matcher needs finite predictions)" if losses is None
+                 else ", ".join(f"{name}={value.item():.6g}" for name, value in sorted(losses.items())))
         raise NonFiniteLossError(
             f"non-finite training values at global step {step} (epoch {self.current_epoch}, batch {batch_idx}): "
             f"{what} on at least one process. Here: non-finite pred_logits {bad['pred_logits']}, pred_boxes "
@@ -446,8 +442,17 @@ class DetrSystem(L.LightningModule):
             groups.append({"params": backbone, "lr": self.hparams.lr_backbone, "name": "backbone"})
         return groups
 
-    def configure_optimizers(self) -> dict[str, Any]:
-        """AdamW over :meth:`parameter_groups`, and a step decay per epoch."""
+    def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
+        """AdamW over :meth:`parameter_groups` and learning-rate schedulers that depend on the optimizer step
+        and the epoch only (chainable: the factors multiply):
+
+        - "step_decay" (per epoch): × ``lr_drop_gamma`` at each of ``lr_drop_epochs``;
+        - "warmup" (per step, when ``warmup_steps`` > 0): linear from 1/1000 to 1 over ``warmup_steps``;
+        - "decay" (per step, when ``lr_decay_fraction`` > 0): linear to 0 over the last ``lr_decay_fraction``
+          of the run's steps (:class:`detr.lightning.schedule.LinearDecayToZero`).
+
+        Lightning steps them and keeps their state in checkpoints, so a resumed run continues the schedule.
+        """
         groups = self.parameter_groups()
         # fused: one kernel for every tensor instead of a Python loop over them (on the CPU the default is
         # that loop)
@@ -456,11 +461,25 @@ class DetrSystem(L.LightningModule):
             optimizer, milestones=self.lr_drop_epochs, gamma=self.hparams.lr_drop_gamma
         )
         schedulers = [{"scheduler": step_decay, "interval": "epoch", "name": "step_decay"}]
-        if self.hparams.warmup_steps > 0:  # chainable with the step decay: the factors multiply
+        if self.hparams.warmup_steps > 0:
             warmup = torch.optim.lr_scheduler.LinearLR(
                 optimizer, start_factor=1e-3, end_factor=1.0, total_iters=self.hparams.warmup_steps
             )
             schedulers.append({"scheduler": warmup, "interval": "step", "name": "warmup"})
+        decay_fraction = self.hparams.get("lr_decay_fraction", 0.0)
+        if decay_fraction > 0:
+            total_steps = None
+            if self._trainer is not None:
+                planned = self.trainer.estimated_stepping_batches  # max_steps, or max_epochs × batches; else inf
+                total_steps = int(planned) if math.isfinite(planned) else None
+                if total_steps is None and time_budget_of(self.trainer.callbacks) is None:
+                    raise ValueError(
+                        f"lr_decay_fraction={decay_fraction} decays over the run's last steps, but the run has no "
+                        "length: set trainer.max_steps (or max_epochs), or add the callback "
+                        "detr.lightning.callbacks.TimeBudget (it fixes the step count of a time-bounded run)"
+                    )
+            decay = LinearDecayToZero(optimizer, decay_fraction=decay_fraction, total_steps=total_steps)
+            schedulers.append({"scheduler": decay, "interval": "step", "name": "decay"})
         return [optimizer], schedulers
 
     # ------------------------------------------------------------------ checkpoints
@@ -468,7 +487,7 @@ class DetrSystem(L.LightningModule):
         """Add ``checkpoint["detr"]`` (model config + category map, read by :func:`detr.load_checkpoint`) and
         every process's RNG states (so a resumed run continues the same random streams)."""
         checkpoint["detr"] = {
-            "model_config": dict(self.model.config),
+            "model_config": self.detector.config.to_dict(),
             "category_map": self.category_map.to_dict() if self.category_map is not None else None,
         }
         states = _rng_states()
@@ -494,6 +513,25 @@ class DetrSystem(L.LightningModule):
             else:
                 logger.warning("checkpoint holds RNG states of %d processes, this run has %d; random streams "
                                "are not restored", len(states), world_size)
+
+
+def _model_config(detr: DetrConfig | dict[str, Any] | None, legacy: dict[str, Any]) -> DetrConfig:
+    """The model's :class:`DetrConfig` from the ``detr`` argument: a DetrConfig (the CLI), a dict (the
+    hyperparameters of a checkpoint) or None (the paper's model). ``legacy``: model options given one level
+    up, as before ``model.detr`` existed (hyperparameters of older checkpoints, older scripts); anything else
+    there is a mistake."""
+    unknown = sorted(set(legacy) - set(field_names()))
+    if unknown:
+        raise TypeError(f"DetrSystem got unexpected argument(s) {unknown}")
+    if detr is None:
+        detr = DetrConfig()
+    elif isinstance(detr, dict):
+        detr = DetrConfig.from_dict(detr, where="DetrSystem(detr=...)")
+    if legacy:
+        logger.warning("DetrSystem: the model options %s belong in detr=DetrConfig(...) (YAML: model.detr.*); "
+                       "taking them from the old place", sorted(legacy))
+        detr = detr.replace(**legacy)
+    return detr
 
 
 def _as_category_map(category_map: CategoryMap | dict[str, Any] | None, num_classes: int) -> CategoryMap | None:

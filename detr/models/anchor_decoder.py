@@ -17,8 +17,8 @@ builds on Conditional DETR (Meng et al., ICCV 2021). Each object query carries a
   anchor. The anchor fed to the next layer is detached; the anchor *added* to the next delta keeps the
   gradient of one layer ("look forward twice"), exactly as the released DAB-DETR code does.
 
-Tensors are batch-first [B, N, C]. The encoder is DETR's own (:class:`detr.models.transformer.Transformer`
-holds this decoder in place of its learned-query decoder).
+Tensors are batch-first [B, N, C]. The encoder is DETR's own: :class:`AnchorTransformer` holds it
+beside this decoder.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from detr.models.mlp import MLP
-from detr.models.transformer import attention_with_weights
+from detr.models.transformer import (TransformerEncoder, attention_with_weights, flatten_feature_map,
+                                      xavier_init_)
 
 
 def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
@@ -147,7 +148,7 @@ class AnchorDecoder(nn.Module):
     positional query), ``query_scale`` (MLP C → C → C: content → element-wise scale of the spatial
     query), ``ref_anchor_head`` (MLP C → C → 2: content → reference width and height), ``norm`` (shared
     final LayerNorm, applied to every layer's output before the heads). Weights with more than one
-    dimension get Xavier-uniform init (the :class:`Transformer` that holds this decoder does it).
+    dimension get Xavier-uniform init (the :class:`AnchorTransformer` that holds this decoder does it).
     """
 
     def __init__(self, d_model: int, nhead: int, num_layers: int, dim_feedforward: int = 2048,
@@ -245,3 +246,28 @@ class AnchorDecoder(nn.Module):
             anchor = (delta + inverse_sigmoid(reference.detach())).sigmoid()
             reference = anchor.detach()
         return torch.stack(hs), torch.stack(boxes), weights
+
+
+class AnchorTransformer(nn.Module):
+    """DETR's encoder (``encoder``, :class:`detr.models.transformer.TransformerEncoder`, post-norm) and
+    DAB-DETR's :class:`AnchorDecoder` (``decoder``): the state-dict layout of the paper's transformer.
+
+    The model runs the two halves itself (:meth:`encode`, then ``decoder``): the decoder's queries (the
+    denoising queries in training) are made between them. Every weight matrix gets the authors'
+    Xavier-uniform init, the encoder's first.
+    """
+
+    def __init__(self, encoder: TransformerEncoder, decoder: AnchorDecoder) -> None:
+        super().__init__()
+        self.encoder, self.decoder = encoder, decoder
+        self.d_model, self.nhead = decoder.d_model, decoder.layers[0].nhead
+        xavier_init_(self)
+
+    def encode(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, return_attention: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """As :meth:`detr.models.transformer.Transformer.encode`: src, pos [B, C, h, w], mask bool [B, h, w]
+        (True = padding) → memory [B, HW, C], pos [B, HW, C], key mask bool [B, 1, 1, HW] (True = real
+        pixel) or None, and the last encoder layer's attention [B, heads, HW, HW] if asked."""
+        src, pos, attn_mask = flatten_feature_map(src, mask, pos)
+        memory, encoder_attention = self.encoder(src, pos, attn_mask, return_attention)
+        return memory, pos, attn_mask, encoder_attention

@@ -11,9 +11,9 @@ The mask head predicts one binary-mask logit map per object query, at stride 4:
 
 :class:`DETRPanoptic` composes a :class:`detr.models.detr.DETR` (unchanged, under ``detr.``) with the
 two heads (``bbox_attention.*``, ``mask_head.*``): the authors' state-dict layout, so their panoptic
-release files load unchanged. The detector is run part by part, as the authors do, because the head
-needs the backbone's intermediate stages, the encoder memory and the last decoder output; the
-detector's own ``forward`` (and its fast path) is not touched.
+release files load unchanged. The backbone is run here, because the head needs its intermediate
+stages; then the detector's :meth:`DETR.decode`, which returns the encoder memory and the last decoder
+output beside the predictions; the detector's own ``forward`` (and its fast path) is not touched.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.models.anchor_detr import AnchorDETR
 from detr.models.backbone import Backbone
+from detr.models.config import DetrConfig
 from detr.models.detr import DETR, build_detr
 
 #: Backbone stages whose outputs the mask head adds back while upsampling, coarse to fine.
@@ -161,7 +163,10 @@ class DETRPanoptic(nn.Module):
     heads under ``bbox_attention.`` and ``mask_head.``.
 
     Args:
-        detr: the detector (learned queries and a softmax class head, as the authors').
+        detr: the detector: the authors' :class:`DETR` (learned queries, softmax class head) or
+            :class:`detr.models.anchor_detr.AnchorDETR` (anchor queries, either class head; its denoising
+            queries and extra query groups get no masks: :meth:`decode`'s ``hidden`` holds the Q queries
+            that inference decodes).
         freeze_detr: stop gradients to every detector weight: the second stage of the authors' two-stage
             recipe trains only the mask head on a converged box model (paper §4.4).
 
@@ -170,12 +175,8 @@ class DETRPanoptic(nn.Module):
     :class:`detr.postprocess_segmentation.PostProcessPanoptic`) are set by loaders (None here).
     """
 
-    def __init__(self, detr: DETR, *, freeze_detr: bool = False) -> None:
+    def __init__(self, detr: DETR | AnchorDETR, *, freeze_detr: bool = False) -> None:
         super().__init__()
-        if detr.query_type != "learned" or detr.class_head != "softmax" or detr.denoising is not None:
-            raise ValueError("DETRPanoptic builds on the paper's detector: learned queries and the softmax "
-                             f"class head, without denoising (got query_type={detr.query_type!r}, "
-                             f"class_head={detr.class_head!r})")
         backbone = detr.backbone[0]
         missing = [stage for stage in SKIP_STAGES if not hasattr(backbone.body, stage)]
         if missing:
@@ -208,7 +209,7 @@ class DETRPanoptic(nn.Module):
         return self.detr.aux_loss
 
     @property
-    def config(self) -> dict[str, Any]:
+    def config(self) -> DetrConfig | None:
         return self.detr.config
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DETRPanoptic:
@@ -224,12 +225,14 @@ class DETRPanoptic(nn.Module):
             images: float [B, 3, H, W], ImageNet-normalised, zero-padded at the bottom and right.
             padding_mask: bool [B, H, W], True on padding.
             return_attention: also return the detector's attention maps (the keys of :meth:`DETR.forward`).
-            targets: ignored (the detector's signature: this detector has no denoising queries).
+            targets: passed to the detector's :meth:`DETR.decode` (the detector's signature).
 
-        Returns the detector's dict (pred_logits [B, Q, num_classes + 1], pred_boxes [B, Q, 4] normalised
-        cxcywh, aux_outputs if aux_loss; equal to ``model.detr(images, padding_mask)``) plus pred_masks
-        float [B, Q, H', W']: mask logits at stride 4 of the padded batch (H' = H / 4 rounded up as the
-        ResNet stem rounds), for the last decoder layer only.
+        Returns the detector's dict (pred_logits [B, Q, num_classes + 1] (softmax head) or [B, Q, num_classes]
+        (sigmoid head), pred_boxes [B, Q, 4] normalised cxcywh, aux_outputs if aux_loss, and in training the
+        anchor detector's dn_outputs / dense_outputs; equal to ``model.detr(images, padding_mask)``) plus
+        pred_masks float [B, Q, H', W']: mask logits at stride 4 of the padded batch (H' = H / 4 rounded up
+        as the ResNet stem rounds), for the last decoder layer's Q matching queries only (with query groups
+        in training: group 1's).
         """
         detr = self.detr
         if images.dim() != 4 or padding_mask.shape != (images.shape[0], *images.shape[-2:]):
@@ -239,21 +242,11 @@ class DETRPanoptic(nn.Module):
         mask = F.interpolate(padding_mask[None].bool().float(), size=features.shape[-2:]).to(torch.bool)[0]
         pos = detr.backbone[1](mask)
         src = detr.input_proj(features)  # [B, C, h, w]
-        out = detr.transformer(src, mask, detr.query_embed.weight, pos, return_attention)
-        hs = out["hs"]  # [L, B, Q, C]
-        logits, boxes = detr.class_embed(hs), detr.bbox_embed(hs).sigmoid()
-        result: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
-        if detr.aux_loss:
-            result["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
-        memory = out["memory"].transpose(1, 2).unflatten(-1, src.shape[-2:])  # [B, C, h, w]
-        attention = self.bbox_attention(hs[-1], memory, mask)  # [B, Q, heads, h, w]
+        result = detr.decode(src, mask, pos, targets, return_attention)
+        hidden, memory = result.pop("hidden"), result.pop("memory")  # [B, Q, C], [B, hw, C]
+        memory = memory.transpose(1, 2).unflatten(-1, src.shape[-2:])  # [B, C, h, w]
+        attention = self.bbox_attention(hidden, memory, mask)  # [B, Q, heads, h, w]
         result["pred_masks"] = self.mask_head(src, attention, [stages[name] for name in SKIP_STAGES])
-        if return_attention:  # as DETR.forward returns them
-            height, width = mask.shape[-2:]
-            result["decoder_attention_heads"] = torch.stack(out["decoder_attention"]).unflatten(-1, (height, width))
-            result["decoder_attention"] = result["decoder_attention_heads"].mean(dim=2)
-            result["encoder_attention"] = out["encoder_attention"].mean(dim=1).unflatten(-1, (height, width))
-            result["feature_mask"] = mask
         return result
 
 
@@ -264,6 +257,6 @@ def build_detr_panoptic(*, num_classes: int = 250, freeze_detr: bool = False, **
     Args:
         num_classes: model classes. freeze_detr: see :class:`DETRPanoptic`.
         detr_kwargs: any other :func:`detr.build_detr` argument (backbone, dilation, hidden_dim, …). The
-            mask head needs a hidden_dim that is a multiple of 128 and learned queries.
+            mask head needs a hidden_dim that is a multiple of 128.
     """
     return DETRPanoptic(build_detr(num_classes=num_classes, **detr_kwargs), freeze_detr=freeze_detr)

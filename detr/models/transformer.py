@@ -191,43 +191,52 @@ class TransformerDecoder(nn.Module):
         return torch.stack(outputs), weights
 
 
+def xavier_init_(module: nn.Module) -> None:
+    """The authors' transformer init: Xavier-uniform for every weight matrix, in registration order."""
+    for parameter in module.parameters():
+        if parameter.dim() > 1:
+            nn.init.xavier_uniform_(parameter)
+
+
+def flatten_feature_map(src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The encoder's inputs from a feature map: src [B, C, h, w] projected features, mask bool [B, h, w]
+    (True = padding), pos [B, C, h, w] → src [B, HW, C], pos [B, HW, C] and the key mask bool [B, 1, 1, HW]
+    (True = real pixel; None when nothing is padded), which every attention over the memory takes."""
+    src = src.flatten(2).transpose(1, 2)  # [B, HW, C]
+    pos = pos.flatten(2).transpose(1, 2).to(src.dtype)
+    key_padding = mask.flatten(1)  # [B, HW]
+    # One mask for every layer; None when nothing is padded lets SDPA pick its fastest kernel. An
+    # exported graph (ONNX, torch.export) always keeps the mask: that branch depends on the data, and
+    # one graph must serve padded and unpadded batches alike (an all-real mask changes nothing).
+    is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.6
+    exporting = (is_exporting is not None and is_exporting()) or torch.jit.is_tracing()
+    attn_mask = None if not exporting and not key_padding.any() else ~key_padding[:, None, None, :]
+    return src, pos, attn_mask
+
+
 class Transformer(nn.Module):
     """Encoder over the flattened feature map, decoder over the object queries (paper Fig. 10)."""
 
     def __init__(self, d_model: int = 256, nhead: int = 8, num_encoder_layers: int = 6,
                  num_decoder_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 pre_norm: bool = False, decoder: nn.Module | None = None) -> None:
-        """``decoder``: a replacement for the learned-query decoder (the anchor decoder of
-        :mod:`detr.models.anchor_decoder`); DETR then calls :meth:`encode` and that decoder itself.
-        ``num_decoder_layers`` is ignored when it is given."""
+                 pre_norm: bool = False) -> None:
         super().__init__()
         if num_decoder_layers < 1:
             raise ValueError(f"num_decoder_layers must be at least 1, got {num_decoder_layers}")
         encoder_layer = TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, pre_norm)
         self.encoder = TransformerEncoder(encoder_layer, num_encoder_layers, nn.LayerNorm(d_model) if pre_norm else None)
-        if decoder is None:
-            decoder_layer = TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, pre_norm)
-            decoder = TransformerDecoder(decoder_layer, num_decoder_layers, nn.LayerNorm(d_model))
-        self.decoder = decoder
+        decoder_layer = TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, pre_norm)
+        self.decoder = TransformerDecoder(decoder_layer, num_decoder_layers, nn.LayerNorm(d_model))
         self.d_model, self.nhead = d_model, nhead
-        for parameter in self.parameters():  # the authors' init: Xavier for every matrix
-            if parameter.dim() > 1:
-                nn.init.xavier_uniform_(parameter)
+        xavier_init_(self)
 
     def encode(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, return_attention: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """src [B, C, h, w] projected features, mask bool [B, h, w] (True = padding), pos [B, C, h, w] →
         memory [B, HW, C], pos [B, HW, C], the key mask bool [B, 1, 1, HW] (True = real pixel; None when
         nothing is padded) and, if asked, the last encoder layer's attention [B, heads, HW, HW]."""
-        src = src.flatten(2).transpose(1, 2)  # [B, HW, C]
-        pos = pos.flatten(2).transpose(1, 2).to(src.dtype)
-        key_padding = mask.flatten(1)  # [B, HW]
-        # One mask for every layer; None when nothing is padded lets SDPA pick its fastest kernel. An
-        # exported graph (ONNX, torch.export) always keeps the mask: that branch depends on the data, and
-        # one graph must serve padded and unpadded batches alike (an all-real mask changes nothing).
-        is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.6
-        exporting = (is_exporting is not None and is_exporting()) or torch.jit.is_tracing()
-        attn_mask = None if not exporting and not key_padding.any() else ~key_padding[:, None, None, :]
+        src, pos, attn_mask = flatten_feature_map(src, mask, pos)
         memory, encoder_attention = self.encoder(src, pos, attn_mask, return_attention)
         return memory, pos, attn_mask, encoder_attention
 
@@ -236,8 +245,6 @@ class Transformer(nn.Module):
         """src [B, C, h, w] projected features, mask bool [B, h, w] (True = padding), query_embed [Q, C],
         pos [B, C, h, w]. Returns hs [L, B, Q, C], memory [B, HW, C], and when asked
         encoder_attention [B, heads, HW, HW] and decoder_attention (list of L [B, heads, Q, HW])."""
-        if not isinstance(self.decoder, TransformerDecoder):
-            raise ValueError("this Transformer holds a replacement decoder: call encode() and the decoder directly")
         batch = src.shape[0]
         memory, pos, attn_mask, encoder_attention = self.encode(src, mask, pos, return_attention)
         query_pos = query_embed.unsqueeze(0).expand(batch, -1, -1).to(src.dtype)

@@ -331,11 +331,11 @@ def _class_names(category_map: CategoryMap | None, num_classes: int, with_no_obj
 
 
 def _model_description(model: nn.Module) -> str:
-    config = getattr(model, "config", None) or {}
-    parts = [str(config["backbone"]) + ("-DC5" if config.get("dilation") else "")] if "backbone" in config else []
-    for key, name in (("num_encoder_layers", "encoder layers"), ("hidden_dim", "hidden"), ("num_classes", "classes")):
-        if key in config:
-            parts.append(f"{config[key]} {name}")
+    config = getattr(model, "config", None)
+    if config is None:  # a detector built by hand
+        return ""
+    parts = [config.backbone + ("-DC5" if config.dilation else ""), f"{config.num_encoder_layers} encoder layers",
+             f"{config.hidden_dim} hidden", f"{config.num_classes} classes"]
     return ", ".join(parts)
 
 

@@ -1,0 +1,131 @@
+"""Losses that :class:`detr.criterion.SetCriterion` adds to the paper's set loss, one part per training aid.
+
+A part reads one entry of the model's outputs (``output_key``), names its terms and their weights in
+``weight_dict``, and is called as ``part(outputs, targets, num_boxes)`` → those terms, unweighted. It
+returns zeros when the outputs lack its entry (evaluation mode), so ``weight_dict`` always finds them.
+
+- :class:`DenoisingLoss` (DN-DETR, Li et al. 2022): the model's denoising queries (``dn_outputs``).
+- :class:`DenseLoss`: the training-only dense head on the encoder (``dense_outputs``,
+  :mod:`detr.models.dense_head`), one-to-many.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from detr.focal import CLASS_HEADS, ClassHead, sigmoid_focal_loss
+from detr.matched_losses import Targets, box_losses, matched_labels, matched_query_index
+from detr.models.dense_head import dense_assignment
+
+
+class LossPart(nn.Module):
+    """What a criterion part declares: the output entry it reads and the weight of each term it returns.
+
+    Subclasses set ``output_key`` and ``weight_dict`` and implement ``forward(outputs, targets, num_boxes)``
+    → dict of float scalars named as in ``weight_dict``.
+    """
+
+    output_key: str
+    weight_dict: dict[str, float]
+
+
+class DenoisingLoss(LossPart):
+    """loss_{ce,bbox,giou}_dn, plus ``_dn_i`` for auxiliary decoder layer i, of the denoising queries.
+
+    Each query is scored against the target it was noised from (``outputs["dn_meta"].indices``), with no
+    matching; the class loss covers those queries only (cross-entropy for the softmax head, focal summed
+    and divided like the boxes for the sigmoid head); L1 and 1 − GIoU are summed and divided by
+    num_boxes × denoising groups.
+
+    Args:
+        num_decoder_layers: the decoder's layers (the criterion's count: one suffix per layer).
+        class_head: the model's class head, as the criterion's.
+        focal_alpha, focal_gamma: the sigmoid head's focal loss (0.25, 2).
+        loss_ce, loss_bbox, loss_giou: the weights (1, 5, 2: the main terms').
+    """
+
+    output_key = "dn_outputs"
+
+    def __init__(self, num_decoder_layers: int = 6, *, class_head: ClassHead = "softmax",
+                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, loss_ce: float = 1.0,
+                 loss_bbox: float = 5.0, loss_giou: float = 2.0) -> None:
+        super().__init__()
+        if class_head not in CLASS_HEADS:
+            raise ValueError(f"DenoisingLoss: class_head must be 'softmax' or 'sigmoid', got {class_head!r}")
+        self.class_head, self.focal_alpha, self.focal_gamma = class_head, focal_alpha, focal_gamma
+        self.suffixes = ["_dn"] + [f"_dn_{layer}" for layer in range(num_decoder_layers - 1)]
+        base = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+        self.weight_dict = {f"{name}{suffix}": weight for suffix in self.suffixes for name, weight in base.items()}
+
+    def forward(self, outputs: dict, targets: Targets, num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """outputs: the model's dict (``dn_outputs`` with optional ``aux_outputs``, ``dn_meta``); num_boxes:
+        the batch's target count, reduced across processes and at least 1."""
+        if "dn_outputs" not in outputs:  # evaluation, or a batch without targets
+            zero = outputs["pred_logits"].new_zeros((), dtype=torch.float32)
+            return {name: zero for name in self.weight_dict}
+        meta, dn_outputs = outputs["dn_meta"], outputs["dn_outputs"]
+        indices = meta.indices(targets)
+        dn_num_boxes = num_boxes * meta.num_groups
+        batch_index, query_index = matched_query_index(indices)
+        labels = matched_labels(targets, indices)
+        losses = {}
+        for suffix, layer in zip(self.suffixes, [dn_outputs, *dn_outputs.get("aux_outputs", [])]):
+            logits = layer["pred_logits"][batch_index, query_index].float()  # [N, C(+1)]
+            labels = labels.to(logits.device)
+            if self.class_head == "sigmoid":
+                onehot = F.one_hot(labels, logits.shape[-1]).to(logits.dtype)
+                loss_ce = sigmoid_focal_loss(logits, onehot, dn_num_boxes, alpha=self.focal_alpha,
+                                             gamma=self.focal_gamma)
+            else:
+                loss_ce = F.cross_entropy(logits, labels)
+            layer_losses = {"loss_ce": loss_ce, **box_losses(layer["pred_boxes"], targets, indices, dn_num_boxes)}
+            losses.update({f"{name}{suffix}": value for name, value in layer_losses.items()})
+        return losses
+
+
+class DenseLoss(LossPart):
+    """loss_ce_dense, loss_bbox_dense, loss_giou_dense of the dense head's cells.
+
+    Every cell whose centre lies inside a box is a positive for it
+    (:func:`detr.models.dense_head.dense_assignment`). Sigmoid focal over the real (unpadded) cells, L1 and
+    1 − GIoU over the positive cells, each divided by this process's positive-cell count (not num_boxes).
+
+    Args:
+        focal_alpha, focal_gamma: the focal loss (0.25, 2).
+        loss_ce, loss_bbox, loss_giou: the weights (1, 5, 2: the main terms').
+    """
+
+    output_key = "dense_outputs"
+
+    def __init__(self, *, focal_alpha: float = 0.25, focal_gamma: float = 2.0, loss_ce: float = 1.0,
+                 loss_bbox: float = 5.0, loss_giou: float = 2.0) -> None:
+        super().__init__()
+        self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
+        self.weight_dict = {"loss_ce_dense": loss_ce, "loss_bbox_dense": loss_bbox, "loss_giou_dense": loss_giou}
+
+    def forward(self, outputs: dict, targets: Targets, num_boxes: torch.Tensor | None = None
+                ) -> dict[str, torch.Tensor]:
+        """outputs: the model's dict; ``dense_outputs``: pred_logits [B, HW, K], pred_boxes [B, HW, 4]
+        normalised cxcywh, centers, valid bool [B, HW]. num_boxes: unused (the part divides by its own
+        positive-cell count); taken so every part is called alike."""
+        if "dense_outputs" not in outputs:
+            zero = outputs["pred_logits"].new_zeros((), dtype=torch.float32)
+            return {name: zero for name in self.weight_dict}
+        dense = outputs["dense_outputs"]
+        logits = dense["pred_logits"].float()  # [B, HW, K]
+        assigned = dense_assignment(dense["centers"], dense["valid"], targets)  # [B, HW], -1 = negative
+        indices = []  # per image (positive cells, their targets): the layout of the matcher's indices
+        for row in assigned:
+            cells = (row >= 0).nonzero().flatten()
+            indices.append((cells, row[cells]))
+        num_positive = (assigned >= 0).sum().clamp(min=1).float()
+        batch_index, cell_index = matched_query_index(indices)
+        onehot = torch.zeros_like(logits)
+        onehot[batch_index, cell_index, matched_labels(targets, indices).to(logits.device)] = 1.0
+        valid = dense["valid"]
+        loss_ce = sigmoid_focal_loss(logits[valid], onehot[valid], num_positive, alpha=self.focal_alpha,
+                                     gamma=self.focal_gamma)
+        boxes = box_losses(dense["pred_boxes"], targets, indices, num_positive)
+        return {"loss_ce_dense": loss_ce, "loss_bbox_dense": boxes["loss_bbox"], "loss_giou_dense": boxes["loss_giou"]}

@@ -1,0 +1,67 @@
+"""The learning-rate decay of a run that knows its length: linear to zero over the last share of its steps.
+
+A function of the optimizer step only, so two runs of the same step count train with the same learning
+rates whatever the machine's speed ("warmup-stable-decay": warm-up, a constant plateau, then this decay).
+The run's total step count is ``trainer.max_steps`` (or max_epochs × batches) when the trainer has one;
+a run bounded by training time instead gets it from :class:`detr.lightning.callbacks.TimeBudget`, which
+fixes it once, early, from the measured step rate. Plain torch: a scheduler the training system returns
+from ``configure_optimizers``; Lightning steps it after every optimizer step and saves it in checkpoints.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def decay_factor(step: int, total_steps: int | None, decay_fraction: float) -> float:
+    """The learning-rate factor of optimizer step ``step`` (0-based) in a run of ``total_steps`` steps whose
+    last ``decay_fraction`` decays linearly to zero: 1 before the decay, ``(total - step) / (fraction ·
+    total)`` in it (the last step trains at a small positive rate), 0 from ``total_steps`` on; 1 while
+    ``total_steps`` is unknown (None)."""
+    if total_steps is None or decay_fraction <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (total_steps - step) / (decay_fraction * total_steps)))
+
+
+class LinearDecayToZero(torch.optim.lr_scheduler.LRScheduler):
+    """Multiply every learning rate by :func:`decay_factor` of the optimizer step; step it once per
+    optimizer step (Lightning: ``interval: "step"``).
+
+    Chainable: it applies the change of its own factor to what the other schedulers set (a warm-up
+    ``LinearLR``, the epoch ``MultiStepLR``), so the learning rate of a step is their product.
+
+    Args:
+        optimizer: the optimizer whose parameter groups it scales.
+        decay_fraction: the share (0, 1] of the run's steps over which the rates fall to zero.
+        total_steps: the run's optimizer steps; None until known (then no decay yet: see
+            :meth:`set_total_steps`).
+
+    ``total_steps`` and the factor applied so far are in ``state_dict`` (hence in Lightning checkpoints).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, decay_fraction: float, total_steps: int | None = None,
+                 last_epoch: int = -1) -> None:
+        if not 0.0 < decay_fraction <= 1.0:
+            raise ValueError(f"LinearDecayToZero: decay_fraction must be in (0, 1], got {decay_fraction}")
+        if total_steps is not None and total_steps < 1:
+            raise ValueError(f"LinearDecayToZero: total_steps must be >= 1 or None, got {total_steps}")
+        self.decay_fraction = decay_fraction
+        self.total_steps = total_steps
+        self.applied_factor = 1.0  # the factor in the optimizer's learning rates now
+        super().__init__(optimizer, last_epoch)
+
+    def set_total_steps(self, total_steps: int) -> None:
+        """Fix the run's length; the next ``step()`` applies the factor it gives (fix it before the decay
+        would start, or the learning rate jumps to where the decay would be)."""
+        if total_steps < 1:
+            raise ValueError(f"LinearDecayToZero: total_steps must be >= 1, got {total_steps}")
+        self.total_steps = int(total_steps)
+
+    def get_lr(self) -> list[float]:
+        factor = decay_factor(self.last_epoch, self.total_steps, self.decay_fraction)
+        ratio = factor / self.applied_factor if self.applied_factor > 0 else 0.0
+        self.applied_factor = factor
+        return [group["lr"] * ratio for group in self.optimizer.param_groups]
+
+
+__all__ = ["LinearDecayToZero", "decay_factor"]

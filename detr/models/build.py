@@ -1,0 +1,64 @@
+"""Build a detector from its :class:`detr.models.config.DetrConfig`: the paper's :class:`DETR` for learned
+queries, :class:`AnchorDETR` for anchor queries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from detr.models.anchor_decoder import AnchorDecoder, AnchorTransformer
+from detr.models.anchor_detr import AnchorDETR
+from detr.models.backbone import Backbone, Joiner
+from detr.models.config import DetrConfig
+from detr.models.dense_head import DenseAuxiliaryHead
+from detr.models.denoising import DenoisingQueries
+from detr.models.detr import DETR
+from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
+from detr.models.transformer import Transformer, TransformerEncoder, TransformerEncoderLayer
+
+
+def build_detr(config: DetrConfig | None = None, /, **options: Any) -> DETR | AnchorDETR:
+    """Build the detector ``config`` describes (default: the paper's COCO model, R50, 6 + 6 layers, 100
+    queries, 91 classes); ``options`` are :class:`DetrConfig` fields that replace the config's
+    (``build_detr(num_classes=3)``, ``build_detr(config, dropout=0.0)``). The model's ``config`` is the
+    config it was built from. Invalid options raise ValueError (:class:`DetrConfig` checks them)."""
+    if config is None:
+        config = DetrConfig.from_dict(options, where="build_detr")
+    elif options:
+        config = config.replace(**options)
+    body = Backbone(config.backbone, dilation=config.dilation, pretrained=config.pretrained_backbone,
+                    norm=config.backbone_norm, trainable_layers=config.backbone_trainable_layers,
+                    last_stage=config.backbone_last_stage)
+    encoding = (PositionEmbeddingSine(config.hidden_dim // 2) if config.position_encoding == "sine"
+                else PositionEmbeddingLearned(config.hidden_dim // 2))
+    backbone = Joiner(body, encoding)
+    model = _build_detr(backbone, config) if config.query_type == "learned" else _build_anchor_detr(backbone, config)
+    model.config = config
+    return model
+
+
+def _build_detr(backbone: Joiner, config: DetrConfig) -> DETR:
+    transformer = Transformer(config.hidden_dim, config.num_heads, config.num_encoder_layers, config.num_decoder_layers,
+                              config.dim_feedforward, config.dropout, config.pre_norm)
+    return DETR(backbone, transformer, num_classes=config.num_classes, num_queries=config.num_queries,
+                aux_loss=config.aux_loss, class_head=config.class_head, dense_head=_dense_head(config))
+
+
+def _build_anchor_detr(backbone: Joiner, config: DetrConfig) -> AnchorDETR:
+    # The decoder is made before the encoder: the order of the random initial weights that seeded runs
+    # (the demo's among them) were recorded with.
+    decoder = AnchorDecoder(config.hidden_dim, config.num_heads, config.num_decoder_layers, config.dim_feedforward,
+                            config.dropout)
+    encoder_layer = TransformerEncoderLayer(config.hidden_dim, config.num_heads, config.dim_feedforward, config.dropout)
+    transformer = AnchorTransformer(TransformerEncoder(encoder_layer, config.num_encoder_layers, None), decoder)
+    if config.anchor_local_attention > 0:
+        transformer.decoder.init_local_spatial_attention(config.anchor_local_attention)
+    denoising = (DenoisingQueries(config.num_classes, config.hidden_dim, num_groups=config.denoising_groups,
+                                  label_noise=config.denoising_label_noise, box_noise=config.denoising_box_noise)
+                 if config.denoising else None)
+    return AnchorDETR(backbone, transformer, num_classes=config.num_classes, num_queries=config.num_queries,
+                      aux_loss=config.aux_loss, class_head=config.class_head, denoising=denoising,
+                      query_groups=config.query_groups, dense_head=_dense_head(config))
+
+
+def _dense_head(config: DetrConfig) -> DenseAuxiliaryHead | None:
+    return DenseAuxiliaryHead(config.hidden_dim, config.num_classes) if config.dense_aux_head else None

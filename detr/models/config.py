@@ -1,0 +1,150 @@
+"""The detector's configuration: one typed record of every choice that shapes the model.
+
+:class:`DetrConfig` is the single description of a detector that every part of the project shares:
+:func:`detr.build_detr` builds from it, the training system takes it as its ``detr`` argument (the
+``model.detr.*`` keys of a LightningCLI YAML), checkpoints store it (``checkpoint["detr"]["model_config"]``)
+so that loading never guesses, and the benchmarks build their models from it. Adding an option means one
+field here and the code that uses it.
+
+Defaults are the paper's COCO model (R50, 6 + 6 layers, 100 queries, 91 classes, learned queries, a
+softmax class head). The options after ``backbone_last_stage`` train from scratch on a short budget
+(docs/convergence.md): they select :class:`detr.models.anchor_detr.AnchorDETR` (``query_type="anchor"``)
+and the training-only heads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from detr.focal import ClassHead
+from detr.models.backbone import BackboneName, BackboneNorm, LastStage
+
+QueryType = Literal["learned", "anchor"]
+PositionEncoding = Literal["sine", "learned"]
+
+
+@dataclass(frozen=True)
+class DetrConfig:
+    """Everything that decides a detector's layout and behaviour.
+
+    Backbone:
+        backbone: ResNet depth. dilation: DC5 (layer4 dilated, stride 16; ResNet-50/101 only).
+        pretrained_backbone: False, True (torchvision ImageNet weights) or a path to a ResNet state dict.
+        backbone_norm: "frozen_batch_norm" (paper), "batch_norm" or "group_norm" (training from scratch).
+        backbone_trainable_layers: stages that train, from the top (3 = layer2–4, paper; 5 = all).
+        backbone_last_stage: "layer4" (stride 32), "layer3" (stride 16) or "layer2" (stride 8), for small images.
+
+    Transformer:
+        position_encoding: "sine" (paper) or "learned" (50 × 50 table).
+        hidden_dim, num_heads, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, pre_norm:
+            the paper's 256, 8, 6, 6, 2048, 0.1, post-norm.
+
+    Heads:
+        num_queries: object queries (100). num_classes: the model's classes.
+        aux_loss: return every decoder layer's predictions for the auxiliary losses.
+        class_head: "softmax" (paper: num_classes + 1 logits, the last = no object; cross-entropy) or
+            "sigmoid" (num_classes logits scored by independent sigmoids; focal loss). The matcher, the
+            criterion and the post-processing take the same word.
+
+    Training from scratch on a short budget (all but the dense head need ``query_type="anchor"``):
+        query_type: "learned" (paper: a learned embedding per query, :class:`detr.models.detr.DETR`) or
+            "anchor" (DAB-DETR: a learned anchor box per query, conditional spatial cross-attention, box
+            refinement in every layer, :class:`detr.models.anchor_detr.AnchorDETR`).
+        denoising: DN-DETR's denoising queries in training (the forward then needs ``targets``);
+            denoising_groups, denoising_label_noise, denoising_box_noise: DN-DETR's 5, 0.2 and 0.4.
+        anchor_local_attention: > 0 starts every cross-attention head as a kernel centred on its query's
+            anchor, with this scale (an initialisation only); 0 keeps DAB-DETR's Xavier init.
+        query_groups: Group DETR's one-to-many assignment in training: this many groups of queries, each
+            matched on its own; inference decodes group 1 only. 1 = the paper's assignment.
+        dense_aux_head: a training-only FCOS-like head on the encoder output, every cell inside a box
+            positive for it (Co-DETR's collaborative auxiliary head); inference does not run it.
+    """
+
+    backbone: BackboneName = "resnet50"
+    dilation: bool = False
+    position_encoding: PositionEncoding = "sine"
+    hidden_dim: int = 256
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    dim_feedforward: int = 2048
+    dropout: float = 0.1
+    pre_norm: bool = False
+    num_queries: int = 100
+    num_classes: int = 91
+    aux_loss: bool = True
+    pretrained_backbone: bool | str = False
+    backbone_norm: BackboneNorm = "frozen_batch_norm"
+    backbone_trainable_layers: int = 3
+    backbone_last_stage: LastStage = "layer4"
+    query_type: QueryType = "learned"
+    class_head: ClassHead = "softmax"
+    denoising: bool = False
+    denoising_groups: int = 5
+    denoising_label_noise: float = 0.2
+    denoising_box_noise: float = 0.4
+    anchor_local_attention: float = 0.0
+    query_groups: int = 1
+    dense_aux_head: bool = False
+
+    def __post_init__(self) -> None:
+        if self.position_encoding not in ("sine", "learned"):
+            raise ValueError(f"position_encoding must be 'sine' or 'learned', got {self.position_encoding!r}")
+        if self.hidden_dim % 2:
+            raise ValueError(f"hidden_dim must be even (half of it encodes each axis), got {self.hidden_dim}")
+        if self.query_type not in ("learned", "anchor"):
+            raise ValueError(f"query_type must be 'learned' or 'anchor', got {self.query_type!r}")
+        if self.class_head not in ("softmax", "sigmoid"):
+            raise ValueError(f"class_head must be 'softmax' or 'sigmoid', got {self.class_head!r}")
+        for name in ("num_queries", "num_classes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                hint = {"num_queries": " (one query per detectable object; the paper uses 100)",
+                        "num_classes": "; with the detr CLI it comes from the data's annotation json (or, for "
+                                       "predict, from the checkpoint)"}[name]
+                raise ValueError(f"{name} must be an integer >= 1{hint}, got {value!r}")
+        if self.query_groups < 1:
+            raise ValueError(f"query_groups must be at least 1, got {self.query_groups}")
+        if self.query_type != "anchor":
+            anchor_only = {"denoising": (self.denoising, "denoising=True feeds noised boxes as anchors"),
+                           "anchor_local_attention": (self.anchor_local_attention > 0,
+                                                      "anchor_local_attention initialises the anchor decoder"),
+                           "query_groups": (self.query_groups > 1,
+                                            "query_groups > 1 (Group DETR) is built on the anchor decoder")}
+            for used, why in anchor_only.values():
+                if used:
+                    raise ValueError(f"{why}: it needs query_type='anchor'")
+        if self.pre_norm and self.query_type == "anchor":
+            raise ValueError("query_type='anchor' has DAB-DETR's post-norm decoder: set pre_norm=False")
+        if self.dilation and self.backbone in ("resnet18", "resnet34"):
+            raise ValueError(f"dilation (DC5) needs bottleneck blocks: use resnet50 or resnet101, not {self.backbone}")
+
+    @property
+    def num_logits(self) -> int:
+        """Outputs of the class head: num_classes + 1 (softmax: the last is "no object") or num_classes."""
+        return self.num_classes + 1 if self.class_head == "softmax" else self.num_classes
+
+    def replace(self, **changes: Any) -> DetrConfig:
+        """A copy with ``changes`` applied (validated again); unknown names raise ValueError naming them."""
+        return DetrConfig.from_dict({**self.to_dict(), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only: what checkpoints store (they load with ``torch.load(weights_only=True)``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], where: str = "the model configuration") -> DetrConfig:
+        """The config from :meth:`to_dict`'s output (or any subset of the fields; the rest are defaults).
+        A name that is not a field raises ValueError naming it and ``where`` it came from."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"{where}: unknown model option(s) {unknown}; the options are {sorted(names)}")
+        return cls(**values)
+
+
+def field_names() -> list[str]:
+    """The names of :class:`DetrConfig`'s fields, in order."""
+    return [field.name for field in dataclasses.fields(DetrConfig)]

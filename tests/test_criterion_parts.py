@@ -1,0 +1,90 @@
+"""The criterion's parts (detr/criterion_parts.py): composed by SetCriterion, named and weighted by themselves."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detr.criterion import SetCriterion
+from detr.criterion_parts import DenoisingLoss, DenseLoss, LossPart
+from detr.matcher import HungarianMatcher
+
+
+def _outputs_and_targets() -> tuple[dict, list[dict[str, torch.Tensor]]]:
+    """One image, 3 sigmoid queries over 2 classes, and a 2 × 2 dense grid whose cell 0 holds the target."""
+    torch.manual_seed(0)
+    centers = torch.tensor([[[0.25, 0.25], [0.75, 0.25], [0.25, 0.75], [0.75, 0.75]]])
+    dense = {"pred_logits": torch.randn(1, 4, 2), "pred_boxes": torch.rand(1, 4, 4) * 0.5 + 0.2, "centers": centers,
+             "valid": torch.ones(1, 4, dtype=torch.bool)}
+    outputs = {"pred_logits": torch.randn(1, 3, 2), "pred_boxes": torch.rand(1, 3, 4) * 0.5 + 0.2,
+               "dense_outputs": dense}
+    return outputs, [{"labels": torch.tensor([1]), "boxes": torch.tensor([[0.25, 0.25, 0.2, 0.2]])}]
+
+
+def _sigmoid_criterion(**kwargs) -> SetCriterion:
+    return SetCriterion(2, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=2, **kwargs)
+
+
+class Constant(LossPart):
+    """A toy part: one term, read from its own output entry."""
+
+    output_key = "constant_outputs"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight_dict = {"loss_constant": 3.0}
+
+    def forward(self, outputs, targets, num_boxes):
+        return {"loss_constant": num_boxes * 0 + 7.0}
+
+
+def test_shorthands_add_the_parts():
+    shorthand = _sigmoid_criterion(denoising=True, dense_aux=True, loss_bbox=4.0, focal_alpha=0.3)
+    parts = _sigmoid_criterion(loss_bbox=4.0, focal_alpha=0.3, parts=[
+        DenoisingLoss(2, class_head="sigmoid", loss_bbox=4.0, focal_alpha=0.3),
+        DenseLoss(loss_bbox=4.0, focal_alpha=0.3)])
+    assert list(shorthand.weight_dict.items()) == list(parts.weight_dict.items())
+    assert [type(p) for p in shorthand.parts] == [DenoisingLoss, DenseLoss]
+    assert shorthand.weight_dict["loss_bbox_dn_0"] == 4.0 and shorthand.weight_dict["loss_giou_dense"] == 2.0
+    outputs, targets = _outputs_and_targets()
+    a, b = shorthand(outputs, targets), parts(outputs, targets)
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_parts_terms_and_weights_join_the_set_loss():
+    outputs, targets = _outputs_and_targets()
+    criterion = _sigmoid_criterion(parts=[DenseLoss(), Constant()])
+    losses = criterion(outputs, targets)
+    assert list(criterion.weight_dict) == ["loss_ce", "loss_bbox", "loss_giou", "loss_ce_0", "loss_bbox_0",
+                                           "loss_giou_0", "loss_ce_dense", "loss_bbox_dense", "loss_giou_dense",
+                                           "loss_constant"]
+    assert losses["loss_constant"].item() == 7.0
+    torch.testing.assert_close(losses["loss_ce_dense"], DenseLoss()(outputs, targets)["loss_ce_dense"])
+    plain = _sigmoid_criterion()({k: v for k, v in outputs.items() if k != "dense_outputs"}, targets)
+    assert all(torch.equal(plain[k], losses[k]) for k in plain)  # the set loss does not depend on the parts
+
+
+def test_outputs_a_missing_part_reads_are_refused():
+    outputs, targets = _outputs_and_targets()
+    with pytest.raises(ValueError, match=r"dense_outputs.*DenseLoss.*dense_aux=True"):
+        _sigmoid_criterion()(outputs, targets)
+    with pytest.raises(ValueError, match=r"dn_outputs.*DenoisingLoss.*denoising=True"):
+        _sigmoid_criterion(dense_aux=True)({**outputs, "dn_outputs": {}}, targets)
+
+
+def test_parts_without_their_outputs_give_zeros_under_their_names():
+    outputs, targets = _outputs_and_targets()
+    del outputs["dense_outputs"]
+    for part in (DenoisingLoss(3), DenseLoss()):
+        losses = part(outputs, targets, torch.tensor(1.0))
+        assert list(losses) == list(part.weight_dict) and all(float(v) == 0 for v in losses.values())
+    assert list(DenoisingLoss(3).weight_dict)[::3] == ["loss_ce_dn", "loss_ce_dn_0", "loss_ce_dn_1"]
+
+
+def test_inconsistent_parts_are_refused():
+    with pytest.raises(ValueError, match="two parts read 'dense_outputs'"):
+        _sigmoid_criterion(dense_aux=True, parts=[DenseLoss()])
+    with pytest.raises(ValueError, match="class_head='softmax'"):
+        _sigmoid_criterion(parts=[DenoisingLoss(2)])
+    with pytest.raises(ValueError, match="class_head must be"):
+        DenoisingLoss(2, class_head="focal")

@@ -1,0 +1,86 @@
+"""The paper's DETR and the anchor-query AnchorDETR: one builder, one config, one decode contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detr import DetrConfig, build_detr
+from detr.models import DETR, AnchorDETR
+from tests.conftest import tiny_config_with
+
+TINY = tiny_config_with(num_queries=6, num_classes=4, dropout=0.0)
+TARGETS = [{"labels": torch.tensor([1, 3]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1]])},
+           {"labels": torch.tensor([2]), "boxes": torch.tensor([[0.4, 0.4, 0.5, 0.5]])}]
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    images = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(2, 64, 96, dtype=torch.bool)
+    mask[1, 48:] = True
+    return images, mask
+
+
+def test_the_paper_model_has_no_anchor_parts():
+    model = build_detr(**TINY)
+    assert type(model) is DETR and model.query_type == "learned"
+    for name in ("refpoint_embed", "denoising", "query_groups"):
+        assert not hasattr(model, name)
+    assert not any(key.startswith(("refpoint_embed.", "denoising.")) for key in model.state_dict())
+    for attribute in ("num_classes", "num_queries", "aux_loss", "class_head", "config", "category_map", "stride"):
+        assert hasattr(model, attribute)
+
+
+def test_anchor_queries_build_the_anchor_model():
+    model = build_detr(**TINY, query_type="anchor", denoising=True, query_groups=2)
+    assert type(model) is AnchorDETR and model.query_type == "anchor" and model.stride == 32
+    assert model.refpoint_embed.weight.shape == (12, 4) and model.denoising is not None
+    assert "query_embed.weight" not in model.state_dict()
+    assert {"transformer.encoder.layers.0.linear1.weight", "transformer.decoder.norm.weight"} <= set(model.state_dict())
+
+
+@pytest.mark.parametrize("options", [{}, {"query_type": "anchor", "denoising": True, "class_head": "sigmoid"}])
+def test_config_round_trip_rebuilds_the_same_model(options):
+    torch.manual_seed(0)
+    model = build_detr(**TINY, **options)
+    assert isinstance(model.config, DetrConfig)
+    config = DetrConfig.from_dict(model.config.to_dict())
+    assert config == model.config
+    torch.manual_seed(0)
+    rebuilt = build_detr(config)
+    assert type(rebuilt) is type(model)
+    state, rebuilt_state = model.state_dict(), rebuilt.state_dict()
+    assert list(state) == list(rebuilt_state)
+    assert all(torch.equal(state[key], rebuilt_state[key]) for key in state)  # same seed, same weights
+
+
+def test_builder_options_replace_the_configs():
+    config = DetrConfig(**TINY)
+    model = build_detr(config, num_queries=3)
+    assert model.config == config.replace(num_queries=3) and model.num_queries == 3
+    with pytest.raises(ValueError, match="num_querys"):
+        build_detr(num_querys=3)
+    with pytest.raises(ValueError, match="query_type='anchor'"):
+        build_detr(config, denoising=True)
+
+
+@pytest.mark.parametrize("options", [{}, {"query_type": "anchor", "denoising": True, "query_groups": 2,
+                                          "dense_aux_head": True}])
+@pytest.mark.parametrize("training", [False, True])
+def test_decode_is_forward_plus_hidden_and_memory(options, training):
+    torch.manual_seed(0)
+    model = build_detr(**TINY, **options).train(training)
+    images, mask = _batch()
+    torch.manual_seed(1)
+    out = model(images, mask, return_attention=True, targets=TARGETS)
+    features, feature_mask, pos = model.backbone(images, mask)
+    torch.manual_seed(1)
+    decoded = model.decode(model.input_proj(features), feature_mask, pos, TARGETS, return_attention=True)
+    assert set(decoded) == set(out) | {"hidden", "memory"}
+    torch.testing.assert_close(decoded["pred_boxes"], out["pred_boxes"])
+    batch, hidden_dim, (height, width) = 2, TINY["hidden_dim"], feature_mask.shape[-2:]
+    assert decoded["hidden"].shape == (batch, TINY["num_queries"], hidden_dim)
+    assert decoded["memory"].shape == (batch, height * width, hidden_dim)
+    # hidden is what the heads read: group 1's matching queries (no denoising queries, no other groups)
+    logits = model.class_embed(decoded["hidden"])
+    torch.testing.assert_close(logits, decoded["pred_logits"][:, :TINY["num_queries"]])
