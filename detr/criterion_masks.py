@@ -63,6 +63,10 @@ class SetCriterionWithMasks(SetCriterion):
 
     Args: those of SetCriterion, and the weights ``loss_mask`` and ``loss_dice`` (1, 1), the focal
     ``mask_alpha`` and ``mask_gamma`` (0.25, 2).
+
+    The class term follows the model's class head (softmax or sigmoid, as SetCriterion). With Group DETR's
+    query groups (``outputs["query_groups"]`` G > 1, an unfrozen detector in training) ``pred_masks`` covers
+    group 1 only (the queries inference decodes): the mask terms use group 1's matches.
     """
 
     def __init__(self, num_classes: int, *args, loss_mask: float = 1.0, loss_dice: float = 1.0,
@@ -76,6 +80,9 @@ class SetCriterionWithMasks(SetCriterion):
         if any("masks" not in t for t in targets):
             raise ValueError("mask losses need targets with 'masks' (bool [T, H, W] per image, at the processed "
                              "image size); the panoptic data pipeline provides them")
+        num_masked = outputs["pred_masks"].shape[1]
+        if int(outputs.get("query_groups", 1)) > 1:  # Group DETR: the mask head runs on group 1 only
+            indices = [(queries[queries < num_masked], matched[queries < num_masked]) for queries, matched in indices]
         predictions, target_masks = matched_masks(outputs, targets, indices)
         return {"loss_mask": focal_mask_loss(predictions, target_masks, num_boxes, alpha=self.mask_alpha,
                                              gamma=self.mask_gamma),
@@ -86,8 +93,9 @@ class SetCriterionWithMasks(SetCriterion):
         if "pred_masks" not in outputs:
             return super().layer_losses(outputs, targets, num_boxes)
         indices = self.matcher(outputs, targets)
-        losses = self.loss_labels(outputs, targets, indices, num_boxes)
+        group_boxes = num_boxes * int(outputs.get("query_groups", 1))  # as SetCriterion.layer_losses
+        losses = self.loss_labels(outputs, targets, indices, group_boxes)
         losses.update(self.loss_cardinality(outputs, targets))
-        losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))
+        losses.update(self.loss_boxes(outputs, targets, indices, group_boxes))
         losses.update(self.loss_masks(outputs, targets, indices, num_boxes))
         return losses

@@ -9,7 +9,9 @@ PNG per image whose pixels encode the segment id as id = R + 256·G + 256²·B (
 - :func:`draw_panoptic`: segments alpha-blended over the photo (``torchvision.utils.draw_segmentation_masks``)
   with their category names.
 
-:func:`detr.predictions_io.predict_files` with ``task="panoptic"`` writes all three for a set of files.
+:func:`detr.predictions_io.predict_files` with ``task="panoptic"`` writes all three for a set of files;
+:func:`write_panoptic_predictions` writes the PNGs and the json of finished predictions (``detr-panoptic
+predict``'s :class:`detr.lightning.panoptic_writer.PanopticPredictionsWriter`), in the same layout.
 """
 
 from __future__ import annotations
@@ -86,6 +88,24 @@ def write_panoptic_png(path: str | Path, panoptic: PanopticSegmentation) -> Path
     """Write the id map as COCO panoptic's PNG (id = R + 256·G + 256²·B) to ``path``, atomically."""
     data = panoptic_png(panoptic.id_map)
     return write_atomically(path, lambda file: file.write(data))
+
+
+def write_panoptic_predictions(out_dir: str | Path, predictions: Sequence[Prediction], png_names: Sequence[str],
+                               category_map: CategoryMap | None, is_thing: Sequence[bool] | None) -> Path:
+    """Write each prediction's PNG as ``out_dir/panoptic/<png name>`` and their annotations as
+    ``out_dir/panoptic.json`` (the layout of ``tools/predict.py --task panoptic``). Every prediction needs
+    ``panoptic`` and ``image_id``. Returns the json's path."""
+    out_dir = Path(out_dir)
+    if len(png_names) != len(predictions):
+        raise ValueError(f"{len(predictions)} predictions but {len(png_names)} PNG names")
+    annotations = []
+    for prediction, png_name in zip(predictions, png_names):
+        annotation = panoptic_annotation(prediction, png_name)  # checks panoptic and image_id first
+        write_panoptic_png(out_dir / "panoptic" / png_name, prediction.panoptic)  # type: ignore[arg-type]
+        annotations.append(annotation)
+    labels = [s["label"] for p in predictions for s in p.panoptic.segments_info]  # type: ignore[union-attr]
+    return write_panoptic_json(out_dir / "panoptic.json", annotations, panoptic_categories(category_map, is_thing,
+                                                                                           labels))
 
 
 def segment_color(segment: dict[str, Any]) -> tuple[int, int, int]:

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.focal import ClassHead
+
 
 def _sizes(sizes: torch.Tensor | Sequence[Sequence[int]], batch: int, name: str) -> list[tuple[int, int]]:
     sizes = torch.as_tensor(sizes)
@@ -104,7 +106,8 @@ class PostProcessPanoptic(nn.Module):
 
     Per image:
     1. keep the queries whose most probable class (softmax over every logit) is not "no object" and
-       whose probability is above ``threshold`` (0.85);
+       whose probability is above ``threshold`` (0.85); with a sigmoid class head (no "no object"
+       logit) the score is the highest class sigmoid, and the query is kept when it is above ``threshold``;
     2. upsample their mask logits (bilinear) to the processed size and give every pixel to the kept
        query with the highest logit there;
     3. pixels of a stuff class predicted by several queries all go to the first of those queries;
@@ -124,6 +127,10 @@ class PostProcessPanoptic(nn.Module):
         crop_padding: True crops each image's region from the padded batch's masks; False resizes the
             whole padded map (see :func:`upsample_masks`), which reproduces the authors' evaluation at batch
             sizes above 1.
+        class_head: "softmax" (the authors': num_classes + 1 logits, the last = no object) or "sigmoid"
+            (num_classes logits scored by independent sigmoids, :class:`detr.focal`'s head). Focal-loss
+            scores run lower than softmax probabilities: 0.85 keeps few sigmoid queries (pick the threshold
+            on validation PQ; benchmarks/panoptic_shapes.py).
 
     Results per image: ``id_map`` int64 [H, W] (segment ids from 1 in query order; 0 = void, only when
     no query is kept) and ``segments_info``: a list of {id, category_id, isthing, area, bbox [x, y, w, h]
@@ -132,8 +139,12 @@ class PostProcessPanoptic(nn.Module):
     """
 
     def __init__(self, is_thing: Sequence[bool], *, threshold: float = 0.85, max_small_area: int = 4,
-                 category_ids: Sequence[int] | None = None, crop_padding: bool = True) -> None:
+                 category_ids: Sequence[int] | None = None, crop_padding: bool = True,
+                 class_head: ClassHead = "softmax") -> None:
         super().__init__()
+        if class_head not in ("softmax", "sigmoid"):
+            raise ValueError(f"class_head must be 'softmax' or 'sigmoid', got {class_head!r}")
+        self.class_head = class_head
         self.is_thing = [bool(flag) for flag in is_thing]
         if category_ids is not None and len(category_ids) != len(self.is_thing):
             raise ValueError(f"category_ids ({len(category_ids)}) and is_thing ({len(self.is_thing)}) must both "
@@ -144,18 +155,25 @@ class PostProcessPanoptic(nn.Module):
     @torch.no_grad()
     def forward(self, outputs: dict[str, torch.Tensor], processed_sizes: torch.Tensor,
                 target_sizes: torch.Tensor | None = None) -> list[dict[str, Any]]:
-        """outputs: pred_logits [B, Q, K + 1] (softmax head), pred_masks [B, Q, h', w']; processed_sizes
-        [B, 2] (height, width) of each image as it entered the model; target_sizes [B, 2] of the original
-        images (default: the processed sizes)."""
+        """outputs: pred_logits [B, Q, K + 1] (softmax head) or [B, Q, K] (sigmoid head), pred_masks
+        [B, Q, h', w']; processed_sizes [B, 2] (height, width) of each image as it entered the model;
+        target_sizes [B, 2] of the original images (default: the processed sizes)."""
         logits, pred_masks = outputs["pred_logits"], outputs["pred_masks"]
-        if logits.shape[-1] != len(self.is_thing) + 1:
+        num_logits = len(self.is_thing) + (1 if self.class_head == "softmax" else 0)
+        if logits.shape[-1] != num_logits:
+            expected = ("num_classes + 1 (the no-object logit last)" if self.class_head == "softmax"
+                        else "num_classes (sigmoid head: no no-object logit)")
             raise ValueError(f"pred_logits has {logits.shape[-1]} logits but is_thing covers {len(self.is_thing)} "
-                             f"labels: expected num_classes + 1 (the no-object logit last)")
+                             f"labels: expected {expected}; is class_head={self.class_head!r} the model's?")
         processed = _sizes(processed_sizes, len(logits), "processed_sizes")
         targets = processed if target_sizes is None else _sizes(target_sizes, len(logits), "target_sizes")
-        probabilities = logits.float().softmax(-1)
-        scores, labels = probabilities.max(-1)
-        keep = (labels != logits.shape[-1] - 1) & (scores > self.threshold)
+        if self.class_head == "softmax":
+            probabilities = logits.float().softmax(-1)
+            scores, labels = probabilities.max(-1)
+            keep = (labels != logits.shape[-1] - 1) & (scores > self.threshold)
+        else:
+            scores, labels = logits.float().sigmoid().max(-1)
+            keep = scores > self.threshold
         results = []
         for image in range(len(logits)):
             kept = keep[image].nonzero().flatten()

@@ -485,7 +485,8 @@ class Predictor:
             raise ValueError(f"is_thing has {len(self.is_thing)} entries but the model predicts {num_classes} "
                              "classes; pass one bool per label")
         category_ids = self.category_map.category_ids if self.category_map is not None else None
-        return PostProcessPanoptic(self.is_thing, threshold=self.panoptic_threshold, category_ids=category_ids)
+        return PostProcessPanoptic(self.is_thing, threshold=self.panoptic_threshold, category_ids=category_ids,
+                                   class_head=self.class_head)
 
     def predict_arrays(
         self,

@@ -31,8 +31,8 @@ MASKS_CONFIG = REPO / "configs" / "demo_shapes_panoptic_cpu.yaml"
 TINY = [
     "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
     "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1",
-    "--model.hidden_dim=128", "--model.num_heads=8", "--model.num_encoder_layers=1",
-    "--model.num_decoder_layers=2", "--model.dim_feedforward=64", "--model.num_queries=8",
+    "--model.detr.hidden_dim=128", "--model.detr.num_heads=8", "--model.detr.num_encoder_layers=1",
+    "--model.detr.num_decoder_layers=2", "--model.detr.dim_feedforward=64", "--model.detr.num_queries=8",
     "--data.batch_size=2", "--data.val_batch_size=2", "--data.num_workers=0", "--data.train_scales=[64]",
     "--data.train_max_size=64", "--data.crop_resize_scales=[64]", "--data.crop_min_size=64",
     "--data.crop_max_size=64", "--data.eval_min_size=64", "--data.eval_max_size=64",
@@ -146,6 +146,50 @@ def test_mask_stage_refuses_a_box_model_of_other_classes(box_stage, shapes_root,
               f"--trainer.default_root_dir={tmp_path / 'run'}", f"--model.init_checkpoint={path}"])
 
 
+# ---------------------------------------------------------------------- detr-panoptic predict
+@pytest.fixture(scope="module")
+def mask_stage(box_stage, shapes_root, tmp_path_factory) -> Path:
+    """Stage 2 run folder, trained from the box stage's checkpoint."""
+    run = tmp_path_factory.mktemp("runs") / "masks"
+    main(["fit", "--config", str(MASKS_CONFIG), *TINY, f"--data.root={shapes_root}",
+          f"--trainer.default_root_dir={run}", f"--model.init_checkpoint={box_stage / 'checkpoints' / 'last.ckpt'}"])
+    return run
+
+
+def test_predict_writes_coco_panoptic_pngs_and_json(mask_stage, shapes_root, tmp_path):
+    """Plain images, the classes from the checkpoint: predictions.json, panoptic.json and one PNG per readable
+    image whose ids are its segments (threshold 0: every pixel belongs to a segment); a broken file is
+    reported (exit status 1) and left out, as tools/predict.py does."""
+    from detr.postprocess_segmentation import rgb_to_id_map
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in ("000000000001.jpg", "000000000002.jpg"):
+        shutil.copy(shapes_root / "val2017" / name, images / name)
+    (images / "broken.jpg").write_bytes(b"not an image")
+    # the CLI takes the model's arguments from --ckpt_path's hyperparameters: threshold 0 goes in there
+    checkpoint = torch.load(mask_stage / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint["hyper_parameters"]["panoptic_threshold"] = 0.0
+    torch.save(checkpoint, tmp_path / "every_query.ckpt")
+    run = tmp_path / "run"
+    status = main(["predict", "--config", str(MASKS_CONFIG), *TINY, "--data.root=null",
+                   f"--data.predict_images={images}", f"--ckpt_path={tmp_path / 'every_query.ckpt'}",
+                   f"--trainer.default_root_dir={run}"])
+    assert status == 1
+    folder = run / "predict"
+    detections = json.loads((folder / "predictions.json").read_text())
+    assert {Path(d["file_name"]).name for d in detections} == {"000000000001.jpg", "000000000002.jpg"}
+    panoptic = json.loads((folder / "panoptic.json").read_text())
+    assert {c["id"]: c["isthing"] for c in panoptic["categories"]} == {1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 0}
+    assert sorted(a["file_name"] for a in panoptic["annotations"]) == ["000000000001.png", "000000000002.png"]
+    for annotation in panoptic["annotations"]:
+        ids = rgb_to_id_map(torch.from_numpy(np.array(Image.open(folder / "panoptic" / annotation["file_name"]))))
+        segments = annotation["segments_info"]
+        assert segments and set(ids.unique().tolist()) == {s["id"] for s in segments}
+        assert sum(s["area"] for s in segments) == ids.numel() == 64 * 64
+        assert {s["category_id"] for s in segments} <= set(range(1, 7))
+
+
 # ---------------------------------------------------------------------- bad data, named at start-up
 @pytest.fixture
 def broken_root(shapes_root, tmp_path) -> Path:
@@ -229,7 +273,7 @@ def test_coco_panoptic_configs_follow_the_authors_recipe(name, capsys):
     printed = yaml.safe_load(capsys.readouterr().out)
     model, trainer = printed["model"], printed["trainer"]
     assert (model["lr"], model["lr_backbone"], model["weight_decay"]) == (1e-4, 1e-5, 1e-4)
-    assert model["class_head"] == "softmax" and model["query_type"] == "learned"
+    assert model["detr"]["class_head"] == "softmax" and model["detr"]["query_type"] == "learned"
     if name == "panoptic_coco.yaml":
         assert model["masks"] and model["freeze_detr"]
         assert (trainer["max_epochs"], model["lr_drop_epochs"]) == (25, [15])
@@ -238,17 +282,19 @@ def test_coco_panoptic_configs_follow_the_authors_recipe(name, capsys):
         assert not model["masks"] and (trainer["max_epochs"], model["lr_drop_epochs"]) == (300, [200])
 
 
-@pytest.mark.parametrize("name", ["panoptic_boxes_coco.yaml", "panoptic_coco.yaml"])
-def test_coco_panoptic_configs_train_a_step(name, box_stage, shapes_root, tmp_path):
-    """The COCO configs, shrunk to a ResNet-18 on the tiny shapes set, start and train (the mask stage
-    from the tiny box stage's checkpoint)."""
-    run = tmp_path / "run"
-    init = f"--model.init_checkpoint={box_stage / 'checkpoints' / 'last.ckpt'}" if "boxes" not in name else \
-        "--model.init_checkpoint=null"
-    main(["fit", "--config", str(REPO / "configs" / name), *TINY, "--trainer.accelerator=cpu", "--trainer.devices=1",
-          "--trainer.num_sanity_val_steps=0", "--model.backbone=resnet18", "--model.backbone_last_stage=layer3",
-          "--model.backbone_norm=batch_norm", "--model.pretrained_backbone=false", init,
-          f"--data.root={shapes_root}", f"--trainer.default_root_dir={run}"])
-    rows = _metrics(run)
-    assert any(row.get("train/loss") for row in rows)
-    assert any(row.get("val/PQ" if "boxes" not in name else "val/AP") for row in rows)
+def test_coco_panoptic_configs_train_a_step(shapes_root, tmp_path):
+    """The COCO configs (the paper's detector: learned queries, softmax head), shrunk to a ResNet-18 on the
+    tiny shapes set, start and train: the box stage, then the mask stage from its checkpoint."""
+    small = [*TINY, "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.num_sanity_val_steps=0",
+             "--model.detr.backbone=resnet18", "--model.detr.backbone_last_stage=layer3",
+             "--model.detr.backbone_norm=batch_norm", "--model.detr.pretrained_backbone=false",
+             f"--data.root={shapes_root}"]
+    boxes, masks = tmp_path / "boxes", tmp_path / "masks"
+    main(["fit", "--config", str(REPO / "configs" / "panoptic_boxes_coco.yaml"), *small,
+          "--model.init_checkpoint=null", f"--trainer.default_root_dir={boxes}"])
+    main(["fit", "--config", str(REPO / "configs" / "panoptic_coco.yaml"), *small,
+          f"--model.init_checkpoint={boxes / 'checkpoints' / 'last.ckpt'}", f"--trainer.default_root_dir={masks}"])
+    for run, metric in ((boxes, "val/AP"), (masks, "val/PQ")):
+        rows = _metrics(run)
+        assert any(row.get("train/loss") for row in rows)
+        assert any(row.get(metric) for row in rows)

@@ -66,6 +66,7 @@ class CocoPanoptic(torch.utils.data.Dataset):
 
     Attributes: ``category_map``; ``is_thing`` (per label, for
     :class:`detr.postprocess_segmentation.PostProcessPanoptic`); ``categories`` (the json's, for PQ).
+    :meth:`index_of_image` finds a sample by image id (evaluation reads :meth:`ground_truth` by it).
     """
 
     def __init__(self, images_dir: str | Path, annotations_file: str | Path, panoptic_dir: str | Path | None = None,
@@ -90,12 +91,20 @@ class CocoPanoptic(torch.utils.data.Dataset):
         self.is_thing = [category_id in thing_ids for category_id in category_map.category_ids]
         self._label_of = {int(c["id"]): category_map.category_id_to_label(int(c["id"])) for c in self.categories}
         self.annotations = sorted(data["annotations"], key=lambda a: a["image_id"])
+        self._index_of_image = {int(a["image_id"]): index for index, a in enumerate(self.annotations)}
         file_names = {image["id"]: image["file_name"] for image in data.get("images", [])}
         self._image_files = [file_names.get(a["image_id"], Path(a["file_name"]).with_suffix(".jpg").name)
                              for a in self.annotations]
 
     def __len__(self) -> int:
         return len(self.annotations)
+
+    def index_of_image(self, image_id: int) -> int:
+        """The sample index of the image with COCO id ``image_id`` (a target's ``image_id``)."""
+        try:
+            return self._index_of_image[int(image_id)]
+        except KeyError:
+            raise KeyError(f"image id {image_id} has no annotation in '{self.annotations_file}'") from None
 
     def image_path(self, index: int) -> Path:
         """The image file of sample ``index``."""

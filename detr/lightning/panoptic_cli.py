@@ -8,6 +8,9 @@ two stages of the authors' recipe (paper §4.4)::
         --model.init_checkpoint outputs/panoptic_boxes_coco/checkpoints/last.ckpt
     python -m detr.lightning.panoptic_cli validate --config configs/panoptic_coco.yaml --data.root /data/coco \\
         --ckpt_path outputs/panoptic_coco/checkpoints/last.ckpt
+    # segment image files: predictions.json, panoptic.json and panoptic/<name>.png in <default_root_dir>/predict/
+    python -m detr.lightning.panoptic_cli predict --config configs/demo_shapes_panoptic_cpu.yaml \\
+        --data.predict_images photos/ --ckpt_path outputs/demo_shapes_panoptic/checkpoints/last.ckpt
 
 Everything else is the ``detr`` command's (:mod:`detr.lightning.cli`): YAML keys mirror the constructors,
 the data links ``num_classes``, ``category_map`` and the panoptic ``categories`` into the model, one output
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from detr.lightning.callbacks import PredictionsWriter
 from detr.lightning.checkpointing import LastCheckpoint
 from detr.lightning.cli import DetrCLI, show_package_messages
 from detr.lightning.panoptic_datamodule import PanopticDataModule
@@ -29,7 +33,7 @@ class PanopticCLI(DetrCLI):
     """:class:`DetrCLI` with the panoptic data's links."""
 
     def add_arguments_to_parser(self, parser: Any) -> None:
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.detr.num_classes", apply_on="instantiate")
         parser.link_arguments("data.category_map", "model.category_map", apply_on="instantiate")
         parser.link_arguments("data.categories", "model.categories", apply_on="instantiate")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
@@ -39,9 +43,6 @@ class PanopticCLI(DetrCLI):
             "(without it such a folder is refused unless --ckpt_path resumes the run)",
         )
 
-    def before_instantiate_classes(self) -> None:
-        """Nothing: the panoptic json always names the classes."""
-
 
 def make_cli(args: list[str] | None = None, *, run: bool = True) -> PanopticCLI:
     """As :func:`detr.lightning.cli.make_cli`, for the panoptic system and data."""
@@ -50,11 +51,13 @@ def make_cli(args: list[str] | None = None, *, run: bool = True) -> PanopticCLI:
 
 
 def main(args: list[str] | None = None) -> int:
-    """``python -m detr.lightning.panoptic_cli fit|validate|test --config ...``; shows this package's INFO
-    messages (the COCO and PQ tables of every evaluation). Exit status 0."""
+    """``python -m detr.lightning.panoptic_cli fit|validate|test|predict --config ...``; shows this package's
+    INFO messages (the COCO and PQ tables of every evaluation). Exit status 0; 1 when ``predict`` could not
+    predict some images (the others are written)."""
     show_package_messages()
-    make_cli(args)
-    return 0
+    cli = make_cli(args)
+    writers = [c for c in getattr(cli.trainer, "callbacks", []) if isinstance(c, PredictionsWriter)]
+    return 1 if any(writer.failed for writer in writers) else 0
 
 
 if __name__ == "__main__":

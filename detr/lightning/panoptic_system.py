@@ -27,10 +27,11 @@ import torch.distributed as dist
 from torch import nn
 
 from detr.checkpoints import read_checkpoint
+from detr.criterion import SetCriterion
 from detr.criterion_masks import SetCriterionWithMasks
 from detr.evaluation.panoptic import PanopticQuality
 from detr.lightning.system import DetrSystem
-from detr.matcher import HungarianMatcher
+from detr.models.config import DetrConfig
 from detr.models.segmentation import DETRPanoptic
 from detr.panoptic_checkpoints import is_panoptic_state_dict
 from detr.postprocess_segmentation import PostProcessMasks, PostProcessPanoptic, masks_to_rle
@@ -45,9 +46,14 @@ class PanopticSystem(DetrSystem):
     in the mask stage, or a panoptic checkpoint to continue from):
         masks: False for the box stage (the plain detector), True for the mask stage.
         freeze_detr: in the mask stage, keep every detector weight (and batch-norm statistic) fixed, as
-            the authors did; only ``bbox_attention`` and ``mask_head`` train.
+            the authors did; only ``bbox_attention`` and ``mask_head`` train. A frozen detector with
+            training-only queries or heads (denoising, query groups, the dense head) runs in eval mode: they
+            would cost time for losses without gradients, and the mask head learns on the queries that
+            inference decodes. (The authors' frozen detector kept its dropout; this one keeps it too when
+            it has no such parts.)
         loss_mask, loss_dice: weights of the focal and DICE mask losses (1, 1).
-        panoptic_threshold: class probability a query needs to enter the panoptic segmentation (0.85).
+        panoptic_threshold: class score a query needs to enter the panoptic segmentation (0.85, the authors'
+            softmax probability; a sigmoid head's focal scores run lower: the shapes demo uses 0.2).
         mask_ap: also compute mask AP (COCOeval "segm") in validation.
         categories: the data set's categories with ``id`` and ``isthing`` (linked from the data module by
             the CLI); they decide things and stuff for post-processing and PQ.
@@ -64,43 +70,28 @@ class PanopticSystem(DetrSystem):
         mask_ap: bool = True,
         categories: list[dict[str, Any]] | None = None,
         init_checkpoint: str | None = None,
-        pretrained_backbone: bool | str = False,
+        detr: DetrConfig = DetrConfig(),  # frozen: a shared default is safe
         **kwargs: Any,
     ) -> None:
+        config = DetrConfig.from_dict(detr) if isinstance(detr, dict) else (detr or DetrConfig())
+        if init_checkpoint:  # every detector tensor comes from it: no ImageNet download
+            config = config.replace(pretrained_backbone=False)
         # the mask stage loads init_checkpoint itself, strictly: a frozen detector must not keep any
         # freshly initialised tensor, and a panoptic checkpoint also holds the mask head
-        super().__init__(init_checkpoint=None if masks else init_checkpoint,
-                         pretrained_backbone=False if init_checkpoint else pretrained_backbone, **kwargs)
+        super().__init__(detr=config, init_checkpoint=None if masks else init_checkpoint, **kwargs)
         # (DetrSystem's save_hyperparameters also records this class's arguments, the real init_checkpoint)
-        self.categories = [dict(c) for c in categories] if categories is not None else None
-        self.is_thing = self._is_thing()
         self.postprocess_masks = PostProcessMasks() if masks else None
-        self.postprocess_panoptic = None
+        self.postprocess_panoptic: PostProcessPanoptic | None = None
         if masks:
-            hparams = self.hparams
-            if hparams.class_head != "softmax":
-                raise ValueError("the panoptic mask stage builds on the paper's softmax class head; set class_head: "
-                                 "softmax (the box stage must have been trained with it)")
             self.model = DETRPanoptic(self.model)
             if init_checkpoint:
                 self._load_mask_stage_weights(init_checkpoint)
             if freeze_detr:
                 self.model.detr.requires_grad_(False)
-                self._fix_detector_batch_norm()
-            self.criterion = SetCriterionWithMasks(
-                hparams.num_classes,
-                HungarianMatcher(cost_class=hparams.cost_class, cost_bbox=hparams.cost_bbox,
-                                 cost_giou=hparams.cost_giou),
-                eos_coef=hparams.eos_coef, loss_ce=hparams.loss_ce, loss_bbox=hparams.loss_bbox,
-                loss_giou=hparams.loss_giou, loss_mask=loss_mask, loss_dice=loss_dice,
-                num_decoder_layers=hparams.num_decoder_layers if hparams.aux_loss else 1,
-            )
-            if self.is_thing is not None:
-                self.model.is_thing = self.is_thing
-                self.postprocess_panoptic = PostProcessPanoptic(
-                    self.is_thing, threshold=panoptic_threshold,
-                    category_ids=None if self.category_map is None else self.category_map.category_ids)
-            self.model.category_map = self.category_map
+                self._fix_frozen_detector()
+            self.criterion = _with_mask_losses(self.criterion, loss_mask=loss_mask, loss_dice=loss_dice,
+                                               training_only_outputs=not freeze_detr)
+        self._use_categories(categories)
         self._panoptic: PanopticQuality | None = None
         self._segm: dict[str, list[Any]] = {}
         self.last_panoptic: dict[str, Any] | None = None
@@ -110,12 +101,25 @@ class PanopticSystem(DetrSystem):
         """The DETR detector (the box model), whichever stage."""
         return self.model.detr if isinstance(self.model, DETRPanoptic) else self.model
 
+    def _use_categories(self, categories: list[dict[str, Any]] | None) -> None:
+        """Set ``categories``, ``is_thing`` and, in the mask stage, the panoptic post-processing they decide."""
+        self.categories = [dict(c) for c in categories] if categories is not None else None
+        self.is_thing = self._is_thing()
+        if not isinstance(self.model, DETRPanoptic):
+            return
+        self.model.category_map = self.category_map
+        if self.is_thing is not None:
+            self.model.is_thing = self.is_thing
+            self.postprocess_panoptic = PostProcessPanoptic(
+                self.is_thing, threshold=self.hparams.panoptic_threshold, class_head=self.detector.class_head,
+                category_ids=None if self.category_map is None else self.category_map.category_ids)
+
     def _is_thing(self) -> list[bool] | None:
         if self.categories is None:
             return None
         thing_ids = {int(c["id"]) for c in self.categories if c.get("isthing")}
         if self.category_map is None:
-            return [label in thing_ids for label in range(self.hparams.num_classes)]
+            return [label in thing_ids for label in range(self.detector.num_classes)]
         return [category_id in thing_ids for category_id in self.category_map.category_ids]
 
     def _load_mask_stage_weights(self, path: str) -> None:
@@ -140,22 +144,29 @@ class PanopticSystem(DetrSystem):
         logger.info("init_checkpoint: loaded the %s from %s", "panoptic model" if panoptic else "detector", path)
 
     # ------------------------------------------------------------------ training
-    def _fix_detector_batch_norm(self) -> None:
+    def _fix_frozen_detector(self) -> None:
         """A frozen detector's batch norms run in eval mode, so that their statistics stay fixed too (the
-        authors' FrozenBatchNorm2d has none that could move)."""
-        if isinstance(self.model, DETRPanoptic) and self.hparams.freeze_detr:
-            for module in self.model.detr.modules():
-                if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                    module.eval()
+        authors' FrozenBatchNorm2d has none that could move); one with training-only parts runs wholly in
+        eval mode (see ``freeze_detr``)."""
+        if not (isinstance(self.model, DETRPanoptic) and self.hparams.freeze_detr):
+            return
+        detector = self.model.detr
+        if getattr(detector, "denoising", None) is not None or getattr(detector, "query_groups", 1) > 1 or \
+                getattr(detector, "dense_head", None) is not None:
+            detector.eval()
+            return
+        for module in detector.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.eval()
 
     def train(self, mode: bool = True) -> PanopticSystem:
         super().train(mode)
         if mode:
-            self._fix_detector_batch_norm()
+            self._fix_frozen_detector()
         return self
 
     def on_train_epoch_start(self) -> None:
-        self._fix_detector_batch_norm()  # Lightning restores each module's own mode after validation
+        self._fix_frozen_detector()  # Lightning restores each module's own mode after validation
 
     # ------------------------------------------------------------------ evaluation
     def _start_evaluation(self, stage: str) -> None:
@@ -168,8 +179,6 @@ class PanopticSystem(DetrSystem):
         dataset = self._evaluation_dataset(stage)
         if dataset is None or not hasattr(dataset, "ground_truth"):
             return None
-        if not hasattr(dataset, "index_of_image"):
-            dataset.index_of_image = {int(a["image_id"]): i for i, a in enumerate(dataset.annotations)}
         return dataset
 
     def _score_outputs(self, stage: str, outputs: dict[str, Any], targets: list[dict[str, Any]],
@@ -179,7 +188,7 @@ class PanopticSystem(DetrSystem):
         dataset = self._panoptic_ground_truth(stage)
         if "pred_masks" in outputs and dataset is not None:
             processed_sizes = torch.stack([t["size"] for t in targets])
-            ground_truth = [dataset.ground_truth(dataset.index_of_image[i]) for i in image_ids]
+            ground_truth = [dataset.ground_truth(dataset.index_of_image(i)) for i in image_ids]
             if self._panoptic is not None:
                 panoptic = self.postprocess_panoptic(outputs, processed_sizes, orig_sizes)
                 for (gt_ids, gt_segments), result in zip(ground_truth, panoptic):
@@ -227,12 +236,65 @@ class PanopticSystem(DetrSystem):
             for name, value in _segm_ap(gathered, self.categories).items():
                 self.log(f"{stage}/{name}", value, sync_dist=False)
 
+    # ------------------------------------------------------------------ prediction
+    def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
+        """:meth:`DetrSystem.predict_step`'s detections per image, plus, in the mask stage, ``panoptic``:
+        ``{"id_map": int64 [H, W] at the original size, "segments_info": [...]}`` of
+        :class:`PostProcessPanoptic` (None for an image that could not be read; the data's ``categories``
+        must be known, from the json or the checkpoint). :class:`detr.lightning.panoptic_writer.
+        PanopticPredictionsWriter` writes them as COCO panoptic PNGs and json."""
+        images, padding_mask, targets = batch
+        outputs = self(images, padding_mask)
+        orig_sizes = torch.stack([t["orig_size"] for t in targets]).to(self.device)
+        results = []
+        for target, detection in zip(targets, self.postprocess(outputs, orig_sizes)):
+            labels = detection["labels"]
+            category_ids = labels if self.category_map is None else self.category_map.label_to_category_id(labels)
+            results.append({"image_id": int(target["image_id"]), "file_name": target.get("file_name"),
+                            "orig_size": [int(v) for v in target["orig_size"]], "error": target.get("error"),
+                            **{k: v.cpu() for k, v in detection.items()}, "category_ids": category_ids.cpu()})
+        if "pred_masks" in outputs:
+            if self.postprocess_panoptic is None:
+                raise ValueError("panoptic prediction needs the data set's categories (things and stuff): they come "
+                                 "from the panoptic json or from a mask-stage checkpoint (--ckpt_path)")
+            processed = torch.stack([t["size"] for t in targets]).to(orig_sizes)
+            readable = [t.get("error") is None for t in targets]
+            # an unreadable image's placeholder has orig_size (0, 0): segment it at its processed size, then drop it
+            sizes = torch.stack([size if ok else fallback for size, fallback, ok in zip(orig_sizes, processed, readable)])
+            segmented = self.postprocess_panoptic(outputs, processed, sizes)
+            for result, segmentation, ok in zip(results, segmented, readable):
+                result["panoptic"] = ({"id_map": segmentation["id_map"].cpu(),
+                                       "segments_info": segmentation["segments_info"]} if ok else None)
+        return results
+
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """DetrSystem's ``checkpoint["detr"]`` plus ``is_thing`` per label and the data set's ``categories``."""
         super().on_save_checkpoint(checkpoint)
         checkpoint["detr"]["is_thing"] = self.is_thing
         checkpoint["detr"]["categories"] = self.categories
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """DetrSystem's, and the checkpoint's ``categories`` where no data set linked them (``detr-panoptic
+        predict`` on plain images)."""
+        super().on_load_checkpoint(checkpoint)
+        categories = (checkpoint.get("detr") or {}).get("categories")
+        if self.categories is None and categories:
+            self._use_categories(categories)
+
+
+def _with_mask_losses(box_criterion: SetCriterion, *, loss_mask: float, loss_dice: float,
+                      training_only_outputs: bool) -> SetCriterionWithMasks:
+    """The box stage's criterion (same matcher, class head, weights) plus the mask losses. Without
+    ``training_only_outputs`` (a frozen detector in eval mode) it leaves out the parts that read the
+    training-only outputs (denoising, dense head)."""
+    weights = box_criterion.weight_dict
+    return SetCriterionWithMasks(
+        box_criterion.num_classes, box_criterion.matcher, box_criterion.eos_coef, loss_ce=weights["loss_ce"],
+        loss_bbox=weights["loss_bbox"], loss_giou=weights["loss_giou"],
+        num_decoder_layers=box_criterion.num_decoder_layers, class_head=box_criterion.class_head,
+        focal_alpha=box_criterion.focal_alpha, focal_gamma=box_criterion.focal_gamma,
+        parts=list(box_criterion.parts) if training_only_outputs else [], loss_mask=loss_mask, loss_dice=loss_dice)
 
 
 def _gather(value: Any) -> list[Any]:

@@ -1,0 +1,109 @@
+"""The mask head on the anchor-query detector with a sigmoid class head (the shapes demo's box model): masks
+for the matching queries only, the same boxes and classes as the detector, sigmoid scores in the panoptic
+post-processing, the mask loss with query groups, and the mask stage's frozen detector in eval mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detr.criterion_masks import SetCriterionWithMasks
+from detr.matcher import HungarianMatcher
+from detr.models import build_detr
+from detr.models.segmentation import DETRPanoptic
+from detr.postprocess_segmentation import PostProcessPanoptic
+
+ANCHOR = dict(backbone="resnet18", backbone_last_stage="layer3", backbone_norm="batch_norm", hidden_dim=128,
+              num_heads=8, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=64, num_queries=5,
+              num_classes=3, query_type="anchor", class_head="sigmoid", denoising=True, denoising_groups=2,
+              query_groups=2, dense_aux_head=True, dropout=0.0)
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(2, 3, 64, 64, generator=generator)
+    padding_mask = torch.zeros(2, 64, 64, dtype=torch.bool)
+    padding_mask[1, :, 48:] = True
+    masks = torch.zeros(2, 64, 64, dtype=torch.bool)
+    masks[0, 8:24, 8:24] = True
+    masks[1, 30:60, 20:40] = True
+    targets = [{"labels": torch.tensor([0, 2]), "boxes": torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.5, 0.7, 0.3, 0.5]]),
+                "masks": masks},
+               {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.4, 0.4, 0.2, 0.2]]), "masks": masks[:1, :, :48]}]
+    return images, padding_mask, targets
+
+
+def test_masks_for_the_matching_queries_only_and_the_detectors_own_predictions():
+    torch.manual_seed(0)
+    model = DETRPanoptic(build_detr(**ANCHOR))
+    images, padding_mask, targets = _batch()
+    model.train()
+    out = model(images, padding_mask, targets=targets)
+    assert out["pred_logits"].shape == (2, 2 * 5, 3)  # two query groups in training, no no-object logit
+    assert out["pred_masks"].shape == (2, 5, 16, 16)  # group 1: the queries inference decodes
+    assert {"dn_outputs", "dense_outputs"} <= set(out)
+    model.eval()
+    with torch.no_grad():
+        out, plain = model(images, padding_mask), model.detr(images, padding_mask)
+    assert out["pred_masks"].shape == (2, 5, 16, 16)
+    torch.testing.assert_close(out["pred_logits"], plain["pred_logits"])
+    torch.testing.assert_close(out["pred_boxes"], plain["pred_boxes"])
+
+
+def test_sigmoid_panoptic_scores_are_the_best_class_sigmoid():
+    logits = torch.full((1, 3, 2), -10.0)
+    logits[0, 0, 1] = 2.5   # sigmoid 0.924: kept at 0.85
+    logits[0, 1, 0] = 0.5   # sigmoid 0.622: kept at 0.5 only
+    masks = torch.full((1, 3, 4, 4), -5.0)
+    masks[0, 0, :2] = 5.0
+    masks[0, 1, 2:] = 5.0
+    outputs = {"pred_logits": logits, "pred_masks": masks}
+    sizes = torch.tensor([[16, 16]])
+    strict = PostProcessPanoptic([True, False], threshold=0.85, class_head="sigmoid")(outputs, sizes)[0]
+    assert [(s["label"], round(s["score"], 3)) for s in strict["segments_info"]] == [(1, 0.924)]
+    loose = PostProcessPanoptic([True, False], threshold=0.5, class_head="sigmoid")(outputs, sizes)[0]
+    assert [s["label"] for s in loose["segments_info"]] == [1, 0]
+    assert loose["id_map"][:8].eq(1).all() and loose["id_map"][8:].eq(2).all()
+    with pytest.raises(ValueError, match="no-object"):
+        PostProcessPanoptic([True, False], class_head="softmax")(outputs, sizes)  # 2 logits: no no-object column
+    with pytest.raises(ValueError, match="sigmoid head"):
+        PostProcessPanoptic([True], class_head="sigmoid")(outputs, sizes)
+
+
+def test_mask_loss_with_query_groups_uses_group_one():
+    torch.manual_seed(0)
+    images, padding_mask, targets = _batch()
+    criterion = SetCriterionWithMasks(3, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid",
+                                      num_decoder_layers=1)
+    generator = torch.Generator().manual_seed(1)
+    outputs = {"pred_logits": torch.randn(2, 10, 3, generator=generator),
+               "pred_boxes": torch.rand(2, 10, 4, generator=generator) * 0.5 + 0.25,
+               "pred_masks": torch.randn(2, 5, 16, 16, generator=generator), "query_groups": 2}
+    losses = criterion(outputs, targets)
+    assert all(torch.isfinite(value) for value in losses.values())
+    group_one = {key: value[:, :5] for key, value in outputs.items() if key != "query_groups"}
+    alone = criterion(group_one, targets)
+    torch.testing.assert_close(losses["loss_mask"], alone["loss_mask"])
+    torch.testing.assert_close(losses["loss_dice"], alone["loss_dice"])
+
+
+def test_the_mask_stage_runs_a_frozen_anchor_detector_in_eval_mode():
+    from detr.lightning.panoptic_system import PanopticSystem
+    from detr.models.config import DetrConfig
+
+    categories = [{"id": 1, "isthing": 1}, {"id": 2, "isthing": 1}, {"id": 3, "isthing": 0}]
+    system = PanopticSystem(masks=True, freeze_detr=True, categories=categories, panoptic_threshold=0.5,
+                            detr=DetrConfig(**ANCHOR))
+    system.train()
+    assert system.model.training and not system.model.detr.training
+    assert system.model.mask_head.training
+    assert len(system.criterion.parts) == 0  # no denoising or dense terms: the detector does not produce them
+    assert system.postprocess_panoptic.class_head == "sigmoid" and system.postprocess_panoptic.threshold == 0.5
+    images, padding_mask, targets = _batch()
+    outputs = system(images, padding_mask, targets)
+    assert outputs["pred_logits"].shape == (2, 5, 3) and "dn_outputs" not in outputs
+    losses = system.compute_losses(outputs, targets)
+    losses["loss"].backward()
+    assert all(p.grad is None for p in system.model.detr.parameters())
+    assert any(p.grad is not None for p in system.model.mask_head.parameters())
+
