@@ -107,3 +107,27 @@ def test_the_mask_stage_runs_a_frozen_anchor_detector_in_eval_mode():
     assert all(p.grad is None for p in system.model.detr.parameters())
     assert any(p.grad is not None for p in system.model.mask_head.parameters())
 
+
+
+def test_anchor_attention_maps_start_centred_on_each_querys_box():
+    """Anchor detectors get positions on both sides of the attention map (``bbox_attention.position.*``, absent from
+    the authors' learned-query layout): with the content logits zeroed, each query's map peaks at the cell
+    nearest its predicted box centre, so different boxes give different maps."""
+    torch.manual_seed(0)
+    model = DETRPanoptic(build_detr(**ANCHOR)).eval()
+    assert any(key.startswith("bbox_attention.position.") for key in model.state_dict())
+    authors = DETRPanoptic(build_detr(backbone="resnet18", backbone_last_stage="layer3", hidden_dim=128,
+                                      num_encoder_layers=1, num_decoder_layers=1, num_queries=5, num_classes=3))
+    assert authors.bbox_attention.position is None
+    assert not any(".position." in key for key in authors.state_dict())
+    height = width = 16
+    pos = model.detr.backbone[1](torch.zeros(1, height, width, dtype=torch.bool))
+    boxes = torch.tensor([[[0.2, 0.3, 0.1, 0.1], [0.8, 0.6, 0.2, 0.2], [0.5, 0.9, 0.3, 0.1]]])
+    with torch.no_grad():
+        spatial = model.bbox_attention.position(boxes, pos)  # [1, 3, heads, h, w]
+        attention = model.bbox_attention(torch.zeros(1, 3, 128), torch.zeros(1, 128, height, width), None, spatial)
+    assert attention.shape == (1, 3, 8, height, width)
+    peak = attention[0].sum(1).flatten(1).argmax(-1)
+    rows, cols = peak // width, peak % width
+    torch.testing.assert_close(cols.float(), (boxes[0, :, 0] * width).floor(), atol=1.0, rtol=0)
+    torch.testing.assert_close(rows.float(), (boxes[0, :, 1] * height).floor(), atol=1.0, rtol=0)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.models.anchor_decoder import anchor_sine_embedding
 from detr.models.anchor_detr import AnchorDETR
 from detr.models.backbone import Backbone
 from detr.models.config import DetrConfig
@@ -54,10 +55,15 @@ class AttentionMap(nn.Module):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
         self.scale = (hidden_dim / num_heads) ** -0.5
+        # anchor detectors only (:class:`DETRPanoptic` sets it; the authors' layout has no such keys)
+        self.position: QueryPosition | None = None
 
-    def forward(self, queries: torch.Tensor, memory: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
-        """queries [B, Q, C]; memory [B, C, h, w]; padding_mask bool [B, h, w] (True = padding) or None →
-        weights [B, Q, heads, h, w], summing to 1 over (heads, h, w) for each query."""
+    def forward(self, queries: torch.Tensor, memory: torch.Tensor, padding_mask: torch.Tensor | None,
+                spatial_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """queries [B, Q, C]; memory [B, C, h, w]; padding_mask bool [B, h, w] (True = padding) or None;
+        spatial_logits [B, Q, heads, h, w] added to the content logits (anchor detectors:
+        :class:`QueryPosition`) or None → weights [B, Q, heads, h, w], summing to 1 over (heads, h, w) for
+        each query."""
         batch, num_queries, _ = queries.shape
         height, width = memory.shape[-2:]
         heads, head_dim = self.num_heads, self.hidden_dim // self.num_heads
@@ -65,9 +71,66 @@ class AttentionMap(nn.Module):
         k = F.conv2d(memory, self.k_linear.weight[:, :, None, None], self.k_linear.bias)  # [B, C, h, w]
         k = k.view(batch, heads, head_dim, height, width)
         logits = torch.einsum("bqnc,bnchw->bqnhw", q, k)
+        if spatial_logits is not None:
+            logits = logits + spatial_logits
         if padding_mask is not None:
             logits = logits.masked_fill(padding_mask[:, None, None], float("-inf"))
         return logits.flatten(2).softmax(-1).view_as(logits)
+
+
+class QueryPosition(nn.Module):
+    """Positions on both sides of the attention map, for anchor detectors (Conditional DETR's spatial query).
+
+    A DAB-DETR query's box is its anchor plus a delta predicted from its content, so the last decoder output
+    carries little absolute position, and the memory none: the content-only :class:`AttentionMap` cannot
+    say where a query's object is (every query of an image then attends to the same cells). This adds,
+    per head, a spatial logit ``(P_q sine(box centre)) · (P_k pos(key))`` to the content logit, as the
+    spatial half of the anchor decoder's conditional cross-attention: the query side is the (y, x) half of
+    :func:`detr.models.anchor_decoder.anchor_sine_embedding` of the query's predicted box, the key side the
+    feature map's sine positional encoding. Both projections start as the same channel selection (× ``scale``)
+    of the ``num_frequencies`` highest frequencies of y and x, as
+    :meth:`detr.models.anchor_decoder.AnchorDecoder.init_local_spatial_attention` starts the decoder's, so
+    each head's map starts as a kernel centred on the box centre. As in DAB-DETR, the query side's y channels
+    are scaled by h_ref / h and its x channels by w_ref / w (``size_ref`` = (w_ref, h_ref), learned), so the
+    kernel is sharper for small boxes. :class:`DETRPanoptic` puts it under ``bbox_attention.position``.
+    """
+
+    def __init__(self, hidden_dim: int, num_heads: int, scale: float = 4.0, num_frequencies: int | None = None
+                 ) -> None:
+        super().__init__()
+        head_dim, half = hidden_dim // num_heads, hidden_dim // 2
+        per_head = num_frequencies if num_frequencies is not None else head_dim // 4
+        if hidden_dim % num_heads or head_dim < 4 * per_head or per_head > half // 2:
+            raise ValueError(f"cannot fit {per_head} frequencies (4 channels each) in a head of {head_dim} channels")
+        self.num_heads, self.hidden_dim = num_heads, hidden_dim
+        self.q_proj = nn.Linear(hidden_dim, hidden_dim)  # sine (y, x) of the box centre → spatial query
+        self.k_proj = nn.Linear(hidden_dim, hidden_dim)  # positional encoding → spatial key
+        selection = torch.zeros(hidden_dim, hidden_dim)
+        channels = [c for f in range(per_head) for c in (2 * f, 2 * f + 1, half + 2 * f, half + 2 * f + 1)]
+        for head in range(num_heads):
+            for index, channel in enumerate(channels):
+                selection[head * head_dim + index, channel] = scale
+        with torch.no_grad():
+            for projection in (self.q_proj, self.k_proj):
+                projection.weight.copy_(selection)
+                projection.bias.zero_()
+        self.size_ref = nn.Parameter(torch.full((2,), 0.2))  # (w_ref, h_ref) of the modulation
+        self.scale = head_dim ** -0.5
+
+    def forward(self, boxes: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """boxes [B, Q, 4] normalised cxcywh; pos [B, C, h, w] → spatial logits [B, Q, heads, h, w]."""
+        batch, num_queries = boxes.shape[:2]
+        height, width = pos.shape[-2:]
+        heads, head_dim = self.num_heads, self.hidden_dim // self.num_heads
+        half = self.hidden_dim // 2
+        sine = anchor_sine_embedding(boxes, half)[..., : self.hidden_dim].to(pos.dtype)  # (y, x)
+        # DAB-DETR's modulation: the y channels × h_ref / h, the x channels × w_ref / w (sharper for small boxes)
+        size = boxes[..., 2:].to(pos.dtype).clamp(min=0.02)
+        sine = torch.cat([sine[..., :half] * (self.size_ref[1] / size[..., 1]).unsqueeze(-1),
+                          sine[..., half:] * (self.size_ref[0] / size[..., 0]).unsqueeze(-1)], dim=-1)
+        q = self.q_proj(sine).view(batch, num_queries, heads, head_dim) * self.scale
+        k = F.conv2d(pos, self.k_proj.weight[:, :, None, None], self.k_proj.bias)
+        return torch.einsum("bqnc,bnchw->bqnhw", q, k.view(batch, heads, head_dim, height, width))
 
 
 class MaskHead(nn.Module):
@@ -160,7 +223,8 @@ class DETRPanoptic(nn.Module):
 
     Build it with :func:`build_detr_panoptic`, or load the authors' panoptic release files with
     :func:`detr.load_checkpoint`. The state dict is the authors': the detector under ``detr.``, the
-    heads under ``bbox_attention.`` and ``mask_head.``.
+    heads under ``bbox_attention.`` and ``mask_head.``. With an anchor detector the attention map also gets
+    positions on both sides (:class:`QueryPosition`, ``bbox_attention.position.*``; not in the authors' layout).
 
     Args:
         detr: the detector: the authors' :class:`DETR` (learned queries, softmax class head) or
@@ -187,6 +251,8 @@ class DETRPanoptic(nn.Module):
             detr.requires_grad_(False)
         hidden_dim, num_heads = detr.transformer.d_model, detr.transformer.nhead
         self.bbox_attention = AttentionMap(hidden_dim, hidden_dim, num_heads)
+        if isinstance(detr, AnchorDETR):  # positions for the attention map (bbox_attention.position.*)
+            self.bbox_attention.position = QueryPosition(hidden_dim, num_heads)
         self.mask_head = MaskHead(hidden_dim + num_heads, [_stage_channels(backbone, s) for s in SKIP_STAGES],
                                   hidden_dim)
         self.category_map = None
@@ -245,7 +311,10 @@ class DETRPanoptic(nn.Module):
         result = detr.decode(src, mask, pos, targets, return_attention)
         hidden, memory = result.pop("hidden"), result.pop("memory")  # [B, Q, C], [B, hw, C]
         memory = memory.transpose(1, 2).unflatten(-1, src.shape[-2:])  # [B, C, h, w]
-        attention = self.bbox_attention(hidden, memory, mask)  # [B, Q, heads, h, w]
+        spatial = None
+        if self.bbox_attention.position is not None:  # the Q queries of hidden: the first of pred_boxes
+            spatial = self.bbox_attention.position(result["pred_boxes"][:, : hidden.shape[1]].detach(), pos)
+        attention = self.bbox_attention(hidden, memory, mask, spatial)  # [B, Q, heads, h, w]
         result["pred_masks"] = self.mask_head(src, attention, [stages[name] for name in SKIP_STAGES])
         return result
 
