@@ -505,12 +505,21 @@ class PredictionsWriter(BasePredictionWriter):
             gathered: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, flat)
             flat = [item for part in gathered for item in part]
-        if not trainer.is_global_zero:
-            return
+        if trainer.is_global_zero:
+            self.write(trainer, pl_module, flat)
+
+    def output_file(self, trainer: L.Trainer) -> Path:
+        """Where ``predictions.json`` goes (see ``output_path``)."""
+        return Path(self.output_path or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.json")
+
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, items: list[dict[str, Any]]
+              ) -> dict[int, Prediction]:
+        """Write every process's prediction ``items`` (on rank 0); returns the written predictions by image id
+        (each image once, the failed ones left out), for subclasses that write more of them."""
         category_map = getattr(pl_module, "category_map", None)
         by_image: dict[int, Prediction] = {}
         failed: dict[int, tuple[str, str]] = {}
-        for item in flat:
+        for item in items:
             if item["image_id"] in by_image or item["image_id"] in failed:  # the distributed sampler repeats images
                 continue
             reason = item.get("error")
@@ -523,7 +532,7 @@ class PredictionsWriter(BasePredictionWriter):
                 item, image_size=tuple(item["orig_size"]), category_map=category_map,
                 threshold=self.score_threshold, file_name=item.get("file_name"), image_id=item["image_id"],
             )
-        output_path = self.output_path or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.json"
+        output_path = self.output_file(trainer)
         write_predictions_json(output_path, list(by_image.values()), category_map=category_map)
         self.failed = list(failed.values())
         for file_name, reason in self.failed:
@@ -531,3 +540,4 @@ class PredictionsWriter(BasePredictionWriter):
         if self.failed:
             logger.error("%d of %d images could not be predicted (listed above); %s holds the others",
                          len(self.failed), len(failed) + len(by_image), output_path)
+        return by_image
