@@ -245,18 +245,12 @@ class PanopticSystem(DetrSystem):
         PanopticPredictionsWriter` writes them as COCO panoptic PNGs and json."""
         images, padding_mask, targets = batch
         outputs = self(images, padding_mask)
-        orig_sizes = torch.stack([t["orig_size"] for t in targets]).to(self.device)
-        results = []
-        for target, detection in zip(targets, self.postprocess(outputs, orig_sizes)):
-            labels = detection["labels"]
-            category_ids = labels if self.category_map is None else self.category_map.label_to_category_id(labels)
-            results.append({"image_id": int(target["image_id"]), "file_name": target.get("file_name"),
-                            "orig_size": [int(v) for v in target["orig_size"]], "error": target.get("error"),
-                            **{k: v.cpu() for k, v in detection.items()}, "category_ids": category_ids.cpu()})
+        results = self._predictions(outputs, targets)
         if "pred_masks" in outputs:
             if self.postprocess_panoptic is None:
                 raise ValueError("panoptic prediction needs the data set's categories (things and stuff): they come "
                                  "from the panoptic json or from a mask-stage checkpoint (--ckpt_path)")
+            orig_sizes = torch.stack([t["orig_size"] for t in targets]).to(self.device)
             processed = torch.stack([t["size"] for t in targets]).to(orig_sizes)
             readable = [t.get("error") is None for t in targets]
             # an unreadable image's placeholder has orig_size (0, 0): segment it at its processed size, then drop it

@@ -416,10 +416,13 @@ class DetrSystem(L.LightningModule):
         labels [Q], category_ids [Q] (data set ids), boxes [Q, 4] pixel xyxy in the original image. No
         threshold (:class:`detr.lightning.callbacks.PredictionsWriter` writes them to a json)."""
         images, padding_mask, targets = batch
+        return self._predictions(self(images, padding_mask), targets)
+
+    def _predictions(self, outputs: dict[str, Any], targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The model's outputs for a predict batch → :meth:`predict_step`'s results, one dict per image."""
         orig_sizes = torch.stack([t["orig_size"] for t in targets]).to(self.device)
-        detections = self.postprocess(self(images, padding_mask), orig_sizes)
         results = []
-        for target, detection in zip(targets, detections):
+        for target, detection in zip(targets, self.postprocess(outputs, orig_sizes)):
             labels = detection["labels"]
             category_ids = labels if self.category_map is None else self.category_map.label_to_category_id(labels)
             results.append(
