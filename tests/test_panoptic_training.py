@@ -167,13 +167,12 @@ def test_predict_writes_coco_panoptic_pngs_and_json(mask_stage, shapes_root, tmp
     for name in ("000000000001.jpg", "000000000002.jpg"):
         shutil.copy(shapes_root / "val2017" / name, images / name)
     (images / "broken.jpg").write_bytes(b"not an image")
-    # the CLI takes the model's arguments from --ckpt_path's hyperparameters: threshold 0 goes in there
-    checkpoint = torch.load(mask_stage / "checkpoints" / "last.ckpt", weights_only=True)
-    checkpoint["hyper_parameters"]["panoptic_threshold"] = 0.0
-    torch.save(checkpoint, tmp_path / "every_query.ckpt")
+    # the model's arguments come from --ckpt_path's hyperparameters, except what the command line sets
+    checkpoint = mask_stage / "checkpoints" / "last.ckpt"
+    assert torch.load(checkpoint, weights_only=True)["hyper_parameters"]["panoptic_threshold"] > 0
     run = tmp_path / "run"
     status = main(["predict", "--config", str(MASKS_CONFIG), *TINY, "--data.root=null",
-                   f"--data.predict_images={images}", f"--ckpt_path={tmp_path / 'every_query.ckpt'}",
+                   f"--data.predict_images={images}", f"--ckpt_path={checkpoint}", "--model.panoptic_threshold", "0",
                    f"--trainer.default_root_dir={run}"])
     assert status == 1
     folder = run / "predict"

@@ -12,6 +12,7 @@ configured: the data module reads them from the annotation json and they are lin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -57,19 +58,27 @@ class DetrCLI(LightningCLI):
         if moved:
             parser.error("the detector's options moved under model.detr (detr.models.config.DetrConfig): "
                          + "; ".join(f"{where}: model.{key} is now model.detr.{key}" for where, key in moved))
+        self._command_line_model_keys = command_line_model_keys(args)
         super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
-        # LightningCLI reads --ckpt_path's hyperparameters while parsing; a broken file must say which it is.
+        # LightningCLI reads --ckpt_path's hyperparameters while parsing, over everything parsed before them;
+        # what the command line itself sets (detr-panoptic predict ... --model.panoptic_threshold 0.4) wins.
+        subcommand = self.config.get("subcommand")
+        given = {}
+        for key in getattr(self, "_command_line_model_keys", []) if subcommand else []:
+            with contextlib.suppress(KeyError):
+                given[key] = self.config[subcommand][key]
         try:
             super()._parse_ckpt_path()
         except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
-            subcommand = self.config.get("subcommand")
             path = self.config[subcommand].get("ckpt_path") if subcommand else None
             raise CheckpointError(
                 f"could not read checkpoint {path}: {type(error).__name__}: {error}. The file is truncated or not a "
                 "checkpoint; resume from another one (the best-model checkpoints beside it) or start over"
             ) from error
+        for key, value in given.items():
+            self.config[subcommand][key] = value
 
     def before_instantiate_classes(self) -> None:
         # Without annotations (detr predict on plain images) the checkpoint names the classes.
@@ -135,6 +144,14 @@ def moved_model_keys(args: Any) -> list[tuple[str, str]]:
         for include in [included] if isinstance(included, str) else included or []:
             config_files.append(path.parent / include)
     return found
+
+
+def command_line_model_keys(args: Any) -> list[str]:
+    """The ``model.*`` keys that command-line ``args`` set (``--model.lr 1e-4``, ``--model.lr=1e-4``)."""
+    if args is None:
+        args = sys.argv[1:]
+    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else []
+    return [arg.split("=", 1)[0][2:] for arg in argv if arg.startswith("--model.")]
 
 
 def run_loggers(root_dir: str) -> list[Logger]:
