@@ -87,8 +87,10 @@ def format_curve(stage: str, rows: list[dict[str, Any]]) -> str:
 
 @torch.no_grad()
 def pq_by_threshold(checkpoint: Path, data_root: Path, thresholds: list[float], *, image_size: int = 128,
-                    batch_size: int = 16) -> dict[float, dict[str, Any]]:
-    """Validation PQ of a mask-stage checkpoint at each panoptic score threshold, from one forward pass."""
+                    batch_size: int = 16, overlaps: list[float | None] = (None,)
+                    ) -> dict[tuple[float, float | None], dict[str, Any]]:
+    """Validation PQ of a mask-stage checkpoint at each panoptic score threshold and overlap filter
+    (None: the authors' rules; see PostProcessPanoptic), from one forward pass."""
     from detr import load_checkpoint
     from detr.data.coco_panoptic import CocoPanoptic
     from detr.data.collate import collate_detection
@@ -100,9 +102,10 @@ def pq_by_threshold(checkpoint: Path, data_root: Path, thresholds: list[float], 
     annotations = data_root / "annotations" / "panoptic_val2017.json"
     dataset = CocoPanoptic(data_root / "val2017", annotations, category_map=model.category_map,
                            transform=make_eval_transform(min_size=image_size, max_size=image_size))
-    postprocessors = {t: PostProcessPanoptic(model.is_thing, threshold=t, class_head=model.class_head,
-                                             category_ids=model.category_map.category_ids) for t in thresholds}
-    metrics = {t: PanopticQuality(dataset.categories) for t in thresholds}
+    postprocessors = {(t, o): PostProcessPanoptic(model.is_thing, threshold=t, class_head=model.class_head,
+                                                  category_ids=model.category_map.category_ids, overlap_threshold=o)
+                      for t in thresholds for o in overlaps}
+    metrics = {key: PanopticQuality(dataset.categories) for key in postprocessors}
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, collate_fn=collate_detection)
     for images, padding_mask, targets in loader:
         outputs = model(images, padding_mask)
@@ -124,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (1 on shared cores)")
     parser.add_argument("--thresholds", type=float, nargs="*", default=[],
                         help="also score the final mask model's PQ at these panoptic thresholds")
+    parser.add_argument("--overlaps", type=float, nargs="*", default=[],
+                        help="also score --thresholds with Mask2Former's overlap filter at these values (e.g. 0.8)")
     parser.add_argument("--eval-size", type=int, default=128, help="image size of the --thresholds scoring")
     parser.add_argument("--curve-only", action="store_true", help="train nothing: print the runs in --out")
     parser.add_argument("--overwrite", action="store_true", help="replace earlier runs in --out")
@@ -149,10 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     print(format_curve("masks", read_curve(masks)))
     if args.thresholds:
         results = pq_by_threshold(masks / "checkpoints" / "last.ckpt", args.data_root, args.thresholds,
-                                  image_size=args.eval_size)
-        print(f"{'threshold':>9} {'PQ':>6} {'SQ':>6} {'RQ':>6} {'PQ_th':>6} {'PQ_st':>6}")
-        for threshold, result in results.items():
-            print(f"{threshold:9.2f} {result['All']['pq']:6.3f} {result['All']['sq']:6.3f} {result['All']['rq']:6.3f} "
+                                  image_size=args.eval_size, overlaps=[None, *args.overlaps])
+        print(f"{'threshold':>9} {'overlap':>7} {'PQ':>6} {'SQ':>6} {'RQ':>6} {'PQ_th':>6} {'PQ_st':>6}")
+        for (threshold, overlap), result in results.items():
+            print(f"{threshold:9.2f} {'-' if overlap is None else f'{overlap:.2f}':>7} {result['All']['pq']:6.3f} {result['All']['sq']:6.3f} {result['All']['rq']:6.3f} "
                   f"{result['Things']['pq']:6.3f} {result['Stuff']['pq']:6.3f}")
     return 0
 

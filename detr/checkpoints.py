@@ -40,6 +40,9 @@ class CheckpointContents:
     category_map: CategoryMap | None
     eval_size: tuple[int, int] | None = None  # (min_size, max_size) the model was validated at, if recorded
     is_thing: list[bool] | None = None  # panoptic checkpoints of this project: per label, thing or stuff
+    # panoptic checkpoints of this project: the PostProcessPanoptic settings the run validated with
+    # ({"threshold": ..., "overlap_threshold": ...})
+    panoptic_postprocess: dict[str, Any] | None = None
 
 
 def _torch_load(path: Path) -> Any:
@@ -100,8 +103,9 @@ def read_checkpoint(path: str | Path) -> CheckpointContents:
         eval_size = ((int(data["eval_min_size"]), int(data["eval_max_size"]))
                      if isinstance(data, dict) and "eval_min_size" in data and "eval_max_size" in data else None)
         is_thing = [bool(flag) for flag in meta["is_thing"]] if meta.get("is_thing") else None
+        postprocess = dict(meta["panoptic_postprocess"]) if isinstance(meta.get("panoptic_postprocess"), dict) else None
         return CheckpointContents(state_dict, dict(meta.get("model_config") or {}) or None, category_map, eval_size,
-                                  is_thing)
+                                  is_thing, postprocess)
     if isinstance(obj, dict) and _is_state_dict(obj.get("model")):
         return CheckpointContents(dict(obj["model"]), None, None)
     if _is_state_dict(obj):

@@ -36,7 +36,9 @@ def load_panoptic(path: str | Path, contents: CheckpointContents, **overrides: A
     ``overrides`` are :func:`detr.build_detr` arguments that win over what is inferred (e.g. ``dilation=True``
     for a renamed DC5 file). The model carries ``category_map`` (the checkpoint's own, or COCO panoptic's for
     250 classes), ``is_thing`` (per label, for :class:`detr.postprocess_segmentation.PostProcessPanoptic`;
-    the checkpoint's own, or COCO panoptic's for 250 classes, else None) and ``eval_size``.
+    the checkpoint's own, or COCO panoptic's for 250 classes, else None), ``eval_size`` and
+    ``panoptic_postprocess`` (this project's checkpoints: the ``threshold`` and ``overlap_threshold`` of
+    :class:`detr.postprocess_segmentation.PostProcessPanoptic` their run validated with; else None).
     """
     path = Path(path)
     detector_state = {key[len(DETECTOR_PREFIX):]: value for key, value in contents.state_dict.items()
@@ -60,5 +62,6 @@ def load_panoptic(path: str | Path, contents: CheckpointContents, **overrides: A
     model.is_thing = contents.is_thing or (coco_panoptic_is_thing() if coco and contents.category_map is None
                                            else None)
     model.eval_size = contents.eval_size
+    model.panoptic_postprocess = contents.panoptic_postprocess
     logger.info("loaded %s (panoptic, %s, %d classes)", path, config["backbone"], model.num_classes)
     return model.eval()

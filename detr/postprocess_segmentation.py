@@ -117,6 +117,14 @@ class PostProcessPanoptic(nn.Module):
        queries own nothing after step 3, so they are dropped here and their pixels go to the
        best remaining query.
 
+    With ``overlap_threshold`` (not the authors' rule; off by default), a filter runs before step 2, as
+    Mask2Former's panoptic inference does (Cheng et al., 2022): every pixel goes to the kept query with the
+    highest score × mask probability, and a thing query that then owns less than ``overlap_threshold`` of
+    its own mask (its pixels of mask probability ≥ 0.5) is dropped. Two queries on one object (a detector
+    short of training, or a sigmoid head, which no "no object" class pushes apart) have nearly the same
+    mask: the authors' argmax splits its pixels between them, and neither segment then matches the
+    object; the filter keeps the higher-scoring one whole.
+
     Args:
         is_thing: per label, whether the class is a thing (True) or stuff (False); for COCO panoptic:
             :func:`detr.panoptic_categories.coco_panoptic_is_thing`.
@@ -124,6 +132,8 @@ class PostProcessPanoptic(nn.Module):
         max_small_area: segments of at most this many pixels (at the original size) are removed.
         category_ids: per label, the data set's category id for ``category_id``; None = the label itself
             (the authors' COCO models use the raw ids as labels). Take it from ``model.category_map``.
+        overlap_threshold: None (the authors' rules) or the share of its own mask a thing query must keep
+            (Mask2Former: 0.8); see above.
         crop_padding: True crops each image's region from the padded batch's masks; False resizes the
             whole padded map (see :func:`upsample_masks`), which reproduces the authors' evaluation at batch
             sizes above 1.
@@ -140,10 +150,13 @@ class PostProcessPanoptic(nn.Module):
 
     def __init__(self, is_thing: Sequence[bool], *, threshold: float = 0.85, max_small_area: int = 4,
                  category_ids: Sequence[int] | None = None, crop_padding: bool = True,
-                 class_head: ClassHead = "softmax") -> None:
+                 class_head: ClassHead = "softmax", overlap_threshold: float | None = None) -> None:
         super().__init__()
         if class_head not in ("softmax", "sigmoid"):
             raise ValueError(f"class_head must be 'softmax' or 'sigmoid', got {class_head!r}")
+        if overlap_threshold is not None and not 0.0 <= overlap_threshold <= 1.0:
+            raise ValueError(f"overlap_threshold must be None or in [0, 1], got {overlap_threshold}")
+        self.overlap_threshold = overlap_threshold
         self.class_head = class_head
         self.is_thing = [bool(flag) for flag in is_thing]
         if category_ids is not None and len(category_ids) != len(self.is_thing):
@@ -185,6 +198,9 @@ class PostProcessPanoptic(nn.Module):
     def _segment(self, masks: torch.Tensor, labels: torch.Tensor, scores: torch.Tensor,
                  target_size: tuple[int, int]) -> dict[str, Any]:
         """masks [K, h, w] logits of the kept queries at the processed size → id map and segments."""
+        if self.overlap_threshold is not None and len(labels):
+            kept = self._not_overlapped(masks, labels, scores)
+            masks, labels, scores = masks[kept], labels[kept], scores[kept]
         stuff_first = torch.arange(len(labels), device=masks.device)  # query → query that owns its pixels
         for position, label in enumerate(labels.tolist()):
             if not self.is_thing[label]:
@@ -201,6 +217,16 @@ class PostProcessPanoptic(nn.Module):
         if not len(labels):  # nothing confident: all void
             return {"id_map": torch.zeros(target_size, dtype=torch.int64, device=masks.device), "segments_info": []}
         return {"id_map": index_map + 1, "segments_info": self._segments_info(index_map, labels, scores, areas)}
+
+    def _not_overlapped(self, masks: torch.Tensor, labels: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """bool [K]: the queries that Mask2Former's overlap filter keeps (class docstring)."""
+        probabilities = masks.float().sigmoid()
+        owner = (probabilities * scores[:, None, None]).argmax(0)
+        own = probabilities >= 0.5
+        own_area = own.flatten(1).sum(1)
+        owned_area = (own & (owner[None] == torch.arange(len(labels), device=masks.device)[:, None, None])).flatten(1).sum(1)
+        is_thing = torch.tensor([self.is_thing[label] for label in labels.tolist()], device=masks.device)
+        return ~is_thing | ((own_area > 0) & (owned_area >= self.overlap_threshold * own_area))
 
     @staticmethod
     def _index_map(masks: torch.Tensor, target_size: tuple[int, int], owner: torch.Tensor | None) -> torch.Tensor:

@@ -304,7 +304,12 @@ class Predictor:
             for a model you pass; :meth:`from_checkpoint` turns it on.
         is_thing: panoptic models: per label, thing (True) or stuff; default ``model.is_thing`` (set by
             :func:`detr.load_checkpoint` for COCO panoptic files and this project's panoptic checkpoints).
-        panoptic_threshold: class probability a query needs to get a panoptic segment (the authors' 0.85).
+        panoptic_threshold: class probability a query needs to get a panoptic segment; default: the one the
+            model's training run validated with (``model.panoptic_postprocess``, this project's panoptic
+            checkpoints), else the authors' 0.85.
+        panoptic_overlap_threshold: Mask2Former's overlap filter of
+            :class:`detr.postprocess_segmentation.PostProcessPanoptic` (e.g. 0.8); default: the model's
+            training run's, else none (the authors' rules).
 
     The model is put in eval mode and moved to ``device`` in place.
     """
@@ -322,7 +327,8 @@ class Predictor:
         max_size: int | None = None,
         optimize: bool = False,
         is_thing: Sequence[bool] | None = None,
-        panoptic_threshold: float = 0.85,
+        panoptic_threshold: float | None = None,
+        panoptic_overlap_threshold: float | None = None,
     ) -> None:
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
@@ -354,7 +360,11 @@ class Predictor:
         self.predicts_masks = isinstance(model, DETRPanoptic)
         self.postprocess_masks = PostProcessMasks()
         self.is_thing = list(is_thing) if is_thing is not None else getattr(model, "is_thing", None)
-        self.panoptic_threshold = float(panoptic_threshold)
+        recorded = getattr(model, "panoptic_postprocess", None) or {}
+        self.panoptic_threshold = float(panoptic_threshold if panoptic_threshold is not None
+                                        else recorded.get("threshold", 0.85))
+        self.panoptic_overlap_threshold = (panoptic_overlap_threshold if panoptic_overlap_threshold is not None
+                                           else recorded.get("overlap_threshold"))
         #: what runs the model, e.g. "pytorch (cpu, fp32)" or "onnxruntime (CPUExecutionProvider)"
         self.backend: str = getattr(model, "backend", None) or f"pytorch ({self.device}, {precision})"
         logger.info("predicting with %s", self.backend)
@@ -373,7 +383,8 @@ class Predictor:
         optimize: bool = True,
         category_map: CategoryMap | None = None,
         is_thing: Sequence[bool] | None = None,
-        panoptic_threshold: float = 0.85,
+        panoptic_threshold: float | None = None,
+        panoptic_overlap_threshold: float | None = None,
         **model_overrides: object,
     ) -> Predictor:
         """Load ``path`` with :func:`detr.load_checkpoint` (``model_overrides`` go to it) and wrap it.
@@ -407,6 +418,7 @@ class Predictor:
             optimize=optimize,
             is_thing=is_thing,
             panoptic_threshold=panoptic_threshold,
+            panoptic_overlap_threshold=panoptic_overlap_threshold,
         )
 
     def preprocess(self, image: np.ndarray) -> Tensor:
@@ -486,7 +498,7 @@ class Predictor:
                              "classes; pass one bool per label")
         category_ids = self.category_map.category_ids if self.category_map is not None else None
         return PostProcessPanoptic(self.is_thing, threshold=self.panoptic_threshold, category_ids=category_ids,
-                                   class_head=self.class_head)
+                                   class_head=self.class_head, overlap_threshold=self.panoptic_overlap_threshold)
 
     def predict_arrays(
         self,

@@ -22,6 +22,7 @@ from detr.data.shapes_panoptic import write_shapes_panoptic
 from detr.lightning.panoptic_cli import main
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.models.segmentation import DETRPanoptic
+from detr.predictor import Predictor
 
 REPO = Path(__file__).resolve().parents[1]
 BOXES_CONFIG = REPO / "configs" / "demo_shapes_panoptic_boxes_cpu.yaml"
@@ -107,6 +108,14 @@ def test_mask_stage_freezes_the_detector_logs_pq_and_loads_back(box_stage, shape
     assert model.category_map.names[-1] == "background"
     for key, value in model.state_dict().items():
         assert torch.equal(value, after[f"model.{key}"]), key
+    # the panoptic settings the run validated with travel with the checkpoint, and the Predictor uses them
+    assert model.panoptic_postprocess == {"threshold": 0.2, "overlap_threshold": 0.8}
+    predictor = Predictor(model)
+    assert (predictor.panoptic_threshold, predictor.panoptic_overlap_threshold) == (0.2, 0.8)
+    predictor = Predictor(model, panoptic_threshold=0.5, panoptic_overlap_threshold=0.6)
+    assert (predictor.panoptic_threshold, predictor.panoptic_overlap_threshold) == (0.5, 0.6)
+    model.panoptic_postprocess = None  # e.g. the authors' files: their rules
+    assert (Predictor(model).panoptic_threshold, Predictor(model).panoptic_overlap_threshold) == (0.85, None)
 
 
 def test_mask_stage_step_changes_only_the_mask_head(box_stage, shapes_root):

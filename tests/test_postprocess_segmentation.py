@@ -175,3 +175,27 @@ def test_masks_to_rle_round_trips_through_pycocotools():
     decoded = mask_utils.decode([{"size": r["size"], "counts": r["counts"].encode()} for r in rles])
     torch.testing.assert_close(torch.from_numpy(decoded).permute(2, 0, 1).bool(), masks)
     assert masks_to_rle(torch.zeros(0, 5, 7, dtype=torch.bool)) == []
+
+
+def test_overlap_filter_keeps_one_of_two_queries_on_one_object():
+    """Two thing queries with (nearly) the same mask over one object: the authors' per-pixel argmax splits
+    the object between them; with Mask2Former's overlap filter the higher-scoring query keeps all of it.
+    A query that owns less than overlap_threshold of its own mask is dropped; stuff is never dropped."""
+    logits = torch.stack([confident(0, high=3.0), confident(0, high=5.0), confident(2)])
+    masks = torch.full((3, 8, 8), -5.0)
+    masks[2] = 0.5  # background stuff everywhere, weaker than the object's masks
+    masks[0, 2:6, 2:6] = 5.0
+    masks[0, 2:6, 2:4] += 0.5  # q0's logits are a little higher on the object's left half...
+    masks[1, 2:6, 2:6] = 5.0  # ...q1's on its right half, and q1 has the higher class score
+    masks[1, 2:6, 4:6] += 0.5
+    outputs = {"pred_logits": logits[None], "pred_masks": masks[None]}
+    sizes = torch.tensor([[8, 8]])
+    split = PostProcessPanoptic(IS_THING)(outputs, sizes)[0]
+    assert sorted(s["area"] for s in split["segments_info"] if s["isthing"]) == [8, 8]
+    whole = PostProcessPanoptic(IS_THING, overlap_threshold=0.8)(outputs, sizes)[0]
+    things = [s for s in whole["segments_info"] if s["isthing"]]
+    assert len(things) == 1 and things[0]["area"] == 16
+    assert things[0]["score"] == max(s["score"] for s in split["segments_info"] if s["isthing"])
+    assert [s["isthing"] for s in whole["segments_info"]].count(False) == 1
+    with pytest.raises(ValueError, match="overlap_threshold"):
+        PostProcessPanoptic(IS_THING, overlap_threshold=1.5)

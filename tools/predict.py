@@ -44,8 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", choices=("detection", "instances", "panoptic"), default="detection",
                         help="instances: masks in predictions.json; panoptic: also segment each image "
                              "(both need a panoptic checkpoint, e.g. detr-r50-panoptic)")
-    parser.add_argument("--panoptic-threshold", type=float, default=0.85,
-                        help="class probability a query needs to get a panoptic segment (default 0.85)")
+    parser.add_argument("--panoptic-threshold", type=float, default=None,
+                        help="class probability a query needs to get a panoptic segment (default: the one the "
+                             "checkpoint's training run validated with, else the authors' 0.85)")
+    parser.add_argument("--panoptic-overlap", type=float, default=None,
+                        help="drop a thing segment that keeps less than this share of its own mask (Mask2Former's "
+                             "filter, e.g. 0.8; default: the checkpoint's training run's, else none)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     predictor = Predictor.from_checkpoint(
         args.checkpoint, device=args.device, precision=args.precision, threshold=args.threshold,
         batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
-        panoptic_threshold=args.panoptic_threshold,
+        panoptic_threshold=args.panoptic_threshold, panoptic_overlap_threshold=args.panoptic_overlap,
     )
     try:
         predictor.check_task(args.task)

@@ -30,7 +30,7 @@ from detr.checkpoints import read_checkpoint
 from detr.criterion import SetCriterion
 from detr.criterion_masks import SetCriterionWithMasks
 from detr.evaluation.panoptic import PanopticQuality
-from detr.lightning.system import DetrSystem
+from detr.lightning.system import DetrSystem, _model_config
 from detr.models.config import DetrConfig
 from detr.models.segmentation import DETRPanoptic
 from detr.panoptic_checkpoints import is_panoptic_state_dict
@@ -54,6 +54,10 @@ class PanopticSystem(DetrSystem):
         loss_mask, loss_dice: weights of the focal and DICE mask losses (1, 1).
         panoptic_threshold: class score a query needs to enter the panoptic segmentation (0.85, the authors'
             softmax probability; a sigmoid head's focal scores run lower: the shapes demo uses 0.2).
+        panoptic_overlap_threshold: None (the authors' rules) or Mask2Former's overlap filter (0.8): a thing
+            query that keeps less than this share of its own mask is dropped, so that two queries on one
+            object do not split it (:class:`PostProcessPanoptic`). Both settings are saved in the
+            checkpoint, and :class:`detr.Predictor` and ``tools/predict.py`` use them by default.
         mask_ap: also compute mask AP (COCOeval "segm") in validation.
         categories: the data set's categories with ``id`` and ``isthing`` (linked from the data module by
             the CLI); they decide things and stuff for post-processing and PQ.
@@ -67,13 +71,14 @@ class PanopticSystem(DetrSystem):
         loss_mask: float = 1.0,
         loss_dice: float = 1.0,
         panoptic_threshold: float = 0.85,
+        panoptic_overlap_threshold: float | None = None,
         mask_ap: bool = True,
         categories: list[dict[str, Any]] | None = None,
         init_checkpoint: str | None = None,
         detr: DetrConfig = DetrConfig(),  # frozen: a shared default is safe
         **kwargs: Any,
     ) -> None:
-        config = DetrConfig.from_dict(detr) if isinstance(detr, dict) else (detr or DetrConfig())
+        config = _model_config(detr, {})
         if init_checkpoint:  # every detector tensor comes from it: no ImageNet download
             config = config.replace(pretrained_backbone=False)
         # the mask stage loads init_checkpoint itself, strictly: a frozen detector must not keep any
@@ -112,7 +117,10 @@ class PanopticSystem(DetrSystem):
             self.model.is_thing = self.is_thing
             self.postprocess_panoptic = PostProcessPanoptic(
                 self.is_thing, threshold=self.hparams.panoptic_threshold, class_head=self.detector.class_head,
-                category_ids=None if self.category_map is None else self.category_map.category_ids)
+                category_ids=None if self.category_map is None else self.category_map.category_ids,
+                overlap_threshold=self.hparams.panoptic_overlap_threshold)
+            self.model.panoptic_postprocess = {"threshold": self.hparams.panoptic_threshold,
+                                               "overlap_threshold": self.hparams.panoptic_overlap_threshold}
 
     def _is_thing(self) -> list[bool] | None:
         if self.categories is None:
@@ -263,10 +271,15 @@ class PanopticSystem(DetrSystem):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """DetrSystem's ``checkpoint["detr"]`` plus ``is_thing`` per label and the data set's ``categories``."""
+        """DetrSystem's ``checkpoint["detr"]`` plus ``is_thing`` per label, the data set's ``categories`` and,
+        in the mask stage, ``panoptic_postprocess`` (the panoptic threshold and overlap filter)."""
         super().on_save_checkpoint(checkpoint)
         checkpoint["detr"]["is_thing"] = self.is_thing
         checkpoint["detr"]["categories"] = self.categories
+        if isinstance(self.model, DETRPanoptic):
+            checkpoint["detr"]["panoptic_postprocess"] = {
+                "threshold": float(self.hparams.panoptic_threshold),
+                "overlap_threshold": self.hparams.panoptic_overlap_threshold}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """DetrSystem's, and the checkpoint's ``categories`` where no data set linked them (``detr-panoptic

@@ -235,8 +235,9 @@ class DETRPanoptic(nn.Module):
             recipe trains only the mask head on a converged box model (paper §4.4).
 
     Attributes ``num_classes``, ``num_queries``, ``class_head``, ``aux_loss``, ``config`` are the
-    detector's; ``category_map`` and ``is_thing`` (per label: thing or stuff, for
-    :class:`detr.postprocess_segmentation.PostProcessPanoptic`) are set by loaders (None here).
+    detector's; ``category_map``, ``is_thing`` (per label: thing or stuff, for
+    :class:`detr.postprocess_segmentation.PostProcessPanoptic`) and ``panoptic_postprocess`` (that class's
+    ``threshold`` and ``overlap_threshold`` as the training run validated with) are set by loaders (None here).
     """
 
     def __init__(self, detr: DETR | AnchorDETR, *, freeze_detr: bool = False) -> None:
@@ -257,6 +258,8 @@ class DETRPanoptic(nn.Module):
                                   hidden_dim)
         self.category_map = None
         self.is_thing: list[bool] | None = None  # per label: thing (True) or stuff; set by loaders
+        # PostProcessPanoptic's threshold / overlap_threshold its training run validated with; set by loaders
+        self.panoptic_postprocess: dict[str, Any] | None = None
 
     @property
     def num_classes(self) -> int:
