@@ -7,6 +7,7 @@ against steps and minutes of training (validation excluded).
     .venv/bin/python benchmarks/panoptic_shapes.py --box-steps 1500 --mask-steps 500   # bounded by steps
     .venv/bin/python benchmarks/panoptic_shapes.py --curve-only --out outputs/panoptic_shapes   # print a finished run
     .venv/bin/python benchmarks/panoptic_shapes.py --curve-only --thresholds 0.3 0.4 0.5 0.6 0.7 0.85
+    .venv/bin/python benchmarks/panoptic_shapes.py --curve-only --thresholds 0.2 0.3 --overlaps 0.8 --plot curve.png
 
 The budgets are the configs' (TimeBudget: 600 s and 300 s of training). On cores shared with other work a
 time budget buys fewer steps: ``--box-steps`` / ``--mask-steps`` bound a stage by steps instead (the time
@@ -85,6 +86,26 @@ def format_curve(stage: str, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot_curves(boxes: list[dict[str, Any]], masks: list[dict[str, Any]], path: Path) -> None:
+    """The two stages' curves side by side (box AP50 / AP, then PQ / PQ_th / PQ_st against mask steps)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(9, 3.4), layout="constrained")
+    left, right = figure.subplots(1, 2)
+    for name, label in (("val/AP50", "AP50"), ("val/AP", "AP")):
+        left.plot([r["steps"] for r in boxes], [r.get(name, float("nan")) for r in boxes], marker="o", label=label)
+    left.set(title="stage 1: boxes (things and stuff)", xlabel="training steps", ylim=(0, 1))
+    for name, label in (("val/PQ", "PQ"), ("val/PQ_th", "PQ things"), ("val/PQ_st", "PQ stuff")):
+        right.plot([r["steps"] for r in masks], [r.get(name, float("nan")) for r in masks], marker="o", label=label)
+    right.axhline(0.5, color="grey", linestyle=":", linewidth=1)
+    right.set(title="stage 2: mask head on the frozen detector", xlabel="training steps", ylim=(0, 1))
+    for axes in (left, right):
+        axes.grid(alpha=0.3)
+        axes.legend(loc="lower right")
+    figure.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 @torch.no_grad()
 def pq_by_threshold(checkpoint: Path, data_root: Path, thresholds: list[float], *, image_size: int = 128,
                     batch_size: int = 16, overlaps: list[float | None] = (None,)
@@ -130,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlaps", type=float, nargs="*", default=[],
                         help="also score --thresholds with Mask2Former's overlap filter at these values (e.g. 0.8)")
     parser.add_argument("--eval-size", type=int, default=128, help="image size of the --thresholds scoring")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw both curves into this image file")
     parser.add_argument("--curve-only", action="store_true", help="train nothing: print the runs in --out")
     parser.add_argument("--overwrite", action="store_true", help="replace earlier runs in --out")
     parser.add_argument("--set", action="append", default=[], metavar="--KEY=VALUE",
@@ -152,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                   data + [f"--model.init_checkpoint={boxes / 'checkpoints' / 'last.ckpt'}"] + args.set, args.overwrite)
     print(format_curve("boxes", read_curve(boxes)))
     print(format_curve("masks", read_curve(masks)))
+    if args.plot:
+        plot_curves(read_curve(boxes), read_curve(masks), args.plot)
     if args.thresholds:
         results = pq_by_threshold(masks / "checkpoints" / "last.ckpt", args.data_root, args.thresholds,
                                   image_size=args.eval_size, overlaps=[None, *args.overlaps])
