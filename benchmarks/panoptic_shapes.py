@@ -86,6 +86,51 @@ def format_curve(stage: str, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@torch.no_grad()
+def things_found(checkpoint: Path, data_root: Path, thresholds: list[float], *, image_size: int = 128
+                 ) -> dict[float, dict[str, int]]:
+    """What the box model (a box- or mask-stage checkpoint) finds of the validation things, per score
+    threshold: ground truths, predictions above it (things), ground truths with a prediction of their class
+    at box IoU > 0.5 (found), with one only of another class (wrong_class), and the extra predictions of the
+    right class on an already found one (duplicates)."""
+    from torchvision.ops import box_convert, box_iou
+
+    from detr import load_checkpoint
+    from detr.data.coco_panoptic import CocoPanoptic
+    from detr.data.collate import collate_detection
+    from detr.data.transforms import make_eval_transform
+    from detr.postprocess import PostProcess
+
+    model = load_checkpoint(checkpoint).eval()
+    dataset = CocoPanoptic(data_root / "val2017", data_root / "annotations" / "panoptic_val2017.json",
+                           category_map=model.category_map,
+                           transform=make_eval_transform(min_size=image_size, max_size=image_size))
+    thing_ids = {int(c["id"]) for c in dataset.categories if c.get("isthing")}
+    is_thing = torch.tensor([category_id in thing_ids for category_id in model.category_map.category_ids])
+    postprocess = PostProcess(class_head=model.class_head)
+    counts = {t: dict.fromkeys(("truths", "predictions", "found", "wrong_class", "duplicates"), 0) for t in thresholds}
+    for images, padding_mask, targets in torch.utils.data.DataLoader(dataset, batch_size=20,
+                                                                     collate_fn=collate_detection):
+        sizes = torch.stack([t["orig_size"] for t in targets])
+        for target, detection in zip(targets, postprocess(model(images, padding_mask), sizes)):
+            height, width = target["orig_size"].tolist()
+            things = is_thing[target["labels"]]
+            truth = box_convert(target["boxes"][things], "cxcywh", "xyxy") * torch.tensor([width, height] * 2)
+            truth_labels = target["labels"][things]
+            predicted = is_thing[detection["labels"]]
+            for threshold, count in counts.items():
+                keep = predicted & (detection["scores"] > threshold)
+                boxes, labels = detection["boxes"][keep], detection["labels"][keep]
+                overlap = box_iou(truth, boxes) > 0.5
+                same = overlap & (truth_labels[:, None] == labels[None])
+                count["truths"] += len(truth)
+                count["predictions"] += len(boxes)
+                count["found"] += int(same.any(1).sum())
+                count["wrong_class"] += int((overlap.any(1) & ~same.any(1)).sum())
+                count["duplicates"] += int((same.sum(1) - 1).clamp(min=0).sum())
+    return counts
+
+
 def plot_curves(boxes: list[dict[str, Any]], masks: list[dict[str, Any]], path: Path) -> None:
     """The two stages' curves side by side (box AP50 / AP, then PQ / PQ_th / PQ_st against mask steps)."""
     from matplotlib.figure import Figure
@@ -151,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlaps", type=float, nargs="*", default=[],
                         help="also score --thresholds with Mask2Former's overlap filter at these values (e.g. 0.8)")
     parser.add_argument("--eval-size", type=int, default=128, help="image size of the --thresholds scoring")
+    parser.add_argument("--things", type=float, nargs="*", default=[], metavar="THRESHOLD",
+                        help="also count what the box stage's final model finds of the validation things at these "
+                             "score thresholds (found with the right class, wrong class, duplicates)")
     parser.add_argument("--plot", type=Path, default=None, help="also draw both curves into this image file")
     parser.add_argument("--curve-only", action="store_true", help="train nothing: print the runs in --out")
     parser.add_argument("--overwrite", action="store_true", help="replace earlier runs in --out")
@@ -176,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     print(format_curve("masks", read_curve(masks)))
     if args.plot:
         plot_curves(read_curve(boxes), read_curve(masks), args.plot)
+    if args.things:
+        counts = things_found(boxes / "checkpoints" / "last.ckpt", args.data_root, args.things, image_size=args.eval_size)
+        print(f"{'threshold':>9} {'truths':>6} {'preds':>6} {'found':>6} {'wrong class':>11} {'duplicates':>10}")
+        for threshold, count in counts.items():
+            print(f"{threshold:9.2f} {count['truths']:6d} {count['predictions']:6d} {count['found']:6d} "
+                  f"{count['wrong_class']:11d} {count['duplicates']:10d}")
     if args.thresholds:
         results = pq_by_threshold(masks / "checkpoints" / "last.ckpt", args.data_root, args.thresholds,
                                   image_size=args.eval_size, overlaps=[None, *args.overlaps])
