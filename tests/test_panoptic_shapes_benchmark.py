@@ -44,6 +44,20 @@ def test_both_stages_and_the_curve(tmp_path, capsys):
     assert boxes[-1]["steps"] == 2 and "val/AP" in boxes[-1] and "val/PQ" not in boxes[-1]
     assert masks[-1]["steps"] == 2 and 0.0 <= masks[-1]["val/PQ"] <= 1.0
     assert "boxes" in printed and "masks" in printed and "threshold" in printed
-    sweep = benchmark.pq_by_threshold(out / "masks" / "checkpoints" / "last.ckpt", root, [0.0, 1.0], image_size=64)
-    assert sweep[1.0]["All"]["pq"] == 0.0  # no sigmoid score exceeds 1: nothing segmented
-    assert 0.0 <= sweep[0.0]["All"]["pq"] <= 1.0
+    sweep = benchmark.pq_by_threshold(out / "masks" / "checkpoints" / "last.ckpt", root, [0.0, 1.0], image_size=64,
+                                      overlaps=[None, 0.8])
+    assert sweep[1.0, None]["All"]["pq"] == sweep[1.0, 0.8]["All"]["pq"] == 0.0  # no sigmoid score exceeds 1
+    assert 0.0 <= sweep[0.0, None]["All"]["pq"] <= 1.0 and 0.0 <= sweep[0.0, 0.8]["All"]["pq"] <= 1.0
+
+    # the box model's count of the validation things; a figure of both curves; a new mask stage on the same boxes
+    counts = benchmark.things_found(out / "boxes" / "checkpoints" / "last.ckpt", root, [0.0, 1.0], image_size=64)
+    assert counts[1.0]["predictions"] == 0 and counts[1.0]["found"] == 0
+    assert counts[0.0]["truths"] == counts[1.0]["truths"] > 0
+    assert counts[0.0]["found"] + counts[0.0]["wrong_class"] <= counts[0.0]["truths"]
+    boxes_before = (out / "boxes" / "checkpoints" / "last.ckpt").read_bytes()
+    assert benchmark.main(["--data-root", str(root), "--out", str(out), "--masks-only", "--overwrite", "--mask-steps",
+                           "1", "--eval-size", "64", "--plot", str(tmp_path / "curve.png"),
+                           *[f"--set={arg}" for arg in TINY_MODEL + TINY_RUN]]) == 0
+    assert (out / "boxes" / "checkpoints" / "last.ckpt").read_bytes() == boxes_before
+    assert benchmark.read_curve(out / "masks")[-1]["steps"] == 1
+    assert (tmp_path / "curve.png").stat().st_size > 0
