@@ -131,3 +131,30 @@ def test_anchor_attention_maps_start_centred_on_each_querys_box():
     rows, cols = peak // width, peak % width
     torch.testing.assert_close(cols.float(), (boxes[0, :, 0] * width).floor(), atol=1.0, rtol=0)
     torch.testing.assert_close(rows.float(), (boxes[0, :, 1] * height).floor(), atol=1.0, rtol=0)
+
+
+def test_anchor_mask_head_gets_attention_as_a_density_of_each_images_cells():
+    """Anchor detectors' attention maps enter the mask head × heads × the image's unpadded cells (a uniform
+    map is 1 everywhere, the same padded or not); the authors' learned-query path passes the weights as they
+    are (their function, their checkpoints)."""
+    from detr.models.segmentation import attention_density
+
+    heads, padding = 8, torch.zeros(2, 4, 6, dtype=torch.bool)
+    padding[1, :, 3:] = True  # image 1: 4 × 3 cells
+    uniform = torch.stack([torch.full((1, heads, 4, 6), 1 / (heads * 24)),
+                           torch.cat([torch.full((1, heads, 4, 3), 1 / (heads * 12)), torch.zeros(1, heads, 4, 3)], -1)])
+    density = attention_density(uniform, padding)
+    torch.testing.assert_close(density[0], torch.ones(1, heads, 4, 6))
+    torch.testing.assert_close(density[1][..., :3], torch.ones(1, heads, 4, 3))
+
+    images, padding_mask, _ = _batch()
+    for config, scaled in ((ANCHOR, True), ({**ANCHOR, "query_type": "learned", "class_head": "softmax",
+                                             "denoising": False, "query_groups": 1, "dense_aux_head": False}, False)):
+        model = DETRPanoptic(build_detr(**config)).eval()
+        seen = {}
+        model.mask_head.register_forward_pre_hook(lambda module, args: seen.update(attention=args[1]))
+        with torch.no_grad():
+            model(images, padding_mask)
+        totals = seen["attention"].sum((2, 3, 4))  # [B, Q]
+        cells = torch.tensor([16, 12]) * heads if scaled else torch.ones(2)  # stride 16: 4 × 4 and 4 × 3 cells
+        torch.testing.assert_close(totals, cells[:, None].float().expand_as(totals), rtol=1e-5, atol=1e-3)

@@ -182,6 +182,7 @@ def test_predict_writes_coco_panoptic_pngs_and_json(mask_stage, shapes_root, tmp
     run = tmp_path / "run"
     status = main(["predict", "--config", str(MASKS_CONFIG), *TINY, "--data.root=null",
                    f"--data.predict_images={images}", f"--ckpt_path={checkpoint}", "--model.panoptic_threshold", "0",
+                   "--model.panoptic_overlap_threshold=null",  # the authors' rules: every pixel gets a segment
                    f"--trainer.default_root_dir={run}"])
     assert status == 1
     folder = run / "predict"

@@ -133,6 +133,19 @@ class QueryPosition(nn.Module):
         return torch.einsum("bqnc,bnchw->bqnhw", q, k.view(batch, heads, head_dim, height, width))
 
 
+def attention_density(attention: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+    """Attention maps [B, Q, heads, h, w] (summing to 1 over heads and positions) × heads × each image's
+    number of unpadded cells: 1 where a query attends uniformly, whatever the map's and the batch's size.
+
+    The mask head gets the maps of anchor detectors this way (not the authors' layout, which keeps the
+    authors' function). As weights summing to 1 they are ~1/(heads·h·w) (0.002 on the shapes demo's 8 × 8
+    maps), against projected features of standard deviation ~1.4 in the same convolution: the only
+    per-query input started ~100× weaker than the features every query shares, and the mask stage sat on
+    blank masks for 300-500+ steps before its weights on them had grown (docs/panoptic.md)."""
+    cells = (~padding_mask).flatten(1).sum(1).clamp(min=1)  # [B]
+    return attention * (attention.shape[2] * cells).to(attention.dtype).view(-1, 1, 1, 1, 1)
+
+
 class MaskHead(nn.Module):
     """The authors' ``MaskHeadSmallConv``: per query, features + attention maps → mask logits at stride 4.
 
@@ -318,6 +331,8 @@ class DETRPanoptic(nn.Module):
         if self.bbox_attention.position is not None:  # the Q queries of hidden: the first of pred_boxes
             spatial = self.bbox_attention.position(result["pred_boxes"][:, : hidden.shape[1]].detach(), pos)
         attention = self.bbox_attention(hidden, memory, mask, spatial)  # [B, Q, heads, h, w]
+        if spatial is not None:
+            attention = attention_density(attention, mask)
         result["pred_masks"] = self.mask_head(src, attention, [stages[name] for name in SKIP_STAGES])
         return result
 
