@@ -29,7 +29,7 @@ import torch
 from detr.categories import CategoryMap
 from detr.checkpoints import CheckpointContents, CheckpointError, infer_model_config, load_checkpoint, read_checkpoint
 from detr.models.backbone import BackboneName
-from detr.models.detr import DETR, build_detr
+from detr.models.detr import build_detr
 from detr.postprocess import PostProcess
 
 logger = logging.getLogger(__name__)
