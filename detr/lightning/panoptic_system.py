@@ -89,6 +89,8 @@ class PanopticSystem(DetrSystem):
         self.postprocess_panoptic: PostProcessPanoptic | None = None
         if masks:
             self.model = DETRPanoptic(self.model)
+            self.model.panoptic_postprocess = {"threshold": float(panoptic_threshold),
+                                               "overlap_threshold": panoptic_overlap_threshold}
             if init_checkpoint:
                 self._load_mask_stage_weights(init_checkpoint)
             if freeze_detr:
@@ -119,8 +121,6 @@ class PanopticSystem(DetrSystem):
                 self.is_thing, threshold=self.hparams.panoptic_threshold, class_head=self.detector.class_head,
                 category_ids=None if self.category_map is None else self.category_map.category_ids,
                 overlap_threshold=self.hparams.panoptic_overlap_threshold)
-            self.model.panoptic_postprocess = {"threshold": self.hparams.panoptic_threshold,
-                                               "overlap_threshold": self.hparams.panoptic_overlap_threshold}
 
     def _is_thing(self) -> list[bool] | None:
         if self.categories is None:
@@ -277,9 +277,7 @@ class PanopticSystem(DetrSystem):
         checkpoint["detr"]["is_thing"] = self.is_thing
         checkpoint["detr"]["categories"] = self.categories
         if isinstance(self.model, DETRPanoptic):
-            checkpoint["detr"]["panoptic_postprocess"] = {
-                "threshold": float(self.hparams.panoptic_threshold),
-                "overlap_threshold": self.hparams.panoptic_overlap_threshold}
+            checkpoint["detr"]["panoptic_postprocess"] = self.model.panoptic_postprocess
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """DetrSystem's, and the checkpoint's ``categories`` where no data set linked them (``detr-panoptic
