@@ -109,9 +109,7 @@ def moved_model_keys(args: Any) -> list[tuple[str, str]]:
     """(where, key) for every detector option given as ``model.<key>`` instead of ``model.detr.<key>`` in
     command-line ``args`` or the YAML files they pass with ``--config`` (and the files those include)."""
     fields = set(field_names())
-    if args is None:
-        args = sys.argv[1:]
-    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else []
+    argv = _argv(args)
     found: list[tuple[str, str]] = []
     config_files = []
     for i, arg in enumerate(argv):
@@ -148,10 +146,14 @@ def moved_model_keys(args: Any) -> list[tuple[str, str]]:
 
 def command_line_model_keys(args: Any) -> list[str]:
     """The ``model.*`` keys that command-line ``args`` set (``--model.lr 1e-4``, ``--model.lr=1e-4``)."""
+    return [arg.split("=", 1)[0][2:] for arg in _argv(args) if arg.startswith("--model.")]
+
+
+def _argv(args: Any) -> list[str]:
+    """LightningCLI's ``args`` as command-line strings: ``sys.argv[1:]`` when None, none for a dict."""
     if args is None:
         args = sys.argv[1:]
-    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else []
-    return [arg.split("=", 1)[0][2:] for arg in argv if arg.startswith("--model.")]
+    return [str(a) for a in args] if isinstance(args, (list, tuple)) else []
 
 
 def run_loggers(root_dir: str) -> list[Logger]:
