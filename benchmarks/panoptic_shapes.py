@@ -88,6 +88,20 @@ def format_curve(stage: str, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def validation_set(checkpoint: Path, data_root: Path, image_size: int) -> tuple[torch.nn.Module, Any]:
+    """The checkpoint's model (eval mode) and the shapes validation set labelled with its category map, resized
+    for evaluation to ``image_size``."""
+    from detr import load_checkpoint
+    from detr.data.coco_panoptic import CocoPanoptic
+    from detr.data.transforms import make_eval_transform
+
+    model = load_checkpoint(checkpoint).eval()
+    dataset = CocoPanoptic(data_root / "val2017", data_root / "annotations" / "panoptic_val2017.json",
+                           category_map=model.category_map,
+                           transform=make_eval_transform(min_size=image_size, max_size=image_size))
+    return model, dataset
+
+
 @torch.no_grad()
 def things_found(checkpoint: Path, data_root: Path, thresholds: list[float], *, image_size: int = 128
                  ) -> dict[float, dict[str, int]]:
@@ -97,16 +111,10 @@ def things_found(checkpoint: Path, data_root: Path, thresholds: list[float], *, 
     right class on an already found one (duplicates)."""
     from torchvision.ops import box_convert, box_iou
 
-    from detr import load_checkpoint
-    from detr.data.coco_panoptic import CocoPanoptic
     from detr.data.collate import collate_detection
-    from detr.data.transforms import make_eval_transform
     from detr.postprocess import PostProcess
 
-    model = load_checkpoint(checkpoint).eval()
-    dataset = CocoPanoptic(data_root / "val2017", data_root / "annotations" / "panoptic_val2017.json",
-                           category_map=model.category_map,
-                           transform=make_eval_transform(min_size=image_size, max_size=image_size))
+    model, dataset = validation_set(checkpoint, data_root, image_size)
     thing_ids = {int(c["id"]) for c in dataset.categories if c.get("isthing")}
     is_thing = torch.tensor([category_id in thing_ids for category_id in model.category_map.category_ids])
     postprocess = PostProcess(class_head=model.class_head)
@@ -159,17 +167,11 @@ def pq_by_threshold(checkpoint: Path, data_root: Path, thresholds: list[float], 
                     ) -> dict[tuple[float, float | None], dict[str, Any]]:
     """Validation PQ of a mask-stage checkpoint at each panoptic score threshold and overlap filter
     (None: the authors' rules; see PostProcessPanoptic), from one forward pass."""
-    from detr import load_checkpoint
-    from detr.data.coco_panoptic import CocoPanoptic
     from detr.data.collate import collate_detection
-    from detr.data.transforms import make_eval_transform
     from detr.evaluation.panoptic import PanopticQuality
     from detr.postprocess_segmentation import PostProcessPanoptic
 
-    model = load_checkpoint(checkpoint).eval()
-    annotations = data_root / "annotations" / "panoptic_val2017.json"
-    dataset = CocoPanoptic(data_root / "val2017", annotations, category_map=model.category_map,
-                           transform=make_eval_transform(min_size=image_size, max_size=image_size))
+    model, dataset = validation_set(checkpoint, data_root, image_size)
     postprocessors = {(t, o): PostProcessPanoptic(model.is_thing, threshold=t, class_head=model.class_head,
                                                   category_ids=model.category_map.category_ids, overlap_threshold=o)
                       for t in thresholds for o in overlaps}
