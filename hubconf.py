@@ -3,11 +3,11 @@
     model = torch.hub.load("<this repository>", "detr_resnet50", pretrained=True)
     model, postprocess = torch.hub.load(..., "detr_resnet50", pretrained=True, return_postprocessor=True)
 
-``pretrained=True`` downloads the authors' COCO weights on first use (see :mod:`detr.pretrained`). The
+``pretrained=True`` downloads the authors' COCO weights on first use (see :mod:`detr.checkpoints.released`). The
 panoptic entry points return :class:`detr.DETRPanoptic` (and ``PostProcessPanoptic`` as the post-processor).
 """
 
-from detr.pretrained import hub_model
+from detr.checkpoints.released import hub_model
 
 dependencies = ["torch", "torchvision", "scipy"]
 

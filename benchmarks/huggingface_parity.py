@@ -28,7 +28,7 @@ import detr  # noqa: E402
 from detr.categories import CategoryMap  # noqa: E402
 from detr.data.collate import pad_images  # noqa: E402
 from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
-from detr.huggingface import save_pretrained  # noqa: E402
+from detr.checkpoints.huggingface import save_pretrained  # noqa: E402
 from machine import describe_machine  # noqa: E402
 from tests.test_huggingface import _randomise  # noqa: E402
 

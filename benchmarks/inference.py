@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from detr import build_detr
-from detr.predictor import Predictor
+from detr.inference.predictor import Predictor
 from machine import describe_machine
 
 

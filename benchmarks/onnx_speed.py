@@ -9,7 +9,7 @@ after one warm-up each), all with the same number of threads:
 
 - PyTorch eager, fp32, after ``model.optimize_for_inference()`` (BatchNorm folded, channels-last);
 - ONNX Runtime, CPUExecutionProvider, fp32, graph optimisations ORT_ENABLE_ALL (the file of
-  ``detr.export.export_onnx``, verified against the model first);
+  ``detr.checkpoints.export.export_onnx``, verified against the model first);
 - the same file after ``onnxruntime.quantization.quantize_dynamic`` (int8 weights, activations quantised
   at run time; MatMul and Gemm only, i.e. the transformer and heads: the convolutions stay fp32),
   with the output differences it costs.
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from detr import build_detr
-from detr.export import export
+from detr.checkpoints.export import export
 from machine import describe_machine
 
 

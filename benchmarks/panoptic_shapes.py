@@ -112,7 +112,7 @@ def things_found(checkpoint: Path, data_root: Path, thresholds: list[float], *, 
     from torchvision.ops import box_convert, box_iou
 
     from detr.data.collate import collate_detection
-    from detr.postprocess import PostProcess
+    from detr.inference.postprocess import PostProcess
 
     model, dataset = validation_set(checkpoint, data_root, image_size)
     thing_ids = {int(c["id"]) for c in dataset.categories if c.get("isthing")}
@@ -169,7 +169,7 @@ def pq_by_threshold(checkpoint: Path, data_root: Path, thresholds: list[float], 
     (None: the authors' rules; see PostProcessPanoptic), from one forward pass."""
     from detr.data.collate import collate_detection
     from detr.evaluation.panoptic import PanopticQuality
-    from detr.postprocess_segmentation import PostProcessPanoptic
+    from detr.inference.postprocess_masks import PostProcessPanoptic
 
     model, dataset = validation_set(checkpoint, data_root, image_size)
     postprocessors = {(t, o): PostProcessPanoptic(model.is_thing, threshold=t, class_head=model.class_head,

@@ -2,10 +2,10 @@
 
 from detr.categories import CategoryMap
 from detr.checkpoints import load_checkpoint
-from detr.criterion import SetCriterion
-from detr.matcher import HungarianMatcher
+from detr.loss.criterion import SetCriterion
+from detr.loss.matcher import HungarianMatcher
 from detr.models import DETR, DETRPanoptic, DetrConfig, build_detr, build_detr_panoptic
-from detr.postprocess import PostProcess
+from detr.inference.postprocess import PostProcess
 
 __all__ = ["DETR", "CategoryMap", "DETRPanoptic", "DetrConfig", "HungarianMatcher", "PostProcess", "Predictor",
            "SetCriterion", "build_detr", "build_detr_panoptic", "load_checkpoint"]
@@ -15,7 +15,7 @@ def __getattr__(name: str):
     # The predictor pulls in the image pipeline (albumentations, OpenCV); import it only when used, so
     # `import detr` stays light for exporters and notebooks that need only the model.
     if name == "Predictor":
-        from detr.predictor import Predictor
+        from detr.inference.predictor import Predictor
 
         return Predictor
     raise AttributeError(f"module 'detr' has no attribute {name!r}")

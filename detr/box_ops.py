@@ -56,3 +56,11 @@ def elementwise_generalized_box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor) 
     iou = inter / union
     area_c = (torch.max(boxes1[:, 2:], boxes2[:, 2:]) - torch.min(boxes1[:, :2], boxes2[:, :2])).clamp(min=0).prod(-1)
     return iou - (area_c - union) / area_c
+
+
+def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """logit(x) with x clamped to [eps, 1 - eps] (DAB-DETR's eps), so boxes at 0 or 1 stay finite."""
+    # DAB-DETR clamps to [0, 1] first, then each operand to eps; one clamp per operand gives the same
+    # numbers, and the ONNX exporter's graph optimiser (onnxscript 0.7) writes an invalid graph when it
+    # merges the chained clamps.
+    return torch.log(x.clamp(min=eps, max=1.0) / (1 - x).clamp(min=eps, max=1.0))

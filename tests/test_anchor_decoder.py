@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-import detr.models.anchor_decoder as anchor_decoder
+import detr.models.anchor.decoder as anchor_decoder
 from detr import build_detr
-from detr.models.anchor_decoder import AnchorDecoder, anchor_sine_embedding, inverse_sigmoid
+from detr.box_ops import inverse_sigmoid
+from detr.models.anchor.decoder import AnchorDecoder, anchor_sine_embedding
 from tests.conftest import tiny_config_with
 
 TINY = tiny_config_with(num_decoder_layers=3, num_queries=6, num_classes=4, dropout=0.0)

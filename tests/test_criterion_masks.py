@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from detr.criterion_masks import SetCriterionWithMasks, dice_loss, focal_mask_loss, matched_masks
+from detr.loss.masks import SetCriterionWithMasks, dice_loss, focal_mask_loss, matched_masks
 
 
 def test_dice_by_hand():

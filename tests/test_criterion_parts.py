@@ -1,13 +1,13 @@
-"""The criterion's parts (detr/criterion_parts.py): composed by SetCriterion, named and weighted by themselves."""
+"""The criterion's parts (detr/loss/parts.py): composed by SetCriterion, named and weighted by themselves."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from detr.criterion import SetCriterion
-from detr.criterion_parts import DenoisingLoss, DenseLoss, LossPart
-from detr.matcher import HungarianMatcher
+from detr.loss.criterion import SetCriterion
+from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
+from detr.loss.matcher import HungarianMatcher
 
 
 def _outputs_and_targets() -> tuple[dict, list[dict[str, torch.Tensor]]]:

@@ -15,8 +15,8 @@ from PIL import Image
 
 from detr import build_detr
 from detr.lightning.system import DetrSystem
-from detr.matcher import HungarianMatcher
-from detr.predictor import Predictor
+from detr.loss.matcher import HungarianMatcher
+from detr.inference.predictor import Predictor
 from tests.conftest import TINY, InMemoryData, system_args
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import detr.models.denoising as denoising
+import detr.models.anchor.denoising as denoising
 from detr import build_detr
-from detr.criterion import SetCriterion
-from detr.matcher import HungarianMatcher
-from detr.models.denoising import DenoisingMeta, DenoisingQueries, denoising_attention_mask
+from detr.loss.criterion import SetCriterion
+from detr.loss.matcher import HungarianMatcher
+from detr.models.anchor.denoising import DenoisingMeta, DenoisingQueries, denoising_attention_mask
 from tests.conftest import tiny_config_with
 
 TINY = tiny_config_with(num_queries=6, num_classes=4, dropout=0.0)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from detr.evaluation.panoptic import PanopticQuality, evaluate_panoptic_files, format_panoptic_table
-from detr.postprocess_segmentation import panoptic_png
+from detr.inference.postprocess_masks import panoptic_png
 
 CATEGORIES = [{"id": 1, "isthing": 1}, {"id": 2, "isthing": 0}, {"id": 3, "isthing": 1}, {"id": 4, "isthing": 1}]
 

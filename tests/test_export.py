@@ -1,4 +1,4 @@
-"""detr.export, detr.onnx_backend and tools/export.py: exported files reproduce the PyTorch model at any
+"""detr.checkpoints.export, detr.checkpoints.onnx and tools/export.py: exported files reproduce the PyTorch model at any
 batch and image size, with post-processing in the graph, through detr.Predictor, and fail loudly when not."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import torch
 import yaml
 
 from detr import CategoryMap, PostProcess, build_detr, load_checkpoint
-from detr.export import DeployModel, ExportError, export, export_onnx, load_program, prepare_for_export
+from detr.checkpoints.export import DeployModel, ExportError, export, export_onnx, load_program, prepare_for_export
 from tests.conftest import TINY, load_script
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxscript")
 ort = pytest.importorskip("onnxruntime")
 
-from detr.onnx_backend import OnnxDetector, read_onnx_metadata  # noqa: E402
+from detr.checkpoints.onnx import OnnxDetector, read_onnx_metadata  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTOS = ROOT / "data" / "photos"
@@ -144,7 +144,7 @@ def test_predictor_uses_the_metadata_and_refuses_attention(tiny_export):
 def test_verification_rejects_a_file_that_does_not_match(tiny_export, tmp_path, monkeypatch, capsys):
     torch.manual_seed(5)  # same architecture, other weights: the tiny file is wrong for it
     other = save_project_checkpoint(build_detr(**TINY, dropout=0.0), tmp_path / "other.ckpt")
-    monkeypatch.setattr("detr.export.export_onnx",
+    monkeypatch.setattr("detr.checkpoints.export.export_onnx",
                         lambda model, path, **kwargs: Path(path).write_bytes(tiny_export[1].read_bytes()))
     out = tmp_path / "other.onnx"
     assert load_script("tools/export.py").main([str(other), "--out", str(out)]) == 1
@@ -231,7 +231,7 @@ def test_export_leaves_the_model_as_it_was():
 
 
 def test_import_detr_needs_no_onnx():
-    code = ("import sys, detr, detr.export, detr.onnx_backend, detr.predictor; "
+    code = ("import sys, detr, detr.checkpoints.export, detr.checkpoints.onnx, detr.inference.predictor; "
             "assert not {'onnx', 'onnxruntime', 'onnxscript'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

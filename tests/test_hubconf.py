@@ -50,7 +50,7 @@ def test_pretrained_weights_need_coco_classes():
 
 def test_untrained_panoptic_r50_with_its_postprocessor():
     from detr import DETRPanoptic
-    from detr.postprocess_segmentation import PostProcessPanoptic
+    from detr.inference.postprocess_masks import PostProcessPanoptic
 
     model, postprocess = torch.hub.load(ROOT, "detr_resnet50_panoptic", source="local", pretrained=False,
                                         threshold=0.5, return_postprocessor=True)

@@ -16,7 +16,7 @@ import detr
 from detr import build_detr
 from detr.checkpoints import CheckpointError
 from detr.data.collate import pad_images
-from detr.huggingface import ExportError, save_pretrained, to_huggingface_state_dict
+from detr.checkpoints.huggingface import ExportError, save_pretrained, to_huggingface_state_dict
 from tests.conftest import tiny_config_with
 
 transformers = pytest.importorskip("transformers")

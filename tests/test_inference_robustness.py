@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 
 from detr.data.images import load_rgb_image
-from detr.predictions_io import predict_files, unique_file_names
-from detr.predictor import Predictor
+from detr.inference.outputs import predict_files, unique_file_names
+from detr.inference.predictor import Predictor
 from detr.visualize.explorer import write_attention_explorer
 
 

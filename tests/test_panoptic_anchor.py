@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from detr.criterion_masks import SetCriterionWithMasks
-from detr.matcher import HungarianMatcher
+from detr.loss.masks import SetCriterionWithMasks
+from detr.loss.matcher import HungarianMatcher
 from detr.models import build_detr
 from detr.models.segmentation import DETRPanoptic
-from detr.postprocess_segmentation import PostProcessPanoptic
+from detr.inference.postprocess_masks import PostProcessPanoptic
 
 ANCHOR = dict(backbone="resnet18", backbone_last_stage="layer3", backbone_norm="batch_norm", hidden_dim=128,
               num_heads=8, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=64, num_queries=5,

@@ -22,7 +22,7 @@ from detr.data.shapes_panoptic import write_shapes_panoptic
 from detr.lightning.panoptic_cli import main
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.models.segmentation import DETRPanoptic
-from detr.predictor import Predictor
+from detr.inference.predictor import Predictor
 
 REPO = Path(__file__).resolve().parents[1]
 BOXES_CONFIG = REPO / "configs" / "demo_shapes_panoptic_boxes_cpu.yaml"
@@ -169,7 +169,7 @@ def test_predict_writes_coco_panoptic_pngs_and_json(mask_stage, shapes_root, tmp
     """Plain images, the classes from the checkpoint: predictions.json, panoptic.json and one PNG per readable
     image whose ids are its segments (threshold 0: every pixel belongs to a segment); a broken file is
     reported (exit status 1) and left out, as tools/predict.py does."""
-    from detr.postprocess_segmentation import rgb_to_id_map
+    from detr.inference.postprocess_masks import rgb_to_id_map
 
     images = tmp_path / "images"
     images.mkdir()

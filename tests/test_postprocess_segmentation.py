@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from detr.postprocess_segmentation import (
+from detr.inference.postprocess_masks import (
     PostProcessMasks,
     PostProcessPanoptic,
     id_map_to_rgb,
@@ -155,7 +155,7 @@ def test_png_round_trip_uses_cocos_rgb_encoding():
 @pytest.mark.parametrize("in_size, out_size", [((37, 50), (75, 101)), ((10, 13), (800, 1066)), ((200, 300), (37, 41)),
                                                ((5, 7), (5, 7)), ((333, 500), (480, 640))])
 def test_nearest_resize_is_pils(in_size, out_size):
-    from detr.postprocess_segmentation import resize_nearest
+    from detr.inference.postprocess_masks import resize_nearest
 
     image = torch.randint(0, 256, in_size, generator=torch.Generator().manual_seed(0))
     pil = Image.fromarray(image.numpy().astype(np.uint8)).resize(out_size[::-1], resample=Image.NEAREST)
@@ -165,7 +165,7 @@ def test_nearest_resize_is_pils(in_size, out_size):
 def test_masks_to_rle_round_trips_through_pycocotools():
     from pycocotools import mask as mask_utils
 
-    from detr.postprocess_segmentation import masks_to_rle
+    from detr.inference.postprocess_masks import masks_to_rle
 
     masks = torch.zeros(2, 5, 7, dtype=torch.bool)
     masks[0, 1:3, 2:6] = True

@@ -14,10 +14,10 @@ from PIL import Image
 
 from detr.data.collate import pad_images
 from detr.models.segmentation import build_detr_panoptic
-from detr.panoptic_categories import coco_panoptic_category_map, coco_panoptic_is_thing
-from detr.panoptic_io import draw_panoptic
-from detr.postprocess_segmentation import PostProcessMasks, PostProcessPanoptic, rgb_to_id_map
-from detr.predictor import Predictor
+from detr.categories import coco_panoptic_category_map, coco_panoptic_is_thing
+from detr.inference.panoptic_outputs import draw_panoptic
+from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, rgb_to_id_map
+from detr.inference.predictor import Predictor
 from tests.conftest import load_script, tiny_config_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")

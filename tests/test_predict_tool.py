@@ -1,4 +1,4 @@
-"""tools/predict.py and detr.predictions_io: unreadable files are skipped and named, the rest is written."""
+"""tools/predict.py and detr.inference.outputs: unreadable files are skipped and named, the rest is written."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from detr import CategoryMap
-from detr.predictions_io import assign_image_ids, collect_image_paths, draw_prediction, predictions_to_coco_results
-from detr.predictor import Prediction
+from detr.inference.outputs import assign_image_ids, collect_image_paths, draw_prediction, predictions_to_coco_results
+from detr.inference.predictor import Prediction
 from tests.conftest import load_script
 
 

@@ -1,4 +1,4 @@
-"""detr.predictor: Predictor = model + PostProcess; boxes on the original (EXIF-rotated) image; any input mode."""
+"""detr.inference.predictor: Predictor = model + PostProcess; boxes on the original (EXIF-rotated) image; any input mode."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from PIL import Image
 from detr import CategoryMap, PostProcess, build_detr
 from detr.data.collate import pad_images
 from detr.data.transforms import make_eval_transform
-from detr.predictor import AttentionMaps, Predictor, to_rgb_array
+from detr.inference.predictor import AttentionMaps, Predictor, to_rgb_array
 
 SIZES = dict(min_size=64, max_size=100)
 NAMES = CategoryMap(category_ids=(3, 5, 7, 9, 11), names=("ant", "bee", "cat", "dog", "eel"))

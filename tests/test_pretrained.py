@@ -15,10 +15,10 @@ import torch
 
 import detr
 from detr import CategoryMap, build_detr
-from detr import pretrained
+from detr.checkpoints import released as pretrained
 from detr.checkpoints import CheckpointError
 from detr.models.config import DetrConfig
-from detr.pretrained import PRETRAINED_MODELS, PretrainedModel
+from detr.checkpoints.released import PRETRAINED_MODELS, PretrainedModel
 from tests.conftest import tiny_config_with
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.criterion import SetCriterion
-from detr.matcher import HungarianMatcher
-from detr.models.anchor_detr import query_group_attention_mask
+from detr.loss.criterion import SetCriterion
+from detr.loss.matcher import HungarianMatcher
+from detr.models.anchor.model import query_group_attention_mask
 from tests.conftest import tiny_config_with
 
 TINY = tiny_config_with(num_queries=6, num_classes=4, dropout=0.0, backbone_last_stage="layer3", query_type="anchor",

@@ -12,7 +12,7 @@ import torch
 from detr import load_checkpoint
 from detr.checkpoints import CheckpointError
 from detr.models.segmentation import AttentionMap, DETRPanoptic, build_detr_panoptic
-from detr.panoptic_categories import coco_panoptic_category_map
+from detr.categories import coco_panoptic_category_map
 from tests.conftest import tiny_config_with
 from tests.reference_detr import ReferenceDETR
 from tests.reference_segmentation import ReferencePanoptic
@@ -181,7 +181,7 @@ def test_incomplete_panoptic_file_names_the_missing_keys(tmp_path, tiny_panoptic
 
 
 def test_coco_panoptic_things_are_the_ids_up_to_90():
-    from detr.panoptic_categories import COCO_PANOPTIC_CATEGORIES, coco_panoptic_is_thing
+    from detr.categories import COCO_PANOPTIC_CATEGORIES, coco_panoptic_is_thing
 
     is_thing = coco_panoptic_is_thing()
     assert len(COCO_PANOPTIC_CATEGORIES) == 133 and sum(t for _, _, t in COCO_PANOPTIC_CATEGORIES) == 80
@@ -190,7 +190,7 @@ def test_coco_panoptic_things_are_the_ids_up_to_90():
 
 def test_released_panoptic_name_loads_the_panoptic_model(tmp_path, monkeypatch):
     """load_checkpoint("detr-r50-dc5-panoptic") (the released file, here a random one in its layout)."""
-    from detr import pretrained
+    from detr.checkpoints import released as pretrained
 
     path = tmp_path / "detr-r50-dc5-panoptic-da08f1b1.pth"
     torch.save({"model": random_state_dict(authors_panoptic_layout())}, path)

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from detr import CategoryMap
-from detr.predictor import Predictor
+from detr.inference.predictor import Predictor
 from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure, select_queries
 
 NAMES = CategoryMap(category_ids=(1, 2, 3, 4, 5), names=("ant", "bee", "cat", "dog", "eel"))

@@ -14,8 +14,8 @@ import argparse
 import sys
 
 from detr.checkpoints import CheckpointError, load_checkpoint
-from detr.huggingface import ExportError, save_pretrained
-from detr.pretrained import CheckpointArgument
+from detr.checkpoints.huggingface import ExportError, save_pretrained
+from detr.checkpoints.released import CheckpointArgument
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ import logging
 import sys
 
 from detr.checkpoints import load_checkpoint
-from detr.export import ExportError, export
+from detr.checkpoints.export import ExportError, export
 
 
 def main(argv: list[str] | None = None) -> int:

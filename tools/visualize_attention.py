@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from detr.predictor import Predictor, add_resize_arguments, to_rgb_array
-from detr.pretrained import CheckpointArgument
+from detr.inference.predictor import Predictor, add_resize_arguments, to_rgb_array
+from detr.checkpoints.released import CheckpointArgument
 from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure
 
 

@@ -28,7 +28,7 @@ from detr.categories import CategoryMap
 from detr.data.coco import AnnotationFileError, load_coco_json
 from detr.data.images import decode_image
 from detr.data.transforms import make_normalize_transform
-from detr.panoptic_categories import COCO_PANOPTIC_CATEGORIES, coco_panoptic_category_map
+from detr.categories import COCO_PANOPTIC_CATEGORIES, coco_panoptic_category_map
 
 
 def is_coco_panoptic(categories: list[dict[str, Any]]) -> bool:
@@ -65,7 +65,7 @@ class CocoPanoptic(torch.utils.data.Dataset):
             models) when the json's categories are COCO panoptic's, else contiguous labels 0..K-1.
 
     Attributes: ``category_map``; ``is_thing`` (per label, for
-    :class:`detr.postprocess_segmentation.PostProcessPanoptic`); ``categories`` (the json's, for PQ).
+    :class:`detr.inference.postprocess_masks.PostProcessPanoptic`); ``categories`` (the json's, for PQ).
     :meth:`index_of_image` finds a sample by image id (evaluation reads :meth:`ground_truth` by it).
     """
 

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from pycocotools.coco import COCO
 from torchvision.ops import box_convert
 
-from detr.atomic_files import write_text_atomically
+from detr.checkpoints.atomic import write_text_atomically
 from detr.categories import CategoryMap
 
 logger = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ class PanopticQuality:
 
     Args:
         categories: the data set's categories, each with ``id`` and ``isthing`` (as in a COCO panoptic json;
-            :func:`detr.panoptic_categories.coco_panoptic_categories_json` for COCO).
+            :func:`detr.categories.coco_panoptic_categories_json` for COCO).
     """
 
     def __init__(self, categories: Iterable[dict[str, Any]]) -> None:

@@ -22,8 +22,8 @@ from torchvision.ops import box_convert
 from detr.categories import CategoryMap
 from detr.data import transforms
 from detr.lightning.schedule import LinearDecayToZero
-from detr.predictions_io import detection_labels, draw_boxes, write_predictions_json
-from detr.predictor import Prediction, select_detections
+from detr.inference.outputs import detection_labels, draw_boxes, write_predictions_json
+from detr.inference.predictor import Prediction, select_detections
 
 logger = logging.getLogger(__name__)
 
@@ -477,7 +477,7 @@ class TrainingSpeed(TrainingThroughput):
 class PredictionsWriter(BasePredictionWriter):
     """Write what ``detr predict`` predicted as one COCO results json (``image_id``, ``file_name``,
     ``category_id`` in the data set's ids, ``bbox`` pixel xywh, ``score``), the same format as
-    ``tools/predict.py`` (:func:`detr.predictions_io.write_predictions_json`).
+    ``tools/predict.py`` (:func:`detr.inference.outputs.write_predictions_json`).
 
     Args:
         output_path: the json file (parents created); default ``predictions.json`` in ``trainer.log_dir`` (the

@@ -31,7 +31,7 @@ from detr.data.coco import coco_from_dict, load_coco_json
 from detr.data.coco_panoptic import CocoPanoptic, is_coco_panoptic
 from detr.data.panoptic_checks import PngCheck, check_panoptic_split, raise_for_problems
 from detr.lightning.datamodule import CocoFormatDataModule, split_paths
-from detr.panoptic_categories import coco_panoptic_category_map
+from detr.categories import coco_panoptic_category_map
 
 logger = logging.getLogger(__name__)
 

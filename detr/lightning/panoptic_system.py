@@ -5,12 +5,12 @@
 2. Mask stage (``masks=True``, the default): :class:`detr.models.segmentation.DETRPanoptic` starts from the
    box stage's checkpoint (``init_checkpoint``), the detector frozen (``freeze_detr``), and only the mask
    head trains, with focal and DICE losses on the matched queries' masks beside the box losses
-   (:class:`detr.criterion_masks.SetCriterionWithMasks`). The authors trained it 25 epochs, the learning
+   (:class:`detr.loss.masks.SetCriterionWithMasks`). The authors trained it 25 epochs, the learning
    rate dropped at 15.
 
-Validation adds, in the mask stage, panoptic quality (:class:`detr.postprocess_segmentation.PostProcessPanoptic`
+Validation adds, in the mask stage, panoptic quality (:class:`detr.inference.postprocess_masks.PostProcessPanoptic`
 → :class:`detr.evaluation.panoptic.PanopticQuality`: ``val/PQ``, ``val/SQ``, ``val/RQ``, ``val/PQ_th``,
-``val/PQ_st``) and mask AP (:class:`detr.postprocess_segmentation.PostProcessMasks` → COCOeval "segm":
+``val/PQ_st``) and mask AP (:class:`detr.inference.postprocess_masks.PostProcessMasks` → COCOeval "segm":
 ``val/segm_AP``, ``val/segm_AP50``, ``val/segm_AP75``) to the box AP every stage logs. Checkpoints load
 with :func:`detr.load_checkpoint` (a :class:`DETRPanoptic` with its category map and ``is_thing``).
 """
@@ -27,14 +27,14 @@ import torch.distributed as dist
 from torch import nn
 
 from detr.checkpoints import read_checkpoint
-from detr.criterion import SetCriterion
-from detr.criterion_masks import SetCriterionWithMasks
+from detr.loss.criterion import SetCriterion
+from detr.loss.masks import SetCriterionWithMasks
 from detr.evaluation.panoptic import PanopticQuality
 from detr.lightning.system import DetrSystem, _model_config
 from detr.models.config import DetrConfig
 from detr.models.segmentation import DETRPanoptic
-from detr.panoptic_checkpoints import is_panoptic_state_dict
-from detr.postprocess_segmentation import PostProcessMasks, PostProcessPanoptic, masks_to_rle
+from detr.checkpoints.panoptic import is_panoptic_state_dict
+from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, masks_to_rle
 
 logger = logging.getLogger(__name__)
 

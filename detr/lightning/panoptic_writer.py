@@ -3,7 +3,7 @@
 :class:`PanopticPredictionsWriter` is :class:`detr.lightning.callbacks.PredictionsWriter` (``predictions.json``)
 that also writes, for a mask model's predictions (:meth:`PanopticSystem.predict_step`'s ``panoptic``), each
 image's PNG as ``panoptic/<image name>.png`` and ``panoptic.json`` beside ``predictions.json``: the layout
-``tools/predict.py --task panoptic`` writes, by the same functions (:func:`detr.panoptic_io.
+``tools/predict.py --task panoptic`` writes, by the same functions (:func:`detr.inference.panoptic_outputs.
 write_panoptic_predictions`).
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 import lightning as L
 
 from detr.lightning.callbacks import PredictionsWriter
-from detr.panoptic_io import write_panoptic_predictions
-from detr.predictions_io import unique_file_names
-from detr.predictor import PanopticSegmentation, Prediction
+from detr.inference.panoptic_outputs import write_panoptic_predictions
+from detr.inference.outputs import unique_file_names
+from detr.inference.predictor import PanopticSegmentation, Prediction
 
 logger = logging.getLogger(__name__)
 

@@ -27,17 +27,17 @@ import torch.distributed as dist
 
 from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
-from detr.criterion import SetCriterion
-from detr.criterion_parts import DenoisingLoss, DenseLoss, LossPart
+from detr.loss.criterion import SetCriterion
+from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
 from detr.lightning.callbacks import time_budget_of
 from detr.lightning.error_analysis import write_error_analysis
 from detr.lightning.schedule import LinearDecayToZero
-from detr.matcher import HungarianMatcher
+from detr.loss.matcher import HungarianMatcher
 from detr.models.backbone import cpu_has_bfloat16
 from detr.models.config import DetrConfig, field_names
-from detr.models.detr import build_detr
-from detr.postprocess import PostProcess
+from detr.models.build import build_detr
+from detr.inference.postprocess import PostProcess
 
 logger = logging.getLogger(__name__)
 

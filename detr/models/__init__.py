@@ -1,7 +1,9 @@
 """DETR's parts: backbone, position encodings, transformer, the composed models and the panoptic mask head."""
 
-from detr.models.detr import DETR, MLP, build_detr
-from detr.models.anchor_detr import AnchorDETR
+from detr.models.build import build_detr
+from detr.models.detr import DETR
+from detr.models.mlp import MLP
+from detr.models.anchor.model import AnchorDETR
 from detr.models.config import DetrConfig
 from detr.models.segmentation import DETRPanoptic, build_detr_panoptic
 

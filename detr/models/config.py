@@ -8,21 +8,29 @@ field here and the code that uses it.
 
 Defaults are the paper's COCO model (R50, 6 + 6 layers, 100 queries, 91 classes, learned queries, a
 softmax class head). The options after ``backbone_last_stage`` train from scratch on a short budget
-(docs/convergence.md): they select :class:`detr.models.anchor_detr.AnchorDETR` (``query_type="anchor"``)
+(docs/convergence.md): they select :class:`detr.models.anchor.model.AnchorDETR` (``query_type="anchor"``)
 and the training-only heads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from detr.focal import ClassHead
 from detr.models.backbone import BackboneName, BackboneNorm, LastStage
 
 QueryType = Literal["learned", "anchor"]
 PositionEncoding = Literal["sine", "learned"]
+#: The class head, in one vocabulary for the model, the matcher, the criterion and the post-processing:
+#: "softmax" (the paper: num_classes + 1 logits, the last "no object"; cross-entropy, -p matching cost) or
+#: "sigmoid" (num_classes independent sigmoids; focal loss and the focal matching cost).
+ClassHead = Literal["softmax", "sigmoid"]
+CLASS_HEADS: tuple[str, ...] = ("softmax", "sigmoid")
+
+#: Bias of a sigmoid class logit that starts every class at p = 0.01 (the focal-loss prior, Lin et al. §4.1).
+PRIOR_BIAS = -math.log((1 - 0.01) / 0.01)
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,7 @@ class DetrConfig:
     Training from scratch on a short budget (all but the dense head need ``query_type="anchor"``):
         query_type: "learned" (paper: a learned embedding per query, :class:`detr.models.detr.DETR`) or
             "anchor" (DAB-DETR: a learned anchor box per query, conditional spatial cross-attention, box
-            refinement in every layer, :class:`detr.models.anchor_detr.AnchorDETR`).
+            refinement in every layer, :class:`detr.models.anchor.model.AnchorDETR`).
         denoising: DN-DETR's denoising queries in training (the forward then needs ``targets``);
             denoising_groups, denoising_label_noise, denoising_box_noise: DN-DETR's 5, 0.2 and 0.4.
         anchor_local_attention: > 0 starts every cross-attention head as a kernel centred on its query's

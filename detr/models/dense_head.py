@@ -13,7 +13,7 @@ ICCV 2019), on DETR's single-scale memory:
 - a cell is positive for a target when its centre lies inside the target box, and the cell that holds
   a target's centre is always positive for it (small objects cover no cell centre); a cell inside
   several boxes takes the smallest;
-- losses (in :class:`detr.criterion.SetCriterion`): sigmoid focal over every real cell, L1 and GIoU on
+- losses (in :class:`detr.loss.criterion.SetCriterion`): sigmoid focal over every real cell, L1 and GIoU on
   the positive cells, each divided by the number of positive cells.
 
 Inference never runs it: the model's outputs, speed and attention are those of the model without it.
@@ -24,9 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from detr.box_ops import cxcywh_to_xyxy
-from detr.focal import PRIOR_BIAS
-from detr.models.anchor_decoder import inverse_sigmoid
+from detr.box_ops import inverse_sigmoid
+from detr.models.config import PRIOR_BIAS
 from detr.models.mlp import MLP
 
 #: Width and height (normalised) of the box each cell regresses from.
@@ -66,39 +65,3 @@ class DenseAuxiliaryHead(nn.Module):
         boxes = (self.bbox_embed(memory) + inverse_sigmoid(reference)).sigmoid()
         return {"pred_logits": self.class_embed(memory), "pred_boxes": boxes, "centers": centers,
                 "valid": real.flatten(1)}
-
-
-@torch.no_grad()
-def dense_assignment(centers: torch.Tensor, valid: torch.Tensor, targets: list[dict[str, torch.Tensor]]
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One-to-many assignment of cells to targets.
-
-    Args:
-        centers: float [B, HW, 2] normalised (x, y) cell centres; valid: bool [B, HW].
-        targets: per image labels int64 [T] and boxes float [T, 4] normalised cxcywh.
-
-    Returns assigned int64 [B, HW]: the index of the cell's target in its image, -1 for a negative or
-    padding cell. A cell is positive for every target box its centre lies in, and the cell nearest each
-    target's centre is positive for that target whatever the box covers; a cell positive for several
-    targets takes the smallest box.
-    """
-    batch, cells, _ = centers.shape
-    assigned = torch.full((batch, cells), -1, dtype=torch.int64, device=centers.device)
-    for index, target in enumerate(targets):
-        boxes = target["boxes"].to(centers)
-        if len(boxes) == 0:
-            continue
-        xyxy = cxcywh_to_xyxy(boxes)  # [T, 4]
-        point = centers[index]  # [HW, 2]
-        inside = ((point[:, None, 0] > xyxy[None, :, 0]) & (point[:, None, 0] < xyxy[None, :, 2])
-                  & (point[:, None, 1] > xyxy[None, :, 1]) & (point[:, None, 1] < xyxy[None, :, 3]))  # [HW, T]
-        distance = (point[:, None, :] - boxes[None, :, :2]).abs().amax(-1)  # [HW, T] Chebyshev to the centre
-        distance = distance.masked_fill(~valid[index][:, None], float("inf"))
-        nearest = distance.argmin(0)  # [T]: the cell holding each centre
-        inside[nearest, torch.arange(len(boxes), device=centers.device)] = True
-        inside &= valid[index][:, None]
-        area = (boxes[:, 2] * boxes[:, 3])[None, :].expand_as(inside)
-        area = area.masked_fill(~inside, float("inf"))
-        smallest = area.argmin(1)  # [HW]
-        assigned[index] = torch.where(inside.any(1), smallest, -1)
-    return assigned

@@ -2,7 +2,7 @@
 
 ``forward`` returns raw predictions only; matching, the loss and post-processing are separate modules.
 The anchor-query family (DAB-DETR anchors, DN-DETR denoising, Group DETR query groups) is its own model,
-:class:`detr.models.anchor_detr.AnchorDETR`, with the same output contract; :func:`build_detr` builds
+:class:`detr.models.anchor.model.AnchorDETR`, with the same output contract; :func:`build_detr` builds
 either from a :class:`detr.models.config.DetrConfig`.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from detr.focal import PRIOR_BIAS, ClassHead
+from detr.models.config import PRIOR_BIAS, ClassHead
 from detr.models.backbone import Joiner
 from detr.models.config import DetrConfig, QueryType
 from detr.models.dense_head import DenseAuxiliaryHead
@@ -163,7 +163,3 @@ class DETR(nn.Module):
         if return_attention:
             outputs.update(attention_maps(out["encoder_attention"], torch.stack(out["decoder_attention"]), mask))
         return {**outputs, "hidden": hs[-1], "memory": out["memory"]}
-
-
-# The builder picks DETR or AnchorDETR, so it lives beside both (detr.models.build); importable here as before.
-from detr.models.build import build_detr  # noqa: E402

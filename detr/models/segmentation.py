@@ -25,11 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.models.anchor_decoder import anchor_sine_embedding
-from detr.models.anchor_detr import AnchorDETR
+from detr.models.anchor.decoder import anchor_sine_embedding
+from detr.models.anchor.model import AnchorDETR
 from detr.models.backbone import Backbone
 from detr.models.config import DetrConfig
-from detr.models.detr import DETR, build_detr
+from detr.models.build import build_detr
+from detr.models.detr import DETR
 
 #: Backbone stages whose outputs the mask head adds back while upsampling, coarse to fine.
 SKIP_STAGES = ("layer3", "layer2", "layer1")
@@ -86,10 +87,10 @@ class QueryPosition(nn.Module):
     say where a query's object is (every query of an image then attends to the same cells). This adds,
     per head, a spatial logit ``(P_q sine(box centre)) · (P_k pos(key))`` to the content logit, as the
     spatial half of the anchor decoder's conditional cross-attention: the query side is the (y, x) half of
-    :func:`detr.models.anchor_decoder.anchor_sine_embedding` of the query's predicted box, the key side the
+    :func:`detr.models.anchor.decoder.anchor_sine_embedding` of the query's predicted box, the key side the
     feature map's sine positional encoding. Both projections start as the same channel selection (× ``scale``)
     of the ``num_frequencies`` highest frequencies of y and x, as
-    :meth:`detr.models.anchor_decoder.AnchorDecoder.init_local_spatial_attention` starts the decoder's, so
+    :meth:`detr.models.anchor.decoder.AnchorDecoder.init_local_spatial_attention` starts the decoder's, so
     each head's map starts as a kernel centred on the box centre. As in DAB-DETR, the query side's y channels
     are scaled by h_ref / h and its x channels by w_ref / w (``size_ref`` = (w_ref, h_ref), learned), so the
     kernel is sharper for small boxes. :class:`DETRPanoptic` puts it under ``bbox_attention.position``.
@@ -241,7 +242,7 @@ class DETRPanoptic(nn.Module):
 
     Args:
         detr: the detector: the authors' :class:`DETR` (learned queries, softmax class head) or
-            :class:`detr.models.anchor_detr.AnchorDETR` (anchor queries, either class head; its denoising
+            :class:`detr.models.anchor.model.AnchorDETR` (anchor queries, either class head; its denoising
             queries and extra query groups get no masks: :meth:`decode`'s ``hidden`` holds the Q queries
             that inference decodes).
         freeze_detr: stop gradients to every detector weight: the second stage of the authors' two-stage
@@ -249,7 +250,7 @@ class DETRPanoptic(nn.Module):
 
     Attributes ``num_classes``, ``num_queries``, ``class_head``, ``aux_loss``, ``config`` are the
     detector's; ``category_map``, ``is_thing`` (per label: thing or stuff, for
-    :class:`detr.postprocess_segmentation.PostProcessPanoptic`) and ``panoptic_postprocess`` (that class's
+    :class:`detr.inference.postprocess_masks.PostProcessPanoptic`) and ``panoptic_postprocess`` (that class's
     ``threshold`` and ``overlap_threshold`` as the training run validated with) are set by loaders (None here).
     """
 

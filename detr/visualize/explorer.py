@@ -54,8 +54,8 @@ from torch import Tensor, nn
 from detr.categories import CategoryMap
 from detr.data.transforms import denormalize
 from detr.data.collate import pad_images
-from detr.postprocess import class_probabilities, scores_and_labels
-from detr.predictor import ImageInput, Predictor, label_name, to_rgb_array
+from detr.inference.postprocess import class_probabilities, scores_and_labels
+from detr.inference.predictor import ImageInput, Predictor, label_name, to_rgb_array
 
 logger = logging.getLogger(__name__)
 
@@ -368,13 +368,13 @@ def write_attention_explorer(
 ) -> list[Path]:
     """Write one explorer page per image, plus ``index.html`` linking them when there are several.
 
-    Each image is resized as :class:`detr.predictor.Predictor` does (shortest side ``min_size``, longest
+    Each image is resized as :class:`detr.inference.predictor.Predictor` does (shortest side ``min_size``, longest
     at most ``max_size``; None: the model's training size, else 800 and 1333; ImageNet normalisation)
     and run alone, so its feature map has no padding.
 
     Args:
         model: a DETR (moved to ``device`` and put in eval mode, as the Predictor does).
-        images: paths, PIL images, or uint8 arrays/tensors (anything :data:`detr.predictor.ImageInput` takes).
+        images: paths, PIL images, or uint8 arrays/tensors (anything :data:`detr.inference.predictor.ImageInput` takes).
         out_dir: created if missing; pages are named after the image files (``<stem>.html``).
         category_map: label names; default ``model.category_map``, else "class <i>".
         threshold: initial score threshold of the pages' box display (the page has a slider).

@@ -7,8 +7,8 @@
 - :func:`encoder_attention_figure` (paper Fig. 3): the last encoder layer's self-attention of a few
   reference points, given or placed at the centres of the detected objects.
 
-Both take the original image and a :class:`detr.predictor.Prediction` made with
-``Predictor.predict(..., return_attention=True)``; its :class:`~detr.predictor.AttentionMaps` are
+Both take the original image and a :class:`detr.inference.predictor.Prediction` made with
+``Predictor.predict(..., return_attention=True)``; its :class:`~detr.inference.predictor.AttentionMaps` are
 already cropped to the unpadded part of the feature map, so the maps line up with the image.
 Save with ``figure.savefig(path)``; no pyplot state is touched.
 """
@@ -25,8 +25,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import Tensor
 
-from detr.predictions_io import label_color
-from detr.predictor import AttentionMaps, ImageInput, Prediction, to_rgb_array
+from detr.inference.outputs import label_color
+from detr.inference.predictor import AttentionMaps, ImageInput, Prediction, to_rgb_array
 
 _NO_OBJECT_COLOR = "#bbbbbb"
 

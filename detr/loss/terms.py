@@ -1,9 +1,9 @@
 """Loss terms on given (prediction, target) pairs, shared by the set loss and its parts.
 
 The pairs come as the matcher's ``indices``: per image a pair of int64 tensors (prediction index,
-target index) of equal length. :class:`detr.criterion.SetCriterion` gets them from Hungarian matching,
+target index) of equal length. :class:`detr.loss.criterion.SetCriterion` gets them from Hungarian matching,
 the denoising loss from the way its queries were made, the dense loss from the cells inside each box
-(:mod:`detr.criterion_parts`).
+(:mod:`detr.loss.parts`).
 """
 
 from __future__ import annotations

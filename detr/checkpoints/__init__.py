@@ -22,7 +22,9 @@ from typing import Any
 import torch
 
 from detr.categories import CategoryMap
-from detr.models.detr import DETR, ClassHead, build_detr
+from detr.models.build import build_detr
+from detr.models.config import ClassHead
+from detr.models.detr import DETR
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +82,17 @@ def _is_state_dict(obj: Any) -> bool:
 def read_checkpoint(path: str | Path) -> CheckpointContents:
     """Read any supported checkpoint file into a state dict in the official layout (+ metadata).
 
-    ``path`` may also be a released model's name ("detr-r50": :mod:`detr.pretrained`, downloaded on first
-    use) or a directory written by Hugging Face transformers (:mod:`detr.huggingface`).
+    ``path`` may also be a released model's name ("detr-r50": :mod:`detr.checkpoints.released`, downloaded on first
+    use) or a directory written by Hugging Face transformers (:mod:`detr.checkpoints.huggingface`).
     """
-    from detr import pretrained  # both modules import this one
+    from detr.checkpoints import released as pretrained  # both modules import this one
 
     released = pretrained.find(path)
     if released is not None:
         return pretrained.read_released(released)
     path = Path(path)
     if path.is_dir():
-        from detr.huggingface import read_huggingface
+        from detr.checkpoints.huggingface import read_huggingface
 
         return read_huggingface(path)
     obj = _torch_load(path)
@@ -230,8 +232,8 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR:
 
     Args:
         path: an authors' release file, a plain state dict, this project's Lightning checkpoint, a
-            released model's name ("detr-r50"; see :mod:`detr.pretrained`; downloaded on first use) or a
-            Hugging Face transformers DETR directory (see :mod:`detr.huggingface`).
+            released model's name ("detr-r50"; see :mod:`detr.checkpoints.released`; downloaded on first use) or a
+            Hugging Face transformers DETR directory (see :mod:`detr.checkpoints.huggingface`).
         overrides: build_detr keyword arguments that win over what is inferred (e.g. ``dilation=True``
             for a renamed DC5 file, ``num_heads``, ``class_head="sigmoid"``, ``query_groups``: what
             :func:`infer_model_config` cannot see).
@@ -240,12 +242,12 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR:
     without one; and ``eval_size``: (min_size, max_size) of the validation resize it was trained with
     (this project's checkpoints), else None. Missing or unexpected keys raise :class:`CheckpointError` naming them.
     A panoptic file (the authors' layout: the detector under ``detr.`` beside ``mask_head.*``) gives a
-    :class:`detr.models.segmentation.DETRPanoptic` (see :func:`detr.panoptic_checkpoints.load_panoptic`).
+    :class:`detr.models.segmentation.DETRPanoptic` (see :func:`detr.checkpoints.panoptic.load_panoptic`).
     """
     path = Path(path)
     contents = read_checkpoint(path)
     if any(key.startswith("mask_head.") for key in contents.state_dict):  # the authors' panoptic layout
-        from detr.panoptic_checkpoints import load_panoptic
+        from detr.checkpoints.panoptic import load_panoptic
 
         return load_panoptic(path, contents, **overrides)
     config = contents.model_config or infer_model_config(

@@ -11,7 +11,7 @@ Shared by ``tools/predict.py`` and the Lightning ``detr predict`` writer so both
   training use too).
 - :func:`collect_image_paths` and :func:`predict_files`: files, folders and glob patterns in, the two
   outputs above out; a file that cannot be read is logged, skipped and reported, the rest goes on. With
-  ``task="panoptic"`` also the COCO panoptic PNGs and json of :mod:`detr.panoptic_io`.
+  ``task="panoptic"`` also the COCO panoptic PNGs and json of :mod:`detr.inference.panoptic_outputs`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from torchvision.utils import draw_bounding_boxes
 from detr.categories import CategoryMap
 from detr.data.images import ImageLoadError, list_image_files
 from detr.evaluation.coco_evaluator import detections_to_coco_results, write_coco_results
-from detr.predictor import Prediction, Predictor, Task, to_rgb_array
+from detr.inference.predictor import Prediction, Predictor, Task, to_rgb_array
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def predictions_to_coco_results(
 
     Each prediction needs ``image_id`` set. Category ids come from ``category_map`` (label == id
     without one). Boxes go from pixel ``xyxy`` to COCO's pixel ``xywh``; ``file_name`` is added when known;
-    ``segmentation`` (COCO RLE, :func:`detr.postprocess_segmentation.masks_to_rle`) when the prediction has masks.
+    ``segmentation`` (COCO RLE, :func:`detr.inference.postprocess_masks.masks_to_rle`) when the prediction has masks.
     """
     results: list[dict[str, Any]] = []
     for prediction in predictions:
@@ -72,7 +72,7 @@ def predictions_to_coco_results(
             prediction.image_id, detection, category_map, file_name=prediction.file_name, rounded=True
         )
         if prediction.masks is not None:
-            from detr.postprocess_segmentation import masks_to_rle  # pycocotools, only when there are masks
+            from detr.inference.postprocess_masks import masks_to_rle  # pycocotools, only when there are masks
 
             for entry, rle in zip(entries, masks_to_rle(prediction.masks)):
                 entry["segmentation"] = rle
@@ -251,7 +251,7 @@ def predict_files(
     ``task="instances"`` (a panoptic model) adds each detection's mask to predictions.json as COCO RLE
     ``segmentation`` (with ``all_queries``, one full-size mask per query of a batch is held at once).
     ``task="panoptic"`` (a panoptic model) also writes each image's COCO panoptic PNG to
-    ``out_dir/panoptic/<stem>.png`` and ``out_dir/panoptic.json`` (:mod:`detr.panoptic_io`), and draws the
+    ``out_dir/panoptic/<stem>.png`` and ``out_dir/panoptic.json`` (:mod:`detr.inference.panoptic_outputs`), and draws the
     segments instead of the boxes.
     """
     predictor.check_task(task)  # before any file is read: a detection model cannot segment
@@ -279,7 +279,7 @@ def predict_files(
                 run.predictions.append(prediction)
                 name = _unique_name(prediction.file_name, used_names)
                 if task == "panoptic":
-                    from detr.panoptic_io import save_drawn_panoptic, write_panoptic_png
+                    from detr.inference.panoptic_outputs import save_drawn_panoptic, write_panoptic_png
 
                     assert prediction.panoptic is not None
                     run.panoptic_pngs.append(write_panoptic_png(out_dir / "panoptic" / f"{Path(name).stem}.png",
@@ -295,7 +295,7 @@ def predict_files(
             out_dir / "predictions.json", run.predictions, category_map=predictor.category_map
         )
         if task == "panoptic":
-            from detr.panoptic_io import panoptic_annotation, panoptic_categories, write_panoptic_json
+            from detr.inference.panoptic_outputs import panoptic_annotation, panoptic_categories, write_panoptic_json
 
             annotations = [panoptic_annotation(prediction, png.name)
                            for prediction, png in zip(run.predictions, run.panoptic_pngs)]

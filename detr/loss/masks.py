@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import sigmoid_focal_loss
 
-from detr.criterion import Indices, Outputs, SetCriterion, Targets, _matched_query_index
+from detr.loss.criterion import Indices, Outputs, SetCriterion, Targets, _matched_query_index
 
 
 def dice_loss(logits: torch.Tensor, targets: torch.Tensor, num_boxes: float | torch.Tensor) -> torch.Tensor:
@@ -58,7 +58,7 @@ def matched_masks(outputs: Outputs, targets: Targets, indices: Indices) -> tuple
 
 
 class SetCriterionWithMasks(SetCriterion):
-    """:class:`detr.criterion.SetCriterion` plus ``loss_mask`` (focal) and ``loss_dice`` on the last layer's
+    """:class:`detr.loss.criterion.SetCriterion` plus ``loss_mask`` (focal) and ``loss_dice`` on the last layer's
     ``pred_masks``, with the same matching. Targets also need ``masks`` (see :func:`matched_masks`).
 
     Args: those of SetCriterion, and the weights ``loss_mask`` and ``loss_dice`` (1, 1), the focal

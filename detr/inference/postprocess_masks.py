@@ -1,7 +1,7 @@
 """Mask predictions → instance masks and COCO-format panoptic segmentations (paper §4.4).
 
 - :class:`PostProcessMasks`: one binary mask per query at the original image size (sigmoid > 0.5), to go
-  with :class:`detr.postprocess.PostProcess`'s scores, labels and boxes (COCO "segm" results).
+  with :class:`detr.inference.postprocess.PostProcess`'s scores, labels and boxes (COCO "segm" results).
 - :class:`PostProcessPanoptic`: one id map per image, every pixel given to one confident query, and the
   segments list of COCO's panoptic format (``id``, ``category_id``, ``isthing``, ``area``, ``bbox``).
 - :func:`id_map_to_rgb`, :func:`rgb_to_id_map`, :func:`panoptic_png`: the format's PNG encoding,
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.focal import ClassHead
+from detr.models.config import ClassHead
 
 
 def _sizes(sizes: torch.Tensor | Sequence[Sequence[int]], batch: int, name: str) -> list[tuple[int, int]]:
@@ -82,7 +82,7 @@ class PostProcessMasks(nn.Module):
                 target_sizes: torch.Tensor) -> list[torch.Tensor]:
         """outputs["pred_masks"] [B, Q, h', w']; processed_sizes [B, 2] (height, width) of each image as it
         entered the model (before padding); target_sizes [B, 2] of the original images → per image bool
-        masks [Q, H, W], in query order (index them like :class:`detr.postprocess.PostProcess`'s results)."""
+        masks [Q, H, W], in query order (index them like :class:`detr.inference.postprocess.PostProcess`'s results)."""
         pred_masks = outputs["pred_masks"]
         processed = _sizes(processed_sizes, len(pred_masks), "processed_sizes")
         targets = _sizes(target_sizes, len(pred_masks), "target_sizes")
@@ -127,7 +127,7 @@ class PostProcessPanoptic(nn.Module):
 
     Args:
         is_thing: per label, whether the class is a thing (True) or stuff (False); for COCO panoptic:
-            :func:`detr.panoptic_categories.coco_panoptic_is_thing`.
+            :func:`detr.categories.coco_panoptic_is_thing`.
         threshold: class probability a query needs to be kept.
         max_small_area: segments of at most this many pixels (at the original size) are removed.
         category_ids: per label, the data set's category id for ``category_id``; None = the label itself
@@ -138,7 +138,7 @@ class PostProcessPanoptic(nn.Module):
             whole padded map (see :func:`upsample_masks`), which reproduces the authors' evaluation at batch
             sizes above 1.
         class_head: "softmax" (the authors': num_classes + 1 logits, the last = no object) or "sigmoid"
-            (num_classes logits scored by independent sigmoids, :class:`detr.focal`'s head). Focal-loss
+            (num_classes logits scored by independent sigmoids, :class:`detr.loss.focal`'s head). Focal-loss
             scores run lower than softmax probabilities: 0.85 keeps few sigmoid queries (pick the threshold
             on validation PQ; benchmarks/panoptic_shapes.py).
 

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from detr.checkpoints import CheckpointContents, CheckpointError, infer_model_config
-from detr.models.detr import build_detr
+from detr.models.build import build_detr
 from detr.models.segmentation import DETRPanoptic
-from detr.panoptic_categories import COCO_PANOPTIC_NUM_CLASSES, coco_panoptic_category_map, coco_panoptic_is_thing
+from detr.categories import COCO_PANOPTIC_NUM_CLASSES, coco_panoptic_category_map, coco_panoptic_is_thing
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +35,10 @@ def load_panoptic(path: str | Path, contents: CheckpointContents, **overrides: A
 
     ``overrides`` are :func:`detr.build_detr` arguments that win over what is inferred (e.g. ``dilation=True``
     for a renamed DC5 file). The model carries ``category_map`` (the checkpoint's own, or COCO panoptic's for
-    250 classes), ``is_thing`` (per label, for :class:`detr.postprocess_segmentation.PostProcessPanoptic`;
+    250 classes), ``is_thing`` (per label, for :class:`detr.inference.postprocess_masks.PostProcessPanoptic`;
     the checkpoint's own, or COCO panoptic's for 250 classes, else None), ``eval_size`` and
     ``panoptic_postprocess`` (this project's checkpoints: the ``threshold`` and ``overlap_threshold`` of
-    :class:`detr.postprocess_segmentation.PostProcessPanoptic` their run validated with; else None).
+    :class:`detr.inference.postprocess_masks.PostProcessPanoptic` their run validated with; else None).
     """
     path = Path(path)
     detector_state = {key[len(DETECTOR_PREFIX):]: value for key, value in contents.state_dict.items()

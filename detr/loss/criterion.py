@@ -2,7 +2,7 @@
 
 A pure function of predictions and targets: the caller passes ``num_boxes`` already reduced across
 processes (the training system all-reduces it); nothing here talks to torch.distributed. Losses of later
-training aids (denoising queries, the dense head) are parts it composes (:mod:`detr.criterion_parts`).
+training aids (denoising queries, the dense head) are parts it composes (:mod:`detr.loss.parts`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.criterion_parts import DenoisingLoss, DenseLoss, LossPart
-from detr.focal import ClassHead, resolve_class_head, sigmoid_focal_loss
-from detr.matched_losses import Indices, Outputs, Targets, box_losses, matched_labels, matched_query_index
-from detr.matcher import HungarianMatcher
+from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
+from detr.loss.focal import resolve_class_head, sigmoid_focal_loss
+from detr.models.config import ClassHead
+from detr.loss.terms import Indices, Outputs, Targets, box_losses, matched_labels, matched_query_index
+from detr.loss.matcher import HungarianMatcher
 
-_matched_query_index = matched_query_index  # the name detr.criterion_masks imports
+_matched_query_index = matched_query_index  # the name detr.loss.masks imports
 
 #: Model outputs that only a part reads: (what they are, the part, its shorthand). A criterion without the
 #: part refuses them rather than train without their loss.
@@ -43,9 +44,9 @@ class SetCriterion(nn.Module):
         Group DETR: outputs with ``query_groups`` G > 1 are matched group by group (see the matcher) and
             the box and focal terms are divided by G · num_boxes: the mean over groups of each group's
             loss (the softmax term is a mean over all queries already). cardinality_error counts group 1.
-        parts: further losses (:mod:`detr.criterion_parts`), each called with the outputs, the targets and
-            num_boxes: :class:`~detr.criterion_parts.DenoisingLoss` for a model with denoising queries
-            (loss_*_dn, loss_*_dn_i), :class:`~detr.criterion_parts.DenseLoss` for one with the dense head
+        parts: further losses (:mod:`detr.loss.parts`), each called with the outputs, the targets and
+            num_boxes: :class:`~detr.loss.parts.DenoisingLoss` for a model with denoising queries
+            (loss_*_dn, loss_*_dn_i), :class:`~detr.loss.parts.DenseLoss` for one with the dense head
             (loss_*_dense). Outputs holding ``dn_outputs`` or ``dense_outputs`` need the part that reads them.
         denoising, dense_aux: shorthands that add those two parts with this criterion's layer count, class
             head, focal parameters and weights.

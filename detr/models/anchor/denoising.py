@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from detr.models.anchor_decoder import inverse_sigmoid
+from detr.box_ops import inverse_sigmoid
 
 
 @dataclass(frozen=True)

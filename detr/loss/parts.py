@@ -1,4 +1,4 @@
-"""Losses that :class:`detr.criterion.SetCriterion` adds to the paper's set loss, one part per training aid.
+"""Losses that :class:`detr.loss.criterion.SetCriterion` adds to the paper's set loss, one part per training aid.
 
 A part reads one entry of the model's outputs (``output_key``), names its terms and their weights in
 ``weight_dict``, and is called as ``part(outputs, targets, num_boxes)`` → those terms, unweighted. It
@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.focal import CLASS_HEADS, ClassHead, sigmoid_focal_loss
-from detr.matched_losses import Targets, box_losses, matched_labels, matched_query_index
-from detr.models.dense_head import dense_assignment
+from detr.box_ops import cxcywh_to_xyxy
+from detr.loss.focal import sigmoid_focal_loss
+from detr.models.config import CLASS_HEADS, ClassHead
+from detr.loss.terms import Targets, box_losses, matched_labels, matched_query_index
 
 
 class LossPart(nn.Module):
@@ -129,3 +130,39 @@ class DenseLoss(LossPart):
                                      gamma=self.focal_gamma)
         boxes = box_losses(dense["pred_boxes"], targets, indices, num_positive)
         return {"loss_ce_dense": loss_ce, "loss_bbox_dense": boxes["loss_bbox"], "loss_giou_dense": boxes["loss_giou"]}
+
+
+@torch.no_grad()
+def dense_assignment(centers: torch.Tensor, valid: torch.Tensor, targets: list[dict[str, torch.Tensor]]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One-to-many assignment of cells to targets.
+
+    Args:
+        centers: float [B, HW, 2] normalised (x, y) cell centres; valid: bool [B, HW].
+        targets: per image labels int64 [T] and boxes float [T, 4] normalised cxcywh.
+
+    Returns assigned int64 [B, HW]: the index of the cell's target in its image, -1 for a negative or
+    padding cell. A cell is positive for every target box its centre lies in, and the cell nearest each
+    target's centre is positive for that target whatever the box covers; a cell positive for several
+    targets takes the smallest box.
+    """
+    batch, cells, _ = centers.shape
+    assigned = torch.full((batch, cells), -1, dtype=torch.int64, device=centers.device)
+    for index, target in enumerate(targets):
+        boxes = target["boxes"].to(centers)
+        if len(boxes) == 0:
+            continue
+        xyxy = cxcywh_to_xyxy(boxes)  # [T, 4]
+        point = centers[index]  # [HW, 2]
+        inside = ((point[:, None, 0] > xyxy[None, :, 0]) & (point[:, None, 0] < xyxy[None, :, 2])
+                  & (point[:, None, 1] > xyxy[None, :, 1]) & (point[:, None, 1] < xyxy[None, :, 3]))  # [HW, T]
+        distance = (point[:, None, :] - boxes[None, :, :2]).abs().amax(-1)  # [HW, T] Chebyshev to the centre
+        distance = distance.masked_fill(~valid[index][:, None], float("inf"))
+        nearest = distance.argmin(0)  # [T]: the cell holding each centre
+        inside[nearest, torch.arange(len(boxes), device=centers.device)] = True
+        inside &= valid[index][:, None]
+        area = (boxes[:, 2] * boxes[:, 3])[None, :].expand_as(inside)
+        area = area.masked_fill(~inside, float("inf"))
+        smallest = area.argmin(1)  # [HW]
+        assigned[index] = torch.where(inside.any(1), smallest, -1)
+    return assigned

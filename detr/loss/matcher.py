@@ -8,7 +8,8 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from detr.box_ops import batched_generalized_box_iou, cxcywh_to_xyxy
-from detr.focal import ClassHead, focal_class_cost, resolve_class_head
+from detr.loss.focal import focal_class_cost, resolve_class_head
+from detr.models.config import ClassHead
 
 
 class HungarianMatcher(nn.Module):
@@ -24,7 +25,7 @@ class HungarianMatcher(nn.Module):
     (one-to-many overall); the indices are into all Q queries.
 
     ``class_head="sigmoid"`` replaces −p(target class) by the focal cost of
-    :func:`detr.focal.focal_class_cost` for a sigmoid head (``num_classes`` logits; Deformable DETR).
+    :func:`detr.loss.focal.focal_class_cost` for a sigmoid head (``num_classes`` logits; Deformable DETR).
     """
 
     def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0, *,

@@ -1,4 +1,4 @@
-"""Run an exported DETR ONNX file (:mod:`detr.export`) with ONNX Runtime, behind the model's own forward contract.
+"""Run an exported DETR ONNX file (:mod:`detr.checkpoints.export`) with ONNX Runtime, behind the model's own forward contract.
 
 :class:`OnnxDetector` takes the place of a :class:`detr.models.DETR` in :class:`detr.Predictor`: the same call,
 ``(images, padding_mask) → {"pred_logits", "pred_boxes"}``, and the same attributes the predictor reads
@@ -22,7 +22,7 @@ from detr.models.config import DetrConfig
 
 logger = logging.getLogger(__name__)
 
-#: Keys of the ONNX file's ``metadata_props`` written by :func:`detr.export.export_onnx` (values are JSON).
+#: Keys of the ONNX file's ``metadata_props`` written by :func:`detr.checkpoints.export.export_onnx` (values are JSON).
 METADATA_KEYS = ("detr.outputs", "detr.class_head", "detr.num_classes", "detr.category_map", "detr.eval_size",
                  "detr.min_image_size", "detr.model_config")
 
@@ -40,7 +40,7 @@ def import_onnxruntime() -> Any:
 def read_onnx_metadata(path: str | Path) -> dict[str, Any]:
     """The DETR metadata of an exported ONNX file, JSON-decoded: outputs ("raw" or "postprocessed"),
     class_head, num_classes, category_map (dict or None), eval_size ([min, max] or None), min_image_size,
-    model_config. Raises ValueError naming the file if it was not written by :func:`detr.export.export_onnx`."""
+    model_config. Raises ValueError naming the file if it was not written by :func:`detr.checkpoints.export.export_onnx`."""
     ort = import_onnxruntime()
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # only the metadata is read
@@ -52,7 +52,7 @@ def _decode_metadata(props: dict[str, str], path: str | Path) -> dict[str, Any]:
     missing = [key for key in METADATA_KEYS if key not in props]
     if missing:
         raise ValueError(f"{path} lacks the DETR metadata {missing}: export it with tools/export.py "
-                         f"(detr.export.export_onnx), which records the class head, categories and eval resize")
+                         f"(detr.checkpoints.export.export_onnx), which records the class head, categories and eval resize")
     return {key.removeprefix("detr."): json.loads(props[key]) for key in METADATA_KEYS}
 
 
@@ -60,7 +60,7 @@ class OnnxDetector(nn.Module):
     """An exported DETR ONNX file run by ONNX Runtime, called like the model.
 
     Args:
-        path: a file written by :func:`detr.export.export_onnx`.
+        path: a file written by :func:`detr.checkpoints.export.export_onnx`.
         device: "cuda…" uses ONNX Runtime's CUDAExecutionProvider when the installed onnxruntime has it
             (onnxruntime-gpu), else the CPU with a warning; default CPU.
         threads: ONNX Runtime's intra-op threads (default: its own choice).

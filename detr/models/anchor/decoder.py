@@ -30,17 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.box_ops import inverse_sigmoid
 from detr.models.mlp import MLP
 from detr.models.transformer import (TransformerEncoder, attention_with_weights, flatten_feature_map,
                                       xavier_init_)
-
-
-def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
-    """logit(x) with x clamped to [eps, 1 - eps] (DAB-DETR's eps), so boxes at 0 or 1 stay finite."""
-    # DAB-DETR clamps to [0, 1] first, then each operand to eps; one clamp per operand gives the same
-    # numbers, and the ONNX exporter's graph optimiser (onnxscript 0.7) writes an invalid graph when it
-    # merges the chained clamps.
-    return torch.log(x.clamp(min=eps, max=1.0) / (1 - x).clamp(min=eps, max=1.0))
 
 
 def anchor_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:

@@ -13,19 +13,12 @@ A sigmoid head has ``num_classes`` logits, no "no object" logit (see :func:`detr
 
 from __future__ import annotations
 
-import math
 import warnings
-from typing import Literal
 
 import torch
 from torchvision.ops import sigmoid_focal_loss as _torchvision_sigmoid_focal_loss
 
-#: The class head, in one vocabulary for the model, the matcher, the criterion and the post-processing:
-#: "softmax" (the paper: num_classes + 1 logits, the last "no object"; cross-entropy, -p matching cost) or
-#: "sigmoid" (num_classes independent sigmoids; focal loss and the focal matching cost).
-ClassHead = Literal["softmax", "sigmoid"]
-CLASS_HEADS: tuple[str, ...] = ("softmax", "sigmoid")
-
+from detr.models.config import CLASS_HEADS
 
 def resolve_class_head(class_head: str | None, class_loss: str | None, owner: str) -> str:
     """``class_head`` checked, or the deprecated ``class_loss`` ("softmax" / "focal") translated to it."""
@@ -42,10 +35,6 @@ def resolve_class_head(class_head: str | None, class_loss: str | None, owner: st
     if class_head not in CLASS_HEADS:
         raise ValueError(f"{owner}: class_head must be 'softmax' or 'sigmoid', got {class_head!r}")
     return class_head
-
-
-#: Bias of a sigmoid class logit that starts every class at p = 0.01 (the focal-loss prior, Lin et al. §4.1).
-PRIOR_BIAS = -math.log((1 - 0.01) / 0.01)
 
 
 def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, num_boxes: float | torch.Tensor, *,

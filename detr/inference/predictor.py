@@ -14,9 +14,9 @@ an :class:`AttentionMaps` cropped to the image's unpadded feature region, which 
 
 With a panoptic model (:class:`detr.DETRPanoptic`, e.g. ``Predictor.from_checkpoint("detr-r50-panoptic")``)
 every :class:`Prediction` also carries the instance masks of its detections
-(:class:`detr.postprocess_segmentation.PostProcessMasks`), and with ``task="panoptic"`` (or
+(:class:`detr.inference.postprocess_masks.PostProcessMasks`), and with ``task="panoptic"`` (or
 :meth:`Predictor.predict_panoptic`) a :class:`PanopticSegmentation` of the whole image
-(:class:`detr.postprocess_segmentation.PostProcessPanoptic`, paper §4.4).
+(:class:`detr.inference.postprocess_masks.PostProcessPanoptic`, paper §4.4).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from detr.data.collate import pad_images
 from detr.data.images import load_rgb_image, pil_to_rgb_array
 from detr.data.transforms import EVAL_MAX_SIZE, EVAL_MIN_SIZE, make_eval_transform
 from detr.models.segmentation import DETRPanoptic
-from detr.postprocess import PostProcess
-from detr.postprocess_segmentation import PostProcessMasks, PostProcessPanoptic
+from detr.inference.postprocess import PostProcess
+from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ class Predictor:
             model's training run validated with (``model.panoptic_postprocess``, this project's panoptic
             checkpoints), else the authors' 0.85.
         panoptic_overlap_threshold: Mask2Former's overlap filter of
-            :class:`detr.postprocess_segmentation.PostProcessPanoptic` (e.g. 0.8); default: the model's
+            :class:`detr.inference.postprocess_masks.PostProcessPanoptic` (e.g. 0.8); default: the model's
             training run's, else none (the authors' rules).
 
     The model is put in eval mode and moved to ``device`` in place.
@@ -401,7 +401,7 @@ class Predictor:
                 raise ValueError(f"{path} is an ONNX file: it runs in the precision it was exported in (fp32) "
                                  f"and its architecture is fixed; drop precision={precision!r} and "
                                  f"{sorted(model_overrides)} or use the PyTorch checkpoint")
-            from detr.onnx_backend import OnnxDetector  # onnxruntime is needed only for ONNX files
+            from detr.checkpoints.onnx import OnnxDetector  # onnxruntime is needed only for ONNX files
 
             model = OnnxDetector(path, device=device if device is not None else default_device())
         else:

@@ -8,7 +8,7 @@ a progress bar; its SHA-256 must start with the 8 hex digits of its file name (t
 ``check_hash`` convention), otherwise it is refused and nothing is left in the cache. Offline, put the
 file into that folder by hand: the error message names the URL and the folder.
 
-``python -m detr.pretrained`` (or ``--checkpoint list`` in the tools) prints the table.
+``python -m detr.checkpoints.released`` (or ``--checkpoint list`` in the tools) prints the table.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import torch
 from detr.categories import CategoryMap
 from detr.checkpoints import CheckpointContents, CheckpointError, infer_model_config, load_checkpoint, read_checkpoint
 from detr.models.backbone import BackboneName
-from detr.models.detr import build_detr
-from detr.postprocess import PostProcess
+from detr.models.build import build_detr
+from detr.inference.postprocess import PostProcess
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def find(source: object) -> PretrainedModel | None:
         close = difflib.get_close_matches(source, list(PRETRAINED_MODELS), n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise CheckpointError(f"{source!r} is neither a file nor a released model's name; {hint}released models: "
-                              f"{', '.join(PRETRAINED_MODELS)} (python -m detr.pretrained lists them)")
+                              f"{', '.join(PRETRAINED_MODELS)} (python -m detr.checkpoints.released lists them)")
     return None
 
 
@@ -193,7 +193,7 @@ def read_released(model: PretrainedModel, *, progress: bool = True) -> Checkpoin
 
 
 def describe() -> str:
-    """The table that ``python -m detr.pretrained`` prints: name, file, published AP."""
+    """The table that ``python -m detr.checkpoints.released`` prints: name, file, published AP."""
     lines = [f"{'name':<22} {'file':<36} {'published (COCO val2017)'}"]
     for model in PRETRAINED_MODELS.values():
         scores = f"box AP {model.metrics['box_ap']}"
@@ -214,7 +214,7 @@ def hub_model(name: str, *, pretrained: bool = False, num_classes: int | None = 
     (default: the release's), randomly initialised, ImageNet backbone not loaded (train mode; for training
     from scratch or fine-tuning). return_postprocessor: also return the post-processor:
     :class:`detr.PostProcess` (per-image scores, labels and pixel boxes) for a detector,
-    :class:`detr.postprocess_segmentation.PostProcessPanoptic` (score ``threshold``, COCO panoptic's things
+    :class:`detr.inference.postprocess_masks.PostProcessPanoptic` (score ``threshold``, COCO panoptic's things
     and stuff) for a panoptic model, as the authors' hubconf does.
     """
     model_info = PRETRAINED_MODELS[name]
@@ -227,7 +227,7 @@ def hub_model(name: str, *, pretrained: bool = False, num_classes: int | None = 
         model = load_checkpoint(name, aux_loss=False)
     elif model_info.task == "panoptic":
         from detr.models.segmentation import build_detr_panoptic
-        from detr.panoptic_categories import coco_panoptic_category_map, coco_panoptic_is_thing
+        from detr.categories import coco_panoptic_category_map, coco_panoptic_is_thing
 
         model = build_detr_panoptic(**{**model_info.model_config(), "num_classes": num_classes}, aux_loss=False)
         coco = num_classes == model_info.num_classes
@@ -239,7 +239,7 @@ def hub_model(name: str, *, pretrained: bool = False, num_classes: int | None = 
     if not return_postprocessor:
         return model
     if model_info.task == "panoptic":
-        from detr.postprocess_segmentation import PostProcessPanoptic
+        from detr.inference.postprocess_masks import PostProcessPanoptic
 
         if model.is_thing is None:
             raise ValueError(f"a {name} model with num_classes={num_classes} has no things/stuff split for the "
@@ -261,7 +261,7 @@ class CheckpointArgument(argparse.Action):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m detr.pretrained", description="List the released DETR models.")
+    parser = argparse.ArgumentParser(prog="python -m detr.checkpoints.released", description="List the released DETR models.")
     parser.parse_args(argv)
     print(describe())
     return 0

@@ -2,9 +2,9 @@
 short budget (docs/convergence.md).
 
 - DAB-DETR (Liu et al., ICLR 2022): every query is a learned anchor box (``refpoint_embed`` [Q, 4], logits
-  of cxcywh), decoded by :class:`detr.models.anchor_decoder.AnchorDecoder`, which refines it layer by layer.
+  of cxcywh), decoded by :class:`detr.models.anchor.decoder.AnchorDecoder`, which refines it layer by layer.
 - DN-DETR (Li et al., CVPR 2022), optional: in training, noised ground-truth boxes enter the decoder as
-  extra queries that learn to reconstruct their targets (:mod:`detr.models.denoising`).
+  extra queries that learn to reconstruct their targets (:mod:`detr.models.anchor.denoising`).
 - Group DETR (Chen et al., ICCV 2023), optional: in training, ``query_groups`` groups of anchors are
   decoded, each blind to the others and matched one-to-one on its own; inference decodes group 1 only.
 - Co-DETR's dense auxiliary head (Zong et al., ICCV 2023), optional, as for :class:`detr.models.detr.DETR`.
@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from detr.focal import ClassHead
-from detr.models.anchor_decoder import AnchorTransformer
+from detr.models.config import ClassHead
+from detr.models.anchor.decoder import AnchorTransformer
 from detr.models.backbone import Joiner
 from detr.models.config import DetrConfig, QueryType
 from detr.models.dense_head import DenseAuxiliaryHead
-from detr.models.denoising import DenoisingMeta, DenoisingQueries
+from detr.models.anchor.denoising import DenoisingMeta, DenoisingQueries
 from detr.models.detr import DETR, attention_maps, check_inputs, class_embedding, predictions
 from detr.models.mlp import MLP
 
@@ -95,7 +95,7 @@ class AnchorDETR(nn.Module):
           and pred_boxes then hold G · Q queries, group by group (the matcher matches each group on its own);
         - with denoising (``targets`` required: labels int64 [T], boxes float [T, 4] normalised cxcywh per
           image): dn_outputs, the denoising queries' {pred_logits [B, D, ·], pred_boxes [B, D, 4],
-          aux_outputs} (D = dn_meta.num_queries), and dn_meta (:class:`detr.models.denoising.DenoisingMeta`:
+          aux_outputs} (D = dn_meta.num_queries), and dn_meta (:class:`detr.models.anchor.denoising.DenoisingMeta`:
           which query reconstructs which target).
 
         Attention maps cover the matching queries only.

@@ -2,14 +2,14 @@
 
 Two formats, both with dynamic batch, height and width (one file serves every image size and batch):
 
-- ONNX (``.onnx``), run by ONNX Runtime (:class:`detr.onnx_backend.OnnxDetector`). Inputs ``images``
+- ONNX (``.onnx``), run by ONNX Runtime (:class:`detr.checkpoints.onnx.OnnxDetector`). Inputs ``images``
   float32 [B, 3, H, W] (normalised, zero-padded) and ``padding_mask`` bool [B, H, W] (True = padding);
   outputs ``pred_logits`` and ``pred_boxes`` as :meth:`detr.models.DETR.forward`. With
   ``postprocess=True`` the post-processing is in the graph too: input ``orig_sizes`` int64 [B, 2]
   (height, width of the original images), outputs ``scores`` [B, Q], ``labels`` int64 [B, Q] and ``boxes``
   [B, Q, 4] pixel xyxy, scored as :class:`detr.PostProcess` scores (the same functions), so a deployment
   needs no Python. The category map, the eval resize and the class head travel in the file's
-  ``metadata_props`` (JSON strings; :func:`detr.onnx_backend.read_onnx_metadata`).
+  ``metadata_props`` (JSON strings; :func:`detr.checkpoints.onnx.read_onnx_metadata`).
 - ``torch.export`` programs (``.pt2``): the same inputs and outputs, loaded with ``torch.export.load``;
   the metadata travels as the extra file ``detr.json``.
 
@@ -45,10 +45,10 @@ import torch
 from torch import Tensor, nn
 
 from detr.categories import CategoryMap
-from detr.models.anchor_detr import AnchorDETR
+from detr.models.anchor.model import AnchorDETR
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned
-from detr.postprocess import boxes_to_pixels, scores_and_labels
+from detr.inference.postprocess import boxes_to_pixels, scores_and_labels
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class DeployModel(nn.Module):
 
     forward(images [B, 3, H, W], padding_mask bool [B, H, W]) → (pred_logits, pred_boxes) of the last decoder
     layer; with ``postprocess``: forward(images, padding_mask, orig_sizes int64 [B, 2] (height, width)) →
-    (scores [B, Q], labels int64 [B, Q], boxes [B, Q, 4] pixel xyxy), scored by :mod:`detr.postprocess`.
+    (scores [B, Q], labels int64 [B, Q], boxes [B, Q, 4] pixel xyxy), scored by :mod:`detr.inference.postprocess`.
     """
 
     def __init__(self, model: DETR | AnchorDETR, *, postprocess: bool = False) -> None:
@@ -277,7 +277,7 @@ def _tolerances(postprocess: bool) -> dict[str, float]:
 
 def _runner(path: Path, format: ExportFormat, input_names: list[str]):
     if format == "onnx":
-        from detr.onnx_backend import import_onnxruntime
+        from detr.checkpoints.onnx import import_onnxruntime
 
         session = import_onnxruntime().InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return lambda *inputs: tuple(torch.from_numpy(out) for out in session.run(

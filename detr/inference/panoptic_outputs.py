@@ -5,11 +5,11 @@ PNG per image whose pixels encode the segment id as id = R + 256·G + 256²·B (
 
 - :func:`panoptic_annotation`: one image's ``{"image_id", "file_name" (the PNG), "segments_info"}``;
 - :func:`write_panoptic_json`: ``{"annotations": [...], "categories": [{"id", "name", "isthing"}]}``, atomically;
-- :func:`write_panoptic_png`: the PNG (:func:`detr.postprocess_segmentation.panoptic_png`), atomically;
+- :func:`write_panoptic_png`: the PNG (:func:`detr.inference.postprocess_masks.panoptic_png`), atomically;
 - :func:`draw_panoptic`: segments alpha-blended over the photo (``torchvision.utils.draw_segmentation_masks``)
   with their category names.
 
-:func:`detr.predictions_io.predict_files` with ``task="panoptic"`` writes all three for a set of files;
+:func:`detr.inference.outputs.predict_files` with ``task="panoptic"`` writes all three for a set of files;
 :func:`write_panoptic_predictions` writes the PNGs and the json of finished predictions (``detr-panoptic
 predict``'s :class:`detr.lightning.panoptic_writer.PanopticPredictionsWriter`), in the same layout.
 """
@@ -28,11 +28,11 @@ from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 from torchvision.utils import draw_segmentation_masks
 
-from detr.atomic_files import write_atomically, write_text_atomically
+from detr.checkpoints.atomic import write_atomically, write_text_atomically
 from detr.categories import UNUSED_NAME, CategoryMap
-from detr.postprocess_segmentation import panoptic_png
-from detr.predictions_io import _font_path, label_color
-from detr.predictor import PanopticSegmentation, Prediction, to_rgb_array
+from detr.inference.postprocess_masks import panoptic_png
+from detr.inference.outputs import _font_path, label_color
+from detr.inference.predictor import PanopticSegmentation, Prediction, to_rgb_array
 
 logger = logging.getLogger(__name__)
 
