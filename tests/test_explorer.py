@@ -13,7 +13,8 @@ import torch
 
 from detr import build_detr
 from detr.categories import CategoryMap
-from detr.inference.predictor import Predictor, pad_images
+from detr.data.collate import pad_images
+from detr.inference.predictor import Predictor
 from detr.visualize.explorer import (
     explorer_data,
     feature_stride,

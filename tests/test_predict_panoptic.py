@@ -15,9 +15,9 @@ from PIL import Image
 from detr.data.collate import pad_images
 from detr.models.segmentation import build_detr_panoptic
 from detr.categories import coco_panoptic_category_map, coco_panoptic_is_thing
-from detr.inference.panoptic_outputs import draw_panoptic
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, rgb_to_id_map
 from detr.inference.predictor import Predictor
+from detr.visualize.drawing import draw_panoptic
 from tests.conftest import load_script, tiny_config_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -11,8 +11,9 @@ import torch
 from PIL import Image
 
 from detr import CategoryMap
-from detr.inference.outputs import assign_image_ids, collect_image_paths, draw_prediction, predictions_to_coco_results
-from detr.inference.predictor import Prediction
+from detr.inference.outputs import assign_image_ids, collect_image_paths, predictions_to_coco_results
+from detr.inference.prediction import Prediction
+from detr.visualize.drawing import draw_prediction
 from tests.conftest import load_script
 
 

@@ -10,7 +10,9 @@ from PIL import Image
 from detr import CategoryMap, PostProcess, build_detr
 from detr.data.collate import pad_images
 from detr.data.transforms import make_eval_transform
-from detr.inference.predictor import AttentionMaps, Predictor, to_rgb_array
+from detr.inference.images import to_rgb_array
+from detr.inference.prediction import AttentionMaps
+from detr.inference.predictor import Predictor
 
 SIZES = dict(min_size=64, max_size=100)
 NAMES = CategoryMap(category_ids=(3, 5, 7, 9, 11), names=("ant", "bee", "cat", "dog", "eel"))

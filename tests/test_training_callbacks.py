@@ -14,7 +14,6 @@ from detr.lightning import DetrSystem
 from detr.lightning.callbacks import (
     ExponentialMovingAverage,
     TimeBudget,
-    TrainingSpeed,
     TrainingThroughput,
     time_budget_of,
 )
@@ -229,17 +228,10 @@ def test_throughput_logs_images_per_second_and_training_seconds(tmp_path) -> Non
     assert metrics["time/train_seconds"] == pytest.approx(10.0)
 
 
-def test_deprecated_training_speed_maps_to_the_new_callbacks(tmp_path) -> None:
-    with pytest.warns(FutureWarning, match="TimeBudget"):
-        speed = TrainingSpeed(max_train_seconds=20, lr_decay_fraction=0.5)
-    assert time_budget_of([speed]) is speed.budget and speed.budget.max_train_seconds == 20
-    clock = _Clock()
-    speed.budget.clock.now = speed.clock.now = clock
-    system = DetrSystem()
-    speed.setup(None, system, "fit")
-    assert system.hparams.lr_decay_fraction == 0.5  # the decay moves to the system's step schedule
-    with pytest.raises(ValueError, match="needs max_train_seconds"):
-        TrainingSpeed(lr_decay_fraction=0.2)
+def test_time_budget_of_finds_the_budget_among_the_callbacks() -> None:
+    budget = TimeBudget(max_train_seconds=20)
+    assert time_budget_of([TrainingThroughput(), budget]) is budget
+    assert time_budget_of([TrainingThroughput()]) is None
 
 
 def test_budget_arguments_are_checked() -> None:

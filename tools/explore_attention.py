@@ -17,7 +17,7 @@ import logging
 import sys
 
 from detr.checkpoints import load_checkpoint
-from detr.inference.predictor import add_resize_arguments
+from detr.inference.command_line import add_resize_arguments
 from detr.visualize.explorer import write_attention_explorer
 
 

@@ -24,7 +24,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from detr.inference.outputs import collect_image_paths, predict_files
 from detr.checkpoints.released import CheckpointArgument
-from detr.inference.predictor import Predictor, add_resize_arguments
+from detr.inference.command_line import add_resize_arguments
+from detr.inference.predictor import Predictor
 
 
 def main(argv: list[str] | None = None) -> int:

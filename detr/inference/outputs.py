@@ -6,9 +6,7 @@ Shared by ``tools/predict.py`` and the Lightning ``detr predict`` writer so both
   "category_id", "bbox": [x, y, w, h] pixels, "score"}`` with the data set's own category ids, so
   ``pycocotools.COCO.loadRes`` reads it as is; predictions with instance masks add ``segmentation``
   (COCO RLE, "segm" results).
-- :func:`draw_prediction` / :func:`save_drawn_image`: boxes, names and scores drawn with
-  ``torchvision.utils.draw_bounding_boxes`` (through :func:`draw_boxes`, which the validation images of
-  training use too).
+- the images with their boxes, names and scores drawn (:func:`detr.visualize.drawing.draw_prediction`);
 - :func:`collect_image_paths` and :func:`predict_files`: files, folders and glob patterns in, the two
   outputs above out; a file that cannot be read is logged, skipped and reported, the rest goes on. With
   ``task="panoptic"`` also the COCO panoptic PNGs and json of :mod:`detr.inference.panoptic_outputs`.
@@ -26,28 +24,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
-from torch import Tensor
-from torchvision.utils import draw_bounding_boxes
 
 from detr.categories import CategoryMap
 from detr.data.images import ImageLoadError, list_image_files
 from detr.evaluation.coco_evaluator import detections_to_coco_results, write_coco_results
-from detr.inference.predictor import Prediction, Predictor, Task, to_rgb_array
+from detr.inference.images import to_rgb_array
+from detr.inference.panoptic_outputs import (
+    panoptic_annotation,
+    panoptic_categories,
+    write_panoptic_json,
+    write_panoptic_png,
+)
+from detr.inference.prediction import Prediction
+from detr.inference.predictor import Predictor, Task
+from detr.visualize.drawing import draw_panoptic, draw_prediction, save_image
 
 logger = logging.getLogger(__name__)
-
-# Tableau-like palette, readable on photos; a label always gets the same colour.
-_PALETTE: tuple[tuple[int, int, int], ...] = (
-    (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
-    (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207), (0, 114, 189), (217, 83, 25),
-)
-
-
-def label_color(label: int) -> tuple[int, int, int]:
-    """RGB colour of a model label (fixed per label, so one class has one colour in every image)."""
-    return _PALETTE[int(label) % len(_PALETTE)]
-
 
 def predictions_to_coco_results(
     predictions: Sequence[Prediction], *, category_map: CategoryMap | None
@@ -101,80 +93,6 @@ def assign_image_ids(predictions: Sequence[Prediction]) -> None:
         ids = list(range(1, len(predictions) + 1))
     for prediction, image_id in zip(predictions, ids):
         prediction.image_id = image_id
-
-
-def draw_prediction(
-    image: np.ndarray | Tensor | Image.Image,
-    prediction: Prediction,
-    *,
-    line_width: int | None = None,
-    font_size: int | None = None,
-) -> Tensor:
-    """Draw the prediction's boxes with "name score" labels: ``uint8`` ``[3, H, W]``.
-
-    ``image`` is the original image (``uint8`` ``[H, W, 3]`` array, ``[3, H, W]`` tensor or PIL); the
-    line width and font size scale with the image unless given.
-    """
-    array = to_rgb_array(image)
-    canvas = torch.from_numpy(array).permute(2, 0, 1).contiguous()
-    if tuple(array.shape[:2]) != tuple(prediction.image_size):
-        raise ValueError(
-            f"image is {array.shape[0]}x{array.shape[1]} but the prediction is for "
-            f"{prediction.image_size[0]}x{prediction.image_size[1]}; draw on the image that was predicted"
-        )
-    colors = [label_color(int(label)) for label in prediction.labels]
-    return draw_boxes(canvas, prediction.boxes, detection_labels(prediction.label_names, prediction.scores),
-                      colors, line_width=line_width, font_size=font_size)
-
-
-def detection_labels(names: Sequence[str], scores: Tensor | None = None) -> list[str]:
-    """The text drawn beside each box: "name score" (score to two decimals), or the bare name without scores."""
-    if scores is None:
-        return list(names)
-    return [f"{name} {score:.2f}" for name, score in zip(names, scores.tolist())]
-
-
-def draw_boxes(
-    image: Tensor,
-    boxes_xyxy: Tensor,
-    labels: Sequence[str] | None,
-    colors: str | Sequence[tuple[int, int, int]],
-    *,
-    line_width: int | None = None,
-    font_size: int | None = None,
-) -> Tensor:
-    """Boxes (pixel ``xyxy`` [N, 4] in ``image``) on ``image`` (``uint8`` ``[3, H, W]``), each label in white
-    on a background of its box's colour; one colour for all boxes or one per box. The line width and font
-    size scale with the image unless given. Returns a new ``uint8`` ``[3, H, W]`` (``image`` itself without boxes).
-    """
-    if len(boxes_xyxy) == 0:
-        return image
-    short_side = min(image.shape[-2:])
-    width = line_width if line_width is not None else max(2, round(short_side / 250))
-    size = font_size if font_size is not None else max(11, round(short_side / 32))
-    palette = colors if isinstance(colors, str) else list(colors)
-    return draw_bounding_boxes(
-        image,
-        boxes_xyxy.detach().float().cpu(),
-        labels=list(labels) if labels is not None else None,
-        colors=palette,
-        width=width,
-        font=_font_path(),
-        font_size=size,
-        label_colors="white",
-        label_background_colors=palette,
-        fill_labels=True,
-    )
-
-
-def save_drawn_image(path: str | Path, image: np.ndarray | Tensor | Image.Image, prediction: Prediction) -> Path:
-    """Draw with :func:`draw_prediction` and save to ``path`` (format from its suffix; parents created)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    drawn = draw_prediction(image, prediction).permute(1, 2, 0).numpy()
-    options = {"quality": 90} if path.suffix.lower() in (".jpg", ".jpeg") else {}
-    Image.fromarray(drawn).save(path, **options)
-    return path
 
 
 def collect_image_paths(inputs: Iterable[str | Path]) -> list[Path]:
@@ -279,24 +197,20 @@ def predict_files(
                 run.predictions.append(prediction)
                 name = _unique_name(prediction.file_name, used_names)
                 if task == "panoptic":
-                    from detr.inference.panoptic_outputs import save_drawn_panoptic, write_panoptic_png
-
                     assert prediction.panoptic is not None
                     run.panoptic_pngs.append(write_panoptic_png(out_dir / "panoptic" / f"{Path(name).stem}.png",
                                                                 prediction.panoptic))
                     if draw:
-                        run.drawn.append(save_drawn_panoptic(out_dir / name, array, prediction.panoptic))
+                        run.drawn.append(save_image(out_dir / name, draw_panoptic(array, prediction.panoptic)))
                 elif draw:
                     shown = prediction.above(threshold_value) if all_queries else prediction
-                    run.drawn.append(save_drawn_image(out_dir / name, array, shown))
+                    run.drawn.append(save_image(out_dir / name, draw_prediction(array, shown)))
     finally:  # whatever stops the run, the images done so far are written
         assign_image_ids(run.predictions)
         run.predictions_json = write_predictions_json(
             out_dir / "predictions.json", run.predictions, category_map=predictor.category_map
         )
         if task == "panoptic":
-            from detr.inference.panoptic_outputs import panoptic_annotation, panoptic_categories, write_panoptic_json
-
             annotations = [panoptic_annotation(prediction, png.name)
                            for prediction, png in zip(run.predictions, run.panoptic_pngs)]
             labels = [s["label"] for p in run.predictions for s in (p.panoptic.segments_info if p.panoptic else [])]
@@ -358,13 +272,3 @@ def _unique_name(file_name: str | None, used: set[str]) -> str:
         name = f"{stem}_{index}.jpg"
     used.add(name)
     return name
-
-
-def _font_path() -> str | None:
-    """A TrueType font for readable labels (matplotlib ships DejaVu Sans); None falls back to PIL's."""
-    try:
-        from matplotlib import font_manager
-
-        return font_manager.findfont("DejaVu Sans", fallback_to_default=True)
-    except Exception:  # matplotlib missing or broken: draw_bounding_boxes uses PIL's bitmap font
-        return None

@@ -1,4 +1,5 @@
-"""Run a trained DETR on users' images: :class:`Predictor` and the per-image :class:`Prediction`.
+"""Run a trained DETR on users' images: :class:`Predictor`, which returns one
+:class:`~detr.inference.prediction.Prediction` per image.
 
 The predictor does what the authors' evaluation does (models/detr.py PostProcess) on images that
 come without annotations: the authors' eval resize (shortest side 800, longest at most 1333), ImageNet
@@ -9,7 +10,7 @@ threshold, unless all queries are asked for.
 
 It stays on the fast path unless attention is asked for: ``torch.inference_mode``, no attention
 weights, optional bf16 autocast. With ``return_attention=True`` every :class:`Prediction` also carries
-an :class:`AttentionMaps` cropped to the image's unpadded feature region, which the figures of
+an :class:`~detr.inference.prediction.AttentionMaps` cropped to the image's unpadded feature region, which the figures of
 :mod:`detr.visualize.figures` draw (paper Fig. 3 and Fig. 6).
 
 With a panoptic model (:class:`detr.DETRPanoptic`, e.g. ``Predictor.from_checkpoint("detr-r50-panoptic")``)
@@ -21,34 +22,27 @@ every :class:`Prediction` also carries the instance masks of its detections
 
 from __future__ import annotations
 
-import argparse
+import inspect
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from PIL import Image, ImageOps
 from torch import Tensor, nn
 
 from detr.categories import CategoryMap
 from detr.checkpoints import load_checkpoint
 from detr.data.collate import pad_images
-from detr.data.images import load_rgb_image, pil_to_rgb_array
 from detr.data.transforms import EVAL_MAX_SIZE, EVAL_MIN_SIZE, make_eval_transform
-from detr.models.segmentation import DETRPanoptic
+from detr.inference.images import ImageInput, is_single_image, to_rgb_array
 from detr.inference.postprocess import PostProcess
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
+from detr.inference.prediction import AttentionMaps, PanopticSegmentation, Prediction, label_name, select_detections
+from detr.models.segmentation import DETRPanoptic
 
 logger = logging.getLogger(__name__)
-
-#: What :meth:`Predictor.predict` accepts as one image: a file path, a PIL image, a ``uint8`` numpy array
-#: ``[H, W]``, ``[H, W, 1]``, ``[H, W, 3]`` or ``[H, W, 4]`` (RGB order, alpha dropped), or a ``uint8``
-#: tensor ``[C, H, W]`` as ``torchvision.io.decode_image`` returns it.
-ImageInput = Union[str, Path, Image.Image, np.ndarray, Tensor]
 
 Precision = Literal["fp32", "bf16"]
 
@@ -56,228 +50,6 @@ Precision = Literal["fp32", "bf16"]
 #: without masks is refused; "panoptic": also the image's :class:`PanopticSegmentation`. The last two need a
 #: panoptic model (:class:`detr.DETRPanoptic`).
 Task = Literal["detection", "instances", "panoptic"]
-
-
-def to_rgb_array(image: ImageInput) -> np.ndarray:
-    """Any accepted image input → ``uint8`` RGB array ``[H, W, 3]`` as the user sees the image.
-
-    Paths go through :func:`detr.data.images.load_rgb_image` (EXIF orientation applied, any PIL mode);
-    PIL images get the same treatment (``ImageOps.exif_transpose``, then
-    :func:`detr.data.images.pil_to_rgb_array`); arrays and tensors are
-    taken as already oriented: grayscale is repeated to three channels, a fourth (alpha) channel is dropped.
-
-    Raises:
-        ValueError: for arrays of another dtype or shape, naming the shape and the fix.
-        detr.data.images.ImageLoadError: (a ValueError) for paths that cannot be read as images.
-    """
-    if isinstance(image, (str, Path)):
-        return load_rgb_image(image)
-    if isinstance(image, Image.Image):
-        return pil_to_rgb_array(ImageOps.exif_transpose(image))
-    if isinstance(image, Tensor):
-        if image.ndim != 3 or image.shape[0] not in (1, 3, 4):
-            raise ValueError(
-                f"image tensor must be [C, H, W] with C in (1, 3, 4), got shape {tuple(image.shape)}; "
-                "pass torchvision.io.decode_image output or a numpy HWC array"
-            )
-        image = image.detach().cpu().permute(1, 2, 0).numpy()
-    if not isinstance(image, np.ndarray):
-        raise ValueError(
-            f"unsupported image input of type {type(image).__name__}; pass a path, a PIL image, "
-            "a uint8 numpy array [H, W(, C)] or a uint8 tensor [C, H, W]"
-        )
-    if image.dtype != np.uint8:
-        raise ValueError(
-            f"image array has dtype {image.dtype}, expected uint8 in 0..255; convert it first, e.g. "
-            "(array * 255).round().clip(0, 255).astype(np.uint8) for floats in [0, 1]"
-        )
-    if image.ndim == 2:
-        image = image[:, :, None]
-    if image.ndim != 3 or image.shape[2] not in (1, 3, 4):
-        raise ValueError(
-            f"image array must be [H, W], [H, W, 1], [H, W, 3] or [H, W, 4] (RGB(A) order), got shape "
-            f"{image.shape}; a channel-first array needs .transpose(1, 2, 0)"
-        )
-    if image.shape[0] == 0 or image.shape[1] == 0:
-        raise ValueError(f"image array is empty (shape {image.shape})")
-    if image.shape[2] == 1:
-        image = np.repeat(image, 3, axis=2)
-    return np.ascontiguousarray(image[:, :, :3])
-
-
-@dataclass
-class AttentionMaps:
-    """Attention of one image, cropped to its unpadded ``h × w`` feature region (``h, w`` below).
-
-    decoder: float32 ``[L, Q, h, w]``, decoder cross-attention per layer and query, mean over heads.
-    decoder_heads: float32 ``[L, heads, Q, h, w]``, the same per head.
-    encoder: float32 ``[h, w, h, w]``: ``encoder[y, x]`` is the last encoder layer's self-attention
-        (mean over heads) of feature position ``(y, x)`` over all positions.
-    scores: float32 ``[Q]``, every query's best class score (no-object excluded), as PostProcess scores it.
-    labels: int64 ``[Q]``, that class.
-    no_object_scores: float32 ``[Q]``, probability of "no object" (softmax head); None for a sigmoid head,
-        which has no such class.
-    boxes: float32 ``[Q, 4]``, every query's box, pixel ``xyxy`` in the original image.
-    stride: backbone stride in resized-image pixels (32; 16 for DC5), feature cell ``(y, x)`` covers
-        resized pixels ``[y * stride, (y + 1) * stride)``.
-    input_size: ``(height, width)`` of the resized image the model saw (before padding).
-    image_size: ``(height, width)`` of the original image.
-    category_map: names the labels (None: "class <label>").
-    """
-
-    decoder: Tensor
-    decoder_heads: Tensor
-    encoder: Tensor
-    scores: Tensor
-    labels: Tensor
-    no_object_scores: Tensor | None
-    boxes: Tensor
-    stride: int
-    input_size: tuple[int, int]
-    image_size: tuple[int, int]
-    category_map: CategoryMap | None = None
-
-    @property
-    def feature_size(self) -> tuple[int, int]:
-        """``(h, w)`` of the unpadded feature region."""
-        return int(self.decoder.shape[-2]), int(self.decoder.shape[-1])
-
-    def to_image(self, maps: Tensor) -> Tensor:
-        """Upsample feature maps ``[..., h, w]`` to the original image: float32 ``[..., H, W]``.
-
-        Bilinear, with each feature cell centred on the resized-image pixels it covers; the part of the
-        last row and column that reaches past the image (the feature map rounds up) is cut off.
-        """
-        h, w = self.feature_size
-        if tuple(maps.shape[-2:]) != (h, w):
-            raise ValueError(f"maps must end in the feature size {(h, w)}, got shape {tuple(maps.shape)}")
-        lead = maps.shape[:-2]
-        flat = maps.reshape(-1, 1, h, w).float()
-        resized = F.interpolate(flat, size=(h * self.stride, w * self.stride), mode="bilinear", align_corners=False)
-        resized = resized[..., : self.input_size[0], : self.input_size[1]]
-        if tuple(resized.shape[-2:]) != self.image_size:
-            resized = F.interpolate(resized, size=self.image_size, mode="bilinear", align_corners=False)
-        return resized.reshape(*lead, *self.image_size)
-
-    def label_name(self, label: int) -> str:
-        """Name of model label ``label``."""
-        return label_name(self.category_map, label)
-
-    def feature_position(self, x: float, y: float) -> tuple[int, int]:
-        """Feature cell ``(row, col)`` that holds original-image pixel ``(x, y)``, clamped to the map."""
-        h, w = self.feature_size
-        row = int(y * self.input_size[0] / self.image_size[0] // self.stride)
-        col = int(x * self.input_size[1] / self.image_size[1] // self.stride)
-        return min(max(row, 0), h - 1), min(max(col, 0), w - 1)
-
-
-@dataclass
-class PanopticSegmentation:
-    """One image's panoptic segmentation in COCO's panoptic format (paper §4.4), at the original image size.
-
-    id_map: int64 ``[H, W]``, the segment id of every pixel: 1, 2, … (0 = void: only when no query is
-        confident enough, i.e. above the predictor's ``panoptic_threshold``).
-    segments_info: one dict per segment id, in id order: COCO panoptic's ``id``, ``category_id`` (the data
-        set's id), ``isthing``, ``area`` (pixels), ``bbox`` (pixel ``[x, y, w, h]``), ``iscrowd`` (0), plus
-        ``score`` (class probability), ``label`` (model label) and ``label_name``.
-    """
-
-    id_map: Tensor
-    segments_info: list[dict[str, Any]]
-
-
-@dataclass
-class Prediction:
-    """Detections of one image; ``N`` kept queries, in query order.
-
-    boxes: float32 ``[N, 4]``, pixel ``xyxy`` in the original image (EXIF orientation applied).
-    scores: float32 ``[N]``, probability of the predicted class (no-object excluded from the max).
-    labels: int64 ``[N]``, model labels; ``label_names[i]`` names ``labels[i]``.
-    query_indices: int64 ``[N]``, which of the model's queries each detection came from.
-    image_size: ``(height, width)`` of the original image.
-    file_name: the input's file name when it was a path, else None.
-    image_id: set by callers that number images (prediction files); None otherwise.
-    attention: only with ``return_attention=True``.
-    masks: bool ``[N, H, W]``, each detection's instance mask at the original image size; a panoptic model
-        only (None otherwise).
-    panoptic: the image's :class:`PanopticSegmentation`; only with ``task="panoptic"``.
-    """
-
-    boxes: Tensor
-    scores: Tensor
-    labels: Tensor
-    label_names: list[str]
-    query_indices: Tensor
-    image_size: tuple[int, int]
-    file_name: str | None = None
-    image_id: int | None = None
-    attention: AttentionMaps | None = field(default=None, repr=False)
-    masks: Tensor | None = field(default=None, repr=False)
-    panoptic: PanopticSegmentation | None = field(default=None, repr=False)
-
-    def __len__(self) -> int:
-        return int(self.scores.numel())
-
-    def above(self, threshold: float) -> Prediction:
-        """The detections whose score is strictly above ``threshold`` (attention and panoptic kept as is)."""
-        keep = self.scores > threshold
-        return replace(
-            self,
-            boxes=self.boxes[keep],
-            scores=self.scores[keep],
-            labels=self.labels[keep],
-            label_names=[name for name, k in zip(self.label_names, keep.tolist()) if k],
-            query_indices=self.query_indices[keep],
-            masks=None if self.masks is None else self.masks[keep],
-        )
-
-
-def select_detections(
-    result: dict[str, Tensor],
-    *,
-    image_size: tuple[int, int],
-    category_map: CategoryMap | None,
-    threshold: float | None,
-    file_name: str | None = None,
-    image_id: int | None = None,
-) -> Prediction:
-    """One image's :class:`detr.PostProcess` output → :class:`Prediction`.
-
-    Args:
-        result: ``{"scores" [Q], "labels" int64 [Q], "boxes" [Q, 4] pixel xyxy}`` for one image.
-        image_size: ``(height, width)`` of the original image.
-        category_map: names the labels; None names them ``"class <label>"``.
-        threshold: keep queries whose score is strictly above it; None keeps all queries.
-    """
-    scores = result["scores"].detach().float().cpu()
-    keep = torch.arange(scores.numel()) if threshold is None else torch.nonzero(scores > threshold).flatten()
-    labels = result["labels"].detach().cpu()[keep].long()
-    return Prediction(
-        boxes=result["boxes"].detach().float().cpu()[keep],
-        scores=scores[keep],
-        labels=labels,
-        label_names=[label_name(category_map, int(label)) for label in labels],
-        query_indices=keep,
-        image_size=(int(image_size[0]), int(image_size[1])),
-        file_name=file_name,
-        image_id=image_id,
-    )
-
-
-def label_name(category_map: CategoryMap | None, label: int) -> str:
-    """Name of a model label (the map's; "class <label>" without a map)."""
-    if category_map is not None:
-        return category_map.name(label)
-    return f"class {label}"
-
-
-def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--min-size`` / ``--max-size`` of the tools that run a checkpoint on images (default None: the
-    size the checkpoint was validated at, else the authors' 800 / 1333; see :class:`Predictor`)."""
-    parser.add_argument("--min-size", type=int, default=None,
-                        help=f"eval resize: shortest side (default: the checkpoint's validation size, else {EVAL_MIN_SIZE})")
-    parser.add_argument("--max-size", type=int, default=None,
-                        help=f"eval resize: longest side cap (default: the checkpoint's validation size, else {EVAL_MAX_SIZE})")
 
 
 class Predictor:
@@ -370,33 +142,24 @@ class Predictor:
         logger.info("predicting with %s", self.backend)
 
     @classmethod
-    def from_checkpoint(
-        cls,
-        path: str | Path,
-        *,
-        device: str | torch.device | None = None,
-        precision: Precision = "fp32",
-        threshold: float = 0.7,
-        batch_size: int = 1,
-        min_size: int | None = None,
-        max_size: int | None = None,
-        optimize: bool = True,
-        category_map: CategoryMap | None = None,
-        is_thing: Sequence[bool] | None = None,
-        panoptic_threshold: float | None = None,
-        panoptic_overlap_threshold: float | None = None,
-        **model_overrides: object,
-    ) -> Predictor:
-        """Load ``path`` with :func:`detr.load_checkpoint` (``model_overrides`` go to it) and wrap it.
+    def from_checkpoint(cls, path: str | Path, *, optimize: bool = True, **options: Any) -> Predictor:
+        """Load ``path`` with :func:`detr.load_checkpoint` and wrap it.
 
-        The label names come from the checkpoint: COCO's (with the gaps of its 91-id space) for the
-        authors' files, the training data set's for this project's; ``category_map`` overrides them.
+        ``options`` are the keyword arguments of :class:`Predictor` (``device``, ``threshold``, ...); any other
+        keyword is a model option for :func:`detr.load_checkpoint` (e.g. ``num_heads``, which a state dict
+        cannot tell). The label names come from the checkpoint: COCO's (with the gaps of its 91-id space)
+        for the authors' files, the training data set's for this project's; ``category_map`` overrides them.
         The model is private to the predictor, so ``optimize`` defaults to on (see :class:`Predictor`).
 
         A ``.onnx`` file (exported by ``tools/export.py``) runs with ONNX Runtime instead of PyTorch, on
         ``device`` (CUDA when onnxruntime-gpu has it); its metadata holds the label names and eval resize.
         """
+        own = inspect.signature(cls.__init__).parameters.keys() - {"self", "model"}
+        predictor_options = {key: value for key, value in options.items() if key in own}
+        model_overrides = {key: value for key, value in options.items() if key not in own}
+        device = predictor_options.get("device")
         if Path(path).suffix.lower() == ".onnx":
+            precision = predictor_options.get("precision", "fp32")
             if precision != "fp32" or model_overrides:
                 raise ValueError(f"{path} is an ONNX file: it runs in the precision it was exported in (fp32) "
                                  f"and its architecture is fixed; drop precision={precision!r} and "
@@ -406,20 +169,7 @@ class Predictor:
             model = OnnxDetector(path, device=device if device is not None else default_device())
         else:
             model = load_checkpoint(path, **model_overrides)
-        return cls(
-            model,
-            category_map=category_map,
-            device=device,
-            precision=precision,
-            threshold=threshold,
-            batch_size=batch_size,
-            min_size=min_size,
-            max_size=max_size,
-            optimize=optimize,
-            is_thing=is_thing,
-            panoptic_threshold=panoptic_threshold,
-            panoptic_overlap_threshold=panoptic_overlap_threshold,
-        )
+        return cls(model, optimize=optimize, **predictor_options)
 
     def preprocess(self, image: np.ndarray) -> Tensor:
         """``uint8`` RGB ``[H, W, 3]`` → normalised float32 ``[3, h, w]`` after the eval resize."""
@@ -453,7 +203,7 @@ class Predictor:
             ValueError: ``task`` "instances" or "panoptic" with a model that predicts no masks, naming the fix.
         """
         self.check_task(task)
-        if _is_single_image(images):
+        if is_single_image(images):
             images = [images]  # type: ignore[list-item]
         keep_threshold = None if all_queries else (self.threshold if threshold is None else float(threshold))
         predictions: list[Prediction] = []
@@ -563,10 +313,14 @@ class Predictor:
             predictions.append(prediction)
         return predictions
 
-    def forward(self, images: Tensor, padding_mask: Tensor, *, return_attention: bool = False) -> dict[str, Tensor]:
+    def forward(
+        self, images: Tensor, padding_mask: Tensor, *, return_attention: bool = False, aux_outputs: bool = False
+    ) -> dict[str, Any]:
         """The model on a padded batch, under ``torch.inference_mode`` and the chosen precision.
 
-        Returns the model's output dict on the CPU in float32 (aux outputs dropped).
+        Returns the model's output dict on the CPU in float32.
+        ``aux_outputs=True`` keeps ``aux_outputs`` (the heads' predictions after decoder layers 1 .. L-1, a list
+        of dicts, as the attention explorer shows them); by default they are dropped.
         """
         with torch.inference_mode(), torch.autocast(
             device_type=self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
@@ -576,7 +330,12 @@ class Predictor:
                 padding_mask.to(self.device, non_blocking=True),
                 return_attention=return_attention,
             )
-        return {key: value.float().cpu() for key, value in outputs.items() if isinstance(value, Tensor)}
+        result: dict[str, Any] = {key: value.float().cpu() for key, value in outputs.items()
+                                  if isinstance(value, Tensor)}
+        if aux_outputs and "aux_outputs" in outputs:
+            result["aux_outputs"] = [{key: value.float().cpu() for key, value in layer.items()
+                                      if isinstance(value, Tensor)} for layer in outputs["aux_outputs"]]
+        return result
 
 
 def default_device() -> torch.device:
@@ -620,10 +379,6 @@ def _image_attention(
         image_size=image_size,
         category_map=category_map,
     )
-
-
-def _is_single_image(images: object) -> bool:
-    return isinstance(images, (str, Path, Image.Image, np.ndarray, Tensor))
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 from PIL import Image
 
 from detr.evaluation.analysis import Case, ConfusionMatrix, DetectionAnalysis
 from detr.evaluation.tide import ERROR_NAMES, ERROR_TYPES, SPECIAL_ERRORS, ErrorBreakdown
+from detr.visualize.drawing import add_box
 
 logger = logging.getLogger(__name__)
 
@@ -188,10 +188,9 @@ def gallery_figure(
     for ax, (case, pixels) in zip(axes, loaded):
         x0, y0, x1, y1 = _crop(case, pixels.shape[1], pixels.shape[0])
         ax.imshow(pixels[y0:y1, x0:x1], extent=(x0, x1, y1, y0))
-        for box, color, style in ((case.gt_box, GT_COLOR, "-"), (case.det_box, DET_COLOR, "--")):
-            if box is not None:
-                ax.add_patch(Rectangle((box[0], box[1]), box[2], box[3], fill=False, edgecolor=color, linewidth=2,
-                                       linestyle=style))
+        for box, color, dashed in ((case.gt_box, GT_COLOR, False), (case.det_box, DET_COLOR, True)):
+            if box is not None:  # COCO xywh
+                add_box(ax, (box[0], box[1], box[0] + box[2], box[1] + box[3]), color, dashed=dashed)
         ax.set_xlim(x0, x1)
         ax.set_ylim(y1, y0)
         ax.set_title(case_title(case), fontsize=7)

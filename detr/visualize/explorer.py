@@ -52,10 +52,12 @@ from PIL import Image
 from torch import Tensor, nn
 
 from detr.categories import CategoryMap
-from detr.data.transforms import denormalize
 from detr.data.collate import pad_images
+from detr.data.transforms import denormalize
+from detr.inference.images import ImageInput, to_rgb_array
 from detr.inference.postprocess import class_probabilities, scores_and_labels
-from detr.inference.predictor import ImageInput, Predictor, label_name, to_rgb_array
+from detr.inference.prediction import label_name
+from detr.inference.predictor import Predictor
 
 logger = logging.getLogger(__name__)
 
@@ -114,11 +116,6 @@ def feature_stride(input_size: tuple[int, int], feature_size: tuple[int, int]) -
         if math.ceil(height / stride) <= h and math.ceil(width / stride) <= w:
             return stride
     raise ValueError(f"no power-of-two stride maps input size {input_size} to feature size {feature_size}")
-
-
-def denormalize_image(image: Tensor) -> np.ndarray:
-    """ImageNet-normalised float ``[3, H, W]`` → uint8 RGB ``[H, W, 3]`` (what the model saw)."""
-    return denormalize(image.cpu()).permute(1, 2, 0).contiguous().numpy()
 
 
 def explorer_data(
@@ -374,7 +371,7 @@ def write_attention_explorer(
 
     Args:
         model: a DETR (moved to ``device`` and put in eval mode, as the Predictor does).
-        images: paths, PIL images, or uint8 arrays/tensors (anything :data:`detr.inference.predictor.ImageInput` takes).
+        images: paths, PIL images, or uint8 arrays/tensors (anything :data:`detr.inference.images.ImageInput` takes).
         out_dir: created if missing; pages are named after the image files (``<stem>.html``).
         category_map: label names; default ``model.category_map``, else "class <i>".
         threshold: initial score threshold of the pages' box display (the page has a slider).
@@ -400,12 +397,8 @@ def write_attention_explorer(
         try:
             pixels = to_rgb_array(image)
             tensor = predictor.preprocess(pixels)
-            batch, padding_mask = pad_images([tensor])
-            # The Predictor's forward drops aux_outputs, which hold the boxes of layers 1 .. L-1.
-            with torch.inference_mode():
-                outputs = predictor.model(
-                    batch.to(predictor.device), padding_mask.to(predictor.device), return_attention=True
-                )
+            # aux_outputs: the boxes and classes after decoder layers 1 .. L-1, which the page steps through
+            outputs = predictor.forward(*pad_images([tensor]), return_attention=True, aux_outputs=True)
             if not all(bool(torch.isfinite(outputs[key]).all()) for key in ("pred_logits", "pred_boxes")):
                 raise ValueError("the model's outputs are not finite (NaN or inf weights?)")
         except Exception as error:  # one bad image must not cost the other pages
@@ -419,7 +412,7 @@ def write_attention_explorer(
         num_classes = int(outputs["pred_logits"].shape[-1]) - (1 if class_head == "softmax" else 0)
         class_names = _class_names(predictor.category_map, num_classes, with_no_object=class_head == "softmax")
         data = explorer_data(
-            outputs, index=0, image=denormalize_image(tensor), original_size=pixels.shape[:2],
+            outputs, index=0, image=denormalize(tensor).permute(1, 2, 0).numpy(), original_size=pixels.shape[:2],
             class_names=class_names, title=title, threshold=threshold, model_description=description,
             class_head=class_head, stride=getattr(predictor.model, "stride", None),
         )
@@ -446,7 +439,6 @@ def write_attention_explorer(
 
 __all__ = [
     "DATA_FORMAT",
-    "denormalize_image",
     "explorer_data",
     "feature_stride",
     "quantize_maps",

@@ -7,8 +7,8 @@
 - :func:`encoder_attention_figure` (paper Fig. 3): the last encoder layer's self-attention of a few
   reference points, given or placed at the centres of the detected objects.
 
-Both take the original image and a :class:`detr.inference.predictor.Prediction` made with
-``Predictor.predict(..., return_attention=True)``; its :class:`~detr.inference.predictor.AttentionMaps` are
+Both take the original image and a :class:`detr.inference.prediction.Prediction` made with
+``Predictor.predict(..., return_attention=True)``; its :class:`~detr.inference.prediction.AttentionMaps` are
 already cropped to the unpadded part of the feature map, so the maps line up with the image.
 Save with ``figure.savefig(path)``; no pyplot state is touched.
 """
@@ -22,11 +22,11 @@ import numpy as np
 import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 from torch import Tensor
 
-from detr.inference.outputs import label_color
-from detr.inference.predictor import AttentionMaps, ImageInput, Prediction, to_rgb_array
+from detr.inference.images import ImageInput, to_rgb_array
+from detr.inference.prediction import AttentionMaps, Prediction
+from detr.visualize.drawing import add_box, label_color, matplotlib_color
 
 _NO_OBJECT_COLOR = "#bbbbbb"
 
@@ -151,9 +151,9 @@ def decoder_attention_figure(
         )
         if no_object:
             score = float(attention.no_object_scores[query])
-        color = _NO_OBJECT_COLOR if no_object else _matplotlib_color(label_color(label))  # as in drawn images
+        color = _NO_OBJECT_COLOR if no_object else matplotlib_color(label_color(label))  # as in drawn images
         _show(ax, array, attention_map, cmap=cmap, alpha=alpha)
-        _box(ax, attention.boxes[query], color, dashed=no_object, width=1.2 if small else 2.5)
+        add_box(ax, attention.boxes[query], color, dashed=no_object, line_width=1.2 if small else 2.5)
         name = "no object" if no_object else attention.label_name(label)
         title = f"{query}: {name} {score:.2f}" if small else f"{name} {score:.2f}"  # small panels: no corner tag
         ax.set_title(title, fontsize=7 if small else 11, color="black", pad=2)
@@ -278,16 +278,6 @@ def _show(
     values = attention_map.numpy()
     ax.imshow((array * 0.7).astype(np.uint8))
     ax.imshow(values, cmap=cmap, vmin=0.0, vmax=1.0, alpha=alpha * values, interpolation="bilinear")
-
-
-def _matplotlib_color(rgb: tuple[int, int, int]) -> tuple[float, float, float]:
-    return (rgb[0] / 255, rgb[1] / 255, rgb[2] / 255)
-
-
-def _box(ax: Axes, box_xyxy: Tensor, color: str | tuple[float, float, float], *, dashed: bool, width: float) -> None:
-    x0, y0, x1, y1 = box_xyxy.tolist()
-    ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor=color, linewidth=width,
-                           linestyle="--" if dashed else "-"))
 
 
 def _point(ax: Axes, x: float, y: float, number: int) -> None:

@@ -1,0 +1,179 @@
+"""What a prediction run returns per image: :class:`Prediction` (boxes, scores, labels; masks and a panoptic
+segmentation for a panoptic model) and the :class:`AttentionMaps` that ``return_attention=True`` adds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from detr.categories import CategoryMap
+
+
+@dataclass
+class AttentionMaps:
+    """Attention of one image, cropped to its unpadded ``h × w`` feature region (``h, w`` below).
+
+    decoder: float32 ``[L, Q, h, w]``, decoder cross-attention per layer and query, mean over heads.
+    decoder_heads: float32 ``[L, heads, Q, h, w]``, the same per head.
+    encoder: float32 ``[h, w, h, w]``: ``encoder[y, x]`` is the last encoder layer's self-attention
+        (mean over heads) of feature position ``(y, x)`` over all positions.
+    scores: float32 ``[Q]``, every query's best class score (no-object excluded), as PostProcess scores it.
+    labels: int64 ``[Q]``, that class.
+    no_object_scores: float32 ``[Q]``, probability of "no object" (softmax head); None for a sigmoid head,
+        which has no such class.
+    boxes: float32 ``[Q, 4]``, every query's box, pixel ``xyxy`` in the original image.
+    stride: backbone stride in resized-image pixels (32; 16 for DC5), feature cell ``(y, x)`` covers
+        resized pixels ``[y * stride, (y + 1) * stride)``.
+    input_size: ``(height, width)`` of the resized image the model saw (before padding).
+    image_size: ``(height, width)`` of the original image.
+    category_map: names the labels (None: "class <label>").
+    """
+
+    decoder: Tensor
+    decoder_heads: Tensor
+    encoder: Tensor
+    scores: Tensor
+    labels: Tensor
+    no_object_scores: Tensor | None
+    boxes: Tensor
+    stride: int
+    input_size: tuple[int, int]
+    image_size: tuple[int, int]
+    category_map: CategoryMap | None = None
+
+    @property
+    def feature_size(self) -> tuple[int, int]:
+        """``(h, w)`` of the unpadded feature region."""
+        return int(self.decoder.shape[-2]), int(self.decoder.shape[-1])
+
+    def to_image(self, maps: Tensor) -> Tensor:
+        """Upsample feature maps ``[..., h, w]`` to the original image: float32 ``[..., H, W]``.
+
+        Bilinear, with each feature cell centred on the resized-image pixels it covers; the part of the
+        last row and column that reaches past the image (the feature map rounds up) is cut off.
+        """
+        h, w = self.feature_size
+        if tuple(maps.shape[-2:]) != (h, w):
+            raise ValueError(f"maps must end in the feature size {(h, w)}, got shape {tuple(maps.shape)}")
+        lead = maps.shape[:-2]
+        flat = maps.reshape(-1, 1, h, w).float()
+        resized = F.interpolate(flat, size=(h * self.stride, w * self.stride), mode="bilinear", align_corners=False)
+        resized = resized[..., : self.input_size[0], : self.input_size[1]]
+        if tuple(resized.shape[-2:]) != self.image_size:
+            resized = F.interpolate(resized, size=self.image_size, mode="bilinear", align_corners=False)
+        return resized.reshape(*lead, *self.image_size)
+
+    def label_name(self, label: int) -> str:
+        """Name of model label ``label``."""
+        return label_name(self.category_map, label)
+
+    def feature_position(self, x: float, y: float) -> tuple[int, int]:
+        """Feature cell ``(row, col)`` that holds original-image pixel ``(x, y)``, clamped to the map."""
+        h, w = self.feature_size
+        row = int(y * self.input_size[0] / self.image_size[0] // self.stride)
+        col = int(x * self.input_size[1] / self.image_size[1] // self.stride)
+        return min(max(row, 0), h - 1), min(max(col, 0), w - 1)
+
+
+@dataclass
+class PanopticSegmentation:
+    """One image's panoptic segmentation in COCO's panoptic format (paper §4.4), at the original image size.
+
+    id_map: int64 ``[H, W]``, the segment id of every pixel: 1, 2, … (0 = void: only when no query is
+        confident enough, i.e. above the predictor's ``panoptic_threshold``).
+    segments_info: one dict per segment id, in id order: COCO panoptic's ``id``, ``category_id`` (the data
+        set's id), ``isthing``, ``area`` (pixels), ``bbox`` (pixel ``[x, y, w, h]``), ``iscrowd`` (0), plus
+        ``score`` (class probability), ``label`` (model label) and ``label_name``.
+    """
+
+    id_map: Tensor
+    segments_info: list[dict[str, Any]]
+
+
+@dataclass
+class Prediction:
+    """Detections of one image; ``N`` kept queries, in query order.
+
+    boxes: float32 ``[N, 4]``, pixel ``xyxy`` in the original image (EXIF orientation applied).
+    scores: float32 ``[N]``, probability of the predicted class (no-object excluded from the max).
+    labels: int64 ``[N]``, model labels; ``label_names[i]`` names ``labels[i]``.
+    query_indices: int64 ``[N]``, which of the model's queries each detection came from.
+    image_size: ``(height, width)`` of the original image.
+    file_name: the input's file name when it was a path, else None.
+    image_id: set by callers that number images (prediction files); None otherwise.
+    attention: only with ``return_attention=True``.
+    masks: bool ``[N, H, W]``, each detection's instance mask at the original image size; a panoptic model
+        only (None otherwise).
+    panoptic: the image's :class:`PanopticSegmentation`; only with ``task="panoptic"``.
+    """
+
+    boxes: Tensor
+    scores: Tensor
+    labels: Tensor
+    label_names: list[str]
+    query_indices: Tensor
+    image_size: tuple[int, int]
+    file_name: str | None = None
+    image_id: int | None = None
+    attention: AttentionMaps | None = field(default=None, repr=False)
+    masks: Tensor | None = field(default=None, repr=False)
+    panoptic: PanopticSegmentation | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return int(self.scores.numel())
+
+    def above(self, threshold: float) -> Prediction:
+        """The detections whose score is strictly above ``threshold`` (attention and panoptic kept as is)."""
+        keep = self.scores > threshold
+        return replace(
+            self,
+            boxes=self.boxes[keep],
+            scores=self.scores[keep],
+            labels=self.labels[keep],
+            label_names=[name for name, k in zip(self.label_names, keep.tolist()) if k],
+            query_indices=self.query_indices[keep],
+            masks=None if self.masks is None else self.masks[keep],
+        )
+
+
+def select_detections(
+    result: dict[str, Tensor],
+    *,
+    image_size: tuple[int, int],
+    category_map: CategoryMap | None,
+    threshold: float | None,
+    file_name: str | None = None,
+    image_id: int | None = None,
+) -> Prediction:
+    """One image's :class:`detr.PostProcess` output → :class:`Prediction`.
+
+    Args:
+        result: ``{"scores" [Q], "labels" int64 [Q], "boxes" [Q, 4] pixel xyxy}`` for one image.
+        image_size: ``(height, width)`` of the original image.
+        category_map: names the labels; None names them ``"class <label>"``.
+        threshold: keep queries whose score is strictly above it; None keeps all queries.
+    """
+    scores = result["scores"].detach().float().cpu()
+    keep = torch.arange(scores.numel()) if threshold is None else torch.nonzero(scores > threshold).flatten()
+    labels = result["labels"].detach().cpu()[keep].long()
+    return Prediction(
+        boxes=result["boxes"].detach().float().cpu()[keep],
+        scores=scores[keep],
+        labels=labels,
+        label_names=[label_name(category_map, int(label)) for label in labels],
+        query_indices=keep,
+        image_size=(int(image_size[0]), int(image_size[1])),
+        file_name=file_name,
+        image_id=image_id,
+    )
+
+
+def label_name(category_map: CategoryMap | None, label: int) -> str:
+    """Name of a model label (the map's; "class <label>" without a map)."""
+    if category_map is not None:
+        return category_map.name(label)
+    return f"class {label}"

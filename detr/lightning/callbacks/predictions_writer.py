@@ -1,0 +1,86 @@
+"""``detr predict``'s writer: one COCO results json with file names, the format of ``tools/predict.py``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import BasePredictionWriter
+
+from detr.inference.outputs import write_predictions_json
+from detr.inference.prediction import Prediction, select_detections
+
+logger = logging.getLogger(__name__)
+
+
+class PredictionsWriter(BasePredictionWriter):
+    """Write what ``detr predict`` predicted as one COCO results json (``image_id``, ``file_name``,
+    ``category_id`` in the data set's ids, ``bbox`` pixel xywh, ``score``), the same format as
+    ``tools/predict.py`` (:func:`detr.inference.outputs.write_predictions_json`).
+
+    Args:
+        output_path: the json file (parents created); default ``predictions.json`` in ``trainer.log_dir`` (the
+            ``detr`` CLI: ``<trainer.default_root_dir>/predict/``), else in ``trainer.default_root_dir``.
+        score_threshold: keep detections scoring above it (0: every query, as COCO evaluation wants).
+
+    Under DDP the processes' predictions are gathered and written once, each image once.
+
+    An image that could not be read or resized, or whose predictions are not finite (NaN weights), is
+    logged and left out; the rest is written, and ``failed`` lists ``(file name, reason)`` (``detr
+    predict`` then exits with status 1).
+    """
+
+    def __init__(self, output_path: str | None = None, score_threshold: float = 0.0) -> None:
+        super().__init__(write_interval="epoch")
+        self.output_path = output_path
+        self.score_threshold = score_threshold
+        self.failed: list[tuple[str, str]] = []
+
+    def write_on_epoch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, predictions: Any, batch_indices: Any
+    ) -> None:
+        flat = [item for batch in predictions for item in batch]  # one dataloader: list of batch outputs
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, flat)
+            flat = [item for part in gathered for item in part]
+        if trainer.is_global_zero:
+            self.write(trainer, pl_module, flat)
+
+    def output_file(self, trainer: L.Trainer) -> Path:
+        """Where ``predictions.json`` goes (see ``output_path``)."""
+        return Path(self.output_path or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.json")
+
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, items: list[dict[str, Any]]
+              ) -> dict[int, Prediction]:
+        """Write every process's prediction ``items`` (on rank 0); returns the written predictions by image id
+        (each image once, the failed ones left out), for subclasses that write more of them."""
+        category_map = pl_module.category_map
+        by_image: dict[int, Prediction] = {}
+        failed: dict[int, tuple[str, str]] = {}
+        for item in items:
+            if item["image_id"] in by_image or item["image_id"] in failed:  # the distributed sampler repeats images
+                continue
+            reason = item.get("error")
+            if reason is None and not all(bool(torch.isfinite(item[k]).all()) for k in ("scores", "boxes")):
+                reason = "the model's outputs are not finite (NaN or inf weights?)"
+            if reason is not None:
+                failed[item["image_id"]] = (str(item.get("file_name")), reason)
+                continue
+            by_image[item["image_id"]] = select_detections(
+                item, image_size=tuple(item["orig_size"]), category_map=category_map,
+                threshold=self.score_threshold, file_name=item.get("file_name"), image_id=item["image_id"],
+            )
+        output_path = self.output_file(trainer)
+        write_predictions_json(output_path, list(by_image.values()), category_map=category_map)
+        self.failed = list(failed.values())
+        for file_name, reason in self.failed:
+            logger.error("no predictions for %s: %s", file_name, reason)
+        if self.failed:
+            logger.error("%d of %d images could not be predicted (listed above); %s holds the others",
+                         len(self.failed), len(failed) + len(by_image), output_path)
+        return by_image

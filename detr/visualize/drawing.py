@@ -1,0 +1,206 @@
+"""Drawing on images, once for every caller: boxes with "name score" labels, panoptic segments, colours.
+
+The prediction files (:func:`detr.inference.outputs.predict_files`), the validation images of training
+(:class:`detr.lightning.callbacks.DrawValidationPredictions`), the panoptic outputs and the matplotlib figures
+(:mod:`detr.visualize.figures`, :mod:`detr.visualize.analysis_figures`) all draw through this module, so one
+class has one colour everywhere and the labels read the same.
+
+- raster images (``uint8`` ``[3, H, W]`` tensors): :func:`draw_boxes` (``torchvision.utils.draw_bounding_boxes``),
+  :func:`draw_prediction`, :func:`draw_detections` (true and predicted boxes), :func:`draw_panoptic`
+  (``torchvision.utils.draw_segmentation_masks``), :func:`save_image`;
+- matplotlib axes: :func:`add_box`, :func:`matplotlib_color`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib import font_manager
+from matplotlib.axes import Axes
+from matplotlib.patches import Rectangle
+from PIL import Image, ImageDraw, ImageFont
+from torch import Tensor
+from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
+
+from detr.categories import CategoryMap
+from detr.checkpoints.atomic import write_atomically
+from detr.inference.images import ImageInput, to_rgb_array
+from detr.inference.prediction import PanopticSegmentation, Prediction
+
+# Tableau-like palette, readable on photos; a label always gets the same colour.
+_PALETTE: tuple[tuple[int, int, int], ...] = (
+    (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
+    (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207), (0, 114, 189), (217, 83, 25),
+)
+
+
+def label_color(label: int) -> tuple[int, int, int]:
+    """RGB colour of a model label (fixed per label, so one class has one colour in every image)."""
+    return _PALETTE[int(label) % len(_PALETTE)]
+
+
+def matplotlib_color(rgb: tuple[int, int, int]) -> tuple[float, float, float]:
+    """An 8-bit RGB colour as matplotlib's floats in [0, 1]."""
+    return (rgb[0] / 255, rgb[1] / 255, rgb[2] / 255)
+
+
+def detection_labels(names: Sequence[str], scores: Tensor | None = None) -> list[str]:
+    """The text drawn beside each box: "name score" (score to two decimals), or the bare name without scores."""
+    if scores is None:
+        return list(names)
+    return [f"{name} {score:.2f}" for name, score in zip(names, scores.tolist())]
+
+
+def draw_boxes(
+    image: Tensor,
+    boxes_xyxy: Tensor,
+    labels: Sequence[str] | None,
+    colors: str | Sequence[tuple[int, int, int]],
+    *,
+    line_width: int | None = None,
+    font_size: int | None = None,
+) -> Tensor:
+    """Boxes (pixel ``xyxy`` [N, 4] in ``image``) on ``image`` (``uint8`` ``[3, H, W]``), each label in white
+    on a background of its box's colour; one colour for all boxes or one per box. The line width and font
+    size scale with the image unless given. Returns a new ``uint8`` ``[3, H, W]`` (``image`` itself without boxes).
+    """
+    if len(boxes_xyxy) == 0:
+        return image
+    short_side = min(image.shape[-2:])
+    width = line_width if line_width is not None else max(2, round(short_side / 250))
+    size = font_size if font_size is not None else _font_size(short_side)
+    palette = colors if isinstance(colors, str) else list(colors)
+    return draw_bounding_boxes(
+        image,
+        boxes_xyxy.detach().float().cpu(),
+        labels=list(labels) if labels is not None else None,
+        colors=palette,
+        width=width,
+        font=_font_path(),
+        font_size=size,
+        label_colors="white",
+        label_background_colors=palette,
+        fill_labels=True,
+    )
+
+
+def draw_prediction(
+    image: ImageInput, prediction: Prediction, *, line_width: int | None = None, font_size: int | None = None
+) -> Tensor:
+    """Draw the prediction's boxes with "name score" labels: ``uint8`` ``[3, H, W]``.
+
+    ``image`` is the original image (``uint8`` ``[H, W, 3]`` array, ``[3, H, W]`` tensor or PIL); the
+    line width and font size scale with the image unless given.
+    """
+    canvas = _canvas(image, prediction.image_size, "prediction")
+    colors = [label_color(int(label)) for label in prediction.labels]
+    return draw_boxes(canvas, prediction.boxes, detection_labels(prediction.label_names, prediction.scores),
+                      colors, line_width=line_width, font_size=font_size)
+
+
+def draw_detections(
+    image: Tensor,
+    *,
+    boxes_xyxy: Tensor,
+    labels: Tensor,
+    scores: Tensor | None = None,
+    true_boxes_xyxy: Tensor | None = None,
+    true_labels: Tensor | None = None,
+    category_map: CategoryMap | None = None,
+) -> Tensor:
+    """Draw true boxes (green) and predicted boxes (red, "name score") on ``image`` (uint8 [3, h, w]).
+
+    Boxes are pixel xyxy in ``image``'s own coordinates; labels are named by ``category_map`` (their number
+    without one). Returns a new uint8 [3, h, w] tensor.
+    """
+
+    def name(label: int) -> str:
+        return category_map.name(label) if category_map is not None else str(label)
+
+    canvas = image
+    if true_boxes_xyxy is not None:
+        true_names = [name(int(label)) for label in true_labels] if true_labels is not None else None
+        canvas = draw_boxes(canvas, true_boxes_xyxy, true_names, "lime", line_width=2)
+    texts = detection_labels([name(int(label)) for label in labels], scores)
+    return draw_boxes(canvas, boxes_xyxy, texts, "red", line_width=1)
+
+
+def segment_color(segment: dict[str, Any]) -> tuple[int, int, int]:
+    """RGB of a panoptic segment: its label's colour for stuff; things of one class get shades of it, so that
+    two instances side by side stay apart."""
+    red, green, blue = label_color(int(segment["label"]))
+    if not segment.get("isthing", True):
+        return red, green, blue
+    shift = (int(segment["id"]) * 37) % 96 - 48
+    return tuple(int(min(255, max(0, channel + shift))) for channel in (red, green, blue))  # type: ignore[return-value]
+
+
+def draw_panoptic(image: ImageInput, panoptic: PanopticSegmentation, *, alpha: float = 0.5,
+                  font_size: int | None = None) -> Tensor:
+    """Segments alpha-blended over ``image`` (the original image), each named at its centroid:
+    ``uint8`` ``[3, H, W]``. Void pixels (id 0) stay as they are."""
+    id_map = panoptic.id_map.cpu()
+    canvas = _canvas(image, tuple(id_map.shape), "segmentation")
+    segments = panoptic.segments_info
+    if not segments:
+        return canvas
+    masks = torch.stack([id_map == segment["id"] for segment in segments])  # [S, H, W]
+    colors = [segment_color(segment) for segment in segments]
+    blended = draw_segmentation_masks(canvas, masks, alpha=alpha, colors=colors)
+    picture = Image.fromarray(blended.permute(1, 2, 0).numpy())
+    draw = ImageDraw.Draw(picture)
+    size = font_size if font_size is not None else _font_size(min(id_map.shape))
+    font_file = _font_path()
+    font = ImageFont.truetype(font_file, size) if font_file else ImageFont.load_default()
+    height, width = id_map.shape
+    for mask, segment, color in zip(masks, segments, colors):
+        text = segment.get("label_name") or f"class {segment['label']}"
+        ys, xs = mask.nonzero(as_tuple=True)
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        # centred on the segment's centroid, kept inside the image
+        x = min(max(int(xs.float().mean()) - (right - left) // 2, 0), max(width - (right - left) - 2, 0))
+        y = min(max(int(ys.float().mean()) - (bottom - top) // 2, 0), max(height - (bottom - top) - 2, 0))
+        left, top, right, bottom = draw.textbbox((x + 1, y + 1), text, font=font)
+        draw.rectangle((left - 1, top - 1, right + 1, bottom + 1), fill=color)
+        draw.text((x + 1, y + 1), text, fill=(255, 255, 255), font=font)
+    return torch.from_numpy(np.asarray(picture).copy()).permute(2, 0, 1)
+
+
+def save_image(path: str | Path, image: Tensor) -> Path:
+    """Write ``image`` (``uint8`` ``[3, H, W]``) to ``path`` atomically, parents created; JPEG (quality 90)
+    for a ``.jpg``/``.jpeg`` suffix, else PNG."""
+    path = Path(path)
+    picture = Image.fromarray(image.permute(1, 2, 0).cpu().numpy())
+    jpeg = path.suffix.lower() in (".jpg", ".jpeg")
+    options: dict[str, Any] = {"format": "JPEG", "quality": 90} if jpeg else {"format": "PNG"}
+    return write_atomically(path, lambda file: picture.save(file, **options))
+
+
+def add_box(ax: Axes, box_xyxy: Sequence[float] | Tensor, color: Any, *, dashed: bool = False,
+            line_width: float = 2.0) -> None:
+    """Outline a box (pixel ``xyxy`` in the axes' image) on matplotlib axes ``ax``."""
+    x0, y0, x1, y1 = box_xyxy.tolist() if isinstance(box_xyxy, Tensor) else box_xyxy
+    ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor=color, linewidth=line_width,
+                           linestyle="--" if dashed else "-"))
+
+
+def _canvas(image: ImageInput, size: tuple[int, ...], what: str) -> Tensor:
+    """The original image as ``uint8`` ``[3, H, W]``; a ValueError unless it is ``size`` (H, W)."""
+    array = to_rgb_array(image)
+    if tuple(array.shape[:2]) != tuple(size):
+        raise ValueError(f"image is {array.shape[0]}x{array.shape[1]} but the {what} is for {size[0]}x{size[1]}; "
+                         "draw on the image that was predicted")
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+def _font_size(short_side: int) -> int:
+    return max(11, round(short_side / 32))
+
+
+def _font_path() -> str:
+    """A TrueType font for readable labels: matplotlib ships DejaVu Sans (its default when that is missing)."""
+    return font_manager.findfont("DejaVu Sans", fallback_to_default=True)
