@@ -35,6 +35,7 @@ from detr.inference.panoptic_outputs import (
     write_panoptic_json,
     write_panoptic_png,
 )
+from detr.inference.postprocess_masks import masks_to_rle
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import Predictor, Task
 from detr.visualize.drawing import draw_panoptic, draw_prediction, save_image
@@ -64,8 +65,6 @@ def predictions_to_coco_results(
             prediction.image_id, detection, category_map, file_name=prediction.file_name, rounded=True
         )
         if prediction.masks is not None:
-            from detr.inference.postprocess_masks import masks_to_rle  # pycocotools, only when there are masks
-
             for entry, rle in zip(entries, masks_to_rle(prediction.masks)):
                 entry["segmentation"] = rle
         results += entries

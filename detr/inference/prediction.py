@@ -45,6 +45,43 @@ class AttentionMaps:
     image_size: tuple[int, int]
     category_map: CategoryMap | None = None
 
+    @classmethod
+    def from_outputs(
+        cls,
+        outputs: dict[str, Tensor],
+        result: dict[str, Tensor],
+        *,
+        index: int,
+        input_size: tuple[int, int],
+        image_size: tuple[int, int],
+        stride: int,
+        category_map: CategoryMap | None,
+        class_head: str,
+    ) -> AttentionMaps:
+        """Image ``index``'s attention cut out of a batch's outputs (``model(..., return_attention=True)``) and
+        cropped to its unpadded feature region; ``result`` is that image's :class:`detr.PostProcess` output."""
+        for key in ("decoder_attention", "decoder_attention_heads", "encoder_attention", "feature_mask"):
+            if key not in outputs:
+                raise ValueError(f"the model output lacks {key!r}; it must support forward(..., return_attention=True)")
+        feature_mask = outputs["feature_mask"][index].bool()  # [H', W'] True = padding
+        full_h, full_w = feature_mask.shape
+        h, w = unpadded_feature_size(feature_mask)
+        encoder = outputs["encoder_attention"][index].reshape(full_h, full_w, full_h, full_w)[:h, :w, :h, :w]
+        logits = outputs["pred_logits"][index].float()
+        return cls(
+            decoder=outputs["decoder_attention"][:, index, :, :h, :w].float().contiguous(),
+            decoder_heads=outputs["decoder_attention_heads"][:, index, :, :, :h, :w].float().contiguous(),
+            encoder=encoder.float().contiguous(),
+            scores=result["scores"].float(),
+            labels=result["labels"].long(),
+            no_object_scores=logits.softmax(-1)[:, -1] if class_head == "softmax" else None,
+            boxes=result["boxes"].float(),
+            stride=int(stride),
+            input_size=input_size,
+            image_size=image_size,
+            category_map=category_map,
+        )
+
     @property
     def feature_size(self) -> tuple[int, int]:
         """``(h, w)`` of the unpadded feature region."""
@@ -77,6 +114,12 @@ class AttentionMaps:
         row = int(y * self.input_size[0] / self.image_size[0] // self.stride)
         col = int(x * self.input_size[1] / self.image_size[1] // self.stride)
         return min(max(row, 0), h - 1), min(max(col, 0), w - 1)
+
+
+def unpadded_feature_size(feature_mask: Tensor) -> tuple[int, int]:
+    """``(h, w)`` of one image's unpadded feature region from its feature mask bool ``[H', W']`` (True =
+    padding, which is at the bottom and right)."""
+    return int((~feature_mask[:, 0]).sum()), int((~feature_mask[0, :]).sum())
 
 
 @dataclass

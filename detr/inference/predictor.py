@@ -306,9 +306,9 @@ class Predictor:
                 prediction.panoptic = PanopticSegmentation(segmentations[i]["id_map"].cpu(), segments)
             if return_attention:
                 input_size = (int(inputs[i].shape[1]), int(inputs[i].shape[2]))
-                prediction.attention = _image_attention(
-                    outputs, result, i, input_size, image_sizes[i], self.model.stride, self.category_map,
-                    self.class_head,
+                prediction.attention = AttentionMaps.from_outputs(
+                    outputs, result, index=i, input_size=input_size, image_size=image_sizes[i],
+                    stride=self.model.stride, category_map=self.category_map, class_head=self.class_head,
                 )
             predictions.append(prediction)
         return predictions
@@ -341,44 +341,6 @@ class Predictor:
 def default_device() -> torch.device:
     """CUDA when available, else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _image_attention(
-    outputs: dict[str, Tensor],
-    result: dict[str, Tensor],
-    index: int,
-    input_size: tuple[int, int],
-    image_size: tuple[int, int],
-    stride: int,
-    category_map: CategoryMap | None,
-    class_head: str,
-) -> AttentionMaps:
-    """Cut image ``index``'s attention out of the batch outputs, cropped to its unpadded feature region."""
-    for key in ("decoder_attention", "decoder_attention_heads", "encoder_attention", "feature_mask"):
-        if key not in outputs:
-            raise ValueError(f"the model output lacks {key!r}; it must support forward(..., return_attention=True)")
-    feature_mask = outputs["feature_mask"][index].bool()  # [H', W'] True = padding
-    full_h, full_w = feature_mask.shape
-    h = int((~feature_mask[:, 0]).sum())
-    w = int((~feature_mask[0, :]).sum())
-    encoder = outputs["encoder_attention"][index].reshape(full_h, full_w, full_h, full_w)[:h, :w, :h, :w]
-    logits = outputs["pred_logits"][index].float()
-    no_object_scores = None
-    if class_head == "softmax":
-        no_object_scores = logits.softmax(-1)[:, -1]
-    return AttentionMaps(
-        decoder=outputs["decoder_attention"][:, index, :, :h, :w].float().contiguous(),
-        decoder_heads=outputs["decoder_attention_heads"][:, index, :, :, :h, :w].float().contiguous(),
-        encoder=encoder.float().contiguous(),
-        scores=result["scores"].float(),
-        labels=result["labels"].long(),
-        no_object_scores=no_object_scores,
-        boxes=result["boxes"].float(),
-        stride=int(stride),
-        input_size=input_size,
-        image_size=image_size,
-        category_map=category_map,
-    )
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:

@@ -56,7 +56,7 @@ from detr.data.collate import pad_images
 from detr.data.transforms import denormalize
 from detr.inference.images import ImageInput, to_rgb_array
 from detr.inference.postprocess import class_probabilities, scores_and_labels
-from detr.inference.prediction import label_name
+from detr.inference.prediction import label_name, unpadded_feature_size
 from detr.inference.predictor import Predictor
 
 logger = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ def explorer_data(
 
     mask = outputs["feature_mask"][index].detach().cpu().bool()  # [h_pad, w_pad]
     padded_h, padded_w = mask.shape
-    h, w = int((~mask[:, 0]).sum()), int((~mask[0, :]).sum())  # padding is at the bottom and right
+    h, w = unpadded_feature_size(mask)
     heads = outputs["decoder_attention_heads"][:, index, :, :, :h, :w]  # [L, heads, Q, h, w]
     mean = outputs["decoder_attention"][:, index, None, :, :h, :w]  # [L, 1, Q, h, w]
     decoder_codes, decoder_scales = quantize_maps(torch.cat([heads, mean], dim=1))
