@@ -1,5 +1,5 @@
 "use strict";
-// DETR attention explorer: reads the JSON block written by detr/visualize/explorer.py
+// DETR attention explorer: reads the JSON block written by detr/visualize/explorer/data.py
 // (format "detr-attention-explorer/1") and draws everything on canvases and one SVG overlay.
 // No network, no libraries: the page must open from the file system.
 (function () {

@@ -1,0 +1,222 @@
+"""The data of one attention-explorer page, cut out of a batch's model outputs (:func:`explorer_data`).
+
+Maps are quantised to 8 bits per map: ``byte = round(255 * value / scale)`` with ``scale`` the map's maximum,
+so a value decodes as ``byte / 255 * scale`` with an error of at most ``scale / 510``.
+
+Embedded data (the JSON block ``<script id="explorer-data">``, format ``detr-attention-explorer/1``):
+    image: {src (data URI, JPEG of the resized image the model saw), width, height (that size, pixels),
+        original_width, original_height}
+    feature: {height h, width w (unpadded feature region), stride (input pixels per feature cell)}
+    num_queries Q, num_layers L, num_heads, class_names (one per logit: a softmax head's num_classes + 1,
+        the last "no object"; a sigmoid head's num_classes), no_object_label (the no-object logit's index,
+        null for a sigmoid head),
+    threshold, scores [Q], labels [Q] (final layer, as :class:`detr.PostProcess`: max over real classes),
+    prediction_layers: 1-based decoder layers with head outputs (1..L with aux outputs, else [L]),
+    boxes [P][Q][4] normalised cxcywh per prediction layer, top_classes / top_probs [P][Q][k] (k = 5),
+    decoder: {shape [L, heads + 1, Q, h, w] (head index ``heads`` is the mean over heads), maps (base64
+        uint8), scales (base64 float32 little-endian [L, heads + 1, Q])},
+    encoder: {shape [h * w, h, w] (row-major reference position, then the map), maps, scales [h * w]}.
+    masks (panoptic models only, absent otherwise): {shape [Q, mh, mw] (the mask head's stride-4 map, cropped
+        to the image), stride 4, maps (base64 uint8, byte = round(255 * sigmoid(mask logit)))}.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+from detr.inference.postprocess import class_probabilities, scores_and_labels
+from detr.inference.prediction import unpadded_feature_size
+
+#: Version tag of the embedded data; the page's script refuses anything else.
+DATA_FORMAT = "detr-attention-explorer/1"
+#: How many classes per query the page lists (no-object included).
+TOP_K = 5
+
+_ATTENTION_KEYS = ("decoder_attention", "decoder_attention_heads", "encoder_attention", "feature_mask")
+
+
+def quantize_maps(maps: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Quantise non-negative maps ``[..., h, w]`` to 8 bits, one scale per map.
+
+    Returns ``(codes, scales)``: uint8 ``[..., h, w]`` with ``codes = round(255 * maps / scale)`` and
+    float32 ``[...]`` with ``scale = max`` of each map (0 for an all-zero map, decoded as zeros).
+    ``codes / 255 * scale`` recovers the maps within ``scale / 510``.
+    """
+    maps = maps.detach().float().cpu()
+    if maps.numel() and float(maps.min()) < 0:
+        raise ValueError("attention maps must be non-negative (softmax weights); got negative values")
+    scales = maps.flatten(-2).amax(dim=-1)
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.round(maps / safe[..., None, None] * 255).clamp_(0, 255).to(torch.uint8)
+    return codes.numpy(), scales.numpy().astype("<f4")
+
+
+def _base64(array: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii")
+
+
+def _jpeg_data_uri(image: np.ndarray, quality: int) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="JPEG", quality=quality)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def feature_stride(input_size: tuple[int, int], feature_size: tuple[int, int]) -> int:
+    """Input pixels per feature cell: the power of two ``s`` with ``ceil(H / s) == h`` (ResNet rounds up).
+
+    Only for outputs that come without their model; with the model at hand, its ``model.stride`` is exact
+    (an image of at most one cell is ambiguous here).
+
+    Args:
+        input_size: ``(H, W)`` of the unpadded resized image.
+        feature_size: ``(h, w)`` of its unpadded feature region.
+    """
+    height, width = input_size
+    h, w = feature_size
+    for exponent in range(9):
+        stride = 2**exponent
+        if math.ceil(height / stride) <= h and math.ceil(width / stride) <= w:
+            return stride
+    raise ValueError(f"no power-of-two stride maps input size {input_size} to feature size {feature_size}")
+
+
+def explorer_data(
+    outputs: Mapping[str, Any],
+    *,
+    index: int,
+    image: np.ndarray,
+    original_size: tuple[int, int],
+    class_names: Sequence[str],
+    title: str,
+    threshold: float = 0.7,
+    model_description: str = "",
+    jpeg_quality: int = 88,
+    class_head: str = "softmax",
+    stride: int | None = None,
+) -> dict[str, Any]:
+    """The JSON-ready data of one image's page, cut out of a batch's model outputs.
+
+    Args:
+        outputs: ``model(images, padding_mask, return_attention=True)`` for a batch (see the module
+            docstring of :mod:`detr.models.detr`): pred_logits [B, Q, C + 1], pred_boxes [B, Q, 4]
+            normalised cxcywh, optional aux_outputs, decoder_attention [L, B, Q, h, w],
+            decoder_attention_heads [L, B, heads, Q, h, w], encoder_attention [B, h*w, h, w],
+            feature_mask bool [B, h, w] (True = padding).
+        index: which image of the batch.
+        image: uint8 RGB ``[H, W, 3]``, the resized image the model saw, unpadded (shown by the page).
+        original_size: ``(height, width)`` of the original image (the page reports boxes in it).
+        class_names: ``C + 1`` names, the last one for the no-object logit.
+        title: shown in the page header (usually the file name).
+        threshold: initial score threshold of the page's box display.
+        model_description: one line about the model for the header.
+        jpeg_quality: quality of the embedded JPEG.
+        stride: the model's ``model.stride`` (input pixels per feature cell); None derives it from the image
+            and feature sizes (:func:`feature_stride`).
+
+    With ``outputs["pred_masks"]`` (a :class:`detr.DETRPanoptic`: mask logits [B, Q, h', w'] at stride 4)
+    the data also holds every query's mask probability (key ``masks``), which the page shows beside the
+    query's attention.
+
+    Returns:
+        a dict in the format described in the module docstring.
+    """
+    missing = [key for key in _ATTENTION_KEYS if key not in outputs]
+    if missing:
+        raise ValueError(f"model outputs lack {missing}; call the model with return_attention=True")
+    logits = outputs["pred_logits"][index].detach().float().cpu()  # [Q, C + 1]
+    num_queries, num_logits = logits.shape
+    if len(class_names) != num_logits:
+        raise ValueError(
+            f"class_names has {len(class_names)} names but the model has {num_logits} logits "
+            f"(num_classes + 1 for a softmax head, the last one 'no object'; num_classes for a sigmoid head); "
+            f"pass one name per logit"
+        )
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"image must be uint8 [H, W, 3] (the resized RGB image), got {image.dtype} {image.shape}")
+
+    mask = outputs["feature_mask"][index].detach().cpu().bool()  # [h_pad, w_pad]
+    padded_h, padded_w = mask.shape
+    h, w = unpadded_feature_size(mask)
+    heads = outputs["decoder_attention_heads"][:, index, :, :, :h, :w]  # [L, heads, Q, h, w]
+    mean = outputs["decoder_attention"][:, index, None, :, :h, :w]  # [L, 1, Q, h, w]
+    decoder_codes, decoder_scales = quantize_maps(torch.cat([heads, mean], dim=1))
+    encoder = outputs["encoder_attention"][index].reshape(padded_h, padded_w, padded_h, padded_w)
+    encoder_codes, encoder_scales = quantize_maps(encoder[:h, :w, :h, :w].reshape(h * w, h, w))
+    num_layers, num_heads = int(heads.shape[0]), int(heads.shape[1])
+
+    # Head outputs per decoder layer: aux_outputs are layers 1 .. L-1, pred_* the last one.
+    layer_outputs = list(outputs.get("aux_outputs") or []) + [outputs]
+    if len(layer_outputs) != num_layers:
+        layer_outputs = [outputs]
+    prediction_layers = list(range(num_layers - len(layer_outputs) + 1, num_layers + 1))
+    boxes, top_classes, top_probs = [], [], []
+    for layer in layer_outputs:
+        probabilities = class_probabilities(layer["pred_logits"][index].detach().cpu(), class_head)
+        top = probabilities.topk(min(TOP_K, num_logits), dim=-1)
+        top_classes.append(top.indices.tolist())
+        top_probs.append(np.round(top.values.numpy().astype(float), 5).tolist())
+        boxes.append(np.round(layer["pred_boxes"][index].detach().float().cpu().numpy().astype(float), 6).tolist())
+    scores, labels = scores_and_labels(logits, class_head)  # as detr.PostProcess scores them
+
+    height, width = int(image.shape[0]), int(image.shape[1])
+    if stride is None:
+        stride = feature_stride((height, width), (h, w))
+    return {
+        "format": DATA_FORMAT,
+        "title": title,
+        "model": model_description,
+        "image": {
+            "src": _jpeg_data_uri(image, jpeg_quality),
+            "width": width,
+            "height": height,
+            "original_width": int(original_size[1]),
+            "original_height": int(original_size[0]),
+        },
+        "feature": {"height": h, "width": w, "stride": int(stride)},
+        "num_queries": int(num_queries),
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "class_names": list(class_names),
+        # A softmax head's last logit is "no object"; a sigmoid head has none (every logit is a real class).
+        "no_object_label": num_logits - 1 if class_head == "softmax" else None,
+        "threshold": float(threshold),
+        "scores": np.round(scores.numpy().astype(float), 5).tolist(),
+        "labels": labels.tolist(),
+        "prediction_layers": prediction_layers,
+        "boxes": boxes,
+        "top_classes": top_classes,
+        "top_probs": top_probs,
+        "decoder": {
+            "shape": list(decoder_codes.shape),
+            "maps": _base64(decoder_codes),
+            "scales": _base64(decoder_scales),
+        },
+        "encoder": {
+            "shape": list(encoder_codes.shape),
+            "maps": _base64(encoder_codes),
+            "scales": _base64(encoder_scales),
+        },
+        **({"masks": _mask_data(outputs["pred_masks"][index], height, width)} if "pred_masks" in outputs else {}),
+    }
+
+
+#: Input pixels per cell of the mask head's output (the ResNet stem's stride).
+MASK_STRIDE = 4
+
+
+def _mask_data(mask_logits: Tensor, height: int, width: int) -> dict[str, Any]:
+    """One image's mask logits [Q, h', w'] of the padded batch → its region's probabilities as 8-bit codes."""
+    rows = min(math.ceil(height / MASK_STRIDE), int(mask_logits.shape[-2]))
+    cols = min(math.ceil(width / MASK_STRIDE), int(mask_logits.shape[-1]))
+    probabilities = mask_logits[:, :rows, :cols].detach().float().cpu().sigmoid()
+    codes = torch.round(probabilities * 255).to(torch.uint8).numpy()  # fixed scale 1: probabilities
+    return {"shape": list(codes.shape), "stride": MASK_STRIDE, "maps": _base64(codes)}

@@ -1,0 +1,144 @@
+"""Write explorer pages for a model and a set of images: each image through the
+:class:`~detr.inference.predictor.Predictor`, then :func:`~detr.visualize.explorer.data.explorer_data` and
+:func:`~detr.visualize.explorer.render.render_explorer_html`."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from detr.categories import CategoryMap
+from detr.data.collate import pad_images
+from detr.data.transforms import denormalize
+from detr.inference.images import ImageInput, to_rgb_array
+from detr.inference.prediction import label_name
+from detr.inference.predictor import Predictor
+from detr.visualize.explorer.data import explorer_data
+from detr.visualize.explorer.render import render_explorer_html, render_index_html
+
+logger = logging.getLogger(__name__)
+
+#: Pages above this size get a warning: a page must stay small enough to e-mail and open quickly (an R50 page,
+#: 100 queries, 6 layers, 8 heads, stays below it; sizes: docs/explorer.md).
+PAGE_SIZE_WARNING_BYTES = 20 * 1024 * 1024
+
+
+def _class_names(category_map: CategoryMap | None, num_classes: int, with_no_object: bool = True) -> list[str]:
+    names = [label_name(category_map, label) for label in range(num_classes)]
+    return names + ["no object"] if with_no_object else names
+
+
+def _model_description(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    if config is None:  # a detector built by hand
+        return ""
+    parts = [config.backbone + ("-DC5" if config.dilation else ""), f"{config.num_encoder_layers} encoder layers",
+             f"{config.hidden_dim} hidden", f"{config.num_classes} classes"]
+    return ", ".join(parts)
+
+
+def _page_names(images: Sequence[ImageInput]) -> list[tuple[str, str]]:
+    """(title, file stem) per image; stems made unique."""
+    names, seen = [], set()
+    for i, image in enumerate(images):
+        title = Path(image).name if isinstance(image, (str, Path)) else f"image {i}"
+        stem = Path(image).stem if isinstance(image, (str, Path)) else f"image_{i:03d}"
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem)
+        unique, k = stem, 1
+        while unique.lower() in seen or unique.lower() == "index":
+            unique, k = f"{stem}_{k}", k + 1
+        seen.add(unique.lower())
+        names.append((title, unique))
+    return names
+
+
+def write_attention_explorer(
+    model: nn.Module,
+    images: Sequence[ImageInput],
+    out_dir: str | Path,
+    *,
+    category_map: CategoryMap | None = None,
+    threshold: float = 0.7,
+    min_size: int | None = None,
+    max_size: int | None = None,
+    device: str | torch.device | None = None,
+    errors: list[tuple[str, str]] | None = None,
+) -> list[Path]:
+    """Write one explorer page per image, plus ``index.html`` linking them when there are several.
+
+    Each image is resized as :class:`detr.inference.predictor.Predictor` does (shortest side ``min_size``, longest
+    at most ``max_size``; None: the model's training size, else 800 and 1333; ImageNet normalisation)
+    and run alone, so its feature map has no padding.
+
+    Args:
+        model: a DETR (moved to ``device`` and put in eval mode, as the Predictor does).
+        images: paths, PIL images, or uint8 arrays/tensors (anything :data:`detr.inference.images.ImageInput` takes).
+        out_dir: created if missing; pages are named after the image files (``<stem>.html``).
+        category_map: label names; default ``model.category_map``, else "class <i>".
+        threshold: initial score threshold of the pages' box display (the page has a slider).
+        device: where the model runs; default CUDA when available.
+        errors: when given, an image that cannot be read or run (missing, undecodable, too thin to resize,
+            outputs not finite) is logged, appended as ``(title, reason)`` and skipped, and the other pages
+            are written; when None, it raises.
+
+    Returns:
+        the written pages in the order of ``images``, then ``index.html`` if written.
+    """
+    if isinstance(images, (str, Path)) or not isinstance(images, Sequence) or not images:
+        raise ValueError(
+            "images must be a non-empty sequence of images (paths, PIL images or arrays); wrap one image in a list"
+        )
+    predictor = Predictor(model, category_map=category_map, device=device, threshold=threshold,
+                          min_size=min_size, max_size=max_size)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    description = _model_description(model)
+    written: list[tuple[Path, dict[str, Any]]] = []
+    for image, (title, stem) in zip(images, _page_names(images)):
+        try:
+            pixels = to_rgb_array(image)
+            tensor = predictor.preprocess(pixels)
+            # aux_outputs: the boxes and classes after decoder layers 1 .. L-1, which the page steps through
+            outputs = predictor.forward(*pad_images([tensor]), return_attention=True, aux_outputs=True)
+            if not all(bool(torch.isfinite(outputs[key]).all()) for key in ("pred_logits", "pred_boxes")):
+                raise ValueError("the model's outputs are not finite (NaN or inf weights?)")
+        except Exception as error:  # one bad image must not cost the other pages
+            if errors is None:
+                raise
+            reason = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+            logger.warning("skipping %s: %s", title, reason)
+            errors.append((title, reason))
+            continue
+        class_head = predictor.class_head
+        num_classes = int(outputs["pred_logits"].shape[-1]) - (1 if class_head == "softmax" else 0)
+        class_names = _class_names(predictor.category_map, num_classes, with_no_object=class_head == "softmax")
+        data = explorer_data(
+            outputs, index=0, image=denormalize(tensor).permute(1, 2, 0).numpy(), original_size=pixels.shape[:2],
+            class_names=class_names, title=title, threshold=threshold, model_description=description,
+            class_head=class_head, stride=getattr(predictor.model, "stride", None),
+        )
+        page = out_dir / f"{stem}.html"
+        text = render_explorer_html(data)
+        page.write_text(text, encoding="utf-8")
+        size = len(text.encode("utf-8"))
+        if size > PAGE_SIZE_WARNING_BYTES:
+            logger.warning(
+                "explorer page %s weighs %.1f MiB (more than %.0f MiB)", page, size / 2**20,
+                PAGE_SIZE_WARNING_BYTES / 2**20,
+            )
+        logger.info("wrote %s (%.1f MiB)", page, size / 2**20)
+        del data["decoder"], data["encoder"]  # the index needs only the image and the detections
+        data.pop("masks", None)
+        written.append((page, data))
+    paths = [page for page, _ in written]
+    if len(written) > 1:
+        index = out_dir / "index.html"
+        index.write_text(render_index_html([(page.name, data) for page, data in written]), encoding="utf-8")
+        paths.append(index)
+    return paths
