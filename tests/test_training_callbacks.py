@@ -1,22 +1,29 @@
 """The training callbacks of the CPU demo and the step-based learning-rate schedule: the weights' exponential
 moving average, throughput, and the training-time budget that leaves validation out and fixes the run's step
-count, on which the learning-rate decay depends alone."""
+count, on which the learning-rate decay depends alone; and the validation images with their boxes drawn."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
+from PIL import Image
 
+from detr.categories import CategoryMap
+from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from detr.lightning import DetrSystem
 from detr.lightning.callbacks import (
+    DrawValidationPredictions,
     ExponentialMovingAverage,
     TimeBudget,
     TrainingThroughput,
     time_budget_of,
 )
+from detr.lightning.callbacks.validation_images import draw_batch_item
 from detr.lightning.schedule import LinearDecayToZero, decay_factor
 
 
@@ -243,3 +250,42 @@ def test_budget_arguments_are_checked() -> None:
         TimeBudget(max_train_seconds=10, time_tolerance=-0.1)
     with pytest.raises(ValueError, match="decay_fraction"):
         LinearDecayToZero(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), decay_fraction=1.5)
+
+
+def _validation_batch() -> tuple[torch.Tensor, list[dict], list[dict]]:
+    """One gray 40 x 60 image (padded to 48 x 64) from an 80 x 120 original, one true box, two detections."""
+    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    images = torch.zeros(1, 3, 48, 64)
+    images[0, :, :40, :60] = (torch.full((3, 40, 60), 128 / 255) - mean) / std
+    target = {"image_id": torch.tensor(7), "size": torch.tensor([40, 60]), "orig_size": torch.tensor([80, 120]),
+              "boxes": torch.tensor([[0.5, 0.5, 0.5, 0.5]]), "labels": torch.tensor([1])}  # true box: normalised cxcywh
+    detection = {"scores": torch.tensor([0.9, 0.1]), "labels": torch.tensor([0, 1]),
+                 "boxes": torch.tensor([[10.0, 10.0, 50.0, 50.0], [0.0, 0.0, 5.0, 5.0]])}  # original-image xyxy
+    return images, [target], [detection]
+
+
+def test_validation_drawing_shows_true_and_predicted_boxes() -> None:
+    images, targets, detections = _validation_batch()
+    drawn = draw_batch_item(images, 0, targets[0], detections[0], score_threshold=0.5, category_map=None)
+    assert drawn.dtype == torch.uint8 and drawn.shape == (3, 40, 60)  # the unpadded image the model saw
+    assert drawn[:, 27, 15].tolist() == [0, 255, 0]  # true box (15, 10, 45, 30): green, left edge
+    assert drawn[:, 22, 5].tolist() == [255, 0, 0]  # detection (5, 5, 25, 25) at half the original size: red
+    assert drawn[:, 1, 0].tolist() == [128, 128, 128]  # the detection below the threshold is not drawn
+    enlarged = draw_batch_item(images, 0, targets[0], detections[0], score_threshold=0.5, category_map=None,
+                               min_size=80)
+    assert enlarged.shape == (3, 80, 120)
+
+
+def test_draw_validation_predictions_writes_the_first_images(tmp_path) -> None:
+    images, targets, detections = _validation_batch()
+    callback = DrawValidationPredictions(num_images=1, output_dir=str(tmp_path / "val"))
+    trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True, loggers=[], global_step=3, log_dir=None)
+    system = SimpleNamespace(category_map=CategoryMap((1, 2), ("cat", "dog")))
+    callback.on_validation_epoch_start(trainer, system)
+    for batch_idx in range(2):  # the second batch is beyond num_images
+        callback.on_validation_batch_end(trainer, system, {"detections": detections}, (images, None, targets),
+                                         batch_idx)
+    callback.on_validation_epoch_end(trainer, system)
+    assert sorted(path.name for path in (tmp_path / "val").iterdir()) == ["7.png"]
+    with Image.open(tmp_path / "val" / "7.png") as png:
+        assert png.size == (576, 384)  # enlarged to a short side of min_size (384) so that labels stay readable

@@ -77,11 +77,8 @@ class TrainingThroughput(_TrainingTime):
     time since the run started (validation excluded, resumed runs included), at every epoch's end and
     every validation (beside val/AP: the x axis of the demo's and the benchmark's AP curves).
 
-    Why not Lightning's ``ThroughputMonitor``: it reports samples/s only once a window of batches is full
-    (100 by default) and over that window; its ``train|time`` restarts at every ``fit`` (a resumed run's
-    curve would start again at 0) and is logged every ``log_every_n_steps`` steps, not beside the
-    validation metrics (where the AP curve reads it); without a ``flops_per_batch`` on the module it warns
-    in every run (measured with Lightning 2.6 on CPU runs of tens of steps).
+    Lightning's ``ThroughputMonitor`` does not do this: its time restarts at every ``fit`` and is not logged
+    beside the validation metrics (docs/convergence.md, "Training time").
     """
 
     def __init__(self) -> None:

@@ -30,8 +30,8 @@ def draw_batch_item(
     """Image ``index`` of a batch with its targets and post-processed detections (pixel xyxy in the
     ORIGINAL image, rescaled here to the drawn image) drawn; uint8 [3, h, w]. Images whose short side is
     below ``min_size`` are enlarged first so that the labels stay readable."""
-    height, width = target["size"].tolist()
-    image = denormalize(images[index, :, :height, :width]).cpu()  # unpadded, as the model saw it
+    input_h, input_w = target["size"].tolist()
+    image = denormalize(images[index, :, :input_h, :input_w]).cpu()  # unpadded, as the model saw it
     scale = max(1.0, min_size / min(image.shape[-2:]))
     if scale > 1.0:
         enlarged = torch.nn.functional.interpolate(image[None].float(), scale_factor=scale, mode="bilinear")
