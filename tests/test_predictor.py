@@ -142,6 +142,22 @@ def test_attention_is_cropped_to_the_image(tiny_model):
     assert predictions[0].attention.feature_size != predictions[1].attention.feature_size
 
 
+def test_forward_keeps_aux_outputs_only_when_asked(tiny_model):
+    """The attention explorer shows every decoder layer's boxes: Predictor.forward(aux_outputs=True) returns
+    the model's aux_outputs (on the CPU, float32); the fast path drops them."""
+    predictor = Predictor(tiny_model, device="cpu", **SIZES)
+    images, padding_mask = pad_images([predictor.preprocess(np.zeros((64, 100, 3), np.uint8))])
+    assert "aux_outputs" not in predictor.forward(images, padding_mask)
+    outputs = predictor.forward(images, padding_mask, return_attention=True, aux_outputs=True)
+    with torch.no_grad():
+        expected = tiny_model(images, padding_mask)
+    assert len(outputs["aux_outputs"]) == len(expected["aux_outputs"]) == 1  # 2 decoder layers
+    for key in ("pred_logits", "pred_boxes"):
+        torch.testing.assert_close(outputs["aux_outputs"][0][key], expected["aux_outputs"][0][key])
+        torch.testing.assert_close(outputs[key], expected[key])
+    assert "decoder_attention" in outputs
+
+
 def test_attention_upsampling_geometry():
     # Feature cell (1, 2) of a 64 × 96 input (stride 32) covers pixels y 32..63, x 64..95; the original
     # image is twice that size, so it lands on y 64..127, x 128..191.
