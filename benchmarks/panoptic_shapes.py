@@ -53,15 +53,15 @@ def without_time_limit(config: Path, out: Path) -> Path:
 
 
 def run_stage(config: Path, run_dir: Path, steps: int | None, extra: list[str], overwrite: bool) -> None:
-    from detr.lightning.panoptic_cli import main
+    from detr.lightning.cli import panoptic_main
 
     args = ["fit", "--config", str(config)]
     if steps is not None:
         args += ["--config", str(without_time_limit(config, run_dir.parent)), f"--trainer.max_steps={steps}"]
     args += [f"--trainer.default_root_dir={run_dir}", "--trainer.enable_progress_bar=false",
              f"--overwrite_run={str(overwrite).lower()}", *extra]
-    print("panoptic_cli", " ".join(args), flush=True)
-    main(args)
+    print("detr-panoptic", " ".join(args), flush=True)
+    panoptic_main(args)
 
 
 def read_curve(run_dir: Path) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""tools/analyze.py end to end on data/coco-mini (real COCO images and annotations) with made-up results,
+"""The detr-analyze command (detr.commands.analyze) end to end on data/coco-mini (real COCO images and annotations) with made-up results,
 and the report opened in headless Chromium (skipped without Chromium unless CI is set)."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from detr.commands import analyze as analyze_tool
 from detr.evaluation.analysis import analyze, load_ground_truth, load_results
 from detr.visualize.analysis_report import write_analysis_report
 from tests.test_explorer_browser import DevToolsPipe, Page, chromium  # noqa: F401 (fixture)
@@ -19,14 +19,12 @@ from tests.test_explorer_browser import DevToolsPipe, Page, chromium  # noqa: F4
 REPO = Path(__file__).resolve().parents[1]
 COCO_MINI = REPO / "data" / "coco-mini"
 GT_JSON = COCO_MINI / "annotations" / "instances_val2017.json"
-sys.path.insert(0, str(REPO / "tools"))
-import analyze as analyze_tool  # noqa: E402
 
 
 def made_up_results(ground_truth: dict, seed: int = 0) -> list[dict]:
     """A detector's results on ``ground_truth``: most objects found with jittered boxes, some with the wrong
     class, some badly placed, some twice, some missed, and a few boxes on nothing; with file names and
-    numbered image ids (1, 2, ...), as tools/predict.py writes for file names that are not numbers."""
+    numbered image ids (1, 2, ...), as detr-predict writes for file names that are not numbers."""
     rng = np.random.default_rng(seed)
     categories = [c["id"] for c in ground_truth["categories"]]
     images = {image["id"]: image for image in ground_truth["images"]}

@@ -5,20 +5,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from detr.commands import check_data
 from detr.data.checker import Problem, check_dataset, format_problems, has_errors
-from tests.conftest import load_script
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def load_cli() -> Any:
-    return load_script("tools/check_dataset.py")
 
 
 def ann(ann_id: int, image_id: int, bbox: list[float], category_id: int = 1, iscrowd: int = 0) -> dict:
@@ -133,12 +128,11 @@ def test_quick_mode_reads_headers_only(tmp_path: Path) -> None:
 
 
 def test_cli_exit_codes_and_readable_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cli = load_cli()
     images_dir, path = write_clean(tmp_path / "clean")
-    assert cli.main([str(images_dir), str(path)]) == 0
+    assert check_data.main([str(images_dir), str(path)]) == 0
     assert "OK" in capsys.readouterr().out
     images_dir, path = write_broken(tmp_path / "broken")
-    assert cli.main([str(images_dir), str(path), "--num-queries", "2"]) == 1
+    assert check_data.main([str(images_dir), str(path), "--num-queries", "2"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "missing_image" in out and "[zero.jpg, annotation 103]" in out
     assert "unknown_category (1):" in out
@@ -150,7 +144,7 @@ def test_malformed_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     problems = check_dataset(tmp_path, path)
     assert [p.kind for p in problems] == ["invalid_json"]
     assert "bad.json" in problems[0].message and "line 1 column 13" in problems[0].message
-    assert load_cli().main([str(tmp_path), str(path)]) == 1
+    assert check_data.main([str(tmp_path), str(path)]) == 1
     assert "line 1 column 13" in capsys.readouterr().out
 
 

@@ -19,7 +19,7 @@ from detr import load_checkpoint
 from detr.data.panoptic_checks import PanopticDataError
 from detr.data.shapes import ShapesConfig
 from detr.data.shapes_panoptic import write_shapes_panoptic
-from detr.lightning.panoptic_cli import main
+from detr.lightning.cli import make_cli, panoptic_main
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.models.segmentation import DETRPanoptic
 from detr.inference.predictor import Predictor
@@ -57,8 +57,8 @@ def box_stage(shapes_root, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("runs") / "boxes"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("sys.argv", ["detr"])
-        main(["fit", "--config", str(BOXES_CONFIG), *TINY, f"--data.root={shapes_root}",
-              f"--trainer.default_root_dir={run}"])
+        panoptic_main(["fit", "--config", str(BOXES_CONFIG), *TINY, f"--data.root={shapes_root}",
+                       f"--trainer.default_root_dir={run}"])
     return run
 
 
@@ -79,8 +79,8 @@ def test_box_stage_trains_the_detector_on_things_and_stuff(box_stage):
 def test_mask_stage_freezes_the_detector_logs_pq_and_loads_back(box_stage, shapes_root, tmp_path):
     run = tmp_path / "masks"
     init = box_stage / "checkpoints" / "last.ckpt"
-    main(["fit", "--config", str(MASKS_CONFIG), *TINY, f"--data.root={shapes_root}",
-          f"--trainer.default_root_dir={run}", f"--model.init_checkpoint={init}"])
+    panoptic_main(["fit", "--config", str(MASKS_CONFIG), *TINY, f"--data.root={shapes_root}",
+                   f"--trainer.default_root_dir={run}", f"--model.init_checkpoint={init}"])
     rows = _metrics(run)
     values = {name: [float(row[name]) for row in rows if row.get(name)] for name in
               ("val/PQ", "val/SQ", "val/RQ", "val/PQ_th", "val/PQ_st", "val/segm_AP", "val/AP", "train/loss_dice")}
@@ -96,9 +96,9 @@ def test_mask_stage_freezes_the_detector_logs_pq_and_loads_back(box_stage, shape
     assert heads
 
     # validate the run's checkpoint: into the run's validate/ folder, the same PQ as the fit's last validation
-    main(["validate", "--config", str(MASKS_CONFIG), *TINY, f"--data.root={shapes_root}",
-          f"--trainer.default_root_dir={run}", f"--model.init_checkpoint={init}",
-          f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}"])
+    panoptic_main(["validate", "--config", str(MASKS_CONFIG), *TINY, f"--data.root={shapes_root}",
+                   f"--trainer.default_root_dir={run}", f"--model.init_checkpoint={init}",
+                   f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}"])
     validated = [float(row["val/PQ"]) for row in _metrics(run / "validate") if row.get("val/PQ")]
     assert validated == pytest.approx(values["val/PQ"][-1:])
 
@@ -119,10 +119,8 @@ def test_mask_stage_freezes_the_detector_logs_pq_and_loads_back(box_stage, shape
 
 
 def test_mask_stage_step_changes_only_the_mask_head(box_stage, shapes_root):
-    from detr.lightning.panoptic_cli import make_cli
-
     cli = make_cli(["--config", str(MASKS_CONFIG), *TINY, f"--data.root={shapes_root}",
-                    f"--model.init_checkpoint={box_stage / 'checkpoints' / 'last.ckpt'}"], run=False)
+                    f"--model.init_checkpoint={box_stage / 'checkpoints' / 'last.ckpt'}"], run=False, panoptic=True)
     system = cli.model
     system.train()
     trainable = {name for name, p in system.model.named_parameters() if p.requires_grad}
@@ -151,8 +149,8 @@ def test_mask_stage_refuses_a_box_model_of_other_classes(box_stage, shapes_root,
     path = tmp_path / "other.ckpt"
     torch.save(checkpoint, path)
     with pytest.raises(ValueError, match="does not fit the panoptic model"):
-        main(["fit", "--config", str(MASKS_CONFIG), *TINY, f"--data.root={shapes_root}",
-              f"--trainer.default_root_dir={tmp_path / 'run'}", f"--model.init_checkpoint={path}"])
+        panoptic_main(["fit", "--config", str(MASKS_CONFIG), *TINY, f"--data.root={shapes_root}",
+                       f"--trainer.default_root_dir={tmp_path / 'run'}", f"--model.init_checkpoint={path}"])
 
 
 # ---------------------------------------------------------------------- detr-panoptic predict
@@ -160,8 +158,8 @@ def test_mask_stage_refuses_a_box_model_of_other_classes(box_stage, shapes_root,
 def mask_stage(box_stage, shapes_root, tmp_path_factory) -> Path:
     """Stage 2 run folder, trained from the box stage's checkpoint."""
     run = tmp_path_factory.mktemp("runs") / "masks"
-    main(["fit", "--config", str(MASKS_CONFIG), *TINY, f"--data.root={shapes_root}",
-          f"--trainer.default_root_dir={run}", f"--model.init_checkpoint={box_stage / 'checkpoints' / 'last.ckpt'}"])
+    panoptic_main(["fit", "--config", str(MASKS_CONFIG), *TINY, f"--data.root={shapes_root}",
+                   f"--trainer.default_root_dir={run}", f"--model.init_checkpoint={box_stage / 'checkpoints' / 'last.ckpt'}"])
     return run
 
 
@@ -180,10 +178,10 @@ def test_predict_writes_coco_panoptic_pngs_and_json(mask_stage, shapes_root, tmp
     checkpoint = mask_stage / "checkpoints" / "last.ckpt"
     assert torch.load(checkpoint, weights_only=True)["hyper_parameters"]["panoptic_threshold"] > 0
     run = tmp_path / "run"
-    status = main(["predict", "--config", str(MASKS_CONFIG), *TINY, "--data.root=null",
-                   f"--data.predict_images={images}", f"--ckpt_path={checkpoint}", "--model.panoptic_threshold", "0",
-                   "--model.panoptic_overlap_threshold=null",  # the authors' rules: every pixel gets a segment
-                   f"--trainer.default_root_dir={run}"])
+    status = panoptic_main(["predict", "--config", str(MASKS_CONFIG), *TINY, "--data.root=null",
+                            f"--data.predict_images={images}", f"--ckpt_path={checkpoint}", "--model.panoptic_threshold", "0",
+                            "--model.panoptic_overlap_threshold=null",  # the authors' rules: every pixel gets a segment
+                            f"--trainer.default_root_dir={run}"])
     assert status == 1
     folder = run / "predict"
     detections = json.loads((folder / "predictions.json").read_text())
@@ -260,7 +258,7 @@ def test_the_panoptic_configs_exist():
 @pytest.mark.parametrize("config", PANOPTIC_CONFIGS, ids=lambda path: path.name)
 def test_every_panoptic_config_parses_with_the_data_deciding_the_classes(config, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(config), "--print_config"])
+        panoptic_main(["fit", "--config", str(config), "--print_config"])
     assert exit_info.value.code in (0, None)
     import yaml
 
@@ -276,7 +274,7 @@ def test_every_panoptic_config_parses_with_the_data_deciding_the_classes(config,
 @pytest.mark.parametrize("name", ["panoptic_boxes_coco.yaml", "panoptic_coco.yaml"])
 def test_coco_panoptic_configs_follow_the_authors_recipe(name, capsys):
     with pytest.raises(SystemExit):
-        main(["fit", "--config", str(REPO / "configs" / name), "--print_config"])
+        panoptic_main(["fit", "--config", str(REPO / "configs" / name), "--print_config"])
     import yaml
 
     printed = yaml.safe_load(capsys.readouterr().out)
@@ -299,10 +297,10 @@ def test_coco_panoptic_configs_train_a_step(shapes_root, tmp_path):
              "--model.detr.backbone_norm=batch_norm", "--model.detr.pretrained_backbone=false",
              f"--data.root={shapes_root}"]
     boxes, masks = tmp_path / "boxes", tmp_path / "masks"
-    main(["fit", "--config", str(REPO / "configs" / "panoptic_boxes_coco.yaml"), *small,
-          "--model.init_checkpoint=null", f"--trainer.default_root_dir={boxes}"])
-    main(["fit", "--config", str(REPO / "configs" / "panoptic_coco.yaml"), *small,
-          f"--model.init_checkpoint={boxes / 'checkpoints' / 'last.ckpt'}", f"--trainer.default_root_dir={masks}"])
+    panoptic_main(["fit", "--config", str(REPO / "configs" / "panoptic_boxes_coco.yaml"), *small,
+                   "--model.init_checkpoint=null", f"--trainer.default_root_dir={boxes}"])
+    panoptic_main(["fit", "--config", str(REPO / "configs" / "panoptic_coco.yaml"), *small,
+                   f"--model.init_checkpoint={boxes / 'checkpoints' / 'last.ckpt'}", f"--trainer.default_root_dir={masks}"])
     for run, metric in ((boxes, "val/AP"), (masks, "val/PQ")):
         rows = _metrics(run)
         assert any(row.get("train/loss") for row in rows)

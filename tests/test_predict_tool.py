@@ -1,4 +1,4 @@
-"""tools/predict.py and detr.inference.outputs: unreadable files are skipped and named, the rest is written."""
+"""The detr-predict command (detr.commands.predict) and detr.inference.outputs: unreadable files are skipped and named, the rest is written."""
 
 from __future__ import annotations
 
@@ -11,14 +11,10 @@ import torch
 from PIL import Image
 
 from detr import CategoryMap
+from detr.commands import predict
 from detr.inference.outputs import assign_image_ids, collect_image_paths, predictions_to_coco_results
 from detr.inference.prediction import Prediction
 from detr.visualize.drawing import draw_prediction
-from tests.conftest import load_script
-
-
-def load_tool(name: str):
-    return load_script(f"tools/{name}.py")
 
 
 @pytest.fixture
@@ -37,7 +33,7 @@ def test_predict_tool_skips_corrupt_file(tmp_path, image_folder, tiny_model, cap
     checkpoint = tmp_path / "tiny.pth"
     torch.save({"model": tiny_model.state_dict()}, checkpoint)
     out = tmp_path / "out"
-    status = load_tool("predict").main([
+    status = predict.main([
         str(image_folder), "--checkpoint", str(checkpoint), "--out", str(out), "--threshold", "0.0",
         "--device", "cpu", "--batch-size", "2", "--min-size", "64", "--max-size", "100",
     ])

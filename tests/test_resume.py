@@ -70,7 +70,7 @@ def test_without_rng_state_the_resumed_run_would_differ(tmp_path, monkeypatch) -
     """Guards the test above: dropout and shuffling make RNG state matter here."""
     uninterrupted = _fit(tmp_path / "full", max_epochs=2)
     _fit(tmp_path / "part", max_epochs=1)
-    monkeypatch.setattr("detr.lightning.system._set_rng_states", lambda states: None)
+    monkeypatch.setattr("detr.lightning.checkpointing.set_rng_states", lambda states: None)
     resumed = _fit(tmp_path / "resumed", max_epochs=2, ckpt_path=str(tmp_path / "part" / "last.ckpt"))
     expected, actual = uninterrupted.state_dict(), resumed.state_dict()
     assert any(not torch.equal(expected[k], actual[k]) for k in expected)

@@ -223,14 +223,3 @@ def test_backbone_bf16_runs_in_float32_on_a_cpu_without_bfloat16(monkeypatch, tm
     system.trainer = _trainer(tmp_path, enable_checkpointing=False)
     system.setup("fit")
     assert system.model.backbone[0].autocast_dtype == (torch.bfloat16 if has_bfloat16 else None)
-
-
-def test_model_options_of_the_old_layout_are_folded_into_the_config(caplog) -> None:
-    """Before DetrConfig, DetrSystem took the detector's options itself; checkpoints written then hold them
-    as flat hyperparameters. They still build the same model, with a warning naming the new place."""
-    with caplog.at_level("WARNING", logger="detr.lightning.system"):
-        old = DetrSystem(**TINY, evaluation_dir="")
-    assert "belong in detr=DetrConfig" in caplog.text
-    assert old.model.config == DetrSystem(**system_args(**TINY), evaluation_dir="").model.config
-    with pytest.raises(TypeError, match=r"unexpected argument\(s\) \['no_such_option'\]"):
-        DetrSystem(no_such_option=1)

@@ -1,42 +1,8 @@
-"""Convert a DETR checkpoint to a Hugging Face transformers directory (config.json + model.safetensors).
+"""`detr-convert` run from a clone (`python tools/convert.py --help`); the command is :mod:`detr.commands.convert`."""
 
-    python tools/convert.py detr-r50 --to-huggingface detr-r50-hf/
-    python tools/convert.py runs/best.ckpt --to-huggingface my-detr/ --backbone-format transformers
-
-CHECKPOINT is anything detr.load_checkpoint reads: a released model's name, a .pth / .ckpt file, or a
-Hugging Face directory. The result loads with transformers.DetrForObjectDetection.from_pretrained(DIR).
-Models with options transformers' DETR lacks (anchor queries, sigmoid head, denoising, ...) are refused.
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
 
-from detr.checkpoints import CheckpointError, load_checkpoint
-from detr.checkpoints.huggingface import ExportError, save_pretrained
-from detr.checkpoints.released import CheckpointArgument
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", action=CheckpointArgument, metavar="CHECKPOINT",
-                        help="released model name ('list' prints them), checkpoint file or Hugging Face directory")
-    parser.add_argument("--to-huggingface", required=True, metavar="DIR", help="output directory")
-    parser.add_argument("--backbone-format", choices=("timm", "transformers"), default="timm",
-                        help="timm ResNet (transformers' default; needs timm to load; DC5 possible) or "
-                             "transformers' own ResNet (no DC5)")
-    args = parser.parse_args(argv)
-    try:
-        model = load_checkpoint(args.checkpoint)
-        out = save_pretrained(model, args.to_huggingface, backbone_format=args.backbone_format)
-    except (CheckpointError, ExportError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(f"wrote {out}/config.json, model.safetensors, preprocessor_config.json "
-          f"({model.config.backbone}, {model.num_classes} classes)")
-    return 0
-
+from detr.commands.convert import main
 
 if __name__ == "__main__":
     sys.exit(main())

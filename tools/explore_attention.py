@@ -1,49 +1,8 @@
-"""Write interactive attention-explorer pages: one self-contained HTML file per image.
+"""`detr-explore` run from a clone (`python tools/explore_attention.py --help`); the command is :mod:`detr.commands.explore`."""
 
-    python tools/explore_attention.py photo.jpg --checkpoint detr-r50-e632da11.pth --out explorer/
-    python tools/explore_attention.py data/photos/*.png --checkpoint last.ckpt --out explorer/ --threshold 0.5
-
-Open <out>/<image stem>.html (or <out>/index.html for several images) in any browser; no server or
-network is needed. An image that cannot be read or run is reported and skipped (exit status 1), the
-other pages are written. The page shows every query's box, decoder cross-attention per layer and head, top-5
-classes, boxes per decoder layer, and encoder self-attention for any clicked pixel.
-The pages themselves: detr.visualize.explorer.
-"""
-
-from __future__ import annotations
-
-import argparse
-import logging
 import sys
 
-from detr.checkpoints import load_checkpoint
-from detr.inference.command_line import add_resize_arguments
-from detr.visualize.explorer import write_attention_explorer
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("images", nargs="+", metavar="IMAGE")
-    parser.add_argument("--checkpoint", required=True, help="released .pth, state dict or this project's .ckpt")
-    parser.add_argument("--out", required=True, help="output folder for the pages")
-    parser.add_argument("--threshold", type=float, default=0.7, help="initial score threshold of the box display")
-    add_resize_arguments(parser)
-    parser.add_argument("--device", default=None, help="default: CUDA when available, else CPU")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-
-    model = load_checkpoint(args.checkpoint)
-    errors: list[tuple[str, str]] = []
-    pages = write_attention_explorer(
-        model, args.images, args.out, threshold=args.threshold, min_size=args.min_size, max_size=args.max_size,
-        device=args.device, errors=errors,
-    )
-    for page in pages:
-        print(f"{page} ({page.stat().st_size / 2**20:.1f} MB)")
-    for image, reason in errors:
-        print(f"skipped {image}: {reason}", file=sys.stderr)
-    return 1 if errors else 0
-
+from detr.commands.explore import main
 
 if __name__ == "__main__":
     sys.exit(main())

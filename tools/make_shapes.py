@@ -1,57 +1,8 @@
-"""Write the synthetic shapes data set (COCO layout) for CPU-sized training runs.
+"""`detr-make-shapes` run from a clone (`python tools/make_shapes.py --help`); the command is :mod:`detr.commands.make_shapes`."""
 
-    python tools/make_shapes.py                      # data/shapes: 2000 train, 200 val, 128 px
-    python tools/make_shapes.py --out /tmp/s --num-train 100 --num-val 20
-    python tools/make_shapes.py --panoptic           # also COCO panoptic annotations (PNGs + json)
-
-Idempotent: a complete set made with the same parameters is left as it is (--force rewrites it).
-The generator itself: detr.data.shapes (panoptic annotations: detr.data.shapes_panoptic).
-"""
-
-from __future__ import annotations
-
-import argparse
-import logging
 import sys
-import time
 
-from detr.data.shapes import ShapesConfig, write_shapes_dataset
-from detr.data.shapes_panoptic import write_shapes_panoptic
-
-
-def main(argv: list[str] | None = None) -> int:
-    defaults = ShapesConfig()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="data/shapes", help="output folder (default: data/shapes)")
-    parser.add_argument("--num-train", type=int, default=defaults.num_train)
-    parser.add_argument("--num-val", type=int, default=defaults.num_val)
-    parser.add_argument("--image-size", type=int, default=defaults.image_size)
-    parser.add_argument("--max-objects", type=int, default=defaults.max_objects)
-    parser.add_argument("--empty-fraction", type=float, default=defaults.empty_fraction)
-    parser.add_argument("--min-object-size", type=int, default=defaults.min_object_size)
-    parser.add_argument("--max-object-size", type=int, default=defaults.max_object_size)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--force", action="store_true", help="rewrite even if a complete set exists")
-    parser.add_argument("--panoptic", action="store_true",
-                        help="also write COCO panoptic annotations: annotations/panoptic_{split}.json and PNGs")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    config = ShapesConfig(
-        num_train=args.num_train, num_val=args.num_val, image_size=args.image_size, max_objects=args.max_objects,
-        empty_fraction=args.empty_fraction, min_object_size=args.min_object_size,
-        max_object_size=args.max_object_size, seed=args.seed,
-    )
-    start = time.perf_counter()
-    written = write_shapes_dataset(args.out, config, overwrite=args.force)
-    if written:
-        seconds = time.perf_counter() - start
-        print(f"wrote {args.out} ({config.num_train} train, {config.num_val} val) in {seconds:.1f} s")
-    else:
-        print(f"{args.out} is already complete with these parameters; nothing written (use --force to rewrite)")
-    if args.panoptic and write_shapes_panoptic(args.out, config, overwrite=args.force):
-        print(f"wrote panoptic annotations to {args.out}/annotations")
-    return 0
-
+from detr.commands.make_shapes import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,73 +1,8 @@
-"""Draw DETR's attention on one image: the paper's Fig. 6 (decoder) and, on request, Fig. 3 (encoder).
+"""`detr-visualize-attention` run from a clone (`python tools/visualize_attention.py --help`); the command is :mod:`detr.commands.visualize_attention`."""
 
-    python tools/visualize_attention.py photo.jpg --checkpoint detr-r50-e632da11.pth --out attention.png
-    python tools/visualize_attention.py photo.jpg --checkpoint ckpt --out grid.png --all-queries
-    python tools/visualize_attention.py photo.jpg --checkpoint ckpt --out a.png --encoder-points 120,80 300,200
-
---out gets the decoder cross-attention of every detected object (or of every query with --all-queries);
-with --encoder or --encoder-points the encoder self-attention figure goes to <out stem>_encoder.png.
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-from detr.inference.command_line import add_resize_arguments
-from detr.inference.images import to_rgb_array
-from detr.inference.predictor import Predictor
-from detr.checkpoints.released import CheckpointArgument
-from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure
-
-
-def point(text: str) -> tuple[float, float]:
-    x, _, y = text.partition(",")
-    try:
-        return float(x), float(y)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a reference point is X,Y in pixels, got {text!r}") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("image")
-    parser.add_argument("--checkpoint", required=True, action=CheckpointArgument,
-                        help="a released model's name (detr-r50 ...; 'list' prints them), a .pth / .ckpt file, "
-                             "or a Hugging Face DETR directory")
-    parser.add_argument("--out", required=True, help="PNG file for the decoder figure")
-    parser.add_argument("--layer", type=int, default=-1, help="decoder layer, Python index (default -1: last)")
-    parser.add_argument("--head", type=int, default=None, help="one attention head (default: mean over heads)")
-    parser.add_argument("--threshold", type=float, default=0.7, help="show queries scoring above this")
-    parser.add_argument("--top-k", type=int, default=None, help="show the K best queries instead")
-    parser.add_argument("--all-queries", action="store_true", help="a grid of every query, no-object included")
-    parser.add_argument("--encoder", action="store_true", help="also draw encoder self-attention (Fig. 3)")
-    parser.add_argument("--encoder-points", type=point, nargs="+", default=None, metavar="X,Y",
-                        help="reference points for the encoder figure (default: centres of detections)")
-    add_resize_arguments(parser)
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dpi", type=int, default=120)
-    args = parser.parse_args(argv)
-
-    predictor = Predictor.from_checkpoint(
-        args.checkpoint, device=args.device, threshold=args.threshold, min_size=args.min_size, max_size=args.max_size
-    )
-    image = to_rgb_array(args.image)
-    prediction = predictor.predict(image, return_attention=True)[0]
-    figure = decoder_attention_figure(
-        image, prediction, layer=args.layer, head=args.head, threshold=args.threshold, top_k=args.top_k,
-        all_queries=args.all_queries,
-    )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=args.dpi)
-    print(f"{len(prediction)} detections above {args.threshold}; decoder attention -> {out}")
-    if args.encoder or args.encoder_points:
-        encoder_out = out.with_name(f"{out.stem}_encoder{out.suffix or '.png'}")
-        encoder_attention_figure(image, prediction, points=args.encoder_points).savefig(encoder_out, dpi=args.dpi)
-        print(f"encoder attention -> {encoder_out}")
-    return 0
-
+from detr.commands.visualize_attention import main
 
 if __name__ == "__main__":
     sys.exit(main())

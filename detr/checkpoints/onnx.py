@@ -51,7 +51,7 @@ def read_onnx_metadata(path: str | Path) -> dict[str, Any]:
 def _decode_metadata(props: dict[str, str], path: str | Path) -> dict[str, Any]:
     missing = [key for key in METADATA_KEYS if key not in props]
     if missing:
-        raise ValueError(f"{path} lacks the DETR metadata {missing}: export it with tools/export.py "
+        raise ValueError(f"{path} lacks the DETR metadata {missing}: export it with detr-export "
                          f"(detr.checkpoints.export.export_onnx), which records the class head, categories and eval resize")
     return {key.removeprefix("detr."): json.loads(props[key]) for key in METADATA_KEYS}
 

@@ -219,7 +219,7 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
         more = f"; ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
         raise AnnotationFileError(
             f"{where} has {len(problems)} problem(s): {listed}{more}. "
-            f"Run `python tools/check_dataset.py IMAGES_DIR {annotations_file}` for the full list."
+            f"Run `detr-check-data IMAGES_DIR {annotations_file}` for the full list."
         )
 
 

@@ -17,17 +17,23 @@ from a new pass over the data set (Lightning warns "not resumable"), so some ima
 seen twice and others not at all. The epoch still has its usual number of steps. A run that ended on
 ``max_steps`` is saved at its last step, mid-epoch; one stopped by a time budget (``should_stop``) is
 saved when training ends, after Lightning closed the epoch, so resuming it starts the next epoch.
+
+The training system also keeps every process's random number generator states in its checkpoints
+(:func:`save_rng_states`, :func:`restore_rng_states`), so that a resumed run draws the same dropout and
+shuffling as an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -180,3 +186,67 @@ class LastCheckpoint(L.Callback):
         exception.code = PREEMPTED_EXIT_CODE
         logger.warning("SIGTERM: stopped at step %d; %s holds it. Resume with --ckpt_path %s (exit status %d)",
                        trainer.global_step, path, path, PREEMPTED_EXIT_CODE)
+
+
+#: The checkpoint key of :func:`save_rng_states`: one entry per process, by rank.
+RNG_STATES_KEY = "detr_rng_states"
+
+
+def save_rng_states(checkpoint: dict[str, Any], trainer: L.Trainer | None) -> None:
+    """Put every process's RNG states into ``checkpoint`` (a list by rank; one entry without a trainer).
+
+    Every process must call this together, as Lightning calls ``on_save_checkpoint`` on all of them. The
+    states are plain values beside tensors, which the strategy's ``all_gather`` (tensors only) cannot
+    carry: each process's states are broadcast in turn instead."""
+    states = rng_states()
+    if trainer is None or trainer.world_size == 1:
+        checkpoint[RNG_STATES_KEY] = [states]
+    else:
+        checkpoint[RNG_STATES_KEY] = [trainer.strategy.broadcast(states, src=rank)
+                                      for rank in range(trainer.world_size)]
+
+
+def restore_rng_states(checkpoint: dict[str, Any], trainer: L.Trainer) -> None:
+    """Set this process's RNG states from ``checkpoint`` (written by :func:`save_rng_states`), if it holds
+    them for as many processes as this run has; otherwise warn that the random streams start afresh."""
+    states = checkpoint.get(RNG_STATES_KEY)
+    if not states:
+        return
+    if len(states) == trainer.world_size:
+        set_rng_states(states[trainer.global_rank])
+    else:
+        logger.warning("checkpoint holds RNG states of %d processes, this run has %d; random streams "
+                       "are not restored", len(states), trainer.world_size)
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's RNG states (torch, CUDA when in use, numpy, Python) as tensors and plain Python values,
+    so that the checkpoint loads with torch.load(weights_only=True)."""
+    numpy_state = np.random.get_state()
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": [numpy_state[0], numpy_state[1].tolist(), int(numpy_state[2]), int(numpy_state[3]),
+                  float(numpy_state[4])],
+        "python": _to_lists(random.getstate()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Set this process's RNG states from :func:`rng_states`' record."""
+    torch.set_rng_state(states["torch"])
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached))
+    random.setstate(_to_tuples(states["python"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _to_lists(value: Any) -> Any:
+    return [_to_lists(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _to_tuples(value: Any) -> Any:
+    return tuple(_to_tuples(v) for v in value) if isinstance(value, (tuple, list)) else value

@@ -1,13 +1,29 @@
-"""The ``detr`` console script: LightningCLI over :class:`DetrSystem` and :class:`DetrDataModule`.
+"""The training commands: LightningCLI over a training system and its data module.
+
+``detr`` trains and evaluates detection (:class:`DetrSystem`, :class:`DetrDataModule`)::
 
     detr fit --config configs/detr_r50_coco.yaml --data.root /data/coco
     detr validate --config configs/detr_r50_coco.yaml --data.root /data/coco --ckpt_path best.ckpt
     detr fit --config configs/demo_shapes_cpu.yaml --print_config
 
-YAML keys mirror the constructors (``model.*`` = DetrSystem: ``model.detr.*`` the detector's
-:class:`detr.models.config.DetrConfig`, the rest the recipe; ``data.*`` = DetrDataModule, ``trainer.*`` =
-lightning.Trainer). The number of classes and the category map are not
-configured: the data module reads them from the annotation json and they are linked into the model.
+``detr-panoptic`` is the same command over :class:`PanopticSystem` and :class:`PanopticDataModule`, for the
+two stages of the authors' panoptic recipe (paper §4.4)::
+
+    # 1. box stage: the detector on every segment's box, things and stuff
+    detr-panoptic fit --config configs/panoptic_boxes_coco.yaml --data.root /data/coco
+    # 2. mask stage: the mask head on the frozen box model, 25 epochs
+    detr-panoptic fit --config configs/panoptic_coco.yaml --data.root /data/coco \\
+        --model.init_checkpoint outputs/panoptic_boxes_coco/checkpoints/last.ckpt
+    # segment image files: predictions.json, panoptic.json and panoptic/<name>.png in <default_root_dir>/predict/
+    detr-panoptic predict --config configs/demo_shapes_panoptic_cpu.yaml \\
+        --data.predict_images photos/ --ckpt_path outputs/demo_shapes_panoptic/checkpoints/last.ckpt
+
+YAML keys mirror the constructors (``model.*`` = the system: ``model.detr.*`` the detector's
+:class:`detr.models.config.DetrConfig`, the rest the recipe; ``data.*`` = the data module, ``trainer.*`` =
+lightning.Trainer); a key that no constructor has is refused by name. The number of classes, the category
+map and (panoptic) the categories with their things and stuff are not configured: the data module reads them
+from the annotation json and they are linked into the model. One output folder per run
+(:mod:`detr.lightning.run_folder`).
 """
 
 from __future__ import annotations
@@ -17,10 +33,8 @@ import logging
 import os
 import pickle
 import sys
-from pathlib import Path
 from typing import Any
 
-import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -30,22 +44,28 @@ from detr.lightning.callbacks import PredictionsWriter
 from detr.lightning.checkpointing import LastCheckpoint
 from detr.lightning.data_checks import CheckData
 from detr.lightning.datamodule import DetrDataModule
+from detr.lightning.panoptic_datamodule import PanopticDataModule
+from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.run_folder import claim_run_folder
 from detr.lightning.system import DetrSystem
-from detr.models.config import field_names
 
 
 class DetrCLI(LightningCLI):
-    """LightningCLI with the data → model links DETR needs."""
+    """LightningCLI with the data → model links DETR needs, for the detection or the panoptic system."""
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         # The data decides these (the annotation json), so no config repeats them: linked once both are built.
         parser.link_arguments("data.num_classes", "model.detr.num_classes", apply_on="instantiate")
         parser.link_arguments("data.category_map", "model.category_map", apply_on="instantiate")
-        # Always there, whatever the config's callbacks: last.ckpt kept current (and written on SIGTERM), and
-        # every input checked before the first step. Configurable as last_checkpoint.* and data_check.*.
+        # Always there, whatever the config's callbacks: last.ckpt kept current (and written on SIGTERM).
+        # Configurable as last_checkpoint.*.
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
-        parser.add_lightning_class_args(CheckData, "data_check")
+        if issubclass(self.model_class, PanopticSystem):
+            parser.link_arguments("data.categories", "model.categories", apply_on="instantiate")
+            # the panoptic data module checks its inputs itself at setup (detr.data.panoptic_checks)
+        else:
+            # every input checked before the first step; configurable as data_check.*
+            parser.add_lightning_class_args(CheckData, "data_check")
         parser.add_argument(
             "--overwrite_run", type=bool, default=False,
             help="fit: start over in an output folder that holds a previous run, deleting its checkpoints and logs "
@@ -53,11 +73,6 @@ class DetrCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        """Parse, after refusing the model keys of the layout before ``model.detr`` with the key to use."""
-        moved = moved_model_keys(args)
-        if moved:
-            parser.error("the detector's options moved under model.detr (detr.models.config.DetrConfig): "
-                         + "; ".join(f"{where}: model.{key} is now model.detr.{key}" for where, key in moved))
         self._command_line_model_keys = command_line_model_keys(args)
         super().parse_arguments(parser, args)
 
@@ -105,45 +120,6 @@ class DetrCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
 
-def moved_model_keys(args: Any) -> list[tuple[str, str]]:
-    """(where, key) for every detector option given as ``model.<key>`` instead of ``model.detr.<key>`` in
-    command-line ``args`` or the YAML files they pass with ``--config`` (and the files those include)."""
-    fields = set(field_names())
-    argv = _argv(args)
-    found: list[tuple[str, str]] = []
-    config_files = []
-    for i, arg in enumerate(argv):
-        name = arg.split("=", 1)[0]
-        if name.startswith("--model.") and name[len("--model."):] in fields:
-            found.append(("command line", name[len("--model."):]))
-        if name == "--config":
-            value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else None)
-            if value:
-                config_files.append(Path(value))
-    seen: set[Path] = set()
-    while config_files:
-        path = config_files.pop()
-        if path in seen or not path.is_file():
-            continue  # a missing file is jsonargparse's error to report
-        seen.add(path)
-        try:
-            content = yaml.safe_load(path.read_text())
-        except (yaml.YAMLError, OSError, UnicodeDecodeError):
-            continue
-        if not isinstance(content, dict):
-            continue
-        model = content.get("model")
-        if isinstance(model, dict):
-            model = model.get("init_args", model) if isinstance(model.get("init_args"), dict) else model
-            found += [(str(path), key) for key in model if key in fields]
-        found += [(str(path), key[len("model."):]) for key in content
-                  if isinstance(key, str) and key.startswith("model.") and key[len("model."):] in fields]
-        included = content.get("config")
-        for include in [included] if isinstance(included, str) else included or []:
-            config_files.append(path.parent / include)
-    return found
-
-
 def command_line_model_keys(args: Any) -> list[str]:
     """The ``model.*`` keys that command-line ``args`` set (``--model.lr 1e-4``, ``--model.lr=1e-4``)."""
     return [arg.split("=", 1)[0][2:] for arg in _argv(args) if arg.startswith("--model.")]
@@ -163,13 +139,15 @@ def run_loggers(root_dir: str) -> list[Logger]:
     return [CSVLogger(root_dir, name="", version=""), TensorBoardLogger(root_dir, name="", version="")]
 
 
-def make_cli(args: list[str] | None = None, *, run: bool = True) -> DetrCLI:
-    """Build the CLI from ``args`` (``sys.argv[1:]`` when None) and, with ``run``, run its subcommand.
+def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool = False) -> DetrCLI:
+    """Build the CLI from ``args`` (``sys.argv[1:]`` when None) and, with ``run``, run its subcommand;
+    ``panoptic`` selects the panoptic system and data module (``detr-panoptic``).
 
     With ``run=False`` nothing runs and ``args`` has no subcommand: the returned CLI holds the configured
     ``model``, ``datamodule`` and ``trainer`` for the caller to use (``cli.trainer.fit(cli.model, ...)``).
     """
-    return DetrCLI(DetrSystem, DetrDataModule, args=args, run=run, save_config_kwargs={"overwrite": True})
+    system, data = (PanopticSystem, PanopticDataModule) if panoptic else (DetrSystem, DetrDataModule)
+    return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True})
 
 
 def show_package_messages() -> None:
@@ -183,16 +161,22 @@ def show_package_messages() -> None:
         package_logger.setLevel(logging.INFO)
 
 
-def main(args: list[str] | None = None) -> int:
-    """Entry point of the ``detr`` console script: ``detr fit|validate|test|predict --config ...``.
+def main(args: list[str] | None = None, *, panoptic: bool = False) -> int:
+    """Entry point of the ``detr`` command: ``detr fit|validate|test|predict --config ...``
+    (``panoptic``: of ``detr-panoptic``).
 
-    Shows this package's INFO messages (e.g. the COCO summary and per-class AP table of every
+    Shows this package's INFO messages (e.g. the COCO summary, per-class AP and PQ tables of every
     evaluation) next to Lightning's. Exit status: 0; 1 when ``predict`` could not predict some images (the
     others are written); 143 when SIGTERM stopped ``fit`` after saving last.ckpt."""
     show_package_messages()
-    cli = make_cli(args)
+    cli = make_cli(args, panoptic=panoptic)
     writers = [c for c in getattr(cli.trainer, "callbacks", []) if isinstance(c, PredictionsWriter)]
     return 1 if any(writer.failed for writer in writers) else 0
+
+
+def panoptic_main(args: list[str] | None = None) -> int:
+    """Entry point of the ``detr-panoptic`` command: :func:`main` over the panoptic system and data."""
+    return main(args, panoptic=True)
 
 
 if __name__ == "__main__":

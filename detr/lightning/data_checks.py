@@ -82,8 +82,8 @@ class CheckData(L.Callback):
                               + format_problems(fatal, max_per_kind=5))
         if errors:
             raise DataCheckError(
-                "the data would break or silently corrupt training:\n" + "\n".join(errors) + "\nFix them (tools/"
-                "check_dataset.py IMAGES_DIR JSON lists every one); missing or unreadable images can instead be "
+                "the data would break or silently corrupt training:\n" + "\n".join(errors) + "\nFix them (detr-check-data "
+                "IMAGES_DIR JSON lists every one); missing or unreadable images can instead be "
                 "left out with --data.skip_bad_images true"
             )
 
@@ -108,7 +108,7 @@ def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[P
             warning_counts[problem.kind] += 1
     if box_counts:
         logger.warning("data check, %s: %d box(es) dropped (zero or negative size, or entirely outside the image) "
-                       "and %d clipped to the image (reaching outside it); tools/check_dataset.py lists them",
+                       "and %d clipped to the image (reaching outside it); detr-check-data lists them",
                        split, box_counts["dropped"], box_counts["clipped"])
     if warning_counts:
         counts = ", ".join(f"{kind} {count}" for kind, count in warning_counts.items())

@@ -78,7 +78,7 @@ class PanopticSystem(DetrSystem):
         detr: DetrConfig = DetrConfig(),  # frozen: a shared default is safe
         **kwargs: Any,
     ) -> None:
-        config = _model_config(detr, {})
+        config = _model_config(detr)
         if init_checkpoint:  # every detector tensor comes from it: no ImageNet download
             config = config.replace(pretrained_backbone=False)
         # the mask stage loads init_checkpoint itself, strictly: a frozen detector must not keep any

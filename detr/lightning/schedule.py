@@ -1,4 +1,5 @@
-"""The learning-rate decay of a run that knows its length: linear to zero over the last share of its steps.
+"""The training system's learning-rate schedule (:func:`learning_rate_schedulers`), and the decay of a run
+that knows its length: linear to zero over the last share of its steps (:class:`LinearDecayToZero`).
 
 A function of the optimizer step only, so two runs of the same step count train with the same learning
 rates whatever the machine's speed ("warmup-stable-decay": warm-up, a constant plateau, then this decay).
@@ -9,6 +10,8 @@ from ``configure_optimizers``; Lightning steps it after every optimizer step and
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -64,4 +67,35 @@ class LinearDecayToZero(torch.optim.lr_scheduler.LRScheduler):
         return [group["lr"] * ratio for group in self.optimizer.param_groups]
 
 
-__all__ = ["LinearDecayToZero", "decay_factor"]
+def learning_rate_schedulers(
+    optimizer: torch.optim.Optimizer,
+    *,
+    lr_drop_epochs: list[int],
+    lr_drop_gamma: float,
+    warmup_steps: int = 0,
+    decay_fraction: float = 0.0,
+    total_steps: int | None = None,
+) -> list[dict[str, Any]]:
+    """The schedulers of the training recipe, as Lightning's scheduler configs (``configure_optimizers``).
+    They depend on the optimizer step and the epoch only and chain (the factors multiply):
+
+    - "step_decay" (per epoch): × ``lr_drop_gamma`` at each of ``lr_drop_epochs`` (the authors' recipe);
+    - "warmup" (per step, when ``warmup_steps`` > 0): linear from 1/1000 to 1 over ``warmup_steps``;
+    - "decay" (per step, when ``decay_fraction`` > 0): linear to 0 over the last ``decay_fraction`` of the
+      run's ``total_steps`` (:class:`LinearDecayToZero`; None: fixed later by ``set_total_steps``).
+
+    Lightning steps them and keeps their state in checkpoints, so a resumed run continues the schedule.
+    """
+    step_decay = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=lr_drop_epochs, gamma=lr_drop_gamma)
+    schedulers = [{"scheduler": step_decay, "interval": "epoch", "name": "step_decay"}]
+    if warmup_steps > 0:
+        warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1e-3, end_factor=1.0,
+                                                   total_iters=warmup_steps)
+        schedulers.append({"scheduler": warmup, "interval": "step", "name": "warmup"})
+    if decay_fraction > 0:
+        decay = LinearDecayToZero(optimizer, decay_fraction=decay_fraction, total_steps=total_steps)
+        schedulers.append({"scheduler": decay, "interval": "step", "name": "decay"})
+    return schedulers
+
+
+__all__ = ["LinearDecayToZero", "decay_factor", "learning_rate_schedulers"]

@@ -23,7 +23,6 @@ from typing import Any, Literal
 import lightning as L
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
@@ -31,11 +30,12 @@ from detr.loss.criterion import SetCriterion
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
 from detr.lightning.callbacks import time_budget_of
+from detr.lightning.checkpointing import restore_rng_states, save_rng_states
 from detr.lightning.error_analysis import write_error_analysis
-from detr.lightning.schedule import LinearDecayToZero
+from detr.lightning.schedule import LinearDecayToZero, learning_rate_schedulers
 from detr.loss.matcher import HungarianMatcher
 from detr.models.backbone import cpu_has_bfloat16
-from detr.models.config import DetrConfig, field_names
+from detr.models.config import DetrConfig
 from detr.models.build import build_detr
 from detr.inference.postprocess import PostProcess
 
@@ -54,8 +54,8 @@ class DetrSystem(L.LightningModule):
     Model:
         detr: the detector, a :class:`detr.models.config.DetrConfig` (None: the paper's COCO model), including
             the options for training from scratch on a short budget (query_type, class_head, denoising...;
-            docs/convergence.md). Model options passed directly as keywords (the layout before ``detr``
-            existed, e.g. the hyperparameters of older checkpoints) are folded into it with a warning.
+            docs/convergence.md); a dict of its fields where the hyperparameters of a checkpoint rebuild
+            the system.
 
     Loss args:
         cost_class, cost_bbox, cost_giou: matching cost weights (1, 5, 2).
@@ -134,17 +134,16 @@ class DetrSystem(L.LightningModule):
         evaluation_dir: str | None = None,
         error_analysis: bool = True,
         error_analysis_every_n_validations: int = 0,
-        **legacy_model_options: Any,
     ) -> None:
         super().__init__()
-        config = _model_config(detr, legacy_model_options)
+        config = _model_config(detr)
         if init_checkpoint and config.pretrained_backbone:
             # every backbone tensor comes from init_checkpoint: no ImageNet download (which needs a network)
             logger.info("init_checkpoint given: pretrained_backbone=%r is not loaded", config.pretrained_backbone)
             config = config.replace(pretrained_backbone=False)
         # Hyperparameters stay plain types (the config as a dict, category_map in checkpoint["detr"]), so that
         # checkpoints load with torch.load(weights_only=True) and load_from_checkpoint rebuilds this system.
-        self.save_hyperparameters(ignore=["category_map", "detr", "legacy_model_options"])
+        self.save_hyperparameters(ignore=["category_map", "detr"])
         self.hparams["detr"] = config.to_dict()
         self.model = build_detr(config)
         num_classes, class_head = config.num_classes, config.class_head
@@ -250,9 +249,8 @@ class DetrSystem(L.LightningModule):
     def reduced_num_boxes(self, targets: list[dict[str, Any]]) -> float:
         """Target boxes in the batch, averaged over processes, at least 1 (the authors' SetCriterion.forward)."""
         num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=self.device)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(num_boxes)
-            num_boxes = num_boxes / dist.get_world_size()
+        if self._trainer is not None:  # (the sum divided here: NCCL's own average rounds differently)
+            num_boxes = self.trainer.strategy.reduce(num_boxes, reduce_op="sum") / self.trainer.world_size
         return max(float(num_boxes.item()), 1.0)
 
     def compute_losses(self, outputs: dict[str, Any], targets: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -284,8 +282,8 @@ class DetrSystem(L.LightningModule):
         checks.append(torch.isfinite(losses["loss"]) if losses is not None
                       else torch.zeros((), dtype=torch.bool, device=self.device))
         flag = torch.stack(checks).all().to(torch.int32)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every process stops together, none left waiting
+        if self._trainer is not None:  # every process stops together, none left waiting
+            flag = self.trainer.strategy.reduce(flag, reduce_op="min")
         if flag.item():
             return
         step = self.trainer.global_step if self._trainer is not None else "n/a"
@@ -446,43 +444,28 @@ class DetrSystem(L.LightningModule):
         return groups
 
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
-        """AdamW over :meth:`parameter_groups` and learning-rate schedulers that depend on the optimizer step
-        and the epoch only (chainable: the factors multiply):
-
-        - "step_decay" (per epoch): × ``lr_drop_gamma`` at each of ``lr_drop_epochs``;
-        - "warmup" (per step, when ``warmup_steps`` > 0): linear from 1/1000 to 1 over ``warmup_steps``;
-        - "decay" (per step, when ``lr_decay_fraction`` > 0): linear to 0 over the last ``lr_decay_fraction``
-          of the run's steps (:class:`detr.lightning.schedule.LinearDecayToZero`).
-
-        Lightning steps them and keeps their state in checkpoints, so a resumed run continues the schedule.
-        """
+        """AdamW over :meth:`parameter_groups` and the recipe's learning-rate schedulers
+        (:func:`detr.lightning.schedule.learning_rate_schedulers`: step decay, warm-up, decay to zero over the
+        run's last steps, whose count the trainer gives or a :class:`TimeBudget` fixes)."""
         groups = self.parameter_groups()
         # fused: one kernel for every tensor instead of a Python loop over them (on the CPU the default is
         # that loop)
         optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, fused=True)
-        step_decay = torch.optim.lr_scheduler.MultiStepLR(
-            optimizer, milestones=self.lr_drop_epochs, gamma=self.hparams.lr_drop_gamma
+        decay_fraction = self.hparams.lr_decay_fraction
+        total_steps = None
+        if decay_fraction > 0 and self._trainer is not None:
+            planned = self.trainer.estimated_stepping_batches  # max_steps, or max_epochs × batches; else inf
+            total_steps = int(planned) if math.isfinite(planned) else None
+            if total_steps is None and time_budget_of(self.trainer.callbacks) is None:
+                raise ValueError(
+                    f"lr_decay_fraction={decay_fraction} decays over the run's last steps, but the run has no "
+                    "length: set trainer.max_steps (or max_epochs), or add the callback "
+                    "detr.lightning.callbacks.TimeBudget (it fixes the step count of a time-bounded run)"
+                )
+        schedulers = learning_rate_schedulers(
+            optimizer, lr_drop_epochs=self.lr_drop_epochs, lr_drop_gamma=self.hparams.lr_drop_gamma,
+            warmup_steps=self.hparams.warmup_steps, decay_fraction=decay_fraction, total_steps=total_steps,
         )
-        schedulers = [{"scheduler": step_decay, "interval": "epoch", "name": "step_decay"}]
-        if self.hparams.warmup_steps > 0:
-            warmup = torch.optim.lr_scheduler.LinearLR(
-                optimizer, start_factor=1e-3, end_factor=1.0, total_iters=self.hparams.warmup_steps
-            )
-            schedulers.append({"scheduler": warmup, "interval": "step", "name": "warmup"})
-        decay_fraction = self.hparams.get("lr_decay_fraction", 0.0)
-        if decay_fraction > 0:
-            total_steps = None
-            if self._trainer is not None:
-                planned = self.trainer.estimated_stepping_batches  # max_steps, or max_epochs × batches; else inf
-                total_steps = int(planned) if math.isfinite(planned) else None
-                if total_steps is None and time_budget_of(self.trainer.callbacks) is None:
-                    raise ValueError(
-                        f"lr_decay_fraction={decay_fraction} decays over the run's last steps, but the run has no "
-                        "length: set trainer.max_steps (or max_epochs), or add the callback "
-                        "detr.lightning.callbacks.TimeBudget (it fixes the step count of a time-bounded run)"
-                    )
-            decay = LinearDecayToZero(optimizer, decay_fraction=decay_fraction, total_steps=total_steps)
-            schedulers.append({"scheduler": decay, "interval": "step", "name": "decay"})
         return [optimizer], schedulers
 
     # ------------------------------------------------------------------ checkpoints
@@ -493,47 +476,25 @@ class DetrSystem(L.LightningModule):
             "model_config": self.detector.config.to_dict(),
             "category_map": self.category_map.to_dict() if self.category_map is not None else None,
         }
-        states = _rng_states()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, states)
-            checkpoint["detr_rng_states"] = gathered
-        else:
-            checkpoint["detr_rng_states"] = [states]
+        save_rng_states(checkpoint, self._trainer)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = checkpoint.get("detr") or {}
         if meta.get("category_map"):
             self.category_map = CategoryMap.from_dict(meta["category_map"])
-        states = checkpoint.get("detr_rng_states")
-        if states and self._trainer is not None and self.trainer.state.fn == "fit":
+        if self._trainer is not None and self.trainer.state.fn == "fit":
             # Restored now, before the fit loop creates the training dataloader's iterator (it draws the
             # shuffling seed); Lightning runs the sanity check in between under isolate_rng.
-            distributed = dist.is_available() and dist.is_initialized()
-            world_size, rank = (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
-            if len(states) == world_size:
-                _set_rng_states(states[rank])
-            else:
-                logger.warning("checkpoint holds RNG states of %d processes, this run has %d; random streams "
-                               "are not restored", len(states), world_size)
+            restore_rng_states(checkpoint, self.trainer)
 
 
-def _model_config(detr: DetrConfig | dict[str, Any] | None, legacy: dict[str, Any]) -> DetrConfig:
+def _model_config(detr: DetrConfig | dict[str, Any] | None) -> DetrConfig:
     """The model's :class:`DetrConfig` from the ``detr`` argument: a DetrConfig (the CLI), a dict (the
-    hyperparameters of a checkpoint) or None (the paper's model). ``legacy``: model options given one level
-    up, as before ``model.detr`` existed (hyperparameters of older checkpoints, older scripts); anything else
-    there is a mistake."""
-    unknown = sorted(set(legacy) - set(field_names()))
-    if unknown:
-        raise TypeError(f"DetrSystem got unexpected argument(s) {unknown}")
+    hyperparameters of a checkpoint) or None (the paper's model)."""
     if detr is None:
-        detr = DetrConfig()
-    elif isinstance(detr, dict):
-        detr = DetrConfig.from_dict(detr, where="DetrSystem(detr=...)")
-    if legacy:
-        logger.warning("DetrSystem: the model options %s belong in detr=DetrConfig(...) (YAML: model.detr.*); "
-                       "taking them from the old place", sorted(legacy))
-        detr = detr.replace(**legacy)
+        return DetrConfig()
+    if isinstance(detr, dict):
+        return DetrConfig.from_dict(detr, where="DetrSystem(detr=...)")
     return detr
 
 
@@ -548,37 +509,6 @@ def _as_category_map(category_map: CategoryMap | dict[str, Any] | None, num_clas
             "let the CLI link both from the data module, or pass a matching map"
         )
     return category_map
-
-
-def _rng_states() -> dict[str, Any]:
-    """RNG states as tensors and plain Python values (loadable with torch.load(weights_only=True))."""
-    numpy_state = np.random.get_state()
-    states: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": [numpy_state[0], numpy_state[1].tolist(), int(numpy_state[2]), int(numpy_state[3]),
-                  float(numpy_state[4])],
-        "python": _to_lists(random.getstate()),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def _to_lists(value: Any) -> Any:
-    return [_to_lists(v) for v in value] if isinstance(value, (tuple, list)) else value
-
-
-def _to_tuples(value: Any) -> Any:
-    return tuple(_to_tuples(v) for v in value) if isinstance(value, (tuple, list)) else value
-
-
-def _set_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    kind, keys, position, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached))
-    random.setstate(_to_tuples(states["python"]))
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 __all__ = ["DetrSystem", "NonFiniteLossError"]

@@ -1,0 +1,91 @@
+"""Detect objects in image files with a DETR checkpoint.
+
+    detr-predict photos/ more/*.jpg one.png --checkpoint detr-r50 --out outputs/pred
+    detr-predict --checkpoint list      # the released models' names
+    detr-predict photos/ --checkpoint detr-r50-panoptic --task panoptic --out outputs/pan
+
+Writes OUT/predictions.json (one COCO results json with file names, the data set's category ids) and
+OUT/<name>.jpg with boxes, names and scores drawn. A file that cannot be read or predicted (too thin to
+resize, outputs not finite) is reported and skipped; the exit status is then 1 and the skipped files are listed.
+With --task panoptic (a panoptic checkpoint) it also writes OUT/panoptic/<name>.png (COCO panoptic PNGs,
+id = R + 256*G + 256^2*B) and OUT/panoptic.json (COCO panoptic results), and draws the segments; with
+--task instances predictions.json also holds each detection's mask (COCO RLE "segmentation").
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from functools import partial
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from detr.inference.outputs import collect_image_paths, predict_files
+from detr.checkpoints.released import CheckpointArgument
+from detr.inference.command_line import add_resize_arguments
+from detr.inference.predictor import Predictor
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders or glob patterns")
+    parser.add_argument("--checkpoint", required=True, action=CheckpointArgument,
+                        help="a released model's name (detr-r50 ...; 'list' prints them), a .pth / .ckpt file, "
+                             "a Hugging Face DETR directory, or a .onnx file of detr-export (ONNX Runtime)")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--threshold", type=float, default=0.7, help="score threshold (default 0.7)")
+    parser.add_argument("--all-queries", action="store_true", help="write every query to the json (for COCO eval)")
+    add_resize_arguments(parser)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--no-draw", action="store_true", help="write only the json (and panoptic PNGs)")
+    parser.add_argument("--task", choices=("detection", "instances", "panoptic"), default="detection",
+                        help="instances: masks in predictions.json; panoptic: also segment each image "
+                             "(both need a panoptic checkpoint, e.g. detr-r50-panoptic)")
+    parser.add_argument("--panoptic-threshold", type=float, default=None,
+                        help="class probability a query needs to get a panoptic segment (default: the one the "
+                             "checkpoint's training run validated with, else the authors' 0.85)")
+    parser.add_argument("--panoptic-overlap", type=float, default=None,
+                        help="drop a thing segment that keeps less than this share of its own mask (Mask2Former's "
+                             "filter, e.g. 0.8; default: the checkpoint's training run's, else none)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    try:
+        paths = collect_image_paths(args.inputs)
+    except ValueError as error:
+        parser.error(str(error))
+    predictor = Predictor.from_checkpoint(
+        args.checkpoint, device=args.device, precision=args.precision, threshold=args.threshold,
+        batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
+        panoptic_threshold=args.panoptic_threshold, panoptic_overlap_threshold=args.panoptic_overlap,
+    )
+    try:
+        predictor.check_task(args.task)
+    except ValueError as error:
+        parser.error(f"--task {args.task} with {args.checkpoint}: {error}")
+    print(f"backend: {predictor.backend}")
+    batches = -(-len(paths) // args.batch_size)
+    with logging_redirect_tqdm():  # warnings about skipped files print above the progress bar
+        run = predict_files(
+            predictor, paths, args.out, all_queries=args.all_queries, draw=not args.no_draw,
+            progress=partial(tqdm, total=batches, unit="batch", desc="predict"), task=args.task,
+        )
+    detections = sum(len(p.above(args.threshold)) for p in run.predictions)
+    print(f"{len(run.predictions)} images, {detections} detections above {args.threshold} -> {run.predictions_json}")
+    if run.panoptic_json is not None:
+        segments = sum(len(p.panoptic.segments_info) for p in run.predictions if p.panoptic is not None)
+        print(f"{segments} panoptic segments -> {run.panoptic_json} and {run.panoptic_json.parent / 'panoptic'}")
+    if run.skipped:
+        print(f"skipped {len(run.skipped)} file(s) that could not be read or predicted:", file=sys.stderr)
+        for path, reason in run.skipped:
+            print(f"  {path}: {reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

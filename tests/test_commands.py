@@ -1,0 +1,69 @@
+"""The installed commands: every [project.scripts] entry resolves to a ``main``, every command module is
+installed, the tools/ scripts run the same functions, and a command runs as a script and as a module."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+COMMAND_MODULES = sorted(path.stem for path in (REPO / "detr" / "commands").glob("*.py") if path.stem != "__init__")
+
+
+def _entry_point(target: str):
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_every_installed_command_resolves_to_a_main(name: str) -> None:
+    assert callable(_entry_point(SCRIPTS[name]))
+
+
+def test_every_command_module_is_installed_under_its_name() -> None:
+    installed = {target.partition(":")[0] for target in SCRIPTS.values()}
+    assert {f"detr.commands.{module}" for module in COMMAND_MODULES} <= installed
+    for module in COMMAND_MODULES:
+        assert SCRIPTS["detr-" + module.replace("_", "-")] == f"detr.commands.{module}:main"
+    assert {"detr", "detr-panoptic"} <= set(SCRIPTS)
+
+
+def test_every_tool_script_runs_a_command_of_the_package() -> None:
+    mains = {_entry_point(target) for target in SCRIPTS.values()}
+    for path in sorted((REPO / "tools").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"tool_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert module.main in mains, path.name
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+
+
+def test_a_command_runs_as_a_tools_script_and_as_a_module() -> None:
+    script = _run("tools/check_dataset.py", "--help")
+    assert script.returncode == 0, script.stderr
+    module = _run("-m", "detr.commands.check_data", "--help")
+    assert module.returncode == 0, module.stderr
+    assert "annotations_json" in script.stdout and "annotations_json" in module.stdout
+
+
+def test_demo_outside_a_clone_names_the_missing_config(tmp_path: Path, capsys) -> None:
+    from detr.commands import demo
+
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main([], repository=tmp_path)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert str(tmp_path / "configs" / "demo_shapes_cpu.yaml") in error and "--config" in error
