@@ -170,11 +170,16 @@ class Backbone(nn.Module):
                     folded += 1
         return folded
 
-    def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, keep_stages: Collection[str] = ()
-                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """images float [B, 3, H, W], padding_mask bool [B, H, W] (True = padding) → features [B, C, h, w],
-        mask bool [B, h, w] (the padding mask resized by nearest interpolation) and the outputs of the stages
-        named in ``keep_stages`` ({"layer1": [B, C_1, H_1, W_1], …}: the panoptic mask head's skips)."""
+    def forward(self, images: torch.Tensor, padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """images float [B, 3, H, W], padding_mask bool [B, H, W] (True = padding) →
+        features [B, C, h, w] and mask bool [B, h, w], the padding mask resized by nearest interpolation."""
+        features, mask, _ = self.forward_with_stages(images, padding_mask)
+        return features, mask
+
+    def forward_with_stages(self, images: torch.Tensor, padding_mask: torch.Tensor, keep_stages: Collection[str] = ()
+                            ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`forward`'s features and mask, and the outputs of the stages named in ``keep_stages``
+        ({"layer1": [B, C_1, H_1, W_1], …}: the panoptic mask head's skip connections)."""
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         # no context at all without autocast_dtype: an enclosing autocast (e.g. bf16-mixed) then applies
@@ -205,5 +210,5 @@ class Joiner(nn.Sequential):
 
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """→ features [B, C, h, w], mask bool [B, h, w], pos float32 [B, hidden, h, w]."""
-        features, mask, _ = self[0](images, padding_mask)
+        features, mask = self[0](images, padding_mask)
         return features, mask, self[1](mask)

@@ -188,7 +188,7 @@ class Detector(nn.Module):
         (True = padding), pos [B, C, h, w], and the outputs of the backbone stages named in ``keep_stages``
         (the panoptic mask head's skip connections)."""
         check_inputs(images, padding_mask)
-        features, mask, stages = self.backbone[0](images, padding_mask.bool(), keep_stages)
+        features, mask, stages = self.backbone[0].forward_with_stages(images, padding_mask.bool(), keep_stages)
         pos = self.backbone[1](mask)
         return self.input_proj(features), mask, pos, stages
 
