@@ -277,8 +277,8 @@ class DETRPanoptic(nn.Module):
         Args:
             images: float [B, 3, H, W], ImageNet-normalised, zero-padded at the bottom and right.
             padding_mask: bool [B, H, W], True on padding.
-            return_attention: also return the detector's attention maps (the keys of :meth:`DETR.forward`).
-            targets: passed to the detector's :meth:`DETR.decode` (the detector's signature).
+            return_attention: also return the detector's attention maps (the keys of :meth:`Detector.forward`).
+            targets: passed to the detector's :meth:`Detector.decode` (its denoising queries read them).
 
         Returns the detector's dict (pred_logits [B, Q, num_classes + 1] (softmax head) or [B, Q, num_classes]
         (sigmoid head), pred_boxes [B, Q, 4] normalised cxcywh, aux_outputs if aux_loss, and in training the
