@@ -75,9 +75,9 @@ class DecodedQueries:
 
     hidden: every decoder layer's output [L, B, N, C]; boxes: [L, B, N, 4] normalised cxcywh when the decoder
     predicts them itself (the anchor decoder refines its boxes layer by layer), None to have the detector's
-    box head read them from ``hidden`` (the paper); memory: the encoder output [B, hw, C]; encoder_attention [B, heads, hw, hw] and decoder_attention [L, B, heads, N, hw]
-    when asked for, else None; dn_meta: the layout of the denoising queries (DN-DETR, training only), which
-    come first among the N queries, or None.
+    box head read them from ``hidden`` (the paper); memory: the encoder output [B, hw, C]; encoder_attention
+    [B, heads, hw, hw] and decoder_attention [L, B, heads, N, hw] when asked for, else None; dn_meta: the
+    layout of the denoising queries (DN-DETR, training only), which come first among the N queries, or None.
     """
 
     hidden: torch.Tensor
