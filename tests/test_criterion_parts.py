@@ -8,6 +8,7 @@ import torch
 from detr.loss.criterion import SetCriterion
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.loss.matcher import HungarianMatcher
+from detr.models.config import DetrConfig
 
 
 def _outputs_and_targets() -> tuple[dict, list[dict[str, torch.Tensor]]]:
@@ -86,5 +87,5 @@ def test_inconsistent_parts_are_refused():
         _sigmoid_criterion(dense_aux=True, parts=[DenseLoss()])
     with pytest.raises(ValueError, match="class_head='softmax'"):
         _sigmoid_criterion(parts=[DenoisingLoss(2)])
-    with pytest.raises(ValueError, match="class_head must be"):
-        DenoisingLoss(2, class_head="focal")
+    with pytest.raises(ValueError, match="class_head must be"):  # the one place the word is checked
+        DetrConfig(class_head="focal")

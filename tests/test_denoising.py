@@ -8,6 +8,7 @@ import torch
 import detr.models.anchor.denoising as denoising
 from detr import build_detr
 from detr.loss.criterion import SetCriterion
+from detr.loss.parts import denoising_indices
 from detr.loss.matcher import HungarianMatcher
 from detr.models.anchor.denoising import DenoisingMeta, DenoisingQueries, denoising_attention_mask
 from tests.conftest import tiny_config_with
@@ -126,7 +127,7 @@ def test_noise_stays_within_the_papers_bounds():
     assert (flipped != 3).float().mean() > 0.7  # uniformly redrawn: 6/7 differ
 
 
-def test_queries_layout_and_meta_indices():
+def test_queries_layout_and_denoising_indices():
     torch.manual_seed(0)
     queries = DenoisingQueries(num_classes=4, hidden_dim=8, num_groups=2, label_noise=0.0, box_noise=0.0)
     targets = _targets(0, (2, 0, 1))
@@ -139,7 +140,7 @@ def test_queries_layout_and_meta_indices():
     # with no noise, query g * group_size + t holds target t's box and label
     torch.testing.assert_close(new_anchors[0, [0, 1, 2, 3]].sigmoid(), targets[0]["boxes"].repeat(2, 1), atol=1e-4, rtol=0)
     torch.testing.assert_close(new_tgt[0, 2, :-1], queries.label_embed.weight[targets[0]["labels"][0]])
-    indices = meta.indices(targets)
+    indices = denoising_indices(meta, targets)
     assert indices[0][0].tolist() == [0, 1, 2, 3] and indices[0][1].tolist() == [0, 1, 0, 1]
     assert indices[1][0].numel() == 0 and indices[2][0].tolist() == [0, 2]
     # no targets at all: nothing is added
@@ -190,7 +191,7 @@ def test_focal_denoising_class_loss():
                              num_decoder_layers=2, denoising=True)
     losses = criterion(out, targets)
     meta, dn = out["dn_meta"], out["dn_outputs"]
-    indices = meta.indices(targets)
+    indices = denoising_indices(meta, targets)
     logits = torch.cat([dn["pred_logits"][b, q] for b, (q, _) in enumerate(indices)])
     labels = torch.cat([t["labels"][i] for t, (_, i) in zip(targets, indices)])
     onehot = torch.nn.functional.one_hot(labels, TINY["num_classes"]).float()

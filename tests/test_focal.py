@@ -11,6 +11,7 @@ from detr.loss.criterion import SetCriterion
 from detr.loss.focal import focal_class_cost, sigmoid_focal_loss
 from detr.loss.matcher import HungarianMatcher
 from detr.inference.postprocess import PostProcess
+from detr.models.config import DetrConfig
 
 
 def _sigmoid(x: float) -> float:
@@ -86,21 +87,9 @@ def test_focal_criterion_loss_ce_is_the_focal_loss_of_the_matched_one_hot():
 def test_criterion_and_matcher_must_agree():
     with pytest.raises(ValueError, match="same cost"):
         SetCriterion(3, HungarianMatcher(), class_head="sigmoid")
-    with pytest.raises(ValueError, match="'softmax' or 'sigmoid'"):
-        HungarianMatcher(class_head="focal")
+    with pytest.raises(ValueError, match="'softmax' or 'sigmoid'"):  # the one place the word is checked
+        DetrConfig(class_head="focal")
     assert SetCriterion(3, class_head="sigmoid").matcher.class_head == "sigmoid"
-
-
-def test_class_head_is_one_vocabulary_and_class_loss_its_deprecated_name():
-    """The model, matcher, criterion and post-processing all say class_head="softmax"|"sigmoid"; the
-    matcher's and criterion's old class_loss="softmax"|"focal" still works, with a warning."""
-    with pytest.warns(DeprecationWarning, match="class_head"):
-        matcher = HungarianMatcher(class_loss="focal")
-    with pytest.warns(DeprecationWarning, match="class_head"):
-        criterion = SetCriterion(3, matcher, class_loss="focal")
-    assert matcher.class_head == criterion.class_head == "sigmoid"
-    with pytest.raises(ValueError, match="class_head only"):
-        HungarianMatcher(class_head="sigmoid", class_loss="focal")
 
 
 def test_sigmoid_postprocess_scores_with_independent_sigmoids():

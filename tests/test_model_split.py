@@ -84,3 +84,27 @@ def test_decode_is_forward_plus_hidden_and_memory(options, training):
     # hidden is what the heads read: group 1's matching queries (no denoising queries, no other groups)
     logits = model.class_embed(decoded["hidden"])
     torch.testing.assert_close(logits, decoded["pred_logits"][:, :TINY["num_queries"]])
+
+
+def test_both_detectors_share_one_skeleton():
+    """The backbone, heads, checks and forward are the skeleton's; a detector adds only its query source."""
+    from detr.models import Detector
+
+    for cls in (DETR, AnchorDETR):
+        assert issubclass(cls, Detector)
+        for name in ("forward", "embed", "decode", "optimize_for_inference"):
+            assert getattr(cls, name) is getattr(Detector, name)
+    images, mask = _batch()
+    for options in ({}, {"query_type": "anchor"}):
+        with pytest.raises(ValueError, match="padding_mask"):
+            build_detr(**TINY, **options)(images, mask[0])
+
+
+def test_backbone_stages_are_the_forward_pass_kept_along_the_way():
+    model = build_detr(**TINY).eval()
+    images, mask = _batch()
+    body = model.backbone[0]
+    features, feature_mask = body(images, mask)
+    with_stages, stage_mask, stages = body.forward_with_stages(images, mask, ("layer1", "layer3"))
+    assert torch.equal(features, with_stages) and torch.equal(feature_mask, stage_mask)
+    assert list(stages) == ["layer1", "layer3"] and stages["layer1"].shape[-2:] == (16, 24)

@@ -73,15 +73,15 @@ def test_sigmoid_panoptic_scores_are_the_best_class_sigmoid():
 def test_mask_loss_with_query_groups_uses_group_one():
     torch.manual_seed(0)
     images, padding_mask, targets = _batch()
-    criterion = SetCriterionWithMasks(3, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid",
+    criterion = SetCriterionWithMasks(3, HungarianMatcher(class_head="sigmoid", group_size=5), class_head="sigmoid",
                                       num_decoder_layers=1)
     generator = torch.Generator().manual_seed(1)
     outputs = {"pred_logits": torch.randn(2, 10, 3, generator=generator),
                "pred_boxes": torch.rand(2, 10, 4, generator=generator) * 0.5 + 0.25,
-               "pred_masks": torch.randn(2, 5, 16, 16, generator=generator), "query_groups": 2}
+               "pred_masks": torch.randn(2, 5, 16, 16, generator=generator)}  # 2 groups of 5 queries
     losses = criterion(outputs, targets)
     assert all(torch.isfinite(value) for value in losses.values())
-    group_one = {key: value[:, :5] for key, value in outputs.items() if key != "query_groups"}
+    group_one = {key: value[:, :5] for key, value in outputs.items()}
     alone = criterion(group_one, targets)
     torch.testing.assert_close(losses["loss_mask"], alone["loss_mask"])
     torch.testing.assert_close(losses["loss_dice"], alone["loss_dice"])

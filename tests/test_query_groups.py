@@ -51,15 +51,16 @@ def test_groups_train_on_every_group_and_infer_with_the_first(denoising):
     assert inference["pred_logits"].shape == (2, 6, 4) and "query_groups" not in inference
     model.train()
     out = model(images, mask, targets=targets)
-    assert out["pred_logits"].shape == (2, 18, 4) and out["query_groups"] == 3
-    assert all(aux["query_groups"] == 3 and aux["pred_boxes"].shape == (2, 18, 4) for aux in out["aux_outputs"])
+    # the group count reaches the matcher when it is built (group_size), not through the outputs
+    assert out["pred_logits"].shape == (2, 18, 4) and "query_groups" not in out
+    assert all("query_groups" not in aux and aux["pred_boxes"].shape == (2, 18, 4) for aux in out["aux_outputs"])
     # The first group sees neither the other groups nor the denoising queries: in training it gives
     # exactly what inference gives (no dropout), so the extra groups change nothing at test time.
     torch.testing.assert_close(out["pred_boxes"][:, :6], inference["pred_boxes"], rtol=0, atol=1e-6)
     torch.testing.assert_close(out["pred_logits"][:, :6], inference["pred_logits"], rtol=0, atol=1e-5)
 
-    criterion = SetCriterion(4, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=2,
-                             denoising=denoising)
+    criterion = SetCriterion(4, HungarianMatcher(class_head="sigmoid", group_size=6), class_head="sigmoid",
+                             num_decoder_layers=2, denoising=denoising)
     indices = criterion.matcher(out, targets)
     for (queries, target_index), target in zip(indices, targets):
         # one-to-one inside each group: every target once per group
@@ -77,10 +78,10 @@ def test_groups_train_on_every_group_and_infer_with_the_first(denoising):
 
 def test_group_matcher_equals_matching_each_group_alone():
     torch.manual_seed(0)
-    matcher = HungarianMatcher(class_head="sigmoid")
+    matcher = HungarianMatcher(class_head="sigmoid", group_size=4)
     logits, boxes = torch.randn(2, 12, 4), torch.rand(2, 12, 4) * 0.5 + 0.25
     _, _, targets = _batch()
-    grouped = matcher({"pred_logits": logits, "pred_boxes": boxes, "query_groups": 3}, targets)
+    grouped = matcher({"pred_logits": logits, "pred_boxes": boxes}, targets)
     for group in range(3):
         part = slice(4 * group, 4 * (group + 1))
         alone = matcher({"pred_logits": logits[:, part], "pred_boxes": boxes[:, part]}, targets)
@@ -92,15 +93,26 @@ def test_group_matcher_equals_matching_each_group_alone():
 
 def test_group_losses_are_the_mean_of_each_group_alone():
     torch.manual_seed(0)
-    criterion = SetCriterion(4, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=1)
+    criterion = SetCriterion(4, HungarianMatcher(class_head="sigmoid", group_size=4), class_head="sigmoid",
+                             num_decoder_layers=1)
     logits, boxes = torch.randn(2, 8, 4), torch.rand(2, 8, 4) * 0.5 + 0.25
     _, _, targets = _batch()
-    grouped = criterion({"pred_logits": logits, "pred_boxes": boxes, "query_groups": 2}, targets)
+    grouped = criterion({"pred_logits": logits, "pred_boxes": boxes}, targets)
     alone = [criterion({"pred_logits": logits[:, g * 4:(g + 1) * 4], "pred_boxes": boxes[:, g * 4:(g + 1) * 4]},
                        targets) for g in range(2)]
     for name in ("loss_ce", "loss_bbox", "loss_giou"):
         torch.testing.assert_close(grouped[name], (alone[0][name] + alone[1][name]) / 2)
     torch.testing.assert_close(grouped["cardinality_error"], alone[0]["cardinality_error"])
+
+
+def test_the_matcher_counts_groups_from_its_group_size():
+    matcher = HungarianMatcher(group_size=6)
+    assert matcher.num_groups(18) == 3 and matcher.num_groups(6) == 1  # training pass, inference pass
+    assert HungarianMatcher().num_groups(18) == 1
+    with pytest.raises(ValueError, match="group_size=6"):
+        matcher.num_groups(10)
+    with pytest.raises(ValueError, match="group_size"):
+        HungarianMatcher(group_size=0)
 
 
 def test_query_groups_are_validated_and_stored():

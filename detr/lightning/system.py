@@ -148,7 +148,8 @@ class DetrSystem(L.LightningModule):
         self.model = build_detr(config)
         num_classes, class_head = config.num_classes, config.class_head
         # The sigmoid head is trained with the focal loss and matched with the focal cost (Deformable DETR); the
-        # training-only outputs of the anchor-query recipe bring their own loss parts.
+        # training-only outputs of the anchor-query recipe bring their own loss parts; Group DETR's query groups
+        # are matched group by group.
         layers = config.num_decoder_layers if config.aux_loss else 1
         weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
         focal = {"focal_alpha": focal_alpha, "focal_gamma": focal_gamma}
@@ -160,7 +161,7 @@ class DetrSystem(L.LightningModule):
         self.criterion = SetCriterion(
             num_classes,
             HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou, class_head=class_head,
-                             **focal),
+                             **focal, group_size=config.num_queries if config.query_groups > 1 else None),
             eos_coef=eos_coef, **weights, num_decoder_layers=layers, class_head=class_head, **focal, parts=parts,
         )
         if channels_last:

@@ -13,13 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
-from detr.loss.focal import resolve_class_head, sigmoid_focal_loss
-from detr.models.config import ClassHead
-from detr.loss.terms import Indices, Outputs, Targets, box_losses, matched_labels, matched_query_index
+from detr.loss.focal import sigmoid_focal_loss
 from detr.loss.matcher import HungarianMatcher
-
-_matched_query_index = matched_query_index  # the name detr.loss.masks imports
+from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
+from detr.loss.terms import Indices, Outputs, Targets, box_losses, matched_labels, matched_query_index
+from detr.models.config import ClassHead
 
 #: Model outputs that only a part reads: (what they are, the part, its shorthand). A criterion without the
 #: part refuses them rather than train without their loss.
@@ -40,10 +38,11 @@ class SetCriterion(nn.Module):
         class_head: the model's class head: "softmax" (paper: cross-entropy with a no-object class) or
             "sigmoid" (sigmoid focal loss over ``num_classes`` logits, summed and divided by num_boxes, as
             Deformable DETR); the matcher must have the same ``class_head``. focal_alpha, focal_gamma:
-            0.25, 2. (``class_loss="softmax"|"focal"`` is its deprecated old name.)
-        Group DETR: outputs with ``query_groups`` G > 1 are matched group by group (see the matcher) and
-            the box and focal terms are divided by G · num_boxes: the mean over groups of each group's
-            loss (the softmax term is a mean over all queries already). cardinality_error counts group 1.
+            0.25, 2.
+        Group DETR: with a matcher built with ``group_size``, predictions of G query groups are matched
+            group by group (see the matcher) and the box and focal terms are divided by G · num_boxes: the
+            mean over groups of each group's loss (the softmax term is a mean over all queries already).
+            cardinality_error counts group 1.
         parts: further losses (:mod:`detr.loss.parts`), each called with the outputs, the targets and
             num_boxes: :class:`~detr.loss.parts.DenoisingLoss` for a model with denoising queries
             (loss_*_dn, loss_*_dn_i), :class:`~detr.loss.parts.DenseLoss` for one with the dense head
@@ -54,11 +53,10 @@ class SetCriterion(nn.Module):
 
     def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, eos_coef: float = 0.1, *,
                  loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
-                 num_decoder_layers: int = 6, class_head: ClassHead | None = None,
+                 num_decoder_layers: int = 6, class_head: ClassHead = "softmax",
                  focal_alpha: float = 0.25, focal_gamma: float = 2.0, parts: Sequence[LossPart] = (),
-                 denoising: bool = False, dense_aux: bool = False, class_loss: str | None = None) -> None:
+                 denoising: bool = False, dense_aux: bool = False) -> None:
         super().__init__()
-        class_head = resolve_class_head(class_head, class_loss, "SetCriterion")
         self.num_classes = num_classes
         self.matcher = matcher if matcher is not None else HungarianMatcher(class_head=class_head)
         if self.matcher.class_head != class_head:
@@ -113,7 +111,7 @@ class SetCriterion(nn.Module):
     @torch.no_grad()
     def loss_cardinality(self, outputs: Outputs, targets: Targets) -> dict[str, torch.Tensor]:
         logits = outputs["pred_logits"]
-        groups = int(outputs.get("query_groups", 1))
+        groups = self.matcher.num_groups(logits.shape[1])
         logits = logits[:, : logits.shape[1] // groups]  # Group DETR: the first group (what inference keeps)
         if self.class_head == "sigmoid":  # no "no object" logit: a query predicts an object when a class p > 0.5
             predicted = (logits.amax(-1) > 0).sum(1).float()
@@ -128,7 +126,7 @@ class SetCriterion(nn.Module):
     def layer_losses(self, outputs: Outputs, targets: Targets, num_boxes: float) -> dict[str, torch.Tensor]:
         """Match, then every loss term for one decoder layer's predictions."""
         indices = self.matcher(outputs, targets)
-        num_boxes = num_boxes * int(outputs.get("query_groups", 1))
+        num_boxes = num_boxes * self.matcher.num_groups(outputs["pred_logits"].shape[1])
         losses = self.loss_labels(outputs, targets, indices, num_boxes)
         losses.update(self.loss_cardinality(outputs, targets))
         losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))

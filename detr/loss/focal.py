@@ -13,28 +13,8 @@ A sigmoid head has ``num_classes`` logits, no "no object" logit (see :func:`detr
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torchvision.ops import sigmoid_focal_loss as _torchvision_sigmoid_focal_loss
-
-from detr.models.config import CLASS_HEADS
-
-def resolve_class_head(class_head: str | None, class_loss: str | None, owner: str) -> str:
-    """``class_head`` checked, or the deprecated ``class_loss`` ("softmax" / "focal") translated to it."""
-    if class_loss is not None:
-        if class_head is not None:
-            raise ValueError(f"{owner}: pass class_head only (class_loss is its old name)")
-        if class_loss not in ("softmax", "focal"):
-            raise ValueError(f"{owner}: class_loss must be 'softmax' or 'focal', got {class_loss!r}; "
-                             "it is deprecated: pass class_head='softmax' or 'sigmoid'")
-        warnings.warn(f"{owner}(class_loss=...) is deprecated: pass class_head='softmax' or 'sigmoid' (the "
-                      "model's name for the same choice)", DeprecationWarning, stacklevel=3)
-        return "sigmoid" if class_loss == "focal" else "softmax"
-    class_head = class_head or "softmax"
-    if class_head not in CLASS_HEADS:
-        raise ValueError(f"{owner}: class_head must be 'softmax' or 'sigmoid', got {class_head!r}")
-    return class_head
 
 
 def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, num_boxes: float | torch.Tensor, *,

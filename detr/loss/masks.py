@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import sigmoid_focal_loss
 
-from detr.loss.criterion import Indices, Outputs, SetCriterion, Targets, _matched_query_index
+from detr.loss.criterion import SetCriterion
+from detr.loss.terms import Indices, Outputs, Targets, matched_query_index
 
 
 def dice_loss(logits: torch.Tensor, targets: torch.Tensor, num_boxes: float | torch.Tensor) -> torch.Tensor:
@@ -40,7 +41,7 @@ def matched_masks(outputs: Outputs, targets: Targets, indices: Indices) -> tuple
     """The matched queries' mask logits, upsampled to the padded batch size, and their targets, zero-padded to
     it: both float [N, H · W]. ``targets[i]["masks"]``: bool or 0/1 [T_i, h_i, w_i] at the image's processed
     size; the padded size is the largest (h_i, w_i) of the batch, as the batch's images are padded."""
-    batch_index, query_index = _matched_query_index(indices)
+    batch_index, query_index = matched_query_index(indices)
     height = max(int(t["masks"].shape[-2]) for t in targets)
     width = max(int(t["masks"].shape[-1]) for t in targets)
     predictions = outputs["pred_masks"][batch_index, query_index].float()  # [N, h', w']
@@ -65,7 +66,7 @@ class SetCriterionWithMasks(SetCriterion):
     ``mask_alpha`` and ``mask_gamma`` (0.25, 2).
 
     The class term follows the model's class head (softmax or sigmoid, as SetCriterion). With Group DETR's
-    query groups (``outputs["query_groups"]`` G > 1, an unfrozen detector in training) ``pred_masks`` covers
+    query groups (G > 1 groups of predictions, an unfrozen detector in training) ``pred_masks`` covers
     group 1 only (the queries inference decodes): the mask terms use group 1's matches.
     """
 
@@ -81,7 +82,7 @@ class SetCriterionWithMasks(SetCriterion):
             raise ValueError("mask losses need targets with 'masks' (bool [T, H, W] per image, at the processed "
                              "image size); the panoptic data pipeline provides them")
         num_masked = outputs["pred_masks"].shape[1]
-        if int(outputs.get("query_groups", 1)) > 1:  # Group DETR: the mask head runs on group 1 only
+        if self.matcher.num_groups(outputs["pred_logits"].shape[1]) > 1:  # Group DETR: masks for group 1 only
             indices = [(queries[queries < num_masked], matched[queries < num_masked]) for queries, matched in indices]
         predictions, target_masks = matched_masks(outputs, targets, indices)
         return {"loss_mask": focal_mask_loss(predictions, target_masks, num_boxes, alpha=self.mask_alpha,
@@ -93,7 +94,7 @@ class SetCriterionWithMasks(SetCriterion):
         if "pred_masks" not in outputs:
             return super().layer_losses(outputs, targets, num_boxes)
         indices = self.matcher(outputs, targets)
-        group_boxes = num_boxes * int(outputs.get("query_groups", 1))  # as SetCriterion.layer_losses
+        group_boxes = num_boxes * self.matcher.num_groups(outputs["pred_logits"].shape[1])  # as SetCriterion
         losses = self.loss_labels(outputs, targets, indices, group_boxes)
         losses.update(self.loss_cardinality(outputs, targets))
         losses.update(self.loss_boxes(outputs, targets, indices, group_boxes))

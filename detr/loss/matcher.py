@@ -8,7 +8,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from detr.box_ops import batched_generalized_box_iou, cxcywh_to_xyxy
-from detr.loss.focal import focal_class_cost, resolve_class_head
+from detr.loss.focal import focal_class_cost
 from detr.models.config import ClassHead
 
 
@@ -20,23 +20,36 @@ class HungarianMatcher(nn.Module):
     The costs of every image are computed in one batched pass (each image only against its own targets,
     targets padded to the batch maximum), moved to the CPU once, then solved per image by scipy.
 
-    Group DETR (Chen et al. 2023; docs/convergence.md): when ``outputs["query_groups"]`` is G > 1, the Q
-    predictions are G groups of Q / G queries and each group is matched to the targets on its own
-    (one-to-many overall); the indices are into all Q queries.
+    Group DETR (Chen et al. 2023; docs/convergence.md): built with ``group_size`` (the model's num_queries),
+    predictions of G · group_size queries (a training pass with G query groups) are matched group by group,
+    each to the targets on its own (one-to-many overall); the indices are into all G · group_size queries.
+    Predictions of group_size queries (an inference pass decodes group 1 only) are one group.
 
     ``class_head="sigmoid"`` replaces −p(target class) by the focal cost of
     :func:`detr.loss.focal.focal_class_cost` for a sigmoid head (``num_classes`` logits; Deformable DETR).
     """
 
     def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0, *,
-                 class_head: ClassHead | None = None, focal_alpha: float = 0.25, focal_gamma: float = 2.0,
-                 class_loss: str | None = None) -> None:
+                 class_head: ClassHead = "softmax", focal_alpha: float = 0.25, focal_gamma: float = 2.0,
+                 group_size: int | None = None) -> None:
         super().__init__()
         if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
             raise ValueError("at least one of cost_class, cost_bbox, cost_giou must be non-zero")
-        self.class_head = resolve_class_head(class_head, class_loss, "HungarianMatcher")
+        if group_size is not None and group_size < 1:
+            raise ValueError(f"HungarianMatcher: group_size is the model's num_queries (>= 1), got {group_size}")
+        self.class_head, self.group_size = class_head, group_size
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
+
+    def num_groups(self, num_predictions: int) -> int:
+        """How many query groups ``num_predictions`` predictions per image hold: num_predictions / group_size,
+        1 without groups. Raises ValueError when they do not split into groups of ``group_size``."""
+        if self.group_size is None:
+            return 1
+        if num_predictions % self.group_size:
+            raise ValueError(f"{num_predictions} predictions per image do not split into query groups of "
+                             f"group_size={self.group_size}: build the matcher with the model's num_queries")
+        return num_predictions // self.group_size
 
     def class_cost(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """logits [B, Q, C+1] (softmax; [B, Q, C] for focal), labels int64 [B, T] → cost [B, Q, T]: minus
@@ -74,9 +87,7 @@ class HungarianMatcher(nn.Module):
                 "the matching cost has NaN or infinite values: the model's predictions are not finite "
                 "(diverged training; lower the learning rate or check the inputs)"
             )
-        groups = int(outputs.get("query_groups", 1))
-        if num_queries % groups:
-            raise ValueError(f"{num_queries} queries do not split into {groups} query groups")
+        groups = self.num_groups(num_queries)
         group_size = num_queries // groups
         indices = []
         for index, size in enumerate(sizes):

@@ -17,7 +17,8 @@ from torch import nn
 
 from detr.box_ops import cxcywh_to_xyxy
 from detr.loss.focal import sigmoid_focal_loss
-from detr.models.config import CLASS_HEADS, ClassHead
+from detr.models.anchor.denoising import DenoisingMeta
+from detr.models.config import ClassHead
 from detr.loss.terms import Targets, box_losses, matched_labels, matched_query_index
 
 
@@ -32,10 +33,23 @@ class LossPart(nn.Module):
     weight_dict: dict[str, float]
 
 
+def denoising_indices(meta: DenoisingMeta, targets: Targets) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per image (query indices into the denoising queries, target indices), int64 [G · T_b] each: the fixed
+    assignment, made by the way the queries were noised (:class:`DenoisingMeta`), that replaces matching for
+    the denoising losses."""
+    result = []
+    for target in targets:
+        count = len(target["labels"])
+        slot = torch.arange(count, dtype=torch.int64)
+        group = torch.arange(meta.num_groups, dtype=torch.int64)
+        result.append(((group[:, None] * meta.group_size + slot[None, :]).flatten(), slot.repeat(meta.num_groups)))
+    return result
+
+
 class DenoisingLoss(LossPart):
     """loss_{ce,bbox,giou}_dn, plus ``_dn_i`` for auxiliary decoder layer i, of the denoising queries.
 
-    Each query is scored against the target it was noised from (``outputs["dn_meta"].indices``), with no
+    Each query is scored against the target it was noised from (:func:`denoising_indices`), with no
     matching; the class loss covers those queries only (cross-entropy for the softmax head, focal summed
     and divided like the boxes for the sigmoid head); L1 and 1 − GIoU are summed and divided by
     num_boxes × denoising groups.
@@ -53,8 +67,6 @@ class DenoisingLoss(LossPart):
                  focal_alpha: float = 0.25, focal_gamma: float = 2.0, loss_ce: float = 1.0,
                  loss_bbox: float = 5.0, loss_giou: float = 2.0) -> None:
         super().__init__()
-        if class_head not in CLASS_HEADS:
-            raise ValueError(f"DenoisingLoss: class_head must be 'softmax' or 'sigmoid', got {class_head!r}")
         self.class_head, self.focal_alpha, self.focal_gamma = class_head, focal_alpha, focal_gamma
         self.suffixes = ["_dn"] + [f"_dn_{layer}" for layer in range(num_decoder_layers - 1)]
         base = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
@@ -67,7 +79,7 @@ class DenoisingLoss(LossPart):
             zero = outputs["pred_logits"].new_zeros((), dtype=torch.float32)
             return {name: zero for name in self.weight_dict}
         meta, dn_outputs = outputs["dn_meta"], outputs["dn_outputs"]
-        indices = meta.indices(targets)
+        indices = denoising_indices(meta, targets)
         dn_num_boxes = num_boxes * meta.num_groups
         batch_index, query_index = matched_query_index(indices)
         labels = matched_labels(targets, indices)
@@ -90,7 +102,7 @@ class DenseLoss(LossPart):
     """loss_ce_dense, loss_bbox_dense, loss_giou_dense of the dense head's cells.
 
     Every cell whose centre lies inside a box is a positive for it
-    (:func:`detr.models.dense_head.dense_assignment`). Sigmoid focal over the real (unpadded) cells, L1 and
+    (:func:`dense_assignment`). Sigmoid focal over the real (unpadded) cells, L1 and
     1 − GIoU over the positive cells, each divided by this process's positive-cell count (not num_boxes).
 
     Args:

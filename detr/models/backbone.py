@@ -7,7 +7,9 @@ keys ``backbone.0.body.{conv1,bn1,layer1..4}.*`` of the authors' released checkp
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Collection
 from typing import Callable, Literal
 
 import torch
@@ -171,15 +173,29 @@ class Backbone(nn.Module):
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """images float [B, 3, H, W], padding_mask bool [B, H, W] (True = padding) →
         features [B, C, h, w] and mask bool [B, h, w], the padding mask resized by nearest interpolation."""
+        features, mask, _ = self.forward_with_stages(images, padding_mask)
+        return features, mask
+
+    def forward_with_stages(self, images: torch.Tensor, padding_mask: torch.Tensor, keep_stages: Collection[str] = ()
+                            ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`forward`'s features and mask, and the outputs of the stages named in ``keep_stages``
+        ({"layer1": [B, C_1, H_1, W_1], …}: the panoptic mask head's skip connections)."""
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        if self.autocast_dtype is None:  # no context at all: an enclosing autocast (e.g. bf16-mixed) applies
-            features = self.body(images)["0"]
-        else:
-            with torch.autocast(images.device.type, dtype=self.autocast_dtype):
-                features = self.body(images)["0"].float()
+        # no context at all without autocast_dtype: an enclosing autocast (e.g. bf16-mixed) then applies
+        context = (contextlib.nullcontext() if self.autocast_dtype is None
+                   else torch.autocast(images.device.type, dtype=self.autocast_dtype))
+        stages = {}
+        with context:
+            features = images
+            for name, stage in self.body.items():
+                features = stage(features)
+                if name in keep_stages:
+                    stages[name] = features
+        if self.autocast_dtype is not None:
+            features, stages = features.float(), {name: value.float() for name, value in stages.items()}
         mask = F.interpolate(padding_mask[None].float(), size=features.shape[-2:]).to(torch.bool)[0]
-        return features, mask
+        return features, mask, stages
 
 
 class Joiner(nn.Sequential):

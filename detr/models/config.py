@@ -27,7 +27,6 @@ PositionEncoding = Literal["sine", "learned"]
 #: "softmax" (the paper: num_classes + 1 logits, the last "no object"; cross-entropy, -p matching cost) or
 #: "sigmoid" (num_classes independent sigmoids; focal loss and the focal matching cost).
 ClassHead = Literal["softmax", "sigmoid"]
-CLASS_HEADS: tuple[str, ...] = ("softmax", "sigmoid")
 
 #: Bias of a sigmoid class logit that starts every class at p = 0.01 (the focal-loss prior, Lin et al. §4.1).
 PRIOR_BIAS = -math.log((1 - 0.01) / 0.01)

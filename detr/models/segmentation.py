@@ -11,26 +11,25 @@ The mask head predicts one binary-mask logit map per object query, at stride 4:
 
 :class:`DETRPanoptic` composes a :class:`detr.models.detr.DETR` (unchanged, under ``detr.``) with the
 two heads (``bbox_attention.*``, ``mask_head.*``): the authors' state-dict layout, so their panoptic
-release files load unchanged. The backbone is run here, because the head needs its intermediate
-stages; then the detector's :meth:`DETR.decode`, which returns the encoder memory and the last decoder
-output beside the predictions; the detector's own ``forward`` (and its fast path) is not touched.
+release files load unchanged. The forward runs the detector's :meth:`Detector.embed` keeping the
+backbone's intermediate stages, then its :meth:`Detector.decode`, which returns the encoder memory and the
+last decoder output beside the predictions; the detector's own ``forward`` (and its fast path) is not touched.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.models.anchor.decoder import anchor_sine_embedding
+from detr.models.anchor.decoder import anchor_sine_embedding, local_attention_selection
 from detr.models.anchor.model import AnchorDETR
 from detr.models.backbone import Backbone
 from detr.models.config import DetrConfig
 from detr.models.build import build_detr
-from detr.models.detr import DETR
+from detr.models.detector import Detector
 
 #: Backbone stages whose outputs the mask head adds back while upsampling, coarse to fine.
 SKIP_STAGES = ("layer3", "layer2", "layer1")
@@ -99,24 +98,16 @@ class QueryPosition(nn.Module):
     def __init__(self, hidden_dim: int, num_heads: int, scale: float = 4.0, num_frequencies: int | None = None
                  ) -> None:
         super().__init__()
-        head_dim, half = hidden_dim // num_heads, hidden_dim // 2
-        per_head = num_frequencies if num_frequencies is not None else head_dim // 4
-        if hidden_dim % num_heads or head_dim < 4 * per_head or per_head > half // 2:
-            raise ValueError(f"cannot fit {per_head} frequencies (4 channels each) in a head of {head_dim} channels")
         self.num_heads, self.hidden_dim = num_heads, hidden_dim
         self.q_proj = nn.Linear(hidden_dim, hidden_dim)  # sine (y, x) of the box centre → spatial query
         self.k_proj = nn.Linear(hidden_dim, hidden_dim)  # positional encoding → spatial key
-        selection = torch.zeros(hidden_dim, hidden_dim)
-        channels = [c for f in range(per_head) for c in (2 * f, 2 * f + 1, half + 2 * f, half + 2 * f + 1)]
-        for head in range(num_heads):
-            for index, channel in enumerate(channels):
-                selection[head * head_dim + index, channel] = scale
+        selection = local_attention_selection(hidden_dim, num_heads, scale, num_frequencies)
         with torch.no_grad():
             for projection in (self.q_proj, self.k_proj):
                 projection.weight.copy_(selection)
                 projection.bias.zero_()
         self.size_ref = nn.Parameter(torch.full((2,), 0.2))  # (w_ref, h_ref) of the modulation
-        self.scale = head_dim ** -0.5
+        self.scale = (hidden_dim // num_heads) ** -0.5
 
     def forward(self, boxes: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """boxes [B, Q, 4] normalised cxcywh; pos [B, C, h, w] → spatial logits [B, Q, heads, h, w]."""
@@ -211,27 +202,6 @@ def _stage_channels(backbone: Backbone, stage: str) -> int:
     return (last_block.conv3 if hasattr(last_block, "conv3") else last_block.conv2).out_channels
 
 
-def backbone_stages(backbone: Backbone, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Run the backbone keeping its intermediate stages: images [B, 3, H, W] → (last stage's features
-    [B, C, h, w], {"layer1": …, "layer2": …, "layer3": …}). The last stage's features are what
-    ``backbone(images, mask)`` returns (same modules, same order; channels-last and autocast honoured)."""
-    if backbone.channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
-    stages = {}
-    # no context at all without autocast_dtype: an enclosing autocast (e.g. bf16-mixed) then applies
-    context = (contextlib.nullcontext() if backbone.autocast_dtype is None
-               else torch.autocast(images.device.type, dtype=backbone.autocast_dtype))
-    with context:
-        x = images
-        for name, module in backbone.body.items():
-            x = module(x)
-            if name in SKIP_STAGES:
-                stages[name] = x
-    if backbone.autocast_dtype is not None:
-        x, stages = x.float(), {name: value.float() for name, value in stages.items()}
-    return x, stages
-
-
 class DETRPanoptic(nn.Module):
     """DETR with the mask head: boxes, classes and one mask per query (paper §4.4).
 
@@ -254,7 +224,7 @@ class DETRPanoptic(nn.Module):
     ``threshold`` and ``overlap_threshold`` as the training run validated with) are set by loaders (None here).
     """
 
-    def __init__(self, detr: DETR | AnchorDETR, *, freeze_detr: bool = False) -> None:
+    def __init__(self, detr: Detector, *, freeze_detr: bool = False) -> None:
         super().__init__()
         backbone = detr.backbone[0]
         missing = [stage for stage in SKIP_STAGES if not hasattr(backbone.body, stage)]
@@ -307,8 +277,8 @@ class DETRPanoptic(nn.Module):
         Args:
             images: float [B, 3, H, W], ImageNet-normalised, zero-padded at the bottom and right.
             padding_mask: bool [B, H, W], True on padding.
-            return_attention: also return the detector's attention maps (the keys of :meth:`DETR.forward`).
-            targets: passed to the detector's :meth:`DETR.decode` (the detector's signature).
+            return_attention: also return the detector's attention maps (the keys of :meth:`Detector.forward`).
+            targets: passed to the detector's :meth:`Detector.decode` (its denoising queries read them).
 
         Returns the detector's dict (pred_logits [B, Q, num_classes + 1] (softmax head) or [B, Q, num_classes]
         (sigmoid head), pred_boxes [B, Q, 4] normalised cxcywh, aux_outputs if aux_loss, and in training the
@@ -318,13 +288,7 @@ class DETRPanoptic(nn.Module):
         in training: group 1's).
         """
         detr = self.detr
-        if images.dim() != 4 or padding_mask.shape != (images.shape[0], *images.shape[-2:]):
-            raise ValueError(f"expected images [B, 3, H, W] and padding_mask [B, H, W], got {tuple(images.shape)} "
-                             f"and {tuple(padding_mask.shape)}")
-        features, stages = backbone_stages(detr.backbone[0], images)
-        mask = F.interpolate(padding_mask[None].bool().float(), size=features.shape[-2:]).to(torch.bool)[0]
-        pos = detr.backbone[1](mask)
-        src = detr.input_proj(features)  # [B, C, h, w]
+        src, mask, pos, stages = detr.embed(images, padding_mask, keep_stages=SKIP_STAGES)  # src [B, C, h, w]
         result = detr.decode(src, mask, pos, targets, return_attention)
         hidden, memory = result.pop("hidden"), result.pop("memory")  # [B, Q, C], [B, hw, C]
         memory = memory.transpose(1, 2).unflatten(-1, src.shape[-2:])  # [B, C, h, w]

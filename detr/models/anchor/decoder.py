@@ -131,6 +131,28 @@ class AnchorDecoderLayer(nn.Module):
         return self.norm3(tgt + self.dropout3(ffn)), weights
 
 
+def local_attention_selection(hidden_dim: int, num_heads: int, scale: float, num_frequencies: int | None = None
+                              ) -> torch.Tensor:
+    """The initial weight [C, C] of a projection that starts every attention head as a kernel centred on a box.
+
+    Row ``head · head_dim + i`` selects (× ``scale``) channel i of that head's list: the sin/cos pairs of the
+    ``num_frequencies`` highest frequencies of y and then of x in :func:`anchor_sine_embedding`'s and the
+    sine position encoding's layout (default: as many as fit in a head); the other rows stay zero. Projecting
+    both the query's box and the key's position with it makes each head's logit
+    ``scale² Σ_f [cos(ω_f Δy) + cos(ω_f Δx)] / sqrt(head dim)``, largest at the box centre.
+    """
+    head_dim, half = hidden_dim // num_heads, hidden_dim // 2
+    per_head = num_frequencies if num_frequencies is not None else head_dim // 4
+    if hidden_dim % num_heads or head_dim < 4 * per_head or per_head > half // 2:
+        raise ValueError(f"cannot fit {per_head} frequencies (4 channels each) in a head of {head_dim} channels")
+    channels = [c for f in range(per_head) for c in (2 * f, 2 * f + 1, half + 2 * f, half + 2 * f + 1)]
+    selection = torch.zeros(hidden_dim, hidden_dim)
+    for head in range(num_heads):
+        for index, channel in enumerate(channels):
+            selection[head * head_dim + index, channel] = scale
+    return selection
+
+
 class AnchorDecoder(nn.Module):
     """DAB-DETR's decoder: anchors in, one refined box per layer out.
 
@@ -176,19 +198,7 @@ class AnchorDecoder(nn.Module):
         it for small anchors. ``query_scale`` starts at 1 (its last layer: weight 0, bias 1) so later
         layers keep the kernel. Only the initial values change, not the architecture.
         """
-        d_model, heads = self.d_model, self.layers[0].nhead
-        head_dim, half = d_model // heads, d_model // 2
-        per_head = num_frequencies if num_frequencies is not None else head_dim // 4
-        if head_dim < 4 * per_head or per_head > half // 2:
-            raise ValueError(f"cannot fit {per_head} frequencies (4 channels each) in a head of {head_dim} channels")
-        rows = []
-        for _ in range(heads):
-            channels = [c for f in range(per_head) for c in (2 * f, 2 * f + 1, half + 2 * f, half + 2 * f + 1)]
-            rows += channels + [-1] * (head_dim - len(channels))  # -1: unused row, left at zero
-        selection = torch.zeros(d_model, d_model)
-        for row, channel in enumerate(rows):
-            if channel >= 0:
-                selection[row, channel] = scale
+        selection = local_attention_selection(self.d_model, self.layers[0].nhead, scale, num_frequencies)
         for layer in self.layers:
             for projection in (layer.ca_qpos_sine_proj, layer.ca_kpos_proj):
                 projection.weight.copy_(selection)

@@ -35,7 +35,7 @@ from detr.box_ops import inverse_sigmoid
 class DenoisingMeta:
     """Where the denoising queries are: ``num_groups`` groups of ``group_size`` queries, first in the
     decoder's query list. Query ``g · group_size + t`` of image b reconstructs target t of image b
-    (t < that image's target count)."""
+    (t < that image's target count; :func:`detr.loss.parts.denoising_indices` pairs them for the loss)."""
 
     num_groups: int
     group_size: int
@@ -43,17 +43,6 @@ class DenoisingMeta:
     @property
     def num_queries(self) -> int:
         return self.num_groups * self.group_size
-
-    def indices(self, targets: list[dict[str, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per image (query indices into the denoising part, target indices), int64 [G · T_b] each: the
-        fixed assignment that replaces matching for the denoising losses."""
-        result = []
-        for target in targets:
-            count = len(target["labels"])
-            slot = torch.arange(count, dtype=torch.int64)
-            group = torch.arange(self.num_groups, dtype=torch.int64)
-            result.append(((group[:, None] * self.group_size + slot[None, :]).flatten(), slot.repeat(self.num_groups)))
-        return result
 
 
 def denoising_attention_mask(num_groups: int, group_size: int, num_queries: int,

@@ -1,0 +1,217 @@
+"""The skeleton both detectors share: backbone → input_proj → transformer → class and box heads.
+
+:class:`Detector` holds what every detector of this package has: the backbone with its position encoding,
+the 1×1 ``input_proj`` to the transformer's width, the class head (``class_embed``), the box head
+(``bbox_embed``), the auxiliary outputs of earlier decoder layers, the training-only dense head, the
+attention maps, and the input checks. A detector adds its query source: :meth:`Detector.init_queries`
+makes its parameters and :meth:`Detector.decode_queries` runs the transformer on them. The paper's
+learned queries are :class:`detr.models.detr.DETR`; DAB-DETR's anchors with DN-DETR's denoising and Group
+DETR's query groups are :class:`detr.models.anchor.model.AnchorDETR`.
+
+``forward`` returns raw predictions only; matching, the loss and post-processing are separate modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from detr.models.anchor.denoising import DenoisingMeta
+from detr.models.backbone import Joiner
+from detr.models.config import PRIOR_BIAS, ClassHead, DetrConfig, QueryType
+from detr.models.dense_head import DenseAuxiliaryHead
+from detr.models.mlp import MLP
+
+Targets = list[dict[str, torch.Tensor]]
+
+
+def check_inputs(images: torch.Tensor, padding_mask: torch.Tensor) -> None:
+    """Raise ValueError unless ``images`` is [B, 3, H, W] and ``padding_mask`` [B, H, W]."""
+    if images.dim() != 4 or padding_mask.shape != (images.shape[0], *images.shape[-2:]):
+        raise ValueError(
+            f"expected images [B, 3, H, W] and padding_mask [B, H, W], got {tuple(images.shape)} and "
+            f"{tuple(padding_mask.shape)}"
+        )
+
+
+def class_embedding(hidden_dim: int, num_classes: int, class_head: ClassHead) -> nn.Linear:
+    """The class head. softmax: num_classes + 1 logits, the last = "no object"; sigmoid: one logit per
+    real class, no "no object", each starting at p = 0.01 (the focal-loss prior, Lin et al. §4.1)."""
+    layer = nn.Linear(hidden_dim, num_classes + 1 if class_head == "softmax" else num_classes)
+    if class_head == "sigmoid":
+        nn.init.constant_(layer.bias, PRIOR_BIAS)
+    return layer
+
+
+def predictions(logits: torch.Tensor, boxes: torch.Tensor, aux_loss: bool) -> dict[str, Any]:
+    """Every decoder layer's logits [L, B, Q, K] and boxes [L, B, Q, 4] → {pred_logits, pred_boxes} of the
+    last layer and (if aux_loss) aux_outputs: the same for layers 1 … L-1."""
+    result: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+    if aux_loss:
+        result["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
+    return result
+
+
+def attention_maps(encoder_attention: torch.Tensor, decoder_attention: torch.Tensor, mask: torch.Tensor
+                   ) -> dict[str, torch.Tensor]:
+    """The ``return_attention`` outputs: encoder_attention [B, heads, hw, hw] (last encoder layer),
+    decoder_attention [L, B, heads, Q, hw] (cross-attention), mask bool [B, h, w] (True = padding) →
+    decoder_attention_heads [L, B, heads, Q, h, w], decoder_attention [L, B, Q, h, w] (mean over heads),
+    encoder_attention [B, hw, h, w] (mean over heads; row i is where feature position i looks),
+    feature_mask = mask."""
+    height, width = mask.shape[-2:]
+    heads = decoder_attention.unflatten(-1, (height, width))
+    return {"decoder_attention_heads": heads, "decoder_attention": heads.mean(dim=2),
+            "encoder_attention": encoder_attention.mean(dim=1).unflatten(-1, (height, width)), "feature_mask": mask}
+
+
+@dataclass
+class DecodedQueries:
+    """What a query source's decoder returns to the shared heads.
+
+    hidden: every decoder layer's output [L, B, N, C]; boxes: [L, B, N, 4] normalised cxcywh when the decoder
+    predicts them itself (the anchor decoder refines its boxes layer by layer), None to have the detector's
+    box head read them from ``hidden`` (the paper); memory: the encoder output [B, hw, C]; encoder_attention
+    [B, heads, hw, hw] and decoder_attention [L, B, heads, N, hw] when asked for, else None; dn_meta: the
+    layout of the denoising queries (DN-DETR, training only), which come first among the N queries, or None.
+    """
+
+    hidden: torch.Tensor
+    boxes: torch.Tensor | None
+    memory: torch.Tensor
+    encoder_attention: torch.Tensor | None = None
+    decoder_attention: torch.Tensor | None = None
+    dn_meta: DenoisingMeta | None = None
+
+
+class Detector(nn.Module):
+    """Backbone, input projection, class and box heads around a transformer; the query source is the subclass's.
+
+    Args:
+        backbone: the ResNet and its position encoding. transformer: its ``d_model`` sets the heads' width.
+        num_classes: the model's classes. num_queries: object queries (paper: 100).
+        aux_loss: also return every earlier decoder layer's predictions (paper §3.2, auxiliary losses).
+        class_head: "softmax" (paper: num_classes + 1 logits, the last = no object) or "sigmoid"
+            (num_classes logits scored by independent sigmoids; focal loss).
+        dense_head: a training-only head on the encoder output (:mod:`detr.models.dense_head`), or None.
+
+    Attributes besides those: ``query_type``, ``config`` (the :class:`DetrConfig` that built it, None when
+    built by hand; checkpoints store it), ``category_map`` (set by loaders; None here).
+    """
+
+    query_type: QueryType
+
+    def __init__(self, backbone: Joiner, transformer: nn.Module, *, num_classes: int, num_queries: int,
+                 aux_loss: bool = True, class_head: ClassHead = "softmax",
+                 dense_head: DenseAuxiliaryHead | None = None) -> None:
+        super().__init__()
+        hidden_dim = transformer.d_model
+        self.num_classes, self.num_queries = num_classes, num_queries
+        self.aux_loss, self.class_head = aux_loss, class_head
+        self.transformer = transformer
+        self.class_embed = class_embedding(hidden_dim, num_classes, class_head)
+        self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
+        # The query source's parameters come here, between the heads and input_proj: the order in which the
+        # seeded initial weights were drawn (and the state dict's key order).
+        self.init_queries(hidden_dim)
+        self.input_proj = nn.Conv2d(backbone.num_channels, hidden_dim, kernel_size=1)
+        self.backbone = backbone
+        self.dense_head = dense_head
+        self.config: DetrConfig | None = None
+        self.category_map = None
+
+    def init_queries(self, hidden_dim: int) -> None:
+        """Make the query source's parameters (called by ``__init__``)."""
+        raise NotImplementedError
+
+    def decode_queries(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, targets: Targets | None,
+                       return_attention: bool) -> DecodedQueries:
+        """Run the transformer on the query source's queries: src [B, C, h, w] (after ``input_proj``), mask
+        bool [B, h, w] (True = padding), pos [B, C, h, w]; ``targets`` (training only) for denoising queries."""
+        raise NotImplementedError
+
+    @property
+    def stride(self) -> int:
+        """Input pixels per feature cell, the backbone's output stride: 32; 16 for DC5 or a layer3
+        backbone; 8 for layer2. Feature cell ``(y, x)`` covers input pixels ``[y * stride, (y + 1) * stride)``."""
+        return self.backbone[0].stride
+
+    def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> Detector:
+        """Make this model faster for inference, in place; returns it in eval mode.
+
+        fold_batch_norm: fold the frozen BatchNorms into the backbone's convolutions (outputs equal to
+        float rounding; the state dict no longer has the authors' layout, so save checkpoints before).
+        channels_last: run the backbone in NHWC, which oneDNN (CPU) and cuDNN (tensor cores) prefer.
+        Measured with benchmarks/model_speed.py.
+        """
+        self.eval()
+        if fold_batch_norm:
+            self.backbone[0].fold_frozen_batch_norm()
+        if channels_last:
+            self.backbone[0].use_channels_last()
+        return self
+
+    def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, return_attention: bool = False,
+                targets: Targets | None = None) -> dict[str, Any]:
+        """Raw predictions for a padded batch.
+
+        Args:
+            images: float [B, 3, H, W], ImageNet-normalised, zero-padded at the bottom and right.
+            padding_mask: bool [B, H, W], True on padding.
+            return_attention: also return attention maps (slower: explicit attention weights).
+            targets: the batch's targets, read in training by a query source that learns from them
+                (DN-DETR's denoising queries); every detector takes them, so that one training step fits all.
+
+        Returns a dict:
+            pred_logits [B, Q, num_classes + 1] (softmax head: last = no object) or [B, Q, num_classes]
+            (sigmoid head: independent per-class scores); pred_boxes [B, Q, 4] normalised
+            cxcywh of each unpadded image; aux_outputs (if aux_loss): a list over decoder layers 1 … L-1
+            of {pred_logits, pred_boxes}. With return_attention: decoder_attention [L, B, Q, h, w]
+            (cross-attention, mean over heads), decoder_attention_heads [L, B, heads, Q, h, w],
+            encoder_attention [B, h·w, h, w] (last encoder layer, mean over heads; row i is where
+            feature position i looks), feature_mask bool [B, h, w] (True = padding). With a dense head in
+            training: dense_outputs (:class:`detr.models.dense_head.DenseAuxiliaryHead`). With denoising
+            queries in training: dn_outputs and dn_meta (:class:`detr.models.anchor.model.AnchorDETR`).
+        """
+        src, mask, pos, _ = self.embed(images, padding_mask)
+        outputs = self.decode(src, mask, pos, targets, return_attention)
+        del outputs["hidden"], outputs["memory"]
+        return outputs
+
+    def embed(self, images: torch.Tensor, padding_mask: torch.Tensor, keep_stages: Collection[str] = ()
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Checked inputs through the backbone and ``input_proj``: src [B, C, h, w], mask bool [B, h, w]
+        (True = padding), pos [B, C, h, w], and the outputs of the backbone stages named in ``keep_stages``
+        (the panoptic mask head's skip connections)."""
+        check_inputs(images, padding_mask)
+        features, mask, stages = self.backbone[0].forward_with_stages(images, padding_mask.bool(), keep_stages)
+        pos = self.backbone[1](mask)
+        return self.input_proj(features), mask, pos, stages
+
+    def decode(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, targets: Targets | None = None,
+               return_attention: bool = False) -> dict[str, Any]:
+        """Transformer and heads on a projected feature map (:meth:`embed`'s src, mask, pos).
+
+        Returns :meth:`forward`'s dict plus hidden [B, Q, C] (the last decoder layer's output for the Q
+        matching queries that inference decodes, what the heads read) and memory [B, h·w, C] (the encoder
+        output): what the panoptic mask head needs.
+        """
+        decoded = self.decode_queries(src, mask, pos, targets, return_attention)
+        hidden = decoded.hidden
+        logits = self.class_embed(hidden)  # [L, B, D + M, K]: D denoising queries first, then M matching queries
+        # the class head runs before the box head: the order autograd sums their gradients in (same numbers)
+        boxes = decoded.boxes if decoded.boxes is not None else self.bbox_embed(hidden).sigmoid()  # [L, B, D + M, 4]
+        num_dn = decoded.dn_meta.num_queries if decoded.dn_meta is not None else 0
+        outputs = predictions(logits[:, :, num_dn:], boxes[:, :, num_dn:], self.aux_loss)
+        if decoded.dn_meta is not None:
+            outputs["dn_outputs"] = predictions(logits[:, :, :num_dn], boxes[:, :, :num_dn], self.aux_loss)
+            outputs["dn_meta"] = decoded.dn_meta
+        if self.dense_head is not None and self.training:
+            outputs["dense_outputs"] = self.dense_head(decoded.memory, mask)
+        if return_attention:
+            outputs.update(attention_maps(decoded.encoder_attention, decoded.decoder_attention[:, :, :, num_dn:], mask))
+        return {**outputs, "hidden": hidden[-1, :, num_dn:num_dn + self.num_queries], "memory": decoded.memory}
