@@ -13,7 +13,8 @@ import torch
 import yaml
 
 from detr import CategoryMap, PostProcess, build_detr, load_checkpoint
-from detr.checkpoints.export import DeployModel, ExportError, export, export_onnx, load_program, prepare_for_export
+from detr.checkpoints.export import DeployModel, export, export_onnx, load_program, prepare_for_export
+from detr.checkpoints.formats import ExportError
 from tests.conftest import TINY, load_script
 
 pytest.importorskip("onnx")

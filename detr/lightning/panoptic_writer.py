@@ -51,5 +51,5 @@ class PanopticPredictionsWriter(PredictionsWriter):
         names = unique_file_names([Path(p.file_name or f"{p.image_id}.png") for p in finished])
         self.panoptic_json = write_panoptic_predictions(
             self.output_file(trainer).parent, finished, [f"{Path(name).stem}.png" for name in names],
-            getattr(pl_module, "category_map", None), getattr(pl_module, "is_thing", None))
+            pl_module.category_map, pl_module.is_thing)
         return written

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
+from detr.checkpoints.formats import key_mismatch
 from detr.loss.criterion import SetCriterion
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
@@ -191,9 +192,9 @@ class DetrSystem(L.LightningModule):
         missing = sorted(set(own) - set(source))
         if unexpected or missing:
             raise ValueError(
-                f"init_checkpoint {path} does not match the model's key layout: missing {missing[:8]} "
-                f"({len(missing)}), unexpected {unexpected[:8]} ({len(unexpected)}); set the model "
-                "arguments (backbone, num_encoder_layers, num_decoder_layers, ...) to the checkpoint's"
+                f"init_checkpoint {path} does not match the model's key layout: "
+                f"{key_mismatch(missing, unexpected)}; set the model arguments (backbone, num_encoder_layers, "
+                "num_decoder_layers, ...) to the checkpoint's"
             )
         skipped = {k: (tuple(v.shape), tuple(own[k].shape)) for k, v in source.items() if v.shape != own[k].shape}
         self.model.load_state_dict({k: v for k, v in source.items() if k not in skipped}, strict=False)

@@ -15,7 +15,7 @@ from torch import nn
 
 from detr.models.config import PRIOR_BIAS, ClassHead
 from detr.models.backbone import Joiner
-from detr.models.config import DetrConfig, QueryType
+from detr.models.config import DetrConfig, ModelMeta, QueryType
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.mlp import MLP
 from detr.models.transformer import Transformer
@@ -76,7 +76,7 @@ class DETR(nn.Module):
         dense_head: a training-only head on the encoder output (:mod:`detr.models.dense_head`), or None.
 
     Attributes besides those: ``query_type`` ("learned"), ``config`` (the :class:`DetrConfig` that built it,
-    None when built by hand; checkpoints store it), ``category_map`` (set by loaders; None here).
+    None when built by hand; checkpoints store it), ``meta`` (:class:`ModelMeta`: categories, eval size; set by loaders, empty here).
     """
 
     query_type: QueryType = "learned"
@@ -96,7 +96,7 @@ class DETR(nn.Module):
         self.backbone = backbone
         self.dense_head = dense_head
         self.config: DetrConfig | None = None
-        self.category_map = None
+        self.meta = ModelMeta()  # categories, eval size: set by loaders
 
     @property
     def stride(self) -> int:

@@ -22,7 +22,7 @@ from torch import nn
 from detr.models.config import ClassHead
 from detr.models.anchor.decoder import AnchorTransformer
 from detr.models.backbone import Joiner
-from detr.models.config import DetrConfig, QueryType
+from detr.models.config import DetrConfig, ModelMeta, QueryType
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.anchor.denoising import DenoisingMeta, DenoisingQueries
 from detr.models.detr import DETR, attention_maps, check_inputs, class_embedding, predictions
@@ -81,7 +81,7 @@ class AnchorDETR(nn.Module):
         self.denoising = denoising
         self.dense_head = dense_head
         self.config: DetrConfig | None = None
-        self.category_map = None
+        self.meta = ModelMeta()  # categories, eval size: set by loaders
 
     stride = DETR.stride  # same backbone, same inference preparation
     optimize_for_inference = DETR.optimize_for_inference
