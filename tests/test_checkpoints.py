@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from detr import CategoryMap, build_detr, load_checkpoint
-from detr.checkpoints import CheckpointError, infer_model_config
+from detr.checkpoints import CheckpointError, infer_model_config, save_checkpoint
 from detr.checkpoints.formats import INFERRED_FIELDS
+from detr.models.config import DetrConfig, ModelMeta
+from detr.models.segmentation import DETRPanoptic, build_detr_panoptic
 from tests.conftest import tiny_config_with
 
 LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
@@ -104,6 +106,37 @@ def test_lightning_checkpoint_with_config_and_categories(tmp_path, tiny_config):
     loaded = load_checkpoint(path)
     assert loaded.meta.category_map == categories and loaded.config.backbone_norm == "group_norm"
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("file_name", ["model.ckpt", "model.pth"])
+def test_meta_survives_save_and_load(tmp_path, tiny_config, file_name):
+    model = build_detr(**tiny_config)
+    meta = ModelMeta(category_map=CategoryMap((3, 7, 9, 11, 12), ("a", "b", "c", "d", "e")), eval_size=(160, 240))
+    model.meta = meta
+    loaded = load_checkpoint(save_checkpoint(model, tmp_path / file_name))
+    assert loaded.meta == meta and loaded.config == model.config
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_panoptic_meta_survives_save_and_load(tmp_path):
+    model = build_detr_panoptic(DetrConfig(**tiny_config_with(hidden_dim=128, num_heads=8)))
+    meta = ModelMeta(category_map=CategoryMap((1, 2, 3, 4, 5), ("a", "b", "c", "d", "sky")), eval_size=(96, 160),
+                     is_thing=(True, True, True, True, False), panoptic_threshold=0.3, panoptic_overlap_threshold=0.8)
+    model.meta = meta
+    loaded = load_checkpoint(save_checkpoint(model, tmp_path / "panoptic.ckpt"))
+    assert isinstance(loaded, DETRPanoptic) and loaded.meta == meta
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_model_meta_dict_round_trip_and_checks():
+    meta = ModelMeta(category_map=CategoryMap((4, 9), ("cat", "dog")), eval_size=[320, 512], is_thing=[True, False],
+                     panoptic_threshold=0.5)
+    assert meta.eval_size == (320, 512) and meta.is_thing == (True, False)  # lists become tuples
+    assert ModelMeta.from_dict(meta.to_dict()) == meta
+    assert ModelMeta.from_dict({"model_config": {}, "category_map": None}) == ModelMeta()
+    assert meta.replace(panoptic_threshold=None).to_dict()["panoptic_postprocess"] is None
+    with pytest.raises(ValueError, match="is_thing has 3 entries"):
+        meta.replace(is_thing=(True, True, False))
 
 
 def test_category_map_round_trip_and_coco_gaps():

@@ -74,7 +74,7 @@ def test_export_tool_writes_a_verified_file_with_metadata(tiny_export, tiny_mode
     assert tuple(meta["eval_size"]) == EVAL_SIZE
     assert meta["model_config"]["hidden_dim"] == TINY["hidden_dim"]
     detector = OnnxDetector(onnx_path)
-    assert detector.category_map == CATEGORIES and detector.eval_size == EVAL_SIZE
+    assert detector.meta.category_map == CATEGORIES and detector.meta.eval_size == EVAL_SIZE
     assert detector.backend == "onnxruntime (CPUExecutionProvider)"
     assert [i.name for i in detector.session.get_inputs()] == ["images", "padding_mask"]
     assert [o.name for o in detector.session.get_outputs()] == ["pred_logits", "pred_boxes"]

@@ -21,19 +21,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from detr.categories import CategoryMap
 from detr.checkpoints import released
-from detr.checkpoints.formats import (CheckpointContents, CheckpointError, ExportError, infer_model_config,
-                                      load_strict, read_torch_file)
+from detr.checkpoints.atomic import write_atomically
+from detr.checkpoints.formats import (CheckpointContents, CheckpointError, ExportError, checkpoint_record,
+                                      infer_model_config, load_strict, read_torch_file)
 from detr.checkpoints.huggingface import read_huggingface
 from detr.checkpoints.panoptic import is_panoptic_state_dict, load_panoptic
 from detr.models.anchor.model import AnchorDETR
 from detr.models.build import build_detr
+from detr.models.config import AUTHORS_EVAL_SIZE
 from detr.models.detr import DETR
 from detr.models.segmentation import DETRPanoptic
 
 __all__ = ["READERS", "CheckpointContents", "CheckpointError", "ExportError", "infer_model_config",
-           "load_checkpoint", "read_checkpoint"]
+           "load_checkpoint", "read_checkpoint", "save_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,15 +103,24 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR | AnchorDETR | D
         meta = meta.replace(category_map=CategoryMap.coco())
     elif meta.category_map is None and contents.config is None and meta.eval_size is None:
         # Not COCO-sized and nothing recorded: the defaults may be far from how the model was trained.
-        # (Imported here: detr.data pulls in albumentations and OpenCV, which `import detr` must not need.)
-        from detr.data.transforms import EVAL_MAX_SIZE, EVAL_MIN_SIZE
-
         logger.warning(
             "%s is a plain state dict of a %d-class model without a category map or eval size: its labels are "
             "written as category ids 0..%d and images are resized to the authors' %d/%d px. If it was trained "
             "otherwise, pass its category map (Predictor(category_map=...)) and eval size (--min-size/--max-size)",
-            path, model.num_classes, model.num_classes - 1, EVAL_MIN_SIZE, EVAL_MAX_SIZE,
+            path, model.num_classes, model.num_classes - 1, *AUTHORS_EVAL_SIZE,
         )
     model.meta = meta
     logger.info("loaded %s (%s, %d classes)", path, config.backbone, model.num_classes)
     return model.eval()
+
+
+def save_checkpoint(model: DETR | AnchorDETR | DETRPanoptic, path: str | Path) -> Path:
+    """Write ``model`` in this project's checkpoint layout (as the training system does, without the training
+    state): its weights, its config and its ``meta``, so that :func:`load_checkpoint` rebuilds it as it was.
+    The file is replaced atomically; returns its path."""
+    if model.config is None:
+        raise ValueError(f"cannot save {type(model).__name__} to {path}: it was built without build_detr, so it has "
+                         "no DetrConfig to record; build it with detr.build_detr(config)")
+    checkpoint = {"state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
+                  "detr": checkpoint_record(model.config, model.meta)}
+    return write_atomically(path, lambda file: torch.save(checkpoint, file))

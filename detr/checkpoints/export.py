@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import ExportError
+from detr.checkpoints.onnx import import_onnxruntime
 from detr.models.anchor.model import AnchorDETR
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned
@@ -274,8 +275,6 @@ def _tolerances(postprocess: bool) -> dict[str, float]:
 
 def _runner(path: Path, format: ExportFormat, input_names: list[str]):
     if format == "onnx":
-        from detr.checkpoints.onnx import import_onnxruntime
-
         session = import_onnxruntime().InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return lambda *inputs: tuple(torch.from_numpy(out) for out in session.run(
             None, {name: tensor.numpy() for name, tensor in zip(input_names, inputs)}))

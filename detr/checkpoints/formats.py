@@ -210,10 +210,15 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "",
     )
 
 
+def checkpoint_record(config: DetrConfig, meta: ModelMeta) -> dict[str, Any]:
+    """``checkpoint["detr"]`` of this project's checkpoints: the model config and the run metadata, in plain
+    types (:func:`read_torch_file` reads it back)."""
+    return {"model_config": config.to_dict(), **meta.to_dict()}
+
+
 def read_torch_file(path: Path) -> CheckpointContents:
     """A file written by ``torch.save``: this project's Lightning checkpoint (``state_dict`` with keys
-    ``"model." + official key`` and ``checkpoint["detr"]``: the model config and :meth:`ModelMeta.to_dict`'s
-    keys), an authors' release file (``{"model": state_dict, ...}``) or a plain state dict."""
+    ``"model." + official key`` and ``checkpoint["detr"]``: :func:`checkpoint_record`), an authors' release file (``{"model": state_dict, ...}``) or a plain state dict."""
     obj = torch_load(path)
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj.get("detr"), dict):
         record = obj["detr"]

@@ -48,7 +48,7 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, infer_model_config, torch_load
 from detr.models.backbone import Backbone
-from detr.models.config import DetrConfig, ModelMeta
+from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 
@@ -491,7 +491,7 @@ def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: Back
 
     Files: config.json (architecture; ``id2label`` from ``category_map`` or ``model.meta.category_map``),
     model.safetensors (float32 weights in transformers' on-disk names) and preprocessor_config.json
-    (DetrImageProcessor with the model's eval resize, ``model.meta.eval_size`` or 800 / 1333, and ImageNet
+    (DetrImageProcessor with the model's eval resize, ``model.meta.eval_size`` or the authors' 800 / 1333, and ImageNet
     normalisation). ``backbone_format``: "timm" (transformers' default; DC5 possible; transformers needs
     timm to load it) or "transformers" (its own ResNet; no timm needed; no DC5).
 
@@ -508,7 +508,7 @@ def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: Back
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    min_size, max_size = model.meta.eval_size or (800, 1333)
+    min_size, max_size = model.meta.eval_size or AUTHORS_EVAL_SIZE
     processor = {
         "image_processor_type": "DetrImageProcessor", "format": "coco_detection",
         "do_resize": True, "size": {"shortest_edge": int(min_size), "longest_edge": int(max_size)},

@@ -29,7 +29,7 @@ import torch
 from detr.categories import COCO_PANOPTIC_NUM_CLASSES, CategoryMap, coco_panoptic_category_map, coco_panoptic_is_thing
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, infer_model_config, read_torch_file
 from detr.models.backbone import BackboneName
-from detr.models.config import DetrConfig, ModelMeta
+from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class PretrainedModel:
     metrics: Mapping[str, float] = field(compare=False)
     task: Task = "detection"
     num_classes: int = DetrConfig.num_classes
-    eval_size: tuple[int, int] = (800, 1333)
+    eval_size: tuple[int, int] = AUTHORS_EVAL_SIZE
 
     @property
     def file_name(self) -> str:

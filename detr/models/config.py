@@ -154,6 +154,11 @@ class DetrConfig:
         return cls(**values)
 
 
+#: The authors' evaluation resize, (shortest side, longest-side cap) in pixels: what a model that records no
+#: ``eval_size`` is run at.
+AUTHORS_EVAL_SIZE: tuple[int, int] = (800, 1333)
+
+
 @dataclass(frozen=True)
 class ModelMeta:
     """What a trained model needs at inference besides its weights and layout, as torchvision's
@@ -161,7 +166,7 @@ class ModelMeta:
 
     category_map: label → data set category id and name (None: labels are written as they are).
     eval_size: (shortest side, longest-side cap) of the resize the model was validated at (None: the
-        authors' 800 / 1333).
+        authors' :data:`AUTHORS_EVAL_SIZE`).
     is_thing: per label, thing (True) or stuff; panoptic models only.
     panoptic_threshold, panoptic_overlap_threshold: the
         :class:`detr.inference.postprocess_masks.PostProcessPanoptic` settings the training run validated
