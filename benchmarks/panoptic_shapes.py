@@ -172,8 +172,9 @@ def pq_by_threshold(checkpoint: Path, data_root: Path, thresholds: list[float], 
     from detr.inference.postprocess_masks import PostProcessPanoptic
 
     model, dataset = validation_set(checkpoint, data_root, image_size)
-    postprocessors = {(t, o): PostProcessPanoptic(model.meta.is_thing, threshold=t, class_head=model.class_head,
-                                                  category_ids=model.meta.category_map.category_ids, overlap_threshold=o)
+    meta = model.meta
+    postprocessors = {(t, o): PostProcessPanoptic(meta.is_thing, threshold=t, class_head=model.class_head,
+                                                  category_ids=meta.category_map.category_ids, overlap_threshold=o)
                       for t in thresholds for o in overlaps}
     metrics = {key: PanopticQuality(dataset.categories) for key in postprocessors}
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, collate_fn=collate_detection)

@@ -6,7 +6,8 @@
 - a file written by ``torch.save`` (:func:`detr.checkpoints.formats.read_torch_file`): the authors' release
   files (detr-r50-e632da11.pth …: ``{"model": state_dict, ...}``), plain state dicts in that key layout, and
   this project's Lightning checkpoints (``state_dict`` with keys ``"model." + official key`` and
-  ``checkpoint["detr"]``: the :class:`detr.models.config.DetrConfig` and the :class:`detr.models.config.ModelMeta` written by the training system).
+  ``checkpoint["detr"]``: the :class:`detr.models.config.DetrConfig` and the
+  :class:`detr.models.config.ModelMeta`, written by the training system or :func:`save_checkpoint`).
 
 :func:`load_checkpoint` then builds the model: a :class:`DETRPanoptic` for the authors' panoptic layout
 (:mod:`detr.checkpoints.panoptic`), else the detector. The architecture is the file's own config, or is
@@ -82,8 +83,8 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR | AnchorDETR | D
             for a renamed DC5 file, ``num_heads``, ``class_head="sigmoid"``, ``query_groups``: what
             :func:`infer_model_config` cannot see).
 
-    The returned model carries ``meta`` (:class:`detr.models.config.ModelMeta`): the checkpoint's own, with COCO's category map
-    for a 91-class file without one; ``meta.eval_size`` is (min_size, max_size) of the validation resize it
+    The returned model carries ``meta`` (:class:`detr.models.config.ModelMeta`): the checkpoint's own, with
+    COCO's category map for a 91-class file without one; ``meta.eval_size`` is (min_size, max_size) of the validation resize it
     was trained with (this project's checkpoints), else None. Missing or unexpected keys raise
     :class:`CheckpointError` naming them. A panoptic file (the authors' layout: the detector under ``detr.``
     beside ``mask_head.*``) gives a :class:`DETRPanoptic` (see :func:`detr.checkpoints.panoptic.load_panoptic`).

@@ -218,15 +218,20 @@ def checkpoint_record(config: DetrConfig, meta: ModelMeta) -> dict[str, Any]:
 
 def read_torch_file(path: Path) -> CheckpointContents:
     """A file written by ``torch.save``: this project's Lightning checkpoint (``state_dict`` with keys
-    ``"model." + official key`` and ``checkpoint["detr"]``: :func:`checkpoint_record`), an authors' release file (``{"model": state_dict, ...}``) or a plain state dict."""
+    ``"model." + official key`` and ``checkpoint["detr"]``: :func:`checkpoint_record`), an authors' release
+    file (``{"model": state_dict, ...}``) or a plain state dict."""
     obj = torch_load(path)
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj.get("detr"), dict):
         record = obj["detr"]
         prefix = "model."
         state_dict = {k[len(prefix):]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
-        config = (DetrConfig.from_dict(record["model_config"], where=f"{path}: checkpoint['detr']['model_config']")
-                  if record.get("model_config") else None)
-        meta = ModelMeta.from_dict(record)
+        try:
+            config = (DetrConfig.from_dict(record["model_config"], where=f"checkpoint['detr']['model_config']")
+                      if record.get("model_config") else None)
+            meta = ModelMeta.from_dict(record)
+        except (ValueError, TypeError, KeyError) as error:
+            raise CheckpointError(f"{path}: its record checkpoint['detr'] does not describe a model: {error}"
+                                  ) from error
         data = obj.get("datamodule_hyper_parameters") or {}  # Lightning stores the data module's arguments
         if meta.eval_size is None and isinstance(data, dict) and "eval_min_size" in data and "eval_max_size" in data:
             meta = meta.replace(eval_size=(int(data["eval_min_size"]), int(data["eval_max_size"])))

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
-from detr.checkpoints.formats import key_mismatch
+from detr.checkpoints.formats import checkpoint_record, key_mismatch
 from detr.loss.criterion import SetCriterion
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
@@ -36,7 +36,7 @@ from detr.lightning.error_analysis import write_error_analysis
 from detr.lightning.schedule import LinearDecayToZero
 from detr.loss.matcher import HungarianMatcher
 from detr.models.backbone import cpu_has_bfloat16
-from detr.models.config import DetrConfig, field_names
+from detr.models.config import DetrConfig, ModelMeta, field_names
 from detr.models.build import build_detr
 from detr.inference.postprocess import PostProcess
 
@@ -490,10 +490,7 @@ class DetrSystem(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Add ``checkpoint["detr"]`` (model config + category map, read by :func:`detr.load_checkpoint`) and
         every process's RNG states (so a resumed run continues the same random streams)."""
-        checkpoint["detr"] = {
-            "model_config": self.detector.config.to_dict(),
-            "category_map": self.category_map.to_dict() if self.category_map is not None else None,
-        }
+        checkpoint["detr"] = checkpoint_record(self.detector.config, ModelMeta(category_map=self.category_map))
         states = _rng_states()
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered: list[Any] = [None] * dist.get_world_size()

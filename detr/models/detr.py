@@ -76,7 +76,8 @@ class DETR(nn.Module):
         dense_head: a training-only head on the encoder output (:mod:`detr.models.dense_head`), or None.
 
     Attributes besides those: ``query_type`` ("learned"), ``config`` (the :class:`DetrConfig` that built it,
-    None when built by hand; checkpoints store it), ``meta`` (:class:`ModelMeta`: categories, eval size; set by loaders, empty here).
+    None when built by hand; checkpoints store it), ``meta`` (:class:`ModelMeta`: categories, eval size; set
+    by loaders, empty here).
     """
 
     query_type: QueryType = "learned"
