@@ -7,7 +7,7 @@
 panoptic entry points return :class:`detr.DETRPanoptic` (and ``PostProcessPanoptic`` as the post-processor).
 """
 
-from detr.checkpoints.released import hub_model
+from detr.checkpoints.hub import hub_model
 
 dependencies = ["torch", "torchvision", "scipy"]
 

@@ -85,7 +85,7 @@ def main() -> None:
             lambda: transformers.DetrForObjectDetection.from_pretrained(ours_dir).eval(), 1)
         with torch.no_grad():
             c = back(pixel_values=images, pixel_mask=(~mask).long())
-        print(f"{tag}: batch {tuple(images.shape)}; category map is COCO's: {ours.category_map == coco}\n"
+        print(f"{tag}: batch {tuple(images.shape)}; category map is COCO's: {ours.meta.category_map == coco}\n"
               f"  detr.load_checkpoint(transformers dir) median {load_seconds:.2f} s; save_pretrained "
               f"{save_seconds:.2f} s; transformers from_pretrained {from_pretrained_seconds:.2f} s\n"
               f"  transformers → detr: max |Δ logits| {(a['pred_logits'] - b.logits).abs().max():.2e}, "

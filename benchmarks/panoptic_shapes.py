@@ -97,7 +97,7 @@ def validation_set(checkpoint: Path, data_root: Path, image_size: int) -> tuple[
 
     model = load_checkpoint(checkpoint).eval()
     dataset = CocoPanoptic(data_root / "val2017", data_root / "annotations" / "panoptic_val2017.json",
-                           category_map=model.category_map,
+                           category_map=model.meta.category_map,
                            transform=make_eval_transform(min_size=image_size, max_size=image_size))
     return model, dataset
 
@@ -116,7 +116,7 @@ def things_found(checkpoint: Path, data_root: Path, thresholds: list[float], *, 
 
     model, dataset = validation_set(checkpoint, data_root, image_size)
     thing_ids = {int(c["id"]) for c in dataset.categories if c.get("isthing")}
-    is_thing = torch.tensor([category_id in thing_ids for category_id in model.category_map.category_ids])
+    is_thing = torch.tensor([category_id in thing_ids for category_id in model.meta.category_map.category_ids])
     postprocess = PostProcess(class_head=model.class_head)
     counts = {t: dict.fromkeys(("truths", "predictions", "found", "wrong_class", "duplicates"), 0) for t in thresholds}
     for images, padding_mask, targets in torch.utils.data.DataLoader(dataset, batch_size=20,
@@ -172,8 +172,9 @@ def pq_by_threshold(checkpoint: Path, data_root: Path, thresholds: list[float], 
     from detr.inference.postprocess_masks import PostProcessPanoptic
 
     model, dataset = validation_set(checkpoint, data_root, image_size)
-    postprocessors = {(t, o): PostProcessPanoptic(model.is_thing, threshold=t, class_head=model.class_head,
-                                                  category_ids=model.category_map.category_ids, overlap_threshold=o)
+    meta = model.meta
+    postprocessors = {(t, o): PostProcessPanoptic(meta.is_thing, threshold=t, class_head=model.class_head,
+                                                  category_ids=meta.category_map.category_ids, overlap_threshold=o)
                       for t in thresholds for o in overlaps}
     metrics = {key: PanopticQuality(dataset.categories) for key in postprocessors}
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, collate_fn=collate_detection)

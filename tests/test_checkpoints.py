@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from detr import CategoryMap, build_detr, load_checkpoint
-from detr.checkpoints import CheckpointError, infer_model_config
+from detr.checkpoints import CheckpointError, infer_model_config, save_checkpoint
+from detr.checkpoints.formats import INFERRED_FIELDS
+from detr.models.config import DetrConfig, ModelMeta
+from detr.models.segmentation import DETRPanoptic, build_detr_panoptic
 from tests.conftest import tiny_config_with
 
 LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
@@ -38,7 +41,7 @@ def test_release_file_loads_exact_weights_and_runs(tmp_path, backbone):
     assert model.config.backbone == backbone and model.config.num_classes == 91 and not model.config.dilation
     loaded = model.state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in state.items())
-    assert model.category_map == CategoryMap.coco() and model.category_map.names[17] == "cat"
+    assert model.meta.category_map == CategoryMap.coco() and model.meta.category_map.names[17] == "cat"
     with torch.no_grad():
         out = model(torch.zeros(1, 3, 64, 64), torch.zeros(1, 64, 64, dtype=torch.bool))
     assert out["pred_logits"].shape == (1, 100, 92)
@@ -46,7 +49,7 @@ def test_release_file_loads_exact_weights_and_runs(tmp_path, backbone):
 
 def test_dc5_follows_the_file_name_or_override(tmp_path):
     config = infer_model_config(official_state_dict("resnet50"), "detr-r50-dc5-f0fb7ef5.pth")
-    assert config["dilation"] is True and config["backbone"] == "resnet50"
+    assert config.dilation is True and config.backbone == "resnet50"
     path = tmp_path / "renamed.pth"
     torch.save(official_state_dict("resnet18"), path)  # a plain state dict
     assert load_checkpoint(path, num_encoder_layers=6).config.dilation is False
@@ -54,7 +57,7 @@ def test_dc5_follows_the_file_name_or_override(tmp_path):
 
 def test_r101_layout_is_recognised():
     config = infer_model_config({k: torch.empty(v) for k, v in LAYOUT["resnet101"].items()}, "detr-r101.pth")
-    assert config["backbone"] == "resnet101" and config["num_queries"] == 100 and config["dim_feedforward"] == 2048
+    assert config.backbone == "resnet101" and config.num_queries == 100 and config.dim_feedforward == 2048
 
 
 class Exploit:
@@ -101,8 +104,39 @@ def test_lightning_checkpoint_with_config_and_categories(tmp_path, tiny_config):
     path = tmp_path / "last.ckpt"
     torch.save(checkpoint, path)
     loaded = load_checkpoint(path)
-    assert loaded.category_map == categories and loaded.config.backbone_norm == "group_norm"
+    assert loaded.meta.category_map == categories and loaded.config.backbone_norm == "group_norm"
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("file_name", ["model.ckpt", "model.pth"])
+def test_meta_survives_save_and_load(tmp_path, tiny_config, file_name):
+    model = build_detr(**tiny_config)
+    meta = ModelMeta(category_map=CategoryMap((3, 7, 9, 11, 12), ("a", "b", "c", "d", "e")), eval_size=(160, 240))
+    model.meta = meta
+    loaded = load_checkpoint(save_checkpoint(model, tmp_path / file_name))
+    assert loaded.meta == meta and loaded.config == model.config
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_panoptic_meta_survives_save_and_load(tmp_path):
+    model = build_detr_panoptic(DetrConfig(**tiny_config_with(hidden_dim=128, num_heads=8)))
+    meta = ModelMeta(category_map=CategoryMap((1, 2, 3, 4, 5), ("a", "b", "c", "d", "sky")), eval_size=(96, 160),
+                     is_thing=(True, True, True, True, False), panoptic_threshold=0.3, panoptic_overlap_threshold=0.8)
+    model.meta = meta
+    loaded = load_checkpoint(save_checkpoint(model, tmp_path / "panoptic.ckpt"))
+    assert isinstance(loaded, DETRPanoptic) and loaded.meta == meta
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_model_meta_dict_round_trip_and_checks():
+    meta = ModelMeta(category_map=CategoryMap((4, 9), ("cat", "dog")), eval_size=[320, 512], is_thing=[True, False],
+                     panoptic_threshold=0.5)
+    assert meta.eval_size == (320, 512) and meta.is_thing == (True, False)  # lists become tuples
+    assert ModelMeta.from_dict(meta.to_dict()) == meta
+    assert ModelMeta.from_dict({"model_config": {}, "category_map": None}) == ModelMeta()
+    assert meta.replace(panoptic_threshold=None).to_dict()["panoptic_postprocess"] is None
+    with pytest.raises(ValueError, match="is_thing has 3 entries"):
+        meta.replace(is_thing=(True, True, False))
 
 
 def test_category_map_round_trip_and_coco_gaps():
@@ -139,9 +173,8 @@ def test_bare_state_dict_of_each_option_loads_with_equal_outputs(tmp_path, optio
     path = tmp_path / "bare.pth"
     torch.save(model.state_dict(), path)
     loaded = load_checkpoint(path, num_heads=2, **overrides)  # the number of heads is never visible
-    inferred = infer_model_config(model.state_dict(), path.name, **overrides)
-    assert ({key: getattr(loaded.config, key) for key in inferred}
-            == {key: getattr(model.config, key) for key in inferred})
+    assert ({key: getattr(loaded.config, key) for key in INFERRED_FIELDS}
+            == {key: getattr(model.config, key) for key in INFERRED_FIELDS})
     images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     mask = torch.zeros(2, 64, 64, dtype=torch.bool)
     mask[1, :, 40:] = True
@@ -157,9 +190,9 @@ def test_hidden_options_fall_back_to_the_authors_defaults():
     with torch.no_grad():
         sigmoid.class_embed.bias.add_(1.0)
     config = infer_model_config(sigmoid.state_dict())
-    assert config["class_head"] == "softmax" and config["num_classes"] == 3  # 4 logits read as 3 + no object
+    assert config.class_head == "softmax" and config.num_classes == 3  # 4 logits read as 3 + no object
     grouped = build_detr(**DEMO_SIZES, query_type="anchor", query_groups=3).state_dict()
     config = infer_model_config(grouped)
-    assert config["num_queries"] == 18 and config["query_groups"] == 1
+    assert config.num_queries == 18 and config.query_groups == 1
     with pytest.raises(CheckpointError, match="query_groups=4"):
         infer_model_config(grouped, query_groups=4)

@@ -114,7 +114,7 @@ def test_fit_two_steps_writes_logs_metrics_images_and_checkpoints(tiny_shapes_ro
     checkpoints = sorted(p.name for p in (log_dir / "checkpoints").glob("*.ckpt"))
     assert "last.ckpt" in checkpoints and len(checkpoints) == 2  # last + best val/AP
     model = load_checkpoint(log_dir / "checkpoints" / "last.ckpt")
-    assert model.num_classes == 5 and model.category_map.names[0] == "circle"
+    assert model.num_classes == 5 and model.meta.category_map.names[0] == "circle"
 
     # `detr predict` from that checkpoint writes a COCO results json with file names and data set ids
     writer = json.dumps([{"class_path": "detr.lightning.callbacks.PredictionsWriter",

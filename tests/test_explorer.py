@@ -15,6 +15,7 @@ from detr import build_detr
 from detr.categories import CategoryMap
 from detr.data.collate import pad_images
 from detr.inference.predictor import Predictor
+from detr.models.config import ModelMeta
 from detr.visualize.explorer import (
     explorer_data,
     feature_stride,
@@ -138,7 +139,7 @@ def test_feature_stride_rounds_up_like_resnet() -> None:
 def test_page_is_self_contained_and_names_classes(tmp_path: Path) -> None:
     model = tiny_model(aux_loss=False)
     names = ("cat", "dog", "</script><b>", "cup", "tie")
-    model.category_map = CategoryMap(category_ids=(1, 2, 3, 4, 5), names=names)
+    model.meta = ModelMeta(category_map=CategoryMap(category_ids=(1, 2, 3, 4, 5), names=names))
     paths = write_attention_explorer(model, [image(70, 90, 3), image(80, 60, 4)], tmp_path, min_size=64,
                                      max_size=128, device="cpu", threshold=0.0)
     assert [p.name for p in paths] == ["image_000.html", "image_001.html", "index.html"]

@@ -13,7 +13,8 @@ import torch
 import yaml
 
 from detr import CategoryMap, PostProcess, build_detr, load_checkpoint
-from detr.checkpoints.export import DeployModel, ExportError, export, export_onnx, load_program, prepare_for_export
+from detr.checkpoints.export import DeployModel, export, export_onnx, load_program, prepare_for_export
+from detr.checkpoints.formats import ExportError
 from tests.conftest import TINY, load_script
 
 pytest.importorskip("onnx")
@@ -73,7 +74,7 @@ def test_export_tool_writes_a_verified_file_with_metadata(tiny_export, tiny_mode
     assert tuple(meta["eval_size"]) == EVAL_SIZE
     assert meta["model_config"]["hidden_dim"] == TINY["hidden_dim"]
     detector = OnnxDetector(onnx_path)
-    assert detector.category_map == CATEGORIES and detector.eval_size == EVAL_SIZE
+    assert detector.meta.category_map == CATEGORIES and detector.meta.eval_size == EVAL_SIZE
     assert detector.backend == "onnxruntime (CPUExecutionProvider)"
     assert [i.name for i in detector.session.get_inputs()] == ["images", "padding_mask"]
     assert [o.name for o in detector.session.get_outputs()] == ["pred_logits", "pred_boxes"]

@@ -28,7 +28,7 @@ def test_untrained_r50_with_postprocessor():
                                         return_postprocessor=True)
     assert isinstance(model, DETR) and isinstance(postprocess, PostProcess)
     assert model.config.backbone == "resnet50" and not model.config.dilation
-    assert model.num_classes == 91 and model.category_map == CategoryMap.coco()
+    assert model.num_classes == 91 and model.meta.category_map == CategoryMap.coco()
     model.eval()
     with torch.no_grad():
         out = model(torch.zeros(1, 3, 64, 96), torch.zeros(1, 64, 96, dtype=torch.bool))
@@ -40,7 +40,7 @@ def test_untrained_r50_with_postprocessor():
 def test_dc5_and_num_classes():
     model = torch.hub.load(ROOT, "detr_resnet50_dc5", source="local", pretrained=False, num_classes=20)
     assert model.backbone[0].stride == 16 and model.config.dilation
-    assert model.class_embed.out_features == 21 and model.category_map is None
+    assert model.class_embed.out_features == 21 and model.meta.category_map is None
 
 
 def test_pretrained_weights_need_coco_classes():
@@ -56,7 +56,7 @@ def test_untrained_panoptic_r50_with_its_postprocessor():
                                         threshold=0.5, return_postprocessor=True)
     assert isinstance(model, DETRPanoptic) and isinstance(postprocess, PostProcessPanoptic)
     assert model.num_classes == 250 and postprocess.threshold == 0.5
-    assert model.is_thing[1] and not model.is_thing[200]  # COCO panoptic: thing ids <= 90, stuff above
+    assert model.meta.is_thing[1] and not model.meta.is_thing[200]  # COCO panoptic: thing ids <= 90, stuff above
     model.eval()
     with torch.no_grad():
         out = model(torch.zeros(1, 3, 64, 96), torch.zeros(1, 64, 96, dtype=torch.bool))

@@ -16,7 +16,9 @@ import detr
 from detr import build_detr
 from detr.checkpoints import CheckpointError
 from detr.data.collate import pad_images
-from detr.checkpoints.huggingface import ExportError, save_pretrained, to_huggingface_state_dict
+from detr.checkpoints.formats import ExportError
+from detr.checkpoints.huggingface import save_pretrained, to_huggingface_state_dict
+from detr.models.config import ModelMeta
 from tests.conftest import tiny_config_with
 
 transformers = pytest.importorskip("transformers")
@@ -122,7 +124,7 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photo_batc
     model = detr.load_checkpoint(tmp_path)
     assert model.config.backbone == backbone and model.config.dilation == dilation
     assert model.config.position_encoding == position and model.num_classes == num_labels
-    assert model.category_map.names == tuple(f"thing {i}" for i in range(num_labels))
+    assert model.meta.category_map.names == tuple(f"thing {i}" for i in range(num_labels))
     _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf, *photo_batch))
     # and the names back: exactly the tensors transformers wrote
     on_disk = load_file(str(tmp_path / "model.safetensors"))
@@ -147,7 +149,7 @@ def test_in_memory_key_names_bin_file_and_processor_size(tmp_path, photo_batch):
     torch.save(state, tmp_path / "pytorch_model.bin")
     transformers.DetrImageProcessor(size={"shortest_edge": 512, "longest_edge": 853}).save_pretrained(tmp_path)
     model = detr.load_checkpoint(tmp_path)
-    assert model.eval_size == (512, 853)
+    assert model.meta.eval_size == (512, 853)
     _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf, *photo_batch))
 
 
@@ -165,8 +167,8 @@ def _our_model(seed: int = 0, **config):
 ])
 def test_saved_directory_loads_in_transformers_with_the_same_outputs(tmp_path, photo_batch, backbone_format, config):
     model = _our_model(**config)
-    model.category_map = detr.CategoryMap(tuple(range(model.num_classes)),
-                                          tuple(f"kind {i}" for i in range(model.num_classes)))
+    model.meta = ModelMeta(category_map=detr.CategoryMap(tuple(range(model.num_classes)),
+                                                         tuple(f"kind {i}" for i in range(model.num_classes))))
     save_pretrained(model, tmp_path, backbone_format=backbone_format)
     hf, info = transformers.DetrForObjectDetection.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
@@ -174,7 +176,7 @@ def test_saved_directory_loads_in_transformers_with_the_same_outputs(tmp_path, p
     _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf.eval(), *photo_batch))
     again = detr.load_checkpoint(tmp_path)  # and back: the same weights
     assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
-    assert again.category_map == model.category_map and again.eval_size == (800, 1333)
+    assert again.meta.category_map == model.meta.category_map and again.meta.eval_size == (800, 1333)
 
 
 @pytest.mark.parametrize("config, backbone_format, reason", [

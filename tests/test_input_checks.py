@@ -141,6 +141,6 @@ def test_a_plain_state_dict_without_category_map_or_eval_size_warns(tiny_model, 
     torch.save(tiny_model.state_dict(), path)
     with caplog.at_level(logging.WARNING, logger="detr.checkpoints"):
         model = load_checkpoint(path)
-    assert model.category_map is None
+    assert model.meta.category_map is None
     assert "plain state dict of a 5-class model without a category map or eval size" in caplog.text
     assert "category ids 0..4" in caplog.text and "800/1333" in caplog.text

@@ -104,17 +104,17 @@ def test_mask_stage_freezes_the_detector_logs_pq_and_loads_back(box_stage, shape
 
     model = load_checkpoint(run / "checkpoints" / "last.ckpt")
     assert isinstance(model, DETRPanoptic)
-    assert model.is_thing == [True] * 5 + [False]
-    assert model.category_map.names[-1] == "background"
+    assert list(model.meta.is_thing) == [True] * 5 + [False]
+    assert model.meta.category_map.names[-1] == "background"
     for key, value in model.state_dict().items():
         assert torch.equal(value, after[f"model.{key}"]), key
     # the panoptic settings the run validated with travel with the checkpoint, and the Predictor uses them
-    assert model.panoptic_postprocess == {"threshold": 0.2, "overlap_threshold": 0.8}
+    assert (model.meta.panoptic_threshold, model.meta.panoptic_overlap_threshold) == (0.2, 0.8)
     predictor = Predictor(model)
     assert (predictor.panoptic_threshold, predictor.panoptic_overlap_threshold) == (0.2, 0.8)
     predictor = Predictor(model, panoptic_threshold=0.5, panoptic_overlap_threshold=0.6)
     assert (predictor.panoptic_threshold, predictor.panoptic_overlap_threshold) == (0.5, 0.6)
-    model.panoptic_postprocess = None  # e.g. the authors' files: their rules
+    model.meta = model.meta.replace(panoptic_threshold=None, panoptic_overlap_threshold=None)  # e.g. the authors' files: their rules
     assert (Predictor(model).panoptic_threshold, Predictor(model).panoptic_overlap_threshold) == (0.85, None)
 
 

@@ -17,6 +17,7 @@ from detr.models.segmentation import build_detr_panoptic
 from detr.categories import coco_panoptic_category_map, coco_panoptic_is_thing
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, rgb_to_id_map
 from detr.inference.predictor import Predictor
+from detr.models.config import ModelMeta
 from detr.visualize.drawing import draw_panoptic
 from tests.conftest import load_script, tiny_config_with
 
@@ -60,7 +61,7 @@ def random_images() -> list[np.ndarray]:
 
 def test_predictor_masks_and_panoptic_match_the_postprocessors():
     model = tiny_coco_panoptic()
-    model.category_map, model.is_thing = coco_panoptic_category_map(), coco_panoptic_is_thing()
+    model.meta = ModelMeta(category_map=coco_panoptic_category_map(), is_thing=coco_panoptic_is_thing())
     predictor = Predictor(model, device="cpu", batch_size=2, min_size=64, max_size=100, threshold=0.5)
     arrays = random_images()
     predictions = predictor.predict(arrays, task="panoptic")

@@ -34,11 +34,11 @@ def test_registry_lists_every_release_with_its_url_hash_and_numbers():
         assert model.file_name == f"{name}-{model.sha256_prefix}.pth"
         assert len(model.sha256_prefix) == 8 and int(model.sha256_prefix, 16) >= 0
         assert model.dilation == ("dc5" in name) and model.backbone == ("resnet101" if "r101" in name else "resnet50")
-        assert model.eval_size == (800, 1333)
+        assert model.meta.eval_size == (800, 1333)
         assert model.task == ("panoptic" if "panoptic" in name else "detection")
     r50 = PRETRAINED_MODELS["detr-r50"]
     assert r50.sha256_prefix == "e632da11" and r50.metrics["box_ap"] == 42.0 and r50.metrics["box_ap50"] == 62.4
-    assert r50.category_map == CategoryMap.coco() and r50.num_classes == 91
+    assert r50.meta.category_map == CategoryMap.coco() and r50.num_classes == 91
     assert PRETRAINED_MODELS["detr-r101-dc5"].metrics["box_ap"] == 44.9
     assert PRETRAINED_MODELS["detr-r50-panoptic"].metrics["pq"] == 43.4
     assert PRETRAINED_MODELS["detr-r50-panoptic"].num_classes == 250
@@ -118,7 +118,7 @@ def test_first_load_downloads_then_the_cache_is_used(hub_dir, served_checkpoint,
     assert (hub_dir / path.name).read_bytes() == path.read_bytes()
     assert sorted(p.name for p in hub_dir.iterdir()) == [path.name]  # no partial file left behind
     assert all(torch.equal(model.state_dict()[k], v) for k, v in original.state_dict().items())
-    assert model.category_map == CategoryMap.coco() and model.eval_size == (800, 1333) and not model.training
+    assert model.meta.category_map == CategoryMap.coco() and model.meta.eval_size == (800, 1333) and not model.training
     server.stop()  # from now on the network would fail
     again = detr.load_checkpoint("tiny-test")
     assert server.requests == 1
@@ -193,7 +193,7 @@ def test_a_panoptic_release_loads_by_name(hub_dir, tmp_path, monkeypatch):
         model = detr.load_checkpoint("tiny-panoptic")
     finally:
         server.stop()
-    assert isinstance(model, DETRPanoptic) and model.num_classes == 250 and model.eval_size == (800, 1333)
+    assert isinstance(model, DETRPanoptic) and model.num_classes == 250 and model.meta.eval_size == (800, 1333)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in original.state_dict().items())
 
 

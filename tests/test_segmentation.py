@@ -152,9 +152,10 @@ def test_authors_panoptic_release_file_loads(tmp_path, file_name, dilation):
     assert model.num_classes == 250 and model.num_queries == 100
     loaded = model.state_dict()
     assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], v) for k, v in state.items())
-    assert model.category_map == coco_panoptic_category_map()
-    assert model.category_map.names[1] == "person" and model.category_map.names[200] == "rug-merged"
-    assert model.is_thing[1] and model.is_thing[90] and not model.is_thing[92] and not model.is_thing[200]
+    assert model.meta.category_map == coco_panoptic_category_map()
+    assert model.meta.category_map.names[1] == "person" and model.meta.category_map.names[200] == "rug-merged"
+    is_thing = model.meta.is_thing
+    assert is_thing[1] and is_thing[90] and not is_thing[92] and not is_thing[200]
     with torch.no_grad():
         out = model(torch.zeros(1, 3, 64, 64), torch.zeros(1, 64, 64, dtype=torch.bool))
     assert out["pred_logits"].shape == (1, 100, 251) and out["pred_masks"].shape == (1, 100, 16, 16)
@@ -164,7 +165,7 @@ def test_plain_panoptic_state_dict_loads_and_reproduces_outputs(tmp_path, tiny_p
     path = tmp_path / "my-panoptic.pth"
     torch.save(tiny_panoptic.state_dict(), path)
     model = load_checkpoint(path, num_heads=8)
-    assert model.category_map is None and model.is_thing is None  # 5 classes: not COCO panoptic
+    assert model.meta.category_map is None and model.meta.is_thing is None  # 5 classes: not COCO panoptic
     with torch.no_grad():
         expected, got = tiny_panoptic(*padded_batch), model(*padded_batch)
     for key in ("pred_logits", "pred_boxes", "pred_masks"):
@@ -197,4 +198,4 @@ def test_released_panoptic_name_loads_the_panoptic_model(tmp_path, monkeypatch):
     monkeypatch.setattr(pretrained, "download", lambda model, progress=True: path)
     model = load_checkpoint("detr-r50-dc5-panoptic")
     assert isinstance(model, DETRPanoptic) and model.config.dilation is True
-    assert model.category_map == coco_panoptic_category_map() and model.is_thing[1]
+    assert model.meta.category_map == coco_panoptic_category_map() and model.meta.is_thing[1]

@@ -158,7 +158,7 @@ def test_checkpoint_carries_config_and_category_map(tmp_path) -> None:
     assert all(k.startswith(("model.", "criterion.")) for k in checkpoint["state_dict"])
 
     model = load_checkpoint(path)
-    assert model.category_map.names == ("cat", "dog", "fish") and model.num_classes == 3
+    assert model.meta.category_map.names == ("cat", "dog", "fish") and model.num_classes == 3
     images, mask, _ = collate_unpadded(_samples()[:2])
     system.eval()
     with torch.no_grad():

@@ -45,6 +45,8 @@ import torch
 from torch import Tensor, nn
 
 from detr.categories import CategoryMap
+from detr.checkpoints.formats import ExportError
+from detr.checkpoints.onnx import import_onnxruntime
 from detr.models.anchor.model import AnchorDETR
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned
@@ -58,10 +60,6 @@ ExportFormat = Literal["onnx", "pt2"]
 BOX_TOLERANCE = 1e-4
 LOGIT_TOLERANCE = 1e-3
 SCORE_TOLERANCE = 1e-4
-
-
-class ExportError(ValueError):
-    """A model that cannot be exported, or an exported file that does not reproduce the model."""
 
 
 class DeployModel(nn.Module):
@@ -164,15 +162,15 @@ def _torch_export(model: nn.Module, postprocess: bool) -> tuple[torch.export.Exp
                                           strict=False)
     except Exception as error:  # torch.export's errors are many types; name the model and keep the cause
         raise ExportError(f"torch.export could not trace this model with dynamic batch, height and width "
-                          f"(config {getattr(model, 'config', {})}): {str(error).splitlines()[0]}") from error
+                          f"(config {model.config}): {str(error).splitlines()[0]}") from error
     return program, module
 
 
 def metadata(model: DETR | AnchorDETR, *, postprocess: bool, category_map: CategoryMap | None = None,
              eval_size: tuple[int, int] | None = None) -> dict[str, str]:
     """The metadata an exported file carries, as JSON strings keyed ``detr.*``."""
-    category_map = category_map if category_map is not None else getattr(model, "category_map", None)
-    eval_size = eval_size if eval_size is not None else getattr(model, "eval_size", None)
+    category_map = category_map if category_map is not None else model.meta.category_map
+    eval_size = eval_size if eval_size is not None else model.meta.eval_size
     options = model.config.to_dict() if model.config is not None else {}
     config = {key: value for key, value in options.items() if isinstance(value, (str, int, float, bool, type(None)))}
     values = {
@@ -277,8 +275,6 @@ def _tolerances(postprocess: bool) -> dict[str, float]:
 
 def _runner(path: Path, format: ExportFormat, input_names: list[str]):
     if format == "onnx":
-        from detr.checkpoints.onnx import import_onnxruntime
-
         session = import_onnxruntime().InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return lambda *inputs: tuple(torch.from_numpy(out) for out in session.run(
             None, {name: tensor.numpy() for name, tensor in zip(input_names, inputs)}))

@@ -46,8 +46,9 @@ from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from detr.categories import CategoryMap
-from detr.checkpoints import CheckpointContents, CheckpointError, _torch_load, infer_model_config
+from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, infer_model_config, torch_load
 from detr.models.backbone import Backbone
+from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 
@@ -113,10 +114,6 @@ def _safetensors_torch():
         raise ImportError("Hugging Face's model.safetensors files need the safetensors package: "
                           "pip install safetensors") from error
     return safetensors.torch
-
-
-class ExportError(ValueError):
-    """A model that transformers' DETR cannot represent (this project's convergence options and variants)."""
 
 
 def _rename(key: str, pairs: tuple[tuple[str, str], ...], to_huggingface: bool) -> str | None:
@@ -239,7 +236,7 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     def load(path: Path) -> dict[str, torch.Tensor]:
         if path.suffix == ".safetensors":
             return _safetensors_torch().load_file(str(path))
-        obj = _torch_load(path)  # weights_only=True
+        obj = torch_load(path)  # weights_only=True
         if not isinstance(obj, dict):
             raise CheckpointError(f"{path} does not hold a state dict")
         return obj
@@ -359,13 +356,14 @@ def read_huggingface(directory: str | Path) -> CheckpointContents:
     if "class_embed.weight" not in state_dict:
         raise CheckpointError(f"{where} has no class_labels_classifier: a DetrModel without the detection heads?")
     model_config = infer_model_config(state_dict, where, class_head="softmax")
-    if backbone is not None and model_config["backbone"] != backbone:
+    if backbone is not None and model_config.backbone != backbone:
         raise CheckpointError(f"{config_path} names backbone {backbone} but the weights are a "
-                              f"{model_config['backbone']}")
-    model_config.update(dilation=dilation, num_heads=int(config.get("encoder_attention_heads", 8)),
-                        position_encoding=position_encoding, dropout=float(config.get("dropout", 0.1)))
-    category_map = _category_map(config, model_config["num_classes"])
-    return CheckpointContents(state_dict, model_config, category_map, _eval_size(directory))
+                              f"{model_config.backbone}")
+    model_config = model_config.replace(
+        dilation=dilation, num_heads=int(config.get("encoder_attention_heads", DetrConfig.num_heads)),
+        position_encoding=position_encoding, dropout=float(config.get("dropout", DetrConfig.dropout)))
+    meta = ModelMeta(category_map=_category_map(config, model_config.num_classes), eval_size=_eval_size(directory))
+    return CheckpointContents(state_dict, model_config, meta)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -379,15 +377,16 @@ def check_exportable(model: DETR) -> None:
     learned position encoding.
     """
     problems = []
-    if getattr(model, "query_type", "learned") != "learned":
-        problems.append(f"query_type={model.query_type!r} (anchor queries: DAB-DETR's decoder)")
-    if getattr(model, "class_head", "softmax") != "softmax":
-        problems.append(f"class_head={model.class_head!r} (sigmoid head: no no-object logit)")
-    if getattr(model, "denoising", None) is not None:
+    config = _config(model)
+    if config.query_type != "learned":
+        problems.append(f"query_type={config.query_type!r} (anchor queries: DAB-DETR's decoder)")
+    if config.class_head != "softmax":
+        problems.append(f"class_head={config.class_head!r} (sigmoid head: no no-object logit)")
+    if config.denoising:
         problems.append("denoising queries")
-    if getattr(model, "query_groups", 1) != 1:
-        problems.append(f"query_groups={model.query_groups}")
-    if getattr(model, "dense_head", None) is not None:
+    if config.query_groups != 1:
+        problems.append(f"query_groups={config.query_groups}")
+    if config.dense_aux_head:
         problems.append("a dense auxiliary head")
     transformer = model.transformer
     if getattr(transformer.encoder, "norm", None) is not None or any(
@@ -417,10 +416,14 @@ def check_exportable(model: DETR) -> None:
                             "can be exported")
 
 
+def _config(model: DETR) -> DetrConfig:
+    """The model's config; for a model built without build_detr, the one its weights show."""
+    return model.config if model.config is not None else infer_model_config(model.state_dict(),
+                                                                            class_head=model.class_head)
+
+
 def _backbone_name(model: DETR) -> str:
-    name = model.config.backbone if model.config is not None else None
-    if name is None:  # built without build_detr: read it from the weights
-        name = infer_model_config(model.state_dict(), class_head="softmax")["backbone"]
+    name = _config(model).backbone
     if name not in _RESNETS:
         raise ExportError(f"backbone {name!r}: transformers' DETR can hold {', '.join(_RESNETS)}")
     return name
@@ -433,11 +436,11 @@ def huggingface_config(model: DETR, backbone_format: BackboneFormat = "timm",
     transformer = model.transformer
     heads = transformer.nhead
     ffn = transformer.decoder.layers[0].linear1.out_features
-    dropout = float(model.config.dropout) if model.config is not None else 0.1
+    dropout = float(_config(model).dropout)
     name = _backbone_name(model)
     dilation = model.backbone[0].stride == 16
     if category_map is None:
-        category_map = getattr(model, "category_map", None)
+        category_map = model.meta.category_map
     names = (list(category_map.names) if category_map is not None
              else [f"LABEL_{i}" for i in range(model.num_classes)])
     config: dict[str, Any] = {
@@ -486,9 +489,9 @@ def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: Back
                     category_map: CategoryMap | None = None) -> Path:
     """Write ``model`` as transformers' ``DetrForObjectDetection.save_pretrained`` would.
 
-    Files: config.json (architecture; ``id2label`` from ``category_map`` or ``model.category_map``),
+    Files: config.json (architecture; ``id2label`` from ``category_map`` or ``model.meta.category_map``),
     model.safetensors (float32 weights in transformers' on-disk names) and preprocessor_config.json
-    (DetrImageProcessor with the model's eval resize, ``model.eval_size`` or 800 / 1333, and ImageNet
+    (DetrImageProcessor with the model's eval resize, ``model.meta.eval_size`` or the authors' 800 / 1333, and ImageNet
     normalisation). ``backbone_format``: "timm" (transformers' default; DC5 possible; transformers needs
     timm to load it) or "transformers" (its own ResNet; no timm needed; no DC5).
 
@@ -505,7 +508,7 @@ def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: Back
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    min_size, max_size = getattr(model, "eval_size", None) or (800, 1333)
+    min_size, max_size = model.meta.eval_size or AUTHORS_EVAL_SIZE
     processor = {
         "image_processor_type": "DetrImageProcessor", "format": "coco_detection",
         "do_resize": True, "size": {"shortest_edge": int(min_size), "longest_edge": int(max_size)},

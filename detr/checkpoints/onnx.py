@@ -2,7 +2,7 @@
 
 :class:`OnnxDetector` takes the place of a :class:`detr.models.DETR` in :class:`detr.Predictor`: the same call,
 ``(images, padding_mask) → {"pred_logits", "pred_boxes"}``, and the same attributes the predictor reads
-(``category_map``, ``eval_size``, ``num_classes``, ``class_head``), which come from the file's metadata.
+(``meta``, ``config``, ``num_classes``, ``class_head``), which come from the file's metadata.
 onnxruntime is imported only here, when a file is opened, so ``import detr`` does not need it.
 """
 
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from detr.categories import CategoryMap
-from detr.models.config import DetrConfig
+from detr.models.config import DetrConfig, ModelMeta
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +65,8 @@ class OnnxDetector(nn.Module):
             (onnxruntime-gpu), else the CPU with a warning; default CPU.
         threads: ONNX Runtime's intra-op threads (default: its own choice).
 
-    Attributes: ``category_map``, ``eval_size`` ((min_size, max_size) or None), ``num_classes``,
-    ``class_head``, ``postprocessed`` (the file outputs scores, labels and pixel boxes), ``session`` (the
+    Attributes: ``meta`` (:class:`detr.models.config.ModelMeta`: category map, eval size), ``config``
+    (:class:`DetrConfig`), ``num_classes``, ``class_head``, ``postprocessed`` (the file outputs scores, labels and pixel boxes), ``session`` (the
     ``onnxruntime.InferenceSession``), ``backend`` (a description, e.g. "onnxruntime (CPUExecutionProvider)").
     It holds no torch parameters: ``.to()`` and ``.eval()`` change nothing.
     """
@@ -95,10 +95,14 @@ class OnnxDetector(nn.Module):
         self.postprocessed = meta["outputs"] == "postprocessed"
         self.class_head = meta["class_head"]
         self.num_classes = int(meta["num_classes"])
-        self.category_map = CategoryMap.from_dict(meta["category_map"]) if meta["category_map"] else None
-        self.eval_size = tuple(meta["eval_size"]) if meta["eval_size"] else None
+        self.meta = ModelMeta(
+            category_map=CategoryMap.from_dict(meta["category_map"]) if meta["category_map"] else None,
+            eval_size=tuple(meta["eval_size"]) if meta["eval_size"] else None)
         self.min_image_size = int(meta["min_image_size"])
-        self.config = DetrConfig.from_dict(meta["model_config"], where=str(self.path)) if meta["model_config"] else None
+        # files of models built without build_detr record no config: the class head and class count are all
+        # the predictor needs, and they are recorded on their own
+        self.config = (DetrConfig.from_dict(meta["model_config"], where=str(self.path)) if meta["model_config"]
+                       else DetrConfig(num_classes=self.num_classes, class_head=self.class_head))
         self.output_names = [output.name for output in self.session.get_outputs()]
         self.backend = f"onnxruntime ({self.session.get_providers()[0]})"
         logger.info("opened %s with %s", self.path, self.backend)

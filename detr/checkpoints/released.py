@@ -19,18 +19,17 @@ import hashlib
 import logging
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
 import torch
 
-from detr.categories import CategoryMap
-from detr.checkpoints import CheckpointContents, CheckpointError, infer_model_config, load_checkpoint, read_checkpoint
+from detr.categories import COCO_PANOPTIC_NUM_CLASSES, CategoryMap, coco_panoptic_category_map, coco_panoptic_is_thing
+from detr.checkpoints.formats import CheckpointContents, CheckpointError, infer_model_config, read_torch_file
 from detr.models.backbone import BackboneName
-from detr.models.build import build_detr
-from detr.inference.postprocess import PostProcess
+from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
 
 logger = logging.getLogger(__name__)
 
@@ -58,30 +57,33 @@ class PretrainedModel:
     dilation: bool
     metrics: Mapping[str, float] = field(compare=False)
     task: Task = "detection"
-    num_classes: int = 91
-    eval_size: tuple[int, int] = (800, 1333)
+    num_classes: int = DetrConfig.num_classes
+    eval_size: tuple[int, int] = AUTHORS_EVAL_SIZE
 
     @property
     def file_name(self) -> str:
         return self.url.rsplit("/", 1)[-1]
 
     @property
-    def category_map(self) -> CategoryMap | None:
-        """COCO's 91-id map for the detectors; None for the panoptic models, which the loader gives COCO
-        panoptic's map."""
-        return CategoryMap.coco() if self.task == "detection" else None
+    def meta(self) -> ModelMeta:
+        """COCO's 91-id map for the detectors; COCO panoptic's map and things/stuff for the panoptic models;
+        the eval size the metrics were measured at."""
+        if self.task == "detection":
+            return ModelMeta(category_map=CategoryMap.coco(), eval_size=self.eval_size)
+        return ModelMeta(category_map=coco_panoptic_category_map(), eval_size=self.eval_size,
+                         is_thing=tuple(coco_panoptic_is_thing()))
 
-    def model_config(self) -> dict[str, Any]:
-        """:func:`detr.build_detr` keyword arguments of the untrained detector (the rest are the paper's
-        defaults); a downloaded file's architecture is read from its weights."""
-        return {"backbone": self.backbone, "dilation": self.dilation, "num_classes": self.num_classes}
+    def config(self) -> DetrConfig:
+        """The untrained detector's :class:`DetrConfig` (the paper's transformer: DetrConfig's defaults); a
+        downloaded file's architecture is read from its weights."""
+        return DetrConfig(backbone=self.backbone, dilation=self.dilation, num_classes=self.num_classes)
 
 
 def _released(name: str, file_name: str, backbone: BackboneName, dilation: bool, task: Task = "detection",
               **metrics: float) -> PretrainedModel:
     return PretrainedModel(name=name, url=_RELEASE_URL + file_name, sha256_prefix=file_name[-12:-4],
                            backbone=backbone, dilation=dilation, metrics=MappingProxyType(metrics), task=task,
-                           num_classes=91 if task == "detection" else 250)
+                           num_classes=DetrConfig.num_classes if task == "detection" else COCO_PANOPTIC_NUM_CLASSES)
 
 
 #: Every released checkpoint by name, with the published COCO val2017 numbers (500-epoch schedule for
@@ -182,14 +184,14 @@ def read_released(model: PretrainedModel, *, progress: bool = True) -> Checkpoin
     from the detector's weights (the model's ``dilation`` added, which no weight shows).
     """
     path = download(model, progress=progress)
-    contents = read_checkpoint(path)
+    contents = read_torch_file(path)
     detector = contents.state_dict
     if model.task == "panoptic":
         detector = {key[len("detr."):]: value for key, value in detector.items() if key.startswith("detr.")}
-    config = {**infer_model_config(detector, path.name, class_head="softmax"), "dilation": model.dilation}
-    if config["backbone"] != model.backbone:
-        raise CheckpointError(f"{path} holds a {config['backbone']} model, but {model.name} is a {model.backbone}")
-    return replace(contents, model_config=config, category_map=model.category_map, eval_size=model.eval_size)
+    config = infer_model_config(detector, path.name, class_head="softmax").replace(dilation=model.dilation)
+    if config.backbone != model.backbone:
+        raise CheckpointError(f"{path} holds a {config.backbone} model, but {model.name} is a {model.backbone}")
+    return CheckpointContents(contents.state_dict, config, model.meta)
 
 
 def describe() -> str:
@@ -202,50 +204,6 @@ def describe() -> str:
         lines.append(f"{model.name:<22} {model.file_name:<36} {scores}")
     lines.append(f"files are downloaded on first use to {cache_dir()}")
     return "\n".join(lines)
-
-
-def hub_model(name: str, *, pretrained: bool = False, num_classes: int | None = None,
-              return_postprocessor: bool = False, threshold: float = 0.85) -> Any:
-    """What the torch.hub entry points return (hubconf.py): the released model ``name``, as the authors'
-    hubconf builds it (no auxiliary outputs), with or without its weights.
-
-    pretrained=True: the released weights (eval mode; ``num_classes`` must be the release's: 91 for the
-    detectors, 250 for the panoptic models). False: the same architecture with ``num_classes`` classes
-    (default: the release's), randomly initialised, ImageNet backbone not loaded (train mode; for training
-    from scratch or fine-tuning). return_postprocessor: also return the post-processor:
-    :class:`detr.PostProcess` (per-image scores, labels and pixel boxes) for a detector,
-    :class:`detr.inference.postprocess_masks.PostProcessPanoptic` (score ``threshold``, COCO panoptic's things
-    and stuff) for a panoptic model, as the authors' hubconf does.
-    """
-    model_info = PRETRAINED_MODELS[name]
-    num_classes = model_info.num_classes if num_classes is None else num_classes
-    if pretrained:
-        if num_classes != model_info.num_classes:
-            raise ValueError(f"the released {name} predicts {model_info.num_classes} classes, not num_classes="
-                             f"{num_classes}; to fine-tune on other classes, start a training run with "
-                             f"init_checkpoint={name!r} (its class head is re-initialised)")
-        model = load_checkpoint(name, aux_loss=False)
-    elif model_info.task == "panoptic":
-        from detr.models.segmentation import build_detr_panoptic
-        from detr.categories import coco_panoptic_category_map, coco_panoptic_is_thing
-
-        model = build_detr_panoptic(**{**model_info.model_config(), "num_classes": num_classes}, aux_loss=False)
-        coco = num_classes == model_info.num_classes
-        model.category_map = coco_panoptic_category_map() if coco else None
-        model.is_thing = coco_panoptic_is_thing() if coco else None
-    else:
-        model = build_detr(**{**model_info.model_config(), "num_classes": num_classes}, aux_loss=False)
-        model.category_map = model_info.category_map if num_classes == model_info.num_classes else None
-    if not return_postprocessor:
-        return model
-    if model_info.task == "panoptic":
-        from detr.inference.postprocess_masks import PostProcessPanoptic
-
-        if model.is_thing is None:
-            raise ValueError(f"a {name} model with num_classes={num_classes} has no things/stuff split for the "
-                             "panoptic post-processor; build PostProcessPanoptic(is_thing) yourself")
-        return model, PostProcessPanoptic(model.is_thing, threshold=threshold)
-    return model, PostProcess()
 
 
 class CheckpointArgument(argparse.Action):

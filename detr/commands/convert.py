@@ -14,7 +14,8 @@ import argparse
 import sys
 
 from detr.checkpoints import CheckpointError, load_checkpoint
-from detr.checkpoints.huggingface import ExportError, save_pretrained
+from detr.checkpoints.formats import ExportError
+from detr.checkpoints.huggingface import save_pretrained
 from detr.checkpoints.released import CheckpointArgument
 
 

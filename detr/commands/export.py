@@ -16,7 +16,8 @@ import logging
 import sys
 
 from detr.checkpoints import load_checkpoint
-from detr.checkpoints.export import ExportError, export
+from detr.checkpoints.export import export
+from detr.checkpoints.formats import ExportError
 
 
 def main(argv: list[str] | None = None) -> int:

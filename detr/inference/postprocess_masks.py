@@ -131,7 +131,7 @@ class PostProcessPanoptic(nn.Module):
         threshold: class probability a query needs to be kept.
         max_small_area: segments of at most this many pixels (at the original size) are removed.
         category_ids: per label, the data set's category id for ``category_id``; None = the label itself
-            (the authors' COCO models use the raw ids as labels). Take it from ``model.category_map``.
+            (the authors' COCO models use the raw ids as labels). Take it from ``model.meta.category_map``.
         overlap_threshold: None (the authors' rules) or the share of its own mask a thing query must keep
             (Mask2Former: 0.8); see above.
         crop_padding: True crops each image's region from the padded batch's masks; False resizes the

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from detr.categories import CategoryMap
 from detr.checkpoints import load_checkpoint
+from detr.checkpoints.onnx import OnnxDetector
 from detr.data.collate import pad_images
 from detr.data.transforms import EVAL_MAX_SIZE, EVAL_MIN_SIZE, make_eval_transform
 from detr.inference.images import ImageInput, is_single_image, to_rgb_array
@@ -61,23 +62,23 @@ class Predictor:
 
     Args:
         model: a :class:`detr.models.DETR` (any module with its forward contract).
-        category_map: names and data set ids of the labels; default: ``model.category_map`` if set.
+        category_map: names and data set ids of the labels; default: ``model.meta.category_map`` if set.
         device: where the model runs; default CUDA when available, else CPU.
         precision: "fp32", or "bf16" for bfloat16 autocast (on CPU and CUDA).
         threshold: default score threshold of :meth:`predict` (the authors' demo uses 0.7).
         batch_size: images per forward pass. Padding depends on the batch, so outputs can differ slightly
             with the batch size, as in the authors' evaluation.
         min_size, max_size: the eval resize (shortest side ``min_size``, longest at most ``max_size``);
-            None: the model's ``eval_size`` (what it was validated at in training, set by
+            None: the model's ``meta.eval_size`` (what it was validated at in training, set by
             :func:`detr.load_checkpoint` for this project's checkpoints), else the authors' 800 and 1333.
         optimize: call ``model.optimize_for_inference()`` (frozen BatchNorms folded into the convolutions,
             backbone in channels-last), in place: same outputs up to float rounding, faster (docs/speed.md),
             but the model's state dict loses the authors' layout. Default off
             for a model you pass; :meth:`from_checkpoint` turns it on.
-        is_thing: panoptic models: per label, thing (True) or stuff; default ``model.is_thing`` (set by
+        is_thing: panoptic models: per label, thing (True) or stuff; default ``model.meta.is_thing`` (set by
             :func:`detr.load_checkpoint` for COCO panoptic files and this project's panoptic checkpoints).
         panoptic_threshold: class probability a query needs to get a panoptic segment; default: the one the
-            model's training run validated with (``model.panoptic_postprocess``, this project's panoptic
+            model's training run validated with (``model.meta.panoptic_threshold``, this project's panoptic
             checkpoints), else the authors' 0.85.
         panoptic_overlap_threshold: Mask2Former's overlap filter of
             :class:`detr.inference.postprocess_masks.PostProcessPanoptic` (e.g. 0.8); default: the model's
@@ -112,9 +113,9 @@ class Predictor:
         if optimize:
             model.optimize_for_inference()
         self.model = model.eval().to(self.device)
-        self.category_map = category_map if category_map is not None else getattr(model, "category_map", None)
-        num_classes = getattr(model, "num_classes", None)
-        if self.category_map is not None and num_classes is not None and self.category_map.num_classes != num_classes:
+        self.category_map = category_map if category_map is not None else model.meta.category_map
+        num_classes = model.config.num_classes
+        if self.category_map is not None and self.category_map.num_classes != num_classes:
             raise ValueError(
                 f"category_map has {self.category_map.num_classes} classes but the model predicts "
                 f"{num_classes}; pass the category map the model was trained with"
@@ -122,23 +123,27 @@ class Predictor:
         self.precision: Precision = precision
         self.threshold = float(threshold)
         self.batch_size = int(batch_size)
-        trained_size = getattr(model, "eval_size", None) or (EVAL_MIN_SIZE, EVAL_MAX_SIZE)
+        trained_size = model.meta.eval_size or (EVAL_MIN_SIZE, EVAL_MAX_SIZE)
         self.min_size = int(min_size if min_size is not None else trained_size[0])
         self.max_size = int(max_size if max_size is not None else trained_size[1])
         self.transform = make_eval_transform(min_size=self.min_size, max_size=self.max_size)
-        self.class_head = getattr(model, "class_head", "softmax")
+        self.class_head = model.config.class_head
         self.postprocess = PostProcess(class_head=self.class_head)
         #: whether the model predicts masks (``pred_masks``): a :class:`detr.DETRPanoptic`
         self.predicts_masks = isinstance(model, DETRPanoptic)
         self.postprocess_masks = PostProcessMasks()
-        self.is_thing = list(is_thing) if is_thing is not None else getattr(model, "is_thing", None)
-        recorded = getattr(model, "panoptic_postprocess", None) or {}
-        self.panoptic_threshold = float(panoptic_threshold if panoptic_threshold is not None
-                                        else recorded.get("threshold", 0.85))
+        meta = model.meta
+        if is_thing is None and meta.is_thing is not None:
+            is_thing = meta.is_thing
+        self.is_thing = list(is_thing) if is_thing is not None else None
+        if panoptic_threshold is None:  # what the training run validated with, else the authors' 0.85
+            panoptic_threshold = meta.panoptic_threshold if meta.panoptic_threshold is not None else 0.85
+        self.panoptic_threshold = float(panoptic_threshold)
         self.panoptic_overlap_threshold = (panoptic_overlap_threshold if panoptic_overlap_threshold is not None
-                                           else recorded.get("overlap_threshold"))
+                                           else meta.panoptic_overlap_threshold)
         #: what runs the model, e.g. "pytorch (cpu, fp32)" or "onnxruntime (CPUExecutionProvider)"
-        self.backend: str = getattr(model, "backend", None) or f"pytorch ({self.device}, {precision})"
+        self.backend: str = (model.backend if isinstance(model, OnnxDetector)
+                             else f"pytorch ({self.device}, {precision})")
         logger.info("predicting with %s", self.backend)
 
     @classmethod
@@ -164,8 +169,6 @@ class Predictor:
                 raise ValueError(f"{path} is an ONNX file: it runs in the precision it was exported in (fp32) "
                                  f"and its architecture is fixed; drop precision={precision!r} and "
                                  f"{sorted(model_overrides)} or use the PyTorch checkpoint")
-            from detr.checkpoints.onnx import OnnxDetector  # onnxruntime is needed only for ONNX files
-
             model = OnnxDetector(path, device=device if device is not None else default_device())
         else:
             model = load_checkpoint(path, **model_overrides)
@@ -239,11 +242,11 @@ class Predictor:
                          "with mask_head.* weights)")
 
     def _panoptic_postprocess(self) -> PostProcessPanoptic:
-        num_classes = getattr(self.model, "num_classes", None)
+        num_classes = self.model.config.num_classes
         if self.is_thing is None:
             raise ValueError("panoptic segmentation needs to know which labels are things and which stuff; this "
                              "checkpoint does not say: pass Predictor(..., is_thing=[one bool per label])")
-        if num_classes is not None and len(self.is_thing) != num_classes:
+        if len(self.is_thing) != num_classes:
             raise ValueError(f"is_thing has {len(self.is_thing)} entries but the model predicts {num_classes} "
                              "classes; pass one bool per label")
         category_ids = self.category_map.category_ids if self.category_map is not None else None

@@ -344,8 +344,8 @@ class DetrDataModule(CocoFormatDataModule):
 def _checkpoint_category_map(path: str) -> CategoryMap | None:
     """The category map a checkpoint stores (COCO's for a 91-class file without one), None if unknown."""
     contents = read_checkpoint(path)
-    if contents.category_map is not None:
-        return contents.category_map
+    if contents.meta.category_map is not None:
+        return contents.meta.category_map
     head = contents.state_dict.get("class_embed.weight")
     if head is not None and int(head.shape[0]) == 92:  # the authors' COCO files: 91 ids + "no object"
         return CategoryMap.coco()

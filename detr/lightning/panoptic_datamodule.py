@@ -124,12 +124,13 @@ class PanopticDataModule(CocoFormatDataModule):
         from detr.checkpoints import read_checkpoint
 
         contents = read_checkpoint(path)
-        if contents.category_map is None or contents.is_thing is None:
+        meta = contents.meta
+        if meta.category_map is None or meta.is_thing is None:
             raise ValueError(f"checkpoint {path} names no panoptic categories (things and stuff): predict with a "
                              "checkpoint of detr-panoptic's training, or give the data's panoptic json")
-        self.category_map, self.is_thing = contents.category_map, list(contents.is_thing)
+        self.category_map, self.is_thing = meta.category_map, list(meta.is_thing)
         self.categories = [{"id": int(category_id), "name": name, "isthing": int(thing)} for category_id, name, thing
-                           in zip(contents.category_map.category_ids, contents.category_map.names, self.is_thing)
+                           in zip(meta.category_map.category_ids, meta.category_map.names, self.is_thing)
                            if name != UNUSED_NAME]
         logger.info("%d classes from checkpoint '%s'", self.category_map.num_classes, path)
 

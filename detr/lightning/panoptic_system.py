@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from detr.checkpoints import read_checkpoint
+from detr.checkpoints.formats import key_mismatch
 from detr.loss.criterion import SetCriterion
 from detr.loss.masks import SetCriterionWithMasks
 from detr.evaluation.panoptic import PanopticQuality
@@ -89,8 +90,8 @@ class PanopticSystem(DetrSystem):
         self.postprocess_panoptic: PostProcessPanoptic | None = None
         if masks:
             self.model = DETRPanoptic(self.model)
-            self.model.panoptic_postprocess = {"threshold": float(panoptic_threshold),
-                                               "overlap_threshold": panoptic_overlap_threshold}
+            self.model.meta = self.model.meta.replace(panoptic_threshold=float(panoptic_threshold),
+                                                      panoptic_overlap_threshold=panoptic_overlap_threshold)
             if init_checkpoint:
                 self._load_mask_stage_weights(init_checkpoint)
             if freeze_detr:
@@ -114,9 +115,9 @@ class PanopticSystem(DetrSystem):
         self.is_thing = self._is_thing()
         if not isinstance(self.model, DETRPanoptic):
             return
-        self.model.category_map = self.category_map
+        self.model.meta = self.model.meta.replace(category_map=self.category_map)
         if self.is_thing is not None:
-            self.model.is_thing = self.is_thing
+            self.model.meta = self.model.meta.replace(is_thing=tuple(self.is_thing))
             self.postprocess_panoptic = PostProcessPanoptic(
                 self.is_thing, threshold=self.hparams.panoptic_threshold, class_head=self.detector.class_head,
                 category_ids=None if self.category_map is None else self.category_map.category_ids,
@@ -134,10 +135,10 @@ class PanopticSystem(DetrSystem):
         contents = read_checkpoint(path)
         panoptic = is_panoptic_state_dict(contents.state_dict)
         target = self.model if panoptic else self.model.detr
-        if contents.category_map is not None and self.category_map is not None and \
-                contents.category_map != self.category_map:
+        if contents.meta.category_map is not None and self.category_map is not None and \
+                contents.meta.category_map != self.category_map:
             raise ValueError(f"init_checkpoint {path} was trained on other categories than this data set's "
-                             f"({contents.category_map.num_classes} vs {self.category_map.num_classes} classes, "
+                             f"({contents.meta.category_map.num_classes} vs {self.category_map.num_classes} classes, "
                              "or other ids/names): train the box stage on the same panoptic json")
         try:
             missing, unexpected = target.load_state_dict(contents.state_dict, strict=False)
@@ -146,9 +147,9 @@ class PanopticSystem(DetrSystem):
                              "arguments (backbone, hidden_dim, layers, num_queries) to the box stage's") from error
         if missing or unexpected:
             raise ValueError(
-                f"init_checkpoint {path} does not fit the {'panoptic model' if panoptic else 'detector'}: missing "
-                f"{missing[:8]} ({len(missing)}), unexpected {unexpected[:8]} ({len(unexpected)}); the mask stage "
-                "starts from the box stage's checkpoint (masks: false) or a panoptic checkpoint")
+                f"init_checkpoint {path} does not fit the {'panoptic model' if panoptic else 'detector'}: "
+                f"{key_mismatch(missing, unexpected)}; the mask stage starts from the box stage's checkpoint "
+                "(masks: false) or a panoptic checkpoint")
         logger.info("init_checkpoint: loaded the %s from %s", "panoptic model" if panoptic else "detector", path)
 
     # ------------------------------------------------------------------ training
@@ -277,7 +278,7 @@ class PanopticSystem(DetrSystem):
         checkpoint["detr"]["is_thing"] = self.is_thing
         checkpoint["detr"]["categories"] = self.categories
         if isinstance(self.model, DETRPanoptic):
-            checkpoint["detr"]["panoptic_postprocess"] = self.model.panoptic_postprocess
+            checkpoint["detr"]["panoptic_postprocess"] = self.model.meta.to_dict()["panoptic_postprocess"]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """DetrSystem's, and the checkpoint's ``categories`` where no data set linked them (``detr-panoptic

@@ -26,6 +26,7 @@ import torch
 
 from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
+from detr.checkpoints.formats import checkpoint_record, key_mismatch
 from detr.loss.criterion import SetCriterion
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
@@ -35,7 +36,7 @@ from detr.lightning.error_analysis import write_error_analysis
 from detr.lightning.schedule import LinearDecayToZero, learning_rate_schedulers
 from detr.loss.matcher import HungarianMatcher
 from detr.models.backbone import cpu_has_bfloat16
-from detr.models.config import DetrConfig
+from detr.models.config import DetrConfig, ModelMeta
 from detr.models.build import build_detr
 from detr.inference.postprocess import PostProcess
 
@@ -191,9 +192,9 @@ class DetrSystem(L.LightningModule):
         missing = sorted(set(own) - set(source))
         if unexpected or missing:
             raise ValueError(
-                f"init_checkpoint {path} does not match the model's key layout: missing {missing[:8]} "
-                f"({len(missing)}), unexpected {unexpected[:8]} ({len(unexpected)}); set the model "
-                "arguments (backbone, num_encoder_layers, num_decoder_layers, ...) to the checkpoint's"
+                f"init_checkpoint {path} does not match the model's key layout: "
+                f"{key_mismatch(missing, unexpected)}; set the model arguments (backbone, num_encoder_layers, "
+                "num_decoder_layers, ...) to the checkpoint's"
             )
         skipped = {k: (tuple(v.shape), tuple(own[k].shape)) for k, v in source.items() if v.shape != own[k].shape}
         self.model.load_state_dict({k: v for k, v in source.items() if k not in skipped}, strict=False)
@@ -473,10 +474,7 @@ class DetrSystem(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Add ``checkpoint["detr"]`` (model config + category map, read by :func:`detr.load_checkpoint`) and
         every process's RNG states (so a resumed run continues the same random streams)."""
-        checkpoint["detr"] = {
-            "model_config": self.detector.config.to_dict(),
-            "category_map": self.category_map.to_dict() if self.category_map is not None else None,
-        }
+        checkpoint["detr"] = checkpoint_record(self.detector.config, ModelMeta(category_map=self.category_map))
         save_rng_states(checkpoint, self._trainer)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

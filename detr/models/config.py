@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from detr.categories import CategoryMap
 from detr.models.backbone import BackboneName, BackboneNorm, LastStage
 
 QueryType = Literal["learned", "anchor"]
@@ -150,6 +151,73 @@ class DetrConfig:
         if unknown:
             raise ValueError(f"{where}: unknown model option(s) {unknown}; the options are {sorted(names)}")
         return cls(**values)
+
+
+#: The authors' evaluation resize, (shortest side, longest-side cap) in pixels: what a model that records no
+#: ``eval_size`` is run at.
+AUTHORS_EVAL_SIZE: tuple[int, int] = (800, 1333)
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """What a trained model needs at inference besides its weights and layout, as torchvision's
+    ``Weights.meta``: one frozen record that travels with the model (``model.meta``) and its checkpoint.
+
+    category_map: label → data set category id and name (None: labels are written as they are).
+    eval_size: (shortest side, longest-side cap) of the resize the model was validated at (None: the
+        authors' :data:`AUTHORS_EVAL_SIZE`).
+    is_thing: per label, thing (True) or stuff; panoptic models only.
+    panoptic_threshold, panoptic_overlap_threshold: the
+        :class:`detr.inference.postprocess_masks.PostProcessPanoptic` settings the training run validated
+        with (None: that class's defaults).
+    """
+
+    category_map: CategoryMap | None = None
+    eval_size: tuple[int, int] | None = None
+    is_thing: tuple[bool, ...] | None = None
+    panoptic_threshold: float | None = None
+    panoptic_overlap_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        # normalise sequences so that records compare equal whatever list or tuple they were built from
+        if self.eval_size is not None:
+            object.__setattr__(self, "eval_size", (int(self.eval_size[0]), int(self.eval_size[1])))
+        if self.is_thing is not None:
+            object.__setattr__(self, "is_thing", tuple(bool(flag) for flag in self.is_thing))
+        if (self.category_map is not None and self.is_thing is not None
+                and len(self.is_thing) != self.category_map.num_classes):
+            raise ValueError(f"is_thing has {len(self.is_thing)} entries but the category map has "
+                             f"{self.category_map.num_classes} classes; give one bool per label")
+
+    def replace(self, **changes: Any) -> ModelMeta:
+        """A copy with ``changes`` applied (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only, in the keys of a checkpoint's ``checkpoint["detr"]`` (read with
+        ``torch.load(weights_only=True)``): category_map, eval_size, is_thing and panoptic_postprocess
+        (``{"threshold", "overlap_threshold"}`` or None)."""
+        postprocess = (None if self.panoptic_threshold is None and self.panoptic_overlap_threshold is None else
+                       {"threshold": self.panoptic_threshold, "overlap_threshold": self.panoptic_overlap_threshold})
+        return {
+            "category_map": self.category_map.to_dict() if self.category_map is not None else None,
+            "eval_size": list(self.eval_size) if self.eval_size is not None else None,
+            "is_thing": list(self.is_thing) if self.is_thing is not None else None,
+            "panoptic_postprocess": postprocess,
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelMeta:
+        """The record from :meth:`to_dict`'s keys; absent or empty ones are None, other keys are ignored
+        (``checkpoint["detr"]`` also holds the model config)."""
+        postprocess = values.get("panoptic_postprocess") or {}
+        return cls(
+            category_map=CategoryMap.from_dict(values["category_map"]) if values.get("category_map") else None,
+            eval_size=tuple(values["eval_size"]) if values.get("eval_size") else None,
+            is_thing=tuple(values["is_thing"]) if values.get("is_thing") else None,
+            panoptic_threshold=postprocess.get("threshold"),
+            panoptic_overlap_threshold=postprocess.get("overlap_threshold"),
+        )
 
 
 def field_names() -> list[str]:

@@ -22,7 +22,7 @@ from torch import nn
 
 from detr.models.anchor.denoising import DenoisingMeta
 from detr.models.backbone import Joiner
-from detr.models.config import PRIOR_BIAS, ClassHead, DetrConfig, QueryType
+from detr.models.config import PRIOR_BIAS, ClassHead, DetrConfig, ModelMeta, QueryType
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.mlp import MLP
 
@@ -100,7 +100,7 @@ class Detector(nn.Module):
         dense_head: a training-only head on the encoder output (:mod:`detr.models.dense_head`), or None.
 
     Attributes besides those: ``query_type``, ``config`` (the :class:`DetrConfig` that built it, None when
-    built by hand; checkpoints store it), ``category_map`` (set by loaders; None here).
+    built by hand; checkpoints store it), ``meta`` (:class:`ModelMeta`: categories, eval size; set by loaders, empty here).
     """
 
     query_type: QueryType
@@ -122,7 +122,7 @@ class Detector(nn.Module):
         self.backbone = backbone
         self.dense_head = dense_head
         self.config: DetrConfig | None = None
-        self.category_map = None
+        self.meta = ModelMeta()  # categories, eval size: set by loaders
 
     def init_queries(self, hidden_dim: int) -> None:
         """Make the query source's parameters (called by ``__init__``)."""

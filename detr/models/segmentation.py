@@ -27,7 +27,8 @@ from torch import nn
 from detr.models.anchor.decoder import anchor_sine_embedding, local_attention_selection
 from detr.models.anchor.model import AnchorDETR
 from detr.models.backbone import Backbone
-from detr.models.config import DetrConfig
+from detr.categories import COCO_PANOPTIC_NUM_CLASSES
+from detr.models.config import DetrConfig, ModelMeta
 from detr.models.build import build_detr
 from detr.models.detector import Detector
 
@@ -219,9 +220,9 @@ class DETRPanoptic(nn.Module):
             recipe trains only the mask head on a converged box model (paper §4.4).
 
     Attributes ``num_classes``, ``num_queries``, ``class_head``, ``aux_loss``, ``config`` are the
-    detector's; ``category_map``, ``is_thing`` (per label: thing or stuff, for
-    :class:`detr.inference.postprocess_masks.PostProcessPanoptic`) and ``panoptic_postprocess`` (that class's
-    ``threshold`` and ``overlap_threshold`` as the training run validated with) are set by loaders (None here).
+    detector's; ``meta`` (:class:`detr.models.config.ModelMeta`: categories, things and stuff for
+    :class:`detr.inference.postprocess_masks.PostProcessPanoptic` and the settings the training run validated
+    with) is set by loaders (empty here).
     """
 
     def __init__(self, detr: Detector, *, freeze_detr: bool = False) -> None:
@@ -240,10 +241,7 @@ class DETRPanoptic(nn.Module):
             self.bbox_attention.position = QueryPosition(hidden_dim, num_heads)
         self.mask_head = MaskHead(hidden_dim + num_heads, [_stage_channels(backbone, s) for s in SKIP_STAGES],
                                   hidden_dim)
-        self.category_map = None
-        self.is_thing: list[bool] | None = None  # per label: thing (True) or stuff; set by loaders
-        # PostProcessPanoptic's threshold / overlap_threshold its training run validated with; set by loaders
-        self.panoptic_postprocess: dict[str, Any] | None = None
+        self.meta = ModelMeta()  # categories, things/stuff, post-processing settings: set by loaders
 
     @property
     def num_classes(self) -> int:
@@ -302,13 +300,16 @@ class DETRPanoptic(nn.Module):
         return result
 
 
-def build_detr_panoptic(*, num_classes: int = 250, freeze_detr: bool = False, **detr_kwargs: Any) -> DETRPanoptic:
-    """Build :class:`DETRPanoptic`. Defaults are the authors' COCO panoptic model: R50, 250 classes
-    (COCO panoptic category ids 1–200 are the labels; 251 logits with no-object), 100 queries.
-
-    Args:
-        num_classes: model classes. freeze_detr: see :class:`DETRPanoptic`.
-        detr_kwargs: any other :func:`detr.build_detr` argument (backbone, dilation, hidden_dim, …). The
-            mask head needs a hidden_dim that is a multiple of 128.
+def build_detr_panoptic(config: DetrConfig | None = None, /, *, freeze_detr: bool = False,
+                        **options: Any) -> DETRPanoptic:
+    """Build :class:`DETRPanoptic` around the detector ``config`` describes, as :func:`detr.build_detr` does
+    (``options`` are :class:`DetrConfig` fields that replace the config's). The default is the authors' COCO
+    panoptic model: R50, 250 classes (COCO panoptic category ids 1–200 are the labels; 251 logits with
+    no-object), 100 queries. freeze_detr: see :class:`DETRPanoptic`. The mask head needs a hidden_dim that is
+    a multiple of 128.
     """
-    return DETRPanoptic(build_detr(num_classes=num_classes, **detr_kwargs), freeze_detr=freeze_detr)
+    if config is None:
+        config = DetrConfig(num_classes=COCO_PANOPTIC_NUM_CLASSES)
+    if options:
+        config = config.replace(**options)
+    return DETRPanoptic(build_detr(config), freeze_detr=freeze_detr)

@@ -80,7 +80,7 @@ def write_attention_explorer(
         model: a DETR (moved to ``device`` and put in eval mode, as the Predictor does).
         images: paths, PIL images, or uint8 arrays/tensors (anything :data:`detr.inference.images.ImageInput` takes).
         out_dir: created if missing; pages are named after the image files (``<stem>.html``).
-        category_map: label names; default ``model.category_map``, else "class <i>".
+        category_map: label names; default ``model.meta.category_map``, else "class <i>".
         threshold: initial score threshold of the pages' box display (the page has a slider).
         device: where the model runs; default CUDA when available.
         errors: when given, an image that cannot be read or run (missing, undecodable, too thin to resize,

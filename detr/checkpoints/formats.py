@@ -1,0 +1,247 @@
+"""What every checkpoint reader shares: the contents record, the error, the safe ``torch.load``, state-dict
+detection, the architecture read from the weights (:func:`infer_model_config`) and the strict-load message.
+
+The readers (:mod:`detr.checkpoints.released`, :mod:`~detr.checkpoints.huggingface`,
+:mod:`~detr.checkpoints.panoptic`) and the dispatcher (:mod:`detr.checkpoints`) import this module; it
+imports none of them.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from detr.models.config import ClassHead, DetrConfig, ModelMeta
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read, is unsafe, or does not fit the model."""
+
+
+class ExportError(ValueError):
+    """A model that cannot be written in a format (ONNX, ``.pt2``, transformers' DETR), or an exported file
+    that does not reproduce the model."""
+
+
+@dataclass(frozen=True)
+class CheckpointContents:
+    """What a checkpoint file holds: the weights in the official key layout, the config that built them
+    (None where the file does not record it: it is then read from the weights) and the run metadata."""
+
+    state_dict: dict[str, torch.Tensor]
+    config: DetrConfig | None = None
+    meta: ModelMeta = ModelMeta()
+
+
+def torch_load(path: Path) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU, with errors that say what the file is instead."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} does not exist")
+    with path.open("rb") as file:
+        head = file.read(64)
+    # torch.save writes a zip archive (PK..) or, in its legacy format, a pickle (protocol byte 0x80)
+    if not head.startswith((b"PK\x03\x04", b"\x80")):
+        pointer = " (a Git LFS pointer: run `git lfs pull`)" if head.startswith(b"version https://git-lfs") else ""
+        raise CheckpointError(f"{path} is not a checkpoint torch can read: it starts with {head[:32]!r}{pointer}; pass "
+                              "a .pth/.ckpt file written by torch.save")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"refused to load {path}: it holds Python objects other than tensors and plain containers, "
+            f"which could run code when unpickled ({str(error).splitlines()[0]}). Only weight files are read. "
+            f"If you trust the file, re-save its state dict: torch.save(torch.load(path, weights_only=False)"
+            f"['model'], 'clean.pth')."
+        ) from error
+    except (RuntimeError, EOFError, OSError) as error:
+        raise CheckpointError(f"could not read checkpoint {path}: {error} (truncated or not a torch file?)") from error
+    except Exception as error:  # pickle fails on text and other files with KeyError, IndexError, ValueError ...
+        raise CheckpointError(
+            f"{path} is not a checkpoint torch can read ({type(error).__name__}: {error}); pass a .pth/.ckpt file "
+            "written by torch.save (a truncated download or a text file such as a Git LFS pointer?)"
+        ) from error
+
+
+def is_state_dict(obj: Any) -> bool:
+    """A non-empty dict of tensors."""
+    return isinstance(obj, dict) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def key_mismatch(missing: Sequence[str], unexpected: Sequence[str], shown: int = 10) -> str:
+    """"missing keys [...] (n), unexpected keys [...] (m)": the message of a strict load that failed, the
+    first ``shown`` keys of each kind named."""
+    def some(keys: Sequence[str]) -> str:
+        return f"{list(keys[:shown])}{' …' if len(keys) > shown else ''} ({len(keys)})"
+
+    return f"missing keys {some(missing)}, unexpected keys {some(unexpected)}"
+
+
+def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], where: str) -> None:
+    """Load every tensor of ``state_dict`` into ``model``; a missing, unexpected or misshapen key raises
+    :class:`CheckpointError` starting with ``where`` ("x.pth does not fit the model built from ...")."""
+    try:
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    except RuntimeError as error:  # shape mismatches, e.g. an override that contradicts the weights
+        raise CheckpointError(f"{where}: {error}") from error
+    if missing or unexpected:
+        raise CheckpointError(f"{where}: {key_mismatch(missing, unexpected)}")
+
+
+def _count_layers(state_dict: dict[str, torch.Tensor], prefix: str) -> int:
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
+    found = {int(m.group(1)) for key in state_dict if (m := pattern.match(key))}
+    return max(found) + 1 if found else 0
+
+
+def _num_real_classes(state_dict: dict[str, torch.Tensor], where: str) -> int | None:
+    """Real classes as shown by a head that has no "no object" entry (denoising labels, dense head), else None."""
+    found = {}
+    if "denoising.label_embed.weight" in state_dict:  # num_classes + 1 rows: the last is "unknown"
+        found["denoising.label_embed.weight"] = int(state_dict["denoising.label_embed.weight"].shape[0]) - 1
+    if "dense_head.class_embed.weight" in state_dict:  # always sigmoid: num_classes rows
+        found["dense_head.class_embed.weight"] = int(state_dict["dense_head.class_embed.weight"].shape[0])
+    if len(set(found.values())) > 1:
+        raise CheckpointError(f"{where}: the heads disagree on the number of classes: {found}")
+    return next(iter(found.values()), None)
+
+
+def _infer_class_head(state_dict: dict[str, torch.Tensor], where: str) -> ClassHead:
+    """softmax (num_classes + 1 logits) or sigmoid (num_classes): the class head's shape alone cannot tell.
+
+    Decided by the real class count of the denoising or dense head when there is one; otherwise softmax,
+    the authors' head. (This project's checkpoints store their config: nothing is guessed for them.)
+    """
+    outputs = int(state_dict["class_embed.weight"].shape[0])
+    real = _num_real_classes(state_dict, where)
+    if real is not None:
+        if outputs not in (real, real + 1):
+            raise CheckpointError(f"{where}: class_embed has {outputs} outputs for {real} classes; expected "
+                                  f"{real} (sigmoid) or {real + 1} (softmax)")
+        return "sigmoid" if outputs == real else "softmax"
+    return "softmax"
+
+
+#: The :class:`DetrConfig` fields :func:`infer_model_config` decides (from the weights, the file name or, for
+#: num_heads, the authors' convention); the others keep their defaults.
+INFERRED_FIELDS: tuple[str, ...] = (
+    "backbone", "dilation", "position_encoding", "hidden_dim", "num_heads", "num_encoder_layers",
+    "num_decoder_layers", "dim_feedforward", "pre_norm", "num_queries", "num_classes", "backbone_norm",
+    "backbone_last_stage", "query_type", "class_head", "denoising", "query_groups", "dense_aux_head")
+
+
+def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "", *,
+                       class_head: ClassHead | None = None, query_groups: int = 1) -> DetrConfig:
+    """The :class:`DetrConfig` whose model has the layout of ``state_dict`` (``pretrained_backbone=False``:
+    every backbone weight is in the file).
+
+    Read from the weights: backbone, hidden and FFN sizes, layer counts, query_type ("anchor" has
+    ``refpoint_embed``, "learned" ``query_embed``), num_queries, denoising (``denoising.label_embed``),
+    dense_aux_head (``dense_head.*``) and num_classes.
+
+    Not visible, so defaults that ``load_checkpoint(path, **overrides)`` can replace:
+    - DC5 (a dilated layer4) changes no weight shape: it is taken from the file name (the released
+      files contain "dc5"). The number of heads: the authors always use 8 (DetrConfig's default).
+    - class_head: sigmoid has num_classes logits, softmax num_classes + 1, so the shape is ambiguous. It
+      is resolved by the denoising or dense head's class count; otherwise softmax. Pass ``class_head="sigmoid"`` (here or to load_checkpoint) for a trained
+      sigmoid model without those heads (a bare state dict: this project's checkpoints store the config):
+      num_classes then follows from the class head.
+    - query_groups: ``refpoint_embed`` holds num_queries × query_groups anchors, indistinguishable from
+      one group of that many. Pass ``query_groups`` (num_queries is divided by it); with 1, a Group DETR
+      model loads but decodes every group at inference.
+    - The denoising noise settings and anchor_local_attention are training and initialisation choices,
+      not weights: they keep DetrConfig's defaults.
+    """
+    where = file_name or "the state dict"
+    required = ("class_embed.weight", "backbone.0.body.conv1.weight")
+    missing = [key for key in required if key not in state_dict]
+    if "query_embed.weight" not in state_dict and "refpoint_embed.weight" not in state_dict:
+        missing.insert(0, "query_embed.weight (or refpoint_embed.weight)")
+    if missing:
+        raise CheckpointError(f"{where} lacks DETR keys {missing}: not a DETR checkpoint in the authors' "
+                              f"layout or this project's")
+    body = "backbone.0.body."
+    bottleneck = f"{body}layer1.0.conv3.weight" in state_dict
+    blocks_layer3 = _count_layers(state_dict, f"{body}layer3.")
+    depth = {(False, 2): "resnet18", (False, 6): "resnet34", (True, 6): "resnet50", (True, 23): "resnet101"}.get(
+        (bottleneck, blocks_layer3))
+    if depth is None:
+        raise CheckpointError(f"{where}: cannot tell the ResNet depth (layer3 has "
+                              f"{blocks_layer3} blocks, bottleneck={bottleneck})")
+    if f"{body}bn1.running_mean" not in state_dict:
+        norm = "group_norm"
+    elif f"{body}bn1.num_batches_tracked" in state_dict:
+        norm = "batch_norm"
+    else:
+        norm = "frozen_batch_norm"
+    anchor = "refpoint_embed.weight" in state_dict
+    num_queries = int(state_dict["refpoint_embed.weight" if anchor else "query_embed.weight"].shape[0])
+    if query_groups < 1 or num_queries % query_groups:
+        raise CheckpointError(f"{where}: {num_queries} queries do not split into query_groups={query_groups}")
+    encoder_layers = _count_layers(state_dict, "transformer.encoder.layers.")
+    ffn_key = ("transformer.encoder.layers.0.linear1.weight" if encoder_layers
+               else "transformer.decoder.layers.0.linear1.weight")
+    class_head = class_head or _infer_class_head(state_dict, where)
+    outputs = int(state_dict["class_embed.weight"].shape[0])
+    return DetrConfig(
+        backbone=depth,
+        dilation="dc5" in Path(file_name).name.lower(),
+        position_encoding="learned" if "backbone.1.row_embed.weight" in state_dict else "sine",
+        hidden_dim=int(state_dict["class_embed.weight"].shape[1]),
+        num_encoder_layers=encoder_layers,
+        num_decoder_layers=_count_layers(state_dict, "transformer.decoder.layers."),
+        dim_feedforward=int(state_dict[ffn_key].shape[0]),
+        pre_norm="transformer.encoder.norm.weight" in state_dict,
+        num_queries=num_queries // query_groups,
+        num_classes=outputs if class_head == "sigmoid" else outputs - 1,
+        backbone_norm=norm,
+        backbone_last_stage="layer4" if _count_layers(state_dict, f"{body}layer4.") else "layer3",
+        query_type="anchor" if anchor else "learned",
+        class_head=class_head,
+        denoising="denoising.label_embed.weight" in state_dict,
+        query_groups=query_groups,
+        dense_aux_head=any(key.startswith("dense_head.") for key in state_dict),
+        pretrained_backbone=False,
+    )
+
+
+def checkpoint_record(config: DetrConfig, meta: ModelMeta) -> dict[str, Any]:
+    """``checkpoint["detr"]`` of this project's checkpoints: the model config and the run metadata, in plain
+    types (:func:`read_torch_file` reads it back)."""
+    return {"model_config": config.to_dict(), **meta.to_dict()}
+
+
+def read_torch_file(path: Path) -> CheckpointContents:
+    """A file written by ``torch.save``: this project's Lightning checkpoint (``state_dict`` with keys
+    ``"model." + official key`` and ``checkpoint["detr"]``: :func:`checkpoint_record`), an authors' release
+    file (``{"model": state_dict, ...}``) or a plain state dict."""
+    obj = torch_load(path)
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj.get("detr"), dict):
+        record = obj["detr"]
+        prefix = "model."
+        state_dict = {k[len(prefix):]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
+        try:
+            config = (DetrConfig.from_dict(record["model_config"], where=f"checkpoint['detr']['model_config']")
+                      if record.get("model_config") else None)
+            meta = ModelMeta.from_dict(record)
+        except (ValueError, TypeError, KeyError) as error:
+            raise CheckpointError(f"{path}: its record checkpoint['detr'] does not describe a model: {error}"
+                                  ) from error
+        data = obj.get("datamodule_hyper_parameters") or {}  # Lightning stores the data module's arguments
+        if meta.eval_size is None and isinstance(data, dict) and "eval_min_size" in data and "eval_max_size" in data:
+            meta = meta.replace(eval_size=(int(data["eval_min_size"]), int(data["eval_max_size"])))
+        return CheckpointContents(state_dict, config, meta)
+    if isinstance(obj, dict) and is_state_dict(obj.get("model")):
+        return CheckpointContents(dict(obj["model"]))
+    if is_state_dict(obj):
+        return CheckpointContents(dict(obj))
+    keys = list(obj)[:10] if isinstance(obj, dict) else type(obj).__name__
+    raise CheckpointError(
+        f"{path} is not a DETR checkpoint: expected an authors' release file (a dict with a 'model' state dict), "
+        f"a plain state dict, or a Lightning checkpoint of this project; found {keys}"
+    )
