@@ -133,7 +133,7 @@ def test_unknown_category_id_names_file_and_annotation(tmp_path: Path) -> None:
         CocoDetection(images_dir, annotations_file)
     message = str(info.value)
     assert str(annotations_file) in message and "annotation 77" in message and "'a.jpg'" in message
-    assert "category_id 99" in message and "check_dataset" in message
+    assert "category_id 99" in message and "detr-check-data" in message
 
 
 def test_other_invalid_annotations(tmp_path: Path) -> None:
