@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from detr.data.checker import Problem, check_dataset, format_problems, has_errors
-from tests.conftest import load_script
+from tests.helpers import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 

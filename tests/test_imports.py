@@ -155,3 +155,18 @@ def test_imports_point_down_the_layers() -> None:
              for layer, forbidden in FORBIDDEN.items() if module == layer or module.startswith(layer + ".")
              for target in sorted(targets) if any(target == f or target.startswith(f + ".") for f in forbidden)]
     assert not wrong, "imports that point up the layers:\n" + "\n".join(wrong)
+
+
+def test_tests_share_helpers_through_helper_modules() -> None:
+    """Test modules and benchmarks import shared code from tests/helpers.py (or another helper module), never
+    from conftest.py (pytest loads that itself, as a plugin: importing it again makes a second copy) or from a
+    test module (that ties two test files together, and imported fixtures or tests run in both)."""
+    repo = PACKAGE.parent
+    wrong = []
+    for path in sorted([*(repo / "tests").glob("*.py"), *(repo / "benchmarks").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            wrong += [f"{path.relative_to(repo)}:{node.lineno} imports {name}" for name in names
+                      if name == "tests.conftest" or name.startswith("tests.test_")]
+    assert not wrong, "import shared test code from tests/helpers.py instead:\n" + "\n".join(wrong)

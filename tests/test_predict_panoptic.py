@@ -18,7 +18,7 @@ from detr.categories import coco_panoptic_category_map, coco_panoptic_is_thing
 from detr.inference.panoptic_outputs import draw_panoptic
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, rgb_to_id_map
 from detr.inference.predictor import Predictor
-from tests.conftest import load_script, tiny_config_with
+from tests.helpers import load_script, tiny_config_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,7 +34,7 @@ def tiny_coco_panoptic() -> torch.nn.Module:
     torch.manual_seed(0)
     # hidden_dim 128 is the smallest the mask head's GroupNorm(8) allows
     model = build_detr_panoptic(**tiny_config_with(hidden_dim=128, num_heads=8, num_queries=6, dropout=0.0,
-                                                   num_classes=250)).eval()
+                                                   num_classes=250).to_dict()).eval()
     with torch.no_grad():
         head = model.detr.class_embed
         head.weight.zero_()

@@ -13,11 +13,7 @@ from PIL import Image
 from detr import CategoryMap
 from detr.inference.outputs import assign_image_ids, collect_image_paths, draw_prediction, predictions_to_coco_results
 from detr.inference.predictor import Prediction
-from tests.conftest import load_script
-
-
-def load_tool(name: str):
-    return load_script(f"tools/{name}.py")
+from tests.helpers import load_tool
 
 
 @pytest.fixture
