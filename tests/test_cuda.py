@@ -132,7 +132,7 @@ def test_panoptic_model_runs_on_cuda(padded_batch):
     from detr.models.segmentation import build_detr_panoptic
 
     torch.manual_seed(0)
-    model = build_detr_panoptic(**TINY.replace(hidden_dim=128, num_heads=8).to_dict(), dropout=0.0).eval()
+    model = build_detr_panoptic(**TINY.replace(hidden_dim=128, num_heads=8, dropout=0.0).to_dict()).eval()
     images, mask = padded_batch
     with torch.no_grad():
         expected = model(images, mask)
