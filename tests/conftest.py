@@ -16,6 +16,7 @@ from tests.helpers import TINY, write_tiny_shapes
 
 @pytest.fixture
 def tiny_config() -> DetrConfig:
+    """:data:`tests.helpers.TINY`, for tests that build their own variant of the tiny model."""
     return TINY
 
 
