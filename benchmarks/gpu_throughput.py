@@ -28,23 +28,28 @@ import argparse
 import itertools
 import random
 import statistics
+import sys
 import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
-from detr.data.coco import CocoDetection
-from detr.data.collate import collate_detection, pad_images
-from detr.data.transforms import make_train_transform
-from detr.lightning.datamodule import seed_worker_transform
-from detr.lightning.system import DetrSystem
-from detr.models.config import DetrConfig
-from machine import describe_machine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers (the tiny model of --quick)
+
+from detr.data.coco import CocoDetection  # noqa: E402
+from detr.data.collate import collate_detection, pad_images  # noqa: E402
+from detr.data.transforms import make_train_transform  # noqa: E402
+from detr.lightning.datamodule import seed_worker_transform  # noqa: E402
+from detr.lightning.system import DetrSystem  # noqa: E402
+from detr.models.config import DetrConfig  # noqa: E402
+from machine import describe_machine  # noqa: E402
+from tests.helpers import TINY  # noqa: E402
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 # Dense peak TFLOP/s per precision (the vendors' data sheets, without sparsity).
@@ -126,9 +131,9 @@ def to_device(batch: tuple[torch.Tensor, torch.Tensor, list[dict]], device: torc
 class Trainer:
     """The training step of :class:`DetrSystem` without Lightning's loop around it."""
 
-    def __init__(self, model_args: dict[str, Any], device: torch.device, setting: Setting, seed: int = 0) -> None:
+    def __init__(self, model_config: DetrConfig, device: torch.device, setting: Setting, seed: int = 0) -> None:
         torch.manual_seed(seed)
-        self.system = DetrSystem(detr=DetrConfig(**model_args), channels_last=device.type == "cuda").to(device).train()
+        self.system = DetrSystem(detr=model_config, channels_last=device.type == "cuda").to(device).train()
         self.device = device
         self.autocast = set_precision(setting.precision)
         self.forward: Callable = self.system.model
@@ -207,7 +212,7 @@ def train_section(args: argparse.Namespace, device: torch.device, settings: list
     print("| setting | synthetic img/s | real-data img/s | peak memory | syncs/step | MFU (synthetic) |")
     print("|---|---|---|---|---|---|")
     synthetic = synthetic_batches(args.batch_size, device, scales=args.scales, max_size=args.max_size,
-                                  num_classes=args.model["num_classes"])
+                                  num_classes=args.model.num_classes)
     loader = real_loader(args, device)
     for setting in settings:
         if device.type == "cuda":
@@ -233,7 +238,7 @@ def infer_section(args: argparse.Namespace, device: torch.device, settings: list
     print("| setting | " + " | ".join(f"batch {b} img/s" for b in args.infer_batches) + " | MFU (largest batch) |")
     print("|---" * (len(args.infer_batches) + 2) + "|")
     torch.manual_seed(0)
-    system = DetrSystem(detr=DetrConfig(**args.model))
+    system = DetrSystem(detr=args.model)
     model = system.model.to(device).eval()
     model.optimize_for_inference()
     # Counted with autograd on: FlopCounterMode's module tracker fails on parameters without a graph
@@ -304,10 +309,9 @@ def main() -> None:
     args.infer_batches = [int(b) for b in args.infer_batches.split(",")]
     args.infer_size = tuple(int(v) for v in args.infer_size.split("x"))
     args.scales, args.max_size = list(range(480, 801, 32)), 1333
-    args.model = dict(backbone=args.backbone, num_classes=91)
+    args.model = DetrConfig(backbone=args.backbone, num_classes=91)
     if args.quick:
-        args.model = dict(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1,
-                          num_decoder_layers=2, dim_feedforward=64, num_queries=10, num_classes=91)
+        args.model = TINY.replace(num_classes=91)
         args.scales, args.max_size, args.infer_size = [96, 128], 160, (128, 160)
         args.steps, args.warmup, args.loss_steps, args.workers = 2, 1, 4, 0
         args.infer_batches = [1, 2]

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.test_huggingface
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers
 
 import detr  # noqa: E402
 from detr.categories import CategoryMap  # noqa: E402
@@ -30,7 +30,7 @@ from detr.data.collate import pad_images  # noqa: E402
 from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 from detr.checkpoints.huggingface import save_pretrained  # noqa: E402
 from machine import describe_machine  # noqa: E402
-from tests.test_huggingface import _randomise  # noqa: E402
+from tests.helpers import randomise  # noqa: E402
 
 PHOTOS = Path(__file__).resolve().parents[1] / "data" / "photos"
 
@@ -70,7 +70,7 @@ def main() -> None:
         config = transformers.DetrConfig(backbone="resnet50", use_timm_backbone=True, use_pretrained_backbone=False,
                                          dilation=dilation, num_labels=91, id2label=dict(enumerate(coco.names)))
         theirs = transformers.DetrForObjectDetection(config).eval()
-        _randomise(theirs, 0)
+        randomise(theirs, 0)
         hf_dir = out / f"hf-{tag}"
         shutil.rmtree(hf_dir, ignore_errors=True)
         theirs.save_pretrained(hf_dir)

@@ -11,7 +11,7 @@ from pycocotools.coco import COCO
 
 from detr.evaluation.analysis import ResultsFileError, analyze, evaluate_results, load_results, worst_cases
 from detr.evaluation.tide import ERROR_TYPES, class_average_precision
-from tests.conftest import coco_ground_truth
+from tests.helpers import coco_ground_truth
 
 A, B = 1, 2
 BOX = [10.0, 10.0, 100.0, 100.0]

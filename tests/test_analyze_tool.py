@@ -14,7 +14,7 @@ import pytest
 from detr.commands import analyze as analyze_tool
 from detr.evaluation.analysis import analyze, load_ground_truth, load_results
 from detr.visualize.analysis_report import write_analysis_report
-from tests.test_explorer_browser import DevToolsPipe, Page, chromium  # noqa: F401 (fixture)
+from tests.browser import DevToolsPipe, Page
 
 REPO = Path(__file__).resolve().parents[1]
 COCO_MINI = REPO / "data" / "coco-mini"
@@ -97,7 +97,7 @@ def test_analyze_tool_refuses_results_of_other_images(tmp_path: Path) -> None:
         analyze_tool.main([str(GT_JSON), str(bad), "--out", str(tmp_path / "out")])
 
 
-def test_report_in_chromium(chromium: str, results_file: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_report_in_chromium(chromium: str, results_file: Path, tmp_path: Path) -> None:
     coco_gt = load_ground_truth(GT_JSON)
     analysis = analyze(coco_gt, load_results(results_file, coco_gt))
     page_path = write_analysis_report(analysis, tmp_path / "report", images_dir=COCO_MINI / "val2017", gallery_size=4)

@@ -11,7 +11,7 @@ import detr.models.anchor.decoder as anchor_decoder
 from detr import build_detr
 from detr.box_ops import inverse_sigmoid
 from detr.models.anchor.decoder import AnchorDecoder, anchor_sine_embedding
-from tests.conftest import tiny_config_with
+from tests.helpers import tiny_config_with
 
 TINY = tiny_config_with(num_decoder_layers=3, num_queries=6, num_classes=4, dropout=0.0)
 
@@ -19,7 +19,7 @@ TINY = tiny_config_with(num_decoder_layers=3, num_queries=6, num_classes=4, drop
 @pytest.fixture
 def anchor_model():
     torch.manual_seed(0)
-    model = build_detr(**TINY, query_type="anchor").eval()
+    model = build_detr(TINY, query_type="anchor").eval()
     with torch.no_grad():  # non-zero box deltas, so refinement is visible
         model.bbox_embed.layers[-1].weight.normal_(0, 0.5)
         model.bbox_embed.layers[-1].bias.normal_(0, 0.5)
@@ -61,7 +61,7 @@ def test_every_layer_refines_the_previous_box_in_inverse_sigmoid_space(anchor_mo
         out = anchor_model(images, mask)
     hook.remove()
     layers = [*out["aux_outputs"], {"pred_boxes": out["pred_boxes"]}]
-    assert len(deltas) == len(layers) == TINY["num_decoder_layers"]
+    assert len(deltas) == len(layers) == TINY.num_decoder_layers
     previous = anchor_model.refpoint_embed.weight.sigmoid().expand(2, -1, -1)  # layer 1 refines the anchors
     for delta, layer in zip(deltas, layers):
         expected = (delta + inverse_sigmoid(previous)).sigmoid()
@@ -93,7 +93,7 @@ def test_references_after_the_first_layer_are_detached(anchor_model, monkeypatch
     images, mask = _batch()
     out = anchor_model(images, mask)
     # layer 1 sees the learned anchors (they get gradient); later layers see detached boxes
-    assert seen == [True] + [False] * (TINY["num_decoder_layers"] - 1)
+    assert seen == [True] + [False] * (TINY.num_decoder_layers - 1)
     # ...but a layer's output box still adds the previous layer's delta with its gradient ("look forward twice")
     grad = torch.autograd.grad(out["pred_boxes"].sum(), anchor_model.refpoint_embed.weight, allow_unused=True)[0]
     assert grad is not None
@@ -121,7 +121,7 @@ def test_anchor_queries_are_permutation_equivariant(anchor_model):
     images, mask = _batch()
     with torch.no_grad():
         out = anchor_model(images, mask)
-        permutation = torch.randperm(TINY["num_queries"])
+        permutation = torch.randperm(TINY.num_queries)
         anchor_model.refpoint_embed.weight.copy_(anchor_model.refpoint_embed.weight[permutation])
         permuted = anchor_model(images, mask)
     torch.testing.assert_close(permuted["pred_boxes"], out["pred_boxes"][:, permutation], rtol=1e-5, atol=1e-5)
@@ -131,14 +131,14 @@ def test_anchor_queries_are_permutation_equivariant(anchor_model):
 def test_anchor_model_layout_and_attention_maps(anchor_model):
     keys = set(anchor_model.state_dict())
     assert "refpoint_embed.weight" in keys and "query_embed.weight" not in keys
-    assert anchor_model.refpoint_embed.weight.shape == (TINY["num_queries"], 4)
+    assert anchor_model.refpoint_embed.weight.shape == (TINY.num_queries, 4)
     assert "transformer.decoder.layers.0.ca_qpos_proj.weight" in keys
     assert "transformer.decoder.layers.1.ca_qpos_proj.weight" not in keys  # first layer only (Conditional DETR)
     images, mask = _batch()
     with torch.no_grad():
         out = anchor_model(images, mask, return_attention=True)
     h, w = out["feature_mask"].shape[-2:]
-    assert out["decoder_attention"].shape == (TINY["num_decoder_layers"], 2, TINY["num_queries"], h, w)
+    assert out["decoder_attention"].shape == (TINY.num_decoder_layers, 2, TINY.num_queries, h, w)
     real = ~out["feature_mask"]
     sums = (out["decoder_attention"] * real[None, :, None]).sum((-2, -1))
     torch.testing.assert_close(sums, torch.ones_like(sums))

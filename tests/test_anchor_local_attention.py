@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from detr import build_detr
+from tests.helpers import tiny_config_with
 
-SMALL = dict(backbone="resnet18", hidden_dim=64, num_heads=4, num_encoder_layers=1, num_decoder_layers=2,
-             dim_feedforward=64, num_queries=6, num_classes=3, dropout=0.0, query_type="anchor",
-             backbone_last_stage="layer3")
+SMALL = tiny_config_with(hidden_dim=64, num_heads=4, num_queries=6, num_classes=3, dropout=0.0, query_type="anchor",
+                         backbone_last_stage="layer3")
 
 
 def peak_distance(model: torch.nn.Module) -> float:
@@ -28,9 +28,9 @@ def peak_distance(model: torch.nn.Module) -> float:
 
 def test_local_init_puts_attention_on_the_anchor():
     torch.manual_seed(1)
-    local = build_detr(**SMALL, anchor_local_attention=4.0)
+    local = build_detr(SMALL, anchor_local_attention=4.0)
     torch.manual_seed(1)
-    default = build_detr(**SMALL)
+    default = build_detr(SMALL)
     with torch.no_grad():  # the same anchors for both, spread over the image
         anchors = torch.logit(torch.tensor([[0.2, 0.2, 0.1, 0.1], [0.8, 0.3, 0.1, 0.1], [0.5, 0.5, 0.1, 0.1],
                                             [0.3, 0.8, 0.1, 0.1], [0.7, 0.7, 0.1, 0.1], [0.1, 0.6, 0.1, 0.1]]))

@@ -14,7 +14,7 @@ from detr.checkpoints import CheckpointError, infer_model_config, save_checkpoin
 from detr.checkpoints.formats import INFERRED_FIELDS
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.segmentation import DETRPanoptic, build_detr_panoptic
-from tests.conftest import tiny_config_with
+from tests.helpers import tiny_config_with
 
 LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
 
@@ -96,7 +96,7 @@ def test_not_a_detr_file(tmp_path):
 
 
 def test_lightning_checkpoint_with_config_and_categories(tmp_path, tiny_config):
-    model = build_detr(**tiny_config, backbone_norm="group_norm")
+    model = build_detr(tiny_config, backbone_norm="group_norm")
     categories = CategoryMap((3, 7, 9, 11, 12), ("a", "b", "c", "d", "e"))
     checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
                   "detr": {"model_config": model.config.to_dict(), "category_map": categories.to_dict()},
@@ -166,7 +166,7 @@ def test_bare_state_dict_of_each_option_loads_with_equal_outputs(tmp_path, optio
     options = dict(options)
     trained = options.pop("trained", False)
     torch.manual_seed(0)
-    model = build_detr(**DEMO_SIZES, **options).eval()
+    model = build_detr(DEMO_SIZES, **options).eval()
     if trained:  # training moves the class bias off its init
         with torch.no_grad():
             model.class_embed.bias.add_(torch.randn_like(model.class_embed.bias))
@@ -186,12 +186,12 @@ def test_bare_state_dict_of_each_option_loads_with_equal_outputs(tmp_path, optio
 
 def test_hidden_options_fall_back_to_the_authors_defaults():
     torch.manual_seed(0)
-    sigmoid = build_detr(**DEMO_SIZES, class_head="sigmoid")
+    sigmoid = build_detr(DEMO_SIZES, class_head="sigmoid")
     with torch.no_grad():
         sigmoid.class_embed.bias.add_(1.0)
     config = infer_model_config(sigmoid.state_dict())
     assert config.class_head == "softmax" and config.num_classes == 3  # 4 logits read as 3 + no object
-    grouped = build_detr(**DEMO_SIZES, query_type="anchor", query_groups=3).state_dict()
+    grouped = build_detr(DEMO_SIZES, query_type="anchor", query_groups=3).state_dict()
     config = infer_model_config(grouped)
     assert config.num_queries == 18 and config.query_groups == 1
     with pytest.raises(CheckpointError, match="query_groups=4"):

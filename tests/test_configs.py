@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from detr.lightning.cli import main
-from tests.conftest import write_tiny_shapes
+from tests.helpers import write_tiny_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 # the panoptic configs run through detr-panoptic: tests/test_panoptic_training.py starts each one

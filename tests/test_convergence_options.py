@@ -20,7 +20,7 @@ from detr.loss.matcher import HungarianMatcher
 from detr.models.config import field_names
 from detr.models.detr import DETR
 from detr.inference.postprocess import PostProcess
-from tests.conftest import load_script, tiny_config_with
+from tests.helpers import load_script, tiny_config_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: 2 threads on shared cores are 10x slower
 
@@ -47,9 +47,9 @@ def test_default_model_keeps_the_authors_layout_and_outputs():
     assert type(model) is DETR and model.query_type == "learned" and model.class_head == "softmax"
     # the options at their defaults are the same model: same weights, same outputs, targets ignored
     torch.manual_seed(0)
-    plain = build_detr(**TINY)
+    plain = build_detr(TINY)
     torch.manual_seed(0)
-    explicit = build_detr(**TINY, query_type="learned", class_head="softmax", denoising=False)
+    explicit = build_detr(TINY, query_type="learned", class_head="softmax", denoising=False)
     for (name, a), (other, b) in zip(plain.state_dict().items(), explicit.state_dict().items()):
         assert name == other and torch.equal(a, b)
     images, mask, targets = _batch()
@@ -86,7 +86,7 @@ COMBINATIONS = [
 def test_options_compose_train_and_predict(options):
     torch.manual_seed(0)
     trainable = 5 if options["backbone_norm"] != "frozen_batch_norm" else 3
-    model = build_detr(**TINY, **options, backbone_trainable_layers=trainable).train()
+    model = build_detr(TINY, **options, backbone_trainable_layers=trainable).train()
     class_head = options["class_head"]
     criterion = SetCriterion(5, HungarianMatcher(class_head=class_head), class_head=class_head, num_decoder_layers=2,
                              denoising=options["denoising"])
@@ -110,7 +110,7 @@ def test_options_compose_train_and_predict(options):
 
 def test_backbone_options_for_training_from_scratch():
     torch.manual_seed(0)
-    model = build_detr(**TINY, backbone_norm="batch_norm", backbone_trainable_layers=5, backbone_last_stage="layer3")
+    model = build_detr(TINY, backbone_norm="batch_norm", backbone_trainable_layers=5, backbone_last_stage="layer3")
     body = model.backbone[0]
     assert all(p.requires_grad for p in body.parameters())
     assert any(isinstance(m, torch.nn.BatchNorm2d) for m in body.modules())
@@ -121,7 +121,7 @@ def test_backbone_options_for_training_from_scratch():
 
 def test_bfloat16_backbone_returns_float32_features_close_to_float32_and_trains():
     torch.manual_seed(0)
-    model = build_detr(**TINY, backbone_norm="batch_norm", backbone_trainable_layers=5, backbone_last_stage="layer3")
+    model = build_detr(TINY, backbone_norm="batch_norm", backbone_trainable_layers=5, backbone_last_stage="layer3")
     body = model.backbone[0]
     images, mask = torch.randn(2, 3, 128, 128), torch.zeros(2, 128, 128, dtype=torch.bool)
     reference, _ = body(images, mask)
@@ -140,20 +140,20 @@ def test_bfloat16_backbone_returns_float32_features_close_to_float32_and_trains(
 
 def test_options_are_validated():
     with pytest.raises(ValueError, match="query_type"):
-        build_detr(**TINY, query_type="anchors")
+        build_detr(TINY, query_type="anchors")
     with pytest.raises(ValueError, match="class_head"):
-        build_detr(**TINY, class_head="focal")
+        build_detr(TINY, class_head="focal")
     with pytest.raises(ValueError, match="query_type='anchor'"):
-        build_detr(**TINY, denoising=True)
+        build_detr(TINY, denoising=True)
     with pytest.raises(ValueError, match="pre_norm"):
-        build_detr(**TINY, query_type="anchor", pre_norm=True)
+        build_detr(TINY, query_type="anchor", pre_norm=True)
     with pytest.raises(ValueError, match="denoising_groups"):
-        build_detr(**TINY, query_type="anchor", denoising=True, denoising_groups=0)
+        build_detr(TINY, query_type="anchor", denoising=True, denoising_groups=0)
 
 
 def test_checkpoint_round_trip_keeps_the_options(tmp_path):
     torch.manual_seed(0)
-    model = build_detr(**TINY, query_type="anchor", class_head="sigmoid", denoising=True,
+    model = build_detr(TINY, query_type="anchor", class_head="sigmoid", denoising=True,
                        backbone_norm="group_norm", backbone_trainable_layers=5, backbone_last_stage="layer3")
     path = tmp_path / "own.ckpt"
     torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from detr.loss.masks import SetCriterionWithMasks, dice_loss, focal_mask_loss, matched_masks
+from tests.helpers import tiny_config_with
 
 
 def test_dice_by_hand():
@@ -59,8 +60,7 @@ def test_criterion_adds_mask_terms_to_the_last_layer_only(padded_batch):
     from detr.models.segmentation import build_detr_panoptic
 
     torch.manual_seed(0)
-    model = build_detr_panoptic(backbone="resnet18", hidden_dim=128, num_heads=8, num_encoder_layers=1,
-                                num_decoder_layers=2, dim_feedforward=64, num_queries=6, num_classes=3,
+    model = build_detr_panoptic(tiny_config_with(hidden_dim=128, num_heads=8, num_queries=6, num_classes=3),
                                 freeze_detr=True)
     images, padding_mask = padded_batch  # 96 × 128 and 64 × 96
     masks0 = torch.zeros(2, 96, 128, dtype=torch.bool)

@@ -17,7 +17,7 @@ from detr import build_detr
 from detr.lightning.system import DetrSystem
 from detr.loss.matcher import HungarianMatcher
 from detr.inference.predictor import Predictor
-from tests.conftest import TINY, InMemoryData, system_args
+from tests.helpers import TINY, InMemoryData
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -46,7 +46,7 @@ def targets_for(batch_size: int, device: torch.device) -> list[dict[str, torch.T
         boxes = torch.cat([torch.rand(n, 2, generator=generator) * 0.5 + 0.25,
                            torch.rand(n, 2, generator=generator) * 0.3 + 0.1], 1)
         targets.append({"boxes": boxes.to(device),
-                        "labels": torch.randint(0, TINY["num_classes"], (n,), generator=generator).to(device)})
+                        "labels": torch.randint(0, TINY.num_classes, (n,), generator=generator).to(device)})
     return targets
 
 
@@ -74,7 +74,7 @@ def test_bf16_autocast_forward_is_close_to_fp32(tiny_model, padded_batch):
 
 def test_matching_and_loss_on_cuda_equal_cpu(padded_batch):
     torch.manual_seed(0)
-    system = DetrSystem(**system_args(**TINY, dropout=0.0))
+    system = DetrSystem(detr=TINY.replace(dropout=0.0))
     images, mask = padded_batch
     targets = targets_for(2, torch.device("cpu"))
     with torch.no_grad():
@@ -95,7 +95,7 @@ def test_matching_and_loss_on_cuda_equal_cpu(padded_batch):
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_lightning_fit_on_one_gpu(tmp_path, padded_batch, precision):
     torch.manual_seed(0)
-    system = DetrSystem(**system_args(**TINY), evaluation_dir="")
+    system = DetrSystem(detr=TINY, evaluation_dir="")
     images, mask = padded_batch
     samples = [(images[i], target) for i, target in enumerate(targets_for(2, torch.device("cpu")))]
     for i, (_, target) in enumerate(samples):
@@ -117,7 +117,7 @@ def test_predictor_on_cuda_matches_cpu(tmp_path, tiny_model, precision):
     path = tmp_path / "tiny.pth"
     torch.save({"model": tiny_model.state_dict()}, path)
     photos = [np.asarray(Image.open(PHOTOS / name).convert("RGB")) for name in ("chelsea.png", "coffee.png")]
-    options = dict(num_heads=TINY["num_heads"], batch_size=2, min_size=200, max_size=333)
+    options = dict(num_heads=TINY.num_heads, batch_size=2, min_size=200, max_size=333)
     on_cpu = Predictor.from_checkpoint(str(path), device="cpu", **options).predict(photos, all_queries=True)
     on_gpu = Predictor.from_checkpoint(str(path), device="cuda", precision=precision, **options)
     assert on_gpu.model.class_embed.weight.device.type == "cuda"
@@ -132,7 +132,7 @@ def test_panoptic_model_runs_on_cuda(padded_batch):
     from detr.models.segmentation import build_detr_panoptic
 
     torch.manual_seed(0)
-    model = build_detr_panoptic(**{**TINY, "hidden_dim": 128, "num_heads": 8}, dropout=0.0).eval()
+    model = build_detr_panoptic(TINY.replace(hidden_dim=128, num_heads=8, dropout=0.0)).eval()
     images, mask = padded_batch
     with torch.no_grad():
         expected = model(images, mask)
@@ -143,6 +143,6 @@ def test_panoptic_model_runs_on_cuda(padded_batch):
 
 def test_build_detr_places_nothing_on_the_host():
     """Every parameter and buffer moves with ``.to('cuda')`` (nothing held as a plain tensor attribute)."""
-    model = build_detr(**TINY).to(CUDA)
+    model = build_detr(TINY).to(CUDA)
     assert all(p.device.type == "cuda" for p in model.parameters())
     assert all(b.device.type == "cuda" for b in model.buffers())

@@ -16,6 +16,7 @@ from detr.data.shapes import ShapesConfig
 from detr.data.shapes_panoptic import write_shapes_panoptic
 from detr.data.transforms import make_eval_transform, make_train_transform
 from detr.categories import coco_panoptic_categories_json, coco_panoptic_category_map
+from tests.helpers import tiny_config_with
 
 CONFIG = ShapesConfig(num_train=6, num_val=2, image_size=64, min_object_size=10, max_object_size=30, max_objects=4)
 
@@ -69,9 +70,8 @@ def test_a_batch_trains_the_panoptic_model(root):
     images, padding_mask, targets = collate_detection([data[0], data[4]])
     assert targets[0]["boxes"].shape[-1] == 4 and targets[0]["masks"].dtype == torch.bool
     torch.manual_seed(0)
-    model = build_detr_panoptic(backbone="resnet18", hidden_dim=128, num_heads=8, num_encoder_layers=1,
-                                num_decoder_layers=1, dim_feedforward=64, num_queries=8,
-                                num_classes=data.category_map.num_classes)
+    model = build_detr_panoptic(tiny_config_with(hidden_dim=128, num_heads=8, num_decoder_layers=1, num_queries=8,
+                                                 num_classes=data.category_map.num_classes))
     losses = SetCriterionWithMasks(data.category_map.num_classes, num_decoder_layers=1)(
         model(images, padding_mask), targets)
     assert torch.isfinite(torch.stack(list(losses.values()))).all() and losses["loss_dice"] > 0
@@ -93,8 +93,8 @@ def test_predictions_score_against_the_ground_truth(root):
     data = dataset(root)
     metric, perfect = PanopticQuality(data.categories), PanopticQuality(data.categories)
     torch.manual_seed(0)
-    model = build_detr_panoptic(backbone="resnet18", hidden_dim=128, num_heads=8, num_encoder_layers=1,
-                                num_decoder_layers=1, dim_feedforward=64, num_queries=8, num_classes=6).eval()
+    model = build_detr_panoptic(tiny_config_with(hidden_dim=128, num_heads=8, num_decoder_layers=1, num_queries=8,
+                                                 num_classes=6)).eval()
     post = PostProcessPanoptic(data.is_thing, threshold=0.0, category_ids=data.category_map.category_ids)
     images, padding_mask, targets = collate_detection([data[0], data[1]])
     with torch.no_grad():

@@ -11,7 +11,7 @@ from detr.loss.criterion import SetCriterion
 from detr.loss.parts import denoising_indices
 from detr.loss.matcher import HungarianMatcher
 from detr.models.anchor.denoising import DenoisingMeta, DenoisingQueries, denoising_attention_mask
-from tests.conftest import tiny_config_with
+from tests.helpers import tiny_config_with
 
 TINY = tiny_config_with(num_queries=6, num_classes=4, dropout=0.0)
 
@@ -22,7 +22,7 @@ def _targets(seed: int, counts: tuple[int, ...]) -> list[dict[str, torch.Tensor]
     for count in counts:
         centre = torch.rand(count, 2, generator=generator) * 0.6 + 0.2
         size = torch.rand(count, 2, generator=generator) * 0.2 + 0.05
-        labels = torch.randint(0, TINY["num_classes"], (count,), generator=generator)
+        labels = torch.randint(0, TINY.num_classes, (count,), generator=generator)
         targets.append({"labels": labels, "boxes": torch.cat([centre, size], dim=1)})
     return targets
 
@@ -35,7 +35,7 @@ def _batch():
 @pytest.fixture
 def dn_model():
     torch.manual_seed(0)
-    model = build_detr(**TINY, query_type="anchor", denoising=True, denoising_groups=3).train()
+    model = build_detr(TINY, query_type="anchor", denoising=True, denoising_groups=3).train()
     with torch.no_grad():  # build_detr starts the box deltas at zero: make boxes depend on the queries
         model.bbox_embed.layers[-1].weight.normal_(0, 0.5)
     return model
@@ -152,7 +152,7 @@ def test_denoising_losses_without_matching(dn_model):
     images, mask = _batch()
     targets = _targets(3, (2, 1))
     out = dn_model(images, mask, targets=targets)
-    criterion = SetCriterion(TINY["num_classes"], num_decoder_layers=2, denoising=True)
+    criterion = SetCriterion(TINY.num_classes, num_decoder_layers=2, denoising=True)
     losses = criterion(out, targets)
     dn_keys = {f"{n}_dn" for n in ("loss_ce", "loss_bbox", "loss_giou")} | {
         f"{n}_dn_0" for n in ("loss_ce", "loss_bbox", "loss_giou")}
@@ -178,23 +178,23 @@ def test_denoising_losses_without_matching(dn_model):
     assert all(eval_losses[k].item() == 0 for k in dn_keys)
     # a criterion without denoising refuses dn outputs instead of silently ignoring them
     with pytest.raises(ValueError, match="denoising=True"):
-        SetCriterion(TINY["num_classes"], num_decoder_layers=2)(out, targets)
+        SetCriterion(TINY.num_classes, num_decoder_layers=2)(out, targets)
 
 
 def test_focal_denoising_class_loss():
     torch.manual_seed(0)
-    model = build_detr(**TINY, query_type="anchor", class_head="sigmoid", denoising=True).train()
+    model = build_detr(TINY, query_type="anchor", class_head="sigmoid", denoising=True).train()
     images, mask = _batch()
     targets = _targets(3, (2, 1))
     out = model(images, mask, targets=targets)
-    criterion = SetCriterion(TINY["num_classes"], HungarianMatcher(class_head="sigmoid"), class_head="sigmoid",
+    criterion = SetCriterion(TINY.num_classes, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid",
                              num_decoder_layers=2, denoising=True)
     losses = criterion(out, targets)
     meta, dn = out["dn_meta"], out["dn_outputs"]
     indices = denoising_indices(meta, targets)
     logits = torch.cat([dn["pred_logits"][b, q] for b, (q, _) in enumerate(indices)])
     labels = torch.cat([t["labels"][i] for t, (_, i) in zip(targets, indices)])
-    onehot = torch.nn.functional.one_hot(labels, TINY["num_classes"]).float()
+    onehot = torch.nn.functional.one_hot(labels, TINY.num_classes).float()
     expected = torch.nn.functional.binary_cross_entropy_with_logits(logits, onehot, reduction="none")
     p = logits.sigmoid()
     p_t = p * onehot + (1 - p) * (1 - onehot)
@@ -207,4 +207,4 @@ def test_training_forward_needs_targets(dn_model):
     with pytest.raises(ValueError, match="targets"):
         dn_model(images, mask)
     with pytest.raises(ValueError, match="query_type='anchor'"):
-        build_detr(**TINY, denoising=True)
+        build_detr(TINY, denoising=True)

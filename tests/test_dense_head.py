@@ -12,7 +12,7 @@ from detr.loss.criterion import SetCriterion
 from detr.loss.parts import DenseLoss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import dense_assignment
-from tests.conftest import tiny_config_with
+from tests.helpers import tiny_config_with
 
 TINY = tiny_config_with(num_queries=5, num_classes=3, dropout=0.0, backbone_last_stage="layer3", class_head="sigmoid")
 
@@ -53,9 +53,9 @@ def test_assignment_ignores_padding_cells_and_empty_images():
 @pytest.mark.parametrize("query_type", ["learned", "anchor"])
 def test_dense_head_trains_with_the_model_and_is_skipped_at_inference(query_type):
     torch.manual_seed(0)
-    model = build_detr(**TINY, query_type=query_type, dense_aux_head=True)
+    model = build_detr(TINY, query_type=query_type, dense_aux_head=True)
     torch.manual_seed(0)
-    plain = build_detr(**TINY, query_type=query_type)
+    plain = build_detr(TINY, query_type=query_type)
     images = torch.randn(2, 3, 128, 128)
     mask = torch.zeros(2, 128, 128, dtype=torch.bool)
     mask[1, :, 96:] = True

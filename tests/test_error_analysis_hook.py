@@ -11,16 +11,17 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from detr import CategoryMap
 from detr.lightning import DetrSystem
-from tests.conftest import system_args
-from tests.test_system import CATEGORIES, TINY, _in_memory_data
+from tests.helpers import ANIMALS, animal_data, tiny_config_with
+
+TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _system(tmp_path, **overrides) -> DetrSystem:
+def _system(tmp_path, **recipe) -> DetrSystem:
     torch.manual_seed(0)
-    category_map = CategoryMap.from_coco_categories(CATEGORIES, contiguous=True)
-    return DetrSystem(**system_args(**TINY, **overrides), category_map=category_map,
+    category_map = CategoryMap.from_coco_categories(ANIMALS, contiguous=True)
+    return DetrSystem(detr=TINY, **recipe, category_map=category_map,
                       evaluation_dir=str(tmp_path / "evaluation"))
 
 
@@ -35,7 +36,7 @@ def _trainer(tmp_path, **kwargs) -> L.Trainer:
 def test_validate_writes_the_report_and_logs_figures(tmp_path) -> None:
     system = _system(tmp_path)
     trainer = _trainer(tmp_path)
-    trainer.validate(system, datamodule=_in_memory_data(), verbose=False)
+    trainer.validate(system, datamodule=animal_data(), verbose=False)
     out = tmp_path / "evaluation" / "val_analysis"
     page = (out / "report.html").read_text()
     for name in ("errors", "pr_curves", "pr_curves_per_class", "confusion_matrix"):
@@ -56,17 +57,17 @@ def test_validate_writes_the_report_and_logs_figures(tmp_path) -> None:
 
 def test_fit_analyses_only_every_n_validations(tmp_path) -> None:
     trainer = _trainer(tmp_path / "off", max_epochs=2, limit_train_batches=1)
-    trainer.fit(_system(tmp_path / "off"), datamodule=_in_memory_data())
+    trainer.fit(_system(tmp_path / "off"), datamodule=animal_data())
     assert not (tmp_path / "off" / "evaluation" / "val_analysis").exists()
 
     system = _system(tmp_path / "on", error_analysis_every_n_validations=2)
     trainer = _trainer(tmp_path / "on", max_epochs=3, limit_train_batches=1)
-    trainer.fit(system, datamodule=_in_memory_data())
+    trainer.fit(system, datamodule=animal_data())
     page = tmp_path / "on" / "evaluation" / "val_analysis" / "report.html"
     assert page.exists() and "epoch 1, step 2" in page.read_text()  # the 2nd of 3 validations
 
 
 def test_validate_without_analysis(tmp_path) -> None:
-    _trainer(tmp_path).validate(_system(tmp_path, error_analysis=False), datamodule=_in_memory_data(), verbose=False)
+    _trainer(tmp_path).validate(_system(tmp_path, error_analysis=False), datamodule=animal_data(), verbose=False)
     assert (tmp_path / "evaluation" / "val_predictions.json").exists()
     assert not (tmp_path / "evaluation" / "val_analysis").exists()

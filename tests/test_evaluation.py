@@ -14,7 +14,7 @@ from pycocotools.cocoeval import COCOeval
 
 from detr.categories import CategoryMap
 from detr.evaluation import STAT_NAMES, CocoEvaluator
-from tests.conftest import coco_ground_truth
+from tests.helpers import coco_ground_truth
 
 CATEGORIES = [{"id": 3, "name": "circle"}, {"id": 7, "name": "square"}, {"id": 12, "name": "triangle"}]
 

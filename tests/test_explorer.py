@@ -23,14 +23,14 @@ from detr.visualize.explorer import (
     render_explorer_html,
     write_attention_explorer,
 )
-from tests.conftest import tiny_config_with
+from tests.helpers import tiny_config_with
 
 DATA_BLOCK = re.compile(r'<script type="application/json" id="explorer-data">(.*?)</script>', re.S)
 
 
 def tiny_model(**overrides) -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_detr(**tiny_config_with(**overrides)).eval()
+    return build_detr(tiny_config_with(**overrides)).eval()
 
 
 def image(height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -193,7 +193,7 @@ def test_sigmoid_head_scores_every_class_without_no_object(tmp_path: Path) -> No
     from detr.visualize.explorer import write_attention_explorer
 
     torch.manual_seed(0)
-    model = build_detr(**tiny_config_with(num_queries=5, num_classes=3, query_type="anchor",
+    model = build_detr(tiny_config_with(num_queries=5, num_classes=3, query_type="anchor",
                                           class_head="sigmoid")).eval()
     with torch.no_grad():
         model.class_embed.bias.copy_(torch.tensor([-3.0, -3.0, 4.0]))  # the last real class must win
@@ -211,7 +211,7 @@ def test_panoptic_pages_carry_each_querys_mask(tmp_path: Path) -> None:
     from detr.models.segmentation import build_detr_panoptic
 
     torch.manual_seed(0)
-    model = build_detr_panoptic(**tiny_config_with(hidden_dim=128, num_heads=8, num_queries=4, dropout=0.0)).eval()
+    model = build_detr_panoptic(tiny_config_with(hidden_dim=128, num_heads=8, num_queries=4, dropout=0.0)).eval()
     pixels = image(70, 100)
     page = write_attention_explorer(model, [pixels], tmp_path, min_size=64, max_size=96, device="cpu")[0]
     data = read_page(page)

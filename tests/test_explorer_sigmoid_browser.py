@@ -12,8 +12,8 @@ import torch
 
 from detr import build_detr
 from detr.visualize.explorer import write_attention_explorer
-from tests.conftest import tiny_config_with
-from tests.test_explorer_browser import DevToolsPipe, Page, chromium  # noqa: F401  (chromium is a fixture)
+from tests.helpers import tiny_config_with
+from tests.browser import DevToolsPipe, Page
 
 NO_OBJECT_COLUMN = ("Array.from(document.querySelectorAll('#query-list tr'))"
                     ".map(row => row.cells[3].textContent)")
@@ -22,14 +22,14 @@ NO_OBJECT_BARS = "document.querySelectorAll('#classes .bar-fill.no-object').leng
 
 def sigmoid_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    model = build_detr(**tiny_config_with(num_queries=5, num_classes=3, query_type="anchor",
+    model = build_detr(tiny_config_with(num_queries=5, num_classes=3, query_type="anchor",
                                           class_head="sigmoid")).eval()
     with torch.no_grad():
         model.class_embed.bias.copy_(torch.tensor([-3.0, -3.0, 4.0]))  # the last real class wins every query
     return model
 
 
-def test_sigmoid_model_has_no_no_object_label(chromium: str, tmp_path) -> None:  # noqa: F811
+def test_sigmoid_model_has_no_no_object_label(chromium: str, tmp_path) -> None:
     image = np.zeros((64, 80, 3), np.uint8)
     image[16:48, 20:60] = 180
     page_path = write_attention_explorer(sigmoid_model(), [image], tmp_path / "pages", threshold=0.0,

@@ -15,7 +15,7 @@ import yaml
 from detr import CategoryMap, PostProcess, build_detr, load_checkpoint
 from detr.checkpoints.export import DeployModel, export, export_onnx, load_program, prepare_for_export
 from detr.checkpoints.formats import ExportError
-from tests.conftest import TINY, load_script
+from tests.helpers import TINY, load_script
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxscript")
@@ -55,7 +55,7 @@ def tiny_export(tmp_path_factory):
     """The tiny model as a project checkpoint, exported to ONNX once by tools/export.py (verified there)."""
     folder = tmp_path_factory.mktemp("export")
     torch.manual_seed(0)
-    checkpoint = save_project_checkpoint(build_detr(**TINY, dropout=0.0), folder / "tiny.ckpt")
+    checkpoint = save_project_checkpoint(build_detr(TINY, dropout=0.0), folder / "tiny.ckpt")
     onnx_path = folder / "tiny.onnx"
     assert load_script("tools/export.py").main([str(checkpoint), "--out", str(onnx_path)]) == 0
     return checkpoint, onnx_path
@@ -72,7 +72,7 @@ def test_export_tool_writes_a_verified_file_with_metadata(tiny_export, tiny_mode
     assert meta["outputs"] == "raw" and meta["class_head"] == "softmax" and meta["num_classes"] == 5
     assert CategoryMap.from_dict(meta["category_map"]) == CATEGORIES
     assert tuple(meta["eval_size"]) == EVAL_SIZE
-    assert meta["model_config"]["hidden_dim"] == TINY["hidden_dim"]
+    assert meta["model_config"]["hidden_dim"] == TINY.hidden_dim
     detector = OnnxDetector(onnx_path)
     assert detector.meta.category_map == CATEGORIES and detector.meta.eval_size == EVAL_SIZE
     assert detector.backend == "onnxruntime (CPUExecutionProvider)"
@@ -122,7 +122,7 @@ def test_predictor_on_onnx_writes_the_predictions_of_the_pytorch_model(tiny_expo
     assert "backend: pytorch (cpu, fp32)" in out and "backend: onnxruntime (CPUExecutionProvider)" in out
     torch_results = json.loads((tmp_path / "torch" / "predictions.json").read_text())
     onnx_results = json.loads((tmp_path / "onnx" / "predictions.json").read_text())
-    assert len(onnx_results) == len(torch_results) == 5 * TINY["num_queries"]
+    assert len(onnx_results) == len(torch_results) == 5 * TINY.num_queries
     for a, b in zip(torch_results, onnx_results):
         assert (a["file_name"], a["image_id"], a["category_id"]) == (b["file_name"], b["image_id"], b["category_id"])
         assert max(abs(x - y) for x, y in zip(a["bbox"], b["bbox"])) <= 0.1  # pixels (the json rounds to 0.01)
@@ -144,7 +144,7 @@ def test_predictor_uses_the_metadata_and_refuses_attention(tiny_export):
 
 def test_verification_rejects_a_file_that_does_not_match(tiny_export, tmp_path, monkeypatch, capsys):
     torch.manual_seed(5)  # same architecture, other weights: the tiny file is wrong for it
-    other = save_project_checkpoint(build_detr(**TINY, dropout=0.0), tmp_path / "other.ckpt")
+    other = save_project_checkpoint(build_detr(TINY, dropout=0.0), tmp_path / "other.ckpt")
     monkeypatch.setattr("detr.checkpoints.export.export_onnx",
                         lambda model, path, **kwargs: Path(path).write_bytes(tiny_export[1].read_bytes()))
     out = tmp_path / "other.onnx"
@@ -198,7 +198,7 @@ def test_postprocessed_file_is_refused_where_raw_outputs_are_needed(demo_postpro
 
 def test_softmax_postprocess_graph_and_pt2_program_match(tmp_path):
     torch.manual_seed(0)
-    model = build_detr(**TINY, dropout=0.0).eval()
+    model = build_detr(TINY, dropout=0.0).eval()
     verification = export(model, tmp_path / "tiny.pt2", format="pt2", postprocess=True)
     assert verification.passed
     program, meta = load_program(tmp_path / "tiny.pt2")
@@ -223,7 +223,7 @@ def test_what_cannot_export_is_a_clear_error(tmp_path):
 
 def test_export_leaves_the_model_as_it_was():
     torch.manual_seed(0)
-    model = build_detr(**TINY, dropout=0.0)  # training mode, unfolded BatchNorms
+    model = build_detr(TINY, dropout=0.0)  # training mode, unfolded BatchNorms
     prepared = prepare_for_export(model)
     assert model.training and not prepared.training
     assert "backbone.0.body.bn1.running_mean" in model.state_dict()

@@ -12,7 +12,7 @@ import torch
 from detr.lightning import DetrSystem
 from detr.lightning.cli import make_cli
 from detr.models.config import DetrConfig
-from tests.conftest import write_tiny_shapes
+from tests.helpers import write_tiny_shapes
 
 LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
 CONFIG = Path(__file__).parents[1] / "configs" / "finetune_custom.yaml"

@@ -19,7 +19,7 @@ from detr.data.collate import pad_images
 from detr.checkpoints.formats import ExportError
 from detr.checkpoints.huggingface import save_pretrained, to_huggingface_state_dict
 from detr.models.config import ModelMeta
-from tests.conftest import tiny_config_with
+from tests.helpers import randomise, tiny_config_with
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("timm")
@@ -48,29 +48,6 @@ def photo_batch():
     return images, padding_mask
 
 
-TABLES = {"query_embed", "query_position_embeddings", "row_embed", "col_embed", "row_embeddings", "column_embeddings"}
-
-
-def _randomise(module: torch.nn.Module, seed: int) -> None:
-    """Random weights, so that every query predicts a different box (transformers' init gives them all the
-    same one): matrices with variance 1 / fan-in, embeddings standard normal, norm scales and batch-norm
-    variances in [0.5, 1.5], other vectors small."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-            if not tensor.is_floating_point():
-                continue
-            noise = torch.randn(tensor.shape, generator=generator)
-            if name.rsplit(".", 2)[-2] in TABLES:
-                tensor.copy_(noise)
-            elif tensor.dim() > 1:
-                tensor.copy_(noise / tensor[0].numel() ** 0.5)
-            elif name.endswith("running_var") or (name.endswith("weight") and ("norm" in name or "bn" in name)):
-                tensor.copy_(torch.rand(tensor.shape, generator=generator) + 0.5)
-            else:
-                tensor.copy_(noise * 0.05)
-
-
 def _hf_model(num_labels: int, backbone: str = "resnet18", *, timm: bool = True, dilation: bool = False,
               position: str = "sine", seed: int = 0):
     common = dict(TINY_TRANSFORMER, num_labels=num_labels, position_embedding_type=position,
@@ -84,7 +61,7 @@ def _hf_model(num_labels: int, backbone: str = "resnet18", *, timm: bool = True,
                                            out_features=["stage4"])
         config = transformers.DetrConfig(backbone_config=resnet, use_timm_backbone=False, **common)
     model = transformers.DetrForObjectDetection(config).eval()
-    _randomise(model, seed)
+    randomise(model, seed)
     return model
 
 
@@ -155,8 +132,8 @@ def test_in_memory_key_names_bin_file_and_processor_size(tmp_path, photo_batch):
 
 def _our_model(seed: int = 0, **config):
     torch.manual_seed(seed)
-    model = build_detr(**{**tiny_config_with(dropout=0.0), **config}).eval()
-    _randomise(model, seed)
+    model = build_detr(tiny_config_with(dropout=0.0), **config).eval()
+    randomise(model, seed)
     return model
 
 
@@ -188,7 +165,7 @@ def test_saved_directory_loads_in_transformers_with_the_same_outputs(tmp_path, p
     (dict(backbone="resnet50", dilation=True), "transformers", "no dilation"),
 ])
 def test_models_without_a_transformers_equivalent_are_refused(tmp_path, config, backbone_format, reason):
-    model = build_detr(**{**tiny_config_with(num_decoder_layers=1), **config})
+    model = build_detr(tiny_config_with(num_decoder_layers=1), **config)
     with pytest.raises(ExportError, match=reason):
         save_pretrained(model, tmp_path / "out", backbone_format=backbone_format)
     assert not (tmp_path / "out" / "model.safetensors").exists()

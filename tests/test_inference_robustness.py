@@ -110,7 +110,7 @@ def test_the_explorer_writes_the_good_pages_and_reports_the_bad_ones(tiny_model,
 
 
 def test_the_tools_exit_1_and_write_what_they_could(tiny_model, images, tmp_path) -> None:
-    from tests.conftest import load_script
+    from tests.helpers import load_script
 
     checkpoint = tmp_path / "tiny.pth"
     torch.save(tiny_model.state_dict(), checkpoint)
@@ -132,7 +132,7 @@ def test_detr_predict_without_annotations_takes_the_classes_from_the_checkpoint_
     tiny_shapes_root, images, tmp_path, monkeypatch
 ) -> None:
     from detr.lightning.cli import main
-    from tests.conftest import TINY_CLI_MODEL, tiny_fit_args
+    from tests.helpers import TINY_CLI_MODEL, tiny_fit_args
 
     monkeypatch.setattr("sys.argv", ["detr"])
     main(tiny_fit_args(tiny_shapes_root, tmp_path / "run", "--trainer.max_steps=1"))

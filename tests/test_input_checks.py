@@ -19,7 +19,7 @@ from detr.data.coco import AnnotationFileError, CocoDetection
 from detr.lightning import DetrSystem
 from detr.lightning.cli import main
 from detr.lightning.data_checks import DataCheckError
-from tests.conftest import TINY, system_args, tiny_fit_args
+from tests.helpers import TINY, tiny_fit_args
 
 
 pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
@@ -123,9 +123,9 @@ def test_fit_counts_the_boxes_it_drops_and_clips(shapes, tmp_path, caplog) -> No
 @pytest.mark.parametrize("num_queries", [0, -3])
 def test_num_queries_below_one_is_refused_at_build_time(num_queries) -> None:
     with pytest.raises(ValueError, match=f"num_queries must be an integer >= 1.*got {num_queries}"):
-        build_detr(**{**TINY, "num_queries": num_queries})
+        build_detr(TINY, num_queries=num_queries)
     with pytest.raises(ValueError, match="num_queries must be"):
-        DetrSystem(**system_args(**{**TINY, "num_queries": num_queries}))
+        DetrSystem(detr=TINY.replace(num_queries=num_queries))
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

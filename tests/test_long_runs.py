@@ -22,7 +22,7 @@ from detr.lightning import checkpointing
 from detr.lightning.checkpointing import PREEMPTED_EXIT_CODE, AtomicCheckpointIO
 from detr.lightning.cli import main
 from detr.lightning.run_folder import LOCK_NAME, RunFolderError
-from tests.conftest import tiny_fit_args
+from tests.helpers import tiny_fit_args
 
 REPO = Path(__file__).parents[1]
 

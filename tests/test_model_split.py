@@ -7,7 +7,7 @@ import torch
 
 from detr import DetrConfig, build_detr
 from detr.models import DETR, AnchorDETR
-from tests.conftest import tiny_config_with
+from tests.helpers import tiny_config_with
 
 TINY = tiny_config_with(num_queries=6, num_classes=4, dropout=0.0)
 TARGETS = [{"labels": torch.tensor([1, 3]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1]])},
@@ -22,7 +22,7 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_the_paper_model_has_no_anchor_parts():
-    model = build_detr(**TINY)
+    model = build_detr(TINY)
     assert type(model) is DETR and model.query_type == "learned"
     for name in ("refpoint_embed", "denoising", "query_groups"):
         assert not hasattr(model, name)
@@ -32,7 +32,7 @@ def test_the_paper_model_has_no_anchor_parts():
 
 
 def test_anchor_queries_build_the_anchor_model():
-    model = build_detr(**TINY, query_type="anchor", denoising=True, query_groups=2)
+    model = build_detr(TINY, query_type="anchor", denoising=True, query_groups=2)
     assert type(model) is AnchorDETR and model.query_type == "anchor" and model.stride == 32
     assert model.refpoint_embed.weight.shape == (12, 4) and model.denoising is not None
     assert "query_embed.weight" not in model.state_dict()
@@ -42,7 +42,7 @@ def test_anchor_queries_build_the_anchor_model():
 @pytest.mark.parametrize("options", [{}, {"query_type": "anchor", "denoising": True, "class_head": "sigmoid"}])
 def test_config_round_trip_rebuilds_the_same_model(options):
     torch.manual_seed(0)
-    model = build_detr(**TINY, **options)
+    model = build_detr(TINY, **options)
     assert isinstance(model.config, DetrConfig)
     config = DetrConfig.from_dict(model.config.to_dict())
     assert config == model.config
@@ -55,7 +55,7 @@ def test_config_round_trip_rebuilds_the_same_model(options):
 
 
 def test_builder_options_replace_the_configs():
-    config = DetrConfig(**TINY)
+    config = TINY
     model = build_detr(config, num_queries=3)
     assert model.config == config.replace(num_queries=3) and model.num_queries == 3
     with pytest.raises(ValueError, match="num_querys"):
@@ -69,7 +69,7 @@ def test_builder_options_replace_the_configs():
 @pytest.mark.parametrize("training", [False, True])
 def test_decode_is_forward_plus_hidden_and_memory(options, training):
     torch.manual_seed(0)
-    model = build_detr(**TINY, **options).train(training)
+    model = build_detr(TINY, **options).train(training)
     images, mask = _batch()
     torch.manual_seed(1)
     out = model(images, mask, return_attention=True, targets=TARGETS)
@@ -78,12 +78,12 @@ def test_decode_is_forward_plus_hidden_and_memory(options, training):
     decoded = model.decode(model.input_proj(features), feature_mask, pos, TARGETS, return_attention=True)
     assert set(decoded) == set(out) | {"hidden", "memory"}
     torch.testing.assert_close(decoded["pred_boxes"], out["pred_boxes"])
-    batch, hidden_dim, (height, width) = 2, TINY["hidden_dim"], feature_mask.shape[-2:]
-    assert decoded["hidden"].shape == (batch, TINY["num_queries"], hidden_dim)
+    batch, hidden_dim, (height, width) = 2, TINY.hidden_dim, feature_mask.shape[-2:]
+    assert decoded["hidden"].shape == (batch, TINY.num_queries, hidden_dim)
     assert decoded["memory"].shape == (batch, height * width, hidden_dim)
     # hidden is what the heads read: group 1's matching queries (no denoising queries, no other groups)
     logits = model.class_embed(decoded["hidden"])
-    torch.testing.assert_close(logits, decoded["pred_logits"][:, :TINY["num_queries"]])
+    torch.testing.assert_close(logits, decoded["pred_logits"][:, :TINY.num_queries])
 
 
 def test_both_detectors_share_one_skeleton():
@@ -97,11 +97,11 @@ def test_both_detectors_share_one_skeleton():
     images, mask = _batch()
     for options in ({}, {"query_type": "anchor"}):
         with pytest.raises(ValueError, match="padding_mask"):
-            build_detr(**TINY, **options)(images, mask[0])
+            build_detr(TINY, **options)(images, mask[0])
 
 
 def test_backbone_stages_are_the_forward_pass_kept_along_the_way():
-    model = build_detr(**TINY).eval()
+    model = build_detr(TINY).eval()
     images, mask = _batch()
     body = model.backbone[0]
     features, feature_mask = body(images, mask)

@@ -11,7 +11,7 @@ import torch
 
 from detr import build_detr
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
-from tests.conftest import tiny_config_with
+from tests.helpers import tiny_config_with
 from tests.reference_detr import ReferenceDETR, sine_position_encoding
 
 LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
@@ -57,7 +57,7 @@ def test_learned_encoding_is_x_first():
 def test_outputs_match_plain_multihead_attention_reference(tiny_config, padded_batch):
     """Same weights in a literal nn.MultiheadAttention implementation → same predictions and attention."""
     torch.manual_seed(0)
-    model = build_detr(**tiny_config).eval()
+    model = build_detr(tiny_config).eval()
     reference = ReferenceDETR(model.backbone[0].body, model.backbone.num_channels, 32, 2, 1, 2, 64, 10, 5).eval()
     reference.load_state_dict(model.state_dict())
     images, mask = padded_batch
@@ -128,7 +128,7 @@ def test_query_permutation_equivariance(tiny_model, padded_batch):
 
 
 def test_pre_norm_adds_encoder_norm_and_runs(tiny_config, padded_batch):
-    model = build_detr(**tiny_config, pre_norm=True).eval()
+    model = build_detr(tiny_config, pre_norm=True).eval()
     assert "transformer.encoder.norm.weight" in model.state_dict()
     out = model(*padded_batch)
     assert torch.isfinite(out["pred_logits"]).all()
@@ -141,7 +141,7 @@ def test_frozen_stages_follow_the_paper():
 
 
 def test_backbone_options_for_training_from_scratch(padded_batch):
-    model = build_detr(**tiny_config_with(num_decoder_layers=1, num_queries=5, num_classes=3,
+    model = build_detr(tiny_config_with(num_decoder_layers=1, num_queries=5, num_classes=3,
                                           backbone_norm="group_norm", backbone_trainable_layers=5,
                                           backbone_last_stage="layer3"))
     assert all(p.requires_grad for p in model.backbone.parameters())
@@ -196,7 +196,7 @@ def torchvision_resnet18():
 
 def test_optimize_for_inference_keeps_outputs(tiny_config, padded_batch):
     torch.manual_seed(0)
-    model = build_detr(**tiny_config).eval()
+    model = build_detr(tiny_config).eval()
     for buffer_name, buffer in model.backbone.named_buffers():  # non-trivial frozen statistics
         if buffer_name.endswith("running_var"):
             buffer.uniform_(0.5, 2.0)

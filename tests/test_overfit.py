@@ -11,7 +11,7 @@ from pycocotools.coco import COCO
 from detr import CategoryMap
 from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from detr.lightning import DetrSystem
-from tests.conftest import InMemoryData, coco_ground_truth, system_args, tiny_config_with
+from tests.helpers import InMemoryData, coco_ground_truth, tiny_config_with
 
 SIZE = 64
 MEAN = torch.tensor(IMAGENET_MEAN)[:, None, None]
@@ -57,8 +57,8 @@ def test_tiny_detr_overfits_three_images(tmp_path) -> None:
     # Small and quick: a frozen random ResNet-18 (GroupNorm, so its random features are normalised) cut
     # after layer3 (4 × 4 features), a 1 + 2 layer transformer, no dropout, a high learning rate.
     system = DetrSystem(
-        **system_args(**tiny_config_with(backbone_norm="group_norm", backbone_trainable_layers=0, backbone_last_stage="layer3",
-                           dropout=0.0, num_classes=2, lr=1e-3, lr_backbone=1e-3)),
+        detr=tiny_config_with(backbone_norm="group_norm", backbone_trainable_layers=0, backbone_last_stage="layer3",
+                              dropout=0.0, num_classes=2), lr=1e-3, lr_backbone=1e-3,
         category_map=CategoryMap.from_coco_categories(CATEGORIES, contiguous=True), evaluation_dir="",
     )
     trainer = L.Trainer(

@@ -12,11 +12,11 @@ from detr.loss.matcher import HungarianMatcher
 from detr.models import build_detr
 from detr.models.segmentation import DETRPanoptic
 from detr.inference.postprocess_masks import PostProcessPanoptic
+from tests.helpers import tiny_config_with
 
-ANCHOR = dict(backbone="resnet18", backbone_last_stage="layer3", backbone_norm="batch_norm", hidden_dim=128,
-              num_heads=8, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=64, num_queries=5,
-              num_classes=3, query_type="anchor", class_head="sigmoid", denoising=True, denoising_groups=2,
-              query_groups=2, dense_aux_head=True, dropout=0.0)
+ANCHOR = tiny_config_with(backbone_last_stage="layer3", backbone_norm="batch_norm", hidden_dim=128, num_heads=8,
+                          num_queries=5, num_classes=3, query_type="anchor", class_head="sigmoid", denoising=True,
+                          denoising_groups=2, query_groups=2, dense_aux_head=True, dropout=0.0)
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
@@ -35,7 +35,7 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]
 
 def test_masks_for_the_matching_queries_only_and_the_detectors_own_predictions():
     torch.manual_seed(0)
-    model = DETRPanoptic(build_detr(**ANCHOR))
+    model = DETRPanoptic(build_detr(ANCHOR))
     images, padding_mask, targets = _batch()
     model.train()
     out = model(images, padding_mask, targets=targets)
@@ -89,11 +89,9 @@ def test_mask_loss_with_query_groups_uses_group_one():
 
 def test_the_mask_stage_runs_a_frozen_anchor_detector_in_eval_mode():
     from detr.lightning.panoptic_system import PanopticSystem
-    from detr.models.config import DetrConfig
-
     categories = [{"id": 1, "isthing": 1}, {"id": 2, "isthing": 1}, {"id": 3, "isthing": 0}]
     system = PanopticSystem(masks=True, freeze_detr=True, categories=categories, panoptic_threshold=0.5,
-                            detr=DetrConfig(**ANCHOR))
+                            detr=ANCHOR)
     system.train()
     assert system.model.training and not system.model.detr.training
     assert system.model.mask_head.training
@@ -114,10 +112,11 @@ def test_anchor_attention_maps_start_centred_on_each_querys_box():
     the authors' learned-query layout): with the content logits zeroed, each query's map peaks at the cell
     nearest its predicted box centre, so different boxes give different maps."""
     torch.manual_seed(0)
-    model = DETRPanoptic(build_detr(**ANCHOR)).eval()
+    model = DETRPanoptic(build_detr(ANCHOR)).eval()
     assert any(key.startswith("bbox_attention.position.") for key in model.state_dict())
-    authors = DETRPanoptic(build_detr(backbone="resnet18", backbone_last_stage="layer3", hidden_dim=128,
-                                      num_encoder_layers=1, num_decoder_layers=1, num_queries=5, num_classes=3))
+    authors = DETRPanoptic(build_detr(tiny_config_with(backbone_last_stage="layer3", hidden_dim=128, num_heads=8,
+                                                       num_decoder_layers=1, dim_feedforward=2048, num_queries=5,
+                                                       num_classes=3)))
     assert authors.bbox_attention.position is None
     assert not any(".position." in key for key in authors.state_dict())
     height = width = 16
@@ -148,9 +147,9 @@ def test_anchor_mask_head_gets_attention_as_a_density_of_each_images_cells():
     torch.testing.assert_close(density[1][..., :3], torch.ones(1, heads, 4, 3))
 
     images, padding_mask, _ = _batch()
-    for config, scaled in ((ANCHOR, True), ({**ANCHOR, "query_type": "learned", "class_head": "softmax",
-                                             "denoising": False, "query_groups": 1, "dense_aux_head": False}, False)):
-        model = DETRPanoptic(build_detr(**config)).eval()
+    for config, scaled in ((ANCHOR, True), (ANCHOR.replace(query_type="learned", class_head="softmax", denoising=False,
+                                                          query_groups=1, dense_aux_head=False), False)):
+        model = DETRPanoptic(build_detr(config)).eval()
         seen = {}
         model.mask_head.register_forward_pre_hook(lambda module, args: seen.update(attention=args[1]))
         with torch.no_grad():

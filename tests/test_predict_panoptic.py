@@ -19,7 +19,7 @@ from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanopt
 from detr.inference.predictor import Predictor
 from detr.models.config import ModelMeta
 from detr.visualize.drawing import draw_panoptic
-from tests.conftest import load_script, tiny_config_with
+from tests.helpers import load_script, tiny_config_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,7 +34,7 @@ def tiny_coco_panoptic() -> torch.nn.Module:
     every query is one of the two, most above the 0.85 panoptic threshold."""
     torch.manual_seed(0)
     # hidden_dim 128 is the smallest the mask head's GroupNorm(8) allows
-    model = build_detr_panoptic(**tiny_config_with(hidden_dim=128, num_heads=8, num_queries=6, dropout=0.0,
+    model = build_detr_panoptic(tiny_config_with(hidden_dim=128, num_heads=8, num_queries=6, dropout=0.0,
                                                    num_classes=250)).eval()
     with torch.no_grad():
         head = model.detr.class_embed

@@ -31,7 +31,7 @@ def checkpoint(tmp_path, tiny_model) -> str:
 def fixed_box_model(tiny_config: dict, box_cxcywh: tuple[float, float, float, float], label: int) -> torch.nn.Module:
     """A tiny model whose every query predicts ``box_cxcywh`` (normalised) with class ``label`` at ~1."""
     torch.manual_seed(0)
-    model = build_detr(**tiny_config, dropout=0.0).eval()
+    model = build_detr(tiny_config, dropout=0.0).eval()
     with torch.no_grad():
         last = model.bbox_embed.layers[-1]
         last.weight.zero_()
@@ -86,7 +86,7 @@ def test_boxes_land_on_exif_rotated_original(tmp_path, tiny_config):
     for source in (path, Image.open(path)):
         (prediction,) = predictor.predict(source)
         assert prediction.image_size == (100, 60)
-        assert len(prediction) == tiny_config["num_queries"]
+        assert len(prediction) == tiny_config.num_queries
         assert set(prediction.label_names) == {"cat"}
         cx, cy, w, h = box
         expected = torch.tensor([(cx - w / 2) * 60, (cy - h / 2) * 100, (cx + w / 2) * 60, (cy + h / 2) * 100])
@@ -194,9 +194,9 @@ def test_label_names_come_from_the_checkpoint(tmp_path, tiny_config, tiny_model)
 
     # An authors' release file (91 classes, no names stored): COCO's names, "N/A" in the id gaps.
     torch.manual_seed(0)
-    coco_model = build_detr(**{**tiny_config, "num_classes": 91}, dropout=0.0)
+    coco_model = build_detr(tiny_config, num_classes=91, dropout=0.0)
     released = save_official(coco_model, tmp_path / "detr-tiny-coco.pth")
-    predictor = Predictor.from_checkpoint(released, device="cpu", num_heads=tiny_config["num_heads"], **SIZES)
+    predictor = Predictor.from_checkpoint(released, device="cpu", num_heads=tiny_config.num_heads, **SIZES)
     assert predictor.category_map == CategoryMap.coco()
     prediction = predictor.predict(np.zeros((64, 64, 3), np.uint8), all_queries=True)[0]
     coco = CategoryMap.coco()
@@ -206,11 +206,11 @@ def test_label_names_come_from_the_checkpoint(tmp_path, tiny_config, tiny_model)
 
 def test_sigmoid_class_head(tiny_config):
     torch.manual_seed(0)
-    model = build_detr(**tiny_config, class_head="sigmoid", dropout=0.0).eval()
+    model = build_detr(tiny_config, class_head="sigmoid", dropout=0.0).eval()
     predictor = Predictor(model, device="cpu", **SIZES)
     (prediction,) = predictor.predict(np.zeros((64, 80, 3), np.uint8), all_queries=True, return_attention=True)
     assert prediction.attention.no_object_scores is None
-    assert prediction.labels.max() < tiny_config["num_classes"]
+    assert prediction.labels.max() < tiny_config.num_classes
     torch.testing.assert_close(prediction.attention.scores, prediction.scores)
 
 

@@ -17,9 +17,8 @@ import detr
 from detr import CategoryMap, build_detr
 from detr.checkpoints import released as pretrained
 from detr.checkpoints import CheckpointError
-from detr.models.config import DetrConfig
 from detr.checkpoints.released import PRETRAINED_MODELS, PretrainedModel
-from tests.conftest import tiny_config_with
+from tests.helpers import tiny_config_with
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_COCO = tiny_config_with(num_classes=91)
@@ -87,7 +86,7 @@ def hub_dir(tmp_path):
 def served_checkpoint(tmp_path):
     """A tiny checkpoint in the authors' release format, named like theirs (-<sha256 prefix>.pth), served."""
     torch.manual_seed(0)
-    model = build_detr(**TINY_COCO)
+    model = build_detr(TINY_COCO)
     folder = tmp_path / "site"
     folder.mkdir()
     staging = folder / "staging.pth"
@@ -130,7 +129,7 @@ def test_init_checkpoint_by_name_goes_through_the_same_download(hub_dir, served_
 
     server, path, original = served_checkpoint
     _register(monkeypatch, _entry(f"http://127.0.0.1:{server.port}/{path.name}", path.name[5:13]))
-    system = DetrSystem(detr=DetrConfig(**{**TINY_COCO, "num_classes": 3}), init_checkpoint="tiny-test")
+    system = DetrSystem(detr=TINY_COCO.replace(num_classes=3), init_checkpoint="tiny-test")
     assert torch.equal(system.model.query_embed.weight, original.query_embed.weight)
     assert system.model.class_embed.weight.shape[0] == 4  # another data set's classes: head re-initialised
     assert server.requests == 1
@@ -178,7 +177,7 @@ def test_a_panoptic_release_loads_by_name(hub_dir, tmp_path, monkeypatch):
     from detr.models.segmentation import DETRPanoptic, build_detr_panoptic
 
     torch.manual_seed(0)
-    original = build_detr_panoptic(**{**TINY_COCO, "hidden_dim": 128, "num_heads": 8, "num_classes": 250})
+    original = build_detr_panoptic(TINY_COCO.replace(hidden_dim=128, num_heads=8, num_classes=250))
     folder = tmp_path / "site"
     folder.mkdir()
     torch.save({"model": original.state_dict()}, folder / "staging.pth")
@@ -199,7 +198,7 @@ def test_a_panoptic_release_loads_by_name(hub_dir, tmp_path, monkeypatch):
 
 def test_an_existing_file_wins_over_a_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    torch.save({"model": build_detr(**TINY_COCO).state_dict()}, tmp_path / "detr-r50")
+    torch.save({"model": build_detr(TINY_COCO).state_dict()}, tmp_path / "detr-r50")
     assert detr.load_checkpoint("detr-r50").config.backbone == "resnet18"
 
 

@@ -9,7 +9,7 @@ from detr import build_detr
 from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
 from detr.models.anchor.model import query_group_attention_mask
-from tests.conftest import tiny_config_with
+from tests.helpers import tiny_config_with
 
 TINY = tiny_config_with(num_queries=6, num_classes=4, dropout=0.0, backbone_last_stage="layer3", query_type="anchor",
                         class_head="sigmoid")
@@ -42,7 +42,7 @@ def test_group_mask_blocks_other_groups_and_keeps_the_denoising_mask():
 @pytest.mark.parametrize("denoising", [False, True])
 def test_groups_train_on_every_group_and_infer_with_the_first(denoising):
     torch.manual_seed(0)
-    model = build_detr(**TINY, denoising=denoising, query_groups=3)
+    model = build_detr(TINY, denoising=denoising, query_groups=3)
     assert model.refpoint_embed.weight.shape == (18, 4)
     images, mask, targets = _batch()
     model.eval()
@@ -117,14 +117,14 @@ def test_the_matcher_counts_groups_from_its_group_size():
 
 def test_query_groups_are_validated_and_stored():
     with pytest.raises(ValueError, match="query_groups must be at least 1"):
-        build_detr(**TINY, query_groups=0)
+        build_detr(TINY, query_groups=0)
     with pytest.raises(ValueError, match="query_type='anchor'"):
-        build_detr(**{**TINY, "query_type": "learned"}, query_groups=2)
-    assert build_detr(**TINY, query_groups=2).config.query_groups == 2
+        build_detr(TINY, query_type="learned", query_groups=2)
+    assert build_detr(TINY, query_groups=2).config.query_groups == 2
 
 
 def test_layer2_cut_gives_a_stride_8_map():
-    model = build_detr(**{**TINY, "backbone_last_stage": "layer2"}, backbone_norm="batch_norm",
+    model = build_detr(TINY, backbone_last_stage="layer2", backbone_norm="batch_norm",
                        backbone_trainable_layers=5)
     body = model.backbone[0]
     features, _ = body(torch.randn(1, 3, 128, 128), torch.zeros(1, 128, 128, dtype=torch.bool))

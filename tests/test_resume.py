@@ -10,10 +10,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from detr.lightning import DetrSystem
-from tests.conftest import InMemoryData, system_args, tiny_config_with
+from tests.helpers import InMemoryData, tiny_config_with
 
-TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3", dropout=0.1, lr=1e-3, lr_backbone=1e-4,
-                        lr_drop_epochs=[2])
+TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3", dropout=0.1)
+RECIPE = dict(lr=1e-3, lr_backbone=1e-4, lr_drop_epochs=[2])
 SIZE = 48
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -40,7 +40,7 @@ def _shuffled_data() -> InMemoryData:
 def _fit(tmp_path, *, max_epochs: int, ckpt_path: str | None = None, init_seed: int = 0) -> DetrSystem:
     L.seed_everything(123)
     torch.manual_seed(init_seed)
-    system = DetrSystem(**system_args(**TINY), evaluation_dir="")
+    system = DetrSystem(detr=TINY, **RECIPE, evaluation_dir="")
     L.seed_everything(123)  # the same seed at the entry point, as `detr fit` does it
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_epochs=max_epochs, deterministic=True, gradient_clip_val=0.1,

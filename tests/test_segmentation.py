@@ -13,7 +13,7 @@ from detr import load_checkpoint
 from detr.checkpoints import CheckpointError
 from detr.models.segmentation import AttentionMap, DETRPanoptic, build_detr_panoptic
 from detr.categories import coco_panoptic_category_map
-from tests.conftest import tiny_config_with
+from tests.helpers import tiny_config_with
 from tests.reference_detr import ReferenceDETR
 from tests.reference_segmentation import ReferencePanoptic
 
@@ -63,7 +63,7 @@ def random_state_dict(layout: dict[str, list[int]], seed: int = 0) -> dict[str, 
 @pytest.fixture
 def tiny_panoptic():
     torch.manual_seed(0)
-    model = build_detr_panoptic(**TINY).eval()
+    model = build_detr_panoptic(TINY).eval()
     with torch.no_grad():  # non-trivial GroupNorm affine and frozen BN statistics
         for name, tensor in model.named_parameters():
             if ".gn" in name:
@@ -127,7 +127,7 @@ def test_masks_follow_a_query_permutation(tiny_panoptic, padded_batch):
 
 def test_frozen_detector_trains_only_the_mask_head(padded_batch):
     torch.manual_seed(0)
-    model = build_detr_panoptic(**TINY, freeze_detr=True)
+    model = build_detr_panoptic(TINY, freeze_detr=True)
     assert not any(p.requires_grad for p in model.detr.parameters())
     model(*padded_batch)["pred_masks"].sum().backward()
     heads = [p for name, p in model.named_parameters() if not name.startswith("detr.")]
@@ -136,7 +136,7 @@ def test_frozen_detector_trains_only_the_mask_head(padded_batch):
 
 def test_unsupported_detectors_are_refused():
     with pytest.raises(ValueError, match="multiple of 128"):
-        build_detr_panoptic(**{**TINY, "hidden_dim": 64})
+        build_detr_panoptic(TINY.replace(hidden_dim=64))
     # the anchor-query detector is accepted (tests/test_panoptic_anchor.py)
 
 

@@ -19,7 +19,7 @@ from detr.data.shapes import (
     shapes_dataset_is_complete,
     write_shapes_dataset,
 )
-from tests.conftest import load_script
+from tests.helpers import load_script
 
 TINY = ShapesConfig(num_train=12, num_val=4, image_size=64, min_object_size=8, max_object_size=24,
                     empty_fraction=0.25)

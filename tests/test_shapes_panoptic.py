@@ -52,7 +52,7 @@ def test_ground_truth_scores_pq_one_and_rewrite_is_idempotent(root):
 
 
 def test_make_shapes_cli_writes_panoptic_annotations(tmp_path, capsys):
-    from tests.conftest import load_script
+    from tests.helpers import load_script
 
     module = load_script("tools/make_shapes.py")
     argv = ["--out", str(tmp_path / "s"), "--num-train", "2", "--num-val", "1", "--image-size", "32",

@@ -6,55 +6,21 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
-from pycocotools.coco import COCO
 
 from detr import CategoryMap, load_checkpoint
 from detr.lightning import DetrSystem, NonFiniteLossError
-from tests.conftest import InMemoryData, coco_ground_truth, collate_unpadded, system_args, tiny_config_with
+from detr.models.config import DetrConfig
+from tests.helpers import ANIMALS, animal_data, animal_samples, collate_unpadded, tiny_config_with
 
 TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3")
-CATEGORIES = [{"id": 4, "name": "cat"}, {"id": 9, "name": "dog"}, {"id": 17, "name": "fish"}]
-SIZE = 64
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _samples() -> list[tuple[torch.Tensor, dict]]:
-    """Four 64 × 64 images with 0–2 boxes (one image has none); labels are contiguous 0..2."""
-    generator = torch.Generator().manual_seed(0)
-    boxes = [[[0.3, 0.3, 0.2, 0.3]], [[0.6, 0.5, 0.4, 0.2], [0.2, 0.7, 0.2, 0.2]], [], [[0.5, 0.5, 0.5, 0.5]]]
-    labels = [[0], [1, 2], [], [2]]
-    samples = []
-    for index, (b, l) in enumerate(zip(boxes, labels)):
-        target = {"boxes": torch.tensor(b, dtype=torch.float32).reshape(-1, 4),
-                  "labels": torch.tensor(l, dtype=torch.int64),
-                  "image_id": torch.tensor(index + 1), "orig_size": torch.tensor([SIZE, SIZE]),
-                  "size": torch.tensor([SIZE, SIZE])}
-        samples.append((torch.randn(3, SIZE, SIZE, generator=generator), target))
-    return samples
-
-
-def _ground_truth(samples: list) -> COCO:
-    annotations = []
-    for image, target in samples:
-        for (cx, cy, w, h), label in zip(target["boxes"].tolist(), target["labels"].tolist()):
-            annotations.append({"id": len(annotations) + 1, "image_id": int(target["image_id"]),
-                                "category_id": CATEGORIES[label]["id"], "iscrowd": 0, "area": w * h * SIZE * SIZE,
-                                "bbox": [(cx - w / 2) * SIZE, (cy - h / 2) * SIZE, w * SIZE, h * SIZE]})
-    return coco_ground_truth({"images": [{"id": int(t["image_id"]), "width": SIZE, "height": SIZE} for _, t in samples],
-                              "annotations": annotations, "categories": CATEGORIES})
-
-
-def _in_memory_data() -> InMemoryData:
-    """The four samples in batches of 2, with their ground truth as ``val_dataset.coco``."""
-    samples = _samples()
-    return InMemoryData(samples, coco=_ground_truth(samples))
-
-
-def _system(**overrides) -> DetrSystem:
+def _system(detr: DetrConfig = TINY, **recipe) -> DetrSystem:
     torch.manual_seed(0)
-    category_map = CategoryMap.from_coco_categories(CATEGORIES, contiguous=True)
-    return DetrSystem(**system_args(**{**TINY, **overrides}), category_map=category_map, evaluation_dir="")
+    category_map = CategoryMap.from_coco_categories(ANIMALS, contiguous=True)
+    return DetrSystem(detr=detr, **recipe, category_map=category_map, evaluation_dir="")
 
 
 def _trainer(tmp_path, **kwargs) -> L.Trainer:
@@ -68,7 +34,7 @@ def _trainer(tmp_path, **kwargs) -> L.Trainer:
 def test_fit_logs_every_term_and_coco_stats(tmp_path) -> None:
     system = _system()
     trainer = _trainer(tmp_path, enable_checkpointing=False)
-    trainer.fit(system, datamodule=_in_memory_data())
+    trainer.fit(system, datamodule=animal_data())
     logged = trainer.logged_metrics
     for name in ("train/loss", "train/loss_ce", "train/loss_bbox", "train/loss_giou", "train/loss_ce_0",
                  "train/loss_bbox_0", "train/loss_giou_0", "train/class_error", "train/cardinality_error",
@@ -82,7 +48,7 @@ def test_fit_logs_every_term_and_coco_stats(tmp_path) -> None:
 def test_bf16_mixed_precision_trains_with_a_float32_loss(tmp_path) -> None:
     system = _system()
     trainer = _trainer(tmp_path, enable_checkpointing=False, precision="bf16-mixed", limit_val_batches=1)
-    trainer.fit(system, datamodule=_in_memory_data())
+    trainer.fit(system, datamodule=animal_data())
     assert torch.isfinite(trainer.logged_metrics["train/loss"])
     assert trainer.logged_metrics["train/loss"].dtype == torch.float32
     assert "val/AP" in trainer.logged_metrics
@@ -90,7 +56,7 @@ def test_bf16_mixed_precision_trains_with_a_float32_loss(tmp_path) -> None:
 
 def test_total_loss_is_the_weighted_sum() -> None:
     system = _system()
-    images, mask, targets = collate_unpadded(_samples()[:2])
+    images, mask, targets = collate_unpadded(animal_samples()[:2])
     losses = system.compute_losses(system(images, mask), targets)
     expected = sum(losses[k] * w for k, w in system.criterion.weight_dict.items())
     assert torch.allclose(losses["loss"], expected)
@@ -134,14 +100,15 @@ def test_linear_warmup_then_step_decay() -> None:
 def test_convergence_options_train_and_evaluate(tmp_path) -> None:
     """Anchor queries + denoising + sigmoid/focal head + query groups + dense head + NHWC bfloat16 backbone
     (docs/convergence.md) go through the same training system."""
-    system = _system(query_type="anchor", denoising=True, denoising_groups=2, class_head="sigmoid", cost_class=2.0,
-                     query_groups=2, dense_aux_head=True, channels_last=True, backbone_bf16=True)
+    system = _system(TINY.replace(query_type="anchor", denoising=True, denoising_groups=2, class_head="sigmoid",
+                                  query_groups=2, dense_aux_head=True), cost_class=2.0, channels_last=True,
+                     backbone_bf16=True)
     assert "loss_ce_dn" in system.criterion.weight_dict and system.postprocess.class_head == "sigmoid"
     assert system.model.backbone[0].autocast_dtype == torch.bfloat16
     assert "loss_ce_dense" in system.criterion.weight_dict and system.model.backbone[0].channels_last
     assert system.model.backbone[0].body.conv1.weight.is_contiguous(memory_format=torch.channels_last)
     trainer = _trainer(tmp_path, enable_checkpointing=False)
-    trainer.fit(system, datamodule=_in_memory_data())
+    trainer.fit(system, datamodule=animal_data())
     assert {"train/loss_bbox_dn", "train/loss_ce_dn_0", "train/loss_giou_dense", "val/AP"} <= set(trainer.logged_metrics)
     assert torch.isfinite(trainer.logged_metrics["train/loss"])
 
@@ -149,7 +116,7 @@ def test_convergence_options_train_and_evaluate(tmp_path) -> None:
 def test_checkpoint_carries_config_and_category_map(tmp_path) -> None:
     system = _system()
     trainer = _trainer(tmp_path, max_steps=1, limit_val_batches=0)
-    trainer.fit(system, datamodule=_in_memory_data())
+    trainer.fit(system, datamodule=animal_data())
     path = tmp_path / "system.ckpt"
     trainer.save_checkpoint(path)
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # no pickled objects
@@ -159,7 +126,7 @@ def test_checkpoint_carries_config_and_category_map(tmp_path) -> None:
 
     model = load_checkpoint(path)
     assert model.meta.category_map.names == ("cat", "dog", "fish") and model.num_classes == 3
-    images, mask, _ = collate_unpadded(_samples()[:2])
+    images, mask, _ = collate_unpadded(animal_samples()[:2])
     system.eval()
     with torch.no_grad():
         assert torch.allclose(model(images, mask)["pred_boxes"], system(images, mask)["pred_boxes"])
@@ -170,7 +137,7 @@ def test_checkpoint_carries_config_and_category_map(tmp_path) -> None:
 
 def test_predict_step_returns_post_processed_detections_with_category_ids() -> None:
     system = _system().eval()
-    images, mask, targets = collate_unpadded(_samples()[:2])
+    images, mask, targets = collate_unpadded(animal_samples()[:2])
     targets = [{k: t[k] for k in ("image_id", "orig_size", "size")} | {"file_name": f"{i}.png"}
                for i, t in enumerate(targets)]
     with torch.no_grad():
@@ -187,7 +154,7 @@ def test_non_finite_predictions_stop_with_step(tmp_path) -> None:
     trainer = _trainer(tmp_path, enable_checkpointing=False)
     before = system.model.query_embed.weight.detach().clone()
     with pytest.raises(NonFiniteLossError, match=r"global step 0 \(epoch 0, batch 0\).*pred_logits 20"):
-        trainer.fit(system, datamodule=_in_memory_data())
+        trainer.fit(system, datamodule=animal_data())
     assert torch.equal(system.model.query_embed.weight, before)  # nothing was written
 
 
@@ -204,13 +171,13 @@ def test_non_finite_loss_names_step_and_terms(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(system.criterion, "loss_boxes", explode_at_third_step)
     with pytest.raises(NonFiniteLossError, match=r"global step 2 \(epoch 1, batch 0\).*loss_giou=inf"):
-        trainer.fit(system, datamodule=_in_memory_data())
+        trainer.fit(system, datamodule=animal_data())
     assert trainer.global_step == 2  # the third update never happened
 
 
 def test_category_map_must_match_num_classes() -> None:
     with pytest.raises(ValueError, match="num_classes"):
-        DetrSystem(**system_args(**{**TINY, "num_classes": 5}), category_map={"category_ids": [1], "names": ["a"]})
+        DetrSystem(detr=TINY.replace(num_classes=5), category_map={"category_ids": [1], "names": ["a"]})
 
 
 @pytest.mark.parametrize("has_bfloat16", [True, False])

@@ -9,22 +9,20 @@ import pytest
 import torch
 from PIL import Image
 
-from detr import CategoryMap
+from detr import CategoryMap, build_detr
 from detr.inference.predictor import Predictor
 from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure, select_queries
+from tests.helpers import TINY, load_tool
 
 NAMES = CategoryMap(category_ids=(1, 2, 3, 4, 5), names=("ant", "bee", "cat", "dog", "eel"))
 
 
 @pytest.fixture(scope="module")
 def predictor(tmp_path_factory) -> Predictor:
-    from detr import build_detr
-    from tests.conftest import TINY
-
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("ckpt") / "tiny.pth"
-    torch.save({"model": build_detr(**TINY, dropout=0.0).state_dict()}, path)
-    return Predictor.from_checkpoint(path, device="cpu", num_heads=TINY["num_heads"], category_map=NAMES,
+    torch.save({"model": build_detr(TINY, dropout=0.0).state_dict()}, path)
+    return Predictor.from_checkpoint(path, device="cpu", num_heads=TINY.num_heads, category_map=NAMES,
                                      min_size=64, max_size=100)
 
 
@@ -101,14 +99,9 @@ def test_figures_need_attention_and_valid_layer(predictor):
 
 
 def test_visualize_attention_tool_writes_both_figures(tmp_path):
-    from tests.conftest import TINY
-    from tests.test_predict_tool import load_tool
-
-    from detr import build_detr
-
     torch.manual_seed(0)
     checkpoint = tmp_path / "tiny.pth"
-    torch.save({"model": build_detr(**TINY, dropout=0.0).state_dict()}, checkpoint)
+    torch.save({"model": build_detr(TINY, dropout=0.0).state_dict()}, checkpoint)
     image = tmp_path / "gray.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 72), dtype=np.uint8), "L").save(image)
     out = tmp_path / "figures" / "attention.png"

@@ -1,0 +1,192 @@
+"""What test modules share: the one tiny model config, small in-memory data, and loaders for the scripts of
+tools/ and benchmarks/. Fixtures live in conftest.py (they import from here); test modules import from here,
+never from conftest or from one another."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import io
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import lightning as L
+import torch
+from pycocotools.coco import COCO
+from torch.utils.data import DataLoader
+
+from detr.models.config import DetrConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: The tiny detector every test and benchmark builds from: a few-second CPU model with the paper's layout.
+TINY = DetrConfig(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
+                  dim_feedforward=64, num_queries=10, num_classes=5)
+
+
+def tiny_config_with(**changes: Any) -> DetrConfig:
+    """:data:`TINY` with some fields changed, so a test module states only what it needs different."""
+    return TINY.replace(**changes)
+
+
+#: Command-line overrides that shrink any config's model to :data:`TINY` for a few-second CPU fit (tiny shapes
+#: images, hence layer3).
+TINY_CLI_MODEL = [
+    *(f"--model.detr.{name}={getattr(TINY, name)}" for name in ("backbone", "hidden_dim", "num_heads",
+                                                               "num_encoder_layers", "num_decoder_layers",
+                                                               "dim_feedforward", "num_queries")),
+    "--model.detr.backbone_last_stage=layer3",
+]
+
+
+def coco_ground_truth(dataset: dict) -> COCO:
+    """A pycocotools ``COCO`` over a copy of ``dataset`` (images, annotations, categories), indexed without
+    pycocotools' prints."""
+    coco = COCO()
+    coco.dataset = copy.deepcopy(dataset)
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+def collate_unpadded(samples: list) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
+    """Same-size ``(image [3, H, W], target)`` samples → the batch contract: images [B, 3, H, W], padding mask
+    bool [B, H, W] (all False: nothing is padded) and the targets."""
+    images = torch.stack([s[0] for s in samples])
+    return images, torch.zeros(images.shape[0], *images.shape[-2:], dtype=torch.bool), [s[1] for s in samples]
+
+
+class InMemoryData(L.LightningDataModule):
+    """A data module over samples held in memory, batched with :func:`collate_unpadded`.
+
+    Args:
+        samples: ``(image, target)`` pairs for training, and for validation unless ``val_samples`` is given.
+        coco: ground truth offered as ``val_dataset.coco``, as the real data module does (None: no
+            ``val_dataset``).
+        batch_size: of both loaders.
+        shuffle: shuffle the training loader.
+        train_repeats: the training loader goes over the samples this many times an epoch.
+    """
+
+    def __init__(self, samples: list, *, coco: Any = None, batch_size: int = 2, shuffle: bool = False,
+                 train_repeats: int = 1, val_samples: list | None = None) -> None:
+        super().__init__()
+        self.samples = samples
+        self.val_samples = samples if val_samples is None else val_samples
+        self.batch_size, self.shuffle, self.train_repeats = batch_size, shuffle, train_repeats
+        if coco is not None:
+            self.val_dataset = SimpleNamespace(coco=coco)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.samples * self.train_repeats, batch_size=self.batch_size, shuffle=self.shuffle,
+                          collate_fn=collate_unpadded)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_samples, batch_size=self.batch_size, collate_fn=collate_unpadded)
+
+
+#: The categories of :func:`animal_samples` (COCO ids that are not contiguous; labels 0..2 map onto them).
+ANIMALS = [{"id": 4, "name": "cat"}, {"id": 9, "name": "dog"}, {"id": 17, "name": "fish"}]
+ANIMAL_IMAGE_SIZE = 64
+
+
+def animal_samples() -> list[tuple[torch.Tensor, dict]]:
+    """Four 64 × 64 random images with 0–2 boxes (one image has none); labels are contiguous 0..2."""
+    size = ANIMAL_IMAGE_SIZE
+    generator = torch.Generator().manual_seed(0)
+    boxes = [[[0.3, 0.3, 0.2, 0.3]], [[0.6, 0.5, 0.4, 0.2], [0.2, 0.7, 0.2, 0.2]], [], [[0.5, 0.5, 0.5, 0.5]]]
+    labels = [[0], [1, 2], [], [2]]
+    samples = []
+    for index, (b, l) in enumerate(zip(boxes, labels)):
+        target = {"boxes": torch.tensor(b, dtype=torch.float32).reshape(-1, 4),
+                  "labels": torch.tensor(l, dtype=torch.int64),
+                  "image_id": torch.tensor(index + 1), "orig_size": torch.tensor([size, size]),
+                  "size": torch.tensor([size, size])}
+        samples.append((torch.randn(3, size, size, generator=generator), target))
+    return samples
+
+
+def animal_ground_truth(samples: list) -> COCO:
+    """The COCO ground truth of :func:`animal_samples` (pixel ``xywh`` boxes, :data:`ANIMALS` ids)."""
+    size = ANIMAL_IMAGE_SIZE
+    annotations = []
+    for image, target in samples:
+        for (cx, cy, w, h), label in zip(target["boxes"].tolist(), target["labels"].tolist()):
+            annotations.append({"id": len(annotations) + 1, "image_id": int(target["image_id"]),
+                                "category_id": ANIMALS[label]["id"], "iscrowd": 0, "area": w * h * size * size,
+                                "bbox": [(cx - w / 2) * size, (cy - h / 2) * size, w * size, h * size]})
+    return coco_ground_truth({"images": [{"id": int(t["image_id"]), "width": size, "height": size} for _, t in samples],
+                              "annotations": annotations, "categories": ANIMALS})
+
+
+def animal_data() -> InMemoryData:
+    """The four :func:`animal_samples` in batches of 2, with their ground truth as ``val_dataset.coco``."""
+    samples = animal_samples()
+    return InMemoryData(samples, coco=animal_ground_truth(samples))
+
+
+def write_tiny_shapes(tmp_path_factory, *, num_train: int = 8, num_val: int = 4, seed: int = 3) -> Path:
+    """A COCO-layout shapes set of 64 px images (5 classes, at most 6 objects of 12 to 32 px) in a new
+    temporary folder; returns the folder."""
+    from detr.data.shapes import ShapesConfig, write_shapes_dataset
+
+    root = tmp_path_factory.mktemp("tiny_shapes")
+    write_shapes_dataset(root, ShapesConfig(num_train=num_train, num_val=num_val, image_size=64, min_object_size=12,
+                                            max_object_size=32, seed=seed))
+    return root
+
+
+def tiny_fit_args(data_root, out_dir, *extra: str) -> list[str]:
+    """``detr fit`` arguments for a few-step CPU run of the demo config on ``data_root`` into ``out_dir``:
+    batch 4 (2 steps an epoch on the ``tiny_shapes_root`` fixture), validation every epoch, no progress bar."""
+    config = REPO / "configs" / "demo_shapes_cpu.yaml"
+    return [
+        "fit", "--config", str(config), f"--data.root={data_root}", "--data.batch_size=4", "--data.val_batch_size=4",
+        "--data.num_workers=0", *TINY_CLI_MODEL, f"--trainer.default_root_dir={out_dir}",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.max_epochs=-1",
+        *extra,
+    ]
+
+
+def load_script(relative_path: str):
+    """Import a script of tools/ or benchmarks/ (folders of scripts, not packages) from its path in the
+    repository, e.g. ``load_script("tools/predict.py")``; each call executes the file afresh."""
+    path = REPO / relative_path
+    name = f"script_{path.parent.name}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_tool(name: str):
+    """The script ``tools/<name>.py`` as a module (see :func:`load_script`)."""
+    return load_script(f"tools/{name}.py")
+
+
+#: Embedding tables (ours and transformers' names), drawn standard normal by :func:`randomise`.
+TABLES = {"query_embed", "query_position_embeddings", "row_embed", "col_embed", "row_embeddings", "column_embeddings"}
+
+
+def randomise(module: torch.nn.Module, seed: int) -> None:
+    """Random weights, so that every query predicts a different box (transformers' init gives them all the
+    same one): matrices with variance 1 / fan-in, embeddings standard normal, norm scales and batch-norm
+    variances in [0.5, 1.5], other vectors small."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            if not tensor.is_floating_point():
+                continue
+            noise = torch.randn(tensor.shape, generator=generator)
+            if name.rsplit(".", 2)[-2] in TABLES:
+                tensor.copy_(noise)
+            elif tensor.dim() > 1:
+                tensor.copy_(noise / tensor[0].numel() ** 0.5)
+            elif name.endswith("running_var") or (name.endswith("weight") and ("norm" in name or "bn" in name)):
+                tensor.copy_(torch.rand(tensor.shape, generator=generator) + 0.5)
+            else:
+                tensor.copy_(noise * 0.05)
