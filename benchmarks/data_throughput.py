@@ -20,6 +20,7 @@ import albumentations
 import cv2
 import PIL
 import torch
+from machine import describe_machine
 from torch.utils.data import DataLoader
 
 from detr.data.coco import CocoDetection
@@ -27,7 +28,6 @@ from detr.data.collate import collate_detection
 from detr.data.images import load_rgb_image
 from detr.data.transforms import make_train_transform
 from detr.lightning.datamodule import seed_worker_transform
-from machine import describe_machine
 
 
 def rate(count: int, seconds: float) -> str:

@@ -42,13 +42,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers (the tiny model of --quick)
 
+from machine import describe_machine  # noqa: E402
+
 from detr.data.coco import CocoDetection  # noqa: E402
 from detr.data.collate import collate_detection, pad_images  # noqa: E402
 from detr.data.transforms import make_train_transform  # noqa: E402
 from detr.lightning.datamodule import seed_worker_transform  # noqa: E402
 from detr.lightning.system import DetrSystem  # noqa: E402
 from detr.models.config import DetrConfig  # noqa: E402
-from machine import describe_machine  # noqa: E402
 from tests.helpers import TINY  # noqa: E402
 
 PRECISIONS = ("fp32", "tf32", "bf16")

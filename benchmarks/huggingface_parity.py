@@ -24,12 +24,13 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers
 
+from machine import describe_machine  # noqa: E402
+
 import detr  # noqa: E402
 from detr.categories import CategoryMap  # noqa: E402
+from detr.checkpoints.huggingface import save_pretrained  # noqa: E402
 from detr.data.collate import pad_images  # noqa: E402
 from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
-from detr.checkpoints.huggingface import save_pretrained  # noqa: E402
-from machine import describe_machine  # noqa: E402
 from tests.helpers import randomise  # noqa: E402
 
 PHOTOS = Path(__file__).resolve().parents[1] / "data" / "photos"

@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 import torch
+from machine import describe_machine
 
 from detr import build_detr
 from detr.inference.predictor import Predictor
-from machine import describe_machine
 
 
 def measure(predictor: Predictor, images: list[np.ndarray], *, warmup: int, iterations: int) -> list[float]:

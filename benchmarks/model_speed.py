@@ -14,9 +14,9 @@ import time
 from contextlib import nullcontext
 
 import torch
+from machine import describe_machine
 
 from detr import HungarianMatcher, SetCriterion, build_detr
-from machine import describe_machine
 
 
 def timed(fn, repeats: int, warmup: int, device: torch.device) -> list[float]:

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from machine import describe_machine
 
 from detr import build_detr
 from detr.checkpoints.export import export
-from machine import describe_machine
 
 
 def ort_session(path: Path, threads: int):

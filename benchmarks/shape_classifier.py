@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torchvision
-
 from convergence import shapes_root
+from machine import describe_machine
+
 from detr.categories import CategoryMap
 from detr.data.images import load_rgb_image
 from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from machine import describe_machine
 
 CROP = 48
 

@@ -12,7 +12,7 @@ import torch
 from detr import CategoryMap, build_detr, load_checkpoint
 from detr.checkpoints import CheckpointError, infer_model_config, save_checkpoint
 from detr.checkpoints.formats import INFERRED_FIELDS
-from detr.models.config import DetrConfig, ModelMeta
+from detr.models.config import ModelMeta
 from detr.models.segmentation import DETRPanoptic, build_detr_panoptic
 from tests.helpers import tiny_config_with
 
@@ -110,7 +110,7 @@ def test_lightning_checkpoint_with_config_and_categories(tmp_path, tiny_config):
 
 @pytest.mark.parametrize("file_name", ["model.ckpt", "model.pth"])
 def test_meta_survives_save_and_load(tmp_path, tiny_config, file_name):
-    model = build_detr(**tiny_config)
+    model = build_detr(tiny_config)
     meta = ModelMeta(category_map=CategoryMap((3, 7, 9, 11, 12), ("a", "b", "c", "d", "e")), eval_size=(160, 240))
     model.meta = meta
     loaded = load_checkpoint(save_checkpoint(model, tmp_path / file_name))
@@ -119,7 +119,7 @@ def test_meta_survives_save_and_load(tmp_path, tiny_config, file_name):
 
 
 def test_panoptic_meta_survives_save_and_load(tmp_path):
-    model = build_detr_panoptic(DetrConfig(**tiny_config_with(hidden_dim=128, num_heads=8)))
+    model = build_detr_panoptic(tiny_config_with(hidden_dim=128, num_heads=8))
     meta = ModelMeta(category_map=CategoryMap((1, 2, 3, 4, 5), ("a", "b", "c", "d", "sky")), eval_size=(96, 160),
                      is_thing=(True, True, True, True, False), panoptic_threshold=0.3, panoptic_overlap_threshold=0.8)
     model.meta = meta

@@ -13,13 +13,13 @@ import torch
 
 from detr import build_detr
 from detr.checkpoints import load_checkpoint
-from detr.loss.criterion import SetCriterion
 from detr.data.images import load_rgb_image
 from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from detr.inference.postprocess import PostProcess
+from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
 from detr.models.config import field_names
 from detr.models.detr import DETR
-from detr.inference.postprocess import PostProcess
 from tests.helpers import load_script, tiny_config_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: 2 threads on shared cores are 10x slower

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from detr.loss.criterion import SetCriterion
-from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.loss.matcher import HungarianMatcher
+from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.models.config import DetrConfig
 
 

@@ -14,9 +14,9 @@ import torch
 from PIL import Image
 
 from detr import build_detr
+from detr.inference.predictor import Predictor
 from detr.lightning.system import DetrSystem
 from detr.loss.matcher import HungarianMatcher
-from detr.inference.predictor import Predictor
 from tests.helpers import TINY, InMemoryData
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

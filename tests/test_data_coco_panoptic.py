@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from detr.loss.masks import SetCriterionWithMasks
+from detr.categories import coco_panoptic_categories_json, coco_panoptic_category_map
 from detr.data.coco_panoptic import CocoPanoptic, is_coco_panoptic, masks_to_boxes_xyxy
 from detr.data.collate import collate_detection
 from detr.data.shapes import ShapesConfig
 from detr.data.shapes_panoptic import write_shapes_panoptic
 from detr.data.transforms import make_eval_transform, make_train_transform
-from detr.categories import coco_panoptic_categories_json, coco_panoptic_category_map
+from detr.loss.masks import SetCriterionWithMasks
 from tests.helpers import tiny_config_with
 
 CONFIG = ShapesConfig(num_train=6, num_val=2, image_size=64, min_object_size=10, max_object_size=30, max_objects=4)
@@ -87,8 +87,8 @@ def test_coco_panoptic_categories_give_the_authors_label_space():
 def test_predictions_score_against_the_ground_truth(root):
     """Data set → model → panoptic post-processing → PQ runs end to end; the ground truth scores PQ 1."""
     from detr.evaluation.panoptic import PanopticQuality
-    from detr.models.segmentation import build_detr_panoptic
     from detr.inference.postprocess_masks import PostProcessPanoptic
+    from detr.models.segmentation import build_detr_panoptic
 
     data = dataset(root)
     metric, perfect = PanopticQuality(data.categories), PanopticQuality(data.categories)

@@ -8,8 +8,8 @@ import torch
 import detr.models.anchor.denoising as denoising
 from detr import build_detr
 from detr.loss.criterion import SetCriterion
-from detr.loss.parts import denoising_indices
 from detr.loss.matcher import HungarianMatcher
+from detr.loss.parts import denoising_indices
 from detr.models.anchor.denoising import DenoisingMeta, DenoisingQueries, denoising_attention_mask
 from tests.helpers import tiny_config_with
 

@@ -9,9 +9,8 @@ from torchvision.ops import generalized_box_iou, sigmoid_focal_loss
 from detr import build_detr
 from detr.box_ops import cxcywh_to_xyxy
 from detr.loss.criterion import SetCriterion
-from detr.loss.parts import DenseLoss
 from detr.loss.matcher import HungarianMatcher
-from detr.loss.parts import dense_assignment
+from detr.loss.parts import DenseLoss, dense_assignment
 from tests.helpers import tiny_config_with
 
 TINY = tiny_config_with(num_queries=5, num_classes=3, dropout=0.0, backbone_last_stage="layer3", class_head="sigmoid")

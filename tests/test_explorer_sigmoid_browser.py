@@ -12,8 +12,8 @@ import torch
 
 from detr import build_detr
 from detr.visualize.explorer import write_attention_explorer
-from tests.helpers import tiny_config_with
 from tests.browser import DevToolsPipe, Page
+from tests.helpers import tiny_config_with
 
 NO_OBJECT_COLUMN = ("Array.from(document.querySelectorAll('#query-list tr'))"
                     ".map(row => row.cells[3].textContent)")

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from detr.inference.postprocess import PostProcess
 from detr.loss.criterion import SetCriterion
 from detr.loss.focal import focal_class_cost, sigmoid_focal_loss
 from detr.loss.matcher import HungarianMatcher
-from detr.inference.postprocess import PostProcess
 from detr.models.config import DetrConfig
 
 

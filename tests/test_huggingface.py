@@ -15,9 +15,9 @@ from PIL import Image
 import detr
 from detr import build_detr
 from detr.checkpoints import CheckpointError
-from detr.data.collate import pad_images
 from detr.checkpoints.formats import ExportError
 from detr.checkpoints.huggingface import save_pretrained, to_huggingface_state_dict
+from detr.data.collate import pad_images
 from detr.models.config import ModelMeta
 from tests.helpers import randomise, tiny_config_with
 

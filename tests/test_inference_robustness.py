@@ -17,7 +17,6 @@ from detr.inference.outputs import predict_files, unique_file_names
 from detr.inference.predictor import Predictor
 from detr.visualize.explorer import write_attention_explorer
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -21,7 +21,6 @@ from detr.lightning.cli import main
 from detr.lightning.data_checks import DataCheckError
 from tests.helpers import TINY, tiny_fit_args
 
-
 pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import itertools
 
 import torch
+from torchvision.ops import generalized_box_iou
 
 from detr import HungarianMatcher
 from detr.box_ops import cxcywh_to_xyxy
-from torchvision.ops import generalized_box_iou
 
 
 def random_problem(batch, queries, classes, sizes, seed=0):

@@ -27,7 +27,7 @@ def test_the_paper_model_has_no_anchor_parts():
     for name in ("refpoint_embed", "denoising", "query_groups"):
         assert not hasattr(model, name)
     assert not any(key.startswith(("refpoint_embed.", "denoising.")) for key in model.state_dict())
-    for attribute in ("num_classes", "num_queries", "aux_loss", "class_head", "config", "category_map", "stride"):
+    for attribute in ("num_classes", "num_queries", "aux_loss", "class_head", "config", "meta", "stride"):
         assert hasattr(model, attribute)
 
 

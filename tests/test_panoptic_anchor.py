@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from detr.inference.postprocess_masks import PostProcessPanoptic
 from detr.loss.masks import SetCriterionWithMasks
 from detr.loss.matcher import HungarianMatcher
 from detr.models import build_detr
 from detr.models.segmentation import DETRPanoptic
-from detr.inference.postprocess_masks import PostProcessPanoptic
 from tests.helpers import tiny_config_with
 
 ANCHOR = tiny_config_with(backbone_last_stage="layer3", backbone_norm="batch_norm", hidden_dim=128, num_heads=8,

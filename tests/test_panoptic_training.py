@@ -19,10 +19,10 @@ from detr import load_checkpoint
 from detr.data.panoptic_checks import PanopticDataError
 from detr.data.shapes import ShapesConfig
 from detr.data.shapes_panoptic import write_shapes_panoptic
+from detr.inference.predictor import Predictor
 from detr.lightning.cli import make_cli, panoptic_main
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.models.segmentation import DETRPanoptic
-from detr.inference.predictor import Predictor
 
 REPO = Path(__file__).resolve().parents[1]
 BOXES_CONFIG = REPO / "configs" / "demo_shapes_panoptic_boxes_cpu.yaml"

@@ -12,12 +12,12 @@ import pytest
 import torch
 from PIL import Image
 
-from detr.data.collate import pad_images
-from detr.models.segmentation import build_detr_panoptic
 from detr.categories import coco_panoptic_category_map, coco_panoptic_is_thing
+from detr.data.collate import pad_images
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, rgb_to_id_map
 from detr.inference.predictor import Predictor
 from detr.models.config import ModelMeta
+from detr.models.segmentation import build_detr_panoptic
 from detr.visualize.drawing import draw_panoptic
 from tests.helpers import load_script, tiny_config_with
 

@@ -15,8 +15,8 @@ import torch
 
 import detr
 from detr import CategoryMap, build_detr
-from detr.checkpoints import released as pretrained
 from detr.checkpoints import CheckpointError
+from detr.checkpoints import released as pretrained
 from detr.checkpoints.released import PRETRAINED_MODELS, PretrainedModel
 from tests.helpers import tiny_config_with
 

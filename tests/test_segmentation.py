@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from detr import load_checkpoint
+from detr.categories import coco_panoptic_category_map
 from detr.checkpoints import CheckpointError
 from detr.models.segmentation import AttentionMap, DETRPanoptic, build_detr_panoptic
-from detr.categories import coco_panoptic_category_map
 from tests.helpers import tiny_config_with
 from tests.reference_detr import ReferenceDETR
 from tests.reference_segmentation import ReferencePanoptic

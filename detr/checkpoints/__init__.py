@@ -27,8 +27,15 @@ import torch
 from detr.categories import CategoryMap
 from detr.checkpoints import released
 from detr.checkpoints.atomic import write_atomically
-from detr.checkpoints.formats import (CheckpointContents, CheckpointError, ExportError, checkpoint_record,
-                                      infer_model_config, load_strict, read_torch_file)
+from detr.checkpoints.formats import (
+    CheckpointContents,
+    CheckpointError,
+    ExportError,
+    checkpoint_record,
+    infer_model_config,
+    load_strict,
+    read_torch_file,
+)
 from detr.checkpoints.huggingface import read_huggingface
 from detr.checkpoints.panoptic import is_panoptic_state_dict, load_panoptic
 from detr.models.anchor.model import AnchorDETR

@@ -47,10 +47,10 @@ from torch import Tensor, nn
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import ExportError
 from detr.checkpoints.onnx import import_onnxruntime
+from detr.inference.postprocess import boxes_to_pixels, scores_and_labels
 from detr.models.anchor.model import AnchorDETR
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned
-from detr.inference.postprocess import boxes_to_pixels, scores_and_labels
 
 logger = logging.getLogger(__name__)
 

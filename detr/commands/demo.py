@@ -29,10 +29,10 @@ import torch
 from detr.checkpoints import load_checkpoint
 from detr.data.shapes import ShapesConfig, write_shapes_dataset
 from detr.evaluation import STAT_NAMES, write_coco_results
-from detr.lightning.callbacks import time_budget_of
-from detr.lightning.cli import make_cli
 from detr.inference.images import to_rgb_array
 from detr.inference.predictor import Predictor
+from detr.lightning.callbacks import time_budget_of
+from detr.lightning.cli import make_cli
 from detr.visualize.explorer import write_attention_explorer
 from detr.visualize.figures import decoder_attention_figure
 

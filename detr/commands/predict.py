@@ -22,9 +22,9 @@ from functools import partial
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from detr.inference.outputs import collect_image_paths, predict_files
 from detr.checkpoints.released import CheckpointArgument
 from detr.inference.command_line import add_resize_arguments
+from detr.inference.outputs import collect_image_paths, predict_files
 from detr.inference.predictor import Predictor
 
 

@@ -24,11 +24,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from detr.categories import CategoryMap
+from detr.categories import COCO_PANOPTIC_CATEGORIES, CategoryMap, coco_panoptic_category_map
 from detr.data.coco import AnnotationFileError, load_coco_json
 from detr.data.images import decode_image
 from detr.data.transforms import make_normalize_transform
-from detr.categories import COCO_PANOPTIC_CATEGORIES, coco_panoptic_category_map
 
 
 def is_coco_panoptic(categories: list[dict[str, Any]]) -> bool:

@@ -39,8 +39,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from detr.checkpoints.atomic import write_atomically
 from detr.checkpoints import CheckpointError
+from detr.checkpoints.atomic import write_atomically
 
 logger = logging.getLogger(__name__)
 

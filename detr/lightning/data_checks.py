@@ -49,7 +49,7 @@ class CheckData(L.Callback):
             after the first training epoch.
 
     Needs a data module with ``train_dataset`` / ``val_dataset`` of :class:`detr.data.coco.CocoDetection`
-    (others are left alone) and a model with ``num_queries`` (``pl_module.model`` or ``pl_module``).
+    (others are left alone) and a training system whose ``detector`` has ``num_queries`` (DetrSystem, PanopticSystem).
     """
 
     def __init__(self, train_images: ImageCheck = "headers", val_images: ImageCheck = "decode") -> None:
@@ -62,7 +62,7 @@ class CheckData(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or trainer.datamodule is None:
             return
-        num_queries = getattr(getattr(pl_module, "model", pl_module), "num_queries", None)
+        num_queries = pl_module.detector.num_queries
         workers = int(getattr(trainer.datamodule, "num_workers", 0) or 0)
         errors: list[str] = []
         for split, mode in self.modes.items():
@@ -72,7 +72,7 @@ class CheckData(L.Callback):
             problems = None
             if trainer.is_global_zero:  # one process reads the images; every process gets the findings
                 problems = check_dataset(
-                    dataset.images_dir, dataset.annotations_file, num_queries=num_queries or 10**9,
+                    dataset.images_dir, dataset.annotations_file, num_queries=num_queries,
                     decode_images=mode == "decode", workers=workers, data=dataset.coco.dataset,
                 )
             problems = trainer.strategy.broadcast(problems)

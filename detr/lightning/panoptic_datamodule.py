@@ -26,12 +26,12 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-from detr.categories import UNUSED_NAME, CategoryMap
+from detr.categories import UNUSED_NAME, CategoryMap, coco_panoptic_category_map
+from detr.checkpoints import read_checkpoint
 from detr.data.coco import coco_from_dict, load_coco_json
 from detr.data.coco_panoptic import CocoPanoptic, is_coco_panoptic
 from detr.data.panoptic_checks import PngCheck, check_panoptic_split, raise_for_problems
 from detr.lightning.datamodule import CocoFormatDataModule, split_paths
-from detr.categories import coco_panoptic_category_map
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +121,6 @@ class PanopticDataModule(CocoFormatDataModule):
                     len(thing_ids), len(categories) - len(thing_ids), first_json)
 
     def _categories_from_checkpoint(self, path: str) -> None:
-        from detr.checkpoints import read_checkpoint
-
         contents = read_checkpoint(path)
         meta = contents.meta
         if meta.category_map is None or meta.is_thing is None:

@@ -24,18 +24,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from pycocotools.cocoeval import COCOeval
 from torch import nn
 
 from detr.checkpoints import read_checkpoint
 from detr.checkpoints.formats import key_mismatch
+from detr.checkpoints.panoptic import is_panoptic_state_dict
+from detr.data.coco import coco_from_dict
+from detr.evaluation.panoptic import PanopticQuality, format_panoptic_table
+from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, masks_to_rle
+from detr.lightning.system import DetrSystem, _model_config
 from detr.loss.criterion import SetCriterion
 from detr.loss.masks import SetCriterionWithMasks
-from detr.evaluation.panoptic import PanopticQuality
-from detr.lightning.system import DetrSystem, _model_config
 from detr.models.config import DetrConfig
 from detr.models.segmentation import DETRPanoptic
-from detr.checkpoints.panoptic import is_panoptic_state_dict
-from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, masks_to_rle
 
 logger = logging.getLogger(__name__)
 
@@ -160,8 +162,8 @@ class PanopticSystem(DetrSystem):
         if not (isinstance(self.model, DETRPanoptic) and self.hparams.freeze_detr):
             return
         detector = self.model.detr
-        if getattr(detector, "denoising", None) is not None or getattr(detector, "query_groups", 1) > 1 or \
-                getattr(detector, "dense_head", None) is not None:
+        config = detector.config
+        if config.denoising or config.query_groups > 1 or config.dense_aux_head:
             detector.eval()
             return
         for module in detector.modules():
@@ -236,8 +238,6 @@ class PanopticSystem(DetrSystem):
                                 ("PQ_st", results["Stuff"]["pq"])):
                 self.log(f"{stage}/{name}", value, prog_bar=name == "PQ", sync_dist=False)
             if self._trainer is None or self.trainer.is_global_zero:
-                from detr.evaluation.panoptic import format_panoptic_table
-
                 logger.info("%s panoptic quality at epoch %d:\n%s", stage, self.current_epoch,
                             format_panoptic_table(results))
         if self._segm.get("images"):
@@ -327,10 +327,6 @@ def _merge_panoptic(metric: PanopticQuality, per_process: list[dict[int, Any]]) 
 
 def _segm_ap(per_process: list[dict[str, list[Any]]], categories: list[dict[str, Any]] | None) -> dict[str, float]:
     """COCOeval "segm" over every process's ground-truth and predicted RLEs → segm_AP, segm_AP50, segm_AP75."""
-    from pycocotools.cocoeval import COCOeval
-
-    from detr.data.coco import coco_from_dict
-
     images = {image["id"]: image for part in per_process for image in part["images"]}
     gt = [annotation for part in per_process for annotation in part["gt"]]
     for index, annotation in enumerate(gt):

@@ -27,18 +27,18 @@ import torch
 from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
 from detr.checkpoints.formats import checkpoint_record, key_mismatch
-from detr.loss.criterion import SetCriterion
-from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
+from detr.inference.postprocess import PostProcess
 from detr.lightning.callbacks import time_budget_of
 from detr.lightning.checkpointing import restore_rng_states, save_rng_states
 from detr.lightning.error_analysis import write_error_analysis
 from detr.lightning.schedule import LinearDecayToZero, learning_rate_schedulers
+from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
+from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.models.backbone import cpu_has_bfloat16
-from detr.models.config import DetrConfig, ModelMeta
 from detr.models.build import build_detr
-from detr.inference.postprocess import PostProcess
+from detr.models.config import DetrConfig, ModelMeta
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from torch import nn
 
 from detr.box_ops import cxcywh_to_xyxy
 from detr.loss.focal import sigmoid_focal_loss
+from detr.loss.terms import Targets, box_losses, matched_labels, matched_query_index
 from detr.models.anchor.denoising import DenoisingMeta
 from detr.models.config import ClassHead
-from detr.loss.terms import Targets, box_losses, matched_labels, matched_query_index
 
 
 class LossPart(nn.Module):

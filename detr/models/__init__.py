@@ -1,11 +1,11 @@
 """DETR's parts: backbone, position encodings, transformer, the composed models and the panoptic mask head."""
 
+from detr.models.anchor.model import AnchorDETR
 from detr.models.build import build_detr
+from detr.models.config import DetrConfig
 from detr.models.detector import Detector
 from detr.models.detr import DETR
 from detr.models.mlp import MLP
-from detr.models.anchor.model import AnchorDETR
-from detr.models.config import DetrConfig
 from detr.models.segmentation import DETRPanoptic, build_detr_panoptic
 
 __all__ = ["DETR", "AnchorDETR", "Detector", "DETRPanoptic", "DetrConfig", "MLP", "build_detr", "build_detr_panoptic"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from detr.models.anchor.decoder import AnchorDecoder, AnchorTransformer
+from detr.models.anchor.denoising import DenoisingQueries
 from detr.models.anchor.model import AnchorDETR
 from detr.models.backbone import Backbone, Joiner
 from detr.models.config import DetrConfig
 from detr.models.dense_head import DenseAuxiliaryHead
-from detr.models.anchor.denoising import DenoisingQueries
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 from detr.models.transformer import Transformer, TransformerEncoder, TransformerEncoderLayer

@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.categories import COCO_PANOPTIC_NUM_CLASSES
 from detr.models.anchor.decoder import anchor_sine_embedding, local_attention_selection
 from detr.models.anchor.model import AnchorDETR
 from detr.models.backbone import Backbone
-from detr.categories import COCO_PANOPTIC_NUM_CLASSES
-from detr.models.config import DetrConfig, ModelMeta
 from detr.models.build import build_detr
+from detr.models.config import DetrConfig, ModelMeta
 from detr.models.detector import Detector
 
 #: Backbone stages whose outputs the mask head adds back while upsampling, coarse to fine.
@@ -262,6 +262,11 @@ class DETRPanoptic(nn.Module):
     @property
     def config(self) -> DetrConfig | None:
         return self.detr.config
+
+    @property
+    def stride(self) -> int:
+        """The detector's feature stride (its attention maps' cells)."""
+        return self.detr.stride
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DETRPanoptic:
         """The detector's :meth:`DETR.optimize_for_inference` (the mask head keeps its layout); eval mode."""

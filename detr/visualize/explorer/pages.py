@@ -35,7 +35,7 @@ def _class_names(category_map: CategoryMap | None, num_classes: int, with_no_obj
 
 
 def _model_description(model: nn.Module) -> str:
-    config = getattr(model, "config", None)
+    config = model.config
     if config is None:  # a detector built by hand
         return ""
     parts = [config.backbone + ("-DC5" if config.dilation else ""), f"{config.num_encoder_layers} encoder layers",
@@ -121,7 +121,7 @@ def write_attention_explorer(
         data = explorer_data(
             outputs, index=0, image=denormalize(tensor).permute(1, 2, 0).numpy(), original_size=pixels.shape[:2],
             class_names=class_names, title=title, threshold=threshold, model_description=description,
-            class_head=class_head, stride=getattr(predictor.model, "stride", None),
+            class_head=class_head, stride=predictor.model.stride,
         )
         page = out_dir / f"{stem}.html"
         text = render_explorer_html(data)
