@@ -163,10 +163,10 @@ def test_tests_share_helpers_through_helper_modules() -> None:
     test module (that ties two test files together, and imported fixtures or tests run in both)."""
     repo = PACKAGE.parent
     wrong = []
-    for path in sorted([*(repo / "tests").glob("*.py"), *(repo / "benchmarks").glob("*.py")]):
+    for path in sorted([*(repo / "tests").rglob("*.py"), *(repo / "benchmarks").glob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             wrong += [f"{path.relative_to(repo)}:{node.lineno} imports {name}" for name in names
-                      if name == "tests.conftest" or name.startswith("tests.test_")]
+                      if name == "tests.conftest" or name.split(".")[-1].startswith("test_")]
     assert not wrong, "import shared test code from tests/helpers.py instead:\n" + "\n".join(wrong)

@@ -14,7 +14,7 @@ from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbe
 from tests.helpers import tiny_config_with
 from tests.reference_detr import ReferenceDETR, sine_position_encoding
 
-LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
+LAYOUT = json.loads((Path(__file__).resolve().parents[1] / "data" / "official_detr_state_dict_layout.json").read_text())
 
 
 @pytest.mark.parametrize("backbone", ["resnet18", "resnet50", "resnet101"])

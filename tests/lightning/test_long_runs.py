@@ -24,7 +24,7 @@ from detr.lightning.cli import main
 from detr.lightning.run_folder import LOCK_NAME, RunFolderError
 from tests.helpers import tiny_fit_args
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")

@@ -14,7 +14,7 @@ import pytest
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 COMMAND_MODULES = sorted(path.stem for path in (REPO / "detr" / "commands").glob("*.py") if path.stem != "__init__")
 

@@ -10,7 +10,7 @@ import torch
 
 from detr import DETR, CategoryMap, PostProcess
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def test_entry_points_are_the_authors_names():

@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("timm")
 pytest.importorskip("safetensors")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PHOTOS = ROOT / "data" / "photos"
 TOLERANCE = 1e-4
 TINY_TRANSFORMER = dict(d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,

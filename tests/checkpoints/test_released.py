@@ -20,7 +20,7 @@ from detr.checkpoints import released as pretrained
 from detr.checkpoints.released import PRETRAINED_MODELS, PretrainedModel
 from tests.helpers import tiny_config_with
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY_COCO = tiny_config_with(num_classes=91)
 
 

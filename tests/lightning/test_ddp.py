@@ -1,4 +1,4 @@
-"""Two-process DDP on the CPU (gloo, ddp_fork): validation AP equals the single-process AP, every image is
+"""Two-process DDP on the CPU (gloo; ddp_fork to validate, ddp_spawn to train): validation AP equals the single-process AP, every image is
 counted once although the distributed sampler repeats one to even out the shards, and the box count that
 normalises the loss is averaged over the processes."""
 
@@ -135,7 +135,9 @@ def test_two_processes_give_the_single_process_ap(tmp_path) -> None:
 def test_two_process_training_checkpoints_every_process_rng_and_resumes(tmp_path) -> None:
     def fit(max_epochs: int, ckpt_path: str | None = None) -> L.Trainer:
         torch.manual_seed(0)
-        trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_fork", max_epochs=max_epochs,
+        # Spawned, not forked: a forked process cannot run backward once autograd's threads were started in
+        # this one, which earlier tests in the same pytest process may have done (validation needs no backward).
+        trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=max_epochs,
                             limit_val_batches=1, num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
                             enable_model_summary=False, default_root_dir=tmp_path,
                             callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)])

@@ -16,7 +16,7 @@ from detr.evaluation.analysis import analyze, load_ground_truth, load_results
 from detr.visualize.analysis_report import write_analysis_report
 from tests.browser import DevToolsPipe, Page
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COCO_MINI = REPO / "data" / "coco-mini"
 GT_JSON = COCO_MINI / "annotations" / "instances_val2017.json"
 

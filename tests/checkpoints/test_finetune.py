@@ -14,8 +14,8 @@ from detr.lightning.cli import make_cli
 from detr.models.config import DetrConfig
 from tests.helpers import write_tiny_shapes
 
-LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
-CONFIG = Path(__file__).parents[1] / "configs" / "finetune_custom.yaml"
+LAYOUT = json.loads((Path(__file__).resolve().parents[1] / "data" / "official_detr_state_dict_layout.json").read_text())
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "finetune_custom.yaml"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")

@@ -136,7 +136,7 @@ def test_detr_predict_without_annotations_takes_the_classes_from_the_checkpoint_
     monkeypatch.setattr("sys.argv", ["detr"])
     main(tiny_fit_args(tiny_shapes_root, tmp_path / "run", "--trainer.max_steps=1"))
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    config = Path(__file__).parents[1] / "configs" / "demo_shapes_cpu.yaml"
+    config = Path(__file__).resolve().parents[2] / "configs" / "demo_shapes_cpu.yaml"
     output = tmp_path / "predictions.json"
     writer = json.dumps([{"class_path": "detr.lightning.callbacks.PredictionsWriter",
                           "init_args": {"output_path": str(output)}}])

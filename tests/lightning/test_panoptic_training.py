@@ -24,7 +24,7 @@ from detr.lightning.cli import make_cli, panoptic_main
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.models.segmentation import DETRPanoptic
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BOXES_CONFIG = REPO / "configs" / "demo_shapes_panoptic_boxes_cpu.yaml"
 MASKS_CONFIG = REPO / "configs" / "demo_shapes_panoptic_cpu.yaml"
 

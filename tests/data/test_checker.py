@@ -13,7 +13,7 @@ from PIL import Image
 from detr.commands import check_data
 from detr.data.checker import Problem, check_dataset, format_problems, has_errors
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def ann(ann_id: int, image_id: int, bbox: list[float], category_id: int = 1, iscrowd: int = 0) -> dict:

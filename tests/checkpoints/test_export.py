@@ -23,7 +23,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from detr.checkpoints.onnx import OnnxDetector, read_onnx_metadata  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PHOTOS = ROOT / "data" / "photos"
 CATEGORIES = CategoryMap((1, 3, 5, 7, 9), ("circle", "square", "triangle", "star", "cross"))
 EVAL_SIZE = (160, 240)  # small eval resize, recorded in the checkpoint and carried into the ONNX metadata

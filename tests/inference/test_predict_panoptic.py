@@ -23,7 +23,7 @@ from tests.helpers import load_script, tiny_config_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PHOTOS = Path(__file__).resolve().parents[1] / "data" / "photos"
+PHOTOS = Path(__file__).resolve().parents[2] / "data" / "photos"
 SMALL = ["--min-size", "64", "--max-size", "100", "--device", "cpu"]
 PERSON, TREE = 1, 184  # a COCO panoptic thing and a stuff label
 

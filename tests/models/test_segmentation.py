@@ -17,7 +17,7 @@ from tests.helpers import tiny_config_with
 from tests.reference_detr import ReferenceDETR
 from tests.reference_segmentation import ReferencePanoptic
 
-LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
+LAYOUT = json.loads((Path(__file__).resolve().parents[1] / "data" / "official_detr_state_dict_layout.json").read_text())
 
 # hidden_dim 128 is the smallest the mask head's GroupNorm(8) allows (hidden / 16 channels at stride 4).
 TINY = tiny_config_with(hidden_dim=128, num_heads=8, num_queries=6, dropout=0.0)
@@ -137,7 +137,7 @@ def test_frozen_detector_trains_only_the_mask_head(padded_batch):
 def test_unsupported_detectors_are_refused():
     with pytest.raises(ValueError, match="multiple of 128"):
         build_detr_panoptic(TINY.replace(hidden_dim=64))
-    # the anchor-query detector is accepted (tests/test_panoptic_anchor.py)
+    # the anchor-query detector is accepted (tests/models/test_panoptic_anchor.py)
 
 
 @pytest.mark.parametrize("file_name, dilation", [("detr-r50-panoptic-00ce5173.pth", False),

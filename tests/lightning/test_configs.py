@@ -14,8 +14,8 @@ import yaml
 from detr.lightning.cli import main
 from tests.helpers import write_tiny_shapes
 
-REPO = Path(__file__).resolve().parents[1]
-# the panoptic configs run through detr-panoptic: tests/test_panoptic_training.py starts each one
+REPO = Path(__file__).resolve().parents[2]
+# the panoptic configs run through detr-panoptic: tests/lightning/test_panoptic_training.py starts each one
 CONFIGS = sorted(path for path in (REPO / "configs").glob("*.yaml") if "panoptic" not in path.name)
 BASE = REPO / "configs" / "detr_coco.yaml"
 MODEL_CONFIGS = ["detr_r50_coco.yaml", "detr_r50_dc5_coco.yaml", "detr_r101_coco.yaml", "detr_r101_dc5_coco.yaml"]

@@ -16,7 +16,7 @@ from detr.models.config import ModelMeta
 from detr.models.segmentation import DETRPanoptic, build_detr_panoptic
 from tests.helpers import tiny_config_with
 
-LAYOUT = json.loads((Path(__file__).parent / "data" / "official_detr_state_dict_layout.json").read_text())
+LAYOUT = json.loads((Path(__file__).resolve().parents[1] / "data" / "official_detr_state_dict_layout.json").read_text())
 
 
 def official_state_dict(backbone: str, seed: int = 0) -> dict[str, torch.Tensor]:

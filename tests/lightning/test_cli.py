@@ -16,8 +16,8 @@ from detr import load_checkpoint
 from detr.lightning.cli import main, make_cli
 from tests.helpers import TINY_CLI_MODEL
 
-# the panoptic configs belong to detr-panoptic (tests/test_panoptic_training.py)
-CONFIGS = sorted(path for path in (Path(__file__).parents[1] / "configs").glob("*.yaml") if "panoptic" not in path.name)
+# the panoptic configs belong to detr-panoptic (tests/lightning/test_panoptic_training.py)
+CONFIGS = sorted(path for path in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml") if "panoptic" not in path.name)
 TINY_MODEL = TINY_CLI_MODEL
 
 

@@ -19,8 +19,8 @@ from detr.visualize.explorer import write_attention_explorer
 from tests.browser import DevToolsPipe, Page
 from tests.helpers import tiny_config_with
 
-REPO = Path(__file__).resolve().parents[1]
-PHOTO = Path(__file__).resolve().parent / "data" / "chelsea.png"  # scikit-image's sample photo, in the repository
+REPO = Path(__file__).resolve().parents[2]
+PHOTO = Path(__file__).resolve().parents[1] / "data" / "chelsea.png"  # scikit-image's sample photo, in the repository
 
 # A checksum of the main canvas's pixels: changes whenever the drawn map changes.
 CANVAS_CHECKSUM = """(() => {

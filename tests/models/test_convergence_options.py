@@ -25,7 +25,7 @@ from tests.helpers import load_script, tiny_config_with
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: 2 threads on shared cores are 10x slower
 
 TINY = tiny_config_with(dropout=0.0)
-LAYOUT = Path(__file__).parent / "data" / "official_detr_state_dict_layout.json"
+LAYOUT = Path(__file__).resolve().parents[1] / "data" / "official_detr_state_dict_layout.json"
 
 
 def _batch(size: int = 64):
@@ -230,7 +230,7 @@ def test_convergence_benchmark_step_budget_decays_the_learning_rate_to_zero(tiny
 
 
 def test_shape_classifier_crops_every_object_inside_the_image(tiny_shapes_root, monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import shape_classifier
 
     annotations = json.loads((tiny_shapes_root / "annotations" / "instances_train2017.json").read_text())

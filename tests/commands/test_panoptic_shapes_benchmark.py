@@ -11,7 +11,7 @@ import pytest
 from detr.data.shapes import ShapesConfig
 from detr.data.shapes_panoptic import write_shapes_panoptic
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
 

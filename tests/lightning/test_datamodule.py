@@ -11,7 +11,7 @@ from detr.categories import CategoryMap
 from detr.data.shapes import SHAPE_NAMES, ShapesConfig, write_shapes_dataset
 from detr.lightning.datamodule import DetrDataModule
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COCO_MINI = REPO / "data" / "coco-mini"
 SMALL = dict(train_scales=[48, 64], train_max_size=96, crop_resize_scales=[48], crop_min_size=32, crop_max_size=48,
              eval_min_size=64, eval_max_size=96)
