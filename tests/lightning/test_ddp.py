@@ -1,6 +1,6 @@
-"""Two-process DDP on the CPU (gloo; ddp_fork to validate, ddp_spawn to train): validation AP equals the single-process AP, every image is
-counted once although the distributed sampler repeats one to even out the shards, and the box count that
-normalises the loss is averaged over the processes."""
+"""Two-process DDP on the CPU (gloo; ddp_fork to validate, ddp_spawn to train): validation AP equals the
+single-process AP, every image is counted once although the distributed sampler repeats one to even out the
+shards, and the box count that normalises the loss is averaged over the processes."""
 
 from __future__ import annotations
 
