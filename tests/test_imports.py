@@ -28,11 +28,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "detr"
 
 #: Layers that must not be imported from the named layer (besides the shared leaves detr.box_ops and
 #: detr.categories, which every layer may use).
-FORBIDDEN = {
+FORBIDDEN = {  # docs/layout.md: what each layer may import
     "detr.models": ("detr.loss", "detr.inference", "detr.checkpoints", "detr.lightning", "detr.data",
-                    "detr.evaluation", "detr.visualize"),
+                    "detr.evaluation", "detr.visualize", "detr.commands"),
     "detr.loss": ("detr.inference", "detr.checkpoints", "detr.lightning", "detr.data", "detr.evaluation",
-                  "detr.visualize"),
+                  "detr.visualize", "detr.commands"),
+    "detr.data": ("detr.models", "detr.loss", "detr.inference", "detr.checkpoints", "detr.lightning",
+                  "detr.evaluation", "detr.visualize", "detr.commands"),
+    "detr.evaluation": ("detr.models", "detr.loss", "detr.inference", "detr.checkpoints", "detr.lightning",
+                        "detr.data", "detr.visualize", "detr.commands"),
+    "detr.checkpoints": ("detr.loss", "detr.lightning", "detr.data", "detr.evaluation", "detr.visualize",
+                         "detr.commands"),
+    "detr.visualize": ("detr.loss", "detr.checkpoints", "detr.lightning", "detr.commands"),
+    "detr.lightning": ("detr.commands",),
 }
 
 

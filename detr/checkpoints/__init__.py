@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+from detr.atomic_files import write_atomically
 from detr.categories import CategoryMap
 from detr.checkpoints import released
-from detr.checkpoints.atomic import write_atomically
 from detr.checkpoints.formats import (
     CheckpointContents,
     CheckpointError,

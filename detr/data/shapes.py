@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from detr.checkpoints.atomic import write_text_atomically
+from detr.atomic_files import write_text_atomically
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from detr.checkpoints.atomic import write_text_atomically
+from detr.atomic_files import write_text_atomically
 from detr.data.shapes import _SPLITS, SHAPE_NAMES, ShapesConfig, read_json_written_with, render_shapes_image
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import UNUSED_NAME, CategoryMap
-from detr.checkpoints.atomic import write_atomically, write_text_atomically
 from detr.inference.postprocess_masks import panoptic_png
 from detr.inference.prediction import PanopticSegmentation, Prediction
 

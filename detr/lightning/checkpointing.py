@@ -1,7 +1,7 @@
 """Checkpoints a long run can rely on: always current, always whole, and written on preemption.
 
 - :class:`AtomicCheckpointIO` writes every checkpoint through a temporary file beside the target
-  (:func:`detr.checkpoints.atomic.write_atomically`): a kill at any moment leaves the previous file intact.
+  (:func:`detr.atomic_files.write_atomically`): a kill at any moment leaves the previous file intact.
   Reading a file that is truncated or not a checkpoint raises a :class:`detr.checkpoints.CheckpointError`
   that names it.
 - :class:`LastCheckpoint` rewrites ``last.ckpt`` at every validation, every ``every_n_train_steps``
@@ -39,8 +39,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from detr.atomic_files import write_atomically
 from detr.checkpoints import CheckpointError
-from detr.checkpoints.atomic import write_atomically
 
 logger = logging.getLogger(__name__)
 

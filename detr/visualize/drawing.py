@@ -26,8 +26,8 @@ from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
 
+from detr.atomic_files import write_atomically
 from detr.categories import CategoryMap
-from detr.checkpoints.atomic import write_atomically
 from detr.inference.images import ImageInput, to_rgb_array
 from detr.inference.prediction import PanopticSegmentation, Prediction
 
