@@ -11,7 +11,12 @@ boxes, or drop and clip boxes without saying so. :class:`CheckData` runs
 - with the data module's ``skip_bad_images``, turns missing, undecodable and mis-sized images into a
   warning with a count, and leaves them out of the split;
 - logs a count of the boxes the pipeline drops (zero or negative size, entirely outside the image) or
-  clips (reaching outside), and of every warning kind (images without boxes, crowd boxes ...).
+  clips (reaching outside), and of every warning kind (images without boxes, crowd boxes ...), naming the
+  files whose EXIF orientation turns their pixels (their boxes must be in the displayed frame).
+
+During training it counts the training images that failed to load and were replaced (a truncated JPEG passes
+the default header check; the data set names each file once) and logs the count at the end of each epoch,
+with the option that finds them all before the first step.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class CheckData(L.Callback):
             if value not in ("headers", "decode", "off"):
                 raise ValueError(f"CheckData: {name} must be 'headers', 'decode' or 'off', got {value!r}")
         self.modes = {"train": train_images, "val": val_images}
+        self._skipped_files: set[str] = set()  # training images replaced in this epoch (this process's batches)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or trainer.datamodule is None:
@@ -86,6 +92,31 @@ class CheckData(L.Callback):
                 "IMAGES_DIR JSON lists every one); missing or unreadable images can instead be "
                 "left out with --data.skip_bad_images true"
             )
+
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._skipped_files = set()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # The data set marks the sample that replaced a bad image; its workers cannot report to this process.
+        targets = batch[-1] if isinstance(batch, (list, tuple)) and batch else []
+        for target in targets if isinstance(targets, list) else []:
+            if isinstance(target, dict):
+                self._skipped_files.update(target.get("skipped_files", ()))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._skipped_files:
+            return
+        count = len(self._skipped_files)
+        shown = ", ".join(f"'{name}'" for name in sorted(self._skipped_files)[:5])
+        more = f" and {count - 5} more" if count > 5 else ""
+        logger.warning(
+            "epoch %d: %d training image%s could not be loaded and %s replaced by others: %s%s. Restore or replace "
+            "them, or remove them from the json; --data_check.train_images decode decodes every training image "
+            "before the first step (detr-check-data IMAGES_DIR JSON lists them without training)",
+            trainer.current_epoch, count, "" if count == 1 else "s", "was" if count == 1 else "were", shown, more,
+        )
 
 
 def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[Problem]:

@@ -107,6 +107,21 @@ def test_fit_leaves_bad_images_out_with_skip_bad_images(shapes, tmp_path, caplog
     assert "val: 1 bad image file(s) left out (skip_bad_images), 3 of 4 images remain" in caplog.text
 
 
+def test_fit_trains_through_a_truncated_training_image(shapes, tmp_path, caplog) -> None:
+    # The start-up check reads training images' headers only (a full decode of a large set is slow), so a JPEG
+    # cut in half passes it; found mid-run, it is replaced by another image instead of ending the run.
+    broken = sorted((shapes / "train2017").glob("*.jpg"))[2]
+    broken.write_bytes(broken.read_bytes()[: broken.stat().st_size // 2])
+    with caplog.at_level(logging.WARNING, logger="detr"):
+        main(tiny_fit_args(shapes, tmp_path / "run", "--trainer.max_steps=4"))  # two epochs: every image twice
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    named = [r.getMessage() for r in caplog.records if broken.name in r.getMessage()]
+    assert len(named) == 3, named  # the file once when it fails, then once in each epoch's count
+    assert "truncated" in named[0] and "detr-check-data" in named[0]
+    assert "epoch 0: 1 training image could not be loaded" in named[1] and "epoch 1" in named[2]
+    assert "--data_check.train_images decode" in named[1]  # how to find every such file before the first step
+
+
 def test_fit_counts_the_boxes_it_drops_and_clips(shapes, tmp_path, caplog) -> None:
     def damage(data):
         data["annotations"][0]["bbox"][2] = 0  # zero width: dropped
