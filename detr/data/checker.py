@@ -14,7 +14,9 @@ one object per query, so the rest could never be matched); string image ids; a f
 (non-crowd) box; boxes that look like xyxy corners (many reach outside the image, all would fit as xyxy).
 
 Warnings: images without boxes, crowd annotations (left out of training, kept for evaluation), category
-id gaps, categories without annotations, duplicate file names, annotations without ``area``/``iscrowd``.
+id gaps, categories without annotations, duplicate file names, annotations without ``area``/``iscrowd``,
+files with an EXIF orientation that turns or flips their pixels while the json's size fits either frame (a
+square image, a 180-degree turn: the sizes cannot tell in which frame its boxes were drawn).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from detr.data.coco import (
     is_finite_number,
     load_coco_json,
 )
-from detr.data.images import ImageLoadError, decode_image, read_image_size
+from detr.data.images import ImageLoadError, decode_image, read_image_header
 
 Severity = Literal["error", "warning", "info"]
 
@@ -77,7 +79,8 @@ def _image_size(
         if decode:
             decoded = decode_image(path, annotations_file=annotations_file)
             return decoded.pixels.shape[:2], None, decoded.stored_size, decoded.exif_orientation
-        return read_image_size(path, annotations_file=annotations_file), None, None, 1
+        header = read_image_header(path, annotations_file=annotations_file)
+        return header.size, None, header.stored_size, header.exif_orientation
     except ImageLoadError as error:
         return None, str(error), None, 1
 
@@ -189,6 +192,13 @@ def check_dataset(
                         "annotations must be in the displayed frame")
             add("error", "image_size_mismatch", f"the file is {size[1]}x{size[0]} (width x height, EXIF applied) but "
                 f"the json says {json_size[1]}x{json_size[0]}{hint}", image["file_name"])
+        elif orientation != 1:
+            # The sizes agree, so they cannot tell the frames apart (a square image, or a 180-degree turn or a
+            # flip, which keep width and height): only the tag says that the pixels are turned.
+            add("warning", "exif_orientation", f"the file has EXIF orientation {orientation}: the pipeline shows "
+                "the model the displayed (turned) image, so its boxes must be drawn on the displayed image, as "
+                "labelling tools do; if they were drawn on the stored pixels, apply the tag to the file "
+                "(PIL.ImageOps.exif_transpose, then save without it) and turn the boxes with it", image["file_name"])
         sizes[image_id] = (int(size[0]), int(size[1]))
 
     # Annotations.

@@ -37,6 +37,8 @@ ImageCheck = Literal["headers", "decode", "off"]
 IMAGE_KINDS = frozenset({"missing_image", "unreadable_image", "image_size_mismatch"})
 #: Boxes the pipeline drops or clips: counted and reported, not fatal.
 BOX_KINDS = frozenset({"zero_size_box", "box_outside_image"})
+#: Warnings a user must act on file by file (a count alone would not say which): logged with their files.
+NAMED_WARNING_KINDS = frozenset({"exif_orientation"})
 
 
 class DataCheckError(ValueError):
@@ -126,6 +128,7 @@ def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[P
     skipped_files: set[str] = set()
     box_counts: Counter[str] = Counter()
     warning_counts: Counter[str] = Counter()
+    named: dict[str, list[Problem]] = {}
     for problem in problems:
         if problem.severity == "info":
             logger.info("data check, %s: %s", split, problem.message)
@@ -137,6 +140,8 @@ def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[P
             fatal.append(problem)
         else:
             warning_counts[problem.kind] += 1
+            if problem.kind in NAMED_WARNING_KINDS:
+                named.setdefault(problem.kind, []).append(problem)
     if box_counts:
         logger.warning("data check, %s: %d box(es) dropped (zero or negative size, or entirely outside the image) "
                        "and %d clipped to the image (reaching outside it); detr-check-data lists them",
@@ -144,6 +149,10 @@ def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[P
     if warning_counts:
         counts = ", ".join(f"{kind} {count}" for kind, count in warning_counts.items())
         logger.warning("data check, %s: %s", split, counts)
+    for kind, listed in named.items():
+        more = f" (and {len(listed) - 5} more: detr-check-data lists them)" if len(listed) > 5 else ""
+        logger.warning("data check, %s: %s: %s%s", split, kind, "; ".join(f"'{p.file_name}': {p.message}"
+                                                                        for p in listed[:5]), more)
     if skipped_files:
         bad_ids = {image_id for image_id, info in dataset.coco.imgs.items() if info["file_name"] in skipped_files}
         before = len(dataset.ids)

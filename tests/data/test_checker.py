@@ -161,3 +161,29 @@ def test_real_coco_mini_passes() -> None:
                              decode_images=False)
     assert not has_errors(problems), format_problems(problems)
     assert len(find(problems, "crowd")) == 5 and len(find(problems, "no_boxes")) == 2
+
+
+@pytest.mark.parametrize("decode_images", [True, False])
+@pytest.mark.parametrize("orientation", [6, 3])
+def test_a_square_photo_with_an_exif_rotation_is_flagged(tmp_path: Path, decode_images: bool,
+                                                         orientation: int) -> None:
+    # A square image's width and height read the same in the stored and in the displayed frame, so the size
+    # check cannot tell which frame its boxes were drawn in; the EXIF tag alone says the pixels are turned.
+    images_dir = tmp_path / "images"
+    images_dir.mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.new("RGB", (48, 48), (30, 30, 30)).save(images_dir / "square.jpg", exif=exif.tobytes())
+    Image.new("RGB", (48, 48)).save(images_dir / "plain.jpg")
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "square.jpg", "height": 48, "width": 48},
+                   {"id": 2, "file_name": "plain.jpg", "height": 48, "width": 48}],
+        "annotations": [ann(1, 1, [2, 30, 10, 10]), ann(2, 2, [2, 30, 10, 10])],
+        "categories": [{"id": 1, "name": "thing"}]}))
+    problems = check_dataset(images_dir, path, decode_images=decode_images)
+    flagged = [p for p in problems if p.kind == "exif_orientation"]
+    assert [(p.severity, p.file_name) for p in flagged] == [("warning", "square.jpg")]
+    assert f"EXIF orientation {orientation}" in flagged[0].message and "displayed" in flagged[0].message
+    assert "exif_transpose" in flagged[0].message  # the fix: apply the tag to the pixels, and the boxes with it
+    assert not has_errors(problems)
