@@ -21,6 +21,7 @@ square image, a 180-degree turn: the sizes cannot tell in which frame its boxes 
 
 from __future__ import annotations
 
+import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -42,6 +43,10 @@ Severity = Literal["error", "warning", "info"]
 
 #: A box may reach this far (pixels) past the image border before it counts as outside (float rounding).
 OUTSIDE_TOLERANCE = 1.0
+
+#: From this many images on, a full decode with ``workers=None`` uses one process per CPU core: decoding is
+#: the slow part of a check, and below this a pool's start-up costs more than it saves.
+PARALLEL_DECODE_MIN_IMAGES = 256
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,16 @@ def _image_size_star(arguments: tuple[Path, bool, Path]) -> tuple[Any, ...]:
     return _image_size(*arguments)
 
 
+def reading_workers(workers: int | None, num_images: int, decode_images: bool) -> int:
+    """The processes :func:`check_dataset` reads images with: ``workers`` when given; else one per CPU core for
+    a full decode of ``PARALLEL_DECODE_MIN_IMAGES`` or more images, 0 (this process) otherwise."""
+    if workers is not None:
+        return workers
+    if not decode_images or num_images < PARALLEL_DECODE_MIN_IMAGES:
+        return 0
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _hashable_id(value: Any) -> bool:
     return isinstance(value, (int, str)) and not isinstance(value, bool)
 
@@ -99,7 +114,7 @@ def check_dataset(
     *,
     num_queries: int = 100,
     decode_images: bool = True,
-    workers: int = 0,
+    workers: int | None = None,
     data: dict[str, Any] | None = None,
 ) -> list[Problem]:
     """Every problem of the data set ``images_dir`` + ``annotations_file`` (module docstring).
@@ -110,7 +125,7 @@ def check_dataset(
         num_queries: the model's number of queries; an image with more objects is an error.
         decode_images: decode every image completely (finds truncated files; slow on big sets). False
             reads only the headers (finds missing and non-image files, sizes).
-        workers: processes for reading images (0: in this process).
+        workers: processes for reading images (0: in this process; None: see :func:`reading_workers`).
         data: the json already loaded (``annotations_file`` is then only named in messages).
 
     Returns:
@@ -169,6 +184,7 @@ def check_dataset(
 
     # Image files.
     arguments = [(images_dir / image["file_name"], decode_images, annotations_file) for image in images.values()]
+    workers = reading_workers(workers, len(arguments), decode_images)
     if workers > 0 and len(arguments) > 1:
         with ProcessPoolExecutor(workers) as pool:
             results = list(pool.map(_image_size_star, arguments, chunksize=32))

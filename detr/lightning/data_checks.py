@@ -50,8 +50,9 @@ class CheckData(L.Callback):
 
     Args:
         train_images: "headers" reads every training image's header (missing files, non-images, sizes
-            against the json), "decode" decodes each one completely (also truncated files; slow on big
-            sets), "off" skips the whole training split check.
+            against the json, EXIF orientation), "decode" decodes each one completely (also truncated files,
+            which "headers" leaves to be replaced mid-run; in parallel over the CPU cores on large sets),
+            "off" skips the whole training split check.
         val_images: the same for the validation split; "decode" by default, since validation runs only
             after the first training epoch.
 
@@ -71,7 +72,8 @@ class CheckData(L.Callback):
         if stage != "fit" or trainer.datamodule is None:
             return
         num_queries = pl_module.detector.num_queries
-        workers = int(getattr(trainer.datamodule, "num_workers", 0) or 0)
+        # The loader's workers, or (None) every core for a full decode of a large split: nothing else runs yet.
+        workers = int(getattr(trainer.datamodule, "num_workers", 0) or 0) or None
         errors: list[str] = []
         for split, mode in self.modes.items():
             dataset = getattr(trainer.datamodule, f"{split}_dataset", None)

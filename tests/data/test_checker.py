@@ -4,6 +4,7 @@ broken copy, each named by file and annotation."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from PIL import Image
 
 from detr.commands import check_data
-from detr.data.checker import Problem, check_dataset, format_problems, has_errors
+from detr.data.checker import Problem, check_dataset, format_problems, has_errors, reading_workers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -187,3 +188,12 @@ def test_a_square_photo_with_an_exif_rotation_is_flagged(tmp_path: Path, decode_
     assert f"EXIF orientation {orientation}" in flagged[0].message and "displayed" in flagged[0].message
     assert "exif_transpose" in flagged[0].message  # the fix: apply the tag to the pixels, and the boxes with it
     assert not has_errors(problems)
+
+
+def test_a_full_decode_of_a_large_set_runs_on_every_core_unless_told() -> None:
+    # The complete check (detr-check-data, CheckData(train_images="decode")) must not be a serial pass over
+    # a large set; small sets and header reads stay in the process, where a pool would cost more than it saves.
+    assert reading_workers(None, 10_000, decode_images=True) == len(os.sched_getaffinity(0))
+    assert reading_workers(None, 10, decode_images=True) == 0
+    assert reading_workers(None, 10_000, decode_images=False) == 0
+    assert reading_workers(3, 10, decode_images=True) == 3 and reading_workers(0, 10_000, decode_images=True) == 0
