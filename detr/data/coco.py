@@ -295,6 +295,9 @@ class CocoDetection(torch.utils.data.Dataset):
         coco: pycocotools ``COCO`` of the full json (crowd included): the evaluator's ground truth.
         ids: the image ids, sorted, that the data set serves.
         num_skipped: images skipped so far in this process (with ``skip_unreadable``), each time counted.
+        warned_files: the skipped files already named in a warning. DataLoader workers load copies of the data
+            set made each epoch, so a loop that reads the batches' ``skipped_files`` adds them here to keep the
+            next epoch's workers from naming them again.
     """
 
     def __init__(
@@ -315,7 +318,7 @@ class CocoDetection(torch.utils.data.Dataset):
         self.skip_bad_images = skip_bad_images
         self.skip_unreadable = skip_unreadable or skip_bad_images
         self.num_skipped = 0
-        self._warned_files: set[Path] = set()  # per process: each bad file is named once, not once per epoch
+        self.warned_files: set[Path] = set()
         if not self.images_dir.is_dir():
             raise ValueError(
                 f"image folder '{self.images_dir}' (for annotation file '{self.annotations_file}') does not exist"
@@ -435,8 +438,8 @@ class CocoDetection(torch.utils.data.Dataset):
                 self.num_skipped += 1
                 path = self.image_path(current)
                 skipped.append(str(path))
-                if path not in self._warned_files:
-                    self._warned_files.add(path)
+                if path not in self.warned_files:
+                    self.warned_files.add(path)
                     cause = error.__cause__
                     logger.warning(
                         "skipping image file '%s' (%s), another image takes its place; restore or replace the file, "

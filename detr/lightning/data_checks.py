@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -112,14 +113,19 @@ class CheckData(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._skipped_files:
             return
+        dataset = getattr(trainer.datamodule, "train_dataset", None)
+        if hasattr(dataset, "warned_files"):  # named once: the next epoch's loader workers copy this set
+            dataset.warned_files.update(Path(name) for name in self._skipped_files)
         count = len(self._skipped_files)
         shown = ", ".join(f"'{name}'" for name in sorted(self._skipped_files)[:5])
         more = f" and {count - 5} more" if count > 5 else ""
+        json_file, images_dir = (getattr(dataset, "annotations_file", "JSON"), getattr(dataset, "images_dir", "IMAGES"))
         logger.warning(
-            "epoch %d: %d training image%s could not be loaded and %s replaced by others: %s%s. Restore or replace "
-            "them, or remove them from the json; --data_check.train_images decode decodes every training image "
-            "before the first step (detr-check-data IMAGES_DIR JSON lists them without training)",
-            trainer.current_epoch, count, "" if count == 1 else "s", "was" if count == 1 else "were", shown, more,
+            "epoch %d: %d training image%s could not be loaded, other images took %s place: %s%s. Restore or replace "
+            "them, or remove them from '%s'; --data_check.train_images decode decodes every training image before "
+            "the first step (`detr-check-data %s %s` lists them without training)",
+            trainer.current_epoch, count, "" if count == 1 else "s", "its" if count == 1 else "their", shown, more,
+            json_file, images_dir, json_file,
         )
 
 

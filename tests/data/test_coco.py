@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -327,6 +328,11 @@ def test_skip_unreadable_warns_once_per_file_and_marks_the_substitute(tmp_path: 
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2 and "2.jpg" in warnings[0] and "3.jpg" in warnings[1]
     assert "truncated" in warnings[0] and "detr-check-data" in warnings[0]
+    caplog.clear()
+    copy = pickle.loads(pickle.dumps(dataset))  # what a DataLoader worker of the next epoch loads
+    with caplog.at_level(logging.WARNING, logger="detr.data.coco"):
+        copy[1]
+    assert not caplog.records  # the set of named files travels with the data set
     with pytest.raises(ImageLoadError, match="gone.jpg'; restore them"):  # a file missing at start-up still stops
         CocoDetection(tmp_path / "images", tmp_path / "instances.json", skip_unreadable=True,
                       coco_data={**json.loads((tmp_path / "instances.json").read_text()),
