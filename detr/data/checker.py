@@ -86,8 +86,8 @@ def _image_size(
             return decoded.pixels.shape[:2], None, decoded.stored_size, decoded.exif_orientation
         header = read_image_header(path, annotations_file=annotations_file)
         return header.size, None, header.stored_size, header.exif_orientation
-    except ImageLoadError as error:
-        return None, str(error), None, 1
+    except ImageLoadError as error:  # the loader advises only on the file; a data set can also drop the image
+        return None, f"{error}, or remove the image from the annotation json", None, 1
 
 
 def _image_size_star(arguments: tuple[Path, bool, Path]) -> tuple[Any, ...]:

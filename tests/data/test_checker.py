@@ -113,6 +113,7 @@ def test_broken_copy_every_problem_named(tmp_path: Path) -> None:
     unreadable = {p.file_name: p.message for p in find(problems, "unreadable_image")}
     assert set(unreadable) == {"truncated.jpg", "text.jpg"}
     assert "truncated" in unreadable["truncated.jpg"] and "not an image" in unreadable["text.jpg"]
+    assert all("remove the image from the annotation json" in message for message in unreadable.values())
     assert "EXIF orientation 6" in find(problems, "image_size_mismatch")[0].message
     assert {p.file_name for p in find(problems, "no_boxes")} >= {"empty.jpg", "zero.jpg"}
     assert "most objects in one image: 3" in find(problems, "summary")[0].message
