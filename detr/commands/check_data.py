@@ -23,7 +23,9 @@ def main(argv: list[str] | None = None) -> int:
                         "paper's; configs/demo_shapes_cpu.yaml uses 20). `detr fit` runs these checks itself with "
                         "its model's value")
     parser.add_argument("--quick", action="store_true", help="read image headers only (misses truncated files)")
-    parser.add_argument("--workers", type=int, default=0, help="processes for reading images")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes for reading images (default: one per CPU core when decoding 256 or more "
+                        "images, else 0: in this process)")
     parser.add_argument("--max-per-kind", type=int, default=20, help="problems listed per kind")
     args = parser.parse_args(argv)
     problems = check_dataset(

@@ -14,11 +14,14 @@ one object per query, so the rest could never be matched); string image ids; a f
 (non-crowd) box; boxes that look like xyxy corners (many reach outside the image, all would fit as xyxy).
 
 Warnings: images without boxes, crowd annotations (left out of training, kept for evaluation), category
-id gaps, categories without annotations, duplicate file names, annotations without ``area``/``iscrowd``.
+id gaps, categories without annotations, duplicate file names, annotations without ``area``/``iscrowd``,
+files with an EXIF orientation that turns or flips their pixels while the json's size fits either frame (a
+square image, a 180-degree turn: the sizes cannot tell in which frame its boxes were drawn).
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -34,12 +37,16 @@ from detr.data.coco import (
     is_finite_number,
     load_coco_json,
 )
-from detr.data.images import ImageLoadError, decode_image, read_image_size
+from detr.data.images import ImageLoadError, decode_image, read_image_header
 
 Severity = Literal["error", "warning", "info"]
 
 #: A box may reach this far (pixels) past the image border before it counts as outside (float rounding).
 OUTSIDE_TOLERANCE = 1.0
+
+#: From this many images on, a full decode with ``workers=None`` uses one process per CPU core: decoding is
+#: the slow part of a check, and below this a pool's start-up costs more than it saves.
+PARALLEL_DECODE_MIN_IMAGES = 256
 
 
 @dataclass(frozen=True)
@@ -77,13 +84,24 @@ def _image_size(
         if decode:
             decoded = decode_image(path, annotations_file=annotations_file)
             return decoded.pixels.shape[:2], None, decoded.stored_size, decoded.exif_orientation
-        return read_image_size(path, annotations_file=annotations_file), None, None, 1
-    except ImageLoadError as error:
-        return None, str(error), None, 1
+        header = read_image_header(path, annotations_file=annotations_file)
+        return header.size, None, header.stored_size, header.exif_orientation
+    except ImageLoadError as error:  # the loader advises only on the file; a data set can also drop the image
+        return None, f"{error}, or remove the image from the annotation json", None, 1
 
 
 def _image_size_star(arguments: tuple[Path, bool, Path]) -> tuple[Any, ...]:
     return _image_size(*arguments)
+
+
+def reading_workers(workers: int | None, num_images: int, decode_images: bool) -> int:
+    """The processes :func:`check_dataset` reads images with: ``workers`` when given; else one per CPU core for
+    a full decode of ``PARALLEL_DECODE_MIN_IMAGES`` or more images, 0 (this process) otherwise."""
+    if workers is not None:
+        return workers
+    if not decode_images or num_images < PARALLEL_DECODE_MIN_IMAGES:
+        return 0
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _hashable_id(value: Any) -> bool:
@@ -96,7 +114,7 @@ def check_dataset(
     *,
     num_queries: int = 100,
     decode_images: bool = True,
-    workers: int = 0,
+    workers: int | None = None,
     data: dict[str, Any] | None = None,
 ) -> list[Problem]:
     """Every problem of the data set ``images_dir`` + ``annotations_file`` (module docstring).
@@ -107,7 +125,7 @@ def check_dataset(
         num_queries: the model's number of queries; an image with more objects is an error.
         decode_images: decode every image completely (finds truncated files; slow on big sets). False
             reads only the headers (finds missing and non-image files, sizes).
-        workers: processes for reading images (0: in this process).
+        workers: processes for reading images (0: in this process; None: see :func:`reading_workers`).
         data: the json already loaded (``annotations_file`` is then only named in messages).
 
     Returns:
@@ -166,6 +184,7 @@ def check_dataset(
 
     # Image files.
     arguments = [(images_dir / image["file_name"], decode_images, annotations_file) for image in images.values()]
+    workers = reading_workers(workers, len(arguments), decode_images)
     if workers > 0 and len(arguments) > 1:
         with ProcessPoolExecutor(workers) as pool:
             results = list(pool.map(_image_size_star, arguments, chunksize=32))
@@ -189,6 +208,13 @@ def check_dataset(
                         "annotations must be in the displayed frame")
             add("error", "image_size_mismatch", f"the file is {size[1]}x{size[0]} (width x height, EXIF applied) but "
                 f"the json says {json_size[1]}x{json_size[0]}{hint}", image["file_name"])
+        elif orientation != 1:
+            # The sizes agree, so they cannot tell the frames apart (a square image, or a 180-degree turn or a
+            # flip, which keep width and height): only the tag says that the pixels are turned.
+            add("warning", "exif_orientation", f"the file has EXIF orientation {orientation}: the pipeline shows "
+                "the model the displayed (turned) image, so its boxes must be drawn on the displayed image, as "
+                "labelling tools do; if they were drawn on the stored pixels, apply the tag to the file "
+                "(PIL.ImageOps.exif_transpose, then save without it) and turn the boxes with it", image["file_name"])
         sizes[image_id] = (int(size[0]), int(size[1]))
 
     # Annotations.

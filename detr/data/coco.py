@@ -12,8 +12,9 @@ What the model sees (as the authors' datasets/coco.py prepares it; bad inputs fa
 The json is validated when the data set is built, so a bad annotation fails the run at start-up with the
 file, the annotation id and the fix, not at epoch 40 inside a worker. Image files are checked for
 existence at start-up too; decoding errors (truncated, not an image, a size that contradicts the json)
-surface as :class:`~detr.data.images.ImageLoadError` naming the file and the json, or, with
-``skip_bad_images=True``, as a warning with a running count while another image takes the place.
+surface as :class:`~detr.data.images.ImageLoadError` naming the file, the json and the data set's fixes, or,
+with ``skip_bad_images=True`` or ``skip_unreadable=True``, as a warning (once per file) while another image
+takes the place; the sample that took it carries ``"skipped_files"``, so a training loop can count them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ _MAX_LISTED = 5
 
 class AnnotationFileError(ValueError):
     """The annotation json is missing, not valid JSON, or not a usable COCO instances file."""
+
+
+#: What a data set adds to an image error: the fixes that need the json or the data set's options.
+DATASET_ADVICE = "or remove the image from the annotation json, or pass skip_bad_images=True to skip such images"
 
 
 class ImageSizeMismatchError(ImageLoadError):
@@ -278,15 +283,21 @@ class CocoDetection(torch.utils.data.Dataset):
             training set's map to a validation set so both agree.
         category_ids: how to derive the map when ``category_map`` is None: "auto", "raw" or "contiguous"
             (see :func:`category_map_from_categories`).
-        skip_bad_images: on a missing, undecodable or mis-sized image, log a warning with a running count
-            and use the next image instead of raising.
+        skip_bad_images: leave images whose file is missing at construction out (with a warning) instead of
+            raising; implies ``skip_unreadable``.
+        skip_unreadable: when a sample's image fails to load (missing, undecodable or mis-sized), warn once
+            per file and use the next image instead of raising. The training data module sets it: a file
+            that passed the start-up check but fails mid-run must not end a long run.
         coco_data: the already loaded json dict (avoids reading a large file twice); ``annotations_file``
             is still used in messages.
 
     Attributes:
         coco: pycocotools ``COCO`` of the full json (crowd included): the evaluator's ground truth.
         ids: the image ids, sorted, that the data set serves.
-        num_skipped: images skipped so far in this process (with ``skip_bad_images``).
+        num_skipped: images skipped so far in this process (with ``skip_unreadable``), each time counted.
+        warned_files: the skipped files already named in a warning. DataLoader workers load copies of the data
+            set made each epoch, so a loop that reads the batches' ``skipped_files`` adds them here to keep the
+            next epoch's workers from naming them again.
     """
 
     def __init__(
@@ -298,13 +309,16 @@ class CocoDetection(torch.utils.data.Dataset):
         category_map: CategoryMap | None = None,
         category_ids: CategoryIds = "auto",
         skip_bad_images: bool = False,
+        skip_unreadable: bool = False,
         coco_data: dict[str, Any] | None = None,
     ) -> None:
         self.images_dir = Path(images_dir)
         self.annotations_file = Path(annotations_file)
         self.transform = transform if transform is not None else make_normalize_transform()
         self.skip_bad_images = skip_bad_images
+        self.skip_unreadable = skip_unreadable or skip_bad_images
         self.num_skipped = 0
+        self.warned_files: set[Path] = set()
         if not self.images_dir.is_dir():
             raise ValueError(
                 f"image folder '{self.images_dir}' (for annotation file '{self.annotations_file}') does not exist"
@@ -372,7 +386,11 @@ class CocoDetection(torch.utils.data.Dataset):
         image_id = self.ids[index]
         info = self.coco.imgs[image_id]
         path = self.images_dir / info["file_name"]
-        decoded = decode_image(path, annotations_file=self.annotations_file)
+        try:
+            decoded = decode_image(path, annotations_file=self.annotations_file)
+        except ImageLoadError as error:
+            raise ImageLoadError(f"{error}, {DATASET_ADVICE}", path=path,
+                                 annotations_file=self.annotations_file) from error.__cause__
         height, width = decoded.pixels.shape[:2]
         json_size = (info.get("height"), info.get("width"))
         if json_size != (None, None) and json_size != (height, width):
@@ -409,15 +427,30 @@ class CocoDetection(torch.utils.data.Dataset):
         return message
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        skipped: list[str] = []
         for attempt in range(len(self.ids)):
             current = (index + attempt) % len(self.ids)
             try:
-                return self._load(current)
+                image, target = self._load(current)
             except ImageLoadError as error:
-                if not self.skip_bad_images:
+                if not self.skip_unreadable:
                     raise
                 self.num_skipped += 1
-                logger.warning("skipping a bad image (%d skipped so far in this process): %s", self.num_skipped, error)
+                path = self.image_path(current)
+                skipped.append(str(path))
+                if path not in self.warned_files:
+                    self.warned_files.add(path)
+                    cause = error.__cause__
+                    logger.warning(
+                        "skipping image file '%s' (%s), another image takes its place; restore or replace the file, "
+                        "or remove it from '%s' (`detr-check-data %s %s` lists every such file)",
+                        path, f"{type(cause).__name__}: {cause}" if cause is not None else error,
+                        self.annotations_file, self.images_dir, self.annotations_file,
+                    )
+                continue
+            if skipped:  # the loop's count of skipped images per epoch reads it (DataLoader workers keep no shared state)
+                target["skipped_files"] = skipped
+            return image, target
         raise ImageLoadError(
             f"every image of annotation file '{self.annotations_file}' failed to load",
             annotations_file=self.annotations_file,

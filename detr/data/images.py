@@ -3,7 +3,9 @@
 Every decoding failure (missing file, truncated JPEG, a text file named ``.jpg``, an unsupported mode) becomes
 an :class:`ImageLoadError` that names the file and, when known, the annotation json that lists it. A
 ``ValueError`` subclass, so a DataLoader worker that hits one re-raises it in the main process with the
-file name in the message instead of a bare PIL traceback: a broken data set names the file to fix.
+file name in the message instead of a bare PIL traceback: a broken data set names the file to fix. The
+loader's advice fits any caller (replace the file); a data set adds its own (leave the image out of the json,
+``skip_bad_images``), since predict, the explorer and the Predictor read files no json lists.
 
 EXIF orientation is applied (``PIL.ImageOps.exif_transpose``) before anything else looks at the pixels, so
 the array is the photo as viewers show it; annotations are expected in that displayed frame, which is the
@@ -31,6 +33,9 @@ IMAGE_SUFFIXES: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ti
 EXIF_ORIENTATION_TAG = 0x0112
 
 _SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+
+#: What an :class:`ImageLoadError` from the loader advises: true whoever asked for the file.
+FILE_ADVICE = "restore or replace the file with a complete copy of the image"
 
 
 class ImageLoadError(ValueError):
@@ -122,10 +127,7 @@ def decode_image(path: str | Path, *, annotations_file: str | Path | None = None
     """
     path = Path(path)
     where = _where(path, annotations_file)
-    fix = (
-        "restore the file, remove the image from the annotation json, or pass skip_bad_images=True "
-        "to skip such images with a warning"
-    )
+    fix = FILE_ADVICE
     if not path.is_file():
         reason = "is a directory, not a file" if path.is_dir() else "does not exist"
         raise ImageLoadError(f"{where} {reason}; {fix}", path=path, annotations_file=annotations_file)
@@ -161,8 +163,22 @@ def load_rgb_image(path: str | Path, *, annotations_file: str | Path | None = No
     return decode_image(path, annotations_file=annotations_file).pixels
 
 
-def read_image_size(path: str | Path, *, annotations_file: str | Path | None = None) -> tuple[int, int]:
-    """(height, width) as displayed (EXIF orientation applied), from the header only: no full decode.
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an image file's header says, without decoding its pixels.
+
+    size: (height, width) as displayed (EXIF orientation applied).
+    exif_orientation: the EXIF orientation tag (1..8; 1 when absent).
+    stored_size: (height, width) as stored in the file, before the orientation.
+    """
+
+    size: tuple[int, int]
+    exif_orientation: int
+    stored_size: tuple[int, int]
+
+
+def read_image_header(path: str | Path, *, annotations_file: str | Path | None = None) -> ImageHeader:
+    """The displayed and stored size and the EXIF orientation, from the header only: no full decode.
 
     Raises:
         ImageLoadError: missing file or not an image.
@@ -170,19 +186,25 @@ def read_image_size(path: str | Path, *, annotations_file: str | Path | None = N
     path = Path(path)
     where = _where(path, annotations_file)
     if not path.is_file():
-        raise ImageLoadError(f"{where} does not exist", path=path, annotations_file=annotations_file)
+        raise ImageLoadError(f"{where} does not exist; {FILE_ADVICE}", path=path, annotations_file=annotations_file)
     try:
         with Image.open(path) as image:
             height, width = image.height, image.width
             orientation = int(image.getexif().get(EXIF_ORIENTATION_TAG, 1) or 1)
     except Exception as error:
         raise ImageLoadError(
-            f"{where} is not an image PIL can read ({type(error).__name__}: {error})",
+            f"{where} is not an image PIL can read ({type(error).__name__}: {error}); {FILE_ADVICE}",
             path=path,
             annotations_file=annotations_file,
         ) from error
     # Orientations 5..8 transpose the axes (EXIF 2.3, tag 0x0112).
-    return (width, height) if orientation in (5, 6, 7, 8) else (height, width)
+    size = (width, height) if orientation in (5, 6, 7, 8) else (height, width)
+    return ImageHeader(size=size, exif_orientation=orientation, stored_size=(height, width))
+
+
+def read_image_size(path: str | Path, *, annotations_file: str | Path | None = None) -> tuple[int, int]:
+    """(height, width) as displayed (EXIF orientation applied), from the header only (see :func:`read_image_header`)."""
+    return read_image_header(path, annotations_file=annotations_file).size
 
 
 def list_image_files(images: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -259,6 +281,7 @@ class ImageFilesDataset(torch.utils.data.Dataset):
 
 
 def _reason(error: ImageLoadError) -> str:
-    """What the decoder said, without the data-set advice (skip_bad_images ...) of the message."""
+    """What the decoder said, without the advice of the message (the placeholder's reason is read by people
+    who passed the file themselves)."""
     cause = error.__cause__
     return f"{type(cause).__name__}: {cause}" if cause is not None else str(error).split(";")[0]

@@ -11,13 +11,19 @@ boxes, or drop and clip boxes without saying so. :class:`CheckData` runs
 - with the data module's ``skip_bad_images``, turns missing, undecodable and mis-sized images into a
   warning with a count, and leaves them out of the split;
 - logs a count of the boxes the pipeline drops (zero or negative size, entirely outside the image) or
-  clips (reaching outside), and of every warning kind (images without boxes, crowd boxes ...).
+  clips (reaching outside), and of every warning kind (images without boxes, crowd boxes ...), naming the
+  files whose EXIF orientation turns their pixels (their boxes must be in the displayed frame).
+
+During training it counts the training images that failed to load and were replaced (a truncated JPEG passes
+the default header check; the data set names each file once) and logs the count at the end of each epoch,
+with the option that finds them all before the first step.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -32,6 +38,8 @@ ImageCheck = Literal["headers", "decode", "off"]
 IMAGE_KINDS = frozenset({"missing_image", "unreadable_image", "image_size_mismatch"})
 #: Boxes the pipeline drops or clips: counted and reported, not fatal.
 BOX_KINDS = frozenset({"zero_size_box", "box_outside_image"})
+#: Warnings a user must act on file by file (a count alone would not say which): logged with their files.
+NAMED_WARNING_KINDS = frozenset({"exif_orientation"})
 
 
 class DataCheckError(ValueError):
@@ -43,8 +51,9 @@ class CheckData(L.Callback):
 
     Args:
         train_images: "headers" reads every training image's header (missing files, non-images, sizes
-            against the json), "decode" decodes each one completely (also truncated files; slow on big
-            sets), "off" skips the whole training split check.
+            against the json, EXIF orientation), "decode" decodes each one completely (also truncated files,
+            which "headers" leaves to be replaced mid-run; in parallel over the CPU cores on large sets),
+            "off" skips the whole training split check.
         val_images: the same for the validation split; "decode" by default, since validation runs only
             after the first training epoch.
 
@@ -58,12 +67,14 @@ class CheckData(L.Callback):
             if value not in ("headers", "decode", "off"):
                 raise ValueError(f"CheckData: {name} must be 'headers', 'decode' or 'off', got {value!r}")
         self.modes = {"train": train_images, "val": val_images}
+        self._skipped_files: set[str] = set()  # training images replaced in this epoch (this process's batches)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or trainer.datamodule is None:
             return
         num_queries = pl_module.detector.num_queries
-        workers = int(getattr(trainer.datamodule, "num_workers", 0) or 0)
+        # The loader's workers, or (None) every core for a full decode of a large split: nothing else runs yet.
+        workers = int(getattr(trainer.datamodule, "num_workers", 0) or 0) or None
         errors: list[str] = []
         for split, mode in self.modes.items():
             dataset = getattr(trainer.datamodule, f"{split}_dataset", None)
@@ -88,6 +99,36 @@ class CheckData(L.Callback):
             )
 
 
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._skipped_files = set()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # The data set marks the sample that replaced a bad image; its workers cannot report to this process.
+        targets = batch[-1] if isinstance(batch, (list, tuple)) and batch else []
+        for target in targets if isinstance(targets, list) else []:
+            if isinstance(target, dict):
+                self._skipped_files.update(target.get("skipped_files", ()))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._skipped_files:
+            return
+        dataset = getattr(trainer.datamodule, "train_dataset", None)
+        if hasattr(dataset, "warned_files"):  # named once: the next epoch's loader workers copy this set
+            dataset.warned_files.update(Path(name) for name in self._skipped_files)
+        count = len(self._skipped_files)
+        shown = ", ".join(f"'{name}'" for name in sorted(self._skipped_files)[:5])
+        more = f" and {count - 5} more" if count > 5 else ""
+        json_file, images_dir = (getattr(dataset, "annotations_file", "JSON"), getattr(dataset, "images_dir", "IMAGES"))
+        logger.warning(
+            "epoch %d: %d training image%s could not be loaded, other images took %s place: %s%s. Restore or replace "
+            "them, or remove them from '%s'; --data_check.train_images decode decodes every training image before "
+            "the first step (`detr-check-data %s %s` lists them without training)",
+            trainer.current_epoch, count, "" if count == 1 else "s", "its" if count == 1 else "their", shown, more,
+            json_file, images_dir, json_file,
+        )
+
+
 def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[Problem]:
     """Log the counts of ``problems`` of one split, leave bad images out of ``dataset`` when it skips
     them, and return the problems that must stop the run."""
@@ -95,6 +136,7 @@ def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[P
     skipped_files: set[str] = set()
     box_counts: Counter[str] = Counter()
     warning_counts: Counter[str] = Counter()
+    named: dict[str, list[Problem]] = {}
     for problem in problems:
         if problem.severity == "info":
             logger.info("data check, %s: %s", split, problem.message)
@@ -106,6 +148,8 @@ def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[P
             fatal.append(problem)
         else:
             warning_counts[problem.kind] += 1
+            if problem.kind in NAMED_WARNING_KINDS:
+                named.setdefault(problem.kind, []).append(problem)
     if box_counts:
         logger.warning("data check, %s: %d box(es) dropped (zero or negative size, or entirely outside the image) "
                        "and %d clipped to the image (reaching outside it); detr-check-data lists them",
@@ -113,6 +157,10 @@ def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[P
     if warning_counts:
         counts = ", ".join(f"{kind} {count}" for kind, count in warning_counts.items())
         logger.warning("data check, %s: %s", split, counts)
+    for kind, listed in named.items():
+        more = f" (and {len(listed) - 5} more: detr-check-data lists them)" if len(listed) > 5 else ""
+        logger.warning("data check, %s: %s: %s%s", split, kind, "; ".join(f"'{p.file_name}': {p.message}"
+                                                                        for p in listed[:5]), more)
     if skipped_files:
         bad_ids = {image_id for image_id, info in dataset.coco.imgs.items() if info["file_name"] in skipped_files}
         before = len(dataset.ids)

@@ -261,7 +261,9 @@ class DetrDataModule(CocoFormatDataModule):
         predict_images: a folder (its image files) or a list of image files for ``predict``.
         category_ids: "auto" (raw ids for COCO's own categories, contiguous otherwise), "raw" or
             "contiguous"; see :func:`detr.data.coco.category_map_from_categories`.
-        skip_bad_images: skip missing/undecodable images with a warning and a count instead of raising.
+        skip_bad_images: leave the images the start-up check finds missing, undecodable or mis-sized out with a
+            warning instead of refusing to start. Either way a training image that fails to load mid-run is
+            replaced by another with a warning naming it, and counted at the end of the epoch.
         categories_from: a checkpoint whose category map names the classes when no annotation json is
             given (``detr predict`` on plain images; the CLI sets it to ``--ckpt_path``).
         kwargs: the batch sizes, loader settings and transform sizes of :class:`CocoFormatDataModule`
@@ -331,6 +333,9 @@ class DetrDataModule(CocoFormatDataModule):
             transform=self.train_transform if split == "train" else self.eval_transform,
             category_map=self.category_map,
             skip_bad_images=self.skip_bad_images,
+            # A training file that fails mid-run (truncated: the start-up check reads only headers) is replaced,
+            # not fatal: hours of training are worth more than one image. Evaluation keeps every image or stops.
+            skip_unreadable=split == "train",
             coco_data=self._json_cache.pop(annotations, None),
         )
 

@@ -4,6 +4,7 @@ broken copy, each named by file and annotation."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from PIL import Image
 
 from detr.commands import check_data
-from detr.data.checker import Problem, check_dataset, format_problems, has_errors
+from detr.data.checker import Problem, check_dataset, format_problems, has_errors, reading_workers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,6 +113,7 @@ def test_broken_copy_every_problem_named(tmp_path: Path) -> None:
     unreadable = {p.file_name: p.message for p in find(problems, "unreadable_image")}
     assert set(unreadable) == {"truncated.jpg", "text.jpg"}
     assert "truncated" in unreadable["truncated.jpg"] and "not an image" in unreadable["text.jpg"]
+    assert all("remove the image from the annotation json" in message for message in unreadable.values())
     assert "EXIF orientation 6" in find(problems, "image_size_mismatch")[0].message
     assert {p.file_name for p in find(problems, "no_boxes")} >= {"empty.jpg", "zero.jpg"}
     assert "most objects in one image: 3" in find(problems, "summary")[0].message
@@ -161,3 +163,38 @@ def test_real_coco_mini_passes() -> None:
                              decode_images=False)
     assert not has_errors(problems), format_problems(problems)
     assert len(find(problems, "crowd")) == 5 and len(find(problems, "no_boxes")) == 2
+
+
+@pytest.mark.parametrize("decode_images", [True, False])
+@pytest.mark.parametrize("orientation", [6, 3])
+def test_a_square_photo_with_an_exif_rotation_is_flagged(tmp_path: Path, decode_images: bool,
+                                                         orientation: int) -> None:
+    # A square image's width and height read the same in the stored and in the displayed frame, so the size
+    # check cannot tell which frame its boxes were drawn in; the EXIF tag alone says the pixels are turned.
+    images_dir = tmp_path / "images"
+    images_dir.mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.new("RGB", (48, 48), (30, 30, 30)).save(images_dir / "square.jpg", exif=exif.tobytes())
+    Image.new("RGB", (48, 48)).save(images_dir / "plain.jpg")
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "square.jpg", "height": 48, "width": 48},
+                   {"id": 2, "file_name": "plain.jpg", "height": 48, "width": 48}],
+        "annotations": [ann(1, 1, [2, 30, 10, 10]), ann(2, 2, [2, 30, 10, 10])],
+        "categories": [{"id": 1, "name": "thing"}]}))
+    problems = check_dataset(images_dir, path, decode_images=decode_images)
+    flagged = [p for p in problems if p.kind == "exif_orientation"]
+    assert [(p.severity, p.file_name) for p in flagged] == [("warning", "square.jpg")]
+    assert f"EXIF orientation {orientation}" in flagged[0].message and "displayed" in flagged[0].message
+    assert "exif_transpose" in flagged[0].message  # the fix: apply the tag to the pixels, and the boxes with it
+    assert not has_errors(problems)
+
+
+def test_a_full_decode_of_a_large_set_runs_on_every_core_unless_told() -> None:
+    # The complete check (detr-check-data, CheckData(train_images="decode")) must not be a serial pass over
+    # a large set; small sets and header reads stay in the process, where a pool would cost more than it saves.
+    assert reading_workers(None, 10_000, decode_images=True) == len(os.sched_getaffinity(0))
+    assert reading_workers(None, 10, decode_images=True) == 0
+    assert reading_workers(None, 10_000, decode_images=False) == 0
+    assert reading_workers(3, 10, decode_images=True) == 3 and reading_workers(0, 10_000, decode_images=True) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -288,7 +289,8 @@ def test_skip_bad_images_counts_and_substitutes(tmp_path: Path, caplog: pytest.L
     assert len(targets) == 4  # bad images replaced, the batch keeps its size
     assert [int(t["image_id"]) for t in targets] == [1, 4, 4, 4]
     assert dataset.num_skipped == 3  # 2.jpg, 3.jpg, then 3.jpg again on the way from index 2
-    assert "2.jpg" in caplog.text and "3.jpg" in caplog.text and "3 skipped so far" in caplog.text
+    assert "2.jpg" in caplog.text and "3.jpg" in caplog.text
+    assert len(caplog.records) == 2  # once per file, though 3.jpg was skipped twice
 
 
 def test_transform_failure_names_the_file(tmp_path: Path) -> None:
@@ -298,3 +300,40 @@ def test_transform_failure_names_the_file(tmp_path: Path) -> None:
     dataset = CocoDetection(*basic(tmp_path), transform=broken)
     with pytest.raises(RuntimeError, match=r"a\.jpg.*instances\.json.*boom"):
         dataset[0]
+
+
+def test_a_data_set_error_gives_data_set_advice(tmp_path: Path) -> None:
+    dataset = CocoDetection(*corrupt_files(tmp_path))
+    with pytest.raises(ImageLoadError) as info:
+        dataset.raw_sample(dataset.ids.index(2))
+    message = str(info.value)
+    assert "2.jpg" in message and "instances.json" in message and "truncated" in message
+    assert "remove the image from the annotation json" in message and "skip_bad_images" in message
+
+
+def test_skip_unreadable_warns_once_per_file_and_marks_the_substitute(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    # What the training set does mid-run: a file that fails to decode is replaced, each file is named once
+    # (not once per epoch), and the sample that took its place says whom it replaced, for the epoch's count.
+    dataset = CocoDetection(*corrupt_files(tmp_path), skip_unreadable=True)
+    loader = DataLoader(dataset, batch_size=4, num_workers=0, collate_fn=collate_detection)
+    with caplog.at_level(logging.WARNING, logger="detr.data.coco"):
+        first = list(loader)[0][2]
+        second = list(loader)[0][2]
+    assert [int(t["image_id"]) for t in first] == [1, 4, 4, 4]
+    assert [t.get("skipped_files", []) for t in first][1:3] == [[str(tmp_path / "images" / "2.jpg"),
+                                                                  str(tmp_path / "images" / "3.jpg")],
+                                                                 [str(tmp_path / "images" / "3.jpg")]]
+    assert "skipped_files" in second[1]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "2.jpg" in warnings[0] and "3.jpg" in warnings[1]
+    assert "truncated" in warnings[0] and "detr-check-data" in warnings[0]
+    caplog.clear()
+    copy = pickle.loads(pickle.dumps(dataset))  # what a DataLoader worker of the next epoch loads
+    with caplog.at_level(logging.WARNING, logger="detr.data.coco"):
+        copy[1]
+    assert not caplog.records  # the set of named files travels with the data set
+    with pytest.raises(ImageLoadError, match="gone.jpg'; restore them"):  # a file missing at start-up still stops
+        CocoDetection(tmp_path / "images", tmp_path / "instances.json", skip_unreadable=True,
+                      coco_data={**json.loads((tmp_path / "instances.json").read_text()),
+                                 "images": [{"id": 9, "file_name": "gone.jpg"}], "annotations": []})

@@ -153,3 +153,15 @@ def test_image_files_errors(tmp_path: Path) -> None:
     image, target = dataset[0]  # one bad file must not stop a predict run: a placeholder says why
     assert target["file_name"].endswith("bad.jpg") and "cannot identify image file" in target["error"]
     assert target["orig_size"].tolist() == [0, 0] and image.shape == (3, 32, 32)
+
+
+def test_a_file_error_gives_no_data_set_advice(tmp_path: Path) -> None:
+    # The loader serves predict, the explorer and the Predictor too: a file given to them is not in any
+    # annotation json, so "remove it from the json / skip_bad_images" would mislead; the data set adds that.
+    (tmp_path / "notes.jpg").write_text("this is not an image\n")
+    for call in (lambda: load_rgb_image(tmp_path / "notes.jpg"), lambda: load_rgb_image(tmp_path / "absent.jpg")):
+        with pytest.raises(ImageLoadError) as info:
+            call()
+        message = str(info.value)
+        assert "skip_bad_images" not in message and "annotation" not in message
+        assert "jpg" in message and "replace" in message

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from detr import build_detr, load_checkpoint
 from detr.checkpoints import CheckpointError, read_checkpoint
@@ -105,6 +106,37 @@ def test_fit_leaves_bad_images_out_with_skip_bad_images(shapes, tmp_path, caplog
     with caplog.at_level(logging.WARNING, logger="detr"):
         main(tiny_fit_args(shapes, tmp_path / "run", "--trainer.max_steps=2", "--data.skip_bad_images=true"))
     assert "val: 1 bad image file(s) left out (skip_bad_images), 3 of 4 images remain" in caplog.text
+
+
+def test_fit_trains_through_a_truncated_training_image(shapes, tmp_path, caplog) -> None:
+    # The start-up check reads training images' headers only (a full decode of a large set is slow), so a JPEG
+    # cut in half passes it; found mid-run, it is replaced by another image instead of ending the run.
+    broken = sorted((shapes / "train2017").glob("*.jpg"))[2]
+    broken.write_bytes(broken.read_bytes()[: broken.stat().st_size // 2])
+    with caplog.at_level(logging.WARNING, logger="detr"):
+        main(tiny_fit_args(shapes, tmp_path / "run", "--trainer.max_steps=4"))  # two epochs: every image twice
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    named = [r.getMessage() for r in caplog.records if broken.name in r.getMessage()]
+    assert len(named) == 3, named  # the file once when it fails, then once in each epoch's count
+    assert "truncated" in named[0] and "detr-check-data" in named[0]
+    assert "epoch 0: 1 training image could not be loaded" in named[1] and "epoch 1" in named[2]
+    assert "--data_check.train_images decode" in named[1]  # how to find every such file before the first step
+
+
+def test_fit_names_a_square_training_image_with_an_exif_rotation(shapes, tmp_path, caplog) -> None:
+    # Turned 90 degrees, a square image keeps its width and height, so the size check passes whichever frame its
+    # boxes were drawn in; the run must say which file carries the tag and in which frame its boxes must be.
+    photo = sorted((shapes / "train2017").glob("*.jpg"))[0]
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    with Image.open(photo) as image:
+        assert image.width == image.height
+        image.save(photo, exif=exif.tobytes())
+    with caplog.at_level(logging.WARNING, logger="detr"):
+        main(tiny_fit_args(shapes, tmp_path / "run", "--trainer.max_steps=1"))
+    named = [r.getMessage() for r in caplog.records if photo.name in r.getMessage()]
+    assert len(named) == 1 and "train: exif_orientation" in named[0] and "EXIF orientation 6" in named[0]
+    assert "displayed" in named[0] and "exif_transpose" in named[0]
 
 
 def test_fit_counts_the_boxes_it_drops_and_clips(shapes, tmp_path, caplog) -> None:
