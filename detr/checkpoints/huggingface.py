@@ -383,6 +383,14 @@ def read_huggingface(directory: str | Path) -> CheckpointContents:
     if "class_embed.weight" not in state_dict:
         raise CheckpointError(f"{where} has no class_labels_classifier: a DetrModel without the detection heads?")
     model_config = infer_model_config(state_dict, where, class_head="softmax")
+    # The weights decide the layer counts; config.json states them too, and a weights file that lost layers
+    # would otherwise load as a shallower model.
+    for stack in ("encoder", "decoder"):
+        stated, found = config.get(f"{stack}_layers"), getattr(model_config, f"num_{stack}_layers")
+        if stated is not None and stated != found:
+            raise CheckpointError(f"{config_path} states {stack}_layers={stated} but the weights in {where} hold "
+                                  f"{found} {stack} layer(s): the weights file is incomplete or belongs to another "
+                                  f"model; download or write the directory again")
     if backbone is not None and model_config.backbone != backbone:
         raise CheckpointError(f"{config_path} names backbone {backbone} but the weights are a "
                               f"{model_config.backbone}")

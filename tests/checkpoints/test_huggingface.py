@@ -264,3 +264,13 @@ def test_id2label_gaps_are_named_in_a_warning(tmp_path, caplog):
         loaded = detr.load_checkpoint(tmp_path)
     assert loaded.meta.category_map.names == ("cat", "LABEL_1", "fish")
     assert "config.json" in caplog.text and "[1]" in caplog.text
+
+
+def test_weights_with_fewer_layers_than_config_json_states_are_refused(tmp_path):
+    save_pretrained(_our_model(), tmp_path)  # 2 decoder layers
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    weights = safetensors_torch.load_file(str(tmp_path / "model.safetensors"))
+    cut = {key: value for key, value in weights.items() if not key.startswith("model.decoder.layers.1.")}
+    safetensors_torch.save_file(cut, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"config\.json states decoder_layers=2 but .* hold 1 decoder layer"):
+        detr.load_checkpoint(tmp_path)
