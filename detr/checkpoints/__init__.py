@@ -40,7 +40,7 @@ from detr.checkpoints.huggingface import read_huggingface
 from detr.checkpoints.panoptic import is_panoptic_state_dict, load_panoptic
 from detr.models.anchor.model import AnchorDETR
 from detr.models.build import build_detr
-from detr.models.config import AUTHORS_EVAL_SIZE
+from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
 from detr.models.detr import DETR
 from detr.models.segmentation import DETRPanoptic
 
@@ -100,9 +100,11 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR | AnchorDETR | D
     contents = read_checkpoint(path)
     if is_panoptic_state_dict(contents.state_dict):
         return load_panoptic(path, contents, **overrides)
-    config = contents.config or infer_model_config(
-        contents.state_dict, path.name, class_head=overrides.get("class_head"),
-        query_groups=overrides.get("query_groups", 1))
+    config = contents.config
+    if config is None:
+        config = infer_model_config(contents.state_dict, path.name, class_head=overrides.get("class_head"),
+                                    query_groups=overrides.get("query_groups", 1))
+        _check_inferred_layer_counts(path, config, overrides)
     config = config.replace(pretrained_backbone=False, **overrides)
     model = build_detr(config)
     load_strict(model, contents.state_dict, f"{path} does not fit the model built from {config}")
@@ -120,6 +122,28 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR | AnchorDETR | D
     model.meta = meta
     logger.info("loaded %s (%s, %d classes)", path, config.backbone, model.num_classes)
     return model.eval()
+
+
+def _check_inferred_layer_counts(path: Path, inferred: DetrConfig, overrides: dict[str, Any]) -> None:
+    """A plain state dict records no config, so its layer counts are read off the weights, and a file cut
+    after a whole layer reads as a shallower model that loads and predicts. Counts stated by the caller
+    must agree with the weights; counts nobody stated are named when they are not the paper's 6/6."""
+    counts = {"num_encoder_layers": ("encoder", inferred.num_encoder_layers),
+              "num_decoder_layers": ("decoder", inferred.num_decoder_layers)}
+    for field, (stack, found) in counts.items():
+        if field in overrides and overrides[field] != found:
+            raise CheckpointError(
+                f"{path} has weights for {found} {stack} layer(s) (transformer.{stack}.layers.0..{found - 1}), "
+                f"but {field}={overrides[field]} was given: the file lacks layers (cut, or saved from another "
+                f"model); use the complete file, or drop {field} to load the {found} layer(s) it has")
+    paper = (DetrConfig.num_encoder_layers, DetrConfig.num_decoder_layers)
+    found_counts = (inferred.num_encoder_layers, inferred.num_decoder_layers)
+    if found_counts != paper and not counts.keys() <= overrides.keys():
+        logger.warning(
+            "%s is a plain state dict: its weights show %d encoder and %d decoder layer(s), not the paper's %d/%d. "
+            "If the model had more, the file is cut. State the counts to confirm them: "
+            "load_checkpoint(path, num_encoder_layers=%d, num_decoder_layers=%d)",
+            path, *found_counts, *paper, *found_counts)
 
 
 def save_checkpoint(model: DETR | AnchorDETR | DETRPanoptic, path: str | Path) -> Path:

@@ -93,9 +93,14 @@ def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], whe
         raise CheckpointError(f"{where}: {key_mismatch(missing, unexpected)}")
 
 
-def _count_layers(state_dict: dict[str, torch.Tensor], prefix: str) -> int:
+def _count_layers(state_dict: dict[str, torch.Tensor], prefix: str, where: str) -> int:
+    """How many modules ``prefix``0., 1., ... the state dict holds. Numbers with a gap (0, 1, 3) are refused:
+    modules are numbered from 0 without gaps, so a gap means the file was cut, not another architecture."""
     pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
     found = {int(m.group(1)) for key in state_dict if (m := pattern.match(key))}
+    if found and found != set(range(max(found) + 1)):
+        raise CheckpointError(f"{where} has {prefix} numbered {sorted(found)}: layers are numbered from 0 without "
+                              f"gaps, so the file lacks some (cut or edited); use the file as it was saved")
     return max(found) + 1 if found else 0
 
 
@@ -167,7 +172,7 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "",
                               f"layout or this project's")
     body = "backbone.0.body."
     bottleneck = f"{body}layer1.0.conv3.weight" in state_dict
-    blocks_layer3 = _count_layers(state_dict, f"{body}layer3.")
+    blocks_layer3 = _count_layers(state_dict, f"{body}layer3.", where)
     depth = {(False, 2): "resnet18", (False, 6): "resnet34", (True, 6): "resnet50", (True, 23): "resnet101"}.get(
         (bottleneck, blocks_layer3))
     if depth is None:
@@ -183,7 +188,7 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "",
     num_queries = int(state_dict["refpoint_embed.weight" if anchor else "query_embed.weight"].shape[0])
     if query_groups < 1 or num_queries % query_groups:
         raise CheckpointError(f"{where}: {num_queries} queries do not split into query_groups={query_groups}")
-    encoder_layers = _count_layers(state_dict, "transformer.encoder.layers.")
+    encoder_layers = _count_layers(state_dict, "transformer.encoder.layers.", where)
     ffn_key = ("transformer.encoder.layers.0.linear1.weight" if encoder_layers
                else "transformer.decoder.layers.0.linear1.weight")
     class_head = class_head or _infer_class_head(state_dict, where)
@@ -194,13 +199,13 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "",
         position_encoding="learned" if "backbone.1.row_embed.weight" in state_dict else "sine",
         hidden_dim=int(state_dict["class_embed.weight"].shape[1]),
         num_encoder_layers=encoder_layers,
-        num_decoder_layers=_count_layers(state_dict, "transformer.decoder.layers."),
+        num_decoder_layers=_count_layers(state_dict, "transformer.decoder.layers.", where),
         dim_feedforward=int(state_dict[ffn_key].shape[0]),
         pre_norm="transformer.encoder.norm.weight" in state_dict,
         num_queries=num_queries // query_groups,
         num_classes=outputs if class_head == "sigmoid" else outputs - 1,
         backbone_norm=norm,
-        backbone_last_stage="layer4" if _count_layers(state_dict, f"{body}layer4.") else "layer3",
+        backbone_last_stage="layer4" if _count_layers(state_dict, f"{body}layer4.", where) else "layer3",
         query_type="anchor" if anchor else "learned",
         class_head=class_head,
         denoising="denoising.label_embed.weight" in state_dict,

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
+from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, infer_model_config, torch_load
 from detr.models.backbone import Backbone
@@ -235,7 +236,15 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     """model.safetensors, pytorch_model.bin, or their sharded forms (``*.index.json``)."""
     def load(path: Path) -> dict[str, torch.Tensor]:
         if path.suffix == ".safetensors":
-            return _safetensors_torch().load_file(str(path))
+            safetensors_torch = _safetensors_torch()
+            from safetensors import SafetensorError
+            try:
+                return safetensors_torch.load_file(str(path))
+            except SafetensorError as error:  # its message never names the file
+                raise CheckpointError(
+                    f"{path} is not a readable safetensors file ({error}): it is truncated or corrupt, e.g. an "
+                    f"interrupted download or copy; download it again, or write the directory again with "
+                    f"save_pretrained / detr-convert") from error
         obj = torch_load(path)  # weights_only=True
         if not isinstance(obj, dict):
             raise CheckpointError(f"{path} does not hold a state dict")
@@ -289,9 +298,27 @@ def _check_backbone_config(config: dict[str, Any], where: str) -> tuple[str | No
     return base, dilation
 
 
-def _category_map(config: dict[str, Any], num_classes: int) -> CategoryMap:
-    """``id2label`` → labels 0..num_classes-1 with their names (transformers' "LABEL_i" where missing)."""
-    id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
+def _category_map(config: dict[str, Any], num_classes: int, config_path: Path) -> CategoryMap:
+    """``id2label`` → labels 0..num_classes-1 with their names (transformers' "LABEL_i" where missing).
+
+    Labels at or beyond the weights' class count are refused: transformers derives ``num_labels`` from
+    ``id2label`` and refuses weights of another size, and here they would be names no prediction can carry.
+    Gaps inside the range get transformers' default name, with a warning naming them."""
+    try:
+        id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
+    except (TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(f"{config_path}: id2label must map label numbers (\"0\", \"1\", ...) to names: "
+                              f"{error}") from error
+    beyond = sorted(k for k in id2label if not 0 <= k < num_classes)
+    if beyond:
+        raise CheckpointError(
+            f"{config_path}: id2label has labels {beyond} but the weights have {num_classes} classes "
+            f"(labels 0..{num_classes - 1}); renumber id2label to 0..{num_classes - 1}, or use the config.json "
+            f"that came with these weights")
+    gaps = [i for i in range(num_classes) if i not in id2label]
+    if id2label and gaps:
+        logger.warning("%s: id2label names no class for labels %s of 0..%d; they are called LABEL_n",
+                       config_path, gaps, num_classes - 1)
     return CategoryMap(tuple(range(num_classes)), tuple(id2label.get(i, f"LABEL_{i}") for i in range(num_classes)))
 
 
@@ -356,13 +383,21 @@ def read_huggingface(directory: str | Path) -> CheckpointContents:
     if "class_embed.weight" not in state_dict:
         raise CheckpointError(f"{where} has no class_labels_classifier: a DetrModel without the detection heads?")
     model_config = infer_model_config(state_dict, where, class_head="softmax")
+    # The weights decide the layer counts; config.json states them too, and a weights file that lost layers
+    # would otherwise load as a shallower model.
+    for stack in ("encoder", "decoder"):
+        stated, found = config.get(f"{stack}_layers"), getattr(model_config, f"num_{stack}_layers")
+        if stated is not None and stated != found:
+            raise CheckpointError(f"{config_path} states {stack}_layers={stated} but the weights in {where} hold "
+                                  f"{found} {stack} layer(s): the weights file is incomplete or belongs to another "
+                                  f"model; download or write the directory again")
     if backbone is not None and model_config.backbone != backbone:
         raise CheckpointError(f"{config_path} names backbone {backbone} but the weights are a "
                               f"{model_config.backbone}")
     model_config = model_config.replace(
         dilation=dilation, num_heads=int(config.get("encoder_attention_heads", DetrConfig.num_heads)),
         position_encoding=position_encoding, dropout=float(config.get("dropout", DetrConfig.dropout)))
-    meta = ModelMeta(category_map=_category_map(config, model_config.num_classes), eval_size=_eval_size(directory))
+    meta = ModelMeta(category_map=_category_map(config, model_config.num_classes, config_path), eval_size=_eval_size(directory))
     return CheckpointContents(state_dict, model_config, meta)
 
 
@@ -501,13 +536,16 @@ def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: Back
     if backbone_format not in ("timm", "transformers"):
         raise ValueError(f"backbone_format must be 'timm' or 'transformers', got {backbone_format!r}")
     check_exportable(model)
-    save_file = _safetensors_torch().save_file
+    safetensors_torch = _safetensors_torch()
     config = huggingface_config(model, backbone_format, category_map)
     tensors = to_huggingface_state_dict(model.state_dict(), backbone_format)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    # Through the atomic writer, not safetensors' save_file: that one renames a private temporary file into
+    # place, so model.safetensors came out 0600 beside 0644 files, unreadable to others sharing the model.
+    write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
+    data = safetensors_torch.save(tensors, metadata={"format": "pt"})
+    write_atomically(directory / "model.safetensors", lambda file: file.write(data))
     min_size, max_size = model.meta.eval_size or AUTHORS_EVAL_SIZE
     processor = {
         "image_processor_type": "DetrImageProcessor", "format": "coco_detection",
@@ -515,6 +553,6 @@ def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: Back
         "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_pad": True,
     }
-    (directory / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    write_text_atomically(directory / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
     logger.info("wrote %s (%s backbone, %d classes)", directory, backbone_format, model.num_classes)
     return directory

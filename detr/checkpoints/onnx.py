@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from detr.categories import CategoryMap
+from detr.checkpoints.formats import CheckpointError
 from detr.models.config import DetrConfig, ModelMeta
 
 logger = logging.getLogger(__name__)
@@ -40,18 +41,36 @@ def import_onnxruntime() -> Any:
 def read_onnx_metadata(path: str | Path) -> dict[str, Any]:
     """The DETR metadata of an exported ONNX file, JSON-decoded: outputs ("raw" or "postprocessed"),
     class_head, num_classes, category_map (dict or None), eval_size ([min, max] or None), min_image_size,
-    model_config. Raises ValueError naming the file if it was not written by :func:`detr.checkpoints.export.export_onnx`."""
+    model_config. Raises :class:`CheckpointError` naming the file if it is not an ONNX model or was not written by
+    :func:`detr.checkpoints.export.export_onnx`."""
     ort = import_onnxruntime()
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # only the metadata is read
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = open_session(ort, path, options, ["CPUExecutionProvider"])
     return _decode_metadata(session.get_modelmeta().custom_metadata_map, path)
+
+
+def open_session(ort: Any, path: str | Path, options: Any, providers: list) -> Any:
+    """``ort.InferenceSession`` of ``path``; a file ONNX Runtime cannot parse (truncated, empty, not ONNX)
+    raises :class:`CheckpointError` naming it, instead of onnxruntime's "INVALID_PROTOBUF" or "No graph was
+    found in the protobuf", which say neither which file nor what to do."""
+    if not Path(path).is_file():
+        raise CheckpointError(f"ONNX file {path} does not exist")
+    state = ort.capi.onnxruntime_pybind11_state
+    unreadable = (state.InvalidProtobuf, state.InvalidArgument, state.InvalidGraph, state.Fail)
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers)
+    except unreadable as error:
+        size = Path(path).stat().st_size
+        raise CheckpointError(
+            f"{path} ({size} bytes) is not an ONNX model ONNX Runtime can open: truncated, empty or another kind "
+            f"of file ({str(error).strip()}). Export it again with detr-export CHECKPOINT --out {path}") from error
 
 
 def _decode_metadata(props: dict[str, str], path: str | Path) -> dict[str, Any]:
     missing = [key for key in METADATA_KEYS if key not in props]
     if missing:
-        raise ValueError(f"{path} lacks the DETR metadata {missing}: export it with detr-export "
+        raise CheckpointError(f"{path} lacks the DETR metadata {missing}: export it with detr-export "
                          f"(detr.checkpoints.export.export_onnx), which records the class head, categories and eval resize")
     return {key.removeprefix("detr."): json.loads(props[key]) for key in METADATA_KEYS}
 
@@ -76,8 +95,6 @@ class OnnxDetector(nn.Module):
         super().__init__()
         ort = import_onnxruntime()
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ValueError(f"ONNX file {self.path} does not exist")
         providers = ["CPUExecutionProvider"]
         if device is not None and torch.device(device).type == "cuda":
             if "CUDAExecutionProvider" in ort.get_available_providers():
@@ -90,7 +107,7 @@ class OnnxDetector(nn.Module):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads is not None:
             options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(self.path), options, providers=providers)
+        self.session = open_session(ort, self.path, options, providers)
         meta = _decode_metadata(self.session.get_modelmeta().custom_metadata_map, self.path)
         self.postprocessed = meta["outputs"] == "postprocessed"
         self.class_head = meta["class_head"]

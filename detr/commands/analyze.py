@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         results = load_results(args.predictions, coco_gt)
     except ResultsFileError as error:
         parser.error(str(error))
+    if not results:  # a report of zeros would read as a detector that found nothing, not as no input
+        print(f"error: {args.predictions} holds no detections of the ground truth's categories: nothing to "
+              f"analyse (predict with a lower --threshold, or check that the results match {args.ground_truth})",
+              file=sys.stderr)
+        return 1
     image_ids = sorted({r["image_id"] for r in results}) if args.predicted_images_only else None
     analysis = analyze(coco_gt, results, image_ids=image_ids, score_threshold=args.score_threshold,
                        confusion_iou=args.iou)

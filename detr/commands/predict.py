@@ -22,6 +22,7 @@ from functools import partial
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from detr.checkpoints.formats import CheckpointError
 from detr.checkpoints.released import CheckpointArgument
 from detr.inference.command_line import add_resize_arguments
 from detr.inference.outputs import collect_image_paths, predict_files
@@ -58,11 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         paths = collect_image_paths(args.inputs)
     except ValueError as error:
         parser.error(str(error))
-    predictor = Predictor.from_checkpoint(
-        args.checkpoint, device=args.device, precision=args.precision, threshold=args.threshold,
-        batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
-        panoptic_threshold=args.panoptic_threshold, panoptic_overlap_threshold=args.panoptic_overlap,
-    )
+    try:
+        predictor = Predictor.from_checkpoint(
+            args.checkpoint, device=args.device, precision=args.precision, threshold=args.threshold,
+            batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
+            panoptic_threshold=args.panoptic_threshold, panoptic_overlap_threshold=args.panoptic_overlap,
+        )
+    except CheckpointError as error:  # the message names the file and the fix; a traceback would bury it
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     try:
         predictor.check_task(args.task)
     except ValueError as error:

@@ -52,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     predictor = Predictor.from_checkpoint(
         args.checkpoint, device=args.device, threshold=args.threshold, min_size=args.min_size, max_size=args.max_size
     )
-    image = to_rgb_array(args.image)
-    prediction = predictor.predict(image, return_attention=True)[0]
+    try:
+        image = to_rgb_array(args.image)
+        prediction = predictor.predict(image, return_attention=True)[0]
+    except ValueError as error:  # unreadable, or too thin to resize: the message says which; name the file
+        print(f"error: {args.image}: {error}", file=sys.stderr)
+        return 1
     figure = decoder_attention_figure(
         image, prediction, layer=args.layer, head=args.head, threshold=args.threshold, top_k=args.top_k,
         all_queries=args.all_queries,

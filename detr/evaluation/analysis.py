@@ -54,6 +54,8 @@ def load_results(results: str | Path | Sequence[dict[str, Any]], coco_gt: COCO) 
     An entry with a ``file_name`` that the ground truth knows gets that image's id (``tools/predict.py``
     numbers images it cannot number from the file name 1, 2, ...); otherwise its ``image_id`` must be one
     of the ground truth's. Entries of categories the ground truth does not have are dropped (logged).
+    A score or box that is NaN or infinite (json reads ``NaN`` and ``Infinity``) raises
+    :class:`ResultsFileError` naming the entries: it would rank anywhere and make up the AP.
     """
     source = str(results) if isinstance(results, (str, Path)) else "results"
     entries = json.loads(Path(results).read_text()) if isinstance(results, (str, Path)) else list(results)
@@ -61,7 +63,7 @@ def load_results(results: str | Path | Sequence[dict[str, Any]], coco_gt: COCO) 
         raise ResultsFileError(f"{source}: a COCO results json is a list of detections, got {type(entries).__name__}")
     by_file = {image["file_name"]: image_id for image_id, image in coco_gt.imgs.items() if "file_name" in image}
     known_categories = set(coco_gt.getCatIds())
-    loaded, unknown_categories = [], 0
+    loaded, unknown_categories, non_finite = [], 0, []
     for index, entry in enumerate(entries):
         missing = [key for key in ("category_id", "bbox", "score") if key not in entry]
         if missing:
@@ -77,8 +79,17 @@ def load_results(results: str | Path | Sequence[dict[str, Any]], coco_gt: COCO) 
         if entry["category_id"] not in known_categories:
             unknown_categories += 1
             continue
-        loaded.append({"image_id": int(image_id), "category_id": int(entry["category_id"]),
-                       "bbox": [float(v) for v in entry["bbox"]], "score": float(entry["score"])})
+        bbox, score = [float(v) for v in entry["bbox"]], float(entry["score"])
+        if not np.isfinite([*bbox, score]).all():
+            non_finite.append(index)
+            continue
+        loaded.append({"image_id": int(image_id), "category_id": int(entry["category_id"]), "bbox": bbox,
+                       "score": score})
+    if non_finite:
+        raise ResultsFileError(
+            f"{source}: {len(non_finite)} entries {non_finite[:20]}{' ...' if len(non_finite) > 20 else ''} have a "
+            f"score or bbox that is not finite (NaN or Infinity): the detector that wrote them is broken, e.g. "
+            f"NaN weights; predict again with a sound checkpoint")
     if unknown_categories:
         logger.warning("%s: %d detections of categories the ground truth does not have were dropped", source,
                        unknown_categories)

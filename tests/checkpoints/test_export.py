@@ -14,7 +14,7 @@ import yaml
 
 from detr import CategoryMap, PostProcess, build_detr, load_checkpoint
 from detr.checkpoints.export import DeployModel, export, export_onnx, load_program, prepare_for_export
-from detr.checkpoints.formats import ExportError
+from detr.checkpoints.formats import CheckpointError, ExportError
 from tests.helpers import TINY, load_script
 
 pytest.importorskip("onnx")
@@ -140,6 +140,21 @@ def test_predictor_uses_the_metadata_and_refuses_attention(tiny_export):
         predictor.predict(PHOTOS / "chelsea.png", return_attention=True)
     with pytest.raises(ValueError, match="precision"):
         Predictor.from_checkpoint(tiny_export[1], precision="bf16")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text", "empty"])
+def test_a_corrupt_onnx_file_is_named_with_the_fix(tiny_export, tmp_path, capsys, damage):
+    data = tiny_export[1].read_bytes()
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes({"truncated": data[: len(data) // 3], "text": b"this is not a model\n", "empty": b""}[damage])
+    for open_file in (OnnxDetector, read_onnx_metadata):
+        with pytest.raises(CheckpointError, match=r"broken\.onnx.*detr-export"):
+            open_file(broken)
+    status = load_script("tools/predict.py").main([str(PHOTOS / "chelsea.png"), "--checkpoint", str(broken),
+                                                   "--out", str(tmp_path / "out"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert status == 1 and "broken.onnx" in err and "detr-export" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "predictions.json").exists()
 
 
 def test_verification_rejects_a_file_that_does_not_match(tiny_export, tmp_path, monkeypatch, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -217,3 +218,59 @@ def test_convert_tool_writes_a_directory(tmp_path, photo_batch, capsys):
     torch.save({"model": _our_model(query_type="anchor").state_dict()}, tmp_path / "anchor.pth")
     assert tool.main([str(tmp_path / "anchor.pth"), "--to-huggingface", str(tmp_path / "no")]) == 1
     assert "query_type='anchor'" in capsys.readouterr().err
+
+
+def test_saved_files_get_the_usual_mode(tmp_path):
+    """safetensors writes its file 0600 (a private temporary file renamed); a model directory is for sharing."""
+    save_pretrained(_our_model(), tmp_path)
+    expected = 0o666 & ~_umask()
+    for name in ("config.json", "model.safetensors", "preprocessor_config.json"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == expected, name
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("cut", ["truncated", "empty", "text"])
+def test_a_corrupt_safetensors_file_is_named(tmp_path, cut):
+    save_pretrained(_our_model(), tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes({"truncated": data[: len(data) // 2], "empty": b"", "text": b"not a safetensors file"}[cut])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors.*(save_pretrained|download)"):
+        detr.load_checkpoint(tmp_path)
+
+
+def test_id2label_beyond_the_class_count_is_refused(tmp_path):
+    model = _our_model(num_classes=3)
+    save_pretrained(model, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["id2label"] = {"0": "cat", "1": "dog", "5": "fish", "7": "bird"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"config\.json.*id2label.*\[5, 7\].*3 classes"):
+        detr.load_checkpoint(tmp_path)
+
+
+def test_id2label_gaps_are_named_in_a_warning(tmp_path, caplog):
+    model = _our_model(num_classes=3)
+    save_pretrained(model, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["id2label"] = {"0": "cat", "2": "fish"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING", logger="detr.checkpoints.huggingface"):
+        loaded = detr.load_checkpoint(tmp_path)
+    assert loaded.meta.category_map.names == ("cat", "LABEL_1", "fish")
+    assert "config.json" in caplog.text and "[1]" in caplog.text
+
+
+def test_weights_with_fewer_layers_than_config_json_states_are_refused(tmp_path):
+    save_pretrained(_our_model(), tmp_path)  # 2 decoder layers
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    weights = safetensors_torch.load_file(str(tmp_path / "model.safetensors"))
+    cut = {key: value for key, value in weights.items() if not key.startswith("model.decoder.layers.1.")}
+    safetensors_torch.save_file(cut, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"config\.json states decoder_layers=2 but .* hold 1 decoder layer"):
+        detr.load_checkpoint(tmp_path)

@@ -196,3 +196,37 @@ def test_hidden_options_fall_back_to_the_authors_defaults():
     assert config.num_queries == 18 and config.query_groups == 1
     with pytest.raises(CheckpointError, match="query_groups=4"):
         infer_model_config(grouped, query_groups=4)
+
+
+def _without_layers(state: dict[str, torch.Tensor], stack: str, *indices: int) -> dict[str, torch.Tensor]:
+    prefixes = tuple(f"transformer.{stack}.layers.{index}." for index in indices)
+    return {key: value for key, value in state.items() if not key.startswith(prefixes)}
+
+
+def test_a_plain_state_dict_with_other_layer_counts_warns_and_a_stated_count_must_agree(tmp_path, caplog):
+    """A plain state dict records no config: a file cut after its first decoder layer looks like a 1-layer
+    model. The inferred counts are named when they are not the paper's 6/6, and a stated count is checked."""
+    torch.manual_seed(0)
+    model = build_detr(tiny_config_with(num_encoder_layers=1, num_decoder_layers=2))
+    path = tmp_path / "cut.pth"
+    torch.save(_without_layers(model.state_dict(), "decoder", 1), path)
+    with caplog.at_level("WARNING", logger="detr.checkpoints"):
+        loaded = load_checkpoint(path, num_heads=2)
+    assert len(loaded.transformer.decoder.layers) == 1
+    assert "cut.pth" in caplog.text and "1 encoder and 1 decoder layer" in caplog.text
+    assert "num_encoder_layers=1, num_decoder_layers=1" in caplog.text
+    with pytest.raises(CheckpointError, match=r"cut\.pth has weights for 1 decoder layer.*num_decoder_layers=2"):
+        load_checkpoint(path, num_heads=2, num_decoder_layers=2)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="detr.checkpoints"):
+        load_checkpoint(path, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
+    assert "decoder layer" not in caplog.text  # stated and in agreement: nothing to warn about
+
+
+def test_layer_numbers_with_a_gap_are_refused(tmp_path):
+    torch.manual_seed(0)
+    model = build_detr(tiny_config_with(num_decoder_layers=4))
+    path = tmp_path / "gap.pth"
+    torch.save(_without_layers(model.state_dict(), "decoder", 2), path)
+    with pytest.raises(CheckpointError, match=r"gap\.pth.*transformer\.decoder\.layers\. numbered \[0, 1, 3\]"):
+        load_checkpoint(path, num_heads=2)

@@ -196,6 +196,9 @@ def test_load_results_maps_file_names_and_rejects_unknown_images() -> None:
         load_results([{"image_id": 77, "category_id": A, "bbox": BOX, "score": 0.5}], coco_gt)
     with pytest.raises(ResultsFileError, match="has no score"):
         load_results([{"image_id": 1, "category_id": A, "bbox": BOX}], coco_gt)
+    with pytest.raises(ResultsFileError, match=r"entries \[1\] .*not finite"):
+        load_results([{"image_id": 1, "category_id": A, "bbox": BOX, "score": 0.5},
+                      {"image_id": 1, "category_id": A, "bbox": [0.0, float("nan"), 5.0, 5.0], "score": 0.5}], coco_gt)
 
 
 def test_worst_cases_are_most_confident_first() -> None:

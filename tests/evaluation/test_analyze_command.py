@@ -97,6 +97,33 @@ def test_analyze_tool_refuses_results_of_other_images(tmp_path: Path) -> None:
         analyze_tool.main([str(GT_JSON), str(bad), "--out", str(tmp_path / "out")])
 
 
+def test_analyze_tool_refuses_non_finite_scores(tmp_path: Path, capsys) -> None:
+    """json reads NaN and Infinity; an Infinity score would rank first and a NaN one anywhere: the AP would
+    be made up, so the file is refused, naming the entries."""
+    image_id = json.loads(GT_JSON.read_text())["images"][0]["id"]
+    entries = [{"image_id": image_id, "category_id": 1, "bbox": [0, 0, 5, 5], "score": score}
+               for score in (float("nan"), 0.5, float("inf"), float("-inf"))]
+    bad = tmp_path / "scores.json"
+    bad.write_text(json.dumps(entries))
+    with pytest.raises(SystemExit):
+        analyze_tool.main([str(GT_JSON), str(bad), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert "scores.json" in err and "3 entries" in err and "[0, 2, 3]" in err and "score" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content", [[], [{"image_id": 0, "category_id": 999, "bbox": [0, 0, 5, 5], "score": 0.5}]])
+def test_analyze_tool_says_there_is_nothing_to_analyse(tmp_path: Path, capsys, content) -> None:
+    for entry in content:
+        entry["image_id"] = json.loads(GT_JSON.read_text())["images"][0]["id"]
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps(content))
+    assert analyze_tool.main([str(GT_JSON), str(empty), "--out", str(tmp_path / "out")]) == 1
+    captured = capsys.readouterr()
+    assert "empty.json" in captured.err and "nothing to analyse" in captured.err
+    assert "AP" not in captured.out and not (tmp_path / "out").exists()
+
+
 def test_report_in_chromium(chromium: str, results_file: Path, tmp_path: Path) -> None:
     coco_gt = load_ground_truth(GT_JSON)
     analysis = analyze(coco_gt, load_results(results_file, coco_gt))

@@ -112,3 +112,22 @@ def test_visualize_attention_tool_writes_both_figures(tmp_path):
     assert status == 0
     assert Image.open(out).format == "PNG"
     assert Image.open(out.with_name("attention_encoder.png")).format == "PNG"
+
+
+@pytest.mark.parametrize("size", [(500, 1), (1, 500)])  # (width, height)
+def test_visualize_attention_tool_names_an_image_too_thin_to_resize(tmp_path, capsys, size):
+    """An image whose short side would resize to 0 px (OpenCV's bare "inv_scale_x > 0" before) is reported
+    with its file name and size, as detr-predict and the explorer report it, and nothing is drawn."""
+    torch.manual_seed(0)
+    checkpoint = tmp_path / "tiny.pth"
+    torch.save({"model": build_detr(TINY, dropout=0.0).state_dict()}, checkpoint)
+    image = tmp_path / "sliver.png"
+    Image.new("RGB", size).save(image)
+    out = tmp_path / "attention.png"
+    status = load_tool("visualize_attention").main([
+        str(image), "--checkpoint", str(checkpoint), "--out", str(out), "--min-size", "64", "--max-size", "100",
+        "--device", "cpu",
+    ])
+    err = capsys.readouterr().err
+    assert status == 1 and "sliver.png" in err and "too thin" in err and f"{size[0]}×{size[1]}" in err
+    assert "cv2" not in err and not out.exists()
