@@ -34,7 +34,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from detr.lightning.checkpointing import checkpoint_directory
 from detr.output_folder import LOCK_NAME, OutputFolderError, hold_folders
 
-__all__ = ["LOCK_NAME", "RunFolderError", "claim_run_folder", "previous_run_files", "run_folders"]
+__all__ = ["LOCK_NAME", "RunFolderError", "claim_run_folder", "open_csv_logs", "previous_run_files", "run_folders"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def claim_run_folder(
     folders = _lock_folders(log_dirs, checkpoint_dir)
     with hold_folders(folders, elsewhere=ELSEWHERE, command=command, error=RunFolderError) as locks:
         _check_previous_run(folders[0], log_dirs, checkpoint_dir, resuming=resuming, overwrite=overwrite)
-        _start_csv_logs(trainer)
+        open_csv_logs(trainer)
         yield locks
 
 
@@ -124,11 +124,11 @@ def _check_previous_run(folder: Path, log_dirs: list[Path], checkpoint_dir: Path
             _keep_previous_metrics(log_dir)
 
 
-def _start_csv_logs(trainer: L.Trainer) -> None:
+def open_csv_logs(trainer: L.Trainer) -> None:
     """Open the CSV loggers' files now, without Lightning's "Previous log files in this directory will be
     deleted" notice: it fires on any non-empty folder, so every run printed it (its own run.lock is there),
-    and what it guards against is done above (a previous metrics.csv is refused, deleted with
-    --overwrite_run, or kept as metrics-N.csv on resume)."""
+    and what it guards against is done by the folder's claim (fit: a previous metrics.csv is refused, deleted
+    with --overwrite_run, or kept as metrics-N.csv on resume; predict: PredictionsWriter's claim)."""
     for logger_ in trainer.loggers:
         if isinstance(logger_, CSVLogger):
             with warnings.catch_warnings():
