@@ -10,6 +10,8 @@ resize, outputs not finite) is reported and skipped; the exit status is then 1 a
 With --task panoptic (a panoptic checkpoint) it also writes OUT/panoptic/<name>.png (COCO panoptic PNGs,
 id = R + 256*G + 256^2*B) and OUT/panoptic.json (COCO panoptic results), and draws the segments; with
 --task instances predictions.json also holds each detection's mask (COCO RLE "segmentation").
+OUT belongs to one run: a second run into it is refused while the first writes, and afterwards unless
+--overwrite, which deletes the earlier run's files (drawings included; OUT/outputs.txt lists them) first.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from detr.checkpoints.released import CheckpointArgument
 from detr.inference.command_line import add_resize_arguments
 from detr.inference.outputs import collect_image_paths, predict_files
 from detr.inference.predictor import Predictor
+from detr.output_folder import OutputFolderError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True, action=CheckpointArgument,
                         help="a released model's name (detr-r50 ...; 'list' prints them), a .pth / .ckpt file, "
                              "a Hugging Face DETR directory, or a .onnx file of detr-export (ONNX Runtime)")
-    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--out", required=True, help="output folder (one run's: see --overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the outputs of an earlier run in --out (deletes its json and drawings)")
     parser.add_argument("--threshold", type=float, default=0.7, help="score threshold (default 0.7)")
     parser.add_argument("--all-queries", action="store_true", help="write every query to the json (for COCO eval)")
     add_resize_arguments(parser)
@@ -74,11 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--task {args.task} with {args.checkpoint}: {error}")
     print(f"backend: {predictor.backend}")
     batches = -(-len(paths) // args.batch_size)
-    with logging_redirect_tqdm():  # warnings about skipped files print above the progress bar
-        run = predict_files(
-            predictor, paths, args.out, all_queries=args.all_queries, draw=not args.no_draw,
-            progress=partial(tqdm, total=batches, unit="batch", desc="predict"), task=args.task,
-        )
+    try:
+        with logging_redirect_tqdm():  # warnings about skipped files print above the progress bar
+            run = predict_files(
+                predictor, paths, args.out, all_queries=args.all_queries, draw=not args.no_draw,
+                progress=partial(tqdm, total=batches, unit="batch", desc="predict"), task=args.task,
+                overwrite=args.overwrite, overwrite_flag="--overwrite", elsewhere="another --out",
+            )
+    except OutputFolderError as error:
+        parser.error(str(error))
     detections = sum(len(p.above(args.threshold)) for p in run.predictions)
     print(f"{len(run.predictions)} images, {detections} detections above {args.threshold} -> {run.predictions_json}")
     if run.panoptic_json is not None:

@@ -10,6 +10,10 @@ Shared by ``tools/predict.py`` and the Lightning ``detr predict`` writer so both
 - :func:`collect_image_paths` and :func:`predict_files`: files, folders and glob patterns in, the two
   outputs above out; a file that cannot be read is logged, skipped and reported, the rest goes on. With
   ``task="panoptic"`` also the COCO panoptic PNGs and json of :mod:`detr.inference.panoptic_outputs`.
+
+A prediction run owns its output folder (:func:`detr.output_folder.claim_output_folder`): another run is
+refused while this one writes, and a later run refused unless it overwrites, which removes this run's files,
+drawings included, so that no folder ever mixes two runs' outputs.
 """
 
 from __future__ import annotations
@@ -38,9 +42,13 @@ from detr.inference.panoptic_outputs import (
 from detr.inference.postprocess_masks import masks_to_rle
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import Predictor, Task
+from detr.output_folder import claim_output_folder
 from detr.visualize.drawing import draw_panoptic, draw_prediction, save_image
 
 logger = logging.getLogger(__name__)
+
+#: The files every prediction run writes: a folder holding one holds a previous run's outputs.
+PREDICTION_FILES = ("predictions.json", "panoptic.json")
 
 def predictions_to_coco_results(
     predictions: Sequence[Prediction], *, category_map: CategoryMap | None
@@ -154,6 +162,9 @@ def predict_files(
     draw: bool = True,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
     task: Task = "detection",
+    overwrite: bool = False,
+    overwrite_flag: str = "overwrite=True",
+    elsewhere: str = "another out_dir",
 ) -> PredictionRun:
     """Run ``predictor`` on image files and write ``out_dir/predictions.json`` and drawn images.
 
@@ -170,11 +181,28 @@ def predict_files(
     ``task="panoptic"`` (a panoptic model) also writes each image's COCO panoptic PNG to
     ``out_dir/panoptic/<stem>.png`` and ``out_dir/panoptic.json`` (:mod:`detr.inference.panoptic_outputs`), and draws the
     segments instead of the boxes.
+
+    ``out_dir`` is claimed for the run (:func:`detr.output_folder.claim_output_folder`): a folder that another
+    live run writes is refused, and so is one that holds a previous run's outputs unless ``overwrite``, which
+    deletes them (its drawings too) first. ``overwrite_flag`` and ``elsewhere`` name the caller's options for
+    these in the error (``--overwrite``, ``--out``).
+
+    Raises:
+        detr.output_folder.OutputFolderError: ``out_dir`` is another run's (above).
     """
     predictor.check_task(task)  # before any file is read: a detection model cannot segment
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [Path(p) for p in paths]
+    with claim_output_folder(out_dir, overwrite=overwrite, overwrite_flag=overwrite_flag, elsewhere=elsewhere,
+                             markers=PREDICTION_FILES) as folder:
+        return _predict_into(predictor, [Path(p) for p in paths], folder.folder, folder.record, threshold=threshold,
+                             all_queries=all_queries, draw=draw, progress=progress, task=task)
+
+
+def _predict_into(
+    predictor: Predictor, paths: list[Path], out_dir: Path, record: Callable[[Path], Path], *,
+    threshold: float | None, all_queries: bool, draw: bool, progress: Callable[[Iterable[Any]], Iterable[Any]] | None,
+    task: Task,
+) -> PredictionRun:
+    """:func:`predict_files` in its claimed folder; ``record`` notes each file before it is written."""
     names = unique_file_names(paths)
     run = PredictionRun(predictions=[])
     threshold_value = predictor.threshold if threshold is None else threshold
@@ -197,24 +225,24 @@ def predict_files(
                 name = _unique_name(prediction.file_name, used_names)
                 if task == "panoptic":
                     assert prediction.panoptic is not None
-                    run.panoptic_pngs.append(write_panoptic_png(out_dir / "panoptic" / f"{Path(name).stem}.png",
+                    run.panoptic_pngs.append(write_panoptic_png(record(out_dir / "panoptic" / f"{Path(name).stem}.png"),
                                                                 prediction.panoptic))
                     if draw:
-                        run.drawn.append(save_image(out_dir / name, draw_panoptic(array, prediction.panoptic)))
+                        run.drawn.append(save_image(record(out_dir / name), draw_panoptic(array, prediction.panoptic)))
                 elif draw:
                     shown = prediction.above(threshold_value) if all_queries else prediction
-                    run.drawn.append(save_image(out_dir / name, draw_prediction(array, shown)))
+                    run.drawn.append(save_image(record(out_dir / name), draw_prediction(array, shown)))
     finally:  # whatever stops the run, the images done so far are written
         assign_image_ids(run.predictions)
         run.predictions_json = write_predictions_json(
-            out_dir / "predictions.json", run.predictions, category_map=predictor.category_map
+            record(out_dir / "predictions.json"), run.predictions, category_map=predictor.category_map
         )
         if task == "panoptic":
             annotations = [panoptic_annotation(prediction, png.name)
                            for prediction, png in zip(run.predictions, run.panoptic_pngs)]
             labels = [s["label"] for p in run.predictions for s in (p.panoptic.segments_info if p.panoptic else [])]
             categories = panoptic_categories(predictor.category_map, predictor.is_thing, labels)
-            run.panoptic_json = write_panoptic_json(out_dir / "panoptic.json", annotations, categories)
+            run.panoptic_json = write_panoptic_json(record(out_dir / "panoptic.json"), annotations, categories)
     return run
 
 

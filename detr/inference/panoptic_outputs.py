@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +83,20 @@ def write_panoptic_png(path: str | Path, panoptic: PanopticSegmentation) -> Path
 
 
 def write_panoptic_predictions(out_dir: str | Path, predictions: Sequence[Prediction], png_names: Sequence[str],
-                               category_map: CategoryMap | None, is_thing: Sequence[bool] | None) -> Path:
+                               category_map: CategoryMap | None, is_thing: Sequence[bool] | None, *,
+                               record: Callable[[Path], Path] = Path) -> Path:
     """Write each prediction's PNG as ``out_dir/panoptic/<png name>`` and their annotations as
     ``out_dir/panoptic.json`` (the layout of ``tools/predict.py --task panoptic``). Every prediction needs
-    ``panoptic`` and ``image_id``. Returns the json's path."""
+    ``panoptic`` and ``image_id``. ``record`` is called on each path before it is written (a claimed
+    folder's :meth:`detr.output_folder.OutputFolder.record`). Returns the json's path."""
     out_dir = Path(out_dir)
     if len(png_names) != len(predictions):
         raise ValueError(f"{len(predictions)} predictions but {len(png_names)} PNG names")
     annotations = []
     for prediction, png_name in zip(predictions, png_names):
         annotation = panoptic_annotation(prediction, png_name)  # checks panoptic and image_id first
-        write_panoptic_png(out_dir / "panoptic" / png_name, prediction.panoptic)  # type: ignore[arg-type]
+        write_panoptic_png(record(out_dir / "panoptic" / png_name), prediction.panoptic)  # type: ignore[arg-type]
         annotations.append(annotation)
     labels = [s["label"] for p in predictions for s in p.panoptic.segments_info]  # type: ignore[union-attr]
-    return write_panoptic_json(out_dir / "panoptic.json", annotations, panoptic_categories(category_map, is_thing,
-                                                                                           labels))
+    return write_panoptic_json(record(out_dir / "panoptic.json"), annotations,
+                               panoptic_categories(category_map, is_thing, labels))

@@ -30,15 +30,20 @@ def scores_and_labels(logits: torch.Tensor, class_head: Literal["softmax", "sigm
 
 
 def boxes_to_pixels(boxes: torch.Tensor, target_sizes: torch.Tensor) -> torch.Tensor:
-    """Normalised cxcywh [B, Q, 4] → float pixel xyxy [B, Q, 4] in images of target_sizes [B, 2] (height, width)."""
+    """Normalised cxcywh [B, Q, 4] → float pixel xyxy [B, Q, 4] in images of target_sizes [B, 2] (height, width),
+    clipped to the image: a box that reaches past an edge ends at it, so no corner is negative or beyond
+    the image in a predictions json (the model's cxcywh is a sigmoid in [0, 1], but its extent is not bounded)."""
     height, width = target_sizes.to(boxes.device).float().unbind(1)
-    scale = torch.stack([width, height, width, height], dim=1)  # [B, 4]
-    return cxcywh_to_xyxy(boxes.float()) * scale[:, None, :]
+    scale = torch.stack([width, height, width, height], dim=1)[:, None, :]  # [B, 1, 4]
+    # min/max against tensors (not clamp with Python numbers): the sizes differ per image and stay graph inputs
+    # in an exported model
+    return torch.minimum(torch.maximum(cxcywh_to_xyxy(boxes.float()) * scale, torch.zeros_like(scale)), scale)
 
 
 class PostProcess(nn.Module):
     """Softmax over all logits; score and label = max over the real classes (no-object excluded);
-    boxes cxcywh → xyxy scaled to each ORIGINAL image. No threshold and no top-k: all queries are kept.
+    boxes cxcywh → xyxy scaled to each ORIGINAL image and clipped to it. No threshold and no top-k: all
+    queries are kept.
 
     ``class_head="sigmoid"`` (a model built with ``build_detr(class_head="sigmoid")``, trained with the
     focal loss; ``model.class_head`` says which): independent sigmoids over the ``num_classes`` logits,

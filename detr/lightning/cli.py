@@ -69,7 +69,8 @@ class DetrCLI(LightningCLI):
         parser.add_argument(
             "--overwrite_run", type=bool, default=False,
             help="fit: start over in an output folder that holds a previous run, deleting its checkpoints and logs "
-            "(without it such a folder is refused unless --ckpt_path resumes the run)",
+            "(without it such a folder is refused unless --ckpt_path resumes the run); predict: replace the "
+            "predictions of an earlier run in <default_root_dir>/predict/ (without it that folder is refused)",
         )
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
@@ -107,6 +108,13 @@ class DetrCLI(LightningCLI):
         overwrite = bool(self.config.get(str(self.subcommand), self.config).get("overwrite_run"))
         with claim_run_folder(self.trainer, resuming=kwargs.get("ckpt_path") is not None, overwrite=overwrite):
             self.trainer.fit(**kwargs)
+
+    def predict(self, **kwargs: Any) -> Any:
+        """``trainer.predict``; ``--overwrite_run`` lets the predictions writers replace an earlier run's files."""
+        if self.config.get(str(self.subcommand), self.config).get("overwrite_run"):
+            for writer in (c for c in self.trainer.callbacks if isinstance(c, PredictionsWriter)):
+                writer.overwrite = True
+        return self.trainer.predict(**kwargs)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with :func:`run_loggers` unless the config names its own loggers (or ``logger: false``):

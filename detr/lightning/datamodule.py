@@ -153,6 +153,7 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         self.paths: dict[str, tuple[Path, Path]] = {}
         self.category_map: CategoryMap | None = None
         self.predict_images: str | list[str] | None = None  # a subclass's predict_images argument
+        self.missing_root: Path | None = None  # a data root that does not exist, set aside for predict (see _require)
         self._datasets: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ what the data decides
@@ -221,6 +222,9 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         )
 
     def _require(self, dataset: Any, split: str) -> Any:
+        if dataset is None and self.missing_root is not None:
+            raise ValueError(f"no {split} data: data root '{self.missing_root}' does not exist; pass --data.root with "
+                             f"a COCO-layout folder, or {split}_images + {split}_annotations")
         if dataset is None:
             raise ValueError(f"no {split} data configured: pass root=DIR or {split}_images + {split}_annotations")
         return dataset
@@ -292,6 +296,11 @@ class DetrDataModule(CocoFormatDataModule):
     ) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters()
+        if predict_images is not None and root is not None and not Path(root).is_dir():
+            # predict reads only predict_images: a config's root (data/shapes of the demo) need not exist for it.
+            # The other stages still name the missing root when they ask for its data (_require).
+            logger.info("data root '%s' does not exist: only predict_images can be used", root)
+            self.missing_root, root = Path(root), None
         explicit = {"train": (train_images, train_annotations), "val": (val_images, val_annotations),
                     "test": (test_images, test_annotations)}
         self.paths = split_paths(root, explicit, "instances_{split}2017.json",

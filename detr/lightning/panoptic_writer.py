@@ -30,8 +30,8 @@ class PanopticPredictionsWriter(PredictionsWriter):
     outputs go into its folder. ``panoptic_json`` is the written json after a run (None without masks).
     """
 
-    def __init__(self, output_path: str | None = None, score_threshold: float = 0.0) -> None:
-        super().__init__(output_path=output_path, score_threshold=score_threshold)
+    def __init__(self, output_path: str | None = None, score_threshold: float = 0.0, overwrite: bool = False) -> None:
+        super().__init__(output_path=output_path, score_threshold=score_threshold, overwrite=overwrite)
         self.panoptic_json: Path | None = None
 
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule, items: list[dict[str, Any]]
@@ -51,5 +51,5 @@ class PanopticPredictionsWriter(PredictionsWriter):
         names = unique_file_names([Path(p.file_name or f"{p.image_id}.png") for p in finished])
         self.panoptic_json = write_panoptic_predictions(
             self.output_file(trainer).parent, finished, [f"{Path(name).stem}.png" for name in names],
-            pl_module.category_map, pl_module.is_thing)
+            pl_module.category_map, pl_module.is_thing, record=self.record)
         return written

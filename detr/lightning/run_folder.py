@@ -6,44 +6,47 @@ run's, and a resumed run's CSV logger deletes the ``metrics.csv`` it resumes. So
 :func:`claim_run_folder` looks at the folders the trainer will write (every logger's log dir and the
 checkpoint folder, as Lightning resolves them) and:
 
-- refuses while another live run holds the folder's ``run.lock`` (naming its process, host, start time
-  and command);
+- refuses while another live run holds the folder's lock (naming its process, host, start time and
+  command);
 - refuses when the folder holds a previous run's files (checkpoints, ``metrics.csv``,
   ``hparams.yaml``), naming them, unless the new run resumes (``--ckpt_path``) or ``overwrite`` is
   set (the previous run's checkpoints and logs, TensorBoard events included, are deleted first);
 - when resuming, keeps the previous ``metrics.csv`` as ``metrics-1.csv`` (``-2`` ...), since the
   CSV logger starts a new one;
-- then writes ``run.lock`` (JSON: pid, host, start time, command), removed when the run ends. A lock
-  left by a killed process (its pid is gone) does not block, but its folder still counts as a previous run.
+- holds the folders with ``run.lock`` (:func:`detr.output_folder.hold_folders`: JSON with pid, host, start
+  time, command), removed when the run ends. A lock left by a killed process (its pid is gone) does not
+  block, but its folder still counts as a previous run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import shutil
-import socket
-import sys
-import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import lightning as L
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from detr.lightning.checkpointing import checkpoint_directory
+from detr.output_folder import LOCK_NAME, OutputFolderError, hold_folders
+
+__all__ = ["LOCK_NAME", "RunFolderError", "claim_run_folder", "open_csv_logs", "previous_run_files", "run_folders"]
 
 logger = logging.getLogger(__name__)
 
-LOCK_NAME = "run.lock"
 #: Files that mark a folder as used by a run (besides checkpoints and the lock).
 RUN_FILES = ("metrics.csv", "hparams.yaml")
 
 
-class RunFolderError(RuntimeError):
+#: How to give a fit run another folder, for the errors.
+ELSEWHERE = "--trainer.default_root_dir, or the loggers' save_dir"
+
+
+class RunFolderError(OutputFolderError):
     """The output folder belongs to another run (live or finished)."""
 
 
@@ -73,36 +76,6 @@ def _events_files(log_dirs: list[Path]) -> list[Path]:
     return [path for folder in log_dirs if folder.is_dir() for path in sorted(folder.glob("events.out.tfevents.*"))]
 
 
-def read_lock(path: Path) -> dict[str, Any] | None:
-    """The lock's JSON (None if there is no lock); an unreadable lock reads as ``{}``."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
-
-
-def lock_is_live(lock: dict[str, Any]) -> bool:
-    """Whether the process that wrote ``lock`` still runs (a lock from another host counts as live)."""
-    if lock.get("host") != socket.gethostname():
-        return bool(lock)
-    try:
-        os.kill(int(lock["pid"]), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (KeyError, ValueError, TypeError):
-        return False
-    return True
-
-
-def _describe(lock: dict[str, Any]) -> str:
-    return (f"process {lock.get('pid', '?')} on {lock.get('host', '?')}, started {lock.get('started', '?')}, "
-            f"command: {lock.get('command', '?')}")
-
-
 def _lock_folders(log_dirs: list[Path], checkpoint_dir: Path) -> list[Path]:
     """The outermost folders: one lock each (the checkpoint folder usually lies inside the log dir)."""
     folders = [p.resolve() for p in [*log_dirs, checkpoint_dir.parent]]
@@ -124,14 +97,14 @@ def claim_run_folder(
         return
     log_dirs, checkpoint_dir = run_folders(trainer)
     folders = _lock_folders(log_dirs, checkpoint_dir)
-    for folder in folders:
-        lock = read_lock(folder / LOCK_NAME)
-        if lock is not None and lock_is_live(lock):
-            raise RunFolderError(
-                f"output folder {folder} is in use by a live run ({_describe(lock)}); give this run another folder "
-                f"(--trainer.default_root_dir, or the loggers' save_dir), or wait for that run to end. A stale lock "
-                f"can be removed by hand: {folder / LOCK_NAME}"
-            )
+    with hold_folders(folders, elsewhere=ELSEWHERE, command=command, error=RunFolderError) as locks:
+        _check_previous_run(folders[0], log_dirs, checkpoint_dir, resuming=resuming, overwrite=overwrite)
+        open_csv_logs(trainer)
+        yield locks
+
+
+def _check_previous_run(folder: Path, log_dirs: list[Path], checkpoint_dir: Path, *, resuming: bool,
+                        overwrite: bool) -> None:
     previous = previous_run_files(log_dirs, checkpoint_dir)
     if previous and not resuming:
         more = f" and {len(previous) - 6} more" if len(previous) > 6 else ""
@@ -139,38 +112,28 @@ def claim_run_folder(
         if not overwrite:
             last = checkpoint_dir / "last.ckpt"
             raise RunFolderError(
-                f"output folder {folders[0]} holds a previous run ({shown}). Resume it with --ckpt_path "
+                f"output folder {folder} holds a previous run ({shown}). Resume it with --ckpt_path "
                 f"{last if last.is_file() else checkpoint_dir / '<checkpoint>.ckpt'}, start over there with "
-                "--overwrite_run true (deletes those files), or give this run another folder "
-                "(--trainer.default_root_dir, or the loggers' save_dir)"
+                f"--overwrite_run true (deletes those files), or give this run another folder ({ELSEWHERE})"
             )
         logger.warning("--overwrite_run: deleting the previous run's files: %s", shown)
         for path in [*previous, *_events_files(log_dirs)]:  # TensorBoard would draw both runs as one
             path.unlink()
     if resuming:
-        for folder in log_dirs:
-            _keep_previous_metrics(folder)
-    locks = []
-    try:
-        for folder in folders:
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / LOCK_NAME
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()  # a stale lock (checked above): its process is gone
-            try:
-                with path.open("x") as file:  # exclusive: of two runs starting together, one gets it
-                    json.dump({"pid": os.getpid(), "host": socket.gethostname(),
-                               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                               "command": command if command is not None else " ".join(sys.argv)}, file)
-            except FileExistsError:
-                raise RunFolderError(f"output folder {folder} was just claimed by another run "
-                                     f"({_describe(read_lock(path) or {})})") from None
-            locks.append(path)
-        yield locks
-    finally:
-        for path in locks:
-            with contextlib.suppress(OSError):
-                path.unlink()
+        for log_dir in log_dirs:
+            _keep_previous_metrics(log_dir)
+
+
+def open_csv_logs(trainer: L.Trainer) -> None:
+    """Open the CSV loggers' files now, without Lightning's "Previous log files in this directory will be
+    deleted" notice: it fires on any non-empty folder, so every run printed it (its own run.lock is there),
+    and what it guards against is done by the folder's claim (fit: a previous metrics.csv is refused, deleted
+    with --overwrite_run, or kept as metrics-N.csv on resume; predict: PredictionsWriter's claim)."""
+    for logger_ in trainer.loggers:
+        if isinstance(logger_, CSVLogger):
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+                logger_.experiment  # noqa: B018 (creating the writer is what runs Lightning's check)
 
 
 def _keep_previous_metrics(folder: Path) -> None:

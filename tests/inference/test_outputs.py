@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +18,7 @@ from detr.commands import predict
 from detr.inference.outputs import assign_image_ids, collect_image_paths, predictions_to_coco_results
 from detr.inference.prediction import Prediction
 from detr.visualize.drawing import draw_prediction
+from tests.helpers import REPO
 
 
 @pytest.fixture
@@ -92,3 +96,63 @@ def test_draw_prediction_keeps_image_size():
     assert drawn.shape == (3, 80, 50) and drawn.dtype == torch.uint8 and drawn.any()
     with pytest.raises(ValueError, match="predicted"):
         draw_prediction(np.zeros((10, 10, 3), np.uint8), make_prediction(None, [0]))
+
+
+# ------------------------------------------------------------------------------------ one run, one --out
+def _predict(image_inputs: list[Path], checkpoint: Path, out: Path, *extra: str) -> int:
+    return predict.main([*map(str, image_inputs), "--checkpoint", str(checkpoint), "--out", str(out), "--threshold",
+                         "0.0", "--device", "cpu", "--min-size", "64", "--max-size", "100", *extra])
+
+
+@pytest.fixture
+def checkpoint(tmp_path, tiny_model) -> Path:
+    path = tmp_path / "tiny.pth"
+    torch.save({"model": tiny_model.state_dict()}, path)
+    return path
+
+
+def test_a_second_predict_run_into_a_live_runs_out_is_refused(tmp_path, image_folder, checkpoint, capsys):
+    """Two detr-predict runs started together into one --out both exited 0; predictions.json held only the
+    second one's detections. Here the first run is another process holding the folder."""
+    out = tmp_path / "out"
+    holder = ("import sys, time\nfrom detr.output_folder import claim_output_folder\n"
+              "with claim_output_folder(sys.argv[1], overwrite=False, overwrite_flag='--overwrite', elsewhere='--out'):\n"
+              "    print('held', flush=True)\n    time.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen([sys.executable, "-c", holder, str(out)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "held"
+        with pytest.raises(SystemExit) as refusal:
+            _predict([image_folder / "a.png"], checkpoint, out)
+        assert refusal.value.code == 2
+        message = capsys.readouterr().err
+        assert f"output folder {out} is in use by a live run (process {first.pid}" in message
+        assert "another --out" in message
+        assert not (out / "predictions.json").exists() and not list(out.glob("*.jpg"))
+    finally:
+        first.kill()
+        first.wait()
+    # killed, its lock is stale: the folder is free again
+    assert _predict([image_folder / "a.png"], checkpoint, out) == 0
+    assert not (out / "run.lock").exists()  # released at the end
+
+
+def test_a_later_predict_run_into_a_used_out_is_refused_without_overwrite(tmp_path, image_folder, checkpoint, capsys):
+    """A later run into a used --out silently replaced predictions.json and left the old drawings beside the new."""
+    out = tmp_path / "out"
+    _predict([image_folder / "a.png", image_folder / "b.jpg"], checkpoint, out)
+    first = (out / "predictions.json").read_text()
+    assert sorted(p.name for p in out.glob("*.jpg")) == ["a.jpg", "b.jpg"]
+    (out / "mine.jpg").write_bytes(b"a file of the user's: no run wrote it")
+
+    with pytest.raises(SystemExit) as refusal:
+        _predict([image_folder / "a.png"], checkpoint, out)
+    assert refusal.value.code == 2
+    message = capsys.readouterr().err
+    assert f"output folder {out} holds a previous run's outputs" in message and "--overwrite" in message
+    assert (out / "predictions.json").read_text() == first
+
+    assert _predict([image_folder / "a.png"], checkpoint, out, "--overwrite") == 0
+    assert sorted(p.name for p in out.glob("*.jpg")) == ["a.jpg", "mine.jpg"]  # b.jpg was the old run's
+    assert {r["file_name"] for r in json.loads((out / "predictions.json").read_text())} == {"a.png"}
+    assert (out / "outputs.txt").read_text().splitlines() == ["a.jpg", "predictions.json"]

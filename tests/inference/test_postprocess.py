@@ -22,3 +22,11 @@ def test_keeps_all_queries_per_image():
     results = PostProcess()(outputs, torch.tensor([[10, 20], [30, 40], [50, 60]]))
     assert len(results) == 3 and all(r["boxes"].shape == (7, 4) for r in results)
     assert results[2]["boxes"][:, 0::2].max() <= 60 * 1.5  # x scaled by width
+
+
+def test_boxes_are_clipped_to_the_image():
+    """A box reaching past an edge ended outside the image: negative x/y (and x past the width) in the json."""
+    boxes = torch.tensor([[[0.05, 0.1, 0.4, 0.6], [0.9, 0.95, 0.5, 0.3], [0.5, 0.5, 0.2, 0.2]]])
+    result = PostProcess()({"pred_logits": torch.zeros(1, 3, 3), "pred_boxes": boxes}, torch.tensor([[100, 200]]))[0]
+    torch.testing.assert_close(result["boxes"], torch.tensor([[0.0, 0.0, 50.0, 40.0], [130.0, 80.0, 200.0, 100.0],
+                                                              [80.0, 40.0, 120.0, 60.0]]))

@@ -147,3 +147,15 @@ def test_both_data_modules_keep_their_yaml_keys() -> None:
         defaults = parser.get_defaults().data
         assert set(vars(defaults)) == shared | keys
         assert defaults.batch_size == 2 and defaults.val_batch_size is None and defaults.num_workers == 2
+
+
+def test_predict_images_do_not_need_the_data_root(shapes_root: Path, tmp_path: Path) -> None:
+    """detr predict with a config whose data.root does not exist here (the demo's data/shapes) failed with "data
+    root does not exist", though predict reads only predict_images; the other stages still name that root."""
+    missing = tmp_path / "data" / "shapes"
+    data = DetrDataModule(root=str(missing), predict_images=str(shapes_root / "val2017"), num_workers=0, **SMALL)
+    data.setup("predict")
+    images, _, targets = next(iter(data.predict_dataloader()))
+    assert len(targets) == min(3, data.val_batch_size) and images.dim() == 4
+    with pytest.raises(ValueError, match=f"no train data: data root '{missing}' does not exist; pass --data.root"):
+        data.train_dataloader()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,10 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from detr.inference.outputs import write_predictions_json
+from detr.inference.outputs import PREDICTION_FILES, assign_image_ids, write_predictions_json
 from detr.inference.prediction import Prediction, select_detections
+from detr.lightning.run_folder import open_csv_logs
+from detr.output_folder import OutputFolder, claim_output_folder
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +29,13 @@ class PredictionsWriter(BasePredictionWriter):
         output_path: the json file (parents created); default ``predictions.json`` in ``trainer.log_dir`` (the
             ``detr`` CLI: ``<trainer.default_root_dir>/predict/``), else in ``trainer.default_root_dir``.
         score_threshold: keep detections scoring above it (0: every query, as COCO evaluation wants).
+        overwrite: replace the outputs of an earlier run in that folder (``detr predict --overwrite_run true``
+            sets it); without it such a folder is refused before anything is predicted.
+
+    The json's folder belongs to one run (:func:`detr.output_folder.claim_output_folder`, held from setup to
+    teardown): a second ``detr predict`` into it is refused while this one runs, and afterwards unless it
+    overwrites. Image ids are those of ``detr-predict`` (:func:`detr.inference.outputs.assign_image_ids`:
+    COCO's ids for numbered file names, else 1, 2, ... in file order).
 
     Under DDP the processes' predictions are gathered and written once, each image once.
 
@@ -34,11 +44,31 @@ class PredictionsWriter(BasePredictionWriter):
     predict`` then exits with status 1).
     """
 
-    def __init__(self, output_path: str | None = None, score_threshold: float = 0.0) -> None:
+    def __init__(self, output_path: str | None = None, score_threshold: float = 0.0, overwrite: bool = False) -> None:
         super().__init__(write_interval="epoch")
         self.output_path = output_path
         self.score_threshold = score_threshold
+        self.overwrite = overwrite
         self.failed: list[tuple[str, str]] = []
+        self.folder: OutputFolder | None = None  # the claimed folder, while predicting
+        self._claim = contextlib.ExitStack()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "predict" or not trainer.is_global_zero:
+            return
+        self.folder = self._claim.enter_context(claim_output_folder(
+            self.output_file(trainer).parent, overwrite=self.overwrite,
+            overwrite_flag="--overwrite_run true (PredictionsWriter(overwrite=True))",
+            elsewhere="--trainer.default_root_dir, or the writer's output_path", markers=PREDICTION_FILES))
+        open_csv_logs(trainer)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.folder = None
+        self._claim.close()
+
+    def record(self, path: Path) -> Path:
+        """Note ``path`` in the claimed folder's manifest before writing it (as is outside a claim)."""
+        return self.folder.record(path) if self.folder is not None else path
 
     def write_on_epoch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, predictions: Any, batch_indices: Any
@@ -57,8 +87,8 @@ class PredictionsWriter(BasePredictionWriter):
 
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule, items: list[dict[str, Any]]
               ) -> dict[int, Prediction]:
-        """Write every process's prediction ``items`` (on rank 0); returns the written predictions by image id
-        (each image once, the failed ones left out), for subclasses that write more of them."""
+        """Write every process's prediction ``items`` (on rank 0); returns the written predictions by data set
+        index (each image once, the failed ones left out), for subclasses that write more of them."""
         category_map = pl_module.category_map
         by_image: dict[int, Prediction] = {}
         failed: dict[int, tuple[str, str]] = {}
@@ -75,7 +105,9 @@ class PredictionsWriter(BasePredictionWriter):
                 item, image_size=tuple(item["orig_size"]), category_map=category_map,
                 threshold=self.score_threshold, file_name=item.get("file_name"), image_id=item["image_id"],
             )
-        output_path = self.output_file(trainer)
+        # keyed by data set index until here (each image once); written with the ids detr-predict gives
+        assign_image_ids([by_image[index] for index in sorted(by_image)])
+        output_path = self.record(self.output_file(trainer))
         write_predictions_json(output_path, list(by_image.values()), category_map=category_map)
         self.failed = list(failed.values())
         for file_name, reason in self.failed:
