@@ -216,7 +216,7 @@ def _predict_into(
                 try:
                     loaded.append((paths[index], names[index], to_rgb_array(paths[index])))
                 except ImageLoadError as error:  # missing, truncated, not an image
-                    # The decoder's own error says what is wrong; the ImageLoadError text suggests data-set fixes.
+                    # The decoder's own error says what is wrong; _skip names the file itself.
                     cause = error.__cause__
                     _skip(run, paths[index], f"{type(cause).__name__}: {cause}" if cause is not None else str(error))
             for path, array, prediction in _predict_each(predictor, loaded, None if all_queries else threshold_value,
