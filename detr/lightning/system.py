@@ -32,7 +32,7 @@ from detr.inference.postprocess import PostProcess
 from detr.lightning.callbacks import time_budget_of
 from detr.lightning.checkpointing import restore_rng_states, save_rng_states
 from detr.lightning.error_analysis import write_error_analysis
-from detr.lightning.schedule import LinearDecayToZero, learning_rate_schedulers
+from detr.lightning.schedule import LinearDecayToZero, learning_rate_schedulers, resume_schedule
 from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
@@ -230,13 +230,35 @@ class DetrSystem(L.LightningModule):
             random.seed(seed)
 
     def on_train_start(self) -> None:
-        """A resumed run's decay follows this run's length: the checkpoint restored the scheduler with the
-        length of the run that wrote it (a time budget's fixed count is kept: :class:`TimeBudget`)."""
+        """A resumed run's schedule follows this run's settings: the checkpoint restored the optimizer's rates
+        and the schedulers as the run that wrote it left them, with its length and its ``lr`` /
+        ``lr_backbone``. The decay takes this run's length (a time budget's fixed count is kept:
+        :class:`TimeBudget`), and the rates restart from this run's base rates at the step reached
+        (:func:`detr.lightning.schedule.resume_schedule`: a finished run's rates of 0 would stay 0)."""
         total = self.trainer.estimated_stepping_batches
+        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
         if math.isfinite(total):
-            for config in self.trainer.lr_scheduler_configs:
-                if isinstance(config.scheduler, LinearDecayToZero):
-                    config.scheduler.set_total_steps(int(total))
+            for scheduler in schedulers:
+                if isinstance(scheduler, LinearDecayToZero):
+                    scheduler.set_total_steps(int(total))
+        if self.trainer.ckpt_path is None or not self.trainer.optimizers or not schedulers:
+            return
+        optimizer = self.trainer.optimizers[0]
+        restored = [group["lr"] for group in optimizer.param_groups]
+        base = {group["name"]: group["lr"] for group in self.parameter_groups()}
+        base_lrs = [base.get(group.get("name"), group["initial_lr"]) for group in optimizer.param_groups]
+        checkpoint_base = list(schedulers[0].base_lrs)
+        if resume_schedule(optimizer, schedulers, base_lrs):
+            decays = [scheduler for scheduler in schedulers if isinstance(scheduler, LinearDecayToZero)]
+            length = (f"; decay to 0 over the last {decays[0].decay_fraction:.0%} of {decays[0].total_steps} steps"
+                      if decays and decays[0].total_steps is not None else "")
+            logger.info(
+                "resumed from %s at step %d: the learning rates follow this run's settings (base rates %s, the "
+                "checkpoint's %s%s): now %s, were %s. Other rates or lengths: --model.lr, --model.lr_backbone, "
+                "--trainer.max_steps", self.trainer.ckpt_path, self.trainer.global_step, _rates(base_lrs),
+                _rates(checkpoint_base), length, _rates([group["lr"] for group in optimizer.param_groups]),
+                _rates(restored),
+            )
 
     # ------------------------------------------------------------------ steps
     def forward(
@@ -495,6 +517,10 @@ def _model_config(detr: DetrConfig | dict[str, Any] | None) -> DetrConfig:
     if isinstance(detr, dict):
         return DetrConfig.from_dict(detr, where="DetrSystem(detr=...)")
     return detr
+
+
+def _rates(rates: list[float]) -> str:
+    return "[" + ", ".join(f"{rate:.3g}" for rate in rates) + "]"
 
 
 def _as_category_map(category_map: CategoryMap | dict[str, Any] | None, num_classes: int) -> CategoryMap | None:
