@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from detr.checkpoints import CheckpointError
-from detr.lightning import checkpointing
 from detr.data.images import ImageLoadError
+from detr.lightning import checkpointing
 from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, AtomicCheckpointIO
 from detr.lightning.cli import main
 from detr.lightning.run_folder import LOCK_NAME, RunFolderError
