@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from detr.categories import CategoryMap
-from detr.checkpoints import read_checkpoint
+from detr.checkpoints import CheckpointError, read_checkpoint
 from detr.checkpoints.formats import checkpoint_record, key_mismatch
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
 from detr.inference.postprocess import PostProcess
@@ -477,8 +477,11 @@ class DetrSystem(L.LightningModule):
         optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, fused=True)
         decay_fraction = self.hparams.lr_decay_fraction
         total_steps = None
-        if decay_fraction > 0 and self._trainer is not None:
+        if self._trainer is not None:
             planned = self.trainer.estimated_stepping_batches  # max_steps, or max_epochs × batches; else inf
+            if planned < 1:
+                raise ValueError(_no_training_steps(self.trainer))
+        if decay_fraction > 0 and self._trainer is not None:
             total_steps = int(planned) if math.isfinite(planned) else None
             if total_steps is None and time_budget_of(self.trainer.callbacks) is None:
                 raise ValueError(
@@ -501,12 +504,53 @@ class DetrSystem(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = checkpoint.get("detr") or {}
+        self._check_same_model(checkpoint)
         if meta.get("category_map"):
             self.category_map = CategoryMap.from_dict(meta["category_map"])
         if self._trainer is not None and self.trainer.state.fn == "fit":
             # Restored now, before the fit loop creates the training dataloader's iterator (it draws the
             # shuffling seed); Lightning runs the sanity check in between under isolate_rng.
             restore_rng_states(checkpoint, self.trainer)
+
+    def _check_same_model(self, checkpoint: dict[str, Any]) -> None:
+        """Raise :class:`CheckpointError` if the checkpoint's weights do not fit this system's model, naming the
+        model options that differ (a resumed run, ``--ckpt_path``, keeps the checkpoint's model; another
+        ``--model.detr.*`` option or another data set's class count would otherwise end in torch's bare
+        "size mismatch" list). Called before Lightning's strict load, which would refuse the same weights."""
+        weights = checkpoint.get("state_dict")
+        if not isinstance(weights, dict):
+            return
+        own = self.state_dict()
+        misshapen = [key for key, value in weights.items()
+                     if key in own and hasattr(value, "shape") and tuple(value.shape) != tuple(own[key].shape)]
+        missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+        if not (misshapen or missing or unexpected) or not self.strict_loading:
+            return
+        saved = (checkpoint.get("detr") or {}).get("model_config") or {}
+        current = self.detector.config.to_dict()
+        options = [f"{name} {saved[name]!r} (checkpoint) vs {current[name]!r} (this run)"
+                   for name in current if name in saved and saved[name] != current[name]]
+        path = self.trainer.ckpt_path if self._trainer is not None else None
+        differs = ("model options " + "; ".join(options) if options else
+                   f"tensor shapes {misshapen[:5]}, {key_mismatch(missing, unexpected, shown=5)}")
+        raise CheckpointError(
+            f"checkpoint {path} holds another model than this run builds: {differs}. A run from --ckpt_path keeps "
+            "the checkpoint's model: drop those options (--model.detr.*; num_classes comes from the data set's "
+            "annotation json) to resume it, or start a new run in another folder that fine-tunes its weights "
+            f"with --model.init_checkpoint {path} (tensors whose shape differs then start fresh)"
+        )
+
+
+def _no_training_steps(trainer: L.Trainer) -> str:
+    """The message for a fit whose trainer plans no optimizer step, naming the flag that says so."""
+    if trainer.max_steps == 0:
+        flag = "--trainer.max_steps must be >= 1 (or -1: no step limit), got 0"
+    elif trainer.max_epochs == 0:
+        flag = "--trainer.max_epochs must be >= 1 (or -1: no epoch limit), got 0"
+    else:
+        flag = ("the training loader has no batches: check --trainer.limit_train_batches and the training set's "
+                "size against --data.batch_size")
+    return f"{flag}: this fit would train no step (and lr_decay_fraction has no steps to decay over)"
 
 
 def _model_config(detr: DetrConfig | dict[str, Any] | None) -> DetrConfig:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from detr.checkpoints import CheckpointError
 from detr.lightning import DetrSystem
 from detr.lightning.cli import main
 from tests.helpers import InMemoryData, tiny_config_with, tiny_fit_args
@@ -118,3 +119,18 @@ def test_a_finished_run_resumed_with_more_steps_keeps_learning(tiny_shapes_root,
     assert checkpoint["global_step"] == 10
     assert [group["initial_lr"] for group in checkpoint["optimizer_states"][0]["param_groups"]] == [1e-3, 5e-4]
     assert all(scheduler["base_lrs"] == [1e-3, 5e-4] for scheduler in checkpoint["lr_schedulers"])
+
+
+@pytest.mark.usefixtures("bare_argv")
+def test_resuming_with_another_model_shape_names_the_options_and_the_fix(tiny_shapes_root, tmp_path) -> None:
+    """It used to fail with torch's bare `size mismatch for model.refpoint_embed.weight`."""
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2"))
+    last = out / "checkpoints" / "last.ckpt"
+    with pytest.raises(CheckpointError) as refusal:
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", "--model.detr.num_queries=7",
+                           "--model.detr.hidden_dim=16", f"--ckpt_path={last}"))
+    message = str(refusal.value)
+    assert str(last) in message
+    assert "hidden_dim 32 (checkpoint) vs 16 (this run)" in message and "num_queries 10 (checkpoint) vs 7" in message
+    assert "keeps the checkpoint's model" in message and f"--model.init_checkpoint {last}" in message
