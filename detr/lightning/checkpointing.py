@@ -3,7 +3,8 @@
 - :class:`AtomicCheckpointIO` writes every checkpoint through a temporary file beside the target
   (:func:`detr.atomic_files.write_atomically`): a kill at any moment leaves the previous file intact.
   Reading a file that is truncated or not a checkpoint raises a :class:`detr.checkpoints.CheckpointError`
-  that names it.
+  that names it. The temporary files of saves killed mid-write (their process is gone) are deleted when
+  a run starts and at every save of ``last.ckpt`` (:func:`remove_stale_temporary_files`).
 - :class:`LastCheckpoint` rewrites ``last.ckpt`` at every validation, every ``every_n_train_steps``
   steps and at the end of training, whether or not the monitored metric improved (Lightning's
   ``ModelCheckpoint(save_last=True)`` rewrites it only when it also saves a best checkpoint). On
@@ -27,9 +28,11 @@ shuffling as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -143,6 +146,8 @@ class LastCheckpoint(L.Callback):
         if stage != "fit":
             return
         self._saved_step, self._start_step, self.interrupted = None, None, None
+        if trainer.is_global_zero:
+            remove_stale_temporary_files(self.path(trainer).parent)
         # First in line: at the end of training, weight averaging copies the average into the model, and the
         # last checkpoint must hold the trained weights (with the average beside them) to resume from.
         if self in trainer.callbacks:
@@ -164,6 +169,8 @@ class LastCheckpoint(L.Callback):
         if trainer.global_step == 0 or trainer.global_step == self._saved_step:
             return None
         path = self.path(trainer)
+        if trainer.is_global_zero:
+            remove_stale_temporary_files(path.parent)
         trainer.save_checkpoint(path)
         self._saved_step = trainer.global_step
         logger.info("saved %s at step %d (%s)", path, trainer.global_step, reason)
@@ -223,6 +230,39 @@ class LastCheckpoint(L.Callback):
             return
         exception.add_note(f"The run stopped at step {trainer.global_step}, saved in {path}. Once the cause is "
                            f"fixed, resume with --ckpt_path {path}")
+
+#: A temporary file of :func:`detr.atomic_files.write_atomically`: ``.<name>.<pid>.tmp``.
+_TEMPORARY_NAME = re.compile(r"^\..+\.(\d+)\.tmp$")
+
+
+def remove_stale_temporary_files(folder: Path) -> list[Path]:
+    """Delete the temporary files that saves killed mid-write left in ``folder`` (``.last.ckpt.<pid>.tmp``, as
+    large as a checkpoint): those whose process is gone. A live process's file is a save in progress and
+    stays. Returns the files deleted. (Pids are this machine's: the run folder's lock keeps runs of other
+    machines out of it.)"""
+    removed = []
+    for path in sorted(folder.glob(".*.tmp")) if folder.is_dir() else []:
+        match = _TEMPORARY_NAME.match(path.name)
+        if match is None or _process_is_alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            size = path.stat().st_size
+            path.unlink()
+            removed.append(path)
+            logger.info("removed %s (%d bytes), left by a save whose process (%s) was killed", path, size,
+                        match.group(1))
+    return removed
+
+
+def _process_is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except (ProcessLookupError, OverflowError):  # gone; a pid no process can have
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
 
 #: The checkpoint key of :func:`save_rng_states`: one entry per process, by rank.
 RNG_STATES_KEY = "detr_rng_states"

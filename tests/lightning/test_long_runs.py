@@ -280,3 +280,23 @@ def test_a_run_that_fails_while_restoring_its_checkpoint_leaves_it_alone(tiny_sh
         main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", "--model.detr.num_queries=7",
                            f"--ckpt_path={last}"))
     assert last.read_bytes() == before
+
+
+def test_temporary_files_of_killed_saves_are_removed_when_the_run_resumes(tiny_shapes_root, tmp_path) -> None:
+    """A save killed mid-write used to leave its `.last.ckpt.<pid>.tmp` (as large as a checkpoint) for good."""
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2"))
+    checkpoints = out / "checkpoints"
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = checkpoints / f".last.ckpt.{int(finished.stdout)}.tmp"  # its process is gone
+    stale.write_bytes(b"\x80\x02partial checkpoint")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        in_progress = checkpoints / f".last.ckpt.{sleeper.pid}.tmp"  # a live process's save: kept
+        in_progress.write_bytes(b"\x80\x02being written")
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=3", f"--ckpt_path={checkpoints / 'last.ckpt'}"))
+        assert not stale.exists() and in_progress.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert _step(checkpoints / "last.ckpt") == 3
