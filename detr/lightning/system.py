@@ -231,15 +231,16 @@ class DetrSystem(L.LightningModule):
 
     def on_train_start(self) -> None:
         """A resumed run's schedule follows this run's settings: the checkpoint restored the optimizer's rates
-        and the schedulers as the run that wrote it left them, with its length and its ``lr`` /
-        ``lr_backbone``. The decay takes this run's length (a time budget's fixed count is kept:
-        :class:`TimeBudget`), and the rates restart from this run's base rates at the step reached
-        (:func:`detr.lightning.schedule.resume_schedule`: a finished run's rates of 0 would stay 0)."""
+        and the schedulers as the run that wrote it left them, with its length, ``lr``, ``lr_backbone`` and
+        ``lr_decay_fraction``. The decay takes this run's length (a time budget's fixed count is kept:
+        :class:`TimeBudget`) and fraction, and the rates restart from this run's base rates at the step
+        reached (:func:`detr.lightning.schedule.resume_schedule`: a finished run's rates of 0 would stay 0)."""
         total = self.trainer.estimated_stepping_batches
         schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
-        if math.isfinite(total):
-            for scheduler in schedulers:
-                if isinstance(scheduler, LinearDecayToZero):
+        for scheduler in schedulers:
+            if isinstance(scheduler, LinearDecayToZero):
+                scheduler.decay_fraction = self.hparams.lr_decay_fraction  # the checkpoint restored its own
+                if math.isfinite(total):
                     scheduler.set_total_steps(int(total))
         if self.trainer.ckpt_path is None or not self.trainer.optimizers or not schedulers:
             return

@@ -112,13 +112,14 @@ def test_a_finished_run_resumed_with_more_steps_keeps_learning(tiny_shapes_root,
     assert any(not torch.equal(finished[k], resumed[k]) for k in trained)  # parameters, not batch-norm statistics
 
     # another learning rate at resume is used: the schedule's base rates are this run's --model.lr (and the
-    # config's lr_backbone), not the checkpoint's 5e-4
+    # config's lr_backbone), not the checkpoint's 5e-4; so is another lr_decay_fraction
     main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=10", "--model.warmup_steps=0",
-                       "--model.lr=1e-3", f"--ckpt_path={last}"))
+                       "--model.lr=1e-3", "--model.lr_decay_fraction=0.5", f"--ckpt_path={last}"))
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 10
     assert [group["initial_lr"] for group in checkpoint["optimizer_states"][0]["param_groups"]] == [1e-3, 5e-4]
     assert all(scheduler["base_lrs"] == [1e-3, 5e-4] for scheduler in checkpoint["lr_schedulers"])
+    assert next(s for s in checkpoint["lr_schedulers"] if "total_steps" in s)["decay_fraction"] == 0.5
 
 
 @pytest.mark.usefixtures("bare_argv")
