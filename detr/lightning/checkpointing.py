@@ -201,7 +201,7 @@ class LastCheckpoint(L.Callback):
         then carries a note naming the checkpoint and the resume command.
 
         Only when this fit trained a step since it started (a run that fails while restoring its checkpoint
-        must not overwrite it), outside the sanity check, and in a single process (where one process fails
+        must not overwrite it), with finite weights, outside the sanity check, and in a single process (where one process fails
         alone, the others wait in a collective operation and a save, which all of them must join, would hang).
         """
         self.interrupted = None
@@ -216,6 +216,11 @@ class LastCheckpoint(L.Callback):
                            trainer.global_step, path, path, PREEMPTED_EXIT_CODE)
             return
         if not trained or trainer.world_size > 1:
+            return
+        if not all(torch.isfinite(parameter).all() for parameter in pl_module.parameters()):
+            # the last good last.ckpt is worth more than the step reached
+            logger.warning("%s not saved after %s: the weights hold NaN or inf values", self.path(trainer),
+                           type(exception).__name__)
             return
         try:
             path = self.save(trainer, type(exception).__name__) or self.path(trainer)

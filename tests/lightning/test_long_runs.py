@@ -300,3 +300,24 @@ def test_temporary_files_of_killed_saves_are_removed_when_the_run_resumes(tiny_s
         sleeper.kill()
         sleeper.wait()
     assert _step(checkpoints / "last.ckpt") == 3
+
+
+def test_an_error_with_non_finite_weights_keeps_the_last_good_checkpoint(tiny_shapes_root, tmp_path,
+                                                                         monkeypatch) -> None:
+    from detr.lightning.system import DetrSystem
+
+    step = DetrSystem.training_step
+
+    def breaks_the_weights_at_step_3(self, batch, batch_idx):
+        if self.trainer.global_step == 3:
+            with torch.no_grad():
+                next(self.parameters()).fill_(float("nan"))
+            raise RuntimeError("the weights went bad")
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(DetrSystem, "training_step", breaks_the_weights_at_step_3)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="the weights went bad") as failure:
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=10"))
+    assert _step(out / "checkpoints" / "last.ckpt") == 2  # the validation's save, not the NaN weights
+    assert not getattr(failure.value, "__notes__", [])
