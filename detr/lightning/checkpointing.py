@@ -201,8 +201,9 @@ class LastCheckpoint(L.Callback):
         then carries a note naming the checkpoint and the resume command.
 
         Only when this fit trained a step since it started (a run that fails while restoring its checkpoint
-        must not overwrite it), with finite weights, outside the sanity check, and in a single process (where one process fails
-        alone, the others wait in a collective operation and a save, which all of them must join, would hang).
+        must not overwrite it), with finite weights, outside the sanity check, and in a single process (where
+        one process fails alone, the others wait in a collective operation and a save, which all of them must
+        join, would hang).
         """
         self.interrupted = None
         if trainer.state.fn != "fit" or trainer.sanity_checking:
@@ -235,6 +236,7 @@ class LastCheckpoint(L.Callback):
             return
         exception.add_note(f"The run stopped at step {trainer.global_step}, saved in {path}. Once the cause is "
                            f"fixed, resume with --ckpt_path {path}")
+
 
 #: A temporary file of :func:`detr.atomic_files.write_atomically`: ``.<name>.<pid>.tmp``.
 _TEMPORARY_NAME = re.compile(r"^\..+\.(\d+)\.tmp$")

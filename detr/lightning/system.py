@@ -531,7 +531,7 @@ class DetrSystem(L.LightningModule):
         current = self.detector.config.to_dict()
         options = [f"{name} {saved[name]!r} (checkpoint) vs {current[name]!r} (this run)"
                    for name in current if name in saved and saved[name] != current[name]]
-        path = self.trainer.ckpt_path if self._trainer is not None else None
+        path = (self.trainer.ckpt_path if self._trainer is not None else None) or "<checkpoint>"
         differs = ("model options " + "; ".join(options) if options else
                    f"tensor shapes {misshapen[:5]}, {key_mismatch(missing, unexpected, shown=5)}")
         raise CheckpointError(
