@@ -3,12 +3,15 @@
 - :class:`AtomicCheckpointIO` writes every checkpoint through a temporary file beside the target
   (:func:`detr.atomic_files.write_atomically`): a kill at any moment leaves the previous file intact.
   Reading a file that is truncated or not a checkpoint raises a :class:`detr.checkpoints.CheckpointError`
-  that names it.
+  that names it. The temporary files of saves killed mid-write (their process is gone) are deleted when
+  a run starts and at every save of ``last.ckpt`` (:func:`remove_stale_temporary_files`).
 - :class:`LastCheckpoint` rewrites ``last.ckpt`` at every validation, every ``every_n_train_steps``
   steps and at the end of training, whether or not the monitored metric improved (Lightning's
   ``ModelCheckpoint(save_last=True)`` rewrites it only when it also saves a best checkpoint). On
   SIGTERM (preemption) it writes ``last.ckpt`` at the step reached and makes the process exit with
-  status 143 (128 + SIGTERM) instead of Lightning's 0, so schedulers see that the run did not finish.
+  status 143 (128 + SIGTERM) instead of Lightning's 0, so schedulers see that the run did not finish;
+  on Ctrl-C (SIGINT) likewise, with status 130; on an error mid-run (an unreadable image, non-finite
+  values) it saves the step reached too and adds the resume command to the error.
 
 Resuming (``detr fit ... --ckpt_path .../checkpoints/last.ckpt``) continues at the saved step. From a
 checkpoint written mid-epoch, Lightning restores the step, epoch and batch counters, the optimizer and
@@ -25,9 +28,11 @@ shuffling as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 #: Exit status of a run stopped by SIGTERM after saving ``last.ckpt`` (the shell's 128 + 15).
 PREEMPTED_EXIT_CODE = 143
+#: Exit status of a run stopped by Ctrl-C (SIGINT) after saving ``last.ckpt`` (the shell's 128 + 2).
+INTERRUPTED_EXIT_CODE = 130
 
 LAST_NAME = "last.ckpt"
 
@@ -102,7 +109,7 @@ def checkpoint_directory(trainer: L.Trainer) -> Path:
 
 class LastCheckpoint(L.Callback):
     """Keep ``last.ckpt`` current: rewritten at every validation, every ``every_n_train_steps`` optimizer
-    steps, at the end of training and on SIGTERM (module docstring).
+    steps, at the end of training, and when fit stops early: SIGTERM, Ctrl-C, an error (module docstring).
 
     Args:
         dirpath: the folder; default: the trainer's checkpoint folder (:func:`checkpoint_directory`).
@@ -122,6 +129,9 @@ class LastCheckpoint(L.Callback):
         self.dirpath = dirpath
         self.every_n_train_steps = every_n_train_steps or 0
         self._saved_step: int | None = None
+        self._start_step: int | None = None  # the step this fit started from (None before training starts)
+        #: The KeyboardInterrupt (Ctrl-C) that stopped the last fit after a save, else None.
+        self.interrupted: KeyboardInterrupt | None = None
 
     @property
     def state_key(self) -> str:
@@ -135,7 +145,9 @@ class LastCheckpoint(L.Callback):
         use_atomic_checkpoint_io(trainer)
         if stage != "fit":
             return
-        self._saved_step = None
+        self._saved_step, self._start_step, self.interrupted = None, None, None
+        if trainer.is_global_zero:
+            remove_stale_temporary_files(self.path(trainer).parent)
         # First in line: at the end of training, weight averaging copies the average into the model, and the
         # last checkpoint must hold the trained weights (with the average beside them) to resume from.
         if self in trainer.callbacks:
@@ -157,6 +169,8 @@ class LastCheckpoint(L.Callback):
         if trainer.global_step == 0 or trainer.global_step == self._saved_step:
             return None
         path = self.path(trainer)
+        if trainer.is_global_zero:
+            remove_stale_temporary_files(path.parent)
         trainer.save_checkpoint(path)
         self._saved_step = trainer.global_step
         logger.info("saved %s at step %d (%s)", path, trainer.global_step, reason)
@@ -178,14 +192,83 @@ class LastCheckpoint(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.save(trainer, "end of training")
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start_step = trainer.global_step
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+        """Save what the run has when fit stops early: SIGTERM (exit status 143), Ctrl-C (SIGINT: 130, see
+        :attr:`interrupted`) or an error (an unreadable image in the loader, non-finite values ...), which
+        then carries a note naming the checkpoint and the resume command.
+
+        Only when this fit trained a step since it started (a run that fails while restoring its checkpoint
+        must not overwrite it), with finite weights, outside the sanity check, and in a single process (where
+        one process fails alone, the others wait in a collective operation and a save, which all of them must
+        join, would hang).
+        """
+        self.interrupted = None
+        if trainer.state.fn != "fit" or trainer.sanity_checking:
             return
-        path = self.save(trainer, "SIGTERM") or self.path(trainer)
-        # Lightning stops on SIGTERM by raising a SystemExit without a code, i.e. status 0: "finished".
-        exception.code = PREEMPTED_EXIT_CODE
-        logger.warning("SIGTERM: stopped at step %d; %s holds it. Resume with --ckpt_path %s (exit status %d)",
-                       trainer.global_step, path, path, PREEMPTED_EXIT_CODE)
+        trained = self._start_step is not None and trainer.global_step > self._start_step
+        if isinstance(exception, SIGTERMException):
+            path = self.save(trainer, "SIGTERM") or self.path(trainer)
+            # Lightning stops on SIGTERM by raising a SystemExit without a code, i.e. status 0: "finished".
+            exception.code = PREEMPTED_EXIT_CODE
+            logger.warning("SIGTERM: stopped at step %d; %s holds it. Resume with --ckpt_path %s (exit status %d)",
+                           trainer.global_step, path, path, PREEMPTED_EXIT_CODE)
+            return
+        if not trained or trainer.world_size > 1:
+            return
+        if not all(torch.isfinite(parameter).all() for parameter in pl_module.parameters()):
+            # the last good last.ckpt is worth more than the step reached
+            logger.warning("%s not saved after %s: the weights hold NaN or inf values", self.path(trainer),
+                           type(exception).__name__)
+            return
+        try:
+            path = self.save(trainer, type(exception).__name__) or self.path(trainer)
+        except Exception:  # the run's own error is the one to report; this one only adds to it
+            logger.exception("could not save %s after %s", self.path(trainer), type(exception).__name__)
+            return
+        if isinstance(exception, KeyboardInterrupt):
+            # Lightning ends the process with status 1 after this hook; the CLI makes it 130 (128 + SIGINT)
+            self.interrupted = exception
+            logger.warning("SIGINT (Ctrl-C): stopped at step %d; %s holds it. Resume with --ckpt_path %s "
+                           "(exit status %d)", trainer.global_step, path, path, INTERRUPTED_EXIT_CODE)
+            return
+        exception.add_note(f"The run stopped at step {trainer.global_step}, saved in {path}. Once the cause is "
+                           f"fixed, resume with --ckpt_path {path}")
+
+
+#: A temporary file of :func:`detr.atomic_files.write_atomically`: ``.<name>.<pid>.tmp``.
+_TEMPORARY_NAME = re.compile(r"^\..+\.(\d+)\.tmp$")
+
+
+def remove_stale_temporary_files(folder: Path) -> list[Path]:
+    """Delete the temporary files that saves killed mid-write left in ``folder`` (``.last.ckpt.<pid>.tmp``, as
+    large as a checkpoint): those whose process is gone. A live process's file is a save in progress and
+    stays. Returns the files deleted. (Pids are this machine's: the run folder's lock keeps runs of other
+    machines out of it.)"""
+    removed = []
+    for path in sorted(folder.glob(".*.tmp")) if folder.is_dir() else []:
+        match = _TEMPORARY_NAME.match(path.name)
+        if match is None or _process_is_alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            size = path.stat().st_size
+            path.unlink()
+            removed.append(path)
+            logger.info("removed %s (%d bytes), left by a save whose process (%s) was killed", path, size,
+                        match.group(1))
+    return removed
+
+
+def _process_is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except (ProcessLookupError, OverflowError):  # gone; a pid no process can have
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 #: The checkpoint key of :func:`save_rng_states`: one entry per process, by rank.

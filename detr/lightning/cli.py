@@ -41,7 +41,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from detr.checkpoints import CheckpointError
 from detr.lightning.callbacks import PredictionsWriter
-from detr.lightning.checkpointing import LastCheckpoint
+from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, LastCheckpoint
 from detr.lightning.data_checks import CheckData
 from detr.lightning.datamodule import DetrDataModule
 from detr.lightning.panoptic_datamodule import PanopticDataModule
@@ -107,7 +107,14 @@ class DetrCLI(LightningCLI):
         """``trainer.fit`` in output folders that no other run owns (:mod:`detr.lightning.run_folder`)."""
         overwrite = bool(self.config.get(str(self.subcommand), self.config).get("overwrite_run"))
         with claim_run_folder(self.trainer, resuming=kwargs.get("ckpt_path") is not None, overwrite=overwrite):
-            self.trainer.fit(**kwargs)
+            try:
+                self.trainer.fit(**kwargs)
+            except SystemExit as exit_:
+                # Lightning ends a fit stopped by Ctrl-C with status 1, as if it had failed; once LastCheckpoint
+                # saved the step reached, the status says "interrupted" (128 + SIGINT), as a shell does.
+                if any(isinstance(c, LastCheckpoint) and c.interrupted for c in self.trainer.callbacks):
+                    raise SystemExit(INTERRUPTED_EXIT_CODE) from exit_
+                raise
 
     def predict(self, **kwargs: Any) -> Any:
         """``trainer.predict``; ``--overwrite_run`` lets the predictions writers replace an earlier run's files."""
@@ -175,7 +182,7 @@ def main(args: list[str] | None = None, *, panoptic: bool = False) -> int:
 
     Shows this package's INFO messages (e.g. the COCO summary, per-class AP and PQ tables of every
     evaluation) next to Lightning's. Exit status: 0; 1 when ``predict`` could not predict some images (the
-    others are written); 143 when SIGTERM stopped ``fit`` after saving last.ckpt."""
+    others are written); 143 when SIGTERM stopped ``fit`` after saving last.ckpt, 130 when Ctrl-C (SIGINT) did."""
     show_package_messages()
     cli = make_cli(args, panoptic=panoptic)
     writers = [c for c in getattr(cli.trainer, "callbacks", []) if isinstance(c, PredictionsWriter)]

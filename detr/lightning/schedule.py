@@ -11,6 +11,8 @@ from ``configure_optimizers``; Lightning steps it after every optimizer step and
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from typing import Any
 
 import torch
@@ -67,6 +69,48 @@ class LinearDecayToZero(torch.optim.lr_scheduler.LRScheduler):
         return [group["lr"] * ratio for group in self.optimizer.param_groups]
 
 
+def schedule_factor(scheduler: torch.optim.lr_scheduler.LRScheduler) -> float:
+    """The factor by which one of :func:`learning_rate_schedulers`' schedulers scales the base learning rates
+    at its current step (``last_epoch``), in closed form (the schedulers themselves only apply ratios)."""
+    step = scheduler.last_epoch
+    if isinstance(scheduler, LinearDecayToZero):
+        return decay_factor(step, scheduler.total_steps, scheduler.decay_fraction)
+    if isinstance(scheduler, torch.optim.lr_scheduler.MultiStepLR):
+        return scheduler.gamma ** bisect_right(sorted(scheduler.milestones.elements()), step)
+    if isinstance(scheduler, torch.optim.lr_scheduler.LinearLR):
+        progress = min(scheduler.total_iters, step) / scheduler.total_iters
+        return scheduler.start_factor + (scheduler.end_factor - scheduler.start_factor) * progress
+    raise TypeError(f"schedule_factor: {type(scheduler).__name__} is not one of learning_rate_schedulers' schedulers")
+
+
+def resume_schedule(optimizer: torch.optim.Optimizer, schedulers: list[torch.optim.lr_scheduler.LRScheduler],
+                    base_lrs: list[float]) -> bool:
+    """Make a resumed run's learning rates follow this run's settings; returns whether they changed.
+
+    A checkpoint restores the optimizer's rates and every scheduler's state as the run that wrote it left
+    them. The schedulers chain by ratios of their factors, so a rate that reached 0 at the end of a decay
+    stays 0 whatever the new length, and other base rates (``--model.lr``) never reach the optimizer. When
+    ``base_lrs`` (one per parameter group) differ from the schedulers' or a :class:`LinearDecayToZero`'s
+    length changed since its last step (:meth:`LinearDecayToZero.set_total_steps`), every rate is set to
+    its base × the product of the schedulers' factors at the step reached (:func:`schedule_factor`), and
+    the schedulers continue from there. Otherwise nothing is touched (a plain resume stays bit-exact).
+    """
+    decays = [scheduler for scheduler in schedulers if isinstance(scheduler, LinearDecayToZero)]
+    length_changed = any(decay.applied_factor != schedule_factor(decay) for decay in decays)
+    if not length_changed and all(list(scheduler.base_lrs) == list(base_lrs) for scheduler in schedulers):
+        return False
+    factor = math.prod(schedule_factor(scheduler) for scheduler in schedulers)
+    for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
+        group["initial_lr"] = base  # what a scheduler built on this optimizer would take as its base
+        group["lr"] = base * factor
+    for scheduler in schedulers:
+        scheduler.base_lrs = list(base_lrs)
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # get_last_lr(): what a logger reads
+    for decay in decays:
+        decay.applied_factor = schedule_factor(decay)
+    return True
+
+
 def learning_rate_schedulers(
     optimizer: torch.optim.Optimizer,
     *,
@@ -84,7 +128,8 @@ def learning_rate_schedulers(
     - "decay" (per step, when ``decay_fraction`` > 0): linear to 0 over the last ``decay_fraction`` of the
       run's ``total_steps`` (:class:`LinearDecayToZero`; None: fixed later by ``set_total_steps``).
 
-    Lightning steps them and keeps their state in checkpoints, so a resumed run continues the schedule.
+    Lightning steps them and keeps their state in checkpoints, so a resumed run continues the schedule;
+    :func:`resume_schedule` fits it to a resumed run's own length and base rates.
     """
     step_decay = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=lr_drop_epochs, gamma=lr_drop_gamma)
     schedulers = [{"scheduler": step_decay, "interval": "epoch", "name": "step_decay"}]
@@ -98,4 +143,4 @@ def learning_rate_schedulers(
     return schedulers
 
 
-__all__ = ["LinearDecayToZero", "decay_factor", "learning_rate_schedulers"]
+__all__ = ["LinearDecayToZero", "decay_factor", "learning_rate_schedulers", "resume_schedule", "schedule_factor"]

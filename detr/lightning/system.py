@@ -25,14 +25,14 @@ import numpy as np
 import torch
 
 from detr.categories import CategoryMap
-from detr.checkpoints import read_checkpoint
+from detr.checkpoints import CheckpointError, read_checkpoint
 from detr.checkpoints.formats import checkpoint_record, key_mismatch
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
 from detr.inference.postprocess import PostProcess
 from detr.lightning.callbacks import time_budget_of
 from detr.lightning.checkpointing import restore_rng_states, save_rng_states
 from detr.lightning.error_analysis import write_error_analysis
-from detr.lightning.schedule import LinearDecayToZero, learning_rate_schedulers
+from detr.lightning.schedule import LinearDecayToZero, learning_rate_schedulers, resume_schedule
 from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
@@ -230,13 +230,36 @@ class DetrSystem(L.LightningModule):
             random.seed(seed)
 
     def on_train_start(self) -> None:
-        """A resumed run's decay follows this run's length: the checkpoint restored the scheduler with the
-        length of the run that wrote it (a time budget's fixed count is kept: :class:`TimeBudget`)."""
+        """A resumed run's schedule follows this run's settings: the checkpoint restored the optimizer's rates
+        and the schedulers as the run that wrote it left them, with its length, ``lr``, ``lr_backbone`` and
+        ``lr_decay_fraction``. The decay takes this run's length (a time budget's fixed count is kept:
+        :class:`TimeBudget`) and fraction, and the rates restart from this run's base rates at the step
+        reached (:func:`detr.lightning.schedule.resume_schedule`: a finished run's rates of 0 would stay 0)."""
         total = self.trainer.estimated_stepping_batches
-        if math.isfinite(total):
-            for config in self.trainer.lr_scheduler_configs:
-                if isinstance(config.scheduler, LinearDecayToZero):
-                    config.scheduler.set_total_steps(int(total))
+        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
+        for scheduler in schedulers:
+            if isinstance(scheduler, LinearDecayToZero):
+                scheduler.decay_fraction = self.hparams.lr_decay_fraction  # the checkpoint restored its own
+                if math.isfinite(total):
+                    scheduler.set_total_steps(int(total))
+        if self.trainer.ckpt_path is None or not self.trainer.optimizers or not schedulers:
+            return
+        optimizer = self.trainer.optimizers[0]
+        restored = [group["lr"] for group in optimizer.param_groups]
+        base = {group["name"]: group["lr"] for group in self.parameter_groups()}
+        base_lrs = [base.get(group.get("name"), group["initial_lr"]) for group in optimizer.param_groups]
+        checkpoint_base = list(schedulers[0].base_lrs)
+        if resume_schedule(optimizer, schedulers, base_lrs):
+            decays = [scheduler for scheduler in schedulers if isinstance(scheduler, LinearDecayToZero)]
+            length = (f"; decay to 0 over the last {decays[0].decay_fraction:.0%} of {decays[0].total_steps} steps"
+                      if decays and decays[0].total_steps is not None else "")
+            logger.info(
+                "resumed from %s at step %d: the learning rates follow this run's settings (base rates %s, the "
+                "checkpoint's %s%s): now %s, were %s. Other rates or lengths: --model.lr, --model.lr_backbone, "
+                "--trainer.max_steps", self.trainer.ckpt_path, self.trainer.global_step, _rates(base_lrs),
+                _rates(checkpoint_base), length, _rates([group["lr"] for group in optimizer.param_groups]),
+                _rates(restored),
+            )
 
     # ------------------------------------------------------------------ steps
     def forward(
@@ -455,8 +478,11 @@ class DetrSystem(L.LightningModule):
         optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, fused=True)
         decay_fraction = self.hparams.lr_decay_fraction
         total_steps = None
-        if decay_fraction > 0 and self._trainer is not None:
+        if self._trainer is not None:
             planned = self.trainer.estimated_stepping_batches  # max_steps, or max_epochs × batches; else inf
+            if planned < 1:
+                raise ValueError(_no_training_steps(self.trainer))
+        if decay_fraction > 0 and self._trainer is not None:
             total_steps = int(planned) if math.isfinite(planned) else None
             if total_steps is None and time_budget_of(self.trainer.callbacks) is None:
                 raise ValueError(
@@ -479,12 +505,53 @@ class DetrSystem(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = checkpoint.get("detr") or {}
+        self._check_same_model(checkpoint)
         if meta.get("category_map"):
             self.category_map = CategoryMap.from_dict(meta["category_map"])
         if self._trainer is not None and self.trainer.state.fn == "fit":
             # Restored now, before the fit loop creates the training dataloader's iterator (it draws the
             # shuffling seed); Lightning runs the sanity check in between under isolate_rng.
             restore_rng_states(checkpoint, self.trainer)
+
+    def _check_same_model(self, checkpoint: dict[str, Any]) -> None:
+        """Raise :class:`CheckpointError` if the checkpoint's weights do not fit this system's model, naming the
+        model options that differ (a resumed run, ``--ckpt_path``, keeps the checkpoint's model; another
+        ``--model.detr.*`` option or another data set's class count would otherwise end in torch's bare
+        "size mismatch" list). Called before Lightning's strict load, which would refuse the same weights."""
+        weights = checkpoint.get("state_dict")
+        if not isinstance(weights, dict):
+            return
+        own = self.state_dict()
+        misshapen = [key for key, value in weights.items()
+                     if key in own and hasattr(value, "shape") and tuple(value.shape) != tuple(own[key].shape)]
+        missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+        if not (misshapen or missing or unexpected) or not self.strict_loading:
+            return
+        saved = (checkpoint.get("detr") or {}).get("model_config") or {}
+        current = self.detector.config.to_dict()
+        options = [f"{name} {saved[name]!r} (checkpoint) vs {current[name]!r} (this run)"
+                   for name in current if name in saved and saved[name] != current[name]]
+        path = (self.trainer.ckpt_path if self._trainer is not None else None) or "<checkpoint>"
+        differs = ("model options " + "; ".join(options) if options else
+                   f"tensor shapes {misshapen[:5]}, {key_mismatch(missing, unexpected, shown=5)}")
+        raise CheckpointError(
+            f"checkpoint {path} holds another model than this run builds: {differs}. A run from --ckpt_path keeps "
+            "the checkpoint's model: drop those options (--model.detr.*; num_classes comes from the data set's "
+            "annotation json) to resume it, or start a new run in another folder that fine-tunes its weights "
+            f"with --model.init_checkpoint {path} (tensors whose shape differs then start fresh)"
+        )
+
+
+def _no_training_steps(trainer: L.Trainer) -> str:
+    """The message for a fit whose trainer plans no optimizer step, naming the flag that says so."""
+    if trainer.max_steps == 0:
+        flag = "--trainer.max_steps must be >= 1 (or -1: no step limit), got 0"
+    elif trainer.max_epochs == 0:
+        flag = "--trainer.max_epochs must be >= 1 (or -1: no epoch limit), got 0"
+    else:
+        flag = ("the training loader has no batches: check --trainer.limit_train_batches and the training set's "
+                "size against --data.batch_size")
+    return f"{flag}: this fit would train no step (and lr_decay_fraction has no steps to decay over)"
 
 
 def _model_config(detr: DetrConfig | dict[str, Any] | None) -> DetrConfig:
@@ -495,6 +562,10 @@ def _model_config(detr: DetrConfig | dict[str, Any] | None) -> DetrConfig:
     if isinstance(detr, dict):
         return DetrConfig.from_dict(detr, where="DetrSystem(detr=...)")
     return detr
+
+
+def _rates(rates: list[float]) -> str:
+    return "[" + ", ".join(f"{rate:.3g}" for rate in rates) + "]"
 
 
 def _as_category_map(category_map: CategoryMap | dict[str, Any] | None, num_classes: int) -> CategoryMap | None:

@@ -14,7 +14,7 @@ import yaml
 
 from detr import load_checkpoint
 from detr.lightning.cli import main, make_cli
-from tests.helpers import TINY_CLI_MODEL
+from tests.helpers import TINY_CLI_MODEL, tiny_fit_args
 
 # the panoptic configs belong to detr-panoptic (tests/lightning/test_panoptic_training.py)
 CONFIGS = sorted(path for path in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml") if "panoptic" not in path.name)
@@ -130,3 +130,10 @@ def test_fit_two_steps_writes_logs_metrics_images_and_checkpoints(tiny_shapes_ro
     assert names == {p.name for p in (tiny_shapes_root / "val2017").glob("*.jpg")}
     assert len(predictions) == 4 * 10  # every query of every image (score_threshold 0)
     assert {p["category_id"] for p in predictions} <= {1, 2, 3, 4, 5}
+
+
+def test_max_steps_0_is_refused_by_its_flag(tiny_shapes_root, tmp_path, monkeypatch) -> None:
+    """It used to fail inside the schedule: `ValueError: LinearDecayToZero: total_steps must be >= 1`."""
+    monkeypatch.setattr("sys.argv", ["detr"])
+    with pytest.raises(ValueError, match=r"^--trainer\.max_steps must be >= 1 \(or -1: no step limit\), got 0"):
+        main(tiny_fit_args(tiny_shapes_root, tmp_path / "run", "--trainer.max_steps=0"))

@@ -9,8 +9,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from detr.checkpoints import CheckpointError
 from detr.lightning import DetrSystem
-from tests.helpers import InMemoryData, tiny_config_with
+from detr.lightning.cli import main
+from tests.helpers import InMemoryData, tiny_config_with, tiny_fit_args
 
 TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3", dropout=0.1)
 RECIPE = dict(lr=1e-3, lr_backbone=1e-4, lr_drop_epochs=[2])
@@ -74,3 +76,62 @@ def test_without_rng_state_the_resumed_run_would_differ(tmp_path, monkeypatch) -
     resumed = _fit(tmp_path / "resumed", max_epochs=2, ckpt_path=str(tmp_path / "part" / "last.ckpt"))
     expected, actual = uninterrupted.state_dict(), resumed.state_dict()
     assert any(not torch.equal(expected[k], actual[k]) for k in expected)
+
+
+# ------------------------------------------------------------------------- extending a finished run (CLI)
+def _optimizer_lrs(path) -> list[float]:
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    return [group["lr"] for group in checkpoint["optimizer_states"][0]["param_groups"]]
+
+
+def _weights(path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+@pytest.mark.usefixtures("bare_argv")
+def test_a_finished_run_resumed_with_more_steps_keeps_learning(tiny_shapes_root, tmp_path) -> None:
+    """The decay to zero of the first run (the demo config's lr_decay_fraction 0.3) used to stay at its
+    length: resumed with max_steps 8, the run trained 4 more steps at learning rate 0 with its weights
+    unchanged; and --model.lr given at resume was ignored."""
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", "--model.warmup_steps=0"))
+    last = out / "checkpoints" / "last.ckpt"
+    assert _optimizer_lrs(last) == [0.0, 0.0]  # the first run decayed to zero at its end
+    finished = _weights(last)
+
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=8", "--model.warmup_steps=0",
+                       f"--ckpt_path={last}"))
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 8
+    # the decay follows the new length: the last 30 % of 8 steps; the step-8 rate is 5e-4 × (8 - 8) / 2.4 = 0
+    # after a step at 5e-4 × (8 - 7) / 2.4
+    decay = next(s for s in checkpoint["lr_schedulers"] if "total_steps" in s)
+    assert decay["total_steps"] == 8
+    resumed = _weights(last)
+    trained = [k for k in finished if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+    assert any(not torch.equal(finished[k], resumed[k]) for k in trained)  # parameters, not batch-norm statistics
+
+    # another learning rate at resume is used: the schedule's base rates are this run's --model.lr (and the
+    # config's lr_backbone), not the checkpoint's 5e-4; so is another lr_decay_fraction
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=10", "--model.warmup_steps=0",
+                       "--model.lr=1e-3", "--model.lr_decay_fraction=0.5", f"--ckpt_path={last}"))
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 10
+    assert [group["initial_lr"] for group in checkpoint["optimizer_states"][0]["param_groups"]] == [1e-3, 5e-4]
+    assert all(scheduler["base_lrs"] == [1e-3, 5e-4] for scheduler in checkpoint["lr_schedulers"])
+    assert next(s for s in checkpoint["lr_schedulers"] if "total_steps" in s)["decay_fraction"] == 0.5
+
+
+@pytest.mark.usefixtures("bare_argv")
+def test_resuming_with_another_model_shape_names_the_options_and_the_fix(tiny_shapes_root, tmp_path) -> None:
+    """It used to fail with torch's bare `size mismatch for model.refpoint_embed.weight`."""
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2"))
+    last = out / "checkpoints" / "last.ckpt"
+    with pytest.raises(CheckpointError) as refusal:
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", "--model.detr.num_queries=7",
+                           "--model.detr.hidden_dim=16", f"--ckpt_path={last}"))
+    message = str(refusal.value)
+    assert str(last) in message
+    assert "hidden_dim 32 (checkpoint) vs 16 (this run)" in message and "num_queries 10 (checkpoint) vs 7" in message
+    assert "keeps the checkpoint's model" in message and f"--model.init_checkpoint {last}" in message
