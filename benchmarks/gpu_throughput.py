@@ -33,6 +33,7 @@ import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -223,10 +224,10 @@ def train_section(args: argparse.Namespace, device: torch.device, settings: list
         seconds = timed_steps(trainer.step, itertools.cycle(synthetic), args.steps, args.warmup, device)
         synthetic_rate = args.steps * args.batch_size / seconds
         peak_memory = memory(device)
-        syncs = count_syncs(lambda: trainer.step(synthetic[0]), device)
+        syncs = count_syncs(partial(trainer.step, synthetic[0]), device)
         real_seconds = timed_steps(trainer.step, forever(loader, device), args.steps, args.warmup, device)
         real_rate = args.steps * args.batch_size / real_seconds
-        flops = flops_of(lambda: trainer.step(synthetic[0])) / args.batch_size
+        flops = flops_of(partial(trainer.step, synthetic[0])) / args.batch_size
         print(f"| {setting} | {synthetic_rate:7.1f} | {real_rate:7.1f} | {peak_memory} | "
               f"{syncs if syncs is not None else 'n/a'} | "
               f"{mfu(synthetic_rate, flops, peak_flops(device, setting.precision, args.peak_tflops))} |", flush=True)
