@@ -3,7 +3,7 @@
 :func:`check_dataset` reads an image folder and an instances json and returns every :class:`Problem` it
 finds, each named by its image file and annotation id. Errors would break or silently corrupt training or
 evaluation; warnings are facts worth knowing (empty images, crowd boxes, category id gaps) that the
-pipeline handles. ``tools/check_dataset.py`` prints :func:`format_problems` and exits 1 on any error.
+pipeline handles. ``detr-check-data`` prints :func:`format_problems` and exits 1 on any error.
 
 Errors: invalid JSON (with line and column) or a json without ``images``/``categories``; duplicate
 image, annotation or category ids; an annotation on an unknown image or with a category id missing from

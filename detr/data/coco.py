@@ -169,7 +169,7 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
 
     Checked: the three lists exist; images have unique ids and a file_name; categories have unique ids;
     annotations have unique ids, an image id that exists, a category id listed in ``categories`` and a
-    bbox of four finite numbers. (``tools/check_dataset.py`` reports these and more, without stopping.)
+    bbox of four finite numbers. (``detr-check-data`` reports these and more, without stopping.)
     """
     where = f"annotation file '{annotations_file}'"
     structure = coco_structure_problems(data, annotations_file)

@@ -51,7 +51,7 @@ def load_results(results: str | Path | Sequence[dict[str, Any]], coco_gt: COCO) 
     """COCO results entries (``image_id``, ``category_id``, ``bbox`` xywh pixels, ``score``) ready for
     ``coco_gt.loadRes``, from a json file or a list.
 
-    An entry with a ``file_name`` that the ground truth knows gets that image's id (``tools/predict.py``
+    An entry with a ``file_name`` that the ground truth knows gets that image's id (``detr-predict``
     numbers images it cannot number from the file name 1, 2, ...); otherwise its ``image_id`` must be one
     of the ground truth's. Entries of categories the ground truth does not have are dropped (logged).
     A score or box that is NaN or infinite (json reads ``NaN`` and ``Infinity``) raises

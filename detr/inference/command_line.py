@@ -1,5 +1,5 @@
-"""Command-line options shared by the tools that run a checkpoint on images (``tools/predict.py``,
-``tools/explore_attention.py``, ``tools/visualize_attention.py``)."""
+"""Command-line options shared by the tools that run a checkpoint on images (``detr-predict``,
+``detr-explore``, ``detr-visualize-attention``)."""
 
 from __future__ import annotations
 

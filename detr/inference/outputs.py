@@ -1,6 +1,6 @@
 """Prediction outputs: the COCO results json, images with drawn boxes, and predicting a set of files.
 
-Shared by ``tools/predict.py`` and the Lightning ``detr predict`` writer so both write the same files:
+Shared by ``detr-predict`` and the Lightning ``detr predict`` writer so both write the same files:
 
 - :func:`write_predictions_json`: one COCO results json, a list of ``{"image_id", "file_name",
   "category_id", "bbox": [x, y, w, h] pixels, "score"}`` with the data set's own category ids, so

@@ -86,7 +86,7 @@ def write_panoptic_predictions(out_dir: str | Path, predictions: Sequence[Predic
                                category_map: CategoryMap | None, is_thing: Sequence[bool] | None, *,
                                record: Callable[[Path], Path] = Path) -> Path:
     """Write each prediction's PNG as ``out_dir/panoptic/<png name>`` and their annotations as
-    ``out_dir/panoptic.json`` (the layout of ``tools/predict.py --task panoptic``). Every prediction needs
+    ``out_dir/panoptic.json`` (the layout of ``detr-predict --task panoptic``). Every prediction needs
     ``panoptic`` and ``image_id``. ``record`` is called on each path before it is written (a claimed
     folder's :meth:`detr.output_folder.OutputFolder.record`). Returns the json's path."""
     out_dir = Path(out_dir)

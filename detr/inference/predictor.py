@@ -156,7 +156,7 @@ class Predictor:
         for the authors' files, the training data set's for this project's; ``category_map`` overrides them.
         The model is private to the predictor, so ``optimize`` defaults to on (see :class:`Predictor`).
 
-        A ``.onnx`` file (exported by ``tools/export.py``) runs with ONNX Runtime instead of PyTorch, on
+        A ``.onnx`` file (exported by ``detr-export``) runs with ONNX Runtime instead of PyTorch, on
         ``device`` (CUDA when onnxruntime-gpu has it); its metadata holds the label names and eval resize.
         """
         own = inspect.signature(cls.__init__).parameters.keys() - {"self", "model"}

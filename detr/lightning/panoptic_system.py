@@ -60,7 +60,7 @@ class PanopticSystem(DetrSystem):
         panoptic_overlap_threshold: None (the authors' rules) or Mask2Former's overlap filter (0.8): a thing
             query that keeps less than this share of its own mask is dropped, so that two queries on one
             object do not split it (:class:`PostProcessPanoptic`). Both settings are saved in the
-            checkpoint, and :class:`detr.Predictor` and ``tools/predict.py`` use them by default.
+            checkpoint, and :class:`detr.Predictor` and ``detr-predict`` use them by default.
         mask_ap: also compute mask AP (COCOeval "segm") in validation.
         categories: the data set's categories with ``id`` and ``isthing`` (linked from the data module by
             the CLI); they decide things and stuff for post-processing and PQ.

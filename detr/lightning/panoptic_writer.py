@@ -3,7 +3,7 @@
 :class:`PanopticPredictionsWriter` is :class:`detr.lightning.callbacks.PredictionsWriter` (``predictions.json``)
 that also writes, for a mask model's predictions (:meth:`PanopticSystem.predict_step`'s ``panoptic``), each
 image's PNG as ``panoptic/<image name>.png`` and ``panoptic.json`` beside ``predictions.json``: the layout
-``tools/predict.py --task panoptic`` writes, by the same functions (:func:`detr.inference.panoptic_outputs.
+``detr-predict --task panoptic`` writes, by the same functions (:func:`detr.inference.panoptic_outputs.
 write_panoptic_predictions`).
 """
 

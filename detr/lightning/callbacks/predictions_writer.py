@@ -1,4 +1,4 @@
-"""``detr predict``'s writer: one COCO results json with file names, the format of ``tools/predict.py``."""
+"""``detr predict``'s writer: one COCO results json with file names, the format of ``detr-predict``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 class PredictionsWriter(BasePredictionWriter):
     """Write what ``detr predict`` predicted as one COCO results json (``image_id``, ``file_name``,
     ``category_id`` in the data set's ids, ``bbox`` pixel xywh, ``score``), the same format as
-    ``tools/predict.py`` (:func:`detr.inference.outputs.write_predictions_json`).
+    ``detr-predict`` (:func:`detr.inference.outputs.write_predictions_json`).
 
     Args:
         output_path: the json file (parents created); default ``predictions.json`` in ``trainer.log_dir`` (the
