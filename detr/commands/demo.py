@@ -62,9 +62,9 @@ def expectation(expected_steps: int, seconds_per_step: float, minutes: float,
     if expected_steps < recipe_steps:
         needed = math.ceil(recipe_steps * seconds_per_step / 60 * 1.05)  # 5 %: the rate drifts a little
         lines.append(
-            f"this machine is too slow for the demo to reach its target in {minutes:g} minutes: the recipe needs about "
-            f"{recipe_steps:,} steps for AP50 {recipe_ap50:g}, so the run will end at a lower AP. For the full result "
-            f"give it more time: make demo DEMO_ARGS=\"--minutes {needed}\" (detr-demo --minutes {needed})")
+            f"that is too few for the recipe's target: AP50 {recipe_ap50:g} needs about {recipe_steps:,} steps (about "
+            f"{needed} minutes on this machine), so this run will end at a lower AP. Give it more time: "
+            f"make demo DEMO_ARGS=\"--minutes {needed}\" (detr-demo --minutes {needed})")
     return lines
 
 

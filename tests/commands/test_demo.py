@@ -68,7 +68,7 @@ def test_the_expected_steps_and_the_advice_for_a_budget_too_small(short_run) -> 
     console, _ = short_run
     expected = re.search(r"about ([\d,]+) steps in 0.05 minutes on this machine \(([\d.]+) s a step\)", console)
     assert expected is not None, console
-    assert "too slow for the demo to reach its target" in console
+    assert "that is too few for the recipe's target" in console
     minutes = int(re.search(r'make demo DEMO_ARGS="--minutes (\d+)"', console).group(1))
     assert minutes >= demo.RECIPE_STEPS * float(expected.group(2)) / 60
     assert f"fewer than the {demo.RECIPE_STEPS:,} the recipe needs" in console
@@ -78,5 +78,5 @@ def test_expectation_advises_only_a_machine_too_slow_for_the_recipe() -> None:
     fast = demo.expectation(3302, 0.18, 10)
     assert fast == ["about 3,302 steps in 10 minutes on this machine (0.18 s a step)"]
     slow = demo.expectation(1005, 0.6, 10)
-    assert len(slow) == 2 and "too slow" in slow[1]
+    assert len(slow) == 2 and "too few for the recipe's target" in slow[1]
     assert 'DEMO_ARGS="--minutes 29"' in slow[1] and "detr-demo --minutes 29" in slow[1]  # 2,750 × 0.6 s + 5 %
