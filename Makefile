@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml Makefile
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-demo: $(STAMP)
-	$(PY) tools/demo.py
+demo: $(STAMP)   # more time on a slow machine: make demo DEMO_ARGS="--minutes 30"
+	$(PY) tools/demo.py $(DEMO_ARGS)
 
 clean:
 	rm -rf outputs lightning_logs .pytest_cache

@@ -7,22 +7,34 @@ outputs/demo/. Run it in a clone of the repository: it trains with configs/demo_
 
 Steps: make data/shapes with the generator of detr-make-shapes if it is missing; `detr fit` with
 configs/demo_shapes_cpu.yaml under a training time budget; evaluate the best checkpoint (val/AP) with
-pycocotools; print the COCO table and the AP curve; write into outputs/demo/: metrics.json (AP, AP50, AP75,
+pycocotools; print the COCO table; write into outputs/demo/: metrics.json (AP, AP50, AP75,
 APs, APm, APl, AR100), predictions.json (COCO results), per_class_ap.txt, ap_curve.csv, val_images/*.png,
 checkpoints/, metrics.csv + TensorBoard events, the attention figure (attention.png) and an attention-explorer
 page for one validation image (explorer/<image>.html: open it in a browser).
+
+The console stays quiet: one line per validation (step, training seconds, AP, AP50) and, once the step rate
+is measured, the steps the budget is expected to hold, with the --minutes to ask for when that is fewer than
+the recipe needs (RECIPE_STEPS). Everything else (Lightning's messages, warnings, the model summary, the COCO
+tables) goes to outputs/demo/demo.log.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import logging
+import math
 import os
 import shutil
 import sys
 import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
@@ -31,10 +43,64 @@ from detr.data.shapes import ShapesConfig, write_shapes_dataset
 from detr.evaluation import STAT_NAMES, write_coco_results
 from detr.inference.images import to_rgb_array
 from detr.inference.predictor import Predictor
-from detr.lightning.callbacks import time_budget_of
+from detr.lightning.callbacks import ProgressLines, time_budget_of
 from detr.lightning.cli import make_cli
 from detr.visualize.explorer import write_attention_explorer
 from detr.visualize.figures import decoder_attention_figure
+
+# Steps of batch 8 that configs/demo_shapes_cpu.yaml needs to reach AP50 0.7 on the shapes set, and that AP50
+# (docs/convergence.md, the curve per step: AP50 0.729 at step 2,749, 0.803 at 2,999, 0.954 at 5,717).
+RECIPE_STEPS = 2750
+RECIPE_AP50 = 0.7
+
+
+def expectation(expected_steps: int, seconds_per_step: float, minutes: float,
+                recipe_steps: int = RECIPE_STEPS, recipe_ap50: float = RECIPE_AP50) -> list[str]:
+    """What a budget of ``minutes`` holds at ``seconds_per_step``: one line, and when ``expected_steps`` is
+    fewer than ``recipe_steps``, the advice to give it the minutes that would hold them."""
+    lines = [f"about {expected_steps:,} steps in {minutes:g} minutes on this machine ({seconds_per_step:.2f} s a step)"]
+    if expected_steps < recipe_steps:
+        needed = math.ceil(recipe_steps * seconds_per_step / 60 * 1.05)  # 5 %: the rate drifts a little
+        lines.append(
+            f"that is too few for the recipe's target: AP50 {recipe_ap50:g} needs about {recipe_steps:,} steps (about "
+            f"{needed} minutes on this machine), so this run will end at a lower AP. Give it more time: "
+            f"make demo DEMO_ARGS=\"--minutes {needed}\" (detr-demo --minutes {needed})")
+    return lines
+
+
+@contextlib.contextmanager
+def quiet_console(log_path: Path, console: TextIO | None = None) -> Iterator[Callable[[str], None]]:
+    """Send everything printed, logged or warned inside the block to ``log_path``; yield ``say``, which writes
+    a line to ``console`` (default: the ``sys.stdout`` of the caller) and to the log.
+
+    Lightning's and the other libraries' logging handlers write to the streams they were given at import, so
+    those handlers are pointed at the log for the block; warnings are shown once per place, in the log."""
+    console = sys.stdout if console is None else console
+    handlers = [handler for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+                if isinstance(logger, logging.Logger) for handler in logger.handlers
+                if type(handler) is logging.StreamHandler]
+    package_logger = logging.getLogger("detr")
+    with log_path.open("w") as log, contextlib.ExitStack() as stack:
+        def say(line: str = "") -> None:
+            print(line, file=console, flush=True)
+            print(line, file=log, flush=True)
+
+        streams = [(handler, handler.setStream(log)) for handler in handlers]
+        stack.callback(lambda: [handler.setStream(stream) for handler, stream in streams])
+        log_handler = logging.StreamHandler(log)
+        log_handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        level = package_logger.level
+        package_logger.addHandler(log_handler)
+        package_logger.setLevel(logging.INFO)  # the COCO and per-class tables of every evaluation
+        stack.callback(package_logger.setLevel, level)
+        stack.callback(package_logger.removeHandler, log_handler)
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("default")
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
+            warnings.formatwarning(message, category, filename, lineno, line))
+        stack.enter_context(contextlib.redirect_stdout(log))
+        stack.enter_context(contextlib.redirect_stderr(log))
+        yield say
 
 
 def choose_threads() -> int:
@@ -68,6 +134,68 @@ def attention_outputs(image: Path, checkpoint: Path, out: Path) -> Path:
     return write_attention_explorer(model, [image], out / "explorer", device="cpu")[0]
 
 
+@dataclass(frozen=True)
+class DemoRun:
+    """What :func:`train_and_evaluate` hands back: training seconds (validation excluded), the steps taken,
+    the expected steps (None when the rate was never measured) and the explorer page (None if not written)."""
+
+    train_seconds: float
+    steps: int
+    expected_steps: int | None
+    explorer: Path | None
+
+
+def train_and_evaluate(args: argparse.Namespace, data_root: Path, out: Path, say: Callable[[str], None]) -> DemoRun:
+    """Fit the config for ``args.minutes`` of training, evaluate the best checkpoint, write the outputs into
+    ``out``; ``say`` gets the lines meant for the user (one per validation, the expectation, the final table)."""
+    say(f"training for {args.minutes:g} minutes on {torch.get_num_threads()} thread(s); outputs in {out}")
+    cli = make_cli(["--config", args.config, f"--data.root={data_root}", f"--trainer.default_root_dir={out}",
+                    "--trainer.enable_progress_bar=false"],  # ProgressLines below says what the bars did
+                   run=False)
+    budget = time_budget_of(cli.trainer.callbacks)
+    if budget is None:
+        raise SystemExit(f"{args.config}: the demo needs the detr.lightning.callbacks.TimeBudget callback "
+                         "(it ends training after --minutes of training time); add it under trainer.callbacks")
+    budget.max_train_seconds = args.minutes * 60  # training time: the validations in between are not counted
+
+    def on_rate(expected_steps: int, seconds_per_step: float) -> None:
+        for line in expectation(expected_steps, seconds_per_step, args.minutes):
+            say(line)
+
+    lines = ProgressLines(say, budget, on_rate=on_rate)
+    cli.trainer.callbacks.append(lines)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    # read now: validate() below restores the best checkpoint's callback states, the clock's seconds included
+    train_seconds, steps = budget.clock.spent(), cli.trainer.global_step
+
+    best = cli.trainer.checkpoint_callback.best_model_path or None
+    cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
+    evaluation = cli.model.last_evaluation
+    # pycocotools reports -1 where the ground truth has no object of that size (APl on 128 px images):
+    # undefined, written as null rather than as a number.
+    metrics = {k: (v if (v := evaluation.stats[k]) >= 0 else None) for k in STAT_NAMES}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_coco_results(out / "predictions.json", evaluation.results)
+    (out / "per_class_ap.txt").write_text(evaluation.per_class_table() + "\n\n" + evaluation.summary + "\n")
+    with (out / "ap_curve.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=["epoch", "step", "train_seconds", "AP", "AP50"])
+        writer.writeheader()
+        writer.writerows(ap_curve(out / "metrics.csv"))
+
+    first_val = sorted((data_root / "val2017").glob("*.jpg"))[:1]
+    explorer = attention_outputs(first_val[0], Path(best), out) if best and first_val else None
+
+    say(f"\nCOCO evaluation of {best or 'the last weights'} on {len(evaluation.image_ids)} validation images "
+        f"(pycocotools' summary: per_class_ap.txt):")
+    say(evaluation.stats_table())
+    say("\n" + evaluation.per_class_table())
+    if lines.expected_steps is not None and steps < RECIPE_STEPS:
+        say(f"\n{steps:,} steps: fewer than the {RECIPE_STEPS:,} the recipe needs for AP50 {RECIPE_AP50:g} "
+            f"(see the advice above)")
+    return DemoRun(train_seconds=train_seconds, steps=steps, expected_steps=lines.expected_steps,
+                   explorer=explorer)
+
+
 def main(argv: list[str] | None = None, *, repository: Path | None = None) -> int:
     """Run the demo; ``repository`` (default: the current folder) holds configs/ and receives data/shapes
     and outputs/demo unless the arguments name other places."""
@@ -94,52 +222,17 @@ def main(argv: list[str] | None = None, *, repository: Path | None = None) -> in
         shutil.rmtree(out / stale, ignore_errors=True)
     threads = args.threads or choose_threads()
     torch.set_num_threads(threads)
-    print(f"training for {args.minutes:g} minutes on {threads} thread(s); outputs in {out}")
-
-    seconds = args.minutes * 60
-    cli = make_cli(["--config", args.config, f"--data.root={data_root}", f"--trainer.default_root_dir={out}"],
-                   run=False)
-    budget = time_budget_of(cli.trainer.callbacks)
-    if budget is None:
-        raise SystemExit(f"{args.config}: the demo needs the detr.lightning.callbacks.TimeBudget callback "
-                         "(it ends training after --minutes of training time); add it under trainer.callbacks")
-    budget.max_train_seconds = seconds  # training time: the validations in between are not counted
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    train_wall = time.perf_counter() - start
-
-    best = cli.trainer.checkpoint_callback.best_model_path or None
-    cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
-    evaluation = cli.model.last_evaluation
-    # pycocotools reports -1 where the ground truth has no object of that size (APl on 128 px images):
-    # undefined, written as null rather than as a number.
-    metrics = {k: (v if (v := evaluation.stats[k]) >= 0 else None) for k in STAT_NAMES}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    write_coco_results(out / "predictions.json", evaluation.results)
-    (out / "per_class_ap.txt").write_text(evaluation.per_class_table() + "\n\n" + evaluation.summary + "\n")
-    curve = ap_curve(out / "metrics.csv")
-    with (out / "ap_curve.csv").open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=["epoch", "step", "train_seconds", "AP", "AP50"])
-        writer.writeheader()
-        writer.writerows(curve)
-
-    first_val = sorted((data_root / "val2017").glob("*.jpg"))[:1]
-    explorer = attention_outputs(first_val[0], Path(best), out) if best and first_val else None
-
-    print(f"\nCOCO evaluation of {best or 'the last weights'} on {len(evaluation.image_ids)} validation images:")
-    print(evaluation.summary)
-    print(evaluation.stats_table())
-    print("\n" + evaluation.per_class_table())
-    print("\nAP curve (training seconds exclude validation):")
-    for point in curve:
-        print(f"  epoch {point['epoch']:3d}  step {point['step']:5d}  {point['train_seconds']:7.1f} s  "
-              f"AP {point['AP']:.3f}  AP50 {point['AP50']:.3f}")
-    print(f"\nwall time {time.perf_counter() - start:.0f} s (training {train_wall:.0f} s). Outputs in {out}:")
+    out.mkdir(parents=True, exist_ok=True)
+    with quiet_console(out / "demo.log") as say:
+        result = train_and_evaluate(args, data_root, out, say)
+    print(f"\nwall time {time.perf_counter() - start:.0f} s (training {result.train_seconds:.0f} s); full log in "
+          f"{out / 'demo.log'}. Outputs in {out}:")
     for name in ("metrics.json", "predictions.json", "per_class_ap.txt", "ap_curve.csv", "val_images",
                  "attention.png", "checkpoints", "metrics.csv"):
         if (out / name).exists():
             print(f"  {out / name}")
-    if explorer is not None:
-        print(f"attention explorer of validation image {first_val[0].name}: open {explorer} in a browser")
+    if result.explorer is not None:
+        print(f"attention explorer of validation image {result.explorer.stem}: open {result.explorer} in a browser")
     report = out / "evaluation" / "val_analysis" / "report.html"  # written by the final validate
     if report.exists():
         print(f"error analysis (AP lost per error type, confusion matrix, worst cases): open {report}")

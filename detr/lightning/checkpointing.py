@@ -171,7 +171,9 @@ class LastCheckpoint(L.Callback):
         path = self.path(trainer)
         if trainer.is_global_zero:
             remove_stale_temporary_files(path.parent)
-        trainer.save_checkpoint(path)
+        # the full state (optimizer, schedulers, callbacks) that resuming needs; said explicitly, since
+        # Lightning logs "`weights_only` was not set" at every save that leaves it to its default
+        trainer.save_checkpoint(path, weights_only=False)
         self._saved_step = trainer.global_step
         logger.info("saved %s at step %d (%s)", path, trainer.global_step, reason)
         return path

@@ -6,12 +6,15 @@
 - :mod:`~detr.lightning.callbacks.averaging`: :class:`ExponentialMovingAverage` of the weights;
 - :mod:`~detr.lightning.callbacks.training_time`: :class:`TrainingThroughput` and :class:`TimeBudget`, over a
   :class:`TrainingClock` that validation does not advance;
+- :mod:`~detr.lightning.callbacks.progress_lines`: :class:`ProgressLines`, one console line per validation and
+  the step count a :class:`TimeBudget` is expected to hold (the demo's quiet output);
 - :mod:`~detr.lightning.callbacks.predictions_writer`: :class:`PredictionsWriter`, ``detr predict``'s COCO
   results json.
 """
 
 from detr.lightning.callbacks.averaging import ExponentialMovingAverage
 from detr.lightning.callbacks.predictions_writer import PredictionsWriter
+from detr.lightning.callbacks.progress_lines import ProgressLines
 from detr.lightning.callbacks.training_time import (
     TimeBudget,
     TrainingClock,
@@ -21,5 +24,5 @@ from detr.lightning.callbacks.training_time import (
 )
 from detr.lightning.callbacks.validation_images import DrawValidationPredictions
 
-__all__ = ["DrawValidationPredictions", "ExponentialMovingAverage", "PredictionsWriter", "TimeBudget",
-           "TrainingClock", "TrainingThroughput", "decay_schedulers", "time_budget_of"]
+__all__ = ["DrawValidationPredictions", "ExponentialMovingAverage", "PredictionsWriter", "ProgressLines",
+           "TimeBudget", "TrainingClock", "TrainingThroughput", "decay_schedulers", "time_budget_of"]

@@ -193,10 +193,13 @@ class TimeBudget(_TrainingTime):
                                "time limit (budget + time_tolerance), before the learning-rate decay ended", spent,
                                step, self.total_steps)
 
+    def seconds_per_step(self, step: int, spent: float) -> float:
+        """Training seconds a step at this fit's rate so far (``spent`` training seconds at ``step``)."""
+        return max(spent - self._start_seconds, 1e-9) / max(step - self._start_step, 1)
+
     def estimate_total_steps(self, step: int, spent: float) -> int:
         """``step`` plus the steps that the rest of the budget holds at this fit's step rate so far."""
-        rate = (step - self._start_step) / max(spent - self._start_seconds, 1e-9)
-        return step + int(rate * max(self.max_train_seconds - spent, 0.0))
+        return step + int(max(self.max_train_seconds - spent, 0.0) / self.seconds_per_step(step, spent))
 
     def fix_total_steps(self, trainer: L.Trainer, total_steps: int) -> None:
         """Make ``total_steps`` the run's length: for the stop and every decay scheduler."""

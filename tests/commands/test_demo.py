@@ -1,0 +1,82 @@
+"""detr-demo's console: one line per validation, the step count it expects and, on a budget too small for the
+recipe, how much time to give it; everything else in OUT/demo.log. One short run in-process serves the tests."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from detr.commands import demo
+from detr.data.shapes import ShapesConfig, write_shapes_dataset
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+LINE = re.compile(r"^step +\d+ +[\d.]+ s  AP [\d.]+  AP50 [\d.]+$")
+# what the console used to show: progress bars, Lightning's notices, the model summary, pycocotools' summary
+NOISE = ["COCO eval:", "Epoch ", "weights_only", "LeafSpec", "Total FLOPs", "Total params", "Seed set to",
+         "GPU available", "Average Precision", "Warning"]
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory) -> tuple[str, Path]:
+    """The demo on 32 training images (4 steps an epoch) for 3 seconds of training, on one thread: its console
+    output and its output folder."""
+    root = tmp_path_factory.mktemp("demo")
+    write_shapes_dataset(root / "shapes", ShapesConfig(num_train=32, num_val=8))
+    threads, argv = torch.get_num_threads(), sys.argv
+    sys.argv = ["detr-demo"]  # LightningCLI warns when sys.argv holds arguments besides its own
+    console = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(console):
+            assert demo.main(["--minutes", "0.05", "--threads", "1", "--data-root", str(root / "shapes"),
+                              "--out", str(root / "out")], repository=REPOSITORY) == 0
+    finally:
+        torch.set_num_threads(threads)
+        sys.argv = argv
+    return console.getvalue(), root / "out"
+
+
+def test_one_line_per_validation_and_no_library_noise(short_run) -> None:
+    console, out = short_run
+    with (out / "ap_curve.csv").open() as file:
+        validations = list(csv.DictReader(file))
+    lines = [line for line in console.splitlines() if LINE.match(line)]
+    assert len(validations) >= 2 and len(lines) == len(validations)
+    assert [int(line.split()[1]) for line in lines] == [int(row["step"]) + 1 for row in validations]
+    for noise in NOISE:
+        assert noise not in console, noise
+
+
+def test_the_full_log_holds_what_the_console_leaves_out(short_run) -> None:
+    console, out = short_run
+    log = (out / "demo.log").read_text()
+    for held in ("Seed set to 0", "Total params", "COCO evaluation at epoch", "Average Precision"):
+        assert held in log, held
+    for line in console.splitlines()[:5]:  # what the console says is in the log too
+        assert line in log
+    # LastCheckpoint says weights_only itself, so Lightning has no notice to log after each save
+    assert "`weights_only` was not set" not in log
+
+
+def test_the_expected_steps_and_the_advice_for_a_budget_too_small(short_run) -> None:
+    console, _ = short_run
+    expected = re.search(r"about ([\d,]+) steps in 0.05 minutes on this machine \(([\d.]+) s a step\)", console)
+    assert expected is not None, console
+    assert "that is too few for the recipe's target" in console
+    minutes = int(re.search(r'make demo DEMO_ARGS="--minutes (\d+)"', console).group(1))
+    assert minutes >= demo.RECIPE_STEPS * float(expected.group(2)) / 60
+    assert f"fewer than the {demo.RECIPE_STEPS:,} the recipe needs" in console
+
+
+def test_expectation_advises_only_a_machine_too_slow_for_the_recipe() -> None:
+    fast = demo.expectation(3302, 0.18, 10)
+    assert fast == ["about 3,302 steps in 10 minutes on this machine (0.18 s a step)"]
+    slow = demo.expectation(1005, 0.6, 10)
+    assert len(slow) == 2 and "too few for the recipe's target" in slow[1]
+    assert 'DEMO_ARGS="--minutes 29"' in slow[1] and "detr-demo --minutes 29" in slow[1]  # 2,750 × 0.6 s + 5 %
