@@ -4,6 +4,7 @@ folder another run owns."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -178,37 +180,36 @@ def test_resuming_from_a_truncated_checkpoint_names_the_file(tiny_shapes_root, t
 
 
 # ---------------------------------------------------------------------------------------------- SIGTERM
-def _training_process(tiny_shapes_root: Path, tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
-    """A long `detr fit` in a process of its own, returned once its first validation (step 2) wrote
-    last.ckpt: training is under way. Returns the process, the run folder and last.ckpt."""
+@contextlib.contextmanager
+def _training_process(tiny_shapes_root: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path, Path]]:
+    """A long `detr fit` in a process of its own, given once its first validation (step 2) wrote last.ckpt:
+    training is under way. Yields the process, the run folder and last.ckpt; kills the process on exit if
+    it still runs."""
     out = tmp_path / "run"
     args = tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=100000", "--last_checkpoint.every_n_train_steps=0")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     process = subprocess.Popen([sys.executable, "-m", "detr.lightning.cli", *args], env=env, cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     last = out / "checkpoints" / "last.ckpt"
-    deadline = time.monotonic() + 240
-    while not last.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if not last.exists():
-        process.kill()
-        process.wait()
-        pytest.fail("no validation within the time limit")
-    return process, out, last
+    try:
+        deadline = time.monotonic() + 240
+        while not last.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert last.exists(), "no validation within the time limit"
+        yield process, out, last
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def test_sigterm_saves_last_checkpoint_exits_143_and_the_run_resumes_there(tiny_shapes_root, tmp_path) -> None:
-    process, out, last = _training_process(tiny_shapes_root, tmp_path)
-    try:
+    with _training_process(tiny_shapes_root, tmp_path) as (process, out, last):
         # a second run started into the folder of this live one is refused, naming it
         with pytest.raises(RunFolderError, match=f"in use by a live run \\(process {process.pid}"):
             main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=1", f"--ckpt_path={last}"))
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     assert process.returncode == PREEMPTED_EXIT_CODE, output[-3000:]
     stopped = int(re.search(r"SIGTERM: stopped at step (\d+)", output).group(1))
     assert stopped >= 2
@@ -224,15 +225,10 @@ def test_sigterm_saves_last_checkpoint_exits_143_and_the_run_resumes_there(tiny_
 # ------------------------------------------------------------------------------ Ctrl-C and errors mid-run
 def test_ctrl_c_saves_last_checkpoint_exits_130_and_names_the_resume_command(tiny_shapes_root, tmp_path) -> None:
     """Ctrl-C used to end the run with status 1 and last.ckpt at the last validation, with no resume hint."""
-    process, out, last = _training_process(tiny_shapes_root, tmp_path)
-    try:
+    with _training_process(tiny_shapes_root, tmp_path) as (process, out, last):
         time.sleep(1.0)  # a few steps past that validation
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     assert process.returncode == INTERRUPTED_EXIT_CODE, output[-3000:]
     stopped = int(re.search(r"SIGINT \(Ctrl-C\): stopped at step (\d+)", output).group(1))
     assert f"Resume with --ckpt_path {last}" in output
