@@ -56,13 +56,20 @@ def lock_is_live(lock: dict[str, Any]) -> bool:
     if lock.get("host") != socket.gethostname():
         return bool(lock)
     try:
-        os.kill(int(lock["pid"]), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+        pid = int(lock["pid"])
     except (KeyError, ValueError, TypeError):
         return False
+    return process_is_alive(pid)
+
+
+def process_is_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine exists (another user's process counts)."""
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except (ProcessLookupError, OverflowError):  # gone; a pid no process can have
+        return False
+    except PermissionError:  # another user's process
+        return True
     return True
 
 

@@ -46,6 +46,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from detr.atomic_files import write_atomically
 from detr.checkpoints import CheckpointError
+from detr.output_folder import process_is_alive
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +253,7 @@ def remove_stale_temporary_files(folder: Path) -> list[Path]:
     removed = []
     for path in sorted(folder.glob(".*.tmp")) if folder.is_dir() else []:
         match = _TEMPORARY_NAME.match(path.name)
-        if match is None or _process_is_alive(int(match.group(1))):
+        if match is None or process_is_alive(int(match.group(1))):
             continue
         with contextlib.suppress(FileNotFoundError):
             size = path.stat().st_size
@@ -261,16 +262,6 @@ def remove_stale_temporary_files(folder: Path) -> list[Path]:
             logger.info("removed %s (%d bytes), left by a save whose process (%s) was killed", path, size,
                         match.group(1))
     return removed
-
-
-def _process_is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except (ProcessLookupError, OverflowError):  # gone; a pid no process can have
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 #: The checkpoint key of :func:`save_rng_states`: one entry per process, by rank.
