@@ -53,6 +53,20 @@ Precision = Literal["fp32", "bf16"]
 Task = Literal["detection", "instances", "panoptic"]
 
 
+class NonFiniteOutputError(ValueError):
+    """The model's outputs (logits or boxes) hold NaN or inf for some images of a batch (NaN weights, an
+    overflow in bf16, ...): raised by :meth:`Predictor.predict_arrays` with ``check_finite=True``.
+
+    Attributes:
+        indices: the positions, in the batch, of the images whose outputs are not finite.
+    """
+
+    def __init__(self, indices: Sequence[int], batch_size: int) -> None:
+        super().__init__(f"the model's outputs are not finite (NaN or inf) for {len(indices)} of {batch_size} "
+                         "images; check the checkpoint's weights (NaN after a diverged run?) and the precision")
+        self.indices = list(indices)
+
+
 class Predictor:
     """DETR inference on images of any size and mode.
 
@@ -262,13 +276,15 @@ class Predictor:
         return_attention: bool = False,
         task: Task = "detection",
         masks: bool = True,
+        check_finite: bool = False,
     ) -> list[Prediction]:
         """One forward pass on already loaded ``uint8`` RGB arrays ``[H, W, 3]`` (one batch, any count).
 
         ``threshold=None`` keeps all queries. Most callers want :meth:`predict`; this is the step it
         batches, for callers that load images themselves (e.g. to skip unreadable files). ``masks=False``
         leaves out a panoptic model's instance masks (e.g. when every query is kept only to check the scores:
-        a full-size mask per query costs memory).
+        a full-size mask per query costs memory). ``check_finite=True`` raises :class:`NonFiniteOutputError`
+        when some image's logits or boxes are not finite, instead of returning what NaN scores keep (nothing).
         """
         self.check_task(task)
         if not arrays:
@@ -276,6 +292,11 @@ class Predictor:
         inputs = [self.preprocess(array) for array in arrays]
         images, padding_mask = pad_images(inputs)  # the batch contract: zeros bottom/right, True = padding
         outputs = self.forward(images, padding_mask, return_attention=return_attention)
+        if check_finite:
+            finite = torch.isfinite(outputs["pred_logits"]).flatten(1).all(1) & torch.isfinite(
+                outputs["pred_boxes"]).flatten(1).all(1)
+            if not bool(finite.all()):
+                raise NonFiniteOutputError(torch.nonzero(~finite).flatten().tolist(), len(arrays))
         image_sizes = [(int(a.shape[0]), int(a.shape[1])) for a in arrays]
         target_sizes = torch.tensor(image_sizes, dtype=torch.int64)
         results = self.postprocess(

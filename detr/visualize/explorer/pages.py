@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -34,13 +35,41 @@ def _class_names(category_map: CategoryMap | None, num_classes: int, with_no_obj
     return names + ["no object"] if with_no_object else names
 
 
-def _model_description(model: nn.Module) -> str:
+def describe_model(model: nn.Module) -> str:
+    """One line about the model for a page's header, e.g. "resnet50, 6 encoder layers, 256 hidden, 91 classes"."""
     config = model.config
     if config is None:  # a detector built by hand
         return ""
     parts = [config.backbone + ("-DC5" if config.dilation else ""), f"{config.num_encoder_layers} encoder layers",
              f"{config.hidden_dim} hidden", f"{config.num_classes} classes"]
     return ", ".join(parts)
+
+
+def explorer_page_data(predictor: Predictor, pixels: np.ndarray, *, title: str, threshold: float,
+                       model_description: str = "") -> dict[str, Any]:
+    """One image's explorer data (:func:`explorer_data`): the image alone through ``predictor`` (its eval
+    resize, no padding) with attention maps and the boxes after every decoder layer.
+
+    Args:
+        pixels: uint8 RGB ``[H, W, 3]``, the original image.
+        title, threshold, model_description: shown by the page (see :func:`explorer_data`).
+
+    Raises:
+        ValueError: the model's outputs are not finite.
+    """
+    tensor = predictor.preprocess(pixels)
+    # aux_outputs: the boxes and classes after decoder layers 1 .. L-1, which the page steps through
+    outputs = predictor.forward(*pad_images([tensor]), return_attention=True, aux_outputs=True)
+    if not all(bool(torch.isfinite(outputs[key]).all()) for key in ("pred_logits", "pred_boxes")):
+        raise ValueError("the model's outputs are not finite (NaN or inf weights?)")
+    class_head = predictor.class_head
+    num_classes = int(outputs["pred_logits"].shape[-1]) - (1 if class_head == "softmax" else 0)
+    class_names = _class_names(predictor.category_map, num_classes, with_no_object=class_head == "softmax")
+    return explorer_data(
+        outputs, index=0, image=denormalize(tensor).permute(1, 2, 0).numpy(), original_size=pixels.shape[:2],
+        class_names=class_names, title=title, threshold=threshold, model_description=model_description,
+        class_head=class_head, stride=predictor.model.stride,
+    )
 
 
 def _page_names(images: Sequence[ImageInput]) -> list[tuple[str, str]]:
@@ -98,16 +127,12 @@ def write_attention_explorer(
                           min_size=min_size, max_size=max_size)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    description = _model_description(model)
+    description = describe_model(model)
     written: list[tuple[Path, dict[str, Any]]] = []
     for image, (title, stem) in zip(images, _page_names(images)):
         try:
-            pixels = to_rgb_array(image)
-            tensor = predictor.preprocess(pixels)
-            # aux_outputs: the boxes and classes after decoder layers 1 .. L-1, which the page steps through
-            outputs = predictor.forward(*pad_images([tensor]), return_attention=True, aux_outputs=True)
-            if not all(bool(torch.isfinite(outputs[key]).all()) for key in ("pred_logits", "pred_boxes")):
-                raise ValueError("the model's outputs are not finite (NaN or inf weights?)")
+            data = explorer_page_data(predictor, to_rgb_array(image), title=title, threshold=threshold,
+                                      model_description=description)
         except Exception as error:  # one bad image must not cost the other pages
             if errors is None:
                 raise
@@ -115,14 +140,6 @@ def write_attention_explorer(
             logger.warning("skipping %s: %s", title, reason)
             errors.append((title, reason))
             continue
-        class_head = predictor.class_head
-        num_classes = int(outputs["pred_logits"].shape[-1]) - (1 if class_head == "softmax" else 0)
-        class_names = _class_names(predictor.category_map, num_classes, with_no_object=class_head == "softmax")
-        data = explorer_data(
-            outputs, index=0, image=denormalize(tensor).permute(1, 2, 0).numpy(), original_size=pixels.shape[:2],
-            class_names=class_names, title=title, threshold=threshold, model_description=description,
-            class_head=class_head, stride=predictor.model.stride,
-        )
         page = out_dir / f"{stem}.html"
         text = render_explorer_html(data)
         page.write_text(text, encoding="utf-8")
