@@ -1,0 +1,55 @@
+"""Serve a detector over HTTP, with dynamic batching and a page to try it in a browser.
+
+    detr-serve --checkpoint detr-r50 --port 8000
+    detr-serve --checkpoint outputs/demo/checkpoints/best.ckpt --max-batch-size 8 --batch-timeout 0.01
+    curl -F image=@photo.jpg 'http://127.0.0.1:8000/predict?threshold=0.7'
+
+Endpoints: POST /predict (the image as the multipart field "image" or the raw body; ?threshold=, ?task=
+detection | instances | panoptic), POST /explore (the attention explorer's page for an image), GET /health,
+GET /stats, and GET / (drop an image, see its boxes, click one for that query's decoder attention).
+Any checkpoint detr.load_checkpoint reads, .onnx files through ONNX Runtime, panoptic models.
+SIGTERM or Ctrl-C: finish the requests in flight, then exit 0. Needs the serve extra
+(pip install 'detr-lightning[serve]'). The API: detr.serving; docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from detr.inference.command_line import add_resize_arguments
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True,
+                        help="a released name (detr-r50, ...), .pth, .ckpt, transformers directory or .onnx file")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:1")
+    parser.add_argument("--max-batch-size", type=int, default=8, help="most requests per forward pass")
+    parser.add_argument("--batch-timeout", type=float, default=0.01,
+                        help="seconds a request waits for others to batch with")
+    parser.add_argument("--threshold", type=float, default=0.7, help="score threshold of requests that give none")
+    parser.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body accepted, MiB")
+    parser.add_argument("--max-pixels", type=int, default=40_000_000, help="most pixels an image may have")
+    add_resize_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        from detr.serving import create_app, load_service, serve
+    except ImportError as error:
+        print(f"detr-serve needs the serve extra ({error}): pip install 'detr-lightning[serve]'", file=sys.stderr)
+        return 2
+
+    service = load_service(args.checkpoint, device=args.device, threshold=args.threshold,
+                           min_size=args.min_size, max_size=args.max_size)
+    app = create_app(service, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout,
+                     max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=args.max_pixels)
+    serve(app, host=args.host, port=args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

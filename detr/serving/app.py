@@ -1,0 +1,173 @@
+"""The HTTP API (FastAPI): :func:`create_app` over a :class:`~detr.serving.service.DetectionService`.
+
+Endpoints:
+    POST /predict?threshold=T&task=K   an image as the raw request body or as the multipart field ``image``;
+        the JSON of :func:`detr.serving.service.prediction_json`. Concurrent requests are batched.
+    POST /explore?threshold=T          the same image input; the attention explorer's HTML page for it
+        (:mod:`detr.visualize.explorer`), which ``GET /`` shows in a frame.
+    GET /health                        ``{"status": "ok", "model", "device", "backend", ...}``
+    GET /stats                         requests served and the batch sizes the server formed
+    GET /                              the page: drop or pick an image, see the boxes, click one for its attention
+
+Every refused request gets a 4xx JSON body ``{"error": kind, "detail": message}`` (see
+:class:`detr.serving.inputs.RequestError`): body over ``max_body_bytes`` (413 ``body_too_large``), not an
+image, truncated, too many pixels, decompression bomb, unknown or unsupported task, threshold out of range.
+A model whose outputs are not finite answers that request 500 ``model_output``; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.requests import ClientDisconnect
+
+from detr.serving.batching import DynamicBatcher
+from detr.serving.inputs import DEFAULT_MAX_PIXELS, RequestError, decode_image_bytes, parse_task, parse_threshold
+from detr.serving.service import DetectionService, Job, ModelOutputError
+
+logger = logging.getLogger(__name__)
+
+#: The largest request body the server reads: 20 MiB, a large camera JPEG with room to spare.
+DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
+
+
+async def read_body(request: Request, max_body_bytes: int) -> bytes:
+    """The request body, refused (413 ``body_too_large``) as soon as it passes ``max_body_bytes``: from the
+    Content-Length header before anything is read, else while streaming (chunked uploads)."""
+    too_large = RequestError(413, "body_too_large", f"the request body is larger than the server's limit of "
+                                                    f"{max_body_bytes} bytes (--max-body-mb); send a smaller image")
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_body_bytes:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def image_bytes(request: Request, max_body_bytes: int) -> bytes:
+    """The image file of a request: the multipart field ``image`` or, for any other content type, the body."""
+    body = await read_body(request, max_body_bytes)
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        return body
+
+    async def replay() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(request.scope, replay).form(max_part_size=max_body_bytes)
+    except Exception as error:  # a malformed multipart body
+        raise RequestError(400, "bad_multipart", f"the multipart body could not be parsed ({error})") from error
+    field = form.get("image")
+    if field is None or isinstance(field, str):
+        raise RequestError(400, "missing_image_field", "the multipart body has no file field 'image'; send "
+                                                       "the image as -F image=@photo.jpg or as the raw body")
+    return await field.read()
+
+
+def create_app(
+    service: DetectionService,
+    *,
+    max_batch_size: int = 8,
+    batch_timeout: float = 0.01,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> FastAPI:
+    """The server's FastAPI application; the batcher starts and stops with it (its lifespan).
+
+    Args:
+        service: the model.
+        max_batch_size: the most requests per forward pass.
+        batch_timeout: how long (seconds) a request waits for others to batch with.
+        max_body_bytes: the largest request body accepted.
+        max_pixels: the most pixels an image may have.
+    """
+    batcher = DynamicBatcher(service.run_batch, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+    counts = {"requests": 0, "errors": 0}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await batcher.start()
+        logger.info("serving %s on %s", service.model_name, service.predictor.backend)
+        yield
+        await batcher.stop()
+        logger.info("stopped: %d requests, %d refused or failed", counts["requests"], counts["errors"])
+
+    app = FastAPI(title="DETR", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.batcher = batcher
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, error: RequestError) -> JSONResponse:
+        counts["errors"] += 1
+        return JSONResponse(error.to_json(), status_code=error.status)
+
+    @app.exception_handler(ModelOutputError)
+    async def failed(request: Request, error: ModelOutputError) -> JSONResponse:
+        counts["errors"] += 1
+        logger.error("request failed in the model: %s", error)
+        return JSONResponse({"error": "model_output", "detail": str(error)}, status_code=500)
+
+    async def decoded_image(request: Request) -> Any:
+        try:
+            data = await image_bytes(request, max_body_bytes)
+        except ClientDisconnect as error:
+            raise RequestError(400, "client_disconnected", "the client left before sending the whole body") from error
+        # decoding runs on a thread of its own, beside the model's
+        return await asyncio.to_thread(decode_image_bytes, data, max_pixels=max_pixels)
+
+    @app.post("/predict")
+    async def predict(request: Request) -> JSONResponse:
+        counts["requests"] += 1
+        threshold = parse_threshold(request.query_params.get("threshold"), service.predictor.threshold)
+        task = parse_task(request.query_params.get("task"))
+        try:
+            service.check_task(task)
+        except ValueError as error:
+            raise RequestError(422, "unsupported_task", str(error)) from error
+        pixels = await decoded_image(request)
+        return JSONResponse(await batcher.submit(Job(pixels=pixels, threshold=threshold, task=task)))
+
+    @app.post("/explore")
+    async def explore(request: Request) -> HTMLResponse:
+        counts["requests"] += 1
+        threshold = parse_threshold(request.query_params.get("threshold"), service.predictor.threshold)
+        title = request.query_params.get("title") or "uploaded image"
+        pixels = await decoded_image(request)
+        page = await batcher.run_exclusive(lambda: service.explorer_page(pixels, title=title, threshold=threshold))
+        return HTMLResponse(page)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        predictor = service.predictor
+        return {"status": "ok", "model": service.model_name, "description": service.description,
+                "device": str(predictor.device), "backend": predictor.backend,
+                "tasks": [task for task in ("detection", "instances", "panoptic") if _can(service, task)],
+                "threshold": predictor.threshold, "max_batch_size": batcher.max_batch_size,
+                "batch_timeout": batcher.batch_timeout}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        return {**counts, "batch_sizes": {str(size): n for size, n in sorted(batcher.batch_sizes.items())}}
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(resources.files("detr.serving").joinpath("page.html").read_text(encoding="utf-8"))
+
+    return app
+
+
+def _can(service: DetectionService, task: str) -> bool:
+    try:
+        service.check_task(task)
+    except ValueError:
+        return False
+    return True

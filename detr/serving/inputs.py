@@ -1,0 +1,141 @@
+"""What a request brings → what the model takes: image bytes → ``uint8`` RGB ``[H, W, 3]``, and the query
+parameters ``threshold`` and ``task``, each refused with a :class:`RequestError` that names the problem.
+
+The bytes are decoded as :func:`detr.data.images.decode_image` decodes a file (PIL, EXIF orientation applied,
+any mode → RGB), so the server sees the pixels the :class:`~detr.inference.predictor.Predictor` sees for the
+same file. The header is read before any pixel is decoded, so an image too large for the server, or a
+decompression bomb (a small file that claims a huge pixel count), costs nothing to refuse.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import warnings
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from detr.data.images import pil_to_rgb_array
+
+TASKS = ("detection", "instances", "panoptic")
+
+#: The most pixels (height × width) an image may have: 40 MP, a large camera's frame. DETR resizes to
+#: 800 px anyway; more pixels only cost decoding time and memory.
+DEFAULT_MAX_PIXELS = 40_000_000
+
+#: Raw RGB bytes per file byte above which an oversized image counts as a decompression bomb rather than a
+#: large photo: a JPEG or PNG photo compresses 5 to 20 times, a bomb thousands of times.
+BOMB_RATIO = 200.0
+
+
+class RequestError(ValueError):
+    """A request the server refuses: an HTTP status (4xx) and a message that names the problem and the fix.
+
+    Attributes:
+        status: the HTTP status code to answer with.
+        kind: a short machine-readable name of the problem, e.g. ``"not_an_image"``.
+    """
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+    def to_json(self) -> dict[str, str]:
+        """The response body: ``{"error": kind, "detail": message}``."""
+        return {"error": self.kind, "detail": str(self)}
+
+
+def decode_image_bytes(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """An encoded image (JPEG, PNG, WebP, anything PIL reads) → ``uint8`` RGB ``[H, W, 3]``, EXIF orientation
+    applied.
+
+    Raises:
+        RequestError: 400 ``empty_body``, ``not_an_image`` or ``truncated_image``; 413 ``image_too_large`` (more
+            than ``max_pixels``) or ``decompression_bomb`` (too many pixels for the file's size).
+    """
+    if not data:
+        raise RequestError(400, "empty_body", "the request holds no image: send the image file as the request "
+                                              "body or as the multipart field 'image'")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as error:
+        raise RequestError(413, "decompression_bomb", f"the image is a decompression bomb: {error}") from error
+    except Exception as error:  # UnidentifiedImageError, or a format plugin's own error on a broken header
+        image_format = _format_of_signature(data)
+        if image_format is not None:  # the start of an image whose header is cut off
+            raise RequestError(400, "truncated_image", f"the body ({len(data)} bytes) starts like a {image_format} "
+                                                       f"file but its header could not be read ({error}); the file "
+                                                       "is probably truncated: send a complete copy") from error
+        raise RequestError(400, "not_an_image", f"the body ({len(data)} bytes, starting {data[:8]!r}) is not an "
+                                                "image PIL can read: send a JPEG, PNG, WebP, BMP, GIF or TIFF "
+                                                "file") from error
+    with image:
+        width, height = image.size
+        pixels = width * height
+        if pixels > max_pixels:
+            ratio = 3 * pixels / len(data)
+            if ratio > BOMB_RATIO:
+                raise RequestError(413, "decompression_bomb",
+                                   f"the image claims {width}×{height} pixels from only {len(data)} bytes "
+                                   f"({ratio:.0f}× compression): a decompression bomb; the server takes at most "
+                                   f"{max_pixels} pixels")
+            raise RequestError(413, "image_too_large", f"the image has {width}×{height} = {pixels} pixels, more "
+                                                       f"than the server's limit of {max_pixels}; resize it first "
+                                                       "(DETR resizes to 800 px anyway)")
+        try:
+            image.load()  # full decode: a truncated file fails here (LOAD_TRUNCATED_IMAGES stays off)
+            array = pil_to_rgb_array(ImageOps.exif_transpose(image))
+        except Exception as error:  # OSError, SyntaxError, struct.error ... by format
+            raise RequestError(400, "truncated_image", f"the {image.format} image could not be decoded "
+                                                       f"({type(error).__name__}: {error}); the file is probably "
+                                                       "truncated or corrupt: send a complete copy") from error
+    if array.ndim != 3 or array.shape[2] != 3 or min(array.shape[:2]) < 1:
+        raise RequestError(400, "not_an_image", f"the image decoded to an array of shape {array.shape}, "
+                                                "not [H, W, 3] with H, W >= 1")
+    return array
+
+
+def _format_of_signature(data: bytes) -> str | None:
+    """The image format whose file signature ``data`` starts with (PIL's own checks), else None."""
+    Image.init()
+    for name, (_, accept) in Image.OPEN.items():
+        try:
+            if accept is not None and accept(data[:64]):
+                return name
+        except Exception:  # a plugin's check that needs more bytes
+            continue
+    return None
+
+
+def parse_threshold(value: str | None, default: float) -> float:
+    """The ``threshold`` query parameter: a score in [0, 1]; ``default`` when absent.
+
+    Raises:
+        RequestError: 422 ``bad_threshold`` for anything else (text, NaN, out of range).
+    """
+    if value is None:
+        return default
+    try:
+        threshold = float(value)
+    except ValueError:
+        threshold = math.nan
+    if not 0.0 <= threshold <= 1.0:  # NaN fails this too
+        raise RequestError(422, "bad_threshold", f"threshold must be a score in [0, 1], got {value!r}")
+    return threshold
+
+
+def parse_task(value: str | None) -> str:
+    """The ``task`` query parameter: one of :data:`TASKS`; "detection" when absent.
+
+    Raises:
+        RequestError: 422 ``unknown_task``.
+    """
+    if value is None:
+        return "detection"
+    if value not in TASKS:
+        raise RequestError(422, "unknown_task", f"task must be one of {', '.join(TASKS)}; got {value!r}")
+    return value
