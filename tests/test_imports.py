@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 HEAVY = ("lightning", "albumentations", "cv2", "matplotlib", "transformers", "timm", "safetensors", "onnx",
-         "onnxruntime", "pycocotools", "detr.data", "detr.lightning")
+         "onnxruntime", "pycocotools", "fastapi", "uvicorn", "detr.data", "detr.lightning", "detr.serving")
 
 
 def test_import_detr_loads_only_the_model_stack() -> None:
@@ -30,17 +30,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "detr"
 #: detr.categories, which every layer may use).
 FORBIDDEN = {  # docs/layout.md: what each layer may import
     "detr.models": ("detr.loss", "detr.inference", "detr.checkpoints", "detr.lightning", "detr.data",
-                    "detr.evaluation", "detr.visualize", "detr.commands"),
+                    "detr.evaluation", "detr.visualize", "detr.serving", "detr.commands"),
     "detr.loss": ("detr.inference", "detr.checkpoints", "detr.lightning", "detr.data", "detr.evaluation",
-                  "detr.visualize", "detr.commands"),
+                  "detr.visualize", "detr.serving", "detr.commands"),
     "detr.data": ("detr.models", "detr.loss", "detr.inference", "detr.checkpoints", "detr.lightning",
-                  "detr.evaluation", "detr.visualize", "detr.commands"),
+                  "detr.evaluation", "detr.visualize", "detr.serving", "detr.commands"),
     "detr.evaluation": ("detr.models", "detr.loss", "detr.inference", "detr.checkpoints", "detr.lightning",
-                        "detr.data", "detr.visualize", "detr.commands"),
+                        "detr.data", "detr.visualize", "detr.serving", "detr.commands"),
     "detr.checkpoints": ("detr.loss", "detr.lightning", "detr.data", "detr.evaluation", "detr.visualize",
-                         "detr.commands"),
-    "detr.visualize": ("detr.loss", "detr.checkpoints", "detr.lightning", "detr.commands"),
-    "detr.lightning": ("detr.commands",),
+                         "detr.serving", "detr.commands"),
+    "detr.visualize": ("detr.loss", "detr.checkpoints", "detr.lightning", "detr.serving", "detr.commands"),
+    "detr.lightning": ("detr.serving", "detr.commands"),
+    # serving sits beside lightning: inference, checkpoints and visualize below it, never the training stack
+    "detr.serving": ("detr.lightning", "detr.commands"),
 }
 
 

@@ -12,7 +12,7 @@ from detr.data.collate import pad_images
 from detr.data.transforms import make_eval_transform
 from detr.inference.images import to_rgb_array
 from detr.inference.prediction import AttentionMaps
-from detr.inference.predictor import Predictor
+from detr.inference.predictor import NonFiniteOutputError, Predictor
 
 SIZES = dict(min_size=64, max_size=100)
 NAMES = CategoryMap(category_ids=(3, 5, 7, 9, 11), names=("ant", "bee", "cat", "dog", "eel"))
@@ -228,3 +228,15 @@ def test_resize_defaults_to_the_size_the_checkpoint_was_validated_at(tmp_path, t
     # Files without it (the authors' releases, plain state dicts) keep the authors' 800 / 1333.
     released = Predictor.from_checkpoint(save_official(tiny_model, tmp_path / "plain.pth"), device="cpu")
     assert (released.min_size, released.max_size) == (800, 1333)
+
+
+def test_check_finite_names_the_images_whose_outputs_are_not_finite(tiny_model) -> None:
+    predictor = Predictor(tiny_model, device="cpu", min_size=64, max_size=96)
+    images = [np.full((64, 80, 3), 100, np.uint8), np.full((64, 80, 3), 200, np.uint8)]
+    assert len(predictor.predict_arrays(images, threshold=0.0, check_finite=True)) == 2
+    with torch.no_grad():
+        tiny_model.class_embed.bias.fill_(float("nan"))
+    assert [len(p) for p in predictor.predict_arrays(images, threshold=0.0)] == [0, 0]  # NaN scores keep nothing
+    with pytest.raises(NonFiniteOutputError, match="not finite .* for 2 of 2 images") as caught:
+        predictor.predict_arrays(images, threshold=0.0, check_finite=True)
+    assert caught.value.indices == [0, 1]
