@@ -3,7 +3,7 @@ concurrencies, against the Predictor called in a loop in one process.
 
     .venv/bin/python benchmarks/serve_load.py --checkpoint CKPT --image IMAGE
         [--requests 64] [--concurrency 1 4 16] [--max-batch-size 8] [--batch-timeout 0.01] [--time-limit 120]
-        [--baseline-requests 16] [--random-r50 PATH] [--threshold 0.7]
+        [--baseline-requests 16] [--random-r50 PATH] [--threshold 0.7] [--threads 1]
 
 Starts ``python -m detr.commands.serve`` on a free port of 127.0.0.1 (one server for every concurrency;
 its /stats before and after each level give the batch sizes it formed), then per concurrency C sends
@@ -11,7 +11,10 @@ its /stats before and after each level give the batch sizes it formed), then per
 each), stopping early at ``--time-limit`` seconds. Latency is from sending a request to reading its whole
 response. The baseline runs ``Predictor.predict(image)`` ``--baseline-requests`` times in this process
 (the same checkpoint, file decoding included, as the server decodes every request) before the server starts.
-``--random-r50 PATH`` writes a randomly initialised R50 DETR (COCO's 91 labels) to PATH first and serves
+It runs again after the server has stopped, so that both rows bracket the server's in time: on a machine
+shared with other jobs the speed drifts. ``--threads`` torch threads in the server and the baseline alike
+(default 1: on 2 cores shared with other jobs, two OpenMP threads wait on each other whenever one is
+descheduled, which made single-image latencies vary tenfold). ``--random-r50 PATH`` writes a randomly initialised R50 DETR (COCO's 91 labels) to PATH first and serves
 that: speed does not depend on the weights. Prints the machine, then a markdown table.
 """
 
@@ -226,6 +229,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=120.0, help="seconds per level at most")
     parser.add_argument("--baseline-requests", type=int, default=16)
     parser.add_argument("--threshold", type=float, default=0.7)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the server and the baseline")
     parser.add_argument("--log", type=Path, default=Path("outputs/serve_load.log"), help="the server's log")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -234,14 +238,17 @@ def main() -> None:
     checkpoint = write_random_r50(args.random_r50) if args.random_r50 is not None else args.checkpoint
     if checkpoint is None:
         parser.error("give --checkpoint or --random-r50")
+    import torch
+
+    torch.set_num_threads(args.threads)
     print(describe_machine(), flush=True)
-    rows = [("Predictor in a loop", baseline(checkpoint, args.image, requests=args.baseline_requests,
-                                             threshold=args.threshold))]
+    rows = [("Predictor in a loop (before)", baseline(checkpoint, args.image, requests=args.baseline_requests,
+                                                      threshold=args.threshold))]
     print(table(rows), flush=True)
     body = args.image.read_bytes()
     args.log.parent.mkdir(parents=True, exist_ok=True)
     with running_server(checkpoint, args.log, "--max-batch-size", str(args.max_batch_size), "--batch-timeout",
-                        str(args.batch_timeout), "--threshold", str(args.threshold)) as server:
+                        str(args.batch_timeout), "--threshold", str(args.threshold), threads=args.threads) as server:
         run_load(server.url, body, requests=2, concurrency=1)  # warm-up
         for concurrency in args.concurrency:
             result = run_load(server.url, body, requests=args.requests, concurrency=concurrency,
@@ -249,7 +256,9 @@ def main() -> None:
             rows.append((f"detr-serve (batch ≤ {args.max_batch_size}, {args.batch_timeout * 1000:g} ms)", result))
             print(f"C={concurrency}: {len(result.latencies)} requests, {result.requests_per_second:.2f}/s, "
                   f"errors {result.errors}", flush=True)
-    print(f"\nserved {checkpoint}, image {args.image} ({len(body)} bytes)\n")
+    rows.append(("Predictor in a loop (after)", baseline(checkpoint, args.image, requests=args.baseline_requests,
+                                                         threshold=args.threshold)))
+    print(f"\nserved {checkpoint}, image {args.image} ({len(body)} bytes), {args.threads} torch thread(s)\n")
     print(table(rows))
 
 
