@@ -24,27 +24,30 @@ import time
 import urllib.error
 import urllib.request
 
+import litserve as ls
+from fastapi import HTTPException
+
+
+class Doubler(ls.LitAPI):
+    """Doubles ``x``; a negative ``x`` is a bad request (400 from decode_request)."""
+
+    def setup(self, device):
+        pass
+
+    def decode_request(self, request):
+        if request["x"] < 0:
+            raise HTTPException(400, "bad input")
+        return request["x"]
+
+    def predict(self, xs):
+        time.sleep(0.05)
+        return [2 * x for x in xs]
+
+    def encode_response(self, y):
+        return {"y": y}
+
 
 def serve(port: int) -> None:
-    import litserve as ls
-    from fastapi import HTTPException
-
-    class Doubler(ls.LitAPI):
-        def setup(self, device):
-            pass
-
-        def decode_request(self, request):
-            if request["x"] < 0:
-                raise HTTPException(400, "bad input")
-            return request["x"]
-
-        def predict(self, xs):
-            time.sleep(0.05)
-            return [2 * x for x in xs]
-
-        def encode_response(self, y):
-            return {"y": y}
-
     ls.LitServer(Doubler(max_batch_size=8, batch_timeout=0.2), accelerator="cpu").run(
         port=port, generate_client_file=False)
 
@@ -67,8 +70,6 @@ def main() -> None:
     if args.serve is not None:
         serve(args.serve)
         return
-    import litserve
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -84,7 +85,7 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise RuntimeError("LitServe did not start in 60 s") from None
                 time.sleep(0.3)
-        print(f"litserve {litserve.__version__}: 8 concurrent requests, the 4th one bad")
+        print(f"litserve {ls.__version__}: 8 concurrent requests, the 4th one bad")
         inputs = [1, 2, 3, -1, 4, 5, 6, 7]
         for trial in range(args.trials):
             with concurrent.futures.ThreadPoolExecutor(len(inputs)) as pool:
