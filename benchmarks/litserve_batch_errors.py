@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -73,8 +75,9 @@ def main() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    # a session of its own: LitServe's API server and inference worker are child processes, stopped with it
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+                              stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -93,7 +96,7 @@ def main() -> None:
             good_failed = sum(status != 200 for x, status in zip(inputs, statuses) if x >= 0)
             print(f"trial {trial}: statuses {statuses}; good requests failed: {good_failed} of 7")
     finally:
-        server.terminate()
+        os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
 
 
