@@ -19,6 +19,7 @@ from pycocotools.coco import COCO
 from torch.utils.data import DataLoader
 
 from detr.models.config import DetrConfig
+from detr.models.segmentation import build_detr_panoptic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -190,3 +191,24 @@ def randomise(module: torch.nn.Module, seed: int) -> None:
                 tensor.copy_(torch.rand(tensor.shape, generator=generator) + 0.5)
             else:
                 tensor.copy_(noise * 0.05)
+
+
+PERSON, TREE = 1, 184  # a COCO panoptic thing and a stuff label
+
+
+def tiny_coco_panoptic() -> torch.nn.Module:
+    """A tiny DETRPanoptic in COCO panoptic's label space (250 classes) whose class head is confident: the
+    logits of "person" and "tree-merged" (bias 12) differ along one direction of the decoder output, so
+    every query is one of the two, most above the 0.85 panoptic threshold."""
+    torch.manual_seed(0)
+    # hidden_dim 128 is the smallest the mask head's GroupNorm(8) allows
+    model = build_detr_panoptic(tiny_config_with(hidden_dim=128, num_heads=8, num_queries=6, dropout=0.0,
+                                                   num_classes=250)).eval()
+    with torch.no_grad():
+        head = model.detr.class_embed
+        head.weight.zero_()
+        head.bias.zero_()
+        direction = torch.randn(128)
+        head.bias[[PERSON, TREE]] = 12.0
+        head.weight[PERSON], head.weight[TREE] = 20 * direction / direction.norm(), -20 * direction / direction.norm()
+    return model

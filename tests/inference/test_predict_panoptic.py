@@ -17,33 +17,13 @@ from detr.data.collate import pad_images
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, rgb_to_id_map
 from detr.inference.predictor import Predictor
 from detr.models.config import ModelMeta
-from detr.models.segmentation import build_detr_panoptic
 from detr.visualize.drawing import draw_panoptic
-from tests.helpers import load_script, tiny_config_with
+from tests.helpers import PERSON, TREE, load_script, tiny_coco_panoptic
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PHOTOS = Path(__file__).resolve().parents[2] / "data" / "photos"
 SMALL = ["--min-size", "64", "--max-size", "100", "--device", "cpu"]
-PERSON, TREE = 1, 184  # a COCO panoptic thing and a stuff label
-
-
-def tiny_coco_panoptic() -> torch.nn.Module:
-    """A tiny DETRPanoptic in COCO panoptic's label space (250 classes) whose class head is confident: the
-    logits of "person" and "tree-merged" (bias 12) differ along one direction of the decoder output, so
-    every query is one of the two, most above the 0.85 panoptic threshold."""
-    torch.manual_seed(0)
-    # hidden_dim 128 is the smallest the mask head's GroupNorm(8) allows
-    model = build_detr_panoptic(tiny_config_with(hidden_dim=128, num_heads=8, num_queries=6, dropout=0.0,
-                                                   num_classes=250)).eval()
-    with torch.no_grad():
-        head = model.detr.class_embed
-        head.weight.zero_()
-        head.bias.zero_()
-        direction = torch.randn(128)
-        head.bias[[PERSON, TREE]] = 12.0
-        head.weight[PERSON], head.weight[TREE] = 20 * direction / direction.norm(), -20 * direction / direction.norm()
-    return model
 
 
 @pytest.fixture(scope="module")

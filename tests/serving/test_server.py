@@ -22,7 +22,7 @@ from PIL import Image
 
 from detr.checkpoints import save_checkpoint
 from detr.inference.predictor import Predictor
-from tests.serving.conftest import MAX_BODY_MB, THRESHOLD, spread_out_model
+from tests.serving.helpers import MAX_BODY_MB, THRESHOLD, spread_out_model
 
 PHOTOS = Path(__file__).resolve().parents[2] / "data" / "photos"
 PHOTO_FILES = sorted(p for p in PHOTOS.iterdir() if p.suffix in (".png", ".jpg"))

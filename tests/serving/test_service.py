@@ -20,8 +20,8 @@ from detr.inference.predictor import Predictor
 from detr.models.config import ModelMeta
 from detr.serving import Job, load_service
 from detr.serving.inputs import decode_image_bytes
-from tests.inference.test_predict_panoptic import tiny_coco_panoptic
-from tests.serving.conftest import spread_out_model
+from tests.helpers import tiny_coco_panoptic
+from tests.serving.helpers import spread_out_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
