@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.7, help="score threshold of requests that give none")
     parser.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body accepted, MiB")
     parser.add_argument("--max-pixels", type=int, default=40_000_000, help="most pixels an image may have")
+    parser.add_argument("--max-queue", type=int, default=256,
+                        help="most requests waiting for the model; more are refused with 503 (0: no limit)")
     add_resize_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     service = load_service(args.checkpoint, device=args.device, threshold=args.threshold,
                            min_size=args.min_size, max_size=args.max_size)
     app = create_app(service, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout,
-                     max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=args.max_pixels)
+                     max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=args.max_pixels,
+                     max_queue=args.max_queue or None)
     serve(app, host=args.host, port=args.port)
     return 0
 

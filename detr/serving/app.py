@@ -11,7 +11,8 @@ Endpoints:
 
 Every refused request gets a 4xx JSON body ``{"error": kind, "detail": message}`` (see
 :class:`detr.serving.inputs.RequestError`): body over ``max_body_bytes`` (413 ``body_too_large``), not an
-image, truncated, too many pixels, decompression bomb, unknown or unsupported task, threshold out of range.
+image, truncated, too many pixels, decompression bomb, unknown or unsupported task, threshold out of range;
+more than ``max_queue`` requests waiting gets 503 ``overloaded``.
 A model whose outputs are not finite answers that request 500 ``model_output``; the server keeps serving.
 """
 
@@ -27,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.requests import ClientDisconnect
 
-from detr.serving.batching import DynamicBatcher
+from detr.serving.batching import DynamicBatcher, QueueFull
 from detr.serving.inputs import DEFAULT_MAX_PIXELS, RequestError, decode_image_bytes, parse_task, parse_threshold
 from detr.serving.service import DetectionService, Job, ModelOutputError
 
@@ -35,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 #: The largest request body the server reads: 20 MiB, a large camera JPEG with room to spare.
 DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
+#: The most requests that may wait for the model before the server answers 503.
+DEFAULT_MAX_QUEUE = 256
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
@@ -81,6 +84,7 @@ def create_app(
     batch_timeout: float = 0.01,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_queue: int | None = DEFAULT_MAX_QUEUE,
 ) -> FastAPI:
     """The server's FastAPI application; the batcher starts and stops with it (its lifespan).
 
@@ -90,8 +94,10 @@ def create_app(
         batch_timeout: how long (seconds) a request waits for others to batch with.
         max_body_bytes: the largest request body accepted.
         max_pixels: the most pixels an image may have.
+        max_queue: the most requests that may wait for the model; more get 503 ``overloaded`` (None: no limit).
     """
-    batcher = DynamicBatcher(service.run_batch, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+    batcher = DynamicBatcher(service.run_batch, max_batch_size=max_batch_size, batch_timeout=batch_timeout,
+                             max_queue=max_queue)
     counts = {"requests": 0, "errors": 0}
 
     @contextlib.asynccontextmanager
@@ -134,7 +140,10 @@ def create_app(
         except ValueError as error:
             raise RequestError(422, "unsupported_task", str(error)) from error
         pixels = await decoded_image(request)
-        return JSONResponse(await batcher.submit(Job(pixels=pixels, threshold=threshold, task=task)))
+        try:
+            return JSONResponse(await batcher.submit(Job(pixels=pixels, threshold=threshold, task=task)))
+        except QueueFull as error:
+            raise RequestError(503, "overloaded", str(error)) from error
 
     @app.post("/explore")
     async def explore(request: Request) -> HTMLResponse:
@@ -152,7 +161,7 @@ def create_app(
                 "device": str(predictor.device), "backend": predictor.backend,
                 "tasks": [task for task in ("detection", "instances", "panoptic") if _can(service, task)],
                 "threshold": predictor.threshold, "max_batch_size": batcher.max_batch_size,
-                "batch_timeout": batcher.batch_timeout}
+                "batch_timeout": batcher.batch_timeout, "max_queue": batcher.max_queue}
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:

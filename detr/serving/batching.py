@@ -22,6 +22,10 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+class QueueFull(RuntimeError):
+    """More jobs wait than the batcher's ``max_queue``: the caller should refuse the job (HTTP 503)."""
+
+
 #: A batch function: jobs in, one result (or the exception that failed it) per job out, in order.
 BatchFunction = Callable[[Sequence[Any]], Sequence[Any]]
 
@@ -33,12 +37,18 @@ class DynamicBatcher:
         run_batch: called on the worker thread with a list of jobs; returns one result or exception per job.
         max_batch_size: the most jobs per call of ``run_batch`` (1: no batching).
         batch_timeout: how long (seconds) the first job of a batch waits for others; 0 takes what is queued.
+        max_queue: the most jobs that may wait (the batch running not counted); :meth:`submit` raises
+            :class:`QueueFull` beyond it, so an overloaded server refuses at once instead of answering minutes
+            late. None: no limit.
 
     Use :meth:`start` and :meth:`stop` inside the event loop (the server's lifespan), :meth:`submit` per request
     and :meth:`run_exclusive` for work that must not overlap a batch (e.g. an attention page on the same model).
     """
 
-    def __init__(self, run_batch: BatchFunction, *, max_batch_size: int = 8, batch_timeout: float = 0.01) -> None:
+    def __init__(self, run_batch: BatchFunction, *, max_batch_size: int = 8, batch_timeout: float = 0.01,
+                 max_queue: int | None = None) -> None:
+        if max_queue is not None and max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1 (or None: no limit), got {max_queue}")
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_timeout < 0:
@@ -46,6 +56,7 @@ class DynamicBatcher:
         self.run_batch = run_batch
         self.max_batch_size = int(max_batch_size)
         self.batch_timeout = float(batch_timeout)
+        self.max_queue = max_queue
         #: batch size → how many batches of that size ran
         self.batch_sizes: collections.Counter[int] = collections.Counter()
         self._queue: asyncio.Queue[tuple[Any, asyncio.Future]] | None = None
@@ -75,9 +86,16 @@ class DynamicBatcher:
             self._executor.shutdown(wait=True)
 
     async def submit(self, job: Any) -> Any:
-        """Queue ``job``; return its result, or raise the exception ``run_batch`` gave for it."""
+        """Queue ``job``; return its result, or raise the exception ``run_batch`` gave for it.
+
+        Raises:
+            QueueFull: ``max_queue`` jobs are waiting already.
+        """
         if self._queue is None:
             raise RuntimeError("DynamicBatcher.start() was not called")
+        if self.max_queue is not None and self._queue.qsize() >= self.max_queue:
+            raise QueueFull(f"{self._queue.qsize()} requests are waiting for the model already (--max-queue "
+                            f"{self.max_queue}); retry later")
         future = asyncio.get_running_loop().create_future()
         await self._queue.put((job, future))
         return await future

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from detr.serving.batching import DynamicBatcher
+from detr.serving.batching import DynamicBatcher, QueueFull
 
 
 def run(coroutine):
@@ -111,3 +111,27 @@ def test_arguments_are_checked() -> None:
         DynamicBatcher(lambda jobs: jobs, max_batch_size=0)
     with pytest.raises(ValueError, match="batch_timeout"):
         DynamicBatcher(lambda jobs: jobs, batch_timeout=-1)
+
+
+def test_jobs_beyond_max_queue_are_refused_at_once() -> None:
+    release = threading.Event()
+
+    def slow(jobs):
+        release.wait(10)
+        return jobs
+
+    async def main():
+        batcher = DynamicBatcher(slow, max_batch_size=1, batch_timeout=0.0, max_queue=2)
+        await batcher.start()
+        running = asyncio.ensure_future(batcher.submit("running"))
+        await asyncio.sleep(0.05)  # taken by the batch loop: it no longer counts as waiting
+        waiting = [asyncio.ensure_future(batcher.submit(name)) for name in ("first", "second")]
+        await asyncio.sleep(0.05)
+        with pytest.raises(QueueFull, match="2 requests are waiting"):
+            await batcher.submit("third")
+        release.set()
+        results = [await running, *[await job for job in waiting]]
+        await batcher.stop()
+        return results
+
+    assert run(main()) == ["running", "first", "second"]
