@@ -11,7 +11,8 @@ Endpoints:
 
 Every refused request gets a 4xx JSON body ``{"error": kind, "detail": message}`` (see
 :class:`detr.serving.inputs.RequestError`): body over ``max_body_bytes`` (413 ``body_too_large``), not an
-image, truncated, too many pixels, decompression bomb, unknown or unsupported task, threshold out of range;
+image, truncated, too many pixels, decompression bomb, too thin to resize, unknown or unsupported task,
+threshold out of range;
 more than ``max_queue`` requests waiting gets 503 ``overloaded``.
 A model whose outputs are not finite answers that request 500 ``model_output``; the server keeps serving.
 """
@@ -128,7 +129,12 @@ def create_app(
         except ClientDisconnect as error:
             raise RequestError(400, "client_disconnected", "the client left before sending the whole body") from error
         # decoding runs on a thread of its own, beside the model's
-        return await asyncio.to_thread(decode_image_bytes, data, max_pixels=max_pixels)
+        pixels = await asyncio.to_thread(decode_image_bytes, data, max_pixels=max_pixels)
+        try:
+            service.check_image(pixels)
+        except ValueError as error:
+            raise RequestError(422, "image_too_thin", str(error)) from error
+        return pixels
 
     @app.post("/predict")
     async def predict(request: Request) -> JSONResponse:

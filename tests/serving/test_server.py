@@ -152,6 +152,7 @@ def bad_requests() -> list[tuple[str, str, bytes, str, int, str]]:
         ("png header only", "", photo[:40], "image/png", 400, "truncated_image"),
         ("too many pixels", "", buffer.getvalue(), "image/jpeg", 413, "image_too_large"),
         ("decompression bomb", "", bomb.getvalue(), "image/png", 413, "decompression_bomb"),
+        ("too thin to resize", "", _png(np.zeros((1, 4000, 3), np.uint8)), "image/png", 422, "image_too_thin"),
         ("unknown task", "?task=segmentation", photo, octet, 422, "unknown_task"),
         ("panoptic on a detection model", "?task=panoptic", photo, octet, 422, "unsupported_task"),
         ("threshold above 1", "?threshold=1.5", photo, octet, 422, "bad_threshold"),
