@@ -1,6 +1,7 @@
 """DetectionService in-process on the other kinds of checkpoint detr-serve takes: a panoptic model (every task,
 segments and the COCO panoptic PNG in the JSON) and an .onnx file through ONNX Runtime; results equal the
-Predictor's, and a batch of mixed sizes gives what each image gives alone."""
+Predictor's, a batch of mixed sizes gives what each image gives alone, and non-finite outputs fail only the
+images they belong to."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from PIL import Image
 from detr.categories import coco_panoptic_category_map, coco_panoptic_is_thing
 from detr.checkpoints import save_checkpoint
 from detr.inference.postprocess_masks import rgb_to_id_map
-from detr.inference.predictor import Predictor
+from detr.inference.predictor import NonFiniteOutputError, Predictor
 from detr.models.config import ModelMeta
-from detr.serving import Job, load_service
+from detr.serving import DetectionService, Job, load_service
 from detr.serving.inputs import decode_image_bytes
+from detr.serving.service import ModelOutputError
 from tests.helpers import tiny_coco_panoptic
 from tests.serving.helpers import spread_out_model
 
@@ -90,3 +92,25 @@ def test_onnx_file_is_served_through_onnx_runtime(tmp_path: Path) -> None:
     np.testing.assert_allclose([d["score"] for d in response["detections"]], expected.scores.numpy(), atol=1e-6)
     with pytest.raises(ValueError, match="ONNX"):
         service.check_task("panoptic")
+
+
+def test_non_finite_outputs_fail_only_their_images(tmp_path: Path, monkeypatch) -> None:
+    """When the model's outputs are not finite for some images of a group only, those images fail (500) and
+    the others are run again and answered as usual."""
+    service = DetectionService(Predictor(spread_out_model(), device="cpu", threshold=0.3), model_name="tiny")
+    pixels = decode_image_bytes((PHOTOS / "chelsea.png").read_bytes())
+    expected = service.run_batch([Job(pixels, 0.3, "detection")])[0]
+    predict_arrays = service.predictor.predict_arrays
+    calls = []
+
+    def second_image_not_finite(arrays, **options):
+        calls.append(len(arrays))
+        if len(arrays) == 3:
+            raise NonFiniteOutputError([1], len(arrays))
+        return predict_arrays(arrays, **options)
+
+    monkeypatch.setattr(service.predictor, "predict_arrays", second_image_not_finite)
+    results = service.run_batch([Job(pixels, 0.3, "detection")] * 3)
+    assert calls == [3, 1, 1]
+    assert isinstance(results[1], ModelOutputError) and "not finite" in str(results[1])
+    assert results[0] == expected and results[2] == expected
