@@ -10,6 +10,7 @@ import http.client
 import io
 import json
 import math
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -213,16 +214,34 @@ def test_200_requests_at_concurrency_8_without_an_error(server, load_tools) -> N
 
 
 def test_a_model_with_nan_outputs_fails_each_request_and_sigterm_stops_the_server(tmp_path, load_tools) -> None:
+    """A NaN model: each request gets 500 model_output and the server goes on. Then SIGTERM while requests are
+    in flight (batches of one at 800 px, a few tenths of a second each): every one of them is still answered,
+    and the server exits 0."""
     model = spread_out_model()
     with torch.no_grad():
         model.class_embed.weight.fill_(math.nan)
     checkpoint = save_checkpoint(model, tmp_path / "nan.ckpt")
-    with load_tools.running_server(checkpoint, tmp_path / "server.log", threads=1) as server:
+    photo = (PHOTOS / "chelsea.png").read_bytes()
+    with load_tools.running_server(checkpoint, tmp_path / "server.log", "--max-batch-size", "1", "--min-size", "800",
+                                   "--max-size", "1333", threads=1) as server:
         for _ in range(2):
-            status, response = post(server.url + "/predict", (PHOTOS / "chelsea.png").read_bytes())
+            status, response = post(server.url + "/predict", photo)
             assert (status, response["error"]) == (500, "model_output"), response
             assert "not finite" in response["detail"]
         assert json.loads(urllib.request.urlopen(server.url + "/health").read())["status"] == "ok"
-        assert server.stop() == 0  # SIGTERM: a clean exit
+
+        def timed_post(_: int) -> tuple[int, float]:
+            status, _ = post(server.url + "/predict", photo)
+            return status, time.monotonic()
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            in_flight = [pool.submit(timed_post, i) for i in range(4)]
+            while json.loads(urllib.request.urlopen(server.url + "/stats").read())["requests"] < 6:
+                time.sleep(0.01)
+            stopped_at = time.monotonic()
+            assert server.stop() == 0  # SIGTERM: a clean exit
+            answers = [future.result() for future in in_flight]
+    assert [status for status, _ in answers] == [500] * 4  # answered (the NaN model's error), none dropped
+    assert max(answered_at for _, answered_at in answers) > stopped_at  # some were still running at SIGTERM
     log = (tmp_path / "server.log").read_text()
-    assert "Application shutdown complete" in log and "stopped: 2 requests, 2 refused or failed" in log
+    assert "Application shutdown complete" in log and "stopped: 6 requests, 6 refused or failed" in log
