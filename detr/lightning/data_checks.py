@@ -29,6 +29,7 @@ from typing import Any, Literal
 import lightning as L
 
 from detr.data.checker import Problem, check_dataset, format_problems
+from detr.data.coco import CocoDetection
 
 logger = logging.getLogger(__name__)
 
@@ -78,13 +79,13 @@ class CheckData(L.Callback):
         errors: list[str] = []
         for split, mode in self.modes.items():
             dataset = getattr(trainer.datamodule, f"{split}_dataset", None)
-            if mode == "off" or dataset is None or not hasattr(dataset, "coco"):
+            if mode == "off" or not isinstance(dataset, CocoDetection):
                 continue
             problems = None
             if trainer.is_global_zero:  # one process reads the images; every process gets the findings
                 problems = check_dataset(
                     dataset.images_dir, dataset.annotations_file, num_queries=num_queries,
-                    decode_images=mode == "decode", workers=workers, data=dataset.coco.dataset,
+                    decode_images=mode == "decode", workers=workers,
                 )
             problems = trainer.strategy.broadcast(problems)
             fatal = report_problems(split, dataset, problems)
@@ -162,11 +163,10 @@ def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[P
         logger.warning("data check, %s: %s: %s%s", split, kind, "; ".join(f"'{p.file_name}': {p.message}"
                                                                         for p in listed[:5]), more)
     if skipped_files:
-        bad_ids = {image_id for image_id, info in dataset.coco.imgs.items() if info["file_name"] in skipped_files}
-        before = len(dataset.ids)
-        dataset.ids = [image_id for image_id in dataset.ids if image_id not in bad_ids]
+        before = len(dataset)
+        dataset.leave_out(skipped_files)
         logger.warning("data check, %s: %d bad image file(s) left out (skip_bad_images), %d of %d images remain: %s",
-                       split, len(skipped_files), len(dataset.ids), before, ", ".join(sorted(skipped_files)[:5]))
-        if not dataset.ids:
+                       split, len(skipped_files), len(dataset), before, ", ".join(sorted(skipped_files)[:5]))
+        if not len(dataset):
             fatal.append(Problem("error", "no_images", "every image of the split is missing or unreadable"))
     return fatal
