@@ -89,5 +89,6 @@ class CocoIndex:
         ids = np.asarray(image_ids, dtype=np.int64).reshape(-1)
         positions = np.searchsorted(self.image_ids, ids)
         if len(ids) and (positions.max() >= len(self.image_ids) or (self.image_ids[positions] != ids).any()):
-            raise KeyError(f"image ids not in the annotation file: {sorted(set(ids.tolist()) - set(self.image_ids.tolist()))[:5]}")
+            unknown = sorted(set(ids.tolist()) - set(self.image_ids.tolist()))
+            raise KeyError(f"image ids not in the annotation file: {unknown[:5]}")
         return positions
