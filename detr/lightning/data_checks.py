@@ -30,6 +30,7 @@ import lightning as L
 
 from detr.data.checker import Problem, check_dataset, format_problems
 from detr.data.coco import CocoDetection
+from detr.data.image_checks import default_cache_file
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +58,21 @@ class CheckData(L.Callback):
             "off" skips the whole training split check.
         val_images: the same for the validation split; "decode" by default, since validation runs only
             after the first training epoch.
+        cache: remember what each image read found in ``JSON.imagecache`` beside each annotation json, keyed by
+            file size and mtime, so a resumed run or the next run on the data reads only changed files
+            (:mod:`detr.data.image_checks`).
+
+    The checks run in the global rank-0 process only (the other ranks wait for its findings, broadcast), so
+    the validation images are decoded once per run, not once per rank.
 
     Needs a data module with ``train_dataset`` / ``val_dataset`` of :class:`detr.data.coco.CocoDetection`
     (others are left alone) and a training system whose ``detector`` has ``num_queries`` (DetrSystem, PanopticSystem).
     """
 
-    def __init__(self, train_images: ImageCheck = "headers", val_images: ImageCheck = "decode") -> None:
+    def __init__(self, train_images: ImageCheck = "headers", val_images: ImageCheck = "decode",
+                 cache: bool = True) -> None:
         super().__init__()
+        self.cache = cache
         for name, value in (("train_images", train_images), ("val_images", val_images)):
             if value not in ("headers", "decode", "off"):
                 raise ValueError(f"CheckData: {name} must be 'headers', 'decode' or 'off', got {value!r}")
@@ -86,6 +95,8 @@ class CheckData(L.Callback):
                 problems = check_dataset(
                     dataset.images_dir, dataset.annotations_file, num_queries=num_queries,
                     decode_images=mode == "decode", workers=workers,
+                    cache_file=default_cache_file(dataset.annotations_file) if self.cache else None,
+                    progress=getattr(trainer, "progress_bar_callback", None) is not None,
                 )
             problems = trainer.strategy.broadcast(problems)
             fatal = report_problems(split, dataset, problems)
