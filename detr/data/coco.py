@@ -24,6 +24,7 @@ import io
 import json
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +133,19 @@ def is_coco_bbox(bbox: Any) -> bool:
     return isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(is_finite_number(v) for v in bbox)
 
 
+def all_coco_bboxes(bboxes: list[Any]) -> bool:
+    """Whether every entry is a COCO bbox (see :func:`is_coco_bbox`), checked in bulk: a fast yes for a large
+    valid json; on no, check the entries one by one to find which."""
+    if not bboxes:
+        return True
+    try:
+        types = {type(value) for bbox in bboxes for value in bbox}
+        array = np.array(bboxes, dtype=np.float64)
+    except (TypeError, ValueError):  # an entry that is not a sequence, or sequences of different lengths
+        return False
+    return types <= {int, float} and array.shape == (len(bboxes), 4) and bool(np.isfinite(array).all())
+
+
 def index_categories(categories: list[Any]) -> tuple[dict[int, str], list[tuple[str, str]]]:
     """A json's ``categories`` → ``{id: name}`` of its usable entries, and ``(kind, message)`` for each entry
     without an integer id ("invalid_category") or with an id listed before ("duplicate_category_id")."""
@@ -193,7 +207,9 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
     category_ids, category_problems = index_categories(data["categories"])
     problems += [message for _, message in category_problems]
     annotation_ids: set[Any] = set()
-    for position, annotation in enumerate(data.get("annotations", [])):
+    annotations = data.get("annotations", [])
+    bboxes_valid = all(isinstance(a, dict) for a in annotations) and all_coco_bboxes([a.get("bbox") for a in annotations])
+    for position, annotation in enumerate(annotations):
         if not isinstance(annotation, dict):
             problems.append(f"annotations[{position}] is not an object")
             continue
@@ -218,7 +234,7 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
                 "(add the category or remove the annotation)"
             )
         bbox = annotation.get("bbox")
-        if not is_coco_bbox(bbox):
+        if not bboxes_valid and not is_coco_bbox(bbox):
             problems.append(f"{label} has bbox {bbox!r}; COCO needs [x, y, width, height] as 4 finite numbers")
     if problems:
         listed = "; ".join(problems[:_MAX_LISTED])
@@ -388,10 +404,12 @@ class CocoDetection(torch.utils.data.Dataset):
     def _existing_positions(self, positions: np.ndarray) -> np.ndarray:
         """The positions whose file exists; missing files raise (or, with skip_bad_images, are dropped with a
         warning)."""
-        paths = [self.images_dir / self.index.file_name(int(p)) for p in positions]
-        missing = [path for path in paths if not path.is_file()]
-        if not missing:
+        folder = str(self.images_dir)  # os.path on strings: a third of pathlib's time over 118k files
+        file_names = [self.index.file_name(int(p)) for p in positions]
+        exists = np.array([os.path.isfile(os.path.join(folder, name)) for name in file_names], dtype=bool)
+        if exists.all():
             return positions
+        missing = [self.images_dir / name for name, found in zip(file_names, exists) if not found]
         names = ", ".join(f"'{path}'" for path in missing[:_MAX_LISTED])
         more = f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED else ""
         if not self.skip_bad_images:
@@ -405,14 +423,12 @@ class CocoDetection(torch.utils.data.Dataset):
             "skipping %d image(s) listed in '%s' whose file does not exist: %s%s",
             len(missing), self.annotations_file, names, more,
         )
-        missing_set = set(missing)
-        kept = np.array([path not in missing_set for path in paths], dtype=bool)
-        if not kept.any():
+        if not exists.any():
             raise ImageLoadError(
                 f"none of the images listed in annotation file '{self.annotations_file}' exists in '{self.images_dir}'",
                 annotations_file=self.annotations_file,
             )
-        return positions[kept]
+        return positions[exists]
 
     def __len__(self) -> int:
         return len(self._positions)

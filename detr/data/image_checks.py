@@ -1,7 +1,7 @@
 """Read every image file of a data set once, for the start-up checks: in parallel, and remembered.
 
 What a read found (the displayed and stored size, the EXIF orientation) is kept in a cache file, keyed by
-the file's path, byte size and modification time (ns), so a resumed run, a second run on the same node or
+the file's path (relative to the cache file), byte size and modification time (ns), so a resumed run, a second run on the same node or
 a rerun of ``detr-check-data`` reads only what changed: at COCO's size (118,287 files) a header read costs
 ~110 µs per file on one core, a ``stat`` ~12 µs (docs/scale.md). A full decode also satisfies a later
 header check; a header read does not satisfy a later decode. Failures are never cached: a broken file is
@@ -69,6 +69,11 @@ def default_cache_file(annotations_file: str | Path) -> Path:
     return annotations_file.with_name(annotations_file.name + ".imagecache")
 
 
+def _key(path: Path, cache_file: Path) -> str:
+    """A file's name in the cache: relative to the cache's folder, so a copied data set keeps its cache."""
+    return os.path.relpath(path, cache_file.parent)
+
+
 def _load_cache(cache_file: Path) -> dict[str, list[int]]:
     try:
         with cache_file.open("rb") as file:
@@ -123,7 +128,7 @@ def read_images(
                 to_read.append(position)  # missing: read_image says so in its own words
                 continue
             stamps[position] = (stat.st_size, stat.st_mtime_ns)
-            entry = entries.get(str(path))
+            entry = entries.get(_key(path, cache_file))
             if entry is not None and entry[:2] == list(stamps[position]) and (entry[2] or not decode):
                 readings[position] = ImageReading((entry[3], entry[4]), None, (entry[5], entry[6]), entry[7])
                 continue
@@ -154,13 +159,17 @@ def read_images(
         bar.close()
     for position, reading in zip(to_read, fresh, strict=True):
         readings[position] = reading
+    fresh_positions = set(to_read)
     if cache_file is not None and to_read:
-        for position in to_read:
-            reading, stamp = readings[position], stamps[position]
+        kept = {}  # the files of this check only: entries of files no longer listed are dropped
+        for position, (reading, stamp) in enumerate(zip(readings, stamps, strict=True)):
             if reading is None or reading.error is not None or stamp is None:
                 continue
-            assert reading.size is not None and reading.stored_size is not None
-            entries[str(paths[position])] = [*stamp, int(decode), *reading.size, *reading.stored_size,
-                                              reading.orientation]
-        _save_cache(cache_file, entries)
+            key = _key(paths[position], cache_file)
+            if position in fresh_positions:
+                assert reading.size is not None and reading.stored_size is not None
+                kept[key] = [*stamp, int(decode), *reading.size, *reading.stored_size, reading.orientation]
+            elif key in entries:
+                kept[key] = entries[key]
+        _save_cache(cache_file, kept)
     return [reading for reading in readings if reading is not None]

@@ -95,6 +95,7 @@ class CheckData(L.Callback):
                 problems = check_dataset(
                     dataset.images_dir, dataset.annotations_file, num_queries=num_queries,
                     decode_images=mode == "decode", workers=workers,
+                    data=_loaded_json(trainer.datamodule, dataset.annotations_file),
                     cache_file=default_cache_file(dataset.annotations_file) if self.cache else None,
                     progress=getattr(trainer, "progress_bar_callback", None) is not None,
                 )
@@ -139,6 +140,12 @@ class CheckData(L.Callback):
             trainer.current_epoch, count, "" if count == 1 else "s", "its" if count == 1 else "their", shown, more,
             json_file, images_dir, json_file,
         )
+
+
+def _loaded_json(datamodule: Any, annotations_file: Path) -> dict[str, Any] | None:
+    """The json the data module already read (no second read of a large file), None to read the file."""
+    annotations_json = getattr(datamodule, "annotations_json", None)
+    return annotations_json(annotations_file) if annotations_json is not None else None
 
 
 def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[Problem]:

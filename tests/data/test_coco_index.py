@@ -50,3 +50,13 @@ def test_boxes_of_an_image_without_json_size(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(data))
     raw = CocoDetection(tmp_path / "images", tmp_path / "a.json").raw_sample(0)
     np.testing.assert_allclose(raw.boxes_xyxy, [[2, 2, 20, 6]])  # clamped to the decoded width
+
+
+def test_the_bulk_bbox_check_says_no_to_what_the_one_by_one_check_refuses():
+    from detr.data.coco import all_coco_bboxes, is_coco_bbox
+
+    good = [[0, 1, 2.5, 3], [1.0, 1, 1, 1]]
+    assert all_coco_bboxes(good) and all_coco_bboxes([])
+    for bad in ([0, 1, 2, True], [0, 1, 2, "3"], [0, 1, 2], [0, 1, 2, float("nan")], None, {"x": 1, "y": 2, "w": 3,
+                                                                                           "h": 4}):
+        assert not is_coco_bbox(bad) and not all_coco_bboxes([*good, bad]), bad

@@ -63,7 +63,7 @@ def test_failures_are_not_cached_and_a_bad_cache_is_ignored(files, tmp_path, rea
     files[2].write_bytes(b"not an image")
     readings = read_images(files, decode=False, cache_file=cache)
     assert readings[2].size is None and "2.jpg" in readings[2].error
-    assert set(json.loads(cache.read_text())["entries"]) == {str(files[0]), str(files[1])}
+    assert set(json.loads(cache.read_text())["entries"]) == {"0.jpg", "1.jpg"}
     reads.clear()
     read_images(files, decode=False, cache_file=cache)
     assert reads == [("2.jpg", False)]
@@ -82,3 +82,18 @@ def test_an_unwritable_cache_folder_only_loses_the_cache(files, tmp_path):
 def test_workers_read_the_same_as_this_process(files, tmp_path):
     assert read_images(files, decode=True, workers=2) == read_images(files, decode=True)
     assert default_cache_file(tmp_path / "a" / "instances.json") == tmp_path / "a" / "instances.json.imagecache"
+
+
+def test_a_copied_data_set_keeps_its_cache_and_files_no_longer_listed_leave_it(files, tmp_path, reads):
+    import shutil
+
+    read_images(files, decode=False, cache_file=tmp_path / "c.imagecache")
+    copy = tmp_path.parent / (tmp_path.name + "_copy")
+    shutil.copytree(tmp_path, copy)  # copy2: sizes and mtimes kept
+    reads.clear()
+    copied = [copy / p.name for p in files]
+    assert [r.size for r in read_images(copied, decode=False, cache_file=copy / "c.imagecache")] == [
+        (10, 20), (30, 15), (8, 8)] and reads == []
+    (copy / "3.jpg").write_bytes(files[0].read_bytes())
+    read_images([copy / "3.jpg"], decode=False, cache_file=copy / "c.imagecache")
+    assert set(json.loads((copy / "c.imagecache").read_text())["entries"]) == {"3.jpg"}
