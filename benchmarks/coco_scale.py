@@ -50,6 +50,13 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished children (less sensitive to a shared machine's
+    load than wall time)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def count_samples(batch: list) -> int:
     return len(batch)
 
@@ -57,12 +64,12 @@ def count_samples(batch: list) -> int:
 def phase_build(args: argparse.Namespace) -> dict:
     from detr.data.coco import CocoDetection
 
-    before = uss_mib()
+    before, cpu = uss_mib(), cpu_seconds()
     start = time.perf_counter()
     dataset = CocoDetection(f"{args.root}/train2017", f"{args.root}/annotations/instances_train2017.json")
     seconds = time.perf_counter() - start
-    return {"images": len(dataset), "seconds": seconds, "peak_rss_mib": peak_rss_mib(), "uss_before_mib": before,
-            "uss_after_mib": uss_mib()}
+    return {"images": len(dataset), "seconds": seconds, "cpu_s": cpu_seconds() - cpu, "peak_rss_mib": peak_rss_mib(),
+            "uss_before_mib": before, "uss_after_mib": uss_mib()}
 
 
 def phase_workers(args: argparse.Namespace) -> dict:
@@ -105,12 +112,12 @@ def phase_checks(args: argparse.Namespace) -> dict:
 
     data = _data_module(args)
     data.setup("fit")
-    built = time.perf_counter()
+    built, cpu = time.perf_counter(), cpu_seconds()
     trainer = SimpleNamespace(datamodule=data, is_global_zero=True, local_rank=0, global_rank=0, world_size=1,
                               strategy=SimpleNamespace(broadcast=lambda value, src=0: value, barrier=lambda *a: None),
                               default_root_dir=args.run_dir)
     CheckData().setup(trainer, SimpleNamespace(detector=SimpleNamespace(num_queries=100)), "fit")
-    return {"seconds": time.perf_counter() - built, "peak_rss_mib": peak_rss_mib()}
+    return {"seconds": time.perf_counter() - built, "cpu_s": cpu_seconds() - cpu, "peak_rss_mib": peak_rss_mib()}
 
 
 def phase_startup(args: argparse.Namespace) -> dict:
@@ -144,7 +151,9 @@ def phase_startup(args: argparse.Namespace) -> dict:
                         callbacks=[CheckData()], logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, accelerator="cpu", devices=1)
     trainer.fit(system, datamodule=_data_module(args))
-    return {"seconds_to_first_step": system.first_step - START, "peak_rss_mib": peak_rss_mib()}
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return {"seconds_to_first_step": system.first_step - START, "main_cpu_s": own.ru_utime + own.ru_stime,
+            "peak_rss_mib": peak_rss_mib()}
 
 
 PHASES = {"build": phase_build, "workers": phase_workers, "checks": phase_checks, "startup": phase_startup}

@@ -208,7 +208,8 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
     problems += [message for _, message in category_problems]
     annotation_ids: set[Any] = set()
     annotations = data.get("annotations", [])
-    bboxes_valid = all(isinstance(a, dict) for a in annotations) and all_coco_bboxes([a.get("bbox") for a in annotations])
+    bboxes_valid = (all(isinstance(a, dict) for a in annotations)  # a fast yes at COCO's size, else one by one
+                    and all_coco_bboxes([a.get("bbox") for a in annotations]))
     for position, annotation in enumerate(annotations):
         if not isinstance(annotation, dict):
             problems.append(f"annotations[{position}] is not an object")

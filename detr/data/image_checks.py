@@ -69,9 +69,16 @@ def default_cache_file(annotations_file: str | Path) -> Path:
     return annotations_file.with_name(annotations_file.name + ".imagecache")
 
 
-def _key(path: Path, cache_file: Path) -> str:
-    """A file's name in the cache: relative to the cache's folder, so a copied data set keeps its cache."""
-    return os.path.relpath(path, cache_file.parent)
+def _keys(paths: Sequence[Path], cache_file: Path) -> list[str]:
+    """The files' names in the cache: relative to the cache's folder, so a copied data set keeps its cache."""
+    folders: dict[Path, str] = {}  # relpath once per folder: per file it would cost seconds at COCO's size
+    keys = []
+    for path in paths:
+        folder = folders.get(path.parent)
+        if folder is None:
+            folder = folders[path.parent] = os.path.relpath(path.parent, cache_file.parent)
+        keys.append(path.name if folder == os.curdir else os.path.join(folder, path.name))
+    return keys
 
 
 def _load_cache(cache_file: Path) -> dict[str, list[int]]:
@@ -120,15 +127,16 @@ def read_images(
     readings: list[ImageReading | None] = [None] * len(paths)
     stamps: list[tuple[int, int] | None] = [None] * len(paths)
     to_read: list[int] = []
+    keys = _keys(paths, cache_file) if cache_file is not None else []
     for position, path in enumerate(paths):
         if cache_file is not None:
             try:
-                stat = os.stat(path)
+                stat = os.stat(str(path))
             except OSError:
                 to_read.append(position)  # missing: read_image says so in its own words
                 continue
             stamps[position] = (stat.st_size, stat.st_mtime_ns)
-            entry = entries.get(_key(path, cache_file))
+            entry = entries.get(keys[position])
             if entry is not None and entry[:2] == list(stamps[position]) and (entry[2] or not decode):
                 readings[position] = ImageReading((entry[3], entry[4]), None, (entry[5], entry[6]), entry[7])
                 continue
@@ -165,7 +173,7 @@ def read_images(
         for position, (reading, stamp) in enumerate(zip(readings, stamps, strict=True)):
             if reading is None or reading.error is not None or stamp is None:
                 continue
-            key = _key(paths[position], cache_file)
+            key = keys[position]
             if position in fresh_positions:
                 assert reading.size is not None and reading.stored_size is not None
                 kept[key] = [*stamp, int(decode), *reading.size, *reading.stored_size, reading.orientation]
