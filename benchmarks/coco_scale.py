@@ -11,7 +11,8 @@ Each phase runs in a fresh process (its peak memory is its own) and prints one r
   annotations, the default normalising transform) through a DataLoader with ``--workers`` workers; the USS of
   each worker at 2 %, 25 %, 50 % and 100 % of the epoch.
 - checks: the start-up data checks of ``detr fit`` (``CheckData``: train headers, val full decode), timed alone
-  on an already built data module: run twice, the second as a resumed run or a second rank sees it.
+  on an already built data module: run twice, the first without the image cache the checks leave beside the
+  jsons, the second with it, as a resumed run or the next run on the data sees it.
 - startup: a ``detr fit``-style start-up: ``DetrDataModule(root)``, ``Trainer.fit`` with the real ``CheckData``
   callback and the real loaders (2 workers, the authors' train transform) up to the first ``training_step``
   of a system without a model (its step does nothing): seconds from the process start, imports included,
@@ -175,12 +176,13 @@ def main() -> None:
     from machine import describe_machine
 
     print(describe_machine())
-    for cache in Path(args.root, "annotations").glob("*cache*"):  # a first run: no start-up cache yet
-        cache.unlink()
     base = [sys.executable, __file__, "--root", args.root, "--images", str(args.images), "--workers",
             str(args.workers), "--batch-size", str(args.batch_size), "--run-dir", args.run_dir]
     for phase in args.phases:
         for run in (1, 2) if phase in ("checks", "startup") else (1,):
+            if run == 1:  # a first run: no start-up cache yet (the checks' image reads, beside the jsons)
+                for cache in Path(args.root, "annotations").glob("*.imagecache"):
+                    cache.unlink()
             result = subprocess.run(base + ["--phase", phase], capture_output=True, text=True)
             if result.returncode:
                 print(f"{phase}: failed\n{result.stderr[-3000:]}")

@@ -47,7 +47,7 @@ class ImageReading:
     orientation: int = 1
 
 
-def read_image(path: Path, decode: bool, annotations_file: Path | None) -> ImageReading:
+def read_image(path: str | Path, decode: bool, annotations_file: Path | None) -> ImageReading:
     """Read one file: its header, or (``decode``) all of it, which also finds truncated files."""
     try:
         if decode:
@@ -59,7 +59,7 @@ def read_image(path: Path, decode: bool, annotations_file: Path | None) -> Image
         return ImageReading(None, f"{error}, or remove the image from the annotation json")
 
 
-def _read_image_star(arguments: tuple[Path, bool, Path | None]) -> ImageReading:
+def _read_image_star(arguments: tuple[str | Path, bool, Path | None]) -> ImageReading:
     return read_image(*arguments)
 
 
@@ -69,15 +69,16 @@ def default_cache_file(annotations_file: str | Path) -> Path:
     return annotations_file.with_name(annotations_file.name + ".imagecache")
 
 
-def _keys(paths: Sequence[Path], cache_file: Path) -> list[str]:
+def _keys(paths: Sequence[str | Path], cache_file: Path) -> list[str]:
     """The files' names in the cache: relative to the cache's folder, so a copied data set keeps its cache."""
-    folders: dict[Path, str] = {}  # relpath once per folder: per file it would cost seconds at COCO's size
+    folders: dict[str, str] = {}  # relpath once per folder: per file it would cost seconds at COCO's size
     keys = []
     for path in paths:
-        folder = folders.get(path.parent)
+        parent, name = os.path.split(os.fspath(path))
+        folder = folders.get(parent)
         if folder is None:
-            folder = folders[path.parent] = os.path.relpath(path.parent, cache_file.parent)
-        keys.append(path.name if folder == os.curdir else os.path.join(folder, path.name))
+            folder = folders[parent] = os.path.relpath(parent or os.curdir, cache_file.parent)
+        keys.append(name if folder == os.curdir else os.path.join(folder, name))
     return keys
 
 
@@ -105,7 +106,7 @@ def _save_cache(cache_file: Path, entries: dict[str, list[int]]) -> None:
 
 
 def read_images(
-    paths: Sequence[Path],
+    paths: Sequence[str | Path],
     *,
     decode: bool,
     annotations_file: Path | None = None,
@@ -131,7 +132,7 @@ def read_images(
     for position, path in enumerate(paths):
         if cache_file is not None:
             try:
-                stat = os.stat(str(path))
+                stat = os.stat(path)
             except OSError:
                 to_read.append(position)  # missing: read_image says so in its own words
                 continue
