@@ -16,7 +16,8 @@ Each phase runs in a fresh process (its peak memory is its own) and prints one r
 - startup: a ``detr fit``-style start-up: ``DetrDataModule(root)``, ``Trainer.fit`` with the real ``CheckData``
   callback and the real loaders (2 workers, the authors' train transform) up to the first ``training_step``
   of a system without a model (its step does nothing): seconds from the process start, imports included,
-  and peak RSS. Run twice, as for the checks.
+  CPU seconds of the main process and with its finished children (the checks' reading pool; the loader
+  workers still run), and peak RSS. Run twice, as for the checks.
 
 USS (unique set size) = Private_Clean + Private_Dirty of /proc/PID/smaps_rollup: the pages only that process
 holds, i.e. what copy-on-read turned from shared into private.
@@ -154,7 +155,7 @@ def phase_startup(args: argparse.Namespace) -> dict:
     trainer.fit(system, datamodule=_data_module(args))
     own = resource.getrusage(resource.RUSAGE_SELF)
     return {"seconds_to_first_step": system.first_step - START, "main_cpu_s": own.ru_utime + own.ru_stime,
-            "peak_rss_mib": peak_rss_mib()}
+            "cpu_s": cpu_seconds(), "peak_rss_mib": peak_rss_mib()}
 
 
 PHASES = {"build": phase_build, "workers": phase_workers, "checks": phase_checks, "startup": phase_startup}
