@@ -1,4 +1,4 @@
-"""COCO-format detection data set on pycocotools: an image folder plus an instances json.
+"""COCO-format detection data set: an image folder plus an instances json.
 
 What the model sees (as the authors' datasets/coco.py prepares it; bad inputs fail naming their file):
 
@@ -15,6 +15,11 @@ existence at start-up too; decoding errors (truncated, not an image, a size that
 surface as :class:`~detr.data.images.ImageLoadError` naming the file, the json and the data set's fixes, or,
 with ``skip_bad_images=True`` or ``skip_unreadable=True``, as a warning (once per file) while another image
 takes the place; the sample that took it carries ``"skipped_files"``, so a training loop can count them.
+
+Samples are read from flat numpy arrays (:mod:`detr.data.coco_index`), not from the json's dicts, so that
+loader workers forked from the main process share the annotations instead of copying them page by page
+over an epoch; pycocotools' ``COCO`` (:attr:`CocoDetection.coco`) is built only where the evaluator asks.
+Measured at COCO's size: docs/scale.md.
 """
 
 from __future__ import annotations
