@@ -97,3 +97,11 @@ def test_a_copied_data_set_keeps_its_cache_and_files_no_longer_listed_leave_it(f
     (copy / "3.jpg").write_bytes(files[0].read_bytes())
     read_images([copy / "3.jpg"], decode=False, cache_file=copy / "c.imagecache")
     assert set(json.loads((copy / "c.imagecache").read_text())["entries"]) == {"3.jpg"}
+
+
+def test_a_progress_bar_over_many_files(files, monkeypatch, capsys):
+    monkeypatch.setattr(image_checks, "PROGRESS_MIN_FILES", 3)
+    read_images(files, decode=False, progress=True)
+    assert "reading headers" in capsys.readouterr().err
+    read_images(files[:2], decode=True, progress=True)
+    assert "decoding" not in capsys.readouterr().err  # too few files to be worth a bar
