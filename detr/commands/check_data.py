@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from detr.data.checker import check_dataset, format_problems, has_errors
+from detr.data.image_checks import default_cache_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,10 +28,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="processes for reading images (default: one per CPU core when decoding 256 or more "
                         "images, else 0: in this process)")
     parser.add_argument("--max-per-kind", type=int, default=20, help="problems listed per kind")
+    parser.add_argument("--cache", action="store_true",
+                        help="remember each image read in JSON.imagecache beside the json (as `detr fit` does) and "
+                        "reread only files whose size or mtime changed")
     args = parser.parse_args(argv)
     problems = check_dataset(
         args.images_dir, args.annotations_json, num_queries=args.num_queries, decode_images=not args.quick,
-        workers=args.workers,
+        workers=args.workers, cache_file=default_cache_file(args.annotations_json) if args.cache else None,
+        progress=True,
     )
     print(format_problems(problems, max_per_kind=args.max_per_kind))
     failed = has_errors(problems)

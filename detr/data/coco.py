@@ -1,4 +1,4 @@
-"""COCO-format detection data set on pycocotools: an image folder plus an instances json.
+"""COCO-format detection data set: an image folder plus an instances json.
 
 What the model sees (as the authors' datasets/coco.py prepares it; bad inputs fail naming their file):
 
@@ -15,6 +15,11 @@ existence at start-up too; decoding errors (truncated, not an image, a size that
 surface as :class:`~detr.data.images.ImageLoadError` naming the file, the json and the data set's fixes, or,
 with ``skip_bad_images=True`` or ``skip_unreadable=True``, as a warning (once per file) while another image
 takes the place; the sample that took it carries ``"skipped_files"``, so a training loop can count them.
+
+Samples are read from flat numpy arrays (:mod:`detr.data.coco_index`), not from the json's dicts, so that
+loader workers forked from the main process share the annotations instead of copying them page by page
+over an epoch; pycocotools' ``COCO`` (:attr:`CocoDetection.coco`) is built only where the evaluator asks.
+Measured at COCO's size: docs/scale.md.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import io
 import json
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +40,7 @@ import torch
 from pycocotools.coco import COCO
 
 from detr.categories import CategoryMap
+from detr.data.coco_index import CocoIndex
 from detr.data.images import ImageLoadError, decode_image
 from detr.data.transforms import make_normalize_transform
 
@@ -131,6 +138,19 @@ def is_coco_bbox(bbox: Any) -> bool:
     return isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(is_finite_number(v) for v in bbox)
 
 
+def all_coco_bboxes(bboxes: list[Any]) -> bool:
+    """Whether every entry is a COCO bbox (see :func:`is_coco_bbox`), checked in bulk: a fast yes for a large
+    valid json; on no, check the entries one by one to find which."""
+    if not bboxes:
+        return True
+    try:
+        types = {type(value) for bbox in bboxes for value in bbox}
+        array = np.array(bboxes, dtype=np.float64)
+    except (TypeError, ValueError):  # an entry that is not a sequence, or sequences of different lengths
+        return False
+    return types <= {int, float} and array.shape == (len(bboxes), 4) and bool(np.isfinite(array).all())
+
+
 def index_categories(categories: list[Any]) -> tuple[dict[int, str], list[tuple[str, str]]]:
     """A json's ``categories`` → ``{id: name}`` of its usable entries, and ``(kind, message)`` for each entry
     without an integer id ("invalid_category") or with an id listed before ("duplicate_category_id")."""
@@ -192,7 +212,10 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
     category_ids, category_problems = index_categories(data["categories"])
     problems += [message for _, message in category_problems]
     annotation_ids: set[Any] = set()
-    for position, annotation in enumerate(data.get("annotations", [])):
+    annotations = data.get("annotations", [])
+    bboxes_valid = (all(isinstance(a, dict) for a in annotations)  # a fast yes at COCO's size, else one by one
+                    and all_coco_bboxes([a.get("bbox") for a in annotations]))
+    for position, annotation in enumerate(annotations):
         if not isinstance(annotation, dict):
             problems.append(f"annotations[{position}] is not an object")
             continue
@@ -217,7 +240,7 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
                 "(add the category or remove the annotation)"
             )
         bbox = annotation.get("bbox")
-        if not is_coco_bbox(bbox):
+        if not bboxes_valid and not is_coco_bbox(bbox):
             problems.append(f"{label} has bbox {bbox!r}; COCO needs [x, y, width, height] as 4 finite numbers")
     if problems:
         listed = "; ".join(problems[:_MAX_LISTED])
@@ -292,7 +315,10 @@ class CocoDetection(torch.utils.data.Dataset):
             is still used in messages.
 
     Attributes:
-        coco: pycocotools ``COCO`` of the full json (crowd included): the evaluator's ground truth.
+        index: the json's images and annotations as flat arrays (:class:`~detr.data.coco_index.CocoIndex`):
+            what ``__getitem__`` reads, so that forked loader workers and ranks share it instead of copying it.
+        coco: pycocotools ``COCO`` of the full json (crowd included): the evaluator's ground truth, built
+            from ``annotations_file`` on first use.
         ids: the image ids, sorted, that the data set serves.
         num_skipped: images skipped so far in this process (with ``skip_unreadable``), each time counted.
         warned_files: the skipped files already named in a warning. DataLoader workers load copies of the data
@@ -325,56 +351,97 @@ class CocoDetection(torch.utils.data.Dataset):
             )
         data = coco_data if coco_data is not None else load_coco_json(self.annotations_file)
         validate_coco_dict(data, self.annotations_file)
-        self.coco = coco_from_dict(data)
         if category_map is None:
             category_map = category_map_from_categories(data["categories"], category_ids)
         self.category_map = category_map
-        self._label_of: dict[int, int] = {}
+        label_of: dict[int, int] = {}
         for category in data["categories"]:
             try:
-                self._label_of[category["id"]] = category_map.category_id_to_label(category["id"])
+                label_of[category["id"]] = category_map.category_id_to_label(category["id"])
             except KeyError:
                 raise ValueError(
                     f"category id {category['id']} ('{category.get('name')}') of annotation file "
                     f"'{self.annotations_file}' is not in the category map given ({category_map.num_classes} "
                     "classes); use the same categories as the training json, or build the map from this file"
                 ) from None
-        self.ids = self._existing_image_ids(sorted(self.coco.imgs))
+        # Flat arrays, not the json's dicts: forked loader workers read them without copying (coco_index).
+        self.index = CocoIndex.from_coco_dict(data)
+        category_ids = np.array(sorted(label_of), dtype=np.int64)
+        labels_by_id = np.array([label_of[int(i)] for i in category_ids], dtype=np.int64)
+        self._labels = labels_by_id[np.searchsorted(category_ids, self.index.category_ids)]  # int64 [A]
+        self._coco: COCO | None = None
+        self._positions = self._existing_positions(np.arange(len(self.index)))  # int64 [n] served images
 
-    def _existing_image_ids(self, image_ids: list[int]) -> list[int]:
-        """All ids whose file exists; missing files raise (or, with skip_bad_images, are dropped with a warning)."""
-        missing = [i for i in image_ids if not (self.images_dir / self.coco.imgs[i]["file_name"]).is_file()]
-        if not missing:
-            return image_ids
-        names = ", ".join(f"'{self.images_dir / self.coco.imgs[i]['file_name']}'" for i in missing[:_MAX_LISTED])
+    @property
+    def coco(self) -> COCO:
+        """pycocotools ``COCO`` of the full json (crowd included): the evaluator's ground truth.
+
+        Built on first use, from ``annotations_file``, in the process that asks (the evaluating main process;
+        loader workers never need it), and kept.
+        """
+        if self._coco is None:
+            self._coco = coco_from_dict(load_coco_json(self.annotations_file))
+        return self._coco
+
+    @coco.setter
+    def coco(self, value: COCO) -> None:
+        self._coco = value
+
+    @property
+    def ids(self) -> list[int]:
+        """The image ids, increasing, that the data set serves (a new list on each read)."""
+        return self.index.image_ids[self._positions].tolist()
+
+    @ids.setter
+    def ids(self, image_ids: list[int]) -> None:
+        self._positions = np.sort(self.index.positions_of(image_ids))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_coco"] = None  # a worker started by spawn rebuilds nothing it does not need
+        return state
+
+    def leave_out(self, file_names: set[str]) -> int:
+        """Stop serving the images whose json ``file_name`` is in ``file_names``; return how many were left out."""
+        keep = np.array([self.index.file_name(int(p)) not in file_names for p in self._positions], dtype=bool)
+        self._positions = self._positions[keep]
+        return int((~keep).sum())
+
+    def _existing_positions(self, positions: np.ndarray) -> np.ndarray:
+        """The positions whose file exists; missing files raise (or, with skip_bad_images, are dropped with a
+        warning)."""
+        folder = str(self.images_dir)  # os.path on strings: a third of pathlib's time over 118k files
+        file_names = [self.index.file_name(int(p)) for p in positions]
+        exists = np.array([os.path.isfile(os.path.join(folder, name)) for name in file_names], dtype=bool)
+        if exists.all():
+            return positions
+        missing = [self.images_dir / name for name, found in zip(file_names, exists) if not found]
+        names = ", ".join(f"'{path}'" for path in missing[:_MAX_LISTED])
         more = f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED else ""
         if not self.skip_bad_images:
-            first = self.images_dir / self.coco.imgs[missing[0]]["file_name"]
             raise ImageLoadError(
                 f"{len(missing)} image file(s) listed in annotation file '{self.annotations_file}' do not exist: "
                 f"{names}{more}; restore them, remove them from the json, or pass skip_bad_images=True",
-                path=first,
+                path=missing[0],
                 annotations_file=self.annotations_file,
             )
         logger.warning(
             "skipping %d image(s) listed in '%s' whose file does not exist: %s%s",
             len(missing), self.annotations_file, names, more,
         )
-        missing_set = set(missing)
-        kept = [i for i in image_ids if i not in missing_set]
-        if not kept:
+        if not exists.any():
             raise ImageLoadError(
                 f"none of the images listed in annotation file '{self.annotations_file}' exists in '{self.images_dir}'",
                 annotations_file=self.annotations_file,
             )
-        return kept
+        return positions[exists]
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self._positions)
 
     def image_path(self, index: int) -> Path:
         """The file of sample ``index``."""
-        return self.images_dir / self.coco.imgs[self.ids[index]]["file_name"]
+        return self.images_dir / self.index.file_name(int(self._positions[index]))
 
     def raw_sample(self, index: int) -> RawSample:
         """Sample ``index`` decoded, with its training boxes, before the transform.
@@ -383,24 +450,25 @@ class CocoDetection(torch.utils.data.Dataset):
             ImageLoadError: the file is missing or undecodable, or its size contradicts the json's
                 width/height (:class:`ImageSizeMismatchError`); the message names the file and the json.
         """
-        image_id = self.ids[index]
-        info = self.coco.imgs[image_id]
-        path = self.images_dir / info["file_name"]
+        position = int(self._positions[index])
+        image_id = int(self.index.image_ids[position])
+        path = self.images_dir / self.index.file_name(position)
         try:
             decoded = decode_image(path, annotations_file=self.annotations_file)
         except ImageLoadError as error:
             raise ImageLoadError(f"{error}, {DATASET_ADVICE}", path=path,
                                  annotations_file=self.annotations_file) from error.__cause__
         height, width = decoded.pixels.shape[:2]
-        json_size = (info.get("height"), info.get("width"))
-        if json_size != (None, None) and json_size != (height, width):
+        json_size = (int(self.index.heights[position]), int(self.index.widths[position]))
+        if json_size != (-1, -1) and json_size != (height, width):
             raise ImageSizeMismatchError(self._size_message(path, json_size, decoded.stored_size,
                                                             decoded.exif_orientation, (height, width)),
                                          path=path, annotations_file=self.annotations_file)
-        annotations = [a for a in self.coco.imgToAnns.get(image_id, []) if not a.get("iscrowd", 0)]
-        boxes, keep = coco_boxes_to_xyxy(np.array([a["bbox"] for a in annotations], dtype=np.float64), height, width)
-        labels = np.array([self._label_of[a["category_id"]] for a in annotations], dtype=np.int64)
-        return RawSample(pixels=decoded.pixels, boxes_xyxy=boxes[keep], labels=labels[keep], image_id=int(image_id),
+        rows = self.index.annotation_rows(position)
+        not_crowd = ~self.index.iscrowd[rows]
+        boxes, keep = coco_boxes_to_xyxy(self.index.boxes_xywh[rows][not_crowd], height, width)
+        labels = self._labels[rows][not_crowd]
+        return RawSample(pixels=decoded.pixels, boxes_xyxy=boxes[keep], labels=labels[keep], image_id=image_id,
                          path=path)
 
     def _size_message(
@@ -428,8 +496,8 @@ class CocoDetection(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
         skipped: list[str] = []
-        for attempt in range(len(self.ids)):
-            current = (index + attempt) % len(self.ids)
+        for attempt in range(len(self)):
+            current = (index + attempt) % len(self)
             try:
                 image, target = self._load(current)
             except ImageLoadError as error:

@@ -29,6 +29,8 @@ from typing import Any, Literal
 import lightning as L
 
 from detr.data.checker import Problem, check_dataset, format_problems
+from detr.data.coco import CocoDetection
+from detr.data.image_checks import default_cache_file
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +58,21 @@ class CheckData(L.Callback):
             "off" skips the whole training split check.
         val_images: the same for the validation split; "decode" by default, since validation runs only
             after the first training epoch.
+        cache: remember what each image read found in ``JSON.imagecache`` beside each annotation json, keyed by
+            file size and mtime, so a resumed run or the next run on the data reads only changed files
+            (:mod:`detr.data.image_checks`).
+
+    The checks run in the global rank-0 process only (the other ranks wait for its findings, broadcast), so
+    the validation images are decoded once per run, not once per rank.
 
     Needs a data module with ``train_dataset`` / ``val_dataset`` of :class:`detr.data.coco.CocoDetection`
     (others are left alone) and a training system whose ``detector`` has ``num_queries`` (DetrSystem, PanopticSystem).
     """
 
-    def __init__(self, train_images: ImageCheck = "headers", val_images: ImageCheck = "decode") -> None:
+    def __init__(self, train_images: ImageCheck = "headers", val_images: ImageCheck = "decode",
+                 cache: bool = True) -> None:
         super().__init__()
+        self.cache = cache
         for name, value in (("train_images", train_images), ("val_images", val_images)):
             if value not in ("headers", "decode", "off"):
                 raise ValueError(f"CheckData: {name} must be 'headers', 'decode' or 'off', got {value!r}")
@@ -78,13 +88,16 @@ class CheckData(L.Callback):
         errors: list[str] = []
         for split, mode in self.modes.items():
             dataset = getattr(trainer.datamodule, f"{split}_dataset", None)
-            if mode == "off" or dataset is None or not hasattr(dataset, "coco"):
+            if mode == "off" or not isinstance(dataset, CocoDetection):
                 continue
             problems = None
             if trainer.is_global_zero:  # one process reads the images; every process gets the findings
                 problems = check_dataset(
                     dataset.images_dir, dataset.annotations_file, num_queries=num_queries,
-                    decode_images=mode == "decode", workers=workers, data=dataset.coco.dataset,
+                    decode_images=mode == "decode", workers=workers,
+                    data=_loaded_json(trainer.datamodule, dataset.annotations_file),
+                    cache_file=default_cache_file(dataset.annotations_file) if self.cache else None,
+                    progress=getattr(trainer, "progress_bar_callback", None) is not None,
                 )
             problems = trainer.strategy.broadcast(problems)
             fatal = report_problems(split, dataset, problems)
@@ -129,6 +142,12 @@ class CheckData(L.Callback):
         )
 
 
+def _loaded_json(datamodule: Any, annotations_file: Path) -> dict[str, Any] | None:
+    """The json the data module already read (no second read of a large file), None to read the file."""
+    annotations_json = getattr(datamodule, "annotations_json", None)
+    return annotations_json(annotations_file) if annotations_json is not None else None
+
+
 def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[Problem]:
     """Log the counts of ``problems`` of one split, leave bad images out of ``dataset`` when it skips
     them, and return the problems that must stop the run."""
@@ -162,11 +181,10 @@ def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[P
         logger.warning("data check, %s: %s: %s%s", split, kind, "; ".join(f"'{p.file_name}': {p.message}"
                                                                         for p in listed[:5]), more)
     if skipped_files:
-        bad_ids = {image_id for image_id, info in dataset.coco.imgs.items() if info["file_name"] in skipped_files}
-        before = len(dataset.ids)
-        dataset.ids = [image_id for image_id in dataset.ids if image_id not in bad_ids]
+        before = len(dataset)
+        dataset.leave_out(skipped_files)
         logger.warning("data check, %s: %d bad image file(s) left out (skip_bad_images), %d of %d images remain: %s",
-                       split, len(skipped_files), len(dataset.ids), before, ", ".join(sorted(skipped_files)[:5]))
-        if not dataset.ids:
+                       split, len(skipped_files), len(dataset), before, ", ".join(sorted(skipped_files)[:5]))
+        if not len(dataset):
             fatal.append(Problem("error", "no_images", "every image of the split is missing or unreadable"))
     return fatal

@@ -155,6 +155,9 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         self.predict_images: str | list[str] | None = None  # a subclass's predict_images argument
         self.missing_root: Path | None = None  # a data root that does not exist, set aside for predict (see _require)
         self._datasets: dict[str, Any] = {}
+        # Annotation jsons already read (path → dict), for the start-up checks; dropped before a loader forks
+        # its workers, which would otherwise inherit (and, page by page, copy) the json's Python objects.
+        self._json_cache: dict[Path, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ what the data decides
     @property
@@ -206,9 +209,15 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             self._datasets["predict"] = ImageFilesDataset(self.predict_images, transform=self.eval_transform)
         return self._datasets["predict"]
 
+    def annotations_json(self, path: str | Path) -> dict[str, Any] | None:
+        """The json of annotation file ``path`` as this module read it at start-up, or None once the loaders
+        have started (or if it was not read here): the start-up checks read it instead of the file."""
+        return self._json_cache.get(Path(path))
+
     # ------------------------------------------------------------------ loaders
     def _loader(self, dataset: Any, *, batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader:
         workers = self.num_workers
+        self._json_cache.clear()  # the checks are done; workers fork from here (see __init__)
         return DataLoader(
             dataset,
             batch_size=batch_size,
@@ -308,8 +317,7 @@ class DetrDataModule(CocoFormatDataModule):
         self.predict_images = predict_images
         self.skip_bad_images = skip_bad_images
 
-        # The json is read once: kept here until its data set is built.
-        self._json_cache: dict[Path, dict[str, Any]] = {}
+        # The json is read once: kept here for its data set and the start-up checks (see annotations_json).
         for split in ("train", "val", "test"):
             if split in self.paths:
                 json_file = self.paths[split][1]
@@ -345,7 +353,7 @@ class DetrDataModule(CocoFormatDataModule):
             # A training file that fails mid-run (truncated: the start-up check reads only headers) is replaced,
             # not fatal: hours of training are worth more than one image. Evaluation keeps every image or stops.
             skip_unreadable=split == "train",
-            coco_data=self._json_cache.pop(annotations, None),
+            coco_data=self._json_cache.get(annotations),
         )
 
     def setup(self, stage: str) -> None:

@@ -198,3 +198,13 @@ def test_a_full_decode_of_a_large_set_runs_on_every_core_unless_told() -> None:
     assert reading_workers(None, 10, decode_images=True) == 0
     assert reading_workers(None, 10_000, decode_images=False) == 0
     assert reading_workers(3, 10, decode_images=True) == 3 and reading_workers(0, 10_000, decode_images=True) == 0
+
+
+def test_cli_cache_remembers_good_files_and_finds_the_same_problems(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    images_dir, path = write_broken(tmp_path)
+    assert check_data.main([str(images_dir), str(path), "--num-queries", "2", "--cache"]) == 1
+    first = capsys.readouterr().out
+    assert Path(f"{path}.imagecache").is_file()
+    assert check_data.main([str(images_dir), str(path), "--num-queries", "2", "--cache"]) == 1
+    assert capsys.readouterr().out == first

@@ -98,6 +98,11 @@ def test_fit_finds_a_corrupt_validation_image_before_the_first_step(shapes, tmp_
     broken.write_bytes(original)  # fixed: the failed run does not own the folder, the next one may use it
     main(tiny_fit_args(shapes, tmp_path / "run", "--trainer.max_steps=1"))
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    # What the checks read is remembered beside each json, for the next run on the data (a good file only).
+    for split in ("train", "val"):
+        cache = json.loads((shapes / "annotations" / f"instances_{split}2017.json.imagecache").read_text())
+        assert len(cache["entries"]) == len(list((shapes / f"{split}2017").glob("*.jpg")))
+        assert all(entry[2] == (split == "val") for entry in cache["entries"].values())  # val: fully decoded
 
 
 def test_fit_leaves_bad_images_out_with_skip_bad_images(shapes, tmp_path, caplog) -> None:

@@ -159,3 +159,13 @@ def test_predict_images_do_not_need_the_data_root(shapes_root: Path, tmp_path: P
     assert len(targets) == min(3, data.val_batch_size) and images.dim() == 4
     with pytest.raises(ValueError, match=f"no train data: data root '{missing}' does not exist; pass --data.root"):
         data.train_dataloader()
+
+
+def test_the_json_read_at_start_up_is_offered_to_the_checks_and_dropped_before_loaders_fork(shapes_root: Path) -> None:
+    data = DetrDataModule(root=str(shapes_root), batch_size=2, num_workers=0, **SMALL)
+    train_json = shapes_root / "annotations" / "instances_train2017.json"
+    data.setup("fit")
+    assert data.annotations_json(train_json)["images"]  # read once, in __init__, for the category map
+    assert data.train_dataset._coco is None  # the data set holds arrays, not the json's objects
+    data.train_dataloader()
+    assert data.annotations_json(train_json) is None
