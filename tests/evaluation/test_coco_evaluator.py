@@ -9,6 +9,7 @@ import copy
 import io
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -313,3 +314,64 @@ def test_write_outputs(tmp_path) -> None:
     predictions = json.loads(paths["predictions"].read_text())
     assert predictions == [{"image_id": 10, "category_id": 3, "bbox": [10.0, 10.0, 50.0, 40.0], "score": 0.5}]
     assert set(json.loads(paths["metrics"].read_text())) == set(STAT_NAMES)
+
+
+def _two_process_compute(rank: int, port: int, out: str, fail_on_rank_zero: bool) -> None:
+    """One of two gloo processes: rank 0 predicts images 1-10, rank 1 images 10-20 (10 twice, as the
+    distributed sampler repeats an image); records what compute gave this rank, or the error it raised."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        dataset, detections = _random_dataset_and_detections(seed=3)
+        evaluator = CocoEvaluator(coco_ground_truth(dataset), backend="pycocotools")
+        runs = []
+        run_cocoeval = evaluator._run_cocoeval
+
+        def counted(*args):
+            runs.append(rank)
+            if fail_on_rank_zero:
+                raise ValueError("broken ground truth")
+            return run_cocoeval(*args)
+
+        evaluator._run_cocoeval = counted
+        mine = range(1, 11) if rank == 0 else range(10, 21)
+        evaluator.update(list(mine), [detections[i] for i in mine])
+        try:
+            evaluation = evaluator.compute()
+            record = {"stats": evaluation.stats, "image_ids": evaluation.image_ids, "runs": len(runs),
+                      "num_results": len(evaluation.results), "per_class": evaluation.per_class}
+        except Exception as error:
+            record = {"error": f"{type(error).__name__}: {error}", "runs": len(runs)}
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(record))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("fail_on_rank_zero", [False, True])
+def test_two_processes_gather_to_rank_zero_evaluate_once_and_share_the_numbers(tmp_path, fail_on_rank_zero) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.start_processes(_two_process_compute, args=(port, str(tmp_path), fail_on_rank_zero), nprocs=2,
+                       start_method="fork")
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    if fail_on_rank_zero:  # rank 1 does not wait forever for numbers that never come
+        assert ranks[0] == {"error": "ValueError: broken ground truth", "runs": 1}
+        assert ranks[1] == {"error": "RuntimeError: COCO evaluation failed on rank 0: ValueError: broken ground "
+                                     "truth", "runs": 0}
+        return
+    dataset, detections = _random_dataset_and_detections(seed=3)
+    single = CocoEvaluator(coco_ground_truth(dataset), backend="pycocotools")
+    single.update(list(detections), list(detections.values()))
+    expected = single.compute()
+    assert [record["runs"] for record in ranks] == [1, 0]  # COCOeval ran once, on rank 0
+    assert ranks[0]["num_results"] == len(expected.results) and ranks[1]["num_results"] == 0
+    for record in ranks:
+        assert record["image_ids"] == list(range(1, 21))  # image 10 once
+        assert record["stats"] == expected.stats
+        assert record["per_class"] == expected.per_class
