@@ -8,7 +8,8 @@ with COCO's ids, about 7 objects per image, some crowd regions; 100 detections p
 the objects and boxes anywhere). The detections go through :class:`detr.evaluation.CocoEvaluator` as a
 validation feeds them: post-processed tensors (labels, pixel xyxy boxes, scores), a few images per ``update``;
 then one ``compute`` (results loading, COCOeval evaluate + accumulate + summarize, the per-class table).
-Prints the time of each part per backend, then the largest difference of every COCOeval statistic (AP, AP50,
+Prints the wall time of each part per backend and the CPU time of this process (what other work on a
+shared machine does not change, as long as it does not evict the caches), then the largest difference of every COCOeval statistic (AP, AP50,
 AP75, APs/m/l, AR1/10/100, ARs/m/l), of the precision and recall arrays and of the per-class AP from the first
 backend's. ``--profile N`` prints the N functions with the most cumulative time in each ``compute``.
 """
@@ -45,11 +46,12 @@ def detections_per_image(results: list[dict]) -> dict[int, dict[str, torch.Tenso
 
 
 def evaluate(coco_gt: COCO, detections: dict[int, dict[str, torch.Tensor]], backend: str, batch_size: int,
-             profile: int) -> tuple[CocoEvaluation, str, float, float]:
+             profile: int) -> tuple[CocoEvaluation, str, float, float, float]:
     """One evaluation as a validation runs it; (evaluation, the backend that ran, update seconds, compute
-    seconds)."""
+    seconds, this process's CPU seconds for both)."""
     evaluator = CocoEvaluator(coco_gt, backend=backend)
     image_ids = list(detections)
+    cpu_start = time.process_time()
     start = time.perf_counter()
     for first in range(0, len(image_ids), batch_size):
         batch = image_ids[first:first + batch_size]
@@ -63,11 +65,12 @@ def evaluate(coco_gt: COCO, detections: dict[int, dict[str, torch.Tensor]], back
     if profiler is not None:
         profiler.disable()
     compute_seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
     if profiler is not None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(profile)
         print(text.getvalue())
-    return evaluation, evaluator.backend, update_seconds, compute_seconds
+    return evaluation, evaluator.backend, update_seconds, compute_seconds, cpu_seconds
 
 
 def largest_differences(evaluation: CocoEvaluation, reference: CocoEvaluation) -> dict[str, float]:
@@ -101,14 +104,15 @@ def main(argv: list[str] | None = None) -> None:
     detections = detections_per_image(results)
     print(f"{len(dataset['images'])} images, {len(dataset['annotations'])} objects, {len(results)} detections, "
           f"{args.batch_size} images per update, torch threads {args.threads}")
-    print(f"{'backend':<18} {'update s':>9} {'compute s':>10} {'total s':>8} {'AP':>7} {'AP50':>7} {'AR100':>7}")
+    print(f"{'backend':<18} {'update s':>9} {'compute s':>10} {'total s':>8} {'CPU s':>6} {'AP':>7} {'AP50':>7} "
+          f"{'AR100':>7}")
     evaluations = {}
     for backend in args.backends:
-        evaluation, ran, update_seconds, compute_seconds = evaluate(coco_gt, detections, backend, args.batch_size,
-                                                                     args.profile)
+        evaluation, ran, update_seconds, compute_seconds, cpu_seconds = evaluate(
+            coco_gt, detections, backend, args.batch_size, args.profile)
         evaluations[backend] = evaluation
         print(f"{ran:<18} {update_seconds:9.1f} {compute_seconds:10.1f} "
-              f"{update_seconds + compute_seconds:8.1f} {evaluation.stats['AP']:7.4f} {evaluation.stats['AP50']:7.4f} "
+              f"{update_seconds + compute_seconds:8.1f} {cpu_seconds:6.1f} {evaluation.stats['AP']:7.4f} {evaluation.stats['AP50']:7.4f} "
               f"{evaluation.stats['AR100']:7.4f}", flush=True)
     reference_name, *others = args.backends
     for backend in others:

@@ -315,7 +315,7 @@ class CocoEvaluator:
             logger.warning("CocoEvaluator.compute called without any predicted image; all stats are -1")
             return CocoEvaluation(stats={name: -1.0 for name in STAT_NAMES})
         rows = np.concatenate([per_image[image_id] for image_id in image_ids])
-        with _garbage_collection_paused():
+        with garbage_collection_paused():
             coco_eval, summary = self._run_cocoeval(rows, image_ids)
             stats = {name: float(coco_eval.stats[_STAT_INDEX[name]]) for name in STAT_NAMES}
             return CocoEvaluation(
@@ -420,11 +420,12 @@ def _progress_bar(coco_eval: Any, *, enabled: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _garbage_collection_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside: COCOeval makes millions of dicts, lists and tuples (one dict per
-    detection, one list per image and category), each allocation burst triggers a full collection that walks
-    all of them, and none of them forms a cycle; the collection took 40 % of a 5,000-image evaluation
-    (docs/evaluation.md). Reference counting frees everything as usual."""
+def garbage_collection_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside (the collector's previous state is restored on exit): COCOeval
+    makes millions of dicts, lists and tuples (one dict per detection, one list per image and category),
+    each allocation burst triggers a full collection that walks all of them, and none of them forms a
+    cycle; the collections took over half of a 5,000-image evaluation (docs/evaluation.md). Reference
+    counting frees everything as usual."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

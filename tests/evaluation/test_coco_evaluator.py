@@ -375,3 +375,34 @@ def test_two_processes_gather_to_rank_zero_evaluate_once_and_share_the_numbers(t
         assert record["image_ids"] == list(range(1, 21))  # image 10 once
         assert record["stats"] == expected.stats
         assert record["per_class"] == expected.per_class
+
+
+def test_garbage_collection_is_paused_inside_and_restored_after(monkeypatch) -> None:
+    import gc
+
+    from detr.evaluation.coco_evaluator import garbage_collection_paused
+
+    states = []
+    dataset, detections = _random_dataset_and_detections(seed=4)
+    evaluator = CocoEvaluator(coco_ground_truth(dataset))
+    run_cocoeval = evaluator._run_cocoeval
+
+    def recorded(*args):
+        states.append(gc.isenabled())
+        return run_cocoeval(*args)
+
+    monkeypatch.setattr(evaluator, "_run_cocoeval", recorded)
+    evaluator.update(list(detections), list(detections.values()))
+    assert gc.isenabled()
+    evaluator.compute()
+    assert states == [False] and gc.isenabled()
+    with pytest.raises(RuntimeError), garbage_collection_paused():
+        raise RuntimeError("an evaluation that fails")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with garbage_collection_paused():
+            pass
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
