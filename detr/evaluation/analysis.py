@@ -255,6 +255,7 @@ class DetectionAnalysis:
         return "\n".join(lines)
 
 
+@garbage_collection_paused()  # the match tables and TIDE build one object per detection, none in a cycle
 def analyze(
     coco_gt: COCO,
     results: Sequence[dict[str, Any]] | None = None,
