@@ -11,7 +11,9 @@ then one ``compute`` (results loading, COCOeval evaluate + accumulate + summariz
 Prints the wall time of each part per backend and the CPU time of this process (what other work on a
 shared machine does not change, as long as it does not evict the caches), then the largest difference of every COCOeval statistic (AP, AP50,
 AP75, APs/m/l, AR1/10/100, ARs/m/l), of the precision and recall arrays and of the per-class AP from the first
-backend's. ``--profile N`` prints the N functions with the most cumulative time in each ``compute``.
+backend's. ``--profile N`` prints the N functions with the most cumulative time in each ``compute``;
+``--analysis`` also times the error analysis after each evaluation (:func:`detr.evaluation.analysis.analyze`,
+which evaluates the results again with pycocotools after faster-coco-eval).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from analysis_speed import synthetic
 from pycocotools.coco import COCO
 
 from detr.evaluation import CocoEvaluation, CocoEvaluator
+from detr.evaluation.analysis import analyze
 
 
 def detections_per_image(results: list[dict]) -> dict[int, dict[str, torch.Tensor]]:
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=2, help="images per update (a validation batch)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the N slowest functions")
+    parser.add_argument("--analysis", action="store_true", help="also time the error analysis after each backend")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -114,6 +118,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{ran:<18} {update_seconds:9.1f} {compute_seconds:10.1f} "
               f"{update_seconds + compute_seconds:8.1f} {cpu_seconds:6.1f} {evaluation.stats['AP']:7.4f} {evaluation.stats['AP50']:7.4f} "
               f"{evaluation.stats['AR100']:7.4f}", flush=True)
+        if args.analysis:
+            cpu_start, start = time.process_time(), time.perf_counter()
+            analysis = analyze(coco_gt, evaluation.results, coco_eval=evaluation.coco_eval,
+                               image_ids=evaluation.image_ids)
+            print(f"  error analysis after {ran}: {time.perf_counter() - start:.1f} s, CPU "
+                  f"{time.process_time() - cpu_start:.1f} s (AP50 {analysis.stats['AP50']:.4f})", flush=True)
     reference_name, *others = args.backends
     for backend in others:
         differences = largest_differences(evaluations[backend], evaluations[reference_name])
