@@ -1,4 +1,4 @@
-"""COCO evaluation of DETR detections (pycocotools, optionally faster-coco-eval) and panoptic quality."""
+"""COCO evaluation of DETR detections (faster-coco-eval where installed, else pycocotools) and panoptic quality."""
 
 from detr.evaluation.coco_evaluator import (
     STAT_NAMES,
@@ -6,6 +6,7 @@ from detr.evaluation.coco_evaluator import (
     CocoEvaluator,
     detections_to_coco_results,
     format_per_class_table,
+    resolve_backend,
     write_coco_results,
 )
 from detr.evaluation.panoptic import PanopticQuality, evaluate_panoptic_files, format_panoptic_table
@@ -16,6 +17,7 @@ __all__ = [
     "CocoEvaluator",
     "detections_to_coco_results",
     "format_per_class_table",
+    "resolve_backend",
     "write_coco_results",
     "PanopticQuality",
     "evaluate_panoptic_files",

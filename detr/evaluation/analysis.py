@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from pycocotools.coco import COCO
 
+from detr.evaluation.coco_evaluator import garbage_collection_paused
 from detr.evaluation.matches import MatchTable, image_pairs, iou_index, match_table, paired_iou
 from detr.evaluation.tide import ERROR_NAMES, ERROR_TYPES, SPECIAL_ERRORS, ErrorBreakdown, tide_errors
 
@@ -101,9 +102,9 @@ def evaluate_results(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids
     truth), after evaluate, accumulate and summarize (its prints are dropped)."""
     from pycocotools.cocoeval import COCOeval
 
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), garbage_collection_paused():
         if results:
-            coco_dt = coco_gt.loadRes(copy.deepcopy(list(results)))
+            coco_dt = coco_gt.loadRes([dict(entry) for entry in results])  # loadRes adds keys to the entries
         else:  # loadRes indexes results[0]
             coco_dt = COCO()
             coco_dt.dataset = {"images": list(coco_gt.dataset["images"]),
@@ -254,6 +255,7 @@ class DetectionAnalysis:
         return "\n".join(lines)
 
 
+@garbage_collection_paused()  # the match tables and TIDE build one object per detection, none in a cycle
 def analyze(
     coco_gt: COCO,
     results: Sequence[dict[str, Any]] | None = None,

@@ -3,8 +3,10 @@ directory and the figures in TensorBoard.
 
 :class:`detr.lightning.system.DetrSystem` calls :func:`write_error_analysis` after ``detr validate`` and
 ``detr test`` (``error_analysis``), and in ``detr fit`` after every N-th validation when
-``error_analysis_every_n_validations`` asks for it. It reuses the COCOeval of the evaluation, so the
-analysis adds a fraction of the evaluation's time, plus the figures.
+``error_analysis_every_n_validations`` asks for it. It reuses the COCOeval of the evaluation where that
+was pycocotools' (its per-image matches), so the analysis adds a fraction of the evaluation's time plus the
+figures; after faster-coco-eval, which keeps no per-image matches, it runs pycocotools' evaluation of the
+results once more (minutes on COCO val: docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import torch
 from detr.categories import CategoryMap
 from detr.checkpoints import CheckpointError, read_checkpoint
 from detr.checkpoints.formats import checkpoint_record, key_mismatch
-from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator
+from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator, resolve_backend
 from detr.inference.postprocess import PostProcess
 from detr.lightning.callbacks import time_budget_of
 from detr.lightning.checkpointing import restore_rng_states, save_rng_states
@@ -92,7 +92,9 @@ class DetrSystem(L.LightningModule):
             initialisation; every other key must match. The ImageNet backbone is then not downloaded.
             The file is read again whenever the system is rebuilt from its hyperparameters
             (``load_from_checkpoint``); pass ``init_checkpoint=None`` there if it has moved.
-        evaluator_backend: "pycocotools" (reference) or "faster_coco_eval" (same numbers, faster).
+        evaluator_backend: "auto" (faster_coco_eval where installed, else pycocotools; the log says which
+            ran), "pycocotools" (the reference) or "faster_coco_eval" (the same numbers, seconds instead of
+            minutes on COCO val: docs/evaluation.md).
         evaluation_dir: where each COCO evaluation writes its per-class AP table and COCO results json
             (default: ``<trainer.log_dir>/evaluation``; "" disables writing).
         error_analysis: after ``detr validate`` / ``detr test``, write an error analysis (per-class AP, PR
@@ -131,7 +133,7 @@ class DetrSystem(L.LightningModule):
         # --- data, weights, evaluation ---
         category_map: CategoryMap | dict[str, Any] | None = None,
         init_checkpoint: str | None = None,
-        evaluator_backend: Literal["pycocotools", "faster_coco_eval"] = "pycocotools",
+        evaluator_backend: Literal["auto", "pycocotools", "faster_coco_eval"] = "auto",
         evaluation_dir: str | None = None,
         error_analysis: bool = True,
         error_analysis_every_n_validations: int = 0,
@@ -223,6 +225,11 @@ class DetrSystem(L.LightningModule):
             backbone.use_autocast(None)
             logger.warning("backbone_bf16: this CPU has no bfloat16 instructions (AVX512-BF16 / AMX), where "
                            "bfloat16 is emulated and slower: the backbone runs in float32")
+        if stage in ("fit", "validate", "test"):
+            backend = resolve_backend(self.hparams.evaluator_backend)  # a missing package fails here, not later
+            if self.trainer.is_global_zero:
+                logger.info("COCO evaluation on %s (evaluator_backend %r), once on rank 0 of %d process(es)",
+                            backend, self.hparams.evaluator_backend, self.trainer.world_size)
         if stage == "fit" and self.trainer.world_size > 1:
             seed = (torch.initial_seed() + self.global_rank) % 2**32
             torch.manual_seed(seed)
@@ -377,10 +384,13 @@ class DetrSystem(L.LightningModule):
     def _finish_evaluation(self, stage: str) -> None:
         if self.evaluator is None:
             return
-        evaluation = self.evaluator.compute()  # gathers from every process; same result everywhere
+        # the detections of every process go to rank 0 once, rank 0 evaluates, every rank gets its stats
+        evaluation = self.evaluator.compute()
         self.last_evaluation = evaluation
         for name in STAT_NAMES:
-            self.log(f"{stage}/{name}", evaluation.stats[name], prog_bar=name == "AP", sync_dist=False)
+            # the values are rank 0's everywhere: the max over processes keeps them exact where a mean could round
+            self.log(f"{stage}/{name}", evaluation.stats[name], prog_bar=name == "AP", sync_dist=True,
+                     reduce_fx="max")
         if self.trainer.sanity_checking or not self.trainer.is_global_zero:
             evaluation.coco_eval = None  # its per-image matches are large; only the error analysis reads them
             return

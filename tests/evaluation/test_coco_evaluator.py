@@ -1,4 +1,6 @@
-"""CocoEvaluator against pycocotools run by hand on the same predictions."""
+"""CocoEvaluator against pycocotools run by hand on the same predictions, and faster-coco-eval (the default
+where installed) against pycocotools on every statistic: hand-made cases, COCO's own annotations with
+perturbed ground truth as detections, and 5,000 images × 100 detections."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import contextlib
 import copy
 import io
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +17,9 @@ import torch
 from pycocotools.cocoeval import COCOeval
 
 from detr.categories import CategoryMap
-from detr.evaluation import STAT_NAMES, CocoEvaluator
-from tests.helpers import coco_ground_truth
+from detr.evaluation import STAT_NAMES, CocoEvaluator, resolve_backend
+from detr.evaluation.analysis import analyze, load_ground_truth
+from tests.helpers import REPO, coco_ground_truth, load_script
 
 CATEGORIES = [{"id": 3, "name": "circle"}, {"id": 7, "name": "square"}, {"id": 12, "name": "triangle"}]
 
@@ -159,26 +164,142 @@ def _random_dataset_and_detections(seed: int) -> tuple[dict, dict[int, dict[str,
     return {"images": images, "annotations": annotations, "categories": CATEGORIES}, detections
 
 
+def _both_backends(coco_gt, detections: dict[int, dict[str, torch.Tensor]], category_map=None) -> dict:
+    """CocoEvaluation per backend of the same detections (per image id)."""
+    evaluations = {}
+    for backend in ("pycocotools", "faster_coco_eval"):
+        evaluator = CocoEvaluator(coco_gt, category_map=category_map, backend=backend)
+        evaluator.update(list(detections), list(detections.values()))
+        evaluations[backend] = evaluator.compute()
+        assert evaluations[backend].backend == backend
+    return evaluations
+
+
+def _assert_same_numbers(evaluations: dict) -> None:
+    """Every COCOeval statistic (AP, AP50, AP75, APs/m/l, AR1/10/100, ARs/m/l), the precision and recall
+    arrays and the per-class table of faster-coco-eval equal pycocotools' to 1e-12."""
+    fast, reference = evaluations["faster_coco_eval"], evaluations["pycocotools"]
+    np.testing.assert_allclose(fast.coco_eval.stats[:12], reference.coco_eval.stats, rtol=0, atol=1e-12)
+    for key in ("precision", "recall", "scores"):
+        np.testing.assert_allclose(fast.coco_eval.eval[key], reference.coco_eval.eval[key], rtol=0, atol=1e-12,
+                                   err_msg=key)
+    assert fast.stats == pytest.approx(reference.stats, rel=0, abs=1e-12)
+    assert len(fast.per_class) == len(reference.per_class)
+    for fast_row, reference_row in zip(fast.per_class, reference.per_class):
+        fast_row, reference_row = dict(fast_row), dict(reference_row)
+        for key in ("AP", "AP50", "AP75"):
+            assert fast_row.pop(key) == pytest.approx(reference_row.pop(key), rel=0, abs=1e-12), key
+        assert fast_row == reference_row  # category id, name, number of objects
+    assert fast.summary == reference.summary
+    assert fast.results == reference.results and fast.image_ids == reference.image_ids
+
+
+def test_auto_backend_is_faster_coco_eval_where_installed(monkeypatch) -> None:
+    try:
+        import faster_coco_eval  # noqa: F401
+
+        installed = "faster_coco_eval"
+    except ImportError:
+        installed = "pycocotools"
+    assert resolve_backend("auto") == installed
+    assert CocoEvaluator(coco_ground_truth(_hand_made_ground_truth())).backend == installed  # the default
+    assert resolve_backend("pycocotools") == "pycocotools"
+    monkeypatch.setitem(sys.modules, "faster_coco_eval", None)  # as if not installed: import raises ImportError
+    assert resolve_backend("auto") == "pycocotools"
+    with pytest.raises(ValueError, match="pip install faster-coco-eval"):
+        resolve_backend("faster_coco_eval")
+    with pytest.raises(ValueError, match="'auto', 'pycocotools', 'faster_coco_eval'"):
+        resolve_backend("fast")
+
+
 def test_faster_coco_eval_agrees_with_pycocotools() -> None:
     pytest.importorskip("faster_coco_eval")
     dataset, detections = _random_dataset_and_detections(seed=0)
-    stats = {}
-    for backend in ("pycocotools", "faster_coco_eval"):
-        evaluator = CocoEvaluator(coco_ground_truth(dataset), backend=backend)
-        evaluator.update(list(detections), list(detections.values()))
-        stats[backend] = evaluator.compute()
-    assert 0.05 < stats["pycocotools"].stats["AP"] < 0.95  # a non-trivial case
-    for name in STAT_NAMES:
-        assert stats["faster_coco_eval"].stats[name] == pytest.approx(stats["pycocotools"].stats[name], abs=1e-4)
-    for fast, reference in zip(stats["faster_coco_eval"].per_class, stats["pycocotools"].per_class):
-        assert fast["AP"] == pytest.approx(reference["AP"], abs=1e-4)
+    evaluations = _both_backends(coco_ground_truth(dataset), detections)
+    assert 0.05 < evaluations["pycocotools"].stats["AP"] < 0.95  # a non-trivial case
+    _assert_same_numbers(evaluations)
+
+
+def _perturbed_ground_truth(coco_gt, seed: int) -> dict[int, dict[str, torch.Tensor]]:
+    """Detections made of the ground truth: every object jittered (10 % of its size), one in five with
+    another class, duplicates, and boxes anywhere; scores random. Crowd regions are detected too."""
+    rng = np.random.default_rng(seed)
+    category_ids = coco_gt.getCatIds()
+    detections = {}
+    for image_id in coco_gt.getImgIds():
+        image = coco_gt.imgs[image_id]
+        rows = []
+        for annotation in coco_gt.imgToAnns[image_id]:
+            x, y, w, h = annotation["bbox"]
+            for _ in range(int(rng.integers(1, 3))):
+                jitter = rng.normal(0, 0.1, 4) * [w, h, w, h]
+                category = annotation["category_id"] if rng.random() < 0.8 else int(rng.choice(category_ids))
+                rows.append((category, [x + jitter[0], y + jitter[1], x + w + jitter[2], y + h + jitter[3]],
+                             rng.uniform(0.2, 1.0)))
+        for _ in range(int(rng.integers(0, 30))):
+            w, h = rng.uniform(2, image["width"] / 2), rng.uniform(2, image["height"] / 2)
+            x, y = rng.uniform(0, image["width"] - w), rng.uniform(0, image["height"] - h)
+            rows.append((int(rng.choice(category_ids)), [x, y, x + w, y + h], rng.uniform(0.0, 0.5)))
+        detections[image_id] = _detection(rows)
+    return detections
+
+
+def test_faster_coco_eval_equals_pycocotools_on_coco_annotations() -> None:
+    """COCO val annotations (polygons, crowd regions, all three area ranges) of the bundled coco-mini set."""
+    pytest.importorskip("faster_coco_eval")
+    coco_gt = load_ground_truth(REPO / "data" / "coco-mini" / "annotations" / "instances_val2017.json")
+    category_map = CategoryMap.from_coco_categories(coco_gt.dataset["categories"], contiguous=True)
+    detections = _perturbed_ground_truth(coco_gt, seed=0)
+    labelled = {image_id: {**d, "labels": torch.tensor([category_map.category_id_to_label(c)
+                                                         for c in d["labels"].tolist()], dtype=torch.int64)}
+                for image_id, d in detections.items()}
+    evaluations = _both_backends(coco_gt, labelled, category_map)
+    stats = evaluations["pycocotools"].coco_eval.stats
+    assert 0.2 < stats[0] < 0.9 and min(stats) > 0  # non-trivial, and every area range has objects
+    _assert_same_numbers(evaluations)
+    assert all("segmentation" in a for a in coco_gt.dataset["annotations"])  # faster's copy left them alone
+
+
+def test_error_analysis_is_the_same_after_either_backend() -> None:
+    """analyze() reuses pycocotools' per-image matches; faster-coco-eval keeps none, so the analysis
+    evaluates the results again and gets the same per-class table, TIDE errors and confusion matrix."""
+    pytest.importorskip("faster_coco_eval")
+    dataset, detections = _random_dataset_and_detections(seed=2)
+    coco_gt = coco_ground_truth(dataset)
+    analyses = {backend: analyze(coco_gt, evaluation.results, coco_eval=evaluation.coco_eval,
+                                 image_ids=evaluation.image_ids)
+                for backend, evaluation in _both_backends(coco_gt, detections).items()}
+    fast, reference = analyses["faster_coco_eval"], analyses["pycocotools"]
+    assert fast.stats == reference.stats
+    assert fast.per_class == reference.per_class
+    assert fast.errors.delta_ap == reference.errors.delta_ap
+    np.testing.assert_array_equal(fast.confusion.matrix, reference.confusion.matrix)
+
+
+@pytest.mark.slow
+def test_faster_coco_eval_equals_pycocotools_on_5000_images_by_100_detections() -> None:
+    """The scale of a COCO validation (benchmarks/coco_eval_speed.py times it): pycocotools takes minutes."""
+    pytest.importorskip("faster_coco_eval")
+    dataset, results = load_script("benchmarks/analysis_speed.py").synthetic(5000, 100)
+    per_image: dict[int, list[dict]] = {}
+    for entry in results:
+        per_image.setdefault(entry["image_id"], []).append(entry)
+    detections = {}
+    for image_id, entries in per_image.items():
+        boxes = torch.tensor([entry["bbox"] for entry in entries], dtype=torch.float64)
+        detections[image_id] = {"labels": torch.tensor([entry["category_id"] for entry in entries]),
+                                "boxes": torch.cat([boxes[:, :2], boxes[:, :2] + boxes[:, 2:]], 1).float(),
+                                "scores": torch.tensor([entry["score"] for entry in entries])}
+    evaluations = _both_backends(coco_ground_truth(dataset), detections)
+    assert len(evaluations["pycocotools"].results) == 500_000
+    _assert_same_numbers(evaluations)
 
 
 def test_progress_bar_leaves_the_numbers_alone(capsys) -> None:
     dataset, detections = _random_dataset_and_detections(seed=1)
     stats = []
     for progress in (False, True):
-        evaluator = CocoEvaluator(coco_ground_truth(dataset), progress=progress)
+        evaluator = CocoEvaluator(coco_ground_truth(dataset), backend="pycocotools", progress=progress)
         evaluator.update(list(detections), list(detections.values()))
         stats.append(evaluator.compute().stats)
     assert stats[0] == stats[1]
@@ -193,3 +314,95 @@ def test_write_outputs(tmp_path) -> None:
     predictions = json.loads(paths["predictions"].read_text())
     assert predictions == [{"image_id": 10, "category_id": 3, "bbox": [10.0, 10.0, 50.0, 40.0], "score": 0.5}]
     assert set(json.loads(paths["metrics"].read_text())) == set(STAT_NAMES)
+
+
+def _two_process_compute(rank: int, port: int, out: str, fail_on_rank_zero: bool) -> None:
+    """One of two gloo processes: rank 0 predicts images 1-10, rank 1 images 10-20 (10 twice, as the
+    distributed sampler repeats an image); records what compute gave this rank, or the error it raised."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        dataset, detections = _random_dataset_and_detections(seed=3)
+        evaluator = CocoEvaluator(coco_ground_truth(dataset), backend="pycocotools")
+        runs = []
+        run_cocoeval = evaluator._run_cocoeval
+
+        def counted(*args):
+            runs.append(rank)
+            if fail_on_rank_zero:
+                raise ValueError("broken ground truth")
+            return run_cocoeval(*args)
+
+        evaluator._run_cocoeval = counted
+        mine = range(1, 11) if rank == 0 else range(10, 21)
+        evaluator.update(list(mine), [detections[i] for i in mine])
+        try:
+            evaluation = evaluator.compute()
+            record = {"stats": evaluation.stats, "image_ids": evaluation.image_ids, "runs": len(runs),
+                      "num_results": len(evaluation.results), "per_class": evaluation.per_class}
+        except Exception as error:
+            record = {"error": f"{type(error).__name__}: {error}", "runs": len(runs)}
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(record))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("fail_on_rank_zero", [False, True])
+def test_two_processes_gather_to_rank_zero_evaluate_once_and_share_the_numbers(tmp_path, fail_on_rank_zero) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.start_processes(_two_process_compute, args=(port, str(tmp_path), fail_on_rank_zero), nprocs=2,
+                       start_method="fork")
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    if fail_on_rank_zero:  # rank 1 does not wait forever for numbers that never come
+        assert ranks[0] == {"error": "ValueError: broken ground truth", "runs": 1}
+        assert ranks[1] == {"error": "RuntimeError: COCO evaluation failed on rank 0: ValueError: broken ground "
+                                     "truth", "runs": 0}
+        return
+    dataset, detections = _random_dataset_and_detections(seed=3)
+    single = CocoEvaluator(coco_ground_truth(dataset), backend="pycocotools")
+    single.update(list(detections), list(detections.values()))
+    expected = single.compute()
+    assert [record["runs"] for record in ranks] == [1, 0]  # COCOeval ran once, on rank 0
+    assert ranks[0]["num_results"] == len(expected.results) and ranks[1]["num_results"] == 0
+    for record in ranks:
+        assert record["image_ids"] == list(range(1, 21))  # image 10 once
+        assert record["stats"] == expected.stats
+        assert record["per_class"] == expected.per_class
+
+
+def test_garbage_collection_is_paused_inside_and_restored_after(monkeypatch) -> None:
+    import gc
+
+    from detr.evaluation.coco_evaluator import garbage_collection_paused
+
+    states = []
+    dataset, detections = _random_dataset_and_detections(seed=4)
+    evaluator = CocoEvaluator(coco_ground_truth(dataset))
+    run_cocoeval = evaluator._run_cocoeval
+
+    def recorded(*args):
+        states.append(gc.isenabled())
+        return run_cocoeval(*args)
+
+    monkeypatch.setattr(evaluator, "_run_cocoeval", recorded)
+    evaluator.update(list(detections), list(detections.values()))
+    assert gc.isenabled()
+    evaluator.compute()
+    assert states == [False] and gc.isenabled()
+    with pytest.raises(RuntimeError), garbage_collection_paused():
+        raise RuntimeError("an evaluation that fails")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with garbage_collection_paused():
+            pass
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()

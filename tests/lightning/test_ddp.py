@@ -1,6 +1,7 @@
 """Two-process DDP on the CPU (gloo; ddp_fork to validate, ddp_spawn to train): validation AP equals the
 single-process AP, every image is counted once although the distributed sampler repeats one to even out the
-shards, and the box count that normalises the loss is averaged over the processes."""
+shards, the detections are gathered to rank 0 and evaluated there once, and the box count that normalises the
+loss is averaged over the processes."""
 
 from __future__ import annotations
 
@@ -81,6 +82,14 @@ class OracleSystem(DetrSystem):
 
     def on_validation_epoch_start(self) -> None:
         super().on_validation_epoch_start()
+        self.cocoeval_runs = 0
+        run_cocoeval = self.evaluator._run_cocoeval
+
+        def counted(*args):
+            self.cocoeval_runs += 1
+            return run_cocoeval(*args)
+
+        self.evaluator._run_cocoeval = counted
         self.seen: list[int] = []
         self.box_counts: list[tuple[float, float]] = []
 
@@ -93,7 +102,9 @@ class OracleSystem(DetrSystem):
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()
         record = {"seen": self.seen, "box_counts": self.box_counts, "stats": self.last_evaluation.stats,
-                  "image_ids": self.last_evaluation.image_ids, "num_results": len(self.last_evaluation.results)}
+                  "image_ids": self.last_evaluation.image_ids, "num_results": len(self.last_evaluation.results),
+                  "cocoeval_runs": self.cocoeval_runs,
+                  "logged_AP": float(self.trainer.callback_metrics["val/AP"])}
         path = Path(self.record_dir) / f"rank{self.global_rank}_of{self.trainer.world_size}.json"
         path.write_text(json.dumps(record))
 
@@ -125,8 +136,11 @@ def test_two_processes_give_the_single_process_ap(tmp_path) -> None:
     assert len(seen) == NUM_IMAGES + 1 and set(seen) == set(range(1, NUM_IMAGES + 1))  # one image repeated
     for record in ranks:
         assert record["image_ids"] == list(range(1, NUM_IMAGES + 1))  # ... but counted once
-        assert record["num_results"] == NUM_IMAGES * NUM_QUERIES
-        assert record["stats"] == single["stats"]
+        assert record["stats"] == single["stats"]  # broadcast from rank 0, logged unchanged
+        assert record["logged_AP"] == pytest.approx(single["stats"]["AP"], abs=1e-7)  # float32 in Lightning
+    # the detections were gathered to rank 0 and evaluated there once; rank 1 got the numbers only
+    assert ranks[0]["num_results"] == NUM_IMAGES * NUM_QUERIES and ranks[0]["cocoeval_runs"] == 1
+    assert ranks[1]["num_results"] == 0 and ranks[1]["cocoeval_runs"] == 0
     for (local0, reduced0), (local1, reduced1) in zip(ranks[0]["box_counts"], ranks[1]["box_counts"]):
         assert reduced0 == reduced1 == max((local0 + local1) / 2, 1.0)
     assert any(local0 != local1 for (local0, _), (local1, _) in zip(ranks[0]["box_counts"], ranks[1]["box_counts"]))

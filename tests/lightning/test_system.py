@@ -3,11 +3,14 @@ category map, prediction output, and the non-finite loss guard."""
 
 from __future__ import annotations
 
+import logging
+
 import lightning as L
 import pytest
 import torch
 
 from detr import CategoryMap, load_checkpoint
+from detr.evaluation import resolve_backend
 from detr.lightning import DetrSystem, NonFiniteLossError
 from detr.models.config import DetrConfig
 from tests.helpers import ANIMALS, animal_data, animal_samples, collate_unpadded, tiny_config_with
@@ -31,10 +34,15 @@ def _trainer(tmp_path, **kwargs) -> L.Trainer:
     return L.Trainer(**options)
 
 
-def test_fit_logs_every_term_and_coco_stats(tmp_path) -> None:
+def test_fit_logs_every_term_and_coco_stats(tmp_path, caplog) -> None:
     system = _system()
     trainer = _trainer(tmp_path, enable_checkpointing=False)
-    trainer.fit(system, datamodule=animal_data())
+    with caplog.at_level(logging.INFO, logger="detr.lightning.system"):
+        trainer.fit(system, datamodule=animal_data())
+    backend = resolve_backend("auto")  # faster_coco_eval where installed
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("COCO evaluation on")]
+    assert said == [f"COCO evaluation on {backend} (evaluator_backend 'auto'), once on rank 0 of 1 process(es)"]
+    assert system.last_evaluation.backend == backend
     logged = trainer.logged_metrics
     for name in ("train/loss", "train/loss_ce", "train/loss_bbox", "train/loss_giou", "train/loss_ce_0",
                  "train/loss_bbox_0", "train/loss_giou_0", "train/class_error", "train/cardinality_error",
