@@ -76,7 +76,8 @@ class DetrConfig:
         architecture: "detr" (the paper's transformer) or "deformable" (multi-scale deformable attention,
             :class:`detr.models.deformable.model.DeformableDETR`; needs class_head="sigmoid"; the authors'
             model also sets num_queries=300 and dim_feedforward=1024).
-        num_feature_levels: input levels: 4 (layer2–4 + one stride-64 level, the paper) or 1 (single-scale).
+        num_feature_levels: input levels: 4 (layer2–4 + one stride-64 level, the paper), 1 (single-scale:
+            layer4), 2 or 3 (the last stages), more (further stride-2 levels).
         num_points: sampling points per head and level, in the encoder and the decoder (4).
         box_refine: iterative bounding-box refinement (§4.2). two_stage: queries from the encoder's best
             proposals (§4.2; needs box_refine).

@@ -5,7 +5,7 @@ box refinement and two-stage as options.
 Multi-scale input (§4.1, Fig. 4 of the paper): the ResNet's layer2, layer3 and layer4 outputs (strides 8,
 16, 32), each through a 1×1 conv + GroupNorm(32) to the hidden size, plus extra levels from layer4 by
 3×3 stride-2 convs + GroupNorm (stride 64 for the default 4 levels); ``num_feature_levels=1`` is the
-paper's single-scale model (layer4 only). Each level gets the sine position encoding (with the authors'
+paper's single-scale model (layer4 only), 2 and 3 take the last two and three stages. Each level gets the sine position encoding (with the authors'
 half-cell offset) plus a learned level embedding, and its own padding mask.
 
 State-dict keys are the authors' (fundamentalvision/Deformable-DETR): ``backbone.0.body.*``,
@@ -87,10 +87,8 @@ class DeformableDETR(nn.Module):
             self.bbox_embed = nn.ModuleList([bbox_embed] * num_heads)
         if not two_stage:
             self.query_embed = nn.Embedding(num_queries, hidden_dim * 2)
-        body = backbone[0]
-        channels = [stage_channels(body, stage) for stage in _STAGES]
-        if levels == 1:
-            channels = channels[-1:]
+        self.stages = _STAGES[-min(levels, len(_STAGES)):]  # the backbone stages read, finest first
+        channels = [stage_channels(backbone[0], stage) for stage in self.stages]
         projections = [_projection(c, hidden_dim, extra=False) for c in channels]
         for level in range(len(channels), levels):
             projections.append(_projection(channels[-1] if level == len(channels) else hidden_dim, hidden_dim,
@@ -106,8 +104,8 @@ class DeformableDETR(nn.Module):
 
     @property
     def stride(self) -> int:
-        """Input pixels per cell of the finest level: 8 (multi-scale) or the backbone's stride (single-scale)."""
-        return 8 if self.num_levels > 1 else self.backbone[0].stride
+        """Input pixels per cell of the finest level: 8 (3 levels or more), 16 (2) or the backbone's (1)."""
+        return {"layer2": 8, "layer3": 16, "layer4": self.backbone[0].stride}[self.stages[0]]
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DeformableDETR:
         """As :meth:`detr.models.detector.Detector.optimize_for_inference`: the backbone only, in place."""
@@ -124,7 +122,7 @@ class DeformableDETR(nn.Module):
         masks bool [B, h_l, w_l] (True = padding, nearest-resized from the image's), positions [B, C, h_l, w_l]."""
         check_inputs(images, padding_mask)
         padding_mask = padding_mask.bool()
-        keep = _STAGES[:-1] if self.num_levels > 1 else ()
+        keep = self.stages[:-1]
         last, _, stages = self.backbone[0].forward_with_stages(images, padding_mask, keep)
         features = [stages[name] for name in keep] + [last]
         sources = [projection(feature) for projection, feature in zip(self.input_proj, features)]
