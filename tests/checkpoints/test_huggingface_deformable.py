@@ -10,8 +10,7 @@ import torch
 import detr
 from detr.checkpoints import CheckpointError
 from detr.checkpoints.huggingface_deformable import save_pretrained_deformable, to_huggingface_state_dict
-from tests.checkpoints.test_huggingface import RESNET_SPECS, photo_batch  # noqa: F401  (a fixture)
-from tests.helpers import randomise
+from tests.helpers import RESNET_SPECS, padded_photo_batch, randomise
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("timm")
@@ -21,6 +20,11 @@ TOLERANCE = 1e-4
 TINY = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
             encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_n_points=2, decoder_n_points=2, num_queries=12,
             two_stage_num_proposals=12, dropout=0.0)
+@pytest.fixture(scope="module")
+def photo_batch():
+    return padded_photo_batch()
+
+
 VARIANTS = {"plain": dict(), "box_refine": dict(with_box_refine=True),
             "two_stage": dict(with_box_refine=True, two_stage=True), "single_scale": dict(num_feature_levels=1)}
 
@@ -71,7 +75,7 @@ def _differences(ours, theirs) -> tuple[float, float]:
     ("plain", "resnet18", False, 4),
     ("box_refine", "resnet50", False, 1),
 ])
-def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photo_batch, variant, backbone, timm,  # noqa: F811
+def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photo_batch, variant, backbone, timm,
                                                             num_labels):
     hf = _hf_model(variant, num_labels, backbone, timm=timm)
     hf.save_pretrained(tmp_path)
@@ -92,7 +96,7 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photo_batc
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
 
 
-def test_distinct_heads_per_layer_load_and_round_trip(tmp_path, photo_batch):  # noqa: F811
+def test_distinct_heads_per_layer_load_and_round_trip(tmp_path, photo_batch):
     """A file with a class head per decoder layer (the authors' box-refinement release) keeps them distinct,
     as transformers does when the file holds them, and writes them all back."""
     hf = _hf_model("box_refine", 3, seed=2)
