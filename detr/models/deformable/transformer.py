@@ -97,9 +97,10 @@ def encoder_reference_points(spatial_shapes: SpatialShapes, ratios: torch.Tensor
     level's padded map: ratios [B, L, 2] → [B, S, L, 2]."""
     points = []
     for level, (height, width) in enumerate(spatial_shapes):
-        ref_y, ref_x = torch.meshgrid(
-            torch.linspace(0.5, height - 0.5, height, dtype=ratios.dtype, device=ratios.device),
-            torch.linspace(0.5, width - 0.5, width, dtype=ratios.dtype, device=ratios.device), indexing="ij")
+        # arange + 0.5 is linspace(0.5, size - 0.5, size) to the bit, and keeps the size symbolic in an export
+        ref_y, ref_x = torch.meshgrid(torch.arange(height, dtype=ratios.dtype, device=ratios.device) + 0.5,
+                                      torch.arange(width, dtype=ratios.dtype, device=ratios.device) + 0.5,
+                                      indexing="ij")
         ref_y = ref_y.reshape(-1)[None] / (ratios[:, None, level, 1] * height)
         ref_x = ref_x.reshape(-1)[None] / (ratios[:, None, level, 0] * width)
         points.append(torch.stack((ref_x, ref_y), -1))
@@ -189,9 +190,8 @@ def encoder_proposals(memory: torch.Tensor, padding_mask: torch.Tensor, spatial_
         mask = padding_mask[:, start:start + height * width].view(batch, height, width)
         valid_height = (~mask[:, :, 0]).sum(1)
         valid_width = (~mask[:, 0, :]).sum(1)
-        grid_y, grid_x = torch.meshgrid(
-            torch.linspace(0, height - 1, height, dtype=memory.dtype, device=memory.device),
-            torch.linspace(0, width - 1, width, dtype=memory.dtype, device=memory.device), indexing="ij")
+        grid_y, grid_x = torch.meshgrid(torch.arange(height, dtype=memory.dtype, device=memory.device),
+                                        torch.arange(width, dtype=memory.dtype, device=memory.device), indexing="ij")
         grid = torch.cat([grid_x.unsqueeze(-1), grid_y.unsqueeze(-1)], -1)
         scale = torch.cat([valid_width.unsqueeze(-1), valid_height.unsqueeze(-1)], 1).view(batch, 1, 1, 2)
         grid = (grid.unsqueeze(0).expand(batch, -1, -1, -1) + 0.5) / scale
@@ -266,7 +266,7 @@ class DeformableTransformer(nn.Module):
         padding); query_embed [Q, 2C] (one stage) or None (two stage); class_heads, box_heads: the detector's
         per-layer heads (the two-stage encoder head is the last); box_refine: refine reference boxes layer by
         layer with ``box_heads``."""
-        spatial_shapes = [(int(src.shape[-2]), int(src.shape[-1])) for src in sources]
+        spatial_shapes = [(src.shape[-2], src.shape[-1]) for src in sources]  # no int(): export keeps sizes symbolic
         src = torch.cat([s.flatten(2).transpose(1, 2) for s in sources], 1)  # [B, S, C]
         pos = torch.cat([p.flatten(2).transpose(1, 2) + self.level_embed[level].view(1, 1, -1)
                          for level, p in enumerate(positions)], 1)
