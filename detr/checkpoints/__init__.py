@@ -107,7 +107,8 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR | AnchorDETR | D
     config = contents.config
     if config is None:
         config = infer_model_config(contents.state_dict, path.name, class_head=overrides.get("class_head"),
-                                    query_groups=overrides.get("query_groups", 1))
+                                    query_groups=overrides.get("query_groups", 1),
+                                    num_heads=overrides.get("num_heads", DetrConfig.num_heads))
         _check_inferred_layer_counts(path, config, overrides)
     config = config.replace(pretrained_backbone=False, **overrides)
     model = build_detr(config)
