@@ -139,10 +139,11 @@ class DeformableDETR(nn.Module):
         Returns pred_logits [B, Q, num_classes] (sigmoid scores), pred_boxes [B, Q, 4] normalised cxcywh of the
         unpadded image; aux_outputs (if aux_loss): layers 1 … L-1 as {pred_logits, pred_boxes}; two-stage:
         enc_outputs {pred_logits [B, S, num_classes], pred_boxes [B, S, 4]} (the encoder proposals, trained
-        class-agnostically). With return_attention: sampling_locations [L, B, Q, H, levels, P, 2] (x, y in
-        [0, 1] of each level's padded map), sampling_weights [L, B, Q, H, levels, P], spatial_shapes
-        int64 [levels, 2] (h, w) and level_masks (per level, bool [B, h, w]): where each query's
-        cross-attention looked.
+        class-agnostically). With return_attention, where each query's cross-attention looked:
+        sampling_locations [L, B, Q, H, levels, P, 2] (x, y in [0, 1] of each level's padded map, as the
+        attention reads them), sampling_points (the same in [0, 1] of the unpadded image, up to the
+        rounding of the padding to whole cells of each level), sampling_weights [L, B, Q, H, levels, P]
+        (summing to 1 per head over levels and points) and spatial_shapes int64 [levels, 2] (h, w).
         """
         sources, masks, positions = self.multi_scale_features(images, padding_mask)
         query_embed = None if self.two_stage else self.query_embed.weight
@@ -164,10 +165,11 @@ class DeformableDETR(nn.Module):
         if out.encoder_logits is not None:
             outputs["enc_outputs"] = {"pred_logits": out.encoder_logits, "pred_boxes": out.encoder_boxes}
         if return_attention:
-            outputs["sampling_locations"] = torch.stack([locations for locations, _ in decoded.sampling])
+            locations = torch.stack([locations for locations, _ in decoded.sampling])
+            outputs["sampling_locations"] = locations
+            outputs["sampling_points"] = locations / out.valid_ratios[None, :, None, None, :, None, :]
             outputs["sampling_weights"] = torch.stack([weights for _, weights in decoded.sampling])
             outputs["spatial_shapes"] = torch.tensor(out.spatial_shapes, dtype=torch.int64)
-            outputs["level_masks"] = masks
         return outputs
 
 

@@ -209,12 +209,14 @@ def encoder_proposals(memory: torch.Tensor, padding_mask: torch.Tensor, spatial_
 @dataclass
 class TransformerOutput:
     """decoder: :class:`DecoderOutput`; memory [B, S, C] (the encoder output); spatial_shapes: per level
-    (h, w); encoder_logits [B, S, K] and encoder_boxes [B, S, 4] (normalised cxcywh): the two-stage encoder
+    (h, w); valid_ratios [B, levels, 2]: the unpadded fraction of each level's width and height;
+    encoder_logits [B, S, K] and encoder_boxes [B, S, 4] (normalised cxcywh): the two-stage encoder
     head's predictions for every position (what its loss reads), None for one stage."""
 
     decoder: DecoderOutput
     memory: torch.Tensor
     spatial_shapes: SpatialShapes
+    valid_ratios: torch.Tensor
     encoder_logits: torch.Tensor | None = None
     encoder_boxes: torch.Tensor | None = None
 
@@ -294,4 +296,4 @@ class DeformableTransformer(nn.Module):
             reference_points = self.reference_points(query_pos).sigmoid()
         decoded = self.decoder(tgt, query_pos, reference_points, memory, spatial_shapes, ratios, padding_mask,
                                box_heads if box_refine else None, return_sampling)
-        return TransformerOutput(decoded, memory, spatial_shapes, encoder_logits, encoder_boxes)
+        return TransformerOutput(decoded, memory, spatial_shapes, ratios, encoder_logits, encoder_boxes)
