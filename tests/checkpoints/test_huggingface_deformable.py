@@ -123,3 +123,16 @@ def test_a_two_stage_file_without_refinement_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(config)
     with pytest.raises(CheckpointError, match="two_stage without with_box_refine"):
         detr.load_checkpoint(tmp_path)
+
+
+def test_detr_convert_writes_a_deformable_checkpoint_for_transformers(tmp_path, photo_batch, capsys):
+    from detr.checkpoints import save_checkpoint
+    from detr.commands import convert
+
+    hf = _hf_model("box_refine", 4, seed=3)
+    hf.save_pretrained(tmp_path / "hf")
+    checkpoint = save_checkpoint(detr.load_checkpoint(tmp_path / "hf"), tmp_path / "model.ckpt")
+    assert convert.main([str(checkpoint), "--to-huggingface", str(tmp_path / "out")]) == 0
+    again = transformers.DeformableDetrForObjectDetection.from_pretrained(tmp_path / "out").eval()
+    logits_diff, boxes_diff = _differences(_hf_outputs(again, *photo_batch), _hf_outputs(hf, *photo_batch))
+    assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE
