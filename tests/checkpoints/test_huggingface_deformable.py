@@ -116,6 +116,12 @@ def test_distinct_heads_per_layer_load_and_round_trip(tmp_path, photo_batch):
     assert torch.equal(exported["model.decoder.bbox_embed.1.layers.0.weight"], exported["bbox_embed.1.layers.0.weight"])
 
 
+def test_a_deformable_directory_without_weights_is_explained(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "deformable_detr"}')
+    with pytest.raises(CheckpointError, match="no weights"):
+        detr.load_checkpoint(tmp_path)
+
+
 def test_a_two_stage_file_without_refinement_is_refused(tmp_path):
     hf = _hf_model("plain", 2)
     hf.save_pretrained(tmp_path)
