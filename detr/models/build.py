@@ -1,5 +1,5 @@
 """Build a detector from its :class:`detr.models.config.DetrConfig`: the paper's :class:`DETR` for learned
-queries, :class:`AnchorDETR` for anchor queries."""
+queries, :class:`AnchorDETR` for anchor queries, :class:`DeformableDETR` for ``architecture="deformable"``."""
 
 from __future__ import annotations
 
