@@ -100,6 +100,12 @@ def test_the_loss_reaches_the_sampling_offsets_and_the_backbone():
     assert model.input_proj[3][0].weight.grad.abs().sum() > 0
 
 
+def test_two_stage_on_images_too_small_for_its_queries_says_so():
+    model = build_detr(TINY_DEFORMABLE, box_refine=True, two_stage=True, num_queries=300).eval()
+    with pytest.raises(ValueError, match="use larger images or fewer queries"):
+        model(torch.randn(1, 3, 96, 96), torch.zeros(1, 96, 96, dtype=torch.bool))  # 193 positions
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"architecture": "deformable"}, "class_head='sigmoid'"),
     ({"architecture": "deformable", "class_head": "sigmoid", "hidden_dim": 48}, "divide by 32"),

@@ -279,6 +279,11 @@ class DeformableTransformer(nn.Module):
         batch, _, channels = memory.shape
         encoder_logits = encoder_boxes = None
         if self.two_stage:
+            # checked in eager runs only: in an export the comparison would fix the symbolic image size
+            if not torch.compiler.is_exporting() and memory.shape[1] < self.num_queries:
+                raise ValueError(f"two-stage Deformable DETR picks num_queries={self.num_queries} of the encoder's "
+                                 f"positions, but these images give only {memory.shape[1]} over the levels "
+                                 f"{spatial_shapes}: use larger images or fewer queries")
             queries, proposals = encoder_proposals(memory, padding_mask, spatial_shapes)
             queries = self.enc_output_norm(self.enc_output(queries))
             encoder_logits = class_heads[-1](queries)  # [B, S, K]
