@@ -115,6 +115,13 @@ PRESETS: dict[str, dict[str, Any]] = {
                       "denoising_groups": 2, "num_encoder_layers": 2},
              **_FOCAL, "lr": 5e-4, "lr_backbone": 5e-4, "warmup_steps": 50, "lr_decay_fraction": 0.3,
              "channels_last": True, "backbone_bf16": True, "batch_size": 8},
+    # Deformable DETR (docs/deformable.md) with "best"'s training settings: 4 levels from layer2–4 of the
+    # ResNet-18 (strides 8 to 64), 4 points, box refinement, the same light transformer and budget.
+    "deformable": {"detr": {**_FROM_SCRATCH_MODEL, "architecture": "deformable", "class_head": "sigmoid",
+                            "box_refine": True, "num_queries": 20, "dropout": 0.0, "dim_feedforward": 512,
+                            "num_encoder_layers": 2},
+                   **_FOCAL, "lr": 5e-4, "lr_backbone": 5e-4, "warmup_steps": 50, "lr_decay_fraction": 0.3,
+                   "channels_last": True, "backbone_bf16": True, "batch_size": 8},
 }
 
 

@@ -212,3 +212,25 @@ def tiny_coco_panoptic() -> torch.nn.Module:
         head.bias[[PERSON, TREE]] = 12.0
         head.weight[PERSON], head.weight[TREE] = 20 * direction / direction.norm(), -20 * direction / direction.norm()
     return model
+
+
+#: transformers' ResNetConfig for the ResNets both sides build: (layer type, depths, widths).
+RESNET_SPECS = {"resnet18": ("basic", [2, 2, 2, 2], [64, 128, 256, 512]),
+                "resnet50": ("bottleneck", [3, 4, 6, 3], [256, 512, 1024, 2048])}
+
+
+def padded_photo_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two photos of data/photos at different sizes (chelsea 144 × 96, astronaut 112 × 128 px), ImageNet-
+    normalised and zero-padded bottom/right into one batch; mask True on padding (each image is padded)."""
+    import numpy as np
+    from PIL import Image
+
+    from detr.data.collate import pad_images
+
+    mean, std = torch.tensor([0.485, 0.456, 0.406])[:, None, None], torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    tensors = []
+    for name, size in (("chelsea.png", (144, 96)), ("astronaut.png", (112, 128))):  # (width, height)
+        image = Image.open(REPO / "data" / "photos" / name).convert("RGB").resize(size, Image.BILINEAR)
+        tensor = torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).float() / 255
+        tensors.append((tensor - mean) / std)
+    return pad_images(tensors)

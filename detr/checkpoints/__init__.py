@@ -2,7 +2,8 @@
 
 :func:`read_checkpoint` tries :data:`READERS` in order; the first that recognises the source reads it:
 - a released model's name ("detr-r50": :mod:`detr.checkpoints.released`, downloaded on first use);
-- a directory written by Hugging Face transformers (:mod:`detr.checkpoints.huggingface`);
+- a directory written by Hugging Face transformers (:mod:`detr.checkpoints.huggingface`; Deformable DETR's:
+  :mod:`detr.checkpoints.huggingface_deformable`);
 - a file written by ``torch.save`` (:func:`detr.checkpoints.formats.read_torch_file`): the authors' release
   files (detr-r50-e632da11.pth …: ``{"model": state_dict, ...}``), plain state dicts in that key layout, and
   this project's Lightning checkpoints (``state_dict`` with keys ``"model." + official key`` and
@@ -37,6 +38,7 @@ from detr.checkpoints.formats import (
     read_torch_file,
 )
 from detr.checkpoints.huggingface import read_huggingface
+from detr.checkpoints.huggingface_deformable import is_deformable_directory, read_huggingface_deformable
 from detr.checkpoints.panoptic import is_panoptic_state_dict, load_panoptic
 from detr.models.anchor.model import AnchorDETR
 from detr.models.build import build_detr
@@ -56,7 +58,9 @@ def _released_name(source: str | Path) -> CheckpointContents | None:
 
 
 def _huggingface_directory(source: str | Path) -> CheckpointContents | None:
-    return read_huggingface(source) if Path(source).is_dir() else None
+    if not Path(source).is_dir():
+        return None
+    return read_huggingface_deformable(source) if is_deformable_directory(source) else read_huggingface(source)
 
 
 def _torch_file(source: str | Path) -> CheckpointContents | None:
@@ -103,7 +107,8 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> DETR | AnchorDETR | D
     config = contents.config
     if config is None:
         config = infer_model_config(contents.state_dict, path.name, class_head=overrides.get("class_head"),
-                                    query_groups=overrides.get("query_groups", 1))
+                                    query_groups=overrides.get("query_groups", 1),
+                                    num_heads=overrides.get("num_heads", DetrConfig.num_heads))
         _check_inferred_layer_counts(path, config, overrides)
     config = config.replace(pretrained_backbone=False, **overrides)
     model = build_detr(config)

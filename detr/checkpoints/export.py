@@ -49,6 +49,7 @@ from detr.checkpoints.formats import ExportError
 from detr.checkpoints.onnx import import_onnxruntime
 from detr.inference.postprocess import boxes_to_pixels, scores_and_labels
 from detr.models.anchor.model import AnchorDETR
+from detr.models.deformable.model import DeformableDETR
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned
 
@@ -91,10 +92,12 @@ class DeployModel(nn.Module):
         return scores, labels, boxes_to_pixels(outputs["pred_boxes"], orig_sizes)
 
 
-def min_image_size(model: DETR | AnchorDETR) -> int:
-    """Smallest height and width an exported model takes: one stride more than a single feature cell, since
-    torch.export treats sizes 0 and 1 as static and would specialise a graph traced on them."""
-    return model.backbone[0].stride + 1
+def min_image_size(model: DETR | AnchorDETR | DeformableDETR) -> int:
+    """Smallest height and width an exported model takes: one stride of the coarsest feature map more than a
+    single cell, since torch.export treats sizes 0 and 1 as static and would specialise a graph traced on
+    them (Deformable DETR's extra levels halve the backbone's map once each)."""
+    extra_levels = max(model.num_levels - 3, 0) if isinstance(model, DeformableDETR) else 0
+    return model.backbone[0].stride * 2 ** extra_levels + 1
 
 
 def _max_image_size(model: DETR | AnchorDETR) -> int | None:
@@ -109,8 +112,8 @@ def prepare_for_export(model: nn.Module) -> DETR | AnchorDETR:
     """A copy of ``model`` ready to trace: eval mode (training-only parts, i.e. denoising queries, extra
     query groups and the dense head, are then inactive), frozen BatchNorms folded into the convolutions,
     float32, no autocast. The caller's model is left as it was."""
-    if not isinstance(model, (DETR, AnchorDETR)):
-        raise ExportError(f"only detr.models.DETR and AnchorDETR export (got {type(model).__name__}); a panoptic "
+    if not isinstance(model, (DETR, AnchorDETR, DeformableDETR)):
+        raise ExportError(f"only detr.models.DETR, AnchorDETR and DeformableDETR export (got {type(model).__name__}); a panoptic "
                           f"model's mask head is not part of the export")
     prepared = copy.deepcopy(model).float().eval().cpu()
     prepared.optimize_for_inference(fold_batch_norm=True, channels_last=False)

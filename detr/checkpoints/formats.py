@@ -141,7 +141,7 @@ INFERRED_FIELDS: tuple[str, ...] = (
 
 
 def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "", *,
-                       class_head: ClassHead | None = None, query_groups: int = 1) -> DetrConfig:
+                       class_head: ClassHead | None = None, query_groups: int = 1, num_heads: int = 8) -> DetrConfig:
     """The :class:`DetrConfig` whose model has the layout of ``state_dict`` (``pretrained_backbone=False``:
     every backbone weight is in the file).
 
@@ -161,8 +161,13 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "",
       model loads but decodes every group at inference.
     - The denoising noise settings and anchor_local_attention are training and initialisation choices,
       not weights: they keep DetrConfig's defaults.
+
+    A Deformable DETR state dict (``transformer.level_embed``) is read by :func:`infer_deformable_config`;
+    ``num_heads`` is needed there (the sampling layers hold heads × points).
     """
     where = file_name or "the state dict"
+    if is_deformable_state_dict(state_dict):
+        return infer_deformable_config(state_dict, file_name, num_heads=num_heads)
     required = ("class_embed.weight", "backbone.0.body.conv1.weight")
     missing = [key for key in required if key not in state_dict]
     if "query_embed.weight" not in state_dict and "refpoint_embed.weight" not in state_dict:
@@ -215,6 +220,70 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "",
     )
 
 
+def is_deformable_state_dict(state_dict: dict[str, torch.Tensor]) -> bool:
+    """Deformable DETR's layout (the authors' fundamentalvision/Deformable-DETR and this project's)."""
+    return "transformer.level_embed" in state_dict
+
+
+def without_decoder_head_copies(state_dict: dict[str, torch.Tensor], where: str = "the state dict"
+                                ) -> dict[str, torch.Tensor]:
+    """The authors' Deformable DETR registers its refinement (and two-stage) heads twice, as ``bbox_embed.i``
+    and ``transformer.decoder.bbox_embed.i`` (``class_embed`` too): drop the second copies, which must equal
+    the first (this project passes the heads to the decoder instead of registering them there)."""
+    prefix = "transformer.decoder."
+    kept = {}
+    for key, value in state_dict.items():
+        if key.startswith((prefix + "bbox_embed.", prefix + "class_embed.")):
+            head = key[len(prefix):]
+            if head not in state_dict or not torch.equal(state_dict[head], value):
+                raise CheckpointError(f"{where}: {key} differs from {head} (or {head} is missing); in Deformable "
+                                      f"DETR both names hold the same head")
+            continue
+        kept[key] = value
+    return kept
+
+
+def infer_deformable_config(state_dict: dict[str, torch.Tensor], file_name: str = "", *, num_heads: int = 8
+                            ) -> DetrConfig:
+    """The Deformable DETR :class:`DetrConfig` of a state dict in the authors' layout.
+
+    Read from the weights: backbone, hidden and FFN sizes, layer counts, levels, points per head and level
+    (given ``num_heads``: the authors' 8), num_queries (two-stage: 300, the authors' proposals), num_classes,
+    box_refine (separate heads per layer) and two_stage (``transformer.enc_output``). DC5 from the file name.
+    """
+    where = file_name or "the state dict"
+    body = "backbone.0.body."
+    missing = [key for key in ("class_embed.0.weight", "bbox_embed.0.layers.0.weight", f"{body}conv1.weight")
+               if key not in state_dict]
+    if missing:
+        raise CheckpointError(f"{where} lacks Deformable DETR keys {missing}")
+    bottleneck = f"{body}layer1.0.conv3.weight" in state_dict
+    blocks_layer3 = _count_layers(state_dict, f"{body}layer3.", where)
+    depth = {(False, 2): "resnet18", (False, 6): "resnet34", (True, 6): "resnet50", (True, 23): "resnet101"}.get(
+        (bottleneck, blocks_layer3))
+    if depth is None:
+        raise CheckpointError(f"{where}: cannot tell the ResNet depth (layer3 has {blocks_layer3} blocks)")
+    levels, hidden = (int(n) for n in state_dict["transformer.level_embed"].shape)
+    weights_out = int(state_dict["transformer.encoder.layers.0.self_attn.attention_weights.weight"].shape[0])
+    if weights_out % (levels * num_heads):
+        raise CheckpointError(f"{where}: the attention weights ({weights_out} outputs) do not split into {levels} "
+                              f"levels x num_heads={num_heads}; pass the model's num_heads")
+    two_stage = "transformer.enc_output.weight" in state_dict
+    box_refine = not torch.equal(state_dict["bbox_embed.0.layers.0.weight"],
+                                 state_dict["bbox_embed.1.layers.0.weight"]) if "bbox_embed.1.layers.0.weight" in \
+        state_dict else False
+    return DetrConfig(
+        architecture="deformable", class_head="sigmoid", backbone=depth,
+        dilation="dc5" in Path(file_name).name.lower(), hidden_dim=hidden, num_heads=num_heads,
+        num_encoder_layers=_count_layers(state_dict, "transformer.encoder.layers.", where),
+        num_decoder_layers=_count_layers(state_dict, "transformer.decoder.layers.", where),
+        dim_feedforward=int(state_dict["transformer.encoder.layers.0.linear1.weight"].shape[0]),
+        num_queries=300 if two_stage else int(state_dict["query_embed.weight"].shape[0]),
+        num_classes=int(state_dict["class_embed.0.weight"].shape[0]),
+        num_feature_levels=levels, num_points=weights_out // (levels * num_heads),
+        box_refine=box_refine or two_stage, two_stage=two_stage, pretrained_backbone=False)
+
+
 def checkpoint_record(config: DetrConfig, meta: ModelMeta) -> dict[str, Any]:
     """``checkpoint["detr"]`` of this project's checkpoints: the model config and the run metadata, in plain
     types (:func:`read_torch_file` reads it back)."""
@@ -242,9 +311,12 @@ def read_torch_file(path: Path) -> CheckpointContents:
             meta = meta.replace(eval_size=(int(data["eval_min_size"]), int(data["eval_max_size"])))
         return CheckpointContents(state_dict, config, meta)
     if isinstance(obj, dict) and is_state_dict(obj.get("model")):
-        return CheckpointContents(dict(obj["model"]))
+        obj = obj["model"]
     if is_state_dict(obj):
-        return CheckpointContents(dict(obj))
+        state_dict = dict(obj)
+        if is_deformable_state_dict(state_dict):
+            state_dict = without_decoder_head_copies(state_dict, str(path))
+        return CheckpointContents(state_dict)
     keys = list(obj)[:10] if isinstance(obj, dict) else type(obj).__name__
     raise CheckpointError(
         f"{path} is not a DETR checkpoint: expected an authors' release file (a dict with a 'model' state dict), "

@@ -354,7 +354,8 @@ def read_huggingface(directory: str | Path) -> CheckpointContents:
     model_type = config.get("model_type")
     if model_type != "detr":
         raise CheckpointError(f"{config_path} has model_type {model_type!r}: only DETR (model_type 'detr', "
-                              f"DetrForObjectDetection) is supported, which is a different model from {model_type!r}")
+                              f"DetrForObjectDetection) and Deformable DETR ('deformable_detr') are supported, "
+                              f"which are different models from {model_type!r}")
     architectures = config.get("architectures") or []
     if "DetrForSegmentation" in architectures:
         raise CheckpointError(f"{config_path}: DetrForSegmentation (panoptic) is not supported; only "

@@ -4,7 +4,8 @@
     detr-convert runs/best.ckpt --to-huggingface my-detr/ --backbone-format transformers
 
 CHECKPOINT is anything detr.load_checkpoint reads: a released model's name, a .pth / .ckpt file, or a
-Hugging Face directory. The result loads with transformers.DetrForObjectDetection.from_pretrained(DIR).
+Hugging Face directory. The result loads with transformers.DetrForObjectDetection.from_pretrained(DIR), or
+for a Deformable DETR with transformers.DeformableDetrForObjectDetection.from_pretrained(DIR).
 Models with options transformers' DETR lacks (anchor queries, sigmoid head, denoising, ...) are refused.
 """
 
@@ -16,7 +17,9 @@ import sys
 from detr.checkpoints import CheckpointError, load_checkpoint
 from detr.checkpoints.formats import ExportError
 from detr.checkpoints.huggingface import save_pretrained
+from detr.checkpoints.huggingface_deformable import save_pretrained_deformable
 from detr.checkpoints.released import CheckpointArgument
+from detr.models.deformable.model import DeformableDETR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         model = load_checkpoint(args.checkpoint)
-        out = save_pretrained(model, args.to_huggingface, backbone_format=args.backbone_format)
+        write = save_pretrained_deformable if isinstance(model, DeformableDETR) else save_pretrained
+        out = write(model, args.to_huggingface, backbone_format=args.backbone_format)
     except (CheckpointError, ExportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

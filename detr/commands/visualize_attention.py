@@ -6,6 +6,8 @@
 
 --out gets the decoder cross-attention of every detected object (or of every query with --all-queries);
 with --encoder or --encoder-points the encoder self-attention figure goes to <out stem>_encoder.png.
+For a Deformable DETR --out gets each detected object's sampling points per feature level and head, sized by
+their attention weights (its attention is sparse: there is no dense map to draw).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from detr.inference.command_line import add_resize_arguments
 from detr.inference.images import to_rgb_array
 from detr.inference.predictor import Predictor
 from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure
+from detr.visualize.sampling import sampling_points_figure
 
 
 def point(text: str) -> tuple[float, float]:
@@ -58,6 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:  # unreadable, or too thin to resize: the message says which; name the file
         print(f"error: {args.image}: {error}", file=sys.stderr)
         return 1
+    if prediction.sampling is not None:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        sampling_points_figure(image, prediction, layer=args.layer, threshold=args.threshold,
+                               top_k=args.top_k).savefig(out, dpi=args.dpi)
+        print(f"{len(prediction)} detections above {args.threshold}; deformable sampling points -> {out}")
+        return 0
     figure = decoder_attention_figure(
         image, prediction, layer=args.layer, head=args.head, threshold=args.threshold, top_k=args.top_k,
         all_queries=args.all_queries,

@@ -138,6 +138,42 @@ class PanopticSegmentation:
 
 
 @dataclass
+class SamplingPoints:
+    """Where a Deformable DETR's decoder cross-attention looked for one image (the paper's Fig. 5 / 6 kind
+    of view): for every decoder layer and query, ``num_points`` points per head and feature level.
+
+    points: float32 ``[L, Q, heads, levels, P, 2]``, (x, y) in pixels of the original image (up to the
+        rounding of the batch padding to whole cells of each level). weights: float32
+        ``[L, Q, heads, levels, P]``, each head's attention weights (summing to 1 over levels and points).
+    strides: input pixels per cell of each level (8, 16, 32, 64 for the paper's four levels).
+    scores: float32 ``[Q]``, every query's best class score (to choose queries beyond the kept detections).
+    """
+
+    points: Tensor
+    weights: Tensor
+    strides: tuple[int, ...]
+    scores: Tensor
+
+    @classmethod
+    def from_outputs(cls, outputs: dict[str, Tensor], result: dict[str, Tensor], *, index: int,
+                     image_size: tuple[int, int], stride: int) -> SamplingPoints:
+        """Image ``index``'s points out of a batch's outputs (``model(..., return_attention=True)``:
+        ``sampling_points`` in [0, 1] of each unpadded image, ``sampling_weights``, ``spatial_shapes``);
+        ``result`` is that image's :class:`detr.PostProcess` output; ``image_size`` is the original image's
+        (height, width), ``stride`` the finest level's (``model.stride``)."""
+        for key in ("sampling_points", "sampling_weights", "spatial_shapes"):
+            if key not in outputs:
+                raise ValueError(f"the model output lacks {key!r}: a Deformable DETR's forward(..., "
+                                 f"return_attention=True) gives it")
+        height, width = image_size
+        scale = torch.tensor([width, height], dtype=torch.float32)
+        strides = tuple(stride * 2 ** level for level in range(outputs["spatial_shapes"].shape[0]))
+        return cls(points=outputs["sampling_points"][:, index].float() * scale,
+                   weights=outputs["sampling_weights"][:, index].float(), strides=strides,
+                   scores=result["scores"].float())
+
+
+@dataclass
 class Prediction:
     """Detections of one image; ``N`` kept queries, in query order.
 
@@ -148,7 +184,8 @@ class Prediction:
     image_size: ``(height, width)`` of the original image.
     file_name: the input's file name when it was a path, else None.
     image_id: set by callers that number images (prediction files); None otherwise.
-    attention: only with ``return_attention=True``.
+    attention: only with ``return_attention=True`` (the paper's DETR: dense attention maps).
+    sampling: only with ``return_attention=True`` on a Deformable DETR: its :class:`SamplingPoints`.
     masks: bool ``[N, H, W]``, each detection's instance mask at the original image size; a panoptic model
         only (None otherwise).
     panoptic: the image's :class:`PanopticSegmentation`; only with ``task="panoptic"``.
@@ -165,6 +202,7 @@ class Prediction:
     attention: AttentionMaps | None = field(default=None, repr=False)
     masks: Tensor | None = field(default=None, repr=False)
     panoptic: PanopticSegmentation | None = field(default=None, repr=False)
+    sampling: SamplingPoints | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return int(self.scores.numel())

@@ -40,7 +40,14 @@ from detr.data.transforms import EVAL_MAX_SIZE, EVAL_MIN_SIZE, make_eval_transfo
 from detr.inference.images import ImageInput, is_single_image, to_rgb_array
 from detr.inference.postprocess import PostProcess
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
-from detr.inference.prediction import AttentionMaps, PanopticSegmentation, Prediction, label_name, select_detections
+from detr.inference.prediction import (
+    AttentionMaps,
+    PanopticSegmentation,
+    Prediction,
+    SamplingPoints,
+    label_name,
+    select_detections,
+)
 from detr.models.segmentation import DETRPanoptic
 
 logger = logging.getLogger(__name__)
@@ -328,7 +335,10 @@ class Predictor:
                 segments = [{**segment, "label_name": label_name(self.category_map, segment["label"])}
                             for segment in segmentations[i]["segments_info"]]
                 prediction.panoptic = PanopticSegmentation(segmentations[i]["id_map"].cpu(), segments)
-            if return_attention:
+            if return_attention and "sampling_points" in outputs:  # Deformable DETR: sampling points, no maps
+                prediction.sampling = SamplingPoints.from_outputs(outputs, result, index=i, image_size=image_sizes[i],
+                                                                  stride=self.model.stride)
+            elif return_attention:
                 input_size = (int(inputs[i].shape[1]), int(inputs[i].shape[2]))
                 prediction.attention = AttentionMaps.from_outputs(
                     outputs, result, index=i, input_size=input_size, image_size=image_sizes[i],

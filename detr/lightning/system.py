@@ -166,6 +166,7 @@ class DetrSystem(L.LightningModule):
             HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou, class_head=class_head,
                              **focal, group_size=config.num_queries if config.query_groups > 1 else None),
             eos_coef=eos_coef, **weights, num_decoder_layers=layers, class_head=class_head, **focal, parts=parts,
+            two_stage=config.two_stage,
         )
         if channels_last:
             self.model.backbone[0].use_channels_last()
@@ -468,12 +469,20 @@ class DetrSystem(L.LightningModule):
     # ------------------------------------------------------------------ optimisation
     def parameter_groups(self) -> list[dict[str, Any]]:
         """The optimizer's parameter groups: every trainable parameter outside the backbone at ``lr``
-        ("transformer"), the backbone's at ``lr_backbone`` ("backbone", when any of it trains)."""
+        ("transformer"), the backbone's at ``lr_backbone`` ("backbone", when any of it trains); for Deformable
+        DETR, its reference-point and sampling-offset linears at ``lr`` × 0.1 ("sampling_offsets")."""
         in_backbone = {id(parameter) for parameter in self.detector.backbone.parameters()}
         trainable = [parameter for parameter in self.model.parameters() if parameter.requires_grad]
         backbone = [parameter for parameter in trainable if id(parameter) in in_backbone]
         rest = [parameter for parameter in trainable if id(parameter) not in in_backbone]
         groups = [{"params": rest, "lr": self.hparams.lr, "name": "transformer"}]
+        if self.detector.config is not None and self.detector.config.architecture == "deformable":
+            # the authors' Deformable DETR trains the reference-point and sampling-offset linears at lr × 0.1
+            slow = {id(parameter) for name, parameter in self.detector.named_parameters()
+                    if "reference_points" in name or "sampling_offsets" in name}
+            groups = [{"params": [p for p in rest if id(p) not in slow], "lr": self.hparams.lr, "name": "transformer"},
+                      {"params": [p for p in rest if id(p) in slow], "lr": self.hparams.lr * 0.1,
+                       "name": "sampling_offsets"}]
         if backbone:
             groups.append({"params": backbone, "lr": self.hparams.lr_backbone, "name": "backbone"})
         return groups

@@ -49,13 +49,16 @@ class SetCriterion(nn.Module):
             (loss_*_dense). Outputs holding ``dn_outputs`` or ``dense_outputs`` need the part that reads them.
         denoising, dense_aux: shorthands that add those two parts with this criterion's layer count, class
             head, focal parameters and weights.
+        two_stage: Deformable DETR's two-stage encoder proposals (``enc_outputs``) get the set loss too,
+            matched class-agnostically (every target is class 0, as the authors' code), with the suffix
+            ``_enc`` and the base weights.
     """
 
     def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, eos_coef: float = 0.1, *,
                  loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
                  num_decoder_layers: int = 6, class_head: ClassHead = "softmax",
                  focal_alpha: float = 0.25, focal_gamma: float = 2.0, parts: Sequence[LossPart] = (),
-                 denoising: bool = False, dense_aux: bool = False) -> None:
+                 denoising: bool = False, dense_aux: bool = False, two_stage: bool = False) -> None:
         super().__init__()
         self.num_classes = num_classes
         self.matcher = matcher if matcher is not None else HungarianMatcher(class_head=class_head)
@@ -71,6 +74,9 @@ class SetCriterion(nn.Module):
         self.weight_dict: dict[str, float] = dict(base)
         for layer in range(num_decoder_layers - 1):
             self.weight_dict.update({f"{name}_{layer}": weight for name, weight in base.items()})
+        self.two_stage = two_stage
+        if two_stage:
+            self.weight_dict.update({f"{name}_enc": weight for name, weight in base.items()})
 
         parts = list(parts)
         if denoising:
@@ -142,6 +148,9 @@ class SetCriterion(nn.Module):
             if key in outputs and key not in read:
                 raise ValueError(f"the outputs hold {what} ({key}) but the criterion ignores them: build it with "
                                  f"SetCriterion(..., parts=[{part}(...)]) or SetCriterion(..., {shorthand})")
+        if "enc_outputs" in outputs and not self.two_stage:
+            raise ValueError("the outputs hold two-stage encoder proposals (enc_outputs) but the criterion ignores "
+                             "them: build it with SetCriterion(..., two_stage=True)")
         if num_boxes is None:
             num_boxes = float(sum(len(t["labels"]) for t in targets))
         num_boxes = torch.as_tensor(num_boxes, dtype=torch.float32, device=outputs["pred_logits"].device).clamp(min=1)
@@ -150,6 +159,11 @@ class SetCriterion(nn.Module):
             aux_losses = self.layer_losses(aux, targets, num_boxes)
             aux_losses.pop("class_error")  # logged for the last layer only, as the authors do
             losses.update({f"{name}_{layer}": value for name, value in aux_losses.items()})
+        if self.two_stage:
+            binary = [{**target, "labels": torch.zeros_like(target["labels"])} for target in targets]
+            encoder_losses = self.layer_losses(outputs["enc_outputs"], binary, num_boxes)
+            encoder_losses.pop("class_error")
+            losses.update({f"{name}_enc": value for name, value in encoder_losses.items()})
         for part in self.parts:
             losses.update(part(outputs, targets, num_boxes))
         return losses

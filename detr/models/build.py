@@ -1,5 +1,5 @@
 """Build a detector from its :class:`detr.models.config.DetrConfig`: the paper's :class:`DETR` for learned
-queries, :class:`AnchorDETR` for anchor queries."""
+queries, :class:`AnchorDETR` for anchor queries, :class:`DeformableDETR` for ``architecture="deformable"``."""
 
 from __future__ import annotations
 
@@ -10,13 +10,21 @@ from detr.models.anchor.denoising import DenoisingQueries
 from detr.models.anchor.model import AnchorDETR
 from detr.models.backbone import Backbone, Joiner
 from detr.models.config import DetrConfig
+from detr.models.deformable.model import DeformableDETR
+from detr.models.deformable.transformer import (
+    DeformableDecoder,
+    DeformableDecoderLayer,
+    DeformableEncoder,
+    DeformableEncoderLayer,
+    DeformableTransformer,
+)
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 from detr.models.transformer import Transformer, TransformerEncoder, TransformerEncoderLayer
 
 
-def build_detr(config: DetrConfig | None = None, /, **options: Any) -> DETR | AnchorDETR:
+def build_detr(config: DetrConfig | None = None, /, **options: Any) -> DETR | AnchorDETR | DeformableDETR:
     """Build the detector ``config`` describes (default: the paper's COCO model, R50, 6 + 6 layers, 100
     queries, 91 classes); ``options`` are :class:`DetrConfig` fields that replace the config's
     (``build_detr(num_classes=3)``, ``build_detr(config, dropout=0.0)``). The model's ``config`` is the
@@ -28,6 +36,10 @@ def build_detr(config: DetrConfig | None = None, /, **options: Any) -> DETR | An
     body = Backbone(config.backbone, dilation=config.dilation, pretrained=config.pretrained_backbone,
                     norm=config.backbone_norm, trainable_layers=config.backbone_trainable_layers,
                     last_stage=config.backbone_last_stage)
+    if config.architecture == "deformable":
+        model = _build_deformable_detr(Joiner(body, PositionEmbeddingSine(config.hidden_dim // 2, offset=-0.5)), config)
+        model.config = config
+        return model
     encoding = (PositionEmbeddingSine(config.hidden_dim // 2) if config.position_encoding == "sine"
                 else PositionEmbeddingLearned(config.hidden_dim // 2))
     backbone = Joiner(body, encoding)
@@ -58,6 +70,18 @@ def _build_anchor_detr(backbone: Joiner, config: DetrConfig) -> AnchorDETR:
     return AnchorDETR(backbone, transformer, num_classes=config.num_classes, num_queries=config.num_queries,
                       aux_loss=config.aux_loss, class_head=config.class_head, denoising=denoising,
                       query_groups=config.query_groups, dense_head=_dense_head(config))
+
+
+def _build_deformable_detr(backbone: Joiner, config: DetrConfig) -> DeformableDETR:
+    sizes = (config.hidden_dim, config.num_heads, config.num_feature_levels, config.num_points,
+             config.dim_feedforward, config.dropout)
+    encoder = DeformableEncoder([DeformableEncoderLayer(*sizes) for _ in range(config.num_encoder_layers)])
+    decoder = DeformableDecoder([DeformableDecoderLayer(*sizes) for _ in range(config.num_decoder_layers)])
+    transformer = DeformableTransformer(encoder, decoder, hidden_dim=config.hidden_dim,
+                                        num_levels=config.num_feature_levels, two_stage=config.two_stage,
+                                        num_queries=config.num_queries)
+    return DeformableDETR(backbone, transformer, num_classes=config.num_classes, num_queries=config.num_queries,
+                          aux_loss=config.aux_loss, box_refine=config.box_refine, two_stage=config.two_stage)
 
 
 def _dense_head(config: DetrConfig) -> DenseAuxiliaryHead | None:

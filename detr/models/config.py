@@ -23,6 +23,9 @@ from detr.categories import CategoryMap
 from detr.models.backbone import BackboneName, BackboneNorm, LastStage
 
 QueryType = Literal["learned", "anchor"]
+#: "detr": the paper's single-scale transformer (with the query types above); "deformable": Deformable DETR's
+#: multi-scale deformable attention (:class:`detr.models.deformable.model.DeformableDETR`).
+Architecture = Literal["detr", "deformable"]
 PositionEncoding = Literal["sine", "learned"]
 #: The class head, in one vocabulary for the model, the matcher, the criterion and the post-processing:
 #: "softmax" (the paper: num_classes + 1 logits, the last "no object"; cross-entropy, -p matching cost) or
@@ -68,6 +71,16 @@ class DetrConfig:
             matched on its own; inference decodes group 1 only. 1 = the paper's assignment.
         dense_aux_head: a training-only FCOS-like head on the encoder output, every cell inside a box
             positive for it (Co-DETR's collaborative auxiliary head); inference does not run it.
+
+    Deformable DETR (Zhu et al. 2021; docs/deformable.md):
+        architecture: "detr" (the paper's transformer) or "deformable" (multi-scale deformable attention,
+            :class:`detr.models.deformable.model.DeformableDETR`; needs class_head="sigmoid"; the authors'
+            model also sets num_queries=300 and dim_feedforward=1024).
+        num_feature_levels: input levels: 4 (layer2–4 + one stride-64 level, the paper), 1 (single-scale:
+            layer4), 2 or 3 (the last stages), more (further stride-2 levels).
+        num_points: sampling points per head and level, in the encoder and the decoder (4).
+        box_refine: iterative bounding-box refinement (§4.2). two_stage: queries from the encoder's best
+            proposals (§4.2; needs box_refine).
     """
 
     backbone: BackboneName = "resnet50"
@@ -96,6 +109,11 @@ class DetrConfig:
     anchor_local_attention: float = 0.0
     query_groups: int = 1
     dense_aux_head: bool = False
+    architecture: Architecture = "detr"
+    num_feature_levels: int = 4
+    num_points: int = 4
+    box_refine: bool = False
+    two_stage: bool = False
 
     def __post_init__(self) -> None:
         if self.position_encoding not in ("sine", "learned"):
@@ -126,8 +144,38 @@ class DetrConfig:
                     raise ValueError(f"{why}: it needs query_type='anchor'")
         if self.pre_norm and self.query_type == "anchor":
             raise ValueError("query_type='anchor' has DAB-DETR's post-norm decoder: set pre_norm=False")
+        self._check_deformable()
         if self.dilation and self.backbone in ("resnet18", "resnet34"):
             raise ValueError(f"dilation (DC5) needs bottleneck blocks: use resnet50 or resnet101, not {self.backbone}")
+
+    def _check_deformable(self) -> None:
+        if self.architecture not in ("detr", "deformable"):
+            raise ValueError(f"architecture must be 'detr' or 'deformable', got {self.architecture!r}")
+        if self.architecture == "detr":
+            for name in ("box_refine", "two_stage"):
+                if getattr(self, name):
+                    raise ValueError(f"{name}=True is a Deformable DETR option: set architecture='deformable'")
+            return
+        if self.num_feature_levels < 1 or self.num_points < 1:
+            raise ValueError(f"num_feature_levels and num_points must be at least 1, got {self.num_feature_levels} "
+                             f"and {self.num_points}")
+        if self.two_stage and not self.box_refine:
+            raise ValueError("two_stage=True needs box_refine=True (as in the authors' Deformable DETR)")
+        if self.hidden_dim % 32 or self.hidden_dim % self.num_heads:
+            raise ValueError(f"architecture='deformable' projects every level with GroupNorm(32): hidden_dim must "
+                             f"divide by 32 and by num_heads ({self.num_heads}), got {self.hidden_dim}")
+        unsupported = {
+            "class_head": (self.class_head != "sigmoid", "set class_head='sigmoid' (the focal head)"),
+            "query_type": (self.query_type != "learned", "set query_type='learned'"),
+            "position_encoding": (self.position_encoding != "sine", "set position_encoding='sine'"),
+            "pre_norm": (self.pre_norm, "set pre_norm=False (the authors' layers are post-norm)"),
+            "dense_aux_head": (self.dense_aux_head, "set dense_aux_head=False"),
+            "backbone_last_stage": (self.backbone_last_stage != "layer4", "set backbone_last_stage='layer4' (the "
+                                    "levels are layer2–4 and beyond)"),
+        }
+        for name, (used, fix) in unsupported.items():
+            if used:
+                raise ValueError(f"architecture='deformable' does not take {name}={getattr(self, name)!r}: {fix}")
 
     @property
     def num_logits(self) -> int:

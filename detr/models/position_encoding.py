@@ -18,13 +18,15 @@ class PositionEmbeddingSine(nn.Module):
     non-padded pixels along the axis (1 at the first pixel), normalised by the last value (+1e-6) and
     scaled to 2π, so padding never shifts the encoding of real pixels. Channel ``i`` uses frequency
     ``temperature ** (2 * (i // 2) / num_pos_feats)``, sin on even and cos on odd channels (interleaved),
-    and the output is ``concat(y, x)``: y first.
+    and the output is ``concat(y, x)``: y first. ``offset`` is added to the count before normalising: 0 for
+    DETR, -0.5 (cell centres) for Deformable DETR, as the authors' code of each.
     """
 
     def __init__(self, num_pos_feats: int = 128, temperature: float = 10000.0, normalize: bool = True,
-                 scale: float = 2 * math.pi) -> None:
+                 scale: float = 2 * math.pi, offset: float = 0.0) -> None:
         super().__init__()
         self.num_pos_feats = num_pos_feats
+        self.offset = offset
         self.temperature = temperature
         self.normalize = normalize
         self.scale = scale
@@ -36,8 +38,8 @@ class PositionEmbeddingSine(nn.Module):
         x_embed = not_mask.cumsum(2, dtype=torch.float32)
         if self.normalize:
             eps = 1e-6
-            y_embed = y_embed / (y_embed[:, -1:, :] + eps) * self.scale
-            x_embed = x_embed / (x_embed[:, :, -1:] + eps) * self.scale
+            y_embed = (y_embed + self.offset) / (y_embed[:, -1:, :] + eps) * self.scale
+            x_embed = (x_embed + self.offset) / (x_embed[:, :, -1:] + eps) * self.scale
         dim_t = torch.arange(self.num_pos_feats, dtype=torch.float32, device=mask.device)
         dim_t = self.temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / self.num_pos_feats)
         pos_x = x_embed[:, :, :, None] / dim_t  # [B, h, w, F]

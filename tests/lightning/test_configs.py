@@ -106,7 +106,7 @@ def test_every_config_trains_a_step_and_writes_only_under_default_root_dir(
     config: Path, tiny_shapes: Path, tmp_path: Path, monkeypatch, capsys
 ) -> None:
     backbone = _tiny_backbone(_printed(capsys, config))
-    data_root = tiny_shapes if config.name.startswith("demo") else COCO_MINI
+    data_root = tiny_shapes if "shapes" in config.name else COCO_MINI
     workdir, run_dir = tmp_path / "cwd", tmp_path / "runs" / "one"
     workdir.mkdir()
     monkeypatch.chdir(workdir)
@@ -144,3 +144,15 @@ def test_validate_and_predict_write_beside_the_fit_not_over_it(tiny_shapes: Path
     assert (run_dir / "validate" / "evaluation" / "val_predictions.json").is_file()
     assert (run_dir / "predict" / "predictions.json").is_file()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]
+
+
+def test_the_deformable_coco_config_has_the_authors_recipe(capsys) -> None:
+    printed = _printed(capsys, REPO / "configs" / "deformable_detr_coco.yaml")
+    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    detr = model["detr"]
+    assert (detr["architecture"], detr["class_head"], detr["num_queries"], detr["dim_feedforward"]) == (
+        "deformable", "sigmoid", 300, 1024)
+    assert (detr["num_feature_levels"], detr["num_points"], detr["backbone"]) == (4, 4, "resnet50")
+    assert (model["lr"], model["lr_backbone"], model["weight_decay"], model["lr_drop_epochs"]) == (2e-4, 2e-5, 1e-4, [40])
+    assert (model["cost_class"], model["loss_ce"], model["cost_bbox"], model["loss_giou"]) == (2.0, 2.0, 5.0, 2.0)
+    assert trainer["max_epochs"] == 50 and trainer["gradient_clip_val"] == 0.1 and data["batch_size"] == 2

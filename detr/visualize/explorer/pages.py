@@ -20,6 +20,7 @@ from detr.data.transforms import denormalize
 from detr.inference.images import ImageInput, to_rgb_array
 from detr.inference.prediction import label_name
 from detr.inference.predictor import Predictor
+from detr.models.deformable.model import DeformableDETR
 from detr.visualize.explorer.data import explorer_data
 from detr.visualize.explorer.render import render_explorer_html, render_index_html
 
@@ -123,6 +124,9 @@ def write_attention_explorer(
         raise ValueError(
             "images must be a non-empty sequence of images (paths, PIL images or arrays); wrap one image in a list"
         )
+    if isinstance(model, DeformableDETR):
+        raise ValueError("the explorer page shows dense attention maps, which Deformable DETR does not have: draw "
+                         "its sampling points with detr-visualize-attention (detr.visualize.sampling)")
     predictor = Predictor(model, category_map=category_map, device=device, threshold=threshold,
                           min_size=min_size, max_size=max_size)
     out_dir = Path(out_dir)

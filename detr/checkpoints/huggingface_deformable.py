@@ -1,0 +1,326 @@
+"""Hugging Face transformers Deformable DETR directories in and out.
+
+In: :func:`read_huggingface_deformable` reads a directory as
+``transformers.DeformableDetrForObjectDetection.save_pretrained`` writes it and as the hub serves the authors'
+converted models (SenseTime/deformable-detr, -with-box-refine, -with-box-refine-two-stage, -single-scale):
+``config.json`` with ``model_type`` "deformable_detr" + ``model.safetensors`` or ``pytorch_model.bin``; a
+timm or transformers ResNet; any label count (``id2label`` becomes the category map).
+:func:`detr.load_checkpoint` reaches it through :func:`detr.checkpoints.huggingface.read_huggingface`.
+
+Out: :func:`save_pretrained_deformable` writes a :class:`DeformableDETR` in that format.
+
+The two implementations are the same model with different parameter names (this project keeps the
+authors' names, fundamentalvision/Deformable-DETR):
+
+=====================================================  ==============================================
+this project (the authors' layout)                     transformers (as written to disk)
+=====================================================  ==============================================
+``backbone.0.body.*``                                  ``model.backbone.conv_encoder.model.*``
+``input_proj.{l}.{0,1}``, ``query_embed``              ``model.input_proj.{l}.{0,1}``, ``model.query_position_embeddings``
+``transformer.{level_embed, reference_points,          ``model.{level_embed, reference_points, enc_output,
+enc_output(_norm), pos_trans(_norm)}``                 enc_output_norm, pos_trans, pos_trans_norm}``
+encoder ``self_attn``, ``norm1``, ``linear1/2``,       ``self_attn``, ``self_attn_layer_norm``, ``fc1/2``,
+``norm2``                                              ``final_layer_norm``
+decoder ``cross_attn``, ``norm1``; ``self_attn``       ``encoder_attn``, ``encoder_attn_layer_norm``;
+(in_proj), ``norm2``; ``linear1/2``, ``norm3``         ``self_attn.{q,k,v,out}_proj``, ``self_attn_layer_norm``;
+                                                       ``fc1/2``, ``final_layer_norm``
+``class_embed.{i}``, ``bbox_embed.{i}``                the same, and ``model.decoder.{class,bbox}_embed.{i}``
+=====================================================  ==============================================
+
+Heads: transformers ties every layer's class head to ``class_embed.0`` unless the file holds distinct ones, and
+the refinement's ``model.decoder.bbox_embed.{i}`` to ``bbox_embed.{i}``; a head that the file leaves out is the
+one it is tied to. A file whose two copies of one head differ has no counterpart here (the authors' model uses
+one module for both) and is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from detr.atomic_files import write_atomically, write_text_atomically
+from detr.categories import CategoryMap
+from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
+from detr.checkpoints.huggingface import (
+    _BODY,
+    _HF_BODY,
+    _RESNET_PAIRS,
+    _RESNETS,
+    BackboneFormat,
+    _category_map,
+    _check_backbone_config,
+    _current_spelling,
+    _eval_size,
+    _read_json,
+    _read_weights,
+    _rename,
+    _safetensors_torch,
+)
+from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
+from detr.models.deformable.model import DeformableDETR
+
+logger = logging.getLogger(__name__)
+
+MODEL_TYPE = "deformable_detr"
+
+_PAIRS: tuple[tuple[str, str], ...] = (
+    ("input_proj.", "model.input_proj."),
+    ("query_embed.", "model.query_position_embeddings."),
+    ("transformer.level_embed", "model.level_embed"),
+    ("transformer.reference_points.", "model.reference_points."),
+    ("transformer.enc_output.", "model.enc_output."),
+    ("transformer.enc_output_norm.", "model.enc_output_norm."),
+    ("transformer.pos_trans.", "model.pos_trans."),
+    ("transformer.pos_trans_norm.", "model.pos_trans_norm."),
+    ("transformer.encoder.layers.{layer}.self_attn.", "model.encoder.layers.{layer}.self_attn."),
+    ("transformer.encoder.layers.{layer}.norm1.", "model.encoder.layers.{layer}.self_attn_layer_norm."),
+    ("transformer.encoder.layers.{layer}.linear1.", "model.encoder.layers.{layer}.fc1."),
+    ("transformer.encoder.layers.{layer}.linear2.", "model.encoder.layers.{layer}.fc2."),
+    ("transformer.encoder.layers.{layer}.norm2.", "model.encoder.layers.{layer}.final_layer_norm."),
+    ("transformer.decoder.layers.{layer}.cross_attn.", "model.decoder.layers.{layer}.encoder_attn."),
+    ("transformer.decoder.layers.{layer}.norm1.", "model.decoder.layers.{layer}.encoder_attn_layer_norm."),
+    ("transformer.decoder.layers.{layer}.self_attn.out_proj.", "model.decoder.layers.{layer}.self_attn.out_proj."),
+    ("transformer.decoder.layers.{layer}.norm2.", "model.decoder.layers.{layer}.self_attn_layer_norm."),
+    ("transformer.decoder.layers.{layer}.linear1.", "model.decoder.layers.{layer}.fc1."),
+    ("transformer.decoder.layers.{layer}.linear2.", "model.decoder.layers.{layer}.fc2."),
+    ("transformer.decoder.layers.{layer}.norm3.", "model.decoder.layers.{layer}.final_layer_norm."),
+)
+_HF_QKV = re.compile(r"model\.decoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.(weight|bias)$")
+_IN_PROJ = re.compile(r"transformer\.decoder\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$")
+#: a head's key, in either copy: (decoder copy?, class or bbox, index, rest)
+_HF_HEAD = re.compile(r"(model\.decoder\.)?(class|bbox)_embed\.(\d+)\.(.+)$")
+
+
+def _heads(found: dict[tuple[str, int], dict[str, dict[str, torch.Tensor]]], num_heads: int, where: str
+           ) -> dict[str, torch.Tensor]:
+    """The per-layer heads in this project's keys from the file's copies ({(kind, i): {copy: {rest: tensor}}})."""
+    heads: dict[str, torch.Tensor] = {}
+    for kind in ("class", "bbox"):
+        if (kind, 0) not in found:
+            raise CheckpointError(f"{where} has no {kind}_embed.0: a DeformableDetrModel without the detection heads?")
+        for index in range(num_heads):
+            copies = found.get((kind, index)) or found[(kind, 0)]
+            first, *others = copies.values()
+            for other in others:
+                if first.keys() != other.keys() or any(not torch.equal(first[k], other[k]) for k in first):
+                    raise CheckpointError(
+                        f"{where}: {kind}_embed.{index} and model.decoder.{kind}_embed.{index} hold different "
+                        f"weights; the authors' model (and this project's) uses one head for both")
+            heads.update({f"{kind}_embed.{index}.{rest}": value for rest, value in first.items()})
+    return heads
+
+
+def to_official_state_dict(state_dict: dict[str, torch.Tensor], num_heads: int, where: str = "the state dict"
+                           ) -> dict[str, torch.Tensor]:
+    """A transformers ``DeformableDetrForObjectDetection`` state dict → this project's (the authors') keys.
+
+    ``num_heads``: per-layer heads the model has (decoder layers, +1 for two-stage). q, k and v become one
+    ``in_proj``; ``num_batches_tracked`` is dropped; floats become float32; unknown keys raise."""
+    official: dict[str, torch.Tensor] = {}
+    projections: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+    heads: dict[tuple[str, int], dict[str, dict[str, torch.Tensor]]] = {}
+    unknown = []
+    for hf_key, value in state_dict.items():
+        if hf_key.endswith("num_batches_tracked"):
+            continue
+        value = value.float() if value.is_floating_point() else value
+        key = _current_spelling(hf_key)
+        if match := _HF_QKV.match(key):
+            index, which, kind = match.groups()
+            projections.setdefault((index, kind), {})[which] = value
+            continue
+        if match := _HF_HEAD.match(key):
+            copy, kind, index, rest = match.groups()
+            heads.setdefault((kind, int(index)), {}).setdefault(copy or "", {})[rest] = value
+            continue
+        if key.startswith(_HF_BODY):
+            suffix = key[len(_HF_BODY):]
+            renamed = (_rename(suffix, _RESNET_PAIRS, to_huggingface=False) if suffix.startswith(("embedder.", "encoder."))
+                       else suffix)
+            new_key = None if renamed is None else _BODY + renamed
+        else:
+            new_key = _rename(key, _PAIRS, to_huggingface=False)
+        if new_key is None:
+            unknown.append(hf_key)
+        else:
+            official[new_key] = value
+    if unknown:
+        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in Deformable DETR's layout: "
+                              f"{unknown[:10]}")
+    for (index, kind), parts in projections.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise CheckpointError(f"{where}: decoder layer {index} has only the {sorted(parts)} projections")
+        official[f"transformer.decoder.layers.{index}.self_attn.in_proj_{kind}"] = torch.cat(
+            [parts["q"], parts["k"], parts["v"]])
+    official.update(_heads(heads, num_heads, where))
+    return official
+
+
+def to_huggingface_state_dict(model: DeformableDETR, backbone_format: BackboneFormat = "timm"
+                              ) -> dict[str, torch.Tensor]:
+    """This project's Deformable DETR → transformers' keys (as on disk), every tensor a contiguous copy; the
+    refinement's and two-stage's decoder copies of the heads are written too."""
+    hf: dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        if key.endswith("num_batches_tracked"):
+            continue
+        value = value.detach().to("cpu", copy=True).contiguous()
+        if match := _IN_PROJ.match(key):
+            index, kind = match.groups()
+            for which, part in zip("qkv", value.chunk(3)):
+                hf[f"model.decoder.layers.{index}.self_attn.{which}_proj.{kind}"] = part.clone()
+            continue
+        if match := re.match(r"(class|bbox)_embed\.(\d+)\.(.+)$", key):
+            kind, index, rest = match.groups()
+            hf[key] = value
+            if (kind == "bbox" and model.box_refine) or (kind == "class" and model.two_stage):
+                hf[f"model.decoder.{key}"] = value.clone()
+            continue
+        if key.startswith(_BODY):
+            suffix = key[len(_BODY):]
+            renamed = suffix if backbone_format == "timm" else _rename(suffix, _RESNET_PAIRS, to_huggingface=True)
+            new_key = None if renamed is None else _HF_BODY + renamed
+        else:
+            new_key = _rename(key, _PAIRS, to_huggingface=True)
+        if new_key is None:
+            raise ExportError(f"{key} has no counterpart in transformers' Deformable DETR")
+        hf[new_key] = value
+    return hf
+
+
+def _same(config: dict[str, Any], first: str, second: str, default: Any, config_path: Path) -> Any:
+    a, b = config.get(first, default), config.get(second, default)
+    if a != b:
+        raise CheckpointError(f"{config_path}: this project's Deformable DETR has one {first.split('_', 1)[1]} for "
+                              f"the encoder and the decoder; found {first}={a}, {second}={b}")
+    return a
+
+
+def _resnet_depth(state_dict: dict[str, torch.Tensor], where: str) -> str:
+    bottleneck = f"{_BODY}layer1.0.conv3.weight" in state_dict
+    blocks = {int(k[len(_BODY) + len("layer3."):].split(".")[0]) for k in state_dict if k.startswith(_BODY + "layer3.")}
+    name = {(False, 2): "resnet18", (False, 6): "resnet34", (True, 6): "resnet50", (True, 23): "resnet101"}.get(
+        (bottleneck, len(blocks)))
+    if name is None:
+        raise CheckpointError(f"{where}: cannot tell the ResNet depth (layer3 has {len(blocks)} blocks)")
+    return name
+
+
+def is_deformable_directory(directory: str | Path) -> bool:
+    """Whether ``directory`` holds a config.json of model_type "deformable_detr"."""
+    path = Path(directory) / "config.json"
+    return path.is_file() and _read_json(path).get("model_type") == MODEL_TYPE
+
+
+def read_huggingface_deformable(directory: str | Path) -> CheckpointContents:
+    """Read a transformers ``DeformableDetrForObjectDetection`` directory into this project's layout + config.
+
+    Raises:
+        CheckpointError: settings this project's Deformable DETR lacks (different encoder and decoder head
+            counts, FFN widths or point counts, a non-ReLU activation, learned positions, a non-ResNet
+            backbone), two copies of one head that differ, keys without a counterpart.
+    """
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    config = _read_json(config_path)
+    where = str(directory)
+    if config.get("activation_function", "relu") != "relu":
+        raise CheckpointError(f"{config_path}: activation_function {config['activation_function']!r}; the authors' "
+                              f"Deformable DETR uses relu")
+    if config.get("position_embedding_type", "sine") != "sine":
+        raise CheckpointError(f"{config_path}: position_embedding_type {config['position_embedding_type']!r}; "
+                              f"this project's Deformable DETR has the sine encoding")
+    heads = _same(config, "encoder_attention_heads", "decoder_attention_heads", 8, config_path)
+    ffn = _same(config, "encoder_ffn_dim", "decoder_ffn_dim", 1024, config_path)
+    points = _same(config, "encoder_n_points", "decoder_n_points", 4, config_path)
+    backbone, dilation = _check_backbone_config(config, str(config_path))
+    two_stage, box_refine = bool(config.get("two_stage", False)), bool(config.get("with_box_refine", False))
+    if two_stage and not box_refine:
+        raise CheckpointError(f"{config_path}: two_stage without with_box_refine, which transformers itself cannot "
+                              f"run (its two-stage head reads the refinement heads)")
+    decoder_layers = int(config.get("decoder_layers", 6))
+    state_dict = to_official_state_dict(_read_weights(directory), decoder_layers + two_stage, where)
+    depth = _resnet_depth(state_dict, where)
+    if backbone is not None and backbone != depth:
+        raise CheckpointError(f"{config_path} names backbone {backbone} but the weights are a {depth}")
+    num_queries = int(config.get("two_stage_num_proposals", 300) if two_stage else
+                      state_dict["query_embed.weight"].shape[0])
+    model_config = DetrConfig(
+        architecture="deformable", class_head="sigmoid", backbone=depth, dilation=dilation,
+        hidden_dim=int(config.get("d_model", 256)), num_heads=int(heads), dim_feedforward=int(ffn),
+        num_encoder_layers=int(config.get("encoder_layers", 6)), num_decoder_layers=decoder_layers,
+        num_queries=num_queries, num_classes=int(state_dict["class_embed.0.weight"].shape[0]),
+        num_feature_levels=int(config.get("num_feature_levels", 4)), num_points=int(points),
+        box_refine=box_refine, two_stage=two_stage, dropout=float(config.get("dropout", 0.1)))
+    meta = ModelMeta(category_map=_category_map(config, model_config.num_classes, config_path),
+                     eval_size=_eval_size(directory))
+    return CheckpointContents(state_dict, model_config, meta)
+
+
+def huggingface_deformable_config(model: DeformableDETR, backbone_format: BackboneFormat = "timm",
+                                  category_map: CategoryMap | None = None) -> dict[str, Any]:
+    """config.json of :func:`save_pretrained_deformable`."""
+    config = model.config
+    if config is None or config.architecture != "deformable":
+        raise ExportError("save_pretrained_deformable needs a Deformable DETR built by build_detr (model.config)")
+    if config.backbone not in _RESNETS:
+        raise ExportError(f"backbone {config.backbone!r}: transformers can hold {', '.join(_RESNETS)}")
+    category_map = category_map or model.meta.category_map
+    names = list(category_map.names) if category_map is not None else [f"LABEL_{i}" for i in range(model.num_classes)]
+    hf: dict[str, Any] = {
+        "architectures": ["DeformableDetrForObjectDetection"], "model_type": MODEL_TYPE,
+        "d_model": config.hidden_dim, "encoder_layers": config.num_encoder_layers,
+        "decoder_layers": config.num_decoder_layers, "encoder_attention_heads": config.num_heads,
+        "decoder_attention_heads": config.num_heads, "encoder_ffn_dim": config.dim_feedforward,
+        "decoder_ffn_dim": config.dim_feedforward, "encoder_n_points": config.num_points,
+        "decoder_n_points": config.num_points, "num_feature_levels": config.num_feature_levels,
+        "num_queries": config.num_queries, "two_stage_num_proposals": config.num_queries,
+        "with_box_refine": config.box_refine, "two_stage": config.two_stage, "num_channels": 3,
+        "activation_function": "relu", "dropout": config.dropout, "attention_dropout": 0.0,
+        "activation_dropout": 0.0, "position_embedding_type": "sine", "dilation": config.dilation,
+        "auxiliary_loss": False, "use_pretrained_backbone": False, "is_encoder_decoder": True,
+        "id2label": {str(i): n for i, n in enumerate(names)}, "label2id": {n: i for i, n in enumerate(names)},
+    }
+    stages = [2, 3, 4] if config.num_feature_levels > 1 else [4]
+    if backbone_format == "timm":
+        hf.update(use_timm_backbone=True, backbone=config.backbone, backbone_config=None)
+    else:
+        if config.dilation:
+            raise ExportError("transformers' own ResNet has no dilation (DC5): export with backbone_format='timm'")
+        layer_type, depths = _RESNETS[config.backbone]
+        widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
+        hf.update(use_timm_backbone=False, backbone=None, backbone_config={
+            "model_type": "resnet", "layer_type": layer_type, "depths": depths, "hidden_sizes": widths,
+            "embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
+            "downsample_in_bottleneck": False, "num_channels": 3, "out_features": [f"stage{i}" for i in stages]})
+    return hf
+
+
+def save_pretrained_deformable(model: DeformableDETR, directory: str | Path, *, backbone_format: BackboneFormat = "timm",
+                               category_map: CategoryMap | None = None) -> Path:
+    """Write ``model`` as ``DeformableDetrForObjectDetection.save_pretrained`` would: config.json,
+    model.safetensors and preprocessor_config.json (DeformableDetrImageProcessor at the model's eval size)."""
+    if backbone_format not in ("timm", "transformers"):
+        raise ValueError(f"backbone_format must be 'timm' or 'transformers', got {backbone_format!r}")
+    config = huggingface_deformable_config(model, backbone_format, category_map)
+    tensors = to_huggingface_state_dict(model, backbone_format)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
+    data = _safetensors_torch().save(tensors, metadata={"format": "pt"})
+    write_atomically(directory / "model.safetensors", lambda file: file.write(data))
+    min_size, max_size = model.meta.eval_size or AUTHORS_EVAL_SIZE
+    processor = {
+        "image_processor_type": "DeformableDetrImageProcessor", "format": "coco_detection",
+        "do_resize": True, "size": {"shortest_edge": int(min_size), "longest_edge": int(max_size)},
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_pad": True,
+    }
+    write_text_atomically(directory / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
+    logger.info("wrote %s (Deformable DETR, %s backbone, %d classes)", directory, backbone_format, model.num_classes)
+    return directory

@@ -1,0 +1,2 @@
+"""Deformable DETR: multi-scale deformable attention (:mod:`.attention`), its encoder and decoder
+(:mod:`.transformer`) and the detector (:mod:`.model`)."""

@@ -1,0 +1,179 @@
+"""Deformable DETR (Zhu et al., "Deformable DETR: Deformable Transformers for End-to-End Object Detection",
+ICLR 2021): multi-scale features, deformable attention, 300 queries, a sigmoid focal class head; iterative
+box refinement and two-stage as options.
+
+Multi-scale input (§4.1, Fig. 4 of the paper): the ResNet's layer2, layer3 and layer4 outputs (strides 8,
+16, 32), each through a 1×1 conv + GroupNorm(32) to the hidden size, plus extra levels from layer4 by
+3×3 stride-2 convs + GroupNorm (stride 64 for the default 4 levels); ``num_feature_levels=1`` is the
+paper's single-scale model (layer4 only), 2 and 3 take the last two and three stages. Each level gets the sine position encoding (with the authors'
+half-cell offset) plus a learned level embedding, and its own padding mask.
+
+State-dict keys are the authors' (fundamentalvision/Deformable-DETR): ``backbone.0.body.*``,
+``input_proj.{l}.{0,1}.*``, ``transformer.*``, ``query_embed.weight`` (one stage), ``class_embed.{i}.*`` and
+``bbox_embed.{i}.layers.{j}.*`` per decoder layer (+1 for two-stage's encoder head), shared modules without
+box refinement and separate ones with it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from detr.box_ops import inverse_sigmoid
+from detr.models.backbone import Joiner
+from detr.models.config import PRIOR_BIAS, ClassHead, DetrConfig, ModelMeta
+from detr.models.deformable.transformer import REFERENCE_EPS, DeformableTransformer
+from detr.models.detector import check_inputs, predictions
+from detr.models.mlp import MLP
+
+#: The backbone stages that feed the levels, finest first (strides 8, 16, 32).
+_STAGES = ("layer2", "layer3", "layer4")
+
+
+def _projection(in_channels: int, hidden_dim: int, *, extra: bool) -> nn.Sequential:
+    conv = (nn.Conv2d(in_channels, hidden_dim, kernel_size=3, stride=2, padding=1) if extra
+            else nn.Conv2d(in_channels, hidden_dim, kernel_size=1))
+    nn.init.xavier_uniform_(conv.weight, gain=1)
+    nn.init.constant_(conv.bias, 0)
+    return nn.Sequential(conv, nn.GroupNorm(32, hidden_dim))
+
+
+class DeformableDETR(nn.Module):
+    """Deformable DETR: multi-scale features → deformable encoder → deformable decoder → per-layer heads.
+
+    Args:
+        backbone: a ResNet cut after layer4 and its sine position encoding (``offset=-0.5``).
+        transformer: the :class:`DeformableTransformer` (its ``num_levels`` sets the input levels).
+        num_classes: sigmoid class logits (no "no object"). num_queries: object queries (paper: 300).
+        aux_loss: also return every earlier decoder layer's predictions.
+        box_refine: iterative bounding-box refinement (separate heads per layer, each refining the last box).
+        two_stage: queries from the encoder's best proposals (needs ``box_refine``, as the authors' code).
+
+    Attributes as the other detectors': ``class_head`` ("sigmoid"), ``query_type`` ("learned"), ``config``,
+    ``meta``, ``stride`` (the finest level's: 8, or 32 single-scale).
+    """
+
+    query_type = "learned"
+
+    def __init__(self, backbone: Joiner, transformer: DeformableTransformer, *, num_classes: int, num_queries: int = 300,
+                 aux_loss: bool = True, box_refine: bool = False, two_stage: bool = False) -> None:
+        super().__init__()
+        if two_stage and not box_refine:
+            raise ValueError("two_stage=True needs box_refine=True (its reference boxes are refined layer by layer)")
+        hidden_dim, levels = transformer.d_model, transformer.num_levels
+        self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
+        self.box_refine, self.two_stage = box_refine, two_stage
+        self.class_head: ClassHead = "sigmoid"
+        self.transformer = transformer
+        class_embed = nn.Linear(hidden_dim, num_classes)
+        nn.init.constant_(class_embed.bias, PRIOR_BIAS)
+        bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
+        nn.init.constant_(bbox_embed.layers[-1].weight, 0)
+        nn.init.constant_(bbox_embed.layers[-1].bias, 0)
+        nn.init.constant_(bbox_embed.layers[-1].bias[2:], 0.0 if two_stage else -2.0)
+        num_heads = len(transformer.decoder.layers) + (1 if two_stage else 0)
+        if box_refine:  # one head per layer (clones); the authors start only the first at -2 for w, h
+            self.class_embed = nn.ModuleList(copy.deepcopy(class_embed) for _ in range(num_heads))
+            self.bbox_embed = nn.ModuleList(copy.deepcopy(bbox_embed) for _ in range(num_heads))
+            if not two_stage:
+                for head in self.bbox_embed[1:]:
+                    nn.init.constant_(head.layers[-1].bias[2:], 0.0)
+        else:  # one head shared by every layer
+            self.class_embed = nn.ModuleList([class_embed] * num_heads)
+            self.bbox_embed = nn.ModuleList([bbox_embed] * num_heads)
+        if not two_stage:
+            self.query_embed = nn.Embedding(num_queries, hidden_dim * 2)
+        self.stages = _STAGES[-min(levels, len(_STAGES)):]  # the backbone stages read, finest first
+        channels = [stage_channels(backbone[0], stage) for stage in self.stages]
+        projections = [_projection(c, hidden_dim, extra=False) for c in channels]
+        for level in range(len(channels), levels):
+            projections.append(_projection(channels[-1] if level == len(channels) else hidden_dim, hidden_dim,
+                                           extra=True))
+        self.input_proj = nn.ModuleList(projections)
+        self.backbone = backbone
+        self.config: DetrConfig | None = None
+        self.meta = ModelMeta()
+
+    @property
+    def num_levels(self) -> int:
+        return self.transformer.num_levels
+
+    @property
+    def stride(self) -> int:
+        """Input pixels per cell of the finest level: 8 (3 levels or more), 16 (2) or the backbone's (1)."""
+        return {"layer2": 8, "layer3": 16, "layer4": self.backbone[0].stride}[self.stages[0]]
+
+    def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DeformableDETR:
+        """As :meth:`detr.models.detector.Detector.optimize_for_inference`: the backbone only, in place."""
+        self.eval()
+        if fold_batch_norm:
+            self.backbone[0].fold_frozen_batch_norm()
+        if channels_last:
+            self.backbone[0].use_channels_last()
+        return self
+
+    def multi_scale_features(self, images: torch.Tensor, padding_mask: torch.Tensor
+                             ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """images [B, 3, H, W], padding_mask bool [B, H, W] → per level: projected features [B, C, h_l, w_l],
+        masks bool [B, h_l, w_l] (True = padding, nearest-resized from the image's), positions [B, C, h_l, w_l]."""
+        check_inputs(images, padding_mask)
+        padding_mask = padding_mask.bool()
+        keep = self.stages[:-1]
+        last, _, stages = self.backbone[0].forward_with_stages(images, padding_mask, keep)
+        features = [stages[name] for name in keep] + [last]
+        sources = [projection(feature) for projection, feature in zip(self.input_proj, features)]
+        for level in range(len(features), self.num_levels):
+            sources.append(self.input_proj[level](last if level == len(features) else sources[-1]))
+        masks = [F.interpolate(padding_mask[None].float(), size=src.shape[-2:]).to(torch.bool)[0] for src in sources]
+        positions = [self.backbone[1](mask).to(src.dtype) for src, mask in zip(sources, masks)]
+        return sources, masks, positions
+
+    def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, return_attention: bool = False,
+                targets: list[dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+        """Raw predictions for a padded batch (``targets`` are not read: every detector takes them).
+
+        Returns pred_logits [B, Q, num_classes] (sigmoid scores), pred_boxes [B, Q, 4] normalised cxcywh of the
+        unpadded image; aux_outputs (if aux_loss): layers 1 … L-1 as {pred_logits, pred_boxes}; two-stage:
+        enc_outputs {pred_logits [B, S, num_classes], pred_boxes [B, S, 4]} (the encoder proposals, trained
+        class-agnostically). With return_attention, where each query's cross-attention looked:
+        sampling_locations [L, B, Q, H, levels, P, 2] (x, y in [0, 1] of each level's padded map, as the
+        attention reads them), sampling_points (the same in [0, 1] of the unpadded image, up to the
+        rounding of the padding to whole cells of each level), sampling_weights [L, B, Q, H, levels, P]
+        (summing to 1 per head over levels and points) and spatial_shapes int64 [levels, 2] (h, w).
+        """
+        sources, masks, positions = self.multi_scale_features(images, padding_mask)
+        query_embed = None if self.two_stage else self.query_embed.weight
+        out = self.transformer(sources, masks, positions, query_embed, self.class_embed, self.bbox_embed,
+                               self.box_refine, return_sampling=return_attention)
+        decoded = out.decoder
+        logits, boxes = [], []
+        for layer in range(decoded.hidden.shape[0]):
+            hidden = decoded.hidden[layer]
+            reference = inverse_sigmoid(decoded.references[layer], eps=REFERENCE_EPS)
+            delta = self.bbox_embed[layer](hidden)
+            if reference.shape[-1] == 4:
+                box_logits = delta + reference
+            else:
+                box_logits = torch.cat([delta[..., :2] + reference, delta[..., 2:]], -1)
+            logits.append(self.class_embed[layer](hidden))
+            boxes.append(box_logits.sigmoid())
+        outputs = predictions(torch.stack(logits), torch.stack(boxes), self.aux_loss)
+        if out.encoder_logits is not None:
+            outputs["enc_outputs"] = {"pred_logits": out.encoder_logits, "pred_boxes": out.encoder_boxes}
+        if return_attention:
+            locations = torch.stack([locations for locations, _ in decoded.sampling])
+            outputs["sampling_locations"] = locations
+            outputs["sampling_points"] = locations / out.valid_ratios[None, :, None, None, :, None, :]
+            outputs["sampling_weights"] = torch.stack([weights for _, weights in decoded.sampling])
+            outputs["spatial_shapes"] = torch.tensor(out.spatial_shapes, dtype=torch.int64)
+        return outputs
+
+
+def stage_channels(body: nn.Module, stage: str) -> int:
+    """Output channels of a ResNet stage of :class:`detr.models.backbone.Backbone` (its last block's last conv)."""
+    last_block = getattr(body.body, stage)[-1]
+    return (last_block.conv3 if hasattr(last_block, "conv3") else last_block.conv2).out_channels

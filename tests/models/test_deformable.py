@@ -1,0 +1,119 @@
+"""Deformable DETR: the sampling core against bilinear interpolation by hand, the four variants' outputs,
+the config's checks, gradients through the sampling offsets, and the sampling points it reports."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detr import build_detr
+from detr.models.config import DetrConfig
+from detr.models.deformable.attention import MultiScaleDeformableAttention, deformable_sampling
+from tests.helpers import tiny_config_with
+
+TINY_DEFORMABLE = tiny_config_with(architecture="deformable", class_head="sigmoid", num_points=2, dropout=0.0)
+VARIANTS = {"plain": {}, "box_refine": {"box_refine": True}, "two_stage": {"box_refine": True, "two_stage": True},
+            "single_scale": {"num_feature_levels": 1}}
+
+
+def _batch():
+    torch.manual_seed(1)
+    images = torch.randn(2, 3, 96, 128)
+    mask = torch.zeros(2, 96, 128, dtype=torch.bool)
+    mask[1, :, 80:] = True
+    return images, mask
+
+
+def test_sampling_at_cell_centres_reads_the_cells_and_bilinear_between():
+    torch.manual_seed(0)
+    shapes = [(3, 4), (2, 2)]
+    value = torch.randn(1, 3 * 4 + 2 * 2, 1, 5)  # [B, S, H, D]
+    level0 = value[0, :12, 0].view(3, 4, 5)
+    # one query, one head, two levels, one point each; all the weight on level 0
+    weights = torch.tensor([1.0, 0.0]).view(1, 1, 1, 2, 1)
+    centre = torch.tensor([(2 + 0.5) / 4, (1 + 0.5) / 3])  # cell (y=1, x=2)
+    locations = torch.stack([centre, centre]).view(1, 1, 1, 2, 1, 2)
+    assert torch.allclose(deformable_sampling(value, shapes, locations, weights)[0, 0], level0[1, 2], atol=1e-6)
+    # half-way between cells (1, 2) and (1, 3): their mean
+    between = torch.tensor([(3 + 0.0) / 4, (1 + 0.5) / 3])
+    locations = torch.stack([between, between]).view(1, 1, 1, 2, 1, 2)
+    expected = (level0[1, 2] + level0[1, 3]) / 2
+    assert torch.allclose(deformable_sampling(value, shapes, locations, weights)[0, 0], expected, atol=1e-6)
+    # outside the map: zeros
+    outside = torch.tensor([1.5, 1.5]).expand(2, 2).reshape(1, 1, 1, 2, 1, 2)
+    assert deformable_sampling(value, shapes, outside, weights).abs().max() == 0
+
+
+def test_initial_offsets_are_rays_of_growing_length_and_uniform_weights():
+    attention = MultiScaleDeformableAttention(hidden_dim=32, num_heads=4, num_levels=2, num_points=3)
+    query = torch.randn(1, 5, 32)
+    reference = torch.full((1, 5, 2, 2), 0.5)
+    locations, weights = attention.sampling(query, reference, [(10, 10), (5, 5)])
+    assert locations.shape == (1, 5, 4, 2, 3, 2) and weights.shape == (1, 5, 4, 2, 3)
+    assert torch.allclose(weights, torch.full_like(weights, 1 / 6))
+    # head 0 looks along +x: points 1, 2, 3 cells away on each level
+    assert torch.allclose(locations[0, 0, 0, 0, :, 0], 0.5 + torch.tensor([1.0, 2.0, 3.0]) / 10)
+    assert torch.allclose(locations[0, 0, 0, 1, :, 0], 0.5 + torch.tensor([1.0, 2.0, 3.0]) / 5)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_variant_predicts_every_layer_and_reports_its_sampling(variant):
+    model = build_detr(TINY_DEFORMABLE, **VARIANTS[variant]).eval()
+    images, mask = _batch()
+    with torch.no_grad():
+        out = model(images, mask, return_attention=True)
+    config = model.config
+    queries, classes = config.num_queries, config.num_classes
+    assert out["pred_logits"].shape == (2, queries, classes) and out["pred_boxes"].shape == (2, queries, 4)
+    assert len(out["aux_outputs"]) == config.num_decoder_layers - 1
+    assert ((out["pred_boxes"] >= 0) & (out["pred_boxes"] <= 1)).all()
+    assert ("enc_outputs" in out) == (variant == "two_stage")
+    levels = config.num_feature_levels
+    assert out["sampling_locations"].shape == (config.num_decoder_layers, 2, queries, config.num_heads, levels,
+                                               config.num_points, 2)
+    assert torch.allclose(out["sampling_weights"].sum((-1, -2)), torch.ones(()), atol=1e-5)
+    expected_shapes = [(12, 16), (6, 8), (3, 4), (2, 2)] if levels == 4 else [(3, 4)]
+    assert out["spatial_shapes"].tolist() == [list(s) for s in expected_shapes]
+    assert model.stride == (8 if levels == 4 else 32)
+    with torch.no_grad():  # return_attention changes nothing else
+        plain = model(images, mask)
+    assert torch.equal(plain["pred_boxes"], out["pred_boxes"])
+
+
+def test_heads_are_shared_without_refinement_and_separate_with_it():
+    shared = build_detr(TINY_DEFORMABLE)
+    assert shared.class_embed[0] is shared.class_embed[1] and shared.bbox_embed[0] is shared.bbox_embed[1]
+    refined = build_detr(TINY_DEFORMABLE, box_refine=True, two_stage=True)
+    assert len(refined.class_embed) == TINY_DEFORMABLE.num_decoder_layers + 1  # + the encoder's head
+    assert refined.class_embed[0] is not refined.class_embed[1]
+    assert "query_embed.weight" not in refined.state_dict() and "transformer.enc_output.weight" in refined.state_dict()
+
+
+def test_the_loss_reaches_the_sampling_offsets_and_the_backbone():
+    model = build_detr(TINY_DEFORMABLE, box_refine=True).train()
+    images, mask = _batch()
+    out = model(images, mask)
+    (out["pred_boxes"].sum() + out["pred_logits"].sum()).backward()
+    layer = model.transformer.decoder.layers[0].cross_attn
+    assert layer.sampling_offsets.weight.grad.abs().sum() > 0
+    assert model.backbone[0].body.layer2[0].conv1.weight.grad.abs().sum() > 0
+    assert model.input_proj[3][0].weight.grad.abs().sum() > 0
+
+
+def test_two_stage_on_images_too_small_for_its_queries_says_so():
+    model = build_detr(TINY_DEFORMABLE, box_refine=True, two_stage=True, num_queries=300).eval()
+    with pytest.raises(ValueError, match="use larger images or fewer queries"):
+        model(torch.randn(1, 3, 96, 96), torch.zeros(1, 96, 96, dtype=torch.bool))  # 193 positions
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"architecture": "deformable"}, "class_head='sigmoid'"),
+    ({"architecture": "deformable", "class_head": "sigmoid", "hidden_dim": 48}, "divide by 32"),
+    ({"architecture": "deformable", "class_head": "sigmoid", "two_stage": True}, "needs box_refine"),
+    ({"box_refine": True}, "architecture='deformable'"),
+    ({"architecture": "deformable", "class_head": "sigmoid", "query_type": "anchor"}, "query_type='learned'"),
+    ({"architecture": "transformer"}, "architecture must be"),
+])
+def test_config_refuses_what_the_model_lacks(changes, message):
+    with pytest.raises(ValueError, match=message):
+        DetrConfig(**changes)
