@@ -5,6 +5,8 @@ for a fixed training time and print COCO AP / AP50 (pycocotools) at regular poin
     .venv/bin/python benchmarks/convergence.py --preset best --minutes 10 --eval-every 2 --jsonl runs.jsonl
     .venv/bin/python benchmarks/convergence.py --preset best --set lr=2e-4 --set detr.num_queries=30
     .venv/bin/python benchmarks/convergence.py --step-time paper anchor best   # ms per training step
+    # the demo's YAML, one run per shapes-generator seed, fitted to 3,000 steps: AP50 at 250 / 500 / 1k / 2k / 3k
+    .venv/bin/python benchmarks/convergence.py --preset demo --seeds 0 1 --train-steps 3000 --eval-every-steps 250
 
 Each run is what ``detr fit`` trains: :class:`detr.lightning.DetrSystem` (the model from a
 :class:`detr.models.config.DetrConfig`, the Hungarian loss, AdamW and its step-based learning-rate schedule:
@@ -24,7 +26,8 @@ here if missing; other sizes or seeds go into ``--cache-dir``), or any COCO-layo
 images with ``--data-root`` and ``--image-size``.
 
 Presets (``--preset``) are the configurations measured in docs/convergence.md: ``paper`` (the authors'
-settings on the small model), one per option alone, and ``best``. A preset, like ``--set KEY=VALUE``
+settings on the small model), one per option alone, ``best``, and ``demo`` (read from
+configs/demo_shapes_cpu.yaml, so always the demo's recipe). A preset, like ``--set KEY=VALUE``
 (values parsed as JSON, else kept as strings), sets model fields (``detr.KEY``, or a bare DetrConfig field
 name), :class:`RunConfig`'s trainer fields, or any other :class:`DetrSystem` argument (loss weights,
 learning rates, schedule).
