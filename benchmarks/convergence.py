@@ -5,6 +5,8 @@ for a fixed training time and print COCO AP / AP50 (pycocotools) at regular poin
     .venv/bin/python benchmarks/convergence.py --preset best --minutes 10 --eval-every 2 --jsonl runs.jsonl
     .venv/bin/python benchmarks/convergence.py --preset best --set lr=2e-4 --set detr.num_queries=30
     .venv/bin/python benchmarks/convergence.py --step-time paper anchor best   # ms per training step
+    # the demo's YAML, one run per shapes-generator seed, fitted to 3,000 steps: AP50 at 250 / 500 / 1k / 2k / 3k
+    .venv/bin/python benchmarks/convergence.py --preset demo --seeds 0 1 --train-steps 3000 --eval-every-steps 250
 
 Each run is what ``detr fit`` trains: :class:`detr.lightning.DetrSystem` (the model from a
 :class:`detr.models.config.DetrConfig`, the Hungarian loss, AdamW and its step-based learning-rate schedule:
@@ -24,7 +26,8 @@ here if missing; other sizes or seeds go into ``--cache-dir``), or any COCO-layo
 images with ``--data-root`` and ``--image-size``.
 
 Presets (``--preset``) are the configurations measured in docs/convergence.md: ``paper`` (the authors'
-settings on the small model), one per option alone, and ``best``. A preset, like ``--set KEY=VALUE``
+settings on the small model), one per option alone, ``best``, and ``demo`` (read from
+configs/demo_shapes_cpu.yaml, so always the demo's recipe). A preset, like ``--set KEY=VALUE``
 (values parsed as JSON, else kept as strings), sets model fields (``detr.KEY``, or a bare DetrConfig field
 name), :class:`RunConfig`'s trainer fields, or any other :class:`DetrSystem` argument (loss weights,
 learning rates, schedule).
@@ -125,12 +128,43 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+DEMO_CONFIG = REPO / "configs" / "demo_shapes_cpu.yaml"
+
+
+def demo_preset(path: Path = DEMO_CONFIG) -> dict[str, Any]:
+    """The ``demo`` preset: what ``detr fit --config configs/demo_shapes_cpu.yaml`` trains, read from the
+    YAML (its model block, batch size, gradient clipping and seed), so that the benchmark and the demo
+    cannot drift apart. Its image size is the YAML's ``data.train_max_size`` (see :func:`demo_image_size`)."""
+    import yaml
+
+    config = yaml.safe_load(path.read_text())
+    model = dict(config["model"])
+    ignored = {"evaluator_backend", "lr_drop_epochs"}  # evaluation only; an empty list is no step decay
+    return {"detr": dict(model.pop("detr")), **{k: v for k, v in model.items() if k not in ignored},
+            "batch_size": config["data"]["batch_size"], "clip": config["trainer"]["gradient_clip_val"],
+            "seed": config.get("seed_everything", 0)}
+
+
+def demo_image_size(path: Path = DEMO_CONFIG) -> int:
+    """The demo's image size: the longest side its data block resizes to (the shapes set is square)."""
+    import yaml
+
+    return int(yaml.safe_load(path.read_text())["data"]["train_max_size"])
+
+
+def preset_values(preset: str) -> dict[str, Any]:
+    """The overrides a preset makes (the ``demo`` preset is read from the demo's YAML)."""
+    if preset == "demo":
+        return demo_preset()
+    if preset not in PRESETS:
+        raise SystemExit(f"unknown preset {preset!r}; choose one of {sorted(PRESETS) + ['demo']}")
+    return PRESETS[preset]
+
+
 def build_run_config(preset: str, overrides: list[str]) -> RunConfig:
     """``preset``'s RunConfig with ``--set KEY=VALUE`` ``overrides`` applied (module docstring)."""
-    if preset not in PRESETS:
-        raise SystemExit(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-    values = {key: value for key, value in PRESETS[preset].items() if key != "detr"}
-    model = dict(PRESETS[preset].get("detr", {}))
+    values = {key: value for key, value in preset_values(preset).items() if key != "detr"}
+    model = dict(preset_values(preset).get("detr", {}))
     run_fields = {f.name for f in dataclasses.fields(RunConfig)} - {"detr", "system"}
     system_fields, model_fields = system_arguments(), set(field_names())
     for item in overrides:
@@ -246,11 +280,16 @@ class ConvergenceReport(L.Callback):
 
 
 def make_trainer(config: RunConfig, callbacks: list[L.Callback], root: str, *, max_steps: int = -1,
-                 eval_every: float | None = None) -> L.Trainer:
+                 eval_every: float | None = None, eval_every_steps: int | None = None) -> L.Trainer:
     """A CPU Trainer without logger, checkpoints or progress bar; validation every ``eval_every`` minutes of
-    training (Lightning's time-based ``val_check_interval``) and when the budget stops the run."""
-    validation = ({"val_check_interval": datetime.timedelta(minutes=eval_every), "check_val_every_n_epoch": None}
-                  if eval_every else {"limit_val_batches": 0})
+    training (Lightning's time-based ``val_check_interval``), or every ``eval_every_steps`` steps when given,
+    and when the budget stops the run."""
+    if eval_every_steps:
+        validation = {"val_check_interval": eval_every_steps, "check_val_every_n_epoch": None}
+    elif eval_every:
+        validation = {"val_check_interval": datetime.timedelta(minutes=eval_every), "check_val_every_n_epoch": None}
+    else:
+        validation = {"limit_val_batches": 0}
     return L.Trainer(accelerator="cpu", devices=1, precision=config.precision, max_epochs=-1, max_steps=max_steps,
                      gradient_clip_val=config.clip or None, gradient_clip_algorithm="norm", callbacks=callbacks,
                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -259,9 +298,11 @@ def make_trainer(config: RunConfig, callbacks: list[L.Callback], root: str, *, m
 
 
 def run(config: RunConfig, data_root: Path, *, minutes: float, eval_every: float, name: str, jsonl: Path | None,
-        max_steps: int | None = None, image_size: int = 128) -> list[dict[str, Any]]:
+        max_steps: int | None = None, image_size: int = 128,
+        eval_every_steps: int | None = None) -> list[dict[str, Any]]:
     """Train for ``minutes`` of training time, or ``max_steps`` steps when given (the time budget is then
-    only a safety stop); evaluate every ``eval_every`` minutes and at the end. Returns the curve's points."""
+    only a safety stop); evaluate every ``eval_every`` minutes, or every ``eval_every_steps`` steps when
+    given, and at the end. Returns the curve's points."""
     L.seed_everything(config.seed, verbose=False)
     datamodule = make_datamodule(data_root, config.batch_size, image_size)
     config = for_data(config, datamodule)
@@ -274,7 +315,8 @@ def run(config: RunConfig, data_root: Path, *, minutes: float, eval_every: float
         callbacks.append(ExponentialMovingAverage(decay=config.ema_decay))
     print(f"[{name}] {json.dumps(config.to_dict())}", flush=True)
     with tempfile.TemporaryDirectory() as root:
-        trainer = make_trainer(config, callbacks, root, max_steps=max_steps or -1, eval_every=eval_every)
+        trainer = make_trainer(config, callbacks, root, max_steps=max_steps or -1, eval_every=eval_every,
+                               eval_every_steps=eval_every_steps)
         trainer.fit(system, datamodule=datamodule)
     return report.curve
 
@@ -318,12 +360,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-steps", type=int, default=None,
                         help="budget in training steps instead of --minutes (comparable across machine speeds)")
     parser.add_argument("--eval-every", type=float, default=2.0, help="minutes of training between evaluations")
+    parser.add_argument("--eval-every-steps", type=int, default=None,
+                        help="steps between evaluations instead of --eval-every (with --train-steps)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
+                        help="one run per seed, each on the shapes set the generator makes with that seed and "
+                             "trained with that seed; then AP50 at --report-steps for every run")
+    parser.add_argument("--report-steps", type=int, nargs="+", default=[250, 500, 1000, 2000, 3000],
+                        help="the steps of the --seeds summary (each a multiple of --eval-every-steps)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--num-train", type=int, default=2000)
     parser.add_argument("--num-val", type=int, default=200)
     parser.add_argument("--data-seed", type=int, default=0)
     parser.add_argument("--data-root", type=Path, default=None, help="COCO-layout folder instead of the shapes set")
-    parser.add_argument("--image-size", type=int, default=128, help="the images' size (--data-root)")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="the images' size (--data-root); default: the demo's for --preset demo, else 128")
     parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/detr_convergence_cache"),
                         help="where shapes sets of other sizes or seeds are written")
     parser.add_argument("--jsonl", type=Path, default=None, help="append every evaluation point here")
@@ -333,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="steps timed per preset with --step-time")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.image_size is None:
+        args.image_size = demo_image_size() if args.preset == "demo" and args.data_root is None else 128
+    if args.seeds is not None:
+        return seeds_summary(args)
     start = time.perf_counter()
     data_root = args.data_root or shapes_root(args.num_train, args.num_val, args.data_seed, args.cache_dir)
     print(f"data: {data_root} ({time.perf_counter() - start:.1f} s); torch {torch.__version__}, "
@@ -347,7 +401,34 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     config = build_run_config(args.preset, args.set)
     run(config, data_root, minutes=args.minutes, eval_every=args.eval_every, name=args.name or args.preset,
-        jsonl=args.jsonl, max_steps=args.train_steps, image_size=args.image_size)
+        jsonl=args.jsonl, max_steps=args.train_steps, image_size=args.image_size,
+        eval_every_steps=args.eval_every_steps)
+    return 0
+
+
+def seeds_summary(args: argparse.Namespace) -> int:
+    """``--seeds``: one run per seed (the generator's seed of the shapes set and the training seed), each
+    ``--train-steps`` long (its schedule fitted to that count) with an evaluation every
+    ``--eval-every-steps``; then a table of AP50 at ``--report-steps`` and the seconds per step."""
+    steps = args.train_steps or max(args.report_steps)
+    every = args.eval_every_steps or 250
+    curves: dict[int, list[dict[str, Any]]] = {}
+    for seed in args.seeds:
+        data_root = args.data_root or shapes_root(args.num_train, args.num_val, seed, args.cache_dir)
+        config = build_run_config(args.preset, [*args.set, f"seed={seed}"])
+        curves[seed] = run(config, data_root, minutes=10_000.0, eval_every=args.eval_every,
+                           name=f"{args.name or args.preset} seed {seed}", jsonl=args.jsonl, max_steps=steps,
+                           image_size=args.image_size, eval_every_steps=every)
+    report = [s for s in args.report_steps if s <= steps]
+    print(f"\nAP50 of --preset {args.preset} {' '.join('--set ' + s for s in args.set)} "
+          f"(schedule fitted to {steps} steps; seed = the shapes generator's and the training seed)")
+    print(f"{'seed':>6} | " + " | ".join(f"{s:>6}" for s in report) + " | s/step (training time)")
+    for seed, curve in curves.items():
+        by_step = {point["step"]: point for point in curve}
+        cells = [f"{by_step[s]['AP50']:6.3f}" if s in by_step else f"{'-':>6}" for s in report]
+        last = curve[-1] if curve else None
+        rate = f"{last['train_min'] * 60 / last['step']:.3f}" if last and last["step"] else "-"
+        print(f"{seed:>6} | " + " | ".join(cells) + f" | {rate}")
     return 0
 
 

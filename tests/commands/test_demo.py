@@ -25,10 +25,10 @@ NOISE = ["COCO eval:", "Epoch ", "weights_only", "LeafSpec", "Total FLOPs", "Tot
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory) -> tuple[str, Path]:
-    """The demo on 32 training images (4 steps an epoch) for 3 seconds of training, on one thread: its console
+    """The demo on 16 training images (2 steps an epoch) for 3 seconds of training, on one thread: its console
     output and its output folder."""
     root = tmp_path_factory.mktemp("demo")
-    write_shapes_dataset(root / "shapes", ShapesConfig(num_train=32, num_val=8))
+    write_shapes_dataset(root / "shapes", ShapesConfig(num_train=16, num_val=8))
     threads, argv = torch.get_num_threads(), sys.argv
     sys.argv = ["detr-demo"]  # LightningCLI warns when sys.argv holds arguments besides its own
     console = io.StringIO()

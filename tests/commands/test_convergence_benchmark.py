@@ -1,0 +1,47 @@
+"""benchmarks/convergence.py: the ``demo`` preset is what configs/demo_shapes_cpu.yaml trains, and ``--seeds``
+trains one run per shapes-generator seed, evaluated every N steps, then prints AP50 at the report steps."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from tests.helpers import REPO, load_script
+
+pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
+
+TINY = ["detr.hidden_dim=32", "detr.num_heads=2", "detr.num_encoder_layers=1", "detr.num_decoder_layers=2",
+        "detr.dim_feedforward=64", "detr.num_queries=6", "batch_size=2"]
+
+
+def test_demo_preset_is_the_demo_yaml() -> None:
+    benchmark = load_script("benchmarks/convergence.py")
+    config = yaml.safe_load((REPO / "configs" / "demo_shapes_cpu.yaml").read_text())
+    run = benchmark.build_run_config("demo", [])
+    model = dict(config["model"])
+    for name, value in model.pop("detr").items():
+        assert getattr(run.detr, name) == value, name
+    for name in ("evaluator_backend", "lr_drop_epochs"):
+        model.pop(name)
+    assert run.system == model
+    assert (run.batch_size, run.clip, run.seed) == (config["data"]["batch_size"],
+                                                    config["trainer"]["gradient_clip_val"], config["seed_everything"])
+    assert benchmark.demo_image_size() == config["data"]["train_max_size"]
+    # --set still overrides it, and the run's seed follows --seeds
+    assert benchmark.build_run_config("demo", ["lr=1e-3", "seed=1"]).system["lr"] == 1e-3
+
+
+def test_seeds_print_ap50_at_the_report_steps(tmp_path, capsys) -> None:
+    benchmark = load_script("benchmarks/convergence.py")
+    argv = ["--preset", "demo", *(f"--set={item}" for item in TINY), "--seeds", "0", "1", "--train-steps", "4",
+            "--eval-every-steps", "2", "--report-steps", "2", "4", "--num-train", "4", "--num-val", "2",
+            "--cache-dir", str(tmp_path), "--threads", "1"]
+    assert benchmark.main(argv) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "shapes_4_2_0").is_dir() and (tmp_path / "shapes_4_2_1").is_dir()  # the generator's seeds
+    for seed in (0, 1):
+        steps = re.findall(rf"\[demo seed {seed}\] train .* step +(\d+)/4 .* AP50 [0-9.]+", out)
+        assert steps == ["2", "4"]
+        assert re.search(rf"^ +{seed} \| +[0-9.]+ \| +[0-9.]+ \| [0-9.]+$", out, re.MULTILINE), out
