@@ -234,3 +234,18 @@ def padded_photo_batch() -> tuple[torch.Tensor, torch.Tensor]:
         tensor = torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).float() / 255
         tensors.append((tensor - mean) / std)
     return pad_images(tensors)
+
+
+def huggingface_outputs(model, images: torch.Tensor, padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, normalised cxcywh boxes) of a transformers DETR-family detector on a padded batch (mask True
+    on padding)."""
+    with torch.no_grad():
+        out = model(pixel_values=images, pixel_mask=(~padding_mask).long())
+    return out.logits, out.pred_boxes
+
+
+def detr_outputs(model, images: torch.Tensor, padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same two tensors from this project's detector."""
+    with torch.no_grad():
+        out = model(images, padding_mask)
+    return out["pred_logits"], out["pred_boxes"]

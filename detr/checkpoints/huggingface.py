@@ -134,6 +134,24 @@ def _rename(key: str, pairs: tuple[tuple[str, str], ...], to_huggingface: bool) 
     return None
 
 
+def backbone_key_from_huggingface(key: str) -> str | None:
+    """A backbone key of a transformers DETR-family file (``model.backbone.conv_encoder.model.*``, a timm or a
+    transformers ResNet) as this project's ``backbone.0.body.*`` key; None for one with no counterpart."""
+    suffix = key[len(_HF_BODY):]
+    if suffix.startswith(("embedder.", "encoder.")):  # transformers' ResNet
+        renamed = _rename(suffix, _RESNET_PAIRS, to_huggingface=False)
+        return None if renamed is None else _BODY + renamed
+    return _BODY + suffix  # timm's ResNet has torchvision's module names
+
+
+def backbone_key_to_huggingface(key: str, backbone_format: BackboneFormat) -> str | None:
+    """This project's ``backbone.0.body.*`` key as transformers names it for a timm or a transformers ResNet;
+    None for one with no counterpart."""
+    suffix = key[len(_BODY):]
+    renamed = suffix if backbone_format == "timm" else _rename(suffix, _RESNET_PAIRS, to_huggingface=True)
+    return None if renamed is None else _HF_BODY + renamed
+
+
 def _current_spelling(key: str) -> str:
     """transformers 5's in-memory names and version 4's learned position table → the names transformers 5
     writes to disk."""
@@ -167,12 +185,7 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
             projections.setdefault((stack, index, module, kind), {})[which] = value
             continue
         if key.startswith(_HF_BODY):
-            suffix = key[len(_HF_BODY):]
-            if suffix.startswith(("embedder.", "encoder.")):  # transformers' ResNet
-                renamed = _rename(suffix, _RESNET_PAIRS, to_huggingface=False)
-                new_key = None if renamed is None else _BODY + renamed
-            else:  # timm's ResNet has torchvision's module names
-                new_key = _BODY + suffix
+            new_key = backbone_key_from_huggingface(key)
         else:
             new_key = _rename(key, _PAIRS, to_huggingface=False)
         if new_key is None:
@@ -211,9 +224,7 @@ def to_huggingface_state_dict(state_dict: dict[str, torch.Tensor], backbone_form
                 hf[f"model.{stack}.layers.{index}.{theirs}.{which}_proj.{kind}"] = part.clone()
             continue
         if key.startswith(_BODY):
-            suffix = key[len(_BODY):]
-            renamed = suffix if backbone_format == "timm" else _rename(suffix, _RESNET_PAIRS, to_huggingface=True)
-            new_key = None if renamed is None else _HF_BODY + renamed
+            new_key = backbone_key_to_huggingface(key, backbone_format)
         else:
             new_key = _rename(key, _PAIRS, to_huggingface=True)
         if new_key is None:

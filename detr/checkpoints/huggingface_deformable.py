@@ -49,7 +49,6 @@ from detr.checkpoints.formats import CheckpointContents, CheckpointError, Export
 from detr.checkpoints.huggingface import (
     _BODY,
     _HF_BODY,
-    _RESNET_PAIRS,
     _RESNETS,
     BackboneFormat,
     _category_map,
@@ -60,6 +59,8 @@ from detr.checkpoints.huggingface import (
     _read_weights,
     _rename,
     _safetensors_torch,
+    backbone_key_from_huggingface,
+    backbone_key_to_huggingface,
 )
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
 from detr.models.deformable.model import DeformableDETR
@@ -139,10 +140,7 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], num_heads: int, 
             heads.setdefault((kind, int(index)), {}).setdefault(copy or "", {})[rest] = value
             continue
         if key.startswith(_HF_BODY):
-            suffix = key[len(_HF_BODY):]
-            renamed = (_rename(suffix, _RESNET_PAIRS, to_huggingface=False) if suffix.startswith(("embedder.", "encoder."))
-                       else suffix)
-            new_key = None if renamed is None else _BODY + renamed
+            new_key = backbone_key_from_huggingface(key)
         else:
             new_key = _rename(key, _PAIRS, to_huggingface=False)
         if new_key is None:
@@ -182,9 +180,7 @@ def to_huggingface_state_dict(model: DeformableDETR, backbone_format: BackboneFo
                 hf[f"model.decoder.{key}"] = value.clone()
             continue
         if key.startswith(_BODY):
-            suffix = key[len(_BODY):]
-            renamed = suffix if backbone_format == "timm" else _rename(suffix, _RESNET_PAIRS, to_huggingface=True)
-            new_key = None if renamed is None else _HF_BODY + renamed
+            new_key = backbone_key_to_huggingface(key, backbone_format)
         else:
             new_key = _rename(key, _PAIRS, to_huggingface=True)
         if new_key is None:

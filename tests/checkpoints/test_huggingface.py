@@ -20,7 +20,7 @@ from detr.checkpoints.formats import ExportError
 from detr.checkpoints.huggingface import save_pretrained, to_huggingface_state_dict
 from detr.data.collate import pad_images
 from detr.models.config import ModelMeta
-from tests.helpers import randomise, tiny_config_with
+from tests.helpers import detr_outputs, huggingface_outputs, randomise, tiny_config_with
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("timm")
@@ -66,18 +66,6 @@ def _hf_model(num_labels: int, backbone: str = "resnet18", *, timm: bool = True,
     return model
 
 
-def _hf_outputs(model, images, padding_mask):
-    with torch.no_grad():
-        out = model(pixel_values=images, pixel_mask=(~padding_mask).long())
-    return out.logits, out.pred_boxes
-
-
-def _our_outputs(model, images, padding_mask):
-    with torch.no_grad():
-        out = model(images, padding_mask)
-    return out["pred_logits"], out["pred_boxes"]
-
-
 def _assert_same(ours, theirs):
     (logits, boxes), (hf_logits, hf_boxes) = ours, theirs
     assert logits.shape == hf_logits.shape and boxes.shape == hf_boxes.shape
@@ -103,7 +91,7 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photo_batc
     assert model.config.backbone == backbone and model.config.dilation == dilation
     assert model.config.position_encoding == position and model.num_classes == num_labels
     assert model.meta.category_map.names == tuple(f"thing {i}" for i in range(num_labels))
-    _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf, *photo_batch))
+    _assert_same(detr_outputs(model, *photo_batch), huggingface_outputs(hf, *photo_batch))
     # and the names back: exactly the tensors transformers wrote
     on_disk = load_file(str(tmp_path / "model.safetensors"))
     backbone_format = "timm" if timm else "transformers"
@@ -114,7 +102,7 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photo_batc
     save_pretrained(model, tmp_path / "again", backbone_format=backbone_format)
     again = transformers.DetrForObjectDetection.from_pretrained(tmp_path / "again").eval()
     assert again.config.dilation == dilation and again.config.id2label == hf.config.id2label
-    _assert_same(_hf_outputs(again, *photo_batch), _hf_outputs(hf, *photo_batch))
+    _assert_same(huggingface_outputs(again, *photo_batch), huggingface_outputs(hf, *photo_batch))
 
 
 def test_in_memory_key_names_bin_file_and_processor_size(tmp_path, photo_batch):
@@ -128,7 +116,7 @@ def test_in_memory_key_names_bin_file_and_processor_size(tmp_path, photo_batch):
     transformers.DetrImageProcessor(size={"shortest_edge": 512, "longest_edge": 853}).save_pretrained(tmp_path)
     model = detr.load_checkpoint(tmp_path)
     assert model.meta.eval_size == (512, 853)
-    _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf, *photo_batch))
+    _assert_same(detr_outputs(model, *photo_batch), huggingface_outputs(hf, *photo_batch))
 
 
 def _our_model(seed: int = 0, **config):
@@ -151,7 +139,7 @@ def test_saved_directory_loads_in_transformers_with_the_same_outputs(tmp_path, p
     hf, info = transformers.DetrForObjectDetection.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert hf.config.id2label[model.num_classes - 1] == f"kind {model.num_classes - 1}"
-    _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf.eval(), *photo_batch))
+    _assert_same(detr_outputs(model, *photo_batch), huggingface_outputs(hf.eval(), *photo_batch))
     again = detr.load_checkpoint(tmp_path)  # and back: the same weights
     assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
     assert again.meta.category_map == model.meta.category_map and again.meta.eval_size == (800, 1333)
@@ -213,7 +201,7 @@ def test_convert_tool_writes_a_directory(tmp_path, photo_batch, capsys):
     assert tool.main([str(tmp_path / "tiny.pth"), "--to-huggingface", str(tmp_path / "hf")]) == 0
     hf = transformers.DetrForObjectDetection.from_pretrained(tmp_path / "hf").eval()
     assert hf.config.id2label[17] == "cat"  # a 91-class file without a map is COCO's
-    _assert_same(_our_outputs(model, *photo_batch), _hf_outputs(hf, *photo_batch))
+    _assert_same(detr_outputs(model, *photo_batch), huggingface_outputs(hf, *photo_batch))
 
     torch.save({"model": _our_model(query_type="anchor").state_dict()}, tmp_path / "anchor.pth")
     assert tool.main([str(tmp_path / "anchor.pth"), "--to-huggingface", str(tmp_path / "no")]) == 1

@@ -10,7 +10,7 @@ import torch
 import detr
 from detr.checkpoints import CheckpointError
 from detr.checkpoints.huggingface_deformable import save_pretrained_deformable, to_huggingface_state_dict
-from tests.helpers import RESNET_SPECS, padded_photo_batch, randomise
+from tests.helpers import RESNET_SPECS, detr_outputs, huggingface_outputs, padded_photo_batch, randomise
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("timm")
@@ -48,18 +48,6 @@ def _hf_model(variant: str, num_labels: int, backbone: str = "resnet18", *, timm
     return model
 
 
-def _hf_outputs(model, images, padding_mask):
-    with torch.no_grad():
-        out = model(pixel_values=images, pixel_mask=(~padding_mask).long())
-    return out.logits, out.pred_boxes
-
-
-def _our_outputs(model, images, padding_mask):
-    with torch.no_grad():
-        out = model(images, padding_mask)
-    return out["pred_logits"], out["pred_boxes"]
-
-
 def _differences(ours, theirs) -> tuple[float, float]:
     (logits, boxes), (hf_logits, hf_boxes) = ours, theirs
     assert logits.shape == hf_logits.shape and boxes.shape == hf_boxes.shape
@@ -85,14 +73,14 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photo_batc
     assert (config.box_refine, config.two_stage) == (hf.config.with_box_refine, hf.config.two_stage)
     assert config.num_feature_levels == hf.config.num_feature_levels and config.num_queries == 12
     assert model.meta.category_map.names == tuple(f"thing {i}" for i in range(num_labels))
-    logits_diff, boxes_diff = _differences(_our_outputs(model, *photo_batch), _hf_outputs(hf, *photo_batch))
+    logits_diff, boxes_diff = _differences(detr_outputs(model, *photo_batch), huggingface_outputs(hf, *photo_batch))
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
     # and out again: transformers builds the same model from the directory this project writes
     backbone_format = "timm" if timm else "transformers"
     save_pretrained_deformable(model, tmp_path / "again", backbone_format=backbone_format)
     again = transformers.DeformableDetrForObjectDetection.from_pretrained(tmp_path / "again").eval()
     assert again.config.id2label == hf.config.id2label
-    logits_diff, boxes_diff = _differences(_hf_outputs(again, *photo_batch), _hf_outputs(hf, *photo_batch))
+    logits_diff, boxes_diff = _differences(huggingface_outputs(again, *photo_batch), huggingface_outputs(hf, *photo_batch))
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
 
 
@@ -109,7 +97,7 @@ def test_distinct_heads_per_layer_load_and_round_trip(tmp_path, photo_batch):
     assert not torch.equal(again_hf.class_embed[0].weight, again_hf.class_embed[1].weight)
     model = detr.load_checkpoint(tmp_path)
     assert not torch.equal(model.class_embed[0].weight, model.class_embed[1].weight)
-    logits_diff, boxes_diff = _differences(_our_outputs(model, *photo_batch), _hf_outputs(again_hf, *photo_batch))
+    logits_diff, boxes_diff = _differences(detr_outputs(model, *photo_batch), huggingface_outputs(again_hf, *photo_batch))
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE
     exported = to_huggingface_state_dict(model)
     assert torch.equal(exported["class_embed.1.weight"], model.class_embed[1].weight)
@@ -140,5 +128,5 @@ def test_detr_convert_writes_a_deformable_checkpoint_for_transformers(tmp_path, 
     checkpoint = save_checkpoint(detr.load_checkpoint(tmp_path / "hf"), tmp_path / "model.ckpt")
     assert convert.main([str(checkpoint), "--to-huggingface", str(tmp_path / "out")]) == 0
     again = transformers.DeformableDetrForObjectDetection.from_pretrained(tmp_path / "out").eval()
-    logits_diff, boxes_diff = _differences(_hf_outputs(again, *photo_batch), _hf_outputs(hf, *photo_batch))
+    logits_diff, boxes_diff = _differences(huggingface_outputs(again, *photo_batch), huggingface_outputs(hf, *photo_batch))
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE
