@@ -79,4 +79,4 @@ def test_expectation_advises_only_a_machine_too_slow_for_the_recipe() -> None:
     assert fast == ["about 3,302 steps in 10 minutes on this machine (0.18 s a step)"]
     slow = demo.expectation(1005, 0.6, 10)
     assert len(slow) == 2 and "too few for the recipe's target" in slow[1]
-    assert 'DEMO_ARGS="--minutes 29"' in slow[1] and "detr-demo --minutes 29" in slow[1]  # 2,750 × 0.6 s + 5 %
+    assert 'DEMO_ARGS="--minutes 21"' in slow[1] and "detr-demo --minutes 21" in slow[1]  # 2,000 × 0.6 s + 5 %
