@@ -4,22 +4,27 @@ never from conftest or from one another."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import importlib.util
 import io
+import json
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from pycocotools.coco import COCO
 from torch.utils.data import DataLoader
 
 from detr.models.config import DetrConfig
 from detr.models.segmentation import build_detr_panoptic
+from detr.visualize.explorer.data import POINT_UNITS, WEIGHT_UNITS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -249,3 +254,19 @@ def detr_outputs(model, images: torch.Tensor, padding_mask: torch.Tensor) -> tup
     with torch.no_grad():
         out = model(images, padding_mask)
     return out["pred_logits"], out["pred_boxes"]
+
+
+def read_sampling_page(path: Path) -> dict[str, Any]:
+    """A Deformable DETR explorer page's embedded data (detr.visualize.explorer.data), its sampling points
+    decoded as the page's script decodes them: points float64 [L, Q, heads, levels, P, 2] in fractions of the
+    image's width and height, weights [L, Q, heads, levels, P]."""
+    match = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>',
+                      Path(path).read_text(encoding="utf-8"), re.S)
+    assert match, f"no data block in {path}"
+    data = json.loads(match.group(1))
+    shape = data["sampling"]["shape"]
+    points = np.frombuffer(base64.b64decode(data["sampling"]["points"]), "<i2").reshape(*shape, 2)
+    weights = np.frombuffer(base64.b64decode(data["sampling"]["weights"]), "<u2").reshape(shape)
+    data["sampling"]["points"] = points / POINT_UNITS
+    data["sampling"]["weights"] = weights / WEIGHT_UNITS
+    return data

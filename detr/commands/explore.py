@@ -6,7 +6,8 @@
 Open <out>/<image stem>.html (or <out>/index.html for several images) in any browser; no server or
 network is needed. An image that cannot be read or run is reported and skipped (exit status 1), the
 other pages are written. The page shows every query's box, decoder cross-attention per layer and head, top-5
-classes, boxes per decoder layer, and encoder self-attention for any clicked pixel.
+classes, boxes per decoder layer, and encoder self-attention for any clicked pixel; for a Deformable DETR, the
+clicked query's sampling points per level and head, sized by their weights, instead of the maps.
 The pages themselves: detr.visualize.explorer.
 """
 

@@ -1,20 +1,24 @@
 "use strict";
 // DETR attention explorer: reads the JSON block written by detr/visualize/explorer/data.py
-// (format "detr-attention-explorer/1") and draws everything on canvases and one SVG overlay.
+// (format "detr-attention-explorer/2") and draws everything on canvases and one SVG overlay.
+// Two kinds of attention: "dense" maps (DETR, anchor DETR) and Deformable DETR's "sampling" points.
 // No network, no libraries: the page must open from the file system.
 (function () {
   const DATA = JSON.parse(document.getElementById("explorer-data").textContent);
-  if (DATA.format !== "detr-attention-explorer/1") {
+  if (DATA.format !== "detr-attention-explorer/2") {
     throw new Error("unsupported explorer data format: " + DATA.format);
   }
+  if (DATA.kind !== "dense" && DATA.kind !== "sampling") throw new Error("unknown attention kind: " + DATA.kind);
+  const SAMPLING = DATA.kind === "sampling";
 
   // ---- data ---------------------------------------------------------------------------------
   const W = DATA.image.width, H = DATA.image.height;  // model input size (eval resize), pixels
-  const FH = DATA.feature.height, FW = DATA.feature.width, STRIDE = DATA.feature.stride;
+  const STRIDE = DATA.feature.stride;  // sampling: the finest level's
+  const FH = SAMPLING ? 0 : DATA.feature.height, FW = SAMPLING ? 0 : DATA.feature.width;
   const HW = FH * FW;
   const Q = DATA.num_queries, L = DATA.num_layers, NH = DATA.num_heads;
   const NHM = NH + 1;  // stored heads, then the mean over heads
-  const MEAN = NH;
+  const MEAN = NH;  // sampling: all heads
   const NAMES = DATA.class_names;
   // A sigmoid (focal) head has no "no object" logit: its last name is a real class.
   const NO_OBJECT = DATA.no_object_label === null || DATA.no_object_label === undefined ? -1 : DATA.no_object_label;
@@ -32,14 +36,59 @@
     }
   }
   // Maps are quantised to 8 bits per map: value = byte / 255 * scale (scale = the map's maximum).
-  const DEC_MAPS = decodeBase64(DATA.decoder.maps);
-  const DEC_SCALES = new Float32Array(decodeBase64(DATA.decoder.scales).buffer);
-  const ENC_MAPS = decodeBase64(DATA.encoder.maps);
-  const ENC_SCALES = new Float32Array(decodeBase64(DATA.encoder.scales).buffer);
-  checkLength("decoder.maps", DEC_MAPS, L * NHM * Q * HW);
-  checkLength("decoder.scales", DEC_SCALES, L * NHM * Q);
-  checkLength("encoder.maps", ENC_MAPS, HW * HW);
-  checkLength("encoder.scales", ENC_SCALES, HW);
+  const DEC_MAPS = SAMPLING ? null : decodeBase64(DATA.decoder.maps);
+  const DEC_SCALES = SAMPLING ? null : new Float32Array(decodeBase64(DATA.decoder.scales).buffer);
+  const ENC_MAPS = SAMPLING ? null : decodeBase64(DATA.encoder.maps);
+  const ENC_SCALES = SAMPLING ? null : new Float32Array(decodeBase64(DATA.encoder.scales).buffer);
+  if (!SAMPLING) {
+    checkLength("decoder.maps", DEC_MAPS, L * NHM * Q * HW);
+    checkLength("decoder.scales", DEC_SCALES, L * NHM * Q);
+    checkLength("encoder.maps", ENC_MAPS, HW * HW);
+    checkLength("encoder.scales", ENC_SCALES, HW);
+  }
+
+  // Deformable DETR: per layer, query, head, level and point, (x, y) in 1/16384 of the image's width and
+  // height (int16) and the weight in 1/65535 (uint16); each head's weights sum to 1 over levels and points.
+  const LEVELS = SAMPLING ? DATA.feature.levels : [];  // [{stride, height, width}], finest first
+  const NL = LEVELS.length, NP = SAMPLING ? DATA.sampling.shape[4] : 0;
+  const ALL_LEVELS = NL;
+  const POINT_UNITS = 16384, WEIGHT_UNITS = 65535;
+  const POINTS = SAMPLING ? new Int16Array(decodeBase64(DATA.sampling.points).buffer) : null;
+  const WEIGHTS = SAMPLING ? new Uint16Array(decodeBase64(DATA.sampling.weights).buffer) : null;
+  if (SAMPLING) {
+    checkLength("sampling.points", POINTS, L * Q * NH * NL * NP * 2);
+    checkLength("sampling.weights", WEIGHTS, L * Q * NH * NL * NP);
+  }
+  function samplingIndex(layer, query, head, level, point) {
+    return (((layer * Q + query) * NH + head) * NL + level) * NP + point;
+  }
+  // One layer's points of a query: x, y in model-input pixels (the page's image), weight in [0, 1].
+  function samplingPoints(layer, query) {
+    const points = [];
+    for (let head = 0; head < NH; head++) {
+      for (let level = 0; level < NL; level++) {
+        for (let point = 0; point < NP; point++) {
+          const i = samplingIndex(layer, query, head, level, point);
+          points.push({ head: head, level: level, point: point, x: POINTS[2 * i] / POINT_UNITS * W,
+            y: POINTS[2 * i + 1] / POINT_UNITS * H, weight: WEIGHTS[i] / WEIGHT_UNITS });
+        }
+      }
+    }
+    return points;
+  }
+  // The share of a query's attention that went to each level: one head's, or the mean over heads (MEAN).
+  function levelShares(layer, query, head) {
+    const shares = new Array(NL).fill(0);
+    const heads = head === MEAN ? Array.from({ length: NH }, (_, h) => h) : [head];
+    for (const h of heads) {
+      for (let level = 0; level < NL; level++) {
+        for (let point = 0; point < NP; point++) {
+          shares[level] += WEIGHTS[samplingIndex(layer, query, h, level, point)] / WEIGHT_UNITS / heads.length;
+        }
+      }
+    }
+    return shares;
+  }
 
   // Panoptic models: every query's mask probability at stride 4, byte = round(255 * probability).
   const MASKS = DATA.masks ? decodeBase64(DATA.masks.maps) : null;
@@ -69,6 +118,10 @@
     for (let c = 0; c < 3; c++) LUT[i * 3 + c] = Math.round(VIRIDIS[k][c] * (1 - f) + VIRIDIS[k + 1][c] * f);
   }
   function classColour(label) { return "hsl(" + ((label * 137.508) % 360).toFixed(1) + ",75%,48%)"; }
+  // One colour per head: matplotlib's tab10, as detr/visualize/sampling.py's figure.
+  const TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf"];
+  function headColour(head) { return TAB10[head % TAB10.length]; }
 
   function paintMap(canvas, bytes, width, height) {
     width = width || FW; height = height || FH;
@@ -87,6 +140,7 @@
   const state = {
     query: ORDER[0], layer: L - 1, head: MEAN, mode: "decoder", encoderPosition: null,
     showAll: false, threshold: DATA.threshold, opacity: 0.6, smooth: true, trail: true,
+    level: ALL_LEVELS, pointScale: 1,  // sampling only
   };
 
   const $ = (id) => document.getElementById(id);
@@ -126,7 +180,42 @@
     return decoderMap(state.layer, state.head, state.query);
   }
 
+  function headText() {
+    if (SAMPLING) return state.head === MEAN ? "all " + NH + " heads" : "head " + (state.head + 1) + "/" + NH;
+    return state.head === MEAN ? "mean over " + NH + " heads" : "head " + (state.head + 1) + "/" + NH;
+  }
+  function levelText(level) { return "level " + (level + 1) + " (stride " + LEVELS[level].stride + ")"; }
+
+  // The image dimmed (the opacity slider), so that the points stand out; the points are on the overlay.
+  function drawSamplingMain() {
+    mainCanvas.width = W; mainCanvas.height = H;
+    const context = mainCanvas.getContext("2d");
+    context.drawImage(photo, 0, 0, W, H);
+    context.fillStyle = "rgba(0,0,0," + (0.75 * state.opacity).toFixed(3) + ")";
+    context.fillRect(0, 0, W, H);
+    const shown = shownPoints();
+    const levels = state.level === ALL_LEVELS ? "all " + NL + " levels" : levelText(state.level);
+    $("caption").textContent = "Decoder cross-attention sampling points: query " + state.query + " ("
+      + labelText(state.query) + "), layer " + (state.layer + 1) + "/" + L + ", " + headText() + ", " + levels
+      + "; " + shown.length + " points, colour = head, area = weight";
+  }
+  function shownPoints() {
+    return samplingPoints(state.layer, state.query).filter((p) =>
+      (state.head === MEAN || p.head === state.head) && (state.level === ALL_LEVELS || p.level === state.level));
+  }
+  function drawPoints() {
+    const group = svgElement("g", { class: "points" }, overlay);
+    // Largest first, so that small points stay visible on top; area ∝ weight (radius 24 screen px for weight 1).
+    const points = shownPoints().sort((a, b) => b.weight - a.weight);
+    for (const p of points) {
+      svgElement("circle", { class: "point", cx: p.x.toFixed(2), cy: p.y.toFixed(2),
+        r: (24 * state.pointScale * Math.sqrt(p.weight) / displayScale).toFixed(3), fill: headColour(p.head),
+        "data-head": p.head, "data-level": p.level }, group);
+    }
+  }
+
   function drawMain() {
+    if (SAMPLING) { drawSamplingMain(); return; }
     mainCanvas.width = W; mainCanvas.height = H;
     const context = mainCanvas.getContext("2d");
     context.drawImage(photo, 0, 0, W, H);
@@ -149,9 +238,8 @@
       $("caption").textContent = "Encoder self-attention (last layer, mean over heads) of feature position (row "
         + r + ", col " + c + ")" + peakText;
     } else {
-      const head = state.head === MEAN ? "mean over " + NH + " heads" : "head " + (state.head + 1) + "/" + NH;
       $("caption").textContent = "Decoder cross-attention: query " + state.query + " (" + labelText(state.query)
-        + "), layer " + (state.layer + 1) + "/" + L + ", " + head + peakText;
+        + "), layer " + (state.layer + 1) + "/" + L + ", " + headText() + peakText;
     }
   }
 
@@ -194,6 +282,7 @@
       });
       svgElement("polyline", { class: "trail-path", points: centres.join(" ") }, overlay);
     }
+    if (SAMPLING) drawPoints();
     if (state.mode === "encoder") {
       const [r, c] = state.encoderPosition;
       const cx = Math.min((c + 0.5) * STRIDE, W - 1), cy = Math.min((r + 0.5) * STRIDE, H - 1);
@@ -244,9 +333,66 @@
       $("mask-section").hidden = false;
       paintMap($("mask-canvas"), maskMap(q), MW, MH);
     }
+    if (SAMPLING) drawLevels();
+  }
+
+  // Sampling: per level its stride, its cells and the query's attention share (the shown head, or the mean).
+  function drawLevels() {
+    const q = state.query, shares = levelShares(state.layer, q, state.head);
+    $("levels-title").textContent = "Attention share per feature level (query " + q + ", layer " + (state.layer + 1)
+      + ", " + (state.head === MEAN ? "mean over heads" : "head " + (state.head + 1)) + ")";
+    const table = $("levels");
+    table.replaceChildren();
+    LEVELS.forEach((level, k) => {
+      const row = element("tr", null, table, state.level === k ? "current" : "");
+      row.dataset.level = k;
+      element("td", "level " + (k + 1), row);
+      element("td", "stride " + level.stride, row, "num");
+      element("td", level.width + "×" + level.height, row, "num");
+      const bar = element("td", null, row, "bar");
+      element("div", null, bar, "bar-fill").style.width = (100 * shares[k]).toFixed(1) + "%";
+      element("td", fmt(shares[k]), row, "num");
+    });
+  }
+  function buildHeadLegend() {
+    const legend = $("head-legend");
+    element("span", "Head colours: ", legend);
+    for (let h = 0; h < NH; h++) {
+      const item = element("span", null, legend, "legend-item");
+      element("span", null, item, "swatch").style.background = headColour(h);
+      item.appendChild(document.createTextNode(String(h + 1)));
+    }
+  }
+
+  // Sampling: a layer × level grid of the query's attention shares (click: that layer and level).
+  function buildShareGrid() {
+    const grid = $("grid");
+    grid.style.gridTemplateColumns = "28px repeat(" + NL + ", 1fr)";
+    element("div", "", grid, "grid-label");
+    for (let level = 0; level < NL; level++) element("div", "s" + LEVELS[level].stride, grid, "grid-label");
+    for (let layer = 0; layer < L; layer++) {
+      element("div", "L" + (layer + 1), grid, "grid-label");
+      for (let level = 0; level < NL; level++) {
+        const cell = element("div", null, grid, "share-cell");
+        cell.dataset.layer = layer; cell.dataset.level = level;
+        cell.title = "layer " + (layer + 1) + ", " + levelText(level);
+      }
+    }
+  }
+  function drawShareGrid() {
+    const shares = Array.from({ length: L }, (_, layer) => levelShares(layer, state.query, state.head));
+    for (const cell of $("grid").querySelectorAll(".share-cell")) {
+      const layer = Number(cell.dataset.layer), level = Number(cell.dataset.level), share = shares[layer][level];
+      const v = Math.round(255 * share);
+      cell.style.background = "rgb(" + LUT[v * 3] + "," + LUT[v * 3 + 1] + "," + LUT[v * 3 + 2] + ")";
+      cell.style.color = v > 150 ? "#000" : "#fff";
+      cell.textContent = (100 * share).toFixed(0) + "%";
+      cell.classList.toggle("current", layer === state.layer && (state.level === ALL_LEVELS || level === state.level));
+    }
   }
 
   function buildGrid() {
+    if (SAMPLING) { buildShareGrid(); return; }
     const grid = $("grid");
     grid.style.gridTemplateColumns = "28px repeat(" + NHM + ", 1fr)";
     element("div", "", grid, "grid-label");
@@ -262,6 +408,7 @@
     }
   }
   function drawGrid() {
+    if (SAMPLING) { drawShareGrid(); return; }
     for (const canvas of $("grid").querySelectorAll("canvas")) {
       const layer = Number(canvas.dataset.layer), head = Number(canvas.dataset.head);
       paintMap(canvas, decoderMap(layer, head, state.query).bytes);
@@ -295,6 +442,7 @@
   function syncControls() {
     for (const input of document.querySelectorAll("input[name=layer]")) input.checked = Number(input.value) === state.layer;
     for (const input of document.querySelectorAll("input[name=head]")) input.checked = Number(input.value) === state.head;
+    for (const input of document.querySelectorAll("input[name=level]")) input.checked = Number(input.value) === state.level;
     $("show-all").checked = state.showAll;
     $("threshold").value = state.threshold;
     $("threshold-value").textContent = state.threshold.toFixed(2);
@@ -327,7 +475,12 @@
   }
   function setLayer(layer) { state.layer = Math.min(Math.max(layer, 0), L - 1); state.mode = "decoder"; render(); }
   function setHead(head) { state.head = Math.min(Math.max(head, 0), MEAN); state.mode = "decoder"; render(); }
+  function setLevel(level) {
+    if (!SAMPLING) throw new Error("levels are Deformable DETR's: this page shows dense maps");
+    state.level = Math.min(Math.max(level, 0), ALL_LEVELS); render();
+  }
   function showEncoder(row, col) {
+    if (SAMPLING) throw new Error("a Deformable DETR page has no encoder maps");
     state.encoderPosition = [Math.min(Math.max(row, 0), FH - 1), Math.min(Math.max(col, 0), FW - 1)];
     state.mode = "encoder"; render();
   }
@@ -351,8 +504,26 @@
       const input = element("input", null, label);
       input.type = "radio"; input.name = "head"; input.value = head;
       input.id = head === MEAN ? "head-mean" : "head-" + (head + 1);
-      element("span", head === MEAN ? "mean" : String(head + 1), label);
+      const text = element("span", head === MEAN ? (SAMPLING ? "all" : "mean") : String(head + 1), label);
+      if (SAMPLING && head !== MEAN) text.style.borderBottom = "3px solid " + headColour(head);
       input.addEventListener("change", () => setHead(head));
+    }
+    if (SAMPLING) {
+      const levels = $("level-buttons");
+      for (const level of [ALL_LEVELS].concat(Array.from({ length: NL }, (_, k) => k))) {
+        const label = element("label", null, levels);
+        const input = element("input", null, label);
+        input.type = "radio"; input.name = "level"; input.value = level;
+        input.id = level === ALL_LEVELS ? "level-all" : "level-" + (level + 1);
+        element("span", level === ALL_LEVELS ? "all" : String(level + 1), label).title =
+          level === ALL_LEVELS ? "every level" : levelText(level);
+        input.addEventListener("change", () => setLevel(level));
+      }
+      $("point-size").addEventListener("input", (e) => { state.pointScale = Number(e.target.value); drawOverlay(); });
+      $("levels").addEventListener("click", (event) => {
+        const row = event.target.closest("tr");
+        if (row) setLevel(Number(row.dataset.level) === state.level ? ALL_LEVELS : Number(row.dataset.level));
+      });
     }
     $("show-all").addEventListener("change", (e) => { state.showAll = e.target.checked; render(); });
     $("threshold").addEventListener("input", (e) => { state.threshold = Number(e.target.value); render(); });
@@ -362,6 +533,7 @@
     overlay.addEventListener("click", (event) => {
       const box = event.target.closest(".box");
       if (box) { selectQuery(Number(box.dataset.query)); return; }
+      if (SAMPLING) return;  // no encoder maps to show
       const [x, y] = eventToPixel(event);
       showEncoder(Math.floor(y / STRIDE), Math.floor(x / STRIDE));
     });
@@ -372,6 +544,8 @@
       const row = event.target.closest("tr"); if (row) setLayer(Number(row.dataset.layer));
     });
     $("grid").addEventListener("click", (event) => {
+      const cell = event.target.closest(".share-cell");
+      if (cell) { state.layer = Number(cell.dataset.layer); setLevel(Number(cell.dataset.level)); return; }
       const canvas = event.target.closest("canvas");
       if (!canvas) return;
       state.layer = Number(canvas.dataset.layer); state.head = Number(canvas.dataset.head);
@@ -385,7 +559,8 @@
       else if (event.key === "ArrowUp") selectQuery(ORDER[Math.max(position - 1, 0)]);
       else if (event.key === "ArrowDown") selectQuery(ORDER[Math.min(position + 1, Q - 1)]);
       else if (event.key === "h") setHead((state.head + 1) % NHM);
-      else if (event.key === "e") showEncoder(...(state.encoderPosition || [Math.floor(FH / 2), Math.floor(FW / 2)]));
+      else if (event.key === "l" && SAMPLING) setLevel((state.level + 1) % (NL + 1));
+      else if (event.key === "e" && !SAMPLING) showEncoder(...(state.encoderPosition || [Math.floor(FH / 2), Math.floor(FW / 2)]));
       else return;
       event.preventDefault();
     });
@@ -394,13 +569,27 @@
 
   $("title").textContent = DATA.title;
   document.title = DATA.title + " · DETR attention explorer";
+  const features = SAMPLING
+    ? NL + " feature levels (strides " + LEVELS.map((l) => l.stride).join(", ") + "), " + NP + " points per head and level"
+    : "feature map " + FW + "×" + FH + " (stride " + STRIDE + ")";
   $("summary").textContent = DATA.image.original_width + "×" + DATA.image.original_height
-    + " image, shown at the model's input size " + W + "×" + H + "; feature map " + FW + "×" + FH
-    + " (stride " + STRIDE + "); " + Q + " queries, " + L + " decoder layers, "
-    + NH + " heads; " + DATA.scores.filter((s) => s >= DATA.threshold).length + " queries score ≥ " + DATA.threshold
-    + (DATA.model ? "; " + DATA.model : "");
-  window.detrExplorer = { state, selectQuery, setLayer, setHead, showEncoder, decoderMap, encoderMap, maskMap,
-    featureSize: [FH, FW], stride: STRIDE, imageSize: [H, W] };
+    + " image, shown at the model's input size " + W + "×" + H + "; " + features + "; " + Q + " queries, " + L
+    + " decoder layers, " + NH + " heads; " + DATA.scores.filter((s) => s >= DATA.threshold).length
+    + " queries score ≥ " + DATA.threshold + (DATA.model ? "; " + DATA.model : "");
+  if (SAMPLING) {  // the controls and sections of the sampling view instead of the maps'
+    $("hint").textContent = "Click a box's edge or label (or a row of the query list) to show where that query's "
+      + "decoder cross-attention sampled: its points per head (colour) and feature level, area proportional to "
+      + "the attention weight. Keys: ←/→ layer, ↑/↓ query, h head, l level.";
+    $("level-row").hidden = false;
+    $("levels-section").hidden = false;
+    $("point-size-control").hidden = false;
+    $("smooth-control").hidden = true;
+    $("opacity-name").textContent = "dim image";
+    $("grid-title").firstChild.textContent = "Share per layer × level ";
+    buildHeadLegend();
+  }
+  window.detrExplorer = { kind: DATA.kind, state, selectQuery, setLayer, setHead, setLevel, showEncoder, decoderMap,
+    encoderMap, maskMap, samplingPoints, levelShares, featureSize: [FH, FW], stride: STRIDE, imageSize: [H, W] };
   photo.addEventListener("load", () => {
     buildControls(); buildGrid(); buildQueryList(); fit(); render();
     document.body.dataset.ready = "true";

@@ -21,8 +21,10 @@ import pytest
 import torch
 from PIL import Image
 
+from detr import build_detr
 from detr.checkpoints import save_checkpoint
 from detr.inference.predictor import Predictor
+from tests.helpers import randomise, read_sampling_page, tiny_config_with
 from tests.serving.helpers import MAX_BODY_MB, THRESHOLD, spread_out_model
 
 PHOTOS = Path(__file__).resolve().parents[2] / "data" / "photos"
@@ -245,3 +247,29 @@ def test_a_model_with_nan_outputs_fails_each_request_and_sigterm_stops_the_serve
     assert max(answered_at for _, answered_at in answers) > stopped_at  # some were still running at SIGTERM
     log = (tmp_path / "server.log").read_text()
     assert "Application shutdown complete" in log and "stopped: 6 requests, 6 refused or failed" in log
+
+
+def test_a_deformable_model_serves_its_explorer_page(tmp_path, load_tools) -> None:
+    """/explore on a Deformable DETR answers the explorer page of its sampling points (the page that / shows in
+    its frame), and /predict its detections."""
+    torch.manual_seed(0)
+    model = build_detr(tiny_config_with(architecture="deformable", class_head="sigmoid", num_points=2, dropout=0.0,
+                                        box_refine=True)).eval()
+    randomise(model, 1)
+    model.meta = model.meta.replace(eval_size=(160, 240))
+    checkpoint = save_checkpoint(model, tmp_path / "deformable.ckpt")
+    photo = PHOTOS / "chelsea.png"
+    with load_tools.running_server(checkpoint, tmp_path / "server.log", "--threshold", "0.0", threads=1) as server:
+        request = urllib.request.Request(server.url + "/explore?title=cat", data=photo.read_bytes(), method="POST")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            page = response.read().decode()
+        status, predicted = post(server.url + "/predict", photo.read_bytes())
+    path = tmp_path / "served.html"
+    path.write_text(page, encoding="utf-8")
+    data = read_sampling_page(path)
+    assert data["kind"] == "sampling" and data["title"] == "cat" and data["image"]["original_width"] == 451
+    expected = Predictor(model, device="cpu").predict(photo, threshold=0.0, return_attention=True)[0]
+    width, height = expected.image_size[1], expected.image_size[0]
+    pixels = data["sampling"]["points"] * np.array([width, height])
+    assert np.abs(pixels - expected.sampling.points.numpy()).max() <= 0.5 / 16384 * width + 1e-3
+    assert status == 200 and len(predicted["detections"]) == 10

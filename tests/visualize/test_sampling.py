@@ -66,9 +66,3 @@ def test_detr_visualize_attention_draws_a_deformable_checkpoint(model, tmp_path,
     assert status == 0 and out.stat().st_size > 10_000
     assert "deformable sampling points" in capsys.readouterr().out
 
-
-def test_the_explorer_page_refuses_a_deformable_model_and_names_the_figure(model, tmp_path):
-    from detr.visualize.explorer.pages import write_attention_explorer
-
-    with pytest.raises(ValueError, match="detr-visualize-attention"):
-        write_attention_explorer(model, [PHOTO], tmp_path)

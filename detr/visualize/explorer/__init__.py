@@ -4,7 +4,10 @@ The page shows the image with every query's predicted box. Selecting a box (or a
 shows that query's decoder cross-attention for any decoder layer and head (or the mean over heads), its
 top-5 classes with probabilities (no-object included) and its box after every decoder layer; clicking any
 other pixel shows the last encoder layer's self-attention of that feature position (paper Fig. 3 and 6,
-for every query, layer and head instead of the figures' selection).
+for every query, layer and head instead of the figures' selection). For a Deformable DETR the page shows,
+instead of maps, the clicked query's sampling points per feature level and head with their weights (the
+Deformable DETR paper's Fig. 5 and 6, for any query, layer, head and level), and each level's share of the
+query's attention; it has no encoder view.
 
 Everything is inline in one file (HTML, CSS and JavaScript; the image as JPEG; the maps as base64), so the
 page opens from the file system with no server and no network; page sizes: docs/explorer.md.

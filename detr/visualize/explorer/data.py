@@ -1,23 +1,38 @@
 """The data of one attention-explorer page, cut out of a batch's model outputs (:func:`explorer_data`).
 
-Maps are quantised to 8 bits per map: ``byte = round(255 * value / scale)`` with ``scale`` the map's maximum,
-so a value decodes as ``byte / 255 * scale`` with an error of at most ``scale / 510``.
+Two kinds of attention, one page: the paper's DETR and the anchor DETR attend densely (``kind`` "dense": a
+map over the feature grid per layer, head and query); Deformable DETR samples a few points per head and
+feature level (``kind`` "sampling": the points and their weights per layer, query, head and level).
 
-Embedded data (the JSON block ``<script id="explorer-data">``, format ``detr-attention-explorer/1``):
+Dense maps are quantised to 8 bits per map: ``byte = round(255 * value / scale)`` with ``scale`` the map's
+maximum, so a value decodes as ``byte / 255 * scale`` with an error of at most ``scale / 510``. Sampling
+points are int16 in 1/16384 of the image side (``code = round(16384 * x / width)``; an error of at most
+1/32768 of the side, 0.04 px on a 1333 px side), weights uint16 (``code = round(65535 * weight)``).
+
+Embedded data (the JSON block ``<script id="explorer-data">``, format ``detr-attention-explorer/2``):
+    kind: "dense" or "sampling" (what follows ``top_classes`` / ``top_probs``),
     image: {src (data URI, JPEG of the resized image the model saw), width, height (that size, pixels),
         original_width, original_height}
-    feature: {height h, width w (unpadded feature region), stride (input pixels per feature cell)}
     num_queries Q, num_layers L, num_heads, class_names (one per logit: a softmax head's num_classes + 1,
         the last "no object"; a sigmoid head's num_classes), no_object_label (the no-object logit's index,
         null for a sigmoid head),
     threshold, scores [Q], labels [Q] (final layer, as :class:`detr.PostProcess`: max over real classes),
     prediction_layers: 1-based decoder layers with head outputs (1..L with aux outputs, else [L]),
     boxes [P][Q][4] normalised cxcywh per prediction layer, top_classes / top_probs [P][Q][k] (k = 5),
+    masks (panoptic models only, absent otherwise): {shape [Q, mh, mw] (the mask head's stride-4 map, cropped
+        to the image), stride 4, maps (base64 uint8, byte = round(255 * sigmoid(mask logit)))}.
+  kind "dense":
+    feature: {height h, width w (unpadded feature region), stride (input pixels per feature cell)}
     decoder: {shape [L, heads + 1, Q, h, w] (head index ``heads`` is the mean over heads), maps (base64
         uint8), scales (base64 float32 little-endian [L, heads + 1, Q])},
     encoder: {shape [h * w, h, w] (row-major reference position, then the map), maps, scales [h * w]}.
-    masks (panoptic models only, absent otherwise): {shape [Q, mh, mw] (the mask head's stride-4 map, cropped
-        to the image), stride 4, maps (base64 uint8, byte = round(255 * sigmoid(mask logit)))}.
+  kind "sampling" (Deformable DETR's decoder cross-attention):
+    feature: {stride (the finest level's), levels: [{stride, height, width} per level, finest first: input
+        pixels per cell and the cells that cover the image]}
+    sampling: {shape [L, Q, heads, levels, P], points (base64 int16 little-endian [L, Q, heads, levels, P, 2]:
+        x, y in 1/16384 of the image's width and height, the same for the resized and the original image),
+        weights (base64 uint16 little-endian [L, Q, heads, levels, P]: each head's weights, summing to 1
+        over levels and points)}.
 """
 
 from __future__ import annotations
@@ -37,11 +52,16 @@ from detr.inference.postprocess import class_probabilities, scores_and_labels
 from detr.inference.prediction import unpadded_feature_size
 
 #: Version tag of the embedded data; the page's script refuses anything else.
-DATA_FORMAT = "detr-attention-explorer/1"
+DATA_FORMAT = "detr-attention-explorer/2"
 #: How many classes per query the page lists (no-object included).
 TOP_K = 5
+#: Sampling points are stored in 1/POINT_UNITS of the image side (int16: points within ±2 image sides).
+POINT_UNITS = 16384
+#: Sampling weights are stored in 1/WEIGHT_UNITS (uint16).
+WEIGHT_UNITS = 65535
 
 _ATTENTION_KEYS = ("decoder_attention", "decoder_attention_heads", "encoder_attention", "feature_mask")
+_SAMPLING_KEYS = ("sampling_points", "sampling_weights", "spatial_shapes")
 
 
 def quantize_maps(maps: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -106,21 +126,25 @@ def explorer_data(
     """The JSON-ready data of one image's page, cut out of a batch's model outputs.
 
     Args:
-        outputs: ``model(images, padding_mask, return_attention=True)`` for a batch (see the module
-            docstring of :mod:`detr.models.detr`): pred_logits [B, Q, C + 1], pred_boxes [B, Q, 4]
-            normalised cxcywh, optional aux_outputs, decoder_attention [L, B, Q, h, w],
-            decoder_attention_heads [L, B, heads, Q, h, w], encoder_attention [B, h*w, h, w],
-            feature_mask bool [B, h, w] (True = padding).
+        outputs: ``model(images, padding_mask, return_attention=True)`` for a batch: pred_logits [B, Q, C (+ 1)],
+            pred_boxes [B, Q, 4] normalised cxcywh, optional aux_outputs, and either the dense attention (the
+            paper's DETR, the anchor DETR: see :mod:`detr.models.detr`): decoder_attention [L, B, Q, h, w],
+            decoder_attention_heads [L, B, heads, Q, h, w], encoder_attention [B, h*w, h, w], feature_mask bool
+            [B, h, w] (True = padding); or Deformable DETR's sampling points
+            (:class:`detr.models.deformable.model.DeformableDETR`): sampling_points [L, B, Q, heads, levels, P, 2]
+            in [0, 1] of each unpadded image, sampling_weights [L, B, Q, heads, levels, P], spatial_shapes.
         index: which image of the batch.
         image: uint8 RGB ``[H, W, 3]``, the resized image the model saw, unpadded (shown by the page).
         original_size: ``(height, width)`` of the original image (the page reports boxes in it).
-        class_names: ``C + 1`` names, the last one for the no-object logit.
+        class_names: one name per logit; a softmax head's last one for the no-object logit.
         title: shown in the page header (usually the file name).
         threshold: initial score threshold of the page's box display.
         model_description: one line about the model for the header.
         jpeg_quality: quality of the embedded JPEG.
-        stride: the model's ``model.stride`` (input pixels per feature cell); None derives it from the image
-            and feature sizes (:func:`feature_stride`).
+        class_head: "softmax" (the last logit is "no object") or "sigmoid".
+        stride: the model's ``model.stride`` (input pixels per feature cell; Deformable DETR: of the finest
+            level); None derives it from the image and feature sizes (:func:`feature_stride`), which sampling
+            points cannot (a Deformable DETR's outputs need it).
 
     With ``outputs["pred_masks"]`` (a :class:`detr.DETRPanoptic`: mask logits [B, Q, h', w'] at stride 4)
     the data also holds every query's mask probability (key ``masks``), which the page shows beside the
@@ -129,10 +153,11 @@ def explorer_data(
     Returns:
         a dict in the format described in the module docstring.
     """
+    sampling = all(key in outputs for key in _SAMPLING_KEYS)
     missing = [key for key in _ATTENTION_KEYS if key not in outputs]
-    if missing:
+    if missing and not sampling:
         raise ValueError(f"model outputs lack {missing}; call the model with return_attention=True")
-    logits = outputs["pred_logits"][index].detach().float().cpu()  # [Q, C + 1]
+    logits = outputs["pred_logits"][index].detach().float().cpu()  # [Q, C (+ 1)]
     num_queries, num_logits = logits.shape
     if len(class_names) != num_logits:
         raise ValueError(
@@ -142,16 +167,14 @@ def explorer_data(
         )
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"image must be uint8 [H, W, 3] (the resized RGB image), got {image.dtype} {image.shape}")
-
-    mask = outputs["feature_mask"][index].detach().cpu().bool()  # [h_pad, w_pad]
-    padded_h, padded_w = mask.shape
-    h, w = unpadded_feature_size(mask)
-    heads = outputs["decoder_attention_heads"][:, index, :, :, :h, :w]  # [L, heads, Q, h, w]
-    mean = outputs["decoder_attention"][:, index, None, :, :h, :w]  # [L, 1, Q, h, w]
-    decoder_codes, decoder_scales = quantize_maps(torch.cat([heads, mean], dim=1))
-    encoder = outputs["encoder_attention"][index].reshape(padded_h, padded_w, padded_h, padded_w)
-    encoder_codes, encoder_scales = quantize_maps(encoder[:h, :w, :h, :w].reshape(h * w, h, w))
-    num_layers, num_heads = int(heads.shape[0]), int(heads.shape[1])
+    height, width = int(image.shape[0]), int(image.shape[1])
+    if sampling:
+        if stride is None:
+            raise ValueError("a Deformable DETR's sampling points need stride=model.stride (its finest level's)")
+        attention = _sampling_data(outputs, index, (height, width), stride)
+    else:
+        attention = _dense_data(outputs, index, (height, width), stride)
+    num_layers = attention.pop("num_layers")
 
     # Head outputs per decoder layer: aux_outputs are layers 1 .. L-1, pred_* the last one.
     layer_outputs = list(outputs.get("aux_outputs") or []) + [outputs]
@@ -167,11 +190,9 @@ def explorer_data(
         boxes.append(np.round(layer["pred_boxes"][index].detach().float().cpu().numpy().astype(float), 6).tolist())
     scores, labels = scores_and_labels(logits, class_head)  # as detr.PostProcess scores them
 
-    height, width = int(image.shape[0]), int(image.shape[1])
-    if stride is None:
-        stride = feature_stride((height, width), (h, w))
     return {
         "format": DATA_FORMAT,
+        "kind": "sampling" if sampling else "dense",
         "title": title,
         "model": model_description,
         "image": {
@@ -181,10 +202,8 @@ def explorer_data(
             "original_width": int(original_size[1]),
             "original_height": int(original_size[0]),
         },
-        "feature": {"height": h, "width": w, "stride": int(stride)},
         "num_queries": int(num_queries),
         "num_layers": num_layers,
-        "num_heads": num_heads,
         "class_names": list(class_names),
         # A softmax head's last logit is "no object"; a sigmoid head has none (every logit is a real class).
         "no_object_label": num_logits - 1 if class_head == "softmax" else None,
@@ -195,6 +214,28 @@ def explorer_data(
         "boxes": boxes,
         "top_classes": top_classes,
         "top_probs": top_probs,
+        **attention,
+        **({"masks": _mask_data(outputs["pred_masks"][index], height, width)} if "pred_masks" in outputs else {}),
+    }
+
+
+def _dense_data(outputs: Mapping[str, Any], index: int, input_size: tuple[int, int],
+                stride: int | None) -> dict[str, Any]:
+    """The dense kind's keys (feature, num_heads, decoder, encoder) and num_layers, cropped to the image."""
+    mask = outputs["feature_mask"][index].detach().cpu().bool()  # [h_pad, w_pad]
+    padded_h, padded_w = mask.shape
+    h, w = unpadded_feature_size(mask)
+    heads = outputs["decoder_attention_heads"][:, index, :, :, :h, :w]  # [L, heads, Q, h, w]
+    mean = outputs["decoder_attention"][:, index, None, :, :h, :w]  # [L, 1, Q, h, w]
+    decoder_codes, decoder_scales = quantize_maps(torch.cat([heads, mean], dim=1))
+    encoder = outputs["encoder_attention"][index].reshape(padded_h, padded_w, padded_h, padded_w)
+    encoder_codes, encoder_scales = quantize_maps(encoder[:h, :w, :h, :w].reshape(h * w, h, w))
+    if stride is None:
+        stride = feature_stride(input_size, (h, w))
+    return {
+        "num_layers": int(heads.shape[0]),
+        "num_heads": int(heads.shape[1]),
+        "feature": {"height": h, "width": w, "stride": int(stride)},
         "decoder": {
             "shape": list(decoder_codes.shape),
             "maps": _base64(decoder_codes),
@@ -205,7 +246,44 @@ def explorer_data(
             "maps": _base64(encoder_codes),
             "scales": _base64(encoder_scales),
         },
-        **({"masks": _mask_data(outputs["pred_masks"][index], height, width)} if "pred_masks" in outputs else {}),
+    }
+
+
+def quantize_points(points: Tensor) -> np.ndarray:
+    """Points ``[..., 2]`` as fractions of the image's width and height → int16 codes in 1/:data:`POINT_UNITS`,
+    clipped to ±2 image sides (a point further out samples zeros, and no page could show it)."""
+    codes = torch.round(points.detach().float().cpu() * POINT_UNITS).clamp_(-32768, 32767)
+    return codes.to(torch.int16).numpy().astype("<i2")
+
+
+def quantize_weights(weights: Tensor) -> np.ndarray:
+    """Attention weights in [0, 1] → uint16 codes in 1/:data:`WEIGHT_UNITS` (an error of at most 7.7e-6)."""
+    codes = torch.round(weights.detach().float().cpu().clamp(0, 1) * WEIGHT_UNITS)
+    return codes.to(torch.int32).numpy().astype("<u2")
+
+
+def _sampling_data(outputs: Mapping[str, Any], index: int, input_size: tuple[int, int],
+                   stride: int) -> dict[str, Any]:
+    """The sampling kind's keys (feature, num_heads, sampling) and num_layers: one image's points of every
+    decoder layer, query, head, level and point, with their weights."""
+    points = outputs["sampling_points"][:, index]  # [L, Q, heads, levels, P, 2], [0, 1] of the unpadded image
+    weights = outputs["sampling_weights"][:, index]  # [L, Q, heads, levels, P]
+    num_levels = int(outputs["spatial_shapes"].shape[0])
+    if tuple(points.shape[:-1]) != tuple(weights.shape) or int(points.shape[3]) != num_levels:
+        raise ValueError(f"sampling_points {tuple(points.shape)} and sampling_weights {tuple(weights.shape)} do not "
+                         f"match ([L, Q, heads, {num_levels} levels, P] for one image)")
+    height, width = input_size
+    levels = [{"stride": stride * 2**level, "height": math.ceil(height / (stride * 2**level)),
+               "width": math.ceil(width / (stride * 2**level))} for level in range(num_levels)]
+    return {
+        "num_layers": int(points.shape[0]),
+        "num_heads": int(points.shape[2]),
+        "feature": {"stride": int(stride), "levels": levels},
+        "sampling": {
+            "shape": list(weights.shape),
+            "points": _base64(quantize_points(points)),
+            "weights": _base64(quantize_weights(weights)),
+        },
     }
 
 

@@ -43,13 +43,19 @@ def describe_model(model: nn.Module) -> str:
         return ""
     parts = [config.backbone + ("-DC5" if config.dilation else ""), f"{config.num_encoder_layers} encoder layers",
              f"{config.hidden_dim} hidden", f"{config.num_classes} classes"]
+    if isinstance(model, DeformableDETR):
+        variant = " + ".join(name for name, on in (("box refinement", model.box_refine), ("two-stage", model.two_stage))
+                             if on)
+        parts.insert(0, "Deformable DETR" + (f" ({variant})" if variant else "")
+                     + f", {config.num_feature_levels} levels × {config.num_points} points")
     return ", ".join(parts)
 
 
 def explorer_page_data(predictor: Predictor, pixels: np.ndarray, *, title: str, threshold: float,
                        model_description: str = "") -> dict[str, Any]:
     """One image's explorer data (:func:`explorer_data`): the image alone through ``predictor`` (its eval
-    resize, no padding) with attention maps and the boxes after every decoder layer.
+    resize, no padding) with its attention (dense maps, or a Deformable DETR's sampling points) and the boxes
+    after every decoder layer.
 
     Args:
         pixels: uint8 RGB ``[H, W, 3]``, the original image.
@@ -107,7 +113,8 @@ def write_attention_explorer(
     and run alone, so its feature map has no padding.
 
     Args:
-        model: a DETR (moved to ``device`` and put in eval mode, as the Predictor does).
+        model: a DETR, an anchor DETR or a Deformable DETR (moved to ``device`` and put in eval mode, as the
+            Predictor does); a Deformable DETR's pages show each query's sampling points instead of maps.
         images: paths, PIL images, or uint8 arrays/tensors (anything :data:`detr.inference.images.ImageInput` takes).
         out_dir: created if missing; pages are named after the image files (``<stem>.html``).
         category_map: label names; default ``model.meta.category_map``, else "class <i>".
@@ -124,9 +131,6 @@ def write_attention_explorer(
         raise ValueError(
             "images must be a non-empty sequence of images (paths, PIL images or arrays); wrap one image in a list"
         )
-    if isinstance(model, DeformableDETR):
-        raise ValueError("the explorer page shows dense attention maps, which Deformable DETR does not have: draw "
-                         "its sampling points with detr-visualize-attention (detr.visualize.sampling)")
     predictor = Predictor(model, category_map=category_map, device=device, threshold=threshold,
                           min_size=min_size, max_size=max_size)
     out_dir = Path(out_dir)
@@ -154,8 +158,8 @@ def write_attention_explorer(
                 PAGE_SIZE_WARNING_BYTES / 2**20,
             )
         logger.info("wrote %s (%.1f MiB)", page, size / 2**20)
-        del data["decoder"], data["encoder"]  # the index needs only the image and the detections
-        data.pop("masks", None)
+        for key in ("decoder", "encoder", "sampling", "masks"):  # the index needs only the image and detections
+            data.pop(key, None)
         written.append((page, data))
     paths = [page for page, _ in written]
     if len(written) > 1:
