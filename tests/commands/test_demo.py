@@ -77,6 +77,6 @@ def test_the_expected_steps_and_the_advice_for_a_budget_too_small(short_run) -> 
 def test_expectation_advises_only_a_machine_too_slow_for_the_recipe() -> None:
     fast = demo.expectation(3302, 0.18, 10)
     assert fast == ["about 3,302 steps in 10 minutes on this machine (0.18 s a step)"]
-    slow = demo.expectation(1005, 0.6, 10)
+    slow = demo.expectation(540, 1.1, 10)
     assert len(slow) == 2 and "too few for the recipe's target" in slow[1]
-    assert 'DEMO_ARGS="--minutes 21"' in slow[1] and "detr-demo --minutes 21" in slow[1]  # 2,000 × 0.6 s + 5 %
+    assert 'DEMO_ARGS="--minutes 20"' in slow[1] and "detr-demo --minutes 20" in slow[1]  # 1,000 × 1.1 s + 5 %
