@@ -22,6 +22,29 @@ from typing import Any
 
 VIEWPORT = (1400, 1000)
 
+#: JavaScript for the explorer pages: a point (viewport CSS pixels) on a box tag where another query's box is
+#: on top, and that query; null when no tag has one.
+CLICKABLE_OTHER_BOX = """(() => {
+  for (const tag of document.querySelectorAll('#overlay .box .tag rect')) {
+    const r = tag.getBoundingClientRect();
+    for (let fy = 0.5; fy > 0.1; fy -= 0.3) for (let fx = 0.05; fx < 1; fx += 0.1) {
+      const x = r.left + fx * r.width, y = r.top + fy * r.height;
+      const hit = document.elementFromPoint(x, y), box = hit && hit.closest('.box');
+      if (box && Number(box.dataset.query) !== window.detrExplorer.state.query)
+        return {x: x, y: y, query: Number(box.dataset.query)};
+    }
+  }
+  return null; })()"""
+
+
+def artifacts_dir() -> Path:
+    """Where the browser tests keep their screenshots: ``$DETR_TEST_ARTIFACTS``, default ``outputs/test_artifacts``
+    of the repository (created)."""
+    default = Path(__file__).resolve().parent.parent / "outputs" / "test_artifacts"
+    artifacts = Path(os.environ.get("DETR_TEST_ARTIFACTS", default))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    return artifacts
+
 
 def find_chromium() -> str | None:
     """$CHROMIUM, else the first of chromium / chromium-browser / google-chrome on PATH."""

@@ -4,7 +4,6 @@ and the report opened in headless Chromium (skipped without Chromium unless CI i
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from detr.commands import analyze as analyze_tool
 from detr.evaluation.analysis import analyze, load_ground_truth, load_results
 from detr.visualize.analysis_report import write_analysis_report
-from tests.browser import DevToolsPipe, Page
+from tests.browser import DevToolsPipe, Page, artifacts_dir
 
 REPO = Path(__file__).resolve().parents[2]
 COCO_MINI = REPO / "data" / "coco-mini"
@@ -128,8 +127,7 @@ def test_report_in_chromium(chromium: str, results_file: Path, tmp_path: Path) -
     coco_gt = load_ground_truth(GT_JSON)
     analysis = analyze(coco_gt, load_results(results_file, coco_gt))
     page_path = write_analysis_report(analysis, tmp_path / "report", images_dir=COCO_MINI / "val2017", gallery_size=4)
-    artifacts = Path(os.environ.get("DETR_TEST_ARTIFACTS", REPO / "outputs" / "test_artifacts"))
-    artifacts.mkdir(parents=True, exist_ok=True)
+    artifacts = artifacts_dir()
     browser = DevToolsPipe(chromium, tmp_path / "chromium-profile")
     try:
         page = Page(browser)

@@ -8,11 +8,10 @@ The screenshot is kept as an artifact in ``$DETR_TEST_ARTIFACTS`` (default ``out
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from pathlib import Path
 
-from tests.browser import DevToolsPipe, Page
+from tests.browser import DevToolsPipe, Page, artifacts_dir
 
 REPO = Path(__file__).resolve().parents[2]
 PHOTO = REPO / "data" / "photos" / "chelsea.png"
@@ -43,8 +42,7 @@ def test_page_uploads_draws_boxes_and_shows_attention(chromium: str, server, tmp
     request = urllib.request.Request(server.url + "/predict", data=PHOTO.read_bytes(), method="POST")
     expected = json.loads(urllib.request.urlopen(request, timeout=60).read())
     assert len(expected["detections"]) >= 2
-    artifacts = Path(os.environ.get("DETR_TEST_ARTIFACTS", REPO / "outputs" / "test_artifacts"))
-    artifacts.mkdir(parents=True, exist_ok=True)
+    artifacts = artifacts_dir()
 
     browser = DevToolsPipe(chromium, tmp_path / "chromium-profile")
     try:

@@ -7,7 +7,6 @@ The screenshot is kept as an artifact in ``$DETR_TEST_ARTIFACTS`` (default ``out
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 
 from detr import build_detr
 from detr.visualize.explorer import write_attention_explorer
-from tests.browser import DevToolsPipe, Page
+from tests.browser import CLICKABLE_OTHER_BOX, DevToolsPipe, Page, artifacts_dir
 from tests.helpers import tiny_config_with
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,18 +27,6 @@ CANVAS_CHECKSUM = """(() => {
   const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
   let s = 0; for (let i = 0; i < d.length; i += 1) s = (s * 31 + d[i]) % 2147483647; return s; })()"""
 
-# A point (viewport CSS pixels) on a box tag where another query's box is on top, and that query.
-CLICKABLE_OTHER_BOX = """(() => {
-  for (const tag of document.querySelectorAll('#overlay .box .tag rect')) {
-    const r = tag.getBoundingClientRect();
-    for (let fy = 0.5; fy > 0.1; fy -= 0.3) for (let fx = 0.05; fx < 1; fx += 0.1) {
-      const x = r.left + fx * r.width, y = r.top + fy * r.height;
-      const hit = document.elementFromPoint(x, y), box = hit && hit.closest('.box');
-      if (box && Number(box.dataset.query) !== window.detrExplorer.state.query)
-        return {x: x, y: y, query: Number(box.dataset.query)};
-    }
-  }
-  return null; })()"""
 
 # A point of the image that is on no box edge or tag, with the feature cell the page should pick.
 FREE_IMAGE_POINT = """(() => {
@@ -74,8 +61,7 @@ def test_explorer_page_in_chromium(chromium: str, tmp_path: Path) -> None:
     synthetic[30:90, 20:70] = 200
     page_path, _, index_path = write_attention_explorer(spread_out_model(), [PHOTO, synthetic], tmp_path / "pages",
                                                         threshold=0.0, min_size=160, max_size=240, device="cpu")
-    artifacts = Path(os.environ.get("DETR_TEST_ARTIFACTS", REPO / "outputs" / "test_artifacts"))
-    artifacts.mkdir(parents=True, exist_ok=True)
+    artifacts = artifacts_dir()
 
     browser = DevToolsPipe(chromium, tmp_path / "chromium-profile")
     try:

@@ -7,7 +7,6 @@ The screenshot is kept as an artifact in ``$DETR_TEST_ARTIFACTS`` (default ``out
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,23 +15,11 @@ import torch
 
 from detr import build_detr
 from detr.visualize.explorer import write_attention_explorer
-from tests.browser import DevToolsPipe, Page
+from tests.browser import CLICKABLE_OTHER_BOX, DevToolsPipe, Page, artifacts_dir
 from tests.helpers import REPO, randomise, read_sampling_page, tiny_config_with
 
 PHOTO = REPO / "data" / "photos" / "chelsea.png"
 
-# A point (viewport CSS pixels) on a box tag where another query's box is on top, and that query.
-CLICKABLE_OTHER_BOX = """(() => {
-  for (const tag of document.querySelectorAll('#overlay .box .tag rect')) {
-    const r = tag.getBoundingClientRect();
-    for (let fy = 0.5; fy > 0.1; fy -= 0.3) for (let fx = 0.05; fx < 1; fx += 0.1) {
-      const x = r.left + fx * r.width, y = r.top + fy * r.height;
-      const hit = document.elementFromPoint(x, y), box = hit && hit.closest('.box');
-      if (box && Number(box.dataset.query) !== window.detrExplorer.state.query)
-        return {x: x, y: y, query: Number(box.dataset.query)};
-    }
-  }
-  return null; })()"""
 
 # The drawn points as [head, level, x, y, r] in the image's pixels (the overlay's viewBox).
 DRAWN_POINTS = """Array.from(document.querySelectorAll('#overlay circle.point')).map(c => [Number(c.dataset.head),
@@ -73,8 +60,7 @@ def test_clicking_a_box_draws_its_sampling_points(chromium: str, tmp_path: Path)
     page_path, = write_attention_explorer(model, [PHOTO], tmp_path / "pages", threshold=0.0, device="cpu")
     data = read_sampling_page(page_path)
     heads, levels, points = data["sampling"]["shape"][2:]  # 2 heads, 4 levels, 3 points
-    artifacts = Path(os.environ.get("DETR_TEST_ARTIFACTS", REPO / "outputs" / "test_artifacts"))
-    artifacts.mkdir(parents=True, exist_ok=True)
+    artifacts = artifacts_dir()
 
     browser = DevToolsPipe(chromium, tmp_path / "chromium-profile")
     try:
