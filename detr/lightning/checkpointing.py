@@ -33,7 +33,9 @@ import logging
 import os
 import random
 import re
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,31 @@ INTERRUPTED_EXIT_CODE = 130
 LAST_NAME = "last.ckpt"
 
 
+@contextlib.contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) back until the block ends, then let it interrupt as it would have.
+
+    A KeyboardInterrupt raised inside ``torch.save`` leaves its zip writer half-done, and closing it then
+    raises a RuntimeError ("unexpected pos") that replaces the interrupt: the run ended with status 1 and
+    "once the cause is fixed" instead of 130 and the resume hint. The block swaps in a handler that only
+    notes the signal (a signal already caught but not yet handled reaches it too), and on leaving restores
+    the previous one and calls it. Outside the main thread (where handlers cannot be set) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(signal.SIGINT, None)  # Python's default raises KeyboardInterrupt here
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's torch checkpoint IO with atomic local writes and readable errors (module docstring).
 
@@ -68,7 +95,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or "://" in str(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
-        write_atomically(path, lambda file: torch.save(checkpoint, file))
+        with ctrl_c_deferred():
+            write_atomically(path, lambda file: torch.save(checkpoint, file))
 
     def load_checkpoint(
         self, path: Any, map_location: Callable | None = lambda storage, loc: storage, weights_only: bool | None = None

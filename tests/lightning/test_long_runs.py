@@ -318,3 +318,35 @@ def test_an_error_with_non_finite_weights_keeps_the_last_good_checkpoint(tiny_sh
         main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=10"))
     assert _step(out / "checkpoints" / "last.ckpt") == 2  # the validation's save, not the NaN weights
     assert not getattr(failure.value, "__notes__", [])
+
+
+class _SendsCtrlCWhenSaved:
+    """Pickled mid-checkpoint: sends this process a SIGINT, as a Ctrl-C during a save does."""
+
+    def __reduce__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the signal is caught; Python would raise KeyboardInterrupt at its next check
+        return (int, (7,))
+
+
+def test_ctrl_c_during_a_checkpoint_write_waits_for_the_file_then_interrupts(tmp_path) -> None:
+    """A Ctrl-C inside torch.save used to break its zip writer: a RuntimeError ("unexpected pos") replaced the
+    KeyboardInterrupt and the run ended with status 1. Now the write completes, then the interrupt comes."""
+    path = tmp_path / "last.ckpt"
+    checkpoint = {"state_dict": {"w": torch.arange(100_000.0)}, "trigger": _SendsCtrlCWhenSaved(), "step": 3}
+    with pytest.raises(KeyboardInterrupt):
+        AtomicCheckpointIO().save_checkpoint(checkpoint, path)
+    loaded = torch.load(path, weights_only=False)
+    assert loaded["step"] == 3 and loaded["trigger"] == 7 and torch.equal(loaded["state_dict"]["w"], torch.arange(100_000.0))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
+
+
+def test_ctrl_c_deferred_delivers_a_signal_only_after_the_block() -> None:
+    steps = []
+    with pytest.raises(KeyboardInterrupt):
+        with checkpointing.ctrl_c_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            for step in range(3):
+                time.sleep(0.01)
+                steps.append(step)
+    assert steps == [0, 1, 2]
