@@ -188,8 +188,10 @@ def _training_process(tiny_shapes_root: Path, tmp_path: Path) -> Iterator[tuple[
     out = tmp_path / "run"
     args = tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=100000", "--last_checkpoint.every_n_train_steps=0")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    # Ctrl-C as a terminal delivers it, even where this test runs with SIGINT ignored (a shell's background job)
     process = subprocess.Popen([sys.executable, "-m", "detr.lightning.cli", *args], env=env, cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     last = out / "checkpoints" / "last.ckpt"
     try:
         deadline = time.monotonic() + 240
@@ -329,7 +331,16 @@ class _SendsCtrlCWhenSaved:
         return (int, (7,))
 
 
-def test_ctrl_c_during_a_checkpoint_write_waits_for_the_file_then_interrupts(tmp_path) -> None:
+@pytest.fixture
+def ctrl_c_interrupts() -> Iterator[None]:
+    """Python's own SIGINT handler (KeyboardInterrupt), also where the tests run with SIGINT ignored (a shell's
+    background job), and the one they had afterwards."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_during_a_checkpoint_write_waits_for_the_file_then_interrupts(tmp_path, ctrl_c_interrupts) -> None:
     """A Ctrl-C inside torch.save used to break its zip writer: a RuntimeError ("unexpected pos") replaced the
     KeyboardInterrupt and the run ended with status 1. Now the write completes, then the interrupt comes."""
     path = tmp_path / "last.ckpt"
@@ -341,7 +352,7 @@ def test_ctrl_c_during_a_checkpoint_write_waits_for_the_file_then_interrupts(tmp
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
 
 
-def test_ctrl_c_deferred_delivers_a_signal_only_after_the_block() -> None:
+def test_ctrl_c_deferred_delivers_a_signal_only_after_the_block(ctrl_c_interrupts) -> None:
     steps = []
     with pytest.raises(KeyboardInterrupt):
         with checkpointing.ctrl_c_deferred():
