@@ -134,6 +134,14 @@ class Backbone(nn.Module):
         self.to(memory_format=torch.channels_last)
         self.channels_last = True
 
+    def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> None:
+        """The backbone's part of a detector's ``optimize_for_inference``, in place: fold the frozen
+        BatchNorms (:meth:`fold_frozen_batch_norm`), then run in NHWC (:meth:`use_channels_last`)."""
+        if fold_batch_norm:
+            self.fold_frozen_batch_norm()
+        if channels_last:
+            self.use_channels_last()
+
     def use_autocast(self, dtype: torch.dtype | None = torch.bfloat16) -> None:
         """Run the backbone (convolutions, under ``torch.autocast``) in ``dtype`` and return float32
         features; None turns it off. The weights stay float32. On CPUs with AMX or AVX512-BF16 the

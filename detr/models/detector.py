@@ -149,10 +149,7 @@ class Detector(nn.Module):
         Measured with benchmarks/model_speed.py.
         """
         self.eval()
-        if fold_batch_norm:
-            self.backbone[0].fold_frozen_batch_norm()
-        if channels_last:
-            self.backbone[0].use_channels_last()
+        self.backbone[0].optimize_for_inference(fold_batch_norm=fold_batch_norm, channels_last=channels_last)
         return self
 
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, return_attention: bool = False,

@@ -110,10 +110,7 @@ class DeformableDETR(nn.Module):
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DeformableDETR:
         """As :meth:`detr.models.detector.Detector.optimize_for_inference`: the backbone only, in place."""
         self.eval()
-        if fold_batch_norm:
-            self.backbone[0].fold_frozen_batch_norm()
-        if channels_last:
-            self.backbone[0].use_channels_last()
+        self.backbone[0].optimize_for_inference(fold_batch_norm=fold_batch_norm, channels_last=channels_last)
         return self
 
     def multi_scale_features(self, images: torch.Tensor, padding_mask: torch.Tensor
