@@ -33,6 +33,7 @@ import logging
 import os
 import pickle
 import sys
+import warnings
 from typing import Any
 
 from lightning.pytorch import Trainer
@@ -176,6 +177,14 @@ def show_package_messages() -> None:
         package_logger.setLevel(logging.INFO)
 
 
+def hide_library_internal_warnings() -> None:
+    """Silence warnings that one library raises about another's code and that no ``detr`` user can act on:
+    torch 2.14 deprecates ``LeafSpec``, which Lightning (2.6.6, the newest) still builds in its pytree
+    helper, so every ``detr fit`` printed a FutureWarning pointing into lightning/pytorch/utilities."""
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)
+
+
 def main(args: list[str] | None = None, *, panoptic: bool = False) -> int:
     """Entry point of the ``detr`` command: ``detr fit|validate|test|predict --config ...``
     (``panoptic``: of ``detr-panoptic``).
@@ -184,6 +193,7 @@ def main(args: list[str] | None = None, *, panoptic: bool = False) -> int:
     evaluation) next to Lightning's. Exit status: 0; 1 when ``predict`` could not predict some images (the
     others are written); 143 when SIGTERM stopped ``fit`` after saving last.ckpt, 130 when Ctrl-C (SIGINT) did."""
     show_package_messages()
+    hide_library_internal_warnings()
     cli = make_cli(args, panoptic=panoptic)
     writers = [c for c in getattr(cli.trainer, "callbacks", []) if isinstance(c, PredictionsWriter)]
     return 1 if any(writer.failed for writer in writers) else 0
