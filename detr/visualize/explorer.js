@@ -10,6 +10,7 @@
   }
   if (DATA.kind !== "dense" && DATA.kind !== "sampling") throw new Error("unknown attention kind: " + DATA.kind);
   const SAMPLING = DATA.kind === "sampling";
+  const upTo = (n) => Array.from({ length: n }, (_, k) => k);  // 0, 1, ..., n - 1
 
   // ---- data ---------------------------------------------------------------------------------
   const W = DATA.image.width, H = DATA.image.height;  // model input size (eval resize), pixels
@@ -79,7 +80,7 @@
   // The share of a query's attention that went to each level: one head's, or the mean over heads (MEAN).
   function levelShares(layer, query, head) {
     const shares = new Array(NL).fill(0);
-    const heads = head === MEAN ? Array.from({ length: NH }, (_, h) => h) : [head];
+    const heads = head === MEAN ? upTo(NH) : [head];
     for (const h of heads) {
       for (let level = 0; level < NL; level++) {
         for (let point = 0; point < NP; point++) {
@@ -107,7 +108,7 @@
   function predictionIndex(layer) { return PRED_LAYERS.indexOf(layer + 1); }  // -1: no head output
   const FINAL = PRED_LAYERS.length - 1;
 
-  const ORDER = Array.from({ length: Q }, (_, q) => q).sort((a, b) => DATA.scores[b] - DATA.scores[a]);
+  const ORDER = upTo(Q).sort((a, b) => DATA.scores[b] - DATA.scores[a]);
 
   // ---- colours ------------------------------------------------------------------------------
   const VIRIDIS = [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
@@ -400,7 +401,7 @@
     for (let h = 0; h < NH; h++) element("div", "h" + (h + 1), grid, "grid-label");
     for (let layer = 0; layer < L; layer++) {
       element("div", "L" + (layer + 1), grid, "grid-label");
-      for (const head of [MEAN].concat(Array.from({ length: NH }, (_, h) => h))) {
+      for (const head of [MEAN].concat(upTo(NH))) {
         const canvas = element("canvas", null, grid);
         canvas.dataset.layer = layer; canvas.dataset.head = head;
         canvas.title = "layer " + (layer + 1) + ", " + (head === MEAN ? "mean" : "head " + (head + 1));
@@ -489,36 +490,30 @@
     return [(event.clientX - rect.left) * W / rect.width, (event.clientY - rect.top) * H / rect.height];
   }
 
+  // One radio button per value in the container, id `${name}-${key}`: key is the value's 1-based number, or the
+  // word that `words` gives a special value (the mean head, every level); decorate(text, value) styles its label.
+  function radioButtons(container, name, values, words, onChange, decorate = () => {}) {
+    for (const value of values) {
+      const label = element("label", null, $(container));
+      const input = element("input", null, label);
+      const word = words.get(value);
+      input.type = "radio"; input.name = name; input.value = value;
+      input.id = name + "-" + (word === undefined ? value + 1 : word.id);
+      input.addEventListener("change", () => onChange(value));
+      decorate(element("span", word === undefined ? String(value + 1) : word.text, label), value);
+    }
+  }
   function buildControls() {
-    const layers = $("layer-buttons");
-    for (let layer = 0; layer < L; layer++) {
-      const label = element("label", null, layers);
-      const input = element("input", null, label);
-      input.type = "radio"; input.name = "layer"; input.value = layer; input.id = "layer-" + (layer + 1);
-      element("span", String(layer + 1), label);
-      input.addEventListener("change", () => setLayer(layer));
-    }
-    const heads = $("head-buttons");
-    for (const head of [MEAN].concat(Array.from({ length: NH }, (_, h) => h))) {
-      const label = element("label", null, heads);
-      const input = element("input", null, label);
-      input.type = "radio"; input.name = "head"; input.value = head;
-      input.id = head === MEAN ? "head-mean" : "head-" + (head + 1);
-      const text = element("span", head === MEAN ? (SAMPLING ? "all" : "mean") : String(head + 1), label);
-      if (SAMPLING && head !== MEAN) text.style.borderBottom = "3px solid " + headColour(head);
-      input.addEventListener("change", () => setHead(head));
-    }
+    radioButtons("layer-buttons", "layer", upTo(L), new Map(), setLayer);
+    radioButtons("head-buttons", "head", [MEAN].concat(upTo(NH)),
+                 new Map([[MEAN, { id: "mean", text: SAMPLING ? "all" : "mean" }]]), setHead, (text, head) => {
+                   if (SAMPLING && head !== MEAN) text.style.borderBottom = "3px solid " + headColour(head);
+                 });
     if (SAMPLING) {
-      const levels = $("level-buttons");
-      for (const level of [ALL_LEVELS].concat(Array.from({ length: NL }, (_, k) => k))) {
-        const label = element("label", null, levels);
-        const input = element("input", null, label);
-        input.type = "radio"; input.name = "level"; input.value = level;
-        input.id = level === ALL_LEVELS ? "level-all" : "level-" + (level + 1);
-        element("span", level === ALL_LEVELS ? "all" : String(level + 1), label).title =
-          level === ALL_LEVELS ? "every level" : levelText(level);
-        input.addEventListener("change", () => setLevel(level));
-      }
+      radioButtons("level-buttons", "level", [ALL_LEVELS].concat(upTo(NL)),
+                   new Map([[ALL_LEVELS, { id: "all", text: "all" }]]), setLevel, (text, level) => {
+                     text.title = level === ALL_LEVELS ? "every level" : levelText(level);
+                   });
       $("point-size").addEventListener("input", (e) => { state.pointScale = Number(e.target.value); drawOverlay(); });
       $("levels").addEventListener("click", (event) => {
         const row = event.target.closest("tr");
