@@ -230,6 +230,16 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             worker_init_fn=seed_worker_transform if workers > 0 else None,
         )
 
+    def set_aside_missing_root(self, root: str | None, predict_images: str | list[str] | None) -> str | None:
+        """``root``, or None when it does not exist and there are ``predict_images``: predict reads only those,
+        so a config's root (the demo's data/shapes) need not exist for it. The other stages still name the
+        missing root when they ask for its data (:meth:`_require`)."""
+        if predict_images is None or root is None or Path(root).is_dir():
+            return root
+        logger.info("data root '%s' does not exist: only predict_images can be used", root)
+        self.missing_root = Path(root)
+        return None
+
     def _require(self, dataset: Any, split: str) -> Any:
         if dataset is None and self.missing_root is not None:
             raise ValueError(f"no {split} data: data root '{self.missing_root}' does not exist; pass --data.root with "
@@ -305,11 +315,7 @@ class DetrDataModule(CocoFormatDataModule):
     ) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters()
-        if predict_images is not None and root is not None and not Path(root).is_dir():
-            # predict reads only predict_images: a config's root (data/shapes of the demo) need not exist for it.
-            # The other stages still name the missing root when they ask for its data (_require).
-            logger.info("data root '%s' does not exist: only predict_images can be used", root)
-            self.missing_root, root = Path(root), None
+        root = self.set_aside_missing_root(root, predict_images)
         explicit = {"train": (train_images, train_annotations), "val": (val_images, val_annotations),
                     "test": (test_images, test_annotations)}
         self.paths = split_paths(root, explicit, "instances_{split}2017.json",

@@ -91,6 +91,7 @@ class PanopticDataModule(CocoFormatDataModule):
         super().__init__(**kwargs)
         self.save_hyperparameters()
         self.predict_images = predict_images
+        root = self.set_aside_missing_root(root, predict_images)
         explicit = {"train": (train_images, train_annotations), "val": (val_images, val_annotations)}
         self.paths = split_paths(root, explicit, "panoptic_{split}2017.json", layout="train2017/, val2017/ and "
                                  "annotations/panoptic_{train,val}2017.json + PNG folders")
@@ -101,7 +102,7 @@ class PanopticDataModule(CocoFormatDataModule):
             return
         if not self.paths:
             where = (f"data root '{Path(root)}' has no annotations/panoptic_{{train,val}}2017.json" if root
-                     else "no data")
+                     else f"data root '{self.missing_root}' does not exist" if self.missing_root else "no data")
             raise ValueError(f"PanopticDataModule: {where}; pass root=DIR (COCO panoptic layout) or train_images + "
                              "train_annotations / val_images + val_annotations (python tools/make_shapes.py "
                              "--panoptic writes a small set), or predict_images with --ckpt_path")

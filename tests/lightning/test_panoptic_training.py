@@ -197,6 +197,22 @@ def test_predict_writes_coco_panoptic_pngs_and_json(mask_stage, shapes_root, tmp
         assert {s["category_id"] for s in segments} <= set(range(1, 7))
 
 
+def test_predict_does_not_need_the_configs_data_root(mask_stage, shapes_root, tmp_path):
+    """A config's data.root that does not exist here (the demo's data/shapes_panoptic on another machine) failed
+    `detr-panoptic predict` with "data root ... does not exist", though predict reads only predict_images and
+    the checkpoint's categories; training still names the missing root."""
+    missing = tmp_path / "data" / "shapes_panoptic"
+    data = PanopticDataModule(root=str(missing), predict_images=str(shapes_root / "val2017"), num_workers=0,
+                              categories_from=str(mask_stage / "checkpoints" / "last.ckpt"))
+    assert data.is_thing == [True] * 5 + [False]
+    images, _, _ = next(iter(data.predict_dataloader()))
+    assert images.dim() == 4
+    with pytest.raises(ValueError, match=f"no train data: data root '{missing}' does not exist"):
+        data.train_dataloader()
+    with pytest.raises(ValueError, match=f"data root '{missing}' does not exist"):
+        PanopticDataModule(root=str(missing), predict_images=str(shapes_root / "val2017"))  # no categories
+
+
 # ---------------------------------------------------------------------- bad data, named at start-up
 @pytest.fixture
 def broken_root(shapes_root, tmp_path) -> Path:
