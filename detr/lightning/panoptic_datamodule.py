@@ -101,8 +101,12 @@ class PanopticDataModule(CocoFormatDataModule):
             self._categories_from_checkpoint(categories_from)
             return
         if not self.paths:
-            where = (f"data root '{Path(root)}' has no annotations/panoptic_{{train,val}}2017.json" if root
-                     else f"data root '{self.missing_root}' does not exist" if self.missing_root else "no data")
+            if root:
+                where = f"data root '{Path(root)}' has no annotations/panoptic_{{train,val}}2017.json"
+            elif self.missing_root:
+                where = f"data root '{self.missing_root}' does not exist"
+            else:
+                where = "no data"
             raise ValueError(f"PanopticDataModule: {where}; pass root=DIR (COCO panoptic layout) or train_images + "
                              "train_annotations / val_images + val_annotations (python tools/make_shapes.py "
                              "--panoptic writes a small set), or predict_images with --ckpt_path")
