@@ -1,43 +1,112 @@
 #!/usr/bin/env bash
-# The GPU checks of a session with a lent CUDA machine, in parts that each fit one 10-minute command.
+# The GPU session: every check of the CUDA path and every GPU measurement, in parts that each fit one
+# 10-minute command of a lent machine (about 12 minutes in all on an H100 / H200).
 #
-#   bash benchmarks/gpu_session.sh tests infer train       # CUDA tests; eager inference and training tables
-#   bash benchmarks/gpu_session.sh compile loss            # torch.compile rows; bf16-vs-fp32 loss curve
-#   bash benchmarks/gpu_session.sh commands                # detr fit / validate, predict fp32 + bf16, explorer
+#   bash benchmarks/gpu_session.sh --prepare               # here, before the first call: .whl/ and .authors/detr
+#   bash benchmarks/gpu_session.sh tests train infer       # on the GPU: CUDA tests; training and inference tables
+#   bash benchmarks/gpu_session.sh loss commands compile   # fp32/bf16/authors loss; detr fit/validate/predict; compile
+#   bash benchmarks/gpu_session.sh --rehearse all          # the very same commands on the CPU at tiny sizes (CI runs it)
 #
-# On a machine with the project installed (`make setup`) it uses .venv; on a bare machine whose python3
-# has torch, it installs wheels carried in .whl/ (the packages that machine lacks) into /tmp/site.
-# Logs go to $OUT (or /tmp/gpu_session) as PART.log.
+# Parts: tests, train, infer, loss, commands, compile ('all' = each in that order). Each writes its log
+# (with its table) to $OUT/PART.log (OUT defaults to /tmp/gpu_session); a step that fails is reported
+# ("=== NAME: exit N") and the part goes on. The last line is "ALL DONE in S s, F failed steps".
+#
+# What a bare GPU machine lacks travels with the call (device tool: carry [".whl", ".authors"]):
+#   .whl/           the wheels of the Python packages its image does not have (--prepare downloads them)
+#   .authors/detr   a checkout of facebookresearch/detr, whose training step is timed beside ours
+#                   (--prepare copies it from AUTHORS_SOURCE, a clone or a git directory of that repository;
+#                   without it the authors' rows are left out and the tables say so)
+# On a machine with the project installed (`make setup`) it uses .venv; else python3 with the wheels
+# installed into /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_session}
+REHEARSE=0
+# The packages the device image lacks (benchmarks/README: the GPU session); versions = what `make setup` installs.
+WHEELS="albumentations==2.0.8 albucore==0.0.24 stringzilla==5.3.2 simsimd==6.5.16 pydantic==2.14.4
+pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
+pycocotools==2.0.11 jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 importlib-resources==7.1.0"
+
+prepare() {
+  mkdir -p .whl
+  # shellcheck disable=SC2086
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .whl $WHEELS || return 1
+  if [ -n "${AUTHORS_SOURCE:-}" ]; then
+    rm -rf .authors/detr && mkdir -p .authors/detr
+    git --git-dir="$( [ -d "$AUTHORS_SOURCE/.git" ] && echo "$AUTHORS_SOURCE/.git" || echo "$AUTHORS_SOURCE")" \
+      archive HEAD models util LICENSE | tar -x -C .authors/detr || return 1
+  fi
+  du -sh .whl .authors 2>/dev/null
+}
+
+parts=()
+for arg in "$@"; do
+  case $arg in
+    --prepare) prepare; exit $? ;;
+    --rehearse) REHEARSE=1 ;;
+    all) parts+=(tests train infer loss commands compile) ;;
+    *) parts+=("$arg") ;;
+  esac
+done
 mkdir -p "$OUT"
-if [ -x .venv/bin/python ]; then
-  PY=.venv/bin/python
+
+if [ -n "${PYTHON:-}" ]; then
+  PY=$PYTHON   # another interpreter (e.g. a venv with the device's torch, to rehearse under its versions)
+elif [ -x .venv/bin/python ]; then
+  PY=$PWD/.venv/bin/python
 else
   PY=python3
   if [ -d .whl ] && [ ! -e /tmp/site/.done ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       && touch /tmp/site/.done
   fi
-  export PYTHONPATH=/tmp/site:$PWD
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/benchmarks PYTHONUNBUFFERED=1
-RUNS=/tmp/gpu_session_runs
-RELEASE=$RUNS/detr-r50-e632da11.pth   # random values in the authors' release layout (no network here)
+export PYTHONPATH=$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+RUNS=${RUNS:-/tmp/gpu_session_runs}
+rm -rf "$RUNS" && mkdir -p "$RUNS"
+RELEASE=$RUNS/detr-r50-e632da11.pth   # random values in the authors' release layout (no network there)
 
-detr() { $PY -m detr.lightning.cli "$@"; }
+# Sizes: the authors' on the GPU; tiny ones on the CPU for the rehearsal (the same commands otherwise).
+if [ $REHEARSE = 1 ]; then
+  DEVICE=cpu
+  BENCH=(--device cpu --quick --compile-backend eager)
+  LOSS_STEPS=3
+  FIT_STEPS=4
+  TINY_MODEL=(--model.detr.backbone resnet18 --model.detr.hidden_dim 32 --model.detr.num_heads 2
+              --model.detr.num_encoder_layers 1 --model.detr.num_decoder_layers 2 --model.detr.dim_feedforward 64)
+  SMALL_DATA=(--data.train_scales '[128]' --data.train_max_size 192 --data.crop_resize_scales '[128]'
+              --data.crop_min_size 96 --data.crop_max_size 128 --data.eval_min_size 128 --data.eval_max_size 192
+              --data.num_workers 0)
+  PREDICT_SIZE=(--min-size 128 --max-size 192)
+  LIMIT_VAL=(--trainer.limit_val_batches 2)
+else
+  DEVICE=cuda
+  BENCH=()
+  LOSS_STEPS=200
+  FIT_STEPS=300
+  TINY_MODEL=()
+  SMALL_DATA=(--data.num_workers 8)
+  PREDICT_SIZE=()
+  LIMIT_VAL=()
+fi
+FAILED=0
 
 step() {  # step NAME COMMAND...: run, time, and keep going on failure
   local name=$1; shift
   echo; echo "=== $name: $*"
   local start=$SECONDS
   "$@"
-  echo "=== $name: exit $? in $((SECONDS - start)) s"
+  local status=$?
+  echo "=== $name: exit $status in $((SECONDS - start)) s"
+  [ $status = 0 ] || FAILED=$((FAILED + 1))
 }
 
-release_layout_file() {
-  mkdir -p $RUNS
+detr() { $PY -m detr.lightning.cli "$@"; }
+
+release_layout_file() {  # random values in the authors' R50 release layout: what `detr validate` reads
   $PY - "$RELEASE" <<'EOF'
 import json, sys, torch
 layout = json.load(open("tests/data/official_detr_state_dict_layout.json"))["resnet50"]
@@ -59,47 +128,68 @@ for path in sys.argv[1:]:
     runs.append({image: sorted(scores, reverse=True) for image, scores in by_image.items()})
 fp32, bf16 = runs
 gaps = [abs(a - b) for image in fp32 for a, b in zip(fp32[image], bf16[image])]
-print(f"{len(fp32)} images; fp32 vs bf16 sorted scores: max |difference| {max(gaps):.4f}, "
-      f"mean {sum(gaps) / len(gaps):.5f}; top scores fp32 {[round(s[0], 3) for s in fp32.values()][:8]}, "
-      f"bf16 {[round(s[0], 3) for s in bf16.values()][:8]}")
+print(f"| predict fp32 vs bf16 | {len(fp32)} images | sorted scores: max difference {max(gaps):.4f}, "
+      f"mean {sum(gaps) / len(gaps):.5f} |")
 EOF
 }
 
 part_tests() {
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  $PY -c "import torch, torchvision, lightning; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'lightning', lightning.__version__)"
-  step "CUDA tests" $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py
-  step "device-independent tests on this machine" $PY -m pytest -q -p no:cacheprovider -x \
-    tests/test_models.py tests/test_criterion.py tests/test_matcher.py tests/test_predictor.py tests/test_checkpoints.py
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+  $PY -c "import torch, torchvision, lightning, albumentations; print('torch', torch.__version__, 'torchvision', \
+torchvision.__version__, 'lightning', lightning.__version__, 'albumentations', albumentations.__version__, \
+'cuda', torch.cuda.is_available())"
+  step "CUDA tests" $PY -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py
+  step "model, loss and matcher tests on this machine's torch" $PY -m pytest -q -p no:cacheprovider -x \
+    tests/models/test_detr.py tests/loss/test_criterion.py tests/loss/test_matcher.py
 }
 
-part_infer() { step "inference, eager" timeout 300 $PY benchmarks/gpu_throughput.py --sections infer --compile off; }
-part_train() { step "training, eager" timeout 420 $PY benchmarks/gpu_throughput.py --sections train --compile off; }
-part_compile() {
-  step "inference, compiled" timeout 280 $PY benchmarks/gpu_throughput.py --sections infer --compile on --precisions tf32,bf16
-  step "training, compiled" timeout 280 $PY benchmarks/gpu_throughput.py --sections train --compile on --precisions bf16
+part_train() { step "training, eager" timeout 420 $PY benchmarks/gpu_throughput.py "${BENCH[@]}" --sections train --compile off; }
+part_infer() { step "inference, eager" timeout 300 $PY benchmarks/gpu_throughput.py "${BENCH[@]}" --sections infer --compile off; }
+part_loss() {
+  step "loss: ours fp32, ours bf16, authors fp32" timeout 420 $PY benchmarks/gpu_throughput.py "${BENCH[@]}" \
+    --sections loss --loss-steps $LOSS_STEPS
 }
-part_loss() { step "loss, fp32 vs bf16" timeout 420 $PY benchmarks/gpu_throughput.py --sections loss --loss-steps 300; }
+part_compile() {
+  step "inference, compiled" timeout 240 $PY benchmarks/gpu_throughput.py "${BENCH[@]}" --sections infer --compile on \
+    --precisions bf16 --infer-batches 1,32
+  step "training, compiled" timeout 240 $PY benchmarks/gpu_throughput.py "${BENCH[@]}" --sections train --compile on \
+    --precisions bf16 --authors ''
+}
 
 part_commands() {
   release_layout_file
-  step "detr validate (authors' layout)" detr validate --config configs/detr_r50_coco.yaml --data.root data/coco-mini \
-    --model.init_checkpoint "$RELEASE" --trainer.devices 1 --trainer.default_root_dir $RUNS/validate
-  step "detr fit (R50, coco-mini, 300 steps)" timeout 360 $PY -m detr.lightning.cli fit --config configs/detr_r50_coco.yaml --data.root data/coco-mini \
-    --model.detr.pretrained_backbone false --trainer.max_steps 300 --trainer.devices 1 \
-    --trainer.check_val_every_n_epoch 4 --trainer.default_root_dir $RUNS/fit
+  step "detr validate (authors' release layout)" detr validate --config configs/detr_r50_coco.yaml \
+    --data.root data/coco-mini --model.init_checkpoint "$RELEASE" --trainer.accelerator $DEVICE --trainer.devices 1 \
+    "${SMALL_DATA[@]}" "${LIMIT_VAL[@]}" --trainer.default_root_dir "$RUNS/validate"
+  step "detr fit (R50 bf16-mixed, coco-mini, $FIT_STEPS steps)" timeout 360 $PY -m detr.lightning.cli fit \
+    --config configs/detr_r50_coco.yaml --data.root data/coco-mini --model.detr.pretrained_backbone false \
+    "${TINY_MODEL[@]}" "${SMALL_DATA[@]}" "${LIMIT_VAL[@]}" --trainer.precision bf16-mixed \
+    --trainer.max_steps $FIT_STEPS --trainer.accelerator $DEVICE --trainer.devices 1 \
+    --trainer.check_val_every_n_epoch 4 --trainer.default_root_dir "$RUNS/fit"
   local trained=$RUNS/fit/checkpoints/last.ckpt
+  [ -f "$RUNS/fit/metrics.csv" ] && tail -n 3 "$RUNS/fit/metrics.csv"
   for precision in fp32 bf16; do
-    step "predict $precision" $PY tools/predict.py data/coco-mini/val2017 --checkpoint "$trained" --device cuda \
-      --precision $precision --batch-size 8 --threshold 0.3 --all-queries --out $RUNS/predict_$precision
+    step "predict $precision" $PY tools/predict.py data/coco-mini/val2017 --checkpoint "$trained" --device $DEVICE \
+      --precision $precision --batch-size 8 --threshold 0.3 --all-queries --no-draw "${PREDICT_SIZE[@]}" \
+      --out "$RUNS/predict_$precision"
   done
-  compare_predictions
+  step "compare predictions" compare_predictions
   step "explorer" $PY tools/explore_attention.py data/photos/chelsea.png data/photos/000000039769.png \
-    --checkpoint "$trained" --device cuda --out $RUNS/explore
-  ls -la $RUNS/explore
+    --checkpoint "$trained" --device $DEVICE "${PREDICT_SIZE[@]}" --out "$RUNS/explore"
+  ls -la "$RUNS/explore"
 }
 
-for part in "$@"; do
-  "part_$part" 2>&1 | tee "$OUT/$part.log"
+for part in "${parts[@]}"; do
+  if ! declare -F "part_$part" >/dev/null; then
+    echo "unknown part '$part' (tests train infer loss commands compile all)"; FAILED=$((FAILED + 1)); continue
+  fi
+  start=$SECONDS
+  FAILED_BEFORE=$FAILED
+  # The part runs in this shell (not a pipeline's subshell), so FAILED counts its failed steps.
+  exec 3>&1
+  part_"$part" > >(tee "$OUT/$part.log" >&3) 2>&1
+  wait $! 2>/dev/null
+  echo "=== part $part: $((SECONDS - start)) s, $((FAILED - FAILED_BEFORE)) failed steps"
 done
-echo "ALL DONE in $SECONDS s"
+echo "ALL DONE in $SECONDS s, $FAILED failed steps"
+[ $FAILED = 0 ]

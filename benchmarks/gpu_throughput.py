@@ -15,7 +15,13 @@ Sections (``--sections``, comma-separated):
 - ``infer``: forward at 800×1333 after ``optimize_for_inference()`` at batch 1, 8 and 32, per precision
   and compile setting: images/s and MFU.
 - ``loss``: ``--loss-steps`` steps on the real pipeline in fp32 and in bf16 from the same weights and
-  seed; prints the mean loss of the last quarter of each (bf16 should train as fp32 does).
+  data order; prints the mean loss of the last quarter of each (bf16 should train as fp32 does).
+
+With ``--authors DIR`` (a checkout of facebookresearch/detr; default ``.authors/detr`` where it exists)
+the training table gets the authors' own training step (``benchmarks/authors_detr.py``) on the same
+batches and card, eager, fp32 and tf32 (their code has no mixed precision), and the loss section trains
+their model from the same initial weights on the same data: the speed ratio and the loss are measured
+side by side.
 
 FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (matrix products and convolutions;
 a training step counts forward and backward). MFU = achieved FLOP/s over the card's dense peak for the
@@ -43,6 +49,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers (the tiny model of --quick)
 
+from authors_detr import AuthorsTrainer  # noqa: E402
 from machine import describe_machine  # noqa: E402
 
 from detr.data.coco import CocoDetection  # noqa: E402
@@ -67,9 +74,10 @@ PEAK_TFLOPS = {
 class Setting:
     precision: str
     compiled: bool
+    authors: bool = False  # the authors' code (facebookresearch/detr), not ours
 
     def __str__(self) -> str:
-        return f"{self.precision}{' compile' if self.compiled else ''}"
+        return f"{'authors ' if self.authors else ''}{self.precision}{' compile' if self.compiled else ''}"
 
 
 def peak_flops(device: torch.device, precision: str, override: float | None) -> float | None:
@@ -133,14 +141,15 @@ def to_device(batch: tuple[torch.Tensor, torch.Tensor, list[dict]], device: torc
 class Trainer:
     """The training step of :class:`DetrSystem` without Lightning's loop around it."""
 
-    def __init__(self, model_config: DetrConfig, device: torch.device, setting: Setting, seed: int = 0) -> None:
+    def __init__(self, model_config: DetrConfig, device: torch.device, setting: Setting, seed: int = 0,
+                 compile_backend: str = "inductor") -> None:
         torch.manual_seed(seed)
         self.system = DetrSystem(detr=model_config, channels_last=device.type == "cuda").to(device).train()
         self.device = device
         self.autocast = set_precision(setting.precision)
         self.forward: Callable = self.system.model
         if setting.compiled:
-            self.forward = torch.compile(self.system.model, dynamic=True)
+            self.forward = torch.compile(self.system.model, dynamic=True, backend=compile_backend)
         self.optimizer = torch.optim.AdamW(self.system.parameter_groups(), lr=1e-4, weight_decay=1e-4, fused=True)
 
     def step(self, batch: tuple) -> torch.Tensor:
@@ -153,6 +162,13 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.system.model.parameters(), 0.1, foreach=True)
         self.optimizer.step()
         return losses["loss"].detach()
+
+
+def make_trainer(args: argparse.Namespace, device: torch.device, setting: Setting) -> Trainer | AuthorsTrainer:
+    if setting.authors:
+        set_precision(setting.precision)
+        return AuthorsTrainer(args.authors, args.model, device)
+    return Trainer(args.model, device, setting, compile_backend=args.compile_backend)
 
 
 def count_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
@@ -216,11 +232,12 @@ def train_section(args: argparse.Namespace, device: torch.device, settings: list
     synthetic = synthetic_batches(args.batch_size, device, scales=args.scales, max_size=args.max_size,
                                   num_classes=args.model.num_classes)
     loader = real_loader(args, device)
+    rates: dict[str, float] = {}
     for setting in settings:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        trainer = Trainer(args.model, device, setting)
+        trainer = make_trainer(args, device, setting)
         seconds = timed_steps(trainer.step, itertools.cycle(synthetic), args.steps, args.warmup, device)
         synthetic_rate = args.steps * args.batch_size / seconds
         peak_memory = memory(device)
@@ -231,7 +248,12 @@ def train_section(args: argparse.Namespace, device: torch.device, settings: list
         print(f"| {setting} | {synthetic_rate:7.1f} | {real_rate:7.1f} | {peak_memory} | "
               f"{syncs if syncs is not None else 'n/a'} | "
               f"{mfu(synthetic_rate, flops, peak_flops(device, setting.precision, args.peak_tflops))} |", flush=True)
+        rates[str(setting)] = synthetic_rate
         del trainer
+    ours, theirs = rates.get("bf16"), rates.get("authors fp32")
+    if ours and theirs:
+        print(f"\nours bf16 / authors fp32 (synthetic): {ours / theirs:.2f}x"
+              + (f"; / authors tf32: {ours / rates['authors tf32']:.2f}x" if "authors tf32" in rates else ""))
 
 
 def infer_section(args: argparse.Namespace, device: torch.device, settings: list[Setting]) -> None:
@@ -249,7 +271,7 @@ def infer_section(args: argparse.Namespace, device: torch.device, settings: list
                                    torch.zeros(1, height, width, dtype=torch.bool, device=device)))
     for setting in settings:
         autocast = set_precision(setting.precision)
-        forward = torch.compile(model, dynamic=False) if setting.compiled else model
+        forward = torch.compile(model, dynamic=False, backend=args.compile_backend) if setting.compiled else model
         rates = []
         for batch_size in args.infer_batches:
             images = torch.randn(batch_size, 3, height, width, device=device)
@@ -275,16 +297,25 @@ def infer_section(args: argparse.Namespace, device: torch.device, settings: list
 
 
 def loss_section(args: argparse.Namespace, device: torch.device) -> None:
-    print(f"\n## Loss after {args.loss_steps} steps on the real pipeline (same weights and data order)")
-    for precision in ("fp32", "bf16"):
+    print(f"\n## Loss after {args.loss_steps} steps on the real pipeline (same initial weights and data order)")
+    settings = [Setting("fp32", compiled=False), Setting("bf16", compiled=False)]
+    if args.authors:
+        settings.append(Setting("fp32", compiled=False, authors=True))
+    initial = None
+    for setting in settings:
+        trainer = make_trainer(args, device, setting)
+        model = trainer.model if setting.authors else trainer.system.model
+        if initial is None:  # the authors' model has our state-dict layout (the released checkpoints load into both)
+            initial = {k: v.clone() for k, v in model.state_dict().items()}
+        model.load_state_dict(initial)
         torch.manual_seed(0)
         random.seed(0)
-        trainer = Trainer(args.model, device, Setting(precision, compiled=False))
         batches = forever(real_loader(args, device), device)
         losses = [trainer.step(next(batches)) for _ in range(args.loss_steps)]
         tail = torch.stack(losses[-max(1, args.loss_steps // 4):]).float()
-        print(f"{precision}: first-step loss {losses[0].item():.3f}, mean of the last quarter "
+        print(f"{setting}: first-step loss {losses[0].item():.3f}, mean of the last quarter "
               f"{tail.mean().item():.3f} (std {tail.std().item() if len(tail) > 1 else 0.0:.3f})", flush=True)
+        del trainer
 
 
 def main() -> None:
@@ -293,6 +324,8 @@ def main() -> None:
     parser.add_argument("--sections", default="train,infer,loss")
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--compile", choices=("both", "on", "off"), default="both")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile's backend ('eager' checks the tracing alone, in seconds on a CPU)")
     parser.add_argument("--backbone", default="resnet50")
     parser.add_argument("--batch-size", type=int, default=8, help="training images per step")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (training) or runs (inference)")
@@ -302,6 +335,9 @@ def main() -> None:
     parser.add_argument("--infer-size", default="800x1333")
     parser.add_argument("--loss-steps", type=int, default=300)
     parser.add_argument("--data", default="data/coco-mini", help="COCO-layout folder for the real pipeline")
+    parser.add_argument("--authors", default=".authors/detr" if Path(".authors/detr/models").is_dir() else None,
+                        help="a checkout of facebookresearch/detr: its training step beside ours")
+    parser.add_argument("--authors-precisions", default="fp32,tf32")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense peak of the card for the precision")
     parser.add_argument("--quick", action="store_true",
                         help="tiny model, 128-px images, 2 steps: checks that the script runs (CPU)")
@@ -321,6 +357,10 @@ def main() -> None:
     precisions = [p for p in args.precisions.split(",") if p]
     compiled = {"both": (False, True), "on": (True,), "off": (False,)}[args.compile]
     settings = [Setting(p, c) for c in compiled for p in precisions]
+    if args.authors:
+        settings += [Setting(p, compiled=False, authors=True) for p in args.authors_precisions.split(",") if p]
+    else:
+        print("authors' code: not measured (no checkout of facebookresearch/detr; --authors DIR)")
 
     print(describe_machine(), flush=True)
     print(f"model: {args.model}")
@@ -328,7 +368,7 @@ def main() -> None:
     if "train" in sections:
         train_section(args, device, settings)
     if "infer" in sections:
-        infer_section(args, device, settings)
+        infer_section(args, device, [setting for setting in settings if not setting.authors])
     if "loss" in sections:
         loss_section(args, device)
 

@@ -515,6 +515,25 @@ class DetrSystem(L.LightningModule):
         )
         return [optimizer], schedulers
 
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """The trainer's ``gradient_clip_val`` (the recipe's global norm 0.1) in every precision.
+
+        Lightning's mixed-precision plugin refuses to clip for a fused optimizer, bf16-mixed included
+        ("does not allow for gradient clipping because it performs unscaling of gradients internally"),
+        though bf16 has no gradient scaler; with fp16's scaler the gradients are unscaled here first (the
+        scaler's step then leaves them as they are), so the fused AdamW clips the true gradients."""
+        if not gradient_clip_val:
+            return
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(parameters, gradient_clip_val, foreach=True)
+        else:
+            torch.nn.utils.clip_grad_norm_(parameters, gradient_clip_val, foreach=True)
+
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Add ``checkpoint["detr"]`` (model config + category map, read by :func:`detr.load_checkpoint`) and

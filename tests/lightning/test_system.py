@@ -62,6 +62,31 @@ def test_bf16_mixed_precision_trains_with_a_float32_loss(tmp_path) -> None:
     assert "val/AP" in trainer.logged_metrics
 
 
+class GradientNorms(L.Callback):
+    """The global gradient norm the optimizer stepped with (read before the next step zeroes it)."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_before_zero_grad(self, trainer, module, optimizer) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grads:
+            self.norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_gradients_are_clipped_to_the_recipes_norm_in_every_precision(tmp_path, precision) -> None:
+    """The recipe's gradient_clip_val 0.1 with the fused AdamW: Lightning's bf16-mixed plugin refused it
+    ("does not allow for gradient clipping"), so `detr fit --trainer.precision bf16-mixed` failed at the
+    first step on every model config."""
+    norms = GradientNorms()
+    trainer = _trainer(tmp_path, enable_checkpointing=False, precision=precision, gradient_clip_val=0.1, max_steps=4,
+                       limit_val_batches=0, callbacks=[norms])
+    trainer.fit(_system(), datamodule=animal_data())
+    assert trainer.global_step == 4 and len(norms.norms) == 3
+    assert max(norms.norms) <= 0.1 * (1 + 1e-3), norms.norms
+
+
 def test_total_loss_is_the_weighted_sum() -> None:
     system = _system()
     images, mask, targets = collate_unpadded(animal_samples()[:2])
