@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_session.sh loss commands compile   # fp32/bf16/authors loss; detr fit/validate/predict; compile
 #   bash benchmarks/gpu_session.sh --rehearse all          # the very same commands on the CPU at tiny sizes (CI runs it)
 #
-# Parts: tests, train, infer, loss, commands, compile ('all' = each in that order). Each writes its log
+# Parts: tests, sdpa, train, infer, loss, commands, compile ('all' = each in that order). Each writes its log
 # (with its table) to $OUT/PART.log (OUT defaults to /tmp/gpu_session); a step that fails is reported
 # ("=== NAME: exit N") and the part goes on. The last line is "ALL DONE in S s, F failed steps".
 #
@@ -46,7 +46,7 @@ for arg in "$@"; do
   case $arg in
     --prepare) prepare; exit $? ;;
     --rehearse) REHEARSE=1 ;;
-    all) parts+=(tests train infer loss commands compile) ;;
+    all) parts+=(tests sdpa train infer loss commands compile) ;;
     *) parts+=("$arg") ;;
   esac
 done
@@ -85,7 +85,7 @@ if [ $REHEARSE = 1 ]; then
 else
   DEVICE=cuda
   BENCH=()
-  LOSS_STEPS=200
+  LOSS_STEPS=${LOSS_STEPS:-200}
   FIT_STEPS=300
   TINY_MODEL=()
   SMALL_DATA=(--data.num_workers 8)
@@ -143,7 +143,12 @@ torchvision.__version__, 'lightning', lightning.__version__, 'albumentations', a
     tests/models/test_detr.py tests/loss/test_criterion.py tests/loss/test_matcher.py
 }
 
-part_train() { step "training, eager" timeout 420 $PY benchmarks/gpu_throughput.py "${BENCH[@]}" --sections train --compile off; }
+part_sdpa() { step "bf16 training with and without cuDNN attention" timeout 300 $PY benchmarks/gpu_throughput.py \
+  "${BENCH[@]}" --sections sdpa; }
+part_train() {
+  step "training, eager" timeout 420 $PY benchmarks/gpu_throughput.py "${BENCH[@]}" --sections train --compile off \
+    --precisions "${TRAIN_PRECISIONS:-fp32,tf32,bf16}"
+}
 part_infer() { step "inference, eager" timeout 300 $PY benchmarks/gpu_throughput.py "${BENCH[@]}" --sections infer --compile off; }
 part_loss() {
   step "loss: ours fp32, ours bf16, authors fp32" timeout 420 $PY benchmarks/gpu_throughput.py "${BENCH[@]}" \
@@ -181,7 +186,7 @@ part_commands() {
 
 for part in "${parts[@]}"; do
   if ! declare -F "part_$part" >/dev/null; then
-    echo "unknown part '$part' (tests train infer loss commands compile all)"; FAILED=$((FAILED + 1)); continue
+    echo "unknown part '$part' (tests sdpa train infer loss commands compile all)"; FAILED=$((FAILED + 1)); continue
   fi
   start=$SECONDS
   FAILED_BEFORE=$FAILED

@@ -14,6 +14,8 @@ Sections (``--sections``, comma-separated):
   (``torch.cuda.set_sync_debug_mode``), and model FLOPs utilisation.
 - ``infer``: forward at 800×1333 after ``optimize_for_inference()`` at batch 1, 8 and 32, per precision
   and compile setting: images/s and MFU.
+- ``sdpa``: bf16 training with and without cuDNN's fused attention, from the same weights and data: the
+  first non-finite step of each (cuDNN's masked-attention backward returns NaN on Hopper GPUs).
 - ``loss``: ``--loss-steps`` steps on the real pipeline in fp32 and in bf16 from the same weights and
   data order; prints the mean loss of the last quarter of each (bf16 should train as fp32 does).
 
@@ -159,7 +161,7 @@ class Trainer:
         losses = self.system.compute_losses(outputs, targets)
         self.optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(self.system.model.parameters(), 0.1, foreach=True)
+        self.grad_norm = torch.nn.utils.clip_grad_norm_(self.system.model.parameters(), 0.1, foreach=True)
         self.optimizer.step()
         return losses["loss"].detach()
 
@@ -318,6 +320,40 @@ def loss_section(args: argparse.Namespace, device: torch.device) -> None:
         del trainer
 
 
+def sdpa_section(args: argparse.Namespace, device: torch.device) -> None:
+    """bf16 training with and without cuDNN's fused attention (detr.models.transformer.TRAINING_SDPA_BACKENDS):
+    the first step whose gradient norm or loss is not finite, from the same weights and data."""
+    from torch.nn.attention import SDPBackend
+
+    from detr.models import transformer
+
+    print(f"\n## bf16 training: the first non-finite step in {args.sdpa_steps} (same initial weights and data)")
+    shipped = list(transformer.TRAINING_SDPA_BACKENDS)
+    initial = None
+    for name, backends in (("without cuDNN attention (shipped)", shipped),
+                           ("with cuDNN attention (torch's default)", shipped + [SDPBackend.CUDNN_ATTENTION])):
+        transformer.TRAINING_SDPA_BACKENDS = backends
+        trainer = make_trainer(args, device, Setting("bf16", compiled=False))
+        if initial is None:
+            initial = {k: v.clone() for k, v in trainer.system.model.state_dict().items()}
+        trainer.system.model.load_state_dict(initial)
+        torch.manual_seed(0)
+        batches = forever(real_loader(args, device), device)
+        first_bad, losses = None, []
+        for index in range(args.sdpa_steps):
+            loss = trainer.step(next(batches))
+            losses.append(loss)
+            if not (torch.isfinite(loss) and torch.isfinite(trainer.grad_norm)):
+                first_bad = index + 1
+                break
+        tail = torch.stack(losses[-10:]).float()
+        print(f"{name}: " + (f"non-finite at step {first_bad}" if first_bad else
+                             f"finite for {args.sdpa_steps} steps, mean loss of the last 10 {tail.mean().item():.3f}"),
+              flush=True)
+        del trainer
+    transformer.TRAINING_SDPA_BACKENDS = shipped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -334,6 +370,7 @@ def main() -> None:
     parser.add_argument("--infer-batches", default="1,8,32")
     parser.add_argument("--infer-size", default="800x1333")
     parser.add_argument("--loss-steps", type=int, default=300)
+    parser.add_argument("--sdpa-steps", type=int, default=100, help="steps of the sdpa section")
     parser.add_argument("--data", default="data/coco-mini", help="COCO-layout folder for the real pipeline")
     parser.add_argument("--authors", default=".authors/detr" if Path(".authors/detr/models").is_dir() else None,
                         help="a checkout of facebookresearch/detr: its training step beside ours")
@@ -351,7 +388,7 @@ def main() -> None:
     if args.quick:
         args.model = TINY.replace(num_classes=91)
         args.scales, args.max_size, args.infer_size = [96, 128], 160, (128, 160)
-        args.steps, args.warmup, args.loss_steps, args.workers = 2, 1, 4, 0
+        args.steps, args.warmup, args.loss_steps, args.workers, args.sdpa_steps = 2, 1, 4, 0, 3
         args.infer_batches = [1, 2]
         args.batch_size = min(args.batch_size, 2)
     precisions = [p for p in args.precisions.split(",") if p]
@@ -371,6 +408,8 @@ def main() -> None:
         infer_section(args, device, [setting for setting in settings if not setting.authors])
     if "loss" in sections:
         loss_section(args, device)
+    if "sdpa" in sections:
+        sdpa_section(args, device)
 
 
 if __name__ == "__main__":

@@ -107,8 +107,8 @@ def test_lightning_fit_on_one_gpu(tmp_path, padded_batch, precision):
     trainer.fit(system, datamodule=InMemoryData(samples, batch_size=2, train_repeats=3))
     assert trainer.global_step == 6
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
+    assert trainer.strategy.root_device.type == "cuda"  # (fit's teardown moves the module back to the CPU)
     after = system.model.state_dict()
-    assert next(iter(after.values())).device.type == "cuda"
     assert any(not torch.equal(after[k].cpu(), v) for k, v in before.items() if v.is_floating_point())
 
 

@@ -14,6 +14,12 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+#: The fused attention kernels a training step on a GPU may use: all but cuDNN's, whose backward returns NaN
+#: gradients for masked attention on Hopper GPUs (H100 / H200) since torch 2.11 (pytorch/pytorch#196678):
+#: bf16-mixed training of DETR-R50 diverged within 30 steps on an H200 with it (docs/gpu.md).
+TRAINING_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def attention_with_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
@@ -30,6 +36,16 @@ def attention_with_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at
         logits = logits.masked_fill(~attn_mask, float("-inf"))
     weights = logits.softmax(dim=-1)
     return F.dropout(weights, dropout_p) @ v, weights
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+                    dropout_p: float) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` (arguments as :func:`attention_with_weights`); a GPU training step
+    keeps to :data:`TRAINING_SDPA_BACKENDS`."""
+    if q.is_cuda and q.requires_grad:
+        with sdpa_kernel(TRAINING_SDPA_BACKENDS):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
 
 
 class MultiheadAttention(nn.Module):
@@ -65,7 +81,7 @@ class MultiheadAttention(nn.Module):
         if need_weights:
             out, weights = attention_with_weights(q, k, v, attn_mask, dropout_p)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+            out = fused_attention(q, k, v, attn_mask, dropout_p)
         out = out.transpose(1, 2).reshape(batch, len_q, dim)
         return self.out_proj(out), weights
 

@@ -15,6 +15,7 @@ ROOT = Path(__file__).parents[2]
 # What each part's log must hold: its table's header and rows, or its result lines.
 EXPECTED = {
     "tests": ["=== CUDA tests: exit 0", "=== model, loss and matcher tests on this machine's torch: exit 0"],
+    "sdpa": ["without cuDNN attention (shipped): finite for 3 steps", "with cuDNN attention (torch's default): finite"],
     "train": ["| setting | synthetic img/s | real-data img/s | peak memory |", "| fp32 |", "| tf32 |", "| bf16 |"],
     "infer": ["| setting | batch 1 img/s |", "| fp32 |", "| bf16 |"],
     "loss": ["fp32: first-step loss", "bf16: first-step loss"],

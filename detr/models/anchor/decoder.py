@@ -32,7 +32,8 @@ from torch import nn
 
 from detr.box_ops import inverse_sigmoid
 from detr.models.mlp import MLP
-from detr.models.transformer import TransformerEncoder, attention_with_weights, flatten_feature_map, xavier_init_
+from detr.models.transformer import (TransformerEncoder, attention_with_weights, flatten_feature_map, fused_attention,
+                                     xavier_init_)
 
 
 def anchor_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -71,10 +72,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, a
         # unfused path.
         # Zero columns in v add zero columns to the output, sliced off again: the same numbers.
         dv = v.shape[-1]
-        out = F.scaled_dot_product_attention(q, k, F.pad(v, (0, q.shape[-1] - dv)), attn_mask=attn_mask,
-                                             dropout_p=dropout)[..., :dv]
+        out = fused_attention(q, k, F.pad(v, (0, q.shape[-1] - dv)), attn_mask, dropout)[..., :dv]
     else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+        out = fused_attention(q, k, v, attn_mask, dropout)
     return out.transpose(1, 2).reshape(batch, len_q, -1), weights
 
 
