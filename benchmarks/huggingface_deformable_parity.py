@@ -94,10 +94,10 @@ def main() -> None:
         print(f"{variant}: batch {tuple(images.shape)}, {ours.config.num_queries} queries, "
               f"{ours.config.num_feature_levels} level(s); forward ours {ours_seconds:.1f} s, transformers "
               f"{theirs_seconds:.1f} s\n"
-              f"  transformers → detr: max |Δ logits| {(a['pred_logits'] - b.logits).abs().max():.2e}, "
-              f"max |Δ boxes| {(a['pred_boxes'] - b.pred_boxes).abs().max():.2e}\n"
-              f"  detr → transformers: max |Δ logits| {(a['pred_logits'] - c.logits).abs().max():.2e}, "
-              f"max |Δ boxes| {(a['pred_boxes'] - c.pred_boxes).abs().max():.2e}", flush=True)
+              f"  transformers → detr: max |Δ logits| {(a.logits - b.logits).abs().max():.2e}, "
+              f"max |Δ boxes| {(a.boxes - b.pred_boxes).abs().max():.2e}\n"
+              f"  detr → transformers: max |Δ logits| {(a.logits - c.logits).abs().max():.2e}, "
+              f"max |Δ boxes| {(a.boxes - c.pred_boxes).abs().max():.2e}", flush=True)
 
 
 if __name__ == "__main__":

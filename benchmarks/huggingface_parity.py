@@ -89,10 +89,10 @@ def main() -> None:
         print(f"{tag}: batch {tuple(images.shape)}; category map is COCO's: {ours.meta.category_map == coco}\n"
               f"  detr.load_checkpoint(transformers dir) median {load_seconds:.2f} s; save_pretrained "
               f"{save_seconds:.2f} s; transformers from_pretrained {from_pretrained_seconds:.2f} s\n"
-              f"  transformers → detr: max |Δ logits| {(a['pred_logits'] - b.logits).abs().max():.2e}, "
-              f"max |Δ boxes| {(a['pred_boxes'] - b.pred_boxes).abs().max():.2e}\n"
-              f"  detr → transformers: max |Δ logits| {(a['pred_logits'] - c.logits).abs().max():.2e}, "
-              f"max |Δ boxes| {(a['pred_boxes'] - c.pred_boxes).abs().max():.2e}", flush=True)
+              f"  transformers → detr: max |Δ logits| {(a.logits - b.logits).abs().max():.2e}, "
+              f"max |Δ boxes| {(a.boxes - b.pred_boxes).abs().max():.2e}\n"
+              f"  detr → transformers: max |Δ logits| {(a.logits - c.logits).abs().max():.2e}, "
+              f"max |Δ boxes| {(a.boxes - c.pred_boxes).abs().max():.2e}", flush=True)
 
 
 if __name__ == "__main__":

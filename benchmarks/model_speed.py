@@ -49,7 +49,7 @@ def forward_latency(device: torch.device, height: int, width: int, repeats: int,
 
         def run():
             with torch.inference_mode(), autocast:
-                boxes[precision] = model(images, mask)["pred_boxes"].float()
+                boxes[precision] = model(images, mask).boxes.float()
 
         times = timed(run, repeats, warmup=2, device=device)
         results[precision] = statistics.median(times)

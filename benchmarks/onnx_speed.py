@@ -74,7 +74,7 @@ def main() -> None:
     def run_torch() -> tuple[np.ndarray, np.ndarray]:
         with torch.inference_mode():
             out = model(images, mask)
-        return out["pred_logits"].numpy(), out["pred_boxes"].numpy()
+        return out.logits.numpy(), out.boxes.numpy()
 
     backends = {"PyTorch eager fp32 (optimize_for_inference)": run_torch}
     fp32 = ort_session(onnx_path, args.threads)

@@ -59,10 +59,10 @@ def main() -> None:
     mask[1, : height * 3 // 4, : width * 3 // 4] = False
     with torch.no_grad():
         ours, ref = model(images, mask), reference(images, mask)
-    for key in ("pred_logits", "pred_boxes", "pred_masks"):
-        difference = (ours[key] - ref[key]).abs().max().item()
-        print(f"{key:12s} {tuple(ours[key].shape)}  max |ours − reference| = {difference:.2e}  "
-              f"(max |value| {ours[key].abs().max().item():.2f})")
+    for key, value in (("pred_logits", ours.logits), ("pred_boxes", ours.boxes), ("pred_masks", ours.masks)):
+        difference = (value - ref[key]).abs().max().item()
+        print(f"{key:12s} {tuple(value.shape)}  max |ours − reference| = {difference:.2e}  "
+              f"(max |value| {value.abs().max().item():.2f})")
 
 
 if __name__ == "__main__":

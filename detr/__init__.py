@@ -5,10 +5,10 @@ from detr.checkpoints import load_checkpoint
 from detr.inference.postprocess import PostProcess
 from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
-from detr.models import DETR, DetrConfig, DETRPanoptic, build_detr, build_detr_panoptic
+from detr.models import DETR, DetectorOutput, DetrConfig, DETRPanoptic, build_detr, build_detr_panoptic
 
-__all__ = ["DETR", "CategoryMap", "DETRPanoptic", "DetrConfig", "HungarianMatcher", "PostProcess", "Predictor",
-           "SetCriterion", "build_detr", "build_detr_panoptic", "load_checkpoint"]
+__all__ = ["DETR", "CategoryMap", "DETRPanoptic", "DetectorOutput", "DetrConfig", "HungarianMatcher", "PostProcess",
+           "Predictor", "SetCriterion", "build_detr", "build_detr_panoptic", "load_checkpoint"]
 
 
 def __getattr__(name: str):

@@ -23,6 +23,7 @@ from pycocotools.coco import COCO
 from torch.utils.data import DataLoader
 
 from detr.models.config import DetrConfig
+from detr.models.outputs import DetectorOutput
 from detr.models.segmentation import build_detr_panoptic
 from detr.visualize.explorer.data import POINT_UNITS, WEIGHT_UNITS
 
@@ -241,6 +242,17 @@ def padded_photo_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return pad_images(tensors)
 
 
+def model_output(logits: torch.Tensor | None = None, boxes: torch.Tensor | None = None,
+                 **fields: Any) -> DetectorOutput:
+    """A :class:`DetectorOutput` made by hand for tests of the loss and the post-processing: logits default
+    to zeros [B, Q, 1] and boxes to centred boxes [B, Q, 4], with B and Q from whichever tensor is given."""
+    reference = next(t for t in (logits, boxes, fields.get("masks")) if t is not None)
+    batch, queries = reference.shape[:2]
+    logits = logits if logits is not None else torch.zeros(batch, queries, 1)
+    boxes = boxes if boxes is not None else torch.tensor([0.5, 0.5, 0.2, 0.2]).repeat(batch, queries, 1)
+    return DetectorOutput(logits, boxes, **fields)
+
+
 def huggingface_outputs(model, images: torch.Tensor, padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, normalised cxcywh boxes) of a transformers DETR-family detector on a padded batch (mask True
     on padding)."""
@@ -253,7 +265,7 @@ def detr_outputs(model, images: torch.Tensor, padding_mask: torch.Tensor) -> tup
     """The same two tensors from this project's detector."""
     with torch.no_grad():
         out = model(images, padding_mask)
-    return out["pred_logits"], out["pred_boxes"]
+    return out.logits, out.boxes
 
 
 def read_sampling_page(path: Path) -> dict[str, Any]:

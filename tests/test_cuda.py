@@ -55,9 +55,9 @@ def test_forward_on_cuda_equals_cpu(tiny_model, padded_batch):
     with torch.no_grad():
         expected = tiny_model(images, mask)
         outputs = tiny_model.to(CUDA)(images.to(CUDA), mask.to(CUDA))
-    for key in ("pred_logits", "pred_boxes"):
-        assert outputs[key].device.type == "cuda"
-        assert relative_error(outputs[key], expected[key]) < 1e-4, key
+    for key in ("logits", "boxes"):
+        assert getattr(outputs, key).device.type == "cuda"
+        assert relative_error(getattr(outputs, key), getattr(expected, key)) < 1e-4, key
 
 
 def test_bf16_autocast_forward_is_close_to_fp32(tiny_model, padded_batch):
@@ -67,9 +67,9 @@ def test_bf16_autocast_forward_is_close_to_fp32(tiny_model, padded_batch):
         expected = model(images, mask)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             outputs = model(images, mask)
-    assert torch.isfinite(outputs["pred_boxes"]).all()
-    assert relative_error(outputs["pred_boxes"], expected["pred_boxes"]) < 3e-2
-    assert relative_error(outputs["pred_logits"], expected["pred_logits"]) < 5e-2
+    assert torch.isfinite(outputs.boxes).all()
+    assert relative_error(outputs.boxes, expected.boxes) < 3e-2
+    assert relative_error(outputs.logits, expected.logits) < 5e-2
 
 
 def test_matching_and_loss_on_cuda_equal_cpu(padded_batch):
@@ -137,8 +137,8 @@ def test_panoptic_model_runs_on_cuda(padded_batch):
     with torch.no_grad():
         expected = model(images, mask)
         outputs = model.to(CUDA)(images.to(CUDA), mask.to(CUDA))
-    assert outputs["pred_masks"].device.type == "cuda"
-    assert relative_error(outputs["pred_masks"], expected["pred_masks"]) < 1e-4
+    assert outputs.masks.device.type == "cuda"
+    assert relative_error(outputs.masks, expected.masks) < 1e-4
 
 
 def test_build_detr_places_nothing_on_the_host():

@@ -86,10 +86,10 @@ class DeployModel(nn.Module):
     def forward(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor | None = None) -> tuple[Tensor, ...]:
         outputs = self.model(images, padding_mask)
         if not self.postprocess:
-            return outputs["pred_logits"], outputs["pred_boxes"]
+            return outputs.logits, outputs.boxes
         assert orig_sizes is not None, "a post-processing graph takes orig_sizes"
-        scores, labels = scores_and_labels(outputs["pred_logits"], self.model.class_head)
-        return scores, labels, boxes_to_pixels(outputs["pred_boxes"], orig_sizes)
+        scores, labels = scores_and_labels(outputs.logits, self.model.class_head)
+        return scores, labels, boxes_to_pixels(outputs.boxes, orig_sizes)
 
 
 def min_image_size(model: DETR | AnchorDETR | DeformableDETR) -> int:

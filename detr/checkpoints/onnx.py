@@ -1,8 +1,8 @@
 """Run an exported DETR ONNX file (:mod:`detr.checkpoints.export`) with ONNX Runtime, behind the model's own forward contract.
 
 :class:`OnnxDetector` takes the place of a :class:`detr.models.DETR` in :class:`detr.Predictor`: the same call,
-``(images, padding_mask) → {"pred_logits", "pred_boxes"}``, and the same attributes the predictor reads
-(``meta``, ``config``, ``num_classes``, ``class_head``), which come from the file's metadata.
+``(images, padding_mask) →`` :class:`~detr.models.outputs.DetectorOutput` (logits and boxes), and the same
+attributes the predictor reads (``meta``, ``config``, ``num_classes``, ``class_head``), which come from the file's metadata.
 onnxruntime is imported only here, when a file is opened, so ``import detr`` does not need it.
 """
 
@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import CheckpointError
 from detr.models.config import DetrConfig, ModelMeta
+from detr.models.outputs import DetectorOutput
 
 logger = logging.getLogger(__name__)
 
@@ -129,21 +130,29 @@ class OnnxDetector(nn.Module):
         frozen BatchNorms already)."""
         return self
 
-    def forward(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor | None = None, *,
-                return_attention: bool = False) -> dict[str, Tensor]:
+    def forward(self, images: Tensor, padding_mask: Tensor, *, return_attention: bool = False) -> DetectorOutput:
         """images float [B, 3, H, W] (normalised, zero-padded), padding_mask bool [B, H, W] (True = padding)
-        → {"pred_logits", "pred_boxes"} as :meth:`detr.models.DETR.forward` (no aux outputs), CPU tensors.
-        A file exported with post-processing also needs orig_sizes int64 [B, 2] (height, width) and returns
-        {"scores" [B, Q], "labels" int64 [B, Q], "boxes" [B, Q, 4] pixel xyxy}."""
+        → :class:`DetectorOutput` (logits and boxes of the last layer, CPU tensors) as the PyTorch model's
+        forward (no aux layers). A file exported with post-processing runs through :meth:`detect` instead."""
         if return_attention:
             raise ValueError(f"attention maps are not available from the ONNX file {self.path.name}: the export "
                              f"keeps only the predictions. Use the PyTorch checkpoint for attention figures")
-        if self.postprocessed != (orig_sizes is not None):
-            raise ValueError(
-                f"{self.path.name} was exported {'with' if self.postprocessed else 'without'} post-processing: "
-                + ("it needs orig_sizes [B, 2] and returns scores, labels and pixel boxes. detr.Predictor "
-                   "post-processes itself: export without --postprocess for it" if self.postprocessed
-                   else "call it with images and padding_mask only"))
+        if self.postprocessed:
+            raise ValueError(f"{self.path.name} was exported with post-processing: it needs orig_sizes [B, 2] and "
+                             "returns scores, labels and pixel boxes (OnnxDetector.detect). detr.Predictor "
+                             "post-processes itself: export without --postprocess for it")
+        logits, boxes = self._run(images, padding_mask)
+        return DetectorOutput(logits, boxes)
+
+    def detect(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor) -> dict[str, Tensor]:
+        """A file exported with post-processing: images and padding_mask as :meth:`forward`, orig_sizes int64
+        [B, 2] (height, width) → {"scores" [B, Q], "labels" int64 [B, Q], "boxes" [B, Q, 4] pixel xyxy}."""
+        if not self.postprocessed:
+            raise ValueError(f"{self.path.name} was exported without post-processing: call it with images and "
+                             "padding_mask only (OnnxDetector(...)(images, padding_mask))")
+        return dict(zip(self.output_names, self._run(images, padding_mask, orig_sizes)))
+
+    def _run(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor | None = None) -> list[Tensor]:
         min_size = self.min_image_size
         if images.shape[-2] < min_size or images.shape[-1] < min_size:
             raise ValueError(f"{self.path.name} takes images of at least {min_size} × {min_size} pixels "
@@ -152,5 +161,4 @@ class OnnxDetector(nn.Module):
                  "padding_mask": padding_mask.detach().bool().cpu().numpy()}
         if orig_sizes is not None:
             feeds["orig_sizes"] = orig_sizes.detach().long().cpu().numpy()
-        outputs = self.session.run(None, feeds)
-        return {name: torch.from_numpy(np.asarray(value)) for name, value in zip(self.output_names, outputs)}
+        return [torch.from_numpy(np.asarray(value)) for value in self.session.run(None, feeds)]

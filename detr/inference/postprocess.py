@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from detr.box_ops import cxcywh_to_xyxy
+from detr.models.outputs import LayerOutput
 
 
 def _check_class_head(class_head: str) -> None:
@@ -56,12 +57,12 @@ class PostProcess(nn.Module):
         self.class_head = class_head
 
     @torch.no_grad()
-    def forward(self, outputs: dict[str, torch.Tensor], target_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """outputs: pred_logits [B, Q, C+1] (softmax head; [B, Q, C] sigmoid head), pred_boxes [B, Q, 4]
-        normalised cxcywh; target_sizes [B, 2] as (height, width)
-        of the original images. Returns per image {scores float [Q], labels int64 [Q], boxes float [Q, 4]
-        pixel xyxy}."""
-        logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
+    def forward(self, outputs: LayerOutput, target_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """outputs: the model's :class:`~detr.models.outputs.DetectorOutput` (or any layer's predictions):
+        logits [B, Q, C+1] (softmax head; [B, Q, C] sigmoid head), boxes [B, Q, 4] normalised cxcywh;
+        target_sizes [B, 2] as (height, width) of the original images. Returns per image {scores float [Q],
+        labels int64 [Q], boxes float [Q, 4] pixel xyxy}."""
+        logits, boxes = outputs.logits, outputs.boxes
         if len(logits) != len(target_sizes) or target_sizes.shape[-1] != 2:
             raise ValueError(f"target_sizes must be [B, 2] (height, width) with B = {len(logits)}, "
                              f"got {tuple(target_sizes.shape)}")

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from detr.models.config import ClassHead
+from detr.models.outputs import DetectorOutput
 
 
 def _sizes(sizes: torch.Tensor | Sequence[Sequence[int]], batch: int, name: str) -> list[tuple[int, int]]:
@@ -65,6 +66,12 @@ def resize_nearest(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return image[rows][:, cols]
 
 
+def _masks_of(outputs: DetectorOutput) -> torch.Tensor:
+    if outputs.masks is None:
+        raise ValueError("the outputs hold no masks: masks come from a panoptic model (detr.DETRPanoptic)")
+    return outputs.masks
+
+
 def _padded_size(sizes: list[tuple[int, int]]) -> tuple[int, int]:
     return max(h for h, _ in sizes), max(w for _, w in sizes)
 
@@ -78,12 +85,13 @@ class PostProcessMasks(nn.Module):
         self.threshold = threshold
 
     @torch.no_grad()
-    def forward(self, outputs: dict[str, torch.Tensor], processed_sizes: torch.Tensor,
+    def forward(self, outputs: DetectorOutput, processed_sizes: torch.Tensor,
                 target_sizes: torch.Tensor) -> list[torch.Tensor]:
-        """outputs["pred_masks"] [B, Q, h', w']; processed_sizes [B, 2] (height, width) of each image as it
+        """outputs.masks [B, Q, h', w'] (a panoptic model's output); processed_sizes [B, 2] (height, width) of
+        each image as it
         entered the model (before padding); target_sizes [B, 2] of the original images → per image bool
         masks [Q, H, W], in query order (index them like :class:`detr.inference.postprocess.PostProcess`'s results)."""
-        pred_masks = outputs["pred_masks"]
+        pred_masks = _masks_of(outputs)
         processed = _sizes(processed_sizes, len(pred_masks), "processed_sizes")
         targets = _sizes(target_sizes, len(pred_masks), "target_sizes")
         padded = _padded_size(processed)
@@ -166,17 +174,17 @@ class PostProcessPanoptic(nn.Module):
         self.threshold, self.max_small_area, self.crop_padding = threshold, max_small_area, crop_padding
 
     @torch.no_grad()
-    def forward(self, outputs: dict[str, torch.Tensor], processed_sizes: torch.Tensor,
+    def forward(self, outputs: DetectorOutput, processed_sizes: torch.Tensor,
                 target_sizes: torch.Tensor | None = None) -> list[dict[str, Any]]:
-        """outputs: pred_logits [B, Q, K + 1] (softmax head) or [B, Q, K] (sigmoid head), pred_masks
-        [B, Q, h', w']; processed_sizes [B, 2] (height, width) of each image as it entered the model;
+        """outputs: a panoptic model's output: logits [B, Q, K + 1] (softmax head) or [B, Q, K] (sigmoid head),
+        masks [B, Q, h', w']; processed_sizes [B, 2] (height, width) of each image as it entered the model;
         target_sizes [B, 2] of the original images (default: the processed sizes)."""
-        logits, pred_masks = outputs["pred_logits"], outputs["pred_masks"]
+        logits, pred_masks = outputs.logits, _masks_of(outputs)
         num_logits = len(self.is_thing) + (1 if self.class_head == "softmax" else 0)
         if logits.shape[-1] != num_logits:
             expected = ("num_classes + 1 (the no-object logit last)" if self.class_head == "softmax"
                         else "num_classes (sigmoid head: no no-object logit)")
-            raise ValueError(f"pred_logits has {logits.shape[-1]} logits but is_thing covers {len(self.is_thing)} "
+            raise ValueError(f"the outputs have {logits.shape[-1]} logits but is_thing covers {len(self.is_thing)} "
                              f"labels: expected {expected}; is class_head={self.class_head!r} the model's?")
         processed = _sizes(processed_sizes, len(logits), "processed_sizes")
         targets = processed if target_sizes is None else _sizes(target_sizes, len(logits), "target_sizes")

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from detr.categories import CategoryMap
+from detr.models.outputs import DetectorOutput
 
 
 @dataclass
@@ -48,7 +49,7 @@ class AttentionMaps:
     @classmethod
     def from_outputs(
         cls,
-        outputs: dict[str, Tensor],
+        outputs: DetectorOutput,
         result: dict[str, Tensor],
         *,
         index: int,
@@ -60,17 +61,18 @@ class AttentionMaps:
     ) -> AttentionMaps:
         """Image ``index``'s attention cut out of a batch's outputs (``model(..., return_attention=True)``) and
         cropped to its unpadded feature region; ``result`` is that image's :class:`detr.PostProcess` output."""
-        for key in ("decoder_attention", "decoder_attention_heads", "encoder_attention", "feature_mask"):
-            if key not in outputs:
-                raise ValueError(f"the model output lacks {key!r}; it must support forward(..., return_attention=True)")
-        feature_mask = outputs["feature_mask"][index].bool()  # [H', W'] True = padding
+        attention = outputs.attention
+        if attention is None:
+            raise ValueError("the model output has no attention maps; call it with return_attention=True (a "
+                             "dense-attention detector: DETR, the anchor detector, the panoptic model)")
+        feature_mask = attention.feature_mask[index].bool()  # [H', W'] True = padding
         full_h, full_w = feature_mask.shape
         h, w = unpadded_feature_size(feature_mask)
-        encoder = outputs["encoder_attention"][index].reshape(full_h, full_w, full_h, full_w)[:h, :w, :h, :w]
-        logits = outputs["pred_logits"][index].float()
+        encoder = attention.encoder[index].reshape(full_h, full_w, full_h, full_w)[:h, :w, :h, :w]
+        logits = outputs.logits[index].float()
         return cls(
-            decoder=outputs["decoder_attention"][:, index, :, :h, :w].float().contiguous(),
-            decoder_heads=outputs["decoder_attention_heads"][:, index, :, :, :h, :w].float().contiguous(),
+            decoder=attention.decoder[:, index, :, :h, :w].float().contiguous(),
+            decoder_heads=attention.decoder_heads[:, index, :, :, :h, :w].float().contiguous(),
             encoder=encoder.float().contiguous(),
             scores=result["scores"].float(),
             labels=result["labels"].long(),
@@ -155,21 +157,20 @@ class SamplingPoints:
     scores: Tensor
 
     @classmethod
-    def from_outputs(cls, outputs: dict[str, Tensor], result: dict[str, Tensor], *, index: int,
+    def from_outputs(cls, outputs: DetectorOutput, result: dict[str, Tensor], *, index: int,
                      image_size: tuple[int, int], stride: int) -> SamplingPoints:
-        """Image ``index``'s points out of a batch's outputs (``model(..., return_attention=True)``:
-        ``sampling_points`` in [0, 1] of each unpadded image, ``sampling_weights``, ``spatial_shapes``);
-        ``result`` is that image's :class:`detr.PostProcess` output; ``image_size`` is the original image's
-        (height, width), ``stride`` the finest level's (``model.stride``)."""
-        for key in ("sampling_points", "sampling_weights", "spatial_shapes"):
-            if key not in outputs:
-                raise ValueError(f"the model output lacks {key!r}: a Deformable DETR's forward(..., "
-                                 f"return_attention=True) gives it")
+        """Image ``index``'s points out of a batch's outputs (``model(..., return_attention=True)``: its
+        ``sampling``); ``result`` is that image's :class:`detr.PostProcess` output; ``image_size`` is the
+        original image's (height, width), ``stride`` the finest level's (``model.stride``)."""
+        sampling = outputs.sampling
+        if sampling is None:
+            raise ValueError("the model output has no sampling points: a Deformable DETR's forward(..., "
+                             "return_attention=True) gives them")
         height, width = image_size
         scale = torch.tensor([width, height], dtype=torch.float32)
-        strides = tuple(stride * 2 ** level for level in range(outputs["spatial_shapes"].shape[0]))
-        return cls(points=outputs["sampling_points"][:, index].float() * scale,
-                   weights=outputs["sampling_weights"][:, index].float(), strides=strides,
+        strides = tuple(stride * 2 ** level for level in range(sampling.spatial_shapes.shape[0]))
+        return cls(points=sampling.points[:, index].float() * scale,
+                   weights=sampling.weights[:, index].float(), strides=strides,
                    scores=result["scores"].float())
 
 

@@ -48,6 +48,7 @@ from detr.inference.prediction import (
     label_name,
     select_detections,
 )
+from detr.models.outputs import DetectorOutput
 from detr.models.segmentation import DETRPanoptic
 
 logger = logging.getLogger(__name__)
@@ -300,23 +301,19 @@ class Predictor:
         images, padding_mask = pad_images(inputs)  # the batch contract: zeros bottom/right, True = padding
         outputs = self.forward(images, padding_mask, return_attention=return_attention)
         if check_finite:
-            finite = torch.isfinite(outputs["pred_logits"]).flatten(1).all(1) & torch.isfinite(
-                outputs["pred_boxes"]).flatten(1).all(1)
+            finite = torch.isfinite(outputs.logits).flatten(1).all(1) & torch.isfinite(outputs.boxes).flatten(1).all(1)
             if not bool(finite.all()):
                 raise NonFiniteOutputError(torch.nonzero(~finite).flatten().tolist(), len(arrays))
         image_sizes = [(int(a.shape[0]), int(a.shape[1])) for a in arrays]
         target_sizes = torch.tensor(image_sizes, dtype=torch.int64)
-        results = self.postprocess(
-            {"pred_logits": outputs["pred_logits"], "pred_boxes": outputs["pred_boxes"]}, target_sizes
-        )
+        results = self.postprocess(outputs, target_sizes)
         file_names = list(file_names) if file_names is not None else [None] * len(arrays)
         input_sizes = [(int(t.shape[1]), int(t.shape[2])) for t in inputs]
         padded_size = (int(images.shape[-2]), int(images.shape[-1]))
         segmentations = None
         if task == "panoptic":
             segmentations = self._panoptic_postprocess()(
-                {"pred_logits": outputs["pred_logits"], "pred_masks": outputs["pred_masks"]},
-                torch.tensor(input_sizes, dtype=torch.int64), target_sizes,
+                outputs, torch.tensor(input_sizes, dtype=torch.int64), target_sizes
             )
         predictions = []
         for i, result in enumerate(results):
@@ -329,16 +326,16 @@ class Predictor:
             )
             if masks and self.predicts_masks:  # the kept detections only: one full-size map each
                 prediction.masks = self.postprocess_masks.image_masks(
-                    outputs["pred_masks"][i, prediction.query_indices], input_sizes[i], padded_size, image_sizes[i]
+                    outputs.masks[i, prediction.query_indices], input_sizes[i], padded_size, image_sizes[i]
                 )
             if segmentations is not None:
                 segments = [{**segment, "label_name": label_name(self.category_map, segment["label"])}
                             for segment in segmentations[i]["segments_info"]]
                 prediction.panoptic = PanopticSegmentation(segmentations[i]["id_map"].cpu(), segments)
-            if return_attention and "sampling_points" in outputs:  # Deformable DETR: sampling points, no maps
+            if outputs.sampling is not None:  # Deformable DETR: sampling points, no maps
                 prediction.sampling = SamplingPoints.from_outputs(outputs, result, index=i, image_size=image_sizes[i],
                                                                   stride=self.model.stride)
-            elif return_attention:
+            elif outputs.attention is not None:
                 input_size = (int(inputs[i].shape[1]), int(inputs[i].shape[2]))
                 prediction.attention = AttentionMaps.from_outputs(
                     outputs, result, index=i, input_size=input_size, image_size=image_sizes[i],
@@ -349,12 +346,12 @@ class Predictor:
 
     def forward(
         self, images: Tensor, padding_mask: Tensor, *, return_attention: bool = False, aux_outputs: bool = False
-    ) -> dict[str, Any]:
+    ) -> DetectorOutput:
         """The model on a padded batch, under ``torch.inference_mode`` and the chosen precision.
 
-        Returns the model's output dict on the CPU in float32.
-        ``aux_outputs=True`` keeps ``aux_outputs`` (the heads' predictions after decoder layers 1 .. L-1, a list
-        of dicts, as the attention explorer shows them); by default they are dropped.
+        Returns the model's :class:`DetectorOutput` on the CPU in float32 (integer tensors keep their type).
+        ``aux_outputs=True`` keeps ``aux`` (the heads' predictions after decoder layers 1 .. L-1, as the
+        attention explorer shows them); by default they are dropped.
         """
         with torch.inference_mode(), torch.autocast(
             device_type=self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
@@ -364,12 +361,9 @@ class Predictor:
                 padding_mask.to(self.device, non_blocking=True),
                 return_attention=return_attention,
             )
-        result: dict[str, Any] = {key: value.float().cpu() for key, value in outputs.items()
-                                  if isinstance(value, Tensor)}
-        if aux_outputs and "aux_outputs" in outputs:
-            result["aux_outputs"] = [{key: value.float().cpu() for key, value in layer.items()
-                                      if isinstance(value, Tensor)} for layer in outputs["aux_outputs"]]
-        return result
+        if not aux_outputs:
+            outputs.aux = []
+        return outputs.apply(lambda value: (value.float() if value.is_floating_point() else value).cpu())
 
 
 def default_device() -> torch.device:

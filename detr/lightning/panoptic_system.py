@@ -37,6 +37,7 @@ from detr.lightning.system import DetrSystem, _model_config
 from detr.loss.criterion import SetCriterion
 from detr.loss.masks import SetCriterionWithMasks
 from detr.models.config import DetrConfig
+from detr.models.outputs import DetectorOutput
 from detr.models.segmentation import DETRPanoptic
 
 logger = logging.getLogger(__name__)
@@ -192,12 +193,12 @@ class PanopticSystem(DetrSystem):
             return None
         return dataset
 
-    def _score_outputs(self, stage: str, outputs: dict[str, Any], targets: list[dict[str, Any]],
+    def _score_outputs(self, stage: str, outputs: DetectorOutput, targets: list[dict[str, Any]],
                        detections: list[dict[str, torch.Tensor]], orig_sizes: torch.Tensor) -> None:
         """PQ and mask AP of the batch, beside DetrSystem's box AP."""
         image_ids = [int(t["image_id"]) for t in targets]
         dataset = self._panoptic_ground_truth(stage)
-        if "pred_masks" in outputs and dataset is not None:
+        if outputs.masks is not None and dataset is not None:
             processed_sizes = torch.stack([t["size"] for t in targets])
             ground_truth = [dataset.ground_truth(dataset.index_of_image(i)) for i in image_ids]
             if self._panoptic is not None:
@@ -255,7 +256,7 @@ class PanopticSystem(DetrSystem):
         images, padding_mask, targets = batch
         outputs = self(images, padding_mask)
         results = self._predictions(outputs, targets)
-        if "pred_masks" in outputs:
+        if outputs.masks is not None:
             if self.postprocess_panoptic is None:
                 raise ValueError("panoptic prediction needs the data set's categories (things and stuff): they come "
                                  "from the panoptic json or from a mask-stage checkpoint (--ckpt_path)")

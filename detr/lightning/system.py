@@ -39,6 +39,7 @@ from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.models.backbone import cpu_has_bfloat16
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig, ModelMeta
+from detr.models.outputs import DetectorOutput
 
 logger = logging.getLogger(__name__)
 
@@ -272,7 +273,7 @@ class DetrSystem(L.LightningModule):
     # ------------------------------------------------------------------ steps
     def forward(
         self, images: torch.Tensor, padding_mask: torch.Tensor, targets: list[dict[str, Any]] | None = None
-    ) -> dict[str, Any]:
+    ) -> DetectorOutput:
         """images float [B, 3, H, W] normalised, padding_mask bool [B, H, W] (True = pad) → raw predictions.
 
         ``targets`` reach the model only in training, where a denoising model builds its noised queries
@@ -286,7 +287,7 @@ class DetrSystem(L.LightningModule):
             num_boxes = self.trainer.strategy.reduce(num_boxes, reduce_op="sum") / self.trainer.world_size
         return max(float(num_boxes.item()), 1.0)
 
-    def compute_losses(self, outputs: dict[str, Any], targets: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def compute_losses(self, outputs: DetectorOutput, targets: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Unweighted loss terms plus the weighted total under "loss"; computed in float32 (also under bf16)."""
         with torch.autocast(device_type=self.device.type, enabled=False):
             losses = self.criterion(outputs, targets, num_boxes=self.reduced_num_boxes(targets))
@@ -306,12 +307,12 @@ class DetrSystem(L.LightningModule):
         return losses["loss"]
 
     def _stop_if_non_finite(
-        self, batch_idx: int, *, predictions: dict[str, Any], losses: dict[str, torch.Tensor] | None
+        self, batch_idx: int, *, predictions: DetectorOutput, losses: dict[str, torch.Tensor] | None
     ) -> None:
         """Raise :class:`NonFiniteLossError` on every process at once if, on any of them, the predictions or the
         loss are NaN/inf, or the loss could not be computed (``losses`` None: the matcher refused the
         predictions). One flag on the device, one all-reduce and one host sync a step."""
-        checks = [torch.isfinite(predictions[name]).all() for name in ("pred_logits", "pred_boxes")]
+        checks = [torch.isfinite(predictions.logits).all(), torch.isfinite(predictions.boxes).all()]
         checks.append(torch.isfinite(losses["loss"]) if losses is not None
                       else torch.zeros((), dtype=torch.bool, device=self.device))
         flag = torch.stack(checks).all().to(torch.int32)
@@ -320,14 +321,14 @@ class DetrSystem(L.LightningModule):
         if flag.item():
             return
         step = self.trainer.global_step if self._trainer is not None else "n/a"
-        bad = {name: int((~torch.isfinite(predictions[name])).sum()) for name in ("pred_logits", "pred_boxes")}
+        bad = {name: int((~torch.isfinite(getattr(predictions, name))).sum()) for name in ("logits", "boxes")}
         what = "the model's predictions" if losses is None or any(bad.values()) else "the training loss"
         terms = ("not computed (the matcher needs finite predictions)" if losses is None
                  else ", ".join(f"{name}={value.item():.6g}" for name, value in sorted(losses.items())))
         raise NonFiniteLossError(
             f"non-finite training values at global step {step} (epoch {self.current_epoch}, batch {batch_idx}): "
-            f"{what} on at least one process. Here: non-finite pred_logits {bad['pred_logits']}, pred_boxes "
-            f"{bad['pred_boxes']}; loss terms: {terms}. The weights of this step were not updated. Lower the "
+            f"{what} on at least one process. Here: non-finite logits {bad['logits']}, boxes "
+            f"{bad['boxes']}; loss terms: {terms}. The weights of this step were not updated. Lower the "
             "learning rate, keep gradient clipping (configs: 0.1), check the batch (NaN pixels, zero-size "
             "boxes), or train with precision 32-true."
         )
@@ -377,7 +378,7 @@ class DetrSystem(L.LightningModule):
         self._score_outputs(stage, outputs, targets, detections, orig_sizes)
         return {"detections": detections, "loss": losses["loss"]}
 
-    def _score_outputs(self, stage: str, outputs: dict[str, Any], targets: list[dict[str, Any]],
+    def _score_outputs(self, stage: str, outputs: DetectorOutput, targets: list[dict[str, Any]],
                        detections: list[dict[str, torch.Tensor]], orig_sizes: torch.Tensor) -> None:
         """Evaluation beyond box AP on one batch, for systems whose model predicts more (the panoptic
         system's masks); nothing here."""
@@ -452,7 +453,7 @@ class DetrSystem(L.LightningModule):
         images, padding_mask, targets = batch
         return self._predictions(self(images, padding_mask), targets)
 
-    def _predictions(self, outputs: dict[str, Any], targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _predictions(self, outputs: DetectorOutput, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The model's outputs for a predict batch → :meth:`predict_step`'s results, one dict per image."""
         orig_sizes = torch.stack([t["orig_size"] for t in targets]).to(self.device)
         results = []

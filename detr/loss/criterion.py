@@ -16,13 +16,14 @@ from torch import nn
 from detr.loss.focal import sigmoid_focal_loss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
-from detr.loss.terms import Indices, Outputs, Targets, box_losses, matched_labels, matched_query_index
+from detr.loss.terms import Indices, Targets, box_losses, matched_labels, matched_query_index
 from detr.models.config import ClassHead
+from detr.models.outputs import DetectorOutput, LayerOutput
 
-#: Model outputs that only a part reads: (what they are, the part, its shorthand). A criterion without the
+#: Output fields that only a part reads: (what they are, the part, its shorthand). A criterion without the
 #: part refuses them rather than train without their loss.
-_PART_OUTPUTS = {"dn_outputs": ("denoising predictions", "DenoisingLoss", "denoising=True"),
-                 "dense_outputs": ("dense auxiliary predictions", "DenseLoss", "dense_aux=True")}
+_PART_OUTPUTS = {"denoising": ("denoising predictions", "DenoisingLoss", "denoising=True"),
+                 "dense": ("dense auxiliary predictions", "DenseLoss", "dense_aux=True")}
 
 
 class SetCriterion(nn.Module):
@@ -46,10 +47,10 @@ class SetCriterion(nn.Module):
         parts: further losses (:mod:`detr.loss.parts`), each called with the outputs, the targets and
             num_boxes: :class:`~detr.loss.parts.DenoisingLoss` for a model with denoising queries
             (loss_*_dn, loss_*_dn_i), :class:`~detr.loss.parts.DenseLoss` for one with the dense head
-            (loss_*_dense). Outputs holding ``dn_outputs`` or ``dense_outputs`` need the part that reads them.
+            (loss_*_dense). Outputs holding ``denoising`` or ``dense`` predictions need the part that reads them.
         denoising, dense_aux: shorthands that add those two parts with this criterion's layer count, class
             head, focal parameters and weights.
-        two_stage: Deformable DETR's two-stage encoder proposals (``enc_outputs``) get the set loss too,
+        two_stage: Deformable DETR's two-stage encoder proposals (``proposals``) get the set loss too,
             matched class-agnostically (every target is class 0, as the authors' code), with the suffix
             ``_enc`` and the base weights.
     """
@@ -85,8 +86,8 @@ class SetCriterion(nn.Module):
         if dense_aux:
             parts.append(DenseLoss(focal_alpha=focal_alpha, focal_gamma=focal_gamma, **base))
         for part in parts:
-            if part.output_key in {other.output_key for other in parts if other is not part}:
-                raise ValueError(f"SetCriterion: two parts read {part.output_key!r}; pass each part once (the "
+            if part.output_field in {other.output_field for other in parts if other is not part}:
+                raise ValueError(f"SetCriterion: two parts read {part.output_field!r}; pass each part once (the "
                                  "denoising= and dense_aux= shorthands add one too)")
             if getattr(part, "class_head", class_head) != class_head:
                 raise ValueError(f"SetCriterion(class_head={class_head!r}): the part {type(part).__name__} has "
@@ -94,10 +95,10 @@ class SetCriterion(nn.Module):
             self.weight_dict.update(part.weight_dict)
         self.parts = nn.ModuleList(parts)
 
-    def loss_labels(self, outputs: Outputs, targets: Targets, indices: Indices,
+    def loss_labels(self, outputs: LayerOutput, targets: Targets, indices: Indices,
                     num_boxes: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
         """num_boxes: divides the focal loss only (the softmax loss is a mean over all queries)."""
-        logits = outputs["pred_logits"].float()  # [B, Q, C+1] softmax, [B, Q, C] sigmoid
+        logits = outputs.logits.float()  # [B, Q, C+1] softmax, [B, Q, C] sigmoid
         batch_index, query_index = matched_query_index(indices)
         labels = matched_labels(targets, indices).to(logits.device)
         if self.class_head == "sigmoid":
@@ -115,8 +116,8 @@ class SetCriterion(nn.Module):
         return {"loss_ce": loss_ce, "class_error": 100 - accuracy}
 
     @torch.no_grad()
-    def loss_cardinality(self, outputs: Outputs, targets: Targets) -> dict[str, torch.Tensor]:
-        logits = outputs["pred_logits"]
+    def loss_cardinality(self, outputs: LayerOutput, targets: Targets) -> dict[str, torch.Tensor]:
+        logits = outputs.logits
         groups = self.matcher.num_groups(logits.shape[1])
         logits = logits[:, : logits.shape[1] // groups]  # Group DETR: the first group (what inference keeps)
         if self.class_head == "sigmoid":  # no "no object" logit: a query predicts an object when a class p > 0.5
@@ -126,42 +127,43 @@ class SetCriterion(nn.Module):
         target_lengths = torch.as_tensor([len(t["labels"]) for t in targets], dtype=torch.float32, device=logits.device)
         return {"cardinality_error": F.l1_loss(predicted, target_lengths)}
 
-    def loss_boxes(self, outputs: Outputs, targets: Targets, indices: Indices, num_boxes: float) -> dict[str, torch.Tensor]:
-        return box_losses(outputs["pred_boxes"], targets, indices, num_boxes)
+    def loss_boxes(self, outputs: LayerOutput, targets: Targets, indices: Indices, num_boxes: float
+                   ) -> dict[str, torch.Tensor]:
+        return box_losses(outputs.boxes, targets, indices, num_boxes)
 
-    def layer_losses(self, outputs: Outputs, targets: Targets, num_boxes: float) -> dict[str, torch.Tensor]:
+    def layer_losses(self, outputs: LayerOutput, targets: Targets, num_boxes: float) -> dict[str, torch.Tensor]:
         """Match, then every loss term for one decoder layer's predictions."""
         indices = self.matcher(outputs, targets)
-        num_boxes = num_boxes * self.matcher.num_groups(outputs["pred_logits"].shape[1])
+        num_boxes = num_boxes * self.matcher.num_groups(outputs.logits.shape[1])
         losses = self.loss_labels(outputs, targets, indices, num_boxes)
         losses.update(self.loss_cardinality(outputs, targets))
         losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))
         return losses
 
-    def forward(self, outputs: dict, targets: Targets, num_boxes: float | torch.Tensor | None = None
+    def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: float | torch.Tensor | None = None
                 ) -> dict[str, torch.Tensor]:
-        """outputs: the model's dict (pred_logits, pred_boxes, optional aux_outputs, and what the parts read);
+        """outputs: the model's :class:`DetectorOutput` (logits, boxes, aux layers, and what the parts read);
         targets: per image labels int64 [T] and boxes [T, 4] normalised cxcywh; num_boxes: the batch's
         target count, averaged over processes by the caller (local count when None), clamped to at least 1."""
-        read = {part.output_key for part in self.parts}
-        for key, (what, part, shorthand) in _PART_OUTPUTS.items():
-            if key in outputs and key not in read:
-                raise ValueError(f"the outputs hold {what} ({key}) but the criterion ignores them: build it with "
+        read = {part.output_field for part in self.parts}
+        for name, (what, part, shorthand) in _PART_OUTPUTS.items():
+            if getattr(outputs, name) is not None and name not in read:
+                raise ValueError(f"the outputs hold {what} ({name}) but the criterion ignores them: build it with "
                                  f"SetCriterion(..., parts=[{part}(...)]) or SetCriterion(..., {shorthand})")
-        if "enc_outputs" in outputs and not self.two_stage:
-            raise ValueError("the outputs hold two-stage encoder proposals (enc_outputs) but the criterion ignores "
-                             "them: build it with SetCriterion(..., two_stage=True)")
+        if outputs.proposals is not None and not self.two_stage:
+            raise ValueError("the outputs hold two-stage encoder proposals but the criterion ignores them: build "
+                             "it with SetCriterion(..., two_stage=True)")
         if num_boxes is None:
             num_boxes = float(sum(len(t["labels"]) for t in targets))
-        num_boxes = torch.as_tensor(num_boxes, dtype=torch.float32, device=outputs["pred_logits"].device).clamp(min=1)
+        num_boxes = torch.as_tensor(num_boxes, dtype=torch.float32, device=outputs.logits.device).clamp(min=1)
         losses = self.layer_losses(outputs, targets, num_boxes)
-        for layer, aux in enumerate(outputs.get("aux_outputs", [])):
+        for layer, aux in enumerate(outputs.aux):
             aux_losses = self.layer_losses(aux, targets, num_boxes)
             aux_losses.pop("class_error")  # logged for the last layer only, as the authors do
             losses.update({f"{name}_{layer}": value for name, value in aux_losses.items()})
         if self.two_stage:
             binary = [{**target, "labels": torch.zeros_like(target["labels"])} for target in targets]
-            encoder_losses = self.layer_losses(outputs["enc_outputs"], binary, num_boxes)
+            encoder_losses = self.layer_losses(outputs.proposals, binary, num_boxes)
             encoder_losses.pop("class_error")
             losses.update({f"{name}_enc": value for name, value in encoder_losses.items()})
         for part in self.parts:

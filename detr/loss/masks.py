@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torchvision.ops import sigmoid_focal_loss
 
 from detr.loss.criterion import SetCriterion
-from detr.loss.terms import Indices, Outputs, Targets, matched_query_index
+from detr.loss.terms import Indices, Targets, matched_query_index
+from detr.models.outputs import DetectorOutput, LayerOutput
 
 
 def dice_loss(logits: torch.Tensor, targets: torch.Tensor, num_boxes: float | torch.Tensor) -> torch.Tensor:
@@ -37,14 +38,15 @@ def focal_mask_loss(logits: torch.Tensor, targets: torch.Tensor, num_boxes: floa
     return per_pixel.mean(-1).sum() / num_boxes
 
 
-def matched_masks(outputs: Outputs, targets: Targets, indices: Indices) -> tuple[torch.Tensor, torch.Tensor]:
-    """The matched queries' mask logits, upsampled to the padded batch size, and their targets, zero-padded to
+def matched_masks(pred_masks: torch.Tensor, targets: Targets, indices: Indices) -> tuple[torch.Tensor, torch.Tensor]:
+    """The matched queries' mask logits (of ``pred_masks`` [B, Q, h', w']), upsampled to the padded batch size,
+    and their targets, zero-padded to
     it: both float [N, H · W]. ``targets[i]["masks"]``: bool or 0/1 [T_i, h_i, w_i] at the image's processed
     size; the padded size is the largest (h_i, w_i) of the batch, as the batch's images are padded."""
     batch_index, query_index = matched_query_index(indices)
     height = max(int(t["masks"].shape[-2]) for t in targets)
     width = max(int(t["masks"].shape[-1]) for t in targets)
-    predictions = outputs["pred_masks"][batch_index, query_index].float()  # [N, h', w']
+    predictions = pred_masks[batch_index, query_index].float()  # [N, h', w']
     if len(predictions):
         predictions = F.interpolate(predictions[:, None], size=(height, width), mode="bilinear",
                                     align_corners=False)[:, 0]
@@ -60,13 +62,13 @@ def matched_masks(outputs: Outputs, targets: Targets, indices: Indices) -> tuple
 
 class SetCriterionWithMasks(SetCriterion):
     """:class:`detr.loss.criterion.SetCriterion` plus ``loss_mask`` (focal) and ``loss_dice`` on the last layer's
-    ``pred_masks``, with the same matching. Targets also need ``masks`` (see :func:`matched_masks`).
+    ``masks``, with the same matching. Targets also need ``masks`` (see :func:`matched_masks`).
 
     Args: those of SetCriterion, and the weights ``loss_mask`` and ``loss_dice`` (1, 1), the focal
     ``mask_alpha`` and ``mask_gamma`` (0.25, 2).
 
     The class term follows the model's class head (softmax or sigmoid, as SetCriterion). With Group DETR's
-    query groups (G > 1 groups of predictions, an unfrozen detector in training) ``pred_masks`` covers
+    query groups (G > 1 groups of predictions, an unfrozen detector in training) ``masks`` covers
     group 1 only (the queries inference decodes): the mask terms use group 1's matches.
     """
 
@@ -76,25 +78,26 @@ class SetCriterionWithMasks(SetCriterion):
         self.mask_alpha, self.mask_gamma = mask_alpha, mask_gamma
         self.weight_dict.update({"loss_mask": loss_mask, "loss_dice": loss_dice})
 
-    def loss_masks(self, outputs: Outputs, targets: Targets, indices: Indices,
+    def loss_masks(self, outputs: DetectorOutput, targets: Targets, indices: Indices,
                    num_boxes: float | torch.Tensor) -> dict[str, torch.Tensor]:
         if any("masks" not in t for t in targets):
             raise ValueError("mask losses need targets with 'masks' (bool [T, H, W] per image, at the processed "
                              "image size); the panoptic data pipeline provides them")
-        num_masked = outputs["pred_masks"].shape[1]
-        if self.matcher.num_groups(outputs["pred_logits"].shape[1]) > 1:  # Group DETR: masks for group 1 only
+        num_masked = outputs.masks.shape[1]
+        if self.matcher.num_groups(outputs.logits.shape[1]) > 1:  # Group DETR: masks for group 1 only
             indices = [(queries[queries < num_masked], matched[queries < num_masked]) for queries, matched in indices]
-        predictions, target_masks = matched_masks(outputs, targets, indices)
+        predictions, target_masks = matched_masks(outputs.masks, targets, indices)
         return {"loss_mask": focal_mask_loss(predictions, target_masks, num_boxes, alpha=self.mask_alpha,
                                              gamma=self.mask_gamma),
                 "loss_dice": dice_loss(predictions, target_masks, num_boxes)}
 
-    def layer_losses(self, outputs: Outputs, targets: Targets, num_boxes: float) -> dict[str, torch.Tensor]:
-        """SetCriterion's terms, plus the mask terms when this layer has ``pred_masks`` (the last one)."""
-        if "pred_masks" not in outputs:
+    def layer_losses(self, outputs: LayerOutput, targets: Targets, num_boxes: float) -> dict[str, torch.Tensor]:
+        """SetCriterion's terms, plus the mask terms when this layer has masks (the last one: the model's
+        :class:`DetectorOutput`)."""
+        if not isinstance(outputs, DetectorOutput) or outputs.masks is None:
             return super().layer_losses(outputs, targets, num_boxes)
         indices = self.matcher(outputs, targets)
-        group_boxes = num_boxes * self.matcher.num_groups(outputs["pred_logits"].shape[1])  # as SetCriterion
+        group_boxes = num_boxes * self.matcher.num_groups(outputs.logits.shape[1])  # as SetCriterion
         losses = self.loss_labels(outputs, targets, indices, group_boxes)
         losses.update(self.loss_cardinality(outputs, targets))
         losses.update(self.loss_boxes(outputs, targets, indices, group_boxes))

@@ -10,6 +10,7 @@ from torch import nn
 from detr.box_ops import batched_generalized_box_iou, cxcywh_to_xyxy
 from detr.loss.focal import focal_class_cost
 from detr.models.config import ClassHead
+from detr.models.outputs import LayerOutput
 
 
 class HungarianMatcher(nn.Module):
@@ -60,12 +61,13 @@ class HungarianMatcher(nn.Module):
         return -prob.gather(2, labels[:, None, :].expand(-1, prob.shape[1], -1))
 
     @torch.no_grad()
-    def forward(self, outputs: dict[str, torch.Tensor], targets: list[dict[str, torch.Tensor]]
+    def forward(self, outputs: LayerOutput, targets: list[dict[str, torch.Tensor]]
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """outputs: pred_logits [B, Q, C+1], pred_boxes [B, Q, 4] normalised cxcywh; targets: per image
-        labels int64 [T] and boxes [T, 4] normalised cxcywh. Returns per image (query indices, target
-        indices), two int64 tensors of length min(Q, T), sorted by query index."""
-        logits, pred_boxes = outputs["pred_logits"], outputs["pred_boxes"].float()
+        """outputs: one layer's predictions (a :class:`detr.models.outputs.LayerOutput`, e.g. a model's
+        :class:`~detr.models.outputs.DetectorOutput`): logits [B, Q, C+1], boxes [B, Q, 4] normalised cxcywh;
+        targets: per image labels int64 [T] and boxes [T, 4] normalised cxcywh. Returns per image (query
+        indices, target indices), two int64 tensors of length min(Q, T), sorted by query index."""
+        logits, pred_boxes = outputs.logits, outputs.boxes.float()
         batch, num_queries = logits.shape[:2]
         sizes = [len(t["boxes"]) for t in targets]
         empty = torch.empty(0, dtype=torch.int64)

@@ -1,11 +1,12 @@
 """Losses that :class:`detr.loss.criterion.SetCriterion` adds to the paper's set loss, one part per training aid.
 
-A part reads one entry of the model's outputs (``output_key``), names its terms and their weights in
-``weight_dict``, and is called as ``part(outputs, targets, num_boxes)`` → those terms, unweighted. It
-returns zeros when the outputs lack its entry (evaluation mode), so ``weight_dict`` always finds them.
+A part reads one field of the model's :class:`~detr.models.outputs.DetectorOutput` (``output_field``), names
+its terms and their weights in ``weight_dict``, and is called as ``part(outputs, targets, num_boxes)`` →
+those terms, unweighted. It returns zeros when that field is None (evaluation mode), so ``weight_dict``
+always finds them.
 
-- :class:`DenoisingLoss` (DN-DETR, Li et al. 2022): the model's denoising queries (``dn_outputs``).
-- :class:`DenseLoss`: the training-only dense head on the encoder (``dense_outputs``,
+- :class:`DenoisingLoss` (DN-DETR, Li et al. 2022): the model's denoising queries (``denoising``).
+- :class:`DenseLoss`: the training-only dense head on the encoder (``dense``,
   :mod:`detr.models.dense_head`), one-to-many.
 """
 
@@ -20,16 +21,17 @@ from detr.loss.focal import sigmoid_focal_loss
 from detr.loss.terms import Targets, box_losses, matched_labels, matched_query_index
 from detr.models.anchor.denoising import DenoisingMeta
 from detr.models.config import ClassHead
+from detr.models.outputs import DetectorOutput
 
 
 class LossPart(nn.Module):
-    """What a criterion part declares: the output entry it reads and the weight of each term it returns.
+    """What a criterion part declares: the output field it reads and the weight of each term it returns.
 
-    Subclasses set ``output_key`` and ``weight_dict`` and implement ``forward(outputs, targets, num_boxes)``
-    → dict of float scalars named as in ``weight_dict``.
+    Subclasses set ``output_field`` (a :class:`DetectorOutput` field) and ``weight_dict`` and implement
+    ``forward(outputs, targets, num_boxes)`` → dict of float scalars named as in ``weight_dict``.
     """
 
-    output_key: str
+    output_field: str
     weight_dict: dict[str, float]
 
 
@@ -61,7 +63,7 @@ class DenoisingLoss(LossPart):
         loss_ce, loss_bbox, loss_giou: the weights (1, 5, 2: the main terms').
     """
 
-    output_key = "dn_outputs"
+    output_field = "denoising"
 
     def __init__(self, num_decoder_layers: int = 6, *, class_head: ClassHead = "softmax",
                  focal_alpha: float = 0.25, focal_gamma: float = 2.0, loss_ce: float = 1.0,
@@ -72,20 +74,20 @@ class DenoisingLoss(LossPart):
         base = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
         self.weight_dict = {f"{name}{suffix}": weight for suffix in self.suffixes for name, weight in base.items()}
 
-    def forward(self, outputs: dict, targets: Targets, num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
-        """outputs: the model's dict (``dn_outputs`` with optional ``aux_outputs``, ``dn_meta``); num_boxes:
-        the batch's target count, reduced across processes and at least 1."""
-        if "dn_outputs" not in outputs:  # evaluation, or a batch without targets
-            zero = outputs["pred_logits"].new_zeros((), dtype=torch.float32)
+    def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """outputs: the model's output (its ``denoising`` predictions); num_boxes: the batch's target count,
+        reduced across processes and at least 1."""
+        if outputs.denoising is None:  # evaluation, or a batch without targets
+            zero = outputs.logits.new_zeros((), dtype=torch.float32)
             return {name: zero for name in self.weight_dict}
-        meta, dn_outputs = outputs["dn_meta"], outputs["dn_outputs"]
+        meta, denoising = outputs.denoising.meta, outputs.denoising
         indices = denoising_indices(meta, targets)
         dn_num_boxes = num_boxes * meta.num_groups
         batch_index, query_index = matched_query_index(indices)
         labels = matched_labels(targets, indices)
         losses = {}
-        for suffix, layer in zip(self.suffixes, [dn_outputs, *dn_outputs.get("aux_outputs", [])]):
-            logits = layer["pred_logits"][batch_index, query_index].float()  # [N, C(+1)]
+        for suffix, layer in zip(self.suffixes, [denoising, *denoising.aux]):
+            logits = layer.logits[batch_index, query_index].float()  # [N, C(+1)]
             labels = labels.to(logits.device)
             if self.class_head == "sigmoid":
                 onehot = F.one_hot(labels, logits.shape[-1]).to(logits.dtype)
@@ -93,7 +95,7 @@ class DenoisingLoss(LossPart):
                                              gamma=self.focal_gamma)
             else:
                 loss_ce = F.cross_entropy(logits, labels)
-            layer_losses = {"loss_ce": loss_ce, **box_losses(layer["pred_boxes"], targets, indices, dn_num_boxes)}
+            layer_losses = {"loss_ce": loss_ce, **box_losses(layer.boxes, targets, indices, dn_num_boxes)}
             losses.update({f"{name}{suffix}": value for name, value in layer_losses.items()})
         return losses
 
@@ -110,7 +112,7 @@ class DenseLoss(LossPart):
         loss_ce, loss_bbox, loss_giou: the weights (1, 5, 2: the main terms').
     """
 
-    output_key = "dense_outputs"
+    output_field = "dense"
 
     def __init__(self, *, focal_alpha: float = 0.25, focal_gamma: float = 2.0, loss_ce: float = 1.0,
                  loss_bbox: float = 5.0, loss_giou: float = 2.0) -> None:
@@ -118,17 +120,16 @@ class DenseLoss(LossPart):
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
         self.weight_dict = {"loss_ce_dense": loss_ce, "loss_bbox_dense": loss_bbox, "loss_giou_dense": loss_giou}
 
-    def forward(self, outputs: dict, targets: Targets, num_boxes: torch.Tensor | None = None
+    def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: torch.Tensor | None = None
                 ) -> dict[str, torch.Tensor]:
-        """outputs: the model's dict; ``dense_outputs``: pred_logits [B, HW, K], pred_boxes [B, HW, 4]
-        normalised cxcywh, centers, valid bool [B, HW]. num_boxes: unused (the part divides by its own
-        positive-cell count); taken so every part is called alike."""
-        if "dense_outputs" not in outputs:
-            zero = outputs["pred_logits"].new_zeros((), dtype=torch.float32)
+        """outputs: the model's output; its ``dense`` predictions (:class:`detr.models.outputs.DenseOutput`).
+        num_boxes: unused (the part divides by its own positive-cell count); taken so every part is called alike."""
+        if outputs.dense is None:
+            zero = outputs.logits.new_zeros((), dtype=torch.float32)
             return {name: zero for name in self.weight_dict}
-        dense = outputs["dense_outputs"]
-        logits = dense["pred_logits"].float()  # [B, HW, K]
-        assigned = dense_assignment(dense["centers"], dense["valid"], targets)  # [B, HW], -1 = negative
+        dense = outputs.dense
+        logits = dense.logits.float()  # [B, HW, K]
+        assigned = dense_assignment(dense.centers, dense.valid, targets)  # [B, HW], -1 = negative
         indices = []  # per image (positive cells, their targets): the layout of the matcher's indices
         for row in assigned:
             cells = (row >= 0).nonzero().flatten()
@@ -137,10 +138,10 @@ class DenseLoss(LossPart):
         batch_index, cell_index = matched_query_index(indices)
         onehot = torch.zeros_like(logits)
         onehot[batch_index, cell_index, matched_labels(targets, indices).to(logits.device)] = 1.0
-        valid = dense["valid"]
+        valid = dense.valid
         loss_ce = sigmoid_focal_loss(logits[valid], onehot[valid], num_positive, alpha=self.focal_alpha,
                                      gamma=self.focal_gamma)
-        boxes = box_losses(dense["pred_boxes"], targets, indices, num_positive)
+        boxes = box_losses(dense.boxes, targets, indices, num_positive)
         return {"loss_ce_dense": loss_ce, "loss_bbox_dense": boxes["loss_bbox"], "loss_giou_dense": boxes["loss_giou"]}
 
 

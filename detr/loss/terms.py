@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from detr.box_ops import cxcywh_to_xyxy, elementwise_generalized_box_iou
 
-Outputs = dict[str, torch.Tensor]
 Targets = list[dict[str, torch.Tensor]]
 Indices = list[tuple[torch.Tensor, torch.Tensor]]
 

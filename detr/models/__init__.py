@@ -6,6 +6,8 @@ from detr.models.config import DetrConfig
 from detr.models.detector import Detector
 from detr.models.detr import DETR
 from detr.models.mlp import MLP
+from detr.models.outputs import DetectorOutput, LayerOutput
 from detr.models.segmentation import DETRPanoptic, build_detr_panoptic
 
-__all__ = ["DETR", "AnchorDETR", "Detector", "DETRPanoptic", "DetrConfig", "MLP", "build_detr", "build_detr_panoptic"]
+__all__ = ["DETR", "AnchorDETR", "Detector", "DetectorOutput", "DETRPanoptic", "DetrConfig", "LayerOutput", "MLP",
+           "build_detr", "build_detr_panoptic"]

@@ -27,6 +27,7 @@ from torch import nn
 from detr.box_ops import inverse_sigmoid
 from detr.models.config import PRIOR_BIAS
 from detr.models.mlp import MLP
+from detr.models.outputs import DenseOutput
 
 #: Width and height (normalised) of the box each cell regresses from.
 PROPOSAL_SIZE = 0.05
@@ -48,9 +49,9 @@ class DenseAuxiliaryHead(nn.Module):
         nn.init.zeros_(self.bbox_embed.layers[-1].weight)
         nn.init.zeros_(self.bbox_embed.layers[-1].bias)
 
-    def forward(self, memory: torch.Tensor, padding_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """memory float [B, HW, C]; padding_mask bool [B, h, w] (True = padding) →
-        pred_logits [B, HW, K], pred_boxes [B, HW, 4] normalised cxcywh of the unpadded image,
+    def forward(self, memory: torch.Tensor, padding_mask: torch.Tensor) -> DenseOutput:
+        """memory float [B, HW, C]; padding_mask bool [B, h, w] (True = padding) → :class:`DenseOutput`:
+        logits [B, HW, K], boxes [B, HW, 4] normalised cxcywh of the unpadded image,
         centers [B, HW, 2] (cell centres, normalised x, y), valid bool [B, HW] (False = padding cell)."""
         batch, height, width = padding_mask.shape
         real = ~padding_mask
@@ -63,5 +64,4 @@ class DenseAuxiliaryHead(nn.Module):
         centers = centers.flatten(1, 2)  # [B, HW, 2]
         reference = torch.cat([centers, centers.new_full(centers.shape, PROPOSAL_SIZE)], dim=-1)
         boxes = (self.bbox_embed(memory) + inverse_sigmoid(reference)).sigmoid()
-        return {"pred_logits": self.class_embed(memory), "pred_boxes": boxes, "centers": centers,
-                "valid": real.flatten(1)}
+        return DenseOutput(self.class_embed(memory), boxes, centers, real.flatten(1))

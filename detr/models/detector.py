@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -25,6 +24,7 @@ from detr.models.backbone import Joiner
 from detr.models.config import PRIOR_BIAS, ClassHead, DetrConfig, ModelMeta, QueryType
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.mlp import MLP
+from detr.models.outputs import AttentionOutput, DenoisingOutput, DetectorOutput, stack_layers
 
 Targets = list[dict[str, torch.Tensor]]
 
@@ -47,26 +47,15 @@ def class_embedding(hidden_dim: int, num_classes: int, class_head: ClassHead) ->
     return layer
 
 
-def predictions(logits: torch.Tensor, boxes: torch.Tensor, aux_loss: bool) -> dict[str, Any]:
-    """Every decoder layer's logits [L, B, Q, K] and boxes [L, B, Q, 4] → {pred_logits, pred_boxes} of the
-    last layer and (if aux_loss) aux_outputs: the same for layers 1 … L-1."""
-    result: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
-    if aux_loss:
-        result["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
-    return result
-
-
-def attention_maps(encoder_attention: torch.Tensor, decoder_attention: torch.Tensor, mask: torch.Tensor
-                   ) -> dict[str, torch.Tensor]:
-    """The ``return_attention`` outputs: encoder_attention [B, heads, hw, hw] (last encoder layer),
+def attention_output(encoder_attention: torch.Tensor, decoder_attention: torch.Tensor, mask: torch.Tensor
+                     ) -> AttentionOutput:
+    """The ``return_attention`` maps: encoder_attention [B, heads, hw, hw] (last encoder layer),
     decoder_attention [L, B, heads, Q, hw] (cross-attention), mask bool [B, h, w] (True = padding) →
-    decoder_attention_heads [L, B, heads, Q, h, w], decoder_attention [L, B, Q, h, w] (mean over heads),
-    encoder_attention [B, hw, h, w] (mean over heads; row i is where feature position i looks),
-    feature_mask = mask."""
+    :class:`AttentionOutput` (per-head and mean decoder maps on the feature grid, the encoder's mean over heads)."""
     height, width = mask.shape[-2:]
     heads = decoder_attention.unflatten(-1, (height, width))
-    return {"decoder_attention_heads": heads, "decoder_attention": heads.mean(dim=2),
-            "encoder_attention": encoder_attention.mean(dim=1).unflatten(-1, (height, width)), "feature_mask": mask}
+    return AttentionOutput(decoder=heads.mean(dim=2), decoder_heads=heads,
+                           encoder=encoder_attention.mean(dim=1).unflatten(-1, (height, width)), feature_mask=mask)
 
 
 @dataclass
@@ -153,7 +142,7 @@ class Detector(nn.Module):
         return self
 
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, return_attention: bool = False,
-                targets: Targets | None = None) -> dict[str, Any]:
+                targets: Targets | None = None) -> DetectorOutput:
         """Raw predictions for a padded batch.
 
         Args:
@@ -163,21 +152,13 @@ class Detector(nn.Module):
             targets: the batch's targets, read in training by a query source that learns from them
                 (DN-DETR's denoising queries); every detector takes them, so that one training step fits all.
 
-        Returns a dict:
-            pred_logits [B, Q, num_classes + 1] (softmax head: last = no object) or [B, Q, num_classes]
-            (sigmoid head: independent per-class scores); pred_boxes [B, Q, 4] normalised
-            cxcywh of each unpadded image; aux_outputs (if aux_loss): a list over decoder layers 1 … L-1
-            of {pred_logits, pred_boxes}. With return_attention: decoder_attention [L, B, Q, h, w]
-            (cross-attention, mean over heads), decoder_attention_heads [L, B, heads, Q, h, w],
-            encoder_attention [B, h·w, h, w] (last encoder layer, mean over heads; row i is where
-            feature position i looks), feature_mask bool [B, h, w] (True = padding). With a dense head in
-            training: dense_outputs (:class:`detr.models.dense_head.DenseAuxiliaryHead`). With denoising
-            queries in training: dn_outputs and dn_meta (:class:`detr.models.anchor.model.AnchorDETR`).
+        Returns a :class:`DetectorOutput`: logits [B, Q, num_classes + 1] (softmax head: last = no object) or
+        [B, Q, num_classes] (sigmoid head), boxes [B, Q, 4] normalised cxcywh of each unpadded image, aux (if
+        aux_loss) the earlier decoder layers; attention with return_attention; dense with a dense head in
+        training; denoising with denoising queries in training (:class:`detr.models.anchor.model.AnchorDETR`).
         """
         src, mask, pos, _ = self.embed(images, padding_mask)
-        outputs = self.decode(src, mask, pos, targets, return_attention)
-        del outputs["hidden"], outputs["memory"]
-        return outputs
+        return self.decode(src, mask, pos, targets, return_attention).output
 
     def embed(self, images: torch.Tensor, padding_mask: torch.Tensor, keep_stages: Collection[str] = ()
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -190,25 +171,33 @@ class Detector(nn.Module):
         return self.input_proj(features), mask, pos, stages
 
     def decode(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, targets: Targets | None = None,
-               return_attention: bool = False) -> dict[str, Any]:
-        """Transformer and heads on a projected feature map (:meth:`embed`'s src, mask, pos).
-
-        Returns :meth:`forward`'s dict plus hidden [B, Q, C] (the last decoder layer's output for the Q
-        matching queries that inference decodes, what the heads read) and memory [B, h·w, C] (the encoder
-        output): what the panoptic mask head needs.
-        """
+               return_attention: bool = False) -> Decoded:
+        """Transformer and heads on a projected feature map (:meth:`embed`'s src, mask, pos): the
+        :class:`DetectorOutput` with what the panoptic mask head reads beside it (:class:`Decoded`)."""
         decoded = self.decode_queries(src, mask, pos, targets, return_attention)
         hidden = decoded.hidden
         logits = self.class_embed(hidden)  # [L, B, D + M, K]: D denoising queries first, then M matching queries
         # the class head runs before the box head: the order autograd sums their gradients in (same numbers)
         boxes = decoded.boxes if decoded.boxes is not None else self.bbox_embed(hidden).sigmoid()  # [L, B, D + M, 4]
         num_dn = decoded.dn_meta.num_queries if decoded.dn_meta is not None else 0
-        outputs = predictions(logits[:, :, num_dn:], boxes[:, :, num_dn:], self.aux_loss)
+        output = stack_layers(logits[:, :, num_dn:], boxes[:, :, num_dn:], self.aux_loss)
         if decoded.dn_meta is not None:
-            outputs["dn_outputs"] = predictions(logits[:, :, :num_dn], boxes[:, :, :num_dn], self.aux_loss)
-            outputs["dn_meta"] = decoded.dn_meta
+            denoising = stack_layers(logits[:, :, :num_dn], boxes[:, :, :num_dn], self.aux_loss)
+            output.denoising = DenoisingOutput(denoising.logits, denoising.boxes, denoising.aux, decoded.dn_meta)
         if self.dense_head is not None and self.training:
-            outputs["dense_outputs"] = self.dense_head(decoded.memory, mask)
+            output.dense = self.dense_head(decoded.memory, mask)
         if return_attention:
-            outputs.update(attention_maps(decoded.encoder_attention, decoded.decoder_attention[:, :, :, num_dn:], mask))
-        return {**outputs, "hidden": hidden[-1, :, num_dn:num_dn + self.num_queries], "memory": decoded.memory}
+            output.attention = attention_output(decoded.encoder_attention,
+                                                decoded.decoder_attention[:, :, :, num_dn:], mask)
+        return Decoded(output, hidden[-1, :, num_dn:num_dn + self.num_queries], decoded.memory)
+
+
+@dataclass
+class Decoded:
+    """:meth:`Detector.decode`'s result: the output, and hidden [B, Q, C] (the last decoder layer's output for
+    the Q matching queries that inference decodes, what the heads read) and memory [B, h·w, C] (the encoder
+    output): what the panoptic mask head needs."""
+
+    output: DetectorOutput
+    hidden: torch.Tensor
+    memory: torch.Tensor

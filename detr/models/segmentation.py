@@ -31,6 +31,7 @@ from detr.models.backbone import Backbone
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.detector import Detector
+from detr.models.outputs import DetectorOutput
 
 #: Backbone stages whose outputs the mask head adds back while upsampling, coarse to fine.
 SKIP_STAGES = ("layer3", "layer2", "layer1")
@@ -274,35 +275,33 @@ class DETRPanoptic(nn.Module):
         return self.eval()
 
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, return_attention: bool = False,
-                targets: list[dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+                targets: list[dict[str, torch.Tensor]] | None = None) -> DetectorOutput:
         """Raw predictions for a padded batch.
 
         Args:
             images: float [B, 3, H, W], ImageNet-normalised, zero-padded at the bottom and right.
             padding_mask: bool [B, H, W], True on padding.
-            return_attention: also return the detector's attention maps (the keys of :meth:`Detector.forward`).
+            return_attention: also return the detector's attention maps (:attr:`DetectorOutput.attention`).
             targets: passed to the detector's :meth:`Detector.decode` (its denoising queries read them).
 
-        Returns the detector's dict (pred_logits [B, Q, num_classes + 1] (softmax head) or [B, Q, num_classes]
-        (sigmoid head), pred_boxes [B, Q, 4] normalised cxcywh, aux_outputs if aux_loss, and in training the
-        anchor detector's dn_outputs / dense_outputs; equal to ``model.detr(images, padding_mask)``) plus
-        pred_masks float [B, Q, H', W']: mask logits at stride 4 of the padded batch (H' = H / 4 rounded up
-        as the ResNet stem rounds), for the last decoder layer's Q matching queries only (with query groups
-        in training: group 1's).
+        Returns the detector's :class:`DetectorOutput` (equal to ``model.detr(images, padding_mask)``) with
+        masks float [B, Q, H', W']: mask logits at stride 4 of the padded batch (H' = H / 4 rounded up as the
+        ResNet stem rounds), for the last decoder layer's Q matching queries only (with query groups in
+        training: group 1's).
         """
         detr = self.detr
         src, mask, pos, stages = detr.embed(images, padding_mask, keep_stages=SKIP_STAGES)  # src [B, C, h, w]
-        result = detr.decode(src, mask, pos, targets, return_attention)
-        hidden, memory = result.pop("hidden"), result.pop("memory")  # [B, Q, C], [B, hw, C]
-        memory = memory.transpose(1, 2).unflatten(-1, src.shape[-2:])  # [B, C, h, w]
+        decoded = detr.decode(src, mask, pos, targets, return_attention)
+        output, hidden = decoded.output, decoded.hidden  # hidden [B, Q, C]
+        memory = decoded.memory.transpose(1, 2).unflatten(-1, src.shape[-2:])  # [B, C, h, w]
         spatial = None
-        if self.bbox_attention.position is not None:  # the Q queries of hidden: the first of pred_boxes
-            spatial = self.bbox_attention.position(result["pred_boxes"][:, : hidden.shape[1]].detach(), pos)
+        if self.bbox_attention.position is not None:  # the Q queries of hidden: the first of the boxes
+            spatial = self.bbox_attention.position(output.boxes[:, : hidden.shape[1]].detach(), pos)
         attention = self.bbox_attention(hidden, memory, mask, spatial)  # [B, Q, heads, h, w]
         if spatial is not None:
             attention = attention_density(attention, mask)
-        result["pred_masks"] = self.mask_head(src, attention, [stages[name] for name in SKIP_STAGES])
-        return result
+        output.masks = self.mask_head(src, attention, [stages[name] for name in SKIP_STAGES])
+        return output
 
 
 def build_detr_panoptic(config: DetrConfig | None = None, /, *, freeze_detr: bool = False,

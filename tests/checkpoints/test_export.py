@@ -87,8 +87,8 @@ def test_one_file_serves_every_batch_and_image_size(tiny_export, tiny_model_load
     with torch.no_grad():
         expected = tiny_model_loaded(images, mask)
     got = OnnxDetector(tiny_export[1])(images, mask)
-    torch.testing.assert_close(got["pred_logits"], expected["pred_logits"], atol=1e-4, rtol=0)
-    torch.testing.assert_close(got["pred_boxes"], expected["pred_boxes"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(got.boxes, expected.boxes, atol=1e-5, rtol=0)
 
 
 def test_each_image_of_a_padded_batch_gets_its_own_result(tiny_export, tiny_model_loaded):
@@ -102,13 +102,13 @@ def test_each_image_of_a_padded_batch_gets_its_own_result(tiny_export, tiny_mode
     with_third = detector(*padded([first, third]))
     images, mask = padded([first, second])
     alone = detector(images[:1], mask[:1])  # the first image alone, padded to the same 96 × 192
-    for key in ("pred_logits", "pred_boxes"):
-        torch.testing.assert_close(with_second[key][0], with_third[key][0], atol=1e-5, rtol=0)
-        torch.testing.assert_close(with_second[key][0], alone[key][0], atol=1e-5, rtol=0)
+    for key in ("logits", "boxes"):
+        torch.testing.assert_close(getattr(with_second, key)[0], getattr(with_third, key)[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(getattr(with_second, key)[0], getattr(alone, key)[0], atol=1e-5, rtol=0)
     with torch.no_grad():
         expected = tiny_model_loaded(images, mask)
-    torch.testing.assert_close(with_second["pred_logits"], expected["pred_logits"], atol=1e-4, rtol=0)
-    torch.testing.assert_close(with_second["pred_boxes"], expected["pred_boxes"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(with_second.logits, expected.logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(with_second.boxes, expected.boxes, atol=1e-5, rtol=0)
 
 
 def test_predictor_on_onnx_writes_the_predictions_of_the_pytorch_model(tiny_export, tmp_path, capsys):
@@ -191,7 +191,7 @@ def test_postprocess_graph_matches_postprocess(demo_postprocess_export):
     torch.manual_seed(4)
     images, mask = padded([torch.randn(3, 128, 128), torch.randn(3, 96, 112), torch.randn(3, 80, 128)])
     orig_sizes = torch.tensor([[480, 640], [300, 350], [1000, 1600]])
-    got = OnnxDetector(path)(images, mask, orig_sizes)
+    got = OnnxDetector(path).detect(images, mask, orig_sizes)
     with torch.no_grad():
         expected = PostProcess(class_head="sigmoid")(model(images, mask), orig_sizes)
     for index, result in enumerate(expected):
@@ -209,7 +209,7 @@ def test_postprocessed_file_is_refused_where_raw_outputs_are_needed(demo_postpro
     with pytest.raises(ValueError, match="with post-processing"):
         detector(images, mask)
     with pytest.raises(ValueError, match="at least 9"):
-        detector(*padded([torch.randn(3, 8, 64)]), torch.tensor([[8, 64]]))
+        detector.detect(*padded([torch.randn(3, 8, 64)]), torch.tensor([[8, 64]]))
 
 
 def test_softmax_postprocess_graph_and_pt2_program_match(tmp_path):

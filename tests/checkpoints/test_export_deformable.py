@@ -87,8 +87,8 @@ def test_detr_export_pt2_program_equals_the_model(tmp_path, capsys, changes):
         folded = DeployModel(prepare_for_export(model))(images, mask)
         eager = model(images, mask)
     assert torch.equal(logits, folded[0]) and torch.equal(boxes, folded[1])
-    assert float((logits - eager["pred_logits"]).abs().max()) <= 1e-5
-    assert float((boxes - eager["pred_boxes"]).abs().max()) <= 1e-5
+    assert float((logits - eager.logits).abs().max()) <= 1e-5
+    assert float((boxes - eager.boxes).abs().max()) <= 1e-5
 
 
 @SLOW

@@ -32,7 +32,7 @@ def test_untrained_r50_with_postprocessor():
     model.eval()
     with torch.no_grad():
         out = model(torch.zeros(1, 3, 64, 96), torch.zeros(1, 64, 96, dtype=torch.bool))
-    assert out["pred_logits"].shape == (1, 100, 92) and "aux_outputs" not in out  # as the authors' hub model
+    assert out.logits.shape == (1, 100, 92) and out.aux == []  # as the authors' hub model
     results = postprocess(out, torch.tensor([[480, 640]]))
     assert results[0]["boxes"].shape == (100, 4)
 
@@ -60,4 +60,4 @@ def test_untrained_panoptic_r50_with_its_postprocessor():
     model.eval()
     with torch.no_grad():
         out = model(torch.zeros(1, 3, 64, 96), torch.zeros(1, 64, 96, dtype=torch.bool))
-    assert out["pred_logits"].shape == (1, 100, 251) and out["pred_masks"].shape == (1, 100, 16, 24)
+    assert out.logits.shape == (1, 100, 251) and out.masks.shape == (1, 100, 16, 24)

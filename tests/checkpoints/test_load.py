@@ -44,7 +44,7 @@ def test_release_file_loads_exact_weights_and_runs(tmp_path, backbone):
     assert model.meta.category_map == CategoryMap.coco() and model.meta.category_map.names[17] == "cat"
     with torch.no_grad():
         out = model(torch.zeros(1, 3, 64, 64), torch.zeros(1, 64, 64, dtype=torch.bool))
-    assert out["pred_logits"].shape == (1, 100, 92)
+    assert out.logits.shape == (1, 100, 92)
 
 
 def test_dc5_follows_the_file_name_or_override(tmp_path):
@@ -180,8 +180,8 @@ def test_bare_state_dict_of_each_option_loads_with_equal_outputs(tmp_path, optio
     mask[1, :, 40:] = True
     with torch.no_grad():
         expected, got = model(images, mask), loaded(images, mask)
-    assert torch.equal(got["pred_logits"], expected["pred_logits"])
-    assert torch.equal(got["pred_boxes"], expected["pred_boxes"])
+    assert torch.equal(got.logits, expected.logits)
+    assert torch.equal(got.boxes, expected.boxes)
 
 
 def test_hidden_options_fall_back_to_the_authors_defaults():

@@ -15,6 +15,7 @@ import torch
 
 from detr.commands import demo
 from detr.data.shapes import ShapesConfig, write_shapes_dataset
+from detr.lightning.callbacks.training_time import TrainingClock
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"^step +\d+ +[\d.]+ s  AP [\d.]+  AP50 [\d.]+$")
@@ -23,17 +24,31 @@ NOISE = ["COCO eval:", "Epoch ", "weights_only", "LeafSpec", "Total FLOPs", "Tot
          "GPU available", "Average Precision", "Warning"]
 
 
+class SteppedTime:
+    """A time source that advances 0.5 s at every reading: the training clocks read it once a step, so the
+    budget's decisions (its step count, the lines it prints) follow the run, not the machine's speed."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self) -> float:
+        self.seconds += 0.5
+        return self.seconds
+
+
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory) -> tuple[str, Path]:
-    """The demo on 16 training images (2 steps an epoch) for 3 seconds of training, on one thread: its console
-    output and its output folder."""
+    """The demo on 16 training images (2 steps an epoch) for 3 seconds of training (simulated: half a second a
+    reading of the clock, see SteppedTime), on one thread: its console output and its output folder."""
     root = tmp_path_factory.mktemp("demo")
     write_shapes_dataset(root / "shapes", ShapesConfig(num_train=16, num_val=8))
     threads, argv = torch.get_num_threads(), sys.argv
     sys.argv = ["detr-demo"]  # LightningCLI warns when sys.argv holds arguments besides its own
     console = io.StringIO()
+    clock_init = TrainingClock.__init__
     try:
-        with contextlib.redirect_stdout(console):
+        with contextlib.redirect_stdout(console), pytest.MonkeyPatch.context() as patch:
+            patch.setattr(TrainingClock, "__init__", lambda self, now=None: clock_init(self, SteppedTime()))
             assert demo.main(["--minutes", "0.05", "--threads", "1", "--data-root", str(root / "shapes"),
                               "--out", str(root / "out")], repository=REPOSITORY) == 0
     finally:

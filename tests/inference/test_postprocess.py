@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from detr import PostProcess
+from tests.helpers import model_output
 
 
 def test_scaling_and_scores():
     logits = torch.tensor([[[0.0, 3.0, 5.0], [2.0, 0.0, -1.0]]])  # query 0: no-object is max; label 1 still wins
     boxes = torch.tensor([[[0.5, 0.5, 0.5, 0.5], [0.25, 0.75, 0.5, 0.5]]])
-    result = PostProcess()({"pred_logits": logits, "pred_boxes": boxes}, torch.tensor([[200, 400]]))[0]
+    result = PostProcess()(model_output(logits=logits, boxes=boxes), torch.tensor([[200, 400]]))[0]
     prob = logits[0].softmax(-1)
     torch.testing.assert_close(result["scores"], torch.stack([prob[0, 1], prob[1, 0]]))
     assert result["labels"].tolist() == [1, 0]
@@ -18,7 +19,7 @@ def test_scaling_and_scores():
 
 
 def test_keeps_all_queries_per_image():
-    outputs = {"pred_logits": torch.randn(3, 7, 4), "pred_boxes": torch.rand(3, 7, 4)}
+    outputs = model_output(logits=torch.randn(3, 7, 4), boxes=torch.rand(3, 7, 4))
     results = PostProcess()(outputs, torch.tensor([[10, 20], [30, 40], [50, 60]]))
     assert len(results) == 3 and all(r["boxes"].shape == (7, 4) for r in results)
     assert results[2]["boxes"][:, 0::2].max() <= 60 * 1.5  # x scaled by width
@@ -27,6 +28,6 @@ def test_keeps_all_queries_per_image():
 def test_boxes_are_clipped_to_the_image():
     """A box reaching past an edge ended outside the image: negative x/y (and x past the width) in the json."""
     boxes = torch.tensor([[[0.05, 0.1, 0.4, 0.6], [0.9, 0.95, 0.5, 0.3], [0.5, 0.5, 0.2, 0.2]]])
-    result = PostProcess()({"pred_logits": torch.zeros(1, 3, 3), "pred_boxes": boxes}, torch.tensor([[100, 200]]))[0]
+    result = PostProcess()(model_output(logits=torch.zeros(1, 3, 3), boxes=boxes), torch.tensor([[100, 200]]))[0]
     torch.testing.assert_close(result["boxes"], torch.tensor([[0.0, 0.0, 50.0, 40.0], [130.0, 80.0, 200.0, 100.0],
                                                               [80.0, 40.0, 120.0, 60.0]]))

@@ -17,6 +17,7 @@ from detr.inference.postprocess_masks import (
     panoptic_png,
     rgb_to_id_map,
 )
+from tests.helpers import model_output
 from tests.reference_segmentation import reference_panoptic
 
 IS_THING = [True, True, False]  # labels 0, 1: things; 2: stuff; logit 3: no object
@@ -44,7 +45,7 @@ def test_hand_built_panoptic_case():
     masks[4] = 30  # below the threshold: must not take pixels
     masks[5, 7, 7] = 10
     post = PostProcessPanoptic(IS_THING)
-    result = post({"pred_logits": logits[None], "pred_masks": masks[None]}, torch.tensor([[8, 8]]),
+    result = post(model_output(logits=logits[None], masks=masks[None]), torch.tensor([[8, 8]]),
                   torch.tensor([[16, 16]]))[0]
     expected = torch.full((16, 16), 2)
     expected[:8, :8] = 1
@@ -57,7 +58,7 @@ def test_hand_built_panoptic_case():
 
 def test_nothing_confident_gives_void():
     post = PostProcessPanoptic(IS_THING)
-    result = post({"pred_logits": torch.zeros(1, 3, 4), "pred_masks": torch.randn(1, 3, 4, 4)},
+    result = post(model_output(logits=torch.zeros(1, 3, 4), masks=torch.randn(1, 3, 4, 4)),
                   torch.tensor([[16, 16]]), torch.tensor([[20, 30]]))[0]
     assert result["segments_info"] == [] and result["id_map"].shape == (20, 30) and not result["id_map"].any()
 
@@ -65,7 +66,7 @@ def test_nothing_confident_gives_void():
 def test_category_ids_map_labels():
     post = PostProcessPanoptic(IS_THING, category_ids=[7, 9, 40])
     masks = torch.zeros(1, 1, 4, 4)
-    result = post({"pred_logits": confident(1)[None, None], "pred_masks": masks}, torch.tensor([[4, 4]]))[0]
+    result = post(model_output(logits=confident(1)[None, None], masks=masks), torch.tensor([[4, 4]]))[0]
     assert result["segments_info"][0]["category_id"] == 9 and result["segments_info"][0]["label"] == 1
 
 
@@ -80,7 +81,7 @@ def test_matches_the_authors_rules_literally(seed):
         logits[:, :3] = -20  # only stuff, several queries per class
     processed, target = (37, 50), (75, 101)
     ref_ids, ref_segments = reference_panoptic(logits, masks, processed, target, is_thing)
-    result = PostProcessPanoptic(is_thing)({"pred_logits": logits[None], "pred_masks": masks[None]},
+    result = PostProcessPanoptic(is_thing)(model_output(logits=logits[None], masks=masks[None]),
                                            torch.tensor([processed]), torch.tensor([target]))[0]
     assert [(s["id"] - 1, s["label"], s["area"]) for s in result["segments_info"]] == ref_segments
     if ref_segments:
@@ -96,7 +97,7 @@ def test_padded_batch_crops_each_image_or_resizes_like_the_authors():
     logits = torch.randn(2, 8, 4, generator=generator) * 6
     masks = torch.randn(2, 8, 12, 16, generator=generator) * 3
     processed, targets = torch.tensor([[48, 64], [30, 40]]), torch.tensor([[96, 128], [60, 80]])
-    outputs = {"pred_logits": logits, "pred_masks": masks}
+    outputs = model_output(logits=logits, masks=masks)
     cropped = PostProcessPanoptic(IS_THING)(outputs, processed, targets)
     stretched = PostProcessPanoptic(IS_THING, crop_padding=False)(outputs, processed, targets)
     for image in range(2):
@@ -112,7 +113,7 @@ def test_segment_bboxes_and_areas_agree_with_the_id_map():
     generator = torch.Generator().manual_seed(5)
     logits = torch.randn(1, 10, 4, generator=generator) * 6
     masks = torch.randn(1, 10, 9, 11, generator=generator) * 3
-    result = PostProcessPanoptic(IS_THING)({"pred_logits": logits, "pred_masks": masks}, torch.tensor([[36, 44]]),
+    result = PostProcessPanoptic(IS_THING)(model_output(logits=logits, masks=masks), torch.tensor([[36, 44]]),
                                            torch.tensor([[50, 61]]))[0]
     id_map = result["id_map"]
     assert result["segments_info"] and set(id_map.unique().tolist()) == {s["id"] for s in result["segments_info"]}
@@ -127,7 +128,7 @@ def test_instance_masks_threshold_crop_and_resize():
     masks = torch.full((2, 3, 6, 8), -5.0)  # padded batch 24 × 32 at stride 4
     masks[0, 0, :3, :4] = 5  # image 0, query 0: top-left quarter
     masks[1, 2, :, :] = 5  # image 1 (processed 12 × 16, the top-left of the padded batch): everything
-    out = PostProcessMasks()({"pred_masks": masks}, torch.tensor([[24, 32], [12, 16]]),
+    out = PostProcessMasks()(model_output(masks=masks), torch.tensor([[24, 32], [12, 16]]),
                              torch.tensor([[48, 64], [30, 40]]))
     assert out[0].shape == (3, 48, 64) and out[1].shape == (3, 30, 40) and out[0].dtype == torch.bool
     assert out[0][0, :22, :30].all() and not out[0][0, 26:].any() and not out[0][0, :, 34:].any()
@@ -136,10 +137,10 @@ def test_instance_masks_threshold_crop_and_resize():
 
 def test_sizes_are_checked():
     with pytest.raises(ValueError, match="processed_sizes"):
-        PostProcessPanoptic(IS_THING)({"pred_logits": torch.zeros(2, 3, 4), "pred_masks": torch.zeros(2, 3, 4, 4)},
+        PostProcessPanoptic(IS_THING)(model_output(logits=torch.zeros(2, 3, 4), masks=torch.zeros(2, 3, 4, 4)),
                                       torch.tensor([[4, 4]]))
     with pytest.raises(ValueError, match="num_classes \\+ 1"):
-        PostProcessPanoptic(IS_THING)({"pred_logits": torch.zeros(1, 3, 6), "pred_masks": torch.zeros(1, 3, 4, 4)},
+        PostProcessPanoptic(IS_THING)(model_output(logits=torch.zeros(1, 3, 6), masks=torch.zeros(1, 3, 4, 4)),
                                       torch.tensor([[4, 4]]))
 
 
@@ -188,7 +189,7 @@ def test_overlap_filter_keeps_one_of_two_queries_on_one_object():
     masks[0, 2:6, 2:4] += 0.5  # q0's logits are a little higher on the object's left half...
     masks[1, 2:6, 2:6] = 5.0  # ...q1's on its right half, and q1 has the higher class score
     masks[1, 2:6, 4:6] += 0.5
-    outputs = {"pred_logits": logits[None], "pred_masks": masks[None]}
+    outputs = model_output(logits=logits[None], masks=masks[None])
     sizes = torch.tensor([[8, 8]])
     split = PostProcessPanoptic(IS_THING)(outputs, sizes)[0]
     assert sorted(s["area"] for s in split["segments_info"] if s["isthing"]) == [8, 8]

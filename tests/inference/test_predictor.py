@@ -147,15 +147,15 @@ def test_forward_keeps_aux_outputs_only_when_asked(tiny_model):
     the model's aux_outputs (on the CPU, float32); the fast path drops them."""
     predictor = Predictor(tiny_model, device="cpu", **SIZES)
     images, padding_mask = pad_images([predictor.preprocess(np.zeros((64, 100, 3), np.uint8))])
-    assert "aux_outputs" not in predictor.forward(images, padding_mask)
+    assert predictor.forward(images, padding_mask).aux == []
     outputs = predictor.forward(images, padding_mask, return_attention=True, aux_outputs=True)
     with torch.no_grad():
         expected = tiny_model(images, padding_mask)
-    assert len(outputs["aux_outputs"]) == len(expected["aux_outputs"]) == 1  # 2 decoder layers
-    for key in ("pred_logits", "pred_boxes"):
-        torch.testing.assert_close(outputs["aux_outputs"][0][key], expected["aux_outputs"][0][key])
-        torch.testing.assert_close(outputs[key], expected[key])
-    assert "decoder_attention" in outputs
+    assert len(outputs.aux) == len(expected.aux) == 1  # 2 decoder layers
+    for key in ("logits", "boxes"):
+        torch.testing.assert_close(getattr(outputs.aux[0], key), getattr(expected.aux[0], key))
+        torch.testing.assert_close(getattr(outputs, key), getattr(expected, key))
+    assert outputs.attention is not None
 
 
 def test_attention_upsampling_geometry():

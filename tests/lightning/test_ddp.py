@@ -14,7 +14,7 @@ import torch
 from pycocotools.coco import COCO
 
 from detr.lightning import DetrSystem
-from tests.helpers import InMemoryData, coco_ground_truth, tiny_config_with
+from tests.helpers import coco_ground_truth, InMemoryData, model_output, tiny_config_with
 
 NUM_IMAGES = 5  # odd: with 2 processes the sampler pads with a repeated image
 NUM_QUERIES = 10
@@ -78,7 +78,7 @@ class OracleSystem(DetrSystem):
 
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor) -> dict:
         rows = images[:, 0, 0, 0].round().long() - 1
-        return {"pred_logits": self.table_logits[rows], "pred_boxes": self.table_boxes[rows]}
+        return model_output(logits=self.table_logits[rows], boxes=self.table_boxes[rows])
 
     def on_validation_epoch_start(self) -> None:
         super().on_validation_epoch_start()

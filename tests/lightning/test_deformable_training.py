@@ -46,7 +46,7 @@ def test_two_training_steps_log_every_term_and_the_checkpoint_loads(tmp_path, ch
     images, mask, _ = collate_unpadded(animal_samples()[:2])
     system.model.eval()
     with torch.no_grad():
-        assert torch.allclose(model(images, mask)["pred_boxes"], system.model(images, mask)["pred_boxes"])
+        assert torch.allclose(model(images, mask).boxes, system.model(images, mask).boxes)
 
 
 def test_sampling_offsets_and_reference_points_train_at_a_tenth_of_the_rate() -> None:
@@ -68,5 +68,5 @@ def test_the_encoder_proposals_are_matched_class_agnostically() -> None:
     assert system.criterion.weight_dict["loss_bbox_enc"] == 5.0
     # the same loss as the encoder outputs with every target relabelled 0
     binary = [{**t, "labels": torch.zeros_like(t["labels"])} for t in targets]
-    direct = system.criterion.layer_losses(outputs["enc_outputs"], binary, system.reduced_num_boxes(targets))
+    direct = system.criterion.layer_losses(outputs.proposals, binary, system.reduced_num_boxes(targets))
     assert torch.allclose(losses["loss_ce_enc"], direct["loss_ce"])

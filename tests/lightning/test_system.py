@@ -162,7 +162,7 @@ def test_checkpoint_carries_config_and_category_map(tmp_path) -> None:
     images, mask, _ = collate_unpadded(animal_samples()[:2])
     system.eval()
     with torch.no_grad():
-        assert torch.allclose(model(images, mask)["pred_boxes"], system(images, mask)["pred_boxes"])
+        assert torch.allclose(model(images, mask).boxes, system(images, mask).boxes)
 
     restored = DetrSystem.load_from_checkpoint(path)
     assert restored.category_map == system.category_map
@@ -186,7 +186,7 @@ def test_non_finite_predictions_stop_with_step(tmp_path) -> None:
         system.model.class_embed.bias[0] = float("nan")
     trainer = _trainer(tmp_path, enable_checkpointing=False)
     before = system.model.query_embed.weight.detach().clone()
-    with pytest.raises(NonFiniteLossError, match=r"global step 0 \(epoch 0, batch 0\).*pred_logits 20"):
+    with pytest.raises(NonFiniteLossError, match=r"global step 0 \(epoch 0, batch 0\).*logits 20"):
         trainer.fit(system, datamodule=animal_data())
     assert torch.equal(system.model.query_embed.weight, before)  # nothing was written
 

@@ -7,6 +7,7 @@ import math
 import torch
 
 from detr import HungarianMatcher, SetCriterion
+from tests.helpers import model_output
 
 
 def one_image_case():
@@ -14,14 +15,14 @@ def one_image_case():
     logits = torch.tensor([[[0.0, 2.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 3.0]]])
     boxes = torch.tensor([[[0.5, 0.5, 0.2, 0.2], [0.3, 0.3, 0.1, 0.1], [0.7, 0.7, 0.2, 0.2]]])
     target = {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.4]])}
-    return {"pred_logits": logits, "pred_boxes": boxes}, [target]
+    return model_output(logits=logits, boxes=boxes), [target]
 
 
 def test_losses_by_hand():
     outputs, targets = one_image_case()
     criterion = SetCriterion(num_classes=2, matcher=HungarianMatcher(), eos_coef=0.1, num_decoder_layers=1)
     losses = criterion(outputs, targets)
-    logits = outputs["pred_logits"][0]
+    logits = outputs.logits[0]
     # query 0 matched to class 1; queries 1, 2 get no-object (label 2) with weight 0.1.
     nll = [-torch.log_softmax(logits[0], -1)[1], -torch.log_softmax(logits[1], -1)[2],
            -torch.log_softmax(logits[2], -1)[2]]
@@ -50,7 +51,7 @@ def test_no_targets_only_no_object_loss():
     outputs, _ = one_image_case()
     criterion = SetCriterion(num_classes=2, num_decoder_layers=1)
     losses = criterion(outputs, [{"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4)}])
-    expected = -torch.log_softmax(outputs["pred_logits"][0], -1)[:, 2].mean()
+    expected = -torch.log_softmax(outputs.logits[0], -1)[:, 2].mean()
     torch.testing.assert_close(losses["loss_ce"], expected)
     assert losses["loss_bbox"].item() == 0 and losses["loss_giou"].item() == 0
     assert losses["class_error"].item() == 100.0
@@ -59,7 +60,7 @@ def test_no_targets_only_no_object_loss():
 
 def test_aux_losses_names_and_weights():
     outputs, targets = one_image_case()
-    outputs["aux_outputs"] = [dict(outputs), dict(outputs)]
+    outputs.aux = [model_output(outputs.logits, outputs.boxes), model_output(outputs.logits, outputs.boxes)]
     criterion = SetCriterion(num_classes=2, num_decoder_layers=3)
     losses = criterion(outputs, targets)
     for suffix in ("", "_0", "_1"):
@@ -72,9 +73,9 @@ def test_aux_losses_names_and_weights():
 
 def test_gradients_flow_to_predictions():
     outputs, targets = one_image_case()
-    outputs = {k: v.clone().requires_grad_(True) for k, v in outputs.items()}
+    outputs = outputs.apply(lambda value: value.clone().requires_grad_(True))
     criterion = SetCriterion(num_classes=2, num_decoder_layers=1)
     losses = criterion(outputs, targets)
     total = sum(losses[k] * w for k, w in criterion.weight_dict.items())
     total.backward()
-    assert outputs["pred_boxes"].grad[0, 0].abs().sum() > 0 and outputs["pred_boxes"].grad[0, 1].abs().sum() == 0
+    assert outputs.boxes.grad[0, 0].abs().sum() > 0 and outputs.boxes.grad[0, 1].abs().sum() == 0

@@ -12,6 +12,7 @@ from detr.loss.criterion import SetCriterion
 from detr.loss.focal import focal_class_cost, sigmoid_focal_loss
 from detr.loss.matcher import HungarianMatcher
 from detr.models.config import DetrConfig
+from tests.helpers import model_output
 
 
 def _sigmoid(x: float) -> float:
@@ -59,7 +60,7 @@ def test_focal_matcher_pairs_confident_queries_with_their_class():
     boxes = torch.tensor([[[0.5, 0.5, 0.2, 0.2]] * 3])
     targets = [{"labels": torch.tensor([1, 2]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]] * 2)}]
     matcher = HungarianMatcher(class_head="sigmoid")
-    (queries, target_index), = matcher({"pred_logits": logits, "pred_boxes": boxes}, targets)
+    (queries, target_index), = matcher(model_output(logits=logits, boxes=boxes), targets)
     assert dict(zip(queries.tolist(), target_index.tolist())) == {0: 1, 2: 0}
 
 
@@ -71,7 +72,7 @@ def test_focal_criterion_loss_ce_is_the_focal_loss_of_the_matched_one_hot():
     targets = [{"labels": torch.tensor([0, 2]), "boxes": torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.6, 0.6, 0.2, 0.2]])},
                {"labels": torch.tensor([], dtype=torch.int64), "boxes": torch.zeros(0, 4)}]
     criterion = SetCriterion(3, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=1)
-    outputs = {"pred_logits": logits, "pred_boxes": boxes}
+    outputs = model_output(logits=logits, boxes=boxes)
     losses = criterion(outputs, targets)
     (queries, target_index), _ = criterion.matcher(outputs, targets)
     onehot = torch.zeros(2, 4, 3)
@@ -95,7 +96,7 @@ def test_criterion_and_matcher_must_agree():
 def test_sigmoid_postprocess_scores_with_independent_sigmoids():
     logits = torch.tensor([[[2.0, -1.0], [-4.0, -3.0]]])  # [1, Q=2, C=2]: no "no object" logit
     boxes = torch.tensor([[[0.5, 0.5, 0.5, 0.5], [0.25, 0.25, 0.5, 0.5]]])
-    out = PostProcess(class_head="sigmoid")({"pred_logits": logits, "pred_boxes": boxes}, torch.tensor([[100, 200]]))[0]
+    out = PostProcess(class_head="sigmoid")(model_output(logits=logits, boxes=boxes), torch.tensor([[100, 200]]))[0]
     assert out["labels"].tolist() == [0, 1]
     assert out["scores"].tolist() == pytest.approx([_sigmoid(2.0), _sigmoid(-3.0)], rel=1e-6)
     assert out["boxes"][0].tolist() == pytest.approx([50.0, 25.0, 150.0, 75.0])

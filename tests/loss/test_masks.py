@@ -46,7 +46,7 @@ def test_matched_masks_upsample_predictions_and_pad_targets():
     masks1 = torch.ones(2, 4, 6, dtype=torch.bool)
     targets = [{"masks": masks0}, {"masks": masks1}]
     indices = [(torch.tensor([2]), torch.tensor([0])), (torch.tensor([0, 1]), torch.tensor([1, 0]))]
-    predictions, target_masks = matched_masks({"pred_masks": pred_masks}, targets, indices)
+    predictions, target_masks = matched_masks(pred_masks, targets, indices)
     assert predictions.shape == target_masks.shape == (3, 64)
     upsampled = F.interpolate(pred_masks, size=(8, 8), mode="bilinear", align_corners=False)
     torch.testing.assert_close(predictions, torch.stack([upsampled[0, 2], upsampled[1, 0], upsampled[1, 1]]).flatten(1))
@@ -76,7 +76,7 @@ def test_criterion_adds_mask_terms_to_the_last_layer_only(padded_batch):
     assert {"loss_mask", "loss_dice"} <= losses.keys() and "loss_mask_0" not in losses
     assert criterion.weight_dict["loss_mask"] == criterion.weight_dict["loss_dice"] == 1.0
     indices = criterion.matcher(outputs, targets)
-    predictions, target_masks = matched_masks(outputs, targets, indices)
+    predictions, target_masks = matched_masks(outputs.masks, targets, indices)
     torch.testing.assert_close(losses["loss_dice"], dice_loss(predictions, target_masks, 3))
     torch.testing.assert_close(losses["loss_mask"], focal_mask_loss(predictions, target_masks, 3))
     (losses["loss_mask"] + losses["loss_dice"]).backward()  # only the (unfrozen) mask head gets gradients

@@ -9,12 +9,13 @@ from torchvision.ops import generalized_box_iou
 
 from detr import HungarianMatcher
 from detr.box_ops import cxcywh_to_xyxy
+from tests.helpers import model_output
 
 
 def random_problem(batch, queries, classes, sizes, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    outputs = {"pred_logits": torch.randn(batch, queries, classes + 1, generator=generator),
-               "pred_boxes": torch.rand(batch, queries, 4, generator=generator) * 0.5 + 0.25}
+    outputs = model_output(logits=torch.randn(batch, queries, classes + 1, generator=generator),
+                           boxes=torch.rand(batch, queries, 4, generator=generator) * 0.5 + 0.25)
     targets = [{"labels": torch.randint(0, classes, (n,), generator=generator),
                 "boxes": torch.rand(n, 4, generator=generator) * 0.5 + 0.25} for n in sizes]
     return outputs, targets
@@ -34,7 +35,7 @@ def test_matches_brute_force_optimum():
     outputs, targets = random_problem(3, 5, 4, [3, 1, 5], seed=1)
     indices = matcher(outputs, targets)
     for image, ((rows, cols), target) in enumerate(zip(indices, targets)):
-        cost = reference_cost(matcher, outputs["pred_logits"][image], outputs["pred_boxes"][image], target)
+        cost = reference_cost(matcher, outputs.logits[image], outputs.boxes[image], target)
         found = cost[rows, cols].sum()
         best = min(sum(cost[q, t] for t, q in enumerate(perm))
                    for perm in itertools.permutations(range(5), len(target["labels"])))
@@ -47,7 +48,7 @@ def test_batched_equals_per_image():
     outputs, targets = random_problem(4, 8, 3, [2, 0, 6, 3], seed=2)
     batched = matcher(outputs, targets)
     for image, target in enumerate(targets):
-        single = matcher({k: v[image:image + 1] for k, v in outputs.items()}, [target])[0]
+        single = matcher(outputs.apply(lambda value: value[image:image + 1]), [target])[0]
         assert torch.equal(batched[image][0], single[0]) and torch.equal(batched[image][1], single[1])
 
 
@@ -68,7 +69,7 @@ def test_more_targets_than_queries_matches_every_query():
 def test_non_finite_predictions_raise_a_clear_error():
     matcher = HungarianMatcher()
     outputs, targets = random_problem(1, 3, 3, [2])
-    outputs["pred_boxes"][0, 0, 0] = float("nan")
+    outputs.boxes[0, 0, 0] = float("nan")
     try:
         matcher(outputs, targets)
     except FloatingPointError as error:

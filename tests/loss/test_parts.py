@@ -8,17 +8,19 @@ import torch
 from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
+from detr.models.anchor.denoising import DenoisingMeta
 from detr.models.config import DetrConfig
+from detr.models.outputs import DenoisingOutput, DenseOutput, DetectorOutput
+from tests.helpers import model_output
 
 
-def _outputs_and_targets() -> tuple[dict, list[dict[str, torch.Tensor]]]:
+def _outputs_and_targets() -> tuple[DetectorOutput, list[dict[str, torch.Tensor]]]:
     """One image, 3 sigmoid queries over 2 classes, and a 2 × 2 dense grid whose cell 0 holds the target."""
     torch.manual_seed(0)
     centers = torch.tensor([[[0.25, 0.25], [0.75, 0.25], [0.25, 0.75], [0.75, 0.75]]])
-    dense = {"pred_logits": torch.randn(1, 4, 2), "pred_boxes": torch.rand(1, 4, 4) * 0.5 + 0.2, "centers": centers,
-             "valid": torch.ones(1, 4, dtype=torch.bool)}
-    outputs = {"pred_logits": torch.randn(1, 3, 2), "pred_boxes": torch.rand(1, 3, 4) * 0.5 + 0.2,
-               "dense_outputs": dense}
+    dense = DenseOutput(logits=torch.randn(1, 4, 2), boxes=torch.rand(1, 4, 4) * 0.5 + 0.2, centers=centers,
+                        valid=torch.ones(1, 4, dtype=torch.bool))
+    outputs = model_output(logits=torch.randn(1, 3, 2), boxes=torch.rand(1, 3, 4) * 0.5 + 0.2, dense=dense)
     return outputs, [{"labels": torch.tensor([1]), "boxes": torch.tensor([[0.25, 0.25, 0.2, 0.2]])}]
 
 
@@ -27,9 +29,9 @@ def _sigmoid_criterion(**kwargs) -> SetCriterion:
 
 
 class Constant(LossPart):
-    """A toy part: one term, read from its own output entry."""
+    """A toy part: one term, reading no output field."""
 
-    output_key = "constant_outputs"
+    output_field = "constant"
 
     def __init__(self) -> None:
         super().__init__()
@@ -61,21 +63,22 @@ def test_parts_terms_and_weights_join_the_set_loss():
                                            "loss_constant"]
     assert losses["loss_constant"].item() == 7.0
     torch.testing.assert_close(losses["loss_ce_dense"], DenseLoss()(outputs, targets)["loss_ce_dense"])
-    plain = _sigmoid_criterion()({k: v for k, v in outputs.items() if k != "dense_outputs"}, targets)
+    plain = _sigmoid_criterion()(model_output(outputs.logits, outputs.boxes), targets)
     assert all(torch.equal(plain[k], losses[k]) for k in plain)  # the set loss does not depend on the parts
 
 
 def test_outputs_a_missing_part_reads_are_refused():
     outputs, targets = _outputs_and_targets()
-    with pytest.raises(ValueError, match=r"dense_outputs.*DenseLoss.*dense_aux=True"):
+    with pytest.raises(ValueError, match=r"dense.*DenseLoss.*dense_aux=True"):
         _sigmoid_criterion()(outputs, targets)
-    with pytest.raises(ValueError, match=r"dn_outputs.*DenoisingLoss.*denoising=True"):
-        _sigmoid_criterion(dense_aux=True)({**outputs, "dn_outputs": {}}, targets)
+    outputs.denoising = DenoisingOutput(outputs.logits, outputs.boxes, [], DenoisingMeta(1, 1))
+    with pytest.raises(ValueError, match=r"denoising.*DenoisingLoss.*denoising=True"):
+        _sigmoid_criterion(dense_aux=True)(outputs, targets)
 
 
 def test_parts_without_their_outputs_give_zeros_under_their_names():
     outputs, targets = _outputs_and_targets()
-    del outputs["dense_outputs"]
+    outputs.dense = None
     for part in (DenoisingLoss(3), DenseLoss()):
         losses = part(outputs, targets, torch.tensor(1.0))
         assert list(losses) == list(part.weight_dict) and all(float(v) == 0 for v in losses.values())
@@ -83,7 +86,7 @@ def test_parts_without_their_outputs_give_zeros_under_their_names():
 
 
 def test_inconsistent_parts_are_refused():
-    with pytest.raises(ValueError, match="two parts read 'dense_outputs'"):
+    with pytest.raises(ValueError, match="two parts read 'dense'"):
         _sigmoid_criterion(dense_aux=True, parts=[DenseLoss()])
     with pytest.raises(ValueError, match="class_head='softmax'"):
         _sigmoid_criterion(parts=[DenoisingLoss(2)])

@@ -11,7 +11,7 @@ import detr.models.anchor.decoder as anchor_decoder
 from detr import build_detr
 from detr.box_ops import inverse_sigmoid
 from detr.models.anchor.decoder import AnchorDecoder, anchor_sine_embedding
-from tests.helpers import tiny_config_with
+from tests.helpers import model_output, tiny_config_with
 
 TINY = tiny_config_with(num_decoder_layers=3, num_queries=6, num_classes=4, dropout=0.0)
 
@@ -60,14 +60,14 @@ def test_every_layer_refines_the_previous_box_in_inverse_sigmoid_space(anchor_mo
     with torch.no_grad():
         out = anchor_model(images, mask)
     hook.remove()
-    layers = [*out["aux_outputs"], {"pred_boxes": out["pred_boxes"]}]
+    layers = [*out.aux, model_output(boxes=out.boxes)]
     assert len(deltas) == len(layers) == TINY.num_decoder_layers
     previous = anchor_model.refpoint_embed.weight.sigmoid().expand(2, -1, -1)  # layer 1 refines the anchors
     for delta, layer in zip(deltas, layers):
         expected = (delta + inverse_sigmoid(previous)).sigmoid()
-        torch.testing.assert_close(layer["pred_boxes"], expected, rtol=0, atol=1e-6)
-        previous = layer["pred_boxes"]
-    assert not torch.allclose(layers[0]["pred_boxes"], layers[-1]["pred_boxes"])
+        torch.testing.assert_close(layer.boxes, expected, rtol=0, atol=1e-6)
+        previous = layer.boxes
+    assert not torch.allclose(layers[0].boxes, layers[-1].boxes)
 
 
 def test_initial_boxes_are_the_anchors(anchor_model):
@@ -77,7 +77,7 @@ def test_initial_boxes_are_the_anchors(anchor_model):
     with torch.no_grad():
         out = anchor_model(images, mask)
     anchors = anchor_model.refpoint_embed.weight.sigmoid().expand(2, -1, -1)
-    torch.testing.assert_close(out["pred_boxes"], anchors, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out.boxes, anchors, rtol=0, atol=1e-6)
 
 
 def test_references_after_the_first_layer_are_detached(anchor_model, monkeypatch):
@@ -95,7 +95,7 @@ def test_references_after_the_first_layer_are_detached(anchor_model, monkeypatch
     # layer 1 sees the learned anchors (they get gradient); later layers see detached boxes
     assert seen == [True] + [False] * (TINY.num_decoder_layers - 1)
     # ...but a layer's output box still adds the previous layer's delta with its gradient ("look forward twice")
-    grad = torch.autograd.grad(out["pred_boxes"].sum(), anchor_model.refpoint_embed.weight, allow_unused=True)[0]
+    grad = torch.autograd.grad(out.boxes.sum(), anchor_model.refpoint_embed.weight, allow_unused=True)[0]
     assert grad is not None
 
 
@@ -124,8 +124,8 @@ def test_anchor_queries_are_permutation_equivariant(anchor_model):
         permutation = torch.randperm(TINY.num_queries)
         anchor_model.refpoint_embed.weight.copy_(anchor_model.refpoint_embed.weight[permutation])
         permuted = anchor_model(images, mask)
-    torch.testing.assert_close(permuted["pred_boxes"], out["pred_boxes"][:, permutation], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(permuted["pred_logits"], out["pred_logits"][:, permutation], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(permuted.boxes, out.boxes[:, permutation], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(permuted.logits, out.logits[:, permutation], rtol=1e-5, atol=1e-5)
 
 
 def test_anchor_model_layout_and_attention_maps(anchor_model):
@@ -137,10 +137,10 @@ def test_anchor_model_layout_and_attention_maps(anchor_model):
     images, mask = _batch()
     with torch.no_grad():
         out = anchor_model(images, mask, return_attention=True)
-    h, w = out["feature_mask"].shape[-2:]
-    assert out["decoder_attention"].shape == (TINY.num_decoder_layers, 2, TINY.num_queries, h, w)
-    real = ~out["feature_mask"]
-    sums = (out["decoder_attention"] * real[None, :, None]).sum((-2, -1))
+    h, w = out.attention.feature_mask.shape[-2:]
+    assert out.attention.decoder.shape == (TINY.num_decoder_layers, 2, TINY.num_queries, h, w)
+    real = ~out.attention.feature_mask
+    sums = (out.attention.decoder * real[None, :, None]).sum((-2, -1))
     torch.testing.assert_close(sums, torch.ones_like(sums))
 
 

@@ -18,7 +18,7 @@ def peak_distance(model: torch.nn.Module) -> float:
     images, mask = torch.randn(1, 3, 256, 256), torch.zeros(1, 256, 256, dtype=torch.bool)
     with torch.no_grad():
         out = model.eval()(images, mask, return_attention=True)
-    attention = out["decoder_attention"][0, 0]  # [Q, h, w], first layer
+    attention = out.attention.decoder[0, 0]  # [Q, h, w], first layer
     queries, height, width = attention.shape
     peaks = attention.flatten(1).argmax(1)
     peak_y, peak_x = (peaks // width).float() + 0.5, (peaks % width).float() + 0.5

@@ -57,10 +57,10 @@ def test_default_model_keeps_the_authors_layout_and_outputs():
     explicit.train()
     out = plain(images, mask)
     out_with_targets = explicit(images, mask, targets=targets)
-    assert set(out) == {"pred_logits", "pred_boxes", "aux_outputs"}
-    assert out["pred_logits"].shape == (2, 10, 6)  # num_classes + 1: the last logit is "no object"
-    assert torch.equal(out["pred_logits"], out_with_targets["pred_logits"])
-    assert torch.equal(out["pred_boxes"], out_with_targets["pred_boxes"])
+    assert len(out.aux) == 1 and out.denoising is None and out.dense is None
+    assert out.logits.shape == (2, 10, 6)  # num_classes + 1: the last logit is "no object"
+    assert torch.equal(out.logits, out_with_targets.logits)
+    assert torch.equal(out.boxes, out_with_targets.boxes)
     assert SetCriterion(5).weight_dict == {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0, **{
         f"{n}_{i}": w for i in range(5) for n, w in (("loss_ce", 1.0), ("loss_bbox", 5.0), ("loss_giou", 2.0))}}
 
@@ -93,8 +93,8 @@ def test_options_compose_train_and_predict(options):
     images, mask, targets = _batch()
     out = model(images, mask, targets=targets)
     logits = 5 if options["class_head"] == "sigmoid" else 6
-    assert out["pred_logits"].shape == (2, 10, logits) and out["pred_boxes"].shape == (2, 10, 4)
-    assert ("dn_outputs" in out) == options["denoising"]
+    assert out.logits.shape == (2, 10, logits) and out.boxes.shape == (2, 10, 4)
+    assert (out.denoising is not None) == options["denoising"]
     losses = criterion(out, targets)
     total = sum(losses[name] * weight for name, weight in criterion.weight_dict.items())
     assert torch.isfinite(total)
@@ -164,8 +164,8 @@ def test_checkpoint_round_trip_keeps_the_options(tmp_path):
     model.eval()
     with torch.no_grad():
         expected, got = model(images, mask), loaded(images, mask)
-    torch.testing.assert_close(got["pred_logits"], expected["pred_logits"])
-    torch.testing.assert_close(got["pred_boxes"], expected["pred_boxes"])
+    torch.testing.assert_close(got.logits, expected.logits)
+    torch.testing.assert_close(got.boxes, expected.boxes)
 
 
 def _load_benchmark():

@@ -64,20 +64,20 @@ def test_each_variant_predicts_every_layer_and_reports_its_sampling(variant):
         out = model(images, mask, return_attention=True)
     config = model.config
     queries, classes = config.num_queries, config.num_classes
-    assert out["pred_logits"].shape == (2, queries, classes) and out["pred_boxes"].shape == (2, queries, 4)
-    assert len(out["aux_outputs"]) == config.num_decoder_layers - 1
-    assert ((out["pred_boxes"] >= 0) & (out["pred_boxes"] <= 1)).all()
-    assert ("enc_outputs" in out) == (variant == "two_stage")
+    assert out.logits.shape == (2, queries, classes) and out.boxes.shape == (2, queries, 4)
+    assert len(out.aux) == config.num_decoder_layers - 1
+    assert ((out.boxes >= 0) & (out.boxes <= 1)).all()
+    assert (out.proposals is not None) == (variant == "two_stage")
     levels = config.num_feature_levels
-    assert out["sampling_locations"].shape == (config.num_decoder_layers, 2, queries, config.num_heads, levels,
+    assert out.sampling.locations.shape == (config.num_decoder_layers, 2, queries, config.num_heads, levels,
                                                config.num_points, 2)
-    assert torch.allclose(out["sampling_weights"].sum((-1, -2)), torch.ones(()), atol=1e-5)
+    assert torch.allclose(out.sampling.weights.sum((-1, -2)), torch.ones(()), atol=1e-5)
     expected_shapes = [(12, 16), (6, 8), (3, 4), (2, 2)] if levels == 4 else [(3, 4)]
-    assert out["spatial_shapes"].tolist() == [list(s) for s in expected_shapes]
+    assert out.sampling.spatial_shapes.tolist() == [list(s) for s in expected_shapes]
     assert model.stride == (8 if levels == 4 else 32)
     with torch.no_grad():  # return_attention changes nothing else
         plain = model(images, mask)
-    assert torch.equal(plain["pred_boxes"], out["pred_boxes"])
+    assert torch.equal(plain.boxes, out.boxes)
 
 
 def test_heads_are_shared_without_refinement_and_separate_with_it():
@@ -93,7 +93,7 @@ def test_the_loss_reaches_the_sampling_offsets_and_the_backbone():
     model = build_detr(TINY_DEFORMABLE, box_refine=True).train()
     images, mask = _batch()
     out = model(images, mask)
-    (out["pred_boxes"].sum() + out["pred_logits"].sum()).backward()
+    (out.boxes.sum() + out.logits.sum()).backward()
     layer = model.transformer.decoder.layers[0].cross_attn
     assert layer.sampling_offsets.weight.grad.abs().sum() > 0
     assert model.backbone[0].body.layer2[0].conv1.weight.grad.abs().sum() > 0

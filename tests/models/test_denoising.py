@@ -61,18 +61,18 @@ def test_changing_the_denoising_queries_does_not_change_the_matched_queries(dn_m
     images, mask = _batch()
     out_a = dn_model(images, mask, targets=_targets(0, (3, 1)))
     out_b = dn_model(images, mask, targets=_targets(7, (2, 5)))  # other boxes, labels and group size
-    assert out_a["dn_meta"].group_size == 3 and out_b["dn_meta"].group_size == 5
-    assert not torch.allclose(out_a["dn_outputs"]["pred_boxes"][:, :2], out_b["dn_outputs"]["pred_boxes"][:, :2])
-    for key in ("pred_logits", "pred_boxes"):
-        torch.testing.assert_close(out_a[key], out_b[key], rtol=1e-5, atol=1e-5)
-        for aux_a, aux_b in zip(out_a["aux_outputs"], out_b["aux_outputs"]):
-            torch.testing.assert_close(aux_a[key], aux_b[key], rtol=1e-5, atol=1e-5)
+    assert out_a.denoising.meta.group_size == 3 and out_b.denoising.meta.group_size == 5
+    assert not torch.allclose(out_a.denoising.boxes[:, :2], out_b.denoising.boxes[:, :2])
+    for key in ("logits", "boxes"):
+        torch.testing.assert_close(getattr(out_a, key), getattr(out_b, key), rtol=1e-5, atol=1e-5)
+        for aux_a, aux_b in zip(out_a.aux, out_b.aux):
+            torch.testing.assert_close(getattr(aux_a, key), getattr(aux_b, key), rtol=1e-5, atol=1e-5)
     # the matching queries in training equal the inference model's (no denoising queries at all)
     dn_model.eval()
     with torch.no_grad():
         plain = dn_model(images, mask)
-    assert "dn_outputs" not in plain
-    torch.testing.assert_close(out_a["pred_boxes"], plain["pred_boxes"], rtol=1e-5, atol=1e-5)
+    assert plain.denoising is None
+    torch.testing.assert_close(out_a.boxes, plain.boxes, rtol=1e-5, atol=1e-5)
 
 
 def test_groups_do_not_see_each_other(dn_model, monkeypatch):
@@ -92,10 +92,10 @@ def test_groups_do_not_see_each_other(dn_model, monkeypatch):
     out_a = dn_model(images, mask, targets=targets)
     torch.manual_seed(11)
     out_b = dn_model(images, mask, targets=targets)
-    size = out_a["dn_meta"].group_size
-    for key in ("pred_logits", "pred_boxes"):
-        assert not torch.allclose(out_a["dn_outputs"][key][:, size:], out_b["dn_outputs"][key][:, size:])
-        torch.testing.assert_close(out_a["dn_outputs"][key][:, :size], out_b["dn_outputs"][key][:, :size],
+    size = out_a.denoising.meta.group_size
+    for key in ("logits", "boxes"):
+        assert not torch.allclose(getattr(out_a.denoising, key)[:, size:], getattr(out_b.denoising, key)[:, size:])
+        torch.testing.assert_close(getattr(out_a.denoising, key)[:, :size], getattr(out_b.denoising, key)[:, :size],
                                    rtol=1e-5, atol=1e-5)
 
 
@@ -106,8 +106,8 @@ def test_leakage_test_is_sensitive_without_the_mask(dn_model, monkeypatch):
     images, mask = _batch()
     out_a = dn_model(images, mask, targets=_targets(0, (3, 1)))
     out_b = dn_model(images, mask, targets=_targets(7, (2, 5)))
-    assert not torch.allclose(out_a["pred_logits"], out_b["pred_logits"], atol=1e-5)
-    assert not torch.allclose(out_a["pred_boxes"], out_b["pred_boxes"], atol=1e-5)
+    assert not torch.allclose(out_a.logits, out_b.logits, atol=1e-5)
+    assert not torch.allclose(out_a.boxes, out_b.boxes, atol=1e-5)
 
 
 def test_noise_stays_within_the_papers_bounds():
@@ -158,14 +158,14 @@ def test_denoising_losses_without_matching(dn_model):
         f"{n}_dn_0" for n in ("loss_ce", "loss_bbox", "loss_giou")}
     assert dn_keys <= set(criterion.weight_dict) and dn_keys <= set(losses)
     # hand computation for the last layer: fixed pairs, divided by num_boxes × groups
-    meta, dn = out["dn_meta"], out["dn_outputs"]
+    meta, dn = out.denoising.meta, out.denoising
     l1, ce = 0.0, []
     for b, target in enumerate(targets):
         for g in range(meta.num_groups):
             for t in range(len(target["labels"])):
                 q = g * meta.group_size + t
-                l1 += (dn["pred_boxes"][b, q] - target["boxes"][t]).abs().sum()
-                ce.append(torch.nn.functional.cross_entropy(dn["pred_logits"][b, q][None], target["labels"][t][None]))
+                l1 += (dn.boxes[b, q] - target["boxes"][t]).abs().sum()
+                ce.append(torch.nn.functional.cross_entropy(dn.logits[b, q][None], target["labels"][t][None]))
     assert losses["loss_bbox_dn"].item() == pytest.approx(l1.item() / (3 * 3), rel=1e-5)
     assert losses["loss_ce_dn"].item() == pytest.approx(torch.stack(ce).mean().item(), rel=1e-5)
     total = sum(losses[k] * w for k, w in criterion.weight_dict.items())
@@ -190,9 +190,9 @@ def test_focal_denoising_class_loss():
     criterion = SetCriterion(TINY.num_classes, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid",
                              num_decoder_layers=2, denoising=True)
     losses = criterion(out, targets)
-    meta, dn = out["dn_meta"], out["dn_outputs"]
+    meta, dn = out.denoising.meta, out.denoising
     indices = denoising_indices(meta, targets)
-    logits = torch.cat([dn["pred_logits"][b, q] for b, (q, _) in enumerate(indices)])
+    logits = torch.cat([dn.logits[b, q] for b, (q, _) in enumerate(indices)])
     labels = torch.cat([t["labels"][i] for t, (_, i) in zip(targets, indices)])
     onehot = torch.nn.functional.one_hot(labels, TINY.num_classes).float()
     expected = torch.nn.functional.binary_cross_entropy_with_logits(logits, onehot, reduction="none")

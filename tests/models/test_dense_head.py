@@ -11,7 +11,8 @@ from detr.box_ops import cxcywh_to_xyxy
 from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenseLoss, dense_assignment
-from tests.helpers import tiny_config_with
+from detr.models.outputs import DenseOutput
+from tests.helpers import model_output, tiny_config_with
 
 TINY = tiny_config_with(num_queries=5, num_classes=3, dropout=0.0, backbone_last_stage="layer3", class_head="sigmoid")
 
@@ -62,9 +63,9 @@ def test_dense_head_trains_with_the_model_and_is_skipped_at_inference(query_type
                {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.4, 0.4]])}]
     model.train()
     out = model(images, mask, targets=targets)
-    dense = out["dense_outputs"]
-    assert dense["pred_logits"].shape == (2, 64, 3) and dense["pred_boxes"].shape == (2, 64, 4)
-    assert dense["valid"][1].view(8, 8)[:, 6:].logical_not().all()  # padded columns
+    dense = out.dense
+    assert dense.logits.shape == (2, 64, 3) and dense.boxes.shape == (2, 64, 4)
+    assert dense.valid[1].view(8, 8)[:, 6:].logical_not().all()  # padded columns
     criterion = SetCriterion(3, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=2,
                              dense_aux=True)
     losses = criterion(out, targets)
@@ -77,8 +78,8 @@ def test_dense_head_trains_with_the_model_and_is_skipped_at_inference(query_type
     plain.eval()
     with torch.no_grad():
         got, expected = model(images, mask), plain(images, mask)
-    assert "dense_outputs" not in got
-    torch.testing.assert_close(got["pred_boxes"], expected["pred_boxes"])
+    assert got.dense is None
+    torch.testing.assert_close(got.boxes, expected.boxes)
     with pytest.raises(ValueError, match="dense_aux=True"):
         SetCriterion(3, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=2)(out, targets)
 
@@ -88,15 +89,15 @@ def test_dense_losses_by_hand():
     centers = _grid_centers(2, 2)  # (0.25, 0.25), (0.75, 0.25), (0.25, 0.75), (0.75, 0.75)
     logits = torch.tensor([[[1.0, -1.0], [0.5, 0.2], [-2.0, 0.3], [0.0, 0.0]]])
     boxes = torch.tensor([[[0.3, 0.3, 0.3, 0.3], [0.7, 0.3, 0.2, 0.2], [0.2, 0.8, 0.1, 0.1], [0.5, 0.5, 0.5, 0.5]]])
-    dense = {"pred_logits": logits, "pred_boxes": boxes, "centers": centers, "valid": torch.ones(1, 4, dtype=torch.bool)}
+    dense = DenseOutput(logits=logits, boxes=boxes, centers=centers, valid=torch.ones(1, 4, dtype=torch.bool))
     target_box = torch.tensor([[0.25, 0.25, 0.2, 0.2]])  # holds cell 0 only
     targets = [{"labels": torch.tensor([1]), "boxes": target_box}]
-    losses = dense_loss({"pred_logits": torch.zeros(1, 1, 2), "dense_outputs": dense}, targets)
+    losses = dense_loss(model_output(logits=torch.zeros(1, 1, 2), dense=dense), targets)
     onehot = torch.zeros(1, 4, 2)
     onehot[0, 0, 1] = 1
     torch.testing.assert_close(losses["loss_ce_dense"], sigmoid_focal_loss(logits, onehot, reduction="sum") / 1)
     torch.testing.assert_close(losses["loss_bbox_dense"], (boxes[0, 0] - target_box[0]).abs().sum())
     giou = generalized_box_iou(cxcywh_to_xyxy(boxes[0, :1]), cxcywh_to_xyxy(target_box))[0, 0]
     torch.testing.assert_close(losses["loss_giou_dense"], 1 - giou)
-    zeros = dense_loss({"pred_logits": torch.zeros(1, 1, 2)}, targets)
+    zeros = dense_loss(model_output(logits=torch.zeros(1, 1, 2)), targets)
     assert all(float(v) == 0 for v in zeros.values())

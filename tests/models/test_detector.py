@@ -76,14 +76,15 @@ def test_decode_is_forward_plus_hidden_and_memory(options, training):
     features, feature_mask, pos = model.backbone(images, mask)
     torch.manual_seed(1)
     decoded = model.decode(model.input_proj(features), feature_mask, pos, TARGETS, return_attention=True)
-    assert set(decoded) == set(out) | {"hidden", "memory"}
-    torch.testing.assert_close(decoded["pred_boxes"], out["pred_boxes"])
+    torch.testing.assert_close(decoded.output.boxes, out.boxes)
+    torch.testing.assert_close(decoded.output.attention.decoder, out.attention.decoder)
+    assert (decoded.output.denoising is None) == (out.denoising is None)
     batch, hidden_dim, (height, width) = 2, TINY.hidden_dim, feature_mask.shape[-2:]
-    assert decoded["hidden"].shape == (batch, TINY.num_queries, hidden_dim)
-    assert decoded["memory"].shape == (batch, height * width, hidden_dim)
+    assert decoded.hidden.shape == (batch, TINY.num_queries, hidden_dim)
+    assert decoded.memory.shape == (batch, height * width, hidden_dim)
     # hidden is what the heads read: group 1's matching queries (no denoising queries, no other groups)
-    logits = model.class_embed(decoded["hidden"])
-    torch.testing.assert_close(logits, decoded["pred_logits"][:, :TINY.num_queries])
+    logits = model.class_embed(decoded.hidden)
+    torch.testing.assert_close(logits, decoded.output.logits[:, :TINY.num_queries])
 
 
 def test_both_detectors_share_one_skeleton():

@@ -64,12 +64,12 @@ def test_outputs_match_plain_multihead_attention_reference(tiny_config, padded_b
     with torch.no_grad():
         ours = model(images, mask, return_attention=True)
         ref = reference(images, mask)
-    torch.testing.assert_close(ours["pred_logits"], ref["pred_logits"][-1], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ours["pred_boxes"], ref["pred_boxes"][-1], rtol=1e-5, atol=1e-5)
-    for layer, aux in enumerate(ours["aux_outputs"]):
-        torch.testing.assert_close(aux["pred_logits"], ref["pred_logits"][layer], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(aux["pred_boxes"], ref["pred_boxes"][layer], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ours["decoder_attention"], ref["decoder_attention"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours.logits, ref["pred_logits"][-1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.boxes, ref["pred_boxes"][-1], rtol=1e-5, atol=1e-5)
+    for layer, aux in enumerate(ours.aux):
+        torch.testing.assert_close(aux.logits, ref["pred_logits"][layer], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(aux.boxes, ref["pred_boxes"][layer], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.attention.decoder, ref["decoder_attention"], rtol=1e-5, atol=1e-6)
 
 
 def test_fast_path_equals_attention_path(tiny_model, padded_batch):
@@ -77,27 +77,27 @@ def test_fast_path_equals_attention_path(tiny_model, padded_batch):
     with torch.no_grad():
         fast = tiny_model(*padded_batch)
         slow = tiny_model(*padded_batch, return_attention=True)
-    torch.testing.assert_close(fast["pred_logits"], slow["pred_logits"], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fast["pred_boxes"], slow["pred_boxes"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast.logits, slow.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast.boxes, slow.boxes, rtol=1e-5, atol=1e-5)
 
 
 def test_attention_maps_shapes_and_sum_to_one_over_unpadded(tiny_model, padded_batch):
     images, mask = padded_batch
     with torch.no_grad():
         out = tiny_model(images, mask, return_attention=True)
-    feature_mask = out["feature_mask"]  # [B, h, w]
+    feature_mask = out.attention.feature_mask  # [B, h, w]
     batch, height, width = feature_mask.shape
-    assert out["decoder_attention"].shape == (2, batch, 10, height, width)
-    assert out["decoder_attention_heads"].shape == (2, batch, 2, 10, height, width)
-    assert out["encoder_attention"].shape == (batch, height * width, height, width)
+    assert out.attention.decoder.shape == (2, batch, 10, height, width)
+    assert out.attention.decoder_heads.shape == (2, batch, 2, 10, height, width)
+    assert out.attention.encoder.shape == (batch, height * width, height, width)
     assert feature_mask[1].any() and not feature_mask[0].any()
-    decoder = out["decoder_attention"]
+    decoder = out.attention.decoder
     torch.testing.assert_close(decoder.sum(dim=(-1, -2)), torch.ones(2, batch, 10))
     assert decoder[:, 1][..., feature_mask[1]].abs().max() == 0  # nothing lands on padding
-    encoder = out["encoder_attention"]
+    encoder = out.attention.encoder
     torch.testing.assert_close(encoder.sum(dim=(-1, -2)), torch.ones(batch, height * width))
     assert encoder[1][:, feature_mask[1]].abs().max() == 0
-    torch.testing.assert_close(out["decoder_attention_heads"].mean(2), decoder)
+    torch.testing.assert_close(out.attention.decoder_heads.mean(2), decoder)
 
 
 def test_padding_does_not_change_predictions(tiny_model):
@@ -113,7 +113,7 @@ def test_padding_does_not_change_predictions(tiny_model):
         padded = tiny_model(padded_image, mask)
     # The backbone's receptive field sees the zero padding near the border, so equality is approximate,
     # but the boxes stay relative to the unpadded image.
-    assert (padded["pred_boxes"] - alone["pred_boxes"]).abs().max() < 0.1
+    assert (padded.boxes - alone.boxes).abs().max() < 0.1
 
 
 def test_query_permutation_equivariance(tiny_model, padded_batch):
@@ -123,15 +123,15 @@ def test_query_permutation_equivariance(tiny_model, padded_batch):
         permutation = torch.randperm(tiny_model.num_queries, generator=torch.Generator().manual_seed(0))
         tiny_model.query_embed.weight.copy_(tiny_model.query_embed.weight[permutation])
         permuted = tiny_model(*padded_batch)
-    torch.testing.assert_close(permuted["pred_logits"], out["pred_logits"][:, permutation], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(permuted["pred_boxes"], out["pred_boxes"][:, permutation], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(permuted.logits, out.logits[:, permutation], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(permuted.boxes, out.boxes[:, permutation], rtol=1e-5, atol=1e-5)
 
 
 def test_pre_norm_adds_encoder_norm_and_runs(tiny_config, padded_batch):
     model = build_detr(tiny_config, pre_norm=True).eval()
     assert "transformer.encoder.norm.weight" in model.state_dict()
     out = model(*padded_batch)
-    assert torch.isfinite(out["pred_logits"]).all()
+    assert torch.isfinite(out.logits).all()
 
 
 def test_frozen_stages_follow_the_paper():
@@ -147,7 +147,7 @@ def test_backbone_options_for_training_from_scratch(padded_batch):
     assert all(p.requires_grad for p in model.backbone.parameters())
     assert model.backbone[0].stride == 16 and model.backbone.num_channels == 256
     out = model(*padded_batch, return_attention=True)
-    assert out["feature_mask"].shape == (2, 6, 8)
+    assert out.attention.feature_mask.shape == (2, 6, 8)
 
 
 def test_dc5_doubles_the_feature_map():
@@ -208,5 +208,5 @@ def test_optimize_for_inference_keeps_outputs(tiny_config, padded_batch):
         model.optimize_for_inference(fold_batch_norm=False)
         after = model(*padded_batch)
     assert folded == 20  # ResNet-18: stem + 8 blocks × 2 + 3 downsamples
-    torch.testing.assert_close(after["pred_boxes"], before["pred_boxes"], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(after["pred_logits"], before["pred_logits"], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(after.boxes, before.boxes, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(after.logits, before.logits, rtol=1e-4, atol=1e-4)

@@ -12,7 +12,7 @@ from detr.loss.masks import SetCriterionWithMasks
 from detr.loss.matcher import HungarianMatcher
 from detr.models import build_detr
 from detr.models.segmentation import DETRPanoptic
-from tests.helpers import tiny_config_with
+from tests.helpers import model_output, tiny_config_with
 
 ANCHOR = tiny_config_with(backbone_last_stage="layer3", backbone_norm="batch_norm", hidden_dim=128, num_heads=8,
                           num_queries=5, num_classes=3, query_type="anchor", class_head="sigmoid", denoising=True,
@@ -39,15 +39,15 @@ def test_masks_for_the_matching_queries_only_and_the_detectors_own_predictions()
     images, padding_mask, targets = _batch()
     model.train()
     out = model(images, padding_mask, targets=targets)
-    assert out["pred_logits"].shape == (2, 2 * 5, 3)  # two query groups in training, no no-object logit
-    assert out["pred_masks"].shape == (2, 5, 16, 16)  # group 1: the queries inference decodes
-    assert {"dn_outputs", "dense_outputs"} <= set(out)
+    assert out.logits.shape == (2, 2 * 5, 3)  # two query groups in training, no no-object logit
+    assert out.masks.shape == (2, 5, 16, 16)  # group 1: the queries inference decodes
+    assert out.denoising is not None and out.dense is not None
     model.eval()
     with torch.no_grad():
         out, plain = model(images, padding_mask), model.detr(images, padding_mask)
-    assert out["pred_masks"].shape == (2, 5, 16, 16)
-    torch.testing.assert_close(out["pred_logits"], plain["pred_logits"])
-    torch.testing.assert_close(out["pred_boxes"], plain["pred_boxes"])
+    assert out.masks.shape == (2, 5, 16, 16)
+    torch.testing.assert_close(out.logits, plain.logits)
+    torch.testing.assert_close(out.boxes, plain.boxes)
 
 
 def test_sigmoid_panoptic_scores_are_the_best_class_sigmoid():
@@ -57,7 +57,7 @@ def test_sigmoid_panoptic_scores_are_the_best_class_sigmoid():
     masks = torch.full((1, 3, 4, 4), -5.0)
     masks[0, 0, :2] = 5.0
     masks[0, 1, 2:] = 5.0
-    outputs = {"pred_logits": logits, "pred_masks": masks}
+    outputs = model_output(logits=logits, masks=masks)
     sizes = torch.tensor([[16, 16]])
     strict = PostProcessPanoptic([True, False], threshold=0.85, class_head="sigmoid")(outputs, sizes)[0]
     assert [(s["label"], round(s["score"], 3)) for s in strict["segments_info"]] == [(1, 0.924)]
@@ -76,12 +76,12 @@ def test_mask_loss_with_query_groups_uses_group_one():
     criterion = SetCriterionWithMasks(3, HungarianMatcher(class_head="sigmoid", group_size=5), class_head="sigmoid",
                                       num_decoder_layers=1)
     generator = torch.Generator().manual_seed(1)
-    outputs = {"pred_logits": torch.randn(2, 10, 3, generator=generator),
-               "pred_boxes": torch.rand(2, 10, 4, generator=generator) * 0.5 + 0.25,
-               "pred_masks": torch.randn(2, 5, 16, 16, generator=generator)}  # 2 groups of 5 queries
+    outputs = model_output(logits=torch.randn(2, 10, 3, generator=generator),  # 2 groups of 5 queries
+                           boxes=torch.rand(2, 10, 4, generator=generator) * 0.5 + 0.25,
+                           masks=torch.randn(2, 5, 16, 16, generator=generator))
     losses = criterion(outputs, targets)
     assert all(torch.isfinite(value) for value in losses.values())
-    group_one = {key: value[:, :5] for key, value in outputs.items()}
+    group_one = model_output(outputs.logits[:, :5], outputs.boxes[:, :5], masks=outputs.masks)
     alone = criterion(group_one, targets)
     torch.testing.assert_close(losses["loss_mask"], alone["loss_mask"])
     torch.testing.assert_close(losses["loss_dice"], alone["loss_dice"])
@@ -99,7 +99,7 @@ def test_the_mask_stage_runs_a_frozen_anchor_detector_in_eval_mode():
     assert system.postprocess_panoptic.class_head == "sigmoid" and system.postprocess_panoptic.threshold == 0.5
     images, padding_mask, targets = _batch()
     outputs = system(images, padding_mask, targets)
-    assert outputs["pred_logits"].shape == (2, 5, 3) and "dn_outputs" not in outputs
+    assert outputs.logits.shape == (2, 5, 3) and outputs.denoising is None
     losses = system.compute_losses(outputs, targets)
     losses["loss"].backward()
     assert all(p.grad is None for p in system.model.detr.parameters())

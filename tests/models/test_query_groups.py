@@ -9,7 +9,7 @@ from detr import build_detr
 from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
 from detr.models.anchor.model import query_group_attention_mask
-from tests.helpers import tiny_config_with
+from tests.helpers import model_output, tiny_config_with
 
 TINY = tiny_config_with(num_queries=6, num_classes=4, dropout=0.0, backbone_last_stage="layer3", query_type="anchor",
                         class_head="sigmoid")
@@ -48,16 +48,16 @@ def test_groups_train_on_every_group_and_infer_with_the_first(denoising):
     model.eval()
     with torch.no_grad():
         inference = model(images, mask)
-    assert inference["pred_logits"].shape == (2, 6, 4) and "query_groups" not in inference
+    assert inference.logits.shape == (2, 6, 4)
     model.train()
     out = model(images, mask, targets=targets)
     # the group count reaches the matcher when it is built (group_size), not through the outputs
-    assert out["pred_logits"].shape == (2, 18, 4) and "query_groups" not in out
-    assert all("query_groups" not in aux and aux["pred_boxes"].shape == (2, 18, 4) for aux in out["aux_outputs"])
+    assert out.logits.shape == (2, 18, 4)
+    assert all(aux.boxes.shape == (2, 18, 4) for aux in out.aux)
     # The first group sees neither the other groups nor the denoising queries: in training it gives
     # exactly what inference gives (no dropout), so the extra groups change nothing at test time.
-    torch.testing.assert_close(out["pred_boxes"][:, :6], inference["pred_boxes"], rtol=0, atol=1e-6)
-    torch.testing.assert_close(out["pred_logits"][:, :6], inference["pred_logits"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.boxes[:, :6], inference.boxes, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out.logits[:, :6], inference.logits, rtol=0, atol=1e-5)
 
     criterion = SetCriterion(4, HungarianMatcher(class_head="sigmoid", group_size=6), class_head="sigmoid",
                              num_decoder_layers=2, denoising=denoising)
@@ -81,10 +81,10 @@ def test_group_matcher_equals_matching_each_group_alone():
     matcher = HungarianMatcher(class_head="sigmoid", group_size=4)
     logits, boxes = torch.randn(2, 12, 4), torch.rand(2, 12, 4) * 0.5 + 0.25
     _, _, targets = _batch()
-    grouped = matcher({"pred_logits": logits, "pred_boxes": boxes}, targets)
+    grouped = matcher(model_output(logits=logits, boxes=boxes), targets)
     for group in range(3):
         part = slice(4 * group, 4 * (group + 1))
-        alone = matcher({"pred_logits": logits[:, part], "pred_boxes": boxes[:, part]}, targets)
+        alone = matcher(model_output(logits=logits[:, part], boxes=boxes[:, part]), targets)
         for (queries, target_index), (alone_queries, alone_targets) in zip(grouped, alone):
             in_group = (queries >= 4 * group) & (queries < 4 * (group + 1))
             assert torch.equal(queries[in_group] - 4 * group, alone_queries)
@@ -97,8 +97,8 @@ def test_group_losses_are_the_mean_of_each_group_alone():
                              num_decoder_layers=1)
     logits, boxes = torch.randn(2, 8, 4), torch.rand(2, 8, 4) * 0.5 + 0.25
     _, _, targets = _batch()
-    grouped = criterion({"pred_logits": logits, "pred_boxes": boxes}, targets)
-    alone = [criterion({"pred_logits": logits[:, g * 4:(g + 1) * 4], "pred_boxes": boxes[:, g * 4:(g + 1) * 4]},
+    grouped = criterion(model_output(logits=logits, boxes=boxes), targets)
+    alone = [criterion(model_output(logits=logits[:, g * 4:(g + 1) * 4], boxes=boxes[:, g * 4:(g + 1) * 4]),
                        targets) for g in range(2)]
     for name in ("loss_ce", "loss_bbox", "loss_giou"):
         torch.testing.assert_close(grouped[name], (alone[0][name] + alone[1][name]) / 2)

@@ -87,9 +87,9 @@ def test_outputs_match_literal_reference(tiny_panoptic, padded_batch):
     images, mask = padded_batch
     with torch.no_grad():
         ours, ref = tiny_panoptic(images, mask), reference(images, mask)
-    assert ours["pred_masks"].shape == (2, 6, 24, 32)  # stride 4 of the padded 96 × 128 batch
-    for key in ("pred_logits", "pred_boxes", "pred_masks"):
-        torch.testing.assert_close(ours[key], ref[key], rtol=0, atol=1e-5)
+    assert ours.masks.shape == (2, 6, 24, 32)  # stride 4 of the padded 96 × 128 batch
+    for ours_value, key in ((ours.logits, "pred_logits"), (ours.boxes, "pred_boxes"), (ours.masks, "pred_masks")):
+        torch.testing.assert_close(ours_value, ref[key], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("return_attention", [False, True])
@@ -98,11 +98,15 @@ def test_detector_outputs_are_the_detectors_own(tiny_panoptic, padded_batch, ret
         panoptic = tiny_panoptic(*padded_batch, return_attention=return_attention)
         detector = tiny_panoptic.detr(*padded_batch, return_attention=return_attention)
         fast = tiny_panoptic(*padded_batch)
-    assert panoptic.keys() - {"pred_masks"} == detector.keys()
-    for key in detector.keys() - {"aux_outputs"}:
-        torch.testing.assert_close(panoptic[key], detector[key], rtol=0, atol=1e-6)
-    assert len(panoptic["aux_outputs"]) == len(detector["aux_outputs"]) == 1
-    torch.testing.assert_close(panoptic["pred_masks"], fast["pred_masks"], rtol=0, atol=1e-5)
+    assert panoptic.masks is not None and detector.masks is None
+    assert (panoptic.attention is None) == (detector.attention is None) == (not return_attention)
+    torch.testing.assert_close(panoptic.logits, detector.logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(panoptic.boxes, detector.boxes, rtol=0, atol=1e-6)
+    if return_attention:
+        torch.testing.assert_close(panoptic.attention.decoder, detector.attention.decoder, rtol=0, atol=1e-6)
+        torch.testing.assert_close(panoptic.attention.encoder, detector.attention.encoder, rtol=0, atol=1e-6)
+    assert len(panoptic.aux) == len(detector.aux) == 1
+    torch.testing.assert_close(panoptic.masks, fast.masks, rtol=0, atol=1e-5)
 
 
 def test_attention_map_sums_to_one_over_heads_and_positions_and_skips_padding():
@@ -122,14 +126,14 @@ def test_masks_follow_a_query_permutation(tiny_panoptic, padded_batch):
         permutation = torch.tensor([3, 0, 5, 1, 4, 2])
         tiny_panoptic.detr.query_embed.weight.copy_(tiny_panoptic.detr.query_embed.weight[permutation])
         permuted = tiny_panoptic(*padded_batch)
-    torch.testing.assert_close(permuted["pred_masks"], out["pred_masks"][:, permutation], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(permuted.masks, out.masks[:, permutation], rtol=1e-5, atol=1e-5)
 
 
 def test_frozen_detector_trains_only_the_mask_head(padded_batch):
     torch.manual_seed(0)
     model = build_detr_panoptic(TINY, freeze_detr=True)
     assert not any(p.requires_grad for p in model.detr.parameters())
-    model(*padded_batch)["pred_masks"].sum().backward()
+    model(*padded_batch).masks.sum().backward()
     heads = [p for name, p in model.named_parameters() if not name.startswith("detr.")]
     assert heads and all(p.grad is not None and p.grad.abs().sum() > 0 for p in heads)
 
@@ -158,7 +162,7 @@ def test_authors_panoptic_release_file_loads(tmp_path, file_name, dilation):
     assert is_thing[1] and is_thing[90] and not is_thing[92] and not is_thing[200]
     with torch.no_grad():
         out = model(torch.zeros(1, 3, 64, 64), torch.zeros(1, 64, 64, dtype=torch.bool))
-    assert out["pred_logits"].shape == (1, 100, 251) and out["pred_masks"].shape == (1, 100, 16, 16)
+    assert out.logits.shape == (1, 100, 251) and out.masks.shape == (1, 100, 16, 16)
 
 
 def test_plain_panoptic_state_dict_loads_and_reproduces_outputs(tmp_path, tiny_panoptic, padded_batch):
@@ -168,8 +172,8 @@ def test_plain_panoptic_state_dict_loads_and_reproduces_outputs(tmp_path, tiny_p
     assert model.meta.category_map is None and model.meta.is_thing is None  # 5 classes: not COCO panoptic
     with torch.no_grad():
         expected, got = tiny_panoptic(*padded_batch), model(*padded_batch)
-    for key in ("pred_logits", "pred_boxes", "pred_masks"):
-        torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0)
+    for key in ("logits", "boxes", "masks"):
+        torch.testing.assert_close(getattr(got, key), getattr(expected, key), rtol=0, atol=0)
 
 
 def test_incomplete_panoptic_file_names_the_missing_keys(tmp_path, tiny_panoptic):

@@ -61,7 +61,7 @@ def test_page_data_equals_model_attention(tmp_path: Path) -> None:
     batch, mask = pad_images([tensor])
     with torch.no_grad():
         outputs = model(batch, mask, return_attention=True)
-    num_layers, _, num_heads, num_queries, h, w = outputs["decoder_attention_heads"].shape
+    num_layers, _, num_heads, num_queries, h, w = outputs.attention.decoder_heads.shape
     assert (data["num_layers"], data["num_heads"], data["num_queries"]) == (2, 2, 10)
     assert (data["feature"]["height"], data["feature"]["width"], data["feature"]["stride"]) == (h, w, 32) == (3, 5, 32)
     assert (data["image"]["height"], data["image"]["width"]) == tuple(tensor.shape[1:]) == (96, 149)
@@ -70,8 +70,8 @@ def test_page_data_equals_model_attention(tmp_path: Path) -> None:
 
     decoder = data["decoder"]["values"]
     tolerance = data["decoder"]["scales"][..., None, None] / 510 + 1e-6  # half a quantisation step
-    expected_heads = outputs["decoder_attention_heads"][:, 0].numpy()  # [L, heads, Q, h, w]
-    expected_mean = outputs["decoder_attention"][:, 0].numpy()  # [L, Q, h, w]
+    expected_heads = outputs.attention.decoder_heads[:, 0].numpy()  # [L, heads, Q, h, w]
+    expected_mean = outputs.attention.decoder[:, 0].numpy()  # [L, Q, h, w]
     assert np.all(np.abs(decoder[:, :num_heads] - expected_heads) <= tolerance[:, :num_heads])
     assert np.all(np.abs(decoder[:, num_heads] - expected_mean) <= tolerance[:, num_heads])
     layer, head, query = 1, 1, 7  # one spot check spelled out
@@ -79,17 +79,17 @@ def test_page_data_equals_model_attention(tmp_path: Path) -> None:
     assert np.argmax(decoder[layer, head, query]) == np.argmax(expected_heads[layer, head, query])
 
     encoder = data["encoder"]["values"]  # [h*w, h, w]
-    expected_encoder = outputs["encoder_attention"][0].numpy()  # [h*w, h, w], no padding here
+    expected_encoder = outputs.attention.encoder[0].numpy()  # [h*w, h, w], no padding here
     assert np.all(np.abs(encoder - expected_encoder) <= data["encoder"]["scales"][:, None, None] / 510 + 1e-6)
 
     # Per-layer boxes and top classes: aux outputs for layer 1, pred_* for layer 2.
     assert data["prediction_layers"] == [1, 2]
-    for k, layer_outputs in enumerate([outputs["aux_outputs"][0], outputs]):
-        np.testing.assert_allclose(data["boxes"][k], layer_outputs["pred_boxes"][0].numpy(), atol=1e-5)
-        top = layer_outputs["pred_logits"][0].softmax(-1).topk(5)
+    for k, layer_outputs in enumerate([outputs.aux[0], outputs]):
+        np.testing.assert_allclose(data["boxes"][k], layer_outputs.boxes[0].numpy(), atol=1e-5)
+        top = layer_outputs.logits[0].softmax(-1).topk(5)
         assert data["top_classes"][k] == top.indices.tolist()
         np.testing.assert_allclose(data["top_probs"][k], top.values.numpy(), atol=1e-4)
-    scores, labels = outputs["pred_logits"][0].softmax(-1)[:, :-1].max(-1)
+    scores, labels = outputs.logits[0].softmax(-1)[:, :-1].max(-1)
     np.testing.assert_allclose(data["scores"], scores.numpy(), atol=1e-4)
     assert data["labels"] == labels.tolist()
     assert data["class_names"] == [f"class {i}" for i in range(5)] + ["no object"]
@@ -102,14 +102,14 @@ def test_maps_are_cropped_to_the_unpadded_region() -> None:
     batch, mask = pad_images([large, small])  # the small image is padded on the right
     with torch.no_grad():
         outputs = model(batch, mask, return_attention=True)
-    padded_h, padded_w = outputs["feature_mask"].shape[-2:]
+    padded_h, padded_w = outputs.attention.feature_mask.shape[-2:]
     data = explorer_data(outputs, index=1, image=np.zeros((64, 64, 3), np.uint8), original_size=(64, 64),
                          class_names=[f"c{i}" for i in range(6)], title="small")
     h, w = data["feature"]["height"], data["feature"]["width"]
     assert (h, w) == (2, 2) and (padded_h, padded_w) == (2, 4)
     codes = np.frombuffer(base64.b64decode(data["decoder"]["maps"]), np.uint8).reshape(data["decoder"]["shape"])
     scales = np.frombuffer(base64.b64decode(data["decoder"]["scales"]), "<f4").reshape(codes.shape[:3])
-    expected = outputs["decoder_attention"][:, 1, :, :h, :w].numpy()  # [L, Q, h, w]
+    expected = outputs.attention.decoder[:, 1, :, :h, :w].numpy()  # [L, Q, h, w]
     np.testing.assert_allclose(codes[:, -1] / 255 * scales[:, -1, :, None, None], expected, atol=2e-3)
     encoder = np.frombuffer(base64.b64decode(data["encoder"]["maps"]), np.uint8).reshape(data["encoder"]["shape"])
     assert encoder.shape == (h * w, h, w)
@@ -220,7 +220,7 @@ def test_panoptic_pages_carry_each_querys_mask(tmp_path: Path) -> None:
         outputs = model(*pad_images([tensor]))
     assert data["masks"]["shape"] == [4, 16, 23] and data["masks"]["stride"] == 4  # ceil(64 / 4), ceil(91 / 4)
     codes = np.frombuffer(base64.b64decode(data["masks"]["maps"]), np.uint8).reshape(data["masks"]["shape"])
-    expected = outputs["pred_masks"][0, :, :16, :23].sigmoid().numpy()
+    expected = outputs.masks[0, :, :16, :23].sigmoid().numpy()
     assert np.all(np.abs(codes / 255 - expected) <= 1 / 510 + 1e-6)
 
     detector = tiny_model()  # a detection model: no masks key

@@ -59,7 +59,7 @@ def test_page_points_equal_the_predictions_sampling_points(model, tmp_path):
     with torch.no_grad():
         outputs = model(*pad_images([tensor]), return_attention=True)
     assert [[level["height"], level["width"]] for level in data["feature"]["levels"]] == \
-        outputs["spatial_shapes"].tolist() == [[20, 30], [10, 15], [5, 8], [3, 4]]
+        outputs.sampling.spatial_shapes.tolist() == [[20, 30], [10, 15], [5, 8], [3, 4]]
 
     # Points in pixels of the original image, as prediction.sampling has them, to a quantisation step.
     pixels = data["sampling"]["points"] * np.array([width, height])
@@ -104,9 +104,10 @@ def test_explorer_data_of_a_padded_batch_and_its_errors(model):
     data = explorer_data(outputs, index=1, stride=model.stride, **common)
     # the small image's levels: the cells that cover it, not the padded batch's; points clipped to ±2 sides
     assert [[level["height"], level["width"]] for level in data["feature"]["levels"]] == [[8, 9], [4, 5], [2, 3], [1, 2]]
-    assert outputs["spatial_shapes"][:, 1].tolist() == [16, 8, 4, 2]
+    assert outputs.sampling.spatial_shapes[:, 1].tolist() == [16, 8, 4, 2]
     codes = np.frombuffer(base64.b64decode(data["sampling"]["points"]), "<i2").reshape(*data["sampling"]["shape"], 2)
-    np.testing.assert_allclose(codes / POINT_UNITS, outputs["sampling_points"][:, 1].clamp(-2, 32767 / POINT_UNITS).numpy(),
+    points = outputs.sampling.points[:, 1].clamp(-2, 32767 / POINT_UNITS).numpy()
+    np.testing.assert_allclose(codes / POINT_UNITS, points,
                                atol=0.5 / POINT_UNITS + 1e-7)
     with pytest.raises(ValueError, match="stride=model.stride"):
         explorer_data(outputs, index=1, **common)

@@ -52,14 +52,13 @@ class AnchorDETR(Detector):
         denoising: the denoising queries (the forward then needs ``targets`` in training), or None.
         query_groups: anchor groups decoded in training (1 = the paper's one-to-one assignment).
 
-    ``forward`` returns :meth:`Detector.forward`'s dict, with in training:
+    ``forward`` returns :meth:`Detector.forward`'s :class:`~detr.models.outputs.DetectorOutput`, with in training:
 
-    - with query groups G > 1: pred_logits and pred_boxes (and every aux_outputs entry) hold G · Q queries,
-      group by group (a matcher built with ``group_size=Q`` matches each group on its own);
+    - with query groups G > 1: logits and boxes (and every aux layer's) hold G · Q queries, group by group
+      (a matcher built with ``group_size=Q`` matches each group on its own);
     - with denoising (``targets`` required: labels int64 [T], boxes float [T, 4] normalised cxcywh per
-      image): dn_outputs, the denoising queries' {pred_logits [B, D, ·], pred_boxes [B, D, 4],
-      aux_outputs} (D = dn_meta.num_queries), and dn_meta (:class:`detr.models.anchor.denoising.DenoisingMeta`:
-      the layout of the denoising queries).
+      image): ``denoising``, the denoising queries' predictions (logits [B, D, ·], boxes [B, D, 4], their
+      aux layers; D = meta.num_queries) and their layout (:class:`detr.models.anchor.denoising.DenoisingMeta`).
 
     Attention maps cover the matching queries only. Attributes as :class:`Detector`'s (``query_type`` is
     "anchor"), plus ``query_groups`` and ``denoising``.

@@ -17,7 +17,6 @@ box refinement and separate ones with it.
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +26,9 @@ from detr.box_ops import inverse_sigmoid
 from detr.models.backbone import Joiner
 from detr.models.config import PRIOR_BIAS, ClassHead, DetrConfig, ModelMeta
 from detr.models.deformable.transformer import REFERENCE_EPS, DeformableTransformer
-from detr.models.detector import check_inputs, predictions
+from detr.models.detector import check_inputs
 from detr.models.mlp import MLP
+from detr.models.outputs import DetectorOutput, LayerOutput, SamplingOutput, stack_layers
 
 #: The backbone stages that feed the levels, finest first (strides 8, 16, 32).
 _STAGES = ("layer2", "layer3", "layer4")
@@ -130,17 +130,14 @@ class DeformableDETR(nn.Module):
         return sources, masks, positions
 
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, return_attention: bool = False,
-                targets: list[dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+                targets: list[dict[str, torch.Tensor]] | None = None) -> DetectorOutput:
         """Raw predictions for a padded batch (``targets`` are not read: every detector takes them).
 
-        Returns pred_logits [B, Q, num_classes] (sigmoid scores), pred_boxes [B, Q, 4] normalised cxcywh of the
-        unpadded image; aux_outputs (if aux_loss): layers 1 … L-1 as {pred_logits, pred_boxes}; two-stage:
-        enc_outputs {pred_logits [B, S, num_classes], pred_boxes [B, S, 4]} (the encoder proposals, trained
-        class-agnostically). With return_attention, where each query's cross-attention looked:
-        sampling_locations [L, B, Q, H, levels, P, 2] (x, y in [0, 1] of each level's padded map, as the
-        attention reads them), sampling_points (the same in [0, 1] of the unpadded image, up to the
-        rounding of the padding to whole cells of each level), sampling_weights [L, B, Q, H, levels, P]
-        (summing to 1 per head over levels and points) and spatial_shapes int64 [levels, 2] (h, w).
+        Returns a :class:`DetectorOutput`: logits [B, Q, num_classes] (sigmoid scores), boxes [B, Q, 4]
+        normalised cxcywh of the unpadded image; aux (if aux_loss): layers 1 … L-1; two-stage: proposals
+        (logits [B, S, num_classes], boxes [B, S, 4]: the encoder proposals, trained class-agnostically).
+        With return_attention, sampling: where each query's cross-attention looked
+        (:class:`detr.models.outputs.SamplingOutput`).
         """
         sources, masks, positions = self.multi_scale_features(images, padding_mask)
         query_embed = None if self.two_stage else self.query_embed.weight
@@ -158,16 +155,16 @@ class DeformableDETR(nn.Module):
                 box_logits = torch.cat([delta[..., :2] + reference, delta[..., 2:]], -1)
             logits.append(self.class_embed[layer](hidden))
             boxes.append(box_logits.sigmoid())
-        outputs = predictions(torch.stack(logits), torch.stack(boxes), self.aux_loss)
+        output = stack_layers(torch.stack(logits), torch.stack(boxes), self.aux_loss)
         if out.encoder_logits is not None:
-            outputs["enc_outputs"] = {"pred_logits": out.encoder_logits, "pred_boxes": out.encoder_boxes}
+            output.proposals = LayerOutput(out.encoder_logits, out.encoder_boxes)
         if return_attention:
             locations = torch.stack([locations for locations, _ in decoded.sampling])
-            outputs["sampling_locations"] = locations
-            outputs["sampling_points"] = locations / out.valid_ratios[None, :, None, None, :, None, :]
-            outputs["sampling_weights"] = torch.stack([weights for _, weights in decoded.sampling])
-            outputs["spatial_shapes"] = torch.tensor(out.spatial_shapes, dtype=torch.int64)
-        return outputs
+            output.sampling = SamplingOutput(
+                locations=locations, points=locations / out.valid_ratios[None, :, None, None, :, None, :],
+                weights=torch.stack([weights for _, weights in decoded.sampling]),
+                spatial_shapes=torch.tensor(out.spatial_shapes, dtype=torch.int64))
+        return output
 
 
 def stage_channels(body: nn.Module, stage: str) -> int:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import base64
 import io
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,7 @@ from torch import Tensor
 
 from detr.inference.postprocess import class_probabilities, scores_and_labels
 from detr.inference.prediction import unpadded_feature_size
+from detr.models.outputs import AttentionOutput, DetectorOutput, SamplingOutput
 
 #: Version tag of the embedded data; the page's script refuses anything else.
 DATA_FORMAT = "detr-attention-explorer/2"
@@ -60,8 +61,6 @@ POINT_UNITS = 16384
 #: Sampling weights are stored in 1/WEIGHT_UNITS (uint16).
 WEIGHT_UNITS = 65535
 
-_ATTENTION_KEYS = ("decoder_attention", "decoder_attention_heads", "encoder_attention", "feature_mask")
-_SAMPLING_KEYS = ("sampling_points", "sampling_weights", "spatial_shapes")
 
 
 def quantize_maps(maps: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -110,7 +109,7 @@ def feature_stride(input_size: tuple[int, int], feature_size: tuple[int, int]) -
 
 
 def explorer_data(
-    outputs: Mapping[str, Any],
+    outputs: DetectorOutput,
     *,
     index: int,
     image: np.ndarray,
@@ -126,13 +125,11 @@ def explorer_data(
     """The JSON-ready data of one image's page, cut out of a batch's model outputs.
 
     Args:
-        outputs: ``model(images, padding_mask, return_attention=True)`` for a batch: pred_logits [B, Q, C (+ 1)],
-            pred_boxes [B, Q, 4] normalised cxcywh, optional aux_outputs, and either the dense attention (the
-            paper's DETR, the anchor DETR: see :mod:`detr.models.detr`): decoder_attention [L, B, Q, h, w],
-            decoder_attention_heads [L, B, heads, Q, h, w], encoder_attention [B, h*w, h, w], feature_mask bool
-            [B, h, w] (True = padding); or Deformable DETR's sampling points
-            (:class:`detr.models.deformable.model.DeformableDETR`): sampling_points [L, B, Q, heads, levels, P, 2]
-            in [0, 1] of each unpadded image, sampling_weights [L, B, Q, heads, levels, P], spatial_shapes.
+        outputs: ``model(images, padding_mask, return_attention=True)`` for a batch (a
+            :class:`~detr.models.outputs.DetectorOutput`): logits [B, Q, C (+ 1)], boxes [B, Q, 4] normalised
+            cxcywh, the aux layers if kept, and either the dense attention (the paper's DETR, the anchor DETR:
+            :class:`~detr.models.outputs.AttentionOutput`) or Deformable DETR's sampling points
+            (:class:`~detr.models.outputs.SamplingOutput`).
         index: which image of the batch.
         image: uint8 RGB ``[H, W, 3]``, the resized image the model saw, unpadded (shown by the page).
         original_size: ``(height, width)`` of the original image (the page reports boxes in it).
@@ -146,18 +143,18 @@ def explorer_data(
             level); None derives it from the image and feature sizes (:func:`feature_stride`), which sampling
             points cannot (a Deformable DETR's outputs need it).
 
-    With ``outputs["pred_masks"]`` (a :class:`detr.DETRPanoptic`: mask logits [B, Q, h', w'] at stride 4)
+    With ``outputs.masks`` (a :class:`detr.DETRPanoptic`: mask logits [B, Q, h', w'] at stride 4)
     the data also holds every query's mask probability (key ``masks``), which the page shows beside the
     query's attention.
 
     Returns:
         a dict in the format described in the module docstring.
     """
-    sampling = all(key in outputs for key in _SAMPLING_KEYS)
-    missing = [key for key in _ATTENTION_KEYS if key not in outputs]
-    if missing and not sampling:
-        raise ValueError(f"model outputs lack {missing}; call the model with return_attention=True")
-    logits = outputs["pred_logits"][index].detach().float().cpu()  # [Q, C (+ 1)]
+    sampling = outputs.sampling is not None
+    if outputs.attention is None and not sampling:
+        raise ValueError("the model outputs hold no attention maps or sampling points; call the model with "
+                         "return_attention=True")
+    logits = outputs.logits[index].detach().float().cpu()  # [Q, C (+ 1)]
     num_queries, num_logits = logits.shape
     if len(class_names) != num_logits:
         raise ValueError(
@@ -171,23 +168,23 @@ def explorer_data(
     if sampling:
         if stride is None:
             raise ValueError("a Deformable DETR's sampling points need stride=model.stride (its finest level's)")
-        attention = _sampling_data(outputs, index, (height, width), stride)
+        attention = _sampling_data(outputs.sampling, index, (height, width), stride)
     else:
-        attention = _dense_data(outputs, index, (height, width), stride)
+        attention = _dense_data(outputs.attention, index, (height, width), stride)
     num_layers = attention.pop("num_layers")
 
-    # Head outputs per decoder layer: aux_outputs are layers 1 .. L-1, pred_* the last one.
-    layer_outputs = list(outputs.get("aux_outputs") or []) + [outputs]
+    # Head outputs per decoder layer: every layer's when the outputs keep the aux layers, else the last one.
+    layer_outputs = outputs.layers
     if len(layer_outputs) != num_layers:
-        layer_outputs = [outputs]
+        layer_outputs = layer_outputs[-1:]
     prediction_layers = list(range(num_layers - len(layer_outputs) + 1, num_layers + 1))
     boxes, top_classes, top_probs = [], [], []
     for layer in layer_outputs:
-        probabilities = class_probabilities(layer["pred_logits"][index].detach().cpu(), class_head)
+        probabilities = class_probabilities(layer.logits[index].detach().cpu(), class_head)
         top = probabilities.topk(min(TOP_K, num_logits), dim=-1)
         top_classes.append(top.indices.tolist())
         top_probs.append(np.round(top.values.numpy().astype(float), 5).tolist())
-        boxes.append(np.round(layer["pred_boxes"][index].detach().float().cpu().numpy().astype(float), 6).tolist())
+        boxes.append(np.round(layer.boxes[index].detach().float().cpu().numpy().astype(float), 6).tolist())
     scores, labels = scores_and_labels(logits, class_head)  # as detr.PostProcess scores them
 
     return {
@@ -215,20 +212,20 @@ def explorer_data(
         "top_classes": top_classes,
         "top_probs": top_probs,
         **attention,
-        **({"masks": _mask_data(outputs["pred_masks"][index], height, width)} if "pred_masks" in outputs else {}),
+        **({"masks": _mask_data(outputs.masks[index], height, width)} if outputs.masks is not None else {}),
     }
 
 
-def _dense_data(outputs: Mapping[str, Any], index: int, input_size: tuple[int, int],
+def _dense_data(attention: AttentionOutput, index: int, input_size: tuple[int, int],
                 stride: int | None) -> dict[str, Any]:
     """The dense kind's keys (feature, num_heads, decoder, encoder) and num_layers, cropped to the image."""
-    mask = outputs["feature_mask"][index].detach().cpu().bool()  # [h_pad, w_pad]
+    mask = attention.feature_mask[index].detach().cpu().bool()  # [h_pad, w_pad]
     padded_h, padded_w = mask.shape
     h, w = unpadded_feature_size(mask)
-    heads = outputs["decoder_attention_heads"][:, index, :, :, :h, :w]  # [L, heads, Q, h, w]
-    mean = outputs["decoder_attention"][:, index, None, :, :h, :w]  # [L, 1, Q, h, w]
+    heads = attention.decoder_heads[:, index, :, :, :h, :w]  # [L, heads, Q, h, w]
+    mean = attention.decoder[:, index, None, :, :h, :w]  # [L, 1, Q, h, w]
     decoder_codes, decoder_scales = quantize_maps(torch.cat([heads, mean], dim=1))
-    encoder = outputs["encoder_attention"][index].reshape(padded_h, padded_w, padded_h, padded_w)
+    encoder = attention.encoder[index].reshape(padded_h, padded_w, padded_h, padded_w)
     encoder_codes, encoder_scales = quantize_maps(encoder[:h, :w, :h, :w].reshape(h * w, h, w))
     if stride is None:
         stride = feature_stride(input_size, (h, w))
@@ -262,15 +259,15 @@ def quantize_weights(weights: Tensor) -> np.ndarray:
     return codes.to(torch.int32).numpy().astype("<u2")
 
 
-def _sampling_data(outputs: Mapping[str, Any], index: int, input_size: tuple[int, int],
+def _sampling_data(sampling: SamplingOutput, index: int, input_size: tuple[int, int],
                    stride: int) -> dict[str, Any]:
     """The sampling kind's keys (feature, num_heads, sampling) and num_layers: one image's points of every
     decoder layer, query, head, level and point, with their weights."""
-    points = outputs["sampling_points"][:, index]  # [L, Q, heads, levels, P, 2], [0, 1] of the unpadded image
-    weights = outputs["sampling_weights"][:, index]  # [L, Q, heads, levels, P]
-    num_levels = int(outputs["spatial_shapes"].shape[0])
+    points = sampling.points[:, index]  # [L, Q, heads, levels, P, 2], [0, 1] of the unpadded image
+    weights = sampling.weights[:, index]  # [L, Q, heads, levels, P]
+    num_levels = int(sampling.spatial_shapes.shape[0])
     if tuple(points.shape[:-1]) != tuple(weights.shape) or int(points.shape[3]) != num_levels:
-        raise ValueError(f"sampling_points {tuple(points.shape)} and sampling_weights {tuple(weights.shape)} do not "
+        raise ValueError(f"sampling points {tuple(points.shape)} and weights {tuple(weights.shape)} do not "
                          f"match ([L, Q, heads, {num_levels} levels, P] for one image)")
     height, width = input_size
     levels = [{"stride": stride * 2**level, "height": math.ceil(height / (stride * 2**level)),

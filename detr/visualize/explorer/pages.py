@@ -67,10 +67,10 @@ def explorer_page_data(predictor: Predictor, pixels: np.ndarray, *, title: str, 
     tensor = predictor.preprocess(pixels)
     # aux_outputs: the boxes and classes after decoder layers 1 .. L-1, which the page steps through
     outputs = predictor.forward(*pad_images([tensor]), return_attention=True, aux_outputs=True)
-    if not all(bool(torch.isfinite(outputs[key]).all()) for key in ("pred_logits", "pred_boxes")):
+    if not (bool(torch.isfinite(outputs.logits).all()) and bool(torch.isfinite(outputs.boxes).all())):
         raise ValueError("the model's outputs are not finite (NaN or inf weights?)")
     class_head = predictor.class_head
-    num_classes = int(outputs["pred_logits"].shape[-1]) - (1 if class_head == "softmax" else 0)
+    num_classes = int(outputs.logits.shape[-1]) - (1 if class_head == "softmax" else 0)
     class_names = _class_names(predictor.category_map, num_classes, with_no_object=class_head == "softmax")
     return explorer_data(
         outputs, index=0, image=denormalize(tensor).permute(1, 2, 0).numpy(), original_size=pixels.shape[:2],

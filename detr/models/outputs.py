@@ -1,0 +1,134 @@
+"""What every detector returns: one typed :class:`DetectorOutput` instead of a dict of optional keys.
+
+Every model of this package (the paper's DETR, the anchor detector, Deformable DETR, the panoptic model)
+returns a :class:`DetectorOutput` from ``forward``: the last decoder layer's class logits and boxes, and
+typed optional fields for what some models or modes add (earlier decoder layers, denoising queries, the
+dense head, two-stage proposals, masks, attention maps, sampling points). A field a model does not fill
+is ``None`` (or an empty list for :attr:`DetectorOutput.aux`), so readers test ``output.masks is not None``
+rather than a key. Exports see plain tensors: :class:`detr.checkpoints.export.DeployModel` flattens at the
+boundary, and the file formats keep their own names (``pred_logits``, ``pred_boxes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from detr.models.anchor.denoising import DenoisingMeta
+
+
+@dataclass
+class LayerOutput:
+    """Per-query predictions of one decoder layer (or of the denoising queries, or of the encoder proposals).
+
+    logits: ``[B, Q, K]``: K = num_classes + 1 for the softmax head (the last = "no object"), num_classes
+    for the sigmoid head. boxes: ``[B, Q, 4]``, normalised ``cxcywh`` of each unpadded image.
+    """
+
+    logits: Tensor
+    boxes: Tensor
+
+
+@dataclass
+class DenoisingOutput(LayerOutput):
+    """The denoising queries' predictions (DN-DETR, training only): the last layer's (``logits``, ``boxes``),
+    the earlier layers' (``aux``, layers 1 … L-1) and how the queries were made (``meta``)."""
+
+    aux: list[LayerOutput]
+    meta: DenoisingMeta
+
+
+@dataclass
+class DenseOutput:
+    """The training-only dense head's predictions for every encoder cell (:mod:`detr.models.dense_head`):
+    logits ``[B, HW, K]``, boxes ``[B, HW, 4]``, centers ``[B, HW, 2]`` (cell centres, normalised x, y),
+    valid bool ``[B, HW]`` (False = padding cell)."""
+
+    logits: Tensor
+    boxes: Tensor
+    centers: Tensor
+    valid: Tensor
+
+
+@dataclass
+class AttentionOutput:
+    """A dense-attention detector's maps (``return_attention=True``).
+
+    decoder: ``[L, B, Q, h, w]`` cross-attention, mean over heads; decoder_heads: ``[L, B, heads, Q, h, w]``;
+    encoder: ``[B, h·w, h, w]``, the last encoder layer's self-attention, mean over heads (row i is where
+    feature position i looks); feature_mask: bool ``[B, h, w]`` (True = padding).
+    """
+
+    decoder: Tensor
+    decoder_heads: Tensor
+    encoder: Tensor
+    feature_mask: Tensor
+
+
+@dataclass
+class SamplingOutput:
+    """Where a Deformable DETR's decoder cross-attention looked (``return_attention=True``).
+
+    locations: ``[L, B, Q, heads, levels, P, 2]``, (x, y) in [0, 1] of each level's padded map, as the
+    attention reads them; points: the same in [0, 1] of the unpadded image (up to the rounding of the
+    padding to whole cells of each level); weights: ``[L, B, Q, heads, levels, P]`` (summing to 1 per head
+    over levels and points); spatial_shapes: int64 ``[levels, 2]`` (h, w).
+    """
+
+    locations: Tensor
+    points: Tensor
+    weights: Tensor
+    spatial_shapes: Tensor
+
+
+@dataclass
+class DetectorOutput(LayerOutput):
+    """A detector's raw predictions for a padded batch: ``logits`` and ``boxes`` of the last decoder layer
+    (:class:`LayerOutput`), and:
+
+    aux: the earlier decoder layers' predictions, layers 1 … L-1 (empty without auxiliary outputs).
+    denoising: the denoising queries' predictions (anchor detector with DN, training only).
+    dense: the dense head's predictions (training only).
+    proposals: the encoder's proposals (Deformable DETR's two-stage: ``[B, S, K]``, ``[B, S, 4]``).
+    masks: mask logits ``[B, Q, H', W']`` at stride 4 of the padded batch (a panoptic model).
+    attention: the attention maps of a dense-attention detector (``return_attention=True``).
+    sampling: a Deformable DETR's sampling points (``return_attention=True``).
+    """
+
+    aux: list[LayerOutput] = field(default_factory=list)
+    denoising: DenoisingOutput | None = None
+    dense: DenseOutput | None = None
+    proposals: LayerOutput | None = None
+    masks: Tensor | None = None
+    attention: AttentionOutput | None = None
+    sampling: SamplingOutput | None = None
+
+    @property
+    def layers(self) -> list[LayerOutput]:
+        """Every decoder layer's predictions, first to last (the last is this output's own)."""
+        return [*self.aux, LayerOutput(self.logits, self.boxes)]
+
+    def apply(self, fn: Callable[[Tensor], Tensor]) -> DetectorOutput:
+        """A copy with ``fn`` applied to every tensor (e.g. ``lambda t: t.float().cpu()``); other values kept."""
+        return _apply(self, fn)
+
+
+def _apply(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    if isinstance(value, Tensor):
+        return fn(value)
+    if isinstance(value, list):
+        return [_apply(item, fn) for item in value]
+    if is_dataclass(value) and not isinstance(value, type) and not isinstance(value, DenoisingMeta):
+        return replace(value, **{f.name: _apply(getattr(value, f.name), fn) for f in fields(value) if f.init})
+    return value
+
+
+def stack_layers(logits: torch.Tensor, boxes: torch.Tensor, aux_loss: bool) -> DetectorOutput:
+    """Every decoder layer's logits ``[L, B, Q, K]`` and boxes ``[L, B, Q, 4]`` → the last layer's, with
+    layers 1 … L-1 in ``aux`` when ``aux_loss``."""
+    aux = [LayerOutput(a, b) for a, b in zip(logits[:-1], boxes[:-1])] if aux_loss else []
+    return DetectorOutput(logits[-1], boxes[-1], aux=aux)
