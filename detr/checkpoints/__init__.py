@@ -37,17 +37,19 @@ from detr.checkpoints.formats import (
     load_strict,
     read_torch_file,
 )
-from detr.checkpoints.huggingface import read_huggingface
-from detr.checkpoints.huggingface_deformable import is_deformable_directory, read_huggingface_deformable
+from detr.checkpoints.huggingface import BackboneFormat, read_huggingface, save_pretrained
+from detr.checkpoints.huggingface_deformable import (
+    is_deformable_directory,
+    read_huggingface_deformable,
+    save_pretrained_deformable,
+)
 from detr.checkpoints.panoptic import is_panoptic_state_dict, load_panoptic
-from detr.models.anchor.model import AnchorDETR
 from detr.models.build import build_detr
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
-from detr.models.detr import DETR
-from detr.models.segmentation import DETRPanoptic
+from detr.models.detector import Detector
 
 __all__ = ["READERS", "CheckpointContents", "CheckpointError", "ExportError", "infer_model_config",
-           "load_checkpoint", "read_checkpoint", "save_checkpoint"]
+           "load_checkpoint", "read_checkpoint", "save_checkpoint", "save_huggingface"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +85,7 @@ def read_checkpoint(source: str | Path) -> CheckpointContents:
     raise CheckpointError(f"{source} is not a checkpoint any reader recognises")  # _torch_file reads everything
 
 
-def load_checkpoint(path: str | Path, **overrides: Any) -> DETR | AnchorDETR | DETRPanoptic:
+def load_checkpoint(path: str | Path, **overrides: Any) -> Detector:
     """Build the model a checkpoint describes, load its weights, return it in eval mode.
 
     Args:
@@ -151,7 +153,16 @@ def _check_inferred_layer_counts(path: Path, inferred: DetrConfig, overrides: di
             path, *found_counts, *paper, *found_counts)
 
 
-def save_checkpoint(model: DETR | AnchorDETR | DETRPanoptic, path: str | Path) -> Path:
+def save_huggingface(model: Detector, directory: str | Path, *, backbone_format: BackboneFormat = "timm") -> Path:
+    """Write ``model`` as transformers' ``save_pretrained`` would, in its family's format: Deformable DETR's
+    (:func:`detr.checkpoints.huggingface_deformable.save_pretrained_deformable`) or DETR's
+    (:func:`detr.checkpoints.huggingface.save_pretrained`, which names what it cannot write)."""
+    if model.config is not None and model.config.architecture == "deformable":
+        return save_pretrained_deformable(model, directory, backbone_format=backbone_format)
+    return save_pretrained(model, directory, backbone_format=backbone_format)
+
+
+def save_checkpoint(model: Detector, path: str | Path) -> Path:
     """Write ``model`` in this project's checkpoint layout (as the training system does, without the training
     state): its weights, its config and its ``meta``, so that :func:`load_checkpoint` rebuilds it as it was.
     The file is replaced atomically; returns its path."""

@@ -48,10 +48,7 @@ from detr.categories import CategoryMap
 from detr.checkpoints.formats import ExportError
 from detr.checkpoints.onnx import import_onnxruntime
 from detr.inference.postprocess import boxes_to_pixels, scores_and_labels
-from detr.models.anchor.model import AnchorDETR
-from detr.models.deformable.model import DeformableDETR
-from detr.models.detr import DETR
-from detr.models.position_encoding import PositionEmbeddingLearned
+from detr.models.detector import Detector
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +68,7 @@ class DeployModel(nn.Module):
     (scores [B, Q], labels int64 [B, Q], boxes [B, Q, 4] pixel xyxy), scored by :mod:`detr.inference.postprocess`.
     """
 
-    def __init__(self, model: DETR | AnchorDETR, *, postprocess: bool = False) -> None:
+    def __init__(self, model: Detector, *, postprocess: bool = False) -> None:
         super().__init__()
         self.model, self.postprocess = model, postprocess
 
@@ -92,36 +89,23 @@ class DeployModel(nn.Module):
         return scores, labels, boxes_to_pixels(outputs.boxes, orig_sizes)
 
 
-def min_image_size(model: DETR | AnchorDETR | DeformableDETR) -> int:
-    """Smallest height and width an exported model takes: one stride of the coarsest feature map more than a
-    single cell, since torch.export treats sizes 0 and 1 as static and would specialise a graph traced on
-    them (Deformable DETR's extra levels halve the backbone's map once each)."""
-    extra_levels = max(model.num_levels - 3, 0) if isinstance(model, DeformableDETR) else 0
-    return model.backbone[0].stride * 2 ** extra_levels + 1
-
-
-def _max_image_size(model: DETR | AnchorDETR) -> int | None:
-    """The learned position encoding has a table of 50 rows and columns: no feature map may exceed it."""
-    encoding = model.backbone[1]
-    if isinstance(encoding, PositionEmbeddingLearned):
-        return encoding.row_embed.num_embeddings * model.backbone[0].stride
-    return None
-
-
-def prepare_for_export(model: nn.Module) -> DETR | AnchorDETR:
+def prepare_for_export(model: Detector) -> Detector:
     """A copy of ``model`` ready to trace: eval mode (training-only parts, i.e. denoising queries, extra
     query groups and the dense head, are then inactive), frozen BatchNorms folded into the convolutions,
     float32, no autocast. The caller's model is left as it was."""
-    if not isinstance(model, (DETR, AnchorDETR, DeformableDETR)):
-        raise ExportError(f"only detr.models.DETR, AnchorDETR and DeformableDETR export (got {type(model).__name__}); a panoptic "
-                          f"model's mask head is not part of the export")
+    if not isinstance(model, Detector):
+        raise ExportError(f"only a detr Detector exports (a model of detr.build_detr or detr.load_checkpoint), got "
+                          f"{type(model).__name__}")
+    if not model.exportable:
+        raise ExportError(f"{type(model).__name__} does not export: an ONNX file exports no further, and a panoptic "
+                          "model's mask head is not part of the export (export its detector: model.box_detector)")
     prepared = copy.deepcopy(model).float().eval().cpu()
     prepared.optimize_for_inference(fold_batch_norm=True, channels_last=False)
     prepared.backbone[0].autocast_dtype = None
     return prepared
 
 
-def example_inputs(model: DETR | AnchorDETR, *, postprocess: bool,
+def example_inputs(model: Detector, *, postprocess: bool,
                    batch_sizes: list[tuple[int, int]] | None = None,
                    seed: int = 0) -> tuple[Tensor, ...]:
     """A zero-padded batch of random normalised images (one per (height, width) in ``batch_sizes``,
@@ -142,11 +126,11 @@ def example_inputs(model: DETR | AnchorDETR, *, postprocess: bool,
     return images, mask, orig_sizes
 
 
-def _dynamic_shapes(model: DETR | AnchorDETR, postprocess: bool) -> dict[str, dict[int, Any]]:
+def _dynamic_shapes(model: Detector, postprocess: bool) -> dict[str, dict[int, Any]]:
     Dim = torch.export.Dim
-    limits = {"min": min_image_size(model)}
-    if _max_image_size(model) is not None:
-        limits["max"] = _max_image_size(model)
+    limits = {"min": model.min_image_size}
+    if model.max_image_size is not None:
+        limits["max"] = model.max_image_size
     batch, height, width = Dim("batch", min=1), Dim("height", **limits), Dim("width", **limits)
     shapes: dict[str, dict[int, Any]] = {"images": {0: batch, 2: height, 3: width},
                                          "padding_mask": {0: batch, 1: height, 2: width}}
@@ -155,7 +139,7 @@ def _dynamic_shapes(model: DETR | AnchorDETR, postprocess: bool) -> dict[str, di
     return shapes
 
 
-def _torch_export(model: nn.Module, postprocess: bool) -> tuple[torch.export.ExportedProgram, DeployModel]:
+def _torch_export(model: Detector, postprocess: bool) -> tuple[torch.export.ExportedProgram, DeployModel]:
     prepared = prepare_for_export(model)
     module = DeployModel(prepared, postprocess=postprocess).eval()
     inputs = example_inputs(prepared, postprocess=postprocess)
@@ -169,7 +153,7 @@ def _torch_export(model: nn.Module, postprocess: bool) -> tuple[torch.export.Exp
     return program, module
 
 
-def metadata(model: DETR | AnchorDETR, *, postprocess: bool, category_map: CategoryMap | None = None,
+def metadata(model: Detector, *, postprocess: bool, category_map: CategoryMap | None = None,
              eval_size: tuple[int, int] | None = None) -> dict[str, str]:
     """The metadata an exported file carries, as JSON strings keyed ``detr.*``."""
     category_map = category_map if category_map is not None else model.meta.category_map
@@ -182,7 +166,7 @@ def metadata(model: DETR | AnchorDETR, *, postprocess: bool, category_map: Categ
         "num_classes": model.num_classes,
         "category_map": category_map.to_dict() if category_map is not None else None,
         "eval_size": list(eval_size) if eval_size is not None else None,
-        "min_image_size": min_image_size(model),
+        "min_image_size": model.min_image_size,
         "model_config": config,
     }
     return {f"detr.{key}": json.dumps(value) for key, value in values.items()}
@@ -200,7 +184,7 @@ def _quiet_onnxscript() -> Iterator[None]:
         quiet.setLevel(level)
 
 
-def export_onnx(model: nn.Module, path: str | Path, *, postprocess: bool = False,
+def export_onnx(model: Detector, path: str | Path, *, postprocess: bool = False,
                 category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None) -> Path:
     """Export ``model`` (a :class:`DETR`; not modified) to the ONNX file ``path`` (see the module doc).
 
@@ -227,7 +211,7 @@ def export_onnx(model: nn.Module, path: str | Path, *, postprocess: bool = False
     return path
 
 
-def export_program(model: nn.Module, path: str | Path, *, postprocess: bool = False,
+def export_program(model: Detector, path: str | Path, *, postprocess: bool = False,
                    category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None) -> Path:
     """Export ``model`` with torch.export to ``path`` (``.pt2``); the metadata is the extra file
     ``detr.json``. Load it with :func:`load_program`."""
@@ -285,7 +269,7 @@ def _runner(path: Path, format: ExportFormat, input_names: list[str]):
     return lambda *inputs: tuple(module(*inputs))
 
 
-def verify_export(model: nn.Module, path: str | Path, *, format: ExportFormat = "onnx",
+def verify_export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx",
                   postprocess: bool = False) -> Verification:
     """Run the exported file and ``model`` (PyTorch, as given) on a padded batch of two images of different
     sizes and on one image of a third size; return the max abs differences (not raising)."""
@@ -322,7 +306,7 @@ def verify_export(model: nn.Module, path: str | Path, *, format: ExportFormat = 
     return Verification(path, differences, _tolerances(postprocess))
 
 
-def export(model: nn.Module, path: str | Path, *, format: ExportFormat = "onnx", postprocess: bool = False,
+def export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx", postprocess: bool = False,
            category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None) -> Verification:
     """Export ``model`` to ``path`` in ``format`` and verify the file (:func:`verify_export`).
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import CheckpointError
 from detr.models.config import DetrConfig, ModelMeta
+from detr.models.detector import Detector
 from detr.models.outputs import DetectorOutput
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def _decode_metadata(props: dict[str, str], path: str | Path) -> dict[str, Any]:
     return {key.removeprefix("detr."): json.loads(props[key]) for key in METADATA_KEYS}
 
 
-class OnnxDetector(nn.Module):
+class OnnxDetector(Detector):
     """An exported DETR ONNX file run by ONNX Runtime, called like the model.
 
     Args:
@@ -88,8 +89,12 @@ class OnnxDetector(nn.Module):
     Attributes: ``meta`` (:class:`detr.models.config.ModelMeta`: category map, eval size), ``config``
     (:class:`DetrConfig`), ``num_classes``, ``class_head``, ``postprocessed`` (the file outputs scores, labels and pixel boxes), ``session`` (the
     ``onnxruntime.InferenceSession``), ``backend`` (a description, e.g. "onnxruntime (CPUExecutionProvider)").
-    It holds no torch parameters: ``.to()`` and ``.eval()`` change nothing.
+    It holds no torch parameters: ``.to()`` and ``.eval()`` change nothing. As a :class:`Detector` it returns
+    no attention (``attention_kind`` None), predicts no masks and does not export again.
     """
+
+    attention_kind = None
+    exportable = False
 
     def __init__(self, path: str | Path, *, device: str | torch.device | None = None,
                  threads: int | None = None) -> None:
@@ -116,24 +121,39 @@ class OnnxDetector(nn.Module):
         self.meta = ModelMeta(
             category_map=CategoryMap.from_dict(meta["category_map"]) if meta["category_map"] else None,
             eval_size=tuple(meta["eval_size"]) if meta["eval_size"] else None)
-        self.min_image_size = int(meta["min_image_size"])
+        self._min_image_size = int(meta["min_image_size"])
         # files of models built without build_detr record no config: the class head and class count are all
         # the predictor needs, and they are recorded on their own
         self.config = (DetrConfig.from_dict(meta["model_config"], where=str(self.path)) if meta["model_config"]
                        else DetrConfig(num_classes=self.num_classes, class_head=self.class_head))
+        self.num_queries = self.config.num_queries
         self.output_names = [output.name for output in self.session.get_outputs()]
         self.backend = f"onnxruntime ({self.session.get_providers()[0]})"
         logger.info("opened %s with %s", self.path, self.backend)
 
-    def optimize_for_inference(self) -> OnnxDetector:
+    @property
+    def min_image_size(self) -> int:
+        return self._min_image_size
+
+    @property
+    def stride(self) -> int:
+        raise ValueError(f"{self.path.name} keeps no feature maps (an ONNX file holds the predictions only): use the "
+                         "PyTorch checkpoint for attention maps")
+
+    def describe(self) -> str:
+        return f"{super().describe()}, {self.backend}" if self.config is not None else self.backend
+
+    def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> OnnxDetector:
         """Nothing to do: ONNX Runtime optimises the graph when it opens the file (the export folded the
         frozen BatchNorms already)."""
         return self
 
-    def forward(self, images: Tensor, padding_mask: Tensor, *, return_attention: bool = False) -> DetectorOutput:
+    def forward(self, images: Tensor, padding_mask: Tensor, return_attention: bool = False,
+                targets: list[dict[str, Tensor]] | None = None) -> DetectorOutput:
         """images float [B, 3, H, W] (normalised, zero-padded), padding_mask bool [B, H, W] (True = padding)
         → :class:`DetectorOutput` (logits and boxes of the last layer, CPU tensors) as the PyTorch model's
-        forward (no aux layers). A file exported with post-processing runs through :meth:`detect` instead."""
+        forward (no aux layers; ``targets`` are not read). A file exported with post-processing runs through
+        :meth:`detect` instead."""
         if return_attention:
             raise ValueError(f"attention maps are not available from the ONNX file {self.path.name}: the export "
                              f"keeps only the predictions. Use the PyTorch checkpoint for attention figures")

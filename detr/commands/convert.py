@@ -14,12 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from detr.checkpoints import CheckpointError, load_checkpoint
+from detr.checkpoints import CheckpointError, load_checkpoint, save_huggingface
 from detr.checkpoints.formats import ExportError
-from detr.checkpoints.huggingface import save_pretrained
-from detr.checkpoints.huggingface_deformable import save_pretrained_deformable
 from detr.checkpoints.released import CheckpointArgument
-from detr.models.deformable.model import DeformableDETR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         model = load_checkpoint(args.checkpoint)
-        write = save_pretrained_deformable if isinstance(model, DeformableDETR) else save_pretrained
-        out = write(model, args.to_huggingface, backbone_format=args.backbone_format)
+        out = save_huggingface(model, args.to_huggingface, backbone_format=args.backbone_format)
     except (CheckpointError, ExportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

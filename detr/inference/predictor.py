@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from detr.categories import CategoryMap
 from detr.checkpoints import load_checkpoint
@@ -48,8 +48,8 @@ from detr.inference.prediction import (
     label_name,
     select_detections,
 )
+from detr.models.detector import Detector
 from detr.models.outputs import DetectorOutput
-from detr.models.segmentation import DETRPanoptic
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class Predictor:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Detector,
         *,
         category_map: CategoryMap | None = None,
         device: str | torch.device | None = None,
@@ -151,8 +151,8 @@ class Predictor:
         self.transform = make_eval_transform(min_size=self.min_size, max_size=self.max_size)
         self.class_head = model.config.class_head
         self.postprocess = PostProcess(class_head=self.class_head)
-        #: whether the model predicts masks (``pred_masks``): a :class:`detr.DETRPanoptic`
-        self.predicts_masks = isinstance(model, DETRPanoptic)
+        #: whether the model predicts masks (a panoptic model, :class:`detr.DETRPanoptic`)
+        self.predicts_masks = model.predicts_masks
         self.postprocess_masks = PostProcessMasks()
         meta = model.meta
         if is_thing is None and meta.is_thing is not None:
@@ -164,8 +164,8 @@ class Predictor:
         self.panoptic_overlap_threshold = (panoptic_overlap_threshold if panoptic_overlap_threshold is not None
                                            else meta.panoptic_overlap_threshold)
         #: what runs the model, e.g. "pytorch (cpu, fp32)" or "onnxruntime (CPUExecutionProvider)"
-        self.backend: str = (model.backend if isinstance(model, OnnxDetector)
-                             else f"pytorch ({self.device}, {precision})")
+        self.backend: str = (f"{model.backend} ({self.device}, {precision})" if model.backend == "pytorch"
+                             else model.backend)
         logger.info("predicting with %s", self.backend)
 
     @classmethod

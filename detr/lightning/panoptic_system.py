@@ -107,16 +107,12 @@ class PanopticSystem(DetrSystem):
         self._segm: dict[str, list[Any]] = {}
         self.last_panoptic: dict[str, Any] | None = None
 
-    @property
-    def detector(self) -> nn.Module:
-        """The DETR detector (the box model), whichever stage."""
-        return self.model.detr if isinstance(self.model, DETRPanoptic) else self.model
 
     def _use_categories(self, categories: list[dict[str, Any]] | None) -> None:
         """Set ``categories``, ``is_thing`` and, in the mask stage, the panoptic post-processing they decide."""
         self.categories = [dict(c) for c in categories] if categories is not None else None
         self.is_thing = self._is_thing()
-        if not isinstance(self.model, DETRPanoptic):
+        if not self.model.predicts_masks:
             return
         self.model.meta = self.model.meta.replace(category_map=self.category_map)
         if self.is_thing is not None:
@@ -160,7 +156,7 @@ class PanopticSystem(DetrSystem):
         """A frozen detector's batch norms run in eval mode, so that their statistics stay fixed too (the
         authors' FrozenBatchNorm2d has none that could move); one with training-only parts runs wholly in
         eval mode (see ``freeze_detr``)."""
-        if not (isinstance(self.model, DETRPanoptic) and self.hparams.freeze_detr):
+        if not (self.model.predicts_masks and self.hparams.freeze_detr):
             return
         detector = self.model.detr
         config = detector.config
@@ -278,7 +274,7 @@ class PanopticSystem(DetrSystem):
         super().on_save_checkpoint(checkpoint)
         checkpoint["detr"]["is_thing"] = self.is_thing
         checkpoint["detr"]["categories"] = self.categories
-        if isinstance(self.model, DETRPanoptic):
+        if self.model.predicts_masks:
             checkpoint["detr"]["panoptic_postprocess"] = self.model.meta.to_dict()["panoptic_postprocess"]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -39,6 +39,7 @@ from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.models.backbone import cpu_has_bfloat16
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig, ModelMeta
+from detr.models.detector import Detector
 from detr.models.outputs import DetectorOutput
 
 logger = logging.getLogger(__name__)
@@ -208,10 +209,9 @@ class DetrSystem(L.LightningModule):
         logger.info("init_checkpoint: loaded %d tensors from %s", len(source) - len(skipped), path)
 
     @property
-    def detector(self) -> torch.nn.Module:
-        """The DETR detector: the model itself here; the inner one where a subclass wraps it (the panoptic
-        system's mask head)."""
-        return self.model
+    def detector(self) -> Detector:
+        """The box detector: the model itself, or the one a mask model wraps (``model.box_detector``)."""
+        return self.model.box_detector
 
     # ------------------------------------------------------------------ processes
     def setup(self, stage: str) -> None:

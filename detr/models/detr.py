@@ -2,8 +2,8 @@
 
 The paper's query source: ``num_queries`` learned embeddings (``query_embed``), added as positions to the
 decoder's queries, whose content starts at zero. The backbone, the heads, the auxiliary outputs and the
-input checks are the shared :class:`detr.models.detector.Detector`'s; :func:`detr.models.build.build_detr`
-builds this model from a :class:`detr.models.config.DetrConfig`.
+input checks are the shared :class:`detr.models.single_scale.SingleScaleDetector`'s;
+:func:`detr.models.build.build_detr` builds this model from a :class:`detr.models.config.DetrConfig`.
 """
 
 from __future__ import annotations
@@ -12,19 +12,21 @@ import torch
 from torch import nn
 
 from detr.models.config import QueryType
-from detr.models.detector import DecodedQueries, Detector, Targets
+from detr.models.detector import Targets
+from detr.models.single_scale import DecodedQueries, SingleScaleDetector
 
 __all__ = ["DETR"]
 
 
-class DETR(Detector):
+class DETR(SingleScaleDetector):
     """The paper's detector: learned object queries decoded by the transformer. Build it with
     :func:`detr.models.build.build_detr`.
 
-    Args: :class:`Detector`'s; ``transformer`` is :class:`detr.models.transformer.Transformer` (encoder and
-    decoder).
+    Args: :class:`SingleScaleDetector`'s; ``transformer`` is :class:`detr.models.transformer.Transformer`
+    (encoder and decoder).
 
-    Returns from ``forward`` the dict :meth:`Detector.forward` describes.
+    Returns from ``forward`` the :class:`~detr.models.outputs.DetectorOutput` that
+    :meth:`SingleScaleDetector.forward` describes.
     """
 
     query_type: QueryType = "learned"

@@ -11,8 +11,8 @@ The mask head predicts one binary-mask logit map per object query, at stride 4:
 
 :class:`DETRPanoptic` composes a :class:`detr.models.detr.DETR` (unchanged, under ``detr.``) with the
 two heads (``bbox_attention.*``, ``mask_head.*``): the authors' state-dict layout, so their panoptic
-release files load unchanged. The forward runs the detector's :meth:`Detector.embed` keeping the
-backbone's intermediate stages, then its :meth:`Detector.decode`, which returns the encoder memory and the
+release files load unchanged. The forward runs the detector's :meth:`SingleScaleDetector.embed` keeping the
+backbone's intermediate stages, then its :meth:`SingleScaleDetector.decode`, which returns the encoder memory and the
 last decoder output beside the predictions; the detector's own ``forward`` (and its fast path) is not touched.
 """
 
@@ -31,6 +31,7 @@ from detr.models.backbone import Backbone
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.detector import Detector
+from detr.models.single_scale import SingleScaleDetector
 from detr.models.outputs import DetectorOutput
 
 #: Backbone stages whose outputs the mask head adds back while upsampling, coarse to fine.
@@ -204,7 +205,7 @@ def _stage_channels(backbone: Backbone, stage: str) -> int:
     return (last_block.conv3 if hasattr(last_block, "conv3") else last_block.conv2).out_channels
 
 
-class DETRPanoptic(nn.Module):
+class DETRPanoptic(Detector):
     """DETR with the mask head: boxes, classes and one mask per query (paper §4.4).
 
     Build it with :func:`build_detr_panoptic`, or load the authors' panoptic release files with
@@ -220,13 +221,13 @@ class DETRPanoptic(nn.Module):
         freeze_detr: stop gradients to every detector weight: the second stage of the authors' two-stage
             recipe trains only the mask head on a converged box model (paper §4.4).
 
-    Attributes ``num_classes``, ``num_queries``, ``class_head``, ``aux_loss``, ``config`` are the
-    detector's; ``meta`` (:class:`detr.models.config.ModelMeta`: categories, things and stuff for
+    Attributes: the :class:`Detector` contract's, the detector's where they describe it (``num_classes``,
+    ``num_queries``, ``class_head``, ``config``, ``stride``, ...); ``meta`` (:class:`detr.models.config.ModelMeta`: categories, things and stuff for
     :class:`detr.inference.postprocess_masks.PostProcessPanoptic` and the settings the training run validated
     with) is set by loaders (empty here).
     """
 
-    def __init__(self, detr: Detector, *, freeze_detr: bool = False) -> None:
+    def __init__(self, detr: SingleScaleDetector, *, freeze_detr: bool = False) -> None:
         super().__init__()
         backbone = detr.backbone[0]
         missing = [stage for stage in SKIP_STAGES if not hasattr(backbone.body, stage)]
@@ -244,9 +245,35 @@ class DETRPanoptic(nn.Module):
                                   hidden_dim)
         self.meta = ModelMeta()  # categories, things/stuff, post-processing settings: set by loaders
 
+    predicts_masks = True
+    exportable = False  # the export covers the detector (detr-export writes boxes and classes only)
+
     @property
     def num_classes(self) -> int:
         return self.detr.num_classes
+
+    @property
+    def query_type(self) -> str:
+        return self.detr.query_type
+
+    @property
+    def attention_kind(self) -> str | None:
+        return self.detr.attention_kind
+
+    @property
+    def box_detector(self) -> Detector:
+        return self.detr
+
+    @property
+    def min_image_size(self) -> int:
+        return self.detr.min_image_size
+
+    @property
+    def max_image_size(self) -> int | None:
+        return self.detr.max_image_size
+
+    def describe(self) -> str:
+        return self.detr.describe() + (", mask head" if self.detr.describe() else "")
 
     @property
     def num_queries(self) -> int:
@@ -282,7 +309,7 @@ class DETRPanoptic(nn.Module):
             images: float [B, 3, H, W], ImageNet-normalised, zero-padded at the bottom and right.
             padding_mask: bool [B, H, W], True on padding.
             return_attention: also return the detector's attention maps (:attr:`DetectorOutput.attention`).
-            targets: passed to the detector's :meth:`Detector.decode` (its denoising queries read them).
+            targets: passed to the detector's :meth:`SingleScaleDetector.decode` (its denoising queries read them).
 
         Returns the detector's :class:`DetectorOutput` (equal to ``model.detr(images, padding_mask)``) with
         masks float [B, Q, H', W']: mask logits at stride 4 of the padded batch (H' = H / 4 rounded up as the

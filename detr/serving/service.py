@@ -27,7 +27,7 @@ from detr.inference.postprocess_masks import panoptic_png
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import NonFiniteOutputError, Predictor
 from detr.visualize.explorer import render_explorer_html
-from detr.visualize.explorer.pages import describe_model, explorer_page_data
+from detr.visualize.explorer.pages import explorer_page_data
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class DetectionService:
     def __init__(self, predictor: Predictor, *, model_name: str) -> None:
         self.predictor = predictor
         self.model_name = model_name
-        self.description = describe_model(predictor.model)
+        self.description = predictor.model.describe()
 
     def check_task(self, task: str) -> None:
         """Raise ``ValueError`` (naming the fix) when the model cannot do ``task``: see :meth:`Predictor.check_task`."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from detr import CategoryMap, PostProcess, build_detr, load_checkpoint
+from detr import CategoryMap, PostProcess, build_detr, build_detr_panoptic, load_checkpoint
 from detr.checkpoints.export import DeployModel, export, export_onnx, load_program, prepare_for_export
 from detr.checkpoints.formats import CheckpointError, ExportError
 from tests.helpers import TINY, load_script
@@ -232,9 +232,13 @@ def test_softmax_postprocess_graph_and_pt2_program_match(tmp_path):
 
 
 def test_what_cannot_export_is_a_clear_error(tmp_path):
-    with pytest.raises(ExportError, match="only detr.models.DETR"):
+    with pytest.raises(ExportError, match="only a detr Detector exports"):
         export_onnx(torch.nn.Linear(2, 2), tmp_path / "linear.onnx")
     assert not (tmp_path / "linear.onnx").exists()
+    panoptic = build_detr_panoptic(TINY.replace(hidden_dim=128, num_heads=8))
+    with pytest.raises(ExportError, match=r"mask head is not part of the export \(export its detector"):
+        export_onnx(panoptic, tmp_path / "panoptic.onnx")
+    assert not (tmp_path / "panoptic.onnx").exists()
 
 
 def test_export_leaves_the_model_as_it_was():

@@ -89,12 +89,12 @@ def test_decode_is_forward_plus_hidden_and_memory(options, training):
 
 def test_both_detectors_share_one_skeleton():
     """The backbone, heads, checks and forward are the skeleton's; a detector adds only its query source."""
-    from detr.models import Detector
+    from detr.models import SingleScaleDetector
 
     for cls in (DETR, AnchorDETR):
-        assert issubclass(cls, Detector)
+        assert issubclass(cls, SingleScaleDetector)
         for name in ("forward", "embed", "decode", "optimize_for_inference"):
-            assert getattr(cls, name) is getattr(Detector, name)
+            assert getattr(cls, name) is getattr(SingleScaleDetector, name)
     images, mask = _batch()
     for options in ({}, {"query_type": "anchor"}):
         with pytest.raises(ValueError, match="padding_mask"):
@@ -109,3 +109,23 @@ def test_backbone_stages_are_the_forward_pass_kept_along_the_way():
     with_stages, stage_mask, stages = body.forward_with_stages(images, mask, ("layer1", "layer3"))
     assert torch.equal(features, with_stages) and torch.equal(feature_mask, stage_mask)
     assert list(stages) == ["layer1", "layer3"] and stages["layer1"].shape[-2:] == (16, 24)
+
+
+def test_every_model_and_backend_meets_one_contract(tmp_path):
+    """The paper's DETR, the anchor detector, Deformable DETR and the panoptic model are Detectors, and say
+    through the contract what callers used to learn from their class."""
+    from detr.models import Detector, build_detr_panoptic
+
+    deformable = build_detr(TINY.replace(architecture="deformable", class_head="sigmoid", num_points=2))
+    models = {"detr": build_detr(TINY), "anchor": build_detr(TINY, query_type="anchor"), "deformable": deformable,
+              "panoptic": build_detr_panoptic(TINY.replace(hidden_dim=128, num_heads=8))}
+    for name, model in models.items():
+        assert isinstance(model, Detector), name
+    assert models["detr"].min_image_size == models["detr"].stride + 1
+    assert [models[name].attention_kind for name in models] == ["maps", "maps", "points", "maps"]
+    assert [models[name].predicts_masks for name in models] == [False, False, False, True]
+    assert [models[name].exportable for name in models] == [True, True, True, False]
+    assert models["panoptic"].box_detector is models["panoptic"].detr and models["detr"].box_detector is models["detr"]
+    assert deformable.min_image_size == deformable.backbone[0].stride * 2 + 1  # the fourth level halves layer4's map
+    assert deformable.describe().startswith("Deformable DETR, 4 levels × 2 points, resnet18")
+    assert models["panoptic"].describe() == models["panoptic"].detr.describe() + ", mask head"

@@ -9,8 +9,9 @@ short budget (docs/convergence.md).
   decoded, each blind to the others and matched one-to-one on its own; inference decodes group 1 only.
 - Co-DETR's dense auxiliary head (Zong et al., ICCV 2023), optional, as for :class:`detr.models.detr.DETR`.
 
-The backbone, heads and input checks are the shared :class:`detr.models.detector.Detector`'s; this model
-is its anchor query source. The output dict is :class:`DETR`'s, plus the training-only keys of these variants.
+The backbone, heads and input checks are the shared :class:`detr.models.single_scale.SingleScaleDetector`'s;
+this model is its anchor query source. The output is :class:`DETR`'s, plus the training-only fields of these
+variants.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from detr.models.anchor.denoising import DenoisingMeta, DenoisingQueries
 from detr.models.backbone import Joiner
 from detr.models.config import ClassHead, QueryType
 from detr.models.dense_head import DenseAuxiliaryHead
-from detr.models.detector import DecodedQueries, Detector, Targets
+from detr.models.detector import Targets
+from detr.models.single_scale import DecodedQueries, SingleScaleDetector
 
 
 def query_group_attention_mask(num_groups: int, group_size: int, num_before: int = 0,
@@ -42,17 +44,18 @@ def query_group_attention_mask(num_groups: int, group_size: int, num_before: int
     return allowed
 
 
-class AnchorDETR(Detector):
+class AnchorDETR(SingleScaleDetector):
     """DAB-DETR's anchor queries, with DN-DETR's denoising queries and Group DETR's query groups in training.
     Build it with :func:`detr.models.build.build_detr` (``query_type="anchor"``).
 
     Args:
-        backbone, num_classes, num_queries, aux_loss, class_head, dense_head: as :class:`Detector`'s.
+        backbone, num_classes, num_queries, aux_loss, class_head, dense_head: as :class:`SingleScaleDetector`'s.
         transformer: DETR's encoder and the anchor decoder.
         denoising: the denoising queries (the forward then needs ``targets`` in training), or None.
         query_groups: anchor groups decoded in training (1 = the paper's one-to-one assignment).
 
-    ``forward`` returns :meth:`Detector.forward`'s :class:`~detr.models.outputs.DetectorOutput`, with in training:
+    ``forward`` returns :meth:`SingleScaleDetector.forward`'s :class:`~detr.models.outputs.DetectorOutput`,
+    with in training:
 
     - with query groups G > 1: logits and boxes (and every aux layer's) hold G · Q queries, group by group
       (a matcher built with ``group_size=Q`` matches each group on its own);
@@ -60,8 +63,8 @@ class AnchorDETR(Detector):
       image): ``denoising``, the denoising queries' predictions (logits [B, D, ·], boxes [B, D, 4], their
       aux layers; D = meta.num_queries) and their layout (:class:`detr.models.anchor.denoising.DenoisingMeta`).
 
-    Attention maps cover the matching queries only. Attributes as :class:`Detector`'s (``query_type`` is
-    "anchor"), plus ``query_groups`` and ``denoising``.
+    Attention maps cover the matching queries only. Attributes as :class:`SingleScaleDetector`'s
+    (``query_type`` is "anchor"), plus ``query_groups`` and ``denoising``.
     """
 
     query_type: QueryType = "anchor"

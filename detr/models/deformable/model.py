@@ -24,9 +24,9 @@ from torch import nn
 
 from detr.box_ops import inverse_sigmoid
 from detr.models.backbone import Joiner
-from detr.models.config import PRIOR_BIAS, ClassHead, DetrConfig, ModelMeta
+from detr.models.config import PRIOR_BIAS, ClassHead
 from detr.models.deformable.transformer import REFERENCE_EPS, DeformableTransformer
-from detr.models.detector import check_inputs
+from detr.models.detector import Detector, check_inputs
 from detr.models.mlp import MLP
 from detr.models.outputs import DetectorOutput, LayerOutput, SamplingOutput, stack_layers
 
@@ -42,7 +42,7 @@ def _projection(in_channels: int, hidden_dim: int, *, extra: bool) -> nn.Sequent
     return nn.Sequential(conv, nn.GroupNorm(32, hidden_dim))
 
 
-class DeformableDETR(nn.Module):
+class DeformableDETR(Detector):
     """Deformable DETR: multi-scale features → deformable encoder → deformable decoder → per-layer heads.
 
     Args:
@@ -53,11 +53,12 @@ class DeformableDETR(nn.Module):
         box_refine: iterative bounding-box refinement (separate heads per layer, each refining the last box).
         two_stage: queries from the encoder's best proposals (needs ``box_refine``, as the authors' code).
 
-    Attributes as the other detectors': ``class_head`` ("sigmoid"), ``query_type`` ("learned"), ``config``,
-    ``meta``, ``stride`` (the finest level's: 8, or 32 single-scale).
+    Attributes: those of the :class:`~detr.models.detector.Detector` contract; ``class_head`` is "sigmoid",
+    ``stride`` the finest level's (8, or 32 single-scale), and ``return_attention`` gives sampling points.
     """
 
-    query_type = "learned"
+    class_head: ClassHead = "sigmoid"
+    attention_kind = "points"
 
     def __init__(self, backbone: Joiner, transformer: DeformableTransformer, *, num_classes: int, num_queries: int = 300,
                  aux_loss: bool = True, box_refine: bool = False, two_stage: bool = False) -> None:
@@ -67,7 +68,6 @@ class DeformableDETR(nn.Module):
         hidden_dim, levels = transformer.d_model, transformer.num_levels
         self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
         self.box_refine, self.two_stage = box_refine, two_stage
-        self.class_head: ClassHead = "sigmoid"
         self.transformer = transformer
         class_embed = nn.Linear(hidden_dim, num_classes)
         nn.init.constant_(class_embed.bias, PRIOR_BIAS)
@@ -95,8 +95,6 @@ class DeformableDETR(nn.Module):
                                            extra=True))
         self.input_proj = nn.ModuleList(projections)
         self.backbone = backbone
-        self.config: DetrConfig | None = None
-        self.meta = ModelMeta()
 
     @property
     def num_levels(self) -> int:
@@ -107,11 +105,21 @@ class DeformableDETR(nn.Module):
         """Input pixels per cell of the finest level: 8 (3 levels or more), 16 (2) or the backbone's (1)."""
         return {"layer2": 8, "layer3": 16, "layer4": self.backbone[0].stride}[self.stages[0]]
 
-    def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DeformableDETR:
-        """As :meth:`detr.models.detector.Detector.optimize_for_inference`: the backbone only, in place."""
-        self.eval()
-        self.backbone[0].optimize_for_inference(fold_batch_norm=fold_batch_norm, channels_last=channels_last)
-        return self
+    @property
+    def min_image_size(self) -> int:
+        """One stride of the coarsest level more than a single cell: the extra levels halve the backbone's map
+        once each."""
+        return self.backbone[0].stride * 2 ** max(self.num_levels - 3, 0) + 1
+
+    def describe(self) -> str:
+        """The variant, its levels and points, then the backbone and widths (:meth:`Detector.describe`)."""
+        variant = " + ".join(name for name, on in (("box refinement", self.box_refine), ("two-stage", self.two_stage))
+                             if on)
+        config = self.config
+        if config is None:
+            return ""
+        return (f"Deformable DETR{f' ({variant})' if variant else ''}, {config.num_feature_levels} levels × "
+                f"{config.num_points} points, {super().describe()}")
 
     def multi_scale_features(self, images: torch.Tensor, padding_mask: torch.Tensor
                              ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from detr.categories import CategoryMap
 from detr.data.collate import pad_images
@@ -20,7 +19,7 @@ from detr.data.transforms import denormalize
 from detr.inference.images import ImageInput, to_rgb_array
 from detr.inference.prediction import label_name
 from detr.inference.predictor import Predictor
-from detr.models.deformable.model import DeformableDETR
+from detr.models.detector import Detector
 from detr.visualize.explorer.data import explorer_data
 from detr.visualize.explorer.render import render_explorer_html, render_index_html
 
@@ -34,21 +33,6 @@ PAGE_SIZE_WARNING_BYTES = 20 * 1024 * 1024
 def _class_names(category_map: CategoryMap | None, num_classes: int, with_no_object: bool = True) -> list[str]:
     names = [label_name(category_map, label) for label in range(num_classes)]
     return names + ["no object"] if with_no_object else names
-
-
-def describe_model(model: nn.Module) -> str:
-    """One line about the model for a page's header, e.g. "resnet50, 6 encoder layers, 256 hidden, 91 classes"."""
-    config = model.config
-    if config is None:  # a detector built by hand
-        return ""
-    parts = [config.backbone + ("-DC5" if config.dilation else ""), f"{config.num_encoder_layers} encoder layers",
-             f"{config.hidden_dim} hidden", f"{config.num_classes} classes"]
-    if isinstance(model, DeformableDETR):
-        variant = " + ".join(name for name, on in (("box refinement", model.box_refine), ("two-stage", model.two_stage))
-                             if on)
-        parts.insert(0, "Deformable DETR" + (f" ({variant})" if variant else "")
-                     + f", {config.num_feature_levels} levels × {config.num_points} points")
-    return ", ".join(parts)
 
 
 def explorer_page_data(predictor: Predictor, pixels: np.ndarray, *, title: str, threshold: float,
@@ -95,7 +79,7 @@ def _page_names(images: Sequence[ImageInput]) -> list[tuple[str, str]]:
 
 
 def write_attention_explorer(
-    model: nn.Module,
+    model: Detector,
     images: Sequence[ImageInput],
     out_dir: str | Path,
     *,
@@ -135,7 +119,7 @@ def write_attention_explorer(
                           min_size=min_size, max_size=max_size)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    description = describe_model(model)
+    description = model.describe()
     written: list[tuple[Path, dict[str, Any]]] = []
     for image, (title, stem) in zip(images, _page_names(images)):
         try:
