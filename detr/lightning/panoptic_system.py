@@ -5,8 +5,8 @@
 2. Mask stage (``masks=True``, the default): :class:`detr.models.segmentation.DETRPanoptic` starts from the
    box stage's checkpoint (``init_checkpoint``), the detector frozen (``freeze_detr``), and only the mask
    head trains, with focal and DICE losses on the matched queries' masks beside the box losses
-   (:class:`detr.loss.masks.SetCriterionWithMasks`). The authors trained it 25 epochs, the learning
-   rate dropped at 15.
+   (:class:`detr.loss.masks.MaskLoss`, a part of the criterion :func:`detr.loss.build.build_criterion`
+   builds). The authors trained it 25 epochs, the learning rate dropped at 15.
 
 Validation adds, in the mask stage, panoptic quality (:class:`detr.inference.postprocess_masks.PostProcessPanoptic`
 → :class:`detr.evaluation.panoptic.PanopticQuality`: ``val/PQ``, ``val/SQ``, ``val/RQ``, ``val/PQ_th``,
@@ -34,8 +34,7 @@ from detr.data.coco import coco_from_dict
 from detr.evaluation.panoptic import PanopticQuality, format_panoptic_table
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, masks_to_rle
 from detr.lightning.system import DetrSystem, _model_config
-from detr.loss.criterion import SetCriterion
-from detr.loss.masks import SetCriterionWithMasks
+from detr.loss.build import build_criterion
 from detr.models.config import DetrConfig
 from detr.models.outputs import DetectorOutput
 from detr.models.segmentation import DETRPanoptic
@@ -100,8 +99,8 @@ class PanopticSystem(DetrSystem):
             if freeze_detr:
                 self.model.detr.requires_grad_(False)
                 self._fix_frozen_detector()
-            self.criterion = _with_mask_losses(self.criterion, loss_mask=loss_mask, loss_dice=loss_dice,
-                                               training_only_outputs=not freeze_detr)
+            self.criterion = build_criterion(config, **self.loss_settings(), masks=True, loss_mask=loss_mask,
+                                             loss_dice=loss_dice, training_only_parts=not freeze_detr)
         self._use_categories(categories)
         self._panoptic: PanopticQuality | None = None
         self._segm: dict[str, list[Any]] = {}
@@ -284,20 +283,6 @@ class PanopticSystem(DetrSystem):
         categories = (checkpoint.get("detr") or {}).get("categories")
         if self.categories is None and categories:
             self._use_categories(categories)
-
-
-def _with_mask_losses(box_criterion: SetCriterion, *, loss_mask: float, loss_dice: float,
-                      training_only_outputs: bool) -> SetCriterionWithMasks:
-    """The box stage's criterion (same matcher, class head, weights) plus the mask losses. Without
-    ``training_only_outputs`` (a frozen detector in eval mode) it leaves out the parts that read the
-    training-only outputs (denoising, dense head)."""
-    weights = box_criterion.weight_dict
-    return SetCriterionWithMasks(
-        box_criterion.num_classes, box_criterion.matcher, box_criterion.eos_coef, loss_ce=weights["loss_ce"],
-        loss_bbox=weights["loss_bbox"], loss_giou=weights["loss_giou"],
-        num_decoder_layers=box_criterion.num_decoder_layers, class_head=box_criterion.class_head,
-        focal_alpha=box_criterion.focal_alpha, focal_gamma=box_criterion.focal_gamma,
-        parts=list(box_criterion.parts) if training_only_outputs else [], loss_mask=loss_mask, loss_dice=loss_dice)
 
 
 def _gather(value: Any) -> list[Any]:

@@ -33,9 +33,7 @@ from detr.lightning.callbacks import time_budget_of
 from detr.lightning.checkpointing import restore_rng_states, save_rng_states
 from detr.lightning.error_analysis import write_error_analysis
 from detr.lightning.schedule import LinearDecayToZero, learning_rate_schedulers, resume_schedule
-from detr.loss.criterion import SetCriterion
-from detr.loss.matcher import HungarianMatcher
-from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
+from detr.loss.build import build_criterion
 from detr.models.backbone import cpu_has_bfloat16
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig, ModelMeta
@@ -151,37 +149,26 @@ class DetrSystem(L.LightningModule):
         self.save_hyperparameters(ignore=["category_map", "detr"])
         self.hparams["detr"] = config.to_dict()
         self.model = build_detr(config)
-        num_classes, class_head = config.num_classes, config.class_head
-        # The sigmoid head is trained with the focal loss and matched with the focal cost (Deformable DETR); the
-        # training-only outputs of the anchor-query recipe bring their own loss parts; Group DETR's query groups
-        # are matched group by group.
-        layers = config.num_decoder_layers if config.aux_loss else 1
-        weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
-        focal = {"focal_alpha": focal_alpha, "focal_gamma": focal_gamma}
-        parts: list[LossPart] = []
-        if config.denoising:
-            parts.append(DenoisingLoss(layers, class_head=class_head, **focal, **weights))
-        if config.dense_aux_head:
-            parts.append(DenseLoss(**focal, **weights))
-        self.criterion = SetCriterion(
-            num_classes,
-            HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou, class_head=class_head,
-                             **focal, group_size=config.num_queries if config.query_groups > 1 else None),
-            eos_coef=eos_coef, **weights, num_decoder_layers=layers, class_head=class_head, **focal, parts=parts,
-            two_stage=config.two_stage,
-        )
+        self.criterion = build_criterion(config, **self.loss_settings())
         if channels_last:
             self.model.backbone[0].use_channels_last()
         if backbone_bf16:
             self.model.backbone[0].use_autocast(torch.bfloat16)
-        self.postprocess = PostProcess(class_head=class_head)
-        self.category_map = _as_category_map(category_map, num_classes)
+        self.postprocess = PostProcess(class_head=config.class_head)
+        self.category_map = _as_category_map(category_map, config.num_classes)
         self.lr_drop_epochs = list(lr_drop_epochs) if lr_drop_epochs is not None else [200]
         self.evaluator: CocoEvaluator | None = None
         self.last_evaluation: CocoEvaluation | None = None
         self._fit_validations = 0
         if init_checkpoint:
             self.load_initial_weights(init_checkpoint)
+
+    def loss_settings(self) -> dict[str, float]:
+        """The matching costs, loss weights and focal parameters this system was built with
+        (:func:`detr.loss.build.build_criterion`'s arguments)."""
+        names = ("cost_class", "cost_bbox", "cost_giou", "loss_ce", "loss_bbox", "loss_giou", "eos_coef",
+                 "focal_alpha", "focal_gamma")
+        return {name: self.hparams[name] for name in names}
 
     # ------------------------------------------------------------------ weights
     def load_initial_weights(self, path: str) -> None:

@@ -1,13 +1,15 @@
 """DETR's set loss (Carion et al. 2020, section 3.1 and appendix A.2; the authors' SetCriterion in models/detr.py).
 
 A pure function of predictions and targets: the caller passes ``num_boxes`` already reduced across
-processes (the training system all-reduces it); nothing here talks to torch.distributed. Losses of later
-training aids (denoising queries, the dense head) are parts it composes (:mod:`detr.loss.parts`).
+processes (the training system all-reduces it); nothing here talks to torch.distributed. Every optional
+term (two-stage proposals, denoising queries, the dense head, masks) is a part it composes (:class:`LossPart`:
+:mod:`detr.loss.parts`, :mod:`detr.loss.masks`); :func:`detr.loss.build.build_criterion` chooses them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -15,15 +17,43 @@ from torch import nn
 
 from detr.loss.focal import sigmoid_focal_loss
 from detr.loss.matcher import HungarianMatcher
-from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
 from detr.loss.terms import Indices, Targets, box_losses, matched_labels, matched_query_index
 from detr.models.config import ClassHead
 from detr.models.outputs import DetectorOutput, LayerOutput
 
-#: Output fields that only a part reads: (what they are, the part, its shorthand). A criterion without the
-#: part refuses them rather than train without their loss.
-_PART_OUTPUTS = {"denoising": ("denoising predictions", "DenoisingLoss", "denoising=True"),
-                 "dense": ("dense auxiliary predictions", "DenseLoss", "dense_aux=True")}
+#: Output fields that only a part reads: (what they are, the part). A criterion without the part refuses them
+#: rather than train without their loss.
+_PART_OUTPUTS = {"proposals": ("two-stage encoder proposals", "detr.loss.parts.ProposalLoss"),
+                 "denoising": ("denoising predictions", "detr.loss.parts.DenoisingLoss"),
+                 "dense": ("dense auxiliary predictions", "detr.loss.parts.DenseLoss"),
+                 "masks": ("masks", "detr.loss.masks.MaskLoss")}
+
+
+@dataclass
+class LossContext:
+    """What the criterion hands its parts beside the outputs: itself (its matcher, class head and per-layer
+    terms: :meth:`SetCriterion.layer_losses`) and the Hungarian matches of the last decoder layer."""
+
+    criterion: SetCriterion
+    indices: Indices
+
+
+class LossPart(nn.Module):
+    """One optional term of the loss: the output field it reads and the weight of each term it returns.
+
+    Subclasses set ``output_field`` (a :class:`DetectorOutput` field) and ``weight_dict`` and implement
+    ``forward(outputs, targets, num_boxes, context=None)`` → dict of float scalars named as in
+    ``weight_dict``, unweighted; :meth:`zeros` when the outputs lack the field (evaluation mode), so that
+    ``weight_dict`` always finds them.
+    """
+
+    output_field: str
+    weight_dict: dict[str, float]
+
+    def zeros(self, outputs: DetectorOutput) -> dict[str, torch.Tensor]:
+        """Every term at zero: what a part returns when the outputs lack its field."""
+        zero = outputs.logits.new_zeros((), dtype=torch.float32)
+        return {name: zero for name in self.weight_dict}
 
 
 class SetCriterion(nn.Module):
@@ -44,22 +74,20 @@ class SetCriterion(nn.Module):
             group by group (see the matcher) and the box and focal terms are divided by G · num_boxes: the
             mean over groups of each group's loss (the softmax term is a mean over all queries already).
             cardinality_error counts group 1.
-        parts: further losses (:mod:`detr.loss.parts`), each called with the outputs, the targets and
-            num_boxes: :class:`~detr.loss.parts.DenoisingLoss` for a model with denoising queries
-            (loss_*_dn, loss_*_dn_i), :class:`~detr.loss.parts.DenseLoss` for one with the dense head
-            (loss_*_dense). Outputs holding ``denoising`` or ``dense`` predictions need the part that reads them.
-        denoising, dense_aux: shorthands that add those two parts with this criterion's layer count, class
-            head, focal parameters and weights.
-        two_stage: Deformable DETR's two-stage encoder proposals (``proposals``) get the set loss too,
-            matched class-agnostically (every target is class 0, as the authors' code), with the suffix
-            ``_enc`` and the base weights.
+        parts: the optional terms (:class:`LossPart`), each called with the outputs, the targets, num_boxes
+            and a :class:`LossContext` (this criterion and the last layer's matches):
+            :class:`~detr.loss.parts.ProposalLoss` for Deformable DETR's two-stage proposals (loss_*_enc),
+            :class:`~detr.loss.parts.DenoisingLoss` for a model with denoising queries (loss_*_dn,
+            loss_*_dn_i), :class:`~detr.loss.parts.DenseLoss` for one with the dense head (loss_*_dense),
+            :class:`detr.loss.masks.MaskLoss` for a panoptic model's masks (loss_mask, loss_dice). Outputs
+            holding a field one of them reads need that part. :func:`detr.loss.build.build_criterion`
+            chooses them for a model's config.
     """
 
     def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, eos_coef: float = 0.1, *,
                  loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
                  num_decoder_layers: int = 6, class_head: ClassHead = "softmax",
-                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, parts: Sequence[LossPart] = (),
-                 denoising: bool = False, dense_aux: bool = False, two_stage: bool = False) -> None:
+                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, parts: Sequence[LossPart] = ()) -> None:
         super().__init__()
         self.num_classes = num_classes
         self.matcher = matcher if matcher is not None else HungarianMatcher(class_head=class_head)
@@ -75,20 +103,11 @@ class SetCriterion(nn.Module):
         self.weight_dict: dict[str, float] = dict(base)
         for layer in range(num_decoder_layers - 1):
             self.weight_dict.update({f"{name}_{layer}": weight for name, weight in base.items()})
-        self.two_stage = two_stage
-        if two_stage:
-            self.weight_dict.update({f"{name}_enc": weight for name, weight in base.items()})
 
         parts = list(parts)
-        if denoising:
-            parts.append(DenoisingLoss(num_decoder_layers, class_head=class_head, focal_alpha=focal_alpha,
-                                       focal_gamma=focal_gamma, **base))
-        if dense_aux:
-            parts.append(DenseLoss(focal_alpha=focal_alpha, focal_gamma=focal_gamma, **base))
         for part in parts:
             if part.output_field in {other.output_field for other in parts if other is not part}:
-                raise ValueError(f"SetCriterion: two parts read {part.output_field!r}; pass each part once (the "
-                                 "denoising= and dense_aux= shorthands add one too)")
+                raise ValueError(f"SetCriterion: two parts read {part.output_field!r}; pass each part once")
             if getattr(part, "class_head", class_head) != class_head:
                 raise ValueError(f"SetCriterion(class_head={class_head!r}): the part {type(part).__name__} has "
                                  f"class_head={part.class_head!r}; give both the model's class head")
@@ -133,12 +152,17 @@ class SetCriterion(nn.Module):
 
     def layer_losses(self, outputs: LayerOutput, targets: Targets, num_boxes: float) -> dict[str, torch.Tensor]:
         """Match, then every loss term for one decoder layer's predictions."""
+        return self.matched_layer_losses(outputs, targets, num_boxes)[0]
+
+    def matched_layer_losses(self, outputs: LayerOutput, targets: Targets, num_boxes: float
+                             ) -> tuple[dict[str, torch.Tensor], Indices]:
+        """:meth:`layer_losses` and the matches they were computed on."""
         indices = self.matcher(outputs, targets)
         num_boxes = num_boxes * self.matcher.num_groups(outputs.logits.shape[1])
         losses = self.loss_labels(outputs, targets, indices, num_boxes)
         losses.update(self.loss_cardinality(outputs, targets))
         losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))
-        return losses
+        return losses, indices
 
     def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: float | torch.Tensor | None = None
                 ) -> dict[str, torch.Tensor]:
@@ -146,26 +170,20 @@ class SetCriterion(nn.Module):
         targets: per image labels int64 [T] and boxes [T, 4] normalised cxcywh; num_boxes: the batch's
         target count, averaged over processes by the caller (local count when None), clamped to at least 1."""
         read = {part.output_field for part in self.parts}
-        for name, (what, part, shorthand) in _PART_OUTPUTS.items():
+        for name, (what, part) in _PART_OUTPUTS.items():
             if getattr(outputs, name) is not None and name not in read:
                 raise ValueError(f"the outputs hold {what} ({name}) but the criterion ignores them: build it with "
-                                 f"SetCriterion(..., parts=[{part}(...)]) or SetCriterion(..., {shorthand})")
-        if outputs.proposals is not None and not self.two_stage:
-            raise ValueError("the outputs hold two-stage encoder proposals but the criterion ignores them: build "
-                             "it with SetCriterion(..., two_stage=True)")
+                                 f"SetCriterion(..., parts=[{part}(...)]), or with detr.loss.build.build_criterion "
+                                 "(the model's config)")
         if num_boxes is None:
             num_boxes = float(sum(len(t["labels"]) for t in targets))
         num_boxes = torch.as_tensor(num_boxes, dtype=torch.float32, device=outputs.logits.device).clamp(min=1)
-        losses = self.layer_losses(outputs, targets, num_boxes)
+        losses, indices = self.matched_layer_losses(outputs, targets, num_boxes)
         for layer, aux in enumerate(outputs.aux):
             aux_losses = self.layer_losses(aux, targets, num_boxes)
             aux_losses.pop("class_error")  # logged for the last layer only, as the authors do
             losses.update({f"{name}_{layer}": value for name, value in aux_losses.items()})
-        if self.two_stage:
-            binary = [{**target, "labels": torch.zeros_like(target["labels"])} for target in targets]
-            encoder_losses = self.layer_losses(outputs.proposals, binary, num_boxes)
-            encoder_losses.pop("class_error")
-            losses.update({f"{name}_enc": value for name, value in encoder_losses.items()})
+        context = LossContext(self, indices)
         for part in self.parts:
-            losses.update(part(outputs, targets, num_boxes))
+            losses.update(part(outputs, targets, num_boxes, context))
         return losses

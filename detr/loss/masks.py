@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import sigmoid_focal_loss
 
-from detr.loss.criterion import SetCriterion
+from detr.loss.criterion import LossContext, LossPart
 from detr.loss.terms import Indices, Targets, matched_query_index
-from detr.models.outputs import DetectorOutput, LayerOutput
+from detr.models.outputs import DetectorOutput
 
 
 def dice_loss(logits: torch.Tensor, targets: torch.Tensor, num_boxes: float | torch.Tensor) -> torch.Tensor:
@@ -60,46 +60,40 @@ def matched_masks(pred_masks: torch.Tensor, targets: Targets, indices: Indices) 
     return predictions.flatten(1), target_masks.flatten(1)
 
 
-class SetCriterionWithMasks(SetCriterion):
-    """:class:`detr.loss.criterion.SetCriterion` plus ``loss_mask`` (focal) and ``loss_dice`` on the last layer's
-    ``masks``, with the same matching. Targets also need ``masks`` (see :func:`matched_masks`).
+class MaskLoss(LossPart):
+    """``loss_mask`` (focal) and ``loss_dice`` of a panoptic model's ``masks`` on the last decoder layer's
+    matches (the box terms' Hungarian matching: :class:`LossContext`). Targets also need ``masks`` (see
+    :func:`matched_masks`); both terms are divided by num_boxes.
 
-    Args: those of SetCriterion, and the weights ``loss_mask`` and ``loss_dice`` (1, 1), the focal
-    ``mask_alpha`` and ``mask_gamma`` (0.25, 2).
+    Args: the weights ``loss_mask`` and ``loss_dice`` (1, 1), the focal ``mask_alpha`` and ``mask_gamma``
+    (0.25, 2).
 
-    The class term follows the model's class head (softmax or sigmoid, as SetCriterion). With Group DETR's
-    query groups (G > 1 groups of predictions, an unfrozen detector in training) ``masks`` covers
-    group 1 only (the queries inference decodes): the mask terms use group 1's matches.
+    With Group DETR's query groups (G > 1 groups of predictions, an unfrozen detector in training) ``masks``
+    covers group 1 only (the queries inference decodes): the mask terms use group 1's matches.
     """
 
-    def __init__(self, num_classes: int, *args, loss_mask: float = 1.0, loss_dice: float = 1.0,
-                 mask_alpha: float = 0.25, mask_gamma: float = 2.0, **kwargs) -> None:
-        super().__init__(num_classes, *args, **kwargs)
-        self.mask_alpha, self.mask_gamma = mask_alpha, mask_gamma
-        self.weight_dict.update({"loss_mask": loss_mask, "loss_dice": loss_dice})
+    output_field = "masks"
 
-    def loss_masks(self, outputs: DetectorOutput, targets: Targets, indices: Indices,
-                   num_boxes: float | torch.Tensor) -> dict[str, torch.Tensor]:
+    def __init__(self, *, loss_mask: float = 1.0, loss_dice: float = 1.0, mask_alpha: float = 0.25,
+                 mask_gamma: float = 2.0) -> None:
+        super().__init__()
+        self.mask_alpha, self.mask_gamma = mask_alpha, mask_gamma
+        self.weight_dict = {"loss_mask": loss_mask, "loss_dice": loss_dice}
+
+    def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: torch.Tensor,
+                context: LossContext | None = None) -> dict[str, torch.Tensor]:
+        if outputs.masks is None:
+            return self.zeros(outputs)
+        if context is None:
+            raise ValueError("MaskLoss scores the box terms' matches: call it through SetCriterion")
         if any("masks" not in t for t in targets):
             raise ValueError("mask losses need targets with 'masks' (bool [T, H, W] per image, at the processed "
                              "image size); the panoptic data pipeline provides them")
+        indices = context.indices
         num_masked = outputs.masks.shape[1]
-        if self.matcher.num_groups(outputs.logits.shape[1]) > 1:  # Group DETR: masks for group 1 only
+        if context.criterion.matcher.num_groups(outputs.logits.shape[1]) > 1:  # Group DETR: group 1 only
             indices = [(queries[queries < num_masked], matched[queries < num_masked]) for queries, matched in indices]
         predictions, target_masks = matched_masks(outputs.masks, targets, indices)
         return {"loss_mask": focal_mask_loss(predictions, target_masks, num_boxes, alpha=self.mask_alpha,
                                              gamma=self.mask_gamma),
                 "loss_dice": dice_loss(predictions, target_masks, num_boxes)}
-
-    def layer_losses(self, outputs: LayerOutput, targets: Targets, num_boxes: float) -> dict[str, torch.Tensor]:
-        """SetCriterion's terms, plus the mask terms when this layer has masks (the last one: the model's
-        :class:`DetectorOutput`)."""
-        if not isinstance(outputs, DetectorOutput) or outputs.masks is None:
-            return super().layer_losses(outputs, targets, num_boxes)
-        indices = self.matcher(outputs, targets)
-        group_boxes = num_boxes * self.matcher.num_groups(outputs.logits.shape[1])  # as SetCriterion
-        losses = self.loss_labels(outputs, targets, indices, group_boxes)
-        losses.update(self.loss_cardinality(outputs, targets))
-        losses.update(self.loss_boxes(outputs, targets, indices, group_boxes))
-        losses.update(self.loss_masks(outputs, targets, indices, num_boxes))
-        return losses

@@ -1,10 +1,12 @@
 """Losses that :class:`detr.loss.criterion.SetCriterion` adds to the paper's set loss, one part per training aid.
 
 A part reads one field of the model's :class:`~detr.models.outputs.DetectorOutput` (``output_field``), names
-its terms and their weights in ``weight_dict``, and is called as ``part(outputs, targets, num_boxes)`` →
-those terms, unweighted. It returns zeros when that field is None (evaluation mode), so ``weight_dict``
-always finds them.
+its terms and their weights in ``weight_dict``, and is called as ``part(outputs, targets, num_boxes,
+context)`` → those terms, unweighted; ``context`` (:class:`LossContext`) holds the criterion (its matcher
+and per-layer terms) and the last layer's matches. It returns zeros when that field is None (evaluation
+mode), so ``weight_dict`` always finds them.
 
+- :class:`ProposalLoss`: Deformable DETR's two-stage encoder proposals (``proposals``).
 - :class:`DenoisingLoss` (DN-DETR, Li et al. 2022): the model's denoising queries (``denoising``).
 - :class:`DenseLoss`: the training-only dense head on the encoder (``dense``,
   :mod:`detr.models.dense_head`), one-to-many.
@@ -14,9 +16,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from detr.box_ops import cxcywh_to_xyxy
+from detr.loss.criterion import LossContext, LossPart
 from detr.loss.focal import sigmoid_focal_loss
 from detr.loss.terms import Targets, box_losses, matched_labels, matched_query_index
 from detr.models.anchor.denoising import DenoisingMeta
@@ -24,15 +26,30 @@ from detr.models.config import ClassHead
 from detr.models.outputs import DetectorOutput
 
 
-class LossPart(nn.Module):
-    """What a criterion part declares: the output field it reads and the weight of each term it returns.
+class ProposalLoss(LossPart):
+    """loss_{ce,bbox,giou}_enc of Deformable DETR's two-stage encoder proposals: the set loss, matched
+    class-agnostically (every target is class 0, as the authors' code) with the criterion's matcher and terms.
 
-    Subclasses set ``output_field`` (a :class:`DetectorOutput` field) and ``weight_dict`` and implement
-    ``forward(outputs, targets, num_boxes)`` → dict of float scalars named as in ``weight_dict``.
+    Args: the weights loss_ce, loss_bbox, loss_giou (1, 5, 2: the main terms').
     """
 
-    output_field: str
-    weight_dict: dict[str, float]
+    output_field = "proposals"
+
+    def __init__(self, *, loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0) -> None:
+        super().__init__()
+        base = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+        self.weight_dict = {f"{name}_enc": weight for name, weight in base.items()}
+
+    def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: torch.Tensor,
+                context: LossContext | None = None) -> dict[str, torch.Tensor]:
+        if outputs.proposals is None:
+            return self.zeros(outputs)
+        if context is None:
+            raise ValueError("ProposalLoss matches with its criterion's matcher: call it through SetCriterion")
+        binary = [{**target, "labels": torch.zeros_like(target["labels"])} for target in targets]
+        losses = context.criterion.layer_losses(outputs.proposals, binary, num_boxes)
+        losses.pop("class_error")
+        return {f"{name}_enc": value for name, value in losses.items()}
 
 
 def denoising_indices(meta: DenoisingMeta, targets: Targets) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -74,12 +91,12 @@ class DenoisingLoss(LossPart):
         base = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
         self.weight_dict = {f"{name}{suffix}": weight for suffix in self.suffixes for name, weight in base.items()}
 
-    def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: torch.Tensor,
+                context: LossContext | None = None) -> dict[str, torch.Tensor]:
         """outputs: the model's output (its ``denoising`` predictions); num_boxes: the batch's target count,
-        reduced across processes and at least 1."""
+        reduced across processes and at least 1; ``context`` is not read (the queries' targets are fixed)."""
         if outputs.denoising is None:  # evaluation, or a batch without targets
-            zero = outputs.logits.new_zeros((), dtype=torch.float32)
-            return {name: zero for name in self.weight_dict}
+            return self.zeros(outputs)
         meta, denoising = outputs.denoising.meta, outputs.denoising
         indices = denoising_indices(meta, targets)
         dn_num_boxes = num_boxes * meta.num_groups
@@ -120,13 +137,13 @@ class DenseLoss(LossPart):
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
         self.weight_dict = {"loss_ce_dense": loss_ce, "loss_bbox_dense": loss_bbox, "loss_giou_dense": loss_giou}
 
-    def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: torch.Tensor | None = None
-                ) -> dict[str, torch.Tensor]:
+    def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: torch.Tensor | None = None,
+                context: LossContext | None = None) -> dict[str, torch.Tensor]:
         """outputs: the model's output; its ``dense`` predictions (:class:`detr.models.outputs.DenseOutput`).
-        num_boxes: unused (the part divides by its own positive-cell count); taken so every part is called alike."""
+        num_boxes, context: unused (the part divides by its own positive-cell count and assigns cells itself);
+        taken so every part is called alike."""
         if outputs.dense is None:
-            zero = outputs.logits.new_zeros((), dtype=torch.float32)
-            return {name: zero for name in self.weight_dict}
+            return self.zeros(outputs)
         dense = outputs.dense
         logits = dense.logits.float()  # [B, HW, K]
         assigned = dense_assignment(dense.centers, dense.valid, targets)  # [B, HW], -1 = negative

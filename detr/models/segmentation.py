@@ -31,8 +31,8 @@ from detr.models.backbone import Backbone
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.detector import Detector
-from detr.models.single_scale import SingleScaleDetector
 from detr.models.outputs import DetectorOutput
+from detr.models.single_scale import SingleScaleDetector
 
 #: Backbone stages whose outputs the mask head adds back while upsampling, coarse to fine.
 SKIP_STAGES = ("layer3", "layer2", "layer1")

@@ -15,7 +15,8 @@ from detr.data.collate import collate_detection
 from detr.data.shapes import ShapesConfig
 from detr.data.shapes_panoptic import write_shapes_panoptic
 from detr.data.transforms import make_eval_transform, make_train_transform
-from detr.loss.masks import SetCriterionWithMasks
+from detr.loss.criterion import SetCriterion
+from detr.loss.masks import MaskLoss
 from tests.helpers import tiny_config_with
 
 CONFIG = ShapesConfig(num_train=6, num_val=2, image_size=64, min_object_size=10, max_object_size=30, max_objects=4)
@@ -72,7 +73,7 @@ def test_a_batch_trains_the_panoptic_model(root):
     torch.manual_seed(0)
     model = build_detr_panoptic(tiny_config_with(hidden_dim=128, num_heads=8, num_decoder_layers=1, num_queries=8,
                                                  num_classes=data.category_map.num_classes))
-    losses = SetCriterionWithMasks(data.category_map.num_classes, num_decoder_layers=1)(
+    losses = SetCriterion(data.category_map.num_classes, num_decoder_layers=1, parts=[MaskLoss()])(
         model(images, padding_mask), targets)
     assert torch.isfinite(torch.stack(list(losses.values()))).all() and losses["loss_dice"] > 0
 

@@ -14,7 +14,7 @@ import torch
 from pycocotools.coco import COCO
 
 from detr.lightning import DetrSystem
-from tests.helpers import coco_ground_truth, InMemoryData, model_output, tiny_config_with
+from tests.helpers import InMemoryData, coco_ground_truth, model_output, tiny_config_with
 
 NUM_IMAGES = 5  # odd: with 2 processes the sampler pads with a repeated image
 NUM_QUERIES = 10

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from detr.loss.masks import SetCriterionWithMasks, dice_loss, focal_mask_loss, matched_masks
+from detr.loss.criterion import SetCriterion
+from detr.loss.masks import MaskLoss, dice_loss, focal_mask_loss, matched_masks
 from tests.helpers import tiny_config_with
 
 
@@ -70,7 +71,7 @@ def test_criterion_adds_mask_terms_to_the_last_layer_only(padded_batch):
     targets = [{"labels": torch.tensor([0, 2]), "boxes": torch.tensor([[0.3, 0.26, 0.3, 0.3], [0.74, 0.73, 0.4, 0.4]]),
                 "masks": masks0},
                {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.28, 0.27, 0.47, 0.4]]), "masks": masks1}]
-    criterion = SetCriterionWithMasks(3, num_decoder_layers=2)
+    criterion = SetCriterion(3, num_decoder_layers=2, parts=[MaskLoss()])
     outputs = model(images, padding_mask)
     losses = criterion(outputs, targets)
     assert {"loss_mask", "loss_dice"} <= losses.keys() and "loss_mask_0" not in losses

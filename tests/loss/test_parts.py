@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from detr.loss.criterion import SetCriterion
+from detr.loss.build import build_criterion
+from detr.loss.criterion import LossPart, SetCriterion
 from detr.loss.matcher import HungarianMatcher
-from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart
+from detr.loss.parts import DenoisingLoss, DenseLoss
 from detr.models.anchor.denoising import DenoisingMeta
 from detr.models.config import DetrConfig
 from detr.models.outputs import DenoisingOutput, DenseOutput, DetectorOutput
@@ -37,20 +38,22 @@ class Constant(LossPart):
         super().__init__()
         self.weight_dict = {"loss_constant": 3.0}
 
-    def forward(self, outputs, targets, num_boxes):
+    def forward(self, outputs, targets, num_boxes, context=None):
         return {"loss_constant": num_boxes * 0 + 7.0}
 
 
-def test_shorthands_add_the_parts():
-    shorthand = _sigmoid_criterion(denoising=True, dense_aux=True, loss_bbox=4.0, focal_alpha=0.3)
+def test_the_builder_adds_the_parts_the_config_asks_for():
+    config = DetrConfig(num_classes=2, num_decoder_layers=2, query_type="anchor", class_head="sigmoid",
+                        denoising=True, dense_aux_head=True)
+    built = build_criterion(config, loss_bbox=4.0, focal_alpha=0.3)
     parts = _sigmoid_criterion(loss_bbox=4.0, focal_alpha=0.3, parts=[
         DenoisingLoss(2, class_head="sigmoid", loss_bbox=4.0, focal_alpha=0.3),
         DenseLoss(loss_bbox=4.0, focal_alpha=0.3)])
-    assert list(shorthand.weight_dict.items()) == list(parts.weight_dict.items())
-    assert [type(p) for p in shorthand.parts] == [DenoisingLoss, DenseLoss]
-    assert shorthand.weight_dict["loss_bbox_dn_0"] == 4.0 and shorthand.weight_dict["loss_giou_dense"] == 2.0
+    assert list(built.weight_dict.items()) == list(parts.weight_dict.items())
+    assert [type(p) for p in built.parts] == [DenoisingLoss, DenseLoss]
+    assert built.weight_dict["loss_bbox_dn_0"] == 4.0 and built.weight_dict["loss_giou_dense"] == 2.0
     outputs, targets = _outputs_and_targets()
-    a, b = shorthand(outputs, targets), parts(outputs, targets)
+    a, b = built(outputs, targets), parts(outputs, targets)
     assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -69,11 +72,11 @@ def test_parts_terms_and_weights_join_the_set_loss():
 
 def test_outputs_a_missing_part_reads_are_refused():
     outputs, targets = _outputs_and_targets()
-    with pytest.raises(ValueError, match=r"dense.*DenseLoss.*dense_aux=True"):
+    with pytest.raises(ValueError, match=r"dense.*DenseLoss.*build_criterion"):
         _sigmoid_criterion()(outputs, targets)
     outputs.denoising = DenoisingOutput(outputs.logits, outputs.boxes, [], DenoisingMeta(1, 1))
-    with pytest.raises(ValueError, match=r"denoising.*DenoisingLoss.*denoising=True"):
-        _sigmoid_criterion(dense_aux=True)(outputs, targets)
+    with pytest.raises(ValueError, match=r"denoising.*DenoisingLoss"):
+        _sigmoid_criterion(parts=[DenseLoss()])(outputs, targets)
 
 
 def test_parts_without_their_outputs_give_zeros_under_their_names():
@@ -87,7 +90,7 @@ def test_parts_without_their_outputs_give_zeros_under_their_names():
 
 def test_inconsistent_parts_are_refused():
     with pytest.raises(ValueError, match="two parts read 'dense'"):
-        _sigmoid_criterion(dense_aux=True, parts=[DenseLoss()])
+        _sigmoid_criterion(parts=[DenseLoss(), DenseLoss()])
     with pytest.raises(ValueError, match="class_head='softmax'"):
         _sigmoid_criterion(parts=[DenoisingLoss(2)])
     with pytest.raises(ValueError, match="class_head must be"):  # the one place the word is checked

@@ -16,8 +16,8 @@ from detr.checkpoints import load_checkpoint
 from detr.data.images import load_rgb_image
 from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from detr.inference.postprocess import PostProcess
+from detr.loss.build import build_criterion
 from detr.loss.criterion import SetCriterion
-from detr.loss.matcher import HungarianMatcher
 from detr.models.config import field_names
 from detr.models.detr import DETR
 from tests.helpers import load_script, tiny_config_with
@@ -86,10 +86,9 @@ COMBINATIONS = [
 def test_options_compose_train_and_predict(options):
     torch.manual_seed(0)
     trainable = 5 if options["backbone_norm"] != "frozen_batch_norm" else 3
-    model = build_detr(TINY, **options, backbone_trainable_layers=trainable).train()
-    class_head = options["class_head"]
-    criterion = SetCriterion(5, HungarianMatcher(class_head=class_head), class_head=class_head, num_decoder_layers=2,
-                             denoising=options["denoising"])
+    config = TINY.replace(**options, backbone_trainable_layers=trainable)
+    model = build_detr(config).train()
+    criterion = build_criterion(config)
     images, mask, targets = _batch()
     out = model(images, mask, targets=targets)
     logits = 5 if options["class_head"] == "sigmoid" else 6

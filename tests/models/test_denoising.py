@@ -9,7 +9,7 @@ import detr.models.anchor.denoising as denoising
 from detr import build_detr
 from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
-from detr.loss.parts import denoising_indices
+from detr.loss.parts import DenoisingLoss, denoising_indices
 from detr.models.anchor.denoising import DenoisingMeta, DenoisingQueries, denoising_attention_mask
 from tests.helpers import tiny_config_with
 
@@ -152,7 +152,7 @@ def test_denoising_losses_without_matching(dn_model):
     images, mask = _batch()
     targets = _targets(3, (2, 1))
     out = dn_model(images, mask, targets=targets)
-    criterion = SetCriterion(TINY.num_classes, num_decoder_layers=2, denoising=True)
+    criterion = SetCriterion(TINY.num_classes, num_decoder_layers=2, parts=[DenoisingLoss(2)])
     losses = criterion(out, targets)
     dn_keys = {f"{n}_dn" for n in ("loss_ce", "loss_bbox", "loss_giou")} | {
         f"{n}_dn_0" for n in ("loss_ce", "loss_bbox", "loss_giou")}
@@ -177,7 +177,7 @@ def test_denoising_losses_without_matching(dn_model):
         eval_losses = criterion(dn_model(images, mask), targets)
     assert all(eval_losses[k].item() == 0 for k in dn_keys)
     # a criterion without denoising refuses dn outputs instead of silently ignoring them
-    with pytest.raises(ValueError, match="denoising=True"):
+    with pytest.raises(ValueError, match="DenoisingLoss"):
         SetCriterion(TINY.num_classes, num_decoder_layers=2)(out, targets)
 
 
@@ -188,7 +188,7 @@ def test_focal_denoising_class_loss():
     targets = _targets(3, (2, 1))
     out = model(images, mask, targets=targets)
     criterion = SetCriterion(TINY.num_classes, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid",
-                             num_decoder_layers=2, denoising=True)
+                             num_decoder_layers=2, parts=[DenoisingLoss(2, class_head="sigmoid")])
     losses = criterion(out, targets)
     meta, dn = out.denoising.meta, out.denoising
     indices = denoising_indices(meta, targets)

@@ -67,7 +67,7 @@ def test_dense_head_trains_with_the_model_and_is_skipped_at_inference(query_type
     assert dense.logits.shape == (2, 64, 3) and dense.boxes.shape == (2, 64, 4)
     assert dense.valid[1].view(8, 8)[:, 6:].logical_not().all()  # padded columns
     criterion = SetCriterion(3, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=2,
-                             dense_aux=True)
+                             parts=[DenseLoss()])
     losses = criterion(out, targets)
     assert {"loss_ce_dense", "loss_bbox_dense", "loss_giou_dense"} <= set(criterion.weight_dict)
     sum(losses[name] * weight for name, weight in criterion.weight_dict.items()).backward()
@@ -80,7 +80,7 @@ def test_dense_head_trains_with_the_model_and_is_skipped_at_inference(query_type
         got, expected = model(images, mask), plain(images, mask)
     assert got.dense is None
     torch.testing.assert_close(got.boxes, expected.boxes)
-    with pytest.raises(ValueError, match="dense_aux=True"):
+    with pytest.raises(ValueError, match="DenseLoss"):
         SetCriterion(3, HungarianMatcher(class_head="sigmoid"), class_head="sigmoid", num_decoder_layers=2)(out, targets)
 
 

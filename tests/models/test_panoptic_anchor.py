@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from detr.inference.postprocess_masks import PostProcessPanoptic
-from detr.loss.masks import SetCriterionWithMasks
+from detr.loss.criterion import SetCriterion
+from detr.loss.masks import MaskLoss
 from detr.loss.matcher import HungarianMatcher
 from detr.models import build_detr
 from detr.models.segmentation import DETRPanoptic
@@ -73,8 +74,8 @@ def test_sigmoid_panoptic_scores_are_the_best_class_sigmoid():
 def test_mask_loss_with_query_groups_uses_group_one():
     torch.manual_seed(0)
     images, padding_mask, targets = _batch()
-    criterion = SetCriterionWithMasks(3, HungarianMatcher(class_head="sigmoid", group_size=5), class_head="sigmoid",
-                                      num_decoder_layers=1)
+    criterion = SetCriterion(3, HungarianMatcher(class_head="sigmoid", group_size=5), class_head="sigmoid",
+                             num_decoder_layers=1, parts=[MaskLoss()])
     generator = torch.Generator().manual_seed(1)
     outputs = model_output(logits=torch.randn(2, 10, 3, generator=generator),  # 2 groups of 5 queries
                            boxes=torch.rand(2, 10, 4, generator=generator) * 0.5 + 0.25,
@@ -95,7 +96,8 @@ def test_the_mask_stage_runs_a_frozen_anchor_detector_in_eval_mode():
     system.train()
     assert system.model.training and not system.model.detr.training
     assert system.model.mask_head.training
-    assert len(system.criterion.parts) == 0  # no denoising or dense terms: the detector does not produce them
+    # no denoising or dense terms (the frozen detector does not produce them): the mask terms only
+    assert [type(part) for part in system.criterion.parts] == [MaskLoss]
     assert system.postprocess_panoptic.class_head == "sigmoid" and system.postprocess_panoptic.threshold == 0.5
     images, padding_mask, targets = _batch()
     outputs = system(images, padding_mask, targets)

@@ -8,6 +8,7 @@ import torch
 from detr import build_detr
 from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
+from detr.loss.parts import DenoisingLoss
 from detr.models.anchor.model import query_group_attention_mask
 from tests.helpers import model_output, tiny_config_with
 
@@ -60,7 +61,7 @@ def test_groups_train_on_every_group_and_infer_with_the_first(denoising):
     torch.testing.assert_close(out.logits[:, :6], inference.logits, rtol=0, atol=1e-5)
 
     criterion = SetCriterion(4, HungarianMatcher(class_head="sigmoid", group_size=6), class_head="sigmoid",
-                             num_decoder_layers=2, denoising=denoising)
+                             num_decoder_layers=2, parts=[DenoisingLoss(2, class_head="sigmoid")] if denoising else [])
     indices = criterion.matcher(out, targets)
     for (queries, target_index), target in zip(indices, targets):
         # one-to-one inside each group: every target once per group

@@ -32,8 +32,13 @@ from torch import nn
 
 from detr.box_ops import inverse_sigmoid
 from detr.models.mlp import MLP
-from detr.models.transformer import (TransformerEncoder, attention_with_weights, flatten_feature_map, fused_attention,
-                                     xavier_init_)
+from detr.models.transformer import (
+    TransformerEncoder,
+    attention_with_weights,
+    flatten_feature_map,
+    fused_attention,
+    xavier_init_,
+)
 
 
 def anchor_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:

@@ -1,0 +1,49 @@
+"""One loss builder: the criterion that fits a model's config, with every optional term as a part.
+
+:func:`build_criterion` is what the training systems call (the box stage and the panoptic mask stage): the
+matcher and the set loss in the model's class head, and the parts its config asks for, in the order their
+terms are weighted: two-stage proposals (Deformable DETR), denoising queries and the dense head (the anchor
+recipe), masks (a panoptic model).
+"""
+
+from __future__ import annotations
+
+from detr.loss.criterion import SetCriterion
+from detr.loss.masks import MaskLoss
+from detr.loss.matcher import HungarianMatcher
+from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart, ProposalLoss
+from detr.models.config import DetrConfig
+
+
+def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0,
+                    loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0, eos_coef: float = 0.1,
+                    focal_alpha: float = 0.25, focal_gamma: float = 2.0, masks: bool = False,
+                    loss_mask: float = 1.0, loss_dice: float = 1.0, training_only_parts: bool = True
+                    ) -> SetCriterion:
+    """The criterion for a model built from ``config``.
+
+    The sigmoid head is trained with the focal loss and matched with the focal cost (Deformable DETR); the
+    auxiliary losses cover every decoder layer when ``config.aux_loss``; Group DETR's query groups are matched
+    group by group. Args: the matching costs, the loss weights, the no-object weight ``eos_coef`` (softmax
+    head) and the focal parameters (sigmoid head), all the paper's by default; ``masks``: a panoptic model's
+    mask terms (``loss_mask``, ``loss_dice``); ``training_only_parts=False`` leaves out the parts that read
+    training-only outputs (denoising, dense head), for a detector that stays in eval mode (a frozen one under
+    the mask head).
+    """
+    weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+    focal = {"focal_alpha": focal_alpha, "focal_gamma": focal_gamma}
+    layers = config.num_decoder_layers if config.aux_loss else 1
+    parts: list[LossPart] = []
+    if config.two_stage:
+        parts.append(ProposalLoss(**weights))
+    if config.denoising and training_only_parts:
+        parts.append(DenoisingLoss(layers, class_head=config.class_head, **focal, **weights))
+    if config.dense_aux_head and training_only_parts:
+        parts.append(DenseLoss(**focal, **weights))
+    if masks:
+        parts.append(MaskLoss(loss_mask=loss_mask, loss_dice=loss_dice))
+    matcher = HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou,
+                               class_head=config.class_head, **focal,
+                               group_size=config.num_queries if config.query_groups > 1 else None)
+    return SetCriterion(config.num_classes, matcher, eos_coef=eos_coef, **weights, num_decoder_layers=layers,
+                        class_head=config.class_head, **focal, parts=parts)
