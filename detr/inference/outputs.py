@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from detr.categories import CategoryMap
 from detr.data.images import ImageLoadError, list_image_files
@@ -271,8 +270,8 @@ def _predict_each(
         return []
     arrays = [array for _, _, array in loaded]
     try:
-        # every query, so that NaN scores (which no threshold keeps) are seen; the threshold is applied below
-        # (instance masks only for "instances": one full-size mask per query costs memory)
+        # every query, the threshold applied below (instance masks only for "instances": one full-size mask per
+        # query costs memory)
         predictions = predictor.predict_arrays(arrays, file_names=[name for _, name, _ in loaded], threshold=None,
                                                task=task, masks=task == "instances")
     except Exception as error:  # one bad image must not cost the others
@@ -284,8 +283,8 @@ def _predict_each(
         return []
     results = []
     for (path, _, array), prediction in zip(loaded, predictions):
-        if not (torch.isfinite(prediction.scores).all() and torch.isfinite(prediction.boxes).all()):
-            _skip(run, path, "the model's outputs are not finite (NaN or inf weights?)")
+        if prediction.error is not None:  # outputs not finite (the one rule: detr.inference.predict)
+            _skip(run, path, prediction.error)
             continue
         results.append((path, array, prediction if threshold is None else prediction.above(threshold)))
     return results

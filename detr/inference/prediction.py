@@ -190,6 +190,9 @@ class Prediction:
     masks: bool ``[N, H, W]``, each detection's instance mask at the original image size; a panoptic model
         only (None otherwise).
     panoptic: the image's :class:`PanopticSegmentation`; only with ``task="panoptic"``.
+    error: why the image has no predictions (it could not be read, or the model's outputs for it are not
+        finite); None for an image that was predicted. Every prediction command skips such an image and
+        reports the reason (:func:`detr.inference.predict.predictions_from_outputs`).
     """
 
     boxes: Tensor
@@ -204,6 +207,7 @@ class Prediction:
     masks: Tensor | None = field(default=None, repr=False)
     panoptic: PanopticSegmentation | None = field(default=None, repr=False)
     sampling: SamplingPoints | None = field(default=None, repr=False)
+    error: str | None = None
 
     def __len__(self) -> int:
         return int(self.scores.numel())

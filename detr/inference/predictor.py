@@ -38,16 +38,9 @@ from detr.checkpoints.onnx import OnnxDetector
 from detr.data.collate import pad_images
 from detr.data.transforms import EVAL_MAX_SIZE, EVAL_MIN_SIZE, make_eval_transform
 from detr.inference.images import ImageInput, is_single_image, to_rgb_array
-from detr.inference.postprocess import PostProcess
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
-from detr.inference.prediction import (
-    AttentionMaps,
-    PanopticSegmentation,
-    Prediction,
-    SamplingPoints,
-    label_name,
-    select_detections,
-)
+from detr.inference.predict import predictions_from_outputs
+from detr.inference.prediction import Prediction
 from detr.models.detector import Detector
 from detr.models.outputs import DetectorOutput
 
@@ -150,7 +143,6 @@ class Predictor:
         self.max_size = int(max_size if max_size is not None else trained_size[1])
         self.transform = make_eval_transform(min_size=self.min_size, max_size=self.max_size)
         self.class_head = model.config.class_head
-        self.postprocess = PostProcess(class_head=self.class_head)
         #: whether the model predicts masks (a panoptic model, :class:`detr.DETRPanoptic`)
         self.predicts_masks = model.predicts_masks
         self.postprocess_masks = PostProcessMasks()
@@ -291,8 +283,9 @@ class Predictor:
         ``threshold=None`` keeps all queries. Most callers want :meth:`predict`; this is the step it
         batches, for callers that load images themselves (e.g. to skip unreadable files). ``masks=False``
         leaves out a panoptic model's instance masks (e.g. when every query is kept only to check the scores:
-        a full-size mask per query costs memory). ``check_finite=True`` raises :class:`NonFiniteOutputError`
-        when some image's logits or boxes are not finite, instead of returning what NaN scores keep (nothing).
+        a full-size mask per query costs memory). An image whose logits or boxes are not finite gets a
+        prediction without detections whose ``error`` says so (:func:`detr.inference.predict.predictions_from_outputs`);
+        ``check_finite=True`` raises :class:`NonFiniteOutputError` instead.
         """
         self.check_task(task)
         if not arrays:
@@ -300,48 +293,17 @@ class Predictor:
         inputs = [self.preprocess(array) for array in arrays]
         images, padding_mask = pad_images(inputs)  # the batch contract: zeros bottom/right, True = padding
         outputs = self.forward(images, padding_mask, return_attention=return_attention)
-        if check_finite:
-            finite = torch.isfinite(outputs.logits).flatten(1).all(1) & torch.isfinite(outputs.boxes).flatten(1).all(1)
-            if not bool(finite.all()):
-                raise NonFiniteOutputError(torch.nonzero(~finite).flatten().tolist(), len(arrays))
-        image_sizes = [(int(a.shape[0]), int(a.shape[1])) for a in arrays]
-        target_sizes = torch.tensor(image_sizes, dtype=torch.int64)
-        results = self.postprocess(outputs, target_sizes)
-        file_names = list(file_names) if file_names is not None else [None] * len(arrays)
-        input_sizes = [(int(t.shape[1]), int(t.shape[2])) for t in inputs]
-        padded_size = (int(images.shape[-2]), int(images.shape[-1]))
-        segmentations = None
-        if task == "panoptic":
-            segmentations = self._panoptic_postprocess()(
-                outputs, torch.tensor(input_sizes, dtype=torch.int64), target_sizes
-            )
-        predictions = []
-        for i, result in enumerate(results):
-            prediction = select_detections(
-                result,
-                image_size=image_sizes[i],
-                category_map=self.category_map,
-                threshold=threshold,
-                file_name=file_names[i],
-            )
-            if masks and self.predicts_masks:  # the kept detections only: one full-size map each
-                prediction.masks = self.postprocess_masks.image_masks(
-                    outputs.masks[i, prediction.query_indices], input_sizes[i], padded_size, image_sizes[i]
-                )
-            if segmentations is not None:
-                segments = [{**segment, "label_name": label_name(self.category_map, segment["label"])}
-                            for segment in segmentations[i]["segments_info"]]
-                prediction.panoptic = PanopticSegmentation(segmentations[i]["id_map"].cpu(), segments)
-            if outputs.sampling is not None:  # Deformable DETR: sampling points, no maps
-                prediction.sampling = SamplingPoints.from_outputs(outputs, result, index=i, image_size=image_sizes[i],
-                                                                  stride=self.model.stride)
-            elif outputs.attention is not None:
-                input_size = (int(inputs[i].shape[1]), int(inputs[i].shape[2]))
-                prediction.attention = AttentionMaps.from_outputs(
-                    outputs, result, index=i, input_size=input_size, image_size=image_sizes[i],
-                    stride=self.model.stride, category_map=self.category_map, class_head=self.class_head,
-                )
-            predictions.append(prediction)
+        predictions = predictions_from_outputs(
+            outputs, image_sizes=[(int(a.shape[0]), int(a.shape[1])) for a in arrays],
+            input_sizes=[(int(t.shape[1]), int(t.shape[2])) for t in inputs], class_head=self.class_head,
+            category_map=self.category_map, threshold=threshold, file_names=file_names,
+            masks=self.postprocess_masks if masks and self.predicts_masks else None,
+            panoptic=self._panoptic_postprocess() if task == "panoptic" else None,
+            stride=self.model.stride if return_attention else None,
+        )
+        failed = [index for index, prediction in enumerate(predictions) if prediction.error is not None]
+        if check_finite and failed:
+            raise NonFiniteOutputError(failed, len(arrays))
         return predictions
 
     def forward(

@@ -33,6 +33,7 @@ from detr.checkpoints.panoptic import is_panoptic_state_dict
 from detr.data.coco import coco_from_dict
 from detr.evaluation.panoptic import PanopticQuality, format_panoptic_table
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, masks_to_rle
+from detr.inference.prediction import Prediction
 from detr.lightning.system import DetrSystem, _model_config
 from detr.loss.build import build_criterion
 from detr.models.config import DetrConfig
@@ -242,29 +243,18 @@ class PanopticSystem(DetrSystem):
                 self.log(f"{stage}/{name}", value, sync_dist=False)
 
     # ------------------------------------------------------------------ prediction
-    def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
-        """:meth:`DetrSystem.predict_step`'s detections per image, plus, in the mask stage, ``panoptic``:
-        ``{"id_map": int64 [H, W] at the original size, "segments_info": [...]}`` of
-        :class:`PostProcessPanoptic` (None for an image that could not be read; the data's ``categories``
-        must be known, from the json or the checkpoint). :class:`detr.lightning.panoptic_writer.
-        PanopticPredictionsWriter` writes them as COCO panoptic PNGs and json."""
+    def predict_step(self, batch: Any, batch_idx: int) -> list[Prediction]:
+        """:meth:`DetrSystem.predict_step`'s predictions; in the mask stage each also holds its
+        :attr:`~detr.inference.prediction.Prediction.panoptic` segmentation (:class:`PostProcessPanoptic`; the
+        data's ``categories`` must be known, from the json or the checkpoint), which
+        :class:`detr.lightning.panoptic_writer.PanopticPredictionsWriter` writes as COCO panoptic PNGs and json."""
         images, padding_mask, targets = batch
         outputs = self(images, padding_mask)
-        results = self._predictions(outputs, targets)
-        if outputs.masks is not None:
-            if self.postprocess_panoptic is None:
-                raise ValueError("panoptic prediction needs the data set's categories (things and stuff): they come "
-                                 "from the panoptic json or from a mask-stage checkpoint (--ckpt_path)")
-            orig_sizes = torch.stack([t["orig_size"] for t in targets]).to(self.device)
-            processed = torch.stack([t["size"] for t in targets]).to(orig_sizes)
-            readable = [t.get("error") is None for t in targets]
-            # an unreadable image's placeholder has orig_size (0, 0): segment it at its processed size, then drop it
-            sizes = torch.stack([size if ok else fallback for size, fallback, ok in zip(orig_sizes, processed, readable)])
-            segmented = self.postprocess_panoptic(outputs, processed, sizes)
-            for result, segmentation, ok in zip(results, segmented, readable):
-                result["panoptic"] = ({"id_map": segmentation["id_map"].cpu(),
-                                       "segments_info": segmentation["segments_info"]} if ok else None)
-        return results
+        if outputs.masks is not None and self.postprocess_panoptic is None:
+            raise ValueError("panoptic prediction needs the data set's categories (things and stuff): they come "
+                             "from the panoptic json or from a mask-stage checkpoint (--ckpt_path)")
+        return self._predictions(outputs, targets, panoptic=self.postprocess_panoptic if outputs.masks is not None
+                                 else None)
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 
 from detr.inference.outputs import unique_file_names
 from detr.inference.panoptic_outputs import write_panoptic_predictions
-from detr.inference.prediction import PanopticSegmentation, Prediction
+from detr.inference.prediction import Prediction
 from detr.lightning.callbacks import PredictionsWriter
 
 logger = logging.getLogger(__name__)
@@ -34,20 +33,12 @@ class PanopticPredictionsWriter(PredictionsWriter):
         super().__init__(output_path=output_path, score_threshold=score_threshold, overwrite=overwrite)
         self.panoptic_json: Path | None = None
 
-    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, items: list[dict[str, Any]]
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, items: list[Prediction]
               ) -> dict[int, Prediction]:
         written = super().write(trainer, pl_module, items)
-        segmentations: dict[int, dict[str, Any]] = {}  # the written images' panoptic outputs, each image once
-        for item in items:
-            if item.get("panoptic") is not None and item["image_id"] in written:
-                segmentations.setdefault(item["image_id"], item["panoptic"])
-        if not segmentations:
+        finished = [prediction for prediction in written.values() if prediction.panoptic is not None]
+        if not finished:
             return written
-        finished = []
-        for image_id, segmentation in segmentations.items():
-            prediction = written[image_id]
-            prediction.panoptic = PanopticSegmentation(segmentation["id_map"], segmentation["segments_info"])
-            finished.append(prediction)
         names = unique_file_names([Path(p.file_name or f"{p.image_id}.png") for p in finished])
         self.panoptic_json = write_panoptic_predictions(
             self.output_file(trainer).parent, finished, [f"{Path(name).stem}.png" for name in names],

@@ -29,6 +29,9 @@ from detr.checkpoints import CheckpointError, read_checkpoint
 from detr.checkpoints.formats import checkpoint_record, key_mismatch
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator, resolve_backend
 from detr.inference.postprocess import PostProcess
+from detr.inference.postprocess_masks import PostProcessPanoptic
+from detr.inference.predict import predictions_from_outputs
+from detr.inference.prediction import Prediction
 from detr.lightning.callbacks import time_budget_of
 from detr.lightning.checkpointing import restore_rng_states, save_rng_states
 from detr.lightning.error_analysis import write_error_analysis
@@ -433,26 +436,23 @@ class DetrSystem(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._finish_evaluation("test")
 
-    def predict_step(self, batch: Batch, batch_idx: int) -> list[dict[str, Any]]:
-        """Post-processed detections per image: image_id, file_name (if given), orig_size (h, w), scores [Q],
-        labels [Q], category_ids [Q] (data set ids), boxes [Q, 4] pixel xyxy in the original image. No
-        threshold (:class:`detr.lightning.callbacks.PredictionsWriter` writes them to a json)."""
+    def predict_step(self, batch: Batch, batch_idx: int) -> list[Prediction]:
+        """One :class:`Prediction` per image, every query kept (``image_id``: the data set index; an image that
+        could not be read or predicted carries its ``error``): the prediction path of ``detr-predict``
+        (:func:`detr.inference.predict.predictions_from_outputs`).
+        :class:`detr.lightning.callbacks.PredictionsWriter` writes them to a json."""
         images, padding_mask, targets = batch
         return self._predictions(self(images, padding_mask), targets)
 
-    def _predictions(self, outputs: DetectorOutput, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The model's outputs for a predict batch → :meth:`predict_step`'s results, one dict per image."""
-        orig_sizes = torch.stack([t["orig_size"] for t in targets]).to(self.device)
-        results = []
-        for target, detection in zip(targets, self.postprocess(outputs, orig_sizes)):
-            labels = detection["labels"]
-            category_ids = labels if self.category_map is None else self.category_map.label_to_category_id(labels)
-            results.append(
-                {"image_id": int(target["image_id"]), "file_name": target.get("file_name"),
-                 "orig_size": [int(v) for v in target["orig_size"]], "error": target.get("error"),
-                 **{k: v.cpu() for k, v in detection.items()}, "category_ids": category_ids.cpu()}
-            )
-        return results
+    def _predictions(self, outputs: DetectorOutput, targets: list[dict[str, Any]],
+                     panoptic: PostProcessPanoptic | None = None) -> list[Prediction]:
+        """The model's outputs for a predict batch → :meth:`predict_step`'s predictions."""
+        return predictions_from_outputs(
+            outputs, image_sizes=[tuple(int(v) for v in t["orig_size"]) for t in targets],
+            input_sizes=[tuple(int(v) for v in t["size"]) for t in targets], class_head=self.detector.class_head,
+            category_map=self.category_map, file_names=[t.get("file_name") for t in targets],
+            image_ids=[int(t["image_id"]) for t in targets], errors=[t.get("error") for t in targets],
+            panoptic=panoptic)
 
     # ------------------------------------------------------------------ optimisation
     def parameter_groups(self) -> list[dict[str, Any]]:

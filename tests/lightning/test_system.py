@@ -168,16 +168,18 @@ def test_checkpoint_carries_config_and_category_map(tmp_path) -> None:
     assert restored.category_map == system.category_map
 
 
-def test_predict_step_returns_post_processed_detections_with_category_ids() -> None:
+def test_predict_step_returns_every_querys_prediction_as_the_predictor_makes_them() -> None:
     system = _system().eval()
     images, mask, targets = collate_unpadded(animal_samples()[:2])
     targets = [{k: t[k] for k in ("image_id", "orig_size", "size")} | {"file_name": f"{i}.png"}
                for i, t in enumerate(targets)]
+    targets[1]["error"] = "cannot read 1.png"  # an unreadable image's placeholder
     with torch.no_grad():
         results = system.predict_step((images, mask, targets), 0)
-    assert [r["file_name"] for r in results] == ["0.png", "1.png"]
-    assert results[0]["boxes"].shape == (10, 4) and results[0]["scores"].shape == (10,)
-    assert set(results[0]["category_ids"].tolist()) <= {4, 9, 17}
+    assert [r.file_name for r in results] == ["0.png", "1.png"]
+    assert results[0].boxes.shape == (10, 4) and results[0].scores.shape == (10,) and results[0].error is None
+    assert set(results[0].label_names) <= {"cat", "dog", "fish"}  # the data set's names
+    assert len(results[1]) == 0 and results[1].error == "cannot read 1.png"
 
 
 def test_non_finite_predictions_stop_with_step(tmp_path) -> None:

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from detr.inference.outputs import PREDICTION_FILES, assign_image_ids, write_predictions_json
-from detr.inference.prediction import Prediction, select_detections
+from detr.inference.prediction import Prediction
 from detr.lightning.run_folder import open_csv_logs
 from detr.output_folder import OutputFolder, claim_output_folder
 
@@ -85,26 +84,22 @@ class PredictionsWriter(BasePredictionWriter):
         """Where ``predictions.json`` goes (see ``output_path``)."""
         return Path(self.output_path or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.json")
 
-    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, items: list[dict[str, Any]]
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, items: list[Prediction]
               ) -> dict[int, Prediction]:
-        """Write every process's prediction ``items`` (on rank 0); returns the written predictions by data set
-        index (each image once, the failed ones left out), for subclasses that write more of them."""
+        """Write every process's predictions (on rank 0; ``image_id``: the data set index); returns the written
+        ones by that index (each image once, those above ``score_threshold``; the failed ones, with their
+        ``error``, left out), for subclasses that write more of them."""
         category_map = pl_module.category_map
         by_image: dict[int, Prediction] = {}
         failed: dict[int, tuple[str, str]] = {}
-        for item in items:
-            if item["image_id"] in by_image or item["image_id"] in failed:  # the distributed sampler repeats images
+        for prediction in items:
+            index = prediction.image_id
+            if index in by_image or index in failed:  # the distributed sampler repeats images
                 continue
-            reason = item.get("error")
-            if reason is None and not all(bool(torch.isfinite(item[k]).all()) for k in ("scores", "boxes")):
-                reason = "the model's outputs are not finite (NaN or inf weights?)"
-            if reason is not None:
-                failed[item["image_id"]] = (str(item.get("file_name")), reason)
+            if prediction.error is not None:
+                failed[index] = (str(prediction.file_name), prediction.error)
                 continue
-            by_image[item["image_id"]] = select_detections(
-                item, image_size=tuple(item["orig_size"]), category_map=category_map,
-                threshold=self.score_threshold, file_name=item.get("file_name"), image_id=item["image_id"],
-            )
+            by_image[index] = prediction.above(self.score_threshold)
         # keyed by data set index until here (each image once); written with the ids detr-predict gives
         assign_image_ids([by_image[index] for index in sorted(by_image)])
         output_path = self.record(self.output_file(trainer))

@@ -17,6 +17,7 @@ from detr.categories import CategoryMap
 from detr.data.collate import pad_images
 from detr.data.transforms import denormalize
 from detr.inference.images import ImageInput, to_rgb_array
+from detr.inference.predict import predictions_from_outputs
 from detr.inference.prediction import label_name
 from detr.inference.predictor import Predictor
 from detr.models.detector import Detector
@@ -46,14 +47,18 @@ def explorer_page_data(predictor: Predictor, pixels: np.ndarray, *, title: str, 
         title, threshold, model_description: shown by the page (see :func:`explorer_data`).
 
     Raises:
-        ValueError: the model's outputs are not finite.
+        ValueError: the image cannot be predicted (its outputs are not finite), as every prediction command
+            decides (:func:`detr.inference.predict.predictions_from_outputs`).
     """
     tensor = predictor.preprocess(pixels)
     # aux_outputs: the boxes and classes after decoder layers 1 .. L-1, which the page steps through
     outputs = predictor.forward(*pad_images([tensor]), return_attention=True, aux_outputs=True)
-    if not (bool(torch.isfinite(outputs.logits).all()) and bool(torch.isfinite(outputs.boxes).all())):
-        raise ValueError("the model's outputs are not finite (NaN or inf weights?)")
     class_head = predictor.class_head
+    prediction, = predictions_from_outputs(outputs, image_sizes=[pixels.shape[:2]],
+                                           input_sizes=[tuple(tensor.shape[1:])], class_head=class_head,
+                                           category_map=predictor.category_map)
+    if prediction.error is not None:
+        raise ValueError(prediction.error)
     num_classes = int(outputs.logits.shape[-1]) - (1 if class_head == "softmax" else 0)
     class_names = _class_names(predictor.category_map, num_classes, with_no_object=class_head == "softmax")
     return explorer_data(

@@ -1,0 +1,95 @@
+"""One prediction path (detr/inference/predict.py): the Predictor, ``detr predict``'s system and the explorer
+turn a model's output into the same predictions, and apply one rule to images they cannot predict."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from detr import build_detr, build_detr_panoptic
+from detr.data.collate import pad_images
+from detr.inference.predict import NOT_FINITE, predictions_from_outputs
+from detr.inference.predictor import NonFiniteOutputError, Predictor
+from detr.lightning.panoptic_system import PanopticSystem
+from detr.lightning.system import DetrSystem
+from detr.visualize.explorer.pages import explorer_page_data
+from tests.helpers import TINY
+
+SIZES = {"min_size": 64, "max_size": 96}
+ARRAYS = [np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)
+          for seed, (h, w) in enumerate([(60, 80), (90, 70)])]
+
+
+def _nan_logits(model, index: int | slice):
+    """Make the model's logits of the batch's image ``index`` NaN (a forward hook: the weights stay finite)."""
+    def hook(module, args, output):
+        output.logits[index] = float("nan")
+        return output
+    return model.register_forward_hook(hook)
+
+
+def test_the_one_rule_for_unreadable_images_and_non_finite_outputs():
+    outputs = build_detr(TINY).eval()(*pad_images([torch.randn(3, 64, 64)] * 3))
+    outputs.boxes[2, 0, 0] = float("inf")
+    predictions = predictions_from_outputs(
+        outputs, image_sizes=[(64, 64), (0, 0), (128, 128)], input_sizes=[(64, 64)] * 3, class_head="softmax",
+        category_map=None, threshold=None, errors=[None, "cannot read b.jpg", None], file_names=["a", "b", "c"])
+    assert [p.error for p in predictions] == [None, "cannot read b.jpg", NOT_FINITE]
+    assert len(predictions[0]) == TINY.num_queries and len(predictions[1]) == len(predictions[2]) == 0
+    assert [p.file_name for p in predictions] == ["a", "b", "c"] and predictions[2].image_size == (128, 128)
+
+
+@pytest.mark.parametrize("kind", ["detr", "deformable", "panoptic"])
+def test_the_predictor_and_detr_predict_make_the_same_predictions(kind):
+    torch.manual_seed(0)
+    if kind == "panoptic":
+        config = TINY.replace(hidden_dim=128, num_heads=8)
+        system = PanopticSystem(detr=config, evaluation_dir="", categories=[
+            {"id": i, "name": f"c{i}", "isthing": int(i < 3)} for i in range(TINY.num_classes)])
+    else:
+        config = TINY if kind == "detr" else TINY.replace(architecture="deformable", class_head="sigmoid",
+                                                            num_points=2)
+        system = DetrSystem(detr=config, evaluation_dir="")
+    system.eval()
+    predictor = Predictor(system.model, device="cpu", **SIZES)
+    task = "panoptic" if kind == "panoptic" else "detection"
+    expected = predictor.predict_arrays(ARRAYS, threshold=None, task=task, masks=False)
+    inputs = [predictor.preprocess(array) for array in ARRAYS]
+    images, mask = pad_images(inputs)
+    targets = [{"image_id": torch.tensor(i), "orig_size": torch.tensor(array.shape[:2]),
+                "size": torch.tensor(tensor.shape[1:])} for i, (array, tensor) in enumerate(zip(ARRAYS, inputs))]
+    with torch.no_grad():
+        got = system.predict_step((images, mask, targets), 0)
+    for ours, theirs in zip(got, expected):
+        torch.testing.assert_close(ours.scores, theirs.scores)
+        torch.testing.assert_close(ours.boxes, theirs.boxes)
+        assert torch.equal(ours.labels, theirs.labels) and ours.label_names == theirs.label_names
+        assert (ours.panoptic is None) == (kind != "panoptic")
+        if kind == "panoptic":
+            assert torch.equal(ours.panoptic.id_map, theirs.panoptic.id_map)
+
+
+def test_every_caller_skips_the_image_whose_outputs_are_not_finite():
+    torch.manual_seed(0)
+    model = build_detr(TINY).eval()
+    predictor = Predictor(model, device="cpu", **SIZES)
+    handle = _nan_logits(model, 1)
+    predictions = predictor.predict_arrays(ARRAYS, threshold=None)
+    assert predictions[0].error is None and predictions[1].error == NOT_FINITE and len(predictions[1]) == 0
+    with pytest.raises(NonFiniteOutputError) as raised:  # detr-serve's call
+        predictor.predict_arrays(ARRAYS, threshold=None, check_finite=True)
+    assert raised.value.indices == [1]
+    handle.remove()
+    handle = _nan_logits(model, slice(None))
+    with pytest.raises(ValueError, match="not finite"):  # the explorer's page
+        explorer_page_data(predictor, ARRAYS[0], title="a", threshold=0.5)
+    handle.remove()
+
+
+def test_panoptic_model_predictions_hold_masks_for_the_kept_detections():
+    torch.manual_seed(0)
+    model = build_detr_panoptic(TINY.replace(hidden_dim=128, num_heads=8)).eval()
+    predictor = Predictor(model, device="cpu", **SIZES)
+    prediction = predictor.predict_arrays(ARRAYS[:1], threshold=0.0)[0]
+    assert prediction.masks is not None and prediction.masks.shape == (len(prediction), 60, 80)
