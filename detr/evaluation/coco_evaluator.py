@@ -1,15 +1,18 @@
-"""COCO box evaluation of post-processed DETR detections, on faster-coco-eval where it is installed, else
-pycocotools (the same numbers: tests/evaluation/test_coco_evaluator.py compares every statistic).
+"""COCO evaluation of post-processed DETR predictions, boxes ("bbox") and masks ("segm"), on faster-coco-eval
+where it is installed, else pycocotools (the same numbers: tests/evaluation/test_coco_evaluator.py compares
+every statistic).
 
 Flow: :meth:`CocoEvaluator.update` after every evaluation batch (post-processed detections, pixel xyxy
-in the ORIGINAL image), kept per image as one float64 array in the layout of ``COCO.loadRes``'s arrays;
-:meth:`CocoEvaluator.compute` once at the end. Under ``torch.distributed``, ``compute`` gathers the
-detections of every process to rank 0 once (``gather_object``) and keeps one entry per image id: the
-distributed sampler pads its last batch with repeated images, and an image counted twice would bias AP.
-Rank 0 alone runs COCOeval, on exactly the images that were predicted (so a run limited to a few
-validation batches still gets a meaningful number), and broadcasts the standard statistics and the
-per-class AP table to the other ranks; the COCO results json (data set's own category ids) and the
-COCOeval stay on rank 0.
+in the ORIGINAL image; for "segm" also their masks at that size), kept per image (boxes as one float64
+array in the layout of ``COCO.loadRes``'s arrays, masks as COCO RLE results); :meth:`CocoEvaluator.compute`
+once at the end. The ground truth is a pycocotools ``COCO`` given up front, or, where it is made image by
+image (the panoptic masks), :meth:`CocoEvaluator.add_ground_truth` beside each update. Under
+``torch.distributed``, ``compute`` gathers every process's images to rank 0 once
+(:func:`detr.evaluation.gather.on_rank_zero`) and keeps one entry per image id: the distributed sampler
+pads its last batch with repeated images, and an image counted twice would bias AP. Rank 0 alone runs
+COCOeval, on exactly the images that were predicted (so a run limited to a few validation batches still
+gets a meaningful number), and broadcasts the standard statistics and the per-class AP table to the other
+ranks; the COCO results json (data set's own category ids) and the COCOeval stay on rank 0.
 
 As in the authors' evaluation (PostProcess in their models/detr.py, then datasets/coco_eval.py), every query
 goes to COCOeval: no score threshold, maxDets 100.
@@ -33,16 +36,19 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.distributed as dist
+from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from torchvision.ops import box_convert
 
 from detr.atomic_files import write_text_atomically
 from detr.categories import CategoryMap
+from detr.evaluation.gather import on_rank_zero
 
 logger = logging.getLogger(__name__)
 
 Backend = Literal["auto", "pycocotools", "faster_coco_eval"]
+#: What COCOeval scores: boxes or instance masks.
+IouType = Literal["bbox", "segm"]
 BACKENDS: tuple[str, ...] = ("auto", "pycocotools", "faster_coco_eval")
 
 #: The columns of a detections array (:func:`detections_to_array`): COCO.loadRes's numpy layout, box xywh pixels.
@@ -152,6 +158,26 @@ def detections_to_array(
     return rows
 
 
+def masks_to_rle(masks: torch.Tensor) -> list[dict[str, Any]]:
+    """bool [Q, H, W] instance masks → COCO run-length encodings (``{"size": [H, W], "counts": str}``), the
+    ``segmentation`` of COCO "segm" results (pycocotools' encoding; the counts decoded to text for json)."""
+    array = np.asfortranarray(masks.cpu().numpy().astype(np.uint8).transpose(1, 2, 0))  # [H, W, Q], as it wants
+    encoded = mask_utils.encode(array)
+    return [{"size": rle["size"], "counts": rle["counts"].decode("ascii")} for rle in encoded]
+
+
+def detections_to_mask_results(image_id: int, detection: dict[str, torch.Tensor],
+                               category_map: CategoryMap | None = None) -> list[dict[str, Any]]:
+    """One image's detections with their ``masks`` (bool [Q, H, W] at the original size) → COCO "segm"
+    results ``{"image_id", "category_id", "segmentation": RLE, "score"}`` (data set ids, as
+    :func:`detections_to_array`)."""
+    labels = detection["labels"].detach().long().cpu()
+    category_ids = labels if category_map is None else category_map.label_to_category_id(labels)
+    return [{"image_id": int(image_id), "category_id": int(category_id), "segmentation": rle, "score": float(score)}
+            for rle, category_id, score in zip(masks_to_rle(detection["masks"]), category_ids.tolist(),
+                                               detection["scores"].detach().float().cpu().tolist())]
+
+
 def array_to_coco_results(
     rows: np.ndarray, *, file_name: str | None = None, rounded: bool = False
 ) -> list[dict[str, Any]]:
@@ -221,11 +247,14 @@ def write_coco_results(path: str | Path, results: Sequence[dict[str, Any]]) -> P
 
 
 class CocoEvaluator:
-    """Accumulates detections over an evaluation epoch and scores them against COCO ground truth.
+    """Accumulates predictions over an evaluation epoch and scores them against COCO ground truth.
 
     Args:
         coco_gt: ground truth as a pycocotools ``COCO`` (crowd regions included; they are ignored by
-            COCOeval as in the official evaluation), e.g. ``datamodule.val_dataset.coco``.
+            COCOeval as in the official evaluation), e.g. ``datamodule.val_dataset.coco``; None when it is
+            made image by image with :meth:`add_ground_truth` (then ``categories`` lists the data set's).
+        iou_type: "bbox" (box AP) or "segm" (mask AP: the detections need ``masks``).
+        categories: the data set's categories (``id``, ``name``) for ground truth given image by image.
         category_map: maps model labels to the data set's category ids; None means the labels already
             are category ids (the raw-id convention of the released COCO checkpoints).
         backend: "auto" (faster_coco_eval where installed, else pycocotools), "pycocotools" (the
@@ -237,117 +266,153 @@ class CocoEvaluator:
 
     def __init__(
         self,
-        coco_gt: COCO,
+        coco_gt: COCO | None = None,
         *,
+        iou_type: IouType = "bbox",
+        categories: Sequence[dict[str, Any]] | None = None,
         category_map: CategoryMap | None = None,
         backend: Backend = "auto",
         progress: bool = False,
     ) -> None:
+        if iou_type not in ("bbox", "segm"):
+            raise ValueError(f"iou_type must be 'bbox' or 'segm', got {iou_type!r}")
+        if coco_gt is None and categories is None:
+            raise ValueError("CocoEvaluator without coco_gt needs the data set's categories (ground truth then "
+                             "comes image by image: add_ground_truth)")
         self.coco_gt = coco_gt
+        self.iou_type = iou_type
+        self.categories = [dict(c) for c in categories] if categories is not None else None
         self.category_map = category_map
         self.backend = resolve_backend(backend)
         self.progress = progress
-        self._known_image_ids = set(coco_gt.getImgIds())
-        self._results: dict[int, np.ndarray] = {}  # image id -> float64 [Q, 7] (ARRAY_COLUMNS)
+        self._known_image_ids = set(coco_gt.getImgIds()) if coco_gt is not None else None
+        self.reset()
 
     def reset(self) -> None:
-        """Forget the accumulated detections (call at the start of every evaluation epoch)."""
-        self._results = {}
+        """Forget the accumulated predictions and per-image ground truth (call at the start of every epoch)."""
+        # image id -> its results: float64 [Q, 7] rows (ARRAY_COLUMNS) for "bbox", COCO RLE results for "segm"
+        self._results: dict[int, Any] = {}
+        self._ground_truth: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
 
     @property
     def num_images(self) -> int:
         """Images accumulated on this process so far (each id once)."""
         return len(self._results)
 
+    def add_ground_truth(self, images: Sequence[dict[str, Any]], annotations: Sequence[Sequence[dict[str, Any]]]
+                         ) -> None:
+        """Ground truth of images evaluated without a ``coco_gt``: per image its COCO ``images`` entry (``id``,
+        ``height``, ``width``) and its annotations (``category_id``, ``bbox`` xywh, ``area``, ``iscrowd`` and,
+        for "segm", ``segmentation`` RLE). An image seen again keeps its first ground truth."""
+        if self.coco_gt is not None:
+            raise ValueError("this CocoEvaluator has its ground truth (coco_gt); add_ground_truth is for one built "
+                             "without it")
+        for image, image_annotations in zip(images, annotations):
+            self._ground_truth.setdefault(int(image["id"]), (dict(image), [dict(a) for a in image_annotations]))
+
     def update(self, image_ids: Sequence[int] | torch.Tensor, detections: Sequence[dict[str, torch.Tensor]]) -> None:
-        """Add one batch: ``image_ids[i]`` is the image of ``detections[i]`` (see detections_to_array).
+        """Add one batch: ``image_ids[i]`` is the image of ``detections[i]`` (see :func:`detections_to_array`;
+        for "segm" also ``masks`` bool [Q, H, W] at the original size).
 
         An image seen again (padding of the distributed sampler) keeps its first detections.
         """
         ids = [int(i) for i in (image_ids.tolist() if isinstance(image_ids, torch.Tensor) else image_ids)]
         if len(ids) != len(detections):
             raise ValueError(f"CocoEvaluator.update got {len(ids)} image ids for {len(detections)} detection dicts")
+        known = self._known_image_ids if self._known_image_ids is not None else set(self._ground_truth)
+        source = "the ground-truth annotation json" if self.coco_gt is not None else "the ground truth added so far"
         for image_id, detection in zip(ids, detections):
-            if image_id not in self._known_image_ids:
-                raise ValueError(
-                    f"image id {image_id} is not in the ground-truth annotation json; evaluate with the "
-                    "annotation file of the images being predicted"
-                )
-            if image_id not in self._results:
+            if image_id not in known:
+                raise ValueError(f"image id {image_id} is not in {source}; evaluate with the ground truth of the "
+                                 "images being predicted")
+            if image_id in self._results:
+                continue
+            if self.iou_type == "segm":
+                self._results[image_id] = detections_to_mask_results(image_id, detection, self.category_map)
+            else:
                 self._results[image_id] = detections_to_array(image_id, detection, self.category_map)
 
     def compute(self) -> CocoEvaluation:
-        """Gather, deduplicate and run COCOeval (bbox) on the predicted images, once.
+        """Gather, deduplicate and run COCOeval on the predicted images, once.
 
         Every process must call it. Without a process group (or with one process) it evaluates the local
-        detections. Under ``torch.distributed`` the detections go to rank 0 once, rank 0 evaluates, and
+        predictions. Under ``torch.distributed`` the predictions go to rank 0 once, rank 0 evaluates, and
         every rank gets the same ``stats``, ``per_class``, ``image_ids`` and ``summary``; ``results`` and
         ``coco_eval`` only rank 0 (see :class:`CocoEvaluation`). An error on rank 0 is raised on every rank.
         """
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return self._evaluate(self._results)
-        is_zero = dist.get_rank() == 0
-        gathered: list[dict[int, np.ndarray] | None] | None = [None] * dist.get_world_size() if is_zero else None
-        dist.gather_object(self._results, gathered, dst=0)
-        message: list[Any] = [None]
-        evaluation, error = None, None
-        if is_zero:
-            merged: dict[int, np.ndarray] = {}
-            for part in gathered or []:  # rank order: the first copy of a repeated image wins
-                for image_id, rows in (part or {}).items():
-                    merged.setdefault(image_id, rows)
-            try:
-                evaluation = self._evaluate(merged)
-                message = [dataclasses.replace(evaluation, results=[], coco_eval=None)]
-            except Exception as raised:  # the other ranks wait in the broadcast: tell them, then raise
-                error = raised
-                message = [f"{type(raised).__name__}: {raised}"]
-        dist.broadcast_object_list(message, src=0)
-        if error is not None:
-            raise error
-        if isinstance(message[0], str):
-            raise RuntimeError(f"COCO evaluation failed on rank 0: {message[0]}")
-        return evaluation if evaluation is not None else message[0]
+        return on_rank_zero((self._results, self._ground_truth), self._evaluate_gathered,
+                            shared=lambda evaluation: dataclasses.replace(evaluation, results=[], coco_eval=None),
+                            what="COCO evaluation")
 
-    def _evaluate(self, per_image: dict[int, np.ndarray]) -> CocoEvaluation:
+    def _evaluate_gathered(self, parts: list[tuple[dict[int, Any], dict[int, Any]]]) -> CocoEvaluation:
+        results: dict[int, Any] = {}
+        ground_truth: dict[int, Any] = {}
+        for part_results, part_ground_truth in parts:  # rank order: the first copy of a repeated image wins
+            for image_id, rows in part_results.items():
+                results.setdefault(image_id, rows)
+            for image_id, truth in part_ground_truth.items():
+                ground_truth.setdefault(image_id, truth)
+        return self._evaluate(results, ground_truth)
+
+    def _evaluate(self, per_image: dict[int, Any], ground_truth: dict[int, Any]) -> CocoEvaluation:
         image_ids = sorted(per_image)
         if not image_ids:
             logger.warning("CocoEvaluator.compute called without any predicted image; all stats are -1")
             return CocoEvaluation(stats={name: -1.0 for name in STAT_NAMES})
-        rows = np.concatenate([per_image[image_id] for image_id in image_ids])
+        coco_gt = self.coco_gt if self.coco_gt is not None else self._ground_truth_coco(ground_truth)
+        if self.iou_type == "segm":
+            results = [dict(entry) for image_id in image_ids for entry in per_image[image_id]]
+        else:
+            rows = np.concatenate([per_image[image_id] for image_id in image_ids])
+            results = array_to_coco_results(rows)
         with garbage_collection_paused():
-            coco_eval, summary = self._run_cocoeval(rows, image_ids)
+            coco_eval, summary = self._run_cocoeval(coco_gt, results, image_ids)
             stats = {name: float(coco_eval.stats[_STAT_INDEX[name]]) for name in STAT_NAMES}
             return CocoEvaluation(
                 stats=stats,
-                per_class=self._per_class(coco_eval, image_ids),
-                results=array_to_coco_results(rows),
+                per_class=self._per_class(coco_gt, coco_eval, image_ids),
+                results=results,
                 image_ids=image_ids,
                 summary=summary,
                 coco_eval=coco_eval,
                 backend=self.backend,
             )
 
-    def _run_cocoeval(self, rows: np.ndarray, image_ids: list[int]) -> tuple[Any, str]:
-        """COCOeval of ``rows`` (float64 [N, 7], ARRAY_COLUMNS) on ``image_ids``; its summary text."""
+    def _ground_truth_coco(self, ground_truth: dict[int, Any]) -> COCO:
+        """The ``COCO`` of the ground truth given image by image (annotation ids numbered from 1)."""
+        images = [ground_truth[image_id][0] for image_id in sorted(ground_truth)]
+        annotations = [dict(a) for image_id in sorted(ground_truth) for a in ground_truth[image_id][1]]
+        for index, annotation in enumerate(annotations):
+            annotation["id"] = index + 1
+        category_ids = {int(c["id"]) for c in self.categories or []} | {int(a["category_id"]) for a in annotations}
+        names = {int(c["id"]): c.get("name", c["id"]) for c in self.categories or []}
+        coco = COCO()
+        coco.dataset = {"images": images, "annotations": annotations,
+                        "categories": [{"id": i, "name": names.get(i, i)} for i in sorted(category_ids)]}
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints "creating index..."
+            coco.createIndex()
+        return coco
+
+    def _run_cocoeval(self, coco_gt: COCO, results: list[dict[str, Any]], image_ids: list[int]) -> tuple[Any, str]:
+        """COCOeval of ``results`` (COCO results json entries) on ``image_ids``; its summary text."""
         options: dict[str, Any] = {}
         if self.backend == "faster_coco_eval":
             from faster_coco_eval import COCO as FastCOCO
             from faster_coco_eval import COCOeval_faster as COCOeval
 
-            coco_gt = FastCOCO(_box_ground_truth(self.coco_gt.dataset))
+            dataset = _box_ground_truth(coco_gt.dataset) if self.iou_type == "bbox" else copy.deepcopy(coco_gt.dataset)
+            coco_gt = FastCOCO(dataset)
             result_coco_class = FastCOCO
             options["print_function"] = print  # its log lines and summary, captured below as pycocotools' prints
         else:
             from pycocotools.cocoeval import COCOeval
 
-            coco_gt = self.coco_gt
             result_coco_class = COCO
         captured = io.StringIO()
         with contextlib.redirect_stdout(captured):  # pycocotools prints; keep library output on logging
             # fresh dicts: loadRes adds keys to the entries it is given
-            coco_dt = _load_results(coco_gt, array_to_coco_results(rows), result_coco_class)
-            coco_eval = COCOeval(coco_gt, coco_dt, iouType="bbox", **options)
+            coco_dt = _load_results(coco_gt, [dict(entry) for entry in results], result_coco_class)
+            coco_eval = COCOeval(coco_gt, coco_dt, iouType=self.iou_type, **options)
             coco_eval.params.imgIds = image_ids
             with _progress_bar(coco_eval, enabled=self.progress and self.backend == "pycocotools"):
                 coco_eval.evaluate()
@@ -355,17 +420,17 @@ class CocoEvaluator:
             coco_eval.summarize()
         # pycocotools' 12 lines (faster-coco-eval adds AR at IoU 0.5 and 0.75 after them)
         summary = "\n".join([line for line in captured.getvalue().splitlines() if "Average" in line][:12])
-        logger.debug("COCOeval (%s) output:\n%s", self.backend, captured.getvalue())
+        logger.debug("COCOeval (%s, %s) output:\n%s", self.backend, self.iou_type, captured.getvalue())
         return coco_eval, summary
 
-    def _per_class(self, coco_eval: Any, image_ids: list[int]) -> list[dict[str, Any]]:
+    def _per_class(self, coco_gt: COCO, coco_eval: Any, image_ids: list[int]) -> list[dict[str, Any]]:
         # precision: [T iou thresholds, R recall thresholds, K categories, A area ranges, M max dets];
         # -1 marks "no ground truth" (COCOeval's own convention).
         precision = np.asarray(coco_eval.eval["precision"])
         category_ids = list(coco_eval.params.catIds)
         iou_thresholds = np.asarray(coco_eval.params.iouThrs)
         counted = set(image_ids)
-        num_instances = Counter(a["category_id"] for a in self.coco_gt.dataset.get("annotations", [])
+        num_instances = Counter(a["category_id"] for a in coco_gt.dataset.get("annotations", [])
                                 if not a.get("iscrowd", 0) and a["image_id"] in counted)
         rows = []
         for k, category_id in enumerate(category_ids):
@@ -378,7 +443,7 @@ class CocoEvaluator:
             rows.append(
                 {
                     "category_id": int(category_id),
-                    "name": str(self.coco_gt.cats[category_id].get("name", category_id)),
+                    "name": str(coco_gt.cats[category_id].get("name", category_id)),
                     "num_instances": num_instances[category_id],
                     "AP": mean_ap(slice(None)),
                     "AP50": mean_ap(int(np.argmin(np.abs(iou_thresholds - 0.5)))),

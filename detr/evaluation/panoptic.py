@@ -139,6 +139,19 @@ class PanopticQuality:
             raise ValueError(f"predicted segment ids {absent} are in the segments list but not in the id map")
         return areas
 
+    @classmethod
+    def merged(cls, metrics: Iterable[PanopticQuality]) -> PanopticQuality:
+        """One metric holding the summed statistics of ``metrics`` (e.g. every process's; same categories)."""
+        metrics = list(metrics)
+        total = cls(metrics[0].categories.values())
+        for metric in metrics:
+            for category_id, stat in metric.stats.items():
+                summed = total.stats[category_id]
+                summed.iou, summed.tp = summed.iou + stat.iou, summed.tp + stat.tp
+                summed.fp, summed.fn = summed.fp + stat.fp, summed.fn + stat.fn
+            total.num_images += metric.num_images
+        return total
+
     def compute(self) -> dict[str, Any]:
         """→ {"All" | "Things" | "Stuff": {pq, sq, rq, n}, "per_class": {category_id: {pq, sq, rq}}}, values
         in [0, 1]; n = categories that have a ground-truth or predicted segment (the averaged ones)."""

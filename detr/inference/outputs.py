@@ -30,7 +30,7 @@ import numpy as np
 
 from detr.categories import CategoryMap
 from detr.data.images import ImageLoadError, list_image_files
-from detr.evaluation.coco_evaluator import detections_to_coco_results, write_coco_results
+from detr.evaluation.coco_evaluator import detections_to_coco_results, masks_to_rle, write_coco_results
 from detr.inference.images import to_rgb_array
 from detr.inference.panoptic_outputs import (
     panoptic_annotation,
@@ -38,7 +38,6 @@ from detr.inference.panoptic_outputs import (
     write_panoptic_json,
     write_panoptic_png,
 )
-from detr.inference.postprocess_masks import masks_to_rle
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import Predictor, Task
 from detr.output_folder import claim_output_folder
@@ -56,7 +55,7 @@ def predictions_to_coco_results(
 
     Each prediction needs ``image_id`` set. Category ids come from ``category_map`` (label == id
     without one). Boxes go from pixel ``xyxy`` to COCO's pixel ``xywh``; ``file_name`` is added when known;
-    ``segmentation`` (COCO RLE, :func:`detr.inference.postprocess_masks.masks_to_rle`) when the prediction has masks.
+    ``segmentation`` (COCO RLE, :func:`detr.evaluation.coco_evaluator.masks_to_rle`) when the prediction has masks.
     """
     results: list[dict[str, Any]] = []
     for prediction in predictions:

@@ -5,7 +5,7 @@
 - :class:`PostProcessPanoptic`: one id map per image, every pixel given to one confident query, and the
   segments list of COCO's panoptic format (``id``, ``category_id``, ``isthing``, ``area``, ``bbox``).
 - :func:`id_map_to_rgb`, :func:`rgb_to_id_map`, :func:`panoptic_png`: the format's PNG encoding,
-  id = R + 256·G + 256²·B, 0 = void (unlabelled); :func:`masks_to_rle`: instance masks as COCO RLE.
+  id = R + 256·G + 256²·B, 0 = void (unlabelled).
 """
 
 from __future__ import annotations
@@ -294,13 +294,3 @@ def panoptic_png(id_map: torch.Tensor) -> bytes:
     Image.fromarray(id_map_to_rgb(id_map.cpu()).numpy()).save(buffer, format="PNG")
     return buffer.getvalue()
 
-
-def masks_to_rle(masks: torch.Tensor) -> list[dict[str, Any]]:
-    """bool [Q, H, W] instance masks → COCO run-length encodings (``{"size": [H, W], "counts": str}``), the
-    ``segmentation`` of COCO "segm" results (pycocotools' encoding; the counts decoded to text for json)."""
-    import numpy as np
-    from pycocotools import mask as mask_utils  # a dependency; imported here so `import detr` stays light
-
-    array = np.asfortranarray(masks.cpu().numpy().astype(np.uint8).transpose(1, 2, 0))  # [H, W, Q], as it wants
-    encoded = mask_utils.encode(array)
-    return [{"size": rle["size"], "counts": rle["counts"].decode("ascii")} for rle in encoded]

@@ -48,6 +48,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from detr.atomic_files import write_atomically
 from detr.checkpoints import CheckpointError
+from detr.evaluation.gather import gather_to_rank_zero
 from detr.output_folder import process_is_alive
 
 logger = logging.getLogger(__name__)
@@ -296,18 +297,14 @@ def remove_stale_temporary_files(folder: Path) -> list[Path]:
 RNG_STATES_KEY = "detr_rng_states"
 
 
-def save_rng_states(checkpoint: dict[str, Any], trainer: L.Trainer | None) -> None:
-    """Put every process's RNG states into ``checkpoint`` (a list by rank; one entry without a trainer).
+def save_rng_states(checkpoint: dict[str, Any]) -> None:
+    """Put every process's RNG states into ``checkpoint`` (a list by rank; one entry outside a distributed run).
 
-    Every process must call this together, as Lightning calls ``on_save_checkpoint`` on all of them. The
-    states are plain values beside tensors, which the strategy's ``all_gather`` (tensors only) cannot
-    carry: each process's states are broadcast in turn instead."""
+    Every process must call this together, as Lightning calls ``on_save_checkpoint`` on all of them: the
+    states go to rank 0, which writes the checkpoint (:func:`detr.evaluation.gather.gather_to_rank_zero`;
+    the other ranks' unwritten copies hold their own states only)."""
     states = rng_states()
-    if trainer is None or trainer.world_size == 1:
-        checkpoint[RNG_STATES_KEY] = [states]
-    else:
-        checkpoint[RNG_STATES_KEY] = [trainer.strategy.broadcast(states, src=rank)
-                                      for rank in range(trainer.world_size)]
+    checkpoint[RNG_STATES_KEY] = gather_to_rank_zero(states) or [states]
 
 
 def restore_rng_states(checkpoint: dict[str, Any], trainer: L.Trainer) -> None:

@@ -10,29 +10,28 @@
 
 Validation adds, in the mask stage, panoptic quality (:class:`detr.inference.postprocess_masks.PostProcessPanoptic`
 → :class:`detr.evaluation.panoptic.PanopticQuality`: ``val/PQ``, ``val/SQ``, ``val/RQ``, ``val/PQ_th``,
-``val/PQ_st``) and mask AP (:class:`detr.inference.postprocess_masks.PostProcessMasks` → COCOeval "segm":
-``val/segm_AP``, ``val/segm_AP50``, ``val/segm_AP75``) to the box AP every stage logs. Checkpoints load
+``val/PQ_st``) and mask AP (:class:`detr.inference.postprocess_masks.PostProcessMasks` → the box AP's
+:class:`detr.evaluation.coco_evaluator.CocoEvaluator` with ``iou_type="segm"``: ``val/segm_AP``,
+``val/segm_AP50``, ``val/segm_AP75``) to the box AP every stage logs. Checkpoints load
 with :func:`detr.load_checkpoint` (a :class:`DETRPanoptic` with its category map and ``is_thing``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
+import dataclasses
 import logging
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from pycocotools.cocoeval import COCOeval
 from torch import nn
 
 from detr.checkpoints import read_checkpoint
 from detr.checkpoints.formats import key_mismatch
 from detr.checkpoints.panoptic import is_panoptic_state_dict
-from detr.data.coco import coco_from_dict
+from detr.evaluation.coco_evaluator import CocoEvaluation, CocoEvaluator, masks_to_rle
+from detr.evaluation.gather import on_rank_zero
 from detr.evaluation.panoptic import PanopticQuality, format_panoptic_table
-from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic, masks_to_rle
+from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.prediction import Prediction
 from detr.lightning.system import DetrSystem, _model_config
 from detr.loss.build import build_criterion
@@ -104,7 +103,8 @@ class PanopticSystem(DetrSystem):
                                              loss_dice=loss_dice, training_only_parts=not freeze_detr)
         self._use_categories(categories)
         self._panoptic: PanopticQuality | None = None
-        self._segm: dict[str, list[Any]] = {}
+        self._mask_evaluator: CocoEvaluator | None = None
+        self.last_mask_evaluation: CocoEvaluation | None = None
         self.last_panoptic: dict[str, Any] | None = None
 
 
@@ -179,9 +179,13 @@ class PanopticSystem(DetrSystem):
     # ------------------------------------------------------------------ evaluation
     def _start_evaluation(self, stage: str) -> None:
         super()._start_evaluation(stage)
-        self._panoptic, self._segm = None, {"gt": [], "images": [], "results": []}
+        self._panoptic, self._mask_evaluator = None, None
         if self.postprocess_panoptic is not None:
             self._panoptic = PanopticQuality(self.categories)
+        if self.postprocess_masks is not None and self.hparams.mask_ap and self._panoptic_ground_truth(stage):
+            self._mask_evaluator = CocoEvaluator(iou_type="segm", categories=self.categories or [],
+                                                 category_map=self.category_map,
+                                                 backend=self.hparams.evaluator_backend)
 
     def _panoptic_ground_truth(self, stage: str) -> Any:
         dataset = self._evaluation_dataset(stage)
@@ -201,46 +205,46 @@ class PanopticSystem(DetrSystem):
                 panoptic = self.postprocess_panoptic(outputs, processed_sizes, orig_sizes)
                 for (gt_ids, gt_segments), result in zip(ground_truth, panoptic):
                     self._panoptic.update(gt_ids, gt_segments, result["id_map"].cpu(), result["segments_info"])
-            if self.hparams.mask_ap:
+            if self._mask_evaluator is not None:
                 masks = self.postprocess_masks(outputs, processed_sizes, orig_sizes)
                 self._add_segm(image_ids, ground_truth, masks, detections)
 
     def _add_segm(self, image_ids: list[int], ground_truth: list[Any], masks: list[torch.Tensor],
                   detections: list[dict[str, torch.Tensor]]) -> None:
-        for image_id, (gt_ids, gt_segments), image_masks, detection in zip(image_ids, ground_truth, masks, detections):
+        """The batch's ground-truth segments (as COCO RLE annotations) and predicted masks to the mask evaluator."""
+        images, annotations = [], []
+        for image_id, (gt_ids, gt_segments) in zip(image_ids, ground_truth):
             height, width = gt_ids.shape
-            self._segm["images"].append({"id": image_id, "height": int(height), "width": int(width)})
+            images.append({"id": image_id, "height": int(height), "width": int(width)})
             gt_ids = torch.from_numpy(gt_ids)
-            segment_masks = torch.stack([gt_ids == int(s["id"]) for s in gt_segments]) if gt_segments else \
-                torch.zeros(0, height, width, dtype=torch.bool)
-            for segment, rle in zip(gt_segments, masks_to_rle(segment_masks) if gt_segments else []):
-                self._segm["gt"].append({"image_id": image_id, "category_id": int(segment["category_id"]),
-                                         "segmentation": rle, "area": float(segment["area"]),
-                                         "bbox": list(segment["bbox"]), "iscrowd": int(segment.get("iscrowd", 0))})
-            labels = detection["labels"]
-            category_ids = labels if self.category_map is None else self.category_map.label_to_category_id(labels)
-            for rle, category_id, score in zip(masks_to_rle(image_masks), category_ids.tolist(),
-                                               detection["scores"].tolist()):
-                self._segm["results"].append({"image_id": image_id, "category_id": int(category_id),
-                                              "segmentation": rle, "score": float(score)})
+            segment_masks = torch.stack([gt_ids == int(s["id"]) for s in gt_segments]) if gt_segments else None
+            annotations.append([
+                {"image_id": image_id, "category_id": int(segment["category_id"]), "segmentation": rle,
+                 "area": float(segment["area"]), "bbox": list(segment["bbox"]), "iscrowd": int(segment.get("iscrowd", 0))}
+                for segment, rle in zip(gt_segments, masks_to_rle(segment_masks) if gt_segments else [])])
+        self._mask_evaluator.add_ground_truth(images, annotations)
+        self._mask_evaluator.update(image_ids, [dict(detection, masks=image_masks)
+                                                for detection, image_masks in zip(detections, masks)])
 
     def _finish_evaluation(self, stage: str) -> None:
         super()._finish_evaluation(stage)
-        if self._panoptic is not None and self._panoptic.num_images:
-            _merge_panoptic(self._panoptic, _gather(self._panoptic.stats))
-            results = self._panoptic.compute()
-            self.last_panoptic = results
-            for name, value in (("PQ", results["All"]["pq"]), ("SQ", results["All"]["sq"]),
-                                ("RQ", results["All"]["rq"]), ("PQ_th", results["Things"]["pq"]),
-                                ("PQ_st", results["Stuff"]["pq"])):
-                self.log(f"{stage}/{name}", value, prog_bar=name == "PQ", sync_dist=False)
-            if self._trainer is None or self.trainer.is_global_zero:
-                logger.info("%s panoptic quality at epoch %d:\n%s", stage, self.current_epoch,
-                            format_panoptic_table(results))
-        if self._segm.get("images"):
-            gathered = _gather(self._segm)
-            for name, value in _segm_ap(gathered, self.categories).items():
-                self.log(f"{stage}/{name}", value, sync_dist=False)
+        if self._panoptic is not None:  # every rank's statistics summed on rank 0, PQ computed there once
+            results = on_rank_zero(self._panoptic, _panoptic_quality, what="panoptic quality")
+            if results is not None:
+                self.last_panoptic = results
+                for name, value in (("PQ", results["All"]["pq"]), ("SQ", results["All"]["sq"]),
+                                    ("RQ", results["All"]["rq"]), ("PQ_th", results["Things"]["pq"]),
+                                    ("PQ_st", results["Stuff"]["pq"])):
+                    self.log(f"{stage}/{name}", value, prog_bar=name == "PQ", sync_dist=False)
+                if self._trainer is None or self.trainer.is_global_zero:
+                    logger.info("%s panoptic quality at epoch %d:\n%s", stage, self.current_epoch,
+                                format_panoptic_table(results))
+        if self._mask_evaluator is not None:
+            evaluation = self._mask_evaluator.compute()  # the same evaluator and backend as box AP
+            if evaluation.image_ids:
+                for name in ("AP", "AP50", "AP75"):
+                    self.log(f"{stage}/segm_{name}", evaluation.stats[name], sync_dist=False)
+            self.last_mask_evaluation = dataclasses.replace(evaluation, coco_eval=None)
 
     # ------------------------------------------------------------------ prediction
     def predict_step(self, batch: Any, batch_idx: int) -> list[Prediction]:
@@ -275,48 +279,9 @@ class PanopticSystem(DetrSystem):
             self._use_categories(categories)
 
 
-def _gather(value: Any) -> list[Any]:
-    """``value`` of every process (a one-item list outside distributed runs)."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, value)
-        return gathered
-    return [value]
-
-
-def _merge_panoptic(metric: PanopticQuality, per_process: list[dict[int, Any]]) -> None:
-    """Sum every process's per-category statistics into ``metric`` (which holds this process's)."""
-    if len(per_process) == 1:
-        return
-    merged = {category_id: type(stat)() for category_id, stat in metric.stats.items()}
-    for stats in per_process:
-        for category_id, stat in stats.items():
-            total = merged[category_id]
-            total.iou, total.tp, total.fp, total.fn = (total.iou + stat.iou, total.tp + stat.tp, total.fp + stat.fp,
-                                                        total.fn + stat.fn)
-    metric.stats = merged
-
-
-def _segm_ap(per_process: list[dict[str, list[Any]]], categories: list[dict[str, Any]] | None) -> dict[str, float]:
-    """COCOeval "segm" over every process's ground-truth and predicted RLEs → segm_AP, segm_AP50, segm_AP75."""
-    images = {image["id"]: image for part in per_process for image in part["images"]}
-    gt = [annotation for part in per_process for annotation in part["gt"]]
-    for index, annotation in enumerate(gt):
-        annotation["id"] = index + 1
-    category_ids = sorted({a["category_id"] for a in gt} | {int(c["id"]) for c in categories or []})
-    coco_gt = coco_from_dict({"images": list(images.values()), "annotations": gt,
-                              "categories": [{"id": i} for i in category_ids]})
-    results = [r for part in per_process for r in part["results"] if r["category_id"] in set(category_ids)]
-    if not results or not gt:
-        return {"segm_AP": 0.0, "segm_AP50": 0.0, "segm_AP75": 0.0}
-    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress and summary
-        coco_dt = coco_gt.loadRes(results)
-        coco_eval = COCOeval(coco_gt, coco_dt, iouType="segm")
-        coco_eval.evaluate()
-        coco_eval.accumulate()
-        coco_eval.summarize()
-    return {"segm_AP": float(coco_eval.stats[0]), "segm_AP50": float(coco_eval.stats[1]),
-            "segm_AP75": float(coco_eval.stats[2])}
+def _panoptic_quality(per_process: list[PanopticQuality]) -> dict[str, Any] | None:
+    """PQ of every process's statistics summed (None when no process saw an image)."""
+    return PanopticQuality.merged(per_process).compute() if sum(m.num_images for m in per_process) else None
 
 
 __all__ = ["PanopticSystem"]

@@ -527,7 +527,7 @@ class DetrSystem(L.LightningModule):
         """Add ``checkpoint["detr"]`` (model config + category map, read by :func:`detr.load_checkpoint`) and
         every process's RNG states (so a resumed run continues the same random streams)."""
         checkpoint["detr"] = checkpoint_record(self.detector.config, ModelMeta(category_map=self.category_map))
-        save_rng_states(checkpoint, self._trainer)
+        save_rng_states(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = checkpoint.get("detr") or {}

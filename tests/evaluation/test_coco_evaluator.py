@@ -406,3 +406,86 @@ def test_garbage_collection_is_paused_inside_and_restored_after(monkeypatch) -> 
         assert not gc.isenabled()  # a caller that had it off keeps it off
     finally:
         gc.enable()
+
+
+def _random_masks(generator: torch.Generator, count: int, height: int, width: int) -> torch.Tensor:
+    """``count`` bool masks [count, H, W]: random rectangles with random pixels flipped inside them."""
+    masks = torch.zeros(count, height, width, dtype=torch.bool)
+    for mask in masks:
+        y0, x0 = (int(torch.randint(0, size // 2, (1,), generator=generator)) for size in (height, width))
+        y1 = y0 + 4 + int(torch.randint(0, height - y0 - 4, (1,), generator=generator))
+        x1 = x0 + 4 + int(torch.randint(0, width - x0 - 4, (1,), generator=generator))
+        mask[y0:y1, x0:x1] = torch.rand(y1 - y0, x1 - x0, generator=generator) > 0.1
+    return masks
+
+
+def _mask_case(seed: int) -> tuple[list[dict], list[list[dict]], dict[int, dict[str, torch.Tensor]]]:
+    """Per image: its COCO entry, its ground-truth annotations (RLE; one crowd region in image 1) and
+    detections with masks: the ground truth's masks eroded or shifted, plus false positives."""
+    from detr.evaluation.coco_evaluator import masks_to_rle
+
+    generator = torch.Generator().manual_seed(seed)
+    images, annotations, detections = [], [], {}
+    for image_id in range(1, 7):
+        height, width = 40 + 7 * image_id, 60 - 3 * image_id
+        images.append({"id": image_id, "height": height, "width": width})
+        count = image_id % 4
+        gt_masks = _random_masks(generator, count, height, width)
+        labels = [CATEGORIES[int(i)]["id"] for i in torch.randint(0, 3, (count,), generator=generator)]
+        annotations.append([
+            {"image_id": image_id, "category_id": label, "segmentation": rle, "area": float(mask.sum()),
+             "bbox": [0.0, 0.0, float(width), float(height)], "iscrowd": int(image_id == 1 and k == 0)}
+            for k, (label, mask, rle) in enumerate(zip(labels, gt_masks, masks_to_rle(gt_masks)))])
+        shifted = torch.roll(gt_masks, shifts=int(torch.randint(-3, 4, (1,), generator=generator)), dims=-1)
+        noise = _random_masks(generator, 3, height, width)
+        masks = torch.cat([shifted & (torch.rand(shifted.shape, generator=generator) > 0.2), noise])
+        detection_labels = labels + [CATEGORIES[int(i)]["id"] for i in torch.randint(0, 3, (3,), generator=generator)]
+        detections[image_id] = {"scores": torch.rand(len(masks), generator=generator),
+                                "labels": torch.tensor(detection_labels, dtype=torch.int64),
+                                "boxes": torch.zeros(len(masks), 4), "masks": masks}
+    return images, annotations, detections
+
+
+@pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
+def test_mask_ap_equals_pycocotools_segm_on_both_backends(backend) -> None:
+    """Mask AP (the panoptic system's val/segm_AP) comes from the box AP's evaluator, ground truth given image
+    by image, and equals pycocotools' COCOeval "segm" run by hand to 1e-12 on every statistic."""
+    from detr.evaluation.coco_evaluator import detections_to_mask_results
+
+    images, annotations, detections = _mask_case(seed=5)
+    evaluator = CocoEvaluator(iou_type="segm", categories=CATEGORIES, backend=backend)
+    for image, image_annotations in zip(images, annotations):  # batches of one; image 3 twice (sampler padding)
+        evaluator.add_ground_truth([image], [image_annotations])
+        evaluator.update([image["id"]], [detections[image["id"]]])
+    evaluator.add_ground_truth([images[2]], [annotations[2]])
+    evaluator.update([3], [detections[3]])
+    evaluation = evaluator.compute()
+
+    dataset = {"images": images, "categories": CATEGORIES,
+               "annotations": [dict(a, id=i + 1) for i, a in enumerate(a for per in annotations for a in per)]}
+    results = [r for image_id, detection in detections.items() for r in detections_to_mask_results(image_id, detection)]
+    gt = coco_ground_truth(dataset)
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco_eval = COCOeval(gt, gt.loadRes(copy.deepcopy(results)), iouType="segm")
+        coco_eval.evaluate()
+        coco_eval.accumulate()
+        coco_eval.summarize()
+    assert evaluation.backend == backend and evaluation.image_ids == [1, 2, 3, 4, 5, 6]
+    assert 0.05 < evaluation.stats["AP"] < 0.95  # a case with real hits and misses
+    expected = dict(zip(STAT_NAMES, (float(coco_eval.stats[i]) for i in (0, 1, 2, 3, 4, 5, 8))))
+    for name in STAT_NAMES:
+        assert evaluation.stats[name] == pytest.approx(expected[name], abs=1e-12), name
+    assert [row["category_id"] for row in evaluation.per_class] == [3, 7, 12]
+
+
+def test_segm_needs_categories_and_takes_ground_truth_only_without_coco_gt() -> None:
+    with pytest.raises(ValueError, match="categories"):
+        CocoEvaluator(iou_type="segm")
+    with pytest.raises(ValueError, match="iou_type"):
+        CocoEvaluator(iou_type="keypoints", categories=CATEGORIES)
+    evaluator = CocoEvaluator(coco_ground_truth(_hand_made_ground_truth()))
+    with pytest.raises(ValueError, match="add_ground_truth"):
+        evaluator.add_ground_truth([{"id": 1, "height": 2, "width": 2}], [[]])
+    per_image = CocoEvaluator(iou_type="segm", categories=CATEGORIES)
+    with pytest.raises(ValueError, match="image id 4 is not in the ground truth added so far"):
+        per_image.update([4], [_detection([])])

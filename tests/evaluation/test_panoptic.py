@@ -144,3 +144,24 @@ def _category_instance(ids: torch.Tensor, segments: list[dict]) -> torch.Tensor:
     for segment in segments:
         category[ids == segment["id"]] = segment["category_id"]
     return torch.stack([category, ids], dim=-1)
+
+
+def test_merged_statistics_of_split_images_equal_one_metric_over_all():
+    """What the panoptic system computes on rank 0: every process's statistics summed give the PQ of one
+    metric that saw every image."""
+    generator = torch.Generator().manual_seed(1)
+    whole, parts = PanopticQuality(CATEGORIES), [PanopticQuality(CATEGORIES) for _ in range(3)]
+    for index in range(6):
+        (gt, gt_segments), (pred, pred_segments) = random_panoptic(generator), random_panoptic(generator)
+        gt[:12] = pred[:12]
+        gt_segments = [pred_segments[i] if i + 1 in pred[:12] else s for i, s in enumerate(gt_segments)]
+        gt_segments = [s for s in gt_segments if s["id"] in gt]
+        pred_segments = [s for s in pred_segments if s["id"] in pred]
+        for metric in (whole, parts[index % 3]):
+            metric.update(gt, gt_segments, pred, pred_segments)
+    merged = PanopticQuality.merged(parts)
+    assert merged.num_images == 6 and [part.num_images for part in parts] == [2, 2, 2]
+    merged_results, whole_results = merged.compute(), whole.compute()
+    assert 0 < whole_results["All"]["pq"] < 1
+    for name in ("All", "Things", "Stuff"):
+        assert merged_results[name] == pytest.approx(whole_results[name], abs=1e-12)

@@ -166,7 +166,7 @@ def test_nearest_resize_is_pils(in_size, out_size):
 def test_masks_to_rle_round_trips_through_pycocotools():
     from pycocotools import mask as mask_utils
 
-    from detr.inference.postprocess_masks import masks_to_rle
+    from detr.evaluation.coco_evaluator import masks_to_rle
 
     masks = torch.zeros(2, 5, 7, dtype=torch.bool)
     masks[0, 1:3, 2:6] = True

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from detr.evaluation.gather import gather_to_rank_zero
 from detr.inference.outputs import PREDICTION_FILES, assign_image_ids, write_predictions_json
 from detr.inference.prediction import Prediction
 from detr.lightning.run_folder import open_csv_logs
@@ -73,12 +73,9 @@ class PredictionsWriter(BasePredictionWriter):
         self, trainer: L.Trainer, pl_module: L.LightningModule, predictions: Any, batch_indices: Any
     ) -> None:
         flat = [item for batch in predictions for item in batch]  # one dataloader: list of batch outputs
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, flat)
-            flat = [item for part in gathered for item in part]
-        if trainer.is_global_zero:
-            self.write(trainer, pl_module, flat)
+        gathered = gather_to_rank_zero(flat)  # every process's predictions, on rank 0 (None elsewhere)
+        if gathered is not None:
+            self.write(trainer, pl_module, [item for part in gathered for item in part])
 
     def output_file(self, trainer: L.Trainer) -> Path:
         """Where ``predictions.json`` goes (see ``output_path``)."""
