@@ -19,30 +19,7 @@ from typing import Any
 import torch
 from torchvision.ops import box_convert
 
-
-def pad_images(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero-pad CHW images at the bottom and right to a common size.
-
-    Args:
-        images: B tensors [C, h_i, w_i] (same C and dtype).
-
-    Returns:
-        (batch [B, C, max h, max w] with the images' dtype, padding_mask bool [B, max h, max w], True = padding).
-    """
-    if len(images) == 0:
-        raise ValueError("cannot batch zero images")
-    channels = {image.shape[0] for image in images}
-    if len(channels) != 1 or any(image.dim() != 3 for image in images):
-        raise ValueError(f"images must all be [C, H, W] with the same C, got shapes {[tuple(i.shape) for i in images]}")
-    height = max(image.shape[1] for image in images)
-    width = max(image.shape[2] for image in images)
-    batch = images[0].new_zeros((len(images), images[0].shape[0], height, width))
-    mask = torch.ones((len(images), height, width), dtype=torch.bool, device=images[0].device)
-    for i, image in enumerate(images):
-        h, w = image.shape[1:]
-        batch[i, :, :h, :w] = image
-        mask[i, :h, :w] = False
-    return batch, mask
+from detr.models.inputs import pad_images
 
 
 def normalize_boxes(boxes_xyxy: torch.Tensor, size: torch.Tensor) -> torch.Tensor:

@@ -34,9 +34,7 @@ from albumentations.augmentations.geometric import functional as fgeometric
 from albumentations.core.type_definitions import Targets
 from albumentations.pytorch import ToTensorV2
 
-#: ImageNet statistics the backbone was trained with (torchvision's ResNet weights; the authors' datasets/coco.py).
-IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
-IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+from detr.models.inputs import EVAL_MAX_SIZE, EVAL_MIN_SIZE, IMAGENET_MEAN, IMAGENET_STD, InputSpec, resize_shape
 
 #: Authors' defaults.
 TRAIN_SCALES: tuple[int, ...] = tuple(range(480, 801, 32))  # 480, 512, ..., 800
@@ -44,33 +42,10 @@ TRAIN_MAX_SIZE = 1333
 CROP_RESIZE_SCALES: tuple[int, ...] = (400, 500, 600)
 CROP_MIN_SIZE = 384
 CROP_MAX_SIZE = 600
-EVAL_MIN_SIZE = 800
-EVAL_MAX_SIZE = 1333
 
 # A box narrower or lower than this (pixels) after clipping counts as emptied by the crop. Albumentations
 # keeps zero-width boxes when the threshold is 0, so it must be positive; 1e-3 px is "> 0" in float32.
 _MIN_BOX_SIDE = 1e-3
-
-
-def resize_shape(height: int, width: int, min_size: int, max_size: int | None) -> tuple[int, int]:
-    """Output (height, width) of the authors' shortest-side resize, with their rounding.
-
-    The shortest side becomes ``min_size`` unless the long side would then exceed ``max_size``; in that
-    case the short side becomes ``round(max_size * short / long)``. The long side is truncated
-    (``int(size * long / short)``), as in the authors' ``get_size_with_aspect_ratio``.
-    """
-    if height < 1 or width < 1:
-        raise ValueError(f"image size must be positive, got height={height}, width={width}")
-    size = min_size
-    if max_size is not None:
-        short, long = float(min(height, width)), float(max(height, width))
-        if long / short * size > max_size:
-            size = int(round(max_size * short / long))
-    if (width <= height and width == size) or (height <= width and height == size):
-        return height, width
-    if width < height:
-        return int(size * height / width), size
-    return size, int(size * width / height)
 
 
 class ShortestSideResize(A.DualTransform):
@@ -236,10 +211,8 @@ def make_normalize_transform() -> A.Compose:
 
 def denormalize(image: torch.Tensor) -> torch.Tensor:
     """Undo the ImageNet normalisation: float ``[3, H, W]`` → uint8 ``[3, H, W]`` (0..255) on the same device,
-    the pixels the model saw (after resizing)."""
-    mean = torch.tensor(IMAGENET_MEAN, device=image.device).view(3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=image.device).view(3, 1, 1)
-    return (image.detach().float() * std + mean).mul(255).round().clamp(0, 255).to(torch.uint8)
+    the pixels the model saw (after resizing; :meth:`detr.models.inputs.InputSpec.denormalize`)."""
+    return InputSpec().denormalize(image)
 
 
 def reseed_transform(transform: Any, seed: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from detr.data.transforms import EVAL_MAX_SIZE, EVAL_MIN_SIZE
+from detr.models.inputs import EVAL_MAX_SIZE, EVAL_MIN_SIZE
 
 
 def add_resize_arguments(parser: argparse.ArgumentParser) -> None:

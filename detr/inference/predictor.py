@@ -35,8 +35,6 @@ from torch import Tensor
 from detr.categories import CategoryMap
 from detr.checkpoints import load_checkpoint
 from detr.checkpoints.onnx import OnnxDetector
-from detr.data.collate import pad_images
-from detr.data.transforms import EVAL_MAX_SIZE, EVAL_MIN_SIZE, make_eval_transform
 from detr.inference.images import ImageInput, is_single_image, to_rgb_array
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
@@ -138,10 +136,11 @@ class Predictor:
         self.precision: Precision = precision
         self.threshold = float(threshold)
         self.batch_size = int(batch_size)
-        trained_size = model.meta.eval_size or (EVAL_MIN_SIZE, EVAL_MAX_SIZE)
-        self.min_size = int(min_size if min_size is not None else trained_size[0])
-        self.max_size = int(max_size if max_size is not None else trained_size[1])
-        self.transform = make_eval_transform(min_size=self.min_size, max_size=self.max_size)
+        spec = model.input_spec  # the model's input contract, its resize sizes overridden where given
+        #: resize, normalisation and padding of every image (:class:`detr.models.inputs.InputSpec`)
+        self.input_spec = spec.replace(size=int(min_size if min_size is not None else spec.size),
+                                       max_size=max_size if max_size is not None else spec.max_size)
+        self.min_size, self.max_size = self.input_spec.size, self.input_spec.max_size
         self.class_head = model.config.class_head
         #: whether the model predicts masks (a panoptic model, :class:`detr.DETRPanoptic`)
         self.predicts_masks = model.predicts_masks
@@ -189,13 +188,9 @@ class Predictor:
         return cls(model, optimize=optimize, **predictor_options)
 
     def preprocess(self, image: np.ndarray) -> Tensor:
-        """``uint8`` RGB ``[H, W, 3]`` → normalised float32 ``[3, h, w]`` after the eval resize."""
-        empty = np.zeros((0, 4), dtype=np.float32)
-        out = self.transform(image=image, bboxes=empty, labels=np.zeros((0,), dtype=np.int64))
-        tensor = out["image"]
-        if not isinstance(tensor, Tensor):
-            tensor = torch.from_numpy(np.ascontiguousarray(tensor.transpose(2, 0, 1)))
-        return tensor.float()
+        """``uint8`` RGB ``[H, W, 3]`` → the model's float32 ``[3, h, w]``: resized and normalised as its
+        :attr:`input_spec` says."""
+        return self.input_spec.prepare(image)
 
     def predict(
         self,
@@ -290,12 +285,12 @@ class Predictor:
         self.check_task(task)
         if not arrays:
             return []
-        inputs = [self.preprocess(array) for array in arrays]
-        images, padding_mask = pad_images(inputs)  # the batch contract: zeros bottom/right, True = padding
+        # the batch contract: resized, normalised, zeros bottom/right, True = padding
+        images, padding_mask, input_sizes = self.input_spec.batch(arrays)
         outputs = self.forward(images, padding_mask, return_attention=return_attention)
         predictions = predictions_from_outputs(
             outputs, image_sizes=[(int(a.shape[0]), int(a.shape[1])) for a in arrays],
-            input_sizes=[(int(t.shape[1]), int(t.shape[2])) for t in inputs], class_head=self.class_head,
+            input_sizes=input_sizes, class_head=self.class_head,
             category_map=self.category_map, threshold=threshold, file_names=file_names,
             masks=self.postprocess_masks if masks and self.predicts_masks else None,
             panoptic=self._panoptic_postprocess() if task == "panoptic" else None,

@@ -293,6 +293,18 @@ def remove_stale_temporary_files(folder: Path) -> list[Path]:
     return removed
 
 
+def seed_each_process(rank: int) -> None:
+    """Seed this process with the entry point's seed plus its ``rank`` (as the authors' main.py: seed + rank).
+
+    The entry point's seed_everything gives all processes one seed, so the model starts identical everywhere;
+    after that, dropout and in-process augmentation should not draw the same numbers on every process. A
+    resumed run then restores each process's own states from the checkpoint (:func:`restore_rng_states`)."""
+    seed = (torch.initial_seed() + rank) % 2**32
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
 #: The checkpoint key of :func:`save_rng_states`: one entry per process, by rank.
 RNG_STATES_KEY = "detr_rng_states"
 

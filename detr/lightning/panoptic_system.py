@@ -33,6 +33,7 @@ from detr.evaluation.gather import on_rank_zero
 from detr.evaluation.panoptic import PanopticQuality, format_panoptic_table
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.prediction import Prediction
+from detr.lightning.evaluation import evaluation_dataset
 from detr.lightning.system import DetrSystem, _model_config
 from detr.loss.build import build_criterion
 from detr.models.config import DetrConfig
@@ -188,7 +189,7 @@ class PanopticSystem(DetrSystem):
                                                  backend=self.hparams.evaluator_backend)
 
     def _panoptic_ground_truth(self, stage: str) -> Any:
-        dataset = self._evaluation_dataset(stage)
+        dataset = evaluation_dataset(self._trainer, stage)
         if dataset is None or not hasattr(dataset, "ground_truth"):
             return None
         return dataset

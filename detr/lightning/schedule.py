@@ -11,11 +11,15 @@ from ``configure_optimizers``; Lightning steps it after every optimizer step and
 
 from __future__ import annotations
 
+import logging
 import math
 from bisect import bisect_right
 from typing import Any
 
+import lightning as L
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def decay_factor(step: int, total_steps: int | None, decay_fraction: float) -> float:
@@ -144,3 +148,41 @@ def learning_rate_schedulers(
 
 
 __all__ = ["LinearDecayToZero", "decay_factor", "learning_rate_schedulers", "resume_schedule", "schedule_factor"]
+
+
+def follow_this_runs_settings(trainer: L.Trainer, base_rates: dict[str, float], decay_fraction: float) -> None:
+    """At the start of training: a resumed run's schedule follows this run's settings.
+
+    The checkpoint restored the optimizer's rates and the schedulers as the run that wrote it left them,
+    with its length, base rates and ``decay_fraction``. The decay takes this run's length (a time budget's
+    fixed count is kept: :class:`detr.lightning.callbacks.TimeBudget`) and fraction, and the rates restart
+    from this run's ``base_rates`` (by parameter group name) at the step reached (:func:`resume_schedule`:
+    a finished run's rates of 0 would stay 0)."""
+    total = trainer.estimated_stepping_batches
+    schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
+    for scheduler in schedulers:
+        if isinstance(scheduler, LinearDecayToZero):
+            scheduler.decay_fraction = decay_fraction  # the checkpoint restored its own
+            if math.isfinite(total):
+                scheduler.set_total_steps(int(total))
+    if trainer.ckpt_path is None or not trainer.optimizers or not schedulers:
+        return
+    optimizer = trainer.optimizers[0]
+    restored = [group["lr"] for group in optimizer.param_groups]
+    base_lrs = [base_rates.get(group.get("name"), group["initial_lr"]) for group in optimizer.param_groups]
+    checkpoint_base = list(schedulers[0].base_lrs)
+    if resume_schedule(optimizer, schedulers, base_lrs):
+        decays = [scheduler for scheduler in schedulers if isinstance(scheduler, LinearDecayToZero)]
+        length = (f"; decay to 0 over the last {decays[0].decay_fraction:.0%} of {decays[0].total_steps} steps"
+                  if decays and decays[0].total_steps is not None else "")
+        logger.info(
+            "resumed from %s at step %d: the learning rates follow this run's settings (base rates %s, the "
+            "checkpoint's %s%s): now %s, were %s. Other rates or lengths: --model.lr, --model.lr_backbone, "
+            "--trainer.max_steps", trainer.ckpt_path, trainer.global_step, _rates(base_lrs),
+            _rates(checkpoint_base), length, _rates([group["lr"] for group in optimizer.param_groups]),
+            _rates(restored),
+        )
+
+
+def _rates(rates: list[float]) -> str:
+    return "[" + ", ".join(f"{rate:.3g}" for rate in rates) + "]"

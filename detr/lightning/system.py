@@ -16,26 +16,23 @@ from __future__ import annotations
 
 import logging
 import math
-import random
-from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-import numpy as np
 import torch
 
 from detr.categories import CategoryMap
 from detr.checkpoints import CheckpointError, read_checkpoint
 from detr.checkpoints.formats import checkpoint_record, key_mismatch
-from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator, resolve_backend
+from detr.evaluation import CocoEvaluation, CocoEvaluator
 from detr.inference.postprocess import PostProcess
 from detr.inference.postprocess_masks import PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
 from detr.inference.prediction import Prediction
 from detr.lightning.callbacks import time_budget_of
-from detr.lightning.checkpointing import restore_rng_states, save_rng_states
-from detr.lightning.error_analysis import write_error_analysis
-from detr.lightning.schedule import LinearDecayToZero, learning_rate_schedulers, resume_schedule
+from detr.lightning.checkpointing import restore_rng_states, save_rng_states, seed_each_process
+from detr.lightning.evaluation import EvaluationSchedule
+from detr.lightning.schedule import follow_this_runs_settings, learning_rate_schedulers
 from detr.loss.build import build_criterion
 from detr.models.backbone import cpu_has_bfloat16
 from detr.models.build import build_detr
@@ -160,9 +157,11 @@ class DetrSystem(L.LightningModule):
         self.postprocess = PostProcess(class_head=config.class_head)
         self.category_map = _as_category_map(category_map, config.num_classes)
         self.lr_drop_epochs = list(lr_drop_epochs) if lr_drop_epochs is not None else [200]
+        self.evaluation = EvaluationSchedule(backend=evaluator_backend, directory=evaluation_dir,
+                                             error_analysis=error_analysis,
+                                             every_n_validations=error_analysis_every_n_validations)
         self.evaluator: CocoEvaluator | None = None
         self.last_evaluation: CocoEvaluation | None = None
-        self._fit_validations = 0
         if init_checkpoint:
             self.load_initial_weights(init_checkpoint)
 
@@ -205,12 +204,9 @@ class DetrSystem(L.LightningModule):
 
     # ------------------------------------------------------------------ processes
     def setup(self, stage: str) -> None:
-        """Seed every process differently (as the authors' main.py: seed + rank), once the model is built; run
-        the backbone in float32 after all where ``backbone_bf16`` asks for bfloat16 on a CPU without it.
-
-        The entry point's seed_everything gives all processes one seed, so the model starts identical
-        everywhere; after that, dropout and in-process augmentation should not draw the same numbers on
-        every process. A resumed run then restores each process's own states from the checkpoint."""
+        """Seed every process differently once the model is built
+        (:func:`detr.lightning.checkpointing.seed_each_process`); check the evaluator backend; run the
+        backbone in float32 after all where ``backbone_bf16`` asks for bfloat16 on a CPU without it."""
         backbone = self.detector.backbone[0]
         if (backbone.autocast_dtype == torch.bfloat16 and self.trainer.strategy.root_device.type == "cpu"
                 and not cpu_has_bfloat16()):
@@ -218,47 +214,15 @@ class DetrSystem(L.LightningModule):
             logger.warning("backbone_bf16: this CPU has no bfloat16 instructions (AVX512-BF16 / AMX), where "
                            "bfloat16 is emulated and slower: the backbone runs in float32")
         if stage in ("fit", "validate", "test"):
-            backend = resolve_backend(self.hparams.evaluator_backend)  # a missing package fails here, not later
-            if self.trainer.is_global_zero:
-                logger.info("COCO evaluation on %s (evaluator_backend %r), once on rank 0 of %d process(es)",
-                            backend, self.hparams.evaluator_backend, self.trainer.world_size)
+            self.evaluation.announce(self.trainer)
         if stage == "fit" and self.trainer.world_size > 1:
-            seed = (torch.initial_seed() + self.global_rank) % 2**32
-            torch.manual_seed(seed)
-            np.random.seed(seed)
-            random.seed(seed)
+            seed_each_process(self.global_rank)
 
     def on_train_start(self) -> None:
-        """A resumed run's schedule follows this run's settings: the checkpoint restored the optimizer's rates
-        and the schedulers as the run that wrote it left them, with its length, ``lr``, ``lr_backbone`` and
-        ``lr_decay_fraction``. The decay takes this run's length (a time budget's fixed count is kept:
-        :class:`TimeBudget`) and fraction, and the rates restart from this run's base rates at the step
-        reached (:func:`detr.lightning.schedule.resume_schedule`: a finished run's rates of 0 would stay 0)."""
-        total = self.trainer.estimated_stepping_batches
-        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
-        for scheduler in schedulers:
-            if isinstance(scheduler, LinearDecayToZero):
-                scheduler.decay_fraction = self.hparams.lr_decay_fraction  # the checkpoint restored its own
-                if math.isfinite(total):
-                    scheduler.set_total_steps(int(total))
-        if self.trainer.ckpt_path is None or not self.trainer.optimizers or not schedulers:
-            return
-        optimizer = self.trainer.optimizers[0]
-        restored = [group["lr"] for group in optimizer.param_groups]
-        base = {group["name"]: group["lr"] for group in self.parameter_groups()}
-        base_lrs = [base.get(group.get("name"), group["initial_lr"]) for group in optimizer.param_groups]
-        checkpoint_base = list(schedulers[0].base_lrs)
-        if resume_schedule(optimizer, schedulers, base_lrs):
-            decays = [scheduler for scheduler in schedulers if isinstance(scheduler, LinearDecayToZero)]
-            length = (f"; decay to 0 over the last {decays[0].decay_fraction:.0%} of {decays[0].total_steps} steps"
-                      if decays and decays[0].total_steps is not None else "")
-            logger.info(
-                "resumed from %s at step %d: the learning rates follow this run's settings (base rates %s, the "
-                "checkpoint's %s%s): now %s, were %s. Other rates or lengths: --model.lr, --model.lr_backbone, "
-                "--trainer.max_steps", self.trainer.ckpt_path, self.trainer.global_step, _rates(base_lrs),
-                _rates(checkpoint_base), length, _rates([group["lr"] for group in optimizer.param_groups]),
-                _rates(restored),
-            )
+        """A resumed run's schedule follows this run's settings, not the checkpoint's
+        (:func:`detr.lightning.schedule.follow_this_runs_settings`)."""
+        base_rates = {group["name"]: group["lr"] for group in self.parameter_groups()}
+        follow_this_runs_settings(self.trainer, base_rates, self.hparams.lr_decay_fraction)
 
     # ------------------------------------------------------------------ steps
     def forward(
@@ -338,23 +302,8 @@ class DetrSystem(L.LightningModule):
             )
 
     # ------------------------------------------------------------------ evaluation
-    def _evaluation_dataset(self, stage: str) -> Any:
-        """The data module's data set of ``stage`` (its validation set where it has none), or None."""
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        return getattr(datamodule, f"{stage}_dataset", None) or getattr(datamodule, "val_dataset", None)
-
-    def _ground_truth(self, stage: str) -> Any:
-        return getattr(self._evaluation_dataset(stage), "coco", None)
-
     def _start_evaluation(self, stage: str) -> None:
-        coco_gt = self._ground_truth(stage)
-        if coco_gt is None:
-            logger.warning("no COCO ground truth (datamodule.%s_dataset.coco): losses only, no AP", stage)
-            self.evaluator = None
-            return
-        show_progress = self.trainer.progress_bar_callback is not None and self.trainer.is_global_zero
-        self.evaluator = CocoEvaluator(coco_gt, category_map=self.category_map, backend=self.hparams.evaluator_backend,
-                                       progress=show_progress)
+        self.evaluator = self.evaluation.start(self.trainer, stage, self.category_map)
 
     def _evaluation_step(self, stage: str, batch: Batch) -> dict[str, Any]:
         images, padding_mask, targets = batch
@@ -374,49 +323,8 @@ class DetrSystem(L.LightningModule):
         system's masks); nothing here."""
 
     def _finish_evaluation(self, stage: str) -> None:
-        if self.evaluator is None:
-            return
-        # the detections of every process go to rank 0 once, rank 0 evaluates, every rank gets its stats
-        evaluation = self.evaluator.compute()
-        self.last_evaluation = evaluation
-        for name in STAT_NAMES:
-            # the values are rank 0's everywhere: the max over processes keeps them exact where a mean could round
-            self.log(f"{stage}/{name}", evaluation.stats[name], prog_bar=name == "AP", sync_dist=True,
-                     reduce_fx="max")
-        if self.trainer.sanity_checking or not self.trainer.is_global_zero:
-            evaluation.coco_eval = None  # its per-image matches are large; only the error analysis reads them
-            return
-        logger.info(
-            "%s COCO evaluation at epoch %d (%d images):\n%s\n%s\n%s", stage, self.current_epoch,
-            len(evaluation.image_ids), evaluation.summary, evaluation.stats_table(), evaluation.per_class_table(),
-        )
-        directory = self._evaluation_directory()
-        if directory is not None:
-            evaluation.write(directory, prefix=f"{stage}_")
-            if self._wants_error_analysis():
-                try:
-                    write_error_analysis(self.trainer, stage, evaluation, self.evaluator.coco_gt, directory)
-                except Exception:  # a figure that fails to draw must not end a training run
-                    logger.exception("%s error analysis failed; the evaluation itself is complete", stage)
-        evaluation.coco_eval = None
-
-    def _wants_error_analysis(self) -> bool:
-        """After ``validate`` / ``test`` when ``error_analysis``; in fit after every
-        ``error_analysis_every_n_validations``-th validation (sanity checks not counted)."""
-        if self.trainer.state.fn != "fit":
-            return bool(self.hparams.error_analysis)
-        self._fit_validations += 1
-        every = self.hparams.error_analysis_every_n_validations
-        return every > 0 and self._fit_validations % every == 0
-
-    def _evaluation_directory(self) -> Path | None:
-        configured = self.hparams.evaluation_dir
-        if configured == "":
-            return None
-        if configured:
-            return Path(configured)
-        log_dir = self.trainer.log_dir
-        return Path(log_dir) / "evaluation" if log_dir else None
+        if self.evaluator is not None:
+            self.last_evaluation = self.evaluation.finish(self, stage, self.evaluator)
 
     def on_validation_epoch_start(self) -> None:
         self._start_evaluation("val")
@@ -456,24 +364,9 @@ class DetrSystem(L.LightningModule):
 
     # ------------------------------------------------------------------ optimisation
     def parameter_groups(self) -> list[dict[str, Any]]:
-        """The optimizer's parameter groups: every trainable parameter outside the backbone at ``lr``
-        ("transformer"), the backbone's at ``lr_backbone`` ("backbone", when any of it trains); for Deformable
-        DETR, its reference-point and sampling-offset linears at ``lr`` × 0.1 ("sampling_offsets")."""
-        in_backbone = {id(parameter) for parameter in self.detector.backbone.parameters()}
-        trainable = [parameter for parameter in self.model.parameters() if parameter.requires_grad]
-        backbone = [parameter for parameter in trainable if id(parameter) in in_backbone]
-        rest = [parameter for parameter in trainable if id(parameter) not in in_backbone]
-        groups = [{"params": rest, "lr": self.hparams.lr, "name": "transformer"}]
-        if self.detector.config is not None and self.detector.config.architecture == "deformable":
-            # the authors' Deformable DETR trains the reference-point and sampling-offset linears at lr × 0.1
-            slow = {id(parameter) for name, parameter in self.detector.named_parameters()
-                    if "reference_points" in name or "sampling_offsets" in name}
-            groups = [{"params": [p for p in rest if id(p) not in slow], "lr": self.hparams.lr, "name": "transformer"},
-                      {"params": [p for p in rest if id(p) in slow], "lr": self.hparams.lr * 0.1,
-                       "name": "sampling_offsets"}]
-        if backbone:
-            groups.append({"params": backbone, "lr": self.hparams.lr_backbone, "name": "backbone"})
-        return groups
+        """The optimizer's parameter groups, the model's own (:meth:`detr.models.Detector.parameter_groups`:
+        the backbone at ``lr_backbone``, the rest at ``lr``, Deformable DETR's sampling offsets at ``lr`` × 0.1)."""
+        return self.model.parameter_groups(self.hparams.lr, self.hparams.lr_backbone)
 
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         """AdamW over :meth:`parameter_groups` and the recipe's learning-rate schedulers
@@ -588,10 +481,6 @@ def _model_config(detr: DetrConfig | dict[str, Any] | None) -> DetrConfig:
     if isinstance(detr, dict):
         return DetrConfig.from_dict(detr, where="DetrSystem(detr=...)")
     return detr
-
-
-def _rates(rates: list[float]) -> str:
-    return "[" + ", ".join(f"{rate:.3g}" for rate in rates) + "]"
 
 
 def _as_category_map(category_map: CategoryMap | dict[str, Any] | None, num_classes: int) -> CategoryMap | None:

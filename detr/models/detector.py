@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from detr.models.config import ClassHead, DetrConfig, ModelMeta, QueryType
+from detr.models.inputs import InputSpec
 from detr.models.outputs import DetectorOutput
 
 Targets = list[dict[str, torch.Tensor]]
@@ -85,6 +86,14 @@ class Detector(nn.Module):
         return None
 
     @property
+    def input_spec(self) -> InputSpec:
+        """What the model takes (:class:`detr.models.inputs.InputSpec`): the authors' shortest-side resize at
+        ``meta.eval_size`` (what it was validated at; 800 / 1333 when unknown), ImageNet normalisation, zero
+        padding with a mask. A family with another contract overrides this."""
+        eval_size = self.meta.eval_size
+        return InputSpec() if eval_size is None else InputSpec(size=eval_size[0], max_size=eval_size[1])
+
+    @property
     def box_detector(self) -> Detector:
         """The detector that predicts the boxes: this model, or the one a mask model wraps."""
         return self
@@ -98,6 +107,31 @@ class Detector(nn.Module):
         return ", ".join([config.backbone + ("-DC5" if config.dilation else ""),
                           f"{config.num_encoder_layers} encoder layers", f"{config.hidden_dim} hidden",
                           f"{config.num_classes} classes"])
+
+    def slow_modules(self) -> list[nn.Module]:
+        """Modules its authors train at a tenth of the learning rate (none here; Deformable DETR's sampling
+        offsets and reference points)."""
+        return []
+
+    def parameter_groups(self, lr: float, lr_backbone: float) -> list[dict]:
+        """The optimizer's parameter groups of this model's trainable parameters, chosen by module:
+        "transformer" (every one outside the others) at ``lr``, "sampling_offsets" (the box detector's
+        :meth:`slow_modules`, where it has any) at ``lr`` × 0.1, and "backbone" (when any of it trains) at
+        ``lr_backbone``. Each group keeps ``self.parameters()``'s order."""
+        detector = self.box_detector
+        in_backbone = {id(parameter) for parameter in detector.backbone.parameters()}
+        slow_modules = detector.slow_modules()
+        slow = {id(parameter) for module in slow_modules for parameter in module.parameters()}
+        trainable = [parameter for parameter in self.parameters() if parameter.requires_grad]
+        groups = [{"params": [p for p in trainable if id(p) not in in_backbone and id(p) not in slow], "lr": lr,
+                   "name": "transformer"}]
+        if slow_modules:
+            groups.append({"params": [p for p in trainable if id(p) in slow], "lr": lr * 0.1,
+                           "name": "sampling_offsets"})
+        backbone = [parameter for parameter in trainable if id(parameter) in in_backbone]
+        if backbone:
+            groups.append({"params": backbone, "lr": lr_backbone, "name": "backbone"})
+        return groups
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> Detector:
         """Make this model faster for inference, in place; returns it in eval mode.

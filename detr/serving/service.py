@@ -22,7 +22,6 @@ import numpy as np
 from PIL import Image
 
 from detr.categories import CategoryMap
-from detr.data.transforms import resize_shape
 from detr.inference.postprocess_masks import panoptic_png
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import NonFiniteOutputError, Predictor
@@ -66,7 +65,7 @@ class DetectionService:
     def check_image(self, pixels: np.ndarray) -> None:
         """Raise ``ValueError`` when the eval resize cannot take the image (so thin that a side would be 0 px)."""
         height, width = pixels.shape[:2]
-        if min(resize_shape(height, width, self.predictor.min_size, self.predictor.max_size)) < 1:
+        if min(self.predictor.input_spec.resized_shape(height, width)) < 1:
             raise ValueError(f"a {width}×{height} image is too thin for the model's resize (shortest side "
                              f"{self.predictor.min_size}, longest at most {self.predictor.max_size} px): its short "
                              "side would be 0 px; crop or pad it to a less extreme aspect ratio")

@@ -25,6 +25,7 @@ from torch import nn
 from detr.box_ops import inverse_sigmoid
 from detr.models.backbone import Joiner
 from detr.models.config import PRIOR_BIAS, ClassHead
+from detr.models.deformable.attention import MultiScaleDeformableAttention
 from detr.models.deformable.transformer import REFERENCE_EPS, DeformableTransformer
 from detr.models.detector import Detector, check_inputs
 from detr.models.mlp import MLP
@@ -110,6 +111,14 @@ class DeformableDETR(Detector):
         """One stride of the coarsest level more than a single cell: the extra levels halve the backbone's map
         once each."""
         return self.backbone[0].stride * 2 ** max(self.num_levels - 3, 0) + 1
+
+    def slow_modules(self) -> list[nn.Module]:
+        """Every attention's sampling-offset linear and the one-stage reference-point linear: the authors train
+        them at a tenth of the learning rate (their main.py, ``lr_linear_proj_mult``)."""
+        modules = [module.sampling_offsets for module in self.modules()
+                   if isinstance(module, MultiScaleDeformableAttention)]
+        reference_points = getattr(self.transformer, "reference_points", None)
+        return modules + ([reference_points] if reference_points is not None else [])
 
     def describe(self) -> str:
         """The variant, its levels and points, then the backbone and widths (:meth:`Detector.describe`)."""

@@ -14,13 +14,13 @@ import numpy as np
 import torch
 
 from detr.categories import CategoryMap
-from detr.data.collate import pad_images
 from detr.data.transforms import denormalize
 from detr.inference.images import ImageInput, to_rgb_array
 from detr.inference.predict import predictions_from_outputs
 from detr.inference.prediction import label_name
 from detr.inference.predictor import Predictor
 from detr.models.detector import Detector
+from detr.models.inputs import pad_images
 from detr.visualize.explorer.data import explorer_data
 from detr.visualize.explorer.render import render_explorer_html, render_index_html
 

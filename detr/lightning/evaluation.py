@@ -1,0 +1,110 @@
+"""COCO evaluation in the training systems' validation and test: when it runs, what it logs and writes, and when
+the error analysis follows.
+
+:class:`EvaluationSchedule` holds the system's evaluation settings; each validation or test epoch it opens a
+:class:`detr.evaluation.coco_evaluator.CocoEvaluator` on the data module's ground truth (:meth:`start`), and
+at the end (:meth:`finish`) logs the seven COCO statistics (rank 0's numbers on every process), writes the
+per-class table and the results json to the evaluation directory and, when asked, the error analysis
+(:func:`detr.lightning.error_analysis.write_error_analysis`). The systems feed the evaluator their
+post-processed detections in between.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+from detr.categories import CategoryMap
+from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator, resolve_backend
+from detr.lightning.error_analysis import write_error_analysis
+
+logger = logging.getLogger(__name__)
+
+
+def evaluation_dataset(trainer: L.Trainer | None, stage: str) -> Any:
+    """The data module's data set of ``stage`` (its validation set where it has none), or None."""
+    datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+    return getattr(datamodule, f"{stage}_dataset", None) or getattr(datamodule, "val_dataset", None)
+
+
+class EvaluationSchedule:
+    """A training system's COCO evaluation settings, and the count of its fit's validations.
+
+    Args:
+        backend: the COCOeval library ("auto", "pycocotools", "faster_coco_eval": :class:`CocoEvaluator`).
+        directory: where each evaluation writes its per-class AP table and results json (None: the trainer's
+            ``log_dir``/evaluation; "": nowhere).
+        error_analysis: after ``validate`` / ``test``, also write the error analysis.
+        every_n_validations: in ``fit``, write it after every N-th validation (0: never).
+    """
+
+    def __init__(self, *, backend: str = "auto", directory: str | None = None, error_analysis: bool = True,
+                 every_n_validations: int = 0) -> None:
+        self.backend = backend
+        self.directory = directory
+        self.error_analysis = error_analysis
+        self.every_n_validations = every_n_validations
+        self.fit_validations = 0
+
+    def announce(self, trainer: L.Trainer) -> None:
+        """Resolve the backend now (a missing package fails at setup, not after an epoch) and log it."""
+        backend = resolve_backend(self.backend)
+        if trainer.is_global_zero:
+            logger.info("COCO evaluation on %s (evaluator_backend %r), once on rank 0 of %d process(es)",
+                        backend, self.backend, trainer.world_size)
+
+    def start(self, trainer: L.Trainer, stage: str, category_map: CategoryMap | None) -> CocoEvaluator | None:
+        """A fresh evaluator on the ground truth of ``stage``'s data set (``.coco``), or None without one."""
+        coco_gt = getattr(evaluation_dataset(trainer, stage), "coco", None)
+        if coco_gt is None:
+            logger.warning("no COCO ground truth (datamodule.%s_dataset.coco): losses only, no AP", stage)
+            return None
+        show_progress = trainer.progress_bar_callback is not None and trainer.is_global_zero
+        return CocoEvaluator(coco_gt, category_map=category_map, backend=self.backend, progress=show_progress)
+
+    def finish(self, module: L.LightningModule, stage: str, evaluator: CocoEvaluator) -> CocoEvaluation:
+        """Compute (every process), log ``{stage}/AP`` ... on every process, and on rank 0 log the tables, write
+        the evaluation's files and, when due, the error analysis. The returned evaluation keeps no COCOeval
+        (its per-image matches are large)."""
+        trainer = module.trainer
+        # the detections of every process go to rank 0 once, rank 0 evaluates, every rank gets its stats
+        evaluation = evaluator.compute()
+        for name in STAT_NAMES:
+            # the values are rank 0's everywhere: the max over processes keeps them exact where a mean could round
+            module.log(f"{stage}/{name}", evaluation.stats[name], prog_bar=name == "AP", sync_dist=True,
+                       reduce_fx="max")
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            evaluation.coco_eval = None
+            return evaluation
+        logger.info(
+            "%s COCO evaluation at epoch %d (%d images):\n%s\n%s\n%s", stage, module.current_epoch,
+            len(evaluation.image_ids), evaluation.summary, evaluation.stats_table(), evaluation.per_class_table(),
+        )
+        directory = self.output_directory(trainer)
+        if directory is not None:
+            evaluation.write(directory, prefix=f"{stage}_")
+            if self.wants_error_analysis(trainer):
+                try:
+                    write_error_analysis(trainer, stage, evaluation, evaluator.coco_gt, directory)
+                except Exception:  # a figure that fails to draw must not end a training run
+                    logger.exception("%s error analysis failed; the evaluation itself is complete", stage)
+        evaluation.coco_eval = None
+        return evaluation
+
+    def wants_error_analysis(self, trainer: L.Trainer) -> bool:
+        """After ``validate`` / ``test`` when ``error_analysis``; in fit after every ``every_n_validations``-th
+        validation (sanity checks not counted)."""
+        if trainer.state.fn != "fit":
+            return bool(self.error_analysis)
+        self.fit_validations += 1
+        return self.every_n_validations > 0 and self.fit_validations % self.every_n_validations == 0
+
+    def output_directory(self, trainer: L.Trainer) -> Path | None:
+        if self.directory == "":
+            return None
+        if self.directory:
+            return Path(self.directory)
+        return Path(trainer.log_dir) / "evaluation" if trainer.log_dir else None
