@@ -90,7 +90,9 @@ class ReferenceDETR(nn.Module):
         self.d = d
 
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor):
-        features = self.backbone[0].body(images)["0"]
+        features = images
+        for stage in self.backbone[0].body.values():  # the ResNet's stages in order (the authors' body)
+            features = stage(features)
         mask = F.interpolate(padding_mask[None].float(), size=features.shape[-2:]).to(torch.bool)[0]
         pos = sine_position_encoding(mask, self.d // 2)
         src = self.input_proj(features)

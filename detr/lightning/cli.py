@@ -34,8 +34,10 @@ import os
 import pickle
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -75,31 +77,34 @@ class DetrCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        self._command_line_model_keys = command_line_model_keys(args)
+        """Parse, then note the ``model.*`` values the command line itself set, and check that ``--ckpt_path``
+        is readable: LightningCLI next reads the checkpoint's hyperparameters over everything parsed, and
+        :meth:`before_instantiate_classes` puts the command line's values back (``detr-panoptic predict ...
+        --model.panoptic_threshold 0.4`` wins)."""
+        keys = command_line_model_keys(args)
         super().parse_arguments(parser, args)
-
-    def _parse_ckpt_path(self) -> None:
-        # LightningCLI reads --ckpt_path's hyperparameters while parsing, over everything parsed before them;
-        # what the command line itself sets (detr-panoptic predict ... --model.panoptic_threshold 0.4) wins.
         subcommand = self.config.get("subcommand")
-        given = {}
-        for key in getattr(self, "_command_line_model_keys", []) if subcommand else []:
+        self._command_line_model_values = {}
+        if not subcommand:
+            return
+        for key in keys:
             with contextlib.suppress(KeyError):
-                given[key] = self.config[subcommand][key]
-        try:
-            super()._parse_ckpt_path()
-        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
-            path = self.config[subcommand].get("ckpt_path") if subcommand else None
-            raise CheckpointError(
-                f"could not read checkpoint {path}: {type(error).__name__}: {error}. The file is truncated or not a "
-                "checkpoint; resume from another one (the best-model checkpoints beside it) or start over"
-            ) from error
-        for key, value in given.items():
-            self.config[subcommand][key] = value
+                self._command_line_model_values[key] = self.config[subcommand][key]
+        path = self.config[subcommand].get("ckpt_path")
+        if path and Path(path).is_file():
+            try:  # memory-mapped: the tensors are not read, a truncated or foreign file fails here
+                torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+            except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
+                raise CheckpointError(
+                    f"could not read checkpoint {path}: {type(error).__name__}: {error}. The file is truncated or "
+                    "not a checkpoint; resume from another one (the best-model checkpoints beside it) or start over"
+                ) from error
 
     def before_instantiate_classes(self) -> None:
-        # Without annotations (detr predict on plain images) the checkpoint names the classes.
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        for key, value in getattr(self, "_command_line_model_values", {}).items():
+            config[key] = value  # over --ckpt_path's hyperparameters (parse_arguments)
+        # Without annotations (detr predict on plain images) the checkpoint names the classes.
         ckpt_path = config.get("ckpt_path")
         if ckpt_path and config.get("data.categories_from") is None:
             config["data.categories_from"] = str(ckpt_path)

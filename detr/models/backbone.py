@@ -1,8 +1,8 @@
 """ResNet backbone: images + padding mask → feature map + downsampled mask (paper section 3.2;
 the authors' models/backbone.py).
 
-The module layout (``body`` = torchvision's IntermediateLayerGetter over a ResNet) gives the state-dict
-keys ``backbone.0.body.{conv1,bn1,layer1..4}.*`` of the authors' released checkpoints.
+The module layout (``body`` = the ResNet's stages up to the last one used, under their own names) gives the
+state-dict keys ``backbone.0.body.{conv1,bn1,layer1..4}.*`` of the authors' released checkpoints.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 import torchvision
 from torch import nn
-from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 logger = logging.getLogger(__name__)
@@ -121,7 +120,9 @@ class Backbone(nn.Module):
             if stage == "bn1":
                 stage = "conv1"
             parameter.requires_grad_(stage in trained)
-        self.body = IntermediateLayerGetter(resnet, return_layers={last_stage: "0"})
+        stages = list(resnet.named_children())
+        last = [name for name, _ in stages].index(last_stage)
+        self.body = nn.ModuleDict(stages[:last + 1])  # conv1, bn1, relu, maxpool, layer1 .. last_stage, run in order
         last_block = getattr(resnet, last_stage)[-1]
         self.num_channels: int = (last_block.conv3 if hasattr(last_block, "conv3") else last_block.conv2).out_channels
         self.channels_last = False  # set by use_channels_last()

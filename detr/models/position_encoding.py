@@ -11,6 +11,17 @@ import torch
 from torch import nn
 
 
+def sine_embedding(angles: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:
+    """float [...] angles (positions already scaled, e.g. to [0, 2π]) → float32 [..., num_feats]: channel ``i``
+    is ``angle / temperature ** (2 ⌊i/2⌋ / num_feats)``, sin on even and cos on odd channels (interleaved),
+    "Attention is all you need"'s encoding, which DETR's feature-map positions, DAB-DETR's anchor boxes
+    and Deformable DETR's two-stage proposals all use."""
+    dim_t = torch.arange(num_feats, dtype=torch.float32, device=angles.device)
+    dim_t = temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / num_feats)
+    scaled = angles[..., None] / dim_t
+    return torch.stack((scaled[..., 0::2].sin(), scaled[..., 1::2].cos()), dim=-1).flatten(-2)
+
+
 class PositionEmbeddingSine(nn.Module):
     """The paper's sine encoding, generalised from "Attention is all you need" to 2-D.
 
@@ -40,12 +51,8 @@ class PositionEmbeddingSine(nn.Module):
             eps = 1e-6
             y_embed = (y_embed + self.offset) / (y_embed[:, -1:, :] + eps) * self.scale
             x_embed = (x_embed + self.offset) / (x_embed[:, :, -1:] + eps) * self.scale
-        dim_t = torch.arange(self.num_pos_feats, dtype=torch.float32, device=mask.device)
-        dim_t = self.temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / self.num_pos_feats)
-        pos_x = x_embed[:, :, :, None] / dim_t  # [B, h, w, F]
-        pos_y = y_embed[:, :, :, None] / dim_t
-        pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=4).flatten(3)
-        pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=4).flatten(3)
+        pos_x = sine_embedding(x_embed, self.num_pos_feats, self.temperature)  # [B, h, w, F]
+        pos_y = sine_embedding(y_embed, self.num_pos_feats, self.temperature)
         return torch.cat((pos_y, pos_x), dim=3).permute(0, 3, 1, 2)
 
 

@@ -231,7 +231,24 @@ def flatten_feature_map(src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
     return src, pos, attn_mask
 
 
-class Transformer(nn.Module):
+class FeatureMapTransformer(nn.Module):
+    """What the single-scale transformers share (:class:`Transformer`, DAB-DETR's
+    :class:`detr.models.anchor.decoder.AnchorTransformer`): an ``encoder`` (:class:`TransformerEncoder`) over the
+    flattened feature map, run by :meth:`encode`, and a ``decoder``."""
+
+    encoder: TransformerEncoder
+
+    def encode(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, return_attention: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """src [B, C, h, w] projected features, mask bool [B, h, w] (True = padding), pos [B, C, h, w] →
+        memory [B, HW, C], pos [B, HW, C], the key mask bool [B, 1, 1, HW] (True = real pixel; None when
+        nothing is padded) and, if asked, the last encoder layer's attention [B, heads, HW, HW]."""
+        src, pos, attn_mask = flatten_feature_map(src, mask, pos)
+        memory, encoder_attention = self.encoder(src, pos, attn_mask, return_attention)
+        return memory, pos, attn_mask, encoder_attention
+
+
+class Transformer(FeatureMapTransformer):
     """Encoder over the flattened feature map, decoder over the object queries (paper Fig. 10)."""
 
     def __init__(self, d_model: int = 256, nhead: int = 8, num_encoder_layers: int = 6,
@@ -246,15 +263,6 @@ class Transformer(nn.Module):
         self.decoder = TransformerDecoder(decoder_layer, num_decoder_layers, nn.LayerNorm(d_model))
         self.d_model, self.nhead = d_model, nhead
         xavier_init_(self)
-
-    def encode(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, return_attention: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """src [B, C, h, w] projected features, mask bool [B, h, w] (True = padding), pos [B, C, h, w] →
-        memory [B, HW, C], pos [B, HW, C], the key mask bool [B, 1, 1, HW] (True = real pixel; None when
-        nothing is padded) and, if asked, the last encoder layer's attention [B, heads, HW, HW]."""
-        src, pos, attn_mask = flatten_feature_map(src, mask, pos)
-        memory, encoder_attention = self.encoder(src, pos, attn_mask, return_attention)
-        return memory, pos, attn_mask, encoder_attention
 
     def forward(self, src: torch.Tensor, mask: torch.Tensor, query_embed: torch.Tensor, pos: torch.Tensor,
                 return_attention: bool = False) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:

@@ -32,10 +32,11 @@ from torch import nn
 
 from detr.box_ops import inverse_sigmoid
 from detr.models.mlp import MLP
+from detr.models.position_encoding import sine_embedding
 from detr.models.transformer import (
+    FeatureMapTransformer,
     TransformerEncoder,
     attention_with_weights,
-    flatten_feature_map,
     fused_attention,
     xavier_init_,
 )
@@ -49,10 +50,7 @@ def anchor_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: floa
     with the key positions). Each coordinate is scaled by 2π; channel i uses frequency
     ``temperature ** (2 ⌊i/2⌋ / num_feats)``, sin on even and cos on odd channels (interleaved).
     """
-    dim_t = torch.arange(num_feats, dtype=torch.float32, device=boxes.device)
-    dim_t = temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / num_feats)
-    scaled = boxes.float()[..., None] * (2 * math.pi) / dim_t  # [..., 4, F]
-    embedding = torch.stack((scaled[..., 0::2].sin(), scaled[..., 1::2].cos()), dim=-1).flatten(-2)  # [..., 4, F]
+    embedding = sine_embedding(boxes.float() * (2 * math.pi), num_feats, temperature)  # [..., 4, F]
     x, y, w, h = embedding.unbind(-2)
     return torch.cat((y, x, w, h), dim=-1).to(boxes.dtype)
 
@@ -255,11 +253,12 @@ class AnchorDecoder(nn.Module):
         return torch.stack(hs), torch.stack(boxes), weights
 
 
-class AnchorTransformer(nn.Module):
+class AnchorTransformer(FeatureMapTransformer):
     """DETR's encoder (``encoder``, :class:`detr.models.transformer.TransformerEncoder`, post-norm) and
     DAB-DETR's :class:`AnchorDecoder` (``decoder``): the state-dict layout of the paper's transformer.
 
-    The model runs the two halves itself (:meth:`encode`, then ``decoder``): the decoder's queries (the
+    The model runs the two halves itself (:meth:`~detr.models.transformer.FeatureMapTransformer.encode`,
+    then ``decoder``): the decoder's queries (the
     denoising queries in training) are made between them. Every weight matrix gets the authors'
     Xavier-uniform init, the encoder's first.
     """
@@ -269,12 +268,3 @@ class AnchorTransformer(nn.Module):
         self.encoder, self.decoder = encoder, decoder
         self.d_model, self.nhead = decoder.d_model, decoder.layers[0].nhead
         xavier_init_(self)
-
-    def encode(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, return_attention: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """As :meth:`detr.models.transformer.Transformer.encode`: src, pos [B, C, h, w], mask bool [B, h, w]
-        (True = padding) → memory [B, HW, C], pos [B, HW, C], key mask bool [B, 1, 1, HW] (True = real
-        pixel) or None, and the last encoder layer's attention [B, heads, HW, HW] if asked."""
-        src, pos, attn_mask = flatten_feature_map(src, mask, pos)
-        memory, encoder_attention = self.encoder(src, pos, attn_mask, return_attention)
-        return memory, pos, attn_mask, encoder_attention

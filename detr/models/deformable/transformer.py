@@ -23,6 +23,7 @@ from torch import nn
 
 from detr.box_ops import inverse_sigmoid
 from detr.models.deformable.attention import MultiScaleDeformableAttention, SpatialShapes
+from detr.models.position_encoding import sine_embedding
 
 #: inverse_sigmoid's eps in the authors' and transformers' Deformable DETR.
 REFERENCE_EPS = 1e-5
@@ -168,12 +169,7 @@ def proposal_position_embedding(proposals: torch.Tensor, hidden_dim: int, temper
                                 ) -> torch.Tensor:
     """Two-stage query positions: proposals [B, K, 4] (inverse-sigmoid boxes) → [B, K, 2·hidden_dim], a sine
     encoding of hidden_dim / 2 features for each of cx, cy, w, h."""
-    num_feats = hidden_dim // 2
-    dim_t = torch.arange(num_feats, dtype=torch.float32, device=proposals.device)
-    dim_t = temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / num_feats)
-    pos = proposals.sigmoid() * (2 * math.pi)
-    pos = pos[:, :, :, None] / dim_t  # [B, K, 4, F]
-    return torch.stack((pos[:, :, :, 0::2].sin(), pos[:, :, :, 1::2].cos()), dim=4).flatten(2)
+    return sine_embedding(proposals.sigmoid() * (2 * math.pi), hidden_dim // 2, temperature).flatten(2)
 
 
 def encoder_proposals(memory: torch.Tensor, padding_mask: torch.Tensor, spatial_shapes: SpatialShapes
