@@ -56,7 +56,7 @@ import torch
 
 from detr.lightning import DetrDataModule, DetrSystem
 from detr.lightning.callbacks import ExponentialMovingAverage, TimeBudget, TrainingThroughput
-from detr.models.config import DetrConfig, field_names
+from detr.models.config import DetrConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,7 @@ def build_run_config(preset: str, overrides: list[str]) -> RunConfig:
     values = {key: value for key, value in preset_values(preset).items() if key != "detr"}
     model = dict(preset_values(preset).get("detr", {}))
     run_fields = {f.name for f in dataclasses.fields(RunConfig)} - {"detr", "system"}
-    system_fields, model_fields = system_arguments(), set(field_names())
+    system_fields, model_fields = system_arguments(), {field.name for field in dataclasses.fields(DetrConfig)}
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.removeprefix("detr.") if key.removeprefix("detr.") in model_fields else key

@@ -202,11 +202,6 @@ def read_image_header(path: str | Path, *, annotations_file: str | Path | None =
     return ImageHeader(size=size, exif_orientation=orientation, stored_size=(height, width))
 
 
-def read_image_size(path: str | Path, *, annotations_file: str | Path | None = None) -> tuple[int, int]:
-    """(height, width) as displayed (EXIF orientation applied), from the header only (see :func:`read_image_header`)."""
-    return read_image_header(path, annotations_file=annotations_file).size
-
-
 def list_image_files(images: str | Path | Sequence[str | Path]) -> list[Path]:
     """A folder (its image files, sorted by name, not recursive) or an explicit list of files → paths.
 

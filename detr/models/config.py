@@ -266,8 +266,3 @@ class ModelMeta:
             panoptic_threshold=postprocess.get("threshold"),
             panoptic_overlap_threshold=postprocess.get("overlap_threshold"),
         )
-
-
-def field_names() -> list[str]:
-    """The names of :class:`DetrConfig`'s fields, in order."""
-    return [field.name for field in dataclasses.fields(DetrConfig)]

@@ -54,6 +54,7 @@ def sampling_points_figure(image: ImageInput, prediction: Prediction, *, layer: 
     colors = [colormaps["tab10"](head % 10) for head in range(num_heads)]
     kept = {int(q): i for i, q in enumerate(prediction.query_indices.tolist())}
     for row, query in enumerate(queries.tolist() or [None]):
+        shares = level_shares(prediction, query, layer=layer) if query is not None else None
         for level in range(num_levels):
             ax = axes[row, level]
             ax.set_axis_off()
@@ -76,8 +77,7 @@ def sampling_points_figure(image: ImageInput, prediction: Prediction, *, layer: 
                 name = f"query {query} {float(scores[query]):.2f}, "
             ax.set_xlim(0, array.shape[1])
             ax.set_ylim(array.shape[0], 0)
-            share = float(weights.sum(-1).mean())
-            ax.set_title(f"{name}stride {sampling.strides[level]}: {share:.0%}", fontsize=9)
+            ax.set_title(f"{name}stride {sampling.strides[level]}: {float(shares[level]):.0%}", fontsize=9)
     figure.suptitle(f"decoder cross-attention sampling points, layer {layer_number}/{num_layers}, "
                     f"{num_heads} heads (colours), area = weight", fontsize=11)
     return figure

@@ -16,7 +16,7 @@ from detr.data.images import (
     decode_image,
     list_image_files,
     load_rgb_image,
-    read_image_size,
+    read_image_header,
 )
 from detr.data.transforms import make_eval_transform
 
@@ -94,7 +94,7 @@ def test_exif_orientation_is_applied(tmp_path: Path) -> None:
     expected = np.rot90(stored, k=-1)  # orientation 6: rotate 90 degrees clockwise to display
     assert np.abs(decoded.pixels.astype(int) - expected.astype(int)).mean() < 4
     assert decoded.pixels[:20, -10:, 0].mean() > 200  # the block moved to the top-right
-    assert read_image_size(tmp_path / "rotated.jpg") == (60, 40)
+    assert read_image_header(tmp_path / "rotated.jpg").size == (60, 40)  # from the header alone
 
 
 def test_missing_file_names_file_and_json(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_text_file_named_jpg(tmp_path: Path) -> None:
         load_rgb_image(tmp_path / "notes.jpg", annotations_file=JSON)
     assert "notes.jpg" in str(info.value)
     with pytest.raises(ImageLoadError, match="notes.jpg"):
-        read_image_size(tmp_path / "notes.jpg")
+        read_image_header(tmp_path / "notes.jpg")
 
 
 def test_error_survives_worker_reraise_and_pickle() -> None:
