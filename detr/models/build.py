@@ -56,12 +56,11 @@ def _build_detr(backbone: Joiner, config: DetrConfig) -> DETR:
 
 
 def _build_anchor_detr(backbone: Joiner, config: DetrConfig) -> AnchorDETR:
-    # The decoder is made before the encoder: the order of the random initial weights that seeded runs
-    # (the demo's among them) were recorded with.
+    encoder_layer = TransformerEncoderLayer(config.hidden_dim, config.num_heads, config.dim_feedforward, config.dropout)
+    encoder = TransformerEncoder(encoder_layer, config.num_encoder_layers, None)
     decoder = AnchorDecoder(config.hidden_dim, config.num_heads, config.num_decoder_layers, config.dim_feedforward,
                             config.dropout)
-    encoder_layer = TransformerEncoderLayer(config.hidden_dim, config.num_heads, config.dim_feedforward, config.dropout)
-    transformer = AnchorTransformer(TransformerEncoder(encoder_layer, config.num_encoder_layers, None), decoder)
+    transformer = AnchorTransformer(encoder, decoder)
     if config.anchor_local_attention > 0:
         transformer.decoder.init_local_spatial_attention(config.anchor_local_attention)
     denoising = (DenoisingQueries(config.num_classes, config.hidden_dim, num_groups=config.denoising_groups,

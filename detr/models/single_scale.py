@@ -93,8 +93,7 @@ class SingleScaleDetector(Detector):
         self.transformer = transformer
         self.class_embed = class_embedding(hidden_dim, num_classes, class_head)
         self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
-        # The query source's parameters come here, between the heads and input_proj: the order in which the
-        # seeded initial weights were drawn (and the state dict's key order).
+        # the authors' order (their models/detr.py): heads, queries, input_proj
         self.init_queries(hidden_dim)
         self.input_proj = nn.Conv2d(backbone.num_channels, hidden_dim, kernel_size=1)
         self.backbone = backbone
