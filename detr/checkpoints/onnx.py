@@ -162,7 +162,7 @@ class OnnxDetector(Detector):
                              "returns scores, labels and pixel boxes (OnnxDetector.detect). detr.Predictor "
                              "post-processes itself: export without --postprocess for it")
         logits, boxes = self._run(images, padding_mask)
-        return DetectorOutput(logits, boxes)
+        return DetectorOutput(logits, boxes, class_head=self.class_head)
 
     def detect(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor) -> dict[str, Tensor]:
         """A file exported with post-processing: images and padding_mask as :meth:`forward`, orig_sizes int64

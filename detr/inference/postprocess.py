@@ -11,6 +11,17 @@ from detr.box_ops import cxcywh_to_xyxy
 from detr.models.outputs import LayerOutput
 
 
+def head_of_outputs(outputs: LayerOutput, class_head: str | None) -> str:
+    """The class head to read ``outputs``' logits with: the one they state, which must agree with
+    ``class_head`` where both are given; ``class_head`` (or softmax) where they do not state one."""
+    stated = getattr(outputs, "class_head", None)
+    if stated is not None and class_head is not None and stated != class_head:
+        raise ValueError(f"post-processing built for the {class_head} class head was given outputs of a {stated} "
+                         f"head; build it with class_head={stated!r} (model.class_head), or leave class_head "
+                         "unset to follow the outputs")
+    return stated or class_head or "softmax"
+
+
 def _check_class_head(class_head: str) -> None:
     if class_head not in ("softmax", "sigmoid"):
         raise ValueError(f"class_head must be 'softmax' or 'sigmoid' (the model's model.class_head), got {class_head!r}")
@@ -47,13 +58,16 @@ class PostProcess(nn.Module):
     queries are kept.
 
     ``class_head="sigmoid"`` (a model built with ``build_detr(class_head="sigmoid")``, trained with the
-    focal loss; ``model.class_head`` says which): independent sigmoids over the ``num_classes`` logits,
-    score and label = their max. Build it as ``PostProcess(class_head=model.class_head)``.
+    focal loss: the demo's, Deformable DETR): independent sigmoids over the ``num_classes`` logits, score
+    and label = their max. The default (None) reads the outputs as the model that made them says
+    (:attr:`DetectorOutput.class_head`; softmax where they do not say); a head given here that differs from
+    the outputs' raises ValueError instead of scoring them wrongly.
     """
 
-    def __init__(self, class_head: Literal["softmax", "sigmoid"] = "softmax") -> None:
+    def __init__(self, class_head: Literal["softmax", "sigmoid"] | None = None) -> None:
         super().__init__()
-        _check_class_head(class_head)
+        if class_head is not None:
+            _check_class_head(class_head)
         self.class_head = class_head
 
     @torch.no_grad()
@@ -66,6 +80,6 @@ class PostProcess(nn.Module):
         if len(logits) != len(target_sizes) or target_sizes.shape[-1] != 2:
             raise ValueError(f"target_sizes must be [B, 2] (height, width) with B = {len(logits)}, "
                              f"got {tuple(target_sizes.shape)}")
-        scores, labels = scores_and_labels(logits, self.class_head)
+        scores, labels = scores_and_labels(logits, head_of_outputs(outputs, self.class_head))
         boxes = boxes_to_pixels(boxes, target_sizes)
         return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]

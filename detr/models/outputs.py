@@ -97,6 +97,8 @@ class DetectorOutput(LayerOutput):
     masks: mask logits ``[B, Q, H', W']`` at stride 4 of the padded batch (a panoptic model).
     attention: the attention maps of a dense-attention detector (``return_attention=True``).
     sampling: a Deformable DETR's sampling points (``return_attention=True``).
+    class_head: the head that made ``logits`` ("softmax" or "sigmoid"), so that post-processing reads them
+        as they were made (None: not stated, e.g. outputs built by hand).
     """
 
     aux: list[LayerOutput] = field(default_factory=list)
@@ -106,6 +108,7 @@ class DetectorOutput(LayerOutput):
     masks: Tensor | None = None
     attention: AttentionOutput | None = None
     sampling: SamplingOutput | None = None
+    class_head: str | None = None
 
     @property
     def layers(self) -> list[LayerOutput]:
@@ -127,8 +130,9 @@ def _apply(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
     return value
 
 
-def stack_layers(logits: torch.Tensor, boxes: torch.Tensor, aux_loss: bool) -> DetectorOutput:
+def stack_layers(logits: torch.Tensor, boxes: torch.Tensor, aux_loss: bool, class_head: str | None = None
+                 ) -> DetectorOutput:
     """Every decoder layer's logits ``[L, B, Q, K]`` and boxes ``[L, B, Q, 4]`` → the last layer's, with
-    layers 1 … L-1 in ``aux`` when ``aux_loss``."""
+    layers 1 … L-1 in ``aux`` when ``aux_loss``, stating the ``class_head`` that made them."""
     aux = [LayerOutput(a, b) for a, b in zip(logits[:-1], boxes[:-1])] if aux_loss else []
-    return DetectorOutput(logits[-1], boxes[-1], aux=aux)
+    return DetectorOutput(logits[-1], boxes[-1], aux=aux, class_head=class_head)

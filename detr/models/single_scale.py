@@ -162,7 +162,7 @@ class SingleScaleDetector(Detector):
         # the class head runs before the box head: the order autograd sums their gradients in (same numbers)
         boxes = decoded.boxes if decoded.boxes is not None else self.bbox_embed(hidden).sigmoid()  # [L, B, D + M, 4]
         num_dn = decoded.dn_meta.num_queries if decoded.dn_meta is not None else 0
-        output = stack_layers(logits[:, :, num_dn:], boxes[:, :, num_dn:], self.aux_loss)
+        output = stack_layers(logits[:, :, num_dn:], boxes[:, :, num_dn:], self.aux_loss, self.class_head)
         if decoded.dn_meta is not None:
             denoising = stack_layers(logits[:, :, :num_dn], boxes[:, :, :num_dn], self.aux_loss)
             output.denoising = DenoisingOutput(denoising.logits, denoising.boxes, denoising.aux, decoded.dn_meta)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from detr import PostProcess
@@ -31,3 +32,26 @@ def test_boxes_are_clipped_to_the_image():
     result = PostProcess()(model_output(logits=torch.zeros(1, 3, 3), boxes=boxes), torch.tensor([[100, 200]]))[0]
     torch.testing.assert_close(result["boxes"], torch.tensor([[0.0, 0.0, 50.0, 40.0], [130.0, 80.0, 200.0, 100.0],
                                                               [80.0, 40.0, 120.0, 60.0]]))
+
+
+def test_the_default_reads_outputs_with_the_head_that_made_them():
+    """A sigmoid-head model's outputs (the demo's, Deformable DETR's) were scored by a softmax whose last class
+    was dropped as "no object" when PostProcess() was built without class_head; now the outputs say."""
+    logits = torch.tensor([[[-4.0, 2.0, -1.0], [3.0, -2.0, -3.0]]])  # 3 real classes, no "no object" column
+    outputs = model_output(logits=logits, class_head="sigmoid")
+    result = PostProcess()(outputs, torch.tensor([[100, 100]]))[0]
+    torch.testing.assert_close(result["scores"], torch.tensor([2.0, 3.0]).sigmoid())
+    assert result["labels"].tolist() == [1, 0]
+    assert PostProcess(class_head="sigmoid")(outputs, torch.tensor([[100, 100]]))[0]["labels"].tolist() == [1, 0]
+    with pytest.raises(ValueError, match="class_head='sigmoid'"):
+        PostProcess(class_head="softmax")(outputs, torch.tensor([[100, 100]]))
+
+
+def test_every_detector_states_its_head_in_its_outputs(tiny_config):
+    from detr import build_detr
+
+    for config in (tiny_config, tiny_config.replace(class_head="sigmoid")):
+        model = build_detr(config).eval()
+        with torch.no_grad():
+            outputs = model(torch.zeros(1, 3, 64, 64), torch.zeros(1, 64, 64, dtype=torch.bool))
+        assert outputs.class_head == config.class_head

@@ -172,7 +172,7 @@ class DeformableDETR(Detector):
                 box_logits = torch.cat([delta[..., :2] + reference, delta[..., 2:]], -1)
             logits.append(self.class_embed[layer](hidden))
             boxes.append(box_logits.sigmoid())
-        output = stack_layers(torch.stack(logits), torch.stack(boxes), self.aux_loss)
+        output = stack_layers(torch.stack(logits), torch.stack(boxes), self.aux_loss, self.class_head)
         if out.encoder_logits is not None:
             output.proposals = LayerOutput(out.encoder_logits, out.encoder_boxes)
         if return_attention:
