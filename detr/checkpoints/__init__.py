@@ -48,7 +48,7 @@ from detr.models.build import build_detr
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
 from detr.models.detector import Detector
 
-__all__ = ["READERS", "CheckpointContents", "CheckpointError", "ExportError", "infer_model_config",
+__all__ = ["HUGGINGFACE_WRITERS", "READERS", "CheckpointContents", "CheckpointError", "ExportError", "infer_model_config",
            "load_checkpoint", "read_checkpoint", "save_checkpoint", "save_huggingface"]
 
 logger = logging.getLogger(__name__)
@@ -153,13 +153,19 @@ def _check_inferred_layer_counts(path: Path, inferred: DetrConfig, overrides: di
             path, *found_counts, *paper, *found_counts)
 
 
+#: ``DetrConfig.architecture`` → the writer of its transformers format (a new family adds its line).
+HUGGINGFACE_WRITERS: dict[str, Callable[..., Path]] = {
+    "detr": save_pretrained,
+    "deformable": save_pretrained_deformable,
+}
+
+
 def save_huggingface(model: Detector, directory: str | Path, *, backbone_format: BackboneFormat = "timm") -> Path:
-    """Write ``model`` as transformers' ``save_pretrained`` would, in its family's format: Deformable DETR's
-    (:func:`detr.checkpoints.huggingface_deformable.save_pretrained_deformable`) or DETR's
-    (:func:`detr.checkpoints.huggingface.save_pretrained`, which names what it cannot write)."""
-    if model.config is not None and model.config.architecture == "deformable":
-        return save_pretrained_deformable(model, directory, backbone_format=backbone_format)
-    return save_pretrained(model, directory, backbone_format=backbone_format)
+    """Write ``model`` as transformers' ``save_pretrained`` would, in its family's format
+    (:data:`HUGGINGFACE_WRITERS`: DETR's :func:`detr.checkpoints.huggingface.save_pretrained`, which names what
+    it cannot write, or Deformable DETR's :func:`detr.checkpoints.huggingface_deformable.save_pretrained_deformable`)."""
+    architecture = model.config.architecture if model.config is not None else "detr"
+    return HUGGINGFACE_WRITERS[architecture](model, directory, backbone_format=backbone_format)
 
 
 def save_checkpoint(model: Detector, path: str | Path) -> Path:

@@ -28,8 +28,7 @@ import torch
 
 from detr.categories import COCO_PANOPTIC_NUM_CLASSES, CategoryMap, coco_panoptic_category_map, coco_panoptic_is_thing
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, infer_model_config, read_torch_file
-from detr.models.backbone import BackboneName
-from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
+from detr.models.config import AUTHORS_EVAL_SIZE, BackboneName, DetrConfig, ModelMeta
 
 logger = logging.getLogger(__name__)
 

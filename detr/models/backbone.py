@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Collection
-from typing import Callable, Literal
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -18,11 +18,10 @@ import torchvision
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
+from detr.models.config import BackboneName, BackboneNorm, DetrConfig, LastStage
+
 logger = logging.getLogger(__name__)
 
-BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
-BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
-LastStage = Literal["layer4", "layer3", "layer2"]
 
 # torchvision's "trainable layers" convention: the first n of these train.
 _STAGES_TOP_DOWN = ("layer4", "layer3", "layer2", "layer1", "conv1")
@@ -205,6 +204,13 @@ class Backbone(nn.Module):
             features, stages = features.float(), {name: value.float() for name, value in stages.items()}
         mask = F.interpolate(padding_mask[None].float(), size=features.shape[-2:]).to(torch.bool)[0]
         return features, mask, stages
+
+
+def backbone_from_config(config: DetrConfig) -> Backbone:
+    """The :class:`Backbone` a :class:`DetrConfig` describes (the one backbone builder of every family)."""
+    return Backbone(config.backbone, dilation=config.dilation, pretrained=config.pretrained_backbone,
+                    norm=config.backbone_norm, trainable_layers=config.backbone_trainable_layers,
+                    last_stage=config.backbone_last_stage)
 
 
 class Joiner(nn.Sequential):

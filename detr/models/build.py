@@ -1,30 +1,28 @@
 """Build a detector from its :class:`detr.models.config.DetrConfig`: the paper's :class:`DETR` for learned
-queries, :class:`AnchorDETR` for anchor queries, :class:`DeformableDETR` for ``architecture="deformable"``."""
+queries, :class:`AnchorDETR` for anchor queries, :class:`DeformableDETR` for ``architecture="deformable"``.
+
+:data:`ARCHITECTURES` maps each ``architecture`` to its family's builder (config → detector): the one line a
+new family adds here (its builder lives in its folder, as :func:`detr.models.deformable.build.build_deformable_detr`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from detr.models.anchor.decoder import AnchorDecoder, AnchorTransformer
 from detr.models.anchor.denoising import DenoisingQueries
 from detr.models.anchor.model import AnchorDETR
-from detr.models.backbone import Backbone, Joiner
+from detr.models.backbone import Joiner, backbone_from_config
 from detr.models.config import DetrConfig
-from detr.models.deformable.model import DeformableDETR
-from detr.models.deformable.transformer import (
-    DeformableDecoder,
-    DeformableDecoderLayer,
-    DeformableEncoder,
-    DeformableEncoderLayer,
-    DeformableTransformer,
-)
+from detr.models.deformable.build import build_deformable_detr
 from detr.models.dense_head import DenseAuxiliaryHead
+from detr.models.detector import Detector
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 from detr.models.transformer import Transformer, TransformerEncoder, TransformerEncoderLayer
 
 
-def build_detr(config: DetrConfig | None = None, /, **options: Any) -> DETR | AnchorDETR | DeformableDETR:
+def build_detr(config: DetrConfig | None = None, /, **options: Any) -> Detector:
     """Build the detector ``config`` describes (default: the paper's COCO model, R50, 6 + 6 layers, 100
     queries, 91 classes); ``options`` are :class:`DetrConfig` fields that replace the config's
     (``build_detr(num_classes=3)``, ``build_detr(config, dropout=0.0)``). The model's ``config`` is the
@@ -33,19 +31,19 @@ def build_detr(config: DetrConfig | None = None, /, **options: Any) -> DETR | An
         config = DetrConfig.from_dict(options, where="build_detr")
     elif options:
         config = config.replace(**options)
-    body = Backbone(config.backbone, dilation=config.dilation, pretrained=config.pretrained_backbone,
-                    norm=config.backbone_norm, trainable_layers=config.backbone_trainable_layers,
-                    last_stage=config.backbone_last_stage)
-    if config.architecture == "deformable":
-        model = _build_deformable_detr(Joiner(body, PositionEmbeddingSine(config.hidden_dim // 2, offset=-0.5)), config)
-        model.config = config
-        return model
+    model = ARCHITECTURES[config.architecture](config)
+    model.config = config
+    return model
+
+
+def build_single_scale_detr(config: DetrConfig) -> DETR | AnchorDETR:
+    """The paper's family on one feature map: :class:`DETR` (learned queries) or :class:`AnchorDETR` (anchor
+    queries), with the sine or learned position encoding."""
+    body = backbone_from_config(config)
     encoding = (PositionEmbeddingSine(config.hidden_dim // 2) if config.position_encoding == "sine"
                 else PositionEmbeddingLearned(config.hidden_dim // 2))
     backbone = Joiner(body, encoding)
-    model = _build_detr(backbone, config) if config.query_type == "learned" else _build_anchor_detr(backbone, config)
-    model.config = config
-    return model
+    return _build_detr(backbone, config) if config.query_type == "learned" else _build_anchor_detr(backbone, config)
 
 
 def _build_detr(backbone: Joiner, config: DetrConfig) -> DETR:
@@ -71,17 +69,12 @@ def _build_anchor_detr(backbone: Joiner, config: DetrConfig) -> AnchorDETR:
                       query_groups=config.query_groups, dense_head=_dense_head(config))
 
 
-def _build_deformable_detr(backbone: Joiner, config: DetrConfig) -> DeformableDETR:
-    sizes = (config.hidden_dim, config.num_heads, config.num_feature_levels, config.num_points,
-             config.dim_feedforward, config.dropout)
-    encoder = DeformableEncoder([DeformableEncoderLayer(*sizes) for _ in range(config.num_encoder_layers)])
-    decoder = DeformableDecoder([DeformableDecoderLayer(*sizes) for _ in range(config.num_decoder_layers)])
-    transformer = DeformableTransformer(encoder, decoder, hidden_dim=config.hidden_dim,
-                                        num_levels=config.num_feature_levels, two_stage=config.two_stage,
-                                        num_queries=config.num_queries)
-    return DeformableDETR(backbone, transformer, num_classes=config.num_classes, num_queries=config.num_queries,
-                          aux_loss=config.aux_loss, box_refine=config.box_refine, two_stage=config.two_stage)
-
-
 def _dense_head(config: DetrConfig) -> DenseAuxiliaryHead | None:
     return DenseAuxiliaryHead(config.hidden_dim, config.num_classes) if config.dense_aux_head else None
+
+
+#: ``DetrConfig.architecture`` → the family's builder.
+ARCHITECTURES: dict[str, Callable[[DetrConfig], Detector]] = {
+    "detr": build_single_scale_detr,
+    "deformable": build_deformable_detr,
+}

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from detr.categories import CategoryMap
-from detr.models.backbone import BackboneName, BackboneNorm, LastStage
 
 QueryType = Literal["learned", "anchor"]
 #: "detr": the paper's single-scale transformer (with the query types above); "deformable": Deformable DETR's
 #: multi-scale deformable attention (:class:`detr.models.deformable.model.DeformableDETR`).
 Architecture = Literal["detr", "deformable"]
+BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
+BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
+LastStage = Literal["layer4", "layer3", "layer2"]
 PositionEncoding = Literal["sine", "learned"]
 #: The class head, in one vocabulary for the model, the matcher, the criterion and the post-processing:
 #: "softmax" (the paper: num_classes + 1 logits, the last "no object"; cross-entropy, -p matching cost) or
