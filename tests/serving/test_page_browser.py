@@ -50,6 +50,8 @@ def test_page_uploads_draws_boxes_and_shows_attention(chromium: str, server, tmp
         page.navigate(server.url + "/")
         page.wait_until("document.getElementById('model').textContent.includes('tiny.ckpt')")  # /health answered
         assert page.evaluate("Number(document.getElementById('threshold').value)") == expected["threshold"]
+        # before any upload the result area is not shown (no broken-image icon): its display rule gives way
+        assert page.evaluate("getComputedStyle(document.getElementById('result')).display") == "none"
 
         # Pick the photo in the file input, as a user does.
         root = page.send("DOM.getDocument")["root"]["nodeId"]
