@@ -18,10 +18,12 @@ import logging
 import sys
 
 from detr.checkpoints import load_checkpoint
+from detr.commands.errors import one_line_errors
 from detr.inference.command_line import add_resize_arguments
 from detr.visualize.explorer import write_attention_explorer
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="+", metavar="IMAGE")

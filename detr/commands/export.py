@@ -18,8 +18,10 @@ import sys
 from detr.checkpoints import load_checkpoint
 from detr.checkpoints.export import export
 from detr.checkpoints.formats import ExportError
+from detr.commands.errors import one_line_errors
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="released .pth, state dict or this project's .ckpt")

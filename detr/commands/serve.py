@@ -18,9 +18,11 @@ import argparse
 import logging
 import sys
 
+from detr.commands.errors import one_line_errors
 from detr.inference.command_line import add_resize_arguments
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True,

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from detr.checkpoints.released import CheckpointArgument
+from detr.commands.errors import one_line_errors
 from detr.inference.command_line import add_resize_arguments
 from detr.inference.images import to_rgb_array
 from detr.inference.predictor import Predictor
@@ -32,6 +33,7 @@ def point(text: str) -> tuple[float, float]:
         raise argparse.ArgumentTypeError(f"a reference point is X,Y in pixels, got {text!r}") from None
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("image")
