@@ -52,6 +52,8 @@ from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.run_folder import claim_run_folder
 from detr.lightning.system import DetrSystem
 
+logger = logging.getLogger(__name__)
+
 
 class DetrCLI(LightningCLI):
     """LightningCLI with the data → model links DETR needs, for the detection or the panoptic system."""
@@ -104,8 +106,13 @@ class DetrCLI(LightningCLI):
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
         for key, value in getattr(self, "_command_line_model_values", {}).items():
             config[key] = value  # over --ckpt_path's hyperparameters (parse_arguments)
-        # Without annotations (detr predict on plain images) the checkpoint names the classes.
         ckpt_path = config.get("ckpt_path")
+        if ckpt_path and config.get("model.init_checkpoint"):
+            # every weight comes from the checkpoint: the fine-tune's source is not read again (it may have moved)
+            logger.info("--ckpt_path %s holds the weights: init_checkpoint %s is not read", ckpt_path,
+                        config["model.init_checkpoint"])
+            config["model.init_checkpoint"] = None
+        # Without annotations (detr predict on plain images) the checkpoint names the classes.
         if ckpt_path and config.get("data.categories_from") is None:
             config["data.categories_from"] = str(ckpt_path)
 

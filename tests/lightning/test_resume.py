@@ -135,3 +135,19 @@ def test_resuming_with_another_model_shape_names_the_options_and_the_fix(tiny_sh
     assert str(last) in message
     assert "hidden_dim 32 (checkpoint) vs 16 (this run)" in message and "num_queries 10 (checkpoint) vs 7" in message
     assert "keeps the checkpoint's model" in message and f"--model.init_checkpoint {last}" in message
+
+
+def test_a_fine_tuned_run_resumes_and_validates_after_its_source_moved(tiny_shapes_root, tmp_path) -> None:
+    """``--ckpt_path`` holds every weight: a run fine-tuned from init_checkpoint resumes and validates once that
+    file is gone (it failed, naming the moved file, not the one passed; issue 39, point 5)."""
+    main(tiny_fit_args(tiny_shapes_root, tmp_path / "source", "--trainer.max_steps=2"))
+    source = tmp_path / "source.ckpt"
+    (tmp_path / "source" / "checkpoints" / "last.ckpt").rename(source)
+    run = tmp_path / "fine-tuned"
+    main(tiny_fit_args(tiny_shapes_root, run, "--trainer.max_steps=2", f"--model.init_checkpoint={source}"))
+    source.unlink()
+    last = run / "checkpoints" / "last.ckpt"
+    main(tiny_fit_args(tiny_shapes_root, run, "--trainer.max_steps=4", f"--ckpt_path={last}"))
+    assert torch.load(last, weights_only=True)["global_step"] == 4
+    validate = ["validate", *tiny_fit_args(tiny_shapes_root, run)[1:], f"--ckpt_path={last}"]
+    main(validate)
