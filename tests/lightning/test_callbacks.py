@@ -193,14 +193,22 @@ def test_two_runs_of_one_step_count_train_with_the_same_learning_rates(tmp_path)
     assert by_steps.lrs == pytest.approx([0.1 * w * min(1.0, (20 - i) / 10) for i, w in enumerate(warmup)])
 
 
-def test_budget_takes_the_trainers_step_count_and_stops_on_time_as_a_safety(tmp_path) -> None:
+def test_an_explicit_max_steps_is_honoured_over_the_budget(tmp_path) -> None:
+    """The demo config's budget stopped a --trainer.max_steps 500 run at step 330 (issue 39, point 4): the
+    trainer's max_steps is the user's word, the clock does not cut it short."""
     budget = TimeBudget(max_train_seconds=8, time_tolerance=0.0)
     trainer, model = _timed_fit(tmp_path / "exact", budget, max_steps=20, decay_fraction=0.5)
     assert budget.total_steps == 20  # from max_steps: nothing to estimate
-    assert trainer.global_step == 8  # the time limit came first
-    assert model.lrs == pytest.approx([0.1] * 8)
-    trainer, _ = _timed_fit(tmp_path / "tolerant", TimeBudget(max_train_seconds=8), max_steps=20, decay_fraction=0.5)
-    assert trainer.global_step == 9  # with the count fixed, the run may overrun by 10 %: the stop is at 8.8 s
+    assert trainer.global_step == 20  # 20 s of training on the simulated clock, past the 8 s budget
+    assert len(model.lrs) == 20 and model.lrs[:10] == pytest.approx([0.1] * 10)
+    assert model.lrs[-1] == pytest.approx(0.1 / 10)  # the decay over the last 10 of the 20 steps
+
+
+def test_the_budget_stops_on_time_once_its_step_count_is_fixed(tmp_path) -> None:
+    """Without max_steps the fixed count ends the run; the time limit (with its tolerance) stays a safety."""
+    trainer, _ = _timed_fit(tmp_path / "tolerant", TimeBudget(max_train_seconds=8, time_tolerance=0.0),
+                            decay_fraction=0.5)
+    assert trainer.global_step <= 9
 
 
 def test_resumed_run_continues_the_budget_and_its_step_count(tmp_path) -> None:
@@ -219,6 +227,19 @@ def test_resumed_run_continues_the_budget_and_its_step_count(tmp_path) -> None:
     assert resumed.total_steps == 20 and trainer.global_step == 20
     assert resumed.clock.spent() == pytest.approx(20)  # 12 s before the checkpoint, 8 after
     assert model.lrs == pytest.approx(whole.lrs[12:])
+
+
+def test_a_finished_budget_run_resumed_with_more_steps_keeps_learning(tmp_path) -> None:
+    """A resume of a finished 20 s run with --trainer.max_steps 30 trained exactly one step, the budget being
+    spent (issue 39, point 4); the README says a resume with a larger max_steps keeps learning."""
+    saver = ModelCheckpoint(dirpath=tmp_path, filename="end", save_last=False, every_n_train_steps=20, save_top_k=-1)
+    first = TimeBudget(max_train_seconds=20)
+    trainer, _ = _timed_fit(tmp_path / "first", first, decay_fraction=0.5, callbacks=[saver])
+    assert trainer.global_step == 20 and first.total_steps == 20
+    resumed = TimeBudget(max_train_seconds=20)
+    trainer, model = _timed_fit(tmp_path / "resumed", resumed, max_steps=30, decay_fraction=0.5,
+                                ckpt_path=tmp_path / "end.ckpt")
+    assert trainer.global_step == 30 and len(model.lrs) == 10
 
 
 def test_throughput_logs_images_per_second_and_training_seconds(tmp_path) -> None:

@@ -117,9 +117,10 @@ class TimeBudget(_TrainingTime):
 
     ``max_train_seconds`` is "10 minutes of training" that validating more often does not shorten. The
     learning-rate decay (:class:`detr.lightning.schedule.LinearDecayToZero`, the training system's
-    ``lr_decay_fraction``) needs the run's total step count. When the trainer bounds the run
-    (``max_steps``, or ``max_epochs``), the scheduler already has it and this callback only adds the
-    time limit. Otherwise this callback measures the step rate and, once ``calibration_fraction`` of the
+    ``lr_decay_fraction``) needs the run's total step count. When the trainer bounds the run by
+    ``max_steps``, that bound is the user's word: the run trains exactly that many steps and the time
+    budget does not stop it (also when a resume asks for more steps than the budget's run had). With
+    ``max_epochs`` the scheduler already has the count and this callback only adds the time limit. Otherwise this callback measures the step rate and, once ``calibration_fraction`` of the
     budget is spent, or when the decay would start if that comes first, fixes the total once: the steps
     taken plus the steps the rest of the budget holds at the rate measured so far in this ``fit``. From
     then on the decay and the stop follow the step count alone (two runs that fix the same count train
@@ -160,13 +161,17 @@ class TimeBudget(_TrainingTime):
         self.total_steps: int | None = None
         self._fix_at = calibration_fraction
         self._start_step, self._start_seconds = 0, 0.0
+        self._steps_bound = False  # the trainer's max_steps ends the run, not the clock
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         decays = decay_schedulers(trainer)
         known = [scheduler.total_steps for scheduler in decays if scheduler.total_steps is not None]
-        if trainer.max_steps > 0:  # this run's own bound wins over a count restored from a checkpoint
+        self._steps_bound = trainer.max_steps > 0
+        if self._steps_bound:  # this run's own bound wins over a count restored from a checkpoint, and the clock
             self.total_steps = trainer.max_steps
+            logger.info("TimeBudget: trainer.max_steps %d bounds this run: it trains to step %d, whatever the %.0f s "
+                        "budget", trainer.max_steps, trainer.max_steps, self.max_train_seconds)
         elif self.total_steps is None and known:  # the trainer's max_epochs (or a checkpoint) set it
             self.total_steps = min(known)
         if self.total_steps is not None:
@@ -186,7 +191,7 @@ class TimeBudget(_TrainingTime):
         limit = self.max_train_seconds * (1.0 + self.time_tolerance if self.total_steps is not None else 1.0)
         if self.total_steps is not None and step >= self.total_steps:
             trainer.should_stop = True
-        elif spent >= limit:
+        elif spent >= limit and not self._steps_bound:
             trainer.should_stop = True
             if self.total_steps is not None:
                 logger.warning("TimeBudget: %.0f s of training spent at step %d of the %d planned: stopped by the "
