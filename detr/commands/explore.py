@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device, errors=errors,
     )
     for page in pages:
-        print(f"{page} ({page.stat().st_size / 2**20:.1f} MB)")
+        print(f"{page} ({page.stat().st_size / 2**20:.1f} MiB)")
     for image, reason in errors:
         print(f"skipped {image}: {reason}", file=sys.stderr)
     return 1 if errors else 0

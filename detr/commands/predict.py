@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     except OutputFolderError as error:
         parser.error(str(error))
     detections = sum(len(p.above(args.threshold)) for p in run.predictions)
-    print(f"{len(run.predictions)} images, {detections} detections above {args.threshold} -> {run.predictions_json}")
+    written = (f"; every query written ({sum(len(p) for p in run.predictions)}, --all-queries)" if args.all_queries
+               else "")
+    print(f"{len(run.predictions)} images, {detections} detections above {args.threshold}{written} -> "
+          f"{run.predictions_json}")
     if run.panoptic_json is not None:
         segments = sum(len(p.panoptic.segments_info) for p in run.predictions if p.panoptic is not None)
         print(f"{segments} panoptic segments -> {run.panoptic_json} and {run.panoptic_json.parent / 'panoptic'}")

@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         sampling_points_figure(image, prediction, layer=args.layer, threshold=args.threshold,
                                top_k=args.top_k).savefig(out, dpi=args.dpi)
         print(f"{len(prediction)} detections above {args.threshold}; deformable sampling points -> {out}")
+        if args.encoder or args.encoder_points:  # said, not silently dropped
+            print("no encoder figure: this model's encoder samples points (deformable attention) instead of "
+                  "attending to every position, so it has no self-attention maps to draw", file=sys.stderr)
         return 0
     figure = decoder_attention_figure(
         image, prediction, layer=args.layer, head=args.head, threshold=args.threshold, top_k=args.top_k,

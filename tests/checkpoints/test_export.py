@@ -120,6 +120,8 @@ def test_predictor_on_onnx_writes_the_predictions_of_the_pytorch_model(tiny_expo
         assert status == 0
     out = capsys.readouterr().out
     assert "backend: pytorch (cpu, fp32)" in out and "backend: onnxruntime (CPUExecutionProvider)" in out
+    # the summary says what the json holds: every query, not just the detections above the threshold
+    assert out.count(f"every query written ({5 * TINY.num_queries}, --all-queries)") == 2
     torch_results = json.loads((tmp_path / "torch" / "predictions.json").read_text())
     onnx_results = json.loads((tmp_path / "onnx" / "predictions.json").read_text())
     assert len(onnx_results) == len(torch_results) == 5 * TINY.num_queries

@@ -65,4 +65,8 @@ def test_detr_visualize_attention_draws_a_deformable_checkpoint(model, tmp_path,
                                        "--top-k", "2", "--device", "cpu"])
     assert status == 0 and out.stat().st_size > 10_000
     assert "deformable sampling points" in capsys.readouterr().out
+    # --encoder has no figure to draw on a deformable encoder: it says so (it was ignored without a word)
+    status = visualize_attention.main([str(PHOTO), "--checkpoint", str(checkpoint), "--out", str(out),
+                                       "--top-k", "2", "--device", "cpu", "--encoder"])
+    assert status == 0 and "no encoder figure" in capsys.readouterr().err
 
