@@ -18,8 +18,7 @@ import logging
 import sys
 
 from detr.checkpoints import load_checkpoint
-from detr.commands.errors import one_line_errors
-from detr.inference.command_line import add_resize_arguments
+from detr.inference.command_line import add_resize_arguments, one_line_errors
 from detr.visualize.explorer import write_attention_explorer
 
 

@@ -18,7 +18,7 @@ import sys
 from detr.checkpoints import load_checkpoint
 from detr.checkpoints.export import export
 from detr.checkpoints.formats import ExportError
-from detr.commands.errors import one_line_errors
+from detr.inference.command_line import one_line_errors
 
 
 @one_line_errors

@@ -18,8 +18,7 @@ import argparse
 import logging
 import sys
 
-from detr.commands.errors import one_line_errors
-from detr.inference.command_line import add_resize_arguments
+from detr.inference.command_line import add_resize_arguments, one_line_errors
 
 
 @one_line_errors

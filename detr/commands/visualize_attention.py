@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 from detr.checkpoints.released import CheckpointArgument
-from detr.commands.errors import one_line_errors
-from detr.inference.command_line import add_resize_arguments
+from detr.inference.command_line import add_resize_arguments, one_line_errors
 from detr.inference.images import to_rgb_array
 from detr.inference.predictor import Predictor
 from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure

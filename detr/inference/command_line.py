@@ -1,9 +1,16 @@
 """Command-line options shared by the tools that run a checkpoint on images (``detr-predict``,
-``detr-explore``, ``detr-visualize-attention``)."""
+``detr-explore``, ``detr-visualize-attention``), and the commands' one-line expected errors
+(:func:`one_line_errors`: a checkpoint that cannot be read or downloaded, an output folder another run
+owns, print ``error: <what and the fix>`` and exit 2; a traceback is for bugs, ``DETR_DEBUG=1`` shows one
+for these too)."""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+import sys
+from collections.abc import Callable
 
 from detr.models.inputs import EVAL_MAX_SIZE, EVAL_MIN_SIZE
 
@@ -15,3 +22,33 @@ def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"eval resize: shortest side (default: the checkpoint's validation size, else {EVAL_MIN_SIZE})")
     parser.add_argument("--max-size", type=int, default=None,
                         help=f"eval resize: longest side cap (default: the checkpoint's validation size, else {EVAL_MAX_SIZE})")
+
+
+#: The exit status of an expected error (argparse's for a bad command line).
+EXPECTED_ERROR_STATUS = 2
+
+
+def one_line_errors(main: Callable[..., int]) -> Callable[..., int]:
+    """Wrap a command's ``main``: an expected error (:func:`expected_errors`) is printed as one line on stderr
+    and the command exits :data:`EXPECTED_ERROR_STATUS`; with ``DETR_DEBUG`` set it is raised as before."""
+
+    @functools.wraps(main)
+    def run(*args: object, **kwargs: object) -> int:
+        try:
+            return main(*args, **kwargs)
+        except Exception as error:
+            if not isinstance(error, expected_errors()) or os.environ.get("DETR_DEBUG"):
+                raise
+            print(f"error: {error}", file=sys.stderr)
+            return EXPECTED_ERROR_STATUS
+
+    return run
+
+
+def expected_errors() -> tuple[type[Exception], ...]:
+    """The errors a user meets with a correct program, each message naming the file and the fix (imported
+    when an error comes, so that a command's ``--help`` does not wait for torch)."""
+    from detr.checkpoints.formats import CheckpointError
+    from detr.output_folder import OutputFolderError
+
+    return (CheckpointError, OutputFolderError)
