@@ -41,21 +41,27 @@ def scores_and_labels(logits: torch.Tensor, class_head: Literal["softmax", "sigm
     return (probabilities[..., :-1] if class_head == "softmax" else probabilities).max(-1)
 
 
-def boxes_to_pixels(boxes: torch.Tensor, target_sizes: torch.Tensor) -> torch.Tensor:
+def boxes_to_pixels(boxes: torch.Tensor, target_sizes: torch.Tensor, *, clip: bool = False) -> torch.Tensor:
     """Normalised cxcywh [B, Q, 4] → float pixel xyxy [B, Q, 4] in images of target_sizes [B, 2] (height, width),
-    clipped to the image: a box that reaches past an edge ends at it, so no corner is negative or beyond
-    the image in a predictions json (the model's cxcywh is a sigmoid in [0, 1], but its extent is not bounded)."""
+    as the authors' PostProcess (the model's cxcywh is a sigmoid in [0, 1], but its extent is not bounded, so
+    a corner may lie outside the image). ``clip``: a box that reaches past an edge ends at it, so that no
+    corner is negative or beyond the image in a predictions file or a drawing."""
     height, width = target_sizes.to(boxes.device).float().unbind(1)
     scale = torch.stack([width, height, width, height], dim=1)[:, None, :]  # [B, 1, 4]
+    pixels = cxcywh_to_xyxy(boxes.float()) * scale
+    if not clip:
+        return pixels
     # min/max against tensors (not clamp with Python numbers): the sizes differ per image and stay graph inputs
     # in an exported model
-    return torch.minimum(torch.maximum(cxcywh_to_xyxy(boxes.float()) * scale, torch.zeros_like(scale)), scale)
+    return torch.minimum(torch.maximum(pixels, torch.zeros_like(scale)), scale)
 
 
 class PostProcess(nn.Module):
     """Softmax over all logits; score and label = max over the real classes (no-object excluded);
-    boxes cxcywh → xyxy scaled to each ORIGINAL image and clipped to it. No threshold and no top-k: all
-    queries are kept.
+    boxes cxcywh → xyxy scaled to each ORIGINAL image, not clipped (the authors' PostProcess and transformers'
+    ``post_process_object_detection``; their published AP was measured so). No threshold and no top-k: all
+    queries are kept. ``clip=True`` ends every box at the image's edges, as predictions files and drawings
+    want them (:func:`detr.inference.predict.predictions_from_outputs` does).
 
     ``class_head="sigmoid"`` (a model built with ``build_detr(class_head="sigmoid")``, trained with the
     focal loss: the demo's, Deformable DETR): independent sigmoids over the ``num_classes`` logits, score
@@ -64,11 +70,11 @@ class PostProcess(nn.Module):
     the outputs' raises ValueError instead of scoring them wrongly.
     """
 
-    def __init__(self, class_head: Literal["softmax", "sigmoid"] | None = None) -> None:
+    def __init__(self, class_head: Literal["softmax", "sigmoid"] | None = None, *, clip: bool = False) -> None:
         super().__init__()
         if class_head is not None:
             _check_class_head(class_head)
-        self.class_head = class_head
+        self.class_head, self.clip = class_head, clip
 
     @torch.no_grad()
     def forward(self, outputs: LayerOutput, target_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
@@ -81,5 +87,5 @@ class PostProcess(nn.Module):
             raise ValueError(f"target_sizes must be [B, 2] (height, width) with B = {len(logits)}, "
                              f"got {tuple(target_sizes.shape)}")
         scores, labels = scores_and_labels(logits, head_of_outputs(outputs, self.class_head))
-        boxes = boxes_to_pixels(boxes, target_sizes)
+        boxes = boxes_to_pixels(boxes, target_sizes, clip=self.clip)
         return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]

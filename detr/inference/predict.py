@@ -82,7 +82,8 @@ def predictions_from_outputs(
     sizes = [input_size if reason is not None else image_size
              for image_size, input_size, reason in zip(image_sizes, input_sizes, reasons)]
     target_sizes = torch.tensor(sizes, dtype=torch.int64)
-    results = PostProcess(class_head=class_head)(outputs, target_sizes.to(outputs.logits.device))
+    # clipped to the image: these predictions are written to files, drawn and served
+    results = PostProcess(class_head=class_head, clip=True)(outputs, target_sizes.to(outputs.logits.device))
     segmentations = None
     if panoptic is not None:
         segmentations = panoptic(outputs, torch.tensor(list(input_sizes), dtype=torch.int64), target_sizes)

@@ -26,12 +26,28 @@ def test_keeps_all_queries_per_image():
     assert results[2]["boxes"][:, 0::2].max() <= 60 * 1.5  # x scaled by width
 
 
-def test_boxes_are_clipped_to_the_image():
-    """A box reaching past an edge ended outside the image: negative x/y (and x past the width) in the json."""
+def test_boxes_are_the_authors_unclipped_and_clipped_on_request():
+    """PostProcess() equals the authors' PostProcess (models/detr.py: no clipping; their 42.0 box AP was
+    measured so); clip=True, what predictions files and drawings get, ends a box at the image's edges."""
     boxes = torch.tensor([[[0.05, 0.1, 0.4, 0.6], [0.9, 0.95, 0.5, 0.3], [0.5, 0.5, 0.2, 0.2]]])
-    result = PostProcess()(model_output(logits=torch.zeros(1, 3, 3), boxes=boxes), torch.tensor([[100, 200]]))[0]
+    outputs = model_output(logits=torch.zeros(1, 3, 3), boxes=boxes)
+    authors = boxes_to_authors_pixels(boxes, torch.tensor([[100, 200]]))
+    torch.testing.assert_close(PostProcess()(outputs, torch.tensor([[100, 200]]))[0]["boxes"], authors[0])
+    assert float(authors.min()) < 0  # a corner outside the image, as the authors' code gives it
+    result = PostProcess(clip=True)(outputs, torch.tensor([[100, 200]]))[0]
     torch.testing.assert_close(result["boxes"], torch.tensor([[0.0, 0.0, 50.0, 40.0], [130.0, 80.0, 200.0, 100.0],
                                                               [80.0, 40.0, 120.0, 60.0]]))
+
+
+def boxes_to_authors_pixels(boxes: torch.Tensor, target_sizes: torch.Tensor) -> torch.Tensor:
+    """The authors' PostProcess box lines (facebookresearch/detr models/detr.py): box_cxcywh_to_xyxy, then
+    ``img_h, img_w = target_sizes.unbind(1)``, ``scale_fct = stack([img_w, img_h, img_w, img_h], dim=1)``,
+    ``boxes * scale_fct[:, None, :]``."""
+    x_c, y_c, w, h = boxes.unbind(-1)
+    xyxy = torch.stack([(x_c - 0.5 * w), (y_c - 0.5 * h), (x_c + 0.5 * w), (y_c + 0.5 * h)], dim=-1)
+    img_h, img_w = target_sizes.unbind(1)
+    scale_fct = torch.stack([img_w, img_h, img_w, img_h], dim=1)
+    return xyxy * scale_fct[:, None, :]
 
 
 def test_the_default_reads_outputs_with_the_head_that_made_them():
