@@ -18,7 +18,7 @@ import logging
 import sys
 
 from detr.checkpoints import load_checkpoint
-from detr.inference.command_line import add_resize_arguments, one_line_errors
+from detr.inference.command_line import add_resize_arguments, device_argument, one_line_errors
 from detr.visualize.explorer import write_attention_explorer
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output folder for the pages")
     parser.add_argument("--threshold", type=float, default=0.7, help="initial score threshold of the box display")
     add_resize_arguments(parser)
-    parser.add_argument("--device", default=None, help="default: CUDA when available, else CPU")
+    parser.add_argument("--device", type=device_argument, default=None, help="default: CUDA when available, else CPU")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 

@@ -26,7 +26,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from detr.checkpoints.formats import CheckpointError
 from detr.checkpoints.released import CheckpointArgument
-from detr.inference.command_line import add_resize_arguments
+from detr.inference.command_line import add_resize_arguments, device_argument
 from detr.inference.outputs import collect_image_paths, predict_files
 from detr.inference.predictor import Predictor
 from detr.output_folder import OutputFolderError
@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.7, help="score threshold (default 0.7)")
     parser.add_argument("--all-queries", action="store_true", help="write every query to the json (for COCO eval)")
     add_resize_arguments(parser)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--device", type=device_argument, default=None,
+                        help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--no-draw", action="store_true", help="write only the json (and panoptic PNGs)")

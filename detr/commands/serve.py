@@ -18,7 +18,7 @@ import argparse
 import logging
 import sys
 
-from detr.inference.command_line import add_resize_arguments, one_line_errors
+from detr.inference.command_line import add_resize_arguments, bounded_int, device_argument, one_line_errors
 
 
 @one_line_errors
@@ -27,15 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True,
                         help="a released name (detr-r50, ...), .pth, .ckpt, transformers directory or .onnx file")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:1")
-    parser.add_argument("--max-batch-size", type=int, default=8, help="most requests per forward pass")
+    parser.add_argument("--port", type=bounded_int(0, 65535), default=8000, help="TCP port (0: any free one)")
+    parser.add_argument("--device", type=device_argument, default="auto",
+                        help="auto (CUDA when available, else CPU), cpu, cuda, cuda:1")
+    parser.add_argument("--max-batch-size", type=bounded_int(1), default=8, help="most requests per forward pass")
     parser.add_argument("--batch-timeout", type=float, default=0.01,
                         help="seconds a request waits for others to batch with")
     parser.add_argument("--threshold", type=float, default=0.7, help="score threshold of requests that give none")
     parser.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body accepted, MiB")
-    parser.add_argument("--max-pixels", type=int, default=40_000_000, help="most pixels an image may have")
-    parser.add_argument("--max-queue", type=int, default=256,
+    parser.add_argument("--max-pixels", type=bounded_int(1), default=40_000_000, help="most pixels an image may have")
+    parser.add_argument("--max-queue", type=bounded_int(0), default=256,
                         help="most requests waiting for the model; more are refused with 503 (0: no limit)")
     add_resize_arguments(parser)
     args = parser.parse_args(argv)

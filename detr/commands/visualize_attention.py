@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from detr.checkpoints.released import CheckpointArgument
-from detr.inference.command_line import add_resize_arguments, one_line_errors
+from detr.inference.command_line import add_resize_arguments, device_argument, one_line_errors
 from detr.inference.images import to_rgb_array
 from detr.inference.predictor import Predictor
 from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder-points", type=point, nargs="+", default=None, metavar="X,Y",
                         help="reference points for the encoder figure (default: centres of detections)")
     add_resize_arguments(parser)
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--device", type=device_argument, default=None, help="default: CUDA when available, else CPU")
     parser.add_argument("--dpi", type=int, default=120)
     args = parser.parse_args(argv)
 

@@ -24,6 +24,50 @@ def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"eval resize: longest side cap (default: the checkpoint's validation size, else {EVAL_MAX_SIZE})")
 
 
+def device_argument(value: str) -> str | None:
+    """argparse ``type`` of ``--device``: "auto" (None: CUDA when available, else the CPU), "cpu", "cuda",
+    "cuda:N" (or "mps"), checked before any model loads: a name torch does not know, or a CUDA device this
+    machine does not have, is a usage error that names the choices (torch's own errors came after loading the
+    model, as a traceback)."""
+    if value == "auto":
+        return None
+    import torch  # here, so that --help does not wait for it
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{value!r}: this machine has no CUDA GPU that torch can use "
+                                             "(torch.cuda.is_available() is False); use --device cpu")
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f"{value!r}: this machine has {count} CUDA GPU(s), cuda:0 .. "
+                                             f"cuda:{count - 1}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{value!r}: MPS (Apple GPU) is not available here; use --device cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"{value!r}: use auto, cpu, cuda or cuda:N")
+    return value
+
+
+def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
+    """argparse ``type``: an integer in [low, high] (no upper bound when ``high`` is None)."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if number < low or (high is not None and number > high):
+            span = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"{number} is out of range: it must be {span}")
+        return number
+
+    return parse
+
+
 #: The exit status of an expected error (argparse's for a bad command line).
 EXPECTED_ERROR_STATUS = 2
 
