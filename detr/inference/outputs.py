@@ -40,7 +40,7 @@ from detr.inference.panoptic_outputs import (
 )
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import Predictor, Task
-from detr.output_folder import claim_output_folder
+from detr.output_folder import OutputFolderError, claim_output_folder
 from detr.visualize.drawing import draw_panoptic, draw_prediction, save_image
 
 logger = logging.getLogger(__name__)
@@ -186,13 +186,25 @@ def predict_files(
     these in the error (``--overwrite``, ``--out``).
 
     Raises:
-        detr.output_folder.OutputFolderError: ``out_dir`` is another run's (above).
+        detr.output_folder.OutputFolderError: ``out_dir`` is another run's (above), or holds input images.
     """
     predictor.check_task(task)  # before any file is read: a detection model cannot segment
+    _refuse_inputs_in(out_dir, paths, elsewhere)
     with claim_output_folder(out_dir, overwrite=overwrite, overwrite_flag=overwrite_flag, elsewhere=elsewhere,
                              markers=PREDICTION_FILES) as folder:
         return _predict_into(predictor, [Path(p) for p in paths], folder.folder, folder.record, threshold=threshold,
                              all_queries=all_queries, draw=draw, progress=progress, task=task)
+
+
+def _refuse_inputs_in(out_dir: str | Path, paths: Sequence[str | Path], elsewhere: str) -> None:
+    """Raise OutputFolderError when an input image lies in ``out_dir`` (or in its ``panoptic/``), where the run
+    writes (``<stem>.jpg``, ``panoptic/<stem>.png``): it would overwrite inputs of those names, and a later
+    ``--overwrite`` would delete them. Inputs in other subfolders are safe."""
+    written = {Path(out_dir).resolve(), Path(out_dir).resolve() / "panoptic"}
+    inside = [Path(p) for p in paths if Path(p).resolve().parent in written]
+    if inside:
+        raise OutputFolderError(f"{out_dir} holds input images ({inside[0]}{' and more' if len(inside) > 1 else ''}): "
+                                f"the run's drawings would overwrite them; write into {elsewhere}")
 
 
 def _predict_into(

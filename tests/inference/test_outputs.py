@@ -156,3 +156,16 @@ def test_a_later_predict_run_into_a_used_out_is_refused_without_overwrite(tmp_pa
     assert sorted(p.name for p in out.glob("*.jpg")) == ["a.jpg", "mine.jpg"]  # b.jpg was the old run's
     assert {r["file_name"] for r in json.loads((out / "predictions.json").read_text())} == {"a.png"}
     assert (out / "outputs.txt").read_text().splitlines() == ["a.jpg", "predictions.json"]
+
+
+def test_an_out_folder_that_holds_the_inputs_is_refused(tmp_path, image_folder, checkpoint, capsys):
+    """detr-predict photos/ --out photos/ wrote its drawing b.jpg over the input b.jpg (exit 0), and a later
+    --overwrite deleted the inputs (issue 40, BAD 1)."""
+    before = {path.name: path.read_bytes() for path in image_folder.iterdir()}
+    with pytest.raises(SystemExit) as refusal:
+        _predict([image_folder], checkpoint, image_folder, "--overwrite")
+    assert refusal.value.code == 2 and "holds input images" in capsys.readouterr().err
+    assert {path.name: path.read_bytes() for path in image_folder.iterdir()} == before  # nothing written, nothing lost
+    # a folder above the inputs is fine: the drawings go beside the inputs' folder, not into it
+    assert _predict([image_folder / "a.png"], checkpoint, image_folder.parent) == 0
+    assert (image_folder.parent / "a.jpg").exists() and (image_folder / "a.png").read_bytes() == before["a.png"]
