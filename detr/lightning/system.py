@@ -426,11 +426,28 @@ class DetrSystem(L.LightningModule):
         meta = checkpoint.get("detr") or {}
         self._check_same_model(checkpoint)
         if meta.get("category_map"):
-            self.category_map = CategoryMap.from_dict(meta["category_map"])
+            saved = CategoryMap.from_dict(meta["category_map"])
+            self._check_same_categories(saved)
+            self.category_map = saved
         if self._trainer is not None and self.trainer.state.fn == "fit":
             # Restored now, before the fit loop creates the training dataloader's iterator (it draws the
             # shuffling seed); Lightning runs the sanity check in between under isolate_rng.
             restore_rng_states(checkpoint, self.trainer)
+
+    def _check_same_categories(self, saved: CategoryMap) -> None:
+        """Raise :class:`CheckpointError` when the data's category ids (linked by the CLI) differ from those the
+        checkpoint's labels stand for: a resume, ``validate`` or ``test`` on such data scored every label as
+        another category (AP 0) without a word."""
+        data = self.category_map
+        if data is None or tuple(data.category_ids) == tuple(saved.category_ids):
+            return
+        path = (self.trainer.ckpt_path if self._trainer is not None else None) or "<checkpoint>"
+        raise CheckpointError(
+            f"checkpoint {path} predicts the category ids {list(saved.category_ids)[:10]}"
+            f"{' ...' if saved.num_classes > 10 else ''}, the data's annotation json has "
+            f"{list(data.category_ids)[:10]}{' ...' if data.num_classes > 10 else ''}: its labels would be scored "
+            "as other categories. Use the data set it was trained on, or fine-tune its weights on this one in a new "
+            f"run with --model.init_checkpoint {path}")
 
     def _check_same_model(self, checkpoint: dict[str, Any]) -> None:
         """Raise :class:`CheckpointError` if the checkpoint's weights do not fit this system's model, naming the

@@ -151,3 +151,21 @@ def test_a_fine_tuned_run_resumes_and_validates_after_its_source_moved(tiny_shap
     assert torch.load(last, weights_only=True)["global_step"] == 4
     validate = ["validate", *tiny_fit_args(tiny_shapes_root, run)[1:], f"--ckpt_path={last}"]
     main(validate)
+
+
+def test_data_with_other_category_ids_than_the_checkpoint_is_refused() -> None:
+    """A resume, detr validate or detr test on data whose category ids differ from the checkpoint's ran
+    silently at AP 0 and kept the old map (issue 40, BAD 4)."""
+    from detr.categories import CategoryMap
+
+    trained = CategoryMap((1, 2, 3), ("a", "b", "c"))
+    checkpoint = {"detr": {"category_map": trained.to_dict()}}
+    same = DetrSystem(detr=TINY, category_map=CategoryMap((1, 2, 3), ("a", "b", "c")))
+    same.on_load_checkpoint(checkpoint)
+    assert same.category_map == trained
+    other = DetrSystem(detr=TINY, category_map=CategoryMap((3, 7, 9), ("a", "b", "c")))
+    with pytest.raises(CheckpointError, match=r"category ids \[1, 2, 3\].*\[3, 7, 9\].*init_checkpoint"):
+        other.on_load_checkpoint(checkpoint)
+    unlinked = DetrSystem(detr=TINY)  # no data linked (e.g. load_from_checkpoint): the checkpoint's map is taken
+    unlinked.on_load_checkpoint(checkpoint)
+    assert unlinked.category_map == trained
