@@ -28,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("images", nargs="+", metavar="IMAGE")
     parser.add_argument("--checkpoint", required=True, help="released .pth, state dict or this project's .ckpt")
     parser.add_argument("--out", required=True, help="output folder for the pages")
-    parser.add_argument("--threshold", type=float, default=0.7, help="initial score threshold of the box display")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="initial score threshold of the box display (default: the checkpoint's validated one, "
+                             "else 0.7)")
     add_resize_arguments(parser)
     parser.add_argument("--device", type=device_argument, default=None, help="default: CUDA when available, else CPU")
     args = parser.parse_args(argv)

@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output folder (one run's: see --overwrite)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the outputs of an earlier run in --out (deletes its json and drawings)")
-    parser.add_argument("--threshold", type=float, default=0.7, help="score threshold (default 0.7)")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="score threshold (default: the one the checkpoint's validation found best, else 0.7)")
     parser.add_argument("--all-queries", action="store_true", help="write every query to the json (for COCO eval)")
     add_resize_arguments(parser)
     parser.add_argument("--device", type=device_argument, default=None,
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         predictor.check_task(args.task)
     except ValueError as error:
         parser.error(f"--task {args.task} with {args.checkpoint}: {error}")
-    print(f"backend: {predictor.backend}")
+    print(f"backend: {predictor.backend}; threshold {predictor.threshold:g} ({predictor.threshold_source})")
     batches = -(-len(paths) // args.batch_size)
     try:
         with logging_redirect_tqdm():  # warnings about skipped files print above the progress bar
@@ -89,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             )
     except OutputFolderError as error:
         parser.error(str(error))
-    detections = sum(len(p.above(args.threshold)) for p in run.predictions)
+    detections = sum(len(p.above(predictor.threshold)) for p in run.predictions)
     written = (f"; every query written ({sum(len(p) for p in run.predictions)}, --all-queries)" if args.all_queries
                else "")
-    print(f"{len(run.predictions)} images, {detections} detections above {args.threshold}{written} -> "
+    print(f"{len(run.predictions)} images, {detections} detections above {predictor.threshold:g}{written} -> "
           f"{run.predictions_json}")
     if run.panoptic_json is not None:
         segments = sum(len(p.panoptic.segments_info) for p in run.predictions if p.panoptic is not None)

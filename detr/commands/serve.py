@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-size", type=bounded_int(1), default=8, help="most requests per forward pass")
     parser.add_argument("--batch-timeout", type=float, default=0.01,
                         help="seconds a request waits for others to batch with")
-    parser.add_argument("--threshold", type=float, default=0.7, help="score threshold of requests that give none")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="score threshold of requests that give none (default: the checkpoint's validated one, "
+                             "else 0.7)")
     parser.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body accepted, MiB")
     parser.add_argument("--max-pixels", type=bounded_int(1), default=40_000_000, help="most pixels an image may have")
     parser.add_argument("--max-queue", type=bounded_int(0), default=256,

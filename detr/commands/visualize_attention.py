@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="PNG file for the decoder figure")
     parser.add_argument("--layer", type=int, default=-1, help="decoder layer, Python index (default -1: last)")
     parser.add_argument("--head", type=int, default=None, help="one attention head (default: mean over heads)")
-    parser.add_argument("--threshold", type=float, default=0.7, help="show queries scoring above this")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="show queries scoring above this (default: the checkpoint's validated one, else 0.7)")
     parser.add_argument("--top-k", type=int, default=None, help="show the K best queries instead")
     parser.add_argument("--all-queries", action="store_true", help="a grid of every query, no-object included")
     parser.add_argument("--encoder", action="store_true", help="also draw encoder self-attention (Fig. 3)")
@@ -65,21 +66,23 @@ def main(argv: list[str] | None = None) -> int:
     if prediction.sampling is not None:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        sampling_points_figure(image, prediction, layer=args.layer, threshold=args.threshold,
+        sampling_points_figure(image, prediction, layer=args.layer, threshold=predictor.threshold,
                                top_k=args.top_k).savefig(out, dpi=args.dpi)
-        print(f"{len(prediction)} detections above {args.threshold}; deformable sampling points -> {out}")
+        print(f"{len(prediction)} detections above {predictor.threshold:g} ({predictor.threshold_source}); "
+              f"deformable sampling points -> {out}")
         if args.encoder or args.encoder_points:  # said, not silently dropped
             print("no encoder figure: this model's encoder samples points (deformable attention) instead of "
                   "attending to every position, so it has no self-attention maps to draw", file=sys.stderr)
         return 0
     figure = decoder_attention_figure(
-        image, prediction, layer=args.layer, head=args.head, threshold=args.threshold, top_k=args.top_k,
+        image, prediction, layer=args.layer, head=args.head, threshold=predictor.threshold, top_k=args.top_k,
         all_queries=args.all_queries,
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=args.dpi)
-    print(f"{len(prediction)} detections above {args.threshold}; decoder attention -> {out}")
+    print(f"{len(prediction)} detections above {predictor.threshold:g} ({predictor.threshold_source}); decoder "
+          f"attention -> {out}")
     if args.encoder or args.encoder_points:
         encoder_out = out.with_name(f"{out.stem}_encoder{out.suffix or '.png'}")
         encoder_attention_figure(image, prediction, points=args.encoder_points).savefig(encoder_out, dpi=args.dpi)

@@ -77,6 +77,8 @@ class CocoEvaluation:
         the ranks other than 0. DetrSystem drops it once its error analysis has run, since its per-image
         matches are large.
     backend: the library that ran COCOeval ("pycocotools" or "faster_coco_eval"; "" without predictions).
+    best_threshold: the detection score threshold with the best mean F1 over the classes at IoU 0.5
+        (:func:`f1_best_threshold`; None for masks or without predictions).
     """
 
     stats: dict[str, float]
@@ -86,6 +88,7 @@ class CocoEvaluation:
     summary: str = ""
     coco_eval: Any = field(default=None, repr=False, compare=False)
     backend: str = ""
+    best_threshold: float | None = None
 
     def per_class_table(self) -> str:
         """The per-class AP table as fixed-width text (AP in percent, "-" where no ground truth)."""
@@ -376,6 +379,7 @@ class CocoEvaluator:
                 summary=summary,
                 coco_eval=coco_eval,
                 backend=self.backend,
+                best_threshold=f1_best_threshold(coco_eval) if self.iou_type == "bbox" else None,
             )
 
     def _ground_truth_coco(self, ground_truth: dict[int, Any]) -> COCO:
@@ -451,6 +455,42 @@ class CocoEvaluator:
                 }
             )
         return rows
+
+
+#: The score thresholds :func:`f1_best_threshold` chooses from.
+THRESHOLD_CANDIDATES: np.ndarray = np.round(np.arange(0.05, 0.951, 0.01), 2)
+
+
+def f1_best_threshold(coco_eval: Any) -> float | None:
+    """The detection score threshold whose detections have the best mean F1 over the classes with ground
+    truth, at IoU 0.5 (all areas, 100 detections an image), from an accumulated COCOeval (no second matching):
+    for a threshold, each class's recall is the highest of COCOeval's recall points that detections scoring
+    at least that reach (``eval["scores"]``), its precision the interpolated precision there
+    (``eval["precision"]``). Candidates 0.05 .. 0.95 in steps of 0.01; the highest of equal ones wins: the
+    table shows no false positive scoring below a class's last true positive, so a lower threshold that
+    gains no recall only adds boxes. None without ground truth or without the scores table."""
+    if "scores" not in coco_eval.eval:
+        return None
+    t = int(np.argmin(np.abs(np.asarray(coco_eval.params.iouThrs) - 0.5)))
+    precision = np.asarray(coco_eval.eval["precision"])[t, :, :, 0, -1]  # [R recall points, K classes]
+    scores = np.asarray(coco_eval.eval["scores"])[t, :, :, 0, -1]
+    recall = np.asarray(coco_eval.params.recThrs, dtype=np.float64)
+    with_truth = (precision > -1).any(axis=0)
+    if not with_truth.any():
+        return None
+    classes = np.arange(precision.shape[1])
+    best, best_f1 = None, -1.0
+    for candidate in THRESHOLD_CANDIDATES:
+        reached = (scores >= candidate) & (precision > 0)  # [R, K]
+        last = precision.shape[0] - 1 - np.argmax(reached[::-1], axis=0)  # the highest recall point reached
+        hit = reached.any(axis=0)
+        r = np.where(hit, recall[last], 0.0)
+        p = np.where(hit, precision[last, classes], 0.0)
+        f1 = np.divide(2 * p * r, p + r, out=np.zeros_like(p), where=(p + r) > 0)
+        mean = float(f1[with_truth].mean())
+        if mean >= best_f1 - 1e-12:
+            best, best_f1 = float(candidate), max(mean, best_f1)
+    return best
 
 
 @contextlib.contextmanager

@@ -78,7 +78,9 @@ class Predictor:
         category_map: names and data set ids of the labels; default: ``model.meta.category_map`` if set.
         device: where the model runs; default CUDA when available, else CPU.
         precision: "fp32", or "bf16" for bfloat16 autocast (on CPU and CUDA).
-        threshold: default score threshold of :meth:`predict` (the authors' demo uses 0.7).
+        threshold: default score threshold of :meth:`predict`; None: the one the model's last validation
+            found best (``model.meta.score_threshold``, this project's checkpoints), else the authors' 0.7
+            (their released models). :attr:`threshold_source` says which.
         batch_size: images per forward pass. Padding depends on the batch, so outputs can differ slightly
             with the batch size, as in the authors' evaluation.
         min_size, max_size: the eval resize (shortest side ``min_size``, longest at most ``max_size``);
@@ -107,7 +109,7 @@ class Predictor:
         category_map: CategoryMap | None = None,
         device: str | torch.device | None = None,
         precision: Precision = "fp32",
-        threshold: float = 0.7,
+        threshold: float | None = None,
         batch_size: int = 1,
         min_size: int | None = None,
         max_size: int | None = None,
@@ -120,7 +122,7 @@ class Predictor:
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if not 0.0 <= threshold <= 1.0:
+        if threshold is not None and not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold is a probability in [0, 1], got {threshold}")
         self.device = torch.device(device) if device is not None else default_device()
         if optimize:
@@ -134,7 +136,12 @@ class Predictor:
                 f"{num_classes}; pass the category map the model was trained with"
             )
         self.precision: Precision = precision
-        self.threshold = float(threshold)
+        validated = getattr(model.meta, "score_threshold", None)
+        #: the default score threshold, and where it came from (shown by the commands)
+        self.threshold = float(threshold if threshold is not None else validated if validated is not None else 0.7)
+        self.threshold_source = ("given" if threshold is not None else
+                                 "the checkpoint's validation: best F1" if validated is not None else
+                                 "the authors' default")
         self.batch_size = int(batch_size)
         spec = model.input_spec  # the model's input contract, its resize sizes overridden where given
         #: resize, normalisation and padding of every image (:class:`detr.models.inputs.InputSpec`)

@@ -162,6 +162,8 @@ class DetrSystem(L.LightningModule):
                                              every_n_validations=error_analysis_every_n_validations)
         self.evaluator: CocoEvaluator | None = None
         self.last_evaluation: CocoEvaluation | None = None
+        #: the score threshold the last validation found best (saved in checkpoints: the commands' default)
+        self.score_threshold: float | None = None
         if init_checkpoint:
             self.load_initial_weights(init_checkpoint)
 
@@ -325,6 +327,8 @@ class DetrSystem(L.LightningModule):
     def _finish_evaluation(self, stage: str) -> None:
         if self.evaluator is not None:
             self.last_evaluation = self.evaluation.finish(self, stage, self.evaluator)
+            if not self.trainer.sanity_checking and self.last_evaluation.best_threshold is not None:
+                self.score_threshold = self.last_evaluation.best_threshold
 
     def on_validation_epoch_start(self) -> None:
         self._start_evaluation("val")
@@ -419,7 +423,8 @@ class DetrSystem(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Add ``checkpoint["detr"]`` (model config + category map, read by :func:`detr.load_checkpoint`) and
         every process's RNG states (so a resumed run continues the same random streams)."""
-        checkpoint["detr"] = checkpoint_record(self.detector.config, ModelMeta(category_map=self.category_map))
+        checkpoint["detr"] = checkpoint_record(self.detector.config, ModelMeta(
+            category_map=self.category_map, score_threshold=self.score_threshold))
         save_rng_states(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -429,6 +434,8 @@ class DetrSystem(L.LightningModule):
             saved = CategoryMap.from_dict(meta["category_map"])
             self._check_same_categories(saved)
             self.category_map = saved
+        if meta.get("score_threshold") is not None:
+            self.score_threshold = float(meta["score_threshold"])
         if self._trainer is not None and self.trainer.state.fn == "fit":
             # Restored now, before the fit loop creates the training dataloader's iterator (it draws the
             # shuffling seed); Lightning runs the sanity check in between under isolate_rng.

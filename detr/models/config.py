@@ -220,6 +220,9 @@ class ModelMeta:
     panoptic_threshold, panoptic_overlap_threshold: the
         :class:`detr.inference.postprocess_masks.PostProcessPanoptic` settings the training run validated
         with (None: that class's defaults).
+    score_threshold: the detection score threshold the model's last validation found best (the best mean
+        F1 over the classes at IoU 0.5), the default of every command and the Predictor (None: the
+        authors' 0.7, as for their released models).
     """
 
     category_map: CategoryMap | None = None
@@ -227,6 +230,7 @@ class ModelMeta:
     is_thing: tuple[bool, ...] | None = None
     panoptic_threshold: float | None = None
     panoptic_overlap_threshold: float | None = None
+    score_threshold: float | None = None
 
     def __post_init__(self) -> None:
         # normalise sequences so that records compare equal whatever list or tuple they were built from
@@ -245,8 +249,8 @@ class ModelMeta:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, in the keys of a checkpoint's ``checkpoint["detr"]`` (read with
-        ``torch.load(weights_only=True)``): category_map, eval_size, is_thing and panoptic_postprocess
-        (``{"threshold", "overlap_threshold"}`` or None)."""
+        ``torch.load(weights_only=True)``): category_map, eval_size, is_thing, panoptic_postprocess
+        (``{"threshold", "overlap_threshold"}`` or None) and score_threshold."""
         postprocess = (None if self.panoptic_threshold is None and self.panoptic_overlap_threshold is None else
                        {"threshold": self.panoptic_threshold, "overlap_threshold": self.panoptic_overlap_threshold})
         return {
@@ -254,6 +258,7 @@ class ModelMeta:
             "eval_size": list(self.eval_size) if self.eval_size is not None else None,
             "is_thing": list(self.is_thing) if self.is_thing is not None else None,
             "panoptic_postprocess": postprocess,
+            "score_threshold": self.score_threshold,
         }
 
     @classmethod
@@ -267,4 +272,5 @@ class ModelMeta:
             is_thing=tuple(values["is_thing"]) if values.get("is_thing") else None,
             panoptic_threshold=postprocess.get("threshold"),
             panoptic_overlap_threshold=postprocess.get("overlap_threshold"),
+            score_threshold=float(values["score_threshold"]) if values.get("score_threshold") is not None else None,
         )

@@ -19,7 +19,7 @@ from detr.serving.service import DetectionService
 logger = logging.getLogger(__name__)
 
 
-def load_service(checkpoint: str | Path, *, device: str = "auto", threshold: float = 0.7,
+def load_service(checkpoint: str | Path, *, device: str | None = "auto", threshold: float | None = None,
                  min_size: int | None = None, max_size: int | None = None) -> DetectionService:
     """A :class:`DetectionService` for any checkpoint :meth:`Predictor.from_checkpoint` reads (this project's
     ``.ckpt``/``.pth``, the authors' files and names such as ``detr-r50``, transformers directories, ``.onnx``
@@ -27,7 +27,7 @@ def load_service(checkpoint: str | Path, *, device: str = "auto", threshold: flo
 
     Args:
         device: "auto" (CUDA when available, else the CPU), or a torch device such as "cpu" or "cuda:1".
-        threshold: the score threshold of requests that give none.
+        threshold: the score threshold of requests that give none (None: the model's validated one, else 0.7).
         min_size, max_size: the eval resize (None: the checkpoint's validation size, else 800 and 1333).
     """
     predictor = Predictor.from_checkpoint(checkpoint, device=None if device == "auto" else device,

@@ -111,7 +111,8 @@ def test_lightning_checkpoint_with_config_and_categories(tmp_path, tiny_config):
 @pytest.mark.parametrize("file_name", ["model.ckpt", "model.pth"])
 def test_meta_survives_save_and_load(tmp_path, tiny_config, file_name):
     model = build_detr(tiny_config)
-    meta = ModelMeta(category_map=CategoryMap((3, 7, 9, 11, 12), ("a", "b", "c", "d", "e")), eval_size=(160, 240))
+    meta = ModelMeta(category_map=CategoryMap((3, 7, 9, 11, 12), ("a", "b", "c", "d", "e")), eval_size=(160, 240),
+                     score_threshold=0.42)
     model.meta = meta
     loaded = load_checkpoint(save_checkpoint(model, tmp_path / file_name))
     assert loaded.meta == meta and loaded.config == model.config

@@ -489,3 +489,27 @@ def test_segm_needs_categories_and_takes_ground_truth_only_without_coco_gt() -> 
     per_image = CocoEvaluator(iou_type="segm", categories=CATEGORIES)
     with pytest.raises(ValueError, match="image id 4 is not in the ground truth added so far"):
         per_image.update([4], [_detection([])])
+
+
+def test_the_best_f1_threshold_from_the_accumulated_tables() -> None:
+    """CocoEvaluation.best_threshold (a model's own default threshold, issue 39, point 1): one class, two
+    objects found at scores 0.9 and 0.6, false positives at 0.95 and 0.3 / 0.2 (the low ones after the last
+    hit). Above 0.9 only a false positive: F1 0; 0.6 < t <= 0.9: one hit of two with the 0.95 false
+    positive (F1 0.5); t <= 0.6: both hits (F1 0.8 with the interpolated precision 2/3): 0.6 is best and
+    the highest of the equal ones below it."""
+    images = [{"id": 1, "width": 100, "height": 100}, {"id": 2, "width": 100, "height": 100}]
+    dataset = {"images": images, "categories": CATEGORIES[:1], "annotations": [
+        {"id": 1, "image_id": 1, "category_id": 3, "bbox": [10.0, 10.0, 30.0, 30.0], "area": 900.0, "iscrowd": 0},
+        {"id": 2, "image_id": 2, "category_id": 3, "bbox": [50.0, 50.0, 30.0, 30.0], "area": 900.0, "iscrowd": 0}]}
+    evaluator = CocoEvaluator(coco_ground_truth(dataset), backend="pycocotools")
+    evaluator.update([1, 2], [
+        _detection([(3, [10.0, 10.0, 40.0, 40.0], 0.9), (3, [60.0, 0.0, 90.0, 30.0], 0.95),
+                    (3, [0.0, 60.0, 30.0, 90.0], 0.3)]),
+        _detection([(3, [50.0, 50.0, 80.0, 80.0], 0.6), (3, [0.0, 0.0, 20.0, 20.0], 0.2)])])
+    evaluation = evaluator.compute()
+    assert evaluation.best_threshold == pytest.approx(0.6)
+    fast = CocoEvaluator(coco_ground_truth(dataset), backend="faster_coco_eval")
+    fast.update([1, 2], [_detection([(3, [10.0, 10.0, 40.0, 40.0], 0.9), (3, [60.0, 0.0, 90.0, 30.0], 0.95),
+                                     (3, [0.0, 60.0, 30.0, 90.0], 0.3)]),
+                         _detection([(3, [50.0, 50.0, 80.0, 80.0], 0.6), (3, [0.0, 0.0, 20.0, 20.0], 0.2)])])
+    assert fast.compute().best_threshold == evaluation.best_threshold  # the same tables on either backend

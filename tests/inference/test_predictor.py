@@ -230,6 +230,22 @@ def test_resize_defaults_to_the_size_the_checkpoint_was_validated_at(tmp_path, t
     assert (released.min_size, released.max_size) == (800, 1333)
 
 
+def test_the_threshold_defaults_to_the_one_the_model_was_validated_with(tmp_path, tiny_model):
+    """One threshold (0.7, the authors' softmax value) for every model hid the detections of the sigmoid
+    models this project trains (issue 39, point 1): a checkpoint carries the threshold its last validation
+    found best, and the Predictor (hence every command) starts from it."""
+    ours = tmp_path / "ours.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in tiny_model.state_dict().items()},
+                "detr": {"model_config": tiny_model.config.to_dict(), "category_map": None, "score_threshold": 0.35}},
+               ours)
+    predictor = Predictor.from_checkpoint(ours, device="cpu")
+    assert (predictor.threshold, predictor.threshold_source) == (0.35, "the checkpoint's validation: best F1")
+    given = Predictor.from_checkpoint(ours, device="cpu", threshold=0.5)
+    assert (given.threshold, given.threshold_source) == (0.5, "given")
+    released = Predictor.from_checkpoint(save_official(tiny_model, tmp_path / "plain.pth"), device="cpu")
+    assert (released.threshold, released.threshold_source) == (0.7, "the authors' default")
+
+
 def test_check_finite_names_the_images_whose_outputs_are_not_finite(tiny_model) -> None:
     predictor = Predictor(tiny_model, device="cpu", min_size=64, max_size=96)
     images = [np.full((64, 80, 3), 100, np.uint8), np.full((64, 80, 3), 200, np.uint8)]

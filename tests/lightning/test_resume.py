@@ -169,3 +169,4 @@ def test_data_with_other_category_ids_than_the_checkpoint_is_refused() -> None:
     unlinked = DetrSystem(detr=TINY)  # no data linked (e.g. load_from_checkpoint): the checkpoint's map is taken
     unlinked.on_load_checkpoint(checkpoint)
     assert unlinked.category_map == trained
+

@@ -37,7 +37,7 @@ def _trainer(tmp_path, **kwargs) -> L.Trainer:
 def test_fit_logs_every_term_and_coco_stats(tmp_path, caplog) -> None:
     system = _system()
     trainer = _trainer(tmp_path, enable_checkpointing=False)
-    with caplog.at_level(logging.INFO, logger="detr.lightning.system"):
+    with caplog.at_level(logging.INFO, logger="detr.lightning.evaluation"):
         trainer.fit(system, datamodule=animal_data())
     backend = resolve_backend("auto")  # faster_coco_eval where installed
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("COCO evaluation on")]
@@ -51,6 +51,15 @@ def test_fit_logs_every_term_and_coco_stats(tmp_path, caplog) -> None:
     assert {"train/loss", "train/class_error", "val/AP"} <= set(trainer.progress_bar_metrics)
     assert system.last_evaluation is not None and system.last_evaluation.image_ids == [1, 2, 3, 4]
     assert {r["category_id"] for r in system.last_evaluation.results} <= {4, 9, 17}  # data set ids
+    # the validation's best threshold is the system's, and goes into its checkpoints (issue 39, point 1)
+    assert system.last_evaluation.best_threshold is not None
+    assert system.score_threshold == system.last_evaluation.best_threshold
+    checkpoint: dict = {}
+    system.on_save_checkpoint(checkpoint)
+    assert checkpoint["detr"]["score_threshold"] == system.score_threshold
+    restored = _system()
+    restored.on_load_checkpoint(checkpoint)
+    assert restored.score_threshold == system.score_threshold
 
 
 def test_bf16_mixed_precision_trains_with_a_float32_loss(tmp_path) -> None:

@@ -89,7 +89,7 @@ def write_attention_explorer(
     out_dir: str | Path,
     *,
     category_map: CategoryMap | None = None,
-    threshold: float = 0.7,
+    threshold: float | None = None,
     min_size: int | None = None,
     max_size: int | None = None,
     device: str | torch.device | None = None,
@@ -107,7 +107,8 @@ def write_attention_explorer(
         images: paths, PIL images, or uint8 arrays/tensors (anything :data:`detr.inference.images.ImageInput` takes).
         out_dir: created if missing; pages are named after the image files (``<stem>.html``).
         category_map: label names; default ``model.meta.category_map``, else "class <i>".
-        threshold: initial score threshold of the pages' box display (the page has a slider).
+        threshold: initial score threshold of the pages' box display (the page has a slider); None: the
+            Predictor's default (the model's validated threshold, else 0.7).
         device: where the model runs; default CUDA when available.
         errors: when given, an image that cannot be read or run (missing, undecodable, too thin to resize,
             outputs not finite) is logged, appended as ``(title, reason)`` and skipped, and the other pages
@@ -128,7 +129,7 @@ def write_attention_explorer(
     written: list[tuple[Path, dict[str, Any]]] = []
     for image, (title, stem) in zip(images, _page_names(images)):
         try:
-            data = explorer_page_data(predictor, to_rgb_array(image), title=title, threshold=threshold,
+            data = explorer_page_data(predictor, to_rgb_array(image), title=title, threshold=predictor.threshold,
                                       model_description=description)
         except Exception as error:  # one bad image must not cost the other pages
             if errors is None:
