@@ -3,6 +3,7 @@ segmentation for a panoptic model) and the :class:`AttentionMaps` that ``return_
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -193,6 +194,8 @@ class Prediction:
     error: why the image has no predictions (it could not be read, or the model's outputs for it are not
         finite); None for an image that was predicted. Every prediction command skips such an image and
         reports the reason (:func:`detr.inference.predict.predictions_from_outputs`).
+    cut_at: the score threshold its detections were selected with (None: every query kept); :meth:`above`
+        with a lower one warns that those detections are already gone.
     """
 
     boxes: Tensor
@@ -208,12 +211,20 @@ class Prediction:
     panoptic: PanopticSegmentation | None = field(default=None, repr=False)
     sampling: SamplingPoints | None = field(default=None, repr=False)
     error: str | None = None
+    cut_at: float | None = None
 
     def __len__(self) -> int:
         return int(self.scores.numel())
 
     def above(self, threshold: float) -> Prediction:
-        """The detections whose score is strictly above ``threshold`` (attention and panoptic kept as is)."""
+        """The detections whose score is strictly above ``threshold`` (attention and panoptic kept as is).
+
+        A threshold below :attr:`cut_at` cannot bring back what the prediction already left out: it warns,
+        naming how to keep them (``predict(..., threshold=...)`` or ``all_queries=True``)."""
+        if self.cut_at is not None and threshold < self.cut_at:
+            warnings.warn(f"this prediction kept only the detections above {self.cut_at:g}: above({threshold:g}) "
+                          f"finds no more; predict with threshold={threshold:g} (or all_queries=True) to see them",
+                          stacklevel=2)
         keep = self.scores > threshold
         return replace(
             self,
@@ -223,6 +234,7 @@ class Prediction:
             label_names=[name for name, k in zip(self.label_names, keep.tolist()) if k],
             query_indices=self.query_indices[keep],
             masks=None if self.masks is None else self.masks[keep],
+            cut_at=threshold if self.cut_at is None else max(threshold, self.cut_at),
         )
 
 
@@ -255,6 +267,7 @@ def select_detections(
         image_size=(int(image_size[0]), int(image_size[1])),
         file_name=file_name,
         image_id=image_id,
+        cut_at=None if threshold is None else float(threshold),
     )
 
 

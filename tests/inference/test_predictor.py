@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -256,3 +258,18 @@ def test_check_finite_names_the_images_whose_outputs_are_not_finite(tiny_model) 
     with pytest.raises(NonFiniteOutputError, match="not finite .* for 2 of 2 images") as caught:
         predictor.predict_arrays(images, threshold=0.0, check_finite=True)
     assert caught.value.indices == [0, 1]
+
+
+def test_above_a_lower_threshold_than_predict_cut_at_warns(tiny_model):
+    """The README's prediction.above(0.4) after predict (cut at 0.7) found nothing more, without a word
+    (issue 39, point 2)."""
+    image = np.zeros((64, 64, 3), np.uint8)
+    prediction = Predictor(tiny_model, device="cpu", threshold=0.7).predict(image)[0]
+    assert prediction.cut_at == 0.7
+    with pytest.warns(UserWarning, match=r"kept only the detections above 0.7: above\(0.4\) finds no more"):
+        prediction.above(0.4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert prediction.above(0.8).cut_at == 0.8  # a higher one is fine
+        everything = Predictor(tiny_model, device="cpu").predict(image, all_queries=True)[0]
+        assert everything.cut_at is None and len(everything.above(0.4)) <= len(everything)
