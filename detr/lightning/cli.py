@@ -192,9 +192,22 @@ def show_package_messages() -> None:
 def hide_library_internal_warnings() -> None:
     """Silence warnings that one library raises about another's code and that no ``detr`` user can act on:
     torch 2.14 deprecates ``LeafSpec``, which Lightning (2.6.6, the newest) still builds in its pytree
-    helper, so every ``detr fit`` printed a FutureWarning pointing into lightning/pytorch/utilities."""
+    helper, so every ``detr fit`` printed a FutureWarning pointing into lightning/pytorch/utilities; and
+    Lightning's advertisement of its hosted logger on every command."""
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)
+    # Lightning 2.6 advertises its hosted logger on every command ("💡 Tip: ... litlogger ..."): not ours to say
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger_ = logging.getLogger(name)
+        if not any(isinstance(f, _AdvertisementFilter) for f in logger_.filters):
+            logger_.addFilter(_AdvertisementFilter())
+
+
+class _AdvertisementFilter(logging.Filter):
+    """Drops Lightning's "💡 Tip" advertisements (the litlogger one on every command)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
 
 
 def main(args: list[str] | None = None, *, panoptic: bool = False) -> int:

@@ -140,3 +140,14 @@ def test_max_steps_0_is_refused_by_its_flag(tiny_shapes_root, tmp_path, monkeypa
     monkeypatch.setattr("sys.argv", ["detr"])
     with pytest.raises(ValueError, match=r"^--trainer\.max_steps must be >= 1 \(or -1: no step limit\), got 0"):
         main(tiny_fit_args(tiny_shapes_root, tmp_path / "run", "--trainer.max_steps=0"))
+
+
+def test_no_hosted_logger_advertisement(tiny_shapes_root: Path, tmp_path: Path, caplog) -> None:
+    """Lightning printed "💡 Tip: ... litlogger ..." on every command (issue 39, point 14)."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        assert main(tiny_fit_args(tiny_shapes_root, tmp_path / "run", "--trainer.max_steps=1")) == 0
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("GPU available" in message for message in messages)  # Lightning's own lines are there
+    assert not any("litlogger" in message for message in messages)
