@@ -86,8 +86,8 @@ def quiet_console(log_path: Path, console: TextIO | None = None) -> Iterator[Cal
             print(line, file=console, flush=True)
             print(line, file=log, flush=True)
 
-        streams = [(handler, handler.setStream(log)) for handler in handlers]
-        stack.callback(lambda: [handler.setStream(stream) for handler, stream in streams])
+        streams = [(handler, _swap_stream(handler, log)) for handler in handlers]
+        stack.callback(lambda: [_swap_stream(handler, stream) for handler, stream in streams])
         log_handler = logging.StreamHandler(log)
         log_handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         level = package_logger.level
@@ -102,6 +102,15 @@ def quiet_console(log_path: Path, console: TextIO | None = None) -> Iterator[Cal
         stack.enter_context(contextlib.redirect_stdout(log))
         stack.enter_context(contextlib.redirect_stderr(log))
         yield say
+
+
+def _swap_stream(handler: logging.StreamHandler, stream: TextIO | None) -> TextIO | None:
+    """``handler.setStream(stream)`` (the old stream back), also when the handler's stream is already closed
+    (a handler made for a console that is gone, e.g. a test's captured stderr): there is nothing to flush."""
+    if getattr(handler.stream, "closed", False):
+        old, handler.stream = handler.stream, stream
+        return old
+    return handler.setStream(stream)
 
 
 def choose_threads() -> int:

@@ -95,3 +95,25 @@ def test_expectation_advises_only_a_machine_too_slow_for_the_recipe() -> None:
     slow = demo.expectation(540, 1.1, 10)
     assert len(slow) == 2 and "too few for the recipe's target" in slow[1]
     assert 'DEMO_ARGS="--minutes 20"' in slow[1] and "detr-demo --minutes 20" in slow[1]  # 1,000 × 1.1 s + 5 %
+
+
+def test_quiet_console_takes_over_a_handler_whose_stream_is_closed(tmp_path) -> None:
+    """A StreamHandler left on a logger by an earlier run whose console is gone (pytest's captured stderr of
+    an earlier test) made the demo fail at its start: flushing a closed stream raised ValueError."""
+    import logging
+
+    from detr.commands.demo import quiet_console
+
+    gone = io.StringIO()
+    handler = logging.StreamHandler(gone)
+    logger = logging.getLogger("detr_test_closed_console")
+    logger.addHandler(handler)
+    gone.close()
+    try:
+        with quiet_console(tmp_path / "demo.log", console=io.StringIO()) as say:
+            say("a line")
+            logger.warning("into the log")
+        assert handler.stream is gone  # given back as it was
+        assert "into the log" in (tmp_path / "demo.log").read_text()
+    finally:
+        logger.removeHandler(handler)
