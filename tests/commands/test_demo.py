@@ -104,7 +104,7 @@ def test_quiet_console_takes_over_a_handler_whose_stream_is_closed(tmp_path) -> 
 
     from detr.commands.demo import quiet_console
 
-    gone = io.StringIO()
+    gone = io.TextIOWrapper(io.BytesIO())  # as pytest's capture: flushing it once closed raises
     handler = logging.StreamHandler(gone)
     logger = logging.getLogger("detr_test_closed_console")
     logger.addHandler(handler)
