@@ -156,6 +156,10 @@ def create_app(
         counts["requests"] += 1
         threshold = parse_threshold(request.query_params.get("threshold"), service.predictor.threshold)
         title = request.query_params.get("title") or "uploaded image"
+        if service.predictor.model.attention_kind is None:  # what this backend cannot do is a 4xx, not a 500
+            raise RequestError(400, "no_attention", f"{service.model_name} runs on {service.predictor.backend}, "
+                               "which returns no attention: the explorer needs the model's PyTorch checkpoint "
+                               "(detr-serve --checkpoint <the .ckpt or .pth it was exported from>)")
         pixels = await decoded_image(request)
         page = await batcher.run_exclusive(lambda: service.explorer_page(pixels, title=title, threshold=threshold))
         return HTMLResponse(page)

@@ -24,7 +24,7 @@ from PIL import Image
 from detr import build_detr
 from detr.checkpoints import save_checkpoint
 from detr.inference.predictor import Predictor
-from tests.helpers import randomise, read_sampling_page, tiny_config_with
+from tests.helpers import load_script, randomise, read_sampling_page, tiny_config_with
 from tests.serving.helpers import MAX_BODY_MB, THRESHOLD, spread_out_model
 
 PHOTOS = Path(__file__).resolve().parents[2] / "data" / "photos"
@@ -273,3 +273,16 @@ def test_a_deformable_model_serves_its_explorer_page(tmp_path, load_tools) -> No
     pixels = data["sampling"]["points"] * np.array([width, height])
     assert np.abs(pixels - expected.sampling.points.numpy()).max() <= 0.5 / 16384 * width + 1e-3
     assert status == 200 and len(predicted["detections"]) == 10
+
+
+def test_explore_on_an_onnx_model_is_a_4xx_that_names_the_fix(checkpoint, tmp_path, load_tools) -> None:
+    """/explore on an .onnx model answered 500 model_output (issue 39, point 15): ONNX Runtime returns no
+    attention, so the request is refused as one the backend cannot serve; /predict still works."""
+    onnx_path = tmp_path / "tiny.onnx"
+    assert load_script("tools/export.py").main([str(checkpoint), "--out", str(onnx_path)]) == 0
+    photo = (PHOTOS / "chelsea.png").read_bytes()
+    with load_tools.running_server(onnx_path, tmp_path / "server.log", threads=1) as server:
+        status, response = post(server.url + "/explore", photo)
+        assert (status, response["error"]) == (400, "no_attention"), response
+        assert "PyTorch checkpoint" in response["detail"]
+        assert post(server.url + "/predict", photo)[0] == 200
