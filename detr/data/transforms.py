@@ -80,12 +80,8 @@ class ShortestSideResize(A.DualTransform):
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         height, width = params["shape"][:2]
         size = self.py_random.choice(self.sizes)
-        target_shape = resize_shape(height, width, size, self.max_size)
-        if min(target_shape) < 1:  # else OpenCV's bare "inv_scale_x > 0", which names neither image nor size
-            raise ValueError(f"a {width}×{height} image is too thin to resize: with the long side at most "
-                             f"{self.max_size} px its short side would be 0 px; crop or pad it to a less extreme "
-                             f"aspect ratio")
-        return {"target_shape": target_shape}
+        # the authors' rounding (resize_shape), refusing an image so thin that a side would be 0 px
+        return {"target_shape": InputSpec(size=size, max_size=self.max_size).resized_shape(height, width)}
 
     def apply(self, img: np.ndarray, target_shape: tuple[int, int], **params: Any) -> np.ndarray:
         return fgeometric.resize(img, target_shape, interpolation=self.interpolation)

@@ -22,10 +22,6 @@ def distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def is_rank_zero() -> bool:
-    return not distributed() or dist.get_rank() == 0
-
-
 def gather_to_rank_zero(value: Any) -> list[Any] | None:
     """Every process's ``value`` on rank 0, in rank order; None on the other ranks; ``[value]`` alone."""
     if not distributed():

@@ -147,9 +147,6 @@ def learning_rate_schedulers(
     return schedulers
 
 
-__all__ = ["LinearDecayToZero", "decay_factor", "learning_rate_schedulers", "resume_schedule", "schedule_factor"]
-
-
 def follow_this_runs_settings(trainer: L.Trainer, base_rates: dict[str, float], decay_fraction: float) -> None:
     """At the start of training: a resumed run's schedule follows this run's settings.
 
@@ -186,3 +183,7 @@ def follow_this_runs_settings(trainer: L.Trainer, base_rates: dict[str, float], 
 
 def _rates(rates: list[float]) -> str:
     return "[" + ", ".join(f"{rate:.3g}" for rate in rates) + "]"
+
+
+__all__ = ["LinearDecayToZero", "decay_factor", "follow_this_runs_settings", "learning_rate_schedulers",
+           "resume_schedule", "schedule_factor"]

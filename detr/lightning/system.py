@@ -428,14 +428,13 @@ class DetrSystem(L.LightningModule):
         save_rng_states(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        meta = checkpoint.get("detr") or {}
+        saved = ModelMeta.from_dict(checkpoint.get("detr") or {})
         self._check_same_model(checkpoint)
-        if meta.get("category_map"):
-            saved = CategoryMap.from_dict(meta["category_map"])
-            self._check_same_categories(saved)
-            self.category_map = saved
-        if meta.get("score_threshold") is not None:
-            self.score_threshold = float(meta["score_threshold"])
+        if saved.category_map is not None:
+            self._check_same_categories(saved.category_map)
+            self.category_map = saved.category_map
+        if saved.score_threshold is not None:
+            self.score_threshold = saved.score_threshold
         if self._trainer is not None and self.trainer.state.fn == "fit":
             # Restored now, before the fit loop creates the training dataloader's iterator (it draws the
             # shuffling seed); Lightning runs the sanity check in between under isolate_rng.

@@ -104,12 +104,22 @@ class InputSpec:
         return dataclasses.replace(self, **changes)
 
     def resized_shape(self, height: int, width: int) -> tuple[int, int]:
-        """(height, width) an image of ``height`` × ``width`` pixels is resized to."""
+        """(height, width) an image of ``height`` × ``width`` pixels is resized to.
+
+        Raises:
+            ValueError: the image is so thin that a side would be 0 px (OpenCV would fail with a message that
+                names neither the image nor the size).
+        """
         if self.resize == "square":
             if height < 1 or width < 1:
                 raise ValueError(f"image size must be positive, got height={height}, width={width}")
             return self.size, self.size
-        return resize_shape(height, width, self.size, self.max_size)
+        shape = resize_shape(height, width, self.size, self.max_size)
+        if min(shape) < 1:
+            raise ValueError(f"a {width}×{height} image is too thin to resize: with the long side at most "
+                             f"{self.max_size} px its short side would be 0 px; crop or pad it to a less extreme "
+                             "aspect ratio")
+        return shape
 
     def normalize(self, image: np.ndarray | torch.Tensor) -> torch.Tensor:
         """uint8 RGB [H, W, 3] (array or tensor) → float32 [3, H, W]: ``(pixel - 255 mean) / (255 std)`` in
@@ -133,10 +143,6 @@ class InputSpec:
 
         height, width = int(image.shape[0]), int(image.shape[1])
         target = self.resized_shape(height, width)
-        if min(target) < 1:
-            raise ValueError(f"a {width}×{height} image is too thin to resize: with the long side at most "
-                             f"{self.max_size} px its short side would be 0 px; crop or pad it to a less extreme "
-                             "aspect ratio")
         if target != (height, width):
             image = cv2.resize(np.ascontiguousarray(image), (target[1], target[0]), interpolation=cv2.INTER_LINEAR)
         return self.normalize(image)

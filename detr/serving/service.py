@@ -63,12 +63,9 @@ class DetectionService:
         self.predictor.check_task(task)
 
     def check_image(self, pixels: np.ndarray) -> None:
-        """Raise ``ValueError`` when the eval resize cannot take the image (so thin that a side would be 0 px)."""
-        height, width = pixels.shape[:2]
-        if min(self.predictor.input_spec.resized_shape(height, width)) < 1:
-            raise ValueError(f"a {width}×{height} image is too thin for the model's resize (shortest side "
-                             f"{self.predictor.min_size}, longest at most {self.predictor.max_size} px): its short "
-                             "side would be 0 px; crop or pad it to a less extreme aspect ratio")
+        """Raise ``ValueError`` when the eval resize cannot take the image (so thin that a side would be 0 px:
+        :meth:`detr.models.inputs.InputSpec.resized_shape`)."""
+        self.predictor.input_spec.resized_shape(*pixels.shape[:2])
 
     def run_batch(self, jobs: Sequence[Job]) -> list[dict[str, Any] | Exception]:
         """One JSON response (:func:`prediction_json`) per job, or the exception that failed it."""

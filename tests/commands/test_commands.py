@@ -71,7 +71,7 @@ def test_demo_outside_a_clone_names_the_missing_config(tmp_path: Path, capsys) -
 
 def test_the_huggingface_extra_installs_what_loading_a_converted_directory_needs() -> None:
     """`pip install .[huggingface]` then transformers' from_pretrained on a detr-convert directory failed: the
-    extra had safetensors only, not transformers and the timm backbone it builds (issue 39, point 15)."""
+    extra had safetensors only, not transformers and the timm backbone it builds."""
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     names = {requirement.split(">")[0].split("=")[0].strip() for requirement in extras["huggingface"]}
     assert {"safetensors", "transformers", "timm"} <= names

@@ -1,5 +1,5 @@
-"""Expected errors as one line (issue 39, point 11; detr.inference.command_line.one_line_errors): a command given a checkpoint that does not exist prints
-one ``error:`` line naming the file and exits 2; DETR_DEBUG=1 shows the traceback."""
+"""Expected errors as one line (detr.inference.command_line.one_line_errors): a command given a checkpoint that
+does not exist prints one ``error:`` line naming the file and exits 2; DETR_DEBUG=1 shows the traceback."""
 
 from __future__ import annotations
 

@@ -492,7 +492,7 @@ def test_segm_needs_categories_and_takes_ground_truth_only_without_coco_gt() -> 
 
 
 def test_the_best_f1_threshold_from_the_accumulated_tables() -> None:
-    """CocoEvaluation.best_threshold (a model's own default threshold, issue 39, point 1): one class, two
+    """CocoEvaluation.best_threshold (a model's own default threshold): one class, two
     objects found at scores 0.9 and 0.6, false positives at 0.95 and 0.3 / 0.2 (the low ones after the last
     hit). Above 0.9 only a false positive: F1 0; 0.6 < t <= 0.9: one hit of two with the 0.95 false
     positive (F1 0.5); t <= 0.6: both hits (F1 0.8 with the interpolated precision 2/3): 0.6 is best and

@@ -160,7 +160,7 @@ def test_a_later_predict_run_into_a_used_out_is_refused_without_overwrite(tmp_pa
 
 def test_an_out_folder_that_holds_the_inputs_is_refused(tmp_path, image_folder, checkpoint, capsys):
     """detr-predict photos/ --out photos/ wrote its drawing b.jpg over the input b.jpg (exit 0), and a later
-    --overwrite deleted the inputs (issue 40, BAD 1)."""
+    --overwrite deleted the inputs."""
     before = {path.name: path.read_bytes() for path in image_folder.iterdir()}
     with pytest.raises(SystemExit) as refusal:
         _predict([image_folder], checkpoint, image_folder, "--overwrite")

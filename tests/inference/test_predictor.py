@@ -234,7 +234,7 @@ def test_resize_defaults_to_the_size_the_checkpoint_was_validated_at(tmp_path, t
 
 def test_the_threshold_defaults_to_the_one_the_model_was_validated_with(tmp_path, tiny_model):
     """One threshold (0.7, the authors' softmax value) for every model hid the detections of the sigmoid
-    models this project trains (issue 39, point 1): a checkpoint carries the threshold its last validation
+    models this project trains: a checkpoint carries the threshold its last validation
     found best, and the Predictor (hence every command) starts from it."""
     ours = tmp_path / "ours.ckpt"
     torch.save({"state_dict": {f"model.{k}": v for k, v in tiny_model.state_dict().items()},
@@ -261,8 +261,7 @@ def test_check_finite_names_the_images_whose_outputs_are_not_finite(tiny_model) 
 
 
 def test_above_a_lower_threshold_than_predict_cut_at_warns(tiny_model):
-    """The README's prediction.above(0.4) after predict (cut at 0.7) found nothing more, without a word
-    (issue 39, point 2)."""
+    """prediction.above(0.4) after predict (cut at 0.7) found nothing more, without a word."""
     image = np.zeros((64, 64, 3), np.uint8)
     prediction = Predictor(tiny_model, device="cpu", threshold=0.7).predict(image)[0]
     assert prediction.cut_at == 0.7

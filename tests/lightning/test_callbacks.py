@@ -194,7 +194,7 @@ def test_two_runs_of_one_step_count_train_with_the_same_learning_rates(tmp_path)
 
 
 def test_an_explicit_max_steps_is_honoured_over_the_budget(tmp_path) -> None:
-    """The demo config's budget stopped a --trainer.max_steps 500 run at step 330 (issue 39, point 4): the
+    """The demo config's budget stopped a --trainer.max_steps 500 run at step 330: the
     trainer's max_steps is the user's word, the clock does not cut it short."""
     budget = TimeBudget(max_train_seconds=8, time_tolerance=0.0)
     trainer, model = _timed_fit(tmp_path / "exact", budget, max_steps=20, decay_fraction=0.5)
@@ -231,7 +231,7 @@ def test_resumed_run_continues_the_budget_and_its_step_count(tmp_path) -> None:
 
 def test_a_finished_budget_run_resumed_with_more_steps_keeps_learning(tmp_path) -> None:
     """A resume of a finished 20 s run with --trainer.max_steps 30 trained exactly one step, the budget being
-    spent (issue 39, point 4); the README says a resume with a larger max_steps keeps learning."""
+    spent; the README says a resume with a larger max_steps keeps learning."""
     saver = ModelCheckpoint(dirpath=tmp_path, filename="end", save_last=False, every_n_train_steps=20, save_top_k=-1)
     first = TimeBudget(max_train_seconds=20)
     trainer, _ = _timed_fit(tmp_path / "first", first, decay_fraction=0.5, callbacks=[saver])

@@ -143,7 +143,7 @@ def test_max_steps_0_is_refused_by_its_flag(tiny_shapes_root, tmp_path, monkeypa
 
 
 def test_no_hosted_logger_advertisement(tiny_shapes_root: Path, tmp_path: Path, caplog) -> None:
-    """Lightning printed "💡 Tip: ... litlogger ..." on every command (issue 39, point 14)."""
+    """Lightning printed "💡 Tip: ... litlogger ..." on every command, an advertisement no detr user asked for."""
     import logging
 
     with caplog.at_level(logging.INFO):

@@ -139,7 +139,7 @@ def test_resuming_with_another_model_shape_names_the_options_and_the_fix(tiny_sh
 
 def test_a_fine_tuned_run_resumes_and_validates_after_its_source_moved(tiny_shapes_root, tmp_path) -> None:
     """``--ckpt_path`` holds every weight: a run fine-tuned from init_checkpoint resumes and validates once that
-    file is gone (it failed, naming the moved file, not the one passed; issue 39, point 5)."""
+    file is gone (it failed, naming the moved file, not the one passed)."""
     main(tiny_fit_args(tiny_shapes_root, tmp_path / "source", "--trainer.max_steps=2"))
     source = tmp_path / "source.ckpt"
     (tmp_path / "source" / "checkpoints" / "last.ckpt").rename(source)
@@ -155,7 +155,7 @@ def test_a_fine_tuned_run_resumes_and_validates_after_its_source_moved(tiny_shap
 
 def test_data_with_other_category_ids_than_the_checkpoint_is_refused() -> None:
     """A resume, detr validate or detr test on data whose category ids differ from the checkpoint's ran
-    silently at AP 0 and kept the old map (issue 40, BAD 4)."""
+    silently at AP 0 and kept the old map."""
     from detr.categories import CategoryMap
 
     trained = CategoryMap((1, 2, 3), ("a", "b", "c"))

@@ -51,7 +51,7 @@ def test_fit_logs_every_term_and_coco_stats(tmp_path, caplog) -> None:
     assert {"train/loss", "train/class_error", "val/AP"} <= set(trainer.progress_bar_metrics)
     assert system.last_evaluation is not None and system.last_evaluation.image_ids == [1, 2, 3, 4]
     assert {r["category_id"] for r in system.last_evaluation.results} <= {4, 9, 17}  # data set ids
-    # the validation's best threshold is the system's, and goes into its checkpoints (issue 39, point 1)
+    # the validation's best threshold is the system's, and goes into its checkpoints: the commands' default
     assert system.last_evaluation.best_threshold is not None
     assert system.score_threshold == system.last_evaluation.best_threshold
     checkpoint: dict = {}

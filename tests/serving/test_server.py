@@ -276,7 +276,7 @@ def test_a_deformable_model_serves_its_explorer_page(tmp_path, load_tools) -> No
 
 
 def test_explore_on_an_onnx_model_is_a_4xx_that_names_the_fix(checkpoint, tmp_path, load_tools) -> None:
-    """/explore on an .onnx model answered 500 model_output (issue 39, point 15): ONNX Runtime returns no
+    """/explore on an .onnx model answered 500 model_output: ONNX Runtime returns no
     attention, so the request is refused as one the backend cannot serve; /predict still works."""
     onnx_path = tmp_path / "tiny.onnx"
     assert load_script("tools/export.py").main([str(checkpoint), "--out", str(onnx_path)]) == 0
