@@ -80,7 +80,10 @@ def test_export_tool_writes_a_verified_file_with_metadata(tiny_export, tiny_mode
     assert [o.name for o in detector.session.get_outputs()] == ["pred_logits", "pred_boxes"]
 
 
-@pytest.mark.parametrize("sizes", [[(70, 100)], [(96, 128), (64, 200), (130, 66)], [(257, 33)]])
+# (100, 150) + (140, 90): a 140 × 150 batch whose 5 × 5 feature map ONNX Resize would mask one column wider than
+# F.interpolate does (the backbones now pick the mask's columns by index)
+@pytest.mark.parametrize("sizes", [[(70, 100)], [(96, 128), (64, 200), (130, 66)], [(257, 33)],
+                                   [(100, 150), (140, 90)]])
 def test_one_file_serves_every_batch_and_image_size(tiny_export, tiny_model_loaded, sizes):
     torch.manual_seed(len(sizes))
     images, mask = padded([torch.randn(3, h, w) for h, w in sizes])
