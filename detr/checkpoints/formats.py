@@ -300,7 +300,7 @@ def read_torch_file(path: Path) -> CheckpointContents:
         prefix = "model."
         state_dict = {k[len(prefix):]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
         try:
-            config = (DetrConfig.from_dict(record["model_config"], where=f"checkpoint['detr']['model_config']")
+            config = (DetrConfig.from_dict(record["model_config"], where="checkpoint['detr']['model_config']")
                       if record.get("model_config") else None)
             meta = ModelMeta.from_dict(record)
         except (ValueError, TypeError, KeyError) as error:

@@ -1,10 +1,11 @@
-"""Export a DETR checkpoint to ONNX (or a torch.export .pt2 program) and verify the file.
+"""Export a DETR checkpoint to ONNX, OpenVINO or a torch.export .pt2 program, and verify the file.
 
     detr-export detr-r50-e632da11.pth --format onnx --out detr-r50.onnx
     detr-export last.ckpt --postprocess --out detector.onnx   # scores, labels, pixel boxes in the graph
+    detr-export last.ckpt --format openvino --out detector.xml  # OpenVINO IR (+ detector.bin), fp32, CPU
 
 CHECKPOINT is anything detr.load_checkpoint reads. Batch, height and width are dynamic. The file is run
-(ONNX Runtime for .onnx) on a padded batch of two sizes and on one image of a third size and compared with
+(ONNX Runtime for .onnx, OpenVINO for .xml) on a padded batch of two sizes and on one image of a third size and compared with
 the PyTorch model; the differences are printed. If they exceed the tolerance the file is renamed to
 OUT.failed and the exit status is 1. Run the .onnx with: detr-predict IMAGES --checkpoint OUT.
 """
@@ -16,7 +17,7 @@ import logging
 import sys
 
 from detr.checkpoints import load_checkpoint
-from detr.checkpoints.export import export
+from detr.checkpoints.export import FORMAT_SUFFIXES, export
 from detr.checkpoints.formats import ExportError
 from detr.inference.command_line import one_line_errors
 
@@ -25,15 +26,17 @@ from detr.inference.command_line import one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="released .pth, state dict or this project's .ckpt")
-    parser.add_argument("--out", required=True, help="output file (.onnx or .pt2)")
-    parser.add_argument("--format", choices=("onnx", "pt2"), default="onnx",
-                        help="onnx (ONNX Runtime) or pt2 (torch.export program; torch.export.load)")
+    parser.add_argument("--out", required=True, help="output file (.onnx, .xml or .pt2)")
+    parser.add_argument("--format", choices=tuple(FORMAT_SUFFIXES), default="onnx",
+                        help="onnx (ONNX Runtime), openvino (an OpenVINO IR: .xml and its .bin, run on the CPU) or "
+                             "pt2 (torch.export program; torch.export.load)")
     parser.add_argument("--postprocess", action="store_true",
                         help="put the post-processing in the graph: input orig_sizes [B, 2] (h, w); outputs "
                              "scores, labels, boxes (pixel xyxy)")
     args = parser.parse_args(argv)
-    if not args.out.endswith(f".{args.format}"):  # the predictor chooses its backend by the suffix
-        parser.error(f"--out must end in .{args.format} for --format {args.format}, got {args.out}")
+    suffix = FORMAT_SUFFIXES[args.format]
+    if not args.out.endswith(suffix):  # the predictor chooses its backend by the suffix
+        parser.error(f"--out must end in {suffix} for --format {args.format}, got {args.out}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     model = load_checkpoint(args.checkpoint)
     try:

@@ -15,13 +15,13 @@ import yaml
 from detr import CategoryMap, PostProcess, build_detr, build_detr_panoptic, load_checkpoint
 from detr.checkpoints.export import DeployModel, export, export_onnx, load_program, prepare_for_export
 from detr.checkpoints.formats import CheckpointError, ExportError
-from tests.helpers import TINY, load_script
+from tests.helpers import TINY, load_script, padded, save_project_checkpoint
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxscript")
 ort = pytest.importorskip("onnxruntime")
 
-from detr.checkpoints.onnx import OnnxDetector, read_onnx_metadata  # noqa: E402
+from detr.checkpoints.onnx import OnnxDetector, read_onnx_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 PHOTOS = ROOT / "data" / "photos"
@@ -29,33 +29,12 @@ CATEGORIES = CategoryMap((1, 3, 5, 7, 9), ("circle", "square", "triangle", "star
 EVAL_SIZE = (160, 240)  # small eval resize, recorded in the checkpoint and carried into the ONNX metadata
 
 
-def save_project_checkpoint(model, path: Path, eval_size=EVAL_SIZE, category_map=CATEGORIES) -> Path:
-    """This project's Lightning checkpoint layout (what detr.load_checkpoint reads back with config,
-    category map and eval size)."""
-    torch.save({
-        "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
-        "detr": {"model_config": model.config.to_dict(), "category_map": category_map.to_dict()},
-        "datamodule_hyper_parameters": {"eval_min_size": eval_size[0], "eval_max_size": eval_size[1]},
-    }, path)
-    return path
-
-
-def padded(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    height, width = max(i.shape[1] for i in images), max(i.shape[2] for i in images)
-    batch = torch.zeros(len(images), 3, height, width)
-    mask = torch.ones(len(images), height, width, dtype=torch.bool)
-    for index, image in enumerate(images):
-        batch[index, :, : image.shape[1], : image.shape[2]] = image
-        mask[index, : image.shape[1], : image.shape[2]] = False
-    return batch, mask
-
-
 @pytest.fixture(scope="module")
 def tiny_export(tmp_path_factory):
     """The tiny model as a project checkpoint, exported to ONNX once by tools/export.py (verified there)."""
     folder = tmp_path_factory.mktemp("export")
     torch.manual_seed(0)
-    checkpoint = save_project_checkpoint(build_detr(TINY, dropout=0.0), folder / "tiny.ckpt")
+    checkpoint = save_project_checkpoint(build_detr(TINY, dropout=0.0), folder / "tiny.ckpt", EVAL_SIZE, CATEGORIES)
     onnx_path = folder / "tiny.onnx"
     assert load_script("tools/export.py").main([str(checkpoint), "--out", str(onnx_path)]) == 0
     return checkpoint, onnx_path
@@ -164,7 +143,7 @@ def test_a_corrupt_onnx_file_is_named_with_the_fix(tiny_export, tmp_path, capsys
 
 def test_verification_rejects_a_file_that_does_not_match(tiny_export, tmp_path, monkeypatch, capsys):
     torch.manual_seed(5)  # same architecture, other weights: the tiny file is wrong for it
-    other = save_project_checkpoint(build_detr(TINY, dropout=0.0), tmp_path / "other.ckpt")
+    other = save_project_checkpoint(build_detr(TINY, dropout=0.0), tmp_path / "other.ckpt", EVAL_SIZE, CATEGORIES)
     monkeypatch.setattr("detr.checkpoints.export.export_onnx",
                         lambda model, path, **kwargs: Path(path).write_bytes(tiny_export[1].read_bytes()))
     out = tmp_path / "other.onnx"
