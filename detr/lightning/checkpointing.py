@@ -103,7 +103,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, path: Any, map_location: Callable | None = lambda storage, loc: storage, weights_only: bool | None = None
     ) -> dict[str, Any]:
         try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except FileNotFoundError as error:
             raise CheckpointError(f"checkpoint file {path} does not exist") from error
         except Exception as error:  # EOFError, UnpicklingError, RuntimeError, KeyError ... by how the file is broken
@@ -113,6 +113,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 "truncated or not a checkpoint; resume from another one (the best-model checkpoints beside it) "
                 "or start over"
             ) from error
+        if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
+            # a weights file (the authors' .pth, a state dict): Lightning failed on it with a bare KeyError
+            raise CheckpointError(
+                f"{path} holds weights only, not a training run's state (step, optimizer, schedule): --ckpt_path "
+                f"takes a checkpoint that detr fit wrote (its checkpoints/last.ckpt). To start from these weights, "
+                f"pass --model.init_checkpoint {path} instead")
+        return checkpoint
 
 
 def use_atomic_checkpoint_io(trainer: L.Trainer) -> None:

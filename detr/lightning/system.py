@@ -439,6 +439,7 @@ class DetrSystem(L.LightningModule):
         if saved.score_threshold is not None:
             self.score_threshold = saved.score_threshold
         if self._trainer is not None and self.trainer.state.fn == "fit":
+            _check_steps_left(checkpoint, self.trainer)
             # Restored now, before the fit loop creates the training dataloader's iterator (it draws the
             # shuffling seed); Lightning runs the sanity check in between under isolate_rng.
             restore_rng_states(checkpoint, self.trainer)
@@ -491,6 +492,19 @@ class DetrSystem(L.LightningModule):
             "annotation json) to resume it, or start a new run in another folder that fine-tunes its weights "
             f"with --model.init_checkpoint {path} (tensors whose shape differs then start fresh)"
         )
+
+
+def _check_steps_left(checkpoint: dict[str, Any], trainer: L.Trainer) -> None:
+    """Raise :class:`CheckpointError` when a resumed fit's ``max_steps`` lies below the checkpoint's step:
+    Lightning then ended the run at once, training nothing and saying nothing. (At the step itself the run is
+    finished, as a requeued job finds it: that stays a quiet no-op.)"""
+    step = int(checkpoint.get("global_step", 0))
+    if 0 <= trainer.max_steps < step:
+        path = trainer.ckpt_path or "<checkpoint>"
+        raise CheckpointError(
+            f"checkpoint {path} is at step {step} already and --trainer.max_steps is {trainer.max_steps}: this run "
+            f"would train nothing. Give a larger --trainer.max_steps to train on (e.g. {2 * step}), or evaluate the "
+            f"checkpoint with detr validate --ckpt_path {path}")
 
 
 def _no_training_steps(trainer: L.Trainer) -> str:

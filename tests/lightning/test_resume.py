@@ -226,3 +226,26 @@ def test_an_unchanged_schedule_keeps_the_checkpoints_states() -> None:
                                            decay_fraction=0.3, global_step=7)
     assert changes == ["warmup_steps 5 (checkpoint) -> 0"]
     assert states[0] is saved[0] and states[1] is saved[2]  # the warm-up's state is not loaded into the decay
+
+
+@pytest.mark.usefixtures("bare_argv")
+def test_a_resume_below_the_checkpoints_step_or_from_a_weights_file_names_the_fix(tiny_shapes_root, tmp_path) -> None:
+    """A --trainer.max_steps below the checkpoint's step trained nothing without a word; --ckpt_path to a weights
+    file ended in Lightning's KeyError: 'pytorch-lightning_version'. Neither touches the checkpoint."""
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4"))
+    last = out / "checkpoints" / "last.ckpt"
+    saved = last.read_bytes()
+    with pytest.raises(CheckpointError) as refusal:
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2", f"--ckpt_path={last}"))
+    message = str(refusal.value)
+    assert "at step 4 already and --trainer.max_steps is 2" in message and "train nothing" in message
+    assert f"detr validate --ckpt_path {last}" in message
+    assert last.read_bytes() == saved
+
+    weights = tmp_path / "weights.pth"
+    torch.save({"model": {k.removeprefix("model."): v for k, v in _weights(last).items()}}, weights)
+    with pytest.raises(CheckpointError) as refusal:
+        main(tiny_fit_args(tiny_shapes_root, tmp_path / "new", "--trainer.max_steps=2", f"--ckpt_path={weights}"))
+    assert "holds weights only" in str(refusal.value)
+    assert f"--model.init_checkpoint {weights}" in str(refusal.value)
