@@ -359,16 +359,23 @@ def _category_map(config: dict[str, Any], num_classes: int, config_path: Path) -
 
 
 def _eval_size(directory: Path) -> tuple[int, int] | None:
-    """(shortest side, longest-side cap) from preprocessor_config.json, if there is one."""
+    """(shortest side, longest-side cap) from preprocessor_config.json; None, with a warning that names the
+    size used instead (the authors' 800 / 1333), when the file is missing or states no such size: a model
+    trained at 512 px silently predicted at 800."""
     path = directory / "preprocessor_config.json"
-    if not path.is_file():
-        return None
-    config = _read_json(path)
-    size = config.get("size")
-    if isinstance(size, dict) and "shortest_edge" in size and "longest_edge" in size:
-        return int(size["shortest_edge"]), int(size["longest_edge"])
-    if isinstance(size, int) and isinstance(config.get("max_size"), int):  # older processors
-        return size, int(config["max_size"])
+    if path.is_file():
+        config = _read_json(path)
+        size = config.get("size")
+        if isinstance(size, dict) and "shortest_edge" in size and "longest_edge" in size:
+            return int(size["shortest_edge"]), int(size["longest_edge"])
+        if isinstance(size, int) and isinstance(config.get("max_size"), int):  # older processors
+            return size, int(config["max_size"])
+        why = f"{path} states no size (shortest_edge and longest_edge)"
+    else:
+        why = f"{directory} has no preprocessor_config.json"
+    logger.warning("%s: images are resized as the authors' (shortest side %d px, longest at most %d). If the model "
+                   "was trained at another size, pass it (--min-size/--max-size; the Predictor's min_size/max_size) "
+                   "or add the file", why, *AUTHORS_EVAL_SIZE)
     return None
 
 

@@ -298,3 +298,19 @@ def test_weights_with_fewer_layers_than_config_json_states_are_refused(tmp_path)
     safetensors_torch.save_file(cut, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"config\.json states decoder_layers=2 but .* hold 1 decoder layer"):
         detr.load_checkpoint(tmp_path)
+
+
+def test_a_directory_without_its_preprocessor_config_says_which_size_it_predicts_at(tmp_path, caplog):
+    """Without preprocessor_config.json the resize fell back to 800 / 1333 without a word (a model trained at
+    128 px then predicted at 800)."""
+    model = _our_model()
+    model.meta = ModelMeta(eval_size=(128, 160))
+    save_pretrained(model, tmp_path)
+    with caplog.at_level("WARNING", logger="detr.checkpoints.huggingface"):
+        assert detr.load_checkpoint(tmp_path).meta.eval_size == (128, 160)
+    assert "preprocessor_config" not in caplog.text
+    (tmp_path / "preprocessor_config.json").unlink()
+    with caplog.at_level("WARNING", logger="detr.checkpoints.huggingface"):
+        assert detr.load_checkpoint(tmp_path).meta.eval_size is None
+    assert f"{tmp_path} has no preprocessor_config.json" in caplog.text
+    assert "shortest side 800 px, longest at most 1333" in caplog.text and "--min-size" in caplog.text
