@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,12 @@ def torch_load(path: Path) -> Any:
         pointer = " (a Git LFS pointer: run `git lfs pull`)" if head.startswith(b"version https://git-lfs") else ""
         raise CheckpointError(f"{path} is not a checkpoint torch can read: it starts with {head[:32]!r}{pointer}; pass "
                               "a .pth/.ckpt file written by torch.save")
+    if head.startswith(b"PK\x03\x04") and _is_exported_program(path):
+        raise CheckpointError(
+            f"{path} is a torch.export program (a .pt2 file, as detr-export --format pt2 writes it): a traced graph "
+            "for deployment, not weights to build a model from. Predict with the checkpoint it was exported from, "
+            "or export that one with --format onnx (detr-predict and detr-serve run .onnx files); in Python, "
+            f"detr.checkpoints.export.load_program('{path}') runs it")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -66,6 +73,18 @@ def torch_load(path: Path) -> Any:
             f"{path} is not a checkpoint torch can read ({type(error).__name__}: {error}); pass a .pth/.ckpt file "
             "written by torch.save (a truncated download or a text file such as a Git LFS pointer?)"
         ) from error
+
+
+def _is_exported_program(path: Path) -> bool:
+    """Whether ``path`` is a torch.export archive (``torch.export.save``: ``<name>/archive_format`` and
+    ``<name>/models/*.json``, no ``data.pkl``), which ``torch.load`` calls "probably corrupted"."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return (any(name.endswith("/archive_format") for name in names)
+            and any("/models/" in name for name in names) and not any(name.endswith("/data.pkl") for name in names))
 
 
 def is_state_dict(obj: Any) -> bool:

@@ -233,6 +233,21 @@ def test_softmax_postprocess_graph_and_pt2_program_match(tmp_path):
         torch.testing.assert_close(boxes[index], result["boxes"], atol=0.01, rtol=0)
 
 
+def test_a_pt2_program_given_as_a_checkpoint_is_named_with_the_fix(tmp_path, capsys):
+    """detr-predict on the .pt2 that detr-export wrote said the file was "probably corrupted" (torch.load's
+    words for an archive without data.pkl)."""
+    from detr.checkpoints.export import export_program
+
+    program = export_program(build_detr(TINY, dropout=0.0).eval(), tmp_path / "tiny.pt2")
+    with pytest.raises(CheckpointError, match=r"tiny\.pt2 is a torch\.export program") as refusal:
+        load_checkpoint(program)
+    assert "--format onnx" in str(refusal.value) and "corrupted" not in str(refusal.value)
+    status = load_script("tools/predict.py").main([str(PHOTOS / "chelsea.png"), "--checkpoint", str(program),
+                                                   "--out", str(tmp_path / "out"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert status != 0 and "torch.export program" in err and "Traceback" not in err
+
+
 def test_what_cannot_export_is_a_clear_error(tmp_path):
     with pytest.raises(ExportError, match="only a detr Detector exports"):
         export_onnx(torch.nn.Linear(2, 2), tmp_path / "linear.onnx")
