@@ -169,3 +169,31 @@ def test_an_out_folder_that_holds_the_inputs_is_refused(tmp_path, image_folder, 
     # a folder above the inputs is fine: the drawings go beside the inputs' folder, not into it
     assert _predict([image_folder / "a.png"], checkpoint, image_folder.parent) == 0
     assert (image_folder.parent / "a.jpg").exists() and (image_folder / "a.png").read_bytes() == before["a.png"]
+
+
+def test_sigterm_stops_detr_predict_as_ctrl_c_does(tmp_path, image_folder, checkpoint):
+    """SIGTERM (a scheduler's stop, `kill`) ended detr-predict at once: no predictions.json for the images done
+    and a run.lock left behind. The process here sends itself SIGTERM once the first image is predicted."""
+    script = (
+        "import os, signal, sys\n"
+        "from detr.commands import predict\n"
+        "def progress(batches, **_):\n"
+        "    for number, batch in enumerate(batches):\n"
+        "        if number == 1:\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        yield batch\n"
+        "predict.tqdm = progress\n"
+        "sys.exit(predict.main(sys.argv[1:]))\n"
+    )
+    out = tmp_path / "out"
+    inputs = [image_folder / "a.png", image_folder / "b.jpg", image_folder / "a.png"]
+    arguments = [*map(str, inputs), "--checkpoint", str(checkpoint), "--out", str(out), "--threshold", "0.0",
+                 "--device", "cpu", "--min-size", "64", "--max-size", "100"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", script, *arguments], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert "SIGTERM: stopped" in done.stderr and "Traceback" not in done.stderr
+    written = json.loads((out / "predictions.json").read_text())
+    assert {entry["file_name"] for entry in written} == {"a.png"}  # the image done before the signal
+    assert not (out / "run.lock").exists()
