@@ -21,6 +21,7 @@ import argparse
 import logging
 import sys
 from functools import partial
+from pathlib import Path
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -102,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{'SIGTERM' if isinstance(stop, Terminated) else 'Ctrl-C'}: stopped; the images predicted so far "
               f"are in {args.out}/predictions.json", file=sys.stderr)
         return interrupted_status(stop)
+    except OSError as error:  # a full disk, a folder that became read-only: what was done is kept, the cause named
+        saved = Path(args.out) / "predictions.json"
+        kept = (f"{saved} holds the images predicted before it" if saved.is_file() else
+                f"{saved} could not be written either")
+        where = f" writing {error.filename}" if error.filename else ""
+        print(f"error: {error.strerror or error}{where}: the run stopped there; {kept}", file=sys.stderr)
+        return 1
     detections = sum(len(p.above(predictor.threshold)) for p in run.predictions)
     written = (f"; every query written ({sum(len(p) for p in run.predictions)}, --all-queries)" if args.all_queries
                else "")

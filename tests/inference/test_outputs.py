@@ -197,3 +197,31 @@ def test_sigterm_stops_detr_predict_as_ctrl_c_does(tmp_path, image_folder, check
     written = json.loads((out / "predictions.json").read_text())
     assert {entry["file_name"] for entry in written} == {"a.png"}  # the image done before the signal
     assert not (out / "run.lock").exists()
+
+
+def test_a_full_disk_keeps_what_was_done_and_names_the_cause(tmp_path, image_folder, checkpoint, monkeypatch,
+                                                             capsys):
+    """A disk that fills up mid-run ended detr-predict in a traceback; the predictions of the images done are
+    kept, and one line names the cause and the file."""
+    import errno
+
+    from PIL import Image as PILImage
+
+    real_save, saves = PILImage.Image.save, []
+
+    def save(self, file, *args, **kwargs):
+        saves.append(file)
+        if len(saves) == 2:  # the second drawing finds the disk full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(self, file, *args, **kwargs)
+
+    monkeypatch.setattr(PILImage.Image, "save", save)
+    out = tmp_path / "out"
+    assert _predict([image_folder / "a.png", image_folder / "b.jpg"], checkpoint, out) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: No space left on device writing ") and str(out / "b.jpg") in err[-1]
+    assert f"{out / 'predictions.json'} holds the images predicted before it" in err[-1]
+    # both were predicted (b's drawing is what failed): nothing predicted is lost
+    assert {entry["file_name"] for entry in json.loads((out / "predictions.json").read_text())} == {"a.png", "b.jpg"}
+    assert (out / "a.jpg").is_file() and not (out / "b.jpg").exists() and not list(out.glob(".*.tmp"))
+    assert not (out / "run.lock").exists()
