@@ -249,3 +249,28 @@ def test_a_resume_below_the_checkpoints_step_or_from_a_weights_file_names_the_fi
         main(tiny_fit_args(tiny_shapes_root, tmp_path / "new", "--trainer.max_steps=2", f"--ckpt_path={weights}"))
     assert "holds weights only" in str(refusal.value)
     assert f"--model.init_checkpoint {weights}" in str(refusal.value)
+
+
+@pytest.mark.usefixtures("bare_argv")
+def test_a_config_whose_model_the_checkpoint_replaces_is_named(tiny_shapes_root, tmp_path, caplog) -> None:
+    """--ckpt_path's hyperparameters are read over the config, so another config's model (another architecture,
+    another dropout) gave way to the checkpoint's without a word."""
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2"))  # the demo config's dropout: 0.0
+    last = out / "checkpoints" / "last.ckpt"
+    overlay = tmp_path / "other.yaml"
+    overlay.write_text("model:\n  detr:\n    dropout: 0.3\n")
+    with caplog.at_level("WARNING", logger="detr.lightning.checkpointing"):
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=3", "--config", str(overlay),
+                           f"--ckpt_path={last}"))
+    warnings = [message for message in (record.getMessage() for record in caplog.records)
+                if "keeps the checkpoint's model" in message]
+    assert len(warnings) == 1, caplog.text
+    assert "dropout 0.0 (the config: 0.3)" in warnings[0] and f"--model.init_checkpoint {last}" in warnings[0]
+    assert "num_classes" not in warnings[0]  # the data decides it, whatever the config says
+    assert torch.load(last, weights_only=True)["hyper_parameters"]["detr"]["dropout"] == 0.0  # what trained
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="detr.lightning.checkpointing"):  # the same config: nothing to say
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", f"--ckpt_path={last}"))
+    assert "keeps the checkpoint's model" not in caplog.text
