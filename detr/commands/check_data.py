@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from detr.data.checker import check_dataset, format_problems, has_errors
 from detr.data.image_checks import default_cache_file
@@ -32,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="remember each image read in JSON.imagecache beside the json (as `detr fit` does) and "
                         "reread only files whose size or mtime changed")
     args = parser.parse_args(argv)
+    images, annotations = Path(args.images_dir), Path(args.annotations_json)
+    if images.is_file() and annotations.is_dir():  # said "does not exist" of a folder that exists
+        parser.error(f"IMAGES_DIR comes first, then ANNOTATIONS_JSON: {images} is a file and {annotations} a folder; "
+                     f"swap them: detr-check-data {annotations} {images}")
     problems = check_dataset(
         args.images_dir, args.annotations_json, num_queries=args.num_queries, decode_images=not args.quick,
         workers=args.workers, cache_file=default_cache_file(args.annotations_json) if args.cache else None,

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from detr.categories import CategoryMap
-from detr.checkpoints import load_checkpoint
+from detr.checkpoints import CheckpointError, load_checkpoint
 from detr.checkpoints.deployed import is_deployed, open_deployed
 from detr.inference.images import ImageInput, is_single_image, to_rgb_array
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
@@ -190,6 +190,11 @@ class Predictor:
                                  f"{sorted(model_overrides)} or use the PyTorch checkpoint")
             model = open_deployed(path, device=device if device is not None else default_device(),
                                   precision=predictor_options.get("precision", "fp32"))
+            if model.postprocessed:  # refused here once, not by every image's forward
+                raise CheckpointError(
+                    f"{path} was exported with --postprocess (scores, labels and pixel boxes in the graph, for a "
+                    "deployment without Python): the Predictor, detr-predict and detr-serve post-process "
+                    "themselves and need the raw outputs. Export the checkpoint again without --postprocess")
         else:
             model = load_checkpoint(path, **model_overrides)
         return cls(model, optimize=optimize, **predictor_options)

@@ -44,7 +44,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from detr.checkpoints import CheckpointError
 from detr.lightning.callbacks import PredictionsWriter
-from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, LastCheckpoint
+from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, LastCheckpoint, warn_of_replaced_model_options
 from detr.lightning.data_checks import CheckData
 from detr.lightning.datamodule import DetrDataModule
 from detr.lightning.panoptic_datamodule import PanopticDataModule
@@ -92,6 +92,7 @@ class DetrCLI(LightningCLI):
         for key in keys:
             with contextlib.suppress(KeyError):
                 self._command_line_model_values[key] = self.config[subcommand][key]
+        self._configured_model = self.config[subcommand].get("model.detr")  # before --ckpt_path's replace it
         path = self.config[subcommand].get("ckpt_path")
         if path and Path(path).is_file():
             try:  # memory-mapped: the tensors are not read, a truncated or foreign file fails here
@@ -107,6 +108,9 @@ class DetrCLI(LightningCLI):
         for key, value in getattr(self, "_command_line_model_values", {}).items():
             config[key] = value  # over --ckpt_path's hyperparameters (parse_arguments)
         ckpt_path = config.get("ckpt_path")
+        if ckpt_path:  # said, not silent: the config's own model options give way to the checkpoint's
+            warn_of_replaced_model_options(getattr(self, "_configured_model", None), config.get("model.detr"),
+                                           ckpt_path)
         if ckpt_path and config.get("model.init_checkpoint"):
             # every weight comes from the checkpoint: the fine-tune's source is not read again (it may have moved)
             logger.info("--ckpt_path %s holds the weights: init_checkpoint %s is not read", ckpt_path,

@@ -196,6 +196,22 @@ def test_postprocessed_file_is_refused_where_raw_outputs_are_needed(demo_postpro
         detector.detect(*padded([torch.randn(3, 8, 64)]), torch.tensor([[8, 64]]))
 
 
+def test_a_postprocessed_onnx_file_is_refused_once_at_load(demo_postprocess_export, tmp_path, capsys):
+    """detr-predict on a file exported with --postprocess failed once per image, then left an empty
+    predictions.json that blocked its --out."""
+    from detr import Predictor
+
+    with pytest.raises(CheckpointError, match=r"demo\.onnx was exported with --postprocess.*without --postprocess"):
+        Predictor.from_checkpoint(demo_postprocess_export[1])
+    out = tmp_path / "out"
+    status = load_script("tools/predict.py").main([str(PHOTOS / "chelsea.png"), str(PHOTOS / "astronaut.png"),
+                                                   "--checkpoint", str(demo_postprocess_export[1]),
+                                                   "--out", str(out), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert status != 0 and err.count("--postprocess") == 2 and err.count("\n") == 1  # one line, not one per image
+    assert not (out / "predictions.json").exists()
+
+
 def test_softmax_postprocess_graph_and_pt2_program_match(tmp_path):
     torch.manual_seed(0)
     model = build_detr(TINY, dropout=0.0).eval()
@@ -213,6 +229,21 @@ def test_softmax_postprocess_graph_and_pt2_program_match(tmp_path):
         torch.testing.assert_close(scores[index], result["scores"], atol=1e-5, rtol=0)
         assert torch.equal(labels[index], result["labels"])
         torch.testing.assert_close(boxes[index], result["boxes"], atol=0.01, rtol=0)
+
+
+def test_a_pt2_program_given_as_a_checkpoint_is_named_with_the_fix(tmp_path, capsys):
+    """detr-predict on the .pt2 that detr-export wrote said the file was "probably corrupted" (torch.load's
+    words for an archive without data.pkl)."""
+    from detr.checkpoints.export import export_program
+
+    program = export_program(build_detr(TINY, dropout=0.0).eval(), tmp_path / "tiny.pt2")
+    with pytest.raises(CheckpointError, match=r"tiny\.pt2 is a torch\.export program") as refusal:
+        load_checkpoint(program)
+    assert "--format onnx" in str(refusal.value) and "corrupted" not in str(refusal.value)
+    status = load_script("tools/predict.py").main([str(PHOTOS / "chelsea.png"), "--checkpoint", str(program),
+                                                   "--out", str(tmp_path / "out"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert status != 0 and "torch.export program" in err and "Traceback" not in err
 
 
 def test_what_cannot_export_is_a_clear_error(tmp_path):
