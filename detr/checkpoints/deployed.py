@@ -32,7 +32,7 @@ from detr.models.outputs import DetectorOutput
 METADATA_KEYS = ("detr.outputs", "detr.class_head", "detr.num_classes", "detr.category_map", "detr.eval_size",
                  "detr.min_image_size", "detr.model_config")
 #: Keys that files written before them lack (read as None).
-OPTIONAL_METADATA_KEYS = ("detr.input_spec",)
+OPTIONAL_METADATA_KEYS = ("detr.input_spec", "detr.precision")
 
 #: Suffix of a deployed file → "module:class" of the runtime that runs it.
 RUNTIMES = {".onnx": "detr.checkpoints.onnx:OnnxDetector", ".xml": "detr.checkpoints.openvino:OpenVinoDetector"}
@@ -93,6 +93,8 @@ class DeployedDetector(Detector):
         """Set the model's record (categories, input contract, class head, config) from the file's properties."""
         meta = decode_metadata(properties, self.path)
         self.postprocessed = meta["outputs"] == "postprocessed"
+        #: "fp32", or "int8" for a file quantised after export (:mod:`detr.inference.quantize`)
+        self.weights_precision = meta["precision"] or "fp32"
         self.class_head = meta["class_head"]
         self.num_classes = int(meta["num_classes"])
         self.meta = ModelMeta(

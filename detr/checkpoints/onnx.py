@@ -101,6 +101,8 @@ class OnnxDetector(DeployedDetector):
         self.read_metadata(self.session.get_modelmeta().custom_metadata_map)
         self.output_names = [output.name for output in self.session.get_outputs()]
         self.backend = f"onnxruntime ({self.session.get_providers()[0]})"
+        if self.weights_precision != "fp32":
+            self.backend = f"onnxruntime ({self.session.get_providers()[0]}, {self.weights_precision})"
         logger.info("opened %s with %s", self.path, self.backend)
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

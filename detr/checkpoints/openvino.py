@@ -115,7 +115,7 @@ class OpenVinoDetector(DeployedDetector):
         self.compiled = core.compile_model(model, "CPU", config)
         self.output_names = [output.get_any_name() for output in self.compiled.outputs]
         self.precision = precision
-        self.backend = f"openvino (CPU, {precision})"
+        self.backend = f"openvino (CPU, {'int8' if self.weights_precision == 'int8' else precision})"
         logger.info("opened %s with %s", self.path, self.backend)
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

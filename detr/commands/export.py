@@ -5,15 +5,22 @@
     detr-export last.ckpt --format openvino --out detector.xml  # OpenVINO IR (+ detector.bin), fp32, CPU
     detr-export last.ckpt --format openvino --out detector.xml --evaluate data/coco-mini/val2017 \
         data/coco-mini/annotations/instances_val2017.json      # the accuracy gate: AP of the file, latency
+    detr-export last.ckpt --format openvino --out detector.xml --int8 --calibration train2017/ \
+        --evaluate val2017/ instances_val2017.json              # + detector-int8.xml, both gated
 
 CHECKPOINT is anything detr.load_checkpoint reads. Batch, height and width are dynamic. The file is run
 (ONNX Runtime for .onnx, OpenVINO for .xml) on a padded batch of two sizes and on one image of a third size and compared with
 the PyTorch model; the differences are printed. If they exceed the tolerance the file is renamed to
 OUT.failed and the exit status is 1. Run the file with: detr-predict IMAGES --checkpoint OUT.
 
-With --evaluate IMAGES JSON (a COCO-format set) the PyTorch model and the file are then both evaluated on it,
-one image at a time: one table of box AP, AP50, latency (median, p95) and file size. If the file loses more
-than --max-ap-drop AP points it is renamed to OUT.failed and the exit status is 1.
+With --int8 (.onnx or .xml) the verified fp32 file is then quantised after training, calibrated on
+--calibration images prepared as the model takes them, into OUT-int8.onnx / OUT-int8.xml (NNCF for OpenVINO,
+ONNX Runtime's static QDQ for ONNX; the convolutions, the matrix products stay fp32: see
+detr.inference.quantize). An INT8 file cannot match PyTorch to 1e-4: its accuracy is what --evaluate measures.
+
+With --evaluate IMAGES JSON (a COCO-format set) the PyTorch model and every file written are then evaluated
+on it, one image at a time: one table of box AP, AP50, latency (median, p95) and file size. A file that loses
+more than --max-ap-drop AP points is renamed to FILE.failed and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from detr.checkpoints.formats import ExportError
 from detr.inference.command_line import one_line_errors
 from detr.inference.gate import MAX_AP_DROP, accuracy_gate
 from detr.inference.predictor import Predictor
+from detr.inference.quantize import CALIBRATION_SIZE, calibration_feeds, quantize
 
 
 @one_line_errors
@@ -48,10 +56,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-ap-drop", type=float, default=MAX_AP_DROP,
                         help=f"AP points (0-100) the file may lose against PyTorch under --evaluate "
                              f"(default {MAX_AP_DROP:g})")
+    parser.add_argument("--int8", action="store_true",
+                        help="also write OUT-int8.onnx / OUT-int8.xml, quantised after training (needs --calibration)")
+    parser.add_argument("--calibration", nargs="+", metavar="IMAGES", default=None,
+                        help="image files or folders to calibrate --int8 on (training images, not the --evaluate set)")
+    parser.add_argument("--calibration-size", type=int, default=CALIBRATION_SIZE,
+                        help=f"at most this many calibration images (default {CALIBRATION_SIZE})")
     args = parser.parse_args(argv)
     suffix = FORMAT_SUFFIXES[args.format]
     if not args.out.endswith(suffix):  # the predictor chooses its backend by the suffix
         parser.error(f"--out must end in {suffix} for --format {args.format}, got {args.out}")
+    if args.int8 and args.format == "pt2":
+        parser.error("--int8 quantises an .onnx or .xml file: use --format onnx or --format openvino")
+    if args.int8 and (not args.calibration or args.postprocess):
+        parser.error("--int8 needs --calibration IMAGES (and a file without --postprocess)")
+    if args.calibration_size < 1:
+        parser.error(f"--calibration-size must be at least 1, got {args.calibration_size}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     model = load_checkpoint(args.checkpoint)
     try:
@@ -61,22 +81,30 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"verified {args.out} against the PyTorch model (max abs differences):")
     print(verification.table())
+    written = [Path(args.out)]
+    if args.int8:
+        out = Path(args.out)
+        int8_path = out.with_name(f"{out.stem}-int8{out.suffix}")
+        feeds = calibration_feeds(model.input_spec, args.calibration, limit=args.calibration_size)
+        quantize(out, int8_path, feeds)
+        written.append(int8_path)
+        print(f"wrote {int8_path}: INT8 convolutions calibrated on {len(feeds)} images"
+              + ("" if args.evaluate else "; its accuracy is unchecked: add --evaluate IMAGES JSON for its AP"))
     if args.evaluate is None:
         return 0
     images, annotations = args.evaluate
     reference = Predictor(model, device="cpu", optimize=True)
-    artifact = Predictor.from_checkpoint(args.out, device="cpu")
+    artifacts = {path: Predictor.from_checkpoint(path, device="cpu") for path in written}
     source = Path(args.checkpoint)
-    report = accuracy_gate(reference, {Path(args.out): artifact}, images, annotations,
+    report = accuracy_gate(reference, artifacts, images, annotations,
                            max_ap_drop=args.max_ap_drop, reference_path=source if source.is_file() else None)
     print(report.table())
-    if not report.passed:
-        failed = Path(args.out).with_name(Path(args.out).name + ".failed")
-        Path(args.out).replace(failed)
-        print(f"accuracy gate failed: {args.out} loses {report.drop(report.artifacts[0]):.2f} AP points "
+    for row in report.failed:
+        failed = row.path.with_name(row.path.name + ".failed")
+        row.path.replace(failed)
+        print(f"accuracy gate failed: {row.path} loses {report.drop(row):.2f} AP points "
               f"(at most {args.max_ap_drop:g}); moved to {failed}", file=sys.stderr)
-        return 1
-    return 0
+    return 0 if report.passed else 1
 
 
 if __name__ == "__main__":

@@ -55,10 +55,10 @@ def test_export_with_evaluate_prints_the_files_ap_beside_pytorchs(own_ground_tru
                                                   str(annotations)])
     printed = capsys.readouterr().out
     assert status == 0 and out.is_file(), printed
-    rows = {line.split()[0]: line.split() for line in printed.splitlines() if line.startswith(("pytorch", "onnx"))}
-    assert set(rows) == {"pytorch", "onnxruntime"}
+    rows = {line.split()[0]: line.split() for line in printed.splitlines() if line.startswith(("pytorch", "tiny"))}
+    assert set(rows) == {"pytorch", "tiny.onnx:"}
     assert float(rows["pytorch"][3]) == pytest.approx(100.0, abs=0.01)  # its own detections: AP 100
-    assert float(rows["onnxruntime"][2]) == pytest.approx(100.0, abs=0.01)  # the file: the same AP
+    assert float(rows["tiny.onnx:"][3]) == pytest.approx(100.0, abs=0.01)  # the file: the same AP
     assert "accuracy gate on 3 images" in printed and "size MB" in printed
 
 
@@ -82,3 +82,32 @@ def test_the_gate_names_what_is_missing(own_ground_truth, tmp_path):
         accuracy_gate(reference, {}, PHOTOS, tmp_path / "nothing.json")
     with pytest.raises(FileNotFoundError, match=r"3 images of .*own.json are not in"):
         accuracy_gate(reference, {}, tmp_path, annotations)
+
+
+def test_int8_files_are_written_beside_the_fp32_one_and_gated_too(own_ground_truth, tmp_path, capsys):
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    checkpoint, annotations = own_ground_truth
+    out = tmp_path / "tiny.xml"
+    # a lenient gate: the tiny random model's AP under INT8 is not the point here, the table and files are
+    status = load_script("tools/export.py").main([
+        str(checkpoint), "--format", "openvino", "--out", str(out), "--int8", "--calibration", str(PHOTOS),
+        "--evaluate", str(PHOTOS), str(annotations), "--max-ap-drop", "100"])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    assert out.is_file() and (tmp_path / "tiny-int8.xml").is_file() and (tmp_path / "tiny-int8.bin").is_file()
+    count = len([p for p in PHOTOS.iterdir() if p.suffix in (".png", ".jpg")])
+    assert f"tiny-int8.xml: INT8 convolutions calibrated on {count} images" in printed
+    rows = [line for line in printed.splitlines() if line.startswith(("pytorch", "tiny"))]
+    assert [row.split(":")[0] for row in rows[1:]] == ["tiny.xml", "tiny-int8.xml"]
+    assert "openvino (CPU, int8)" in rows[2]
+
+
+def test_int8_needs_calibration_images_and_a_quantisable_format(tmp_path, capsys):
+    export = load_script("tools/export.py").main
+    with pytest.raises(SystemExit):
+        export(["detr-r50", "--out", str(tmp_path / "m.onnx"), "--int8"])
+    assert "--int8 needs --calibration IMAGES" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        export(["detr-r50", "--format", "pt2", "--out", str(tmp_path / "m.pt2"), "--int8", "--calibration", "x"])
+    assert "--int8 quantises an .onnx or .xml file" in capsys.readouterr().err

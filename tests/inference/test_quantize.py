@@ -1,0 +1,74 @@
+"""detr.inference.quantize: calibration with the model's own preprocessing, and INT8 files that keep the model's
+record and run in their runtimes (ONNX Runtime's QDQ, NNCF's OpenVINO IR) close to the fp32 file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from detr.checkpoints.export import export_onnx
+from detr.inference.images import to_rgb_array
+from detr.inference.quantize import calibration_feeds, onnx_head_nodes, quantize
+from tests.serving.helpers import spread_out_model
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxscript")
+pytest.importorskip("onnxruntime")
+
+PHOTOS = Path(__file__).resolve().parents[2] / "data" / "photos"
+
+
+def test_calibration_images_are_prepared_as_the_model_takes_them():
+    model = spread_out_model()
+    feeds = calibration_feeds(model.input_spec, [PHOTOS], limit=2)
+    assert len(feeds) == 2
+    first = sorted(p for p in PHOTOS.iterdir() if p.suffix in (".png", ".jpg"))[0]
+    expected = model.input_spec.prepare(to_rgb_array(first))[None].numpy()
+    np.testing.assert_array_equal(feeds[0]["images"], expected)
+    assert feeds[0]["padding_mask"].shape == (1, *expected.shape[-2:]) and not feeds[0]["padding_mask"].any()
+    assert min(expected.shape[-2:]) == model.meta.eval_size[0]  # the model's own eval resize
+    with pytest.raises(ValueError, match="not an image file"):
+        calibration_feeds(model.input_spec, [PHOTOS / "*.tiff"])
+
+
+def test_int8_onnx_keeps_the_record_and_stays_close_to_fp32(tmp_path):
+    from detr.checkpoints.onnx import OnnxDetector, read_onnx_metadata
+
+    model = spread_out_model().eval()
+    path = export_onnx(model, tmp_path / "tiny.onnx")
+    feeds = calibration_feeds(model.input_spec, [PHOTOS])
+    int8 = quantize(path, tmp_path / "tiny-int8.onnx", feeds)
+    assert read_onnx_metadata(int8)["category_map"] == read_onnx_metadata(path)["category_map"]
+    assert read_onnx_metadata(int8)["precision"] == "int8"
+    graph = onnx.load(str(int8)).graph
+    assert any(node.op_type == "QuantizeLinear" for node in graph.node)  # QDQ around the convolutions
+    assert len(onnx_head_nodes(onnx.load(str(path)))) == 2  # the class and box heads' last layers
+    detector, reference = OnnxDetector(int8), OnnxDetector(path)
+    assert detector.backend.endswith("int8)")
+    images = torch.from_numpy(feeds[0]["images"])
+    mask = torch.from_numpy(feeds[0]["padding_mask"])
+    got, want = detector(images, mask), reference(images, mask)
+    assert torch.isfinite(got.logits).all() and (got.boxes - want.boxes).abs().max() < 0.1
+
+
+def test_int8_openvino_ir_runs_as_int8(tmp_path):
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    from detr.checkpoints.export import export_openvino
+    from detr.checkpoints.openvino import OpenVinoDetector
+
+    model = spread_out_model().eval()
+    xml = export_openvino(model, tmp_path / "tiny.xml")
+    feeds = calibration_feeds(model.input_spec, [PHOTOS])
+    int8 = quantize(xml, tmp_path / "tiny-int8.xml", feeds)
+    detector = OpenVinoDetector(int8)
+    assert detector.backend == "openvino (CPU, int8)" and detector.meta.eval_size == model.meta.eval_size
+    images = torch.from_numpy(feeds[1]["images"])
+    mask = torch.from_numpy(feeds[1]["padding_mask"])
+    got, want = detector(images, mask), OpenVinoDetector(xml)(images, mask)
+    assert torch.isfinite(got.logits).all() and (got.boxes - want.boxes).abs().max() < 0.1
+    with pytest.raises(ValueError, match="an .onnx or .xml file"):
+        quantize(tmp_path / "tiny.pt2", tmp_path / "x.pt2", feeds)
