@@ -45,7 +45,7 @@ import torch
 
 from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import CategoryMap
-from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
+from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, infer_deformable_config
 from detr.checkpoints.huggingface import (
     _BODY,
     _HF_BODY,
@@ -254,9 +254,33 @@ def read_huggingface_deformable(directory: str | Path) -> CheckpointContents:
         num_queries=num_queries, num_classes=int(state_dict["class_embed.0.weight"].shape[0]),
         num_feature_levels=int(config.get("num_feature_levels", 4)), num_points=int(points),
         box_refine=box_refine, two_stage=two_stage, dropout=float(config.get("dropout", 0.1)))
+    _check_config_fits_weights(model_config, state_dict, config_path, where)
     meta = ModelMeta(category_map=_category_map(config, model_config.num_classes, config_path),
                      eval_size=_eval_size(directory))
     return CheckpointContents(state_dict, model_config, meta)
+
+
+#: config.json's name of each size the weights also show (DetrConfig field → transformers' key).
+_STATED_SIZES = {"hidden_dim": "d_model", "dim_feedforward": "encoder_ffn_dim", "num_encoder_layers": "encoder_layers",
+                 "num_decoder_layers": "decoder_layers", "num_feature_levels": "num_feature_levels",
+                 "num_points": "encoder_n_points"}
+
+
+def _check_config_fits_weights(stated: DetrConfig, state_dict: dict[str, torch.Tensor], config_path: Path,
+                               where: str) -> None:
+    """Raise :class:`CheckpointError` naming config.json and each size it states that the weights contradict
+    (a config.json of another model beside these weights printed 21 size mismatches and named neither)."""
+    try:
+        found = infer_deformable_config(state_dict, where, num_heads=stated.num_heads)
+    except CheckpointError as error:  # the heads config.json states do not divide the attention weights
+        raise CheckpointError(f"{config_path} does not fit the weights in {where}: {error} (its "
+                              "encoder_attention_heads); use the config.json that came with the weights") from error
+    differing = [f"{key} {getattr(stated, field)} (config.json) vs {getattr(found, field)} (weights)"
+                 for field, key in _STATED_SIZES.items() if getattr(stated, field) != getattr(found, field)]
+    if differing:
+        raise CheckpointError(f"{config_path} does not fit the weights in {where}: {'; '.join(differing)}. The "
+                              "config.json belongs to another model: use the one that came with the weights, or "
+                              "write the directory again (save_pretrained)")
 
 
 def huggingface_deformable_config(model: DeformableDETR, backbone_format: BackboneFormat = "timm",

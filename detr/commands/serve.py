@@ -41,11 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-queue", type=bounded_int(0), default=256,
                         help="most requests waiting for the model (or for memory to decode in); more are refused "
                              "with 503 (0: no limit)")
+    parser.add_argument("--body-timeout", type=float, default=30.0,
+                        help="seconds a request's body may take to arrive (later: 408)")
+    parser.add_argument("--max-requests", type=bounded_int(1), default=512,
+                        help="most uploads in the server at once (reading, waiting, running); more get 503")
     parser.add_argument("--max-decoded-mb", type=bounded_int(1), default=1024,
                         help="most MiB of decoded images in flight (each read from its header before decoding); "
                              "requests beyond wait")
     add_resize_arguments(parser)
     args = parser.parse_args(argv)
+    if not args.body_timeout > 0:  # NaN fails this too
+        parser.error(f"--body-timeout is in seconds and must be > 0, got {args.body_timeout}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         from detr.serving import create_app, load_service, serve
@@ -57,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                            min_size=args.min_size, max_size=args.max_size)
     app = create_app(service, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout,
                      max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=args.max_pixels,
-                     max_queue=args.max_queue or None, max_decoded_bytes=args.max_decoded_mb * 2**20)
+                     max_queue=args.max_queue or None, max_decoded_bytes=args.max_decoded_mb * 2**20,
+                     body_timeout=args.body_timeout, max_requests=args.max_requests)
     serve(app, host=args.host, port=args.port)
     return 0
 

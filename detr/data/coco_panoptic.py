@@ -16,6 +16,7 @@ Layout (COCO's)::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from detr.categories import COCO_PANOPTIC_CATEGORIES, CategoryMap, coco_panoptic
 from detr.data.coco import AnnotationFileError, load_coco_json
 from detr.data.images import decode_image
 from detr.data.transforms import make_normalize_transform
+
+logger = logging.getLogger(__name__)
 
 
 def is_coco_panoptic(categories: list[dict[str, Any]]) -> bool:
@@ -116,6 +119,11 @@ class CocoPanoptic(torch.utils.data.Dataset):
         self.annotations = sorted(data["annotations"], key=lambda a: a["image_id"])
         self._index_of_image = {int(a["image_id"]): index for index, a in enumerate(self.annotations)}
         file_names = {image["id"]: image["file_name"] for image in data.get("images", [])}
+        unannotated = sorted(set(file_names) - set(self._index_of_image))
+        if unannotated:  # no PNG to learn or score them by: they are left out, and that is said
+            logger.warning("%d of the %d images of '%s' have no panoptic annotation (segments and PNG) and are left "
+                           "out (image ids %s%s); annotate them, or remove them from its 'images'", len(unannotated),
+                           len(file_names), self.annotations_file, unannotated[:5], " ..." if len(unannotated) > 5 else "")
         self._image_files = [file_names.get(a["image_id"], Path(a["file_name"]).with_suffix(".jpg").name)
                              for a in self.annotations]
 

@@ -3,6 +3,7 @@ and the drawing functions take."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Union
 
@@ -10,12 +11,29 @@ import numpy as np
 from PIL import Image, ImageOps
 from torch import Tensor
 
-from detr.data.images import load_rgb_image, pil_to_rgb_array
+from detr.data.images import ImageLoadError, load_rgb_image, pil_to_rgb_array
 
 #: What :meth:`detr.inference.predictor.Predictor.predict` accepts as one image: a file path, a PIL image, a ``uint8`` numpy array
 #: ``[H, W]``, ``[H, W, 1]``, ``[H, W, 3]`` or ``[H, W, 4]`` (RGB order, alpha dropped), or a ``uint8``
 #: tensor ``[C, H, W]`` as ``torchvision.io.decode_image`` returns it.
 ImageInput = Union[str, Path, Image.Image, np.ndarray, Tensor]
+
+
+#: What a URL starts with (``https://``, ``s3://`` ...): a scheme, then ``://``.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _refuse_a_url_or_folder(path: str | Path) -> None:
+    """Raise :class:`ImageLoadError` for a URL or a folder given as an image file, saying what to do: they
+    were "does not exist" (the URL's ``//`` collapsed to ``/``) and "restore or replace the file"."""
+    if isinstance(path, str) and _URL.match(path):
+        raise ImageLoadError(f"{path!r} is a URL: images are read from local files. Download it first (e.g. "
+                             "urllib.request.urlretrieve(url, 'image.jpg')), or pass the downloaded bytes as "
+                             "PIL.Image.open(io.BytesIO(data))")
+    if Path(path).is_dir():
+        raise ImageLoadError(f"{path} is a folder, not an image file: pass its image files "
+                             f"(detr.inference.outputs.collect_image_paths(['{path}']) lists them), or run "
+                             f"detr-predict {path} --out OUT", path=path)
 
 
 def to_rgb_array(image: ImageInput) -> np.ndarray:
@@ -31,6 +49,7 @@ def to_rgb_array(image: ImageInput) -> np.ndarray:
         detr.data.images.ImageLoadError: (a ValueError) for paths that cannot be read as images.
     """
     if isinstance(image, (str, Path)):
+        _refuse_a_url_or_folder(image)
         return load_rgb_image(image)
     if isinstance(image, Image.Image):
         return pil_to_rgb_array(ImageOps.exif_transpose(image))

@@ -120,8 +120,10 @@ def collect_image_paths(inputs: Iterable[str | Path]) -> list[Path]:
         else:
             found = []
         if not found:
+            url = " (a URL: download the image first; inputs are local files)" if "://" in text else ""
             raise ValueError(
                 f"input {text!r} is not an image file, a folder with images or a glob pattern that matches files"
+                f"{url}"
             )
         paths.extend(found)
     unique: dict[Path, None] = {}

@@ -98,6 +98,12 @@ class DetrCLI(LightningCLI):
             try:  # memory-mapped: the tensors are not read, a truncated or foreign file fails here
                 torch.load(path, weights_only=True, map_location="cpu", mmap=True)
             except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
+                found = [line.strip() for line in str(error).splitlines() if "Unsupported global" in line]
+                if found:  # Python objects beside the tensors: a weights file such as the authors' .pth (its args)
+                    raise CheckpointError(
+                        f"{path} holds Python objects besides tensors ({found[0]}), so it is not a checkpoint that "
+                        "detr fit wrote (--ckpt_path resumes those: checkpoints/last.ckpt). To start from a weights "
+                        f"file, pass --model.init_checkpoint {path} instead") from error
                 raise CheckpointError(
                     f"could not read checkpoint {path}: {type(error).__name__}: {error}. The file is truncated or "
                     "not a checkpoint; resume from another one (the best-model checkpoints beside it) or start over"

@@ -13,6 +13,8 @@ checkpoint folder, as Lightning resolves them) and:
   set (the previous run's checkpoints and logs, TensorBoard events included, are deleted first);
 - when resuming, keeps the previous ``metrics.csv`` as ``metrics-1.csv`` (``-2`` ...), since the
   CSV logger starts a new one;
+- refuses a ``config.yaml`` there that no run wrote (the user's own: the run would replace it with its
+  resolved config);
 - holds the folders with ``run.lock`` (:func:`detr.output_folder.hold_folders`: JSON with pid, host, start
   time, command), removed when the run ends. A lock left by a killed process (its pid is gone) does not
   block, but its folder still counts as a previous run.
@@ -103,8 +105,30 @@ def claim_run_folder(
         yield locks
 
 
+#: How the config.yaml that LightningCLI writes into a run's folder begins (its dump header).
+RUN_CONFIG_HEADER = "# lightning.pytorch=="
+
+
+def _refuse_a_users_config(log_dirs: list[Path]) -> None:
+    """Raise :class:`RunFolderError` for a ``config.yaml`` in a log dir that no run wrote (it lacks LightningCLI's
+    header): the run writes its resolved config there and replaced the user's file without a word."""
+    for folder in log_dirs:
+        config = folder / "config.yaml"
+        try:
+            with config.open() as file:
+                start = file.read(len(RUN_CONFIG_HEADER))
+        except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+            continue
+        if start != RUN_CONFIG_HEADER:
+            raise RunFolderError(
+                f"{config} is not a config that a run wrote, and this run would replace it with its resolved config "
+                f"(config.yaml in its folder): move that file elsewhere (and pass it with --config from there), or "
+                f"give this run another folder ({ELSEWHERE})")
+
+
 def _check_previous_run(folder: Path, log_dirs: list[Path], checkpoint_dir: Path, *, resuming: bool,
                         overwrite: bool) -> None:
+    _refuse_a_users_config(log_dirs)
     previous = previous_run_files(log_dirs, checkpoint_dir)
     if previous and not resuming:
         more = f" and {len(previous) - 6} more" if len(previous) > 6 else ""

@@ -13,8 +13,10 @@ Every refused request gets a 4xx JSON body ``{"error": kind, "detail": message}`
 :class:`detr.serving.inputs.RequestError`): body over ``max_body_bytes`` (413 ``body_too_large``), not an
 image, truncated, too many pixels, decompression bomb, too thin to resize, unknown or unsupported task,
 threshold out of range;
-more than ``max_queue`` requests waiting for the model, or for memory to decode their images in (at most
-``max_decoded_bytes`` of decoded images in flight: :mod:`detr.serving.budget`), gets 503 ``overloaded``.
+a body that has not all arrived after ``body_timeout`` seconds gets 408 ``body_timeout``; more than
+``max_requests`` uploads in the server at once, or more than ``max_queue`` requests waiting for the model or for
+memory to decode their images in (at most ``max_decoded_bytes`` of decoded images in flight:
+:mod:`detr.serving.budget`), get 503 ``overloaded``.
 A model whose outputs are not finite answers that request 500 ``model_output``; the server keeps serving.
 """
 
@@ -52,28 +54,66 @@ DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_QUEUE = 256
 #: The decoded images a server holds at once: 1 GiB, eight 40 MP images or about thirty 12 MP photos.
 DEFAULT_MAX_DECODED_BYTES = 2**30
+#: Seconds a request's body may take to arrive: a 20 MiB upload at 1 MB/s, with room to spare.
+DEFAULT_BODY_TIMEOUT = 30.0
+#: The most POST requests the server handles at once (reading, waiting, running); more get 503 at once.
+DEFAULT_MAX_REQUESTS = 512
 
 
-async def read_body(request: Request, max_body_bytes: int) -> bytes:
+async def read_body(request: Request, max_body_bytes: int, body_timeout: float = DEFAULT_BODY_TIMEOUT) -> bytes:
     """The request body, refused (413 ``body_too_large``) as soon as it passes ``max_body_bytes``: from the
-    Content-Length header before anything is read, else while streaming (chunked uploads)."""
+    Content-Length header before anything is read, else while streaming (chunked uploads); and refused (408
+    ``body_timeout``) when it has not all arrived after ``body_timeout`` seconds (a client that sends half a
+    body and waits held its request open until the connection died)."""
     too_large = RequestError(413, "body_too_large", f"the request body is larger than the server's limit of "
                                                     f"{max_body_bytes} bytes (--max-body-mb); send a smaller image")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_body_bytes:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(body_timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_body_bytes:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError as error:
+        raise RequestError(408, "body_timeout", f"the request body did not arrive within {body_timeout:g} s "
+                                                f"(--body-timeout; {size} bytes came): send the whole image "
+                                                "at once") from error
     return b"".join(chunks)
 
 
-async def image_bytes(request: Request, max_body_bytes: int) -> bytes:
+class RequestLimit:
+    """ASGI middleware: at most ``limit`` POST requests (uploads) in the app at once, from their first byte to
+    their answer; one more is answered 503 ``overloaded`` at once. GET requests (/health, /stats, the page)
+    are never refused, so a busy server can still be watched."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"the request limit must be >= 1, got {limit}")
+        self.app, self.limit, self.active = app, limit, 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        if self.active >= self.limit:
+            error = RequestError(503, "overloaded", f"{self.active} requests are in the server already "
+                                                    f"(--max-requests {self.limit}); retry later")
+            await JSONResponse(error.to_json(), status_code=error.status)(scope, receive, send)
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
+async def image_bytes(request: Request, max_body_bytes: int, body_timeout: float = DEFAULT_BODY_TIMEOUT) -> bytes:
     """The image file of a request: the multipart field ``image`` or, for any other content type, the body."""
-    body = await read_body(request, max_body_bytes)
+    body = await read_body(request, max_body_bytes, body_timeout)
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         return body
 
@@ -100,6 +140,8 @@ def create_app(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_queue: int | None = DEFAULT_MAX_QUEUE,
     max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
 ) -> FastAPI:
     """The server's FastAPI application; the batcher starts and stops with it (its lifespan).
 
@@ -113,6 +155,9 @@ def create_app(
             decode in; more get 503 ``overloaded`` (None: no limit).
         max_decoded_bytes: the most bytes of decoded images in flight (read from each image's header before it
             is decoded); a request whose image does not fit waits for others to be answered.
+        body_timeout: seconds a request's body may take to arrive; later, 408 ``body_timeout``.
+        max_requests: the most POST requests in the server at once; more get 503 ``overloaded`` at once
+            (:class:`RequestLimit`).
     """
     batcher = DynamicBatcher(service.run_batch, max_batch_size=max_batch_size, batch_timeout=batch_timeout,
                              max_queue=max_queue)
@@ -128,6 +173,7 @@ def create_app(
         logger.info("stopped: %d requests, %d refused or failed", counts["requests"], counts["errors"])
 
     app = FastAPI(title="DETR", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(RequestLimit, limit=max_requests)
     app.state.batcher = batcher
     app.state.budget = budget
 
@@ -147,7 +193,7 @@ def create_app(
         """The request's image, decoded once its decoded size (read from the header) fits the budget, which it
         holds until the block ends (the request is answered)."""
         try:
-            data = await image_bytes(request, max_body_bytes)
+            data = await image_bytes(request, max_body_bytes, body_timeout)
         except ClientDisconnect as error:
             raise RequestError(400, "client_disconnected", "the client left before sending the whole body") from error
         # header and decoding run on a thread of their own, beside the model's

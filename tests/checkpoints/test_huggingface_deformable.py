@@ -147,3 +147,22 @@ def test_detr_convert_keeps_the_data_sets_category_ids(tmp_path):
     checkpoint = save_checkpoint(model, tmp_path / "model.ckpt")
     assert convert.main([str(checkpoint), "--to-huggingface", str(tmp_path / "out")]) == 0
     assert detr.load_checkpoint(tmp_path / "out").meta.category_map == category_map
+
+
+@pytest.mark.parametrize("edit", [{"encoder_ffn_dim": 256, "decoder_ffn_dim": 256}, {"d_model": 128},
+                                  {"encoder_n_points": 3, "decoder_n_points": 3}])
+def test_a_config_json_that_contradicts_its_weights_is_named(tmp_path, edit):
+    """A config.json of another model beside the weights printed torch's 21 size mismatches, naming neither
+    config.json nor the sizes it states."""
+    import json
+
+    _hf_model("plain", 2).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **edit}))
+    with pytest.raises(CheckpointError) as refusal:
+        detr.load_checkpoint(tmp_path)
+    message = str(refusal.value)
+    assert message.startswith(f"{tmp_path / 'config.json'} does not fit the weights")
+    key = next(iter(edit))
+    assert f"{key} {edit[key]} (config.json) vs {config[key]} (weights)" in message
+    assert "size mismatch" not in message

@@ -106,3 +106,20 @@ def test_predictions_score_against_the_ground_truth(root):
         metric.update(gt_ids, gt_segments, result["id_map"], result["segments_info"])
         perfect.update(gt_ids, gt_segments, gt_ids, gt_segments)
     assert 0 <= metric.compute()["All"]["pq"] < 1 and perfect.compute()["All"]["pq"] == 1.0
+
+
+def test_images_without_a_panoptic_annotation_are_named(root, tmp_path, caplog):
+    """An image of the json's 'images' without an annotation was left out of training and evaluation silently."""
+    data = json.loads((root / "annotations" / "panoptic_train2017.json").read_text())
+    data["images"].append({"id": 9001, "file_name": "000000009001.jpg", "width": 64, "height": 64})
+    annotations = tmp_path / "panoptic_train2017.json"
+    annotations.write_text(json.dumps(data))
+    with caplog.at_level("WARNING", logger="detr.data.coco_panoptic"):
+        panoptic = CocoPanoptic(root / "train2017", annotations, root / "annotations" / "panoptic_train2017")
+    assert len(panoptic) == len(data["annotations"])
+    assert f"1 of the {len(data['images'])} images of '{annotations}' have no panoptic annotation" in caplog.text
+    assert "[9001]" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="detr.data.coco_panoptic"):
+        dataset(root)  # every image annotated: nothing to say
+    assert "no panoptic annotation" not in caplog.text

@@ -124,6 +124,20 @@ def test_invalid_inputs_name_the_fix(tiny_model):
         Predictor(tiny_model, category_map=CategoryMap.coco())
 
 
+def test_a_url_or_a_folder_given_as_an_image_says_what_to_do(tiny_model, tmp_path):
+    """A URL was "does not exist" with its // collapsed to /, a folder "restore or replace the file"."""
+    from detr.inference.outputs import collect_image_paths
+
+    predictor = Predictor(tiny_model, device="cpu", **SIZES)
+    with pytest.raises(ValueError, match=r"'https://example\.com/cat\.jpg' is a URL: .*Download it first"):
+        predictor.predict("https://example.com/cat.jpg")
+    with pytest.raises(ValueError, match=rf"{tmp_path} is a folder, not an image file: .*collect_image_paths") as error:
+        predictor.predict(tmp_path)
+    assert "restore or replace" not in str(error.value)
+    with pytest.raises(ValueError, match="a URL: download the image first"):
+        collect_image_paths(["https://example.com/cat.jpg"])  # detr-predict's inputs
+
+
 def test_attention_is_cropped_to_the_image(tiny_model):
     predictor = Predictor(tiny_model, device="cpu", batch_size=2, **SIZES)
     wide, tall = np.zeros((64, 100, 3), np.uint8), np.zeros((100, 64, 3), np.uint8)

@@ -105,6 +105,24 @@ def test_a_second_run_in_a_used_folder_is_refused_until_it_resumes_or_overwrites
     assert max(_csv_steps(out / "metrics.csv")) <= 1
 
 
+def test_a_users_own_config_yaml_in_the_folder_is_not_replaced(tiny_shapes_root, tmp_path) -> None:
+    """The run writes its resolved config to <folder>/config.yaml: a user's own file of that name was replaced
+    without a word. One that a run wrote (a resume's folder) is the run's to rewrite."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("# my settings\nmodel:\n  lr: 1.0e-4\n")
+    with pytest.raises(RunFolderError, match=r"config\.yaml is not a config that a run wrote.*move that file"):
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=1"))
+    assert (out / "config.yaml").read_text() == "# my settings\nmodel:\n  lr: 1.0e-4\n"
+    assert not (out / "checkpoints").exists()
+    (out / "config.yaml").unlink()
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=1"))
+    assert (out / "config.yaml").read_text().startswith("# lightning.pytorch==")
+    last = out / "checkpoints" / "last.ckpt"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2", f"--ckpt_path={last}"))
+    assert _step(last) == 2
+
+
 def test_a_live_run_holds_its_folder(tiny_shapes_root, tmp_path) -> None:
     out = tmp_path / "run"
     out.mkdir()

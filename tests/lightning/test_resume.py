@@ -249,6 +249,16 @@ def test_a_resume_below_the_checkpoints_step_or_from_a_weights_file_names_the_fi
         main(tiny_fit_args(tiny_shapes_root, tmp_path / "new", "--trainer.max_steps=2", f"--ckpt_path={weights}"))
     assert "holds weights only" in str(refusal.value)
     assert f"--model.init_checkpoint {weights}" in str(refusal.value)
+    # the authors' layout: their training args (an argparse.Namespace) beside the weights
+    import argparse
+
+    authors = tmp_path / "authors.pth"
+    torch.save({"model": torch.load(weights, weights_only=True)["model"], "args": argparse.Namespace(lr=1e-4)},
+               authors)
+    with pytest.raises(CheckpointError) as refusal:
+        main(tiny_fit_args(tiny_shapes_root, tmp_path / "new", "--trainer.max_steps=2", f"--ckpt_path={authors}"))
+    assert "not a checkpoint that detr fit wrote" in str(refusal.value)
+    assert f"--model.init_checkpoint {authors}" in str(refusal.value) and "truncated" not in str(refusal.value)
 
 
 @pytest.mark.usefixtures("bare_argv")

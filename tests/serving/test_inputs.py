@@ -95,3 +95,31 @@ def test_query_parameters() -> None:
     assert parse_task(None) == "detection" and parse_task("panoptic") == "panoptic"
     with pytest.raises(RequestError, match="detection, instances, panoptic"):
         parse_task("segment")
+
+
+def test_a_body_that_stops_arriving_is_refused_after_the_body_timeout() -> None:
+    """A client that sent half a body and waited held its request open until the connection died."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from detr.serving.app import read_body
+
+    async def scenario() -> RequestError:
+        sent = []
+
+        async def receive() -> dict:
+            if not sent:
+                sent.append(True)
+                return {"type": "http.request", "body": b"\x89PNG half of it", "more_body": True}
+            await asyncio.Event().wait()  # the rest never comes
+            raise AssertionError("unreachable")
+
+        request = Request({"type": "http", "method": "POST", "headers": [(b"content-length", b"1000")]}, receive)
+        with pytest.raises(RequestError) as refusal:
+            await read_body(request, 2**20, body_timeout=0.05)
+        return refusal.value
+
+    error = asyncio.run(scenario())
+    assert (error.status, error.kind) == (408, "body_timeout")
+    assert "--body-timeout" in str(error) and "15 bytes came" in str(error)

@@ -233,6 +233,38 @@ def test_decoded_images_in_flight_stay_within_the_budget(checkpoint, predictor, 
     assert stats["batch_sizes"] == {"1": 6}
 
 
+def _stalled_upload(url: str) -> http.client.HTTPConnection:
+    """A POST /predict that announces 1,000 bytes, sends 10 and waits: what a slow or stuck client does."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.putrequest("POST", "/predict")
+    connection.putheader("Content-Type", "application/octet-stream")
+    connection.putheader("Content-Length", "1000")
+    connection.endheaders()
+    connection.send(bytes(10))
+    return connection
+
+
+def test_uploads_beyond_max_requests_are_refused_at_once(checkpoint, tmp_path, load_tools) -> None:
+    """Half-sent requests were held open without a limit: each one costs the server a request in flight. With
+    --max-requests 2, two stalled uploads fill the server and a third upload gets 503 overloaded at once; GET
+    requests are still answered."""
+    photo = (PHOTOS / "chelsea.png").read_bytes()
+    with load_tools.running_server(checkpoint, tmp_path / "server.log", "--max-requests", "2",
+                                   "--body-timeout", "600", threads=1) as server:
+        stalled = [_stalled_upload(server.url) for _ in range(2)]
+        try:
+            while json.loads(urllib.request.urlopen(server.url + "/stats").read())["requests"] < 2:
+                time.sleep(0.05)  # both are in the server, reading their bodies
+            status, response = post(server.url + "/predict", photo)
+            assert (status, response["error"]) == (503, "overloaded"), response
+            assert "--max-requests 2" in response["detail"]
+            assert json.loads(urllib.request.urlopen(server.url + "/health").read())["status"] == "ok"
+        finally:
+            for connection in stalled:
+                connection.close()
+
+
 def test_a_model_with_nan_outputs_fails_each_request_and_sigterm_stops_the_server(tmp_path, load_tools) -> None:
     """A NaN model: each request gets 500 model_output and the server goes on. Then SIGTERM while requests are
     in flight (batches of one at 800 px, a few tenths of a second each): every one of them is still answered,
