@@ -3,7 +3,7 @@
 :func:`read_checkpoint` tries :data:`READERS` in order; the first that recognises the source reads it:
 - a released model's name ("detr-r50": :mod:`detr.checkpoints.released`, downloaded on first use);
 - a directory written by Hugging Face transformers (:mod:`detr.checkpoints.huggingface`; Deformable DETR's:
-  :mod:`detr.checkpoints.huggingface_deformable`);
+  :mod:`detr.checkpoints.huggingface_deformable`; RT-DETR's: :mod:`detr.checkpoints.huggingface_rtdetr`);
 - a file written by ``torch.save`` (:func:`detr.checkpoints.formats.read_torch_file`): the authors' release
   files (detr-r50-e632da11.pth …: ``{"model": state_dict, ...}``), plain state dicts in that key layout, and
   this project's Lightning checkpoints (``state_dict`` with keys ``"model." + official key`` and
@@ -43,6 +43,7 @@ from detr.checkpoints.huggingface_deformable import (
     read_huggingface_deformable,
     save_pretrained_deformable,
 )
+from detr.checkpoints.huggingface_rtdetr import is_rtdetr_directory, read_huggingface_rtdetr
 from detr.checkpoints.panoptic import is_panoptic_state_dict, load_panoptic
 from detr.models.build import build_detr
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
@@ -59,10 +60,18 @@ def _released_name(source: str | Path) -> CheckpointContents | None:
     return None if model is None else released.read_released(model)
 
 
+#: transformers' directories of the families other than DETR: (recognises the directory, reads it).
+HUGGINGFACE_READERS: tuple[tuple[Callable[[str | Path], bool], Callable[[str | Path], CheckpointContents]], ...] = (
+    (is_deformable_directory, read_huggingface_deformable),
+    (is_rtdetr_directory, read_huggingface_rtdetr),
+)
+
+
 def _huggingface_directory(source: str | Path) -> CheckpointContents | None:
     if not Path(source).is_dir():
         return None
-    return read_huggingface_deformable(source) if is_deformable_directory(source) else read_huggingface(source)
+    reader = next((read for recognises, read in HUGGINGFACE_READERS if recognises(source)), read_huggingface)
+    return reader(source)
 
 
 def _torch_file(source: str | Path) -> CheckpointContents | None:
