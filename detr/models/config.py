@@ -223,8 +223,8 @@ class DetrConfig:
         encoder_hidden_dim = self.encoder_hidden_dim or self.hidden_dim
         if self.hidden_dim % self.num_heads or encoder_hidden_dim % self.num_heads or encoder_hidden_dim % 4:
             raise ValueError(f"architecture='rtdetr' needs hidden_dim ({self.hidden_dim}) and encoder_hidden_dim "
-                             f"({encoder_hidden_dim}) divisible by num_heads ({self.num_heads}), and encoder_hidden_dim "
-                             f"by 4 (its 2-D sin-cos positions)")
+                             f"({encoder_hidden_dim}) divisible by num_heads ({self.num_heads}), and "
+                             f"encoder_hidden_dim by 4 (its 2-D sin-cos positions)")
         unsupported = {
             "class_head": (self.class_head != "sigmoid", "set class_head='sigmoid' (the varifocal head)"),
             "query_type": (self.query_type != "learned", "set query_type='learned' (queries come from the encoder)"),

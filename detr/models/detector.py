@@ -94,6 +94,13 @@ class Detector(nn.Module):
         return InputSpec() if eval_size is None else InputSpec(size=eval_size[0], max_size=eval_size[1])
 
     @property
+    def detections_per_image(self) -> int | None:
+        """How post-processing turns queries into detections: None, one per query (its best class: the paper's
+        DETR, Deformable DETR); k, the k best (query, class) pairs by sigmoid score, a query possibly detected
+        as several classes (the real-time DETRs: k = num_queries)."""
+        return None
+
+    @property
     def box_detector(self) -> Detector:
         """The detector that predicts the boxes: this model, or the one a mask model wraps."""
         return self

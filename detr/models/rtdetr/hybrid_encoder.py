@@ -90,7 +90,8 @@ class CSPRepLayer(nn.Module):
         self.conv1 = ConvNorm(in_channels, hidden, 1, activation=nn.SiLU())
         self.conv2 = ConvNorm(in_channels, hidden, 1, activation=nn.SiLU())
         self.bottlenecks = nn.Sequential(*[RepVggBlock(hidden) for _ in range(num_blocks)])
-        self.conv3 = ConvNorm(hidden, out_channels, 1, activation=nn.SiLU()) if hidden != out_channels else nn.Identity()
+        self.conv3 = (ConvNorm(hidden, out_channels, 1, activation=nn.SiLU()) if hidden != out_channels
+                      else nn.Identity())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv3(self.bottlenecks(self.conv1(x)) + self.conv2(x))
@@ -125,8 +126,9 @@ class HybridEncoder(nn.Module):
         temperature: of the sin-cos positions (10000).
     """
 
-    def __init__(self, in_channels: list[int], hidden_dim: int = 256, *, num_heads: int = 8, dim_feedforward: int = 1024,
-                 num_layers: int = 1, dropout: float = 0.0, expansion: float = 1.0, temperature: float = 10000.0) -> None:
+    def __init__(self, in_channels: list[int], hidden_dim: int = 256, *, num_heads: int = 8,
+                 dim_feedforward: int = 1024, num_layers: int = 1, dropout: float = 0.0, expansion: float = 1.0,
+                 temperature: float = 10000.0) -> None:
         super().__init__()
         self.hidden_dim = hidden_dim
         self.input_proj = nn.ModuleList(

@@ -74,10 +74,15 @@ class RTDETR(Detector):
 
     @property
     def input_spec(self) -> InputSpec:
-        """A ``meta.eval_size[0]``-pixel square (640 when unknown), pixels / 255 without mean and std: the
-        contract of the authors' models and of transformers' ``RTDetrImageProcessor``."""
+        """A ``meta.eval_size[0]``-pixel square (640 when unknown), pixels / 255 without mean and std, resized
+        with the antialiased bilinear filter: the contract of transformers' ``RTDetrImageProcessor``."""
         size = self.meta.eval_size[0] if self.meta.eval_size is not None else EVAL_SIZE
-        return InputSpec(resize="square", size=size, max_size=None, mean=None, std=None)
+        return InputSpec(resize="square", size=size, max_size=None, mean=None, std=None, interpolation="antialiased")
+
+    @property
+    def detections_per_image(self) -> int:
+        """The authors' post-processing: the ``num_queries`` best (query, class) pairs."""
+        return self.num_queries
 
     def describe(self) -> str:
         config = self.config
@@ -85,8 +90,8 @@ class RTDETR(Detector):
             return ""
         version = ("RT-DETRv2" if config.sampling_method != "bilinear" or config.sampling_offset_scale != 0.5
                    else "RT-DETR")
-        return (f"{version}, {config.backbone}-vd, {self.num_decoder_layers} decoder layers, {config.num_feature_levels}"
-                f" levels × {config.num_points} points, {config.hidden_dim} hidden, {config.num_classes} classes")
+        return (f"{version}, {config.backbone}-vd, {self.num_decoder_layers} decoder layers, "
+                f"{config.num_feature_levels} levels × {config.num_points} points, {config.hidden_dim} hidden, {config.num_classes} classes")
 
     def slow_modules(self) -> list[nn.Module]:
         return []

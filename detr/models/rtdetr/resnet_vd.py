@@ -127,7 +127,8 @@ class ResNetVd(nn.Module):
         norm_fn = norm_layer(norm)
         stem = (("conv1_1", 3, 32, 2), ("conv1_2", 32, 32, 1), ("conv1_3", 32, 64, 1))
         self.conv1 = nn.Sequential(OrderedDict(
-            (key, ConvNorm(c_in, c_out, 3, stride, norm=norm_fn, activation=nn.ReLU())) for key, c_in, c_out, stride in stem))
+            (key, ConvNorm(c_in, c_out, 3, stride, norm=norm_fn, activation=nn.ReLU()))
+            for key, c_in, c_out, stride in stem))
         stages, in_channels = [], 64
         for index, (count, width) in enumerate(zip(counts, _WIDTHS)):
             stages.append(Stage(block, in_channels, width, count, 1 if index == 0 else 2, norm_fn))

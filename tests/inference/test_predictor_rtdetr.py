@@ -1,0 +1,54 @@
+"""The Predictor on a transformers RT-DETR directory gives what transformers' own pipeline gives on the same
+photos: ``RTDetrImageProcessor`` (a 640 square, antialiased bilinear, pixels / 255) → the model →
+``post_process_object_detection`` (the top num_queries (query, class) pairs by sigmoid score, above the
+threshold). The Predictor clips boxes to the image (its predictions are drawn and written); transformers does
+not, so its boxes are clipped here before comparing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import detr
+from tests.checkpoints.test_huggingface_rtdetr import hf_model
+from tests.helpers import REPO
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("torchvision")
+
+PHOTOS = ("chelsea.png", "astronaut.png", "000000039769.png")  # upscaled in both directions, square, 4:3
+THRESHOLD = 0.5
+
+
+@pytest.fixture(scope="module")
+def directory(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rtdetr")
+    hf = hf_model("resnet18", 80, seed=1)
+    hf.save_pretrained(path)
+    transformers.RTDetrImageProcessor().save_pretrained(path)  # the hub's: 640 × 640, no mean/std
+    return path, hf
+
+
+def test_predictor_equals_transformers_processor_and_post_processing(directory):
+    path, hf = directory
+    processor = transformers.RTDetrImageProcessor.from_pretrained(path)
+    predictor = detr.Predictor.from_checkpoint(path, device="cpu", optimize=False, batch_size=len(PHOTOS))
+    assert (predictor.input_spec.resize, predictor.input_spec.size) == ("square", 640)
+    images = [np.asarray(Image.open(REPO / "data" / "photos" / name).convert("RGB")) for name in PHOTOS]
+    predictions = predictor.predict(images, threshold=THRESHOLD)
+    with torch.no_grad():
+        inputs = processor(images=[Image.fromarray(image) for image in images], return_tensors="pt")
+        outputs = hf(**inputs)
+    sizes = [image.shape[:2] for image in images]
+    expected = processor.post_process_object_detection(outputs, threshold=THRESHOLD, target_sizes=sizes)
+    for prediction, theirs, (height, width) in zip(predictions, expected, sizes):
+        assert len(prediction.scores) == len(theirs["scores"]) > 0
+        assert torch.equal(prediction.labels, theirs["labels"])
+        assert float((prediction.scores - theirs["scores"]).abs().max()) <= 1e-4
+        clipped = torch.stack([theirs["boxes"][:, 0].clamp(0, width), theirs["boxes"][:, 1].clamp(0, height),
+                               theirs["boxes"][:, 2].clamp(0, width), theirs["boxes"][:, 3].clamp(0, height)], -1)
+        assert float((prediction.boxes - clipped).abs().max()) <= 1e-2  # pixels, of images up to 640 wide
+        # top-k over queries × classes: each detection names the query it came from
+        assert prediction.query_indices.max() < predictor.model.num_queries
