@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 import detr
-from tests.checkpoints.test_huggingface_rtdetr import hf_model
 from tests.helpers import REPO
+from tests.helpers_rtdetr import hf_model
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torchvision")

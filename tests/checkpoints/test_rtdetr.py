@@ -8,55 +8,23 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import detr
 from detr.checkpoints import CheckpointError
-from tests.helpers import REPO, randomise
+from tests.helpers_rtdetr import hf_model, square_photos
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 TOLERANCE = 1e-4
 SIDE = 128  # a multiple of 32, small enough for a fast test
-#: A small decoder and encoder (widths 64, 4 heads) on the real ResNet-vd depths, 3 decoder layers as R18's.
-TINY = {"encoder_hidden_dim": 64, "d_model": 64, "encoder_ffn_dim": 96, "decoder_ffn_dim": 128,
-        "decoder_in_channels": [64] * 3, "decoder_layers": 3, "num_queries": 30, "encoder_attention_heads": 4,
-        "decoder_attention_heads": 4}
-BACKBONES = {"resnet18": ("basic", [2, 2, 2, 2], [64, 128, 256, 512]),
-             "resnet50": ("bottleneck", [3, 4, 6, 3], [256, 512, 1024, 2048])}
 
 
 @pytest.fixture(scope="module")
 def photos() -> torch.Tensor:
-    """chelsea and astronaut, resized to SIDE × SIDE (PIL bilinear) and scaled to [0, 1]: [2, 3, SIDE, SIDE]."""
-    images = [np.asarray(Image.open(REPO / "data" / "photos" / name).convert("RGB").resize((SIDE, SIDE),
-                                                                                            Image.BILINEAR))
-              for name in ("chelsea.png", "astronaut.png")]
-    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 255
-
-
-def hf_model(backbone: str = "resnet18", num_labels: int = 80, *, version: int = 1, seed: int = 0, **options):
-    """A transformers RT-DETR (version 1) or RT-DETRv2 (2) with random weights everywhere (transformers' init
-    starts every query at the same box), RT-DETRv2's 1 / points buffer kept as it is."""
-    layer_type, depths, widths = BACKBONES[backbone]
-    resnet = transformers.RTDetrResNetConfig(layer_type=layer_type, depths=depths, hidden_sizes=widths,
-                                             out_indices=[2, 3, 4])
-    config_class, model_class = ((transformers.RTDetrConfig, transformers.RTDetrForObjectDetection) if version == 1
-                                 else (transformers.RTDetrV2Config, transformers.RTDetrV2ForObjectDetection))
-    config = config_class(backbone_config=resnet, encoder_in_channels=widths[1:], num_labels=num_labels,
-                          id2label={i: f"thing {i}" for i in range(num_labels)}, **{**TINY, **options})
-    torch.manual_seed(seed)
-    model = model_class(config).eval()
-    randomise(model, seed)
-    if version == 2:
-        with torch.no_grad():
-            for layer in model.model.decoder.layers:
-                layer.encoder_attn.n_points_scale.fill_(1.0 / config.decoder_n_points)
-    return model
+    return square_photos(SIDE)
 
 
 def differences(model, hf, images: torch.Tensor) -> tuple[float, float]:
@@ -145,3 +113,56 @@ def test_settings_this_model_cannot_reproduce_are_refused(tmp_path, change, mess
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=message):
         detr.load_checkpoint(tmp_path)
+
+
+#: Keys of the authors' RT-DETRv2 models (lyuwenyu/RT-DETR, rtdetrv2_pytorch: PResNet, HybridEncoder,
+#: RTDETRTransformerv2), one per kind of module.
+AUTHORS_KEYS = (
+    "backbone.conv1.conv1_1.conv.weight", "backbone.conv1.conv1_3.norm.running_var",
+    "backbone.res_layers.0.blocks.0.short.conv.weight", "backbone.res_layers.1.blocks.0.short.conv.conv.weight",
+    "backbone.res_layers.3.blocks.1.branch2b.norm.weight", "encoder.input_proj.2.conv.weight",
+    "encoder.encoder.0.layers.0.self_attn.in_proj_weight", "encoder.encoder.0.layers.0.linear2.weight",
+    "encoder.fpn_blocks.1.bottlenecks.2.conv2.norm.running_mean", "encoder.pan_blocks.0.conv2.conv.weight",
+    "encoder.lateral_convs.0.conv.weight", "encoder.downsample_convs.1.norm.bias", "decoder.input_proj.0.conv.weight",
+    "decoder.decoder.layers.2.cross_attn.sampling_offsets.weight", "decoder.decoder.layers.0.self_attn.out_proj.bias",
+    "decoder.decoder.layers.1.norm3.weight", "decoder.query_pos_head.layers.1.weight", "decoder.enc_output.proj.weight",
+    "decoder.enc_score_head.bias", "decoder.enc_bbox_head.layers.2.weight", "decoder.dec_score_head.2.weight",
+    "decoder.dec_bbox_head.0.layers.1.bias", "decoder.denoising_class_embed.weight",
+)
+
+
+def _v1_spelling(key: str) -> str:
+    """RT-DETR (v1)'s names of the encoder's input projections and the encoder output head: indices, not names."""
+    for ours, theirs in ((".conv.", ".0."), (".norm.", ".1.")):
+        if key.startswith("encoder.input_proj."):
+            key = key.replace(ours, theirs)
+    return key.replace("decoder.enc_output.proj.", "decoder.enc_output.0.").replace("decoder.enc_output.norm.",
+                                                                                     "decoder.enc_output.1.")
+
+
+@pytest.mark.parametrize("layout", ["ema", "model_v1"])
+def test_the_authors_release_layouts_load_with_transformers_outputs(tmp_path, photos, layout):
+    """``{"ema": {"module": ...}}`` (preferred to the "model" beside it: the averaged weights are the released
+    ones; with RT-DETRv2's anchor and points-scale buffers) and ``{"model": ...}`` in RT-DETR v1's spelling.
+    The weights cannot show the number of heads: the authors' 8, which the reader assumes."""
+    hf = hf_model("resnet18", 80, seed=2, encoder_attention_heads=8, decoder_attention_heads=8)
+    hf.save_pretrained(tmp_path / "hf")
+    state = detr.load_checkpoint(tmp_path / "hf").state_dict()
+    assert set(AUTHORS_KEYS) <= set(state)
+    if layout == "ema":
+        module = {**state, "decoder.anchors": torch.zeros(1, 336, 4), "decoder.valid_mask": torch.ones(1, 336, 1),
+                  **{f"decoder.decoder.layers.{i}.cross_attn.num_points_scale": torch.full((12,), 0.25)
+                     for i in range(3)}}
+        checkpoint = {"ema": {"module": module, "updates": 1000},
+                      "model": {key: torch.zeros_like(value) for key, value in state.items()}, "last_epoch": 71}
+    else:
+        checkpoint = {"model": {_v1_spelling(key): value for key, value in state.items()}}
+    path = tmp_path / "rtdetr_r18vd_6x_coco.pth"
+    torch.save(checkpoint, path)
+    model = detr.load_checkpoint(path, num_queries=30)
+    config = model.config
+    assert (config.backbone, config.num_decoder_layers, config.hidden_dim, config.num_classes) == ("resnet18", 3, 64, 80)
+    assert model.meta.category_map.category_ids[:3] == (1, 2, 3) and model.meta.category_map.names[0] == "person"
+    logits_diff, boxes_diff = differences(model, hf, photos)
+    assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
+

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from detr.categories import COCO_CATEGORIES, CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError
 from detr.checkpoints.huggingface import _category_map, _read_json, _read_weights
 from detr.models.config import DetrConfig, ModelMeta
@@ -271,3 +272,87 @@ def read_huggingface_rtdetr(directory: str | Path) -> CheckpointContents:
     meta = ModelMeta(category_map=_category_map(config, model_config.num_classes, config_path),
                      eval_size=(size, size) if size is not None else None)
     return CheckpointContents(state_dict, model_config, meta)
+
+
+#: RT-DETR (v1)'s spellings of two Sequentials that RT-DETRv2 names (this project keeps v2's names).
+_V1_SPELLINGS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^encoder\.input_proj\.(\d+)\.0\."), r"encoder.input_proj.\1.conv."),
+    (re.compile(r"^encoder\.input_proj\.(\d+)\.1\."), r"encoder.input_proj.\1.norm."),
+    (re.compile(r"^decoder\.enc_output\.0\."), "decoder.enc_output.proj."),
+    (re.compile(r"^decoder\.enc_output\.1\."), "decoder.enc_output.norm."),
+)
+#: Buffers of the authors' files that this project computes: RT-DETRv2's anchors and valid mask at its eval size
+#: and its 1 / points per sampling point.
+_RECOMPUTED = re.compile(r"^decoder\.(anchors|valid_mask)$|^decoder\.decoder\.layers\.\d+\.cross_attn\.num_points_scale$")
+
+
+def is_rtdetr_state_dict(state_dict: dict[str, torch.Tensor]) -> bool:
+    """The authors' RT-DETR / RT-DETRv2 layout (and this project's): per-layer decoder score heads."""
+    return "decoder.dec_score_head.0.weight" in state_dict and "encoder.fpn_blocks.0.conv1.conv.weight" in state_dict
+
+
+def _count(state_dict: dict[str, torch.Tensor], prefix: str) -> int:
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
+    found = {int(match.group(1)) for key in state_dict if (match := pattern.match(key))}
+    if found != set(range(len(found))):
+        raise CheckpointError(f"{prefix}N is numbered {sorted(found)}: the file lacks some (cut or edited)")
+    return len(found)
+
+
+def read_rtdetr_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the state dict", *,
+                           num_heads: int = 8) -> CheckpointContents:
+    """An authors' RT-DETR or RT-DETRv2 state dict (lyuwenyu/RT-DETR, the ``ema.module`` or ``model`` entry of
+    their files) → this project's keys and the configuration read off the weights.
+
+    Read from the weights: the ResNet-vd depth, widths, layer counts, levels, points (given ``num_heads``: the
+    authors' 8), classes, the CSP expansion and the denoising embedding. Not visible, so the authors' defaults
+    that ``load_checkpoint(path, **overrides)`` can replace: num_queries (300), num_heads (8), and RT-DETRv2's
+    sampling_offset_scale (0.5) and sampling_method ("bilinear"; "discrete" for their ``_dsp`` models).
+    """
+    official: dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        if _RECOMPUTED.match(key):
+            continue
+        for pattern, replacement in _V1_SPELLINGS:
+            key = pattern.sub(replacement, key)
+        official[key] = value.float() if value.is_floating_point() else value
+    if "decoder.tgt_embed.weight" in official:
+        raise CheckpointError(f"{where}: learned initial queries (decoder.tgt_embed) are not supported; this "
+                              f"project's RT-DETR takes its queries from the encoder, as the released models")
+    if "backbone.conv1.conv1_1.conv.weight" not in official:
+        raise CheckpointError(f"{where}: the backbone is not a ResNet-vd (PResNet: backbone.conv1.conv1_1); "
+                              f"HGNetV2 and other backbones are not supported")
+    bottleneck = "backbone.res_layers.0.blocks.0.branch2c.conv.weight" in official
+    counts = tuple(_count(official, f"backbone.res_layers.{stage}.blocks.") for stage in range(4))
+    backbone = next((name for name, spec in DEPTHS.items() if spec == (counts, bottleneck)), None)
+    if backbone is None:
+        raise CheckpointError(f"{where}: a ResNet-vd with blocks {counts} (bottleneck={bottleneck}) is none of "
+                              f"{', '.join(DEPTHS)}")
+    levels = _count(official, "decoder.input_proj.")
+    weights_out = int(official["decoder.decoder.layers.0.cross_attn.attention_weights.weight"].shape[0])
+    if weights_out % (num_heads * levels):
+        raise CheckpointError(f"{where}: the attention weights ({weights_out} outputs) do not split into {levels} "
+                              f"levels x num_heads={num_heads}; pass the model's num_heads")
+    hidden = int(official["decoder.enc_output.proj.weight"].shape[0])
+    encoder_dim = int(official["encoder.input_proj.0.conv.weight"].shape[0])
+    encoder_layers = _count(official, "encoder.encoder.0.layers.")
+    ffn = int(official["decoder.decoder.layers.0.linear1.weight"].shape[0])
+    encoder_ffn = int(official["encoder.encoder.0.layers.0.linear1.weight"].shape[0]) if encoder_layers else ffn
+    num_classes = int(official["decoder.dec_score_head.0.weight"].shape[0])
+    if int(official["decoder.enc_score_head.weight"].shape[0]) != num_classes:
+        raise CheckpointError(f"{where}: a class-agnostic query selection (enc_score_head with one output) is not "
+                              f"supported")
+    config = DetrConfig(
+        architecture="rtdetr", class_head="sigmoid", backbone=backbone, hidden_dim=hidden, num_heads=num_heads,
+        encoder_hidden_dim=encoder_dim if encoder_dim != hidden else None, num_encoder_layers=encoder_layers,
+        num_decoder_layers=_count(official, "decoder.decoder.layers."), dim_feedforward=ffn,
+        encoder_dim_feedforward=encoder_ffn if encoder_ffn != ffn else None,
+        csp_expansion=int(official["encoder.fpn_blocks.0.conv1.conv.weight"].shape[0]) / encoder_dim,
+        dropout=0.0, num_queries=300, num_classes=num_classes, num_feature_levels=levels,
+        num_points=weights_out // (num_heads * levels),
+        denoising="decoder.denoising_class_embed.weight" in official, pretrained_backbone=False)
+    # the authors' COCO models predict COCO's 80 categories in the order of their ids (their
+    # remap_mscoco_category), at their 640 × 640 evaluation size
+    coco = CategoryMap.from_coco_categories([{"id": i, "name": n} for i, n in COCO_CATEGORIES], contiguous=True)
+    meta = ModelMeta(category_map=coco if num_classes == coco.num_classes else None, eval_size=(640, 640))
+    return CheckpointContents(official, config, meta)
