@@ -50,6 +50,7 @@ from detr.checkpoints.rtdetr import (
     is_rtdetr_state_dict,
     read_huggingface_rtdetr,
     read_rtdetr_state_dict,
+    save_pretrained_rtdetr,
 )
 from detr.models.build import build_detr
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
@@ -184,6 +185,7 @@ def _check_inferred_layer_counts(path: Path, inferred: DetrConfig, overrides: di
 HUGGINGFACE_WRITERS: dict[str, Callable[..., Path]] = {
     "detr": save_pretrained,
     "deformable": save_pretrained_deformable,
+    "rtdetr": save_pretrained_rtdetr,
 }
 
 

@@ -1,10 +1,13 @@
-"""RT-DETR and RT-DETRv2 weights in: transformers' directories and the authors' release files.
+"""RT-DETR and RT-DETRv2 weights in (transformers' directories, the authors' release files) and out (transformers).
 
 transformers: :func:`read_huggingface_rtdetr` reads a directory as ``RTDetrForObjectDetection`` and
 ``RTDetrV2ForObjectDetection.save_pretrained`` write it and as the hub serves the converted models
 (PekingU/rtdetr_r18vd ... _r101vd, PekingU/rtdetr_v2_r18vd ...): ``config.json`` (model_type "rt_detr" or
 "rt_detr_v2", transformers' RTDetrResNet backbone) + ``model.safetensors`` or ``pytorch_model.bin`` +
 ``preprocessor_config.json`` (the square size). Any label count; ``id2label`` becomes the category map.
+
+:func:`save_pretrained_rtdetr` writes this project's model in that format, so that transformers'
+``from_pretrained`` gives the same outputs.
 
 The authors' files (lyuwenyu/RT-DETR: ``{"ema": {"module": state_dict}}`` or ``{"model": state_dict}``) hold
 this project's own key layout but for a few spellings of RT-DETR (v1) and buffers this project recomputes;
@@ -42,6 +45,7 @@ the ones used. transformers and timm are never imported; safetensors only for .s
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -49,10 +53,12 @@ from typing import Any
 
 import torch
 
+from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import COCO_CATEGORIES, CategoryMap
-from detr.checkpoints.formats import CheckpointContents, CheckpointError
-from detr.checkpoints.huggingface import _category_map, _read_json, _read_weights
+from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
+from detr.checkpoints.huggingface import _category_map, _read_json, _read_weights, _safetensors_torch
 from detr.models.config import DetrConfig, ModelMeta
+from detr.models.rtdetr.model import RTDETR
 from detr.models.rtdetr.resnet_vd import DEPTHS
 
 logger = logging.getLogger(__name__)
@@ -283,7 +289,8 @@ _V1_SPELLINGS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 #: Buffers of the authors' files that this project computes: RT-DETRv2's anchors and valid mask at its eval size
 #: and its 1 / points per sampling point.
-_RECOMPUTED = re.compile(r"^decoder\.(anchors|valid_mask)$|^decoder\.decoder\.layers\.\d+\.cross_attn\.num_points_scale$")
+_RECOMPUTED = re.compile(r"^decoder\.(anchors|valid_mask)$"
+                         r"|^decoder\.decoder\.layers\.\d+\.cross_attn\.num_points_scale$")
 
 
 def is_rtdetr_state_dict(state_dict: dict[str, torch.Tensor]) -> bool:
@@ -356,3 +363,157 @@ def read_rtdetr_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
     coco = CategoryMap.from_coco_categories([{"id": i, "name": n} for i, n in COCO_CATEGORIES], contiguous=True)
     meta = ModelMeta(category_map=coco if num_classes == coco.num_classes else None, eval_size=(640, 640))
     return CheckpointContents(official, config, meta)
+
+
+#: (this project's pattern, transformers' replacement): :data:`_RENAMES` the other way.
+_TO_HUGGINGFACE_PAIRS: tuple[tuple[str, str], ...] = (
+    (r"backbone\.conv1\.conv1_(\d)\.(conv|norm)\.", "model.backbone.model.embedder.embedder.{stem}.{cn}."),
+    (r"backbone\.res_layers\.(\d+)\.blocks\.(\d+)\.branch2([abc])\.(conv|norm)\.",
+     "model.backbone.model.encoder.stages.{0}.layers.{1}.layer.{branch}.{cn}."),
+    (r"backbone\.res_layers\.(\d+)\.blocks\.(\d+)\.short\.conv\.(conv|norm)\.",
+     "model.backbone.model.encoder.stages.{0}.layers.{1}.shortcut.1.{cn}."),
+    (r"backbone\.res_layers\.(\d+)\.blocks\.(\d+)\.short\.(conv|norm)\.",
+     "model.backbone.model.encoder.stages.{0}.layers.{1}.shortcut.{cn}."),
+    (r"encoder\.input_proj\.(\d+)\.conv\.", "model.encoder_input_proj.{0}.0."),
+    (r"encoder\.input_proj\.(\d+)\.norm\.", "model.encoder_input_proj.{0}.1."),
+    (r"encoder\.encoder\.(\d+)\.layers\.(\d+)\.self_attn\.out_proj\.",
+     "model.encoder.encoder.{0}.layers.{1}.self_attn.out_proj."),
+    (r"encoder\.encoder\.(\d+)\.layers\.(\d+)\.norm1\.",
+     "model.encoder.encoder.{0}.layers.{1}.self_attn_layer_norm."),
+    (r"encoder\.encoder\.(\d+)\.layers\.(\d+)\.linear1\.", "model.encoder.encoder.{0}.layers.{1}.fc1."),
+    (r"encoder\.encoder\.(\d+)\.layers\.(\d+)\.linear2\.", "model.encoder.encoder.{0}.layers.{1}.fc2."),
+    (r"encoder\.encoder\.(\d+)\.layers\.(\d+)\.norm2\.",
+     "model.encoder.encoder.{0}.layers.{1}.final_layer_norm."),
+    (r"encoder\.(lateral_convs|fpn_blocks|downsample_convs|pan_blocks)\.", "model.encoder.{0}."),
+    (r"decoder\.input_proj\.(\d+)\.conv\.", "model.decoder_input_proj.{0}.0."),
+    (r"decoder\.input_proj\.(\d+)\.norm\.", "model.decoder_input_proj.{0}.1."),
+    (r"decoder\.decoder\.layers\.(\d+)\.self_attn\.out_proj\.", "model.decoder.layers.{0}.self_attn.out_proj."),
+    (r"decoder\.decoder\.layers\.(\d+)\.norm1\.", "model.decoder.layers.{0}.self_attn_layer_norm."),
+    (r"decoder\.decoder\.layers\.(\d+)\.cross_attn\.", "model.decoder.layers.{0}.encoder_attn."),
+    (r"decoder\.decoder\.layers\.(\d+)\.norm2\.", "model.decoder.layers.{0}.encoder_attn_layer_norm."),
+    (r"decoder\.decoder\.layers\.(\d+)\.linear1\.", "model.decoder.layers.{0}.fc1."),
+    (r"decoder\.decoder\.layers\.(\d+)\.linear2\.", "model.decoder.layers.{0}.fc2."),
+    (r"decoder\.decoder\.layers\.(\d+)\.norm3\.", "model.decoder.layers.{0}.final_layer_norm."),
+    (r"decoder\.query_pos_head\.", "model.decoder.query_pos_head."),
+    (r"decoder\.dec_score_head\.(\d+)\.", "model.decoder.class_embed.{0}."),
+    (r"decoder\.dec_bbox_head\.(\d+)\.", "model.decoder.bbox_embed.{0}."),
+    (r"decoder\.enc_output\.proj\.", "model.enc_output.0."),
+    (r"decoder\.enc_output\.norm\.", "model.enc_output.1."),
+    (r"decoder\.(enc_score_head|enc_bbox_head|denoising_class_embed)\.", "model.{0}."),
+)
+_TO_HUGGINGFACE = tuple((re.compile(pattern), replacement) for pattern, replacement in _TO_HUGGINGFACE_PAIRS)
+_CN = {"conv": "convolution", "norm": "normalization"}
+_IN_PROJ = re.compile(r"(encoder\.encoder\.\d+\.layers\.\d+|decoder\.decoder\.layers\.\d+)"
+                      r"\.self_attn\.in_proj_(weight|bias)$")
+
+
+def _to_huggingface_key(key: str) -> str:
+    for pattern, replacement in _TO_HUGGINGFACE:
+        match = pattern.match(key)
+        if match is None:
+            continue
+        groups = match.groups()
+        named: dict[str, str] = {}
+        if "{stem}" in replacement:
+            named = {"stem": str(int(groups[0]) - 1), "cn": _CN[groups[1]]}
+        elif "{branch}" in replacement:
+            named = {"branch": str("abc".index(groups[2])), "cn": _CN[groups[3]]}
+        elif "{cn}" in replacement:
+            named = {"cn": _CN[groups[-1]]}
+        hf_key = replacement.format(*groups, **named) + key[match.end():]
+        if _rename(_current_spelling(hf_key)) != key:  # the two tables must be inverses
+            raise AssertionError(f"{key} → {hf_key} does not read back")
+        return hf_key
+    raise ExportError(f"{key} has no counterpart in transformers' RT-DETR")
+
+
+def to_huggingface_state_dict(model: RTDETR, *, version: int = 1) -> dict[str, torch.Tensor]:
+    """This project's RT-DETR → transformers' keys (as on disk), every tensor a contiguous copy; ``version=2``
+    adds RT-DETRv2's 1 / points buffer."""
+    hf: dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        value = value.detach().to("cpu", copy=True).contiguous()
+        if match := _IN_PROJ.match(key):
+            prefix, kind = match.groups()
+            hf_prefix = _to_huggingface_key(prefix + ".norm1.")[: -len("self_attn_layer_norm.")]
+            for which, part in zip("qkv", value.chunk(3)):
+                hf[f"{hf_prefix}self_attn.{which}_proj.{kind}"] = part.clone()
+            continue
+        hf[_to_huggingface_key(key)] = value
+    if version == 2:
+        points = model.config.num_points
+        for index in range(model.num_decoder_layers):
+            hf[f"model.decoder.layers.{index}.encoder_attn.n_points_scale"] = torch.full(
+                (model.config.num_feature_levels * points,), 1.0 / points)
+    return hf
+
+
+def huggingface_rtdetr_config(model: RTDETR, *, version: int | None = None,
+                              category_map: CategoryMap | None = None) -> dict[str, Any]:
+    """config.json of :func:`save_pretrained_rtdetr` (``version`` None: 2 where RT-DETRv2's options are used)."""
+    config = model.config
+    if config is None or config.architecture != "rtdetr":
+        raise ExportError("save_pretrained_rtdetr needs an RT-DETR built by build_detr (model.config)")
+    v2_options = config.sampling_method != "bilinear" or config.sampling_offset_scale != 0.5
+    version = version if version is not None else (2 if v2_options else 1)
+    if version == 1 and v2_options:
+        raise ExportError("RT-DETRv2's sampling options (discrete sampling, an offset scale other than 0.5) need "
+                          "transformers' rt_detr_v2: pass version=2")
+    if config.backbone_norm == "group_norm":
+        raise ExportError("transformers' RT-DETR has batch norms in its backbone, not group norms")
+    counts, bottleneck = DEPTHS[config.backbone]
+    widths = [256, 512, 1024, 2048] if bottleneck else [64, 128, 256, 512]
+    encoder_dim = config.encoder_hidden_dim or config.hidden_dim
+    category_map = category_map or model.meta.category_map
+    names = list(category_map.names) if category_map is not None else [f"LABEL_{i}" for i in range(model.num_classes)]
+    hf: dict[str, Any] = {
+        "architectures": ["RTDetrForObjectDetection" if version == 1 else "RTDetrV2ForObjectDetection"],
+        "model_type": MODEL_TYPES[version - 1],
+        "backbone_config": {"model_type": "rt_detr_resnet", "layer_type": "bottleneck" if bottleneck else "basic",
+                            "depths": list(counts), "hidden_sizes": widths, "embedding_size": 64,
+                            "hidden_act": "relu", "downsample_in_first_stage": False,
+                            "downsample_in_bottleneck": False, "num_channels": 3, "out_indices": [2, 3, 4]},
+        "freeze_backbone_batch_norms": config.backbone_norm == "frozen_batch_norm",
+        "encoder_hidden_dim": encoder_dim, "encoder_in_channels": widths[1:], "feat_strides": [8, 16, 32],
+        "encoder_layers": config.num_encoder_layers,
+        "encoder_ffn_dim": config.encoder_dim_feedforward or config.dim_feedforward,
+        "encoder_attention_heads": config.num_heads, "dropout": config.dropout, "activation_dropout": 0.0,
+        "encode_proj_layers": [2], "positional_encoding_temperature": 10000, "encoder_activation_function": "gelu",
+        "activation_function": "silu", "eval_size": None, "normalize_before": False,
+        "hidden_expansion": config.csp_expansion, "d_model": config.hidden_dim, "num_queries": config.num_queries,
+        "decoder_in_channels": [encoder_dim] * 3, "decoder_ffn_dim": config.dim_feedforward,
+        "num_feature_levels": config.num_feature_levels, "decoder_n_points": config.num_points,
+        "decoder_layers": config.num_decoder_layers, "decoder_attention_heads": config.num_heads,
+        "decoder_activation_function": "relu", "attention_dropout": 0.0,
+        "num_denoising": 100 if config.denoising else 0, "learn_initial_query": False, "anchor_image_size": None,
+        "with_box_refine": True, "is_encoder_decoder": True, "layer_norm_eps": 1e-5, "batch_norm_eps": 1e-5,
+        "id2label": {str(i): n for i, n in enumerate(names)}, "label2id": {n: i for i, n in enumerate(names)},
+    }
+    if version == 2:
+        hf.update(decoder_n_levels=config.num_feature_levels, decoder_offset_scale=config.sampling_offset_scale,
+                  decoder_method="discrete" if config.sampling_method == "discrete" else "default")
+    return hf
+
+
+def save_pretrained_rtdetr(model: RTDETR, directory: str | Path, *, version: int | None = None,
+                           category_map: CategoryMap | None = None, backbone_format: str | None = None) -> Path:
+    """Write ``model`` as ``RTDetr(V2)ForObjectDetection.save_pretrained`` would: config.json, model.safetensors
+    and preprocessor_config.json (``RTDetrImageProcessor`` at the model's square size). ``version``: 1 (rt_detr)
+    or 2 (rt_detr_v2); None picks 2 only where RT-DETRv2's sampling options are used. ``backbone_format`` (the
+    DETR writers' choice of timm or transformers' ResNet) is not read: transformers' RT-DETR has one backbone,
+    its RTDetrResNet."""
+    config = huggingface_rtdetr_config(model, version=version, category_map=category_map)
+    tensors = to_huggingface_state_dict(model, version=MODEL_TYPES.index(config["model_type"]) + 1)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
+    data = _safetensors_torch().save(tensors, metadata={"format": "pt"})
+    write_atomically(directory / "model.safetensors", lambda file: file.write(data))
+    size = model.input_spec.size
+    processor = {"image_processor_type": "RTDetrImageProcessor", "format": "coco_detection", "do_resize": True,
+                 "size": {"height": size, "width": size}, "resample": 2, "do_rescale": True,
+                 "rescale_factor": 1 / 255, "do_normalize": False, "do_pad": False}
+    write_text_atomically(directory / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
+    logger.info("wrote %s (%s, %s, %d classes)", directory, config["model_type"], model.config.backbone,
+                model.num_classes)
+    return directory

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import detr
-from detr.checkpoints import CheckpointError
+from detr.checkpoints import CheckpointError, save_huggingface
 from tests.helpers_rtdetr import hf_model, square_photos
 
 transformers = pytest.importorskip("transformers")
-pytest.importorskip("safetensors")
+load_file = pytest.importorskip("safetensors.torch").load_file
 
 TOLERANCE = 1e-4
 SIDE = 128  # a multiple of 32, small enough for a fast test
@@ -166,3 +166,22 @@ def test_the_authors_release_layouts_load_with_transformers_outputs(tmp_path, ph
     logits_diff, boxes_diff = differences(model, hf, photos)
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
 
+
+
+@pytest.mark.parametrize("version, options", [(1, {}), (2, {"decoder_method": "discrete", "decoder_offset_scale": 0.7})])
+def test_written_directories_load_in_transformers_with_the_same_outputs(tmp_path, photos, version, options):
+    """Back out through ``save_huggingface`` (the family's writer): transformers' ``from_pretrained`` reads every
+    weight the directory it wrote itself holds, and predicts what this project's model predicts."""
+    hf = hf_model("resnet18", 6, version=version, seed=3, **options)
+    hf.save_pretrained(tmp_path / "theirs")
+    model = detr.load_checkpoint(tmp_path / "theirs")
+    save_huggingface(model, tmp_path / "ours")
+    written = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert written["model_type"] == ("rt_detr" if version == 1 else "rt_detr_v2")
+    model_class = transformers.RTDetrForObjectDetection if version == 1 else transformers.RTDetrV2ForObjectDetection
+    again = model_class.from_pretrained(tmp_path / "ours").eval()
+    assert set(load_file(tmp_path / "ours" / "model.safetensors")) == set(
+        load_file(tmp_path / "theirs" / "model.safetensors"))
+    logits_diff, boxes_diff = differences(model, again, photos)
+    assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
+    assert transformers.RTDetrImageProcessor.from_pretrained(tmp_path / "ours").size["height"] == 640

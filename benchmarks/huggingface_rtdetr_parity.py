@@ -1,0 +1,82 @@
+"""Full-size parity against Hugging Face transformers for RT-DETR and RT-DETRv2 (random weights, 640 × 640).
+
+    .venv/bin/python benchmarks/huggingface_rtdetr_parity.py [--threads 2] [--repeats 3]
+    .venv/bin/python benchmarks/huggingface_rtdetr_parity.py --variants r18 v2_r50 --size 320
+
+For each variant a transformers ``RTDetrForObjectDetection`` / ``RTDetrV2ForObjectDetection`` of the released
+models' layout (ResNet-vd 18 with 3 decoder layers or 50 with 6, 256 wide, 8 heads, 3 levels × 4 points, FFN
+1024, 300 queries, 80 labels) gets random weights everywhere, is saved with ``save_pretrained`` and loaded with
+``detr.load_checkpoint``; both run on two photos resized to ``--size`` squares (pixels / 255). Printed: the max
+abs differences of logits and boxes, and the median forward time of each side over ``--repeats`` alternating
+runs after one warm-up each (batch 2, float32, ``torch.inference_mode``). Needs transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers_rtdetr
+
+from machine import describe_machine  # noqa: E402
+
+import detr  # noqa: E402
+from tests.helpers_rtdetr import hf_model, square_photos  # noqa: E402
+
+#: The released models' layout: (backbone, version, decoder layers, options of the transformers config).
+FULL = {"encoder_hidden_dim": 256, "d_model": 256, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
+        "decoder_in_channels": [256] * 3, "num_queries": 300, "encoder_attention_heads": 8,
+        "decoder_attention_heads": 8}
+VARIANTS = {
+    "r18": ("resnet18", 1, {"decoder_layers": 3}),
+    "r50": ("resnet50", 1, {"decoder_layers": 6}),
+    "v2_r50": ("resnet50", 2, {"decoder_layers": 6}),
+    "v2_r18_discrete": ("resnet18", 2, {"decoder_layers": 3, "decoder_method": "discrete"}),
+}
+
+
+def timed(fn) -> tuple[object, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--size", type=int, default=640)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(describe_machine())
+    images = square_photos(args.size)
+    mask = torch.zeros(images.shape[0], args.size, args.size, dtype=torch.bool)
+    print("| variant | max abs Δ logits / boxes | forward, ours / transformers (median) |")
+    print("|---|---|---|")
+    for name in args.variants:
+        backbone, version, options = VARIANTS[name]
+        hf = hf_model(backbone, 80, version=version, **{**FULL, **options})
+        with tempfile.TemporaryDirectory() as directory:
+            hf.save_pretrained(directory)
+            ours = detr.load_checkpoint(directory)
+        times: dict[str, list[float]] = {"ours": [], "theirs": []}
+        with torch.inference_mode():
+            mine, theirs = ours(images, mask), hf(pixel_values=images)  # warm-up, and the outputs compared
+            for _ in range(args.repeats):
+                times["ours"].append(timed(lambda: ours(images, mask))[1])
+                times["theirs"].append(timed(lambda: hf(pixel_values=images))[1])
+        logits = float((mine.logits - theirs.logits).abs().max())
+        boxes = float((mine.boxes - theirs.pred_boxes).abs().max())
+        print(f"| {name} | {logits:.2e} / {boxes:.2e} | {statistics.median(times['ours']):.2f} s / "
+              f"{statistics.median(times['theirs']):.2f} s |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
