@@ -34,7 +34,7 @@ def directory(tmp_path_factory):
 def test_predictor_equals_transformers_processor_and_post_processing(directory):
     path, hf = directory
     processor = transformers.RTDetrImageProcessor.from_pretrained(path)
-    predictor = detr.Predictor.from_checkpoint(path, device="cpu", optimize=False, batch_size=len(PHOTOS))
+    predictor = detr.Predictor.from_checkpoint(path, device="cpu", batch_size=len(PHOTOS))  # optimized, as users get it
     assert (predictor.input_spec.resize, predictor.input_spec.size) == ("square", 640)
     images = [np.asarray(Image.open(REPO / "data" / "photos" / name).convert("RGB")) for name in PHOTOS]
     predictions = predictor.predict(images, threshold=THRESHOLD)

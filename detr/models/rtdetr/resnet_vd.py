@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchvision.ops.misc import FrozenBatchNorm2d
 
 from detr.models.backbone import norm_layer
 from detr.models.config import BackboneName, BackboneNorm
@@ -49,6 +50,29 @@ class ConvNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.activation(self.norm(self.conv(x)))
+
+
+@torch.no_grad()
+def fold_batch_norms(module: nn.Module) -> int:
+    """Fold every (eval-mode or frozen) BatchNorm that directly follows a convolution inside ``module`` (a
+    :class:`ConvNorm`'s ``norm``, or the ``norm`` beside a ``conv`` in a Sequential) into that convolution, for
+    inference: ``w' = w · s``, ``b' = β − μ · s``, ``s = γ / sqrt(σ² + eps)``, one pass over the activations
+    fewer per layer. Outputs change only by float rounding; the state dict loses the authors' layout. Returns
+    how many were folded."""
+    folded = 0
+    for parent in list(module.modules()):
+        conv, norm = getattr(parent, "conv", None), getattr(parent, "norm", None)
+        if not isinstance(conv, nn.Conv2d) or not isinstance(norm, (nn.BatchNorm2d, FrozenBatchNorm2d)):
+            continue
+        scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
+        bias = norm.bias - norm.running_mean * scale
+        if conv.bias is not None:
+            bias = bias + conv.bias * scale
+        conv.weight.copy_(conv.weight * scale[:, None, None, None])
+        conv.bias = nn.Parameter(bias, requires_grad=False)
+        setattr(parent, "norm", nn.Identity())
+        folded += 1
+    return folded
 
 
 def _shortcut(in_channels: int, out_channels: int, stride: int, norm: Norm) -> nn.Module:
