@@ -192,7 +192,8 @@ HUGGINGFACE_WRITERS: dict[str, Callable[..., Path]] = {
 def save_huggingface(model: Detector, directory: str | Path, *, backbone_format: BackboneFormat = "timm") -> Path:
     """Write ``model`` as transformers' ``save_pretrained`` would, in its family's format
     (:data:`HUGGINGFACE_WRITERS`: DETR's :func:`detr.checkpoints.huggingface.save_pretrained`, which names what
-    it cannot write, or Deformable DETR's :func:`detr.checkpoints.huggingface_deformable.save_pretrained_deformable`)."""
+    it cannot write, Deformable DETR's :func:`detr.checkpoints.huggingface_deformable.save_pretrained_deformable`
+    or RT-DETR's :func:`detr.checkpoints.rtdetr.save_pretrained_rtdetr`)."""
     architecture = model.config.architecture if model.config is not None else "detr"
     return HUGGINGFACE_WRITERS[architecture](model, directory, backbone_format=backbone_format)
 

@@ -1,8 +1,8 @@
 """The detector contract: what every detector of this package, and every backend that runs one, is.
 
 :class:`Detector` is the one base every model meets: the paper's DETR and the anchor detector (through
-their shared :class:`detr.models.single_scale.SingleScaleDetector`), Deformable DETR, the panoptic model,
-and the ONNX Runtime backend (:class:`detr.checkpoints.onnx.OnnxDetector`). Code outside ``detr/models``
+their shared :class:`detr.models.single_scale.SingleScaleDetector`), Deformable DETR, RT-DETR, the panoptic
+model, and the ONNX Runtime backend (:class:`detr.checkpoints.onnx.OnnxDetector`). Code outside ``detr/models``
 asks this contract (``model.predicts_masks``, ``model.attention_kind``, ``model.min_image_size``, ...),
 never the class, and reads the :class:`~detr.models.outputs.DetectorOutput` that ``forward`` returns.
 
