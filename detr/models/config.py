@@ -92,7 +92,7 @@ class DetrConfig:
     on the stride-32 map, CCFM fusion) and a deformable decoder over ``num_feature_levels`` (3) levels with
     ``num_points`` points, box refinement and queries from the encoder's top ``num_queries``, always; the
     authors' model sets num_queries=300, dim_feedforward=1024, dropout=0.0, class_head="sigmoid",
-    num_encoder_layers=1 and num_decoder_layers=6 (3 for R18). ``denoising`` keeps the denoising label
+    num_feature_levels=3, num_encoder_layers=1 and num_decoder_layers=6 (3 for R18). ``denoising`` keeps the denoising label
     embedding of the authors' files (training with denoising is not implemented for this family).
         encoder_hidden_dim: the hybrid encoder's width (None: hidden_dim; R101: 384).
         encoder_dim_feedforward: the AIFI layer's FFN width (None: dim_feedforward; R101: 2048).
