@@ -185,3 +185,21 @@ def test_written_directories_load_in_transformers_with_the_same_outputs(tmp_path
     logits_diff, boxes_diff = differences(model, again, photos)
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
     assert transformers.RTDetrImageProcessor.from_pretrained(tmp_path / "ours").size["height"] == 640
+
+
+
+def test_detr_convert_turns_an_authors_file_into_a_transformers_directory(tmp_path, photos):
+    """The conversion users want from the authors' release: their .pth → detr-convert → transformers, with
+    the authors' 300 queries and 8 heads (which their files do not record) and COCO's category names."""
+    from detr.commands import convert
+
+    hf = hf_model("resnet18", 80, seed=4, num_queries=300, encoder_attention_heads=8, decoder_attention_heads=8)
+    hf.save_pretrained(tmp_path / "hf")
+    torch.save({"ema": {"module": detr.load_checkpoint(tmp_path / "hf").state_dict()}}, tmp_path / "authors.pth")
+    assert convert.main([str(tmp_path / "authors.pth"), "--to-huggingface", str(tmp_path / "converted")]) == 0
+    converted = transformers.RTDetrForObjectDetection.from_pretrained(tmp_path / "converted").eval()
+    assert converted.config.id2label[0] == "person" and converted.config.num_queries == 300
+    with torch.no_grad():
+        ours, theirs = converted(pixel_values=photos), hf(pixel_values=photos)
+    assert float((ours.logits - theirs.logits).abs().max()) <= TOLERANCE
+    assert float((ours.pred_boxes - theirs.pred_boxes).abs().max()) <= TOLERANCE
