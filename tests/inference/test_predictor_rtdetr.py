@@ -6,6 +6,8 @@ not, so its boxes are clipped here before comparing."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -52,3 +54,16 @@ def test_predictor_equals_transformers_processor_and_post_processing(directory):
         assert float((prediction.boxes - clipped).abs().max()) <= 1e-2  # pixels, of images up to 640 wide
         # top-k over queries × classes: each detection names the query it came from
         assert prediction.query_indices.max() < predictor.model.num_queries
+
+
+def test_detr_predict_runs_on_a_transformers_directory(directory, tmp_path):
+    from detr.commands import predict
+
+    path, _ = directory
+    status = predict.main([str(REPO / "data" / "photos" / PHOTOS[0]), "--checkpoint", str(path), "--out",
+                           str(tmp_path), "--device", "cpu", "--threshold", str(THRESHOLD)])
+    written = json.loads((tmp_path / "predictions.json").read_text())
+    assert status == 0 and (tmp_path / "chelsea.jpg").is_file()
+    # COCO results, one per (query, class) pair above the threshold, in the photo's pixels
+    assert len(written) > 0 and all(row["score"] > THRESHOLD and row["file_name"] == PHOTOS[0] for row in written)
+    assert max(row["bbox"][0] + row["bbox"][2] for row in written) <= 451 + 1e-3
