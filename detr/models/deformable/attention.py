@@ -13,7 +13,7 @@ The parameters are named as the authors' ``MSDeformAttn`` and transformers'
 ``DeformableDetrMultiscaleDeformableAttention``: ``sampling_offsets``, ``attention_weights``,
 ``value_proj``, ``output_proj``.
 
-RT-DETRv2 (Lv et al. 2024, §3) adds two options used by RT-DETR's decoder: the scale of the offsets around a
+RT-DETRv2 (Lv et al. 2024) adds two options used by RT-DETR's decoder: the scale of the offsets around a
 box (``offset_scale``, 0.5 in Deformable DETR and by default) and a "discrete" sampling that reads the nearest
 cell instead of interpolating (``sampling_method="discrete"``: a gather, which deploys without grid_sample).
 """

@@ -1,4 +1,4 @@
-"""RT-DETR's query selection and decoder (Zhao et al. 2024, §4.3; RT-DETRv2, Lv et al. 2024, §3).
+"""RT-DETR's query selection and decoder (Zhao et al. 2024, §4.3; RT-DETRv2, Lv et al. 2024).
 
 Query selection: every cell of the encoder's maps (flattened, finest first) goes through ``enc_output`` (linear +
 LayerNorm), a class head and a box head whose output is added to the cell's anchor (its centre, and a size of

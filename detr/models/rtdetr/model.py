@@ -37,7 +37,7 @@ class RTDETR(Detector):
         num_classes: sigmoid class logits (no "no object"). aux_loss: also return the earlier decoder layers.
 
     Attributes: those of the :class:`~detr.models.detector.Detector` contract; ``inference_layers``: how many
-    decoder layers run (None: all), the paper's speed knob (§5.3: every layer's heads are trained, so a
+    decoder layers run (None: all), the paper's speed knob (every layer's heads are trained, so a
     shallower decoder needs no retraining).
     """
 

@@ -1,4 +1,4 @@
-"""ResNet-vd, RT-DETR's backbone (He et al., "Bag of Tricks for Image Classification", §4.1: tweaks C and D).
+"""ResNet-vd, RT-DETR's backbone (He et al., "Bag of Tricks for Image Classification", §4.2: tweaks C and D).
 
 Two changes to the ResNet of torchvision: the stem is three 3×3 convolutions (32, 32, 64 channels, the first
 with stride 2) instead of one 7×7, and a shortcut that halves the map average-pools (2×2, stride 2) before its
