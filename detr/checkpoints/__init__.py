@@ -3,9 +3,10 @@
 :func:`read_checkpoint` tries :data:`READERS` in order; the first that recognises the source reads it:
 - a released model's name ("detr-r50": :mod:`detr.checkpoints.released`, downloaded on first use);
 - a directory written by Hugging Face transformers (:mod:`detr.checkpoints.huggingface`; Deformable DETR's:
-  :mod:`detr.checkpoints.huggingface_deformable`);
+  :mod:`detr.checkpoints.huggingface_deformable`; RT-DETR's: :mod:`detr.checkpoints.rtdetr`);
 - a file written by ``torch.save`` (:func:`detr.checkpoints.formats.read_torch_file`): the authors' release
-  files (detr-r50-e632da11.pth …: ``{"model": state_dict, ...}``), plain state dicts in that key layout, and
+  files (detr-r50-e632da11.pth …: ``{"model": state_dict, ...}``; the real-time DETRs' ``{"ema": {"module":
+  state_dict}}``, whose configuration :data:`STATE_DICT_READERS` read off the weights), plain state dicts, and
   this project's Lightning checkpoints (``state_dict`` with keys ``"model." + official key`` and
   ``checkpoint["detr"]``: the :class:`detr.models.config.DetrConfig` and the
   :class:`detr.models.config.ModelMeta`, written by the training system or :func:`save_checkpoint`).
@@ -44,6 +45,13 @@ from detr.checkpoints.huggingface_deformable import (
     save_pretrained_deformable,
 )
 from detr.checkpoints.panoptic import is_panoptic_state_dict, load_panoptic
+from detr.checkpoints.rtdetr import (
+    is_rtdetr_directory,
+    is_rtdetr_state_dict,
+    read_huggingface_rtdetr,
+    read_rtdetr_state_dict,
+    save_pretrained_rtdetr,
+)
 from detr.models.build import build_detr
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
 from detr.models.detector import Detector
@@ -59,14 +67,34 @@ def _released_name(source: str | Path) -> CheckpointContents | None:
     return None if model is None else released.read_released(model)
 
 
+#: transformers' directories of the families other than DETR: (recognises the directory, reads it).
+HUGGINGFACE_READERS: tuple[tuple[Callable[[str | Path], bool], Callable[[str | Path], CheckpointContents]], ...] = (
+    (is_deformable_directory, read_huggingface_deformable),
+    (is_rtdetr_directory, read_huggingface_rtdetr),
+)
+
+
 def _huggingface_directory(source: str | Path) -> CheckpointContents | None:
     if not Path(source).is_dir():
         return None
-    return read_huggingface_deformable(source) if is_deformable_directory(source) else read_huggingface(source)
+    reader = next((read for recognises, read in HUGGINGFACE_READERS if recognises(source)), read_huggingface)
+    return reader(source)
+
+
+#: State-dict layouts of the families whose configuration the weights show (recognises the layout, reads the
+#: state dict into contents with that configuration); other layouts are inferred by ``infer_model_config``.
+STATE_DICT_READERS: tuple[tuple[Callable[[dict[str, torch.Tensor]], bool],
+                                Callable[[dict[str, torch.Tensor], str], CheckpointContents]], ...] = (
+    (is_rtdetr_state_dict, read_rtdetr_state_dict),
+)
 
 
 def _torch_file(source: str | Path) -> CheckpointContents | None:
-    return read_torch_file(Path(source))
+    contents = read_torch_file(Path(source))
+    if contents.config is not None:
+        return contents
+    reader = next((read for recognises, read in STATE_DICT_READERS if recognises(contents.state_dict)), None)
+    return contents if reader is None else reader(contents.state_dict, str(source))
 
 
 #: The readers :func:`read_checkpoint` tries, in order: each returns the contents, or None when the source is
@@ -157,13 +185,15 @@ def _check_inferred_layer_counts(path: Path, inferred: DetrConfig, overrides: di
 HUGGINGFACE_WRITERS: dict[str, Callable[..., Path]] = {
     "detr": save_pretrained,
     "deformable": save_pretrained_deformable,
+    "rtdetr": save_pretrained_rtdetr,
 }
 
 
 def save_huggingface(model: Detector, directory: str | Path, *, backbone_format: BackboneFormat = "timm") -> Path:
     """Write ``model`` as transformers' ``save_pretrained`` would, in its family's format
     (:data:`HUGGINGFACE_WRITERS`: DETR's :func:`detr.checkpoints.huggingface.save_pretrained`, which names what
-    it cannot write, or Deformable DETR's :func:`detr.checkpoints.huggingface_deformable.save_pretrained_deformable`)."""
+    it cannot write, Deformable DETR's :func:`detr.checkpoints.huggingface_deformable.save_pretrained_deformable`
+    or RT-DETR's :func:`detr.checkpoints.rtdetr.save_pretrained_rtdetr`)."""
     architecture = model.config.architecture if model.config is not None else "detr"
     return HUGGINGFACE_WRITERS[architecture](model, directory, backbone_format=backbone_format)
 

@@ -105,8 +105,10 @@ def prepare_for_export(model: Detector) -> Detector:
         raise ExportError(f"only a detr Detector exports (a model of detr.build_detr or detr.load_checkpoint), got "
                           f"{type(model).__name__}")
     if not model.exportable:
-        raise ExportError(f"{type(model).__name__} does not export: an ONNX file exports no further, and a panoptic "
-                          "model's mask head is not part of the export (export its detector: model.box_detector)")
+        raise ExportError(f"{type(model).__name__} does not export: an ONNX file exports no further, a panoptic "
+                          "model's mask head is not part of the export (export its detector: model.box_detector), "
+                          "and RT-DETR's export is not written yet (its transformers directory is: "
+                          "detr.checkpoints.save_huggingface)")
     prepared = copy.deepcopy(model).float().eval().cpu()
     prepared.optimize_for_inference(fold_batch_norm=True, channels_last=False)
     prepared.backbone[0].autocast_dtype = None

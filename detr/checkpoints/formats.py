@@ -317,7 +317,8 @@ def checkpoint_record(config: DetrConfig, meta: ModelMeta) -> dict[str, Any]:
 def read_torch_file(path: Path) -> CheckpointContents:
     """A file written by ``torch.save``: this project's Lightning checkpoint (``state_dict`` with keys
     ``"model." + official key`` and ``checkpoint["detr"]``: :func:`checkpoint_record`), an authors' release
-    file (``{"model": state_dict, ...}``) or a plain state dict."""
+    file (``{"model": state_dict, ...}``, or ``{"ema": {"module": state_dict}, ...}``, preferred where both are
+    there) or a plain state dict."""
     obj = torch_load(path)
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj.get("detr"), dict):
         record = obj["detr"]
@@ -334,7 +335,9 @@ def read_torch_file(path: Path) -> CheckpointContents:
         if meta.eval_size is None and isinstance(data, dict) and "eval_min_size" in data and "eval_max_size" in data:
             meta = meta.replace(eval_size=(int(data["eval_min_size"]), int(data["eval_max_size"])))
         return CheckpointContents(state_dict, config, meta)
-    if isinstance(obj, dict) and is_state_dict(obj.get("model")):
+    if isinstance(obj, dict) and isinstance(obj.get("ema"), dict) and is_state_dict(obj["ema"].get("module")):
+        obj = obj["ema"]["module"]  # the real-time DETRs' training files: the averaged weights are the released ones
+    elif isinstance(obj, dict) and is_state_dict(obj.get("model")):
         obj = obj["model"]
     if is_state_dict(obj):
         state_dict = dict(obj)

@@ -4,8 +4,10 @@
     detr-convert runs/best.ckpt --to-huggingface my-detr/ --backbone-format transformers
 
 CHECKPOINT is anything detr.load_checkpoint reads: a released model's name, a .pth / .ckpt file, or a
-Hugging Face directory. The result loads with transformers.DetrForObjectDetection.from_pretrained(DIR), or
-for a Deformable DETR with transformers.DeformableDetrForObjectDetection.from_pretrained(DIR).
+Hugging Face directory. The result loads with transformers.DetrForObjectDetection.from_pretrained(DIR), for a
+Deformable DETR with transformers.DeformableDetrForObjectDetection.from_pretrained(DIR), and for an RT-DETR (e.g.
+the authors' rtdetr_r50vd_6x_coco.pth) with RTDetrForObjectDetection or RTDetrV2ForObjectDetection
+(--backbone-format does not apply: transformers' RT-DETR has its own ResNet-vd).
 Models with options transformers' DETR lacks (anchor queries, sigmoid head, denoising, ...) are refused.
 """
 

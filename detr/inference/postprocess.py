@@ -1,4 +1,5 @@
-"""Raw predictions → per-image scores, labels and pixel boxes (the authors' PostProcess, models/detr.py)."""
+"""Raw predictions → per-image scores, labels and pixel boxes (the authors' PostProcess, models/detr.py; the
+real-time DETRs' top-k over queries × classes, lyuwenyu/RT-DETR's RTDETRPostProcessor)."""
 
 from __future__ import annotations
 
@@ -68,24 +69,44 @@ class PostProcess(nn.Module):
     and label = their max. The default (None) reads the outputs as the model that made them says
     (:attr:`DetectorOutput.class_head`; softmax where they do not say); a head given here that differs from
     the outputs' raises ValueError instead of scoring them wrongly.
+
+    ``top_k`` (a sigmoid head only): instead of one detection per query, the ``top_k`` best (query, class)
+    pairs by score, best first, so that a query may be detected as several classes: the real-time DETRs'
+    post-processing (``Detector.detections_per_image``; transformers' ``RTDetrImageProcessor``).
     """
 
-    def __init__(self, class_head: Literal["softmax", "sigmoid"] | None = None, *, clip: bool = False) -> None:
+    def __init__(self, class_head: Literal["softmax", "sigmoid"] | None = None, *, clip: bool = False,
+                 top_k: int | None = None) -> None:
         super().__init__()
         if class_head is not None:
             _check_class_head(class_head)
-        self.class_head, self.clip = class_head, clip
+        if top_k is not None and (top_k < 1 or class_head == "softmax"):
+            raise ValueError(f"top_k must be at least 1 and needs the sigmoid head, got {top_k} for {class_head}")
+        self.class_head, self.clip, self.top_k = class_head, clip, top_k
 
     @torch.no_grad()
     def forward(self, outputs: LayerOutput, target_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """outputs: the model's :class:`~detr.models.outputs.DetectorOutput` (or any layer's predictions):
         logits [B, Q, C+1] (softmax head; [B, Q, C] sigmoid head), boxes [B, Q, 4] normalised cxcywh;
-        target_sizes [B, 2] as (height, width) of the original images. Returns per image {scores float [Q],
-        labels int64 [Q], boxes float [Q, 4] pixel xyxy}."""
+        target_sizes [B, 2] as (height, width) of the original images. Returns per image {scores float [N],
+        labels int64 [N], boxes float [N, 4] pixel xyxy, queries int64 [N]: the query of each detection}, N = Q
+        (in query order) or ``top_k`` (best first)."""
         logits, boxes = outputs.logits, outputs.boxes
         if len(logits) != len(target_sizes) or target_sizes.shape[-1] != 2:
             raise ValueError(f"target_sizes must be [B, 2] (height, width) with B = {len(logits)}, "
                              f"got {tuple(target_sizes.shape)}")
-        scores, labels = scores_and_labels(logits, head_of_outputs(outputs, self.class_head))
+        class_head = head_of_outputs(outputs, self.class_head)
         boxes = boxes_to_pixels(boxes, target_sizes, clip=self.clip)
-        return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]
+        if self.top_k is None:
+            scores, labels = scores_and_labels(logits, class_head)
+            queries = torch.arange(logits.shape[1], device=logits.device).expand(len(logits), -1)
+        else:
+            if class_head != "sigmoid":
+                raise ValueError(f"top_k post-processing needs the sigmoid head, got outputs of a {class_head} head")
+            num_classes = logits.shape[-1]
+            probabilities = class_probabilities(logits, class_head).flatten(1)  # [B, Q·K], query-major
+            scores, index = probabilities.topk(min(self.top_k, probabilities.shape[1]), dim=1)
+            labels, queries = index % num_classes, index // num_classes
+            boxes = boxes.gather(1, queries[..., None].expand(-1, -1, 4))
+        return [{"scores": s, "labels": l, "boxes": b, "queries": q}
+                for s, l, b, q in zip(scores, labels, boxes, queries)]

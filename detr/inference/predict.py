@@ -51,6 +51,7 @@ def predictions_from_outputs(
     masks: PostProcessMasks | None = None,
     panoptic: PostProcessPanoptic | None = None,
     stride: int | None = None,
+    top_k: int | None = None,
 ) -> list[Prediction]:
     """The :class:`Prediction` of every image of a batch.
 
@@ -68,6 +69,8 @@ def predictions_from_outputs(
         panoptic: also segment each image (:attr:`Prediction.panoptic`).
         stride: the model's stride: with it, the attention in ``outputs`` (``model(..., return_attention=True)``)
             goes into each prediction (:class:`AttentionMaps` or :class:`SamplingPoints`); without it, none.
+        top_k: the model's ``detections_per_image``: None, one detection per query; k, the k best (query,
+            class) pairs (see :class:`detr.inference.postprocess.PostProcess`).
 
     Returns one prediction per image, in batch order; a failed image's has no detections and
     :attr:`Prediction.error` set.
@@ -83,7 +86,11 @@ def predictions_from_outputs(
              for image_size, input_size, reason in zip(image_sizes, input_sizes, reasons)]
     target_sizes = torch.tensor(sizes, dtype=torch.int64)
     # clipped to the image: these predictions are written to files, drawn and served
-    results = PostProcess(class_head=class_head, clip=True)(outputs, target_sizes.to(outputs.logits.device))
+    sizes_on_device = target_sizes.to(outputs.logits.device)
+    results = PostProcess(class_head=class_head, clip=True, top_k=top_k)(outputs, sizes_on_device)
+    # the sampling points' per-query scores are one per query, whatever the detections are
+    per_query = (results if top_k is None or stride is None or outputs.sampling is None else
+                 PostProcess(class_head=class_head, clip=True)(outputs, sizes_on_device))
     segmentations = None
     if panoptic is not None:
         segmentations = panoptic(outputs, torch.tensor(list(input_sizes), dtype=torch.int64), target_sizes)
@@ -104,8 +111,8 @@ def predictions_from_outputs(
                         for segment in segmentations[i]["segments_info"]]
             prediction.panoptic = PanopticSegmentation(segmentations[i]["id_map"].cpu(), segments)
         if stride is not None and outputs.sampling is not None:  # Deformable DETR: sampling points, no maps
-            prediction.sampling = SamplingPoints.from_outputs(outputs, result, index=i, image_size=image_sizes[i],
-                                                              stride=stride)
+            prediction.sampling = SamplingPoints.from_outputs(outputs, per_query[i], index=i,
+                                                              image_size=image_sizes[i], stride=stride)
         elif stride is not None and outputs.attention is not None:
             prediction.attention = AttentionMaps.from_outputs(
                 outputs, result, index=i, input_size=tuple(input_sizes[i]), image_size=image_sizes[i],

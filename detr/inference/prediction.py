@@ -250,7 +250,8 @@ def select_detections(
     """One image's :class:`detr.PostProcess` output → :class:`Prediction`.
 
     Args:
-        result: ``{"scores" [Q], "labels" int64 [Q], "boxes" [Q, 4] pixel xyxy}`` for one image.
+        result: ``{"scores" [N], "labels" int64 [N], "boxes" [N, 4] pixel xyxy, "queries" int64 [N]}`` for one
+            image.
         image_size: ``(height, width)`` of the original image.
         category_map: names the labels; None names them ``"class <label>"``.
         threshold: keep queries whose score is strictly above it; None keeps all queries.
@@ -263,7 +264,7 @@ def select_detections(
         scores=scores[keep],
         labels=labels,
         label_names=[label_name(category_map, int(label)) for label in labels],
-        query_indices=keep,
+        query_indices=result["queries"].detach().cpu()[keep].long(),
         image_size=(int(image_size[0]), int(image_size[1])),
         file_name=file_name,
         image_id=image_id,

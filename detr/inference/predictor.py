@@ -307,7 +307,7 @@ class Predictor:
             category_map=self.category_map, threshold=threshold, file_names=file_names,
             masks=self.postprocess_masks if masks and self.predicts_masks else None,
             panoptic=self._panoptic_postprocess() if task == "panoptic" else None,
-            stride=self.model.stride if return_attention else None,
+            stride=self.model.stride if return_attention else None, top_k=self.model.detections_per_image,
         )
         failed = [index for index, prediction in enumerate(predictions) if prediction.error is not None]
         if check_finite and failed:

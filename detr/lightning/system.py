@@ -154,7 +154,7 @@ class DetrSystem(L.LightningModule):
             self.model.backbone[0].use_channels_last()
         if backbone_bf16:
             self.model.backbone[0].use_autocast(torch.bfloat16)
-        self.postprocess = PostProcess(class_head=config.class_head)
+        self.postprocess = PostProcess(class_head=config.class_head, top_k=self.detector.detections_per_image)
         self.category_map = _as_category_map(category_map, config.num_classes)
         self.lr_drop_epochs = list(lr_drop_epochs) if lr_drop_epochs is not None else [200]
         self.evaluation = EvaluationSchedule(backend=evaluator_backend, directory=evaluation_dir,
@@ -367,7 +367,7 @@ class DetrSystem(L.LightningModule):
             input_sizes=[tuple(int(v) for v in t["size"]) for t in targets], class_head=self.detector.class_head,
             category_map=self.category_map, file_names=[t.get("file_name") for t in targets],
             image_ids=[int(t["image_id"]) for t in targets], errors=[t.get("error") for t in targets],
-            panoptic=panoptic)
+            panoptic=panoptic, top_k=self.detector.detections_per_image)
 
     # ------------------------------------------------------------------ optimisation
     def parameter_groups(self) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ _IMAGENET_WEIGHTS = {
 }
 
 
-def _norm_layer(norm: BackboneNorm) -> Callable[[int], nn.Module]:
+def norm_layer(norm: BackboneNorm) -> Callable[[int], nn.Module]:
     if norm == "frozen_batch_norm":
         return FrozenBatchNorm2d  # eps 1e-5, as the authors' own FrozenBatchNorm2d
     if norm == "batch_norm":
@@ -107,7 +107,7 @@ class Backbone(nn.Module):
         if dilation and last_stage != "layer4":
             raise ValueError(f"dilation (DC5) dilates layer4; it cannot be combined with backbone_last_stage={last_stage!r}")
         resnet = getattr(torchvision.models, name)(
-            weights=None, replace_stride_with_dilation=[False, False, dilation], norm_layer=_norm_layer(norm)
+            weights=None, replace_stride_with_dilation=[False, False, dilation], norm_layer=norm_layer(norm)
         )
         if pretrained:
             _load_imagenet_weights(resnet, name, pretrained)

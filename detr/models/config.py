@@ -23,8 +23,11 @@ from detr.categories import CategoryMap
 
 QueryType = Literal["learned", "anchor"]
 #: "detr": the paper's single-scale transformer (with the query types above); "deformable": Deformable DETR's
-#: multi-scale deformable attention (:class:`detr.models.deformable.model.DeformableDETR`).
-Architecture = Literal["detr", "deformable"]
+#: multi-scale deformable attention (:class:`detr.models.deformable.model.DeformableDETR`); "rtdetr": the
+#: real-time DETR (RT-DETR and RT-DETRv2, :class:`detr.models.rtdetr.model.RTDETR`).
+Architecture = Literal["detr", "deformable", "rtdetr"]
+#: How deformable attention reads a sampling location: "bilinear" (grid_sample) or "discrete" (the nearest cell).
+SamplingMethod = Literal["bilinear", "discrete"]
 BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
 BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
 LastStage = Literal["layer4", "layer3", "layer2"]
@@ -83,6 +86,19 @@ class DetrConfig:
         num_points: sampling points per head and level, in the encoder and the decoder (4).
         box_refine: iterative bounding-box refinement (§4.2). two_stage: queries from the encoder's best
             proposals (§4.2; needs box_refine).
+
+    RT-DETR (Zhao et al. 2024) and RT-DETRv2 (Lv et al. 2024), ``architecture="rtdetr"`` (docs/rtdetr.md): a
+    ResNet-vd backbone (``backbone`` names its depth), the hybrid encoder (``num_encoder_layers`` AIFI layers
+    on the stride-32 map, CCFM fusion) and a deformable decoder over ``num_feature_levels`` (3) levels with
+    ``num_points`` points, box refinement and queries from the encoder's top ``num_queries``, always; the
+    authors' model sets num_queries=300, dim_feedforward=1024, dropout=0.0, class_head="sigmoid",
+    num_feature_levels=3, num_encoder_layers=1 and num_decoder_layers=6 (3 for R18). ``denoising`` keeps the denoising label
+    embedding of the authors' files (training with denoising is not implemented for this family).
+        encoder_hidden_dim: the hybrid encoder's width (None: hidden_dim; R101: 384).
+        encoder_dim_feedforward: the AIFI layer's FFN width (None: dim_feedforward; R101: 2048).
+        csp_expansion: width of the CSP blocks' RepVGG branch relative to encoder_hidden_dim (1.0).
+        sampling_offset_scale: the decoder's offsets around a box in units of this × its size / points (0.5;
+            RT-DETRv2's option). sampling_method: "bilinear" or "discrete" (RT-DETRv2's nearest-cell sampling).
     """
 
     backbone: BackboneName = "resnet50"
@@ -116,6 +132,11 @@ class DetrConfig:
     num_points: int = 4
     box_refine: bool = False
     two_stage: bool = False
+    encoder_hidden_dim: int | None = None
+    encoder_dim_feedforward: int | None = None
+    csp_expansion: float = 1.0
+    sampling_offset_scale: float = 0.5
+    sampling_method: SamplingMethod = "bilinear"
 
     def __post_init__(self) -> None:
         if self.position_encoding not in ("sine", "learned"):
@@ -135,7 +156,8 @@ class DetrConfig:
                 raise ValueError(f"{name} must be an integer >= 1{hint}, got {value!r}")
         if self.query_groups < 1:
             raise ValueError(f"query_groups must be at least 1, got {self.query_groups}")
-        if self.query_type != "anchor":
+        if self.query_type != "anchor" and not (self.architecture == "rtdetr" and self.query_groups == 1
+                                                and self.anchor_local_attention == 0):
             anchor_only = {"denoising": (self.denoising, "denoising=True feeds noised boxes as anchors"),
                            "anchor_local_attention": (self.anchor_local_attention > 0,
                                                       "anchor_local_attention initialises the anchor decoder"),
@@ -151,8 +173,22 @@ class DetrConfig:
             raise ValueError(f"dilation (DC5) needs bottleneck blocks: use resnet50 or resnet101, not {self.backbone}")
 
     def _check_deformable(self) -> None:
-        if self.architecture not in ("detr", "deformable"):
-            raise ValueError(f"architecture must be 'detr' or 'deformable', got {self.architecture!r}")
+        if self.architecture not in ("detr", "deformable", "rtdetr"):
+            raise ValueError(f"architecture must be 'detr', 'deformable' or 'rtdetr', got {self.architecture!r}")
+        if self.sampling_method not in ("bilinear", "discrete"):
+            raise ValueError(f"sampling_method must be 'bilinear' or 'discrete', got {self.sampling_method!r}")
+        if self.architecture != "rtdetr":
+            rtdetr_only = {"encoder_hidden_dim": self.encoder_hidden_dim is not None,
+                           "encoder_dim_feedforward": self.encoder_dim_feedforward is not None,
+                           "csp_expansion": self.csp_expansion != 1.0,
+                           "sampling_offset_scale": self.sampling_offset_scale != 0.5,
+                           "sampling_method": self.sampling_method != "bilinear"}
+            for name, used in rtdetr_only.items():
+                if used:
+                    raise ValueError(f"{name}={getattr(self, name)!r} is an RT-DETR option: set architecture='rtdetr'")
+        if self.architecture == "rtdetr":
+            self._check_rtdetr()
+            return
         if self.architecture == "detr":
             for name in ("box_refine", "two_stage"):
                 if getattr(self, name):
@@ -178,6 +214,31 @@ class DetrConfig:
         for name, (used, fix) in unsupported.items():
             if used:
                 raise ValueError(f"architecture='deformable' does not take {name}={getattr(self, name)!r}: {fix}")
+
+    def _check_rtdetr(self) -> None:
+        if self.num_feature_levels < 3 or self.num_points < 1:
+            raise ValueError(f"architecture='rtdetr' reads the backbone's strides 8, 16 and 32 (and optionally "
+                             f"coarser levels): num_feature_levels must be at least 3 and num_points at least 1, got "
+                             f"{self.num_feature_levels} and {self.num_points}")
+        encoder_hidden_dim = self.encoder_hidden_dim or self.hidden_dim
+        if self.hidden_dim % self.num_heads or encoder_hidden_dim % self.num_heads or encoder_hidden_dim % 4:
+            raise ValueError(f"architecture='rtdetr' needs hidden_dim ({self.hidden_dim}) and encoder_hidden_dim "
+                             f"({encoder_hidden_dim}) divisible by num_heads ({self.num_heads}), and "
+                             f"encoder_hidden_dim by 4 (its 2-D sin-cos positions)")
+        unsupported = {
+            "class_head": (self.class_head != "sigmoid", "set class_head='sigmoid' (the varifocal head)"),
+            "query_type": (self.query_type != "learned", "set query_type='learned' (queries come from the encoder)"),
+            "position_encoding": (self.position_encoding != "sine", "set position_encoding='sine'"),
+            "pre_norm": (self.pre_norm, "set pre_norm=False (the authors' layers are post-norm)"),
+            "dilation": (self.dilation, "set dilation=False"),
+            "dense_aux_head": (self.dense_aux_head, "set dense_aux_head=False"),
+            "box_refine": (self.box_refine, "drop it: RT-DETR always refines its boxes"),
+            "two_stage": (self.two_stage, "drop it: RT-DETR's queries always come from the encoder"),
+            "backbone_last_stage": (self.backbone_last_stage != "layer4", "set backbone_last_stage='layer4'"),
+        }
+        for name, (used, fix) in unsupported.items():
+            if used:
+                raise ValueError(f"architecture='rtdetr' does not take {name}={getattr(self, name)!r}: {fix}")
 
     @property
     def num_logits(self) -> int:

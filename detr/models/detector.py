@@ -1,8 +1,8 @@
 """The detector contract: what every detector of this package, and every backend that runs one, is.
 
 :class:`Detector` is the one base every model meets: the paper's DETR and the anchor detector (through
-their shared :class:`detr.models.single_scale.SingleScaleDetector`), Deformable DETR, the panoptic model,
-and the ONNX Runtime backend (:class:`detr.checkpoints.onnx.OnnxDetector`). Code outside ``detr/models``
+their shared :class:`detr.models.single_scale.SingleScaleDetector`), Deformable DETR, RT-DETR, the panoptic
+model, and the ONNX Runtime backend (:class:`detr.checkpoints.onnx.OnnxDetector`). Code outside ``detr/models``
 asks this contract (``model.predicts_masks``, ``model.attention_kind``, ``model.min_image_size``, ...),
 never the class, and reads the :class:`~detr.models.outputs.DetectorOutput` that ``forward`` returns.
 
@@ -92,6 +92,13 @@ class Detector(nn.Module):
         padding with a mask. A family with another contract overrides this."""
         eval_size = self.meta.eval_size
         return InputSpec() if eval_size is None else InputSpec(size=eval_size[0], max_size=eval_size[1])
+
+    @property
+    def detections_per_image(self) -> int | None:
+        """How post-processing turns queries into detections: None, one per query (its best class: the paper's
+        DETR, Deformable DETR); k, the k best (query, class) pairs by sigmoid score, a query possibly detected
+        as several classes (the real-time DETRs: k = num_queries)."""
+        return None
 
     @property
     def box_detector(self) -> Detector:

@@ -28,6 +28,9 @@ IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 EVAL_MIN_SIZE, EVAL_MAX_SIZE = 800, 1333
 
 Resize = Literal["shortest_side", "square"]
+#: The resize filter: "opencv" (OpenCV's bilinear, what albumentations' transforms run) or "antialiased"
+#: (torchvision's antialiased bilinear on uint8, PIL's filter: what transformers' image processors run).
+Interpolation = Literal["opencv", "antialiased"]
 
 
 def resize_shape(height: int, width: int, min_size: int, max_size: int | None) -> tuple[int, int]:
@@ -84,6 +87,8 @@ class InputSpec:
         Deformable DETR) or "square" (``size`` × ``size``, the aspect ratio not kept: the real-time DETRs).
     size, max_size: the resize's sizes (800, 1333); ``max_size`` is unused by "square".
     mean, std: per-channel RGB normalisation of pixels in [0, 1] (ImageNet's); None for both: pixels / 255.
+    interpolation: the resize filter, "opencv" (bilinear, as the training pipeline) or "antialiased" (as
+        transformers' image processors: a model converted from there sees the pixels it was validated on).
     """
 
     resize: Resize = "shortest_side"
@@ -91,12 +96,15 @@ class InputSpec:
     max_size: int | None = EVAL_MAX_SIZE
     mean: tuple[float, float, float] | None = IMAGENET_MEAN
     std: tuple[float, float, float] | None = IMAGENET_STD
+    interpolation: Interpolation = "opencv"
 
     def __post_init__(self) -> None:
         if self.resize not in ("shortest_side", "square"):
             raise ValueError(f"InputSpec resize must be 'shortest_side' or 'square', got {self.resize!r}")
         if int(self.size) < 1 or (self.max_size is not None and int(self.max_size) < int(self.size)):
             raise ValueError(f"InputSpec needs 1 <= size <= max_size, got size={self.size}, max_size={self.max_size}")
+        if self.interpolation not in ("opencv", "antialiased"):
+            raise ValueError(f"InputSpec interpolation must be 'opencv' or 'antialiased', got {self.interpolation!r}")
         if (self.mean is None) != (self.std is None):
             raise ValueError("InputSpec takes mean and std together (both None: pixels / 255)")
 
@@ -138,12 +146,20 @@ class InputSpec:
         return torch.stack([tables[c][pixels[..., c].long()] for c in range(3)])
 
     def prepare(self, image: np.ndarray) -> torch.Tensor:
-        """uint8 RGB [H, W, 3] → the model's float32 [3, h, w]: resized (OpenCV bilinear), then normalised."""
-        import cv2  # OpenCV comes with albumentations; imported here so that `import detr` stays light
-
+        """uint8 RGB [H, W, 3] → the model's float32 [3, h, w]: resized (the :attr:`interpolation` filter), then
+        normalised."""
         height, width = int(image.shape[0]), int(image.shape[1])
         target = self.resized_shape(height, width)
-        if target != (height, width):
+        if target != (height, width) and self.interpolation == "antialiased":
+            from torchvision.transforms.v2 import InterpolationMode
+            from torchvision.transforms.v2.functional import resize
+
+            pixels = torch.from_numpy(np.require(image, requirements=["C", "W"])).permute(2, 0, 1)
+            image = resize(pixels, list(target), interpolation=InterpolationMode.BILINEAR, antialias=True)
+            image = image.permute(1, 2, 0)
+        elif target != (height, width):
+            import cv2  # OpenCV comes with albumentations; imported here so that `import detr` stays light
+
             image = cv2.resize(np.ascontiguousarray(image), (target[1], target[0]), interpolation=cv2.INTER_LINEAR)
         return self.normalize(image)
 

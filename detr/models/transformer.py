@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -91,11 +92,13 @@ def _with_pos(x: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
 
 
 class TransformerEncoderLayer(nn.Module):
-    """Self-attention (q = k = src + pos, v = src) and FFN, post-norm (paper) or pre-norm."""
+    """Self-attention (q = k = src + pos, v = src) and FFN, post-norm (paper) or pre-norm; the FFN's
+    ``activation`` is ReLU (the paper's) or another (RT-DETR's encoder: GELU)."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 pre_norm: bool = False) -> None:
+                 pre_norm: bool = False, activation: Callable[[torch.Tensor], torch.Tensor] = F.relu) -> None:
         super().__init__()
+        self.activation = activation
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
@@ -105,7 +108,7 @@ class TransformerEncoderLayer(nn.Module):
         self.pre_norm = pre_norm
 
     def _ffn(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(self.dropout(F.relu(self.linear1(x))))
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
     def forward(self, src: torch.Tensor, pos: torch.Tensor, attn_mask: torch.Tensor | None,
                 need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -71,3 +71,19 @@ def test_every_detector_states_its_head_in_its_outputs(tiny_config):
         with torch.no_grad():
             outputs = model(torch.zeros(1, 3, 64, 64), torch.zeros(1, 64, 64, dtype=torch.bool))
         assert outputs.class_head == config.class_head
+
+
+def test_top_k_takes_the_best_query_class_pairs_and_names_their_queries():
+    """The real-time DETRs' post-processing: the k best (query, class) pairs by sigmoid score, best first; a
+    query confident in two classes is detected twice, one with no confident class not at all."""
+    logits = torch.tensor([[[4.0, 3.0, -5.0], [-5.0, -5.0, -4.0], [-1.0, 2.0, -5.0]]])  # 3 queries x 3 classes
+    boxes = torch.tensor([[[0.5, 0.5, 0.2, 0.2], [0.1, 0.1, 0.1, 0.1], [0.25, 0.75, 0.5, 0.5]]])
+    outputs = model_output(logits=logits, boxes=boxes)
+    result = PostProcess("sigmoid", top_k=3)(outputs, torch.tensor([[100, 200]]))[0]
+    assert result["queries"].tolist() == [0, 0, 2] and result["labels"].tolist() == [0, 1, 1]
+    torch.testing.assert_close(result["scores"], torch.tensor([4.0, 3.0, 2.0]).sigmoid())
+    torch.testing.assert_close(result["boxes"][2], torch.tensor([0.0, 50.0, 100.0, 100.0]))
+    per_query = PostProcess("sigmoid")(outputs, torch.tensor([[100, 200]]))[0]
+    assert per_query["queries"].tolist() == [0, 1, 2] and per_query["labels"].tolist() == [0, 2, 1]
+    with pytest.raises(ValueError, match="sigmoid"):
+        PostProcess("softmax", top_k=3)

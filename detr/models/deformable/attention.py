@@ -12,11 +12,16 @@ C = hidden size, D = C / H per head. Positions are normalised to [0, 1] of the p
 The parameters are named as the authors' ``MSDeformAttn`` and transformers'
 ``DeformableDetrMultiscaleDeformableAttention``: ``sampling_offsets``, ``attention_weights``,
 ``value_proj``, ``output_proj``.
+
+RT-DETRv2 (Lv et al. 2024) adds two options used by RT-DETR's decoder: the scale of the offsets around a
+box (``offset_scale``, 0.5 in Deformable DETR and by default) and a "discrete" sampling that reads the nearest
+cell instead of interpolating (``sampling_method="discrete"``: a gather, which deploys without grid_sample).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -24,15 +29,33 @@ from torch import nn
 
 #: (height, width) of each feature level, finest first.
 SpatialShapes = list[tuple[int, int]]
+#: How a sampling location reads its level: "bilinear" (grid_sample, the papers' default) or "discrete" (the
+#: nearest cell, clamped to the map: RT-DETRv2's option).
+SamplingMethod = Literal["bilinear", "discrete"]
+
+
+def _nearest_cells(level_value: torch.Tensor, locations: torch.Tensor) -> torch.Tensor:
+    """level_value [N, D, h, w], locations [N, Q, P, 2] (x, y) in [0, 1] → [N, D, Q, P]: the value of the cell
+    that holds each location (``int(x · w + 0.5)``, truncated toward zero, then clamped into the map, as
+    RT-DETRv2's discrete sampling)."""
+    count, channels, height, width = level_value.shape
+    _, queries, points, _ = locations.shape
+    cells = (locations * torch.tensor([width, height], dtype=locations.dtype, device=locations.device) + 0.5
+             ).to(torch.int64)
+    column = cells[..., 0].clamp(0, width - 1)
+    row = cells[..., 1].clamp(0, height - 1)
+    index = (row * width + column).view(count, 1, queries * points).expand(count, channels, queries * points)
+    return level_value.flatten(2).gather(2, index).view(count, channels, queries, points)
 
 
 def deformable_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, sampling_locations: torch.Tensor,
-                        attention_weights: torch.Tensor) -> torch.Tensor:
-    """The attention's core: sample ``value`` bilinearly at the locations and sum with the weights.
+                        attention_weights: torch.Tensor, method: SamplingMethod = "bilinear") -> torch.Tensor:
+    """The attention's core: sample ``value`` at the locations and sum with the weights.
 
     value [B, S, H, D] (the levels flattened and concatenated, finest first); sampling_locations
     [B, Q, H, L, P, 2] as (x, y) in [0, 1] of each level's map; attention_weights [B, Q, H, L, P]
-    (summing to 1 over L × P) → [B, Q, H·D]. Locations outside the map read zeros.
+    (summing to 1 over L × P) → [B, Q, H·D]. "bilinear": locations outside the map read zeros; "discrete":
+    the nearest cell inside the map.
     """
     batch, _, heads, head_dim = value.shape
     _, queries, _, levels, points, _ = sampling_locations.shape
@@ -42,6 +65,10 @@ def deformable_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, samp
     for level, (height, width) in enumerate(spatial_shapes):
         # [B, h·w, H, D] → [B·H, D, h, w]
         level_value = values[level].flatten(2).transpose(1, 2).reshape(batch * heads, head_dim, height, width)
+        if method == "discrete":
+            level_locations = sampling_locations[:, :, :, level].transpose(1, 2).flatten(0, 1)
+            sampled.append(_nearest_cells(level_value, level_locations))  # [B·H, D, Q, P]
+            continue
         # [B, Q, H, P, 2] → [B·H, Q, P, 2]
         level_grid = grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
         sampled.append(F.grid_sample(level_value, level_grid, mode="bilinear", padding_mode="zeros",
@@ -56,13 +83,20 @@ class MultiScaleDeformableAttention(nn.Module):
 
     Args:
         hidden_dim: C. num_heads: H (C must divide by it). num_levels: L. num_points: P per head and level.
+        offset_scale: around a box, the offsets are in units of ``offset_scale`` × its size / P (0.5: half
+            the box, Deformable DETR's; RT-DETRv2 makes it an option).
+        sampling_method: "bilinear" (grid_sample) or "discrete" (the nearest cell; RT-DETRv2's option).
     """
 
-    def __init__(self, hidden_dim: int = 256, num_heads: int = 8, num_levels: int = 4, num_points: int = 4) -> None:
+    def __init__(self, hidden_dim: int = 256, num_heads: int = 8, num_levels: int = 4, num_points: int = 4, *,
+                 offset_scale: float = 0.5, sampling_method: SamplingMethod = "bilinear") -> None:
         super().__init__()
         if hidden_dim % num_heads:
             raise ValueError(f"hidden_dim {hidden_dim} must divide by num_heads {num_heads}")
+        if sampling_method not in ("bilinear", "discrete"):
+            raise ValueError(f"sampling_method must be 'bilinear' or 'discrete', got {sampling_method!r}")
         self.hidden_dim, self.num_heads, self.num_levels, self.num_points = hidden_dim, num_heads, num_levels, num_points
+        self.offset_scale, self.sampling_method = offset_scale, sampling_method
         self.sampling_offsets = nn.Linear(hidden_dim, num_heads * num_levels * num_points * 2)
         self.attention_weights = nn.Linear(hidden_dim, num_heads * num_levels * num_points)
         self.value_proj = nn.Linear(hidden_dim, hidden_dim)
@@ -95,7 +129,8 @@ class MultiScaleDeformableAttention(nn.Module):
         query [B, Q, C] (with its position added); reference_points [B, Q, L, 2] as (x, y), or [B, Q, L, 4]
         as boxes (cx, cy, w, h), normalised to each level's padded map → sampling_locations
         [B, Q, H, L, P, 2] (x, y) and attention_weights [B, Q, H, L, P]. Around a point the offsets are in
-        cells of each level; around a box, in fractions of its half size per point (the refinement's form).
+        cells of each level; around a box, in fractions of ``offset_scale`` × its size per point (the refinement's
+        form; half its size by default).
         """
         batch, queries, _ = query.shape
         heads, levels, points = self.num_heads, self.num_levels, self.num_points
@@ -110,7 +145,7 @@ class MultiScaleDeformableAttention(nn.Module):
                 for level, (height, width) in enumerate(spatial_shapes)], dim=3)
         elif reference_points.shape[-1] == 4:
             locations = (reference_points[:, :, None, :, None, :2]
-                         + offsets / points * reference_points[:, :, None, :, None, 2:] * 0.5)
+                         + offsets / points * reference_points[:, :, None, :, None, 2:] * self.offset_scale)
         else:
             raise ValueError(f"reference_points must end in 2 (points) or 4 (boxes), got {tuple(reference_points.shape)}")
         return locations, weights
@@ -131,5 +166,5 @@ class MultiScaleDeformableAttention(nn.Module):
             value = value.masked_fill(padding_mask[..., None], 0.0)
         value = value.view(batch, length, self.num_heads, self.hidden_dim // self.num_heads)
         locations, weights = self.sampling(query, reference_points, spatial_shapes)
-        output = self.output_proj(deformable_sampling(value, spatial_shapes, locations, weights))
+        output = self.output_proj(deformable_sampling(value, spatial_shapes, locations, weights, self.sampling_method))
         return output, ((locations, weights) if return_sampling else None)

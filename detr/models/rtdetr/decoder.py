@@ -1,0 +1,212 @@
+"""RT-DETR's query selection and decoder (Zhao et al. 2024, §4.3; RT-DETRv2, Lv et al. 2024).
+
+Query selection: every cell of the encoder's maps (flattened, finest first) goes through ``enc_output`` (linear +
+LayerNorm), a class head and a box head whose output is added to the cell's anchor (its centre, and a size of
+0.05 · 2^level, in logits); the ``num_queries`` cells with the best class score become the decoder's queries:
+their features as content (detached) and their boxes as the first reference boxes. Anchors within 1 % of the
+border are invalid: their cells are zeroed before the heads and their box logits pushed to the largest float.
+
+Decoder: post-norm layers of self-attention among queries (positions from an MLP of the reference box, added to
+queries and keys), multi-scale deformable cross-attention around the reference box (the shared
+:class:`~detr.models.deformable.attention.MultiScaleDeformableAttention`, one reference box for every level),
+and a ReLU FFN; after layer i, ``dec_bbox_head.i`` refines the box (a delta in logit space) and
+``dec_score_head.i`` classifies. The refined box, detached, is the next layer's reference.
+
+Parameter names are the authors' (``src/zoo/rtdetr/rtdetrv2_decoder.py``): ``input_proj.{l}.{conv,norm}``,
+``decoder.layers.{i}.{self_attn,norm1,cross_attn,norm2,linear1,linear2,norm3}``, ``query_pos_head``,
+``enc_output.{proj,norm}``, ``enc_score_head``, ``enc_bbox_head``, ``dec_score_head.{i}``,
+``dec_bbox_head.{i}``, ``denoising_class_embed``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from detr.box_ops import inverse_sigmoid
+from detr.models.config import PRIOR_BIAS, SamplingMethod
+from detr.models.deformable.attention import MultiScaleDeformableAttention, SpatialShapes
+from detr.models.mlp import MLP
+from detr.models.transformer import MultiheadAttention
+
+#: Anchor sizes: 0.05 of the image at the finest level, doubling per level; anchors whose centre or size lies
+#: within ANCHOR_MARGIN of 0 or 1 are invalid (the authors' grid_size and eps).
+ANCHOR_SIZE, ANCHOR_MARGIN = 0.05, 0.01
+#: The clamp of inverse_sigmoid for reference boxes (the authors' 1e-5).
+REFERENCE_EPS = 1e-5
+
+
+def anchors_for(spatial_shapes: SpatialShapes, *, device: torch.device | None = None,
+                dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every cell's anchor box in logits and whether it is valid → anchors [1, S, 4] (cx, cy, w, h; invalid:
+    the dtype's largest value), valid bool [1, S, 1]."""
+    anchors = []
+    for level, (height, width) in enumerate(spatial_shapes):
+        rows, columns = torch.meshgrid(torch.arange(height, device=device).to(dtype),
+                                       torch.arange(width, device=device).to(dtype), indexing="ij")
+        centres = torch.stack([(columns + 0.5) / width, (rows + 0.5) / height], -1)  # [h, w, 2] (x, y)
+        sizes = torch.full_like(centres, ANCHOR_SIZE * 2.0 ** level)
+        anchors.append(torch.cat([centres, sizes], -1).reshape(1, height * width, 4))
+    boxes = torch.cat(anchors, 1)
+    valid = ((boxes > ANCHOR_MARGIN) & (boxes < 1 - ANCHOR_MARGIN)).all(-1, keepdim=True)
+    logits = torch.log(boxes / (1 - boxes))
+    largest = torch.full((), torch.finfo(dtype).max, dtype=dtype, device=device)
+    return torch.where(valid, logits, largest), valid
+
+
+class DecoderLayer(nn.Module):
+    """Self-attention → deformable cross-attention → FFN, each with a residual and a LayerNorm after it."""
+
+    def __init__(self, hidden_dim: int, num_heads: int, num_levels: int, num_points: int, dim_feedforward: int,
+                 dropout: float = 0.0, *, offset_scale: float = 0.5, sampling_method: SamplingMethod = "bilinear"
+                 ) -> None:
+        super().__init__()
+        self.self_attn = MultiheadAttention(hidden_dim, num_heads, dropout=dropout)
+        self.norm1 = nn.LayerNorm(hidden_dim)
+        self.cross_attn = MultiScaleDeformableAttention(hidden_dim, num_heads, num_levels, num_points,
+                                                        offset_scale=offset_scale, sampling_method=sampling_method)
+        self.norm2 = nn.LayerNorm(hidden_dim)
+        self.linear1 = nn.Linear(hidden_dim, dim_feedforward)
+        self.linear2 = nn.Linear(dim_feedforward, hidden_dim)
+        self.norm3 = nn.LayerNorm(hidden_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, target: torch.Tensor, query_pos: torch.Tensor, reference_boxes: torch.Tensor,
+                memory: torch.Tensor, spatial_shapes: SpatialShapes, self_attn_mask: torch.Tensor | None = None,
+                return_sampling: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """target, query_pos [B, Q, C]; reference_boxes [B, Q, 1, 4] cxcywh in [0, 1]; memory [B, S, C] →
+        target [B, Q, C] and, with ``return_sampling``, the cross-attention's (locations, weights)."""
+        q = k = target + query_pos
+        target = self.norm1(target + self.dropout(self.self_attn(q, k, target, self_attn_mask)[0]))
+        attended, sampling = self.cross_attn(target + query_pos, reference_boxes, memory, spatial_shapes,
+                                             return_sampling=return_sampling)
+        target = self.norm2(target + self.dropout(attended))
+        ffn = self.linear2(self.dropout(F.relu(self.linear1(target))))
+        # the authors clamp to float16's range before the last norm, so that half-precision runs stay finite
+        return self.norm3((target + self.dropout(ffn)).clamp(min=-65504, max=65504)), sampling
+
+
+class TransformerDecoder(nn.Module):
+    """The stack of :class:`DecoderLayer` (``layers``): the authors' ``decoder.decoder``."""
+
+    def __init__(self, layers: list[DecoderLayer]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+
+@dataclass
+class DecoderOutput:
+    """logits [L, B, Q, K] and boxes [L, B, Q, 4] (cxcywh in [0, 1]) of each decoder layer run;
+    proposal_logits [B, Q, K], proposal_boxes [B, Q, 4]: the selected encoder proposals; sampling: per layer
+    (locations [B, Q, H, levels, P, 2], weights [B, Q, H, levels, P]) when asked for, else None;
+    spatial_shapes: the levels' (h, w), finest first."""
+
+    logits: torch.Tensor
+    boxes: torch.Tensor
+    proposal_logits: torch.Tensor
+    proposal_boxes: torch.Tensor
+    sampling: list[tuple[torch.Tensor, torch.Tensor]] | None
+    spatial_shapes: SpatialShapes
+
+
+class RTDETRDecoder(nn.Module):
+    """Input projection of the encoder's maps, query selection, the decoder and its per-layer heads.
+
+    Args:
+        in_channels: channels of the encoder's maps (finest first); ``num_levels`` more than their number adds
+            coarser levels by 3×3 stride-2 convs. hidden_dim, num_heads, dim_feedforward, dropout: the decoder's.
+        num_classes: sigmoid logits per query. num_queries: selected per image (300).
+        num_layers: decoder layers (6; 3 for the released R18). num_levels, num_points: deformable sampling.
+        offset_scale, sampling_method: RT-DETRv2's attention options. denoising: keep the denoising label
+            embedding (``denoising_class_embed``, num_classes + 1 rows) of the authors' models.
+    """
+
+    def __init__(self, in_channels: list[int], *, num_classes: int, hidden_dim: int = 256, num_queries: int = 300,
+                 num_layers: int = 6, num_heads: int = 8, num_levels: int = 3, num_points: int = 4,
+                 dim_feedforward: int = 1024, dropout: float = 0.0, offset_scale: float = 0.5,
+                 sampling_method: SamplingMethod = "bilinear", denoising: bool = True) -> None:
+        super().__init__()
+        if num_levels < len(in_channels):
+            raise ValueError(f"num_levels ({num_levels}) must be at least the encoder's {len(in_channels)} maps")
+        self.num_queries, self.num_levels = num_queries, num_levels
+        projections, channels = [], in_channels[-1]
+        for level in range(num_levels):
+            extra = level >= len(in_channels)
+            conv = (nn.Conv2d(channels, hidden_dim, 3, 2, padding=1, bias=False) if extra
+                    else nn.Conv2d(in_channels[level], hidden_dim, 1, bias=False))
+            projections.append(nn.Sequential(OrderedDict(conv=conv, norm=nn.BatchNorm2d(hidden_dim))))
+            channels = hidden_dim if extra else channels
+        self.input_proj = nn.ModuleList(projections)
+        self.decoder = TransformerDecoder([
+            DecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout,
+                         offset_scale=offset_scale, sampling_method=sampling_method) for _ in range(num_layers)])
+        if denoising:
+            self.denoising_class_embed = nn.Embedding(num_classes + 1, hidden_dim, padding_idx=num_classes)
+        self.query_pos_head = MLP(4, 2 * hidden_dim, hidden_dim, 2)
+        self.enc_output = nn.Sequential(OrderedDict(proj=nn.Linear(hidden_dim, hidden_dim),
+                                                    norm=nn.LayerNorm(hidden_dim)))
+        self.enc_score_head = nn.Linear(hidden_dim, num_classes)
+        self.enc_bbox_head = MLP(hidden_dim, hidden_dim, 4, 3)
+        self.dec_score_head = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_layers))
+        self.dec_bbox_head = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_layers))
+        self._reset_parameters()
+
+    @torch.no_grad()
+    def _reset_parameters(self) -> None:
+        """The authors' initialisation: class biases at the focal prior, box heads' last layer at zero."""
+        for score, box in [(self.enc_score_head, self.enc_bbox_head),
+                           *zip(self.dec_score_head, self.dec_bbox_head)]:
+            nn.init.constant_(score.bias, PRIOR_BIAS)
+            nn.init.zeros_(box.layers[-1].weight)
+            nn.init.zeros_(box.layers[-1].bias)
+        nn.init.xavier_uniform_(self.enc_output.proj.weight)
+        for layer in self.query_pos_head.layers:
+            nn.init.xavier_uniform_(layer.weight)
+
+    def flatten_levels(self, features: list[torch.Tensor]) -> tuple[torch.Tensor, SpatialShapes]:
+        """The encoder's maps → memory [B, S, C] (every level's cells, finest first) and the levels' (h, w)."""
+        sources = [projection(feature) for projection, feature in zip(self.input_proj, features)]
+        for level in range(len(features), self.num_levels):
+            sources.append(self.input_proj[level](features[-1] if level == len(features) else sources[-1]))
+        shapes = [(int(source.shape[-2]), int(source.shape[-1])) for source in sources]
+        return torch.cat([source.flatten(2).transpose(1, 2) for source in sources], 1), shapes
+
+    def select_queries(self, memory: torch.Tensor, spatial_shapes: SpatialShapes
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """memory [B, S, C] → content [B, Q, C] (detached), reference box logits [B, Q, 4] (detached) and the
+        proposals' class logits [B, Q, K] (the top ``num_queries`` cells by their best class logit)."""
+        anchors, valid = anchors_for(spatial_shapes, device=memory.device, dtype=memory.dtype)
+        features = self.enc_output(valid.to(memory.dtype) * memory)
+        class_logits = self.enc_score_head(features)  # [B, S, K]
+        box_logits = self.enc_bbox_head(features) + anchors  # [B, S, 4]
+        index = class_logits.max(-1).values.topk(self.num_queries, dim=1).indices  # [B, Q]
+
+        def pick(values: torch.Tensor) -> torch.Tensor:
+            return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
+
+        return pick(features).detach(), pick(box_logits).detach(), pick(class_logits)
+
+    def forward(self, features: list[torch.Tensor], num_layers: int | None = None, return_sampling: bool = False
+                ) -> DecoderOutput:
+        """The encoder's maps → every run layer's predictions (:class:`DecoderOutput`); ``num_layers`` runs only
+        the first that many layers (the paper's speed knob: the heads of every layer are trained)."""
+        memory, shapes = self.flatten_levels(features)
+        target, reference_logits, proposal_logits = self.select_queries(memory, shapes)
+        boxes = reference_logits.sigmoid()
+        proposal_boxes = boxes
+        logits_per_layer, boxes_per_layer, sampling = [], [], []
+        layers = self.decoder.layers[:num_layers] if num_layers is not None else self.decoder.layers
+        for index, layer in enumerate(layers):
+            target, layer_sampling = layer(target, self.query_pos_head(boxes), boxes[:, :, None], memory, shapes,
+                                           return_sampling=return_sampling)
+            refined = (self.dec_bbox_head[index](target) + inverse_sigmoid(boxes, eps=REFERENCE_EPS)).sigmoid()
+            logits_per_layer.append(self.dec_score_head[index](target))
+            boxes_per_layer.append(refined)
+            sampling.append(layer_sampling)
+            boxes = refined.detach()
+        return DecoderOutput(torch.stack(logits_per_layer), torch.stack(boxes_per_layer), proposal_logits,
+                             proposal_boxes, sampling if return_sampling else None, shapes)

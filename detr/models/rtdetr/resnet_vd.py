@@ -1,0 +1,175 @@
+"""ResNet-vd, RT-DETR's backbone (He et al., "Bag of Tricks for Image Classification", §4.2: tweaks C and D).
+
+Two changes to the ResNet of torchvision: the stem is three 3×3 convolutions (32, 32, 64 channels, the first
+with stride 2) instead of one 7×7, and a shortcut that halves the map average-pools (2×2, stride 2) before its
+1×1 convolution instead of striding it, so that it reads every input cell. Every convolution is followed by a
+BatchNorm (frozen where the recipe freezes it); blocks are the basic (ResNet-18/34) or bottleneck (50/101)
+ones, with the bottleneck's stride on its 3×3 convolution.
+
+Parameter names are the authors' (lyuwenyu/RT-DETR, ``src/nn/backbone/presnet.py``): ``conv1.conv1_{1,2,3}``,
+``res_layers.{stage}.blocks.{block}.branch2{a,b,c}`` and ``short`` (``short.conv`` behind the pooling), each a
+:class:`ConvNorm` with ``conv`` and ``norm``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.ops.misc import FrozenBatchNorm2d
+
+from detr.models.backbone import norm_layer
+from detr.models.config import BackboneName, BackboneNorm
+
+#: Blocks per stage and whether they are bottlenecks, per depth (as torchvision's ResNets).
+DEPTHS: dict[str, tuple[tuple[int, int, int, int], bool]] = {
+    "resnet18": ((2, 2, 2, 2), False),
+    "resnet34": ((3, 4, 6, 3), False),
+    "resnet50": ((3, 4, 6, 3), True),
+    "resnet101": ((3, 4, 23, 3), True),
+}
+#: The stages' base widths (a bottleneck's output is 4 times its base width).
+_WIDTHS = (64, 128, 256, 512)
+
+Norm = Callable[[int], nn.Module]
+
+
+class ConvNorm(nn.Module):
+    """Convolution (no bias, "same" padding for odd kernels) → norm → optional activation: ``conv``, ``norm``."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, *,
+                 norm: Norm = nn.BatchNorm2d, activation: nn.Module | None = None) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=(kernel_size - 1) // 2,
+                              bias=False)
+        self.norm = norm(out_channels)
+        self.activation = activation if activation is not None else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.norm(self.conv(x)))
+
+
+@torch.no_grad()
+def fold_batch_norms(module: nn.Module) -> int:
+    """Fold every (eval-mode or frozen) BatchNorm that directly follows a convolution inside ``module`` (a
+    :class:`ConvNorm`'s ``norm``, or the ``norm`` beside a ``conv`` in a Sequential) into that convolution, for
+    inference: ``w' = w · s``, ``b' = β − μ · s``, ``s = γ / sqrt(σ² + eps)``, one pass over the activations
+    fewer per layer. Outputs change only by float rounding; the state dict loses the authors' layout. Returns
+    how many were folded."""
+    folded = 0
+    for parent in list(module.modules()):
+        conv, norm = getattr(parent, "conv", None), getattr(parent, "norm", None)
+        if not isinstance(conv, nn.Conv2d) or not isinstance(norm, (nn.BatchNorm2d, FrozenBatchNorm2d)):
+            continue
+        scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
+        bias = norm.bias - norm.running_mean * scale
+        if conv.bias is not None:
+            bias = bias + conv.bias * scale
+        conv.weight.copy_(conv.weight * scale[:, None, None, None])
+        conv.bias = nn.Parameter(bias, requires_grad=False)
+        setattr(parent, "norm", nn.Identity())
+        folded += 1
+    return folded
+
+
+def _shortcut(in_channels: int, out_channels: int, stride: int, norm: Norm) -> nn.Module:
+    """The first block's projection shortcut: average pooling then a 1×1 convolution where the block halves the
+    map (tweak D), else a 1×1 convolution."""
+    if stride == 1:
+        return ConvNorm(in_channels, out_channels, 1, norm=norm)
+    return nn.Sequential(OrderedDict(pool=nn.AvgPool2d(2, 2, 0, ceil_mode=True),
+                                     conv=ConvNorm(in_channels, out_channels, 1, norm=norm)))
+
+
+class BasicBlock(nn.Module):
+    """Two 3×3 convolutions and the shortcut (identity, or a projection in each stage's first block)."""
+
+    expansion = 1
+
+    def __init__(self, in_channels: int, width: int, stride: int, project: bool, norm: Norm) -> None:
+        super().__init__()
+        self.branch2a = ConvNorm(in_channels, width, 3, stride, norm=norm, activation=nn.ReLU())
+        self.branch2b = ConvNorm(width, width, 3, norm=norm)
+        self.short = _shortcut(in_channels, width, stride, norm) if project else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.branch2b(self.branch2a(x))
+        return F.relu(out + (x if self.short is None else self.short(x)))
+
+
+class Bottleneck(nn.Module):
+    """1×1 → 3×3 (with the stride) → 1×1 (4 × width) convolutions and the shortcut."""
+
+    expansion = 4
+
+    def __init__(self, in_channels: int, width: int, stride: int, project: bool, norm: Norm) -> None:
+        super().__init__()
+        self.branch2a = ConvNorm(in_channels, width, 1, norm=norm, activation=nn.ReLU())
+        self.branch2b = ConvNorm(width, width, 3, stride, norm=norm, activation=nn.ReLU())
+        self.branch2c = ConvNorm(width, width * self.expansion, 1, norm=norm)
+        self.short = _shortcut(in_channels, width * self.expansion, stride, norm) if project else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.branch2c(self.branch2b(self.branch2a(x)))
+        return F.relu(out + (x if self.short is None else self.short(x)))
+
+
+class Stage(nn.Module):
+    """``blocks``: the first projects (and halves the map, except in the first stage), the rest keep the width."""
+
+    def __init__(self, block: type[BasicBlock | Bottleneck], in_channels: int, width: int, count: int, stride: int,
+                 norm: Norm) -> None:
+        super().__init__()
+        out_channels = width * block.expansion
+        self.blocks = nn.ModuleList(
+            block(in_channels if index == 0 else out_channels, width, stride if index == 0 else 1, index == 0, norm)
+            for index in range(count))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class ResNetVd(nn.Module):
+    """ResNet-vd: images [B, 3, H, W] → the feature maps of stages 2-4 (strides 8, 16, 32), coarsest last.
+
+    Args:
+        name: the depth ("resnet18", "resnet34", "resnet50", "resnet101").
+        norm: "frozen_batch_norm" (the released models' backbones), "batch_norm" or "group_norm".
+    """
+
+    def __init__(self, name: BackboneName = "resnet50", *, norm: BackboneNorm = "frozen_batch_norm") -> None:
+        super().__init__()
+        if name not in DEPTHS:
+            raise ValueError(f"ResNet-vd depth must be one of {sorted(DEPTHS)}, got {name!r}")
+        counts, bottleneck = DEPTHS[name]
+        block = Bottleneck if bottleneck else BasicBlock
+        norm_fn = norm_layer(norm)
+        stem = (("conv1_1", 3, 32, 2), ("conv1_2", 32, 32, 1), ("conv1_3", 32, 64, 1))
+        self.conv1 = nn.Sequential(OrderedDict(
+            (key, ConvNorm(c_in, c_out, 3, stride, norm=norm_fn, activation=nn.ReLU()))
+            for key, c_in, c_out, stride in stem))
+        stages, in_channels = [], 64
+        for index, (count, width) in enumerate(zip(counts, _WIDTHS)):
+            stages.append(Stage(block, in_channels, width, count, 1 if index == 0 else 2, norm_fn))
+            in_channels = width * block.expansion
+        self.res_layers = nn.ModuleList(stages)
+        #: channels of the returned maps (strides 8, 16, 32)
+        self.out_channels: list[int] = [width * block.expansion for width in _WIDTHS[1:]]
+        self.channels_last = False
+
+    def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """images [B, 3, H, W] → [C3 [B, c3, H/8, W/8], C4 [.., H/16, ..], C5 [.., H/32, ..]] (sizes rounded up)."""
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        x = F.max_pool2d(self.conv1(images), kernel_size=3, stride=2, padding=1)
+        outputs = []
+        for index, stage in enumerate(self.res_layers):
+            x = stage(x)
+            if index > 0:
+                outputs.append(x)
+        return outputs

@@ -1,0 +1,175 @@
+"""RT-DETR's parts: ResNet-vd's strides and channels, the sin-cos positions and RT-DETRv2's discrete sampling
+against transformers' functions, the anchors, RepVGG re-parameterisation, batched = per-image, the inference
+depth, the sampling points it reports, the input contract and the config's checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detr import build_detr
+from detr.models.config import DetrConfig
+from detr.models.deformable.attention import deformable_sampling
+from detr.models.rtdetr.decoder import anchors_for
+from detr.models.rtdetr.hybrid_encoder import RepVggBlock, sincos_position_embedding
+from detr.models.rtdetr.resnet_vd import ResNetVd
+
+TINY_RTDETR = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=4,
+                         dim_feedforward=48, num_decoder_layers=3, num_queries=20, num_classes=5, dropout=0.0,
+                         num_points=2, denoising=True)
+
+
+def _model(**changes) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = build_detr(TINY_RTDETR.replace(**changes)).eval()
+    with torch.no_grad():  # the authors' init starts every box head at zero: give the boxes something to refine
+        for head in model.decoder.dec_bbox_head:
+            head.layers[-1].weight.normal_(0, 0.1)
+    return model
+
+
+def _images(batch: int = 2, side: int = 96) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    return torch.rand(batch, 3, side, side), torch.zeros(batch, side, side, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("name, channels", [("resnet18", [128, 256, 512]), ("resnet50", [512, 1024, 2048])])
+def test_resnet_vd_returns_strides_8_16_32(name, channels):
+    backbone = ResNetVd(name).eval()
+    with torch.no_grad():
+        features = backbone(torch.rand(1, 3, 64, 96))
+    assert backbone.out_channels == channels
+    assert [tuple(f.shape[1:]) for f in features] == [(c, 64 // s, 96 // s) for c, s in zip(channels, (8, 16, 32))]
+
+
+@pytest.mark.parametrize("height, width", [(4, 4), (3, 5)])
+def test_sincos_positions_are_transformers(height, width):
+    rt_detr = pytest.importorskip("transformers.models.rt_detr.modeling_rt_detr")
+    expected = rt_detr.build_2d_sinusoidal_position_embedding(height, width, 32, 10000.0)
+    assert torch.equal(sincos_position_embedding(height, width, 32)[0], expected)
+
+
+def test_discrete_sampling_reads_the_cells_transformers_reads():
+    rt_detr_v2 = pytest.importorskip("transformers.models.rt_detr_v2.modeling_rt_detr_v2")
+    torch.manual_seed(0)
+    shapes = [(6, 8), (3, 4)]
+    value = torch.randn(2, 6 * 8 + 3 * 4, 4, 8)  # [B, S, H, D]
+    locations = torch.rand(2, 5, 4, 2, 3, 2) * 1.2 - 0.1  # some outside the map: clamped to its border
+    weights = torch.rand(2, 5, 4, 2, 3).flatten(-2).softmax(-1).view(2, 5, 4, 2, 3)
+    ours = deformable_sampling(value, shapes, locations, weights, method="discrete")
+    theirs = rt_detr_v2.multi_scale_deformable_attention_v2(value, shapes, locations.flatten(3, 4),
+                                                            weights.flatten(3), [3, 3], method="discrete")
+    assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_anchors_cover_each_level_and_the_border_ones_are_invalid():
+    anchors, valid = anchors_for([(4, 4), (2, 2)])
+    assert anchors.shape == (1, 20, 4) and valid.shape == (1, 20, 1)
+    boxes = anchors[valid[..., 0]].sigmoid()
+    assert torch.allclose(boxes[0], torch.tensor([0.125, 0.125, 0.05, 0.05]))  # cell (0, 0) of the finest level
+    assert torch.allclose(anchors[0, -1].sigmoid(), torch.tensor([0.75, 0.75, 0.1, 0.1]))  # level 1: twice the size
+    outside = anchors_for([(64, 64)])  # a cell centre at 0.5 / 64 < 1 %: invalid, its logits the largest float
+    assert not outside[1][0, 0, 0] and outside[0][0, 0, 0] == torch.finfo(torch.float32).max
+
+
+def test_repvgg_reparameterised_is_the_same_function():
+    torch.manual_seed(0)
+    block = RepVggBlock(8)
+    with torch.no_grad():
+        for norm in (block.conv1.norm, block.conv2.norm):
+            norm.running_mean.normal_(0, 0.2)
+            norm.running_var.uniform_(0.5, 1.5)
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.normal_(0, 0.2)
+    block.eval()
+    x = torch.randn(2, 8, 7, 9)
+    with torch.no_grad():
+        expected = block(x)
+        block.reparameterize()
+        assert torch.allclose(block(x), expected, atol=1e-5)
+    assert not hasattr(block, "conv1") and block.fused.kernel_size == (3, 3)
+
+
+def test_optimized_model_predicts_the_same():
+    model = _model()
+    images, mask = _images()
+    with torch.no_grad():
+        expected = model(images, mask)
+        model.optimize_for_inference()
+        optimized = model(images, mask)
+    assert torch.allclose(optimized.logits, expected.logits, atol=1e-4)
+    assert torch.allclose(optimized.boxes, expected.boxes, atol=1e-4)
+
+
+def test_batched_is_per_image_and_every_layer_is_reported():
+    model = _model()
+    images, mask = _images()
+    with torch.no_grad():
+        batched = model(images, mask)
+        single = [model(images[i:i + 1], mask[i:i + 1]) for i in range(2)]
+    assert batched.logits.shape == (2, 20, 5) and batched.boxes.shape == (2, 20, 4) and len(batched.aux) == 2
+    assert batched.proposals.logits.shape == (2, 20, 5) and batched.class_head == "sigmoid"
+    for i, one in enumerate(single):
+        assert torch.allclose(batched.logits[i], one.logits[0], atol=1e-4)
+        assert torch.allclose(batched.boxes[i], one.boxes[0], atol=1e-5)
+    assert batched.boxes.min() >= 0 and batched.boxes.max() <= 1 and batched.boxes[0].std(0).max() > 1e-3
+
+
+def test_a_shorter_decoder_gives_the_earlier_layer():
+    model = _model()
+    images, mask = _images()
+    with torch.no_grad():
+        full = model(images, mask)
+        model.set_inference_layers(2)
+        short = model(images, mask)
+    assert len(short.aux) == 1
+    assert torch.allclose(short.logits, full.aux[1].logits) and torch.allclose(short.boxes, full.aux[1].boxes)
+    with pytest.raises(ValueError, match="1..3"):
+        model.set_inference_layers(0)
+
+
+def test_sampling_points_are_reported_per_layer_level_and_head():
+    model = _model(num_feature_levels=4)
+    images, mask = _images(1, 128)
+    with torch.no_grad():
+        output = model(images, mask, return_attention=True)
+    sampling = output.sampling
+    assert sampling.locations.shape == (3, 1, 20, 4, 4, 2, 2) and sampling.weights.shape == (3, 1, 20, 4, 4, 2)
+    assert sampling.spatial_shapes.tolist() == [[16, 16], [8, 8], [4, 4], [2, 2]]
+    assert torch.allclose(sampling.weights.sum((-1, -2)), torch.ones(3, 1, 20, 4))
+
+
+def test_input_contract_is_a_square_without_mean_and_std():
+    model = _model()
+    spec = model.input_spec
+    assert (spec.resize, spec.size, spec.mean, spec.std, spec.interpolation) == ("square", 640, None, None,
+                                                                                  "antialiased")
+    assert model.detections_per_image == 20 and model.describe().startswith("RT-DETR, resnet18-vd, 3 decoder")
+    assert not model.exportable  # not written yet: export refuses it instead of writing a wrong graph
+    with pytest.raises(ValueError, match="multiples of 32"):
+        model(torch.rand(1, 3, 100, 96), torch.zeros(1, 100, 96, dtype=torch.bool))
+
+
+def test_discrete_sampling_and_offset_scale_change_the_predictions_only_through_the_decoder():
+    images, mask = _images()
+    with torch.no_grad():
+        plain = _model()(images, mask)
+        discrete = _model(sampling_method="discrete", sampling_offset_scale=0.25)(images, mask)
+    assert torch.equal(plain.proposals.boxes, discrete.proposals.boxes)  # same weights, same encoder
+    assert not torch.allclose(plain.boxes, discrete.boxes)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_feature_levels": 2}, "num_feature_levels must be at least 3"),
+    ({"class_head": "softmax"}, "class_head"),
+    ({"box_refine": True}, "always refines"),
+    ({"hidden_dim": 30}, "divisible"),
+])
+def test_config_refuses_what_the_model_lacks(changes, message):
+    with pytest.raises(ValueError, match=message):
+        TINY_RTDETR.replace(**changes)
+
+
+def test_rtdetr_options_need_the_rtdetr_architecture():
+    with pytest.raises(ValueError, match="RT-DETR option"):
+        DetrConfig(architecture="deformable", class_head="sigmoid", sampling_method="discrete")
