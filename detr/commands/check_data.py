@@ -11,9 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from detr.data.checker import check_dataset, format_problems, has_errors
-from detr.data.image_checks import default_cache_file
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="remember each image read in JSON.imagecache beside the json (as `detr fit` does) and "
                         "reread only files whose size or mtime changed")
     args = parser.parse_args(argv)
+    from detr.data.checker import check_dataset, format_problems, has_errors  # after --help: no image pipeline
+    from detr.data.image_checks import default_cache_file
+
     problems = check_dataset(
         args.images_dir, args.annotations_json, num_queries=args.num_queries, decode_images=not args.quick,
         workers=args.workers, cache_file=default_cache_file(args.annotations_json) if args.cache else None,

@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from detr.checkpoints import CheckpointError, load_checkpoint, save_huggingface
-from detr.checkpoints.formats import ExportError
-from detr.checkpoints.released import CheckpointArgument
+from detr.inference.command_line import CheckpointArgument
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="timm ResNet (transformers' default; needs timm to load; DC5 possible) or "
                              "transformers' own ResNet (no DC5)")
     args = parser.parse_args(argv)
+    from detr.checkpoints import CheckpointError, load_checkpoint, save_huggingface  # after --help: torch
+    from detr.checkpoints.formats import ExportError
+
     try:
         model = load_checkpoint(args.checkpoint)
         out = save_huggingface(model, args.to_huggingface, backbone_format=args.backbone_format)

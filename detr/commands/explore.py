@@ -17,9 +17,7 @@ import argparse
 import logging
 import sys
 
-from detr.checkpoints import load_checkpoint
 from detr.inference.command_line import add_resize_arguments, device_argument, one_line_errors
-from detr.visualize.explorer import write_attention_explorer
 
 
 @one_line_errors
@@ -34,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     add_resize_arguments(parser)
     parser.add_argument("--device", type=device_argument, default=None, help="default: CUDA when available, else CPU")
     args = parser.parse_args(argv)
+    from detr.checkpoints import load_checkpoint  # after --help: torch
+    from detr.visualize.explorer import write_attention_explorer
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     model = load_checkpoint(args.checkpoint)

@@ -15,9 +15,6 @@ import argparse
 import logging
 import sys
 
-from detr.checkpoints import load_checkpoint
-from detr.checkpoints.export import export
-from detr.checkpoints.formats import ExportError
 from detr.inference.command_line import one_line_errors
 
 
@@ -34,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.out.endswith(f".{args.format}"):  # the predictor chooses its backend by the suffix
         parser.error(f"--out must end in .{args.format} for --format {args.format}, got {args.out}")
+    from detr.checkpoints import load_checkpoint  # after --help: torch
+    from detr.checkpoints.export import export
+    from detr.checkpoints.formats import ExportError
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     model = load_checkpoint(args.checkpoint)
     try:

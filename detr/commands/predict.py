@@ -21,15 +21,7 @@ import logging
 import sys
 from functools import partial
 
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
-
-from detr.checkpoints.formats import CheckpointError
-from detr.checkpoints.released import CheckpointArgument
-from detr.inference.command_line import add_resize_arguments, device_argument
-from detr.inference.outputs import collect_image_paths, predict_files
-from detr.inference.predictor import Predictor
-from detr.output_folder import OutputFolderError
+from detr.inference.command_line import CheckpointArgument, add_resize_arguments, device_argument
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="drop a thing segment that keeps less than this share of its own mask (Mask2Former's "
                              "filter, e.g. 0.8; default: the checkpoint's training run's, else none)")
     args = parser.parse_args(argv)
+    # after parsing, so that --help does not wait for torch
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from detr.checkpoints.formats import CheckpointError
+    from detr.inference.outputs import collect_image_paths, predict_files
+    from detr.inference.predictor import Predictor
+    from detr.output_folder import OutputFolderError
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     try:

@@ -16,12 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from detr.checkpoints.released import CheckpointArgument
-from detr.inference.command_line import add_resize_arguments, device_argument, one_line_errors
-from detr.inference.images import to_rgb_array
-from detr.inference.predictor import Predictor
-from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure
-from detr.visualize.sampling import sampling_points_figure
+from detr.inference.command_line import CheckpointArgument, add_resize_arguments, device_argument, one_line_errors
 
 
 def point(text: str) -> tuple[float, float]:
@@ -53,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=device_argument, default=None, help="default: CUDA when available, else CPU")
     parser.add_argument("--dpi", type=int, default=120)
     args = parser.parse_args(argv)
+    from detr.inference.images import to_rgb_array  # after --help: torch, matplotlib
+    from detr.inference.predictor import Predictor
+    from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure
+    from detr.visualize.sampling import sampling_points_figure
+
 
     predictor = Predictor.from_checkpoint(
         args.checkpoint, device=args.device, threshold=args.threshold, min_size=args.min_size, max_size=args.max_size

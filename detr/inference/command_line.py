@@ -2,7 +2,10 @@
 ``detr-explore``, ``detr-visualize-attention``), and the commands' one-line expected errors
 (:func:`one_line_errors`: a checkpoint that cannot be read or downloaded, an output folder another run
 owns, print ``error: <what and the fix>`` and exit 2; a traceback is for bugs, ``DETR_DEBUG=1`` shows one
-for these too)."""
+for these too).
+
+Nothing here imports torch at module level: a command builds its parser from these and answers ``--help``
+before loading a model (tests/commands/test_commands.py checks that no command's ``--help`` imports torch)."""
 
 from __future__ import annotations
 
@@ -11,17 +14,31 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-
-from detr.models.inputs import EVAL_MAX_SIZE, EVAL_MIN_SIZE
+from typing import Any
 
 
 def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
     """``--min-size`` / ``--max-size`` (default None: the size the checkpoint was validated at, else the
-    authors' 800 / 1333; see :class:`detr.inference.predictor.Predictor`)."""
+    authors' 800 / 1333, :data:`detr.models.inputs.EVAL_MIN_SIZE` and ``EVAL_MAX_SIZE``, written out here so
+    that ``--help`` does not import torch; see :class:`detr.inference.predictor.Predictor`)."""
     parser.add_argument("--min-size", type=int, default=None,
-                        help=f"eval resize: shortest side (default: the checkpoint's validation size, else {EVAL_MIN_SIZE})")
+                        help="eval resize: shortest side (default: the checkpoint's validation size, else 800)")
     parser.add_argument("--max-size", type=int, default=None,
-                        help=f"eval resize: longest side cap (default: the checkpoint's validation size, else {EVAL_MAX_SIZE})")
+                        help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
+
+
+class CheckpointArgument(argparse.Action):
+    """``--checkpoint`` of the tools: a path or a released model's name; ``list`` prints the names and exits
+    (before the other arguments are checked, like ``--version``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values == "list":
+            from detr.checkpoints.released import describe  # only for "list": --help does not wait for torch
+
+            print(describe())
+            parser.exit()
+        setattr(namespace, self.dest, values)
 
 
 def device_argument(value: str) -> str | None:
