@@ -102,13 +102,20 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         batch_size: training images per process (authors: 2 for R50, 4 per GPU in the 64-batch recipe).
         val_batch_size: images per evaluation batch (None: ``batch_size``). AP depends on it through
             padding: evaluate at the training images per GPU to reproduce the authors' numbers.
-        num_workers: DataLoader worker processes.
+        num_workers: DataLoader worker processes (0: load in the training process).
         pin_memory: pin batches (only when CUDA is available).
         persistent_workers: keep workers between epochs (only with num_workers > 0).
         drop_last: drop the last incomplete training batch (as the authors do).
-        train_scales, train_max_size, crop_resize_scales, crop_min_size, crop_max_size: the train
-            augmentation's sizes (:func:`detr.data.transforms.make_train_transform`; masks move with the image).
-        eval_min_size, eval_max_size: the eval resize (:func:`detr.data.transforms.make_eval_transform`).
+        train_scales: shortest-side sizes the training resize picks from at random (authors: 480, 512, ...,
+            800; :func:`detr.data.transforms.make_train_transform`; masks move with the image).
+        train_max_size: cap on the long side after the training resize (authors: 1333).
+        crop_resize_scales: shortest-side sizes before the training random crop, half of the images
+            (authors: 400, 500, 600).
+        crop_min_size: smallest width and height of the training random crop (authors: 384).
+        crop_max_size: largest width and height of the training random crop (authors: 600).
+        eval_min_size: shortest side of the evaluation resize (authors: 800;
+            :func:`detr.data.transforms.make_eval_transform`); checkpoints record it for the Predictor.
+        eval_max_size: cap on the long side of the evaluation resize (authors: 1333).
 
     Attributes:
         category_map: label ↔ category id/name (None when the subclass has no annotations to read).
@@ -277,11 +284,17 @@ class DetrDataModule(CocoFormatDataModule):
     """COCO-format data for DETR.
 
     Args:
-        root: COCO-layout folder (module docstring); optional when the explicit paths are given.
-        train_images, train_annotations, val_images, val_annotations: explicit folders and jsons
-            (override ``root``'s).
-        test_images, test_annotations: the test split; defaults to the validation split.
-        predict_images: a folder (its image files) or a list of image files for ``predict``.
+        root: a folder in COCO's layout: ROOT/train2017/, ROOT/val2017/ and ROOT/annotations/
+            instances_{train,val}2017.json; optional when the explicit paths are given.
+        train_images: folder of the training images (default: ROOT/train2017).
+        train_annotations: COCO instances json of the training images (default:
+            ROOT/annotations/instances_train2017.json).
+        val_images: folder of the validation images (default: ROOT/val2017).
+        val_annotations: COCO instances json of the validation images (default:
+            ROOT/annotations/instances_val2017.json).
+        test_images: folder of the test split's images, for ``detr test`` (default: the validation split's).
+        test_annotations: COCO instances json of the test split (default: the validation split's).
+        predict_images: a folder (its image files) or a list of image files for ``detr predict``.
         category_ids: "auto" (raw ids for COCO's own categories, contiguous otherwise), "raw" or
             "contiguous"; see :func:`detr.data.coco.category_map_from_categories`.
         skip_bad_images: leave the images the start-up check finds missing, undecodable or mis-sized out with a
