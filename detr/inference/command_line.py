@@ -89,16 +89,17 @@ def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
 EXPECTED_ERROR_STATUS = 2
 
 
-def one_line_errors(main: Callable[..., int]) -> Callable[..., int]:
-    """Wrap a command's ``main``: an expected error (:func:`expected_errors`) is printed as one line on stderr
-    and the command exits :data:`EXPECTED_ERROR_STATUS`; with ``DETR_DEBUG`` set it is raised as before."""
+def one_line_errors(main: Callable[..., int], also: tuple[type[Exception], ...] = ()) -> Callable[..., int]:
+    """Wrap a command's ``main``: an expected error (:func:`expected_errors`, and the kinds in ``also``: the
+    training command's bad data and settings) is printed as one line on stderr and the command exits
+    :data:`EXPECTED_ERROR_STATUS`; with ``DETR_DEBUG`` set it is raised as before."""
 
     @functools.wraps(main)
     def run(*args: object, **kwargs: object) -> int:
         try:
             return main(*args, **kwargs)
         except Exception as error:
-            if not isinstance(error, expected_errors()) or os.environ.get("DETR_DEBUG"):
+            if not isinstance(error, (*expected_errors(), *also)) or os.environ.get("DETR_DEBUG"):
                 raise
             print(f"error: {error}", file=sys.stderr)
             return EXPECTED_ERROR_STATUS

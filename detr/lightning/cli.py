@@ -38,21 +38,35 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from detr.checkpoints import CheckpointError
+from detr.data.coco import AnnotationFileError
+from detr.data.images import ImageLoadError
+from detr.data.panoptic_checks import PanopticDataError
 from detr.lightning.callbacks import PredictionsWriter
 from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, LastCheckpoint
-from detr.lightning.data_checks import CheckData
+from detr.lightning.data_checks import CheckData, DataCheckError
 from detr.lightning.datamodule import DetrDataModule
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.run_folder import claim_run_folder
-from detr.lightning.system import DetrSystem
+from detr.lightning.system import DetrSystem, SettingError
 
 logger = logging.getLogger(__name__)
+
+#: What a user meets with a correct program, beside the commands' own (a checkpoint that cannot be read or
+#: downloaded, an output folder in use: :func:`detr.inference.command_line.expected_errors`): data that would
+#: break training, and a setting that cannot work. ``detr`` prints them as one line (the data check's report:
+#: its list), exit status 2; a traceback is for anything else.
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (DataCheckError, AnnotationFileError, ImageLoadError,
+                                               PanopticDataError, SettingError)
+
+#: The usage line printed above a command-line error (the generated one lists every option: 130 lines).
+_USAGE = "%(prog)s [--config FILE.yaml] [--KEY VALUE ...]"
 
 
 class DetrCLI(LightningCLI):
@@ -83,6 +97,10 @@ class DetrCLI(LightningCLI):
         is readable: LightningCLI next reads the checkpoint's hyperparameters over everything parsed, and
         :meth:`before_instantiate_classes` puts the command line's values back (``detr-panoptic predict ...
         --model.panoptic_threshold 0.4`` wins)."""
+        for config_file in command_line_config_files(args):
+            problem = config_file_problem(config_file)
+            if problem:
+                parser.error(problem)
         keys = command_line_model_keys(args)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
@@ -93,6 +111,10 @@ class DetrCLI(LightningCLI):
             with contextlib.suppress(KeyError):
                 self._command_line_model_values[key] = self.config[subcommand][key]
         path = self.config[subcommand].get("ckpt_path")
+        if path and "://" not in path and path not in ("last", "best", "hpc", "registry") and not Path(path).exists():
+            # said now, not after the data checks and the model were built (Lightning's FileNotFoundError)
+            raise CheckpointError(f"--ckpt_path {path} does not exist; pass the run's checkpoints/last.ckpt (or "
+                                  "another checkpoint it wrote)")
         if path and Path(path).is_file():
             try:  # memory-mapped: the tensors are not read, a truncated or foreign file fails here
                 torch.load(path, weights_only=True, map_location="cpu", mmap=True)
@@ -101,6 +123,17 @@ class DetrCLI(LightningCLI):
                     f"could not read checkpoint {path}: {type(error).__name__}: {error}. The file is truncated or "
                     "not a checkpoint; resume from another one (the best-model checkpoints beside it) or start over"
                 ) from error
+
+    def instantiate_classes(self) -> None:
+        """Build the model, the data module and the trainer; a value one of them refuses (a plain ValueError,
+        whose message names the argument: ``num_queries must be an integer >= 1 ...``) is a
+        :class:`SettingError`, an expected error of the command rather than a bug."""
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            if type(error) is not ValueError:  # a precise kind (CheckpointError, DataCheckError ...) stays itself
+                raise
+            raise SettingError(str(error)) from error
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
@@ -153,6 +186,42 @@ def command_line_model_keys(args: Any) -> list[str]:
     return [arg.split("=", 1)[0][2:] for arg in _argv(args) if arg.startswith("--model.")]
 
 
+def command_line_config_files(args: Any) -> list[Path]:
+    """The files of ``--config FILE`` / ``-c FILE`` / ``--config=FILE`` in command-line ``args``."""
+    argv = _argv(args)
+    files = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
+    files += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
+    return [Path(f) for f in files]
+
+
+def config_file_problem(path: Path, _seen: frozenset[Path] = frozenset()) -> str | None:
+    """Why the YAML config ``path`` (or one it includes with ``config: OTHER.yaml``) cannot configure a run, in
+    one line naming the file, or None. jsonargparse's own messages name no file ("Unexpected config:" for an
+    empty one, a YAML error "in <unicode string>") and come below a usage of every option."""
+    if not path.is_file():
+        return None  # jsonargparse says "File does not exist", naming it
+    try:
+        content = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        return f"config {path} is not valid YAML{where}: {problem}; fix the file or pass another --config"
+    except (OSError, UnicodeDecodeError) as error:
+        return f"config {path} cannot be read: {error}"
+    if content is None:
+        return (f"config {path} is empty: a config holds YAML keys such as `trainer:`, `model:` and `data:` "
+                "(see configs/demo_shapes_cpu.yaml)")
+    if not isinstance(content, dict):
+        return f"config {path} holds a {type(content).__name__}, not YAML keys (`trainer:`, `model:`, `data:`)"
+    included = content.get("config")
+    if isinstance(included, str):
+        target = (path.parent / included).resolve()
+        if target not in _seen:
+            return config_file_problem(target, _seen | {path.resolve()})
+    return None
+
+
 def _argv(args: Any) -> list[str]:
     """LightningCLI's ``args`` as command-line strings: ``sys.argv[1:]`` when None, none for a dict."""
     if args is None:
@@ -175,7 +244,9 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     ``model``, ``datamodule`` and ``trainer`` for the caller to use (``cli.trainer.fit(cli.model, ...)``).
     """
     system, data = (PanopticSystem, PanopticDataModule) if panoptic else (DetrSystem, DetrDataModule)
-    return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True})
+    usage = {subcommand: {"usage": _USAGE} for subcommand in ("fit", "validate", "test", "predict")}
+    return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True},
+                   parser_kwargs=usage if run else {"usage": _USAGE})
 
 
 def show_package_messages() -> None:

@@ -48,7 +48,7 @@ def overview(prog: str) -> str:
         "subcommands:",
         "  fit       train; the run's checkpoints, metrics.csv, TensorBoard events and config.yaml go into",
         "            --trainer.default_root_dir (a second run there is refused; --ckpt_path RUN/checkpoints/",
-        "            last.ckpt resumes it, --overwrite_run starts over)",
+        "            last.ckpt resumes it, --overwrite_run true starts over)",
         "  validate  COCO evaluation on the validation set of the weights in --ckpt_path (or",
         "            --model.init_checkpoint), written into <default_root_dir>/validate/",
         "  test      the same on the test split (--data.test_images / --data.test_annotations; default: the",
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None, *, panoptic: bool = False) -> int:
     from detr.inference.command_line import one_line_errors  # after the overview: it needs none of this
     from detr.lightning import cli  # torch and Lightning: seconds
 
-    run = cli.main if debug else one_line_errors(cli.main)
+    run = cli.main if debug else one_line_errors(cli.main, also=cli.EXPECTED_ERRORS)
     return run(args, panoptic=panoptic)
 
 

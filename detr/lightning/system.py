@@ -49,6 +49,11 @@ class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite; raised instead of writing non-finite weights."""
 
 
+class SettingError(ValueError):
+    """A setting of the run (a command-line flag or YAML key) that cannot work; the message names it and the
+    fix. The ``detr`` command prints it as one line (:mod:`detr.lightning.command`)."""
+
+
 class DetrSystem(L.LightningModule):
     """DETR trained with the Hungarian set loss and evaluated with COCO AP.
 
@@ -146,6 +151,9 @@ class DetrSystem(L.LightningModule):
         error_analysis_every_n_validations: int = 0,
     ) -> None:
         super().__init__()
+        for name, value in (("lr", lr), ("lr_backbone", lr_backbone), ("weight_decay", weight_decay)):
+            if not value >= 0:  # AdamW would refuse it only when the fit starts, as a traceback
+                raise SettingError(f"--model.{name} must be >= 0, got {value}")
         config = _model_config(detr)
         if init_checkpoint and config.pretrained_backbone:
             # every backbone tensor comes from init_checkpoint: no ImageNet download (which needs a network)
@@ -392,11 +400,11 @@ class DetrSystem(L.LightningModule):
         if self._trainer is not None:
             planned = self.trainer.estimated_stepping_batches  # max_steps, or max_epochs × batches; else inf
             if planned < 1:
-                raise ValueError(_no_training_steps(self.trainer))
+                raise SettingError(_no_training_steps(self.trainer))
         if decay_fraction > 0 and self._trainer is not None:
             total_steps = int(planned) if math.isfinite(planned) else None
             if total_steps is None and time_budget_of(self.trainer.callbacks) is None:
-                raise ValueError(
+                raise SettingError(
                     f"lr_decay_fraction={decay_fraction} decays over the run's last steps, but the run has no "
                     "length: set trainer.max_steps (or max_epochs), or add the callback "
                     "detr.lightning.callbacks.TimeBudget (it fixes the step count of a time-bounded run)"
@@ -526,4 +534,4 @@ def _as_category_map(category_map: CategoryMap | dict[str, Any] | None, num_clas
     return category_map
 
 
-__all__ = ["DetrSystem", "NonFiniteLossError"]
+__all__ = ["DetrSystem", "NonFiniteLossError", "SettingError"]
