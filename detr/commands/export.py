@@ -1,7 +1,7 @@
 """Export a DETR checkpoint to ONNX (or a torch.export .pt2 program) and verify the file.
 
     detr-export detr-r50-e632da11.pth --format onnx --out detr-r50.onnx
-    detr-export last.ckpt --postprocess --out detector.onnx   # scores, labels, pixel boxes in the graph
+    detr-export RUN/checkpoints/last.ckpt --postprocess --out detector.onnx   # scores, labels, pixel boxes in the graph
 
 CHECKPOINT is anything detr.load_checkpoint reads. Batch, height and width are dynamic. The file is run
 (ONNX Runtime for .onnx) on a padded batch of two sizes and on one image of a third size and compared with
@@ -15,13 +15,13 @@ import argparse
 import logging
 import sys
 
-from detr.inference.command_line import one_line_errors
+from detr.inference.command_line import add_checkpoint_argument, one_line_errors
 
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="released .pth, state dict or this project's .ckpt")
+    add_checkpoint_argument(parser, positional=True)
     parser.add_argument("--out", required=True, help="output file (.onnx or .pt2)")
     parser.add_argument("--format", choices=("onnx", "pt2"), default="onnx",
                         help="onnx (ONNX Runtime) or pt2 (torch.export program; torch.export.load)")

@@ -1,8 +1,8 @@
 """Detect objects in image files with a DETR checkpoint.
 
-    detr-predict photos/ more/*.jpg one.png --checkpoint detr-r50 --out outputs/pred
+    detr-predict data/photos more/*.jpg one.png --checkpoint detr-r50 --out outputs/pred
     detr-predict --checkpoint list      # the released models' names
-    detr-predict photos/ --checkpoint detr-r50-panoptic --task panoptic --out outputs/pan
+    detr-predict data/photos --checkpoint detr-r50-panoptic --task panoptic --out outputs/pan
 
 Writes OUT/predictions.json (one COCO results json with file names, the data set's category ids) and
 OUT/<name>.jpg with boxes, names and scores drawn. A file that cannot be read or predicted (too thin to
@@ -21,15 +21,13 @@ import logging
 import sys
 from functools import partial
 
-from detr.inference.command_line import CheckpointArgument, add_resize_arguments, device_argument
+from detr.inference.command_line import add_checkpoint_argument, add_resize_arguments, device_argument
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders or glob patterns")
-    parser.add_argument("--checkpoint", required=True, action=CheckpointArgument,
-                        help="a released model's name (detr-r50 ...; 'list' prints them), a .pth / .ckpt file, "
-                             "a Hugging Face DETR directory, or a .onnx file of detr-export (ONNX Runtime)")
+    add_checkpoint_argument(parser, onnx=True)
     parser.add_argument("--out", required=True, help="output folder (one run's: see --overwrite)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the outputs of an earlier run in --out (deletes its json and drawings)")

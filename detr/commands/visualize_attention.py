@@ -1,8 +1,8 @@
 """Draw DETR's attention on one image: the paper's Fig. 6 (decoder) and, on request, Fig. 3 (encoder).
 
     detr-visualize-attention photo.jpg --checkpoint detr-r50-e632da11.pth --out attention.png
-    detr-visualize-attention photo.jpg --checkpoint ckpt --out grid.png --all-queries
-    detr-visualize-attention photo.jpg --checkpoint ckpt --out a.png --encoder-points 120,80 300,200
+    detr-visualize-attention photo.jpg --checkpoint RUN/checkpoints/last.ckpt --out grid.png --all-queries
+    detr-visualize-attention photo.jpg --checkpoint detr-r50 --out a.png --encoder-points 120,80 300,200
 
 --out gets the decoder cross-attention of every detected object (or of every query with --all-queries);
 with --encoder or --encoder-points the encoder self-attention figure goes to <out stem>_encoder.png.
@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from detr.inference.command_line import CheckpointArgument, add_resize_arguments, device_argument, one_line_errors
+from detr.inference.command_line import add_checkpoint_argument, add_resize_arguments, device_argument, one_line_errors
 
 
 def point(text: str) -> tuple[float, float]:
@@ -31,9 +31,7 @@ def point(text: str) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("image")
-    parser.add_argument("--checkpoint", required=True, action=CheckpointArgument,
-                        help="a released model's name (detr-r50 ...; 'list' prints them), a .pth / .ckpt file, "
-                             "or a Hugging Face DETR directory")
+    add_checkpoint_argument(parser)
     parser.add_argument("--out", required=True, help="PNG file for the decoder figure")
     parser.add_argument("--layer", type=int, default=-1, help="decoder layer, Python index (default -1: last)")
     parser.add_argument("--head", type=int, default=None, help="one attention head (default: mean over heads)")

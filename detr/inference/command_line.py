@@ -27,6 +27,25 @@ def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
                         help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
 
 
+#: What every command's checkpoint argument takes: what :func:`detr.load_checkpoint` reads.
+CHECKPOINT_HELP = ("a released model's name (detr-r50, detr-r101-dc5, ...: downloaded on first use; 'list' prints "
+                   "them), a .pth / .ckpt file (the authors' releases, this project's runs: "
+                   "RUN/checkpoints/last.ckpt or best-*.ckpt) or a Hugging Face transformers directory "
+                   "(detr-convert's, or a download of facebook/detr-resnet-50)")
+#: What the commands that predict through the Predictor also take (``onnx=True``).
+ONNX_HELP = "; or a .onnx file of detr-export, run on ONNX Runtime"
+
+
+def add_checkpoint_argument(parser: argparse.ArgumentParser, *, positional: bool = False, onnx: bool = False) -> None:
+    """The checkpoint argument, one help for every command: ``--checkpoint`` (required), or ``CHECKPOINT``
+    when ``positional``; ``onnx``: the command also runs ``.onnx`` files. ``list`` prints the released names."""
+    text = CHECKPOINT_HELP + (ONNX_HELP if onnx else "")
+    if positional:
+        parser.add_argument("checkpoint", action=CheckpointArgument, metavar="CHECKPOINT", help=text)
+    else:
+        parser.add_argument("--checkpoint", required=True, action=CheckpointArgument, help=text)
+
+
 class CheckpointArgument(argparse.Action):
     """``--checkpoint`` of the tools: a path or a released model's name; ``list`` prints the names and exits
     (before the other arguments are checked, like ``--version``)."""

@@ -3,7 +3,8 @@
 ``detr`` trains and evaluates detection (:class:`DetrSystem`, :class:`DetrDataModule`)::
 
     detr fit --config configs/detr_r50_coco.yaml --data.root /data/coco
-    detr validate --config configs/detr_r50_coco.yaml --data.root /data/coco --ckpt_path best.ckpt
+    detr validate --config configs/detr_r50_coco.yaml --data.root /data/coco \\
+        --ckpt_path outputs/detr_r50_coco/checkpoints/last.ckpt
     detr fit --config configs/demo_shapes_cpu.yaml --print_config
 
 ``detr-panoptic`` is the same command over :class:`PanopticSystem` and :class:`PanopticDataModule`, for the
@@ -16,7 +17,7 @@ two stages of the authors' panoptic recipe (paper §4.4)::
         --model.init_checkpoint outputs/panoptic_boxes_coco/checkpoints/last.ckpt
     # segment image files: predictions.json, panoptic.json and panoptic/<name>.png in <default_root_dir>/predict/
     detr-panoptic predict --config configs/demo_shapes_panoptic_cpu.yaml \\
-        --data.predict_images photos/ --ckpt_path outputs/demo_shapes_panoptic/checkpoints/last.ckpt
+        --data.predict_images data/photos --ckpt_path outputs/demo_shapes_panoptic/checkpoints/last.ckpt
 
 YAML keys mirror the constructors (``model.*`` = the system: ``model.detr.*`` the detector's
 :class:`detr.models.config.DetrConfig`, the rest the recipe; ``data.*`` = the data module, ``trainer.*`` =
