@@ -20,7 +20,7 @@ DETECTION_CONFIGS = {
         "detr_r50_coco.yaml", "detr_r50_dc5_coco.yaml", "detr_r101_coco.yaml", "detr_r101_dc5_coco.yaml",
         "detr_coco.yaml (the base they include)", "deformable_detr_coco.yaml"),
     "fine-tuning a checkpoint on your own COCO-format set": (
-        "finetune_custom.yaml",),
+        "finetune_custom.yaml (a GPU)", "finetune_custom_cpu.yaml (a 2-core CPU: 384-px images, a time budget)"),
     "CPU demos on the synthetic shapes set (detr-make-shapes writes data/shapes)": (
         "demo_shapes_cpu.yaml (what detr-demo trains)", "deformable_shapes_cpu.yaml"),
 }

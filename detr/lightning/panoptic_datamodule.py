@@ -96,6 +96,7 @@ class PanopticDataModule(CocoFormatDataModule):
     ) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters()
+        self.hparams.update(self.sizes)  # the sizes in use (image_size scales them): a checkpoint's eval size
         self.predict_images = predict_images
         root = self.set_aside_missing_root(root, predict_images)
         explicit = {"train": (train_images, train_annotations), "val": (val_images, val_annotations)}
