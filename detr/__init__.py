@@ -20,11 +20,11 @@ __all__ = ["DETR", "CategoryMap", "DETRPanoptic", "DetectorOutput", "DetrConfig"
 # Each public name is imported on first use (PEP 562), so that importing a submodule (`detr.commands.predict`,
 # whose --help needs no model) does not wait for torch; the Predictor also pulls in the image pipeline.
 _MODULE_OF = {
-    "CategoryMap": "detr.categories", "load_checkpoint": "detr.checkpoints", "PostProcess": "detr.inference.postprocess",
-    "Predictor": "detr.inference.predictor", "SetCriterion": "detr.loss.criterion",
-    "HungarianMatcher": "detr.loss.matcher", "DETR": "detr.models", "DetectorOutput": "detr.models",
-    "DetrConfig": "detr.models", "DETRPanoptic": "detr.models", "build_detr": "detr.models",
-    "build_detr_panoptic": "detr.models",
+    "CategoryMap": "detr.categories", "load_checkpoint": "detr.checkpoints",
+    "PostProcess": "detr.inference.postprocess", "Predictor": "detr.inference.predictor",
+    "SetCriterion": "detr.loss.criterion", "HungarianMatcher": "detr.loss.matcher",
+    "DETR": "detr.models", "DetectorOutput": "detr.models", "DetrConfig": "detr.models", "DETRPanoptic": "detr.models",
+    "build_detr": "detr.models", "build_detr_panoptic": "detr.models",
 }
 
 

@@ -1,4 +1,5 @@
-"""`detr-check-data` run from a clone (`python tools/check_data.py --help`); the command is :mod:`detr.commands.check_data`."""
+"""`detr-check-data` run from a clone (`python tools/check_data.py --help`); the command is
+:mod:`detr.commands.check_data`."""
 
 import sys
 

@@ -65,9 +65,9 @@ def seed_worker_transform(worker_id: int) -> None:
 
 #: The authors' sizes, which ``image_size`` scales (see :class:`CocoFormatDataModule`).
 AUTHORS_SIZES: dict[str, Any] = {
-    "train_scales": tuple(TRAIN_SCALES), "train_max_size": TRAIN_MAX_SIZE, "crop_resize_scales": tuple(CROP_RESIZE_SCALES),
-    "crop_min_size": CROP_MIN_SIZE, "crop_max_size": CROP_MAX_SIZE, "eval_min_size": EVAL_MIN_SIZE,
-    "eval_max_size": EVAL_MAX_SIZE,
+    "train_scales": tuple(TRAIN_SCALES), "train_max_size": TRAIN_MAX_SIZE,
+    "crop_resize_scales": tuple(CROP_RESIZE_SCALES), "crop_min_size": CROP_MIN_SIZE, "crop_max_size": CROP_MAX_SIZE,
+    "eval_min_size": EVAL_MIN_SIZE, "eval_max_size": EVAL_MAX_SIZE,
 }
 
 
@@ -76,7 +76,8 @@ def sizes_for(image_size: int, given: dict[str, Any]) -> dict[str, Any]:
     is still the authors' value scaled by ``image_size`` / their 800 (rounded; training scales without
     repeats), the others as given."""
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 32:
-        raise ValueError(f"--data.image_size must be an integer >= 32 (pixels of the shortest side), got {image_size!r}")
+        raise ValueError(f"--data.image_size must be an integer >= 32 (pixels of the shortest side), got "
+                         f"{image_size!r}")
     factor = image_size / EVAL_MIN_SIZE
     sizes = dict(given)
     for name, authors in AUTHORS_SIZES.items():
