@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import yaml
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
@@ -179,7 +180,24 @@ class DetrCLI(LightningCLI):
             root = trainer_config.get("default_root_dir") or os.getcwd()
             subfolder = self.subcommand if self.subcommand not in (None, "fit") else ""
             kwargs["logger"] = run_loggers(os.path.join(root, subfolder))
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        callbacks = trainer.callbacks
+        for i, callback in enumerate(callbacks):
+            if type(callback) is RichProgressBar:  # Lightning's default bar where rich is installed
+                callbacks[i] = EpochProgressBar()
+        return trainer
+
+
+class EpochProgressBar(RichProgressBar):
+    """Lightning's rich progress bar, whose "Epoch 3/-2" (``max_epochs - 1``) reads "Epoch 3" when the run has no
+    epoch limit (``max_epochs: -1``: the step limit or a time budget ends it, as in the CPU configs)."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        description = super()._get_train_description(current_epoch)
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs < 0:
+            return description.replace(f"Epoch {current_epoch}/{self.trainer.max_epochs - 1}",
+                                        f"Epoch {current_epoch}", 1)
+        return description
 
 
 def command_line_model_keys(args: Any) -> list[str]:
@@ -262,12 +280,18 @@ def show_package_messages() -> None:
 
 
 def hide_library_internal_warnings() -> None:
-    """Silence warnings that one library raises about another's code and that no ``detr`` user can act on:
-    torch 2.14 deprecates ``LeafSpec``, which Lightning (2.6.6, the newest) still builds in its pytree
-    helper, so every ``detr fit`` printed a FutureWarning pointing into lightning/pytorch/utilities; and
-    Lightning's advertisement of its hosted logger on every command."""
+    """Silence warnings that one library raises about another's code, or that say the opposite of what this
+    project does, and that no ``detr`` user can act on: torch 2.14 deprecates ``LeafSpec``, which Lightning
+    (2.6.6, the newest) still builds in its pytree helper, so every ``detr fit`` printed a FutureWarning
+    pointing into lightning/pytorch/utilities; Lightning's advertisement of its hosted logger on every
+    command; "your dataloader is not resumable" on every mid-epoch resume, which draws the rest of the epoch
+    from a fresh shuffle on purpose (README, Resume); and ModelCheckpoint's "could not find the monitored
+    key" (val/AP) when a checkpoint is saved before the first validation: once a validation has run, a key
+    it does not log is an error Lightning raises, not this warning."""
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
+    warnings.filterwarnings("ignore", message=r"`ModelCheckpoint\(monitor=.*\)` could not find the monitored key")
     # Lightning 2.6 advertises its hosted logger on every command ("💡 Tip: ... litlogger ..."): not ours to say
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger_ = logging.getLogger(name)
