@@ -273,10 +273,20 @@ def show_package_messages() -> None:
     unless the application configured the "detr" logger itself."""
     package_logger = logging.getLogger("detr")
     if not package_logger.handlers:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         package_logger.addHandler(handler)
         package_logger.setLevel(logging.INFO)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A handler on ``sys.stderr`` as it is when a message comes, not as it was when the handler was made: a
+    second ``main`` in one process (a notebook, a test after another) would otherwise write to the first's
+    stream, which may be closed by then, and print a "--- Logging error ---" traceback for every message."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
 
 
 def hide_library_internal_warnings() -> None:
