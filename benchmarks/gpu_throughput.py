@@ -151,6 +151,10 @@ class Trainer:
         self.autocast = set_precision(setting.precision)
         self.forward: Callable = self.system.model
         if setting.compiled:
+            # Inductor's coalesce tiling analysis does not handle symbolic sizes: with dynamic=True it fails the
+            # compile of DETR's forward on CUDA (AssertionError in tiling_utils.get_pw_red_splits, torch 2.11;
+            # pytorch/pytorch#181563). Padded batch sizes vary every step, so the shapes stay dynamic.
+            torch._inductor.config.triton.coalesce_tiling_analysis = False
             self.forward = torch.compile(self.system.model, dynamic=True, backend=compile_backend)
         self.optimizer = torch.optim.AdamW(self.system.parameter_groups(), lr=1e-4, weight_decay=1e-4, fused=True)
 

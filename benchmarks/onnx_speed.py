@@ -1,7 +1,7 @@
-"""ONNX Runtime against PyTorch: R50 DETR forward latency on the CPU, one image at COCO size.
+"""ONNX Runtime and OpenVINO against PyTorch: R50 DETR forward latency on the CPU, one image at COCO size.
 
     .venv/bin/python benchmarks/onnx_speed.py [--repeats 5] [--threads 2] [--height 800 --width 1066]
-                                              [--onnx r50.onnx] [--no-int8]
+                                              [--onnx r50.onnx] [--no-int8] [--no-openvino]
 
 Random weights (build_detr defaults: R50, 6 + 6 layers, 100 queries): speed does not depend on them.
 Compared in one process, in alternating runs (one run of each backend per round, median over rounds,
@@ -12,7 +12,9 @@ after one warm-up each), all with the same number of threads:
   ``detr.checkpoints.export.export_onnx``, verified against the model first);
 - the same file after ``onnxruntime.quantization.quantize_dynamic`` (int8 weights, activations quantised
   at run time; MatMul and Gemm only, i.e. the transformer and heads: the convolutions stay fp32),
-  with the output differences it costs.
+  with the output differences it costs;
+- OpenVINO on the CPU, fp32 asked for explicitly (``detr.checkpoints.openvino.OpenVinoDetector``; the IR of
+  ``detr-export --format openvino``, converted from the same ONNX file), when openvino is installed.
 
 Needs onnx, onnxscript and onnxruntime. Prints the machine, then a table.
 """
@@ -52,6 +54,7 @@ def main() -> None:
     parser.add_argument("--onnx", type=Path, default=None,
                         help="reuse this export of build_detr() with seed 0 (written there if missing)")
     parser.add_argument("--no-int8", action="store_true", help="skip the dynamic int8 quantisation")
+    parser.add_argument("--no-openvino", action="store_true", help="skip the OpenVINO row")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(describe_machine(), flush=True)
@@ -87,6 +90,15 @@ def main() -> None:
                          op_types_to_quantize=["MatMul", "Gemm"])
         int8 = ort_session(int8_path, args.threads)
         backends["ONNX Runtime int8 dynamic (MatMul/Gemm)"] = lambda: tuple(int8.run(None, feeds))
+    if not args.no_openvino:
+        from detr.checkpoints.openvino import OpenVinoDetector, write_ir
+
+        try:
+            ir = OpenVinoDetector(write_ir(onnx_path, workdir / "detr_r50.xml"), threads=args.threads)
+        except ImportError:
+            print("openvino is not installed: no OpenVINO row")
+        else:
+            backends["OpenVINO fp32 (CPU)"] = lambda: tuple(ir.infer(feeds))
 
     outputs = {name: run() for name, run in backends.items()}  # warm-up, and the outputs compared below
     times: dict[str, list[float]] = {name: [] for name in backends}

@@ -19,7 +19,8 @@ def write_atomically(path: str | Path, write: Callable[[BinaryIO], object]) -> P
     """Call ``write(file)`` on a temporary binary file beside ``path``, then move it over ``path``.
 
     Parents are created. If ``write`` (or anything before the move) fails, ``path`` keeps its previous
-    content and the temporary file is removed. Returns ``path``.
+    content and the temporary file is removed; an ``OSError`` without a file name (a full disk) gets ``path``
+    as its ``filename``. Returns ``path``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -30,9 +31,11 @@ def write_atomically(path: str | Path, write: Callable[[BinaryIO], object]) -> P
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(OSError):
             temporary.unlink()
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(path)  # a failed write (a full disk) names no file of its own
         raise
     _fsync_directory(path.parent)  # the rename itself reaches the disk
     return path

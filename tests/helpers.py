@@ -273,7 +273,7 @@ def read_sampling_page(path: Path) -> dict[str, Any]:
     decoded as the page's script decodes them: points float64 [L, Q, heads, levels, P, 2] in fractions of the
     image's width and height, weights [L, Q, heads, levels, P]."""
     match = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>',
-                      Path(path).read_text(encoding="utf-8"), re.S)
+                      Path(path).read_text(encoding="utf-8"), re.DOTALL)
     assert match, f"no data block in {path}"
     data = json.loads(match.group(1))
     shape = data["sampling"]["shape"]
@@ -282,3 +282,24 @@ def read_sampling_page(path: Path) -> dict[str, Any]:
     data["sampling"]["points"] = points / POINT_UNITS
     data["sampling"]["weights"] = weights / WEIGHT_UNITS
     return data
+
+
+def save_project_checkpoint(model, path: Path, eval_size: tuple[int, int], category_map) -> Path:
+    """This project's Lightning checkpoint layout (what detr.load_checkpoint reads back with config,
+    category map and eval size)."""
+    torch.save({
+        "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
+        "detr": {"model_config": model.config.to_dict(), "category_map": category_map.to_dict()},
+        "datamodule_hyper_parameters": {"eval_min_size": eval_size[0], "eval_max_size": eval_size[1]},
+    }, path)
+    return path
+
+
+def padded(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    height, width = max(i.shape[1] for i in images), max(i.shape[2] for i in images)
+    batch = torch.zeros(len(images), 3, height, width)
+    mask = torch.ones(len(images), height, width, dtype=torch.bool)
+    for index, image in enumerate(images):
+        batch[index, :, : image.shape[1], : image.shape[2]] = image
+        mask[index, : image.shape[1], : image.shape[2]] = False
+    return batch, mask

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 HEAVY = ("lightning", "albumentations", "cv2", "matplotlib", "transformers", "timm", "safetensors", "onnx",
-         "onnxruntime", "pycocotools", "fastapi", "uvicorn", "detr.data", "detr.lightning", "detr.serving")
+         "onnxruntime", "openvino", "pycocotools", "fastapi", "uvicorn", "detr.data", "detr.lightning", "detr.serving")
 
 
 def test_import_detr_loads_only_the_model_stack() -> None:

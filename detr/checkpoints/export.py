@@ -1,6 +1,6 @@
 """Export DETR for deployment, and check every exported file against the PyTorch model.
 
-Two formats, both with dynamic batch, height and width (one file serves every image size and batch):
+Three formats, each with dynamic batch, height and width (one file serves every image size and batch):
 
 - ONNX (``.onnx``), run by ONNX Runtime (:class:`detr.checkpoints.onnx.OnnxDetector`). Inputs ``images``
   float32 [B, 3, H, W] (normalised, zero-padded) and ``padding_mask`` bool [B, H, W] (True = padding);
@@ -12,6 +12,8 @@ Two formats, both with dynamic batch, height and width (one file serves every im
   ``metadata_props`` (JSON strings; :func:`detr.checkpoints.onnx.read_onnx_metadata`).
 - ``torch.export`` programs (``.pt2``): the same inputs and outputs, loaded with ``torch.export.load``;
   the metadata travels as the extra file ``detr.json``.
+- OpenVINO IR (``.xml`` + ``.bin``), converted from the ONNX graph, weights in fp32, run on the CPU by
+  OpenVINO (:class:`detr.checkpoints.openvino.OpenVinoDetector`); the metadata travels in its ``rt_info``.
 
 Why the ``torch.export``-based ONNX exporter (``torch.onnx.export(..., dynamo=True)``) and not the
 TorchScript-based one (``dynamo=False``): torch.export reasons about the dynamic sizes symbolically, so a
@@ -33,26 +35,32 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import math
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import ExportError
 from detr.checkpoints.onnx import import_onnxruntime
+from detr.checkpoints.openvino import OpenVinoDetector, write_ir
 from detr.inference.postprocess import boxes_to_pixels, scores_and_labels
 from detr.models.detector import Detector
 
 logger = logging.getLogger(__name__)
 
-ExportFormat = Literal["onnx", "pt2"]
+ExportFormat = Literal["onnx", "pt2", "openvino"]
+#: the file suffix of each format (the predictor and detr-serve choose the runtime by it)
+FORMAT_SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2", "openvino": ".xml"}
 
 #: fp32 tolerances of :func:`verify_export` (max abs difference): normalised boxes, logits, scores.
 BOX_TOLERANCE = 1e-4
@@ -168,6 +176,8 @@ def metadata(model: Detector, *, postprocess: bool, category_map: CategoryMap | 
         "eval_size": list(eval_size) if eval_size is not None else None,
         "min_image_size": model.min_image_size,
         "model_config": config,
+        "input_spec": dataclasses.asdict(model.input_spec.replace(
+            size=eval_size[0], max_size=eval_size[1]) if eval_size is not None else model.input_spec),
     }
     return {f"detr.{key}": json.dumps(value) for key, value in values.items()}
 
@@ -224,6 +234,19 @@ def export_program(model: Detector, path: str | Path, *, postprocess: bool = Fal
     return path
 
 
+def export_openvino(model: Detector, path: str | Path, *, postprocess: bool = False,
+                    category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None) -> Path:
+    """Export ``model`` to the OpenVINO IR ``path`` (``.xml`` + ``.bin``): its ONNX graph
+    (:func:`export_onnx`, written to a temporary file beside ``path``) converted by OpenVINO, fp32 weights, the
+    metadata in the IR's rt_info. Not verified here: :func:`export` verifies."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".openvino-") as folder:
+        onnx_path = export_onnx(model, Path(folder) / "model.onnx", postprocess=postprocess,
+                                category_map=category_map, eval_size=eval_size)
+        return write_ir(onnx_path, path)
+
+
 def load_program(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """A ``.pt2`` file of :func:`export_program` → (callable module with DeployModel's signature, metadata)."""
     extra = {"detr.json": ""}
@@ -265,6 +288,10 @@ def _runner(path: Path, format: ExportFormat, input_names: list[str]):
         session = import_onnxruntime().InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return lambda *inputs: tuple(torch.from_numpy(out) for out in session.run(
             None, {name: tensor.numpy() for name, tensor in zip(input_names, inputs)}))
+    if format == "openvino":
+        detector = OpenVinoDetector(path)
+        return lambda *inputs: tuple(torch.from_numpy(np.asarray(out)) for out in detector.infer(
+            {name: tensor.numpy() for name, tensor in zip(input_names, inputs)}))
     module, _ = load_program(path)
     return lambda *inputs: tuple(module(*inputs))
 
@@ -314,10 +341,10 @@ def export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx", 
     tolerances (boxes 1e-4, logits 1e-3, scores 1e-4; labels equal): the file is then renamed to
     ``<path>.failed`` so that no deployment picks it up, and the message holds the differences.
     """
-    if format not in ("onnx", "pt2"):
-        raise ExportError(f"format must be 'onnx' or 'pt2', got {format!r}")
+    if format not in FORMAT_SUFFIXES:
+        raise ExportError(f"format must be one of {', '.join(map(repr, FORMAT_SUFFIXES))}, got {format!r}")
     path = Path(path)
-    writer = export_onnx if format == "onnx" else export_program
+    writer = {"onnx": export_onnx, "pt2": export_program, "openvino": export_openvino}[format]
     writer(model, path, postprocess=postprocess, category_map=category_map, eval_size=eval_size)
     verification = verify_export(model, path, format=format, postprocess=postprocess)
     if not verification.passed:

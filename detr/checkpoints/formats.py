@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,12 @@ def torch_load(path: Path) -> Any:
         pointer = " (a Git LFS pointer: run `git lfs pull`)" if head.startswith(b"version https://git-lfs") else ""
         raise CheckpointError(f"{path} is not a checkpoint torch can read: it starts with {head[:32]!r}{pointer}; pass "
                               "a .pth/.ckpt file written by torch.save")
+    if head.startswith(b"PK\x03\x04") and _is_exported_program(path):
+        raise CheckpointError(
+            f"{path} is a torch.export program (a .pt2 file, as detr-export --format pt2 writes it): a traced graph "
+            "for deployment, not weights to build a model from. Predict with the checkpoint it was exported from, "
+            "or export that one with --format onnx (detr-predict and detr-serve run .onnx files); in Python, "
+            f"detr.checkpoints.export.load_program('{path}') runs it")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -66,6 +73,18 @@ def torch_load(path: Path) -> Any:
             f"{path} is not a checkpoint torch can read ({type(error).__name__}: {error}); pass a .pth/.ckpt file "
             "written by torch.save (a truncated download or a text file such as a Git LFS pointer?)"
         ) from error
+
+
+def _is_exported_program(path: Path) -> bool:
+    """Whether ``path`` is a torch.export archive (``torch.export.save``: ``<name>/archive_format`` and
+    ``<name>/models/*.json``, no ``data.pkl``), which ``torch.load`` calls "probably corrupted"."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return (any(name.endswith("/archive_format") for name in names)
+            and any("/models/" in name for name in names) and not any(name.endswith("/data.pkl") for name in names))
 
 
 def is_state_dict(obj: Any) -> bool:
@@ -177,12 +196,17 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "",
                               f"layout or this project's")
     body = "backbone.0.body."
     bottleneck = f"{body}layer1.0.conv3.weight" in state_dict
-    blocks_layer3 = _count_layers(state_dict, f"{body}layer3.", where)
-    depth = {(False, 2): "resnet18", (False, 6): "resnet34", (True, 6): "resnet50", (True, 23): "resnet101"}.get(
-        (bottleneck, blocks_layer3))
+    blocks = {stage: _count_layers(state_dict, f"{body}{stage}.", where) for stage in ("layer2", "layer3", "layer4")}
+    last_stage = "layer4" if blocks["layer4"] else "layer3" if blocks["layer3"] else "layer2"
+    if blocks["layer3"]:
+        depth = {(False, 2): "resnet18", (False, 6): "resnet34", (True, 6): "resnet50", (True, 23): "resnet101"}.get(
+            (bottleneck, blocks["layer3"]))
+    else:  # cut after layer2 (the CPU demo): its blocks tell 18 from 34; ResNet-50 and -101 are one network there
+        depth = {(False, 2): "resnet18", (False, 4): "resnet34", (True, 4): "resnet50"}.get(
+            (bottleneck, blocks["layer2"]))
     if depth is None:
-        raise CheckpointError(f"{where}: cannot tell the ResNet depth (layer3 has "
-                              f"{blocks_layer3} blocks, bottleneck={bottleneck})")
+        raise CheckpointError(f"{where}: cannot tell the ResNet depth (blocks per stage {blocks}, "
+                              f"bottleneck={bottleneck})")
     if f"{body}bn1.running_mean" not in state_dict:
         norm = "group_norm"
     elif f"{body}bn1.num_batches_tracked" in state_dict:
@@ -210,7 +234,7 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], file_name: str = "",
         num_queries=num_queries // query_groups,
         num_classes=outputs if class_head == "sigmoid" else outputs - 1,
         backbone_norm=norm,
-        backbone_last_stage="layer4" if _count_layers(state_dict, f"{body}layer4.", where) else "layer3",
+        backbone_last_stage=last_stage,
         query_type="anchor" if anchor else "learned",
         class_head=class_head,
         denoising="denoising.label_embed.weight" in state_dict,
@@ -300,7 +324,7 @@ def read_torch_file(path: Path) -> CheckpointContents:
         prefix = "model."
         state_dict = {k[len(prefix):]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
         try:
-            config = (DetrConfig.from_dict(record["model_config"], where=f"checkpoint['detr']['model_config']")
+            config = (DetrConfig.from_dict(record["model_config"], where="checkpoint['detr']['model_config']")
                       if record.get("model_config") else None)
             meta = ModelMeta.from_dict(record)
         except (ValueError, TypeError, KeyError) as error:

@@ -3,7 +3,8 @@
 In: :func:`read_huggingface` reads a directory as ``transformers.DetrForObjectDetection.save_pretrained``
 writes it and as the Hugging Face hub serves it (``config.json`` + ``model.safetensors`` or
 ``pytorch_model.bin``), with a timm ResNet backbone (transformers' default) or transformers' own ResNet,
-DC5, any number of labels; ``id2label`` becomes the category map. :func:`detr.load_checkpoint` calls it
+DC5, any number of labels; ``id2label`` (and the data set's ``category_ids`` that :func:`save_pretrained`
+writes beside it) becomes the category map. :func:`detr.load_checkpoint` calls it
 for a directory, so ``detr.load_checkpoint("detr-resnet-50/")`` just works.
 
 Out: :func:`save_pretrained` writes a model of this project in that format, so that
@@ -309,8 +310,22 @@ def _check_backbone_config(config: dict[str, Any], where: str) -> tuple[str | No
     return base, dilation
 
 
+def label_fields(category_map: CategoryMap | None, num_classes: int) -> dict[str, Any]:
+    """config.json's ``id2label`` and ``label2id`` (transformers' label names) and, with a category map, this
+    project's ``category_ids`` (label ``i`` is the data set's category ``category_ids[i]``): transformers
+    numbers labels 0..K-1 and has no field for a data set's ids, so without it a model trained on ids 1..5
+    predicted ids 0..4 once converted. transformers keeps the extra field through its own save_pretrained."""
+    names = (list(category_map.names) if category_map is not None else [f"LABEL_{i}" for i in range(num_classes)])
+    fields: dict[str, Any] = {"id2label": {str(i): n for i, n in enumerate(names)},
+                              "label2id": {n: i for i, n in enumerate(names)}}
+    if category_map is not None:
+        fields["category_ids"] = list(category_map.category_ids)
+    return fields
+
+
 def _category_map(config: dict[str, Any], num_classes: int, config_path: Path) -> CategoryMap:
-    """``id2label`` → labels 0..num_classes-1 with their names (transformers' "LABEL_i" where missing).
+    """``id2label`` → labels 0..num_classes-1 with their names (transformers' "LABEL_i" where missing), and
+    the data set's category ids from ``category_ids`` (:func:`label_fields`; without it: the labels).
 
     Labels at or beyond the weights' class count are refused: transformers derives ``num_labels`` from
     ``id2label`` and refuses weights of another size, and here they would be names no prediction can carry.
@@ -330,20 +345,37 @@ def _category_map(config: dict[str, Any], num_classes: int, config_path: Path) -
     if id2label and gaps:
         logger.warning("%s: id2label names no class for labels %s of 0..%d; they are called LABEL_n",
                        config_path, gaps, num_classes - 1)
-    return CategoryMap(tuple(range(num_classes)), tuple(id2label.get(i, f"LABEL_{i}") for i in range(num_classes)))
+    names = tuple(id2label.get(i, f"LABEL_{i}") for i in range(num_classes))
+    ids = config.get("category_ids")
+    if ids is None:
+        return CategoryMap(tuple(range(num_classes)), names)
+    if (not isinstance(ids, list) or len(ids) != num_classes or len(set(map(str, ids))) != num_classes
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        raise CheckpointError(
+            f"{config_path}: category_ids must list one distinct integer category id per label ({num_classes}, "
+            f"the weights' classes), got {ids!r}; write the directory again with detr-convert, or remove the "
+            "field to predict label numbers")
+    return CategoryMap(tuple(ids), names)
 
 
 def _eval_size(directory: Path) -> tuple[int, int] | None:
-    """(shortest side, longest-side cap) from preprocessor_config.json, if there is one."""
+    """(shortest side, longest-side cap) from preprocessor_config.json; None, with a warning that names the
+    size used instead (the authors' 800 / 1333), when the file is missing or states no such size: a model
+    trained at 512 px silently predicted at 800."""
     path = directory / "preprocessor_config.json"
-    if not path.is_file():
-        return None
-    config = _read_json(path)
-    size = config.get("size")
-    if isinstance(size, dict) and "shortest_edge" in size and "longest_edge" in size:
-        return int(size["shortest_edge"]), int(size["longest_edge"])
-    if isinstance(size, int) and isinstance(config.get("max_size"), int):  # older processors
-        return size, int(config["max_size"])
+    if path.is_file():
+        config = _read_json(path)
+        size = config.get("size")
+        if isinstance(size, dict) and "shortest_edge" in size and "longest_edge" in size:
+            return int(size["shortest_edge"]), int(size["longest_edge"])
+        if isinstance(size, int) and isinstance(config.get("max_size"), int):  # older processors
+            return size, int(config["max_size"])
+        why = f"{path} states no size (shortest_edge and longest_edge)"
+    else:
+        why = f"{directory} has no preprocessor_config.json"
+    logger.warning("%s: images are resized as the authors' (shortest side %d px, longest at most %d). If the model "
+                   "was trained at another size, pass it (--min-size/--max-size; the Predictor's min_size/max_size) "
+                   "or add the file", why, *AUTHORS_EVAL_SIZE)
     return None
 
 
@@ -488,8 +520,6 @@ def huggingface_config(model: DETR, backbone_format: BackboneFormat = "timm",
     dilation = model.backbone[0].stride == 16
     if category_map is None:
         category_map = model.meta.category_map
-    names = (list(category_map.names) if category_map is not None
-             else [f"LABEL_{i}" for i in range(model.num_classes)])
     config: dict[str, Any] = {
         "architectures": ["DetrForObjectDetection"],
         "model_type": "detr",
@@ -514,8 +544,7 @@ def huggingface_config(model: DETR, backbone_format: BackboneFormat = "timm",
         "position_embedding_type": "sine" if isinstance(model.backbone[1], PositionEmbeddingSine) else "learned",
         "dilation": dilation,
         "use_pretrained_backbone": False,  # every backbone weight is in the file
-        "id2label": {str(i): n for i, n in enumerate(names)},
-        "label2id": {n: i for i, n in enumerate(names)},
+        **label_fields(category_map, model.num_classes),
         "is_encoder_decoder": True,
     }
     if backbone_format == "timm":
@@ -536,7 +565,8 @@ def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: Back
                     category_map: CategoryMap | None = None) -> Path:
     """Write ``model`` as transformers' ``DetrForObjectDetection.save_pretrained`` would.
 
-    Files: config.json (architecture; ``id2label`` from ``category_map`` or ``model.meta.category_map``),
+    Files: config.json (architecture; ``id2label`` and ``category_ids`` from ``category_map`` or
+    ``model.meta.category_map``: :func:`label_fields`),
     model.safetensors (float32 weights in transformers' on-disk names) and preprocessor_config.json
     (DetrImageProcessor with the model's eval resize, ``model.meta.eval_size`` or the authors' 800 / 1333, and ImageNet
     normalisation). ``backbone_format``: "timm" (transformers' default; DC5 possible; transformers needs

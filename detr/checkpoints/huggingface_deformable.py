@@ -61,6 +61,7 @@ from detr.checkpoints.huggingface import (
     _safetensors_torch,
     backbone_key_from_huggingface,
     backbone_key_to_huggingface,
+    label_fields,
 )
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
 from detr.models.deformable.model import DeformableDETR
@@ -267,7 +268,6 @@ def huggingface_deformable_config(model: DeformableDETR, backbone_format: Backbo
     if config.backbone not in _RESNETS:
         raise ExportError(f"backbone {config.backbone!r}: transformers can hold {', '.join(_RESNETS)}")
     category_map = category_map or model.meta.category_map
-    names = list(category_map.names) if category_map is not None else [f"LABEL_{i}" for i in range(model.num_classes)]
     hf: dict[str, Any] = {
         "architectures": ["DeformableDetrForObjectDetection"], "model_type": MODEL_TYPE,
         "d_model": config.hidden_dim, "encoder_layers": config.num_encoder_layers,
@@ -280,7 +280,7 @@ def huggingface_deformable_config(model: DeformableDETR, backbone_format: Backbo
         "activation_function": "relu", "dropout": config.dropout, "attention_dropout": 0.0,
         "activation_dropout": 0.0, "position_embedding_type": "sine", "dilation": config.dilation,
         "auxiliary_loss": False, "use_pretrained_backbone": False, "is_encoder_decoder": True,
-        "id2label": {str(i): n for i, n in enumerate(names)}, "label2id": {n: i for i, n in enumerate(names)},
+        **label_fields(category_map, model.num_classes),
         # transformers ties every layer's class head to the first unless told not to: a file whose heads differ
         # (box refinement trains one per layer) then loads them untied, with a warning per tensor
         "tie_word_embeddings": not _distinct_class_heads(model),

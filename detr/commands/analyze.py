@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    coco_gt = load_ground_truth(args.ground_truth)
     try:
+        coco_gt = load_ground_truth(args.ground_truth)
         results = load_results(args.predictions, coco_gt)
     except ResultsFileError as error:
         parser.error(str(error))

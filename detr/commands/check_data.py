@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="remember each image read in JSON.imagecache beside the json (as `detr fit` does) and "
                         "reread only files whose size or mtime changed")
     args = parser.parse_args(argv)
+    images, annotations = Path(args.images_dir), Path(args.annotations_json)
+    if images.is_file() and annotations.is_dir():  # said "does not exist" of a folder that exists
+        parser.error(f"IMAGES_DIR comes first, then ANNOTATIONS_JSON: {images} is a file and {annotations} a folder; "
+                     f"swap them: detr-check-data {annotations} {images}")
     from detr.data.checker import check_dataset, format_problems, has_errors  # after --help: no image pipeline
     from detr.data.image_checks import default_cache_file
 

@@ -12,6 +12,9 @@ APs, APm, APl, AR100), predictions.json (COCO results), per_class_ap.txt, ap_cur
 checkpoints/, metrics.csv + TensorBoard events, the attention figure (attention.png) and an attention-explorer
 page for one validation image (explorer/<image>.html: open it in a browser).
 
+One run per folder, as for `detr fit`: an --out that holds a previous run (the demo's files, or a training
+run's checkpoints and logs) is refused; --overwrite deletes that run's files first, and nothing else there.
+
 The console stays quiet: one line per validation (step, training seconds, AP, AP50) and, once the step rate
 is measured, the steps the budget is expected to hold, with the --minutes to ask for when that is fewer than
 the recipe needs (RECIPE_STEPS). Everything else (Lightning's messages, warnings, the model summary, the COCO
@@ -27,7 +30,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import sys
 import time
 import warnings
@@ -35,6 +37,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
+
+from detr.inference.command_line import one_line_errors
+from detr.output_folder import LOCK_NAME, MANIFEST_NAME, OutputFolder, OutputFolderError, hold_folders, previous_outputs
 
 # torch, Lightning and the package's training stack are imported inside the functions that run them, so that
 # `detr-demo --help` answers without waiting for them.
@@ -141,6 +146,51 @@ def attention_outputs(image: Path, checkpoint: Path, out: Path) -> Path:
     return write_attention_explorer(model, [image], out / "explorer", device="cpu")[0]
 
 
+#: What a demo run always writes into its folder, besides what marks a training run's folder (checkpoints,
+#: metrics.csv, hparams.yaml: :func:`detr.lightning.run_folder.previous_run_files`).
+DEMO_FILES = ("demo.log", "metrics.json", "predictions.json", "per_class_ap.txt", "ap_curve.csv", "attention.png")
+
+
+@contextlib.contextmanager
+def claim_demo_folder(out: Path, *, overwrite: bool) -> Iterator[None]:
+    """Hold ``out`` (created) for one demo run, as ``detr fit`` holds its run folder.
+
+    A folder that holds a previous run (a demo's files, or a training run's checkpoints and logs: the demo
+    config's folder is also ``detr fit``'s) is refused, or with ``overwrite`` that run's files are deleted
+    first: those :data:`DEMO_FILES` and the run-folder files name, its TensorBoard events, and those the
+    folder's manifest lists; a user's other files stay. When the block ends, every file it wrote (modified
+    since it began) is listed in the manifest, so that a later ``--overwrite`` deletes exactly those
+    (validation drawings and explorer pages included).
+
+    Raises:
+        OutputFolderError: a live run holds ``out``, or it holds a previous run and ``overwrite`` is off.
+    """
+    from detr.lightning.run_folder import previous_run_files  # Lightning: not for --help
+
+    with hold_folders([out], elsewhere="--out DIR"):
+        previous = list(dict.fromkeys([*previous_run_files([out], out / "checkpoints"),
+                                       *previous_outputs(out, DEMO_FILES)]))
+        if previous:
+            more = f" and {len(previous) - 6} more" if len(previous) > 6 else ""
+            shown = ", ".join(str(p) for p in previous[:6]) + more
+            if not overwrite:
+                raise OutputFolderError(
+                    f"output folder {out} holds a previous run ({shown}); pass --overwrite to start over there "
+                    "(deletes that run's files, nothing else), or give this run another folder (--out DIR)")
+            logging.getLogger(__name__).warning("--overwrite: deleting the previous run's files in %s: %s", out, shown)
+            for path in [*previous, *sorted(out.glob("events.out.tfevents.*"))]:  # TensorBoard would join two runs
+                path.unlink(missing_ok=True)
+        started = time.time()
+        try:
+            yield
+        finally:
+            folder = OutputFolder(out)
+            for path in sorted(out.rglob("*")):
+                if (path.is_file() and path.name not in (LOCK_NAME, MANIFEST_NAME)
+                        and path.stat().st_mtime >= started):
+                    folder.record(path)
+
+
 @dataclass(frozen=True)
 class DemoRun:
     """What :func:`train_and_evaluate` hands back: training seconds (validation excluded), the steps taken,
@@ -209,6 +259,7 @@ def train_and_evaluate(args: argparse.Namespace, data_root: Path, out: Path, say
                    explorer=explorer)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None, *, repository: Path | None = None) -> int:
     """Run the demo; ``repository`` (default: the current folder) holds configs/ and receives data/shapes
     and outputs/demo unless the arguments name other places."""
@@ -217,7 +268,10 @@ def main(argv: list[str] | None = None, *, repository: Path | None = None) -> in
     parser.add_argument("--config", default=str(repository / "configs" / "demo_shapes_cpu.yaml"))
     parser.add_argument("--data-root", default=None,
                         help="a COCO-layout set (default: data/shapes, written by the shapes generator if missing)")
-    parser.add_argument("--out", default=str(repository / "outputs" / "demo"))
+    parser.add_argument("--out", default=str(repository / "outputs" / "demo"),
+                        help="output folder (one run's: see --overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over in an --out that holds a previous run (demo or detr fit), deleting its files")
     parser.add_argument("--minutes", type=float, default=10.0, help="training budget (validation not counted)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core of this process)")
     args = parser.parse_args(argv)
@@ -232,16 +286,14 @@ def main(argv: list[str] | None = None, *, repository: Path | None = None) -> in
 
     start = time.perf_counter()
     out = Path(args.out)
-    data_root = Path(args.data_root) if args.data_root is not None else repository / "data" / "shapes"
-    if args.data_root is None and write_shapes_dataset(data_root, ShapesConfig()):
-        print(f"wrote the synthetic shapes set to {data_root} ({time.perf_counter() - start:.0f} s)")
-    for stale in ("checkpoints", "val_images"):  # this script's own outputs of an earlier run
-        shutil.rmtree(out / stale, ignore_errors=True)
-    threads = args.threads or choose_threads()
-    torch.set_num_threads(threads)
-    out.mkdir(parents=True, exist_ok=True)
-    with quiet_console(out / "demo.log") as say:
-        result = train_and_evaluate(args, data_root, out, say)
+    with claim_demo_folder(out, overwrite=args.overwrite):
+        data_root = Path(args.data_root) if args.data_root is not None else repository / "data" / "shapes"
+        if args.data_root is None and write_shapes_dataset(data_root, ShapesConfig()):
+            print(f"wrote the synthetic shapes set to {data_root} ({time.perf_counter() - start:.0f} s)")
+        threads = args.threads or choose_threads()
+        torch.set_num_threads(threads)
+        with quiet_console(out / "demo.log") as say:
+            result = train_and_evaluate(args, data_root, out, say)
     print(f"\nwall time {time.perf_counter() - start:.0f} s (training {result.train_seconds:.0f} s); full log in "
           f"{out / 'demo.log'}. Outputs in {out}:")
     for name in ("metrics.json", "predictions.json", "per_class_ap.txt", "ap_curve.csv", "val_images",

@@ -12,6 +12,7 @@ id = R + 256*G + 256^2*B) and OUT/panoptic.json (COCO panoptic results), and dra
 --task instances predictions.json also holds each detection's mask (COCO RLE "segmentation").
 OUT belongs to one run: a second run into it is refused while the first writes, and afterwards unless
 --overwrite, which deletes the earlier run's files (drawings included; OUT/outputs.txt lists them) first.
+Ctrl-C or SIGTERM stops the run with predictions.json holding the images done so far (exit status 130 or 143).
 """
 
 from __future__ import annotations
@@ -20,8 +21,19 @@ import argparse
 import logging
 import sys
 from functools import partial
+from pathlib import Path
 
-from detr.inference.command_line import add_checkpoint_argument, add_resize_arguments, device_argument
+from tqdm import tqdm  # light (no torch); a module attribute that tests replace
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from detr.inference.command_line import (
+    Terminated,
+    add_checkpoint_argument,
+    add_resize_arguments,
+    device_argument,
+    interrupted_status,
+    sigterm_as_interrupt,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,9 +63,6 @@ def main(argv: list[str] | None = None) -> int:
                              "filter, e.g. 0.8; default: the checkpoint's training run's, else none)")
     args = parser.parse_args(argv)
     # after parsing, so that --help does not wait for torch
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
     from detr.checkpoints.formats import CheckpointError
     from detr.inference.outputs import collect_image_paths, predict_files
     from detr.inference.predictor import Predictor
@@ -81,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"backend: {predictor.backend}; threshold {predictor.threshold:g} ({predictor.threshold_source})")
     batches = -(-len(paths) // args.batch_size)
     try:
-        with logging_redirect_tqdm():  # warnings about skipped files print above the progress bar
+        # warnings about skipped files print above the progress bar
+        with sigterm_as_interrupt(), logging_redirect_tqdm():
             run = predict_files(
                 predictor, paths, args.out, all_queries=args.all_queries, draw=not args.no_draw,
                 progress=partial(tqdm, total=batches, unit="batch", desc="predict"), task=args.task,
@@ -89,6 +99,17 @@ def main(argv: list[str] | None = None) -> int:
             )
     except OutputFolderError as error:
         parser.error(str(error))
+    except KeyboardInterrupt as stop:  # predict_files wrote what was done and released --out
+        print(f"\n{'SIGTERM' if isinstance(stop, Terminated) else 'Ctrl-C'}: stopped; the images predicted so far "
+              f"are in {args.out}/predictions.json", file=sys.stderr)
+        return interrupted_status(stop)
+    except OSError as error:  # a full disk, a folder that became read-only: what was done is kept, the cause named
+        saved = Path(args.out) / "predictions.json"
+        kept = (f"{saved} holds the images predicted before it" if saved.is_file() else
+                f"{saved} could not be written either")
+        where = f" writing {error.filename}" if error.filename else ""
+        print(f"error: {error.strerror or error}{where}: the run stopped there; {kept}", file=sys.stderr)
+        return 1
     detections = sum(len(p.above(predictor.threshold)) for p in run.predictions)
     written = (f"; every query written ({sum(len(p) for p in run.predictions)}, --all-queries)" if args.all_queries
                else "")

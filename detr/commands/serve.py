@@ -44,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body accepted, MiB")
     parser.add_argument("--max-pixels", type=bounded_int(1), default=40_000_000, help="most pixels an image may have")
     parser.add_argument("--max-queue", type=bounded_int(0), default=256,
-                        help="most requests waiting for the model; more are refused with 503 (0: no limit)")
+                        help="most requests waiting for the model (or for memory to decode in); more are refused "
+                             "with 503 (0: no limit)")
+    parser.add_argument("--max-decoded-mb", type=bounded_int(1), default=1024,
+                        help="most MiB of decoded images in flight (each read from its header before decoding); "
+                             "requests beyond wait")
     add_resize_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -58,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                            min_size=args.min_size, max_size=args.max_size)
     app = create_app(service, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout,
                      max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=args.max_pixels,
-                     max_queue=args.max_queue or None)
+                     max_queue=args.max_queue or None, max_decoded_bytes=args.max_decoded_mb * 2**20)
     serve(app, host=args.host, port=args.port)
     return 0
 

@@ -27,12 +27,29 @@ def point(text: str) -> tuple[float, float]:
         raise argparse.ArgumentTypeError(f"a reference point is X,Y in pixels, got {text!r}") from None
 
 
+def figure_file(text: str) -> Path:
+    """argparse ``type`` of ``--out``: the figure's file, ``.png`` added to a name without a suffix (matplotlib
+    wrote NAME.png for --out NAME while the command printed NAME); a suffix matplotlib cannot write is refused
+    before the model loads."""
+    from matplotlib.figure import Figure  # here, so that --help does not wait for matplotlib
+
+    path = Path(text)
+    if not path.suffix:
+        return path.with_name(f"{path.name}.png")
+    formats = Figure().canvas.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise argparse.ArgumentTypeError(f"{text}: matplotlib cannot write {path.suffix} figures; use one of "
+                                         f"{', '.join('.' + name for name in sorted(formats))} (e.g. {path.stem}.png)")
+    return path
+
+
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("image")
     add_checkpoint_argument(parser)
-    parser.add_argument("--out", required=True, help="PNG file for the decoder figure")
+    parser.add_argument("--out", required=True, type=figure_file,
+                        help="the decoder figure's file (PNG; .png is added to a name without a suffix)")
     parser.add_argument("--layer", type=int, default=-1, help="decoder layer, Python index (default -1: last)")
     parser.add_argument("--head", type=int, default=None, help="one attention head (default: mean over heads)")
     parser.add_argument("--threshold", type=float, default=None,
@@ -62,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.image}: {error}", file=sys.stderr)
         return 1
     if prediction.sampling is not None:
-        out = Path(args.out)
+        out = args.out
         out.parent.mkdir(parents=True, exist_ok=True)
         sampling_points_figure(image, prediction, layer=args.layer, threshold=predictor.threshold,
                                top_k=args.top_k).savefig(out, dpi=args.dpi)
@@ -76,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         image, prediction, layer=args.layer, head=args.head, threshold=predictor.threshold, top_k=args.top_k,
         all_queries=args.all_queries,
     )
-    out = Path(args.out)
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=args.dpi)
     print(f"{len(prediction)} detections above {predictor.threshold:g} ({predictor.threshold_source}); decoder "
           f"attention -> {out}")
     if args.encoder or args.encoder_points:
-        encoder_out = out.with_name(f"{out.stem}_encoder{out.suffix or '.png'}")
+        encoder_out = out.with_name(f"{out.stem}_encoder{out.suffix}")
         encoder_attention_figure(image, prediction, points=args.encoder_points).savefig(encoder_out, dpi=args.dpi)
         print(f"encoder attention -> {encoder_out}")
     return 0

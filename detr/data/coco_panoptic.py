@@ -46,6 +46,28 @@ def masks_to_boxes_xyxy(masks: np.ndarray) -> np.ndarray:
     return boxes
 
 
+def _check_annotation(annotation: Any, index: int, annotations_file: Path) -> None:
+    """Raise :class:`AnnotationFileError` naming the entry and the field when a panoptic annotation lacks what
+    every sample reads (``image_id``, the PNG's ``file_name``, the list ``segments_info`` with each segment's
+    ``id`` and ``category_id``); a missing one was a bare KeyError when the sample was drawn."""
+    where = f"'{annotations_file}': annotations[{index}]"
+    if not isinstance(annotation, dict):
+        raise AnnotationFileError(f"{where} is a {type(annotation).__name__}, not an object")
+    where += f" (image_id {annotation['image_id']})" if "image_id" in annotation else ""
+    missing = [key for key in ("image_id", "file_name", "segments_info") if key not in annotation]
+    if missing:
+        raise AnnotationFileError(
+            f"{where} has no {', '.join(missing)}: each panoptic annotation needs image_id, file_name (its PNG) and "
+            "segments_info (a list of {id, category_id, iscrowd}; [] for an image without segments)")
+    segments = annotation["segments_info"]
+    if not isinstance(segments, list):
+        raise AnnotationFileError(f"{where}: segments_info is a {type(segments).__name__}, not a list of segments")
+    for number, segment in enumerate(segments):
+        lacking = [key for key in ("id", "category_id") if not isinstance(segment, dict) or key not in segment]
+        if lacking:
+            raise AnnotationFileError(f"{where}: segments_info[{number}] has no {', '.join(lacking)}")
+
+
 class CocoPanoptic(torch.utils.data.Dataset):
     """COCO panoptic data set.
 
@@ -89,6 +111,8 @@ class CocoPanoptic(torch.utils.data.Dataset):
         thing_ids = {int(c["id"]) for c in self.categories if c.get("isthing")}
         self.is_thing = [category_id in thing_ids for category_id in category_map.category_ids]
         self._label_of = {int(c["id"]): category_map.category_id_to_label(int(c["id"])) for c in self.categories}
+        for index, annotation in enumerate(data["annotations"]):
+            _check_annotation(annotation, index, self.annotations_file)
         self.annotations = sorted(data["annotations"], key=lambda a: a["image_id"])
         self._index_of_image = {int(a["image_id"]): index for index, a in enumerate(self.annotations)}
         file_names = {image["id"]: image["file_name"] for image in data.get("images", [])}

@@ -1,5 +1,5 @@
 """Check a COCO-panoptic-format split before training: every image and PNG is there and every PNG agrees
-with its ``segments_info``.
+with its image's size and its ``segments_info``.
 
 :class:`detr.data.coco_panoptic.CocoPanoptic` reads a sample's PNG only when the sample is drawn, and a
 segment whose id is not in its PNG silently becomes no target at all. A long run should learn about both
@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from detr.data.images import ImageLoadError, read_image_header
+
 PngCheck = Literal["full", "files", "off"]
 
 
@@ -27,9 +29,17 @@ def _check_png(dataset: Any, index: int) -> list[str]:
         ids, segments = dataset.ground_truth(index)
     except (OSError, ValueError) as error:
         return [f"panoptic PNG '{png_path}' cannot be read ({error})"]
+    problems = []
+    try:  # the header: the size the image is read at (EXIF orientation applied), as the training sample sees it
+        height, width = read_image_header(dataset.image_path(index)).size
+    except ImageLoadError as error:
+        problems.append(str(error))
+    else:
+        if ids.shape != (height, width):  # the sample would fail at this image, mid-run
+            problems.append(f"panoptic PNG '{png_path}' is {ids.shape[1]}x{ids.shape[0]} but its image "
+                            f"'{dataset.image_path(index)}' is {width}x{height} (width x height)")
     present = set(np.unique(ids).tolist()) - {0}
     listed = {int(segment["id"]) for segment in segments}
-    problems = []
     absent = sorted(listed - present)
     if absent:
         problems.append(f"segment ids {absent[:5]} of image {annotation['image_id']} in the json are not in its PNG "
@@ -45,8 +55,8 @@ def check_panoptic_split(dataset: Any, mode: PngCheck = "full", *, workers: int 
     """Problems of one :class:`detr.data.coco_panoptic.CocoPanoptic` split, each naming its file.
 
     ``mode``: "files" checks that every image and PNG exists and every segment's category is one of the json's;
-    "full" also reads every PNG (with ``workers`` threads) and compares its ids with ``segments_info`` both
-    ways; "off" checks nothing.
+    "full" also reads every PNG (with ``workers`` threads), compares its size with its image's (from the image's
+    header) and its ids with ``segments_info`` both ways; "off" checks nothing.
     """
     if mode == "off":
         return []

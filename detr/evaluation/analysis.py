@@ -39,13 +39,45 @@ COCO_STAT_NAMES: tuple[str, ...] = ("AP", "AP50", "AP75", "APs", "APm", "APl", "
 
 
 class ResultsFileError(ValueError):
-    """A COCO results json that cannot be scored against the given ground truth."""
+    """A COCO results json that cannot be scored against the given ground truth, or a ground truth that
+    cannot score any (unreadable, or without annotations)."""
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """The json in ``path``, or a :class:`ResultsFileError` that names the file and what is wrong with it."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultsFileError(f"{path} does not exist: pass the {what}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ResultsFileError(f"{path} cannot be read as the {what}: {error}") from error
+    except json.JSONDecodeError as error:
+        raise ResultsFileError(f"{path} is not valid json ({error}): the file is truncated or is not the {what}; "
+                               "write it again") from error
 
 
 def load_ground_truth(path: str | Path) -> COCO:
-    """A pycocotools COCO from an annotation json, without pycocotools' prints."""
+    """A pycocotools COCO from an annotation json, without pycocotools' prints.
+
+    Raises:
+        ResultsFileError: the file is missing or not valid json (truncated), is not a COCO annotation json
+            (no images or categories), or has no annotations: nothing to score detections against (a test
+            split's image list, say); pycocotools' errors for these were tracebacks deep in the matching.
+    """
+    path = Path(path)
+    dataset = _read_json(path, "COCO annotation json (the ground truth)")
+    missing = [key for key in ("images", "categories") if not isinstance(dataset, dict) or key not in dataset]
+    if missing:
+        raise ResultsFileError(f"{path} is not a COCO annotation json: it has no {' and no '.join(missing)}")
+    if not dataset.get("annotations"):
+        raise ResultsFileError(
+            f"{path} has no annotations: there is nothing to score the detections against (a test split's image "
+            "list?); pass the annotation json that holds the ground-truth boxes")
+    coco = COCO()
+    coco.dataset = dataset
     with contextlib.redirect_stdout(io.StringIO()):
-        return COCO(str(path))
+        coco.createIndex()
+    return coco
 
 
 def load_results(results: str | Path | Sequence[dict[str, Any]], coco_gt: COCO) -> list[dict[str, Any]]:
@@ -59,7 +91,8 @@ def load_results(results: str | Path | Sequence[dict[str, Any]], coco_gt: COCO) 
     :class:`ResultsFileError` naming the entries: it would rank anywhere and make up the AP.
     """
     source = str(results) if isinstance(results, (str, Path)) else "results"
-    entries = json.loads(Path(results).read_text()) if isinstance(results, (str, Path)) else list(results)
+    entries = (_read_json(Path(results), "COCO results json (the detections)") if isinstance(results, (str, Path))
+               else list(results))
     if not isinstance(entries, list):
         raise ResultsFileError(f"{source}: a COCO results json is a list of detections, got {type(entries).__name__}")
     by_file = {image["file_name"]: image_id for image_id, image in coco_gt.imgs.items() if "file_name" in image}

@@ -10,10 +10,13 @@ before loading a model (tests/commands/test_commands.py checks that no command's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -33,7 +36,7 @@ CHECKPOINT_HELP = ("a released model's name (detr-r50, detr-r101-dc5, ...: downl
                    "RUN/checkpoints/last.ckpt or best-*.ckpt) or a Hugging Face transformers directory "
                    "(detr-convert's, or a download of facebook/detr-resnet-50)")
 #: What the commands that predict through the Predictor also take (``onnx=True``).
-ONNX_HELP = "; or a .onnx file of detr-export, run on ONNX Runtime"
+ONNX_HELP = "; or a file of detr-export: .onnx (run on ONNX Runtime) or .xml (OpenVINO)"
 
 
 def add_checkpoint_argument(parser: argparse.ArgumentParser, *, positional: bool = False, onnx: bool = False) -> None:
@@ -106,6 +109,36 @@ def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
 
 #: The exit status of an expected error (argparse's for a bad command line).
 EXPECTED_ERROR_STATUS = 2
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is (:func:`sigterm_as_interrupt`): a subclass of
+    KeyboardInterrupt, so that every ``finally`` and ``except KeyboardInterrupt`` treats it as Ctrl-C."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block SIGTERM (a job scheduler's stop, ``kill``) raises :class:`Terminated` instead of ending
+    the process at once: a command's ``finally`` blocks write what was done and release its output folder, as
+    on Ctrl-C (SIGTERM's default left no predictions.json and a stale run.lock). Outside the main thread,
+    where no handler can be set, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated(f"stopped by {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_status(stop: KeyboardInterrupt) -> int:
+    """A shell's exit status for a command stopped by ``stop``: 128 + SIGTERM (143) or 128 + SIGINT (130)."""
+    return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
 
 
 def one_line_errors(main: Callable[..., int], also: tuple[type[Exception], ...] = ()) -> Callable[..., int]:

@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 
 from detr.categories import CategoryMap
-from detr.checkpoints import load_checkpoint
-from detr.checkpoints.onnx import OnnxDetector
+from detr.checkpoints import CheckpointError, load_checkpoint
+from detr.checkpoints.deployed import is_deployed, open_deployed
 from detr.inference.images import ImageInput, is_single_image, to_rgb_array
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
@@ -176,20 +176,25 @@ class Predictor:
         for the authors' files, the training data set's for this project's; ``category_map`` overrides them.
         The model is private to the predictor, so ``optimize`` defaults to on (see :class:`Predictor`).
 
-        A ``.onnx`` file (exported by ``detr-export``) runs with ONNX Runtime instead of PyTorch, on
-        ``device`` (CUDA when onnxruntime-gpu has it); its metadata holds the label names and eval resize.
+        A file ``detr-export`` wrote runs in its runtime instead of PyTorch: ``.onnx`` with ONNX Runtime on
+        ``device`` (CUDA when onnxruntime-gpu has it), ``.xml`` with OpenVINO on the CPU (``precision`` "bf16"
+        where the CPU has bfloat16 instructions); its metadata holds the label names and input size.
         """
         own = inspect.signature(cls.__init__).parameters.keys() - {"self", "model"}
         predictor_options = {key: value for key, value in options.items() if key in own}
         model_overrides = {key: value for key, value in options.items() if key not in own}
         device = predictor_options.get("device")
-        if Path(path).suffix.lower() == ".onnx":
-            precision = predictor_options.get("precision", "fp32")
-            if precision != "fp32" or model_overrides:
-                raise ValueError(f"{path} is an ONNX file: it runs in the precision it was exported in (fp32) "
-                                 f"and its architecture is fixed; drop precision={precision!r} and "
+        if is_deployed(path):
+            if model_overrides:
+                raise ValueError(f"{path} is an exported file: its architecture is fixed; drop "
                                  f"{sorted(model_overrides)} or use the PyTorch checkpoint")
-            model = OnnxDetector(path, device=device if device is not None else default_device())
+            model = open_deployed(path, device=device if device is not None else default_device(),
+                                  precision=predictor_options.get("precision", "fp32"))
+            if model.postprocessed:  # refused here once, not by every image's forward
+                raise CheckpointError(
+                    f"{path} was exported with --postprocess (scores, labels and pixel boxes in the graph, for a "
+                    "deployment without Python): the Predictor, detr-predict and detr-serve post-process "
+                    "themselves and need the raw outputs. Export the checkpoint again without --postprocess")
         else:
             model = load_checkpoint(path, **model_overrides)
         return cls(model, optimize=optimize, **predictor_options)
@@ -250,8 +255,9 @@ class Predictor:
             raise ValueError(f"task must be 'detection', 'instances' or 'panoptic', got {task!r}")
         if task == "detection" or self.predicts_masks:
             return
-        if self.backend.startswith("onnxruntime"):
-            raise ValueError(f"task {task!r} needs the mask head, which ONNX exports ({self.backend}) do not run; "
+        if self.model.backend != "pytorch":
+            raise ValueError(f"task {task!r} needs the mask head, which {self.model.kind} exports ({self.backend}) "
+                             "do not run; "
                              "use the PyTorch panoptic checkpoint (e.g. detr-r50-panoptic)")
         raise ValueError(f"{type(self.model).__name__} is a detection model without a mask head, so it cannot do "
                          f"task {task!r}; load a panoptic checkpoint (e.g. detr-r50-panoptic, or a .pth/.ckpt "

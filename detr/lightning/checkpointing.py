@@ -103,7 +103,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, path: Any, map_location: Callable | None = lambda storage, loc: storage, weights_only: bool | None = None
     ) -> dict[str, Any]:
         try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except FileNotFoundError as error:
             raise CheckpointError(f"checkpoint file {path} does not exist") from error
         except Exception as error:  # EOFError, UnpicklingError, RuntimeError, KeyError ... by how the file is broken
@@ -113,6 +113,41 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 "truncated or not a checkpoint; resume from another one (the best-model checkpoints beside it) "
                 "or start over"
             ) from error
+        if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
+            # a weights file (the authors' .pth, a state dict): Lightning failed on it with a bare KeyError
+            raise CheckpointError(
+                f"{path} holds weights only, not a training run's state (step, optimizer, schedule): --ckpt_path "
+                f"takes a checkpoint that detr fit wrote (its checkpoints/last.ckpt). To start from these weights, "
+                f"pass --model.init_checkpoint {path} instead")
+        return checkpoint
+
+
+#: Model options that differ between a config and a checkpoint without changing the model: the data decides
+#: the class count (linked at instantiation), and an init_checkpoint run records pretrained_backbone off.
+_NOT_THE_MODEL = ("num_classes", "pretrained_backbone")
+
+
+def warn_of_replaced_model_options(configured: Any, restored: Any, ckpt_path: str) -> list[str]:
+    """Log a warning naming each ``model.detr`` option whose value the config (file or defaults) gave and
+    ``--ckpt_path``'s hyperparameters replaced: LightningCLI reads them over the config, so ``--config
+    configs/deformable_shapes_cpu.yaml --ckpt_path <a DETR checkpoint>`` trained the checkpoint's DETR without
+    a word. ``configured``, ``restored``: the option values before and after (namespaces or dicts). Returns
+    the differences, ``"name: checkpoint's value (the config's value)"``."""
+    before, after = _as_dict(configured), _as_dict(restored)
+    replaced = [f"{name} {after[name]!r} (the config: {before[name]!r})" for name in before
+                if name in after and name not in _NOT_THE_MODEL and before[name] != after[name]]
+    if replaced:
+        logger.warning(
+            "--ckpt_path %s keeps the checkpoint's model, not the config's: %s. To train the config's model, start a "
+            "new run that fine-tunes the checkpoint's weights with --model.init_checkpoint %s (without --ckpt_path)",
+            ckpt_path, "; ".join(replaced), ckpt_path)
+    return replaced
+
+
+def _as_dict(values: Any) -> dict[str, Any]:
+    if values is None:
+        return {}
+    return dict(values.as_dict() if hasattr(values, "as_dict") else values)
 
 
 def use_atomic_checkpoint_io(trainer: L.Trainer) -> None:

@@ -50,7 +50,7 @@ from detr.data.coco import AnnotationFileError
 from detr.data.images import ImageLoadError
 from detr.data.panoptic_checks import PanopticDataError
 from detr.lightning.callbacks import PredictionsWriter
-from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, LastCheckpoint
+from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, LastCheckpoint, warn_of_replaced_model_options
 from detr.lightning.data_checks import CheckData, DataCheckError
 from detr.lightning.datamodule import DetrDataModule
 from detr.lightning.panoptic_datamodule import PanopticDataModule
@@ -112,6 +112,7 @@ class DetrCLI(LightningCLI):
         for key in keys:
             with contextlib.suppress(KeyError):
                 self._command_line_model_values[key] = self.config[subcommand][key]
+        self._configured_model = self.config[subcommand].get("model.detr")  # before --ckpt_path's replace it
         path = self.config[subcommand].get("ckpt_path")
         if path and "://" not in path and path not in ("last", "best", "hpc", "registry") and not Path(path).exists():
             # said now, not after the data checks and the model were built (Lightning's FileNotFoundError)
@@ -142,6 +143,9 @@ class DetrCLI(LightningCLI):
         for key, value in getattr(self, "_command_line_model_values", {}).items():
             config[key] = value  # over --ckpt_path's hyperparameters (parse_arguments)
         ckpt_path = config.get("ckpt_path")
+        if ckpt_path:  # said, not silent: the config's own model options give way to the checkpoint's
+            warn_of_replaced_model_options(getattr(self, "_configured_model", None), config.get("model.detr"),
+                                           ckpt_path)
         if ckpt_path and config.get("model.init_checkpoint"):
             # every weight comes from the checkpoint: the fine-tune's source is not read again (it may have moved)
             logger.info("--ckpt_path %s holds the weights: init_checkpoint %s is not read", ckpt_path,

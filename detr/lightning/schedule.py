@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_right
+from collections import Counter
 from typing import Any
 
 import lightning as L
@@ -88,7 +89,7 @@ def schedule_factor(scheduler: torch.optim.lr_scheduler.LRScheduler) -> float:
 
 
 def resume_schedule(optimizer: torch.optim.Optimizer, schedulers: list[torch.optim.lr_scheduler.LRScheduler],
-                    base_lrs: list[float]) -> bool:
+                    base_lrs: list[float], *, rebuilt: bool = False) -> bool:
     """Make a resumed run's learning rates follow this run's settings; returns whether they changed.
 
     A checkpoint restores the optimizer's rates and every scheduler's state as the run that wrote it left
@@ -97,11 +98,14 @@ def resume_schedule(optimizer: torch.optim.Optimizer, schedulers: list[torch.opt
     ``base_lrs`` (one per parameter group) differ from the schedulers' or a :class:`LinearDecayToZero`'s
     length changed since its last step (:meth:`LinearDecayToZero.set_total_steps`), every rate is set to
     its base × the product of the schedulers' factors at the step reached (:func:`schedule_factor`), and
-    the schedulers continue from there. Otherwise nothing is touched (a plain resume stays bit-exact).
+    the schedulers continue from there; so they are when ``rebuilt`` (:func:`fit_saved_schedulers` gave some
+    schedulers this run's settings in place of the checkpoint's). Otherwise nothing is touched (a plain
+    resume stays bit-exact).
     """
     decays = [scheduler for scheduler in schedulers if isinstance(scheduler, LinearDecayToZero)]
     length_changed = any(decay.applied_factor != schedule_factor(decay) for decay in decays)
-    if not length_changed and all(list(scheduler.base_lrs) == list(base_lrs) for scheduler in schedulers):
+    if (not rebuilt and not length_changed
+            and all(list(scheduler.base_lrs) == list(base_lrs) for scheduler in schedulers)):
         return False
     factor = math.prod(schedule_factor(scheduler) for scheduler in schedulers)
     for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
@@ -147,14 +151,77 @@ def learning_rate_schedulers(
     return schedulers
 
 
-def follow_this_runs_settings(trainer: L.Trainer, base_rates: dict[str, float], decay_fraction: float) -> None:
+def _kind(state: dict[str, Any]) -> str:
+    """Which of :func:`learning_rate_schedulers`' schedulers saved ``state`` (a ``state_dict``)."""
+    if "milestones" in state:
+        return "step_decay"
+    if "total_steps" in state:
+        return "decay"
+    if "total_iters" in state:
+        return "warmup"
+    raise ValueError(f"a learning-rate scheduler state with keys {sorted(state)} is none of this project's")
+
+
+def fit_saved_schedulers(
+    saved: list[dict[str, Any]], *, lr_drop_epochs: list[int], lr_drop_gamma: float, warmup_steps: int,
+    decay_fraction: float, global_step: int,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """A checkpoint's scheduler states (``checkpoint["lr_schedulers"]``) made to fit the schedulers this run
+    builds (:func:`learning_rate_schedulers`' list and order), and the settings that changed.
+
+    Lightning restores the saved states into this run's schedulers in order, each replacing the scheduler's
+    settings with the checkpoint's: a resume with another ``lr_drop_epochs`` or ``warmup_steps`` trained on
+    the old schedule (or put one scheduler's state into another when the list changed) yet recorded the new
+    values. So a scheduler whose settings this run changes, or that the checkpoint does not have, gets only
+    its progress (``last_epoch``: epochs for the step decay, optimizer steps for the others): it keeps this
+    run's settings, and :func:`follow_this_runs_settings` sets the rates from them at the step reached. The
+    decay's length and fraction are fitted there too, so its saved state is kept. Returns ``(saved, [])``
+    when nothing changed (the plain resume stays bit-exact).
+    """
+    by_kind = {_kind(state): state for state in saved}
+    changes: list[str] = []
+    states: list[dict[str, Any]] = []
+
+    def progress(count: int) -> dict[str, Any]:
+        return {"last_epoch": count, "_step_count": count + 1}
+
+    step_decay = by_kind.get("step_decay")
+    epochs = int(step_decay["last_epoch"]) if step_decay is not None else 0
+    old_drops = sorted(Counter(step_decay["milestones"]).elements()) if step_decay is not None else []
+    if old_drops != sorted(lr_drop_epochs):
+        changes.append(f"lr_drop_epochs {old_drops} (checkpoint) -> {sorted(lr_drop_epochs)}")
+    if step_decay is not None and step_decay["gamma"] != lr_drop_gamma:
+        changes.append(f"lr_drop_gamma {step_decay['gamma']:g} (checkpoint) -> {lr_drop_gamma:g}")
+    drops_kept = step_decay is not None and not changes
+    states.append(step_decay if drops_kept else progress(epochs))
+
+    warmup = by_kind.get("warmup")
+    old_warmup = int(warmup["total_iters"]) if warmup is not None else 0
+    if old_warmup != warmup_steps:
+        changes.append(f"warmup_steps {old_warmup} (checkpoint) -> {warmup_steps}")
+    if warmup_steps > 0:
+        states.append(warmup if warmup is not None and old_warmup == warmup_steps else progress(global_step))
+
+    decay = by_kind.get("decay")
+    if (decay is not None) != (decay_fraction > 0):
+        old_fraction = decay["decay_fraction"] if decay is not None else 0
+        changes.append(f"lr_decay_fraction {old_fraction:g} (checkpoint) -> {decay_fraction:g}")
+    if decay_fraction > 0:
+        states.append(decay if decay is not None else progress(global_step))
+    return (states, changes) if changes else (saved, [])
+
+
+def follow_this_runs_settings(trainer: L.Trainer, base_rates: dict[str, float], decay_fraction: float,
+                              rebuilt: list[str] | None = None) -> None:
     """At the start of training: a resumed run's schedule follows this run's settings.
 
     The checkpoint restored the optimizer's rates and the schedulers as the run that wrote it left them,
     with its length, base rates and ``decay_fraction``. The decay takes this run's length (a time budget's
     fixed count is kept: :class:`detr.lightning.callbacks.TimeBudget`) and fraction, and the rates restart
     from this run's ``base_rates`` (by parameter group name) at the step reached (:func:`resume_schedule`:
-    a finished run's rates of 0 would stay 0)."""
+    a finished run's rates of 0 would stay 0). ``rebuilt``: the schedule settings that differ from the
+    checkpoint's (:func:`fit_saved_schedulers`), whose schedulers start at the step reached with this run's
+    settings; the rates are then set from them too, and the message names them."""
     total = trainer.estimated_stepping_batches
     schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
     for scheduler in schedulers:
@@ -168,16 +235,17 @@ def follow_this_runs_settings(trainer: L.Trainer, base_rates: dict[str, float], 
     restored = [group["lr"] for group in optimizer.param_groups]
     base_lrs = [base_rates.get(group.get("name"), group["initial_lr"]) for group in optimizer.param_groups]
     checkpoint_base = list(schedulers[0].base_lrs)
-    if resume_schedule(optimizer, schedulers, base_lrs):
+    if resume_schedule(optimizer, schedulers, base_lrs, rebuilt=bool(rebuilt)):
         decays = [scheduler for scheduler in schedulers if isinstance(scheduler, LinearDecayToZero)]
         length = (f"; decay to 0 over the last {decays[0].decay_fraction:.0%} of {decays[0].total_steps} steps"
                   if decays and decays[0].total_steps is not None else "")
+        changed = f"; schedule {', '.join(rebuilt)}" if rebuilt else ""
         logger.info(
             "resumed from %s at step %d: the learning rates follow this run's settings (base rates %s, the "
-            "checkpoint's %s%s): now %s, were %s. Other rates or lengths: --model.lr, --model.lr_backbone, "
-            "--trainer.max_steps", trainer.ckpt_path, trainer.global_step, _rates(base_lrs),
-            _rates(checkpoint_base), length, _rates([group["lr"] for group in optimizer.param_groups]),
-            _rates(restored),
+            "checkpoint's %s%s%s): now %s, were %s. Other rates or lengths: --model.lr, --model.lr_backbone, "
+            "--model.warmup_steps, --model.lr_drop_epochs, --trainer.max_steps", trainer.ckpt_path,
+            trainer.global_step, _rates(base_lrs), _rates(checkpoint_base), length, changed,
+            _rates([group["lr"] for group in optimizer.param_groups]), _rates(restored),
         )
 
 
@@ -185,5 +253,5 @@ def _rates(rates: list[float]) -> str:
     return "[" + ", ".join(f"{rate:.3g}" for rate in rates) + "]"
 
 
-__all__ = ["LinearDecayToZero", "decay_factor", "follow_this_runs_settings", "learning_rate_schedulers",
-           "resume_schedule", "schedule_factor"]
+__all__ = ["LinearDecayToZero", "decay_factor", "fit_saved_schedulers", "follow_this_runs_settings",
+           "learning_rate_schedulers", "resume_schedule", "schedule_factor"]

@@ -32,7 +32,7 @@ from detr.inference.prediction import Prediction
 from detr.lightning.callbacks import time_budget_of
 from detr.lightning.checkpointing import restore_rng_states, save_rng_states, seed_each_process
 from detr.lightning.evaluation import EvaluationSchedule
-from detr.lightning.schedule import follow_this_runs_settings, learning_rate_schedulers
+from detr.lightning.schedule import fit_saved_schedulers, follow_this_runs_settings, learning_rate_schedulers
 from detr.loss.build import build_criterion
 from detr.models.backbone import cpu_has_bfloat16
 from detr.models.build import build_detr
@@ -179,6 +179,8 @@ class DetrSystem(L.LightningModule):
         self.last_evaluation: CocoEvaluation | None = None
         #: the score threshold the last validation found best (saved in checkpoints: the commands' default)
         self.score_threshold: float | None = None
+        #: the schedule settings a resumed run changed (fit_saved_schedulers), applied at the start of training
+        self._schedule_changes: list[str] = []
         if init_checkpoint:
             self.load_initial_weights(init_checkpoint)
 
@@ -239,7 +241,8 @@ class DetrSystem(L.LightningModule):
         """A resumed run's schedule follows this run's settings, not the checkpoint's
         (:func:`detr.lightning.schedule.follow_this_runs_settings`)."""
         base_rates = {group["name"]: group["lr"] for group in self.parameter_groups()}
-        follow_this_runs_settings(self.trainer, base_rates, self.hparams.lr_decay_fraction)
+        follow_this_runs_settings(self.trainer, base_rates, self.hparams.lr_decay_fraction,
+                                  rebuilt=self._schedule_changes)
 
     # ------------------------------------------------------------------ steps
     def forward(
@@ -451,9 +454,16 @@ class DetrSystem(L.LightningModule):
         if saved.score_threshold is not None:
             self.score_threshold = saved.score_threshold
         if self._trainer is not None and self.trainer.state.fn == "fit":
+            _check_steps_left(checkpoint, self.trainer)
             # Restored now, before the fit loop creates the training dataloader's iterator (it draws the
             # shuffling seed); Lightning runs the sanity check in between under isolate_rng.
             restore_rng_states(checkpoint, self.trainer)
+            if checkpoint.get("lr_schedulers"):
+                # this run's lr_drop_epochs / warmup_steps, not the checkpoint's (Lightning restores them next)
+                checkpoint["lr_schedulers"], self._schedule_changes = fit_saved_schedulers(
+                    checkpoint["lr_schedulers"], lr_drop_epochs=self.lr_drop_epochs,
+                    lr_drop_gamma=self.hparams.lr_drop_gamma, warmup_steps=self.hparams.warmup_steps,
+                    decay_fraction=self.hparams.lr_decay_fraction, global_step=int(checkpoint.get("global_step", 0)))
 
     def _check_same_categories(self, saved: CategoryMap) -> None:
         """Raise :class:`CheckpointError` when the data's category ids (linked by the CLI) differ from those the
@@ -497,6 +507,19 @@ class DetrSystem(L.LightningModule):
             "annotation json) to resume it, or start a new run in another folder that fine-tunes its weights "
             f"with --model.init_checkpoint {path} (tensors whose shape differs then start fresh)"
         )
+
+
+def _check_steps_left(checkpoint: dict[str, Any], trainer: L.Trainer) -> None:
+    """Raise :class:`CheckpointError` when a resumed fit's ``max_steps`` lies below the checkpoint's step:
+    Lightning then ended the run at once, training nothing and saying nothing. (At the step itself the run is
+    finished, as a requeued job finds it: that stays a quiet no-op.)"""
+    step = int(checkpoint.get("global_step", 0))
+    if 0 <= trainer.max_steps < step:
+        path = trainer.ckpt_path or "<checkpoint>"
+        raise CheckpointError(
+            f"checkpoint {path} is at step {step} already and --trainer.max_steps is {trainer.max_steps}: this run "
+            f"would train nothing. Give a larger --trainer.max_steps to train on (e.g. {2 * step}), or evaluate the "
+            f"checkpoint with detr validate --ckpt_path {path}")
 
 
 def _no_training_steps(trainer: L.Trainer) -> str:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Collection
-from typing import Callable
+from collections.abc import Callable, Collection, Sequence
 
 import torch
-import torch.nn.functional as F
 import torchvision
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
@@ -202,8 +200,26 @@ class Backbone(nn.Module):
                     stages[name] = features
         if self.autocast_dtype is not None:
             features, stages = features.float(), {name: value.float() for name, value in stages.items()}
-        mask = F.interpolate(padding_mask[None].float(), size=features.shape[-2:]).to(torch.bool)[0]
-        return features, mask, stages
+        return features, downsample_mask(padding_mask, features.shape[-2:]), stages
+
+
+def nearest_indices(in_size: int, out_size: int, device: torch.device) -> torch.Tensor:
+    """The source indices nearest-neighbour resizing picks, as PyTorch's kernel computes them:
+    ``min(floor(i * (in / out)), in - 1)`` with the scale and the product in float32."""
+    scale = torch.full((), in_size, dtype=torch.float32, device=device) / out_size
+    indices = (torch.arange(out_size, dtype=torch.float32, device=device) * scale).floor().long()
+    return indices.clamp(max=in_size - 1)
+
+
+def downsample_mask(padding_mask: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """The padding mask [B, H, W] at a feature map's ``size`` (h, w): ``F.interpolate``'s nearest
+    neighbour (what the authors' code does), picked by index. An exported graph reproduces it exactly: the
+    exporters lower ``F.interpolate`` to ONNX Resize, which computes its scale as out / in and picks the
+    neighbouring row or column at some sizes (a 140 × 150 batch's 5 × 5 map marked an image's last real
+    column as padding, changing its logits by 0.16)."""
+    rows = nearest_indices(padding_mask.shape[-2], size[0], padding_mask.device)
+    columns = nearest_indices(padding_mask.shape[-1], size[1], padding_mask.device)
+    return padding_mask[:, rows[:, None], columns[None, :]]
 
 
 def backbone_from_config(config: DetrConfig) -> Backbone:

@@ -4,6 +4,7 @@ Needs the ``serve`` extra (``pip install 'detr-lightning[serve]'``: fastapi, uvi
 ``import detr`` does not import this package.
 
 - :mod:`~detr.serving.inputs`: request bytes and parameters → an image array, or a 4xx :class:`RequestError`;
+- :mod:`~detr.serving.budget`: :class:`DecodedBytesBudget`, the decoded images a server holds at once;
 - :mod:`~detr.serving.batching`: :class:`DynamicBatcher`, requests that arrive together run together;
 - :mod:`~detr.serving.service`: the :class:`~detr.inference.predictor.Predictor` on batches, its JSON;
 - :mod:`~detr.serving.app`: the endpoints (:func:`create_app`);

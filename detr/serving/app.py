@@ -13,7 +13,8 @@ Every refused request gets a 4xx JSON body ``{"error": kind, "detail": message}`
 :class:`detr.serving.inputs.RequestError`): body over ``max_body_bytes`` (413 ``body_too_large``), not an
 image, truncated, too many pixels, decompression bomb, too thin to resize, unknown or unsupported task,
 threshold out of range;
-more than ``max_queue`` requests waiting gets 503 ``overloaded``.
+more than ``max_queue`` requests waiting for the model, or for memory to decode their images in (at most
+``max_decoded_bytes`` of decoded images in flight: :mod:`detr.serving.budget`), gets 503 ``overloaded``.
 A model whose outputs are not finite answers that request 500 ``model_output``; the server keeps serving.
 """
 
@@ -22,15 +23,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.requests import ClientDisconnect
 
 from detr.serving.batching import DynamicBatcher, QueueFull
-from detr.serving.inputs import DEFAULT_MAX_PIXELS, RequestError, decode_image_bytes, parse_task, parse_threshold
+from detr.serving.budget import BudgetFull, DecodedBytesBudget
+from detr.serving.inputs import (
+    DEFAULT_MAX_PIXELS,
+    RequestError,
+    decode_image_bytes,
+    decoded_bytes,
+    parse_task,
+    parse_threshold,
+)
 from detr.serving.service import DetectionService, Job, ModelOutputError
 
 logger = logging.getLogger(__name__)
@@ -39,6 +50,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
 #: The most requests that may wait for the model before the server answers 503.
 DEFAULT_MAX_QUEUE = 256
+#: The decoded images a server holds at once: 1 GiB, eight 40 MP images or about thirty 12 MP photos.
+DEFAULT_MAX_DECODED_BYTES = 2**30
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
@@ -86,6 +99,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_queue: int | None = DEFAULT_MAX_QUEUE,
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
 ) -> FastAPI:
     """The server's FastAPI application; the batcher starts and stops with it (its lifespan).
 
@@ -95,10 +109,14 @@ def create_app(
         batch_timeout: how long (seconds) a request waits for others to batch with.
         max_body_bytes: the largest request body accepted.
         max_pixels: the most pixels an image may have.
-        max_queue: the most requests that may wait for the model; more get 503 ``overloaded`` (None: no limit).
+        max_queue: the most requests that may wait for the model, and the most that may wait for memory to
+            decode in; more get 503 ``overloaded`` (None: no limit).
+        max_decoded_bytes: the most bytes of decoded images in flight (read from each image's header before it
+            is decoded); a request whose image does not fit waits for others to be answered.
     """
     batcher = DynamicBatcher(service.run_batch, max_batch_size=max_batch_size, batch_timeout=batch_timeout,
                              max_queue=max_queue)
+    budget = DecodedBytesBudget(max_decoded_bytes, max_waiting=max_queue)
     counts = {"requests": 0, "errors": 0}
 
     @contextlib.asynccontextmanager
@@ -111,6 +129,7 @@ def create_app(
 
     app = FastAPI(title="DETR", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.batcher = batcher
+    app.state.budget = budget
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, error: RequestError) -> JSONResponse:
@@ -123,18 +142,27 @@ def create_app(
         logger.error("request failed in the model: %s", error)
         return JSONResponse({"error": "model_output", "detail": str(error)}, status_code=500)
 
-    async def decoded_image(request: Request) -> Any:
+    @contextlib.asynccontextmanager
+    async def decoded_image(request: Request) -> AsyncIterator[np.ndarray]:
+        """The request's image, decoded once its decoded size (read from the header) fits the budget, which it
+        holds until the block ends (the request is answered)."""
         try:
             data = await image_bytes(request, max_body_bytes)
         except ClientDisconnect as error:
             raise RequestError(400, "client_disconnected", "the client left before sending the whole body") from error
-        # decoding runs on a thread of its own, beside the model's
-        pixels = await asyncio.to_thread(decode_image_bytes, data, max_pixels=max_pixels)
+        # header and decoding run on a thread of their own, beside the model's
+        size = await asyncio.to_thread(decoded_bytes, data, max_pixels=max_pixels)
         try:
-            service.check_image(pixels)
-        except ValueError as error:
-            raise RequestError(422, "image_too_thin", str(error)) from error
-        return pixels
+            async with budget.hold(size):
+                pixels = await asyncio.to_thread(decode_image_bytes, data, max_pixels=max_pixels)
+                del data
+                try:
+                    service.check_image(pixels)
+                except ValueError as error:
+                    raise RequestError(422, "image_too_thin", str(error)) from error
+                yield pixels
+        except BudgetFull as error:
+            raise RequestError(503, "overloaded", str(error)) from error
 
     @app.post("/predict")
     async def predict(request: Request) -> JSONResponse:
@@ -145,11 +173,11 @@ def create_app(
             service.check_task(task)
         except ValueError as error:
             raise RequestError(422, "unsupported_task", str(error)) from error
-        pixels = await decoded_image(request)
-        try:
-            return JSONResponse(await batcher.submit(Job(pixels=pixels, threshold=threshold, task=task)))
-        except QueueFull as error:
-            raise RequestError(503, "overloaded", str(error)) from error
+        async with decoded_image(request) as pixels:
+            try:
+                return JSONResponse(await batcher.submit(Job(pixels=pixels, threshold=threshold, task=task)))
+            except QueueFull as error:
+                raise RequestError(503, "overloaded", str(error)) from error
 
     @app.post("/explore")
     async def explore(request: Request) -> HTMLResponse:
@@ -160,8 +188,8 @@ def create_app(
             raise RequestError(400, "no_attention", f"{service.model_name} runs on {service.predictor.backend}, "
                                "which returns no attention: the explorer needs the model's PyTorch checkpoint "
                                "(detr-serve --checkpoint <the .ckpt or .pth it was exported from>)")
-        pixels = await decoded_image(request)
-        page = await batcher.run_exclusive(lambda: service.explorer_page(pixels, title=title, threshold=threshold))
+        async with decoded_image(request) as pixels:
+            page = await batcher.run_exclusive(lambda: service.explorer_page(pixels, title=title, threshold=threshold))
         return HTMLResponse(page)
 
     @app.get("/health")
@@ -171,11 +199,13 @@ def create_app(
                 "device": str(predictor.device), "backend": predictor.backend,
                 "tasks": [task for task in ("detection", "instances", "panoptic") if _can(service, task)],
                 "threshold": predictor.threshold, "max_batch_size": batcher.max_batch_size,
-                "batch_timeout": batcher.batch_timeout, "max_queue": batcher.max_queue}
+                "batch_timeout": batcher.batch_timeout, "max_queue": batcher.max_queue,
+                "max_decoded_bytes": budget.limit}
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        return {**counts, "batch_sizes": {str(size): n for size, n in sorted(batcher.batch_sizes.items())}}
+        return {**counts, "batch_sizes": {str(size): n for size, n in sorted(batcher.batch_sizes.items())},
+                "decoded_bytes": budget.stats()}
 
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:

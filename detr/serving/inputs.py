@@ -3,8 +3,10 @@ parameters ``threshold`` and ``task``, each refused with a :class:`RequestError`
 
 The bytes are decoded as :func:`detr.data.images.decode_image` decodes a file (PIL, EXIF orientation applied,
 any mode → RGB), so the server sees the pixels the :class:`~detr.inference.predictor.Predictor` sees for the
-same file. The header is read before any pixel is decoded, so an image too large for the server, or a
-decompression bomb (a small file that claims a huge pixel count), costs nothing to refuse.
+same file. The header is read before any pixel is decoded (:func:`decoded_bytes`), so an image too large for
+the server, or a decompression bomb (a small file that claims a huge pixel count, at any size above
+:data:`BOMB_MIN_PIXELS`), costs nothing to refuse, and the server can hold back a decode until the memory
+it takes is free (:class:`detr.serving.budget.DecodedBytesBudget`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ TASKS = ("detection", "instances", "panoptic")
 #: 800 px anyway; more pixels only cost decoding time and memory.
 DEFAULT_MAX_PIXELS = 40_000_000
 
-#: Raw RGB bytes per file byte above which an oversized image counts as a decompression bomb rather than a
-#: large photo: a JPEG or PNG photo compresses 5 to 20 times, a bomb thousands of times.
+#: Raw RGB bytes per file byte above which an image counts as a decompression bomb rather than a photo: a
+#: JPEG or PNG photo compresses 5 to 20 times, a bomb thousands of times.
 BOMB_RATIO = 200.0
+
+#: Pixels from which the compression ratio is checked: below, even a blank image decodes to at most 12 MB
+#: (a flat drawing or an empty frame may well compress more than :data:`BOMB_RATIO`); above, a file that
+#: compresses more is a bomb whatever ``max_pixels`` allows (38 kB PNGs of 39.6 MP, under the 40 MP limit,
+#: took a server from 1.3 to 3.8 GB with 16 clients).
+BOMB_MIN_PIXELS = 4_000_000
 
 
 class RequestError(ValueError):
@@ -47,45 +55,28 @@ class RequestError(ValueError):
         return {"error": self.kind, "detail": str(self)}
 
 
+def decoded_bytes(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> int:
+    """The memory that decoding ``data`` takes, in bytes, read from its header alone (no pixel decoded): the
+    image in the file's own mode and its RGB array (:func:`decode_image_bytes`' checks run first).
+
+    Raises:
+        RequestError: as :func:`decode_image_bytes` for everything its header already shows.
+    """
+    with _open(data) as image:
+        return _check_size(image, len(data), max_pixels)
+
+
 def decode_image_bytes(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """An encoded image (JPEG, PNG, WebP, anything PIL reads) → ``uint8`` RGB ``[H, W, 3]``, EXIF orientation
     applied.
 
     Raises:
         RequestError: 400 ``empty_body``, ``not_an_image`` or ``truncated_image``; 413 ``image_too_large`` (more
-            than ``max_pixels``) or ``decompression_bomb`` (too many pixels for the file's size).
+            than ``max_pixels``) or ``decompression_bomb`` (too many pixels for the file's size: more than
+            :data:`BOMB_RATIO` raw RGB bytes per file byte in an image of :data:`BOMB_MIN_PIXELS` or more).
     """
-    if not data:
-        raise RequestError(400, "empty_body", "the request holds no image: send the image file as the request "
-                                              "body or as the multipart field 'image'")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as error:
-        raise RequestError(413, "decompression_bomb", f"the image is a decompression bomb: {error}") from error
-    except Exception as error:  # UnidentifiedImageError, or a format plugin's own error on a broken header
-        image_format = _format_of_signature(data)
-        if image_format is not None:  # the start of an image whose header is cut off
-            raise RequestError(400, "truncated_image", f"the body ({len(data)} bytes) starts like a {image_format} "
-                                                       f"file but its header could not be read ({error}); the file "
-                                                       "is probably truncated: send a complete copy") from error
-        raise RequestError(400, "not_an_image", f"the body ({len(data)} bytes, starting {data[:8]!r}) is not an "
-                                                "image PIL can read: send a JPEG, PNG, WebP, BMP, GIF or TIFF "
-                                                "file") from error
-    with image:
-        width, height = image.size
-        pixels = width * height
-        if pixels > max_pixels:
-            ratio = 3 * pixels / len(data)
-            if ratio > BOMB_RATIO:
-                raise RequestError(413, "decompression_bomb",
-                                   f"the image claims {width}×{height} pixels from only {len(data)} bytes "
-                                   f"({ratio:.0f}× compression): a decompression bomb; the server takes at most "
-                                   f"{max_pixels} pixels")
-            raise RequestError(413, "image_too_large", f"the image has {width}×{height} = {pixels} pixels, more "
-                                                       f"than the server's limit of {max_pixels}; resize it first "
-                                                       "(DETR resizes to 800 px anyway)")
+    with _open(data) as image:
+        _check_size(image, len(data), max_pixels)
         try:
             image.load()  # full decode: a truncated file fails here (LOAD_TRUNCATED_IMAGES stays off)
             array = pil_to_rgb_array(ImageOps.exif_transpose(image))
@@ -97,6 +88,51 @@ def decode_image_bytes(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> 
         raise RequestError(400, "not_an_image", f"the image decoded to an array of shape {array.shape}, "
                                                 "not [H, W, 3] with H, W >= 1")
     return array
+
+
+def _open(data: bytes) -> Image.Image:
+    """``data`` opened by PIL (the header read, no pixel decoded), or the refusal that says why not."""
+    if not data:
+        raise RequestError(400, "empty_body", "the request holds no image: send the image file as the request "
+                                              "body or as the multipart field 'image'")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            return Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as error:
+        raise RequestError(413, "decompression_bomb", f"the image is a decompression bomb: {error}") from error
+    except Exception as error:  # UnidentifiedImageError, or a format plugin's own error on a broken header
+        image_format = _format_of_signature(data)
+        if image_format is not None:  # the start of an image whose header is cut off
+            raise RequestError(400, "truncated_image", f"the body ({len(data)} bytes) starts like a {image_format} "
+                                                       f"file but its header could not be read ({error}); the file "
+                                                       "is probably truncated: send a complete copy") from error
+        raise RequestError(400, "not_an_image", f"the body ({len(data)} bytes, starting {data[:8]!r}) is not an "
+                                                "image PIL can read: send a JPEG, PNG, WebP, BMP, GIF or TIFF "
+                                                "file") from error
+
+
+def _check_size(image: Image.Image, file_bytes: int, max_pixels: int) -> int:
+    """Refuse an opened image with too many pixels, or too many for its file's size; return the bytes its
+    decode takes (:func:`decoded_bytes`)."""
+    width, height = image.size
+    pixels = width * height
+    ratio = 3 * pixels / file_bytes
+    if ratio > BOMB_RATIO and pixels >= min(BOMB_MIN_PIXELS, max_pixels + 1):
+        raise RequestError(413, "decompression_bomb",
+                           f"the image claims {width}×{height} pixels from only {file_bytes} bytes ({ratio:.0f}× "
+                           f"compression; photos compress less than {BOMB_RATIO:.0f}×): a decompression bomb. A real "
+                           f"image this flat (blank, a drawing) goes through resized below "
+                           f"{min(BOMB_MIN_PIXELS, max_pixels)} pixels, or as a JPEG")
+    if pixels > max_pixels:
+        raise RequestError(413, "image_too_large", f"the image has {width}×{height} = {pixels} pixels, more "
+                                                   f"than the server's limit of {max_pixels}; resize it first "
+                                                   "(DETR resizes to 800 px anyway)")
+    try:
+        mode_bytes = len(Image.new(image.mode, (1, 1)).tobytes())
+    except ValueError:  # a mode PIL reads but cannot create: count it as wide as the widest common one
+        mode_bytes = 4
+    return pixels * (mode_bytes + 3)
 
 
 def _format_of_signature(data: bytes) -> str | None:

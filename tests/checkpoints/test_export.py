@@ -15,13 +15,13 @@ import yaml
 from detr import CategoryMap, PostProcess, build_detr, build_detr_panoptic, load_checkpoint
 from detr.checkpoints.export import DeployModel, export, export_onnx, load_program, prepare_for_export
 from detr.checkpoints.formats import CheckpointError, ExportError
-from tests.helpers import TINY, load_script
+from tests.helpers import TINY, load_script, padded, save_project_checkpoint
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxscript")
 ort = pytest.importorskip("onnxruntime")
 
-from detr.checkpoints.onnx import OnnxDetector, read_onnx_metadata  # noqa: E402
+from detr.checkpoints.onnx import OnnxDetector, read_onnx_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 PHOTOS = ROOT / "data" / "photos"
@@ -29,33 +29,12 @@ CATEGORIES = CategoryMap((1, 3, 5, 7, 9), ("circle", "square", "triangle", "star
 EVAL_SIZE = (160, 240)  # small eval resize, recorded in the checkpoint and carried into the ONNX metadata
 
 
-def save_project_checkpoint(model, path: Path, eval_size=EVAL_SIZE, category_map=CATEGORIES) -> Path:
-    """This project's Lightning checkpoint layout (what detr.load_checkpoint reads back with config,
-    category map and eval size)."""
-    torch.save({
-        "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
-        "detr": {"model_config": model.config.to_dict(), "category_map": category_map.to_dict()},
-        "datamodule_hyper_parameters": {"eval_min_size": eval_size[0], "eval_max_size": eval_size[1]},
-    }, path)
-    return path
-
-
-def padded(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    height, width = max(i.shape[1] for i in images), max(i.shape[2] for i in images)
-    batch = torch.zeros(len(images), 3, height, width)
-    mask = torch.ones(len(images), height, width, dtype=torch.bool)
-    for index, image in enumerate(images):
-        batch[index, :, : image.shape[1], : image.shape[2]] = image
-        mask[index, : image.shape[1], : image.shape[2]] = False
-    return batch, mask
-
-
 @pytest.fixture(scope="module")
 def tiny_export(tmp_path_factory):
     """The tiny model as a project checkpoint, exported to ONNX once by tools/export.py (verified there)."""
     folder = tmp_path_factory.mktemp("export")
     torch.manual_seed(0)
-    checkpoint = save_project_checkpoint(build_detr(TINY, dropout=0.0), folder / "tiny.ckpt")
+    checkpoint = save_project_checkpoint(build_detr(TINY, dropout=0.0), folder / "tiny.ckpt", EVAL_SIZE, CATEGORIES)
     onnx_path = folder / "tiny.onnx"
     assert load_script("tools/export.py").main([str(checkpoint), "--out", str(onnx_path)]) == 0
     return checkpoint, onnx_path
@@ -80,7 +59,10 @@ def test_export_tool_writes_a_verified_file_with_metadata(tiny_export, tiny_mode
     assert [o.name for o in detector.session.get_outputs()] == ["pred_logits", "pred_boxes"]
 
 
-@pytest.mark.parametrize("sizes", [[(70, 100)], [(96, 128), (64, 200), (130, 66)], [(257, 33)]])
+# (100, 150) + (140, 90): a 140 × 150 batch whose 5 × 5 feature map ONNX Resize would mask one column wider than
+# F.interpolate does (the backbones now pick the mask's columns by index)
+@pytest.mark.parametrize("sizes", [[(70, 100)], [(96, 128), (64, 200), (130, 66)], [(257, 33)],
+                                   [(100, 150), (140, 90)]])
 def test_one_file_serves_every_batch_and_image_size(tiny_export, tiny_model_loaded, sizes):
     torch.manual_seed(len(sizes))
     images, mask = padded([torch.randn(3, h, w) for h, w in sizes])
@@ -161,7 +143,7 @@ def test_a_corrupt_onnx_file_is_named_with_the_fix(tiny_export, tmp_path, capsys
 
 def test_verification_rejects_a_file_that_does_not_match(tiny_export, tmp_path, monkeypatch, capsys):
     torch.manual_seed(5)  # same architecture, other weights: the tiny file is wrong for it
-    other = save_project_checkpoint(build_detr(TINY, dropout=0.0), tmp_path / "other.ckpt")
+    other = save_project_checkpoint(build_detr(TINY, dropout=0.0), tmp_path / "other.ckpt", EVAL_SIZE, CATEGORIES)
     monkeypatch.setattr("detr.checkpoints.export.export_onnx",
                         lambda model, path, **kwargs: Path(path).write_bytes(tiny_export[1].read_bytes()))
     out = tmp_path / "other.onnx"
@@ -214,6 +196,22 @@ def test_postprocessed_file_is_refused_where_raw_outputs_are_needed(demo_postpro
         detector.detect(*padded([torch.randn(3, 8, 64)]), torch.tensor([[8, 64]]))
 
 
+def test_a_postprocessed_onnx_file_is_refused_once_at_load(demo_postprocess_export, tmp_path, capsys):
+    """detr-predict on a file exported with --postprocess failed once per image, then left an empty
+    predictions.json that blocked its --out."""
+    from detr import Predictor
+
+    with pytest.raises(CheckpointError, match=r"demo\.onnx was exported with --postprocess.*without --postprocess"):
+        Predictor.from_checkpoint(demo_postprocess_export[1])
+    out = tmp_path / "out"
+    status = load_script("tools/predict.py").main([str(PHOTOS / "chelsea.png"), str(PHOTOS / "astronaut.png"),
+                                                   "--checkpoint", str(demo_postprocess_export[1]),
+                                                   "--out", str(out), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert status != 0 and err.count("--postprocess") == 2 and err.count("\n") == 1  # one line, not one per image
+    assert not (out / "predictions.json").exists()
+
+
 def test_softmax_postprocess_graph_and_pt2_program_match(tmp_path):
     torch.manual_seed(0)
     model = build_detr(TINY, dropout=0.0).eval()
@@ -231,6 +229,21 @@ def test_softmax_postprocess_graph_and_pt2_program_match(tmp_path):
         torch.testing.assert_close(scores[index], result["scores"], atol=1e-5, rtol=0)
         assert torch.equal(labels[index], result["labels"])
         torch.testing.assert_close(boxes[index], result["boxes"], atol=0.01, rtol=0)
+
+
+def test_a_pt2_program_given_as_a_checkpoint_is_named_with_the_fix(tmp_path, capsys):
+    """detr-predict on the .pt2 that detr-export wrote said the file was "probably corrupted" (torch.load's
+    words for an archive without data.pkl)."""
+    from detr.checkpoints.export import export_program
+
+    program = export_program(build_detr(TINY, dropout=0.0).eval(), tmp_path / "tiny.pt2")
+    with pytest.raises(CheckpointError, match=r"tiny\.pt2 is a torch\.export program") as refusal:
+        load_checkpoint(program)
+    assert "--format onnx" in str(refusal.value) and "corrupted" not in str(refusal.value)
+    status = load_script("tools/predict.py").main([str(PHOTOS / "chelsea.png"), "--checkpoint", str(program),
+                                                   "--out", str(tmp_path / "out"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert status != 0 and "torch.export program" in err and "Traceback" not in err
 
 
 def test_what_cannot_export_is_a_clear_error(tmp_path):

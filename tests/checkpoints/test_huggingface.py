@@ -208,6 +208,42 @@ def test_convert_tool_writes_a_directory(tmp_path, photo_batch, capsys):
     assert "query_type='anchor'" in capsys.readouterr().err
 
 
+def test_the_data_sets_category_ids_survive_the_round_trip(tmp_path):
+    """transformers numbers labels 0..K-1: a model trained on category ids 3, 7, 9 predicted 0, 1, 2 once
+    converted (and its predictions json named categories the data set does not have)."""
+    from detr.categories import CategoryMap
+    from detr.inference.outputs import predictions_to_coco_results
+
+    model = _our_model(num_classes=3)
+    category_map = CategoryMap((3, 7, 9), ("circle", "square", "triangle"))
+    model.meta = ModelMeta(category_map=category_map)
+    save_pretrained(model, tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["category_ids"] == [3, 7, 9]
+    # transformers keeps the field through its own save_pretrained (a user's fine-tune, the hub)
+    hf = transformers.DetrForObjectDetection.from_pretrained(tmp_path / "ours")
+    assert hf.config.id2label == {0: "circle", 1: "square", 2: "triangle"}
+    hf.save_pretrained(tmp_path / "theirs")
+    for directory in ("ours", "theirs"):
+        assert detr.load_checkpoint(tmp_path / directory).meta.category_map == category_map, directory
+
+    predictor = detr.Predictor.from_checkpoint(tmp_path / "theirs", device="cpu", min_size=96, max_size=160)
+    (prediction,) = predictor.predict(PHOTOS / "chelsea.png", all_queries=True)
+    prediction.image_id = 1
+    results = predictions_to_coco_results([prediction], category_map=predictor.category_map)  # as detr-predict
+    written = {result["category_id"] for result in results}
+    assert written and written <= {3, 7, 9}
+
+
+@pytest.mark.parametrize("category_ids", [[1, 2], [1, 1, 2], ["1", "2", "3"], "1,2,3"])
+def test_category_ids_that_do_not_fit_the_labels_are_refused(tmp_path, category_ids):
+    save_pretrained(_our_model(num_classes=3), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["category_ids"] = category_ids
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"config\.json: category_ids must list one distinct integer"):
+        detr.load_checkpoint(tmp_path)
+
+
 def test_saved_files_get_the_usual_mode(tmp_path):
     """safetensors writes its file 0600 (a private temporary file renamed); a model directory is for sharing."""
     save_pretrained(_our_model(), tmp_path)
@@ -262,3 +298,19 @@ def test_weights_with_fewer_layers_than_config_json_states_are_refused(tmp_path)
     safetensors_torch.save_file(cut, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"config\.json states decoder_layers=2 but .* hold 1 decoder layer"):
         detr.load_checkpoint(tmp_path)
+
+
+def test_a_directory_without_its_preprocessor_config_says_which_size_it_predicts_at(tmp_path, caplog):
+    """Without preprocessor_config.json the resize fell back to 800 / 1333 without a word (a model trained at
+    128 px then predicted at 800)."""
+    model = _our_model()
+    model.meta = ModelMeta(eval_size=(128, 160))
+    save_pretrained(model, tmp_path)
+    with caplog.at_level("WARNING", logger="detr.checkpoints.huggingface"):
+        assert detr.load_checkpoint(tmp_path).meta.eval_size == (128, 160)
+    assert "preprocessor_config" not in caplog.text
+    (tmp_path / "preprocessor_config.json").unlink()
+    with caplog.at_level("WARNING", logger="detr.checkpoints.huggingface"):
+        assert detr.load_checkpoint(tmp_path).meta.eval_size is None
+    assert f"{tmp_path} has no preprocessor_config.json" in caplog.text
+    assert "shortest side 800 px, longest at most 1333" in caplog.text and "--min-size" in caplog.text

@@ -169,3 +169,20 @@ def test_a_box_refinement_model_with_its_own_head_per_layer_loads_in_transformer
     assert not torch.equal(hf.class_embed[0].weight, hf.class_embed[1].weight)
     logits_diff, boxes_diff = _differences(detr_outputs(model, *photo_batch), huggingface_outputs(hf, *photo_batch))
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
+
+
+def test_detr_convert_keeps_the_data_sets_category_ids(tmp_path):
+    """Labels 0..K-1 are all transformers has: the ids the model was trained on go beside them in config.json
+    and come back when the directory is loaded (they were lost: label 2 predicted where the checkpoint said 3)."""
+    from detr.categories import CategoryMap
+    from detr.checkpoints import save_checkpoint
+    from detr.commands import convert
+    from detr.models.config import ModelMeta
+
+    _hf_model("plain", 4, seed=3).save_pretrained(tmp_path / "hf")
+    model = detr.load_checkpoint(tmp_path / "hf")
+    category_map = CategoryMap((1, 3, 5, 8), ("a", "b", "c", "d"))
+    model.meta = ModelMeta(category_map=category_map)
+    checkpoint = save_checkpoint(model, tmp_path / "model.ckpt")
+    assert convert.main([str(checkpoint), "--to-huggingface", str(tmp_path / "out")]) == 0
+    assert detr.load_checkpoint(tmp_path / "out").meta.category_map == category_map

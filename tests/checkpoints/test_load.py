@@ -161,8 +161,10 @@ DEMO_SIZES = tiny_config_with(backbone_last_stage="layer3", backbone_norm="batch
     ({"query_type": "anchor", "anchor_local_attention": 0.5}, {}),
     ({"query_type": "anchor", "class_head": "sigmoid", "denoising": True, "dense_aux_head": True, "trained": True},
      {}),  # the demo's combination; the denoising and dense heads' class count shows the sigmoid head
+    ({"backbone_last_stage": "layer2", "query_type": "anchor", "class_head": "sigmoid", "denoising": True,
+      "dense_aux_head": True, "trained": True}, {}),  # the demo's model as it is: cut after layer2, no layer3
 ], ids=["anchor", "sigmoid", "denoising", "dense-aux-head", "query-groups", "local-attention",
-        "demo"])
+        "demo", "demo-cut-after-layer2"])
 def test_bare_state_dict_of_each_option_loads_with_equal_outputs(tmp_path, options, overrides):
     options = dict(options)
     trained = options.pop("trained", False)

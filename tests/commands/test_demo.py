@@ -117,3 +117,52 @@ def test_quiet_console_takes_over_a_handler_whose_stream_is_closed(tmp_path) -> 
         assert "into the log" in (tmp_path / "demo.log").read_text()
     finally:
         logger.removeHandler(handler)
+
+
+def test_an_out_holding_a_previous_run_is_refused_and_left_as_it_was(tmp_path, capsys) -> None:
+    """The demo's folder is also `detr fit`'s for the demo config: a training run's checkpoints and a user's
+    own drawings there were deleted without a word before the demo started."""
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "last.ckpt").write_bytes(b"a training run's weights")
+    (out / "val_images").mkdir()
+    (out / "val_images" / "mine.png").write_bytes(b"a user's image")
+    status = demo.main(["--minutes", "0.05", "--data-root", str(tmp_path / "absent"), "--out", str(out)],
+                       repository=REPOSITORY)
+    error = capsys.readouterr().err
+    assert status == 2
+    assert error.count("\n") == 1 and "last.ckpt" in error and "--overwrite" in error and "--out" in error
+    assert (out / "checkpoints" / "last.ckpt").read_bytes() == b"a training run's weights"
+    assert (out / "val_images" / "mine.png").read_bytes() == b"a user's image"
+    assert not (out / "run.lock").exists()
+
+
+def test_overwrite_deletes_the_previous_runs_files_and_nothing_else(tmp_path) -> None:
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "val_images").mkdir()
+    previous = [out / "checkpoints" / "last.ckpt", out / "metrics.csv", out / "metrics.json", out / "demo.log",
+                out / "events.out.tfevents.1.host", out / "val_images" / "3.png"]
+    for path in previous:
+        path.write_bytes(b"previous run")
+    (out / "outputs.txt").write_text("val_images/3.png\n")  # the previous demo's manifest
+    mine = [out / "val_images" / "mine.png", out / "notes.txt"]
+    for path in mine:
+        path.write_bytes(b"the user's")
+    with demo.claim_demo_folder(out, overwrite=True):
+        assert (out / "run.lock").is_file()  # held: a second run into out is refused meanwhile
+        assert not any(path.exists() for path in previous)
+        assert all(path.read_bytes() == b"the user's" for path in mine)
+        (out / "val_images" / "5.png").write_bytes(b"this run's drawing")
+    assert not (out / "run.lock").exists()
+    # the next --overwrite knows this run's drawing, not the user's files
+    assert (out / "outputs.txt").read_text().splitlines() == ["val_images/5.png"]
+
+
+def test_the_manifest_lists_what_the_run_wrote(short_run) -> None:
+    """What a later --overwrite deletes: the run's drawings and checkpoints, named in the folder's manifest."""
+    _, out = short_run
+    listed = set((out / "outputs.txt").read_text().splitlines())
+    assert {"metrics.json", "demo.log", "checkpoints/last.ckpt"} <= listed
+    assert any(name.startswith("val_images/") for name in listed)
+    assert "run.lock" not in listed and not (out / "run.lock").exists()

@@ -140,6 +140,17 @@ def test_cli_exit_codes_and_readable_list(tmp_path: Path, capsys: pytest.Capture
     assert "unknown_category (1):" in out
 
 
+def test_swapped_arguments_are_named_with_the_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`detr-check-data JSON IMAGES` said of the existing images folder that it "does not exist"."""
+    images_dir, path = write_clean(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        check_data.main([str(path), str(images_dir)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "IMAGES_DIR comes first" in err and f"swap them: detr-check-data {images_dir} {path}" in err
+    assert "does not exist" not in err
+
+
 def test_malformed_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bad.json"
     path.write_text('{"images": [}')

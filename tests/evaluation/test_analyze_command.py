@@ -149,3 +149,37 @@ def test_report_in_chromium(chromium: str, results_file: Path, tmp_path: Path) -
         assert page.errors() == []
     finally:
         browser.close()
+
+
+def _refusal(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        analyze_tool.main(list(argv))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_analyze_tool_names_unreadable_and_unlabelled_inputs(tmp_path: Path, capsys) -> None:
+    """A truncated results json and a ground truth without annotations were tracebacks (a JSONDecodeError; an
+    IndexError deep in the matching)."""
+    ground_truth = json.loads(GT_JSON.read_text())
+    image_id = ground_truth["images"][0]["id"]
+    results = tmp_path / "predictions.json"
+    results.write_text(json.dumps([{"image_id": image_id, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.5}]))
+    out = str(tmp_path / "out")
+
+    truncated = tmp_path / "cut.json"
+    truncated.write_text(results.read_text()[:40])
+    err = _refusal(capsys, str(GT_JSON), str(truncated), "--out", out)
+    assert "cut.json is not valid json" in err and "truncated" in err
+
+    unlabelled = tmp_path / "test_images.json"
+    unlabelled.write_text(json.dumps({key: ground_truth[key] for key in ("images", "categories")}))
+    err = _refusal(capsys, str(unlabelled), str(results), "--out", out)
+    assert "test_images.json has no annotations" in err and "ground-truth boxes" in err
+
+    (tmp_path / "gt_cut.json").write_text(GT_JSON.read_text()[:100])
+    assert "gt_cut.json is not valid json" in _refusal(capsys, str(tmp_path / "gt_cut.json"), str(results), "--out", out)
+    assert "absent.json does not exist" in _refusal(capsys, str(tmp_path / "absent.json"), str(results), "--out", out)
+    assert not (tmp_path / "out").exists()

@@ -169,3 +169,59 @@ def test_an_out_folder_that_holds_the_inputs_is_refused(tmp_path, image_folder, 
     # a folder above the inputs is fine: the drawings go beside the inputs' folder, not into it
     assert _predict([image_folder / "a.png"], checkpoint, image_folder.parent) == 0
     assert (image_folder.parent / "a.jpg").exists() and (image_folder / "a.png").read_bytes() == before["a.png"]
+
+
+def test_sigterm_stops_detr_predict_as_ctrl_c_does(tmp_path, image_folder, checkpoint):
+    """SIGTERM (a scheduler's stop, `kill`) ended detr-predict at once: no predictions.json for the images done
+    and a run.lock left behind. The process here sends itself SIGTERM once the first image is predicted."""
+    script = (
+        "import os, signal, sys\n"
+        "from detr.commands import predict\n"
+        "def progress(batches, **_):\n"
+        "    for number, batch in enumerate(batches):\n"
+        "        if number == 1:\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        yield batch\n"
+        "predict.tqdm = progress\n"
+        "sys.exit(predict.main(sys.argv[1:]))\n"
+    )
+    out = tmp_path / "out"
+    inputs = [image_folder / "a.png", image_folder / "b.jpg", image_folder / "a.png"]
+    arguments = [*map(str, inputs), "--checkpoint", str(checkpoint), "--out", str(out), "--threshold", "0.0",
+                 "--device", "cpu", "--min-size", "64", "--max-size", "100"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", script, *arguments], env=env, capture_output=True, text=True,
+                          check=False, timeout=300)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert "SIGTERM: stopped" in done.stderr and "Traceback" not in done.stderr
+    written = json.loads((out / "predictions.json").read_text())
+    assert {entry["file_name"] for entry in written} == {"a.png"}  # the image done before the signal
+    assert not (out / "run.lock").exists()
+
+
+def test_a_full_disk_keeps_what_was_done_and_names_the_cause(tmp_path, image_folder, checkpoint, monkeypatch,
+                                                             capsys):
+    """A disk that fills up mid-run ended detr-predict in a traceback; the predictions of the images done are
+    kept, and one line names the cause and the file."""
+    import errno
+
+    from PIL import Image as PILImage
+
+    real_save, saves = PILImage.Image.save, []
+
+    def save(self, file, *args, **kwargs):
+        saves.append(file)
+        if len(saves) == 2:  # the second drawing finds the disk full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(self, file, *args, **kwargs)
+
+    monkeypatch.setattr(PILImage.Image, "save", save)
+    out = tmp_path / "out"
+    assert _predict([image_folder / "a.png", image_folder / "b.jpg"], checkpoint, out) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: No space left on device writing ") and str(out / "b.jpg") in err[-1]
+    assert f"{out / 'predictions.json'} holds the images predicted before it" in err[-1]
+    # both were predicted (b's drawing is what failed): nothing predicted is lost
+    assert {entry["file_name"] for entry in json.loads((out / "predictions.json").read_text())} == {"a.png", "b.jpg"}
+    assert (out / "a.jpg").is_file() and not (out / "b.jpg").exists() and not list(out.glob(".*.tmp"))
+    assert not (out / "run.lock").exists()

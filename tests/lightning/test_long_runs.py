@@ -129,7 +129,7 @@ def test_a_live_run_holds_its_folder(tiny_shapes_root, tmp_path) -> None:
 def test_a_save_that_dies_halfway_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch) -> None:
     path = tmp_path / "checkpoints" / "last.ckpt"
     io = AtomicCheckpointIO()
-    io.save_checkpoint({"global_step": 10, "weights": torch.ones(1000)}, path)
+    io.save_checkpoint({"pytorch-lightning_version": "2", "global_step": 10, "weights": torch.ones(1000)}, path)
 
     def dies_halfway(obj, file):
         file.write(b"\x80\x02partial checkpoint bytes")

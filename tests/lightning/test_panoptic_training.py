@@ -253,6 +253,30 @@ def test_a_png_id_the_json_does_not_list_is_named(broken_root):
         _data(broken_root).setup("validate")
 
 
+def test_a_png_of_another_size_than_its_image_is_named_at_setup(broken_root):
+    """It passed the start-up check and ended the run when its sample was first drawn (step 3)."""
+    png = broken_root / "annotations" / "panoptic_train2017" / "000000000003.png"
+    image = Image.open(png)
+    width, height = image.size
+    image.resize((width // 2, height)).save(png)
+    with pytest.raises(PanopticDataError, match=rf"000000000003\.png' is {width // 2}x{height} but its image "
+                                                rf"'.*' is {width}x{height} \(width x height\)"):
+        _data(broken_root).setup("fit")
+
+
+def test_an_annotation_without_segments_info_is_named_at_setup(broken_root):
+    """It was a bare KeyError: 'segments_info' when the sample was drawn."""
+    from detr.data.coco import AnnotationFileError
+
+    json_path = broken_root / "annotations" / "panoptic_train2017.json"
+    data = json.loads(json_path.read_text())
+    del data["annotations"][1]["segments_info"]
+    json_path.write_text(json.dumps(data))
+    with pytest.raises(AnnotationFileError, match=r"panoptic_train2017\.json': annotations\[1\] \(image_id \d+\) "
+                                                 r"has no segments_info"):
+        _data(broken_root).setup("fit")
+
+
 def test_the_data_module_links_the_panoptic_categories(shapes_root):
     data = _data(shapes_root)
     assert data.num_classes == 6 and data.is_thing == [True] * 5 + [False]

@@ -170,3 +170,107 @@ def test_data_with_other_category_ids_than_the_checkpoint_is_refused() -> None:
     unlinked.on_load_checkpoint(checkpoint)
     assert unlinked.category_map == trained
 
+
+
+def _rate_of_this_schedule(checkpoint: dict, base: float, *, drops: list[int], warmup_steps: int) -> float:
+    """The recipe's rate in closed form at the steps and epochs a checkpoint's schedulers reached: warm-up from
+    1/1000 over ``warmup_steps`` times 0.1 per passed drop epoch."""
+    states = checkpoint["lr_schedulers"]
+    epochs = next(s for s in states if "milestones" in s)["last_epoch"]
+    step = checkpoint["global_step"]
+    warmup = 1e-3 + (1 - 1e-3) * min(step, warmup_steps) / warmup_steps if warmup_steps else 1.0
+    return base * 0.1 ** sum(epochs >= drop for drop in drops) * warmup
+
+
+@pytest.mark.usefixtures("bare_argv")
+def test_a_resume_trains_on_the_schedule_it_records(tiny_shapes_root, tmp_path) -> None:
+    """A resume with other --model.warmup_steps / --model.lr_drop_epochs trained on the checkpoint's schedule
+    (weights bit-identical to a resume without them) yet recorded the new values in its checkpoint."""
+    out = tmp_path / "run"
+    constant = ["--model.warmup_steps=0", "--model.lr_decay_fraction=0"]
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", *constant))
+    last = out / "checkpoints" / "last.ckpt"
+    assert _optimizer_lrs(last) == [5e-4, 5e-4]  # the demo config's lr and lr_backbone, no schedule
+
+    # warm-up added, and a drop at epoch 2: both at the step reached (4 steps of 2 an epoch: epoch 2 begins)
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=6", "--model.warmup_steps=100",
+                       "--model.lr_drop_epochs=[2]", "--model.lr_decay_fraction=0", f"--ckpt_path={last}"))
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 6
+    assert checkpoint["hyper_parameters"]["warmup_steps"] == 100  # recorded, and so it trained:
+    step_decay, warmup = checkpoint["lr_schedulers"]
+    assert sorted(step_decay["milestones"].elements()) == [2] and warmup["total_iters"] == 100
+    expected = _rate_of_this_schedule(checkpoint, 5e-4, drops=[2], warmup_steps=100)
+    assert expected < 5e-4 * 0.1
+    assert _optimizer_lrs(last) == pytest.approx([expected, expected], rel=1e-6)
+
+    # and taken away again: no warm-up, no drop, the plain rate from the step reached on
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=8", "--model.lr_drop_epochs=[]", *constant,
+                       f"--ckpt_path={last}"))
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 8 and len(checkpoint["lr_schedulers"]) == 1
+    assert _optimizer_lrs(last) == pytest.approx([5e-4, 5e-4], rel=1e-6)
+
+
+def test_an_unchanged_schedule_keeps_the_checkpoints_states() -> None:
+    """A plain resume restores the schedulers exactly as saved (bit-exact continuation)."""
+    from detr.lightning.schedule import fit_saved_schedulers, learning_rate_schedulers
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    saved = [c["scheduler"].state_dict() for c in learning_rate_schedulers(
+        optimizer, lr_drop_epochs=[3], lr_drop_gamma=0.1, warmup_steps=5, decay_fraction=0.3, total_steps=20)]
+    states, changes = fit_saved_schedulers(saved, lr_drop_epochs=[3], lr_drop_gamma=0.1, warmup_steps=5,
+                                           decay_fraction=0.3, global_step=0)
+    assert states is saved and changes == []
+    states, changes = fit_saved_schedulers(saved, lr_drop_epochs=[3], lr_drop_gamma=0.1, warmup_steps=0,
+                                           decay_fraction=0.3, global_step=7)
+    assert changes == ["warmup_steps 5 (checkpoint) -> 0"]
+    assert states[0] is saved[0] and states[1] is saved[2]  # the warm-up's state is not loaded into the decay
+
+
+@pytest.mark.usefixtures("bare_argv")
+def test_a_resume_below_the_checkpoints_step_or_from_a_weights_file_names_the_fix(tiny_shapes_root, tmp_path) -> None:
+    """A --trainer.max_steps below the checkpoint's step trained nothing without a word; --ckpt_path to a weights
+    file ended in Lightning's KeyError: 'pytorch-lightning_version'. Neither touches the checkpoint."""
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4"))
+    last = out / "checkpoints" / "last.ckpt"
+    saved = last.read_bytes()
+    with pytest.raises(CheckpointError) as refusal:
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2", f"--ckpt_path={last}"))
+    message = str(refusal.value)
+    assert "at step 4 already and --trainer.max_steps is 2" in message and "train nothing" in message
+    assert f"detr validate --ckpt_path {last}" in message
+    assert last.read_bytes() == saved
+
+    weights = tmp_path / "weights.pth"
+    torch.save({"model": {k.removeprefix("model."): v for k, v in _weights(last).items()}}, weights)
+    with pytest.raises(CheckpointError) as refusal:
+        main(tiny_fit_args(tiny_shapes_root, tmp_path / "new", "--trainer.max_steps=2", f"--ckpt_path={weights}"))
+    assert "holds weights only" in str(refusal.value)
+    assert f"--model.init_checkpoint {weights}" in str(refusal.value)
+
+
+@pytest.mark.usefixtures("bare_argv")
+def test_a_config_whose_model_the_checkpoint_replaces_is_named(tiny_shapes_root, tmp_path, caplog) -> None:
+    """--ckpt_path's hyperparameters are read over the config, so another config's model (another architecture,
+    another dropout) gave way to the checkpoint's without a word."""
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2"))  # the demo config's dropout: 0.0
+    last = out / "checkpoints" / "last.ckpt"
+    overlay = tmp_path / "other.yaml"
+    overlay.write_text("model:\n  detr:\n    dropout: 0.3\n")
+    with caplog.at_level("WARNING", logger="detr.lightning.checkpointing"):
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=3", "--config", str(overlay),
+                           f"--ckpt_path={last}"))
+    warnings = [message for message in (record.getMessage() for record in caplog.records)
+                if "keeps the checkpoint's model" in message]
+    assert len(warnings) == 1, caplog.text
+    assert "dropout 0.0 (the config: 0.3)" in warnings[0] and f"--model.init_checkpoint {last}" in warnings[0]
+    assert "num_classes" not in warnings[0]  # the data decides it, whatever the config says
+    assert torch.load(last, weights_only=True)["hyper_parameters"]["detr"]["dropout"] == 0.0  # what trained
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="detr.lightning.checkpointing"):  # the same config: nothing to say
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", f"--ckpt_path={last}"))
+    assert "keeps the checkpoint's model" not in caplog.text

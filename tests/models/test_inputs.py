@@ -74,3 +74,19 @@ def test_every_detector_states_its_input_contract(tiny_model) -> None:
     assert spec == InputSpec()  # no eval size recorded: the authors' 800 / 1333 with ImageNet statistics
     tiny_model.meta = tiny_model.meta.replace(eval_size=(320, 512))
     assert tiny_model.input_spec == InputSpec(size=320, max_size=512)
+
+
+def test_the_padding_mask_is_downsampled_as_f_interpolate_does_at_every_size():
+    # The backbones pick the mask's rows and columns by index so that exported graphs reproduce them; the
+    # picks must stay those of F.interpolate's nearest neighbour (the authors' code), including the sizes
+    # where its float32 scale rounds down and a naive (i * in) // out picks the next row.
+    from detr.models.backbone import downsample_mask
+
+    generator = torch.Generator().manual_seed(0)
+    for size in range(1, 700):
+        for stride in (8, 16, 32, 64):
+            out = -(-size // stride)
+            mask = torch.rand(2, size, 3, generator=generator) > 0.5
+            expected = torch.nn.functional.interpolate(mask[None].float(), size=(out, 3)).bool()[0]
+            assert torch.equal(downsample_mask(mask, (out, 3)), expected), (size, out)
+            assert torch.equal(downsample_mask(mask.transpose(1, 2), (3, out)), expected.transpose(1, 2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from PIL import Image
 
 from detr.data.images import load_rgb_image
-from detr.serving.inputs import RequestError, decode_image_bytes, parse_task, parse_threshold
+from detr.serving.inputs import RequestError, decode_image_bytes, decoded_bytes, parse_task, parse_threshold
 
 PHOTOS = Path(__file__).resolve().parents[2] / "data" / "photos"
 
@@ -60,6 +61,29 @@ def test_refusals_name_the_problem() -> None:
     assert refusal(encode(Image.fromarray(noise), "PNG"), max_pixels=100_000) == (413, "image_too_large")
     flat = encode(Image.new("L", (3000, 3000)), "PNG")  # 9 MP of zeros in a few kB
     assert refusal(flat, max_pixels=1_000_000) == (413, "decompression_bomb")
+
+
+def test_a_flat_image_is_a_bomb_at_any_size_above_the_floor() -> None:
+    """The ratio used to be checked only above max_pixels: a 38 kB PNG of 39.6 MP decoded under the default
+    40 MP limit, and sixteen of them at once took a server to 3.8 GB."""
+    from detr.serving.inputs import BOMB_MIN_PIXELS, DEFAULT_MAX_PIXELS
+
+    side = math.isqrt(BOMB_MIN_PIXELS) + 1
+    flat = encode(Image.new("L", (side, side)), "PNG")  # a few kB
+    assert side * side < DEFAULT_MAX_PIXELS
+    assert refusal(flat) == (413, "decompression_bomb")
+    with pytest.raises(RequestError, match="decompression bomb"):
+        decoded_bytes(flat)  # from the header: nothing decoded
+    # below the floor a blank frame is no threat and decodes as before
+    assert decode_image_bytes(encode(Image.new("L", (1000, 1000)), "PNG")).shape == (1000, 1000, 3)
+
+
+def test_decoded_bytes_are_read_from_the_header() -> None:
+    """What the server reserves before decoding: the image in its file's mode and its RGB array."""
+    pixels = np.zeros((20, 40, 3), np.uint8)
+    assert decoded_bytes(encode(Image.fromarray(pixels), "PNG")) == 20 * 40 * (3 + 3)
+    assert decoded_bytes(encode(Image.fromarray(pixels[:, :, 0]), "PNG")) == 20 * 40 * (1 + 3)
+    assert decoded_bytes(encode(Image.new("RGBA", (40, 20)), "PNG")) == 20 * 40 * (4 + 3)
 
 
 def test_query_parameters() -> None:

@@ -215,6 +215,24 @@ def test_200_requests_at_concurrency_8_without_an_error(server, load_tools) -> N
     assert max(result.batch_sizes) > 1, result.batch_sizes
 
 
+def test_decoded_images_in_flight_stay_within_the_budget(checkpoint, predictor, tmp_path, load_tools) -> None:
+    """The queue bounded the number of requests, not the size of their images: sixteen small files of large
+    images decoded at once. With --max-decoded-mb 1, one decoded photo (451 × 300 RGB: 0.8 MB with its file's
+    own pixels) fills the budget, so the others wait and no two share a batch, and all are answered."""
+    photo = PHOTOS / "chelsea.png"
+    with load_tools.running_server(checkpoint, tmp_path / "server.log", "--threshold", str(THRESHOLD),
+                                   "--batch-timeout", "0.05", "--max-decoded-mb", "1", threads=1) as server:
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            responses = list(pool.map(lambda _: post(server.url + "/predict", photo.read_bytes()), range(6)))
+        stats = json.loads(urllib.request.urlopen(server.url + "/stats").read())
+    expected = predictor.predict(photo)[0]
+    for status, response in responses:
+        assert status == 200, response
+        assert_same_as_predictor(response, expected, predictor)
+    assert stats["decoded_bytes"] == {"limit": 2**20, "in_flight": 0, "peak": 451 * 300 * (3 + 3)}
+    assert stats["batch_sizes"] == {"1": 6}
+
+
 def test_a_model_with_nan_outputs_fails_each_request_and_sigterm_stops_the_server(tmp_path, load_tools) -> None:
     """A NaN model: each request gets 500 model_output and the server goes on. Then SIGTERM while requests are
     in flight (batches of one at 800 px, a few tenths of a second each): every one of them is still answered,

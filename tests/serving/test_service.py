@@ -1,5 +1,6 @@
 """DetectionService in-process on the other kinds of checkpoint detr-serve takes: a panoptic model (every task,
-segments and the COCO panoptic PNG in the JSON) and an .onnx file through ONNX Runtime; results equal the
+segments and the COCO panoptic PNG in the JSON) and exported files (.onnx through ONNX Runtime, .xml through
+OpenVINO); results equal the
 Predictor's, a batch of mixed sizes gives what each image gives alone, and non-finite outputs fail only the
 images they belong to."""
 
@@ -75,22 +76,24 @@ def test_a_batch_of_mixed_sizes_gives_what_each_image_gives_alone(tmp_path: Path
 
 
 @pytest.mark.slow  # the ONNX export: ~30 s on 2 shared cores
-def test_onnx_file_is_served_through_onnx_runtime(tmp_path: Path) -> None:
-    pytest.importorskip("onnxruntime")
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_exported_file_is_served_through_its_runtime(tmp_path: Path, runtime: str) -> None:
+    pytest.importorskip(runtime)
     pytest.importorskip("onnxscript")
-    from detr.checkpoints.export import export_onnx
+    from detr.checkpoints.export import export_onnx, export_openvino
 
-    path = export_onnx(spread_out_model(), tmp_path / "tiny.onnx")
+    name = "tiny.onnx" if runtime == "onnxruntime" else "tiny.xml"
+    path = (export_onnx if runtime == "onnxruntime" else export_openvino)(spread_out_model(), tmp_path / name)
     service = load_service(path, device="cpu", threshold=0.3)
-    assert service.predictor.backend.startswith("onnxruntime")
+    assert service.predictor.backend.startswith(runtime)
     pixels = decode_image_bytes((PHOTOS / "chelsea.png").read_bytes())
     response = service.run_batch([Job(pixels, 0.3, "detection")])[0]
     expected = Predictor.from_checkpoint(path, device="cpu", threshold=0.3).predict(pixels)[0]
-    assert response["model"] == "tiny.onnx" and response["detections"]
+    assert response["model"] == name and response["detections"]
     assert [d["query"] for d in response["detections"]] == expected.query_indices.tolist()
     assert [d["category_name"] for d in response["detections"]] == expected.label_names
     np.testing.assert_allclose([d["score"] for d in response["detections"]], expected.scores.numpy(), atol=1e-6)
-    with pytest.raises(ValueError, match="ONNX"):
+    with pytest.raises(ValueError, match="ONNX" if runtime == "onnxruntime" else "OpenVINO"):
         service.check_task("panoptic")
 
 

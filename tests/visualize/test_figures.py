@@ -114,6 +114,27 @@ def test_visualize_attention_tool_writes_both_figures(tmp_path):
     assert Image.open(out.with_name("attention_encoder.png")).format == "PNG"
 
 
+def test_visualize_attention_tool_prints_the_file_it_writes(tmp_path, capsys):
+    """--out NAME without a suffix printed NAME while matplotlib wrote NAME.png; a suffix matplotlib cannot write
+    ended in its traceback after the model had run."""
+    torch.manual_seed(0)
+    checkpoint = tmp_path / "tiny.pth"
+    torch.save({"model": build_detr(TINY, dropout=0.0).state_dict()}, checkpoint)
+    image = tmp_path / "gray.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 72), dtype=np.uint8), "L").save(image)
+    common = [str(image), "--checkpoint", str(checkpoint), "--top-k", "1", "--min-size", "64", "--max-size", "100",
+              "--device", "cpu", "--dpi", "40"]
+    assert load_tool("visualize_attention").main([*common, "--out", str(tmp_path / "attention"), "--encoder"]) == 0
+    printed = capsys.readouterr().out
+    for written in (tmp_path / "attention.png", tmp_path / "attention_encoder.png"):
+        assert f"-> {written}\n" in printed and Image.open(written).format == "PNG"
+    assert not (tmp_path / "attention").exists()
+    with pytest.raises(SystemExit) as refusal:
+        load_tool("visualize_attention").main([*common, "--out", str(tmp_path / "attention.v2")])
+    assert refusal.value.code == 2
+    assert "cannot write .v2 figures" in capsys.readouterr().err and not (tmp_path / "attention.v2").exists()
+
+
 @pytest.mark.parametrize("size", [(500, 1), (1, 500)])  # (width, height)
 def test_visualize_attention_tool_names_an_image_too_thin_to_resize(tmp_path, capsys, size):
     """An image whose short side would resize to 0 px (OpenCV's bare "inv_scale_x > 0" before) is reported

@@ -19,11 +19,10 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from detr.box_ops import inverse_sigmoid
-from detr.models.backbone import Joiner
+from detr.models.backbone import Joiner, downsample_mask
 from detr.models.config import PRIOR_BIAS, ClassHead
 from detr.models.deformable.attention import MultiScaleDeformableAttention
 from detr.models.deformable.transformer import REFERENCE_EPS, DeformableTransformer
@@ -142,7 +141,7 @@ class DeformableDETR(Detector):
         sources = [projection(feature) for projection, feature in zip(self.input_proj, features)]
         for level in range(len(features), self.num_levels):
             sources.append(self.input_proj[level](last if level == len(features) else sources[-1]))
-        masks = [F.interpolate(padding_mask[None].float(), size=src.shape[-2:]).to(torch.bool)[0] for src in sources]
+        masks = [downsample_mask(padding_mask, src.shape[-2:]) for src in sources]
         positions = [self.backbone[1](mask).to(src.dtype) for src, mask in zip(sources, masks)]
         return sources, masks, positions
 
