@@ -184,7 +184,7 @@ part_commands() {
       --out "$RUNS/predict_$precision"
   done
   step "compare predictions" compare_predictions
-  step "explorer" $PY tools/explore_attention.py data/photos/chelsea.png data/photos/000000039769.png \
+  step "explorer" $PY tools/explore.py data/photos/chelsea.png data/photos/000000039769.png \
     --checkpoint "$trained" --device $DEVICE "${PREDICT_SIZE[@]}" --out "$RUNS/explore"
   ls -la "$RUNS/explore"
 }

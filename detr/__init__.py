@@ -1,21 +1,40 @@
 """detr: end-to-end object detection with transformers (Carion et al., 2020)."""
 
-from detr.categories import CategoryMap
-from detr.checkpoints import load_checkpoint
-from detr.inference.postprocess import PostProcess
-from detr.loss.criterion import SetCriterion
-from detr.loss.matcher import HungarianMatcher
-from detr.models import DETR, DetectorOutput, DetrConfig, DETRPanoptic, build_detr, build_detr_panoptic
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from detr.categories import CategoryMap
+    from detr.checkpoints import load_checkpoint
+    from detr.inference.postprocess import PostProcess
+    from detr.inference.predictor import Predictor
+    from detr.loss.criterion import SetCriterion
+    from detr.loss.matcher import HungarianMatcher
+    from detr.models import DETR, DetectorOutput, DetrConfig, DETRPanoptic, build_detr, build_detr_panoptic
 
 __all__ = ["DETR", "CategoryMap", "DETRPanoptic", "DetectorOutput", "DetrConfig", "HungarianMatcher", "PostProcess",
            "Predictor", "SetCriterion", "build_detr", "build_detr_panoptic", "load_checkpoint"]
 
+# Each public name is imported on first use (PEP 562), so that importing a submodule (`detr.commands.predict`,
+# whose --help needs no model) does not wait for torch; the Predictor also pulls in the image pipeline.
+_MODULE_OF = {
+    "CategoryMap": "detr.categories", "load_checkpoint": "detr.checkpoints",
+    "PostProcess": "detr.inference.postprocess", "Predictor": "detr.inference.predictor",
+    "SetCriterion": "detr.loss.criterion", "HungarianMatcher": "detr.loss.matcher",
+    "DETR": "detr.models", "DetectorOutput": "detr.models", "DetrConfig": "detr.models", "DETRPanoptic": "detr.models",
+    "build_detr": "detr.models", "build_detr_panoptic": "detr.models",
+}
 
-def __getattr__(name: str):
-    # The predictor pulls in the image pipeline (albumentations, OpenCV); import it only when used, so
-    # `import detr` stays light for exporters and notebooks that need only the model.
-    if name == "Predictor":
-        from detr.inference.predictor import Predictor
 
-        return Predictor
-    raise AttributeError(f"module 'detr' has no attribute {name!r}")
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'detr' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -305,6 +305,9 @@ def huggingface_deformable_config(model: DeformableDETR, backbone_format: Backbo
         "activation_dropout": 0.0, "position_embedding_type": "sine", "dilation": config.dilation,
         "auxiliary_loss": False, "use_pretrained_backbone": False, "is_encoder_decoder": True,
         **label_fields(category_map, model.num_classes),
+        # transformers ties every layer's class head to the first unless told not to: a file whose heads differ
+        # (box refinement trains one per layer) then loads them untied, with a warning per tensor
+        "tie_word_embeddings": not _distinct_class_heads(model),
     }
     stages = [2, 3, 4] if config.num_feature_levels > 1 else [4]
     if backbone_format == "timm":
@@ -319,6 +322,13 @@ def huggingface_deformable_config(model: DeformableDETR, backbone_format: Backbo
             "embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
             "downsample_in_bottleneck": False, "num_channels": 3, "out_features": [f"stage{i}" for i in stages]})
     return hf
+
+
+def _distinct_class_heads(model: DeformableDETR) -> bool:
+    """Whether any decoder layer's class head holds other values than the first layer's."""
+    first = model.class_embed[0]
+    return any(not (torch.equal(head.weight, first.weight) and torch.equal(head.bias, first.bias))
+               for head in model.class_embed[1:])
 
 
 def save_pretrained_deformable(model: DeformableDETR, directory: str | Path, *, backbone_format: BackboneFormat = "timm",

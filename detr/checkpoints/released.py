@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -203,18 +203,6 @@ def describe() -> str:
         lines.append(f"{model.name:<22} {model.file_name:<36} {scores}")
     lines.append(f"files are downloaded on first use to {cache_dir()}")
     return "\n".join(lines)
-
-
-class CheckpointArgument(argparse.Action):
-    """``--checkpoint`` of the tools: a path or a released model's name; ``list`` prints the names and exits
-    (before the other arguments are checked, like ``--version``)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        if values == "list":
-            print(describe())
-            parser.exit()
-        setattr(namespace, self.dest, values)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,9 +14,6 @@ import argparse
 import logging
 import sys
 
-from detr.evaluation.analysis import ResultsFileError, analyze, load_ground_truth, load_results
-from detr.visualize.analysis_report import write_analysis_report
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predicted-images-only", action="store_true",
                         help="score only images with a detection (default: every image of the ground truth)")
     args = parser.parse_args(argv)
+    from detr.evaluation.analysis import ResultsFileError, analyze, load_ground_truth, load_results  # after --help
+    from detr.visualize.analysis_report import write_analysis_report
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     try:

@@ -12,9 +12,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from detr.data.checker import check_dataset, format_problems, has_errors
-from detr.data.image_checks import default_cache_file
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -37,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     if images.is_file() and annotations.is_dir():  # said "does not exist" of a folder that exists
         parser.error(f"IMAGES_DIR comes first, then ANNOTATIONS_JSON: {images} is a file and {annotations} a folder; "
                      f"swap them: detr-check-data {annotations} {images}")
+    from detr.data.checker import check_dataset, format_problems, has_errors  # after --help: no image pipeline
+    from detr.data.image_checks import default_cache_file
+
     problems = check_dataset(
         args.images_dir, args.annotations_json, num_queries=args.num_queries, decode_images=not args.quick,
         workers=args.workers, cache_file=default_cache_file(args.annotations_json) if args.cache else None,

@@ -1,7 +1,7 @@
 """Convert a DETR checkpoint to a Hugging Face transformers directory (config.json + model.safetensors).
 
     detr-convert detr-r50 --to-huggingface detr-r50-hf/
-    detr-convert runs/best.ckpt --to-huggingface my-detr/ --backbone-format transformers
+    detr-convert outputs/demo/checkpoints/last.ckpt --to-huggingface my-detr/ --backbone-format transformers
 
 CHECKPOINT is anything detr.load_checkpoint reads: a released model's name, a .pth / .ckpt file, or a
 Hugging Face directory. The result loads with transformers.DetrForObjectDetection.from_pretrained(DIR), for a
@@ -16,20 +16,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from detr.checkpoints import CheckpointError, load_checkpoint, save_huggingface
-from detr.checkpoints.formats import ExportError
-from detr.checkpoints.released import CheckpointArgument
+from detr.inference.command_line import add_checkpoint_argument
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", action=CheckpointArgument, metavar="CHECKPOINT",
-                        help="released model name ('list' prints them), checkpoint file or Hugging Face directory")
+    add_checkpoint_argument(parser, positional=True)
     parser.add_argument("--to-huggingface", required=True, metavar="DIR", help="output directory")
     parser.add_argument("--backbone-format", choices=("timm", "transformers"), default="timm",
                         help="timm ResNet (transformers' default; needs timm to load; DC5 possible) or "
                              "transformers' own ResNet (no DC5)")
     args = parser.parse_args(argv)
+    from detr.checkpoints import CheckpointError, load_checkpoint, save_huggingface  # after --help: torch
+    from detr.checkpoints.formats import ExportError
+
     try:
         model = load_checkpoint(args.checkpoint)
         out = save_huggingface(model, args.to_huggingface, backbone_format=args.backbone_format)

@@ -38,20 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import torch
-
-from detr.checkpoints import load_checkpoint
-from detr.data.shapes import ShapesConfig, write_shapes_dataset
-from detr.evaluation import STAT_NAMES, write_coco_results
 from detr.inference.command_line import one_line_errors
-from detr.inference.images import to_rgb_array
-from detr.inference.predictor import Predictor
-from detr.lightning.callbacks import ProgressLines, time_budget_of
-from detr.lightning.cli import make_cli
-from detr.lightning.run_folder import previous_run_files
 from detr.output_folder import LOCK_NAME, MANIFEST_NAME, OutputFolder, OutputFolderError, hold_folders, previous_outputs
-from detr.visualize.explorer import write_attention_explorer
-from detr.visualize.figures import decoder_attention_figure
+
+# torch, Lightning and the package's training stack are imported inside the functions that run them, so that
+# `detr-demo --help` answers without waiting for them.
 
 # Steps of batch 8 that configs/demo_shapes_cpu.yaml needs to reach AP50 0.7 on the shapes set, and that AP50
 # (docs/convergence.md: runs fitted to 1,000 steps end at AP50 0.888 and 0.895 on the generator's seeds 0 and 1;
@@ -142,6 +133,12 @@ def attention_outputs(image: Path, checkpoint: Path, out: Path) -> Path:
     """The decoder attention of the 4 best queries on ``image`` (``out``/attention.png) and an
     attention-explorer page for it (``out``/explorer/<image stem>.html, returned), both at the size the
     checkpoint was validated at (it carries the data module's eval size)."""
+    from detr.checkpoints import load_checkpoint
+    from detr.inference.images import to_rgb_array
+    from detr.inference.predictor import Predictor
+    from detr.visualize.explorer import write_attention_explorer
+    from detr.visualize.figures import decoder_attention_figure
+
     model = load_checkpoint(checkpoint)
     pixels = to_rgb_array(image)
     prediction = Predictor(model, device="cpu").predict(pixels, return_attention=True)[0]
@@ -168,6 +165,8 @@ def claim_demo_folder(out: Path, *, overwrite: bool) -> Iterator[None]:
     Raises:
         OutputFolderError: a live run holds ``out``, or it holds a previous run and ``overwrite`` is off.
     """
+    from detr.lightning.run_folder import previous_run_files  # Lightning: not for --help
+
     with hold_folders([out], elsewhere="--out DIR"):
         previous = list(dict.fromkeys([*previous_run_files([out], out / "checkpoints"),
                                        *previous_outputs(out, DEMO_FILES)]))
@@ -206,6 +205,12 @@ class DemoRun:
 def train_and_evaluate(args: argparse.Namespace, data_root: Path, out: Path, say: Callable[[str], None]) -> DemoRun:
     """Fit the config for ``args.minutes`` of training, evaluate the best checkpoint, write the outputs into
     ``out``; ``say`` gets the lines meant for the user (one per validation, the expectation, the final table)."""
+    import torch
+
+    from detr.evaluation import STAT_NAMES, write_coco_results
+    from detr.lightning.callbacks import ProgressLines, time_budget_of
+    from detr.lightning.cli import make_cli
+
     say(f"training for {args.minutes:g} minutes on {torch.get_num_threads()} thread(s); outputs in {out}")
     cli = make_cli(["--config", args.config, f"--data.root={data_root}", f"--trainer.default_root_dir={out}",
                     "--trainer.enable_progress_bar=false"],  # ProgressLines below says what the bars did
@@ -275,6 +280,10 @@ def main(argv: list[str] | None = None, *, repository: Path | None = None) -> in
     if not Path(args.config).is_file():
         parser.error(f"--config {args.config} does not exist: run the demo in a clone of the repository (it holds "
                      "configs/demo_shapes_cpu.yaml) or pass --config")
+    import torch
+
+    from detr.data.shapes import ShapesConfig, write_shapes_dataset
+
     start = time.perf_counter()
     out = Path(args.out)
     with claim_demo_folder(out, overwrite=args.overwrite):

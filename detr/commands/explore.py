@@ -1,7 +1,7 @@
 """Write interactive attention-explorer pages: one self-contained HTML file per image.
 
     detr-explore photo.jpg --checkpoint detr-r50-e632da11.pth --out explorer/
-    detr-explore data/photos/*.png --checkpoint last.ckpt --out explorer/ --threshold 0.5
+    detr-explore data/photos/*.png --checkpoint RUN/checkpoints/last.ckpt --out explorer/ --threshold 0.5
 
 Open <out>/<image stem>.html (or <out>/index.html for several images) in any browser; no server or
 network is needed. An image that cannot be read or run is reported and skipped (exit status 1), the
@@ -17,16 +17,14 @@ import argparse
 import logging
 import sys
 
-from detr.checkpoints import load_checkpoint
-from detr.inference.command_line import add_resize_arguments, device_argument, one_line_errors
-from detr.visualize.explorer import write_attention_explorer
+from detr.inference.command_line import add_checkpoint_argument, add_resize_arguments, device_argument, one_line_errors
 
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="+", metavar="IMAGE")
-    parser.add_argument("--checkpoint", required=True, help="released .pth, state dict or this project's .ckpt")
+    add_checkpoint_argument(parser)
     parser.add_argument("--out", required=True, help="output folder for the pages")
     parser.add_argument("--threshold", type=float, default=None,
                         help="initial score threshold of the box display (default: the checkpoint's validated one, "
@@ -34,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     add_resize_arguments(parser)
     parser.add_argument("--device", type=device_argument, default=None, help="default: CUDA when available, else CPU")
     args = parser.parse_args(argv)
+    from detr.checkpoints import load_checkpoint  # after --help: torch
+    from detr.visualize.explorer import write_attention_explorer
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     model = load_checkpoint(args.checkpoint)

@@ -1,7 +1,7 @@
 """Export a DETR checkpoint to ONNX, OpenVINO or a torch.export .pt2 program, and verify the file.
 
     detr-export detr-r50-e632da11.pth --format onnx --out detr-r50.onnx
-    detr-export last.ckpt --postprocess --out detector.onnx   # scores, labels, pixel boxes in the graph
+    detr-export RUN/checkpoints/last.ckpt --postprocess --out detector.onnx  # scores, labels, pixel boxes in the graph
     detr-export last.ckpt --format openvino --out detector.xml  # OpenVINO IR (+ detector.bin), fp32, CPU
     detr-export last.ckpt --format openvino --out detector.xml --evaluate data/coco-mini/val2017 \
         data/coco-mini/annotations/instances_val2017.json      # the accuracy gate: AP of the file, latency
@@ -30,21 +30,16 @@ import logging
 import sys
 from pathlib import Path
 
-from detr.checkpoints import load_checkpoint
-from detr.checkpoints.export import FORMAT_SUFFIXES, export
-from detr.checkpoints.formats import ExportError
-from detr.inference.command_line import one_line_errors
-from detr.inference.gate import MAX_AP_DROP, accuracy_gate
-from detr.inference.predictor import Predictor
-from detr.inference.quantize import CALIBRATION_SIZE, calibration_feeds, quantize
+from detr.inference.command_line import add_checkpoint_argument, one_line_errors
 
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="released .pth, state dict or this project's .ckpt")
+    add_checkpoint_argument(parser, positional=True)
     parser.add_argument("--out", required=True, help="output file (.onnx, .xml or .pt2)")
-    parser.add_argument("--format", choices=tuple(FORMAT_SUFFIXES), default="onnx",
+    # detr.checkpoints.export.FORMAT_SUFFIXES' keys, written out so that --help does not wait for torch
+    parser.add_argument("--format", choices=("onnx", "openvino", "pt2"), default="onnx",
                         help="onnx (ONNX Runtime), openvino (an OpenVINO IR: .xml and its .bin, run on the CPU) or "
                              "pt2 (torch.export program; torch.export.load)")
     parser.add_argument("--postprocess", action="store_true",
@@ -53,16 +48,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluate", nargs=2, metavar=("IMAGES", "JSON"), default=None,
                         help="the accuracy gate: evaluate the PyTorch model and the exported file on this COCO-format "
                              "set (image folder, annotation json) and print AP and latency side by side")
-    parser.add_argument("--max-ap-drop", type=float, default=MAX_AP_DROP,
-                        help=f"AP points (0-100) the file may lose against PyTorch under --evaluate "
-                             f"(default {MAX_AP_DROP:g})")
+    parser.add_argument("--max-ap-drop", type=float, default=None,
+                        help="AP points (0-100) the file may lose against PyTorch under --evaluate "
+                             "(default: detr.inference.gate.MAX_AP_DROP, 1)")
     parser.add_argument("--int8", action="store_true",
                         help="also write OUT-int8.onnx / OUT-int8.xml, quantised after training (needs --calibration)")
     parser.add_argument("--calibration", nargs="+", metavar="IMAGES", default=None,
                         help="image files or folders to calibrate --int8 on (training images, not the --evaluate set)")
-    parser.add_argument("--calibration-size", type=int, default=CALIBRATION_SIZE,
-                        help=f"at most this many calibration images (default {CALIBRATION_SIZE})")
+    parser.add_argument("--calibration-size", type=int, default=300,
+                        help="at most this many calibration images (default 300)")
     args = parser.parse_args(argv)
+    from detr.checkpoints import load_checkpoint  # after --help: torch
+    from detr.checkpoints.export import FORMAT_SUFFIXES, export
+    from detr.checkpoints.formats import ExportError
+    from detr.inference.gate import MAX_AP_DROP, accuracy_gate
+    from detr.inference.predictor import Predictor
+    from detr.inference.quantize import calibration_feeds, quantize
+
+    if args.max_ap_drop is None:
+        args.max_ap_drop = MAX_AP_DROP
     suffix = FORMAT_SUFFIXES[args.format]
     if not args.out.endswith(suffix):  # the predictor chooses its backend by the suffix
         parser.error(f"--out must end in {suffix} for --format {args.format}, got {args.out}")

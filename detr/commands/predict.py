@@ -1,8 +1,8 @@
 """Detect objects in image files with a DETR checkpoint.
 
-    detr-predict photos/ more/*.jpg one.png --checkpoint detr-r50 --out outputs/pred
+    detr-predict data/photos more/*.jpg one.png --checkpoint detr-r50 --out outputs/pred
     detr-predict --checkpoint list      # the released models' names
-    detr-predict photos/ --checkpoint detr-r50-panoptic --task panoptic --out outputs/pan
+    detr-predict data/photos --checkpoint detr-r50-panoptic --task panoptic --out outputs/pan
 
 Writes OUT/predictions.json (one COCO results json with file names, the data set's category ids) and
 OUT/<name>.jpg with boxes, names and scores drawn. A file that cannot be read or predicted (too thin to
@@ -23,29 +23,23 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from tqdm import tqdm
+from tqdm import tqdm  # light (no torch); a module attribute that tests replace
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from detr.checkpoints.formats import CheckpointError
-from detr.checkpoints.released import CheckpointArgument
 from detr.inference.command_line import (
     Terminated,
+    add_checkpoint_argument,
     add_resize_arguments,
     device_argument,
     interrupted_status,
     sigterm_as_interrupt,
 )
-from detr.inference.outputs import collect_image_paths, predict_files
-from detr.inference.predictor import Predictor
-from detr.output_folder import OutputFolderError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders or glob patterns")
-    parser.add_argument("--checkpoint", required=True, action=CheckpointArgument,
-                        help="a released model's name (detr-r50 ...; 'list' prints them), a .pth / .ckpt file, "
-                             "a Hugging Face DETR directory, or a .onnx file of detr-export (ONNX Runtime)")
+    add_checkpoint_argument(parser, onnx=True)
     parser.add_argument("--out", required=True, help="output folder (one run's: see --overwrite)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the outputs of an earlier run in --out (deletes its json and drawings)")
@@ -68,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="drop a thing segment that keeps less than this share of its own mask (Mask2Former's "
                              "filter, e.g. 0.8; default: the checkpoint's training run's, else none)")
     args = parser.parse_args(argv)
+    # after parsing, so that --help does not wait for torch
+    from detr.checkpoints.formats import CheckpointError
+    from detr.inference.outputs import collect_image_paths, predict_files
+    from detr.inference.predictor import Predictor
+    from detr.output_folder import OutputFolderError
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     try:

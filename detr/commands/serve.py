@@ -1,7 +1,7 @@
 """Serve a detector over HTTP, with dynamic batching and a page to try it in a browser.
 
     detr-serve --checkpoint detr-r50 --port 8000
-    detr-serve --checkpoint outputs/demo/checkpoints/best.ckpt --max-batch-size 8 --batch-timeout 0.01
+    detr-serve --checkpoint outputs/demo/checkpoints/last.ckpt --max-batch-size 8 --batch-timeout 0.01
     curl -F image=@photo.jpg 'http://127.0.0.1:8000/predict?threshold=0.7'
 
 Endpoints: POST /predict (the image as the multipart field "image" or the raw body; ?threshold=, ?task=
@@ -18,14 +18,19 @@ import argparse
 import logging
 import sys
 
-from detr.inference.command_line import add_resize_arguments, bounded_int, device_argument, one_line_errors
+from detr.inference.command_line import (
+    add_checkpoint_argument,
+    add_resize_arguments,
+    bounded_int,
+    device_argument,
+    one_line_errors,
+)
 
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True,
-                        help="a released name (detr-r50, ...), .pth, .ckpt, transformers directory or .onnx file")
+    add_checkpoint_argument(parser, onnx=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=bounded_int(0, 65535), default=8000, help="TCP port (0: any free one)")
     parser.add_argument("--device", type=device_argument, default="auto",

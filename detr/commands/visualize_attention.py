@@ -1,8 +1,8 @@
 """Draw DETR's attention on one image: the paper's Fig. 6 (decoder) and, on request, Fig. 3 (encoder).
 
     detr-visualize-attention photo.jpg --checkpoint detr-r50-e632da11.pth --out attention.png
-    detr-visualize-attention photo.jpg --checkpoint ckpt --out grid.png --all-queries
-    detr-visualize-attention photo.jpg --checkpoint ckpt --out a.png --encoder-points 120,80 300,200
+    detr-visualize-attention photo.jpg --checkpoint RUN/checkpoints/last.ckpt --out grid.png --all-queries
+    detr-visualize-attention photo.jpg --checkpoint detr-r50 --out a.png --encoder-points 120,80 300,200
 
 --out gets the decoder cross-attention of every detected object (or of every query with --all-queries);
 with --encoder or --encoder-points the encoder self-attention figure goes to <out stem>_encoder.png.
@@ -16,12 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from detr.checkpoints.released import CheckpointArgument
-from detr.inference.command_line import add_resize_arguments, device_argument, one_line_errors
-from detr.inference.images import to_rgb_array
-from detr.inference.predictor import Predictor
-from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure
-from detr.visualize.sampling import sampling_points_figure
+from detr.inference.command_line import add_checkpoint_argument, add_resize_arguments, device_argument, one_line_errors
 
 
 def point(text: str) -> tuple[float, float]:
@@ -52,9 +47,7 @@ def figure_file(text: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("image")
-    parser.add_argument("--checkpoint", required=True, action=CheckpointArgument,
-                        help="a released model's name (detr-r50 ...; 'list' prints them), a .pth / .ckpt file, "
-                             "or a Hugging Face DETR directory")
+    add_checkpoint_argument(parser)
     parser.add_argument("--out", required=True, type=figure_file,
                         help="the decoder figure's file (PNG; .png is added to a name without a suffix)")
     parser.add_argument("--layer", type=int, default=-1, help="decoder layer, Python index (default -1: last)")
@@ -70,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=device_argument, default=None, help="default: CUDA when available, else CPU")
     parser.add_argument("--dpi", type=int, default=120)
     args = parser.parse_args(argv)
+    from detr.inference.images import to_rgb_array  # after --help: torch, matplotlib
+    from detr.inference.predictor import Predictor
+    from detr.visualize.figures import decoder_attention_figure, encoder_attention_figure
+    from detr.visualize.sampling import sampling_points_figure
+
 
     predictor = Predictor.from_checkpoint(
         args.checkpoint, device=args.device, threshold=args.threshold, min_size=args.min_size, max_size=args.max_size

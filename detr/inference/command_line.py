@@ -2,7 +2,10 @@
 ``detr-explore``, ``detr-visualize-attention``), and the commands' one-line expected errors
 (:func:`one_line_errors`: a checkpoint that cannot be read or downloaded, an output folder another run
 owns, print ``error: <what and the fix>`` and exit 2; a traceback is for bugs, ``DETR_DEBUG=1`` shows one
-for these too)."""
+for these too).
+
+Nothing here imports torch at module level: a command builds its parser from these and answers ``--help``
+before loading a model (tests/commands/test_commands.py checks that no command's ``--help`` imports torch)."""
 
 from __future__ import annotations
 
@@ -14,17 +17,50 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-
-from detr.models.inputs import EVAL_MAX_SIZE, EVAL_MIN_SIZE
+from typing import Any
 
 
 def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
     """``--min-size`` / ``--max-size`` (default None: the size the checkpoint was validated at, else the
-    authors' 800 / 1333; see :class:`detr.inference.predictor.Predictor`)."""
+    authors' 800 / 1333, :data:`detr.models.inputs.EVAL_MIN_SIZE` and ``EVAL_MAX_SIZE``, written out here so
+    that ``--help`` does not import torch; see :class:`detr.inference.predictor.Predictor`)."""
     parser.add_argument("--min-size", type=int, default=None,
-                        help=f"eval resize: shortest side (default: the checkpoint's validation size, else {EVAL_MIN_SIZE})")
+                        help="eval resize: shortest side (default: the checkpoint's validation size, else 800)")
     parser.add_argument("--max-size", type=int, default=None,
-                        help=f"eval resize: longest side cap (default: the checkpoint's validation size, else {EVAL_MAX_SIZE})")
+                        help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
+
+
+#: What every command's checkpoint argument takes: what :func:`detr.load_checkpoint` reads.
+CHECKPOINT_HELP = ("a released model's name (detr-r50, detr-r101-dc5, ...: downloaded on first use; 'list' prints "
+                   "them), a .pth / .ckpt file (the authors' releases, this project's runs: "
+                   "RUN/checkpoints/last.ckpt or best-*.ckpt) or a Hugging Face transformers directory "
+                   "(detr-convert's, or a download of facebook/detr-resnet-50)")
+#: What the commands that predict through the Predictor also take (``onnx=True``).
+ONNX_HELP = "; or a file of detr-export: .onnx (run on ONNX Runtime) or .xml (OpenVINO)"
+
+
+def add_checkpoint_argument(parser: argparse.ArgumentParser, *, positional: bool = False, onnx: bool = False) -> None:
+    """The checkpoint argument, one help for every command: ``--checkpoint`` (required), or ``CHECKPOINT``
+    when ``positional``; ``onnx``: the command also runs ``.onnx`` files. ``list`` prints the released names."""
+    text = CHECKPOINT_HELP + (ONNX_HELP if onnx else "")
+    if positional:
+        parser.add_argument("checkpoint", action=CheckpointArgument, metavar="CHECKPOINT", help=text)
+    else:
+        parser.add_argument("--checkpoint", required=True, action=CheckpointArgument, help=text)
+
+
+class CheckpointArgument(argparse.Action):
+    """``--checkpoint`` of the tools: a path or a released model's name; ``list`` prints the names and exits
+    (before the other arguments are checked, like ``--version``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values == "list":
+            from detr.checkpoints.released import describe  # only for "list": --help does not wait for torch
+
+            print(describe())
+            parser.exit()
+        setattr(namespace, self.dest, values)
 
 
 def device_argument(value: str) -> str | None:
@@ -105,16 +141,17 @@ def interrupted_status(stop: KeyboardInterrupt) -> int:
     return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
 
 
-def one_line_errors(main: Callable[..., int]) -> Callable[..., int]:
-    """Wrap a command's ``main``: an expected error (:func:`expected_errors`) is printed as one line on stderr
-    and the command exits :data:`EXPECTED_ERROR_STATUS`; with ``DETR_DEBUG`` set it is raised as before."""
+def one_line_errors(main: Callable[..., int], also: tuple[type[Exception], ...] = ()) -> Callable[..., int]:
+    """Wrap a command's ``main``: an expected error (:func:`expected_errors`, and the kinds in ``also``: the
+    training command's bad data and settings) is printed as one line on stderr and the command exits
+    :data:`EXPECTED_ERROR_STATUS`; with ``DETR_DEBUG`` set it is raised as before."""
 
     @functools.wraps(main)
     def run(*args: object, **kwargs: object) -> int:
         try:
             return main(*args, **kwargs)
         except Exception as error:
-            if not isinstance(error, expected_errors()) or os.environ.get("DETR_DEBUG"):
+            if not isinstance(error, (*expected_errors(), *also)) or os.environ.get("DETR_DEBUG"):
                 raise
             print(f"error: {error}", file=sys.stderr)
             return EXPECTED_ERROR_STATUS

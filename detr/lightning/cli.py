@@ -3,7 +3,8 @@
 ``detr`` trains and evaluates detection (:class:`DetrSystem`, :class:`DetrDataModule`)::
 
     detr fit --config configs/detr_r50_coco.yaml --data.root /data/coco
-    detr validate --config configs/detr_r50_coco.yaml --data.root /data/coco --ckpt_path best.ckpt
+    detr validate --config configs/detr_r50_coco.yaml --data.root /data/coco \\
+        --ckpt_path outputs/detr_r50_coco/checkpoints/last.ckpt
     detr fit --config configs/demo_shapes_cpu.yaml --print_config
 
 ``detr-panoptic`` is the same command over :class:`PanopticSystem` and :class:`PanopticDataModule`, for the
@@ -16,7 +17,7 @@ two stages of the authors' panoptic recipe (paper §4.4)::
         --model.init_checkpoint outputs/panoptic_boxes_coco/checkpoints/last.ckpt
     # segment image files: predictions.json, panoptic.json and panoptic/<name>.png in <default_root_dir>/predict/
     detr-panoptic predict --config configs/demo_shapes_panoptic_cpu.yaml \\
-        --data.predict_images photos/ --ckpt_path outputs/demo_shapes_panoptic/checkpoints/last.ckpt
+        --data.predict_images data/photos --ckpt_path outputs/demo_shapes_panoptic/checkpoints/last.ckpt
 
 YAML keys mirror the constructors (``model.*`` = the system: ``model.detr.*`` the detector's
 :class:`detr.models.config.DetrConfig`, the rest the recipe; ``data.*`` = the data module, ``trainer.*`` =
@@ -38,21 +39,36 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from detr.checkpoints import CheckpointError
+from detr.data.coco import AnnotationFileError
+from detr.data.images import ImageLoadError
+from detr.data.panoptic_checks import PanopticDataError
 from detr.lightning.callbacks import PredictionsWriter
 from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, LastCheckpoint, warn_of_replaced_model_options
-from detr.lightning.data_checks import CheckData
+from detr.lightning.data_checks import CheckData, DataCheckError
 from detr.lightning.datamodule import DetrDataModule
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.run_folder import claim_run_folder
-from detr.lightning.system import DetrSystem
+from detr.lightning.system import DetrSystem, SettingError
 
 logger = logging.getLogger(__name__)
+
+#: What a user meets with a correct program, beside the commands' own (a checkpoint that cannot be read or
+#: downloaded, an output folder in use: :func:`detr.inference.command_line.expected_errors`): data that would
+#: break training, and a setting that cannot work. ``detr`` prints them as one line (the data check's report:
+#: its list), exit status 2; a traceback is for anything else.
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (DataCheckError, AnnotationFileError, ImageLoadError,
+                                               PanopticDataError, SettingError)
+
+#: The usage line printed above a command-line error (the generated one lists every option: 130 lines).
+_USAGE = "%(prog)s [--config FILE.yaml] [--KEY VALUE ...]"
 
 
 class DetrCLI(LightningCLI):
@@ -83,6 +99,10 @@ class DetrCLI(LightningCLI):
         is readable: LightningCLI next reads the checkpoint's hyperparameters over everything parsed, and
         :meth:`before_instantiate_classes` puts the command line's values back (``detr-panoptic predict ...
         --model.panoptic_threshold 0.4`` wins)."""
+        for config_file in command_line_config_files(args):
+            problem = config_file_problem(config_file)
+            if problem:
+                parser.error(problem)
         keys = command_line_model_keys(args)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
@@ -94,6 +114,10 @@ class DetrCLI(LightningCLI):
                 self._command_line_model_values[key] = self.config[subcommand][key]
         self._configured_model = self.config[subcommand].get("model.detr")  # before --ckpt_path's replace it
         path = self.config[subcommand].get("ckpt_path")
+        if path and "://" not in path and path not in ("last", "best", "hpc", "registry") and not Path(path).exists():
+            # said now, not after the data checks and the model were built (Lightning's FileNotFoundError)
+            raise CheckpointError(f"--ckpt_path {path} does not exist; pass the run's checkpoints/last.ckpt (or "
+                                  "another checkpoint it wrote)")
         if path and Path(path).is_file():
             try:  # memory-mapped: the tensors are not read, a truncated or foreign file fails here
                 torch.load(path, weights_only=True, map_location="cpu", mmap=True)
@@ -108,6 +132,17 @@ class DetrCLI(LightningCLI):
                     f"could not read checkpoint {path}: {type(error).__name__}: {error}. The file is truncated or "
                     "not a checkpoint; resume from another one (the best-model checkpoints beside it) or start over"
                 ) from error
+
+    def instantiate_classes(self) -> None:
+        """Build the model, the data module and the trainer; a value one of them refuses (a plain ValueError,
+        whose message names the argument: ``num_queries must be an integer >= 1 ...``) is a
+        :class:`SettingError`, an expected error of the command rather than a bug."""
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            if type(error) is not ValueError:  # a precise kind (CheckpointError, DataCheckError ...) stays itself
+                raise
+            raise SettingError(str(error)) from error
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
@@ -155,12 +190,65 @@ class DetrCLI(LightningCLI):
             root = trainer_config.get("default_root_dir") or os.getcwd()
             subfolder = self.subcommand if self.subcommand not in (None, "fit") else ""
             kwargs["logger"] = run_loggers(os.path.join(root, subfolder))
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        callbacks = trainer.callbacks
+        for i, callback in enumerate(callbacks):
+            if type(callback) is RichProgressBar:  # Lightning's default bar where rich is installed
+                callbacks[i] = EpochProgressBar()
+        return trainer
+
+
+class EpochProgressBar(RichProgressBar):
+    """Lightning's rich progress bar, whose "Epoch 3/-2" (``max_epochs - 1``) reads "Epoch 3" when the run has no
+    epoch limit (``max_epochs: -1``: the step limit or a time budget ends it, as in the CPU configs)."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        description = super()._get_train_description(current_epoch)
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs < 0:
+            return description.replace(f"Epoch {current_epoch}/{self.trainer.max_epochs - 1}",
+                                        f"Epoch {current_epoch}", 1)
+        return description
 
 
 def command_line_model_keys(args: Any) -> list[str]:
     """The ``model.*`` keys that command-line ``args`` set (``--model.lr 1e-4``, ``--model.lr=1e-4``)."""
     return [arg.split("=", 1)[0][2:] for arg in _argv(args) if arg.startswith("--model.")]
+
+
+def command_line_config_files(args: Any) -> list[Path]:
+    """The files of ``--config FILE`` / ``-c FILE`` / ``--config=FILE`` in command-line ``args``."""
+    argv = _argv(args)
+    files = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
+    files += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
+    return [Path(f) for f in files]
+
+
+def config_file_problem(path: Path, _seen: frozenset[Path] = frozenset()) -> str | None:
+    """Why the YAML config ``path`` (or one it includes with ``config: OTHER.yaml``) cannot configure a run, in
+    one line naming the file, or None. jsonargparse's own messages name no file ("Unexpected config:" for an
+    empty one, a YAML error "in <unicode string>") and come below a usage of every option."""
+    if not path.is_file():
+        return None  # jsonargparse says "File does not exist", naming it
+    try:
+        content = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        return f"config {path} is not valid YAML{where}: {problem}; fix the file or pass another --config"
+    except (OSError, UnicodeDecodeError) as error:
+        return f"config {path} cannot be read: {error}"
+    if content is None:
+        return (f"config {path} is empty: a config holds YAML keys such as `trainer:`, `model:` and `data:` "
+                "(see configs/demo_shapes_cpu.yaml)")
+    if not isinstance(content, dict):
+        return f"config {path} holds a {type(content).__name__}, not YAML keys (`trainer:`, `model:`, `data:`)"
+    included = content.get("config")
+    if isinstance(included, str):
+        target = (path.parent / included).resolve()
+        if target not in _seen:
+            return config_file_problem(target, _seen | {path.resolve()})
+    return None
 
 
 def _argv(args: Any) -> list[str]:
@@ -185,7 +273,9 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     ``model``, ``datamodule`` and ``trainer`` for the caller to use (``cli.trainer.fit(cli.model, ...)``).
     """
     system, data = (PanopticSystem, PanopticDataModule) if panoptic else (DetrSystem, DetrDataModule)
-    return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True})
+    usage = {subcommand: {"usage": _USAGE} for subcommand in ("fit", "validate", "test", "predict")}
+    return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True},
+                   parser_kwargs=usage if run else {"usage": _USAGE})
 
 
 def show_package_messages() -> None:
@@ -193,19 +283,35 @@ def show_package_messages() -> None:
     unless the application configured the "detr" logger itself."""
     package_logger = logging.getLogger("detr")
     if not package_logger.handlers:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         package_logger.addHandler(handler)
         package_logger.setLevel(logging.INFO)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A handler on ``sys.stderr`` as it is when a message comes, not as it was when the handler was made: a
+    second ``main`` in one process (a notebook, a test after another) would otherwise write to the first's
+    stream, which may be closed by then, and print a "--- Logging error ---" traceback for every message."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def hide_library_internal_warnings() -> None:
-    """Silence warnings that one library raises about another's code and that no ``detr`` user can act on:
-    torch 2.14 deprecates ``LeafSpec``, which Lightning (2.6.6, the newest) still builds in its pytree
-    helper, so every ``detr fit`` printed a FutureWarning pointing into lightning/pytorch/utilities; and
-    Lightning's advertisement of its hosted logger on every command."""
+    """Silence warnings that one library raises about another's code, or that say the opposite of what this
+    project does, and that no ``detr`` user can act on: torch 2.14 deprecates ``LeafSpec``, which Lightning
+    (2.6.6, the newest) still builds in its pytree helper, so every ``detr fit`` printed a FutureWarning
+    pointing into lightning/pytorch/utilities; Lightning's advertisement of its hosted logger on every
+    command; "your dataloader is not resumable" on every mid-epoch resume, which draws the rest of the epoch
+    from a fresh shuffle on purpose (README, Resume); and ModelCheckpoint's "could not find the monitored
+    key" (val/AP) when a checkpoint is saved before the first validation: once a validation has run, a key
+    it does not log is an error Lightning raises, not this warning."""
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
+    warnings.filterwarnings("ignore", message=r"`ModelCheckpoint\(monitor=.*\)` could not find the monitored key")
     # Lightning 2.6 advertises its hosted logger on every command ("💡 Tip: ... litlogger ..."): not ours to say
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger_ = logging.getLogger(name)

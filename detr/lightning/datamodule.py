@@ -63,6 +63,31 @@ def seed_worker_transform(worker_id: int) -> None:
     reseed_transform(getattr(info.dataset, "transform", None), info.seed + 1_000_003 * rank)
 
 
+#: The authors' sizes, which ``image_size`` scales (see :class:`CocoFormatDataModule`).
+AUTHORS_SIZES: dict[str, Any] = {
+    "train_scales": tuple(TRAIN_SCALES), "train_max_size": TRAIN_MAX_SIZE,
+    "crop_resize_scales": tuple(CROP_RESIZE_SCALES), "crop_min_size": CROP_MIN_SIZE, "crop_max_size": CROP_MAX_SIZE,
+    "eval_min_size": EVAL_MIN_SIZE, "eval_max_size": EVAL_MAX_SIZE,
+}
+
+
+def sizes_for(image_size: int, given: dict[str, Any]) -> dict[str, Any]:
+    """The transform sizes for evaluation images whose shortest side is ``image_size``: each of ``given`` that
+    is still the authors' value scaled by ``image_size`` / their 800 (rounded; training scales without
+    repeats), the others as given."""
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 32:
+        raise ValueError(f"--data.image_size must be an integer >= 32 (pixels of the shortest side), got "
+                         f"{image_size!r}")
+    factor = image_size / EVAL_MIN_SIZE
+    sizes = dict(given)
+    for name, authors in AUTHORS_SIZES.items():
+        if (tuple(given[name]) if isinstance(authors, tuple) else given[name]) != authors:
+            continue  # set on purpose: kept
+        sizes[name] = (sorted({round(s * factor) for s in authors}) if isinstance(authors, tuple)
+                       else round(authors * factor))
+    return sizes
+
+
 def split_paths(root: str | None, explicit: dict[str, tuple[str | None, str | None]], json_name: str,
                 layout: str) -> dict[str, tuple[Path, Path]]:
     """Split → (image folder, annotation json) of a data module.
@@ -102,13 +127,25 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         batch_size: training images per process (authors: 2 for R50, 4 per GPU in the 64-batch recipe).
         val_batch_size: images per evaluation batch (None: ``batch_size``). AP depends on it through
             padding: evaluate at the training images per GPU to reproduce the authors' numbers.
-        num_workers: DataLoader worker processes.
+        num_workers: DataLoader worker processes (0: load in the training process).
         pin_memory: pin batches (only when CUDA is available).
         persistent_workers: keep workers between epochs (only with num_workers > 0).
         drop_last: drop the last incomplete training batch (as the authors do).
-        train_scales, train_max_size, crop_resize_scales, crop_min_size, crop_max_size: the train
-            augmentation's sizes (:func:`detr.data.transforms.make_train_transform`; masks move with the image).
-        eval_min_size, eval_max_size: the eval resize (:func:`detr.data.transforms.make_eval_transform`).
+        train_scales: shortest-side sizes the training resize picks from at random (authors: 480, 512, ...,
+            800; :func:`detr.data.transforms.make_train_transform`; masks move with the image).
+        train_max_size: cap on the long side after the training resize (authors: 1333).
+        crop_resize_scales: shortest-side sizes before the training random crop, half of the images
+            (authors: 400, 500, 600).
+        crop_min_size: smallest width and height of the training random crop (authors: 384).
+        crop_max_size: largest width and height of the training random crop (authors: 600).
+        eval_min_size: shortest side of the evaluation resize (authors: 800;
+            :func:`detr.data.transforms.make_eval_transform`); checkpoints record it for the Predictor.
+        eval_max_size: cap on the long side of the evaluation resize (authors: 1333).
+        image_size: one knob for every size above: the shortest side of evaluation images, with the authors'
+            proportions for the rest (e.g. 384: evaluation at 384 with the long side at most 640, training
+            scales 230-384, crops of 184-288 px). It replaces the sizes left at the authors' values; a size
+            set to another value is kept. None: the sizes as given. Smaller images make a step on the CPU
+            several times faster, at the cost of small objects.
 
     Attributes:
         category_map: label ↔ category id/name (None when the subclass has no annotations to read).
@@ -132,8 +169,15 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         crop_max_size: int = CROP_MAX_SIZE,
         eval_min_size: int = EVAL_MIN_SIZE,
         eval_max_size: int = EVAL_MAX_SIZE,
+        image_size: int | None = None,
     ) -> None:
         super().__init__()
+        given = {"train_scales": list(train_scales), "train_max_size": train_max_size,
+                 "crop_resize_scales": list(crop_resize_scales), "crop_min_size": crop_min_size,
+                 "crop_max_size": crop_max_size, "eval_min_size": eval_min_size, "eval_max_size": eval_max_size}
+        #: the transforms' sizes after ``image_size``; subclasses record them as hyperparameters, which is where
+        #: a checkpoint's reader finds the evaluation size (the Predictor's default resize)
+        self.sizes = given if image_size is None else sizes_for(image_size, given)
         if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1) or num_workers < 0:
             raise ValueError(
                 f"need batch_size >= 1, val_batch_size >= 1 (or None) and num_workers >= 0; got {batch_size}, "
@@ -145,11 +189,13 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
         self.drop_last = drop_last
+        sizes = self.sizes
         self.train_transform = make_train_transform(
-            scales=train_scales, max_size=train_max_size, crop_resize_scales=crop_resize_scales,
-            crop_min_size=crop_min_size, crop_max_size=crop_max_size,
+            scales=sizes["train_scales"], max_size=sizes["train_max_size"],
+            crop_resize_scales=sizes["crop_resize_scales"], crop_min_size=sizes["crop_min_size"],
+            crop_max_size=sizes["crop_max_size"],
         )
-        self.eval_transform = make_eval_transform(min_size=eval_min_size, max_size=eval_max_size)
+        self.eval_transform = make_eval_transform(min_size=sizes["eval_min_size"], max_size=sizes["eval_max_size"])
         self.paths: dict[str, tuple[Path, Path]] = {}
         self.category_map: CategoryMap | None = None
         self.predict_images: str | list[str] | None = None  # a subclass's predict_images argument
@@ -277,11 +323,17 @@ class DetrDataModule(CocoFormatDataModule):
     """COCO-format data for DETR.
 
     Args:
-        root: COCO-layout folder (module docstring); optional when the explicit paths are given.
-        train_images, train_annotations, val_images, val_annotations: explicit folders and jsons
-            (override ``root``'s).
-        test_images, test_annotations: the test split; defaults to the validation split.
-        predict_images: a folder (its image files) or a list of image files for ``predict``.
+        root: a folder in COCO's layout: ROOT/train2017/, ROOT/val2017/ and ROOT/annotations/
+            instances_{train,val}2017.json; optional when the explicit paths are given.
+        train_images: folder of the training images (default: ROOT/train2017).
+        train_annotations: COCO instances json of the training images (default:
+            ROOT/annotations/instances_train2017.json).
+        val_images: folder of the validation images (default: ROOT/val2017).
+        val_annotations: COCO instances json of the validation images (default:
+            ROOT/annotations/instances_val2017.json).
+        test_images: folder of the test split's images, for ``detr test`` (default: the validation split's).
+        test_annotations: COCO instances json of the test split (default: the validation split's).
+        predict_images: a folder (its image files) or a list of image files for ``detr predict``.
         category_ids: "auto" (raw ids for COCO's own categories, contiguous otherwise), "raw" or
             "contiguous"; see :func:`detr.data.coco.category_map_from_categories`.
         skip_bad_images: leave the images the start-up check finds missing, undecodable or mis-sized out with a
@@ -315,6 +367,7 @@ class DetrDataModule(CocoFormatDataModule):
     ) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters()
+        self.hparams.update(self.sizes)  # the sizes in use (image_size scales them): a checkpoint's eval size
         root = self.set_aside_missing_root(root, predict_images)
         explicit = {"train": (train_images, train_annotations), "val": (val_images, val_annotations),
                     "test": (test_images, test_annotations)}

@@ -54,14 +54,20 @@ class PanopticDataModule(CocoFormatDataModule):
     """COCO-panoptic-format data for :class:`detr.lightning.panoptic_system.PanopticSystem`.
 
     Args:
-        root: COCO-layout folder (module docstring); optional when the explicit paths are given.
-        train_images, train_annotations, val_images, val_annotations: explicit image folders and panoptic
-            jsons (override ``root``'s; the PNGs are in the json's path without ``.json``).
+        root: a folder in COCO panoptic's layout: ROOT/train2017/, ROOT/val2017/ and ROOT/annotations/
+            panoptic_{train,val}2017.json beside their PNG folders; optional when the explicit paths are given.
+        train_images: folder of the training images (default: ROOT/train2017).
+        train_annotations: COCO panoptic json of the training images; its PNGs are in the json's path without
+            ``.json`` (default: ROOT/annotations/panoptic_train2017.json).
+        val_images: folder of the validation images (default: ROOT/val2017).
+        val_annotations: COCO panoptic json of the validation images (default:
+            ROOT/annotations/panoptic_val2017.json).
         category_ids: "auto": COCO panoptic's raw ids as labels (250 classes, as the authors' panoptic
             models) when the json's categories are COCO panoptic's, else contiguous labels 0..K-1 in order of
             category id; "contiguous": always the latter.
-        check_train, check_val: the start-up check of each split (:func:`check_panoptic_split`): "full" reads
+        check_train: the start-up check of the training split (:func:`check_panoptic_split`): "full" reads
             every PNG, "files" only checks that the images and PNGs exist, "off".
+        check_val: the same for the validation split.
         predict_images: a folder (its image files) or a list of image files for ``predict``
             (:class:`detr.lightning.panoptic_writer.PanopticPredictionsWriter` writes the outputs).
         categories_from: a checkpoint of this project's panoptic training whose categories (and things /
@@ -90,6 +96,7 @@ class PanopticDataModule(CocoFormatDataModule):
     ) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters()
+        self.hparams.update(self.sizes)  # the sizes in use (image_size scales them): a checkpoint's eval size
         self.predict_images = predict_images
         root = self.set_aside_missing_root(root, predict_images)
         explicit = {"train": (train_images, train_annotations), "val": (val_images, val_annotations)}

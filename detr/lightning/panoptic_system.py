@@ -46,8 +46,10 @@ logger = logging.getLogger(__name__)
 class PanopticSystem(DetrSystem):
     """DETR for panoptic segmentation, either stage of the authors' recipe (module docstring).
 
-    Args (beyond :class:`DetrSystem`'s, which all apply; ``init_checkpoint`` is the box stage's checkpoint
-    in the mask stage, or a panoptic checkpoint to continue from):
+    One entry per argument, in the form LightningCLI reads (``detr-panoptic fit --help``); :class:`DetrSystem`'s
+    arguments all apply too.
+
+    Args:
         masks: False for the box stage (the plain detector), True for the mask stage.
         freeze_detr: in the mask stage, keep every detector weight (and batch-norm statistic) fixed, as
             the authors did; only ``bbox_attention`` and ``mask_head`` train. A frozen detector with
@@ -55,7 +57,8 @@ class PanopticSystem(DetrSystem):
             would cost time for losses without gradients, and the mask head learns on the queries that
             inference decodes. (The authors' frozen detector kept its dropout; this one keeps it too when
             it has no such parts.)
-        loss_mask, loss_dice: weights of the focal and DICE mask losses (1, 1).
+        loss_mask: weight of the focal mask loss (authors: 1).
+        loss_dice: weight of the DICE mask loss (authors: 1).
         panoptic_threshold: class score a query needs to enter the panoptic segmentation (0.85, the authors'
             softmax probability; a sigmoid head's focal scores run lower: the shapes demo uses 0.2).
         panoptic_overlap_threshold: None (the authors' rules) or Mask2Former's overlap filter (0.8): a thing
@@ -65,6 +68,10 @@ class PanopticSystem(DetrSystem):
         mask_ap: also compute mask AP (COCOeval "segm") in validation.
         categories: the data set's categories with ``id`` and ``isthing`` (linked from the data module by
             the CLI); they decide things and stuff for post-processing and PQ.
+        init_checkpoint: in the mask stage the box stage's checkpoint (or a panoptic checkpoint to continue
+            from), loaded strictly; in the box stage the weights to start from, as in ``detr fit``.
+        detr: the detector, a :class:`detr.models.config.DetrConfig` (``--model.detr.*``), as in ``detr fit``.
+        kwargs: :class:`DetrSystem`'s other arguments (loss weights, optimisation, evaluation).
     """
 
     def __init__(

@@ -49,31 +49,40 @@ class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite; raised instead of writing non-finite weights."""
 
 
+class SettingError(ValueError):
+    """A setting of the run (a command-line flag or YAML key) that cannot work; the message names it and the
+    fix. The ``detr`` command prints it as one line (:mod:`detr.lightning.command`)."""
+
+
 class DetrSystem(L.LightningModule):
     """DETR trained with the Hungarian set loss and evaluated with COCO AP.
 
-    Model:
-        detr: the detector, a :class:`detr.models.config.DetrConfig` (None: the paper's COCO model), including
-            the options for training from scratch on a short budget (query_type, class_head, denoising...;
-            docs/convergence.md); a dict of its fields where the hyperparameters of a checkpoint rebuild
-            the system.
+    One entry per argument, in the form LightningCLI reads: ``detr fit --help`` shows each as the meaning of
+    ``--model.<argument>``.
 
-    Loss args:
-        cost_class, cost_bbox, cost_giou: matching cost weights (1, 5, 2).
-        loss_ce, loss_bbox, loss_giou: loss weights, repeated for every auxiliary layer (and the denoising
-            terms) (1, 5, 2).
-        eos_coef: cross-entropy weight of the no-object class (0.1; softmax head).
-        focal_alpha, focal_gamma: focal loss and focal matching cost of the sigmoid head (0.25, 2).
-
-    Optimisation args:
-        lr, lr_backbone, weight_decay: AdamW; backbone parameters get ``lr_backbone`` (1e-4, 1e-5, 1e-4).
-        lr_drop_epochs, lr_drop_gamma: multiply every learning rate by ``lr_drop_gamma`` at these epochs
-            (authors: [200] of 300 epochs, [400] of 500).
+    Args:
+        detr: the detector, a :class:`detr.models.config.DetrConfig` (``--model.detr.*``; default: the paper's
+            COCO model), including the options for training from scratch on a short budget (query_type,
+            class_head, denoising...; docs/convergence.md); a dict of its fields where the hyperparameters of
+            a checkpoint rebuild the system.
+        cost_class: weight of the class term in the Hungarian matching cost (paper: 1).
+        cost_bbox: weight of the L1 box term in the matching cost (paper: 5).
+        cost_giou: weight of the GIoU term in the matching cost (paper: 2).
+        loss_ce: weight of the class loss (cross-entropy, or focal for the sigmoid head), in every auxiliary
+            layer and the denoising terms too (paper: 1).
+        loss_bbox: weight of the L1 box loss, likewise (paper: 5).
+        loss_giou: weight of the GIoU box loss, likewise (paper: 2).
+        eos_coef: cross-entropy weight of the no-object class (paper: 0.1; softmax head only).
+        focal_alpha: α of the focal loss and the focal matching cost of the sigmoid head (0.25).
+        focal_gamma: γ of the focal loss and the focal matching cost of the sigmoid head (2).
+        lr: AdamW learning rate outside the backbone (paper: 1e-4; Deformable DETR's sampling offsets and
+            reference points train at a tenth of it).
+        lr_backbone: AdamW learning rate of the backbone's trainable stages (paper: 1e-5).
+        weight_decay: AdamW weight decay (paper: 1e-4).
+        lr_drop_epochs: multiply every learning rate by ``lr_drop_gamma`` at these epochs (default [200]:
+            the authors' 300-epoch schedule; [400] of 500).
+        lr_drop_gamma: the factor of each drop (0.1).
         warmup_steps: linear learning-rate warm-up from 1/1000 over this many optimizer steps (authors: 0).
-        lr_decay_fraction: > 0: every learning rate falls linearly to zero over this last share of the run's
-            optimizer steps (:class:`detr.lightning.schedule.LinearDecayToZero`; authors: 0). The run's step
-            count is the trainer's ``max_steps`` (or ``max_epochs`` × batches), or else the one that
-            :class:`detr.lightning.callbacks.TimeBudget` fixes from the step rate early in a time-bounded run.
         channels_last: run the backbone in NHWC memory layout, which oneDNN (CPU) and cuDNN prefer; same
             numbers up to float rounding (benchmarks/convergence.py --step-time measures the speed).
         backbone_bf16: run the backbone's convolutions in bfloat16 autocast, the transformer in float32
@@ -81,17 +90,20 @@ class DetrSystem(L.LightningModule):
             Lightning's ``bf16-mixed`` would also put attention in bfloat16, whose CPU backward is slow.
             Not needed on GPUs (use ``precision: bf16-mixed``). The weights stay float32, and
             :func:`detr.load_checkpoint` runs them in float32.
-
-    Other args:
+        lr_decay_fraction: > 0: every learning rate falls linearly to zero over this last share of the run's
+            optimizer steps (:class:`detr.lightning.schedule.LinearDecayToZero`; authors: 0). The run's step
+            count is the trainer's ``max_steps`` (or ``max_epochs`` × batches), or else the one that
+            :class:`detr.lightning.callbacks.TimeBudget` fixes from the step rate early in a time-bounded run.
         category_map: label → data set category id and name (a :class:`CategoryMap` or its ``to_dict()``);
-            linked from the data module by the CLI; stored in checkpoints.
-        init_checkpoint: weights to start from (authors' release file, plain state dict in their layout,
-            this project's checkpoint, a released model's name such as "detr-r50", downloaded on first use,
-            or a Hugging Face DETR directory: whatever :func:`detr.load_checkpoint` reads). Tensors whose shape differs from the model's, e.g. the class
-            head when fine-tuning on a data set with another number of classes, keep their fresh
-            initialisation; every other key must match. The ImageNet backbone is then not downloaded.
-            The file is read again whenever the system is rebuilt from its hyperparameters
-            (``load_from_checkpoint``); pass ``init_checkpoint=None`` there if it has moved.
+            linked from the data module by the CLI (not set by hand); stored in checkpoints.
+        init_checkpoint: weights to start from: a released model's name such as "detr-r50" (downloaded on
+            first use), the authors' release file, a plain state dict in their layout, this project's
+            checkpoint or a Hugging Face DETR directory (whatever :func:`detr.load_checkpoint` reads). Tensors
+            whose shape differs from the model's, e.g. the class head when fine-tuning on a data set with
+            another number of classes, keep their fresh initialisation; every other key must match. The
+            ImageNet backbone is then not downloaded. Not read when ``--ckpt_path`` gives the weights; read
+            again whenever the system is rebuilt from its hyperparameters (``load_from_checkpoint``: pass
+            ``init_checkpoint=None`` there if it has moved).
         evaluator_backend: "auto" (faster_coco_eval where installed, else pycocotools; the log says which
             ran), "pycocotools" (the reference) or "faster_coco_eval" (the same numbers, seconds instead of
             minutes on COCO val: docs/evaluation.md).
@@ -139,6 +151,9 @@ class DetrSystem(L.LightningModule):
         error_analysis_every_n_validations: int = 0,
     ) -> None:
         super().__init__()
+        for name, value in (("lr", lr), ("lr_backbone", lr_backbone), ("weight_decay", weight_decay)):
+            if not value >= 0:  # AdamW would refuse it only when the fit starts, as a traceback
+                raise SettingError(f"--model.{name} must be >= 0, got {value}")
         config = _model_config(detr)
         if init_checkpoint and config.pretrained_backbone:
             # every backbone tensor comes from init_checkpoint: no ImageNet download (which needs a network)
@@ -388,11 +403,11 @@ class DetrSystem(L.LightningModule):
         if self._trainer is not None:
             planned = self.trainer.estimated_stepping_batches  # max_steps, or max_epochs × batches; else inf
             if planned < 1:
-                raise ValueError(_no_training_steps(self.trainer))
+                raise SettingError(_no_training_steps(self.trainer))
         if decay_fraction > 0 and self._trainer is not None:
             total_steps = int(planned) if math.isfinite(planned) else None
             if total_steps is None and time_budget_of(self.trainer.callbacks) is None:
-                raise ValueError(
+                raise SettingError(
                     f"lr_decay_fraction={decay_fraction} decays over the run's last steps, but the run has no "
                     "length: set trainer.max_steps (or max_epochs), or add the callback "
                     "detr.lightning.callbacks.TimeBudget (it fixes the step count of a time-bounded run)"
@@ -542,4 +557,4 @@ def _as_category_map(category_map: CategoryMap | dict[str, Any] | None, num_clas
     return category_map
 
 
-__all__ = ["DetrSystem", "NonFiniteLossError"]
+__all__ = ["DetrSystem", "NonFiniteLossError", "SettingError"]

@@ -43,62 +43,71 @@ PRIOR_BIAS = -math.log((1 - 0.01) / 0.01)
 
 @dataclass(frozen=True)
 class DetrConfig:
-    """Everything that decides a detector's layout and behaviour.
+    """Everything that decides a detector's layout and behaviour. One entry per field, in the form
+    LightningCLI reads (``detr fit --help`` shows each as the meaning of ``--model.detr.<field>``).
 
-    Backbone:
-        backbone: ResNet depth. dilation: DC5 (layer4 dilated, stride 16; ResNet-50/101 only).
-        pretrained_backbone: False, True (torchvision ImageNet weights) or a path to a ResNet state dict.
-        backbone_norm: "frozen_batch_norm" (paper), "batch_norm" or "group_norm" (training from scratch).
-        backbone_trainable_layers: stages that train, from the top (3 = layer2–4, paper; 5 = all).
-        backbone_last_stage: "layer4" (stride 32), "layer3" (stride 16) or "layer2" (stride 8), for small images.
-
-    Transformer:
-        position_encoding: "sine" (paper) or "learned" (50 × 50 table).
-        hidden_dim, num_heads, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, pre_norm:
-            the paper's 256, 8, 6, 6, 2048, 0.1, post-norm.
-
-    Heads:
-        num_queries: object queries (100). num_classes: the model's classes.
-        aux_loss: return every decoder layer's predictions for the auxiliary losses.
+    Attributes:
+        backbone: ResNet depth of the backbone: resnet18, resnet34, resnet50 (paper) or resnet101.
+        dilation: DC5: layer4 dilated instead of strided (stride 16 instead of 32; ResNet-50/101 only).
+        position_encoding: "sine" (paper) or "learned" (a 50 × 50 table) spatial position encoding.
+        hidden_dim: width of the transformer (paper: 256).
+        num_heads: attention heads of every transformer layer (paper: 8).
+        num_encoder_layers: transformer encoder layers (paper: 6).
+        num_decoder_layers: transformer decoder layers (paper: 6).
+        dim_feedforward: hidden width of each layer's feed-forward network (paper: 2048).
+        dropout: dropout in the transformer (paper: 0.1).
+        pre_norm: LayerNorm before each sub-layer instead of after it (paper: False, post-norm).
+        num_queries: object queries: the most objects one image can have detected (paper: 100).
+        num_classes: the model's classes; the detr CLI links it from the annotation json (or the checkpoint).
+        aux_loss: return every decoder layer's predictions, for the auxiliary losses (paper: True).
+        pretrained_backbone: False (random init), True (torchvision's ImageNet weights, downloaded) or a path
+            to a ResNet state dict.
+        backbone_norm: "frozen_batch_norm" (paper, with pretrained weights), "batch_norm" or "group_norm"
+            (training from scratch).
+        backbone_trainable_layers: ResNet stages that train, counted from the top (3 = layer2–4, paper;
+            5 = all, from scratch; 0 = none).
+        backbone_last_stage: "layer4" (stride 32), "layer3" (stride 16) or "layer2" (stride 8): cut the ResNet
+            early, for small images.
+        query_type: "learned" (paper: a learned embedding per query, :class:`detr.models.detr.DETR`) or
+            "anchor" (DAB-DETR: a learned anchor box per query, conditional spatial cross-attention, box
+            refinement in every layer, :class:`detr.models.anchor.model.AnchorDETR`); docs/convergence.md.
         class_head: "softmax" (paper: num_classes + 1 logits, the last = no object; cross-entropy) or
             "sigmoid" (num_classes logits scored by independent sigmoids; focal loss). The matcher, the
             criterion and the post-processing take the same word.
-
-    Training from scratch on a short budget (all but the dense head need ``query_type="anchor"``):
-        query_type: "learned" (paper: a learned embedding per query, :class:`detr.models.detr.DETR`) or
-            "anchor" (DAB-DETR: a learned anchor box per query, conditional spatial cross-attention, box
-            refinement in every layer, :class:`detr.models.anchor.model.AnchorDETR`).
-        denoising: DN-DETR's denoising queries in training (the forward then needs ``targets``);
-            denoising_groups, denoising_label_noise, denoising_box_noise: DN-DETR's 5, 0.2 and 0.4.
+        denoising: DN-DETR's denoising queries in training (needs query_type="anchor"; the forward then
+            needs ``targets``).
+        denoising_groups: noised copies of every ground-truth box and label fed to the decoder (DN-DETR: 5).
+        denoising_label_noise: probability that a denoising query's label is replaced by a random class
+            (DN-DETR: 0.2).
+        denoising_box_noise: box noise scale λ: centres move by up to λ · half the width and height, sides
+            scale by a factor in [1 - λ, 1 + λ] (DN-DETR: 0.4).
         anchor_local_attention: > 0 starts every cross-attention head as a kernel centred on its query's
-            anchor, with this scale (an initialisation only); 0 keeps DAB-DETR's Xavier init.
+            anchor, with this scale (an initialisation only; query_type="anchor"); 0 keeps DAB-DETR's Xavier init.
         query_groups: Group DETR's one-to-many assignment in training: this many groups of queries, each
             matched on its own; inference decodes group 1 only. 1 = the paper's assignment.
         dense_aux_head: a training-only FCOS-like head on the encoder output, every cell inside a box
             positive for it (Co-DETR's collaborative auxiliary head); inference does not run it.
-
-    Deformable DETR (Zhu et al. 2021; docs/deformable.md):
-        architecture: "detr" (the paper's transformer) or "deformable" (multi-scale deformable attention,
-            :class:`detr.models.deformable.model.DeformableDETR`; needs class_head="sigmoid"; the authors'
-            model also sets num_queries=300 and dim_feedforward=1024).
-        num_feature_levels: input levels: 4 (layer2–4 + one stride-64 level, the paper), 1 (single-scale:
-            layer4), 2 or 3 (the last stages), more (further stride-2 levels).
-        num_points: sampling points per head and level, in the encoder and the decoder (4).
-        box_refine: iterative bounding-box refinement (§4.2). two_stage: queries from the encoder's best
-            proposals (§4.2; needs box_refine).
-
-    RT-DETR (Zhao et al. 2024) and RT-DETRv2 (Lv et al. 2024), ``architecture="rtdetr"`` (docs/rtdetr.md): a
-    ResNet-vd backbone (``backbone`` names its depth), the hybrid encoder (``num_encoder_layers`` AIFI layers
-    on the stride-32 map, CCFM fusion) and a deformable decoder over ``num_feature_levels`` (3) levels with
-    ``num_points`` points, box refinement and queries from the encoder's top ``num_queries``, always; the
-    authors' model sets num_queries=300, dim_feedforward=1024, dropout=0.0, class_head="sigmoid",
-    num_feature_levels=3, num_encoder_layers=1 and num_decoder_layers=6 (3 for R18). ``denoising`` keeps the denoising label
-    embedding of the authors' files (training with denoising is not implemented for this family).
-        encoder_hidden_dim: the hybrid encoder's width (None: hidden_dim; R101: 384).
-        encoder_dim_feedforward: the AIFI layer's FFN width (None: dim_feedforward; R101: 2048).
-        csp_expansion: width of the CSP blocks' RepVGG branch relative to encoder_hidden_dim (1.0).
-        sampling_offset_scale: the decoder's offsets around a box in units of this × its size / points (0.5;
-            RT-DETRv2's option). sampling_method: "bilinear" or "discrete" (RT-DETRv2's nearest-cell sampling).
+        architecture: "detr" (the paper's transformer), "deformable" (Deformable DETR's multi-scale
+            deformable attention, :class:`detr.models.deformable.model.DeformableDETR`; needs
+            class_head="sigmoid"; the authors' model also sets num_queries=300 and dim_feedforward=1024;
+            docs/deformable.md) or "rtdetr" (RT-DETR and RT-DETRv2, :class:`detr.models.rtdetr.model.RTDETR`:
+            a ResNet-vd backbone named by ``backbone``, the hybrid encoder of ``num_encoder_layers`` AIFI layers
+            with CCFM fusion, a deformable decoder with box refinement and queries from the encoder's top
+            ``num_queries``; the authors set num_queries=300, dim_feedforward=1024, dropout=0.0,
+            class_head="sigmoid", num_feature_levels=3, num_encoder_layers=1 and num_decoder_layers=6, 3 for
+            R18; docs/rtdetr.md).
+        num_feature_levels: the deformable models' input levels: 4 (layer2–4 + one stride-64 level, the
+            paper), 1 (single-scale: layer4), 2 or 3 (the last stages; RT-DETR: 3), more (further stride-2
+            levels).
+        num_points: the deformable attention's sampling points per head and level (4).
+        box_refine: Deformable DETR's iterative bounding-box refinement (§4.2).
+        two_stage: Deformable DETR's queries from the encoder's best proposals (§4.2; needs box_refine).
+        encoder_hidden_dim: RT-DETR's hybrid encoder width (None: hidden_dim; R101: 384).
+        encoder_dim_feedforward: RT-DETR's AIFI feed-forward width (None: dim_feedforward; R101: 2048).
+        csp_expansion: width of RT-DETR's CSP blocks' RepVGG branch relative to encoder_hidden_dim (1.0).
+        sampling_offset_scale: RT-DETRv2's decoder offsets around a box in units of this × its size / points
+            (0.5).
+        sampling_method: "bilinear" or "discrete" (RT-DETRv2's nearest-cell sampling, without grid_sample).
     """
 
     backbone: BackboneName = "resnet50"

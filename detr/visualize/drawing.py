@@ -38,6 +38,12 @@ _PALETTE: tuple[tuple[int, int, int], ...] = (
 )
 
 
+#: The colours of :func:`draw_detections`' labels: ground truth (a darker green than its lime boxes, for white
+#: text) and predictions.
+LEGEND_TRUE: tuple[int, int, int] = (0, 128, 0)
+LEGEND_PREDICTED: tuple[int, int, int] = (200, 0, 0)
+
+
 def label_color(label: int) -> tuple[int, int, int]:
     """RGB colour of a model label (fixed per label, so one class has one colour in every image)."""
     return _PALETTE[int(label) % len(_PALETTE)]
@@ -66,26 +72,99 @@ def draw_boxes(
 ) -> Tensor:
     """Boxes (pixel ``xyxy`` [N, 4] in ``image``) on ``image`` (``uint8`` ``[3, H, W]``), each label in white
     on a background of its box's colour; one colour for all boxes or one per box. The line width and font
-    size scale with the image unless given. Returns a new ``uint8`` ``[3, H, W]`` (``image`` itself without boxes).
+    size scale with the image unless given. Labels go where they cover neither each other nor, where there is
+    room, their box (:func:`label_rectangles`): above the box, else inside its top, below it or inside its
+    bottom. Returns a new ``uint8`` ``[3, H, W]`` (``image`` itself without boxes).
     """
     if len(boxes_xyxy) == 0:
         return image
     short_side = min(image.shape[-2:])
-    width = line_width if line_width is not None else max(2, round(short_side / 250))
+    # 1 px below a 250-px short side, where 2 px hid small objects' edges; then growing with the image
+    width = line_width if line_width is not None else max(1 if short_side < 250 else 2, round(short_side / 250))
     size = font_size if font_size is not None else _font_size(short_side)
-    palette = colors if isinstance(colors, str) else list(colors)
-    return draw_bounding_boxes(
-        image,
-        boxes_xyxy.detach().float().cpu(),
-        labels=list(labels) if labels is not None else None,
-        colors=palette,
-        width=width,
-        font=_font_path(),
-        font_size=size,
-        label_colors="white",
-        label_background_colors=palette,
-        fill_labels=True,
-    )
+    palette = [colors] * len(boxes_xyxy) if isinstance(colors, str) else list(colors)
+    boxes = boxes_xyxy.detach().float().cpu()
+    drawn = draw_bounding_boxes(image, boxes, colors=palette, width=width)
+    if not labels:
+        return drawn
+    return draw_labels(drawn, boxes, list(labels), palette, font_size=size)
+
+
+def draw_labels(image: Tensor, boxes_xyxy: Tensor, texts: Sequence[str], colors: Sequence[Any], *,
+                font_size: int, avoid: Sequence[tuple[int, int, int, int]] = ()) -> Tensor:
+    """``texts`` in white on their colour beside ``boxes_xyxy`` (pixel ``xyxy`` in ``image``, ``uint8``
+    ``[3, H, W]``), placed by :func:`label_rectangles` away from each other and from ``avoid``; a new tensor."""
+    picture = Image.fromarray(image.permute(1, 2, 0).cpu().numpy())
+    draw = ImageDraw.Draw(picture)
+    font_file = _font_path()
+    font = ImageFont.truetype(font_file, font_size) if font_file else ImageFont.load_default()
+    sizes = []
+    for text in texts:
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        sizes.append((right - left + 2, bottom - top + 2))
+    height, width = image.shape[-2:]
+    rectangles = label_rectangles(boxes_xyxy.tolist(), sizes, (height, width), avoid=avoid)
+    for text, color, (x0, y0, x1, y1) in zip(texts, colors, rectangles):
+        draw.rectangle((x0, y0, x1 - 1, y1 - 1), fill=color)
+        left, top, _, _ = draw.textbbox((0, 0), text, font=font)
+        draw.text((x0 + 1 - left, y0 + 1 - top), text, fill=(255, 255, 255), font=font)
+    return torch.from_numpy(np.asarray(picture).copy()).permute(2, 0, 1)
+
+
+def label_rectangles(boxes_xyxy: Sequence[Sequence[float]], sizes: Sequence[tuple[int, int]],
+                     image_size: tuple[int, int], *, avoid: Sequence[tuple[int, int, int, int]] = ()
+                     ) -> list[tuple[int, int, int, int]]:
+    """Where each box's label goes: pixel ``(x0, y0, x1, y1)`` rectangles of ``sizes`` (width, height) inside
+    the image (``image_size`` (H, W)), in box order. Each takes the first of: above its box, inside its top,
+    below it, inside its bottom (left-aligned, moved left where it would leave the image) that overlaps no
+    label placed before it nor ``avoid``; then, if none is free, the first free place down the image's left
+    side; a label that fits nowhere free keeps the place above its box."""
+    height, width = image_size
+    placed: list[tuple[int, int, int, int]] = list(avoid)
+    rectangles = []
+    for (bx0, by0, bx1, by1), (w, h) in zip(boxes_xyxy, sizes):
+        x = int(min(max(bx0, 0), max(width - w, 0)))
+        candidates = [by0 - h, by0, by1, by1 - h]
+        spots = [(x, int(y)) for y in candidates if 0 <= y <= height - h]
+        spots += [(0, y) for y in range(0, max(height - h, 0) + 1, max(h // 2, 1))]
+        free = [s for s in spots if not any(_overlap((s[0], s[1], s[0] + w, s[1] + h), r) for r in placed)]
+        x, y = free[0] if free else (x, int(min(max(by0 - h, 0), max(height - h, 0))))
+        rectangle = (x, y, x + w, y + h)
+        placed.append(rectangle)
+        rectangles.append(rectangle)
+    return rectangles
+
+
+def _overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def add_legend(image: Tensor, entries: Sequence[tuple[tuple[int, int, int], str]], *,
+               font_size: int | None = None) -> Tensor:
+    """``image`` (``uint8`` ``[3, H, W]``) with a white band below it that names what each colour means:
+    ``entries`` of (RGB, text), each a filled square and its text, on as many lines as the width needs;
+    returns ``uint8`` ``[3, H + band, W]``."""
+    size = font_size if font_size is not None else _font_size(min(image.shape[-2:]))
+    font_file = _font_path()
+    font = ImageFont.truetype(font_file, size) if font_file else ImageFont.load_default()
+    height, width = image.shape[-2:]
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    spots, x, line = [], 4, 0  # (x, line) of each entry
+    for _, text in entries:
+        entry = size + 3 + int(measure.textlength(text, font=font))
+        if x > 4 and x + entry > width:
+            x, line = 4, line + 1
+        spots.append((x, line))
+        x += entry + 2 * size
+    line_height = size + 6
+    picture = Image.new("RGB", (width, height + (line + 1) * line_height + 4), (255, 255, 255))
+    picture.paste(Image.fromarray(image.permute(1, 2, 0).cpu().numpy()), (0, 0))
+    draw = ImageDraw.Draw(picture)
+    for (color, text), (x, line) in zip(entries, spots):
+        top = height + 4 + line * line_height
+        draw.rectangle((x, top, x + size - 1, top + size - 1), fill=tuple(color))
+        draw.text((x + size + 3, top), text, fill=(0, 0, 0), font=font)
+    return torch.from_numpy(np.asarray(picture).copy()).permute(2, 0, 1)
 
 
 def draw_prediction(
@@ -115,18 +194,26 @@ def draw_detections(
     """Draw true boxes (green) and predicted boxes (red, "name score") on ``image`` (uint8 [3, h, w]).
 
     Boxes are pixel xyxy in ``image``'s own coordinates; labels are named by ``category_map`` (their number
-    without one). Returns a new uint8 [3, h, w] tensor.
+    without one), and no label covers another (the true and the predicted label of one object included).
+    Returns a new uint8 [3, h, w] tensor.
     """
 
     def name(label: int) -> str:
         return category_map.name(label) if category_map is not None else str(label)
 
-    canvas = image
-    if true_boxes_xyxy is not None:
-        true_names = [name(int(label)) for label in true_labels] if true_labels is not None else None
-        canvas = draw_boxes(canvas, true_boxes_xyxy, true_names, "lime", line_width=2)
+    true_boxes = true_boxes_xyxy if true_boxes_xyxy is not None else torch.zeros(0, 4)
+    true_names = ([name(int(label)) for label in true_labels] if true_labels is not None and len(true_boxes)
+                  else [])
     texts = detection_labels([name(int(label)) for label in labels], scores)
-    return draw_boxes(canvas, boxes_xyxy, texts, "red", line_width=1)
+    canvas = draw_bounding_boxes(image, true_boxes.float().cpu(), colors="lime", width=2) if len(true_boxes) else image
+    if len(boxes_xyxy):
+        canvas = draw_bounding_boxes(canvas, boxes_xyxy.float().cpu(), colors="red", width=1)
+    all_boxes = torch.cat([true_boxes.float().cpu(), boxes_xyxy.float().cpu()]) if true_names else boxes_xyxy.cpu()
+    all_texts = [*true_names, *texts]
+    if not all_texts:
+        return canvas
+    colors = [LEGEND_TRUE] * len(true_names) + [LEGEND_PREDICTED] * len(texts)
+    return draw_labels(canvas, all_boxes.float(), all_texts, colors, font_size=_font_size(min(image.shape[-2:])))
 
 
 def segment_color(segment: dict[str, Any]) -> tuple[int, int, int]:

@@ -4,6 +4,8 @@ single-scale), timm and transformers ResNet backbones and several label counts; 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -130,6 +132,43 @@ def test_detr_convert_writes_a_deformable_checkpoint_for_transformers(tmp_path, 
     again = transformers.DeformableDetrForObjectDetection.from_pretrained(tmp_path / "out").eval()
     logits_diff, boxes_diff = _differences(huggingface_outputs(again, *photo_batch), huggingface_outputs(hf, *photo_batch))
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_box_refinement_model_with_its_own_head_per_layer_loads_in_transformers_quietly(tmp_path, photo_batch):
+    """Box refinement trains a class head per decoder layer; transformers ties them all to the first unless
+    config.json says tie_word_embeddings: false, so loading a converted model warned once per tensor that it
+    would NOT tie them ("You should update the config with `tie_word_embeddings=False`"). The directory now
+    says so, transformers loads it without a word and with the same outputs."""
+    config = detr.DetrConfig(architecture="deformable", class_head="sigmoid", backbone="resnet18", hidden_dim=64,
+                             num_heads=4, num_encoder_layers=1, num_decoder_layers=3, dim_feedforward=32,
+                             num_queries=12, num_points=2, num_classes=3, box_refine=True)
+    torch.manual_seed(0)
+    model = detr.build_detr(config).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # as training leaves them: each layer's heads its own
+        for parameter in [*model.class_embed.parameters(), *model.bbox_embed.parameters()]:
+            parameter.add_(torch.randn(parameter.shape, generator=generator) / 10)
+    save_pretrained_deformable(model, tmp_path)
+    records = _Records()
+    transformers_logger = logging.getLogger("transformers")
+    transformers_logger.addHandler(records)
+    try:
+        hf = transformers.DeformableDetrForObjectDetection.from_pretrained(tmp_path).eval()
+    finally:
+        transformers_logger.removeHandler(records)
+    assert not [m for m in records.messages if "tie" in m], records.messages
+    assert not torch.equal(hf.class_embed[0].weight, hf.class_embed[1].weight)
+    logits_diff, boxes_diff = _differences(detr_outputs(model, *photo_batch), huggingface_outputs(hf, *photo_batch))
+    assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
 
 
 def test_detr_convert_keeps_the_data_sets_category_ids(tmp_path):

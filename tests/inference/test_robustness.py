@@ -122,7 +122,7 @@ def test_the_tools_exit_1_and_write_what_they_could(tiny_model, images, tmp_path
                                  "--no-draw", *sizes])
     assert code == 1
     assert {e["file_name"] for e in json.loads((tmp_path / "p" / "predictions.json").read_text())} <= {"a.jpg", "c.png"}
-    code = tool("explore_attention").main([*map(str, images), "--checkpoint", str(checkpoint), "--out",
+    code = tool("explore").main([*map(str, images), "--checkpoint", str(checkpoint), "--out",
                                            str(tmp_path / "e"), *sizes])
     assert code == 1 and (tmp_path / "e" / "a.html").is_file() and (tmp_path / "e" / "c.html").is_file()
 

@@ -25,6 +25,7 @@ from detr.lightning.callbacks import (
 )
 from detr.lightning.callbacks.validation_images import draw_batch_item
 from detr.lightning.schedule import LinearDecayToZero, decay_factor
+from detr.visualize.drawing import LEGEND_PREDICTED, LEGEND_TRUE
 
 
 class _Recorder(L.Callback):
@@ -285,16 +286,20 @@ def _validation_batch() -> tuple[torch.Tensor, list[dict], list[dict]]:
     return images, [target], [detection]
 
 
-def test_validation_drawing_shows_true_and_predicted_boxes() -> None:
+def test_validation_drawing_shows_true_and_predicted_boxes_and_a_legend() -> None:
+    """The drawing is the unpadded image the model saw, with a legend band below it: which colour is the
+    ground truth and which the predictions above which score (validation drawings had none)."""
     images, targets, detections = _validation_batch()
     drawn = draw_batch_item(images, 0, targets[0], detections[0], score_threshold=0.5, category_map=None)
-    assert drawn.dtype == torch.uint8 and drawn.shape == (3, 40, 60)  # the unpadded image the model saw
-    assert drawn[:, 27, 15].tolist() == [0, 255, 0]  # true box (15, 10, 45, 30): green, left edge
+    assert drawn.dtype == torch.uint8 and drawn.shape[0] == 3 and drawn.shape[2] == 60 and drawn.shape[1] > 40
+    band = drawn[:, 40:].permute(1, 2, 0).reshape(-1, 3).tolist()
+    assert list(LEGEND_TRUE) in band and list(LEGEND_PREDICTED) in band
+    assert drawn[:, 20, 44].tolist() == [0, 255, 0]  # true box (15, 10, 45, 30): green, right edge
     assert drawn[:, 22, 5].tolist() == [255, 0, 0]  # detection (5, 5, 25, 25) at half the original size: red
-    assert drawn[:, 1, 0].tolist() == [128, 128, 128]  # the detection below the threshold is not drawn
+    assert drawn[:, 2, 2].tolist() == [128, 128, 128]  # the detection below the threshold is not drawn
     enlarged = draw_batch_item(images, 0, targets[0], detections[0], score_threshold=0.5, category_map=None,
                                min_size=80)
-    assert enlarged.shape == (3, 80, 120)
+    assert enlarged.shape[2] == 120 and enlarged.shape[1] > 80
 
 
 def test_draw_validation_predictions_writes_the_first_images(tmp_path) -> None:
@@ -309,4 +314,5 @@ def test_draw_validation_predictions_writes_the_first_images(tmp_path) -> None:
     callback.on_validation_epoch_end(trainer, system)
     assert sorted(path.name for path in (tmp_path / "val").iterdir()) == ["7.png"]
     with Image.open(tmp_path / "val" / "7.png") as png:
-        assert png.size == (576, 384)  # enlarged to a short side of min_size (384) so that labels stay readable
+        # enlarged to a short side of min_size (384) so that labels stay readable, the legend below
+        assert png.size[0] == 576 and png.size[1] > 384

@@ -7,13 +7,18 @@ import contextlib
 import csv
 import io
 import json
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
 from detr import load_checkpoint
-from detr.lightning.cli import main, make_cli
+from detr.lightning.cli import DetrCLI, main, make_cli
+from detr.lightning.datamodule import DetrDataModule
+from detr.lightning.panoptic_datamodule import PanopticDataModule
+from detr.lightning.panoptic_system import PanopticSystem
+from detr.lightning.system import DetrSystem
 from tests.helpers import TINY_CLI_MODEL, tiny_fit_args
 
 # the panoptic configs belong to detr-panoptic (tests/lightning/test_panoptic_training.py)
@@ -151,3 +156,60 @@ def test_no_hosted_logger_advertisement(tiny_shapes_root: Path, tmp_path: Path, 
     messages = [record.getMessage() for record in caplog.records]
     assert any("GPU available" in message for message in messages)  # Lightning's own lines are there
     assert not any("litlogger" in message for message in messages)
+
+
+class _Parsed(Exception):
+    """Raised with LightningCLI's parser instead of parsing: the options themselves, without running anything."""
+
+
+class _ParserOnly(DetrCLI):
+    def parse_arguments(self, parser, args) -> None:
+        raise _Parsed(parser)
+
+
+@pytest.mark.parametrize("panoptic", [False, True], ids=["detr", "detr-panoptic"])
+def test_every_option_of_the_model_and_data_has_a_meaning_in_help(panoptic: bool) -> None:
+    """`detr fit --help` listed `(type: ..., default: ...)` alone for --model.init_checkpoint, every
+    --model.detr.* and --data.root: the docstrings' sections were not in the Google form LightningCLI reads.
+    Every option of this project's classes (the system, the detector's config, the data module, the callbacks
+    the CLI adds) must come with a sentence."""
+    system, data = (PanopticSystem, PanopticDataModule) if panoptic else (DetrSystem, DetrDataModule)
+    with pytest.raises(_Parsed) as parsed:
+        _ParserOnly(system, data, args=[], run=False)
+    ours = ("--model.", "--data.", "--data_check.", "--last_checkpoint.", "--overwrite_run")
+    options = {option: action.help for action in parsed.value.args[0]._actions for option in action.option_strings
+               if option.startswith(ours) and not option.endswith("+")  # "+": jsonargparse's append to a list
+               and action.help != "Path to a configuration file."}  # a nested class's --model.detr CONFIG
+    assert {"--model.init_checkpoint", "--model.detr.num_queries", "--data.root", "--model.lr"} <= set(options)
+    without = sorted(option for option, text in options.items() if not text or text.startswith("(type"))
+    assert not without, f"options without a sentence in --help: {without}"
+    assert "checkpoint" in options["--model.init_checkpoint"] and "COCO" in options["--data.root"]
+
+
+def test_a_run_without_an_epoch_limit_shows_no_negative_epoch_count(tiny_shapes_root, tmp_path) -> None:
+    """Lightning's rich progress bar wrote "Epoch 3/-2" (max_epochs - 1) for the configs whose step limit or
+    time budget ends the run (max_epochs: -1)."""
+    from detr.lightning.cli import EpochProgressBar
+
+    args = tiny_fit_args(tiny_shapes_root, tmp_path / "run")[1:]  # without the subcommand: run=False
+    args = [arg for arg in args if not arg.startswith("--trainer.enable_progress_bar")]
+    cli = make_cli(args, run=False)
+    bar = cli.trainer.progress_bar_callback
+    assert isinstance(bar, EpochProgressBar) and cli.trainer.max_epochs == -1
+    bar.setup(cli.trainer, cli.model, stage="fit")  # as the fit does: the bar reads the trainer's limits
+    assert bar._get_train_description(3).strip() == "Epoch 3"
+
+
+def test_lightning_warnings_that_contradict_the_project_are_not_shown(tiny_shapes_root, tmp_path) -> None:
+    """A mid-epoch resume warned "your dataloader is not resumable" (the README says the rest of the epoch
+    comes from a fresh shuffle, on purpose), and an epoch that ended before the first validation warned that
+    ModelCheckpoint "could not find the monitored key" val/AP, which the validation logs."""
+    out = tmp_path / "run"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # 2 steps an epoch, validation every second epoch: epoch 0 ends at step 2 with no val/AP yet
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=1", "--trainer.check_val_every_n_epoch=2"))
+        main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=3", "--trainer.check_val_every_n_epoch=2",
+                           f"--ckpt_path={out / 'checkpoints' / 'last.ckpt'}"))  # resumes at step 1 of 2
+    shown = [str(w.message) for w in caught]
+    assert not [m for m in shown if "not resumable" in m or "could not find the monitored key" in m], shown

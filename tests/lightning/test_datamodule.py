@@ -9,7 +9,7 @@ import torch
 
 from detr.categories import CategoryMap
 from detr.data.shapes import SHAPE_NAMES, ShapesConfig, write_shapes_dataset
-from detr.lightning.datamodule import DetrDataModule
+from detr.lightning.datamodule import AUTHORS_SIZES, DetrDataModule, sizes_for
 
 REPO = Path(__file__).resolve().parents[2]
 COCO_MINI = REPO / "data" / "coco-mini"
@@ -134,7 +134,7 @@ def test_both_data_modules_keep_their_yaml_keys() -> None:
 
     shared = {"batch_size", "val_batch_size", "num_workers", "pin_memory", "persistent_workers", "drop_last",
               "train_scales", "train_max_size", "crop_resize_scales", "crop_min_size", "crop_max_size",
-              "eval_min_size", "eval_max_size"}
+              "eval_min_size", "eval_max_size", "image_size"}
     own = {DetrDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
                             "test_images", "test_annotations", "predict_images", "category_ids", "skip_bad_images",
                             "categories_from"},
@@ -169,3 +169,14 @@ def test_the_json_read_at_start_up_is_offered_to_the_checks_and_dropped_before_l
     assert data.train_dataset._coco is None  # the data set holds arrays, not the json's objects
     data.train_dataloader()
     assert data.annotations_json(train_json) is None
+
+
+def test_image_size_scales_the_authors_sizes_and_keeps_the_ones_set_on_purpose() -> None:
+    """One knob for the seven sizes a CPU run had to set by hand (docs/deformable.md's command)."""
+    sizes = sizes_for(384, {**AUTHORS_SIZES, "eval_max_size": 512})
+    assert sizes["eval_min_size"] == 384 and sizes["eval_max_size"] == 512  # set on purpose: kept
+    assert sizes["train_max_size"] == 640 and max(sizes["train_scales"]) == 384 and min(sizes["train_scales"]) == 230
+    assert sizes["crop_resize_scales"] == [192, 240, 288]
+    assert (sizes["crop_min_size"], sizes["crop_max_size"]) == (184, 288)
+    with pytest.raises(ValueError, match="--data.image_size must be an integer >= 32"):
+        sizes_for(0, AUTHORS_SIZES)

@@ -1,4 +1,5 @@
-"""Validation images with their true (green) and predicted (red) boxes, to TensorBoard and PNG files."""
+"""Validation images with their true (green) and predicted (red) boxes and a legend saying which is which, to
+TensorBoard and PNG files."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torchvision.ops import box_convert
 
 from detr.categories import CategoryMap
 from detr.data.transforms import denormalize
-from detr.visualize.drawing import draw_detections, save_image
+from detr.visualize.drawing import LEGEND_PREDICTED, LEGEND_TRUE, add_legend, draw_detections, save_image
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +29,9 @@ def draw_batch_item(
     min_size: int = 0,
 ) -> torch.Tensor:
     """Image ``index`` of a batch with its targets and post-processed detections (pixel xyxy in the
-    ORIGINAL image, rescaled here to the drawn image) drawn; uint8 [3, h, w]. Images whose short side is
-    below ``min_size`` are enlarged first so that the labels stay readable."""
+    ORIGINAL image, rescaled here to the drawn image) drawn, and a legend band below it; uint8
+    [3, h + band, w]. Images whose short side is below ``min_size`` are enlarged first so that the labels
+    stay readable."""
     input_h, input_w = target["size"].tolist()
     image = denormalize(images[index, :, :input_h, :input_w]).cpu()  # unpadded, as the model saw it
     scale = max(1.0, min_size / min(image.shape[-2:]))
@@ -44,10 +46,12 @@ def draw_batch_item(
     true_boxes = None
     if "boxes" in target and len(target["boxes"]):
         true_boxes = box_convert(target["boxes"].float().cpu(), "cxcywh", "xyxy") * torch.tensor([width, height] * 2)
-    return draw_detections(
+    drawing = draw_detections(
         image, boxes_xyxy=boxes, labels=detection["labels"][keep], scores=detection["scores"][keep],
         true_boxes_xyxy=true_boxes, true_labels=target.get("labels"), category_map=category_map,
     )
+    return add_legend(drawing, [(LEGEND_TRUE, "ground truth"),
+                                (LEGEND_PREDICTED, f"prediction (score ≥ {score_threshold:g})")])
 
 
 class DrawValidationPredictions(L.Callback):

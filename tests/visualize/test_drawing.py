@@ -1,0 +1,34 @@
+"""detr.visualize.drawing: labels that cover no other label and stay inside the image, on small images too."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from detr.visualize.drawing import LEGEND_PREDICTED, LEGEND_TRUE, draw_detections, label_rectangles
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_labels_of_crowded_boxes_on_a_small_image_cover_no_other_label() -> None:
+    """On the shapes set's 128-px images every label sat at its box's top-left corner, so the true and the
+    predicted label of one object, and those of neighbours, were drawn over each other."""
+    boxes = [[10, 20, 60, 50], [12, 21, 59, 52], [50, 40, 110, 100], [52, 41, 109, 102], [15, 70, 40, 120]]
+    sizes = [(30, 13), (44, 13), (30, 13), (44, 13), (30, 13)]
+    rectangles = label_rectangles(boxes, sizes, (128, 128))
+    assert all(0 <= x0 and 0 <= y0 and x1 <= 128 and y1 <= 128 for x0, y0, x1, y1 in rectangles)
+    assert [(x1 - x0, y1 - y0) for x0, y0, x1, y1 in rectangles] == sizes
+    assert not [pair for pair in itertools.combinations(rectangles, 2) if _overlap(*pair)]
+    assert rectangles[0][3] <= boxes[0][1]  # where there is room, above its box: the object stays visible
+
+
+def test_true_and_predicted_labels_of_one_object_are_both_drawn() -> None:
+    image = torch.full((3, 128, 128), 90, dtype=torch.uint8)
+    true = torch.tensor([[10.0, 30.0, 60.0, 70.0]])
+    drawn = draw_detections(image, boxes_xyxy=true + 1, labels=torch.tensor([0]), scores=torch.tensor([0.9]),
+                            true_boxes_xyxy=true, true_labels=torch.tensor([0]))
+    colours = {tuple(pixel) for pixel in drawn.permute(1, 2, 0).reshape(-1, 3).tolist()}
+    assert LEGEND_TRUE in colours and LEGEND_PREDICTED in colours  # each label's background shows
