@@ -65,7 +65,7 @@ class GateReport:
         return not self.failed
 
     def table(self) -> str:
-        header = (f"{'model':<52}{'box AP':>8}{'AP50':>8}{'AP drop':>9}{'latency ms':>12}{'p95 ms':>9}"
+        header = (f"{'model':<58}{'box AP':>8}{'AP50':>8}{'AP drop':>9}{'latency ms':>12}{'p95 ms':>9}"
                   f"{'size MB':>9}")
         title = (f"accuracy gate on {self.num_images} images (batch 1, this machine; an artifact fails past "
                  f"{self.max_ap_drop:g} AP points lost)")
@@ -73,7 +73,7 @@ class GateReport:
         for row in [self.reference, *self.artifacts]:
             drop = "" if row is self.reference else f"{self.drop(row):+.2f}"
             size = f"{row.size_bytes / 1e6:.1f}" if row.size_bytes is not None else "-"
-            lines.append(f"{row.name:<52}{row.ap:>8.2f}{row.ap50:>8.2f}{drop:>9}{row.latency_median * 1e3:>12.1f}"
+            lines.append(f"{row.name:<58}{row.ap:>8.2f}{row.ap50:>8.2f}{drop:>9}{row.latency_median * 1e3:>12.1f}"
                          f"{row.latency_p95 * 1e3:>9.1f}{size:>9}")
         return "\n".join(lines)
 
