@@ -41,6 +41,8 @@ def test_sigmoid_model_has_no_no_object_label(chromium: str, tmp_path) -> None:
         page.wait_until("document.body.dataset.ready === 'true'")
         assert page.evaluate(NO_OBJECT_COLUMN) == [""] * 5  # no query is called "no object"
         assert page.evaluate(NO_OBJECT_BARS) == 0  # the top-class bars draw no class as "no object"
+        # a single-scale model has no levels: the row's flex display must not show an empty "Level" label
+        assert page.evaluate("getComputedStyle(document.getElementById('level-row')).display") == "none"
         assert page.errors() == []
     finally:
         browser.close()
