@@ -173,6 +173,11 @@ def _read_manifest(manifest: Path) -> list[str]:
         return []
 
 
+def recorded_outputs(folder: Path) -> set[str]:
+    """The files (relative POSIX paths) that the manifest of ``folder`` says its runs wrote."""
+    return set(_read_manifest(folder / MANIFEST_NAME))
+
+
 def previous_outputs(folder: Path, markers: Iterable[str] = ()) -> list[Path]:
     """The files of an earlier run in ``folder``: those its manifest names that exist, the manifest itself,
     and any of ``markers`` (file names a run always writes) that exist."""

@@ -12,8 +12,9 @@ APs, APm, APl, AR100), predictions.json (COCO results), per_class_ap.txt, ap_cur
 checkpoints/, metrics.csv + TensorBoard events, the attention figure (attention.png) and an attention-explorer
 page for one validation image (explorer/<image>.html: open it in a browser).
 
-One run per folder, as for `detr fit`: an --out that holds a previous run (the demo's files, or a training
-run's checkpoints and logs) is refused; --overwrite deletes that run's files first, and nothing else there.
+One run per folder, as for `detr fit`: a previous demo run in --out is replaced (a second `make demo` runs as the
+first did); an --out that holds another run's files (a training run's checkpoints and logs) is refused, and
+--overwrite deletes that run's files first, nothing else there.
 
 The console stays quiet: one line per validation (step, training seconds, AP, AP50) and, once the step rate
 is measured, the steps the budget is expected to hold, with the --minutes to ask for when that is fewer than
@@ -39,7 +40,15 @@ from pathlib import Path
 from typing import TextIO
 
 from detr.inference.command_line import one_line_errors
-from detr.output_folder import LOCK_NAME, MANIFEST_NAME, OutputFolder, OutputFolderError, hold_folders, previous_outputs
+from detr.output_folder import (
+    LOCK_NAME,
+    MANIFEST_NAME,
+    OutputFolder,
+    OutputFolderError,
+    hold_folders,
+    previous_outputs,
+    recorded_outputs,
+)
 
 # torch, Lightning and the package's training stack are imported inside the functions that run them, so that
 # `detr-demo --help` answers without waiting for them.
@@ -155,29 +164,35 @@ DEMO_FILES = ("demo.log", "metrics.json", "predictions.json", "per_class_ap.txt"
 def claim_demo_folder(out: Path, *, overwrite: bool) -> Iterator[None]:
     """Hold ``out`` (created) for one demo run, as ``detr fit`` holds its run folder.
 
-    A folder that holds a previous run (a demo's files, or a training run's checkpoints and logs: the demo
-    config's folder is also ``detr fit``'s) is refused, or with ``overwrite`` that run's files are deleted
-    first: those :data:`DEMO_FILES` and the run-folder files name, its TensorBoard events, and those the
-    folder's manifest lists; a user's other files stay. When the block ends, every file it wrote (modified
+    A previous demo run there (every file of it listed in the folder's manifest) is replaced, so that a
+    second ``make demo`` runs as the first did. A folder that holds files of another run (a training run's
+    checkpoints and logs: the demo config's folder is also ``detr fit``'s) is refused, or with ``overwrite``
+    that run's files are deleted first: those :data:`DEMO_FILES` and the run-folder files name, its
+    TensorBoard events, and those the folder's manifest lists; a user's other files stay. When the block ends, every file it wrote (modified
     since it began) is listed in the manifest, so that a later ``--overwrite`` deletes exactly those
     (validation drawings and explorer pages included).
 
     Raises:
-        OutputFolderError: a live run holds ``out``, or it holds a previous run and ``overwrite`` is off.
+        OutputFolderError: a live run holds ``out``, or it holds files of a run that is not a previous demo's
+            and ``overwrite`` is off.
     """
     from detr.lightning.run_folder import previous_run_files  # Lightning: not for --help
 
     with hold_folders([out], elsewhere="--out DIR"):
         previous = list(dict.fromkeys([*previous_run_files([out], out / "checkpoints"),
                                        *previous_outputs(out, DEMO_FILES)]))
+        own = recorded_outputs(out) | {MANIFEST_NAME}
+        foreign = [path for path in previous if path.relative_to(out).as_posix() not in own]
         if previous:
-            more = f" and {len(previous) - 6} more" if len(previous) > 6 else ""
-            shown = ", ".join(str(p) for p in previous[:6]) + more
-            if not overwrite:
+            listed = foreign or previous
+            more = f" and {len(listed) - 6} more" if len(listed) > 6 else ""
+            shown = ", ".join(str(p) for p in listed[:6]) + more
+            if foreign and not overwrite:
                 raise OutputFolderError(
-                    f"output folder {out} holds a previous run ({shown}); pass --overwrite to start over there "
-                    "(deletes that run's files, nothing else), or give this run another folder (--out DIR)")
-            logging.getLogger(__name__).warning("--overwrite: deleting the previous run's files in %s: %s", out, shown)
+                    f"output folder {out} holds another run's files ({shown}); pass --overwrite to start over "
+                    "there (deletes that run's files, nothing else), or give this run another folder (--out DIR)")
+            reason = "--overwrite" if foreign else "a previous demo run"
+            logging.getLogger(__name__).warning("%s: deleting the previous run's files in %s: %s", reason, out, shown)
             for path in [*previous, *sorted(out.glob("events.out.tfevents.*"))]:  # TensorBoard would join two runs
                 path.unlink(missing_ok=True)
         started = time.time()
@@ -271,7 +286,7 @@ def main(argv: list[str] | None = None, *, repository: Path | None = None) -> in
     parser.add_argument("--out", default=str(repository / "outputs" / "demo"),
                         help="output folder (one run's: see --overwrite)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="start over in an --out that holds a previous run (demo or detr fit), deleting its files")
+                        help="start over in an --out that holds another run (detr fit's), deleting its files")
     parser.add_argument("--minutes", type=float, default=10.0, help="training budget (validation not counted)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core of this process)")
     args = parser.parse_args(argv)

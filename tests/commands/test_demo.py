@@ -159,6 +159,20 @@ def test_overwrite_deletes_the_previous_runs_files_and_nothing_else(tmp_path) ->
     assert (out / "outputs.txt").read_text().splitlines() == ["val_images/5.png"]
 
 
+def test_a_second_demo_into_its_own_folder_replaces_the_first(tmp_path) -> None:
+    """`make demo` twice runs twice: a previous demo run (every file in the manifest) is replaced without
+    --overwrite, and a user's files stay."""
+    out = tmp_path / "out"
+    with demo.claim_demo_folder(out, overwrite=False):
+        (out / "checkpoints").mkdir()
+        for name in ("demo.log", "metrics.json", "checkpoints/last.ckpt", "events.out.tfevents.1.host"):
+            (out / name).write_bytes(b"first demo")
+    (out / "notes.txt").write_bytes(b"the user's")  # written after the run: not in its manifest
+    with demo.claim_demo_folder(out, overwrite=False):
+        assert not (out / "demo.log").exists() and not (out / "checkpoints" / "last.ckpt").exists()
+        assert (out / "notes.txt").read_bytes() == b"the user's"
+
+
 def test_the_manifest_lists_what_the_run_wrote(short_run) -> None:
     """What a later --overwrite deletes: the run's drawings and checkpoints, named in the folder's manifest."""
     _, out = short_run
