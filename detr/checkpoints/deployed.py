@@ -32,7 +32,7 @@ from detr.models.outputs import DetectorOutput
 METADATA_KEYS = ("detr.outputs", "detr.class_head", "detr.num_classes", "detr.category_map", "detr.eval_size",
                  "detr.min_image_size", "detr.model_config")
 #: Keys that files written before them lack (read as None).
-OPTIONAL_METADATA_KEYS = ("detr.input_spec", "detr.precision")
+OPTIONAL_METADATA_KEYS = ("detr.input_spec", "detr.precision", "detr.score_threshold")
 
 #: Suffix of a deployed file → "module:class" of the runtime that runs it.
 RUNTIMES = {".onnx": "detr.checkpoints.onnx:OnnxDetector", ".xml": "detr.checkpoints.openvino:OpenVinoDetector"}
@@ -99,7 +99,8 @@ class DeployedDetector(Detector):
         self.num_classes = int(meta["num_classes"])
         self.meta = ModelMeta(
             category_map=CategoryMap.from_dict(meta["category_map"]) if meta["category_map"] else None,
-            eval_size=tuple(meta["eval_size"]) if meta["eval_size"] else None)
+            eval_size=tuple(meta["eval_size"]) if meta["eval_size"] else None,
+            score_threshold=meta["score_threshold"])
         self._input_spec = (InputSpec(**{key: tuple(value) if isinstance(value, list) else value
                                          for key, value in meta["input_spec"].items()})
                             if meta["input_spec"] else None)

@@ -178,6 +178,7 @@ def metadata(model: Detector, *, postprocess: bool, category_map: CategoryMap | 
         "eval_size": list(eval_size) if eval_size is not None else None,
         "min_image_size": model.min_image_size,
         "model_config": config,
+        "score_threshold": model.meta.score_threshold,
         "input_spec": dataclasses.asdict(model.input_spec.replace(
             size=eval_size[0], max_size=eval_size[1]) if eval_size is not None else model.input_spec),
     }

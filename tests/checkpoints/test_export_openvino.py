@@ -147,3 +147,18 @@ def test_a_file_without_weights_beside_it_is_not_a_traceback_in_the_predictor(ti
     xml.write_bytes(tiny_ir[1].read_bytes())
     with pytest.raises(CheckpointError, match="alone.xml"):
         Predictor.from_checkpoint(Path(xml), device="cpu")
+
+
+def test_exported_files_keep_the_threshold_the_models_validation_found(tmp_path):
+    """An export dropped the checkpoint's validated score threshold, so its files predicted at the authors' 0.7
+    (a sigmoid-head model's good detections score 0.4-0.7)."""
+    import dataclasses
+
+    from detr.checkpoints.export import export_onnx, export_openvino
+
+    model = build_detr(TINY, dropout=0.0).eval()
+    model.meta = dataclasses.replace(model.meta, category_map=CATEGORIES, score_threshold=0.42)
+    for path in (export_onnx(model, tmp_path / "tiny.onnx"), export_openvino(model, tmp_path / "tiny.xml")):
+        predictor = Predictor.from_checkpoint(path, device="cpu")
+        assert predictor.threshold == pytest.approx(0.42), path
+        assert predictor.threshold_source == "the checkpoint's validation: best F1"
