@@ -163,12 +163,7 @@ class Backbone(nn.Module):
             for conv_name, bn_name in (("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3"), ("0", "1")):
                 conv, bn = getattr(module, conv_name, None), getattr(module, bn_name, None)
                 if isinstance(conv, nn.Conv2d) and isinstance(bn, FrozenBatchNorm2d):
-                    scale = bn.weight * (bn.running_var + bn.eps).rsqrt()
-                    bias = bn.bias - bn.running_mean * scale
-                    if conv.bias is not None:
-                        bias = bias + conv.bias * scale
-                    conv.weight.copy_(conv.weight * scale[:, None, None, None])
-                    conv.bias = nn.Parameter(bias, requires_grad=False)
+                    fold_norm_into_conv(conv, bn)
                     if isinstance(module, nn.Sequential):
                         module[int(bn_name)] = nn.Identity()
                     else:
@@ -201,6 +196,18 @@ class Backbone(nn.Module):
         if self.autocast_dtype is not None:
             features, stages = features.float(), {name: value.float() for name, value in stages.items()}
         return features, downsample_mask(padding_mask, features.shape[-2:]), stages
+
+
+@torch.no_grad()
+def fold_norm_into_conv(conv: nn.Conv2d, norm: nn.BatchNorm2d | FrozenBatchNorm2d) -> None:
+    """Fold the BatchNorm ``norm`` (frozen or in eval mode) that follows ``conv`` into ``conv``'s weight and bias:
+    ``w' = w · s``, ``b' = β − μ · s (+ b · s)``, ``s = γ / sqrt(σ² + eps)``. The caller removes ``norm``."""
+    scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
+    bias = norm.bias - norm.running_mean * scale
+    if conv.bias is not None:
+        bias = bias + conv.bias * scale
+    conv.weight.copy_(conv.weight * scale[:, None, None, None])
+    conv.bias = nn.Parameter(bias, requires_grad=False)
 
 
 def nearest_indices(in_size: int, out_size: int, device: torch.device) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from detr.models.backbone import norm_layer
+from detr.models.backbone import fold_norm_into_conv, norm_layer
 from detr.models.config import BackboneName, BackboneNorm
 
 #: Blocks per stage and whether they are bottlenecks, per depth (as torchvision's ResNets).
@@ -64,13 +64,8 @@ def fold_batch_norms(module: nn.Module) -> int:
         conv, norm = getattr(parent, "conv", None), getattr(parent, "norm", None)
         if not isinstance(conv, nn.Conv2d) or not isinstance(norm, (nn.BatchNorm2d, FrozenBatchNorm2d)):
             continue
-        scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
-        bias = norm.bias - norm.running_mean * scale
-        if conv.bias is not None:
-            bias = bias + conv.bias * scale
-        conv.weight.copy_(conv.weight * scale[:, None, None, None])
-        conv.bias = nn.Parameter(bias, requires_grad=False)
-        setattr(parent, "norm", nn.Identity())
+        fold_norm_into_conv(conv, norm)
+        parent.norm = nn.Identity()
         folded += 1
     return folded
 
