@@ -7,8 +7,9 @@ Flow: image file → :mod:`~detr.data.images` (RGB uint8, EXIF applied) → :cla
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from detr import lazy_exports
 
 if TYPE_CHECKING:
     from detr.data.checker import Problem, check_dataset, format_problems
@@ -81,9 +82,4 @@ _MODULE_OF = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module 'detr.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _MODULE_OF)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from detr import lazy_exports
 
 if TYPE_CHECKING:
     from detr.lightning.datamodule import DetrDataModule
@@ -16,9 +17,4 @@ _MODULE_OF = {"DetrDataModule": "detr.lightning.datamodule", "DetrSystem": "detr
               "NonFiniteLossError": "detr.lightning.system"}
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module 'detr.lightning' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _MODULE_OF)
