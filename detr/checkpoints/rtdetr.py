@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,21 +119,29 @@ def _current_spelling(key: str) -> str:
     return re.sub(r"\.mlp\.(fc[12])\.", r".\1.", key)
 
 
-def _rename(key: str) -> str | None:
-    for pattern, replacement in _COMPILED:
-        match = pattern.match(key)
-        if match is None:
-            continue
-        groups = match.groups()
-        named: dict[str, str] = {}
-        if "{stem}" in replacement:
-            named = {"stem": str(int(groups[0]) + 1), "cn": _CONV_NORM[groups[1]]}
-        elif "{branch}" in replacement:
-            named = {"branch": "abc"[int(groups[2])], "cn": _CONV_NORM[groups[3]]}
-        elif "{cn}" in replacement:
-            named = {"cn": _CONV_NORM[groups[-1]]}
-        return replacement.format(*groups, **named) + key[match.end():]
+def _substitute(table: tuple[tuple[re.Pattern, str], ...], key: str,
+                names: Callable[[str, tuple[str, ...]], dict[str, str]]) -> str | None:
+    """``key`` rewritten by the first (pattern, replacement) of ``table`` that matches its start: the
+    replacement's ``{0}``, ``{1}`` ... are the pattern's groups, its named fields ``names(replacement, groups)``;
+    None when no pattern matches."""
+    for pattern, replacement in table:
+        if match := pattern.match(key):
+            groups = match.groups()
+            return replacement.format(*groups, **names(replacement, groups)) + key[match.end():]
     return None
+
+
+def _our_names(replacement: str, groups: tuple[str, ...]) -> dict[str, str]:
+    """The named fields of a transformers → ours replacement: stem index, block branch letter, conv/norm."""
+    if "{stem}" in replacement:
+        return {"stem": str(int(groups[0]) + 1), "cn": _CONV_NORM[groups[1]]}
+    if "{branch}" in replacement:
+        return {"branch": "abc"[int(groups[2])], "cn": _CONV_NORM[groups[3]]}
+    return {"cn": _CONV_NORM[groups[-1]]} if "{cn}" in replacement else {}
+
+
+def _rename(key: str) -> str | None:
+    return _substitute(_COMPILED, key, _our_names)
 
 
 def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the state dict", *,
@@ -407,24 +416,22 @@ _IN_PROJ = re.compile(r"(encoder\.encoder\.\d+\.layers\.\d+|decoder\.decoder\.la
                       r"\.self_attn\.in_proj_(weight|bias)$")
 
 
+def _huggingface_names(replacement: str, groups: tuple[str, ...]) -> dict[str, str]:
+    """The inverse of :func:`_our_names`, for an ours → transformers replacement."""
+    if "{stem}" in replacement:
+        return {"stem": str(int(groups[0]) - 1), "cn": _CN[groups[1]]}
+    if "{branch}" in replacement:
+        return {"branch": str("abc".index(groups[2])), "cn": _CN[groups[3]]}
+    return {"cn": _CN[groups[-1]]} if "{cn}" in replacement else {}
+
+
 def _to_huggingface_key(key: str) -> str:
-    for pattern, replacement in _TO_HUGGINGFACE:
-        match = pattern.match(key)
-        if match is None:
-            continue
-        groups = match.groups()
-        named: dict[str, str] = {}
-        if "{stem}" in replacement:
-            named = {"stem": str(int(groups[0]) - 1), "cn": _CN[groups[1]]}
-        elif "{branch}" in replacement:
-            named = {"branch": str("abc".index(groups[2])), "cn": _CN[groups[3]]}
-        elif "{cn}" in replacement:
-            named = {"cn": _CN[groups[-1]]}
-        hf_key = replacement.format(*groups, **named) + key[match.end():]
-        if _rename(_current_spelling(hf_key)) != key:  # the two tables must be inverses
-            raise AssertionError(f"{key} → {hf_key} does not read back")
-        return hf_key
-    raise ExportError(f"{key} has no counterpart in transformers' RT-DETR")
+    hf_key = _substitute(_TO_HUGGINGFACE, key, _huggingface_names)
+    if hf_key is None:
+        raise ExportError(f"{key} has no counterpart in transformers' RT-DETR")
+    if _rename(_current_spelling(hf_key)) != key:  # the two tables must be inverses
+        raise AssertionError(f"{key} → {hf_key} does not read back")
+    return hf_key
 
 
 def to_huggingface_state_dict(model: RTDETR, *, version: int = 1) -> dict[str, torch.Tensor]:
