@@ -50,9 +50,9 @@ import torch
 from torch import Tensor, nn
 
 from detr.categories import CategoryMap
+from detr.checkpoints.deployed import open_deployed
 from detr.checkpoints.formats import ExportError
-from detr.checkpoints.onnx import import_onnxruntime
-from detr.checkpoints.openvino import OpenVinoDetector, write_ir
+from detr.checkpoints.openvino import write_ir
 from detr.inference.postprocess import boxes_to_pixels, scores_and_labels
 from detr.models.detector import Detector
 
@@ -287,12 +287,8 @@ def _tolerances(postprocess: bool) -> dict[str, float]:
 
 
 def _runner(path: Path, format: ExportFormat, input_names: list[str]):
-    if format == "onnx":
-        session = import_onnxruntime().InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return lambda *inputs: tuple(torch.from_numpy(out) for out in session.run(
-            None, {name: tensor.numpy() for name, tensor in zip(input_names, inputs)}))
-    if format == "openvino":
-        detector = OpenVinoDetector(path)
+    if format != "pt2":  # a file its runtime runs, on the CPU: the deployed detector's own graph call
+        detector = open_deployed(path)
         return lambda *inputs: tuple(torch.from_numpy(np.asarray(out)) for out in detector.infer(
             {name: tensor.numpy() for name, tensor in zip(input_names, inputs)}))
     module, _ = load_program(path)
