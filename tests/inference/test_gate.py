@@ -3,7 +3,11 @@ the PyTorch model on a COCO-format set; a file that loses AP fails the gate."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +20,8 @@ from tests.serving.helpers import spread_out_model
 pytest.importorskip("onnxscript")
 pytest.importorskip("onnxruntime")
 
-PHOTOS = Path(__file__).resolve().parents[2] / "data" / "photos"
+REPO = Path(__file__).resolve().parents[2]
+PHOTOS = REPO / "data" / "photos"
 FILES = sorted(path.name for path in PHOTOS.glob("*.png"))[:3]
 SCORE = 0.2
 
@@ -84,17 +89,21 @@ def test_the_gate_names_what_is_missing(own_ground_truth, tmp_path):
         accuracy_gate(reference, {}, tmp_path, annotations)
 
 
-def test_int8_files_are_written_beside_the_fp32_one_and_gated_too(own_ground_truth, tmp_path, capsys):
+def test_int8_files_are_written_beside_the_fp32_one_and_gated_too(own_ground_truth, tmp_path):
     pytest.importorskip("openvino")
-    pytest.importorskip("nncf")
+    if importlib.util.find_spec("nncf") is None:
+        pytest.skip("nncf is not installed")
     checkpoint, annotations = own_ground_truth
     out = tmp_path / "tiny.xml"
-    # a lenient gate: the tiny random model's AP under INT8 is not the point here, the table and files are
-    status = load_script("tools/export.py").main([
-        str(checkpoint), "--format", "openvino", "--out", str(out), "--int8", "--calibration", str(PHOTOS),
-        "--evaluate", str(PHOTOS), str(annotations), "--max-ap-drop", "100"])
-    printed = capsys.readouterr().out
-    assert status == 0, printed
+    # a lenient gate: the tiny random model's AP under INT8 is not the point here, the table and files are.
+    # NNCF runs in a process of its own, as a user runs detr-export: it leaves threads and native state behind in
+    # the process that imported it, which the rest of the suite should not share.
+    run = subprocess.run([
+        sys.executable, str(REPO / "tools" / "export.py"), str(checkpoint), "--format", "openvino", "--out", str(out),
+        "--int8", "--calibration", str(PHOTOS), "--evaluate", str(PHOTOS), str(annotations), "--max-ap-drop", "100"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=1200)
+    printed = run.stdout
+    assert run.returncode == 0, printed + run.stderr
     assert out.is_file() and (tmp_path / "tiny-int8.xml").is_file() and (tmp_path / "tiny-int8.bin").is_file()
     count = len([p for p in PHOTOS.iterdir() if p.suffix in (".png", ".jpg")])
     assert f"tiny-int8.xml: INT8 convolutions calibrated on {count} images" in printed
