@@ -269,7 +269,7 @@ def read_huggingface_dfine(directory: str | Path) -> CheckpointContents:
         "encode_proj_layers": [levels - 1], "feat_strides": [8, 16, 32][-levels:], "num_feature_levels": levels,
         "encoder_in_channels": stage_channels, "positional_encoding_temperature": 10000, "layer_norm_eps": 1e-5,
         "batch_norm_eps": 1e-5, "decoder_in_channels": [encoder_dim] * levels,
-        "decoder_attention_heads": config.get("encoder_attention_heads", 8), "eval_idx": -1,
+        "decoder_attention_heads": config.get("encoder_attention_heads", 8),
         "decoder_method": config.get("decoder_method") if config.get("decoder_method") == "discrete" else "default",
         "anchor_image_size": None}, config_path)
     if config.get("eval_idx", -1) not in (-1, layers - 1):
