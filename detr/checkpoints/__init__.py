@@ -29,6 +29,13 @@ import torch
 from detr.atomic_files import write_atomically
 from detr.categories import CategoryMap
 from detr.checkpoints import released
+from detr.checkpoints.dfine import (
+    is_dfine_directory,
+    is_dfine_state_dict,
+    read_dfine_state_dict,
+    read_huggingface_dfine,
+    save_pretrained_dfine,
+)
 from detr.checkpoints.formats import (
     CheckpointContents,
     CheckpointError,
@@ -37,13 +44,6 @@ from detr.checkpoints.formats import (
     infer_model_config,
     load_strict,
     read_torch_file,
-)
-from detr.checkpoints.dfine import (
-    is_dfine_directory,
-    is_dfine_state_dict,
-    read_dfine_state_dict,
-    read_huggingface_dfine,
-    save_pretrained_dfine,
 )
 from detr.checkpoints.huggingface import BackboneFormat, read_huggingface, save_pretrained
 from detr.checkpoints.huggingface_deformable import (

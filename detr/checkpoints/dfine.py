@@ -47,7 +47,14 @@ from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import COCO_CATEGORIES, CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
 from detr.checkpoints.huggingface import _category_map, _read_json, _read_weights, _safetensors_torch
-from detr.checkpoints.rtdetr import _HF_QKV, _IN_PROJ, _count, _current_spelling, _square_size, write_preprocessor_config
+from detr.checkpoints.rtdetr import (
+    _HF_QKV,
+    _IN_PROJ,
+    _count,
+    _current_spelling,
+    _square_size,
+    write_preprocessor_config,
+)
 from detr.models.config import DFINE_DEFAULTS, DetrConfig, ModelMeta
 from detr.models.dfine.hgnetv2 import SIZES
 from detr.models.dfine.model import DFINE
