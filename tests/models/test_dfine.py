@@ -145,3 +145,16 @@ def test_dfine_options_need_the_dfine_architecture():
                    max_num_bins=16)
     with pytest.raises(ValueError, match="HGNetV2 sizes"):
         DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="hgnetv2_b0", num_feature_levels=3)
+
+
+def test_optimize_for_inference_keeps_the_outputs():
+    """Every BatchNorm folded (HGNetV2's and the encoder's), RepVGG blocks re-parameterised, channels last."""
+    model = _model()
+    images, mask = _images(1)
+    with torch.no_grad():
+        before = model(images, mask)
+        model.optimize_for_inference()
+        after = model(images, mask)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) or type(m).__name__ == "FrozenBatchNorm2d"
+                   for m in model.backbone.modules())
+    assert torch.allclose(before.logits, after.logits, atol=1e-4) and torch.allclose(before.boxes, after.boxes, atol=1e-4)

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
+from detr.models.backbone import fold_norm_into_conv
+
 
 @dataclass(frozen=True)
 class StageSpec:
@@ -195,6 +197,16 @@ class HGNetV2(nn.Module):
         #: channels of the returned maps, finest first
         self.out_channels: list[int] = [stage.out_channels for stage in spec.stages[-num_outputs:]]
         self.channels_last = False
+
+    @torch.no_grad()
+    def fold_batch_norms(self) -> int:
+        """Fold every (frozen or eval-mode) BatchNorm into its convolution, for inference (outputs equal to float
+        rounding; the state dict loses the authors' layout). Returns how many were folded."""
+        layers = [m for m in self.modules() if isinstance(m, ConvBNAct) and not isinstance(m.bn, nn.Identity)]
+        for layer in layers:
+            fold_norm_into_conv(layer.conv, layer.bn)
+            layer.bn = nn.Identity()
+        return len(layers)
 
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
         """images [B, 3, H, W] → the last ``num_outputs`` stages' maps, each [B, c, H / s, W / s]."""

@@ -43,6 +43,13 @@ class DFINE(RTDETR):
         """The finest level's stride: 8 with three levels, 16 with two (D-FINE N)."""
         return _COARSEST_STRIDE // 2 ** (self.decoder.num_levels - 1)
 
+    def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DFINE:
+        """:meth:`RTDETR.optimize_for_inference`, with HGNetV2's BatchNorms folded too."""
+        super().optimize_for_inference(fold_batch_norm=fold_batch_norm, channels_last=channels_last)
+        if fold_batch_norm:
+            self.backbone.fold_batch_norms()
+        return self
+
     def describe(self) -> str:
         config = self.config
         if config is None:
