@@ -111,3 +111,23 @@ def test_settings_this_model_cannot_reproduce_are_refused(tmp_path, change, mess
     with pytest.raises(CheckpointError, match=message) as raised:
         detr.load_checkpoint(tmp_path)
     assert str(tmp_path / "config.json") in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_detr_convert_turns_an_authors_file_into_a_transformers_directory(tmp_path):
+    """The authors' .pth → detr-convert → transformers, with their 300 queries and 8 heads (which their files do
+    not record) and COCO's category names."""
+    from detr.commands import convert
+
+    hf = hf_model("hgnetv2_b0", 80, seed=4, num_queries=300, encoder_attention_heads=8, decoder_attention_heads=8,
+                  **N_S)
+    hf.save_pretrained(tmp_path / "hf")
+    state = detr.load_checkpoint(tmp_path / "hf").state_dict()
+    torch.save({"ema": {"module": {**state, **{f"decoder.decoder.layers.{i}.cross_attn.num_points_scale":
+                                               torch.tensor([1 / n for n in (3, 6, 3) for _ in range(n)])
+                                               for i in range(3)}}}}, tmp_path / "authors.pth")
+    assert convert.main([str(tmp_path / "authors.pth"), "--to-huggingface", str(tmp_path / "converted")]) == 0
+    converted = transformers.DFineForObjectDetection.from_pretrained(tmp_path / "converted").eval()
+    assert converted.config.id2label[0] == "person"
+    images = square_photos(160)[:1]  # 525 cells for the 300 queries
+    with torch.no_grad():
+        assert torch.allclose(converted(pixel_values=images).logits, hf(pixel_values=images).logits, atol=TOLERANCE)
