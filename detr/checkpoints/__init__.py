@@ -3,7 +3,7 @@
 :func:`read_checkpoint` tries :data:`READERS` in order; the first that recognises the source reads it:
 - a released model's name ("detr-r50": :mod:`detr.checkpoints.released`, downloaded on first use);
 - a directory written by Hugging Face transformers (:mod:`detr.checkpoints.huggingface`; Deformable DETR's:
-  :mod:`detr.checkpoints.huggingface_deformable`; RT-DETR's: :mod:`detr.checkpoints.rtdetr`);
+  :mod:`detr.checkpoints.huggingface_deformable`; RT-DETR's: :mod:`detr.checkpoints.rtdetr`; D-FINE's: :mod:`detr.checkpoints.dfine`);
 - a file written by ``torch.save`` (:func:`detr.checkpoints.formats.read_torch_file`): the authors' release
   files (detr-r50-e632da11.pth …: ``{"model": state_dict, ...}``; the real-time DETRs' ``{"ema": {"module":
   state_dict}}``, whose configuration :data:`STATE_DICT_READERS` read off the weights), plain state dicts, and
@@ -29,6 +29,13 @@ import torch
 from detr.atomic_files import write_atomically
 from detr.categories import CategoryMap
 from detr.checkpoints import released
+from detr.checkpoints.dfine import (
+    is_dfine_directory,
+    is_dfine_state_dict,
+    read_dfine_state_dict,
+    read_huggingface_dfine,
+    save_pretrained_dfine,
+)
 from detr.checkpoints.formats import (
     CheckpointContents,
     CheckpointError,
@@ -71,6 +78,7 @@ def _released_name(source: str | Path) -> CheckpointContents | None:
 HUGGINGFACE_READERS: tuple[tuple[Callable[[str | Path], bool], Callable[[str | Path], CheckpointContents]], ...] = (
     (is_deformable_directory, read_huggingface_deformable),
     (is_rtdetr_directory, read_huggingface_rtdetr),
+    (is_dfine_directory, read_huggingface_dfine),
 )
 
 
@@ -86,6 +94,7 @@ def _huggingface_directory(source: str | Path) -> CheckpointContents | None:
 STATE_DICT_READERS: tuple[tuple[Callable[[dict[str, torch.Tensor]], bool],
                                 Callable[[dict[str, torch.Tensor], str], CheckpointContents]], ...] = (
     (is_rtdetr_state_dict, read_rtdetr_state_dict),
+    (is_dfine_state_dict, read_dfine_state_dict),
 )
 
 
@@ -186,6 +195,7 @@ HUGGINGFACE_WRITERS: dict[str, Callable[..., Path]] = {
     "detr": save_pretrained,
     "deformable": save_pretrained_deformable,
     "rtdetr": save_pretrained_rtdetr,
+    "dfine": save_pretrained_dfine,
 }
 
 
@@ -193,7 +203,8 @@ def save_huggingface(model: Detector, directory: str | Path, *, backbone_format:
     """Write ``model`` as transformers' ``save_pretrained`` would, in its family's format
     (:data:`HUGGINGFACE_WRITERS`: DETR's :func:`detr.checkpoints.huggingface.save_pretrained`, which names what
     it cannot write, Deformable DETR's :func:`detr.checkpoints.huggingface_deformable.save_pretrained_deformable`
-    or RT-DETR's :func:`detr.checkpoints.rtdetr.save_pretrained_rtdetr`)."""
+    RT-DETR's :func:`detr.checkpoints.rtdetr.save_pretrained_rtdetr` or D-FINE's
+    :func:`detr.checkpoints.dfine.save_pretrained_dfine`)."""
     architecture = model.config.architecture if model.config is not None else "detr"
     return HUGGINGFACE_WRITERS[architecture](model, directory, backbone_format=backbone_format)
 

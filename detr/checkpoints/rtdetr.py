@@ -502,6 +502,14 @@ def huggingface_rtdetr_config(model: RTDETR, *, version: int | None = None,
     return hf
 
 
+def write_preprocessor_config(directory: Path, size: int) -> None:
+    """preprocessor_config.json of ``RTDetrImageProcessor`` at a ``size`` square (RT-DETR's and D-FINE's)."""
+    processor = {"image_processor_type": "RTDetrImageProcessor", "format": "coco_detection", "do_resize": True,
+                 "size": {"height": size, "width": size}, "resample": 2, "do_rescale": True,
+                 "rescale_factor": 1 / 255, "do_normalize": False, "do_pad": False}
+    write_text_atomically(directory / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
+
+
 def save_pretrained_rtdetr(model: RTDETR, directory: str | Path, *, version: int | None = None,
                            category_map: CategoryMap | None = None, backbone_format: str | None = None) -> Path:
     """Write ``model`` as ``RTDetr(V2)ForObjectDetection.save_pretrained`` would: config.json, model.safetensors
@@ -516,11 +524,7 @@ def save_pretrained_rtdetr(model: RTDETR, directory: str | Path, *, version: int
     write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
     data = _safetensors_torch().save(tensors, metadata={"format": "pt"})
     write_atomically(directory / "model.safetensors", lambda file: file.write(data))
-    size = model.input_spec.size
-    processor = {"image_processor_type": "RTDetrImageProcessor", "format": "coco_detection", "do_resize": True,
-                 "size": {"height": size, "width": size}, "resample": 2, "do_rescale": True,
-                 "rescale_factor": 1 / 255, "do_normalize": False, "do_pad": False}
-    write_text_atomically(directory / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
+    write_preprocessor_config(directory, model.input_spec.size)
     logger.info("wrote %s (%s, %s, %d classes)", directory, config["model_type"], model.config.backbone,
                 model.num_classes)
     return directory

@@ -24,11 +24,18 @@ from detr.categories import CategoryMap
 QueryType = Literal["learned", "anchor"]
 #: "detr": the paper's single-scale transformer (with the query types above); "deformable": Deformable DETR's
 #: multi-scale deformable attention (:class:`detr.models.deformable.model.DeformableDETR`); "rtdetr": the
-#: real-time DETR (RT-DETR and RT-DETRv2, :class:`detr.models.rtdetr.model.RTDETR`).
-Architecture = Literal["detr", "deformable", "rtdetr"]
+#: real-time DETR (RT-DETR and RT-DETRv2, :class:`detr.models.rtdetr.model.RTDETR`); "dfine": D-FINE
+#: (:class:`detr.models.dfine.model.DFINE`).
+Architecture = Literal["detr", "deformable", "rtdetr", "dfine"]
 #: How deformable attention reads a sampling location: "bilinear" (grid_sample) or "discrete" (the nearest cell).
 SamplingMethod = Literal["bilinear", "discrete"]
-BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
+#: ResNets (ResNet-vd for RT-DETR) and, for D-FINE only, HGNetV2's sizes B0-B5.
+BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "hgnetv2_b0", "hgnetv2_b1", "hgnetv2_b2",
+                       "hgnetv2_b3", "hgnetv2_b4", "hgnetv2_b5"]
+#: The options only D-FINE reads, with their defaults (the authors').
+DFINE_DEFAULTS: dict[str, Any] = {"backbone_learnable_affine": False, "num_points_per_level": None,
+                                  "csp_depth_multiplier": 1.0, "max_num_bins": 32, "reg_scale": 4.0, "reg_up": 0.5,
+                                  "lqe_top_k": 4, "lqe_hidden_dim": 64, "lqe_layers": 2}
 BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
 LastStage = Literal["layer4", "layer3", "layer2"]
 PositionEncoding = Literal["sine", "learned"]
@@ -39,6 +46,8 @@ ClassHead = Literal["softmax", "sigmoid"]
 
 #: Bias of a sigmoid class logit that starts every class at p = 0.01 (the focal-loss prior, Lin et al. §4.1).
 PRIOR_BIAS = -math.log((1 - 0.01) / 0.01)
+#: The real-time families, which share RT-DETR's options (hybrid encoder, query selection, sampling).
+REAL_TIME = ("rtdetr", "dfine")
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,18 @@ class DetrConfig:
         sampling_offset_scale: RT-DETRv2's decoder offsets around a box in units of this × its size / points
             (0.5).
         sampling_method: "bilinear" or "discrete" (RT-DETRv2's nearest-cell sampling, without grid_sample).
+
+    D-FINE (``architecture="dfine"``, :class:`detr.models.dfine.model.DFINE`, docs/dfine.md) takes RT-DETR's
+    options (``backbone`` one of the HGNetV2 sizes "hgnetv2_b0" ... "hgnetv2_b5"; ``num_feature_levels`` 3, or 2
+    for D-FINE N: the backbone's last stages, one decoder level each) and these:
+
+    Attributes:
+        backbone_learnable_affine: HGNetV2's learnable affine blocks (the authors' use_lab: N, S and M).
+        num_points_per_level: the decoder's sampling points per level (S-X: (3, 6, 3)); None: num_points at each.
+        csp_depth_multiplier: RepVGG blocks per CSP layer of the encoder's fusion blocks = round(3 × this).
+        max_num_bins: N: each box edge is a distribution over N + 1 bins (32).
+        reg_scale, reg_up: the weighting function's curvature and range (4.0, 0.5: the authors' reg_scale, up).
+        lqe_top_k, lqe_hidden_dim, lqe_layers: the localisation-quality head (4 top probabilities, 64, 2 layers).
     """
 
     backbone: BackboneName = "resnet50"
@@ -146,6 +167,15 @@ class DetrConfig:
     csp_expansion: float = 1.0
     sampling_offset_scale: float = 0.5
     sampling_method: SamplingMethod = "bilinear"
+    backbone_learnable_affine: bool = False
+    num_points_per_level: tuple[int, ...] | None = None
+    csp_depth_multiplier: float = 1.0
+    max_num_bins: int = 32
+    reg_scale: float = 4.0
+    reg_up: float = 0.5
+    lqe_top_k: int = 4
+    lqe_hidden_dim: int = 64
+    lqe_layers: int = 2
 
     def __post_init__(self) -> None:
         if self.position_encoding not in ("sine", "learned"):
@@ -165,7 +195,9 @@ class DetrConfig:
                 raise ValueError(f"{name} must be an integer >= 1{hint}, got {value!r}")
         if self.query_groups < 1:
             raise ValueError(f"query_groups must be at least 1, got {self.query_groups}")
-        if self.query_type != "anchor" and not (self.architecture == "rtdetr" and self.query_groups == 1
+        if self.num_points_per_level is not None:  # checkpoints store lists: one value, one type
+            object.__setattr__(self, "num_points_per_level", tuple(self.num_points_per_level))
+        if self.query_type != "anchor" and not (self.architecture in REAL_TIME and self.query_groups == 1
                                                 and self.anchor_local_attention == 0):
             anchor_only = {"denoising": (self.denoising, "denoising=True feeds noised boxes as anchors"),
                            "anchor_local_attention": (self.anchor_local_attention > 0,
@@ -178,15 +210,22 @@ class DetrConfig:
         if self.pre_norm and self.query_type == "anchor":
             raise ValueError("query_type='anchor' has DAB-DETR's post-norm decoder: set pre_norm=False")
         self._check_deformable()
+        if self.backbone.startswith("hgnetv2") != (self.architecture == "dfine"):
+            raise ValueError(f"backbone {self.backbone!r} with architecture {self.architecture!r}: HGNetV2 sizes "
+                             f"(hgnetv2_b0 ... b5) are D-FINE's backbones (architecture='dfine'), ResNets the others'")
         if self.dilation and self.backbone in ("resnet18", "resnet34"):
             raise ValueError(f"dilation (DC5) needs bottleneck blocks: use resnet50 or resnet101, not {self.backbone}")
 
     def _check_deformable(self) -> None:
-        if self.architecture not in ("detr", "deformable", "rtdetr"):
-            raise ValueError(f"architecture must be 'detr', 'deformable' or 'rtdetr', got {self.architecture!r}")
+        if self.architecture not in ("detr", "deformable", "rtdetr", "dfine"):
+            raise ValueError(f"architecture must be 'detr', 'deformable', 'rtdetr' or 'dfine', got {self.architecture!r}")
         if self.sampling_method not in ("bilinear", "discrete"):
             raise ValueError(f"sampling_method must be 'bilinear' or 'discrete', got {self.sampling_method!r}")
-        if self.architecture != "rtdetr":
+        if self.architecture != "dfine":
+            for name, default in DFINE_DEFAULTS.items():
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name}={getattr(self, name)!r} is a D-FINE option: set architecture='dfine'")
+        if self.architecture not in REAL_TIME:
             rtdetr_only = {"encoder_hidden_dim": self.encoder_hidden_dim is not None,
                            "encoder_dim_feedforward": self.encoder_dim_feedforward is not None,
                            "csp_expansion": self.csp_expansion != 1.0,
@@ -195,7 +234,7 @@ class DetrConfig:
             for name, used in rtdetr_only.items():
                 if used:
                     raise ValueError(f"{name}={getattr(self, name)!r} is an RT-DETR option: set architecture='rtdetr'")
-        if self.architecture == "rtdetr":
+        if self.architecture in REAL_TIME:
             self._check_rtdetr()
             return
         if self.architecture == "detr":
@@ -225,13 +264,15 @@ class DetrConfig:
                 raise ValueError(f"architecture='deformable' does not take {name}={getattr(self, name)!r}: {fix}")
 
     def _check_rtdetr(self) -> None:
-        if self.num_feature_levels < 3 or self.num_points < 1:
+        if self.architecture == "dfine":
+            self._check_dfine()
+        elif self.num_feature_levels < 3 or self.num_points < 1:
             raise ValueError(f"architecture='rtdetr' reads the backbone's strides 8, 16 and 32 (and optionally "
                              f"coarser levels): num_feature_levels must be at least 3 and num_points at least 1, got "
                              f"{self.num_feature_levels} and {self.num_points}")
         encoder_hidden_dim = self.encoder_hidden_dim or self.hidden_dim
         if self.hidden_dim % self.num_heads or encoder_hidden_dim % self.num_heads or encoder_hidden_dim % 4:
-            raise ValueError(f"architecture='rtdetr' needs hidden_dim ({self.hidden_dim}) and encoder_hidden_dim "
+            raise ValueError(f"architecture={self.architecture!r} needs hidden_dim ({self.hidden_dim}) and encoder_hidden_dim "
                              f"({encoder_hidden_dim}) divisible by num_heads ({self.num_heads}), and "
                              f"encoder_hidden_dim by 4 (its 2-D sin-cos positions)")
         unsupported = {
@@ -247,7 +288,21 @@ class DetrConfig:
         }
         for name, (used, fix) in unsupported.items():
             if used:
-                raise ValueError(f"architecture='rtdetr' does not take {name}={getattr(self, name)!r}: {fix}")
+                raise ValueError(f"architecture={self.architecture!r} does not take {name}={getattr(self, name)!r}: "
+                                 f"{fix}")
+
+    def _check_dfine(self) -> None:
+        if self.num_feature_levels not in (2, 3) or self.num_points < 1:
+            raise ValueError(f"architecture='dfine' reads HGNetV2's last 3 stages (or 2, D-FINE N), one decoder level "
+                             f"each: num_feature_levels must be 2 or 3 and num_points at least 1, got "
+                             f"{self.num_feature_levels} and {self.num_points}")
+        points = self.num_points_per_level
+        if points is not None and (len(points) != self.num_feature_levels or min(points) < 1):
+            raise ValueError(f"num_points_per_level must give a count >= 1 for each of the {self.num_feature_levels} "
+                             f"levels, got {points}")
+        if self.max_num_bins < 4 or self.max_num_bins % 2 or self.lqe_top_k > self.max_num_bins + 1:
+            raise ValueError(f"max_num_bins must be even and at least 4, and lqe_top_k at most max_num_bins + 1, got "
+                             f"{self.max_num_bins} and {self.lqe_top_k}")
 
     @property
     def num_logits(self) -> int:

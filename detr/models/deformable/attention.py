@@ -16,11 +16,16 @@ The parameters are named as the authors' ``MSDeformAttn`` and transformers'
 RT-DETRv2 (Lv et al. 2024) adds two options used by RT-DETR's decoder: the scale of the offsets around a
 box (``offset_scale``, 0.5 in Deformable DETR and by default) and a "discrete" sampling that reads the nearest
 cell instead of interpolating (``sampling_method="discrete"``: a gather, which deploys without grid_sample).
+
+D-FINE (Peng et al. 2024) adds two more: a point count per level (``num_points=(3, 6, 3)``: more points on the
+middle level) with offsets scaled by 1 / that level's count, and no value or output projection
+(``projections=False``: the decoder reads the encoder's memory as it is).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -49,78 +54,105 @@ def _nearest_cells(level_value: torch.Tensor, locations: torch.Tensor) -> torch.
 
 
 def deformable_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, sampling_locations: torch.Tensor,
-                        attention_weights: torch.Tensor, method: SamplingMethod = "bilinear") -> torch.Tensor:
+                        attention_weights: torch.Tensor, method: SamplingMethod = "bilinear",
+                        points_per_level: Sequence[int] | None = None) -> torch.Tensor:
     """The attention's core: sample ``value`` at the locations and sum with the weights.
 
     value [B, S, H, D] (the levels flattened and concatenated, finest first); sampling_locations
     [B, Q, H, L, P, 2] as (x, y) in [0, 1] of each level's map; attention_weights [B, Q, H, L, P]
-    (summing to 1 over L × P) → [B, Q, H·D]. "bilinear": locations outside the map read zeros; "discrete":
-    the nearest cell inside the map.
+    (summing to 1 over L × P) → [B, Q, H·D]. With ``points_per_level`` (a count per level, D-FINE's), the
+    points of every level are concatenated instead: locations [B, Q, H, ΣP, 2], weights [B, Q, H, ΣP].
+    "bilinear": locations outside the map read zeros; "discrete": the nearest cell inside the map.
     """
     batch, _, heads, head_dim = value.shape
-    _, queries, _, levels, points, _ = sampling_locations.shape
+    if points_per_level is None:  # one count for every level: the same points, concatenated level by level
+        points_per_level = [sampling_locations.shape[4]] * sampling_locations.shape[3]
+        sampling_locations, attention_weights = sampling_locations.flatten(3, 4), attention_weights.flatten(3, 4)
+    queries, total_points = sampling_locations.shape[1], sampling_locations.shape[3]
     values = value.split([height * width for height, width in spatial_shapes], dim=1)
-    grids = 2 * sampling_locations - 1  # grid_sample's [-1, 1]
+    level_locations = sampling_locations.split(list(points_per_level), dim=3)
     sampled = []
     for level, (height, width) in enumerate(spatial_shapes):
         # [B, h·w, H, D] → [B·H, D, h, w]
         level_value = values[level].flatten(2).transpose(1, 2).reshape(batch * heads, head_dim, height, width)
+        # [B, Q, H, P_l, 2] → [B·H, Q, P_l, 2]
+        locations = level_locations[level].transpose(1, 2).flatten(0, 1)
         if method == "discrete":
-            level_locations = sampling_locations[:, :, :, level].transpose(1, 2).flatten(0, 1)
-            sampled.append(_nearest_cells(level_value, level_locations))  # [B·H, D, Q, P]
+            sampled.append(_nearest_cells(level_value, locations))  # [B·H, D, Q, P_l]
             continue
-        # [B, Q, H, P, 2] → [B·H, Q, P, 2]
-        level_grid = grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
-        sampled.append(F.grid_sample(level_value, level_grid, mode="bilinear", padding_mode="zeros",
-                                     align_corners=False))  # [B·H, D, Q, P]
-    weights = attention_weights.transpose(1, 2).reshape(batch * heads, 1, queries, levels * points)
-    output = (torch.stack(sampled, dim=-2).flatten(-2) * weights).sum(-1)  # [B·H, D, Q]
+        sampled.append(F.grid_sample(level_value, 2 * locations - 1, mode="bilinear", padding_mode="zeros",
+                                     align_corners=False))  # [B·H, D, Q, P_l] (grid_sample's [-1, 1])
+    weights = attention_weights.transpose(1, 2).reshape(batch * heads, 1, queries, total_points)
+    output = (torch.cat(sampled, dim=-1) * weights).sum(-1)  # [B·H, D, Q]
     return output.view(batch, heads * head_dim, queries).transpose(1, 2).contiguous()
+
+
+def pad_points(locations: torch.Tensor, weights: torch.Tensor, points_per_level: Sequence[int]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-level point counts → the common layout: locations [B, Q, H, ΣP, 2] and weights [B, Q, H, ΣP] →
+    [B, Q, H, L, max P, 2] and [B, Q, H, L, max P], the missing points of a level at its first point with
+    weight 0 (so that readers of the sampling points, which take one count for every level, see nothing there)."""
+    most = max(points_per_level)
+    padded_locations, padded_weights = [], []
+    for level_locations, level_weights in zip(locations.split(list(points_per_level), dim=3),
+                                              weights.split(list(points_per_level), dim=3)):
+        missing = most - level_locations.shape[3]
+        padded_locations.append(torch.cat([level_locations, level_locations[:, :, :, :1].expand(
+            -1, -1, -1, missing, -1)], dim=3))
+        padded_weights.append(F.pad(level_weights, (0, missing)))
+    return torch.stack(padded_locations, dim=3), torch.stack(padded_weights, dim=3)
 
 
 class MultiScaleDeformableAttention(nn.Module):
     """Deformable attention over L feature levels (the encoder's self-attention, the decoder's cross-attention).
 
     Args:
-        hidden_dim: C. num_heads: H (C must divide by it). num_levels: L. num_points: P per head and level.
+        hidden_dim: C. num_heads: H (C must divide by it). num_levels: L. num_points: P per head and level, or
+            one count per level (D-FINE's ``(3, 6, 3)``; then the reference must be a box).
         offset_scale: around a box, the offsets are in units of ``offset_scale`` × its size / P (0.5: half
             the box, Deformable DETR's; RT-DETRv2 makes it an option).
         sampling_method: "bilinear" (grid_sample) or "discrete" (the nearest cell; RT-DETRv2's option).
+        projections: the value and output projections (``value_proj``, ``output_proj``); D-FINE has neither.
     """
 
-    def __init__(self, hidden_dim: int = 256, num_heads: int = 8, num_levels: int = 4, num_points: int = 4, *,
-                 offset_scale: float = 0.5, sampling_method: SamplingMethod = "bilinear") -> None:
+    def __init__(self, hidden_dim: int = 256, num_heads: int = 8, num_levels: int = 4,
+                 num_points: int | Sequence[int] = 4, *, offset_scale: float = 0.5,
+                 sampling_method: SamplingMethod = "bilinear", projections: bool = True) -> None:
         super().__init__()
         if hidden_dim % num_heads:
             raise ValueError(f"hidden_dim {hidden_dim} must divide by num_heads {num_heads}")
         if sampling_method not in ("bilinear", "discrete"):
             raise ValueError(f"sampling_method must be 'bilinear' or 'discrete', got {sampling_method!r}")
-        self.hidden_dim, self.num_heads, self.num_levels, self.num_points = hidden_dim, num_heads, num_levels, num_points
+        points = (num_points,) * num_levels if isinstance(num_points, int) else tuple(num_points)
+        if len(points) != num_levels or min(points) < 1:
+            raise ValueError(f"num_points must be a count >= 1 or one per level ({num_levels}), got {num_points}")
+        #: the sampling points of each level; num_points: their count when every level has the same, else None
+        self.points_per_level = points
+        self.num_points = points[0] if len(set(points)) == 1 else None
+        self.hidden_dim, self.num_heads, self.num_levels = hidden_dim, num_heads, num_levels
         self.offset_scale, self.sampling_method = offset_scale, sampling_method
-        self.sampling_offsets = nn.Linear(hidden_dim, num_heads * num_levels * num_points * 2)
-        self.attention_weights = nn.Linear(hidden_dim, num_heads * num_levels * num_points)
-        self.value_proj = nn.Linear(hidden_dim, hidden_dim)
-        self.output_proj = nn.Linear(hidden_dim, hidden_dim)
+        self.sampling_offsets = nn.Linear(hidden_dim, num_heads * sum(points) * 2)
+        self.attention_weights = nn.Linear(hidden_dim, num_heads * sum(points))
+        self.value_proj = nn.Linear(hidden_dim, hidden_dim) if projections else None
+        self.output_proj = nn.Linear(hidden_dim, hidden_dim) if projections else None
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """The authors' initialisation: offsets start as rays in H directions, point k at distance k (in cells of
-        each level), uniform weights."""
+        """The authors' initialisation: offsets start as rays in H directions, point k of each level at distance
+        k (in cells of each level), uniform weights."""
         nn.init.constant_(self.sampling_offsets.weight, 0.0)
         thetas = torch.arange(self.num_heads, dtype=torch.float32) * (2.0 * math.pi / self.num_heads)
         grid = torch.stack([thetas.cos(), thetas.sin()], -1)
-        grid = (grid / grid.abs().max(-1, keepdim=True)[0]).view(self.num_heads, 1, 1, 2)
-        grid = grid.repeat(1, self.num_levels, self.num_points, 1)
-        for point in range(self.num_points):
-            grid[:, :, point, :] *= point + 1
-        self.sampling_offsets.bias.copy_(grid.view(-1))
+        grid = (grid / grid.abs().max(-1, keepdim=True)[0]).view(self.num_heads, 1, 2)
+        distances = torch.cat([torch.arange(1, count + 1, dtype=torch.float32) for count in self.points_per_level])
+        self.sampling_offsets.bias.copy_((grid * distances[None, :, None]).view(-1))
         nn.init.constant_(self.attention_weights.weight, 0.0)
         nn.init.constant_(self.attention_weights.bias, 0.0)
-        nn.init.xavier_uniform_(self.value_proj.weight)
-        nn.init.constant_(self.value_proj.bias, 0.0)
-        nn.init.xavier_uniform_(self.output_proj.weight)
-        nn.init.constant_(self.output_proj.bias, 0.0)
+        for projection in (self.value_proj, self.output_proj):
+            if projection is not None:
+                nn.init.xavier_uniform_(projection.weight)
+                nn.init.constant_(projection.bias, 0.0)
 
     def sampling(self, query: torch.Tensor, reference_points: torch.Tensor, spatial_shapes: SpatialShapes
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,12 +160,15 @@ class MultiScaleDeformableAttention(nn.Module):
 
         query [B, Q, C] (with its position added); reference_points [B, Q, L, 2] as (x, y), or [B, Q, L, 4]
         as boxes (cx, cy, w, h), normalised to each level's padded map → sampling_locations
-        [B, Q, H, L, P, 2] (x, y) and attention_weights [B, Q, H, L, P]. Around a point the offsets are in
+        [B, Q, H, L, P, 2] (x, y) and attention_weights [B, Q, H, L, P] (with a count per level:
+        [B, Q, H, ΣP, 2] and [B, Q, H, ΣP], the levels' points concatenated). Around a point the offsets are in
         cells of each level; around a box, in fractions of ``offset_scale`` × its size per point (the refinement's
         form; half its size by default).
         """
         batch, queries, _ = query.shape
         heads, levels, points = self.num_heads, self.num_levels, self.num_points
+        if points is None:
+            return self._sampling_per_level_counts(query, reference_points)
         offsets = self.sampling_offsets(query).view(batch, queries, heads, levels, points, 2)
         weights = self.attention_weights(query).view(batch, queries, heads, levels * points)
         weights = weights.softmax(-1).view(batch, queries, heads, levels, points)
@@ -150,21 +185,46 @@ class MultiScaleDeformableAttention(nn.Module):
             raise ValueError(f"reference_points must end in 2 (points) or 4 (boxes), got {tuple(reference_points.shape)}")
         return locations, weights
 
+    def _sampling_per_level_counts(self, query: torch.Tensor, reference_points: torch.Tensor
+                                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`sampling` with a point count per level (D-FINE's): around a box only, each point's offset
+        times 1 / its level's count → locations [B, Q, H, ΣP, 2], weights [B, Q, H, ΣP]."""
+        if reference_points.shape[-1] != 4:
+            raise ValueError("a point count per level samples around boxes: reference_points must end in 4, got "
+                             f"{tuple(reference_points.shape)}")
+        batch, queries, _ = query.shape
+        total = sum(self.points_per_level)
+        offsets = self.sampling_offsets(query).view(batch, queries, self.num_heads, total, 2)
+        weights = self.attention_weights(query).view(batch, queries, self.num_heads, total).softmax(-1)
+        level_of_point = torch.cat([torch.full((count,), level, device=query.device)
+                                    for level, count in enumerate(self.points_per_level)])
+        scale = torch.cat([torch.full((count, 1), 1.0 / count, dtype=query.dtype, device=query.device)
+                           for count in self.points_per_level])  # [ΣP, 1]
+        boxes = reference_points.expand(-1, -1, self.num_levels, -1)[:, :, None, level_of_point]  # [B, Q, 1, ΣP, 4]
+        return boxes[..., :2] + offsets * scale * boxes[..., 2:] * self.offset_scale, weights
+
     def forward(self, query: torch.Tensor, reference_points: torch.Tensor, value: torch.Tensor,
                 spatial_shapes: SpatialShapes, padding_mask: torch.Tensor | None = None,
                 return_sampling: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """query [B, Q, C] (position included), reference_points [B, Q, L, 2 or 4] (see :meth:`sampling`),
         value [B, S, C] (the flattened levels), padding_mask bool [B, S] (True = padding: reads zero) →
         output [B, Q, C] and, if ``return_sampling``, (sampling_locations [B, Q, H, L, P, 2],
-        attention_weights [B, Q, H, L, P]) else None."""
+        attention_weights [B, Q, H, L, P]) else None; with a count per level, P is the largest and a level's
+        missing points have weight 0 (:func:`pad_points`)."""
         batch, length, _ = value.shape
         if length != sum(height * width for height, width in spatial_shapes):
             raise ValueError(f"value has {length} positions but the spatial shapes {spatial_shapes} hold "
                              f"{sum(h * w for h, w in spatial_shapes)}")
-        value = self.value_proj(value)
+        if self.value_proj is not None:
+            value = self.value_proj(value)
         if padding_mask is not None:
             value = value.masked_fill(padding_mask[..., None], 0.0)
         value = value.view(batch, length, self.num_heads, self.hidden_dim // self.num_heads)
         locations, weights = self.sampling(query, reference_points, spatial_shapes)
-        output = self.output_proj(deformable_sampling(value, spatial_shapes, locations, weights, self.sampling_method))
+        per_level = self.points_per_level if self.num_points is None else None
+        output = deformable_sampling(value, spatial_shapes, locations, weights, self.sampling_method, per_level)
+        if self.output_proj is not None:
+            output = self.output_proj(output)
+        if return_sampling and per_level is not None:
+            locations, weights = pad_points(locations, weights, per_level)
         return output, ((locations, weights) if return_sampling else None)

@@ -18,6 +18,7 @@ Parameter names are the authors' (``src/zoo/rtdetr/hybrid_encoder.py``, RT-DETRv
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -124,11 +125,16 @@ class HybridEncoder(nn.Module):
         num_heads, dim_feedforward, num_layers, dropout: the AIFI layers' (8, 1024, 1, 0.0).
         expansion: the CSP blocks' hidden width relative to hidden_dim (1.0; 0.5 for RT-DETRv2-S/M).
         temperature: of the sin-cos positions (10000).
+        fusion_block, downsample: D-FINE's parts (``models/dfine/encoder.py``): a function that makes one fusion
+            block (2 · hidden_dim → hidden_dim channels) and one stride-2 downsampling; None: RT-DETR's
+            :class:`CSPRepLayer` and 3×3 stride-2 conv. lateral_activation: SiLU after the lateral 1×1 convs
+            (RT-DETR's; D-FINE has none).
     """
 
     def __init__(self, in_channels: list[int], hidden_dim: int = 256, *, num_heads: int = 8,
                  dim_feedforward: int = 1024, num_layers: int = 1, dropout: float = 0.0, expansion: float = 1.0,
-                 temperature: float = 10000.0) -> None:
+                 temperature: float = 10000.0, fusion_block: Callable[[], nn.Module] | None = None,
+                 downsample: Callable[[], nn.Module] | None = None, lateral_activation: bool = True) -> None:
         super().__init__()
         self.hidden_dim = hidden_dim
         self.input_proj = nn.ModuleList(
@@ -138,14 +144,18 @@ class HybridEncoder(nn.Module):
                   for _ in range(num_layers)]
         self.encoder = nn.ModuleList([AIFI(layers, temperature)] if num_layers else [])
         fusions = len(in_channels) - 1
+        if fusion_block is None:
+            def fusion_block() -> nn.Module:
+                return CSPRepLayer(hidden_dim * 2, hidden_dim, expansion=expansion)
+        if downsample is None:
+            def downsample() -> nn.Module:
+                return ConvNorm(hidden_dim, hidden_dim, 3, 2, activation=nn.SiLU())
         self.lateral_convs = nn.ModuleList(
-            ConvNorm(hidden_dim, hidden_dim, 1, activation=nn.SiLU()) for _ in range(fusions))
-        self.fpn_blocks = nn.ModuleList(CSPRepLayer(hidden_dim * 2, hidden_dim, expansion=expansion)
-                                        for _ in range(fusions))
-        self.downsample_convs = nn.ModuleList(
-            ConvNorm(hidden_dim, hidden_dim, 3, 2, activation=nn.SiLU()) for _ in range(fusions))
-        self.pan_blocks = nn.ModuleList(CSPRepLayer(hidden_dim * 2, hidden_dim, expansion=expansion)
-                                        for _ in range(fusions))
+            ConvNorm(hidden_dim, hidden_dim, 1, activation=nn.SiLU() if lateral_activation else None)
+            for _ in range(fusions))
+        self.fpn_blocks = nn.ModuleList(fusion_block() for _ in range(fusions))
+        self.downsample_convs = nn.ModuleList(downsample() for _ in range(fusions))
+        self.pan_blocks = nn.ModuleList(fusion_block() for _ in range(fusions))
 
     def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
         """[C3, C4, C5] (finest first) → [P3, P4, P5], each [B, hidden_dim, h_l, w_l]."""

@@ -38,13 +38,14 @@ Norm = Callable[[int], nn.Module]
 
 
 class ConvNorm(nn.Module):
-    """Convolution (no bias, "same" padding for odd kernels) → norm → optional activation: ``conv``, ``norm``."""
+    """Convolution (no bias, "same" padding for odd kernels, ``groups``) → norm → optional activation: ``conv``,
+    ``norm``."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, *,
-                 norm: Norm = nn.BatchNorm2d, activation: nn.Module | None = None) -> None:
+                 norm: Norm = nn.BatchNorm2d, activation: nn.Module | None = None, groups: int = 1) -> None:
         super().__init__()
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=(kernel_size - 1) // 2,
-                              bias=False)
+                              groups=groups, bias=False)
         self.norm = norm(out_channels)
         self.activation = activation if activation is not None else nn.Identity()
 

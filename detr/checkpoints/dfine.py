@@ -1,0 +1,489 @@
+"""D-FINE weights in (transformers' ``d_fine`` directories, the authors' release files) and out (transformers).
+
+transformers: :func:`read_huggingface_dfine` reads a directory as ``DFineForObjectDetection.save_pretrained``
+writes it and as the hub serves the converted models (ustc-community/dfine-*): ``config.json`` (model_type
+"d_fine", an ``hgnet_v2`` backbone) + ``model.safetensors`` + ``preprocessor_config.json`` (``RTDetrImageProcessor``,
+the square size). Any label count and any of HGNetV2's sizes B0-B5; ``id2label`` becomes the category map.
+:func:`save_pretrained_dfine` writes this project's model in that format, so that transformers'
+``from_pretrained`` gives the same outputs.
+
+The authors' files (Peterande/D-FINE, and DEIM's D-FINE models: ``{"ema": {"module": state_dict}}`` or
+``{"model": state_dict}``) hold this project's own key layout but for buffers it recomputes;
+:func:`read_dfine_state_dict` reads them, with the configuration read off the weights.
+
+This project keeps the authors' parameter names; transformers renames them (:data:`_RULES`, one table for both
+directions, ``{}`` a layer index):
+
+=====================================================  ==============================================
+this project (the authors' layout)                     transformers (as written to disk)
+=====================================================  ==============================================
+``backbone.stem.*``, ``backbone.stages.*``             ``model.backbone.model.embedder.*``, ``...encoder.stages.*``
+  (``conv``, ``bn``, ``lab``)                            (``convolution``, ``normalization``, ``lab``)
+``encoder.{fpn,pan}_blocks.{}.cv1``, ``cv2.0``,        ``model.encoder.{fpn,pan}_blocks.{}.conv1``, ``csp_rep1``,
+``cv2.1``, ``cv3.0``, ``cv3.1``, ``cv4``               ``conv2``, ``csp_rep2``, ``conv3``, ``conv4``
+``encoder.downsample_convs.{}.0.cv{1,2}``              ``model.encoder.downsample_convs.{}.conv{1,2}``
+``decoder.decoder.layers.{}``: ``cross_attn``,         ``model.decoder.layers.{}``: ``encoder_attn``, ``gateway``
+``gateway``, ``norm3``                                 ``final_layer_norm``
+``decoder.decoder.{lqe_layers,up,reg_scale}``          ``model.decoder.{lqe_layers,up,reg_scale}``
+``decoder.{pre_bbox_head,dec_score_head,               ``model.decoder.{pre_bbox_head,class_embed,bbox_embed}``
+dec_bbox_head}``
+=====================================================  ==============================================
+
+and RT-DETR's renames for the rest (input projections, AIFI, self-attention, query selection:
+:mod:`detr.checkpoints.rtdetr`). transformers is never imported; safetensors only for .safetensors files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from detr.atomic_files import write_atomically, write_text_atomically
+from detr.categories import COCO_CATEGORIES, CategoryMap
+from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
+from detr.checkpoints.huggingface import _category_map, _read_json, _read_weights, _safetensors_torch
+from detr.checkpoints.rtdetr import (
+    _HF_QKV,
+    _IN_PROJ,
+    _count,
+    _current_spelling,
+    _square_size,
+    write_preprocessor_config,
+)
+from detr.models.config import DFINE_DEFAULTS, DetrConfig, ModelMeta
+from detr.models.dfine.hgnetv2 import SIZES
+from detr.models.dfine.model import DFINE
+
+logger = logging.getLogger(__name__)
+
+MODEL_TYPE = "d_fine"
+
+#: (transformers' key start, this project's), ``{}`` a layer index; read in both directions, first match wins.
+_RULES: tuple[tuple[str, str], ...] = (
+    ("model.encoder_input_proj.{}.0.", "encoder.input_proj.{}.conv."),
+    ("model.encoder_input_proj.{}.1.", "encoder.input_proj.{}.norm."),
+    ("model.encoder.encoder.{}.layers.{}.self_attn.out_proj.", "encoder.encoder.{}.layers.{}.self_attn.out_proj."),
+    ("model.encoder.encoder.{}.layers.{}.self_attn_layer_norm.", "encoder.encoder.{}.layers.{}.norm1."),
+    ("model.encoder.encoder.{}.layers.{}.fc1.", "encoder.encoder.{}.layers.{}.linear1."),
+    ("model.encoder.encoder.{}.layers.{}.fc2.", "encoder.encoder.{}.layers.{}.linear2."),
+    ("model.encoder.encoder.{}.layers.{}.final_layer_norm.", "encoder.encoder.{}.layers.{}.norm2."),
+    ("model.encoder.lateral_convs.{}.", "encoder.lateral_convs.{}."),
+    *((f"model.encoder.{blocks}.{{}}.{theirs}.", f"encoder.{blocks}.{{}}.{ours}.")
+      for blocks in ("fpn_blocks", "pan_blocks")
+      for theirs, ours in (("conv1", "cv1"), ("csp_rep1", "cv2.0"), ("conv2", "cv2.1"), ("csp_rep2", "cv3.0"),
+                           ("conv3", "cv3.1"), ("conv4", "cv4"))),
+    ("model.encoder.downsample_convs.{}.conv1.", "encoder.downsample_convs.{}.0.cv1."),
+    ("model.encoder.downsample_convs.{}.conv2.", "encoder.downsample_convs.{}.0.cv2."),
+    ("model.decoder_input_proj.{}.0.", "decoder.input_proj.{}.conv."),
+    ("model.decoder_input_proj.{}.1.", "decoder.input_proj.{}.norm."),
+    ("model.decoder.layers.{}.self_attn.out_proj.", "decoder.decoder.layers.{}.self_attn.out_proj."),
+    ("model.decoder.layers.{}.self_attn_layer_norm.", "decoder.decoder.layers.{}.norm1."),
+    ("model.decoder.layers.{}.encoder_attn.", "decoder.decoder.layers.{}.cross_attn."),
+    ("model.decoder.layers.{}.gateway.", "decoder.decoder.layers.{}.gateway."),
+    ("model.decoder.layers.{}.fc1.", "decoder.decoder.layers.{}.linear1."),
+    ("model.decoder.layers.{}.fc2.", "decoder.decoder.layers.{}.linear2."),
+    ("model.decoder.layers.{}.final_layer_norm.", "decoder.decoder.layers.{}.norm3."),
+    ("model.decoder.lqe_layers.{}.", "decoder.decoder.lqe_layers.{}."),
+    ("model.decoder.up", "decoder.decoder.up"),
+    ("model.decoder.reg_scale", "decoder.decoder.reg_scale"),
+    ("model.decoder.pre_bbox_head.", "decoder.pre_bbox_head."),
+    ("model.decoder.query_pos_head.", "decoder.query_pos_head."),
+    ("model.decoder.class_embed.{}.", "decoder.dec_score_head.{}."),
+    ("model.decoder.bbox_embed.{}.", "decoder.dec_bbox_head.{}."),
+    ("model.enc_output.0.", "decoder.enc_output.proj."),
+    ("model.enc_output.1.", "decoder.enc_output.norm."),
+    ("model.enc_score_head.", "decoder.enc_score_head."),
+    ("model.enc_bbox_head.", "decoder.enc_bbox_head."),
+    ("model.denoising_class_embed.", "decoder.denoising_class_embed."),
+)
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    return re.compile(re.escape(template).replace(r"\{\}", r"(\d+)"))
+
+
+_TO_OURS = tuple((_pattern(theirs), ours) for theirs, ours in _RULES)
+_TO_THEIRS = tuple((_pattern(ours), theirs) for theirs, ours in _RULES)
+#: The backbone: the same tree, with transformers' names of the module and of its conv and norm.
+_BACKBONE = (("model.backbone.model.embedder.", "backbone.stem."), ("model.backbone.model.encoder.stages.",
+                                                                    "backbone.stages."))
+_BACKBONE_PARTS = ((".convolution.", ".conv."), (".normalization.", ".bn."))
+#: The cross-attention's 1 / points per sampling point, a buffer this project computes from the point counts
+_POINTS_SCALE = re.compile(r"model\.decoder\.layers\.\d+\.encoder_attn\.num_points_scale$")
+#: Copies of the decoder's heads at the top level (tied to them in transformers)
+_TIED = re.compile(r"(class|bbox)_embed\.\d+\.")
+
+
+def _substitute(table: tuple[tuple[re.Pattern[str], str], ...], key: str) -> str | None:
+    for pattern, replacement in table:
+        if match := pattern.match(key):
+            return replacement.format(*match.groups()) + key[match.end():]
+    return None
+
+
+def _to_ours(key: str) -> str | None:
+    for theirs, ours in _BACKBONE:
+        if key.startswith(theirs):
+            rest = key[len(theirs):]
+            for their_part, our_part in _BACKBONE_PARTS:
+                rest = rest.replace(their_part, our_part)
+            return ours + rest
+    return _substitute(_TO_OURS, key)
+
+
+def _to_theirs(key: str) -> str:
+    for theirs, ours in _BACKBONE:
+        if key.startswith(ours):
+            rest = key[len(ours):]
+            for their_part, our_part in _BACKBONE_PARTS:
+                rest = rest.replace(our_part, their_part)
+            return theirs + rest
+    hf_key = _substitute(_TO_THEIRS, key)
+    if hf_key is None:
+        raise ExportError(f"{key} has no counterpart in transformers' D-FINE")
+    return hf_key
+
+
+def points_scale(points_per_level: tuple[int, ...] | list[int]) -> torch.Tensor:
+    """1 / count for each sampling point of each level: the buffer transformers and the authors store."""
+    return torch.tensor([1.0 / count for count in points_per_level for _ in range(count)])
+
+
+def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str, *,
+                           points_per_level: list[int]) -> dict[str, torch.Tensor]:
+    """A transformers ``DFineForObjectDetection`` state dict → this project's (the authors') keys: q, k and v
+    become one ``in_proj``, floats float32; the points scale is checked against ``points_per_level`` and
+    dropped, as are the tied top-level head copies; unknown keys raise :class:`CheckpointError`."""
+    official: dict[str, torch.Tensor] = {}
+    projections: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+    unknown = []
+    for hf_key, value in state_dict.items():
+        value = value.float() if value.is_floating_point() else value
+        key = _current_spelling(hf_key)
+        if _TIED.match(key):
+            continue
+        if _POINTS_SCALE.match(key):
+            if value.shape != (sum(points_per_level),) or not torch.allclose(value, points_scale(points_per_level)):
+                raise CheckpointError(f"{where}: {hf_key} is not 1 / points per point for decoder_n_points "
+                                      f"{points_per_level} (config.json and the weights disagree)")
+            continue
+        if match := _HF_QKV.match(key):
+            prefix, which, kind = match.groups()
+            projections.setdefault((prefix, kind), {})[which] = value
+            continue
+        new_key = _to_ours(key)
+        if new_key is None:
+            unknown.append(hf_key)
+        else:
+            official[new_key] = value
+    if unknown:
+        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in D-FINE's layout: {unknown[:10]}")
+    for (prefix, kind), parts in projections.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise CheckpointError(f"{where}: {prefix} has only the {sorted(parts)} projections")
+        ours = _to_ours(prefix + ".self_attn_layer_norm.")
+        assert ours is not None and ours.endswith(".norm1.")
+        official[ours[: -len("norm1.")] + f"self_attn.in_proj_{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+    return official
+
+
+def is_dfine_directory(directory: str | Path) -> bool:
+    """Whether ``directory`` holds a config.json of model_type "d_fine"."""
+    path = Path(directory) / "config.json"
+    return path.is_file() and _read_json(path).get("model_type") == MODEL_TYPE
+
+
+def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path: Path) -> None:
+    """Raise naming every setting of ``config`` that differs from ``expected`` (absent ones take the default)."""
+    def plain(value: Any) -> Any:
+        return list(value) if isinstance(value, (list, tuple)) else value
+    wrong = {key: config[key] for key, value in expected.items()
+             if key in config and config[key] is not None and plain(config[key]) != plain(value)}
+    if wrong:
+        raise CheckpointError(f"{config_path}: this project's D-FINE has {expected}; the file sets {wrong}, which it "
+                              f"cannot reproduce")
+
+
+def _hgnetv2_backbone_config(name: str, learnable_affine: bool, levels: int) -> dict[str, Any]:
+    """transformers' ``HGNetV2Config`` fields of one of :data:`SIZES`, returning the last ``levels`` stages."""
+    spec = SIZES[name]
+    stages = spec.stages
+    return {
+        "model_type": "hgnet_v2", "num_channels": 3, "hidden_act": "relu", "embedding_size": spec.stem_channels[2],
+        "depths": [stage.num_blocks for stage in stages], "hidden_sizes": [stage.out_channels for stage in stages],
+        "stem_channels": list(spec.stem_channels), "stem_strides": [2, 1, 1, 2, 1],
+        "stage_in_channels": [s.in_channels for s in stages], "stage_mid_channels": [s.mid_channels for s in stages],
+        "stage_out_channels": [s.out_channels for s in stages], "stage_num_blocks": [s.num_blocks for s in stages],
+        "stage_downsample": [s.downsample for s in stages], "stage_downsample_strides": [2, 2, 2, 2],
+        "stage_light_block": [s.light for s in stages], "stage_kernel_size": [s.kernel_size for s in stages],
+        "stage_numb_of_layers": [s.num_layers for s in stages], "use_learnable_affine_block": learnable_affine,
+        "out_indices": list(range(5 - levels, 5)),
+    }
+
+
+#: the HGNetV2Config fields that name a size (the others are checked to be the ones it always has)
+_SIZE_FIELDS = ("stem_channels", "stage_in_channels", "stage_mid_channels", "stage_out_channels", "stage_num_blocks",
+                "stage_downsample", "stage_light_block", "stage_kernel_size", "stage_numb_of_layers")
+
+
+def _backbone(config: dict[str, Any], config_path: Path) -> tuple[str, bool, int]:
+    """(HGNetV2 size, learnable affine blocks, returned stages) of config.json's backbone_config."""
+    backbone = config.get("backbone_config") or {}
+    if config.get("use_timm_backbone") or config.get("backbone") or backbone.get("model_type") != "hgnet_v2":
+        raise CheckpointError(f"{config_path}: the backbone must be transformers' HGNetV2 (backbone_config model_type "
+                              f"'hgnet_v2'), got {backbone.get('model_type') or config.get('backbone')!r}")
+    found = {field: list(backbone.get(field, ())) for field in _SIZE_FIELDS}
+    levels = len(backbone.get("out_indices") or [2, 3, 4])
+    for name in SIZES:
+        expected = _hgnetv2_backbone_config(name, bool(backbone.get("use_learnable_affine_block")), levels)
+        if all(found[field] == list(expected[field]) for field in _SIZE_FIELDS):
+            _refuse_unless(backbone, {key: expected[key] for key in ("hidden_act", "stem_strides", "num_channels",
+                                                                     "stage_downsample_strides", "out_indices")},
+                           config_path)
+            return name, bool(backbone.get("use_learnable_affine_block")), levels
+    raise CheckpointError(f"{config_path}: the HGNetV2 of backbone_config (stem_channels "
+                          f"{found['stem_channels']}, stage_out_channels {found['stage_out_channels']}, ...) is none of "
+                          f"the sizes this project builds ({', '.join(SIZES)})")
+
+
+def _points(config: dict[str, Any], levels: int) -> list[int]:
+    points = config.get("decoder_n_points", 4)
+    return [int(points)] * levels if isinstance(points, int) else [int(count) for count in points]
+
+
+def read_huggingface_dfine(directory: str | Path) -> CheckpointContents:
+    """Read a transformers ``DFineForObjectDetection`` directory into this project's layout + config.
+
+    Raises:
+        CheckpointError: settings this project's D-FINE lacks (another backbone or activations, learned initial
+            queries, an output layer other than the last, extra decoder levels, ...), keys without a counterpart.
+    """
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    config = _read_json(config_path)
+    backbone, learnable_affine, levels = _backbone(config, config_path)
+    encoder_dim = int(config.get("encoder_hidden_dim", 256))
+    layers = int(config.get("decoder_layers", 6))
+    stage_channels = [stage.out_channels for stage in SIZES[backbone].stages][-levels:]
+    _refuse_unless(config, {
+        "encoder_activation_function": "gelu", "activation_function": "silu", "decoder_activation_function": "relu",
+        "normalize_before": False, "learn_initial_query": False, "with_box_refine": True,
+        "encode_proj_layers": [levels - 1], "feat_strides": [8, 16, 32][-levels:], "num_feature_levels": levels,
+        "encoder_in_channels": stage_channels, "positional_encoding_temperature": 10000, "layer_norm_eps": 1e-5,
+        "batch_norm_eps": 1e-5, "decoder_in_channels": [encoder_dim] * levels,
+        "decoder_attention_heads": config.get("encoder_attention_heads", 8),
+        "decoder_method": config.get("decoder_method") if config.get("decoder_method") == "discrete" else "default",
+        "anchor_image_size": None}, config_path)
+    if config.get("eval_idx", -1) not in (-1, layers - 1):
+        raise CheckpointError(f"{config_path}: eval_idx {config['eval_idx']}: this project predicts with the last "
+                              f"decoder layer (eval_idx -1)")
+    if config.get("eval_size") is not None:
+        logger.warning("%s sets eval_size %s: transformers then runs the AIFI layer without positions in eval mode, "
+                       "this project (as the authors' code) with them; outputs will differ from transformers'",
+                       config_path, config["eval_size"])
+    points = _points(config, levels)
+    state_dict = to_official_state_dict(_read_weights(directory), str(directory), points_per_level=points)
+    if "decoder.dec_score_head.0.weight" not in state_dict:
+        raise CheckpointError(f"{directory}: no decoder class heads (model.decoder.class_embed.0): a DFineModel "
+                              f"without the detection heads?")
+    hidden = int(config.get("d_model", 256))
+    decoder_ffn, encoder_ffn = int(config.get("decoder_ffn_dim", 1024)), int(config.get("encoder_ffn_dim", 1024))
+    model_config = DetrConfig(
+        architecture="dfine", class_head="sigmoid", backbone=backbone, backbone_learnable_affine=learnable_affine,
+        backbone_norm="frozen_batch_norm" if config.get("freeze_backbone_batch_norms", True) else "batch_norm",
+        hidden_dim=hidden, num_heads=int(config.get("encoder_attention_heads", 8)),
+        encoder_hidden_dim=encoder_dim if encoder_dim != hidden else None,
+        num_encoder_layers=int(config.get("encoder_layers", 1)), num_decoder_layers=layers,
+        dim_feedforward=decoder_ffn, encoder_dim_feedforward=encoder_ffn if encoder_ffn != decoder_ffn else None,
+        csp_expansion=float(config.get("hidden_expansion", 1.0)),
+        csp_depth_multiplier=float(config.get("depth_mult", 1.0)), dropout=float(config.get("dropout", 0.0)),
+        num_queries=int(config.get("num_queries", 300)),
+        num_classes=int(state_dict["decoder.dec_score_head.0.weight"].shape[0]), num_feature_levels=levels,
+        num_points=points[0], num_points_per_level=tuple(points) if len(set(points)) > 1 else None,
+        denoising=int(config.get("num_denoising", 100)) > 0,
+        sampling_offset_scale=float(config.get("decoder_offset_scale", 0.5)),
+        sampling_method="discrete" if config.get("decoder_method") == "discrete" else "bilinear",
+        max_num_bins=int(config.get("max_num_bins", 32)), reg_scale=float(config.get("reg_scale", 4.0)),
+        reg_up=float(config.get("up", 0.5)), lqe_top_k=int(config.get("top_prob_values", 4)),
+        lqe_hidden_dim=int(config.get("lqe_hidden_dim", 64)), lqe_layers=int(config.get("lqe_layers", 2)),
+        pretrained_backbone=False)
+    _check_constants(state_dict, model_config, str(config_path))
+    size = _square_size(directory)
+    meta = ModelMeta(category_map=_category_map(config, model_config.num_classes, config_path),
+                     eval_size=(size, size) if size is not None else None)
+    return CheckpointContents(state_dict, model_config, meta)
+
+
+def _check_constants(state_dict: dict[str, torch.Tensor], config: DetrConfig, where: str) -> None:
+    """The weights' copies of the weighting function's constants must be the configuration's."""
+    for key, value in (("decoder.decoder.up", config.reg_up), ("decoder.decoder.reg_scale", config.reg_scale)):
+        if key in state_dict and not torch.allclose(state_dict[key], torch.tensor([value])):
+            raise CheckpointError(f"{where}: {key} is {state_dict[key].tolist()} in the weights but {value} in the "
+                                  f"configuration (up / reg_scale); make them agree")
+
+
+#: Buffers of the authors' files that this project computes or keeps once: the anchors and valid mask at the
+#: evaluation size, the 1 / points per sampling point, and the transformer's copies of up and reg_scale.
+_RECOMPUTED = re.compile(r"^decoder\.(anchors|valid_mask|up|reg_scale)$"
+                         r"|^decoder\.decoder\.layers\.\d+\.cross_attn\.num_points_scale$")
+
+
+def is_dfine_state_dict(state_dict: dict[str, torch.Tensor]) -> bool:
+    """The authors' D-FINE layout (and this project's): the decoder's quality heads."""
+    return "decoder.decoder.lqe_layers.0.reg_conf.layers.0.weight" in state_dict
+
+
+def _backbone_from_weights(state_dict: dict[str, torch.Tensor], where: str) -> str:
+    stem = tuple(int(state_dict[f"backbone.stem.{name}.conv.weight"].shape[index])
+                 for name, index in (("stem1", 1), ("stem1", 0), ("stem4", 0)))
+    blocks = tuple(_count(state_dict, f"backbone.stages.{stage}.blocks.") for stage in range(4))
+    layers = _count(state_dict, "backbone.stages.0.blocks.0.layers.")
+    outputs = int(state_dict["backbone.stages.3.blocks.0.aggregation.1.conv.weight"].shape[0])
+    for name, spec in SIZES.items():
+        if (spec.stem_channels == stem and tuple(s.num_blocks for s in spec.stages) == blocks
+                and spec.stages[0].num_layers == layers and spec.stages[3].out_channels == outputs):
+            return name
+    raise CheckpointError(f"{where}: an HGNetV2 with stem {stem}, blocks {blocks} is none of {', '.join(SIZES)}")
+
+
+def read_dfine_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the state dict", *,
+                          num_heads: int = 8) -> CheckpointContents:
+    """An authors' D-FINE state dict (Peterande/D-FINE or DEIM, the ``ema.module`` or ``model`` entry of their
+    files) → this project's keys and the configuration read off the weights: the HGNetV2 size and its affine
+    blocks, widths, layer counts, levels, points per level (from the points scale), bins, the weighting
+    function's constants, the quality head, the fusion blocks' expansion and depth, classes and the denoising
+    embedding. Not visible, so the authors' defaults that ``load_checkpoint(path, **overrides)`` can replace:
+    num_queries (300) and num_heads (8)."""
+    scales = {key: value for key, value in state_dict.items()
+              if re.match(r"^decoder\.decoder\.layers\.0\.cross_attn\.num_points_scale$", key)}
+    official = {key: (value.float() if value.is_floating_point() else value) for key, value in state_dict.items()
+                if not _RECOMPUTED.match(key)}
+    backbone = _backbone_from_weights(official, where)
+    levels = _count(official, "encoder.input_proj.")
+    weights_out = int(official["decoder.decoder.layers.0.cross_attn.attention_weights.weight"].shape[0])
+    if weights_out % num_heads:
+        raise CheckpointError(f"{where}: the attention weights ({weights_out} outputs) do not split into "
+                              f"num_heads={num_heads}; pass the model's num_heads")
+    points = [weights_out // num_heads // levels] * levels
+    if scales:
+        inverse = (1.0 / next(iter(scales.values())).float()).round().int().tolist()
+        points, index = [], 0
+        while index < len(inverse):
+            points.append(inverse[index])
+            index += inverse[index]
+    hidden = int(official["decoder.enc_output.proj.weight"].shape[0])
+    encoder_dim = int(official["encoder.input_proj.0.conv.weight"].shape[0])
+    encoder_layers = _count(official, "encoder.encoder.0.layers.")
+    ffn = int(official["decoder.decoder.layers.0.linear1.weight"].shape[0])
+    encoder_ffn = int(official["encoder.encoder.0.layers.0.linear1.weight"].shape[0]) if encoder_layers else ffn
+    branch = int(official["encoder.fpn_blocks.0.cv2.0.conv1.conv.weight"].shape[0])
+    quality_in = int(official["decoder.decoder.lqe_layers.0.reg_conf.layers.0.weight"].shape[1])
+    up = float(state_dict.get("decoder.decoder.up", torch.tensor([DFINE_DEFAULTS["reg_up"]]))[0])
+    reg_scale = float(state_dict.get("decoder.decoder.reg_scale", torch.tensor([DFINE_DEFAULTS["reg_scale"]]))[0])
+    config = DetrConfig(
+        architecture="dfine", class_head="sigmoid", backbone=backbone,
+        backbone_learnable_affine="backbone.stem.stem1.lab.scale" in official, hidden_dim=hidden,
+        num_heads=num_heads, encoder_hidden_dim=encoder_dim if encoder_dim != hidden else None,
+        num_encoder_layers=encoder_layers, num_decoder_layers=_count(official, "decoder.decoder.layers."),
+        dim_feedforward=ffn, encoder_dim_feedforward=encoder_ffn if encoder_ffn != ffn else None,
+        # the encoder's widths are round(expansion · hidden // 2) and round(3 · depth): any value in the
+        # rounding's interval builds the same layers
+        csp_expansion=(2 * branch + 0.5) / encoder_dim,
+        csp_depth_multiplier=_count(official, "encoder.fpn_blocks.0.cv2.0.bottlenecks.") / 3,
+        dropout=0.0, num_queries=300, num_classes=int(official["decoder.dec_score_head.0.weight"].shape[0]),
+        num_feature_levels=levels, num_points=points[0],
+        num_points_per_level=tuple(points) if len(set(points)) > 1 else None,
+        denoising="decoder.denoising_class_embed.weight" in official,
+        max_num_bins=int(official["decoder.dec_bbox_head.0.layers.2.weight"].shape[0]) // 4 - 1,
+        reg_scale=reg_scale, reg_up=up, lqe_top_k=quality_in // 4 - 1,
+        lqe_hidden_dim=int(official["decoder.decoder.lqe_layers.0.reg_conf.layers.0.weight"].shape[0]),
+        lqe_layers=_count(official, "decoder.decoder.lqe_layers.0.reg_conf.layers."), pretrained_backbone=False)
+    if "decoder.decoder.up" not in official:  # older files keep the constants only beside the decoder
+        official["decoder.decoder.up"] = torch.tensor([up])
+        official["decoder.decoder.reg_scale"] = torch.tensor([reg_scale])
+    # the authors' COCO models predict COCO's 80 categories in the order of their ids, at 640 × 640
+    coco = CategoryMap.from_coco_categories([{"id": i, "name": n} for i, n in COCO_CATEGORIES], contiguous=True)
+    meta = ModelMeta(category_map=coco if config.num_classes == coco.num_classes else None, eval_size=(640, 640))
+    return CheckpointContents(official, config, meta)
+
+
+def to_huggingface_state_dict(model: DFINE) -> dict[str, torch.Tensor]:
+    """This project's D-FINE → transformers' keys (as on disk), every tensor a contiguous copy, with the points
+    scale transformers keeps."""
+    hf: dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        value = value.detach().to("cpu", copy=True).contiguous()
+        if match := _IN_PROJ.match(key):
+            prefix, kind = match.groups()
+            hf_prefix = _to_theirs(prefix + ".norm1.")[: -len("self_attn_layer_norm.")]
+            for which, part in zip("qkv", value.chunk(3)):
+                hf[f"{hf_prefix}self_attn.{which}_proj.{kind}"] = part.clone()
+            continue
+        hf_key = _to_theirs(key)
+        if _to_ours(hf_key) != key:  # the two directions must be inverses
+            raise AssertionError(f"{key} → {hf_key} does not read back")
+        hf[hf_key] = value
+    for index, layer in enumerate(model.decoder.decoder.layers):
+        hf[f"model.decoder.layers.{index}.encoder_attn.num_points_scale"] = points_scale(
+            layer.cross_attn.points_per_level)
+    return hf
+
+
+def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None = None) -> dict[str, Any]:
+    """config.json of :func:`save_pretrained_dfine`."""
+    config = model.config
+    if config is None or config.architecture != "dfine":
+        raise ExportError("save_pretrained_dfine needs a D-FINE built by build_detr (model.config)")
+    if config.backbone_norm == "group_norm":
+        raise ExportError("transformers' D-FINE has batch norms in its backbone, not group norms")
+    levels = config.num_feature_levels
+    encoder_dim = config.encoder_hidden_dim or config.hidden_dim
+    points = list(config.num_points_per_level or [config.num_points] * levels)
+    category_map = category_map or model.meta.category_map
+    names = list(category_map.names) if category_map is not None else [f"LABEL_{i}" for i in range(model.num_classes)]
+    return {
+        "architectures": ["DFineForObjectDetection"], "model_type": MODEL_TYPE,
+        "backbone_config": _hgnetv2_backbone_config(config.backbone, config.backbone_learnable_affine, levels),
+        "freeze_backbone_batch_norms": config.backbone_norm == "frozen_batch_norm",
+        "encoder_hidden_dim": encoder_dim,
+        "encoder_in_channels": [stage.out_channels for stage in SIZES[config.backbone].stages][-levels:],
+        "feat_strides": [8, 16, 32][-levels:], "encoder_layers": config.num_encoder_layers,
+        "encoder_ffn_dim": config.encoder_dim_feedforward or config.dim_feedforward,
+        "encoder_attention_heads": config.num_heads, "dropout": config.dropout, "activation_dropout": 0.0,
+        "encode_proj_layers": [levels - 1], "positional_encoding_temperature": 10000,
+        "encoder_activation_function": "gelu", "activation_function": "silu", "eval_size": None,
+        "normalize_before": False, "hidden_expansion": config.csp_expansion, "depth_mult": config.csp_depth_multiplier,
+        "d_model": config.hidden_dim, "num_queries": config.num_queries, "decoder_in_channels": [encoder_dim] * levels,
+        "decoder_ffn_dim": config.dim_feedforward, "num_feature_levels": levels, "decoder_n_points": points,
+        "decoder_layers": config.num_decoder_layers, "decoder_attention_heads": config.num_heads,
+        "decoder_activation_function": "relu", "attention_dropout": 0.0,
+        "num_denoising": 100 if config.denoising else 0, "learn_initial_query": False, "anchor_image_size": None,
+        "with_box_refine": True, "is_encoder_decoder": True, "layer_norm_eps": 1e-5, "batch_norm_eps": 1e-5,
+        "eval_idx": -1, "layer_scale": 1.0, "max_num_bins": config.max_num_bins, "reg_scale": config.reg_scale,
+        "up": config.reg_up, "top_prob_values": config.lqe_top_k, "lqe_hidden_dim": config.lqe_hidden_dim,
+        "lqe_layers": config.lqe_layers, "decoder_offset_scale": config.sampling_offset_scale,
+        "decoder_method": "discrete" if config.sampling_method == "discrete" else "default",
+        "id2label": {str(i): n for i, n in enumerate(names)}, "label2id": {n: i for i, n in enumerate(names)},
+    }
+
+
+def save_pretrained_dfine(model: DFINE, directory: str | Path, *, category_map: CategoryMap | None = None,
+                          backbone_format: str | None = None) -> Path:
+    """Write ``model`` as ``DFineForObjectDetection.save_pretrained`` would: config.json, model.safetensors and
+    preprocessor_config.json (``RTDetrImageProcessor`` at the model's square size). ``backbone_format`` (the DETR
+    writers' choice of timm or transformers' ResNet) is not read: transformers' D-FINE has one backbone, HGNetV2."""
+    config = huggingface_dfine_config(model, category_map=category_map)
+    tensors = to_huggingface_state_dict(model)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
+    data = _safetensors_torch().save(tensors, metadata={"format": "pt"})
+    write_atomically(directory / "model.safetensors", lambda file: file.write(data))
+    write_preprocessor_config(directory, model.input_spec.size)
+    logger.info("wrote %s (d_fine, %s, %d classes)", directory, model.config.backbone, model.num_classes)
+    return directory

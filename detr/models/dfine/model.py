@@ -1,0 +1,60 @@
+"""D-FINE (Peng et al., "D-FINE: Redefine Regression Task of DETRs as Fine-grained Distribution Refinement",
+ICLR 2025), for inference.
+
+The detector is RT-DETR's (:class:`detr.models.rtdetr.model.RTDETR`: backbone → hybrid encoder → decoder, the
+same input contract and top-k post-processing) with D-FINE's three parts: the HGNetV2 backbone
+(:mod:`detr.models.dfine.hgnetv2`), the encoder's GELAN fusion blocks (:mod:`detr.models.dfine.encoder`) and the
+distribution-refinement decoder (:mod:`detr.models.dfine.decoder`). DEIM (Huang et al. 2025) trains the same
+network otherwise, so its released D-FINE models load here too.
+
+State-dict keys are the authors' (Peterande/D-FINE): ``backbone.*`` (``HGNetv2``), ``encoder.*``
+(``HybridEncoder``), ``decoder.*`` (``DFINETransformer``).
+"""
+
+from __future__ import annotations
+
+from detr.models.dfine.decoder import DFineDecoder
+from detr.models.dfine.hgnetv2 import HGNetV2
+from detr.models.rtdetr.hybrid_encoder import HybridEncoder
+from detr.models.rtdetr.model import RTDETR
+
+#: The coarsest backbone map's stride.
+_COARSEST_STRIDE = 32
+
+
+class DFINE(RTDETR):
+    """D-FINE: images [B, 3, H, W] (pixels / 255; H and W multiples of 32) → :class:`DetectorOutput` (each
+    layer's logits include its localisation-quality term; boxes are the refined distributions' boxes).
+
+    Args:
+        backbone: the :class:`HGNetV2`. encoder: the hybrid encoder of
+            :func:`detr.models.dfine.encoder.dfine_hybrid_encoder`. decoder: the :class:`DFineDecoder`.
+        num_classes, aux_loss: as :class:`RTDETR`.
+    """
+
+    exportable = False  # ONNX / torch.export of this family is not written yet (docs/dfine.md)
+
+    def __init__(self, backbone: HGNetV2, encoder: HybridEncoder, decoder: DFineDecoder, *, num_classes: int,
+                 aux_loss: bool = True) -> None:
+        super().__init__(backbone, encoder, decoder, num_classes=num_classes, aux_loss=aux_loss)  # type: ignore[arg-type]
+
+    @property
+    def stride(self) -> int:
+        """The finest level's stride: 8 with three levels, 16 with two (D-FINE N)."""
+        return _COARSEST_STRIDE // 2 ** (self.decoder.num_levels - 1)
+
+    def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DFINE:
+        """:meth:`RTDETR.optimize_for_inference`, with HGNetV2's BatchNorms folded too."""
+        super().optimize_for_inference(fold_batch_norm=fold_batch_norm, channels_last=channels_last)
+        if fold_batch_norm:
+            self.backbone.fold_batch_norms()
+        return self
+
+    def describe(self) -> str:
+        config = self.config
+        if config is None:
+            return ""
+        points = config.num_points_per_level or (config.num_points,) * config.num_feature_levels
+        return (f"D-FINE, {config.backbone}, {self.num_decoder_layers} decoder layers, "
+                f"{config.num_feature_levels} levels × {list(points)} points, {config.max_num_bins} + 1 bins, "
+                f"{config.hidden_dim} hidden, {config.num_classes} classes")
