@@ -46,7 +46,7 @@ import torch
 from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import COCO_CATEGORIES, CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
-from detr.checkpoints.huggingface import _category_map, _read_json, _read_weights, _safetensors_torch
+from detr.checkpoints.huggingface import _read_json, _read_weights, _safetensors_torch, label_fields, read_meta
 from detr.checkpoints.rtdetr import (
     _HF_QKV,
     _IN_PROJ,
@@ -314,8 +314,7 @@ def read_huggingface_dfine(directory: str | Path) -> CheckpointContents:
         pretrained_backbone=False)
     _check_constants(state_dict, model_config, str(config_path))
     size = _square_size(directory)
-    meta = ModelMeta(category_map=_category_map(config, model_config.num_classes, config_path),
-                     eval_size=(size, size) if size is not None else None)
+    meta = read_meta(config, model_config.num_classes, config_path, (size, size) if size is not None else None)
     return CheckpointContents(state_dict, model_config, meta)
 
 
@@ -445,7 +444,6 @@ def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None =
     encoder_dim = config.encoder_hidden_dim or config.hidden_dim
     points = list(config.num_points_per_level or [config.num_points] * levels)
     category_map = category_map or model.meta.category_map
-    names = list(category_map.names) if category_map is not None else [f"LABEL_{i}" for i in range(model.num_classes)]
     return {
         "architectures": ["DFineForObjectDetection"], "model_type": MODEL_TYPE,
         "backbone_config": _hgnetv2_backbone_config(config.backbone, config.backbone_learnable_affine, levels),
@@ -468,7 +466,7 @@ def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None =
         "up": config.reg_up, "top_prob_values": config.lqe_top_k, "lqe_hidden_dim": config.lqe_hidden_dim,
         "lqe_layers": config.lqe_layers, "decoder_offset_scale": config.sampling_offset_scale,
         "decoder_method": "discrete" if config.sampling_method == "discrete" else "default",
-        "id2label": {str(i): n for i, n in enumerate(names)}, "label2id": {n: i for i, n in enumerate(names)},
+        **label_fields(category_map, model.num_classes, model.meta.score_threshold),
     }
 
 

@@ -310,17 +310,35 @@ def _check_backbone_config(config: dict[str, Any], where: str) -> tuple[str | No
     return base, dilation
 
 
-def label_fields(category_map: CategoryMap | None, num_classes: int) -> dict[str, Any]:
+def label_fields(category_map: CategoryMap | None, num_classes: int,
+                 score_threshold: float | None = None) -> dict[str, Any]:
     """config.json's ``id2label`` and ``label2id`` (transformers' label names) and, with a category map, this
     project's ``category_ids`` (label ``i`` is the data set's category ``category_ids[i]``): transformers
     numbers labels 0..K-1 and has no field for a data set's ids, so without it a model trained on ids 1..5
-    predicted ids 0..4 once converted. transformers keeps the extra field through its own save_pretrained."""
+    predicted ids 0..4 once converted. ``score_threshold`` (the threshold the model's validation found best,
+    :attr:`ModelMeta.score_threshold`) is kept the same way, so predictions through the converted directory
+    keep the model's default. transformers keeps extra fields through its own save_pretrained."""
     names = (list(category_map.names) if category_map is not None else [f"LABEL_{i}" for i in range(num_classes)])
     fields: dict[str, Any] = {"id2label": {str(i): n for i, n in enumerate(names)},
                               "label2id": {n: i for i, n in enumerate(names)}}
     if category_map is not None:
         fields["category_ids"] = list(category_map.category_ids)
+    if score_threshold is not None:
+        fields["score_threshold"] = float(score_threshold)
     return fields
+
+
+def read_meta(config: dict[str, Any], num_classes: int, config_path: Path,
+              eval_size: tuple[int, int] | None) -> ModelMeta:
+    """The model's record from a transformers config.json: the category map (:func:`_category_map`) and the
+    ``score_threshold`` :func:`label_fields` wrote (a value outside (0, 1) is refused, naming the file)."""
+    threshold = config.get("score_threshold")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                  or not 0.0 < threshold < 1.0):
+        raise CheckpointError(f"{config_path}: score_threshold must be a number between 0 and 1, got {threshold!r}; "
+                              "correct it, or remove the field to use the default threshold")
+    return ModelMeta(category_map=_category_map(config, num_classes, config_path), eval_size=eval_size,
+                     score_threshold=None if threshold is None else float(threshold))
 
 
 def _category_map(config: dict[str, Any], num_classes: int, config_path: Path) -> CategoryMap:
@@ -441,7 +459,7 @@ def read_huggingface(directory: str | Path) -> CheckpointContents:
     model_config = model_config.replace(
         dilation=dilation, num_heads=int(config.get("encoder_attention_heads", DetrConfig.num_heads)),
         position_encoding=position_encoding, dropout=float(config.get("dropout", DetrConfig.dropout)))
-    meta = ModelMeta(category_map=_category_map(config, model_config.num_classes, config_path), eval_size=_eval_size(directory))
+    meta = read_meta(config, model_config.num_classes, config_path, _eval_size(directory))
     return CheckpointContents(state_dict, model_config, meta)
 
 
@@ -544,7 +562,7 @@ def huggingface_config(model: DETR, backbone_format: BackboneFormat = "timm",
         "position_embedding_type": "sine" if isinstance(model.backbone[1], PositionEmbeddingSine) else "learned",
         "dilation": dilation,
         "use_pretrained_backbone": False,  # every backbone weight is in the file
-        **label_fields(category_map, model.num_classes),
+        **label_fields(category_map, model.num_classes, model.meta.score_threshold),
         "is_encoder_decoder": True,
     }
     if backbone_format == "timm":

@@ -51,7 +51,6 @@ from detr.checkpoints.huggingface import (
     _HF_BODY,
     _RESNETS,
     BackboneFormat,
-    _category_map,
     _check_backbone_config,
     _current_spelling,
     _eval_size,
@@ -62,8 +61,9 @@ from detr.checkpoints.huggingface import (
     backbone_key_from_huggingface,
     backbone_key_to_huggingface,
     label_fields,
+    read_meta,
 )
-from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
+from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
 from detr.models.deformable.model import DeformableDETR
 
 logger = logging.getLogger(__name__)
@@ -255,8 +255,7 @@ def read_huggingface_deformable(directory: str | Path) -> CheckpointContents:
         num_feature_levels=int(config.get("num_feature_levels", 4)), num_points=int(points),
         box_refine=box_refine, two_stage=two_stage, dropout=float(config.get("dropout", 0.1)))
     _check_config_fits_weights(model_config, state_dict, config_path, where)
-    meta = ModelMeta(category_map=_category_map(config, model_config.num_classes, config_path),
-                     eval_size=_eval_size(directory))
+    meta = read_meta(config, model_config.num_classes, config_path, _eval_size(directory))
     return CheckpointContents(state_dict, model_config, meta)
 
 
@@ -304,7 +303,7 @@ def huggingface_deformable_config(model: DeformableDETR, backbone_format: Backbo
         "activation_function": "relu", "dropout": config.dropout, "attention_dropout": 0.0,
         "activation_dropout": 0.0, "position_embedding_type": "sine", "dilation": config.dilation,
         "auxiliary_loss": False, "use_pretrained_backbone": False, "is_encoder_decoder": True,
-        **label_fields(category_map, model.num_classes),
+        **label_fields(category_map, model.num_classes, model.meta.score_threshold),
         # transformers ties every layer's class head to the first unless told not to: a file whose heads differ
         # (box refinement trains one per layer) then loads them untied, with a warning per tensor
         "tie_word_embeddings": not _distinct_class_heads(model),

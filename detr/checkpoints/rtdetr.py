@@ -57,7 +57,7 @@ import torch
 from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import COCO_CATEGORIES, CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
-from detr.checkpoints.huggingface import _category_map, _read_json, _read_weights, _safetensors_torch
+from detr.checkpoints.huggingface import _read_json, _read_weights, _safetensors_torch, label_fields, read_meta
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.rtdetr.model import RTDETR
 from detr.models.rtdetr.resnet_vd import DEPTHS
@@ -284,8 +284,7 @@ def read_huggingface_rtdetr(directory: str | Path) -> CheckpointContents:
         sampling_method="discrete" if version_2 and config.get("decoder_method") == "discrete" else "bilinear",
         pretrained_backbone=False)
     size = _square_size(directory)
-    meta = ModelMeta(category_map=_category_map(config, model_config.num_classes, config_path),
-                     eval_size=(size, size) if size is not None else None)
+    meta = read_meta(config, model_config.num_classes, config_path, (size, size) if size is not None else None)
     return CheckpointContents(state_dict, model_config, meta)
 
 
@@ -472,7 +471,6 @@ def huggingface_rtdetr_config(model: RTDETR, *, version: int | None = None,
     widths = [256, 512, 1024, 2048] if bottleneck else [64, 128, 256, 512]
     encoder_dim = config.encoder_hidden_dim or config.hidden_dim
     category_map = category_map or model.meta.category_map
-    names = list(category_map.names) if category_map is not None else [f"LABEL_{i}" for i in range(model.num_classes)]
     hf: dict[str, Any] = {
         "architectures": ["RTDetrForObjectDetection" if version == 1 else "RTDetrV2ForObjectDetection"],
         "model_type": MODEL_TYPES[version - 1],
@@ -494,7 +492,7 @@ def huggingface_rtdetr_config(model: RTDETR, *, version: int | None = None,
         "decoder_activation_function": "relu", "attention_dropout": 0.0,
         "num_denoising": 100 if config.denoising else 0, "learn_initial_query": False, "anchor_image_size": None,
         "with_box_refine": True, "is_encoder_decoder": True, "layer_norm_eps": 1e-5, "batch_norm_eps": 1e-5,
-        "id2label": {str(i): n for i, n in enumerate(names)}, "label2id": {n: i for i, n in enumerate(names)},
+        **label_fields(category_map, model.num_classes, model.meta.score_threshold),
     }
     if version == 2:
         hf.update(decoder_n_levels=config.num_feature_levels, decoder_offset_scale=config.sampling_offset_scale,

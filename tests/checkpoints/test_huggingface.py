@@ -217,7 +217,7 @@ def test_the_data_sets_category_ids_survive_the_round_trip(tmp_path):
 
     model = _our_model(num_classes=3)
     category_map = CategoryMap((3, 7, 9), ("circle", "square", "triangle"))
-    model.meta = ModelMeta(category_map=category_map)
+    model.meta = ModelMeta(category_map=category_map, score_threshold=0.35)  # and the validated threshold
     save_pretrained(model, tmp_path / "ours")
     assert json.loads((tmp_path / "ours" / "config.json").read_text())["category_ids"] == [3, 7, 9]
     # transformers keeps the field through its own save_pretrained (a user's fine-tune, the hub)
@@ -225,14 +225,26 @@ def test_the_data_sets_category_ids_survive_the_round_trip(tmp_path):
     assert hf.config.id2label == {0: "circle", 1: "square", 2: "triangle"}
     hf.save_pretrained(tmp_path / "theirs")
     for directory in ("ours", "theirs"):
-        assert detr.load_checkpoint(tmp_path / directory).meta.category_map == category_map, directory
+        meta = detr.load_checkpoint(tmp_path / directory).meta
+        assert meta.category_map == category_map and meta.score_threshold == 0.35, directory
 
     predictor = detr.Predictor.from_checkpoint(tmp_path / "theirs", device="cpu", min_size=96, max_size=160)
+    assert predictor.threshold == 0.35
     (prediction,) = predictor.predict(PHOTOS / "chelsea.png", all_queries=True)
     prediction.image_id = 1
     results = predictions_to_coco_results([prediction], category_map=predictor.category_map)  # as detr-predict
     written = {result["category_id"] for result in results}
     assert written and written <= {3, 7, 9}
+
+
+@pytest.mark.parametrize("threshold", [1.5, 0, "0.3", True])
+def test_a_score_threshold_outside_zero_to_one_is_refused(tmp_path, threshold):
+    save_pretrained(_our_model(num_classes=3), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["score_threshold"] = threshold
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"config\.json: score_threshold must be a number between 0 and 1"):
+        detr.load_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize("category_ids", [[1, 2], [1, 1, 2], ["1", "2", "3"], "1,2,3"])

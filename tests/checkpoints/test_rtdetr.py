@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import detr
+from detr.categories import CategoryMap
 from detr.checkpoints import CheckpointError, save_huggingface
+from detr.models.config import ModelMeta
 from tests.helpers_rtdetr import hf_model, square_photos
 
 transformers = pytest.importorskip("transformers")
@@ -175,6 +177,10 @@ def test_written_directories_load_in_transformers_with_the_same_outputs(tmp_path
     hf = hf_model("resnet18", 6, version=version, seed=3, **options)
     hf.save_pretrained(tmp_path / "theirs")
     model = detr.load_checkpoint(tmp_path / "theirs")
+    # the data set's category ids and the validated threshold go out and come back (transformers keeps them)
+    record = ModelMeta(category_map=CategoryMap(tuple(range(3, 9)), tuple(f"c{i}" for i in range(6))),
+                       score_threshold=0.35)
+    model.meta = record
     save_huggingface(model, tmp_path / "ours")
     written = json.loads((tmp_path / "ours" / "config.json").read_text())
     assert written["model_type"] == ("rt_detr" if version == 1 else "rt_detr_v2")
@@ -185,6 +191,10 @@ def test_written_directories_load_in_transformers_with_the_same_outputs(tmp_path
     logits_diff, boxes_diff = differences(model, again, photos)
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
     assert transformers.RTDetrImageProcessor.from_pretrained(tmp_path / "ours").size["height"] == 640
+    again.save_pretrained(tmp_path / "resaved")
+    for directory in ("ours", "resaved"):
+        meta = detr.load_checkpoint(tmp_path / directory).meta
+        assert (meta.category_map, meta.score_threshold) == (record.category_map, 0.35), directory
 
 
 
