@@ -41,7 +41,7 @@ from pycocotools.coco import COCO
 
 from detr.categories import CategoryMap
 from detr.data.coco_index import CocoIndex
-from detr.data.images import ImageLoadError, decode_image
+from detr.data.images import ImageLoadError, ReplacesUnreadableSamples, decode_image
 from detr.data.transforms import make_normalize_transform
 
 logger = logging.getLogger(__name__)
@@ -289,7 +289,7 @@ class RawSample:
     path: Path
 
 
-class CocoDetection(torch.utils.data.Dataset):
+class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
     """COCO-format detection data set.
 
     Sample ``i`` is ``(image, target)``: ``image`` float32 [3, h, w] (ImageNet-normalised by ``transform``);
@@ -494,35 +494,9 @@ class CocoDetection(torch.utils.data.Dataset):
             message += "; fix 'width'/'height' in the json or re-annotate the image"
         return message
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
-        skipped: list[str] = []
-        for attempt in range(len(self)):
-            current = (index + attempt) % len(self)
-            try:
-                image, target = self._load(current)
-            except ImageLoadError as error:
-                if not self.skip_unreadable:
-                    raise
-                self.num_skipped += 1
-                path = self.image_path(current)
-                skipped.append(str(path))
-                if path not in self.warned_files:
-                    self.warned_files.add(path)
-                    cause = error.__cause__
-                    logger.warning(
-                        "skipping image file '%s' (%s), another image takes its place; restore or replace the file, "
-                        "or remove it from '%s' (`detr-check-data %s %s` lists every such file)",
-                        path, f"{type(cause).__name__}: {cause}" if cause is not None else error,
-                        self.annotations_file, self.images_dir, self.annotations_file,
-                    )
-                continue
-            if skipped:  # the loop's count of skipped images per epoch reads it (DataLoader workers keep no shared state)
-                target["skipped_files"] = skipped
-            return image, target
-        raise ImageLoadError(
-            f"every image of annotation file '{self.annotations_file}' failed to load",
-            annotations_file=self.annotations_file,
-        )
+    def _skip_advice(self, path: Path) -> str:
+        return (f"remove it from '{self.annotations_file}' (`detr-check-data {self.images_dir} "
+                f"{self.annotations_file}` lists every such file)")
 
     def _load(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
         sample = self.raw_sample(index)

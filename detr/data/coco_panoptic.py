@@ -27,7 +27,7 @@ from PIL import Image
 
 from detr.categories import COCO_PANOPTIC_CATEGORIES, CategoryMap, coco_panoptic_category_map
 from detr.data.coco import AnnotationFileError, load_coco_json
-from detr.data.images import decode_image
+from detr.data.images import ImageLoadError, ReplacesUnreadableSamples, decode_image
 from detr.data.transforms import make_normalize_transform
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def _check_annotation(annotation: Any, index: int, annotations_file: Path) -> No
             raise AnnotationFileError(f"{where}: segments_info[{number}] has no {', '.join(lacking)}")
 
 
-class CocoPanoptic(torch.utils.data.Dataset):
+class CocoPanoptic(ReplacesUnreadableSamples, torch.utils.data.Dataset):
     """COCO panoptic data set.
 
     Sample ``i`` is ``(image, target)``: ``image`` float32 [3, h, w] (ImageNet-normalised by ``transform``);
@@ -87,6 +87,10 @@ class CocoPanoptic(torch.utils.data.Dataset):
         transform: albumentations-style callable (see :mod:`detr.data.transforms`); None normalises only.
         category_map: the label convention; None: COCO panoptic's raw ids in 250 classes (the authors'
             models) when the json's categories are COCO panoptic's, else contiguous labels 0..K-1.
+        skip_unreadable: when a sample's image or PNG fails to load (missing, undecodable, or a PNG whose size
+            is not its image's), warn once per file and use the next sample instead of raising, as
+            :class:`detr.data.coco.CocoDetection` does (:class:`~detr.data.images.ReplacesUnreadableSamples`).
+            The training data module sets it.
 
     Attributes: ``category_map``; ``is_thing`` (per label, for
     :class:`detr.inference.postprocess_masks.PostProcessPanoptic`); ``categories`` (the json's, for PQ).
@@ -95,8 +99,9 @@ class CocoPanoptic(torch.utils.data.Dataset):
 
     def __init__(self, images_dir: str | Path, annotations_file: str | Path, panoptic_dir: str | Path | None = None,
                  *, transform: Callable[..., dict[str, Any]] | None = None,
-                 category_map: CategoryMap | None = None) -> None:
+                 category_map: CategoryMap | None = None, skip_unreadable: bool = False) -> None:
         self.images_dir, self.annotations_file = Path(images_dir), Path(annotations_file)
+        self.skip_unreadable, self.num_skipped, self.warned_files = skip_unreadable, 0, set()
         self.panoptic_dir = Path(panoptic_dir) if panoptic_dir else self.annotations_file.with_suffix("")
         self.transform = transform if transform is not None else make_normalize_transform()
         data = load_coco_json(self.annotations_file)
@@ -149,7 +154,14 @@ class CocoPanoptic(torch.utils.data.Dataset):
         """Sample ``index``'s ground truth for :class:`detr.evaluation.panoptic.PanopticQuality`: the segment
         id map int64 [H, W] at the original size and the json's segments_info."""
         annotation = self.annotations[index]
-        rgb = np.asarray(Image.open(self.panoptic_dir / annotation["file_name"]).convert("RGB"), dtype=np.int64)
+        path = self.panoptic_dir / annotation["file_name"]
+        try:
+            with Image.open(path) as png:
+                rgb = np.asarray(png.convert("RGB"), dtype=np.int64)
+        except Exception as error:  # PIL raises OSError, SyntaxError, ValueError ... by format
+            raise ImageLoadError(f"panoptic PNG '{path}' (listed in '{self.annotations_file}') cannot be read: "
+                                 f"{type(error).__name__}: {error}; restore or replace it",
+                                 path=path, annotations_file=self.annotations_file) from error
         return rgb[..., 0] + 256 * rgb[..., 1] + 65536 * rgb[..., 2], annotation["segments_info"]
 
     def raw_sample(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -160,14 +172,18 @@ class CocoPanoptic(torch.utils.data.Dataset):
         png_path = self.panoptic_dir / annotation["file_name"]
         ids, segments = self.ground_truth(index)
         if ids.shape != pixels.shape[:2]:
-            raise ValueError(f"panoptic PNG '{png_path}' is {ids.shape[1]}x{ids.shape[0]} but its image is "
-                             f"{pixels.shape[1]}x{pixels.shape[0]} (width x height)")
+            raise ImageLoadError(f"panoptic PNG '{png_path}' is {ids.shape[1]}x{ids.shape[0]} but its image is "
+                                 f"{pixels.shape[1]}x{pixels.shape[0]} (width x height)", path=png_path,
+                                 annotations_file=self.annotations_file)
         masks = ids[None] == np.array([s["id"] for s in segments], dtype=np.int64).reshape(-1, 1, 1)
         labels = np.array([self._label_of[int(s["category_id"])] for s in segments], dtype=np.int64)
         iscrowd = np.array([int(s.get("iscrowd", 0)) for s in segments], dtype=np.int64)
         return pixels, masks, labels, iscrowd
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    def _skip_advice(self, path: Path) -> str:
+        return f"remove its image from '{self.annotations_file}'"
+
+    def _load(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
         pixels, masks, labels, iscrowd = self.raw_sample(index)
         boxes = masks_to_boxes_xyxy(masks)
         present = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])  # a segment absent from the PNG

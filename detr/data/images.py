@@ -226,6 +226,59 @@ def list_image_files(images: str | Path | Sequence[str | Path]) -> list[Path]:
     return paths
 
 
+class ReplacesUnreadableSamples:
+    """``__getitem__`` for a data set whose sample ``i`` is :meth:`_load` ``(i)``: an :class:`ImageLoadError`
+    (a file missing, undecodable or mis-sized) is raised, or, with ``skip_unreadable``, warned about once per
+    file while the next sample takes its place; the sample that took it carries ``"skipped_files"`` in its
+    target, so a training loop can count them (loader workers keep no shared state). A file that passed the
+    start-up check but fails mid-run must not end a long run.
+
+    The data set sets ``skip_unreadable``, ``num_skipped`` (0), ``warned_files`` (an empty set) and
+    ``annotations_file``, and provides ``_load(index)``, ``image_path(index)`` and ``_skip_advice(path)``
+    (the fix a warning names after "restore or replace the file, or").
+    """
+
+    skip_unreadable: bool
+    num_skipped: int
+    warned_files: set[Path]
+    annotations_file: Path
+
+    def _load(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        raise NotImplementedError
+
+    def image_path(self, index: int) -> Path:
+        raise NotImplementedError
+
+    def _skip_advice(self, path: Path) -> str:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        skipped: list[str] = []
+        size = len(self)  # type: ignore[arg-type]
+        for attempt in range(size):
+            current = (index + attempt) % size
+            try:
+                image, target = self._load(current)
+            except ImageLoadError as error:
+                if not self.skip_unreadable:
+                    raise
+                self.num_skipped += 1
+                path = error.path if error.path is not None else self.image_path(current)
+                skipped.append(str(path))
+                if path not in self.warned_files:
+                    self.warned_files.add(path)
+                    cause = error.__cause__
+                    logger.warning("skipping image file '%s' (%s), another image takes its place; restore or replace the "
+                                   "file, or %s", path, f"{type(cause).__name__}: {cause}" if cause is not None
+                                   else error, self._skip_advice(path))
+                continue
+            if skipped:
+                target["skipped_files"] = skipped
+            return image, target
+        raise ImageLoadError(f"every image of annotation file '{self.annotations_file}' failed to load",
+                             annotations_file=self.annotations_file)
+
+
 class ImageFilesDataset(torch.utils.data.Dataset):
     """Plain image files without annotations, for prediction.
 

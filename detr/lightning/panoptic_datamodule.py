@@ -147,7 +147,8 @@ class PanopticDataModule(CocoFormatDataModule):
     # ------------------------------------------------------------------ data sets
     def _build_dataset(self, split: str, images: Path, annotations: Path) -> CocoPanoptic:
         dataset = CocoPanoptic(images, annotations, transform=self.train_transform if split == "train"
-                               else self.eval_transform, category_map=self.category_map)
+                               else self.eval_transform, category_map=self.category_map,
+                               skip_unreadable=split == "train")  # a file that fails mid-run must not end it
         if split != "train":
             dataset.coco = box_ground_truth(dataset)  # box AP; ``.ground_truth(i)``: the PNG ids for PQ
         return dataset

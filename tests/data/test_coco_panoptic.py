@@ -123,3 +123,35 @@ def test_images_without_a_panoptic_annotation_are_named(root, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="detr.data.coco_panoptic"):
         dataset(root)  # every image annotated: nothing to say
     assert "no panoptic annotation" not in caplog.text
+
+
+def test_a_file_that_breaks_mid_run_is_skipped_in_training_and_named_otherwise(root, tmp_path, caplog):
+    """A panoptic image or PNG that passed the start-up check but broke mid-run ended the run (the detection set
+    skips it): with skip_unreadable the next sample takes its place, the file is named once and the sample
+    carries it in "skipped_files" for the loop's count; without it the error names the file."""
+    import shutil
+
+    from detr.data.images import ImageLoadError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    annotations = copy / "annotations" / "panoptic_train2017.json"
+    training = CocoPanoptic(copy / "train2017", annotations, skip_unreadable=True)
+    strict = CocoPanoptic(copy / "train2017", annotations)
+    first_png, second_image = training.png_path(0), training.image_path(1)
+    first_png.write_bytes(b"not a png any more")
+    second_image.write_bytes(first_png.read_bytes()[:5])
+
+    with caplog.at_level("WARNING", logger="detr.data.images"):
+        image, target = training[0]  # samples 0 and 1 are broken: sample 2 takes their place
+    assert target["image_id"].item() == training.annotations[2]["image_id"]
+    assert target["skipped_files"] == [str(first_png), str(second_image)]
+    assert training.num_skipped == 2 and f"skipping image file '{first_png}'" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="detr.data.images"):
+        assert training[1][1]["skipped_files"] == [str(second_image)]
+    assert "skipping" not in caplog.text  # named once
+    with pytest.raises(ImageLoadError, match=f"panoptic PNG '{first_png}' .* cannot be read"):
+        strict[0]
+    with pytest.raises(ImageLoadError, match=str(second_image)):
+        strict[1]
