@@ -54,6 +54,7 @@ from detr.checkpoints.deployed import open_deployed
 from detr.checkpoints.formats import ExportError
 from detr.checkpoints.openvino import write_ir
 from detr.inference.postprocess import boxes_to_pixels, scores_and_labels
+from detr.models.deformable.attention import BilinearKernel, use_bilinear_kernel
 from detr.models.detector import Detector
 
 logger = logging.getLogger(__name__)
@@ -97,10 +98,11 @@ class DeployModel(nn.Module):
         return scores, labels, boxes_to_pixels(outputs.boxes, orig_sizes)
 
 
-def prepare_for_export(model: Detector) -> Detector:
+def prepare_for_export(model: Detector, *, bilinear_kernel: BilinearKernel = "grid_sample") -> Detector:
     """A copy of ``model`` ready to trace: eval mode (training-only parts, i.e. denoising queries, extra
     query groups and the dense head, are then inactive), frozen BatchNorms folded into the convolutions,
-    float32, no autocast. The caller's model is left as it was."""
+    float32, no autocast; deformable attention's bilinear sampling computed with ``bilinear_kernel``
+    ("gather": no GridSample in the graph, the same outputs). The caller's model is left as it was."""
     if not isinstance(model, Detector):
         raise ExportError(f"only a detr Detector exports (a model of detr.build_detr or detr.load_checkpoint), got "
                           f"{type(model).__name__}")
@@ -112,6 +114,7 @@ def prepare_for_export(model: Detector) -> Detector:
     prepared = copy.deepcopy(model).float().eval().cpu()
     prepared.optimize_for_inference(fold_batch_norm=True, channels_last=False)
     prepared.backbone[0].autocast_dtype = None
+    use_bilinear_kernel(prepared, bilinear_kernel)
     return prepared
 
 
@@ -149,8 +152,9 @@ def _dynamic_shapes(model: Detector, postprocess: bool) -> dict[str, dict[int, A
     return shapes
 
 
-def _torch_export(model: Detector, postprocess: bool) -> tuple[torch.export.ExportedProgram, DeployModel]:
-    prepared = prepare_for_export(model)
+def _torch_export(model: Detector, postprocess: bool, bilinear_kernel: BilinearKernel = "grid_sample"
+                  ) -> tuple[torch.export.ExportedProgram, DeployModel]:
+    prepared = prepare_for_export(model, bilinear_kernel=bilinear_kernel)
     module = DeployModel(prepared, postprocess=postprocess).eval()
     inputs = example_inputs(prepared, postprocess=postprocess)
     try:
@@ -198,7 +202,8 @@ def _quiet_onnxscript() -> Iterator[None]:
 
 
 def export_onnx(model: Detector, path: str | Path, *, postprocess: bool = False,
-                category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None) -> Path:
+                category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None,
+                bilinear_kernel: BilinearKernel = "grid_sample") -> Path:
     """Export ``model`` (a :class:`DETR`; not modified) to the ONNX file ``path`` (see the module doc).
 
     category_map, eval_size: recorded in the metadata; default the model's own (set by
@@ -209,7 +214,7 @@ def export_onnx(model: Detector, path: str | Path, *, postprocess: bool = False,
     except ImportError as error:
         raise ImportError("ONNX export needs onnx and onnxscript: pip install onnx onnxscript onnxruntime") from error
     path = Path(path)
-    program, module = _torch_export(model, postprocess)
+    program, module = _torch_export(model, postprocess, bilinear_kernel)
     try:
         with _quiet_onnxscript(), torch.no_grad():
             onnx_program = torch.onnx.export(program, dynamo=True, input_names=module.input_names,
@@ -225,11 +230,12 @@ def export_onnx(model: Detector, path: str | Path, *, postprocess: bool = False,
 
 
 def export_program(model: Detector, path: str | Path, *, postprocess: bool = False,
-                   category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None) -> Path:
+                   category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None,
+                   bilinear_kernel: BilinearKernel = "grid_sample") -> Path:
     """Export ``model`` with torch.export to ``path`` (``.pt2``); the metadata is the extra file
     ``detr.json``. Load it with :func:`load_program`."""
     path = Path(path)
-    program, module = _torch_export(model, postprocess)
+    program, module = _torch_export(model, postprocess, bilinear_kernel)
     values = {k.removeprefix("detr."): json.loads(v) for k, v in
               metadata(module.model, postprocess=postprocess, category_map=category_map, eval_size=eval_size).items()}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -238,7 +244,8 @@ def export_program(model: Detector, path: str | Path, *, postprocess: bool = Fal
 
 
 def export_openvino(model: Detector, path: str | Path, *, postprocess: bool = False,
-                    category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None) -> Path:
+                    category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None,
+                    bilinear_kernel: BilinearKernel = "grid_sample") -> Path:
     """Export ``model`` to the OpenVINO IR ``path`` (``.xml`` + ``.bin``): its ONNX graph
     (:func:`export_onnx`, written to a temporary file beside ``path``) converted by OpenVINO, fp32 weights, the
     metadata in the IR's rt_info. Not verified here: :func:`export` verifies."""
@@ -246,7 +253,7 @@ def export_openvino(model: Detector, path: str | Path, *, postprocess: bool = Fa
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".openvino-") as folder:
         onnx_path = export_onnx(model, Path(folder) / "model.onnx", postprocess=postprocess,
-                                category_map=category_map, eval_size=eval_size)
+                                category_map=category_map, eval_size=eval_size, bilinear_kernel=bilinear_kernel)
         return write_ir(onnx_path, path)
 
 
@@ -333,8 +340,13 @@ def verify_export(model: Detector, path: str | Path, *, format: ExportFormat = "
 
 
 def export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx", postprocess: bool = False,
-           category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None) -> Verification:
+           category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None,
+           bilinear_kernel: BilinearKernel = "grid_sample") -> Verification:
     """Export ``model`` to ``path`` in ``format`` and verify the file (:func:`verify_export`).
+
+    ``bilinear_kernel`` "gather" writes deformable attention's bilinear sampling as index gathers instead of
+    GridSample (for runtimes without a correct GridSample, e.g. TensorRT); it is verified against the model as
+    it runs here (grid_sample), so the file equals the default export within the same tolerances.
 
     Raises ExportError if the model cannot be exported, or if the file's outputs exceed the fp32
     tolerances (boxes 1e-4, logits 1e-3, scores 1e-4; labels equal): the file is then renamed to
@@ -344,7 +356,8 @@ def export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx", 
         raise ExportError(f"format must be one of {', '.join(map(repr, FORMAT_SUFFIXES))}, got {format!r}")
     path = Path(path)
     writer = {"onnx": export_onnx, "pt2": export_program, "openvino": export_openvino}[format]
-    writer(model, path, postprocess=postprocess, category_map=category_map, eval_size=eval_size)
+    writer(model, path, postprocess=postprocess, category_map=category_map, eval_size=eval_size,
+           bilinear_kernel=bilinear_kernel)
     verification = verify_export(model, path, format=format, postprocess=postprocess)
     if not verification.passed:
         failed = path.with_name(path.name + ".failed")

@@ -8,7 +8,8 @@
     detr-export last.ckpt --format openvino --out detector.xml --int8 --calibration train2017/ \
         --evaluate val2017/ instances_val2017.json              # + detector-int8.xml, both gated
 
-CHECKPOINT is anything detr.load_checkpoint reads. Batch, height and width are dynamic. The file is run
+CHECKPOINT is anything detr.load_checkpoint reads. Batch, height and width are dynamic. A deformable model's
+sampling is GridSample in the file unless --sampling-kernel gather writes it as index gathers. The file is run
 (ONNX Runtime for .onnx, OpenVINO for .xml) on a padded batch of two sizes and on one image of a third size and compared with
 the PyTorch model; the differences are printed. If they exceed the tolerance the file is renamed to
 OUT.failed and the exit status is 1. Run the file with: detr-predict IMAGES --checkpoint OUT.
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--postprocess", action="store_true",
                         help="put the post-processing in the graph: input orig_sizes [B, 2] (h, w); outputs "
                              "scores, labels, boxes (pixel xyxy)")
+    parser.add_argument("--sampling-kernel", choices=("grid_sample", "gather"), default="grid_sample",
+                        help="how deformable attention's bilinear sampling is written: grid_sample (GridSample) or "
+                             "gather (index gathers, no GridSample in the file: for TensorRT and runtimes without a "
+                             "correct GridSample; the same outputs, verified the same way)")
     parser.add_argument("--evaluate", nargs=2, metavar=("IMAGES", "JSON"), default=None,
                         help="the accuracy gate: evaluate the PyTorch model and the exported file on this COCO-format "
                              "set (image folder, annotation json) and print AP and latency side by side")
@@ -79,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     model = load_checkpoint(args.checkpoint)
     try:
-        verification = export(model, args.out, format=args.format, postprocess=args.postprocess)
+        verification = export(model, args.out, format=args.format, postprocess=args.postprocess,
+                              bilinear_kernel=args.sampling_kernel)
     except ExportError as error:
         print(f"export failed: {error}", file=sys.stderr)
         return 1

@@ -8,7 +8,7 @@ import torch
 
 from detr import build_detr
 from detr.models.config import DetrConfig
-from detr.models.deformable.attention import MultiScaleDeformableAttention, deformable_sampling
+from detr.models.deformable.attention import MultiScaleDeformableAttention, deformable_sampling, use_bilinear_kernel
 from tests.helpers import tiny_config_with
 
 TINY_DEFORMABLE = tiny_config_with(architecture="deformable", class_head="sigmoid", num_points=2, dropout=0.0)
@@ -117,3 +117,38 @@ def test_two_stage_on_images_too_small_for_its_queries_says_so():
 def test_config_refuses_what_the_model_lacks(changes, message):
     with pytest.raises(ValueError, match=message):
         DetrConfig(**changes)
+
+
+@pytest.mark.parametrize("points_per_level", [None, (1, 3)])
+def test_the_gather_kernel_samples_what_grid_sample_samples(points_per_level):
+    """Four index gathers from the map padded with zeros equal grid_sample (bilinear, zero padding,
+    align_corners=False) at every location: inside, on the border, partly and far outside the map."""
+    torch.manual_seed(0)
+    shapes = [(5, 7), (3, 4)]
+    value = torch.randn(2, sum(h * w for h, w in shapes), 2, 4)
+    total = 4 if points_per_level is None else sum(points_per_level)
+    locations = torch.rand(2, 9, 2, total, 2) * 1.6 - 0.3
+    locations[0, 0, 0, 0] = torch.tensor([0.0, 1.0])  # the map's corner
+    locations[0, 0, 0, 1] = torch.tensor([-5.0, 0.5])  # far outside
+    weights = torch.rand(2, 9, 2, total)
+    if points_per_level is None:
+        locations = locations.view(2, 9, 2, 2, 2, 2)
+        weights = weights.view(2, 9, 2, 2, 2)
+    expected = deformable_sampling(value, shapes, locations, weights, points_per_level=points_per_level)
+    got = deformable_sampling(value, shapes, locations, weights, points_per_level=points_per_level, kernel="gather")
+    assert (got - expected).abs().max() < 1e-5
+
+
+def test_a_model_switched_to_the_gather_kernel_predicts_the_same():
+    model = build_detr(tiny_config_with(architecture="deformable", class_head="sigmoid", num_points=2,
+                                        box_refine=True, two_stage=True)).eval()
+    images = torch.randn(1, 3, 64, 96)
+    mask = torch.zeros(1, 64, 96, dtype=torch.bool)
+    with torch.no_grad():
+        expected = model(images, mask)
+        assert use_bilinear_kernel(model, "gather") == sum(
+            isinstance(m, MultiScaleDeformableAttention) for m in model.modules()) > 0
+        got = model(images, mask)
+    assert (got.logits - expected.logits).abs().max() < 1e-4 and (got.boxes - expected.boxes).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="bilinear kernel must be one of grid_sample, gather"):
+        use_bilinear_kernel(model, "nearest")

@@ -17,6 +17,11 @@ RT-DETRv2 (Lv et al. 2024) adds two options used by RT-DETR's decoder: the scale
 box (``offset_scale``, 0.5 in Deformable DETR and by default) and a "discrete" sampling that reads the nearest
 cell instead of interpolating (``sampling_method="discrete"``: a gather, which deploys without grid_sample).
 
+The bilinear sampling has two kernels with the same result (to float rounding): ``grid_sample`` (the default)
+and ``"gather"``, the four neighbouring cells read by index from the map padded with a border of zeros and
+mixed with their bilinear weights: an export without ``GridSample`` for runtimes that lack a correct one
+(TensorRT's has been wrong, NVIDIA/TensorRT#4646). :func:`use_bilinear_kernel` switches a model's modules.
+
 D-FINE (Peng et al. 2024) adds two more: a point count per level (``num_points=(3, 6, 3)``: more points on the
 middle level) with offsets scaled by 1 / that level's count, and no value or output projection
 (``projections=False``: the decoder reads the encoder's memory as it is).
@@ -37,6 +42,9 @@ SpatialShapes = list[tuple[int, int]]
 #: How a sampling location reads its level: "bilinear" (grid_sample, the papers' default) or "discrete" (the
 #: nearest cell, clamped to the map: RT-DETRv2's option).
 SamplingMethod = Literal["bilinear", "discrete"]
+#: How "bilinear" sampling is computed: torch's ``grid_sample`` or four index gathers (the same values).
+BilinearKernel = Literal["grid_sample", "gather"]
+BILINEAR_KERNELS: tuple[str, ...] = ("grid_sample", "gather")
 
 
 def _nearest_cells(level_value: torch.Tensor, locations: torch.Tensor) -> torch.Tensor:
@@ -53,16 +61,43 @@ def _nearest_cells(level_value: torch.Tensor, locations: torch.Tensor) -> torch.
     return level_value.flatten(2).gather(2, index).view(count, channels, queries, points)
 
 
+def _bilinear_cells(level_value: torch.Tensor, locations: torch.Tensor) -> torch.Tensor:
+    """``grid_sample(level_value, 2 · locations − 1, "bilinear", padding_mode="zeros", align_corners=False)``
+    as four gathers: level_value [N, D, h, w], locations [N, Q, P, 2] (x, y) in [0, 1] → [N, D, Q, P].
+
+    The map gets a border of zeros one cell wide, so a neighbour outside the map reads 0 (any farther one is
+    clamped onto that border) and no mask is needed."""
+    count, channels, height, width = level_value.shape
+    _, queries, points, _ = locations.shape
+    padded = F.pad(level_value, (1, 1, 1, 1)).flatten(2)  # [N, D, (h + 2)·(w + 2)]
+    x = locations[..., 0] * width - 0.5  # pixel centres at integers (align_corners=False)
+    y = locations[..., 1] * height - 0.5
+    x0, y0 = x.floor(), y.floor()
+    fx, fy = x - x0, y - y0
+    column = (x0 + 1).to(torch.int64)  # in the padded map
+    row = (y0 + 1).to(torch.int64)
+    output = level_value.new_zeros(count, channels, queries, points)
+    for dy, weight_y in ((0, 1 - fy), (1, fy)):
+        rows = (row + dy).clamp(0, height + 1) * (width + 2)
+        for dx, weight_x in ((0, 1 - fx), (1, fx)):
+            index = (rows + (column + dx).clamp(0, width + 1)).reshape(count, 1, queries * points)
+            cells = padded.gather(2, index.expand(count, channels, queries * points))
+            output = output + cells.view(count, channels, queries, points) * (weight_y * weight_x).unsqueeze(1)
+    return output
+
+
 def deformable_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, sampling_locations: torch.Tensor,
                         attention_weights: torch.Tensor, method: SamplingMethod = "bilinear",
-                        points_per_level: Sequence[int] | None = None) -> torch.Tensor:
+                        points_per_level: Sequence[int] | None = None,
+                        kernel: BilinearKernel = "grid_sample") -> torch.Tensor:
     """The attention's core: sample ``value`` at the locations and sum with the weights.
 
     value [B, S, H, D] (the levels flattened and concatenated, finest first); sampling_locations
     [B, Q, H, L, P, 2] as (x, y) in [0, 1] of each level's map; attention_weights [B, Q, H, L, P]
     (summing to 1 over L × P) → [B, Q, H·D]. With ``points_per_level`` (a count per level, D-FINE's), the
     points of every level are concatenated instead: locations [B, Q, H, ΣP, 2], weights [B, Q, H, ΣP].
-    "bilinear": locations outside the map read zeros; "discrete": the nearest cell inside the map.
+    "bilinear": locations outside the map read zeros (``kernel``: grid_sample or four gathers, the same values);
+    "discrete": the nearest cell inside the map.
     """
     batch, _, heads, head_dim = value.shape
     if points_per_level is None:  # one count for every level: the same points, concatenated level by level
@@ -79,6 +114,9 @@ def deformable_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, samp
         locations = level_locations[level].transpose(1, 2).flatten(0, 1)
         if method == "discrete":
             sampled.append(_nearest_cells(level_value, locations))  # [B·H, D, Q, P_l]
+            continue
+        if kernel == "gather":
+            sampled.append(_bilinear_cells(level_value, locations))
             continue
         sampled.append(F.grid_sample(level_value, 2 * locations - 1, mode="bilinear", padding_mode="zeros",
                                      align_corners=False))  # [B·H, D, Q, P_l] (grid_sample's [-1, 1])
@@ -113,6 +151,10 @@ class MultiScaleDeformableAttention(nn.Module):
             the box, Deformable DETR's; RT-DETRv2 makes it an option).
         sampling_method: "bilinear" (grid_sample) or "discrete" (the nearest cell; RT-DETRv2's option).
         projections: the value and output projections (``value_proj``, ``output_proj``); D-FINE has neither.
+
+    Attributes:
+        bilinear_kernel: how "bilinear" sampling is computed, "grid_sample" (default) or "gather" (the same
+            values without grid_sample; set by :func:`use_bilinear_kernel`).
     """
 
     def __init__(self, hidden_dim: int = 256, num_heads: int = 8, num_levels: int = 4,
@@ -131,6 +173,7 @@ class MultiScaleDeformableAttention(nn.Module):
         self.num_points = points[0] if len(set(points)) == 1 else None
         self.hidden_dim, self.num_heads, self.num_levels = hidden_dim, num_heads, num_levels
         self.offset_scale, self.sampling_method = offset_scale, sampling_method
+        self.bilinear_kernel: BilinearKernel = "grid_sample"
         self.sampling_offsets = nn.Linear(hidden_dim, num_heads * sum(points) * 2)
         self.attention_weights = nn.Linear(hidden_dim, num_heads * sum(points))
         self.value_proj = nn.Linear(hidden_dim, hidden_dim) if projections else None
@@ -222,9 +265,21 @@ class MultiScaleDeformableAttention(nn.Module):
         value = value.view(batch, length, self.num_heads, self.hidden_dim // self.num_heads)
         locations, weights = self.sampling(query, reference_points, spatial_shapes)
         per_level = self.points_per_level if self.num_points is None else None
-        output = deformable_sampling(value, spatial_shapes, locations, weights, self.sampling_method, per_level)
+        output = deformable_sampling(value, spatial_shapes, locations, weights, self.sampling_method, per_level,
+                                     self.bilinear_kernel)
         if self.output_proj is not None:
             output = self.output_proj(output)
         if return_sampling and per_level is not None:
             locations, weights = pad_points(locations, weights, per_level)
         return output, ((locations, weights) if return_sampling else None)
+
+
+def use_bilinear_kernel(model: nn.Module, kernel: BilinearKernel) -> int:
+    """Compute every :class:`MultiScaleDeformableAttention` of ``model`` with ``kernel`` ("grid_sample" or
+    "gather": the same values); returns how many modules there are (0: the model has no deformable attention)."""
+    if kernel not in BILINEAR_KERNELS:
+        raise ValueError(f"bilinear kernel must be one of {', '.join(BILINEAR_KERNELS)}, got {kernel!r}")
+    modules = [module for module in model.modules() if isinstance(module, MultiScaleDeformableAttention)]
+    for module in modules:
+        module.bilinear_kernel = kernel
+    return len(modules)
