@@ -86,7 +86,7 @@ class DetrSystem(L.LightningModule):
         channels_last: run the backbone in NHWC memory layout, which oneDNN (CPU) and cuDNN prefer; same
             numbers up to float rounding (benchmarks/convergence.py --step-time measures the speed).
         backbone_bf16: run the backbone's convolutions in bfloat16 autocast, the transformer in float32
-            (:meth:`detr.models.backbone.Backbone.use_autocast`): for CPUs with AMX / AVX512-BF16, where
+            (:meth:`detr.models.detector.Detector.use_autocast`): for CPUs with AMX / AVX512-BF16, where
             Lightning's ``bf16-mixed`` would also put attention in bfloat16, whose CPU backward is slow.
             Not needed on GPUs (use ``precision: bf16-mixed``). The weights stay float32, and
             :func:`detr.load_checkpoint` runs them in float32.
@@ -166,9 +166,9 @@ class DetrSystem(L.LightningModule):
         self.model = build_detr(config)
         self.criterion = build_criterion(config, **self.loss_settings())
         if channels_last:
-            self.model.backbone[0].use_channels_last()
+            self.model.use_channels_last()
         if backbone_bf16:
-            self.model.backbone[0].use_autocast(torch.bfloat16)
+            self.model.use_autocast(torch.bfloat16)
         self.postprocess = PostProcess(class_head=config.class_head, top_k=self.detector.detections_per_image)
         self.category_map = _as_category_map(category_map, config.num_classes)
         self.lr_drop_epochs = list(lr_drop_epochs) if lr_drop_epochs is not None else [200]
@@ -226,10 +226,9 @@ class DetrSystem(L.LightningModule):
         """Seed every process differently once the model is built
         (:func:`detr.lightning.checkpointing.seed_each_process`); check the evaluator backend; run the
         backbone in float32 after all where ``backbone_bf16`` asks for bfloat16 on a CPU without it."""
-        backbone = self.detector.backbone[0]
-        if (backbone.autocast_dtype == torch.bfloat16 and self.trainer.strategy.root_device.type == "cpu"
+        if (self.detector.autocast_dtype == torch.bfloat16 and self.trainer.strategy.root_device.type == "cpu"
                 and not cpu_has_bfloat16()):
-            backbone.use_autocast(None)
+            self.detector.use_autocast(None)
             logger.warning("backbone_bf16: this CPU has no bfloat16 instructions (AVX512-BF16 / AMX), where "
                            "bfloat16 is emulated and slower: the backbone runs in float32")
         if stage in ("fit", "validate", "test"):

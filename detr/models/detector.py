@@ -126,7 +126,7 @@ class Detector(nn.Module):
         :meth:`slow_modules`, where it has any) at ``lr`` × 0.1, and "backbone" (when any of it trains) at
         ``lr_backbone``. Each group keeps ``self.parameters()``'s order."""
         detector = self.box_detector
-        in_backbone = {id(parameter) for parameter in detector.backbone.parameters()}
+        in_backbone = {id(parameter) for parameter in detector.backbone_parameters()}
         slow_modules = detector.slow_modules()
         slow = {id(parameter) for module in slow_modules for parameter in module.parameters()}
         trainable = [parameter for parameter in self.parameters() if parameter.requires_grad]
@@ -139,6 +139,31 @@ class Detector(nn.Module):
         if backbone:
             groups.append({"params": backbone, "lr": lr_backbone, "name": "backbone"})
         return groups
+
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        """The parameters trained at the backbone's learning rate (``lr_backbone``): here the DETR backbone
+        wrapper's (``self.backbone``); a family with another backbone overrides this."""
+        return list(self.backbone.parameters())
+
+    @property
+    def coarsest_stride(self) -> int:
+        """Input pixels per cell of the backbone's coarsest feature map (32; 16 with a dilated last stage)."""
+        return self.backbone[0].stride
+
+    def use_channels_last(self) -> None:
+        """Run the backbone in NHWC memory layout, which oneDNN (CPU) and cuDNN (tensor cores) prefer: the same
+        numbers up to float rounding. In place."""
+        self.backbone[0].use_channels_last()
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype the backbone's convolutions run in under autocast (:meth:`use_autocast`), or None."""
+        return self.backbone[0].autocast_dtype
+
+    def use_autocast(self, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        """Run the backbone's convolutions under ``torch.autocast`` in ``dtype`` and hand float32 features on
+        (None: off). The weights stay float32."""
+        self.backbone[0].use_autocast(dtype)
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> Detector:
         """Make this model faster for inference, in place; returns it in eval mode.

@@ -97,6 +97,28 @@ class RTDETR(Detector):
     def slow_modules(self) -> list[nn.Module]:
         return []
 
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        """The ResNet-vd's parameters (the authors' backbone group, trained at ``lr_backbone``)."""
+        return list(self.backbone.parameters())
+
+    @property
+    def coarsest_stride(self) -> int:
+        return _COARSEST_STRIDE
+
+    def use_channels_last(self) -> None:
+        """Run the ResNet-vd in NHWC memory layout (same numbers up to float rounding). In place."""
+        self.backbone.to(memory_format=torch.channels_last)
+        self.backbone.channels_last = True
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return self.backbone.autocast_dtype
+
+    def use_autocast(self, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        """Run the ResNet-vd's convolutions under ``torch.autocast`` in ``dtype`` (None: off); the encoder and
+        decoder get float32 maps."""
+        self.backbone.autocast_dtype = dtype
+
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> RTDETR:
         """Faster inference, in place, in eval mode: with ``fold_batch_norm``, the RepVGG blocks re-parameterised
         to one convolution each and every BatchNorm folded into its convolution (outputs equal to float
