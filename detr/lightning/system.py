@@ -232,9 +232,27 @@ class DetrSystem(L.LightningModule):
             logger.warning("backbone_bf16: this CPU has no bfloat16 instructions (AVX512-BF16 / AMX), where "
                            "bfloat16 is emulated and slower: the backbone runs in float32")
         if stage in ("fit", "validate", "test"):
+            self._check_input_contract()
             self.evaluation.announce(self.trainer)
         if stage == "fit" and self.trainer.world_size > 1:
             seed_each_process(self.global_rank)
+
+    def _check_input_contract(self) -> None:
+        """Raise :class:`SettingError` when the data module's transforms do not follow the model's input
+        contract (its resize kind and normalisation: :attr:`detr.models.detector.Detector.input_spec`)."""
+        data = getattr(self.trainer, "datamodule", None)
+        if data is None or not hasattr(data, "input_spec"):
+            return  # loaders given directly: the caller's to match
+        theirs, ours = data.input_spec, self.detector.input_spec
+        if theirs.resize == ours.resize and theirs.mean == ours.mean and theirs.std == ours.std:
+            return
+        square = ours.resize == "square"
+        fix = (f"--data.square_size {ours.size} (any multiple of 32)" if square else "no --data.square_size")
+        fix += ", --data.normalize false" if ours.mean is None else ", --data.normalize true"
+        raise SettingError(f"the data's transforms ({theirs.resize} resize, "
+                           f"{'ImageNet mean and std' if theirs.mean else 'pixels / 255'}) do not follow the model's "
+                           f"input contract ({ours.resize} resize, {'ImageNet mean and std' if ours.mean else 'pixels / 255'}): "
+                           f"set {fix} in the config (as configs/rtdetr_shapes_cpu.yaml does for RT-DETR)")
 
     def on_train_start(self) -> None:
         """A resumed run's schedule follows this run's settings, not the checkpoint's
