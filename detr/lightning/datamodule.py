@@ -188,7 +188,8 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         #: a checkpoint's reader finds the evaluation size (the Predictor's default resize)
         self.sizes = given if image_size is None else sizes_for(image_size, given)
         if square_size is not None:
-            if isinstance(square_size, bool) or not isinstance(square_size, int) or square_size < 32 or square_size % 32:
+            if (isinstance(square_size, bool) or not isinstance(square_size, int) or square_size < 32
+                    or square_size % 32):
                 raise ValueError(f"--data.square_size must be a multiple of 32 (RT-DETR's input contract), got "
                                  f"{square_size!r}")
             # the evaluation size a checkpoint records (its reader's resize)

@@ -38,6 +38,7 @@ from detr.models.backbone import cpu_has_bfloat16
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.detector import Detector
+from detr.models.inputs import InputSpec
 from detr.models.outputs import DetectorOutput
 
 logger = logging.getLogger(__name__)
@@ -249,10 +250,12 @@ class DetrSystem(L.LightningModule):
         square = ours.resize == "square"
         fix = (f"--data.square_size {ours.size} (any multiple of 32)" if square else "no --data.square_size")
         fix += ", --data.normalize false" if ours.mean is None else ", --data.normalize true"
-        raise SettingError(f"the data's transforms ({theirs.resize} resize, "
-                           f"{'ImageNet mean and std' if theirs.mean else 'pixels / 255'}) do not follow the model's "
-                           f"input contract ({ours.resize} resize, {'ImageNet mean and std' if ours.mean else 'pixels / 255'}): "
-                           f"set {fix} in the config (as configs/rtdetr_shapes_cpu.yaml does for RT-DETR)")
+        def pixels(spec: InputSpec) -> str:
+            return "ImageNet mean and std" if spec.mean else "pixels / 255"
+
+        raise SettingError(f"the data's transforms ({theirs.resize} resize, {pixels(theirs)}) do not follow the "
+                           f"model's input contract ({ours.resize} resize, {pixels(ours)}): set {fix} in the config "
+                           "(as configs/rtdetr_shapes_cpu.yaml does for RT-DETR)")
 
     def on_train_start(self) -> None:
         """A resumed run's schedule follows this run's settings, not the checkpoint's

@@ -31,8 +31,8 @@ def tiny_shapes(tmp_path_factory) -> Path:
 def _fit_args(data_root: Path, out_dir: Path, *extra: str) -> list[str]:
     return ["fit", "--config", str(CONFIG), f"--data.root={data_root}", "--data.square_size=64",
             "--data.batch_size=4", "--data.val_batch_size=2", *TINY_RTDETR, f"--trainer.default_root_dir={out_dir}",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1",
-            *extra]
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+            "--trainer.log_every_n_steps=1", *extra]
 
 
 def test_fit_trains_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:

@@ -139,7 +139,8 @@ class RTDETRDecoder(nn.Module):
                  label_noise_ratio: float = 0.5, box_noise_scale: float = 1.0) -> None:
         super().__init__()
         self.num_classes, self.denoising = num_classes, denoising
-        self.num_denoising, self.label_noise_ratio, self.box_noise_scale = num_denoising, label_noise_ratio, box_noise_scale
+        self.num_denoising = num_denoising
+        self.label_noise_ratio, self.box_noise_scale = label_noise_ratio, box_noise_scale
         if num_levels < len(in_channels):
             raise ValueError(f"num_levels ({num_levels}) must be at least the encoder's {len(in_channels)} maps")
         self.num_queries, self.num_levels = num_queries, num_levels
