@@ -77,9 +77,21 @@ def test_the_system_trains_the_resnet_vd_at_the_backbone_rate_in_its_own_layout(
                         evaluation_dir="")
     (optimizer,), _ = system.configure_optimizers()
     groups = {group["name"]: group for group in optimizer.param_groups}
-    assert {id(p) for p in groups["backbone"]["params"]} == {id(p) for p in system.model.backbone.parameters()}
-    assert (groups["backbone"]["lr"], groups["transformer"]["lr"]) == (1e-5, 1e-4)
-    assert system.model.autocast_dtype == torch.bfloat16 and system.model.backbone.channels_last
+    model = system.model
+    # the authors' groups, by name: the backbone but its norms at lr_backbone, the encoder's and decoder's
+    # norms without weight decay, the rest (the backbone's trainable norms included) at lr
+    named = dict(model.named_parameters())
+    expected = {"backbone": {n for n in named if n.startswith("backbone.") and ".norm." not in n},
+                "norms": {n for n in named if n.split(".")[0] in ("encoder", "decoder")
+                          and isinstance(model.get_submodule(n.rsplit(".", 1)[0]),
+                                         (torch.nn.BatchNorm2d, torch.nn.LayerNorm))}}
+    expected["transformer"] = set(named) - expected["backbone"] - expected["norms"]
+    names = {id(p): n for n, p in named.items()}
+    assert {name: {names[id(p)] for p in group["params"]} for name, group in groups.items()} == expected
+    assert any(".norm." in n for n in expected["transformer"])  # R18-vd's trainable BatchNorms
+    assert (groups["backbone"]["lr"], groups["transformer"]["lr"], groups["norms"]["lr"]) == (1e-5, 1e-4, 1e-4)
+    assert (groups["norms"]["weight_decay"], groups["transformer"]["weight_decay"]) == (0.0, 1e-4)
+    assert model.autocast_dtype == torch.bfloat16 and system.model.backbone.channels_last
     assert system.model.backbone.conv1.conv1_1.conv.weight.is_contiguous(memory_format=torch.channels_last)
     system.model.train()
     features = system.model.backbone(torch.rand(1, 3, 64, 64))

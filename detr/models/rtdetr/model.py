@@ -25,6 +25,8 @@ from detr.models.rtdetr.resnet_vd import ResNetVd, fold_batch_norms
 
 #: The authors' evaluation size: images resized to a 640 × 640 square.
 EVAL_SIZE = 640
+#: The norm layers the authors' optimizer groups pick out by name ("norm", "bn")
+_NORMS = (nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)
 #: The coarsest backbone map's stride: the encoder's upsampling pairs each map with one of exactly twice its size.
 _COARSEST_STRIDE = 32
 
@@ -98,8 +100,16 @@ class RTDETR(Detector):
         return []
 
     def backbone_parameters(self) -> list[nn.Parameter]:
-        """The ResNet-vd's parameters (the authors' backbone group, trained at ``lr_backbone``)."""
-        return list(self.backbone.parameters())
+        """The ResNet-vd's parameters but its norms' (the authors' backbone group, ``^(?=.*backbone)(?!.*norm)``,
+        trained at ``lr_backbone``; trainable norms, as R18-vd's, train at the main rate)."""
+        return [parameter for module in self.backbone.modules() if not isinstance(module, _NORMS)
+                for parameter in module.parameters(recurse=False)]
+
+    def no_weight_decay_parameters(self) -> list[nn.Parameter]:
+        """The encoder's and decoder's norms (the authors' ``^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn))``
+        group, weight decay 0)."""
+        return [parameter for part in (self.encoder, self.decoder) for module in part.modules()
+                if isinstance(module, _NORMS) for parameter in module.parameters(recurse=False)]
 
     @property
     def coarsest_stride(self) -> int:
