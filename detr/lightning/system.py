@@ -225,8 +225,9 @@ class DetrSystem(L.LightningModule):
     # ------------------------------------------------------------------ processes
     def setup(self, stage: str) -> None:
         """Seed every process differently once the model is built
-        (:func:`detr.lightning.checkpointing.seed_each_process`); check the evaluator backend; run the
-        backbone in float32 after all where ``backbone_bf16`` asks for bfloat16 on a CPU without it."""
+        (:func:`detr.lightning.checkpointing.seed_each_process`); check the evaluator backend and that the data
+        follows the model's input contract; run the backbone in float32 after all where ``backbone_bf16`` asks
+        for bfloat16 on a CPU without it."""
         if (self.detector.autocast_dtype == torch.bfloat16 and self.trainer.strategy.root_device.type == "cpu"
                 and not cpu_has_bfloat16()):
             self.detector.use_autocast(None)
