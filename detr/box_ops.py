@@ -43,6 +43,14 @@ def batched_generalized_box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor) -> t
     return iou - (area_c - union) / area_c
 
 
+def elementwise_box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
+    """IoU of matched pairs: [N, 4] xyxy and [N, 4] xyxy → [N] (the diagonal of the pairwise IoU)."""
+    lt = torch.max(boxes1[:, :2], boxes2[:, :2])
+    rb = torch.min(boxes1[:, 2:], boxes2[:, 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    return inter / (_area(boxes1) + _area(boxes2) - inter)
+
+
 def elementwise_generalized_box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
     """GIoU of matched pairs: [N, 4] xyxy and [N, 4] xyxy → [N].
 

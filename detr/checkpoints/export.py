@@ -113,7 +113,7 @@ def prepare_for_export(model: Detector, *, bilinear_kernel: BilinearKernel = "gr
                           "detr.checkpoints.save_huggingface)")
     prepared = copy.deepcopy(model).float().eval().cpu()
     prepared.optimize_for_inference(fold_batch_norm=True, channels_last=False)
-    prepared.backbone[0].autocast_dtype = None
+    prepared.use_autocast(None)
     use_bilinear_kernel(prepared, bilinear_kernel)
     return prepared
 
@@ -123,7 +123,7 @@ def example_inputs(model: Detector, *, postprocess: bool,
                    seed: int = 0) -> tuple[Tensor, ...]:
     """A zero-padded batch of random normalised images (one per (height, width) in ``batch_sizes``,
     default two of different sizes) with its mask, and orig_sizes if ``postprocess``."""
-    stride = model.backbone[0].stride
+    stride = model.coarsest_stride
     sizes = batch_sizes or [(4 * stride + 3, 5 * stride + 7), (3 * stride + 5, 6 * stride + 1)]
     generator = torch.Generator().manual_seed(seed)
     height, width = max(h for h, _ in sizes), max(w for _, w in sizes)
@@ -308,9 +308,9 @@ def verify_export(model: Detector, path: str | Path, *, format: ExportFormat = "
     sizes and on one image of a third size; return the max abs differences (not raising)."""
     path = Path(path)
     reference = DeployModel(copy.deepcopy(model).float().eval().cpu(), postprocess=postprocess).eval()
-    reference.model.backbone[0].autocast_dtype = None
+    reference.model.use_autocast(None)
     run = _runner(path, format, reference.input_names)
-    stride = reference.model.backbone[0].stride
+    stride = reference.model.coarsest_stride
     checks = {
         "padded batch of 2 (two sizes)": example_inputs(
             reference.model, postprocess=postprocess, seed=1,

@@ -138,8 +138,22 @@ def _bbox_params() -> A.BboxParams:
     )
 
 
-def _to_tensor() -> list[A.BasicTransform]:
-    return [A.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD, max_pixel_value=255.0), ToTensorV2()]
+def _to_tensor(normalize: bool = True) -> list[A.BasicTransform]:
+    """ImageNet normalisation (or, ``normalize=False``, pixels / 255: the real-time DETRs') and a CHW tensor."""
+    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if normalize else ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+    return [A.Normalize(mean=mean, std=std, max_pixel_value=255.0), ToTensorV2()]
+
+
+def make_square_transform(size: int, *, train: bool, normalize: bool = False, seed: int | None = None
+                          ) -> A.Compose:
+    """RT-DETR's input contract for training and evaluation: every image resized to ``size`` × ``size`` (the
+    aspect ratio not kept; OpenCV's bilinear filter), pixels / 255 (ImageNet's mean and std with
+    ``normalize``); ``train`` adds the horizontal flip (p = 0.5). Same call and output as
+    :func:`make_train_transform`. (The authors' photometric distortion, zoom-out, IoU crop and multi-scale
+    batches are not here: docs/rtdetr.md.)"""
+    flip = [A.HorizontalFlip(p=0.5)] if train else []
+    return A.Compose([*flip, A.Resize(size, size, interpolation=cv2.INTER_LINEAR), *_to_tensor(normalize)],
+                     bbox_params=_bbox_params(), seed=seed)
 
 
 def make_train_transform(
@@ -150,6 +164,7 @@ def make_train_transform(
     crop_min_size: int = CROP_MIN_SIZE,
     crop_max_size: int = CROP_MAX_SIZE,
     seed: int | None = None,
+    normalize: bool = True,
 ) -> A.Compose:
     """The authors' train augmentation (defaults) or the same recipe at other sizes.
 
@@ -160,6 +175,7 @@ def make_train_transform(
             resizes have no long-side cap, as in the authors' code.
         crop_min_size, crop_max_size: range of the crop's width and height (authors: 384, 600).
         seed: seed of albumentations' generators (None: fresh entropy).
+        normalize: ImageNet's mean and std (False: pixels / 255).
 
     Returns:
         albumentations Compose: ``t(image=uint8 [H, W, 3], bboxes=float32 [N, 4] pixel xyxy, labels=[N])``
@@ -183,20 +199,21 @@ def make_train_transform(
                 ],
                 p=1.0,
             ),
-            *_to_tensor(),
+            *_to_tensor(normalize),
         ],
         bbox_params=_bbox_params(),
         seed=seed,
     )
 
 
-def make_eval_transform(*, min_size: int = EVAL_MIN_SIZE, max_size: int = EVAL_MAX_SIZE) -> A.Compose:
+def make_eval_transform(*, min_size: int = EVAL_MIN_SIZE, max_size: int = EVAL_MAX_SIZE, normalize: bool = True
+                        ) -> A.Compose:
     """The authors' eval transform: shortest side ``min_size``, long side at most ``max_size``, normalise.
 
     Same call and output as :func:`make_train_transform`; deterministic.
     """
     return A.Compose(
-        [ShortestSideResize([min_size], max_size=max_size), *_to_tensor()], bbox_params=_bbox_params()
+        [ShortestSideResize([min_size], max_size=max_size), *_to_tensor(normalize)], bbox_params=_bbox_params()
     )
 
 
@@ -236,6 +253,7 @@ __all__ = [
     "denormalize",
     "make_eval_transform",
     "make_normalize_transform",
+    "make_square_transform",
     "make_train_transform",
     "reseed_transform",
     "resize_shape",

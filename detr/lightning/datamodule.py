@@ -39,9 +39,11 @@ from detr.data.transforms import (
     TRAIN_MAX_SIZE,
     TRAIN_SCALES,
     make_eval_transform,
+    make_square_transform,
     make_train_transform,
     reseed_transform,
 )
+from detr.models.inputs import InputSpec
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +148,11 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             scales 230-384, crops of 184-288 px). It replaces the sizes left at the authors' values; a size
             set to another value is kept. None: the sizes as given. Smaller images make a step on the CPU
             several times faster, at the cost of small objects.
+        square_size: resize every image, in training and evaluation, to this square (a multiple of 32; RT-DETR's
+            input contract: :func:`detr.data.transforms.make_square_transform`, horizontal flips only) instead of
+            the shortest-side resizes above; checkpoints record it as the evaluation size. None: those resizes.
+        normalize: ImageNet's mean and std (the paper's DETR, Deformable DETR); False: pixels / 255 (RT-DETR).
+            The training system refuses data that does not follow its model's input contract.
 
     Attributes:
         category_map: label ↔ category id/name (None when the subclass has no annotations to read).
@@ -170,6 +177,8 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         eval_min_size: int = EVAL_MIN_SIZE,
         eval_max_size: int = EVAL_MAX_SIZE,
         image_size: int | None = None,
+        square_size: int | None = None,
+        normalize: bool = True,
     ) -> None:
         super().__init__()
         given = {"train_scales": list(train_scales), "train_max_size": train_max_size,
@@ -178,6 +187,14 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         #: the transforms' sizes after ``image_size``; subclasses record them as hyperparameters, which is where
         #: a checkpoint's reader finds the evaluation size (the Predictor's default resize)
         self.sizes = given if image_size is None else sizes_for(image_size, given)
+        if square_size is not None:
+            if (isinstance(square_size, bool) or not isinstance(square_size, int) or square_size < 32
+                    or square_size % 32):
+                raise ValueError(f"--data.square_size must be a multiple of 32 (RT-DETR's input contract), got "
+                                 f"{square_size!r}")
+            # the evaluation size a checkpoint records (its reader's resize)
+            self.sizes = {**self.sizes, "eval_min_size": square_size, "eval_max_size": square_size}
+        self.square_size, self.normalize = square_size, normalize
         if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1) or num_workers < 0:
             raise ValueError(
                 f"need batch_size >= 1, val_batch_size >= 1 (or None) and num_workers >= 0; got {batch_size}, "
@@ -190,12 +207,17 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         self.persistent_workers = persistent_workers
         self.drop_last = drop_last
         sizes = self.sizes
-        self.train_transform = make_train_transform(
-            scales=sizes["train_scales"], max_size=sizes["train_max_size"],
-            crop_resize_scales=sizes["crop_resize_scales"], crop_min_size=sizes["crop_min_size"],
-            crop_max_size=sizes["crop_max_size"],
-        )
-        self.eval_transform = make_eval_transform(min_size=sizes["eval_min_size"], max_size=sizes["eval_max_size"])
+        if square_size is not None:
+            self.train_transform = make_square_transform(square_size, train=True, normalize=normalize)
+            self.eval_transform = make_square_transform(square_size, train=False, normalize=normalize)
+        else:
+            self.train_transform = make_train_transform(
+                scales=sizes["train_scales"], max_size=sizes["train_max_size"],
+                crop_resize_scales=sizes["crop_resize_scales"], crop_min_size=sizes["crop_min_size"],
+                crop_max_size=sizes["crop_max_size"], normalize=normalize,
+            )
+            self.eval_transform = make_eval_transform(min_size=sizes["eval_min_size"], max_size=sizes["eval_max_size"],
+                                                      normalize=normalize)
         self.paths: dict[str, tuple[Path, Path]] = {}
         self.category_map: CategoryMap | None = None
         self.predict_images: str | list[str] | None = None  # a subclass's predict_images argument
@@ -204,6 +226,15 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         # Annotation jsons already read (path → dict), for the start-up checks; dropped before a loader forks
         # its workers, which would otherwise inherit (and, page by page, copy) the json's Python objects.
         self._json_cache: dict[Path, dict[str, Any]] = {}
+
+    @property
+    def input_spec(self) -> InputSpec:
+        """The input contract these transforms follow (resize and normalisation; the training system checks it
+        against its model's)."""
+        mean_std = {} if self.normalize else {"mean": None, "std": None}
+        if self.square_size is not None:
+            return InputSpec(resize="square", size=self.square_size, max_size=None, **mean_std)
+        return InputSpec(size=self.sizes["eval_min_size"], max_size=self.sizes["eval_max_size"], **mean_std)
 
     # ------------------------------------------------------------------ what the data decides
     @property

@@ -38,6 +38,7 @@ from detr.models.backbone import cpu_has_bfloat16
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.detector import Detector
+from detr.models.inputs import InputSpec
 from detr.models.outputs import DetectorOutput
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class DetrSystem(L.LightningModule):
         channels_last: run the backbone in NHWC memory layout, which oneDNN (CPU) and cuDNN prefer; same
             numbers up to float rounding (benchmarks/convergence.py --step-time measures the speed).
         backbone_bf16: run the backbone's convolutions in bfloat16 autocast, the transformer in float32
-            (:meth:`detr.models.backbone.Backbone.use_autocast`): for CPUs with AMX / AVX512-BF16, where
+            (:meth:`detr.models.detector.Detector.use_autocast`): for CPUs with AMX / AVX512-BF16, where
             Lightning's ``bf16-mixed`` would also put attention in bfloat16, whose CPU backward is slow.
             Not needed on GPUs (use ``precision: bf16-mixed``). The weights stay float32, and
             :func:`detr.load_checkpoint` runs them in float32.
@@ -166,9 +167,9 @@ class DetrSystem(L.LightningModule):
         self.model = build_detr(config)
         self.criterion = build_criterion(config, **self.loss_settings())
         if channels_last:
-            self.model.backbone[0].use_channels_last()
+            self.model.use_channels_last()
         if backbone_bf16:
-            self.model.backbone[0].use_autocast(torch.bfloat16)
+            self.model.use_autocast(torch.bfloat16)
         self.postprocess = PostProcess(class_head=config.class_head, top_k=self.detector.detections_per_image)
         self.category_map = _as_category_map(category_map, config.num_classes)
         self.lr_drop_epochs = list(lr_drop_epochs) if lr_drop_epochs is not None else [200]
@@ -224,18 +225,38 @@ class DetrSystem(L.LightningModule):
     # ------------------------------------------------------------------ processes
     def setup(self, stage: str) -> None:
         """Seed every process differently once the model is built
-        (:func:`detr.lightning.checkpointing.seed_each_process`); check the evaluator backend; run the
-        backbone in float32 after all where ``backbone_bf16`` asks for bfloat16 on a CPU without it."""
-        backbone = self.detector.backbone[0]
-        if (backbone.autocast_dtype == torch.bfloat16 and self.trainer.strategy.root_device.type == "cpu"
+        (:func:`detr.lightning.checkpointing.seed_each_process`); check the evaluator backend and that the data
+        follows the model's input contract; run the backbone in float32 after all where ``backbone_bf16`` asks
+        for bfloat16 on a CPU without it."""
+        if (self.detector.autocast_dtype == torch.bfloat16 and self.trainer.strategy.root_device.type == "cpu"
                 and not cpu_has_bfloat16()):
-            backbone.use_autocast(None)
+            self.detector.use_autocast(None)
             logger.warning("backbone_bf16: this CPU has no bfloat16 instructions (AVX512-BF16 / AMX), where "
                            "bfloat16 is emulated and slower: the backbone runs in float32")
         if stage in ("fit", "validate", "test"):
+            self._check_input_contract()
             self.evaluation.announce(self.trainer)
         if stage == "fit" and self.trainer.world_size > 1:
             seed_each_process(self.global_rank)
+
+    def _check_input_contract(self) -> None:
+        """Raise :class:`SettingError` when the data module's transforms do not follow the model's input
+        contract (its resize kind and normalisation: :attr:`detr.models.detector.Detector.input_spec`)."""
+        data = getattr(self.trainer, "datamodule", None)
+        if data is None or not hasattr(data, "input_spec"):
+            return  # loaders given directly: the caller's to match
+        theirs, ours = data.input_spec, self.detector.input_spec
+        if theirs.resize == ours.resize and theirs.mean == ours.mean and theirs.std == ours.std:
+            return
+        square = ours.resize == "square"
+        fix = (f"--data.square_size {ours.size} (any multiple of 32)" if square else "no --data.square_size")
+        fix += ", --data.normalize false" if ours.mean is None else ", --data.normalize true"
+        def pixels(spec: InputSpec) -> str:
+            return "ImageNet mean and std" if spec.mean else "pixels / 255"
+
+        raise SettingError(f"the data's transforms ({theirs.resize} resize, {pixels(theirs)}) do not follow the "
+                           f"model's input contract ({ours.resize} resize, {pixels(ours)}): set {fix} in the config "
+                           "(as configs/rtdetr_shapes_cpu.yaml does for RT-DETR)")
 
     def on_train_start(self) -> None:
         """A resumed run's schedule follows this run's settings, not the checkpoint's

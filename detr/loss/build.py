@@ -18,8 +18,8 @@ from detr.models.config import DetrConfig
 def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0,
                     loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0, eos_coef: float = 0.1,
                     focal_alpha: float = 0.25, focal_gamma: float = 2.0, masks: bool = False,
-                    loss_mask: float = 1.0, loss_dice: float = 1.0, training_only_parts: bool = True
-                    ) -> SetCriterion:
+                    loss_mask: float = 1.0, loss_dice: float = 1.0, training_only_parts: bool = True,
+                    varifocal_alpha: float = 0.75) -> SetCriterion:
     """The criterion for a model built from ``config``.
 
     The sigmoid head is trained with the focal loss and matched with the focal cost (Deformable DETR); the
@@ -29,15 +29,22 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     mask terms (``loss_mask``, ``loss_dice``); ``training_only_parts=False`` leaves out the parts that read
     training-only outputs (denoising, dense head), for a detector that stays in eval mode (a frozen one under
     the mask head).
+
+    RT-DETR (``config.architecture == "rtdetr"``) is trained as its authors do: the varifocal class loss
+    (α ``varifocal_alpha``, γ ``focal_gamma``; the matcher keeps the focal cost with ``focal_alpha``), its
+    selected encoder proposals scored as one more decoder layer (matched with their classes, loss_*_enc) and
+    its contrastive denoising groups scored with the same terms (loss_*_dn). The recipe's costs and weights
+    (class cost 2, VFL 1, L1 5, GIoU 2) are the caller's (configs/rtdetr_*.yaml).
     """
+    rtdetr = config.architecture == "rtdetr"
     weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
     focal = {"focal_alpha": focal_alpha, "focal_gamma": focal_gamma}
     layers = config.num_decoder_layers if config.aux_loss else 1
     parts: list[LossPart] = []
-    if config.two_stage:
-        parts.append(ProposalLoss(**weights))
+    if config.two_stage or rtdetr:
+        parts.append(ProposalLoss(**weights, class_agnostic=not rtdetr))
     if config.denoising and training_only_parts:
-        parts.append(DenoisingLoss(layers, class_head=config.class_head, **focal, **weights))
+        parts.append(DenoisingLoss(layers, class_head=config.class_head, **focal, **weights, contrastive=rtdetr))
     if config.dense_aux_head and training_only_parts:
         parts.append(DenseLoss(**focal, **weights))
     if masks:
@@ -45,5 +52,6 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     matcher = HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou,
                                class_head=config.class_head, **focal,
                                group_size=config.num_queries if config.query_groups > 1 else None)
+    loss_focal = {**focal, "focal_alpha": varifocal_alpha} if rtdetr else focal
     return SetCriterion(config.num_classes, matcher, eos_coef=eos_coef, **weights, num_decoder_layers=layers,
-                        class_head=config.class_head, **focal, parts=parts)
+                        class_head=config.class_head, **loss_focal, varifocal=rtdetr, parts=parts)

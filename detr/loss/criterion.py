@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.loss.focal import sigmoid_focal_loss
+from detr.loss.focal import sigmoid_focal_loss, varifocal_loss
 from detr.loss.matcher import HungarianMatcher
-from detr.loss.terms import Indices, Targets, box_losses, matched_labels, matched_query_index
+from detr.loss.terms import Indices, Targets, box_losses, matched_box_iou, matched_labels, matched_query_index
 from detr.models.config import ClassHead
 from detr.models.outputs import DetectorOutput, LayerOutput
 
@@ -70,6 +70,9 @@ class SetCriterion(nn.Module):
             "sigmoid" (sigmoid focal loss over ``num_classes`` logits, summed and divided by num_boxes, as
             Deformable DETR); the matcher must have the same ``class_head``. focal_alpha, focal_gamma:
             0.25, 2.
+        varifocal: with the sigmoid head, the varifocal loss (:func:`detr.loss.focal.varifocal_loss`: the
+            target class scored by the IoU of the query's box with its target) instead of the focal loss, as
+            RT-DETR trains (with focal_alpha 0.75); still named loss_ce, divided by num_boxes.
         Group DETR: with a matcher built with ``group_size``, predictions of G query groups are matched
             group by group (see the matcher) and the box and focal terms are divided by G · num_boxes: the
             mean over groups of each group's loss (the softmax term is a mean over all queries already).
@@ -87,8 +90,12 @@ class SetCriterion(nn.Module):
     def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, eos_coef: float = 0.1, *,
                  loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
                  num_decoder_layers: int = 6, class_head: ClassHead = "softmax",
-                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, parts: Sequence[LossPart] = ()) -> None:
+                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, varifocal: bool = False,
+                 parts: Sequence[LossPart] = ()) -> None:
         super().__init__()
+        if varifocal and class_head != "sigmoid":
+            raise ValueError("SetCriterion(varifocal=True) scores sigmoid logits: build it with class_head='sigmoid'")
+        self.varifocal = varifocal
         self.num_classes = num_classes
         self.matcher = matcher if matcher is not None else HungarianMatcher(class_head=class_head)
         if self.matcher.class_head != class_head:
@@ -123,7 +130,14 @@ class SetCriterion(nn.Module):
         if self.class_head == "sigmoid":
             onehot = torch.zeros_like(logits)  # unmatched queries: every class negative
             onehot[batch_index, query_index, labels] = 1.0
-            loss_ce = sigmoid_focal_loss(logits, onehot, num_boxes, alpha=self.focal_alpha, gamma=self.focal_gamma)
+            if self.varifocal:
+                scores = torch.zeros_like(logits)  # the target class at the box's IoU with its target
+                scores[batch_index, query_index, labels] = matched_box_iou(outputs.boxes, targets, indices).to(logits)
+                loss_ce = varifocal_loss(logits, onehot, scores, num_boxes, alpha=self.focal_alpha,
+                                         gamma=self.focal_gamma)
+            else:
+                loss_ce = sigmoid_focal_loss(logits, onehot, num_boxes, alpha=self.focal_alpha,
+                                             gamma=self.focal_gamma)
         else:
             target_classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
             target_classes[batch_index, query_index] = labels
@@ -159,10 +173,16 @@ class SetCriterion(nn.Module):
         """:meth:`layer_losses` and the matches they were computed on."""
         indices = self.matcher(outputs, targets)
         num_boxes = num_boxes * self.matcher.num_groups(outputs.logits.shape[1])
+        return self.assigned_losses(outputs, targets, indices, num_boxes), indices
+
+    def assigned_losses(self, outputs: LayerOutput, targets: Targets, indices: Indices,
+                        num_boxes: float | torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every loss term for one layer's predictions on given (query, target) pairs (the matcher's, or a
+        part's fixed assignment): the class term over all queries (the unpaired ones as background)."""
         losses = self.loss_labels(outputs, targets, indices, num_boxes)
         losses.update(self.loss_cardinality(outputs, targets))
         losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))
-        return losses, indices
+        return losses
 
     def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: float | torch.Tensor | None = None
                 ) -> dict[str, torch.Tensor]:

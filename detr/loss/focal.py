@@ -7,6 +7,9 @@ query the all-zero target. Down-weighting the many easy negatives (the unmatched
 matched ones drive the classifier from the first steps, which is what a short training run needs
 (docs/convergence.md).
 
+RT-DETR trains the sigmoid head with the varifocal loss instead (:func:`varifocal_loss`), matched with the same
+focal cost.
+
 A sigmoid head has ``num_classes`` logits, no "no object" logit (see :func:`detr.build_detr`'s
 ``class_head``).
 """
@@ -14,6 +17,7 @@ A sigmoid head has ``num_classes`` logits, no "no object" logit (see :func:`detr
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torchvision.ops import sigmoid_focal_loss as _torchvision_sigmoid_focal_loss
 
 
@@ -55,3 +59,27 @@ def focal_class_cost(logits: torch.Tensor, labels: torch.Tensor, *, alpha: float
     positive = alpha * (1 - prob).pow(gamma) * -(prob + 1e-8).log()
     index = labels[:, None, :].expand(-1, prob.shape[1], -1)  # [B, Q, T]
     return positive.gather(2, index) - negative.gather(2, index)
+
+
+def varifocal_loss(logits: torch.Tensor, onehot: torch.Tensor, scores: torch.Tensor, num_boxes: float | torch.Tensor,
+                   *, alpha: float = 0.75, gamma: float = 2.0) -> torch.Tensor:
+    """Varifocal loss (Zhang et al., "VarifocalNet", CVPR 2021), as RT-DETR trains its class head: binary
+    cross-entropy towards an IoU-aware target, summed over every element and divided by ``num_boxes``.
+
+    Per element, with p = sigmoid(logit) (detached in the weight): the target is ``scores`` (the IoU of the
+    query's box with its matched target, at the target's class; 0 elsewhere) and the weight
+    ``α p^γ (1 - onehot) + scores``: negatives are down-weighted like the focal loss, positives weighted by
+    their IoU.
+
+    Args:
+        logits: float [..., num_classes] raw scores.
+        onehot: float, same shape: 1 at each matched query's target class.
+        scores: float, same shape: the IoU-aware target (``iou · onehot``), detached.
+        num_boxes: the batch's target count (already reduced across processes by the caller), ≥ 1.
+        alpha, gamma: 0.75 and 2 in RT-DETR.
+
+    Returns a float scalar.
+    """
+    weight = alpha * logits.detach().sigmoid().pow(gamma) * (1 - onehot) + scores
+    loss = F.binary_cross_entropy_with_logits(logits, scores, weight=weight, reduction="sum")
+    return loss / num_boxes

@@ -27,16 +27,20 @@ from detr.models.outputs import DetectorOutput
 
 
 class ProposalLoss(LossPart):
-    """loss_{ce,bbox,giou}_enc of Deformable DETR's two-stage encoder proposals: the set loss, matched
-    class-agnostically (every target is class 0, as the authors' code) with the criterion's matcher and terms.
+    """loss_{ce,bbox,giou}_enc of the encoder's proposals: the set loss with the criterion's matcher and terms,
+    matched class-agnostically (every target is class 0: Deformable DETR's two-stage, as the authors' code) or
+    with the targets' classes (``class_agnostic=False``: RT-DETR's selected proposals, which the authors weigh
+    as one more decoder layer).
 
-    Args: the weights loss_ce, loss_bbox, loss_giou (1, 5, 2: the main terms').
+    Args: the weights loss_ce, loss_bbox, loss_giou (1, 5, 2: the main terms'); class_agnostic (True).
     """
 
     output_field = "proposals"
 
-    def __init__(self, *, loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0) -> None:
+    def __init__(self, *, loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
+                 class_agnostic: bool = True) -> None:
         super().__init__()
+        self.class_agnostic = class_agnostic
         base = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
         self.weight_dict = {f"{name}_enc": weight for name, weight in base.items()}
 
@@ -46,8 +50,9 @@ class ProposalLoss(LossPart):
             return self.zeros(outputs)
         if context is None:
             raise ValueError("ProposalLoss matches with its criterion's matcher: call it through SetCriterion")
-        binary = [{**target, "labels": torch.zeros_like(target["labels"])} for target in targets]
-        losses = context.criterion.layer_losses(outputs.proposals, binary, num_boxes)
+        if self.class_agnostic:
+            targets = [{**target, "labels": torch.zeros_like(target["labels"])} for target in targets]
+        losses = context.criterion.layer_losses(outputs.proposals, targets, num_boxes)
         losses.pop("class_error")
         return {f"{name}_enc": value for name, value in losses.items()}
 
@@ -73,19 +78,26 @@ class DenoisingLoss(LossPart):
     and divided like the boxes for the sigmoid head); L1 and 1 − GIoU are summed and divided by
     num_boxes × denoising groups.
 
+    ``contrastive=True`` (RT-DETR's contrastive denoising, whose groups hold a positive and a negative copy of
+    every target): the criterion's own terms (:meth:`SetCriterion.assigned_losses`) on the positives'
+    fixed pairs, so the class term (varifocal for RT-DETR) covers every denoising query, the negatives and
+    the padding as background; the same division by num_boxes × groups.
+
     Args:
         num_decoder_layers: the decoder's layers (the criterion's count: one suffix per layer).
         class_head: the model's class head, as the criterion's.
         focal_alpha, focal_gamma: the sigmoid head's focal loss (0.25, 2).
         loss_ce, loss_bbox, loss_giou: the weights (1, 5, 2: the main terms').
+        contrastive: score with the criterion's terms over every denoising query (RT-DETR).
     """
 
     output_field = "denoising"
 
     def __init__(self, num_decoder_layers: int = 6, *, class_head: ClassHead = "softmax",
                  focal_alpha: float = 0.25, focal_gamma: float = 2.0, loss_ce: float = 1.0,
-                 loss_bbox: float = 5.0, loss_giou: float = 2.0) -> None:
+                 loss_bbox: float = 5.0, loss_giou: float = 2.0, contrastive: bool = False) -> None:
         super().__init__()
+        self.contrastive = contrastive
         self.class_head, self.focal_alpha, self.focal_gamma = class_head, focal_alpha, focal_gamma
         self.suffixes = ["_dn"] + [f"_dn_{layer}" for layer in range(num_decoder_layers - 1)]
         base = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
@@ -94,12 +106,22 @@ class DenoisingLoss(LossPart):
     def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: torch.Tensor,
                 context: LossContext | None = None) -> dict[str, torch.Tensor]:
         """outputs: the model's output (its ``denoising`` predictions); num_boxes: the batch's target count,
-        reduced across processes and at least 1; ``context`` is not read (the queries' targets are fixed)."""
+        reduced across processes and at least 1; ``context``: the criterion, whose terms score the layers when
+        ``contrastive`` (not read otherwise: the queries' targets are fixed)."""
         if outputs.denoising is None:  # evaluation, or a batch without targets
             return self.zeros(outputs)
         meta, denoising = outputs.denoising.meta, outputs.denoising
         indices = denoising_indices(meta, targets)
         dn_num_boxes = num_boxes * meta.num_groups
+        if self.contrastive:
+            if context is None:
+                raise ValueError("DenoisingLoss(contrastive=True) scores with its criterion's terms: call it "
+                                 "through SetCriterion")
+            losses = {}
+            for suffix, layer in zip(self.suffixes, [denoising, *denoising.aux]):
+                terms = context.criterion.assigned_losses(layer, targets, indices, dn_num_boxes)
+                losses.update({f"{name}{suffix}": terms[name] for name in ("loss_ce", "loss_bbox", "loss_giou")})
+            return losses
         batch_index, query_index = matched_query_index(indices)
         labels = matched_labels(targets, indices)
         losses = {}

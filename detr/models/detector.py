@@ -120,18 +120,29 @@ class Detector(nn.Module):
         offsets and reference points)."""
         return []
 
+    def no_weight_decay_parameters(self) -> list[nn.Parameter]:
+        """Parameters outside the backbone that their authors train without weight decay (none here; RT-DETR's
+        encoder and decoder norms)."""
+        return []
+
     def parameter_groups(self, lr: float, lr_backbone: float) -> list[dict]:
         """The optimizer's parameter groups of this model's trainable parameters, chosen by module:
-        "transformer" (every one outside the others) at ``lr``, "sampling_offsets" (the box detector's
-        :meth:`slow_modules`, where it has any) at ``lr`` × 0.1, and "backbone" (when any of it trains) at
-        ``lr_backbone``. Each group keeps ``self.parameters()``'s order."""
+        "transformer" (every one outside the others) at ``lr``, "norms" (the box detector's
+        :meth:`no_weight_decay_parameters`, where it has any) at ``lr`` without weight decay, "sampling_offsets"
+        (its :meth:`slow_modules`, where it has any) at ``lr`` × 0.1, and "backbone" (its
+        :meth:`backbone_parameters`, when any of them trains) at ``lr_backbone``. Each group keeps
+        ``self.parameters()``'s order."""
         detector = self.box_detector
-        in_backbone = {id(parameter) for parameter in detector.backbone.parameters()}
+        in_backbone = {id(parameter) for parameter in detector.backbone_parameters()}
         slow_modules = detector.slow_modules()
         slow = {id(parameter) for module in slow_modules for parameter in module.parameters()}
+        no_decay = {id(parameter) for parameter in detector.no_weight_decay_parameters()} - in_backbone - slow
         trainable = [parameter for parameter in self.parameters() if parameter.requires_grad]
-        groups = [{"params": [p for p in trainable if id(p) not in in_backbone and id(p) not in slow], "lr": lr,
+        groups = [{"params": [p for p in trainable if id(p) not in in_backbone | slow | no_decay], "lr": lr,
                    "name": "transformer"}]
+        if any(id(p) in no_decay for p in trainable):
+            groups.append({"params": [p for p in trainable if id(p) in no_decay], "lr": lr, "weight_decay": 0.0,
+                           "name": "norms"})
         if slow_modules:
             groups.append({"params": [p for p in trainable if id(p) in slow], "lr": lr * 0.1,
                            "name": "sampling_offsets"})
@@ -139,6 +150,31 @@ class Detector(nn.Module):
         if backbone:
             groups.append({"params": backbone, "lr": lr_backbone, "name": "backbone"})
         return groups
+
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        """The parameters trained at the backbone's learning rate (``lr_backbone``): here the DETR backbone
+        wrapper's (``self.backbone``); a family with another backbone overrides this."""
+        return list(self.backbone.parameters())
+
+    @property
+    def coarsest_stride(self) -> int:
+        """Input pixels per cell of the backbone's coarsest feature map (32; 16 with a dilated last stage)."""
+        return self.backbone[0].stride
+
+    def use_channels_last(self) -> None:
+        """Run the backbone in NHWC memory layout, which oneDNN (CPU) and cuDNN (tensor cores) prefer: the same
+        numbers up to float rounding. In place."""
+        self.backbone[0].use_channels_last()
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype the backbone's convolutions run in under autocast (:meth:`use_autocast`), or None."""
+        return self.backbone[0].autocast_dtype
+
+    def use_autocast(self, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        """Run the backbone's convolutions under ``torch.autocast`` in ``dtype`` and hand float32 features on
+        (None: off). The weights stay float32."""
+        self.backbone[0].use_autocast(dtype)
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> Detector:
         """Make this model faster for inference, in place; returns it in eval mode.

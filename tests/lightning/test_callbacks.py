@@ -4,6 +4,7 @@ count, on which the learning-rate decay depends alone; and the validation images
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import lightning as L
@@ -58,6 +59,19 @@ def test_ema_checkpoint_holds_the_average_of_the_trajectory(tmp_path) -> None:
         torch.testing.assert_close(checkpoint["state_dict"][name], value)  # what inference loads: the average
         torch.testing.assert_close(checkpoint["current_model_state"][name], recorder.weights[-1][name])
     # after fit the module itself holds the average (Lightning's WeightAveraging copies it in)
+    torch.testing.assert_close(trainer.lightning_module.state_dict()["layer.weight"], expected["layer.weight"])
+
+
+def test_ema_warmup_follows_the_early_weights(tmp_path) -> None:
+    torch.manual_seed(0)
+    recorder, ema = _Recorder(), ExponentialMovingAverage(decay=0.9, warmup_steps=3)
+    trainer = _trainer(tmp_path, [recorder, ema], max_steps=5, limit_val_batches=0)
+    trainer.fit(BoringModel())
+    # by hand: the first update copies, update n (1, 2, ...) then decays by 0.9 · (1 − exp(−n / 3))
+    expected = dict(recorder.weights[0])
+    for update, weights in enumerate(recorder.weights[1:], start=1):
+        decay = 0.9 * (1 - math.exp(-update / 3))
+        expected = {k: decay * expected[k] + (1 - decay) * weights[k] for k in expected}
     torch.testing.assert_close(trainer.lightning_module.state_dict()["layer.weight"], expected["layer.weight"])
 
 

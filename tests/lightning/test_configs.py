@@ -175,3 +175,18 @@ def test_the_cpu_finetune_config_trains_on_coco_mini_at_its_image_size(tmp_path:
     assert max(int(row["step"]) for row in rows if row.get("train/loss")) == 1  # steps 0 and 1
     assert any(row.get("val/AP") for row in rows)
     assert read_checkpoint(str(run_dir / "checkpoints" / "last.ckpt")).meta.eval_size == (384, 640)
+
+
+@pytest.mark.parametrize("name", ["rtdetr_r18vd_coco.yaml", "rtdetr_r50vd_coco.yaml"])
+def test_rtdetr_coco_configs_hold_the_authors_recipe(name: str, capsys) -> None:
+    printed = _printed(capsys, REPO / "configs" / name)
+    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    recipe = (model["lr"], model["lr_backbone"], model["weight_decay"], model["warmup_steps"], trainer["max_epochs"])
+    assert recipe == (1e-4, 1e-5, 1e-4, 2000, 72)
+    assert (model["cost_class"], model["loss_ce"], model["loss_bbox"], model["loss_giou"]) == (2.0, 1.0, 5.0, 2.0)
+    detector = model["detr"]
+    assert (detector["architecture"], detector["num_queries"], detector["denoising"]) == ("rtdetr", 300, True)
+    assert detector["num_decoder_layers"] == (3 if "r18" in name else 6)
+    assert (data["square_size"], data["normalize"], data["batch_size"]) == (640, False, 4)  # 4 × 4 GPUs = 16
+    (ema,) = [c for c in trainer["callbacks"] if c["class_path"].endswith("ExponentialMovingAverage")]
+    assert (ema["init_args"]["decay"], ema["init_args"]["warmup_steps"]) == (0.9999, 2000)

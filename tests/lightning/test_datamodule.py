@@ -134,7 +134,7 @@ def test_both_data_modules_keep_their_yaml_keys() -> None:
 
     shared = {"batch_size", "val_batch_size", "num_workers", "pin_memory", "persistent_workers", "drop_last",
               "train_scales", "train_max_size", "crop_resize_scales", "crop_min_size", "crop_max_size",
-              "eval_min_size", "eval_max_size", "image_size"}
+              "eval_min_size", "eval_max_size", "image_size", "square_size", "normalize"}
     own = {DetrDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
                             "test_images", "test_annotations", "predict_images", "category_ids", "skip_bad_images",
                             "categories_from"},
@@ -180,3 +180,18 @@ def test_image_size_scales_the_authors_sizes_and_keeps_the_ones_set_on_purpose()
     assert (sizes["crop_min_size"], sizes["crop_max_size"]) == (184, 288)
     with pytest.raises(ValueError, match="--data.image_size must be an integer >= 32"):
         sizes_for(0, AUTHORS_SIZES)
+
+
+def test_square_size_resizes_every_split_to_the_square_of_pixels_over_255(shapes_root) -> None:
+    data = DetrDataModule(root=str(shapes_root), batch_size=2, num_workers=0, square_size=96, normalize=False)
+    for loader in (data.train_dataloader(), data.val_dataloader()):
+        batch = next(iter(loader))
+        check_batch(batch, 2)
+        images, mask, _ = batch
+        assert tuple(images.shape[-2:]) == (96, 96) and not mask.any()
+        assert images.min() >= 0 and images.max() <= 1  # no mean and std
+    spec = data.input_spec
+    assert (spec.resize, spec.size, spec.mean) == ("square", 96, None)
+    assert (data.hparams["eval_min_size"], data.hparams["eval_max_size"]) == (96, 96)  # what checkpoints record
+    with pytest.raises(ValueError, match="square_size must be a multiple of 32"):
+        DetrDataModule(root=str(shapes_root), square_size=100)

@@ -31,6 +31,7 @@ from detr.box_ops import inverse_sigmoid
 from detr.models.config import PRIOR_BIAS, SamplingMethod
 from detr.models.deformable.attention import MultiScaleDeformableAttention, SpatialShapes
 from detr.models.mlp import MLP
+from detr.models.rtdetr.denoising import DenoisingMeta, contrastive_denoising_queries
 from detr.models.transformer import MultiheadAttention
 
 #: Anchor sizes: 0.05 of the image at the finest level, doubling per level; anchors whose centre or size lies
@@ -111,6 +112,10 @@ class DecoderOutput:
     proposal_boxes: torch.Tensor
     sampling: list[tuple[torch.Tensor, torch.Tensor]] | None
     spatial_shapes: SpatialShapes
+    #: training with targets: the denoising queries' logits [L, B, D, K] and boxes [L, B, D, 4], and where they are
+    denoising_logits: torch.Tensor | None = None
+    denoising_boxes: torch.Tensor | None = None
+    denoising_meta: DenoisingMeta | None = None
 
 
 class RTDETRDecoder(nn.Module):
@@ -121,15 +126,21 @@ class RTDETRDecoder(nn.Module):
             coarser levels by 3×3 stride-2 convs. hidden_dim, num_heads, dim_feedforward, dropout: the decoder's.
         num_classes: sigmoid logits per query. num_queries: selected per image (300).
         num_layers: decoder layers (6; 3 for the released R18). num_levels, num_points: deformable sampling.
-        offset_scale, sampling_method: RT-DETRv2's attention options. denoising: keep the denoising label
-            embedding (``denoising_class_embed``, num_classes + 1 rows) of the authors' models.
+        offset_scale, sampling_method: RT-DETRv2's attention options. denoising: the contrastive denoising
+            groups in training (:mod:`detr.models.rtdetr.denoising`), with their label embedding
+            (``denoising_class_embed``, num_classes + 1 rows, as in the authors' models); num_denoising,
+            label_noise_ratio, box_noise_scale: theirs (100, 0.5, 1.0).
     """
 
     def __init__(self, in_channels: list[int], *, num_classes: int, hidden_dim: int = 256, num_queries: int = 300,
                  num_layers: int = 6, num_heads: int = 8, num_levels: int = 3, num_points: int = 4,
                  dim_feedforward: int = 1024, dropout: float = 0.0, offset_scale: float = 0.5,
-                 sampling_method: SamplingMethod = "bilinear", denoising: bool = True) -> None:
+                 sampling_method: SamplingMethod = "bilinear", denoising: bool = True, num_denoising: int = 100,
+                 label_noise_ratio: float = 0.5, box_noise_scale: float = 1.0) -> None:
         super().__init__()
+        self.num_classes, self.denoising = num_classes, denoising
+        self.num_denoising = num_denoising
+        self.label_noise_ratio, self.box_noise_scale = label_noise_ratio, box_noise_scale
         if num_levels < len(in_channels):
             raise ValueError(f"num_levels ({num_levels}) must be at least the encoder's {len(in_channels)} maps")
         self.num_queries, self.num_levels = num_queries, num_levels
@@ -177,8 +188,9 @@ class RTDETRDecoder(nn.Module):
 
     def select_queries(self, memory: torch.Tensor, spatial_shapes: SpatialShapes
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """memory [B, S, C] → content [B, Q, C] (detached), reference box logits [B, Q, 4] (detached) and the
-        proposals' class logits [B, Q, K] (the top ``num_queries`` cells by their best class logit)."""
+        """memory [B, S, C] → content [B, Q, C] (detached), reference box logits [B, Q, 4] and the proposals'
+        class logits [B, Q, K] (the top ``num_queries`` cells by their best class logit). The box logits keep
+        their gradient (the proposals' box loss trains the encoder's box head); the decoder detaches them."""
         anchors, valid = anchors_for(spatial_shapes, device=memory.device, dtype=memory.dtype)
         features = self.enc_output(valid.to(memory.dtype) * memory)
         class_logits = self.enc_score_head(features)  # [B, S, K]
@@ -188,25 +200,50 @@ class RTDETRDecoder(nn.Module):
         def pick(values: torch.Tensor) -> torch.Tensor:
             return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
 
-        return pick(features).detach(), pick(box_logits).detach(), pick(class_logits)
+        return pick(features).detach(), pick(box_logits), pick(class_logits)
 
-    def forward(self, features: list[torch.Tensor], num_layers: int | None = None, return_sampling: bool = False
-                ) -> DecoderOutput:
+    def forward(self, features: list[torch.Tensor], num_layers: int | None = None, return_sampling: bool = False,
+                targets: list[dict[str, torch.Tensor]] | None = None) -> DecoderOutput:
         """The encoder's maps → every run layer's predictions (:class:`DecoderOutput`); ``num_layers`` runs only
-        the first that many layers (the paper's speed knob: the heads of every layer are trained)."""
+        the first that many layers (the paper's speed knob: the heads of every layer are trained). In training,
+        ``targets`` (per image labels int64 [T] and boxes [T, 4] normalised cxcywh) add the contrastive
+        denoising queries ahead of the selected ones; their predictions come apart in ``denoising_*``."""
         memory, shapes = self.flatten_levels(features)
         target, reference_logits, proposal_logits = self.select_queries(memory, shapes)
+        proposal_boxes = reference_logits.sigmoid()
+        reference_logits = reference_logits.detach()
+        denoising = None
+        if self.training and self.denoising and targets is not None:
+            denoising = contrastive_denoising_queries(
+                targets, self.denoising_class_embed, num_classes=self.num_classes, num_queries=self.num_queries,
+                num_denoising=self.num_denoising, label_noise_ratio=self.label_noise_ratio,
+                box_noise_scale=self.box_noise_scale)
+        mask, meta = None, None
+        if denoising is not None:
+            denoising_content, denoising_logits, mask, meta = denoising
+            target = torch.cat([denoising_content.to(target.dtype), target], 1)
+            reference_logits = torch.cat([denoising_logits.to(reference_logits.dtype), reference_logits], 1)
         boxes = reference_logits.sigmoid()
-        proposal_boxes = boxes
+        # The authors' training path: each layer's box is refined from the previous layer's undetached box (so
+        # its loss reaches the earlier heads), while the next layer reads the detached one; same values.
+        previous = boxes
         logits_per_layer, boxes_per_layer, sampling = [], [], []
         layers = self.decoder.layers[:num_layers] if num_layers is not None else self.decoder.layers
         for index, layer in enumerate(layers):
             target, layer_sampling = layer(target, self.query_pos_head(boxes), boxes[:, :, None], memory, shapes,
-                                           return_sampling=return_sampling)
-            refined = (self.dec_bbox_head[index](target) + inverse_sigmoid(boxes, eps=REFERENCE_EPS)).sigmoid()
+                                           self_attn_mask=mask, return_sampling=return_sampling)
+            refined = (self.dec_bbox_head[index](target) + inverse_sigmoid(previous, eps=REFERENCE_EPS)).sigmoid()
             logits_per_layer.append(self.dec_score_head[index](target))
             boxes_per_layer.append(refined)
             sampling.append(layer_sampling)
             boxes = refined.detach()
-        return DecoderOutput(torch.stack(logits_per_layer), torch.stack(boxes_per_layer), proposal_logits,
-                             proposal_boxes, sampling if return_sampling else None, shapes)
+            previous = refined if self.training else boxes
+        logits, boxes = torch.stack(logits_per_layer), torch.stack(boxes_per_layer)
+        output = DecoderOutput(logits, boxes, proposal_logits, proposal_boxes, sampling if return_sampling else None,
+                               shapes)
+        if meta is not None:
+            split = [meta.num_queries, self.num_queries]
+            output.denoising_logits, output.logits = logits.split(split, dim=2)
+            output.denoising_boxes, output.boxes = boxes.split(split, dim=2)
+            output.denoising_meta = meta
+        return output

@@ -18,13 +18,15 @@ from torch import nn
 from detr.models.config import ClassHead
 from detr.models.detector import Detector
 from detr.models.inputs import InputSpec
-from detr.models.outputs import DetectorOutput, LayerOutput, SamplingOutput, stack_layers
+from detr.models.outputs import DenoisingOutput, DetectorOutput, LayerOutput, SamplingOutput, stack_layers
 from detr.models.rtdetr.decoder import RTDETRDecoder
 from detr.models.rtdetr.hybrid_encoder import HybridEncoder
 from detr.models.rtdetr.resnet_vd import ResNetVd, fold_batch_norms
 
 #: The authors' evaluation size: images resized to a 640 × 640 square.
 EVAL_SIZE = 640
+#: The norm layers the authors' optimizer groups pick out by name ("norm", "bn")
+_NORMS = (nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)
 #: The coarsest backbone map's stride: the encoder's upsampling pairs each map with one of exactly twice its size.
 _COARSEST_STRIDE = 32
 
@@ -97,6 +99,36 @@ class RTDETR(Detector):
     def slow_modules(self) -> list[nn.Module]:
         return []
 
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        """The ResNet-vd's parameters but its norms' (the authors' backbone group, ``^(?=.*backbone)(?!.*norm)``,
+        trained at ``lr_backbone``; trainable norms, as R18-vd's, train at the main rate)."""
+        return [parameter for module in self.backbone.modules() if not isinstance(module, _NORMS)
+                for parameter in module.parameters(recurse=False)]
+
+    def no_weight_decay_parameters(self) -> list[nn.Parameter]:
+        """The encoder's and decoder's norms (the authors' ``^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn))``
+        group, weight decay 0)."""
+        return [parameter for part in (self.encoder, self.decoder) for module in part.modules()
+                if isinstance(module, _NORMS) for parameter in module.parameters(recurse=False)]
+
+    @property
+    def coarsest_stride(self) -> int:
+        return _COARSEST_STRIDE
+
+    def use_channels_last(self) -> None:
+        """Run the ResNet-vd in NHWC memory layout (same numbers up to float rounding). In place."""
+        self.backbone.to(memory_format=torch.channels_last)
+        self.backbone.channels_last = True
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return self.backbone.autocast_dtype
+
+    def use_autocast(self, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        """Run the ResNet-vd's convolutions under ``torch.autocast`` in ``dtype`` (None: off); the encoder and
+        decoder get float32 maps."""
+        self.backbone.autocast_dtype = dtype
+
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> RTDETR:
         """Faster inference, in place, in eval mode: with ``fold_batch_norm``, the RepVGG blocks re-parameterised
         to one convolution each and every BatchNorm folded into its convolution (outputs equal to float
@@ -111,20 +143,27 @@ class RTDETR(Detector):
 
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, return_attention: bool = False,
                 targets: list[dict[str, torch.Tensor]] | None = None) -> DetectorOutput:
-        """Raw predictions for a batch of same-size images (``padding_mask`` and ``targets`` are not read: the
-        family resizes every image to one square, and training is not implemented).
+        """Raw predictions for a batch of same-size images (``padding_mask`` is not read: the family resizes
+        every image to one square). In training, ``targets`` (per image labels int64 [T] and boxes [T, 4]
+        normalised cxcywh) add the contrastive denoising queries of a model built with ``denoising``.
 
         Returns a :class:`DetectorOutput`: logits [B, Q, num_classes] (sigmoid scores), boxes [B, Q, 4]
         normalised cxcywh, of the last decoder layer run; aux (if aux_loss): the earlier layers; proposals: the
-        selected encoder proposals; with return_attention, sampling: where each query's cross-attention looked.
+        selected encoder proposals; denoising (training with targets): the denoising queries' predictions, every
+        layer's; with return_attention, sampling: where each query's cross-attention looked.
         """
         if images.dim() != 4 or images.shape[-2] % _COARSEST_STRIDE or images.shape[-1] % _COARSEST_STRIDE:
             raise ValueError(f"RT-DETR takes images [B, 3, H, W] with H and W multiples of {_COARSEST_STRIDE} (its "
                              f"input contract resizes to a {EVAL_SIZE}-pixel square), got {tuple(images.shape)}")
         features = self.encoder(self.backbone(images))
-        decoded = self.decoder(features, self.inference_layers, return_sampling=return_attention)
+        decoded = self.decoder(features, self.inference_layers, return_sampling=return_attention,
+                               targets=targets if self.training else None)
         output = stack_layers(decoded.logits, decoded.boxes, self.aux_loss, self.class_head)
         output.proposals = LayerOutput(decoded.proposal_logits, decoded.proposal_boxes)
+        if decoded.denoising_meta is not None:
+            layers = stack_layers(decoded.denoising_logits, decoded.denoising_boxes, self.aux_loss)
+            output.denoising = DenoisingOutput(layers.logits, layers.boxes, aux=layers.aux,
+                                               meta=decoded.denoising_meta)
         if decoded.sampling is not None:
             locations = torch.stack([locations for locations, _ in decoded.sampling])
             output.sampling = SamplingOutput(

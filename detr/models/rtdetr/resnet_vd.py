@@ -13,6 +13,8 @@ Parameter names are the authors' (lyuwenyu/RT-DETR, ``src/nn/backbone/presnet.py
 
 from __future__ import annotations
 
+import contextlib
+
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -157,15 +159,24 @@ class ResNetVd(nn.Module):
         #: channels of the returned maps (strides 8, 16, 32)
         self.out_channels: list[int] = [width * block.expansion for width in _WIDTHS[1:]]
         self.channels_last = False
+        #: the dtype the convolutions run in under torch.autocast (None: no autocast of its own)
+        self.autocast_dtype: torch.dtype | None = None
 
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
-        """images [B, 3, H, W] → [C3 [B, c3, H/8, W/8], C4 [.., H/16, ..], C5 [.., H/32, ..]] (sizes rounded up)."""
+        """images [B, 3, H, W] → [C3 [B, c3, H/8, W/8], C4 [.., H/16, ..], C5 [.., H/32, ..]] (sizes rounded up);
+        float32 maps when ``autocast_dtype`` is set."""
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        x = F.max_pool2d(self.conv1(images), kernel_size=3, stride=2, padding=1)
-        outputs = []
-        for index, stage in enumerate(self.res_layers):
-            x = stage(x)
-            if index > 0:
-                outputs.append(x)
+        # no context at all without autocast_dtype: an enclosing autocast (e.g. bf16-mixed) then applies
+        context = (contextlib.nullcontext() if self.autocast_dtype is None
+                   else torch.autocast(images.device.type, dtype=self.autocast_dtype))
+        with context:
+            x = F.max_pool2d(self.conv1(images), kernel_size=3, stride=2, padding=1)
+            outputs = []
+            for index, stage in enumerate(self.res_layers):
+                x = stage(x)
+                if index > 0:
+                    outputs.append(x)
+        if self.autocast_dtype is not None:
+            outputs = [output.float() for output in outputs]
         return outputs

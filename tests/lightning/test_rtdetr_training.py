@@ -1,0 +1,98 @@
+"""RT-DETR through `detr fit`: configs/rtdetr_shapes_cpu.yaml with a tiny model trains (the loss falls on a few
+images), logs the encoder-proposal and denoising terms, and its checkpoint loads with detr.load_checkpoint and
+predicts under the family's input contract; data that does not follow that contract is refused."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from detr import Predictor, load_checkpoint
+from detr.lightning.cli import main
+from detr.lightning.system import SettingError
+from tests.helpers import write_tiny_shapes
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "configs" / "rtdetr_shapes_cpu.yaml"
+TINY_RTDETR = ["--model.detr.hidden_dim=32", "--model.detr.num_heads=2", "--model.detr.num_decoder_layers=2",
+               "--model.detr.dim_feedforward=64", "--model.detr.num_queries=10", "--model.detr.num_points=2"]
+
+pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
+
+
+@pytest.fixture(scope="module")
+def tiny_shapes(tmp_path_factory) -> Path:
+    return write_tiny_shapes(tmp_path_factory, num_train=4, num_val=2, seed=3)
+
+
+def _fit_args(data_root: Path, out_dir: Path, *extra: str) -> list[str]:
+    return ["fit", "--config", str(CONFIG), f"--data.root={data_root}", "--data.square_size=64",
+            "--data.batch_size=4", "--data.val_batch_size=2", *TINY_RTDETR, f"--trainer.default_root_dir={out_dir}",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+            "--trainer.log_every_n_steps=1", *extra]
+
+
+def test_fit_trains_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    main(_fit_args(tiny_shapes, run, "--trainer.max_steps=30", "--trainer.check_val_every_n_epoch=30",
+                   "--model.warmup_steps=0", "--model.lr_decay_fraction=0", "--model.lr=1e-3",
+                   "--model.lr_backbone=1e-3"))
+    with (run / "metrics.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    losses = [float(row["train/loss"]) for row in rows if row.get("train/loss")]
+    assert len(losses) == 30
+    assert sum(losses[-5:]) < sum(losses[:5])  # the same 4 images (flipped or not) 30 times: it learns them
+    logged = rows[0].keys()
+    for name in ("train/loss_ce_enc", "train/loss_ce_dn", "train/loss_bbox_dn_0", "train/loss_giou_0"):
+        assert name in logged, name
+
+    model = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert model.config.architecture == "rtdetr" and model.config.denoising
+    spec = model.input_spec
+    assert (spec.resize, spec.size, spec.mean) == ("square", 64, None)
+    predictor = Predictor(model, threshold=0.0)
+    image = sorted((tiny_shapes / "val2017").iterdir())[0]
+    (prediction,) = predictor.predict([image])
+    assert len(prediction.scores) == model.num_queries  # the top (query, class) pairs, as many as queries
+    assert torch.isfinite(torch.as_tensor(prediction.boxes)).all()
+
+
+def test_data_outside_the_input_contract_is_refused(tiny_shapes: Path, tmp_path: Path) -> None:
+    with pytest.raises(SettingError, match="--data.normalize false") as error:
+        main(_fit_args(tiny_shapes, tmp_path / "run", "--data.normalize=true", "--trainer.max_steps=1"))
+    assert "\n" not in str(error.value)
+
+
+def test_the_system_trains_the_resnet_vd_at_the_backbone_rate_in_its_own_layout() -> None:
+    from detr.lightning import DetrSystem
+    from detr.models.config import DetrConfig
+
+    config = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=2,
+                        dim_feedforward=64, num_decoder_layers=2, num_queries=10, num_classes=3, num_points=2,
+                        denoising=True, backbone_norm="batch_norm")
+    system = DetrSystem(detr=config, lr=1e-4, lr_backbone=1e-5, channels_last=True, backbone_bf16=True,
+                        evaluation_dir="")
+    (optimizer,), _ = system.configure_optimizers()
+    groups = {group["name"]: group for group in optimizer.param_groups}
+    model = system.model
+    # the authors' groups, by name: the backbone but its norms at lr_backbone, the encoder's and decoder's
+    # norms without weight decay, the rest (the backbone's trainable norms included) at lr
+    named = dict(model.named_parameters())
+    expected = {"backbone": {n for n in named if n.startswith("backbone.") and ".norm." not in n},
+                "norms": {n for n in named if n.split(".")[0] in ("encoder", "decoder")
+                          and isinstance(model.get_submodule(n.rsplit(".", 1)[0]),
+                                         (torch.nn.BatchNorm2d, torch.nn.LayerNorm))}}
+    expected["transformer"] = set(named) - expected["backbone"] - expected["norms"]
+    names = {id(p): n for n, p in named.items()}
+    assert {name: {names[id(p)] for p in group["params"]} for name, group in groups.items()} == expected
+    assert any(".norm." in n for n in expected["transformer"])  # R18-vd's trainable BatchNorms
+    assert (groups["backbone"]["lr"], groups["transformer"]["lr"], groups["norms"]["lr"]) == (1e-5, 1e-4, 1e-4)
+    assert (groups["norms"]["weight_decay"], groups["transformer"]["weight_decay"]) == (0.0, 1e-4)
+    assert model.autocast_dtype == torch.bfloat16 and system.model.backbone.channels_last
+    assert system.model.backbone.conv1.conv1_1.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    system.model.train()
+    features = system.model.backbone(torch.rand(1, 3, 64, 64))
+    assert all(feature.dtype == torch.float32 for feature in features)  # bf16 convolutions, float32 maps out
