@@ -184,10 +184,11 @@ class DFineDecoder(RTDETRDecoder):
             nn.init.zeros_(head.layers[-1].weight)
             nn.init.zeros_(head.layers[-1].bias)
 
-    def forward(self, features: list[torch.Tensor], num_layers: int | None = None, return_sampling: bool = False
-                ) -> DecoderOutput:
+    def forward(self, features: list[torch.Tensor], num_layers: int | None = None, return_sampling: bool = False,
+                targets: list[dict[str, torch.Tensor]] | None = None) -> DecoderOutput:
         """The encoder's maps → every run layer's predictions (:class:`DecoderOutput`; each layer's logits with
-        its quality term); ``num_layers`` runs only the first that many layers."""
+        its quality term); ``num_layers`` runs only the first that many layers. ``targets`` (RT-DETR's denoising
+        input) is not read: D-FINE's denoising training is not written yet."""
         memory, shapes = self.flatten_levels(features)
         target, reference_logits, proposal_logits = self.select_queries(memory, shapes)
         boxes = reference_logits.sigmoid()
