@@ -274,6 +274,9 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     """
     system, data = (PanopticSystem, PanopticDataModule) if panoptic else (DetrSystem, DetrDataModule)
     usage = {subcommand: {"usage": _USAGE} for subcommand in ("fit", "validate", "test", "predict")}
+    # the command passes sys.argv[1:] itself (less --debug): Lightning's warning that args and sys.argv are both
+    # given is about calls from Python, not this one, and opened every `detr fit` with four lines of noise
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
     return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True},
                    parser_kwargs=usage if run else {"usage": _USAGE})
 

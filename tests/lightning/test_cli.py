@@ -213,3 +213,17 @@ def test_lightning_warnings_that_contradict_the_project_are_not_shown(tiny_shape
                            f"--ckpt_path={out / 'checkpoints' / 'last.ckpt'}"))  # resumes at step 1 of 2
     shown = [str(w.message) for w in caught]
     assert not [m for m in shown if "not resumable" in m or "could not find the monitored key" in m], shown
+
+
+def test_the_command_line_says_nothing_about_its_own_arguments(monkeypatch) -> None:
+    """`detr fit ...` opened with Lightning's four-line warning that args and sys.argv were both given: the
+    command passes sys.argv[1:] itself, so the warning was about nothing a user did."""
+    from detr.lightning.command import main as command_main
+
+    config = CONFIGS[0].parent / "detr_r50_coco.yaml"
+    monkeypatch.setattr("sys.argv", ["detr", "fit", "--config", str(config), "--print_config"])
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("default")
+        with contextlib.suppress(SystemExit):
+            command_main()
+    assert not [w for w in caught if "args parameter" in str(w.message)]
