@@ -25,17 +25,21 @@ QueryType = Literal["learned", "anchor"]
 #: "detr": the paper's single-scale transformer (with the query types above); "deformable": Deformable DETR's
 #: multi-scale deformable attention (:class:`detr.models.deformable.model.DeformableDETR`); "rtdetr": the
 #: real-time DETR (RT-DETR and RT-DETRv2, :class:`detr.models.rtdetr.model.RTDETR`); "dfine": D-FINE
-#: (:class:`detr.models.dfine.model.DFINE`).
-Architecture = Literal["detr", "deformable", "rtdetr", "dfine"]
+#: (:class:`detr.models.dfine.model.DFINE`); "deimv2": DEIMv2 on HGNetV2 (the same class with DEIMv2's parts).
+Architecture = Literal["detr", "deformable", "rtdetr", "dfine", "deimv2"]
 #: How deformable attention reads a sampling location: "bilinear" (grid_sample) or "discrete" (the nearest cell).
 SamplingMethod = Literal["bilinear", "discrete"]
-#: ResNets (ResNet-vd for RT-DETR) and, for D-FINE only, HGNetV2's sizes B0-B5.
+#: ResNets (ResNet-vd for RT-DETR) and, for D-FINE and DEIMv2 only, HGNetV2's sizes B0-B5.
 BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "hgnetv2_b0", "hgnetv2_b1", "hgnetv2_b2",
                        "hgnetv2_b3", "hgnetv2_b4", "hgnetv2_b5"]
-#: The options only D-FINE reads, with their defaults (the authors').
+#: The options only D-FINE (and DEIMv2) read, with their defaults (the authors').
 DFINE_DEFAULTS: dict[str, Any] = {"backbone_learnable_affine": False, "num_points_per_level": None,
                                   "csp_depth_multiplier": 1.0, "max_num_bins": 32, "reg_scale": 4.0, "reg_up": 0.5,
                                   "lqe_top_k": 4, "lqe_hidden_dim": 64, "lqe_layers": 2}
+#: The options only DEIMv2 reads, with their defaults (transformers' Deimv2Config).
+DEIMV2_DEFAULTS: dict[str, Any] = {"lite_encoder": False, "decoder_gateway": True, "decoder_activation": "relu"}
+#: The families built on D-FINE's parts (HGNetV2, the distribution-refinement decoder).
+DFINE_FAMILY = ("dfine", "deimv2")
 BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
 LastStage = Literal["layer4", "layer3", "layer2"]
 PositionEncoding = Literal["sine", "learned"]
@@ -47,7 +51,7 @@ ClassHead = Literal["softmax", "sigmoid"]
 #: Bias of a sigmoid class logit that starts every class at p = 0.01 (the focal-loss prior, Lin et al. §4.1).
 PRIOR_BIAS = -math.log((1 - 0.01) / 0.01)
 #: The real-time families, which share RT-DETR's options (hybrid encoder, query selection, sampling).
-REAL_TIME = ("rtdetr", "dfine")
+REAL_TIME = ("rtdetr", "dfine", "deimv2")
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,16 @@ class DetrConfig:
         max_num_bins: N: each box edge is a distribution over N + 1 bins (32).
         reg_scale, reg_up: the weighting function's curvature and range (4.0, 0.5: the authors' reg_scale, up).
         lqe_top_k, lqe_hidden_dim, lqe_layers: the localisation-quality head (4 top probabilities, 64, 2 layers).
+
+    DEIMv2 on HGNetV2 (``architecture="deimv2"``, the same :class:`detr.models.dfine.model.DFINE` with DEIMv2's
+    parts: RMSNorm and SwiGLU decoder layers, summed RepNCSPELAN5 fusion; docs/dfine.md) takes D-FINE's options
+    and these:
+
+    Attributes:
+        lite_encoder: the Atto/Femto/Pico encoder (no AIFI, two levels; num_feature_levels=2) instead of the
+            hybrid encoder.
+        decoder_gateway: the decoder layers' gate after the cross-attention (True); False: residual + RMSNorm.
+        decoder_activation: "relu" or "silu" between the layers of the query-position MLP.
     """
 
     backbone: BackboneName = "resnet50"
@@ -176,6 +190,9 @@ class DetrConfig:
     lqe_top_k: int = 4
     lqe_hidden_dim: int = 64
     lqe_layers: int = 2
+    lite_encoder: bool = False
+    decoder_gateway: bool = True
+    decoder_activation: Literal["relu", "silu"] = "relu"
 
     def __post_init__(self) -> None:
         if self.position_encoding not in ("sine", "learned"):
@@ -210,21 +227,27 @@ class DetrConfig:
         if self.pre_norm and self.query_type == "anchor":
             raise ValueError("query_type='anchor' has DAB-DETR's post-norm decoder: set pre_norm=False")
         self._check_deformable()
-        if self.backbone.startswith("hgnetv2") != (self.architecture == "dfine"):
+        if self.backbone.startswith("hgnetv2") != (self.architecture in DFINE_FAMILY):
             raise ValueError(f"backbone {self.backbone!r} with architecture {self.architecture!r}: HGNetV2 sizes "
-                             f"(hgnetv2_b0 ... b5) are D-FINE's backbones (architecture='dfine'), ResNets the others'")
+                             f"(hgnetv2_b0 ... b5) are D-FINE's and DEIMv2's backbones (architecture='dfine' or "
+                             f"'deimv2'), ResNets the others'")
         if self.dilation and self.backbone in ("resnet18", "resnet34"):
             raise ValueError(f"dilation (DC5) needs bottleneck blocks: use resnet50 or resnet101, not {self.backbone}")
 
     def _check_deformable(self) -> None:
-        if self.architecture not in ("detr", "deformable", "rtdetr", "dfine"):
-            raise ValueError(f"architecture must be 'detr', 'deformable', 'rtdetr' or 'dfine', got {self.architecture!r}")
+        if self.architecture not in ("detr", "deformable", "rtdetr", "dfine", "deimv2"):
+            raise ValueError(f"architecture must be 'detr', 'deformable', 'rtdetr', 'dfine' or 'deimv2', got "
+                             f"{self.architecture!r}")
         if self.sampling_method not in ("bilinear", "discrete"):
             raise ValueError(f"sampling_method must be 'bilinear' or 'discrete', got {self.sampling_method!r}")
-        if self.architecture != "dfine":
+        if self.architecture not in DFINE_FAMILY:
             for name, default in DFINE_DEFAULTS.items():
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}={getattr(self, name)!r} is a D-FINE option: set architecture='dfine'")
+        if self.architecture != "deimv2":
+            for name, default in DEIMV2_DEFAULTS.items():
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name}={getattr(self, name)!r} is a DEIMv2 option: set architecture='deimv2'")
         if self.architecture not in REAL_TIME:
             rtdetr_only = {"encoder_hidden_dim": self.encoder_hidden_dim is not None,
                            "encoder_dim_feedforward": self.encoder_dim_feedforward is not None,
@@ -264,7 +287,7 @@ class DetrConfig:
                 raise ValueError(f"architecture='deformable' does not take {name}={getattr(self, name)!r}: {fix}")
 
     def _check_rtdetr(self) -> None:
-        if self.architecture == "dfine":
+        if self.architecture in DFINE_FAMILY:
             self._check_dfine()
         elif self.num_feature_levels < 3 or self.num_points < 1:
             raise ValueError(f"architecture='rtdetr' reads the backbone's strides 8, 16 and 32 (and optionally "
@@ -293,7 +316,8 @@ class DetrConfig:
 
     def _check_dfine(self) -> None:
         if self.num_feature_levels not in (2, 3) or self.num_points < 1:
-            raise ValueError(f"architecture='dfine' reads HGNetV2's last 3 stages (or 2, D-FINE N), one decoder level "
+            raise ValueError(f"architecture={self.architecture!r} reads HGNetV2's last 3 stages (or 2, the N models), "
+                             f"one decoder level "
                              f"each: num_feature_levels must be 2 or 3 and num_points at least 1, got "
                              f"{self.num_feature_levels} and {self.num_points}")
         points = self.num_points_per_level
@@ -303,6 +327,14 @@ class DetrConfig:
         if self.max_num_bins < 4 or self.max_num_bins % 2 or self.lqe_top_k > self.max_num_bins + 1:
             raise ValueError(f"max_num_bins must be even and at least 4, and lqe_top_k at most max_num_bins + 1, got "
                              f"{self.max_num_bins} and {self.lqe_top_k}")
+        if self.lite_encoder and self.num_feature_levels != 2:
+            raise ValueError(f"lite_encoder=True fuses HGNetV2's last 2 stages: set num_feature_levels=2, got "
+                             f"{self.num_feature_levels}")
+        if self.lite_encoder and self.num_encoder_layers:
+            raise ValueError(f"lite_encoder=True has no AIFI layers: set num_encoder_layers=0, got "
+                             f"{self.num_encoder_layers}")
+        if self.decoder_activation not in ("relu", "silu"):
+            raise ValueError(f"decoder_activation must be 'relu' or 'silu', got {self.decoder_activation!r}")
 
     @property
     def num_logits(self) -> int:
