@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -178,9 +179,19 @@ _DEIMV2_RULES: tuple[tuple[str, str], ...] = (
     ("model.encoder.fpn_blocks.", "encoder.fpn_blocks."),
     ("model.encoder.pan_blocks.", "encoder.pan_blocks."),
 )
+#: DEIMv2 S-X: the DINOv3 ViT and the adapter under ``backbone`` (transformers' names), the hybrid encoder's input
+#: projections are transformers' ``fusion_proj``.
+_DEIMV2_DINOV3_RULES: tuple[tuple[str, str], ...] = (
+    ("model.conv_encoder.fusion_proj.{}.", "encoder.input_proj.{}."),
+    ("model.conv_encoder.backbone.layer.{}.attention.out_proj.", "backbone.backbone.layer.{}.attention.o_proj."),
+    ("model.conv_encoder.backbone.", "backbone.backbone."),
+    ("model.conv_encoder.spatial_tuning_adapter.", "backbone.spatial_tuning_adapter."),
+    *_DEIMV2_RULES[2:],
+)
 _DEIMV2_DISK = ((r"^model\.encoder\.encoder\.", "model.encoder.aifi."), (r"\.out_proj\.", ".o_proj."))
 DEIMV2_KEYS = KeyMap("DEIMv2", _DEIMV2_RULES, "model.conv_encoder.model.", disk_spelling=_DEIMV2_DISK)
 #: The lite encoder's parts keep transformers' names (its input projections included).
+DEIMV2_DINOV3_KEYS = KeyMap("DEIMv2", _DEIMV2_DINOV3_RULES, "model.conv_encoder.model.", disk_spelling=_DEIMV2_DISK)
 DEIMV2_LITE_KEYS = KeyMap("DEIMv2", (*_DEIMV2_RULES[2:], ("model.encoder.", "encoder.")), "model.conv_encoder.model.",
                           disk_spelling=_DEIMV2_DISK)
 #: The cross-attention's 1 / points per sampling point, a buffer this project computes from the point counts
@@ -276,7 +287,7 @@ def _backbone(config: dict[str, Any], config_path: Path) -> tuple[str, bool, int
     backbone = config.get("backbone_config") or {}
     if config.get("use_timm_backbone") or config.get("backbone") or backbone.get("model_type") != "hgnet_v2":
         raise CheckpointError(f"{config_path}: the backbone must be transformers' HGNetV2 (backbone_config model_type "
-                              f"'hgnet_v2'), got {backbone.get('model_type') or config.get('backbone')!r}")
+                              f"'hgnet_v2'; DEIMv2 also 'dinov3_vit'), got {backbone.get('model_type') or config.get('backbone')!r}")
     found = {field: list(backbone.get(field, ())) for field in _SIZE_FIELDS}
     levels = len(backbone.get("out_indices") or [2, 3, 4])
     for name in SIZES:
@@ -306,22 +317,33 @@ def read_huggingface_dfine(directory: str | Path) -> CheckpointContents:
     return read_huggingface_family(directory, "dfine")
 
 
-def read_huggingface_family(directory: str | Path, architecture: Literal["dfine", "deimv2"]) -> CheckpointContents:
+def read_huggingface_family(directory: str | Path, architecture: Literal["dfine", "deimv2"], *,
+                            vit_backbone: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None
+                            ) -> CheckpointContents:
     """:func:`read_huggingface_dfine`, or with ``architecture="deimv2"`` a ``Deimv2ForObjectDetection``
-    directory (:mod:`detr.checkpoints.deimv2`)."""
+    directory (:mod:`detr.checkpoints.deimv2`); ``vit_backbone`` reads a DINOv3 backbone_config into DetrConfig
+    options (DEIMv2 S-X)."""
     directory = Path(directory)
     config_path = directory / "config.json"
     config = _read_json(config_path)
-    backbone, learnable_affine, levels = _backbone(config, config_path)
+    deimv2 = architecture == "deimv2"
+    vit_options: dict[str, Any] = {}
+    if vit_backbone is not None and (config.get("backbone_config") or {}).get("model_type") == "dinov3_vit":
+        vit_options = vit_backbone(config, config_path)
+        backbone, learnable_affine, levels = "dinov3_vit", False, 3
+        stage_channels = config.get("encoder_in_channels")  # not read by transformers' DINOv3 models
+    else:
+        backbone, learnable_affine, levels = _backbone(config, config_path)
+        stage_channels = [stage.out_channels for stage in SIZES[backbone].stages][-levels:]
     encoder_dim = int(config.get("encoder_hidden_dim", 256))
     layers = int(config.get("decoder_layers", 6))
-    stage_channels = [stage.out_channels for stage in SIZES[backbone].stages][-levels:]
-    deimv2 = architecture == "deimv2"
     lite = deimv2 and config.get("encoder_type", "hybrid") == "lite"
     extra: dict[str, Any] = {"encode_proj_layers": [levels - 1]} if not lite else {}
     if deimv2:
-        extra.update({"encoder_fuse_op": "sum", "encoder_has_trailing_conv": True, "share_bbox_head": False,
+        extra.update({"encoder_fuse_op": "sum", "share_bbox_head": False,
                       "encoder_type": "lite" if lite else "hybrid", "layer_scale": 1.0})
+        if not vit_options:  # the trailing 3×3 is left out by the DINOv3 models only
+            extra["encoder_has_trailing_conv"] = True
         if config.get("decoder_activation_function", "relu") not in ("relu", "silu"):
             extra["decoder_activation_function"] = "relu"
     else:
@@ -343,7 +365,9 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
                        "this project (as the authors' code) with them; outputs will differ from transformers'",
                        config_path, config["eval_size"])
     points = _points(config, levels)
-    keys = (DEIMV2_LITE_KEYS if lite else DEIMV2_KEYS) if deimv2 else DFINE_KEYS
+    keys = DFINE_KEYS
+    if deimv2:
+        keys = DEIMV2_DINOV3_KEYS if vit_options else DEIMV2_LITE_KEYS if lite else DEIMV2_KEYS
     state_dict = to_official_state_dict(_read_weights(directory), str(directory), points_per_level=points, keys=keys)
     if "decoder.dec_score_head.0.weight" not in state_dict:
         raise CheckpointError(f"{directory}: no decoder class heads (model.decoder.class_embed.0): a model without "
@@ -351,7 +375,9 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
     hidden = int(config.get("d_model", 256))
     decoder_ffn, encoder_ffn = int(config.get("decoder_ffn_dim", 1024)), int(config.get("encoder_ffn_dim", 1024))
     deimv2_options = {"lite_encoder": lite, "decoder_gateway": bool(config.get("use_gateway", True)),
-                      "decoder_activation": config.get("decoder_activation_function", "relu")} if deimv2 else {}
+                      "decoder_activation": config.get("decoder_activation_function", "relu"),
+                      "csp_trailing_conv": bool(config.get("encoder_has_trailing_conv", True)),
+                      **vit_options} if deimv2 else {}
     model_config = DetrConfig(
         architecture=architecture, class_head="sigmoid", backbone=backbone, backbone_learnable_affine=learnable_affine,
         backbone_norm="frozen_batch_norm" if config.get("freeze_backbone_batch_norms", True) else "batch_norm",
@@ -493,7 +519,8 @@ def to_huggingface_state_dict(model: DFINE, keys: KeyMap = DFINE_KEYS) -> dict[s
     return hf
 
 
-def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None = None) -> dict[str, Any]:
+def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None = None,
+                             backbone: dict[str, Any] | None = None) -> dict[str, Any]:
     """config.json of :func:`save_pretrained_dfine` (and, for ``architecture="deimv2"``, of
     :func:`detr.checkpoints.deimv2.save_pretrained_deimv2`)."""
     config = model.config
@@ -508,14 +535,17 @@ def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None =
     names = list(category_map.names) if category_map is not None else [f"LABEL_{i}" for i in range(model.num_classes)]
     deimv2 = {"architectures": ["Deimv2ForObjectDetection"], "model_type": "deimv2",
               "encoder_type": "lite" if config.lite_encoder else "hybrid", "encoder_fuse_op": "sum",
-              "use_gateway": config.decoder_gateway, "share_bbox_head": False, "encoder_has_trailing_conv": True,
+              "use_gateway": config.decoder_gateway, "share_bbox_head": False,
+              "encoder_has_trailing_conv": config.csp_trailing_conv,
               "decoder_activation_function": config.decoder_activation} if config.architecture == "deimv2" else {}
+    if backbone is None:  # HGNetV2 (the DINOv3 backbone's fields come from detr.checkpoints.deimv2)
+        backbone = {"backbone_config": _hgnetv2_backbone_config(config.backbone, config.backbone_learnable_affine,
+                                                                levels),
+                    "encoder_in_channels": [stage.out_channels for stage in SIZES[config.backbone].stages][-levels:]}
     return {
         "architectures": ["DFineForObjectDetection"], "model_type": MODEL_TYPE,
-        "backbone_config": _hgnetv2_backbone_config(config.backbone, config.backbone_learnable_affine, levels),
         "freeze_backbone_batch_norms": config.backbone_norm == "frozen_batch_norm",
-        "encoder_hidden_dim": encoder_dim,
-        "encoder_in_channels": [stage.out_channels for stage in SIZES[config.backbone].stages][-levels:],
+        "encoder_hidden_dim": encoder_dim, **backbone,
         "feat_strides": [8, 16, 32][-levels:], "encoder_layers": config.num_encoder_layers,
         "encoder_ffn_dim": config.encoder_dim_feedforward or config.dim_feedforward,
         "encoder_attention_heads": config.num_heads, "dropout": config.dropout, "activation_dropout": 0.0,
@@ -548,10 +578,10 @@ def save_pretrained_dfine(model: DFINE, directory: str | Path, *, category_map: 
 
 
 def write_huggingface_family(model: DFINE, directory: str | Path, *, category_map: CategoryMap | None,
-                             keys: KeyMap) -> Path:
-    """config.json (:func:`huggingface_dfine_config`), model.safetensors (renamed by ``keys``) and
-    preprocessor_config.json."""
-    config = huggingface_dfine_config(model, category_map=category_map)
+                             keys: KeyMap, backbone: dict[str, Any] | None = None) -> Path:
+    """config.json (:func:`huggingface_dfine_config`, ``backbone`` its backbone fields where not HGNetV2),
+    model.safetensors (renamed by ``keys``) and preprocessor_config.json."""
+    config = huggingface_dfine_config(model, category_map=category_map, backbone=backbone)
     tensors = to_huggingface_state_dict(model, keys)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

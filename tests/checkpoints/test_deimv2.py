@@ -1,8 +1,8 @@
-"""transformers' DEIMv2 directories (HGNetV2 backbones) in: the same logits and boxes as
+"""transformers' DEIMv2 directories in: the same logits and boxes as
 ``Deimv2ForObjectDetection`` itself on the same random weights and two real photos, for an N-like model (B0, two
 levels, the hybrid encoder), an Atto/Femto/Pico-like one (the lite encoder, no gate, SiLU query positions) and a
-three-level B4 one, COCO's 80 labels and a few; back out to transformers; what this project does not build is
-refused."""
+three-level B4 one, S-X-like ones (a tiny DINOv3 ViT with the spatial tuning adapter), COCO's 80 labels and a
+few; back out to transformers; what this project does not build is refused."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 import detr
 from detr.checkpoints import CheckpointError, save_huggingface
-from tests.helpers_deimv2 import hf_model
+from tests.helpers_deimv2 import hf_dinov3_model, hf_model
 from tests.helpers_rtdetr import square_photos
 
 transformers = pytest.importorskip("transformers")
@@ -84,7 +84,8 @@ def test_written_directories_load_in_transformers_with_the_same_outputs(tmp_path
     ({"share_bbox_head": True}, "share_bbox_head"),
     ({"encoder_has_trailing_conv": False}, "encoder_has_trailing_conv"),
     ({"decoder_activation_function": "gelu"}, "decoder_activation_function"),
-    ({"backbone_config": {"model_type": "dinov3_vit"}}, "HGNetV2"),
+    ({"backbone_config": {"model_type": "resnet"}}, "HGNetV2"),
+    ({"backbone_config": {"model_type": "dinov3_vit", "out_indices": [3, 4]}}, "out_indices"),
 ])
 def test_settings_this_model_cannot_reproduce_are_refused(tmp_path, change, message):
     hf_model("hgnetv2_b0", 3).save_pretrained(tmp_path)
@@ -93,3 +94,46 @@ def test_settings_this_model_cannot_reproduce_are_refused(tmp_path, change, mess
     with pytest.raises(CheckpointError, match=message) as raised:
         detr.load_checkpoint(tmp_path)
     assert str(tmp_path / "config.json") in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("num_labels, options", [
+    (80, {}),
+    (3, {"gated_mlp": True, "use_gateway": False, "decoder_activation_function": "silu"}),
+], ids=["S-like", "gated"])
+def test_dinov3_directories_load_and_write_back_with_the_same_outputs(tmp_path, photos, num_labels, options):
+    """DEIMv2 S-X: the DINOv3 ViT (RoPE, register tokens, layer scales; plain or gated MLP) and the spatial tuning
+    adapter, the fusion blocks without their trailing 3×3; in, and back out to ``from_pretrained``."""
+    hf = hf_dinov3_model(num_labels, seed=5, **options)
+    hf.save_pretrained(tmp_path / "theirs")
+    model = detr.load_checkpoint(tmp_path / "theirs")
+    config = model.config
+    assert (config.backbone, config.vit_dim, config.vit_depth, config.vit_out_layers) == ("dinov3_vit", 32, 4,
+                                                                                          (1, 2, 3))
+    assert (config.vit_gated_mlp, config.csp_trailing_conv, config.adapter_channels) == (
+        bool(options), False, 8)
+    logits_diff, boxes_diff = differences(model, hf, photos)
+    assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
+    save_huggingface(model, tmp_path / "ours")
+    again = transformers.Deimv2ForObjectDetection.from_pretrained(tmp_path / "ours").eval()
+    assert set(load_file(tmp_path / "ours" / "model.safetensors")) == set(
+        load_file(tmp_path / "theirs" / "model.safetensors"))
+    logits_diff, boxes_diff = differences(model, again, photos)
+    assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
+
+
+def test_dinov3_settings_this_model_cannot_reproduce_are_refused(tmp_path):
+    hf_dinov3_model(3).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["backbone_config"]["key_bias"] = True
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="key_bias") as raised:
+        detr.load_checkpoint(tmp_path)
+    assert str(tmp_path / "config.json") in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_processor_with_mean_and_std_is_refused(tmp_path):
+    hf_model("hgnetv2_b0", 3).save_pretrained(tmp_path)
+    transformers.RTDetrImageProcessor(do_normalize=True).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="do_normalize") as raised:
+        detr.load_checkpoint(tmp_path)
+    assert "preprocessor_config.json" in str(raised.value) and "\n" not in str(raised.value)

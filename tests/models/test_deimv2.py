@@ -1,6 +1,7 @@
 """DEIMv2's parts on D-FINE's: the decoder layers' RMSNorm and SwiGLU (and no gate), the summed RepNCSPELAN5
 fusion, the lite encoder (two maps at the backbone's strides, its unused coarse branch skipped), batched =
-per-image, optimize_for_inference, and the config's checks."""
+per-image, optimize_for_inference (HGNetV2 and DINOv3 backbones), the DINOv3 backbone's rotary positions and
+strides, and the config's checks."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ TINY_DEIMV2 = DetrConfig(architecture="deimv2", class_head="sigmoid", backbone="
                          dropout=0.0, num_feature_levels=2, num_points=3, csp_expansion=0.5,
                          csp_depth_multiplier=0.34, backbone_learnable_affine=True, max_num_bins=8)
 LITE = {"lite_encoder": True, "num_encoder_layers": 0, "decoder_gateway": False, "decoder_activation": "silu"}
+DINOV3 = {"backbone": "dinov3_vit", "num_feature_levels": 3, "num_points": 2, "vit_dim": 32, "vit_depth": 3,
+          "vit_heads": 2, "vit_mlp_dim": 48, "vit_register_tokens": 2, "vit_out_layers": (1, 2, 3),
+          "adapter_channels": 4, "csp_trailing_conv": False, "backbone_learnable_affine": False}
 
 
 def _model(**changes) -> nn.Module:
@@ -85,7 +89,7 @@ def test_the_lite_encoders_coarse_branch_changes_nothing():
     assert not torch.allclose(before.logits, changed.logits)
 
 
-@pytest.mark.parametrize("changes", [{}, LITE], ids=["hybrid", "lite"])
+@pytest.mark.parametrize("changes", [{}, LITE, DINOV3], ids=["hybrid", "lite", "dinov3"])
 def test_optimize_for_inference_keeps_the_outputs(changes):
     model = _model(**changes)
     images, mask = _images(1)
@@ -93,7 +97,7 @@ def test_optimize_for_inference_keeps_the_outputs(changes):
         before = model(images, mask)
         model.optimize_for_inference()
         after = model(images, mask)
-    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.encoder.modules())
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in [*model.encoder.modules(), *model.backbone.modules()])
     assert torch.allclose(before.logits, after.logits, atol=1e-4) and torch.allclose(before.boxes, after.boxes, atol=1e-4)
 
 
@@ -102,6 +106,9 @@ def test_optimize_for_inference_keeps_the_outputs(changes):
     ({**LITE, "num_feature_levels": 3}, "num_feature_levels=2"),
     ({"decoder_activation": "gelu"}, "decoder_activation"),
     ({"backbone": "resnet50"}, "HGNetV2 sizes"),
+    ({"vit_dim": 64}, "backbone='dinov3_vit'"),
+    ({**DINOV3, "num_feature_levels": 2}, "num_feature_levels=3"),
+    ({**DINOV3, "vit_out_layers": (1, 2)}, "three vit_out_layers"),
 ])
 def test_the_config_refuses_what_deimv2_cannot_build(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -114,3 +121,23 @@ def test_deimv2_options_need_the_deimv2_architecture():
     with pytest.raises(ValueError, match="DEIMv2 option"):
         DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", num_feature_levels=3,
                    lite_encoder=True)
+
+
+def test_the_dinov3_backbone_gives_strides_8_16_32_and_rotary_positions():
+    """Three maps of ViT + adapter channels at strides 8, 16, 32; the rotary angles are 0 for no patch (the
+    centres are symmetric about 0: opposite patches get opposite angles) and a patch's query is a rotation (its
+    norm kept)."""
+    from detr.models.dfine.dinov3 import rope_angles
+
+    model = _model(**DINOV3)
+    with torch.no_grad():
+        maps = model.backbone(torch.rand(1, 3, 64, 96))
+    assert [tuple(m.shape[1:]) for m in maps] == [(40, 8, 12), (48, 4, 6), (48, 2, 3)]
+    assert model.backbone.out_channels == [40, 48, 48] and model.stride == 8
+    angles = rope_angles(4, 6, 16, 100.0)  # [24, 16]
+    assert angles.shape == (24, 16) and torch.allclose(angles, -angles.flip(0), atol=1e-6)
+    query = torch.randn(24, 16)
+    first, second = query.chunk(2, dim=-1)
+    rotated = query * angles.cos() + torch.cat([-second, first], -1) * angles.sin()
+    pairs = rotated.unflatten(-1, (2, 8)).pow(2).sum(1)  # each (i, i + 8) pair rotates as one 2-D vector
+    assert torch.allclose(pairs, query.unflatten(-1, (2, 8)).pow(2).sum(1), atol=1e-5)

@@ -8,6 +8,7 @@ from torch import nn
 
 from detr.models.config import DetrConfig
 from detr.models.dfine.decoder import DFineDecoder
+from detr.models.dfine.dinov3 import DINOv3Backbone
 from detr.models.dfine.encoder import LiteEncoder, deimv2_hybrid_encoder, dfine_hybrid_encoder
 from detr.models.dfine.hgnetv2 import HGNetV2
 from detr.models.dfine.model import DFINE
@@ -17,17 +18,31 @@ from detr.models.mlp import MLP
 def build_dfine(config: DetrConfig) -> DFINE:
     """HGNetV2 of ``config.backbone`` (its last ``num_feature_levels`` stages), the hybrid encoder with D-FINE's
     fusion blocks, the distribution-refinement decoder and its heads; with ``architecture="deimv2"``, DEIMv2's
-    encoder (summed RepNCSPELAN5 fusion, or the lite encoder) and decoder layers (RMSNorm, SwiGLU)."""
+    encoder (summed RepNCSPELAN5 fusion, or the lite encoder) and decoder layers (RMSNorm, SwiGLU), on HGNetV2 or the
+    DINOv3 ViT with its spatial tuning adapter (``backbone="dinov3_vit"``)."""
     deimv2 = config.architecture == "deimv2"
-    backbone = HGNetV2(config.backbone, learnable_affine=config.backbone_learnable_affine,
-                       num_outputs=config.num_feature_levels, frozen_norm=config.backbone_norm == "frozen_batch_norm")
+    backbone: HGNetV2 | DINOv3Backbone
+    if config.backbone == "dinov3_vit":
+        backbone = DINOv3Backbone(config.vit_dim, config.vit_depth, config.vit_heads, config.vit_mlp_dim,
+                                  num_register_tokens=config.vit_register_tokens, out_layers=config.vit_out_layers,
+                                  gated_mlp=config.vit_gated_mlp, adapter_channels=config.adapter_channels)
+    else:
+        backbone = HGNetV2(config.backbone, learnable_affine=config.backbone_learnable_affine,
+                           num_outputs=config.num_feature_levels,
+                           frozen_norm=config.backbone_norm == "frozen_batch_norm")
     encoder_dim = config.encoder_hidden_dim or config.hidden_dim
     encoder: nn.Module
     if config.lite_encoder:
         encoder = LiteEncoder(backbone.out_channels, encoder_dim, expansion=config.csp_expansion,
                               depth_multiplier=config.csp_depth_multiplier)
+    elif deimv2:
+        encoder = deimv2_hybrid_encoder(
+            backbone.out_channels, encoder_dim, num_heads=config.num_heads,
+            dim_feedforward=config.encoder_dim_feedforward or config.dim_feedforward,
+            num_layers=config.num_encoder_layers, dropout=config.dropout, expansion=config.csp_expansion,
+            depth_multiplier=config.csp_depth_multiplier, trailing_conv=config.csp_trailing_conv)
     else:
-        encoder = (deimv2_hybrid_encoder if deimv2 else dfine_hybrid_encoder)(
+        encoder = dfine_hybrid_encoder(
             backbone.out_channels, encoder_dim, num_heads=config.num_heads,
             dim_feedforward=config.encoder_dim_feedforward or config.dim_feedforward,
             num_layers=config.num_encoder_layers, dropout=config.dropout, expansion=config.csp_expansion,

@@ -83,13 +83,14 @@ def dfine_hybrid_encoder(in_channels: list[int], hidden_dim: int, *, num_heads: 
 
 class SplitCSPLayer(nn.Module):
     """DEIMv2's CSP layer: ``conv1`` (1×1, SiLU) to 2 · out channels split in a residual half r and a path p;
-    ``conv2`` (3×3, SiLU) of ``r + bottlenecks(p)``."""
+    ``conv2`` (3×3, SiLU; the identity without ``trailing_conv``, as in the DINOv3 models) of
+    ``r + bottlenecks(p)``."""
 
-    def __init__(self, in_channels: int, out_channels: int, num_blocks: int) -> None:
+    def __init__(self, in_channels: int, out_channels: int, num_blocks: int, trailing_conv: bool = True) -> None:
         super().__init__()
         self.conv1 = ConvNorm(in_channels, 2 * out_channels, 1, activation=nn.SiLU())
         self.bottlenecks = nn.Sequential(*[RepVggBlock(out_channels) for _ in range(num_blocks)])
-        self.conv2 = ConvNorm(out_channels, out_channels, 3, activation=nn.SiLU())
+        self.conv2 = ConvNorm(out_channels, out_channels, 3, activation=nn.SiLU()) if trailing_conv else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         residual, path = self.conv1(x).chunk(2, dim=1)
@@ -104,13 +105,14 @@ class RepNCSPELAN5(nn.Module):
     Args:
         channels: the encoder's width (the summed inputs and the output). branch_channels:
             ``round(expansion · channels // 2)``. num_blocks: RepVGG blocks per CSP layer (``round(3 · depth)``).
+        trailing_conv: the CSP layers' final 3×3 (False in the DINOv3 models).
     """
 
-    def __init__(self, channels: int, branch_channels: int, num_blocks: int) -> None:
+    def __init__(self, channels: int, branch_channels: int, num_blocks: int, trailing_conv: bool = True) -> None:
         super().__init__()
         self.conv1 = ConvNorm(channels, 2 * channels, 1, activation=nn.SiLU())
-        self.csp_rep1 = SplitCSPLayer(channels, branch_channels, num_blocks)
-        self.csp_rep2 = SplitCSPLayer(branch_channels, branch_channels, num_blocks)
+        self.csp_rep1 = SplitCSPLayer(channels, branch_channels, num_blocks, trailing_conv)
+        self.csp_rep2 = SplitCSPLayer(branch_channels, branch_channels, num_blocks, trailing_conv)
         self.conv2 = ConvNorm(2 * channels + 2 * branch_channels, channels, 1, activation=nn.SiLU())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,15 +123,15 @@ class RepNCSPELAN5(nn.Module):
 
 
 def deimv2_hybrid_encoder(in_channels: list[int], hidden_dim: int, *, num_heads: int, dim_feedforward: int,
-                          num_layers: int, dropout: float, expansion: float, depth_multiplier: float
-                          ) -> HybridEncoder:
+                          num_layers: int, dropout: float, expansion: float, depth_multiplier: float,
+                          trailing_conv: bool = True) -> HybridEncoder:
     """RT-DETR's hybrid encoder with DEIMv2's parts: summed inputs, :class:`RepNCSPELAN5`, SCDown and linear
     lateral convolutions."""
     branch, blocks = round(expansion * hidden_dim // 2), round(3 * depth_multiplier)
     return HybridEncoder(
         in_channels, hidden_dim, num_heads=num_heads, dim_feedforward=dim_feedforward, num_layers=num_layers,
         dropout=dropout, lateral_activation=False, fusion="sum",
-        fusion_block=lambda: RepNCSPELAN5(hidden_dim, branch, blocks),
+        fusion_block=lambda: RepNCSPELAN5(hidden_dim, branch, blocks, trailing_conv),
         downsample=lambda: nn.Sequential(SCDown(hidden_dim)))
 
 

@@ -15,6 +15,7 @@ State-dict keys are the authors' (Peterande/D-FINE): ``backbone.*`` (``HGNetv2``
 from __future__ import annotations
 
 from detr.models.dfine.decoder import DFineDecoder
+from detr.models.dfine.dinov3 import DINOv3Backbone
 from detr.models.dfine.encoder import LiteEncoder
 from detr.models.dfine.hgnetv2 import HGNetV2
 from detr.models.rtdetr.hybrid_encoder import HybridEncoder
@@ -29,7 +30,7 @@ class DFINE(RTDETR):
     layer's logits include its localisation-quality term; boxes are the refined distributions' boxes).
 
     Args:
-        backbone: the :class:`HGNetV2`. encoder: the hybrid encoder of
+        backbone: the :class:`HGNetV2` (DEIMv2 S-X: the :class:`DINOv3Backbone`). encoder: the hybrid encoder of
             :func:`detr.models.dfine.encoder.dfine_hybrid_encoder` (DEIMv2: ``deimv2_hybrid_encoder`` or the
             :class:`~detr.models.dfine.encoder.LiteEncoder`). decoder: the :class:`DFineDecoder`.
         num_classes, aux_loss: as :class:`RTDETR`.
@@ -37,7 +38,7 @@ class DFINE(RTDETR):
 
     exportable = False  # ONNX / torch.export of this family is not written yet (docs/dfine.md)
 
-    def __init__(self, backbone: HGNetV2, encoder: HybridEncoder | LiteEncoder, decoder: DFineDecoder, *, num_classes: int,
+    def __init__(self, backbone: HGNetV2 | DINOv3Backbone, encoder: HybridEncoder | LiteEncoder, decoder: DFineDecoder, *, num_classes: int,
                  aux_loss: bool = True) -> None:
         super().__init__(backbone, encoder, decoder, num_classes=num_classes, aux_loss=aux_loss)  # type: ignore[arg-type]
 
