@@ -25,7 +25,7 @@ QueryType = Literal["learned", "anchor"]
 #: "detr": the paper's single-scale transformer (with the query types above); "deformable": Deformable DETR's
 #: multi-scale deformable attention (:class:`detr.models.deformable.model.DeformableDETR`); "rtdetr": the
 #: real-time DETR (RT-DETR and RT-DETRv2, :class:`detr.models.rtdetr.model.RTDETR`); "dfine": D-FINE
-#: (:class:`detr.models.dfine.model.DFINE`); "deimv2": DEIMv2 on HGNetV2 (the same class with DEIMv2's parts).
+#: (:class:`detr.models.dfine.model.DFINE`); "deimv2": DEIMv2 (the same class with DEIMv2's parts).
 Architecture = Literal["detr", "deformable", "rtdetr", "dfine", "deimv2"]
 #: How deformable attention reads a sampling location: "bilinear" (grid_sample) or "discrete" (the nearest cell).
 SamplingMethod = Literal["bilinear", "discrete"]
@@ -138,9 +138,9 @@ class DetrConfig:
         reg_scale, reg_up: the weighting function's curvature and range (4.0, 0.5: the authors' reg_scale, up).
         lqe_top_k, lqe_hidden_dim, lqe_layers: the localisation-quality head (4 top probabilities, 64, 2 layers).
 
-    DEIMv2 on HGNetV2 (``architecture="deimv2"``, the same :class:`detr.models.dfine.model.DFINE` with DEIMv2's
-    parts: RMSNorm and SwiGLU decoder layers, summed RepNCSPELAN5 fusion; docs/dfine.md) takes D-FINE's options
-    and these:
+    DEIMv2 (``architecture="deimv2"``, the same :class:`detr.models.dfine.model.DFINE` with DEIMv2's parts:
+    RMSNorm and SwiGLU decoder layers, summed RepNCSPELAN5 fusion; ``backbone`` an HGNetV2 size or "dinov3_vit";
+    docs/dfine.md) takes D-FINE's options and these:
 
     Attributes:
         lite_encoder: the Atto/Femto/Pico encoder (no AIFI, two levels; num_feature_levels=2) instead of the

@@ -97,7 +97,8 @@ FeedForward = Literal["relu", "swiglu"]
 
 
 def _norm(kind: DecoderNorm, hidden_dim: int) -> nn.Module:
-    # DEIMv2's RMSNorm is transformers' Llama one: eps 1e-6, computed in float32, a scale and no bias
+    # DEIMv2's RMSNorm is transformers' Llama one: eps 1e-6, a scale and no bias (transformers computes it in
+    # float32 whatever the input's dtype; nn.RMSNorm in the input's, equal in float32)
     return nn.LayerNorm(hidden_dim) if kind == "layer_norm" else nn.RMSNorm(hidden_dim, eps=1e-6)
 
 
