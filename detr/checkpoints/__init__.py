@@ -3,7 +3,8 @@
 :func:`read_checkpoint` tries :data:`READERS` in order; the first that recognises the source reads it:
 - a released model's name ("detr-r50": :mod:`detr.checkpoints.released`, downloaded on first use);
 - a directory written by Hugging Face transformers (:mod:`detr.checkpoints.huggingface`; Deformable DETR's:
-  :mod:`detr.checkpoints.huggingface_deformable`; RT-DETR's: :mod:`detr.checkpoints.rtdetr`; D-FINE's: :mod:`detr.checkpoints.dfine`);
+  :mod:`detr.checkpoints.huggingface_deformable`; RT-DETR's: :mod:`detr.checkpoints.rtdetr`; D-FINE's: :mod:`detr.checkpoints.dfine`;
+  DEIMv2's: :mod:`detr.checkpoints.deimv2`);
 - a file written by ``torch.save`` (:func:`detr.checkpoints.formats.read_torch_file`): the authors' release
   files (detr-r50-e632da11.pth …: ``{"model": state_dict, ...}``; the real-time DETRs' ``{"ema": {"module":
   state_dict}}``, whose configuration :data:`STATE_DICT_READERS` read off the weights), plain state dicts, and
@@ -29,6 +30,7 @@ import torch
 from detr.atomic_files import write_atomically
 from detr.categories import CategoryMap
 from detr.checkpoints import released
+from detr.checkpoints.deimv2 import is_deimv2_directory, read_huggingface_deimv2, save_pretrained_deimv2
 from detr.checkpoints.dfine import (
     is_dfine_directory,
     is_dfine_state_dict,
@@ -79,6 +81,7 @@ HUGGINGFACE_READERS: tuple[tuple[Callable[[str | Path], bool], Callable[[str | P
     (is_deformable_directory, read_huggingface_deformable),
     (is_rtdetr_directory, read_huggingface_rtdetr),
     (is_dfine_directory, read_huggingface_dfine),
+    (is_deimv2_directory, read_huggingface_deimv2),
 )
 
 
@@ -196,6 +199,7 @@ HUGGINGFACE_WRITERS: dict[str, Callable[..., Path]] = {
     "deformable": save_pretrained_deformable,
     "rtdetr": save_pretrained_rtdetr,
     "dfine": save_pretrained_dfine,
+    "deimv2": save_pretrained_deimv2,
 }
 
 

@@ -38,8 +38,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -107,18 +108,6 @@ def _pattern(template: str) -> re.Pattern[str]:
     return re.compile(re.escape(template).replace(r"\{\}", r"(\d+)"))
 
 
-_TO_OURS = tuple((_pattern(theirs), ours) for theirs, ours in _RULES)
-_TO_THEIRS = tuple((_pattern(ours), theirs) for theirs, ours in _RULES)
-#: The backbone: the same tree, with transformers' names of the module and of its conv and norm.
-_BACKBONE = (("model.backbone.model.embedder.", "backbone.stem."), ("model.backbone.model.encoder.stages.",
-                                                                    "backbone.stages."))
-_BACKBONE_PARTS = ((".convolution.", ".conv."), (".normalization.", ".bn."))
-#: The cross-attention's 1 / points per sampling point, a buffer this project computes from the point counts
-_POINTS_SCALE = re.compile(r"model\.decoder\.layers\.\d+\.encoder_attn\.num_points_scale$")
-#: Copies of the decoder's heads at the top level (tied to them in transformers)
-_TIED = re.compile(r"(class|bbox)_embed\.\d+\.")
-
-
 def _substitute(table: tuple[tuple[re.Pattern[str], str], ...], key: str) -> str | None:
     for pattern, replacement in table:
         if match := pattern.match(key):
@@ -126,27 +115,89 @@ def _substitute(table: tuple[tuple[re.Pattern[str], str], ...], key: str) -> str
     return None
 
 
-def _to_ours(key: str) -> str | None:
-    for theirs, ours in _BACKBONE:
-        if key.startswith(theirs):
-            rest = key[len(theirs):]
-            for their_part, our_part in _BACKBONE_PARTS:
-                rest = rest.replace(their_part, our_part)
-            return ours + rest
-    return _substitute(_TO_OURS, key)
+#: The backbone's conv and norm: transformers' names, this project's.
+_BACKBONE_PARTS = ((".convolution.", ".conv."), (".normalization.", ".bn."))
 
 
-def _to_theirs(key: str) -> str:
-    for theirs, ours in _BACKBONE:
-        if key.startswith(ours):
-            rest = key[len(ours):]
-            for their_part, our_part in _BACKBONE_PARTS:
-                rest = rest.replace(our_part, their_part)
-            return theirs + rest
-    hf_key = _substitute(_TO_THEIRS, key)
-    if hf_key is None:
-        raise ExportError(f"{key} has no counterpart in transformers' D-FINE")
-    return hf_key
+class KeyMap:
+    """The renames between transformers' keys (as on disk) and this project's for one family: ``rules``
+    ((transformers' key start, this project's), ``{}`` a layer index; read in both directions, first match wins)
+    and the HGNetV2 backbone under ``backbone_prefix`` (the same tree, with transformers' module names). Keys are
+    read in transformers' D-FINE spelling (``_current_spelling``); ``disk_spelling`` (pattern, replacement) turns
+    the written ones into a family's own where its files differ (DEIMv2 writes ``aifi`` and ``o_proj``)."""
+
+    def __init__(self, family: str, rules: tuple[tuple[str, str], ...], backbone_prefix: str, *,
+                 disk_spelling: tuple[tuple[str, str], ...] = ()) -> None:
+        self.family = family
+        self._disk = tuple((re.compile(pattern), replacement) for pattern, replacement in disk_spelling)
+        self._to_ours = tuple((_pattern(theirs), ours) for theirs, ours in rules)
+        self._to_theirs = tuple((_pattern(ours), theirs) for theirs, ours in rules)
+        self._backbone = ((backbone_prefix + "embedder.", "backbone.stem."),
+                          (backbone_prefix + "encoder.stages.", "backbone.stages."))
+
+    def to_ours(self, key: str) -> str | None:
+        """transformers' key → this project's, None where there is none."""
+        for theirs, ours in self._backbone:
+            if key.startswith(theirs):
+                rest = key[len(theirs):]
+                for their_part, our_part in _BACKBONE_PARTS:
+                    rest = rest.replace(their_part, our_part)
+                return ours + rest
+        return _substitute(self._to_ours, key)
+
+    def to_theirs(self, key: str) -> str:
+        """This project's key → transformers'; :class:`ExportError` where there is none."""
+        for theirs, ours in self._backbone:
+            if key.startswith(ours):
+                rest = key[len(ours):]
+                for their_part, our_part in _BACKBONE_PARTS:
+                    rest = rest.replace(our_part, their_part)
+                return theirs + rest
+        hf_key = _substitute(self._to_theirs, key)
+        if hf_key is None:
+            raise ExportError(f"{key} has no counterpart in transformers' {self.family}")
+        for pattern, replacement in self._disk:
+            hf_key = pattern.sub(replacement, hf_key)
+        return hf_key
+
+
+DFINE_KEYS = KeyMap("D-FINE", _RULES, "model.backbone.model.")
+
+#: DEIMv2's (transformers' ``Deimv2ForObjectDetection``): the backbone and the input projections under
+#: ``model.conv_encoder``, the fusion blocks and the lite encoder under their transformers names (this project uses
+#: them: :mod:`detr.models.dfine.encoder`), the SwiGLU ``mlp`` (``ffn`` here) and the gate-less layers' norm.
+_DEIMV2_RULES: tuple[tuple[str, str], ...] = (
+    ("model.conv_encoder.encoder_input_proj.{}.conv.", "encoder.input_proj.{}.conv."),
+    ("model.conv_encoder.encoder_input_proj.{}.norm.", "encoder.input_proj.{}.norm."),
+    *((theirs, ours) for theirs, ours in _RULES
+      if not theirs.startswith(("model.encoder_input_proj.", "model.encoder.fpn_blocks.", "model.encoder.pan_blocks.",
+                                "model.decoder.layers.{}.fc", "model.encoder.encoder.{}.layers.{}.fc"))),
+    ("model.encoder.encoder.{}.layers.{}.mlp.layers.0.", "encoder.encoder.{}.layers.{}.linear1."),
+    ("model.encoder.encoder.{}.layers.{}.mlp.layers.1.", "encoder.encoder.{}.layers.{}.linear2."),
+    ("model.decoder.layers.{}.mlp.", "decoder.decoder.layers.{}.ffn."),
+    ("model.decoder.layers.{}.encoder_attn_layer_norm.", "decoder.decoder.layers.{}.norm2."),
+    ("model.encoder.fpn_blocks.", "encoder.fpn_blocks."),
+    ("model.encoder.pan_blocks.", "encoder.pan_blocks."),
+)
+#: DEIMv2 S-X: the DINOv3 ViT and the adapter under ``backbone`` (transformers' names), the hybrid encoder's input
+#: projections are transformers' ``fusion_proj``.
+_DEIMV2_DINOV3_RULES: tuple[tuple[str, str], ...] = (
+    ("model.conv_encoder.fusion_proj.{}.", "encoder.input_proj.{}."),
+    ("model.conv_encoder.backbone.layer.{}.attention.out_proj.", "backbone.backbone.layer.{}.attention.o_proj."),
+    ("model.conv_encoder.backbone.", "backbone.backbone."),
+    ("model.conv_encoder.spatial_tuning_adapter.", "backbone.spatial_tuning_adapter."),
+    *_DEIMV2_RULES[2:],
+)
+_DEIMV2_DISK = ((r"^model\.encoder\.encoder\.", "model.encoder.aifi."), (r"\.out_proj\.", ".o_proj."))
+DEIMV2_KEYS = KeyMap("DEIMv2", _DEIMV2_RULES, "model.conv_encoder.model.", disk_spelling=_DEIMV2_DISK)
+#: The lite encoder's parts keep transformers' names (its input projections included).
+DEIMV2_DINOV3_KEYS = KeyMap("DEIMv2", _DEIMV2_DINOV3_RULES, "model.conv_encoder.model.", disk_spelling=_DEIMV2_DISK)
+DEIMV2_LITE_KEYS = KeyMap("DEIMv2", (*_DEIMV2_RULES[2:], ("model.encoder.", "encoder.")), "model.conv_encoder.model.",
+                          disk_spelling=_DEIMV2_DISK)
+#: The cross-attention's 1 / points per sampling point, a buffer this project computes from the point counts
+_POINTS_SCALE = re.compile(r"model\.decoder\.layers\.\d+\.encoder_attn\.num_points_scale$")
+#: Copies of the decoder's heads at the top level (tied to them in transformers)
+_TIED = re.compile(r"(class|bbox)_embed\.\d+\.")
 
 
 def points_scale(points_per_level: tuple[int, ...] | list[int]) -> torch.Tensor:
@@ -154,8 +205,8 @@ def points_scale(points_per_level: tuple[int, ...] | list[int]) -> torch.Tensor:
     return torch.tensor([1.0 / count for count in points_per_level for _ in range(count)])
 
 
-def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str, *,
-                           points_per_level: list[int]) -> dict[str, torch.Tensor]:
+def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str, *, points_per_level: list[int],
+                           keys: KeyMap = DFINE_KEYS) -> dict[str, torch.Tensor]:
     """A transformers ``DFineForObjectDetection`` state dict → this project's (the authors') keys: q, k and v
     become one ``in_proj``, floats float32; the points scale is checked against ``points_per_level`` and
     dropped, as are the tied top-level head copies; unknown keys raise :class:`CheckpointError`."""
@@ -176,17 +227,17 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str, *,
             prefix, which, kind = match.groups()
             projections.setdefault((prefix, kind), {})[which] = value
             continue
-        new_key = _to_ours(key)
+        new_key = keys.to_ours(key)
         if new_key is None:
             unknown.append(hf_key)
         else:
             official[new_key] = value
     if unknown:
-        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in D-FINE's layout: {unknown[:10]}")
+        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in {keys.family}'s layout: {unknown[:10]}")
     for (prefix, kind), parts in projections.items():
         if set(parts) != {"q", "k", "v"}:
             raise CheckpointError(f"{where}: {prefix} has only the {sorted(parts)} projections")
-        ours = _to_ours(prefix + ".self_attn_layer_norm.")
+        ours = keys.to_ours(prefix + ".self_attn_layer_norm.")
         assert ours is not None and ours.endswith(".norm1.")
         official[ours[: -len("norm1.")] + f"self_attn.in_proj_{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
     return official
@@ -236,7 +287,7 @@ def _backbone(config: dict[str, Any], config_path: Path) -> tuple[str, bool, int
     backbone = config.get("backbone_config") or {}
     if config.get("use_timm_backbone") or config.get("backbone") or backbone.get("model_type") != "hgnet_v2":
         raise CheckpointError(f"{config_path}: the backbone must be transformers' HGNetV2 (backbone_config model_type "
-                              f"'hgnet_v2'), got {backbone.get('model_type') or config.get('backbone')!r}")
+                              f"'hgnet_v2'; DEIMv2 also 'dinov3_vit'), got {backbone.get('model_type') or config.get('backbone')!r}")
     found = {field: list(backbone.get(field, ())) for field in _SIZE_FIELDS}
     levels = len(backbone.get("out_indices") or [2, 3, 4])
     for name in SIZES:
@@ -263,17 +314,44 @@ def read_huggingface_dfine(directory: str | Path) -> CheckpointContents:
         CheckpointError: settings this project's D-FINE lacks (another backbone or activations, learned initial
             queries, an output layer other than the last, extra decoder levels, ...), keys without a counterpart.
     """
+    return read_huggingface_family(directory, "dfine")
+
+
+def read_huggingface_family(directory: str | Path, architecture: Literal["dfine", "deimv2"], *,
+                            vit_backbone: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None
+                            ) -> CheckpointContents:
+    """:func:`read_huggingface_dfine`, or with ``architecture="deimv2"`` a ``Deimv2ForObjectDetection``
+    directory (:mod:`detr.checkpoints.deimv2`); ``vit_backbone`` reads a DINOv3 backbone_config into DetrConfig
+    options (DEIMv2 S-X)."""
     directory = Path(directory)
     config_path = directory / "config.json"
     config = _read_json(config_path)
-    backbone, learnable_affine, levels = _backbone(config, config_path)
+    deimv2 = architecture == "deimv2"
+    vit_options: dict[str, Any] = {}
+    if vit_backbone is not None and (config.get("backbone_config") or {}).get("model_type") == "dinov3_vit":
+        vit_options = vit_backbone(config, config_path)
+        backbone, learnable_affine, levels = "dinov3_vit", False, 3
+        stage_channels = config.get("encoder_in_channels")  # not read by transformers' DINOv3 models
+    else:
+        backbone, learnable_affine, levels = _backbone(config, config_path)
+        stage_channels = [stage.out_channels for stage in SIZES[backbone].stages][-levels:]
     encoder_dim = int(config.get("encoder_hidden_dim", 256))
     layers = int(config.get("decoder_layers", 6))
-    stage_channels = [stage.out_channels for stage in SIZES[backbone].stages][-levels:]
+    lite = deimv2 and config.get("encoder_type", "hybrid") == "lite"
+    extra: dict[str, Any] = {"encode_proj_layers": [levels - 1]} if not lite else {}
+    if deimv2:
+        extra.update({"encoder_fuse_op": "sum", "share_bbox_head": False,
+                      "encoder_type": "lite" if lite else "hybrid", "layer_scale": 1.0})
+        if not vit_options:  # the trailing 3×3 is left out by the DINOv3 models only
+            extra["encoder_has_trailing_conv"] = True
+        if config.get("decoder_activation_function", "relu") not in ("relu", "silu"):
+            extra["decoder_activation_function"] = "relu"
+    else:
+        extra["decoder_activation_function"] = "relu"
     _refuse_unless(config, {
-        "encoder_activation_function": "gelu", "activation_function": "silu", "decoder_activation_function": "relu",
+        "encoder_activation_function": "gelu", "activation_function": "silu", **extra,
         "normalize_before": False, "learn_initial_query": False, "with_box_refine": True,
-        "encode_proj_layers": [levels - 1], "feat_strides": [8, 16, 32][-levels:], "num_feature_levels": levels,
+        "feat_strides": [8, 16, 32][-levels:], "num_feature_levels": levels,
         "encoder_in_channels": stage_channels, "positional_encoding_temperature": 10000, "layer_norm_eps": 1e-5,
         "batch_norm_eps": 1e-5, "decoder_in_channels": [encoder_dim] * levels,
         "decoder_attention_heads": config.get("encoder_attention_heads", 8),
@@ -287,18 +365,25 @@ def read_huggingface_dfine(directory: str | Path) -> CheckpointContents:
                        "this project (as the authors' code) with them; outputs will differ from transformers'",
                        config_path, config["eval_size"])
     points = _points(config, levels)
-    state_dict = to_official_state_dict(_read_weights(directory), str(directory), points_per_level=points)
+    keys = DFINE_KEYS
+    if deimv2:
+        keys = DEIMV2_DINOV3_KEYS if vit_options else DEIMV2_LITE_KEYS if lite else DEIMV2_KEYS
+    state_dict = to_official_state_dict(_read_weights(directory), str(directory), points_per_level=points, keys=keys)
     if "decoder.dec_score_head.0.weight" not in state_dict:
-        raise CheckpointError(f"{directory}: no decoder class heads (model.decoder.class_embed.0): a DFineModel "
-                              f"without the detection heads?")
+        raise CheckpointError(f"{directory}: no decoder class heads (model.decoder.class_embed.0): a model without "
+                              f"the detection heads (DFineModel, Deimv2Model)? Save the ...ForObjectDetection")
     hidden = int(config.get("d_model", 256))
     decoder_ffn, encoder_ffn = int(config.get("decoder_ffn_dim", 1024)), int(config.get("encoder_ffn_dim", 1024))
+    deimv2_options = {"lite_encoder": lite, "decoder_gateway": bool(config.get("use_gateway", True)),
+                      "decoder_activation": config.get("decoder_activation_function", "relu"),
+                      "csp_trailing_conv": bool(config.get("encoder_has_trailing_conv", True)),
+                      **vit_options} if deimv2 else {}
     model_config = DetrConfig(
-        architecture="dfine", class_head="sigmoid", backbone=backbone, backbone_learnable_affine=learnable_affine,
+        architecture=architecture, class_head="sigmoid", backbone=backbone, backbone_learnable_affine=learnable_affine,
         backbone_norm="frozen_batch_norm" if config.get("freeze_backbone_batch_norms", True) else "batch_norm",
         hidden_dim=hidden, num_heads=int(config.get("encoder_attention_heads", 8)),
         encoder_hidden_dim=encoder_dim if encoder_dim != hidden else None,
-        num_encoder_layers=int(config.get("encoder_layers", 1)), num_decoder_layers=layers,
+        num_encoder_layers=0 if lite else int(config.get("encoder_layers", 1)), num_decoder_layers=layers,
         dim_feedforward=decoder_ffn, encoder_dim_feedforward=encoder_ffn if encoder_ffn != decoder_ffn else None,
         csp_expansion=float(config.get("hidden_expansion", 1.0)),
         csp_depth_multiplier=float(config.get("depth_mult", 1.0)), dropout=float(config.get("dropout", 0.0)),
@@ -311,7 +396,7 @@ def read_huggingface_dfine(directory: str | Path) -> CheckpointContents:
         max_num_bins=int(config.get("max_num_bins", 32)), reg_scale=float(config.get("reg_scale", 4.0)),
         reg_up=float(config.get("up", 0.5)), lqe_top_k=int(config.get("top_prob_values", 4)),
         lqe_hidden_dim=int(config.get("lqe_hidden_dim", 64)), lqe_layers=int(config.get("lqe_layers", 2)),
-        pretrained_backbone=False)
+        pretrained_backbone=False, **deimv2_options)
     _check_constants(state_dict, model_config, str(config_path))
     size = _square_size(directory)
     meta = read_meta(config, model_config.num_classes, config_path, (size, size) if size is not None else None)
@@ -411,7 +496,7 @@ def read_dfine_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the
     return CheckpointContents(official, config, meta)
 
 
-def to_huggingface_state_dict(model: DFINE) -> dict[str, torch.Tensor]:
+def to_huggingface_state_dict(model: DFINE, keys: KeyMap = DFINE_KEYS) -> dict[str, torch.Tensor]:
     """This project's D-FINE → transformers' keys (as on disk), every tensor a contiguous copy, with the points
     scale transformers keeps."""
     hf: dict[str, torch.Tensor] = {}
@@ -419,12 +504,12 @@ def to_huggingface_state_dict(model: DFINE) -> dict[str, torch.Tensor]:
         value = value.detach().to("cpu", copy=True).contiguous()
         if match := _IN_PROJ.match(key):
             prefix, kind = match.groups()
-            hf_prefix = _to_theirs(prefix + ".norm1.")[: -len("self_attn_layer_norm.")]
+            hf_prefix = keys.to_theirs(prefix + ".norm1.")[: -len("self_attn_layer_norm.")]
             for which, part in zip("qkv", value.chunk(3)):
                 hf[f"{hf_prefix}self_attn.{which}_proj.{kind}"] = part.clone()
             continue
-        hf_key = _to_theirs(key)
-        if _to_ours(hf_key) != key:  # the two directions must be inverses
+        hf_key = keys.to_theirs(key)
+        if keys.to_ours(_current_spelling(hf_key)) != key:  # the two directions must be inverses
             raise AssertionError(f"{key} → {hf_key} does not read back")
         hf[hf_key] = value
     for index, layer in enumerate(model.decoder.decoder.layers):
@@ -433,23 +518,32 @@ def to_huggingface_state_dict(model: DFINE) -> dict[str, torch.Tensor]:
     return hf
 
 
-def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None = None) -> dict[str, Any]:
-    """config.json of :func:`save_pretrained_dfine`."""
+def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None = None,
+                             backbone: dict[str, Any] | None = None) -> dict[str, Any]:
+    """config.json of :func:`save_pretrained_dfine` (and, for ``architecture="deimv2"``, of
+    :func:`detr.checkpoints.deimv2.save_pretrained_deimv2`)."""
     config = model.config
-    if config is None or config.architecture != "dfine":
-        raise ExportError("save_pretrained_dfine needs a D-FINE built by build_detr (model.config)")
+    if config is None or config.architecture not in ("dfine", "deimv2"):
+        raise ExportError("save_pretrained_dfine needs a D-FINE or DEIMv2 built by build_detr (model.config)")
     if config.backbone_norm == "group_norm":
-        raise ExportError("transformers' D-FINE has batch norms in its backbone, not group norms")
+        raise ExportError("transformers' D-FINE and DEIMv2 have batch norms in their backbone, not group norms")
     levels = config.num_feature_levels
     encoder_dim = config.encoder_hidden_dim or config.hidden_dim
     points = list(config.num_points_per_level or [config.num_points] * levels)
     category_map = category_map or model.meta.category_map
+    deimv2 = {"architectures": ["Deimv2ForObjectDetection"], "model_type": "deimv2",
+              "encoder_type": "lite" if config.lite_encoder else "hybrid", "encoder_fuse_op": "sum",
+              "use_gateway": config.decoder_gateway, "share_bbox_head": False,
+              "encoder_has_trailing_conv": config.csp_trailing_conv,
+              "decoder_activation_function": config.decoder_activation} if config.architecture == "deimv2" else {}
+    if backbone is None:  # HGNetV2 (the DINOv3 backbone's fields come from detr.checkpoints.deimv2)
+        backbone = {"backbone_config": _hgnetv2_backbone_config(config.backbone, config.backbone_learnable_affine,
+                                                                levels),
+                    "encoder_in_channels": [stage.out_channels for stage in SIZES[config.backbone].stages][-levels:]}
     return {
         "architectures": ["DFineForObjectDetection"], "model_type": MODEL_TYPE,
-        "backbone_config": _hgnetv2_backbone_config(config.backbone, config.backbone_learnable_affine, levels),
         "freeze_backbone_batch_norms": config.backbone_norm == "frozen_batch_norm",
-        "encoder_hidden_dim": encoder_dim,
-        "encoder_in_channels": [stage.out_channels for stage in SIZES[config.backbone].stages][-levels:],
+        "encoder_hidden_dim": encoder_dim, **backbone,
         "feat_strides": [8, 16, 32][-levels:], "encoder_layers": config.num_encoder_layers,
         "encoder_ffn_dim": config.encoder_dim_feedforward or config.dim_feedforward,
         "encoder_attention_heads": config.num_heads, "dropout": config.dropout, "activation_dropout": 0.0,
@@ -467,6 +561,7 @@ def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None =
         "lqe_layers": config.lqe_layers, "decoder_offset_scale": config.sampling_offset_scale,
         "decoder_method": "discrete" if config.sampling_method == "discrete" else "default",
         **label_fields(category_map, model.num_classes, model.meta.score_threshold),
+        **deimv2,
     }
 
 
@@ -475,13 +570,23 @@ def save_pretrained_dfine(model: DFINE, directory: str | Path, *, category_map: 
     """Write ``model`` as ``DFineForObjectDetection.save_pretrained`` would: config.json, model.safetensors and
     preprocessor_config.json (``RTDetrImageProcessor`` at the model's square size). ``backbone_format`` (the DETR
     writers' choice of timm or transformers' ResNet) is not read: transformers' D-FINE has one backbone, HGNetV2."""
-    config = huggingface_dfine_config(model, category_map=category_map)
-    tensors = to_huggingface_state_dict(model)
+    if model.config is not None and model.config.architecture != "dfine":
+        raise ExportError(f"save_pretrained_dfine writes D-FINE, got architecture {model.config.architecture!r}")
+    return write_huggingface_family(model, directory, category_map=category_map, keys=DFINE_KEYS)
+
+
+def write_huggingface_family(model: DFINE, directory: str | Path, *, category_map: CategoryMap | None,
+                             keys: KeyMap, backbone: dict[str, Any] | None = None) -> Path:
+    """config.json (:func:`huggingface_dfine_config`, ``backbone`` its backbone fields where not HGNetV2),
+    model.safetensors (renamed by ``keys``) and preprocessor_config.json."""
+    config = huggingface_dfine_config(model, category_map=category_map, backbone=backbone)
+    tensors = to_huggingface_state_dict(model, keys)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
     data = _safetensors_torch().save(tensors, metadata={"format": "pt"})
     write_atomically(directory / "model.safetensors", lambda file: file.write(data))
     write_preprocessor_config(directory, model.input_spec.size)
-    logger.info("wrote %s (d_fine, %s, %d classes)", directory, model.config.backbone, model.num_classes)
+    logger.info("wrote %s (%s, %s, %d classes)", directory, config["model_type"], config["backbone_config"]["model_type"],
+                model.num_classes)
     return directory

@@ -1,6 +1,6 @@
 """Build a detector from its :class:`detr.models.config.DetrConfig`: the paper's :class:`DETR` for learned
 queries, :class:`AnchorDETR` for anchor queries, :class:`DeformableDETR` for ``architecture="deformable"``, :class:`RTDETR` for
-``architecture="rtdetr"``, :class:`DFINE` for ``architecture="dfine"``.
+``architecture="rtdetr"``, :class:`DFINE` for ``architecture="dfine"`` and ``"deimv2"``.
 
 :data:`ARCHITECTURES` maps each ``architecture`` to its family's builder (config → detector): the one line a
 new family adds here (its builder lives in its folder, as :func:`detr.models.deformable.build.build_deformable_detr`)."""
@@ -82,4 +82,5 @@ ARCHITECTURES: dict[str, Callable[[DetrConfig], Detector]] = {
     "deformable": build_deformable_detr,
     "rtdetr": build_rtdetr,
     "dfine": build_dfine,
+    "deimv2": build_dfine,
 }

@@ -25,17 +25,25 @@ QueryType = Literal["learned", "anchor"]
 #: "detr": the paper's single-scale transformer (with the query types above); "deformable": Deformable DETR's
 #: multi-scale deformable attention (:class:`detr.models.deformable.model.DeformableDETR`); "rtdetr": the
 #: real-time DETR (RT-DETR and RT-DETRv2, :class:`detr.models.rtdetr.model.RTDETR`); "dfine": D-FINE
-#: (:class:`detr.models.dfine.model.DFINE`).
-Architecture = Literal["detr", "deformable", "rtdetr", "dfine"]
+#: (:class:`detr.models.dfine.model.DFINE`); "deimv2": DEIMv2 (the same class with DEIMv2's parts).
+Architecture = Literal["detr", "deformable", "rtdetr", "dfine", "deimv2"]
 #: How deformable attention reads a sampling location: "bilinear" (grid_sample) or "discrete" (the nearest cell).
 SamplingMethod = Literal["bilinear", "discrete"]
-#: ResNets (ResNet-vd for RT-DETR) and, for D-FINE only, HGNetV2's sizes B0-B5.
+#: ResNets (ResNet-vd for RT-DETR), for D-FINE and DEIMv2 only HGNetV2's sizes B0-B5, for DEIMv2 only a DINOv3
+#: ViT with the spatial tuning adapter ("dinov3_vit", its size in the vit_* options).
 BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "hgnetv2_b0", "hgnetv2_b1", "hgnetv2_b2",
-                       "hgnetv2_b3", "hgnetv2_b4", "hgnetv2_b5"]
-#: The options only D-FINE reads, with their defaults (the authors').
+                       "hgnetv2_b3", "hgnetv2_b4", "hgnetv2_b5", "dinov3_vit"]
+#: The options only D-FINE (and DEIMv2) read, with their defaults (the authors').
 DFINE_DEFAULTS: dict[str, Any] = {"backbone_learnable_affine": False, "num_points_per_level": None,
                                   "csp_depth_multiplier": 1.0, "max_num_bins": 32, "reg_scale": 4.0, "reg_up": 0.5,
                                   "lqe_top_k": 4, "lqe_hidden_dim": 64, "lqe_layers": 2}
+#: The options only DEIMv2 reads, with their defaults (transformers' Deimv2Config).
+DEIMV2_DEFAULTS: dict[str, Any] = {"lite_encoder": False, "decoder_gateway": True, "decoder_activation": "relu",
+                                   "csp_trailing_conv": True, "vit_dim": 384, "vit_depth": 12, "vit_heads": 6,
+                                   "vit_mlp_dim": 1536, "vit_register_tokens": 4, "vit_out_layers": (5, 8, 11),
+                                   "vit_gated_mlp": False, "adapter_channels": 16}
+#: The families built on D-FINE's parts (HGNetV2, the distribution-refinement decoder).
+DFINE_FAMILY = ("dfine", "deimv2")
 BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
 LastStage = Literal["layer4", "layer3", "layer2"]
 PositionEncoding = Literal["sine", "learned"]
@@ -47,7 +55,7 @@ ClassHead = Literal["softmax", "sigmoid"]
 #: Bias of a sigmoid class logit that starts every class at p = 0.01 (the focal-loss prior, Lin et al. §4.1).
 PRIOR_BIAS = -math.log((1 - 0.01) / 0.01)
 #: The real-time families, which share RT-DETR's options (hybrid encoder, query selection, sampling).
-REAL_TIME = ("rtdetr", "dfine")
+REAL_TIME = ("rtdetr", "dfine", "deimv2")
 
 
 @dataclass(frozen=True)
@@ -129,6 +137,21 @@ class DetrConfig:
         max_num_bins: N: each box edge is a distribution over N + 1 bins (32).
         reg_scale, reg_up: the weighting function's curvature and range (4.0, 0.5: the authors' reg_scale, up).
         lqe_top_k, lqe_hidden_dim, lqe_layers: the localisation-quality head (4 top probabilities, 64, 2 layers).
+
+    DEIMv2 (``architecture="deimv2"``, the same :class:`detr.models.dfine.model.DFINE` with DEIMv2's parts:
+    RMSNorm and SwiGLU decoder layers, summed RepNCSPELAN5 fusion; ``backbone`` an HGNetV2 size or "dinov3_vit";
+    docs/dfine.md) takes D-FINE's options and these:
+
+    Attributes:
+        lite_encoder: the Atto/Femto/Pico encoder (no AIFI, two levels; num_feature_levels=2) instead of the
+            hybrid encoder.
+        decoder_gateway: the decoder layers' gate after the cross-attention (True); False: residual + RMSNorm.
+        decoder_activation: "relu" or "silu" between the layers of the query-position MLP.
+        csp_trailing_conv: the 3×3 at the end of the fusion blocks' CSP layers (True; the DINOv3 models: False).
+        vit_dim, vit_depth, vit_heads, vit_mlp_dim, vit_register_tokens, vit_gated_mlp: the DINOv3 ViT's size
+            (backbone="dinov3_vit"; the defaults are ViT-S/16's: 384, 12, 6, 1536, 4, False).
+        vit_out_layers: the three ViT layers (1-based) whose patch tokens become the strides 8, 16, 32.
+        adapter_channels: c of the spatial tuning adapter (2c, 4c, 4c channels at strides 8, 16, 32; 16).
     """
 
     backbone: BackboneName = "resnet50"
@@ -176,6 +199,18 @@ class DetrConfig:
     lqe_top_k: int = 4
     lqe_hidden_dim: int = 64
     lqe_layers: int = 2
+    lite_encoder: bool = False
+    decoder_gateway: bool = True
+    decoder_activation: Literal["relu", "silu"] = "relu"
+    csp_trailing_conv: bool = True
+    vit_dim: int = 384
+    vit_depth: int = 12
+    vit_heads: int = 6
+    vit_mlp_dim: int = 1536
+    vit_register_tokens: int = 4
+    vit_out_layers: tuple[int, ...] = (5, 8, 11)
+    vit_gated_mlp: bool = False
+    adapter_channels: int = 16
 
     def __post_init__(self) -> None:
         if self.position_encoding not in ("sine", "learned"):
@@ -195,8 +230,9 @@ class DetrConfig:
                 raise ValueError(f"{name} must be an integer >= 1{hint}, got {value!r}")
         if self.query_groups < 1:
             raise ValueError(f"query_groups must be at least 1, got {self.query_groups}")
-        if self.num_points_per_level is not None:  # checkpoints store lists: one value, one type
-            object.__setattr__(self, "num_points_per_level", tuple(self.num_points_per_level))
+        for name in ("num_points_per_level", "vit_out_layers"):  # checkpoints store lists: one value, one type
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.query_type != "anchor" and not (self.architecture in REAL_TIME and self.query_groups == 1
                                                 and self.anchor_local_attention == 0):
             anchor_only = {"denoising": (self.denoising, "denoising=True feeds noised boxes as anchors"),
@@ -210,21 +246,30 @@ class DetrConfig:
         if self.pre_norm and self.query_type == "anchor":
             raise ValueError("query_type='anchor' has DAB-DETR's post-norm decoder: set pre_norm=False")
         self._check_deformable()
-        if self.backbone.startswith("hgnetv2") != (self.architecture == "dfine"):
+        if self.backbone == "dinov3_vit" and self.architecture != "deimv2":
+            raise ValueError(f"backbone 'dinov3_vit' is DEIMv2's (architecture='deimv2'), got architecture "
+                             f"{self.architecture!r}")
+        if self.backbone.startswith(("hgnetv2", "dinov3")) != (self.architecture in DFINE_FAMILY):
             raise ValueError(f"backbone {self.backbone!r} with architecture {self.architecture!r}: HGNetV2 sizes "
-                             f"(hgnetv2_b0 ... b5) are D-FINE's backbones (architecture='dfine'), ResNets the others'")
+                             f"(hgnetv2_b0 ... b5) are D-FINE's and DEIMv2's backbones (architecture='dfine' or "
+                             f"'deimv2'), ResNets the others'")
         if self.dilation and self.backbone in ("resnet18", "resnet34"):
             raise ValueError(f"dilation (DC5) needs bottleneck blocks: use resnet50 or resnet101, not {self.backbone}")
 
     def _check_deformable(self) -> None:
-        if self.architecture not in ("detr", "deformable", "rtdetr", "dfine"):
-            raise ValueError(f"architecture must be 'detr', 'deformable', 'rtdetr' or 'dfine', got {self.architecture!r}")
+        if self.architecture not in ("detr", "deformable", "rtdetr", "dfine", "deimv2"):
+            raise ValueError(f"architecture must be 'detr', 'deformable', 'rtdetr', 'dfine' or 'deimv2', got "
+                             f"{self.architecture!r}")
         if self.sampling_method not in ("bilinear", "discrete"):
             raise ValueError(f"sampling_method must be 'bilinear' or 'discrete', got {self.sampling_method!r}")
-        if self.architecture != "dfine":
+        if self.architecture not in DFINE_FAMILY:
             for name, default in DFINE_DEFAULTS.items():
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}={getattr(self, name)!r} is a D-FINE option: set architecture='dfine'")
+        if self.architecture != "deimv2":
+            for name, default in DEIMV2_DEFAULTS.items():
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name}={getattr(self, name)!r} is a DEIMv2 option: set architecture='deimv2'")
         if self.architecture not in REAL_TIME:
             rtdetr_only = {"encoder_hidden_dim": self.encoder_hidden_dim is not None,
                            "encoder_dim_feedforward": self.encoder_dim_feedforward is not None,
@@ -264,7 +309,7 @@ class DetrConfig:
                 raise ValueError(f"architecture='deformable' does not take {name}={getattr(self, name)!r}: {fix}")
 
     def _check_rtdetr(self) -> None:
-        if self.architecture == "dfine":
+        if self.architecture in DFINE_FAMILY:
             self._check_dfine()
         elif self.num_feature_levels < 3 or self.num_points < 1:
             raise ValueError(f"architecture='rtdetr' reads the backbone's strides 8, 16 and 32 (and optionally "
@@ -293,7 +338,8 @@ class DetrConfig:
 
     def _check_dfine(self) -> None:
         if self.num_feature_levels not in (2, 3) or self.num_points < 1:
-            raise ValueError(f"architecture='dfine' reads HGNetV2's last 3 stages (or 2, D-FINE N), one decoder level "
+            raise ValueError(f"architecture={self.architecture!r} reads HGNetV2's last 3 stages (or 2, the N models), "
+                             f"one decoder level "
                              f"each: num_feature_levels must be 2 or 3 and num_points at least 1, got "
                              f"{self.num_feature_levels} and {self.num_points}")
         points = self.num_points_per_level
@@ -303,6 +349,27 @@ class DetrConfig:
         if self.max_num_bins < 4 or self.max_num_bins % 2 or self.lqe_top_k > self.max_num_bins + 1:
             raise ValueError(f"max_num_bins must be even and at least 4, and lqe_top_k at most max_num_bins + 1, got "
                              f"{self.max_num_bins} and {self.lqe_top_k}")
+        if self.lite_encoder and self.num_feature_levels != 2:
+            raise ValueError(f"lite_encoder=True fuses HGNetV2's last 2 stages: set num_feature_levels=2, got "
+                             f"{self.num_feature_levels}")
+        if self.lite_encoder and self.num_encoder_layers:
+            raise ValueError(f"lite_encoder=True has no AIFI layers: set num_encoder_layers=0, got "
+                             f"{self.num_encoder_layers}")
+        if self.backbone != "dinov3_vit":
+            for name in ("vit_dim", "vit_depth", "vit_heads", "vit_mlp_dim", "vit_register_tokens", "vit_out_layers",
+                         "vit_gated_mlp", "adapter_channels"):
+                if getattr(self, name) != DEIMV2_DEFAULTS[name]:
+                    raise ValueError(f"{name}={getattr(self, name)!r} sizes the DINOv3 ViT: set backbone='dinov3_vit'")
+        if self.backbone == "dinov3_vit" and (self.num_feature_levels != 3 or self.lite_encoder):
+            raise ValueError("backbone='dinov3_vit' gives three levels to the hybrid encoder: set "
+                             "num_feature_levels=3 and lite_encoder=False")
+        if self.backbone == "dinov3_vit" and (self.vit_dim % self.vit_heads or self.vit_dim // self.vit_heads % 4
+                                              or len(self.vit_out_layers) != 3):
+            raise ValueError(f"the DINOv3 ViT needs vit_dim divisible by vit_heads into heads of a multiple of 4 "
+                             f"(its rotary positions) and three vit_out_layers, got {self.vit_dim}, {self.vit_heads} "
+                             f"and {self.vit_out_layers}")
+        if self.decoder_activation not in ("relu", "silu"):
+            raise ValueError(f"decoder_activation must be 'relu' or 'silu', got {self.decoder_activation!r}")
 
     @property
     def num_logits(self) -> int:

@@ -16,11 +16,18 @@ is the previous layer's refined box (detached); the positions (an MLP of it) are
 Parameter names are the authors' (Peterande/D-FINE, ``src/zoo/dfine/dfine_decoder.py``): RT-DETR's plus
 ``decoder.layers.{i}.gateway.{gate,norm}``, ``decoder.lqe_layers.{i}.reg_conf``, ``decoder.up``,
 ``decoder.reg_scale`` and ``pre_bbox_head``.
+
+DEIMv2 (Huang et al. 2025) keeps this decoder and changes its layers (``norm="rms_norm"``,
+``feedforward="swiglu"``): RMSNorm in place of every LayerNorm (the gate's too), a SwiGLU feed-forward network
+(:class:`SwiGLU`, half the width, transformers' names ``ffn.{gate,up,down}_proj``), optionally no gate
+(``gateway=False``: a residual and RMSNorm ``norm2``), and its query positions are a 3-layer MLP of the
+decoder's width (injected as ``query_pos_head``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -83,14 +90,40 @@ class LocalizationQuality(nn.Module):
         return logits + self.reg_conf(statistics)
 
 
+#: The decoder layers' normalisation: D-FINE's LayerNorm or DEIMv2's RMSNorm.
+DecoderNorm = Literal["layer_norm", "rms_norm"]
+#: The decoder layers' feed-forward network: D-FINE's two linear layers with ReLU or DEIMv2's SwiGLU.
+FeedForward = Literal["relu", "swiglu"]
+
+
+def _norm(kind: DecoderNorm, hidden_dim: int) -> nn.Module:
+    # DEIMv2's RMSNorm is transformers' Llama one: eps 1e-6, a scale and no bias (transformers computes it in
+    # float32 whatever the input's dtype; nn.RMSNorm in the input's, equal in float32)
+    return nn.LayerNorm(hidden_dim) if kind == "layer_norm" else nn.RMSNorm(hidden_dim, eps=1e-6)
+
+
+class SwiGLU(nn.Module):
+    """``down_proj(silu(gate_proj(x)) · up_proj(x))`` (Shazeer 2020), ``hidden_dim`` → ``inner_dim`` →
+    ``hidden_dim``, with biases."""
+
+    def __init__(self, hidden_dim: int, inner_dim: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_dim, inner_dim)
+        self.up_proj = nn.Linear(hidden_dim, inner_dim)
+        self.down_proj = nn.Linear(inner_dim, hidden_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
 class Gate(nn.Module):
     """``norm(g₁ · residual + g₂ · attended)``, (g₁, g₂) = sigmoid(``gate``([residual, attended])): ``gate``,
-    ``norm``."""
+    ``norm`` (LayerNorm, or DEIMv2's RMSNorm)."""
 
-    def __init__(self, hidden_dim: int) -> None:
+    def __init__(self, hidden_dim: int, norm: DecoderNorm = "layer_norm") -> None:
         super().__init__()
         self.gate = nn.Linear(2 * hidden_dim, 2 * hidden_dim)
-        self.norm = nn.LayerNorm(hidden_dim)
+        self.norm = _norm(norm, hidden_dim)
 
     def forward(self, residual: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         first, second = self.gate(torch.cat([residual, attended], -1)).sigmoid().chunk(2, dim=-1)
@@ -99,17 +132,33 @@ class Gate(nn.Module):
 
 class DFineDecoderLayer(DecoderLayer):
     """RT-DETR's layer with D-FINE's cross-attention (no projections, points per level) and the gate in place of
-    its residual and ``norm2``."""
+    its residual and ``norm2``; DEIMv2's options: ``norm`` "rms_norm" for every norm, ``feedforward`` "swiglu"
+    (``ffn``, inner width dim_feedforward // 2, in place of ``linear1`` / ``linear2``), ``gateway`` False (the
+    cross-attention's residual and ``norm2`` back)."""
 
     def __init__(self, hidden_dim: int, num_heads: int, num_levels: int, points_per_level: Sequence[int],
                  dim_feedforward: int, dropout: float = 0.0, *, offset_scale: float = 0.5,
-                 sampling_method: SamplingMethod = "bilinear") -> None:
+                 sampling_method: SamplingMethod = "bilinear", norm: DecoderNorm = "layer_norm",
+                 feedforward: FeedForward = "relu", gateway: bool = True) -> None:
         super().__init__(hidden_dim, num_heads, num_levels, 1, dim_feedforward, dropout)
+        if norm not in ("layer_norm", "rms_norm") or feedforward not in ("relu", "swiglu"):
+            raise ValueError(f"norm must be 'layer_norm' or 'rms_norm' and feedforward 'relu' or 'swiglu', got "
+                             f"{norm!r} and {feedforward!r}")
         self.cross_attn = MultiScaleDeformableAttention(hidden_dim, num_heads, num_levels, points_per_level,
                                                         offset_scale=offset_scale, sampling_method=sampling_method,
                                                         projections=False)
-        del self.norm2
-        self.gateway = Gate(hidden_dim)
+        if norm == "rms_norm":
+            self.norm1, self.norm3 = _norm(norm, hidden_dim), _norm(norm, hidden_dim)
+        self.gateway: Gate | None = None
+        if gateway:
+            del self.norm2
+            self.gateway = Gate(hidden_dim, norm)
+        else:
+            self.norm2 = _norm(norm, hidden_dim)
+        self.ffn: SwiGLU | None = None
+        if feedforward == "swiglu":
+            del self.linear1, self.linear2
+            self.ffn = SwiGLU(hidden_dim, dim_feedforward // 2)
 
     def forward(self, target: torch.Tensor, query_pos: torch.Tensor, reference_boxes: torch.Tensor,
                 memory: torch.Tensor, spatial_shapes: SpatialShapes, self_attn_mask: torch.Tensor | None = None,
@@ -119,8 +168,12 @@ class DFineDecoderLayer(DecoderLayer):
         target = self.norm1(target + self.dropout(self.self_attn(q, k, target, self_attn_mask)[0]))
         attended, sampling = self.cross_attn(target + query_pos, reference_boxes, memory, spatial_shapes,
                                              return_sampling=return_sampling)
-        target = self.gateway(target, self.dropout(attended))
-        ffn = self.linear2(self.dropout(F.relu(self.linear1(target))))
+        attended = self.dropout(attended)
+        target = self.gateway(target, attended) if self.gateway is not None else self.norm2(target + attended)
+        if self.ffn is not None:
+            ffn = self.ffn(target)
+        else:
+            ffn = self.linear2(self.dropout(F.relu(self.linear1(target))))
         return self.norm3((target + self.dropout(ffn)).clamp(min=-65504, max=65504)), sampling
 
 
@@ -143,6 +196,9 @@ class DFineDecoder(RTDETRDecoder):
     Args: as :class:`RTDETRDecoder`, with ``num_points`` one count per level, and
         max_num_bins: N, the bins of each edge's distribution are N + 1 (32). reg_scale, up: W's curvature
             and range (4, 0.5). lqe_top_k, lqe_hidden_dim, lqe_layers: the quality head's (4, 64, 2).
+        norm, feedforward, gateway: the layers' (:class:`DFineDecoderLayer`; DEIMv2: "rms_norm", "swiglu").
+        query_pos_head: the MLP of the reference boxes [.., 4] → positions [.., hidden_dim]; None: RT-DETR's
+            (4 → 2 · hidden → hidden, ReLU); DEIMv2's is ``MLP(4, hidden, hidden, 3)``.
     The input projection is the identity where the encoder's width is the decoder's (as the authors').
     """
 
@@ -151,7 +207,9 @@ class DFineDecoder(RTDETRDecoder):
                  num_points: Sequence[int] = (3, 6, 3), dim_feedforward: int = 1024, dropout: float = 0.0,
                  offset_scale: float = 0.5, sampling_method: SamplingMethod = "bilinear", denoising: bool = True,
                  max_num_bins: int = 32, reg_scale: float = 4.0, up: float = 0.5, lqe_top_k: int = 4,
-                 lqe_hidden_dim: int = 64, lqe_layers: int = 2) -> None:
+                 lqe_hidden_dim: int = 64, lqe_layers: int = 2, norm: DecoderNorm = "layer_norm",
+                 feedforward: FeedForward = "relu", gateway: bool = True, query_pos_head: MLP | None = None
+                 ) -> None:
         if num_levels != len(in_channels):
             raise ValueError(f"D-FINE's decoder reads the encoder's {len(in_channels)} maps: num_levels must equal "
                              f"it, got {num_levels}")
@@ -164,10 +222,13 @@ class DFineDecoder(RTDETRDecoder):
             self.input_proj = nn.ModuleList(nn.Identity() for _ in in_channels)
         self.decoder = DFineTransformerDecoder(
             [DFineDecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout,
-                               offset_scale=offset_scale, sampling_method=sampling_method)
+                               offset_scale=offset_scale, sampling_method=sampling_method, norm=norm,
+                               feedforward=feedforward, gateway=gateway)
              for _ in range(num_layers)],
             [LocalizationQuality(max_num_bins, lqe_top_k, lqe_hidden_dim, lqe_layers) for _ in range(num_layers)],
             up=up, reg_scale=reg_scale)
+        if query_pos_head is not None:
+            self.query_pos_head = query_pos_head
         self.pre_bbox_head = MLP(hidden_dim, hidden_dim, 4, 3)
         self.dec_score_head = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_layers))
         self.dec_bbox_head = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4 * (max_num_bins + 1), 3)

@@ -5,7 +5,8 @@ The detector is RT-DETR's (:class:`detr.models.rtdetr.model.RTDETR`: backbone â†
 same input contract and top-k post-processing) with D-FINE's three parts: the HGNetV2 backbone
 (:mod:`detr.models.dfine.hgnetv2`), the encoder's GELAN fusion blocks (:mod:`detr.models.dfine.encoder`) and the
 distribution-refinement decoder (:mod:`detr.models.dfine.decoder`). DEIM (Huang et al. 2025) trains the same
-network otherwise, so its released D-FINE models load here too.
+network otherwise, so its released D-FINE models load here too. DEIMv2 (``architecture="deimv2"``) is this class
+with DEIMv2's encoder and decoder layers (docs/dfine.md).
 
 State-dict keys are the authors' (Peterande/D-FINE): ``backbone.*`` (``HGNetv2``), ``encoder.*``
 (``HybridEncoder``), ``decoder.*`` (``DFINETransformer``).
@@ -14,6 +15,8 @@ State-dict keys are the authors' (Peterande/D-FINE): ``backbone.*`` (``HGNetv2``
 from __future__ import annotations
 
 from detr.models.dfine.decoder import DFineDecoder
+from detr.models.dfine.dinov3 import DINOv3Backbone
+from detr.models.dfine.encoder import LiteEncoder
 from detr.models.dfine.hgnetv2 import HGNetV2
 from detr.models.rtdetr.hybrid_encoder import HybridEncoder
 from detr.models.rtdetr.model import RTDETR
@@ -27,14 +30,15 @@ class DFINE(RTDETR):
     layer's logits include its localisation-quality term; boxes are the refined distributions' boxes).
 
     Args:
-        backbone: the :class:`HGNetV2`. encoder: the hybrid encoder of
-            :func:`detr.models.dfine.encoder.dfine_hybrid_encoder`. decoder: the :class:`DFineDecoder`.
+        backbone: the :class:`HGNetV2` (DEIMv2 S-X: the :class:`DINOv3Backbone`). encoder: the hybrid encoder of
+            :func:`detr.models.dfine.encoder.dfine_hybrid_encoder` (DEIMv2: ``deimv2_hybrid_encoder`` or the
+            :class:`~detr.models.dfine.encoder.LiteEncoder`). decoder: the :class:`DFineDecoder`.
         num_classes, aux_loss: as :class:`RTDETR`.
     """
 
     exportable = False  # ONNX / torch.export of this family is not written yet (docs/dfine.md)
 
-    def __init__(self, backbone: HGNetV2, encoder: HybridEncoder, decoder: DFineDecoder, *, num_classes: int,
+    def __init__(self, backbone: HGNetV2 | DINOv3Backbone, encoder: HybridEncoder | LiteEncoder, decoder: DFineDecoder, *, num_classes: int,
                  aux_loss: bool = True) -> None:
         super().__init__(backbone, encoder, decoder, num_classes=num_classes, aux_loss=aux_loss)  # type: ignore[arg-type]
 
@@ -55,6 +59,8 @@ class DFINE(RTDETR):
         if config is None:
             return ""
         points = config.num_points_per_level or (config.num_points,) * config.num_feature_levels
-        return (f"D-FINE, {config.backbone}, {self.num_decoder_layers} decoder layers, "
+        family = "DEIMv2" if config.architecture == "deimv2" else "D-FINE"
+        encoder = ", lite encoder" if config.lite_encoder else ""
+        return (f"{family}, {config.backbone}{encoder}, {self.num_decoder_layers} decoder layers, "
                 f"{config.num_feature_levels} levels Ã— {list(points)} points, {config.max_num_bins} + 1 bins, "
                 f"{config.hidden_dim} hidden, {config.num_classes} classes")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -128,15 +129,20 @@ class HybridEncoder(nn.Module):
         fusion_block, downsample: D-FINE's parts (``models/dfine/encoder.py``): a function that makes one fusion
             block (2 · hidden_dim → hidden_dim channels) and one stride-2 downsampling; None: RT-DETR's
             :class:`CSPRepLayer` and 3×3 stride-2 conv. lateral_activation: SiLU after the lateral 1×1 convs
-            (RT-DETR's; D-FINE has none).
+            (RT-DETR's; D-FINE has none). fusion: how a fusion block's two inputs meet: "concat" (RT-DETR's and
+            D-FINE's: the block takes 2 · hidden_dim channels) or "sum" (DEIMv2's: hidden_dim).
     """
 
     def __init__(self, in_channels: list[int], hidden_dim: int = 256, *, num_heads: int = 8,
                  dim_feedforward: int = 1024, num_layers: int = 1, dropout: float = 0.0, expansion: float = 1.0,
                  temperature: float = 10000.0, fusion_block: Callable[[], nn.Module] | None = None,
-                 downsample: Callable[[], nn.Module] | None = None, lateral_activation: bool = True) -> None:
+                 downsample: Callable[[], nn.Module] | None = None, lateral_activation: bool = True,
+                 fusion: Literal["concat", "sum"] = "concat") -> None:
         super().__init__()
+        if fusion not in ("concat", "sum"):
+            raise ValueError(f"fusion must be 'concat' or 'sum', got {fusion!r}")
         self.hidden_dim = hidden_dim
+        self.fusion = fusion
         self.input_proj = nn.ModuleList(
             nn.Sequential(OrderedDict(conv=nn.Conv2d(channels, hidden_dim, 1, bias=False),
                                       norm=nn.BatchNorm2d(hidden_dim))) for channels in in_channels)
@@ -168,12 +174,15 @@ class HybridEncoder(nn.Module):
             high = lateral(inner[0])
             inner[0] = high
             finer = projected[len(projected) - 2 - index]
-            inner.insert(0, block(torch.cat([F.interpolate(high, scale_factor=2.0, mode="nearest"), finer], dim=1)))
+            inner.insert(0, block(self._fuse(F.interpolate(high, scale_factor=2.0, mode="nearest"), finer)))
         # bottom-up: each finer output is downsampled and fused with the next coarser top-down map
         outputs = [inner[0]]
         for index, (downsample, block) in enumerate(zip(self.downsample_convs, self.pan_blocks)):
-            outputs.append(block(torch.cat([downsample(outputs[-1]), inner[index + 1]], dim=1)))
+            outputs.append(block(self._fuse(downsample(outputs[-1]), inner[index + 1])))
         return outputs
+
+    def _fuse(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        return first + second if self.fusion == "sum" else torch.cat([first, second], dim=1)
 
     def reparameterize(self) -> int:
         """Fold every RepVGG block's two branches into one convolution (inference only); returns how many."""
