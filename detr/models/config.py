@@ -25,17 +25,23 @@ QueryType = Literal["learned", "anchor"]
 #: "detr": the paper's single-scale transformer (with the query types above); "deformable": Deformable DETR's
 #: multi-scale deformable attention (:class:`detr.models.deformable.model.DeformableDETR`); "rtdetr": the
 #: real-time DETR (RT-DETR and RT-DETRv2, :class:`detr.models.rtdetr.model.RTDETR`); "dfine": D-FINE
-#: (:class:`detr.models.dfine.model.DFINE`).
-Architecture = Literal["detr", "deformable", "rtdetr", "dfine"]
+#: (:class:`detr.models.dfine.model.DFINE`); "rfdetr": RF-DETR (:class:`detr.models.rfdetr.model.RFDETR`).
+Architecture = Literal["detr", "deformable", "rtdetr", "dfine", "rfdetr"]
 #: How deformable attention reads a sampling location: "bilinear" (grid_sample) or "discrete" (the nearest cell).
 SamplingMethod = Literal["bilinear", "discrete"]
-#: ResNets (ResNet-vd for RT-DETR) and, for D-FINE only, HGNetV2's sizes B0-B5.
+#: ResNets (ResNet-vd for RT-DETR), for D-FINE only HGNetV2's sizes B0-B5, for RF-DETR only its windowed DINOv2
+#: ViT (sized by the ``vit_*`` options).
 BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "hgnetv2_b0", "hgnetv2_b1", "hgnetv2_b2",
-                       "hgnetv2_b3", "hgnetv2_b4", "hgnetv2_b5"]
+                       "hgnetv2_b3", "hgnetv2_b4", "hgnetv2_b5", "dinov2_windowed"]
 #: The options only D-FINE reads, with their defaults (the authors').
 DFINE_DEFAULTS: dict[str, Any] = {"backbone_learnable_affine": False, "num_points_per_level": None,
                                   "csp_depth_multiplier": 1.0, "max_num_bins": 32, "reg_scale": 4.0, "reg_up": 0.5,
                                   "lqe_top_k": 4, "lqe_hidden_dim": 64, "lqe_layers": 2}
+#: The options only RF-DETR reads, with their defaults (transformers' ``RfDetrConfig``: a DINOv2-S-sized ViT).
+RFDETR_DEFAULTS: dict[str, Any] = {"vit_hidden_dim": 384, "vit_num_layers": 12, "vit_num_heads": 6, "vit_mlp_ratio": 4,
+                                   "vit_out_indices": (2, 5, 8, 11), "vit_num_windows": 4, "vit_patch_size": 14,
+                                   "vit_position_size": 518, "cross_attention_heads": 16, "projector_expansion": 0.5,
+                                   "projector_blocks": 3, "instance_masks": False, "mask_dim_feedforward": 1024}
 BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
 LastStage = Literal["layer4", "layer3", "layer2"]
 PositionEncoding = Literal["sine", "learned"]
@@ -129,6 +135,24 @@ class DetrConfig:
         max_num_bins: N: each box edge is a distribution over N + 1 bins (32).
         reg_scale, reg_up: the weighting function's curvature and range (4.0, 0.5: the authors' reg_scale, up).
         lqe_top_k, lqe_hidden_dim, lqe_layers: the localisation-quality head (4 top probabilities, 64, 2 layers).
+
+    RF-DETR (``architecture="rfdetr"``, :class:`detr.models.rfdetr.model.RFDETR`, docs/rfdetr.md) takes
+    ``backbone="dinov2_windowed"``, one feature level (``num_feature_levels=1``), ``num_heads`` for the decoder's
+    self-attention, ``dim_feedforward``, ``num_points``, ``num_decoder_layers`` and ``num_queries``, and these:
+
+    Attributes:
+        vit_hidden_dim, vit_num_layers, vit_num_heads, vit_mlp_ratio: the ViT's width, depth, heads and MLP ratio
+            (DINOv2-S: 384, 12, 6, 4).
+        vit_out_indices: the ViT stages (outputs after that many blocks) the projector reads; those blocks and the
+            ones after the last attend globally, the others within windows ((2, 5, 8, 11)).
+        vit_num_windows: windows per side of the windowed blocks (4: 16 windows; 1: none).
+        vit_patch_size: pixels per patch side (14).
+        vit_position_size: the image side the position table was learned at (518: 37 × 37 patches),
+            interpolated to other sizes.
+        cross_attention_heads: heads of the decoder's deformable cross-attention (16).
+        projector_expansion, projector_blocks: the C2f projector's hidden width (× hidden_dim) and blocks (0.5, 3).
+        instance_masks: the segmentation head (query features × pixel features): masks beside the boxes.
+        mask_dim_feedforward: the segmentation head's query MLP width (1024).
     """
 
     backbone: BackboneName = "resnet50"
@@ -176,6 +200,19 @@ class DetrConfig:
     lqe_top_k: int = 4
     lqe_hidden_dim: int = 64
     lqe_layers: int = 2
+    vit_hidden_dim: int = 384
+    vit_num_layers: int = 12
+    vit_num_heads: int = 6
+    vit_mlp_ratio: int = 4
+    vit_out_indices: tuple[int, ...] = (2, 5, 8, 11)
+    vit_num_windows: int = 4
+    vit_patch_size: int = 14
+    vit_position_size: int = 518
+    cross_attention_heads: int = 16
+    projector_expansion: float = 0.5
+    projector_blocks: int = 3
+    instance_masks: bool = False
+    mask_dim_feedforward: int = 1024
 
     def __post_init__(self) -> None:
         if self.position_encoding not in ("sine", "learned"):
@@ -197,6 +234,7 @@ class DetrConfig:
             raise ValueError(f"query_groups must be at least 1, got {self.query_groups}")
         if self.num_points_per_level is not None:  # checkpoints store lists: one value, one type
             object.__setattr__(self, "num_points_per_level", tuple(self.num_points_per_level))
+        object.__setattr__(self, "vit_out_indices", tuple(self.vit_out_indices))
         if self.query_type != "anchor" and not (self.architecture in REAL_TIME and self.query_groups == 1
                                                 and self.anchor_local_attention == 0):
             anchor_only = {"denoising": (self.denoising, "denoising=True feeds noised boxes as anchors"),
@@ -213,18 +251,26 @@ class DetrConfig:
         if self.backbone.startswith("hgnetv2") != (self.architecture == "dfine"):
             raise ValueError(f"backbone {self.backbone!r} with architecture {self.architecture!r}: HGNetV2 sizes "
                              f"(hgnetv2_b0 ... b5) are D-FINE's backbones (architecture='dfine'), ResNets the others'")
+        if (self.backbone == "dinov2_windowed") != (self.architecture == "rfdetr"):
+            raise ValueError(f"backbone {self.backbone!r} with architecture {self.architecture!r}: 'dinov2_windowed' "
+                             f"is RF-DETR's backbone and RF-DETR's only (architecture='rfdetr')")
         if self.dilation and self.backbone in ("resnet18", "resnet34"):
             raise ValueError(f"dilation (DC5) needs bottleneck blocks: use resnet50 or resnet101, not {self.backbone}")
 
     def _check_deformable(self) -> None:
-        if self.architecture not in ("detr", "deformable", "rtdetr", "dfine"):
-            raise ValueError(f"architecture must be 'detr', 'deformable', 'rtdetr' or 'dfine', got {self.architecture!r}")
+        if self.architecture not in ("detr", "deformable", "rtdetr", "dfine", "rfdetr"):
+            raise ValueError(f"architecture must be 'detr', 'deformable', 'rtdetr', 'dfine' or 'rfdetr', got "
+                             f"{self.architecture!r}")
         if self.sampling_method not in ("bilinear", "discrete"):
             raise ValueError(f"sampling_method must be 'bilinear' or 'discrete', got {self.sampling_method!r}")
         if self.architecture != "dfine":
             for name, default in DFINE_DEFAULTS.items():
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}={getattr(self, name)!r} is a D-FINE option: set architecture='dfine'")
+        if self.architecture != "rfdetr":
+            for name, default in RFDETR_DEFAULTS.items():
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name}={getattr(self, name)!r} is an RF-DETR option: set architecture='rfdetr'")
         if self.architecture not in REAL_TIME:
             rtdetr_only = {"encoder_hidden_dim": self.encoder_hidden_dim is not None,
                            "encoder_dim_feedforward": self.encoder_dim_feedforward is not None,
@@ -236,6 +282,9 @@ class DetrConfig:
                     raise ValueError(f"{name}={getattr(self, name)!r} is an RT-DETR option: set architecture='rtdetr'")
         if self.architecture in REAL_TIME:
             self._check_rtdetr()
+            return
+        if self.architecture == "rfdetr":
+            self._check_rfdetr()
             return
         if self.architecture == "detr":
             for name in ("box_refine", "two_stage"):
@@ -303,6 +352,35 @@ class DetrConfig:
         if self.max_num_bins < 4 or self.max_num_bins % 2 or self.lqe_top_k > self.max_num_bins + 1:
             raise ValueError(f"max_num_bins must be even and at least 4, and lqe_top_k at most max_num_bins + 1, got "
                              f"{self.max_num_bins} and {self.lqe_top_k}")
+
+    def _check_rfdetr(self) -> None:
+        out = self.vit_out_indices
+        if not out or list(out) != sorted(set(out)) or out[0] < 1 or out[-1] > self.vit_num_layers:
+            raise ValueError(f"vit_out_indices must be increasing stages in 1..vit_num_layers ({self.vit_num_layers}), "
+                             f"got {list(out)}")
+        if self.vit_hidden_dim % self.vit_num_heads or self.hidden_dim % self.num_heads or (
+                self.hidden_dim % self.cross_attention_heads):
+            raise ValueError(f"architecture='rfdetr' needs vit_hidden_dim ({self.vit_hidden_dim}) divisible by "
+                             f"vit_num_heads ({self.vit_num_heads}) and hidden_dim ({self.hidden_dim}) by num_heads "
+                             f"({self.num_heads}) and cross_attention_heads ({self.cross_attention_heads})")
+        if min(self.vit_num_windows, self.vit_patch_size, self.vit_position_size, self.num_points) < 1:
+            raise ValueError("vit_num_windows, vit_patch_size, vit_position_size and num_points must be at least 1")
+        unsupported = {
+            "num_feature_levels": (self.num_feature_levels != 1, "set num_feature_levels=1 (one projected map)"),
+            "class_head": (self.class_head != "sigmoid", "set class_head='sigmoid'"),
+            "query_type": (self.query_type != "learned", "set query_type='learned' (queries come from the encoder)"),
+            "position_encoding": (self.position_encoding != "sine", "set position_encoding='sine'"),
+            "pre_norm": (self.pre_norm, "set pre_norm=False (the decoder's layers are post-norm)"),
+            "dilation": (self.dilation, "set dilation=False"),
+            "dense_aux_head": (self.dense_aux_head, "set dense_aux_head=False"),
+            "box_refine": (self.box_refine, "drop it: RF-DETR always refines its boxes"),
+            "two_stage": (self.two_stage, "drop it: RF-DETR's queries always come from the encoder"),
+            "backbone_last_stage": (self.backbone_last_stage != "layer4", "set backbone_last_stage='layer4'"),
+            "denoising": (self.denoising, "drop it: RF-DETR trains without denoising queries"),
+        }
+        for name, (used, fix) in unsupported.items():
+            if used:
+                raise ValueError(f"architecture='rfdetr' does not take {name}={getattr(self, name)!r}: {fix}")
 
     @property
     def num_logits(self) -> int:
