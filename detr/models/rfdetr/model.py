@@ -66,10 +66,10 @@ class RFDETR(Detector):
 
     @property
     def input_spec(self) -> InputSpec:
-        """A ``meta.eval_size[0]``-pixel square (560 when unknown), ImageNet mean and std, resized with the
-        antialiased bilinear filter: the contract of transformers' ``RfDetrImageProcessor`` at a square size."""
+        """A ``meta.eval_size[0]``-pixel square (560 when unknown), ImageNet mean and std, pixels / 255 resized
+        bilinearly as floats: the contract of transformers' ``RfDetrImageProcessor`` at a square size."""
         size = self.meta.eval_size[0] if self.meta.eval_size is not None else EVAL_SIZE
-        return InputSpec(resize="square", size=size, max_size=None, interpolation="antialiased")
+        return InputSpec(resize="square", size=size, max_size=None, interpolation="float_bilinear")
 
     @property
     def detections_per_image(self) -> int:
