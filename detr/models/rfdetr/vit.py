@@ -124,6 +124,10 @@ class WindowedViT(nn.Module):
         if height % self.multiple or width % self.multiple:
             raise ValueError(f"the windowed ViT takes images whose sides divide by patch_size × num_windows "
                              f"({self.multiple}), got {height} × {width}")
+        if self.num_windows > 1 and height != width:
+            raise ValueError(f"the windowed ViT takes square images (the authors' window reshape, which transformers "
+                             f"keeps, mixes up rows and columns otherwise), got {height} × {width}: resize to a square, "
+                             f"as the model's input_spec does")
         rows, columns = height // self.patch_size, width // self.patch_size
         tokens = self.patch_embed(images).flatten(2).transpose(1, 2)  # [B, rows · columns, C]
         tokens = torch.cat([self.cls_token.expand(batch, -1, -1), tokens], dim=1) + self.positions(rows, columns)
@@ -137,7 +141,8 @@ class WindowedViT(nn.Module):
 
     def _partition(self, tokens: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
         """[B, 1 + rows · columns, C] → [B · windows², 1 + patches per window, C], [CLS] copied into each window.
-        The reshapes are transformers' (which name the split sizes the other way round; alike on square grids)."""
+        The reshape is the authors' and transformers' (which name the split sizes the other way round: right on the
+        square grids that :meth:`forward` allows)."""
         windows = self.num_windows
         if windows == 1:
             return tokens
