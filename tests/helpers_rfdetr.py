@@ -35,3 +35,24 @@ def hf_model(num_labels: int = 80, *, vit: dict | None = None, masks: bool = Fal
     model = family(config).eval()
     randomise(model, seed)
     return model
+
+
+#: A small LW-DETR ViT: 4 blocks of width 48 (blocks 0 and 2 windowed, 4 windows), stages 2 and 4 read, patch 14,
+#: a 4 × 4 position table.
+TINY_LW_VIT = {"hidden_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4, "window_block_indices": [0, 2],
+               "out_indices": [2, 4], "num_windows": 4, "pretrain_image_size": 56, "patch_size": 14}
+
+
+def hf_lwdetr(num_labels: int = 80, *, vit: dict | None = None, seed: int = 0, **options):
+    """A transformers LW-DETR (two projector levels, strides 7 and 28 of patch 14) with random weights everywhere."""
+    import transformers
+
+    vit_config = transformers.LwDetrViTConfig(**{**TINY_LW_VIT, **(vit or {})})
+    settings = {**TINY, "projector_scale_factors": [2.0, 0.5], "num_feature_levels": 2, **options}
+    settings.pop("intermediate_size")
+    config = transformers.LwDetrConfig(backbone_config=vit_config, num_labels=num_labels,
+                                       id2label={i: f"thing {i}" for i in range(num_labels)}, **settings)
+    torch.manual_seed(seed)
+    model = transformers.LwDetrForObjectDetection(config).eval()
+    randomise(model, seed)
+    return model

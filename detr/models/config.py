@@ -30,9 +30,11 @@ Architecture = Literal["detr", "deformable", "rtdetr", "dfine", "rfdetr"]
 #: How deformable attention reads a sampling location: "bilinear" (grid_sample) or "discrete" (the nearest cell).
 SamplingMethod = Literal["bilinear", "discrete"]
 #: ResNets (ResNet-vd for RT-DETR), for D-FINE only HGNetV2's sizes B0-B5, for RF-DETR only its windowed DINOv2
-#: ViT (sized by the ``vit_*`` options).
+#: ViT and LW-DETR's windowed ViT (sized by the ``vit_*`` options).
 BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "hgnetv2_b0", "hgnetv2_b1", "hgnetv2_b2",
-                       "hgnetv2_b3", "hgnetv2_b4", "hgnetv2_b5", "dinov2_windowed"]
+                       "hgnetv2_b3", "hgnetv2_b4", "hgnetv2_b5", "dinov2_windowed", "lwdetr_vit"]
+#: The norm of RF-DETR's projector ("layer_norm") or LW-DETR's ("batch_norm").
+ProjectorNorm = Literal["layer_norm", "batch_norm"]
 #: The options only D-FINE reads, with their defaults (the authors').
 DFINE_DEFAULTS: dict[str, Any] = {"backbone_learnable_affine": False, "num_points_per_level": None,
                                   "csp_depth_multiplier": 1.0, "max_num_bins": 32, "reg_scale": 4.0, "reg_up": 0.5,
@@ -41,7 +43,8 @@ DFINE_DEFAULTS: dict[str, Any] = {"backbone_learnable_affine": False, "num_point
 RFDETR_DEFAULTS: dict[str, Any] = {"vit_hidden_dim": 384, "vit_num_layers": 12, "vit_num_heads": 6, "vit_mlp_ratio": 4,
                                    "vit_out_indices": (2, 5, 8, 11), "vit_num_windows": 4, "vit_patch_size": 14,
                                    "vit_position_size": 518, "cross_attention_heads": 16, "projector_expansion": 0.5,
-                                   "projector_blocks": 3, "instance_masks": False, "mask_dim_feedforward": 1024}
+                                   "projector_blocks": 3, "instance_masks": False, "mask_dim_feedforward": 1024,
+                                   "vit_window_blocks": None, "projector_scales": (1.0,), "projector_norm": "layer_norm"}
 BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
 LastStage = Literal["layer4", "layer3", "layer2"]
 PositionEncoding = Literal["sine", "learned"]
@@ -137,8 +140,9 @@ class DetrConfig:
         lqe_top_k, lqe_hidden_dim, lqe_layers: the localisation-quality head (4 top probabilities, 64, 2 layers).
 
     RF-DETR (``architecture="rfdetr"``, :class:`detr.models.rfdetr.model.RFDETR`, docs/rfdetr.md) takes
-    ``backbone="dinov2_windowed"``, one feature level (``num_feature_levels=1``), ``num_heads`` for the decoder's
-    self-attention, ``dim_feedforward``, ``num_points``, ``num_decoder_layers`` and ``num_queries``, and these:
+    ``backbone="dinov2_windowed"`` (LW-DETR: "lwdetr_vit"), one feature level per projector scale
+    (``num_feature_levels``), ``num_heads`` for the decoder's self-attention, ``dim_feedforward``, ``num_points``,
+    ``num_decoder_layers`` and ``num_queries``, and these:
 
     Attributes:
         vit_hidden_dim, vit_num_layers, vit_num_heads, vit_mlp_ratio: the ViT's width, depth, heads and MLP ratio
@@ -153,6 +157,10 @@ class DetrConfig:
         projector_expansion, projector_blocks: the C2f projector's hidden width (× hidden_dim) and blocks (0.5, 3).
         instance_masks: the segmentation head (query features × pixel features): masks beside the boxes.
         mask_dim_feedforward: the segmentation head's query MLP width (1024).
+        vit_window_blocks: LW-DETR's ViT: the blocks that attend within windows (None: RF-DETR's rule above).
+        projector_scales: one projector per feature level, at this scale of the patch grid (RF-DETR: (1.0,);
+            LW-DETR: (2.0, 0.5) and the like).
+        projector_norm: "layer_norm" (RF-DETR) or "batch_norm" (LW-DETR) in the projector's C2f blocks.
     """
 
     backbone: BackboneName = "resnet50"
@@ -213,6 +221,9 @@ class DetrConfig:
     projector_blocks: int = 3
     instance_masks: bool = False
     mask_dim_feedforward: int = 1024
+    vit_window_blocks: tuple[int, ...] | None = None
+    projector_scales: tuple[float, ...] = (1.0,)
+    projector_norm: ProjectorNorm = "layer_norm"
 
     def __post_init__(self) -> None:
         if self.position_encoding not in ("sine", "learned"):
@@ -235,6 +246,9 @@ class DetrConfig:
         if self.num_points_per_level is not None:  # checkpoints store lists: one value, one type
             object.__setattr__(self, "num_points_per_level", tuple(self.num_points_per_level))
         object.__setattr__(self, "vit_out_indices", tuple(self.vit_out_indices))
+        object.__setattr__(self, "projector_scales", tuple(float(scale) for scale in self.projector_scales))
+        if self.vit_window_blocks is not None:
+            object.__setattr__(self, "vit_window_blocks", tuple(self.vit_window_blocks))
         if self.query_type != "anchor" and not (self.architecture in REAL_TIME and self.query_groups == 1
                                                 and self.anchor_local_attention == 0):
             anchor_only = {"denoising": (self.denoising, "denoising=True feeds noised boxes as anchors"),
@@ -251,9 +265,10 @@ class DetrConfig:
         if self.backbone.startswith("hgnetv2") != (self.architecture == "dfine"):
             raise ValueError(f"backbone {self.backbone!r} with architecture {self.architecture!r}: HGNetV2 sizes "
                              f"(hgnetv2_b0 ... b5) are D-FINE's backbones (architecture='dfine'), ResNets the others'")
-        if (self.backbone == "dinov2_windowed") != (self.architecture == "rfdetr"):
+        if (self.backbone in ("dinov2_windowed", "lwdetr_vit")) != (self.architecture == "rfdetr"):
             raise ValueError(f"backbone {self.backbone!r} with architecture {self.architecture!r}: 'dinov2_windowed' "
-                             f"is RF-DETR's backbone and RF-DETR's only (architecture='rfdetr')")
+                             f"and 'lwdetr_vit' are RF-DETR's and LW-DETR's backbones and theirs only "
+                             f"(architecture='rfdetr')")
         if self.dilation and self.backbone in ("resnet18", "resnet34"):
             raise ValueError(f"dilation (DC5) needs bottleneck blocks: use resnet50 or resnet101, not {self.backbone}")
 
@@ -366,7 +381,10 @@ class DetrConfig:
         if min(self.vit_num_windows, self.vit_patch_size, self.vit_position_size, self.num_points) < 1:
             raise ValueError("vit_num_windows, vit_patch_size, vit_position_size and num_points must be at least 1")
         unsupported = {
-            "num_feature_levels": (self.num_feature_levels != 1, "set num_feature_levels=1 (one projected map)"),
+            "num_feature_levels": (self.num_feature_levels != len(self.projector_scales),
+                                   f"set num_feature_levels={len(self.projector_scales)} (one per projector scale)"),
+            "projector_scales": (any(scale not in (0.5, 1.0, 2.0) for scale in self.projector_scales),
+                                 "use scales 0.5, 1.0 and 2.0 (LW-DETR's)"),
             "class_head": (self.class_head != "sigmoid", "set class_head='sigmoid'"),
             "query_type": (self.query_type != "learned", "set query_type='learned' (queries come from the encoder)"),
             "position_encoding": (self.position_encoding != "sine", "set position_encoding='sine'"),

@@ -1,8 +1,9 @@
 """transformers' RF-DETR directories in: the same logits and boxes as ``RfDetrForObjectDetection`` itself on the same
 random weights and two real photos, for two configurations (2 × 2 windows, patch 14, the position table
 interpolated, COCO's 80 labels; no windows, patch 16, another table size and stages, a few labels) and the masks of
-``RfDetrForInstanceSegmentation``; back out to transformers; what this project's RF-DETR cannot reproduce is
-refused."""
+``RfDetrForInstanceSegmentation``; LW-DETR (``LwDetrForObjectDetection``: its own ViT, projectors at several
+scales with BatchNorms, several decoder levels); back out to transformers; what this project's RF-DETR cannot
+reproduce is refused."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 import detr
 from detr.checkpoints import CheckpointError, save_huggingface
-from tests.helpers_rfdetr import hf_model
+from tests.helpers_rfdetr import hf_lwdetr, hf_model
 from tests.helpers_rtdetr import square_photos
 
 transformers = pytest.importorskip("transformers")
@@ -90,6 +91,38 @@ def test_written_directories_load_in_transformers_with_the_same_outputs(tmp_path
     assert max(found.values()) <= TOLERANCE, found
     assert detr.load_checkpoint(tmp_path / "ours").config == model.config
     assert transformers.RfDetrImageProcessor.from_pretrained(tmp_path / "ours").size["height"] == 560
+
+
+@pytest.mark.parametrize("num_labels, vit, options", [
+    (80, {}, {}),  # projectors at 2 and 0.5: strides 7 and 28
+    (4, {"num_windows": 16, "window_block_indices": [0, 1], "out_indices": [1, 3], "patch_size": 7},
+     {"projector_scale_factors": [1.0], "num_feature_levels": 1, "decoder_n_points": 3}),
+])
+def test_lwdetr_directory_loads_with_the_same_outputs(tmp_path, photos, num_labels, vit, options):
+    hf = hf_lwdetr(num_labels, vit=vit, **options)
+    hf.save_pretrained(tmp_path)
+    model = detr.load_checkpoint(tmp_path)
+    config = model.config
+    assert (config.backbone, config.projector_norm, config.num_classes) == ("lwdetr_vit", "batch_norm", num_labels)
+    assert config.num_feature_levels == len(options.get("projector_scale_factors", [2.0, 0.5]))
+    assert model.input_spec.interpolation == "antialiased" and "LW-DETR" in model.describe()
+    found = differences(model, hf, photos)
+    assert max(found.values()) <= TOLERANCE, found
+
+
+def test_written_lwdetr_directories_load_in_transformers_with_the_same_outputs(tmp_path, photos):
+    hf = hf_lwdetr(6, seed=3)
+    hf.save_pretrained(tmp_path / "theirs")
+    model = detr.load_checkpoint(tmp_path / "theirs")
+    save_huggingface(model, tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["model_type"] == "lw_detr"
+    again = transformers.LwDetrForObjectDetection.from_pretrained(tmp_path / "ours").eval()
+    one_group = hf_lwdetr(6, seed=3, group_detr=1)
+    one_group.save_pretrained(tmp_path / "one_group")
+    assert set(load_file(tmp_path / "ours" / "model.safetensors")) == set(
+        load_file(tmp_path / "one_group" / "model.safetensors"))
+    found = differences(model, again, photos)
+    assert max(found.values()) <= TOLERANCE, found
 
 
 @pytest.mark.parametrize("change, message", [

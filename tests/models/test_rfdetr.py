@@ -128,5 +128,20 @@ def test_the_config_refuses_what_rfdetr_cannot_build(changes, message):
 def test_rfdetr_options_need_the_rfdetr_architecture():
     with pytest.raises(ValueError, match="RF-DETR option"):
         DetrConfig(vit_num_windows=2)
-    with pytest.raises(ValueError, match="RF-DETR's backbone"):
+    with pytest.raises(ValueError, match="LW-DETR's backbones"):
         DetrConfig(backbone="dinov2_windowed")
+
+
+def test_lwdetr_projects_one_level_per_scale_and_its_windowed_blocks_stay_local():
+    model = _model(backbone="lwdetr_vit", vit_window_blocks=(0, 1, 2), vit_out_indices=(2, 3), projector_scales=(2.0, 0.5),
+                   num_feature_levels=2, projector_norm="batch_norm")
+    assert model.stride == 7 and "LW-DETR" in model.describe()
+    with torch.no_grad():
+        output = model(*_images(1), return_attention=True)
+        image = torch.rand(1, 3, 56, 56)
+        changed = image.clone()
+        changed[..., 28:, 28:] = torch.rand(3, 28, 28)
+        before, after = model.backbone(image)[-1], model.backbone(changed)[-1]
+    assert output.sampling.spatial_shapes.tolist() == [[8, 8], [2, 2]]
+    assert torch.allclose(before[..., :2, :2], after[..., :2, :2], atol=1e-6)  # blocks 0-2 windowed
+    assert not torch.allclose(before[..., 2:, 2:], after[..., 2:, 2:])

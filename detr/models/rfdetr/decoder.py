@@ -1,8 +1,8 @@
 """RF-DETR's (and LW-DETR's) two-stage query selection and decoder, at inference (one query group), as
 transformers' ``RfDetrModel`` computes them.
 
-Query selection (LW-DETR §3.2, Deformable DETR's two-stage): every cell of the projector's map is a proposal box
-(its centre, side 0.05; within 1 % of the border: invalid, zeroed, never selected); ``enc_output`` (linear +
+Query selection (LW-DETR §3.2, Deformable DETR's two-stage): every cell of the projector's maps is a proposal box
+(its centre, side 0.05 · 2^level; within 1 % of the border: invalid, zeroed, never selected); ``enc_output`` (linear +
 LayerNorm) and the encoder heads score it and move it by a delta in the "lite" parameterisation (centre + d_xy ·
 size, size · exp(d_wh): no sigmoid, no logits); the ``num_queries`` best cells' boxes, detached, are moved once more
 by the learned ``reference_points`` (same parameterisation) into the decoder's reference boxes. The content queries
@@ -38,14 +38,18 @@ def refine_boxes(boxes: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
     return torch.cat([deltas[..., :2] * boxes[..., 2:] + boxes[..., :2], deltas[..., 2:].exp() * boxes[..., 2:]], -1)
 
 
-def proposals_for(height: int, width: int, *, device: torch.device | None = None, dtype: torch.dtype = torch.float32
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every cell's proposal box of one h × w level → boxes [1, h·w, 4] (cxcywh, 0 where invalid), valid bool
-    [1, h·w, 1] (every coordinate within (0.01, 0.99))."""
-    rows, columns = torch.meshgrid(torch.arange(height, device=device).to(dtype),
-                                   torch.arange(width, device=device).to(dtype), indexing="ij")
-    centres = torch.stack([(columns + 0.5) / width, (rows + 0.5) / height], -1)
-    boxes = torch.cat([centres, torch.full_like(centres, ANCHOR_SIZE)], -1).reshape(1, height * width, 4)
+def proposals_for(spatial_shapes: SpatialShapes, *, device: torch.device | None = None,
+                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every cell's proposal box of the levels → boxes [1, S, 4] (cxcywh, side 0.05 · 2^level, 0 where invalid),
+    valid bool [1, S, 1] (every coordinate within (0.01, 0.99))."""
+    levels = []
+    for level, (height, width) in enumerate(spatial_shapes):
+        rows, columns = torch.meshgrid(torch.arange(height, device=device).to(dtype),
+                                       torch.arange(width, device=device).to(dtype), indexing="ij")
+        centres = torch.stack([(columns + 0.5) / width, (rows + 0.5) / height], -1)
+        sizes = torch.full_like(centres, ANCHOR_SIZE * 2.0 ** level)
+        levels.append(torch.cat([centres, sizes], -1).reshape(1, height * width, 4))
+    boxes = torch.cat(levels, 1)
     valid = ((boxes > ANCHOR_MARGIN) & (boxes < 1 - ANCHOR_MARGIN)).all(-1, keepdim=True)
     return boxes.masked_fill(~valid, 0.0), valid
 
@@ -66,20 +70,21 @@ class DecoderOutput:
 
 
 class RFDETRDecoder(nn.Module):
-    """The projector's map [B, C, h, w] → :class:`DecoderOutput`.
+    """The projector's maps (each [B, C, h_l, w_l]) → :class:`DecoderOutput`.
 
     Args:
         num_classes: sigmoid class logits. hidden_dim: C. num_queries: queries selected and decoded.
-        num_layers, num_heads, cross_attention_heads, num_points, dim_feedforward, dropout: the decoder layers'.
+        num_layers, num_heads, cross_attention_heads, num_levels, num_points, dim_feedforward, dropout: the decoder
+            layers'.
     """
 
     def __init__(self, *, num_classes: int, hidden_dim: int = 256, num_queries: int = 300, num_layers: int = 3,
-                 num_heads: int = 8, cross_attention_heads: int = 16, num_points: int = 4, dim_feedforward: int = 2048,
-                 dropout: float = 0.0) -> None:
+                 num_heads: int = 8, cross_attention_heads: int = 16, num_levels: int = 1, num_points: int = 4,
+                 dim_feedforward: int = 2048, dropout: float = 0.0) -> None:
         super().__init__()
-        self.num_queries = num_queries
+        self.num_queries, self.num_levels = num_queries, num_levels
         self.layers = nn.ModuleList(
-            DecoderLayer(hidden_dim, num_heads, 1, num_points, dim_feedforward, dropout,
+            DecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout,
                          cross_attention_heads=cross_attention_heads) for _ in range(num_layers))
         self.norm = nn.LayerNorm(hidden_dim)
         self.ref_point_head = MLP(2 * hidden_dim, hidden_dim, hidden_dim, 2)
@@ -107,8 +112,7 @@ class RFDETRDecoder(nn.Module):
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """memory [B, S, C] → the selected proposals' boxes [B, Q, 4] (detached), their logits [B, Q, K], and the
         selected cells' features [B, Q, C]."""
-        (height, width), = spatial_shapes
-        proposals, valid = proposals_for(height, width, device=memory.device, dtype=memory.dtype)
+        proposals, valid = proposals_for(spatial_shapes, device=memory.device, dtype=memory.dtype)
         features = self.enc_output_norm(self.enc_output(memory.masked_fill(~valid, 0.0)))
         scores = self.enc_class_head(features).masked_fill(~valid, float("-inf")).max(-1).values  # [B, S]
         boxes = refine_boxes(proposals, self.enc_box_head(features))
@@ -116,19 +120,20 @@ class RFDETRDecoder(nn.Module):
         selected = features.gather(1, index.expand(-1, -1, features.shape[-1]))
         return boxes.gather(1, index.expand(-1, -1, 4)).detach(), self.enc_class_head(selected), selected
 
-    def forward(self, features: torch.Tensor, return_sampling: bool = False) -> DecoderOutput:
-        batch, _, height, width = features.shape
-        spatial_shapes = [(height, width)]
-        memory = features.flatten(2).transpose(1, 2)  # [B, h·w, C]
+    def forward(self, features: list[torch.Tensor], return_sampling: bool = False) -> DecoderOutput:
+        batch, dim = features[0].shape[:2]
+        spatial_shapes = [(int(f.shape[-2]), int(f.shape[-1])) for f in features]
+        memory = torch.cat([f.flatten(2).transpose(1, 2) for f in features], 1)  # [B, S, C]
         proposal_boxes, proposal_logits, _ = self.select(memory, spatial_shapes)
         reference = refine_boxes(proposal_boxes, self.reference_points.weight[None])  # [B, Q, 4]
         # the query position: the sine of (y, x, w, h), 2π-scaled, C / 2 channels each → MLP → C
         angles = reference[..., [1, 0, 2, 3]] * (2 * math.pi)
-        query_pos = self.ref_point_head(sine_embedding(angles, features.shape[1] // 2).flatten(-2))
+        query_pos = self.ref_point_head(sine_embedding(angles, dim // 2).flatten(-2))
         target = self.query_embed.weight[None].expand(batch, -1, -1)
         hidden, sampling = [], [] if return_sampling else None
         for layer in self.layers:
-            target, points = layer(target, query_pos, reference[:, :, None], memory, spatial_shapes,
+            levels = reference[:, :, None].expand(-1, -1, len(spatial_shapes), -1)  # one box for every level
+            target, points = layer(target, query_pos, levels, memory, spatial_shapes,
                                    return_sampling=return_sampling)
             hidden.append(self.norm(target))
             if sampling is not None:

@@ -2,8 +2,8 @@
 LW-DETR's design (Chen et al., "LW-DETR: A Transformer Replacement to YOLO for Real-Time Detection", 2024), for
 inference.
 
-Windowed DINOv2 ViT (:mod:`detr.models.rfdetr.vit`) → C2f projector to one map (:mod:`detr.models.rfdetr.projector`)
-→ two-stage query selection and a deformable decoder (:mod:`detr.models.rfdetr.decoder`) → sigmoid class logits and
+Windowed DINOv2 ViT (:mod:`detr.models.rfdetr.vit`; LW-DETR's: :mod:`detr.models.rfdetr.lw_vit`) → C2f projectors, one
+map per scale (:mod:`detr.models.rfdetr.projector`) → two-stage query selection and a deformable decoder (:mod:`detr.models.rfdetr.decoder`) → sigmoid class logits and
 boxes per layer; with ``instance_masks``, per-query mask logits (:mod:`detr.models.rfdetr.segmentation`). The input
 contract is the family's: a fixed square resize (sides multiples of patch × windows, e.g. 560), ImageNet mean and
 std, no padding; post-processing keeps the top ``num_queries`` (query, class) pairs, as RT-DETR's.
@@ -22,7 +22,7 @@ from detr.models.detector import Detector
 from detr.models.inputs import InputSpec
 from detr.models.outputs import DetectorOutput, LayerOutput, SamplingOutput, stack_layers
 from detr.models.rfdetr.decoder import RFDETRDecoder
-from detr.models.rfdetr.projector import Projector
+from detr.models.rfdetr.lw_vit import LwDetrViT
 from detr.models.rfdetr.segmentation import MaskHead
 from detr.models.rfdetr.vit import WindowedViT
 
@@ -35,7 +35,8 @@ class RFDETR(Detector):
     :class:`DetectorOutput` (masks too with a ``mask_head``).
 
     Args:
-        backbone: the :class:`WindowedViT`. projector: the :class:`Projector`. decoder: the :class:`RFDETRDecoder`.
+        backbone: the :class:`WindowedViT` (RF-DETR) or :class:`LwDetrViT` (LW-DETR). projector: a :class:`Projector`
+            per feature level. decoder: the :class:`RFDETRDecoder`.
         mask_head: the :class:`MaskHead`, or None for boxes only.
         num_classes: sigmoid class logits (no "no object"). aux_loss: also return the earlier decoder layers.
     """
@@ -44,7 +45,7 @@ class RFDETR(Detector):
     attention_kind = "points"
     exportable = False  # ONNX / torch.export of this family is not written yet (docs/rfdetr.md)
 
-    def __init__(self, backbone: WindowedViT, projector: Projector, decoder: RFDETRDecoder,
+    def __init__(self, backbone: WindowedViT | LwDetrViT, projector: nn.ModuleList, decoder: RFDETRDecoder,
                  mask_head: MaskHead | None = None, *, num_classes: int, aux_loss: bool = True) -> None:
         super().__init__()
         self.num_classes, self.num_queries, self.aux_loss = num_classes, decoder.num_queries, aux_loss
@@ -57,8 +58,8 @@ class RFDETR(Detector):
 
     @property
     def stride(self) -> int:
-        """The patch size: the projector's one map is the patch grid."""
-        return self.backbone.patch_size
+        """The finest level's stride: the patch size over its projector's scale."""
+        return round(self.backbone.patch_size / max(projector.scale for projector in self.projector))
 
     @property
     def min_image_size(self) -> int:
@@ -67,9 +68,12 @@ class RFDETR(Detector):
     @property
     def input_spec(self) -> InputSpec:
         """A ``meta.eval_size[0]``-pixel square (560 when unknown), ImageNet mean and std, pixels / 255 resized
-        bilinearly as floats: the contract of transformers' ``RfDetrImageProcessor`` at a square size."""
+        bilinearly as floats: the contract of transformers' ``RfDetrImageProcessor`` at a square size (LW-DETR's
+        ``DeformableDetrImageProcessor`` resizes the uint8 image, antialiased, before rescaling)."""
         size = self.meta.eval_size[0] if self.meta.eval_size is not None else EVAL_SIZE
-        return InputSpec(resize="square", size=size, max_size=None, interpolation="float_bilinear")
+        lw = self.config is not None and self.config.backbone == "lwdetr_vit"
+        return InputSpec(resize="square", size=size, max_size=None,
+                         interpolation="antialiased" if lw else "float_bilinear")
 
     @property
     def detections_per_image(self) -> int:
@@ -81,7 +85,8 @@ class RFDETR(Detector):
         if config is None:
             return ""
         masks = ", instance masks" if self.mask_head is not None else ""
-        return (f"RF-DETR, windowed ViT {config.vit_hidden_dim} × {config.vit_num_layers} (patch "
+        name = "LW-DETR" if config.backbone == "lwdetr_vit" else "RF-DETR"
+        return (f"{name}, windowed ViT {config.vit_hidden_dim} × {config.vit_num_layers} (patch "
                 f"{config.vit_patch_size}, {config.vit_num_windows}² windows), {self.num_decoder_layers} decoder "
                 f"layers, {config.hidden_dim} hidden, {config.num_classes} classes{masks}")
 
@@ -103,15 +108,16 @@ class RFDETR(Detector):
         """
         if images.dim() != 4:
             raise ValueError(f"RF-DETR takes images [B, 3, H, W], got {tuple(images.shape)}")
-        features = self.projector(self.backbone(images))
+        stages = self.backbone(images)
+        features = [projector(stages) for projector in self.projector]
         decoded = self.decoder(features, return_sampling=return_attention)
         output = stack_layers(decoded.logits, decoded.boxes, self.aux_loss, self.class_head)
         output.proposals = LayerOutput(decoded.proposal_logits, decoded.proposal_boxes)
         if self.mask_head is not None:
-            output.masks = self.mask_head(features, decoded.hidden, images.shape[-2:])
+            output.masks = self.mask_head(features[0], decoded.hidden, images.shape[-2:])
         if decoded.sampling is not None:
             locations = torch.stack([locations for locations, _ in decoded.sampling])
             output.sampling = SamplingOutput(
                 locations=locations, points=locations, weights=torch.stack([w for _, w in decoded.sampling]),
-                spatial_shapes=torch.tensor([features.shape[-2:]], dtype=torch.int64))
+                spatial_shapes=torch.tensor([f.shape[-2:] for f in features], dtype=torch.int64))
         return output
