@@ -1,1 +1,1 @@
-"""RF-DETR (and LW-DETR's decoder design), for inference: docs/rfdetr.md."""
+"""RF-DETR and LW-DETR, for inference: docs/rfdetr.md."""
