@@ -189,7 +189,7 @@ def randomise(module: torch.nn.Module, seed: int) -> None:
             if not tensor.is_floating_point():
                 continue
             noise = torch.randn(tensor.shape, generator=generator)
-            if name.rsplit(".", 2)[-2] in TABLES:
+            if "." in name and name.rsplit(".", 2)[-2] in TABLES:
                 tensor.copy_(noise)
             elif tensor.dim() > 1:
                 tensor.copy_(noise / tensor[0].numel() ** 0.5)

@@ -4,7 +4,7 @@
 - a released model's name ("detr-r50": :mod:`detr.checkpoints.released`, downloaded on first use);
 - a directory written by Hugging Face transformers (:mod:`detr.checkpoints.huggingface`; Deformable DETR's:
   :mod:`detr.checkpoints.huggingface_deformable`; RT-DETR's: :mod:`detr.checkpoints.rtdetr`; D-FINE's: :mod:`detr.checkpoints.dfine`;
-  DEIMv2's: :mod:`detr.checkpoints.deimv2`);
+  DEIMv2's: :mod:`detr.checkpoints.deimv2`; RF-DETR's: :mod:`detr.checkpoints.rfdetr`);
 - a file written by ``torch.save`` (:func:`detr.checkpoints.formats.read_torch_file`): the authors' release
   files (detr-r50-e632da11.pth …: ``{"model": state_dict, ...}``; the real-time DETRs' ``{"ema": {"module":
   state_dict}}``, whose configuration :data:`STATE_DICT_READERS` read off the weights), plain state dicts, and
@@ -54,6 +54,7 @@ from detr.checkpoints.huggingface_deformable import (
     save_pretrained_deformable,
 )
 from detr.checkpoints.panoptic import is_panoptic_state_dict, load_panoptic
+from detr.checkpoints.rfdetr import is_rfdetr_directory, read_huggingface_rfdetr, save_pretrained_rfdetr
 from detr.checkpoints.rtdetr import (
     is_rtdetr_directory,
     is_rtdetr_state_dict,
@@ -82,6 +83,7 @@ HUGGINGFACE_READERS: tuple[tuple[Callable[[str | Path], bool], Callable[[str | P
     (is_rtdetr_directory, read_huggingface_rtdetr),
     (is_dfine_directory, read_huggingface_dfine),
     (is_deimv2_directory, read_huggingface_deimv2),
+    (is_rfdetr_directory, read_huggingface_rfdetr),
 )
 
 
@@ -200,6 +202,7 @@ HUGGINGFACE_WRITERS: dict[str, Callable[..., Path]] = {
     "rtdetr": save_pretrained_rtdetr,
     "dfine": save_pretrained_dfine,
     "deimv2": save_pretrained_deimv2,
+    "rfdetr": save_pretrained_rfdetr,
 }
 
 
@@ -207,8 +210,9 @@ def save_huggingface(model: Detector, directory: str | Path, *, backbone_format:
     """Write ``model`` as transformers' ``save_pretrained`` would, in its family's format
     (:data:`HUGGINGFACE_WRITERS`: DETR's :func:`detr.checkpoints.huggingface.save_pretrained`, which names what
     it cannot write, Deformable DETR's :func:`detr.checkpoints.huggingface_deformable.save_pretrained_deformable`
-    RT-DETR's :func:`detr.checkpoints.rtdetr.save_pretrained_rtdetr` or D-FINE's
-    :func:`detr.checkpoints.dfine.save_pretrained_dfine`)."""
+    RT-DETR's :func:`detr.checkpoints.rtdetr.save_pretrained_rtdetr`, D-FINE's
+    :func:`detr.checkpoints.dfine.save_pretrained_dfine` or RF-DETR's
+    :func:`detr.checkpoints.rfdetr.save_pretrained_rfdetr`)."""
     architecture = model.config.architecture if model.config is not None else "detr"
     return HUGGINGFACE_WRITERS[architecture](model, directory, backbone_format=backbone_format)
 

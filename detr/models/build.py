@@ -1,6 +1,7 @@
 """Build a detector from its :class:`detr.models.config.DetrConfig`: the paper's :class:`DETR` for learned
 queries, :class:`AnchorDETR` for anchor queries, :class:`DeformableDETR` for ``architecture="deformable"``, :class:`RTDETR` for
-``architecture="rtdetr"``, :class:`DFINE` for ``architecture="dfine"`` and ``"deimv2"``.
+``architecture="rtdetr"``, :class:`DFINE` for ``architecture="dfine"`` and ``"deimv2"``, :class:`RFDETR` for
+``architecture="rfdetr"``.
 
 :data:`ARCHITECTURES` maps each ``architecture`` to its family's builder (config → detector): the one line a
 new family adds here (its builder lives in its folder, as :func:`detr.models.deformable.build.build_deformable_detr`)."""
@@ -21,6 +22,7 @@ from detr.models.detector import Detector
 from detr.models.detr import DETR
 from detr.models.dfine.build import build_dfine
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
+from detr.models.rfdetr.build import build_rfdetr
 from detr.models.rtdetr.build import build_rtdetr
 from detr.models.transformer import Transformer, TransformerEncoder, TransformerEncoderLayer
 
@@ -83,4 +85,5 @@ ARCHITECTURES: dict[str, Callable[[DetrConfig], Detector]] = {
     "rtdetr": build_rtdetr,
     "dfine": build_dfine,
     "deimv2": build_dfine,
+    "rfdetr": build_rfdetr,
 }

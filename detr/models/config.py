@@ -25,14 +25,18 @@ QueryType = Literal["learned", "anchor"]
 #: "detr": the paper's single-scale transformer (with the query types above); "deformable": Deformable DETR's
 #: multi-scale deformable attention (:class:`detr.models.deformable.model.DeformableDETR`); "rtdetr": the
 #: real-time DETR (RT-DETR and RT-DETRv2, :class:`detr.models.rtdetr.model.RTDETR`); "dfine": D-FINE
-#: (:class:`detr.models.dfine.model.DFINE`); "deimv2": DEIMv2 (the same class with DEIMv2's parts).
-Architecture = Literal["detr", "deformable", "rtdetr", "dfine", "deimv2"]
+#: (:class:`detr.models.dfine.model.DFINE`); "deimv2": DEIMv2 (the same class with DEIMv2's parts); "rfdetr": RF-DETR
+#: and LW-DETR (:class:`detr.models.rfdetr.model.RFDETR`).
+Architecture = Literal["detr", "deformable", "rtdetr", "dfine", "deimv2", "rfdetr"]
 #: How deformable attention reads a sampling location: "bilinear" (grid_sample) or "discrete" (the nearest cell).
 SamplingMethod = Literal["bilinear", "discrete"]
 #: ResNets (ResNet-vd for RT-DETR), for D-FINE and DEIMv2 only HGNetV2's sizes B0-B5, for DEIMv2 only a DINOv3
-#: ViT with the spatial tuning adapter ("dinov3_vit", its size in the vit_* options).
+#: ViT with the spatial tuning adapter ("dinov3_vit", its size in DEIMv2's vit_* options), for RF-DETR only its
+#: windowed DINOv2 ViT and LW-DETR's windowed ViT (sized by RF-DETR's ``vit_*`` options).
 BackboneName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "hgnetv2_b0", "hgnetv2_b1", "hgnetv2_b2",
-                       "hgnetv2_b3", "hgnetv2_b4", "hgnetv2_b5", "dinov3_vit"]
+                       "hgnetv2_b3", "hgnetv2_b4", "hgnetv2_b5", "dinov3_vit", "dinov2_windowed", "lwdetr_vit"]
+#: The norm of RF-DETR's projector ("layer_norm") or LW-DETR's ("batch_norm").
+ProjectorNorm = Literal["layer_norm", "batch_norm"]
 #: The options only D-FINE (and DEIMv2) read, with their defaults (the authors').
 DFINE_DEFAULTS: dict[str, Any] = {"backbone_learnable_affine": False, "num_points_per_level": None,
                                   "csp_depth_multiplier": 1.0, "max_num_bins": 32, "reg_scale": 4.0, "reg_up": 0.5,
@@ -44,6 +48,12 @@ DEIMV2_DEFAULTS: dict[str, Any] = {"lite_encoder": False, "decoder_gateway": Tru
                                    "vit_gated_mlp": False, "adapter_channels": 16}
 #: The families built on D-FINE's parts (HGNetV2, the distribution-refinement decoder).
 DFINE_FAMILY = ("dfine", "deimv2")
+#: The options only RF-DETR reads, with their defaults (transformers' ``RfDetrConfig``: a DINOv2-S-sized ViT).
+RFDETR_DEFAULTS: dict[str, Any] = {"vit_hidden_dim": 384, "vit_num_layers": 12, "vit_num_heads": 6, "vit_mlp_ratio": 4,
+                                   "vit_out_indices": (2, 5, 8, 11), "vit_num_windows": 4, "vit_patch_size": 14,
+                                   "vit_position_size": 518, "cross_attention_heads": 16, "projector_expansion": 0.5,
+                                   "projector_blocks": 3, "instance_masks": False, "mask_dim_feedforward": 1024,
+                                   "vit_window_blocks": None, "projector_scales": (1.0,), "projector_norm": "layer_norm"}
 BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
 LastStage = Literal["layer4", "layer3", "layer2"]
 PositionEncoding = Literal["sine", "learned"]
@@ -152,6 +162,29 @@ class DetrConfig:
             (backbone="dinov3_vit"; the defaults are ViT-S/16's: 384, 12, 6, 1536, 4, False).
         vit_out_layers: the three ViT layers (1-based) whose patch tokens become the strides 8, 16, 32.
         adapter_channels: c of the spatial tuning adapter (2c, 4c, 4c channels at strides 8, 16, 32; 16).
+
+    RF-DETR (``architecture="rfdetr"``, :class:`detr.models.rfdetr.model.RFDETR`, docs/rfdetr.md) takes
+    ``backbone="dinov2_windowed"`` (LW-DETR: "lwdetr_vit"), one feature level per projector scale
+    (``num_feature_levels``), ``num_heads`` for the decoder's self-attention, ``dim_feedforward``, ``num_points``,
+    ``num_decoder_layers`` and ``num_queries``, and these:
+
+    Attributes:
+        vit_hidden_dim, vit_num_layers, vit_num_heads, vit_mlp_ratio: the ViT's width, depth, heads and MLP ratio
+            (DINOv2-S: 384, 12, 6, 4).
+        vit_out_indices: the ViT stages (outputs after that many blocks) the projector reads; those blocks and the
+            ones after the last attend globally, the others within windows ((2, 5, 8, 11)).
+        vit_num_windows: windows per side of the windowed blocks (4: 16 windows; 1: none).
+        vit_patch_size: pixels per patch side (14).
+        vit_position_size: the image side the position table was learned at (518: 37 × 37 patches),
+            interpolated to other sizes.
+        cross_attention_heads: heads of the decoder's deformable cross-attention (16).
+        projector_expansion, projector_blocks: the C2f projector's hidden width (× hidden_dim) and blocks (0.5, 3).
+        instance_masks: the segmentation head (query features × pixel features): masks beside the boxes.
+        mask_dim_feedforward: the segmentation head's query MLP width (1024).
+        vit_window_blocks: LW-DETR's ViT: the blocks that attend within windows (None: RF-DETR's rule above).
+        projector_scales: one projector per feature level, at this scale of the patch grid (RF-DETR: (1.0,);
+            LW-DETR: (2.0, 0.5) and the like).
+        projector_norm: "layer_norm" (RF-DETR) or "batch_norm" (LW-DETR) in the projector's C2f blocks.
     """
 
     backbone: BackboneName = "resnet50"
@@ -211,6 +244,22 @@ class DetrConfig:
     vit_out_layers: tuple[int, ...] = (5, 8, 11)
     vit_gated_mlp: bool = False
     adapter_channels: int = 16
+    vit_hidden_dim: int = 384
+    vit_num_layers: int = 12
+    vit_num_heads: int = 6
+    vit_mlp_ratio: int = 4
+    vit_out_indices: tuple[int, ...] = (2, 5, 8, 11)
+    vit_num_windows: int = 4
+    vit_patch_size: int = 14
+    vit_position_size: int = 518
+    cross_attention_heads: int = 16
+    projector_expansion: float = 0.5
+    projector_blocks: int = 3
+    instance_masks: bool = False
+    mask_dim_feedforward: int = 1024
+    vit_window_blocks: tuple[int, ...] | None = None
+    projector_scales: tuple[float, ...] = (1.0,)
+    projector_norm: ProjectorNorm = "layer_norm"
 
     def __post_init__(self) -> None:
         if self.position_encoding not in ("sine", "learned"):
@@ -230,9 +279,10 @@ class DetrConfig:
                 raise ValueError(f"{name} must be an integer >= 1{hint}, got {value!r}")
         if self.query_groups < 1:
             raise ValueError(f"query_groups must be at least 1, got {self.query_groups}")
-        for name in ("num_points_per_level", "vit_out_layers"):  # checkpoints store lists: one value, one type
-            if getattr(self, name) is not None:
+        for name in ("num_points_per_level", "vit_out_layers", "vit_out_indices", "vit_window_blocks"):
+            if getattr(self, name) is not None:  # checkpoints store lists: one value, one type
                 object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "projector_scales", tuple(float(scale) for scale in self.projector_scales))
         if self.query_type != "anchor" and not (self.architecture in REAL_TIME and self.query_groups == 1
                                                 and self.anchor_local_attention == 0):
             anchor_only = {"denoising": (self.denoising, "denoising=True feeds noised boxes as anchors"),
@@ -253,12 +303,16 @@ class DetrConfig:
             raise ValueError(f"backbone {self.backbone!r} with architecture {self.architecture!r}: HGNetV2 sizes "
                              f"(hgnetv2_b0 ... b5) are D-FINE's and DEIMv2's backbones (architecture='dfine' or "
                              f"'deimv2'), ResNets the others'")
+        if (self.backbone in ("dinov2_windowed", "lwdetr_vit")) != (self.architecture == "rfdetr"):
+            raise ValueError(f"backbone {self.backbone!r} with architecture {self.architecture!r}: 'dinov2_windowed' "
+                             f"and 'lwdetr_vit' are RF-DETR's and LW-DETR's backbones and theirs only "
+                             f"(architecture='rfdetr')")
         if self.dilation and self.backbone in ("resnet18", "resnet34"):
             raise ValueError(f"dilation (DC5) needs bottleneck blocks: use resnet50 or resnet101, not {self.backbone}")
 
     def _check_deformable(self) -> None:
-        if self.architecture not in ("detr", "deformable", "rtdetr", "dfine", "deimv2"):
-            raise ValueError(f"architecture must be 'detr', 'deformable', 'rtdetr', 'dfine' or 'deimv2', got "
+        if self.architecture not in ("detr", "deformable", "rtdetr", "dfine", "deimv2", "rfdetr"):
+            raise ValueError(f"architecture must be 'detr', 'deformable', 'rtdetr', 'dfine', 'deimv2' or 'rfdetr', got "
                              f"{self.architecture!r}")
         if self.sampling_method not in ("bilinear", "discrete"):
             raise ValueError(f"sampling_method must be 'bilinear' or 'discrete', got {self.sampling_method!r}")
@@ -270,6 +324,10 @@ class DetrConfig:
             for name, default in DEIMV2_DEFAULTS.items():
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}={getattr(self, name)!r} is a DEIMv2 option: set architecture='deimv2'")
+        if self.architecture != "rfdetr":
+            for name, default in RFDETR_DEFAULTS.items():
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name}={getattr(self, name)!r} is an RF-DETR option: set architecture='rfdetr'")
         if self.architecture not in REAL_TIME:
             rtdetr_only = {"encoder_hidden_dim": self.encoder_hidden_dim is not None,
                            "encoder_dim_feedforward": self.encoder_dim_feedforward is not None,
@@ -281,6 +339,9 @@ class DetrConfig:
                     raise ValueError(f"{name}={getattr(self, name)!r} is an RT-DETR option: set architecture='rtdetr'")
         if self.architecture in REAL_TIME:
             self._check_rtdetr()
+            return
+        if self.architecture == "rfdetr":
+            self._check_rfdetr()
             return
         if self.architecture == "detr":
             for name in ("box_refine", "two_stage"):
@@ -370,6 +431,38 @@ class DetrConfig:
                              f"and {self.vit_out_layers}")
         if self.decoder_activation not in ("relu", "silu"):
             raise ValueError(f"decoder_activation must be 'relu' or 'silu', got {self.decoder_activation!r}")
+
+    def _check_rfdetr(self) -> None:
+        out = self.vit_out_indices
+        if not out or list(out) != sorted(set(out)) or out[0] < 1 or out[-1] > self.vit_num_layers:
+            raise ValueError(f"vit_out_indices must be increasing stages in 1..vit_num_layers ({self.vit_num_layers}), "
+                             f"got {list(out)}")
+        if self.vit_hidden_dim % self.vit_num_heads or self.hidden_dim % self.num_heads or (
+                self.hidden_dim % self.cross_attention_heads):
+            raise ValueError(f"architecture='rfdetr' needs vit_hidden_dim ({self.vit_hidden_dim}) divisible by "
+                             f"vit_num_heads ({self.vit_num_heads}) and hidden_dim ({self.hidden_dim}) by num_heads "
+                             f"({self.num_heads}) and cross_attention_heads ({self.cross_attention_heads})")
+        if min(self.vit_num_windows, self.vit_patch_size, self.vit_position_size, self.num_points) < 1:
+            raise ValueError("vit_num_windows, vit_patch_size, vit_position_size and num_points must be at least 1")
+        unsupported = {
+            "num_feature_levels": (self.num_feature_levels != len(self.projector_scales),
+                                   f"set num_feature_levels={len(self.projector_scales)} (one per projector scale)"),
+            "projector_scales": (any(scale not in (0.5, 1.0, 2.0) for scale in self.projector_scales),
+                                 "use scales 0.5, 1.0 and 2.0 (LW-DETR's)"),
+            "class_head": (self.class_head != "sigmoid", "set class_head='sigmoid'"),
+            "query_type": (self.query_type != "learned", "set query_type='learned' (queries come from the encoder)"),
+            "position_encoding": (self.position_encoding != "sine", "set position_encoding='sine'"),
+            "pre_norm": (self.pre_norm, "set pre_norm=False (the decoder's layers are post-norm)"),
+            "dilation": (self.dilation, "set dilation=False"),
+            "dense_aux_head": (self.dense_aux_head, "set dense_aux_head=False"),
+            "box_refine": (self.box_refine, "drop it: RF-DETR always refines its boxes"),
+            "two_stage": (self.two_stage, "drop it: RF-DETR's queries always come from the encoder"),
+            "backbone_last_stage": (self.backbone_last_stage != "layer4", "set backbone_last_stage='layer4'"),
+            "denoising": (self.denoising, "drop it: RF-DETR trains without denoising queries"),
+        }
+        for name, (used, fix) in unsupported.items():
+            if used:
+                raise ValueError(f"architecture='rfdetr' does not take {name}={getattr(self, name)!r}: {fix}")
 
     @property
     def num_logits(self) -> int:

@@ -29,8 +29,10 @@ EVAL_MIN_SIZE, EVAL_MAX_SIZE = 800, 1333
 
 Resize = Literal["shortest_side", "square"]
 #: The resize filter: "opencv" (OpenCV's bilinear, what albumentations' transforms run) or "antialiased"
-#: (torchvision's antialiased bilinear on uint8, PIL's filter: what transformers' image processors run).
-Interpolation = Literal["opencv", "antialiased"]
+#: (torchvision's antialiased bilinear on uint8, PIL's filter: what transformers' image processors run) or
+#: "float_bilinear" (bilinear without antialiasing on pixels / 255, before the normalisation: transformers'
+#: ``RfDetrImageProcessor``, which rescales, then resizes, then normalises).
+Interpolation = Literal["opencv", "antialiased", "float_bilinear"]
 
 
 def resize_shape(height: int, width: int, min_size: int, max_size: int | None) -> tuple[int, int]:
@@ -87,8 +89,9 @@ class InputSpec:
         Deformable DETR) or "square" (``size`` × ``size``, the aspect ratio not kept: the real-time DETRs).
     size, max_size: the resize's sizes (800, 1333); ``max_size`` is unused by "square".
     mean, std: per-channel RGB normalisation of pixels in [0, 1] (ImageNet's); None for both: pixels / 255.
-    interpolation: the resize filter, "opencv" (bilinear, as the training pipeline) or "antialiased" (as
-        transformers' image processors: a model converted from there sees the pixels it was validated on).
+    interpolation: the resize filter, "opencv" (bilinear, as the training pipeline), "antialiased" (as
+        transformers' image processors: a model converted from there sees the pixels it was validated on) or
+        "float_bilinear" (as ``RfDetrImageProcessor``: bilinear on floats, not antialiased, not rounded).
     """
 
     resize: Resize = "shortest_side"
@@ -103,8 +106,9 @@ class InputSpec:
             raise ValueError(f"InputSpec resize must be 'shortest_side' or 'square', got {self.resize!r}")
         if int(self.size) < 1 or (self.max_size is not None and int(self.max_size) < int(self.size)):
             raise ValueError(f"InputSpec needs 1 <= size <= max_size, got size={self.size}, max_size={self.max_size}")
-        if self.interpolation not in ("opencv", "antialiased"):
-            raise ValueError(f"InputSpec interpolation must be 'opencv' or 'antialiased', got {self.interpolation!r}")
+        if self.interpolation not in ("opencv", "antialiased", "float_bilinear"):
+            raise ValueError(f"InputSpec interpolation must be 'opencv', 'antialiased' or 'float_bilinear', got "
+                             f"{self.interpolation!r}")
         if (self.mean is None) != (self.std is None):
             raise ValueError("InputSpec takes mean and std together (both None: pixels / 255)")
 
@@ -150,6 +154,8 @@ class InputSpec:
         normalised."""
         height, width = int(image.shape[0]), int(image.shape[1])
         target = self.resized_shape(height, width)
+        if self.interpolation == "float_bilinear":
+            return self._prepare_floats(image, target)
         if target != (height, width) and self.interpolation == "antialiased":
             from torchvision.transforms.v2 import InterpolationMode
             from torchvision.transforms.v2.functional import resize
@@ -162,6 +168,18 @@ class InputSpec:
 
             image = cv2.resize(np.ascontiguousarray(image), (target[1], target[0]), interpolation=cv2.INTER_LINEAR)
         return self.normalize(image)
+
+    def _prepare_floats(self, image: np.ndarray, target: tuple[int, int]) -> torch.Tensor:
+        """"float_bilinear": pixels / 255, resized (bilinear, no antialiasing), then normalised, all in float32."""
+        from torchvision.transforms.v2.functional import resize
+
+        pixels = torch.from_numpy(np.require(image, requirements=["C", "W"])).permute(2, 0, 1).float() * (1 / 255)
+        if target != tuple(pixels.shape[-2:]):
+            pixels = resize(pixels, list(target), antialias=False)
+        if self.mean is None:
+            return pixels.contiguous()
+        mean, std = torch.tensor(self.mean)[:, None, None], torch.tensor(self.std)[:, None, None]
+        return ((pixels - mean) / std).contiguous()
 
     def batch(self, images: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
         """uint8 RGB arrays → (images [B, 3, H, W], padding_mask [B, H, W], each image's (h, w) after resizing)."""

@@ -60,16 +60,19 @@ def anchors_for(spatial_shapes: SpatialShapes, *, device: torch.device | None = 
 
 
 class DecoderLayer(nn.Module):
-    """Self-attention → deformable cross-attention → FFN, each with a residual and a LayerNorm after it."""
+    """Self-attention → deformable cross-attention → FFN, each with a residual and a LayerNorm after it
+    (``cross_attention_heads``: the cross-attention's heads when they differ from the self-attention's, as
+    RF-DETR's 16 beside 8)."""
 
     def __init__(self, hidden_dim: int, num_heads: int, num_levels: int, num_points: int, dim_feedforward: int,
-                 dropout: float = 0.0, *, offset_scale: float = 0.5, sampling_method: SamplingMethod = "bilinear"
-                 ) -> None:
+                 dropout: float = 0.0, *, offset_scale: float = 0.5, sampling_method: SamplingMethod = "bilinear",
+                 cross_attention_heads: int | None = None) -> None:
         super().__init__()
         self.self_attn = MultiheadAttention(hidden_dim, num_heads, dropout=dropout)
         self.norm1 = nn.LayerNorm(hidden_dim)
-        self.cross_attn = MultiScaleDeformableAttention(hidden_dim, num_heads, num_levels, num_points,
-                                                        offset_scale=offset_scale, sampling_method=sampling_method)
+        self.cross_attn = MultiScaleDeformableAttention(hidden_dim, cross_attention_heads or num_heads, num_levels,
+                                                        num_points, offset_scale=offset_scale,
+                                                        sampling_method=sampling_method)
         self.norm2 = nn.LayerNorm(hidden_dim)
         self.linear1 = nn.Linear(hidden_dim, dim_feedforward)
         self.linear2 = nn.Linear(dim_feedforward, hidden_dim)

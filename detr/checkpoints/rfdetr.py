@@ -1,0 +1,395 @@
+"""RF-DETR weights in (transformers' ``rf_detr`` directories) and out (transformers).
+
+:func:`read_huggingface_rfdetr` reads a directory as ``RfDetrForObjectDetection.save_pretrained`` (or
+``RfDetrForInstanceSegmentation``'s) writes it: ``config.json`` (model_type "rf_detr", an ``rf_detr_dinov2``
+backbone) + ``model.safetensors`` + optionally ``preprocessor_config.json`` (``RfDetrImageProcessor``: the square
+size). Any label count and any ViT size, windows and patch size; ``id2label`` becomes the category map; with a
+segmentation head the model predicts masks too. :func:`save_pretrained_rfdetr` writes this project's model back in
+that format, so that transformers' ``from_pretrained`` gives the same outputs.
+
+transformers writes the weights in the authors' layout (roboflow/rf-detr; it renames them when it loads), so this
+reader reads the authors' keys. Their Group DETR copies (``group_detr`` groups of queries and encoder heads, 13 in
+training) are kept for the first group only, the one inference reads; the writer writes one group (``group_detr``
+1 in config.json).
+
+=====================================================  ==============================================
+this project                                           the authors' layout (transformers' files)
+=====================================================  ==============================================
+``backbone.{patch_embed,cls_token,mask_token,          ``backbone.0.encoder.encoder.embeddings.{patch_embeddings.
+position_embeddings}``                                 projection,cls_token,mask_token,position_embeddings}``
+``backbone.blocks.{}.attention.{q,k,v,o}_proj``        ``...encoder.layer.{}.attention.{attention.{query,key,value},
+                                                       output.dense}``
+``backbone.blocks.{}.layer_scale{1,2}``                ``...encoder.layer.{}.layer_scale{1,2}.lambda1``
+``backbone.norm``                                      ``backbone.0.encoder.encoder.layernorm``
+``projector.0.{conv1,conv2,bottlenecks.{}.conv{1,2}}`` ``backbone.0.projector.stages.0.0.{cv1,cv2,m.{}.cv{1,2}}``
+  (``conv``, ``norm``); ``projector.0.norm``             (``conv``, ``bn``); ``backbone.0.projector.stages.0.1``
+``decoder.{layers,norm,ref_point_head}``               ``transformer.decoder.{layers,norm,ref_point_head}``
+``decoder.{enc_output,enc_output_norm,                 ``transformer.{enc_output,enc_output_norm,enc_out_class_embed,
+enc_class_head,enc_box_head}``                         enc_out_bbox_embed}.0``
+``decoder.{query_embed,reference_points}``             ``{query_feat,refpoint_embed}`` (the first num_queries rows)
+``decoder.{class_head,box_head}``                      ``{class_embed,bbox_embed}``
+``mask_head.blocks.{}.{depthwise_conv,norm,            ``segmentation_head.blocks.{}.{dwconv,norm,pwconv1}``
+pointwise_conv}``
+``mask_head.{spatial_proj,query_block.{norm,fc1,fc2},  ``segmentation_head.{spatial_features_proj,query_features_block.
+query_proj,bias}``                                     {norm_in,layers.0,layers.2},query_features_proj,bias}``
+=====================================================  ==============================================
+
+transformers is never imported; safetensors only for .safetensors files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from detr.atomic_files import write_atomically, write_text_atomically
+from detr.categories import CategoryMap
+from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
+from detr.checkpoints.huggingface import _category_map, _read_json, _read_weights, _safetensors_torch
+from detr.models.config import DetrConfig, ModelMeta
+from detr.models.inputs import IMAGENET_MEAN, IMAGENET_STD
+from detr.models.rfdetr.model import RFDETR
+
+logger = logging.getLogger(__name__)
+
+MODEL_TYPE = "rf_detr"
+_VIT = "backbone.0.encoder.encoder."
+_C2F = "backbone.0.projector.stages.0.0."
+
+#: (the authors' key, this project's), ``{}`` an index; read in both directions, first match wins.
+_RULES: tuple[tuple[str, str], ...] = (
+    (_VIT + "embeddings.patch_embeddings.projection.", "backbone.patch_embed."),
+    *((_VIT + f"embeddings.{name}", f"backbone.{name}") for name in ("cls_token", "mask_token", "position_embeddings")),
+    *((_VIT + f"encoder.layer.{{}}.attention.attention.{theirs}.", f"backbone.blocks.{{}}.attention.{ours}_proj.")
+      for theirs, ours in (("query", "q"), ("key", "k"), ("value", "v"))),
+    (_VIT + "encoder.layer.{}.attention.output.dense.", "backbone.blocks.{}.attention.o_proj."),
+    (_VIT + "encoder.layer.{}.layer_scale1.lambda1", "backbone.blocks.{}.layer_scale1"),
+    (_VIT + "encoder.layer.{}.layer_scale2.lambda1", "backbone.blocks.{}.layer_scale2"),
+    (_VIT + "encoder.layer.{}.", "backbone.blocks.{}."),
+    (_VIT + "layernorm.", "backbone.norm."),
+    (_C2F + "m.{}.cv{}.bn.", "projector.0.bottlenecks.{}.conv{}.norm."),
+    (_C2F + "m.{}.cv{}.conv.", "projector.0.bottlenecks.{}.conv{}.conv."),
+    (_C2F + "cv{}.bn.", "projector.0.conv{}.norm."),
+    (_C2F + "cv{}.conv.", "projector.0.conv{}.conv."),
+    ("backbone.0.projector.stages.0.1.", "projector.0.norm."),
+    *((f"transformer.decoder.{part}.", f"decoder.{part}.") for part in ("layers", "norm", "ref_point_head")),
+    ("transformer.enc_output.0.", "decoder.enc_output."),
+    ("transformer.enc_output_norm.0.", "decoder.enc_output_norm."),
+    ("transformer.enc_out_class_embed.0.", "decoder.enc_class_head."),
+    ("transformer.enc_out_bbox_embed.0.", "decoder.enc_box_head."),
+    ("query_feat.", "decoder.query_embed."),
+    ("refpoint_embed.", "decoder.reference_points."),
+    ("class_embed.", "decoder.class_head."),
+    ("bbox_embed.", "decoder.box_head."),
+    ("segmentation_head.blocks.{}.dwconv.", "mask_head.blocks.{}.depthwise_conv."),
+    ("segmentation_head.blocks.{}.pwconv1.", "mask_head.blocks.{}.pointwise_conv."),
+    ("segmentation_head.blocks.{}.norm.", "mask_head.blocks.{}.norm."),
+    ("segmentation_head.spatial_features_proj.", "mask_head.spatial_proj."),
+    ("segmentation_head.query_features_block.norm_in.", "mask_head.query_block.norm."),
+    ("segmentation_head.query_features_block.layers.0.", "mask_head.query_block.fc1."),
+    ("segmentation_head.query_features_block.layers.2.", "mask_head.query_block.fc2."),
+    ("segmentation_head.query_features_proj.", "mask_head.query_proj."),
+    ("segmentation_head.bias", "mask_head.bias"),
+)
+#: The other Group DETR groups' encoder heads: training only.
+_OTHER_GROUPS = re.compile(r"^transformer\.(enc_output|enc_output_norm|enc_out_class_embed|enc_out_bbox_embed)\.[1-9]\d*\.")
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    return re.compile("^" + re.escape(template).replace(r"\{\}", r"(\d+)"))
+
+
+_TO_OURS = tuple((_pattern(theirs), ours) for theirs, ours in _RULES)
+_TO_THEIRS = tuple((_pattern(ours), theirs) for theirs, ours in _RULES)
+
+
+LW_MODEL_TYPE = "lw_detr"
+_LW_VIT = "model.backbone.backbone."
+#: LW-DETR: (transformers' key, this project's), as :data:`_RULES`; the decoder's q, k, v projections are joined.
+_LW_RULES: tuple[tuple[str, str], ...] = (
+    (_LW_VIT + "embeddings.projection.", "backbone.patch_embed."),
+    (_LW_VIT + "embeddings.position_embeddings", "backbone.position_embeddings"),
+    *((_LW_VIT + f"encoder.layer.{{}}.attention.attention.{theirs}.", f"backbone.blocks.{{}}.attention.{ours}_proj.")
+      for theirs, ours in (("query", "q"), ("key", "k"), ("value", "v"))),
+    (_LW_VIT + "encoder.layer.{}.attention.output.", "backbone.blocks.{}.attention.o_proj."),
+    (_LW_VIT + "encoder.layer.{}.gamma_1", "backbone.blocks.{}.layer_scale1"),
+    (_LW_VIT + "encoder.layer.{}.gamma_2", "backbone.blocks.{}.layer_scale2"),
+    (_LW_VIT + "encoder.layer.{}.layernorm_before.", "backbone.blocks.{}.norm1."),
+    (_LW_VIT + "encoder.layer.{}.layernorm_after.", "backbone.blocks.{}.norm2."),
+    (_LW_VIT + "encoder.layer.{}.intermediate.", "backbone.blocks.{}.mlp."),
+    ("model.backbone.projector.scale_layers.{}.sampling_layers.{}.layers.", "projector.{}.sampling.{}."),
+    ("model.backbone.projector.scale_layers.{}.layer_norm.", "projector.{}.norm."),
+    ("model.backbone.projector.scale_layers.{}.projector_layer.", "projector.{}."),
+    ("model.decoder.layers.{}.self_attn.o_proj.", "decoder.layers.{}.self_attn.out_proj."),
+    ("model.decoder.layers.{}.self_attn_layer_norm.", "decoder.layers.{}.norm1."),
+    ("model.decoder.layers.{}.cross_attn_layer_norm.", "decoder.layers.{}.norm2."),
+    ("model.decoder.layers.{}.mlp.fc1.", "decoder.layers.{}.linear1."),
+    ("model.decoder.layers.{}.mlp.fc2.", "decoder.layers.{}.linear2."),
+    ("model.decoder.layers.{}.layer_norm.", "decoder.layers.{}.norm3."),
+    ("model.decoder.layers.{}.cross_attn.", "decoder.layers.{}.cross_attn."),
+    ("model.decoder.layernorm.", "decoder.norm."),
+    ("model.decoder.ref_point_head.", "decoder.ref_point_head."),
+    ("model.enc_output.0.", "decoder.enc_output."),
+    ("model.enc_output_norm.0.", "decoder.enc_output_norm."),
+    ("model.enc_out_class_embed.0.", "decoder.enc_class_head."),
+    ("model.enc_out_bbox_embed.0.", "decoder.enc_box_head."),
+    ("model.query_feat.", "decoder.query_embed."),
+    ("model.reference_point_embed.", "decoder.reference_points."),
+    ("class_embed.", "decoder.class_head."),
+    ("bbox_embed.", "decoder.box_head."),
+)
+_LW_TO_OURS = tuple((_pattern(theirs), ours) for theirs, ours in _LW_RULES)
+_LW_TO_THEIRS = tuple((_pattern(ours), theirs) for theirs, ours in _LW_RULES)
+_LW_QKV = re.compile(r"^model\.decoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.(weight|bias)$")
+_OUR_IN_PROJ = re.compile(r"^decoder\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$")
+_LW_OTHER_GROUPS = re.compile(r"^model\.(enc_output|enc_output_norm|enc_out_class_embed|enc_out_bbox_embed)\.[1-9]\d*\.")
+
+
+def _substitute(table: tuple[tuple[re.Pattern[str], str], ...], key: str) -> str | None:
+    for pattern, replacement in table:
+        if match := pattern.match(key):
+            return replacement.format(*match.groups()) + key[match.end():]
+    return None
+
+
+def is_rfdetr_directory(directory: str | Path) -> bool:
+    """Whether ``directory`` holds a config.json of model_type "rf_detr" or "lw_detr"."""
+    path = Path(directory) / "config.json"
+    return path.is_file() and _read_json(path).get("model_type") in (MODEL_TYPE, LW_MODEL_TYPE)
+
+
+def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path: Path, what: str) -> None:
+    """Raise naming every setting of ``config`` that differs from ``expected`` (absent ones take the default)."""
+    wrong = {key: config[key] for key, value in expected.items() if key in config and config[key] != value}
+    if wrong:
+        raise CheckpointError(f"{config_path}: this project's RF-DETR has {what} {expected}; the file sets {wrong}, "
+                              f"which it cannot reproduce")
+
+
+def _square_size(directory: Path) -> int | None:
+    """The square side of preprocessor_config.json's resize, if there is one; another resize raises."""
+    path = directory / "preprocessor_config.json"
+    if not path.is_file():
+        return None
+    size = _read_json(path).get("size")
+    if not isinstance(size, dict) or int(size.get("height", 0)) != int(size.get("width", -1)):
+        raise CheckpointError(f"{path}: size {size!r} is not a square {{'height': s, 'width': s}}; this project runs "
+                              f"RF-DETR at a square size (a multiple of patch size × windows): set size to one, e.g. "
+                              f"{{'height': 560, 'width': 560}}")
+    return int(size["height"])
+
+
+def _side(value: Any, name: str, config_path: Path) -> int:
+    """A size that transformers allows as an int or a pair: one square side."""
+    if isinstance(value, (list, tuple)):
+        if len(set(value)) != 1:
+            raise CheckpointError(f"{config_path}: backbone_config {name} {list(value)} is not square")
+        value = value[0]
+    return int(value)
+
+
+def _lw_vit_options(config: dict[str, Any], config_path: Path) -> dict[str, Any]:
+    vit = config.get("backbone_config") or {}
+    if vit.get("model_type") != "lw_detr_vit":
+        raise CheckpointError(f"{config_path}: the backbone must be transformers' LwDetrViT (backbone_config "
+                              f"model_type 'lw_detr_vit'), got {vit.get('model_type')!r}")
+    _refuse_unless(vit, {"hidden_act": "gelu", "layer_norm_eps": 1e-6, "qkv_bias": True, "num_channels": 3,
+                         "use_absolute_position_embeddings": True}, config_path, "a backbone with")
+    windows = int(vit.get("num_windows", 16))
+    side = round(windows ** 0.5)
+    if side * side != windows:
+        raise CheckpointError(f"{config_path}: backbone_config num_windows {windows} is not a square number")
+    layers = int(vit.get("num_hidden_layers", 12))
+    out_indices = vit.get("out_indices") or [int(name.removeprefix("stage")) for name in vit.get("out_features", ())]
+    return {"backbone": "lwdetr_vit", "vit_hidden_dim": int(vit.get("hidden_size", 768)), "vit_num_layers": layers,
+            "vit_num_heads": int(vit.get("num_attention_heads", 12)), "vit_mlp_ratio": int(vit.get("mlp_ratio", 4)),
+            "vit_out_indices": tuple(int(i) for i in out_indices) or (layers,), "vit_num_windows": side,
+            "vit_window_blocks": tuple(int(i) for i in vit.get("window_block_indices", ())),
+            "vit_patch_size": _side(vit.get("patch_size", 16), "patch_size", config_path),
+            "vit_position_size": _side(vit.get("pretrain_image_size", 224), "pretrain_image_size", config_path)}
+
+
+def _vit_options(config: dict[str, Any], config_path: Path) -> dict[str, Any]:
+    vit = config.get("backbone_config") or {}
+    if vit.get("model_type") != "rf_detr_dinov2":
+        raise CheckpointError(f"{config_path}: the backbone must be transformers' RfDetrDinov2 (backbone_config "
+                              f"model_type 'rf_detr_dinov2'), got {vit.get('model_type')!r}")
+    _refuse_unless(vit, {"hidden_act": "gelu", "layer_norm_eps": 1e-6, "qkv_bias": True, "use_swiglu_ffn": False,
+                         "apply_layernorm": True, "reshape_hidden_states": True, "num_channels": 3},
+                   config_path, "a backbone with")
+    layers = int(vit.get("num_hidden_layers", 12))
+    out_indices = vit.get("out_indices") or [int(name.removeprefix("stage")) for name in vit.get("out_features", ())]
+    return {"backbone": "dinov2_windowed", "vit_hidden_dim": int(vit.get("hidden_size", 768)), "vit_num_layers": layers,
+            "vit_num_heads": int(vit.get("num_attention_heads", 12)), "vit_mlp_ratio": int(vit.get("mlp_ratio", 4)),
+            "vit_out_indices": tuple(int(i) for i in out_indices) or (layers,),
+            "vit_num_windows": int(vit.get("num_windows", 4)),
+            "vit_patch_size": _side(vit.get("patch_size", 14), "patch_size", config_path),
+            "vit_position_size": _side(vit.get("image_size", 224), "image_size", config_path)}
+
+
+def to_our_state_dict(weights: dict[str, torch.Tensor], where: str, num_queries: int, *, lw: bool = False
+                      ) -> dict[str, torch.Tensor]:
+    """The authors' keys (RF-DETR's transformers files) or transformers' (LW-DETR's, ``lw``) → this project's, the
+    first query group only."""
+    ours, unknown, projections = {}, [], {}
+    for key, value in weights.items():
+        if (_LW_OTHER_GROUPS if lw else _OTHER_GROUPS).match(key):
+            continue
+        if lw and (match := _LW_QKV.match(key)):
+            layer, which, kind = match.groups()
+            projections.setdefault((layer, kind), {})[which] = value
+            continue
+        new_key = _substitute(_LW_TO_OURS if lw else _TO_OURS, key)
+        if new_key is None:
+            unknown.append(key)
+            continue
+        if new_key in ("decoder.query_embed.weight", "decoder.reference_points.weight"):
+            value = value[:num_queries]
+        ours[new_key] = value
+    if unknown:
+        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in RF-DETR's layout: {unknown[:10]}")
+    for (layer, kind), parts in projections.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise CheckpointError(f"{where}: decoder layer {layer}'s self-attention has only {sorted(parts)}")
+        ours[f"decoder.layers.{layer}.self_attn.in_proj_{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+    return ours
+
+
+def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
+    """Read a transformers ``RfDetrForObjectDetection`` (or ``RfDetrForInstanceSegmentation``) directory into this
+    project's layout + config.
+
+    Raises:
+        CheckpointError: settings this project's RF-DETR lacks (other activations, SwiGLU, several feature levels, a
+            non-square resize, ...), keys without a counterpart.
+    """
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    config = _read_json(config_path)
+    lw = config.get("model_type") == LW_MODEL_TYPE
+    vit = _lw_vit_options(config, config_path) if lw else _vit_options(config, config_path)
+    scales = tuple(float(scale) for scale in config.get("projector_scale_factors") or ()) if lw else (1.0,)
+    _refuse_unless(config, {"activation_function": "silu", "decoder_activation_function": "relu",
+                            "num_feature_levels": len(scales), "attention_bias": True,
+                            **({"batch_norm_eps": 1e-5} if lw else {
+                                "layer_norm_eps": 1e-5, "segmentation_head_activation_function": "gelu",
+                                "mask_downsample_ratio": 4})}, config_path, "")
+    num_queries = int(config.get("num_queries", 300))
+    state_dict = to_our_state_dict(_read_weights(directory), str(directory), num_queries, lw=lw)
+    if "decoder.class_head.weight" not in state_dict:
+        raise CheckpointError(f"{directory}: no class head (class_embed): an RfDetrModel without the detection heads?")
+    model_config = DetrConfig(
+        architecture="rfdetr", class_head="sigmoid", num_feature_levels=len(scales), projector_scales=scales,
+        projector_norm="batch_norm" if lw else "layer_norm", **vit,
+        hidden_dim=int(config.get("d_model", 256)), num_heads=int(config.get("decoder_self_attention_heads", 8)),
+        cross_attention_heads=int(config.get("decoder_cross_attention_heads", 16)),
+        num_points=int(config.get("decoder_n_points", 4)), dim_feedforward=int(config.get("decoder_ffn_dim", 2048)),
+        num_decoder_layers=int(config.get("decoder_layers", 3)), num_queries=num_queries,
+        dropout=float(config.get("dropout", 0.0 if lw else 0.1)), projector_expansion=float(config.get("hidden_expansion", 0.5)),
+        projector_blocks=int(config.get("c2f_num_blocks", 3)),
+        instance_masks="mask_head.bias" in state_dict,
+        mask_dim_feedforward=int(config.get("intermediate_size", 1024)) if "mask_head.bias" in state_dict else 1024,
+        num_classes=int(state_dict["decoder.class_head.weight"].shape[0]), pretrained_backbone=False)
+    size = _square_size(directory)
+    meta = ModelMeta(category_map=_category_map(config, model_config.num_classes, config_path),
+                     eval_size=(size, size) if size is not None else None)
+    return CheckpointContents(state_dict, model_config, meta)
+
+
+def to_huggingface_state_dict(model: RFDETR) -> dict[str, torch.Tensor]:
+    """This project's RF-DETR → the authors' keys (as transformers writes them, one query group), every tensor a
+    contiguous copy."""
+    lw = model.config is not None and model.config.backbone == "lwdetr_vit"
+    to_theirs, to_ours = (_LW_TO_THEIRS, _LW_TO_OURS) if lw else (_TO_THEIRS, _TO_OURS)
+    theirs: dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        if lw and (match := _OUR_IN_PROJ.match(key)):
+            layer, kind = match.groups()
+            for which, part in zip("qkv", value.detach().cpu().chunk(3)):
+                theirs[f"model.decoder.layers.{layer}.self_attn.{which}_proj.{kind}"] = part.clone().contiguous()
+            continue
+        new_key = _substitute(to_theirs, key)
+        if new_key is None or _substitute(to_ours, new_key) != key:  # the two directions must be inverses
+            raise AssertionError(f"{key} → {new_key} does not read back")
+        theirs[new_key] = value.detach().to("cpu", copy=True).contiguous()
+    return theirs
+
+
+def huggingface_rfdetr_config(model: RFDETR, *, category_map: CategoryMap | None = None) -> dict[str, Any]:
+    """config.json of :func:`save_pretrained_rfdetr`."""
+    config = model.config
+    if config is None or config.architecture != "rfdetr":
+        raise ExportError("save_pretrained_rfdetr needs an RF-DETR built by build_detr (model.config)")
+    category_map = category_map or model.meta.category_map
+    names = list(category_map.names) if category_map is not None else [f"LABEL_{i}" for i in range(model.num_classes)]
+    labels = {"id2label": {str(i): n for i, n in enumerate(names)}, "label2id": {n: i for i, n in enumerate(names)}}
+    layers = config.vit_num_layers
+    decoder = {"d_model": config.hidden_dim, "hidden_expansion": config.projector_expansion,
+               "c2f_num_blocks": config.projector_blocks, "activation_function": "silu",
+               "num_feature_levels": config.num_feature_levels, "decoder_layers": config.num_decoder_layers,
+               "decoder_self_attention_heads": config.num_heads,
+               "decoder_cross_attention_heads": config.cross_attention_heads, "decoder_n_points": config.num_points,
+               "decoder_ffn_dim": config.dim_feedforward, "decoder_activation_function": "relu",
+               "num_queries": config.num_queries, "group_detr": 1, "dropout": config.dropout, "attention_bias": True}
+    if config.backbone == "lwdetr_vit":
+        return {
+            "architectures": ["LwDetrForObjectDetection"], "model_type": LW_MODEL_TYPE,
+            "backbone_config": {
+                "model_type": "lw_detr_vit", "hidden_size": config.vit_hidden_dim, "num_hidden_layers": layers,
+                "num_attention_heads": config.vit_num_heads, "mlp_ratio": config.vit_mlp_ratio, "hidden_act": "gelu",
+                "layer_norm_eps": 1e-6, "pretrain_image_size": config.vit_position_size,
+                "patch_size": config.vit_patch_size, "num_channels": 3, "qkv_bias": True,
+                "use_absolute_position_embeddings": True, "num_windows": config.vit_num_windows ** 2,
+                "window_block_indices": list(config.vit_window_blocks or ()),
+                "out_indices": list(config.vit_out_indices),
+                "out_features": [f"stage{i}" for i in config.vit_out_indices],
+                "stage_names": ["stem"] + [f"stage{i}" for i in range(1, layers + 1)]},
+            "projector_scale_factors": list(config.projector_scales), "batch_norm_eps": 1e-5, **decoder, **labels}
+    return {
+        "architectures": ["RfDetrForInstanceSegmentation" if config.instance_masks else "RfDetrForObjectDetection"],
+        "model_type": MODEL_TYPE,
+        "backbone_config": {
+            "model_type": "rf_detr_dinov2", "hidden_size": config.vit_hidden_dim, "num_hidden_layers": layers,
+            "num_attention_heads": config.vit_num_heads, "mlp_ratio": config.vit_mlp_ratio, "hidden_act": "gelu",
+            "layer_norm_eps": 1e-6, "image_size": config.vit_position_size, "patch_size": config.vit_patch_size,
+            "num_channels": 3, "qkv_bias": True, "layerscale_value": 1.0, "use_swiglu_ffn": False,
+            "num_windows": config.vit_num_windows, "out_indices": list(config.vit_out_indices),
+            "out_features": [f"stage{i}" for i in config.vit_out_indices],
+            "stage_names": ["stem"] + [f"stage{i}" for i in range(1, layers + 1)]},
+        **decoder, "layer_norm_eps": 1e-5, "intermediate_size": config.mask_dim_feedforward,
+        "mask_downsample_ratio": 4, "segmentation_head_activation_function": "gelu", **labels,
+    }
+
+
+def write_preprocessor_config(directory: Path, size: int, *, lw: bool = False) -> None:
+    """preprocessor_config.json of ``RfDetrImageProcessor`` (LW-DETR: ``DeformableDetrImageProcessor``) at a ``size``
+    square with ImageNet's mean and std."""
+    processor_type = "DeformableDetrImageProcessor" if lw else "RfDetrImageProcessor"
+    processor = {"image_processor_type": processor_type, "format": "coco_detection", "do_resize": True,
+                 "size": {"height": size, "width": size}, "resample": 2, "do_rescale": True,
+                 "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(IMAGENET_MEAN),
+                 "image_std": list(IMAGENET_STD), "do_pad": False}
+    write_text_atomically(directory / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
+
+
+def save_pretrained_rfdetr(model: RFDETR, directory: str | Path, *, category_map: CategoryMap | None = None,
+                           backbone_format: str | None = None) -> Path:
+    """Write ``model`` as ``RfDetrForObjectDetection.save_pretrained`` (``RfDetrForInstanceSegmentation``'s with a
+    mask head, ``LwDetrForObjectDetection``'s for LW-DETR) would: config.json, model.safetensors and preprocessor_config.json (``RfDetrImageProcessor`` at
+    the model's square size). ``backbone_format`` (the DETR writers' choice) is not read: RF-DETR has one
+    backbone."""
+    config = huggingface_rfdetr_config(model, category_map=category_map)
+    tensors = to_huggingface_state_dict(model)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
+    data = _safetensors_torch().save(tensors, metadata={"format": "pt"})
+    write_atomically(directory / "model.safetensors", lambda file: file.write(data))
+    write_preprocessor_config(directory, model.input_spec.size, lw=config["model_type"] == LW_MODEL_TYPE)
+    logger.info("wrote %s (%s, %d classes)", directory, config["model_type"], model.num_classes)
+    return directory

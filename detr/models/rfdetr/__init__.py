@@ -1,0 +1,1 @@
+"""RF-DETR and LW-DETR, for inference: docs/rfdetr.md."""

@@ -1,0 +1,36 @@
+"""RF-DETR from its :class:`detr.models.config.DetrConfig` (``architecture="rfdetr"``): the family's builder in
+:data:`detr.models.build.ARCHITECTURES`."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from detr.models.config import DetrConfig
+from detr.models.rfdetr.decoder import RFDETRDecoder
+from detr.models.rfdetr.lw_vit import LwDetrViT
+from detr.models.rfdetr.model import RFDETR
+from detr.models.rfdetr.projector import Projector
+from detr.models.rfdetr.segmentation import MaskHead
+from detr.models.rfdetr.vit import WindowedViT
+
+
+def build_rfdetr(config: DetrConfig) -> RFDETR:
+    """The windowed ViT of the ``vit_*`` options (DINOv2's, or LW-DETR's for ``backbone="lwdetr_vit"``), a C2f
+    projector per scale, the decoder and its heads, and the mask head when ``instance_masks``."""
+    sizes = (config.vit_hidden_dim, config.vit_num_layers, config.vit_num_heads, config.vit_mlp_ratio)
+    common = {"out_indices": config.vit_out_indices, "num_windows": config.vit_num_windows,
+              "patch_size": config.vit_patch_size, "position_size": config.vit_position_size}
+    backbone = (LwDetrViT(*sizes, window_blocks=config.vit_window_blocks or (), **common)
+                if config.backbone == "lwdetr_vit" else WindowedViT(*sizes, **common))
+    projector = nn.ModuleList(
+        Projector(backbone.out_channels, config.hidden_dim, expansion=config.projector_expansion,
+                  num_blocks=config.projector_blocks, scale=scale, norm=config.projector_norm)
+        for scale in config.projector_scales)
+    decoder = RFDETRDecoder(num_classes=config.num_classes, hidden_dim=config.hidden_dim,
+                            num_queries=config.num_queries, num_layers=config.num_decoder_layers,
+                            num_heads=config.num_heads, cross_attention_heads=config.cross_attention_heads,
+                            num_levels=config.num_feature_levels, num_points=config.num_points, dim_feedforward=config.dim_feedforward,
+                            dropout=config.dropout)
+    mask_head = (MaskHead(config.hidden_dim, config.num_decoder_layers, config.mask_dim_feedforward)
+                 if config.instance_masks else None)
+    return RFDETR(backbone, projector, decoder, mask_head, num_classes=config.num_classes, aux_loss=config.aux_loss)

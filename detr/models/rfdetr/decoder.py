@@ -1,0 +1,144 @@
+"""RF-DETR's (and LW-DETR's) two-stage query selection and decoder, at inference (one query group), as
+transformers' ``RfDetrModel`` computes them.
+
+Query selection (LW-DETR §3.2, Deformable DETR's two-stage): every cell of the projector's maps is a proposal box
+(its centre, side 0.05 · 2^level; within 1 % of the border: invalid, zeroed, never selected); ``enc_output`` (linear +
+LayerNorm) and the encoder heads score it and move it by a delta in the "lite" parameterisation (centre + d_xy ·
+size, size · exp(d_wh): no sigmoid, no logits); the ``num_queries`` best cells' boxes, detached, are moved once more
+by the learned ``reference_points`` (same parameterisation) into the decoder's reference boxes. The content queries
+are learned (``query_embed``), not the cells' features.
+
+Decoder: RT-DETR's post-norm layers (:class:`detr.models.rtdetr.decoder.DecoderLayer`: self-attention, the shared
+deformable cross-attention around the reference box, ReLU FFN), with separate self- and cross-attention head
+counts. The reference boxes are not refined between layers: each query's position (an MLP of the boxes' sine
+embedding) is computed once, and every layer's output (after the shared LayerNorm ``norm``) is read by the same
+class head and box head, whose delta moves the reference box.
+
+Group DETR's training groups (13 copies of the queries and the encoder heads) are not kept: inference reads the
+first only, so the reader keeps that one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from detr.models.config import PRIOR_BIAS
+from detr.models.deformable.attention import SpatialShapes
+from detr.models.mlp import MLP
+from detr.models.position_encoding import sine_embedding
+from detr.models.rtdetr.decoder import ANCHOR_MARGIN, ANCHOR_SIZE, DecoderLayer
+
+
+def refine_boxes(boxes: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+    """LW-DETR's box update: boxes [..., 4] cxcywh, deltas [..., 4] → centre + d_xy · size, size · exp(d_wh)."""
+    return torch.cat([deltas[..., :2] * boxes[..., 2:] + boxes[..., :2], deltas[..., 2:].exp() * boxes[..., 2:]], -1)
+
+
+def proposals_for(spatial_shapes: SpatialShapes, *, device: torch.device | None = None,
+                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every cell's proposal box of the levels → boxes [1, S, 4] (cxcywh, side 0.05 · 2^level, 0 where invalid),
+    valid bool [1, S, 1] (every coordinate within (0.01, 0.99))."""
+    levels = []
+    for level, (height, width) in enumerate(spatial_shapes):
+        rows, columns = torch.meshgrid(torch.arange(height, device=device).to(dtype),
+                                       torch.arange(width, device=device).to(dtype), indexing="ij")
+        centres = torch.stack([(columns + 0.5) / width, (rows + 0.5) / height], -1)
+        sizes = torch.full_like(centres, ANCHOR_SIZE * 2.0 ** level)
+        levels.append(torch.cat([centres, sizes], -1).reshape(1, height * width, 4))
+    boxes = torch.cat(levels, 1)
+    valid = ((boxes > ANCHOR_MARGIN) & (boxes < 1 - ANCHOR_MARGIN)).all(-1, keepdim=True)
+    return boxes.masked_fill(~valid, 0.0), valid
+
+
+@dataclass
+class DecoderOutput:
+    """hidden [L, B, Q, C]: every layer's output after the final LayerNorm; logits [L, B, Q, K], boxes [L, B, Q, 4]
+    (cxcywh in [0, 1] of the input); reference_boxes [B, Q, 4]; proposal_logits [B, Q, K], proposal_boxes [B, Q, 4]:
+    the selected encoder proposals; sampling: per layer (locations, weights) when asked for, else None."""
+
+    hidden: torch.Tensor
+    logits: torch.Tensor
+    boxes: torch.Tensor
+    reference_boxes: torch.Tensor
+    proposal_logits: torch.Tensor
+    proposal_boxes: torch.Tensor
+    sampling: list[tuple[torch.Tensor, torch.Tensor]] | None
+
+
+class RFDETRDecoder(nn.Module):
+    """The projector's maps (each [B, C, h_l, w_l]) → :class:`DecoderOutput`.
+
+    Args:
+        num_classes: sigmoid class logits. hidden_dim: C. num_queries: queries selected and decoded.
+        num_layers, num_heads, cross_attention_heads, num_levels, num_points, dim_feedforward, dropout: the decoder
+            layers'.
+    """
+
+    def __init__(self, *, num_classes: int, hidden_dim: int = 256, num_queries: int = 300, num_layers: int = 3,
+                 num_heads: int = 8, cross_attention_heads: int = 16, num_levels: int = 1, num_points: int = 4,
+                 dim_feedforward: int = 2048, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.num_queries, self.num_levels = num_queries, num_levels
+        self.layers = nn.ModuleList(
+            DecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout,
+                         cross_attention_heads=cross_attention_heads) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(hidden_dim)
+        self.ref_point_head = MLP(2 * hidden_dim, hidden_dim, hidden_dim, 2)
+        self.query_embed = nn.Embedding(num_queries, hidden_dim)
+        self.reference_points = nn.Embedding(num_queries, 4)
+        self.enc_output = nn.Linear(hidden_dim, hidden_dim)
+        self.enc_output_norm = nn.LayerNorm(hidden_dim)
+        self.enc_class_head = nn.Linear(hidden_dim, num_classes)
+        self.enc_box_head = MLP(hidden_dim, hidden_dim, 4, 3)
+        self.class_head = nn.Linear(hidden_dim, num_classes)
+        self.box_head = MLP(hidden_dim, hidden_dim, 4, 3)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The authors' start: class heads at the focal prior, box deltas and reference offsets at zero."""
+        for head in (self.class_head, self.enc_class_head):
+            nn.init.constant_(head.bias, PRIOR_BIAS)
+        for head in (self.box_head, self.enc_box_head):
+            nn.init.zeros_(head.layers[-1].weight)
+            nn.init.zeros_(head.layers[-1].bias)
+        nn.init.zeros_(self.reference_points.weight)
+
+    def select(self, memory: torch.Tensor, spatial_shapes: SpatialShapes
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """memory [B, S, C] → the selected proposals' boxes [B, Q, 4] (detached), their logits [B, Q, K], and the
+        selected cells' features [B, Q, C]."""
+        proposals, valid = proposals_for(spatial_shapes, device=memory.device, dtype=memory.dtype)
+        features = self.enc_output_norm(self.enc_output(memory.masked_fill(~valid, 0.0)))
+        scores = self.enc_class_head(features).masked_fill(~valid, float("-inf")).max(-1).values  # [B, S]
+        boxes = refine_boxes(proposals, self.enc_box_head(features))
+        index = scores.topk(self.num_queries, dim=1).indices[..., None]  # [B, Q, 1]
+        selected = features.gather(1, index.expand(-1, -1, features.shape[-1]))
+        return boxes.gather(1, index.expand(-1, -1, 4)).detach(), self.enc_class_head(selected), selected
+
+    def forward(self, features: list[torch.Tensor], return_sampling: bool = False) -> DecoderOutput:
+        batch, dim = features[0].shape[:2]
+        spatial_shapes = [(int(f.shape[-2]), int(f.shape[-1])) for f in features]
+        memory = torch.cat([f.flatten(2).transpose(1, 2) for f in features], 1)  # [B, S, C]
+        proposal_boxes, proposal_logits, _ = self.select(memory, spatial_shapes)
+        reference = refine_boxes(proposal_boxes, self.reference_points.weight[None])  # [B, Q, 4]
+        # the query position: the sine of (y, x, w, h), 2π-scaled, C / 2 channels each → MLP → C
+        angles = reference[..., [1, 0, 2, 3]] * (2 * math.pi)
+        query_pos = self.ref_point_head(sine_embedding(angles, dim // 2).flatten(-2))
+        target = self.query_embed.weight[None].expand(batch, -1, -1)
+        hidden, sampling = [], [] if return_sampling else None
+        for layer in self.layers:
+            levels = reference[:, :, None].expand(-1, -1, len(spatial_shapes), -1)  # one box for every level
+            target, points = layer(target, query_pos, levels, memory, spatial_shapes,
+                                   return_sampling=return_sampling)
+            hidden.append(self.norm(target))
+            if sampling is not None:
+                sampling.append(points)
+        stacked = torch.stack(hidden)  # [L, B, Q, C]
+        boxes = refine_boxes(reference[None], self.box_head(stacked))
+        return DecoderOutput(stacked, self.class_head(stacked), boxes, reference, proposal_logits, proposal_boxes,
+                             sampling)

@@ -1,0 +1,123 @@
+"""RF-DETR (Robinson et al., "RF-DETR: Neural Architecture Search for Real-Time Detection Transformers", 2025), on
+LW-DETR's design (Chen et al., "LW-DETR: A Transformer Replacement to YOLO for Real-Time Detection", 2024), for
+inference.
+
+Windowed DINOv2 ViT (:mod:`detr.models.rfdetr.vit`; LW-DETR's: :mod:`detr.models.rfdetr.lw_vit`) → C2f projectors, one
+map per scale (:mod:`detr.models.rfdetr.projector`) → two-stage query selection and a deformable decoder (:mod:`detr.models.rfdetr.decoder`) → sigmoid class logits and
+boxes per layer; with ``instance_masks``, per-query mask logits (:mod:`detr.models.rfdetr.segmentation`). The input
+contract is the family's: a fixed square resize (sides multiples of patch × windows, e.g. 560), ImageNet mean and
+std, no padding; post-processing keeps the top ``num_queries`` (query, class) pairs, as RT-DETR's.
+
+Parameters: ``backbone.*`` (the ViT), ``projector.*``, ``decoder.*`` and ``mask_head.*`` (names close to
+transformers', mapped by :mod:`detr.checkpoints.rfdetr`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from detr.models.config import ClassHead
+from detr.models.detector import Detector
+from detr.models.inputs import InputSpec
+from detr.models.outputs import DetectorOutput, LayerOutput, SamplingOutput, stack_layers
+from detr.models.rfdetr.decoder import RFDETRDecoder
+from detr.models.rfdetr.lw_vit import LwDetrViT
+from detr.models.rfdetr.segmentation import MaskHead
+from detr.models.rfdetr.vit import WindowedViT
+
+#: The evaluation size when a model records none: RF-DETR base's 560 × 560 (a multiple of 14 × 4).
+EVAL_SIZE = 560
+
+
+class RFDETR(Detector):
+    """RF-DETR: images [B, 3, H, W] (ImageNet-normalised; H and W multiples of patch × windows) →
+    :class:`DetectorOutput` (masks too with a ``mask_head``).
+
+    Args:
+        backbone: the :class:`WindowedViT` (RF-DETR) or :class:`LwDetrViT` (LW-DETR). projector: a :class:`Projector`
+            per feature level. decoder: the :class:`RFDETRDecoder`.
+        mask_head: the :class:`MaskHead`, or None for boxes only.
+        num_classes: sigmoid class logits (no "no object"). aux_loss: also return the earlier decoder layers.
+    """
+
+    class_head: ClassHead = "sigmoid"
+    attention_kind = "points"
+    exportable = False  # ONNX / torch.export of this family is not written yet (docs/rfdetr.md)
+
+    def __init__(self, backbone: WindowedViT | LwDetrViT, projector: nn.ModuleList, decoder: RFDETRDecoder,
+                 mask_head: MaskHead | None = None, *, num_classes: int, aux_loss: bool = True) -> None:
+        super().__init__()
+        self.num_classes, self.num_queries, self.aux_loss = num_classes, decoder.num_queries, aux_loss
+        self.backbone, self.projector, self.decoder, self.mask_head = backbone, projector, decoder, mask_head
+        self.predicts_masks = mask_head is not None
+
+    @property
+    def num_decoder_layers(self) -> int:
+        return len(self.decoder.layers)
+
+    @property
+    def stride(self) -> int:
+        """The finest level's stride: the patch size over its projector's scale."""
+        return round(self.backbone.patch_size / max(projector.scale for projector in self.projector))
+
+    @property
+    def min_image_size(self) -> int:
+        return self.backbone.multiple
+
+    @property
+    def input_spec(self) -> InputSpec:
+        """A ``meta.eval_size[0]``-pixel square (560 when unknown), ImageNet mean and std, pixels / 255 resized
+        bilinearly as floats: the contract of transformers' ``RfDetrImageProcessor`` at a square size (LW-DETR's
+        ``DeformableDetrImageProcessor`` resizes the uint8 image, antialiased, before rescaling)."""
+        size = self.meta.eval_size[0] if self.meta.eval_size is not None else EVAL_SIZE
+        lw = self.config is not None and self.config.backbone == "lwdetr_vit"
+        return InputSpec(resize="square", size=size, max_size=None,
+                         interpolation="antialiased" if lw else "float_bilinear")
+
+    @property
+    def detections_per_image(self) -> int:
+        """The top ``num_queries`` (query, class) pairs, as transformers' post-processing."""
+        return self.num_queries
+
+    def describe(self) -> str:
+        config = self.config
+        if config is None:
+            return ""
+        masks = ", instance masks" if self.mask_head is not None else ""
+        name = "LW-DETR" if config.backbone == "lwdetr_vit" else "RF-DETR"
+        return (f"{name}, windowed ViT {config.vit_hidden_dim} × {config.vit_num_layers} (patch "
+                f"{config.vit_patch_size}, {config.vit_num_windows}² windows), {self.num_decoder_layers} decoder "
+                f"layers, {config.hidden_dim} hidden, {config.num_classes} classes{masks}")
+
+    def slow_modules(self) -> list[nn.Module]:
+        return []
+
+    def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> RFDETR:
+        """Eval mode; nothing to fold (the projector's norms are LayerNorms)."""
+        return self.eval()
+
+    def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, return_attention: bool = False,
+                targets: list[dict[str, torch.Tensor]] | None = None) -> DetectorOutput:
+        """Raw predictions for a batch of same-size images (``padding_mask`` and ``targets`` are not read: the
+        family resizes every image to one square, and training is not implemented).
+
+        Returns a :class:`DetectorOutput`: logits [B, Q, num_classes] (sigmoid scores), boxes [B, Q, 4] normalised
+        cxcywh of the last decoder layer; aux (if aux_loss): the earlier layers; proposals: the selected encoder
+        proposals; masks (with a mask head): logits [B, Q, H / 4, W / 4]; with return_attention, sampling.
+        """
+        if images.dim() != 4:
+            raise ValueError(f"RF-DETR takes images [B, 3, H, W], got {tuple(images.shape)}")
+        stages = self.backbone(images)
+        features = [projector(stages) for projector in self.projector]
+        decoded = self.decoder(features, return_sampling=return_attention)
+        output = stack_layers(decoded.logits, decoded.boxes, self.aux_loss, self.class_head)
+        output.proposals = LayerOutput(decoded.proposal_logits, decoded.proposal_boxes)
+        if self.mask_head is not None:
+            output.masks = self.mask_head(features[0], decoded.hidden, images.shape[-2:])
+        if decoded.sampling is not None:
+            locations = torch.stack([locations for locations, _ in decoded.sampling])
+            output.sampling = SamplingOutput(
+                locations=locations, points=locations, weights=torch.stack([w for _, w in decoded.sampling]),
+                spatial_shapes=torch.tensor([f.shape[-2:] for f in features], dtype=torch.int64))
+        return output
