@@ -160,10 +160,12 @@ class RTDETR(Detector):
                                targets=targets if self.training else None)
         output = stack_layers(decoded.logits, decoded.boxes, self.aux_loss, self.class_head)
         output.proposals = LayerOutput(decoded.proposal_logits, decoded.proposal_boxes)
+        output.distributions = decoded.distributions
         if decoded.denoising_meta is not None:
             layers = stack_layers(decoded.denoising_logits, decoded.denoising_boxes, self.aux_loss)
             output.denoising = DenoisingOutput(layers.logits, layers.boxes, aux=layers.aux,
-                                               meta=decoded.denoising_meta)
+                                               meta=decoded.denoising_meta,
+                                               distributions=decoded.denoising_distributions)
         if decoded.sampling is not None:
             locations = torch.stack([locations for locations, _ in decoded.sampling])
             output.sampling = SamplingOutput(
