@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.loss.focal import sigmoid_focal_loss, varifocal_loss
+from detr.loss.focal import matchability_loss, sigmoid_focal_loss, varifocal_loss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.terms import Indices, Targets, box_losses, matched_box_iou, matched_labels, matched_query_index
 from detr.models.config import ClassHead
@@ -26,16 +26,19 @@ from detr.models.outputs import DetectorOutput, LayerOutput
 _PART_OUTPUTS = {"proposals": ("two-stage encoder proposals", "detr.loss.parts.ProposalLoss"),
                  "denoising": ("denoising predictions", "detr.loss.parts.DenoisingLoss"),
                  "dense": ("dense auxiliary predictions", "detr.loss.parts.DenseLoss"),
-                 "masks": ("masks", "detr.loss.masks.MaskLoss")}
+                 "masks": ("masks", "detr.loss.masks.MaskLoss"),
+                 "distributions": ("edge distributions", "detr.loss.distribution.DistributionLoss")}
 
 
 @dataclass
 class LossContext:
     """What the criterion hands its parts beside the outputs: itself (its matcher, class head and per-layer
-    terms: :meth:`SetCriterion.layer_losses`) and the Hungarian matches of the last decoder layer."""
+    terms: :meth:`SetCriterion.layer_losses`), the Hungarian matches of the last decoder layer (``indices``) and
+    of every layer, first to last (``layer_indices``, as :attr:`DetectorOutput.layers`)."""
 
     criterion: SetCriterion
     indices: Indices
+    layer_indices: list[Indices]
 
 
 class LossPart(nn.Module):
@@ -73,6 +76,9 @@ class SetCriterion(nn.Module):
         varifocal: with the sigmoid head, the varifocal loss (:func:`detr.loss.focal.varifocal_loss`: the
             target class scored by the IoU of the query's box with its target) instead of the focal loss, as
             RT-DETR trains (with focal_alpha 0.75); still named loss_ce, divided by num_boxes.
+        matchability: with the sigmoid head, DEIM's matchability-aware loss
+            (:func:`detr.loss.focal.matchability_loss`: the target class scored IoU^γ, γ ``matchability_gamma``
+            1.5) instead; still named loss_ce, divided by num_boxes.
         Group DETR: with a matcher built with ``group_size``, predictions of G query groups are matched
             group by group (see the matcher) and the box and focal terms are divided by G · num_boxes: the
             mean over groups of each group's loss (the softmax term is a mean over all queries already).
@@ -91,11 +97,14 @@ class SetCriterion(nn.Module):
                  loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
                  num_decoder_layers: int = 6, class_head: ClassHead = "softmax",
                  focal_alpha: float = 0.25, focal_gamma: float = 2.0, varifocal: bool = False,
-                 parts: Sequence[LossPart] = ()) -> None:
+                 matchability: bool = False, matchability_gamma: float = 1.5, parts: Sequence[LossPart] = ()) -> None:
         super().__init__()
-        if varifocal and class_head != "sigmoid":
-            raise ValueError("SetCriterion(varifocal=True) scores sigmoid logits: build it with class_head='sigmoid'")
-        self.varifocal = varifocal
+        for name, value in (("varifocal", varifocal), ("matchability", matchability)):
+            if value and class_head != "sigmoid":
+                raise ValueError(f"SetCriterion({name}=True) scores sigmoid logits: build it with class_head='sigmoid'")
+        if varifocal and matchability:
+            raise ValueError("SetCriterion: varifocal and matchability are two class losses; choose one")
+        self.varifocal, self.matchability, self.matchability_gamma = varifocal, matchability, matchability_gamma
         self.num_classes = num_classes
         self.matcher = matcher if matcher is not None else HungarianMatcher(class_head=class_head)
         if self.matcher.class_head != class_head:
@@ -130,9 +139,12 @@ class SetCriterion(nn.Module):
         if self.class_head == "sigmoid":
             onehot = torch.zeros_like(logits)  # unmatched queries: every class negative
             onehot[batch_index, query_index, labels] = 1.0
-            if self.varifocal:
+            if self.varifocal or self.matchability:
                 scores = torch.zeros_like(logits)  # the target class at the box's IoU with its target
                 scores[batch_index, query_index, labels] = matched_box_iou(outputs.boxes, targets, indices).to(logits)
+            if self.matchability:
+                loss_ce = matchability_loss(logits, onehot, scores, num_boxes, gamma=self.matchability_gamma)
+            elif self.varifocal:
                 loss_ce = varifocal_loss(logits, onehot, scores, num_boxes, alpha=self.focal_alpha,
                                          gamma=self.focal_gamma)
             else:
@@ -199,11 +211,13 @@ class SetCriterion(nn.Module):
             num_boxes = float(sum(len(t["labels"]) for t in targets))
         num_boxes = torch.as_tensor(num_boxes, dtype=torch.float32, device=outputs.logits.device).clamp(min=1)
         losses, indices = self.matched_layer_losses(outputs, targets, num_boxes)
+        layer_indices = []
         for layer, aux in enumerate(outputs.aux):
-            aux_losses = self.layer_losses(aux, targets, num_boxes)
+            aux_losses, aux_indices = self.matched_layer_losses(aux, targets, num_boxes)
             aux_losses.pop("class_error")  # logged for the last layer only, as the authors do
             losses.update({f"{name}_{layer}": value for name, value in aux_losses.items()})
-        context = LossContext(self, indices)
+            layer_indices.append(aux_indices)
+        context = LossContext(self, indices, [*layer_indices, indices])
         for part in self.parts:
             losses.update(part(outputs, targets, num_boxes, context))
         return losses
