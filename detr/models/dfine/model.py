@@ -13,6 +13,8 @@ State-dict keys are the authors' (Peterande/D-FINE): ``backbone.*`` (``HGNetv2``
 
 from __future__ import annotations
 
+import torch
+
 from detr.models.dfine.decoder import DFineDecoder
 from detr.models.dfine.hgnetv2 import HGNetV2
 from detr.models.rtdetr.hybrid_encoder import HybridEncoder
@@ -42,6 +44,16 @@ class DFINE(RTDETR):
     def stride(self) -> int:
         """The finest level's stride: 8 with three levels, 16 with two (D-FINE N)."""
         return _COARSEST_STRIDE // 2 ** (self.decoder.num_levels - 1)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """None: HGNetV2 runs in the model's dtype (it has no bfloat16 autocast path yet)."""
+        return None
+
+    def use_autocast(self, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        if dtype is not None:
+            raise ValueError("backbone_bf16: D-FINE's HGNetV2 has no bfloat16 autocast path yet; set "
+                             "--model.backbone_bf16 false (or train with --trainer.precision bf16-mixed)")
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DFINE:
         """:meth:`RTDETR.optimize_for_inference`, with HGNetV2's BatchNorms folded too."""
