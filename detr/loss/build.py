@@ -21,7 +21,7 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
                     focal_alpha: float = 0.25, focal_gamma: float = 2.0, masks: bool = False,
                     loss_mask: float = 1.0, loss_dice: float = 1.0, training_only_parts: bool = True,
                     varifocal_alpha: float = 0.75, loss_fgl: float = 0.15, loss_ddf: float = 1.5,
-                    matchability: bool = False) -> SetCriterion:
+                    matchability: bool = False, matching_union: bool | None = None) -> SetCriterion:
     """The criterion for a model built from ``config``.
 
     The sigmoid head is trained with the focal loss and matched with the focal cost (Deformable DETR); the
@@ -40,7 +40,8 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
 
     D-FINE (``"dfine"``) is trained as RT-DETR, plus the losses of its edge distributions
     (:class:`~detr.loss.distribution.DistributionLoss`: FGL weighted ``loss_fgl``, DDF ``loss_ddf``, the first
-    layer's plain head). ``matchability``: DEIM's matchability-aware class loss in place of the varifocal loss
+    layer's plain head), with GO-LSD's union of every layer's matches for the localisation terms
+    (``matching_union``; None: on for D-FINE, as the authors train it, off otherwise). ``matchability``: DEIM's matchability-aware class loss in place of the varifocal loss
     (an RT-DETR or D-FINE model).
     """
     rtdetr = config.architecture in ("rtdetr", "dfine")
@@ -67,4 +68,5 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     loss_focal = {**focal, "focal_alpha": varifocal_alpha} if rtdetr else focal
     return SetCriterion(config.num_classes, matcher, eos_coef=eos_coef, **weights, num_decoder_layers=layers,
                         class_head=config.class_head, **loss_focal, varifocal=rtdetr and not matchability,
-                        matchability=matchability, parts=parts)
+                        matchability=matchability, parts=parts,
+                        matching_union=config.architecture == "dfine" if matching_union is None else matching_union)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from detr.box_ops import cxcywh_to_xyxy, elementwise_box_iou
-from detr.loss.criterion import LossContext, LossPart
+from detr.loss.criterion import LossContext, LossPart, SetCriterion
 from detr.loss.parts import denoising_indices
 from detr.loss.terms import Indices, Targets, matched_boxes, matched_query_index
 from detr.models.outputs import DetectorOutput, DistributionOutput, LayerOutput
@@ -104,8 +104,9 @@ def distillation_loss(corners: torch.Tensor, teacher_corners: torch.Tensor, teac
 class DistributionLoss(LossPart):
     """loss_fgl (the last layer), loss_fgl_i and loss_ddf_i (earlier layer i), loss_{ce,bbox,giou}_pre (the first
     layer's plain head), and the same of the denoising queries (``_dn``, ``_dn_i``, ``_dn_pre``) on their fixed
-    pairs. Each layer's FGL and DDF use its own Hungarian matches (:class:`LossContext`); the box count divides
-    FGL (× denoising groups for the denoising queries).
+    pairs. Each layer's FGL and DDF use its own Hungarian matches (:class:`LossContext`), or GO-LSD's union of
+    every layer's where the criterion makes one (``matching_union``, then divided by the union's pair count); the
+    box count divides FGL (× denoising groups for the denoising queries).
 
     Args:
         num_decoder_layers: the criterion's layer count. loss_fgl, loss_ddf: the weights (0.15, 1.5: the authors').
@@ -127,6 +128,12 @@ class DistributionLoss(LossPart):
             self.weight_dict.update({f"loss_ddf{prefix}{suffix}": loss_ddf for suffix in earlier})
             self.weight_dict.update({f"{name}{prefix}_pre": weight for name, weight in pre.items()})
 
+    def match(self, outputs: DetectorOutput, targets: Targets, criterion: SetCriterion) -> list[Indices]:
+        """The first layer's plain-head matches (they join GO-LSD's union, as the authors' ``pre_outputs``)."""
+        if outputs.distributions is None:
+            return []
+        return [criterion.matcher(outputs.distributions.pre, targets)]
+
     def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: torch.Tensor,
                 context: LossContext | None = None) -> dict[str, torch.Tensor]:
         """outputs: the model's output (``distributions``, and ``denoising.distributions`` where denoising);
@@ -137,8 +144,16 @@ class DistributionLoss(LossPart):
         if context is None:
             raise ValueError("DistributionLoss reads its criterion's matches: call it through SetCriterion")
         layers = outputs.layers
-        balance = self._layers(losses, "", outputs.distributions, layers, context.layer_indices, targets, num_boxes)
-        pre = context.criterion.layer_losses(outputs.distributions.pre, targets, num_boxes)
+        if context.union is not None:  # GO-LSD: every layer's localisation on the union of the matches
+            union, union_num_boxes = context.union
+            balance = self._layers(losses, "", outputs.distributions, layers, [union] * len(layers), targets,
+                                   union_num_boxes)
+        else:
+            balance = self._layers(losses, "", outputs.distributions, layers, context.layer_indices, targets,
+                                   num_boxes)
+        (pre_indices,) = context.part_indices.get(self.output_field) or self.match(outputs, targets, context.criterion)
+        pre = context.criterion.assigned_losses(outputs.distributions.pre, targets, pre_indices, num_boxes,
+                                                boxes_on=context.union)
         losses.update({f"{name}_pre": pre[name] for name in ("loss_ce", "loss_bbox", "loss_giou")})
         denoising = outputs.denoising
         if denoising is not None and denoising.distributions is not None:

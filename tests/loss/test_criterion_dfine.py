@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from detr.loss.build import build_criterion
-from detr.loss.distribution import edge_targets
+from detr.loss.criterion import matching_union
+from detr.loss.distribution import edge_targets, localization_loss
 from detr.loss.focal import matchability_loss
+from detr.loss.terms import box_losses
 from detr.models.config import DetrConfig
 from detr.models.dfine.decoder import weighting_function
 from detr.models.outputs import DenoisingMeta, DenoisingOutput, DetectorOutput, DistributionOutput, LayerOutput
@@ -88,7 +90,7 @@ def test_dfine_loss_is_transformers():
     targets = _targets()
     meta = DenoisingMeta(num_groups=4, group_size=2 * 3)
     outputs = _outputs(meta, len(targets))
-    criterion = build_criterion(CONFIG, **RECIPE)
+    criterion = build_criterion(CONFIG, **RECIPE, matching_union=False)  # transformers matches layer by layer
     ours = criterion(outputs, targets)
     theirs = {_our_name(name): value for name, value in _theirs(outputs, targets).items()}
 
@@ -102,6 +104,44 @@ def test_dfine_loss_is_transformers():
     assert max(differences.values()) <= 1e-5, differences
     assert all(ours[name] > 0 for name in theirs if "fgl" in name or "ddf" in name)
     assert all(torch.isfinite(ours[name]) and ours[name] > 0 for name in extra)
+
+
+def test_matching_union_keeps_each_querys_most_frequent_target():
+    def pairs(queries: list[int], targets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(queries, dtype=torch.int64), torch.tensor(targets, dtype=torch.int64)
+
+    # image 0: query 4 goes to target 0 twice and to target 1 once; image 1 has no targets
+    layers = [[pairs([4, 2], [0, 1]), pairs([], [])], [pairs([4, 7], [0, 1]), pairs([], [])],
+              [pairs([4, 2], [1, 0]), pairs([], [])]]
+    (queries, targets), (empty_queries, _) = matching_union(layers)
+    assert dict(zip(queries.tolist(), targets.tolist()))[4] == 0
+    assert sorted(queries.tolist()) == [2, 4, 7] and len(empty_queries) == 0
+
+
+def test_go_lsd_scores_every_layers_boxes_on_the_union():
+    """With the union, the box and localisation terms of every layer (and of the plain head and the proposals)
+    are computed on the union's pairs and divided by its size; the class terms keep each layer's matches."""
+    targets = _targets()
+    outputs = _outputs(DenoisingMeta(num_groups=4, group_size=6), len(targets))
+    criterion = build_criterion(CONFIG, **RECIPE)
+    assert criterion.matching_union  # the authors' D-FINE
+    ours = criterion(outputs, targets)
+    separate = build_criterion(CONFIG, **RECIPE, matching_union=False)(outputs, targets)
+    matcher = criterion.matcher
+    union = matching_union([matcher(layer, targets) for layer in [outputs, *outputs.aux]]
+                           + [matcher(outputs.distributions.pre, targets), matcher(outputs.proposals, targets)])
+    count = sum(len(query) for query, _ in union)
+    assert count > sum(len(t["labels"]) for t in targets)  # the layers disagree: the union is larger
+    for name, layer in (("", outputs), ("_0", outputs.aux[0]), ("_pre", outputs.distributions.pre),
+                        ("_enc", outputs.proposals)):
+        expected = box_losses(layer.boxes, targets, union, count)
+        assert ours[f"loss_bbox{name}"].item() == pytest.approx(expected["loss_bbox"].item(), rel=1e-6)
+        assert ours[f"loss_giou{name}"].item() == pytest.approx(expected["loss_giou"].item(), rel=1e-6)
+        assert ours[f"loss_ce{name}"] == separate[f"loss_ce{name}"]
+    fgl, _ = localization_loss(outputs.distributions.corners[0], outputs.aux[0].boxes, outputs.distributions,
+                               targets, union, count)
+    assert ours["loss_fgl_0"].item() == pytest.approx(fgl.item(), rel=1e-6)
+    assert ours["loss_fgl_dn"] == separate["loss_fgl_dn"]  # the denoising queries keep their fixed pairs
 
 
 def test_edge_targets_put_the_distance_between_two_bins():
