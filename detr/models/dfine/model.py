@@ -1,5 +1,6 @@
 """D-FINE (Peng et al., "D-FINE: Redefine Regression Task of DETRs as Fine-grained Distribution Refinement",
-ICLR 2025), for inference.
+ICLR 2025). In training, the outputs also hold the edge distributions its losses read
+(:attr:`DetectorOutput.distributions`, :mod:`detr.loss.distribution`) and its denoising queries' (RT-DETR's).
 
 The detector is RT-DETR's (:class:`detr.models.rtdetr.model.RTDETR`: backbone → hybrid encoder → decoder, the
 same input contract and top-k post-processing) with D-FINE's three parts: the HGNetV2 backbone

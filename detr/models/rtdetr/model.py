@@ -150,7 +150,8 @@ class RTDETR(Detector):
         Returns a :class:`DetectorOutput`: logits [B, Q, num_classes] (sigmoid scores), boxes [B, Q, 4]
         normalised cxcywh, of the last decoder layer run; aux (if aux_loss): the earlier layers; proposals: the
         selected encoder proposals; denoising (training with targets): the denoising queries' predictions, every
-        layer's; with return_attention, sampling: where each query's cross-attention looked.
+        layer's; distributions (training, a decoder that refines boxes as distributions: D-FINE): what its losses
+        read; with return_attention, sampling: where each query's cross-attention looked.
         """
         if images.dim() != 4 or images.shape[-2] % _COARSEST_STRIDE or images.shape[-1] % _COARSEST_STRIDE:
             raise ValueError(f"RT-DETR takes images [B, 3, H, W] with H and W multiples of {_COARSEST_STRIDE} (its "
