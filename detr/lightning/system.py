@@ -76,6 +76,10 @@ class DetrSystem(L.LightningModule):
         eos_coef: cross-entropy weight of the no-object class (paper: 0.1; softmax head only).
         focal_alpha: α of the focal loss and the focal matching cost of the sigmoid head (0.25).
         focal_gamma: γ of the focal loss and the focal matching cost of the sigmoid head (2).
+        loss_fgl: weight of D-FINE's fine-grained localisation loss, every layer's (authors: 0.15; D-FINE only).
+        loss_ddf: weight of D-FINE's decoupled distillation focal loss, every earlier layer's (authors: 1.5).
+        matchability: DEIM's matchability-aware class loss (γ 1.5) in place of RT-DETR's and D-FINE's varifocal
+            loss (still logged as loss_ce).
         lr: AdamW learning rate outside the backbone (paper: 1e-4; Deformable DETR's sampling offsets and
             reference points train at a tenth of it).
         lr_backbone: AdamW learning rate of the backbone's trainable stages (paper: 1e-5).
@@ -133,6 +137,9 @@ class DetrSystem(L.LightningModule):
         eos_coef: float = 0.1,
         focal_alpha: float = 0.25,
         focal_gamma: float = 2.0,
+        loss_fgl: float = 0.15,
+        loss_ddf: float = 1.5,
+        matchability: bool = False,
         # --- optimisation ---
         lr: float = 1e-4,
         lr_backbone: float = 1e-5,
@@ -185,11 +192,11 @@ class DetrSystem(L.LightningModule):
         if init_checkpoint:
             self.load_initial_weights(init_checkpoint)
 
-    def loss_settings(self) -> dict[str, float]:
+    def loss_settings(self) -> dict[str, float | bool]:
         """The matching costs, loss weights and focal parameters this system was built with
         (:func:`detr.loss.build.build_criterion`'s arguments)."""
         names = ("cost_class", "cost_bbox", "cost_giou", "loss_ce", "loss_bbox", "loss_giou", "eos_coef",
-                 "focal_alpha", "focal_gamma")
+                 "focal_alpha", "focal_gamma", "loss_fgl", "loss_ddf", "matchability")
         return {name: self.hparams[name] for name in names}
 
     # ------------------------------------------------------------------ weights

@@ -9,6 +9,7 @@ recipe), masks (a panoptic model).
 from __future__ import annotations
 
 from detr.loss.criterion import SetCriterion
+from detr.loss.distribution import DistributionLoss
 from detr.loss.masks import MaskLoss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart, ProposalLoss
@@ -19,7 +20,8 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
                     loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0, eos_coef: float = 0.1,
                     focal_alpha: float = 0.25, focal_gamma: float = 2.0, masks: bool = False,
                     loss_mask: float = 1.0, loss_dice: float = 1.0, training_only_parts: bool = True,
-                    varifocal_alpha: float = 0.75) -> SetCriterion:
+                    varifocal_alpha: float = 0.75, loss_fgl: float = 0.15, loss_ddf: float = 1.5,
+                    matchability: bool = False, matching_union: bool | None = None) -> SetCriterion:
     """The criterion for a model built from ``config``.
 
     The sigmoid head is trained with the focal loss and matched with the focal cost (Deformable DETR); the
@@ -35,8 +37,17 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     selected encoder proposals scored as one more decoder layer (matched with their classes, loss_*_enc) and
     its contrastive denoising groups scored with the same terms (loss_*_dn). The recipe's costs and weights
     (class cost 2, VFL 1, L1 5, GIoU 2) are the caller's (configs/rtdetr_*.yaml).
+
+    D-FINE (``"dfine"``) is trained as RT-DETR, plus the losses of its edge distributions
+    (:class:`~detr.loss.distribution.DistributionLoss`: FGL weighted ``loss_fgl``, DDF ``loss_ddf``, the first
+    layer's plain head), with GO-LSD's union of every layer's matches for the localisation terms
+    (``matching_union``; None: on for D-FINE, as the authors train it, off otherwise). ``matchability``: DEIM's matchability-aware class loss in place of the varifocal loss
+    (an RT-DETR or D-FINE model).
     """
-    rtdetr = config.architecture == "rtdetr"
+    rtdetr = config.architecture in ("rtdetr", "dfine")
+    if matchability and not rtdetr:
+        raise ValueError("matchability=True (DEIM's class loss) replaces the varifocal loss of RT-DETR and D-FINE: "
+                         f"architecture={config.architecture!r} has none; set matchability false")
     weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
     focal = {"focal_alpha": focal_alpha, "focal_gamma": focal_gamma}
     layers = config.num_decoder_layers if config.aux_loss else 1
@@ -45,6 +56,8 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
         parts.append(ProposalLoss(**weights, class_agnostic=not rtdetr))
     if config.denoising and training_only_parts:
         parts.append(DenoisingLoss(layers, class_head=config.class_head, **focal, **weights, contrastive=rtdetr))
+    if config.architecture == "dfine" and training_only_parts:
+        parts.append(DistributionLoss(layers, loss_fgl=loss_fgl, loss_ddf=loss_ddf, **weights))
     if config.dense_aux_head and training_only_parts:
         parts.append(DenseLoss(**focal, **weights))
     if masks:
@@ -54,4 +67,6 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
                                group_size=config.num_queries if config.query_groups > 1 else None)
     loss_focal = {**focal, "focal_alpha": varifocal_alpha} if rtdetr else focal
     return SetCriterion(config.num_classes, matcher, eos_coef=eos_coef, **weights, num_decoder_layers=layers,
-                        class_head=config.class_head, **loss_focal, varifocal=rtdetr, parts=parts)
+                        class_head=config.class_head, **loss_focal, varifocal=rtdetr and not matchability,
+                        matchability=matchability, parts=parts,
+                        matching_union=config.architecture == "dfine" if matching_union is None else matching_union)

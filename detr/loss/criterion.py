@@ -9,13 +9,13 @@ term (two-stage proposals, denoising queries, the dense head, masks) is a part i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.loss.focal import sigmoid_focal_loss, varifocal_loss
+from detr.loss.focal import matchability_loss, sigmoid_focal_loss, varifocal_loss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.terms import Indices, Targets, box_losses, matched_box_iou, matched_labels, matched_query_index
 from detr.models.config import ClassHead
@@ -26,16 +26,23 @@ from detr.models.outputs import DetectorOutput, LayerOutput
 _PART_OUTPUTS = {"proposals": ("two-stage encoder proposals", "detr.loss.parts.ProposalLoss"),
                  "denoising": ("denoising predictions", "detr.loss.parts.DenoisingLoss"),
                  "dense": ("dense auxiliary predictions", "detr.loss.parts.DenseLoss"),
-                 "masks": ("masks", "detr.loss.masks.MaskLoss")}
+                 "masks": ("masks", "detr.loss.masks.MaskLoss"),
+                 "distributions": ("edge distributions", "detr.loss.distribution.DistributionLoss")}
 
 
 @dataclass
 class LossContext:
     """What the criterion hands its parts beside the outputs: itself (its matcher, class head and per-layer
-    terms: :meth:`SetCriterion.layer_losses`) and the Hungarian matches of the last decoder layer."""
+    terms: :meth:`SetCriterion.layer_losses`), the Hungarian matches of the last decoder layer (``indices``) and
+    of every layer, first to last (``layer_indices``, as :attr:`DetectorOutput.layers`), each part's own
+    matches (``part_indices``: what :meth:`LossPart.match` returned, by output field) and, for a criterion built
+    with ``matching_union``, the union of all of them and its pair count (``union``; None otherwise)."""
 
     criterion: SetCriterion
     indices: Indices
+    layer_indices: list[Indices]
+    part_indices: dict[str, list[Indices]] = field(default_factory=dict)
+    union: tuple[Indices, torch.Tensor] | None = None
 
 
 class LossPart(nn.Module):
@@ -49,6 +56,11 @@ class LossPart(nn.Module):
 
     output_field: str
     weight_dict: dict[str, float]
+
+    def match(self, outputs: DetectorOutput, targets: Targets, criterion: SetCriterion) -> list[Indices]:
+        """The Hungarian matches of this part's predictions that join a criterion's ``matching_union`` (none
+        unless a part says so); handed back in :attr:`LossContext.part_indices`."""
+        return []
 
     def zeros(self, outputs: DetectorOutput) -> dict[str, torch.Tensor]:
         """Every term at zero: what a part returns when the outputs lack its field."""
@@ -73,6 +85,14 @@ class SetCriterion(nn.Module):
         varifocal: with the sigmoid head, the varifocal loss (:func:`detr.loss.focal.varifocal_loss`: the
             target class scored by the IoU of the query's box with its target) instead of the focal loss, as
             RT-DETR trains (with focal_alpha 0.75); still named loss_ce, divided by num_boxes.
+        matchability: with the sigmoid head, DEIM's matchability-aware loss
+            (:func:`detr.loss.focal.matchability_loss`: the target class scored IoU^γ, γ ``matchability_gamma``
+            1.5) instead; still named loss_ce, divided by num_boxes.
+        matching_union: D-FINE's GO-LSD (§3.3, the authors' ``use_uni_set``): the box terms (and the parts'
+            localisation terms) of every layer are computed on the union of every layer's matches (the decoder
+            layers' and those the parts add: the first layer's plain head, the encoder proposals), each query
+            keeping the target it was matched to most often, and divided by the union's pair count (this
+            process's: the authors average it across processes); the class terms keep each layer's own matches.
         Group DETR: with a matcher built with ``group_size``, predictions of G query groups are matched
             group by group (see the matcher) and the box and focal terms are divided by G · num_boxes: the
             mean over groups of each group's loss (the softmax term is a mean over all queries already).
@@ -91,11 +111,16 @@ class SetCriterion(nn.Module):
                  loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
                  num_decoder_layers: int = 6, class_head: ClassHead = "softmax",
                  focal_alpha: float = 0.25, focal_gamma: float = 2.0, varifocal: bool = False,
+                 matchability: bool = False, matchability_gamma: float = 1.5, matching_union: bool = False,
                  parts: Sequence[LossPart] = ()) -> None:
         super().__init__()
-        if varifocal and class_head != "sigmoid":
-            raise ValueError("SetCriterion(varifocal=True) scores sigmoid logits: build it with class_head='sigmoid'")
-        self.varifocal = varifocal
+        for name, value in (("varifocal", varifocal), ("matchability", matchability)):
+            if value and class_head != "sigmoid":
+                raise ValueError(f"SetCriterion({name}=True) scores sigmoid logits: build it with class_head='sigmoid'")
+        if varifocal and matchability:
+            raise ValueError("SetCriterion: varifocal and matchability are two class losses; choose one")
+        self.varifocal, self.matchability, self.matchability_gamma = varifocal, matchability, matchability_gamma
+        self.matching_union = matching_union
         self.num_classes = num_classes
         self.matcher = matcher if matcher is not None else HungarianMatcher(class_head=class_head)
         if self.matcher.class_head != class_head:
@@ -130,9 +155,12 @@ class SetCriterion(nn.Module):
         if self.class_head == "sigmoid":
             onehot = torch.zeros_like(logits)  # unmatched queries: every class negative
             onehot[batch_index, query_index, labels] = 1.0
-            if self.varifocal:
+            if self.varifocal or self.matchability:
                 scores = torch.zeros_like(logits)  # the target class at the box's IoU with its target
                 scores[batch_index, query_index, labels] = matched_box_iou(outputs.boxes, targets, indices).to(logits)
+            if self.matchability:
+                loss_ce = matchability_loss(logits, onehot, scores, num_boxes, gamma=self.matchability_gamma)
+            elif self.varifocal:
                 loss_ce = varifocal_loss(logits, onehot, scores, num_boxes, alpha=self.focal_alpha,
                                          gamma=self.focal_gamma)
             else:
@@ -176,12 +204,14 @@ class SetCriterion(nn.Module):
         return self.assigned_losses(outputs, targets, indices, num_boxes), indices
 
     def assigned_losses(self, outputs: LayerOutput, targets: Targets, indices: Indices,
-                        num_boxes: float | torch.Tensor) -> dict[str, torch.Tensor]:
+                        num_boxes: float | torch.Tensor, boxes_on: tuple[Indices, torch.Tensor] | None = None
+                        ) -> dict[str, torch.Tensor]:
         """Every loss term for one layer's predictions on given (query, target) pairs (the matcher's, or a
-        part's fixed assignment): the class term over all queries (the unpaired ones as background)."""
+        part's fixed assignment): the class term over all queries (the unpaired ones as background).
+        ``boxes_on``: other pairs and their count for the box terms (GO-LSD's union)."""
         losses = self.loss_labels(outputs, targets, indices, num_boxes)
         losses.update(self.loss_cardinality(outputs, targets))
-        losses.update(self.loss_boxes(outputs, targets, indices, num_boxes))
+        losses.update(self.loss_boxes(outputs, targets, *(boxes_on or (indices, num_boxes))))
         return losses
 
     def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: float | torch.Tensor | None = None
@@ -198,12 +228,47 @@ class SetCriterion(nn.Module):
         if num_boxes is None:
             num_boxes = float(sum(len(t["labels"]) for t in targets))
         num_boxes = torch.as_tensor(num_boxes, dtype=torch.float32, device=outputs.logits.device).clamp(min=1)
-        losses, indices = self.matched_layer_losses(outputs, targets, num_boxes)
-        for layer, aux in enumerate(outputs.aux):
-            aux_losses = self.layer_losses(aux, targets, num_boxes)
-            aux_losses.pop("class_error")  # logged for the last layer only, as the authors do
-            losses.update({f"{name}_{layer}": value for name, value in aux_losses.items()})
-        context = LossContext(self, indices)
+        layers = outputs.layers
+        layer_indices = [self.matcher(layer, targets) for layer in layers]
+        part_indices = {part.output_field: part.match(outputs, targets, self) for part in self.parts}
+        union = None
+        if self.matching_union:
+            pairs = matching_union([layer_indices[-1], *layer_indices[:-1],
+                                    *(indices for matches in part_indices.values() for indices in matches)])
+            count = torch.as_tensor(float(sum(len(query) for query, _ in pairs)), device=num_boxes.device)
+            union = (pairs, count.clamp(min=1))
+        layer_num_boxes = num_boxes * self.matcher.num_groups(outputs.logits.shape[1])
+        losses: dict[str, torch.Tensor] = {}
+        for layer, (output, indices) in enumerate(zip(layers, layer_indices)):
+            terms = self.assigned_losses(output, targets, indices, layer_num_boxes, boxes_on=union)
+            if layer == len(layers) - 1:
+                losses.update(terms)
+            else:
+                terms.pop("class_error")  # logged for the last layer only, as the authors do
+                losses.update({f"{name}_{layer}": value for name, value in terms.items()})
+        context = LossContext(self, layer_indices[-1], layer_indices, part_indices, union)
         for part in self.parts:
             losses.update(part(outputs, targets, num_boxes, context))
         return losses
+
+
+def matching_union(matches: Sequence[Indices]) -> Indices:
+    """GO-LSD's union of several layers' matches (D-FINE §3.3; the authors' ``_get_go_indices``): per image, every
+    (query, target) pair any layer made, each query keeping the target it was paired with most often.
+
+    Args: matches: per layer, per image (query indices, target indices) int64. Returns per image (query indices,
+    target indices) int64, queries unique.
+    """
+    result = []
+    for image in zip(*matches):
+        pairs = torch.cat([torch.stack([query, target], 1) for query, target in image])  # [P, 2]
+        if len(pairs) == 0:
+            result.append((pairs.new_zeros(0), pairs.new_zeros(0)))
+            continue
+        unique, counts = torch.unique(pairs, return_counts=True, dim=0)
+        chosen: dict[int, int] = {}
+        for query, target in unique[torch.argsort(counts, descending=True)].tolist():
+            chosen.setdefault(query, target)  # the most frequent pair of each query comes first
+        result.append((torch.tensor(list(chosen), dtype=torch.int64, device=pairs.device),
+                       torch.tensor(list(chosen.values()), dtype=torch.int64, device=pairs.device)))
+    return result

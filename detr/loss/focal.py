@@ -83,3 +83,28 @@ def varifocal_loss(logits: torch.Tensor, onehot: torch.Tensor, scores: torch.Ten
     weight = alpha * logits.detach().sigmoid().pow(gamma) * (1 - onehot) + scores
     loss = F.binary_cross_entropy_with_logits(logits, scores, weight=weight, reduction="sum")
     return loss / num_boxes
+
+
+def matchability_loss(logits: torch.Tensor, onehot: torch.Tensor, scores: torch.Tensor,
+                      num_boxes: float | torch.Tensor, *, gamma: float = 1.5) -> torch.Tensor:
+    """Matchability-aware loss (Huang et al., "DEIM: DETR with Improved Matching for Fast Convergence", CVPR 2025,
+    §3.3; their ``loss_labels_mal``): binary cross-entropy towards IoU^γ at the matched queries' target class,
+    summed over every element and divided by ``num_boxes``.
+
+    Per element, with p = sigmoid(logit) (detached in the weight): the target is ``scores^γ`` and the weight
+    ``p^γ (1 - onehot) + onehot``: negatives are down-weighted as the varifocal loss's (without α), positives all
+    weigh 1 whatever their IoU, so a low-IoU match still learns a low score (the varifocal loss barely trains it).
+
+    Args:
+        logits: float [..., num_classes] raw scores.
+        onehot: float, same shape: 1 at each matched query's target class.
+        scores: float, same shape: the IoU of each matched query's box with its target at its class (0 elsewhere),
+            detached.
+        num_boxes: the batch's target count (already reduced across processes by the caller), ≥ 1.
+        gamma: 1.5 in DEIM.
+
+    Returns a float scalar.
+    """
+    weight = logits.detach().sigmoid().pow(gamma) * (1 - onehot) + onehot
+    loss = F.binary_cross_entropy_with_logits(logits, scores.pow(gamma), weight=weight, reduction="sum")
+    return loss / num_boxes

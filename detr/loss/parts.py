@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from detr.box_ops import cxcywh_to_xyxy
-from detr.loss.criterion import LossContext, LossPart
+from detr.loss.criterion import LossContext, LossPart, SetCriterion
 from detr.loss.focal import sigmoid_focal_loss
-from detr.loss.terms import Targets, box_losses, matched_labels, matched_query_index
+from detr.loss.terms import Indices, Targets, box_losses, matched_labels, matched_query_index
 from detr.models.anchor.denoising import DenoisingMeta
 from detr.models.config import ClassHead
 from detr.models.outputs import DetectorOutput
@@ -44,15 +44,30 @@ class ProposalLoss(LossPart):
         base = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
         self.weight_dict = {f"{name}_enc": weight for name, weight in base.items()}
 
+    def _targets(self, targets: Targets) -> Targets:
+        if self.class_agnostic:
+            return [{**target, "labels": torch.zeros_like(target["labels"])} for target in targets]
+        return targets
+
+    def match(self, outputs: DetectorOutput, targets: Targets, criterion: SetCriterion) -> list[Indices]:
+        """The proposals' matches (they join GO-LSD's union, as the authors' encoder outputs do)."""
+        if outputs.proposals is None:
+            return []
+        return [criterion.matcher(outputs.proposals, self._targets(targets))]
+
     def forward(self, outputs: DetectorOutput, targets: Targets, num_boxes: torch.Tensor,
                 context: LossContext | None = None) -> dict[str, torch.Tensor]:
+        """The set loss of the proposals, on their matches from ``context`` (the box terms on the union where the
+        criterion makes one)."""
         if outputs.proposals is None:
             return self.zeros(outputs)
         if context is None:
             raise ValueError("ProposalLoss matches with its criterion's matcher: call it through SetCriterion")
-        if self.class_agnostic:
-            targets = [{**target, "labels": torch.zeros_like(target["labels"])} for target in targets]
-        losses = context.criterion.layer_losses(outputs.proposals, targets, num_boxes)
+        targets = self._targets(targets)
+        (indices,) = context.part_indices.get(self.output_field) or self.match(outputs, targets, context.criterion)
+        groups = context.criterion.matcher.num_groups(outputs.proposals.logits.shape[1])
+        losses = context.criterion.assigned_losses(outputs.proposals, targets, indices, num_boxes * groups,
+                                                   boxes_on=context.union)
         losses.pop("class_error")
         return {f"{name}_enc": value for name, value in losses.items()}
 

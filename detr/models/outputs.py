@@ -3,7 +3,7 @@
 Every model of this package (the paper's DETR, the anchor detector, Deformable DETR, the panoptic model)
 returns a :class:`DetectorOutput` from ``forward``: the last decoder layer's class logits and boxes, and
 typed optional fields for what some models or modes add (earlier decoder layers, denoising queries, the
-dense head, two-stage proposals, masks, attention maps, sampling points). A field a model does not fill
+dense head, two-stage proposals, masks, attention maps, sampling points, edge distributions). A field a model does not fill
 is ``None`` (or an empty list for :attr:`DetectorOutput.aux`), so readers test ``output.masks is not None``
 rather than a key. Exports see plain tensors: :class:`detr.checkpoints.export.DeployModel` flattens at the
 boundary, and the file formats keep their own names (``pred_logits``, ``pred_boxes``).
@@ -34,12 +34,33 @@ class LayerOutput:
 
 
 @dataclass
+class DistributionOutput:
+    """Boxes refined as edge distributions (D-FINE's fine-grained distribution refinement, training only): what
+    the fine-grained localisation and self-distillation losses read (:mod:`detr.loss.distribution`).
+
+    corners: every decoder layer's edge logits, first to last, ``[L, B, Q, 4 · (N + 1)]`` (edges left, top,
+    right, bottom; N + 1 bins each). initial: the initial boxes b⁰ ``[B, Q, 4]`` (normalised cxcywh, detached)
+    that every layer's distances move. project: the weighting function W(n) ``[N + 1]`` (a distance in units of
+    b⁰'s size over ``reg_scale`` per bin). reg_scale: ``[1]``. pre: the first layer's plain-head predictions
+    (class logits without the quality term, b⁰ with its gradient), trained as one more layer.
+    """
+
+    corners: Tensor
+    initial: Tensor
+    project: Tensor
+    reg_scale: Tensor
+    pre: LayerOutput
+
+
+@dataclass
 class DenoisingOutput(LayerOutput):
     """The denoising queries' predictions (DN-DETR, training only): the last layer's (``logits``, ``boxes``),
-    the earlier layers' (``aux``, layers 1 … L-1) and how the queries were made (``meta``)."""
+    the earlier layers' (``aux``, layers 1 … L-1), how the queries were made (``meta``) and, for a model that
+    refines boxes as distributions, theirs (``distributions``)."""
 
     aux: list[LayerOutput]
     meta: DenoisingMeta
+    distributions: DistributionOutput | None = None
 
 
 @dataclass
@@ -97,6 +118,7 @@ class DetectorOutput(LayerOutput):
     masks: mask logits ``[B, Q, H', W']`` at stride 4 of the padded batch (a panoptic model).
     attention: the attention maps of a dense-attention detector (``return_attention=True``).
     sampling: a Deformable DETR's sampling points (``return_attention=True``).
+    distributions: the edge distributions of a model that refines boxes as distributions (D-FINE, training only).
     class_head: the head that made ``logits`` ("softmax" or "sigmoid"), so that post-processing reads them
         as they were made (None: not stated, e.g. outputs built by hand).
     """
@@ -108,6 +130,7 @@ class DetectorOutput(LayerOutput):
     masks: Tensor | None = None
     attention: AttentionOutput | None = None
     sampling: SamplingOutput | None = None
+    distributions: DistributionOutput | None = None
     class_head: str | None = None
 
     @property

@@ -53,6 +53,8 @@ def _printed(capsys, *configs: Path) -> dict:
 
 
 def _tiny_backbone(printed: dict) -> str:
+    if printed["model"]["detr"].get("architecture") == "dfine":
+        return "hgnetv2_b0"  # D-FINE's smallest
     return "resnet50" if printed["model"]["detr"].get("dilation") else "resnet18"
 
 
@@ -190,3 +192,18 @@ def test_rtdetr_coco_configs_hold_the_authors_recipe(name: str, capsys) -> None:
     assert (data["square_size"], data["normalize"], data["batch_size"]) == (640, False, 4)  # 4 × 4 GPUs = 16
     (ema,) = [c for c in trainer["callbacks"] if c["class_path"].endswith("ExponentialMovingAverage")]
     assert (ema["init_args"]["decay"], ema["init_args"]["warmup_steps"]) == (0.9999, 2000)
+
+
+def test_the_dfine_coco_config_holds_the_authors_recipe(capsys) -> None:
+    printed = _printed(capsys, REPO / "configs" / "dfine_s_coco.yaml")
+    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    recipe = (model["lr"], model["lr_backbone"], model["weight_decay"], model["warmup_steps"], trainer["max_epochs"])
+    assert recipe == (2.5e-4, 1.25e-4, 1.25e-4, 500, 130)
+    weights = tuple(model[name] for name in ("cost_class", "loss_ce", "loss_bbox", "loss_giou", "loss_fgl", "loss_ddf"))
+    assert weights == (2.0, 1.0, 5.0, 2.0, 0.15, 1.5) and not model["matchability"]
+    detector = model["detr"]
+    assert (detector["architecture"], detector["backbone"], detector["num_queries"]) == ("dfine", "hgnetv2_b0", 300)
+    assert (detector["num_decoder_layers"], detector["num_points_per_level"]) == (3, [3, 6, 3])
+    assert (data["square_size"], data["normalize"], data["batch_size"]) == (640, False, 8)  # 8 × 4 GPUs = 32
+    (ema,) = [c for c in trainer["callbacks"] if c["class_path"].endswith("ExponentialMovingAverage")]
+    assert (ema["init_args"]["decay"], ema["init_args"]["warmup_steps"]) == (0.9999, 1000)

@@ -38,7 +38,9 @@ from detr.box_ops import inverse_sigmoid
 from detr.models.config import PRIOR_BIAS, SamplingMethod
 from detr.models.deformable.attention import MultiScaleDeformableAttention, SpatialShapes
 from detr.models.mlp import MLP
+from detr.models.outputs import DistributionOutput, LayerOutput
 from detr.models.rtdetr.decoder import REFERENCE_EPS, DecoderLayer, DecoderOutput, RTDETRDecoder
+from detr.models.rtdetr.denoising import contrastive_denoising_queries
 
 #: The clamp of the query positions (the authors').
 POSITION_CLAMP = 10.0
@@ -248,29 +250,65 @@ class DFineDecoder(RTDETRDecoder):
     def forward(self, features: list[torch.Tensor], num_layers: int | None = None, return_sampling: bool = False,
                 targets: list[dict[str, torch.Tensor]] | None = None) -> DecoderOutput:
         """The encoder's maps → every run layer's predictions (:class:`DecoderOutput`; each layer's logits with
-        its quality term); ``num_layers`` runs only the first that many layers. ``targets`` (RT-DETR's denoising
-        input) is not read: D-FINE's denoising training is not written yet."""
+        its quality term); ``num_layers`` runs only the first that many layers. In training, ``targets`` (per
+        image labels int64 [T] and boxes [T, 4] normalised cxcywh) add RT-DETR's contrastive denoising queries
+        ahead of the selected ones, and the output holds what the losses of the distributions read (every
+        layer's edge logits, b⁰, W, the first layer's plain-head predictions: ``distributions`` and
+        ``denoising_distributions``)."""
         memory, shapes = self.flatten_levels(features)
         target, reference_logits, proposal_logits = self.select_queries(memory, shapes)
+        proposal_boxes = reference_logits.sigmoid()
+        reference_logits = reference_logits.detach()
+        denoising = None
+        if self.training and self.denoising and targets is not None:
+            denoising = contrastive_denoising_queries(
+                targets, self.denoising_class_embed, num_classes=self.num_classes, num_queries=self.num_queries,
+                num_denoising=self.num_denoising, label_noise_ratio=self.label_noise_ratio,
+                box_noise_scale=self.box_noise_scale)
+        mask, meta = None, None
+        if denoising is not None:
+            denoising_content, denoising_logits, mask, meta = denoising
+            target = torch.cat([denoising_content.to(target.dtype), target], 1)
+            reference_logits = torch.cat([denoising_logits.to(reference_logits.dtype), reference_logits], 1)
         boxes = reference_logits.sigmoid()
-        proposal_boxes = boxes
         up, reg_scale = self.decoder.up, self.decoder.reg_scale
         project = weighting_function(self.max_num_bins, up, reg_scale)
-        logits_per_layer, boxes_per_layer, sampling = [], [], []
+        logits_per_layer, boxes_per_layer, corners_per_layer, sampling = [], [], [], []
         corner_logits = previous_target = torch.zeros((), dtype=memory.dtype, device=memory.device)
         layers = self.decoder.layers[:num_layers] if num_layers is not None else self.decoder.layers
         for index, layer in enumerate(layers):
             query_pos = self.query_pos_head(boxes).clamp(min=-POSITION_CLAMP, max=POSITION_CLAMP)
             target, layer_sampling = layer(target, query_pos, boxes[:, :, None], memory, shapes,
-                                           return_sampling=return_sampling)
+                                           self_attn_mask=mask, return_sampling=return_sampling)
             if index == 0:  # the initial box b⁰, which every later layer's distances move
-                initial = (self.pre_bbox_head(target) + inverse_sigmoid(boxes, eps=REFERENCE_EPS)).sigmoid().detach()
+                pre_boxes = (self.pre_bbox_head(target) + inverse_sigmoid(boxes, eps=REFERENCE_EPS)).sigmoid()
+                pre_logits = self.dec_score_head[0](target) if self.training else None
+                initial = pre_boxes.detach()
             corner_logits = self.dec_bbox_head[index](target + previous_target) + corner_logits
             refined = distance_to_box(initial, edge_distances(corner_logits, project), reg_scale)
             logits = self.decoder.lqe_layers[index](self.dec_score_head[index](target), corner_logits)
             logits_per_layer.append(logits)
             boxes_per_layer.append(refined)
+            corners_per_layer.append(corner_logits)
             sampling.append(layer_sampling)
             boxes, previous_target = refined.detach(), target.detach()
-        return DecoderOutput(torch.stack(logits_per_layer), torch.stack(boxes_per_layer), proposal_logits,
-                             proposal_boxes, sampling if return_sampling else None, shapes)
+        logits, boxes = torch.stack(logits_per_layer), torch.stack(boxes_per_layer)
+        output = DecoderOutput(logits, boxes, proposal_logits, proposal_boxes, sampling if return_sampling else None,
+                               shapes)
+        if not self.training:
+            return output
+        split = [meta.num_queries if meta is not None else 0, self.num_queries]
+        corners = torch.stack(corners_per_layer)
+        distributions = [DistributionOutput(corners_part, initial_part, project.detach(), reg_scale,
+                                            LayerOutput(pre_logits_part, pre_boxes_part))
+                         for corners_part, initial_part, pre_logits_part, pre_boxes_part in zip(
+                             corners.split(split, 2), initial.split(split, 1), pre_logits.split(split, 1),
+                             pre_boxes.split(split, 1))]
+        output.denoising_distributions, output.distributions = distributions
+        if meta is not None:
+            output.denoising_logits, output.logits = logits.split(split, dim=2)
+            output.denoising_boxes, output.boxes = boxes.split(split, dim=2)
+            output.denoising_meta = meta
+        else:
+            output.denoising_distributions = None
+        return output

@@ -1,5 +1,6 @@
 """D-FINE (Peng et al., "D-FINE: Redefine Regression Task of DETRs as Fine-grained Distribution Refinement",
-ICLR 2025), for inference.
+ICLR 2025). In training, the outputs also hold the edge distributions its losses read
+(:attr:`DetectorOutput.distributions`, :mod:`detr.loss.distribution`) and its denoising queries' (RT-DETR's).
 
 The detector is RT-DETR's (:class:`detr.models.rtdetr.model.RTDETR`: backbone → hybrid encoder → decoder, the
 same input contract and top-k post-processing) with D-FINE's three parts: the HGNetV2 backbone
@@ -13,6 +14,8 @@ State-dict keys are the authors' (Peterande/D-FINE): ``backbone.*`` (``HGNetv2``
 """
 
 from __future__ import annotations
+
+import torch
 
 from detr.models.dfine.decoder import DFineDecoder
 from detr.models.dfine.dinov3 import DINOv3Backbone
@@ -46,6 +49,16 @@ class DFINE(RTDETR):
     def stride(self) -> int:
         """The finest level's stride: 8 with three levels, 16 with two (D-FINE N)."""
         return _COARSEST_STRIDE // 2 ** (self.decoder.num_levels - 1)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """None: HGNetV2 runs in the model's dtype (it has no bfloat16 autocast path yet)."""
+        return None
+
+    def use_autocast(self, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        if dtype is not None:
+            raise ValueError("backbone_bf16: D-FINE's HGNetV2 has no bfloat16 autocast path yet; set "
+                             "--model.backbone_bf16 false (or train with --trainer.precision bf16-mixed)")
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DFINE:
         """:meth:`RTDETR.optimize_for_inference`, with HGNetV2's BatchNorms folded too."""

@@ -31,6 +31,7 @@ from detr.box_ops import inverse_sigmoid
 from detr.models.config import PRIOR_BIAS, SamplingMethod
 from detr.models.deformable.attention import MultiScaleDeformableAttention, SpatialShapes
 from detr.models.mlp import MLP
+from detr.models.outputs import DistributionOutput
 from detr.models.rtdetr.denoising import DenoisingMeta, contrastive_denoising_queries
 from detr.models.transformer import MultiheadAttention
 
@@ -119,6 +120,10 @@ class DecoderOutput:
     denoising_logits: torch.Tensor | None = None
     denoising_boxes: torch.Tensor | None = None
     denoising_meta: DenoisingMeta | None = None
+    #: a decoder that refines boxes as distributions (D-FINE), in training: the selected queries' and the
+    #: denoising queries' edge distributions
+    distributions: DistributionOutput | None = None
+    denoising_distributions: DistributionOutput | None = None
 
 
 class RTDETRDecoder(nn.Module):

@@ -150,7 +150,8 @@ class RTDETR(Detector):
         Returns a :class:`DetectorOutput`: logits [B, Q, num_classes] (sigmoid scores), boxes [B, Q, 4]
         normalised cxcywh, of the last decoder layer run; aux (if aux_loss): the earlier layers; proposals: the
         selected encoder proposals; denoising (training with targets): the denoising queries' predictions, every
-        layer's; with return_attention, sampling: where each query's cross-attention looked.
+        layer's; distributions (training, a decoder that refines boxes as distributions: D-FINE): what its losses
+        read; with return_attention, sampling: where each query's cross-attention looked.
         """
         if images.dim() != 4 or images.shape[-2] % _COARSEST_STRIDE or images.shape[-1] % _COARSEST_STRIDE:
             raise ValueError(f"RT-DETR takes images [B, 3, H, W] with H and W multiples of {_COARSEST_STRIDE} (its "
@@ -160,10 +161,12 @@ class RTDETR(Detector):
                                targets=targets if self.training else None)
         output = stack_layers(decoded.logits, decoded.boxes, self.aux_loss, self.class_head)
         output.proposals = LayerOutput(decoded.proposal_logits, decoded.proposal_boxes)
+        output.distributions = decoded.distributions
         if decoded.denoising_meta is not None:
             layers = stack_layers(decoded.denoising_logits, decoded.denoising_boxes, self.aux_loss)
             output.denoising = DenoisingOutput(layers.logits, layers.boxes, aux=layers.aux,
-                                               meta=decoded.denoising_meta)
+                                               meta=decoded.denoising_meta,
+                                               distributions=decoded.denoising_distributions)
         if decoded.sampling is not None:
             locations = torch.stack([locations for locations, _ in decoded.sampling])
             output.sampling = SamplingOutput(
