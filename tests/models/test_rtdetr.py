@@ -145,7 +145,7 @@ def test_input_contract_is_a_square_without_mean_and_std():
     assert (spec.resize, spec.size, spec.mean, spec.std, spec.interpolation) == ("square", 640, None, None,
                                                                                   "antialiased")
     assert model.detections_per_image == 20 and model.describe().startswith("RT-DETR, resnet18-vd, 3 decoder")
-    assert not model.exportable  # not written yet: export refuses it instead of writing a wrong graph
+    assert model.exportable  # at its fixed square (tests/checkpoints/test_export_rtdetr.py)
     with pytest.raises(ValueError, match="multiples of 32"):
         model(torch.rand(1, 3, 100, 96), torch.zeros(1, 100, 96, dtype=torch.bool))
 
