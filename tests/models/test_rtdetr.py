@@ -101,8 +101,9 @@ def test_optimized_model_predicts_the_same():
     assert torch.allclose(optimized.boxes, expected.boxes, atol=1e-4)
 
 
-def test_batched_is_per_image_and_every_layer_is_reported():
-    model = _model()
+@pytest.mark.parametrize("sampling_method", ["bilinear", "discrete"])  # discrete: one image once failed a view
+def test_batched_is_per_image_and_every_layer_is_reported(sampling_method):
+    model = _model(sampling_method=sampling_method)
     images, mask = _images()
     with torch.no_grad():
         batched = model(images, mask)
