@@ -12,8 +12,9 @@ the Predictor resizes every image to it) with a dynamic batch:
   (height, width of the original images), outputs ``scores`` [B, Q], ``labels`` int64 [B, Q] and ``boxes``
   [B, Q, 4] pixel xyxy, scored as :class:`detr.PostProcess` scores (the same functions), so a deployment
   needs no Python; for a model with ``detections_per_image`` k (the real-time DETRs) they are its k best
-  (query, class) pairs, best first, [B, k] (:func:`detr.inference.postprocess.top_k_pairs`). The category map, the eval resize and the class head travel in the file's
-  ``metadata_props`` (JSON strings; :func:`detr.checkpoints.onnx.read_onnx_metadata`).
+  (query, class) pairs, best first, [B, k] (:func:`detr.inference.postprocess.top_k_pairs`). The category map,
+  the eval resize, the class head and the top-k travel in the file's ``metadata_props`` (JSON strings;
+  :func:`detr.checkpoints.onnx.read_onnx_metadata`).
 - ``torch.export`` programs (``.pt2``): the same inputs and outputs, loaded with ``torch.export.load``;
   the metadata travels as the extra file ``detr.json``.
 - OpenVINO IR (``.xml`` + ``.bin``), converted from the ONNX graph, weights in fp32, run on the CPU by
@@ -117,9 +118,9 @@ def prepare_for_export(model: Detector, *, bilinear_kernel: BilinearKernel = "gr
         raise ExportError(f"only a detr Detector exports (a model of detr.build_detr or detr.load_checkpoint), got "
                           f"{type(model).__name__}")
     if not model.exportable:
-        raise ExportError(f"{type(model).__name__} does not export: an ONNX file exports no further, a panoptic "
-                          "model's mask head is not part of the export (export its detector: model.box_detector), "
-                          "and a deployed file's runtime detector is no PyTorch model")
+        raise ExportError(f"{type(model).__name__} does not export: an exported file (ONNX, OpenVINO) exports no "
+                          "further, and a panoptic model's mask head is not part of the export (export its detector: "
+                          "model.box_detector)")
     prepared = copy.deepcopy(model).float().eval().cpu()
     prepared.optimize_for_inference(fold_batch_norm=True, channels_last=False)
     prepared.use_autocast(None)
