@@ -32,7 +32,8 @@ from detr.models.outputs import DetectorOutput
 METADATA_KEYS = ("detr.outputs", "detr.class_head", "detr.num_classes", "detr.category_map", "detr.eval_size",
                  "detr.min_image_size", "detr.model_config")
 #: Keys that files written before them lack (read as None).
-OPTIONAL_METADATA_KEYS = ("detr.input_spec", "detr.precision", "detr.score_threshold")
+OPTIONAL_METADATA_KEYS = ("detr.input_spec", "detr.precision", "detr.score_threshold", "detr.detections_per_image",
+                          "detr.static_input_size")
 
 #: Suffix of a deployed file → "module:class" of the runtime that runs it.
 RUNTIMES = {".onnx": "detr.checkpoints.onnx:OnnxDetector", ".xml": "detr.checkpoints.openvino:OpenVinoDetector"}
@@ -105,6 +106,10 @@ class DeployedDetector(Detector):
                                          for key, value in meta["input_spec"].items()})
                             if meta["input_spec"] else None)
         self._min_image_size = int(meta["min_image_size"])
+        #: the top-k post-processing of the real-time DETRs (None: one detection per query)
+        self._detections_per_image = meta["detections_per_image"]
+        #: (height, width) of the only image size the file takes (a fixed-square model's), or None: any size
+        self.static_input_size = tuple(meta["static_input_size"]) if meta["static_input_size"] else None
         # files of models built without build_detr record no config: the class head and class count are all
         # the predictor needs, and they are recorded on their own
         self.config = (DetrConfig.from_dict(meta["model_config"], where=str(self.path)) if meta["model_config"]
@@ -118,6 +123,10 @@ class DeployedDetector(Detector):
     @property
     def min_image_size(self) -> int:
         return self._min_image_size
+
+    @property
+    def detections_per_image(self) -> int | None:
+        return self._detections_per_image
 
     @property
     def stride(self) -> int:
@@ -150,13 +159,19 @@ class DeployedDetector(Detector):
 
     def detect(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor) -> dict[str, Tensor]:
         """A file exported with post-processing: images and padding_mask as :meth:`forward`, orig_sizes int64
-        [B, 2] (height, width) → {"scores" [B, Q], "labels" int64 [B, Q], "boxes" [B, Q, 4] pixel xyxy}."""
+        [B, 2] (height, width) → {"scores" [B, Q], "labels" int64 [B, Q], "boxes" [B, Q, 4] pixel xyxy}; Q is
+        :attr:`detections_per_image` where the model has it (the best (query, class) pairs, best first)."""
         if not self.postprocessed:
             raise ValueError(f"{self.path.name} was exported without post-processing: call it with images and "
                              f"padding_mask only ({type(self).__name__}(...)(images, padding_mask))")
         return dict(zip(self.output_names, self._run(images, padding_mask, orig_sizes)))
 
     def _run(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor | None = None) -> list[Tensor]:
+        if self.static_input_size is not None and tuple(images.shape[-2:]) != self.static_input_size:
+            height, width = self.static_input_size
+            raise ValueError(f"{self.path.name} takes images of {height} × {width} pixels only (its model's input "
+                             f"contract is a fixed square: resize with its input_spec, as detr.Predictor does), got "
+                             f"{tuple(images.shape[-2:])}")
         min_size = self.min_image_size
         if images.shape[-2] < min_size or images.shape[-1] < min_size:
             raise ValueError(f"{self.path.name} takes images of at least {min_size} × {min_size} pixels "

@@ -1,6 +1,9 @@
 """Export DETR for deployment, and check every exported file against the PyTorch model.
 
-Three formats, each with dynamic batch, height and width (one file serves every image size and batch):
+Three formats, each with dynamic batch, height and width (one file serves every image size and batch), but for
+a model whose input contract is a fixed square (the real-time DETRs, RT-DETR and D-FINE: ``input_spec.resize``
+"square"): its file takes that square only (static height and width, ``detr.static_input_size`` in the metadata;
+the Predictor resizes every image to it) with a dynamic batch:
 
 - ONNX (``.onnx``), run by ONNX Runtime (:class:`detr.checkpoints.onnx.OnnxDetector`). Inputs ``images``
   float32 [B, 3, H, W] (normalised, zero-padded) and ``padding_mask`` bool [B, H, W] (True = padding);
@@ -8,8 +11,10 @@ Three formats, each with dynamic batch, height and width (one file serves every 
   ``postprocess=True`` the post-processing is in the graph too: input ``orig_sizes`` int64 [B, 2]
   (height, width of the original images), outputs ``scores`` [B, Q], ``labels`` int64 [B, Q] and ``boxes``
   [B, Q, 4] pixel xyxy, scored as :class:`detr.PostProcess` scores (the same functions), so a deployment
-  needs no Python. The category map, the eval resize and the class head travel in the file's
-  ``metadata_props`` (JSON strings; :func:`detr.checkpoints.onnx.read_onnx_metadata`).
+  needs no Python; for a model with ``detections_per_image`` k (the real-time DETRs) they are its k best
+  (query, class) pairs, best first, [B, k] (:func:`detr.inference.postprocess.top_k_pairs`). The category map,
+  the eval resize, the class head and the top-k travel in the file's ``metadata_props`` (JSON strings;
+  :func:`detr.checkpoints.onnx.read_onnx_metadata`).
 - ``torch.export`` programs (``.pt2``): the same inputs and outputs, loaded with ``torch.export.load``;
   the metadata travels as the extra file ``detr.json``.
 - OpenVINO IR (``.xml`` + ``.bin``), converted from the ONNX graph, weights in fp32, run on the CPU by
@@ -53,7 +58,7 @@ from detr.categories import CategoryMap
 from detr.checkpoints.deployed import open_deployed
 from detr.checkpoints.formats import ExportError
 from detr.checkpoints.openvino import write_ir
-from detr.inference.postprocess import boxes_to_pixels, scores_and_labels
+from detr.inference.postprocess import boxes_to_pixels, scores_and_labels, top_k_pairs
 from detr.models.deformable.attention import BilinearKernel, use_bilinear_kernel
 from detr.models.detector import Detector
 
@@ -74,7 +79,8 @@ class DeployModel(nn.Module):
 
     forward(images [B, 3, H, W], padding_mask bool [B, H, W]) → (pred_logits, pred_boxes) of the last decoder
     layer; with ``postprocess``: forward(images, padding_mask, orig_sizes int64 [B, 2] (height, width)) →
-    (scores [B, Q], labels int64 [B, Q], boxes [B, Q, 4] pixel xyxy), scored by :mod:`detr.inference.postprocess`.
+    (scores [B, Q], labels int64 [B, Q], boxes [B, Q, 4] pixel xyxy), scored by :mod:`detr.inference.postprocess`;
+    for a model with ``detections_per_image`` k, the k best (query, class) pairs: [B, k] each, best first.
     """
 
     def __init__(self, model: Detector, *, postprocess: bool = False) -> None:
@@ -94,8 +100,13 @@ class DeployModel(nn.Module):
         if not self.postprocess:
             return outputs.logits, outputs.boxes
         assert orig_sizes is not None, "a post-processing graph takes orig_sizes"
-        scores, labels = scores_and_labels(outputs.logits, self.model.class_head)
-        return scores, labels, boxes_to_pixels(outputs.boxes, orig_sizes)
+        top_k = self.model.detections_per_image
+        if top_k is None:
+            scores, labels = scores_and_labels(outputs.logits, self.model.class_head)
+            return scores, labels, boxes_to_pixels(outputs.boxes, orig_sizes)
+        scores, labels, queries = top_k_pairs(outputs.logits, top_k)
+        boxes = outputs.boxes.gather(1, queries[..., None].expand(-1, -1, 4))
+        return scores, labels, boxes_to_pixels(boxes, orig_sizes)
 
 
 def prepare_for_export(model: Detector, *, bilinear_kernel: BilinearKernel = "grid_sample") -> Detector:
@@ -107,10 +118,9 @@ def prepare_for_export(model: Detector, *, bilinear_kernel: BilinearKernel = "gr
         raise ExportError(f"only a detr Detector exports (a model of detr.build_detr or detr.load_checkpoint), got "
                           f"{type(model).__name__}")
     if not model.exportable:
-        raise ExportError(f"{type(model).__name__} does not export: an ONNX file exports no further, a panoptic "
-                          "model's mask head is not part of the export (export its detector: model.box_detector), "
-                          "and RT-DETR's export is not written yet (its transformers directory is: "
-                          "detr.checkpoints.save_huggingface)")
+        raise ExportError(f"{type(model).__name__} does not export: an exported file (ONNX, OpenVINO) exports no "
+                          "further, and a panoptic model's mask head is not part of the export (export its detector: "
+                          "model.box_detector)")
     prepared = copy.deepcopy(model).float().eval().cpu()
     prepared.optimize_for_inference(fold_batch_norm=True, channels_last=False)
     prepared.use_autocast(None)
@@ -118,14 +128,31 @@ def prepare_for_export(model: Detector, *, bilinear_kernel: BilinearKernel = "gr
     return prepared
 
 
+def static_input_size(model: Detector, eval_size: tuple[int, int] | None = None) -> int | None:
+    """The side of the square a model whose input contract is a fixed square (``input_spec.resize`` "square":
+    RT-DETR, D-FINE) is exported at: ``eval_size[0]`` where given, else its input contract's size; None for a
+    model that takes any size (the paper's DETR, Deformable DETR: dynamic height and width)."""
+    if model.input_spec.resize != "square":
+        return None
+    return int(eval_size[0]) if eval_size is not None else int(model.input_spec.size)
+
+
 def example_inputs(model: Detector, *, postprocess: bool,
                    batch_sizes: list[tuple[int, int]] | None = None,
-                   seed: int = 0) -> tuple[Tensor, ...]:
+                   seed: int = 0, square: int | None = None) -> tuple[Tensor, ...]:
     """A zero-padded batch of random normalised images (one per (height, width) in ``batch_sizes``,
-    default two of different sizes) with its mask, and orig_sizes if ``postprocess``."""
+    default two of different sizes) with its mask, and orig_sizes if ``postprocess``. With ``square`` (a model of
+    :func:`static_input_size`), every image is that square of pixels in [0, 1], without padding; the
+    ``batch_sizes`` are then the original images' sizes only."""
     stride = model.coarsest_stride
     sizes = batch_sizes or [(4 * stride + 3, 5 * stride + 7), (3 * stride + 5, 6 * stride + 1)]
     generator = torch.Generator().manual_seed(seed)
+    if square is not None:
+        images = torch.rand(len(sizes), 3, square, square, generator=generator)
+        mask = torch.zeros(len(sizes), square, square, dtype=torch.bool)
+        if not postprocess:
+            return images, mask
+        return images, mask, torch.tensor([[2 * h + 1, 2 * w + 3] for h, w in sizes], dtype=torch.int64)
     height, width = max(h for h, _ in sizes), max(w for _, w in sizes)
     images = torch.zeros(len(sizes), 3, height, width)
     mask = torch.ones(len(sizes), height, width, dtype=torch.bool)
@@ -139,8 +166,14 @@ def example_inputs(model: Detector, *, postprocess: bool,
     return images, mask, orig_sizes
 
 
-def _dynamic_shapes(model: Detector, postprocess: bool) -> dict[str, dict[int, Any]]:
+def _dynamic_shapes(model: Detector, postprocess: bool, square: int | None = None) -> dict[str, dict[int, Any]]:
     Dim = torch.export.Dim
+    if square is not None:  # a fixed square: only the batch is dynamic
+        batch = Dim("batch", min=1)
+        shapes = {"images": {0: batch}, "padding_mask": {0: batch}}
+        if postprocess:
+            shapes["orig_sizes"] = {0: batch}
+        return shapes
     limits = {"min": model.min_image_size}
     if model.max_image_size is not None:
         limits["max"] = model.max_image_size
@@ -152,17 +185,19 @@ def _dynamic_shapes(model: Detector, postprocess: bool) -> dict[str, dict[int, A
     return shapes
 
 
-def _torch_export(model: Detector, postprocess: bool, bilinear_kernel: BilinearKernel = "grid_sample"
-                  ) -> tuple[torch.export.ExportedProgram, DeployModel]:
+def _torch_export(model: Detector, postprocess: bool, bilinear_kernel: BilinearKernel = "grid_sample",
+                  eval_size: tuple[int, int] | None = None) -> tuple[torch.export.ExportedProgram, DeployModel]:
     prepared = prepare_for_export(model, bilinear_kernel=bilinear_kernel)
     module = DeployModel(prepared, postprocess=postprocess).eval()
-    inputs = example_inputs(prepared, postprocess=postprocess)
+    square = static_input_size(prepared, eval_size)
+    inputs = example_inputs(prepared, postprocess=postprocess, square=square)
     try:
         with torch.no_grad():
-            program = torch.export.export(module, inputs, dynamic_shapes=_dynamic_shapes(prepared, postprocess),
-                                          strict=False)
+            program = torch.export.export(module, inputs, strict=False,
+                                          dynamic_shapes=_dynamic_shapes(prepared, postprocess, square))
     except Exception as error:  # torch.export's errors are many types; name the model and keep the cause
-        raise ExportError(f"torch.export could not trace this model with dynamic batch, height and width "
+        sizes = "height and width" if square is None else f"images of {square} × {square}"
+        raise ExportError(f"torch.export could not trace this model with a dynamic batch and {sizes} "
                           f"(config {model.config}): {str(error).splitlines()[0]}") from error
     return program, module
 
@@ -174,6 +209,7 @@ def metadata(model: Detector, *, postprocess: bool, category_map: CategoryMap | 
     eval_size = eval_size if eval_size is not None else model.meta.eval_size
     options = model.config.to_dict() if model.config is not None else {}
     config = {key: value for key, value in options.items() if isinstance(value, (str, int, float, bool, type(None)))}
+    square = static_input_size(model, eval_size)
     values = {
         "outputs": "postprocessed" if postprocess else "raw",
         "class_head": model.class_head,
@@ -185,6 +221,8 @@ def metadata(model: Detector, *, postprocess: bool, category_map: CategoryMap | 
         "score_threshold": model.meta.score_threshold,
         "input_spec": dataclasses.asdict(model.input_spec.replace(
             size=eval_size[0], max_size=eval_size[1]) if eval_size is not None else model.input_spec),
+        "detections_per_image": model.detections_per_image,
+        "static_input_size": [square, square] if square is not None else None,
     }
     return {f"detr.{key}": json.dumps(value) for key, value in values.items()}
 
@@ -214,7 +252,7 @@ def export_onnx(model: Detector, path: str | Path, *, postprocess: bool = False,
     except ImportError as error:
         raise ImportError("ONNX export needs onnx and onnxscript: pip install onnx onnxscript onnxruntime") from error
     path = Path(path)
-    program, module = _torch_export(model, postprocess, bilinear_kernel)
+    program, module = _torch_export(model, postprocess, bilinear_kernel, eval_size)
     try:
         with _quiet_onnxscript(), torch.no_grad():
             onnx_program = torch.onnx.export(program, dynamo=True, input_names=module.input_names,
@@ -235,7 +273,7 @@ def export_program(model: Detector, path: str | Path, *, postprocess: bool = Fal
     """Export ``model`` with torch.export to ``path`` (``.pt2``); the metadata is the extra file
     ``detr.json``. Load it with :func:`load_program`."""
     path = Path(path)
-    program, module = _torch_export(model, postprocess, bilinear_kernel)
+    program, module = _torch_export(model, postprocess, bilinear_kernel, eval_size)
     values = {k.removeprefix("detr."): json.loads(v) for k, v in
               metadata(module.model, postprocess=postprocess, category_map=category_map, eval_size=eval_size).items()}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -303,20 +341,26 @@ def _runner(path: Path, format: ExportFormat, input_names: list[str]):
 
 
 def verify_export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx",
-                  postprocess: bool = False) -> Verification:
+                  postprocess: bool = False, eval_size: tuple[int, int] | None = None) -> Verification:
     """Run the exported file and ``model`` (PyTorch, as given) on a padded batch of two images of different
-    sizes and on one image of a third size; return the max abs differences (not raising)."""
+    sizes and on one image of a third size (a model of a fixed square, :func:`static_input_size` at
+    ``eval_size``: a batch of two squares and one, of originals of those sizes); return the max abs differences
+    (not raising)."""
     path = Path(path)
     reference = DeployModel(copy.deepcopy(model).float().eval().cpu(), postprocess=postprocess).eval()
     reference.model.use_autocast(None)
     run = _runner(path, format, reference.input_names)
     stride = reference.model.coarsest_stride
+    square = static_input_size(reference.model, eval_size)
+    names = ("padded batch of 2 (two sizes)", "single image (a third size)") if square is None else (
+        f"batch of 2 ({square} squares)", f"single image ({square} square)")
     checks = {
-        "padded batch of 2 (two sizes)": example_inputs(
-            reference.model, postprocess=postprocess, seed=1,
+        names[0]: example_inputs(
+            reference.model, postprocess=postprocess, seed=1, square=square,
             batch_sizes=[(7 * stride + 5, 9 * stride + 3), (5 * stride + 1, 10 * stride + 13)]),
-        "single image (a third size)": example_inputs(
-            reference.model, postprocess=postprocess, seed=2, batch_sizes=[(6 * stride + 11, 4 * stride + 9)]),
+        names[1]: example_inputs(
+            reference.model, postprocess=postprocess, seed=2, square=square,
+            batch_sizes=[(6 * stride + 11, 4 * stride + 9)]),
     }
     names = reference.output_names
     differences: dict[str, dict[str, float]] = {}
@@ -358,7 +402,7 @@ def export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx", 
     writer = {"onnx": export_onnx, "pt2": export_program, "openvino": export_openvino}[format]
     writer(model, path, postprocess=postprocess, category_map=category_map, eval_size=eval_size,
            bilinear_kernel=bilinear_kernel)
-    verification = verify_export(model, path, format=format, postprocess=postprocess)
+    verification = verify_export(model, path, format=format, postprocess=postprocess, eval_size=eval_size)
     if not verification.passed:
         failed = path.with_name(path.name + ".failed")
         path.replace(failed)

@@ -42,6 +42,16 @@ def scores_and_labels(logits: torch.Tensor, class_head: Literal["softmax", "sigm
     return (probabilities[..., :-1] if class_head == "softmax" else probabilities).max(-1)
 
 
+def top_k_pairs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``k`` best (query, class) pairs of sigmoid logits [B, Q, K] by score, best first → scores [B, k'],
+    labels int64 [B, k'] and queries int64 [B, k'], k' = min(k, Q · K): the real-time DETRs' post-processing,
+    a query possibly picked as several classes (written with tensor ops only, so an exported graph holds it)."""
+    num_classes = logits.shape[-1]
+    probabilities = class_probabilities(logits, "sigmoid").flatten(1)  # [B, Q·K], query-major
+    scores, index = probabilities.topk(min(k, probabilities.shape[1]), dim=1)
+    return scores, index % num_classes, index // num_classes
+
+
 def boxes_to_pixels(boxes: torch.Tensor, target_sizes: torch.Tensor, *, clip: bool = False) -> torch.Tensor:
     """Normalised cxcywh [B, Q, 4] → float pixel xyxy [B, Q, 4] in images of target_sizes [B, 2] (height, width),
     as the authors' PostProcess (the model's cxcywh is a sigmoid in [0, 1], but its extent is not bounded, so
@@ -103,10 +113,7 @@ class PostProcess(nn.Module):
         else:
             if class_head != "sigmoid":
                 raise ValueError(f"top_k post-processing needs the sigmoid head, got outputs of a {class_head} head")
-            num_classes = logits.shape[-1]
-            probabilities = class_probabilities(logits, class_head).flatten(1)  # [B, Q·K], query-major
-            scores, index = probabilities.topk(min(self.top_k, probabilities.shape[1]), dim=1)
-            labels, queries = index % num_classes, index // num_classes
+            scores, labels, queries = top_k_pairs(logits, self.top_k)
             boxes = boxes.gather(1, queries[..., None].expand(-1, -1, 4))
         return [{"scores": s, "labels": l, "boxes": b, "queries": q}
                 for s, l, b, q in zip(scores, labels, boxes, queries)]

@@ -57,7 +57,8 @@ def _nearest_cells(level_value: torch.Tensor, locations: torch.Tensor) -> torch.
              ).to(torch.int64)
     column = cells[..., 0].clamp(0, width - 1)
     row = cells[..., 1].clamp(0, height - 1)
-    index = (row * width + column).view(count, 1, queries * points).expand(count, channels, queries * points)
+    # reshape, not view: for one image the locations keep the transposed strides of the caller's [B, Q, H, P, 2]
+    index = (row * width + column).reshape(count, 1, queries * points).expand(count, channels, queries * points)
     return level_value.flatten(2).gather(2, index).view(count, channels, queries, points)
 
 

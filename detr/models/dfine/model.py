@@ -39,7 +39,6 @@ class DFINE(RTDETR):
         num_classes, aux_loss: as :class:`RTDETR`.
     """
 
-    exportable = False  # ONNX / torch.export of this family is not written yet (docs/dfine.md)
 
     def __init__(self, backbone: HGNetV2 | DINOv3Backbone, encoder: HybridEncoder | LiteEncoder, decoder: DFineDecoder, *, num_classes: int,
                  aux_loss: bool = True) -> None:

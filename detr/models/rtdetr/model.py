@@ -45,7 +45,6 @@ class RTDETR(Detector):
 
     class_head: ClassHead = "sigmoid"
     attention_kind = "points"
-    exportable = False  # ONNX / torch.export of this family is not written yet (docs/rtdetr.md)
 
     def __init__(self, backbone: ResNetVd, encoder: HybridEncoder, decoder: RTDETRDecoder, *, num_classes: int,
                  aux_loss: bool = True) -> None:

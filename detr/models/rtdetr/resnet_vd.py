@@ -14,7 +14,6 @@ Parameter names are the authors' (lyuwenyu/RT-DETR, ``src/nn/backbone/presnet.py
 from __future__ import annotations
 
 import contextlib
-
 from collections import OrderedDict
 from collections.abc import Callable
 
