@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from detr.models.outputs import LayerOutput
 from tests.helpers import REPO, randomise
 
 #: A small decoder and encoder (widths 64, 4 heads) on the real ResNet-vd depths, 3 decoder layers as R18's.
@@ -45,3 +46,27 @@ def hf_model(backbone: str = "resnet18", num_labels: int = 80, *, version: int =
             for layer in model.model.decoder.layers:
                 layer.encoder_attn.n_points_scale.fill_(1.0 / config.decoder_n_points)
     return model
+
+
+#: RT-DETR's (and D-FINE's) matching costs; the loss weights (VFL 1, L1 5, GIoU 2) are build_criterion's defaults
+RECIPE = {"cost_class": 2.0, "cost_bbox": 5.0, "cost_giou": 2.0}
+
+
+def loss_targets(num_classes: int) -> list[dict[str, torch.Tensor]]:
+    """Targets of three images for the loss tests (3, 0 and 2 objects: an image without targets too)."""
+    generator = torch.Generator().manual_seed(3)
+    targets = []
+    for count in (3, 0, 2):  # an image without targets too
+        centres = torch.rand(count, 2, generator=generator) * 0.5 + 0.25
+        sizes = torch.rand(count, 2, generator=generator) * 0.3 + 0.1
+        targets.append({"labels": torch.randint(0, num_classes, (count,), generator=generator),
+                        "boxes": torch.cat([centres, sizes], 1)})
+    return targets
+
+
+def random_layer(num_classes: int, batch: int, queries: int, generator: torch.Generator) -> LayerOutput:
+    """Logits around the focal prior and boxes near the targets' region (so that the IoUs are not all 0)."""
+    logits = torch.randn(batch, queries, num_classes, generator=generator) - 2
+    centres = torch.rand(batch, queries, 2, generator=generator) * 0.6 + 0.2
+    sizes = torch.rand(batch, queries, 2, generator=generator) * 0.4 + 0.05
+    return LayerOutput(logits, torch.cat([centres, sizes], -1))

@@ -16,7 +16,7 @@ from detr.loss.terms import box_losses
 from detr.models.config import DetrConfig
 from detr.models.dfine.decoder import weighting_function
 from detr.models.outputs import DenoisingMeta, DenoisingOutput, DetectorOutput, DistributionOutput, LayerOutput
-from tests.loss.test_criterion_rtdetr import RECIPE, _layer, _targets
+from tests.helpers_rtdetr import RECIPE, loss_targets, random_layer
 
 NUM_CLASSES, LAYERS, BINS = 4, 3, 32
 #: Twice the largest target count (3): the authors weigh the denoising queries' DDF with the selected queries'
@@ -38,12 +38,12 @@ def _distributions(batch: int, queries: int, generator: torch.Generator) -> Dist
 
 def _outputs(meta: DenoisingMeta, batch: int) -> DetectorOutput:
     generator = torch.Generator().manual_seed(0)
-    layers = [_layer(batch, NUM_QUERIES, generator) for _ in range(LAYERS)]
-    dn_layers = [_layer(batch, meta.num_queries, generator) for _ in range(LAYERS)]
+    layers = [random_layer(NUM_CLASSES, batch, NUM_QUERIES, generator) for _ in range(LAYERS)]
+    dn_layers = [random_layer(NUM_CLASSES, batch, meta.num_queries, generator) for _ in range(LAYERS)]
     denoising = DenoisingOutput(dn_layers[-1].logits, dn_layers[-1].boxes, aux=dn_layers[:-1], meta=meta,
                                 distributions=_distributions(batch, meta.num_queries, generator))
     return DetectorOutput(layers[-1].logits, layers[-1].boxes, aux=layers[:-1], class_head="sigmoid",
-                          proposals=_layer(batch, NUM_QUERIES, generator), denoising=denoising,
+                          proposals=random_layer(NUM_CLASSES, batch, NUM_QUERIES, generator), denoising=denoising,
                           distributions=_distributions(batch, NUM_QUERIES, generator))
 
 
@@ -87,7 +87,7 @@ def _our_name(name: str) -> str:
 
 
 def test_dfine_loss_is_transformers():
-    targets = _targets()
+    targets = loss_targets(NUM_CLASSES)
     meta = DenoisingMeta(num_groups=4, group_size=2 * 3)
     outputs = _outputs(meta, len(targets))
     criterion = build_criterion(CONFIG, **RECIPE, matching_union=False)  # transformers matches layer by layer
@@ -121,7 +121,7 @@ def test_matching_union_keeps_each_querys_most_frequent_target():
 def test_go_lsd_scores_every_layers_boxes_on_the_union():
     """With the union, the box and localisation terms of every layer (and of the plain head and the proposals)
     are computed on the union's pairs and divided by its size; the class terms keep each layer's matches."""
-    targets = _targets()
+    targets = loss_targets(NUM_CLASSES)
     outputs = _outputs(DenoisingMeta(num_groups=4, group_size=6), len(targets))
     criterion = build_criterion(CONFIG, **RECIPE)
     assert criterion.matching_union  # the authors' D-FINE
@@ -174,7 +174,7 @@ def test_matchability_loss_is_deims_formula():
 
 
 def test_matchability_is_chosen_by_a_flag():
-    targets = _targets()
+    targets = loss_targets(NUM_CLASSES)
     outputs = _outputs(DenoisingMeta(num_groups=4, group_size=6), len(targets))
     varifocal = build_criterion(CONFIG, **RECIPE)(outputs, targets)
     matchability = build_criterion(CONFIG, **RECIPE, matchability=True)(outputs, targets)

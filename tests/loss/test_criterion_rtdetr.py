@@ -10,34 +10,12 @@ import torch
 from detr.loss.build import build_criterion
 from detr.loss.focal import varifocal_loss
 from detr.models.config import DetrConfig
-from detr.models.outputs import DenoisingMeta, DenoisingOutput, DetectorOutput, LayerOutput
+from detr.models.outputs import DenoisingMeta, DenoisingOutput, DetectorOutput
+from tests.helpers_rtdetr import RECIPE, loss_targets, random_layer
 
 NUM_CLASSES, NUM_QUERIES, LAYERS = 4, 12, 3
 CONFIG = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", num_classes=NUM_CLASSES,
                     num_queries=NUM_QUERIES, num_decoder_layers=LAYERS, denoising=True, pretrained_backbone=False)
-#: the authors' matching costs; the loss weights (VFL 1, L1 5, GIoU 2) are build_criterion's defaults
-RECIPE = {"cost_class": 2.0, "cost_bbox": 5.0, "cost_giou": 2.0}
-
-
-def _targets() -> list[dict[str, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(3)
-    targets = []
-    for count in (3, 0, 2):  # an image without targets too
-        centres = torch.rand(count, 2, generator=generator) * 0.5 + 0.25
-        sizes = torch.rand(count, 2, generator=generator) * 0.3 + 0.1
-        targets.append({"labels": torch.randint(0, NUM_CLASSES, (count,), generator=generator),
-                        "boxes": torch.cat([centres, sizes], 1)})
-    return targets
-
-
-def _layer(batch: int, queries: int, generator: torch.Generator) -> LayerOutput:
-    """Logits around the focal prior and boxes near the targets' region (so that the IoUs are not all 0)."""
-    logits = torch.randn(batch, queries, NUM_CLASSES, generator=generator) - 2
-    centres = torch.rand(batch, queries, 2, generator=generator) * 0.6 + 0.2
-    sizes = torch.rand(batch, queries, 2, generator=generator) * 0.4 + 0.05
-    return LayerOutput(logits, torch.cat([centres, sizes], -1))
-
-
 def _theirs(outputs: DetectorOutput, targets: list[dict[str, torch.Tensor]], meta: DenoisingMeta
             ) -> dict[str, torch.Tensor]:
     """transformers' loss on the same predictions, laid out as its model hands them over (every layer's
@@ -74,14 +52,14 @@ def _our_name(name: str) -> str:
 
 
 def test_rtdetr_loss_is_transformers():
-    targets = _targets()
+    targets = loss_targets(NUM_CLASSES)
     generator = torch.Generator().manual_seed(0)
     meta = DenoisingMeta(num_groups=4, group_size=2 * 3)  # 4 groups of a positive and a negative copy of 3 slots
     batch = len(targets)
-    layers = [_layer(batch, NUM_QUERIES, generator) for _ in range(LAYERS)]
-    dn_layers = [_layer(batch, meta.num_queries, generator) for _ in range(LAYERS)]
+    layers = [random_layer(NUM_CLASSES, batch, NUM_QUERIES, generator) for _ in range(LAYERS)]
+    dn_layers = [random_layer(NUM_CLASSES, batch, meta.num_queries, generator) for _ in range(LAYERS)]
     outputs = DetectorOutput(layers[-1].logits, layers[-1].boxes, aux=layers[:-1],
-                             proposals=_layer(batch, NUM_QUERIES, generator), class_head="sigmoid",
+                             proposals=random_layer(NUM_CLASSES, batch, NUM_QUERIES, generator), class_head="sigmoid",
                              denoising=DenoisingOutput(dn_layers[-1].logits, dn_layers[-1].boxes, aux=dn_layers[:-1],
                                                        meta=meta))
     criterion = build_criterion(CONFIG, **RECIPE)
