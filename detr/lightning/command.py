@@ -19,10 +19,13 @@ DETECTION_CONFIGS = {
     "the authors' COCO recipes (GPUs; --data.root DIR of COCO 2017)": (
         "detr_r50_coco.yaml", "detr_r50_dc5_coco.yaml", "detr_r101_coco.yaml", "detr_r101_dc5_coco.yaml",
         "detr_coco.yaml (the base they include)", "deformable_detr_coco.yaml"),
+    "the real-time DETRs' COCO recipes (GPUs; --data.root DIR of COCO 2017)": (
+        "rtdetr_r18vd_coco.yaml", "rtdetr_r50vd_coco.yaml", "dfine_s_coco.yaml"),
     "fine-tuning a checkpoint on your own COCO-format set": (
         "finetune_custom.yaml (a GPU)", "finetune_custom_cpu.yaml (a 2-core CPU: 384-px images, a time budget)"),
     "CPU demos on the synthetic shapes set (detr-make-shapes writes data/shapes)": (
-        "demo_shapes_cpu.yaml (what detr-demo trains)", "deformable_shapes_cpu.yaml"),
+        "demo_shapes_cpu.yaml (what detr-demo trains)", "deformable_shapes_cpu.yaml", "rtdetr_shapes_cpu.yaml",
+        "dfine_shapes_cpu.yaml"),
 }
 PANOPTIC_CONFIGS = {
     "the authors' two-stage COCO panoptic recipe (boxes, then the mask head on the frozen box model)": (
@@ -38,7 +41,7 @@ def overview(prog: str) -> str:
     what = ("Panoptic segmentation with DETR (paper §4.4): train, evaluate and run the box stage and the\n"
             "mask stage, through Lightning." if panoptic else
             "Train, evaluate and run DETR detectors (the paper's DETR, its anchor variants for short CPU\n"
-            "budgets, Deformable DETR), through Lightning.")
+            "budgets, Deformable DETR, RT-DETR and D-FINE), through Lightning.")
     configs = PANOPTIC_CONFIGS if panoptic else DETECTION_CONFIGS
     lines = [
         f"usage: {prog} {{{','.join(SUBCOMMANDS)}}} --config configs/FILE.yaml [--KEY VALUE ...]",

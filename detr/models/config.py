@@ -135,56 +135,56 @@ class DetrConfig:
         sampling_offset_scale: RT-DETRv2's decoder offsets around a box in units of this × its size / points
             (0.5).
         sampling_method: "bilinear" or "discrete" (RT-DETRv2's nearest-cell sampling, without grid_sample).
-
-    D-FINE (``architecture="dfine"``, :class:`detr.models.dfine.model.DFINE`, docs/dfine.md) takes RT-DETR's
-    options (``backbone`` one of the HGNetV2 sizes "hgnetv2_b0" ... "hgnetv2_b5"; ``num_feature_levels`` 3, or 2
-    for D-FINE N: the backbone's last stages, one decoder level each) and these:
-
-    Attributes:
-        backbone_learnable_affine: HGNetV2's learnable affine blocks (the authors' use_lab: N, S and M).
-        num_points_per_level: the decoder's sampling points per level (S-X: (3, 6, 3)); None: num_points at each.
-        csp_depth_multiplier: RepVGG blocks per CSP layer of the encoder's fusion blocks = round(3 × this).
-        max_num_bins: N: each box edge is a distribution over N + 1 bins (32).
-        reg_scale, reg_up: the weighting function's curvature and range (4.0, 0.5: the authors' reg_scale, up).
-        lqe_top_k, lqe_hidden_dim, lqe_layers: the localisation-quality head (4 top probabilities, 64, 2 layers).
-
-    DEIMv2 (``architecture="deimv2"``, the same :class:`detr.models.dfine.model.DFINE` with DEIMv2's parts:
-    RMSNorm and SwiGLU decoder layers, summed RepNCSPELAN5 fusion; ``backbone`` an HGNetV2 size or "dinov3_vit";
-    docs/dfine.md) takes D-FINE's options and these:
-
-    Attributes:
-        lite_encoder: the Atto/Femto/Pico encoder (no AIFI, two levels; num_feature_levels=2) instead of the
-            hybrid encoder.
-        decoder_gateway: the decoder layers' gate after the cross-attention (True); False: residual + RMSNorm.
-        decoder_activation: "relu" or "silu" between the layers of the query-position MLP.
-        csp_trailing_conv: the 3×3 at the end of the fusion blocks' CSP layers (True; the DINOv3 models: False).
-        vit_dim, vit_depth, vit_heads, vit_mlp_dim, vit_register_tokens, vit_gated_mlp: the DINOv3 ViT's size
-            (backbone="dinov3_vit"; the defaults are ViT-S/16's: 384, 12, 6, 1536, 4, False).
-        vit_out_layers: the three ViT layers (1-based) whose patch tokens become the strides 8, 16, 32.
-        adapter_channels: c of the spatial tuning adapter (2c, 4c, 4c channels at strides 8, 16, 32; 16).
-
-    RF-DETR (``architecture="rfdetr"``, :class:`detr.models.rfdetr.model.RFDETR`, docs/rfdetr.md) takes
-    ``backbone="dinov2_windowed"`` (LW-DETR: "lwdetr_vit"), one feature level per projector scale
-    (``num_feature_levels``), ``num_heads`` for the decoder's self-attention, ``dim_feedforward``, ``num_points``,
-    ``num_decoder_layers`` and ``num_queries``, and these:
-
-    Attributes:
-        vit_hidden_dim, vit_num_layers, vit_num_heads, vit_mlp_ratio: the ViT's width, depth, heads and MLP ratio
-            (DINOv2-S: 384, 12, 6, 4).
-        vit_out_indices: the ViT stages (outputs after that many blocks) the projector reads; those blocks and the
-            ones after the last attend globally, the others within windows ((2, 5, 8, 11)).
-        vit_num_windows: windows per side of the windowed blocks (4: 16 windows; 1: none).
-        vit_patch_size: pixels per patch side (14).
-        vit_position_size: the image side the position table was learned at (518: 37 × 37 patches),
+        backbone_learnable_affine: D-FINE and DEIMv2 (``architecture="dfine"`` or "deimv2", a ``backbone`` of
+            the HGNetV2 sizes "hgnetv2_b0" ... "hgnetv2_b5"; docs/dfine.md): HGNetV2's learnable affine blocks
+            (the authors' use_lab: N, S and M).
+        num_points_per_level: D-FINE: the decoder's sampling points per level (S-X: (3, 6, 3)); None:
+            num_points at each.
+        csp_depth_multiplier: D-FINE: RepVGG blocks per CSP layer of the encoder's fusion blocks = round(3 × this).
+        max_num_bins: D-FINE: N, each box edge is a distribution over N + 1 bins (32).
+        reg_scale: D-FINE: the weighting function's curvature (4.0, the authors' reg_scale).
+        reg_up: D-FINE: the weighting function's range (0.5, the authors' up).
+        lqe_top_k: D-FINE: top probabilities of each edge the localisation-quality head reads (4).
+        lqe_hidden_dim: D-FINE: the localisation-quality head's hidden width (64).
+        lqe_layers: D-FINE: the localisation-quality head's layers (2).
+        lite_encoder: DEIMv2 (D-FINE's parts with RMSNorm and SwiGLU decoder layers and summed RepNCSPELAN5
+            fusion; ``backbone`` an HGNetV2 size or "dinov3_vit"): the Atto/Femto/Pico encoder (no AIFI, two
+            levels; num_feature_levels=2) instead of the hybrid encoder.
+        decoder_gateway: DEIMv2: the decoder layers' gate after the cross-attention (True); False: residual +
+            RMSNorm.
+        decoder_activation: DEIMv2: "relu" or "silu" between the layers of the query-position MLP.
+        csp_trailing_conv: DEIMv2: the 3×3 at the end of the fusion blocks' CSP layers (True; the DINOv3
+            models: False).
+        vit_dim: DEIMv2's DINOv3 ViT (backbone="dinov3_vit"): width (ViT-S/16: 384).
+        vit_depth: DEIMv2's DINOv3 ViT: blocks (12).
+        vit_heads: DEIMv2's DINOv3 ViT: attention heads (6).
+        vit_mlp_dim: DEIMv2's DINOv3 ViT: MLP hidden width (1536).
+        vit_register_tokens: DEIMv2's DINOv3 ViT: register tokens (4).
+        vit_gated_mlp: DEIMv2's DINOv3 ViT: a gated (SwiGLU) MLP instead of the plain one (False).
+        vit_out_layers: DEIMv2's DINOv3 ViT: the three layers (1-based) whose patch tokens become the strides
+            8, 16, 32.
+        adapter_channels: DEIMv2: c of the spatial tuning adapter (2c, 4c, 4c channels at strides 8, 16, 32; 16).
+        vit_hidden_dim: RF-DETR (``architecture="rfdetr"``, ``backbone="dinov2_windowed"``; LW-DETR: "lwdetr_vit";
+            one feature level per projector scale; docs/rfdetr.md): the ViT's width (DINOv2-S: 384).
+        vit_num_layers: RF-DETR: the ViT's blocks (12).
+        vit_num_heads: RF-DETR: the ViT's attention heads (6).
+        vit_mlp_ratio: RF-DETR: the ViT's MLP width over its width (4).
+        vit_out_indices: RF-DETR: the ViT stages (outputs after that many blocks) the projector reads; those
+            blocks and the ones after the last attend globally, the others within windows ((2, 5, 8, 11)).
+        vit_num_windows: RF-DETR: windows per side of the windowed blocks (4: 16 windows; 1: none).
+        vit_patch_size: RF-DETR: pixels per patch side (14).
+        vit_position_size: RF-DETR: the image side the position table was learned at (518: 37 × 37 patches),
             interpolated to other sizes.
-        cross_attention_heads: heads of the decoder's deformable cross-attention (16).
-        projector_expansion, projector_blocks: the C2f projector's hidden width (× hidden_dim) and blocks (0.5, 3).
-        instance_masks: the segmentation head (query features × pixel features): masks beside the boxes.
-        mask_dim_feedforward: the segmentation head's query MLP width (1024).
+        cross_attention_heads: RF-DETR: heads of the decoder's deformable cross-attention (16; ``num_heads`` is
+            its self-attention's).
+        projector_expansion: RF-DETR: the C2f projector's hidden width (× hidden_dim; 0.5).
+        projector_blocks: RF-DETR: the C2f projector's blocks (3).
+        instance_masks: RF-DETR: the segmentation head (query features × pixel features): masks beside the boxes.
+        mask_dim_feedforward: RF-DETR: the segmentation head's query MLP width (1024).
         vit_window_blocks: LW-DETR's ViT: the blocks that attend within windows (None: RF-DETR's rule above).
-        projector_scales: one projector per feature level, at this scale of the patch grid (RF-DETR: (1.0,);
-            LW-DETR: (2.0, 0.5) and the like).
-        projector_norm: "layer_norm" (RF-DETR) or "batch_norm" (LW-DETR) in the projector's C2f blocks.
+        projector_scales: RF-DETR: one projector per feature level, at this scale of the patch grid (RF-DETR:
+            (1.0,); LW-DETR: (2.0, 0.5) and the like).
+        projector_norm: RF-DETR: "layer_norm" (RF-DETR) or "batch_norm" (LW-DETR) in the projector's C2f blocks.
     """
 
     backbone: BackboneName = "resnet50"

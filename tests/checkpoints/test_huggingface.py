@@ -166,8 +166,8 @@ def test_folded_batch_norm_is_refused(tmp_path):
         save_pretrained(model, tmp_path)
 
 
-# deformable_detr and rt_detr read: their own tests
-@pytest.mark.parametrize("model_type", ["d_fine", "conditional_detr"])
+# deformable_detr, rt_detr, d_fine, deimv2, rf_detr and lw_detr read: their own tests
+@pytest.mark.parametrize("model_type", ["yolos", "conditional_detr"])
 def test_other_model_types_are_named_in_the_error(tmp_path, model_type):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(CheckpointError, match=f"model_type '{model_type}'"):
