@@ -195,11 +195,10 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             # the evaluation size a checkpoint records (its reader's resize)
             self.sizes = {**self.sizes, "eval_min_size": square_size, "eval_max_size": square_size}
         self.square_size, self.normalize = square_size, normalize
-        if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1) or num_workers < 0:
-            raise ValueError(
-                f"need batch_size >= 1, val_batch_size >= 1 (or None) and num_workers >= 0; got {batch_size}, "
-                f"{val_batch_size}, {num_workers}"
-            )
+        for flag, value, least in (("batch_size", batch_size, 1), ("val_batch_size", val_batch_size, 1),
+                                   ("num_workers", num_workers, 0)):
+            if value is not None and value < least:  # named as the user set it: the flag, not the class
+                raise ValueError(f"--data.{flag} must be >= {least}, got {value}")
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size if val_batch_size is not None else batch_size
         self.num_workers = num_workers

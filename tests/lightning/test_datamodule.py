@@ -91,8 +91,10 @@ def test_configuration_errors(tmp_path: Path, shapes_root: Path) -> None:
         DetrDataModule(root=str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="not only one"):
         DetrDataModule(train_images=str(shapes_root / "train2017"))
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(ValueError, match="--data.batch_size must be >= 1, got 0"):  # the flag, as the user set it
         DetrDataModule(root=str(shapes_root), batch_size=0)
+    with pytest.raises(ValueError, match="--data.num_workers must be >= 0, got -1"):
+        DetrDataModule(root=str(shapes_root), num_workers=-1)
     with pytest.raises(ValueError, match="fewer than batch_size=8"):
         DetrDataModule(root=str(shapes_root), batch_size=8, num_workers=0).train_dataloader()
     (tmp_path / "empty_root").mkdir()
