@@ -13,6 +13,10 @@ hidden size 256 and 8 heads, for an input image of the given size, whose ResNet 
   four levels (what dense attention would cost on Deformable DETR's input).
 - decoder cross-attention: 300 queries attend to the encoder output, deformable against dense over all levels.
 
+The deformable rows run twice: with grid_sample (what PyTorch runs) and with the "gather" kernel (the same
+sampling as four index gathers, what ``detr-export --sampling-kernel gather`` writes for runtimes without a
+correct GridSample), so the price of that export's sampling in PyTorch is on the same lines.
+
 Prints one row per case: the tokens, the median time of ``--repeats`` runs after one warm-up, and the
 multiply-accumulates of the attention proper (sampling and weighting for the deformable kind, QK^T and AV
 for the dense kind; the linear projections are in the times but not in that column).
@@ -29,7 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from detr.models.deformable.attention import MultiScaleDeformableAttention
+from detr.models.deformable.attention import MultiScaleDeformableAttention, use_bilinear_kernel
 
 HIDDEN, HEADS, POINTS, QUERIES = 256, 8, 4, 300
 
@@ -54,8 +58,9 @@ def median_seconds(run: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def deformable_case(queries: int, shapes: list[tuple[int, int]], repeats: int) -> float:
+def deformable_case(queries: int, shapes: list[tuple[int, int]], repeats: int, kernel: str = "grid_sample") -> float:
     attention = MultiScaleDeformableAttention(HIDDEN, HEADS, len(shapes), POINTS).eval()
+    use_bilinear_kernel(attention, kernel)
     tokens = sum(h * w for h, w in shapes)
     query, value = torch.randn(1, queries, HIDDEN), torch.randn(1, tokens, HIDDEN)
     reference = torch.rand(1, queries, len(shapes), 2)
@@ -88,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     cases = [
         ("encoder", "deformable, 4 levels x 4 points", all_tokens, all_tokens,
          lambda: deformable_case(all_tokens, shapes, args.repeats), deformable_macs(all_tokens)),
+        ("encoder", "deformable, the gather kernel", all_tokens, all_tokens,
+         lambda: deformable_case(all_tokens, shapes, args.repeats, "gather"), deformable_macs(all_tokens)),
         ("encoder", "dense, stride-32 map (DETR)", stride32, stride32,
          lambda: dense_case(stride32, stride32, args.repeats), dense_macs(stride32, stride32)),
     ]
@@ -97,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     cases += [
         ("decoder", "deformable, 4 levels x 4 points", QUERIES, all_tokens,
          lambda: deformable_case(QUERIES, shapes, args.repeats), deformable_macs(QUERIES)),
+        ("decoder", "deformable, the gather kernel", QUERIES, all_tokens,
+         lambda: deformable_case(QUERIES, shapes, args.repeats, "gather"), deformable_macs(QUERIES)),
         ("decoder", "dense, all 4 levels", QUERIES, all_tokens,
          lambda: dense_case(QUERIES, all_tokens, args.repeats), dense_macs(QUERIES, all_tokens)),
         ("decoder", "dense, stride-32 map (DETR)", QUERIES, stride32,
