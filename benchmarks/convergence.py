@@ -7,6 +7,9 @@ for a fixed training time and print COCO AP / AP50 (pycocotools) at regular poin
     .venv/bin/python benchmarks/convergence.py --step-time paper anchor best   # ms per training step
     # the demo's YAML, one run per shapes-generator seed, fitted to 3,000 steps: AP50 at 250 / 500 / 1k / 2k / 3k
     .venv/bin/python benchmarks/convergence.py --preset demo --seeds 0 1 --train-steps 3000 --eval-every-steps 250
+    # any shapes YAML of configs/ as it trains (RT-DETR's, D-FINE's, Deformable DETR's): AP50 at 250 / 500 / 1k
+    .venv/bin/python benchmarks/convergence.py --preset configs/rtdetr_shapes_cpu.yaml --seeds 0 \
+        --train-steps 1000 --eval-every-steps 250 --report-steps 250 500 750 1000
 
 Each run is what ``detr fit`` trains: :class:`detr.lightning.DetrSystem` (the model from a
 :class:`detr.models.config.DetrConfig`, the Hungarian loss, AdamW and its step-based learning-rate schedule:
@@ -76,6 +79,8 @@ class RunConfig:
     precision: str = "32-true"  # the Trainer's ("bf16-mixed": everything in bfloat16 autocast)
     ema_decay: float = 0.0  # > 0: validate an exponential moving average of the weights (and BN buffers)
     seed: int = 0
+    square_size: int | None = None  # the data's input contract: a square resize (the real-time DETRs')
+    normalize: bool = True  # ImageNet mean / std; False: pixels / 255 (the real-time DETRs')
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "detr": self.detr.to_dict()}
@@ -152,10 +157,51 @@ def demo_image_size(path: Path = DEMO_CONFIG) -> int:
     return int(yaml.safe_load(path.read_text())["data"]["train_max_size"])
 
 
+#: DetrSystem arguments a YAML preset does not carry over: evaluation only, or set by :func:`build_system`.
+_NOT_TRAINING = {"evaluator_backend", "lr_drop_epochs", "evaluation_dir", "error_analysis",
+                 "error_analysis_every_n_validations", "init_checkpoint"}
+
+
+def resolved_config(path: Path) -> dict[str, Any]:
+    """What ``detr fit --config PATH`` trains, as its ``--print_config`` resolves it (includes and dotted keys
+    followed, every default filled in)."""
+    import yaml
+
+    from detr.lightning.cli import main as detr_main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.suppress(SystemExit):
+        detr_main(["fit", "--config", str(path), "--print_config"])
+    return yaml.safe_load(printed.getvalue())
+
+
+def yaml_preset(path: Path) -> dict[str, Any]:
+    """A YAML of configs/ as a preset (``--preset configs/rtdetr_shapes_cpu.yaml``): its whole model, batch
+    size, gradient clipping, seed and input contract (square size, normalisation), as ``detr fit`` resolves
+    them; its image size is :func:`yaml_image_size`'s."""
+    config = resolved_config(path)
+    model, data = dict(config["model"]), config["data"]
+    system = {key: value for key, value in model.items() if key in system_arguments() - _NOT_TRAINING}
+    return {"detr": model["detr"], **system, "batch_size": data["batch_size"],
+            "clip": config["trainer"]["gradient_clip_val"], "seed": config.get("seed_everything") or 0,
+            "square_size": data["square_size"], "normalize": data["normalize"]}
+
+
+def yaml_image_size(path: Path) -> int:
+    """A YAML preset's image size: its square, else the longest side its training resizes to."""
+    data = resolved_config(path)["data"]
+    return int(data["square_size"] or data["train_max_size"])
+
+
 def preset_values(preset: str) -> dict[str, Any]:
-    """The overrides a preset makes (the ``demo`` preset is read from the demo's YAML)."""
+    """The overrides a preset makes (the ``demo`` preset is read from the demo's YAML, a ``.yaml`` path from
+    that file)."""
     if preset == "demo":
         return demo_preset()
+    if preset.endswith((".yaml", ".yml")):
+        if not Path(preset).is_file():
+            raise SystemExit(f"--preset {preset}: no such file")
+        return yaml_preset(Path(preset))
     if preset not in PRESETS:
         raise SystemExit(f"unknown preset {preset!r}; choose one of {sorted(PRESETS) + ['demo']}")
     return PRESETS[preset]
@@ -209,14 +255,16 @@ def shapes_root(num_train: int, num_val: int, seed: int, cache_dir: Path) -> Pat
     return root
 
 
-def make_datamodule(data_root: Path, batch_size: int, image_size: int) -> DetrDataModule:
+def make_datamodule(data_root: Path, batch_size: int, image_size: int, *, square_size: int | None = None,
+                    normalize: bool = True) -> DetrDataModule:
     """The demo's data settings: every resize at the images' own size, so flips are the only augmentation;
-    read in the training process (a loader worker competes with the compute threads)."""
+    read in the training process (a loader worker competes with the compute threads). ``square_size`` and
+    ``normalize``: the real-time DETRs' input contract (``--data.square_size``, ``--data.normalize``)."""
     sizes = dict(train_scales=[image_size], train_max_size=image_size, crop_resize_scales=[image_size],
                  crop_min_size=image_size, crop_max_size=image_size, eval_min_size=image_size,
                  eval_max_size=image_size)
     return DetrDataModule(root=str(data_root), batch_size=batch_size, val_batch_size=50, num_workers=0,
-                          pin_memory=False, **sizes)
+                          pin_memory=False, square_size=square_size, normalize=normalize, **sizes)
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -304,7 +352,8 @@ def run(config: RunConfig, data_root: Path, *, minutes: float, eval_every: float
     only a safety stop); evaluate every ``eval_every`` minutes, or every ``eval_every_steps`` steps when
     given, and at the end. Returns the curve's points."""
     L.seed_everything(config.seed, verbose=False)
-    datamodule = make_datamodule(data_root, config.batch_size, image_size)
+    datamodule = make_datamodule(data_root, config.batch_size, image_size, square_size=config.square_size,
+                                 normalize=config.normalize)
     config = for_data(config, datamodule)
     system = build_system(config, datamodule)
     throughput = TrainingThroughput()
@@ -341,7 +390,8 @@ def step_time(config: RunConfig, data_root: Path, steps: int, name: str, image_s
     """Median seconds per training step after 3 warm-up steps, by process CPU time / threads (the wall-clock
     median is printed too)."""
     L.seed_everything(0, verbose=False)
-    datamodule = make_datamodule(data_root, config.batch_size, image_size)
+    datamodule = make_datamodule(data_root, config.batch_size, image_size, square_size=config.square_size,
+                                 normalize=config.normalize)
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as root:
         make_trainer(config, [timer], root, max_steps=steps + 3).fit(build_system(config, datamodule), datamodule)
@@ -353,7 +403,8 @@ def step_time(config: RunConfig, data_root: Path, steps: int, name: str, image_s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="paper", help=f"one of {sorted(PRESETS)}")
+    parser.add_argument("--preset", default="paper",
+                        help=f"one of {sorted(PRESETS) + ['demo']}, or a shapes YAML of configs/ (its whole recipe)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a model field (detr.KEY), a RunConfig field or a DetrSystem argument")
     parser.add_argument("--minutes", type=float, default=10.0, help="training time budget (evaluation excluded)")
@@ -384,7 +435,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.image_size is None:
-        args.image_size = demo_image_size() if args.preset == "demo" and args.data_root is None else 128
+        if args.preset.endswith((".yaml", ".yml")) and Path(args.preset).is_file():
+            args.image_size = yaml_image_size(Path(args.preset))
+        else:
+            args.image_size = demo_image_size() if args.preset == "demo" and args.data_root is None else 128
     if args.seeds is not None:
         return seeds_summary(args)
     start = time.perf_counter()

@@ -45,3 +45,18 @@ def test_seeds_print_ap50_at_the_report_steps(tmp_path, capsys) -> None:
         steps = re.findall(rf"\[demo seed {seed}\] train .* step +(\d+)/4 .* AP50 [0-9.]+", out)
         assert steps == ["2", "4"]
         assert re.search(rf"^ +{seed} \| +[0-9.]+ \| +[0-9.]+ \| [0-9.]+$", out, re.MULTILINE), out
+
+
+def test_a_yaml_preset_is_what_detr_fit_trains_from_that_file() -> None:
+    """``--preset configs/rtdetr_shapes_cpu.yaml``: the file's whole recipe as ``detr fit`` resolves it (its
+    include of the demo YAML and its dotted keys), with the family's input contract."""
+    benchmark = load_script("benchmarks/convergence.py")
+    path = REPO / "configs" / "rtdetr_shapes_cpu.yaml"
+    run = benchmark.build_run_config(str(path), ["lr=1e-3"])
+    assert (run.detr.architecture, run.detr.backbone, run.detr.num_feature_levels) == ("rtdetr", "resnet18", 3)
+    assert (run.square_size, run.normalize, run.batch_size, run.clip) == (128, False, 8, 0.1)
+    assert run.system["lr"] == 1e-3 and run.system["lr_decay_fraction"] == 0.3  # --set over the demo's value
+    assert "evaluation_dir" not in run.system and "init_checkpoint" not in run.system
+    assert benchmark.yaml_image_size(path) == 128
+    with pytest.raises(SystemExit, match="no such file"):
+        benchmark.build_run_config("configs/missing.yaml", [])
