@@ -347,10 +347,11 @@ def make_trainer(config: RunConfig, callbacks: list[L.Callback], root: str, *, m
 
 def run(config: RunConfig, data_root: Path, *, minutes: float, eval_every: float, name: str, jsonl: Path | None,
         max_steps: int | None = None, image_size: int = 128,
-        eval_every_steps: int | None = None) -> list[dict[str, Any]]:
+        eval_every_steps: int | None = None, save: Path | None = None) -> list[dict[str, Any]]:
     """Train for ``minutes`` of training time, or ``max_steps`` steps when given (the time budget is then
     only a safety stop); evaluate every ``eval_every`` minutes, or every ``eval_every_steps`` steps when
-    given, and at the end. Returns the curve's points."""
+    given, and at the end; ``save``: write the trained model there as ``detr fit`` writes a checkpoint (it
+    loads with :func:`detr.load_checkpoint`, its eval size and categories kept). Returns the curve's points."""
     L.seed_everything(config.seed, verbose=False)
     datamodule = make_datamodule(data_root, config.batch_size, image_size, square_size=config.square_size,
                                  normalize=config.normalize)
@@ -367,6 +368,10 @@ def run(config: RunConfig, data_root: Path, *, minutes: float, eval_every: float
         trainer = make_trainer(config, callbacks, root, max_steps=max_steps or -1, eval_every=eval_every,
                                eval_every_steps=eval_every_steps)
         trainer.fit(system, datamodule=datamodule)
+        if save is not None:
+            save.parent.mkdir(parents=True, exist_ok=True)
+            trainer.save_checkpoint(save, weights_only=True)
+            print(f"[{name}] saved {save}", flush=True)
     return report.curve
 
 
@@ -428,7 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/detr_convergence_cache"),
                         help="where shapes sets of other sizes or seeds are written")
     parser.add_argument("--jsonl", type=Path, default=None, help="append every evaluation point here")
-    parser.add_argument("--name", default=None, help="run name in the output (default: the preset)")
+    parser.add_argument("--name", default=None,
+                        help="run name in the output (default: the preset, a YAML preset's file stem)")
+    parser.add_argument("--save-dir", type=Path, default=None,
+                        help="write each run's trained model here (NAME.ckpt, NAME-seedS.ckpt with --seeds)")
     parser.add_argument("--step-time", nargs="*", default=None, metavar="PRESET",
                         help="only time training steps of these presets (with --set overrides)")
     parser.add_argument("--steps", type=int, default=10, help="steps timed per preset with --step-time")
@@ -454,10 +462,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{preset:>18}: {seconds / times['paper']:.2f} × paper's training time per image")
         return 0
     config = build_run_config(args.preset, args.set)
-    run(config, data_root, minutes=args.minutes, eval_every=args.eval_every, name=args.name or args.preset,
+    run(config, data_root, minutes=args.minutes, eval_every=args.eval_every, name=run_name(args),
         jsonl=args.jsonl, max_steps=args.train_steps, image_size=args.image_size,
-        eval_every_steps=args.eval_every_steps)
+        eval_every_steps=args.eval_every_steps, save=saved_as(args, None))
     return 0
+
+
+def run_name(args: argparse.Namespace) -> str:
+    """``--name``, else the preset's (a YAML preset's file stem)."""
+    return args.name or (Path(args.preset).stem if args.preset.endswith((".yaml", ".yml")) else args.preset)
+
+
+def saved_as(args: argparse.Namespace, seed: int | None) -> Path | None:
+    """Where ``--save-dir`` puts a run's model: named after the run."""
+    if args.save_dir is None:
+        return None
+    return args.save_dir / (f"{run_name(args)}.ckpt" if seed is None else f"{run_name(args)}-seed{seed}.ckpt")
 
 
 def seeds_summary(args: argparse.Namespace) -> int:
@@ -471,8 +491,8 @@ def seeds_summary(args: argparse.Namespace) -> int:
         data_root = args.data_root or shapes_root(args.num_train, args.num_val, seed, args.cache_dir)
         config = build_run_config(args.preset, [*args.set, f"seed={seed}"])
         curves[seed] = run(config, data_root, minutes=10_000.0, eval_every=args.eval_every,
-                           name=f"{args.name or args.preset} seed {seed}", jsonl=args.jsonl, max_steps=steps,
-                           image_size=args.image_size, eval_every_steps=every)
+                           name=f"{run_name(args)} seed {seed}", jsonl=args.jsonl, max_steps=steps,
+                           image_size=args.image_size, eval_every_steps=every, save=saved_as(args, seed))
     report = [s for s in args.report_steps if s <= steps]
     print(f"\nAP50 of --preset {args.preset} {' '.join('--set ' + s for s in args.set)} "
           f"(schedule fitted to {steps} steps; seed = the shapes generator's and the training seed)")

@@ -60,3 +60,19 @@ def test_a_yaml_preset_is_what_detr_fit_trains_from_that_file() -> None:
     assert benchmark.yaml_image_size(path) == 128
     with pytest.raises(SystemExit, match="no such file"):
         benchmark.build_run_config("configs/missing.yaml", [])
+
+
+def test_a_yaml_preset_run_saves_a_model_that_loads_with_its_input_contract(tmp_path, capsys) -> None:
+    """``--save-dir``: the trained RT-DETR is written as ``detr fit`` writes it, and loads back with the
+    family's square contract at the run's size and the data's categories."""
+    from detr import load_checkpoint
+
+    benchmark = load_script("benchmarks/convergence.py")
+    argv = ["--preset", str(REPO / "configs" / "rtdetr_shapes_cpu.yaml"), *(f"--set={item}" for item in TINY),
+            "--train-steps", "2", "--eval-every-steps", "2", "--num-train", "4", "--num-val", "2",
+            "--cache-dir", str(tmp_path), "--threads", "1", "--save-dir", str(tmp_path / "models")]
+    assert benchmark.main(argv) == 0
+    assert re.search(r"\[rtdetr_shapes_cpu\] train .* step +2/2 .* AP50 [0-9.]+", capsys.readouterr().out)
+    model = load_checkpoint(tmp_path / "models" / "rtdetr_shapes_cpu.ckpt")
+    assert (model.config.architecture, model.input_spec.resize, model.input_spec.size) == ("rtdetr", "square", 128)
+    assert model.input_spec.mean is None and len(model.meta.category_map.names) == 5
