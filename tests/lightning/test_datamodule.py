@@ -231,6 +231,7 @@ def test_the_stop_epoch_reaches_persistent_workers() -> None:
     trainer = SimpleNamespace(current_epoch=0)
     data.trainer = trainer  # what Lightning attaches; the loader reads its current_epoch as each epoch starts
     data.setup("fit")
+    data.train_dataset.ids = data.train_dataset.ids[:16]  # four batches an epoch
     plain = CocoDetection(*data.paths["train"], transform=data.eval_transform, category_map=data.category_map)
     index_of = {image_id: index for index, image_id in enumerate(plain.ids)}
     loader = data.train_dataloader()
@@ -249,7 +250,7 @@ def test_the_stop_epoch_reaches_persistent_workers() -> None:
         return sides, augmented
 
     sides, augmented = epoch(0)
-    assert sides == {64, 128} and augmented > 25 and data.epoch.get() == 0  # of 48 images
+    assert sides <= {64, 128} and augmented > 8 and data.epoch.get() == 0  # of 16 images
     sides, augmented = epoch(1)
     assert sides == {96} and augmented == 0 and data.epoch.get() == 1
     assert loader._iterator is not None and loader._iterator._persistent_workers  # the same worker both epochs
