@@ -303,3 +303,33 @@ def padded(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         batch[index, :, : image.shape[1], : image.shape[2]] = image
         mask[index, : image.shape[1], : image.shape[2]] = False
     return batch, mask
+
+
+class RecordTrainingBatches(L.Callback):
+    """Appends one json line per training batch to ``path``: its epoch, the side of its images and how many of its
+    images are the plain flip and resize of their file (the data module's evaluation transform, or its mirror),
+    i.e. were not touched by the authors' random operations (photometric distortion, zoom-out, IoU crop)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._plain: Any = None
+        self._index_of: dict[int, int] = {}
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+                             ) -> None:
+        from detr.data.coco import CocoDetection
+
+        data = trainer.datamodule
+        if self._plain is None:
+            self._plain = CocoDetection(*data.paths["train"], transform=data.eval_transform,
+                                        category_map=data.category_map)
+            self._index_of = {image_id: index for index, image_id in enumerate(self._plain.ids)}
+        images, _, targets = batch
+        plain = 0
+        for image, target in zip(images.cpu(), targets, strict=True):
+            reference = self._plain[self._index_of[int(target["image_id"])]][0]
+            plain += image.shape == reference.shape and any(
+                torch.allclose(image, version, atol=2 / 255) for version in (reference, reference.flip(-1)))
+        with self.path.open("a") as file:
+            file.write(json.dumps({"epoch": trainer.current_epoch, "side": int(images.shape[-1]),
+                                   "images": len(targets), "plain": int(plain)}) + "\n")

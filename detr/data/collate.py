@@ -9,6 +9,9 @@ A batch is ``(images, padding_mask, targets)``, what the models, the criterion a
   ``labels`` int64 [T], ``image_id`` int64 scalar, ``orig_size`` int64 [2] (h, w) of the original image,
   ``size`` int64 [2] (h, w) after the transform. Prediction samples (no annotations) carry ``file_name``
   instead of boxes and labels.
+
+:class:`MultiScaleCollate` then resizes each training batch to a square drawn from a list (RT-DETRv2's and D-FINE's
+multi-scale batches, until their stop epoch).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torchvision.ops import box_convert
 
+from detr.data.training_epoch import SharedEpoch
 from detr.models.inputs import pad_images
 
 
@@ -45,3 +50,53 @@ def collate_detection(
             target["boxes"] = normalize_boxes(target.pop("boxes_xyxy"), target["size"])
         targets.append(target)
     return images, padding_mask, targets
+
+
+class MultiScaleCollate:
+    """:func:`collate_detection`, then the whole batch resized to a square side drawn at random from ``sizes``
+    (RT-DETRv2's and D-FINE's ``BatchImageCollateFunction``; docs/rtdetr.md, "The authors' augmentations").
+
+    The images are resized with ``F.interpolate``'s default, nearest neighbour, as the authors' collate does; the
+    padding mask (and any target ``masks``) by nearest neighbour too. Boxes are normalised, so they do not change;
+    each target's ``size`` becomes the new square. From epoch ``stop_epoch`` on (read from ``epoch`` per batch) the
+    batch keeps the size its transform gave it.
+
+    The side is drawn from torch's generator: in a DataLoader worker, the one the loader seeds per worker and
+    epoch (from the training process's seed); without workers, the training process's.
+
+    Args:
+        sizes: square sides (pixels) to draw from, repeats weighting a side (the authors list 640 three times).
+        stop_epoch: the first epoch (0-based) without resizing; None: every epoch.
+        epoch: where the current epoch is read (needed with ``stop_epoch``).
+    """
+
+    def __init__(self, sizes: Sequence[int], *, stop_epoch: int | None = None, epoch: SharedEpoch | None = None
+                 ) -> None:
+        if not sizes or any(int(size) < 1 for size in sizes):
+            raise ValueError(f"MultiScaleCollate needs a non-empty list of positive sizes, got {sizes!r}")
+        if stop_epoch is not None and epoch is None:
+            raise ValueError("MultiScaleCollate: a stop_epoch needs the epoch to compare it with (epoch=SharedEpoch())")
+        self.sizes = [int(size) for size in sizes]
+        self.stop_epoch = stop_epoch
+        self.epoch = epoch
+
+    def __call__(
+        self, samples: Sequence[tuple[torch.Tensor, dict[str, Any]]]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, Any]]]:
+        images, padding_mask, targets = collate_detection(samples)
+        if self.stop_epoch is not None and self.epoch is not None and self.epoch.get() >= self.stop_epoch:
+            return images, padding_mask, targets
+        side = self.sizes[int(torch.randint(len(self.sizes), ()))]
+        if images.shape[-2:] == (side, side):
+            return images, padding_mask, targets
+        images = F.interpolate(images, size=(side, side))  # mode "nearest", as the authors' F.interpolate(images, sz)
+        padding_mask = F.interpolate(padding_mask[:, None].float(), size=(side, side))[:, 0].bool()
+        for target in targets:
+            target["size"] = torch.tensor([side, side], dtype=torch.int64)
+            if "masks" in target:
+                target["masks"] = F.interpolate(target["masks"][None].float(), size=(side, side))[0].to(
+                    target["masks"].dtype)
+        return images, padding_mask, targets
+
+    def __repr__(self) -> str:
+        return f"MultiScaleCollate(sizes={self.sizes}, stop_epoch={self.stop_epoch})"

@@ -11,13 +11,15 @@ exist before any setup and LightningCLI can link them into the model. Data sets 
 
 Transform sizes are constructor arguments, so a YAML config can train the 128 px shapes set at small
 scales. Lightning adds the distributed sampler itself. :class:`CocoFormatDataModule` holds what this module
-and the panoptic one (:mod:`detr.lightning.panoptic_datamodule`) share: sizes, batch sizes, loaders.
+and the panoptic one (:mod:`detr.lightning.panoptic_datamodule`) share: sizes, batch sizes, loaders, and the
+real-time DETRs' training augmentations, multi-scale batches and the epoch they stop at (the training loader
+tells its workers the trainer's epoch: :class:`EpochLoader`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,8 +30,9 @@ from torch.utils.data import DataLoader
 from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
 from detr.data.coco import CocoDetection, category_map_from_categories, load_coco_json
-from detr.data.collate import collate_detection
+from detr.data.collate import MultiScaleCollate, collate_detection
 from detr.data.images import ImageFilesDataset
+from detr.data.training_epoch import SharedEpoch, StopAtEpoch
 from detr.data.transforms import (
     CROP_MAX_SIZE,
     CROP_MIN_SIZE,
@@ -39,6 +42,7 @@ from detr.data.transforms import (
     TRAIN_MAX_SIZE,
     TRAIN_SCALES,
     make_eval_transform,
+    make_rtdetr_train_transform,
     make_square_transform,
     make_train_transform,
     reseed_transform,
@@ -65,6 +69,32 @@ def seed_worker_transform(worker_id: int) -> None:
     reseed_transform(getattr(info.dataset, "transform", None), info.seed + 1_000_003 * rank)
 
 
+class EpochLoader(DataLoader):
+    """A DataLoader that, as each pass over it starts, writes ``current_epoch()`` into ``epoch``: before its workers
+    start (or, persistent, resume) and fetch, so every sample and batch of the pass sees that epoch.
+
+    Lightning creates a training epoch's iterator after the epoch's counter moves on (and, for the first or a
+    resumed epoch, right after asking for the loader), so ``current_epoch`` may simply read the trainer's. It
+    rebuilds the loader with the same arguments when it adds a distributed sampler.
+
+    Args:
+        epoch: the epoch shared with the loader's transform and collate.
+        current_epoch: the epoch now (None: no trainer, ``epoch`` is left as it is).
+        args, kwargs: those of :class:`torch.utils.data.DataLoader`.
+    """
+
+    def __init__(self, *args: Any, epoch: SharedEpoch, current_epoch: Callable[[], int | None], **kwargs: Any
+                 ) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch, self.current_epoch = epoch, current_epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        current = self.current_epoch()
+        if current is not None:
+            self.epoch.set(current)
+        return super().__iter__()
+
+
 #: The authors' sizes, which ``image_size`` scales (see :class:`CocoFormatDataModule`).
 AUTHORS_SIZES: dict[str, Any] = {
     "train_scales": tuple(TRAIN_SCALES), "train_max_size": TRAIN_MAX_SIZE,
@@ -88,6 +118,29 @@ def sizes_for(image_size: int, given: dict[str, Any]) -> dict[str, Any]:
         sizes[name] = (sorted({round(s * factor) for s in authors}) if isinstance(authors, tuple)
                        else round(authors * factor))
     return sizes
+
+
+def _check_augmentation(augmentation: str, multi_scale: Sequence[int] | None, stop_epoch: int | None,
+                        square_size: int | None) -> tuple[list[int] | None, int | None]:
+    """The data module's augmentation settings checked (a one-line error naming the flag): multi_scale as a list
+    of ints, and the stop epoch."""
+    if augmentation not in ("default", "rtdetr"):
+        raise ValueError(f"--data.augmentation must be 'default' or 'rtdetr', got {augmentation!r}")
+    if augmentation == "rtdetr" and square_size is None:
+        raise ValueError("--data.augmentation rtdetr resizes to a square: set --data.square_size too (e.g. 640)")
+    sizes = None
+    if multi_scale is not None:
+        if square_size is None:
+            raise ValueError("--data.multi_scale resizes batches of squares: set --data.square_size too (e.g. 640)")
+        if (isinstance(multi_scale, (str, bytes)) or not multi_scale
+                or any(isinstance(size, bool) or not isinstance(size, int) or size < 32 or size % 32
+                       for size in multi_scale)):
+            raise ValueError(f"--data.multi_scale must be a list of square sides, each a multiple of 32 (e.g. [480, "
+                             f"512, ..., 800]), got {multi_scale!r}")
+        sizes = list(multi_scale)
+    if stop_epoch is not None and (isinstance(stop_epoch, bool) or not isinstance(stop_epoch, int) or stop_epoch < 0):
+        raise ValueError(f"--data.augmentation_stop_epoch must be an epoch >= 0 (0-based) or null, got {stop_epoch!r}")
+    return sizes, stop_epoch
 
 
 def split_paths(root: str | None, explicit: dict[str, tuple[str | None, str | None]], json_name: str,
@@ -153,6 +206,18 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             the shortest-side resizes above; checkpoints record it as the evaluation size. None: those resizes.
         normalize: ImageNet's mean and std (the paper's DETR, Deformable DETR); False: pixels / 255 (RT-DETR).
             The training system refuses data that does not follow its model's input contract.
+        augmentation: the training augmentation. "default": the paper's DETR (flip, random resizes and crop;
+            the sizes above), or with ``square_size`` the horizontal flip alone. "rtdetr": RT-DETR's and D-FINE's
+            (needs ``square_size``): photometric distortion, zoom-out, IoU crop, flip, the square resize
+            (:func:`detr.data.transforms.make_rtdetr_train_transform`; docs/rtdetr.md).
+        multi_scale: square sides (each a multiple of 32; needs ``square_size``) that each training batch is
+            resized to, one drawn at random per batch (repeats weight a side; the authors' list for 640: 480 to
+            800 in steps of 32 with 640 three times). Evaluation and the checkpoint's input size stay at
+            ``square_size``. None: every batch at ``square_size``.
+        augmentation_stop_epoch: from this epoch on (0-based, as ``trainer.current_epoch``) train with the flip
+            and the ``square_size`` resize only: no photometric distortion, zoom-out or IoU crop
+            (``augmentation: rtdetr``) and no multi-scale batches (the authors' policy for their last epochs:
+            71 of 72 for RT-DETRv2). None: never stop.
 
     Attributes:
         category_map: label ↔ category id/name (None when the subclass has no annotations to read).
@@ -179,6 +244,9 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         image_size: int | None = None,
         square_size: int | None = None,
         normalize: bool = True,
+        augmentation: Literal["default", "rtdetr"] = "default",
+        multi_scale: Sequence[int] | None = None,
+        augmentation_stop_epoch: int | None = None,
     ) -> None:
         super().__init__()
         given = {"train_scales": list(train_scales), "train_max_size": train_max_size,
@@ -206,7 +274,19 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         self.persistent_workers = persistent_workers
         self.drop_last = drop_last
         sizes = self.sizes
-        if square_size is not None:
+        self.multi_scale, self.augmentation_stop_epoch = _check_augmentation(
+            augmentation, multi_scale, augmentation_stop_epoch, square_size)
+        self.augmentation = augmentation
+        #: the trainer's epoch as the training loader's workers see it (written by :class:`EpochLoader`)
+        self.epoch = SharedEpoch()
+        if square_size is not None and augmentation == "rtdetr":
+            self.train_transform = make_rtdetr_train_transform(square_size, normalize=normalize)
+            if augmentation_stop_epoch is not None:
+                plain = make_rtdetr_train_transform(square_size, augment=False, normalize=normalize)
+                self.train_transform = StopAtEpoch(self.train_transform, plain, stop_epoch=augmentation_stop_epoch,
+                                                   epoch=self.epoch)
+            self.eval_transform = make_square_transform(square_size, train=False, normalize=normalize)
+        elif square_size is not None:
             self.train_transform = make_square_transform(square_size, train=True, normalize=normalize)
             self.eval_transform = make_square_transform(square_size, train=False, normalize=normalize)
         else:
@@ -291,20 +371,26 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         return self._json_cache.get(Path(path))
 
     # ------------------------------------------------------------------ loaders
-    def _loader(self, dataset: Any, *, batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader:
+    def _loader(self, dataset: Any, *, batch_size: int, shuffle: bool, drop_last: bool, train: bool = False
+                ) -> DataLoader:
         workers = self.num_workers
         self._json_cache.clear()  # the checks are done; workers fork from here (see __init__)
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            drop_last=drop_last,
-            num_workers=workers,
-            collate_fn=collate_detection,
-            pin_memory=self.pin_memory and torch.cuda.is_available(),
-            persistent_workers=self.persistent_workers and workers > 0,
-            worker_init_fn=seed_worker_transform if workers > 0 else None,
-        )
+        settings: dict[str, Any] = {
+            "batch_size": batch_size, "shuffle": shuffle, "drop_last": drop_last, "num_workers": workers,
+            "collate_fn": collate_detection, "pin_memory": self.pin_memory and torch.cuda.is_available(),
+            "persistent_workers": self.persistent_workers and workers > 0,
+            "worker_init_fn": seed_worker_transform if workers > 0 else None,
+        }
+        if not train:
+            return DataLoader(dataset, **settings)
+        if self.multi_scale is not None:
+            settings["collate_fn"] = MultiScaleCollate(self.multi_scale, stop_epoch=self.augmentation_stop_epoch,
+                                                       epoch=self.epoch)
+        return EpochLoader(dataset, epoch=self.epoch, current_epoch=self.training_epoch, **settings)
+
+    def training_epoch(self) -> int | None:
+        """The attached trainer's current epoch (0-based), None without a trainer."""
+        return None if self.trainer is None else self.trainer.current_epoch
 
     def set_aside_missing_root(self, root: str | None, predict_images: str | list[str] | None) -> str | None:
         """``root``, or None when it does not exist and there are ``predict_images``: predict reads only those,
@@ -333,7 +419,7 @@ class CocoFormatDataModule(lightning.LightningDataModule):
                 f"the training set has {len(dataset)} images, fewer than batch_size={self.batch_size}, so drop_last "
                 "leaves no batch; lower batch_size or set drop_last=False"
             )
-        return self._loader(dataset, batch_size=self.batch_size, shuffle=True, drop_last=self.drop_last)
+        return self._loader(dataset, batch_size=self.batch_size, shuffle=True, drop_last=self.drop_last, train=True)
 
     def val_dataloader(self) -> DataLoader:
         dataset = self._require(self.val_dataset, "val")
@@ -374,7 +460,9 @@ class DetrDataModule(CocoFormatDataModule):
         kwargs: the batch sizes, loader settings and transform sizes of :class:`CocoFormatDataModule`
             (``batch_size``, ``val_batch_size``, ``num_workers``, ``pin_memory``, ``persistent_workers``,
             ``drop_last``, ``train_scales``, ``train_max_size``, ``crop_resize_scales``, ``crop_min_size``,
-            ``crop_max_size``, ``eval_min_size``, ``eval_max_size``); LightningCLI lists them as ``data.*``.
+            ``crop_max_size``, ``eval_min_size``, ``eval_max_size``, ``image_size``, ``square_size``,
+            ``normalize``, ``augmentation``, ``multi_scale``, ``augmentation_stop_epoch``); LightningCLI lists
+            them as ``data.*``.
 
     Attributes: those of :class:`CocoFormatDataModule`; ``category_map`` is None when only
     ``predict_images`` is given.

@@ -190,6 +190,9 @@ def test_rtdetr_coco_configs_hold_the_authors_recipe(name: str, capsys) -> None:
     assert (detector["architecture"], detector["num_queries"], detector["denoising"]) == ("rtdetr", 300, True)
     assert detector["num_decoder_layers"] == (3 if "r18" in name else 6)
     assert (data["square_size"], data["normalize"], data["batch_size"]) == (640, False, 4)  # 4 × 4 GPUs = 16
+    # RT-DETRv2's include/dataloader.yml: the random operations and the multi-scale batches stop for epoch 71 of 72
+    assert (data["augmentation"], data["augmentation_stop_epoch"]) == ("rtdetr", 71)
+    assert data["multi_scale"] == [480, 512, 544, 576, 608, 640, 640, 640, 672, 704, 736, 768, 800]
     (ema,) = [c for c in trainer["callbacks"] if c["class_path"].endswith("ExponentialMovingAverage")]
     assert (ema["init_args"]["decay"], ema["init_args"]["warmup_steps"]) == (0.9999, 2000)
 
@@ -205,5 +208,14 @@ def test_the_dfine_coco_config_holds_the_authors_recipe(capsys) -> None:
     assert (detector["architecture"], detector["backbone"], detector["num_queries"]) == ("dfine", "hgnetv2_b0", 300)
     assert (detector["num_decoder_layers"], detector["num_points_per_level"]) == (3, [3, 6, 3])
     assert (data["square_size"], data["normalize"], data["batch_size"]) == (640, False, 8)  # 8 × 4 GPUs = 32
+    # the authors' generate_scales(640, base_size_repeat=20) and stop epoch 120 (dfine_hgnetv2_s_coco.yml)
+    assert (data["augmentation"], data["augmentation_stop_epoch"]) == ("rtdetr", 120)
+    assert data["multi_scale"] == [480, 512, 544, 576, 608] + [640] * 20 + [672, 704, 736, 768, 800]
     (ema,) = [c for c in trainer["callbacks"] if c["class_path"].endswith("ExponentialMovingAverage")]
     assert (ema["init_args"]["decay"], ema["init_args"]["warmup_steps"]) == (0.9999, 1000)
+
+
+@pytest.mark.parametrize("name", ["rtdetr_shapes_cpu.yaml", "dfine_shapes_cpu.yaml"])
+def test_the_real_time_shapes_configs_train_with_flips_only(name: str, capsys) -> None:
+    data = _printed(capsys, REPO / "configs" / name)["data"]
+    assert (data["augmentation"], data["multi_scale"], data["augmentation_stop_epoch"]) == ("default", None, None)

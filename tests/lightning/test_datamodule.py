@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from detr.categories import CategoryMap
+from detr.data.coco import CocoDetection
 from detr.data.shapes import SHAPE_NAMES, ShapesConfig, write_shapes_dataset
 from detr.lightning.datamodule import AUTHORS_SIZES, DetrDataModule, sizes_for
 
@@ -136,7 +139,8 @@ def test_both_data_modules_keep_their_yaml_keys() -> None:
 
     shared = {"batch_size", "val_batch_size", "num_workers", "pin_memory", "persistent_workers", "drop_last",
               "train_scales", "train_max_size", "crop_resize_scales", "crop_min_size", "crop_max_size",
-              "eval_min_size", "eval_max_size", "image_size", "square_size", "normalize"}
+              "eval_min_size", "eval_max_size", "image_size", "square_size", "normalize", "augmentation", "multi_scale",
+              "augmentation_stop_epoch"}
     own = {DetrDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
                             "test_images", "test_annotations", "predict_images", "category_ids", "skip_bad_images",
                             "categories_from"},
@@ -197,3 +201,56 @@ def test_square_size_resizes_every_split_to_the_square_of_pixels_over_255(shapes
     assert (data.hparams["eval_min_size"], data.hparams["eval_max_size"]) == (96, 96)  # what checkpoints record
     with pytest.raises(ValueError, match="square_size must be a multiple of 32"):
         DetrDataModule(root=str(shapes_root), square_size=100)
+
+
+def test_the_real_time_detrs_augmentation_options_are_checked(shapes_root: Path) -> None:
+    root = str(shapes_root)
+    refused = [({"augmentation": "rtdetr"}, "--data.augmentation rtdetr .* --data.square_size"),
+               ({"multi_scale": [64, 96]}, "--data.multi_scale .* --data.square_size"),
+               ({"square_size": 64, "multi_scale": [64, 100]}, "--data.multi_scale must be a list of square sides"),
+               ({"square_size": 64, "multi_scale": []}, "--data.multi_scale must be"),
+               ({"square_size": 64, "augmentation_stop_epoch": -1}, "--data.augmentation_stop_epoch must be")]
+    for settings, message in refused:
+        with pytest.raises(ValueError, match=message) as error:
+            DetrDataModule(root=root, **settings)
+        assert "\n" not in str(error.value)
+    data = DetrDataModule(root=root, square_size=64, normalize=False, augmentation="rtdetr", multi_scale=[64, 96],
+                          augmentation_stop_epoch=5)
+    assert data.input_spec.size == 64 and data.hparams["eval_min_size"] == 64  # evaluation stays at the square
+    assert next(iter(data.val_dataloader()))[0].shape[-2:] == (64, 64)
+
+
+def test_the_stop_epoch_reaches_persistent_workers() -> None:
+    """A training loader with a persistent worker: at epoch 0 the batches take the multi-scale sides and the images
+    the authors' random operations; once the trainer's epoch reaches the stop epoch, every batch is at the square
+    and every image is the flip and resize of its file (the evaluation resize, or its mirror)."""
+    torch.manual_seed(0)  # the workers' seeds
+    data = DetrDataModule(root=str(COCO_MINI), category_ids="contiguous", batch_size=4, num_workers=1,
+                          persistent_workers=True, square_size=96, normalize=False, augmentation="rtdetr",
+                          multi_scale=[64, 128], augmentation_stop_epoch=1)
+    trainer = SimpleNamespace(current_epoch=0)
+    data.trainer = trainer  # what Lightning attaches; the loader reads its current_epoch as each epoch starts
+    data.setup("fit")
+    data.train_dataset.ids = data.train_dataset.ids[:16]  # four batches an epoch
+    plain = CocoDetection(*data.paths["train"], transform=data.eval_transform, category_map=data.category_map)
+    index_of = {image_id: index for index, image_id in enumerate(plain.ids)}
+    loader = data.train_dataloader()
+
+    def epoch(number: int) -> tuple[set, int]:
+        """The batches' sides, and how many images are neither the plain image nor its mirror (at their side)."""
+        trainer.current_epoch = number
+        sides, augmented = set(), 0
+        for images, _, targets in loader:
+            sides.add(images.shape[-1])
+            for image, target in zip(images, targets, strict=True):
+                reference = plain[index_of[int(target["image_id"])]][0]
+                unchanged = [F.interpolate(version[None], size=image.shape[-2:])[0]  # the collate's nearest
+                             for version in (reference, reference.flip(-1))]
+                augmented += not any(torch.allclose(image, version, atol=2 / 255) for version in unchanged)
+        return sides, augmented
+
+    sides, augmented = epoch(0)
+    assert sides <= {64, 128} and augmented > 8 and data.epoch.get() == 0  # of 16 images
+    sides, augmented = epoch(1)
+    assert sides == {96} and augmented == 0 and data.epoch.get() == 1
+    assert loader._iterator is not None and loader._iterator._persistent_workers  # the same worker both epochs

@@ -5,6 +5,7 @@ predicts under the family's input contract; data that does not follow that contr
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 from detr import Predictor, load_checkpoint
 from detr.lightning.cli import main
 from detr.lightning.system import SettingError
-from tests.helpers import write_tiny_shapes
+from tests.helpers import RecordTrainingBatches, write_tiny_shapes
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "rtdetr_shapes_cpu.yaml"
@@ -96,3 +97,19 @@ def test_the_system_trains_the_resnet_vd_at_the_backbone_rate_in_its_own_layout(
     system.model.train()
     features = system.model.backbone(torch.rand(1, 3, 64, 64))
     assert all(feature.dtype == torch.float32 for feature in features)  # bf16 convolutions, float32 maps out
+
+
+def test_the_authors_augmentations_stop_at_their_epoch_in_a_fit(tiny_shapes: Path, tmp_path: Path) -> None:
+    """Two epochs with the authors' augmentations and multi-scale batches stopped at epoch 1, a loader worker per
+    epoch: the first epoch's batches take the multi-scale sides, the second's are at the square, every image the
+    plain flip and resize of its file."""
+    record = tmp_path / "batches.jsonl"
+    main(_fit_args(tiny_shapes, tmp_path / "run", "--data.batch_size=2", "--data.num_workers=1",
+                   "--data.augmentation=rtdetr", "--data.multi_scale=[96, 128]", "--data.augmentation_stop_epoch=1",
+                   "--trainer.max_epochs=2", "--trainer.limit_val_batches=1",
+                   f"--trainer.callbacks+={RecordTrainingBatches.__module__}.RecordTrainingBatches",
+                   f"--trainer.callbacks.path={record}"))
+    batches = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [batch["epoch"] for batch in batches] == [0, 0, 1, 1]
+    assert {batch["side"] for batch in batches if batch["epoch"] == 0} <= {96, 128}
+    assert all(batch["side"] == 64 and batch["plain"] == batch["images"] for batch in batches if batch["epoch"] == 1)
