@@ -9,8 +9,8 @@ that format, so that transformers' ``from_pretrained`` gives the same outputs.
 
 transformers writes the weights in the authors' layout (roboflow/rf-detr; it renames them when it loads), so this
 reader reads the authors' keys. Their Group DETR copies (``group_detr`` groups of queries and encoder heads, 13 in
-training) are kept for the first group only, the one inference reads; the writer writes one group (``group_detr``
-1 in config.json).
+training) are all kept (``query_groups``): inference reads the first, training (a fine-tuning run) all of them; the
+writer writes the model's groups (``group_detr`` in config.json).
 
 =====================================================  ==============================================
 this project                                           the authors' layout (transformers' files)
@@ -25,8 +25,8 @@ position_embeddings}``                                 projection,cls_token,mask
   (``conv``, ``norm``); ``projector.0.norm``             (``conv``, ``bn``); ``backbone.0.projector.stages.0.1``
 ``decoder.{layers,norm,ref_point_head}``               ``transformer.decoder.{layers,norm,ref_point_head}``
 ``decoder.{enc_output,enc_output_norm,                 ``transformer.{enc_output,enc_output_norm,enc_out_class_embed,
-enc_class_head,enc_box_head}``                         enc_out_bbox_embed}.0``
-``decoder.{query_embed,reference_points}``             ``{query_feat,refpoint_embed}`` (the first num_queries rows)
+enc_class_head,enc_box_head}.{}`` (a group each)       enc_out_bbox_embed}.{}``
+``decoder.{query_embed,reference_points}``             ``{query_feat,refpoint_embed}`` (num_queries rows a group)
 ``decoder.{class_head,box_head}``                      ``{class_embed,bbox_embed}``
 ``mask_head.blocks.{}.{depthwise_conv,norm,            ``segmentation_head.blocks.{}.{dwconv,norm,pwconv1}``
 pointwise_conv}``
@@ -78,10 +78,10 @@ _RULES: tuple[tuple[str, str], ...] = (
     (_C2F + "cv{}.conv.", "projector.0.conv{}.conv."),
     ("backbone.0.projector.stages.0.1.", "projector.0.norm."),
     *((f"transformer.decoder.{part}.", f"decoder.{part}.") for part in ("layers", "norm", "ref_point_head")),
-    ("transformer.enc_output.0.", "decoder.enc_output."),
-    ("transformer.enc_output_norm.0.", "decoder.enc_output_norm."),
-    ("transformer.enc_out_class_embed.0.", "decoder.enc_class_head."),
-    ("transformer.enc_out_bbox_embed.0.", "decoder.enc_box_head."),
+    ("transformer.enc_output.{}.", "decoder.enc_output.{}."),
+    ("transformer.enc_output_norm.{}.", "decoder.enc_output_norm.{}."),
+    ("transformer.enc_out_class_embed.{}.", "decoder.enc_class_head.{}."),
+    ("transformer.enc_out_bbox_embed.{}.", "decoder.enc_box_head.{}."),
     ("query_feat.", "decoder.query_embed."),
     ("refpoint_embed.", "decoder.reference_points."),
     ("class_embed.", "decoder.class_head."),
@@ -96,8 +96,6 @@ _RULES: tuple[tuple[str, str], ...] = (
     ("segmentation_head.query_features_proj.", "mask_head.query_proj."),
     ("segmentation_head.bias", "mask_head.bias"),
 )
-#: The other Group DETR groups' encoder heads: training only.
-_OTHER_GROUPS = re.compile(r"^transformer\.(enc_output|enc_output_norm|enc_out_class_embed|enc_out_bbox_embed)\.[1-9]\d*\.")
 
 
 def _pattern(template: str) -> re.Pattern[str]:
@@ -134,10 +132,10 @@ _LW_RULES: tuple[tuple[str, str], ...] = (
     ("model.decoder.layers.{}.cross_attn.", "decoder.layers.{}.cross_attn."),
     ("model.decoder.layernorm.", "decoder.norm."),
     ("model.decoder.ref_point_head.", "decoder.ref_point_head."),
-    ("model.enc_output.0.", "decoder.enc_output."),
-    ("model.enc_output_norm.0.", "decoder.enc_output_norm."),
-    ("model.enc_out_class_embed.0.", "decoder.enc_class_head."),
-    ("model.enc_out_bbox_embed.0.", "decoder.enc_box_head."),
+    ("model.enc_output.{}.", "decoder.enc_output.{}."),
+    ("model.enc_output_norm.{}.", "decoder.enc_output_norm.{}."),
+    ("model.enc_out_class_embed.{}.", "decoder.enc_class_head.{}."),
+    ("model.enc_out_bbox_embed.{}.", "decoder.enc_box_head.{}."),
     ("model.query_feat.", "decoder.query_embed."),
     ("model.reference_point_embed.", "decoder.reference_points."),
     ("class_embed.", "decoder.class_head."),
@@ -147,7 +145,6 @@ _LW_TO_OURS = tuple((_pattern(theirs), ours) for theirs, ours in _LW_RULES)
 _LW_TO_THEIRS = tuple((_pattern(ours), theirs) for theirs, ours in _LW_RULES)
 _LW_QKV = re.compile(r"^model\.decoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.(weight|bias)$")
 _OUR_IN_PROJ = re.compile(r"^decoder\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$")
-_LW_OTHER_GROUPS = re.compile(r"^model\.(enc_output|enc_output_norm|enc_out_class_embed|enc_out_bbox_embed)\.[1-9]\d*\.")
 
 
 def _substitute(table: tuple[tuple[re.Pattern[str], str], ...], key: str) -> str | None:
@@ -232,14 +229,11 @@ def _vit_options(config: dict[str, Any], config_path: Path) -> dict[str, Any]:
             "vit_position_size": _side(vit.get("image_size", 224), "image_size", config_path)}
 
 
-def to_our_state_dict(weights: dict[str, torch.Tensor], where: str, num_queries: int, *, lw: bool = False
-                      ) -> dict[str, torch.Tensor]:
-    """The authors' keys (RF-DETR's transformers files) or transformers' (LW-DETR's, ``lw``) → this project's, the
-    first query group only."""
+def to_our_state_dict(weights: dict[str, torch.Tensor], where: str, *, lw: bool = False) -> dict[str, torch.Tensor]:
+    """The authors' keys (RF-DETR's transformers files) or transformers' (LW-DETR's, ``lw``) → this project's, every
+    query group."""
     ours, unknown, projections = {}, [], {}
     for key, value in weights.items():
-        if (_LW_OTHER_GROUPS if lw else _OTHER_GROUPS).match(key):
-            continue
         if lw and (match := _LW_QKV.match(key)):
             layer, which, kind = match.groups()
             projections.setdefault((layer, kind), {})[which] = value
@@ -248,8 +242,6 @@ def to_our_state_dict(weights: dict[str, torch.Tensor], where: str, num_queries:
         if new_key is None:
             unknown.append(key)
             continue
-        if new_key in ("decoder.query_embed.weight", "decoder.reference_points.weight"):
-            value = value[:num_queries]
         ours[new_key] = value
     if unknown:
         raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in RF-DETR's layout: {unknown[:10]}")
@@ -279,17 +271,21 @@ def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
                             **({"batch_norm_eps": 1e-5} if lw else {
                                 "layer_norm_eps": 1e-5, "segmentation_head_activation_function": "gelu",
                                 "mask_downsample_ratio": 4})}, config_path, "")
-    num_queries = int(config.get("num_queries", 300))
-    state_dict = to_our_state_dict(_read_weights(directory), str(directory), num_queries, lw=lw)
+    num_queries, groups = int(config.get("num_queries", 300)), int(config.get("group_detr", 13))
+    state_dict = to_our_state_dict(_read_weights(directory), str(directory), lw=lw)
     if "decoder.class_head.weight" not in state_dict:
         raise CheckpointError(f"{directory}: no class head (class_embed): an RfDetrModel without the detection heads?")
+    rows = state_dict["decoder.query_embed.weight"].shape[0] if "decoder.query_embed.weight" in state_dict else None
+    if rows is not None and rows != num_queries * groups:
+        raise CheckpointError(f"{directory}: {rows} query rows (query_feat) are not num_queries {num_queries} × "
+                              f"group_detr {groups} of config.json")
     model_config = DetrConfig(
         architecture="rfdetr", class_head="sigmoid", num_feature_levels=len(scales), projector_scales=scales,
         projector_norm="batch_norm" if lw else "layer_norm", **vit,
         hidden_dim=int(config.get("d_model", 256)), num_heads=int(config.get("decoder_self_attention_heads", 8)),
         cross_attention_heads=int(config.get("decoder_cross_attention_heads", 16)),
         num_points=int(config.get("decoder_n_points", 4)), dim_feedforward=int(config.get("decoder_ffn_dim", 2048)),
-        num_decoder_layers=int(config.get("decoder_layers", 3)), num_queries=num_queries,
+        num_decoder_layers=int(config.get("decoder_layers", 3)), num_queries=num_queries, query_groups=groups,
         dropout=float(config.get("dropout", 0.0 if lw else 0.1)), projector_expansion=float(config.get("hidden_expansion", 0.5)),
         projector_blocks=int(config.get("c2f_num_blocks", 3)),
         instance_masks="mask_head.bias" in state_dict,
@@ -302,7 +298,7 @@ def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
 
 
 def to_huggingface_state_dict(model: RFDETR) -> dict[str, torch.Tensor]:
-    """This project's RF-DETR → the authors' keys (as transformers writes them, one query group), every tensor a
+    """This project's RF-DETR → the authors' keys (as transformers writes them, every query group), every tensor a
     contiguous copy."""
     lw = model.config is not None and model.config.backbone == "lwdetr_vit"
     to_theirs, to_ours = (_LW_TO_THEIRS, _LW_TO_OURS) if lw else (_TO_THEIRS, _TO_OURS)
@@ -335,7 +331,7 @@ def huggingface_rfdetr_config(model: RFDETR, *, category_map: CategoryMap | None
                "decoder_self_attention_heads": config.num_heads,
                "decoder_cross_attention_heads": config.cross_attention_heads, "decoder_n_points": config.num_points,
                "decoder_ffn_dim": config.dim_feedforward, "decoder_activation_function": "relu",
-               "num_queries": config.num_queries, "group_detr": 1, "dropout": config.dropout, "attention_bias": True}
+               "num_queries": config.num_queries, "group_detr": config.query_groups, "dropout": config.dropout, "attention_bias": True}
     if config.backbone == "lwdetr_vit":
         return {
             "architectures": ["LwDetrForObjectDetection"], "model_type": LW_MODEL_TYPE,

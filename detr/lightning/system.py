@@ -83,6 +83,11 @@ class DetrSystem(L.LightningModule):
         lr: AdamW learning rate outside the backbone (paper: 1e-4; Deformable DETR's sampling offsets and
             reference points train at a tenth of it).
         lr_backbone: AdamW learning rate of the backbone's trainable stages (paper: 1e-5).
+        lr_layer_decay: layer-wise decay of the backbone's rate (RF-DETR's ViT: 0.8): a parameter at depth k below
+            the backbone's output trains at lr_backbone × lr_layer_decay^k
+            (:meth:`detr.models.detector.Detector.backbone_layer_depths`; 1: none).
+        lr_component_decay: RF-DETR's component decay (0.7): its decoder layers train at lr × this, its backbone
+            at lr_backbone × this² (:meth:`detr.models.detector.Detector.decoder_parameters`; 1: none).
         weight_decay: AdamW weight decay (paper: 1e-4).
         lr_drop_epochs: multiply every learning rate by ``lr_drop_gamma`` at these epochs (default [200]:
             the authors' 300-epoch schedule; [400] of 500).
@@ -143,6 +148,8 @@ class DetrSystem(L.LightningModule):
         # --- optimisation ---
         lr: float = 1e-4,
         lr_backbone: float = 1e-5,
+        lr_layer_decay: float = 1.0,
+        lr_component_decay: float = 1.0,
         weight_decay: float = 1e-4,
         lr_drop_epochs: list[int] | None = None,
         lr_drop_gamma: float = 0.1,
@@ -162,6 +169,9 @@ class DetrSystem(L.LightningModule):
         for name, value in (("lr", lr), ("lr_backbone", lr_backbone), ("weight_decay", weight_decay)):
             if not value >= 0:  # AdamW would refuse it only when the fit starts, as a traceback
                 raise SettingError(f"--model.{name} must be >= 0, got {value}")
+        for name, value in (("lr_layer_decay", lr_layer_decay), ("lr_component_decay", lr_component_decay)):
+            if not 0 < value <= 1:
+                raise SettingError(f"--model.{name} must be in (0, 1] (1: no decay), got {value}")
         config = _model_config(detr)
         if init_checkpoint and config.pretrained_backbone:
             # every backbone tensor comes from init_checkpoint: no ImageNet download (which needs a network)
@@ -191,6 +201,10 @@ class DetrSystem(L.LightningModule):
         self._schedule_changes: list[str] = []
         if init_checkpoint:
             self.load_initial_weights(init_checkpoint)
+        try:
+            self.parameter_groups()
+        except ValueError as error:  # a decay the model has nothing to apply to: a setting of this run
+            raise SettingError(f"--model.{error}") from None
 
     def loss_settings(self) -> dict[str, float | bool]:
         """The matching costs, loss weights and focal parameters this system was built with
@@ -415,8 +429,11 @@ class DetrSystem(L.LightningModule):
     # ------------------------------------------------------------------ optimisation
     def parameter_groups(self) -> list[dict[str, Any]]:
         """The optimizer's parameter groups, the model's own (:meth:`detr.models.Detector.parameter_groups`:
-        the backbone at ``lr_backbone``, the rest at ``lr``, Deformable DETR's sampling offsets at ``lr`` × 0.1)."""
-        return self.model.parameter_groups(self.hparams.lr, self.hparams.lr_backbone)
+        the backbone at ``lr_backbone``, the rest at ``lr``, Deformable DETR's sampling offsets at ``lr`` × 0.1,
+        RF-DETR's layer-wise and component decays)."""
+        return self.model.parameter_groups(self.hparams.lr, self.hparams.lr_backbone,
+                                           lr_layer_decay=self.hparams.lr_layer_decay,
+                                           lr_component_decay=self.hparams.lr_component_decay)
 
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         """AdamW over :meth:`parameter_groups` and the recipe's learning-rate schedulers

@@ -2,8 +2,8 @@
 
 :func:`build_criterion` is what the training systems call (the box stage and the panoptic mask stage): the
 matcher and the set loss in the model's class head, and the parts its config asks for, in the order their
-terms are weighted: two-stage proposals (Deformable DETR), denoising queries and the dense head (the anchor
-recipe), masks (a panoptic model).
+terms are weighted: two-stage proposals (Deformable DETR; the selected proposals of RT-DETR, D-FINE and RF-DETR),
+denoising queries and the dense head (the anchor recipe), masks (a panoptic model).
 """
 
 from __future__ import annotations
@@ -43,8 +43,16 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     layer's plain head), with GO-LSD's union of every layer's matches for the localisation terms
     (``matching_union``; None: on for D-FINE, as the authors train it, off otherwise). ``matchability``: DEIM's matchability-aware class loss in place of the varifocal loss
     (an RT-DETR or D-FINE model).
+
+    RF-DETR and LW-DETR (``"rfdetr"``) are trained as their authors do (rf-detr's ``SetCriterion`` with
+    ``ia_bce_loss``; transformers' ``LwDetrForObjectDetectionLoss``): the IoU-aware BCE class loss (α ``focal_alpha``,
+    γ ``focal_gamma``), every decoder layer's terms, and the selected encoder proposals of every query group
+    matched with their classes and scored with the same terms (loss_*_enc); Group DETR's groups (the model's
+    ``query_groups``) matched group by group, each term divided by groups × num_boxes. The recipe's costs and
+    weights (class cost 2, class 1, L1 5, GIoU 2) are the caller's (configs/rfdetr_*.yaml).
     """
     rtdetr = config.architecture in ("rtdetr", "dfine")
+    rfdetr = config.architecture == "rfdetr"
     if matchability and not rtdetr:
         raise ValueError("matchability=True (DEIM's class loss) replaces the varifocal loss of RT-DETR and D-FINE: "
                          f"architecture={config.architecture!r} has none; set matchability false")
@@ -52,8 +60,8 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     focal = {"focal_alpha": focal_alpha, "focal_gamma": focal_gamma}
     layers = config.num_decoder_layers if config.aux_loss else 1
     parts: list[LossPart] = []
-    if config.two_stage or rtdetr:
-        parts.append(ProposalLoss(**weights, class_agnostic=not rtdetr))
+    if config.two_stage or rtdetr or rfdetr:
+        parts.append(ProposalLoss(**weights, class_agnostic=not (rtdetr or rfdetr)))
     if config.denoising and training_only_parts:
         parts.append(DenoisingLoss(layers, class_head=config.class_head, **focal, **weights, contrastive=rtdetr))
     if config.architecture == "dfine" and training_only_parts:
@@ -68,5 +76,5 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     loss_focal = {**focal, "focal_alpha": varifocal_alpha} if rtdetr else focal
     return SetCriterion(config.num_classes, matcher, eos_coef=eos_coef, **weights, num_decoder_layers=layers,
                         class_head=config.class_head, **loss_focal, varifocal=rtdetr and not matchability,
-                        matchability=matchability, parts=parts,
+                        matchability=matchability, ia_bce=rfdetr, parts=parts,
                         matching_union=config.architecture == "dfine" if matching_union is None else matching_union)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.loss.focal import matchability_loss, sigmoid_focal_loss, varifocal_loss
+from detr.loss.focal import ia_bce_loss, matchability_loss, sigmoid_focal_loss, varifocal_loss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.terms import Indices, Targets, box_losses, matched_box_iou, matched_labels, matched_query_index
 from detr.models.config import ClassHead
@@ -88,6 +88,9 @@ class SetCriterion(nn.Module):
         matchability: with the sigmoid head, DEIM's matchability-aware loss
             (:func:`detr.loss.focal.matchability_loss`: the target class scored IoU^γ, γ ``matchability_gamma``
             1.5) instead; still named loss_ce, divided by num_boxes.
+        ia_bce: with the sigmoid head, LW-DETR's IoU-aware BCE (:func:`detr.loss.focal.ia_bce_loss`: the target
+            class scored p^α IoU^(1−α), negatives weighted p^γ; α ``focal_alpha`` 0.25, γ ``focal_gamma`` 2), as
+            RF-DETR and LW-DETR train; still named loss_ce, divided by num_boxes.
         matching_union: D-FINE's GO-LSD (§3.3, the authors' ``use_uni_set``): the box terms (and the parts'
             localisation terms) of every layer are computed on the union of every layer's matches (the decoder
             layers' and those the parts add: the first layer's plain head, the encoder proposals), each query
@@ -111,15 +114,17 @@ class SetCriterion(nn.Module):
                  loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0,
                  num_decoder_layers: int = 6, class_head: ClassHead = "softmax",
                  focal_alpha: float = 0.25, focal_gamma: float = 2.0, varifocal: bool = False,
-                 matchability: bool = False, matchability_gamma: float = 1.5, matching_union: bool = False,
-                 parts: Sequence[LossPart] = ()) -> None:
+                 matchability: bool = False, matchability_gamma: float = 1.5, ia_bce: bool = False,
+                 matching_union: bool = False, parts: Sequence[LossPart] = ()) -> None:
         super().__init__()
-        for name, value in (("varifocal", varifocal), ("matchability", matchability)):
-            if value and class_head != "sigmoid":
-                raise ValueError(f"SetCriterion({name}=True) scores sigmoid logits: build it with class_head='sigmoid'")
-        if varifocal and matchability:
-            raise ValueError("SetCriterion: varifocal and matchability are two class losses; choose one")
+        chosen = [name for name, value in (("varifocal", varifocal), ("matchability", matchability),
+                                           ("ia_bce", ia_bce)) if value]
+        if chosen and class_head != "sigmoid":
+            raise ValueError(f"SetCriterion({chosen[0]}=True) scores sigmoid logits: build it with class_head='sigmoid'")
+        if len(chosen) > 1:
+            raise ValueError(f"SetCriterion: {' and '.join(chosen)} are different class losses; choose one")
         self.varifocal, self.matchability, self.matchability_gamma = varifocal, matchability, matchability_gamma
+        self.ia_bce = ia_bce
         self.matching_union = matching_union
         self.num_classes = num_classes
         self.matcher = matcher if matcher is not None else HungarianMatcher(class_head=class_head)
@@ -155,10 +160,12 @@ class SetCriterion(nn.Module):
         if self.class_head == "sigmoid":
             onehot = torch.zeros_like(logits)  # unmatched queries: every class negative
             onehot[batch_index, query_index, labels] = 1.0
-            if self.varifocal or self.matchability:
+            if self.varifocal or self.matchability or self.ia_bce:
                 scores = torch.zeros_like(logits)  # the target class at the box's IoU with its target
                 scores[batch_index, query_index, labels] = matched_box_iou(outputs.boxes, targets, indices).to(logits)
-            if self.matchability:
+            if self.ia_bce:
+                loss_ce = ia_bce_loss(logits, onehot, scores, num_boxes, alpha=self.focal_alpha, gamma=self.focal_gamma)
+            elif self.matchability:
                 loss_ce = matchability_loss(logits, onehot, scores, num_boxes, gamma=self.matchability_gamma)
             elif self.varifocal:
                 loss_ce = varifocal_loss(logits, onehot, scores, num_boxes, alpha=self.focal_alpha,

@@ -8,7 +8,7 @@ matched ones drive the classifier from the first steps, which is what a short tr
 (docs/convergence.md).
 
 RT-DETR trains the sigmoid head with the varifocal loss instead (:func:`varifocal_loss`), matched with the same
-focal cost.
+focal cost; RF-DETR and LW-DETR with the IoU-aware BCE (:func:`ia_bce_loss`).
 
 A sigmoid head has ``num_classes`` logits, no "no object" logit (see :func:`detr.build_detr`'s
 ``class_head``).
@@ -108,3 +108,34 @@ def matchability_loss(logits: torch.Tensor, onehot: torch.Tensor, scores: torch.
     weight = logits.detach().sigmoid().pow(gamma) * (1 - onehot) + onehot
     loss = F.binary_cross_entropy_with_logits(logits, scores.pow(gamma), weight=weight, reduction="sum")
     return loss / num_boxes
+
+
+def ia_bce_loss(logits: torch.Tensor, onehot: torch.Tensor, scores: torch.Tensor, num_boxes: float | torch.Tensor,
+                *, alpha: float = 0.25, gamma: float = 2.0) -> torch.Tensor:
+    """IoU-aware BCE (LW-DETR, Chen et al. 2024, §3.3, eq. 1; the authors' ``ia_bce_loss`` in rf-detr's
+    ``SetCriterion.loss_labels``, transformers' ``LwDetrImageLoss.loss_labels``): binary cross-entropy summed over
+    every element and divided by ``num_boxes``.
+
+    Per element, with p = sigmoid(logit): at a matched query's target class the target is the IoU-aware score
+    ``t = max(p^α · IoU^(1−α), 0.01)`` (detached) and the loss ``−t log p − (1 − t) log(1 − p)``; everywhere else
+    ``−p^γ log(1 − p)``, whose weight p^γ keeps its gradient as in the authors' code. Computed through
+    ``logsigmoid``, as the authors' (−log(1 − p) = logit − logsigmoid(logit)).
+
+    Args:
+        logits: float [..., num_classes] raw scores.
+        onehot: float, same shape: 1 at each matched query's target class.
+        scores: float, same shape: the IoU of each matched query's box with its target at that class (0 elsewhere),
+            detached.
+        num_boxes: the normaliser (the batch's target count, times the query groups; reduced across processes by
+            the caller), ≥ 1.
+        alpha, gamma: 0.25 and 2 in LW-DETR and RF-DETR.
+
+    Returns a float scalar.
+    """
+    prob = logits.sigmoid()
+    positive = onehot > 0
+    quality = (prob.detach().pow(alpha) * scores.pow(1 - alpha)).clamp(min=0.01)
+    positive_weight = torch.where(positive, quality, torch.zeros_like(prob))
+    negative_weight = torch.where(positive, 1 - quality, prob.pow(gamma))
+    loss = negative_weight * logits - F.logsigmoid(logits) * (positive_weight + negative_weight)
+    return loss.sum() / num_boxes

@@ -111,7 +111,8 @@ class DetrConfig:
         anchor_local_attention: > 0 starts every cross-attention head as a kernel centred on its query's
             anchor, with this scale (an initialisation only; query_type="anchor"); 0 keeps DAB-DETR's Xavier init.
         query_groups: Group DETR's one-to-many assignment in training: this many groups of queries, each
-            matched on its own; inference decodes group 1 only. 1 = the paper's assignment.
+            matched on its own; inference decodes group 1 only. 1 = the paper's assignment. The anchor decoder's
+            option, and RF-DETR's (``architecture="rfdetr"``: 13 groups in the authors' recipe).
         dense_aux_head: a training-only FCOS-like head on the encoder output, every cell inside a box
             positive for it (Co-DETR's collaborative auxiliary head); inference does not run it.
         architecture: "detr" (the paper's transformer), "deformable" (Deformable DETR's multi-scale
@@ -288,8 +289,9 @@ class DetrConfig:
             anchor_only = {"denoising": (self.denoising, "denoising=True feeds noised boxes as anchors"),
                            "anchor_local_attention": (self.anchor_local_attention > 0,
                                                       "anchor_local_attention initialises the anchor decoder"),
-                           "query_groups": (self.query_groups > 1,
-                                            "query_groups > 1 (Group DETR) is built on the anchor decoder")}
+                           "query_groups": (self.query_groups > 1 and self.architecture != "rfdetr",
+                                            "query_groups > 1 (Group DETR) is built on the anchor decoder (and "
+                                            "RF-DETR's)")}
             for used, why in anchor_only.values():
                 if used:
                     raise ValueError(f"{why}: it needs query_type='anchor'")

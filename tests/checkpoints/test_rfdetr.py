@@ -73,20 +73,18 @@ def test_instance_segmentation_loads_with_the_same_masks(tmp_path, photos):
 
 @pytest.mark.parametrize("masks", [False, True])
 def test_written_directories_load_in_transformers_with_the_same_outputs(tmp_path, photos, masks):
-    """Back out through ``save_huggingface``: transformers' ``from_pretrained`` reads every weight of a one-group
-    model it wrote itself (the training groups are not kept), and predicts what this project's model predicts."""
+    """Back out through ``save_huggingface``: every weight transformers wrote comes back (the Group DETR training
+    groups included), ``from_pretrained`` reads them, and predicts what this project's model predicts."""
     hf = hf_model(6, masks=masks, seed=3)
     hf.save_pretrained(tmp_path / "theirs")
     model = detr.load_checkpoint(tmp_path / "theirs")
     save_huggingface(model, tmp_path / "ours")
     written = json.loads((tmp_path / "ours" / "config.json").read_text())
-    assert (written["model_type"], written["group_detr"]) == ("rf_detr", 1)
+    assert (written["model_type"], written["group_detr"]) == ("rf_detr", 3)
     family = transformers.RfDetrForInstanceSegmentation if masks else transformers.RfDetrForObjectDetection
     again = family.from_pretrained(tmp_path / "ours").eval()
-    one_group = hf_model(6, masks=masks, seed=3, group_detr=1)
-    one_group.save_pretrained(tmp_path / "one_group")
-    assert set(load_file(tmp_path / "ours" / "model.safetensors")) == set(
-        load_file(tmp_path / "one_group" / "model.safetensors"))
+    theirs, ours = (load_file(tmp_path / name / "model.safetensors") for name in ("theirs", "ours"))
+    assert set(ours) == set(theirs) and all(torch.equal(ours[key], theirs[key]) for key in theirs)
     found = differences(model, again, photos)
     assert max(found.values()) <= TOLERANCE, found
     assert detr.load_checkpoint(tmp_path / "ours").config == model.config
@@ -117,10 +115,8 @@ def test_written_lwdetr_directories_load_in_transformers_with_the_same_outputs(t
     save_huggingface(model, tmp_path / "ours")
     assert json.loads((tmp_path / "ours" / "config.json").read_text())["model_type"] == "lw_detr"
     again = transformers.LwDetrForObjectDetection.from_pretrained(tmp_path / "ours").eval()
-    one_group = hf_lwdetr(6, seed=3, group_detr=1)
-    one_group.save_pretrained(tmp_path / "one_group")
-    assert set(load_file(tmp_path / "ours" / "model.safetensors")) == set(
-        load_file(tmp_path / "one_group" / "model.safetensors"))
+    theirs, ours = (load_file(tmp_path / name / "model.safetensors") for name in ("theirs", "ours"))
+    assert set(ours) == set(theirs) and all(torch.equal(ours[key], theirs[key]) for key in theirs)
     found = differences(model, again, photos)
     assert max(found.values()) <= TOLERANCE, found
 

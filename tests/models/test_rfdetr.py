@@ -23,7 +23,7 @@ def _model(**changes) -> torch.nn.Module:
     torch.manual_seed(0)
     model = build_detr(TINY_RFDETR.replace(**changes)).eval()
     with torch.no_grad():  # the authors' init starts every box delta at zero: give the boxes something to move
-        for head in (model.decoder.box_head, model.decoder.enc_box_head):
+        for head in (model.decoder.box_head, *model.decoder.enc_box_head):
             head.layers[-1].weight.normal_(0, 0.1)
         model.decoder.reference_points.weight.normal_(0, 0.1)
     return model

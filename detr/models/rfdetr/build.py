@@ -16,7 +16,8 @@ from detr.models.rfdetr.vit import WindowedViT
 
 def build_rfdetr(config: DetrConfig) -> RFDETR:
     """The windowed ViT of the ``vit_*`` options (DINOv2's, or LW-DETR's for ``backbone="lwdetr_vit"``), a C2f
-    projector per scale, the decoder and its heads, and the mask head when ``instance_masks``."""
+    projector per scale, the decoder and its heads (``query_groups`` Group DETR groups in training), and the mask head
+    when ``instance_masks``."""
     sizes = (config.vit_hidden_dim, config.vit_num_layers, config.vit_num_heads, config.vit_mlp_ratio)
     common = {"out_indices": config.vit_out_indices, "num_windows": config.vit_num_windows,
               "patch_size": config.vit_patch_size, "position_size": config.vit_position_size}
@@ -30,7 +31,7 @@ def build_rfdetr(config: DetrConfig) -> RFDETR:
                             num_queries=config.num_queries, num_layers=config.num_decoder_layers,
                             num_heads=config.num_heads, cross_attention_heads=config.cross_attention_heads,
                             num_levels=config.num_feature_levels, num_points=config.num_points, dim_feedforward=config.dim_feedforward,
-                            dropout=config.dropout)
+                            dropout=config.dropout, num_groups=config.query_groups)
     mask_head = (MaskHead(config.hidden_dim, config.num_decoder_layers, config.mask_dim_feedforward)
                  if config.instance_masks else None)
     return RFDETR(backbone, projector, decoder, mask_head, num_classes=config.num_classes, aux_loss=config.aux_loss)

@@ -14,8 +14,12 @@ counts. The reference boxes are not refined between layers: each query's positio
 embedding) is computed once, and every layer's output (after the shared LayerNorm ``norm``) is read by the same
 class head and box head, whose delta moves the reference box.
 
-Group DETR's training groups (13 copies of the queries and the encoder heads) are not kept: inference reads the
-first only, so the reader keeps that one.
+Group DETR (Chen et al., "Group DETR", ICCV 2023; LW-DETR §3.3), in training: ``num_groups`` (13 in the authors'
+recipe) copies of the learned queries (``query_embed``, ``reference_points``: G · Q rows, group 1 first) and of the
+encoder heads (``enc_output``, ``enc_output_norm``, ``enc_class_head``, ``enc_box_head``: one per group); each group
+selects its own Q proposals with its own heads, decodes them with self-attention inside the group only, and is
+matched one-to-one on its own (the criterion's matcher, ``group_size`` Q). Inference (eval mode) runs the first
+group alone, as the authors' model and transformers' do.
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ def proposals_for(spatial_shapes: SpatialShapes, *, device: torch.device | None 
 class DecoderOutput:
     """hidden [L, B, Q, C]: every layer's output after the final LayerNorm; logits [L, B, Q, K], boxes [L, B, Q, 4]
     (cxcywh in [0, 1] of the input); reference_boxes [B, Q, 4]; proposal_logits [B, Q, K], proposal_boxes [B, Q, 4]:
-    the selected encoder proposals; sampling: per layer (locations, weights) when asked for, else None."""
+    the selected encoder proposals (their boxes keep their gradient: the encoder heads' loss); sampling: per layer
+    (locations, weights) when asked for, else None. In training Q is G · num_queries, group by group."""
 
     hidden: torch.Tensor
     logits: torch.Tensor
@@ -73,27 +78,28 @@ class RFDETRDecoder(nn.Module):
     """The projector's maps (each [B, C, h_l, w_l]) → :class:`DecoderOutput`.
 
     Args:
-        num_classes: sigmoid class logits. hidden_dim: C. num_queries: queries selected and decoded.
+        num_classes: sigmoid class logits. hidden_dim: C. num_queries: queries selected and decoded (per group).
         num_layers, num_heads, cross_attention_heads, num_levels, num_points, dim_feedforward, dropout: the decoder
             layers'.
+        num_groups: Group DETR's query groups in training (1: none; the authors' recipe: 13).
     """
 
     def __init__(self, *, num_classes: int, hidden_dim: int = 256, num_queries: int = 300, num_layers: int = 3,
                  num_heads: int = 8, cross_attention_heads: int = 16, num_levels: int = 1, num_points: int = 4,
-                 dim_feedforward: int = 2048, dropout: float = 0.0) -> None:
+                 dim_feedforward: int = 2048, dropout: float = 0.0, num_groups: int = 1) -> None:
         super().__init__()
-        self.num_queries, self.num_levels = num_queries, num_levels
+        self.num_queries, self.num_levels, self.num_groups = num_queries, num_levels, num_groups
         self.layers = nn.ModuleList(
             DecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout,
                          cross_attention_heads=cross_attention_heads) for _ in range(num_layers))
         self.norm = nn.LayerNorm(hidden_dim)
         self.ref_point_head = MLP(2 * hidden_dim, hidden_dim, hidden_dim, 2)
-        self.query_embed = nn.Embedding(num_queries, hidden_dim)
-        self.reference_points = nn.Embedding(num_queries, 4)
-        self.enc_output = nn.Linear(hidden_dim, hidden_dim)
-        self.enc_output_norm = nn.LayerNorm(hidden_dim)
-        self.enc_class_head = nn.Linear(hidden_dim, num_classes)
-        self.enc_box_head = MLP(hidden_dim, hidden_dim, 4, 3)
+        self.query_embed = nn.Embedding(num_queries * num_groups, hidden_dim)
+        self.reference_points = nn.Embedding(num_queries * num_groups, 4)
+        self.enc_output = nn.ModuleList(nn.Linear(hidden_dim, hidden_dim) for _ in range(num_groups))
+        self.enc_output_norm = nn.ModuleList(nn.LayerNorm(hidden_dim) for _ in range(num_groups))
+        self.enc_class_head = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_groups))
+        self.enc_box_head = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_groups))
         self.class_head = nn.Linear(hidden_dim, num_classes)
         self.box_head = MLP(hidden_dim, hidden_dim, 4, 3)
         self.reset_parameters()
@@ -101,40 +107,46 @@ class RFDETRDecoder(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """The authors' start: class heads at the focal prior, box deltas and reference offsets at zero."""
-        for head in (self.class_head, self.enc_class_head):
+        for head in (self.class_head, *self.enc_class_head):
             nn.init.constant_(head.bias, PRIOR_BIAS)
-        for head in (self.box_head, self.enc_box_head):
+        for head in (self.box_head, *self.enc_box_head):
             nn.init.zeros_(head.layers[-1].weight)
             nn.init.zeros_(head.layers[-1].bias)
         nn.init.zeros_(self.reference_points.weight)
 
-    def select(self, memory: torch.Tensor, spatial_shapes: SpatialShapes
+    def select(self, memory: torch.Tensor, spatial_shapes: SpatialShapes, group: int = 0
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """memory [B, S, C] → the selected proposals' boxes [B, Q, 4] (detached), their logits [B, Q, K], and the
-        selected cells' features [B, Q, C]."""
+        """memory [B, S, C] → with query group ``group``'s encoder heads, the selected proposals' boxes [B, Q, 4]
+        (with their gradient), their logits [B, Q, K], and the selected cells' features [B, Q, C]."""
         proposals, valid = proposals_for(spatial_shapes, device=memory.device, dtype=memory.dtype)
-        features = self.enc_output_norm(self.enc_output(memory.masked_fill(~valid, 0.0)))
-        scores = self.enc_class_head(features).masked_fill(~valid, float("-inf")).max(-1).values  # [B, S]
-        boxes = refine_boxes(proposals, self.enc_box_head(features))
+        features = self.enc_output_norm[group](self.enc_output[group](memory.masked_fill(~valid, 0.0)))
+        class_head = self.enc_class_head[group]
+        scores = class_head(features).masked_fill(~valid, float("-inf")).max(-1).values  # [B, S]
+        boxes = refine_boxes(proposals, self.enc_box_head[group](features))
         index = scores.topk(self.num_queries, dim=1).indices[..., None]  # [B, Q, 1]
         selected = features.gather(1, index.expand(-1, -1, features.shape[-1]))
-        return boxes.gather(1, index.expand(-1, -1, 4)).detach(), self.enc_class_head(selected), selected
+        return boxes.gather(1, index.expand(-1, -1, 4)), class_head(selected), selected
 
     def forward(self, features: list[torch.Tensor], return_sampling: bool = False) -> DecoderOutput:
         batch, dim = features[0].shape[:2]
         spatial_shapes = [(int(f.shape[-2]), int(f.shape[-1])) for f in features]
         memory = torch.cat([f.flatten(2).transpose(1, 2) for f in features], 1)  # [B, S, C]
-        proposal_boxes, proposal_logits, _ = self.select(memory, spatial_shapes)
-        reference = refine_boxes(proposal_boxes, self.reference_points.weight[None])  # [B, Q, 4]
+        groups = self.num_groups if self.training else 1  # Group DETR: the extra groups in training only
+        selections = [self.select(memory, spatial_shapes, group) for group in range(groups)]
+        proposal_boxes = torch.cat([boxes for boxes, _, _ in selections], 1)  # [B, G · Q, 4]
+        proposal_logits = torch.cat([logits for _, logits, _ in selections], 1)
+        queries = groups * self.num_queries
+        # the decoder starts from the proposals, detached (their boxes train the encoder heads only)
+        reference = refine_boxes(proposal_boxes.detach(), self.reference_points.weight[None, :queries])  # [B, G·Q, 4]
         # the query position: the sine of (y, x, w, h), 2π-scaled, C / 2 channels each → MLP → C
         angles = reference[..., [1, 0, 2, 3]] * (2 * math.pi)
         query_pos = self.ref_point_head(sine_embedding(angles, dim // 2).flatten(-2))
-        target = self.query_embed.weight[None].expand(batch, -1, -1)
+        target = self.query_embed.weight[None, :queries].expand(batch, -1, -1)
         hidden, sampling = [], [] if return_sampling else None
         for layer in self.layers:
             levels = reference[:, :, None].expand(-1, -1, len(spatial_shapes), -1)  # one box for every level
             target, points = layer(target, query_pos, levels, memory, spatial_shapes,
-                                   return_sampling=return_sampling)
+                                   return_sampling=return_sampling, query_groups=groups)
             hidden.append(self.norm(target))
             if sampling is not None:
                 sampling.append(points)

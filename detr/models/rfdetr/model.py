@@ -1,12 +1,16 @@
 """RF-DETR (Robinson et al., "RF-DETR: Neural Architecture Search for Real-Time Detection Transformers", 2025), on
-LW-DETR's design (Chen et al., "LW-DETR: A Transformer Replacement to YOLO for Real-Time Detection", 2024), for
-inference.
+LW-DETR's design (Chen et al., "LW-DETR: A Transformer Replacement to YOLO for Real-Time Detection", 2024).
 
 Windowed DINOv2 ViT (:mod:`detr.models.rfdetr.vit`; LW-DETR's: :mod:`detr.models.rfdetr.lw_vit`) → C2f projectors, one
 map per scale (:mod:`detr.models.rfdetr.projector`) → two-stage query selection and a deformable decoder (:mod:`detr.models.rfdetr.decoder`) → sigmoid class logits and
 boxes per layer; with ``instance_masks``, per-query mask logits (:mod:`detr.models.rfdetr.segmentation`). The input
 contract is the family's: a fixed square resize (sides multiples of patch × windows, e.g. 560), ImageNet mean and
 std, no padding; post-processing keeps the top ``num_queries`` (query, class) pairs, as RT-DETR's.
+
+Training (docs/rfdetr.md, "Training"): Group DETR's query groups in the decoder (:mod:`detr.models.rfdetr.decoder`),
+the encoder proposals in the output for their loss, and the authors' optimizer groups through the detector contract:
+the ViT's layer-wise learning-rate decay (:meth:`RFDETR.backbone_layer_depths`), its parameters without weight decay
+and the decoder layers' rate (:meth:`RFDETR.decoder_parameters`).
 
 Parameters: ``backbone.*`` (the ViT), ``projector.*``, ``decoder.*`` and ``mask_head.*`` (names close to
 transformers', mapped by :mod:`detr.checkpoints.rfdetr`).
@@ -51,6 +55,7 @@ class RFDETR(Detector):
         self.num_classes, self.num_queries, self.aux_loss = num_classes, decoder.num_queries, aux_loss
         self.backbone, self.projector, self.decoder, self.mask_head = backbone, projector, decoder, mask_head
         self.predicts_masks = mask_head is not None
+        self._autocast_dtype: torch.dtype | None = None
 
     @property
     def num_decoder_layers(self) -> int:
@@ -93,6 +98,58 @@ class RFDETR(Detector):
     def slow_modules(self) -> list[nn.Module]:
         return []
 
+    def no_weight_decay_parameters(self) -> list[nn.Parameter]:
+        """The ViT's biases, norms and embeddings (DINOv2's patch embedding, [CLS] and mask tokens and position
+        table: the authors' ``get_dinov2_weight_decay_rate``; LW-DETR's position table and layer scale, its patch
+        embedding's weight decaying: ``get_vit_weight_decay_rate``). Everything else decays, norms included."""
+        lw = isinstance(self.backbone, LwDetrViT)
+        embeddings = ("position_embeddings", "layer_scale") if lw else (
+            "patch_embed.", "cls_token", "mask_token", "position_embeddings")
+        return [parameter for name, parameter in self.backbone.named_parameters()
+                if name.endswith("bias") or name.startswith("norm") or ".norm" in name
+                or any(part in name for part in embeddings)]
+
+    def backbone_layer_depths(self) -> dict[int, int]:
+        """The ViT's layer-wise learning-rate decay, as the authors number it (RF-DETR's ``get_dinov2_lr_decay_rate``,
+        LW-DETR's ``get_vit_lr_decay_rate``), with L the last stage read plus 1 (LW-DETR: the ViT's blocks): block i
+        at depth L − i, the embeddings (patch, tokens, position table) at L + 1, the final norm at 0."""
+        lw = isinstance(self.backbone, LwDetrViT)
+        top = len(self.backbone.blocks) if lw else self.backbone.out_indices[-1] + 1
+        depths = {}
+        for name, parameter in self.backbone.named_parameters():
+            if name.startswith("blocks."):
+                depth = max(top - int(name.split(".")[1]), 0)  # blocks past the last stage read get no gradient
+            elif name.startswith("norm"):
+                depth = 0
+            else:
+                depth = top + 1
+            depths[id(parameter)] = depth
+        return depths
+
+    def decoder_parameters(self) -> list[nn.Parameter]:
+        """The decoder's layers, final norm and query-position MLP: the authors' ``transformer.decoder``, trained at
+        ``lr`` × ``lr_component_decay`` (the heads, queries and encoder heads outside it at ``lr``)."""
+        decoder = self.decoder
+        return [*decoder.layers.parameters(), *decoder.norm.parameters(), *decoder.ref_point_head.parameters()]
+
+    @property
+    def coarsest_stride(self) -> int:
+        """The coarsest projector level's stride: the patch size over the smallest projector scale."""
+        return round(self.backbone.patch_size / min(projector.scale for projector in self.projector))
+
+    def use_channels_last(self) -> None:
+        """Nothing to change: the ViT's tokens have no NCHW layout (its one convolution, the patch embedding, reads
+        the input as it comes)."""
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return self._autocast_dtype
+
+    def use_autocast(self, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        """Run the ViT under ``torch.autocast`` in ``dtype`` (None: off); the projector and decoder get float32
+        stages."""
+        self._autocast_dtype = dtype
+
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> RFDETR:
         """Eval mode; nothing to fold (the projector's norms are LayerNorms)."""
         return self.eval()
@@ -100,15 +157,19 @@ class RFDETR(Detector):
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, return_attention: bool = False,
                 targets: list[dict[str, torch.Tensor]] | None = None) -> DetectorOutput:
         """Raw predictions for a batch of same-size images (``padding_mask`` and ``targets`` are not read: the
-        family resizes every image to one square, and training is not implemented).
+        family resizes every image to one square, and its training needs no targets in the forward).
 
         Returns a :class:`DetectorOutput`: logits [B, Q, num_classes] (sigmoid scores), boxes [B, Q, 4] normalised
         cxcywh of the last decoder layer; aux (if aux_loss): the earlier layers; proposals: the selected encoder
-        proposals; masks (with a mask head): logits [B, Q, H / 4, W / 4]; with return_attention, sampling.
+        proposals; masks (with a mask head): logits [B, Q, H / 4, W / 4]; with return_attention, sampling. In
+        training Q is ``query_groups`` × num_queries, group by group (Group DETR).
         """
         if images.dim() != 4:
             raise ValueError(f"RF-DETR takes images [B, 3, H, W], got {tuple(images.shape)}")
-        stages = self.backbone(images)
+        dtype = self._autocast_dtype
+        with torch.autocast(images.device.type, dtype=dtype, enabled=dtype is not None):
+            stages = self.backbone(images)
+        stages = [stage.float() for stage in stages]
         features = [projector(stages) for projector in self.projector]
         decoded = self.decoder(features, return_sampling=return_attention)
         output = stack_layers(decoded.logits, decoded.boxes, self.aux_loss, self.class_head)

@@ -82,11 +82,20 @@ class DecoderLayer(nn.Module):
 
     def forward(self, target: torch.Tensor, query_pos: torch.Tensor, reference_boxes: torch.Tensor,
                 memory: torch.Tensor, spatial_shapes: SpatialShapes, self_attn_mask: torch.Tensor | None = None,
-                return_sampling: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+                return_sampling: bool = False, query_groups: int = 1
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """target, query_pos [B, Q, C]; reference_boxes [B, Q, 1, 4] cxcywh in [0, 1]; memory [B, S, C] →
-        target [B, Q, C] and, with ``return_sampling``, the cross-attention's (locations, weights)."""
+        target [B, Q, C] and, with ``return_sampling``, the cross-attention's (locations, weights).
+        ``query_groups`` G > 1: the Q queries are G groups (Group DETR, as RF-DETR trains), each attending only
+        within itself: the groups go through the self-attention as separate batch entries, as the authors do."""
         q = k = target + query_pos
-        target = self.norm1(target + self.dropout(self.self_attn(q, k, target, self_attn_mask)[0]))
+        if query_groups > 1:
+            batch, length, dim = target.shape
+            q, k, v = (x.reshape(batch * query_groups, length // query_groups, dim) for x in (q, k, target))
+            attended = self.self_attn(q, k, v, self_attn_mask)[0].reshape(batch, length, dim)
+        else:
+            attended = self.self_attn(q, k, target, self_attn_mask)[0]
+        target = self.norm1(target + self.dropout(attended))
         attended, sampling = self.cross_attn(target + query_pos, reference_boxes, memory, spatial_shapes,
                                              return_sampling=return_sampling)
         target = self.norm2(target + self.dropout(attended))
