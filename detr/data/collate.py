@@ -17,7 +17,7 @@ multi-scale batches, until their stop epoch).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -56,8 +56,9 @@ class MultiScaleCollate:
     """:func:`collate_detection`, then the whole batch resized to a square side drawn at random from ``sizes``
     (RT-DETRv2's and D-FINE's ``BatchImageCollateFunction``; docs/rtdetr.md, "The authors' augmentations").
 
-    The images are resized with ``F.interpolate``'s default, nearest neighbour, as the authors' collate does; the
-    padding mask (and any target ``masks``) by nearest neighbour too. Boxes are normalised, so they do not change;
+    The images are resized with ``F.interpolate``'s default, nearest neighbour, as the authors' collate does
+    (``mode="bilinear"``: bilinear without corner alignment, as RF-DETR's training loop resizes its batches); the
+    padding mask (and any target ``masks``) by nearest neighbour. Boxes are normalised, so they do not change;
     each target's ``size`` becomes the new square. From epoch ``stop_epoch`` on (read from ``epoch`` per batch) the
     batch keeps the size its transform gave it.
 
@@ -68,10 +69,14 @@ class MultiScaleCollate:
         sizes: square sides (pixels) to draw from, repeats weighting a side (the authors list 640 three times).
         stop_epoch: the first epoch (0-based) without resizing; None: every epoch.
         epoch: where the current epoch is read (needed with ``stop_epoch``).
+        mode: the images' filter, "nearest" (RT-DETRv2, D-FINE) or "bilinear" (RF-DETR).
     """
 
-    def __init__(self, sizes: Sequence[int], *, stop_epoch: int | None = None, epoch: SharedEpoch | None = None
-                 ) -> None:
+    def __init__(self, sizes: Sequence[int], *, stop_epoch: int | None = None, epoch: SharedEpoch | None = None,
+                 mode: Literal["nearest", "bilinear"] = "nearest") -> None:
+        if mode not in ("nearest", "bilinear"):
+            raise ValueError(f"MultiScaleCollate: mode must be 'nearest' or 'bilinear', got {mode!r}")
+        self.mode = mode
         if not sizes or any(int(size) < 1 for size in sizes):
             raise ValueError(f"MultiScaleCollate needs a non-empty list of positive sizes, got {sizes!r}")
         if stop_epoch is not None and epoch is None:
@@ -89,7 +94,10 @@ class MultiScaleCollate:
         side = self.sizes[int(torch.randint(len(self.sizes), ()))]
         if images.shape[-2:] == (side, side):
             return images, padding_mask, targets
-        images = F.interpolate(images, size=(side, side))  # mode "nearest", as the authors' F.interpolate(images, sz)
+        if self.mode == "bilinear":
+            images = F.interpolate(images, size=(side, side), mode="bilinear", align_corners=False)
+        else:  # "nearest", as the real-time DETRs' F.interpolate(images, sz)
+            images = F.interpolate(images, size=(side, side))
         padding_mask = F.interpolate(padding_mask[:, None].float(), size=(side, side))[:, 0].bool()
         for target in targets:
             target["size"] = torch.tensor([side, side], dtype=torch.int64)

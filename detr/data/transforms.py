@@ -315,6 +315,37 @@ def make_rtdetr_train_transform(size: int, *, augment: bool = True, normalize: b
     return _seeded(A.Compose([*steps, *_to_tensor(normalize)], bbox_params=_bbox_params(min_box_size=1.0)), seed)
 
 
+def make_rfdetr_train_transform(size: int, *, normalize: bool = True,
+                                crop_resize_scales: Sequence[int] = CROP_RESIZE_SCALES,
+                                crop_min_size: int = CROP_MIN_SIZE, crop_max_size: int = CROP_MAX_SIZE,
+                                seed: int | None = None) -> A.Compose:
+    """RF-DETR's and LW-DETR's training pipeline (roboflow/rf-detr ``datasets/coco.py``,
+    ``make_coco_transforms_square_div_64``; docs/rfdetr.md): the horizontal flip (p = 0.5), then with p = 0.5
+    either the resize to ``size`` × ``size``, or DETR's crop (shortest side to one of ``crop_resize_scales``, no
+    long-side cap; a random crop whose width and height lie in [``crop_min_size``, ``crop_max_size``]) and that
+    resize; ImageNet's mean and std (pixels / 255 without ``normalize``). The square resize is OpenCV's bilinear
+    filter, as :func:`make_square_transform`.
+
+    Returns the same call and output as :func:`make_train_transform`, images ``[3, size, size]``.
+    """
+    square = A.Resize(size, size, interpolation=cv2.INTER_LINEAR)
+    return _seeded(A.Compose(
+        [
+            A.HorizontalFlip(p=0.5),
+            A.OneOf(
+                [
+                    A.Resize(size, size, interpolation=cv2.INTER_LINEAR, p=0.5),
+                    A.Sequential([ShortestSideResize(crop_resize_scales, max_size=None),
+                                  RandomSizeCrop(crop_min_size, crop_max_size), square], p=0.5),
+                ],
+                p=1.0,
+            ),
+            *_to_tensor(normalize),
+        ],
+        bbox_params=_bbox_params(),
+    ), seed)
+
+
 def make_train_transform(
     *,
     scales: Sequence[int] = TRAIN_SCALES,

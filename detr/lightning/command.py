@@ -20,12 +20,14 @@ DETECTION_CONFIGS = {
         "detr_r50_coco.yaml", "detr_r50_dc5_coco.yaml", "detr_r101_coco.yaml", "detr_r101_dc5_coco.yaml",
         "detr_coco.yaml (the base they include)", "deformable_detr_coco.yaml"),
     "the real-time DETRs' COCO recipes (GPUs; --data.root DIR of COCO 2017)": (
-        "rtdetr_r18vd_coco.yaml", "rtdetr_r50vd_coco.yaml", "dfine_s_coco.yaml"),
+        "rtdetr_r18vd_coco.yaml", "rtdetr_r50vd_coco.yaml", "dfine_s_coco.yaml",
+        "rfdetr_base_coco.yaml (from --model.init_checkpoint, as the authors)"),
     "fine-tuning a checkpoint on your own COCO-format set": (
-        "finetune_custom.yaml (a GPU)", "finetune_custom_cpu.yaml (a 2-core CPU: 384-px images, a time budget)"),
+        "finetune_custom.yaml (a GPU)", "finetune_custom_cpu.yaml (a 2-core CPU: 384-px images, a time budget)",
+        "rfdetr_finetune_custom.yaml (RF-DETR Base, a GPU)"),
     "CPU demos on the synthetic shapes set (detr-make-shapes writes data/shapes)": (
         "demo_shapes_cpu.yaml (what detr-demo trains)", "deformable_shapes_cpu.yaml", "rtdetr_shapes_cpu.yaml",
-        "dfine_shapes_cpu.yaml"),
+        "dfine_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml"),
 }
 PANOPTIC_CONFIGS = {
     "the authors' two-stage COCO panoptic recipe (boxes, then the mask head on the frozen box model)": (

@@ -42,6 +42,7 @@ from detr.data.transforms import (
     TRAIN_MAX_SIZE,
     TRAIN_SCALES,
     make_eval_transform,
+    make_rfdetr_train_transform,
     make_rtdetr_train_transform,
     make_square_transform,
     make_train_transform,
@@ -124,19 +125,19 @@ def _check_augmentation(augmentation: str, multi_scale: Sequence[int] | None, st
                         square_size: int | None) -> tuple[list[int] | None, int | None]:
     """The data module's augmentation settings checked (a one-line error naming the flag): multi_scale as a list
     of ints, and the stop epoch."""
-    if augmentation not in ("default", "rtdetr"):
-        raise ValueError(f"--data.augmentation must be 'default' or 'rtdetr', got {augmentation!r}")
-    if augmentation == "rtdetr" and square_size is None:
-        raise ValueError("--data.augmentation rtdetr resizes to a square: set --data.square_size too (e.g. 640)")
+    if augmentation not in ("default", "rtdetr", "rfdetr"):
+        raise ValueError(f"--data.augmentation must be 'default', 'rtdetr' or 'rfdetr', got {augmentation!r}")
+    if augmentation in ("rtdetr", "rfdetr") and square_size is None:
+        raise ValueError(f"--data.augmentation {augmentation} resizes to a square: set --data.square_size too (e.g. "
+                         f"{640 if augmentation == 'rtdetr' else 560})")
     sizes = None
     if multi_scale is not None:
         if square_size is None:
             raise ValueError("--data.multi_scale resizes batches of squares: set --data.square_size too (e.g. 640)")
         if (isinstance(multi_scale, (str, bytes)) or not multi_scale
-                or any(isinstance(size, bool) or not isinstance(size, int) or size < 32 or size % 32
-                       for size in multi_scale)):
-            raise ValueError(f"--data.multi_scale must be a list of square sides, each a multiple of 32 (e.g. [480, "
-                             f"512, ..., 800]), got {multi_scale!r}")
+                or any(isinstance(size, bool) or not isinstance(size, int) or size < 32 for size in multi_scale)):
+            raise ValueError(f"--data.multi_scale must be a list of square sides, each an integer >= 32 (a multiple "
+                             f"of what the model needs: e.g. [480, 512, ..., 800] for RT-DETR), got {multi_scale!r}")
         sizes = list(multi_scale)
     if stop_epoch is not None and (isinstance(stop_epoch, bool) or not isinstance(stop_epoch, int) or stop_epoch < 0):
         raise ValueError(f"--data.augmentation_stop_epoch must be an epoch >= 0 (0-based) or null, got {stop_epoch!r}")
@@ -201,19 +202,25 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             scales 230-384, crops of 184-288 px). It replaces the sizes left at the authors' values; a size
             set to another value is kept. None: the sizes as given. Smaller images make a step on the CPU
             several times faster, at the cost of small objects.
-        square_size: resize every image, in training and evaluation, to this square (a multiple of 32; RT-DETR's
-            input contract: :func:`detr.data.transforms.make_square_transform`, horizontal flips only) instead of
-            the shortest-side resizes above; checkpoints record it as the evaluation size. None: those resizes.
-        normalize: ImageNet's mean and std (the paper's DETR, Deformable DETR); False: pixels / 255 (RT-DETR).
-            The training system refuses data that does not follow its model's input contract.
+        square_size: resize every image, in training and evaluation, to this square (a multiple of the model's
+            ``size_multiple``: 32 for RT-DETR, patch × windows for RF-DETR, which the training system checks; the
+            real-time DETRs' input contract: :func:`detr.data.transforms.make_square_transform`, horizontal flips
+            only) instead of the shortest-side resizes above; checkpoints record it as the evaluation size. None:
+            those resizes.
+        normalize: ImageNet's mean and std (the paper's DETR, Deformable DETR, RF-DETR); False: pixels / 255
+            (RT-DETR). The training system refuses data that does not follow its model's input contract.
         augmentation: the training augmentation. "default": the paper's DETR (flip, random resizes and crop;
             the sizes above), or with ``square_size`` the horizontal flip alone. "rtdetr": RT-DETR's and D-FINE's
             (needs ``square_size``): photometric distortion, zoom-out, IoU crop, flip, the square resize
-            (:func:`detr.data.transforms.make_rtdetr_train_transform`; docs/rtdetr.md).
-        multi_scale: square sides (each a multiple of 32; needs ``square_size``) that each training batch is
-            resized to, one drawn at random per batch (repeats weight a side; the authors' list for 640: 480 to
-            800 in steps of 32 with 640 three times). Evaluation and the checkpoint's input size stay at
-            ``square_size``. None: every batch at ``square_size``.
+            (:func:`detr.data.transforms.make_rtdetr_train_transform`; docs/rtdetr.md). "rfdetr": RF-DETR's and
+            LW-DETR's (needs ``square_size``): flip, then the square resize or DETR's crop and the square resize
+            (:func:`detr.data.transforms.make_rfdetr_train_transform`; the crop's sizes above); with
+            ``multi_scale``, the training square is its largest side and batches are resized bilinearly, as the
+            authors (docs/rfdetr.md).
+        multi_scale: square sides (each a multiple of the model's ``size_multiple``; needs ``square_size``) that
+            each training batch is resized to, one drawn at random per batch (repeats weight a side; the
+            authors' list for 640: 480 to 800 in steps of 32 with 640 three times). Evaluation and the
+            checkpoint's input size stay at ``square_size``. None: every batch at ``square_size``.
         augmentation_stop_epoch: from this epoch on (0-based, as ``trainer.current_epoch``) train with the flip
             and the ``square_size`` resize only: no photometric distortion, zoom-out or IoU crop
             (``augmentation: rtdetr``) and no multi-scale batches (the authors' policy for their last epochs:
@@ -244,7 +251,7 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         image_size: int | None = None,
         square_size: int | None = None,
         normalize: bool = True,
-        augmentation: Literal["default", "rtdetr"] = "default",
+        augmentation: Literal["default", "rtdetr", "rfdetr"] = "default",
         multi_scale: Sequence[int] | None = None,
         augmentation_stop_epoch: int | None = None,
     ) -> None:
@@ -256,10 +263,9 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         #: a checkpoint's reader finds the evaluation size (the Predictor's default resize)
         self.sizes = given if image_size is None else sizes_for(image_size, given)
         if square_size is not None:
-            if (isinstance(square_size, bool) or not isinstance(square_size, int) or square_size < 32
-                    or square_size % 32):
-                raise ValueError(f"--data.square_size must be a multiple of 32 (RT-DETR's input contract), got "
-                                 f"{square_size!r}")
+            if isinstance(square_size, bool) or not isinstance(square_size, int) or square_size < 32:
+                raise ValueError(f"--data.square_size must be an integer >= 32 (a multiple of what the model needs: "
+                                 f"32 for RT-DETR, patch × windows for RF-DETR), got {square_size!r}")
             # the evaluation size a checkpoint records (its reader's resize)
             self.sizes = {**self.sizes, "eval_min_size": square_size, "eval_max_size": square_size}
         self.square_size, self.normalize = square_size, normalize
@@ -283,6 +289,17 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             self.train_transform = make_rtdetr_train_transform(square_size, normalize=normalize)
             if augmentation_stop_epoch is not None:
                 plain = make_rtdetr_train_transform(square_size, augment=False, normalize=normalize)
+                self.train_transform = StopAtEpoch(self.train_transform, plain, stop_epoch=augmentation_stop_epoch,
+                                                   epoch=self.epoch)
+            self.eval_transform = make_square_transform(square_size, train=False, normalize=normalize)
+        elif square_size is not None and augmentation == "rfdetr":
+            # the authors resize to their largest scale, then every batch to one of the scales (engine.py)
+            train_size = max(self.multi_scale) if self.multi_scale is not None else square_size
+            self.train_transform = make_rfdetr_train_transform(
+                train_size, normalize=normalize, crop_resize_scales=sizes["crop_resize_scales"],
+                crop_min_size=sizes["crop_min_size"], crop_max_size=sizes["crop_max_size"])
+            if augmentation_stop_epoch is not None:
+                plain = make_square_transform(square_size, train=True, normalize=normalize)
                 self.train_transform = StopAtEpoch(self.train_transform, plain, stop_epoch=augmentation_stop_epoch,
                                                    epoch=self.epoch)
             self.eval_transform = make_square_transform(square_size, train=False, normalize=normalize)
@@ -385,7 +402,8 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             return DataLoader(dataset, **settings)
         if self.multi_scale is not None:
             settings["collate_fn"] = MultiScaleCollate(self.multi_scale, stop_epoch=self.augmentation_stop_epoch,
-                                                       epoch=self.epoch)
+                                                       epoch=self.epoch,
+                                                       mode="bilinear" if self.augmentation == "rfdetr" else "nearest")
         return EpochLoader(dataset, epoch=self.epoch, current_epoch=self.training_epoch, **settings)
 
     def training_epoch(self) -> int | None:

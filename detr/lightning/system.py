@@ -267,17 +267,27 @@ class DetrSystem(L.LightningModule):
         if data is None or not hasattr(data, "input_spec"):
             return  # loaders given directly: the caller's to match
         theirs, ours = data.input_spec, self.detector.input_spec
+        multiple = self.detector.size_multiple
+        sides = {"--data.square_size": [getattr(data, "square_size", None)],
+                 "--data.multi_scale": list(getattr(data, "multi_scale", None) or [])}
+        for flag, values in sides.items():
+            wrong = [side for side in values if side is not None and side % multiple]
+            if wrong:
+                raise SettingError(f"{flag} {wrong if len(values) > 1 else wrong[0]}: the model takes sides that are "
+                                   f"multiples of {multiple} ({type(self.detector).__name__}'s input contract); "
+                                   f"use multiples of {multiple}")
         if theirs.resize == ours.resize and theirs.mean == ours.mean and theirs.std == ours.std:
             return
         square = ours.resize == "square"
-        fix = (f"--data.square_size {ours.size} (any multiple of 32)" if square else "no --data.square_size")
+        fix = (f"--data.square_size {ours.size} (any multiple of {multiple})" if square else "no --data.square_size")
         fix += ", --data.normalize false" if ours.mean is None else ", --data.normalize true"
         def pixels(spec: InputSpec) -> str:
             return "ImageNet mean and std" if spec.mean else "pixels / 255"
 
         raise SettingError(f"the data's transforms ({theirs.resize} resize, {pixels(theirs)}) do not follow the "
                            f"model's input contract ({ours.resize} resize, {pixels(ours)}): set {fix} in the config "
-                           "(as configs/rtdetr_shapes_cpu.yaml does for RT-DETR)")
+                           "(as configs/rtdetr_shapes_cpu.yaml does for RT-DETR, configs/rfdetr_shapes_cpu.yaml for "
+                           "RF-DETR)")
 
     def on_train_start(self) -> None:
         """A resumed run's schedule follows this run's settings, not the checkpoint's

@@ -81,6 +81,12 @@ class Detector(nn.Module):
         return self.stride + 1
 
     @property
+    def size_multiple(self) -> int:
+        """What the input's height and width must be multiples of (1 here: a padded batch takes any size; RT-DETR's
+        32, RF-DETR's patch × windows)."""
+        return 1
+
+    @property
     def max_image_size(self) -> int | None:
         """The largest height and width the model takes (a learned position table bounds it), or None."""
         return None

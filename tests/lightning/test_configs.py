@@ -52,10 +52,17 @@ def _printed(capsys, *configs: Path) -> dict:
     return yaml.safe_load(capsys.readouterr().out)
 
 
-def _tiny_backbone(printed: dict) -> str:
-    if printed["model"]["detr"].get("architecture") == "dfine":
-        return "hgnetv2_b0"  # D-FINE's smallest
-    return "resnet50" if printed["model"]["detr"].get("dilation") else "resnet18"
+def _tiny_backbone(printed: dict) -> list[str]:
+    """The options of a small backbone for the config's architecture (and, for RF-DETR, the squares it takes)."""
+    architecture = printed["model"]["detr"].get("architecture")
+    if architecture == "dfine":
+        return ["--model.detr.backbone=hgnetv2_b0"]  # D-FINE's smallest
+    if architecture == "rfdetr":  # a 2-block ViT with 4-px patches: enough cells for 300 queries at 112 px
+        vit = {"backbone": "dinov2_windowed", "vit_hidden_dim": 32, "vit_num_layers": 2, "vit_num_heads": 2,
+               "vit_out_indices": "[1,2]", "vit_patch_size": 4, "vit_position_size": 112, "projector_blocks": 1}
+        return [*(f"--model.detr.{name}={value}" for name, value in vit.items()), "--data.square_size=112",
+                *(["--data.multi_scale=[112]"] if printed["data"].get("multi_scale") else [])]
+    return [f"--model.detr.backbone={'resnet50' if printed['model']['detr'].get('dilation') else 'resnet18'}"]
 
 
 def _flat(group: dict) -> dict:
@@ -112,7 +119,7 @@ def test_every_config_trains_a_step_and_writes_only_under_default_root_dir(
     workdir, run_dir = tmp_path / "cwd", tmp_path / "runs" / "one"
     workdir.mkdir()
     monkeypatch.chdir(workdir)
-    main(["fit", "--config", str(config), *TINY, f"--model.detr.backbone={backbone}", f"--data.root={data_root}",
+    main(["fit", "--config", str(config), *TINY, *backbone, f"--data.root={data_root}",
           f"--trainer.default_root_dir={run_dir}"])
 
     assert not list(workdir.iterdir())  # no lightning_logs/, outputs/ or checkpoints beside the user
@@ -215,7 +222,33 @@ def test_the_dfine_coco_config_holds_the_authors_recipe(capsys) -> None:
     assert (ema["init_args"]["decay"], ema["init_args"]["warmup_steps"]) == (0.9999, 1000)
 
 
-@pytest.mark.parametrize("name", ["rtdetr_shapes_cpu.yaml", "dfine_shapes_cpu.yaml"])
+@pytest.mark.parametrize("name", ["rtdetr_shapes_cpu.yaml", "dfine_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml"])
 def test_the_real_time_shapes_configs_train_with_flips_only(name: str, capsys) -> None:
     data = _printed(capsys, REPO / "configs" / name)["data"]
     assert (data["augmentation"], data["multi_scale"], data["augmentation_stop_epoch"]) == ("default", None, None)
+
+
+def test_the_rfdetr_coco_config_holds_the_authors_recipe(capsys) -> None:
+    """roboflow/rf-detr's RFDETRBaseConfig and TrainConfig (config.py), main.py's clipping and get_param_dicts.py's
+    decays; and the fine-tuning config is the same recipe on one device."""
+    printed = _printed(capsys, REPO / "configs" / "rfdetr_base_coco.yaml")
+    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    recipe = (model["lr"], model["lr_backbone"], model["lr_layer_decay"], model["lr_component_decay"],
+              model["weight_decay"], model["warmup_steps"], model["lr_drop_epochs"], trainer["max_epochs"])
+    assert recipe == (1e-4, 1.5e-4, 0.8, 0.7, 1e-4, 0, [], 100)
+    assert (model["cost_class"], model["cost_bbox"], model["cost_giou"]) == (2.0, 5.0, 2.0)
+    assert (model["loss_ce"], model["loss_bbox"], model["loss_giou"], model["focal_alpha"]) == (1.0, 5.0, 2.0, 0.25)
+    detector = model["detr"]
+    assert (detector["architecture"], detector["num_queries"], detector["query_groups"]) == ("rfdetr", 300, 13)
+    assert (detector["vit_hidden_dim"], detector["vit_num_layers"], detector["vit_out_indices"]) == (384, 12, [2, 5, 8, 11])
+    assert (detector["vit_patch_size"], detector["vit_num_windows"], detector["num_decoder_layers"]) == (14, 4, 3)
+    assert (detector["num_points"], detector["cross_attention_heads"], detector["dropout"]) == (2, 16, 0.0)
+    # batch 4 × 4 accumulated per device; clipping 0.1
+    assert (data["batch_size"], trainer["accumulate_grad_batches"], trainer["gradient_clip_val"]) == (4, 4, 0.1)
+    # 560 × 560 with ImageNet's mean and std; compute_multi_scale_scales(560, expanded_scales=True, 14, 4)
+    assert (data["square_size"], data["normalize"], data["augmentation"]) == (560, True, "rfdetr")
+    assert data["multi_scale"] == [56 * k for k in range(5, 16)]
+    (ema,) = [c for c in trainer["callbacks"] if c["class_path"].endswith("ExponentialMovingAverage")]
+    assert (ema["init_args"]["decay"], ema["init_args"]["warmup_steps"]) == (0.993, 100)
+    finetune = _printed(capsys, REPO / "configs" / "rfdetr_finetune_custom.yaml")
+    assert finetune["model"] == model and finetune["data"] == data and finetune["trainer"]["devices"] == 1

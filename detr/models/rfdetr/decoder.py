@@ -120,12 +120,13 @@ class RFDETRDecoder(nn.Module):
         (with their gradient), their logits [B, Q, K], and the selected cells' features [B, Q, C]."""
         proposals, valid = proposals_for(spatial_shapes, device=memory.device, dtype=memory.dtype)
         features = self.enc_output_norm[group](self.enc_output[group](memory.masked_fill(~valid, 0.0)))
-        class_head = self.enc_class_head[group]
-        scores = class_head(features).masked_fill(~valid, float("-inf")).max(-1).values  # [B, S]
-        boxes = refine_boxes(proposals, self.enc_box_head[group](features))
-        index = scores.topk(self.num_queries, dim=1).indices[..., None]  # [B, Q, 1]
-        selected = features.gather(1, index.expand(-1, -1, features.shape[-1]))
-        return boxes.gather(1, index.expand(-1, -1, 4)), class_head(selected), selected
+        logits = self.enc_class_head[group](features)  # [B, S, K]
+        index = logits.masked_fill(~valid, float("-inf")).max(-1).values.topk(self.num_queries, dim=1).indices
+        selected = features.gather(1, index[..., None].expand(-1, -1, features.shape[-1]))  # [B, Q, C]
+        # the box head is per cell: run on the selected cells only (the authors run it on every cell, then select)
+        anchors = proposals.expand(len(memory), -1, -1).gather(1, index[..., None].expand(-1, -1, 4))
+        boxes = refine_boxes(anchors, self.enc_box_head[group](selected))
+        return boxes, logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])), selected
 
     def forward(self, features: list[torch.Tensor], return_sampling: bool = False) -> DecoderOutput:
         batch, dim = features[0].shape[:2]

@@ -71,6 +71,11 @@ class RFDETR(Detector):
         return self.backbone.multiple
 
     @property
+    def size_multiple(self) -> int:
+        """The ViT's patch size × windows per side."""
+        return self.backbone.multiple
+
+    @property
     def input_spec(self) -> InputSpec:
         """A ``meta.eval_size[0]``-pixel square (560 when unknown), ImageNet mean and std, pixels / 255 resized
         bilinearly as floats: the contract of transformers' ``RfDetrImageProcessor`` at a square size (LW-DETR's

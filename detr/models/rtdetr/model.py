@@ -75,6 +75,10 @@ class RTDETR(Detector):
         return _COARSEST_STRIDE
 
     @property
+    def size_multiple(self) -> int:
+        return _COARSEST_STRIDE
+
+    @property
     def input_spec(self) -> InputSpec:
         """A ``meta.eval_size[0]``-pixel square (640 when unknown), pixels / 255 without mean and std, resized
         with the antialiased bilinear filter: the contract of transformers' ``RTDetrImageProcessor``."""
