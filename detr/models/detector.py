@@ -159,7 +159,7 @@ class Detector(nn.Module):
         detector = self.box_detector
         depths = detector.backbone_layer_depths() if lr_layer_decay != 1.0 else {}
         decoder = {id(parameter) for parameter in detector.decoder_parameters()} if lr_component_decay != 1.0 else set()
-        for name, value, present, needs in (("lr_layer_decay", lr_layer_decay, depths, "a backbone with layer depths"),
+        for name, value, present, needs in (("lr_layer_decay", lr_layer_decay, depths, "backbone layer depths"),
                                             ("lr_component_decay", lr_component_decay, decoder, "decoder parameters")):
             if value != 1.0 and not present:
                 raise ValueError(f"{name}={value}: {type(detector).__name__} has no {needs} to apply it to (RF-DETR's "

@@ -145,3 +145,37 @@ def test_lwdetr_projects_one_level_per_scale_and_its_windowed_blocks_stay_local(
     assert output.sampling.spatial_shapes.tolist() == [[8, 8], [2, 2]]
     assert torch.allclose(before[..., :2, :2], after[..., :2, :2], atol=1e-6)  # blocks 0-2 windowed
     assert not torch.allclose(before[..., 2:, 2:], after[..., 2:, 2:])
+
+
+def test_group_detr_groups_decode_apart_in_training_and_inference_keeps_the_first():
+    """Three groups in training: G · Q predictions (and encoder proposals); each group's predictions depend on its
+    own queries and encoder heads only (self-attention within the group); eval mode decodes group 1 alone, equal to
+    its training predictions (no dropout)."""
+    model = _model(query_groups=3)
+    images, mask = _images()
+    model.train()
+    with torch.no_grad():
+        grouped = model(images, mask)
+        assert grouped.logits.shape == (2, 36, 5) and grouped.proposals.boxes.shape == (2, 36, 4)
+        assert len(grouped.aux) == 1 and grouped.aux[0].boxes.shape == (2, 36, 4)
+        model.decoder.query_embed.weight[24:].normal_()  # group 3's content queries
+        model.decoder.enc_class_head[2].weight.normal_()  # and its encoder heads
+        changed = model(images, mask)
+        assert torch.allclose(changed.logits[:, :24], grouped.logits[:, :24], atol=1e-5)
+        assert not torch.allclose(changed.logits[:, 24:], grouped.logits[:, 24:])
+        alone = model.eval()(images, mask)
+    assert alone.logits.shape == (2, 12, 5)
+    assert torch.allclose(alone.logits, grouped.logits[:, :12], atol=1e-5)
+    assert torch.allclose(alone.boxes, grouped.boxes[:, :12], atol=1e-6)
+
+
+def test_the_proposals_train_the_encoder_heads_and_the_decoder_starts_from_them_detached():
+    model = _model(query_groups=2).train()
+    images, mask = _images()
+    output = model(images, mask)
+    output.logits.sum().backward()  # the decoder's output: no gradient into the encoder box head (detached start)
+    assert all(p.grad is None or not p.grad.any() for head in model.decoder.enc_box_head for p in head.parameters())
+    model.zero_grad()
+    output = model(images, mask)
+    output.proposals.boxes.sum().backward()
+    assert all(head.layers[-1].weight.grad.abs().sum() > 0 for head in model.decoder.enc_box_head)

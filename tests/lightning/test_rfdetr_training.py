@@ -1,0 +1,132 @@
+"""RF-DETR through `detr fit`: configs/rfdetr_shapes_cpu.yaml with a tiny model trains (the loss falls on a few
+images) with Group DETR's groups and the encoder-proposal terms, an EMA of its weights is what the checkpoint holds,
+and the checkpoint loads with detr.load_checkpoint and predicts one group's queries; the optimizer's groups are the
+authors' (rf-detr's get_param_dicts.py: the ViT's layer-wise and component decays, no weight decay on its biases,
+norms and embeddings); squares the ViT cannot take are refused before training."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from detr import Predictor, load_checkpoint
+from detr.checkpoints.rfdetr import to_huggingface_state_dict
+from detr.lightning.cli import main
+from detr.lightning.system import SettingError
+from tests.helpers import write_tiny_shapes
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "configs" / "rfdetr_shapes_cpu.yaml"
+TINY_RFDETR = ["--model.detr.vit_hidden_dim=32", "--model.detr.vit_num_layers=2", "--model.detr.vit_num_heads=2",
+               "--model.detr.vit_out_indices=[1,2]", "--model.detr.vit_position_size=64", "--model.detr.hidden_dim=32",
+               "--model.detr.num_heads=2", "--model.detr.cross_attention_heads=4", "--model.detr.num_decoder_layers=2",
+               "--model.detr.dim_feedforward=64", "--model.detr.num_queries=10", "--model.detr.query_groups=3"]
+
+pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
+
+
+@pytest.fixture(scope="module")
+def tiny_shapes(tmp_path_factory) -> Path:
+    return write_tiny_shapes(tmp_path_factory, num_train=4, num_val=2, seed=3)
+
+
+def _fit_args(data_root: Path, out_dir: Path, *extra: str) -> list[str]:
+    return ["fit", "--config", str(CONFIG), f"--data.root={data_root}", "--data.square_size=64",
+            "--data.batch_size=4", "--data.val_batch_size=2", *TINY_RFDETR, f"--trainer.default_root_dir={out_dir}",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+            "--trainer.log_every_n_steps=1", *extra]
+
+
+def test_fit_trains_with_an_ema_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    main(_fit_args(tiny_shapes, run, "--trainer.max_steps=20", "--trainer.check_val_every_n_epoch=20",
+                   "--model.warmup_steps=0", "--model.lr_decay_fraction=0", "--model.lr=1e-3",
+                   "--model.lr_backbone=1e-3",
+                   "--trainer.callbacks+=detr.lightning.callbacks.ExponentialMovingAverage",
+                   "--trainer.callbacks.decay=0.9", "--trainer.callbacks.warmup_steps=5"))
+    with (run / "metrics.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    losses = [float(row["train/loss"]) for row in rows if row.get("train/loss")]
+    assert len(losses) == 20
+    assert sum(losses[-5:]) < sum(losses[:5])  # the same 4 images (flipped or not) 20 times: it learns them
+    for name in ("train/loss_ce_enc", "train/loss_giou_enc", "train/loss_ce_0", "train/loss_bbox_0"):
+        assert name in rows[0].keys(), name
+
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    average, current = checkpoint["state_dict"], checkpoint["current_model_state"]
+    key = "model.decoder.class_head.weight"
+    assert not torch.equal(average[key], current[key])  # the checkpoint's weights are the average
+    model = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert (model.config.architecture, model.config.query_groups) == ("rfdetr", 3)
+    assert torch.equal(model.state_dict()["decoder.class_head.weight"], average[key])
+    spec = model.input_spec
+    assert (spec.resize, spec.size, spec.mean is not None) == ("square", 64, True)
+    (prediction,) = Predictor(model, threshold=0.0).predict([sorted((tiny_shapes / "val2017").iterdir())[0]])
+    assert len(prediction.scores) == model.num_queries == 10  # one group's top (query, class) pairs
+    assert torch.isfinite(torch.as_tensor(prediction.boxes)).all()
+
+
+def test_squares_the_vit_cannot_take_are_refused(tiny_shapes: Path, tmp_path: Path) -> None:
+    """patch 8 × 2 windows: sides must be multiples of 16."""
+    with pytest.raises(SettingError, match="multiples of 16") as error:
+        main(_fit_args(tiny_shapes, tmp_path / "run", "--data.square_size=72", "--trainer.max_steps=1"))
+    assert "\n" not in str(error.value)
+    with pytest.raises(SettingError, match=r"--data.multi_scale \[72\]"):
+        main(_fit_args(tiny_shapes, tmp_path / "run", "--data.multi_scale=[64, 72]", "--trainer.max_steps=1"))
+
+
+def _authors_rate(key: str, lr: float, lr_encoder: float, num_layers: int, weight_decay: float
+                  ) -> tuple[float, float]:
+    """(lr, weight decay) of one parameter by its key in the authors' layout, as roboflow/rf-detr's
+    get_param_dicts.py and backbone.py compute them (lr_vit_layer_decay 0.8, lr_component_decay 0.7)."""
+    if key.startswith("backbone.0.encoder"):
+        layer_id = num_layers + 1
+        if "embeddings" in key:
+            layer_id = 0
+        elif ".layer." in key:
+            layer_id = int(key[key.find(".layer."):].split(".")[2]) + 1
+        no_decay = any(word in key for word in ("gamma", "pos_embed", "rel_pos", "bias", "norm", "embeddings"))
+        return lr_encoder * 0.8 ** (num_layers + 1 - layer_id) * 0.7 ** 2, 0.0 if no_decay else weight_decay
+    if "transformer.decoder" in key:
+        return lr * 0.7, weight_decay
+    return lr, weight_decay
+
+
+def test_the_optimizer_groups_are_the_authors() -> None:
+    from detr.lightning import DetrSystem
+    from detr.models.config import DetrConfig
+
+    config = DetrConfig(architecture="rfdetr", backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=1,
+                        vit_hidden_dim=32, vit_num_layers=4, vit_num_heads=2, vit_out_indices=(1, 2, 3),
+                        vit_num_windows=2, vit_patch_size=8, vit_position_size=64, hidden_dim=32, num_heads=2,
+                        cross_attention_heads=4, num_decoder_layers=2, dim_feedforward=64, num_queries=10,
+                        query_groups=3, num_classes=3)
+    system = DetrSystem(detr=config, lr=1e-4, lr_backbone=1.5e-4, lr_layer_decay=0.8, lr_component_decay=0.7,
+                        weight_decay=1e-4, evaluation_dir="")
+    (optimizer,), _ = system.configure_optimizers()
+    settings = {id(p): (group["lr"], group["weight_decay"]) for group in optimizer.param_groups for p in group["params"]}
+    theirs = to_huggingface_state_dict(system.model)  # the authors' key of every tensor, in our order
+    ours = dict(system.model.named_parameters())
+    assert len(settings) == len(ours) == len(theirs)
+    for (name, parameter), key in zip(ours.items(), theirs):
+        expected = _authors_rate(key, 1e-4, 1.5e-4, num_layers=3 + 1, weight_decay=1e-4)
+        assert settings[id(parameter)] == pytest.approx(expected, rel=1e-9), (name, key)
+    rates = {group["name"]: group["lr"] for group in optimizer.param_groups}
+    assert rates["decoder"] == pytest.approx(7e-5) and rates["backbone.depth0.no_decay"] == pytest.approx(7.35e-5)
+    assert any(re.fullmatch(r"backbone\.depth5(\.no_decay)?", name) for name in rates)  # the embeddings: L + 1
+
+
+def test_decays_a_model_has_nothing_for_are_refused() -> None:
+    from detr.lightning import DetrSystem
+    from detr.models.config import DetrConfig
+
+    config = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=2,
+                        dim_feedforward=64, num_decoder_layers=2, num_queries=10, num_classes=3, num_points=2)
+    with pytest.raises(SettingError, match="--model.lr_layer_decay=0.8: RTDETR has no backbone layer depths"):
+        DetrSystem(detr=config, lr_layer_decay=0.8, evaluation_dir="")
+    with pytest.raises(SettingError, match="--model.lr_component_decay must be in"):
+        DetrSystem(detr=config, lr_component_decay=0.0, evaluation_dir="")
