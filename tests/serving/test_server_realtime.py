@@ -9,7 +9,6 @@ import base64
 import io
 import json
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
