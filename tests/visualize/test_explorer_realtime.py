@@ -2,7 +2,8 @@
 decoder's cross-attention is the shared deformable attention over its projector's one level; instance masks):
 detr-explore on this project's checkpoint writes a page whose sampling points and weights, decoded back from the
 HTML, equal the Predictor's, at each level's own stride; a level with fewer points than the largest count has its
-missing points at weight 0; RF-DETR's page carries every query's mask. (RT-DETR: test_explorer_rtdetr.py.)"""
+missing points at weight 0; RF-DETR's page carries every query's mask. A model that returns no attention (an
+exported file) is refused in one line. (RT-DETR: test_explorer_rtdetr.py.)"""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 
 from detr.commands import explore
 from detr.inference.predictor import Predictor
+from detr.visualize.explorer import write_attention_explorer
 from detr.visualize.explorer.data import POINT_UNITS, WEIGHT_UNITS
 from tests.helpers import REPO, read_sampling_page
-from tests.helpers_realtime import EVAL_SIZES, tiny_checkpoint
+from tests.helpers_realtime import EVAL_SIZES, tiny_checkpoint, tiny_model
 
 PHOTO = REPO / "data" / "photos" / "chelsea.png"
 
@@ -62,3 +64,17 @@ def test_detr_explore_writes_the_sampling_points_the_predictor_reports(family, t
         assert len(base64.b64decode(masks["maps"])) == queries * (side // 4) ** 2
     else:
         assert "masks" not in data
+
+
+def test_a_model_without_attention_is_refused_in_one_line(tmp_path, capsys):
+    exported = tmp_path / "rtdetr.onnx"  # refused by its kind, before it is read
+    exported.write_bytes(b"")
+    status = explore.main([str(PHOTO), "--checkpoint", str(exported), "--out", str(tmp_path / "pages")])
+    err = capsys.readouterr().err
+    assert status != 0 and err.count("\n") == 1 and "rtdetr.onnx is an exported file" in err
+    assert "PyTorch checkpoint" in err and not (tmp_path / "pages").exists()
+    model = tiny_model("rtdetr")
+    model.attention_kind = None  # what a runtime backend's detector says
+    with pytest.raises(ValueError, match="returns no attention maps or sampling points"):
+        write_attention_explorer(model, [PHOTO], tmp_path / "pages")
+    assert not (tmp_path / "pages").exists()
