@@ -126,6 +126,7 @@ def test_two_levels_read_strides_16_and_32():
     with torch.no_grad():
         output = model(images, mask, return_attention=True)
     assert model.stride == 16 and output.sampling.spatial_shapes.tolist() == [[4, 4], [2, 2]]
+    assert output.sampling.strides == (16, 32)
 
 
 @pytest.mark.parametrize("changes, message", [
