@@ -189,6 +189,8 @@ class DetrSystem(L.LightningModule):
         self.score_threshold: float | None = None
         #: the schedule settings a resumed run changed (fit_saved_schedulers), applied at the start of training
         self._schedule_changes: list[str] = []
+        #: the tensors of init_checkpoint whose shape differed (they start fresh: fine-tuning's class heads)
+        self._fresh_tensors: list[str] = []
         if init_checkpoint:
             self.load_initial_weights(init_checkpoint)
 
@@ -219,6 +221,7 @@ class DetrSystem(L.LightningModule):
             )
         skipped = {k: (tuple(v.shape), tuple(own[k].shape)) for k, v in source.items() if v.shape != own[k].shape}
         self.model.load_state_dict({k: v for k, v in source.items() if k not in skipped}, strict=False)
+        self._fresh_tensors = sorted(skipped)
         for key, (theirs, ours) in skipped.items():
             logger.warning("init_checkpoint: %s has shape %s in %s, the model needs %s; it stays freshly "
                            "initialised", key, theirs, path, ours)
@@ -240,6 +243,12 @@ class DetrSystem(L.LightningModule):
             self.detector.use_autocast(None)
             logger.warning("backbone_bf16: this CPU has no bfloat16 instructions (AVX512-BF16 / AMX), where "
                            "bfloat16 is emulated and slower: the backbone runs in float32")
+        if stage != "fit" and self._fresh_tensors and not self.trainer.ckpt_path:
+            raise SettingError(
+                f"--model.init_checkpoint {self.hparams.init_checkpoint}: {len(self._fresh_tensors)} of its tensors "
+                f"(e.g. {self._fresh_tensors[0]}) do not fit this model and would {stage} freshly initialised: its "
+                f"classes differ from the data's {self.detector.num_classes} (an 80-class COCO model needs "
+                "--data.category_ids contiguous)")
         if stage in ("fit", "validate", "test"):
             self._check_input_contract()
             self.evaluation.announce(self.trainer)

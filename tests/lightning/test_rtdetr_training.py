@@ -124,7 +124,8 @@ def test_the_authors_augmentations_stop_at_their_epoch_in_a_fit(tiny_shapes: Pat
     assert all(batch["side"] == 64 and batch["plain"] == batch["images"] for batch in batches if batch["epoch"] == 1)
 
 
-def test_validate_on_coco_mini_writes_results_and_their_error_analysis(tmp_path: Path, caplog) -> None:
+def _validate_coco_mini_with_an_80_class_checkpoint(tmp_path: Path, category_ids: str) -> tuple[torch.nn.Module, Path]:
+    """`detr validate` of a tiny 80-class RT-DETR given as init_checkpoint on coco-mini → (model, run folder)."""
     ground_truth = json.loads((COCO_MINI / "annotations" / "instances_val2017.json").read_text())
     categories = CategoryMap.from_coco_categories(ground_truth["categories"], contiguous=True)  # RT-DETR's 80
     model = tiny_model("rtdetr", category_map=categories)
@@ -133,11 +134,22 @@ def test_validate_on_coco_mini_writes_results_and_their_error_analysis(tmp_path:
     tiny.write_text(yaml.safe_dump({"model": {"detr": {key: value for key, value in model.config.to_dict().items()
                                                        if key != "num_classes"}}}))
     run = tmp_path / "run"
+    main(["validate", "--config", str(CONFIG), "--config", str(tiny), f"--data.root={COCO_MINI}",
+          f"--data.category_ids={category_ids}", "--data.square_size=160", "--data.val_batch_size=10",
+          f"--model.init_checkpoint={checkpoint}", f"--trainer.default_root_dir={run}",
+          "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])
+    return model, run
+
+
+def test_validate_refuses_a_checkpoint_whose_class_heads_do_not_fit_the_data(tmp_path: Path) -> None:
+    """Scoring freshly initialised class heads would print an AP of nothing: refused, with the fix named."""
+    with pytest.raises(SettingError, match="freshly initialised.*--data.category_ids contiguous"):
+        _validate_coco_mini_with_an_80_class_checkpoint(tmp_path, "raw")
+
+
+def test_validate_on_coco_mini_writes_results_and_their_error_analysis(tmp_path: Path, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="detr.lightning.system"):
-        main(["validate", "--config", str(CONFIG), "--config", str(tiny), f"--data.root={COCO_MINI}",
-              "--data.category_ids=contiguous", "--data.square_size=160", "--data.val_batch_size=10",
-              f"--model.init_checkpoint={checkpoint}", f"--trainer.default_root_dir={run}",
-              "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])
+        model, run = _validate_coco_mini_with_an_80_class_checkpoint(tmp_path, "contiguous")
     assert "stays freshly initialised" not in caplog.text  # every tensor of the checkpoint was loaded
     evaluation = run / "validate" / "evaluation"
     results = json.loads((evaluation / "val_predictions.json").read_text())
