@@ -448,7 +448,7 @@ def _mask_case(seed: int) -> tuple[list[dict], list[list[dict]], dict[int, dict[
 
 @pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
 def test_mask_ap_equals_pycocotools_segm_on_both_backends(backend) -> None:
-    """Mask AP (the panoptic system's val/segm_AP) comes from the box AP's evaluator, ground truth given image
+    """Mask AP (every system's val/mask_AP) comes from the box AP's evaluator, ground truth given image
     by image, and equals pycocotools' COCOeval "segm" run by hand to 1e-12 on every statistic."""
     from detr.evaluation.coco_evaluator import detections_to_mask_results
 
