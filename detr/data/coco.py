@@ -565,6 +565,9 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         if sample.masks is not None:
             kept = labels.numpy()
             target["labels"] = torch.from_numpy(sample.labels[kept])
-            target["masks"] = (torch.as_tensor(np.asarray(out["masks"]))[torch.from_numpy(kept)].bool() if len(kept)
-                               else torch.zeros(0, *image.shape[-2:], dtype=torch.bool))
+            masks = np.asarray(out["masks"]) if len(kept) else np.zeros((0, *image.shape[-2:]), dtype=np.uint8)
+            if len(kept) != len(masks) or (kept != np.arange(len(kept))).any():
+                masks = masks[kept]
+            # 0/1 bytes, as decoded and moved (nearest resizes, zero padding): read as bool without a copy
+            target["masks"] = torch.from_numpy(np.ascontiguousarray(masks)).view(torch.bool)
         return image, target
