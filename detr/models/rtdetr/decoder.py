@@ -211,13 +211,15 @@ class RTDETRDecoder(nn.Module):
         anchors, valid = self.anchors(tuple(spatial_shapes), device=memory.device, dtype=memory.dtype)
         features = self.enc_output(valid * memory)
         class_logits = self.enc_score_head(features)  # [B, S, K]
-        box_logits = self.enc_bbox_head(features) + anchors  # [B, S, 4]
         index = class_logits.max(-1).values.topk(self.num_queries, dim=1).indices  # [B, Q]
 
         def pick(values: torch.Tensor) -> torch.Tensor:
             return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
 
-        return pick(features).detach(), pick(box_logits), pick(class_logits)
+        # the box head runs on the selected cells only (Q of S rows: the same values, and only those are trained)
+        selected = pick(features)
+        box_logits = self.enc_bbox_head(selected) + pick(anchors.expand(len(memory), -1, -1))  # [B, Q, 4]
+        return selected.detach(), box_logits, pick(class_logits)
 
     def forward(self, features: list[torch.Tensor], num_layers: int | None = None, return_sampling: bool = False,
                 targets: list[dict[str, torch.Tensor]] | None = None) -> DecoderOutput:
