@@ -218,7 +218,7 @@ class RTDETRDecoder(nn.Module):
 
         # the box head runs on the selected cells only (Q of S rows: the same values, and only those are trained)
         selected = pick(features)
-        box_logits = self.enc_bbox_head(selected) + pick(anchors.expand(len(memory), -1, -1))  # [B, Q, 4]
+        box_logits = self.enc_bbox_head(selected) + pick(anchors.expand(memory.shape[0], -1, -1))  # [B, Q, 4]
         return selected.detach(), box_logits, pick(class_logits)
 
     def forward(self, features: list[torch.Tensor], num_layers: int | None = None, return_sampling: bool = False,
