@@ -1,6 +1,6 @@
 """Train-pipeline throughput: images per second per DataLoader worker on data/coco-mini.
 
-    .venv/bin/python benchmarks/data_throughput.py [--root data/coco-mini] [--images 100] [--workers 2]
+    .venv/bin/python benchmarks/data_throughput.py [--root data/coco-mini] [--images 100] [--workers 2] [--masks]
 
 One worker is one process running decode → boxes → the authors' train augmentation (flip, multi-scale
 resize 480..800 / max 1333, or resize + random crop + multi-scale) → normalise → tensor, then collate.
@@ -8,6 +8,8 @@ Printed: the machine, then (1) decoding alone and (2) the full train pipeline in
 worker), and (3) the full pipeline through a DataLoader with ``--workers`` processes (total and per
 worker). Compare with the model's training step time: DETR R50 needs about 2 images per step per GPU
 (the authors' recipe: 2 images per GPU, 32 GPUs), so one worker at N images/s feeds a step of up to 2/N seconds.
+``--masks``: the targets also carry each box's instance mask (``--data.masks true``: polygons decoded, moved by
+every step).
 """
 
 from __future__ import annotations
@@ -42,16 +44,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers for measurement (3); 0 skips it")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--masks", action="store_true", help="targets with instance masks (--data.masks true)")
     args = parser.parse_args()
 
     dataset = CocoDetection(f"{args.root}/{args.split}", f"{args.root}/annotations/instances_{args.split}.json",
-                            transform=make_train_transform(seed=args.seed))
+                            transform=make_train_transform(seed=args.seed), masks=args.masks)
     order = [i % len(dataset) for i in range(args.images)]
     random.Random(args.seed).shuffle(order)
     print(describe_machine())
     print(f"albumentations {albumentations.__version__}, opencv {cv2.__version__} ({cv2.getNumThreads()} threads), "
           f"Pillow {PIL.__version__}")
-    print(f"data: {args.root}/{args.split}, {len(dataset)} images; authors' train transform (default sizes)")
+    print(f"data: {args.root}/{args.split}, {len(dataset)} images; authors' train transform (default sizes)"
+          f"{', instance masks' if args.masks else ''}")
 
     dataset[0]  # warm-up (imports, first allocation)
     start = time.perf_counter()

@@ -34,7 +34,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 BOXES_CONFIG = REPO / "configs" / "demo_shapes_panoptic_boxes_cpu.yaml"
 MASKS_CONFIG = REPO / "configs" / "demo_shapes_panoptic_cpu.yaml"
-CURVE_COLUMNS = ("val/AP", "val/AP50", "val/PQ", "val/SQ", "val/RQ", "val/PQ_th", "val/PQ_st", "val/segm_AP")
+CURVE_COLUMNS = ("val/AP", "val/AP50", "val/PQ", "val/SQ", "val/RQ", "val/PQ_th", "val/PQ_st", "val/mask_AP")
 
 
 def without_time_limit(config: Path, out: Path) -> Path:

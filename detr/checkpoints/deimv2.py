@@ -27,7 +27,7 @@ from detr.checkpoints.dfine import (
     write_huggingface_family,
 )
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
-from detr.checkpoints.huggingface import _read_json
+from detr.checkpoints.huggingface import read_json
 from detr.models.dfine.model import DFINE
 
 MODEL_TYPE = "deimv2"
@@ -36,7 +36,7 @@ MODEL_TYPE = "deimv2"
 def is_deimv2_directory(directory: str | Path) -> bool:
     """Whether ``directory`` holds a config.json of model_type "deimv2"."""
     path = Path(directory) / "config.json"
-    return path.is_file() and _read_json(path).get("model_type") == MODEL_TYPE
+    return path.is_file() and read_json(path).get("model_type") == MODEL_TYPE
 
 
 def read_huggingface_deimv2(directory: str | Path) -> CheckpointContents:
@@ -48,7 +48,7 @@ def read_huggingface_deimv2(directory: str | Path) -> CheckpointContents:
             counterpart.
     """
     preprocessor = Path(directory) / "preprocessor_config.json"
-    if preprocessor.is_file() and _read_json(preprocessor).get("do_normalize"):
+    if preprocessor.is_file() and read_json(preprocessor).get("do_normalize"):
         raise CheckpointError(f"{preprocessor}: do_normalize (mean / std) is not supported: this project's DEIMv2 "
                               f"takes pixels / 255 without mean and std (RTDetrImageProcessor's default)")
     return read_huggingface_family(directory, "deimv2", vit_backbone=_dinov3_options)

@@ -47,13 +47,19 @@ import torch
 from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import COCO_CATEGORIES, CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
-from detr.checkpoints.huggingface import _read_json, _read_weights, _safetensors_torch, label_fields, read_meta
+from detr.checkpoints.huggingface import (
+    import_safetensors,
+    label_fields,
+    processor_square_size,
+    read_json,
+    read_meta,
+    read_weights,
+)
 from detr.checkpoints.rtdetr import (
-    _HF_QKV,
-    _IN_PROJ,
-    _count,
-    _current_spelling,
-    _square_size,
+    FUSED_IN_PROJ,
+    HUGGINGFACE_QKV,
+    count_numbered,
+    current_rtdetr_spelling,
     write_preprocessor_config,
 )
 from detr.models.config import DFINE_DEFAULTS, DetrConfig, ModelMeta
@@ -123,7 +129,7 @@ class KeyMap:
     """The renames between transformers' keys (as on disk) and this project's for one family: ``rules``
     ((transformers' key start, this project's), ``{}`` a layer index; read in both directions, first match wins)
     and the HGNetV2 backbone under ``backbone_prefix`` (the same tree, with transformers' module names). Keys are
-    read in transformers' D-FINE spelling (``_current_spelling``); ``disk_spelling`` (pattern, replacement) turns
+    read in transformers' D-FINE spelling (``current_rtdetr_spelling``); ``disk_spelling`` (pattern, replacement) turns
     the written ones into a family's own where its files differ (DEIMv2 writes ``aifi`` and ``o_proj``)."""
 
     def __init__(self, family: str, rules: tuple[tuple[str, str], ...], backbone_prefix: str, *,
@@ -215,7 +221,7 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str, *, p
     unknown = []
     for hf_key, value in state_dict.items():
         value = value.float() if value.is_floating_point() else value
-        key = _current_spelling(hf_key)
+        key = current_rtdetr_spelling(hf_key)
         if _TIED.match(key):
             continue
         if _POINTS_SCALE.match(key):
@@ -223,7 +229,7 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str, *, p
                 raise CheckpointError(f"{where}: {hf_key} is not 1 / points per point for decoder_n_points "
                                       f"{points_per_level} (config.json and the weights disagree)")
             continue
-        if match := _HF_QKV.match(key):
+        if match := HUGGINGFACE_QKV.match(key):
             prefix, which, kind = match.groups()
             projections.setdefault((prefix, kind), {})[which] = value
             continue
@@ -246,7 +252,7 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str, *, p
 def is_dfine_directory(directory: str | Path) -> bool:
     """Whether ``directory`` holds a config.json of model_type "d_fine"."""
     path = Path(directory) / "config.json"
-    return path.is_file() and _read_json(path).get("model_type") == MODEL_TYPE
+    return path.is_file() and read_json(path).get("model_type") == MODEL_TYPE
 
 
 def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path: Path) -> None:
@@ -325,7 +331,7 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
     options (DEIMv2 S-X)."""
     directory = Path(directory)
     config_path = directory / "config.json"
-    config = _read_json(config_path)
+    config = read_json(config_path)
     deimv2 = architecture == "deimv2"
     vit_options: dict[str, Any] = {}
     if vit_backbone is not None and (config.get("backbone_config") or {}).get("model_type") == "dinov3_vit":
@@ -368,7 +374,7 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
     keys = DFINE_KEYS
     if deimv2:
         keys = DEIMV2_DINOV3_KEYS if vit_options else DEIMV2_LITE_KEYS if lite else DEIMV2_KEYS
-    state_dict = to_official_state_dict(_read_weights(directory), str(directory), points_per_level=points, keys=keys)
+    state_dict = to_official_state_dict(read_weights(directory), str(directory), points_per_level=points, keys=keys)
     if "decoder.dec_score_head.0.weight" not in state_dict:
         raise CheckpointError(f"{directory}: no decoder class heads (model.decoder.class_embed.0): a model without "
                               f"the detection heads (DFineModel, Deimv2Model)? Save the ...ForObjectDetection")
@@ -398,7 +404,7 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
         lqe_hidden_dim=int(config.get("lqe_hidden_dim", 64)), lqe_layers=int(config.get("lqe_layers", 2)),
         pretrained_backbone=False, **deimv2_options)
     _check_constants(state_dict, model_config, str(config_path))
-    size = _square_size(directory)
+    size = processor_square_size(directory)
     meta = read_meta(config, model_config.num_classes, config_path, (size, size) if size is not None else None)
     return CheckpointContents(state_dict, model_config, meta)
 
@@ -425,8 +431,8 @@ def is_dfine_state_dict(state_dict: dict[str, torch.Tensor]) -> bool:
 def _backbone_from_weights(state_dict: dict[str, torch.Tensor], where: str) -> str:
     stem = tuple(int(state_dict[f"backbone.stem.{name}.conv.weight"].shape[index])
                  for name, index in (("stem1", 1), ("stem1", 0), ("stem4", 0)))
-    blocks = tuple(_count(state_dict, f"backbone.stages.{stage}.blocks.") for stage in range(4))
-    layers = _count(state_dict, "backbone.stages.0.blocks.0.layers.")
+    blocks = tuple(count_numbered(state_dict, f"backbone.stages.{stage}.blocks.") for stage in range(4))
+    layers = count_numbered(state_dict, "backbone.stages.0.blocks.0.layers.")
     outputs = int(state_dict["backbone.stages.3.blocks.0.aggregation.1.conv.weight"].shape[0])
     for name, spec in SIZES.items():
         if (spec.stem_channels == stem and tuple(s.num_blocks for s in spec.stages) == blocks
@@ -448,7 +454,7 @@ def read_dfine_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the
     official = {key: (value.float() if value.is_floating_point() else value) for key, value in state_dict.items()
                 if not _RECOMPUTED.match(key)}
     backbone = _backbone_from_weights(official, where)
-    levels = _count(official, "encoder.input_proj.")
+    levels = count_numbered(official, "encoder.input_proj.")
     weights_out = int(official["decoder.decoder.layers.0.cross_attn.attention_weights.weight"].shape[0])
     if weights_out % num_heads:
         raise CheckpointError(f"{where}: the attention weights ({weights_out} outputs) do not split into "
@@ -462,7 +468,7 @@ def read_dfine_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the
             index += inverse[index]
     hidden = int(official["decoder.enc_output.proj.weight"].shape[0])
     encoder_dim = int(official["encoder.input_proj.0.conv.weight"].shape[0])
-    encoder_layers = _count(official, "encoder.encoder.0.layers.")
+    encoder_layers = count_numbered(official, "encoder.encoder.0.layers.")
     ffn = int(official["decoder.decoder.layers.0.linear1.weight"].shape[0])
     encoder_ffn = int(official["encoder.encoder.0.layers.0.linear1.weight"].shape[0]) if encoder_layers else ffn
     branch = int(official["encoder.fpn_blocks.0.cv2.0.conv1.conv.weight"].shape[0])
@@ -473,12 +479,12 @@ def read_dfine_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the
         architecture="dfine", class_head="sigmoid", backbone=backbone,
         backbone_learnable_affine="backbone.stem.stem1.lab.scale" in official, hidden_dim=hidden,
         num_heads=num_heads, encoder_hidden_dim=encoder_dim if encoder_dim != hidden else None,
-        num_encoder_layers=encoder_layers, num_decoder_layers=_count(official, "decoder.decoder.layers."),
+        num_encoder_layers=encoder_layers, num_decoder_layers=count_numbered(official, "decoder.decoder.layers."),
         dim_feedforward=ffn, encoder_dim_feedforward=encoder_ffn if encoder_ffn != ffn else None,
         # the encoder's widths are round(expansion · hidden // 2) and round(3 · depth): any value in the
         # rounding's interval builds the same layers
         csp_expansion=(2 * branch + 0.5) / encoder_dim,
-        csp_depth_multiplier=_count(official, "encoder.fpn_blocks.0.cv2.0.bottlenecks.") / 3,
+        csp_depth_multiplier=count_numbered(official, "encoder.fpn_blocks.0.cv2.0.bottlenecks.") / 3,
         dropout=0.0, num_queries=300, num_classes=int(official["decoder.dec_score_head.0.weight"].shape[0]),
         num_feature_levels=levels, num_points=points[0],
         num_points_per_level=tuple(points) if len(set(points)) > 1 else None,
@@ -486,7 +492,7 @@ def read_dfine_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the
         max_num_bins=int(official["decoder.dec_bbox_head.0.layers.2.weight"].shape[0]) // 4 - 1,
         reg_scale=reg_scale, reg_up=up, lqe_top_k=quality_in // 4 - 1,
         lqe_hidden_dim=int(official["decoder.decoder.lqe_layers.0.reg_conf.layers.0.weight"].shape[0]),
-        lqe_layers=_count(official, "decoder.decoder.lqe_layers.0.reg_conf.layers."), pretrained_backbone=False)
+        lqe_layers=count_numbered(official, "decoder.decoder.lqe_layers.0.reg_conf.layers."), pretrained_backbone=False)
     if "decoder.decoder.up" not in official:  # older files keep the constants only beside the decoder
         official["decoder.decoder.up"] = torch.tensor([up])
         official["decoder.decoder.reg_scale"] = torch.tensor([reg_scale])
@@ -502,14 +508,14 @@ def to_huggingface_state_dict(model: DFINE, keys: KeyMap = DFINE_KEYS) -> dict[s
     hf: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
         value = value.detach().to("cpu", copy=True).contiguous()
-        if match := _IN_PROJ.match(key):
+        if match := FUSED_IN_PROJ.match(key):
             prefix, kind = match.groups()
             hf_prefix = keys.to_theirs(prefix + ".norm1.")[: -len("self_attn_layer_norm.")]
             for which, part in zip("qkv", value.chunk(3)):
                 hf[f"{hf_prefix}self_attn.{which}_proj.{kind}"] = part.clone()
             continue
         hf_key = keys.to_theirs(key)
-        if keys.to_ours(_current_spelling(hf_key)) != key:  # the two directions must be inverses
+        if keys.to_ours(current_rtdetr_spelling(hf_key)) != key:  # the two directions must be inverses
             raise AssertionError(f"{key} → {hf_key} does not read back")
         hf[hf_key] = value
     for index, layer in enumerate(model.decoder.decoder.layers):
@@ -584,7 +590,7 @@ def write_huggingface_family(model: DFINE, directory: str | Path, *, category_ma
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
-    data = _safetensors_torch().save(tensors, metadata={"format": "pt"})
+    data = import_safetensors().save(tensors, metadata={"format": "pt"})
     write_atomically(directory / "model.safetensors", lambda file: file.write(data))
     write_preprocessor_config(directory, model.input_spec.size)
     logger.info("wrote %s (%s, %s, %d classes)", directory, config["model_type"], config["backbone_config"]["model_type"],

@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 BackboneFormat = Literal["timm", "transformers"]
 
 #: ResNets that exist both as torchvision's (this project) and as timm's / transformers' models.
-_RESNETS = {
+RESNET_BLOCKS = {
     "resnet18": ("basic", [2, 2, 2, 2]),
     "resnet34": ("basic", [3, 4, 6, 3]),
     "resnet50": ("bottleneck", [3, 4, 6, 3]),
@@ -90,7 +90,7 @@ _PAIRS: tuple[tuple[str, str], ...] = (
     ("transformer.decoder.layers.{layer}.linear1.", "model.decoder.layers.{layer}.fc1."),
     ("transformer.decoder.layers.{layer}.linear2.", "model.decoder.layers.{layer}.fc2."),
 )
-_BODY, _HF_BODY = "backbone.0.body.", "model.backbone.conv_encoder.model."
+BACKBONE_BODY, HF_BACKBONE_BODY = "backbone.0.body.", "model.backbone.conv_encoder.model."
 # q, k, v projections ↔ one in_proj: (stack, layer index, this project's module, transformers' module)
 _HF_QKV = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.([qkv])_proj\.(weight|bias)$")
 _IN_PROJ = re.compile(
@@ -109,7 +109,9 @@ _RESNET_PAIRS: tuple[tuple[str, str], ...] = (
 _ONE_BASED_IN_TORCHVISION = ("stage", "conv")
 
 
-def _safetensors_torch():
+def import_safetensors():
+    """``safetensors.torch``, or an ImportError that names the package to install (the readers and writers of
+    transformers' directories share it)."""
     try:
         import safetensors.torch
     except ImportError as error:
@@ -118,7 +120,7 @@ def _safetensors_torch():
     return safetensors.torch
 
 
-def _rename(key: str, pairs: tuple[tuple[str, str], ...], to_huggingface: bool) -> str | None:
+def rename_prefix(key: str, pairs: tuple[tuple[str, str], ...], to_huggingface: bool) -> str | None:
     """``key`` with the first matching prefix of ``pairs`` swapped for its counterpart, None if none matches.
     A ``{name}`` in a prefix is an index, carried over (shifted by one for ``_ONE_BASED_IN_TORCHVISION``)."""
     shift = -1 if to_huggingface else 1
@@ -138,25 +140,25 @@ def _rename(key: str, pairs: tuple[tuple[str, str], ...], to_huggingface: bool) 
 def backbone_key_from_huggingface(key: str) -> str | None:
     """A backbone key of a transformers DETR-family file (``model.backbone.conv_encoder.model.*``, a timm or a
     transformers ResNet) as this project's ``backbone.0.body.*`` key; None for one with no counterpart."""
-    suffix = key[len(_HF_BODY):]
+    suffix = key[len(HF_BACKBONE_BODY):]
     if suffix.startswith(("embedder.", "encoder.")):  # transformers' ResNet
-        renamed = _rename(suffix, _RESNET_PAIRS, to_huggingface=False)
-        return None if renamed is None else _BODY + renamed
-    return _BODY + suffix  # timm's ResNet has torchvision's module names
+        renamed = rename_prefix(suffix, _RESNET_PAIRS, to_huggingface=False)
+        return None if renamed is None else BACKBONE_BODY + renamed
+    return BACKBONE_BODY + suffix  # timm's ResNet has torchvision's module names
 
 
 def backbone_key_to_huggingface(key: str, backbone_format: BackboneFormat) -> str | None:
     """This project's ``backbone.0.body.*`` key as transformers names it for a timm or a transformers ResNet;
     None for one with no counterpart."""
-    suffix = key[len(_BODY):]
-    renamed = suffix if backbone_format == "timm" else _rename(suffix, _RESNET_PAIRS, to_huggingface=True)
-    return None if renamed is None else _HF_BODY + renamed
+    suffix = key[len(BACKBONE_BODY):]
+    renamed = suffix if backbone_format == "timm" else rename_prefix(suffix, _RESNET_PAIRS, to_huggingface=True)
+    return None if renamed is None else HF_BACKBONE_BODY + renamed
 
 
-def _current_spelling(key: str) -> str:
+def current_spelling(key: str) -> str:
     """transformers 5's in-memory names and version 4's learned position table → the names transformers 5
     writes to disk."""
-    key = re.sub(r"^model\.backbone\.model\.", _HF_BODY, key)
+    key = re.sub(r"^model\.backbone\.model\.", HF_BACKBONE_BODY, key)
     key = re.sub(r"^model\.backbone\.position_embedding\.", "model.position_embedding.", key)
     key = re.sub(r"\.o_proj\.", ".out_proj.", key)
     return re.sub(r"\.mlp\.(fc[12])\.", r".\1.", key)
@@ -180,15 +182,15 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
         if hf_key.endswith("num_batches_tracked"):
             continue
         value = value.float() if value.is_floating_point() else value
-        key = _current_spelling(hf_key)
+        key = current_spelling(hf_key)
         if match := _HF_QKV.match(key):
             stack, index, module, which, kind = match.groups()
             projections.setdefault((stack, index, module, kind), {})[which] = value
             continue
-        if key.startswith(_HF_BODY):
+        if key.startswith(HF_BACKBONE_BODY):
             new_key = backbone_key_from_huggingface(key)
         else:
-            new_key = _rename(key, _PAIRS, to_huggingface=False)
+            new_key = rename_prefix(key, _PAIRS, to_huggingface=False)
         if new_key is None:
             unknown.append(hf_key)
         else:
@@ -224,10 +226,10 @@ def to_huggingface_state_dict(state_dict: dict[str, torch.Tensor], backbone_form
             for which, part in zip("qkv", value.chunk(3)):
                 hf[f"model.{stack}.layers.{index}.{theirs}.{which}_proj.{kind}"] = part.clone()
             continue
-        if key.startswith(_BODY):
+        if key.startswith(BACKBONE_BODY):
             new_key = backbone_key_to_huggingface(key, backbone_format)
         else:
-            new_key = _rename(key, _PAIRS, to_huggingface=True)
+            new_key = rename_prefix(key, _PAIRS, to_huggingface=True)
         if new_key is None:
             raise ExportError(f"{key} has no counterpart in transformers' DETR")
         hf[new_key] = value
@@ -237,18 +239,20 @@ def to_huggingface_state_dict(state_dict: dict[str, torch.Tensor], backbone_form
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A directory's config.json or preprocessor_config.json; a :class:`CheckpointError` naming the file when it
+    cannot be read."""
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise CheckpointError(f"could not read {path}: {error}") from error
 
 
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     """model.safetensors, pytorch_model.bin, or their sharded forms (``*.index.json``)."""
     def load(path: Path) -> dict[str, torch.Tensor]:
         if path.suffix == ".safetensors":
-            safetensors_torch = _safetensors_torch()
+            safetensors_torch = import_safetensors()
             from safetensors import SafetensorError
             try:
                 return safetensors_torch.load_file(str(path))
@@ -268,14 +272,14 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
         index = directory / f"{name}.index.json"
         if index.is_file():
             state: dict[str, torch.Tensor] = {}
-            for shard in sorted(set(_read_json(index)["weight_map"].values())):
+            for shard in sorted(set(read_json(index)["weight_map"].values())):
                 state.update(load(directory / shard))
             return state
     raise CheckpointError(f"{directory} has a config.json but no weights: expected model.safetensors or "
                           f"pytorch_model.bin (or their sharded *.index.json forms)")
 
 
-def _check_backbone_config(config: dict[str, Any], where: str) -> tuple[str | None, bool]:
+def check_backbone_config(config: dict[str, Any], where: str) -> tuple[str | None, bool]:
     """The backbone the config describes → (ResNet name if stated, dilation); unsupported ones raise.
 
     transformers 4 writes ``use_timm_backbone`` + ``backbone`` (+ ``backbone_config`` for its own ResNet);
@@ -287,7 +291,7 @@ def _check_backbone_config(config: dict[str, Any], where: str) -> tuple[str | No
                     "downsample_in_bottleneck": False, "num_channels": 3}
         wrong = {k: backbone_config[k] for k, v in expected.items() if k in backbone_config and backbone_config[k] != v}
         layer_type, depths = backbone_config.get("layer_type", "bottleneck"), list(backbone_config.get("depths", []))
-        name = next((n for n, spec in _RESNETS.items() if spec == (layer_type, depths)), None)
+        name = next((n for n, spec in RESNET_BLOCKS.items() if spec == (layer_type, depths)), None)
         if wrong or name is None:
             raise CheckpointError(
                 f"{where}: backbone_config describes a ResNet ({layer_type}, depths {depths}, {wrong or 'standard'}) "
@@ -304,9 +308,9 @@ def _check_backbone_config(config: dict[str, Any], where: str) -> tuple[str | No
         if not config.get("use_timm_backbone", True):
             return None, dilation  # e.g. "microsoft/resnet-50": the depth is read from the weights
     base = str(timm_name).removeprefix("timm/").split(".")[0]
-    if base not in _RESNETS:
+    if base not in RESNET_BLOCKS:
         raise CheckpointError(f"{where}: backbone {timm_name!r} has no counterpart here; supported: timm's "
-                              f"{', '.join(_RESNETS)} (torchvision's architecture) or transformers' ResNet")
+                              f"{', '.join(RESNET_BLOCKS)} (torchvision's architecture) or transformers' ResNet")
     return base, dilation
 
 
@@ -330,18 +334,18 @@ def label_fields(category_map: CategoryMap | None, num_classes: int,
 
 def read_meta(config: dict[str, Any], num_classes: int, config_path: Path,
               eval_size: tuple[int, int] | None) -> ModelMeta:
-    """The model's record from a transformers config.json: the category map (:func:`_category_map`) and the
+    """The model's record from a transformers config.json: the category map (:func:`category_map_from_labels`) and the
     ``score_threshold`` :func:`label_fields` wrote (a value outside (0, 1) is refused, naming the file)."""
     threshold = config.get("score_threshold")
     if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                   or not 0.0 < threshold < 1.0):
         raise CheckpointError(f"{config_path}: score_threshold must be a number between 0 and 1, got {threshold!r}; "
                               "correct it, or remove the field to use the default threshold")
-    return ModelMeta(category_map=_category_map(config, num_classes, config_path), eval_size=eval_size,
+    return ModelMeta(category_map=category_map_from_labels(config, num_classes, config_path), eval_size=eval_size,
                      score_threshold=None if threshold is None else float(threshold))
 
 
-def _category_map(config: dict[str, Any], num_classes: int, config_path: Path) -> CategoryMap:
+def category_map_from_labels(config: dict[str, Any], num_classes: int, config_path: Path) -> CategoryMap:
     """``id2label`` → labels 0..num_classes-1 with their names (transformers' "LABEL_i" where missing), and
     the data set's category ids from ``category_ids`` (:func:`label_fields`; without it: the labels).
 
@@ -376,13 +380,28 @@ def _category_map(config: dict[str, Any], num_classes: int, config_path: Path) -
     return CategoryMap(tuple(ids), names)
 
 
-def _eval_size(directory: Path) -> tuple[int, int] | None:
+def processor_square_size(directory: Path, *, example: int = 640) -> int | None:
+    """The square side of preprocessor_config.json's resize (``{"height": s, "width": s}``), None without the
+    file; any other size raises: the real-time families resize to a square (``InputSpec`` resize "square")."""
+    path = directory / "preprocessor_config.json"
+    if not path.is_file():
+        return None
+    size = read_json(path).get("size")
+    if (not isinstance(size, dict) or "height" not in size or "width" not in size
+            or int(size["height"]) != int(size["width"])):
+        raise CheckpointError(f"{path}: size {size!r} is not a square {{'height': s, 'width': s}}; this project runs "
+                              f"this model at a square size (InputSpec resize='square'): set size to one, e.g. "
+                              f"{{'height': {example}, 'width': {example}}}")
+    return int(size["height"])
+
+
+def processor_eval_size(directory: Path) -> tuple[int, int] | None:
     """(shortest side, longest-side cap) from preprocessor_config.json; None, with a warning that names the
     size used instead (the authors' 800 / 1333), when the file is missing or states no such size: a model
     trained at 512 px silently predicted at 800."""
     path = directory / "preprocessor_config.json"
     if path.is_file():
-        config = _read_json(path)
+        config = read_json(path)
         size = config.get("size")
         if isinstance(size, dict) and "shortest_edge" in size and "longest_edge" in size:
             return int(size["shortest_edge"]), int(size["longest_edge"])
@@ -411,7 +430,7 @@ def read_huggingface(directory: str | Path) -> CheckpointContents:
     if not config_path.is_file():
         raise CheckpointError(f"{directory} is a directory without config.json: not a Hugging Face model directory "
                               f"(checkpoint files are read by path, e.g. {directory}/model.pth)")
-    config = _read_json(config_path)
+    config = read_json(config_path)
     model_type = config.get("model_type")
     if model_type != "detr":
         raise CheckpointError(f"{config_path} has model_type {model_type!r}: only DETR (model_type 'detr', "
@@ -435,13 +454,13 @@ def read_huggingface(directory: str | Path) -> CheckpointContents:
     if position_encoding not in ("sine", "learned"):
         raise CheckpointError(f"{config_path}: position_embedding_type {position_encoding!r} is not 'sine' or "
                               f"'learned'")
-    backbone, dilation = _check_backbone_config(config, str(config_path))
+    backbone, dilation = check_backbone_config(config, str(config_path))
     if config.get("auxiliary_loss", False):
         logger.warning("%s: auxiliary_loss=true, with which transformers feeds each decoder layer's normalised "
                        "output to the next layer; this project's decoder follows the paper (the final norm only "
                        "on the heads' inputs), so predictions differ from transformers' for this model", config_path)
 
-    state_dict = to_official_state_dict(_read_weights(directory), where)
+    state_dict = to_official_state_dict(read_weights(directory), where)
     if "class_embed.weight" not in state_dict:
         raise CheckpointError(f"{where} has no class_labels_classifier: a DetrModel without the detection heads?")
     model_config = infer_model_config(state_dict, where, class_head="softmax")
@@ -459,7 +478,7 @@ def read_huggingface(directory: str | Path) -> CheckpointContents:
     model_config = model_config.replace(
         dilation=dilation, num_heads=int(config.get("encoder_attention_heads", DetrConfig.num_heads)),
         position_encoding=position_encoding, dropout=float(config.get("dropout", DetrConfig.dropout)))
-    meta = read_meta(config, model_config.num_classes, config_path, _eval_size(directory))
+    meta = read_meta(config, model_config.num_classes, config_path, processor_eval_size(directory))
     return CheckpointContents(state_dict, model_config, meta)
 
 
@@ -521,8 +540,8 @@ def _config(model: DETR) -> DetrConfig:
 
 def _backbone_name(model: DETR) -> str:
     name = _config(model).backbone
-    if name not in _RESNETS:
-        raise ExportError(f"backbone {name!r}: transformers' DETR can hold {', '.join(_RESNETS)}")
+    if name not in RESNET_BLOCKS:
+        raise ExportError(f"backbone {name!r}: transformers' DETR can hold {', '.join(RESNET_BLOCKS)}")
     return name
 
 
@@ -570,7 +589,7 @@ def huggingface_config(model: DETR, backbone_format: BackboneFormat = "timm",
     else:
         if dilation:
             raise ExportError("transformers' own ResNet has no dilation (DC5): export with backbone_format='timm'")
-        layer_type, depths = _RESNETS[name]
+        layer_type, depths = RESNET_BLOCKS[name]
         widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
         config.update(use_timm_backbone=False, backbone=None, backbone_config={
             "model_type": "resnet", "layer_type": layer_type, "depths": depths, "hidden_sizes": widths,
@@ -596,7 +615,7 @@ def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: Back
     if backbone_format not in ("timm", "transformers"):
         raise ValueError(f"backbone_format must be 'timm' or 'transformers', got {backbone_format!r}")
     check_exportable(model)
-    safetensors_torch = _safetensors_torch()
+    safetensors_torch = import_safetensors()
     config = huggingface_config(model, backbone_format, category_map)
     tensors = to_huggingface_state_dict(model.state_dict(), backbone_format)
     directory = Path(directory)

@@ -47,21 +47,21 @@ from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, infer_deformable_config
 from detr.checkpoints.huggingface import (
-    _BODY,
-    _HF_BODY,
-    _RESNETS,
+    BACKBONE_BODY,
+    HF_BACKBONE_BODY,
+    RESNET_BLOCKS,
     BackboneFormat,
-    _check_backbone_config,
-    _current_spelling,
-    _eval_size,
-    _read_json,
-    _read_weights,
-    _rename,
-    _safetensors_torch,
     backbone_key_from_huggingface,
     backbone_key_to_huggingface,
+    check_backbone_config,
+    current_spelling,
+    import_safetensors,
     label_fields,
+    processor_eval_size,
+    read_json,
     read_meta,
+    read_weights,
+    rename_prefix,
 )
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
 from detr.models.deformable.model import DeformableDETR
@@ -131,7 +131,7 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], num_heads: int, 
         if hf_key.endswith("num_batches_tracked"):
             continue
         value = value.float() if value.is_floating_point() else value
-        key = _current_spelling(hf_key)
+        key = current_spelling(hf_key)
         if match := _HF_QKV.match(key):
             index, which, kind = match.groups()
             projections.setdefault((index, kind), {})[which] = value
@@ -140,10 +140,10 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], num_heads: int, 
             copy, kind, index, rest = match.groups()
             heads.setdefault((kind, int(index)), {}).setdefault(copy or "", {})[rest] = value
             continue
-        if key.startswith(_HF_BODY):
+        if key.startswith(HF_BACKBONE_BODY):
             new_key = backbone_key_from_huggingface(key)
         else:
-            new_key = _rename(key, _PAIRS, to_huggingface=False)
+            new_key = rename_prefix(key, _PAIRS, to_huggingface=False)
         if new_key is None:
             unknown.append(hf_key)
         else:
@@ -180,10 +180,10 @@ def to_huggingface_state_dict(model: DeformableDETR, backbone_format: BackboneFo
             if (kind == "bbox" and model.box_refine) or (kind == "class" and model.two_stage):
                 hf[f"model.decoder.{key}"] = value.clone()
             continue
-        if key.startswith(_BODY):
+        if key.startswith(BACKBONE_BODY):
             new_key = backbone_key_to_huggingface(key, backbone_format)
         else:
-            new_key = _rename(key, _PAIRS, to_huggingface=True)
+            new_key = rename_prefix(key, _PAIRS, to_huggingface=True)
         if new_key is None:
             raise ExportError(f"{key} has no counterpart in transformers' Deformable DETR")
         hf[new_key] = value
@@ -199,8 +199,8 @@ def _same(config: dict[str, Any], first: str, second: str, default: Any, config_
 
 
 def _resnet_depth(state_dict: dict[str, torch.Tensor], where: str) -> str:
-    bottleneck = f"{_BODY}layer1.0.conv3.weight" in state_dict
-    blocks = {int(k[len(_BODY) + len("layer3."):].split(".")[0]) for k in state_dict if k.startswith(_BODY + "layer3.")}
+    bottleneck = f"{BACKBONE_BODY}layer1.0.conv3.weight" in state_dict
+    blocks = {int(k[len(BACKBONE_BODY) + len("layer3."):].split(".")[0]) for k in state_dict if k.startswith(BACKBONE_BODY + "layer3.")}
     name = {(False, 2): "resnet18", (False, 6): "resnet34", (True, 6): "resnet50", (True, 23): "resnet101"}.get(
         (bottleneck, len(blocks)))
     if name is None:
@@ -211,7 +211,7 @@ def _resnet_depth(state_dict: dict[str, torch.Tensor], where: str) -> str:
 def is_deformable_directory(directory: str | Path) -> bool:
     """Whether ``directory`` holds a config.json of model_type "deformable_detr"."""
     path = Path(directory) / "config.json"
-    return path.is_file() and _read_json(path).get("model_type") == MODEL_TYPE
+    return path.is_file() and read_json(path).get("model_type") == MODEL_TYPE
 
 
 def read_huggingface_deformable(directory: str | Path) -> CheckpointContents:
@@ -224,7 +224,7 @@ def read_huggingface_deformable(directory: str | Path) -> CheckpointContents:
     """
     directory = Path(directory)
     config_path = directory / "config.json"
-    config = _read_json(config_path)
+    config = read_json(config_path)
     where = str(directory)
     if config.get("activation_function", "relu") != "relu":
         raise CheckpointError(f"{config_path}: activation_function {config['activation_function']!r}; the authors' "
@@ -235,13 +235,13 @@ def read_huggingface_deformable(directory: str | Path) -> CheckpointContents:
     heads = _same(config, "encoder_attention_heads", "decoder_attention_heads", 8, config_path)
     ffn = _same(config, "encoder_ffn_dim", "decoder_ffn_dim", 1024, config_path)
     points = _same(config, "encoder_n_points", "decoder_n_points", 4, config_path)
-    backbone, dilation = _check_backbone_config(config, str(config_path))
+    backbone, dilation = check_backbone_config(config, str(config_path))
     two_stage, box_refine = bool(config.get("two_stage", False)), bool(config.get("with_box_refine", False))
     if two_stage and not box_refine:
         raise CheckpointError(f"{config_path}: two_stage without with_box_refine, which transformers itself cannot "
                               f"run (its two-stage head reads the refinement heads)")
     decoder_layers = int(config.get("decoder_layers", 6))
-    state_dict = to_official_state_dict(_read_weights(directory), decoder_layers + two_stage, where)
+    state_dict = to_official_state_dict(read_weights(directory), decoder_layers + two_stage, where)
     depth = _resnet_depth(state_dict, where)
     if backbone is not None and backbone != depth:
         raise CheckpointError(f"{config_path} names backbone {backbone} but the weights are a {depth}")
@@ -255,7 +255,7 @@ def read_huggingface_deformable(directory: str | Path) -> CheckpointContents:
         num_feature_levels=int(config.get("num_feature_levels", 4)), num_points=int(points),
         box_refine=box_refine, two_stage=two_stage, dropout=float(config.get("dropout", 0.1)))
     _check_config_fits_weights(model_config, state_dict, config_path, where)
-    meta = read_meta(config, model_config.num_classes, config_path, _eval_size(directory))
+    meta = read_meta(config, model_config.num_classes, config_path, processor_eval_size(directory))
     return CheckpointContents(state_dict, model_config, meta)
 
 
@@ -288,8 +288,8 @@ def huggingface_deformable_config(model: DeformableDETR, backbone_format: Backbo
     config = model.config
     if config is None or config.architecture != "deformable":
         raise ExportError("save_pretrained_deformable needs a Deformable DETR built by build_detr (model.config)")
-    if config.backbone not in _RESNETS:
-        raise ExportError(f"backbone {config.backbone!r}: transformers can hold {', '.join(_RESNETS)}")
+    if config.backbone not in RESNET_BLOCKS:
+        raise ExportError(f"backbone {config.backbone!r}: transformers can hold {', '.join(RESNET_BLOCKS)}")
     category_map = category_map or model.meta.category_map
     hf: dict[str, Any] = {
         "architectures": ["DeformableDetrForObjectDetection"], "model_type": MODEL_TYPE,
@@ -314,7 +314,7 @@ def huggingface_deformable_config(model: DeformableDETR, backbone_format: Backbo
     else:
         if config.dilation:
             raise ExportError("transformers' own ResNet has no dilation (DC5): export with backbone_format='timm'")
-        layer_type, depths = _RESNETS[config.backbone]
+        layer_type, depths = RESNET_BLOCKS[config.backbone]
         widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
         hf.update(use_timm_backbone=False, backbone=None, backbone_config={
             "model_type": "resnet", "layer_type": layer_type, "depths": depths, "hidden_sizes": widths,
@@ -341,7 +341,7 @@ def save_pretrained_deformable(model: DeformableDETR, directory: str | Path, *, 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
-    data = _safetensors_torch().save(tensors, metadata={"format": "pt"})
+    data = import_safetensors().save(tensors, metadata={"format": "pt"})
     write_atomically(directory / "model.safetensors", lambda file: file.write(data))
     min_size, max_size = model.meta.eval_size or AUTHORS_EVAL_SIZE
     processor = {

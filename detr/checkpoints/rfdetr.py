@@ -50,7 +50,13 @@ import torch
 from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
-from detr.checkpoints.huggingface import _category_map, _read_json, _read_weights, _safetensors_torch
+from detr.checkpoints.huggingface import (
+    category_map_from_labels,
+    import_safetensors,
+    processor_square_size,
+    read_json,
+    read_weights,
+)
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.inputs import IMAGENET_MEAN, IMAGENET_STD
 from detr.models.rfdetr.model import RFDETR
@@ -157,7 +163,7 @@ def _substitute(table: tuple[tuple[re.Pattern[str], str], ...], key: str) -> str
 def is_rfdetr_directory(directory: str | Path) -> bool:
     """Whether ``directory`` holds a config.json of model_type "rf_detr" or "lw_detr"."""
     path = Path(directory) / "config.json"
-    return path.is_file() and _read_json(path).get("model_type") in (MODEL_TYPE, LW_MODEL_TYPE)
+    return path.is_file() and read_json(path).get("model_type") in (MODEL_TYPE, LW_MODEL_TYPE)
 
 
 def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path: Path, what: str) -> None:
@@ -166,19 +172,6 @@ def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path
     if wrong:
         raise CheckpointError(f"{config_path}: this project's RF-DETR has {what} {expected}; the file sets {wrong}, "
                               f"which it cannot reproduce")
-
-
-def _square_size(directory: Path) -> int | None:
-    """The square side of preprocessor_config.json's resize, if there is one; another resize raises."""
-    path = directory / "preprocessor_config.json"
-    if not path.is_file():
-        return None
-    size = _read_json(path).get("size")
-    if not isinstance(size, dict) or int(size.get("height", 0)) != int(size.get("width", -1)):
-        raise CheckpointError(f"{path}: size {size!r} is not a square {{'height': s, 'width': s}}; this project runs "
-                              f"RF-DETR at a square size (a multiple of patch size × windows): set size to one, e.g. "
-                              f"{{'height': 560, 'width': 560}}")
-    return int(size["height"])
 
 
 def _side(value: Any, name: str, config_path: Path) -> int:
@@ -262,7 +255,7 @@ def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
     """
     directory = Path(directory)
     config_path = directory / "config.json"
-    config = _read_json(config_path)
+    config = read_json(config_path)
     lw = config.get("model_type") == LW_MODEL_TYPE
     vit = _lw_vit_options(config, config_path) if lw else _vit_options(config, config_path)
     scales = tuple(float(scale) for scale in config.get("projector_scale_factors") or ()) if lw else (1.0,)
@@ -272,7 +265,7 @@ def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
                                 "layer_norm_eps": 1e-5, "segmentation_head_activation_function": "gelu",
                                 "mask_downsample_ratio": 4})}, config_path, "")
     num_queries, groups = int(config.get("num_queries", 300)), int(config.get("group_detr", 13))
-    state_dict = to_our_state_dict(_read_weights(directory), str(directory), lw=lw)
+    state_dict = to_our_state_dict(read_weights(directory), str(directory), lw=lw)
     if "decoder.class_head.weight" not in state_dict:
         raise CheckpointError(f"{directory}: no class head (class_embed): an RfDetrModel without the detection heads?")
     rows = state_dict["decoder.query_embed.weight"].shape[0] if "decoder.query_embed.weight" in state_dict else None
@@ -291,8 +284,8 @@ def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
         instance_masks="mask_head.bias" in state_dict,
         mask_dim_feedforward=int(config.get("intermediate_size", 1024)) if "mask_head.bias" in state_dict else 1024,
         num_classes=int(state_dict["decoder.class_head.weight"].shape[0]), pretrained_backbone=False)
-    size = _square_size(directory)
-    meta = ModelMeta(category_map=_category_map(config, model_config.num_classes, config_path),
+    size = processor_square_size(directory, example=560)
+    meta = ModelMeta(category_map=category_map_from_labels(config, model_config.num_classes, config_path),
                      eval_size=(size, size) if size is not None else None)
     return CheckpointContents(state_dict, model_config, meta)
 
@@ -384,7 +377,7 @@ def save_pretrained_rfdetr(model: RFDETR, directory: str | Path, *, category_map
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
-    data = _safetensors_torch().save(tensors, metadata={"format": "pt"})
+    data = import_safetensors().save(tensors, metadata={"format": "pt"})
     write_atomically(directory / "model.safetensors", lambda file: file.write(data))
     write_preprocessor_config(directory, model.input_spec.size, lw=config["model_type"] == LW_MODEL_TYPE)
     logger.info("wrote %s (%s, %d classes)", directory, config["model_type"], model.num_classes)

@@ -57,7 +57,14 @@ import torch
 from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import COCO_CATEGORIES, CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
-from detr.checkpoints.huggingface import _read_json, _read_weights, _safetensors_torch, label_fields, read_meta
+from detr.checkpoints.huggingface import (
+    import_safetensors,
+    label_fields,
+    processor_square_size,
+    read_json,
+    read_meta,
+    read_weights,
+)
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.rtdetr.model import RTDETR
 from detr.models.rtdetr.resnet_vd import DEPTHS
@@ -104,7 +111,7 @@ _RENAMES: tuple[tuple[str, str], ...] = (
 )
 _COMPILED = tuple((re.compile(pattern), replacement) for pattern, replacement in _RENAMES)
 #: q, k, v projections of transformers' attention → one in_proj of this project's: (stack prefix, q/k/v, kind)
-_HF_QKV = re.compile(r"(model\.encoder\.encoder\.\d+\.layers\.\d+|model\.decoder\.layers\.\d+)\.self_attn\."
+HUGGINGFACE_QKV = re.compile(r"(model\.encoder\.encoder\.\d+\.layers\.\d+|model\.decoder\.layers\.\d+)\.self_attn\."
                      r"([qkv])_proj\.(weight|bias)$")
 #: The heads' copies at RT-DETRv2's top level: not read by transformers' forward
 _UNUSED = re.compile(r"(class|bbox)_embed\.\d+\.")
@@ -112,7 +119,7 @@ _UNUSED = re.compile(r"(class|bbox)_embed\.\d+\.")
 _POINTS_SCALE = re.compile(r"model\.decoder\.layers\.\d+\.encoder_attn\.n_points_scale$")
 
 
-def _current_spelling(key: str) -> str:
+def current_rtdetr_spelling(key: str) -> str:
     """transformers 5's in-memory names → the names it writes to disk."""
     key = re.sub(r"^model\.encoder\.aifi\.", "model.encoder.encoder.", key)
     key = re.sub(r"\.o_proj\.", ".out_proj.", key)
@@ -156,7 +163,7 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
     unknown = []
     for hf_key, value in state_dict.items():
         value = value.float() if value.is_floating_point() else value
-        key = _current_spelling(hf_key)
+        key = current_rtdetr_spelling(hf_key)
         if _UNUSED.match(key):
             continue
         if _POINTS_SCALE.match(key):
@@ -164,7 +171,7 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
                 raise CheckpointError(f"{where}: {hf_key} is not 1 / {num_points} per point (the config's "
                                       f"decoder_n_points); per-level point counts are not supported")
             continue
-        if match := _HF_QKV.match(key):
+        if match := HUGGINGFACE_QKV.match(key):
             prefix, which, kind = match.groups()
             projections.setdefault((prefix, kind), {})[which] = value
             continue
@@ -187,7 +194,7 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
 def is_rtdetr_directory(directory: str | Path) -> bool:
     """Whether ``directory`` holds a config.json of model_type "rt_detr" or "rt_detr_v2"."""
     path = Path(directory) / "config.json"
-    return path.is_file() and _read_json(path).get("model_type") in MODEL_TYPES
+    return path.is_file() and read_json(path).get("model_type") in MODEL_TYPES
 
 
 def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path: Path) -> None:
@@ -221,20 +228,6 @@ def _backbone_name(config: dict[str, Any], config_path: Path) -> str:
     return name
 
 
-def _square_size(directory: Path) -> int | None:
-    """The square side of preprocessor_config.json's resize, if there is one; a non-square size raises."""
-    path = directory / "preprocessor_config.json"
-    if not path.is_file():
-        return None
-    size = _read_json(path).get("size")
-    if not isinstance(size, dict) or "height" not in size or "width" not in size:
-        raise CheckpointError(f"{path}: size {size!r} is not RT-DETR's {{'height': h, 'width': w}}")
-    if int(size["height"]) != int(size["width"]):
-        raise CheckpointError(f"{path}: a {size['height']} × {size['width']} resize; this project's input contract "
-                              f"resizes to a square (InputSpec resize='square')")
-    return int(size["height"])
-
-
 def read_huggingface_rtdetr(directory: str | Path) -> CheckpointContents:
     """Read a transformers ``RTDetr(V2)ForObjectDetection`` directory into this project's layout + config.
 
@@ -244,7 +237,7 @@ def read_huggingface_rtdetr(directory: str | Path) -> CheckpointContents:
     """
     directory = Path(directory)
     config_path = directory / "config.json"
-    config = _read_json(config_path)
+    config = read_json(config_path)
     version_2 = config.get("model_type") == "rt_detr_v2"
     backbone = _backbone_name(config, config_path)
     encoder_dim = int(config.get("encoder_hidden_dim", 256))
@@ -260,7 +253,7 @@ def read_huggingface_rtdetr(directory: str | Path) -> CheckpointContents:
         logger.warning("%s sets eval_size %s: transformers then runs the AIFI layer without positions in eval mode, "
                        "this project (as the authors' code) with them; outputs will differ from transformers'",
                        config_path, config["eval_size"])
-    state_dict = to_official_state_dict(_read_weights(directory), str(directory),
+    state_dict = to_official_state_dict(read_weights(directory), str(directory),
                                         num_points=int(config.get("decoder_n_points", 4)))
     if "decoder.dec_score_head.0.weight" not in state_dict:
         raise CheckpointError(f"{directory}: no decoder class heads (model.decoder.class_embed.0): an RTDetrModel "
@@ -283,7 +276,7 @@ def read_huggingface_rtdetr(directory: str | Path) -> CheckpointContents:
         sampling_offset_scale=float(config.get("decoder_offset_scale", 0.5)) if version_2 else 0.5,
         sampling_method="discrete" if version_2 and config.get("decoder_method") == "discrete" else "bilinear",
         pretrained_backbone=False)
-    size = _square_size(directory)
+    size = processor_square_size(directory)
     meta = read_meta(config, model_config.num_classes, config_path, (size, size) if size is not None else None)
     return CheckpointContents(state_dict, model_config, meta)
 
@@ -306,7 +299,9 @@ def is_rtdetr_state_dict(state_dict: dict[str, torch.Tensor]) -> bool:
     return "decoder.dec_score_head.0.weight" in state_dict and "encoder.fpn_blocks.0.conv1.conv.weight" in state_dict
 
 
-def _count(state_dict: dict[str, torch.Tensor], prefix: str) -> int:
+def count_numbered(state_dict: dict[str, torch.Tensor], prefix: str) -> int:
+    """How many ``prefix{N}.`` modules the state dict has (numbered 0..N-1, else a :class:`CheckpointError`):
+    the readers infer layer and block counts from the weights this way."""
     pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
     found = {int(match.group(1)) for key in state_dict if (match := pattern.match(key))}
     if found != set(range(len(found))):
@@ -338,19 +333,19 @@ def read_rtdetr_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
         raise CheckpointError(f"{where}: the backbone is not a ResNet-vd (PResNet: backbone.conv1.conv1_1); "
                               f"HGNetV2 and other backbones are not supported")
     bottleneck = "backbone.res_layers.0.blocks.0.branch2c.conv.weight" in official
-    counts = tuple(_count(official, f"backbone.res_layers.{stage}.blocks.") for stage in range(4))
+    counts = tuple(count_numbered(official, f"backbone.res_layers.{stage}.blocks.") for stage in range(4))
     backbone = next((name for name, spec in DEPTHS.items() if spec == (counts, bottleneck)), None)
     if backbone is None:
         raise CheckpointError(f"{where}: a ResNet-vd with blocks {counts} (bottleneck={bottleneck}) is none of "
                               f"{', '.join(DEPTHS)}")
-    levels = _count(official, "decoder.input_proj.")
+    levels = count_numbered(official, "decoder.input_proj.")
     weights_out = int(official["decoder.decoder.layers.0.cross_attn.attention_weights.weight"].shape[0])
     if weights_out % (num_heads * levels):
         raise CheckpointError(f"{where}: the attention weights ({weights_out} outputs) do not split into {levels} "
                               f"levels x num_heads={num_heads}; pass the model's num_heads")
     hidden = int(official["decoder.enc_output.proj.weight"].shape[0])
     encoder_dim = int(official["encoder.input_proj.0.conv.weight"].shape[0])
-    encoder_layers = _count(official, "encoder.encoder.0.layers.")
+    encoder_layers = count_numbered(official, "encoder.encoder.0.layers.")
     ffn = int(official["decoder.decoder.layers.0.linear1.weight"].shape[0])
     encoder_ffn = int(official["encoder.encoder.0.layers.0.linear1.weight"].shape[0]) if encoder_layers else ffn
     num_classes = int(official["decoder.dec_score_head.0.weight"].shape[0])
@@ -360,7 +355,7 @@ def read_rtdetr_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
     config = DetrConfig(
         architecture="rtdetr", class_head="sigmoid", backbone=backbone, hidden_dim=hidden, num_heads=num_heads,
         encoder_hidden_dim=encoder_dim if encoder_dim != hidden else None, num_encoder_layers=encoder_layers,
-        num_decoder_layers=_count(official, "decoder.decoder.layers."), dim_feedforward=ffn,
+        num_decoder_layers=count_numbered(official, "decoder.decoder.layers."), dim_feedforward=ffn,
         encoder_dim_feedforward=encoder_ffn if encoder_ffn != ffn else None,
         csp_expansion=int(official["encoder.fpn_blocks.0.conv1.conv.weight"].shape[0]) / encoder_dim,
         dropout=0.0, num_queries=300, num_classes=num_classes, num_feature_levels=levels,
@@ -411,7 +406,7 @@ _TO_HUGGINGFACE_PAIRS: tuple[tuple[str, str], ...] = (
 )
 _TO_HUGGINGFACE = tuple((re.compile(pattern), replacement) for pattern, replacement in _TO_HUGGINGFACE_PAIRS)
 _CN = {"conv": "convolution", "norm": "normalization"}
-_IN_PROJ = re.compile(r"(encoder\.encoder\.\d+\.layers\.\d+|decoder\.decoder\.layers\.\d+)"
+FUSED_IN_PROJ = re.compile(r"(encoder\.encoder\.\d+\.layers\.\d+|decoder\.decoder\.layers\.\d+)"
                       r"\.self_attn\.in_proj_(weight|bias)$")
 
 
@@ -428,7 +423,7 @@ def _to_huggingface_key(key: str) -> str:
     hf_key = _substitute(_TO_HUGGINGFACE, key, _huggingface_names)
     if hf_key is None:
         raise ExportError(f"{key} has no counterpart in transformers' RT-DETR")
-    if _rename(_current_spelling(hf_key)) != key:  # the two tables must be inverses
+    if _rename(current_rtdetr_spelling(hf_key)) != key:  # the two tables must be inverses
         raise AssertionError(f"{key} → {hf_key} does not read back")
     return hf_key
 
@@ -439,7 +434,7 @@ def to_huggingface_state_dict(model: RTDETR, *, version: int = 1) -> dict[str, t
     hf: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
         value = value.detach().to("cpu", copy=True).contiguous()
-        if match := _IN_PROJ.match(key):
+        if match := FUSED_IN_PROJ.match(key):
             prefix, kind = match.groups()
             hf_prefix = _to_huggingface_key(prefix + ".norm1.")[: -len("self_attn_layer_norm.")]
             for which, part in zip("qkv", value.chunk(3)):
@@ -520,7 +515,7 @@ def save_pretrained_rtdetr(model: RTDETR, directory: str | Path, *, version: int
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
-    data = _safetensors_torch().save(tensors, metadata={"format": "pt"})
+    data = import_safetensors().save(tensors, metadata={"format": "pt"})
     write_atomically(directory / "model.safetensors", lambda file: file.write(data))
     write_preprocessor_config(directory, model.input_spec.size)
     logger.info("wrote %s (%s, %s, %d classes)", directory, config["model_type"], model.config.backbone,

@@ -33,10 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=device_argument, default=None, help="default: CUDA when available, else CPU")
     args = parser.parse_args(argv)
     from detr.checkpoints import load_checkpoint  # after --help: torch
+    from detr.checkpoints.deployed import is_deployed
+    from detr.checkpoints.formats import CheckpointError
     from detr.visualize.explorer import write_attention_explorer
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
+    if is_deployed(args.checkpoint):  # one line, not the PyTorch loader's "not a checkpoint torch can read"
+        raise CheckpointError(f"{args.checkpoint} is an exported file: it returns no attention, which the explorer "
+                              "shows; pass the PyTorch checkpoint it was exported from")
     model = load_checkpoint(args.checkpoint)
     errors: list[tuple[str, str]] = []
     pages = write_attention_explorer(

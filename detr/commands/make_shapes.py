@@ -3,6 +3,7 @@
     detr-make-shapes                      # data/shapes: 2000 train, 200 val, 128 px
     detr-make-shapes --out /tmp/s --num-train 100 --num-val 20
     detr-make-shapes --panoptic           # also COCO panoptic annotations (PNGs + json)
+    detr-make-shapes --masks rle --out data/shapes-rle   # instance masks as the drawn pixels (COCO RLE)
 
 Idempotent: a complete set made with the same parameters is left as it is (--force rewrites it).
 The generator itself: detr.data.shapes (panoptic annotations: detr.data.shapes_panoptic).
@@ -31,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-object-size", type=int, default=defaults.min_object_size)
     parser.add_argument("--max-object-size", type=int, default=defaults.max_object_size)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--masks", choices=("polygon", "rle"), default=defaults.mask_format,
+                        help="each object's segmentation: the drawn polygon (default) or the drawn pixels as COCO "
+                             "RLE (exact instance masks)")
     parser.add_argument("--force", action="store_true", help="rewrite even if a complete set exists")
     parser.add_argument("--panoptic", action="store_true",
                         help="also write COCO panoptic annotations: annotations/panoptic_{split}.json and PNGs")
@@ -39,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ShapesConfig(
         num_train=args.num_train, num_val=args.num_val, image_size=args.image_size, max_objects=args.max_objects,
         empty_fraction=args.empty_fraction, min_object_size=args.min_object_size,
-        max_object_size=args.max_object_size, seed=args.seed,
+        max_object_size=args.max_object_size, seed=args.seed, mask_format=args.masks,
     )
     start = time.perf_counter()
     written = write_shapes_dataset(args.out, config, overwrite=args.force)

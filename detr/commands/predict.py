@@ -9,7 +9,7 @@ OUT/<name>.jpg with boxes, names and scores drawn. A file that cannot be read or
 resize, outputs not finite) is reported and skipped; the exit status is then 1 and the skipped files are listed.
 With --task panoptic (a panoptic checkpoint) it also writes OUT/panoptic/<name>.png (COCO panoptic PNGs,
 id = R + 256*G + 256^2*B) and OUT/panoptic.json (COCO panoptic results), and draws the segments; with
---task instances predictions.json also holds each detection's mask (COCO RLE "segmentation").
+--task instances predictions.json also holds each detection's mask (COCO RLE "segmentation"), drawn too.
 OUT belongs to one run: a second run into it is refused while the first writes, and afterwards unless
 --overwrite, which deletes the earlier run's files (drawings included; OUT/outputs.txt lists them) first.
 Ctrl-C or SIGTERM stops the run with predictions.json holding the images done so far (exit status 130 or 143).
@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--no-draw", action="store_true", help="write only the json (and panoptic PNGs)")
     parser.add_argument("--task", choices=("detection", "instances", "panoptic"), default="detection",
-                        help="instances: masks in predictions.json; panoptic: also segment each image "
-                             "(both need a panoptic checkpoint, e.g. detr-r50-panoptic)")
+                        help="instances: masks in predictions.json and drawn (a checkpoint with masks: "
+                             "detr-r50-panoptic, RF-DETR's instance segmentation); panoptic: also segment each "
+                             "image (a panoptic checkpoint, e.g. detr-r50-panoptic)")
     parser.add_argument("--panoptic-threshold", type=float, default=None,
                         help="class probability a query needs to get a panoptic segment (default: the one the "
                              "checkpoint's training run validated with, else the authors' 0.85)")

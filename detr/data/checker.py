@@ -11,12 +11,16 @@ image, annotation or category ids; an annotation on an unknown image or with a c
 outside the image; missing, truncated or undecodable image files; a file whose size (after EXIF
 orientation) contradicts the json; more objects in one image than ``num_queries`` (DETR predicts at most
 one object per query, so the rest could never be matched); string image ids; a file without any
-(non-crowd) box; boxes that look like xyxy corners (many reach outside the image, all would fit as xyxy).
+(non-crowd) box; boxes that look like xyxy corners (many reach outside the image, all would fit as xyxy); a
+``segmentation`` that cannot be a mask (a polygon of fewer than 3 points or of odd length, an RLE whose size is
+not its image's: :func:`detr.data.instance_masks.segmentation_problem`) or that covers no pixel.
 
 Warnings: images without boxes, crowd annotations (left out of training, kept for evaluation), category
 id gaps, categories without annotations, duplicate file names, annotations without ``area``/``iscrowd``,
 files with an EXIF orientation that turns or flips their pixels while the json's size fits either frame (a
-square image, a 180-degree turn: the sizes cannot tell in which frame its boxes were drawn).
+square image, a 180-degree turn: the sizes cannot tell in which frame its boxes were drawn); a mask whose extent
+disagrees with its box (IoU below :data:`MASK_BOX_MIN_IOU`) or whose area exceeds the box's; annotations without
+``segmentation`` in a json where others have one (no mask training, no mask AP).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pycocotools import mask as mask_utils
+
 from detr.data.coco import (
     AnnotationFileError,
     all_coco_bboxes,
@@ -38,11 +44,15 @@ from detr.data.coco import (
     load_coco_json,
 )
 from detr.data.image_checks import read_images
+from detr.data.instance_masks import segmentation_problem, segmentation_to_rle
 
 Severity = Literal["error", "warning", "info"]
 
 #: A box may reach this far (pixels) past the image border before it counts as outside (float rounding).
 OUTSIDE_TOLERANCE = 1.0
+
+#: A mask's extent (the box around its pixels) and its annotation's bbox overlap at least this much (IoU).
+MASK_BOX_MIN_IOU = 0.5
 
 #: From this many images on, a full decode with ``workers=None`` uses one process per CPU core: decoding is
 #: the slow part of a check, and below this a pool's start-up costs more than it saves.
@@ -211,6 +221,7 @@ def check_dataset(
     boxes_per_image: Counter[Any] = Counter()
     used_categories: set[int] = set()
     missing_fields: list[Any] = []
+    without_segmentation: list[Any] = []
     sized_boxes = outside_boxes = xyxy_like = 0  # for the "written as xyxy" test below
     bboxes_valid = (all(isinstance(a, dict) for a in annotations)  # a fast yes at COCO's size, else one by one
                     and all_coco_bboxes([a.get("bbox") for a in annotations]))
@@ -244,6 +255,12 @@ def check_dataset(
         if crowd:
             add("warning", "crowd", "crowd annotation: left out of the training targets, kept for evaluation",
                 file_name, ann_id)
+        if annotation.get("segmentation") is None:
+            without_segmentation.append(ann_id)
+        else:
+            size = sizes.get(annotation.get("image_id")) if image is not None else None
+            for severity, kind, message in _segmentation_problems(annotation, size):
+                add(severity, kind, message, file_name, ann_id)
         bbox = annotation.get("bbox")
         if not bboxes_valid and not is_coco_bbox(bbox):
             add("error", "invalid_bbox", f"bbox {bbox!r} is not [x, y, width, height] of 4 finite numbers",
@@ -299,8 +316,45 @@ def check_dataset(
         shown = ", ".join(map(str, missing_fields[:10])) + (" ..." if len(missing_fields) > 10 else "")
         add("warning", "missing_field", f"{len(missing_fields)} annotation(s) lack 'area' or 'iscrowd' (ids {shown}); "
             "the data set fills in area = w * h and iscrowd = 0 for evaluation")
+    if without_segmentation and len(without_segmentation) < len(annotations):
+        shown = ", ".join(map(str, without_segmentation[:10])) + (" ..." if len(without_segmentation) > 10 else "")
+        add("warning", "missing_segmentation", f"{len(without_segmentation)} annotation(s) have no 'segmentation' "
+            f"while the others have one (ids {shown}): training with masks (--data.masks true) refuses the file and "
+            "evaluation reports box AP only")
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(problems, key=lambda p: order[p.severity])  # stable: json order within each group
+
+
+def _segmentation_problems(annotation: dict[str, Any], size: tuple[int, int] | None
+                           ) -> list[tuple[Severity, str, str]]:
+    """(severity, kind, message) of what is wrong with ``annotation``'s ``segmentation`` in an image of ``size``
+    (height, width; None when unknown: the mask is then not drawn)."""
+    segmentation = annotation["segmentation"]
+    height, width = size if size is not None else (-1, -1)
+    problem = segmentation_problem(segmentation, height, width)
+    if problem is not None:
+        return [("error", "invalid_segmentation", f"the segmentation has {problem}; training with masks refuses "
+                 "the file and mask AP cannot be computed: fix or redraw it")]
+    if size is None:
+        return []
+    rle = segmentation_to_rle(segmentation, height, width)
+    area = float(mask_utils.area(rle))
+    if area == 0:
+        return [("error", "empty_mask", "the segmentation covers no pixel of the image (a polygon outside it, or "
+                 "of no area): fix or remove the annotation")]
+    bbox = annotation.get("bbox")
+    if not is_coco_bbox(bbox) or bbox[2] <= 0 or bbox[3] <= 0:
+        return []
+    extent = [float(v) for v in mask_utils.toBbox(rle)]  # xywh around the mask's pixels
+    iou = float(mask_utils.iou([extent], [[float(v) for v in bbox]], [0])[0, 0])
+    box_area = float(bbox[2]) * float(bbox[3])
+    if iou < MASK_BOX_MIN_IOU:
+        return [("warning", "mask_box_mismatch", f"the mask's extent {[round(v, 1) for v in extent]} and the bbox "
+                 f"{bbox} overlap by IoU {iou:.2f}: one of them is off (shifted, or another object's)")]
+    if area > box_area * 1.05 + 2 * (bbox[2] + bbox[3]):  # a rasterised polygon reaches at most a pixel past it
+        return [("warning", "mask_box_mismatch", f"the mask covers {area:g} pixels, more than its bbox {bbox} "
+                 f"({box_area:g}): one of them is off")]
+    return []
 
 
 def summarize(problems: Iterable[Problem]) -> dict[str, Counter[str]]:

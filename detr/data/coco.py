@@ -7,7 +7,9 @@ What the model sees (as the authors' datasets/coco.py prepares it; bad inputs fa
 - COCO ``bbox`` [x, y, w, h] → pixel xyxy, clamped to the image; boxes left with no width or height are
   dropped;
 - labels come from a :class:`~detr.categories.CategoryMap`: COCO's raw ids for COCO itself (91 classes, so
-  the released checkpoints apply unchanged), contiguous labels 0..K-1 for other data sets.
+  the released checkpoints apply unchanged), contiguous labels 0..K-1 for other data sets;
+- with ``masks=True``, each kept box's ``segmentation`` (polygons or RLE) as a mask
+  (:mod:`detr.data.instance_masks`), moved by the transform with the image and kept or dropped with its box.
 
 The json is validated when the data set is built, so a bad annotation fails the run at start-up with the
 file, the annotation id and the fix, not at epoch 40 inside a worker. Image files are checked for
@@ -42,6 +44,7 @@ from pycocotools.coco import COCO
 from detr.categories import CategoryMap
 from detr.data.coco_index import CocoIndex
 from detr.data.images import ImageLoadError, ReplacesUnreadableSamples, decode_image
+from detr.data.instance_masks import decode_segmentations, segmentation_problem
 from detr.data.transforms import make_normalize_transform
 
 logger = logging.getLogger(__name__)
@@ -251,6 +254,28 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
         )
 
 
+def check_segmentations(data: dict[str, Any], annotations_file: str | Path) -> None:
+    """Raise :class:`AnnotationFileError` listing the non-crowd annotations of ``data`` (a json that passed
+    :func:`validate_coco_dict`) whose ``segmentation`` is missing or unusable
+    (:func:`detr.data.instance_masks.segmentation_problem`): what training with masks needs."""
+    sizes = {image["id"]: (int(image.get("height", -1)), int(image.get("width", -1))) for image in data["images"]}
+    problems = []
+    for annotation in data.get("annotations", []):
+        if annotation.get("iscrowd", 0):
+            continue  # crowd regions are no targets
+        problem = segmentation_problem(annotation.get("segmentation"), *sizes[annotation["image_id"]])
+        if problem is not None:
+            problems.append(f"annotation {annotation.get('id')} has {problem}")
+    if problems:
+        listed = "; ".join(problems[:_MAX_LISTED])
+        more = f"; ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+        raise AnnotationFileError(
+            f"annotation file '{annotations_file}' cannot give masks: {len(problems)} annotation(s) without a usable "
+            f"segmentation: {listed}{more}. Fix them (`detr-check-data` lists every one), or train without masks "
+            "(--data.masks false)"
+        )
+
+
 def coco_boxes_to_xyxy(
     bboxes_xywh: np.ndarray, height: int, width: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -280,6 +305,7 @@ class RawSample:
     labels: int64 [T] model labels (see the data set's category_map).
     image_id: the json's image id.
     path: the image file.
+    masks: uint8 [T, H, W] each box's mask (1 inside), or None (a data set without ``masks``).
     """
 
     pixels: np.ndarray
@@ -287,6 +313,7 @@ class RawSample:
     labels: np.ndarray
     image_id: int
     path: Path
+    masks: np.ndarray | None = None
 
 
 class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
@@ -295,8 +322,9 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
     Sample ``i`` is ``(image, target)``: ``image`` float32 [3, h, w] (ImageNet-normalised by ``transform``);
     ``target`` = ``{"boxes_xyxy": float32 [T, 4] pixel xyxy in the transformed image, "labels": int64 [T],
     "image_id": int64 scalar, "orig_size": int64 [2] (h, w) of the decoded image, "size": int64 [2] (h, w)
-    after the transform}``. :func:`detr.data.collate.collate_detection` turns the boxes into normalised
-    cxcywh.
+    after the transform}``, and with ``masks`` also ``"masks": bool [T, h, w]`` (each box's, at the transformed
+    size; unpadded, as the panoptic targets: the mask losses pad them). :func:`detr.data.collate.collate_detection`
+    turns the boxes into normalised cxcywh.
 
     Args:
         images_dir: folder the json's ``file_name`` entries are relative to.
@@ -313,6 +341,9 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
             that passed the start-up check but fails mid-run must not end a long run.
         coco_data: the already loaded json dict (avoids reading a large file twice); ``annotations_file``
             is still used in messages.
+        masks: also read each annotation's ``segmentation`` into the targets' ``masks`` (every non-crowd
+            annotation needs a usable one, checked at construction); False leaves them out, and box training
+            reads and transforms nothing more.
 
     Attributes:
         index: the json's images and annotations as flat arrays (:class:`~detr.data.coco_index.CocoIndex`):
@@ -337,8 +368,10 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         skip_bad_images: bool = False,
         skip_unreadable: bool = False,
         coco_data: dict[str, Any] | None = None,
+        masks: bool = False,
     ) -> None:
         self.images_dir = Path(images_dir)
+        self.masks = masks
         self.annotations_file = Path(annotations_file)
         self.transform = transform if transform is not None else make_normalize_transform()
         self.skip_bad_images = skip_bad_images
@@ -365,7 +398,9 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
                     "classes); use the same categories as the training json, or build the map from this file"
                 ) from None
         # Flat arrays, not the json's dicts: forked loader workers read them without copying (coco_index).
-        self.index = CocoIndex.from_coco_dict(data)
+        if masks:
+            check_segmentations(data, self.annotations_file)
+        self.index = CocoIndex.from_coco_dict(data, segmentations=masks)
         category_ids = np.array(sorted(label_of), dtype=np.int64)
         labels_by_id = np.array([label_of[int(i)] for i in category_ids], dtype=np.int64)
         self._labels = labels_by_id[np.searchsorted(category_ids, self.index.category_ids)]  # int64 [A]
@@ -468,8 +503,12 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         not_crowd = ~self.index.iscrowd[rows]
         boxes, keep = coco_boxes_to_xyxy(self.index.boxes_xywh[rows][not_crowd], height, width)
         labels = self._labels[rows][not_crowd]
+        masks = None
+        if self.masks:
+            kept_rows = np.arange(rows.start, rows.stop)[not_crowd][keep]
+            masks = decode_segmentations([self.index.segmentation(int(row)) for row in kept_rows], height, width)
         return RawSample(pixels=decoded.pixels, boxes_xyxy=boxes[keep], labels=labels[keep], image_id=image_id,
-                         path=path)
+                         path=path, masks=masks)
 
     def _size_message(
         self,
@@ -500,8 +539,14 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
 
     def _load(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
         sample = self.raw_sample(index)
+        inputs: dict[str, Any] = {"image": sample.pixels, "bboxes": sample.boxes_xyxy, "labels": sample.labels}
+        if sample.masks is not None:
+            # the transform keeps or drops boxes with their "labels": pass positions, to keep the masks alike
+            inputs["labels"] = np.arange(len(sample.labels))
+            if len(sample.masks):
+                inputs["masks"] = sample.masks
         try:
-            out = self.transform(image=sample.pixels, bboxes=sample.boxes_xyxy, labels=sample.labels)
+            out = self.transform(**inputs)
         except Exception as error:  # name the file: a bare albumentations traceback from a worker helps no one
             raise RuntimeError(
                 f"transform failed on image file '{sample.path}' (image id {sample.image_id}, annotation file "
@@ -517,4 +562,12 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
             "orig_size": torch.tensor(sample.pixels.shape[:2], dtype=torch.int64),
             "size": torch.tensor(tuple(image.shape[-2:]), dtype=torch.int64),
         }
+        if sample.masks is not None:
+            kept = labels.numpy()
+            target["labels"] = torch.from_numpy(sample.labels[kept])
+            masks = np.asarray(out["masks"]) if len(kept) else np.zeros((0, *image.shape[-2:]), dtype=np.uint8)
+            if len(kept) != len(masks) or (kept != np.arange(len(kept))).any():
+                masks = masks[kept]
+            # 0/1 bytes, as decoded and moved (nearest resizes, zero padding): read as bool without a copy
+            target["masks"] = torch.from_numpy(np.ascontiguousarray(masks)).view(torch.bool)
         return image, target

@@ -7,11 +7,13 @@ it visits: over an epoch each worker ends up with a private copy of every annota
 "copy-on-read"; detectron2 and mmdetection serialise their lists into one buffer for the same reason). Here
 the annotations of image ``i`` are the rows ``box_offsets[i]:box_offsets[i + 1]`` of the flat arrays, and
 file names are one bytes buffer cut by offsets, so a worker reads a sample with a few array slices and no
-Python object of the data set changes.
+Python object of the data set changes. Instance masks (asked for with ``segmentations=True``) are kept the same
+way: each annotation's ``segmentation`` (polygons or RLE) as JSON text in one buffer, parsed per sample.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,9 @@ class CocoIndex:
     category_ids: int64 [A] the json's ``category_id``.
     areas: float64 [A] ``area`` (bbox width * height where the json has none).
     iscrowd: bool [A] ``iscrowd``.
+    segmentation_bytes: uint8 [total] every annotation's ``segmentation`` as JSON text, in the rows' order (an
+        annotation without one: ``null``); None unless indexed with ``segmentations=True``.
+    segmentation_offsets: int64 [A + 1] row ``a``'s text is ``segmentation_bytes[offsets[a]:offsets[a + 1]]``.
     """
 
     image_ids: np.ndarray
@@ -43,11 +48,13 @@ class CocoIndex:
     category_ids: np.ndarray
     areas: np.ndarray
     iscrowd: np.ndarray
+    segmentation_bytes: np.ndarray | None = None
+    segmentation_offsets: np.ndarray | None = None
 
     @classmethod
-    def from_coco_dict(cls, data: dict[str, Any]) -> CocoIndex:
+    def from_coco_dict(cls, data: dict[str, Any], *, segmentations: bool = False) -> CocoIndex:
         """Index a json dict that passed :func:`detr.data.coco.validate_coco_dict` (integer image ids, every
-        annotation on a listed image with a 4-number bbox)."""
+        annotation on a listed image with a 4-number bbox); with ``segmentations``, their ``segmentation`` too."""
         images = sorted(data["images"], key=lambda image: image["id"])
         image_ids = np.array([image["id"] for image in images], dtype=np.int64)
         heights = np.array([image.get("height", -1) for image in images], dtype=np.int64)
@@ -69,9 +76,16 @@ class CocoIndex:
         order = np.argsort(owners, kind="stable")  # by image, json order within an image
         box_offsets = np.zeros(len(images) + 1, dtype=np.int64)
         np.cumsum(np.bincount(owners, minlength=len(images)), out=box_offsets[1:])
+        segmentation_bytes = segmentation_offsets = None
+        if segmentations:
+            texts = [json.dumps(annotations[i].get("segmentation"), separators=(",", ":")).encode() for i in order]
+            segmentation_offsets = np.zeros(count + 1, dtype=np.int64)
+            np.cumsum([len(text) for text in texts], out=segmentation_offsets[1:])
+            segmentation_bytes = np.frombuffer(b"".join(texts), dtype=np.uint8).copy()
         return cls(image_ids=image_ids, heights=heights, widths=widths, name_bytes=name_bytes,
                    name_offsets=name_offsets, box_offsets=box_offsets, boxes_xywh=boxes[order],
-                   category_ids=category_ids[order], areas=areas[order], iscrowd=iscrowd[order])
+                   category_ids=category_ids[order], areas=areas[order], iscrowd=iscrowd[order],
+                   segmentation_bytes=segmentation_bytes, segmentation_offsets=segmentation_offsets)
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -83,6 +97,14 @@ class CocoIndex:
     def annotation_rows(self, position: int) -> slice:
         """The rows of the flat annotation arrays that belong to the image at ``position``."""
         return slice(int(self.box_offsets[position]), int(self.box_offsets[position + 1]))
+
+    def segmentation(self, row: int) -> Any:
+        """The ``segmentation`` of annotation row ``row`` as the json holds it (polygons: a list of [x0, y0, x1, y1,
+        ...] lists; RLE: ``{"size": [h, w], "counts": ...}``; None where it has none)."""
+        if self.segmentation_bytes is None or self.segmentation_offsets is None:
+            raise ValueError("this CocoIndex holds no segmentations: build it with segmentations=True")
+        start, end = int(self.segmentation_offsets[row]), int(self.segmentation_offsets[row + 1])
+        return json.loads(self.segmentation_bytes[start:end].tobytes())
 
     def positions_of(self, image_ids: Any) -> np.ndarray:
         """Positions (int64) of ``image_ids``, which must all be indexed."""

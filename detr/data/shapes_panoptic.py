@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,14 @@ import numpy as np
 from PIL import Image
 
 from detr.atomic_files import write_text_atomically
-from detr.data.shapes import _SPLITS, SHAPE_NAMES, ShapesConfig, read_json_written_with, render_shapes_image
+from detr.data.shapes import (
+    _SPLITS,
+    SHAPE_NAMES,
+    ShapesConfig,
+    read_json_written_with,
+    render_shapes_image,
+    shapes_parameters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +108,7 @@ def write_shapes_panoptic(root: str | Path, config: ShapesConfig = ShapesConfig(
                            "height": config.image_size})
             annotations.append({"image_id": image_id, "file_name": f"{image_id:012d}.png", "segments_info": segments})
         data = {"info": {"description": "detr synthetic shapes, panoptic (detr.data.shapes_panoptic)",
-                         "parameters": asdict(config)},
+                         "parameters": shapes_parameters(config)},
                 "images": images, "annotations": annotations, "categories": shapes_panoptic_categories()}
         write_text_atomically(target, json.dumps(data))  # the json appears last: the split is complete
         logger.info("wrote panoptic annotations of %d %s images to '%s'", count, split, target)

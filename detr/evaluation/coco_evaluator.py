@@ -58,6 +58,9 @@ ARRAY_COLUMNS: tuple[str, ...] = ("image_id", "x", "y", "w", "h", "score", "cate
 STAT_NAMES: tuple[str, ...] = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR100")
 _STAT_INDEX: dict[str, int] = {"AP": 0, "AP50": 1, "AP75": 2, "APs": 3, "APm": 4, "APl": 5, "AR100": 8}
 
+#: COCOeval's largest ``maxDets``: per image and category, the detections it scores.
+MAX_DETECTIONS = 100
+
 
 @dataclass
 class CocoEvaluation:
@@ -179,6 +182,22 @@ def detections_to_mask_results(image_id: int, detection: dict[str, torch.Tensor]
     return [{"image_id": int(image_id), "category_id": int(category_id), "segmentation": rle, "score": float(score)}
             for rle, category_id, score in zip(masks_to_rle(detection["masks"]), category_ids.tolist(),
                                                detection["scores"].detach().float().cpu().tolist())]
+
+
+def scored_detections(labels: torch.Tensor, scores: torch.Tensor, max_detections: int = MAX_DETECTIONS
+                      ) -> torch.Tensor:
+    """int64 [K] positions, increasing, of the detections COCOeval scores among one image's (``labels`` [Q],
+    ``scores`` [Q]): per label, the ``max_detections`` best, ties in the order given (COCOeval's stable sort).
+    Leaving the others out changes no statistic; it spares a mask evaluation every other detection's
+    full-size mask."""
+    order = np.argsort(-scores.detach().cpu().double().numpy(), kind="stable")
+    seen: Counter[int] = Counter()
+    keep = []
+    for position, label in zip(order.tolist(), labels.detach().cpu()[order].tolist()):
+        seen[label] += 1
+        if seen[label] <= max_detections:
+            keep.append(position)
+    return torch.tensor(sorted(keep), dtype=torch.int64)
 
 
 def array_to_coco_results(

@@ -112,7 +112,7 @@ def predictions_from_outputs(
             prediction.panoptic = PanopticSegmentation(segmentations[i]["id_map"].cpu(), segments)
         if stride is not None and outputs.sampling is not None:  # Deformable DETR: sampling points, no maps
             prediction.sampling = SamplingPoints.from_outputs(outputs, per_query[i], index=i,
-                                                              image_size=image_sizes[i], stride=stride)
+                                                              image_size=image_sizes[i])
         elif stride is not None and outputs.attention is not None:
             prediction.attention = AttentionMaps.from_outputs(
                 outputs, result, index=i, input_size=tuple(input_sizes[i]), image_size=image_sizes[i],

@@ -148,7 +148,8 @@ class SamplingPoints:
     points: float32 ``[L, Q, heads, levels, P, 2]``, (x, y) in pixels of the original image (up to the
         rounding of the batch padding to whole cells of each level). weights: float32
         ``[L, Q, heads, levels, P]``, each head's attention weights (summing to 1 over levels and points).
-    strides: input pixels per cell of each level (8, 16, 32, 64 for the paper's four levels).
+    strides: input pixels per cell of each level (8, 16, 32, 64 for the paper's four levels; the model's
+        :attr:`detr.models.outputs.SamplingOutput.strides`).
     scores: float32 ``[Q]``, every query's best class score (to choose queries beyond the kept detections).
     """
 
@@ -159,19 +160,18 @@ class SamplingPoints:
 
     @classmethod
     def from_outputs(cls, outputs: DetectorOutput, result: dict[str, Tensor], *, index: int,
-                     image_size: tuple[int, int], stride: int) -> SamplingPoints:
+                     image_size: tuple[int, int]) -> SamplingPoints:
         """Image ``index``'s points out of a batch's outputs (``model(..., return_attention=True)``: its
         ``sampling``); ``result`` is that image's :class:`detr.PostProcess` output; ``image_size`` is the
-        original image's (height, width), ``stride`` the finest level's (``model.stride``)."""
+        original image's (height, width)."""
         sampling = outputs.sampling
         if sampling is None:
             raise ValueError("the model output has no sampling points: a Deformable DETR's forward(..., "
                              "return_attention=True) gives them")
         height, width = image_size
         scale = torch.tensor([width, height], dtype=torch.float32)
-        strides = tuple(stride * 2 ** level for level in range(sampling.spatial_shapes.shape[0]))
         return cls(points=sampling.points[:, index].float() * scale,
-                   weights=sampling.weights[:, index].float(), strides=strides,
+                   weights=sampling.weights[:, index].float(), strides=tuple(sampling.strides),
                    scores=result["scores"].float())
 
 

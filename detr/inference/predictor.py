@@ -46,9 +46,10 @@ logger = logging.getLogger(__name__)
 
 Precision = Literal["fp32", "bf16"]
 
-#: "detection": boxes (plus instance masks with a panoptic model); "instances": the same, but a model
-#: without masks is refused; "panoptic": also the image's :class:`PanopticSegmentation`. The last two need a
-#: panoptic model (:class:`detr.DETRPanoptic`).
+#: "detection": boxes (plus instance masks with a model that predicts masks: a panoptic model, RF-DETR's instance
+#: segmentation); "instances": the same, but a model without masks is refused; "panoptic": also the image's
+#: :class:`PanopticSegmentation`, for a model that predicts masks and knows its things and stuff (a panoptic model,
+#: :class:`detr.DETRPanoptic`).
 Task = Literal["detection", "instances", "panoptic"]
 
 
@@ -253,6 +254,10 @@ class Predictor:
         """Raise ``ValueError`` when this predictor cannot do ``task``, naming the fix."""
         if task not in ("detection", "instances", "panoptic"):
             raise ValueError(f"task must be 'detection', 'instances' or 'panoptic', got {task!r}")
+        if task == "panoptic" and self.predicts_masks and self.is_thing is None:
+            raise ValueError("task 'panoptic' needs to know which labels are things and which stuff, and this "
+                             "checkpoint does not say (an instance segmentation model such as RF-DETR never does): "
+                             "use task 'instances', or pass Predictor(..., is_thing=[one bool per label])")
         if task == "detection" or self.predicts_masks:
             return
         if self.model.backend != "pytorch":
@@ -260,8 +265,8 @@ class Predictor:
                              "do not run; "
                              "use the PyTorch panoptic checkpoint (e.g. detr-r50-panoptic)")
         raise ValueError(f"{type(self.model).__name__} is a detection model without a mask head, so it cannot do "
-                         f"task {task!r}; load a panoptic checkpoint (e.g. detr-r50-panoptic, or a .pth/.ckpt "
-                         "with mask_head.* weights)")
+                         f"task {task!r}; load a checkpoint with masks (a panoptic DETR such as detr-r50-panoptic, "
+                         "a .pth/.ckpt with mask_head.* weights, or an RF-DETR instance segmentation model)")
 
     def _panoptic_postprocess(self) -> PostProcessPanoptic:
         num_classes = self.model.config.num_classes

@@ -475,6 +475,10 @@ class DetrDataModule(CocoFormatDataModule):
             replaced by another with a warning naming it, and counted at the end of the epoch.
         categories_from: a checkpoint whose category map names the classes when no annotation json is
             given (``detr predict`` on plain images; the CLI sets it to ``--ckpt_path``).
+        masks: give every split's targets each object's mask (``masks`` bool [T, h, w] at the transformed
+            size, from the json's polygons or RLE; :class:`detr.data.coco.CocoDetection`), for a model that
+            trains instance masks. False: boxes only, read and transformed as before. Mask AP does not need
+            it: the evaluator reads the json's segmentations itself.
         kwargs: the batch sizes, loader settings and transform sizes of :class:`CocoFormatDataModule`
             (``batch_size``, ``val_batch_size``, ``num_workers``, ``pin_memory``, ``persistent_workers``,
             ``drop_last``, ``train_scales``, ``train_max_size``, ``crop_resize_scales``, ``crop_min_size``,
@@ -499,6 +503,7 @@ class DetrDataModule(CocoFormatDataModule):
         category_ids: Literal["auto", "raw", "contiguous"] = "auto",
         skip_bad_images: bool = False,
         categories_from: str | None = None,
+        masks: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -511,6 +516,7 @@ class DetrDataModule(CocoFormatDataModule):
                                  layout="train2017/, val2017/ and annotations/")
         self.predict_images = predict_images
         self.skip_bad_images = skip_bad_images
+        self.masks = masks
 
         # The json is read once: kept here for its data set and the start-up checks (see annotations_json).
         for split in ("train", "val", "test"):
@@ -549,6 +555,7 @@ class DetrDataModule(CocoFormatDataModule):
             # not fatal: hours of training are worth more than one image. Evaluation keeps every image or stops.
             skip_unreadable=split == "train",
             coco_data=self._json_cache.get(annotations),
+            masks=self.masks,
         )
 
     def setup(self, stage: str) -> None:

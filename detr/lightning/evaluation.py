@@ -7,6 +7,13 @@ at the end (:meth:`finish`) logs the seven COCO statistics (rank 0's numbers on 
 per-class table and the results json to the evaluation directory and, when asked, the error analysis
 (:func:`detr.lightning.error_analysis.write_error_analysis`). The systems feed the evaluator their
 post-processed detections in between.
+
+A model that predicts masks is also scored on them, when its ground truth has them (:meth:`start_masks`: the
+json's ``segmentation`` of every annotation): a second evaluator with ``iou_type="segm"``, whose statistics are
+logged as ``{stage}/mask_AP``, ``{stage}/mask_AP50`` ... beside the boxes' and whose files are
+``{stage}_mask_predictions.json`` (COCO "segm" results: RLE ``segmentation``, no ``bbox``, so that pycocotools
+reads each detection's area from its mask, as this evaluation does), ``{stage}_mask_metrics.json`` and
+``{stage}_mask_per_class_ap.txt``.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ class EvaluationSchedule:
         self.error_analysis = error_analysis
         self.every_n_validations = every_n_validations
         self.fit_validations = 0
+        self._said_no_masks = False
 
     def announce(self, trainer: L.Trainer) -> None:
         """Resolve the backend now (a missing package fails at setup, not after an epoch) and log it."""
@@ -65,28 +73,50 @@ class EvaluationSchedule:
         show_progress = trainer.progress_bar_callback is not None and trainer.is_global_zero
         return CocoEvaluator(coco_gt, category_map=category_map, backend=self.backend, progress=show_progress)
 
+    def start_masks(self, trainer: L.Trainer, stage: str, category_map: CategoryMap | None) -> CocoEvaluator | None:
+        """A fresh mask evaluator (COCOeval "segm") on the ground truth of ``stage``'s data set, or None when it
+        has none or some annotation lacks its ``segmentation`` (said once a run)."""
+        coco_gt = getattr(evaluation_dataset(trainer, stage), "coco", None)
+        if coco_gt is None:
+            return None
+        annotations = coco_gt.dataset.get("annotations", [])
+        missing = sum(1 for annotation in annotations if not annotation.get("segmentation"))
+        if missing:
+            if not self._said_no_masks and trainer.is_global_zero:
+                logger.warning("the model predicts masks, but %d of the %d annotations of the %s ground truth have "
+                               "no segmentation: box AP only (give every annotation its polygons or RLE for mask "
+                               "AP)", missing, len(annotations), stage)
+            self._said_no_masks = True
+            return None
+        show_progress = trainer.progress_bar_callback is not None and trainer.is_global_zero
+        return CocoEvaluator(coco_gt, iou_type="segm", category_map=category_map, backend=self.backend,
+                             progress=show_progress)
+
     def finish(self, module: L.LightningModule, stage: str, evaluator: CocoEvaluator) -> CocoEvaluation:
-        """Compute (every process), log ``{stage}/AP`` ... on every process, and on rank 0 log the tables, write
-        the evaluation's files and, when due, the error analysis. The returned evaluation keeps no COCOeval
-        (its per-image matches are large)."""
+        """Compute (every process), log ``{stage}/AP`` ... (masks: ``{stage}/mask_AP`` ...) on every process, and
+        on rank 0 log the tables, write the evaluation's files and, when due, the error analysis (of boxes). The
+        returned evaluation keeps no COCOeval (its per-image matches are large)."""
         trainer = module.trainer
+        boxes = evaluator.iou_type == "bbox"
+        kind = "" if boxes else "mask_"
         # the detections of every process go to rank 0 once, rank 0 evaluates, every rank gets its stats
         evaluation = evaluator.compute()
         for name in STAT_NAMES:
             # the values are rank 0's everywhere: the max over processes keeps them exact where a mean could round
-            module.log(f"{stage}/{name}", evaluation.stats[name], prog_bar=name == "AP", sync_dist=True,
-                       reduce_fx="max")
+            module.log(f"{stage}/{kind}{name}", evaluation.stats[name], prog_bar=boxes and name == "AP",
+                       sync_dist=True, reduce_fx="max")
         if trainer.sanity_checking or not trainer.is_global_zero:
             evaluation.coco_eval = None
             return evaluation
         logger.info(
-            "%s COCO evaluation at epoch %d (%d images):\n%s\n%s\n%s", stage, module.current_epoch,
-            len(evaluation.image_ids), evaluation.summary, evaluation.stats_table(), evaluation.per_class_table(),
+            "%s COCO %s evaluation at epoch %d (%d images):\n%s\n%s\n%s", stage, "box" if boxes else "mask",
+            module.current_epoch, len(evaluation.image_ids), evaluation.summary, evaluation.stats_table(),
+            evaluation.per_class_table(),
         )
         directory = self.output_directory(trainer)
         if directory is not None:
-            evaluation.write(directory, prefix=f"{stage}_")
-            if self.wants_error_analysis(trainer):
+            evaluation.write(directory, prefix=f"{stage}_{kind}")
+            if boxes and self.wants_error_analysis(trainer):
                 try:
                     write_error_analysis(trainer, stage, evaluation, evaluator.coco_gt, directory)
                 except Exception:  # a figure that fails to draw must not end a training run

@@ -11,14 +11,13 @@
 Validation adds, in the mask stage, panoptic quality (:class:`detr.inference.postprocess_masks.PostProcessPanoptic`
 → :class:`detr.evaluation.panoptic.PanopticQuality`: ``val/PQ``, ``val/SQ``, ``val/RQ``, ``val/PQ_th``,
 ``val/PQ_st``) and mask AP (:class:`detr.inference.postprocess_masks.PostProcessMasks` → the box AP's
-:class:`detr.evaluation.coco_evaluator.CocoEvaluator` with ``iou_type="segm"``: ``val/segm_AP``,
-``val/segm_AP50``, ``val/segm_AP75``) to the box AP every stage logs. Checkpoints load
+:class:`detr.evaluation.coco_evaluator.CocoEvaluator` with ``iou_type="segm"``, on ground truth from the PNGs;
+logged as every system's mask AP: ``val/mask_AP``, ``val/mask_AP50`` ...) to the box AP every stage logs. Checkpoints load
 with :func:`detr.load_checkpoint` (a :class:`DETRPanoptic` with its category map and ``is_thing``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -28,7 +27,7 @@ from torch import nn
 from detr.checkpoints import read_checkpoint
 from detr.checkpoints.formats import key_mismatch
 from detr.checkpoints.panoptic import is_panoptic_state_dict
-from detr.evaluation.coco_evaluator import CocoEvaluation, CocoEvaluator, masks_to_rle
+from detr.evaluation.coco_evaluator import CocoEvaluator, masks_to_rle
 from detr.evaluation.gather import on_rank_zero
 from detr.evaluation.panoptic import PanopticQuality, format_panoptic_table
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
@@ -111,8 +110,6 @@ class PanopticSystem(DetrSystem):
                                              loss_dice=loss_dice, training_only_parts=not freeze_detr)
         self._use_categories(categories)
         self._panoptic: PanopticQuality | None = None
-        self._mask_evaluator: CocoEvaluator | None = None
-        self.last_mask_evaluation: CocoEvaluation | None = None
         self.last_panoptic: dict[str, Any] | None = None
 
 
@@ -187,13 +184,14 @@ class PanopticSystem(DetrSystem):
     # ------------------------------------------------------------------ evaluation
     def _start_evaluation(self, stage: str) -> None:
         super()._start_evaluation(stage)
-        self._panoptic, self._mask_evaluator = None, None
-        if self.postprocess_panoptic is not None:
-            self._panoptic = PanopticQuality(self.categories)
-        if self.postprocess_masks is not None and self.hparams.mask_ap and self._panoptic_ground_truth(stage):
-            self._mask_evaluator = CocoEvaluator(iou_type="segm", categories=self.categories or [],
-                                                 category_map=self.category_map,
-                                                 backend=self.hparams.evaluator_backend)
+        self._panoptic = PanopticQuality(self.categories) if self.postprocess_panoptic is not None else None
+
+    def _start_mask_evaluation(self, stage: str) -> CocoEvaluator | None:
+        """Mask AP on the panoptic PNGs' segments, given image by image (:meth:`_add_segm`)."""
+        if self.postprocess_masks is None or not self.hparams.mask_ap or not self._panoptic_ground_truth(stage):
+            return None
+        return CocoEvaluator(iou_type="segm", categories=self.categories or [], category_map=self.category_map,
+                             backend=self.hparams.evaluator_backend)
 
     def _panoptic_ground_truth(self, stage: str) -> Any:
         dataset = evaluation_dataset(self._trainer, stage)
@@ -213,7 +211,7 @@ class PanopticSystem(DetrSystem):
                 panoptic = self.postprocess_panoptic(outputs, processed_sizes, orig_sizes)
                 for (gt_ids, gt_segments), result in zip(ground_truth, panoptic):
                     self._panoptic.update(gt_ids, gt_segments, result["id_map"].cpu(), result["segments_info"])
-            if self._mask_evaluator is not None:
+            if self.mask_evaluator is not None:
                 masks = self.postprocess_masks(outputs, processed_sizes, orig_sizes)
                 self._add_segm(image_ids, ground_truth, masks, detections)
 
@@ -230,8 +228,8 @@ class PanopticSystem(DetrSystem):
                 {"image_id": image_id, "category_id": int(segment["category_id"]), "segmentation": rle,
                  "area": float(segment["area"]), "bbox": list(segment["bbox"]), "iscrowd": int(segment.get("iscrowd", 0))}
                 for segment, rle in zip(gt_segments, masks_to_rle(segment_masks) if gt_segments else [])])
-        self._mask_evaluator.add_ground_truth(images, annotations)
-        self._mask_evaluator.update(image_ids, [dict(detection, masks=image_masks)
+        self.mask_evaluator.add_ground_truth(images, annotations)
+        self.mask_evaluator.update(image_ids, [dict(detection, masks=image_masks)
                                                 for detection, image_masks in zip(detections, masks)])
 
     def _finish_evaluation(self, stage: str) -> None:
@@ -247,12 +245,6 @@ class PanopticSystem(DetrSystem):
                 if self._trainer is None or self.trainer.is_global_zero:
                     logger.info("%s panoptic quality at epoch %d:\n%s", stage, self.current_epoch,
                                 format_panoptic_table(results))
-        if self._mask_evaluator is not None:
-            evaluation = self._mask_evaluator.compute()  # the same evaluator and backend as box AP
-            if evaluation.image_ids:
-                for name in ("AP", "AP50", "AP75"):
-                    self.log(f"{stage}/segm_{name}", evaluation.stats[name], sync_dist=False)
-            self.last_mask_evaluation = dataclasses.replace(evaluation, coco_eval=None)
 
     # ------------------------------------------------------------------ prediction
     def predict_step(self, batch: Any, batch_idx: int) -> list[Prediction]:

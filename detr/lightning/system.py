@@ -25,8 +25,9 @@ from detr.categories import CategoryMap
 from detr.checkpoints import CheckpointError, read_checkpoint
 from detr.checkpoints.formats import checkpoint_record, key_mismatch
 from detr.evaluation import CocoEvaluation, CocoEvaluator
+from detr.evaluation.coco_evaluator import scored_detections
 from detr.inference.postprocess import PostProcess
-from detr.inference.postprocess_masks import PostProcessPanoptic
+from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
 from detr.inference.prediction import Prediction
 from detr.lightning.callbacks import time_budget_of
@@ -42,6 +43,9 @@ from detr.models.inputs import InputSpec
 from detr.models.outputs import DetectorOutput
 
 logger = logging.getLogger(__name__)
+
+#: Queries whose masks are upsampled at once for mask AP (each a float map at the input size).
+_MASK_CHUNK = 32
 
 Batch = tuple[torch.Tensor, torch.Tensor, list[dict[str, Any]]]
 
@@ -188,6 +192,8 @@ class DetrSystem(L.LightningModule):
         if backbone_bf16:
             self.model.use_autocast(torch.bfloat16)
         self.postprocess = PostProcess(class_head=config.class_head, top_k=self.detector.detections_per_image)
+        #: each detection's mask at the original size, for mask AP (a model that predicts masks)
+        self.postprocess_masks = PostProcessMasks() if self.model.predicts_masks else None
         self.category_map = _as_category_map(category_map, config.num_classes)
         self.lr_drop_epochs = list(lr_drop_epochs) if lr_drop_epochs is not None else [200]
         self.evaluation = EvaluationSchedule(backend=evaluator_backend, directory=evaluation_dir,
@@ -195,10 +201,14 @@ class DetrSystem(L.LightningModule):
                                              every_n_validations=error_analysis_every_n_validations)
         self.evaluator: CocoEvaluator | None = None
         self.last_evaluation: CocoEvaluation | None = None
+        self.mask_evaluator: CocoEvaluator | None = None
+        self.last_mask_evaluation: CocoEvaluation | None = None
         #: the score threshold the last validation found best (saved in checkpoints: the commands' default)
         self.score_threshold: float | None = None
         #: the schedule settings a resumed run changed (fit_saved_schedulers), applied at the start of training
         self._schedule_changes: list[str] = []
+        #: the tensors of init_checkpoint whose shape differed (they start fresh: fine-tuning's class heads)
+        self._fresh_tensors: list[str] = []
         if init_checkpoint:
             self.load_initial_weights(init_checkpoint)
         try:
@@ -233,6 +243,7 @@ class DetrSystem(L.LightningModule):
             )
         skipped = {k: (tuple(v.shape), tuple(own[k].shape)) for k, v in source.items() if v.shape != own[k].shape}
         self.model.load_state_dict({k: v for k, v in source.items() if k not in skipped}, strict=False)
+        self._fresh_tensors = sorted(skipped)
         for key, (theirs, ours) in skipped.items():
             logger.warning("init_checkpoint: %s has shape %s in %s, the model needs %s; it stays freshly "
                            "initialised", key, theirs, path, ours)
@@ -254,6 +265,12 @@ class DetrSystem(L.LightningModule):
             self.detector.use_autocast(None)
             logger.warning("backbone_bf16: this CPU has no bfloat16 instructions (AVX512-BF16 / AMX), where "
                            "bfloat16 is emulated and slower: the backbone runs in float32")
+        if stage != "fit" and self._fresh_tensors and not self.trainer.ckpt_path:
+            raise SettingError(
+                f"--model.init_checkpoint {self.hparams.init_checkpoint}: {len(self._fresh_tensors)} of its tensors "
+                f"(e.g. {self._fresh_tensors[0]}) do not fit this model and would {stage} freshly initialised: its "
+                f"classes differ from the data's {self.detector.num_classes} (an 80-class COCO model needs "
+                "--data.category_ids contiguous)")
         if stage in ("fit", "validate", "test"):
             self._check_input_contract()
             self.evaluation.announce(self.trainer)
@@ -376,6 +393,13 @@ class DetrSystem(L.LightningModule):
     # ------------------------------------------------------------------ evaluation
     def _start_evaluation(self, stage: str) -> None:
         self.evaluator = self.evaluation.start(self.trainer, stage, self.category_map)
+        self.mask_evaluator = self._start_mask_evaluation(stage)
+
+    def _start_mask_evaluation(self, stage: str) -> CocoEvaluator | None:
+        """The mask AP evaluator of a model that predicts masks, on the json's segmentations (None without)."""
+        if self.postprocess_masks is None:
+            return None
+        return self.evaluation.start_masks(self.trainer, stage, self.category_map)
 
     def _evaluation_step(self, stage: str, batch: Batch) -> dict[str, Any]:
         images, padding_mask, targets = batch
@@ -391,14 +415,32 @@ class DetrSystem(L.LightningModule):
 
     def _score_outputs(self, stage: str, outputs: DetectorOutput, targets: list[dict[str, Any]],
                        detections: list[dict[str, torch.Tensor]], orig_sizes: torch.Tensor) -> None:
-        """Evaluation beyond box AP on one batch, for systems whose model predicts more (the panoptic
-        system's masks); nothing here."""
+        """Evaluation beyond box AP on one batch: the detections' masks for mask AP, those COCOeval scores
+        (:func:`detr.evaluation.coco_evaluator.scored_detections`) at the original size, a few queries at a
+        time. The panoptic system adds PQ."""
+        if self.mask_evaluator is None or self.postprocess_masks is None or outputs.masks is None:
+            return
+        processed = [(int(t["size"][0]), int(t["size"][1])) for t in targets]
+        padded = (max(h for h, _ in processed), max(w for _, w in processed))
+        with_masks = []
+        for i, detection in enumerate(detections):
+            keep = scored_detections(detection["labels"], detection["scores"]).to(detection["scores"].device)
+            kept = {key: value[keep] for key, value in detection.items()}
+            target_size = (int(orig_sizes[i][0]), int(orig_sizes[i][1]))
+            chunks = [self.postprocess_masks.image_masks(outputs.masks[i, queries], processed[i], padded,
+                                                         target_size).cpu()
+                      for queries in kept["queries"].split(_MASK_CHUNK)]
+            kept["masks"] = torch.cat(chunks) if chunks else torch.zeros(0, *target_size, dtype=torch.bool)
+            with_masks.append(kept)
+        self.mask_evaluator.update([int(t["image_id"]) for t in targets], with_masks)
 
     def _finish_evaluation(self, stage: str) -> None:
         if self.evaluator is not None:
             self.last_evaluation = self.evaluation.finish(self, stage, self.evaluator)
             if not self.trainer.sanity_checking and self.last_evaluation.best_threshold is not None:
                 self.score_threshold = self.last_evaluation.best_threshold
+        if self.mask_evaluator is not None:
+            self.last_mask_evaluation = self.evaluation.finish(self, stage, self.mask_evaluator)
 
     def on_validation_epoch_start(self) -> None:
         self._start_evaluation("val")

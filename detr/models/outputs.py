@@ -97,13 +97,17 @@ class SamplingOutput:
     locations: ``[L, B, Q, heads, levels, P, 2]``, (x, y) in [0, 1] of each level's padded map, as the
     attention reads them; points: the same in [0, 1] of the unpadded image (up to the rounding of the
     padding to whole cells of each level); weights: ``[L, B, Q, heads, levels, P]`` (summing to 1 per head
-    over levels and points); spatial_shapes: int64 ``[levels, 2]`` (h, w).
+    over levels and points; with a point count per level, P is the largest and a level's missing points have
+    weight 0); spatial_shapes: int64 ``[levels, 2]`` (h, w); strides: input pixels per cell of each level, finest
+    first (doubling from level to level for most families; RF-DETR's and LW-DETR's are its patch over each
+    projector's scale, e.g. 7 and 28).
     """
 
     locations: Tensor
     points: Tensor
     weights: Tensor
     spatial_shapes: Tensor
+    strides: tuple[int, ...]
 
 
 @dataclass

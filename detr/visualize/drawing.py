@@ -6,7 +6,8 @@ The prediction files (:func:`detr.inference.outputs.predict_files`), the validat
 class has one colour everywhere and the labels read the same.
 
 - raster images (``uint8`` ``[3, H, W]`` tensors): :func:`draw_boxes` (``torchvision.utils.draw_bounding_boxes``),
-  :func:`draw_prediction`, :func:`draw_detections` (true and predicted boxes), :func:`draw_panoptic`
+  :func:`draw_prediction` (with its instance masks, if any), :func:`draw_detections` (true and predicted boxes),
+  :func:`draw_panoptic`
   (``torchvision.utils.draw_segmentation_masks``), :func:`save_image`;
 - matplotlib axes: :func:`add_box`, :func:`matplotlib_color`.
 """
@@ -168,15 +169,19 @@ def add_legend(image: Tensor, entries: Sequence[tuple[tuple[int, int, int], str]
 
 
 def draw_prediction(
-    image: ImageInput, prediction: Prediction, *, line_width: int | None = None, font_size: int | None = None
+    image: ImageInput, prediction: Prediction, *, line_width: int | None = None, font_size: int | None = None,
+    mask_alpha: float = 0.45,
 ) -> Tensor:
-    """Draw the prediction's boxes with "name score" labels: ``uint8`` ``[3, H, W]``.
+    """Draw the prediction's boxes with "name score" labels, over its instance masks when it has them (alpha
+    ``mask_alpha``, each in its box's colour): ``uint8`` ``[3, H, W]``.
 
     ``image`` is the original image (``uint8`` ``[H, W, 3]`` array, ``[3, H, W]`` tensor or PIL); the
     line width and font size scale with the image unless given.
     """
     canvas = _canvas(image, prediction.image_size, "prediction")
     colors = [label_color(int(label)) for label in prediction.labels]
+    if prediction.masks is not None and len(prediction):
+        canvas = draw_segmentation_masks(canvas, prediction.masks.cpu().bool(), alpha=mask_alpha, colors=colors)
     return draw_boxes(canvas, prediction.boxes, detection_labels(prediction.label_names, prediction.scores),
                       colors, line_width=line_width, font_size=font_size)
 

@@ -219,3 +219,38 @@ def test_cli_cache_remembers_good_files_and_finds_the_same_problems(tmp_path: Pa
     assert Path(f"{path}.imagecache").is_file()
     assert check_data.main([str(images_dir), str(path), "--num-queries", "2", "--cache"]) == 1
     assert capsys.readouterr().out == first
+
+
+def test_segmentations_are_checked_one_line_each(tmp_path: Path) -> None:
+    """Polygons of too few points or odd length, an RLE of another size, a mask covering nothing, a mask away from
+    its box and an annotation without segmentation among others: one readable line each."""
+    images_dir, path = write_clean(tmp_path)  # 60 x 40 images, boxes [1, 1, 10, 10]
+    data = json.loads(path.read_text())
+    square = [1, 1, 11, 1, 11, 11, 1, 11]
+    segmentations = {1: [square], 2: [[1, 1, 11, 1, 11]], 3: [[1, 1, 11, 11]],
+                     4: {"size": [60, 40], "counts": [2400]}, 5: [[100, 100, 110, 100, 110, 110]]}
+    for annotation in data["annotations"]:
+        annotation["segmentation"] = segmentations[annotation["id"]]
+    data["annotations"].append({**ann(6, 2, [1, 1, 10, 10]), "segmentation": [[40, 20, 50, 20, 50, 30, 40, 30]]})
+    data["annotations"].append(ann(7, 3, [1, 1, 10, 10]))
+    path.write_text(json.dumps(data))
+    problems = check_dataset(images_dir, path)
+
+    lines = [str(p) for p in problems if "segmentation" in p.kind or "mask" in p.kind]
+    assert lines == [
+        "error: invalid_segmentation [gray.png, annotation 2]: the segmentation has polygon 0 of odd length 5 (it "
+        "lists x, y pairs); training with masks refuses the file and mask AP cannot be computed: fix or redraw it",
+        "error: invalid_segmentation [rgba.png, annotation 3]: the segmentation has polygon 0 with 2 point(s); a "
+        "polygon needs at least 3; training with masks refuses the file and mask AP cannot be computed: fix or "
+        "redraw it",
+        "error: invalid_segmentation [cmyk.jpg, annotation 4]: the segmentation has an RLE of size [60, 40] "
+        "(height, width) on an image of 40x60; training with masks refuses the file and mask AP cannot be "
+        "computed: fix or redraw it",
+        "error: empty_mask [ok.jpg, annotation 5]: the segmentation covers no pixel of the image (a polygon outside "
+        "it, or of no area): fix or remove the annotation",
+        "warning: mask_box_mismatch [gray.png, annotation 6]: the mask's extent [40.0, 20.0, 10.0, 10.0] and the "
+        "bbox [1, 1, 10, 10] overlap by IoU 0.00: one of them is off (shifted, or another object's)",
+        "warning: missing_segmentation: 1 annotation(s) have no 'segmentation' while the others have one (ids 7): "
+        "training with masks (--data.masks true) refuses the file and evaluation reports box AP only",
+    ]
+    assert not [p for p in problems if p.annotation_id == 1 and "mask" in p.kind + p.message]

@@ -109,3 +109,42 @@ def test_make_shapes_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert module.main(argv) == 0
     assert "already complete" in capsys.readouterr().out
     assert len(list((tmp_path / "s" / "train2017").glob("*.jpg"))) == 3
+    assert module.main([*argv, "--masks", "rle"]) == 0  # other parameters: written again
+    written = json.loads((tmp_path / "s" / "annotations" / "instances_val2017.json").read_text())
+    assert all(isinstance(a["segmentation"], dict) for a in written["annotations"])
+
+
+def test_instance_masks_are_the_drawn_pixels(tmp_path: Path) -> None:
+    """mask_format="rle" writes what was drawn, pixel for pixel, and the set trains masks (CocoDetection decodes
+    them); the default polygons rasterise to nearly the same masks, and the default json records no mask_format
+    (the sets written before it stay complete, byte for byte)."""
+    from pycocotools import mask as mask_utils
+
+    write_shapes_dataset(tmp_path / "polygons", TINY)
+    rle = ShapesConfig(**{**TINY.__dict__, "mask_format": "rle"})
+    write_shapes_dataset(tmp_path / "rle", rle)
+    polygons = json.loads((tmp_path / "polygons" / "annotations" / "instances_train2017.json").read_text())
+    written = json.loads((tmp_path / "rle" / "annotations" / "instances_train2017.json").read_text())
+    assert "mask_format" not in polygons["info"]["parameters"] and written["info"]["parameters"]["mask_format"] == "rle"
+    assert shapes_dataset_is_complete(tmp_path / "rle", rle) and not shapes_dataset_is_complete(tmp_path / "rle", TINY)
+
+    annotations = iter(written["annotations"])
+    polygon_annotations = iter(polygons["annotations"])
+    ious = []
+    for index in range(TINY.num_train):
+        drawn: list[np.ndarray] = []
+        render_shapes_image(np.random.default_rng([TINY.seed, 0, index]), TINY, masks=drawn)
+        for mask in drawn:
+            annotation, polygon = next(annotations), next(polygon_annotations)
+            decoded = mask_utils.decode(annotation["segmentation"]).astype(bool)
+            assert (decoded == mask).all() and annotation["area"] == decoded.sum()
+            assert annotation["segmentation"]["size"] == [64, 64]
+            rasterised = mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(polygon["segmentation"], 64, 64)))
+            ious.append((rasterised.astype(bool) & mask).sum() / (rasterised.astype(bool) | mask).sum())
+    assert min(ious) > 0.6 and np.mean(ious) > 0.8  # PIL fills the edge pixels pycocotools leaves: 8 px shapes lose most
+    dataset = CocoDetection(tmp_path / "rle" / "train2017", tmp_path / "rle" / "annotations" / "instances_train2017.json",
+                            masks=True)
+    sample = dataset.raw_sample(1)
+    assert sample.masks.shape == (len(sample.boxes_xyxy), 64, 64)
+    assert not has_errors(check_dataset(tmp_path / "rle" / "train2017",
+                                        tmp_path / "rle" / "annotations" / "instances_train2017.json"))

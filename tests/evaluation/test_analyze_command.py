@@ -1,19 +1,27 @@
 """The detr-analyze command (detr.commands.analyze) end to end on data/coco-mini (real COCO images and annotations) with made-up results,
-and the report opened in headless Chromium (skipped without Chromium unless CI is set)."""
+and on a real-time model's predictions (the top (query, class) pairs detr-predict writes, one query under two
+classes); the report opened in headless Chromium (skipped without Chromium unless CI is set)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from detr.categories import CategoryMap
+from detr.checkpoints import save_checkpoint
 from detr.commands import analyze as analyze_tool
-from detr.evaluation.analysis import analyze, load_ground_truth, load_results
+from detr.evaluation.analysis import analyze, evaluate_results, load_ground_truth, load_results
+from detr.inference.outputs import predict_files
+from detr.inference.predictor import Predictor
 from detr.visualize.analysis_report import write_analysis_report
 from tests.browser import DevToolsPipe, Page, artifacts_dir
+from tests.helpers_realtime import tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 COCO_MINI = REPO / "data" / "coco-mini"
@@ -87,6 +95,64 @@ def test_analyze_tool_on_coco_mini(results_file: Path, tmp_path: Path, capsys) -
     again = analyze(coco_gt, load_results(entries, coco_gt))
     assert again.stats["AP50"] == pytest.approx(numbers["stats"]["AP50"])
     assert again.errors.counts == numbers["errors"]["counts"]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_analyze_tool_on_a_real_time_models_predictions(tmp_path: Path, capsys) -> None:
+    """A tiny RT-DETR (COCO's 80 classes) predicts coco-mini's 50 images as detr-predict does (every (query, class)
+    pair of its top 12, COCO ids); a hook puts its first queries on up to 3 objects of each image, each scored as the
+    object's class and, lower, as a class the image does not have: one query, two detections. The analysis counts
+    those as true positives and classification errors, every other detection as background, as COCOeval scores them."""
+    ground_truth = json.loads(GT_JSON.read_text())
+    categories = CategoryMap.from_coco_categories(ground_truth["categories"], contiguous=True)
+    checkpoint = save_checkpoint(tiny_model("rtdetr", category_map=categories), tmp_path / "rtdetr.ckpt")
+    images = sorted((COCO_MINI / "val2017").glob("*.jpg"))
+    by_file = {image["file_name"]: image for image in ground_truth["images"]}
+    objects = {image["id"]: [] for image in ground_truth["images"]}
+    for annotation in ground_truth["annotations"]:
+        if not annotation["iscrowd"]:
+            objects[annotation["image_id"]].append(annotation)
+    planted = [objects[by_file[path.name]["id"]][:3] for path in images]  # the objects found, image by image
+
+    def plant(module, args, output):  # one image per forward (batch size 1), in the order of `images`
+        image = by_file[images[len(calls)].name]
+        calls.append(image["id"])
+        present = {categories.category_id_to_label(a["category_id"]) for a in objects[image["id"]]}
+        absent = min(set(range(categories.num_classes)) - present)
+        for query, annotation in enumerate(planted[len(calls) - 1]):
+            x, y, w, h = annotation["bbox"]
+            output.boxes[0, query] = torch.tensor([(x + w / 2) / image["width"], (y + h / 2) / image["height"],
+                                                   w / image["width"], h / image["height"]])
+            output.logits[0, query] = -10.0
+            output.logits[0, query, categories.category_id_to_label(annotation["category_id"])] = 8.0
+            output.logits[0, query, absent] = 4.0
+        return output
+
+    calls: list[int] = []
+    predictor = Predictor.from_checkpoint(checkpoint, device="cpu")
+    predictor.model.register_forward_hook(plant)
+    run = predict_files(predictor, images, tmp_path / "predictions", all_queries=True, draw=False)
+    results = json.loads(run.predictions_json.read_text())
+    per_image = Counter(row["image_id"] for row in results)
+    assert len(per_image) == 50 and set(per_image.values()) == {12}  # the top num_queries pairs, COCO's image ids
+    found = sum(len(p) for p in planted)
+    boxes = Counter((row["image_id"], tuple(row["bbox"])) for row in results)
+    assert sum(n == 2 for n in boxes.values()) == found  # each planted query twice, under two classes
+
+    out = tmp_path / "analysis"
+    assert analyze_tool.main([str(GT_JSON), str(run.predictions_json), "--out", str(out)]) == 0
+    assert "report:" in capsys.readouterr().out and (out / "report.html").is_file()
+    numbers = json.loads((out / "analysis.json").read_text())
+    assert (numbers["num_images"], numbers["num_detections"], numbers["num_objects"]) == (50, 600, 377)
+    counts = numbers["errors"]["counts"]
+    assert counts["cls"] == found and counts["missed"] == 377 - found
+    assert counts["bkg"] == 600 - 2 * found and counts["loc"] == counts["both"] == counts["dupe"] == 0
+    coco_gt = load_ground_truth(GT_JSON)
+    stats = evaluate_results(coco_gt, load_results(run.predictions_json, coco_gt)).stats
+    assert numbers["stats"]["AP50"] == pytest.approx(stats[1]) and 0 < stats[1] < 1
+    # every false positive (at most 0.98) scores below every true positive (0.9997): removing them gains nothing
+    delta = numbers["errors"]["dAP"]
+    assert delta["cls"] == delta["bkg"] == delta["false_positives"] == 0 and delta["missed"] > 0
 
 
 def test_analyze_tool_refuses_results_of_other_images(tmp_path: Path) -> None:

@@ -448,7 +448,7 @@ def _mask_case(seed: int) -> tuple[list[dict], list[list[dict]], dict[int, dict[
 
 @pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
 def test_mask_ap_equals_pycocotools_segm_on_both_backends(backend) -> None:
-    """Mask AP (the panoptic system's val/segm_AP) comes from the box AP's evaluator, ground truth given image
+    """Mask AP (every system's val/mask_AP) comes from the box AP's evaluator, ground truth given image
     by image, and equals pycocotools' COCOeval "segm" run by hand to 1e-12 on every statistic."""
     from detr.evaluation.coco_evaluator import detections_to_mask_results
 
@@ -513,3 +513,71 @@ def test_the_best_f1_threshold_from_the_accumulated_tables() -> None:
                                      (3, [0.0, 60.0, 30.0, 90.0], 0.3)]),
                          _detection([(3, [50.0, 50.0, 80.0, 80.0], 0.6), (3, [0.0, 0.0, 20.0, 20.0], 0.2)])])
     assert fast.compute().best_threshold == evaluation.best_threshold  # the same tables on either backend
+
+
+@pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
+def test_mask_ap_on_coco_polygons_equals_pycocotools_segm(backend) -> None:
+    """Mask AP of detections on coco-mini's own polygons (and crowd RLE) as the ground truth json gives them: each
+    object's mask shifted and thinned, plus masks of other objects under wrong labels, scored as pycocotools'
+    COCOeval("segm") scores the same results, to 1e-12."""
+    from pycocotools import mask as mask_utils
+
+    from detr.evaluation.coco_evaluator import detections_to_mask_results
+
+    gt = coco_ground_truth(json.loads((REPO / "data/coco-mini/annotations/instances_train2017.json").read_text()))
+    generator = torch.Generator().manual_seed(3)
+    evaluator = CocoEvaluator(gt, iou_type="segm", backend=backend)
+    results = []
+    for image_id in sorted(gt.getImgIds())[:20]:
+        annotations = [a for a in gt.imgToAnns[image_id] if not a["iscrowd"]]
+        if not annotations:
+            continue
+        masks = torch.from_numpy(np.stack([gt.annToMask(a) for a in annotations])).bool()
+        shift = [int(v) for v in torch.randint(-3, 4, (2,), generator=generator)]
+        moved = torch.roll(masks, shifts=shift, dims=(1, 2)) & (torch.rand(masks.shape, generator=generator) > 0.1)
+        labels = [a["category_id"] for a in annotations]
+        wrong = [labels[(i + 1) % len(labels)] for i in range(len(labels))]
+        detection = {"masks": torch.cat([moved, masks]), "labels": torch.tensor(labels + wrong),
+                     "scores": torch.rand(2 * len(labels), generator=generator), "boxes": torch.zeros(2 * len(labels), 4)}
+        evaluator.update([image_id], [detection])
+        results += detections_to_mask_results(image_id, detection)
+    evaluation = evaluator.compute()
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco_eval = COCOeval(gt, gt.loadRes(copy.deepcopy(results)), iouType="segm")
+        coco_eval.params.imgIds = evaluation.image_ids
+        coco_eval.evaluate()
+        coco_eval.accumulate()
+        coco_eval.summarize()
+    assert any(isinstance(a["segmentation"], dict) for a in gt.dataset["annotations"])  # crowd RLE among polygons
+    assert 0.1 < evaluation.stats["AP"] < 0.9
+    assert mask_utils.area(evaluation.results[0]["segmentation"]) > 0
+    expected = dict(zip(STAT_NAMES, (float(coco_eval.stats[i]) for i in (0, 1, 2, 3, 4, 5, 8))))
+    for name in STAT_NAMES:
+        assert evaluation.stats[name] == pytest.approx(expected[name], abs=1e-12), name
+
+
+def test_the_detections_cocoeval_scores_are_all_that_changes_its_numbers() -> None:
+    """scored_detections keeps, per image and label, the 100 best (ties in the order given): COCOeval's statistics
+    on those alone equal those on every detection, here 150 of one label (with tied scores), 30 of another."""
+    from detr.evaluation.coco_evaluator import scored_detections
+
+    generator = torch.Generator().manual_seed(0)
+    images = [{"id": 1, "width": 200, "height": 200}]
+    boxes = torch.rand(40, 2, generator=generator) * 150
+    truth = torch.cat([boxes, boxes + 10 + torch.rand(40, 2, generator=generator) * 40], dim=1)  # xyxy
+    annotations = [{"id": i + 1, "image_id": 1, "category_id": 3 if i < 30 else 7, "iscrowd": 0,
+                    "bbox": [*b[:2].tolist(), *(b[2:] - b[:2]).tolist()], "area": float((b[2:] - b[:2]).prod())}
+                   for i, b in enumerate(truth)]
+    gt = coco_ground_truth({"images": images, "annotations": annotations, "categories": CATEGORIES})
+    labels = torch.tensor([3] * 150 + [7] * 30)
+    scores = torch.rand(180, generator=generator).mul(20).round() / 20  # many ties
+    detection = {"labels": labels, "scores": scores, "boxes": truth[torch.randint(0, 40, (180,), generator=generator)]
+                 + torch.randn(180, 4, generator=generator) * 3}
+
+    keep = scored_detections(labels, scores)
+    assert len(keep) == 130 and keep.tolist() == sorted(keep.tolist())
+    every, scored = (CocoEvaluator(gt, backend="pycocotools") for _ in range(2))
+    every.update([1], [detection])
+    scored.update([1], [{key: value[keep] for key, value in detection.items()}])
+    assert every.compute().stats == scored.compute().stats

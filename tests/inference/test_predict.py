@@ -1,20 +1,29 @@
 """One prediction path (detr/inference/predict.py): the Predictor, ``detr predict``'s system and the explorer
-turn a model's output into the same predictions, and apply one rule to images they cannot predict."""
+turn a model's output into the same predictions, and apply one rule to images they cannot predict; detr-predict
+writes them for a checkpoint of each real-time family (RF-DETR's instance masks in the json and drawn)."""
 
 from __future__ import annotations
+
+import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+from pycocotools import mask as mask_utils
 
 from detr import build_detr, build_detr_panoptic
+from detr.commands import predict
 from detr.data.collate import pad_images
 from detr.inference.predict import NOT_FINITE, predictions_from_outputs
 from detr.inference.predictor import NonFiniteOutputError, Predictor
 from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.system import DetrSystem
+from detr.visualize.drawing import draw_prediction
 from detr.visualize.explorer.pages import explorer_page_data
-from tests.helpers import TINY
+from tests.helpers import REPO, TINY
+from tests.helpers_realtime import CONFIGS, tiny_checkpoint
 
 SIZES = {"min_size": 64, "max_size": 96}
 ARRAYS = [np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)
@@ -93,3 +102,43 @@ def test_panoptic_model_predictions_hold_masks_for_the_kept_detections():
     predictor = Predictor(model, device="cpu", **SIZES)
     prediction = predictor.predict_arrays(ARRAYS[:1], threshold=0.0)[0]
     assert prediction.masks is not None and prediction.masks.shape == (len(prediction), 60, 80)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_detr_predict_writes_a_real_time_checkpoints_predictions_and_drawings(family, tmp_path, capsys):
+    """The json holds the Predictor's detections of every photo (the top (query, class) pairs above the
+    threshold, the data set's ids, COCO xywh); with masks (RF-DETR, ``--task instances``) each one's mask as RLE,
+    and the drawings show them."""
+    checkpoint = tiny_checkpoint(family, tmp_path)
+    photos = REPO / "data" / "photos"
+    predictor = Predictor.from_checkpoint(checkpoint, device="cpu", threshold=0.5)
+    task = "instances" if predictor.predicts_masks else "detection"
+    out = tmp_path / "out"
+    status = predict.main([str(photos), "--checkpoint", str(checkpoint), "--out", str(out), "--device", "cpu",
+                           "--threshold", "0.5", "--task", task])
+    assert status == 0, capsys.readouterr().err
+    written = json.loads((out / "predictions.json").read_text())
+    files = sorted(path for path in photos.iterdir() if path.suffix in (".png", ".jpg"))
+    expected = predictor.predict(files)
+    assert sorted(path.name for path in out.glob("*.jpg")) == sorted(f"{path.stem}.jpg" for path in files)
+    assert len(written) == sum(len(prediction) for prediction in expected) > 0
+    for prediction in expected:
+        rows = [row for row in written if row["file_name"] == prediction.file_name]
+        ids = [predictor.category_map.category_ids[label] for label in prediction.labels.tolist()]
+        assert [row["category_id"] for row in rows] == ids
+        np.testing.assert_allclose([row["score"] for row in rows], prediction.scores.numpy(), atol=1e-3)
+        boxes = prediction.boxes.numpy()
+        np.testing.assert_allclose([row["bbox"] for row in rows], np.concatenate([boxes[:, :2], boxes[:, 2:] -
+                                                                                 boxes[:, :2]], 1), atol=1e-2)
+        assert all(("segmentation" in row) == predictor.predicts_masks for row in rows)
+        if prediction.masks is not None:
+            decoded = mask_utils.decode([row["segmentation"] for row in rows]).transpose(2, 0, 1)
+            np.testing.assert_array_equal(decoded, prediction.masks.numpy())
+    if predictor.predicts_masks:  # the drawing is the one with masks, not the boxes alone
+        prediction = next(p for p in expected if p.file_name == "chelsea.png")
+        image = np.array(Image.open(photos / "chelsea.png").convert("RGB"))
+        drawn = np.asarray(Image.open(out / "chelsea.jpg")).astype(float)
+        with_masks = draw_prediction(image, prediction).permute(1, 2, 0).numpy()
+        boxes_only = draw_prediction(image, replace(prediction, masks=None)).permute(1, 2, 0).numpy()
+        assert np.abs(drawn - with_masks).mean() < np.abs(drawn - boxes_only).mean() / 2

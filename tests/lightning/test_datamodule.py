@@ -130,6 +130,24 @@ def test_train_loader_with_one_worker(shapes_root: Path) -> None:
     check_batch(batches[0], 3)
 
 
+def test_masks_reach_every_split_only_when_asked(shapes_root: Path) -> None:
+    """--data.masks true: the targets carry each box's mask at the transformed size, in training and validation
+    batches (multi-scale batches resize them too); by default they carry none."""
+    masked = DetrDataModule(root=str(shapes_root), batch_size=2, num_workers=0, masks=True, square_size=64,
+                            multi_scale=[96], normalize=False)
+    plain = DetrDataModule(root=str(shapes_root), batch_size=2, num_workers=0, **SMALL)
+    for module in (masked, plain):
+        module.setup("fit")
+    for images, _, targets in [next(iter(masked.train_dataloader())), next(iter(masked.val_dataloader()))]:
+        for target in targets:
+            assert target["masks"].dtype == torch.bool
+            assert target["masks"].shape == (len(target["labels"]), *target["size"].tolist())
+            assert tuple(target["size"].tolist()) == tuple(images.shape[2:])
+    assert next(iter(masked.train_dataloader()))[0].shape[2:] == (96, 96)
+    assert not any("masks" in t for loader in (plain.train_dataloader(), plain.val_dataloader())
+                   for t in next(iter(loader))[2])
+
+
 def test_both_data_modules_keep_their_yaml_keys() -> None:
     """The shared base (CocoFormatDataModule) reaches LightningCLI through **kwargs: every data.* key stays."""
     from jsonargparse import ArgumentParser
@@ -143,7 +161,7 @@ def test_both_data_modules_keep_their_yaml_keys() -> None:
               "augmentation_stop_epoch"}
     own = {DetrDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
                             "test_images", "test_annotations", "predict_images", "category_ids", "skip_bad_images",
-                            "categories_from"},
+                            "categories_from", "masks"},
            PanopticDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
                                 "category_ids", "check_train", "check_val", "predict_images", "categories_from"}}
     for module, keys in own.items():

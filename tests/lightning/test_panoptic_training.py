@@ -83,9 +83,9 @@ def test_mask_stage_freezes_the_detector_logs_pq_and_loads_back(box_stage, shape
                    f"--trainer.default_root_dir={run}", f"--model.init_checkpoint={init}"])
     rows = _metrics(run)
     values = {name: [float(row[name]) for row in rows if row.get(name)] for name in
-              ("val/PQ", "val/SQ", "val/RQ", "val/PQ_th", "val/PQ_st", "val/segm_AP", "val/AP", "train/loss_dice")}
+              ("val/PQ", "val/SQ", "val/RQ", "val/PQ_th", "val/PQ_st", "val/mask_AP", "val/AP", "train/loss_dice")}
     assert all(values.values()), {name: bool(v) for name, v in values.items()}
-    assert all(0.0 <= value <= 1.0 for value in values["val/PQ"] + values["val/segm_AP"])
+    assert all(0.0 <= value <= 1.0 for value in values["val/PQ"] + values["val/mask_AP"])
 
     # the frozen detector is the box stage's, tensor for tensor (batch-norm statistics included)
     before = torch.load(init, weights_only=True)["state_dict"]

@@ -1,22 +1,31 @@
 """RT-DETR through `detr fit`: configs/rtdetr_shapes_cpu.yaml with a tiny model trains (the loss falls on a few
 images), logs the encoder-proposal and denoising terms, and its checkpoint loads with detr.load_checkpoint and
-predicts under the family's input contract; data that does not follow that contract is refused."""
+predicts under the family's input contract; data that does not follow that contract is refused. `detr validate`
+of a tiny checkpoint on data/coco-mini writes its COCO results (the top (query, class) pairs) and the error
+analysis of them."""
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from detr import Predictor, load_checkpoint
+from detr.categories import CategoryMap
+from detr.checkpoints import save_checkpoint
 from detr.lightning.cli import main
 from detr.lightning.system import SettingError
 from tests.helpers import RecordTrainingBatches, write_tiny_shapes
+from tests.helpers_realtime import tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
+COCO_MINI = REPO / "data" / "coco-mini"
 CONFIG = REPO / "configs" / "rtdetr_shapes_cpu.yaml"
 TINY_RTDETR = ["--model.detr.hidden_dim=32", "--model.detr.num_heads=2", "--model.detr.num_decoder_layers=2",
                "--model.detr.dim_feedforward=64", "--model.detr.num_queries=10", "--model.detr.num_points=2"]
@@ -113,3 +122,43 @@ def test_the_authors_augmentations_stop_at_their_epoch_in_a_fit(tiny_shapes: Pat
     assert [batch["epoch"] for batch in batches] == [0, 0, 1, 1]
     assert {batch["side"] for batch in batches if batch["epoch"] == 0} <= {96, 128}
     assert all(batch["side"] == 64 and batch["plain"] == batch["images"] for batch in batches if batch["epoch"] == 1)
+
+
+def _validate_coco_mini_with_an_80_class_checkpoint(tmp_path: Path, category_ids: str) -> tuple[torch.nn.Module, Path]:
+    """`detr validate` of a tiny 80-class RT-DETR given as init_checkpoint on coco-mini → (model, run folder)."""
+    ground_truth = json.loads((COCO_MINI / "annotations" / "instances_val2017.json").read_text())
+    categories = CategoryMap.from_coco_categories(ground_truth["categories"], contiguous=True)  # RT-DETR's 80
+    model = tiny_model("rtdetr", category_map=categories)
+    checkpoint = save_checkpoint(model, tmp_path / "rtdetr.ckpt")
+    tiny = tmp_path / "tiny.yaml"  # the checkpoint's model; the number of classes comes from the data
+    tiny.write_text(yaml.safe_dump({"model": {"detr": {key: value for key, value in model.config.to_dict().items()
+                                                       if key != "num_classes"}}}))
+    run = tmp_path / "run"
+    main(["validate", "--config", str(CONFIG), "--config", str(tiny), f"--data.root={COCO_MINI}",
+          f"--data.category_ids={category_ids}", "--data.square_size=160", "--data.val_batch_size=10",
+          f"--model.init_checkpoint={checkpoint}", f"--trainer.default_root_dir={run}",
+          "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])
+    return model, run
+
+
+def test_validate_refuses_a_checkpoint_whose_class_heads_do_not_fit_the_data(tmp_path: Path) -> None:
+    """Scoring freshly initialised class heads would print an AP of nothing: refused, with the fix named."""
+    with pytest.raises(SettingError, match="freshly initialised.*--data.category_ids contiguous"):
+        _validate_coco_mini_with_an_80_class_checkpoint(tmp_path, "raw")
+
+
+def test_validate_on_coco_mini_writes_results_and_their_error_analysis(tmp_path: Path, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="detr.lightning.system"):
+        model, run = _validate_coco_mini_with_an_80_class_checkpoint(tmp_path, "contiguous")
+    assert "stays freshly initialised" not in caplog.text  # every tensor of the checkpoint was loaded
+    evaluation = run / "validate" / "evaluation"
+    results = json.loads((evaluation / "val_predictions.json").read_text())
+    per_image = Counter(row["image_id"] for row in results)
+    assert len(per_image) == 50 and set(per_image.values()) == {model.num_queries}  # the top (query, class) pairs
+    analysis = json.loads((evaluation / "val_analysis" / "analysis.json").read_text())
+    assert (analysis["num_images"], analysis["num_detections"], analysis["num_objects"]) == (50, 600, 377)
+    counts = analysis["errors"]["counts"]
+    assert sum(counts[kind] for kind in ("cls", "loc", "both", "dupe", "bkg")) <= 600 and counts["missed"] <= 377
+    metrics = json.loads((evaluation / "val_metrics.json").read_text())
+    assert metrics["AP50"] == pytest.approx(analysis["stats"]["AP50"])
+    assert (evaluation / "val_analysis" / "report.html").is_file()

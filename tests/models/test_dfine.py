@@ -11,7 +11,7 @@ from detr import build_detr
 from detr.models.config import DetrConfig
 from detr.models.deformable.attention import MultiScaleDeformableAttention, deformable_sampling
 from detr.models.dfine.decoder import distance_to_box, edge_distances, weighting_function
-from detr.models.dfine.hgnetv2 import SIZES, HGNetV2
+from detr.models.dfine.hgnetv2 import SIZES, HGNetV2, LearnableAffineBlock
 
 TINY_DFINE = DetrConfig(architecture="dfine", class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32,
                         num_heads=4, dim_feedforward=48, num_decoder_layers=3, num_queries=20, num_classes=5,
@@ -126,6 +126,7 @@ def test_two_levels_read_strides_16_and_32():
     with torch.no_grad():
         output = model(images, mask, return_attention=True)
     assert model.stride == 16 and output.sampling.spatial_shapes.tolist() == [[4, 4], [2, 2]]
+    assert output.sampling.strides == (16, 32)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -158,3 +159,23 @@ def test_optimize_for_inference_keeps_the_outputs():
     assert not any(isinstance(m, torch.nn.BatchNorm2d) or type(m).__name__ == "FrozenBatchNorm2d"
                    for m in model.backbone.modules())
     assert torch.allclose(before.logits, after.logits, atol=1e-4) and torch.allclose(before.boxes, after.boxes, atol=1e-4)
+
+
+def test_folding_moves_positive_affine_scales_into_the_convolutions_and_keeps_hgnetv2s_maps():
+    """A positive LAB scale goes into the convolution before the ReLU (s · relu(y) = relu(s · y)); a negative one
+    cannot and stays a multiplication."""
+    torch.manual_seed(0)
+    backbone = HGNetV2("hgnetv2_b0", learnable_affine=True).eval()
+    labs = [module for module in backbone.modules() if isinstance(module, LearnableAffineBlock)]
+    with torch.no_grad():
+        for index, lab in enumerate(labs):
+            lab.scale.fill_(-0.9 if index % 3 == 0 else 1.1)
+            lab.bias.normal_(0, 0.1)
+    images = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        before = backbone(images)
+        backbone.fold_batch_norms()
+        after = backbone(images)
+    assert [lab.scale_folded for lab in labs] == [index % 3 != 0 for index in range(len(labs))]
+    for expected, got in zip(before, after):
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5)

@@ -102,7 +102,7 @@ def test_sampling_points_are_reported_per_layer_around_the_reference_boxes():
     sampling = output.sampling
     assert sampling.locations.shape == (2, 1, 12, 8, 1, 4, 2)  # layers, B, Q, cross heads, one level, points
     assert torch.allclose(sampling.weights.sum(dim=(-2, -1)), torch.ones(2, 1, 12, 8))
-    assert sampling.spatial_shapes.tolist() == [[4, 4]]
+    assert sampling.spatial_shapes.tolist() == [[4, 4]] and sampling.strides == (14,)
 
 
 def test_sides_that_do_not_divide_by_patch_times_windows_or_differ_are_refused():
@@ -142,7 +142,8 @@ def test_lwdetr_projects_one_level_per_scale_and_its_windowed_blocks_stay_local(
         changed = image.clone()
         changed[..., 28:, 28:] = torch.rand(3, 28, 28)
         before, after = model.backbone(image)[-1], model.backbone(changed)[-1]
-    assert output.sampling.spatial_shapes.tolist() == [[8, 8], [2, 2]]
+    # each level at its projector's scale of the patch: strides 7 and 28, not a doubling from level to level
+    assert output.sampling.spatial_shapes.tolist() == [[8, 8], [2, 2]] and output.sampling.strides == (7, 28)
     assert torch.allclose(before[..., :2, :2], after[..., :2, :2], atol=1e-6)  # blocks 0-2 windowed
     assert not torch.allclose(before[..., 2:, 2:], after[..., 2:, 2:])
 

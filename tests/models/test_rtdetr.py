@@ -137,6 +137,7 @@ def test_sampling_points_are_reported_per_layer_level_and_head():
     sampling = output.sampling
     assert sampling.locations.shape == (3, 1, 20, 4, 4, 2, 2) and sampling.weights.shape == (3, 1, 20, 4, 4, 2)
     assert sampling.spatial_shapes.tolist() == [[16, 16], [8, 8], [4, 4], [2, 2]]
+    assert sampling.strides == (8, 16, 32, 64)
     assert torch.allclose(sampling.weights.sum((-1, -2)), torch.ones(3, 1, 20, 4))
 
 

@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.models.size_constants import SizeConstants
+
 #: (height, width) of each feature level, finest first.
 SpatialShapes = list[tuple[int, int]]
 #: How a sampling location reads its level: "bilinear" (grid_sample, the papers' default) or "discrete" (the
@@ -105,25 +107,37 @@ def deformable_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, samp
         points_per_level = [sampling_locations.shape[4]] * sampling_locations.shape[3]
         sampling_locations, attention_weights = sampling_locations.flatten(3, 4), attention_weights.flatten(3, 4)
     queries, total_points = sampling_locations.shape[1], sampling_locations.shape[3]
-    values = value.split([height * width for height, width in spatial_shapes], dim=1)
-    level_locations = sampling_locations.split(list(points_per_level), dim=3)
+    # One layout change for every level, each level a view of it (the kernels read strided maps): value [B, S, H, D]
+    # → [B·H, D, S], locations [B, Q, H, ΣP, 2] → [B·H, Q, ΣP, 2] (grid_sample's [-1, 1] for "bilinear")
+    value = value.permute(0, 2, 3, 1).reshape(batch * heads, head_dim, -1)
+    locations = sampling_locations.transpose(1, 2).flatten(0, 1)
+    grid_sample = method == "bilinear" and kernel == "grid_sample"
+    if grid_sample:
+        locations = 2 * locations - 1
+    values = value.split([height * width for height, width in spatial_shapes], dim=2)
+    level_locations = locations.split(list(points_per_level), dim=2)
     sampled = []
     for level, (height, width) in enumerate(spatial_shapes):
-        # [B, h·w, H, D] → [B·H, D, h, w]
-        level_value = values[level].flatten(2).transpose(1, 2).reshape(batch * heads, head_dim, height, width)
-        # [B, Q, H, P_l, 2] → [B·H, Q, P_l, 2]
-        locations = level_locations[level].transpose(1, 2).flatten(0, 1)
+        level_value = values[level].view(batch * heads, head_dim, height, width)
         if method == "discrete":
-            sampled.append(_nearest_cells(level_value, locations))  # [B·H, D, Q, P_l]
-            continue
-        if kernel == "gather":
-            sampled.append(_bilinear_cells(level_value, locations))
-            continue
-        sampled.append(F.grid_sample(level_value, 2 * locations - 1, mode="bilinear", padding_mode="zeros",
-                                     align_corners=False))  # [B·H, D, Q, P_l] (grid_sample's [-1, 1])
+            sampled.append(_nearest_cells(level_value, level_locations[level]))  # [B·H, D, Q, P_l]
+        elif kernel == "gather":
+            sampled.append(_bilinear_cells(level_value, level_locations[level]))
+        else:
+            sampled.append(F.grid_sample(level_value, level_locations[level], mode="bilinear",
+                                         padding_mode="zeros", align_corners=False))  # [B·H, D, Q, P_l]
     weights = attention_weights.transpose(1, 2).reshape(batch * heads, 1, queries, total_points)
     output = (torch.cat(sampled, dim=-1) * weights).sum(-1)  # [B·H, D, Q]
     return output.view(batch, heads * head_dim, queries).transpose(1, 2).contiguous()
+
+
+def _point_levels(points_per_level: tuple[int, ...], *, device: torch.device, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A point count per level → each point's level int64 [ΣP] and its offsets' scale 1 / that count [ΣP, 1]."""
+    level_of_point = torch.cat([torch.full((count,), level, device=device)
+                                for level, count in enumerate(points_per_level)])
+    scale = torch.cat([torch.full((count, 1), 1.0 / count, dtype=dtype, device=device) for count in points_per_level])
+    return level_of_point, scale
 
 
 def pad_points(locations: torch.Tensor, weights: torch.Tensor, points_per_level: Sequence[int]
@@ -175,6 +189,7 @@ class MultiScaleDeformableAttention(nn.Module):
         self.hidden_dim, self.num_heads, self.num_levels = hidden_dim, num_heads, num_levels
         self.offset_scale, self.sampling_method = offset_scale, sampling_method
         self.bilinear_kernel: BilinearKernel = "grid_sample"
+        self.point_levels = SizeConstants(_point_levels)
         self.sampling_offsets = nn.Linear(hidden_dim, num_heads * sum(points) * 2)
         self.attention_weights = nn.Linear(hidden_dim, num_heads * sum(points))
         self.value_proj = nn.Linear(hidden_dim, hidden_dim) if projections else None
@@ -240,11 +255,11 @@ class MultiScaleDeformableAttention(nn.Module):
         total = sum(self.points_per_level)
         offsets = self.sampling_offsets(query).view(batch, queries, self.num_heads, total, 2)
         weights = self.attention_weights(query).view(batch, queries, self.num_heads, total).softmax(-1)
-        level_of_point = torch.cat([torch.full((count,), level, device=query.device)
-                                    for level, count in enumerate(self.points_per_level)])
-        scale = torch.cat([torch.full((count, 1), 1.0 / count, dtype=query.dtype, device=query.device)
-                           for count in self.points_per_level])  # [ΣP, 1]
-        boxes = reference_points.expand(-1, -1, self.num_levels, -1)[:, :, None, level_of_point]  # [B, Q, 1, ΣP, 4]
+        level_of_point, scale = self.point_levels(self.points_per_level, device=query.device, dtype=query.dtype)
+        if reference_points.shape[2] == 1:  # one box for every level (RT-DETR's decoders): broadcast it
+            boxes = reference_points[:, :, None]  # [B, Q, 1, 1, 4]
+        else:
+            boxes = reference_points[:, :, None, level_of_point]  # [B, Q, 1, ΣP, 4]
         return boxes[..., :2] + offsets * scale * boxes[..., 2:] * self.offset_scale, weights
 
     def forward(self, query: torch.Tensor, reference_points: torch.Tensor, value: torch.Tensor,

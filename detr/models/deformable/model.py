@@ -179,7 +179,8 @@ class DeformableDETR(Detector):
             output.sampling = SamplingOutput(
                 locations=locations, points=locations / out.valid_ratios[None, :, None, None, :, None, :],
                 weights=torch.stack([weights for _, weights in decoded.sampling]),
-                spatial_shapes=torch.tensor(out.spatial_shapes, dtype=torch.int64))
+                spatial_shapes=torch.tensor(out.spatial_shapes, dtype=torch.int64),
+                strides=tuple(self.stride * 2**level for level in range(len(out.spatial_shapes))))
         return output
 
 

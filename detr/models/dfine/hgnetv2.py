@@ -77,9 +77,12 @@ class LearnableAffineBlock(nn.Module):
         super().__init__()
         self.scale = nn.Parameter(torch.ones(1))
         self.bias = nn.Parameter(torch.zeros(1))
+        #: the scale moved into the convolution before the ReLU (:meth:`HGNetV2.fold_batch_norms`): only the bias
+        #: is added here
+        self.scale_folded = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x + self.bias
+        return x + self.bias if self.scale_folded else self.scale * x + self.bias
 
 
 class ConvBNAct(nn.Module):
@@ -200,12 +203,18 @@ class HGNetV2(nn.Module):
 
     @torch.no_grad()
     def fold_batch_norms(self) -> int:
-        """Fold every (frozen or eval-mode) BatchNorm into its convolution, for inference (outputs equal to float
-        rounding; the state dict loses the authors' layout). Returns how many were folded."""
+        """Fold every (frozen or eval-mode) BatchNorm into its convolution, and a positive LAB scale after it too
+        (``s · relu(y) = relu(s · y)``: one pass over the map fewer), for inference (outputs equal to float
+        rounding; the state dict loses the authors' layout). Returns how many BatchNorms were folded."""
         layers = [m for m in self.modules() if isinstance(m, ConvBNAct) and not isinstance(m.bn, nn.Identity)]
         for layer in layers:
             fold_norm_into_conv(layer.conv, layer.bn)
             layer.bn = nn.Identity()
+            lab = layer.lab
+            if isinstance(lab, LearnableAffineBlock) and not lab.scale_folded and float(lab.scale) > 0:
+                layer.conv.weight.mul_(lab.scale)
+                layer.conv.bias.mul_(lab.scale)
+                lab.scale_folded = True
         return len(layers)
 
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:

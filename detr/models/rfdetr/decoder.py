@@ -124,7 +124,7 @@ class RFDETRDecoder(nn.Module):
         index = logits.masked_fill(~valid, float("-inf")).max(-1).values.topk(self.num_queries, dim=1).indices
         selected = features.gather(1, index[..., None].expand(-1, -1, features.shape[-1]))  # [B, Q, C]
         # the box head is per cell: run on the selected cells only (the authors run it on every cell, then select)
-        anchors = proposals.expand(len(memory), -1, -1).gather(1, index[..., None].expand(-1, -1, 4))
+        anchors = proposals.expand(memory.shape[0], -1, -1).gather(1, index[..., None].expand(-1, -1, 4))
         boxes = refine_boxes(anchors, self.enc_box_head[group](selected))
         return boxes, logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])), selected
 

@@ -185,5 +185,6 @@ class RFDETR(Detector):
             locations = torch.stack([locations for locations, _ in decoded.sampling])
             output.sampling = SamplingOutput(
                 locations=locations, points=locations, weights=torch.stack([w for _, w in decoded.sampling]),
-                spatial_shapes=torch.tensor([f.shape[-2:] for f in features], dtype=torch.int64))
+                spatial_shapes=torch.tensor([f.shape[-2:] for f in features], dtype=torch.int64),
+                strides=tuple(round(self.backbone.patch_size / projector.scale) for projector in self.projector))
         return output

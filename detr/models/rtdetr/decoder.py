@@ -33,6 +33,7 @@ from detr.models.deformable.attention import MultiScaleDeformableAttention, Spat
 from detr.models.mlp import MLP
 from detr.models.outputs import DistributionOutput
 from detr.models.rtdetr.denoising import DenoisingMeta, contrastive_denoising_queries
+from detr.models.size_constants import SizeConstants
 from detr.models.transformer import MultiheadAttention
 
 #: Anchor sizes: 0.05 of the image at the finest level, doubling per level; anchors whose centre or size lies
@@ -58,6 +59,13 @@ def anchors_for(spatial_shapes: SpatialShapes, *, device: torch.device | None = 
     logits = torch.log(boxes / (1 - boxes))
     largest = torch.full((), torch.finfo(dtype).max, dtype=dtype, device=device)
     return torch.where(valid, logits, largest), valid
+
+
+def _anchors_and_mask(spatial_shapes: tuple[tuple[int, int], ...], *, device: torch.device, dtype: torch.dtype
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`anchors_for`, the valid mask in ``dtype`` (1.0 valid, 0.0 not): what query selection multiplies by."""
+    anchors, valid = anchors_for(list(spatial_shapes), device=device, dtype=dtype)
+    return anchors, valid.to(dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -169,6 +177,7 @@ class RTDETRDecoder(nn.Module):
             projections.append(nn.Sequential(OrderedDict(conv=conv, norm=nn.BatchNorm2d(hidden_dim))))
             channels = hidden_dim if extra else channels
         self.input_proj = nn.ModuleList(projections)
+        self.anchors = SizeConstants(_anchors_and_mask)
         self.decoder = TransformerDecoder([
             DecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout,
                          offset_scale=offset_scale, sampling_method=sampling_method) for _ in range(num_layers)])
@@ -208,16 +217,18 @@ class RTDETRDecoder(nn.Module):
         """memory [B, S, C] → content [B, Q, C] (detached), reference box logits [B, Q, 4] and the proposals'
         class logits [B, Q, K] (the top ``num_queries`` cells by their best class logit). The box logits keep
         their gradient (the proposals' box loss trains the encoder's box head); the decoder detaches them."""
-        anchors, valid = anchors_for(spatial_shapes, device=memory.device, dtype=memory.dtype)
-        features = self.enc_output(valid.to(memory.dtype) * memory)
+        anchors, valid = self.anchors(tuple(spatial_shapes), device=memory.device, dtype=memory.dtype)
+        features = self.enc_output(valid * memory)
         class_logits = self.enc_score_head(features)  # [B, S, K]
-        box_logits = self.enc_bbox_head(features) + anchors  # [B, S, 4]
         index = class_logits.max(-1).values.topk(self.num_queries, dim=1).indices  # [B, Q]
 
         def pick(values: torch.Tensor) -> torch.Tensor:
             return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
 
-        return pick(features).detach(), pick(box_logits), pick(class_logits)
+        # the box head runs on the selected cells only (Q of S rows: the same values, and only those are trained)
+        selected = pick(features)
+        box_logits = self.enc_bbox_head(selected) + pick(anchors.expand(memory.shape[0], -1, -1))  # [B, Q, 4]
+        return selected.detach(), box_logits, pick(class_logits)
 
     def forward(self, features: list[torch.Tensor], num_layers: int | None = None, return_sampling: bool = False,
                 targets: list[dict[str, torch.Tensor]] | None = None) -> DecoderOutput:

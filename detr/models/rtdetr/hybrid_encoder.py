@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from detr.models.rtdetr.resnet_vd import ConvNorm
+from detr.models.size_constants import SizeConstants
 from detr.models.transformer import TransformerEncoderLayer
 
 
@@ -43,6 +44,11 @@ def sincos_position_embedding(height: int, width: int, dim: int, temperature: fl
                                    torch.arange(width, dtype=torch.float64, device=device), indexing="ij")
     y, x = rows.flatten().outer(omega), columns.flatten().outer(omega)  # [h·w, dim / 4] each
     return torch.cat([y.sin(), y.cos(), x.sin(), x.cos()], dim=1).to(dtype)[None]
+
+
+def _positions(size: tuple[int, int, int, float], *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(height, width, dim, temperature) → :func:`sincos_position_embedding`."""
+    return sincos_position_embedding(*size, device=device, dtype=dtype)
 
 
 class RepVggBlock(nn.Module):
@@ -106,12 +112,13 @@ class AIFI(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.temperature = temperature
+        self.positions = SizeConstants(_positions)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """[B, C, h, w] → [B, C, h, w]."""
         batch, channels, height, width = features.shape
         x = features.flatten(2).transpose(1, 2)  # [B, h·w, C]
-        pos = sincos_position_embedding(height, width, channels, self.temperature, device=x.device, dtype=x.dtype)
+        pos = self.positions((height, width, channels, self.temperature), device=x.device, dtype=x.dtype)
         for layer in self.layers:
             x, _ = layer(x, pos, None)
         return x.transpose(1, 2).reshape(batch, channels, height, width).contiguous()

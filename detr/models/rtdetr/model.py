@@ -174,5 +174,6 @@ class RTDETR(Detector):
             locations = torch.stack([locations for locations, _ in decoded.sampling])
             output.sampling = SamplingOutput(
                 locations=locations, points=locations, weights=torch.stack([w for _, w in decoded.sampling]),
-                spatial_shapes=torch.tensor(decoded.spatial_shapes, dtype=torch.int64))
+                spatial_shapes=torch.tensor(decoded.spatial_shapes, dtype=torch.int64),
+                strides=tuple(self.stride * 2**level for level in range(len(decoded.spatial_shapes))))
         return output

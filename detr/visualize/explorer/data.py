@@ -270,8 +270,8 @@ def _sampling_data(sampling: SamplingOutput, index: int, input_size: tuple[int, 
         raise ValueError(f"sampling points {tuple(points.shape)} and weights {tuple(weights.shape)} do not "
                          f"match ([L, Q, heads, {num_levels} levels, P] for one image)")
     height, width = input_size
-    levels = [{"stride": stride * 2**level, "height": math.ceil(height / (stride * 2**level)),
-               "width": math.ceil(width / (stride * 2**level))} for level in range(num_levels)]
+    levels = [{"stride": level_stride, "height": math.ceil(height / level_stride),
+               "width": math.ceil(width / level_stride)} for level_stride in sampling.strides]
     return {
         "num_layers": int(points.shape[0]),
         "num_heads": int(points.shape[2]),

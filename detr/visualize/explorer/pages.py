@@ -103,8 +103,9 @@ def write_attention_explorer(
     and run alone, so its feature map has no padding.
 
     Args:
-        model: a DETR, an anchor DETR or a Deformable DETR (moved to ``device`` and put in eval mode, as the
-            Predictor does); a Deformable DETR's pages show each query's sampling points instead of maps.
+        model: any detector that returns attention (moved to ``device`` and put in eval mode, as the Predictor
+            does); the pages of one with sampling points (Deformable DETR, the real-time families) show each
+            query's points instead of maps.
         images: paths, PIL images, or uint8 arrays/tensors (anything :data:`detr.inference.images.ImageInput` takes).
         out_dir: created if missing; pages are named after the image files (``<stem>.html``).
         category_map: label names; default ``model.meta.category_map``, else "class <i>".
@@ -117,11 +118,17 @@ def write_attention_explorer(
 
     Returns:
         the written pages in the order of ``images``, then ``index.html`` if written.
+
+    Raises:
+        ValueError: the model returns no attention (``model.attention_kind`` None: an exported file's backend).
     """
     if isinstance(images, (str, Path)) or not isinstance(images, Sequence) or not images:
         raise ValueError(
             "images must be a non-empty sequence of images (paths, PIL images or arrays); wrap one image in a list"
         )
+    if model.attention_kind is None:  # the contract says so before any image is run
+        raise ValueError(f"{type(model).__name__} ({model.backend}) returns no attention maps or sampling points "
+                         "(attention_kind None), which the explorer shows; use the PyTorch model it came from")
     predictor = Predictor(model, category_map=category_map, device=device, threshold=threshold,
                           min_size=min_size, max_size=max_size)
     out_dir = Path(out_dir)
