@@ -71,7 +71,7 @@ def test_one_line_per_validation_and_no_library_noise(short_run) -> None:
 def test_the_full_log_holds_what_the_console_leaves_out(short_run) -> None:
     console, out = short_run
     log = (out / "demo.log").read_text()
-    for held in ("Seed set to 0", "Total params", "COCO evaluation at epoch", "Average Precision"):
+    for held in ("Seed set to 0", "Total params", "COCO box evaluation at epoch", "Average Precision"):
         assert held in log, held
     for line in console.splitlines()[:5]:  # what the console says is in the log too
         assert line in log

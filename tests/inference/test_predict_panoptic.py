@@ -83,7 +83,7 @@ def test_panoptic_needs_a_mask_model_or_is_thing(tiny_model):
     predictor = Predictor(tiny_model, device="cpu", min_size=64, max_size=100)
     image = random_images()[0]
     assert predictor.predict(image)[0].masks is None  # detection models: unchanged
-    with pytest.raises(ValueError, match="panoptic checkpoint"):
+    with pytest.raises(ValueError, match="cannot do task .panoptic.; load a checkpoint with masks"):
         predictor.predict(image, task="panoptic")
     # an exported file's refusal is tested on real files: tests/serving/test_service.py
 
@@ -147,7 +147,7 @@ def test_predict_tool_refuses_panoptic_with_a_detection_checkpoint(tmp_path, tin
     with pytest.raises(SystemExit) as exit_info:
         run_tool([str(PHOTOS / "chelsea.png")], checkpoint, tmp_path / "out", "--task", "panoptic")
     assert exit_info.value.code == 2
-    assert "panoptic checkpoint" in capsys.readouterr().err
+    assert "cannot do task 'panoptic'; load a checkpoint with masks" in capsys.readouterr().err
     assert not (tmp_path / "out" / "panoptic.json").exists()
 
 
