@@ -158,6 +158,15 @@ def tiny_fit_args(data_root, out_dir, *extra: str) -> list[str]:
     ]
 
 
+def tiny_square_fit_args(config: Path, model_args: list[str], data_root, out_dir, *extra: str) -> list[str]:
+    """``detr fit`` arguments for a few-step CPU run of a real-time family's shapes ``config`` with a tiny model
+    (``model_args``) on ``data_root`` into ``out_dir``: 64-px squares, batch 4, every step logged, no progress bar."""
+    return ["fit", "--config", str(config), f"--data.root={data_root}", "--data.square_size=64",
+            "--data.batch_size=4", "--data.val_batch_size=2", *model_args, f"--trainer.default_root_dir={out_dir}",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+            "--trainer.log_every_n_steps=1", *extra]
+
+
 def load_script(relative_path: str):
     """Import a script of tools/ or benchmarks/ (folders of scripts, not packages) from its path in the
     repository, e.g. ``load_script("tools/predict.py")``; each call executes the file afresh."""

@@ -12,7 +12,7 @@ import torch
 
 from detr import Predictor, load_checkpoint
 from detr.lightning.cli import main
-from tests.helpers import write_tiny_shapes
+from tests.helpers import tiny_square_fit_args, write_tiny_shapes
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "dfine_shapes_cpu.yaml"
@@ -30,11 +30,9 @@ def tiny_shapes(tmp_path_factory) -> Path:
 
 def test_fit_trains_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    main(["fit", "--config", str(CONFIG), f"--data.root={tiny_shapes}", "--data.square_size=64",
-          "--data.batch_size=4", "--data.val_batch_size=2", *TINY_DFINE, f"--trainer.default_root_dir={run}",
-          "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-          "--trainer.log_every_n_steps=1", "--trainer.max_steps=30", "--trainer.check_val_every_n_epoch=30",
-          "--model.warmup_steps=0", "--model.lr_decay_fraction=0", "--model.lr=1e-3", "--model.lr_backbone=1e-3"])
+    main(tiny_square_fit_args(CONFIG, TINY_DFINE, tiny_shapes, run, "--trainer.max_steps=30",
+                              "--trainer.check_val_every_n_epoch=30", "--model.warmup_steps=0",
+                              "--model.lr_decay_fraction=0", "--model.lr=1e-3", "--model.lr_backbone=1e-3"))
     with (run / "metrics.csv").open() as file:
         rows = list(csv.DictReader(file))
     losses = [float(row["train/loss"]) for row in rows if row.get("train/loss")]

@@ -17,7 +17,7 @@ from detr import Predictor, load_checkpoint
 from detr.checkpoints.rfdetr import to_huggingface_state_dict
 from detr.lightning.cli import main
 from detr.lightning.system import SettingError
-from tests.helpers import write_tiny_shapes
+from tests.helpers import tiny_square_fit_args, write_tiny_shapes
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "rfdetr_shapes_cpu.yaml"
@@ -35,10 +35,7 @@ def tiny_shapes(tmp_path_factory) -> Path:
 
 
 def _fit_args(data_root: Path, out_dir: Path, *extra: str) -> list[str]:
-    return ["fit", "--config", str(CONFIG), f"--data.root={data_root}", "--data.square_size=64",
-            "--data.batch_size=4", "--data.val_batch_size=2", *TINY_RFDETR, f"--trainer.default_root_dir={out_dir}",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-            "--trainer.log_every_n_steps=1", *extra]
+    return tiny_square_fit_args(CONFIG, TINY_RFDETR, data_root, out_dir, *extra)
 
 
 def test_fit_trains_with_an_ema_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:

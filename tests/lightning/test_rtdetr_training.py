@@ -21,7 +21,7 @@ from detr.categories import CategoryMap
 from detr.checkpoints import save_checkpoint
 from detr.lightning.cli import main
 from detr.lightning.system import SettingError
-from tests.helpers import RecordTrainingBatches, write_tiny_shapes
+from tests.helpers import RecordTrainingBatches, tiny_square_fit_args, write_tiny_shapes
 from tests.helpers_realtime import tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,10 +39,7 @@ def tiny_shapes(tmp_path_factory) -> Path:
 
 
 def _fit_args(data_root: Path, out_dir: Path, *extra: str) -> list[str]:
-    return ["fit", "--config", str(CONFIG), f"--data.root={data_root}", "--data.square_size=64",
-            "--data.batch_size=4", "--data.val_batch_size=2", *TINY_RTDETR, f"--trainer.default_root_dir={out_dir}",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-            "--trainer.log_every_n_steps=1", *extra]
+    return tiny_square_fit_args(CONFIG, TINY_RTDETR, data_root, out_dir, *extra)
 
 
 def test_fit_trains_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:
