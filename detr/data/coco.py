@@ -246,12 +246,16 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
         if not bboxes_valid and not is_coco_bbox(bbox):
             problems.append(f"{label} has bbox {bbox!r}; COCO needs [x, y, width, height] as 4 finite numbers")
     if problems:
-        listed = "; ".join(problems[:_MAX_LISTED])
-        more = f"; ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
         raise AnnotationFileError(
-            f"{where} has {len(problems)} problem(s): {listed}{more}. "
+            f"{where} has {len(problems)} problem(s): {_first_listed(problems)}. "
             f"Run `detr-check-data IMAGES_DIR {annotations_file}` for the full list."
         )
+
+
+def _first_listed(problems: list[str]) -> str:
+    """The first :data:`_MAX_LISTED` problems joined by "; ", then how many more there are."""
+    more = f"; ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+    return "; ".join(problems[:_MAX_LISTED]) + more
 
 
 def check_segmentations(data: dict[str, Any], annotations_file: str | Path) -> None:
@@ -267,12 +271,10 @@ def check_segmentations(data: dict[str, Any], annotations_file: str | Path) -> N
         if problem is not None:
             problems.append(f"annotation {annotation.get('id')} has {problem}")
     if problems:
-        listed = "; ".join(problems[:_MAX_LISTED])
-        more = f"; ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
         raise AnnotationFileError(
             f"annotation file '{annotations_file}' cannot give masks: {len(problems)} annotation(s) without a usable "
-            f"segmentation: {listed}{more}. Fix them (`detr-check-data` lists every one), or train without masks "
-            "(--data.masks false)"
+            f"segmentation: {_first_listed(problems)}. Fix them (`detr-check-data` lists every one), or train without "
+            "masks (--data.masks false)"
         )
 
 
