@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import functools
 import inspect
 import io
 import json
@@ -164,15 +165,20 @@ _NOT_TRAINING = {"evaluator_backend", "lr_drop_epochs", "evaluation_dir", "error
 
 def resolved_config(path: Path) -> dict[str, Any]:
     """What ``detr fit --config PATH`` trains, as its ``--print_config`` resolves it (includes and dotted keys
-    followed, every default filled in)."""
+    followed, every default filled in); a fresh dict each call, the CLI run once per file."""
     import yaml
 
+    return yaml.safe_load(_printed_config(str(path)))
+
+
+@functools.lru_cache(maxsize=None)
+def _printed_config(path: str) -> str:
     from detr.lightning.cli import main as detr_main
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), contextlib.suppress(SystemExit):
-        detr_main(["fit", "--config", str(path), "--print_config"])
-    return yaml.safe_load(printed.getvalue())
+        detr_main(["fit", "--config", path, "--print_config"])
+    return printed.getvalue()
 
 
 def yaml_preset(path: Path) -> dict[str, Any]:
