@@ -50,8 +50,10 @@
 
   // Deformable DETR: per layer, query, head, level and point, (x, y) in 1/16384 of the image's width and
   // height (int16) and the weight in 1/65535 (uint16); each head's weights sum to 1 over levels and points.
-  const LEVELS = SAMPLING ? DATA.feature.levels : [];  // [{stride, height, width}], finest first
+  const LEVELS = SAMPLING ? DATA.feature.levels : [];  // [{stride, height, width, points}], finest first
   const NL = LEVELS.length, NP = SAMPLING ? DATA.sampling.shape[4] : 0;
+  // Each level's own point count (D-FINE samples 3, 6, 3: a level's slots past its count are padding).
+  const LEVEL_POINTS = LEVELS.map((level) => (level.points === undefined ? NP : level.points));
   const ALL_LEVELS = NL;
   const POINT_UNITS = 16384, WEIGHT_UNITS = 65535;
   const POINTS = SAMPLING ? new Int16Array(decodeBase64(DATA.sampling.points).buffer) : null;
@@ -68,7 +70,7 @@
     const points = [];
     for (let head = 0; head < NH; head++) {
       for (let level = 0; level < NL; level++) {
-        for (let point = 0; point < NP; point++) {
+        for (let point = 0; point < LEVEL_POINTS[level]; point++) {
           const i = samplingIndex(layer, query, head, level, point);
           points.push({ head: head, level: level, point: point, x: POINTS[2 * i] / POINT_UNITS * W,
             y: POINTS[2 * i + 1] / POINT_UNITS * H, weight: WEIGHTS[i] / WEIGHT_UNITS });
@@ -565,7 +567,9 @@
   $("title").textContent = DATA.title;
   document.title = DATA.title + " · DETR attention explorer";
   const features = SAMPLING
-    ? NL + " feature levels (strides " + LEVELS.map((l) => l.stride).join(", ") + "), " + NP + " points per head and level"
+    ? NL + " feature levels (strides " + LEVELS.map((l) => l.stride).join(", ") + "), "
+      + (LEVEL_POINTS.every((count) => count === NP) ? NP + " points per head and level"
+        : LEVEL_POINTS.join(", ") + " points per head on those levels")
     : "feature map " + FW + "×" + FH + " (stride " + STRIDE + ")";
   $("summary").textContent = DATA.image.original_width + "×" + DATA.image.original_height
     + " image, shown at the model's input size " + W + "×" + H + "; " + features + "; " + Q + " queries, " + L

@@ -1,9 +1,9 @@
-"""The attention explorer on D-FINE (3, 6 and 3 sampling points per level), DEIMv2 (DINOv3) and RF-DETR (its
-decoder's cross-attention is the shared deformable attention over its projector's one level; instance masks):
-detr-explore on this project's checkpoint writes a page whose sampling points and weights, decoded back from the
-HTML, equal the Predictor's, at each level's own stride; a level with fewer points than the largest count has its
-missing points at weight 0; RF-DETR's page carries every query's mask. A model that returns no attention (an
-exported file) is refused in one line. (RT-DETR: test_explorer_rtdetr.py.)"""
+"""The attention explorer on D-FINE (3, 6 and 3 sampling points per level), DEIMv2 (DINOv3) and RF-DETR (its decoder's
+cross-attention is the shared deformable attention over its projector's one level; instance masks): detr-explore on
+this project's checkpoint writes a page whose sampling points and weights, decoded back from the HTML, equal the
+Predictor's, at each level's own stride; a level with fewer points than the largest count has its missing points at
+weight 0 and the page counts each level's own points; RF-DETR's page carries every query's mask. A model that
+returns no attention (an exported file) is refused in one line. (RT-DETR: test_explorer_rtdetr.py.)"""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ def test_detr_explore_writes_the_sampling_points_the_predictor_reports(family, t
     assert [level["stride"] for level in data["feature"]["levels"]] == list(sampling.strides) == list(strides)
     assert [[level["height"], level["width"]] for level in data["feature"]["levels"]] == [
         [side // stride] * 2 for stride in strides]
+    assert [level["points"] for level in data["feature"]["levels"]] == list(points_per_level)  # the page counts
     height, width = prediction.image_size
     pixels = data["sampling"]["points"] * np.array([width, height])
     assert np.abs(pixels - sampling.points.numpy()).max() <= 0.5 / POINT_UNITS * max(width, height) + 1e-3

@@ -27,8 +27,8 @@ Embedded data (the JSON block ``<script id="explorer-data">``, format ``detr-att
         uint8), scales (base64 float32 little-endian [L, heads + 1, Q])},
     encoder: {shape [h * w, h, w] (row-major reference position, then the map), maps, scales [h * w]}.
   kind "sampling" (Deformable DETR's decoder cross-attention):
-    feature: {stride (the finest level's), levels: [{stride, height, width} per level, finest first: input
-        pixels per cell and the cells that cover the image]}
+    feature: {stride (the finest level's), levels: [{stride, height, width, points} per level, finest first: input
+        pixels per cell, the cells that cover the image and the level's own point count, at most P]}
     sampling: {shape [L, Q, heads, levels, P], points (base64 int16 little-endian [L, Q, heads, levels, P, 2]:
         x, y in 1/16384 of the image's width and height, the same for the resized and the original image),
         weights (base64 uint16 little-endian [L, Q, heads, levels, P]: each head's weights, summing to 1
@@ -270,8 +270,12 @@ def _sampling_data(sampling: SamplingOutput, index: int, input_size: tuple[int, 
         raise ValueError(f"sampling points {tuple(points.shape)} and weights {tuple(weights.shape)} do not "
                          f"match ([L, Q, heads, {num_levels} levels, P] for one image)")
     height, width = input_size
+    # A level's own point count: with a count per level (D-FINE's 3, 6, 3) the missing slots up to P have weight
+    # exactly 0 everywhere, while a real point's softmax weight is positive.
+    counts = (weights > 0).flatten(0, 2).any(0).sum(-1).tolist()  # [levels]
     levels = [{"stride": level_stride, "height": math.ceil(height / level_stride),
-               "width": math.ceil(width / level_stride)} for level_stride in sampling.strides]
+               "width": math.ceil(width / level_stride), "points": int(count)}
+              for level_stride, count in zip(sampling.strides, counts, strict=True)]
     return {
         "num_layers": int(points.shape[0]),
         "num_heads": int(points.shape[2]),
