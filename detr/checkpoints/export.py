@@ -340,12 +340,45 @@ def _runner(path: Path, format: ExportFormat, input_names: list[str]):
     return lambda *inputs: tuple(module(*inputs))
 
 
+#: Features per row above which an output is left out of :func:`pair_rows`' cost (it is still reordered).
+PAIRING_FEATURES = 4096
+
+
+def pair_rows(expected: tuple[Tensor, ...], actual: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """``actual`` with each image's rows (queries, or the post-processing's kept (query, class) pairs) put in the
+    order of the ``expected`` rows they match, one to one (scipy's assignment on the summed max abs differences).
+
+    A model that selects its queries by score (RT-DETR's, D-FINE's and RF-DETR's query selection, the top-k of
+    the post-processing) may rank two near-tied candidates either way in another runtime: the same detections in
+    another order, not a difference (a random-weight RT-DETR R18 at 640 swapped 10 adjacent pairs of its 300
+    queries in ONNX Runtime, each within 5e-7 of its PyTorch row). Rows that differ still differ once paired.
+    Outputs whose first two dimensions are not all the same ``[B, N]`` are returned as they are."""
+    from scipy.optimize import linear_sum_assignment
+
+    shapes = {tuple(tensor.shape[:2]) for tensor in actual}
+    if (not actual or len(shapes) != 1 or actual[0].dim() < 2
+            or any(tuple(a.shape) != tuple(e.shape) for a, e in zip(actual, expected, strict=True))):
+        return actual
+    batch, rows = actual[0].shape[:2]
+    paired = [tensor.clone() for tensor in actual]
+    for index in range(batch):
+        cost = torch.zeros(rows, rows, dtype=torch.float64)
+        for want, got in zip(expected, actual, strict=True):
+            want_rows, got_rows = want[index].reshape(rows, -1).double(), got[index].reshape(rows, -1).double()
+            if want_rows.shape[1] <= PAIRING_FEATURES:
+                cost += (want_rows[:, None] - got_rows[None]).abs().amax(-1)
+        _, order = linear_sum_assignment(cost.numpy())
+        for result, got in zip(paired, actual, strict=True):
+            result[index] = got[index][torch.from_numpy(order)]
+    return tuple(paired)
+
+
 def verify_export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx",
                   postprocess: bool = False, eval_size: tuple[int, int] | None = None) -> Verification:
     """Run the exported file and ``model`` (PyTorch, as given) on a padded batch of two images of different
     sizes and on one image of a third size (a model of a fixed square, :func:`static_input_size` at
     ``eval_size``: a batch of two squares and one, of originals of those sizes); return the max abs differences
-    (not raising)."""
+    (not raising), each image's rows paired first (:func:`pair_rows`: near-tied candidates in another order)."""
     path = Path(path)
     reference = DeployModel(copy.deepcopy(model).float().eval().cpu(), postprocess=postprocess).eval()
     reference.model.use_autocast(None)
@@ -367,7 +400,7 @@ def verify_export(model: Detector, path: str | Path, *, format: ExportFormat = "
     for check, inputs in checks.items():
         with torch.no_grad():
             expected = reference(*inputs)
-            actual = run(*inputs)
+            actual = pair_rows(tuple(expected), tuple(run(*inputs)))
         row = {}
         for name, want, got in zip(names, expected, actual):
             if tuple(want.shape) != tuple(got.shape):

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from detr import CategoryMap, PostProcess, build_detr, build_detr_panoptic, load_checkpoint
-from detr.checkpoints.export import DeployModel, export, export_onnx, load_program, prepare_for_export
+from detr.checkpoints.export import DeployModel, export, export_onnx, load_program, pair_rows, prepare_for_export
 from detr.checkpoints.formats import CheckpointError, ExportError
 from tests.helpers import TINY, load_script, padded, save_project_checkpoint
 
@@ -292,3 +292,19 @@ def test_r50_exports_and_matches_pytorch_on_a_photo(tmp_path):
     assert torch.equal(onnx_prediction.labels, torch_prediction.labels)
     torch.testing.assert_close(onnx_prediction.scores, torch_prediction.scores, atol=1e-4, rtol=0)
     assert (onnx_prediction.boxes - torch_prediction.boxes).abs().max() <= 0.1  # pixels
+
+
+def test_verification_pairs_rows_that_another_runtime_ranked_in_another_order():
+    # Two near-tied queries swapped by a runtime's top-k are the same detections: paired back, no difference;
+    # a query that really differs still differs after pairing.
+    generator = torch.Generator().manual_seed(0)
+    logits, boxes = torch.randn(2, 6, 3, generator=generator), torch.rand(2, 6, 4, generator=generator)
+    swapped = torch.tensor([0, 2, 1, 3, 5, 4])
+    paired = pair_rows((logits, boxes), (logits[:, swapped] + 1e-7, boxes[:, swapped]))
+    assert (paired[0] - logits).abs().max() <= 1e-6 and torch.equal(paired[1], boxes)
+    changed = boxes[:, swapped].clone()
+    changed[1, 4, 0] += 0.25
+    paired = pair_rows((logits, boxes), (logits[:, swapped], changed))
+    assert torch.equal(paired[0], logits) and (paired[1] - boxes).abs().max() == pytest.approx(0.25)
+    unpaired = (logits[:, swapped], boxes[:, :5])  # outputs of different row counts are left as they are
+    assert pair_rows((logits, boxes[:, :5]), unpaired) is unpaired
