@@ -270,3 +270,27 @@ def test_collate_detection_is_what_mixup_wraps_by_default() -> None:
 
     data = DetrDataModule(root=str(COCO_MINI), square_size=64, augmentation="deim", num_workers=0)
     assert data.train_dataloader().collate_fn.collate is collate_detection
+
+
+def test_a_mosaic_that_draws_an_unreadable_file_skips_like_any_unreadable_sample(tmp_path: Path) -> None:
+    """A file that breaks mid-run and is drawn into a mosaic: the sample is replaced with a warning naming that
+    file (skip_unreadable, as the training set sets it), not a crash."""
+    import json
+    import shutil
+
+    images = tmp_path / "images"
+    shutil.copytree(COCO_MINI / "train2017", images)
+    data = json.loads((COCO_MINI / "annotations" / "instances_train2017.json").read_text())
+    broken = images / data["images"][1]["file_name"]
+    epoch = SharedEpoch(0)
+    transform = DenseO2OTransform(64, epoch=epoch, mosaic_epochs=(0, 1), mosaic_prob=1.0, seed=0)
+    dataset = CocoDetection(images, COCO_MINI / "annotations" / "instances_train2017.json", transform=transform,
+                            coco_data=data, skip_unreadable=True)
+    transform.draw_from(dataset)
+    broken.write_bytes(b"not an image")  # after the start-up check, as a file truncated mid-run
+    skipped = []
+    for index in range(12):
+        skipped += dataset[index][1].get("skipped_files", [])
+    assert str(broken) in skipped
+    epoch.set(1)  # no mosaic: only the broken file's own index is replaced
+    assert dataset[2][1].get("skipped_files") is None
