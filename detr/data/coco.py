@@ -549,6 +549,8 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
                 inputs["masks"] = sample.masks
         try:
             out = self.transform(**inputs)
+        except ImageLoadError:
+            raise  # another image a transform read (DEIM's mosaic): skipped or raised as any unreadable file
         except Exception as error:  # name the file: a bare albumentations traceback from a worker helps no one
             raise RuntimeError(
                 f"transform failed on image file '{sample.path}' (image id {sample.image_id}, annotation file "

@@ -262,7 +262,9 @@ def photometric_distort(p: float = 0.5) -> A.Sequential:
                          A.ChannelShuffle(p=p)], p=1.0)
 
 
-def _bbox_params(min_box_size: float = _MIN_BOX_SIDE) -> A.BboxParams:
+def box_params(min_box_size: float = _MIN_BOX_SIDE) -> A.BboxParams:
+    """Boxes as every transform here takes them: pixel xyxy with a "labels" field, clipped to the image, and
+    dropped with their label once narrower or lower than ``min_box_size`` pixels after any step."""
     return A.BboxParams(
         format="pascal_voc",  # pixel xyxy
         label_fields=["labels"],
@@ -288,11 +290,11 @@ def make_square_transform(size: int, *, train: bool, normalize: bool = False, se
     :func:`make_train_transform`. The authors' training augmentations: :func:`make_rtdetr_train_transform`."""
     flip = [A.HorizontalFlip(p=0.5)] if train else []
     return _seeded(A.Compose([*flip, A.Resize(size, size, interpolation=cv2.INTER_LINEAR), *_to_tensor(normalize)],
-                             bbox_params=_bbox_params()), seed)
+                             bbox_params=box_params()), seed)
 
 
-def make_rtdetr_train_transform(size: int, *, augment: bool = True, normalize: bool = False, seed: int | None = None
-                                ) -> A.Compose:
+def make_rtdetr_train_transform(size: int, *, augment: bool = True, zoom_and_crop: bool = True, normalize: bool = False,
+                                seed: int | None = None) -> A.Compose:
     """RT-DETR's and D-FINE's training pipeline (the authors' ``include/dataloader.yml``; docs/rtdetr.md):
     :func:`photometric_distort` (p = 0.5), :class:`RandomZoomOut` (fill 0, p = 0.5), :class:`RandomIoUCrop`
     (p = 0.8), the horizontal flip (p = 0.5), the resize to ``size`` × ``size`` (OpenCV's bilinear filter, as
@@ -304,15 +306,18 @@ def make_rtdetr_train_transform(size: int, *, augment: bool = True, normalize: b
         size: the square's side (pixels).
         augment: False leaves out the three random operations (the authors' policy for the last epochs: flip and
             resize only; :class:`detr.data.training_epoch.StopAtEpoch` switches to it).
+        zoom_and_crop: False leaves out the zoom-out and the IoU crop (DEIM's steps after a mosaic:
+            :class:`detr.data.dense_o2o.DenseO2OTransform`).
         normalize: ImageNet's mean and std instead of pixels / 255.
         seed: seed of albumentations' generators (None: fresh entropy).
 
     Returns:
         the same call and output as :func:`make_train_transform`, images ``[3, size, size]``.
     """
-    random_ops = [photometric_distort(p=0.5), RandomZoomOut(fill=0, p=0.5), RandomIoUCrop(p=0.8)] if augment else []
+    geometric = [RandomZoomOut(fill=0, p=0.5), RandomIoUCrop(p=0.8)] if zoom_and_crop else []
+    random_ops = [photometric_distort(p=0.5), *geometric] if augment else []
     steps = [*random_ops, A.HorizontalFlip(p=0.5), A.Resize(size, size, interpolation=cv2.INTER_LINEAR)]
-    return _seeded(A.Compose([*steps, *_to_tensor(normalize)], bbox_params=_bbox_params(min_box_size=1.0)), seed)
+    return _seeded(A.Compose([*steps, *_to_tensor(normalize)], bbox_params=box_params(min_box_size=1.0)), seed)
 
 
 def make_rfdetr_train_transform(size: int, *, normalize: bool = True,
@@ -342,7 +347,7 @@ def make_rfdetr_train_transform(size: int, *, normalize: bool = True,
             ),
             *_to_tensor(normalize),
         ],
-        bbox_params=_bbox_params(),
+        bbox_params=box_params(),
     ), seed)
 
 
@@ -391,7 +396,7 @@ def make_train_transform(
             ),
             *_to_tensor(normalize),
         ],
-        bbox_params=_bbox_params(),
+        bbox_params=box_params(),
     ), seed)
 
 
@@ -402,13 +407,13 @@ def make_eval_transform(*, min_size: int = EVAL_MIN_SIZE, max_size: int = EVAL_M
     Same call and output as :func:`make_train_transform`; deterministic.
     """
     return A.Compose(
-        [ShortestSideResize([min_size], max_size=max_size), *_to_tensor(normalize)], bbox_params=_bbox_params()
+        [ShortestSideResize([min_size], max_size=max_size), *_to_tensor(normalize)], bbox_params=box_params()
     )
 
 
 def make_normalize_transform() -> A.Compose:
     """No resize: ImageNet normalisation and CHW tensor only (same call and output as the others)."""
-    return A.Compose([A.NoOp(), *_to_tensor()], bbox_params=_bbox_params())  # NoOp: a step that carries the boxes
+    return A.Compose([A.NoOp(), *_to_tensor()], bbox_params=box_params())  # NoOp: a step that carries the boxes
 
 
 def denormalize(image: torch.Tensor) -> torch.Tensor:
@@ -454,6 +459,7 @@ __all__ = [
     "ShortestSideResize",
     "TRAIN_MAX_SIZE",
     "TRAIN_SCALES",
+    "box_params",
     "denormalize",
     "photometric_distort",
     "make_eval_transform",

@@ -20,7 +20,9 @@ DETECTION_CONFIGS = {
         "detr_r50_coco.yaml", "detr_r50_dc5_coco.yaml", "detr_r101_coco.yaml", "detr_r101_dc5_coco.yaml",
         "detr_coco.yaml (the base they include)", "deformable_detr_coco.yaml"),
     "the real-time DETRs' COCO recipes (GPUs; --data.root DIR of COCO 2017)": (
-        "rtdetr_r18vd_coco.yaml", "rtdetr_r50vd_coco.yaml", "dfine_s_coco.yaml",
+        "rtdetr_r18vd_coco.yaml", "rtdetr_r50vd_coco.yaml", "dfine_n_coco.yaml", "dfine_s_coco.yaml",
+        "dfine_m_coco.yaml", "dfine_l_coco.yaml", "dfine_x_coco.yaml",
+        "deim_dfine_s_coco.yaml (D-FINE S with DEIM's mosaic, MixUp and MAL)",
         "rfdetr_base_coco.yaml (from --model.init_checkpoint, as the authors)"),
     "fine-tuning a checkpoint on your own COCO-format set": (
         "finetune_custom.yaml (a GPU)", "finetune_custom_cpu.yaml (a 2-core CPU: 384-px images, a time budget)",

@@ -31,6 +31,7 @@ from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
 from detr.data.coco import CocoDetection, category_map_from_categories, load_coco_json
 from detr.data.collate import MultiScaleCollate, collate_detection
+from detr.data.dense_o2o import DenseO2OTransform, MixUpCollate
 from detr.data.images import ImageFilesDataset
 from detr.data.training_epoch import SharedEpoch, StopAtEpoch
 from detr.data.transforms import (
@@ -125,11 +126,11 @@ def _check_augmentation(augmentation: str, multi_scale: Sequence[int] | None, st
                         square_size: int | None) -> tuple[list[int] | None, int | None]:
     """The data module's augmentation settings checked (a one-line error naming the flag): multi_scale as a list
     of ints, and the stop epoch."""
-    if augmentation not in ("default", "rtdetr", "rfdetr"):
-        raise ValueError(f"--data.augmentation must be 'default', 'rtdetr' or 'rfdetr', got {augmentation!r}")
-    if augmentation in ("rtdetr", "rfdetr") and square_size is None:
+    if augmentation not in ("default", "rtdetr", "rfdetr", "deim"):
+        raise ValueError(f"--data.augmentation must be 'default', 'rtdetr', 'rfdetr' or 'deim', got {augmentation!r}")
+    if augmentation in ("rtdetr", "rfdetr", "deim") and square_size is None:
         raise ValueError(f"--data.augmentation {augmentation} resizes to a square: set --data.square_size too (e.g. "
-                         f"{640 if augmentation == 'rtdetr' else 560})")
+                         f"{560 if augmentation == 'rfdetr' else 640})")
     sizes = None
     if multi_scale is not None:
         if square_size is None:
@@ -142,6 +143,26 @@ def _check_augmentation(augmentation: str, multi_scale: Sequence[int] | None, st
     if stop_epoch is not None and (isinstance(stop_epoch, bool) or not isinstance(stop_epoch, int) or stop_epoch < 0):
         raise ValueError(f"--data.augmentation_stop_epoch must be an epoch >= 0 (0-based) or null, got {stop_epoch!r}")
     return sizes, stop_epoch
+
+
+def _check_dense_o2o(augmentation: str, mosaic_prob: float, mosaic_epochs: Sequence[int], mixup_prob: float,
+                     mixup_epochs: Sequence[int], stop_epoch: int | None) -> tuple[tuple[int, int], tuple[int, int]]:
+    """DEIM's settings checked (a one-line error naming the flag): the probabilities and the two epoch ranges, the
+    mosaic's within the augmentations' (with ``augmentation`` "deim", the only one that reads them)."""
+    for flag, value in (("mosaic_prob", mosaic_prob), ("mixup_prob", mixup_prob)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ValueError(f"--data.{flag} must be a probability in [0, 1], got {value!r}")
+    ranges = []
+    for flag, epochs in (("mosaic_epochs", mosaic_epochs), ("mixup_epochs", mixup_epochs)):
+        if (isinstance(epochs, (str, bytes)) or len(epochs) != 2
+                or any(isinstance(e, bool) or not isinstance(e, int) for e in epochs) or not 0 <= epochs[0] <= epochs[1]):
+            raise ValueError(f"--data.{flag} must be [start, end]: epochs (0-based) with 0 <= start <= end, e.g. "
+                             f"[4, 29], got {epochs!r}")
+        ranges.append((int(epochs[0]), int(epochs[1])))
+    if augmentation == "deim" and stop_epoch is not None and ranges[0][1] > stop_epoch:
+        raise ValueError(f"--data.mosaic_epochs {list(ranges[0])} ends after --data.augmentation_stop_epoch "
+                         f"{stop_epoch}: end the mosaic at or before the stop (DEIM: [4, 29] and 50)")
+    return ranges[0], ranges[1]
 
 
 def split_paths(root: str | None, explicit: dict[str, tuple[str | None, str | None]], json_name: str,
@@ -216,7 +237,9 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             LW-DETR's (needs ``square_size``): flip, then the square resize or DETR's crop and the square resize
             (:func:`detr.data.transforms.make_rfdetr_train_transform`; the crop's sizes above); with
             ``multi_scale``, the training square is its largest side and batches are resized bilinearly, as the
-            authors (docs/rfdetr.md).
+            authors (docs/rfdetr.md). "deim": DEIM's dense one-to-one over RT-DETR's (needs ``square_size``;
+            boxes only): the mosaic of four images and the batches' MixUp, by epoch
+            (:mod:`detr.data.dense_o2o`; docs/dfine.md).
         multi_scale: square sides (each a multiple of the model's ``size_multiple``; needs ``square_size``) that
             each training batch is resized to, one drawn at random per batch (repeats weight a side; the
             authors' list for 640: 480 to 800 in steps of 32 with 640 three times). Evaluation and the
@@ -225,6 +248,13 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             and the ``square_size`` resize only: no photometric distortion, zoom-out or IoU crop
             (``augmentation: rtdetr``) and no multi-scale batches (the authors' policy for their last epochs:
             71 of 72 for RT-DETRv2). None: never stop.
+        mosaic_epochs: ``augmentation: deim``: ``[start, end]``: the strong augmentations start at ``start``
+            (before it the flip and the square resize only), and a mosaic is drawn in epochs ``start <= epoch <
+            end`` (the authors' policy ``[4, 29, 50]`` is ``[4, 29]`` and ``augmentation_stop_epoch`` 50).
+        mosaic_prob: ``augmentation: deim``: the chance of a mosaic in those epochs (authors: 0.5).
+        mixup_prob: ``augmentation: deim``: the chance that a training batch is mixed (authors: 0.5).
+        mixup_epochs: ``augmentation: deim``: ``[start, end]``: batches are mixed in epochs ``start <= epoch <
+            end`` (authors: [4, 29]).
 
     Attributes:
         category_map: label ↔ category id/name (None when the subclass has no annotations to read).
@@ -251,9 +281,13 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         image_size: int | None = None,
         square_size: int | None = None,
         normalize: bool = True,
-        augmentation: Literal["default", "rtdetr", "rfdetr"] = "default",
+        augmentation: Literal["default", "rtdetr", "rfdetr", "deim"] = "default",
         multi_scale: Sequence[int] | None = None,
         augmentation_stop_epoch: int | None = None,
+        mosaic_epochs: Sequence[int] = (4, 29),
+        mosaic_prob: float = 0.5,
+        mixup_prob: float = 0.5,
+        mixup_epochs: Sequence[int] = (4, 29),
     ) -> None:
         super().__init__()
         given = {"train_scales": list(train_scales), "train_max_size": train_max_size,
@@ -283,9 +317,18 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         self.multi_scale, self.augmentation_stop_epoch = _check_augmentation(
             augmentation, multi_scale, augmentation_stop_epoch, square_size)
         self.augmentation = augmentation
+        self.mosaic_epochs, self.mixup_epochs = _check_dense_o2o(augmentation, mosaic_prob, mosaic_epochs, mixup_prob,
+                                                                 mixup_epochs, augmentation_stop_epoch)
+        self.mosaic_prob, self.mixup_prob = float(mosaic_prob), float(mixup_prob)
         #: the trainer's epoch as the training loader's workers see it (written by :class:`EpochLoader`)
         self.epoch = SharedEpoch()
-        if square_size is not None and augmentation == "rtdetr":
+        if square_size is not None and augmentation == "deim":
+            # the mosaic draws its other images from the training set: bound to it when it is built (_dataset)
+            self.train_transform = DenseO2OTransform(square_size, epoch=self.epoch, mosaic_epochs=self.mosaic_epochs,
+                                                     stop_epoch=augmentation_stop_epoch, mosaic_prob=mosaic_prob,
+                                                     normalize=normalize)
+            self.eval_transform = make_square_transform(square_size, train=False, normalize=normalize)
+        elif square_size is not None and augmentation == "rtdetr":
             self.train_transform = make_rtdetr_train_transform(square_size, normalize=normalize)
             if augmentation_stop_epoch is not None:
                 plain = make_rtdetr_train_transform(square_size, augment=False, normalize=normalize)
@@ -355,8 +398,13 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             return self._dataset("val")
         if split not in self.paths:
             return None
-        self._datasets[split] = self._build_dataset(split, *self.paths[split])
-        return self._datasets[split]
+        dataset = self._datasets[split] = self._build_dataset(split, *self.paths[split])
+        if split == "train" and isinstance(self.train_transform, DenseO2OTransform):
+            if not isinstance(dataset, CocoDetection):
+                raise ValueError("--data.augmentation deim draws mosaics from a detection set (boxes): use "
+                                 "--data.augmentation rtdetr for this data")
+            self.train_transform.draw_from(dataset)
+        return dataset
 
     @property
     def train_dataset(self) -> Any:
@@ -404,6 +452,9 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             settings["collate_fn"] = MultiScaleCollate(self.multi_scale, stop_epoch=self.augmentation_stop_epoch,
                                                        epoch=self.epoch,
                                                        mode="bilinear" if self.augmentation == "rfdetr" else "nearest")
+        if self.augmentation == "deim":
+            settings["collate_fn"] = MixUpCollate(settings["collate_fn"], prob=self.mixup_prob,
+                                                  epochs=self.mixup_epochs, epoch=self.epoch)
         return EpochLoader(dataset, epoch=self.epoch, current_epoch=self.training_epoch, **settings)
 
     def training_epoch(self) -> int | None:
@@ -483,7 +534,8 @@ class DetrDataModule(CocoFormatDataModule):
             (``batch_size``, ``val_batch_size``, ``num_workers``, ``pin_memory``, ``persistent_workers``,
             ``drop_last``, ``train_scales``, ``train_max_size``, ``crop_resize_scales``, ``crop_min_size``,
             ``crop_max_size``, ``eval_min_size``, ``eval_max_size``, ``image_size``, ``square_size``,
-            ``normalize``, ``augmentation``, ``multi_scale``, ``augmentation_stop_epoch``); LightningCLI lists
+            ``normalize``, ``augmentation``, ``multi_scale``, ``augmentation_stop_epoch``, ``mosaic_epochs``,
+            ``mosaic_prob``, ``mixup_prob``, ``mixup_epochs``); LightningCLI lists
             them as ``data.*``.
 
     Attributes: those of :class:`CocoFormatDataModule`; ``category_map`` is None when only
@@ -507,6 +559,9 @@ class DetrDataModule(CocoFormatDataModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if masks and self.augmentation == "deim":
+            raise ValueError("--data.masks true with --data.augmentation deim: DEIM's mosaic moves boxes only; train "
+                             "masks with --data.augmentation rtdetr")
         self.save_hyperparameters()
         self.hparams.update(self.sizes)  # the sizes in use (image_size scales them): a checkpoint's eval size
         root = self.set_aside_missing_root(root, predict_images)

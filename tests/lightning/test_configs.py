@@ -208,7 +208,7 @@ def test_the_dfine_coco_config_holds_the_authors_recipe(capsys) -> None:
     printed = _printed(capsys, REPO / "configs" / "dfine_s_coco.yaml")
     trainer, model, data = printed["trainer"], printed["model"], printed["data"]
     recipe = (model["lr"], model["lr_backbone"], model["weight_decay"], model["warmup_steps"], trainer["max_epochs"])
-    assert recipe == (2.5e-4, 1.25e-4, 1.25e-4, 500, 130)
+    assert recipe == (2e-4, 1e-4, 1e-4, 500, 132)  # dfine_hgnetv2_s_coco.yml (its include's 2.5e-4 overridden)
     weights = tuple(model[name] for name in ("cost_class", "loss_ce", "loss_bbox", "loss_giou", "loss_fgl", "loss_ddf"))
     assert weights == (2.0, 1.0, 5.0, 2.0, 0.15, 1.5) and not model["matchability"]
     detector = model["detr"]
@@ -220,6 +220,49 @@ def test_the_dfine_coco_config_holds_the_authors_recipe(capsys) -> None:
     assert data["multi_scale"] == [480, 512, 544, 576, 608] + [640] * 20 + [672, 704, 736, 768, 800]
     (ema,) = [c for c in trainer["callbacks"] if c["class_path"].endswith("ExponentialMovingAverage")]
     assert (ema["init_args"]["decay"], ema["init_args"]["warmup_steps"]) == (0.9999, 1000)
+
+
+@pytest.mark.parametrize(("name", "sizes", "recipe", "multi_scale"), [
+    # (backbone, lab, norm, levels, hidden, encoder width, decoder layers, expansion, depth, points, reg_scale),
+    # (lr, backbone lr, weight decay, epochs, stop, batch), the 640 repeats (None: no multi-scale batches)
+    ("dfine_n_coco.yaml", ("hgnetv2_b0", True, "batch_norm", 2, 128, None, 3, 0.34, 0.5, [6, 6], 4.0),
+     (8e-4, 4e-4, 1e-4, 160, 148, 32), None),
+    ("dfine_m_coco.yaml", ("hgnetv2_b2", True, "batch_norm", 3, 256, None, 4, 1.0, 0.67, [3, 6, 3], 4.0),
+     (2e-4, 2e-5, 1e-4, 132, 120, 8), 6),
+    ("dfine_l_coco.yaml", ("hgnetv2_b4", False, "frozen_batch_norm", 3, 256, None, 6, 1.0, 1.0, [3, 6, 3], 4.0),
+     (2.5e-4, 1.25e-5, 1.25e-4, 80, 72, 8), 4),
+    ("dfine_x_coco.yaml", ("hgnetv2_b5", False, "frozen_batch_norm", 3, 256, 384, 6, 1.0, 1.0, [3, 6, 3], 8.0),
+     (2.5e-4, 2.5e-6, 1.25e-4, 80, 72, 8), 3),
+])
+def test_the_dfine_size_configs_hold_the_authors_recipes(name: str, sizes: tuple, recipe: tuple,
+                                                         multi_scale: int | None, capsys) -> None:
+    """Peterande/D-FINE configs/dfine/dfine_hgnetv2_{n,m,l,x}_coco.yml over their includes."""
+    printed = _printed(capsys, REPO / "configs" / name)
+    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    detector = model["detr"]
+    assert tuple(detector[key] for key in ("backbone", "backbone_learnable_affine", "backbone_norm",
+                                           "num_feature_levels", "hidden_dim", "encoder_hidden_dim",
+                                           "num_decoder_layers", "csp_expansion", "csp_depth_multiplier",
+                                           "num_points_per_level", "reg_scale")) == sizes
+    assert (model["lr"], model["lr_backbone"], model["weight_decay"], trainer["max_epochs"],
+            data["augmentation_stop_epoch"], data["batch_size"]) == recipe
+    expected = None if multi_scale is None else [480, 512, 544, 576, 608] + [640] * multi_scale + [672, 704, 736,
+                                                                                                    768, 800]
+    assert data["multi_scale"] == expected and data["augmentation"] == "rtdetr"
+
+
+def test_the_deim_config_holds_the_authors_recipe(capsys) -> None:
+    """Intellindust/DEIM configs/deim_dfine/deim_hgnetv2_s_coco.yml over base/deim.yml: D-FINE S, MAL, the dense
+    one-to-one policy [4, 64, 120] with mosaic and MixUp at 0.5."""
+    printed = _printed(capsys, REPO / "configs" / "deim_dfine_s_coco.yaml")
+    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    assert (model["lr"], model["lr_backbone"], model["weight_decay"], model["warmup_steps"], trainer["max_epochs"]) == (
+        4e-4, 2e-4, 1e-4, 2000, 132)
+    assert model["matchability"] and (model["cost_class"], model["cost_bbox"], model["cost_giou"]) == (2.0, 5.0, 2.0)
+    assert (model["detr"]["architecture"], model["detr"]["backbone"]) == ("dfine", "hgnetv2_b0")
+    assert (data["augmentation"], data["mosaic_epochs"], data["mosaic_prob"], data["augmentation_stop_epoch"]) == (
+        "deim", [4, 64], 0.5, 120)
+    assert (data["mixup_prob"], data["mixup_epochs"], data["square_size"]) == (0.5, [4, 64], 640)
 
 
 @pytest.mark.parametrize("name", ["rtdetr_shapes_cpu.yaml", "dfine_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml"])

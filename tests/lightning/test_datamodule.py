@@ -158,7 +158,7 @@ def test_both_data_modules_keep_their_yaml_keys() -> None:
     shared = {"batch_size", "val_batch_size", "num_workers", "pin_memory", "persistent_workers", "drop_last",
               "train_scales", "train_max_size", "crop_resize_scales", "crop_min_size", "crop_max_size",
               "eval_min_size", "eval_max_size", "image_size", "square_size", "normalize", "augmentation", "multi_scale",
-              "augmentation_stop_epoch"}
+              "augmentation_stop_epoch", "mosaic_epochs", "mosaic_prob", "mixup_prob", "mixup_epochs"}
     own = {DetrDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
                             "test_images", "test_annotations", "predict_images", "category_ids", "skip_bad_images",
                             "categories_from", "masks"},

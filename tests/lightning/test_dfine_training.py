@@ -52,3 +52,18 @@ def test_fit_trains_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Pat
     (prediction,) = Predictor(model, threshold=0.0).predict([image])
     assert len(prediction.scores) == model.num_queries
     assert torch.isfinite(torch.as_tensor(prediction.boxes)).all()
+
+
+def test_fit_with_deim_dense_one_to_one_and_a_loader_worker(tiny_shapes: Path, tmp_path: Path) -> None:
+    """DEIM's recipe on the shapes config: mosaic and MixUp on every sample and batch, multi-scale batches, MAL, one
+    loader worker; two steps train with finite losses."""
+    run = tmp_path / "run"
+    main(tiny_square_fit_args(CONFIG, TINY_DFINE, tiny_shapes, run, "--trainer.max_steps=2",
+                              "--trainer.limit_val_batches=0", "--data.batch_size=2", "--data.num_workers=1",
+                              "--data.persistent_workers=true", "--data.augmentation=deim",
+                              "--data.mosaic_epochs=[0, 1]", "--data.mosaic_prob=1", "--data.mixup_prob=1",
+                              "--data.mixup_epochs=[0, 1]", "--data.augmentation_stop_epoch=2",
+                              "--data.multi_scale=[64, 96]", "--model.matchability=true"))
+    with (run / "metrics.csv").open() as file:
+        losses = [float(row["train/loss"]) for row in csv.DictReader(file) if row.get("train/loss")]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
