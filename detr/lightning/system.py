@@ -84,6 +84,9 @@ class DetrSystem(L.LightningModule):
         loss_ddf: weight of D-FINE's decoupled distillation focal loss, every earlier layer's (authors: 1.5).
         matchability: DEIM's matchability-aware class loss (γ 1.5) in place of RT-DETR's and D-FINE's varifocal
             loss (still logged as loss_ce).
+        loss_mask_ce, loss_mask_dice, mask_point_ratio: a model with instance masks (RF-DETR's segmentation head):
+            the weights of its point-sampled mask terms, also its matching costs (5, 5: the authors'), and the
+            matcher's points per mask (h · w / 16; :class:`detr.loss.masks.PointMaskLoss`).
         lr: AdamW learning rate outside the backbone (paper: 1e-4; Deformable DETR's sampling offsets and
             reference points train at a tenth of it).
         lr_backbone: AdamW learning rate of the backbone's trainable stages (paper: 1e-5).
@@ -149,6 +152,9 @@ class DetrSystem(L.LightningModule):
         loss_fgl: float = 0.15,
         loss_ddf: float = 1.5,
         matchability: bool = False,
+        loss_mask_ce: float = 5.0,
+        loss_mask_dice: float = 5.0,
+        mask_point_ratio: int = 16,
         # --- optimisation ---
         lr: float = 1e-4,
         lr_backbone: float = 1e-5,
@@ -220,7 +226,8 @@ class DetrSystem(L.LightningModule):
         """The matching costs, loss weights and focal parameters this system was built with
         (:func:`detr.loss.build.build_criterion`'s arguments)."""
         names = ("cost_class", "cost_bbox", "cost_giou", "loss_ce", "loss_bbox", "loss_giou", "eos_coef",
-                 "focal_alpha", "focal_gamma", "loss_fgl", "loss_ddf", "matchability")
+                 "focal_alpha", "focal_gamma", "loss_fgl", "loss_ddf", "matchability", "loss_mask_ce", "loss_mask_dice",
+                 "mask_point_ratio")
         return {name: self.hparams[name] for name in names}
 
     # ------------------------------------------------------------------ weights
