@@ -278,6 +278,11 @@ class DetrSystem(L.LightningModule):
                 f"(e.g. {self._fresh_tensors[0]}) do not fit this model and would {stage} freshly initialised: its "
                 f"classes differ from the data's {self.detector.num_classes} (an 80-class COCO model needs "
                 "--data.category_ids contiguous)")
+        data = getattr(self.trainer, "datamodule", None)
+        if stage == "fit" and self.detector.predicts_masks and getattr(data, "masks", None) is False:
+            raise SettingError("--data.masks false: the model predicts instance masks (model.detr.instance_masks), "
+                               "whose loss needs each object's mask: set --data.masks true (annotations with "
+                               "segmentations, e.g. detr-make-shapes --masks rle)")
         if stage in ("fit", "validate", "test"):
             self._check_input_contract()
             self.evaluation.announce(self.trainer)
@@ -469,21 +474,24 @@ class DetrSystem(L.LightningModule):
 
     def predict_step(self, batch: Batch, batch_idx: int) -> list[Prediction]:
         """One :class:`Prediction` per image, every query kept (``image_id``: the data set index; an image that
-        could not be read or predicted carries its ``error``): the prediction path of ``detr-predict``
+        could not be read or predicted carries its ``error``; a model that predicts masks: each detection's mask at
+        the original size, in the json as RLE): the prediction path of ``detr-predict``
         (:func:`detr.inference.predict.predictions_from_outputs`).
         :class:`detr.lightning.callbacks.PredictionsWriter` writes them to a json."""
         images, padding_mask, targets = batch
-        return self._predictions(self(images, padding_mask), targets)
+        return self._predictions(self(images, padding_mask), targets, masks=self.postprocess_masks)
 
     def _predictions(self, outputs: DetectorOutput, targets: list[dict[str, Any]],
-                     panoptic: PostProcessPanoptic | None = None) -> list[Prediction]:
-        """The model's outputs for a predict batch → :meth:`predict_step`'s predictions."""
+                     panoptic: PostProcessPanoptic | None = None, masks: PostProcessMasks | None = None
+                     ) -> list[Prediction]:
+        """The model's outputs for a predict batch → :meth:`predict_step`'s predictions (with ``masks``: each
+        detection's mask at the original size)."""
         return predictions_from_outputs(
             outputs, image_sizes=[tuple(int(v) for v in t["orig_size"]) for t in targets],
             input_sizes=[tuple(int(v) for v in t["size"]) for t in targets], class_head=self.detector.class_head,
             category_map=self.category_map, file_names=[t.get("file_name") for t in targets],
             image_ids=[int(t["image_id"]) for t in targets], errors=[t.get("error") for t in targets],
-            panoptic=panoptic, top_k=self.detector.detections_per_image)
+            masks=masks, panoptic=panoptic, top_k=self.detector.detections_per_image)
 
     # ------------------------------------------------------------------ optimisation
     def parameter_groups(self) -> list[dict[str, Any]]:

@@ -115,7 +115,8 @@ class PointMaskLoss(LossPart):
     :func:`~detr.loss.point_sampling.uncertain_points` (``oversample_ratio`` 3, ``importance_sample_ratio`` 0.75);
     the points are drawn from torch's global generator, the last layer first, then the earlier layers, then the
     proposals (the authors' order). The masks are read from each layer's ``mask_features`` (training), or from the
-    output's dense ``masks`` for the last layer (evaluation: the other layers' terms are then zero).
+    output's dense ``masks`` for the last layer (evaluation: the other layers' terms are then zero, and all are
+    zero when the targets have no masks).
 
     Args: num_decoder_layers (the criterion's layer count: one suffix per layer); the weights ``loss_mask_ce`` and
     ``loss_mask_dice`` (5, 5: the authors' ``SegmentationTrainConfig``); point_ratio (16), oversample_ratio (3),
@@ -163,6 +164,8 @@ class PointMaskLoss(LossPart):
         if context is None:
             raise ValueError("PointMaskLoss scores each layer's matches: call it through SetCriterion")
         if any("masks" not in t for t in targets):
+            if outputs.mask_features is None:  # evaluation without target masks (mask AP reads the json's)
+                return self.zeros(outputs)
             raise ValueError(_NEEDS_MASKS)
         matcher = context.criterion.matcher
         num_boxes = num_boxes * matcher.num_groups(outputs.logits.shape[1])
