@@ -78,6 +78,8 @@ def padded_masks(target: dict[str, torch.Tensor], index: torch.Tensor, size: tup
     """One image's target masks ``index`` as float [n, H, W], zero-padded to the batch's size (bottom and right,
     as the images are padded)."""
     masks = target["masks"][index.to(target["masks"].device)].float()
+    if masks.shape[-2:] == size:  # the usual case: RF-DETR's same-size squares
+        return masks
     return F.pad(masks, (0, size[1] - masks.shape[-1], 0, size[0] - masks.shape[-2]))
 
 
