@@ -180,15 +180,15 @@ class RFDETR(Detector):
         decoded = self.decoder(features, return_sampling=return_attention)
         output = stack_layers(decoded.logits, decoded.boxes, self.aux_loss, self.class_head)
         output.proposals = LayerOutput(decoded.proposal_logits, decoded.proposal_boxes)
-        if self.mask_head is not None and self.training:  # every layer's masks, as factors: the mask loss's
-            size = images.shape[-2:]
+        size = images.shape[-2:]
+        if self.mask_head is not None and self.training:  # every layer's masks, as factors, for the mask loss
             layers = [*output.aux, output]
-            for layer, mask_features in zip(layers, self.mask_head.layer_features(features[0], decoded.hidden,
-                                                                                  size)[-len(layers):]):
+            per_layer = self.mask_head.layer_features(features[0], decoded.hidden, size)
+            for layer, mask_features in zip(layers, per_layer[-len(layers):]):
                 layer.mask_features = mask_features
             output.proposals.mask_features = self.mask_head.proposal_features(features[0], decoded.proposal_hidden, size)
         elif self.mask_head is not None:
-            output.masks = self.mask_head(features[0], decoded.hidden, images.shape[-2:])
+            output.masks = self.mask_head(features[0], decoded.hidden, size)
         if decoded.sampling is not None:
             locations = torch.stack([locations for locations, _ in decoded.sampling])
             output.sampling = SamplingOutput(
