@@ -84,6 +84,9 @@ class DetrSystem(L.LightningModule):
         loss_ddf: weight of D-FINE's decoupled distillation focal loss, every earlier layer's (authors: 1.5).
         matchability: DEIM's matchability-aware class loss (γ 1.5) in place of RT-DETR's and D-FINE's varifocal
             loss (still logged as loss_ce).
+        loss_mask_ce, loss_mask_dice, mask_point_ratio: a model with instance masks (RF-DETR's segmentation head):
+            the weights of its point-sampled mask terms, also its matching costs (5, 5: the authors'), and the
+            matcher's points per mask (h · w / 16; :class:`detr.loss.masks.PointMaskLoss`).
         lr: AdamW learning rate outside the backbone (paper: 1e-4; Deformable DETR's sampling offsets and
             reference points train at a tenth of it).
         lr_backbone: AdamW learning rate of the backbone's trainable stages (paper: 1e-5).
@@ -149,6 +152,9 @@ class DetrSystem(L.LightningModule):
         loss_fgl: float = 0.15,
         loss_ddf: float = 1.5,
         matchability: bool = False,
+        loss_mask_ce: float = 5.0,
+        loss_mask_dice: float = 5.0,
+        mask_point_ratio: int = 16,
         # --- optimisation ---
         lr: float = 1e-4,
         lr_backbone: float = 1e-5,
@@ -220,7 +226,8 @@ class DetrSystem(L.LightningModule):
         """The matching costs, loss weights and focal parameters this system was built with
         (:func:`detr.loss.build.build_criterion`'s arguments)."""
         names = ("cost_class", "cost_bbox", "cost_giou", "loss_ce", "loss_bbox", "loss_giou", "eos_coef",
-                 "focal_alpha", "focal_gamma", "loss_fgl", "loss_ddf", "matchability")
+                 "focal_alpha", "focal_gamma", "loss_fgl", "loss_ddf", "matchability", "loss_mask_ce", "loss_mask_dice",
+                 "mask_point_ratio")
         return {name: self.hparams[name] for name in names}
 
     # ------------------------------------------------------------------ weights
@@ -271,6 +278,11 @@ class DetrSystem(L.LightningModule):
                 f"(e.g. {self._fresh_tensors[0]}) do not fit this model and would {stage} freshly initialised: its "
                 f"classes differ from the data's {self.detector.num_classes} (an 80-class COCO model needs "
                 "--data.category_ids contiguous)")
+        data = getattr(self.trainer, "datamodule", None)
+        if stage == "fit" and self.detector.predicts_masks and getattr(data, "masks", None) is False:
+            raise SettingError("--data.masks false: the model predicts instance masks (model.detr.instance_masks), "
+                               "whose loss needs each object's mask: set --data.masks true (annotations with "
+                               "segmentations, e.g. detr-make-shapes --masks rle)")
         if stage in ("fit", "validate", "test"):
             self._check_input_contract()
             self.evaluation.announce(self.trainer)
@@ -462,21 +474,24 @@ class DetrSystem(L.LightningModule):
 
     def predict_step(self, batch: Batch, batch_idx: int) -> list[Prediction]:
         """One :class:`Prediction` per image, every query kept (``image_id``: the data set index; an image that
-        could not be read or predicted carries its ``error``): the prediction path of ``detr-predict``
+        could not be read or predicted carries its ``error``; a model that predicts masks: each detection's mask at
+        the original size, in the json as RLE): the prediction path of ``detr-predict``
         (:func:`detr.inference.predict.predictions_from_outputs`).
         :class:`detr.lightning.callbacks.PredictionsWriter` writes them to a json."""
         images, padding_mask, targets = batch
-        return self._predictions(self(images, padding_mask), targets)
+        return self._predictions(self(images, padding_mask), targets, masks=self.postprocess_masks)
 
     def _predictions(self, outputs: DetectorOutput, targets: list[dict[str, Any]],
-                     panoptic: PostProcessPanoptic | None = None) -> list[Prediction]:
-        """The model's outputs for a predict batch → :meth:`predict_step`'s predictions."""
+                     panoptic: PostProcessPanoptic | None = None, masks: PostProcessMasks | None = None
+                     ) -> list[Prediction]:
+        """The model's outputs for a predict batch → :meth:`predict_step`'s predictions (with ``masks``: each
+        detection's mask at the original size)."""
         return predictions_from_outputs(
             outputs, image_sizes=[tuple(int(v) for v in t["orig_size"]) for t in targets],
             input_sizes=[tuple(int(v) for v in t["size"]) for t in targets], class_head=self.detector.class_head,
             category_map=self.category_map, file_names=[t.get("file_name") for t in targets],
             image_ids=[int(t["image_id"]) for t in targets], errors=[t.get("error") for t in targets],
-            panoptic=panoptic, top_k=self.detector.detections_per_image)
+            masks=masks, panoptic=panoptic, top_k=self.detector.detections_per_image)
 
     # ------------------------------------------------------------------ optimisation
     def parameter_groups(self) -> list[dict[str, Any]]:

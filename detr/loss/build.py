@@ -3,14 +3,15 @@
 :func:`build_criterion` is what the training systems call (the box stage and the panoptic mask stage): the
 matcher and the set loss in the model's class head, and the parts its config asks for, in the order their
 terms are weighted: two-stage proposals (Deformable DETR; the selected proposals of RT-DETR, D-FINE and RF-DETR),
-denoising queries and the dense head (the anchor recipe), masks (a panoptic model).
+denoising queries and the dense head (the anchor recipe), masks (a panoptic model's, or the point-sampled terms of a
+model with instance masks).
 """
 
 from __future__ import annotations
 
 from detr.loss.criterion import SetCriterion
 from detr.loss.distribution import DistributionLoss
-from detr.loss.masks import MaskLoss
+from detr.loss.masks import MaskLoss, PointMaskLoss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart, ProposalLoss
 from detr.models.config import DetrConfig
@@ -21,7 +22,8 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
                     focal_alpha: float = 0.25, focal_gamma: float = 2.0, masks: bool = False,
                     loss_mask: float = 1.0, loss_dice: float = 1.0, training_only_parts: bool = True,
                     varifocal_alpha: float = 0.75, loss_fgl: float = 0.15, loss_ddf: float = 1.5,
-                    matchability: bool = False, matching_union: bool | None = None) -> SetCriterion:
+                    matchability: bool = False, matching_union: bool | None = None, loss_mask_ce: float = 5.0,
+                    loss_mask_dice: float = 5.0, mask_point_ratio: int = 16) -> SetCriterion:
     """The criterion for a model built from ``config``.
 
     The sigmoid head is trained with the focal loss and matched with the focal cost (Deformable DETR); the
@@ -50,6 +52,13 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     matched with their classes and scored with the same terms (loss_*_enc); Group DETR's groups (the model's
     ``query_groups``) matched group by group, each term divided by groups × num_boxes. The recipe's costs and
     weights (class cost 2, class 1, L1 5, GIoU 2) are the caller's (configs/rfdetr_*.yaml).
+
+    A model with instance masks (``config.instance_masks``: RF-DETR's segmentation head) is trained as the authors
+    train it (rf-detr's ``loss_masks`` and matcher; transformers' ``RfDetrForSegmentationLoss``):
+    :class:`~detr.loss.masks.PointMaskLoss` (point-sampled BCE weighted ``loss_mask_ce``, DICE ``loss_mask_dice``, on
+    every decoder layer and the encoder proposals; h · w / ``mask_point_ratio`` points) and the same two as matching
+    costs, at the same weights (5 and 5: the authors' ``SegmentationTrainConfig``, which also sets the class weight
+    to 5: the caller's).
     """
     rtdetr = config.architecture in ("rtdetr", "dfine")
     rfdetr = config.architecture == "rfdetr"
@@ -70,8 +79,14 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
         parts.append(DenseLoss(**focal, **weights))
     if masks:
         parts.append(MaskLoss(loss_mask=loss_mask, loss_dice=loss_dice))
+    mask_costs = {}
+    if config.instance_masks:
+        parts.append(PointMaskLoss(layers, loss_mask_ce=loss_mask_ce, loss_mask_dice=loss_mask_dice,
+                                   point_ratio=mask_point_ratio, proposals=config.two_stage or rtdetr or rfdetr))
+        mask_costs = {"cost_mask_ce": loss_mask_ce, "cost_mask_dice": loss_mask_dice,
+                      "mask_point_ratio": mask_point_ratio}
     matcher = HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou,
-                               class_head=config.class_head, **focal,
+                               class_head=config.class_head, **focal, **mask_costs,
                                group_size=config.num_queries if config.query_groups > 1 else None)
     loss_focal = {**focal, "focal_alpha": varifocal_alpha} if rtdetr else focal
     return SetCriterion(config.num_classes, matcher, eos_coef=eos_coef, **weights, num_decoder_layers=layers,

@@ -27,6 +27,7 @@ _PART_OUTPUTS = {"proposals": ("two-stage encoder proposals", "detr.loss.parts.P
                  "denoising": ("denoising predictions", "detr.loss.parts.DenoisingLoss"),
                  "dense": ("dense auxiliary predictions", "detr.loss.parts.DenseLoss"),
                  "masks": ("masks", "detr.loss.masks.MaskLoss"),
+                 "mask_features": ("every layer's masks as features", "detr.loss.masks.PointMaskLoss"),
                  "distributions": ("edge distributions", "detr.loss.distribution.DistributionLoss")}
 
 
@@ -48,13 +49,15 @@ class LossContext:
 class LossPart(nn.Module):
     """One optional term of the loss: the output field it reads and the weight of each term it returns.
 
-    Subclasses set ``output_field`` (a :class:`DetectorOutput` field) and ``weight_dict`` and implement
+    Subclasses set ``output_field`` (a :class:`DetectorOutput` field; ``also_reads``: other fields it scores) and
+    ``weight_dict`` and implement
     ``forward(outputs, targets, num_boxes, context=None)`` → dict of float scalars named as in
     ``weight_dict``, unweighted; :meth:`zeros` when the outputs lack the field (evaluation mode), so that
     ``weight_dict`` always finds them.
     """
 
     output_field: str
+    also_reads: tuple[str, ...] = ()
     weight_dict: dict[str, float]
 
     def match(self, outputs: DetectorOutput, targets: Targets, criterion: SetCriterion) -> list[Indices]:
@@ -105,7 +108,8 @@ class SetCriterion(nn.Module):
             :class:`~detr.loss.parts.ProposalLoss` for Deformable DETR's two-stage proposals (loss_*_enc),
             :class:`~detr.loss.parts.DenoisingLoss` for a model with denoising queries (loss_*_dn,
             loss_*_dn_i), :class:`~detr.loss.parts.DenseLoss` for one with the dense head (loss_*_dense),
-            :class:`detr.loss.masks.MaskLoss` for a panoptic model's masks (loss_mask, loss_dice). Outputs
+            :class:`detr.loss.masks.MaskLoss` for a panoptic model's masks (loss_mask, loss_dice),
+            :class:`detr.loss.masks.PointMaskLoss` for instance masks (loss_mask_ce, loss_mask_dice per layer). Outputs
             holding a field one of them reads need that part. :func:`detr.loss.build.build_criterion`
             chooses them for a model's config.
     """
@@ -226,7 +230,7 @@ class SetCriterion(nn.Module):
         """outputs: the model's :class:`DetectorOutput` (logits, boxes, aux layers, and what the parts read);
         targets: per image labels int64 [T] and boxes [T, 4] normalised cxcywh; num_boxes: the batch's
         target count, averaged over processes by the caller (local count when None), clamped to at least 1."""
-        read = {part.output_field for part in self.parts}
+        read = {name for part in self.parts for name in (part.output_field, *part.also_reads)}
         for name, (what, part) in _PART_OUTPUTS.items():
             if getattr(outputs, name) is not None and name not in read:
                 raise ValueError(f"the outputs hold {what} ({name}) but the criterion ignores them: build it with "

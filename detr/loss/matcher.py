@@ -9,6 +9,14 @@ from torch import nn
 
 from detr.box_ops import batched_generalized_box_iou, cxcywh_to_xyxy
 from detr.loss.focal import focal_class_cost
+from detr.loss.point_sampling import (
+    logits_at_points,
+    padded_masks,
+    padded_size,
+    pairwise_dice,
+    pairwise_sigmoid_ce,
+    point_sample,
+)
 from detr.models.config import ClassHead
 from detr.models.outputs import LayerOutput
 
@@ -28,11 +36,20 @@ class HungarianMatcher(nn.Module):
 
     ``class_head="sigmoid"`` replaces −p(target class) by the focal cost of
     :func:`detr.loss.focal.focal_class_cost` for a sigmoid head (``num_classes`` logits; Deformable DETR).
+
+    Mask costs (RF-DETR's authors' matcher for a model with masks): with ``cost_mask_ce`` or ``cost_mask_dice``
+    non-zero, a layer that carries its masks as ``mask_features`` (a model with instance masks, in training)
+    matched against targets with ``masks`` also costs ``cost_mask_ce`` · BCE + ``cost_mask_dice`` · DICE of
+    every (query, target) pair, both on h · w / ``mask_point_ratio`` uniform random points (h × w: the predicted
+    masks; one draw from torch's global generator per call, shared by every query and target:
+    :mod:`detr.loss.point_sampling`). transformers' ``RfDetrHungarianMatcher`` draws its point count from the
+    flattened boxes' shape (B · Q · 4 / ratio) instead; the authors' count is the one used here.
     """
 
     def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0, *,
                  class_head: ClassHead = "softmax", focal_alpha: float = 0.25, focal_gamma: float = 2.0,
-                 group_size: int | None = None) -> None:
+                 group_size: int | None = None, cost_mask_ce: float = 0.0, cost_mask_dice: float = 0.0,
+                 mask_point_ratio: int = 16) -> None:
         super().__init__()
         if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
             raise ValueError("at least one of cost_class, cost_bbox, cost_giou must be non-zero")
@@ -41,6 +58,7 @@ class HungarianMatcher(nn.Module):
         self.class_head, self.group_size = class_head, group_size
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
+        self.cost_mask_ce, self.cost_mask_dice, self.mask_point_ratio = cost_mask_ce, cost_mask_dice, mask_point_ratio
 
     def num_groups(self, num_predictions: int) -> int:
         """How many query groups ``num_predictions`` predictions per image hold: num_predictions / group_size,
@@ -59,6 +77,28 @@ class HungarianMatcher(nn.Module):
             return focal_class_cost(logits, labels, alpha=self.focal_alpha, gamma=self.focal_gamma)
         prob = logits.float().softmax(-1)
         return -prob.gather(2, labels[:, None, :].expand(-1, prob.shape[1], -1))
+
+    def mask_cost(self, outputs: LayerOutput, targets: list[dict[str, torch.Tensor]], longest: int
+                  ) -> torch.Tensor | None:
+        """cost_mask_ce · BCE + cost_mask_dice · DICE [B, Q, T_max] of the layer's masks on shared random points
+        (padding columns 0), or None when the costs are 0, the layer has no masks or the targets none."""
+        source = outputs.mask_features
+        if (self.cost_mask_ce == 0 and self.cost_mask_dice == 0) or source is None or "masks" not in targets[0]:
+            return None
+        height, width = source.pixels.shape[-2:]
+        points = torch.rand(1, height * width // self.mask_point_ratio, 2, device=outputs.logits.device)
+        logits = logits_at_points(source, points[0]).float()  # [B, Q, P]
+        size = padded_size(targets)
+        cost = logits.new_zeros(*logits.shape[:2], longest)
+        for index, target in enumerate(targets):
+            count = len(target["masks"])
+            if count == 0:
+                continue
+            masks = padded_masks(target, torch.arange(count), size).to(logits)
+            labels = point_sample(masks[:, None], points.expand(count, -1, -1), mode="nearest")[:, 0]  # [T, P]
+            cost[index, :, :count] = (self.cost_mask_ce * pairwise_sigmoid_ce(logits[index], labels)
+                                      + self.cost_mask_dice * pairwise_dice(logits[index], labels))
+        return cost
 
     @torch.no_grad()
     def forward(self, outputs: LayerOutput, targets: list[dict[str, torch.Tensor]]
@@ -83,6 +123,9 @@ class HungarianMatcher(nn.Module):
         cost = (self.cost_bbox * torch.cdist(pred_boxes, boxes, p=1)
                 + self.cost_class * self.class_cost(logits, labels)
                 - self.cost_giou * batched_generalized_box_iou(cxcywh_to_xyxy(pred_boxes), cxcywh_to_xyxy(boxes)))
+        mask_cost = self.mask_cost(outputs, targets, longest)
+        if mask_cost is not None:
+            cost = cost + mask_cost
         cost = cost.cpu()  # [B, Q, T_max]: the one device-to-host copy
         if not torch.isfinite(cost).all():
             raise FloatingPointError(

@@ -22,15 +22,32 @@ from detr.models.anchor.denoising import DenoisingMeta
 
 
 @dataclass
+class MaskFeatures:
+    """A layer's masks as the two factors of their logits, for training (RF-DETR's segmentation head, as the
+    authors' ``sparse_forward``): the mask logit of query q at a point is ``queries[b, q] · pixels[b, :, point]
+    + bias``, so the loss builds full maps for the matched queries only and the matcher reads every query at a
+    few points (:mod:`detr.loss.point_sampling`), never [B, Q, H', W'] for all G · Q queries of every layer.
+
+    pixels: ``[B, C, H', W']`` at stride 4 of the padded batch; queries: ``[B, Q, C]``; bias: ``[1]``.
+    """
+
+    pixels: Tensor
+    queries: Tensor
+    bias: Tensor
+
+
+@dataclass
 class LayerOutput:
     """Per-query predictions of one decoder layer (or of the denoising queries, or of the encoder proposals).
 
     logits: ``[B, Q, K]``: K = num_classes + 1 for the softmax head (the last = "no object"), num_classes
     for the sigmoid head. boxes: ``[B, Q, 4]``, normalised ``cxcywh`` of each unpadded image.
+    mask_features: the layer's masks as :class:`MaskFeatures` (a model with an instance-mask head, in training).
     """
 
     logits: Tensor
     boxes: Tensor
+    mask_features: MaskFeatures | None = field(default=None, kw_only=True)
 
 
 @dataclass
@@ -119,7 +136,8 @@ class DetectorOutput(LayerOutput):
     denoising: the denoising queries' predictions (anchor detector with DN, training only).
     dense: the dense head's predictions (training only).
     proposals: the encoder's proposals (Deformable DETR's two-stage: ``[B, S, K]``, ``[B, S, 4]``).
-    masks: mask logits ``[B, Q, H', W']`` at stride 4 of the padded batch (a panoptic model).
+    masks: mask logits ``[B, Q, H', W']`` at stride 4 of the padded batch (a panoptic model; RF-DETR with
+        instance masks in evaluation: in training its layers' ``mask_features`` hold them instead).
     attention: the attention maps of a dense-attention detector (``return_attention=True``).
     sampling: a Deformable DETR's sampling points (``return_attention=True``).
     distributions: the edge distributions of a model that refines boxes as distributions (D-FINE, training only).
@@ -140,7 +158,7 @@ class DetectorOutput(LayerOutput):
     @property
     def layers(self) -> list[LayerOutput]:
         """Every decoder layer's predictions, first to last (the last is this output's own)."""
-        return [*self.aux, LayerOutput(self.logits, self.boxes)]
+        return [*self.aux, LayerOutput(self.logits, self.boxes, mask_features=self.mask_features)]
 
     def apply(self, fn: Callable[[Tensor], Tensor]) -> DetectorOutput:
         """A copy with ``fn`` applied to every tensor (e.g. ``lambda t: t.float().cpu()``); other values kept."""

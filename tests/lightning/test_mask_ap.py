@@ -20,7 +20,6 @@ from detr.data.shapes import ShapesConfig, write_shapes_dataset
 from detr.evaluation import STAT_NAMES
 from detr.lightning.datamodule import DetrDataModule
 from detr.lightning.system import DetrSystem
-from detr.loss.build import build_criterion
 from detr.models.config import DetrConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -53,8 +52,6 @@ def _validate(config: DetrConfig, root: Path, out: Path, monkeypatch: pytest.Mon
                           masks=config.instance_masks)
     system = DetrSystem(detr=config.to_dict(), category_map=data.category_map, evaluation_dir=str(out),
                         error_analysis=False)
-    # validation losses only: RF-DETR's criterion with the mask terms for its masks (masks as targets)
-    system.criterion = build_criterion(config, masks=config.instance_masks)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=str(out))
     trainer.validate(system, datamodule=data, verbose=False)

@@ -2,11 +2,15 @@
 images) with Group DETR's groups and the encoder-proposal terms, an EMA of its weights is what the checkpoint holds,
 and the checkpoint loads with detr.load_checkpoint and predicts one group's queries; the optimizer's groups are the
 authors' (rf-detr's get_param_dicts.py: the ViT's layer-wise and component decays, no weight decay on its biases,
-norms and embeddings); squares the ViT cannot take are refused before training."""
+norms and embeddings); squares the ViT cannot take are refused before training. With instance masks
+(configs/rfdetr_seg_shapes_cpu.yaml) the point-sampled mask terms of every layer train, validation logs mask AP and
+``detr predict`` writes each detection's mask."""
 
 from __future__ import annotations
 
 import csv
+import json
+import math
 import re
 from pathlib import Path
 
@@ -21,6 +25,7 @@ from tests.helpers import tiny_square_fit_args, write_tiny_shapes
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "rfdetr_shapes_cpu.yaml"
+SEG_CONFIG = REPO / "configs" / "rfdetr_seg_shapes_cpu.yaml"
 TINY_RFDETR = ["--model.detr.vit_hidden_dim=32", "--model.detr.vit_num_layers=2", "--model.detr.vit_num_heads=2",
                "--model.detr.vit_out_indices=[1,2]", "--model.detr.vit_position_size=64", "--model.detr.hidden_dim=32",
                "--model.detr.num_heads=2", "--model.detr.cross_attention_heads=4", "--model.detr.num_decoder_layers=2",
@@ -34,8 +39,46 @@ def tiny_shapes(tmp_path_factory) -> Path:
     return write_tiny_shapes(tmp_path_factory, num_train=4, num_val=2, seed=3)
 
 
+@pytest.fixture(scope="module")
+def tiny_shapes_with_masks(tmp_path_factory) -> Path:
+    from detr.data.shapes import ShapesConfig, write_shapes_dataset
+
+    root = tmp_path_factory.mktemp("tiny_shapes_rle")
+    write_shapes_dataset(root, ShapesConfig(num_train=4, num_val=2, image_size=64, min_object_size=16,
+                                            max_object_size=32, seed=3, mask_format="rle"))
+    return root
+
+
 def _fit_args(data_root: Path, out_dir: Path, *extra: str) -> list[str]:
     return tiny_square_fit_args(CONFIG, TINY_RFDETR, data_root, out_dir, *extra)
+
+
+def test_fit_with_instance_masks_trains_the_mask_terms_and_predicts_masks(tiny_shapes_with_masks: Path,
+                                                                         tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = tiny_square_fit_args(SEG_CONFIG, [*TINY_RFDETR, "--model.detr.mask_dim_feedforward=16"],
+                                tiny_shapes_with_masks, run, "--trainer.check_val_every_n_epoch=1")
+    main([*args, "--trainer.max_steps=2"])
+    with (run / "metrics.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    terms = [f"train/loss_mask_{kind}{suffix}" for kind in ("ce", "dice") for suffix in ("", "_0", "_enc")]
+    logged = [float(row[name]) for row in rows for name in terms if row.get(name)]
+    assert len(logged) == 2 * len(terms)  # every term at both steps
+    assert all(math.isfinite(value) and value > 0 for value in logged)
+    assert any(row.get("val/mask_AP") for row in rows) and any(row.get("val/AP") for row in rows)
+
+    main(["predict", *args[1:], f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
+          f"--data.predict_images={tiny_shapes_with_masks / 'val2017'}"])
+    entries = json.loads((run / "predict" / "predictions.json").read_text())
+    assert entries and all(entry["segmentation"]["size"] == [64, 64] for entry in entries)
+
+
+def test_fit_with_instance_masks_needs_the_datas_masks(tiny_shapes_with_masks: Path, tmp_path: Path) -> None:
+    args = tiny_square_fit_args(SEG_CONFIG, TINY_RFDETR, tiny_shapes_with_masks, tmp_path / "run",
+                                "--data.masks=false", "--trainer.max_steps=1")
+    with pytest.raises(SettingError, match="--data.masks true") as error:
+        main(args)
+    assert "\n" not in str(error.value)
 
 
 def test_fit_trains_with_an_ema_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from detr.loss.criterion import SetCriterion
-from detr.loss.masks import MaskLoss, dice_loss, focal_mask_loss, matched_masks
+from detr.loss.masks import MaskLoss, focal_mask_loss, matched_masks
+from detr.loss.point_sampling import dice_loss
 from tests.helpers import tiny_config_with
 
 

@@ -68,6 +68,23 @@ def test_the_position_table_is_used_as_learned_and_interpolated_elsewhere():
     assert torch.equal(resized[:, 0], vit.position_embeddings[:, 0])  # [CLS] keeps its own
 
 
+def test_training_masks_come_as_factors_of_the_evaluation_masks():
+    """In training every layer and the proposals carry their masks as factors (pixel × query features + bias); the
+    last layer's factors multiply out to the masks evaluation returns (one query group: the same queries)."""
+    model = _model(instance_masks=True, query_groups=1)
+    images, mask = _images()
+    with torch.no_grad():
+        dense = model(images, mask).masks
+        trained = model.train()(images, mask)
+    assert trained.masks is None
+    factors = trained.mask_features
+    product = torch.einsum("bqc,bchw->bqhw", factors.queries, factors.pixels) + factors.bias
+    assert torch.allclose(product, dense, atol=1e-4)
+    assert all(layer.mask_features.pixels.shape == (2, 32, 14, 14) for layer in trained.layers)
+    proposals = trained.proposals.mask_features
+    assert proposals.queries.shape == (2, 12, 32) and proposals.pixels.shape == (2, 32, 14, 14)
+
+
 def test_zero_deltas_keep_the_box_and_the_size_scales_by_exp():
     boxes = torch.tensor([[0.5, 0.4, 0.2, 0.1]])
     assert torch.equal(refine_boxes(boxes, torch.zeros(1, 4)), boxes)

@@ -62,7 +62,8 @@ def proposals_for(spatial_shapes: SpatialShapes, *, device: torch.device | None 
 class DecoderOutput:
     """hidden [L, B, Q, C]: every layer's output after the final LayerNorm; logits [L, B, Q, K], boxes [L, B, Q, 4]
     (cxcywh in [0, 1] of the input); reference_boxes [B, Q, 4]; proposal_logits [B, Q, K], proposal_boxes [B, Q, 4]:
-    the selected encoder proposals (their boxes keep their gradient: the encoder heads' loss); sampling: per layer
+    the selected encoder proposals (their boxes keep their gradient: the encoder heads' loss), proposal_hidden
+    [B, Q, C] their features (what the mask head reads for their masks); sampling: per layer
     (locations, weights) when asked for, else None. In training Q is G · num_queries, group by group."""
 
     hidden: torch.Tensor
@@ -72,6 +73,7 @@ class DecoderOutput:
     proposal_logits: torch.Tensor
     proposal_boxes: torch.Tensor
     sampling: list[tuple[torch.Tensor, torch.Tensor]] | None
+    proposal_hidden: torch.Tensor
 
 
 class RFDETRDecoder(nn.Module):
@@ -136,6 +138,7 @@ class RFDETRDecoder(nn.Module):
         selections = [self.select(memory, spatial_shapes, group) for group in range(groups)]
         proposal_boxes = torch.cat([boxes for boxes, _, _ in selections], 1)  # [B, G · Q, 4]
         proposal_logits = torch.cat([logits for _, logits, _ in selections], 1)
+        proposal_hidden = torch.cat([selected for _, _, selected in selections], 1)
         queries = groups * self.num_queries
         # the decoder starts from the proposals, detached (their boxes train the encoder heads only)
         reference = refine_boxes(proposal_boxes.detach(), self.reference_points.weight[None, :queries])  # [B, G·Q, 4]
@@ -154,4 +157,4 @@ class RFDETRDecoder(nn.Module):
         stacked = torch.stack(hidden)  # [L, B, Q, C]
         boxes = refine_boxes(reference[None], self.box_head(stacked))
         return DecoderOutput(stacked, self.class_head(stacked), boxes, reference, proposal_logits, proposal_boxes,
-                             sampling)
+                             sampling, proposal_hidden)

@@ -166,8 +166,9 @@ class RFDETR(Detector):
 
         Returns a :class:`DetectorOutput`: logits [B, Q, num_classes] (sigmoid scores), boxes [B, Q, 4] normalised
         cxcywh of the last decoder layer; aux (if aux_loss): the earlier layers; proposals: the selected encoder
-        proposals; masks (with a mask head): logits [B, Q, H / 4, W / 4]; with return_attention, sampling. In
-        training Q is ``query_groups`` × num_queries, group by group (Group DETR).
+        proposals; masks (with a mask head, in evaluation): logits [B, Q, H / 4, W / 4]; with return_attention,
+        sampling. In training Q is ``query_groups`` × num_queries, group by group (Group DETR), and with a mask
+        head every layer (the proposals too) carries its masks as ``mask_features`` instead of ``masks``.
         """
         if images.dim() != 4:
             raise ValueError(f"RF-DETR takes images [B, 3, H, W], got {tuple(images.shape)}")
@@ -179,8 +180,15 @@ class RFDETR(Detector):
         decoded = self.decoder(features, return_sampling=return_attention)
         output = stack_layers(decoded.logits, decoded.boxes, self.aux_loss, self.class_head)
         output.proposals = LayerOutput(decoded.proposal_logits, decoded.proposal_boxes)
-        if self.mask_head is not None:
-            output.masks = self.mask_head(features[0], decoded.hidden, images.shape[-2:])
+        size = images.shape[-2:]
+        if self.mask_head is not None and self.training:  # every layer's masks, as factors, for the mask loss
+            layers = [*output.aux, output]
+            per_layer = self.mask_head.layer_features(features[0], decoded.hidden, size)
+            for layer, mask_features in zip(layers, per_layer[-len(layers):]):
+                layer.mask_features = mask_features
+            output.proposals.mask_features = self.mask_head.proposal_features(features[0], decoded.proposal_hidden, size)
+        elif self.mask_head is not None:
+            output.masks = self.mask_head(features[0], decoded.hidden, size)
         if decoded.sampling is not None:
             locations = torch.stack([locations for locations, _ in decoded.sampling])
             output.sampling = SamplingOutput(

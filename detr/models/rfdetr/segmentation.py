@@ -7,6 +7,11 @@ residual: a ConvNeXt-like block), each followed by the shared 1 × 1 ``spatial_p
 layer's output through a pre-norm MLP block with a residual (``query_block``) and ``query_proj``. Mask logits
 [B, Q, H / 4, W / 4] = query features · pixel features + ``bias``. Inference reads the last layer's.
 
+Training (the authors' ``sparse_forward``; transformers' ``RfDetrForInstanceSegmentation``): every decoder layer's
+masks, layer i on the pixel features after block i, and the selected encoder proposals' masks, on the resized
+projector map itself (no block, no ``spatial_proj``: the authors' ``skip_blocks``), all kept as their two factors
+(:class:`~detr.models.outputs.MaskFeatures`) for the point-sampled mask loss (:mod:`detr.loss.masks`).
+
 Parameter names follow transformers': ``blocks.{i}.{depthwise_conv,norm,pointwise_conv}``, ``spatial_proj``,
 ``query_block.{norm,fc1,fc2}``, ``query_proj``, ``bias``.
 """
@@ -16,6 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from detr.models.outputs import MaskFeatures
 
 #: Mask logits come at this stride of the input.
 MASK_STRIDE = 4
@@ -59,15 +66,39 @@ class MaskHead(nn.Module):
         self.query_proj = nn.Linear(dim, dim)
         self.bias = nn.Parameter(torch.zeros(1))
 
+    def _resized(self, features: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
+        size = (image_size[0] // MASK_STRIDE, image_size[1] // MASK_STRIDE)
+        return F.interpolate(features, size=size, mode="bilinear", align_corners=False)
+
+    def _queries(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.query_proj(self.query_block(hidden))
+
+    def layer_features(self, features: torch.Tensor, queries: torch.Tensor, image_size: tuple[int, int]
+                       ) -> list[MaskFeatures]:
+        """Every layer's masks as factors (training): features [B, C, h, w] (the projector's map); queries
+        [L, B, Q, C] (each decoder layer's output); image_size (H, W) → per layer :class:`MaskFeatures` with pixels
+        [B, C, H / 4, W / 4] (after that layer's block and ``spatial_proj``) and queries [B, Q, C]."""
+        pixels = self._resized(features, image_size)
+        result = []
+        for block, hidden in zip(self.blocks, queries):
+            pixels = block(pixels)
+            result.append(MaskFeatures(self.spatial_proj(pixels), self._queries(hidden), self.bias))
+        return result
+
+    def proposal_features(self, features: torch.Tensor, hidden: torch.Tensor, image_size: tuple[int, int]
+                          ) -> MaskFeatures:
+        """The selected encoder proposals' masks as factors: hidden [B, Q, C] (their features) against the resized
+        projector map, with no pixel block and no ``spatial_proj`` (the authors' and transformers' ``skip_blocks``)."""
+        return MaskFeatures(self._resized(features, image_size), self._queries(hidden), self.bias)
+
     def forward(self, features: torch.Tensor, queries: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
         """features [B, C, h, w] (the projector's map); queries [L, B, Q, C] (each decoder layer's output, or the
         first ones: the pixel blocks run up to the last given); image_size (H, W) of the input → mask logits
         [B, Q, H / 4, W / 4] of the last layer given."""
-        size = (image_size[0] // MASK_STRIDE, image_size[1] // MASK_STRIDE)
-        pixels = F.interpolate(features, size=size, mode="bilinear", align_corners=False)
+        pixels = self._resized(features, image_size)
         for block in self.blocks[: len(queries)]:
             pixels = block(pixels)
         pixels = self.spatial_proj(pixels)
-        query = self.query_proj(self.query_block(queries[-1]))  # [B, Q, C]
+        query = self._queries(queries[-1])  # [B, Q, C]
         masks = torch.matmul(query, pixels.flatten(2))  # [B, Q, h'·w']
-        return masks.view(*query.shape[:2], *size) + self.bias
+        return masks.view(*query.shape[:2], *pixels.shape[-2:]) + self.bias
