@@ -5,10 +5,12 @@ each step of a tiny run, its settings' checks and a resume that changes them."""
 from __future__ import annotations
 
 import math
+import shutil
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from detr.lightning import DetrSystem
 from detr.lightning.schedule import FlatCosine, fit_saved_schedulers, flat_cosine_factor, learning_rate_schedulers
@@ -46,21 +48,38 @@ def _samples(count: int = 6, size: int = 48) -> list[tuple[torch.Tensor, dict]]:
             for index in range(count)]
 
 
-def test_a_trainer_sets_the_flat_cosine_rates_step_by_step(tmp_path) -> None:
-    """6 images in batches of 2: 3 steps an epoch, so [1, 3] is flat to step 3 and a cosine to half the rates at
-    step 9; both parameter groups (lr, lr_backbone) follow it."""
+def _fit(tmp_path, max_epochs: int, ckpt_path: str | None = None, **options) -> list[list[float]]:
+    """The rates of each step of a tiny run (6 images in batches of 2: 3 steps an epoch), last.ckpt kept."""
     system = DetrSystem(detr=tiny_config_with(num_classes=3, backbone_last_stage="layer3"), lr=1e-3,
-                        lr_backbone=1e-4, lr_drop_epochs=[], lr_flat_cosine_epochs=[1, 3], evaluation_dir="")
+                        lr_backbone=1e-4, lr_drop_epochs=[], evaluation_dir="", **options)
     record = _RecordRates()
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=4, limit_val_batches=0, logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                        callbacks=[record], default_root_dir=tmp_path)
-    trainer.fit(system, datamodule=InMemoryData(_samples()))
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, limit_val_batches=0, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[record, ModelCheckpoint(dirpath=tmp_path, save_last=True)],
+                        default_root_dir=tmp_path)
+    trainer.fit(system, datamodule=InMemoryData(_samples()), ckpt_path=ckpt_path)
+    return record.rates
+
+
+def test_a_trainer_sets_the_flat_cosine_rates_step_by_step(tmp_path) -> None:
+    """3 steps an epoch, so [1, 3] is flat to step 3 and a cosine to half the rates at step 9; both parameter
+    groups (lr, lr_backbone) follow it; a run resumed at epoch 2 continues the same rates."""
+    rates = _fit(tmp_path / "full", 4, lr_flat_cosine_epochs=[1, 3])
     cosine = [0.5 + 0.25 * (1 + math.cos(math.pi * k / 6)) for k in range(1, 6)]  # steps 4 … 8
     expected = [1.0] * 4 + cosine + [0.5] * 3
-    assert len(record.rates) == 12
-    assert [main for main, _ in record.rates] == pytest.approx([1e-3 * f for f in expected], rel=1e-6)
-    assert [backbone for _, backbone in record.rates] == pytest.approx([1e-4 * f for f in expected], rel=1e-6)
+    assert len(rates) == 12
+    assert [main for main, _ in rates] == pytest.approx([1e-3 * f for f in expected], rel=1e-6)
+    assert [backbone for _, backbone in rates] == pytest.approx([1e-4 * f for f in expected], rel=1e-6)
+    first = _fit(tmp_path / "part", 2, lr_flat_cosine_epochs=[1, 3])
+    epoch_2 = tmp_path / "epoch_2.ckpt"
+    shutil.copy(tmp_path / "part" / "last.ckpt", epoch_2)
+    resumed = _fit(tmp_path / "part", 4, str(epoch_2), lr_flat_cosine_epochs=[1, 3])
+    assert len(first) == 6 and len(resumed) == 6
+    assert [rate for step in first + resumed for rate in step] == pytest.approx(
+        [rate for step in rates for rate in step], rel=1e-6)
+    # resumed with another end (epoch 2: step 6, reached): this run's schedule from the step reached on
+    shorter = _fit(tmp_path / "other", 4, str(epoch_2), lr_flat_cosine_epochs=[1, 2])
+    assert [main for main, _ in shorter] == pytest.approx([0.5e-3] * 6, rel=1e-6)
 
 
 def test_it_chains_after_the_warm_up() -> None:
