@@ -350,9 +350,7 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
                       "encoder_type": "lite" if lite else "hybrid", "layer_scale": 1.0})
         if not vit_options:  # the trailing 3×3 is left out by the DINOv3 models only
             extra["encoder_has_trailing_conv"] = True
-        if config.get("decoder_activation_function", "relu") not in ("relu", "silu"):
-            extra["decoder_activation_function"] = "relu"
-    else:
+    if config.get("decoder_activation_function", "relu") not in ("relu", "silu"):
         extra["decoder_activation_function"] = "relu"
     _refuse_unless(config, {
         "encoder_activation_function": "gelu", "activation_function": "silu", **extra,
@@ -381,7 +379,6 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
     hidden = int(config.get("d_model", 256))
     decoder_ffn, encoder_ffn = int(config.get("decoder_ffn_dim", 1024)), int(config.get("encoder_ffn_dim", 1024))
     deimv2_options = {"lite_encoder": lite, "decoder_gateway": bool(config.get("use_gateway", True)),
-                      "decoder_activation": config.get("decoder_activation_function", "relu"),
                       "csp_trailing_conv": bool(config.get("encoder_has_trailing_conv", True)),
                       **vit_options} if deimv2 else {}
     model_config = DetrConfig(
@@ -402,7 +399,8 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
         max_num_bins=int(config.get("max_num_bins", 32)), reg_scale=float(config.get("reg_scale", 4.0)),
         reg_up=float(config.get("up", 0.5)), lqe_top_k=int(config.get("top_prob_values", 4)),
         lqe_hidden_dim=int(config.get("lqe_hidden_dim", 64)), lqe_layers=int(config.get("lqe_layers", 2)),
-        pretrained_backbone=False, **deimv2_options)
+        decoder_activation=config.get("decoder_activation_function", "relu"), pretrained_backbone=False,
+        **deimv2_options)
     _check_constants(state_dict, model_config, str(config_path))
     size = processor_square_size(directory)
     meta = read_meta(config, model_config.num_classes, config_path, (size, size) if size is not None else None)
@@ -448,7 +446,8 @@ def read_dfine_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the
     blocks, widths, layer counts, levels, points per level (from the points scale), bins, the weighting
     function's constants, the quality head, the fusion blocks' expansion and depth, classes and the denoising
     embedding. Not visible, so the authors' defaults that ``load_checkpoint(path, **overrides)`` can replace:
-    num_queries (300) and num_heads (8)."""
+    num_queries (300), num_heads (8) and D-FINE's ReLU (DEIM's files: ``decoder_activation="silu",
+    decoder_mlp_activation="silu"``)."""
     scales = {key: value for key, value in state_dict.items()
               if re.match(r"^decoder\.decoder\.layers\.0\.cross_attn\.num_points_scale$", key)}
     official = {key: (value.float() if value.is_floating_point() else value) for key, value in state_dict.items()
@@ -533,6 +532,10 @@ def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None =
         raise ExportError("save_pretrained_dfine needs a D-FINE or DEIMv2 built by build_detr (model.config)")
     if config.backbone_norm == "group_norm":
         raise ExportError("transformers' D-FINE and DEIMv2 have batch norms in their backbone, not group norms")
+    if config.decoder_mlp_activation != "relu":
+        raise ExportError(f"decoder_mlp_activation={config.decoder_mlp_activation!r} (DEIM's SiLU heads): "
+                          f"transformers' D-FINE has ReLU in its decoder's MLPs and no setting for them; keep the "
+                          f".pt checkpoint")
     levels = config.num_feature_levels
     encoder_dim = config.encoder_hidden_dim or config.hidden_dim
     points = list(config.num_points_per_level or [config.num_points] * levels)
@@ -540,8 +543,7 @@ def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None =
     deimv2 = {"architectures": ["Deimv2ForObjectDetection"], "model_type": "deimv2",
               "encoder_type": "lite" if config.lite_encoder else "hybrid", "encoder_fuse_op": "sum",
               "use_gateway": config.decoder_gateway, "share_bbox_head": False,
-              "encoder_has_trailing_conv": config.csp_trailing_conv,
-              "decoder_activation_function": config.decoder_activation} if config.architecture == "deimv2" else {}
+              "encoder_has_trailing_conv": config.csp_trailing_conv} if config.architecture == "deimv2" else {}
     if backbone is None:  # HGNetV2 (the DINOv3 backbone's fields come from detr.checkpoints.deimv2)
         backbone = {"backbone_config": _hgnetv2_backbone_config(config.backbone, config.backbone_learnable_affine,
                                                                 levels),
@@ -559,7 +561,7 @@ def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None =
         "d_model": config.hidden_dim, "num_queries": config.num_queries, "decoder_in_channels": [encoder_dim] * levels,
         "decoder_ffn_dim": config.dim_feedforward, "num_feature_levels": levels, "decoder_n_points": points,
         "decoder_layers": config.num_decoder_layers, "decoder_attention_heads": config.num_heads,
-        "decoder_activation_function": "relu", "attention_dropout": 0.0,
+        "decoder_activation_function": config.decoder_activation, "attention_dropout": 0.0,
         "num_denoising": 100 if config.denoising else 0, "learn_initial_query": False, "anchor_image_size": None,
         "with_box_refine": True, "is_encoder_decoder": True, "layer_norm_eps": 1e-5, "batch_norm_eps": 1e-5,
         "eval_idx": -1, "layer_scale": 1.0, "max_num_bins": config.max_num_bins, "reg_scale": config.reg_scale,

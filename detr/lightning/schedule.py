@@ -7,6 +7,9 @@ The run's total step count is ``trainer.max_steps`` (or max_epochs × batches) w
 a run bounded by training time instead gets it from :class:`detr.lightning.callbacks.TimeBudget`, which
 fixes it once, early, from the measured step rate. Plain torch: a scheduler the training system returns
 from ``configure_optimizers``; Lightning steps it after every optimizer step and saves it in checkpoints.
+
+DEIM's FlatCosine (:class:`FlatCosine`, Huang et al. 2025, Intellindust/DEIM ``engine/optim/lr_scheduler.py``):
+the rates flat to an epoch, then a half cosine down to ``gamma`` × themselves by a later epoch, flat after.
 """
 
 from __future__ import annotations
@@ -74,12 +77,55 @@ class LinearDecayToZero(torch.optim.lr_scheduler.LRScheduler):
         return [group["lr"] * ratio for group in self.optimizer.param_groups]
 
 
+def flat_cosine_factor(step: int, flat_steps: int, end_steps: int, gamma: float) -> float:
+    """DEIM's FlatCosine factor of optimizer step ``step`` (0-based), past its warm-up: 1 up to ``flat_steps``,
+    ``gamma + (1 - gamma) · ½ (1 + cos(π (step - flat) / (end - flat)))`` between, ``gamma`` from ``end_steps``
+    on (the authors' ``flat_cosine_schedule`` over ``init_lr``: flat_iter, total_iter - no_aug_iter, lr_gamma)."""
+    if step <= flat_steps:
+        return 1.0
+    if step >= end_steps:
+        return gamma
+    return gamma + (1 - gamma) * 0.5 * (1 + math.cos(math.pi * (step - flat_steps) / (end_steps - flat_steps)))
+
+
+class FlatCosine(torch.optim.lr_scheduler.LRScheduler):
+    """Multiply every learning rate by :func:`flat_cosine_factor` of the optimizer step; step it once per
+    optimizer step (Lightning: ``interval: "step"``). Chainable as :class:`LinearDecayToZero` (it applies the
+    change of its own factor), so a warm-up ``LinearLR`` before it multiplies.
+
+    Args:
+        optimizer: the optimizer whose parameter groups it scales.
+        flat_epochs, end_epochs: the epochs the cosine starts and ends at (DEIM-D-FINE S: 64 and 120, the
+            authors' flat_epoch and epoches - no_aug_epoch).
+        steps_per_epoch: optimizer steps per epoch (the step counts are these epochs × it).
+        gamma: the rates' factor at the end (the authors' lr_gamma, 0.5).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, flat_epochs: int, end_epochs: int, steps_per_epoch: int,
+                 gamma: float = 0.5, last_epoch: int = -1) -> None:
+        if not 0 <= flat_epochs < end_epochs or steps_per_epoch < 1 or not 0 <= gamma <= 1:
+            raise ValueError(f"FlatCosine: needs 0 <= flat_epochs < end_epochs, steps_per_epoch >= 1 and gamma in "
+                             f"[0, 1], got {flat_epochs}, {end_epochs}, {steps_per_epoch} and {gamma}")
+        self.flat_epochs, self.end_epochs, self.gamma = flat_epochs, end_epochs, gamma
+        self.flat_steps, self.end_steps = flat_epochs * steps_per_epoch, end_epochs * steps_per_epoch
+        self.applied_factor = 1.0  # the factor in the optimizer's learning rates now
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        factor = flat_cosine_factor(self.last_epoch, self.flat_steps, self.end_steps, self.gamma)
+        ratio = factor / self.applied_factor if self.applied_factor > 0 else 0.0
+        self.applied_factor = factor
+        return [group["lr"] * ratio for group in self.optimizer.param_groups]
+
+
 def schedule_factor(scheduler: torch.optim.lr_scheduler.LRScheduler) -> float:
     """The factor by which one of :func:`learning_rate_schedulers`' schedulers scales the base learning rates
     at its current step (``last_epoch``), in closed form (the schedulers themselves only apply ratios)."""
     step = scheduler.last_epoch
     if isinstance(scheduler, LinearDecayToZero):
         return decay_factor(step, scheduler.total_steps, scheduler.decay_fraction)
+    if isinstance(scheduler, FlatCosine):
+        return flat_cosine_factor(step, scheduler.flat_steps, scheduler.end_steps, scheduler.gamma)
     if isinstance(scheduler, torch.optim.lr_scheduler.MultiStepLR):
         return scheduler.gamma ** bisect_right(sorted(scheduler.milestones.elements()), step)
     if isinstance(scheduler, torch.optim.lr_scheduler.LinearLR):
@@ -114,8 +160,9 @@ def resume_schedule(optimizer: torch.optim.Optimizer, schedulers: list[torch.opt
     for scheduler in schedulers:
         scheduler.base_lrs = list(base_lrs)
         scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # get_last_lr(): what a logger reads
-    for decay in decays:
-        decay.applied_factor = schedule_factor(decay)
+    for scheduler in schedulers:
+        if isinstance(scheduler, (LinearDecayToZero, FlatCosine)):
+            scheduler.applied_factor = schedule_factor(scheduler)
     return True
 
 
@@ -127,6 +174,9 @@ def learning_rate_schedulers(
     warmup_steps: int = 0,
     decay_fraction: float = 0.0,
     total_steps: int | None = None,
+    flat_cosine_epochs: list[int] | None = None,
+    flat_cosine_gamma: float = 0.5,
+    steps_per_epoch: int | None = None,
 ) -> list[dict[str, Any]]:
     """The schedulers of the training recipe, as Lightning's scheduler configs (``configure_optimizers``).
     They depend on the optimizer step and the epoch only and chain (the factors multiply):
@@ -134,7 +184,9 @@ def learning_rate_schedulers(
     - "step_decay" (per epoch): × ``lr_drop_gamma`` at each of ``lr_drop_epochs`` (the authors' recipe);
     - "warmup" (per step, when ``warmup_steps`` > 0): linear from 1/1000 to 1 over ``warmup_steps``;
     - "decay" (per step, when ``decay_fraction`` > 0): linear to 0 over the last ``decay_fraction`` of the
-      run's ``total_steps`` (:class:`LinearDecayToZero`; None: fixed later by ``set_total_steps``).
+      run's ``total_steps`` (:class:`LinearDecayToZero`; None: fixed later by ``set_total_steps``);
+    - "flat_cosine" (per step, when ``flat_cosine_epochs`` [flat, end] is given): DEIM's FlatCosine
+      (:class:`FlatCosine`) to ``flat_cosine_gamma`` with ``steps_per_epoch``.
 
     Lightning steps them and keeps their state in checkpoints, so a resumed run continues the schedule;
     :func:`resume_schedule` fits it to a resumed run's own length and base rates.
@@ -148,6 +200,11 @@ def learning_rate_schedulers(
     if decay_fraction > 0:
         decay = LinearDecayToZero(optimizer, decay_fraction=decay_fraction, total_steps=total_steps)
         schedulers.append({"scheduler": decay, "interval": "step", "name": "decay"})
+    if flat_cosine_epochs is not None:
+        if steps_per_epoch is None:
+            raise ValueError("learning_rate_schedulers: flat_cosine_epochs needs steps_per_epoch")
+        flat_cosine = FlatCosine(optimizer, *flat_cosine_epochs, steps_per_epoch, flat_cosine_gamma)
+        schedulers.append({"scheduler": flat_cosine, "interval": "step", "name": "flat_cosine"})
     return schedulers
 
 
@@ -155,6 +212,8 @@ def _kind(state: dict[str, Any]) -> str:
     """Which of :func:`learning_rate_schedulers`' schedulers saved ``state`` (a ``state_dict``)."""
     if "milestones" in state:
         return "step_decay"
+    if "flat_steps" in state:
+        return "flat_cosine"
     if "total_steps" in state:
         return "decay"
     if "total_iters" in state:
@@ -164,7 +223,8 @@ def _kind(state: dict[str, Any]) -> str:
 
 def fit_saved_schedulers(
     saved: list[dict[str, Any]], *, lr_drop_epochs: list[int], lr_drop_gamma: float, warmup_steps: int,
-    decay_fraction: float, global_step: int,
+    decay_fraction: float, global_step: int, flat_cosine_epochs: list[int] | None = None,
+    flat_cosine_gamma: float = 0.5,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """A checkpoint's scheduler states (``checkpoint["lr_schedulers"]``) made to fit the schedulers this run
     builds (:func:`learning_rate_schedulers`' list and order), and the settings that changed.
@@ -208,6 +268,18 @@ def fit_saved_schedulers(
         changes.append(f"lr_decay_fraction {old_fraction:g} (checkpoint) -> {decay_fraction:g}")
     if decay_fraction > 0:
         states.append(decay if decay is not None else progress(global_step))
+
+    flat_cosine = by_kind.get("flat_cosine")
+    old = [flat_cosine["flat_epochs"], flat_cosine["end_epochs"]] if flat_cosine is not None else None
+    new = list(flat_cosine_epochs) if flat_cosine_epochs is not None else None
+    old_gamma = flat_cosine["gamma"] if flat_cosine is not None else None
+    if old != new:
+        changes.append(f"lr_flat_cosine_epochs {old} (checkpoint) -> {new}")
+    if new is not None and old_gamma is not None and old_gamma != flat_cosine_gamma:
+        changes.append(f"lr_flat_cosine_gamma {old_gamma:g} (checkpoint) -> {flat_cosine_gamma:g}")
+    if new is not None:
+        kept = old == new and old_gamma == flat_cosine_gamma
+        states.append(flat_cosine if kept else progress(global_step))
     return (states, changes) if changes else (saved, [])
 
 
@@ -253,5 +325,5 @@ def _rates(rates: list[float]) -> str:
     return "[" + ", ".join(f"{rate:.3g}" for rate in rates) + "]"
 
 
-__all__ = ["LinearDecayToZero", "decay_factor", "fit_saved_schedulers", "follow_this_runs_settings",
-           "learning_rate_schedulers", "resume_schedule", "schedule_factor"]
+__all__ = ["FlatCosine", "LinearDecayToZero", "decay_factor", "fit_saved_schedulers", "flat_cosine_factor",
+           "follow_this_runs_settings", "learning_rate_schedulers", "resume_schedule", "schedule_factor"]

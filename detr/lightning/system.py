@@ -111,6 +111,11 @@ class DetrSystem(L.LightningModule):
             optimizer steps (:class:`detr.lightning.schedule.LinearDecayToZero`; authors: 0). The run's step
             count is the trainer's ``max_steps`` (or ``max_epochs`` × batches), or else the one that
             :class:`detr.lightning.callbacks.TimeBudget` fixes from the step rate early in a time-bounded run.
+        lr_flat_cosine_epochs: DEIM's FlatCosine (:class:`detr.lightning.schedule.FlatCosine`): [flat, end]:
+            every learning rate stays flat to epoch ``flat``, falls on a half cosine, per optimizer step, to
+            ``lr_flat_cosine_gamma`` × itself at epoch ``end`` and stays there (DEIM-D-FINE S: [64, 120], the
+            authors' flat_epoch and epoches - no_aug_epoch); after the warm-up. None: off.
+        lr_flat_cosine_gamma: the FlatCosine's final factor (the authors' lr_gamma, 0.5).
         category_map: label → data set category id and name (a :class:`CategoryMap` or its ``to_dict()``);
             linked from the data module by the CLI (not set by hand); stored in checkpoints.
         init_checkpoint: weights to start from: a released model's name such as "detr-r50" (downloaded on
@@ -167,6 +172,8 @@ class DetrSystem(L.LightningModule):
         channels_last: bool = False,
         backbone_bf16: bool = False,
         lr_decay_fraction: float = 0.0,
+        lr_flat_cosine_epochs: list[int] | None = None,
+        lr_flat_cosine_gamma: float = 0.5,
         # --- data, weights, evaluation ---
         category_map: CategoryMap | dict[str, Any] | None = None,
         init_checkpoint: str | None = None,
@@ -182,6 +189,13 @@ class DetrSystem(L.LightningModule):
         for name, value in (("lr_layer_decay", lr_layer_decay), ("lr_component_decay", lr_component_decay)):
             if not 0 < value <= 1:
                 raise SettingError(f"--model.{name} must be in (0, 1] (1: no decay), got {value}")
+        if lr_flat_cosine_epochs is not None and not (
+                len(lr_flat_cosine_epochs) == 2 and 0 <= lr_flat_cosine_epochs[0] < lr_flat_cosine_epochs[1]):
+            raise SettingError(f"--model.lr_flat_cosine_epochs must be [flat, end] with 0 <= flat < end (DEIM: "
+                               f"[64, 120]), got {lr_flat_cosine_epochs}")
+        if not 0 <= lr_flat_cosine_gamma <= 1:
+            raise SettingError(f"--model.lr_flat_cosine_gamma must be in [0, 1] (DEIM: 0.5), got "
+                               f"{lr_flat_cosine_gamma}")
         config = _model_config(detr)
         if init_checkpoint and config.pretrained_backbone:
             # every backbone tensor comes from init_checkpoint: no ImageNet download (which needs a network)
@@ -527,8 +541,26 @@ class DetrSystem(L.LightningModule):
         schedulers = learning_rate_schedulers(
             optimizer, lr_drop_epochs=self.lr_drop_epochs, lr_drop_gamma=self.hparams.lr_drop_gamma,
             warmup_steps=self.hparams.warmup_steps, decay_fraction=decay_fraction, total_steps=total_steps,
+            **self._flat_cosine_settings(),
         )
         return [optimizer], schedulers
+
+    def _flat_cosine_settings(self) -> dict[str, Any]:
+        """:func:`learning_rate_schedulers`' FlatCosine arguments: the epochs, the factor and the optimizer steps
+        per epoch (the trainer's batches per epoch over its gradient accumulation)."""
+        epochs = self.hparams.lr_flat_cosine_epochs
+        if epochs is None:
+            return {}
+        if self._trainer is None:
+            raise SettingError(f"lr_flat_cosine_epochs={list(epochs)} counts epochs of the trainer's batches: "
+                               "configure the optimizers within a fit")
+        batches = self.trainer.num_training_batches  # counted: configure_optimizers asked the planned steps
+        if not math.isfinite(batches):
+            raise SettingError(f"lr_flat_cosine_epochs={list(epochs)} counts epochs, but the run's batches per epoch "
+                               "are unknown: give the data a length (a map-style data set)")
+        steps_per_epoch = max(1, math.ceil(batches / self.trainer.accumulate_grad_batches))
+        return {"flat_cosine_epochs": list(epochs), "flat_cosine_gamma": self.hparams.lr_flat_cosine_gamma,
+                "steps_per_epoch": steps_per_epoch}
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
@@ -575,7 +607,9 @@ class DetrSystem(L.LightningModule):
                 checkpoint["lr_schedulers"], self._schedule_changes = fit_saved_schedulers(
                     checkpoint["lr_schedulers"], lr_drop_epochs=self.lr_drop_epochs,
                     lr_drop_gamma=self.hparams.lr_drop_gamma, warmup_steps=self.hparams.warmup_steps,
-                    decay_fraction=self.hparams.lr_decay_fraction, global_step=int(checkpoint.get("global_step", 0)))
+                    decay_fraction=self.hparams.lr_decay_fraction, global_step=int(checkpoint.get("global_step", 0)),
+                    flat_cosine_epochs=self.hparams.lr_flat_cosine_epochs,
+                    flat_cosine_gamma=self.hparams.lr_flat_cosine_gamma)
 
     def _check_same_categories(self, saved: CategoryMap) -> None:
         """Raise :class:`CheckpointError` when the data's category ids (linked by the CLI) differ from those the

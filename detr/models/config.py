@@ -40,11 +40,12 @@ ProjectorNorm = Literal["layer_norm", "batch_norm"]
 #: The options only D-FINE (and DEIMv2) read, with their defaults (the authors').
 DFINE_DEFAULTS: dict[str, Any] = {"backbone_learnable_affine": False, "num_points_per_level": None,
                                   "csp_depth_multiplier": 1.0, "max_num_bins": 32, "reg_scale": 4.0, "reg_up": 0.5,
-                                  "lqe_top_k": 4, "lqe_hidden_dim": 64, "lqe_layers": 2}
+                                  "lqe_top_k": 4, "lqe_hidden_dim": 64, "lqe_layers": 2, "decoder_activation": "relu",
+                                  "decoder_mlp_activation": "relu"}
 #: The options only DEIMv2 reads, with their defaults (transformers' Deimv2Config).
-DEIMV2_DEFAULTS: dict[str, Any] = {"lite_encoder": False, "decoder_gateway": True, "decoder_activation": "relu",
-                                   "csp_trailing_conv": True, "vit_dim": 384, "vit_depth": 12, "vit_heads": 6,
-                                   "vit_mlp_dim": 1536, "vit_register_tokens": 4, "vit_out_layers": (5, 8, 11),
+DEIMV2_DEFAULTS: dict[str, Any] = {"lite_encoder": False, "decoder_gateway": True, "csp_trailing_conv": True,
+                                   "vit_dim": 384, "vit_depth": 12, "vit_heads": 6, "vit_mlp_dim": 1536,
+                                   "vit_register_tokens": 4, "vit_out_layers": (5, 8, 11),
                                    "vit_gated_mlp": False, "adapter_channels": 16}
 #: The families built on D-FINE's parts (HGNetV2, the distribution-refinement decoder).
 DFINE_FAMILY = ("dfine", "deimv2")
@@ -153,7 +154,12 @@ class DetrConfig:
             levels; num_feature_levels=2) instead of the hybrid encoder.
         decoder_gateway: DEIMv2: the decoder layers' gate after the cross-attention (True); False: residual +
             RMSNorm.
-        decoder_activation: DEIMv2: "relu" or "silu" between the layers of the query-position MLP.
+        decoder_activation: D-FINE: "relu" or "silu" in the decoder layers' feed-forward networks (DEIM: "silu");
+            DEIMv2 (whose feed-forward networks are SwiGLU): between the layers of the query-position MLP
+            (transformers' decoder_activation_function in both).
+        decoder_mlp_activation: D-FINE: "relu" or "silu" in the decoder's MLPs: the query positions, the
+            encoder's box head, the first layer's box head, the distribution heads and the quality heads (DEIM's
+            mlp_act and, for the quality heads, its activation: "silu"; transformers' D-FINE has ReLU there).
         csp_trailing_conv: DEIMv2: the 3×3 at the end of the fusion blocks' CSP layers (True; the DINOv3
             models: False).
         vit_dim: DEIMv2's DINOv3 ViT (backbone="dinov3_vit"): width (ViT-S/16: 384).
@@ -236,6 +242,7 @@ class DetrConfig:
     lite_encoder: bool = False
     decoder_gateway: bool = True
     decoder_activation: Literal["relu", "silu"] = "relu"
+    decoder_mlp_activation: Literal["relu", "silu"] = "relu"
     csp_trailing_conv: bool = True
     vit_dim: int = 384
     vit_depth: int = 12
@@ -431,8 +438,12 @@ class DetrConfig:
             raise ValueError(f"the DINOv3 ViT needs vit_dim divisible by vit_heads into heads of a multiple of 4 "
                              f"(its rotary positions) and three vit_out_layers, got {self.vit_dim}, {self.vit_heads} "
                              f"and {self.vit_out_layers}")
-        if self.decoder_activation not in ("relu", "silu"):
-            raise ValueError(f"decoder_activation must be 'relu' or 'silu', got {self.decoder_activation!r}")
+        for name in ("decoder_activation", "decoder_mlp_activation"):
+            if getattr(self, name) not in ("relu", "silu"):
+                raise ValueError(f"{name} must be 'relu' or 'silu', got {getattr(self, name)!r}")
+        if self.architecture == "deimv2" and self.decoder_mlp_activation != "relu":
+            raise ValueError(f"decoder_mlp_activation={self.decoder_mlp_activation!r} is D-FINE's (DEIM's) option: "
+                             f"DEIMv2's query positions take decoder_activation, its heads ReLU")
 
     def _check_rfdetr(self) -> None:
         out = self.vit_out_indices

@@ -10,8 +10,8 @@ from torch import nn
 
 
 class MLP(nn.Module):
-    """``num_layers`` linear layers with ``activation`` (ReLU; DEIMv2's query positions: SiLU) between them;
-    parameters ``layers.{i}.*`` (the authors' layout)."""
+    """``num_layers`` linear layers with ``activation`` (ReLU; DEIM's heads, DEIMv2's query positions: SiLU)
+    between them; parameters ``layers.{i}.*`` (the authors' layout)."""
 
     def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int, *,
                  activation: Callable[[torch.Tensor], torch.Tensor] = F.relu) -> None:

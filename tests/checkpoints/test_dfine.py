@@ -12,7 +12,7 @@ import torch
 
 import detr
 from detr.categories import CategoryMap
-from detr.checkpoints import CheckpointError, save_huggingface
+from detr.checkpoints import CheckpointError, ExportError, save_huggingface
 from detr.models.config import ModelMeta
 from tests.helpers_dfine import hf_model
 from tests.helpers_rtdetr import square_photos
@@ -106,6 +106,33 @@ def test_the_authors_release_layout_loads_with_transformers_outputs(tmp_path, ph
     assert model.meta.category_map.names[0] == "person"
     logits_diff, boxes_diff = differences(model, hf, photos)
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
+
+
+def test_a_silu_decoder_loads_with_the_same_outputs_and_goes_back_out(tmp_path, photos):
+    """``decoder_activation_function="silu"`` (transformers' SiLU in the decoder layers' feed-forward networks, as
+    DEIM's): read as ``decoder_activation="silu"`` with transformers' outputs (ReLU there would not give them),
+    and written back with it."""
+    hf = hf_model("hgnetv2_b0", 5, seed=5, decoder_activation_function="silu", **N_S)
+    hf.save_pretrained(tmp_path / "theirs")
+    model = detr.load_checkpoint(tmp_path / "theirs")
+    assert (model.config.decoder_activation, model.config.decoder_mlp_activation) == ("silu", "relu")
+    logits_diff, boxes_diff = differences(model, hf, photos)
+    assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
+    relu = detr.load_checkpoint(tmp_path / "theirs", decoder_activation="relu")
+    assert max(differences(relu, hf, photos)) > 100 * TOLERANCE  # the activation is what made them agree
+    save_huggingface(model, tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["decoder_activation_function"] == "silu"
+    again = transformers.DFineForObjectDetection.from_pretrained(tmp_path / "ours").eval()
+    logits_diff, boxes_diff = differences(model, again, photos)
+    assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
+
+
+def test_silu_heads_are_not_written_as_transformers_relu_heads(tmp_path):
+    """DEIM's SiLU MLP heads (``decoder_mlp_activation``) have no transformers setting: the writer refuses them."""
+    hf_model("hgnetv2_b0", 3, **N_S).save_pretrained(tmp_path / "theirs")
+    model = detr.load_checkpoint(tmp_path / "theirs", decoder_activation="silu", decoder_mlp_activation="silu")
+    with pytest.raises(ExportError, match="decoder_mlp_activation"):
+        save_huggingface(model, tmp_path / "ours")
 
 
 @pytest.mark.parametrize("change, message", [

@@ -252,14 +252,17 @@ def test_the_dfine_size_configs_hold_the_authors_recipes(name: str, sizes: tuple
 
 
 def test_the_deim_config_holds_the_authors_recipe(capsys) -> None:
-    """Intellindust/DEIM configs/deim_dfine/deim_hgnetv2_s_coco.yml over base/deim.yml: D-FINE S, MAL, the dense
-    one-to-one policy [4, 64, 120] with mosaic and MixUp at 0.5."""
+    """Intellindust/DEIM configs/deim_dfine/deim_hgnetv2_s_coco.yml over base/deim.yml: D-FINE S with DEIM's SiLU
+    decoder and FlatCosine schedule, MAL, the dense one-to-one policy [4, 64, 120] with mosaic and MixUp at 0.5."""
     printed = _printed(capsys, REPO / "configs" / "deim_dfine_s_coco.yaml")
     trainer, model, data = printed["trainer"], printed["model"], printed["data"]
     assert (model["lr"], model["lr_backbone"], model["weight_decay"], model["warmup_steps"], trainer["max_epochs"]) == (
         4e-4, 2e-4, 1e-4, 2000, 132)
+    flat_cosine = (model["lr_flat_cosine_epochs"], model["lr_flat_cosine_gamma"], model["lr_drop_epochs"])
+    assert flat_cosine == ([64, 120], 0.5, [])
     assert model["matchability"] and (model["cost_class"], model["cost_bbox"], model["cost_giou"]) == (2.0, 5.0, 2.0)
     assert (model["detr"]["architecture"], model["detr"]["backbone"]) == ("dfine", "hgnetv2_b0")
+    assert (model["detr"]["decoder_activation"], model["detr"]["decoder_mlp_activation"]) == ("silu", "silu")
     assert (data["augmentation"], data["mosaic_epochs"], data["mosaic_prob"], data["augmentation_stop_epoch"]) == (
         "deim", [4, 64], 0.5, 120)
     assert (data["mixup_prob"], data["mixup_epochs"], data["square_size"]) == (0.5, [4, 64], 640)

@@ -105,6 +105,7 @@ def test_optimize_for_inference_keeps_the_outputs(changes):
     ({"lite_encoder": True}, "num_encoder_layers=0"),
     ({**LITE, "num_feature_levels": 3}, "num_feature_levels=2"),
     ({"decoder_activation": "gelu"}, "decoder_activation"),
+    ({"decoder_mlp_activation": "silu"}, "D-FINE's \\(DEIM's\\) option"),
     ({"backbone": "resnet50"}, "HGNetV2 sizes"),
     ({"vit_dim": 64}, "backbone='dinov3_vit'"),
     ({**DINOV3, "num_feature_levels": 2}, "num_feature_levels=3"),

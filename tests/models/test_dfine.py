@@ -129,7 +129,31 @@ def test_two_levels_read_strides_16_and_32():
     assert output.sampling.strides == (16, 32)
 
 
+@pytest.mark.parametrize("decoder_activation, decoder_mlp_activation", [("relu", "relu"), ("silu", "silu"),
+                                                                      ("silu", "relu")])
+def test_deims_silu_reaches_the_feed_forward_networks_and_every_decoder_mlp(decoder_activation,
+                                                                         decoder_mlp_activation):
+    """DEIM's ``activation`` / ``mlp_act``: the layers' feed-forward networks take ``decoder_activation``; the
+    query positions, the encoder's box head, the first layer's box head, the distribution heads and the quality
+    heads take ``decoder_mlp_activation``."""
+    model = _model(decoder_activation=decoder_activation, decoder_mlp_activation=decoder_mlp_activation)
+    functions = {"relu": torch.nn.functional.relu, "silu": torch.nn.functional.silu}
+    decoder = model.decoder
+    mlps = [decoder.query_pos_head, decoder.enc_bbox_head, decoder.pre_bbox_head, *decoder.dec_bbox_head,
+            *(quality.reg_conf for quality in decoder.decoder.lqe_layers)]
+    assert all(mlp.activation is functions[decoder_mlp_activation] for mlp in mlps)
+    assert all(layer.activation is functions[decoder_activation] for layer in decoder.decoder.layers)
+    images, mask = _images(1)
+    with torch.no_grad():  # the same weights under ReLU predict otherwise
+        silu = model(images, mask)
+        relu = _model()
+        relu.load_state_dict(model.state_dict())
+        plain = relu(images, mask)
+    assert torch.equal(silu.logits, plain.logits) == (decoder_activation == decoder_mlp_activation == "relu")
+
+
 @pytest.mark.parametrize("changes, message", [
+    ({"decoder_mlp_activation": "gelu"}, "decoder_mlp_activation"),
     ({"backbone": "resnet50"}, "HGNetV2 sizes"),
     ({"num_feature_levels": 4, "num_points_per_level": None}, "num_feature_levels must be 2 or 3"),
     ({"num_points_per_level": (3, 6)}, "num_points_per_level"),

@@ -48,10 +48,12 @@ def build_dfine(config: DetrConfig) -> DFINE:
             num_layers=config.num_encoder_layers, dropout=config.dropout, expansion=config.csp_expansion,
             depth_multiplier=config.csp_depth_multiplier)
     points = config.num_points_per_level or (config.num_points,) * config.num_feature_levels
+    activation = F.silu if config.decoder_activation == "silu" else F.relu
+    mlp_activation = F.silu if config.decoder_mlp_activation == "silu" else F.relu
     query_pos_head = None
-    if deimv2:
-        activation = F.silu if config.decoder_activation == "silu" else F.relu
+    if deimv2:  # DEIMv2's decoder_activation is its query positions' (its feed-forward networks are SwiGLU)
         query_pos_head = MLP(4, config.hidden_dim, config.hidden_dim, 3, activation=activation)
+        activation = F.relu
     decoder = DFineDecoder([encoder_dim] * len(backbone.out_channels), num_classes=config.num_classes,
                            hidden_dim=config.hidden_dim, num_queries=config.num_queries,
                            num_layers=config.num_decoder_layers, num_heads=config.num_heads,
@@ -62,5 +64,5 @@ def build_dfine(config: DetrConfig) -> DFINE:
                            up=config.reg_up, lqe_top_k=config.lqe_top_k, lqe_hidden_dim=config.lqe_hidden_dim,
                            lqe_layers=config.lqe_layers, norm="rms_norm" if deimv2 else "layer_norm",
                            feedforward="swiglu" if deimv2 else "relu", gateway=config.decoder_gateway,
-                           query_pos_head=query_pos_head)
+                           query_pos_head=query_pos_head, activation=activation, mlp_activation=mlp_activation)
     return DFINE(backbone, encoder, decoder, num_classes=config.num_classes, aux_loss=config.aux_loss)

@@ -26,7 +26,7 @@ decoder's width (injected as ``query_pos_head``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -78,10 +78,11 @@ class LocalizationQuality(nn.Module):
     """LQE (§3.3): the ``top_k`` largest probabilities of each edge's distribution and their mean, through
     ``reg_conf`` (an MLP to one value), added to the class logits: a peaked distribution is a confident box."""
 
-    def __init__(self, num_bins: int, top_k: int = 4, hidden_dim: int = 64, num_layers: int = 2) -> None:
+    def __init__(self, num_bins: int, top_k: int = 4, hidden_dim: int = 64, num_layers: int = 2, *,
+                 activation: Activation = F.relu) -> None:
         super().__init__()
         self.num_bins, self.top_k = num_bins, top_k
-        self.reg_conf = MLP(4 * (top_k + 1), hidden_dim, 1, num_layers)
+        self.reg_conf = MLP(4 * (top_k + 1), hidden_dim, 1, num_layers, activation=activation)
 
     def forward(self, logits: torch.Tensor, corner_logits: torch.Tensor) -> torch.Tensor:
         """logits [B, Q, K], corner logits [B, Q, 4 · (N + 1)] → logits [B, Q, K]."""
@@ -92,9 +93,12 @@ class LocalizationQuality(nn.Module):
         return logits + self.reg_conf(statistics)
 
 
+#: An activation between linear layers: ReLU (D-FINE) or SiLU (DEIM).
+Activation = Callable[[torch.Tensor], torch.Tensor]
 #: The decoder layers' normalisation: D-FINE's LayerNorm or DEIMv2's RMSNorm.
 DecoderNorm = Literal["layer_norm", "rms_norm"]
-#: The decoder layers' feed-forward network: D-FINE's two linear layers with ReLU or DEIMv2's SwiGLU.
+#: The decoder layers' feed-forward network: D-FINE's two linear layers (ReLU, or DEIM's SiLU: ``activation``) or
+#: DEIMv2's SwiGLU.
 FeedForward = Literal["relu", "swiglu"]
 
 
@@ -134,15 +138,17 @@ class Gate(nn.Module):
 
 class DFineDecoderLayer(DecoderLayer):
     """RT-DETR's layer with D-FINE's cross-attention (no projections, points per level) and the gate in place of
-    its residual and ``norm2``; DEIMv2's options: ``norm`` "rms_norm" for every norm, ``feedforward`` "swiglu"
-    (``ffn``, inner width dim_feedforward // 2, in place of ``linear1`` / ``linear2``), ``gateway`` False (the
-    cross-attention's residual and ``norm2`` back)."""
+    its residual and ``norm2``; ``activation`` between ``linear1`` and ``linear2`` (ReLU; DEIM: SiLU); DEIMv2's
+    options: ``norm`` "rms_norm" for every norm, ``feedforward`` "swiglu" (``ffn``, inner width
+    dim_feedforward // 2, in place of ``linear1`` / ``linear2``), ``gateway`` False (the cross-attention's
+    residual and ``norm2`` back)."""
 
     def __init__(self, hidden_dim: int, num_heads: int, num_levels: int, points_per_level: Sequence[int],
                  dim_feedforward: int, dropout: float = 0.0, *, offset_scale: float = 0.5,
                  sampling_method: SamplingMethod = "bilinear", norm: DecoderNorm = "layer_norm",
-                 feedforward: FeedForward = "relu", gateway: bool = True) -> None:
+                 feedforward: FeedForward = "relu", gateway: bool = True, activation: Activation = F.relu) -> None:
         super().__init__(hidden_dim, num_heads, num_levels, 1, dim_feedforward, dropout)
+        self.activation = activation
         if norm not in ("layer_norm", "rms_norm") or feedforward not in ("relu", "swiglu"):
             raise ValueError(f"norm must be 'layer_norm' or 'rms_norm' and feedforward 'relu' or 'swiglu', got "
                              f"{norm!r} and {feedforward!r}")
@@ -175,7 +181,7 @@ class DFineDecoderLayer(DecoderLayer):
         if self.ffn is not None:
             ffn = self.ffn(target)
         else:
-            ffn = self.linear2(self.dropout(F.relu(self.linear1(target))))
+            ffn = self.linear2(self.dropout(self.activation(self.linear1(target))))
         return self.norm3((target + self.dropout(ffn)).clamp(min=-65504, max=65504)), sampling
 
 
@@ -200,7 +206,12 @@ class DFineDecoder(RTDETRDecoder):
             and range (4, 0.5). lqe_top_k, lqe_hidden_dim, lqe_layers: the quality head's (4, 64, 2).
         norm, feedforward, gateway: the layers' (:class:`DFineDecoderLayer`; DEIMv2: "rms_norm", "swiglu").
         query_pos_head: the MLP of the reference boxes [.., 4] → positions [.., hidden_dim]; None: RT-DETR's
-            (4 → 2 · hidden → hidden, ReLU); DEIMv2's is ``MLP(4, hidden, hidden, 3)``.
+            (4 → 2 · hidden → hidden, ``mlp_activation``); DEIMv2's is ``MLP(4, hidden, hidden, 3)``.
+        activation: in the layers' feed-forward networks (ReLU; DEIM: SiLU; transformers'
+            ``decoder_activation_function``).
+        mlp_activation: in every MLP: the query positions (unless given), the encoder's box head (query
+            selection), ``pre_bbox_head``, the distribution heads and the quality heads (ReLU; DEIM: SiLU, its
+            ``mlp_act`` and, for the quality heads, ``activation``; transformers' D-FINE: ReLU only).
     The input projection is the identity where the encoder's width is the decoder's (as the authors').
     """
 
@@ -210,8 +221,8 @@ class DFineDecoder(RTDETRDecoder):
                  offset_scale: float = 0.5, sampling_method: SamplingMethod = "bilinear", denoising: bool = True,
                  max_num_bins: int = 32, reg_scale: float = 4.0, up: float = 0.5, lqe_top_k: int = 4,
                  lqe_hidden_dim: int = 64, lqe_layers: int = 2, norm: DecoderNorm = "layer_norm",
-                 feedforward: FeedForward = "relu", gateway: bool = True, query_pos_head: MLP | None = None
-                 ) -> None:
+                 feedforward: FeedForward = "relu", gateway: bool = True, query_pos_head: MLP | None = None,
+                 activation: Activation = F.relu, mlp_activation: Activation = F.relu) -> None:
         if num_levels != len(in_channels):
             raise ValueError(f"D-FINE's decoder reads the encoder's {len(in_channels)} maps: num_levels must equal "
                              f"it, got {num_levels}")
@@ -225,16 +236,19 @@ class DFineDecoder(RTDETRDecoder):
         self.decoder = DFineTransformerDecoder(
             [DFineDecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout,
                                offset_scale=offset_scale, sampling_method=sampling_method, norm=norm,
-                               feedforward=feedforward, gateway=gateway)
+                               feedforward=feedforward, gateway=gateway, activation=activation)
              for _ in range(num_layers)],
-            [LocalizationQuality(max_num_bins, lqe_top_k, lqe_hidden_dim, lqe_layers) for _ in range(num_layers)],
+            [LocalizationQuality(max_num_bins, lqe_top_k, lqe_hidden_dim, lqe_layers, activation=mlp_activation)
+             for _ in range(num_layers)],
             up=up, reg_scale=reg_scale)
+        # RT-DETR's query positions and encoder box head, kept with their initialisation
+        self.query_pos_head.activation = self.enc_bbox_head.activation = mlp_activation
         if query_pos_head is not None:
             self.query_pos_head = query_pos_head
-        self.pre_bbox_head = MLP(hidden_dim, hidden_dim, 4, 3)
+        self.pre_bbox_head = MLP(hidden_dim, hidden_dim, 4, 3, activation=mlp_activation)
         self.dec_score_head = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_layers))
-        self.dec_bbox_head = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4 * (max_num_bins + 1), 3)
-                                           for _ in range(num_layers))
+        self.dec_bbox_head = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4 * (max_num_bins + 1), 3,
+                                               activation=mlp_activation) for _ in range(num_layers))
         self._reset_heads()
 
     @torch.no_grad()
