@@ -23,13 +23,17 @@ heads, loss sum).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
+if "--omp-passive" in sys.argv:  # before torch starts its OpenMP pool
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -92,6 +96,17 @@ class Timer:
         self.seconds: dict[str, float] = defaultdict(float)
         self.started: dict[str, float] = {}
 
+    def watch_method(self, owner: object, name: str, phase: str) -> None:
+        """Time calls of ``owner.name`` (a module that its parent calls by a method other than ``forward``)."""
+        method = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            result = method(*args, **kwargs)
+            self.add(phase, time.perf_counter() - start)
+            return result
+        setattr(owner, name, timed)
+
     def watch(self, module: torch.nn.Module, phase: str) -> None:
         module.register_forward_pre_hook(lambda *_: self.started.__setitem__(phase, time.perf_counter()))
         module.register_forward_hook(lambda *_: self.add(phase, time.perf_counter() - self.started[phase]))
@@ -115,7 +130,7 @@ class OurTrainer:
                                            foreach=False if "fused_adamw" not in options else None)
         self.timer = Timer()
         if "compile" not in options:  # compiled modules run no hooks
-            self.timer.watch(model.backbone[0], "backbone")
+            self.timer.watch_method(model.backbone[0], "forward_with_stages", "backbone")
             self.timer.watch(model.transformer.encoder, "encoder")
             self.timer.watch(model.transformer.decoder, "decoder")
         self.timer.watch(self.system.criterion.matcher, "matcher")
@@ -149,12 +164,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--authors", default=".authors/detr", help="a checkout of facebookresearch/detr")
+    parser.add_argument("--omp-passive", action="store_true",
+                        help="OMP_WAIT_POLICY=PASSIVE for both sides: on a loaded machine, spinning OpenMP threads "
+                             "wait for descheduled ones and a 2-thread step takes up to 10× longer, by chance")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     height, width = (int(value) for value in args.size.lower().split("x"))
     variants = parse_variants(args.variants)
     config = DetrConfig()  # R50, the paper's COCO model
     print(describe_machine(), flush=True)
+    print(f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
     print(f"DETR-R50, batch 2 at {height}×{width} (second image {width - 64} wide, padded), random weights, "
           f"{args.rounds} rounds after {args.warmup} warm-up")
     for name, description in OPTIONS.items():
