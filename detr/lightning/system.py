@@ -102,6 +102,9 @@ class DetrSystem(L.LightningModule):
         warmup_steps: linear learning-rate warm-up from 1/1000 over this many optimizer steps (authors: 0).
         channels_last: run the backbone in NHWC memory layout, which oneDNN (CPU) and cuDNN prefer; same
             numbers up to float rounding (benchmarks/convergence.py --step-time measures the speed).
+        fold_batch_norm: fold the backbone's frozen BatchNorms into their convolutions in training's forward and
+            backward (:meth:`detr.models.detector.Detector.use_folded_batch_norm`): the same losses and gradients
+            up to float rounding, the state dict unchanged (docs/speed.md, "Training step against the authors").
         backbone_bf16: run the backbone's convolutions in bfloat16 autocast, the transformer in float32
             (:meth:`detr.models.detector.Detector.use_autocast`): for CPUs with AMX / AVX512-BF16, where
             Lightning's ``bf16-mixed`` would also put attention in bfloat16, whose CPU backward is slow.
@@ -170,6 +173,7 @@ class DetrSystem(L.LightningModule):
         lr_drop_gamma: float = 0.1,
         warmup_steps: int = 0,
         channels_last: bool = False,
+        fold_batch_norm: bool = False,
         backbone_bf16: bool = False,
         lr_decay_fraction: float = 0.0,
         lr_flat_cosine_epochs: list[int] | None = None,
@@ -209,6 +213,8 @@ class DetrSystem(L.LightningModule):
         self.criterion = build_criterion(config, **self.loss_settings())
         if channels_last:
             self.model.use_channels_last()
+        if fold_batch_norm:
+            self.model.use_folded_batch_norm()
         if backbone_bf16:
             self.model.use_autocast(torch.bfloat16)
         self.postprocess = PostProcess(class_head=config.class_head, top_k=self.detector.detections_per_image)

@@ -240,7 +240,7 @@ class SetCriterion(nn.Module):
             num_boxes = float(sum(len(t["labels"]) for t in targets))
         num_boxes = torch.as_tensor(num_boxes, dtype=torch.float32, device=outputs.logits.device).clamp(min=1)
         layers = outputs.layers
-        layer_indices = [self.matcher(layer, targets) for layer in layers]
+        layer_indices = self.matcher.match_layers(layers, targets)
         part_indices = {part.output_field: part.match(outputs, targets, self) for part in self.parts}
         union = None
         if self.matching_union:

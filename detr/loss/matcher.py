@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
@@ -99,6 +101,20 @@ class HungarianMatcher(nn.Module):
             cost[index, :, :count] = (self.cost_mask_ce * pairwise_sigmoid_ce(logits[index], labels)
                                       + self.cost_mask_dice * pairwise_dice(logits[index], labels))
         return cost
+
+    @torch.no_grad()
+    def match_layers(self, layers: Sequence[LayerOutput], targets: list[dict[str, torch.Tensor]]
+                     ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """:meth:`forward` for several layers' predictions (every decoder layer's, first to last): the layers of
+        one shape in one batched pass (one cost computation over [L · B, Q, T], one device-to-host copy instead of
+        L); the same matches as one call per layer. Returns per layer what :meth:`forward` returns."""
+        if len(layers) < 2 or len({(layer.logits.shape, layer.boxes.shape) for layer in layers}) > 1:
+            return [self(layer, targets) for layer in layers]
+        batch = layers[0].logits.shape[0]
+        stacked = LayerOutput(torch.cat([layer.logits for layer in layers]),
+                              torch.cat([layer.boxes for layer in layers]))
+        indices = self(stacked, list(targets) * len(layers))
+        return [indices[start:start + batch] for start in range(0, len(indices), batch)]
 
     @torch.no_grad()
     def forward(self, outputs: LayerOutput, targets: list[dict[str, torch.Tensor]]

@@ -123,6 +123,7 @@ class Backbone(nn.Module):
         last_block = getattr(resnet, last_stage)[-1]
         self.num_channels: int = (last_block.conv3 if hasattr(last_block, "conv3") else last_block.conv2).out_channels
         self.channels_last = False  # set by use_channels_last()
+        self.fold_in_training = False  # set by use_folded_batch_norm()
         self.autocast_dtype: torch.dtype | None = None  # set by use_autocast()
         self.stride = {"layer2": 8, "layer3": 16, "layer4": 16 if dilation else 32}[last_stage]
 
@@ -131,6 +132,14 @@ class Backbone(nn.Module):
         (CPU) and cuDNN (tensor cores) prefer: same numbers up to float rounding, faster. In place."""
         self.to(memory_format=torch.channels_last)
         self.channels_last = True
+
+    def use_folded_batch_norm(self, enabled: bool = True) -> None:
+        """Run every FrozenBatchNorm2d folded into the convolution before it, in training as in inference,
+        without changing a parameter or the state dict: each forward computes the folded weight
+        ``w · s`` and bias ``β − μ · s`` (:func:`conv_frozen_norm`), so autograd carries the gradient of a trained
+        convolution's weight through ``w · s`` and no separate multiply-add over the activations (and its
+        backward) runs. Outputs and gradients equal the plain path's up to float rounding."""
+        self.fold_in_training = enabled
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> None:
         """The backbone's part of a detector's ``optimize_for_inference``, in place: fold the frozen
@@ -190,12 +199,55 @@ class Backbone(nn.Module):
         with context:
             features = images
             for name, stage in self.body.items():
-                features = stage(features)
+                if not self.fold_in_training:
+                    features = stage(features)
+                elif name == "conv1":
+                    features = conv_frozen_norm(stage, self.body["bn1"], features)
+                elif name != "bn1":  # (bn1 ran with conv1)
+                    features = _folded_stage(stage, features)
                 if name in keep_stages:
                     stages[name] = features
         if self.autocast_dtype is not None:
             features, stages = features.float(), {name: value.float() for name, value in stages.items()}
         return features, downsample_mask(padding_mask, features.shape[-2:]), stages
+
+
+def conv_frozen_norm(conv: nn.Conv2d, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(conv(x))`` with a FrozenBatchNorm2d ``norm`` folded into the convolution's weight and bias on the
+    fly (``w · s``, ``β − μ · s (+ b · s)``, ``s = γ / sqrt(σ² + eps)``): one pass over the activations fewer
+    forward and backward; gradients reach ``conv.weight`` through the product. Any other norm runs as it is."""
+    if not isinstance(norm, FrozenBatchNorm2d):
+        return norm(conv(x))
+    scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
+    bias = norm.bias - norm.running_mean * scale
+    if conv.bias is not None:
+        bias = bias + conv.bias * scale
+    return conv._conv_forward(x, conv.weight * scale[:, None, None, None], bias)
+
+
+def _folded_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """torchvision's Bottleneck / BasicBlock forward with :func:`conv_frozen_norm`; other modules as they are."""
+    if isinstance(block, torchvision.models.resnet.Bottleneck):
+        out = conv_frozen_norm(block.conv1, block.bn1, x).relu_()
+        out = conv_frozen_norm(block.conv2, block.bn2, out).relu_()
+        out = conv_frozen_norm(block.conv3, block.bn3, out)
+    elif isinstance(block, torchvision.models.resnet.BasicBlock):
+        out = conv_frozen_norm(block.conv1, block.bn1, x).relu_()
+        out = conv_frozen_norm(block.conv2, block.bn2, out)
+    else:
+        return block(x)
+    downsample = block.downsample
+    identity = x if downsample is None else conv_frozen_norm(downsample[0], downsample[1], x)
+    out += identity
+    return out.relu_()
+
+
+def _folded_stage(stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(stage, nn.Sequential):  # layer1 .. layer4
+        for block in stage:
+            x = _folded_block(block, x)
+        return x
+    return stage(x)
 
 
 @torch.no_grad()

@@ -76,3 +76,17 @@ def test_non_finite_predictions_raise_a_clear_error():
         assert "not finite" in str(error)
     else:
         raise AssertionError("NaN predictions were matched silently")
+
+
+def test_every_layer_in_one_pass_equals_one_call_per_layer():
+    matcher = HungarianMatcher()
+    layers = [random_problem(2, 12, 5, [1, 1], seed=seed)[0] for seed in range(4)]
+    _, targets = random_problem(2, 12, 5, [4, 7], seed=9)
+    together = matcher.match_layers(layers, targets)
+    assert len(together) == len(layers)
+    for layer, indices in zip(layers, together):
+        for (rows, cols), (expected_rows, expected_cols) in zip(indices, matcher(layer, targets), strict=True):
+            assert torch.equal(rows, expected_rows) and torch.equal(cols, expected_cols)
+    # layers of different shapes (or one layer) are matched one by one
+    mixed = [layers[0], random_problem(2, 8, 5, [1, 1], seed=5)[0]]
+    assert [len(indices) for indices in matcher.match_layers(mixed, targets)] == [2, 2]

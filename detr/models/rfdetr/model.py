@@ -146,6 +146,9 @@ class RFDETR(Detector):
         """Nothing to change: the ViT's tokens have no NCHW layout (its one convolution, the patch embedding, reads
         the input as it comes)."""
 
+    def use_folded_batch_norm(self, enabled: bool = True) -> None:
+        """Nothing to fold in training: the ViT and the projector have no frozen BatchNorm."""
+
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         return self._autocast_dtype

@@ -123,6 +123,9 @@ class RTDETR(Detector):
         self.backbone.to(memory_format=torch.channels_last)
         self.backbone.channels_last = True
 
+    def use_folded_batch_norm(self, enabled: bool = True) -> None:
+        """Nothing to fold in training: the ResNet-vd's and the encoder's BatchNorms train (``optimize_for_inference`` folds them)."""
+
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         return self.backbone.autocast_dtype
