@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from tests.helpers import randomise
-from tests.helpers_dfine import HGNETV2, TINY
+from tests.helpers_dfine import TINY, hf_hgnetv2_model, keep_decoder_constants
 
 
 def hf_model(backbone: str = "hgnetv2_b0", num_labels: int = 80, *, levels: int = 2, learnable_affine: bool = True,
@@ -16,30 +16,8 @@ def hf_model(backbone: str = "hgnetv2_b0", num_labels: int = 80, *, levels: int 
     them. ``options`` are Deimv2Config fields (``encoder_type="lite"``, ``use_gateway=False``, ...)."""
     import transformers
 
-    stages = HGNETV2[backbone]
-    hgnet = transformers.HGNetV2Config(**stages, stage_downsample=[False, True, True, True],
-                                       stage_light_block=[False, False, True, True], stage_kernel_size=[3, 3, 5, 5],
-                                       use_learnable_affine_block=learnable_affine,
-                                       out_indices=list(range(5 - levels, 5)), depths=stages["stage_num_blocks"],
-                                       hidden_sizes=stages["stage_out_channels"])
-    settings = {**TINY, "decoder_in_channels": [64] * levels, "num_feature_levels": levels,
-                "feat_strides": [8, 16, 32][-levels:], "encode_proj_layers": [levels - 1],
-                "encoder_in_channels": stages["stage_out_channels"][-levels:], **options}
-    config = transformers.Deimv2Config(backbone_config=hgnet, num_labels=num_labels,
-                                       id2label={i: f"thing {i}" for i in range(num_labels)}, **settings)
-    torch.manual_seed(seed)
-    model = transformers.Deimv2ForObjectDetection(config).eval()
-    randomise(model, seed)
-    with torch.no_grad():
-        model.model.decoder.up.fill_(config.up)
-        model.model.decoder.reg_scale.fill_(config.reg_scale)
-        for layer in model.model.decoder.layers:
-            counts = layer.encoder_attn.num_points_list
-            layer.encoder_attn.num_points_scale.copy_(torch.tensor([1 / n for n in counts for _ in range(n)]))
-        for name, parameter in model.named_parameters():
-            if name.endswith("lab.scale"):  # keep the affine blocks near the identity, so signals survive
-                parameter.add_(1.0)
-    return model
+    return hf_hgnetv2_model(transformers.Deimv2Config, transformers.Deimv2ForObjectDetection, backbone, num_labels,
+                            levels=levels, learnable_affine=learnable_affine, seed=seed, **options)
 
 
 def hf_dinov3_model(num_labels: int = 80, *, seed: int = 0, gated_mlp: bool = False, **options):
@@ -62,9 +40,5 @@ def hf_dinov3_model(num_labels: int = 80, *, seed: int = 0, gated_mlp: bool = Fa
     randomise(model, seed)
     with torch.no_grad():
         model.model.conv_encoder.backbone.rope_embeddings.inv_freq.copy_(rope)
-        model.model.decoder.up.fill_(config.up)
-        model.model.decoder.reg_scale.fill_(config.reg_scale)
-        for layer in model.model.decoder.layers:
-            counts = layer.encoder_attn.num_points_list
-            layer.encoder_attn.num_points_scale.copy_(torch.tensor([1 / n for n in counts for _ in range(n)]))
+    keep_decoder_constants(model)
     return model

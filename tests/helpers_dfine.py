@@ -27,6 +27,17 @@ def hf_model(backbone: str = "hgnetv2_b0", num_labels: int = 80, *, levels: int 
     box), the weighting function's constants and the points scale kept as transformers sets them."""
     import transformers
 
+    return hf_hgnetv2_model(transformers.DFineConfig, transformers.DFineForObjectDetection, backbone, num_labels,
+                            levels=levels, learnable_affine=learnable_affine, seed=seed, **options)
+
+
+def hf_hgnetv2_model(config_class, model_class, backbone: str, num_labels: int, *, levels: int,
+                     learnable_affine: bool, seed: int, **options):
+    """A transformers model of D-FINE's layout (``DFine*`` or ``Deimv2*``: ``config_class``, ``model_class``) on
+    HGNetV2 ``backbone`` with the :data:`TINY` encoder and decoder, random weights everywhere (the decoder's
+    constants as transformers sets them: :func:`keep_decoder_constants`) and its affine blocks near the identity."""
+    import transformers
+
     stages = HGNETV2[backbone]
     hgnet = transformers.HGNetV2Config(**stages, stage_downsample=[False, True, True, True],
                                        stage_light_block=[False, False, True, True], stage_kernel_size=[3, 3, 5, 5],
@@ -36,18 +47,26 @@ def hf_model(backbone: str = "hgnetv2_b0", num_labels: int = 80, *, levels: int 
     settings = {**TINY, "decoder_in_channels": [64] * levels, "num_feature_levels": levels,
                 "feat_strides": [8, 16, 32][-levels:], "encode_proj_layers": [levels - 1],
                 "encoder_in_channels": stages["stage_out_channels"][-levels:], **options}
-    config = transformers.DFineConfig(backbone_config=hgnet, num_labels=num_labels,
-                                      id2label={i: f"thing {i}" for i in range(num_labels)}, **settings)
+    config = config_class(backbone_config=hgnet, num_labels=num_labels,
+                          id2label={i: f"thing {i}" for i in range(num_labels)}, **settings)
     torch.manual_seed(seed)
-    model = transformers.DFineForObjectDetection(config).eval()
+    model = model_class(config).eval()
     randomise(model, seed)
+    keep_decoder_constants(model)
     with torch.no_grad():
-        model.model.decoder.up.fill_(config.up)
-        model.model.decoder.reg_scale.fill_(config.reg_scale)
-        for layer in model.model.decoder.layers:
-            counts = layer.encoder_attn.num_points_list
-            layer.encoder_attn.num_points_scale.copy_(torch.tensor([1 / n for n in counts for _ in range(n)]))
         for name, parameter in model.named_parameters():
             if name.endswith("lab.scale"):  # keep the affine blocks near the identity, so signals survive
                 parameter.add_(1.0)
     return model
+
+
+def keep_decoder_constants(model) -> None:
+    """Put back what :func:`tests.helpers.randomise` overwrote of a transformers D-FINE-layout decoder's constants:
+    the weighting function's ``up`` and ``reg_scale`` and each layer's points scale."""
+    config, decoder = model.config, model.model.decoder
+    with torch.no_grad():
+        decoder.up.fill_(config.up)
+        decoder.reg_scale.fill_(config.reg_scale)
+        for layer in decoder.layers:
+            counts = layer.encoder_attn.num_points_list
+            layer.encoder_attn.num_points_scale.copy_(torch.tensor([1 / n for n in counts for _ in range(n)]))
