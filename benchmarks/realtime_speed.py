@@ -2,16 +2,19 @@
 
     .venv/bin/python benchmarks/realtime_speed.py [--threads 2] [--repeats 7] [--batch 1]
     .venv/bin/python benchmarks/realtime_speed.py --models rtdetr_r18 dfine_s --components
+    .venv/bin/python benchmarks/realtime_speed.py --models rfdetr_nano rfdetr_base --no-detr --components
 
 Each model of the released layout (random weights everywhere: speed does not depend on them) is built by
-transformers (``RTDetrForObjectDetection`` / ``DFineForObjectDetection``), saved with ``save_pretrained``, loaded
-with ``detr.load_checkpoint`` and optimized as the Predictor runs it (``optimize_for_inference``); both run a
-forward and the post-processing (transformers' ``RTDetrImageProcessor.post_process_object_detection``, ours
-``PostProcess(top_k=300)``) on the two photos at 640 × 640 (``--batch`` of them), float32, under
-``torch.inference_mode``. DETR-R50 (``build_detr()``, optimized) runs on one 800 × 1066 image. Every repeat runs
+transformers (``RTDetrForObjectDetection`` / ``DFineForObjectDetection`` / ``RfDetrForObjectDetection``), saved with
+``save_pretrained``, loaded with ``detr.load_checkpoint`` and optimized as the Predictor runs it
+(``optimize_for_inference``); both run a forward and the post-processing (transformers' image processor's
+``post_process_object_detection``, ours ``PostProcess(top_k=300)``) on the two photos at 640 × 640 (RF-DETR at its
+release's square: Nano 384, Base 560) (``--batch`` of them), float32, under ``torch.inference_mode``. DETR-R50
+(``build_detr()``, optimized) runs on one 800 × 1066 image. Every repeat runs
 every model once, transformers and ours in alternating order, after one warm-up round, so that all columns share
 the machine's load; printed: medians (min-max) and the ratios. ``--components`` adds, per model, the medians of
-backbone / hybrid encoder (AIFI) / query selection / decoder layers (cross- and self-attention) / post-processing,
+backbone (RF-DETR: the ViT) / hybrid encoder (AIFI) or RF-DETR's projector / query selection / decoder layers
+(cross- and self-attention) / post-processing,
 timed by forward hooks (query selection: what the decoder module does besides its layers, for transformers what
 the model does besides backbone, encoder and decoder). Results: docs/speed.md. Needs transformers.
 """
@@ -53,8 +56,21 @@ MODELS = {
         **_DFINE, "levels": 2, "encoder_hidden_dim": 128, "d_model": 128, "encoder_ffn_dim": 512,
         "decoder_ffn_dim": 512, "decoder_in_channels": [128] * 2, "decoder_n_points": 6,
         "hidden_expansion": 0.34, "depth_mult": 0.5}),
+    # the rfdetr package's presets (rfdetr/config.py): a ViT-S (384 wide, 12 blocks, 6 heads), 256-wide decoder,
+    # 8 self- and 16 cross-attention heads, 2 points, 300 queries, 13 training groups, 3 C2f blocks
+    "rfdetr_nano": ("RF-DETR Nano (ViT-S/16, 2 × 2 windows, 2 layers)", "rfdetr", None, {
+        "vit": {"out_indices": [3, 6, 9, 12], "num_windows": 2, "patch_size": 16, "image_size": 24 * 16},
+        "decoder_layers": 2}),
+    "rfdetr_base": ("RF-DETR Base (ViT-S/14, 4 × 4 windows, 3 layers)", "rfdetr", None, {
+        "vit": {"out_indices": [2, 5, 8, 11], "num_windows": 4, "patch_size": 14, "image_size": 37 * 14},
+        "decoder_layers": 3}),
 }
+_RFDETR_VIT = {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6}
+_RFDETR = {"d_model": 256, "decoder_self_attention_heads": 8, "decoder_cross_attention_heads": 16,
+           "decoder_ffn_dim": 2048, "decoder_n_points": 2, "num_queries": 300, "group_detr": 13, "c2f_num_blocks": 3}
 SIZE, DETR_SIZE = 640, (800, 1066)
+#: The square of the models that are not run at SIZE: RF-DETR's releases' resolutions.
+SIZES = {"rfdetr_nano": 384, "rfdetr_base": 560}
 COMPONENTS = ("backbone", "encoder", "(AIFI)", "query selection", "decoder layers", "(cross-attention)",
               "(self-attention)", "post-processing")
 
@@ -63,6 +79,10 @@ def transformers_model(family: str, backbone: str, options: dict):
     if family == "rtdetr":
         from tests.helpers_rtdetr import hf_model
         return hf_model(backbone, 80, **options)
+    if family == "rfdetr":
+        from tests.helpers_rfdetr import hf_model
+        options = dict(options)
+        return hf_model(80, vit={**_RFDETR_VIT, **options.pop("vit")}, **{**_RFDETR, **options})
     from tests.helpers_dfine import hf_model
     return hf_model(backbone, 80, **options)
 
@@ -89,6 +109,15 @@ class Stopwatch:
 
 def watch_ours(watch: Stopwatch, model) -> None:
     watch.watch("backbone", model.backbone)
+    if hasattr(model, "projector"):  # RF-DETR: the projector in the encoder's row, its decoder's layers directly
+        for projector in model.projector:
+            watch.watch("encoder", projector)
+        watch.watch("decoder", model.decoder)
+        for layer in model.decoder.layers:
+            watch.watch("decoder layers", layer)
+            watch.watch("(cross-attention)", layer.cross_attn)
+            watch.watch("(self-attention)", layer.self_attn)
+        return
     watch.watch("encoder", model.encoder)
     for aifi in getattr(model.encoder, "encoder", []):
         watch.watch("(AIFI)", aifi)
@@ -102,6 +131,14 @@ def watch_ours(watch: Stopwatch, model) -> None:
 def watch_theirs(watch: Stopwatch, model) -> None:
     inner = model.model
     watch.watch("model", inner)
+    if hasattr(inner.backbone, "projector"):  # RF-DETR: the ViT, its projector
+        watch.watch("backbone", inner.backbone.backbone)
+        watch.watch("encoder", inner.backbone.projector)
+        watch.watch("decoder layers", inner.decoder)
+        for layer in inner.decoder.layers:
+            watch.watch("(cross-attention)", layer.cross_attn)
+            watch.watch("(self-attention)", layer.self_attn)
+        return
     watch.watch("backbone", inner.backbone)
     watch.watch("encoder", inner.encoder)
     for projection in inner.encoder_input_proj:
@@ -138,15 +175,17 @@ def main() -> None:
     parser.add_argument("--components", action="store_true", help="also time each model's parts")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from transformers import RTDetrImageProcessor
+    from transformers import RfDetrImageProcessor, RTDetrImageProcessor
 
-    images = square_photos(SIZE)[: args.batch]
-    mask = torch.zeros(args.batch, SIZE, SIZE, dtype=torch.bool)
-    sizes = torch.tensor([[SIZE, SIZE]] * args.batch)
-    processor, postprocess = RTDetrImageProcessor(), PostProcess("sigmoid", top_k=300)
+    postprocess = PostProcess("sigmoid", top_k=300)
     runs, watches = {}, {}
     for name in args.models:
         _, family, backbone, options = MODELS[name]
+        side = SIZES.get(name, SIZE)
+        images = square_photos(side)[: args.batch]
+        mask = torch.zeros(args.batch, side, side, dtype=torch.bool)
+        sizes = torch.tensor([[side, side]] * args.batch)
+        processor = RfDetrImageProcessor() if family == "rfdetr" else RTDetrImageProcessor()
         theirs = transformers_model(family, backbone, options)
         with tempfile.TemporaryDirectory() as directory:
             theirs.save_pretrained(directory)
@@ -156,13 +195,14 @@ def main() -> None:
             watch_theirs(watches[name]["theirs"], theirs)
             watch_ours(watches[name]["ours"], ours)
 
-        def run_theirs(model=theirs, watch=watches[name]["theirs"]) -> None:
+        def run_theirs(model=theirs, watch=watches[name]["theirs"], images=images, sizes=sizes,
+                       processor=processor) -> None:
             outputs = model(pixel_values=images)
             start = time.perf_counter()
             processor.post_process_object_detection(outputs, threshold=0.0, target_sizes=sizes)
             watch.seconds["post-processing"] += time.perf_counter() - start
 
-        def run_ours(model=ours, watch=watches[name]["ours"]) -> None:
+        def run_ours(model=ours, watch=watches[name]["ours"], images=images, mask=mask, sizes=sizes) -> None:
             outputs = model(images, mask)
             start = time.perf_counter()
             postprocess(outputs, sizes)
@@ -210,7 +250,8 @@ def main() -> None:
             continue
         ratio = ours_median / statistics.median(times[name]["theirs"])
         speedup = f"{reference * args.batch / ours_median:.1f}" if reference is not None else ""
-        print(f"| {MODELS[name][0]} | {args.batch} × {SIZE} × {SIZE} | {median_text(times[name]['theirs'])} | "
+        side = SIZES.get(name, SIZE)
+        print(f"| {MODELS[name][0]} | {args.batch} × {side} × {side} | {median_text(times[name]['theirs'])} | "
               f"{median_text(times[name]['ours'])} | {ratio:.2f} | {speedup} |")
     if args.components:
         for name in args.models:

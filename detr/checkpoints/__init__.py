@@ -7,7 +7,8 @@
   DEIMv2's: :mod:`detr.checkpoints.deimv2`; RF-DETR's: :mod:`detr.checkpoints.rfdetr`);
 - a file written by ``torch.save`` (:func:`detr.checkpoints.formats.read_torch_file`): the authors' release
   files (detr-r50-e632da11.pth …: ``{"model": state_dict, ...}``; the real-time DETRs' ``{"ema": {"module":
-  state_dict}}``, whose configuration :data:`STATE_DICT_READERS` read off the weights), plain state dicts, and
+  state_dict}}``, whose configuration :data:`STATE_DICT_READERS` read off the weights; the rfdetr package's
+  ``{"model": ..., "args": ...}``: :mod:`detr.checkpoints.rfdetr_package`), plain state dicts, and
   this project's Lightning checkpoints (``state_dict`` with keys ``"model." + official key`` and
   ``checkpoint["detr"]``: the :class:`detr.models.config.DetrConfig` and the
   :class:`detr.models.config.ModelMeta`, written by the training system or :func:`save_checkpoint`).
@@ -45,7 +46,8 @@ from detr.checkpoints.formats import (
     checkpoint_record,
     infer_model_config,
     load_strict,
-    read_torch_file,
+    torch_contents,
+    torch_load,
 )
 from detr.checkpoints.huggingface import BackboneFormat, read_huggingface, save_pretrained
 from detr.checkpoints.huggingface_deformable import (
@@ -55,6 +57,7 @@ from detr.checkpoints.huggingface_deformable import (
 )
 from detr.checkpoints.panoptic import is_panoptic_state_dict, load_panoptic
 from detr.checkpoints.rfdetr import is_rfdetr_directory, read_huggingface_rfdetr, save_pretrained_rfdetr
+from detr.checkpoints.rfdetr_package import is_rfdetr_package_file, read_rfdetr_package_file
 from detr.checkpoints.rtdetr import (
     is_rtdetr_directory,
     is_rtdetr_state_dict,
@@ -104,7 +107,11 @@ STATE_DICT_READERS: tuple[tuple[Callable[[dict[str, torch.Tensor]], bool],
 
 
 def _torch_file(source: str | Path) -> CheckpointContents | None:
-    contents = read_torch_file(Path(source))
+    path = Path(source)
+    obj = torch_load(path)
+    if is_rfdetr_package_file(obj):  # its configuration is in its args (and its name)
+        return read_rfdetr_package_file(obj, path)
+    contents = torch_contents(obj, path)
     if contents.config is not None:
         return contents
     reader = next((read for recognises, read in STATE_DICT_READERS if recognises(contents.state_dict)), None)

@@ -33,7 +33,7 @@ METADATA_KEYS = ("detr.outputs", "detr.class_head", "detr.num_classes", "detr.ca
                  "detr.min_image_size", "detr.model_config")
 #: Keys that files written before them lack (read as None).
 OPTIONAL_METADATA_KEYS = ("detr.input_spec", "detr.precision", "detr.score_threshold", "detr.detections_per_image",
-                          "detr.static_input_size")
+                          "detr.static_input_size", "detr.predicts_masks")
 
 #: Suffix of a deployed file → "module:class" of the runtime that runs it.
 RUNTIMES = {".onnx": "detr.checkpoints.onnx:OnnxDetector", ".xml": "detr.checkpoints.openvino:OpenVinoDetector"}
@@ -74,7 +74,8 @@ class DeployedDetector(Detector):
     (:class:`DetrConfig`), ``num_classes``, ``class_head``, ``postprocessed`` (the file outputs scores, labels
     and pixel boxes) and ``backend`` (the runtime, e.g. "onnxruntime (CPUExecutionProvider)"). It holds no
     torch parameters: ``.to()`` and ``.eval()`` change nothing. As a :class:`Detector` it returns no attention
-    (``attention_kind`` None), predicts no masks and does not export again.
+    (``attention_kind`` None), masks where its model predicted instance masks (``predicts_masks`` from the
+    metadata: RF-DETR's segmentation models), and does not export again.
     """
 
     attention_kind = None
@@ -110,6 +111,8 @@ class DeployedDetector(Detector):
         self._detections_per_image = meta["detections_per_image"]
         #: (height, width) of the only image size the file takes (a fixed-square model's), or None: any size
         self.static_input_size = tuple(meta["static_input_size"]) if meta["static_input_size"] else None
+        #: the file outputs mask logits after the boxes (pred_masks; post-processed: mask_logits)
+        self.predicts_masks = bool(meta["predicts_masks"])
         # files of models built without build_detr record no config: the class head and class count are all
         # the predictor needs, and they are recorded on their own
         self.config = (DetrConfig.from_dict(meta["model_config"], where=str(self.path)) if meta["model_config"]
@@ -144,9 +147,9 @@ class DeployedDetector(Detector):
     def forward(self, images: Tensor, padding_mask: Tensor, return_attention: bool = False,
                 targets: list[dict[str, Tensor]] | None = None) -> DetectorOutput:
         """images float [B, 3, H, W] (prepared by :attr:`input_spec`), padding_mask bool [B, H, W] (True =
-        padding) → :class:`DetectorOutput` (logits and boxes of the last layer, CPU tensors) as the PyTorch
-        model's forward (no aux layers; ``targets`` are not read). A file exported with post-processing runs
-        through :meth:`detect` instead."""
+        padding) → :class:`DetectorOutput` (logits and boxes of the last layer, and masks where the model predicts
+        them, CPU tensors) as the PyTorch model's forward (no aux layers; ``targets`` are not read). A file exported
+        with post-processing runs through :meth:`detect` instead."""
         if return_attention:
             raise ValueError(f"attention maps are not available from the {self.kind} file {self.path.name}: the "
                              "export keeps only the predictions. Use the PyTorch checkpoint for attention figures")
@@ -154,13 +157,14 @@ class DeployedDetector(Detector):
             raise ValueError(f"{self.path.name} was exported with post-processing: it needs orig_sizes [B, 2] and "
                              f"returns scores, labels and pixel boxes ({type(self).__name__}.detect). "
                              "detr.Predictor post-processes itself: export without --postprocess for it")
-        logits, boxes = self._run(images, padding_mask)
-        return DetectorOutput(logits, boxes, class_head=self.class_head)
+        logits, boxes, *masks = self._run(images, padding_mask)
+        return DetectorOutput(logits, boxes, class_head=self.class_head, masks=masks[0] if masks else None)
 
     def detect(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor) -> dict[str, Tensor]:
         """A file exported with post-processing: images and padding_mask as :meth:`forward`, orig_sizes int64
-        [B, 2] (height, width) → {"scores" [B, Q], "labels" int64 [B, Q], "boxes" [B, Q, 4] pixel xyxy}; Q is
-        :attr:`detections_per_image` where the model has it (the best (query, class) pairs, best first)."""
+        [B, 2] (height, width) → {"scores" [B, Q], "labels" int64 [B, Q], "boxes" [B, Q, 4] pixel xyxy}, and
+        "mask_logits" [B, Q, H / 4, W / 4] where the model predicts masks; Q is :attr:`detections_per_image` where the
+        model has it (the best (query, class) pairs, best first)."""
         if not self.postprocessed:
             raise ValueError(f"{self.path.name} was exported without post-processing: call it with images and "
                              f"padding_mask only ({type(self).__name__}(...)(images, padding_mask))")

@@ -7,12 +7,15 @@ the Predictor resizes every image to it) with a dynamic batch:
 
 - ONNX (``.onnx``), run by ONNX Runtime (:class:`detr.checkpoints.onnx.OnnxDetector`). Inputs ``images``
   float32 [B, 3, H, W] (normalised, zero-padded) and ``padding_mask`` bool [B, H, W] (True = padding);
-  outputs ``pred_logits`` and ``pred_boxes`` as :meth:`detr.models.DETR.forward`. With
+  outputs ``pred_logits`` and ``pred_boxes`` as :meth:`detr.models.DETR.forward` (and ``pred_masks``, mask logits
+  [B, Q, H / 4, W / 4], for a model that predicts instance masks: RF-DETR's segmentation models). With
   ``postprocess=True`` the post-processing is in the graph too: input ``orig_sizes`` int64 [B, 2]
   (height, width of the original images), outputs ``scores`` [B, Q], ``labels`` int64 [B, Q] and ``boxes``
   [B, Q, 4] pixel xyxy, scored as :class:`detr.PostProcess` scores (the same functions), so a deployment
   needs no Python; for a model with ``detections_per_image`` k (the real-time DETRs) they are its k best
-  (query, class) pairs, best first, [B, k] (:func:`detr.inference.postprocess.top_k_pairs`). The category map,
+  (query, class) pairs, best first, [B, k] (:func:`detr.inference.postprocess.top_k_pairs`); with instance masks
+  also ``mask_logits`` [B, k, H / 4, W / 4], each kept pair's query's mask logits at stride 4 of the input (the
+  originals differ in size: resizing to each and thresholding at 0 is the caller's). The category map,
   the eval resize, the class head and the top-k travel in the file's ``metadata_props`` (JSON strings;
   :func:`detr.checkpoints.onnx.read_onnx_metadata`).
 - ``torch.export`` programs (``.pt2``): the same inputs and outputs, loaded with ``torch.export.load``;
@@ -68,7 +71,7 @@ ExportFormat = Literal["onnx", "pt2", "openvino"]
 #: the file suffix of each format (the predictor and detr-serve choose the runtime by it)
 FORMAT_SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2", "openvino": ".xml"}
 
-#: fp32 tolerances of :func:`verify_export` (max abs difference): normalised boxes, logits, scores.
+#: fp32 tolerances of :func:`verify_export` (max abs difference): normalised boxes, logits (class and mask), scores.
 BOX_TOLERANCE = 1e-4
 LOGIT_TOLERANCE = 1e-3
 SCORE_TOLERANCE = 1e-4
@@ -80,7 +83,9 @@ class DeployModel(nn.Module):
     forward(images [B, 3, H, W], padding_mask bool [B, H, W]) → (pred_logits, pred_boxes) of the last decoder
     layer; with ``postprocess``: forward(images, padding_mask, orig_sizes int64 [B, 2] (height, width)) →
     (scores [B, Q], labels int64 [B, Q], boxes [B, Q, 4] pixel xyxy), scored by :mod:`detr.inference.postprocess`;
-    for a model with ``detections_per_image`` k, the k best (query, class) pairs: [B, k] each, best first.
+    for a model with ``detections_per_image`` k, the k best (query, class) pairs: [B, k] each, best first. A model
+    that predicts masks adds its mask logits: pred_masks [B, Q, H / 4, W / 4]; post-processed, mask_logits
+    [B, k, H / 4, W / 4] of the kept pairs' queries.
     """
 
     def __init__(self, model: Detector, *, postprocess: bool = False) -> None:
@@ -93,20 +98,27 @@ class DeployModel(nn.Module):
 
     @property
     def output_names(self) -> list[str]:
-        return ["scores", "labels", "boxes"] if self.postprocess else ["pred_logits", "pred_boxes"]
+        names = ["scores", "labels", "boxes"] if self.postprocess else ["pred_logits", "pred_boxes"]
+        if self.model.predicts_masks:
+            names.append("mask_logits" if self.postprocess else "pred_masks")
+        return names
 
     def forward(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor | None = None) -> tuple[Tensor, ...]:
         outputs = self.model(images, padding_mask)
+        masks = (outputs.masks,) if self.model.predicts_masks else ()
         if not self.postprocess:
-            return outputs.logits, outputs.boxes
+            return outputs.logits, outputs.boxes, *masks
         assert orig_sizes is not None, "a post-processing graph takes orig_sizes"
         top_k = self.model.detections_per_image
         if top_k is None:
             scores, labels = scores_and_labels(outputs.logits, self.model.class_head)
-            return scores, labels, boxes_to_pixels(outputs.boxes, orig_sizes)
+            return scores, labels, boxes_to_pixels(outputs.boxes, orig_sizes), *masks
         scores, labels, queries = top_k_pairs(outputs.logits, top_k)
         boxes = outputs.boxes.gather(1, queries[..., None].expand(-1, -1, 4))
-        return scores, labels, boxes_to_pixels(boxes, orig_sizes)
+        if masks:  # the kept pairs' queries' masks (a query kept for two classes: its mask twice)
+            height, width = outputs.masks.shape[-2:]
+            masks = (outputs.masks.gather(1, queries[..., None, None].expand(-1, -1, height, width)),)
+        return scores, labels, boxes_to_pixels(boxes, orig_sizes), *masks
 
 
 def prepare_for_export(model: Detector, *, bilinear_kernel: BilinearKernel = "grid_sample") -> Detector:
@@ -208,7 +220,10 @@ def metadata(model: Detector, *, postprocess: bool, category_map: CategoryMap | 
     category_map = category_map if category_map is not None else model.meta.category_map
     eval_size = eval_size if eval_size is not None else model.meta.eval_size
     options = model.config.to_dict() if model.config is not None else {}
-    config = {key: value for key, value in options.items() if isinstance(value, (str, int, float, bool, type(None)))}
+    scalar = (str, int, float, bool, type(None))
+    # tuples of scalars too (RF-DETR's ViT stages, D-FINE's points per level): JSON lists, tuples again in DetrConfig
+    config = {key: value for key, value in options.items() if isinstance(value, scalar)
+              or (isinstance(value, (list, tuple)) and all(isinstance(item, scalar) for item in value))}
     square = static_input_size(model, eval_size)
     values = {
         "outputs": "postprocessed" if postprocess else "raw",
@@ -223,6 +238,7 @@ def metadata(model: Detector, *, postprocess: bool, category_map: CategoryMap | 
             size=eval_size[0], max_size=eval_size[1]) if eval_size is not None else model.input_spec),
         "detections_per_image": model.detections_per_image,
         "static_input_size": [square, square] if square is not None else None,
+        "predicts_masks": model.predicts_masks,
     }
     return {f"detr.{key}": json.dumps(value) for key, value in values.items()}
 
@@ -325,10 +341,14 @@ class Verification:
         return "\n".join(lines)
 
 
-def _tolerances(postprocess: bool) -> dict[str, float]:
+def _tolerances(postprocess: bool, masks: bool = False) -> dict[str, float]:
     if postprocess:  # boxes are compared in normalised units (pixel difference / image size)
-        return {"scores": SCORE_TOLERANCE, "labels": 0.0, "boxes": BOX_TOLERANCE}
-    return {"pred_logits": LOGIT_TOLERANCE, "pred_boxes": BOX_TOLERANCE}
+        tolerances = {"scores": SCORE_TOLERANCE, "labels": 0.0, "boxes": BOX_TOLERANCE}
+    else:
+        tolerances = {"pred_logits": LOGIT_TOLERANCE, "pred_boxes": BOX_TOLERANCE}
+    if masks:
+        tolerances["mask_logits" if postprocess else "pred_masks"] = LOGIT_TOLERANCE
+    return tolerances
 
 
 def _runner(path: Path, format: ExportFormat, input_names: list[str]):
@@ -413,7 +433,7 @@ def verify_export(model: Detector, path: str | Path, *, format: ExportFormat = "
                 diff = diff / inputs[2].double().amax(dim=1)[:, None, None]
             row[name] = float(diff.max()) if diff.numel() else 0.0
         differences[check] = row
-    return Verification(path, differences, _tolerances(postprocess))
+    return Verification(path, differences, _tolerances(postprocess, reference.model.predicts_masks))
 
 
 def export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx", postprocess: bool = False,

@@ -8,8 +8,10 @@ imports none of them.
 
 from __future__ import annotations
 
+import argparse
 import pickle
 import re
+import types
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +42,11 @@ class CheckpointContents:
     meta: ModelMeta = ModelMeta()
 
 
+#: Plain attribute bags that training scripts pickle beside the weights (the rfdetr package's and the authors' DETR
+#: ``args``), allowed to ``torch.load(weights_only=True)``: unpickling one sets attributes and runs no code.
+SAFE_GLOBALS = (argparse.Namespace, types.SimpleNamespace)
+
+
 def torch_load(path: Path) -> Any:
     """``torch.load(path, weights_only=True)`` on the CPU, with errors that say what the file is instead."""
     if not path.is_file():
@@ -58,7 +65,8 @@ def torch_load(path: Path) -> Any:
             "or export that one with --format onnx (detr-predict and detr-serve run .onnx files); in Python, "
             f"detr.checkpoints.export.load_program('{path}') runs it")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         raise CheckpointError(
             f"refused to load {path}: it holds Python objects other than tensors and plain containers, "
@@ -319,7 +327,11 @@ def read_torch_file(path: Path) -> CheckpointContents:
     ``"model." + official key`` and ``checkpoint["detr"]``: :func:`checkpoint_record`), an authors' release
     file (``{"model": state_dict, ...}``, or ``{"ema": {"module": state_dict}, ...}``, preferred where both are
     there) or a plain state dict."""
-    obj = torch_load(path)
+    return torch_contents(torch_load(path), path)
+
+
+def torch_contents(obj: Any, path: Path) -> CheckpointContents:
+    """:func:`read_torch_file` of an object ``torch_load`` read from ``path``."""
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj.get("detr"), dict):
         record = obj["detr"]
         prefix = "model."

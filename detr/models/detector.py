@@ -52,7 +52,7 @@ class Detector(nn.Module):
         config: the :class:`DetrConfig` that built it (None for a model built by hand; checkpoints store it).
         meta: :class:`ModelMeta` (categories, eval size, things/stuff; set by loaders, empty here).
         attention_kind: what ``return_attention=True`` adds ("maps", "points" or None: see :data:`AttentionKind`).
-        predicts_masks: whether the output holds masks (a panoptic model).
+        predicts_masks: whether the output holds masks (a panoptic model, RF-DETR with instance masks, their files).
         exportable: whether :func:`detr.checkpoints.export.export` can trace it.
         backend: what runs it: "pytorch", or the backend's own description.
     """

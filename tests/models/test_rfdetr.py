@@ -197,3 +197,23 @@ def test_the_proposals_train_the_encoder_heads_and_the_decoder_starts_from_them_
     output = model(images, mask)
     output.proposals.boxes.sum().backward()
     assert all(head.layers[-1].weight.grad.abs().sum() > 0 for head in model.decoder.enc_box_head)
+
+
+def test_inference_mode_keeps_the_size_constants_and_a_weight_change_recomputes_them():
+    """Under inference mode the proposal cells and the interpolated position table are kept per size; the outputs
+    equal a plain forward's, and changing the position table in place is seen by the next call."""
+    from tests.helpers_realtime import tiny_model
+
+    model = tiny_model("rfdetr")  # a 4 × 4 position table read at 8 × 8 patches: interpolated
+    images, mask = torch.rand(2, 3, 112, 112, generator=torch.Generator().manual_seed(0)), torch.zeros(
+        2, 112, 112, dtype=torch.bool)
+    for _ in range(2):
+        with torch.no_grad():
+            plain = model(images, mask)
+        with torch.inference_mode():
+            kept, again = model(images, mask), model(images, mask)
+        assert torch.equal(plain.logits, kept.logits) and torch.equal(kept.logits, again.logits)
+        assert torch.equal(plain.boxes, again.boxes) and torch.equal(plain.masks, again.masks)
+        with torch.no_grad():
+            model.backbone.position_embeddings.mul_(3.0)  # the second round must see the new table
+    assert len(model.backbone._positions._kept) == 2 and len(model.decoder.proposals._kept) == 1

@@ -35,6 +35,7 @@ from detr.models.deformable.attention import SpatialShapes
 from detr.models.mlp import MLP
 from detr.models.position_encoding import sine_embedding
 from detr.models.rtdetr.decoder import ANCHOR_MARGIN, ANCHOR_SIZE, DecoderLayer
+from detr.models.size_constants import SizeConstants
 
 
 def refine_boxes(boxes: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
@@ -56,6 +57,11 @@ def proposals_for(spatial_shapes: SpatialShapes, *, device: torch.device | None 
     boxes = torch.cat(levels, 1)
     valid = ((boxes > ANCHOR_MARGIN) & (boxes < 1 - ANCHOR_MARGIN)).all(-1, keepdim=True)
     return boxes.masked_fill(~valid, 0.0), valid
+
+
+def _proposals(spatial_shapes: tuple[tuple[int, int], ...], *, device: torch.device, dtype: torch.dtype
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    return proposals_for(list(spatial_shapes), device=device, dtype=dtype)
 
 
 @dataclass
@@ -104,6 +110,7 @@ class RFDETRDecoder(nn.Module):
         self.enc_box_head = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_groups))
         self.class_head = nn.Linear(hidden_dim, num_classes)
         self.box_head = MLP(hidden_dim, hidden_dim, 4, 3)
+        self.proposals = SizeConstants(_proposals)  # kept per size under inference mode only
         self.reset_parameters()
 
     @torch.no_grad()
@@ -120,7 +127,7 @@ class RFDETRDecoder(nn.Module):
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """memory [B, S, C] → with query group ``group``'s encoder heads, the selected proposals' boxes [B, Q, 4]
         (with their gradient), their logits [B, Q, K], and the selected cells' features [B, Q, C]."""
-        proposals, valid = proposals_for(spatial_shapes, device=memory.device, dtype=memory.dtype)
+        proposals, valid = self.proposals(tuple(spatial_shapes), device=memory.device, dtype=memory.dtype)
         features = self.enc_output_norm[group](self.enc_output[group](memory.masked_fill(~valid, 0.0)))
         logits = self.enc_class_head[group](features)  # [B, S, K]
         index = logits.masked_fill(~valid, float("-inf")).max(-1).values.topk(self.num_queries, dim=1).indices

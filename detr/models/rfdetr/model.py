@@ -47,7 +47,7 @@ class RFDETR(Detector):
 
     class_head: ClassHead = "sigmoid"
     attention_kind = "points"
-    exportable = False  # ONNX / torch.export of this family is not written yet (docs/rfdetr.md)
+    exportable = True  # at its fixed square (docs/rfdetr.md, "Export")
 
     def __init__(self, backbone: WindowedViT | LwDetrViT, projector: nn.ModuleList, decoder: RFDETRDecoder,
                  mask_head: MaskHead | None = None, *, num_classes: int, aux_loss: bool = True) -> None:

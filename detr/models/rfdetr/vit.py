@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.models.size_constants import SizeConstants
+
 
 class Attention(nn.Module):
     """Multi-head self-attention with separate q, k, v and output projections (scaled dot product)."""
@@ -102,6 +104,9 @@ class WindowedViT(nn.Module):
         self.blocks = nn.ModuleList(Block(hidden_dim, num_heads, mlp_ratio, global_attention=i not in windowed,
                                           num_windows=num_windows) for i in range(num_layers))
         self.norm = nn.LayerNorm(hidden_dim, eps=1e-6)
+        # the interpolated table, kept per grid under inference mode only (keyed by the table's version, so that a
+        # change of the weights computes it afresh)
+        self._positions = SizeConstants(self._interpolated_positions)
 
     @property
     def multiple(self) -> int:
@@ -114,6 +119,16 @@ class WindowedViT(nn.Module):
         side = int((table.shape[1] - 1) ** 0.5)
         if rows == columns == side:
             return table
+        if not torch.is_inference_mode_enabled():  # a traced or trained forward computes it (the key reads storage)
+            return self._interpolated_positions((rows, columns), device=table.device, dtype=table.dtype)
+        key = (rows, columns, table._version, table.data_ptr())
+        return self._positions(key, device=table.device, dtype=table.dtype)
+
+    def _interpolated_positions(self, key: tuple[int, ...], *, device: torch.device, dtype: torch.dtype
+                                ) -> torch.Tensor:
+        rows, columns = key[:2]
+        table = self.position_embeddings
+        side = int((table.shape[1] - 1) ** 0.5)
         grid = table[:, 1:].reshape(1, side, side, -1).permute(0, 3, 1, 2)
         grid = F.interpolate(grid.float(), size=(rows, columns), mode="bicubic", align_corners=False,
                              antialias=True).to(table.dtype)

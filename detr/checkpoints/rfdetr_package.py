@@ -1,0 +1,182 @@
+"""RF-DETR weights as the authors' ``rfdetr`` package saves them (roboflow/rf-detr): ``rf-detr-base.pth``,
+``rf-detr-seg-small.pt``, a fine-tuning run's ``checkpoint_best_total.pth``.
+
+The file is ``{"model": state_dict, "args": ...}``: the state dict in the authors' keys (the layout that transformers'
+RF-DETR files keep, so :func:`detr.checkpoints.rfdetr.to_our_state_dict` maps it, every Group DETR group included),
+``args`` the run's settings (an ``argparse.Namespace`` from ``populate_args`` in the package's engine, a plain dict in
+its Lightning-based releases, which also store ``model_config``, the ``ModelConfig`` fields, and ``model_name``).
+Released files may carry no settings at all.
+
+The configuration comes from three places, each filling what the one before leaves open:
+
+1. the weights: the ViT's width, blocks, patch size and position table, the decoder's width, layers, FFN width and
+   points × heads, the projector's blocks, Group DETR's groups (one encoder head each) and so the queries per group,
+   the class count (``num_classes`` + 1 logits: label k is the data set's category k) and the mask head;
+2. ``model_config`` and ``args``: ``out_feature_indexes``, ``num_windows``, ``sa_nheads``, ``ca_nheads``,
+   ``resolution`` (the square the model was trained at), ``encoder``, ``projector_scale``, ``class_names``;
+3. the released model of the file's name (or ``model_name``): the package's presets (``rfdetr/config.py``: Nano,
+   Small, Medium, Base, Large, Seg Preview, Seg Nano ... Seg 2XLarge).
+
+A setting that none gives is refused with one line naming the file and the setting. Not read: LW-DETR's files (their
+ViT is another), the ``dinov2_registers_*`` encoders, several projector scales (``P3``, ``P5``), LoRA adapters,
+keypoint models (the package's empty keypoint schema buffer, ``_kp_active_mask``, is dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from detr.categories import UNUSED_NAME, CategoryMap
+from detr.checkpoints.formats import CheckpointContents, CheckpointError
+from detr.checkpoints.rfdetr import to_our_state_dict
+from detr.models.config import DetrConfig, ModelMeta
+
+logger = logging.getLogger(__name__)
+
+#: The key that marks the authors' RF-DETR state dict (the DINOv2 patch embedding of ``backbone.0``).
+PATCH_KEY = "backbone.0.encoder.encoder.embeddings.patch_embeddings.projection.weight"
+#: What the weights do not show, per released model (roboflow/rf-detr ``rfdetr/config.py``); the rest is read off
+#: the weights. Keys: the file's stem (``pretrain_weights``) or ``model_name``.
+_DETECTION = {"sa_nheads": 8, "ca_nheads": 16, "projector_scale": ["P4"], "encoder": "dinov2_windowed_small"}
+PRESETS: dict[str, dict[str, Any]] = {
+    "rf-detr-base": {**_DETECTION, "out_feature_indexes": [2, 5, 8, 11], "num_windows": 4, "resolution": 560},
+    "rf-detr-nano": {**_DETECTION, "out_feature_indexes": [3, 6, 9, 12], "num_windows": 2, "resolution": 384},
+    "rf-detr-small": {**_DETECTION, "out_feature_indexes": [3, 6, 9, 12], "num_windows": 2, "resolution": 512},
+    "rf-detr-medium": {**_DETECTION, "out_feature_indexes": [3, 6, 9, 12], "num_windows": 2, "resolution": 576},
+    "rf-detr-large-2026": {**_DETECTION, "out_feature_indexes": [3, 6, 9, 12], "num_windows": 2, "resolution": 704},
+    **{f"rf-detr-seg-{name}": {**_DETECTION, "out_feature_indexes": [3, 6, 9, 12], "num_windows": windows,
+                               "resolution": resolution}
+       for name, windows, resolution in (("preview", 2, 432), ("nano", 1, 312), ("small", 2, 384), ("medium", 2, 432),
+                                         ("large", 2, 504), ("xlarge", 2, 624), ("xxlarge", 2, 768))},
+}
+#: The package's class names of its presets (``RFDETRNano`` ...) → the file stems above.
+_MODEL_NAMES = {"RFDETRBase": "rf-detr-base", "RFDETRNano": "rf-detr-nano", "RFDETRSmall": "rf-detr-small",
+                "RFDETRMedium": "rf-detr-medium", "RFDETRLarge": "rf-detr-large-2026",
+                "RFDETRSegPreview": "rf-detr-seg-preview", "RFDETRSegNano": "rf-detr-seg-nano",
+                "RFDETRSegSmall": "rf-detr-seg-small", "RFDETRSegMedium": "rf-detr-seg-medium",
+                "RFDETRSegLarge": "rf-detr-seg-large", "RFDETRSegXLarge": "rf-detr-seg-xlarge",
+                "RFDETRSeg2XLarge": "rf-detr-seg-xxlarge"}
+#: The settings this reader needs besides the weights.
+NEEDED = ("out_feature_indexes", "num_windows", "sa_nheads", "ca_nheads", "resolution")
+
+
+def is_rfdetr_package_file(obj: Any) -> bool:
+    """Whether a loaded ``torch.save`` object is the package's ``{"model": <RF-DETR state dict>, ...}``."""
+    return isinstance(obj, dict) and isinstance(obj.get("model"), dict) and (
+        PATCH_KEY in obj["model"] or any(key.startswith("backbone.0.encoder.base_model.") for key in obj["model"]))
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, (argparse.Namespace, SimpleNamespace)):
+        return vars(value)
+    return {}
+
+
+def _settings(obj: dict[str, Any], path: Path) -> tuple[dict[str, Any], str | None]:
+    """The run's settings: the preset of the file's (or model_name's) released model, then ``args``, then
+    ``model_config`` over it (None values skipped) → (settings, the preset's name or None)."""
+    model_name = obj.get("model_name")
+    names = [_MODEL_NAMES.get(str(model_name), str(model_name).lower()) if model_name else None, path.stem.lower()]
+    preset = next((name for name in names if name in PRESETS), None)
+    settings = dict(PRESETS[preset]) if preset else {}
+    for source in (_fields(obj.get("args")), _fields(obj.get("model_config"))):
+        settings.update({key: value for key, value in source.items() if value is not None})
+    return settings, preset
+
+
+def _count(state_dict: dict[str, torch.Tensor], pattern: str) -> int:
+    compiled = re.compile(pattern)
+    return len({match.group(1) for key in state_dict if (match := compiled.match(key))})
+
+
+def _category_map(settings: dict[str, Any], num_classes: int, path: Path) -> CategoryMap | None:
+    """Label k is the data set's category k (the package's ``num_classes + 1`` logits): ``class_names`` name labels
+    1..N (label 0 the unused background id); without names, 91 logits are COCO's ids."""
+    names = settings.get("class_names")
+    if names:
+        names = [str(name) for name in names]
+        if len(names) == num_classes - 1:
+            return CategoryMap(tuple(range(num_classes)), (UNUSED_NAME, *names))
+        if len(names) == num_classes:
+            return CategoryMap(tuple(range(num_classes)), tuple(names))
+        logger.warning("%s: %d class_names for %d class logits; the labels are left unnamed", path, len(names),
+                       num_classes)
+        return None
+    return CategoryMap.coco() if num_classes == 91 else None
+
+
+def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> CheckpointContents:
+    """The package's loaded file (:func:`is_rfdetr_package_file`) → this project's state dict, config and meta.
+
+    Raises:
+        CheckpointError: a setting neither the weights, ``args``/``model_config`` nor a released preset give, or one
+            this project's RF-DETR cannot reproduce (registers, several projector scales, LoRA adapters).
+    """
+    path = Path(path)
+    weights: dict[str, torch.Tensor] = obj["model"]
+    if any(key.startswith("backbone.0.encoder.base_model.") for key in weights):
+        raise CheckpointError(f"{path}: the ViT holds LoRA adapters (backbone_lora): merge them into the encoder's "
+                              "weights with the rfdetr package and save again")
+    keypoints = weights.get("_kp_active_mask")  # the package's keypoint schema (1.11): no active slot, no keypoints
+    if keypoints is not None and bool(keypoints.any()):
+        raise CheckpointError(f"{path}: a keypoint model (its _kp_active_mask has active slots): this project's "
+                              "RF-DETR predicts boxes and instance masks, not keypoints")
+    weights = {key: value for key, value in weights.items() if key != "_kp_active_mask"}
+    settings, preset = _settings(obj, path)
+    encoder = str(settings.get("encoder", "dinov2_windowed_small"))
+    scales = list(settings.get("projector_scale") or ["P4"])
+    if "registers" in encoder or not encoder.startswith("dinov2_windowed"):
+        raise CheckpointError(f"{path}: encoder {encoder!r} is not read (this project's RF-DETR has DINOv2's windowed "
+                              "ViT without register tokens: dinov2_windowed_small or dinov2_windowed_base)")
+    if scales != ["P4"]:
+        raise CheckpointError(f"{path}: projector_scale {scales} is not read (this project's RF-DETR has one level, "
+                              "['P4'], as every current release)")
+    missing = [name for name in NEEDED if name not in settings]
+    if missing:
+        raise CheckpointError(f"{path}: the file records no {missing} (its 'args' lack them and its name is no "
+                              f"released model's: {', '.join(PRESETS)}); rename it to the released model it was "
+                              "fine-tuned from")
+    state_dict = to_our_state_dict(weights, str(path))
+    patch = state_dict["backbone.patch_embed.weight"]
+    vit_dim, patch_size = int(patch.shape[0]), int(patch.shape[-1])
+    table = int(round((state_dict["backbone.position_embeddings"].shape[1] - 1) ** 0.5))
+    groups = _count(state_dict, r"^decoder\.enc_output\.(\d+)\.")
+    rows, hidden = state_dict["decoder.query_embed.weight"].shape
+    cross_heads, levels = int(settings["ca_nheads"]), 1
+    points = state_dict["decoder.layers.0.cross_attn.attention_weights.weight"].shape[0] // (cross_heads * levels)
+    masks = "mask_head.bias" in state_dict
+    num_classes = int(state_dict["decoder.class_head.weight"].shape[0])
+    try:
+        config = DetrConfig(
+            architecture="rfdetr", backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=levels,
+            vit_hidden_dim=vit_dim, vit_num_layers=_count(state_dict, r"^backbone\.blocks\.(\d+)\."),
+            vit_num_heads=vit_dim // 64,  # DINOv2's 64-wide heads (ViT-S 6, ViT-B 12)
+            vit_mlp_ratio=int(state_dict["backbone.blocks.0.mlp.fc1.weight"].shape[0]) // vit_dim,
+            vit_out_indices=tuple(int(i) for i in settings["out_feature_indexes"]),
+            vit_num_windows=int(settings["num_windows"]), vit_patch_size=patch_size,
+            vit_position_size=table * patch_size, hidden_dim=int(hidden), num_heads=int(settings["sa_nheads"]),
+            cross_attention_heads=cross_heads, num_points=int(points),
+            dim_feedforward=int(state_dict["decoder.layers.0.linear1.weight"].shape[0]),
+            num_decoder_layers=_count(state_dict, r"^decoder\.layers\.(\d+)\."), num_queries=int(rows) // groups,
+            query_groups=groups, dropout=0.0,
+            projector_blocks=_count(state_dict, r"^projector\.0\.bottlenecks\.(\d+)\."),
+            instance_masks=masks,
+            mask_dim_feedforward=int(state_dict["mask_head.query_block.fc1.weight"].shape[0]) if masks else 1024,
+            num_classes=num_classes, pretrained_backbone=False)
+    except ValueError as error:
+        raise CheckpointError(f"{path}: its settings do not describe an RF-DETR this project builds: {error}"
+                              ) from error
+    size = int(settings["resolution"])
+    meta = ModelMeta(category_map=_category_map(settings, num_classes, path), eval_size=(size, size))
+    logger.info("%s: the rfdetr package's file%s, %d classes, %d × %d", path,
+                f" ({preset}'s settings where the file has none)" if preset else "", num_classes, size, size)
+    return CheckpointContents(state_dict, config, meta)
