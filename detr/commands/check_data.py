@@ -1,6 +1,7 @@
 """Check a COCO-format data set for what would hurt DETR training.
 
     detr-check-data data/coco-mini/val2017 data/coco-mini/annotations/instances_val2017.json
+    detr-check-data images/ train.json --checkpoint dfine_s_coco.pth   # before a fine-tune
 
 Exit code 0 when nothing would hurt training (warnings may be listed), 1 with the list of errors
 otherwise. The checks themselves: detr.data.checker.
@@ -11,6 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from detr.data.checker import CheckpointClasses
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", action="store_true",
                         help="remember each image read in JSON.imagecache beside the json (as `detr fit` does) and "
                         "reread only files whose size or mtime changed")
+    parser.add_argument("--min-images-per-class", type=int, default=10,
+                        help="warn about categories with boxes on fewer images (default 10; 0: no check)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="the checkpoint a fine-tune starts from: say whether its class head carries over to "
+                        "the json's categories, and name categories it knows under other ids")
     args = parser.parse_args(argv)
     images, annotations = Path(args.images_dir), Path(args.annotations_json)
     if images.is_file() and annotations.is_dir():  # said "does not exist" of a folder that exists
@@ -37,15 +47,39 @@ def main(argv: list[str] | None = None) -> int:
     from detr.data.checker import check_dataset, format_problems, has_errors  # after --help: no image pipeline
     from detr.data.image_checks import default_cache_file
 
+    checkpoint = None
+    if args.checkpoint is not None:
+        try:
+            checkpoint = checkpoint_classes(args.checkpoint)
+        except (OSError, ValueError) as error:  # CheckpointError is a ValueError
+            parser.error(f"--checkpoint {args.checkpoint}: {error}")
+
     problems = check_dataset(
         args.images_dir, args.annotations_json, num_queries=args.num_queries, decode_images=not args.quick,
         workers=args.workers, cache_file=default_cache_file(args.annotations_json) if args.cache else None,
-        progress=True,
+        progress=True, min_images_per_class=args.min_images_per_class, checkpoint=checkpoint,
     )
     print(format_problems(problems, max_per_kind=args.max_per_kind))
     failed = has_errors(problems)
     print("FAIL: fix the errors above before training" if failed else "OK: nothing that would hurt training")
     return 1 if failed else 0
+
+
+def checkpoint_classes(source: str) -> CheckpointClasses:
+    """The class count and category map of a checkpoint (a file, a released name or a transformers directory):
+    its recorded map, else its config's class count, else the one its weights show."""
+    from detr.checkpoints import infer_model_config, read_checkpoint
+    from detr.data.checker import CheckpointClasses
+
+    contents = read_checkpoint(source)
+    category_map = contents.meta.category_map
+    if category_map is not None:
+        num_classes = category_map.num_classes
+    elif contents.config is not None:
+        num_classes = contents.config.num_classes
+    else:
+        num_classes = infer_model_config(contents.state_dict, str(source)).num_classes
+    return CheckpointClasses(str(source), num_classes, category_map)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from pycocotools import mask as mask_utils
 
+from detr.categories import UNUSED_NAME, CategoryMap
 from detr.data.coco import (
     AnnotationFileError,
     all_coco_bboxes,
@@ -50,6 +51,13 @@ Severity = Literal["error", "warning", "info"]
 
 #: A box may reach this far (pixels) past the image border before it counts as outside (float rounding).
 OUTSIDE_TOLERANCE = 1.0
+
+#: "Boxes written as xyxy" needs this share of boxes to run past their image as [x, y, width, height] while
+#: fitting inside it as [x1, y1, x2, y2] (boxes whose corners both lie left of the middle do not run past) ...
+XYXY_MIN_OUTSIDE = 0.25
+#: ... and this share to fit inside it as corners (a real xywh file: only large boxes near the top left do).
+#: The same share of boxes within [0, 1] says "normalised units".
+XYXY_MIN_CORNERS = 0.9
 
 #: A mask's extent (the box around its pixels) and its annotation's bbox overlap at least this much (IoU).
 MASK_BOX_MIN_IOU = 0.5
@@ -113,6 +121,8 @@ def check_dataset(
     data: dict[str, Any] | None = None,
     cache_file: str | Path | None = None,
     progress: bool = False,
+    min_images_per_class: int = 0,
+    checkpoint: CheckpointClasses | None = None,
 ) -> list[Problem]:
     """Every problem of the data set ``images_dir`` + ``annotations_file`` (module docstring).
 
@@ -127,6 +137,11 @@ def check_dataset(
         cache_file: remember what each image read found there, and reuse it for files whose size and mtime
             are unchanged (:mod:`detr.data.image_checks`); None reads every file.
         progress: show a progress bar while reading many images.
+        min_images_per_class: warn about categories with boxes on fewer images than this (0: no check); a
+            fine-tune learns next to nothing about such a class.
+        checkpoint: the classes of the checkpoint a fine-tune starts from: warn when its class head cannot
+            carry over, and name the categories whose names it knows under other labels
+            (:func:`checkpoint_class_problems`).
 
     Returns:
         Problems: errors, then warnings, each group in json order, then one "info" summary (counts and
@@ -222,7 +237,10 @@ def check_dataset(
     used_categories: set[int] = set()
     missing_fields: list[Any] = []
     without_segmentation: list[Any] = []
-    sized_boxes = outside_boxes = xyxy_like = 0  # for the "written as xyxy" test below
+    # for the box-format tests below: boxes with a known image size, those reaching outside it, those that fit
+    # inside it read as [x1, y1, x2, y2], both, and those in 0-1 units on an image of at least 64 pixels a side
+    sized_boxes = outside_boxes = xyxy_like = outside_xyxy_like = normalised_like = 0
+    images_per_category: dict[int, set[Any]] = defaultdict(set)
     bboxes_valid = (all(isinstance(a, dict) for a in annotations)  # a fast yes at COCO's size, else one by one
                     and all_coco_bboxes([a.get("bbox") for a in annotations]))
     for position, annotation in enumerate(annotations):
@@ -276,8 +294,12 @@ def check_dataset(
             height, width = size
             tol = OUTSIDE_TOLERANCE
             sized_boxes += 1
-            outside_boxes += x < -tol or y < -tol or x + w > width + tol or y + h > height + tol
-            xyxy_like += x < w <= width + tol and y < h <= height + tol  # [x0, y0, x1, y1] inside the image
+            outside = x < -tol or y < -tol or x + w > width + tol or y + h > height + tol
+            corners = 0 <= x < w <= width + tol and 0 <= y < h <= height + tol  # [x1, y1, x2, y2] inside the image
+            outside_boxes += outside
+            xyxy_like += corners
+            outside_xyxy_like += outside and corners
+            normalised_like += min(height, width) >= 64 and max(x, y, w, h) <= 1 + 1e-6
             if x >= width or y >= height or x + w <= 0 or y + h <= 0:
                 add("error", "box_outside_image", f"bbox {bbox} lies entirely outside the {width}x{height} image; "
                     "the pipeline drops it", file_name, ann_id)
@@ -288,11 +310,31 @@ def check_dataset(
                     file_name, ann_id)
         if image is not None and not crowd:
             boxes_per_image[annotation["image_id"]] += 1
+            if category_id in categories:
+                images_per_category[category_id].add(annotation["image_id"])
 
-    if sized_boxes >= 4 and outside_boxes >= 0.25 * sized_boxes and xyxy_like == sized_boxes:
-        add("error", "boxes_look_like_xyxy", f"{outside_boxes} of {sized_boxes} boxes reach outside their image, and "
-            "every box read as [x0, y0, x1, y1] would lie inside it: the file seems to hold xyxy corners where COCO "
-            "wants [x, y, width, height]; convert with width = x1 - x0, height = y1 - y0")
+    # Corners: x2 > x1 and y2 > y1 always, and x1 + x2 runs past the width for every box right of the middle.
+    if (sized_boxes >= 4 and outside_xyxy_like >= XYXY_MIN_OUTSIDE * sized_boxes
+            and xyxy_like >= XYXY_MIN_CORNERS * sized_boxes):
+        add("error", "boxes_look_like_xyxy", f"bbox looks like [x1, y1, x2, y2] in '{annotations_file}': "
+            f"{outside_xyxy_like} of {sized_boxes} boxes run past their image as [x, y, width, height] and "
+            f"{xyxy_like} fit inside it as corners; COCO wants [x, y, width, height]: convert with "
+            "width = x2 - x1, height = y2 - y1")
+    if sized_boxes and normalised_like >= XYXY_MIN_CORNERS * sized_boxes:
+        add("warning", "boxes_look_normalised", f"bbox looks normalised to 0-1 in '{annotations_file}': "
+            f"{normalised_like} of {sized_boxes} boxes lie within 1 pixel of the corner of images of 64 or more "
+            "pixels a side (YOLO-style units); COCO wants pixels: multiply x and width by the image width, y and "
+            "height by its height (from YOLO's centre x, y: x = (cx - w / 2) * width)")
+    few = sorted((len(images_per_category[c]), c) for c in images_per_category
+                 if len(images_per_category[c]) < min_images_per_class)
+    if few:
+        shown = ", ".join(f"'{categories[c]}' (id {c}): {n}" for n, c in few[:8])
+        more = f" and {len(few) - 8} more" if len(few) > 8 else ""
+        add("warning", "few_images_per_class", f"{len(few)} categories have boxes on fewer than "
+            f"{min_images_per_class} images in '{annotations_file}': {shown}{more}; a fine-tune learns next to "
+            "nothing about them (near 0 AP): label more images of each, or merge or drop the category")
+    if checkpoint is not None:
+        problems += checkpoint_class_problems(categories, checkpoint, annotations_file)
     if not any(boxes_per_image.values()):
         add("error", "no_annotations", f"'{annotations_file}' has no (non-crowd) box on any of its {len(images)} "
             "images: a model trained on it learns only 'no object' and evaluation has nothing to score; is it the "
@@ -323,6 +365,75 @@ def check_dataset(
             "evaluation reports box AP only")
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(problems, key=lambda p: order[p.severity])  # stable: json order within each group
+
+
+@dataclass(frozen=True)
+class CheckpointClasses:
+    """The classes of the checkpoint a fine-tune starts from.
+
+    source: the checkpoint as the user named it (for messages).
+    num_classes: the classes of its class head (logits without "no object").
+    category_map: label → category id and name as the checkpoint records it (None where it records none).
+    """
+
+    source: str
+    num_classes: int
+    category_map: CategoryMap | None = None
+
+
+def checkpoint_class_problems(categories: dict[int, str], checkpoint: CheckpointClasses,
+                              annotations_file: str | Path) -> list[Problem]:
+    """What a fine-tune of ``checkpoint`` on a json with ``categories`` (``{id: name}``) should know.
+
+    The data's labels are those of ``--data.category_ids auto`` (raw ids for COCO's own categories, else
+    0..K-1 in order of id). The class head carries over when the label counts agree (the training system
+    leaves a tensor of another shape freshly initialised); nothing is said then unless a category name the
+    checkpoint knows sits on another label (an error: each trained row would serve another class). A head of
+    another size is a warning that it starts fresh, naming ``--data.category_ids`` where the other convention
+    would keep it, and the shared names under other ids.
+    """
+    if not categories:
+        return []
+    listed = [{"id": i, "name": n} for i, n in categories.items()]
+    auto = "raw" if CategoryMap.is_coco_like(listed) else "contiguous"
+    maps = {"contiguous": CategoryMap.from_coco_categories(listed, contiguous=True)}
+    if min(categories) >= 0:
+        maps["raw"] = CategoryMap.from_coco_categories(listed, contiguous=False)
+    theirs = checkpoint.category_map
+
+    def moved(ours: CategoryMap) -> list[str]:
+        """Names that both maps know, on different labels: 'name' (id here, id there)."""
+        if theirs is None:
+            return []
+        their_label = {n: label for label, n in enumerate(theirs.names) if n != UNUSED_NAME}
+        return [f"'{n}' (id {ours.category_ids[label]} here, {theirs.category_ids[their_label[n]]} there)"
+                for label, n in enumerate(ours.names) if n in their_label and their_label[n] != label]
+
+    def fits(ours: CategoryMap) -> bool:
+        return ours.num_classes == checkpoint.num_classes and not moved(ours)
+
+    ours, where = maps[auto], f"'{annotations_file}'"
+    if fits(ours):
+        return []
+    other = next((name for name, m in maps.items() if name != auto and fits(m)), None)
+    names = moved(ours)
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    if ours.num_classes == checkpoint.num_classes:
+        return [Problem("error", "checkpoint_class_mismatch", f"{where} and {checkpoint.source} both have "
+                        f"{ours.num_classes} classes, but {len(names)} categories sit on another label: {shown}; "
+                        "each trained row of the class head would serve another class: give these categories the "
+                        "checkpoint's ids")]
+    message = (f"{checkpoint.source} has a {checkpoint.num_classes}-class head, {where} {ours.num_classes} "
+               f"classes (--data.category_ids auto: {auto} ids): the class head starts fresh for the new class "
+               "count (fine for new classes")
+    if other is not None:
+        message += f"; these are the checkpoint's classes: pass --data.category_ids {other} to keep its head)"
+    elif names:
+        message += (f"; {len(names)} categories are the checkpoint's under other ids: {shown}: give them its ids "
+                    "and the same class count to keep what it learnt)")
+    else:
+        message += ")"
+    return [Problem("warning", "checkpoint_class_head", message)]
 
 
 def _segmentation_problems(annotation: dict[str, Any], size: tuple[int, int] | None

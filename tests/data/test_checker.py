@@ -11,8 +11,21 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from detr.categories import COCO_CATEGORIES, CategoryMap
+from detr.checkpoints import save_checkpoint
 from detr.commands import check_data
-from detr.data.checker import Problem, check_dataset, format_problems, has_errors, reading_workers
+from detr.data.checker import (
+    CheckpointClasses,
+    Problem,
+    check_dataset,
+    checkpoint_class_problems,
+    format_problems,
+    has_errors,
+    reading_workers,
+)
+from detr.models.build import build_detr
+from detr.models.config import ModelMeta
+from tests.helpers import tiny_config_with
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -254,3 +267,124 @@ def test_segmentations_are_checked_one_line_each(tmp_path: Path) -> None:
         "training with masks (--data.masks true) refuses the file and evaluation reports box AP only",
     ]
     assert not [p for p in problems if p.annotation_id == 1 and "mask" in p.kind + p.message]
+
+
+def write_boxes(root: Path, boxes: list[list[float]], *, size: tuple[int, int] = (480, 640),
+                categories: list[dict] | None = None, category_ids: list[int] | None = None) -> tuple[Path, Path]:
+    """One blank ``size`` (height, width) image per box, each box on its own image."""
+    images_dir = root / "images"
+    images_dir.mkdir(parents=True)
+    height, width = size
+    images, annotations = [], []
+    for index, bbox in enumerate(boxes, start=1):
+        Image.new("L", (width, height)).save(images_dir / f"{index}.png")
+        images.append({"id": index, "file_name": f"{index}.png", "height": height, "width": width})
+        category_id = category_ids[index - 1] if category_ids else 1
+        annotations.append(ann(index, index, bbox, category_id))
+    path = root / "instances.json"
+    path.write_text(json.dumps({"images": images, "annotations": annotations,
+                                "categories": categories or [{"id": 1, "name": "thing"}]}))
+    return images_dir, path
+
+
+def test_boxes_written_as_corners_are_named_with_the_conversion(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # [x1, y1, x2, y2] corners on a 640 x 480 image; one stray box (x2 < x1) does not hide the rest.
+    corners = [[400, 300, 600, 450], [100, 50, 200, 120], [350, 10, 500, 90], [20, 260, 90, 470],
+               [300, 200, 620, 400], [10, 10, 50, 40], [500, 100, 630, 300], [200, 300, 400, 460],
+               [450, 350, 640, 480], [60, 60, 300, 200], [600, 400, 20, 30]]
+    images_dir, path = write_boxes(tmp_path, corners)
+    flagged = find(check_dataset(images_dir, path, decode_images=False), "boxes_look_like_xyxy")
+    assert [p.severity for p in flagged] == ["error"]
+    assert flagged[0].message.startswith(f"bbox looks like [x1, y1, x2, y2] in '{path}'")
+    assert "COCO wants [x, y, width, height]: convert with width = x2 - x1, height = y2 - y1" in flagged[0].message
+    assert check_data.main([str(images_dir), str(path), "--quick"]) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if "error: boxes_look_like_xyxy" in line]
+    assert len(lines) == 1 and "convert with" in lines[0]
+    # the same boxes as [x, y, width, height] (the widths of the corners) stay inside: nothing to say
+    xywh = [[x1, y1, abs(x2 - x1), abs(y2 - y1)] for x1, y1, x2, y2 in corners[:-1]]
+    images_dir, path = write_boxes(tmp_path / "xywh", xywh)
+    assert not find(check_dataset(images_dir, path, decode_images=False), "boxes_look_like_xyxy")
+
+
+def test_boxes_in_normalised_units_are_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    normalised = [[0.1, 0.2, 0.3, 0.25], [0.5, 0.5, 0.4, 0.3], [0.0, 0.7, 0.2, 0.3], [0.62, 0.05, 0.1, 0.1]]
+    images_dir, path = write_boxes(tmp_path, normalised)
+    problems = check_dataset(images_dir, path, decode_images=False)
+    flagged = find(problems, "boxes_look_normalised")
+    assert [p.severity for p in flagged] == ["warning"] and not has_errors(problems)
+    assert "YOLO-style" in flagged[0].message and "COCO wants pixels" in flagged[0].message
+    assert str(path) in flagged[0].message
+    assert check_data.main([str(images_dir), str(path), "--quick"]) == 0
+    assert sum("warning: boxes_look_normalised" in line for line in capsys.readouterr().out.splitlines()) == 1
+    # a 1-pixel box on a 16-pixel image is a box, not a unit
+    images_dir, path = write_boxes(tmp_path / "small", [[0.5, 0.5, 0.5, 0.5]], size=(16, 16))
+    assert not find(check_dataset(images_dir, path, decode_images=False), "boxes_look_normalised")
+
+
+def test_categories_with_few_images_are_listed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    categories = [{"id": i, "name": f"class{i}"} for i in range(1, 13)]
+    category_ids = [1] * 4 + list(range(2, 13))  # class1 on 4 images, the others on one each
+    images_dir, path = write_boxes(tmp_path, [[10, 10, 20, 20]] * len(category_ids), categories=categories,
+                                   category_ids=category_ids)
+    assert not find(check_dataset(images_dir, path, decode_images=False), "few_images_per_class")  # off by default
+    flagged = find(check_dataset(images_dir, path, decode_images=False, min_images_per_class=3),
+                   "few_images_per_class")
+    assert [p.severity for p in flagged] == ["warning"]
+    message = flagged[0].message
+    assert message.startswith(f"11 categories have boxes on fewer than 3 images in '{path}': 'class2' (id 2): 1")
+    assert "and 3 more" in message and "'class1'" not in message  # 8 named; class1 has enough
+    assert check_data.main([str(images_dir), str(path), "--quick", "--min-images-per-class", "5"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "warning: few_images_per_class" in line]
+    assert len(lines) == 1 and lines[0].strip().startswith("warning: few_images_per_class: 12 categories")
+
+
+def test_checkpoint_classes_against_the_json() -> None:
+    coco = CategoryMap.from_coco_categories([{"id": i, "name": n} for i, n in COCO_CATEGORIES], contiguous=True)
+    checkpoint = CheckpointClasses("dfine.pth", 80, coco)
+    coco_json = {i: n for i, n in COCO_CATEGORIES}
+    # COCO's own json takes raw ids (91 labels) by default; the 80-class head fits with contiguous ones
+    [problem] = checkpoint_class_problems(coco_json, checkpoint, "coco.json")
+    assert (problem.severity, problem.kind) == ("warning", "checkpoint_class_head")
+    assert "pass --data.category_ids contiguous to keep its head" in problem.message
+    # the same 80 names renumbered 0..79 in the same order: labels agree, nothing to say
+    assert checkpoint_class_problems(dict(enumerate(coco.names)), checkpoint, "yolo.json") == []
+    # new classes: the head starts fresh, which is fine
+    [problem] = checkpoint_class_problems({1: "crack", 2: "dent"}, checkpoint, "parts.json")
+    assert problem.severity == "warning" and "80-class head, 'parts.json' 2 classes" in problem.message
+    assert "the class head starts fresh for the new class count (fine for new classes)" in problem.message
+    # the trap: the same names under other ids, and a head of the same size, so each row serves another class
+    swapped = dict(enumerate(coco.names))
+    swapped[0], swapped[1] = coco.names[1], coco.names[0]
+    [problem] = checkpoint_class_problems(swapped, checkpoint, "mine.json")
+    assert (problem.severity, problem.kind) == ("error", "checkpoint_class_mismatch")
+    assert "2 categories sit on another label: 'bicycle' (id 0 here, 2 there), 'person' (id 1 here, 1 there)" in \
+        problem.message
+    # a few classes kept from the checkpoint under other ids, with a head of another size
+    [problem] = checkpoint_class_problems({1: "car", 2: "person"}, checkpoint, "street.json")
+    assert "2 categories are the checkpoint's under other ids: 'car' (id 1 here, 3 there)" in problem.message
+
+
+def test_cli_reads_the_checkpoint_classes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = build_detr(tiny_config_with(num_classes=2))
+    model.meta = ModelMeta(category_map=CategoryMap((1, 2), ("dent", "crack")))
+    checkpoint = save_checkpoint(model, tmp_path / "parts.ckpt")
+    categories = [{"id": 1, "name": "crack"}, {"id": 2, "name": "dent"}]
+    images_dir, path = write_boxes(tmp_path / "data", [[10, 10, 20, 20]] * 2, categories=categories,
+                                   category_ids=[1, 2])
+    assert check_data.main([str(images_dir), str(path), "--quick", "--checkpoint", str(checkpoint)]) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if "error: checkpoint_class_mismatch" in line]
+    assert len(lines) == 1 and f"and {checkpoint} both have 2 classes" in lines[0]
+    with pytest.raises(SystemExit):
+        check_data.main([str(images_dir), str(path), "--checkpoint", str(tmp_path / "missing.ckpt")])
+    assert "--checkpoint" in capsys.readouterr().err
+
+
+def test_real_coco_mini_raises_none_of_the_fine_tune_checks() -> None:
+    root = REPO / "data" / "coco-mini"
+    for split in ("train", "val"):
+        problems = check_dataset(root / f"{split}2017", root / "annotations" / f"instances_{split}2017.json",
+                                 decode_images=False, checkpoint=CheckpointClasses("detr-r50", 91, CategoryMap.coco()))
+        kinds = {p.kind for p in problems}
+        assert not kinds & {"boxes_look_like_xyxy", "boxes_look_normalised", "checkpoint_class_head",
+                            "checkpoint_class_mismatch", "few_images_per_class"}, format_problems(problems)
