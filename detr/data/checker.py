@@ -11,7 +11,8 @@ image, annotation or category ids; an annotation on an unknown image or with a c
 outside the image; missing, truncated or undecodable image files; a file whose size (after EXIF
 orientation) contradicts the json; more objects in one image than ``num_queries`` (DETR predicts at most
 one object per query, so the rest could never be matched); string image ids; a file without any
-(non-crowd) box; boxes that look like xyxy corners (many reach outside the image, all would fit as xyxy); a
+(non-crowd) box; boxes that look like [x1, y1, x2, y2] corners (a quarter run past their image as [x, y, width,
+height] and nine in ten fit inside it as corners: :data:`XYXY_MIN_OUTSIDE`); a
 ``segmentation`` that cannot be a mask (a polygon of fewer than 3 points or of odd length, an RLE whose size is
 not its image's: :func:`detr.data.instance_masks.segmentation_problem`) or that covers no pixel.
 
@@ -20,7 +21,13 @@ id gaps, categories without annotations, duplicate file names, annotations witho
 files with an EXIF orientation that turns or flips their pixels while the json's size fits either frame (a
 square image, a 180-degree turn: the sizes cannot tell in which frame its boxes were drawn); a mask whose extent
 disagrees with its box (IoU below :data:`MASK_BOX_MIN_IOU`) or whose area exceeds the box's; annotations without
-``segmentation`` in a json where others have one (no mask training, no mask AP).
+``segmentation`` in a json where others have one (no mask training, no mask AP); boxes in 0-1 units (nine in
+ten within [0, 1] on images of 64 or more pixels a side: YOLO-style).
+
+What makes a fine-tune on a small set end near 0 AP, when asked: categories with boxes on fewer than
+``min_images_per_class`` images (a warning), and a ``checkpoint`` whose class head does not fit the json's
+categories (:func:`checkpoint_class_problems`: a warning that it starts fresh, an error when the same names sit
+on other labels of a head of the same size).
 """
 
 from __future__ import annotations
