@@ -105,7 +105,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1066)
     parser.add_argument("--onnx", type=Path, default=None,
                         help="reuse this export of the model with seed 0 (written there if missing)")
-    parser.add_argument("--authors", default=".authors/detr" if Path(".authors/detr/models").is_dir() else None,
+    checkout = Path(__file__).resolve().parents[1] / ".authors" / "detr"  # wherever the script is run from
+    parser.add_argument("--authors", default=str(checkout) if (checkout / "models").is_dir() else None,
                         help="a checkout of facebookresearch/detr: its forward as a row (detr_r50)")
     parser.add_argument("--no-int8", action="store_true", help="skip the dynamic int8 quantisation")
     parser.add_argument("--no-openvino", action="store_true", help="skip the OpenVINO rows")
