@@ -29,7 +29,8 @@ DETECTION_CONFIGS = {
         "rfdetr_finetune_custom.yaml (RF-DETR Base, a GPU)"),
     "CPU demos on the synthetic shapes set (detr-make-shapes writes data/shapes)": (
         "demo_shapes_cpu.yaml (what detr-demo trains)", "deformable_shapes_cpu.yaml", "rtdetr_shapes_cpu.yaml",
-        "dfine_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml"),
+        "dfine_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml",
+        "rfdetr_seg_shapes_cpu.yaml (instance masks: detr-make-shapes --masks rle --out data/shapes-rle)"),
 }
 PANOPTIC_CONFIGS = {
     "the authors' two-stage COCO panoptic recipe (boxes, then the mask head on the frozen box model)": (

@@ -84,9 +84,10 @@ class DetrSystem(L.LightningModule):
         loss_ddf: weight of D-FINE's decoupled distillation focal loss, every earlier layer's (authors: 1.5).
         matchability: DEIM's matchability-aware class loss (γ 1.5) in place of RT-DETR's and D-FINE's varifocal
             loss (still logged as loss_ce).
-        loss_mask_ce, loss_mask_dice, mask_point_ratio: a model with instance masks (RF-DETR's segmentation head):
-            the weights of its point-sampled mask terms, also its matching costs (5, 5: the authors'), and the
-            matcher's points per mask (h · w / 16; :class:`detr.loss.masks.PointMaskLoss`).
+        loss_mask_ce: a model with instance masks (RF-DETR's segmentation head): the weight of its point-sampled
+            mask BCE, also its matching cost (authors: 5; :class:`detr.loss.masks.PointMaskLoss`).
+        loss_mask_dice: the weight of its point-sampled mask DICE, also its matching cost (authors: 5).
+        mask_point_ratio: the matcher's points per mask are h · w / mask_point_ratio (authors: 16).
         lr: AdamW learning rate outside the backbone (paper: 1e-4; Deformable DETR's sampling offsets and
             reference points train at a tenth of it).
         lr_backbone: AdamW learning rate of the backbone's trainable stages (paper: 1e-5).
