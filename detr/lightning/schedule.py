@@ -36,7 +36,23 @@ def decay_factor(step: int, total_steps: int | None, decay_fraction: float) -> f
     return min(1.0, max(0.0, (total_steps - step) / (decay_fraction * total_steps)))
 
 
-class LinearDecayToZero(torch.optim.lr_scheduler.LRScheduler):
+class FactorScheduler(torch.optim.lr_scheduler.LRScheduler):
+    """A scheduler that multiplies every learning rate by a closed-form :meth:`factor` of the optimizer step,
+    chainable: it applies the change of its own factor to what the other schedulers set (``applied_factor``: the
+    factor in the optimizer's rates now, kept in ``state_dict``). Subclasses set their fields, then call
+    ``super().__init__`` last (``applied_factor`` 1.0 among them), and implement :meth:`factor`."""
+
+    def factor(self, step: int) -> float:
+        raise NotImplementedError
+
+    def get_lr(self) -> list[float]:
+        factor = self.factor(self.last_epoch)
+        ratio = factor / self.applied_factor if self.applied_factor > 0 else 0.0
+        self.applied_factor = factor
+        return [group["lr"] * ratio for group in self.optimizer.param_groups]
+
+
+class LinearDecayToZero(FactorScheduler):
     """Multiply every learning rate by :func:`decay_factor` of the optimizer step; step it once per
     optimizer step (Lightning: ``interval: "step"``).
 
@@ -70,11 +86,8 @@ class LinearDecayToZero(torch.optim.lr_scheduler.LRScheduler):
             raise ValueError(f"LinearDecayToZero: total_steps must be >= 1, got {total_steps}")
         self.total_steps = int(total_steps)
 
-    def get_lr(self) -> list[float]:
-        factor = decay_factor(self.last_epoch, self.total_steps, self.decay_fraction)
-        ratio = factor / self.applied_factor if self.applied_factor > 0 else 0.0
-        self.applied_factor = factor
-        return [group["lr"] * ratio for group in self.optimizer.param_groups]
+    def factor(self, step: int) -> float:
+        return decay_factor(step, self.total_steps, self.decay_fraction)
 
 
 def flat_cosine_factor(step: int, flat_steps: int, end_steps: int, gamma: float) -> float:
@@ -88,7 +101,7 @@ def flat_cosine_factor(step: int, flat_steps: int, end_steps: int, gamma: float)
     return gamma + (1 - gamma) * 0.5 * (1 + math.cos(math.pi * (step - flat_steps) / (end_steps - flat_steps)))
 
 
-class FlatCosine(torch.optim.lr_scheduler.LRScheduler):
+class FlatCosine(FactorScheduler):
     """Multiply every learning rate by :func:`flat_cosine_factor` of the optimizer step; step it once per
     optimizer step (Lightning: ``interval: "step"``). Chainable as :class:`LinearDecayToZero` (it applies the
     change of its own factor), so a warm-up ``LinearLR`` before it multiplies.
@@ -111,21 +124,16 @@ class FlatCosine(torch.optim.lr_scheduler.LRScheduler):
         self.applied_factor = 1.0  # the factor in the optimizer's learning rates now
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list[float]:
-        factor = flat_cosine_factor(self.last_epoch, self.flat_steps, self.end_steps, self.gamma)
-        ratio = factor / self.applied_factor if self.applied_factor > 0 else 0.0
-        self.applied_factor = factor
-        return [group["lr"] * ratio for group in self.optimizer.param_groups]
+    def factor(self, step: int) -> float:
+        return flat_cosine_factor(step, self.flat_steps, self.end_steps, self.gamma)
 
 
 def schedule_factor(scheduler: torch.optim.lr_scheduler.LRScheduler) -> float:
     """The factor by which one of :func:`learning_rate_schedulers`' schedulers scales the base learning rates
     at its current step (``last_epoch``), in closed form (the schedulers themselves only apply ratios)."""
     step = scheduler.last_epoch
-    if isinstance(scheduler, LinearDecayToZero):
-        return decay_factor(step, scheduler.total_steps, scheduler.decay_fraction)
-    if isinstance(scheduler, FlatCosine):
-        return flat_cosine_factor(step, scheduler.flat_steps, scheduler.end_steps, scheduler.gamma)
+    if isinstance(scheduler, FactorScheduler):
+        return scheduler.factor(step)
     if isinstance(scheduler, torch.optim.lr_scheduler.MultiStepLR):
         return scheduler.gamma ** bisect_right(sorted(scheduler.milestones.elements()), step)
     if isinstance(scheduler, torch.optim.lr_scheduler.LinearLR):
@@ -160,8 +168,7 @@ def resume_schedule(optimizer: torch.optim.Optimizer, schedulers: list[torch.opt
     for scheduler in schedulers:
         scheduler.base_lrs = list(base_lrs)
         scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # get_last_lr(): what a logger reads
-    for scheduler in schedulers:
-        if isinstance(scheduler, (LinearDecayToZero, FlatCosine)):
+        if isinstance(scheduler, FactorScheduler):
             scheduler.applied_factor = schedule_factor(scheduler)
     return True
 
