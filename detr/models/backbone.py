@@ -218,11 +218,18 @@ def conv_frozen_norm(conv: nn.Conv2d, norm: nn.Module, x: torch.Tensor) -> torch
     forward and backward; gradients reach ``conv.weight`` through the product. Any other norm runs as it is."""
     if not isinstance(norm, FrozenBatchNorm2d):
         return norm(conv(x))
+    return conv._conv_forward(x, *folded_weight_and_bias(conv, norm))
+
+
+def folded_weight_and_bias(conv: nn.Conv2d, norm: nn.BatchNorm2d | FrozenBatchNorm2d
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight and bias of ``conv`` followed by the BatchNorm ``norm`` (frozen or in eval mode) as one
+    convolution: ``w · s`` and ``β − μ · s (+ b · s)``, ``s = γ / sqrt(σ² + eps)``."""
     scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
     bias = norm.bias - norm.running_mean * scale
     if conv.bias is not None:
         bias = bias + conv.bias * scale
-    return conv._conv_forward(x, conv.weight * scale[:, None, None, None], bias)
+    return conv.weight * scale[:, None, None, None], bias
 
 
 def _folded_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -253,12 +260,9 @@ def _folded_stage(stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def fold_norm_into_conv(conv: nn.Conv2d, norm: nn.BatchNorm2d | FrozenBatchNorm2d) -> None:
     """Fold the BatchNorm ``norm`` (frozen or in eval mode) that follows ``conv`` into ``conv``'s weight and bias:
-    ``w' = w · s``, ``b' = β − μ · s (+ b · s)``, ``s = γ / sqrt(σ² + eps)``. The caller removes ``norm``."""
-    scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
-    bias = norm.bias - norm.running_mean * scale
-    if conv.bias is not None:
-        bias = bias + conv.bias * scale
-    conv.weight.copy_(conv.weight * scale[:, None, None, None])
+    :func:`folded_weight_and_bias`. The caller removes ``norm``."""
+    weight, bias = folded_weight_and_bias(conv, norm)
+    conv.weight.copy_(weight)
     conv.bias = nn.Parameter(bias, requires_grad=False)
 
 
