@@ -335,10 +335,9 @@ def check_dataset(
     few = sorted((len(images_per_category[c]), c) for c in images_per_category
                  if len(images_per_category[c]) < min_images_per_class)
     if few:
-        shown = ", ".join(f"'{categories[c]}' (id {c}): {n}" for n, c in few[:8])
-        more = f" and {len(few) - 8} more" if len(few) > 8 else ""
+        shown = _first_of([f"'{categories[c]}' (id {c}): {n}" for n, c in few], 8)
         add("warning", "few_images_per_class", f"{len(few)} categories have boxes on fewer than "
-            f"{min_images_per_class} images in '{annotations_file}': {shown}{more}; a fine-tune learns next to "
+            f"{min_images_per_class} images in '{annotations_file}': {shown}; a fine-tune learns next to "
             "nothing about them (near 0 AP): label more images of each, or merge or drop the category")
     if checkpoint is not None:
         problems += checkpoint_class_problems(categories, checkpoint, annotations_file)
@@ -372,6 +371,11 @@ def check_dataset(
             "evaluation reports box AP only")
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(problems, key=lambda p: order[p.severity])  # stable: json order within each group
+
+
+def _first_of(items: list[str], count: int) -> str:
+    """The first ``count`` of ``items`` joined by ", ", then how many more there are."""
+    return ", ".join(items[:count]) + (f" and {len(items) - count} more" if len(items) > count else "")
 
 
 @dataclass(frozen=True)
@@ -424,7 +428,7 @@ def checkpoint_class_problems(categories: dict[int, str], checkpoint: Checkpoint
         return []
     other = next((name for name, m in maps.items() if name != auto and fits(m)), None)
     names = moved(ours)
-    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    shown = _first_of(names, 5)
     if ours.num_classes == checkpoint.num_classes:
         return [Problem("error", "checkpoint_class_mismatch", f"{where} and {checkpoint.source} both have "
                         f"{ours.num_classes} classes, but {len(names)} categories sit on another label: {shown}; "
