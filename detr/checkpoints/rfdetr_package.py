@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -36,6 +35,7 @@ import torch
 from detr.categories import UNUSED_NAME, CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError
 from detr.checkpoints.rfdetr import to_our_state_dict
+from detr.checkpoints.rtdetr import count_numbered
 from detr.models.config import DetrConfig, ModelMeta
 
 logger = logging.getLogger(__name__)
@@ -93,11 +93,6 @@ def _settings(obj: dict[str, Any], path: Path) -> tuple[dict[str, Any], str | No
     return settings, preset
 
 
-def _count(state_dict: dict[str, torch.Tensor], pattern: str) -> int:
-    compiled = re.compile(pattern)
-    return len({match.group(1) for key in state_dict if (match := compiled.match(key))})
-
-
 def _category_map(settings: dict[str, Any], num_classes: int, path: Path) -> CategoryMap | None:
     """Label k is the data set's category k (the package's ``num_classes + 1`` logits): ``class_names`` name labels
     1..N (label 0 the unused background id); without names, 91 logits are COCO's ids."""
@@ -149,7 +144,7 @@ def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> Checkpoin
     patch = state_dict["backbone.patch_embed.weight"]
     vit_dim, patch_size = int(patch.shape[0]), int(patch.shape[-1])
     table = int(round((state_dict["backbone.position_embeddings"].shape[1] - 1) ** 0.5))
-    groups = _count(state_dict, r"^decoder\.enc_output\.(\d+)\.")
+    groups = count_numbered(state_dict, "decoder.enc_output.")
     rows, hidden = state_dict["decoder.query_embed.weight"].shape
     cross_heads, levels = int(settings["ca_nheads"]), 1
     points = state_dict["decoder.layers.0.cross_attn.attention_weights.weight"].shape[0] // (cross_heads * levels)
@@ -158,7 +153,7 @@ def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> Checkpoin
     try:
         config = DetrConfig(
             architecture="rfdetr", backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=levels,
-            vit_hidden_dim=vit_dim, vit_num_layers=_count(state_dict, r"^backbone\.blocks\.(\d+)\."),
+            vit_hidden_dim=vit_dim, vit_num_layers=count_numbered(state_dict, "backbone.blocks."),
             vit_num_heads=vit_dim // 64,  # DINOv2's 64-wide heads (ViT-S 6, ViT-B 12)
             vit_mlp_ratio=int(state_dict["backbone.blocks.0.mlp.fc1.weight"].shape[0]) // vit_dim,
             vit_out_indices=tuple(int(i) for i in settings["out_feature_indexes"]),
@@ -166,9 +161,9 @@ def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> Checkpoin
             vit_position_size=table * patch_size, hidden_dim=int(hidden), num_heads=int(settings["sa_nheads"]),
             cross_attention_heads=cross_heads, num_points=int(points),
             dim_feedforward=int(state_dict["decoder.layers.0.linear1.weight"].shape[0]),
-            num_decoder_layers=_count(state_dict, r"^decoder\.layers\.(\d+)\."), num_queries=int(rows) // groups,
+            num_decoder_layers=count_numbered(state_dict, "decoder.layers."), num_queries=int(rows) // groups,
             query_groups=groups, dropout=0.0,
-            projector_blocks=_count(state_dict, r"^projector\.0\.bottlenecks\.(\d+)\."),
+            projector_blocks=count_numbered(state_dict, "projector.0.bottlenecks."),
             instance_masks=masks,
             mask_dim_feedforward=int(state_dict["mask_head.query_block.fc1.weight"].shape[0]) if masks else 1024,
             num_classes=num_classes, pretrained_backbone=False)
