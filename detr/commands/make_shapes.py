@@ -4,6 +4,7 @@
     detr-make-shapes --out /tmp/s --num-train 100 --num-val 20
     detr-make-shapes --panoptic           # also COCO panoptic annotations (PNGs + json)
     detr-make-shapes --masks rle --out data/shapes-rle   # instance masks as the drawn pixels (COCO RLE)
+    detr-make-shapes --shapes circle,triangle,cross,arrow,semicircle --num-train 200 --seed 1 --out data/new
 
 Idempotent: a complete set made with the same parameters is left as it is (--force rewrites it).
 The generator itself: detr.data.shapes (panoptic annotations: detr.data.shapes_panoptic).
@@ -16,8 +17,18 @@ import logging
 import sys
 import time
 
-from detr.data.shapes import ShapesConfig, write_shapes_dataset
+from detr.data.shapes import ALL_SHAPES, ShapesConfig, write_shapes_dataset
 from detr.data.shapes_panoptic import write_shapes_panoptic
+
+
+def shape_list(text: str) -> tuple[str, ...]:
+    """``--shapes``: comma-separated distinct names from :data:`detr.data.shapes.ALL_SHAPES`."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in ALL_SHAPES]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct names from {','.join(ALL_SHAPES)}"
+                                         + (f" ({', '.join(unknown)} is not one)" if unknown else ""))
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--masks", choices=("polygon", "rle"), default=defaults.mask_format,
                         help="each object's segmentation: the drawn polygon (default) or the drawn pixels as COCO "
                              "RLE (exact instance masks)")
+    parser.add_argument("--shapes", type=shape_list, default=defaults.shapes, metavar="NAME,NAME,...",
+                        help=f"the classes, in category id order (default {','.join(defaults.shapes)}; any of "
+                             f"{','.join(ALL_SHAPES)})")
     parser.add_argument("--force", action="store_true", help="rewrite even if a complete set exists")
     parser.add_argument("--panoptic", action="store_true",
                         help="also write COCO panoptic annotations: annotations/panoptic_{split}.json and PNGs")
@@ -44,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         num_train=args.num_train, num_val=args.num_val, image_size=args.image_size, max_objects=args.max_objects,
         empty_fraction=args.empty_fraction, min_object_size=args.min_object_size,
         max_object_size=args.max_object_size, seed=args.seed, mask_format=args.masks,
+        shapes=args.shapes,
     )
     start = time.perf_counter()
     written = write_shapes_dataset(args.out, config, overwrite=args.force)

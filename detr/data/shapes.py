@@ -34,8 +34,11 @@ from detr.atomic_files import write_text_atomically
 
 logger = logging.getLogger(__name__)
 
-#: Category names; category id = position + 1.
+#: The default set's category names; category id = position + 1.
 SHAPE_NAMES: tuple[str, ...] = ("circle", "square", "triangle", "ellipse", "star")
+#: Every shape the generator draws: the default five, then the ones a second set can add as new classes (a
+#: fine-tuning benchmark's target set: ``ShapesConfig(shapes=("circle", "cross", ...))``).
+ALL_SHAPES: tuple[str, ...] = SHAPE_NAMES + ("cross", "arrow", "semicircle", "pentagon", "hexagon")
 
 _SPLITS = {"train2017": 0, "val2017": 1}
 
@@ -53,6 +56,7 @@ class ShapesConfig:
     seed: everything follows from it.
     jpeg_quality: quality of the written JPEG files.
     mask_format: each annotation's ``segmentation``: "polygon" (the drawn polygon) or "rle" (the drawn pixels).
+    shapes: the classes, in category id order (names from :data:`ALL_SHAPES`; default :data:`SHAPE_NAMES`).
     """
 
     num_train: int = 2000
@@ -65,8 +69,13 @@ class ShapesConfig:
     seed: int = 0
     jpeg_quality: int = 92
     mask_format: Literal["polygon", "rle"] = "polygon"
+    shapes: tuple[str, ...] = SHAPE_NAMES
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "shapes", tuple(self.shapes))  # a list from a caller or a json
+        unknown = [name for name in self.shapes if name not in ALL_SHAPES]
+        if unknown or not self.shapes or len(set(self.shapes)) != len(self.shapes):
+            raise ValueError(f"shapes must be distinct names from {', '.join(ALL_SHAPES)}, got {list(self.shapes)}")
         if self.mask_format not in ("polygon", "rle"):
             raise ValueError(f"mask_format must be 'polygon' or 'rle', got {self.mask_format!r}")
         if self.num_train < 0 or self.num_val < 0:
@@ -115,8 +124,22 @@ def shape_polygon(name: str, center: tuple[float, float], radius: float, angle: 
         t = np.arange(10) * math.pi / 5 - math.pi / 2
         r = np.where(np.arange(10) % 2 == 0, radius, 0.45 * radius)
         xy = np.stack([np.cos(t) * r, np.sin(t) * r], axis=1)
+    elif name in ("pentagon", "hexagon"):
+        corners = 5 if name == "pentagon" else 6
+        t = np.arange(corners) * 2 * math.pi / corners - math.pi / 2
+        xy = np.stack([np.cos(t), np.sin(t)], axis=1) * radius
+    elif name == "cross":  # a plus sign: arms a third of the diameter wide
+        a, b = 1 / 3, 0.94
+        xy = np.array([(-a, -b), (a, -b), (a, -a), (b, -a), (b, a), (a, a), (a, b), (-a, b), (-a, a), (-b, a),
+                       (-b, -a), (-a, -a)]) * radius
+    elif name == "arrow":  # a shaft and a triangular head, pointing along +x
+        xy = np.array([(-0.95, -0.2), (0.2, -0.2), (0.2, -0.6), (0.95, 0.0), (0.2, 0.6), (0.2, 0.2),
+                       (-0.95, 0.2)]) * radius
+    elif name == "semicircle":  # the half disc, its straight edge through the centre
+        t = np.linspace(0, math.pi, 25)
+        xy = np.stack([np.cos(t), np.sin(t)], axis=1) * radius
     else:
-        raise ValueError(f"unknown shape {name!r}; choose one of {SHAPE_NAMES}")
+        raise ValueError(f"unknown shape {name!r}; choose one of {ALL_SHAPES}")
     rotation = np.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
     return xy @ rotation.T + np.array([cx, cy])
 
@@ -157,7 +180,7 @@ def render_shapes_image(rng: np.random.Generator, config: ShapesConfig,
     occupied = np.zeros((size, size), dtype=bool)
     objects: list[ShapeObject] = []
     for _ in range(count):
-        category = int(rng.integers(len(SHAPE_NAMES)))
+        category = int(rng.integers(len(config.shapes)))
         diameter = math.exp(rng.uniform(math.log(config.min_object_size), math.log(config.max_object_size)))
         radius = diameter / 2
         angle = rng.uniform(0, 2 * math.pi)
@@ -165,7 +188,7 @@ def render_shapes_image(rng: np.random.Generator, config: ShapesConfig,
         colour = tuple(int(c) for c in _object_colour(rng, mean_colour))
         for _attempt in range(20):
             center = (rng.uniform(radius, size - radius), rng.uniform(radius, size - radius))
-            polygon = shape_polygon(SHAPE_NAMES[category], center, radius, angle, aspect)
+            polygon = shape_polygon(config.shapes[category], center, radius, angle, aspect)
             mask_image = Image.new("L", (size, size), 0)
             ImageDraw.Draw(mask_image).polygon([tuple(p) for p in polygon.tolist()], fill=255)
             mask = np.asarray(mask_image) > 0
@@ -194,11 +217,16 @@ def render_shapes_image(rng: np.random.Generator, config: ShapesConfig,
 
 
 def shapes_parameters(config: ShapesConfig) -> dict[str, Any]:
-    """``config`` as the jsons' ``info.parameters`` record it: every field, except ``mask_format`` at its default
-    (so that the sets written before it existed stay byte for byte what they were, and complete)."""
+    """``config`` as the jsons' ``info.parameters`` record it: every field, except ``mask_format`` and ``shapes``
+    at their defaults (so that the sets written before they existed stay byte for byte what they were, and
+    complete)."""
     parameters = asdict(config)
     if parameters["mask_format"] == "polygon":
         del parameters["mask_format"]
+    if config.shapes == SHAPE_NAMES:
+        del parameters["shapes"]
+    else:
+        parameters["shapes"] = list(config.shapes)  # as json reads it back
     return parameters
 
 
@@ -245,7 +273,8 @@ def _write_split(root: Path, split: str, count: int, config: ShapesConfig) -> No
         "licenses": [{"id": 1, "name": "CC0 1.0 (generated data)", "url": "https://creativecommons.org/publicdomain/zero/1.0/"}],
         "images": images,
         "annotations": annotations,
-        "categories": [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(SHAPE_NAMES)],
+        "categories": [{"id": i + 1, "name": name, "supercategory": "shape"}
+                       for i, name in enumerate(config.shapes)],
     }
     target = _split_json(root, split)
     target.parent.mkdir(parents=True, exist_ok=True)

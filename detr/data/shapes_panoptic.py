@@ -35,14 +35,21 @@ from detr.data.shapes import (
 
 logger = logging.getLogger(__name__)
 
-#: Category id of the one stuff class: everything that is not a shape.
+#: Category id of the one stuff class of the default set: everything that is not a shape.
 BACKGROUND_ID = len(SHAPE_NAMES) + 1
 
 
-def shapes_panoptic_categories() -> list[dict[str, Any]]:
-    """The ``categories`` of the panoptic json: shapes (things) 1–5, background (stuff) 6."""
-    things = [{"id": i + 1, "name": name, "supercategory": "shape", "isthing": 1} for i, name in enumerate(SHAPE_NAMES)]
-    return things + [{"id": BACKGROUND_ID, "name": "background", "supercategory": "background", "isthing": 0}]
+def background_id(config: ShapesConfig) -> int:
+    """The stuff class's category id: the one after the shapes' (:data:`BACKGROUND_ID` for the default set)."""
+    return len(config.shapes) + 1
+
+
+def shapes_panoptic_categories(config: ShapesConfig = ShapesConfig()) -> list[dict[str, Any]]:
+    """The ``categories`` of the panoptic json: the shapes (things) 1..K, the background (stuff) K + 1."""
+    things = [{"id": i + 1, "name": name, "supercategory": "shape", "isthing": 1}
+              for i, name in enumerate(config.shapes)]
+    return things + [{"id": background_id(config), "name": "background", "supercategory": "background",
+                      "isthing": 0}]
 
 
 def _segments(id_map: np.ndarray, categories: dict[int, int]) -> list[dict[str, Any]]:
@@ -71,7 +78,7 @@ def render_panoptic(config: ShapesConfig, split: str, index: int
         categories[position + 1] = shape.category_id
     background = len(objects) + 1
     id_map[id_map == 0] = background
-    categories[background] = BACKGROUND_ID
+    categories[background] = background_id(config)
     return pixels, id_map, _segments(id_map, categories)
 
 
@@ -109,7 +116,7 @@ def write_shapes_panoptic(root: str | Path, config: ShapesConfig = ShapesConfig(
             annotations.append({"image_id": image_id, "file_name": f"{image_id:012d}.png", "segments_info": segments})
         data = {"info": {"description": "detr synthetic shapes, panoptic (detr.data.shapes_panoptic)",
                          "parameters": shapes_parameters(config)},
-                "images": images, "annotations": annotations, "categories": shapes_panoptic_categories()}
+                "images": images, "annotations": annotations, "categories": shapes_panoptic_categories(config)}
         write_text_atomically(target, json.dumps(data))  # the json appears last: the split is complete
         logger.info("wrote panoptic annotations of %d %s images to '%s'", count, split, target)
     return True

@@ -12,6 +12,7 @@ from PIL import Image
 from detr.data.checker import check_dataset, has_errors
 from detr.data.coco import CocoDetection
 from detr.data.shapes import (
+    ALL_SHAPES,
     SHAPE_NAMES,
     ShapesConfig,
     render_shapes_image,
@@ -65,11 +66,35 @@ def test_objects_are_varied_and_boxes_exact() -> None:
 
 
 def test_shape_polygons() -> None:
-    for name in SHAPE_NAMES:
+    for name in ALL_SHAPES:
         polygon = shape_polygon(name, (10.0, 20.0), 5.0, 0.3, 0.5)
         assert np.linalg.norm(polygon - [10, 20], axis=1).max() <= 5.0 + 1e-9
     with pytest.raises(ValueError, match="unknown shape"):
-        shape_polygon("hexagon", (0.0, 0.0), 1.0, 0.0, 1.0)
+        shape_polygon("octagon", (0.0, 0.0), 1.0, 0.0, 1.0)
+
+
+def test_a_second_set_with_other_classes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``shapes`` picks the classes (a fine-tune's target set: two of the default's and three new ones): the
+    json's categories follow its order, every class is drawn, the parameters record it, and the default set's
+    json records no ``shapes`` (the sets written before it stay complete)."""
+    names = ("circle", "triangle", "cross", "arrow", "semicircle")
+    config = ShapesConfig(**{**TINY.__dict__, "num_train": 30, "shapes": names})
+    write_shapes_dataset(tmp_path / "new", config)
+    data = json.loads((tmp_path / "new" / "annotations" / "instances_train2017.json").read_text())
+    assert [(c["id"], c["name"]) for c in data["categories"]] == list(enumerate(names, start=1))
+    assert {a["category_id"] for a in data["annotations"]} == set(range(1, 6))
+    assert data["info"]["parameters"]["shapes"] == list(names)
+    assert shapes_dataset_is_complete(tmp_path / "new", config)
+    assert not shapes_dataset_is_complete(tmp_path / "new", ShapesConfig(**{**TINY.__dict__, "num_train": 30}))
+    write_shapes_dataset(tmp_path / "default", TINY)
+    default = json.loads((tmp_path / "default" / "annotations" / "instances_train2017.json").read_text())
+    assert "shapes" not in default["info"]["parameters"]
+    with pytest.raises(ValueError, match="distinct names"):
+        ShapesConfig(shapes=("circle", "circle"))
+    module = load_script("tools/make_shapes.py")
+    with pytest.raises(SystemExit):
+        module.main(["--out", str(tmp_path / "bad"), "--shapes", "circle,octagon"])
+    assert "octagon is not one" in capsys.readouterr().err
 
 
 def test_idempotent_and_detects_incomplete(tmp_path: Path) -> None:
