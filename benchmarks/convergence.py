@@ -82,6 +82,7 @@ class RunConfig:
     seed: int = 0
     square_size: int | None = None  # the data's input contract: a square resize (the real-time DETRs')
     normalize: bool = True  # ImageNet mean / std; False: pixels / 255 (the real-time DETRs')
+    data: dict[str, Any] = field(default_factory=dict)  # other DetrDataModule arguments (augmentation: "rtdetr")
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "detr": self.detr.to_dict()}
@@ -262,15 +263,17 @@ def shapes_root(num_train: int, num_val: int, seed: int, cache_dir: Path) -> Pat
 
 
 def make_datamodule(data_root: Path, batch_size: int, image_size: int, *, square_size: int | None = None,
-                    normalize: bool = True) -> DetrDataModule:
+                    normalize: bool = True, **options: Any) -> DetrDataModule:
     """The demo's data settings: every resize at the images' own size, so flips are the only augmentation;
     read in the training process (a loader worker competes with the compute threads). ``square_size`` and
-    ``normalize``: the real-time DETRs' input contract (``--data.square_size``, ``--data.normalize``)."""
+    ``normalize``: the real-time DETRs' input contract (``--data.square_size``, ``--data.normalize``);
+    ``options``: other :class:`DetrDataModule` arguments (``augmentation="rtdetr"``: the real-time DETRs'
+    photometric distortion, zoom-out, IoU crop and flip)."""
     sizes = dict(train_scales=[image_size], train_max_size=image_size, crop_resize_scales=[image_size],
                  crop_min_size=image_size, crop_max_size=image_size, eval_min_size=image_size,
                  eval_max_size=image_size)
     return DetrDataModule(root=str(data_root), batch_size=batch_size, val_batch_size=50, num_workers=0,
-                          pin_memory=False, square_size=square_size, normalize=normalize, **sizes)
+                          pin_memory=False, square_size=square_size, normalize=normalize, **{**sizes, **options})
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -360,7 +363,7 @@ def run(config: RunConfig, data_root: Path, *, minutes: float, eval_every: float
     loads with :func:`detr.load_checkpoint`, its eval size and categories kept). Returns the curve's points."""
     L.seed_everything(config.seed, verbose=False)
     datamodule = make_datamodule(data_root, config.batch_size, image_size, square_size=config.square_size,
-                                 normalize=config.normalize)
+                                 normalize=config.normalize, **config.data)
     config = for_data(config, datamodule)
     system = build_system(config, datamodule)
     throughput = TrainingThroughput()

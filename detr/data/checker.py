@@ -396,54 +396,40 @@ def checkpoint_class_problems(categories: dict[int, str], checkpoint: Checkpoint
                               annotations_file: str | Path) -> list[Problem]:
     """What a fine-tune of ``checkpoint`` on a json with ``categories`` (``{id: name}``) should know.
 
-    The data's labels are those of ``--data.category_ids auto`` (raw ids for COCO's own categories, else
-    0..K-1 in order of id). The class head carries over when the label counts agree (the training system
-    leaves a tensor of another shape freshly initialised); nothing is said then unless a category name the
-    checkpoint knows sits on another label (an error: each trained row would serve another class). A head of
-    another size is a warning that it starts fresh, naming ``--data.category_ids`` where the other convention
-    would keep it, and the shared names under other ids.
+    The training system carries the class rows by name (``--model.init_classes by_name``,
+    :mod:`detr.checkpoints.finetune`): a class the checkpoint names keeps its trained row whatever its id here,
+    a new class starts fresh. Nothing is said when the checkpoint knows every class; a warning names the classes
+    that start fresh. A checkpoint that names no classes is matched by label: a head of another size starts
+    fresh (a warning, naming ``--data.category_ids`` where the other convention would keep it).
     """
     if not categories:
         return []
+    where = f"'{annotations_file}'"
+    theirs = checkpoint.category_map
+    if theirs is not None:
+        known = {name.strip().lower() for name in theirs.names if name != UNUSED_NAME}
+        new = [f"'{name}'" for name in categories.values() if name.strip().lower() not in known]
+        if not new:
+            return []
+        carried = len(categories) - len(new)
+        return [Problem("warning", "checkpoint_class_head", (
+            f"{checkpoint.source} was not trained on {len(new)} of the {len(categories)} classes of {where}: "
+            f"{_first_of(new, 5)}: their class rows start fresh (fine for new classes; they need more steps and "
+            f"images than the {carried} whose rows carry over by name)" if carried else
+            f"{checkpoint.source} knows none of the {len(categories)} classes of {where}: the class rows start "
+            f"fresh (fine for new classes; the rest of the model carries over)"))]
     listed = [{"id": i, "name": n} for i, n in categories.items()]
     auto = "raw" if CategoryMap.is_coco_like(listed) else "contiguous"
-    maps = {"contiguous": CategoryMap.from_coco_categories(listed, contiguous=True)}
+    counts = {"contiguous": CategoryMap.from_coco_categories(listed, contiguous=True).num_classes}
     if min(categories) >= 0:
-        maps["raw"] = CategoryMap.from_coco_categories(listed, contiguous=False)
-    theirs = checkpoint.category_map
-
-    def moved(ours: CategoryMap) -> list[str]:
-        """Names that both maps know, on different labels: 'name' (id here, id there)."""
-        if theirs is None:
-            return []
-        their_label = {n: label for label, n in enumerate(theirs.names) if n != UNUSED_NAME}
-        return [f"'{n}' (id {ours.category_ids[label]} here, {theirs.category_ids[their_label[n]]} there)"
-                for label, n in enumerate(ours.names) if n in their_label and their_label[n] != label]
-
-    def fits(ours: CategoryMap) -> bool:
-        return ours.num_classes == checkpoint.num_classes and not moved(ours)
-
-    ours, where = maps[auto], f"'{annotations_file}'"
-    if fits(ours):
+        counts["raw"] = CategoryMap.from_coco_categories(listed, contiguous=False).num_classes
+    if counts[auto] == checkpoint.num_classes:
         return []
-    other = next((name for name, m in maps.items() if name != auto and fits(m)), None)
-    names = moved(ours)
-    shown = _first_of(names, 5)
-    if ours.num_classes == checkpoint.num_classes:
-        return [Problem("error", "checkpoint_class_mismatch", f"{where} and {checkpoint.source} both have "
-                        f"{ours.num_classes} classes, but {len(names)} categories sit on another label: {shown}; "
-                        "each trained row of the class head would serve another class: give these categories the "
-                        "checkpoint's ids")]
-    message = (f"{checkpoint.source} has a {checkpoint.num_classes}-class head, {where} {ours.num_classes} "
-               f"classes (--data.category_ids auto: {auto} ids): the class head starts fresh for the new class "
-               "count (fine for new classes")
-    if other is not None:
-        message += f"; these are the checkpoint's classes: pass --data.category_ids {other} to keep its head)"
-    elif names:
-        message += (f"; {len(names)} categories are the checkpoint's under other ids: {shown}: give them its ids "
-                    "and the same class count to keep what it learnt)")
-    else:
-        message += ")"
+    message = (f"{checkpoint.source} has a {checkpoint.num_classes}-class head and names no classes, {where} "
+               f"{counts[auto]} classes (--data.category_ids auto: {auto} ids): the class head starts fresh for the "
+               "new class count (fine for new classes")
+    other = next((name for name, count in counts.items() if name != auto and count == checkpoint.num_classes), None)
+    message += f"; pass --data.category_ids {other} to keep its head)" if other is not None else ")"
     return [Problem("warning", "checkpoint_class_head", message)]
 
 

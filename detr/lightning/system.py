@@ -23,6 +23,7 @@ import torch
 
 from detr.categories import CategoryMap
 from detr.checkpoints import CheckpointError, read_checkpoint
+from detr.checkpoints.finetune import initial_state
 from detr.checkpoints.formats import checkpoint_record, key_mismatch
 from detr.evaluation import CocoEvaluation, CocoEvaluator
 from detr.evaluation.coco_evaluator import scored_detections
@@ -124,12 +125,15 @@ class DetrSystem(L.LightningModule):
             linked from the data module by the CLI (not set by hand); stored in checkpoints.
         init_checkpoint: weights to start from: a released model's name such as "detr-r50" (downloaded on
             first use), the authors' release file, a plain state dict in their layout, this project's
-            checkpoint or a Hugging Face DETR directory (whatever :func:`detr.load_checkpoint` reads). Tensors
-            whose shape differs from the model's, e.g. the class head when fine-tuning on a data set with
-            another number of classes, keep their fresh initialisation; every other key must match. The
-            ImageNet backbone is then not downloaded. Not read when ``--ckpt_path`` gives the weights; read
+            checkpoint or a Hugging Face DETR directory (whatever :func:`detr.load_checkpoint` reads). The
+            class heads' rows follow ``init_classes``; any other tensor whose shape differs from the model's keeps
+            its fresh initialisation; every key must match. The ImageNet backbone is then not downloaded. Not read when ``--ckpt_path`` gives the weights; read
             again whenever the system is rebuilt from its hyperparameters (``load_from_checkpoint``: pass
             ``init_checkpoint=None`` there if it has moved).
+        init_classes: how init_checkpoint's class rows (every class head, a denoising label embedding) start the
+            data's classes (:mod:`detr.checkpoints.finetune`): "by_name" (a class the checkpoint names starts
+            from its row, wherever its label; a new class fresh), "by_label" (row i for label i when the counts
+            agree, else all fresh) or "fresh" (every class row fresh).
         evaluator_backend: "auto" (faster_coco_eval where installed, else pycocotools; the log says which
             ran), "pycocotools" (the reference) or "faster_coco_eval" (the same numbers, seconds instead of
             minutes on COCO val: docs/evaluation.md).
@@ -182,6 +186,7 @@ class DetrSystem(L.LightningModule):
         # --- data, weights, evaluation ---
         category_map: CategoryMap | dict[str, Any] | None = None,
         init_checkpoint: str | None = None,
+        init_classes: Literal["by_name", "by_label", "fresh"] = "by_name",
         evaluator_backend: Literal["auto", "pycocotools", "faster_coco_eval"] = "auto",
         evaluation_dir: str | None = None,
         error_analysis: bool = True,
@@ -234,8 +239,9 @@ class DetrSystem(L.LightningModule):
         self.score_threshold: float | None = None
         #: the schedule settings a resumed run changed (fit_saved_schedulers), applied at the start of training
         self._schedule_changes: list[str] = []
-        #: the tensors of init_checkpoint whose shape differed (they start fresh: fine-tuning's class heads)
+        #: the tensors of init_checkpoint whose shape differed, and the classes whose rows start fresh (a fine-tune)
         self._fresh_tensors: list[str] = []
+        self._fresh_classes: list[str] = []
         if init_checkpoint:
             self.load_initial_weights(init_checkpoint)
         try:
@@ -253,13 +259,14 @@ class DetrSystem(L.LightningModule):
 
     # ------------------------------------------------------------------ weights
     def load_initial_weights(self, path: str) -> None:
-        """Load ``path`` into the model, skipping tensors whose shape differs (logged).
+        """Load ``path`` into the model: every tensor that fits, the class rows as ``init_classes`` says
+        (:func:`detr.checkpoints.finetune.initial_state`; logged), any other tensor of another shape left fresh.
 
-        This is the fine-tuning recipe of the authors' FAQ: the class head (``class_embed``, shape
-        ``[num_classes + 1, hidden]``) of a COCO checkpoint does not fit another data set's classes, so it
-        keeps its fresh initialisation while everything else is loaded.
+        This is the fine-tuning recipe of the authors' FAQ (the class head of a COCO checkpoint does not fit
+        another data set's classes), with the classes the checkpoint knows carried over by name.
         """
-        source = read_checkpoint(path).state_dict
+        contents = read_checkpoint(path)
+        source = contents.state_dict
         own = self.model.state_dict()
         unexpected = sorted(set(source) - set(own))
         missing = sorted(set(own) - set(source))
@@ -269,13 +276,19 @@ class DetrSystem(L.LightningModule):
                 f"{key_mismatch(missing, unexpected)}; set the model arguments (backbone, num_encoder_layers, "
                 "num_decoder_layers, ...) to the checkpoint's"
             )
-        skipped = {k: (tuple(v.shape), tuple(own[k].shape)) for k, v in source.items() if v.shape != own[k].shape}
-        self.model.load_state_dict({k: v for k, v in source.items() if k not in skipped}, strict=False)
-        self._fresh_tensors = sorted(skipped)
-        for key, (theirs, ours) in skipped.items():
+        initial = initial_state(source, contents.meta.category_map, DetrConfig.from_dict(self.hparams["detr"]), own,
+                                self.category_map, self.hparams.init_classes)
+        self.model.load_state_dict(initial.state, strict=False)
+        self._fresh_tensors, self._fresh_classes = initial.fresh_tensors, initial.fresh_classes
+        for key in initial.fresh_tensors:
             logger.warning("init_checkpoint: %s has shape %s in %s, the model needs %s; it stays freshly "
-                           "initialised", key, theirs, path, ours)
-        logger.info("init_checkpoint: loaded %d tensors from %s", len(source) - len(skipped), path)
+                           "initialised", key, tuple(source[key].shape), path, tuple(own[key].shape))
+        if initial.fresh_classes and not initial.fresh_tensors:
+            shown = initial.fresh_classes[:8] + (["..."] if len(initial.fresh_classes) > 8 else [])
+            logger.info("init_checkpoint: %d classes start from %s's rows (init_classes=%s), %d fresh: %s",
+                        len(initial.carried_classes), path, self.hparams.init_classes, len(initial.fresh_classes),
+                        ", ".join(shown))
+        logger.info("init_checkpoint: loaded %d tensors from %s", len(initial.state), path)
 
     @property
     def detector(self) -> Detector:
@@ -299,6 +312,12 @@ class DetrSystem(L.LightningModule):
                 f"(e.g. {self._fresh_tensors[0]}) do not fit this model and would {stage} freshly initialised: its "
                 f"classes differ from the data's {self.detector.num_classes} (an 80-class COCO model needs "
                 "--data.category_ids contiguous)")
+        if stage != "fit" and self._fresh_classes and not self.trainer.ckpt_path:
+            shown = ", ".join(repr(name) for name in self._fresh_classes[:5])
+            raise SettingError(
+                f"--model.init_checkpoint {self.hparams.init_checkpoint} was not trained on {len(self._fresh_classes)} "
+                f"of the data's classes ({shown}{', ...' if len(self._fresh_classes) > 5 else ''}): their rows would "
+                f"{stage} freshly initialised; {stage} a checkpoint trained on these classes, or data without them")
         data = getattr(self.trainer, "datamodule", None)
         if stage == "fit" and self.detector.predicts_masks and getattr(data, "masks", None) is False:
             raise SettingError("--data.masks false: the model predicts instance masks (model.detr.instance_masks), "

@@ -121,11 +121,16 @@ def test_the_authors_augmentations_stop_at_their_epoch_in_a_fit(tiny_shapes: Pat
     assert all(batch["side"] == 64 and batch["plain"] == batch["images"] for batch in batches if batch["epoch"] == 1)
 
 
-def _validate_coco_mini_with_an_80_class_checkpoint(tmp_path: Path, category_ids: str) -> tuple[torch.nn.Module, Path]:
-    """`detr validate` of a tiny 80-class RT-DETR given as init_checkpoint on coco-mini → (model, run folder)."""
+def _validate_coco_mini_with_an_80_class_checkpoint(tmp_path: Path, category_ids: str, *, rename: str | None = None
+                                                    ) -> tuple[torch.nn.Module, Path]:
+    """`detr validate` of a tiny 80-class RT-DETR given as init_checkpoint on coco-mini → (model, run folder);
+    ``rename``: a class the checkpoint records under another name ("xx" prefixed)."""
     ground_truth = json.loads((COCO_MINI / "annotations" / "instances_val2017.json").read_text())
     categories = CategoryMap.from_coco_categories(ground_truth["categories"], contiguous=True)  # RT-DETR's 80
     model = tiny_model("rtdetr", category_map=categories)
+    if rename is not None:
+        names = tuple("xx" + name if name == rename else name for name in categories.names)
+        model.meta = model.meta.replace(category_map=CategoryMap(categories.category_ids, names))
     checkpoint = save_checkpoint(model, tmp_path / "rtdetr.ckpt")
     tiny = tmp_path / "tiny.yaml"  # the checkpoint's model; the number of classes comes from the data
     tiny.write_text(yaml.safe_dump({"model": {"detr": {key: value for key, value in model.config.to_dict().items()
@@ -138,10 +143,22 @@ def _validate_coco_mini_with_an_80_class_checkpoint(tmp_path: Path, category_ids
     return model, run
 
 
-def test_validate_refuses_a_checkpoint_whose_class_heads_do_not_fit_the_data(tmp_path: Path) -> None:
-    """Scoring freshly initialised class heads would print an AP of nothing: refused, with the fix named."""
-    with pytest.raises(SettingError, match="freshly initialised.*--data.category_ids contiguous"):
-        _validate_coco_mini_with_an_80_class_checkpoint(tmp_path, "raw")
+def test_validate_refuses_a_checkpoint_that_does_not_know_a_class_of_the_data(tmp_path: Path) -> None:
+    """Scoring a freshly initialised class row would print an AP of nothing for it: refused, the class named."""
+    with pytest.raises(SettingError, match="not trained on 1 of the data's classes \\('person'\\)"):
+        _validate_coco_mini_with_an_80_class_checkpoint(tmp_path, "contiguous", rename="person")
+
+
+def test_validate_takes_the_checkpoint_classes_by_name_under_other_labels(tmp_path: Path) -> None:
+    """COCO's raw ids (91 labels, 11 unused) against an 80-class head: each class takes its row by name, so the
+    scores are those of the contiguous labels that fit the head as it is."""
+    _validate_coco_mini_with_an_80_class_checkpoint(tmp_path / "raw", "raw")
+    _validate_coco_mini_with_an_80_class_checkpoint(tmp_path / "contiguous", "contiguous")
+    raw, contiguous = ([(row["image_id"], row["category_id"], round(row["score"], 5), [round(v, 3) for v in row["bbox"]])
+                        for row in json.loads((tmp_path / name / "run" / "validate" / "evaluation" /
+                                               "val_predictions.json").read_text())]
+                       for name in ("raw", "contiguous"))
+    assert len(raw) == 600 and sorted(raw) == sorted(contiguous)  # the same detections, classes and scores
 
 
 def test_validate_on_coco_mini_writes_results_and_their_error_analysis(tmp_path: Path, caplog) -> None:

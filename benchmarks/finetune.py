@@ -1,0 +1,140 @@
+"""Fine-tuning on a few images (docs/dfine.md, "Fine-tuning on small data"): a model trained on the shapes set
+(circle, square, triangle, ellipse, star) fine-tuned onto a second synthetic set whose classes are two of those
+and three new ones (circle, triangle, cross, arrow, semicircle: ``detr-make-shapes --shapes``), from 50 or 200
+training images; COCO AP on the second set's 200 validation images against steps, for this project's defaults and
+for one change at a time.
+
+    .venv/bin/python benchmarks/finetune.py --source runs/dfine_shapes_cpu-seed0.ckpt --threads 1
+    # the source model: benchmarks/convergence.py --preset configs/dfine_shapes_cpu.yaml --seeds 0 \
+    #     --train-steps 1000 --eval-every-steps 250 --save-dir runs/   (trained here when --source is not given)
+    .venv/bin/python benchmarks/finetune.py --source S.ckpt --variants defaults lr_quarter --images 50
+
+Each run is what :mod:`benchmarks.convergence` trains (``detr fit``'s system, data module and trainer, in this
+process) from the preset's recipe (``--preset``, default configs/dfine_shapes_cpu.yaml: lr 5e-4 with a 50-step
+warm-up and a linear decay to zero over the last 30 % of the run, batch 8, 128-px squares), started from the source
+model (``--model.init_checkpoint``) with its class rows carried by name (``--model.init_classes by_name``: circle
+and triangle start from their trained rows, the three new classes fresh), fitted to ``--steps`` steps. The
+variants change one thing each (:data:`VARIANTS`): the start (from scratch; class rows fresh; rows by label, which
+gives the new set's triangle the source's square row), the learning rate, a step drop inside the run instead of the
+final decay, an EMA of the weights, and the real-time DETRs' augmentations (photometric distortion, zoom-out, IoU
+crop). Compare runs by step: the machine's load changes their time, not their steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from convergence import REPO, build_run_config, run, shapes_root, yaml_image_size  # noqa: E402
+
+from detr.data.shapes import ShapesConfig, write_shapes_dataset  # noqa: E402
+
+#: The second set's classes: two of the source's (their rows carry over by name) and three new ones.
+TARGET_SHAPES = ("circle", "triangle", "cross", "arrow", "semicircle")
+PRESET = REPO / "configs" / "dfine_shapes_cpu.yaml"
+
+#: name → what the run changes from the defaults: ``--set`` items of benchmarks/convergence.py, with {lr}, {lr_backbone}
+#: and {drop_epoch} filled in from the preset and the run's length.
+VARIANTS: dict[str, list[str]] = {
+    "defaults": [],
+    "scratch": ["init_checkpoint=null"],
+    "rows_fresh": ["init_classes=fresh"],
+    "rows_by_label": ["init_classes=by_label"],
+    "lr_quarter": ["lr={lr_quarter}", "lr_backbone={lr_backbone_quarter}"],
+    "lr_drop": ["lr_decay_fraction=0.0", "lr_drop_epochs=[{drop_epoch}]"],
+    "ema": ["ema_decay=0.99"],
+    "augment": ['data={{"augmentation": "rtdetr"}}'],
+}
+
+
+def target_root(num_train: int, num_val: int, cache_dir: Path) -> Path:
+    """The second set with ``num_train`` training images (the first ``num_train`` of any larger one: image i depends
+    only on the seed, the split and i) and ``num_val`` validation images, written if missing."""
+    shapes = ShapesConfig(num_train=num_train, num_val=num_val, seed=1, shapes=TARGET_SHAPES)
+    root = cache_dir / f"finetune_{num_train}_{num_val}"
+    write_shapes_dataset(root, shapes)
+    return root
+
+
+def variant_settings(name: str, preset: str, source: Path | None, *, images: int, steps: int) -> list[str]:
+    """The ``--set`` items of one run: the source model, then the variant's changes."""
+    recipe = build_run_config(preset, [])
+    batches_per_epoch = math.ceil(images / recipe.batch_size)
+    values = {"lr_quarter": recipe.system.get("lr", 1e-4) / 4,
+              "lr_backbone_quarter": recipe.system.get("lr_backbone", 1e-5) / 4,
+              "drop_epoch": max(1, round(steps * 2 / 3 / batches_per_epoch))}
+    start = [f"init_checkpoint={source}"] if source is not None else []
+    return [*start, *(item.format(**values) for item in VARIANTS[name])]
+
+
+def source_checkpoint(args: argparse.Namespace) -> Path:
+    """``--source``, or the preset trained on the shapes set for ``--source-steps`` (kept in ``--cache-dir``)."""
+    if args.source is not None:
+        if not args.source.is_file():
+            raise SystemExit(f"--source {args.source}: no such file")
+        return args.source
+    path = args.cache_dir / f"source-{Path(args.preset).stem}-{args.source_steps}.ckpt"
+    if not path.is_file():
+        config = build_run_config(args.preset, [])
+        run(config, shapes_root(2000, 200, 0, args.cache_dir), minutes=10_000.0, eval_every=0.0, name="source",
+            jsonl=None, max_steps=args.source_steps, image_size=yaml_image_size(Path(args.preset)),
+            eval_every_steps=args.source_steps, save=path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", type=Path, default=None, help="the model trained on the shapes set")
+    parser.add_argument("--source-steps", type=int, default=1000, help="its training steps when --source is not given")
+    parser.add_argument("--preset", default=str(PRESET), help="the recipe (a shapes YAML of configs/)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--images", type=int, nargs="+", default=[50, 200],
+                        help="training images of the second set; every variant runs on the first size, the defaults "
+                             "and 'scratch' on each")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per run (its schedule fitted to them)")
+    parser.add_argument("--eval-every-steps", type=int, default=50)
+    parser.add_argument("--num-val", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/detr_convergence_cache"))
+    parser.add_argument("--jsonl", type=Path, default=None, help="append every evaluation point here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.cache_dir.mkdir(parents=True, exist_ok=True)
+    source = source_checkpoint(args)
+    image_size = yaml_image_size(Path(args.preset))
+    runs = [(name, args.images[0]) for name in args.variants]
+    runs += [(name, images) for images in args.images[1:] for name in ("defaults", "scratch") if name in args.variants]
+    curves: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    start = time.perf_counter()
+    for name, images in runs:
+        root = target_root(images, args.num_val, args.cache_dir)
+        settings = variant_settings(name, args.preset, source, images=images, steps=args.steps)
+        config = build_run_config(args.preset, settings)
+        curves[name, images] = run(config, root, minutes=10_000.0, eval_every=0.0, name=f"{name} {images} images",
+                                   jsonl=args.jsonl, max_steps=args.steps, image_size=image_size,
+                                   eval_every_steps=args.eval_every_steps)
+    steps = sorted({point["step"] for curve in curves.values() for point in curve})
+    print(f"\nCOCO AP (AP50) on the second set's {args.num_val} validation images, fine-tuned from {source} "
+          f"({args.preset}, {args.steps} steps; {(time.perf_counter() - start) / 60:.1f} min)")
+    print("| run | images | " + " | ".join(f"step {s}" for s in steps) + " |")
+    print("|---|---|" + "---|" * len(steps))
+    for (name, images), curve in curves.items():
+        by_step = {point["step"]: point for point in curve}
+        cells = [f"{by_step[s]['AP']:.3f} ({by_step[s]['AP50']:.3f})" if s in by_step else "-" for s in steps]
+        print(f"| {name} | {images} | " + " | ".join(cells) + " |")
+    if args.jsonl is not None:
+        print(f"every point: {args.jsonl} ({json.dumps(args.variants)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Start a model from another model's weights (``--model.init_checkpoint``): every tensor that fits, and the class
+heads' rows by class name.
+
+A fine-tune's data rarely has the checkpoint's classes in the checkpoint's order: some are new, some are the
+checkpoint's under other ids, a few are dropped. The rows of every class-indexed tensor (the class heads of
+each decoder layer and of the encoder's proposals, a denoising label embedding; :func:`class_rows` finds them
+for any family) are therefore carried by name: a class the checkpoint knows starts from its trained row, a new
+class from the model's fresh initialisation, and the rows after the classes ("no object", a padding row) carry
+over as they are. This is what D-FINE's authors advise their users to do by hand ("modify class mappings" to
+keep the pre-trained classes), here done from the names both sides record. ``init_classes``:
+
+- ``"by_name"`` (default): as above, when both the checkpoint and the data name their classes; otherwise as
+  ``"by_label"``.
+- ``"by_label"``: rows by position where the shapes agree (label i of the data takes the checkpoint's row i),
+  the whole tensor fresh where they do not (the authors' DETR FAQ recipe).
+- ``"fresh"``: every class row starts from the model's initialisation; the rows after the classes carry over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from detr.categories import UNUSED_NAME, CategoryMap
+from detr.models.build import build_detr
+from detr.models.config import DetrConfig
+
+InitClasses = Literal["by_name", "by_label", "fresh"]
+
+
+def class_rows(config: DetrConfig) -> dict[str, int]:
+    """The state-dict tensors of ``build_detr(config)`` whose first dimension is indexed by class: key → the rows
+    after the classes' (1: a softmax head's "no object" or a denoising embedding's padding row; 0: none).
+
+    Read off a twin with one class more, both built on the meta device (no memory, no initialisation), so that
+    every family's heads are found without naming them."""
+    config = config.replace(pretrained_backbone=False)  # nothing to download for a twin
+    with torch.device("meta"):
+        own = build_detr(config).state_dict()
+        more = build_detr(config.replace(num_classes=config.num_classes + 1)).state_dict()
+    return {key: tensor.shape[0] - config.num_classes for key, tensor in own.items()
+            if more[key].shape != tensor.shape}
+
+
+@dataclass
+class InitialWeights:
+    """What :func:`initial_state` made of a checkpoint for a model.
+
+    state: the tensors to load (a subset of the model's keys: a tensor left out keeps its initialisation).
+    fresh_tensors: keys left out because their shape does not fit (and no class rows could be carried).
+    carried_classes: the model's class names whose rows come from the checkpoint's (by name or label).
+    fresh_classes: the model's class names whose rows start from the initialisation.
+    """
+
+    state: dict[str, torch.Tensor]
+    fresh_tensors: list[str] = field(default_factory=list)
+    carried_classes: list[str] = field(default_factory=list)
+    fresh_classes: list[str] = field(default_factory=list)
+
+
+def _names(category_map: CategoryMap | None, num_classes: int) -> list[str] | None:
+    if category_map is None or category_map.num_classes != num_classes:
+        return None
+    return [name.strip().lower() for name in category_map.names]
+
+
+def class_sources(own_names: list[str] | None, their_names: list[str] | None, own_count: int, their_count: int,
+                  init_classes: InitClasses) -> list[int | None] | None:
+    """For each of the model's labels, the checkpoint's label whose row it starts from (None: fresh); None when
+    no row is carried by class (``by_label`` with another class count: the tensors then start fresh whole)."""
+    if init_classes == "fresh":
+        return [None] * own_count
+    if init_classes == "by_name" and own_names is not None and their_names is not None:
+        theirs = {name: label for label, name in enumerate(their_names) if name != UNUSED_NAME.lower()}
+        return [theirs.get(name) if name != UNUSED_NAME.lower() else None for name in own_names]
+    if own_count == their_count:
+        return list(range(own_count))
+    return None
+
+
+def initial_state(source: dict[str, torch.Tensor], source_map: CategoryMap | None, config: DetrConfig,
+                  own: dict[str, torch.Tensor], own_map: CategoryMap | None,
+                  init_classes: InitClasses = "by_name") -> InitialWeights:
+    """The tensors of ``source`` (a checkpoint whose classes ``source_map`` names) to load into the model that
+    ``config`` builds (its current state ``own``, its classes ``own_map``), the class rows as ``init_classes``
+    says (module docstring). The keys must already agree (the caller checks the layout)."""
+    rows = class_rows(config)
+    own_count = config.num_classes
+    their_count = next((source[key].shape[0] - extra for key, extra in rows.items() if key in source), own_count)
+    sources = class_sources(_names(own_map, own_count), _names(source_map, their_count), own_count, their_count,
+                            init_classes)
+    state, fresh = {}, []
+    for key, tensor in source.items():
+        extra = rows.get(key)
+        if extra is None or sources is None:
+            if tensor.shape == own[key].shape:
+                state[key] = tensor
+            else:
+                fresh.append(key)
+            continue
+        if tensor.shape[1:] != own[key].shape[1:] or tensor.shape[0] != their_count + extra:
+            fresh.append(key)
+            continue
+        merged = own[key].detach().clone()
+        for label, their_label in enumerate(sources):
+            if their_label is not None:
+                merged[label] = tensor[their_label]
+        merged[own_count:] = tensor[their_count:]  # "no object", padding: not a class
+        state[key] = merged
+    names = list(own_map.names) if own_map is not None and own_map.num_classes == own_count else \
+        [str(label) for label in range(own_count)]
+    if sources is None:  # by label with another class count: the class tensors start fresh whole
+        sources = [None] * own_count
+    carried = [n for n, s in zip(names, sources) if s is not None and n != UNUSED_NAME]
+    started = [n for n, s in zip(names, sources) if s is None and n != UNUSED_NAME]
+    return InitialWeights(state, sorted(fresh), carried, started)
