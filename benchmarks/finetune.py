@@ -65,15 +65,16 @@ def target_root(num_train: int, num_val: int, cache_dir: Path) -> Path:
     return root
 
 
-def variant_settings(name: str, preset: str, source: Path | None, *, images: int, steps: int) -> list[str]:
-    """The ``--set`` items of one run: the source model, then the variant's changes."""
-    recipe = build_run_config(preset, [])
+def variant_settings(name: str, preset: str, source: Path | None, *, images: int, steps: int,
+                     common: list[str] = ()) -> list[str]:
+    """The ``--set`` items of one run: ``common`` (every run's), the source model, then the variant's changes."""
+    recipe = build_run_config(preset, list(common))
     batches_per_epoch = math.ceil(images / recipe.batch_size)
     values = {"lr_quarter": recipe.system.get("lr", 1e-4) / 4,
               "lr_backbone_quarter": recipe.system.get("lr_backbone", 1e-5) / 4,
               "drop_epoch": max(1, round(steps * 2 / 3 / batches_per_epoch))}
     start = [f"init_checkpoint={source}"] if source is not None else []
-    return [*start, *(item.format(**values) for item in VARIANTS[name])]
+    return [*common, *start, *(item.format(**values) for item in VARIANTS[name])]
 
 
 def source_checkpoint(args: argparse.Namespace) -> Path:
@@ -84,7 +85,7 @@ def source_checkpoint(args: argparse.Namespace) -> Path:
         return args.source
     path = args.cache_dir / f"source-{Path(args.preset).stem}-{args.source_steps}.ckpt"
     if not path.is_file():
-        config = build_run_config(args.preset, [])
+        config = build_run_config(args.preset, args.set)
         run(config, shapes_root(2000, 200, 0, args.cache_dir), minutes=10_000.0, eval_every=0.0, name="source",
             jsonl=None, max_steps=args.source_steps, image_size=yaml_image_size(Path(args.preset)),
             eval_every_steps=args.source_steps, save=path)
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", type=Path, default=None, help="the model trained on the shapes set")
     parser.add_argument("--source-steps", type=int, default=1000, help="its training steps when --source is not given")
     parser.add_argument("--preset", default=str(PRESET), help="the recipe (a shapes YAML of configs/)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change the recipe of every run, the source's too (benchmarks/convergence.py's --set)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--images", type=int, nargs="+", default=[50, 200],
                         help="training images of the second set; every variant runs on the first size, the defaults "
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for name, images in runs:
         root = target_root(images, args.num_val, args.cache_dir)
-        settings = variant_settings(name, args.preset, source, images=images, steps=args.steps)
+        settings = variant_settings(name, args.preset, source, images=images, steps=args.steps, common=args.set)
         config = build_run_config(args.preset, settings)
         curves[name, images] = run(config, root, minutes=10_000.0, eval_every=0.0, name=f"{name} {images} images",
                                    jsonl=args.jsonl, max_steps=args.steps, image_size=image_size,

@@ -154,7 +154,8 @@ def test_validate_takes_the_checkpoint_classes_by_name_under_other_labels(tmp_pa
     scores are those of the contiguous labels that fit the head as it is."""
     _validate_coco_mini_with_an_80_class_checkpoint(tmp_path / "raw", "raw")
     _validate_coco_mini_with_an_80_class_checkpoint(tmp_path / "contiguous", "contiguous")
-    raw, contiguous = ([(row["image_id"], row["category_id"], round(row["score"], 5), [round(v, 3) for v in row["bbox"]])
+    raw, contiguous = ([(row["image_id"], row["category_id"], round(row["score"], 5),
+                         [round(v, 3) for v in row["bbox"]])
                         for row in json.loads((tmp_path / name / "run" / "validate" / "evaluation" /
                                                "val_predictions.json").read_text())]
                        for name in ("raw", "contiguous"))

@@ -1,0 +1,43 @@
+"""benchmarks/finetune.py: a shapes model fine-tuned onto the second set (new classes, few images), one run per
+variant, AP against steps in one table; the defaults start circle and triangle from the source's rows."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+
+from detr.categories import CategoryMap
+from detr.checkpoints import save_checkpoint
+from detr.data.shapes import SHAPE_NAMES
+from detr.models.build import build_detr
+from detr.models.config import ModelMeta
+from tests.helpers import load_script
+
+pytestmark = pytest.mark.usefixtures("one_thread", "bare_argv")
+
+TINY = ["detr.hidden_dim=32", "detr.num_heads=2", "detr.num_decoder_layers=2", "detr.dim_feedforward=48",
+        "detr.num_queries=6", "batch_size=2"]
+
+
+def test_variants_print_ap_against_steps(tmp_path, capsys, caplog) -> None:
+    benchmark = load_script("benchmarks/finetune.py")
+    config = benchmark.build_run_config(str(benchmark.PRESET), TINY).detr.replace(num_classes=len(SHAPE_NAMES))
+    source = build_detr(config)
+    source.meta = ModelMeta(category_map=CategoryMap(tuple(range(1, 6)), SHAPE_NAMES), eval_size=(128, 128))
+    path = save_checkpoint(source, tmp_path / "source.ckpt")
+    argv = ["--source", str(path), *(f"--set={item}" for item in TINY), "--variants", "defaults", "scratch",
+            "rows_by_label", "lr_drop", "--images", "4", "6", "--steps", "2", "--eval-every-steps", "2", "--num-val",
+            "2", "--threads", "1", "--cache-dir", str(tmp_path)]
+    with caplog.at_level(logging.INFO, logger="detr.lightning.system"):
+        assert benchmark.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| [0-9.]+ \([0-9.]+\) \|$", out, re.MULTILINE)
+    assert rows == [("defaults", "4"), ("scratch", "4"), ("rows_by_label", "4"), ("lr_drop", "4"), ("defaults", "6"),
+                    ("scratch", "6")]
+    assert "init_checkpoint: 2 classes start from" in caplog.text and "3 fresh: cross, arrow, semicircle" in caplog.text
+    assert (tmp_path / "finetune_6_2" / "annotations" / "instances_train2017.json").is_file()
+    # the step drop lands two thirds into the run: 3 steps of 2-image batches over 4 images, at epoch 1
+    assert benchmark.variant_settings("lr_drop", str(benchmark.PRESET), None, images=4, steps=3, common=TINY)[-1] == \
+        "lr_drop_epochs=[1]"
