@@ -79,6 +79,7 @@ class RunConfig:
     clip: float = 0.1  # gradient clipping, global norm (the authors')
     precision: str = "32-true"  # the Trainer's ("bf16-mixed": everything in bfloat16 autocast)
     ema_decay: float = 0.0  # > 0: validate an exponential moving average of the weights (and BN buffers)
+    ema_warmup_steps: int = 0  # the average's warm-up (the real-time DETRs' ModelEMA: 1000 or 2000 updates)
     seed: int = 0
     square_size: int | None = None  # the data's input contract: a square resize (the real-time DETRs')
     normalize: bool = True  # ImageNet mean / std; False: pixels / 255 (the real-time DETRs')
@@ -371,7 +372,7 @@ def run(config: RunConfig, data_root: Path, *, minutes: float, eval_every: float
     report = ConvergenceReport(name, config, throughput, budget, jsonl)
     callbacks: list[L.Callback] = [throughput, budget, report]
     if config.ema_decay > 0:
-        callbacks.append(ExponentialMovingAverage(decay=config.ema_decay))
+        callbacks.append(ExponentialMovingAverage(decay=config.ema_decay, warmup_steps=config.ema_warmup_steps))
     print(f"[{name}] {json.dumps(config.to_dict())}", flush=True)
     with tempfile.TemporaryDirectory() as root:
         trainer = make_trainer(config, callbacks, root, max_steps=max_steps or -1, eval_every=eval_every,

@@ -16,8 +16,9 @@ model (``--model.init_checkpoint``) with its class rows carried by name (``--mod
 and triangle start from their trained rows, the three new classes fresh), fitted to ``--steps`` steps. The
 variants change one thing each (:data:`VARIANTS`): the start (from scratch; class rows fresh; rows by label, which
 gives the new set's triangle the source's square row), the learning rate, a step drop inside the run instead of the
-final decay, an EMA of the weights, and the real-time DETRs' augmentations (photometric distortion, zoom-out, IoU
-crop). Compare runs by step: the machine's load changes their time, not their steps.
+final decay, an EMA of the weights, the real-time DETRs' augmentations (photometric distortion, zoom-out, IoU
+crop), and D-FINE's own schedule (a 500-step warm-up, a constant lr, EMA 0.9999). Compare runs by step: the
+machine's load changes their time, not their steps.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ VARIANTS: dict[str, list[str]] = {
     "lr_drop": ["lr_decay_fraction=0.0", "lr_drop_epochs=[{drop_epoch}]"],
     "ema": ["ema_decay=0.99"],
     "augment": ['data={{"augmentation": "rtdetr"}}'],
+    # D-FINE's own schedule (configs/dfine/include/optimizer.yml): a 500-step linear warm-up, then a constant lr
+    # (its step drop at epoch 500 never comes), the weights' EMA at 0.9999 over 1000 warm-up updates
+    "authors_schedule": ["warmup_steps=500", "lr_decay_fraction=0.0", "ema_decay=0.9999", "ema_warmup_steps=1000"],
 }
 
 

@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-images-per-class", type=int, default=10,
                         help="warn about categories with boxes on fewer images (default 10; 0: no check)")
     parser.add_argument("--checkpoint", default=None,
-                        help="the checkpoint a fine-tune starts from: say whether its class head carries over to "
-                        "the json's categories, and name categories it knows under other ids")
+                        help="the checkpoint a fine-tune starts from: name the json's categories it was not "
+                        "trained on (their class rows start fresh; the others carry over by name)")
     args = parser.parse_args(argv)
     images, annotations = Path(args.images_dir), Path(args.annotations_json)
     if images.is_file() and annotations.is_dir():  # said "does not exist" of a folder that exists

@@ -146,9 +146,8 @@ def check_dataset(
         progress: show a progress bar while reading many images.
         min_images_per_class: warn about categories with boxes on fewer images than this (0: no check); a
             fine-tune learns next to nothing about such a class.
-        checkpoint: the classes of the checkpoint a fine-tune starts from: warn when its class head cannot
-            carry over, and name the categories whose names it knows under other labels
-            (:func:`checkpoint_class_problems`).
+        checkpoint: the classes of the checkpoint a fine-tune starts from: warn, naming them, about the
+            categories it was not trained on, whose class rows start fresh (:func:`checkpoint_class_problems`).
 
     Returns:
         Problems: errors, then warnings, each group in json order, then one "info" summary (counts and

@@ -61,6 +61,8 @@ class CheckData(L.Callback):
         cache: remember what each image read found in ``JSON.imagecache`` beside each annotation json, keyed by
             file size and mtime, so a resumed run or the next run on the data reads only changed files
             (:mod:`detr.data.image_checks`).
+        min_images_per_class: warn, naming them, about training categories with boxes on fewer images than this
+            (a fine-tune learns next to nothing about them; 0: no check).
 
     The checks run in the global rank-0 process only (the other ranks wait for its findings, broadcast), so
     the validation images are decoded once per run, not once per rank.
@@ -70,9 +72,9 @@ class CheckData(L.Callback):
     """
 
     def __init__(self, train_images: ImageCheck = "headers", val_images: ImageCheck = "decode",
-                 cache: bool = True) -> None:
+                 cache: bool = True, min_images_per_class: int = 10) -> None:
         super().__init__()
-        self.cache = cache
+        self.cache, self.min_images_per_class = cache, min_images_per_class
         for name, value in (("train_images", train_images), ("val_images", val_images)):
             if value not in ("headers", "decode", "off"):
                 raise ValueError(f"CheckData: {name} must be 'headers', 'decode' or 'off', got {value!r}")
@@ -98,6 +100,7 @@ class CheckData(L.Callback):
                     data=_loaded_json(trainer.datamodule, dataset.annotations_file),
                     cache_file=default_cache_file(dataset.annotations_file) if self.cache else None,
                     progress=getattr(trainer, "progress_bar_callback", None) is not None,
+                    min_images_per_class=self.min_images_per_class if split == "train" else 0,
                 )
             problems = trainer.strategy.broadcast(problems)
             fatal = report_problems(split, dataset, problems)
@@ -165,6 +168,8 @@ def report_problems(split: str, dataset: Any, problems: list[Problem]) -> list[P
             box_counts["dropped" if "drops it" in problem.message else "clipped"] += 1
         elif problem.severity == "error":
             fatal.append(problem)
+        elif problem.file_name is None:  # about the whole set (few images of a class, box units): said whole
+            logger.warning("data check, %s: %s: %s", split, problem.kind, problem.message)
         else:
             warning_counts[problem.kind] += 1
             if problem.kind in NAMED_WARNING_KINDS:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -153,6 +154,9 @@ def test_fit_counts_the_boxes_it_drops_and_clips(shapes, tmp_path, caplog) -> No
     with caplog.at_level(logging.WARNING, logger="detr"):
         main(tiny_fit_args(shapes, tmp_path / "run", "--trainer.max_steps=1"))
     assert "train: 1 box(es) dropped" in caplog.text and "and 1 clipped" in caplog.text
+    # the tiny set's classes are on a few images each: named for the training split (what a fine-tune learns from)
+    assert re.search(r"train: few_images_per_class: \d categories have boxes on fewer than 10 images", caplog.text)
+    assert "val: few_images_per_class" not in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------- the model
