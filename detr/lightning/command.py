@@ -26,7 +26,8 @@ DETECTION_CONFIGS = {
         "rfdetr_base_coco.yaml (from --model.init_checkpoint, as the authors)"),
     "fine-tuning a checkpoint on your own COCO-format set": (
         "finetune_custom.yaml (a GPU)", "finetune_custom_cpu.yaml (a 2-core CPU: 384-px images, a time budget)",
-        "rfdetr_finetune_custom.yaml (RF-DETR Base, a GPU)"),
+        "rfdetr_finetune_custom.yaml (RF-DETR Base, a GPU)",
+        "dfine_finetune_custom.yaml (D-FINE S, a GPU: the defaults benchmarks/finetune.py chose)"),
     "CPU demos on the synthetic shapes set (detr-make-shapes writes data/shapes)": (
         "demo_shapes_cpu.yaml (what detr-demo trains)", "deformable_shapes_cpu.yaml", "rtdetr_shapes_cpu.yaml",
         "dfine_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml",

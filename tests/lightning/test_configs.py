@@ -268,6 +268,22 @@ def test_the_deim_config_holds_the_authors_recipe(capsys) -> None:
     assert (data["mixup_prob"], data["mixup_epochs"], data["square_size"]) == (0.5, [4, 64], 640)
 
 
+def test_the_dfine_finetune_config_is_the_s_recipe_with_the_benchmarks_defaults(capsys) -> None:
+    """configs/dfine_finetune_custom.yaml: D-FINE S's model and learning rates, one device, and what
+    benchmarks/finetune.py chose: class rows by name, augmentations to the end, EMA 0.99, a short warm-up and
+    the final linear decay."""
+    coco = _printed(capsys, REPO / "configs" / "dfine_s_coco.yaml")
+    printed = _printed(capsys, REPO / "configs" / "dfine_finetune_custom.yaml")
+    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    assert model["detr"] == coco["model"]["detr"] and (model["lr"], model["lr_backbone"]) == (2e-4, 1e-4)
+    assert (trainer["devices"], trainer["max_epochs"]) == (1, 50)
+    assert (model["init_classes"], model["warmup_steps"], model["lr_decay_fraction"], model["lr_drop_epochs"]) == (
+        "by_name", 50, 0.3, [])
+    assert (data["augmentation"], data["augmentation_stop_epoch"]) == ("rtdetr", None)
+    [ema] = [c["init_args"] for c in trainer["callbacks"] if c["class_path"].endswith("ExponentialMovingAverage")]
+    assert (ema["decay"], ema["warmup_steps"]) == (0.99, 0)
+
+
 @pytest.mark.parametrize("name", ["rtdetr_shapes_cpu.yaml", "dfine_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml"])
 def test_the_real_time_shapes_configs_train_with_flips_only(name: str, capsys) -> None:
     data = _printed(capsys, REPO / "configs" / name)["data"]
