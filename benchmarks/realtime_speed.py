@@ -52,6 +52,10 @@ MODELS = {
         **_DFINE, "levels": 3, "encoder_hidden_dim": 256, "d_model": 256, "encoder_ffn_dim": 1024,
         "decoder_ffn_dim": 1024, "decoder_in_channels": [256] * 3, "decoder_n_points": [3, 6, 3],
         "hidden_expansion": 0.5, "depth_mult": 0.34}),
+    "dfine_l": ("D-FINE L (HGNetV2 B4, 6 decoder layers)", "dfine", "hgnetv2_b4", {
+        **_DFINE, "levels": 3, "encoder_hidden_dim": 256, "d_model": 256, "encoder_ffn_dim": 1024,
+        "decoder_ffn_dim": 1024, "decoder_in_channels": [256] * 3, "decoder_n_points": [3, 6, 3],
+        "hidden_expansion": 1.0, "depth_mult": 1.0, "decoder_layers": 6}),
     "dfine_n": ("D-FINE N (HGNetV2 B0, 2 levels)", "dfine", "hgnetv2_b0", {
         **_DFINE, "levels": 2, "encoder_hidden_dim": 128, "d_model": 128, "encoder_ffn_dim": 512,
         "decoder_ffn_dim": 512, "decoder_in_channels": [128] * 2, "decoder_n_points": 6,
