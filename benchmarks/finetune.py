@@ -16,10 +16,10 @@ source model (``--model.init_checkpoint``) with its class rows carried by name (
 circle and triangle start from their trained rows, the three new classes fresh), fitted to ``--steps`` steps.
 "defaults" adds what this benchmark chose: the real-time DETRs' augmentations (photometric distortion, zoom-out,
 IoU crop); "defaults_ema" adds an EMA of the weights (decay 0.99) to them; the other variants change one thing of
-the recipe each (:data:`VARIANTS`): the start (from scratch; class rows fresh; rows by label, which gives the new set's triangle the
-source's square row), a quarter of the learning rates, a step drop two thirds into the run instead of the final
-decay, the EMA, and D-FINE's own schedule (a 500-step warm-up, a constant lr, EMA
-0.9999 over 1000 warm-up updates). Compare runs by step: the machine's load changes their time, not their steps.
+the recipe each (:data:`VARIANTS`): the start (from scratch; class rows fresh; rows by label, which gives the new
+set's triangle the source's square row), a quarter of the learning rates, a step drop two thirds into the run
+instead of the final decay, the EMA, and D-FINE's own schedule (a 500-step warm-up, a constant lr, EMA 0.9999 over
+1000 warm-up updates). Compare runs by step: the machine's load changes their time, not their steps.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ from detr.data.shapes import ShapesConfig, write_shapes_dataset  # noqa: E402
 TARGET_SHAPES = ("circle", "triangle", "cross", "arrow", "semicircle")
 PRESET = REPO / "configs" / "dfine_shapes_cpu.yaml"
 
-#: name → what the run changes from the preset's recipe: ``--set`` items of benchmarks/convergence.py, with {lr_quarter},
-#: {lr_backbone_quarter} and {drop_epoch} filled in from the preset and the run's length. "defaults" is what this
-#: benchmark chose for fine-tuning (the recipe with the real-time DETRs' augmentations); every other variant is one
-#: change to the recipe, but "defaults_ema" (the defaults with an EMA of the weights).
+#: name → what the run changes from the preset's recipe: ``--set`` items of benchmarks/convergence.py, with
+#: {lr_quarter}, {lr_backbone_quarter} and {drop_epoch} filled in from the preset and the run's length. "defaults" is
+#: what this benchmark chose for fine-tuning (the recipe with the real-time DETRs' augmentations); every other variant
+#: is one change to the recipe, but "defaults_ema" (the defaults with an EMA of the weights).
 VARIANTS: dict[str, list[str]] = {
     "defaults": ['data={{"augmentation": "rtdetr"}}'],
     "recipe": [],

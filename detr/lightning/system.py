@@ -127,9 +127,9 @@ class DetrSystem(L.LightningModule):
             first use), the authors' release file, a plain state dict in their layout, this project's
             checkpoint or a Hugging Face DETR directory (whatever :func:`detr.load_checkpoint` reads). The
             class heads' rows follow ``init_classes``; any other tensor whose shape differs from the model's keeps
-            its fresh initialisation; every key must match. The ImageNet backbone is then not downloaded. Not read when ``--ckpt_path`` gives the weights; read
-            again whenever the system is rebuilt from its hyperparameters (``load_from_checkpoint``: pass
-            ``init_checkpoint=None`` there if it has moved).
+            its fresh initialisation; every key must match. The ImageNet backbone is then not downloaded. Not
+            read when ``--ckpt_path`` gives the weights; read again whenever the system is rebuilt from its
+            hyperparameters (``load_from_checkpoint``: pass ``init_checkpoint=None`` there if it has moved).
         init_classes: how init_checkpoint's class rows (every class head, a denoising label embedding) start the
             data's classes (:mod:`detr.checkpoints.finetune`): "by_name" (a class the checkpoint names starts
             from its row, wherever its label; a new class fresh), "by_label" (row i for label i when the counts
