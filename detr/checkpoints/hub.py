@@ -32,7 +32,8 @@ def hub_model(name: str, *, pretrained: bool = False, num_classes: int | None = 
         if num_classes != model_info.num_classes:
             raise ValueError(f"the released {name} predicts {model_info.num_classes} classes, not num_classes="
                              f"{num_classes}; to fine-tune on other classes, start a training run with "
-                             f"init_checkpoint={name!r} (its class head is re-initialised)")
+                             f"init_checkpoint={name!r} (the COCO classes of your data keep their trained rows, new "
+                             "ones start fresh)")
         model = load_checkpoint(name, aux_loss=False)
     else:
         config = model_info.config().replace(num_classes=num_classes, aux_loss=False)
