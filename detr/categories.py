@@ -37,6 +37,12 @@ COCO_CATEGORIES: tuple[tuple[int, str], ...] = (
 UNUSED_NAME = "N/A"
 
 
+def class_name_key(name: str) -> str | None:
+    """What two class names are matched by (a fine-tune's class rows, the checker's report of them): the name
+    without case or surrounding spaces; None for :data:`UNUSED_NAME`, which matches nothing."""
+    return None if name == UNUSED_NAME else name.strip().lower()
+
+
 @dataclass(frozen=True)
 class CategoryMap:
     """Label ``i`` of the model is category ``category_ids[i]`` of the data set, named ``names[i]``.

@@ -23,7 +23,7 @@ from typing import Literal
 
 import torch
 
-from detr.categories import UNUSED_NAME, CategoryMap
+from detr.categories import UNUSED_NAME, CategoryMap, class_name_key
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig
 
@@ -60,21 +60,22 @@ class InitialWeights:
     fresh_classes: list[str] = field(default_factory=list)
 
 
-def _names(category_map: CategoryMap | None, num_classes: int) -> list[str] | None:
+def _names(category_map: CategoryMap | None, num_classes: int) -> list[str | None] | None:
+    """Each label's :func:`class_name_key`, or None when the map does not describe these ``num_classes``."""
     if category_map is None or category_map.num_classes != num_classes:
         return None
-    return [name.strip().lower() for name in category_map.names]
+    return [class_name_key(name) for name in category_map.names]
 
 
-def class_sources(own_names: list[str] | None, their_names: list[str] | None, own_count: int, their_count: int,
-                  init_classes: InitClasses) -> list[int | None] | None:
+def class_sources(own_names: list[str | None] | None, their_names: list[str | None] | None, own_count: int,
+                  their_count: int, init_classes: InitClasses) -> list[int | None] | None:
     """For each of the model's labels, the checkpoint's label whose row it starts from (None: fresh); None when
     no row is carried by class (``by_label`` with another class count: the tensors then start fresh whole)."""
     if init_classes == "fresh":
         return [None] * own_count
     if init_classes == "by_name" and own_names is not None and their_names is not None:
-        theirs = {name: label for label, name in enumerate(their_names) if name != UNUSED_NAME.lower()}
-        return [theirs.get(name) if name != UNUSED_NAME.lower() else None for name in own_names]
+        theirs = {name: label for label, name in enumerate(their_names) if name is not None}
+        return [theirs.get(name) if name is not None else None for name in own_names]
     if own_count == their_count:
         return list(range(own_count))
     return None

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from pycocotools import mask as mask_utils
 
-from detr.categories import UNUSED_NAME, CategoryMap
+from detr.categories import CategoryMap, class_name_key
 from detr.data.coco import (
     AnnotationFileError,
     all_coco_bboxes,
@@ -406,8 +406,8 @@ def checkpoint_class_problems(categories: dict[int, str], checkpoint: Checkpoint
     where = f"'{annotations_file}'"
     theirs = checkpoint.category_map
     if theirs is not None:
-        known = {name.strip().lower() for name in theirs.names if name != UNUSED_NAME}
-        new = [f"'{name}'" for name in categories.values() if name.strip().lower() not in known]
+        known = {class_name_key(name) for name in theirs.names} - {None}
+        new = [f"'{name}'" for name in categories.values() if class_name_key(name) not in known]
         if not new:
             return []
         carried = len(categories) - len(new)
