@@ -22,13 +22,13 @@ from detr.data.shapes_panoptic import write_shapes_panoptic
 
 
 def shape_list(text: str) -> tuple[str, ...]:
-    """``--shapes``: comma-separated distinct names from :data:`detr.data.shapes.ALL_SHAPES`."""
+    """``--shapes``: comma-separated distinct names from :data:`detr.data.shapes.ALL_SHAPES` (ShapesConfig's check,
+    as a one-line usage error)."""
     names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in ALL_SHAPES]
-    if unknown or not names or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"{text!r}: give distinct names from {','.join(ALL_SHAPES)}"
-                                         + (f" ({', '.join(unknown)} is not one)" if unknown else ""))
-    return names
+    try:
+        return ShapesConfig(shapes=names).shapes
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

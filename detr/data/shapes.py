@@ -75,7 +75,8 @@ class ShapesConfig:
         object.__setattr__(self, "shapes", tuple(self.shapes))  # a list from a caller or a json
         unknown = [name for name in self.shapes if name not in ALL_SHAPES]
         if unknown or not self.shapes or len(set(self.shapes)) != len(self.shapes):
-            raise ValueError(f"shapes must be distinct names from {', '.join(ALL_SHAPES)}, got {list(self.shapes)}")
+            raise ValueError(f"shapes must be distinct names from {','.join(ALL_SHAPES)}, got {list(self.shapes)}"
+                             + (f" ({', '.join(unknown)} is not one)" if unknown else ""))
         if self.mask_format not in ("polygon", "rle"):
             raise ValueError(f"mask_format must be 'polygon' or 'rle', got {self.mask_format!r}")
         if self.num_train < 0 or self.num_val < 0:
