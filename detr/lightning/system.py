@@ -276,8 +276,8 @@ class DetrSystem(L.LightningModule):
                 f"{key_mismatch(missing, unexpected)}; set the model arguments (backbone, num_encoder_layers, "
                 "num_decoder_layers, ...) to the checkpoint's"
             )
-        initial = initial_state(source, contents.meta.category_map, DetrConfig.from_dict(self.hparams["detr"]), own,
-                                self.category_map, self.hparams.init_classes)
+        initial = initial_state(source, contents.meta.category_map, self.model.config, own, self.category_map,
+                                self.hparams.init_classes)
         self.model.load_state_dict(initial.state, strict=False)
         self._fresh_tensors, self._fresh_classes = initial.fresh_tensors, initial.fresh_classes
         for key in initial.fresh_tensors:
