@@ -26,7 +26,6 @@ from PIL import Image
 from detr.atomic_files import write_text_atomically
 from detr.data.shapes import (
     _SPLITS,
-    SHAPE_NAMES,
     ShapesConfig,
     read_json_written_with,
     render_shapes_image,
@@ -35,13 +34,13 @@ from detr.data.shapes import (
 
 logger = logging.getLogger(__name__)
 
-#: Category id of the one stuff class of the default set: everything that is not a shape.
-BACKGROUND_ID = len(SHAPE_NAMES) + 1
-
-
 def background_id(config: ShapesConfig) -> int:
-    """The stuff class's category id: the one after the shapes' (:data:`BACKGROUND_ID` for the default set)."""
+    """The one stuff class's category id (everything that is not a shape): the one after the shapes'."""
     return len(config.shapes) + 1
+
+
+#: The default set's background id.
+BACKGROUND_ID = background_id(ShapesConfig())
 
 
 def shapes_panoptic_categories(config: ShapesConfig = ShapesConfig()) -> list[dict[str, Any]]:
