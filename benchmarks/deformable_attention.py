@@ -13,9 +13,10 @@ hidden size 256 and 8 heads, for an input image of the given size, whose ResNet 
   four levels (what dense attention would cost on Deformable DETR's input).
 - decoder cross-attention: 300 queries attend to the encoder output, deformable against dense over all levels.
 
-The deformable rows run twice: with grid_sample (what PyTorch runs) and with the "gather" kernel (the same
-sampling as four index gathers, what ``detr-export --sampling-kernel gather`` writes for runtimes without a
-correct GridSample), so the price of that export's sampling in PyTorch is on the same lines.
+The deformable rows run once per kernel of the same sampling: grid_sample (the authors' PyTorch form, and what
+an export writes by default), the "gather" kernel (four index gathers, what ``detr-export --sampling-kernel
+gather`` writes for runtimes without a correct GridSample), and the "embedding_bag" kernel (what PyTorch runs
+when no gradient is needed: every cell read and weighted in one ``embedding_bag``).
 
 Prints one row per case: the tokens, the median time of ``--repeats`` runs after one warm-up, and the
 multiply-accumulates of the attention proper (sampling and weighting for the deformable kind, QK^T and AV
@@ -90,22 +91,22 @@ def main(argv: list[str] | None = None) -> None:
     stride32 = shapes[2][0] * shapes[2][1]
     deformable_macs = lambda q: q * HEADS * len(shapes) * POINTS * (HIDDEN // HEADS) * 5  # 4 bilinear taps + weight
     dense_macs = lambda q, k: 2 * q * k * HIDDEN
-    cases = [
-        ("encoder", "deformable, 4 levels x 4 points", all_tokens, all_tokens,
-         lambda: deformable_case(all_tokens, shapes, args.repeats), deformable_macs(all_tokens)),
-        ("encoder", "deformable, the gather kernel", all_tokens, all_tokens,
-         lambda: deformable_case(all_tokens, shapes, args.repeats, "gather"), deformable_macs(all_tokens)),
+    kernels = [("deformable, 4 levels x 4 points", "grid_sample"), ("deformable, the gather kernel", "gather"),
+               ("deformable, the embedding bag", "embedding_bag")]
+    cases = [("encoder", kind, all_tokens, all_tokens,
+              lambda kernel=kernel: deformable_case(all_tokens, shapes, args.repeats, kernel),
+              deformable_macs(all_tokens)) for kind, kernel in kernels]
+    cases += [
         ("encoder", "dense, stride-32 map (DETR)", stride32, stride32,
          lambda: dense_case(stride32, stride32, args.repeats), dense_macs(stride32, stride32)),
     ]
     if not args.skip_dense_multiscale_encoder:
         cases.append(("encoder", "dense, all 4 levels", all_tokens, all_tokens,
                       lambda: dense_case(all_tokens, all_tokens, 1), dense_macs(all_tokens, all_tokens)))
+    cases += [("decoder", kind, QUERIES, all_tokens,
+               lambda kernel=kernel: deformable_case(QUERIES, shapes, args.repeats, kernel), deformable_macs(QUERIES))
+              for kind, kernel in kernels]
     cases += [
-        ("decoder", "deformable, 4 levels x 4 points", QUERIES, all_tokens,
-         lambda: deformable_case(QUERIES, shapes, args.repeats), deformable_macs(QUERIES)),
-        ("decoder", "deformable, the gather kernel", QUERIES, all_tokens,
-         lambda: deformable_case(QUERIES, shapes, args.repeats, "gather"), deformable_macs(QUERIES)),
         ("decoder", "dense, all 4 levels", QUERIES, all_tokens,
          lambda: dense_case(QUERIES, all_tokens, args.repeats), dense_macs(QUERIES, all_tokens)),
         ("decoder", "dense, stride-32 map (DETR)", QUERIES, stride32,

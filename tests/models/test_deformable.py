@@ -119,36 +119,94 @@ def test_config_refuses_what_the_model_lacks(changes, message):
         DetrConfig(**changes)
 
 
-@pytest.mark.parametrize("points_per_level", [None, (1, 3)])
-def test_the_gather_kernel_samples_what_grid_sample_samples(points_per_level):
-    """Four index gathers from the map padded with zeros equal grid_sample (bilinear, zero padding,
-    align_corners=False) at every location: inside, on the border, partly and far outside the map."""
+def _sampling_case(points_per_level, dtype=torch.float32):
+    """value, locations and weights on two levels at every kind of location: inside, on the border, partly and
+    far outside the map (and on both sides of it)."""
     torch.manual_seed(0)
     shapes = [(5, 7), (3, 4)]
-    value = torch.randn(2, sum(h * w for h, w in shapes), 2, 4)
+    value = torch.randn(2, sum(h * w for h, w in shapes), 2, 4, dtype=dtype)
     total = 4 if points_per_level is None else sum(points_per_level)
-    locations = torch.rand(2, 9, 2, total, 2) * 1.6 - 0.3
+    locations = torch.rand(2, 9, 2, total, 2, dtype=dtype) * 1.6 - 0.3
     locations[0, 0, 0, 0] = torch.tensor([0.0, 1.0])  # the map's corner
     locations[0, 0, 0, 1] = torch.tensor([-5.0, 0.5])  # far outside
-    weights = torch.rand(2, 9, 2, total)
+    locations[0, 0, 1, 1] = torch.tensor([0.5, 7.0])
+    weights = torch.rand(2, 9, 2, total, dtype=dtype)
     if points_per_level is None:
         locations = locations.view(2, 9, 2, 2, 2, 2)
         weights = weights.view(2, 9, 2, 2, 2)
-    expected = deformable_sampling(value, shapes, locations, weights, points_per_level=points_per_level)
-    got = deformable_sampling(value, shapes, locations, weights, points_per_level=points_per_level, kernel="gather")
+    return shapes, value, locations, weights
+
+
+@pytest.mark.parametrize("kernel", ["gather", "embedding_bag"])
+@pytest.mark.parametrize("points_per_level", [None, (1, 3)])
+def test_each_kernel_samples_what_grid_sample_samples(kernel, points_per_level):
+    """Four index gathers from the map padded with zeros, and the one embedding bag over every level, equal
+    grid_sample (bilinear, zero padding, align_corners=False) at every location: inside, on the border, partly
+    and far outside the map."""
+    shapes, value, locations, weights = _sampling_case(points_per_level)
+    expected = deformable_sampling(value, shapes, locations, weights, points_per_level=points_per_level,
+                                   kernel="grid_sample")
+    got = deformable_sampling(value, shapes, locations, weights, points_per_level=points_per_level, kernel=kernel)
     assert (got - expected).abs().max() < 1e-5
 
 
-def test_a_model_switched_to_the_gather_kernel_predicts_the_same():
+@pytest.mark.parametrize("points_per_level", [None, (1, 3)])
+def test_the_embedding_bag_reads_the_nearest_cell_as_the_discrete_sampling(points_per_level):
+    shapes, value, locations, weights = _sampling_case(points_per_level, torch.float64)
+    expected = deformable_sampling(value, shapes, locations, weights, "discrete", points_per_level, kernel="gather")
+    got = deformable_sampling(value, shapes, locations, weights, "discrete", points_per_level, kernel="embedding_bag")
+    assert (got - expected).abs().max() < 1e-12
+
+
+def test_the_embedding_bag_has_grid_samples_gradients():
+    """In float64 the embedding bag's gradients of the value, the locations and the weights are grid_sample's
+    (the bilinear weights carry the locations' gradient)."""
+    gradients = {}
+    for kernel in ("grid_sample", "embedding_bag"):
+        shapes, value, locations, weights = _sampling_case((1, 3), torch.float64)
+        locations = locations.clamp(-0.2, 1.2)  # no location exactly on a cell's edge: the gradient jumps there
+        inputs = [tensor.requires_grad_() for tensor in (value, locations, weights)]
+        deformable_sampling(*inputs[:1], shapes, *inputs[1:], points_per_level=(1, 3), kernel=kernel
+                            ).square().sum().backward()
+        gradients[kernel] = [tensor.grad for tensor in inputs]
+    for expected, got in zip(gradients["grid_sample"], gradients["embedding_bag"]):
+        assert torch.allclose(got, expected, atol=1e-10)
+
+
+def test_auto_bags_without_a_gradient_and_grid_samples_with_one(monkeypatch):
+    """The default kernel: the embedding bag in inference (its forward is the fastest), grid_sample when a
+    gradient is needed (its backward is the faster); a location that is not finite reads nothing and breaks no
+    index."""
+    shapes, value, locations, weights = _sampling_case(None)
+    calls = []
+    embedding_bag = torch.nn.functional.embedding_bag
+    monkeypatch.setattr(torch.nn.functional, "embedding_bag", lambda *a, **k: calls.append(1) or embedding_bag(*a, **k))
+    with torch.no_grad():
+        deformable_sampling(value, shapes, locations, weights)
+    assert len(calls) == 1
+    deformable_sampling(value.requires_grad_(), shapes, locations, weights)
+    assert len(calls) == 1
+    locations[0, 0, 0, 0, 0] = torch.tensor([float("nan"), float("inf")])
+    with torch.no_grad():
+        got = deformable_sampling(value, shapes, locations, weights)
+    assert torch.isfinite(got[1]).all()
+
+
+def test_a_model_switched_to_each_kernel_predicts_the_same():
     model = build_detr(tiny_config_with(architecture="deformable", class_head="sigmoid", num_points=2,
                                         box_refine=True, two_stage=True)).eval()
     images = torch.randn(1, 3, 64, 96)
     mask = torch.zeros(1, 64, 96, dtype=torch.bool)
+    mask[:, :, 80:] = True
     with torch.no_grad():
+        assert {module.bilinear_kernel for module in model.modules()
+                if isinstance(module, MultiScaleDeformableAttention)} == {"auto"}
+        use_bilinear_kernel(model, "grid_sample")
         expected = model(images, mask)
-        assert use_bilinear_kernel(model, "gather") == sum(
-            isinstance(m, MultiScaleDeformableAttention) for m in model.modules()) > 0
-        got = model(images, mask)
-    assert (got.logits - expected.logits).abs().max() < 1e-4 and (got.boxes - expected.boxes).abs().max() < 1e-4
-    with pytest.raises(ValueError, match="bilinear kernel must be one of grid_sample, gather"):
+        for kernel in ("gather", "embedding_bag", "auto"):
+            assert use_bilinear_kernel(model, kernel) == sum(
+                isinstance(m, MultiScaleDeformableAttention) for m in model.modules()) > 0
+            got = model(images, mask)
+            assert (got.logits - expected.logits).abs().max() < 1e-4 and (got.boxes - expected.boxes).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="bilinear kernel must be one of auto, grid_sample, gather, embedding_bag"):
         use_bilinear_kernel(model, "nearest")
