@@ -4,7 +4,7 @@ and the checkpoint loads with detr.load_checkpoint and predicts one group's quer
 authors' (rf-detr's get_param_dicts.py: the ViT's layer-wise and component decays, no weight decay on its biases,
 norms and embeddings); squares the ViT cannot take are refused before training. With instance masks
 (configs/rfdetr_seg_shapes_cpu.yaml) the point-sampled mask terms of every layer train, validation logs mask AP and
-``detr predict`` writes each detection's mask."""
+``detr predict`` writes each detection's mask, which ``detr-analyze`` reads."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import torch
 
 from detr import Predictor, load_checkpoint
 from detr.checkpoints.rfdetr import to_huggingface_state_dict
+from detr.commands import analyze as analyze_command
 from detr.lightning.cli import main
 from detr.lightning.system import SettingError
 from tests.helpers import tiny_square_fit_args, write_tiny_shapes
@@ -71,6 +72,13 @@ def test_fit_with_instance_masks_trains_the_mask_terms_and_predicts_masks(tiny_s
           f"--data.predict_images={tiny_shapes_with_masks / 'val2017'}"])
     entries = json.loads((run / "predict" / "predictions.json").read_text())
     assert entries and all(entry["segmentation"]["size"] == [64, 64] for entry in entries)
+
+    # detr-analyze reads the instance predictions (their boxes; the masks are scored by validation's mask AP)
+    out = tmp_path / "analysis"
+    assert analyze_command.main([str(tiny_shapes_with_masks / "annotations" / "instances_val2017.json"),
+                                 str(run / "predict" / "predictions.json"), "--images",
+                                 str(tiny_shapes_with_masks / "val2017"), "--out", str(out)]) == 0
+    assert json.loads((out / "analysis.json").read_text())["num_images"] == 2 and (out / "report.html").is_file()
 
 
 def test_fit_with_instance_masks_needs_the_datas_masks(tiny_shapes_with_masks: Path, tmp_path: Path) -> None:
