@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/realtime_speed.py [--threads 2] [--repeats 7] [--batch 1]
     .venv/bin/python benchmarks/realtime_speed.py --models rtdetr_r18 dfine_s --components
     .venv/bin/python benchmarks/realtime_speed.py --models rfdetr_nano rfdetr_base --no-detr --components
+    PYTHONPATH=/tmp/rfdetr_pkg .venv/bin/python benchmarks/realtime_speed.py --models rfdetr_nano rfdetr_base \
+        --no-detr --rfdetr-package        # after: pip install --target /tmp/rfdetr_pkg rfdetr --no-deps
 
 Each model of the released layout (random weights everywhere: speed does not depend on them) is built by
 transformers (``RTDetrForObjectDetection`` / ``DFineForObjectDetection`` / ``RfDetrForObjectDetection``), saved with
@@ -16,18 +18,24 @@ the machine's load; printed: medians (min-max) and the ratios. ``--components`` 
 backbone (RF-DETR: the ViT) / hybrid encoder (AIFI) or RF-DETR's projector / query selection / decoder layers
 (cross- and self-attention) / post-processing,
 timed by forward hooks (query selection: what the decoder module does besides its layers, for transformers what
-the model does besides backbone, encoder and decoder). Results: docs/speed.md. Needs transformers.
+the model does besides backbone, encoder and decoder). ``--rfdetr-package`` adds a third side for the RF-DETR models:
+the authors' ``rfdetr`` package's own model of the release's preset (``build_model_from_config``, its own random
+weights: the same layout and sizes) prepared as its ``RFDETR.inference()`` does by default (``export()``, then
+``torch.jit.trace`` at the batch's size) with its ``PostProcess(num_select=300)``; only the package's model code is
+imported (benchmarks/rfdetr_package_parity.py). Results: docs/speed.md. Needs transformers.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -165,6 +173,30 @@ def components(seconds: dict[str, float], ours: bool) -> dict[str, float]:
     return parts
 
 
+def rfdetr_package_side(name: str, images: torch.Tensor) -> Callable[[], None]:
+    """The rfdetr package's model of ``name``'s preset, exported and traced as its ``inference()`` does, with its
+    post-processing: a run of one batch."""
+    from rfdetr_package_parity import PRESETS, import_package_models
+
+    from tests.helpers import randomise
+
+    config_module, lwdetr = import_package_models()
+    preset = PRESETS[name.replace("_", "-").replace("rfdetr", "rf-detr")]
+    # a pretrain_weights name keeps the builder from fetching DINOv2's weights (build_model_from_config loads none)
+    model = lwdetr.build_model_from_config(getattr(config_module, preset)(pretrain_weights="unused.pth",
+                                                                           num_classes=80, device="cpu")).eval()
+    randomise(model, 0)
+    model.export()
+    traced = torch.jit.trace(model, images)
+    postprocess = importlib.import_module("rfdetr.models.postprocess").PostProcess(num_select=300)
+    sizes = torch.tensor([list(images.shape[-2:])] * len(images))
+
+    def run() -> None:
+        boxes, logits = traced(images)[:2]
+        postprocess({"pred_logits": logits, "pred_boxes": boxes}, sizes)
+    return run
+
+
 def median_text(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
@@ -177,6 +209,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, choices=(1, 2))
     parser.add_argument("--no-detr", action="store_true", help="skip DETR-R50 at 800 × 1066")
     parser.add_argument("--components", action="store_true", help="also time each model's parts")
+    parser.add_argument("--rfdetr-package", action="store_true",
+                        help="also time the rfdetr package's traced model for the RF-DETR models (on PYTHONPATH)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import RfDetrImageProcessor, RTDetrImageProcessor
@@ -212,6 +246,9 @@ def main() -> None:
             postprocess(outputs, sizes)
             watch.seconds["post-processing"] += time.perf_counter() - start
         runs[name] = {"theirs": run_theirs, "ours": run_ours}
+        if args.rfdetr_package and family == "rfdetr":
+            runs[name]["rfdetr"] = rfdetr_package_side(name, images)
+            watches[name]["rfdetr"] = Stopwatch()
     if not args.no_detr:
         torch.manual_seed(0)
         model = detr.build_detr().optimize_for_inference()
@@ -235,7 +272,7 @@ def main() -> None:
                     elapsed = time.perf_counter() - start
                     if repeat:
                         times[name][side].append(elapsed)
-                        if args.components and name in MODELS:
+                        if args.components and name in MODELS and side != "rfdetr":
                             for part, value in components(watch.seconds, side == "ours").items():
                                 parts[name][side][part].append(value)
             print(f"round {repeat} done, load average {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
@@ -257,6 +294,16 @@ def main() -> None:
         side = SIZES.get(name, SIZE)
         print(f"| {MODELS[name][0]} | {args.batch} × {side} × {side} | {median_text(times[name]['theirs'])} | "
               f"{median_text(times[name]['ours'])} | {ratio:.2f} | {speedup} |")
+    package = [name for name in runs if "rfdetr" in runs[name]]
+    if package:
+        print("\n| model | rfdetr package (export + jit.trace) | ours (optimized) | ours / rfdetr | "
+              "ours / the faster of the two |")
+        print("|---|---|---|---|---|")
+        for name in package:
+            ours_median = statistics.median(times[name]["ours"])
+            faster = min(statistics.median(times[name]["rfdetr"]), statistics.median(times[name]["theirs"]))
+            print(f"| {MODELS[name][0]} | {median_text(times[name]['rfdetr'])} | {median_text(times[name]['ours'])} | "
+                  f"{ours_median / statistics.median(times[name]['rfdetr']):.2f} | {ours_median / faster:.2f} |")
     if args.components:
         for name in args.models:
             print(f"\n{MODELS[name][0]}, batch {args.batch}: medians in ms")

@@ -38,7 +38,10 @@ PRESETS = {"rf-detr-nano": "RFDETRNanoConfig", "rf-detr-small": "RFDETRSmallConf
 
 
 def import_package_models() -> types.ModuleType:
-    """The package's ``rfdetr.config`` and ``rfdetr.models.lwdetr`` without running its ``__init__``."""
+    """The package's ``rfdetr.config`` and ``rfdetr.models.lwdetr`` without running its ``__init__`` (once: a second
+    call returns the same modules)."""
+    if "rfdetr.config" in sys.modules and "rfdetr.models.lwdetr" in sys.modules:
+        return sys.modules["rfdetr.config"], sys.modules["rfdetr.models.lwdetr"]
     try:
         import requests  # noqa: F401
     except ImportError:
