@@ -119,7 +119,12 @@ def main() -> None:
     print(describe_machine(), flush=True)
 
     model = build_model(args.model)
-    height, width = (args.height, args.width) if args.model == "detr_r50" else (640, 640)
+    if args.model == "detr_r50":
+        height, width = args.height, args.width
+    else:  # the real-time models' square: 640, RF-DETR's its release's (the file takes that size only)
+        from realtime_speed import SIZE, SIZES
+
+        height = width = SIZES.get(args.model, SIZE)
     workdir = Path(tempfile.mkdtemp(prefix="onnx_speed_"))
     onnx_path = args.onnx or workdir / f"{args.model}.onnx"
     if not onnx_path.exists():

@@ -18,7 +18,9 @@ OUT.failed and the exit status is 1. Run the file with: detr-predict IMAGES --ch
 With --int8 (.onnx or .xml) the verified fp32 file is then quantised after training, calibrated on
 --calibration images prepared as the model takes them, into OUT-int8.onnx / OUT-int8.xml (NNCF for OpenVINO,
 ONNX Runtime's static QDQ for ONNX; the convolutions, the matrix products stay fp32: see
-detr.inference.quantize). An INT8 file cannot match PyTorch to 1e-4: its accuracy is what --evaluate measures.
+detr.inference.quantize). --int8-scope all quantises the matrix products too (all but the heads' last layers):
+for models whose arithmetic is mostly matrix products, such as RF-DETR's ViT; gate it with --evaluate. An INT8 file
+cannot match PyTorch to 1e-4: its accuracy is what --evaluate measures.
 
 With --evaluate IMAGES JSON (a COCO-format set) the PyTorch model and every file written are then evaluated
 on it, one image at a time: one table of box AP, AP50, latency (median, p95) and file size. A file that loses
@@ -63,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="image files or folders to calibrate --int8 on (training images, not the --evaluate set)")
     parser.add_argument("--calibration-size", type=int, default=300,
                         help="at most this many calibration images (default 300)")
+    parser.add_argument("--int8-scope", choices=("convolutions", "all"), default="convolutions",
+                        help="what --int8 quantises: the convolutions (default; the matrix products stay fp32) or all "
+                             "(the matrix products too, but the heads' last layers: for ViT models; check --evaluate)")
     args = parser.parse_args(argv)
     from detr.checkpoints import load_checkpoint  # after --help: torch
     from detr.checkpoints.export import FORMAT_SUFFIXES, export
@@ -97,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         int8_path = out.with_name(f"{out.stem}-int8{out.suffix}")
         feeds = calibration_feeds(model.input_spec, args.calibration, limit=args.calibration_size)
-        quantize(out, int8_path, feeds)
+        quantize(out, int8_path, feeds, scope=args.int8_scope)
         written.append(int8_path)
-        print(f"wrote {int8_path}: INT8 convolutions calibrated on {len(feeds)} images"
+        what = "convolutions" if args.int8_scope == "convolutions" else "convolutions and matrix products"
+        print(f"wrote {int8_path}: INT8 {what} calibrated on {len(feeds)} images"
               + ("" if args.evaluate else "; its accuracy is unchecked: add --evaluate IMAGES JSON for its AP"))
     if args.evaluate is None:
         return 0

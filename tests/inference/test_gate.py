@@ -120,3 +120,24 @@ def test_int8_needs_calibration_images_and_a_quantisable_format(tmp_path, capsys
     with pytest.raises(SystemExit):
         export(["detr-r50", "--format", "pt2", "--out", str(tmp_path / "m.pt2"), "--int8", "--calibration", "x"])
     assert "--int8 quantises an .onnx or .xml file" in capsys.readouterr().err
+
+
+def test_int8_scope_all_quantises_the_matrix_products_too(own_ground_truth, tmp_path, capsys):
+    """--int8-scope all (for ViT models, whose arithmetic is matrix products): the INT8 file's matrix products read
+    dequantised int8 inputs, where the default scope keeps them fp32."""
+    onnx = pytest.importorskip("onnx")
+    checkpoint, _ = own_ground_truth
+    export = load_script("tools/export.py").main
+
+    def quantised_products(path: Path) -> int:
+        graph = onnx.load(path).graph
+        dequantised = {output for node in graph.node if node.op_type == "DequantizeLinear" for output in node.output}
+        return sum(node.op_type in ("MatMul", "Gemm") and node.input[0] in dequantised for node in graph.node)
+
+    for scope, folder in (("convolutions", tmp_path / "convolutions"), ("all", tmp_path / "all")):
+        folder.mkdir()
+        assert export([str(checkpoint), "--format", "onnx", "--out", str(folder / "tiny.onnx"), "--int8",
+                       "--int8-scope", scope, "--calibration", str(PHOTOS), "--calibration-size", "2"]) == 0
+    assert "INT8 convolutions and matrix products calibrated on 2 images" in capsys.readouterr().out
+    assert quantised_products(tmp_path / "convolutions" / "tiny-int8.onnx") == 0
+    assert quantised_products(tmp_path / "all" / "tiny-int8.onnx") > 0
