@@ -443,7 +443,8 @@ def export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx", 
 
     ``bilinear_kernel`` "gather" writes deformable attention's bilinear sampling as index gathers instead of
     GridSample (for runtimes without a correct GridSample, e.g. TensorRT); it is verified against the model as
-    it runs here (grid_sample), so the file equals the default export within the same tolerances.
+    it runs here (its own kernel: in inference, the embedding bag), so the file equals the default export within
+    the same tolerances.
 
     Raises ExportError if the model cannot be exported, or if the file's outputs exceed the fp32
     tolerances (boxes 1e-4, logits 1e-3, scores 1e-4; labels equal): the file is then renamed to
