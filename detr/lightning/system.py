@@ -106,7 +106,9 @@ class DetrSystem(L.LightningModule):
             numbers up to float rounding (benchmarks/convergence.py --step-time measures the speed).
         fold_batch_norm: fold the backbone's frozen BatchNorms into their convolutions in training's forward and
             backward (:meth:`detr.models.detector.Detector.use_folded_batch_norm`): the same losses and gradients
-            up to float rounding, the state dict unchanged (docs/speed.md, "Training step against the authors").
+            up to float rounding, the state dict unchanged; on by default (a DETR-R50 step at 512 × 683 took
+            about 8 % less on a quiet 2-core CPU: docs/speed.md, "Training step against the authors"); a
+            model without frozen BatchNorms has nothing to fold.
         backbone_bf16: run the backbone's convolutions in bfloat16 autocast, the transformer in float32
             (:meth:`detr.models.detector.Detector.use_autocast`): for CPUs with AMX / AVX512-BF16, where
             Lightning's ``bf16-mixed`` would also put attention in bfloat16, whose CPU backward is slow.
@@ -178,7 +180,7 @@ class DetrSystem(L.LightningModule):
         lr_drop_gamma: float = 0.1,
         warmup_steps: int = 0,
         channels_last: bool = False,
-        fold_batch_norm: bool = False,
+        fold_batch_norm: bool = True,
         backbone_bf16: bool = False,
         lr_decay_fraction: float = 0.0,
         lr_flat_cosine_epochs: list[int] | None = None,
