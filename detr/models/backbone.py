@@ -138,8 +138,9 @@ class Backbone(nn.Module):
         without changing a parameter or the state dict: each forward computes the folded weight
         ``w · s`` and bias ``β − μ · s`` (:func:`conv_frozen_norm`), so autograd carries the gradient of a trained
         convolution's weight through ``w · s`` and no separate multiply-add over the activations (and its
-        backward) runs. Outputs and gradients equal the plain path's up to float rounding."""
-        self.fold_in_training = enabled
+        backward) runs. Outputs and gradients equal the plain path's up to float rounding. A backbone without
+        frozen BatchNorms (trainable ones) keeps torchvision's own forward: there is nothing to fold."""
+        self.fold_in_training = enabled and any(isinstance(module, FrozenBatchNorm2d) for module in self.body.modules())
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> None:
         """The backbone's part of a detector's ``optimize_for_inference``, in place: fold the frozen

@@ -47,7 +47,7 @@ def _step(config: DetrConfig, **options) -> tuple[dict[str, torch.Tensor], dict[
 @pytest.mark.parametrize("trainable_layers", [3, 5])  # the paper's (stem and layer1 frozen); all trained
 def test_fast_options_give_the_plain_losses_and_gradients(trainable_layers: int) -> None:
     config = tiny_config_with(backbone_trainable_layers=trainable_layers)
-    plain_losses, plain_gradients = _step(config)
+    plain_losses, plain_gradients = _step(config, fold_batch_norm=False)  # folding is DetrSystem's default
     fast_losses, fast_gradients = _step(config, fold_batch_norm=True, channels_last=True)
     assert fast_losses.keys() == plain_losses.keys()
     for name, value in plain_losses.items():
@@ -62,6 +62,9 @@ def test_fast_options_give_the_plain_losses_and_gradients(trainable_layers: int)
 
 def test_folding_keeps_the_state_dict() -> None:
     torch.manual_seed(0)
-    system = DetrSystem(detr=tiny_config_with(), evaluation_dir="", fold_batch_norm=True)
+    system = DetrSystem(detr=tiny_config_with(), evaluation_dir="")  # folding by default
+    assert system.model.backbone[0].fold_in_training
+    trainable = DetrSystem(detr=tiny_config_with(backbone_norm="batch_norm"), evaluation_dir="")
+    assert not trainable.model.backbone[0].fold_in_training  # nothing frozen to fold: torchvision's forward
     keys = set(system.model.state_dict())
     assert "backbone.0.body.layer1.0.bn1.running_var" in keys and "backbone.0.body.bn1.weight" in keys
