@@ -99,14 +99,12 @@ def _bilinear_cells(level_value: torch.Tensor, locations: torch.Tensor) -> torch
     return output
 
 
-def _bag_constants(key: tuple[tuple[tuple[int, int], ...], tuple[int, ...]], *, device: torch.device,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """(spatial shapes, points per level) → what :func:`_embedding_bag_sampling` reads per point [ΣP, ...]: its
-    level's (w, h) and (w − 1, h − 1) in ``dtype``; the table row of its level's cell (0, 0), and its level's
-    padded row length (w + 2), in a table whose levels have a border of zeros one cell wide (int64); and the
-    rows of one head's table (Σ (h + 2)(w + 2))."""
-    spatial_shapes, points_per_level = key
-    starts, first_cells, row_lengths, sizes = [], [], [], []
+def _bag_constants(spatial_shapes: SpatialShapes, points_per_level: Sequence[int], *, device: torch.device,
+                   dtype: torch.dtype, index_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """What :func:`_embedding_bag_sampling` reads per point [ΣP, ...] in a table whose levels have a border of zeros
+    one cell wide: its level's (w, h) and (w − 1, h − 1) in ``dtype``; the row of its level's cell (0, 0) within one
+    head's table, and its level's bordered row length (w + 2), in ``index_dtype``."""
+    first_cells, row_lengths, sizes = [], [], []
     start = 0
     for (height, width), count in zip(spatial_shapes, points_per_level):
         first_cells += [start + (width + 2) + 1] * count  # (0, 0) is one row and one column into the border
@@ -114,8 +112,8 @@ def _bag_constants(key: tuple[tuple[tuple[int, int], ...], tuple[int, ...]], *, 
         sizes += [(width, height)] * count
         start += (height + 2) * (width + 2)
     size = torch.tensor(sizes, dtype=dtype, device=device)
-    return (size, size - 1, torch.tensor(first_cells, device=device), torch.tensor(row_lengths, device=device),
-            start)
+    return (size, size - 1, torch.tensor(first_cells, dtype=index_dtype, device=device),
+            torch.tensor(row_lengths, dtype=index_dtype, device=device))
 
 
 def _bordered_table(value: torch.Tensor, spatial_shapes: SpatialShapes) -> torch.Tensor:
@@ -139,11 +137,11 @@ def _embedding_bag_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, 
     [0, 1], weights [B, Q, H, ΣP] → [B, Q, H·D]; nothing of size [·, D, Q, ΣP] is built."""
     batch, _, heads, head_dim = value.shape
     queries = locations.shape[1]
-    size, last, first_cell, row_length, head_rows = _bag_constants(
-        (tuple(map(tuple, spatial_shapes)), tuple(points_per_level)), device=value.device, dtype=locations.dtype)
     table = _bordered_table(value, spatial_shapes)
+    head_rows = table.shape[0] // (batch * heads)  # Σ (h + 2)(w + 2)
     index_dtype = torch.int32 if table.shape[0] < 2**31 else torch.int64  # int32: half the index arithmetic's bytes
-    first_cell, row_length = first_cell.to(index_dtype), row_length.to(index_dtype)
+    size, last, first_cell, row_length = _bag_constants(spatial_shapes, points_per_level, device=value.device,
+                                                        dtype=locations.dtype, index_dtype=index_dtype)
     first_row = (torch.arange(batch, dtype=index_dtype, device=value.device).view(batch, 1, 1, 1) * heads
                  + torch.arange(heads, dtype=index_dtype, device=value.device).view(1, 1, heads, 1)) * head_rows
     first_row = first_row + first_cell  # [B, 1, H, ΣP]: the row of cell (0, 0) of each point's level
