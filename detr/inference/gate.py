@@ -2,7 +2,9 @@
 
 :func:`accuracy_gate` runs the PyTorch model and each exported file (any :class:`detr.Predictor`) on the same
 COCO-format set, one image at a time, and reports for each its box AP and AP50 (pycocotools, every query kept as
-COCO evaluation keeps them), its latency per image (median and 95th percentile of the whole predict call:
+COCO evaluation keeps them, the boxes clipped at the image's edges as the Predictor returns them: ``detr
+validate`` scores unclipped boxes, as the authors' evaluation, so its AP of the same model is up to a few tenths
+lower), its latency per image (median and 95th percentile of the whole predict call:
 resize, forward, post-processing; the image already decoded) and its file size; an artifact that loses more
 than ``max_ap_drop`` AP points against the PyTorch model fails the gate. ``detr-export --evaluate`` runs it on
 the file it wrote.
@@ -69,7 +71,8 @@ class GateReport:
                   f"{'size MB':>9}")
         title = (f"accuracy gate on {self.num_images} images (batch 1, this machine; an artifact fails past "
                  f"{self.max_ap_drop:g} AP points lost)")
-        lines = [title, header]
+        lines = [title, "(box AP of the Predictor's detections, clipped at the image's edges; detr validate scores "
+                        "unclipped boxes, as the authors)", header]
         for row in [self.reference, *self.artifacts]:
             drop = "" if row is self.reference else f"{self.drop(row):+.2f}"
             size = f"{row.size_bytes / 1e6:.1f}" if row.size_bytes is not None else "-"
