@@ -40,7 +40,6 @@ from detr.models.deformable.attention import MultiScaleDeformableAttention, Spat
 from detr.models.mlp import MLP
 from detr.models.outputs import DistributionOutput, LayerOutput
 from detr.models.rtdetr.decoder import REFERENCE_EPS, DecoderLayer, DecoderOutput, RTDETRDecoder
-from detr.models.rtdetr.denoising import contrastive_denoising_queries
 
 #: The clamp of the query positions (the authors').
 POSITION_CLAMP = 10.0
@@ -269,22 +268,10 @@ class DFineDecoder(RTDETRDecoder):
         ahead of the selected ones, and the output holds what the losses of the distributions read (every
         layer's edge logits, b⁰, W, the first layer's plain-head predictions: ``distributions`` and
         ``denoising_distributions``)."""
-        memory, shapes = self.flatten_levels(features)
-        target, reference_logits, proposal_logits = self.select_queries(memory, shapes)
-        proposal_boxes = reference_logits.sigmoid()
-        reference_logits = reference_logits.detach()
-        denoising = None
-        if self.training and self.denoising and targets is not None:
-            denoising = contrastive_denoising_queries(
-                targets, self.denoising_class_embed, num_classes=self.num_classes, num_queries=self.num_queries,
-                num_denoising=self.num_denoising, label_noise_ratio=self.label_noise_ratio,
-                box_noise_scale=self.box_noise_scale)
-        mask, meta = None, None
-        if denoising is not None:
-            denoising_content, denoising_logits, mask, meta = denoising
-            target = torch.cat([denoising_content.to(target.dtype), target], 1)
-            reference_logits = torch.cat([denoising_logits.to(reference_logits.dtype), reference_logits], 1)
-        boxes = reference_logits.sigmoid()
+        start = self.start_queries(features, targets)
+        memory, shapes, target, mask, meta = (start.memory, start.spatial_shapes, start.target, start.self_attn_mask,
+                                              start.meta)
+        boxes = start.boxes
         up, reg_scale = self.decoder.up, self.decoder.reg_scale
         project = weighting_function(self.max_num_bins, up, reg_scale)
         logits_per_layer, boxes_per_layer, corners_per_layer, sampling = [], [], [], []
@@ -307,8 +294,8 @@ class DFineDecoder(RTDETRDecoder):
             sampling.append(layer_sampling)
             boxes, previous_target = refined.detach(), target.detach()
         logits, boxes = torch.stack(logits_per_layer), torch.stack(boxes_per_layer)
-        output = DecoderOutput(logits, boxes, proposal_logits, proposal_boxes, sampling if return_sampling else None,
-                               shapes)
+        output = DecoderOutput(logits, boxes, start.proposal_logits, start.proposal_boxes,
+                               sampling if return_sampling else None, shapes)
         if not self.training:
             return output
         split = [meta.num_queries if meta is not None else 0, self.num_queries]
@@ -319,10 +306,6 @@ class DFineDecoder(RTDETRDecoder):
                              corners.split(split, 2), initial.split(split, 1), pre_logits.split(split, 1),
                              pre_boxes.split(split, 1))]
         output.denoising_distributions, output.distributions = distributions
-        if meta is not None:
-            output.denoising_logits, output.logits = logits.split(split, dim=2)
-            output.denoising_boxes, output.boxes = boxes.split(split, dim=2)
-            output.denoising_meta = meta
-        else:
+        if meta is None:
             output.denoising_distributions = None
-        return output
+        return self.split_denoising(output, meta)

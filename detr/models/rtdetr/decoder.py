@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -143,6 +144,23 @@ class DecoderOutput:
     denoising_distributions: DistributionOutput | None = None
 
 
+class QueryStart(NamedTuple):
+    """What the decoder's layers start from (:meth:`RTDETRDecoder.start_queries`): memory [B, S, C] and its levels'
+    spatial_shapes; the queries' content target [B, D + Q, C] and boxes [B, D + Q, 4] (cxcywh in [0, 1], detached),
+    the D denoising queries (training only) ahead of the Q selected; the encoder's proposal_logits [B, Q, K] and
+    proposal_boxes [B, Q, 4]; the self-attention mask that keeps the denoising groups apart and their meta (None
+    without denoising)."""
+
+    memory: torch.Tensor
+    spatial_shapes: SpatialShapes
+    target: torch.Tensor
+    boxes: torch.Tensor
+    proposal_logits: torch.Tensor
+    proposal_boxes: torch.Tensor
+    self_attn_mask: torch.Tensor | None
+    meta: DenoisingMeta | None
+
+
 class RTDETRDecoder(nn.Module):
     """Input projection of the encoder's maps, query selection, the decoder and its per-layer heads.
 
@@ -236,22 +254,9 @@ class RTDETRDecoder(nn.Module):
         the first that many layers (the paper's speed knob: the heads of every layer are trained). In training,
         ``targets`` (per image labels int64 [T] and boxes [T, 4] normalised cxcywh) add the contrastive
         denoising queries ahead of the selected ones; their predictions come apart in ``denoising_*``."""
-        memory, shapes = self.flatten_levels(features)
-        target, reference_logits, proposal_logits = self.select_queries(memory, shapes)
-        proposal_boxes = reference_logits.sigmoid()
-        reference_logits = reference_logits.detach()
-        denoising = None
-        if self.training and self.denoising and targets is not None:
-            denoising = contrastive_denoising_queries(
-                targets, self.denoising_class_embed, num_classes=self.num_classes, num_queries=self.num_queries,
-                num_denoising=self.num_denoising, label_noise_ratio=self.label_noise_ratio,
-                box_noise_scale=self.box_noise_scale)
-        mask, meta = None, None
-        if denoising is not None:
-            denoising_content, denoising_logits, mask, meta = denoising
-            target = torch.cat([denoising_content.to(target.dtype), target], 1)
-            reference_logits = torch.cat([denoising_logits.to(reference_logits.dtype), reference_logits], 1)
-        boxes = reference_logits.sigmoid()
+        start = self.start_queries(features, targets)
+        memory, shapes, target, mask = start.memory, start.spatial_shapes, start.target, start.self_attn_mask
+        boxes = start.boxes
         # The authors' training path: each layer's box is refined from the previous layer's undetached box (so
         # its loss reaches the earlier heads), while the next layer reads the detached one; same values.
         previous = boxes
@@ -267,11 +272,36 @@ class RTDETRDecoder(nn.Module):
             boxes = refined.detach()
             previous = refined if self.training else boxes
         logits, boxes = torch.stack(logits_per_layer), torch.stack(boxes_per_layer)
-        output = DecoderOutput(logits, boxes, proposal_logits, proposal_boxes, sampling if return_sampling else None,
-                               shapes)
+        output = DecoderOutput(logits, boxes, start.proposal_logits, start.proposal_boxes,
+                               sampling if return_sampling else None, shapes)
+        return self.split_denoising(output, start.meta)
+
+    def start_queries(self, features: list[torch.Tensor], targets: list[dict[str, torch.Tensor]] | None
+                      ) -> QueryStart:
+        """What every layer starts from (:class:`QueryStart`): the flattened maps, the selected queries (their
+        boxes detached) and, in training with ``targets`` and denoising on, the contrastive denoising queries
+        ahead of them with the attention mask that keeps the groups apart."""
+        memory, shapes = self.flatten_levels(features)
+        target, reference_logits, proposal_logits = self.select_queries(memory, shapes)
+        proposal_boxes = reference_logits.sigmoid()
+        reference_logits = reference_logits.detach()
+        mask, meta = None, None
+        if self.training and self.denoising and targets is not None:
+            denoising_content, denoising_logits, mask, meta = contrastive_denoising_queries(
+                targets, self.denoising_class_embed, num_classes=self.num_classes, num_queries=self.num_queries,
+                num_denoising=self.num_denoising, label_noise_ratio=self.label_noise_ratio,
+                box_noise_scale=self.box_noise_scale)
+            target = torch.cat([denoising_content.to(target.dtype), target], 1)
+            reference_logits = torch.cat([denoising_logits.to(reference_logits.dtype), reference_logits], 1)
+        return QueryStart(memory, shapes, target, reference_logits.sigmoid(), proposal_logits, proposal_boxes, mask,
+                          meta)
+
+    def split_denoising(self, output: DecoderOutput, meta: DenoisingMeta | None) -> DecoderOutput:
+        """``output`` with the denoising queries' rows (ahead of the selected ones, as :meth:`start_queries`
+        put them) moved to its ``denoising_*`` fields; unchanged without denoising (``meta`` None)."""
         if meta is not None:
             split = [meta.num_queries, self.num_queries]
-            output.denoising_logits, output.logits = logits.split(split, dim=2)
-            output.denoising_boxes, output.boxes = boxes.split(split, dim=2)
+            output.denoising_logits, output.logits = output.logits.split(split, dim=2)
+            output.denoising_boxes, output.boxes = output.boxes.split(split, dim=2)
             output.denoising_meta = meta
         return output
