@@ -47,7 +47,8 @@ from machine import describe_machine
 
 import detr
 from detr import build_detr
-from detr.checkpoints.export import export, pair_rows
+from detr.checkpoints.export import export, export_onnx, pair_rows
+from detr.checkpoints.formats import ExportError
 from detr.inference.postprocess import scores_and_labels
 
 Outputs = tuple[np.ndarray, np.ndarray]
@@ -130,8 +131,17 @@ def main() -> None:
     if not onnx_path.exists():
         start = time.perf_counter()
         # verified against the PyTorch model before it is timed; a real-time model at its square
-        export(model, onnx_path, eval_size=None if args.model == "detr_r50" else (height, width))
-        print(f"exported and verified {onnx_path} in {time.perf_counter() - start:.0f} s", flush=True)
+        eval_size = None if args.model == "detr_r50" else (height, width)
+        try:
+            export(model, onnx_path, eval_size=eval_size)
+            print(f"exported and verified {onnx_path} in {time.perf_counter() - start:.0f} s", flush=True)
+        except ExportError as error:
+            # random weights can leave a two-stage encoder's proposal scores tied to float rounding, so that
+            # the file picks other proposals than PyTorch for one image of the batch check; the timing does
+            # not depend on it, and the table's differences below show the file's fidelity on the timed image
+            print(f"{error}\n(on these random weights; timing the unverified file, whose differences on the timed "
+                  "image the table shows)", flush=True)
+            export_onnx(model, onnx_path, eval_size=eval_size)
 
     generator = torch.Generator().manual_seed(1)
     images = torch.randn(1, 3, height, width, generator=generator)
@@ -163,7 +173,9 @@ def main() -> None:
     if args.calibration:
         from detr.inference.quantize import calibration_feeds, quantize_onnx
 
-        calibration = calibration_feeds(model.input_spec, args.calibration, limit=args.calibration_size)
+        # prepared at the exported square (a random-weight RF-DETR's own contract names its release's default)
+        spec = model.input_spec if args.model == "detr_r50" else model.input_spec.replace(size=height)
+        calibration = calibration_feeds(spec, args.calibration, limit=args.calibration_size)
         start = time.perf_counter()
         static_path = quantize_onnx(onnx_path, workdir / f"{args.model}_int8.onnx", calibration,
                                     scope=args.int8_scope)
