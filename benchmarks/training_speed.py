@@ -13,7 +13,7 @@ the same. The batch: two random images, the second narrower and zero-padded (as 
 each.
 
 ``--variants``: ';'-separated sets of our speed-ups (``,``-separated names of :data:`OPTIONS`; "plain" = none,
-"all" = every one but compile, "default" = what ``DetrSystem`` does by default); every variant and the authors'
+"all" = every one but compile and torch_dropout, "default" = what ``DetrSystem`` does by default); every variant and the authors'
 step run alternately in one process, so that the machine's load falls on all alike. Per variant: the median
 step time, the median of the per-round ratios ours / theirs, and where our step's time goes (backbone,
 encoder, decoder, matcher, loss, backward, clip, optimiser; "other" = input projection, position encoding,
@@ -34,6 +34,7 @@ if "--omp-passive" in sys.argv:  # before torch starts its OpenMP pool
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -42,6 +43,7 @@ from machine import describe_machine  # noqa: E402
 
 from detr.data.collate import pad_images  # noqa: E402
 from detr.lightning.system import DetrSystem  # noqa: E402
+from detr.models import transformer  # noqa: E402
 from detr.models.config import DetrConfig  # noqa: E402
 
 #: Our speed-ups, each switched on by name in ``--variants``.
@@ -51,7 +53,11 @@ OPTIONS = {
     "fused_adamw": "AdamW(fused=True) (else the for-loop AdamW, torch's CPU default)",
     "foreach_clip": "clip_grad_norm_(foreach=True) (else one norm per tensor)",
     "compile": "torch.compile of the model's forward (inductor)",
+    "torch_dropout": "torch's own dropout draw (F.dropout, Bernoulli) instead of detr.models.transformer.dropout's "
+                     "(as before it; a comparison, not a speed-up)",
 }
+#: Options that are not speed-ups of ours, left out of "all".
+NOT_IN_ALL = ("compile", "torch_dropout")
 DEFAULT = ("fold_batch_norm", "fused_adamw", "foreach_clip")  # what DetrSystem does by default
 
 
@@ -61,7 +67,7 @@ def parse_variants(text: str) -> dict[str, tuple[str, ...]]:
         if item == "plain":
             names: tuple[str, ...] = ()
         elif item == "all":
-            names = tuple(name for name in OPTIONS if name != "compile")
+            names = tuple(name for name in OPTIONS if name not in NOT_IN_ALL)
         elif item == "default":
             names = DEFAULT
         else:
@@ -137,6 +143,16 @@ class OurTrainer:
         self.timer.watch(self.system.criterion, "criterion")
 
     def step(self, batch: tuple) -> torch.Tensor:
+        if "torch_dropout" not in self.options:
+            return self._step(batch)
+        ours = transformer.dropout
+        transformer.dropout = lambda x, p, training=True: F.dropout(x, p, training)  # read at call time
+        try:
+            return self._step(batch)
+        finally:
+            transformer.dropout = ours
+
+    def _step(self, batch: tuple) -> torch.Tensor:
         images, mask, targets = batch
         timer = self.timer
         start = time.perf_counter()

@@ -23,6 +23,26 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 TRAINING_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """``F.dropout``: each element zeroed with probability ``p``, the others scaled by 1 / (1 - p). On the CPU the
+    mask is drawn as 31-bit random integers, an element kept where its integer is at least p · 2³¹ (p exact to
+    2⁻³¹), half the time of torch's Bernoulli draw, which took 7 % of a DETR-R50 training step there
+    (docs/speed.md); on a GPU ``F.dropout``, whose kernel draws and masks in one pass."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or not 0.0 < p < 1.0:
+        return F.dropout(x, p, training)
+    keep = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_() >= round(p * 2**31)
+    return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` through :func:`dropout` (the same module in a state dict or a printout)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return dropout(input, self.p, self.training)
+
+
 def attention_with_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
                            dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention that also returns its weights, which the fused
@@ -36,13 +56,17 @@ def attention_with_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at
     if attn_mask is not None:
         logits = logits.masked_fill(~attn_mask, float("-inf"))
     weights = logits.softmax(dim=-1)
-    return F.dropout(weights, dropout_p) @ v, weights
+    return dropout(weights, dropout_p) @ v, weights
 
 
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
                     dropout_p: float) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` (arguments as :func:`attention_with_weights`); a GPU training step
-    keeps to :data:`TRAINING_SDPA_BACKENDS`."""
+    keeps to :data:`TRAINING_SDPA_BACKENDS`. With dropout on the CPU, the explicit attention of
+    :func:`attention_with_weights` and its faster :func:`dropout` (SDPA's CPU kernels do not drop, so it would
+    run the same explicit attention with torch's Bernoulli draw)."""
+    if dropout_p > 0.0 and q.device.type == "cpu":
+        return attention_with_weights(q, k, v, attn_mask, dropout_p)[0]
     if q.is_cuda and q.requires_grad:
         with sdpa_kernel(TRAINING_SDPA_BACKENDS):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
@@ -104,7 +128,7 @@ class TransformerEncoderLayer(nn.Module):
         self.linear2 = nn.Linear(dim_feedforward, d_model)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
-        self.dropout, self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
+        self.dropout, self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
         self.pre_norm = pre_norm
 
     def _ffn(self, x: torch.Tensor) -> torch.Tensor:
@@ -136,8 +160,8 @@ class TransformerDecoderLayer(nn.Module):
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
-        self.dropout1, self.dropout2, self.dropout3 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
+        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
         self.pre_norm = pre_norm
 
     def _ffn(self, x: torch.Tensor) -> torch.Tensor:

@@ -81,6 +81,27 @@ def test_fast_path_equals_attention_path(tiny_model, padded_batch):
     torch.testing.assert_close(fast.boxes, slow.boxes, rtol=1e-5, atol=1e-5)
 
 
+def test_dropout_drops_each_element_with_probability_p_and_scales_the_rest():
+    """The CPU dropout's draw (31-bit integers against p · 2³¹): each element kept with probability 1 - p (within
+    five standard deviations over 400,000), kept ones scaled by exactly 1 / (1 - p), dropped ones 0, the gradient
+    through the same mask; the same seed, the same mask; nothing dropped outside training."""
+    from detr.models.transformer import Dropout, dropout
+
+    count, p = 400_000, 0.1
+    x = torch.ones(count, requires_grad=True)
+    torch.manual_seed(0)
+    y = dropout(x, p)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 5 * (p * (1 - p) / count) ** 0.5
+    assert torch.equal(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, p), y)
+    assert dropout(x, p, training=False) is x and dropout(x, 0.0) is x
+    assert Dropout(p).eval()(x) is x and torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+
+
 def test_attention_maps_shapes_and_sum_to_one_over_unpadded(tiny_model, padded_batch):
     images, mask = padded_batch
     with torch.no_grad():

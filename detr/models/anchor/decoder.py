@@ -34,6 +34,7 @@ from detr.box_ops import inverse_sigmoid
 from detr.models.mlp import MLP
 from detr.models.position_encoding import sine_embedding
 from detr.models.transformer import (
+    Dropout,
     FeatureMapTransformer,
     TransformerEncoder,
     attention_with_weights,
@@ -102,8 +103,8 @@ class AnchorDecoderLayer(nn.Module):
         self.ca_out_proj = nn.Linear(d_model, d_model)
         self.linear1, self.linear2 = nn.Linear(d_model, dim_feedforward), nn.Linear(dim_feedforward, d_model)
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
-        self.dropout1, self.dropout2, self.dropout3 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
+        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
 
     def forward(self, tgt: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None, pos: torch.Tensor,
                 query_pos: torch.Tensor, query_spatial: torch.Tensor, self_attn_mask: torch.Tensor | None = None,

@@ -24,6 +24,7 @@ from torch import nn
 from detr.box_ops import inverse_sigmoid
 from detr.models.deformable.attention import MultiScaleDeformableAttention, SpatialShapes
 from detr.models.position_encoding import sine_embedding
+from detr.models.transformer import Dropout
 
 #: inverse_sigmoid's eps in the authors' and transformers' Deformable DETR.
 REFERENCE_EPS = 1e-5
@@ -36,12 +37,12 @@ class DeformableEncoderLayer(nn.Module):
                  dropout: float) -> None:
         super().__init__()
         self.self_attn = MultiScaleDeformableAttention(hidden_dim, num_heads, num_levels, num_points)
-        self.dropout1 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
         self.norm1 = nn.LayerNorm(hidden_dim)
         self.linear1 = nn.Linear(hidden_dim, dim_feedforward)
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
         self.linear2 = nn.Linear(dim_feedforward, hidden_dim)
-        self.dropout3 = nn.Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
         self.norm2 = nn.LayerNorm(hidden_dim)
 
     def forward(self, src: torch.Tensor, pos: torch.Tensor, reference_points: torch.Tensor,
@@ -60,15 +61,15 @@ class DeformableDecoderLayer(nn.Module):
                  dropout: float) -> None:
         super().__init__()
         self.cross_attn = MultiScaleDeformableAttention(hidden_dim, num_heads, num_levels, num_points)
-        self.dropout1 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
         self.norm1 = nn.LayerNorm(hidden_dim)
         self.self_attn = nn.MultiheadAttention(hidden_dim, num_heads, dropout=dropout, batch_first=True)
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
         self.norm2 = nn.LayerNorm(hidden_dim)
         self.linear1 = nn.Linear(hidden_dim, dim_feedforward)
-        self.dropout3 = nn.Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
         self.linear2 = nn.Linear(dim_feedforward, hidden_dim)
-        self.dropout4 = nn.Dropout(dropout)
+        self.dropout4 = Dropout(dropout)
         self.norm3 = nn.LayerNorm(hidden_dim)
 
     def forward(self, tgt: torch.Tensor, query_pos: torch.Tensor, reference_points: torch.Tensor,
