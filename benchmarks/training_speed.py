@@ -13,7 +13,7 @@ the same. The batch: two random images, the second narrower and zero-padded (as 
 each.
 
 ``--variants``: ';'-separated sets of our speed-ups (``,``-separated names of :data:`OPTIONS`; "plain" = none,
-"all" = every one but compile and torch_dropout, "default" = what ``DetrSystem`` does by default); every variant and the authors'
+"all" = every one but the comparisons (compile, torch_dropout, nchw_frozen_stages), "default" = what ``DetrSystem`` does by default); every variant and the authors'
 step run alternately in one process, so that the machine's load falls on all alike. Per variant: the median
 step time, the median of the per-round ratios ours / theirs, and where our step's time goes (backbone,
 encoder, decoder, matcher, loss, backward, clip, optimiser; "other" = input projection, position encoding,
@@ -55,9 +55,11 @@ OPTIONS = {
     "compile": "torch.compile of the model's forward (inductor)",
     "torch_dropout": "torch's own dropout draw (F.dropout, Bernoulli) instead of detr.models.transformer.dropout's "
                      "(as before it; a comparison, not a speed-up)",
+    "nchw_frozen_stages": "the frozen stem and layer1 in NCHW, as the trained stages (else NHWC on the CPU: "
+                          "the backbone's frozen_stages_channels_last; a comparison, not a speed-up)",
 }
 #: Options that are not speed-ups of ours, left out of "all".
-NOT_IN_ALL = ("compile", "torch_dropout")
+NOT_IN_ALL = ("compile", "torch_dropout", "nchw_frozen_stages")
 DEFAULT = ("fold_batch_norm", "fused_adamw", "foreach_clip")  # what DetrSystem does by default
 
 
@@ -130,6 +132,7 @@ class OurTrainer:
                                  fold_batch_norm="fold_batch_norm" in options).train()
         self.options = options
         model = self.system.model
+        model.backbone[0].frozen_stages_channels_last = "nchw_frozen_stages" not in options
         self.forward = torch.compile(model) if "compile" in options else model
         self.optimizer = torch.optim.AdamW(self.system.parameter_groups(), lr=1e-4, weight_decay=1e-4,
                                            fused="fused_adamw" in options or None,

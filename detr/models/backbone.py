@@ -123,6 +123,9 @@ class Backbone(nn.Module):
         last_block = getattr(resnet, last_stage)[-1]
         self.num_channels: int = (last_block.conv3 if hasattr(last_block, "conv3") else last_block.conv2).out_channels
         self.channels_last = False  # set by use_channels_last()
+        #: on the CPU, the frozen stages ahead of the first trained one run in NHWC (see forward_with_stages);
+        #: False keeps NCHW throughout (the layout before it: benchmarks/training_speed.py compares them)
+        self.frozen_stages_channels_last = True
         self.fold_in_training = False  # set by use_folded_batch_norm()
         self.autocast_dtype: torch.dtype | None = None  # set by use_autocast()
         self.stride = {"layer2": 8, "layer3": 16, "layer4": 16 if dilation else 32}[last_stage]
@@ -191,7 +194,12 @@ class Backbone(nn.Module):
                             ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """:meth:`forward`'s features and mask, and the outputs of the stages named in ``keep_stages``
         ({"layer1": [B, C_1, H_1, W_1], …}: the panoptic mask head's skip connections)."""
-        if self.channels_last:
+        # On the CPU the frozen stages ahead of the first trained one (the paper's stem and layer1) run in NHWC,
+        # where oneDNN's pooling and convolutions are faster (a DETR-R50 step at 512 × 683: 0.60 → 0.38 s for
+        # them); the first trained stage gets NCHW back, whose weight gradients are the faster ones on CPUs
+        # without AMX (docs/speed.md, "Training step against the authors").
+        frozen_nhwc = self.frozen_stages_channels_last and not self.channels_last and images.device.type == "cpu"
+        if self.channels_last or frozen_nhwc:
             images = images.contiguous(memory_format=torch.channels_last)
         # no context at all without autocast_dtype: an enclosing autocast (e.g. bf16-mixed) then applies
         context = (contextlib.nullcontext() if self.autocast_dtype is None
@@ -200,6 +208,8 @@ class Backbone(nn.Module):
         with context:
             features = images
             for name, stage in self.body.items():
+                if frozen_nhwc and any(parameter.requires_grad for parameter in stage.parameters()):
+                    features, frozen_nhwc = features.contiguous(), False
                 if not self.fold_in_training:
                     features = stage(features)
                 elif name == "conv1":
@@ -208,6 +218,8 @@ class Backbone(nn.Module):
                     features = _folded_stage(stage, features)
                 if name in keep_stages:
                     stages[name] = features
+        if frozen_nhwc:  # every stage frozen
+            features = features.contiguous()
         if self.autocast_dtype is not None:
             features, stages = features.float(), {name: value.float() for name, value in stages.items()}
         return features, downsample_mask(padding_mask, features.shape[-2:]), stages

@@ -88,8 +88,9 @@ def test_outputs_match_literal_reference(tiny_panoptic, padded_batch):
     with torch.no_grad():
         ours, ref = tiny_panoptic(images, mask), reference(images, mask)
     assert ours.masks.shape == (2, 6, 24, 32)  # stride 4 of the padded 96 × 128 batch
+    # float32 rounding only: the reference runs the backbone in NCHW, ours its frozen stages in NHWC on the CPU
     for ours_value, key in ((ours.logits, "pred_logits"), (ours.boxes, "pred_boxes"), (ours.masks, "pred_masks")):
-        torch.testing.assert_close(ours_value, ref[key], rtol=0, atol=1e-5)
+        torch.testing.assert_close(ours_value, ref[key], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("return_attention", [False, True])
