@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 
 import torch
+import torch.nn.functional as F
 import torchvision
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
@@ -231,7 +232,13 @@ def conv_frozen_norm(conv: nn.Conv2d, norm: nn.Module, x: torch.Tensor) -> torch
     forward and backward; gradients reach ``conv.weight`` through the product. Any other norm runs as it is."""
     if not isinstance(norm, FrozenBatchNorm2d):
         return norm(conv(x))
-    return conv._conv_forward(x, *folded_weight_and_bias(conv, norm))
+    weight, bias = folded_weight_and_bias(conv, norm)
+    if x.device.type == "cpu" and conv.kernel_size == (1, 1) and conv.padding == (0, 0) and conv.stride != (1, 1):
+        # a strided 1 × 1 convolution (a ResNet stage's shortcut) reads every s-th pixel: the same product as an
+        # unstrided one on those pixels, whose forward and backward oneDNN runs 1.4-1.7× faster on the CPU
+        rows, columns = conv.stride
+        return F.conv2d(x[..., ::rows, ::columns], weight, bias, 1, 0, conv.dilation, conv.groups)
+    return conv._conv_forward(x, weight, bias)
 
 
 def folded_weight_and_bias(conv: nn.Conv2d, norm: nn.BatchNorm2d | FrozenBatchNorm2d
