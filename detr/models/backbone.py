@@ -200,7 +200,7 @@ class Backbone(nn.Module):
         # them); the first trained stage gets NCHW back, whose weight gradients are the faster ones on CPUs
         # without AMX (docs/speed.md, "Training step against the authors").
         frozen_nhwc = self.frozen_stages_channels_last and not self.channels_last and images.device.type == "cpu"
-        if self.channels_last or frozen_nhwc:
+        if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         # no context at all without autocast_dtype: an enclosing autocast (e.g. bf16-mixed) then applies
         context = (contextlib.nullcontext() if self.autocast_dtype is None
@@ -209,8 +209,11 @@ class Backbone(nn.Module):
         with context:
             features = images
             for name, stage in self.body.items():
-                if frozen_nhwc and any(parameter.requires_grad for parameter in stage.parameters()):
-                    features, frozen_nhwc = features.contiguous(), False
+                if frozen_nhwc:  # each conversion a no-op but the first (none where the stem trains)
+                    if any(parameter.requires_grad for parameter in stage.parameters()):
+                        features, frozen_nhwc = features.contiguous(), False
+                    else:
+                        features = features.contiguous(memory_format=torch.channels_last)
                 if not self.fold_in_training:
                     features = stage(features)
                 elif name == "conv1":
