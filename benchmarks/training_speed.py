@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--authors", default=".authors/detr", help="a checkout of facebookresearch/detr")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the rounds, torch.profiler over two steps of the first variant: its top operators")
     parser.add_argument("--omp-passive", action="store_true",
                         help="OMP_WAIT_POLICY=PASSIVE for both sides: on a loaded machine, spinning OpenMP threads "
                              "wait for descheduled ones and a 2-thread step takes up to 10× longer, by chance")
@@ -241,6 +243,15 @@ def main(argv: list[str] | None = None) -> None:
         seconds["loss"] = seconds.get("criterion", 0.0) - seconds.get("matcher", 0.0)
         seconds["other forward"] = seconds["forward + loss"] - model_parts - seconds.get("criterion", 0.0)
         print(f"| {label} | " + " | ".join(f"{seconds.get(phase, float('nan')):.3f}" for phase in phases) + " |")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        label, trainer = next(iter(ours.items()))
+        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            for _ in range(2):
+                trainer.step(batch)
+        print(f"\nProfile of two steps of {label!r} (seconds are for both):")
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 
 
 if __name__ == "__main__":
