@@ -84,7 +84,7 @@ class DetrSystem(L.LightningModule):
         loss_fgl: weight of D-FINE's fine-grained localisation loss, every layer's (authors: 0.15; D-FINE only).
         loss_ddf: weight of D-FINE's decoupled distillation focal loss, every earlier layer's (authors: 1.5).
         matchability: DEIM's matchability-aware class loss (γ 1.5) in place of RT-DETR's and D-FINE's varifocal
-            loss (still logged as loss_ce).
+            loss (still logged as loss_ce); None: the family's (DEIMv2 trains with it, the others without).
         loss_mask_ce: a model with instance masks (RF-DETR's segmentation head): the weight of its point-sampled
             mask BCE, also its matching cost (authors: 5; :class:`detr.loss.masks.PointMaskLoss`).
         loss_mask_dice: the weight of its point-sampled mask DICE, also its matching cost (authors: 5).
@@ -166,7 +166,7 @@ class DetrSystem(L.LightningModule):
         focal_gamma: float = 2.0,
         loss_fgl: float = 0.15,
         loss_ddf: float = 1.5,
-        matchability: bool = False,
+        matchability: bool | None = None,
         loss_mask_ce: float = 5.0,
         loss_mask_dice: float = 5.0,
         mask_point_ratio: int = 16,

@@ -14,7 +14,7 @@ from detr.loss.distribution import DistributionLoss
 from detr.loss.masks import MaskLoss, PointMaskLoss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart, ProposalLoss
-from detr.models.config import DetrConfig
+from detr.models.config import DFINE_FAMILY, REAL_TIME, DetrConfig
 
 
 def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0,
@@ -22,7 +22,7 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
                     focal_alpha: float = 0.25, focal_gamma: float = 2.0, masks: bool = False,
                     loss_mask: float = 1.0, loss_dice: float = 1.0, training_only_parts: bool = True,
                     varifocal_alpha: float = 0.75, loss_fgl: float = 0.15, loss_ddf: float = 1.5,
-                    matchability: bool = False, matching_union: bool | None = None, loss_mask_ce: float = 5.0,
+                    matchability: bool | None = None, matching_union: bool | None = None, loss_mask_ce: float = 5.0,
                     loss_mask_dice: float = 5.0, mask_point_ratio: int = 16) -> SetCriterion:
     """The criterion for a model built from ``config``.
 
@@ -43,8 +43,14 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     D-FINE (``"dfine"``) is trained as RT-DETR, plus the losses of its edge distributions
     (:class:`~detr.loss.distribution.DistributionLoss`: FGL weighted ``loss_fgl``, DDF ``loss_ddf``, the first
     layer's plain head), with GO-LSD's union of every layer's matches for the localisation terms
-    (``matching_union``; None: on for D-FINE, as the authors train it, off otherwise). ``matchability``: DEIM's matchability-aware class loss in place of the varifocal loss
-    (an RT-DETR or D-FINE model).
+    (``matching_union``; None: on for D-FINE and DEIMv2, as their authors train them, off otherwise).
+    ``matchability``: DEIM's matchability-aware class loss (MAL) in place of the varifocal loss (an RT-DETR, D-FINE
+    or DEIMv2 model; None: the family's, which is MAL for DEIMv2 only).
+
+    DEIMv2 (``"deimv2"``) is trained as D-FINE with MAL (its authors' ``DEIMCriterion`` with losses mal, boxes and
+    local; transformers' ``Deimv2ForObjectDetectionLoss``): the same parts and the same union of matches (the
+    authors' "dense one-to-one" indices; transformers leaves the first layer's plain head out of it, the authors
+    put it in, as here).
 
     RF-DETR and LW-DETR (``"rfdetr"``) are trained as their authors do (rf-detr's ``SetCriterion`` with
     ``ia_bce_loss``; transformers' ``LwDetrForObjectDetectionLoss``): the IoU-aware BCE class loss (α ``focal_alpha``,
@@ -60,11 +66,14 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     costs, at the same weights (5 and 5: the authors' ``SegmentationTrainConfig``, which also sets the class weight
     to 5: the caller's).
     """
-    rtdetr = config.architecture in ("rtdetr", "dfine")
+    rtdetr = config.architecture in REAL_TIME
+    distributions = config.architecture in DFINE_FAMILY
     rfdetr = config.architecture == "rfdetr"
+    if matchability is None:
+        matchability = config.architecture == "deimv2"
     if matchability and not rtdetr:
-        raise ValueError("matchability=True (DEIM's class loss) replaces the varifocal loss of RT-DETR and D-FINE: "
-                         f"architecture={config.architecture!r} has none; set matchability false")
+        raise ValueError("matchability=True (DEIM's class loss) replaces the varifocal loss of RT-DETR, D-FINE and "
+                         f"DEIMv2: architecture={config.architecture!r} has none; set matchability false")
     weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
     focal = {"focal_alpha": focal_alpha, "focal_gamma": focal_gamma}
     layers = config.num_decoder_layers if config.aux_loss else 1
@@ -73,7 +82,7 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
         parts.append(ProposalLoss(**weights, class_agnostic=not (rtdetr or rfdetr)))
     if config.denoising and training_only_parts:
         parts.append(DenoisingLoss(layers, class_head=config.class_head, **focal, **weights, contrastive=rtdetr))
-    if config.architecture == "dfine" and training_only_parts:
+    if distributions and training_only_parts:
         parts.append(DistributionLoss(layers, loss_fgl=loss_fgl, loss_ddf=loss_ddf, **weights))
     if config.dense_aux_head and training_only_parts:
         parts.append(DenseLoss(**focal, **weights))
@@ -92,4 +101,4 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     return SetCriterion(config.num_classes, matcher, eos_coef=eos_coef, **weights, num_decoder_layers=layers,
                         class_head=config.class_head, **loss_focal, varifocal=rtdetr and not matchability,
                         matchability=matchability, ia_bce=rfdetr, parts=parts,
-                        matching_union=config.architecture == "dfine" if matching_union is None else matching_union)
+                        matching_union=distributions if matching_union is None else matching_union)

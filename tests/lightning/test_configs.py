@@ -55,8 +55,8 @@ def _printed(capsys, *configs: Path) -> dict:
 def _tiny_backbone(printed: dict) -> list[str]:
     """The options of a small backbone for the config's architecture (and, for RF-DETR, the squares it takes)."""
     architecture = printed["model"]["detr"].get("architecture")
-    if architecture == "dfine":
-        return ["--model.detr.backbone=hgnetv2_b0"]  # D-FINE's smallest
+    if architecture in ("dfine", "deimv2"):
+        return ["--model.detr.backbone=hgnetv2_b0"]  # D-FINE's and DEIMv2's smallest
     if architecture == "rfdetr":  # a 2-block ViT with 4-px patches: enough cells for 300 queries at 112 px
         vit = {"backbone": "dinov2_windowed", "vit_hidden_dim": 32, "vit_num_layers": 2, "vit_num_heads": 2,
                "vit_out_indices": "[1,2]", "vit_patch_size": 4, "vit_position_size": 112, "projector_blocks": 1}
