@@ -138,7 +138,7 @@ class Backbone(nn.Module):
         self.channels_last = True
 
     def use_folded_batch_norm(self, enabled: bool = True) -> None:
-        """Run every FrozenBatchNorm2d folded into the convolution before it, in training as in inference,
+        """Run every FrozenBatchNorm2d folded into the convolution before it in training (train mode, gradients on),
         without changing a parameter or the state dict: each forward computes the folded weight
         ``w · s`` and bias ``β − μ · s`` (:func:`conv_frozen_norm`), so autograd carries the gradient of a trained
         convolution's weight through ``w · s`` and no separate multiply-add over the activations (and its
@@ -196,10 +196,14 @@ class Backbone(nn.Module):
         """:meth:`forward`'s features and mask, and the outputs of the stages named in ``keep_stages``
         ({"layer1": [B, C_1, H_1, W_1], …}: the panoptic mask head's skip connections)."""
         # On the CPU the frozen stages ahead of the first trained one (the paper's stem and layer1) run in NHWC,
-        # where oneDNN's pooling and convolutions are faster (a DETR-R50 step at 512 × 683: 0.60 → 0.38 s for
-        # them); the first trained stage gets NCHW back, whose weight gradients are the faster ones on CPUs
-        # without AMX (docs/speed.md, "Training step against the authors").
-        frozen_nhwc = self.frozen_stages_channels_last and not self.channels_last and images.device.type == "cpu"
+        # where oneDNN's pooling and convolutions are faster in a training step; the first trained stage gets NCHW
+        # back, whose weight gradients are the faster ones on CPUs without AMX (docs/speed.md, "Training step
+        # against the authors"). Training only, as the folded norms: NHWC kernels round differently, and an
+        # inference forward stays equal to the reference's (optimize_for_inference chooses its own layout).
+        training = self.training and torch.is_grad_enabled()
+        frozen_nhwc = (training and self.frozen_stages_channels_last and not self.channels_last
+                       and images.device.type == "cpu")
+        fold = training and self.fold_in_training
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         # no context at all without autocast_dtype: an enclosing autocast (e.g. bf16-mixed) then applies
@@ -214,7 +218,7 @@ class Backbone(nn.Module):
                         features, frozen_nhwc = features.contiguous(), False
                     else:
                         features = features.contiguous(memory_format=torch.channels_last)
-                if not self.fold_in_training:
+                if not fold:
                     features = stage(features)
                 elif name == "conv1":
                     features = conv_frozen_norm(stage, self.body["bn1"], features)

@@ -105,6 +105,22 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photo_batc
     _assert_same(huggingface_outputs(again, *photo_batch), huggingface_outputs(hf, *photo_batch))
 
 
+@pytest.mark.parametrize("backbone, dilation", [("resnet50", False), ("resnet101", False), ("resnet50", True),
+                                               ("resnet101", True)], ids=["R50", "R101", "R50-DC5", "R101-DC5"])
+def test_the_papers_backbones_give_transformers_outputs_to_float_rounding(tmp_path, photo_batch, backbone, dilation):
+    """The released models' backbones (R50, R101, their DC5), loaded through load_checkpoint, give transformers'
+    logits and boxes to 1e-5: the CPU training paths (NHWC frozen stages, folded norms) stay out of inference,
+    whose convolutions must round as the reference's do."""
+    hf = _hf_model(91, backbone, dilation=dilation)
+    hf.save_pretrained(tmp_path)
+    model = detr.load_checkpoint(tmp_path)
+    assert model.config.backbone == backbone and model.config.dilation == dilation
+    (logits, boxes), (hf_logits, hf_boxes) = detr_outputs(model, *photo_batch), huggingface_outputs(hf, *photo_batch)
+    assert boxes[0].std(dim=0).max() > 1e-3 and logits.abs().max() > 0.1  # not constants
+    assert (logits - hf_logits).abs().max() <= 1e-5
+    assert (boxes - hf_boxes).abs().max() <= 1e-5
+
+
 def test_in_memory_key_names_bin_file_and_processor_size(tmp_path, photo_batch):
     """transformers 5 renames keys in memory (backbone.model, o_proj, mlp.fc1); a state dict saved from memory
     as pytorch_model.bin reads too, and preprocessor_config.json gives the eval resize."""
