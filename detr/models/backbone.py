@@ -198,7 +198,7 @@ class Backbone(nn.Module):
         # On the CPU the frozen stages ahead of the first trained one (the paper's stem and layer1) run in NHWC,
         # where oneDNN's pooling and convolutions are faster (a DETR-R50 step at 512 × 683: 0.60 → 0.38 s for
         # them); the first trained stage gets NCHW back, whose weight gradients are the faster ones on CPUs
-        # without AMX (docs/speed.md, "Training step against the authors").
+        # without AMX (docs/measurements/speed.md, "Training step against the authors").
         frozen_nhwc = self.frozen_stages_channels_last and not self.channels_last and images.device.type == "cpu"
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
