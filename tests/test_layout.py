@@ -104,3 +104,21 @@ def test_every_relative_link_in_the_docs_resolves() -> None:
             if not (file.parent / target.split("#", 1)[0]).exists():
                 broken.append(f"{file.relative_to(ROOT)}: {target}")
     assert not broken, f"relative links that resolve to nothing: {sorted(broken)}"
+
+
+#: The headings every family's page starts with, in this order (docs/guides/add-a-family.md).
+FAMILY_TEMPLATE = ("What it is", "Load", "Train", "Export", "Parity measured", "Differences from the reference")
+
+
+def test_every_family_page_follows_the_template() -> None:
+    pages = sorted((ROOT / "docs" / "models").glob("*.md"))
+    assert pages
+    for page in pages:
+        headings, fence = [], False
+        for line in page.read_text(encoding="utf-8").splitlines():
+            fence = fence != line.startswith("```")
+            if not fence and line.startswith("## "):
+                headings.append(line[3:].strip())
+        assert tuple(headings[:len(FAMILY_TEMPLATE)]) == FAMILY_TEMPLATE, (
+            f"{page.relative_to(ROOT)} starts with the headings {headings[:len(FAMILY_TEMPLATE)]}, not the families' "
+            f"template {list(FAMILY_TEMPLATE)}")
