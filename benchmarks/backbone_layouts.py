@@ -1,4 +1,4 @@
-"""The two backbone layouts a CPU training step uses, measured one piece at a time (docs/speed.md).
+"""The two backbone layouts a CPU training step uses, measured one piece at a time (docs/measurements/speed.md).
 
     PYTHONPATH=. .venv/bin/python benchmarks/backbone_layouts.py [--height 512 --width 683] [--threads 2]
 

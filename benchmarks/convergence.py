@@ -1,4 +1,4 @@
-"""Convergence on a CPU budget (docs/convergence.md): train one configuration on the synthetic shapes set
+"""Convergence on a CPU budget (docs/measurements/convergence.md): train one configuration on the synthetic shapes set
 for a fixed training time and print COCO AP / AP50 (pycocotools) at regular points, with images per second.
 
     .venv/bin/python benchmarks/convergence.py --preset paper --minutes 10 --eval-every 2
@@ -28,7 +28,7 @@ Data: the COCO-layout shapes set that ``tools/make_shapes.py`` writes (``data/sh
 here if missing; other sizes or seeds go into ``--cache-dir``), or any COCO-layout folder of equal-size
 images with ``--data-root`` and ``--image-size``.
 
-Presets (``--preset``) are the configurations measured in docs/convergence.md: ``paper`` (the authors'
+Presets (``--preset``) are the configurations measured in docs/measurements/convergence.md: ``paper`` (the authors'
 settings on the small model), one per option alone, ``best``, and ``demo`` (read from
 configs/demo_shapes_cpu.yaml, so always the demo's recipe). A preset, like ``--set KEY=VALUE``
 (values parsed as JSON, else kept as strings), sets model fields (``detr.KEY``, or a bare DetrConfig field
@@ -99,7 +99,7 @@ _FROM_SCRATCH_MODEL = {"backbone_norm": "batch_norm", "backbone_trainable_layers
 _FOCAL = {"cost_class": 2.0, "loss_ce": 2.0}
 
 #: name → overrides of RunConfig's defaults (the paper's recipe on the small model): model fields under
-#: "detr", any other key a RunConfig field or a DetrSystem argument; results: docs/convergence.md.
+#: "detr", any other key a RunConfig field or a DetrSystem argument; results: docs/measurements/convergence.md.
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},
     "scratch_backbone": {"detr": dict(_FROM_SCRATCH_MODEL), "lr_backbone": 1e-4},
@@ -114,7 +114,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                                    "denoising": True, "class_head": "sigmoid"}, "lr_backbone": 1e-4, **_FOCAL},
     "query_groups": {"detr": {"query_type": "anchor", "query_groups": 3}},
     "dense_aux": {"detr": {"dense_aux_head": True}},
-    # Best measured (docs/convergence.md has the runs): every option above except query groups (no gain for
+    # Best measured (docs/measurements/convergence.md has the runs): every option above except query groups (no gain for
     # their step time), lr 5e-4 with a 50-step warm-up and a linear decay to zero over the run's last 30 %
     # of steps, no dropout, channels_last backbone, batch 8 (twice the updates of batch 16 in the same
     # time), a lighter transformer (FFN 512, 20 queries, 2 encoder layers, 2 denoising groups: on a budget
@@ -126,7 +126,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                       "denoising_groups": 2, "num_encoder_layers": 2},
              **_FOCAL, "lr": 5e-4, "lr_backbone": 5e-4, "warmup_steps": 50, "lr_decay_fraction": 0.3,
              "channels_last": True, "backbone_bf16": True, "batch_size": 8},
-    # Deformable DETR (docs/deformable.md) with "best"'s training settings: 4 levels from layer2–4 of the
+    # Deformable DETR (docs/models/deformable.md) with "best"'s training settings: 4 levels from layer2–4 of the
     # ResNet-18 (strides 8 to 64), 4 points, box refinement, the same light transformer and budget.
     "deformable": {"detr": {**_FROM_SCRATCH_MODEL, "architecture": "deformable", "class_head": "sigmoid",
                             "box_refine": True, "num_queries": 20, "dropout": 0.0, "dim_feedforward": 512,

@@ -14,7 +14,7 @@ after one warm-up round. With ``--kernels``, ours runs once per bilinear samplin
 attention (``use_bilinear_kernel``), each in the same rounds. Printed: the largest differences of logits and boxes
 against transformers, medians (min-max) and the ratio ours / transformers; ``--components`` adds the medians of
 backbone (with the input projections), encoder, decoder and the rest, timed by forward hooks.
-Results: docs/speed.md. Needs transformers and timm.
+Results: docs/measurements/speed.md. Needs transformers and timm.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fine-tuning on a few images (docs/dfine.md, "Fine-tuning on small data"): a model trained on the shapes set
+"""Fine-tuning on a few images (docs/models/dfine.md, "Fine-tuning on small data"): a model trained on the shapes set
 (circle, square, triangle, ellipse, star) fine-tuned onto a second synthetic set whose classes are two of those
 and three new ones (circle, triangle, cross, arrow, semicircle: ``detr-make-shapes --shapes``), from 50 or 200
 training images; COCO AP on the second set's 200 validation images against steps, for this project's defaults and

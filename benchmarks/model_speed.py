@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/model_speed.py [--repeats 5] [--height 800 --width 1066] [--skip-r50]
 
 Prints the machine, then one line per measurement (median over repeats, after warm-up). Random
-weights: speed does not depend on them. Measurements and targets: docs/speed.md.
+weights: speed does not depend on them. Measurements and targets: docs/measurements/speed.md.
 """
 
 from __future__ import annotations

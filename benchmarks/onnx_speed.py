@@ -27,7 +27,7 @@ each), all with the same number of threads:
 
 Needs onnx, onnxscript and onnxruntime (openvino and nncf for their rows). Prints the machine, then a table
 with each row's ratio to our PyTorch path and, where measured, to the authors'. The accuracy of these files
-is the accuracy gate's (``detr-export --evaluate``, docs/deploy.md): here only their output differences.
+is the accuracy gate's (``detr-export --evaluate``, docs/guides/deploy.md): here only their output differences.
 """
 
 from __future__ import annotations

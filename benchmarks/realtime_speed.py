@@ -22,7 +22,7 @@ the model does besides backbone, encoder and decoder). ``--rfdetr-package`` adds
 the authors' ``rfdetr`` package's own model of the release's preset (``build_model_from_config``, its own random
 weights: the same layout and sizes) prepared as its ``RFDETR.inference()`` does by default (``export()``, then
 ``torch.jit.trace`` at the batch's size) with its ``PostProcess(num_select=300)``; only the package's model code is
-imported (benchmarks/rfdetr_package_parity.py). Results: docs/speed.md. Needs transformers.
+imported (benchmarks/rfdetr_package_parity.py). Results: docs/measurements/speed.md. Needs transformers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How fast does a from-scratch ResNet-18 learn the shapes' classes on their own? (a diagnostic for docs/convergence.md)
+"""How fast does a from-scratch ResNet-18 learn the shapes' classes on their own? (a diagnostic for docs/measurements/convergence.md)
 
 The convergence benchmark finds the boxes long before their classes (class-agnostic AP50 far above
 AP50). This trains the detector's backbone (ResNet-18 up to layer3, BatchNorm, from scratch) as a plain

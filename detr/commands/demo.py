@@ -54,7 +54,7 @@ from detr.output_folder import (
 # `detr-demo --help` answers without waiting for them.
 
 # Steps of batch 8 that configs/demo_shapes_cpu.yaml needs to reach AP50 0.7 on the shapes set, and that AP50
-# (docs/convergence.md: runs fitted to 1,000 steps end at AP50 0.888 and 0.895 on the generator's seeds 0 and 1;
+# (docs/measurements/convergence.md: runs fitted to 1,000 steps end at AP50 0.888 and 0.895 on the generator's seeds 0 and 1;
 # the demo fits its schedule to the steps its budget holds, so a machine that holds 1,000 gets there).
 RECIPE_STEPS = 1000
 RECIPE_AP50 = 0.7

@@ -9,7 +9,7 @@ detection | instances | panoptic), POST /explore (the attention explorer's page 
 GET /stats, and GET / (drop an image, see its boxes, click one for that query's decoder attention).
 Any checkpoint detr.load_checkpoint reads, .onnx files through ONNX Runtime, panoptic models.
 SIGTERM or Ctrl-C: finish the requests in flight, then exit 0. Needs the serve extra
-(pip install 'detr-lightning[serve]'). The API: detr.serving; docs/serving.md.
+(pip install 'detr-lightning[serve]'). The API: detr.serving; docs/guides/serve.md.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ takes the place; the sample that took it carries ``"skipped_files"``, so a train
 Samples are read from flat numpy arrays (:mod:`detr.data.coco_index`), not from the json's dicts, so that
 loader workers forked from the main process share the annotations instead of copying them page by page
 over an epoch; pycocotools' ``COCO`` (:attr:`CocoDetection.coco`) is built only where the evaluator asks.
-Measured at COCO's size: docs/scale.md.
+Measured at COCO's size: docs/measurements/scale.md.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def collate_detection(
 
 class MultiScaleCollate:
     """:func:`collate_detection`, then the whole batch resized to a square side drawn at random from ``sizes``
-    (RT-DETRv2's and D-FINE's ``BatchImageCollateFunction``; docs/rtdetr.md, "The authors' augmentations").
+    (RT-DETRv2's and D-FINE's ``BatchImageCollateFunction``; docs/models/rtdetr.md, "The authors' augmentations").
 
     The images are resized with ``F.interpolate``'s default, nearest neighbour, as the authors' collate does
     (``mode="bilinear"``: bilinear without corner alignment, as RF-DETR's training loop resizes its batches); the

@@ -1,6 +1,6 @@
 """DEIM's dense one-to-one matching (Huang et al., "DEIM: DETR with Improved Matching for Fast Convergence",
 CVPR 2025, section 3.2): more targets per training image, so that one-to-one matching finds more positives,
-through Mosaic and MixUp, on RT-DETR's and D-FINE's augmentations and by epoch (docs/dfine.md, "DEIM's dense
+through Mosaic and MixUp, on RT-DETR's and D-FINE's augmentations and by epoch (docs/models/dfine.md, "DEIM's dense
 one-to-one"). As the authors' Intellindust/DEIM ``src/data/transforms/mosaic.py`` (``use_cache: False``, the
 configs' setting), ``container.py`` (the four-stage ``stop_epoch`` policy) and ``dataloader.py``
 (``BatchImageCollateFunction.apply_mixup``):

@@ -3,7 +3,7 @@
 What a read found (the displayed and stored size, the EXIF orientation) is kept in a cache file, keyed by
 the file's path (relative to the cache file), byte size and modification time (ns), so a resumed run, a second run on the same node or
 a rerun of ``detr-check-data`` reads only what changed: at COCO's size (118,287 files) a header read costs
-~110 µs per file on one core, a ``stat`` ~12 µs (docs/scale.md). A full decode also satisfies a later
+~110 µs per file on one core, a ``stat`` ~12 µs (docs/measurements/scale.md). A full decode also satisfies a later
 header check; a header read does not satisfy a later decode. Failures are never cached: a broken file is
 read again each time, so the error message is always current. A cache that cannot be read or written
 (read-only folder, a file from another version) is ignored with a log line, never an error.

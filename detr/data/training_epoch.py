@@ -1,7 +1,7 @@
 """The training epoch as the DataLoader workers see it, and the augmentation that stops at an epoch.
 
 RT-DETRv2 and D-FINE train their last epochs without the strong augmentations and at the base square (their
-``stop_epoch`` policy: docs/rtdetr.md, "The authors' augmentations"). The transform and the collate that decide
+``stop_epoch`` policy: docs/models/rtdetr.md, "The authors' augmentations"). The transform and the collate that decide
 this run in the loader's worker processes, which hold copies of them, so the epoch cannot be a plain attribute
 set in the training process: workers that persist across epochs would never see it change. :class:`SharedEpoch`
 keeps it in a shared-memory tensor that the training process writes before an epoch's workers start (or resume)

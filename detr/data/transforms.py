@@ -16,7 +16,7 @@ image can end with no boxes.
 
 RT-DETR and D-FINE train on squares instead (:func:`make_square_transform`: the horizontal flip alone, or
 :func:`make_rtdetr_train_transform`: the authors' photometric distortion, zoom-out, IoU crop, flip and resize;
-docs/rtdetr.md, "The authors' augmentations").
+docs/models/rtdetr.md, "The authors' augmentations").
 
 All sizes are parameters so small-image data sets (e.g. the 128 px shapes set) can use small scales.
 Randomness comes from albumentations' own generators, not the global ones: call
@@ -295,7 +295,7 @@ def make_square_transform(size: int, *, train: bool, normalize: bool = False, se
 
 def make_rtdetr_train_transform(size: int, *, augment: bool = True, zoom_and_crop: bool = True, normalize: bool = False,
                                 seed: int | None = None) -> A.Compose:
-    """RT-DETR's and D-FINE's training pipeline (the authors' ``include/dataloader.yml``; docs/rtdetr.md):
+    """RT-DETR's and D-FINE's training pipeline (the authors' ``include/dataloader.yml``; docs/models/rtdetr.md):
     :func:`photometric_distort` (p = 0.5), :class:`RandomZoomOut` (fill 0, p = 0.5), :class:`RandomIoUCrop`
     (p = 0.8), the horizontal flip (p = 0.5), the resize to ``size`` × ``size`` (OpenCV's bilinear filter, as
     :func:`make_square_transform`), pixels / 255 (ImageNet's mean and std with ``normalize``). Boxes smaller than
@@ -325,7 +325,7 @@ def make_rfdetr_train_transform(size: int, *, normalize: bool = True,
                                 crop_min_size: int = CROP_MIN_SIZE, crop_max_size: int = CROP_MAX_SIZE,
                                 seed: int | None = None) -> A.Compose:
     """RF-DETR's and LW-DETR's training pipeline (roboflow/rf-detr ``datasets/coco.py``,
-    ``make_coco_transforms_square_div_64``; docs/rfdetr.md): the horizontal flip (p = 0.5), then with p = 0.5
+    ``make_coco_transforms_square_div_64``; docs/models/rfdetr.md): the horizontal flip (p = 0.5), then with p = 0.5
     either the resize to ``size`` × ``size``, or DETR's crop (shortest side to one of ``crop_resize_scales``, no
     long-side cap; a random crop whose width and height lie in [``crop_min_size``, ``crop_max_size``]) and that
     resize; ImageNet's mean and std (pixels / 255 without ``normalize``). The square resize is OpenCV's bilinear

@@ -548,7 +548,7 @@ def garbage_collection_paused() -> Iterator[None]:
     """No cyclic garbage collection inside (the collector's previous state is restored on exit): COCOeval
     makes millions of dicts, lists and tuples (one dict per detection, one list per image and category),
     each allocation burst triggers a full collection that walks all of them, and none of them forms a
-    cycle; the collections took over half of a 5,000-image evaluation (docs/evaluation.md). Reference
+    cycle; the collections took over half of a 5,000-image evaluation (docs/measurements/evaluation.md). Reference
     counting frees everything as usual."""
     was_enabled = gc.isenabled()
     gc.disable()

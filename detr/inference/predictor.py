@@ -88,7 +88,7 @@ class Predictor:
             None: the model's ``meta.eval_size`` (what it was validated at in training, set by
             :func:`detr.load_checkpoint` for this project's checkpoints), else the authors' 800 and 1333.
         optimize: call ``model.optimize_for_inference()`` (frozen BatchNorms folded into the convolutions,
-            backbone in channels-last), in place: same outputs up to float rounding, faster (docs/speed.md),
+            backbone in channels-last), in place: same outputs up to float rounding, faster (docs/measurements/speed.md),
             but the model's state dict loses the authors' layout. Default off
             for a model you pass; :meth:`from_checkpoint` turns it on.
         is_thing: panoptic models: per label, thing (True) or stuff; default ``model.meta.is_thing`` (set by

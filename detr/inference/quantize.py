@@ -10,7 +10,7 @@ padding):
   activations) of the convolutions and matrix products.
 
 What is quantised was chosen by measurement with the accuracy gate (:mod:`detr.inference.gate`, the demo's
-model on its 200 validation images, box AP 60.13 in fp32; docs/deploy.md): quantising every convolution and
+model on its 200 validation images, box AP 60.13 in fp32; docs/guides/deploy.md): quantising every convolution and
 matrix product lost 4.2 AP with NNCF (4.1 with the heads' last layers kept in fp32; 19.6 with ONNX Runtime);
 the convolutions alone lost 0.03 and 0.08. So ``scope="convolutions"`` (the default) quantises the
 convolutions (the backbone, most of a DETR's arithmetic) and keeps every matrix product (the transformer and

@@ -308,7 +308,7 @@ def hide_library_internal_warnings() -> None:
     (2.6.6, the newest) still builds in its pytree helper, so every ``detr fit`` printed a FutureWarning
     pointing into lightning/pytorch/utilities; Lightning's advertisement of its hosted logger on every
     command; "your dataloader is not resumable" on every mid-epoch resume, which draws the rest of the epoch
-    from a fresh shuffle on purpose (README, Resume); and ModelCheckpoint's "could not find the monitored
+    from a fresh shuffle on purpose (docs/guides/train-on-your-data.md); and ModelCheckpoint's "could not find the monitored
     key" (val/AP) when a checkpoint is saved before the first validation: once a validation has run, a key
     it does not log is an error Lightning raises, not this warning."""
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",

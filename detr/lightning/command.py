@@ -83,7 +83,7 @@ def overview(prog: str) -> str:
         (f"  {prog} validate --config configs/{'panoptic_coco' if panoptic else 'detr_r50_coco'}.yaml "
          "--data.root /data/coco --ckpt_path RUN/checkpoints/last.ckpt"),
         "",
-        "The README's Train section explains the recipes, the run folder and resuming.",
+        "docs/guides/train-on-your-data.md explains the recipes, the run folder and resuming.",
     ]
     return "\n".join(lines)
 

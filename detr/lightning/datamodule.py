@@ -233,13 +233,13 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         augmentation: the training augmentation. "default": the paper's DETR (flip, random resizes and crop;
             the sizes above), or with ``square_size`` the horizontal flip alone. "rtdetr": RT-DETR's and D-FINE's
             (needs ``square_size``): photometric distortion, zoom-out, IoU crop, flip, the square resize
-            (:func:`detr.data.transforms.make_rtdetr_train_transform`; docs/rtdetr.md). "rfdetr": RF-DETR's and
+            (:func:`detr.data.transforms.make_rtdetr_train_transform`; docs/models/rtdetr.md). "rfdetr": RF-DETR's and
             LW-DETR's (needs ``square_size``): flip, then the square resize or DETR's crop and the square resize
             (:func:`detr.data.transforms.make_rfdetr_train_transform`; the crop's sizes above); with
             ``multi_scale``, the training square is its largest side and batches are resized bilinearly, as the
-            authors (docs/rfdetr.md). "deim": DEIM's dense one-to-one over RT-DETR's (needs ``square_size``;
+            authors (docs/models/rfdetr.md). "deim": DEIM's dense one-to-one over RT-DETR's (needs ``square_size``;
             boxes only): the mosaic of four images and the batches' MixUp, by epoch
-            (:mod:`detr.data.dense_o2o`; docs/dfine.md).
+            (:mod:`detr.data.dense_o2o`; docs/models/dfine.md).
         multi_scale: square sides (each a multiple of the model's ``size_multiple``; needs ``square_size``) that
             each training batch is resized to, one drawn at random per batch (repeats weight a side; the
             authors' list for 640: 480 to 800 in steps of 32 with 640 three times). Evaluation and the

@@ -6,7 +6,7 @@ directory and the figures in TensorBoard.
 ``error_analysis_every_n_validations`` asks for it. It reuses the COCOeval of the evaluation where that
 was pycocotools' (its per-image matches), so the analysis adds a fraction of the evaluation's time plus the
 figures; after faster-coco-eval, which keeps no per-image matches, it runs pycocotools' evaluation of the
-results once more (minutes on COCO val: docs/evaluation.md).
+results once more (minutes on COCO val: docs/measurements/evaluation.md).
 """
 
 from __future__ import annotations

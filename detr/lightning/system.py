@@ -69,7 +69,7 @@ class DetrSystem(L.LightningModule):
     Args:
         detr: the detector, a :class:`detr.models.config.DetrConfig` (``--model.detr.*``; default: the paper's
             COCO model), including the options for training from scratch on a short budget (query_type,
-            class_head, denoising...; docs/convergence.md); a dict of its fields where the hyperparameters of
+            class_head, denoising...; docs/measurements/convergence.md); a dict of its fields where the hyperparameters of
             a checkpoint rebuild the system.
         cost_class: weight of the class term in the Hungarian matching cost (paper: 1).
         cost_bbox: weight of the L1 box term in the matching cost (paper: 5).
@@ -107,7 +107,7 @@ class DetrSystem(L.LightningModule):
         fold_batch_norm: fold the backbone's frozen BatchNorms into their convolutions in training's forward and
             backward (:meth:`detr.models.detector.Detector.use_folded_batch_norm`): the same losses and gradients
             up to float rounding, the state dict unchanged; on by default (a DETR-R50 step at 512 × 683 took
-            about 8 % less on a quiet 2-core CPU: docs/speed.md, "Training step against the authors"); a
+            about 8 % less on a quiet 2-core CPU: docs/measurements/speed.md, "Training step against the authors"); a
             model without frozen BatchNorms has nothing to fold.
         backbone_bf16: run the backbone's convolutions in bfloat16 autocast, the transformer in float32
             (:meth:`detr.models.detector.Detector.use_autocast`): for CPUs with AMX / AVX512-BF16, where
@@ -138,7 +138,7 @@ class DetrSystem(L.LightningModule):
             agree, else all fresh) or "fresh" (every class row fresh).
         evaluator_backend: "auto" (faster_coco_eval where installed, else pycocotools; the log says which
             ran), "pycocotools" (the reference) or "faster_coco_eval" (the same numbers, seconds instead of
-            minutes on COCO val: docs/evaluation.md).
+            minutes on COCO val: docs/measurements/evaluation.md).
         evaluation_dir: where each COCO evaluation writes its per-class AP table and COCO results json
             (default: ``<trainer.log_dir>/evaluation``; "" disables writing).
         error_analysis: after ``detr validate`` / ``detr test``, write an error analysis (per-class AP, PR

@@ -80,7 +80,7 @@ class SetCriterion(nn.Module):
     of matched queries) and cardinality_error. Auxiliary layer i adds the suffix ``_i``.
     ``weight_dict`` maps each trained term to its weight (1, 5, 2), the parts' terms included.
 
-    Options for training from scratch on a short budget (docs/convergence.md; defaults are the paper's):
+    Options for training from scratch on a short budget (docs/measurements/convergence.md; defaults are the paper's):
         class_head: the model's class head: "softmax" (paper: cross-entropy with a no-object class) or
             "sigmoid" (sigmoid focal loss over ``num_classes`` logits, summed and divided by num_boxes, as
             Deformable DETR); the matcher must have the same ``class_head``. focal_alpha, focal_gamma:

@@ -5,7 +5,7 @@ al., ICLR 2021) and DAB-/DN-DETR use it in place of DETR's softmax with a "no ob
 is an independent sigmoid; a query matched to a target of class c has the one-hot target e_c, every other
 query the all-zero target. Down-weighting the many easy negatives (the unmatched queries) lets the
 matched ones drive the classifier from the first steps, which is what a short training run needs
-(docs/convergence.md).
+(docs/measurements/convergence.md).
 
 RT-DETR trains the sigmoid head with the varifocal loss instead (:func:`varifocal_loss`), matched with the same
 focal cost; RF-DETR and LW-DETR with the IoU-aware BCE (:func:`ia_bce_loss`).

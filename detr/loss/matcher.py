@@ -31,7 +31,7 @@ class HungarianMatcher(nn.Module):
     The costs of every image are computed in one batched pass (each image only against its own targets,
     targets padded to the batch maximum), moved to the CPU once, then solved per image by scipy.
 
-    Group DETR (Chen et al. 2023; docs/convergence.md): built with ``group_size`` (the model's num_queries),
+    Group DETR (Chen et al. 2023; docs/measurements/convergence.md): built with ``group_size`` (the model's num_queries),
     predictions of G · group_size queries (a training pass with G query groups) are matched group by group,
     each to the targets on its own (one-to-many overall); the indices are into all G · group_size queries.
     Predictions of group_size queries (an inference pass decodes group 1 only) are one group.

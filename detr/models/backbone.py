@@ -197,9 +197,10 @@ class Backbone(nn.Module):
         ({"layer1": [B, C_1, H_1, W_1], …}: the panoptic mask head's skip connections)."""
         # On the CPU the frozen stages ahead of the first trained one (the paper's stem and layer1) run in NHWC,
         # where oneDNN's pooling and convolutions are faster in a training step; the first trained stage gets NCHW
-        # back, whose weight gradients are the faster ones on CPUs without AMX (docs/speed.md, "Training step
-        # against the authors"). Training only, as the folded norms: NHWC kernels round differently, and an
-        # inference forward stays equal to the reference's (optimize_for_inference chooses its own layout).
+        # back, whose weight gradients are the faster ones on CPUs without AMX (docs/measurements/speed.md,
+        # "Training step against the authors"). Training only, as the folded norms: NHWC kernels round
+        # differently, and an inference forward stays equal to the reference's (optimize_for_inference chooses
+        # its own layout).
         training = self.training and torch.is_grad_enabled()
         frozen_nhwc = (training and self.frozen_stages_channels_last and not self.channels_last
                        and images.device.type == "cpu")

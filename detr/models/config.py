@@ -8,7 +8,7 @@ field here and the code that uses it.
 
 Defaults are the paper's COCO model (R50, 6 + 6 layers, 100 queries, 91 classes, learned queries, a
 softmax class head). The options after ``backbone_last_stage`` train from scratch on a short budget
-(docs/convergence.md): they select :class:`detr.models.anchor.model.AnchorDETR` (``query_type="anchor"``)
+(docs/measurements/convergence.md): they select :class:`detr.models.anchor.model.AnchorDETR` (``query_type="anchor"``)
 and the training-only heads.
 """
 
@@ -98,7 +98,7 @@ class DetrConfig:
             early, for small images.
         query_type: "learned" (paper: a learned embedding per query, :class:`detr.models.detr.DETR`) or
             "anchor" (DAB-DETR: a learned anchor box per query, conditional spatial cross-attention, box
-            refinement in every layer, :class:`detr.models.anchor.model.AnchorDETR`); docs/convergence.md.
+            refinement in every layer, :class:`detr.models.anchor.model.AnchorDETR`); docs/measurements/convergence.md.
         class_head: "softmax" (paper: num_classes + 1 logits, the last = no object; cross-entropy) or
             "sigmoid" (num_classes logits scored by independent sigmoids; focal loss). The matcher, the
             criterion and the post-processing take the same word.
@@ -119,12 +119,12 @@ class DetrConfig:
         architecture: "detr" (the paper's transformer), "deformable" (Deformable DETR's multi-scale
             deformable attention, :class:`detr.models.deformable.model.DeformableDETR`; needs
             class_head="sigmoid"; the authors' model also sets num_queries=300 and dim_feedforward=1024;
-            docs/deformable.md) or "rtdetr" (RT-DETR and RT-DETRv2, :class:`detr.models.rtdetr.model.RTDETR`:
+            docs/models/deformable.md) or "rtdetr" (RT-DETR and RT-DETRv2, :class:`detr.models.rtdetr.model.RTDETR`:
             a ResNet-vd backbone named by ``backbone``, the hybrid encoder of ``num_encoder_layers`` AIFI layers
             with CCFM fusion, a deformable decoder with box refinement and queries from the encoder's top
             ``num_queries``; the authors set num_queries=300, dim_feedforward=1024, dropout=0.0,
             class_head="sigmoid", num_feature_levels=3, num_encoder_layers=1 and num_decoder_layers=6, 3 for
-            R18; docs/rtdetr.md).
+            R18; docs/models/rtdetr.md).
         num_feature_levels: the deformable models' input levels: 4 (layer2–4 + one stride-64 level, the
             paper), 1 (single-scale: layer4), 2 or 3 (the last stages; RT-DETR: 3), more (further stride-2
             levels).
@@ -138,7 +138,7 @@ class DetrConfig:
             (0.5).
         sampling_method: "bilinear" or "discrete" (RT-DETRv2's nearest-cell sampling, without grid_sample).
         backbone_learnable_affine: D-FINE and DEIMv2 (``architecture="dfine"`` or "deimv2", a ``backbone`` of
-            the HGNetV2 sizes "hgnetv2_b0" ... "hgnetv2_b5"; docs/dfine.md): HGNetV2's learnable affine blocks
+            the HGNetV2 sizes "hgnetv2_b0" ... "hgnetv2_b5"; docs/models/dfine.md): HGNetV2's learnable affine blocks
             (the authors' use_lab: N, S and M).
         num_points_per_level: D-FINE: the decoder's sampling points per level (S-X: (3, 6, 3)); None:
             num_points at each.
@@ -172,7 +172,7 @@ class DetrConfig:
             8, 16, 32.
         adapter_channels: DEIMv2: c of the spatial tuning adapter (2c, 4c, 4c channels at strides 8, 16, 32; 16).
         vit_hidden_dim: RF-DETR (``architecture="rfdetr"``, ``backbone="dinov2_windowed"``; LW-DETR: "lwdetr_vit";
-            one feature level per projector scale; docs/rfdetr.md): the ViT's width (DINOv2-S: 384).
+            one feature level per projector scale; docs/models/rfdetr.md): the ViT's width (DINOv2-S: 384).
         vit_num_layers: RF-DETR: the ViT's blocks (12).
         vit_num_heads: RF-DETR: the ViT's attention heads (6).
         vit_mlp_ratio: RF-DETR: the ViT's MLP width over its width (4).

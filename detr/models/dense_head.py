@@ -1,4 +1,4 @@
-"""A training-only dense head on the encoder output: one-to-many auxiliary supervision (docs/convergence.md).
+"""A training-only dense head on the encoder output: one-to-many auxiliary supervision (docs/measurements/convergence.md).
 
 Co-DETR (Zong et al., "DETRs with Collaborative Hybrid Assignments Training", ICCV 2023) trains DETR
 faster by adding auxiliary heads with *one-to-many* label assignment (ATSS, Faster R-CNN) on the

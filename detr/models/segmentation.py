@@ -136,7 +136,7 @@ def attention_density(attention: torch.Tensor, padding_mask: torch.Tensor) -> to
     authors' function). As weights summing to 1 they are ~1/(heads·h·w) (0.002 on the shapes demo's 8 × 8
     maps), against projected features of standard deviation ~1.4 in the same convolution: the only
     per-query input started ~100× weaker than the features every query shares, and the mask stage sat on
-    blank masks for 300-500+ steps before its weights on them had grown (docs/panoptic.md)."""
+    blank masks for 300-500+ steps before its weights on them had grown (docs/measurements/panoptic.md)."""
     cells = (~padding_mask).flatten(1).sum(1).clamp(min=1)  # [B]
     return attention * (attention.shape[2] * cells).to(attention.dtype).view(-1, 1, 1, 1, 1)
 

@@ -1,6 +1,6 @@
 """Tensors that depend only on an input's size (RT-DETR's anchors, AIFI's sin-cos positions, D-FINE's point
 scales), kept between calls under ``torch.inference_mode``, so that inference does not rebuild them for every
-image (dozens of small operations each, which cost most on a busy CPU; docs/speed.md).
+image (dozens of small operations each, which cost most on a busy CPU; docs/measurements/speed.md).
 
 They are kept only under inference mode: there no graph is traced or exported (which must compute them, or hold
 them as its own constants), and nothing is saved for backward (which an inference tensor cannot be). Each module

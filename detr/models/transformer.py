@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 #: The fused attention kernels a training step on a GPU may use: all but cuDNN's, whose backward returns NaN
 #: gradients for masked attention on Hopper GPUs (H100 / H200) since torch 2.11 (pytorch/pytorch#196678):
-#: bf16-mixed training of DETR-R50 diverged within 30 steps on an H200 with it (docs/gpu.md).
+#: bf16-mixed training of DETR-R50 diverged within 30 steps on an H200 with it (docs/measurements/gpu.md).
 TRAINING_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -27,7 +27,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """``F.dropout``: each element zeroed with probability ``p``, the others scaled by 1 / (1 - p). On the CPU the
     mask is drawn as 31-bit random integers, an element kept where its integer is at least p · 2³¹ (p exact to
     2⁻³¹), half the time of torch's Bernoulli draw, which took 7 % of a DETR-R50 training step there
-    (docs/speed.md); on a GPU ``F.dropout``, whose kernel draws and masks in one pass."""
+    (docs/measurements/speed.md); on a GPU ``F.dropout``, whose kernel draws and masks in one pass."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu" or not 0.0 < p < 1.0:

@@ -11,7 +11,7 @@ Needs the ``serve`` extra (``pip install 'detr-lightning[serve]'``: fastapi, uvi
 - :mod:`~detr.serving.server`: load a checkpoint and run uvicorn (:func:`load_service`, :func:`serve`).
 
 Why FastAPI and not LitServe: LitServe 0.2.19's batched loop fails every request of a batch when one of them
-raises (a corrupt image among seven good ones: eight 400s, measured in docs/serving.md), and each request
+raises (a corrupt image among seven good ones: eight 400s, measured in docs/guides/serve.md), and each request
 crosses two process boundaries; a bad request must cost only itself, so the batcher here is our own.
 """
 

@@ -7,7 +7,7 @@ Jobs that arrive while a batch runs form the next batch: under load, batches fil
 
 ``run_batch`` returns one result per job, in order; a result that is an exception fails that job alone,
 so one bad request never costs the requests batched with it (unlike LitServe 0.2.19's batched loop, where
-an exception in one request's decode or encode fails the whole batch: docs/serving.md).
+an exception in one request's decode or encode fails the whole batch: docs/guides/serve.md).
 """
 
 from __future__ import annotations

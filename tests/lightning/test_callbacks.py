@@ -246,7 +246,7 @@ def test_resumed_run_continues_the_budget_and_its_step_count(tmp_path) -> None:
 
 def test_a_finished_budget_run_resumed_with_more_steps_keeps_learning(tmp_path) -> None:
     """A resume of a finished 20 s run with --trainer.max_steps 30 trained exactly one step, the budget being
-    spent; the README says a resume with a larger max_steps keeps learning."""
+    spent; docs/guides/train-on-your-data.md says a resume with a larger max_steps keeps learning."""
     saver = ModelCheckpoint(dirpath=tmp_path, filename="end", save_last=False, every_n_train_steps=20, save_top_k=-1)
     first = TimeBudget(max_train_seconds=20)
     trainer, _ = _timed_fit(tmp_path / "first", first, decay_fraction=0.5, callbacks=[saver])

@@ -201,7 +201,7 @@ def test_a_run_without_an_epoch_limit_shows_no_negative_epoch_count(tiny_shapes_
 
 
 def test_lightning_warnings_that_contradict_the_project_are_not_shown(tiny_shapes_root, tmp_path) -> None:
-    """A mid-epoch resume warned "your dataloader is not resumable" (the README says the rest of the epoch
+    """A mid-epoch resume warned "your dataloader is not resumable" (docs/guides/train-on-your-data.md says the rest of the epoch
     comes from a fresh shuffle, on purpose), and an epoch that ended before the first validation warned that
     ModelCheckpoint "could not find the monitored key" val/AP, which the validation logs."""
     out = tmp_path / "run"

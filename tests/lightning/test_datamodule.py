@@ -196,7 +196,7 @@ def test_the_json_read_at_start_up_is_offered_to_the_checks_and_dropped_before_l
 
 
 def test_image_size_scales_the_authors_sizes_and_keeps_the_ones_set_on_purpose() -> None:
-    """One knob for the seven sizes a CPU run had to set by hand (docs/deformable.md's command)."""
+    """One knob for the seven sizes a CPU run had to set by hand (docs/models/deformable.md's command)."""
     sizes = sizes_for(384, {**AUTHORS_SIZES, "eval_max_size": 512})
     assert sizes["eval_min_size"] == 384 and sizes["eval_max_size"] == 512  # set on purpose: kept
     assert sizes["train_max_size"] == 640 and max(sizes["train_scales"]) == 384 and min(sizes["train_scales"]) == 230

@@ -141,7 +141,7 @@ def test_linear_warmup_then_step_decay() -> None:
 
 def test_convergence_options_train_and_evaluate(tmp_path) -> None:
     """Anchor queries + denoising + sigmoid/focal head + query groups + dense head + NHWC bfloat16 backbone
-    (docs/convergence.md) go through the same training system."""
+    (docs/measurements/convergence.md) go through the same training system."""
     system = _system(TINY.replace(query_type="anchor", denoising=True, denoising_groups=2, class_head="sigmoid",
                                   query_groups=2, dense_aux_head=True), cost_class=2.0, channels_last=True,
                      backbone_bf16=True)

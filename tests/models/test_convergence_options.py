@@ -1,4 +1,4 @@
-"""The options for training from scratch on a short budget (docs/convergence.md): off by default (the
+"""The options for training from scratch on a short budget (docs/measurements/convergence.md): off by default (the
 paper's model unchanged), composable, checkpointable."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ class ExponentialMovingAverage(WeightAveraging):
 
     Lightning's own ``EMAWeightAveraging`` updates one tensor at a time; this uses torch's foreach EMA
     (one fused lerp over every tensor), which is faster. What the average adds on the shapes benchmark:
-    docs/convergence.md.
+    docs/measurements/convergence.md.
 
     ``warmup_steps`` > 0: the decay of the n-th update is ``decay · (1 − exp(−n / warmup_steps))``, as the
     real-time DETRs' ModelEMA (RT-DETR: decay 0.9999, 2000 warm-up updates), so that the average follows the

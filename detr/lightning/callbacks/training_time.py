@@ -78,7 +78,7 @@ class TrainingThroughput(_TrainingTime):
     every validation (beside val/AP: the x axis of the demo's and the benchmark's AP curves).
 
     Lightning's ``ThroughputMonitor`` does not do this: its time restarts at every ``fit`` and is not logged
-    beside the validation metrics (docs/convergence.md, "Training time").
+    beside the validation metrics (docs/measurements/convergence.md, "Training time").
     """
 
     def __init__(self) -> None:

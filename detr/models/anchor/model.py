@@ -1,5 +1,5 @@
 """The anchor-query detector: DETR with learned anchor boxes for queries, for training from scratch on a
-short budget (docs/convergence.md).
+short budget (docs/measurements/convergence.md).
 
 - DAB-DETR (Liu et al., ICLR 2022): every query is a learned anchor box (``refpoint_embed`` [Q, 4], logits
   of cxcywh), decoded by :class:`detr.models.anchor.decoder.AnchorDecoder`, which refines it layer by layer.

@@ -7,7 +7,7 @@ same input contract and top-k post-processing) with D-FINE's three parts: the HG
 (:mod:`detr.models.dfine.hgnetv2`), the encoder's GELAN fusion blocks (:mod:`detr.models.dfine.encoder`) and the
 distribution-refinement decoder (:mod:`detr.models.dfine.decoder`). DEIM (Huang et al. 2025) trains the same
 network otherwise, so its released D-FINE models load here too. DEIMv2 (``architecture="deimv2"``) is this class
-with DEIMv2's encoder and decoder layers (docs/dfine.md).
+with DEIMv2's encoder and decoder layers (docs/models/dfine.md).
 
 State-dict keys are the authors' (Peterande/D-FINE): ``backbone.*`` (``HGNetv2``), ``encoder.*``
 (``HybridEncoder``), ``decoder.*`` (``DFINETransformer``).

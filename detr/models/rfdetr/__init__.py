@@ -1,1 +1,1 @@
-"""RF-DETR and LW-DETR, for inference: docs/rfdetr.md."""
+"""RF-DETR and LW-DETR, for inference: docs/models/rfdetr.md."""

@@ -7,7 +7,7 @@ boxes per layer; with ``instance_masks``, per-query mask logits (:mod:`detr.mode
 contract is the family's: a fixed square resize (sides multiples of patch × windows, e.g. 560), ImageNet mean and
 std, no padding; post-processing keeps the top ``num_queries`` (query, class) pairs, as RT-DETR's.
 
-Training (docs/rfdetr.md, "Training"): Group DETR's query groups in the decoder (:mod:`detr.models.rfdetr.decoder`),
+Training (docs/models/rfdetr.md, "Train"): Group DETR's query groups in the decoder (:mod:`detr.models.rfdetr.decoder`),
 the encoder proposals in the output for their loss, and the authors' optimizer groups through the detector contract:
 the ViT's layer-wise learning-rate decay (:meth:`RFDETR.backbone_layer_depths`), its parameters without weight decay
 and the decoder layers' rate (:meth:`RFDETR.decoder_parameters`).
@@ -47,7 +47,7 @@ class RFDETR(Detector):
 
     class_head: ClassHead = "sigmoid"
     attention_kind = "points"
-    exportable = True  # at its fixed square (docs/rfdetr.md, "Export")
+    exportable = True  # at its fixed square (docs/models/rfdetr.md, "Export")
 
     def __init__(self, backbone: WindowedViT | LwDetrViT, projector: nn.ModuleList, decoder: RFDETRDecoder,
                  mask_head: MaskHead | None = None, *, num_classes: int, aux_loss: bool = True) -> None:

@@ -1,2 +1,2 @@
 """RT-DETR and RT-DETRv2: ResNet-vd, the hybrid encoder, query selection and the deformable decoder
-(docs/rtdetr.md)."""
+(docs/models/rtdetr.md)."""

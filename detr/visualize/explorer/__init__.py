@@ -10,7 +10,7 @@ Deformable DETR paper's Fig. 5 and 6, for any query, layer, head and level), and
 query's attention; it has no encoder view.
 
 Everything is inline in one file (HTML, CSS and JavaScript; the image as JPEG; the maps as base64), so the
-page opens from the file system with no server and no network; page sizes: docs/explorer.md.
+page opens from the file system with no server and no network; page sizes: docs/guides/explore.md.
 
 - :mod:`~detr.visualize.explorer.data`: a page's data from the model's outputs (:func:`explorer_data`, its format);
 - :mod:`~detr.visualize.explorer.render`: the HTML of a page and of an index;

@@ -27,7 +27,7 @@ from detr.visualize.explorer.render import render_explorer_html, render_index_ht
 logger = logging.getLogger(__name__)
 
 #: Pages above this size get a warning: a page must stay small enough to e-mail and open quickly (an R50 page,
-#: 100 queries, 6 layers, 8 heads, stays below it; sizes: docs/explorer.md).
+#: 100 queries, 6 layers, 8 heads, stays below it; sizes: docs/guides/explore.md).
 PAGE_SIZE_WARNING_BYTES = 20 * 1024 * 1024
 
 
