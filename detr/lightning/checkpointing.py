@@ -194,6 +194,7 @@ class LastCheckpoint(L.Callback):
         self.dirpath = dirpath
         self.every_n_train_steps = every_n_train_steps or 0
         self._saved_step: int | None = None
+        self._saved_validated = False  # whether the save of _saved_step came after that step's validation
         self._start_step: int | None = None  # the step this fit started from (None before training starts)
         #: The KeyboardInterrupt (Ctrl-C) that stopped the last fit after a save, else None.
         self.interrupted: KeyboardInterrupt | None = None
@@ -210,7 +211,7 @@ class LastCheckpoint(L.Callback):
         use_atomic_checkpoint_io(trainer)
         if stage != "fit":
             return
-        self._saved_step, self._start_step, self.interrupted = None, None, None
+        self._saved_step, self._saved_validated, self._start_step, self.interrupted = None, False, None, None
         if trainer.is_global_zero:
             remove_stale_temporary_files(self.path(trainer).parent)
         # First in line: at the end of training, weight averaging copies the average into the model, and the
@@ -229,9 +230,13 @@ class LastCheckpoint(L.Callback):
                             "the end and on SIGTERM); ModelCheckpoint keeps the best checkpoints", own,
                             self.every_n_train_steps or "no")
 
-    def save(self, trainer: L.Trainer, reason: str) -> Path | None:
-        """Write ``last.ckpt`` now (every process must call this together); skipped when this step is saved."""
-        if trainer.global_step == 0 or trainer.global_step == self._saved_step:
+    def save(self, trainer: L.Trainer, reason: str, *, validated: bool = False) -> Path | None:
+        """Write ``last.ckpt`` now (every process must call this together); skipped when this step is saved,
+        unless ``validated`` and the save of this step came before its validation: a validation changes what a
+        checkpoint holds (the score threshold it found best, the best score so far)."""
+        if trainer.global_step == 0:
+            return None
+        if trainer.global_step == self._saved_step and (self._saved_validated or not validated):
             return None
         path = self.path(trainer)
         if trainer.is_global_zero:
@@ -239,7 +244,7 @@ class LastCheckpoint(L.Callback):
         # the full state (optimizer, schedulers, callbacks) that resuming needs; said explicitly, since
         # Lightning logs "`weights_only` was not set" at every save that leaves it to its default
         trainer.save_checkpoint(path, weights_only=False)
-        self._saved_step = trainer.global_step
+        self._saved_step, self._saved_validated = trainer.global_step, validated
         logger.info("saved %s at step %d (%s)", path, trainer.global_step, reason)
         return path
 
@@ -254,7 +259,7 @@ class LastCheckpoint(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self.save(trainer, "validation")
+            self.save(trainer, "validation", validated=True)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.save(trainer, "end of training")

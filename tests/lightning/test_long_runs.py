@@ -54,12 +54,25 @@ def test_last_checkpoint_is_rewritten_at_every_validation_and_at_the_end(tiny_sh
     assert not (out / LOCK_NAME).exists()  # released at the end
 
 
+def test_last_checkpoint_at_max_steps_is_saved_again_after_that_steps_validation(tiny_shapes_root, tmp_path) -> None:
+    """The save at max_steps comes before that step's validation; the validation then changes what a checkpoint
+    holds (the score threshold it found best, the best score so far), so last.ckpt is written again: a
+    last.ckpt without them made detr-predict fall back to 0.7 and find nothing."""
+    out = tmp_path / "run"
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=2"))  # 2 steps an epoch: one validation, at 2
+    checkpoint = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 2
+    validation = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]["total"]
+    assert validation["completed"] >= 1  # written after the validation of step 2
+    assert "score_threshold" in checkpoint["detr"]
+
+
 def test_last_checkpoint_every_n_train_steps(tiny_shapes_root, tmp_path, monkeypatch) -> None:
     saved: list[tuple[int, str]] = []
     original = checkpointing.LastCheckpoint.save
 
-    def record(self, trainer, reason):
-        path = original(self, trainer, reason)
+    def record(self, trainer, reason, **options):
+        path = original(self, trainer, reason, **options)
         if path is not None:
             saved.append((trainer.global_step, reason))
         return path
