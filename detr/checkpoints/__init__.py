@@ -2,6 +2,8 @@
 
 :func:`read_checkpoint` tries :data:`READERS` in order; the first that recognises the source reads it:
 - a released model's name ("detr-r50": :mod:`detr.checkpoints.released`, downloaded on first use);
+- a Hugging Face hub id ("PekingU/rtdetr_r50vd", :func:`detr.checkpoints.released.hub_directory`: downloaded with
+  huggingface_hub, then read as the directory it is);
 - a directory written by Hugging Face transformers (:mod:`detr.checkpoints.huggingface`; Deformable DETR's:
   :mod:`detr.checkpoints.huggingface_deformable`; RT-DETR's: :mod:`detr.checkpoints.rtdetr`; D-FINE's: :mod:`detr.checkpoints.dfine`;
   DEIMv2's: :mod:`detr.checkpoints.deimv2`; RF-DETR's: :mod:`detr.checkpoints.rfdetr`);
@@ -77,6 +79,11 @@ def _released_name(source: str | Path) -> CheckpointContents | None:
     return None if model is None else released.read_released(model)
 
 
+def _hub_id(source: str | Path) -> CheckpointContents | None:
+    directory = released.hub_directory(source)
+    return None if directory is None else _huggingface_directory(directory)
+
+
 #: transformers' directories by config.json's ``model_type`` → the reader of that family's.
 HUGGINGFACE_READERS: dict[str, Callable[[str | Path], CheckpointContents]] = {
     huggingface.MODEL_TYPE: read_huggingface,
@@ -137,7 +144,7 @@ def _torch_file(source: str | Path) -> CheckpointContents | None:
 #: The readers :func:`read_checkpoint` tries, in order: each returns the contents, or None when the source is
 #: not its format. The last reads any file, so every source is read or raises CheckpointError.
 READERS: tuple[Callable[[str | Path], CheckpointContents | None], ...] = (
-    _released_name, _huggingface_directory, _torch_file)
+    _released_name, _hub_id, _huggingface_directory, _torch_file)
 
 
 def read_checkpoint(source: str | Path) -> CheckpointContents:
