@@ -48,7 +48,15 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 
 from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import CategoryMap
-from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, infer_model_config, torch_load
+from detr.checkpoints.formats import (
+    CheckpointContents,
+    CheckpointError,
+    ExportError,
+    StatedSize,
+    check_stated_sizes,
+    infer_model_config,
+    torch_load,
+)
 from detr.models.backbone import Backbone
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
 from detr.models.detr import DETR
@@ -430,6 +438,16 @@ def processor_eval_size(directory: Path) -> tuple[int, int] | None:
     return None
 
 
+#: config.json's sizes (DetrConfig field → its key) and the tensors that show them: checked by
+#: :func:`detr.checkpoints.formats.check_stated_sizes`; the layer counts are checked by name below.
+_STATED_FIELDS = {"hidden_dim": "d_model", "dim_feedforward": "encoder_ffn_dim", "num_queries": "num_queries"}
+STATED_SIZES: tuple[StatedSize, ...] = (
+    ("d_model", lambda config: config.hidden_dim, "class_embed.weight", 1),
+    ("encoder_ffn_dim", lambda config: config.dim_feedforward, "transformer.decoder.layers.0.linear1.weight", 0),
+    ("num_queries", lambda config: config.num_queries, "query_embed.weight", 0),
+)
+
+
 def read_huggingface(directory: str | Path) -> CheckpointContents:
     """Read a transformers ``DetrForObjectDetection`` directory into this project's layout + build config.
 
@@ -488,6 +506,9 @@ def read_huggingface(directory: str | Path) -> CheckpointContents:
     if backbone is not None and model_config.backbone != backbone:
         raise CheckpointError(f"{config_path} names backbone {backbone} but the weights are a "
                               f"{model_config.backbone}")
+    # the sizes come from the weights; config.json's must agree, or it belongs to another model
+    stated = {field: int(config[key]) for field, key in _STATED_FIELDS.items() if isinstance(config.get(key), int)}
+    check_stated_sizes(model_config.replace(**stated), state_dict, STATED_SIZES, config_path, where)
     model_config = model_config.replace(
         dilation=dilation, num_heads=int(config.get("encoder_attention_heads", DetrConfig.num_heads)),
         position_encoding=position_encoding, dropout=float(config.get("dropout", DetrConfig.dropout)))

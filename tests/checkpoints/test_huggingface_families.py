@@ -10,7 +10,9 @@ import logging
 import pytest
 
 import detr
+from detr import build_detr
 from detr.checkpoints import HUGGINGFACE_READERS, CheckpointError, load_checkpoint, save_huggingface
+from tests.helpers import TINY
 from tests.helpers_realtime import CONFIGS, tiny_model
 
 pytest.importorskip("safetensors")
@@ -21,7 +23,8 @@ DEFAULT_SIDES = {"rtdetr": 640, "dfine": 640, "deimv2": 640, "rfdetr": 560}
 
 
 def _folder(tmp_path, family: str):
-    return save_huggingface(tiny_model(family), tmp_path / family)
+    model = build_detr(TINY.replace(pretrained_backbone=False)) if family == "detr" else tiny_model(family)
+    return save_huggingface(model, tmp_path / family)
 
 
 def _edit_config(folder, **changes) -> None:
@@ -29,8 +32,11 @@ def _edit_config(folder, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("key, value", [("d_model", 64), ("decoder_ffn_dim", 40), ("decoder_layers", 3)])
+@pytest.mark.parametrize("family, key, value", [
+    *((family, key, value) for family in FAMILIES
+      for key, value in (("d_model", 64), ("decoder_ffn_dim", 40), ("decoder_layers", 3))),
+    ("detr", "d_model", 64), ("detr", "num_queries", 7),
+])
 def test_a_config_json_that_disagrees_with_its_weights_is_named_in_one_line(tmp_path, family, key, value):
     folder = _folder(tmp_path, family)
     _edit_config(folder, **{key: value})
@@ -84,5 +90,5 @@ def test_a_model_type_no_reader_reads_lists_those_read(tmp_path, model_type, nam
 
 
 def test_every_family_still_loads_by_its_model_type(tmp_path):
-    for family in FAMILIES:
+    for family in ["detr", *FAMILIES]:
         assert detr.load_checkpoint(_folder(tmp_path, family)).config.architecture == family
