@@ -186,8 +186,8 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> Detector:
         _check_inferred_layer_counts(path, config, overrides)
     config = config.replace(pretrained_backbone=False, **overrides)
     model = build_detr(config)
-    load_strict(model, contents.state_dict, f"{path} does not fit the {config.architecture} model built from its config "
-                f"({model.describe()})")
+    load_strict(model, contents.state_dict,
+                f"{path} does not fit the {config.architecture} model built from its config ({model.describe()})")
     meta = contents.meta
     if meta.category_map is None and model.num_classes == CategoryMap.coco().num_classes:
         meta = meta.replace(category_map=CategoryMap.coco())

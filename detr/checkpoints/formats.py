@@ -118,7 +118,8 @@ def shape_mismatch(model_shapes: dict[str, torch.Size], state_dict: dict[str, to
     if not differing:
         return None
     some = "; ".join(f"{key} {theirs} in the file vs {ours}" for key, theirs, ours in differing[:shown])
-    return f"{len(differing)} tensor(s) have other shapes than the model's: {some}{' …' if len(differing) > shown else ''}"
+    more = " …" if len(differing) > shown else ""
+    return f"{len(differing)} tensor(s) have other shapes than the model's: {some}{more}"
 
 
 def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], where: str) -> None:

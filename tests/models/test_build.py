@@ -19,9 +19,9 @@ def test_build_detr_with_only_the_architecture_builds_the_family_default(archite
     assert all(getattr(config, name) == value for name, value in ARCHITECTURE_DEFAULTS[architecture].items())
 
 
-@pytest.mark.parametrize("architecture, backbone, queries", [("rtdetr", "resnet50", 300), ("dfine", "hgnetv2_b0", 300),
-                                                             ("rfdetr", "dinov2_windowed", 300),
-                                                             ("deformable", "resnet50", 300), ("detr", "resnet50", 100)])
+@pytest.mark.parametrize("architecture, backbone, queries", [
+    ("rtdetr", "resnet50", 300), ("dfine", "hgnetv2_b0", 300), ("rfdetr", "dinov2_windowed", 300),
+    ("deformable", "resnet50", 300), ("detr", "resnet50", 100)])
 def test_the_defaults_are_the_authors_coco_models(architecture, backbone, queries):
     with torch.device("meta"):
         config = build_detr(architecture=architecture, pretrained_backbone=False).config
