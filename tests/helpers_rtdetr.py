@@ -26,14 +26,16 @@ def square_photos(side: int = 128) -> torch.Tensor:
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 255
 
 
-def hf_model(backbone: str = "resnet18", num_labels: int = 80, *, version: int = 1, seed: int = 0, **options):
+def hf_model(backbone: str = "resnet18", num_labels: int = 80, *, version: int = 1, seed: int = 0,
+             backbone_options: dict | None = None, **options):
     """A transformers RT-DETR (version 1) or RT-DETRv2 (2) with random weights everywhere (transformers' init
-    starts every query at the same box), RT-DETRv2's 1 / points buffer kept as it is."""
+    starts every query at the same box), RT-DETRv2's 1 / points buffer kept as it is; ``backbone_options`` go to
+    its RTDetrResNetConfig."""
     import transformers
 
     layer_type, depths, widths = BACKBONES[backbone]
     resnet = transformers.RTDetrResNetConfig(layer_type=layer_type, depths=depths, hidden_sizes=widths,
-                                             out_indices=[2, 3, 4])
+                                             out_indices=[2, 3, 4], **(backbone_options or {}))
     config_class, model_class = ((transformers.RTDetrConfig, transformers.RTDetrForObjectDetection) if version == 1
                                  else (transformers.RTDetrV2Config, transformers.RTDetrV2ForObjectDetection))
     config = config_class(backbone_config=resnet, encoder_in_channels=widths[1:], num_labels=num_labels,

@@ -2,6 +2,8 @@
 
 :func:`read_checkpoint` tries :data:`READERS` in order; the first that recognises the source reads it:
 - a released model's name ("detr-r50": :mod:`detr.checkpoints.released`, downloaded on first use);
+- a Hugging Face hub id ("PekingU/rtdetr_r50vd", :func:`detr.checkpoints.released.hub_directory`: downloaded with
+  huggingface_hub, then read as the directory it is);
 - a directory written by Hugging Face transformers (:mod:`detr.checkpoints.huggingface`; Deformable DETR's:
   :mod:`detr.checkpoints.huggingface_deformable`; RT-DETR's: :mod:`detr.checkpoints.rtdetr`; D-FINE's: :mod:`detr.checkpoints.dfine`;
   DEIMv2's: :mod:`detr.checkpoints.deimv2`; RF-DETR's: :mod:`detr.checkpoints.rfdetr`);
@@ -30,10 +32,9 @@ import torch
 
 from detr.atomic_files import write_atomically
 from detr.categories import CategoryMap
-from detr.checkpoints import released
-from detr.checkpoints.deimv2 import is_deimv2_directory, read_huggingface_deimv2, save_pretrained_deimv2
+from detr.checkpoints import deimv2, dfine, huggingface, huggingface_deformable, released, rfdetr, rtdetr
+from detr.checkpoints.deimv2 import read_huggingface_deimv2, save_pretrained_deimv2
 from detr.checkpoints.dfine import (
-    is_dfine_directory,
     is_dfine_state_dict,
     read_dfine_state_dict,
     read_huggingface_dfine,
@@ -49,17 +50,15 @@ from detr.checkpoints.formats import (
     torch_contents,
     torch_load,
 )
-from detr.checkpoints.huggingface import BackboneFormat, read_huggingface, save_pretrained
+from detr.checkpoints.huggingface import BackboneFormat, read_huggingface, read_json, save_pretrained
 from detr.checkpoints.huggingface_deformable import (
-    is_deformable_directory,
     read_huggingface_deformable,
     save_pretrained_deformable,
 )
 from detr.checkpoints.panoptic import is_panoptic_state_dict, load_panoptic
-from detr.checkpoints.rfdetr import is_rfdetr_directory, read_huggingface_rfdetr, save_pretrained_rfdetr
+from detr.checkpoints.rfdetr import read_huggingface_rfdetr, save_pretrained_rfdetr
 from detr.checkpoints.rfdetr_package import is_rfdetr_package_file, read_rfdetr_package_file
 from detr.checkpoints.rtdetr import (
-    is_rtdetr_directory,
     is_rtdetr_state_dict,
     read_huggingface_rtdetr,
     read_rtdetr_state_dict,
@@ -80,21 +79,45 @@ def _released_name(source: str | Path) -> CheckpointContents | None:
     return None if model is None else released.read_released(model)
 
 
-#: transformers' directories of the families other than DETR: (recognises the directory, reads it).
-HUGGINGFACE_READERS: tuple[tuple[Callable[[str | Path], bool], Callable[[str | Path], CheckpointContents]], ...] = (
-    (is_deformable_directory, read_huggingface_deformable),
-    (is_rtdetr_directory, read_huggingface_rtdetr),
-    (is_dfine_directory, read_huggingface_dfine),
-    (is_deimv2_directory, read_huggingface_deimv2),
-    (is_rfdetr_directory, read_huggingface_rfdetr),
-)
+def _hub_id(source: str | Path) -> CheckpointContents | None:
+    directory = released.hub_directory(source)
+    return None if directory is None else _huggingface_directory(directory)
+
+
+#: transformers' directories by config.json's ``model_type`` → the reader of that family's.
+HUGGINGFACE_READERS: dict[str, Callable[[str | Path], CheckpointContents]] = {
+    huggingface.MODEL_TYPE: read_huggingface,
+    huggingface_deformable.MODEL_TYPE: read_huggingface_deformable,
+    **dict.fromkeys(rtdetr.MODEL_TYPES, read_huggingface_rtdetr),
+    dfine.MODEL_TYPE: read_huggingface_dfine,
+    deimv2.MODEL_TYPE: read_huggingface_deimv2,
+    **dict.fromkeys((rfdetr.MODEL_TYPE, rfdetr.LW_MODEL_TYPE), read_huggingface_rfdetr),
+}
+
+#: transformers' detectors of the DETR kind that no reader here reads (their weights do not fit any family
+#: here): model_type → the model's name, so that the error says what the folder holds.
+OTHER_MODEL_TYPES: dict[str, str] = {
+    "conditional_detr": "Conditional DETR", "dab-detr": "DAB-DETR", "table-transformer": "Table Transformer",
+    "yolos": "YOLOS", "grounding-dino": "Grounding DINO", "mm-grounding-dino": "MM Grounding DINO",
+    "omdet-turbo": "OmDet-Turbo", "owlvit": "OWL-ViT", "owlv2": "OWLv2", "deta": "DETA",
+}
 
 
 def _huggingface_directory(source: str | Path) -> CheckpointContents | None:
-    if not Path(source).is_dir():
+    directory = Path(source)
+    if not directory.is_dir():
         return None
-    reader = next((read for recognises, read in HUGGINGFACE_READERS if recognises(source)), read_huggingface)
-    return reader(source)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        return read_huggingface(directory)  # names what the folder lacks
+    model_type = read_json(config_path).get("model_type")
+    reader = HUGGINGFACE_READERS.get(model_type)
+    if reader is None:
+        raise CheckpointError(f"{config_path} has model_type {model_type!r}"
+                              f"{f' ({OTHER_MODEL_TYPES[model_type]})' if model_type in OTHER_MODEL_TYPES else ''}"
+                              f", which this project does not implement; it reads transformers' directories of "
+                              f"model_type {', '.join(map(repr, HUGGINGFACE_READERS))}")
+    return reader(directory)
 
 
 #: State-dict layouts of the families whose configuration the weights show (recognises the layout, reads the
@@ -121,7 +144,7 @@ def _torch_file(source: str | Path) -> CheckpointContents | None:
 #: The readers :func:`read_checkpoint` tries, in order: each returns the contents, or None when the source is
 #: not its format. The last reads any file, so every source is read or raises CheckpointError.
 READERS: tuple[Callable[[str | Path], CheckpointContents | None], ...] = (
-    _released_name, _huggingface_directory, _torch_file)
+    _released_name, _hub_id, _huggingface_directory, _torch_file)
 
 
 def read_checkpoint(source: str | Path) -> CheckpointContents:
@@ -163,7 +186,8 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> Detector:
         _check_inferred_layer_counts(path, config, overrides)
     config = config.replace(pretrained_backbone=False, **overrides)
     model = build_detr(config)
-    load_strict(model, contents.state_dict, f"{path} does not fit the model built from {config}")
+    load_strict(model, contents.state_dict,
+                f"{path} does not fit the {config.architecture} model built from its config ({model.describe()})")
     meta = contents.meta
     if meta.category_map is None and model.num_classes == CategoryMap.coco().num_classes:
         meta = meta.replace(category_map=CategoryMap.coco())

@@ -33,12 +33,6 @@ from detr.models.dfine.model import DFINE
 MODEL_TYPE = "deimv2"
 
 
-def is_deimv2_directory(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a config.json of model_type "deimv2"."""
-    path = Path(directory) / "config.json"
-    return path.is_file() and read_json(path).get("model_type") == MODEL_TYPE
-
-
 def read_huggingface_deimv2(directory: str | Path) -> CheckpointContents:
     """Read a transformers ``Deimv2ForObjectDetection`` directory (HGNetV2 backbone) into this project's layout and
     a ``DetrConfig(architecture="deimv2", ...)``.

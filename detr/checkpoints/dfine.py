@@ -46,7 +46,7 @@ import torch
 
 from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import COCO_CATEGORIES, CategoryMap
-from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
+from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, check_stated_sizes
 from detr.checkpoints.huggingface import (
     import_safetensors,
     label_fields,
@@ -58,6 +58,7 @@ from detr.checkpoints.huggingface import (
 from detr.checkpoints.rtdetr import (
     FUSED_IN_PROJ,
     HUGGINGFACE_QKV,
+    STATED_SIZES,
     count_numbered,
     current_rtdetr_spelling,
     write_preprocessor_config,
@@ -65,6 +66,7 @@ from detr.checkpoints.rtdetr import (
 from detr.models.config import DFINE_DEFAULTS, DetrConfig, ModelMeta
 from detr.models.dfine.hgnetv2 import SIZES
 from detr.models.dfine.model import DFINE
+from detr.models.rtdetr.model import EVAL_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -249,12 +251,6 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str, *, p
     return official
 
 
-def is_dfine_directory(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a config.json of model_type "d_fine"."""
-    path = Path(directory) / "config.json"
-    return path.is_file() and read_json(path).get("model_type") == MODEL_TYPE
-
-
 def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path: Path) -> None:
     """Raise naming every setting of ``config`` that differs from ``expected`` (absent ones take the default)."""
     def plain(value: Any) -> Any:
@@ -402,7 +398,8 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
         decoder_activation=config.get("decoder_activation_function", "relu"), pretrained_backbone=False,
         **deimv2_options)
     _check_constants(state_dict, model_config, str(config_path))
-    size = processor_square_size(directory)
+    check_stated_sizes(model_config, state_dict, STATED_SIZES, config_path, str(directory))
+    size = processor_square_size(directory, default=EVAL_SIZE)
     meta = read_meta(config, model_config.num_classes, config_path, (size, size) if size is not None else None)
     return CheckpointContents(state_dict, model_config, meta)
 

@@ -18,16 +18,65 @@ keep the pre-trained classes), here done from the names both sides record. ``ini
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
 
 from detr.categories import UNUSED_NAME, CategoryMap, class_name_key
+from detr.checkpoints.formats import CheckpointContents, is_deformable_state_dict
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig
 
 InitClasses = Literal["by_name", "by_label", "fresh"]
+
+#: Each ``DetrConfig.architecture``'s name as its papers write it (for messages).
+FAMILY_NAMES: dict[str, str] = {"detr": "DETR", "deformable": "Deformable DETR", "rtdetr": "RT-DETR",
+                                "dfine": "D-FINE", "deimv2": "DEIMv2", "rfdetr": "RF-DETR / LW-DETR"}
+#: The repository's configs/ (present in a source checkout), where each family's YAML files are.
+_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def checkpoint_family(contents: CheckpointContents) -> str | None:
+    """The ``DetrConfig.architecture`` of a checkpoint, from its own config (this project's checkpoints, every
+    transformers directory, the real-time families' and the rfdetr package's files) or its layout (the authors'
+    DETR and Deformable DETR files); None for a layout none of these has."""
+    if contents.config is not None:
+        return contents.config.architecture
+    state_dict = contents.state_dict
+    if is_deformable_state_dict(state_dict):
+        return "deformable"
+    if "class_embed.weight" in state_dict or any(key.startswith("detr.") for key in state_dict):
+        return "detr"
+    return None
+
+
+def _family_configs(architecture: str) -> list[str]:
+    """configs/*.yaml that build ``architecture`` (their ``architecture:`` line; DETR's have none)."""
+    if not _CONFIGS.is_dir():
+        return []
+    found = []
+    for path in sorted(_CONFIGS.glob("*.yaml")):
+        stated = re.search(r"^\s*(?:model\.detr\.)?architecture:\s*(\w+)", path.read_text(), re.MULTILINE)
+        if (stated.group(1) if stated else "detr") == architecture:
+            found.append(f"configs/{path.name}")
+    return found
+
+
+def check_same_family(contents: CheckpointContents, config: DetrConfig, source: str) -> None:
+    """Raise ``ValueError`` when the checkpoint ``source`` is of another family than the model ``config``
+    builds, naming both and the configs that build the checkpoint's (a key-by-key mismatch names neither)."""
+    theirs, ours = checkpoint_family(contents), config.architecture
+    if theirs is None or theirs == ours:
+        return
+    configs = _family_configs(theirs)
+    where = f"one of its configs ({', '.join(configs)})" if configs else f"a {FAMILY_NAMES[theirs]} config"
+    raise ValueError(f"init_checkpoint {source} is a checkpoint of {FAMILY_NAMES[theirs]}, but the config builds "
+                     f"{FAMILY_NAMES[ours]} (architecture {ours!r}): start from {where}, or set "
+                     f"--model.detr.architecture {theirs} with that family's settings; or pass a checkpoint of "
+                     f"{FAMILY_NAMES[ours]}")
 
 
 def class_rows(config: DetrConfig) -> dict[str, int]:

@@ -13,7 +13,7 @@ import pickle
 import re
 import types
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,9 +109,26 @@ def key_mismatch(missing: Sequence[str], unexpected: Sequence[str], shown: int =
     return f"missing keys {some(missing)}, unexpected keys {some(unexpected)}"
 
 
+def shape_mismatch(model_shapes: dict[str, torch.Size], state_dict: dict[str, torch.Tensor], shown: int = 3
+                   ) -> str | None:
+    """"n tensors have other shapes than the model's: key [file] vs [model]; ..." (the first ``shown``), or None
+    when every tensor both hold has the model's shape: one line where torch lists every mismatch on its own."""
+    differing = [(key, list(tensor.shape), list(model_shapes[key])) for key, tensor in state_dict.items()
+                 if key in model_shapes and tensor.shape != model_shapes[key]]
+    if not differing:
+        return None
+    some = "; ".join(f"{key} {theirs} in the file vs {ours}" for key, theirs, ours in differing[:shown])
+    more = " …" if len(differing) > shown else ""
+    return f"{len(differing)} tensor(s) have other shapes than the model's: {some}{more}"
+
+
 def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], where: str) -> None:
     """Load every tensor of ``state_dict`` into ``model``; a missing, unexpected or misshapen key raises
-    :class:`CheckpointError` starting with ``where`` ("x.pth does not fit the model built from ...")."""
+    :class:`CheckpointError` starting with ``where`` ("x.pth does not fit the model built from ..."), in one
+    line whatever the number of tensors."""
+    shapes = shape_mismatch({key: value.shape for key, value in model.state_dict().items()}, state_dict)
+    if shapes is not None:
+        raise CheckpointError(f"{where}: {shapes}")
     try:
         missing, unexpected = model.load_state_dict(state_dict, strict=False)
     except RuntimeError as error:  # shape mismatches, e.g. an override that contradicts the weights
@@ -129,6 +146,33 @@ def _count_layers(state_dict: dict[str, torch.Tensor], prefix: str, where: str) 
         raise CheckpointError(f"{where} has {prefix} numbered {sorted(found)}: layers are numbered from 0 without "
                               f"gaps, so the file lacks some (cut or edited); use the file as it was saved")
     return max(found) + 1 if found else 0
+
+
+#: A size that config.json states and the weights show: (config.json's key, the value the reader made of it,
+#: where the weights show it: a tensor and its dimension, or with None a prefix whose numbered modules are counted).
+StatedSize = tuple[str, Callable[[DetrConfig], int], str, int | None]
+
+
+def check_stated_sizes(stated: DetrConfig, state_dict: dict[str, torch.Tensor], sizes: Sequence[StatedSize],
+                       config_path: Path, where: str) -> None:
+    """Raise :class:`CheckpointError` naming each size of config.json (``sizes``: the reader's table) that the
+    weights contradict, with the tensor that shows it: a config.json of another model beside the weights printed
+    a hundred size mismatches and named neither. A tensor the weights lack is not checked here."""
+    differing = []
+    for key, value_of, weight, dim in sizes:
+        expected = value_of(stated)
+        if dim is None:
+            found, shown = _count_layers(state_dict, weight, where), f"{weight}N"
+        elif weight in state_dict and state_dict[weight].dim() > dim:
+            found, shown = int(state_dict[weight].shape[dim]), f"{weight} {list(state_dict[weight].shape)}"
+        else:
+            continue
+        if found != expected:
+            differing.append(f"{key} gives {expected}, the weights {found} ({shown})")
+    if differing:
+        raise CheckpointError(f"{config_path} does not fit the weights in {where}: {'; '.join(differing)}. The "
+                              "config.json belongs to another model: use the one that came with the weights, or "
+                              "write the directory again (save_pretrained, detr-convert)")
 
 
 def _num_real_classes(state_dict: dict[str, torch.Tensor], where: str) -> int | None:

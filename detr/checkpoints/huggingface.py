@@ -48,7 +48,15 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 
 from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import CategoryMap
-from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, infer_model_config, torch_load
+from detr.checkpoints.formats import (
+    CheckpointContents,
+    CheckpointError,
+    ExportError,
+    StatedSize,
+    check_stated_sizes,
+    infer_model_config,
+    torch_load,
+)
 from detr.models.backbone import Backbone
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
 from detr.models.detr import DETR
@@ -57,6 +65,8 @@ from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbe
 logger = logging.getLogger(__name__)
 
 BackboneFormat = Literal["timm", "transformers"]
+
+MODEL_TYPE = "detr"
 
 #: ResNets that exist both as torchvision's (this project) and as timm's / transformers' models.
 RESNET_BLOCKS = {
@@ -279,6 +289,13 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
                           f"pytorch_model.bin (or their sharded *.index.json forms)")
 
 
+def resnet_block_flags(layer_type: str) -> dict[str, bool]:
+    """The block flags a transformers ResNet config must have to be torchvision's ResNet: none for basic blocks,
+    whose layers never read ``downsample_in_bottleneck`` (transformers' ResNet and RTDetrResNet read it in the
+    bottleneck only), so a basic-block config that sets it builds the same model."""
+    return {"downsample_in_bottleneck": False} if layer_type == "bottleneck" else {}
+
+
 def check_backbone_config(config: dict[str, Any], where: str) -> tuple[str | None, bool]:
     """The backbone the config describes → (ResNet name if stated, dilation); unsupported ones raise.
 
@@ -287,10 +304,10 @@ def check_backbone_config(config: dict[str, Any], where: str) -> tuple[str | Non
     backbone_config = config.get("backbone_config")
     dilation = bool(config.get("dilation", False))
     if isinstance(backbone_config, dict) and backbone_config.get("model_type") == "resnet":
-        expected = {"embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
-                    "downsample_in_bottleneck": False, "num_channels": 3}
-        wrong = {k: backbone_config[k] for k, v in expected.items() if k in backbone_config and backbone_config[k] != v}
         layer_type, depths = backbone_config.get("layer_type", "bottleneck"), list(backbone_config.get("depths", []))
+        expected = {"embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
+                    "num_channels": 3, **resnet_block_flags(layer_type)}
+        wrong = {k: backbone_config[k] for k, v in expected.items() if k in backbone_config and backbone_config[k] != v}
         name = next((n for n, spec in RESNET_BLOCKS.items() if spec == (layer_type, depths)), None)
         if wrong or name is None:
             raise CheckpointError(
@@ -380,18 +397,23 @@ def category_map_from_labels(config: dict[str, Any], num_classes: int, config_pa
     return CategoryMap(tuple(ids), names)
 
 
-def processor_square_size(directory: Path, *, example: int = 640) -> int | None:
-    """The square side of preprocessor_config.json's resize (``{"height": s, "width": s}``), None without the
-    file; any other size raises: the real-time families resize to a square (``InputSpec`` resize "square")."""
+def processor_square_size(directory: Path, *, default: int) -> int | None:
+    """The square side of preprocessor_config.json's resize (``{"height": s, "width": s}``); any other size
+    raises: the real-time families resize to a square (``InputSpec`` resize "square"). None without the file,
+    with a warning that names the family's ``default`` side used instead (as :func:`processor_eval_size` does
+    for DETR's folders): a model trained at 128 px silently predicted at 640."""
     path = directory / "preprocessor_config.json"
     if not path.is_file():
+        logger.warning("%s has no preprocessor_config.json: images are resized to the family's default %d x %d "
+                       "pixels. If the model was trained at another size, pass it (--min-size; the Predictor's "
+                       "min_size) or add the file (detr-convert writes it)", directory, default, default)
         return None
     size = read_json(path).get("size")
     if (not isinstance(size, dict) or "height" not in size or "width" not in size
             or int(size["height"]) != int(size["width"])):
         raise CheckpointError(f"{path}: size {size!r} is not a square {{'height': s, 'width': s}}; this project runs "
                               f"this model at a square size (InputSpec resize='square'): set size to one, e.g. "
-                              f"{{'height': {example}, 'width': {example}}}")
+                              f"{{'height': {default}, 'width': {default}}}")
     return int(size["height"])
 
 
@@ -416,6 +438,16 @@ def processor_eval_size(directory: Path) -> tuple[int, int] | None:
     return None
 
 
+#: config.json's sizes (DetrConfig field → its key) and the tensors that show them: checked by
+#: :func:`detr.checkpoints.formats.check_stated_sizes`; the layer counts are checked by name below.
+_STATED_FIELDS = {"hidden_dim": "d_model", "dim_feedforward": "encoder_ffn_dim", "num_queries": "num_queries"}
+STATED_SIZES: tuple[StatedSize, ...] = (
+    ("d_model", lambda config: config.hidden_dim, "class_embed.weight", 1),
+    ("encoder_ffn_dim", lambda config: config.dim_feedforward, "transformer.decoder.layers.0.linear1.weight", 0),
+    ("num_queries", lambda config: config.num_queries, "query_embed.weight", 0),
+)
+
+
 def read_huggingface(directory: str | Path) -> CheckpointContents:
     """Read a transformers ``DetrForObjectDetection`` directory into this project's layout + build config.
 
@@ -432,10 +464,9 @@ def read_huggingface(directory: str | Path) -> CheckpointContents:
                               f"(checkpoint files are read by path, e.g. {directory}/model.pth)")
     config = read_json(config_path)
     model_type = config.get("model_type")
-    if model_type != "detr":
-        raise CheckpointError(f"{config_path} has model_type {model_type!r}: only DETR (model_type 'detr', "
-                              f"DetrForObjectDetection) and Deformable DETR ('deformable_detr') are supported, "
-                              f"which are different models from {model_type!r}")
+    if model_type != MODEL_TYPE:
+        raise CheckpointError(f"{config_path} has model_type {model_type!r}: read_huggingface reads DETR's "
+                              f"directories (model_type {MODEL_TYPE!r}); detr.load_checkpoint reads every family's")
     architectures = config.get("architectures") or []
     if "DetrForSegmentation" in architectures:
         raise CheckpointError(f"{config_path}: DetrForSegmentation (panoptic) is not supported; only "
@@ -475,6 +506,9 @@ def read_huggingface(directory: str | Path) -> CheckpointContents:
     if backbone is not None and model_config.backbone != backbone:
         raise CheckpointError(f"{config_path} names backbone {backbone} but the weights are a "
                               f"{model_config.backbone}")
+    # the sizes come from the weights; config.json's must agree, or it belongs to another model
+    stated = {field: int(config[key]) for field, key in _STATED_FIELDS.items() if isinstance(config.get(key), int)}
+    check_stated_sizes(model_config.replace(**stated), state_dict, STATED_SIZES, config_path, where)
     model_config = model_config.replace(
         dilation=dilation, num_heads=int(config.get("encoder_attention_heads", DetrConfig.num_heads)),
         position_encoding=position_encoding, dropout=float(config.get("dropout", DetrConfig.dropout)))

@@ -208,12 +208,6 @@ def _resnet_depth(state_dict: dict[str, torch.Tensor], where: str) -> str:
     return name
 
 
-def is_deformable_directory(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a config.json of model_type "deformable_detr"."""
-    path = Path(directory) / "config.json"
-    return path.is_file() and read_json(path).get("model_type") == MODEL_TYPE
-
-
 def read_huggingface_deformable(directory: str | Path) -> CheckpointContents:
     """Read a transformers ``DeformableDetrForObjectDetection`` directory into this project's layout + config.
 

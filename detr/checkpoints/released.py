@@ -17,6 +17,7 @@ import argparse
 import difflib
 import hashlib
 import logging
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -105,6 +106,52 @@ PRETRAINED_MODELS: Mapping[str, PretrainedModel] = MappingProxyType({model.name:
 )})
 
 
+#: The Hugging Face hub's models that README.md and docs/ name, by family (``*``: the sizes): transformers folders
+#: that :func:`detr.load_checkpoint` reads (:func:`hub_directory` downloads them).
+HUB_MODELS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "DETR": ("facebook/detr-resnet-50",),
+    "RT-DETR": ("PekingU/rtdetr_r18vd", "PekingU/rtdetr_r50vd", "PekingU/rtdetr_r101vd", "PekingU/rtdetr_v2_r18vd"),
+    "D-FINE": ("ustc-community/dfine-*",),
+    "RF-DETR / LW-DETR": ("Roboflow/rf-detr-*", "AnnaZhang/lwdetr_*"),
+})
+#: "owner/name" as the hub spells a model id
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+#: file endings that make "a/b.ext" a path, never a hub id
+_FILE_SUFFIXES = {".pth", ".pt", ".ckpt", ".bin", ".safetensors", ".onnx", ".xml", ".pt2", ".json", ".yaml"}
+#: how close a misspelt name must be to a known one for it to be suggested (difflib's ratio)
+_SUGGESTION_CUTOFF = 0.8
+
+
+def download_command(repo_id: str) -> str:
+    """huggingface_hub's command that downloads the hub model ``repo_id`` into a folder of its name."""
+    return f"huggingface-cli download {repo_id} --local-dir {repo_id.rsplit('/', 1)[-1]}"
+
+
+def hub_directory(source: object) -> Path | None:
+    """The local folder of a Hugging Face hub id (``"PekingU/rtdetr_r50vd"``) that is no path here: downloaded
+    into huggingface_hub's cache (once) when that package is installed; without it a :class:`CheckpointError`
+    gives the download command. None for anything else (an existing path, a file name)."""
+    if isinstance(source, Path):  # load_checkpoint hands ids on as paths
+        source = str(source)
+    if (not isinstance(source, str) or Path(source).exists() or not _HUB_ID.fullmatch(source)
+            or Path(source).suffix in _FILE_SUFFIXES):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise CheckpointError(f"{source!r} is no file or folder here; as a Hugging Face hub id, download it first: "
+                              f"{download_command(source)} (pip install huggingface_hub), then pass the folder"
+                              ) from None
+    logger.info("%s is no path here: downloading it from the Hugging Face hub", source)
+    try:
+        return Path(snapshot_download(repo_id=source))
+    except (OSError, ValueError) as error:  # offline, no such model, a gated one, an invalid id
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"{source!r} is no file or folder here, and its download from the Hugging Face hub "
+                              f"failed ({reason}); check the path or the id, or download it elsewhere: "
+                              f"{download_command(source)}, then pass the folder") from error
+
+
 def find(source: object) -> PretrainedModel | None:
     """The released model that ``source`` names, or None when it is a path.
 
@@ -121,8 +168,13 @@ def find(source: object) -> PretrainedModel | None:
     if source in PRETRAINED_MODELS:
         return PRETRAINED_MODELS[source]
     if "/" not in source and "\\" not in source and not Path(source).suffix:
-        close = difflib.get_close_matches(source, list(PRETRAINED_MODELS), n=3)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
+        # the hub's ids by their model name too ("rtdetr_r50vd" → PekingU/rtdetr_r50vd); far-off names are no hint
+        hub = {repo_id.rsplit("/", 1)[-1]: repo_id for ids in HUB_MODELS.values() for repo_id in ids
+               if "*" not in repo_id}
+        close = difflib.get_close_matches(source, [*PRETRAINED_MODELS, *hub], n=3, cutoff=_SUGGESTION_CUTOFF)
+        hint = ", ".join(f"{hub[name]} (a hub id: {download_command(hub[name])})" if name in hub else name
+                         for name in close)
+        hint = f"did you mean {hint}? " if close else ""
         raise CheckpointError(f"{source!r} is neither a file nor a released model's name; {hint}released models: "
                               f"{', '.join(PRETRAINED_MODELS)} (python -m detr.checkpoints.released lists them)")
     return None
@@ -202,6 +254,9 @@ def describe() -> str:
             scores += f", segm AP {model.metrics['segm_ap']}, PQ {model.metrics['pq']} (panoptic)"
         lines.append(f"{model.name:<22} {model.file_name:<36} {scores}")
     lines.append(f"files are downloaded on first use to {cache_dir()}")
+    lines.append("Hugging Face hub models the docs name (load_checkpoint downloads an id with huggingface_hub; "
+                 "or: huggingface-cli download ID --local-dir DIR, then pass DIR):")
+    lines.extend(f"  {family:<20} {', '.join(ids)}" for family, ids in HUB_MODELS.items())
     return "\n".join(lines)
 
 

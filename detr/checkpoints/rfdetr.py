@@ -49,7 +49,7 @@ import torch
 
 from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import CategoryMap
-from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
+from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, StatedSize, check_stated_sizes
 from detr.checkpoints.huggingface import (
     category_map_from_labels,
     import_safetensors,
@@ -59,7 +59,7 @@ from detr.checkpoints.huggingface import (
 )
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.inputs import IMAGENET_MEAN, IMAGENET_STD
-from detr.models.rfdetr.model import RFDETR
+from detr.models.rfdetr.model import EVAL_SIZE, RFDETR
 
 logger = logging.getLogger(__name__)
 
@@ -160,12 +160,6 @@ def _substitute(table: tuple[tuple[re.Pattern[str], str], ...], key: str) -> str
     return None
 
 
-def is_rfdetr_directory(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a config.json of model_type "rf_detr" or "lw_detr"."""
-    path = Path(directory) / "config.json"
-    return path.is_file() and read_json(path).get("model_type") in (MODEL_TYPE, LW_MODEL_TYPE)
-
-
 def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path: Path, what: str) -> None:
     """Raise naming every setting of ``config`` that differs from ``expected`` (absent ones take the default)."""
     wrong = {key: config[key] for key, value in expected.items() if key in config and config[key] != value}
@@ -245,6 +239,19 @@ def to_our_state_dict(weights: dict[str, torch.Tensor], where: str, *, lw: bool 
     return ours
 
 
+#: The sizes config.json states that the weights show (this project's keys): checked by
+#: :func:`detr.checkpoints.formats.check_stated_sizes`.
+STATED_SIZES: tuple[StatedSize, ...] = (
+    ("d_model", lambda config: config.hidden_dim, "decoder.class_head.weight", 1),
+    ("decoder_ffn_dim", lambda config: config.dim_feedforward, "decoder.layers.0.linear1.weight", 0),
+    ("decoder_layers", lambda config: config.num_decoder_layers, "decoder.layers.", None),
+    ("decoder_cross_attention_heads x decoder_n_points x levels",
+     lambda config: config.cross_attention_heads * config.num_points * config.num_feature_levels,
+     "decoder.layers.0.cross_attn.attention_weights.weight", 0),
+    ("backbone_config hidden_size", lambda config: config.vit_hidden_dim, "backbone.patch_embed.weight", 0),
+)
+
+
 def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
     """Read a transformers ``RfDetrForObjectDetection`` (or ``RfDetrForInstanceSegmentation``) directory into this
     project's layout + config.
@@ -284,7 +291,8 @@ def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
         instance_masks="mask_head.bias" in state_dict,
         mask_dim_feedforward=int(config.get("intermediate_size", 1024)) if "mask_head.bias" in state_dict else 1024,
         num_classes=int(state_dict["decoder.class_head.weight"].shape[0]), pretrained_backbone=False)
-    size = processor_square_size(directory, example=560)
+    check_stated_sizes(model_config, state_dict, STATED_SIZES, config_path, str(directory))
+    size = processor_square_size(directory, default=EVAL_SIZE)
     meta = ModelMeta(category_map=category_map_from_labels(config, model_config.num_classes, config_path),
                      eval_size=(size, size) if size is not None else None)
     return CheckpointContents(state_dict, model_config, meta)

@@ -56,7 +56,7 @@ import torch
 
 from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import COCO_CATEGORIES, CategoryMap
-from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
+from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, StatedSize, check_stated_sizes
 from detr.checkpoints.huggingface import (
     import_safetensors,
     label_fields,
@@ -64,9 +64,10 @@ from detr.checkpoints.huggingface import (
     read_json,
     read_meta,
     read_weights,
+    resnet_block_flags,
 )
 from detr.models.config import DetrConfig, ModelMeta
-from detr.models.rtdetr.model import RTDETR
+from detr.models.rtdetr.model import EVAL_SIZE, RTDETR
 from detr.models.rtdetr.resnet_vd import DEPTHS
 
 logger = logging.getLogger(__name__)
@@ -191,12 +192,6 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
     return official
 
 
-def is_rtdetr_directory(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a config.json of model_type "rt_detr" or "rt_detr_v2"."""
-    path = Path(directory) / "config.json"
-    return path.is_file() and read_json(path).get("model_type") in MODEL_TYPES
-
-
 def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path: Path) -> None:
     """Raise naming every setting of ``config`` that differs from ``expected`` (absent ones take the default)."""
     wrong = {key: config[key] for key, value in expected.items()
@@ -223,7 +218,7 @@ def _backbone_name(config: dict[str, Any], config_path: Path) -> str:
                               f"{', '.join(DEPTHS)}, the depths this project builds")
     widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
     _refuse_unless(backbone, {"embedding_size": 64, "hidden_sizes": widths, "hidden_act": "relu",
-                              "downsample_in_first_stage": False, "downsample_in_bottleneck": False,
+                              "downsample_in_first_stage": False, **resnet_block_flags(layer_type),
                               "num_channels": 3, "out_indices": [2, 3, 4]}, config_path)
     return name
 
@@ -276,9 +271,30 @@ def read_huggingface_rtdetr(directory: str | Path) -> CheckpointContents:
         sampling_offset_scale=float(config.get("decoder_offset_scale", 0.5)) if version_2 else 0.5,
         sampling_method="discrete" if version_2 and config.get("decoder_method") == "discrete" else "bilinear",
         pretrained_backbone=False)
-    size = processor_square_size(directory)
+    check_stated_sizes(model_config, state_dict, STATED_SIZES, config_path, str(directory))
+    size = processor_square_size(directory, default=EVAL_SIZE)
     meta = read_meta(config, model_config.num_classes, config_path, (size, size) if size is not None else None)
     return CheckpointContents(state_dict, model_config, meta)
+
+
+#: The sizes config.json states that the weights show, in the layout RT-DETR, D-FINE and DEIMv2 share (this
+#: project's keys): :func:`detr.checkpoints.formats.check_stated_sizes` names those that disagree.
+STATED_SIZES: tuple[StatedSize, ...] = (
+    ("d_model", lambda config: config.hidden_dim, "decoder.enc_output.proj.weight", 0),
+    ("encoder_hidden_dim", lambda config: config.encoder_hidden_dim or config.hidden_dim,
+     "encoder.input_proj.0.conv.weight", 0),
+    ("decoder_ffn_dim", lambda config: config.dim_feedforward, "decoder.decoder.layers.0.linear1.weight", 0),
+    ("decoder_ffn_dim (halved: DEIMv2's SwiGLU)", lambda config: config.dim_feedforward // 2,
+     "decoder.decoder.layers.0.ffn.gate_proj.weight", 0),
+    ("encoder_ffn_dim", lambda config: config.encoder_dim_feedforward or config.dim_feedforward,
+     "encoder.encoder.0.layers.0.linear1.weight", 0),
+    ("decoder_layers", lambda config: config.num_decoder_layers, "decoder.decoder.layers.", None),
+    ("encoder_layers", lambda config: config.num_encoder_layers, "encoder.encoder.0.layers.", None),
+    ("decoder_attention_heads x decoder_n_points x num_feature_levels",
+     lambda config: config.num_heads * sum(config.num_points_per_level
+                                           or (config.num_points,) * config.num_feature_levels),
+     "decoder.decoder.layers.0.cross_attn.attention_weights.weight", 0),
+)
 
 
 #: RT-DETR (v1)'s spellings of two Sequentials that RT-DETRv2 names (this project keeps v2's names).

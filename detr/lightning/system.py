@@ -23,7 +23,7 @@ import torch
 
 from detr.categories import CategoryMap
 from detr.checkpoints import CheckpointError, read_checkpoint
-from detr.checkpoints.finetune import initial_state
+from detr.checkpoints.finetune import check_same_family, initial_state
 from detr.checkpoints.formats import checkpoint_record, key_mismatch
 from detr.evaluation import CocoEvaluation, CocoEvaluator
 from detr.evaluation.coco_evaluator import scored_detections
@@ -268,6 +268,7 @@ class DetrSystem(L.LightningModule):
         another data set's classes), with the classes the checkpoint knows carried over by name.
         """
         contents = read_checkpoint(path)
+        check_same_family(contents, self.model.config, path)
         source = contents.state_dict
         own = self.model.state_dict()
         unexpected = sorted(set(source) - set(own))

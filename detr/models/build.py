@@ -15,7 +15,7 @@ from detr.models.anchor.decoder import AnchorDecoder, AnchorTransformer
 from detr.models.anchor.denoising import DenoisingQueries
 from detr.models.anchor.model import AnchorDETR
 from detr.models.backbone import Joiner, backbone_from_config
-from detr.models.config import DetrConfig
+from detr.models.config import ARCHITECTURE_DEFAULTS, DetrConfig
 from detr.models.deformable.build import build_deformable_detr
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.detector import Detector
@@ -30,10 +30,13 @@ from detr.models.transformer import Transformer, TransformerEncoder, Transformer
 def build_detr(config: DetrConfig | None = None, /, **options: Any) -> Detector:
     """Build the detector ``config`` describes (default: the paper's COCO model, R50, 6 + 6 layers, 100
     queries, 91 classes); ``options`` are :class:`DetrConfig` fields that replace the config's
-    (``build_detr(num_classes=3)``, ``build_detr(config, dropout=0.0)``). The model's ``config`` is the
-    config it was built from. Invalid options raise ValueError (:class:`DetrConfig` checks them)."""
+    (``build_detr(num_classes=3)``, ``build_detr(config, dropout=0.0)``). Without a config, the fields the options
+    leave unset are the family's (:data:`detr.models.config.ARCHITECTURE_DEFAULTS`): ``build_detr(
+    architecture="rtdetr")`` is RT-DETR R50vd. The model's ``config`` is the config it was built from. Invalid
+    options raise ValueError (:class:`DetrConfig` checks them)."""
     if config is None:
-        config = DetrConfig.from_dict(options, where="build_detr")
+        family = ARCHITECTURE_DEFAULTS.get(options.get("architecture", "detr"), {})
+        config = DetrConfig.from_dict({**family, **options}, where="build_detr")
     elif options:
         config = config.replace(**options)
     model = ARCHITECTURES[config.architecture](config)

@@ -55,6 +55,24 @@ RFDETR_DEFAULTS: dict[str, Any] = {"vit_hidden_dim": 384, "vit_num_layers": 12, 
                                    "vit_position_size": 518, "cross_attention_heads": 16, "projector_expansion": 0.5,
                                    "projector_blocks": 3, "instance_masks": False, "mask_dim_feedforward": 1024,
                                    "vit_window_blocks": None, "projector_scales": (1.0,), "projector_norm": "layer_norm"}
+#: What :func:`detr.models.build.build_detr` (called with options, no config) takes for the fields the caller
+#: leaves unset, per family: DetrConfig's own defaults are DETR's (the paper's R50), which the other families
+#: refuse. Each is one of the authors' COCO models, as configs/ gives it: Deformable DETR (single-scale
+#: queries, deformable_detr_coco.yaml), RT-DETR R50vd (the standard size, rtdetr_r50vd_coco.yaml), D-FINE S
+#: (the smallest with three levels, dfine_s_coco.yaml) and RF-DETR base (rfdetr_base_coco.yaml).
+ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "detr": {},
+    "deformable": {"class_head": "sigmoid", "num_queries": 300, "dim_feedforward": 1024},
+    "rtdetr": {"backbone": "resnet50", "class_head": "sigmoid", "num_encoder_layers": 1, "dim_feedforward": 1024,
+               "dropout": 0.0, "num_queries": 300, "num_feature_levels": 3, "denoising": True},
+    "dfine": {"backbone": "hgnetv2_b0", "backbone_norm": "batch_norm", "backbone_learnable_affine": True,
+              "class_head": "sigmoid", "num_encoder_layers": 1, "num_decoder_layers": 3, "dim_feedforward": 1024,
+              "dropout": 0.0, "num_queries": 300, "num_feature_levels": 3, "num_points_per_level": (3, 6, 3),
+              "csp_expansion": 0.5, "csp_depth_multiplier": 0.34, "denoising": True},
+    "rfdetr": {"backbone": "dinov2_windowed", "class_head": "sigmoid", "num_feature_levels": 1, "num_points": 2,
+               "num_decoder_layers": 3, "dim_feedforward": 2048, "dropout": 0.0, "num_queries": 300,
+               "query_groups": 13},
+}
 BackboneNorm = Literal["frozen_batch_norm", "batch_norm", "group_norm"]
 LastStage = Literal["layer4", "layer3", "layer2"]
 PositionEncoding = Literal["sine", "learned"]

@@ -12,7 +12,9 @@ import torch
 from detr.lightning import DetrSystem
 from detr.lightning.cli import make_cli
 from detr.models.config import DetrConfig
+from detr.checkpoints.finetune import FAMILY_NAMES
 from tests.helpers import write_tiny_shapes
+from tests.helpers_realtime import CONFIGS, tiny_checkpoint
 
 LAYOUT = json.loads((Path(__file__).resolve().parents[1] / "data" / "official_detr_state_dict_layout.json").read_text())
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "finetune_custom.yaml"
@@ -75,3 +77,26 @@ def test_init_checkpoint_of_another_architecture_is_refused(release_file) -> Non
     with pytest.raises(ValueError, match="does not match the model's key layout"):
         DetrSystem(detr=DetrConfig(backbone="resnet18", num_encoder_layers=2, num_classes=5),
                    init_checkpoint=str(path))
+
+
+@pytest.mark.parametrize("family, config", [
+    ("rtdetr", CONFIGS["dfine"]),
+    ("dfine", DetrConfig(backbone="resnet18", num_encoder_layers=2, num_classes=5)),
+    ("rfdetr", CONFIGS["rtdetr"]),
+])
+def test_init_checkpoint_of_another_family_names_both_families(tmp_path, family, config) -> None:
+    # an RT-DETR checkpoint under a D-FINE config (and D-FINE's under DETR's): the families, not a list of keys
+    path = tiny_checkpoint(family, tmp_path)
+    with pytest.raises(ValueError) as error:
+        DetrSystem(detr=config.replace(pretrained_backbone=False), init_checkpoint=str(path))
+    message = str(error.value)
+    assert f"is a checkpoint of {FAMILY_NAMES[family]}, but the config builds " \
+        f"{FAMILY_NAMES[config.architecture]}" in message, message
+    assert f"--model.detr.architecture {family}" in message and f"configs/{family}_shapes_cpu.yaml" in message
+    assert "missing keys" not in message
+
+
+def test_an_authors_detr_file_under_a_real_time_config_is_named(release_file) -> None:
+    path, _ = release_file
+    with pytest.raises(ValueError, match="is a checkpoint of DETR, but the config builds RT-DETR"):
+        DetrSystem(detr=CONFIGS["rtdetr"].replace(pretrained_backbone=False), init_checkpoint=str(path))

@@ -343,3 +343,17 @@ def test_a_directory_without_its_preprocessor_config_says_which_size_it_predicts
         assert detr.load_checkpoint(tmp_path).meta.eval_size is None
     assert f"{tmp_path} has no preprocessor_config.json" in caplog.text
     assert "shortest side 800 px, longest at most 1333" in caplog.text and "--min-size" in caplog.text
+
+
+def test_a_block_flag_transformers_ignores_is_accepted_and_one_it_reads_is_refused(tmp_path):
+    # transformers' ResNet reads downsample_in_bottleneck in bottleneck blocks only (as RTDetrResNet)
+    save_pretrained(_our_model(), tmp_path, backbone_format="transformers")  # ResNet-18: basic blocks
+    path = tmp_path / "config.json"
+    config = json.loads(path.read_text())
+    config["backbone_config"]["downsample_in_bottleneck"] = True
+    path.write_text(json.dumps(config))
+    assert detr.load_checkpoint(tmp_path).config.backbone == "resnet18"
+    config["backbone_config"].update(layer_type="bottleneck", depths=[3, 4, 6, 3])
+    path.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="downsample_in_bottleneck"):
+        detr.load_checkpoint(tmp_path)

@@ -218,3 +218,73 @@ def test_checkpoint_list_prints_the_names(capsys):
     assert "detr-r50-e632da11.pth" in printed and "box AP 42.0" in printed
     assert pretrained.main([]) == 0
     assert "detr-r101-dc5-a2e86def.pth" in capsys.readouterr().out
+
+
+def test_a_hub_id_is_downloaded_with_huggingface_hub_and_read(tmp_path, monkeypatch):
+    # the README's "PekingU/rtdetr_r50vd" said "checkpoint file ... does not exist"; here the download is faked
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from detr.checkpoints import save_huggingface
+    from tests.helpers_realtime import tiny_model
+
+    folder = save_huggingface(tiny_model("rtdetr"), tmp_path / "snapshot")
+    asked = []
+
+    def snapshot_download(repo_id, **_):
+        asked.append(repo_id)
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.chdir(tmp_path)
+    model = detr.load_checkpoint("PekingU/rtdetr_r50vd")
+    assert asked == ["PekingU/rtdetr_r50vd"] and model.config.architecture == "rtdetr"
+
+
+def test_a_hub_id_that_cannot_be_downloaded_gives_the_command(tmp_path, monkeypatch):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+
+    def offline(repo_id, **_):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError) as error:
+        detr.load_checkpoint("PekingU/rtdetr_r50vd")
+    message = str(error.value)
+    assert "couldn't connect" in message and "does not exist" not in message
+    assert "huggingface-cli download PekingU/rtdetr_r50vd --local-dir rtdetr_r50vd" in message
+
+
+def test_without_huggingface_hub_a_hub_id_gives_the_command(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match=r"download it first: huggingface-cli download PekingU/rtdetr_r50vd "
+                                              r"--local-dir rtdetr_r50vd \(pip install huggingface_hub\)"):
+        detr.load_checkpoint("PekingU/rtdetr_r50vd")
+
+
+def test_a_missing_file_or_folder_is_no_hub_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        detr.load_checkpoint("runs/last.ckpt")
+
+
+def test_a_hub_model_name_suggests_its_id_and_far_off_names_suggest_nothing(hub_dir):
+    with pytest.raises(CheckpointError) as error:
+        detr.load_checkpoint("rtdetr_r50vd")
+    message = str(error.value)
+    assert "did you mean PekingU/rtdetr_r50vd (a hub id: huggingface-cli download PekingU/rtdetr_r50vd" in message
+    assert "detr-r50" not in message.split("did you mean")[1].split("?")[0]
+    with pytest.raises(CheckpointError) as error:
+        detr.load_checkpoint("yolov8n")
+    assert "did you mean" not in str(error.value)
+
+
+def test_checkpoint_list_names_the_hub_models_the_docs_name(capsys):
+    printed = pretrained.describe()
+    docs = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    for ids in pretrained.HUB_MODELS.values():
+        for repo_id in ids:
+            assert repo_id in printed and repo_id.split("/")[0] + "/" in docs, repo_id
+    assert "PekingU/rtdetr_r50vd" in printed and "Roboflow/rf-detr-*" in printed

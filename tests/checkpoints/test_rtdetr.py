@@ -61,6 +61,21 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photos, ve
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
 
 
+def test_a_flag_transformers_ignores_is_accepted(tmp_path, photos):
+    # RTDetrResNet reads downsample_in_bottleneck in bottleneck blocks only: R18's basic blocks build the same model
+    hf = hf_model("resnet18", 3, backbone_options={"downsample_in_bottleneck": True})
+    hf.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["backbone_config"]["downsample_in_bottleneck"]
+    logits_diff, boxes_diff = differences(detr.load_checkpoint(tmp_path), hf, photos)
+    assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
+
+
+def test_the_flag_is_refused_where_transformers_reads_it(tmp_path):
+    hf_model("resnet50", 3, backbone_options={"downsample_in_bottleneck": True}).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="downsample_in_bottleneck"):
+        detr.load_checkpoint(tmp_path)
+
+
 def test_a_wider_encoder_and_its_own_ffn_load(tmp_path, photos):
     """R101's layout: the encoder wider than the decoder (384 and 256 there) and its own FFN width; CSP blocks
     at half width (RT-DETRv2-S's expansion 0.5)."""
