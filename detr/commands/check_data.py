@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from detr.inference.command_line import non_negative_int, positive_int
+
 if TYPE_CHECKING:
     from detr.data.checker import CheckpointClasses
 
@@ -22,19 +24,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images_dir", help="folder the json's file_name entries are relative to")
     parser.add_argument("annotations_json", help="COCO instances json")
-    parser.add_argument("--num-queries", type=int, default=100,
+    parser.add_argument("--num-queries", type=positive_int, default=100,
                         help="the model's num_queries: an image with more objects is an error (default 100, the "
                         "paper's; configs/demo_shapes_cpu.yaml uses 20). `detr fit` runs these checks itself with "
                         "its model's value")
     parser.add_argument("--quick", action="store_true", help="read image headers only (misses truncated files)")
-    parser.add_argument("--workers", type=int, default=None,
+    parser.add_argument("--workers", type=non_negative_int, default=None,
                         help="processes for reading images (default: one per CPU core when decoding 256 or more "
                         "images, else 0: in this process)")
-    parser.add_argument("--max-per-kind", type=int, default=20, help="problems listed per kind")
+    parser.add_argument("--max-per-kind", type=positive_int, default=20, help="problems listed per kind")
     parser.add_argument("--cache", action="store_true",
                         help="remember each image read in JSON.imagecache beside the json (as `detr fit` does) and "
                         "reread only files whose size or mtime changed")
-    parser.add_argument("--min-images-per-class", type=int, default=10,
+    parser.add_argument("--min-images-per-class", type=non_negative_int, default=10,
                         help="warn about categories with boxes on fewer images (default 10; 0: no check)")
     parser.add_argument("--checkpoint", default=None,
                         help="the checkpoint a fine-tune starts from: name the json's categories it was not "

@@ -123,8 +123,13 @@ class Predictor:
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if threshold is not None and not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold is a probability in [0, 1], got {threshold}")
+        for name, value in (("threshold", threshold), ("panoptic_threshold", panoptic_threshold),
+                            ("panoptic_overlap_threshold", panoptic_overlap_threshold)):
+            if value is not None and not 0.0 <= value <= 1.0:  # NaN fails this too
+                raise ValueError(f"{name} is a probability in [0, 1], got {value}")
+        for name, value in (("min_size", min_size), ("max_size", max_size)):
+            if value is not None and not value >= 1:
+                raise ValueError(f"{name} is in pixels and must be >= 1, got {value}")
         self.device = torch.device(device) if device is not None else default_device()
         if optimize:
             model.optimize_for_inference()
