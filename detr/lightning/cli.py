@@ -46,6 +46,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from detr.checkpoints import CheckpointError
+from detr.checkpoints.formats import CheckpointCodeError, unpickling_refusal
 from detr.data.coco import AnnotationFileError
 from detr.data.images import ImageLoadError
 from detr.data.panoptic_checks import PanopticDataError
@@ -122,12 +123,14 @@ class DetrCLI(LightningCLI):
             try:  # memory-mapped: the tensors are not read, a truncated or foreign file fails here
                 torch.load(path, weights_only=True, map_location="cpu", mmap=True)
             except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
-                found = [line.strip() for line in str(error).splitlines() if "Unsupported global" in line]
-                if found:  # Python objects beside the tensors: a weights file such as the authors' .pth (its args)
+                refusal = unpickling_refusal(path, error) if isinstance(error, pickle.UnpicklingError) else None
+                if isinstance(refusal, CheckpointCodeError):
+                    raise refusal from None
+                if refusal is not None:  # Python objects beside the tensors: the authors' .pth (its args)
                     raise CheckpointError(
-                        f"{path} holds Python objects besides tensors ({found[0]}), so it is not a checkpoint that "
-                        "detr fit wrote (--ckpt_path resumes those: checkpoints/last.ckpt). To start from a weights "
-                        f"file, pass --model.init_checkpoint {path} instead") from error
+                        f"{path} holds Python objects besides tensors, so it is not a checkpoint that detr fit "
+                        "wrote (--ckpt_path resumes those: checkpoints/last.ckpt). To start from a weights file, "
+                        f"pass --model.init_checkpoint {path} instead") from None
                 raise CheckpointError(
                     f"could not read checkpoint {path}: {type(error).__name__}: {error}. The file is truncated or "
                     "not a checkpoint; resume from another one (the best-model checkpoints beside it) or start over"

@@ -3,12 +3,24 @@ expected errors as one line."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from detr.lightning.command import DETECTION_CONFIGS, PANOPTIC_CONFIGS, main, overview
 from tests.helpers import tiny_fit_args
+
+
+class Exploit:
+    """A pickle that runs a shell command when loaded."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,6 +94,11 @@ def test_expected_errors_of_fit_are_one_line_naming_the_file_or_flag(tiny_shapes
     assert f"--ckpt_path {tmp_path / 'last.ckpt'} does not exist" in line
     line = _one_line_error(capsys, [*fit, "--model.init_checkpoint", str(empty)])
     assert str(empty) in line
+    evil = tmp_path / "evil.ckpt"  # K3: called "truncated", with torch's advice to load it anyway
+    torch.save({"state_dict": {}, "x": Exploit(tmp_path / "pwned")}, evil)
+    line = _one_line_error(capsys, [*fit, f"--ckpt_path={evil}"])
+    assert f"refused to load {evil}: it carries code" in line and "truncated" not in line
+    assert not (tmp_path / "pwned").exists()
 
     (run / "checkpoints").mkdir(parents=True)
     (run / "metrics.csv").write_text("epoch,step\n")
