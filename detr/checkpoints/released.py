@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import hashlib
+import json
 import logging
 import sys
 from collections.abc import Mapping, Sequence
@@ -85,24 +86,15 @@ def _released(name: str, file_name: str, backbone: BackboneName, dilation: bool,
                            num_classes=DetrConfig.num_classes if task == "detection" else COCO_PANOPTIC_NUM_CLASSES)
 
 
-#: Every released checkpoint by name, with the published COCO val2017 numbers (500-epoch schedule for
-#: detection; the panoptic models add a mask head trained for 25 more epochs).
-PRETRAINED_MODELS: Mapping[str, PretrainedModel] = MappingProxyType({model.name: model for model in (
-    _released("detr-r50", "detr-r50-e632da11.pth", "resnet50", False,
-              box_ap=42.0, box_ap50=62.4, box_ap75=44.2, box_ap_small=20.5, box_ap_medium=45.8, box_ap_large=61.1),
-    _released("detr-r50-dc5", "detr-r50-dc5-f0fb7ef5.pth", "resnet50", True,
-              box_ap=43.3, box_ap50=63.1, box_ap75=45.9, box_ap_small=22.5, box_ap_medium=47.3, box_ap_large=61.1),
-    _released("detr-r101", "detr-r101-2c7b67e5.pth", "resnet101", False,
-              box_ap=43.5, box_ap50=63.8, box_ap75=46.4, box_ap_small=21.9, box_ap_medium=48.0, box_ap_large=61.8),
-    _released("detr-r101-dc5", "detr-r101-dc5-a2e86def.pth", "resnet101", True,
-              box_ap=44.9, box_ap50=64.7, box_ap75=47.7, box_ap_small=23.7, box_ap_medium=49.5, box_ap_large=62.3),
-    _released("detr-r50-panoptic", "detr-r50-panoptic-00ce5173.pth", "resnet50", False, "panoptic",
-              box_ap=38.8, segm_ap=31.1, pq=43.4),
-    _released("detr-r50-dc5-panoptic", "detr-r50-dc5-panoptic-da08f1b1.pth", "resnet50", True, "panoptic",
-              box_ap=40.2, segm_ap=31.9, pq=44.6),
-    _released("detr-r101-panoptic", "detr-r101-panoptic-40021d53.pth", "resnet101", False, "panoptic",
-              box_ap=40.1, segm_ap=33.0, pq=45.1),
-)})
+#: The released checkpoints as data (name, file, architecture, published COCO val2017 numbers: 500-epoch schedule
+#: for detection; the panoptic models add a mask head trained for 25 more epochs). ``--checkpoint list`` prints it
+#: without importing this module (:func:`detr.inference.command_line.released_table`).
+RELEASED_FILE = Path(__file__).with_name("released.json")
+
+#: Every released checkpoint by name.
+PRETRAINED_MODELS: Mapping[str, PretrainedModel] = MappingProxyType({row["name"]: _released(
+    row["name"], row["file"], row["backbone"], row["dilation"], row["task"], **row["metrics"])
+    for row in json.loads(RELEASED_FILE.read_text())})
 
 
 def find(source: object) -> PretrainedModel | None:
@@ -194,15 +186,11 @@ def read_released(model: PretrainedModel, *, progress: bool = True) -> Checkpoin
 
 
 def describe() -> str:
-    """The table that ``python -m detr.checkpoints.released`` prints: name, file, published AP."""
-    lines = [f"{'name':<22} {'file':<36} {'published (COCO val2017)'}"]
-    for model in PRETRAINED_MODELS.values():
-        scores = f"box AP {model.metrics['box_ap']}"
-        if model.task == "panoptic":
-            scores += f", segm AP {model.metrics['segm_ap']}, PQ {model.metrics['pq']} (panoptic)"
-        lines.append(f"{model.name:<22} {model.file_name:<36} {scores}")
-    lines.append(f"files are downloaded on first use to {cache_dir()}")
-    return "\n".join(lines)
+    """The table that ``python -m detr.checkpoints.released`` and ``--checkpoint list`` print: name, file,
+    published AP, and the cache folder."""
+    from detr.inference.command_line import released_table
+
+    return released_table(json.loads(RELEASED_FILE.read_text()), cache_dir())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import math
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -56,12 +58,36 @@ class CheckpointArgument(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        if values == "list":
-            from detr.checkpoints.released import describe  # only for "list": --help does not wait for torch
-
-            print(describe())
+        if values == "list":  # the table is data: printed without importing torch or a model family
+            print(released_table(json.loads(RELEASED_FILE.read_text()), torch_hub_dir() / "checkpoints"))
             parser.exit()
         setattr(namespace, self.dest, values)
+
+
+#: The released models (:mod:`detr.checkpoints.released` builds its records from this file).
+RELEASED_FILE = Path(__file__).resolve().parents[1] / "checkpoints" / "released.json"
+
+
+def released_table(rows: list[dict[str, Any]], cache: Path) -> str:
+    """The table of released models: name, file, published COCO val2017 AP (``rows``: released.json's), then
+    the folder ``cache`` they are downloaded to."""
+    lines = [f"{'name':<22} {'file':<36} {'published (COCO val2017)'}"]
+    for row in rows:
+        metrics = row["metrics"]
+        scores = f"box AP {metrics['box_ap']}"
+        if row["task"] == "panoptic":
+            scores += f", segm AP {metrics['segm_ap']}, PQ {metrics['pq']} (panoptic)"
+        lines.append(f"{row['name']:<22} {row['file']:<36} {scores}")
+    lines.append(f"files are downloaded on first use to {cache}")
+    return "\n".join(lines)
+
+
+def torch_hub_dir() -> Path:
+    """``torch.hub.get_dir()`` as torch computes it when no program has set it: ``$TORCH_HOME/hub``, else
+    ``$XDG_CACHE_HOME/torch/hub``, else ``~/.cache/torch/hub`` (here, so that listing names does not import
+    torch)."""
+    home = os.environ.get("TORCH_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "torch")
+    return Path(os.path.expanduser(home)) / "hub"
 
 
 def device_argument(value: str) -> str | None:

@@ -114,3 +114,36 @@ for name, target in {sorted(SCRIPTS.items())!r}:
     result = _run("-c", code)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "", result.stdout
+
+
+def test_checkpoint_list_prints_the_released_models_without_importing_torch() -> None:
+    """N15: `detr-predict --checkpoint list` imported every model family (and torch) to print a table of
+    names: 14 s on a quiet machine. The table is data (detr/checkpoints/released.json)."""
+    code = """
+import contextlib, io, sys
+from detr.commands import predict
+out = io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+    predict.main(["--checkpoint", "list"])
+print(sorted(m for m in ("torch", "detr.checkpoints", "detr.models") if m in sys.modules))
+print(out.getvalue())
+"""
+    result = _run("-c", code)
+    assert result.returncode == 0, result.stderr
+    loaded, _, table = result.stdout.partition("\n")
+    assert loaded == "[]", loaded
+    from detr.checkpoints.released import PRETRAINED_MODELS, describe
+
+    assert all(f"{name} " in table and model.file_name in table for name, model in PRETRAINED_MODELS.items())
+    assert table.strip() == describe()
+
+
+def test_the_hub_folder_is_torch_hubs(monkeypatch, tmp_path) -> None:
+    import torch
+
+    from detr.inference.command_line import torch_hub_dir
+
+    for variable, value in (("TORCH_HOME", str(tmp_path / "home")), ("XDG_CACHE_HOME", str(tmp_path / "xdg"))):
+        monkeypatch.delenv("TORCH_HOME", raising=False)
+        monkeypatch.setenv(variable, value)
+        assert torch_hub_dir() == Path(torch.hub.get_dir())
