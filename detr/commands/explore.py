@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for page in pages:
         print(f"{page} ({page.stat().st_size / 2**20:.1f} MiB)")
-    for image, reason in errors:
-        print(f"skipped {image}: {reason}", file=sys.stderr)
+    if errors:  # each was logged with its reason as it was skipped
+        print(f"skipped {len(errors)} image(s): {', '.join(image for image, _ in errors)}", file=sys.stderr)
     return 1 if errors else 0
 
 

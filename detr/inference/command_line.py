@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,18 @@ def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
                         help="eval resize: shortest side (default: the checkpoint's validation size, else 800)")
     parser.add_argument("--max-size", type=positive_int, default=None,
                         help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
+
+
+#: Every model family, by its ``architecture`` (:data:`detr.models.config.Architecture`; a test keeps the two
+#: equal), as the help texts name it: written here so that ``--help`` does not import torch.
+FAMILY_NAMES: dict[str, str] = {"detr": "DETR", "deformable": "Deformable DETR", "rtdetr": "RT-DETR",
+                                "dfine": "D-FINE", "deimv2": "DEIMv2", "rfdetr": "RF-DETR"}
+
+
+def family_list(architectures: Iterable[str] = FAMILY_NAMES) -> str:
+    """"DETR, Deformable DETR, ... and RF-DETR": the families ``architectures`` (default: every one) in words."""
+    names = [FAMILY_NAMES[architecture] for architecture in architectures]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 #: What every command's checkpoint argument takes: what :func:`detr.load_checkpoint` reads.

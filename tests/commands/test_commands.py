@@ -147,3 +147,28 @@ def test_the_hub_folder_is_torch_hubs(monkeypatch, tmp_path) -> None:
         monkeypatch.delenv("TORCH_HOME", raising=False)
         monkeypatch.setenv(variable, value)
         assert torch_hub_dir() == Path(torch.hub.get_dir())
+
+
+def test_help_texts_name_every_family(capsys) -> None:
+    """N14: RF-DETR (and DEIMv2) were missing from `detr --help` and `detr-export --help`; the families the help
+    texts name are the list of families (detr.models.config.Architecture), not written out per command."""
+    from typing import get_args
+
+    from detr.commands import export
+    from detr.inference.command_line import FAMILY_NAMES
+    from detr.lightning.command import overview
+    from detr.models.config import Architecture
+
+    assert list(FAMILY_NAMES) == list(get_args(Architecture))
+    with pytest.raises(SystemExit):
+        export.main(["--help"])
+    for text in (overview("detr"), capsys.readouterr().out):
+        words = " ".join(text.split())
+        assert all(f" {name}" in words for name in FAMILY_NAMES.values()), words
+
+
+def test_the_readme_lists_every_extra() -> None:
+    """N14: `.[serve]` was missing from the README's list of extras."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    [line] = [line for line in (REPO / "README.md").read_text().splitlines() if "extras: " in line]
+    assert all(f".[{extra}]" in line for extra in extras), line
