@@ -18,7 +18,9 @@ import difflib
 import hashlib
 import json
 import logging
+import re
 import sys
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +167,41 @@ def download(model: PretrainedModel, *, progress: bool = True) -> Path:
             f"elsewhere and put it into torch's hub cache folder {path.parent} (torch.hub.get_dir()/checkpoints, "
             f"set by $TORCH_HOME), then load it by name again; or pass the file's path instead of the name"
         ) from error
+    return path
+
+
+def is_url(source: object) -> bool:
+    """Whether ``source`` is an http(s) URL (a str: ``Path`` would fold its ``//``)."""
+    return isinstance(source, str) and source.lower().startswith(("http://", "https://"))
+
+
+def download_url(url: str, *, progress: bool = True) -> Path:
+    """A checkpoint (or exported file) at an http(s) ``url``, downloaded once into :func:`cache_dir` under the
+    file name the URL ends in, with a progress bar, as ``torch.hub.load_state_dict_from_url`` keeps its files
+    (a file of that name already there is used as it is). A name ending in ``-<hex digits>.<ext>`` is checked
+    as torch.hub does: the file's SHA-256 must start with those digits.
+
+    Raises:
+        CheckpointError: the URL names no file, or it cannot be downloaded (naming the folder to put the file
+            in by hand) or fails its hash check.
+    """
+    name = urllib.parse.urlparse(url).path.rsplit("/", 1)[-1]
+    if not name:
+        raise CheckpointError(f"{url} names no file: give the URL of the checkpoint file itself (…/model.pth)")
+    path = cache_dir() / name
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    found = re.search(r"-([a-f0-9]{8,})\.\w+$", name)
+    logger.info("downloading %s to %s", url, path)
+    try:
+        torch.hub.download_url_to_file(url, str(path), hash_prefix=found.group(1) if found else None,
+                                       progress=progress)
+    except RuntimeError as error:  # torch.hub's hash check; it has removed its temporary file
+        raise CheckpointError(f"refused the download of {url}: {error}. Nothing was kept in {path.parent}") from error
+    except (OSError, ValueError) as error:  # no network, an HTTP error, a URL urllib cannot open
+        raise CheckpointError(f"could not download {url}: {error}. Download the file another way and pass its path, "
+                              f"or put it into torch's hub cache folder {path.parent} and pass the URL again") from error
     return path
 
 

@@ -48,7 +48,8 @@ def family_list(architectures: Iterable[str] = FAMILY_NAMES) -> str:
 #: What every command's checkpoint argument takes: what :func:`detr.load_checkpoint` reads.
 CHECKPOINT_HELP = ("a released model's name (detr-r50, detr-r101-dc5, ...: downloaded on first use; 'list' prints "
                    "them), a .pth / .ckpt file (the authors' releases, this project's runs: "
-                   "RUN/checkpoints/last.ckpt or best-*.ckpt) or a Hugging Face transformers directory "
+                   "RUN/checkpoints/last.ckpt or best-*.ckpt; or its http(s) URL: downloaded once into torch's hub "
+                   "cache) or a Hugging Face transformers directory "
                    "(detr-convert's, or a download of facebook/detr-resnet-50)")
 #: What the commands that predict through the Predictor also take (``onnx=True``).
 ONNX_HELP = "; or a file of detr-export: .onnx (run on ONNX Runtime) or .xml (OpenVINO)"

@@ -35,6 +35,7 @@ from torch import Tensor
 from detr.categories import CategoryMap
 from detr.checkpoints import CheckpointError, load_checkpoint
 from detr.checkpoints.deployed import is_deployed, open_deployed
+from detr.checkpoints.released import download_url, is_url
 from detr.inference.images import ImageInput, is_single_image, to_rgb_array
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
@@ -186,6 +187,8 @@ class Predictor:
         ``device`` (CUDA when onnxruntime-gpu has it), ``.xml`` with OpenVINO on the CPU (``precision`` "bf16"
         where the CPU has bfloat16 instructions); its metadata holds the label names and input size.
         """
+        if is_url(path):  # a checkpoint or an exported file: downloaded once into torch's hub cache
+            path = download_url(str(path))
         own = inspect.signature(cls.__init__).parameters.keys() - {"self", "model"}
         predictor_options = {key: value for key, value in options.items() if key in own}
         model_overrides = {key: value for key, value in options.items() if key not in own}

@@ -218,3 +218,25 @@ def test_checkpoint_list_prints_the_names(capsys):
     assert "detr-r50-e632da11.pth" in printed and "box AP 42.0" in printed
     assert pretrained.main([]) == 0
     assert "detr-r101-dc5-a2e86def.pth" in capsys.readouterr().out
+
+
+def test_a_url_is_downloaded_once_into_the_hub_cache(hub_dir, served_checkpoint):
+    """X9: Predictor.from_checkpoint("http://...") read the URL as a path, its // folded ("http:/..."), and said
+    the file did not exist. A URL is downloaded once into torch's hub cache (its -<sha256 prefix> checked)."""
+    from detr.inference.predictor import Predictor
+
+    server, path, original = served_checkpoint
+    url = f"http://127.0.0.1:{server.port}/{path.name}"
+    predictor = Predictor.from_checkpoint(url, device="cpu")
+    assert server.requests == 1 and (hub_dir / path.name).read_bytes() == path.read_bytes()
+    assert torch.equal(predictor.model.query_embed.weight, original.query_embed.weight)
+    assert torch.equal(detr.load_checkpoint(url).query_embed.weight, original.query_embed.weight)
+    assert server.requests == 1  # the cache
+    (path.parent / "other-0123abcd.pth").write_bytes(path.read_bytes())  # its name's hash prefix is wrong
+    with pytest.raises(CheckpointError, match=rf"refused the download of {url[:-len(path.name)]}other"):
+        detr.load_checkpoint(f"http://127.0.0.1:{server.port}/other-0123abcd.pth")
+    assert not (hub_dir / "other-0123abcd.pth").exists()
+    with pytest.raises(CheckpointError, match=r"could not download .*/missing\.pth: HTTP Error 404"):
+        detr.load_checkpoint(f"http://127.0.0.1:{server.port}/missing.pth")
+    with pytest.raises(CheckpointError, match="names no file"):
+        detr.load_checkpoint(f"http://127.0.0.1:{server.port}/")
