@@ -68,12 +68,26 @@ logger = logging.getLogger(__name__)
 EXPECTED_ERRORS: tuple[type[Exception], ...] = (DataCheckError, AnnotationFileError, ImageLoadError,
                                                PanopticDataError, SettingError)
 
+#: LightningCLI's subcommands (``detr fit|validate|test|predict``), each a Trainer method.
+SUBCOMMANDS: tuple[str, ...] = tuple(LightningCLI.subcommands())
+
 #: The usage line printed above a command-line error (the generated one lists every option: 130 lines).
 _USAGE = "%(prog)s [--config FILE.yaml] [--KEY VALUE ...]"
 
 
 class DetrCLI(LightningCLI):
-    """LightningCLI with the data → model links DETR needs, for the detection or the panoptic system."""
+    """LightningCLI with the data → model links DETR needs, for the detection or the panoptic system.
+
+    ``subcommand_names``: the subcommands whose parsers are built (default: every one). Each parser describes
+    every option of the system, the data module and the Trainer, which takes seconds, so :func:`make_cli`
+    builds only the one the command line asks for."""
+
+    def __init__(self, *args: Any, subcommand_names: tuple[str, ...] = SUBCOMMANDS, **kwargs: Any) -> None:
+        self._subcommand_names = subcommand_names
+        super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]  # a staticmethod in LightningCLI
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name in self._subcommand_names}
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         # The data decides these (the annotation json), so no config repeats them: linked once both are built.
@@ -276,12 +290,16 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     ``model``, ``datamodule`` and ``trainer`` for the caller to use (``cli.trainer.fit(cli.model, ...)``).
     """
     system, data = (PanopticSystem, PanopticDataModule) if panoptic else (DetrSystem, DetrDataModule)
-    usage = {subcommand: {"usage": _USAGE} for subcommand in ("fit", "validate", "test", "predict")}
+    argv = _argv(args)
+    # the subcommand asked for, first on the command line as the shell gives it; otherwise (none, a misspelt
+    # one) every parser, so that the error lists every choice
+    names = (argv[0],) if argv and argv[0] in SUBCOMMANDS else SUBCOMMANDS
+    usage = {subcommand: {"usage": _USAGE} for subcommand in names}
     # the command passes sys.argv[1:] itself (less --debug): Lightning's warning that args and sys.argv are both
     # given is about calls from Python, not this one, and opened every `detr fit` with four lines of noise
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
     return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True},
-                   parser_kwargs=usage if run else {"usage": _USAGE})
+                   parser_kwargs=usage if run else {"usage": _USAGE}, subcommand_names=names)
 
 
 def show_package_messages() -> None:

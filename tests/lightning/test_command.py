@@ -111,3 +111,27 @@ def test_debug_shows_the_traceback_of_an_expected_error(tmp_path, monkeypatch) -
     args = ["fit", "--config", str(REPO / "configs" / "demo_shapes_cpu.yaml"), f"--data.root={tmp_path / 'none'}"]
     with pytest.raises(ValueError, match="does not exist"):
         main([*args, "--debug"])
+
+
+def test_only_the_asked_subcommands_parser_is_built(capsys, monkeypatch) -> None:
+    """N15: `detr fit --help` built the parsers of fit, validate, test and predict (each describes every option
+    of the system, the data and the Trainer: seconds each) to print one. A misspelt subcommand still lists all."""
+    from detr.lightning.cli import DetrCLI
+
+    built: list[str] = []
+    prepare = DetrCLI._prepare_subcommand_parser
+
+    def counted(self, klass, subcommand, **kwargs):
+        built.append(subcommand)
+        return prepare(self, klass, subcommand, **kwargs)
+
+    monkeypatch.setattr(DetrCLI, "_prepare_subcommand_parser", counted)
+    monkeypatch.setattr("sys.argv", ["detr"])
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--help"])
+    assert exit_.value.code == 0 and built == ["validate"] and "--ckpt_path" in capsys.readouterr().out
+    built.clear()
+    with pytest.raises(SystemExit):
+        main(["fitt"])
+    assert built == ["fit", "validate", "test", "predict"]
+    assert "invalid choice: 'fitt' (choose from 'fit', 'validate', 'test', 'predict')" in capsys.readouterr().err
