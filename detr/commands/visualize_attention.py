@@ -21,6 +21,7 @@ from detr.inference.command_line import (
     add_resize_arguments,
     any_int,
     device_argument,
+    non_negative_float,
     non_negative_int,
     one_line_errors,
     positive_int,
@@ -29,11 +30,12 @@ from detr.inference.command_line import (
 
 
 def point(text: str) -> tuple[float, float]:
+    """argparse ``type`` of ``--encoder-points``: X,Y in pixels, finite numbers >= 0."""
     x, _, y = text.partition(",")
     try:
-        return float(x), float(y)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a reference point is X,Y in pixels, got {text!r}") from None
+        return non_negative_float(x), non_negative_float(y)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"a reference point is X,Y in pixels (numbers >= 0), got {text!r}") from None
 
 
 def figure_file(text: str) -> Path:

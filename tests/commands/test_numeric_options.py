@@ -117,3 +117,11 @@ def test_make_shapes_sizes_that_contradict_each_other_are_one_usage_error(capsys
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert "Traceback" not in error and "--max-object-size" in error
+
+
+@pytest.mark.parametrize("value", ["nan,3", "3,inf", "-1,2", "3"])
+def test_an_encoder_point_out_of_range_is_a_usage_error(value: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main("detr-visualize-attention")([f"--encoder-points={value}"])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "argument --encoder-points: a reference point is X,Y" in error
