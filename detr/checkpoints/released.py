@@ -200,8 +200,9 @@ def download_url(url: str, *, progress: bool = True) -> Path:
     except RuntimeError as error:  # torch.hub's hash check; it has removed its temporary file
         raise CheckpointError(f"refused the download of {url}: {error}. Nothing was kept in {path.parent}") from error
     except (OSError, ValueError) as error:  # no network, an HTTP error, a URL urllib cannot open
-        raise CheckpointError(f"could not download {url}: {error}. Download the file another way and pass its path, "
-                              f"or put it into torch's hub cache folder {path.parent} and pass the URL again") from error
+        raise CheckpointError(f"could not download {url}: {error}. Download the file another way and pass its "
+                              f"path, or put it into torch's hub cache folder {path.parent} and pass the URL again"
+                              ) from error
     return path
 
 

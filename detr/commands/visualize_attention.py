@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=figure_file,
                         help="the decoder figure's file (PNG; .png is added to a name without a suffix)")
     parser.add_argument("--layer", type=any_int, default=-1, help="decoder layer, Python index (default -1: last)")
-    parser.add_argument("--head", type=non_negative_int, default=None, help="one attention head (default: mean over heads)")
+    parser.add_argument("--head", type=non_negative_int, default=None,
+                        help="one attention head (default: mean over heads)")
     parser.add_argument("--threshold", type=probability, default=None,
                         help="show queries scoring above this (default: the checkpoint's validated one, else 0.7)")
     parser.add_argument("--top-k", type=positive_int, default=None, help="show the K best queries instead")
