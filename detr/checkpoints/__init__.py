@@ -148,8 +148,10 @@ READERS: tuple[Callable[[str | Path], CheckpointContents | None], ...] = (
 
 
 def read_checkpoint(source: str | Path) -> CheckpointContents:
-    """Read a checkpoint (a file, a released model's name or a Hugging Face directory) into a state dict in
-    the official layout, its config (if recorded) and its metadata."""
+    """Read a checkpoint (a file, an http(s) URL of one, a released model's name or a Hugging Face directory)
+    into a state dict in the official layout, its config (if recorded) and its metadata."""
+    if released.is_url(source):  # downloaded once into torch's hub cache, then read as a file
+        source = released.download_url(str(source))
     for reader in READERS:
         contents = reader(source)
         if contents is not None:
@@ -162,7 +164,8 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> Detector:
 
     Args:
         path: an authors' release file, a plain state dict, this project's Lightning checkpoint, a
-            released model's name ("detr-r50"; see :mod:`detr.checkpoints.released`; downloaded on first use) or a
+            released model's name ("detr-r50"; see :mod:`detr.checkpoints.released`; downloaded on first use), an
+            http(s) URL of a file (downloaded once into torch's hub cache: :func:`released.download_url`) or a
             Hugging Face transformers DETR directory (see :mod:`detr.checkpoints.huggingface`).
         overrides: :class:`detr.models.config.DetrConfig` fields that win over what is inferred (e.g. ``dilation=True``
             for a renamed DC5 file, ``num_heads``, ``class_head="sigmoid"``, ``query_groups``: what
@@ -174,7 +177,7 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> Detector:
     :class:`CheckpointError` naming them. A panoptic file (the authors' layout: the detector under ``detr.``
     beside ``mask_head.*``) gives a :class:`DETRPanoptic` (see :func:`detr.checkpoints.panoptic.load_panoptic`).
     """
-    path = Path(path)
+    path = released.download_url(path) if released.is_url(path) else Path(path)  # Path would fold a URL's //
     contents = read_checkpoint(path)
     if is_panoptic_state_dict(contents.state_dict):
         return load_panoptic(path, contents, **overrides)

@@ -99,10 +99,14 @@ class DeployedDetector(Detector):
         self.weights_precision = meta["precision"] or "fp32"
         self.class_head = meta["class_head"]
         self.num_classes = int(meta["num_classes"])
-        self.meta = ModelMeta(
-            category_map=CategoryMap.from_dict(meta["category_map"]) if meta["category_map"] else None,
-            eval_size=tuple(meta["eval_size"]) if meta["eval_size"] else None,
-            score_threshold=meta["score_threshold"])
+        try:
+            self.meta = ModelMeta(
+                category_map=CategoryMap.from_dict(meta["category_map"]) if meta["category_map"] else None,
+                eval_size=tuple(meta["eval_size"]) if meta["eval_size"] else None,
+                score_threshold=meta["score_threshold"])
+        except ValueError as error:  # a threshold of 5 or NaN used as the validated one found nothing, silently
+            raise CheckpointError(f"{self.path}: its DETR metadata is not valid ({error}); export the checkpoint "
+                                  "again with detr-export") from None
         self._input_spec = (InputSpec(**{key: tuple(value) if isinstance(value, list) else value
                                          for key, value in meta["input_spec"].items()})
                             if meta["input_spec"] else None)

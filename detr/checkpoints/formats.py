@@ -27,6 +27,10 @@ class CheckpointError(ValueError):
     """A checkpoint file that cannot be read, is unsafe, or does not fit the model."""
 
 
+class CheckpointCodeError(CheckpointError):
+    """A checkpoint that carries code (a pickle that calls ``os.system``, ``builtins.exec`` ...): refused unread."""
+
+
 class ExportError(ValueError):
     """A model that cannot be written in a format (ONNX, ``.pt2``, transformers' DETR), or an exported file
     that does not reproduce the model."""
@@ -68,12 +72,7 @@ def torch_load(path: Path) -> Any:
         with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        raise CheckpointError(
-            f"refused to load {path}: it holds Python objects other than tensors and plain containers, "
-            f"which could run code when unpickled ({str(error).splitlines()[0]}). Only weight files are read. "
-            f"If you trust the file, re-save its state dict: torch.save(torch.load(path, weights_only=False)"
-            f"['model'], 'clean.pth')."
-        ) from error
+        raise unpickling_refusal(path, error) from None
     except (RuntimeError, EOFError, OSError) as error:
         raise CheckpointError(f"could not read checkpoint {path}: {error} (truncated or not a torch file?)") from error
     except Exception as error:  # pickle fails on text and other files with KeyError, IndexError, ValueError ...
@@ -81,6 +80,32 @@ def torch_load(path: Path) -> Any:
             f"{path} is not a checkpoint torch can read ({type(error).__name__}: {error}); pass a .pth/.ckpt file "
             "written by torch.save (a truncated download or a text file such as a Git LFS pointer?)"
         ) from error
+
+
+#: Modules whose functions run commands, files or code: a pickle that calls one carries an attack, not weights.
+CODE_MODULES = frozenset({"os", "posix", "nt", "sys", "subprocess", "builtins", "__builtin__", "shutil", "socket",
+                          "runpy", "importlib", "pty", "code", "ctypes", "pickle", "marshal", "webbrowser"})
+
+
+def unpickling_refusal(path: str | Path, error: pickle.UnpicklingError) -> CheckpointError:
+    """The one-line error for a file ``torch.load(weights_only=True)`` refused (``error``): a pickle that
+    names a function of :data:`CODE_MODULES` (``posix.system``, ``builtins.exec`` ...) carries code and is
+    refused as such, with no advice to load it anyway; another Python object (a training script's class) is
+    named, with how to keep the weights of a file one trusts. torch's own text (retry with
+    ``weights_only=False``) is not quoted: for a file that carries code that is the attack."""
+    text = str(error)
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    name = found.group(1) if found else None
+    if name is None or name.split(".")[0] in CODE_MODULES:
+        what = f"a call of {name}" if name else "pickle instructions that torch's safe loader refuses"
+        return CheckpointCodeError(
+            f"refused to load {path}: it carries code ({what}) that loading it would run, besides or instead of "
+            "weights; nothing was run. A checkpoint holds tensors only: get the model's weights from a source you "
+            "trust")
+    return CheckpointError(
+        f"refused to load {path}: besides tensors it holds a Python object ({name}) that loading would have to "
+        "construct by running code, which only weight files are spared; nothing was run. If you trust the file, "
+        "re-save its state dict in Python: torch.save(torch.load(path, weights_only=False)['model'], 'clean.pth')")
 
 
 def _is_exported_program(path: Path) -> bool:

@@ -58,7 +58,7 @@ from detr.checkpoints.formats import (
     torch_load,
 )
 from detr.models.backbone import Backbone
-from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta
+from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta, check_threshold
 from detr.models.detr import DETR
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 
@@ -354,12 +354,13 @@ def read_meta(config: dict[str, Any], num_classes: int, config_path: Path,
     """The model's record from a transformers config.json: the category map (:func:`category_map_from_labels`) and the
     ``score_threshold`` :func:`label_fields` wrote (a value outside (0, 1) is refused, naming the file)."""
     threshold = config.get("score_threshold")
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
-                                  or not 0.0 < threshold < 1.0):
-        raise CheckpointError(f"{config_path}: score_threshold must be a number between 0 and 1, got {threshold!r}; "
-                              "correct it, or remove the field to use the default threshold")
+    try:
+        check_threshold("score_threshold", threshold)  # ModelMeta's check, before the labels are read
+    except ValueError as error:
+        raise CheckpointError(f"{config_path}: {error}; correct it, or remove the field to use the default "
+                              "threshold") from None
     return ModelMeta(category_map=category_map_from_labels(config, num_classes, config_path), eval_size=eval_size,
-                     score_threshold=None if threshold is None else float(threshold))
+                     score_threshold=threshold)
 
 
 def category_map_from_labels(config: dict[str, Any], num_classes: int, config_path: Path) -> CategoryMap:

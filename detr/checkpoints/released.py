@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import hashlib
+import json
 import logging
 import re
 import sys
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,34 +88,21 @@ def _released(name: str, file_name: str, backbone: BackboneName, dilation: bool,
                            num_classes=DetrConfig.num_classes if task == "detection" else COCO_PANOPTIC_NUM_CLASSES)
 
 
-#: Every released checkpoint by name, with the published COCO val2017 numbers (500-epoch schedule for
-#: detection; the panoptic models add a mask head trained for 25 more epochs).
-PRETRAINED_MODELS: Mapping[str, PretrainedModel] = MappingProxyType({model.name: model for model in (
-    _released("detr-r50", "detr-r50-e632da11.pth", "resnet50", False,
-              box_ap=42.0, box_ap50=62.4, box_ap75=44.2, box_ap_small=20.5, box_ap_medium=45.8, box_ap_large=61.1),
-    _released("detr-r50-dc5", "detr-r50-dc5-f0fb7ef5.pth", "resnet50", True,
-              box_ap=43.3, box_ap50=63.1, box_ap75=45.9, box_ap_small=22.5, box_ap_medium=47.3, box_ap_large=61.1),
-    _released("detr-r101", "detr-r101-2c7b67e5.pth", "resnet101", False,
-              box_ap=43.5, box_ap50=63.8, box_ap75=46.4, box_ap_small=21.9, box_ap_medium=48.0, box_ap_large=61.8),
-    _released("detr-r101-dc5", "detr-r101-dc5-a2e86def.pth", "resnet101", True,
-              box_ap=44.9, box_ap50=64.7, box_ap75=47.7, box_ap_small=23.7, box_ap_medium=49.5, box_ap_large=62.3),
-    _released("detr-r50-panoptic", "detr-r50-panoptic-00ce5173.pth", "resnet50", False, "panoptic",
-              box_ap=38.8, segm_ap=31.1, pq=43.4),
-    _released("detr-r50-dc5-panoptic", "detr-r50-dc5-panoptic-da08f1b1.pth", "resnet50", True, "panoptic",
-              box_ap=40.2, segm_ap=31.9, pq=44.6),
-    _released("detr-r101-panoptic", "detr-r101-panoptic-40021d53.pth", "resnet101", False, "panoptic",
-              box_ap=40.1, segm_ap=33.0, pq=45.1),
-)})
+#: The released checkpoints as data (name, file, architecture, published COCO val2017 numbers: 500-epoch schedule
+#: for detection; the panoptic models add a mask head trained for 25 more epochs). ``--checkpoint list`` prints it
+#: without importing this module (:func:`detr.inference.command_line.released_table`).
+RELEASED_FILE = Path(__file__).with_name("released.json")
+
+#: Every released checkpoint by name.
+PRETRAINED_MODELS: Mapping[str, PretrainedModel] = MappingProxyType({row["name"]: _released(
+    row["name"], row["file"], row["backbone"], row["dilation"], row["task"], **row["metrics"])
+    for row in json.loads(RELEASED_FILE.read_text())["released"]})
 
 
 #: The Hugging Face hub's models that README.md and docs/ name, by family (``*``: the sizes): transformers folders
-#: that :func:`detr.load_checkpoint` reads (:func:`hub_directory` downloads them).
+#: that :func:`detr.load_checkpoint` reads (:func:`hub_directory` downloads them); released.json's "hub".
 HUB_MODELS: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "DETR": ("facebook/detr-resnet-50",),
-    "RT-DETR": ("PekingU/rtdetr_r18vd", "PekingU/rtdetr_r50vd", "PekingU/rtdetr_r101vd", "PekingU/rtdetr_v2_r18vd"),
-    "D-FINE": ("ustc-community/dfine-*",),
-    "RF-DETR / LW-DETR": ("Roboflow/rf-detr-*", "AnnaZhang/lwdetr_*"),
-})
+    family: tuple(ids) for family, ids in json.loads(RELEASED_FILE.read_text())["hub"].items()})
 #: "owner/name" as the hub spells a model id
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 #: file endings that make "a/b.ext" a path, never a hub id
@@ -228,6 +217,42 @@ def download(model: PretrainedModel, *, progress: bool = True) -> Path:
     return path
 
 
+def is_url(source: object) -> bool:
+    """Whether ``source`` is an http(s) URL (a str: ``Path`` would fold its ``//``)."""
+    return isinstance(source, str) and source.lower().startswith(("http://", "https://"))
+
+
+def download_url(url: str, *, progress: bool = True) -> Path:
+    """A checkpoint (or exported file) at an http(s) ``url``, downloaded once into :func:`cache_dir` under the
+    file name the URL ends in, with a progress bar, as ``torch.hub.load_state_dict_from_url`` keeps its files
+    (a file of that name already there is used as it is). A name ending in ``-<hex digits>.<ext>`` is checked
+    as torch.hub does: the file's SHA-256 must start with those digits.
+
+    Raises:
+        CheckpointError: the URL names no file, or it cannot be downloaded (naming the folder to put the file
+            in by hand) or fails its hash check.
+    """
+    name = urllib.parse.urlparse(url).path.rsplit("/", 1)[-1]
+    if not name:
+        raise CheckpointError(f"{url} names no file: give the URL of the checkpoint file itself (…/model.pth)")
+    path = cache_dir() / name
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    found = re.search(r"-([a-f0-9]{8,})\.\w+$", name)
+    logger.info("downloading %s to %s", url, path)
+    try:
+        torch.hub.download_url_to_file(url, str(path), hash_prefix=found.group(1) if found else None,
+                                       progress=progress)
+    except RuntimeError as error:  # torch.hub's hash check; it has removed its temporary file
+        raise CheckpointError(f"refused the download of {url}: {error}. Nothing was kept in {path.parent}") from error
+    except (OSError, ValueError) as error:  # no network, an HTTP error, a URL urllib cannot open
+        raise CheckpointError(f"could not download {url}: {error}. Download the file another way and pass its "
+                              f"path, or put it into torch's hub cache folder {path.parent} and pass the URL again"
+                              ) from error
+    return path
+
+
 def read_released(model: PretrainedModel, *, progress: bool = True) -> CheckpointContents:
     """Download (once) and read a released checkpoint, with its architecture, categories and eval size.
 
@@ -246,18 +271,11 @@ def read_released(model: PretrainedModel, *, progress: bool = True) -> Checkpoin
 
 
 def describe() -> str:
-    """The table that ``python -m detr.checkpoints.released`` prints: name, file, published AP."""
-    lines = [f"{'name':<22} {'file':<36} {'published (COCO val2017)'}"]
-    for model in PRETRAINED_MODELS.values():
-        scores = f"box AP {model.metrics['box_ap']}"
-        if model.task == "panoptic":
-            scores += f", segm AP {model.metrics['segm_ap']}, PQ {model.metrics['pq']} (panoptic)"
-        lines.append(f"{model.name:<22} {model.file_name:<36} {scores}")
-    lines.append(f"files are downloaded on first use to {cache_dir()}")
-    lines.append("Hugging Face hub models the docs name (load_checkpoint downloads an id with huggingface_hub; "
-                 "or: huggingface-cli download ID --local-dir DIR, then pass DIR):")
-    lines.extend(f"  {family:<20} {', '.join(ids)}" for family, ids in HUB_MODELS.items())
-    return "\n".join(lines)
+    """The table that ``python -m detr.checkpoints.released`` and ``--checkpoint list`` print: name, file,
+    published AP, and the cache folder."""
+    from detr.inference.command_line import released_table
+
+    return released_table(json.loads(RELEASED_FILE.read_text()), cache_dir())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,21 @@ import argparse
 import logging
 import sys
 
+from detr.inference.command_line import NumberRange, probability
+
+
+class CocoIou(NumberRange):
+    """argparse ``type`` of ``--iou``: one of the IoU thresholds COCOeval evaluates (0.5, 0.55, ..., 0.95)."""
+
+    def __init__(self) -> None:
+        super().__init__(float, 0.5, 0.95)
+
+    def __call__(self, value: str) -> float:
+        number = super().__call__(value)
+        if abs(number * 20 - round(number * 20)) > 1e-6:
+            raise argparse.ArgumentTypeError(f"{value} is not one of COCO's IoU thresholds 0.5, 0.55, ..., 0.95")
+        return number
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -21,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("predictions", metavar="PREDICTIONS_JSON", help="COCO results json")
     parser.add_argument("--images", default=None, help="folder of the ground truth's file_names (worst-case crops)")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--score-threshold", type=float, default=0.5, help="confusion matrix score threshold")
-    parser.add_argument("--iou", type=float, default=0.5, help="confusion matrix IoU (one of 0.5:0.05:0.95)")
+    parser.add_argument("--score-threshold", type=probability, default=0.5, help="confusion matrix score threshold")
+    parser.add_argument("--iou", type=CocoIou(), default=0.5, help="confusion matrix IoU (one of 0.5:0.05:0.95)")
     parser.add_argument("--predicted-images-only", action="store_true",
                         help="score only images with a detection (default: every image of the ground truth)")
     args = parser.parse_args(argv)

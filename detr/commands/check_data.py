@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from detr.inference.command_line import non_negative_int, positive_int
+
 if TYPE_CHECKING:
     from detr.data.checker import CheckpointClasses
 
@@ -22,19 +24,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images_dir", help="folder the json's file_name entries are relative to")
     parser.add_argument("annotations_json", help="COCO instances json")
-    parser.add_argument("--num-queries", type=int, default=100,
-                        help="the model's num_queries: an image with more objects is an error (default 100, the "
-                        "paper's; configs/demo_shapes_cpu.yaml uses 20). `detr fit` runs these checks itself with "
-                        "its model's value")
+    parser.add_argument("--num-queries", type=positive_int, default=None,
+                        help="the model's num_queries: an image with more objects is an error (default: the "
+                        "--checkpoint's, else 100, the paper's; configs/demo_shapes_cpu.yaml uses 20). `detr fit` "
+                        "runs these checks itself with its model's value")
     parser.add_argument("--quick", action="store_true", help="read image headers only (misses truncated files)")
-    parser.add_argument("--workers", type=int, default=None,
+    parser.add_argument("--workers", type=non_negative_int, default=None,
                         help="processes for reading images (default: one per CPU core when decoding 256 or more "
                         "images, else 0: in this process)")
-    parser.add_argument("--max-per-kind", type=int, default=20, help="problems listed per kind")
+    parser.add_argument("--max-per-kind", type=positive_int, default=20, help="problems listed per kind")
     parser.add_argument("--cache", action="store_true",
                         help="remember each image read in JSON.imagecache beside the json (as `detr fit` does) and "
                         "reread only files whose size or mtime changed")
-    parser.add_argument("--min-images-per-class", type=int, default=10,
+    parser.add_argument("--min-images-per-class", type=non_negative_int, default=10,
                         help="warn about categories with boxes on fewer images (default 10; 0: no check)")
     parser.add_argument("--checkpoint", default=None,
                         help="the checkpoint a fine-tune starts from: name the json's categories it was not "
@@ -47,15 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     from detr.data.checker import check_dataset, format_problems, has_errors  # after --help: no image pipeline
     from detr.data.image_checks import default_cache_file
 
-    checkpoint = None
+    checkpoint, num_queries = None, 100
     if args.checkpoint is not None:
         try:
-            checkpoint = checkpoint_classes(args.checkpoint)
+            checkpoint, num_queries = checkpoint_classes(args.checkpoint)
         except (OSError, ValueError) as error:  # CheckpointError is a ValueError
             parser.error(f"--checkpoint {args.checkpoint}: {error}")
+    num_queries = args.num_queries if args.num_queries is not None else num_queries
 
     problems = check_dataset(
-        args.images_dir, args.annotations_json, num_queries=args.num_queries, decode_images=not args.quick,
+        args.images_dir, args.annotations_json, num_queries=num_queries, decode_images=not args.quick,
         workers=args.workers, cache_file=default_cache_file(args.annotations_json) if args.cache else None,
         progress=True, min_images_per_class=args.min_images_per_class, checkpoint=checkpoint,
     )
@@ -65,21 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def checkpoint_classes(source: str) -> CheckpointClasses:
-    """The class count and category map of a checkpoint (a file, a released name or a transformers directory):
-    its recorded map, else its config's class count, else the one its weights show."""
+def checkpoint_classes(source: str) -> tuple[CheckpointClasses, int]:
+    """The class count and category map of a checkpoint (a file, a released name or a transformers directory),
+    and its number of queries: its recorded map, else its config's class count; the config recorded, else the
+    one its weights show."""
     from detr.checkpoints import infer_model_config, read_checkpoint
     from detr.data.checker import CheckpointClasses
 
     contents = read_checkpoint(source)
+    config = contents.config if contents.config is not None else infer_model_config(contents.state_dict, str(source))
     category_map = contents.meta.category_map
-    if category_map is not None:
-        num_classes = category_map.num_classes
-    elif contents.config is not None:
-        num_classes = contents.config.num_classes
-    else:
-        num_classes = infer_model_config(contents.state_dict, str(source)).num_classes
-    return CheckpointClasses(str(source), num_classes, category_map)
+    num_classes = category_map.num_classes if category_map is not None else config.num_classes
+    return CheckpointClasses(str(source), num_classes, category_map), config.num_queries
 
 
 if __name__ == "__main__":

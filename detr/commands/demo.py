@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from detr.inference.command_line import one_line_errors
+from detr.inference.command_line import one_line_errors, positive_float, positive_int
 from detr.output_folder import (
     LOCK_NAME,
     MANIFEST_NAME,
@@ -287,11 +287,9 @@ def main(argv: list[str] | None = None, *, repository: Path | None = None) -> in
                         help="output folder (one run's: see --overwrite)")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over in an --out that holds another run (detr fit's), deleting its files")
-    parser.add_argument("--minutes", type=float, default=10.0, help="training budget (validation not counted)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core of this process)")
+    parser.add_argument("--minutes", type=positive_float, default=10.0, help="training budget (validation not counted)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: every core of this process)")
     args = parser.parse_args(argv)
-    if args.minutes <= 0:
-        parser.error(f"--minutes must be > 0 (minutes of training), got {args.minutes:g}")
     if not Path(args.config).is_file():
         parser.error(f"--config {args.config} does not exist: run the demo in a clone of the repository (it holds "
                      "configs/demo_shapes_cpu.yaml) or pass --config")

@@ -17,7 +17,13 @@ import argparse
 import logging
 import sys
 
-from detr.inference.command_line import add_checkpoint_argument, add_resize_arguments, device_argument, one_line_errors
+from detr.inference.command_line import (
+    add_checkpoint_argument,
+    add_resize_arguments,
+    device_argument,
+    one_line_errors,
+    probability,
+)
 
 
 @one_line_errors
@@ -26,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("images", nargs="+", metavar="IMAGE")
     add_checkpoint_argument(parser)
     parser.add_argument("--out", required=True, help="output folder for the pages")
-    parser.add_argument("--threshold", type=float, default=None,
+    parser.add_argument("--threshold", type=probability, default=None,
                         help="initial score threshold of the box display (default: the checkpoint's validated one, "
                              "else 0.7)")
     add_resize_arguments(parser)
@@ -50,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for page in pages:
         print(f"{page} ({page.stat().st_size / 2**20:.1f} MiB)")
-    for image, reason in errors:
-        print(f"skipped {image}: {reason}", file=sys.stderr)
+    if errors:  # each was logged with its reason as it was skipped
+        print(f"skipped {len(errors)} image(s): {', '.join(image for image, _ in errors)}", file=sys.stderr)
     return 1 if errors else 0
 
 

@@ -8,8 +8,9 @@
     detr-export last.ckpt --format openvino --out detector.xml --int8 --calibration train2017/ \
         --evaluate val2017/ instances_val2017.json              # + detector-int8.xml, both gated
 
-CHECKPOINT is anything detr.load_checkpoint reads. Batch, height and width are dynamic (a real-time DETR, RT-DETR
-or D-FINE, takes its fixed square only: batch dynamic, height and width its eval size). A deformable model's
+CHECKPOINT is anything detr.load_checkpoint reads, of every family: DETR, Deformable DETR, RT-DETR, D-FINE,
+DEIMv2 and RF-DETR. Batch, height and width are dynamic (a model whose input is a fixed square, RT-DETR, D-FINE,
+DEIMv2 and RF-DETR, takes that square only: batch dynamic, height and width its eval size). A deformable model's
 sampling is GridSample in the file unless --sampling-kernel gather writes it as index gathers. The file is run
 (ONNX Runtime for .onnx, OpenVINO for .xml) on a padded batch of two sizes and on one image of a third size and compared with
 the PyTorch model; the differences are printed. If they exceed the tolerance the file is renamed to
@@ -34,7 +35,12 @@ import logging
 import sys
 from pathlib import Path
 
-from detr.inference.command_line import add_checkpoint_argument, one_line_errors
+from detr.inference.command_line import (
+    add_checkpoint_argument,
+    non_negative_float,
+    one_line_errors,
+    positive_int,
+)
 
 
 @one_line_errors
@@ -56,14 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluate", nargs=2, metavar=("IMAGES", "JSON"), default=None,
                         help="the accuracy gate: evaluate the PyTorch model and the exported file on this COCO-format "
                              "set (image folder, annotation json) and print AP and latency side by side")
-    parser.add_argument("--max-ap-drop", type=float, default=None,
+    parser.add_argument("--max-ap-drop", type=non_negative_float, default=None,
                         help="AP points (0-100) the file may lose against PyTorch under --evaluate "
                              "(default: detr.inference.gate.MAX_AP_DROP, 1)")
     parser.add_argument("--int8", action="store_true",
                         help="also write OUT-int8.onnx / OUT-int8.xml, quantised after training (needs --calibration)")
     parser.add_argument("--calibration", nargs="+", metavar="IMAGES", default=None,
                         help="image files or folders to calibrate --int8 on (training images, not the --evaluate set)")
-    parser.add_argument("--calibration-size", type=int, default=300,
+    parser.add_argument("--calibration-size", type=positive_int, default=300,
                         help="at most this many calibration images (default 300)")
     parser.add_argument("--int8-scope", choices=("convolutions", "all"), default="convolutions",
                         help="what --int8 quantises: the convolutions (default; the matrix products stay fp32) or all "

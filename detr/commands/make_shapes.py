@@ -19,6 +19,7 @@ import time
 
 from detr.data.shapes import ALL_SHAPES, ShapesConfig, write_shapes_dataset
 from detr.data.shapes_panoptic import write_shapes_panoptic
+from detr.inference.command_line import bounded_int, non_negative_int, positive_int, probability
 
 
 def shape_list(text: str) -> tuple[str, ...]:
@@ -35,14 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     defaults = ShapesConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="data/shapes", help="output folder (default: data/shapes)")
-    parser.add_argument("--num-train", type=int, default=defaults.num_train)
-    parser.add_argument("--num-val", type=int, default=defaults.num_val)
-    parser.add_argument("--image-size", type=int, default=defaults.image_size)
-    parser.add_argument("--max-objects", type=int, default=defaults.max_objects)
-    parser.add_argument("--empty-fraction", type=float, default=defaults.empty_fraction)
-    parser.add_argument("--min-object-size", type=int, default=defaults.min_object_size)
-    parser.add_argument("--max-object-size", type=int, default=defaults.max_object_size)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--num-train", type=non_negative_int, default=defaults.num_train)
+    parser.add_argument("--num-val", type=non_negative_int, default=defaults.num_val)
+    parser.add_argument("--image-size", type=bounded_int(16), default=defaults.image_size)
+    parser.add_argument("--max-objects", type=positive_int, default=defaults.max_objects)
+    parser.add_argument("--empty-fraction", type=probability, default=defaults.empty_fraction)
+    parser.add_argument("--min-object-size", type=bounded_int(4), default=defaults.min_object_size)
+    parser.add_argument("--max-object-size", type=bounded_int(4), default=defaults.max_object_size)
+    parser.add_argument("--seed", type=non_negative_int, default=defaults.seed)
     parser.add_argument("--masks", choices=("polygon", "rle"), default=defaults.mask_format,
                         help="each object's segmentation: the drawn polygon (default) or the drawn pixels as COCO "
                              "RLE (exact instance masks)")
@@ -54,12 +55,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="also write COCO panoptic annotations: annotations/panoptic_{split}.json and PNGs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    config = ShapesConfig(
-        num_train=args.num_train, num_val=args.num_val, image_size=args.image_size, max_objects=args.max_objects,
-        empty_fraction=args.empty_fraction, min_object_size=args.min_object_size,
-        max_object_size=args.max_object_size, seed=args.seed, mask_format=args.masks,
-        shapes=args.shapes,
-    )
+    try:  # the options that depend on each other (object sizes within the image)
+        config = ShapesConfig(
+            num_train=args.num_train, num_val=args.num_val, image_size=args.image_size,
+            max_objects=args.max_objects, empty_fraction=args.empty_fraction, min_object_size=args.min_object_size,
+            max_object_size=args.max_object_size, seed=args.seed, mask_format=args.masks, shapes=args.shapes,
+        )
+    except ValueError as error:
+        parser.error(f"{error} (--min-object-size, --max-object-size, --image-size)")
     start = time.perf_counter()
     written = write_shapes_dataset(args.out, config, overwrite=args.force)
     if written:

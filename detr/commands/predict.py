@@ -32,6 +32,8 @@ from detr.inference.command_line import (
     add_resize_arguments,
     device_argument,
     interrupted_status,
+    positive_int,
+    probability,
     sigterm_as_interrupt,
 )
 
@@ -43,23 +45,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output folder (one run's: see --overwrite)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the outputs of an earlier run in --out (deletes its json and drawings)")
-    parser.add_argument("--threshold", type=float, default=None,
+    parser.add_argument("--threshold", type=probability, default=None,
                         help="score threshold (default: the one the checkpoint's validation found best, else 0.7)")
     parser.add_argument("--all-queries", action="store_true", help="write every query to the json (for COCO eval)")
     add_resize_arguments(parser)
     parser.add_argument("--device", type=device_argument, default=None,
                         help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument("--no-draw", action="store_true", help="write only the json (and panoptic PNGs)")
     parser.add_argument("--task", choices=("detection", "instances", "panoptic"), default="detection",
                         help="instances: masks in predictions.json and drawn (a checkpoint with masks: "
                              "detr-r50-panoptic, RF-DETR's instance segmentation); panoptic: also segment each "
                              "image (a panoptic checkpoint, e.g. detr-r50-panoptic)")
-    parser.add_argument("--panoptic-threshold", type=float, default=None,
+    parser.add_argument("--panoptic-threshold", type=probability, default=None,
                         help="class probability a query needs to get a panoptic segment (default: the one the "
                              "checkpoint's training run validated with, else the authors' 0.85)")
-    parser.add_argument("--panoptic-overlap", type=float, default=None,
+    parser.add_argument("--panoptic-overlap", type=probability, default=None,
                         help="drop a thing segment that keeps less than this share of its own mask (Mask2Former's "
                              "filter, e.g. 0.8; default: the checkpoint's training run's, else none)")
     args = parser.parse_args(argv)

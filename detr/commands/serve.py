@@ -23,7 +23,10 @@ from detr.inference.command_line import (
     add_resize_arguments,
     bounded_int,
     device_argument,
+    non_negative_float,
     one_line_errors,
+    positive_float,
+    probability,
 )
 
 
@@ -36,17 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=device_argument, default="auto",
                         help="auto (CUDA when available, else CPU), cpu, cuda, cuda:1")
     parser.add_argument("--max-batch-size", type=bounded_int(1), default=8, help="most requests per forward pass")
-    parser.add_argument("--batch-timeout", type=float, default=0.01,
+    parser.add_argument("--batch-timeout", type=non_negative_float, default=0.01,
                         help="seconds a request waits for others to batch with")
-    parser.add_argument("--threshold", type=float, default=None,
+    parser.add_argument("--threshold", type=probability, default=None,
                         help="score threshold of requests that give none (default: the checkpoint's validated one, "
                              "else 0.7)")
-    parser.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body accepted, MiB")
+    parser.add_argument("--max-body-mb", type=positive_float, default=20.0, help="largest request body accepted, MiB")
     parser.add_argument("--max-pixels", type=bounded_int(1), default=40_000_000, help="most pixels an image may have")
     parser.add_argument("--max-queue", type=bounded_int(0), default=256,
                         help="most requests waiting for the model (or for memory to decode in); more are refused "
                              "with 503 (0: no limit)")
-    parser.add_argument("--body-timeout", type=float, default=30.0,
+    parser.add_argument("--body-timeout", type=positive_float, default=30.0,
                         help="seconds a request's body may take to arrive (later: 408)")
     parser.add_argument("--max-requests", type=bounded_int(1), default=512,
                         help="most uploads in the server at once (reading, waiting, running); more get 503")
@@ -55,8 +58,6 @@ def main(argv: list[str] | None = None) -> int:
                              "requests beyond wait")
     add_resize_arguments(parser)
     args = parser.parse_args(argv)
-    if not args.body_timeout > 0:  # NaN fails this too
-        parser.error(f"--body-timeout is in seconds and must be > 0, got {args.body_timeout}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         from detr.serving import create_app, load_service, serve

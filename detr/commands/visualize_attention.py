@@ -16,15 +16,26 @@ import argparse
 import sys
 from pathlib import Path
 
-from detr.inference.command_line import add_checkpoint_argument, add_resize_arguments, device_argument, one_line_errors
+from detr.inference.command_line import (
+    add_checkpoint_argument,
+    add_resize_arguments,
+    any_int,
+    device_argument,
+    non_negative_float,
+    non_negative_int,
+    one_line_errors,
+    positive_int,
+    probability,
+)
 
 
 def point(text: str) -> tuple[float, float]:
+    """argparse ``type`` of ``--encoder-points``: X,Y in pixels, finite numbers >= 0."""
     x, _, y = text.partition(",")
     try:
-        return float(x), float(y)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a reference point is X,Y in pixels, got {text!r}") from None
+        return non_negative_float(x), non_negative_float(y)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"a reference point is X,Y in pixels (numbers >= 0), got {text!r}") from None
 
 
 def figure_file(text: str) -> Path:
@@ -50,18 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     add_checkpoint_argument(parser)
     parser.add_argument("--out", required=True, type=figure_file,
                         help="the decoder figure's file (PNG; .png is added to a name without a suffix)")
-    parser.add_argument("--layer", type=int, default=-1, help="decoder layer, Python index (default -1: last)")
-    parser.add_argument("--head", type=int, default=None, help="one attention head (default: mean over heads)")
-    parser.add_argument("--threshold", type=float, default=None,
+    parser.add_argument("--layer", type=any_int, default=-1, help="decoder layer, Python index (default -1: last)")
+    parser.add_argument("--head", type=non_negative_int, default=None,
+                        help="one attention head (default: mean over heads)")
+    parser.add_argument("--threshold", type=probability, default=None,
                         help="show queries scoring above this (default: the checkpoint's validated one, else 0.7)")
-    parser.add_argument("--top-k", type=int, default=None, help="show the K best queries instead")
+    parser.add_argument("--top-k", type=positive_int, default=None, help="show the K best queries instead")
     parser.add_argument("--all-queries", action="store_true", help="a grid of every query, no-object included")
     parser.add_argument("--encoder", action="store_true", help="also draw encoder self-attention (Fig. 3)")
     parser.add_argument("--encoder-points", type=point, nargs="+", default=None, metavar="X,Y",
                         help="reference points for the encoder figure (default: centres of detections)")
     add_resize_arguments(parser)
     parser.add_argument("--device", type=device_argument, default=None, help="default: CUDA when available, else CPU")
-    parser.add_argument("--dpi", type=int, default=120)
+    parser.add_argument("--dpi", type=positive_int, default=120)
     args = parser.parse_args(argv)
     from detr.inference.images import to_rgb_array  # after --help: torch, matplotlib
     from detr.inference.predictor import Predictor

@@ -487,7 +487,9 @@ def f1_best_threshold(coco_eval: Any) -> float | None:
     at least that reach (``eval["scores"]``), its precision the interpolated precision there
     (``eval["precision"]``). Candidates 0.05 .. 0.95 in steps of 0.01; the highest of equal ones wins: the
     table shows no false positive scoring below a class's last true positive, so a lower threshold that
-    gains no recall only adds boxes. None without ground truth or without the scores table."""
+    gains no recall only adds boxes. None without ground truth, without the scores table, or where F1 is 0 at
+    every candidate (no detection matched an object: no threshold is better than another, and the highest
+    would read as a finding)."""
     if "scores" not in coco_eval.eval:
         return None
     t = int(np.argmin(np.abs(np.asarray(coco_eval.params.iouThrs) - 0.5)))
@@ -509,7 +511,7 @@ def f1_best_threshold(coco_eval: Any) -> float | None:
         mean = float(f1[with_truth].mean())
         if mean >= best_f1 - 1e-12:
             best, best_f1 = float(candidate), max(mean, best_f1)
-    return best
+    return best if best_f1 > 0 else None
 
 
 @contextlib.contextmanager

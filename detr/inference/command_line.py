@@ -12,11 +12,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
+import math
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -24,18 +27,31 @@ def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
     """``--min-size`` / ``--max-size`` (default None: the size the checkpoint was validated at, else the
     authors' 800 / 1333, :data:`detr.models.inputs.EVAL_MIN_SIZE` and ``EVAL_MAX_SIZE``, written out here so
     that ``--help`` does not import torch; see :class:`detr.inference.predictor.Predictor`)."""
-    parser.add_argument("--min-size", type=int, default=None,
+    parser.add_argument("--min-size", type=positive_int, default=None,
                         help="eval resize: shortest side (default: the checkpoint's validation size, else 800)")
-    parser.add_argument("--max-size", type=int, default=None,
+    parser.add_argument("--max-size", type=positive_int, default=None,
                         help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
+
+
+#: Every model family, by its ``architecture`` (:data:`detr.models.config.Architecture`; a test keeps the two
+#: equal), as the help texts name it: written here so that ``--help`` does not import torch.
+FAMILY_NAMES: dict[str, str] = {"detr": "DETR", "deformable": "Deformable DETR", "rtdetr": "RT-DETR",
+                                "dfine": "D-FINE", "deimv2": "DEIMv2", "rfdetr": "RF-DETR"}
+
+
+def family_list(architectures: Iterable[str] = FAMILY_NAMES) -> str:
+    """"DETR, Deformable DETR, ... and RF-DETR": the families ``architectures`` (default: every one) in words."""
+    names = [FAMILY_NAMES[architecture] for architecture in architectures]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 #: What every command's checkpoint argument takes: what :func:`detr.load_checkpoint` reads.
 CHECKPOINT_HELP = ("a released model's name (detr-r50, detr-r101-dc5, ...: downloaded on first use; 'list' prints "
                    "them), a .pth / .ckpt file (the authors' releases, this project's runs: "
-                   "RUN/checkpoints/last.ckpt or best-*.ckpt), a Hugging Face transformers directory "
-                   "(detr-convert's, or a download of facebook/detr-resnet-50) or a hub id (PekingU/rtdetr_r50vd: "
-                   "downloaded with huggingface_hub; 'list' names those the docs give)")
+                   "RUN/checkpoints/last.ckpt or best-*.ckpt; or its http(s) URL: downloaded once into torch's hub "
+                   "cache), a Hugging Face transformers directory (detr-convert's, or a download of "
+                   "facebook/detr-resnet-50) or a hub id (PekingU/rtdetr_r50vd: downloaded with huggingface_hub; "
+                   "'list' names those the docs give)")
 #: What the commands that predict through the Predictor also take (``onnx=True``).
 ONNX_HELP = "; or a file of detr-export: .onnx (run on ONNX Runtime) or .xml (OpenVINO)"
 
@@ -56,12 +72,39 @@ class CheckpointArgument(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        if values == "list":
-            from detr.checkpoints.released import describe  # only for "list": --help does not wait for torch
-
-            print(describe())
+        if values == "list":  # the table is data: printed without importing torch or a model family
+            print(released_table(json.loads(RELEASED_FILE.read_text()), torch_hub_dir() / "checkpoints"))
             parser.exit()
         setattr(namespace, self.dest, values)
+
+
+#: The released models (:mod:`detr.checkpoints.released` builds its records from this file).
+RELEASED_FILE = Path(__file__).resolve().parents[1] / "checkpoints" / "released.json"
+
+
+def released_table(table: dict[str, Any], cache: Path) -> str:
+    """The table of released models: name, file, published COCO val2017 AP (``table``: released.json's), the
+    folder ``cache`` they are downloaded to, then the Hugging Face hub models the docs name."""
+    lines = [f"{'name':<22} {'file':<36} {'published (COCO val2017)'}"]
+    for row in table["released"]:
+        metrics = row["metrics"]
+        scores = f"box AP {metrics['box_ap']}"
+        if row["task"] == "panoptic":
+            scores += f", segm AP {metrics['segm_ap']}, PQ {metrics['pq']} (panoptic)"
+        lines.append(f"{row['name']:<22} {row['file']:<36} {scores}")
+    lines.append(f"files are downloaded on first use to {cache}")
+    lines.append("Hugging Face hub models the docs name (load_checkpoint downloads an id with huggingface_hub; "
+                 "or: huggingface-cli download ID --local-dir DIR, then pass DIR):")
+    lines.extend(f"  {family:<20} {', '.join(ids)}" for family, ids in table["hub"].items())
+    return "\n".join(lines)
+
+
+def torch_hub_dir() -> Path:
+    """``torch.hub.get_dir()`` as torch computes it when no program has set it: ``$TORCH_HOME/hub``, else
+    ``$XDG_CACHE_HOME/torch/hub``, else ``~/.cache/torch/hub`` (here, so that listing names does not import
+    torch)."""
+    home = os.environ.get("TORCH_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "torch")
+    return Path(os.path.expanduser(home)) / "hub"
 
 
 def device_argument(value: str) -> str | None:
@@ -92,20 +135,67 @@ def device_argument(value: str) -> str | None:
     return value
 
 
-def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
-    """argparse ``type``: an integer in [low, high] (no upper bound when ``high`` is None)."""
+class NumberRange:
+    """argparse ``type`` of a numeric option: a finite ``int`` or ``float`` in a range, checked where the option is
+    parsed, so that a value out of range is argparse's one-line usage error naming the option (exit 2) before any
+    model loads, never a traceback from deep inside. NaN and infinities are refused (a NaN passes every ``<``
+    comparison and would turn a check off).
 
-    def parse(value: str) -> int:
+    kind: ``int`` or ``float``. low, high: the bounds (None: unbounded on that side); low_open / high_open:
+    the bound itself is excluded (``positive_float``'s 0). The attributes are public: tests feed each option
+    the values just outside its range."""
+
+    def __init__(self, kind: type, low: float | None = None, high: float | None = None, *,
+                 low_open: bool = False, high_open: bool = False) -> None:
+        if kind not in (int, float):
+            raise TypeError(f"kind must be int or float, got {kind!r}")
+        self.kind, self.low, self.high, self.low_open, self.high_open = kind, low, high, low_open, high_open
+
+    def __call__(self, value: str) -> int | float:
         try:
-            number = int(value)
+            number = self.kind(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-        if number < low or (high is not None and number > high):
-            span = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"{number} is out of range: it must be {span}")
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not {'an integer' if self.kind is int else 'a number'}") from None
+        below = self.low is not None and (number <= self.low if self.low_open else number < self.low)
+        above = self.high is not None and (number >= self.high if self.high_open else number > self.high)
+        if not math.isfinite(number) or below or above:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: it must be {self.describe()}")
         return number
 
-    return parse
+    def describe(self) -> str:
+        """The range in words: "a number in [0, 1]", "an integer >= 1", "a number > 0"."""
+        noun = "an integer" if self.kind is int else "a finite number"
+        if self.low is not None and self.high is not None:
+            return (f"{noun} in {'(' if self.low_open else '['}{self.low:g}, "
+                    f"{self.high:g}{')' if self.high_open else ']'}")
+        if self.low is not None:
+            return f"{noun} {'>' if self.low_open else '>='} {self.low:g}"
+        if self.high is not None:
+            return f"{noun} {'<' if self.high_open else '<='} {self.high:g}"
+        return noun
+
+    def __repr__(self) -> str:  # argparse names the type in some messages
+        return self.describe()
+
+
+def bounded_int(low: int | None, high: int | None = None) -> NumberRange:
+    """argparse ``type``: an integer in [low, high] (no bound where None)."""
+    return NumberRange(int, low, high)
+
+
+#: argparse ``type``: an integer >= 1 (a count, a size in pixels, a batch size)
+positive_int = NumberRange(int, 1)
+#: argparse ``type``: an integer >= 0 (a count that may be zero: 0 images, 0 workers)
+non_negative_int = NumberRange(int, 0)
+#: argparse ``type``: any finite integer (a seed, a Python index)
+any_int = NumberRange(int)
+#: argparse ``type``: a probability, score or fraction in [0, 1]
+probability = NumberRange(float, 0.0, 1.0)
+#: argparse ``type``: a finite number > 0 (a size in MiB, a budget in minutes)
+positive_float = NumberRange(float, 0.0, low_open=True)
+#: argparse ``type``: a finite number >= 0 (a timeout in seconds, an AP drop in points)
+non_negative_float = NumberRange(float, 0.0)
 
 
 #: The exit status of an expected error (argparse's for a bad command line).

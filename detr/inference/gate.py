@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import statistics
 import time
 from collections.abc import Mapping
@@ -54,6 +55,9 @@ class GateReport:
     artifacts: list[GateRow] = field(default_factory=list)
     max_ap_drop: float = MAX_AP_DROP
     num_images: int = 0
+
+    def __post_init__(self) -> None:
+        check_max_ap_drop(self.max_ap_drop)
 
     def drop(self, row: GateRow) -> float:
         return self.reference.ap - row.ap
@@ -108,6 +112,13 @@ def evaluate_predictor(predictor: Predictor, coco_gt: COCO, images: Path, *, nam
                    file_size(path))
 
 
+def check_max_ap_drop(max_ap_drop: float) -> None:
+    """Raise ``ValueError`` unless ``max_ap_drop`` is a finite number of AP points >= 0: a NaN passed every
+    artifact (no drop is greater than NaN), turning the gate off."""
+    if not (isinstance(max_ap_drop, (int, float)) and 0 <= max_ap_drop < math.inf):
+        raise ValueError(f"max_ap_drop is in AP points and must be a finite number >= 0, got {max_ap_drop!r}")
+
+
 def accuracy_gate(reference: Predictor, artifacts: Mapping[Path, Predictor], images: str | Path,
                   annotations: str | Path, *, max_ap_drop: float = MAX_AP_DROP, reference_path: Path | None = None,
                   progress: bool = True) -> GateReport:
@@ -117,6 +128,7 @@ def accuracy_gate(reference: Predictor, artifacts: Mapping[Path, Predictor], ima
     Raises:
         FileNotFoundError: the annotation file or an image it lists is missing (named).
     """
+    check_max_ap_drop(max_ap_drop)  # before the evaluation, not after it
     images, annotations = Path(images), Path(annotations)
     if not annotations.is_file():
         raise FileNotFoundError(f"annotation file {annotations} does not exist")

@@ -35,6 +35,7 @@ from torch import Tensor
 from detr.categories import CategoryMap
 from detr.checkpoints import CheckpointError, load_checkpoint
 from detr.checkpoints.deployed import is_deployed, open_deployed
+from detr.checkpoints.released import download_url, is_url
 from detr.inference.images import ImageInput, is_single_image, to_rgb_array
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
@@ -123,8 +124,13 @@ class Predictor:
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if threshold is not None and not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold is a probability in [0, 1], got {threshold}")
+        for name, value in (("threshold", threshold), ("panoptic_threshold", panoptic_threshold),
+                            ("panoptic_overlap_threshold", panoptic_overlap_threshold)):
+            if value is not None and not 0.0 <= value <= 1.0:  # NaN fails this too
+                raise ValueError(f"{name} is a probability in [0, 1], got {value}")
+        for name, value in (("min_size", min_size), ("max_size", max_size)):
+            if value is not None and not value >= 1:
+                raise ValueError(f"{name} is in pixels and must be >= 1, got {value}")
         self.device = torch.device(device) if device is not None else default_device()
         if optimize:
             model.optimize_for_inference()
@@ -181,6 +187,8 @@ class Predictor:
         ``device`` (CUDA when onnxruntime-gpu has it), ``.xml`` with OpenVINO on the CPU (``precision`` "bf16"
         where the CPU has bfloat16 instructions); its metadata holds the label names and input size.
         """
+        if is_url(path):  # a checkpoint or an exported file: downloaded once into torch's hub cache
+            path = download_url(str(path))
         own = inspect.signature(cls.__init__).parameters.keys() - {"self", "model"}
         predictor_options = {key: value for key, value in options.items() if key in own}
         model_overrides = {key: value for key, value in options.items() if key not in own}

@@ -46,6 +46,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from detr.checkpoints import CheckpointError
+from detr.checkpoints.formats import CheckpointCodeError, unpickling_refusal
 from detr.data.coco import AnnotationFileError
 from detr.data.images import ImageLoadError
 from detr.data.panoptic_checks import PanopticDataError
@@ -67,12 +68,26 @@ logger = logging.getLogger(__name__)
 EXPECTED_ERRORS: tuple[type[Exception], ...] = (DataCheckError, AnnotationFileError, ImageLoadError,
                                                PanopticDataError, SettingError)
 
+#: LightningCLI's subcommands (``detr fit|validate|test|predict``), each a Trainer method.
+SUBCOMMANDS: tuple[str, ...] = tuple(LightningCLI.subcommands())
+
 #: The usage line printed above a command-line error (the generated one lists every option: 130 lines).
 _USAGE = "%(prog)s [--config FILE.yaml] [--KEY VALUE ...]"
 
 
 class DetrCLI(LightningCLI):
-    """LightningCLI with the data → model links DETR needs, for the detection or the panoptic system."""
+    """LightningCLI with the data → model links DETR needs, for the detection or the panoptic system.
+
+    ``subcommand_names``: the subcommands whose parsers are built (default: every one). Each parser describes
+    every option of the system, the data module and the Trainer, which takes seconds, so :func:`make_cli`
+    builds only the one the command line asks for."""
+
+    def __init__(self, *args: Any, subcommand_names: tuple[str, ...] = SUBCOMMANDS, **kwargs: Any) -> None:
+        self._subcommand_names = subcommand_names
+        super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]  # a staticmethod in LightningCLI
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name in self._subcommand_names}
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         # The data decides these (the annotation json), so no config repeats them: linked once both are built.
@@ -122,12 +137,14 @@ class DetrCLI(LightningCLI):
             try:  # memory-mapped: the tensors are not read, a truncated or foreign file fails here
                 torch.load(path, weights_only=True, map_location="cpu", mmap=True)
             except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
-                found = [line.strip() for line in str(error).splitlines() if "Unsupported global" in line]
-                if found:  # Python objects beside the tensors: a weights file such as the authors' .pth (its args)
+                refusal = unpickling_refusal(path, error) if isinstance(error, pickle.UnpicklingError) else None
+                if isinstance(refusal, CheckpointCodeError):
+                    raise refusal from None
+                if refusal is not None:  # Python objects beside the tensors: the authors' .pth (its args)
                     raise CheckpointError(
-                        f"{path} holds Python objects besides tensors ({found[0]}), so it is not a checkpoint that "
-                        "detr fit wrote (--ckpt_path resumes those: checkpoints/last.ckpt). To start from a weights "
-                        f"file, pass --model.init_checkpoint {path} instead") from error
+                        f"{path} holds Python objects besides tensors, so it is not a checkpoint that detr fit "
+                        "wrote (--ckpt_path resumes those: checkpoints/last.ckpt). To start from a weights file, "
+                        f"pass --model.init_checkpoint {path} instead") from None
                 raise CheckpointError(
                     f"could not read checkpoint {path}: {type(error).__name__}: {error}. The file is truncated or "
                     "not a checkpoint; resume from another one (the best-model checkpoints beside it) or start over"
@@ -273,12 +290,16 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     ``model``, ``datamodule`` and ``trainer`` for the caller to use (``cli.trainer.fit(cli.model, ...)``).
     """
     system, data = (PanopticSystem, PanopticDataModule) if panoptic else (DetrSystem, DetrDataModule)
-    usage = {subcommand: {"usage": _USAGE} for subcommand in ("fit", "validate", "test", "predict")}
+    argv = _argv(args)
+    # the subcommand asked for, first on the command line as the shell gives it; otherwise (none, a misspelt
+    # one) every parser, so that the error lists every choice
+    names = (argv[0],) if argv and argv[0] in SUBCOMMANDS else SUBCOMMANDS
+    usage = {subcommand: {"usage": _USAGE} for subcommand in names}
     # the command passes sys.argv[1:] itself (less --debug): Lightning's warning that args and sys.argv are both
     # given is about calls from Python, not this one, and opened every `detr fit` with four lines of noise
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
     return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True},
-                   parser_kwargs=usage if run else {"usage": _USAGE})
+                   parser_kwargs=usage if run else {"usage": _USAGE}, subcommand_names=names)
 
 
 def show_package_messages() -> None:

@@ -10,6 +10,9 @@ ones (:func:`detr.inference.command_line.one_line_errors`) as one line and exit 
 from __future__ import annotations
 
 import sys
+import textwrap
+
+from detr.inference.command_line import family_list
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -46,8 +49,9 @@ def overview(prog: str) -> str:
     panoptic = prog == "detr-panoptic"
     what = ("Panoptic segmentation with DETR (paper §4.4): train, evaluate and run the box stage and the\n"
             "mask stage, through Lightning." if panoptic else
-            "Train, evaluate and run DETR detectors (the paper's DETR, its anchor variants for short CPU\n"
-            "budgets, Deformable DETR, RT-DETR and D-FINE), through Lightning.")
+            textwrap.fill(f"Train, evaluate and run DETR detectors of every family through Lightning: "
+                          f"{family_list()} (the paper's DETR also with its anchor variants for short CPU budgets).",
+                          width=100, break_on_hyphens=False))
     configs = PANOPTIC_CONFIGS if panoptic else DETECTION_CONFIGS
     lines = [
         f"usage: {prog} {{{','.join(SUBCOMMANDS)}}} --config configs/FILE.yaml [--KEY VALUE ...]",

@@ -492,8 +492,12 @@ class DetrSystem(L.LightningModule):
     def _finish_evaluation(self, stage: str) -> None:
         if self.evaluator is not None:
             self.last_evaluation = self.evaluation.finish(self, stage, self.evaluator)
-            if not self.trainer.sanity_checking and self.last_evaluation.best_threshold is not None:
+            if not self.trainer.sanity_checking:  # the threshold of these weights, or none (not an older one)
                 self.score_threshold = self.last_evaluation.best_threshold
+                if self.score_threshold is None:
+                    logger.warning("%s: F1 is 0 at every score threshold (no detection matched an object at IoU 0.5), "
+                                   "so no best threshold is recorded; the checkpoint's users fall back to 0.7 unless "
+                                   "given --threshold", stage)
         if self.mask_evaluator is not None:
             self.last_mask_evaluation = self.evaluation.finish(self, stage, self.mask_evaluator)
 

@@ -519,6 +519,19 @@ class DetrConfig:
         return cls(**values)
 
 
+def check_threshold(name: str, value: object) -> None:
+    """Raise ``ValueError`` unless ``value`` is None or a threshold :class:`ModelMeta` can hold under ``name``:
+    ``score_threshold`` strictly between 0 and 1, the panoptic thresholds in [0, 1] (NaN fails both)."""
+    if value is None:
+        return
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if name == "score_threshold":
+        if not (number and 0.0 < value < 1.0):  # type: ignore[operator]
+            raise ValueError(f"score_threshold must be a number between 0 and 1, got {value!r}")
+    elif not (number and 0.0 <= value <= 1.0):  # type: ignore[operator]
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+
+
 #: The authors' evaluation resize, (shortest side, longest-side cap) in pixels: what a model that records no
 #: ``eval_size`` is run at.
 AUTHORS_EVAL_SIZE: tuple[int, int] = (800, 1333)
@@ -539,6 +552,11 @@ class ModelMeta:
     score_threshold: the detection score threshold the model's last validation found best (the best mean
         F1 over the classes at IoU 0.5), the default of every command and the Predictor (None: the
         authors' 0.7, as for their released models).
+
+    The thresholds are checked here, the one place every reader (a checkpoint's record, config.json, an
+    exported file's metadata) builds the record through: a score threshold is a number strictly between 0 and 1
+    (0 would keep every query, 1 none: neither is a validation's best), the panoptic ones are in [0, 1]; NaN,
+    infinities, text and booleans are refused with a ``ValueError`` naming the field.
     """
 
     category_map: CategoryMap | None = None
@@ -554,6 +572,8 @@ class ModelMeta:
             object.__setattr__(self, "eval_size", (int(self.eval_size[0]), int(self.eval_size[1])))
         if self.is_thing is not None:
             object.__setattr__(self, "is_thing", tuple(bool(flag) for flag in self.is_thing))
+        for name in ("score_threshold", "panoptic_threshold", "panoptic_overlap_threshold"):
+            check_threshold(name, getattr(self, name))
         if (self.category_map is not None and self.is_thing is not None
                 and len(self.is_thing) != self.category_map.num_classes):
             raise ValueError(f"is_thing has {len(self.is_thing)} entries but the category map has "
@@ -588,5 +608,5 @@ class ModelMeta:
             is_thing=tuple(values["is_thing"]) if values.get("is_thing") else None,
             panoptic_threshold=postprocess.get("threshold"),
             panoptic_overlap_threshold=postprocess.get("overlap_threshold"),
-            score_threshold=float(values["score_threshold"]) if values.get("score_threshold") is not None else None,
+            score_threshold=values.get("score_threshold"),
         )

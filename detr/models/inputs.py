@@ -137,7 +137,8 @@ class InputSpec:
         """uint8 RGB [H, W, 3] (array or tensor) → float32 [3, H, W]: ``(pixel - 255 mean) / (255 std)`` in
         float32, as albumentations' Normalize computes it (a per-channel table of the 256 values), or pixels
         / 255 without mean and std."""
-        pixels = torch.as_tensor(np.ascontiguousarray(image) if isinstance(image, np.ndarray) else image)
+        # np.asarray(PIL image) is read-only, which torch warns about: such an array is copied
+        pixels = torch.as_tensor(np.require(image, requirements=["C", "W"]) if isinstance(image, np.ndarray) else image)
         if pixels.dtype != torch.uint8 or pixels.dim() != 3 or pixels.shape[-1] != 3:
             raise ValueError(f"expected a uint8 RGB image [H, W, 3], got {pixels.dtype} {tuple(pixels.shape)}")
         values = torch.arange(256, dtype=torch.float32)

@@ -51,7 +51,7 @@ class DynamicBatcher:
             raise ValueError(f"max_queue must be >= 1 (or None: no limit), got {max_queue}")
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if batch_timeout < 0:
+        if not batch_timeout >= 0:  # NaN fails this too
             raise ValueError(f"batch_timeout is in seconds and must be >= 0, got {batch_timeout}")
         self.run_batch = run_batch
         self.max_batch_size = int(max_batch_size)

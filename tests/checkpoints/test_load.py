@@ -65,13 +65,31 @@ class Exploit:
         return (os.system, ("touch pwned-by-checkpoint",))
 
 
-def test_malicious_pickle_is_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize("zip_format", [True, False])
+def test_malicious_pickle_is_refused(tmp_path, monkeypatch, zip_format):
+    """K3: the refusal quoted torch's advice to retry with weights_only=False (for a file that carries code,
+    that is the attack) and the training command called the file truncated: it says the file carries code."""
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "evil.pth"
-    torch.save({"model": Exploit()}, path)
-    with pytest.raises(CheckpointError, match="refused"):
+    torch.save({"model": Exploit()}, path, _use_new_zipfile_serialization=zip_format)
+    with pytest.raises(CheckpointError, match="refused") as error:
         load_checkpoint(path)
+    message = str(error.value)
+    assert f"refused to load {path}: it carries code (a call of {os.system.__module__}.system)" in message
+    assert "weights_only=False" not in message and "truncated" not in message and "\n" not in message
     assert not (tmp_path / "pwned-by-checkpoint").exists()
+
+
+class TrainingScriptRecord:
+    """An object of a training script's own class, pickled beside the weights."""
+
+
+def test_an_unknown_python_object_beside_the_weights_is_named(tmp_path):
+    path = tmp_path / "weights.pth"
+    torch.save({"model": official_state_dict("resnet18"), "record": TrainingScriptRecord()}, path)
+    with pytest.raises(CheckpointError, match=r"holds a Python object \(.*TrainingScriptRecord\)") as error:
+        load_checkpoint(path)
+    assert "carries code" not in str(error.value)
 
 
 def test_wrong_layout_names_missing_and_unexpected_keys(tmp_path):

@@ -283,8 +283,30 @@ def test_a_hub_model_name_suggests_its_id_and_far_off_names_suggest_nothing(hub_
 
 def test_checkpoint_list_names_the_hub_models_the_docs_name(capsys):
     printed = pretrained.describe()
-    docs = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    docs = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
     for ids in pretrained.HUB_MODELS.values():
         for repo_id in ids:
             assert repo_id in printed and repo_id.split("/")[0] + "/" in docs, repo_id
     assert "PekingU/rtdetr_r50vd" in printed and "Roboflow/rf-detr-*" in printed
+
+
+def test_a_url_is_downloaded_once_into_the_hub_cache(hub_dir, served_checkpoint):
+    """X9: Predictor.from_checkpoint("http://...") read the URL as a path, its // folded ("http:/..."), and said
+    the file did not exist. A URL is downloaded once into torch's hub cache (its -<sha256 prefix> checked)."""
+    from detr.inference.predictor import Predictor
+
+    server, path, original = served_checkpoint
+    url = f"http://127.0.0.1:{server.port}/{path.name}"
+    predictor = Predictor.from_checkpoint(url, device="cpu")
+    assert server.requests == 1 and (hub_dir / path.name).read_bytes() == path.read_bytes()
+    assert torch.equal(predictor.model.query_embed.weight, original.query_embed.weight)
+    assert torch.equal(detr.load_checkpoint(url).query_embed.weight, original.query_embed.weight)
+    assert server.requests == 1  # the cache
+    (path.parent / "other-0123abcd.pth").write_bytes(path.read_bytes())  # its name's hash prefix is wrong
+    with pytest.raises(CheckpointError, match=rf"refused the download of {url[:-len(path.name)]}other"):
+        detr.load_checkpoint(f"http://127.0.0.1:{server.port}/other-0123abcd.pth")
+    assert not (hub_dir / "other-0123abcd.pth").exists()
+    with pytest.raises(CheckpointError, match=r"could not download .*/missing\.pth: HTTP Error 404"):
+        detr.load_checkpoint(f"http://127.0.0.1:{server.port}/missing.pth")
+    with pytest.raises(CheckpointError, match="names no file"):
+        detr.load_checkpoint(f"http://127.0.0.1:{server.port}/")

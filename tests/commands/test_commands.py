@@ -58,7 +58,7 @@ def test_every_command_that_takes_a_checkpoint_says_the_same_of_it(module: str, 
 
     with pytest.raises(SystemExit):
         importlib.import_module(f"detr.commands.{module}").main(["--help"])
-    text = " ".join(capsys.readouterr().out.split())
+    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse wraps lines after a hyphen
     assert " ".join(CHECKPOINT_HELP.split()) in text
     assert (" ".join(ONNX_HELP.split()) in text) == (module in ("predict", "serve"))
 
@@ -114,3 +114,62 @@ for name, target in {sorted(SCRIPTS.items())!r}:
     result = _run("-c", code)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "", result.stdout
+
+
+def test_checkpoint_list_prints_the_released_models_without_importing_torch() -> None:
+    """N15: `detr-predict --checkpoint list` imported every model family (and torch) to print a table of
+    names: 14 s on a quiet machine. The table is data (detr/checkpoints/released.json)."""
+    code = """
+import contextlib, io, sys
+from detr.commands import predict
+out = io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+    predict.main(["--checkpoint", "list"])
+print(sorted(m for m in ("torch", "detr.checkpoints", "detr.models") if m in sys.modules))
+print(out.getvalue())
+"""
+    result = _run("-c", code)
+    assert result.returncode == 0, result.stderr
+    loaded, _, table = result.stdout.partition("\n")
+    assert loaded == "[]", loaded
+    from detr.checkpoints.released import PRETRAINED_MODELS, describe
+
+    assert all(f"{name} " in table and model.file_name in table for name, model in PRETRAINED_MODELS.items())
+    assert table.strip() == describe()
+
+
+def test_the_hub_folder_is_torch_hubs(monkeypatch, tmp_path) -> None:
+    import torch
+
+    from detr.inference.command_line import torch_hub_dir
+
+    monkeypatch.setattr(torch.hub, "_hub_dir", None)  # as no program has set it (other tests set_dir)
+    for variable, value in (("TORCH_HOME", str(tmp_path / "home")), ("XDG_CACHE_HOME", str(tmp_path / "xdg"))):
+        monkeypatch.delenv("TORCH_HOME", raising=False)
+        monkeypatch.setenv(variable, value)
+        assert torch_hub_dir() == Path(torch.hub.get_dir())
+
+
+def test_help_texts_name_every_family(capsys) -> None:
+    """N14: RF-DETR (and DEIMv2) were missing from `detr --help` and `detr-export --help`; the families the help
+    texts name are the list of families (detr.models.config.Architecture), not written out per command."""
+    from typing import get_args
+
+    from detr.commands import export
+    from detr.inference.command_line import FAMILY_NAMES
+    from detr.lightning.command import overview
+    from detr.models.config import Architecture
+
+    assert list(FAMILY_NAMES) == list(get_args(Architecture))
+    with pytest.raises(SystemExit):
+        export.main(["--help"])
+    for text in (overview("detr"), capsys.readouterr().out):
+        words = " ".join(text.split())
+        assert all(f" {name}" in words for name in FAMILY_NAMES.values()), words
+
+
+def test_the_readme_lists_every_extra() -> None:
+    """N14: `.[serve]` was missing from the README's list of extras."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    [line] = [line for line in (REPO / "README.md").read_text().splitlines() if "extras: " in line]
+    assert all(f".[{extra}]" in line for extra in extras), line

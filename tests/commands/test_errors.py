@@ -53,7 +53,8 @@ def test_serve_checks_its_numbers_before_the_model_loads(tmp_path, capsys) -> No
     """--port 99999 was a bare OverflowError once the model had loaded."""
     from detr.commands import serve
 
-    for flag, value, message in (("--port", "99999", "between 0 and 65535"), ("--max-batch-size", "0", "at least 1"),
+    for flag, value, message in (("--port", "99999", "an integer in [0, 65535]"),
+                                 ("--max-batch-size", "0", "an integer >= 1"),
                                  ("--port", "http", "'http' is not an integer")):
         with pytest.raises(SystemExit) as exit_:
             serve.main(["--checkpoint", str(tmp_path / "never-read.ckpt"), flag, value])

@@ -370,8 +370,14 @@ def test_cli_reads_the_checkpoint_classes(tmp_path: Path, capsys: pytest.Capture
     images_dir, path = write_boxes(tmp_path / "data", [[10, 10, 20, 20]] * 2, categories=categories,
                                    category_ids=[1, 2])
     assert check_data.main([str(images_dir), str(path), "--quick", "--checkpoint", str(checkpoint)]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if "warning: checkpoint_class_head" in line]
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "warning: checkpoint_class_head" in line]
     assert len(lines) == 1 and f"{checkpoint} was not trained on 1 of the 2 classes" in lines[0]
+    # N14: the checks counted against the paper's 100 queries, not the checkpoint's
+    assert model.config.num_queries != 100 and f"(num_queries={model.config.num_queries})" in out
+    assert check_data.main([str(images_dir), str(path), "--quick", "--checkpoint", str(checkpoint),
+                            "--num-queries", "7"]) == 0
+    assert "(num_queries=7)" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         check_data.main([str(images_dir), str(path), "--checkpoint", str(tmp_path / "missing.ckpt")])
     assert "--checkpoint" in capsys.readouterr().err

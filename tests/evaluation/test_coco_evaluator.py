@@ -516,6 +516,18 @@ def test_the_best_f1_threshold_from_the_accumulated_tables() -> None:
 
 
 @pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
+def test_no_best_threshold_where_f1_is_zero_at_every_threshold(backend) -> None:
+    """TH3: a validation whose detections all miss recorded 0.95 (the highest of equal F1s of 0) as the
+    model's best threshold; there is none."""
+    images = [{"id": 1, "width": 100, "height": 100}]
+    dataset = {"images": images, "categories": CATEGORIES[:1], "annotations": [
+        {"id": 1, "image_id": 1, "category_id": 3, "bbox": [10.0, 10.0, 30.0, 30.0], "area": 900.0, "iscrowd": 0}]}
+    evaluator = CocoEvaluator(coco_ground_truth(dataset), backend=backend)
+    evaluator.update([1], [_detection([(3, [60.0, 60.0, 90.0, 90.0], 0.9), (3, [0.0, 70.0, 20.0, 90.0], 0.4)])])
+    assert evaluator.compute().best_threshold is None
+
+
+@pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
 def test_mask_ap_on_coco_polygons_equals_pycocotools_segm(backend) -> None:
     """Mask AP of detections on coco-mini's own polygons (and crowd RLE) as the ground truth json gives them: each
     object's mask shifted and thinned, plus masks of other objects under wrong labels, scored as pycocotools'

@@ -141,3 +141,15 @@ def test_int8_scope_all_quantises_the_matrix_products_too(own_ground_truth, tmp_
     assert "INT8 convolutions and matrix products calibrated on 2 images" in capsys.readouterr().out
     assert quantised_products(tmp_path / "convolutions" / "tiny-int8.onnx") == 0
     assert quantised_products(tmp_path / "all" / "tiny-int8.onnx") > 0
+
+
+@pytest.mark.parametrize("max_ap_drop", [float("nan"), -1.0, float("inf")])
+def test_an_ap_drop_that_is_not_a_bound_is_refused_before_any_evaluation(max_ap_drop):
+    """EX7: max_ap_drop NaN passed every file (no drop is greater than NaN): the gate was off, exit 0."""
+    from detr.inference.gate import GateReport, GateRow
+
+    with pytest.raises(ValueError, match="max_ap_drop is in AP points"):
+        accuracy_gate(None, {}, "never-read", "never-read.json", max_ap_drop=max_ap_drop)  # type: ignore[arg-type]
+    row = GateRow(name="model", path=None, ap=40.0, ap50=60.0, latency_median=1.0, latency_p95=1.0)
+    with pytest.raises(ValueError, match="max_ap_drop"):
+        GateReport(reference=row, max_ap_drop=max_ap_drop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -122,6 +123,11 @@ def test_invalid_inputs_name_the_fix(tiny_model):
         Predictor(tiny_model, precision="fp16")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="category_map"):
         Predictor(tiny_model, category_map=CategoryMap.coco())
+    # P11: a panoptic overlap of -3 failed every image, a threshold of NaN kept nothing
+    for option, value in [("threshold", math.nan), ("panoptic_threshold", 2.0), ("panoptic_overlap_threshold", -3.0),
+                          ("min_size", 0), ("max_size", -1)]:
+        with pytest.raises(ValueError, match=option):
+            Predictor(tiny_model, device="cpu", **{option: value})
 
 
 def test_a_url_or_a_folder_given_as_an_image_says_what_to_do(tiny_model, tmp_path):

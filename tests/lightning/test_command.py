@@ -3,12 +3,24 @@ expected errors as one line."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from detr.lightning.command import DETECTION_CONFIGS, PANOPTIC_CONFIGS, main, overview
 from tests.helpers import tiny_fit_args
+
+
+class Exploit:
+    """A pickle that runs a shell command when loaded."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,6 +94,11 @@ def test_expected_errors_of_fit_are_one_line_naming_the_file_or_flag(tiny_shapes
     assert f"--ckpt_path {tmp_path / 'last.ckpt'} does not exist" in line
     line = _one_line_error(capsys, [*fit, "--model.init_checkpoint", str(empty)])
     assert str(empty) in line
+    evil = tmp_path / "evil.ckpt"  # K3: called "truncated", with torch's advice to load it anyway
+    torch.save({"state_dict": {}, "x": Exploit(tmp_path / "pwned")}, evil)
+    line = _one_line_error(capsys, [*fit, f"--ckpt_path={evil}"])
+    assert f"refused to load {evil}: it carries code" in line and "truncated" not in line
+    assert not (tmp_path / "pwned").exists()
 
     (run / "checkpoints").mkdir(parents=True)
     (run / "metrics.csv").write_text("epoch,step\n")
@@ -94,3 +111,27 @@ def test_debug_shows_the_traceback_of_an_expected_error(tmp_path, monkeypatch) -
     args = ["fit", "--config", str(REPO / "configs" / "demo_shapes_cpu.yaml"), f"--data.root={tmp_path / 'none'}"]
     with pytest.raises(ValueError, match="does not exist"):
         main([*args, "--debug"])
+
+
+def test_only_the_asked_subcommands_parser_is_built(capsys, monkeypatch) -> None:
+    """N15: `detr fit --help` built the parsers of fit, validate, test and predict (each describes every option
+    of the system, the data and the Trainer: seconds each) to print one. A misspelt subcommand still lists all."""
+    from detr.lightning.cli import DetrCLI
+
+    built: list[str] = []
+    prepare = DetrCLI._prepare_subcommand_parser
+
+    def counted(self, klass, subcommand, **kwargs):
+        built.append(subcommand)
+        return prepare(self, klass, subcommand, **kwargs)
+
+    monkeypatch.setattr(DetrCLI, "_prepare_subcommand_parser", counted)
+    monkeypatch.setattr("sys.argv", ["detr"])
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--help"])
+    assert exit_.value.code == 0 and built == ["validate"] and "--ckpt_path" in capsys.readouterr().out
+    built.clear()
+    with pytest.raises(SystemExit):
+        main(["fitt"])
+    assert built == ["fit", "validate", "test", "predict"]
+    assert "invalid choice: 'fitt' (choose from 'fit', 'validate', 'test', 'predict')" in capsys.readouterr().err

@@ -62,6 +62,20 @@ def test_fit_logs_every_term_and_coco_stats(tmp_path, caplog) -> None:
     assert restored.score_threshold == system.score_threshold
 
 
+def test_a_validation_without_a_best_threshold_records_none_and_says_so(tmp_path, caplog, monkeypatch) -> None:
+    """TH3: where F1 is 0 at every threshold the validation recorded 0.95 (or kept an older run's threshold)
+    as these weights' best: it records none, and says so."""
+    from detr.evaluation import coco_evaluator
+
+    monkeypatch.setattr(coco_evaluator, "f1_best_threshold", lambda coco_eval: None)
+    system = _system()
+    system.score_threshold = 0.4  # what an earlier validation found
+    with caplog.at_level(logging.WARNING, logger="detr.lightning.system"):
+        _trainer(tmp_path, enable_checkpointing=False, limit_val_batches=1).fit(system, datamodule=animal_data())
+    assert system.score_threshold is None
+    assert any("no best threshold is recorded" in record.getMessage() for record in caplog.records)
+
+
 def test_bf16_mixed_precision_trains_with_a_float32_loss(tmp_path) -> None:
     system = _system()
     trainer = _trainer(tmp_path, enable_checkpointing=False, precision="bf16-mixed", limit_val_batches=1)

@@ -90,3 +90,26 @@ def test_the_padding_mask_is_downsampled_as_f_interpolate_does_at_every_size():
             expected = torch.nn.functional.interpolate(mask[None].float(), size=(out, 3)).bool()[0]
             assert torch.equal(downsample_mask(mask, (out, 3)), expected), (size, out)
             assert torch.equal(downsample_mask(mask.transpose(1, 2), (3, out)), expected.transpose(1, 2))
+
+
+def test_the_readmes_raw_model_snippet_runs_without_warnings(monkeypatch) -> None:
+    """N13: the README's snippet that calls the model directly warned "The given NumPy array is not writable"
+    (np.asarray of a PIL image is read-only) where an image needed no resizing. The snippet runs as written,
+    with a tiny model of the size of one photo's short side, warnings as errors."""
+    import re
+    import warnings
+
+    import detr
+    from detr.models.config import ModelMeta
+    from tests.helpers import TINY
+
+    readme = (REPO / "README.md").read_text()
+    [snippet] = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S)
+                 if "model.input_spec.batch" in block]
+    model = detr.build_detr(TINY)
+    model.meta = ModelMeta(eval_size=(300, 1333))  # data/photos/chelsea.png is 451 × 300: no resize
+    monkeypatch.setattr(detr, "load_checkpoint", lambda *args, **kwargs: model)
+    monkeypatch.chdir(REPO)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exec(compile(snippet, "README.md", "exec"), {})

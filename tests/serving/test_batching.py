@@ -111,6 +111,8 @@ def test_arguments_are_checked() -> None:
         DynamicBatcher(lambda jobs: jobs, max_batch_size=0)
     with pytest.raises(ValueError, match="batch_timeout"):
         DynamicBatcher(lambda jobs: jobs, batch_timeout=-1)
+    with pytest.raises(ValueError, match="batch_timeout"):
+        DynamicBatcher(lambda jobs: jobs, batch_timeout=float("nan"))
 
 
 def test_jobs_beyond_max_queue_are_refused_at_once() -> None:

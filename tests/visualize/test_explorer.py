@@ -235,3 +235,26 @@ def test_panoptic_pages_carry_each_querys_mask(tmp_path: Path) -> None:
     data = explorer_data(batch_outputs, index=1, image=np.zeros((64, 64, 3), np.uint8), original_size=(64, 64),
                          class_names=[f"c{i}" for i in range(6)], title="small")
     assert data["masks"]["shape"] == [4, 16, 16]  # the padded batch's masks cropped to the small image
+
+
+def test_detr_explore_lists_each_page_once(tmp_path: Path, capsys, caplog) -> None:
+    """N14: every page was listed twice (the writer's log line and the command's list)."""
+    import logging
+
+    from PIL import Image
+
+    from detr.checkpoints import save_checkpoint
+    from detr.commands import explore
+
+    for name, seed in (("a.png", 1), ("b.png", 2)):
+        Image.fromarray(image(40, 50, seed)).save(tmp_path / name)
+    checkpoint = save_checkpoint(tiny_model(), tmp_path / "tiny.ckpt")
+    out = tmp_path / "pages"
+    with caplog.at_level(logging.DEBUG):
+        status = explore.main([str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--checkpoint", str(checkpoint),
+                               "--out", str(out), "--device", "cpu", "--min-size", "64", "--max-size", "96"])
+    assert status == 0
+    shown = capsys.readouterr().out + "".join(f"{record.getMessage()}\n" for record in caplog.records
+                                              if record.levelno >= logging.INFO)
+    for page in ("a.html", "b.html", "index.html"):
+        assert shown.count(str(out / page)) == 1, shown

@@ -155,7 +155,7 @@ def write_attention_explorer(
                 "explorer page %s weighs %.1f MiB (more than %.0f MiB)", page, size / 2**20,
                 PAGE_SIZE_WARNING_BYTES / 2**20,
             )
-        logger.info("wrote %s (%.1f MiB)", page, size / 2**20)
+        logger.debug("wrote %s (%.1f MiB)", page, size / 2**20)  # the caller lists the paths it gets back
         for key in ("decoder", "encoder", "sampling", "masks"):  # the index needs only the image and detections
             data.pop(key, None)
         written.append((page, data))
