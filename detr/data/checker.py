@@ -8,21 +8,26 @@ pipeline handles. ``detr-check-data`` prints :func:`format_problems` and exits 1
 Errors: invalid JSON (with line and column) or a json without ``images``/``categories``; duplicate
 image, annotation or category ids; an annotation on an unknown image or with a category id missing from
 ``categories``; a bbox that is not 4 finite numbers, has zero (or negative) width or height, or reaches
-outside the image; missing, truncated or undecodable image files; a file whose size (after EXIF
+outside the image; a ``file_name`` outside the images folder (absolute, or with ``..``:
+:mod:`detr.data.file_names`; backslashes are read as separators, which an "info" line says); missing, truncated or
+undecodable image files; a file whose size (after EXIF
 orientation) contradicts the json; more objects in one image than ``num_queries`` (DETR predicts at most
 one object per query, so the rest could never be matched); string image ids; a file without any
 (non-crowd) box; boxes that look like [x1, y1, x2, y2] corners (a quarter run past their image as [x, y, width,
-height] and nine in ten fit inside it as corners: :data:`XYXY_MIN_OUTSIDE`); a
+height] and nine in ten fit inside it as corners: :data:`XYXY_MIN_OUTSIDE`) or in 0-1 units (nine in ten within
+[0, 1] on images of 64 or more pixels a side: YOLO-style), each listed first as the root cause, counting the
+mask/box disagreements it explains instead of listing them; a
 ``segmentation`` that cannot be a mask (a polygon of fewer than 3 points or of odd length, an RLE whose size is
-not its image's: :func:`detr.data.instance_masks.segmentation_problem`) or that covers no pixel.
+not its image's, a corrupt compressed RLE: :func:`detr.data.instance_masks.segmentation_problem`) or that covers
+no pixel.
 
 Warnings: images without boxes, crowd annotations (left out of training, kept for evaluation), category
 id gaps, categories without annotations, duplicate file names, annotations without ``area``/``iscrowd``,
 files with an EXIF orientation that turns or flips their pixels while the json's size fits either frame (a
 square image, a 180-degree turn: the sizes cannot tell in which frame its boxes were drawn); a mask whose extent
 disagrees with its box (IoU below :data:`MASK_BOX_MIN_IOU`) or whose area exceeds the box's; annotations without
-``segmentation`` in a json where others have one (no mask training, no mask AP); boxes in 0-1 units (nine in
-ten within [0, 1] on images of 64 or more pixels a side: YOLO-style).
+``segmentation`` in a json where others have one (no mask training, no mask AP). Facts about many items (crowd
+annotations, images without boxes, unused categories) are one line per kind: the count and the first few.
 
 What makes a fine-tune on a small set end near 0 AP, when asked: categories with boxes on fewer than
 ``min_images_per_class`` images (a warning), and a ``checkpoint`` whose class head does not fit the json's

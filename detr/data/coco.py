@@ -257,14 +257,13 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
 def unsafe_file_names(images: list[Any], annotations_file: str | Path, *, what: str = "image") -> None:
     """Raise :class:`AnnotationFileError` (one sentence: the json, the image id, the fix) when an entry of
     ``images`` (dicts with ``file_name``) names a file outside its folder (:mod:`detr.data.file_names`)."""
-    unsafe = [(entry, problem) for entry in images if isinstance(entry, dict) and isinstance(entry.get("file_name"), str)
-              and (problem := file_name_problem(entry["file_name"])) is not None]
+    named = [entry for entry in images if isinstance(entry, dict) and isinstance(entry.get("file_name"), str)]
+    unsafe = [(entry, problem) for entry in named if (problem := file_name_problem(entry["file_name"])) is not None]
     if unsafe:
         (entry, problem), more = unsafe[0], len(unsafe) - 1
         message = unsafe_file_name_message(entry["file_name"], problem, annotations_file=annotations_file,
-                                           image_id=entry.get("image_id", entry.get("id")))
-        raise AnnotationFileError(message.replace("file_name", f"{what} file_name", 1)
-                                  + (f" ({more} more such file name(s))" if more else ""))
+                                           image_id=entry.get("image_id", entry.get("id")), what=what)
+        raise AnnotationFileError(message + (f" ({more} more such file name(s))" if more else ""))
 
 
 def _first_listed(problems: list[str]) -> str:

@@ -74,8 +74,8 @@ def _check_annotation(annotation: Any, index: int, annotations_file: Path) -> No
     for number, segment in enumerate(segments):
         if segment["id"] in first_of:  # both would be the same PNG pixels: two targets, or a PQ that cannot pair
             raise AnnotationFileError(
-                f"{where}: segments_info lists segment id {segment['id']} twice (segments_info[{first_of[segment['id']]}] "
-                f"and [{number}]); the json is at fault, not the PNG: each segment of an image needs its own id (its "
+                f"{where}: segments_info lists segment id {segment['id']} twice (segments_info"
+                f"[{first_of[segment['id']]}] and [{number}]); the json is at fault, not the PNG: each segment of an image needs its own id (its "
                 "pixels' R + 256·G + 256²·B in the PNG): remove the repeated entry or give it its segment's id")
         first_of[segment["id"]] = number
 

@@ -38,17 +38,19 @@ def file_name_problem(file_name: str) -> str | None:
 
 
 def unsafe_file_name_message(file_name: str, problem: str, *, annotations_file: str | Path | None,
-                             image_id: Any = None, folder: str | Path | None = None) -> str:
-    """One sentence naming the json, the image id and the fix for a ``file_name`` with ``problem``."""
+                             image_id: Any = None, folder: str | Path | None = None, what: str = "image") -> str:
+    """One sentence naming the json, the image id and the fix for a ``file_name`` with ``problem`` (``what``: the
+    kind of file it names, e.g. "image" or "panoptic PNG")."""
     where = f"'{annotations_file}'" if annotations_file is not None else "the json"
     image = f" (image id {image_id})" if image_id is not None else ""
     inside = f" '{folder}'" if folder is not None else ""
-    return (f"{where}: file_name '{file_name}'{image} is {problem}; file names must be relative to the images "
-            f"folder{inside} and stay inside it: copy the file into that folder and give its path relative to it")
+    return (f"{where}: {what} file_name '{file_name}'{image} is {problem}; file names must be relative to the "
+            f"{what}s folder{inside} and stay inside it: copy the file into that folder and give its path relative "
+            "to it")
 
 
 def resolve_file_name(folder: str | Path, file_name: str, *, annotations_file: str | Path | None = None,
-                      image_id: Any = None) -> Path:
+                      image_id: Any = None, what: str = "image") -> Path:
     """The file ``folder / file_name`` (backslashes read as separators).
 
     Raises:
@@ -58,7 +60,7 @@ def resolve_file_name(folder: str | Path, file_name: str, *, annotations_file: s
     problem = file_name_problem(file_name)
     if problem is not None:
         raise FileNameError(unsafe_file_name_message(file_name, problem, annotations_file=annotations_file,
-                                                     image_id=image_id, folder=folder))
+                                                     image_id=image_id, folder=folder, what=what))
     return Path(folder) / normalise_file_name(file_name)
 
 

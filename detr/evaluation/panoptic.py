@@ -204,10 +204,12 @@ def evaluate_panoptic_files(gt_json: str | Path, pred_json: str | Path, gt_folde
         if image_id not in predictions:
             raise ValueError(f"{pred_json}: no prediction for image {image_id}")
         prediction = predictions[image_id]
-        gt_png = np.asarray(Image.open(resolve_file_name(gt_folder, gt_annotation["file_name"], annotations_file=gt_json,
-                                                         image_id=image_id)).convert("RGB"))
+        gt_png = np.asarray(Image.open(resolve_file_name(gt_folder, gt_annotation["file_name"],
+                                                         annotations_file=gt_json, image_id=image_id,
+                                                         what="panoptic PNG")).convert("RGB"))
         pred_png = np.asarray(Image.open(resolve_file_name(pred_folder, prediction["file_name"],
-                                                           annotations_file=pred_json, image_id=image_id)).convert("RGB"))
+                                                           annotations_file=pred_json, image_id=image_id,
+                                                           what="panoptic PNG")).convert("RGB"))
         try:
             metric.update(gt_png, gt_annotation["segments_info"], pred_png, prediction["segments_info"])
         except ValueError as error:

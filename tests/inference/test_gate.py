@@ -141,3 +141,15 @@ def test_int8_scope_all_quantises_the_matrix_products_too(own_ground_truth, tmp_
     assert "INT8 convolutions and matrix products calibrated on 2 images" in capsys.readouterr().out
     assert quantised_products(tmp_path / "convolutions" / "tiny-int8.onnx") == 0
     assert quantised_products(tmp_path / "all" / "tiny-int8.onnx") > 0
+
+
+def test_the_gate_reads_images_by_the_data_sets_file_name_rule(tmp_path: Path) -> None:
+    """A file_name outside the images folder is refused before any model runs, naming the json and the image."""
+    (tmp_path / "images").mkdir()
+    annotations = tmp_path / "instances.json"
+    annotations.write_text(json.dumps({
+        "images": [{"id": 3, "file_name": "../secret.jpg", "height": 8, "width": 8}],
+        "annotations": [{"id": 1, "image_id": 3, "bbox": [1, 1, 2, 2], "category_id": 1, "area": 4, "iscrowd": 0}],
+        "categories": [{"id": 1, "name": "thing"}]}))
+    with pytest.raises(ValueError, match=r"instances.json': image file_name '\.\./secret.jpg' \(image id 3\)"):
+        accuracy_gate(None, {}, tmp_path / "images", annotations, progress=False)  # type: ignore[arg-type]
