@@ -56,7 +56,12 @@ from detr.data.coco import (
     is_finite_number,
     load_coco_json,
 )
-from detr.data.file_names import file_name_problem, join_file_name, unsafe_file_name_message
+from detr.data.file_names import (
+    file_name_problem,
+    join_file_name,
+    normalise_file_name,
+    unsafe_file_name_message,
+)
 from detr.data.image_checks import read_images
 from detr.data.instance_masks import segmentation_problem, segmentation_to_rle
 
@@ -200,7 +205,7 @@ def check_dataset(
                 f"'{images[image['id']]['file_name']}')", image["file_name"])
         else:
             images[image["id"]] = image
-            file_names[image["file_name"]] += 1
+            file_names[normalise_file_name(image["file_name"])] += 1
             if not isinstance(image["id"], int):
                 add("error", "non_integer_image_id", f"images[{position}] has id {image['id']!r}, a string; image "
                     "ids must be integers (COCO evaluation and the data set key on them): renumber the images and "
