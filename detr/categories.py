@@ -85,6 +85,13 @@ class CategoryMap:
         """Name of model label ``label``; the no-object label (``num_classes``) is called "no object"."""
         return "no object" if label == self.num_classes else self.names[label]
 
+    def renamed(self, other: CategoryMap) -> list[tuple[int, str, str]]:
+        """``(category id, this map's name, other's name)`` for every id both maps hold whose names differ
+        (compared by :func:`class_name_key`: case and surrounding spaces aside), in this map's label order."""
+        theirs = dict(zip(other.category_ids, other.names))
+        return [(category_id, name, theirs[category_id]) for category_id, name in zip(self.category_ids, self.names)
+                if category_id in theirs and class_name_key(name) != class_name_key(theirs[category_id])]
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form, for checkpoints and prediction files."""
         return {"category_ids": list(self.category_ids), "names": list(self.names)}

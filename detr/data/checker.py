@@ -8,21 +8,26 @@ pipeline handles. ``detr-check-data`` prints :func:`format_problems` and exits 1
 Errors: invalid JSON (with line and column) or a json without ``images``/``categories``; duplicate
 image, annotation or category ids; an annotation on an unknown image or with a category id missing from
 ``categories``; a bbox that is not 4 finite numbers, has zero (or negative) width or height, or reaches
-outside the image; missing, truncated or undecodable image files; a file whose size (after EXIF
+outside the image; a ``file_name`` outside the images folder (absolute, or with ``..``:
+:mod:`detr.data.file_names`; backslashes are read as separators, which an "info" line says); missing, truncated or
+undecodable image files; a file whose size (after EXIF
 orientation) contradicts the json; more objects in one image than ``num_queries`` (DETR predicts at most
 one object per query, so the rest could never be matched); string image ids; a file without any
 (non-crowd) box; boxes that look like [x1, y1, x2, y2] corners (a quarter run past their image as [x, y, width,
-height] and nine in ten fit inside it as corners: :data:`XYXY_MIN_OUTSIDE`); a
+height] and nine in ten fit inside it as corners: :data:`XYXY_MIN_OUTSIDE`) or in 0-1 units (nine in ten within
+[0, 1] on images of 64 or more pixels a side: YOLO-style), each listed first as the root cause, counting the
+mask/box disagreements it explains instead of listing them; a
 ``segmentation`` that cannot be a mask (a polygon of fewer than 3 points or of odd length, an RLE whose size is
-not its image's: :func:`detr.data.instance_masks.segmentation_problem`) or that covers no pixel.
+not its image's, a corrupt compressed RLE: :func:`detr.data.instance_masks.segmentation_problem`) or that covers
+no pixel.
 
 Warnings: images without boxes, crowd annotations (left out of training, kept for evaluation), category
 id gaps, categories without annotations, duplicate file names, annotations without ``area``/``iscrowd``,
 files with an EXIF orientation that turns or flips their pixels while the json's size fits either frame (a
 square image, a 180-degree turn: the sizes cannot tell in which frame its boxes were drawn); a mask whose extent
 disagrees with its box (IoU below :data:`MASK_BOX_MIN_IOU`) or whose area exceeds the box's; annotations without
-``segmentation`` in a json where others have one (no mask training, no mask AP); boxes in 0-1 units (nine in
-ten within [0, 1] on images of 64 or more pixels a side: YOLO-style).
+``segmentation`` in a json where others have one (no mask training, no mask AP). Facts about many items (crowd
+annotations, images without boxes, unused categories) are one line per kind: the count and the first few.
 
 What makes a fine-tune on a small set end near 0 AP, when asked: categories with boxes on fewer than
 ``min_images_per_class`` images (a warning), and a ``checkpoint`` whose class head does not fit the json's
@@ -50,6 +55,12 @@ from detr.data.coco import (
     is_coco_bbox,
     is_finite_number,
     load_coco_json,
+)
+from detr.data.file_names import (
+    file_name_problem,
+    join_file_name,
+    normalise_file_name,
+    unsafe_file_name_message,
 )
 from detr.data.image_checks import read_images
 from detr.data.instance_masks import segmentation_problem, segmentation_to_rle
@@ -194,7 +205,7 @@ def check_dataset(
                 f"'{images[image['id']]['file_name']}')", image["file_name"])
         else:
             images[image["id"]] = image
-            file_names[image["file_name"]] += 1
+            file_names[normalise_file_name(image["file_name"])] += 1
             if not isinstance(image["id"], int):
                 add("error", "non_integer_image_id", f"images[{position}] has id {image['id']!r}, a string; image "
                     "ids must be integers (COCO evaluation and the data set key on them): renumber the images and "
@@ -203,17 +214,33 @@ def check_dataset(
         if count > 1:
             add("warning", "duplicate_file_name", f"{count} image entries share this file_name", name)
 
-    # Image files.
+    # Image files: only inside the images folder (detr.data.file_names), backslashes read as separators.
+    to_read: dict[Any, dict[str, Any]] = {}
+    backslashed: list[str] = []
+    for image_id, image in images.items():
+        unsafe = file_name_problem(image["file_name"])
+        if unsafe is not None:
+            add("error", "unsafe_file_name", unsafe_file_name_message(
+                image["file_name"], unsafe, annotations_file=annotations_file, image_id=image_id, folder=images_dir),
+                image["file_name"])
+            continue
+        if "\\" in image["file_name"]:
+            backslashed.append(image["file_name"])
+        to_read[image_id] = image
+    if backslashed:
+        shown = _first_of([f"'{name}'" for name in backslashed], 3)
+        add("info", "backslash_file_names", f"{len(backslashed)} file_name(s) use backslashes as separators "
+            f"(Windows paths: {shown}); read as '/' (sub\\a.jpg = sub/a.jpg)")
     folder = str(images_dir)  # strings, not Paths: pathlib's parsing costs seconds over 118k files
-    paths = [os.path.join(folder, image["file_name"]) for image in images.values()]
+    paths = [join_file_name(folder, image["file_name"]) for image in to_read.values()]
     readings = read_images(paths, decode=decode_images, annotations_file=annotations_file,
                            workers=reading_workers(workers, len(paths), decode_images),
                            cache_file=None if cache_file is None else Path(cache_file), progress=progress)
     sizes: dict[Any, tuple[int, int]] = {}
-    for (image_id, image), reading in zip(images.items(), readings, strict=True):
+    for (image_id, image), reading, path in zip(to_read.items(), readings, paths, strict=True):
         size, error, stored_size, orientation = reading.size, reading.error, reading.stored_size, reading.orientation
         if error is not None:
-            kind = "missing_image" if not (images_dir / image["file_name"]).is_file() else "unreadable_image"
+            kind = "missing_image" if not os.path.isfile(path) else "unreadable_image"
             add("error", kind, error, image["file_name"])
             json_size = (image.get("height"), image.get("width"))
             if is_finite_number(json_size[0]) and is_finite_number(json_size[1]):
@@ -243,6 +270,8 @@ def check_dataset(
     used_categories: set[int] = set()
     missing_fields: list[Any] = []
     without_segmentation: list[Any] = []
+    crowds: list[tuple[Any, Any]] = []  # (file name, annotation id)
+    mask_box_mismatches: list[Problem] = []
     # for the box-format tests below: boxes with a known image size, those reaching outside it, those that fit
     # inside it read as [x1, y1, x2, y2], both, and those in 0-1 units on an image of at least 64 pixels a side
     sized_boxes = outside_boxes = xyxy_like = outside_xyxy_like = normalised_like = 0
@@ -277,14 +306,16 @@ def check_dataset(
             missing_fields.append(ann_id)
         crowd = bool(annotation.get("iscrowd", 0))
         if crowd:
-            add("warning", "crowd", "crowd annotation: left out of the training targets, kept for evaluation",
-                file_name, ann_id)
+            crowds.append((file_name, ann_id))
         if annotation.get("segmentation") is None:
             without_segmentation.append(ann_id)
         else:
             size = sizes.get(annotation.get("image_id")) if image is not None else None
             for severity, kind, message in _segmentation_problems(annotation, size):
-                add(severity, kind, message, file_name, ann_id)
+                if kind == "mask_box_mismatch":  # kept aside: a wrong box format (found below) explains them all
+                    mask_box_mismatches.append(Problem(severity, kind, message, file_name, ann_id))
+                else:
+                    add(severity, kind, message, file_name, ann_id)
         bbox = annotation.get("bbox")
         if not bboxes_valid and not is_coco_bbox(bbox):
             add("error", "invalid_bbox", f"bbox {bbox!r} is not [x, y, width, height] of 4 finite numbers",
@@ -320,17 +351,27 @@ def check_dataset(
                 images_per_category[category_id].add(annotation["image_id"])
 
     # Corners: x2 > x1 and y2 > y1 always, and x1 + x2 runs past the width for every box right of the middle.
+    # A wrong box format is the root cause of every mask/box disagreement and box error it brings: it comes
+    # first, and the mask warnings it explains are counted in it, not listed.
+    root_causes: list[Problem] = []
+    explained = f"; it also explains the {len(mask_box_mismatches)} masks that disagree with their boxes" \
+        if mask_box_mismatches else ""
     if (sized_boxes >= 4 and outside_xyxy_like >= XYXY_MIN_OUTSIDE * sized_boxes
             and xyxy_like >= XYXY_MIN_CORNERS * sized_boxes):
-        add("error", "boxes_look_like_xyxy", f"bbox looks like [x1, y1, x2, y2] in '{annotations_file}': "
-            f"{outside_xyxy_like} of {sized_boxes} boxes run past their image as [x, y, width, height] and "
-            f"{xyxy_like} fit inside it as corners; COCO wants [x, y, width, height]: convert with "
-            "width = x2 - x1, height = y2 - y1")
+        root_causes.append(Problem("error", "boxes_look_like_xyxy", (
+            f"bbox looks like [x1, y1, x2, y2] in '{annotations_file}': {outside_xyxy_like} of {sized_boxes} boxes "
+            f"run past their image as [x, y, width, height] and {xyxy_like} fit inside it as corners; COCO wants "
+            f"[x, y, width, height]: convert with width = x2 - x1, height = y2 - y1{explained}")))
     if sized_boxes and normalised_like >= XYXY_MIN_CORNERS * sized_boxes:
-        add("warning", "boxes_look_normalised", f"bbox looks normalised to 0-1 in '{annotations_file}': "
-            f"{normalised_like} of {sized_boxes} boxes lie within 1 pixel of the corner of images of 64 or more "
-            "pixels a side (YOLO-style units); COCO wants pixels: multiply x and width by the image width, y and "
-            "height by its height (from YOLO's centre x, y: x = (cx - w / 2) * width)")
+        root_causes.append(Problem("error", "boxes_look_normalised", (
+            f"bbox looks normalised to 0-1 in '{annotations_file}': {normalised_like} of {sized_boxes} boxes lie "
+            "within 1 pixel of the corner of images of 64 or more pixels a side (YOLO-style units), so every box "
+            "would train as a dot in the corner; COCO wants pixels: multiply x and width by the image width, y and "
+            f"height by its height (from YOLO's centre x, y: x = (cx - w / 2) * width){explained}")))
+    if root_causes:
+        problems[:0] = root_causes
+    else:
+        problems += mask_box_mismatches
     few = sorted((len(images_per_category[c]), c) for c in images_per_category
                  if len(images_per_category[c]) < min_images_per_class)
     if few:
@@ -344,21 +385,32 @@ def check_dataset(
         add("error", "no_annotations", f"'{annotations_file}' has no (non-crowd) box on any of its {len(images)} "
             "images: a model trained on it learns only 'no object' and evaluation has nothing to score; is it the "
             "right file (an image-info or test-dev json)?")
-    crowd_count = sum(1 for p in problems if p.kind == "crowd")
     busiest = max(boxes_per_image.items(), key=lambda item: item[1], default=(None, 0))
-    add("info", "summary", f"{len(images)} images, {len(annotations)} annotations ({crowd_count} crowd), "
-        f"{sum(1 for i in images if boxes_per_image[i] == 0)} images without boxes, {len(categories)} categories; "
+    empty_images = [image["file_name"] for image_id, image in images.items() if boxes_per_image[image_id] == 0]
+    add("info", "summary", f"{len(images)} images, {len(annotations)} annotations ({len(crowds)} crowd), "
+        f"{len(empty_images)} images without boxes, {len(categories)} categories; "
         f"most objects in one image: {busiest[1]} (num_queries={num_queries})",
         images[busiest[0]]["file_name"] if busiest[0] is not None else None)
     for image_id, count in boxes_per_image.items():
         if count > num_queries:
             add("error", "too_many_objects", f"{count} objects but the model has num_queries={num_queries}: at most "
                 f"{num_queries} can be matched; raise num_queries", images[image_id]["file_name"])
-    for image_id, image in images.items():
-        if boxes_per_image[image_id] == 0:
-            add("warning", "no_boxes", "image without (non-crowd) boxes: trains only 'no object'", image["file_name"])
-    for category_id in sorted(set(categories) - used_categories):
-        add("warning", "unused_category", f"category {category_id} ('{categories[category_id]}') has no annotation")
+    # Facts about many items, one line per kind (one item keeps its own line, with its file and annotation).
+    if len(crowds) == 1:
+        add("warning", "crowd", "crowd annotation: left out of the training targets, kept for evaluation", *crowds[0])
+    elif crowds:
+        shown = _first_of([f"{a} ({f})" if f is not None else str(a) for f, a in crowds], 5)
+        add("warning", "crowd", f"{len(crowds)} crowd annotations (ids {shown}): left out of the training targets, "
+            "kept for evaluation")
+    if len(empty_images) == 1:
+        add("warning", "no_boxes", "image without (non-crowd) boxes: trains only 'no object'", empty_images[0])
+    elif empty_images:
+        add("warning", "no_boxes", f"{len(empty_images)} of {len(images)} images have no (non-crowd) box: they train "
+            f"only 'no object' ({_first_of([repr(n) for n in empty_images], 5)})")
+    unused = [f"{c} ('{categories[c]}')" for c in sorted(set(categories) - used_categories)]
+    if unused:
+        add("warning", "unused_category", f"{len(unused)} of {len(categories)} categories have no annotation: "
+            f"{_first_of(unused, 8)}" if len(unused) > 1 else f"category {unused[0]} has no annotation")
     if missing_fields:
         shown = ", ".join(map(str, missing_fields[:10])) + (" ..." if len(missing_fields) > 10 else "")
         add("warning", "missing_field", f"{len(missing_fields)} annotation(s) lack 'area' or 'iscrowd' (ids {shown}); "

@@ -43,6 +43,7 @@ from pycocotools.coco import COCO
 
 from detr.categories import CategoryMap
 from detr.data.coco_index import CocoIndex
+from detr.data.file_names import file_name_problem, join_file_name, normalise_file_name, unsafe_file_name_message
 from detr.data.images import ImageLoadError, ReplacesUnreadableSamples, decode_image
 from detr.data.instance_masks import decode_segmentations, segmentation_problem
 from detr.data.transforms import make_normalize_transform
@@ -198,6 +199,7 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
     structure = coco_structure_problems(data, annotations_file)
     if structure:
         raise AnnotationFileError(f"annotation file {structure[0]}")
+    unsafe_file_names(data["images"], annotations_file)
     problems: list[str] = []
     file_names: dict[Any, str] = {}
     for position, image in enumerate(data["images"]):
@@ -250,6 +252,18 @@ def validate_coco_dict(data: dict[str, Any], annotations_file: str | Path) -> No
             f"{where} has {len(problems)} problem(s): {_first_listed(problems)}. "
             f"Run `detr-check-data IMAGES_DIR {annotations_file}` for the full list."
         )
+
+
+def unsafe_file_names(images: list[Any], annotations_file: str | Path, *, what: str = "image") -> None:
+    """Raise :class:`AnnotationFileError` (one sentence: the json, the image id, the fix) when an entry of
+    ``images`` (dicts with ``file_name``) names a file outside its folder (:mod:`detr.data.file_names`)."""
+    named = [entry for entry in images if isinstance(entry, dict) and isinstance(entry.get("file_name"), str)]
+    unsafe = [(entry, problem) for entry in named if (problem := file_name_problem(entry["file_name"])) is not None]
+    if unsafe:
+        (entry, problem), more = unsafe[0], len(unsafe) - 1
+        message = unsafe_file_name_message(entry["file_name"], problem, annotations_file=annotations_file,
+                                           image_id=entry.get("image_id", entry.get("id")), what=what)
+        raise AnnotationFileError(message + (f" ({more} more such file name(s))" if more else ""))
 
 
 def _first_listed(problems: list[str]) -> str:
@@ -449,10 +463,10 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         warning)."""
         folder = str(self.images_dir)  # os.path on strings: a third of pathlib's time over 118k files
         file_names = [self.index.file_name(int(p)) for p in positions]
-        exists = np.array([os.path.isfile(os.path.join(folder, name)) for name in file_names], dtype=bool)
+        exists = np.array([os.path.isfile(join_file_name(folder, name)) for name in file_names], dtype=bool)
         if exists.all():
             return positions
-        missing = [self.images_dir / name for name, found in zip(file_names, exists) if not found]
+        missing = [self.images_dir / normalise_file_name(name) for name, found in zip(file_names, exists) if not found]
         names = ", ".join(f"'{path}'" for path in missing[:_MAX_LISTED])
         more = f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED else ""
         if not self.skip_bad_images:
@@ -478,7 +492,7 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
 
     def image_path(self, index: int) -> Path:
         """The file of sample ``index``."""
-        return self.images_dir / self.index.file_name(int(self._positions[index]))
+        return self.images_dir / normalise_file_name(self.index.file_name(int(self._positions[index])))
 
     def raw_sample(self, index: int) -> RawSample:
         """Sample ``index`` decoded, with its training boxes, before the transform.
@@ -489,7 +503,7 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         """
         position = int(self._positions[index])
         image_id = int(self.index.image_ids[position])
-        path = self.images_dir / self.index.file_name(position)
+        path = self.images_dir / normalise_file_name(self.index.file_name(position))
         try:
             decoded = decode_image(path, annotations_file=self.annotations_file)
         except ImageLoadError as error:
@@ -508,9 +522,30 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         masks = None
         if self.masks:
             kept_rows = np.arange(rows.start, rows.stop)[not_crowd][keep]
-            masks = decode_segmentations([self.index.segmentation(int(row)) for row in kept_rows], height, width)
+            masks = self._decode_masks(kept_rows, path, height, width)
         return RawSample(pixels=decoded.pixels, boxes_xyxy=boxes[keep], labels=labels[keep], image_id=image_id,
                          path=path, masks=masks)
+
+    def _decode_masks(self, rows: np.ndarray, path: Path, height: int, width: int) -> np.ndarray:
+        """uint8 [T, height, width] masks of annotation ``rows``; a segmentation that cannot be decoded (the
+        start-up check refuses the ones it can tell) raises :class:`AnnotationFileError` naming the annotation
+        and the image."""
+        segmentations = [self.index.segmentation(int(row)) for row in rows]
+        try:
+            return decode_segmentations(segmentations, height, width)
+        except Exception as error:  # pycocotools' own errors name nothing
+            culprit = next((int(row) for row, segmentation in zip(rows, segmentations)
+                            if segmentation_problem(segmentation, height, width) is not None), None)
+            raise AnnotationFileError(self._annotation_message(
+                culprit, path, f"cannot be decoded as a mask ({type(error).__name__}: {error})")) from error
+
+    def _annotation_message(self, row: int | None, path: Path, problem: str) -> str:
+        annotation_ids = self.index.annotation_ids
+        which = (f"annotation {int(annotation_ids[row])}" if row is not None and annotation_ids is not None
+                 else "a segmentation")
+        return (f"{which} of image file '{path}' in '{self.annotations_file}' {problem}: fix or remove it "
+                f"(`detr-check-data {self.images_dir} {self.annotations_file}` lists every such annotation), or "
+                "train without masks (--data.masks false)")
 
     def _size_message(
         self,

@@ -36,6 +36,7 @@ class CocoIndex:
     segmentation_bytes: uint8 [total] every annotation's ``segmentation`` as JSON text, in the rows' order (an
         annotation without one: ``null``); None unless indexed with ``segmentations=True``.
     segmentation_offsets: int64 [A + 1] row ``a``'s text is ``segmentation_bytes[offsets[a]:offsets[a + 1]]``.
+    annotation_ids: int64 [A] the json's annotation ``id`` (-1 where it is not an integer), for messages.
     """
 
     image_ids: np.ndarray
@@ -50,6 +51,7 @@ class CocoIndex:
     iscrowd: np.ndarray
     segmentation_bytes: np.ndarray | None = None
     segmentation_offsets: np.ndarray | None = None
+    annotation_ids: np.ndarray | None = None
 
     @classmethod
     def from_coco_dict(cls, data: dict[str, Any], *, segmentations: bool = False) -> CocoIndex:
@@ -69,6 +71,8 @@ class CocoIndex:
         boxes = np.array([a["bbox"] for a in annotations], dtype=np.float64).reshape(count, 4)
         owners = np.searchsorted(image_ids, np.array([a["image_id"] for a in annotations], dtype=np.int64))
         category_ids = np.array([a["category_id"] for a in annotations], dtype=np.int64)
+        annotation_ids = np.array([a["id"] if isinstance(a.get("id"), int) else -1 for a in annotations],
+                                  dtype=np.int64)
         areas = np.array([a.get("area", np.nan) for a in annotations], dtype=np.float64)
         missing_area = np.isnan(areas)
         areas[missing_area] = boxes[missing_area, 2] * boxes[missing_area, 3]
@@ -85,7 +89,8 @@ class CocoIndex:
         return cls(image_ids=image_ids, heights=heights, widths=widths, name_bytes=name_bytes,
                    name_offsets=name_offsets, box_offsets=box_offsets, boxes_xywh=boxes[order],
                    category_ids=category_ids[order], areas=areas[order], iscrowd=iscrowd[order],
-                   segmentation_bytes=segmentation_bytes, segmentation_offsets=segmentation_offsets)
+                   segmentation_bytes=segmentation_bytes, segmentation_offsets=segmentation_offsets,
+                   annotation_ids=annotation_ids[order])
 
     def __len__(self) -> int:
         return len(self.image_ids)

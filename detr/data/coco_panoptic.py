@@ -26,7 +26,8 @@ import torch
 from PIL import Image
 
 from detr.categories import COCO_PANOPTIC_CATEGORIES, CategoryMap, coco_panoptic_category_map
-from detr.data.coco import AnnotationFileError, load_coco_json
+from detr.data.coco import AnnotationFileError, load_coco_json, unsafe_file_names
+from detr.data.file_names import normalise_file_name
 from detr.data.images import ImageLoadError, ReplacesUnreadableSamples, decode_image
 from detr.data.transforms import make_normalize_transform
 
@@ -69,6 +70,14 @@ def _check_annotation(annotation: Any, index: int, annotations_file: Path) -> No
         lacking = [key for key in ("id", "category_id") if not isinstance(segment, dict) or key not in segment]
         if lacking:
             raise AnnotationFileError(f"{where}: segments_info[{number}] has no {', '.join(lacking)}")
+    first_of: dict[Any, int] = {}
+    for number, segment in enumerate(segments):
+        if segment["id"] in first_of:  # both would be the same PNG pixels: two targets, or a PQ that cannot pair
+            raise AnnotationFileError(
+                f"{where}: segments_info lists segment id {segment['id']} twice (segments_info"
+                f"[{first_of[segment['id']]}] and [{number}]); the json is at fault, not the PNG: each segment of an image needs its own id (its "
+                "pixels' R + 256·G + 256²·B in the PNG): remove the repeated entry or give it its segment's id")
+        first_of[segment["id"]] = number
 
 
 class CocoPanoptic(ReplacesUnreadableSamples, torch.utils.data.Dataset):
@@ -121,6 +130,8 @@ class CocoPanoptic(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         self._label_of = {int(c["id"]): category_map.category_id_to_label(int(c["id"])) for c in self.categories}
         for index, annotation in enumerate(data["annotations"]):
             _check_annotation(annotation, index, self.annotations_file)
+        unsafe_file_names(data.get("images", []), self.annotations_file)
+        unsafe_file_names(data["annotations"], self.annotations_file, what="panoptic PNG")
         self.annotations = sorted(data["annotations"], key=lambda a: a["image_id"])
         self._index_of_image = {int(a["image_id"]): index for index, a in enumerate(self.annotations)}
         file_names = {image["id"]: image["file_name"] for image in data.get("images", [])}
@@ -129,8 +140,9 @@ class CocoPanoptic(ReplacesUnreadableSamples, torch.utils.data.Dataset):
             logger.warning("%d of the %d images of '%s' have no panoptic annotation (segments and PNG) and are left "
                            "out (image ids %s%s); annotate them, or remove them from its 'images'", len(unannotated),
                            len(file_names), self.annotations_file, unannotated[:5], " ..." if len(unannotated) > 5 else "")
-        self._image_files = [file_names.get(a["image_id"], Path(a["file_name"]).with_suffix(".jpg").name)
-                             for a in self.annotations]
+        self._image_files = [
+            normalise_file_name(file_names.get(a["image_id"], Path(a["file_name"]).with_suffix(".jpg").name))
+            for a in self.annotations]
 
     def __len__(self) -> int:
         return len(self.annotations)
@@ -148,13 +160,13 @@ class CocoPanoptic(ReplacesUnreadableSamples, torch.utils.data.Dataset):
 
     def png_path(self, index: int) -> Path:
         """The panoptic PNG of sample ``index``."""
-        return self.panoptic_dir / self.annotations[index]["file_name"]
+        return self.panoptic_dir / normalise_file_name(self.annotations[index]["file_name"])
 
     def ground_truth(self, index: int) -> tuple[np.ndarray, list[dict[str, Any]]]:
         """Sample ``index``'s ground truth for :class:`detr.evaluation.panoptic.PanopticQuality`: the segment
         id map int64 [H, W] at the original size and the json's segments_info."""
         annotation = self.annotations[index]
-        path = self.panoptic_dir / annotation["file_name"]
+        path = self.png_path(index)
         try:
             with Image.open(path) as png:
                 rgb = np.asarray(png.convert("RGB"), dtype=np.int64)
@@ -167,9 +179,8 @@ class CocoPanoptic(ReplacesUnreadableSamples, torch.utils.data.Dataset):
     def raw_sample(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(pixels uint8 [H, W, 3], masks bool [T, H, W], labels int64 [T], iscrowd int64 [T]) before the transform."""
         annotation = self.annotations[index]
-        pixels = decode_image(self.images_dir / self._image_files[index],
-                              annotations_file=self.annotations_file).pixels
-        png_path = self.panoptic_dir / annotation["file_name"]
+        pixels = decode_image(self.image_path(index), annotations_file=self.annotations_file).pixels
+        png_path = self.png_path(index)
         ids, segments = self.ground_truth(index)
         if ids.shape != pixels.shape[:2]:
             raise ImageLoadError(f"panoptic PNG '{png_path}' is {ids.shape[1]}x{ids.shape[0]} but its image is "

@@ -27,7 +27,8 @@ def segmentation_problem(segmentation: Any, height: int, width: int) -> str | No
 
     Polygons: a non-empty list of lists of finite numbers, each of even length with at least 3 points (6
     numbers). RLE: ``size`` equal to [height, width] and ``counts`` a list of non-negative integers summing to
-    height × width, or a string (compressed). Sizes of -1 (unknown) are not compared.
+    height × width, or a string (compressed) whose runs are the same (:func:`compressed_rle_runs`). Sizes of -1
+    (unknown) are not compared.
     """
     if isinstance(segmentation, list):
         if not segmentation:
@@ -54,10 +55,46 @@ def segmentation_problem(segmentation: Any, height: int, width: int) -> str | No
             return None
         if not isinstance(counts, str):
             return f"RLE counts of type {type(counts).__name__}; COCO's are a list of run lengths or a string"
+        runs = compressed_rle_runs(counts)
+        if runs is None:
+            return "a compressed RLE 'counts' string that is corrupt (cut short, or characters outside '0'..'o')"
+        if min(runs, default=0) < 0:
+            return "a compressed RLE 'counts' string that is corrupt (it decodes to negative run lengths)"
+        if sum(runs) != size[0] * size[1]:
+            return (f"a compressed RLE 'counts' string that is corrupt: its runs cover {sum(runs)} pixels, not "
+                    f"{size[0]} x {size[1]} = {size[0] * size[1]}")
         return None
     if segmentation is None:
         return "no 'segmentation'"
     return f"a 'segmentation' of type {type(segmentation).__name__}; COCO's are polygons (a list) or an RLE (an object)"
+
+
+def compressed_rle_runs(counts: str) -> list[int] | None:
+    """The run lengths of a compressed RLE ``counts`` string (pycocotools' ``rleFrString``: 5 bits a character
+    from '0', a continuation bit, runs after the second stored as differences), None when the string is cut
+    short or holds a character outside '0'..'o'. pycocotools itself does not check: a corrupt string decodes to
+    a mask of whatever memory follows, or fails deep in a training step without naming the annotation."""
+    runs: list[int] = []
+    position = 0
+    while position < len(counts):
+        value = shift = 0
+        more = True
+        while more:
+            if position >= len(counts):
+                return None
+            code = ord(counts[position]) - 48
+            if not 0 <= code < 64:
+                return None
+            value |= (code & 0x1F) << shift
+            more = bool(code & 0x20)
+            position += 1
+            shift += 5
+            if not more and code & 0x10:
+                value |= -1 << shift
+        if len(runs) > 2:
+            value += runs[-2]
+        runs.append(value)
+    return runs
 
 
 def segmentation_to_rle(segmentation: list[list[float]] | dict[str, Any], height: int, width: int

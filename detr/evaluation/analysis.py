@@ -38,6 +38,11 @@ COCO_STAT_NAMES: tuple[str, ...] = ("AP", "AP50", "AP75", "APs", "APm", "APl", "
                                     "ARm", "ARl")
 
 
+#: A results file whose lowest score is at least this looks cut at a score threshold (when its images also hold
+#: different numbers of detections): an uncut file holds every query, and most of them score near 0.
+CUT_MIN_SCORE = 0.1
+
+
 class ResultsFileError(ValueError):
     """A COCO results json that cannot be scored against the given ground truth, or a ground truth that
     cannot score any (unreadable, or without annotations)."""
@@ -87,8 +92,10 @@ def load_results(results: str | Path | Sequence[dict[str, Any]], coco_gt: COCO) 
     An entry with a ``file_name`` that the ground truth knows gets that image's id (``detr-predict``
     numbers images it cannot number from the file name 1, 2, ...); otherwise its ``image_id`` must be one
     of the ground truth's. Entries of categories the ground truth does not have are dropped (logged).
-    A score or box that is NaN or infinite (json reads ``NaN`` and ``Infinity``) raises
-    :class:`ResultsFileError` naming the entries: it would rank anywhere and make up the AP.
+    A score or box that is NaN or infinite (json reads ``NaN`` and ``Infinity``), or a box of negative width or
+    height, raises :class:`ResultsFileError` naming the entries: the first would rank anywhere and make up the
+    AP, the second matches nothing (AP 0) where the writer is broken. Results that look cut at a score threshold
+    (:func:`cut_results_message`) are logged at WARNING: COCO AP needs every detection.
     """
     source = str(results) if isinstance(results, (str, Path)) else "results"
     entries = (_read_json(Path(results), "COCO results json (the detections)") if isinstance(results, (str, Path))
@@ -97,7 +104,7 @@ def load_results(results: str | Path | Sequence[dict[str, Any]], coco_gt: COCO) 
         raise ResultsFileError(f"{source}: a COCO results json is a list of detections, got {type(entries).__name__}")
     by_file = {image["file_name"]: image_id for image_id, image in coco_gt.imgs.items() if "file_name" in image}
     known_categories = set(coco_gt.getCatIds())
-    loaded, unknown_categories, non_finite = [], 0, []
+    loaded, unknown_categories, non_finite, negative = [], 0, [], []
     for index, entry in enumerate(entries):
         missing = [key for key in ("category_id", "bbox", "score") if key not in entry]
         if missing:
@@ -117,6 +124,9 @@ def load_results(results: str | Path | Sequence[dict[str, Any]], coco_gt: COCO) 
         if not np.isfinite([*bbox, score]).all():
             non_finite.append(index)
             continue
+        if bbox[2] < 0 or bbox[3] < 0:
+            negative.append((index, entry["bbox"]))
+            continue
         loaded.append({"image_id": int(image_id), "category_id": int(entry["category_id"]), "bbox": bbox,
                        "score": score})
     if non_finite:
@@ -124,10 +134,43 @@ def load_results(results: str | Path | Sequence[dict[str, Any]], coco_gt: COCO) 
             f"{source}: {len(non_finite)} entries {non_finite[:20]}{' ...' if len(non_finite) > 20 else ''} have a "
             f"score or bbox that is not finite (NaN or Infinity): the detector that wrote them is broken, e.g. "
             f"NaN weights; predict again with a sound checkpoint")
+    if negative:
+        (index, bbox), more = negative[0], len(negative) - 1
+        raise ResultsFileError(
+            f"{source}: {len(negative)} entries have a bbox of negative width or height (entry {index}: bbox {bbox}"
+            f"{f', and {more} more' if more else ''}); COCO results are [x, y, width, height] in pixels: they would "
+            "match nothing (AP 0). Was the file written as [x1, y1, x2, y2] with swapped corners? Fix the writer "
+            "and predict again")
     if unknown_categories:
         logger.warning("%s: %d detections of categories the ground truth does not have were dropped", source,
                        unknown_categories)
+    cut = cut_results_message(loaded, coco_gt.getImgIds())
+    if cut is not None:
+        logger.warning("%s: %s", source, cut)
     return loaded
+
+
+def cut_results_message(results: Sequence[dict[str, Any]], image_ids: Sequence[int]) -> str | None:
+    """Why ``results`` (COCO results entries) look cut at a score threshold, or None when they do not.
+
+    A file written for COCO AP holds every query of every image (``detr-predict --all-queries``, the
+    evaluation's own results): the same number per image, most scoring near 0. A thresholded file
+    (``detr-predict``'s default) starts at its threshold and holds a different number per image: its AP is
+    lower (recall ends at the threshold), and nothing in the numbers says so. Cut means: the lowest score is
+    at least :data:`CUT_MIN_SCORE` and ``image_ids`` (the ground truth's) hold different numbers of entries.
+    """
+    if not results:
+        return None
+    lowest = min(float(entry["score"]) for entry in results)
+    counts = dict.fromkeys(image_ids, 0)
+    for entry in results:
+        counts[entry["image_id"]] = counts.get(entry["image_id"], 0) + 1
+    if lowest < CUT_MIN_SCORE or len(set(counts.values())) < 2:
+        return None
+    return (f"the detections look cut at a score threshold: the lowest score is {lowest:.3g} and images hold "
+            f"{min(counts.values())} to {max(counts.values())} detections (an uncut file holds every query of "
+            "each image); COCO AP counts only what the file holds, so this AP is lower than the model's: write "
+            "every query for AP (detr-predict --all-queries)")
 
 
 def evaluate_results(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequence[int] | None = None) -> Any:

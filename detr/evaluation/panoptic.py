@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from detr.data.file_names import resolve_file_name
+
 OFFSET = 256 ** 3  # ids are below 256³ (three 8-bit channels): gt · OFFSET + pred is a unique pair code
 VOID = 0
 
@@ -67,13 +69,19 @@ class PanopticQuality:
         gt_ids, pred_ids: int id maps [H, W] (or RGB-encoded PNG arrays [H, W, 3]), 0 = void. gt_segments:
         dicts with id, category_id, iscrowd (default 0) and area (default: counted from the map);
         pred_segments: id and category_id (areas are counted from the map, as the API does).
-        A segment id that is in the map but not in the list (or the reverse) raises ValueError, as does a
-        category the data set lacks.
+        A segment id that is in the map but not in the list (or the reverse) raises ValueError, as do a
+        category the data set lacks and a segment id listed twice.
         """
         gt_ids, pred_ids = _id_map(gt_ids), _id_map(pred_ids)
         if gt_ids.shape != pred_ids.shape:
             raise ValueError(f"ground truth and prediction sizes differ: {tuple(gt_ids.shape)} vs "
                              f"{tuple(pred_ids.shape)}")
+        for what, segments in (("ground-truth", gt_segments), ("predicted", pred_segments)):
+            ids = [int(s["id"]) for s in segments]
+            if len(set(ids)) < len(ids):
+                twice = sorted({i for i in ids if ids.count(i) > 1})
+                raise ValueError(f"the {what} segments_info lists segment id(s) {twice[:5]} twice: the json is at "
+                                 "fault, not the PNG (each segment needs its own id): remove the repeated entries")
         gt = {int(s["id"]): s for s in gt_segments}
         pred = {int(s["id"]): s for s in pred_segments}
         unknown = sorted({int(s["category_id"]) for s in gt.values()} - set(self.categories))
@@ -180,7 +188,9 @@ class PanopticQuality:
 def evaluate_panoptic_files(gt_json: str | Path, pred_json: str | Path, gt_folder: str | Path | None = None,
                             pred_folder: str | Path | None = None) -> dict[str, Any]:
     """PQ of a predictions json + PNG folder against COCO panoptic ground truth (the API's ``pq_compute``
-    inputs; folders default to the json path without ``.json``). Categories come from the ground truth."""
+    inputs; folders default to the json path without ``.json``). Categories come from the ground truth. PNG
+    file names follow :mod:`detr.data.file_names` (backslashes are separators; a name outside its folder is
+    refused)."""
     from PIL import Image  # pillow is a dependency; imported here so `import detr` stays light
 
     gt_json, pred_json = Path(gt_json), Path(pred_json)
@@ -194,9 +204,16 @@ def evaluate_panoptic_files(gt_json: str | Path, pred_json: str | Path, gt_folde
         if image_id not in predictions:
             raise ValueError(f"{pred_json}: no prediction for image {image_id}")
         prediction = predictions[image_id]
-        gt_png = np.asarray(Image.open(gt_folder / gt_annotation["file_name"]).convert("RGB"))
-        pred_png = np.asarray(Image.open(pred_folder / prediction["file_name"]).convert("RGB"))
-        metric.update(gt_png, gt_annotation["segments_info"], pred_png, prediction["segments_info"])
+        gt_png = np.asarray(Image.open(resolve_file_name(gt_folder, gt_annotation["file_name"],
+                                                         annotations_file=gt_json, image_id=image_id,
+                                                         what="panoptic PNG")).convert("RGB"))
+        pred_png = np.asarray(Image.open(resolve_file_name(pred_folder, prediction["file_name"],
+                                                           annotations_file=pred_json, image_id=image_id,
+                                                           what="panoptic PNG")).convert("RGB"))
+        try:
+            metric.update(gt_png, gt_annotation["segments_info"], pred_png, prediction["segments_info"])
+        except ValueError as error:
+            raise ValueError(f"image {image_id} of '{gt_json}' and '{pred_json}': {error}") from None
     return metric.compute()
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from pycocotools.coco import COCO
 from tqdm import tqdm
 
+from detr.data.file_names import resolve_file_name
 from detr.evaluation.analysis import evaluate_results
 from detr.inference.images import to_rgb_array
 from detr.inference.outputs import predictions_to_coco_results
@@ -99,7 +100,7 @@ def evaluate_predictor(predictor: Predictor, coco_gt: COCO, images: Path, *, nam
     predictions, latencies = [], []
     records = coco_gt.dataset["images"]
     for record in tqdm(records, desc=name, unit="image", disable=not progress, leave=False):
-        pixels = to_rgb_array(images / record["file_name"])
+        pixels = to_rgb_array(resolve_file_name(images, record["file_name"], image_id=record["id"]))
         start = time.perf_counter()
         prediction = predictor.predict(pixels, all_queries=True)[0]
         latencies.append(time.perf_counter() - start)
@@ -134,8 +135,10 @@ def accuracy_gate(reference: Predictor, artifacts: Mapping[Path, Predictor], ima
         raise FileNotFoundError(f"annotation file {annotations} does not exist")
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its loading
         coco_gt = COCO(str(annotations))
+    # a file name outside the images folder is refused (detr.data.file_names), naming the json and the image
     missing = [record["file_name"] for record in coco_gt.dataset["images"]
-               if not (images / record["file_name"]).is_file()]
+               if not resolve_file_name(images, record["file_name"], annotations_file=annotations,
+                                        image_id=record["id"]).is_file()]
     if missing:
         raise FileNotFoundError(f"{len(missing)} images of {annotations} are not in {images} (first: {missing[0]})")
     report = GateReport(

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 
-from detr.categories import CategoryMap
+from detr.categories import CategoryMap, class_name_key
 from detr.checkpoints import CheckpointError, read_checkpoint
 from detr.checkpoints.finetune import check_same_family, initial_state
 from detr.checkpoints.formats import checkpoint_record, key_mismatch
@@ -627,7 +627,8 @@ class DetrSystem(L.LightningModule):
         self._check_same_model(checkpoint)
         if saved.category_map is not None:
             self._check_same_categories(saved.category_map)
-            self.category_map = saved.category_map
+            if self.category_map is None:  # no data linked: the checkpoint's; else the data's (same ids)
+                self.category_map = saved.category_map
         if saved.score_threshold is not None:
             self.score_threshold = saved.score_threshold
         if self._trainer is not None and self.trainer.state.fn == "fit":
@@ -646,18 +647,35 @@ class DetrSystem(L.LightningModule):
 
     def _check_same_categories(self, saved: CategoryMap) -> None:
         """Raise :class:`CheckpointError` when the data's category ids (linked by the CLI) differ from those the
-        checkpoint's labels stand for: a resume, ``validate`` or ``test`` on such data scored every label as
-        another category (AP 0) without a word."""
+        checkpoint's labels stand for, or when the same ids carry the same names in another order (swapped): a
+        resume, ``validate`` or ``test`` on such data scored every label as another category without a word.
+        Other names for the same ids (a renamed class) are a warning, and the data's names are kept."""
         data = self.category_map
-        if data is None or tuple(data.category_ids) == tuple(saved.category_ids):
+        if data is None:
             return
         path = (self.trainer.ckpt_path if self._trainer is not None else None) or "<checkpoint>"
-        raise CheckpointError(
-            f"checkpoint {path} predicts the category ids {list(saved.category_ids)[:10]}"
-            f"{' ...' if saved.num_classes > 10 else ''}, the data's annotation json has "
-            f"{list(data.category_ids)[:10]}{' ...' if data.num_classes > 10 else ''}: its labels would be scored "
-            "as other categories. Use the data set it was trained on, or fine-tune its weights on this one in a new "
-            f"run with --model.init_checkpoint {path}")
+        if tuple(data.category_ids) != tuple(saved.category_ids):
+            raise CheckpointError(
+                f"checkpoint {path} predicts the category ids {list(saved.category_ids)[:10]}"
+                f"{' ...' if saved.num_classes > 10 else ''}, the data's annotation json has "
+                f"{list(data.category_ids)[:10]}{' ...' if data.num_classes > 10 else ''}: its labels would be scored "
+                "as other categories. Use the data set it was trained on, or fine-tune its weights on this one in a "
+                f"new run with --model.init_checkpoint {path}")
+        renamed = saved.renamed(data)
+        if not renamed:
+            return
+        pairs = "; ".join(f"id {i} is '{old}' in the checkpoint, '{new}' in the json" for i, old, new in renamed[:4])
+        pairs += f"; and {len(renamed) - 4} more" if len(renamed) > 4 else ""
+        if sorted(class_name_key(old) or "" for _, old, _ in renamed) == sorted(
+                class_name_key(new) or "" for _, _, new in renamed):  # the same names on other ids: swapped
+            raise CheckpointError(
+                f"checkpoint {path} and the data's annotation json give the same category ids other names ({pairs}): "
+                "the checkpoint's labels would be scored as the other classes. Use the json it was trained on, or, if "
+                f"this json is right, fine-tune its weights on it in a new run with --model.init_checkpoint {path} "
+                "(class rows carry over by name)")
+        logger.warning("checkpoint %s and the data's annotation json name the same category ids differently (%s): the "
+                       "json's names are used and saved; if they are other objects than the checkpoint learnt, "
+                       "fine-tune in a new run with --model.init_checkpoint %s instead", path, pairs, path)
 
     def _check_same_model(self, checkpoint: dict[str, Any]) -> None:
         """Raise :class:`CheckpointError` if the checkpoint's weights do not fit this system's model, naming the

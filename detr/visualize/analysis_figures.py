@@ -16,6 +16,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from PIL import Image
 
+from detr.data.file_names import file_name_problem, normalise_file_name
 from detr.evaluation.analysis import Case, ConfusionMatrix, DetectionAnalysis
 from detr.evaluation.tide import ERROR_NAMES, ERROR_TYPES, SPECIAL_ERRORS, ErrorBreakdown
 from detr.visualize.drawing import add_box
@@ -162,12 +163,14 @@ def gallery_figure(
 ) -> tuple[Figure | None, list[str]]:
     """Crops around each case, the true box drawn in green and the prediction in red, labelled.
 
-    Images are ``images_dir / case.file_name``. Returns the figure (None when no image could be read) and
+    Images are ``images_dir / case.file_name`` (:mod:`detr.data.file_names`: a name outside ``images_dir`` is
+    not read). Returns the figure (None when no image could be read) and
     the file names that were missing or unreadable (those cases are skipped).
     """
     loaded, missing = [], []
     for case in cases:
-        path = Path(images_dir) / case.file_name if case.file_name else None
+        unsafe = case.file_name is not None and file_name_problem(case.file_name) is not None
+        path = Path(images_dir) / normalise_file_name(case.file_name) if case.file_name and not unsafe else None
         if path is None or not path.is_file():
             missing.append(case.file_name or f"image {case.image_id}")
             continue

@@ -39,6 +39,12 @@ _PALETTE: tuple[tuple[int, int, int], ...] = (
 )
 
 
+#: Label text heights (px) in drawings: 1/32 of the image's short side within these. Below 8 px the text is no
+#: longer readable; 11 px, the former minimum, made each label of a 128-px image half as wide as the image, and
+#: the labels covered the objects. Above 36 px a label only hides more of a large photo.
+MIN_LABEL_FONT = 8
+MAX_LABEL_FONT = 36
+
 #: The colours of :func:`draw_detections`' labels: ground truth (a darker green than its lime boxes, for white
 #: text) and predictions.
 LEGEND_TRUE: tuple[int, int, int] = (0, 128, 0)
@@ -98,12 +104,15 @@ def draw_labels(image: Tensor, boxes_xyxy: Tensor, texts: Sequence[str], colors:
     picture = Image.fromarray(image.permute(1, 2, 0).cpu().numpy())
     draw = ImageDraw.Draw(picture)
     font_file = _font_path()
+    height, width = image.shape[-2:]
     font = ImageFont.truetype(font_file, font_size) if font_file else ImageFont.load_default()
+    widest = max(draw.textlength(text, font=font) for text in texts) + 2 if texts else 0
+    if font_file and widest > width and font_size > MIN_LABEL_FONT:  # a label wider than the image: smaller
+        font = ImageFont.truetype(font_file, max(MIN_LABEL_FONT - 2, int(font_size * width / widest)))
     sizes = []
     for text in texts:
         left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
         sizes.append((right - left + 2, bottom - top + 2))
-    height, width = image.shape[-2:]
     rectangles = label_rectangles(boxes_xyxy.tolist(), sizes, (height, width), avoid=avoid)
     for text, color, (x0, y0, x1, y1) in zip(texts, colors, rectangles):
         draw.rectangle((x0, y0, x1 - 1, y1 - 1), fill=color)
@@ -116,20 +125,30 @@ def label_rectangles(boxes_xyxy: Sequence[Sequence[float]], sizes: Sequence[tupl
                      image_size: tuple[int, int], *, avoid: Sequence[tuple[int, int, int, int]] = ()
                      ) -> list[tuple[int, int, int, int]]:
     """Where each box's label goes: pixel ``(x0, y0, x1, y1)`` rectangles of ``sizes`` (width, height) inside
-    the image (``image_size`` (H, W)), in box order. Each takes the first of: above its box, inside its top,
-    below it, inside its bottom (left-aligned, moved left where it would leave the image) that overlaps no
-    label placed before it nor ``avoid``; then, if none is free, the first free place down the image's left
-    side; a label that fits nowhere free keeps the place above its box."""
+    the image (``image_size`` (H, W)), in box order. The places beside its box (above it, below it, inside its
+    top, inside its bottom; each aligned with the box's left edge, then its right edge, moved in where it would
+    leave the image) that overlap no label placed before it nor ``avoid`` are ranked by how much of any box
+    (its own included) they cover, so that labels leave the objects visible where there is room, in that order
+    among equals; if none is free, the first free place down the image's left side; a label that fits nowhere
+    free keeps the place above its box."""
     height, width = image_size
     placed: list[tuple[int, int, int, int]] = list(avoid)
+    boxes = [tuple(float(v) for v in box) for box in boxes_xyxy]
     rectangles = []
-    for (bx0, by0, bx1, by1), (w, h) in zip(boxes_xyxy, sizes):
-        x = int(min(max(bx0, 0), max(width - w, 0)))
-        candidates = [by0 - h, by0, by1, by1 - h]
-        spots = [(x, int(y)) for y in candidates if 0 <= y <= height - h]
-        spots += [(0, y) for y in range(0, max(height - h, 0) + 1, max(h // 2, 1))]
-        free = [s for s in spots if not any(_overlap((s[0], s[1], s[0] + w, s[1] + h), r) for r in placed)]
-        x, y = free[0] if free else (x, int(min(max(by0 - h, 0), max(height - h, 0))))
+    for (bx0, by0, bx1, by1), (w, h) in zip(boxes, sizes):
+        xs = dict.fromkeys(int(min(max(x, 0), max(width - w, 0))) for x in (bx0, bx1 - w))
+        near = [(x, int(y)) for y in (by0 - h, by1, by0, by1 - h) if 0 <= y <= height - h for x in xs]
+
+        def free(spot: tuple[int, int]) -> bool:
+            return not any(_overlap((spot[0], spot[1], spot[0] + w, spot[1] + h), r) for r in placed)
+
+        def covered(spot: tuple[int, int]) -> float:
+            return sum(_overlap_area((spot[0], spot[1], spot[0] + w, spot[1] + h), box) for box in boxes)
+
+        choices = sorted((spot for spot in near if free(spot)), key=covered)  # stable: the order above on ties
+        if not choices:
+            choices = [(0, y) for y in range(0, max(height - h, 0) + 1, max(h // 2, 1)) if free((0, y))]
+        x, y = choices[0] if choices else (next(iter(xs)), int(min(max(by0 - h, 0), max(height - h, 0))))
         rectangle = (x, y, x + w, y + h)
         placed.append(rectangle)
         rectangles.append(rectangle)
@@ -138,6 +157,10 @@ def label_rectangles(boxes_xyxy: Sequence[Sequence[float]], sizes: Sequence[tupl
 
 def _overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _overlap_area(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
+    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
 
 
 def add_legend(image: Tensor, entries: Sequence[tuple[tuple[int, int, int], str]], *,
@@ -290,7 +313,9 @@ def _canvas(image: ImageInput, size: tuple[int, ...], what: str) -> Tensor:
 
 
 def _font_size(short_side: int) -> int:
-    return max(11, round(short_side / 32))
+    """Label text height (px) for an image of ``short_side`` pixels: 1/32 of it, within
+    [:data:`MIN_LABEL_FONT`, :data:`MAX_LABEL_FONT`]."""
+    return int(min(MAX_LABEL_FONT, max(MIN_LABEL_FONT, round(short_side / 32))))
 
 
 def _font_path() -> str:

@@ -128,7 +128,9 @@ def test_broken_copy_every_problem_named(tmp_path: Path) -> None:
     assert "truncated" in unreadable["truncated.jpg"] and "not an image" in unreadable["text.jpg"]
     assert all("remove the image from the annotation json" in message for message in unreadable.values())
     assert "EXIF orientation 6" in find(problems, "image_size_mismatch")[0].message
-    assert {p.file_name for p in find(problems, "no_boxes")} >= {"empty.jpg", "zero.jpg"}
+    [no_boxes] = find(problems, "no_boxes")  # one line for the kind, naming the first files
+    assert no_boxes.message.startswith("3 of 14 images have no (non-crowd) box")
+    assert "'empty.jpg'" in no_boxes.message and "'zero.jpg'" in no_boxes.message
     assert "most objects in one image: 3" in find(problems, "summary")[0].message
     assert has_errors(problems)
     # errors first, then warnings, then the summary
@@ -186,7 +188,23 @@ def test_real_coco_mini_passes() -> None:
     problems = check_dataset(root / "val2017", root / "annotations" / "instances_val2017.json",
                              decode_images=False)
     assert not has_errors(problems), format_problems(problems)
-    assert len(find(problems, "crowd")) == 5 and len(find(problems, "no_boxes")) == 2
+    [crowd] = find(problems, "crowd")
+    [no_boxes] = find(problems, "no_boxes")
+    assert crowd.message.startswith("5 crowd annotations") and no_boxes.message.startswith("2 of ")
+
+
+def test_facts_about_many_items_are_one_line_per_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    """coco-mini printed 63 separate unused_category lines (and a set with 10 empty images 10 no_boxes lines):
+    one line per kind, with the count and the first few."""
+    root = REPO / "data" / "coco-mini"
+    assert check_data.main([str(root / "val2017"), str(root / "annotations" / "instances_val2017.json"),
+                            "--quick", "--min-images-per-class", "0"]) == 0
+    out = capsys.readouterr().out
+    for kind in ("unused_category", "no_boxes", "crowd"):
+        lines = [line for line in out.splitlines() if f"warning: {kind}" in line]
+        assert len(lines) == 1, (kind, out)
+    unused = next(line for line in out.splitlines() if "warning: unused_category" in line)
+    assert " categories have no annotation: " in unused and " more" in unused
 
 
 @pytest.mark.parametrize("decode_images", [True, False])
@@ -307,19 +325,86 @@ def test_boxes_written_as_corners_are_named_with_the_conversion(tmp_path: Path,
     assert not find(check_dataset(images_dir, path, decode_images=False), "boxes_look_like_xyxy")
 
 
-def test_boxes_in_normalised_units_are_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_boxes_in_normalised_units_are_an_error_that_comes_first(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A json of 0-1 boxes gave 122 mask warnings, then a boxes_look_normalised warning, then "OK" (exit 0):
+    the box units are an error, listed first, and the mask warnings they cause are counted in it, not listed."""
     normalised = [[0.1, 0.2, 0.3, 0.25], [0.5, 0.5, 0.4, 0.3], [0.0, 0.7, 0.2, 0.3], [0.62, 0.05, 0.1, 0.1]]
     images_dir, path = write_boxes(tmp_path, normalised)
+    data = json.loads(path.read_text())
+    for annotation, (x, y, w, h) in zip(data["annotations"], normalised):  # the masks are in pixels
+        x, y, w, h = x * 640, y * 480, w * 640, h * 480
+        annotation["segmentation"] = [[x, y, x + w, y, x + w, y + h, x, y + h]]
+    path.write_text(json.dumps(data))
     problems = check_dataset(images_dir, path, decode_images=False)
     flagged = find(problems, "boxes_look_normalised")
-    assert [p.severity for p in flagged] == ["warning"] and not has_errors(problems)
+    assert [p.severity for p in flagged] == ["error"] and problems[0] is flagged[0]
     assert "YOLO-style" in flagged[0].message and "COCO wants pixels" in flagged[0].message
-    assert str(path) in flagged[0].message
-    assert check_data.main([str(images_dir), str(path), "--quick"]) == 0
-    assert sum("warning: boxes_look_normalised" in line for line in capsys.readouterr().out.splitlines()) == 1
+    assert str(path) in flagged[0].message and "explains the 4 masks that disagree" in flagged[0].message
+    assert not find(problems, "mask_box_mismatch")
+    assert check_data.main([str(images_dir), str(path), "--quick"]) == 1
+    out = capsys.readouterr().out
+    assert sum("error: boxes_look_normalised" in line for line in out.splitlines()) == 1
+    assert "FAIL" in out and "OK" not in out
     # a 1-pixel box on a 16-pixel image is a box, not a unit
     images_dir, path = write_boxes(tmp_path / "small", [[0.5, 0.5, 0.5, 0.5]], size=(16, 16))
     assert not find(check_dataset(images_dir, path, decode_images=False), "boxes_look_normalised")
+
+
+def test_the_verdict_is_never_ok_with_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    images_dir, path = write_clean(tmp_path)
+    monkeypatch.setattr("detr.data.checker.check_dataset",
+                        lambda *args, **kwargs: [Problem("error", "anything", "a finding of any kind")])
+    assert check_data.main([str(images_dir), str(path), "--quick"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "OK" not in out
+
+
+def test_a_corrupt_rle_is_an_error_naming_annotation_and_image(tmp_path: Path) -> None:
+    """A corrupt compressed RLE passed with a warning (pycocotools' area of garbage), then fit died at step 1."""
+    images_dir, path = write_clean(tmp_path)
+    data = json.loads(path.read_text())
+    for annotation in data["annotations"]:
+        annotation["segmentation"] = [[1, 1, 11, 1, 11, 11, 1, 11]]
+    data["annotations"][1]["segmentation"] = {"size": [40, 60], "counts": "garbage!!"}
+    path.write_text(json.dumps(data))
+    [problem] = [p for p in check_dataset(images_dir, path) if p.severity == "error"]
+    assert (problem.severity, problem.kind, problem.file_name, problem.annotation_id) == (
+        "error", "invalid_segmentation", "gray.png", 2)
+    assert "compressed RLE 'counts' string that is corrupt" in problem.message
+
+
+def test_file_names_outside_the_images_folder_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """'../../x.jpg' or an absolute path was read from outside the images folder and the check said OK."""
+    images_dir, path = write_clean(tmp_path / "data")
+    Image.new("RGB", (60, 40)).save(tmp_path / "outside.jpg")
+    for name in ("../../outside.jpg", str(tmp_path / "outside.jpg"), "..\\..\\outside.jpg"):
+        data = json.loads(path.read_text())
+        data["images"][0]["file_name"] = name
+        path.write_text(json.dumps(data))
+        [problem] = [p for p in check_dataset(images_dir, path) if p.severity == "error"]
+        assert problem.kind == "unsafe_file_name" and "(image id 1)" in problem.message
+        assert str(path) in problem.message and "relative to the images folder" in problem.message
+        assert check_data.main([str(images_dir), str(path)]) == 1
+        assert "FAIL" in capsys.readouterr().out
+
+
+def test_windows_file_names_are_read_with_backslashes_as_separators(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """'sub\\000001.jpg' was reported as a missing image."""
+    images_dir, path = write_clean(tmp_path)
+    (images_dir / "sub").mkdir()
+    (images_dir / "ok.jpg").rename(images_dir / "sub" / "ok.jpg")
+    data = json.loads(path.read_text())
+    data["images"][0]["file_name"] = "sub\\ok.jpg"
+    path.write_text(json.dumps(data))
+    problems = check_dataset(images_dir, path)
+    assert not has_errors(problems), format_problems(problems)
+    [note] = find(problems, "backslash_file_names")
+    assert "'sub\\ok.jpg'" in note.message and "read as '/'" in note.message
+    assert check_data.main([str(images_dir), str(path)]) == 0
+    assert "backslash_file_names" in capsys.readouterr().out
 
 
 def test_categories_with_few_images_are_listed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

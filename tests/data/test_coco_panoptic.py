@@ -155,3 +155,47 @@ def test_a_file_that_breaks_mid_run_is_skipped_in_training_and_named_otherwise(r
         strict[0]
     with pytest.raises(ImageLoadError, match=str(second_image)):
         strict[1]
+
+
+def test_a_segment_id_listed_twice_is_named_as_the_jsons_fault(root, tmp_path):
+    """A duplicated segment id trained the same PNG pixels twice, and the evaluation blamed the PNG."""
+    from detr.data.coco import AnnotationFileError
+
+    data = json.loads((root / "annotations" / "panoptic_train2017.json").read_text())
+    segments = data["annotations"][0]["segments_info"]
+    segments.append(dict(segments[0]))
+    annotations = tmp_path / "panoptic_train2017.json"
+    annotations.write_text(json.dumps(data))
+    with pytest.raises(AnnotationFileError) as error:
+        CocoPanoptic(root / "train2017", annotations, root / "annotations" / "panoptic_train2017")
+    message = str(error.value)
+    assert f"segments_info lists segment id {segments[0]['id']} twice" in message
+    assert f"(image_id {data['annotations'][0]['image_id']})" in message and "not the PNG" in message
+
+
+@pytest.mark.parametrize("field", ["images", "annotations"])
+def test_file_names_outside_their_folders_are_refused_and_backslashes_are_separators(root, tmp_path, field):
+    """The panoptic set resolves image and PNG names by the detection set's rule (detr.data.file_names)."""
+    import shutil
+
+    from detr.data.coco import AnnotationFileError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    annotations = copy / "annotations" / "panoptic_train2017.json"
+    data = json.loads(annotations.read_text())
+    entry = data[field][0]
+    entry["file_name"] = "../../" + entry["file_name"]
+    annotations.write_text(json.dumps(data))
+    with pytest.raises(AnnotationFileError, match=r"file_name '\.\./\.\./.*' \(image id \d+\) is a path with '\.\.'"):
+        CocoPanoptic(copy / "train2017", annotations)
+    entry["file_name"] = "sub\\" + entry["file_name"][len("../../"):]
+    folder = copy / "train2017" if field == "images" else copy / "annotations" / "panoptic_train2017"
+    (folder / "sub").mkdir()
+    shutil.move(folder / entry["file_name"][len("sub\\"):], folder / "sub")
+    annotations.write_text(json.dumps(data))
+    panoptic = CocoPanoptic(copy / "train2017", annotations)
+    index = panoptic.index_of_image(data["annotations"][0]["image_id"] if field == "annotations" else entry["id"])
+    path = panoptic.image_path(index) if field == "images" else panoptic.png_path(index)
+    assert path.parent == folder / "sub" and path.is_file()
+    assert panoptic[index][1]["masks"].any()

@@ -249,3 +249,38 @@ def test_analyze_tool_names_unreadable_and_unlabelled_inputs(tmp_path: Path, cap
     assert "gt_cut.json is not valid json" in _refusal(capsys, str(tmp_path / "gt_cut.json"), str(results), "--out", out)
     assert "absent.json does not exist" in _refusal(capsys, str(tmp_path / "absent.json"), str(results), "--out", out)
     assert not (tmp_path / "out").exists()
+
+
+def test_analyze_tool_refuses_boxes_of_negative_width(tmp_path: Path, capsys) -> None:
+    """Boxes of negative width were scored silently (AP 0): refused in one line with the count and an example."""
+    image_id = json.loads(GT_JSON.read_text())["images"][0]["id"]
+    entries = [{"image_id": image_id, "category_id": 1, "bbox": bbox, "score": 0.5}
+               for bbox in ([10, 10, 5, 5], [30, 10, -20, 5], [40, 40, 5, -1])]
+    bad = tmp_path / "negative.json"
+    bad.write_text(json.dumps(entries))
+    err = _refusal(capsys, str(GT_JSON), str(bad), "--out", str(tmp_path / "out"))
+    assert "negative.json: 2 entries have a bbox of negative width or height (entry 1: bbox [30, 10, -20, 5]" in err
+    [line] = [line for line in err.splitlines() if "error:" in line]  # one line, after argparse's usage
+    assert "and 1 more" in line and "[x, y, width, height]" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_results_cut_at_a_score_threshold_are_named(caplog) -> None:
+    """A thresholded predictions.json scored AP 41.7 where every query scored 53.0, without a word."""
+    ground_truth = json.loads(GT_JSON.read_text())
+    coco_gt = load_ground_truth(GT_JSON)
+    every = made_up_results(ground_truth)
+    with caplog.at_level("WARNING", logger="detr.evaluation.analysis"):
+        load_results(every, coco_gt)
+    assert "cut at a score threshold" not in caplog.text
+    with caplog.at_level("WARNING", logger="detr.evaluation.analysis"):
+        load_results([entry for entry in every if entry["score"] >= 0.7], coco_gt)
+    assert "look cut at a score threshold: the lowest score is 0.7" in caplog.text
+    assert "detr-predict --all-queries" in caplog.text
+    caplog.clear()
+    # every query of every image (the same count each) is not cut, however high its lowest score
+    image_ids = coco_gt.getImgIds()
+    fixed = [{"image_id": i, "category_id": 1, "bbox": [1, 1, 5, 5], "score": 0.5} for i in image_ids for _ in range(3)]
+    with caplog.at_level("WARNING", logger="detr.evaluation.analysis"):
+        load_results(fixed, coco_gt)
+    assert "cut at a score threshold" not in caplog.text

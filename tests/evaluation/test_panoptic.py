@@ -165,3 +165,36 @@ def test_merged_statistics_of_split_images_equal_one_metric_over_all():
     assert 0 < whole_results["All"]["pq"] < 1
     for name in ("All", "Things", "Stuff"):
         assert merged_results[name] == pytest.approx(whole_results[name], abs=1e-12)
+
+
+def test_a_segment_id_listed_twice_is_named_as_the_jsons_fault(tmp_path):
+    """A duplicated segment id was blamed on the PNG (or counted once, silently)."""
+    metric = PanopticQuality(CATEGORIES)
+    gt, segments = rows({1: range(0, 10)}), [{"id": 1, "category_id": 1}]
+    for twice_gt, twice_pred in ((segments * 2, segments), (segments, segments * 2)):
+        with pytest.raises(ValueError, match=r"segments_info lists segment id\(s\) \[1\] twice: the json is at fault"):
+            metric.update(gt, twice_gt, gt, twice_pred)
+    for name, listed in (("gt", segments * 2), ("pred", segments)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "000001.png").write_bytes(panoptic_png(gt))
+        annotation = {"image_id": 1, "file_name": "000001.png", "segments_info": listed}
+        (tmp_path / f"{name}.json").write_text(json.dumps({"annotations": [annotation], "categories": CATEGORIES}))
+    with pytest.raises(ValueError, match=f"image 1 of '{tmp_path / 'gt.json'}' and .*: the ground-truth segments_info"):
+        evaluate_panoptic_files(tmp_path / "gt.json", tmp_path / "pred.json")
+
+
+def test_png_file_names_follow_the_data_sets_rule(tmp_path):
+    """A PNG name outside its folder is refused; backslashes are separators."""
+    gt, segments = rows({1: range(0, 10)}), [{"id": 1, "category_id": 1}]
+    (tmp_path / "gt" / "sub").mkdir(parents=True)
+    (tmp_path / "gt" / "sub" / "000001.png").write_bytes(panoptic_png(gt))
+    (tmp_path / "pred").mkdir()
+    (tmp_path / "pred" / "000001.png").write_bytes(panoptic_png(gt))
+    for name, file_name in (("gt", "sub\\000001.png"), ("pred", "000001.png")):
+        annotation = {"image_id": 1, "file_name": file_name, "segments_info": segments}
+        (tmp_path / f"{name}.json").write_text(json.dumps({"annotations": [annotation], "categories": CATEGORIES}))
+    assert evaluate_panoptic_files(tmp_path / "gt.json", tmp_path / "pred.json")["All"]["pq"] == pytest.approx(1.0)
+    annotation["file_name"] = "../pred/000001.png"
+    (tmp_path / "pred.json").write_text(json.dumps({"annotations": [annotation], "categories": CATEGORIES}))
+    with pytest.raises(ValueError, match=r"pred.json': panoptic PNG file_name '\.\./pred/000001.png' \(image id 1\)"):
+        evaluate_panoptic_files(tmp_path / "gt.json", tmp_path / "pred.json")

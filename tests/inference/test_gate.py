@@ -153,3 +153,15 @@ def test_an_ap_drop_that_is_not_a_bound_is_refused_before_any_evaluation(max_ap_
     row = GateRow(name="model", path=None, ap=40.0, ap50=60.0, latency_median=1.0, latency_p95=1.0)
     with pytest.raises(ValueError, match="max_ap_drop"):
         GateReport(reference=row, max_ap_drop=max_ap_drop)
+
+
+def test_the_gate_reads_images_by_the_data_sets_file_name_rule(tmp_path: Path) -> None:
+    """A file_name outside the images folder is refused before any model runs, naming the json and the image."""
+    (tmp_path / "images").mkdir()
+    annotations = tmp_path / "instances.json"
+    annotations.write_text(json.dumps({
+        "images": [{"id": 3, "file_name": "../secret.jpg", "height": 8, "width": 8}],
+        "annotations": [{"id": 1, "image_id": 3, "bbox": [1, 1, 2, 2], "category_id": 1, "area": 4, "iscrowd": 0}],
+        "categories": [{"id": 1, "name": "thing"}]}))
+    with pytest.raises(ValueError, match=r"instances.json': image file_name '\.\./secret.jpg' \(image id 3\)"):
+        accuracy_gate(None, {}, tmp_path / "images", annotations, progress=False)  # type: ignore[arg-type]

@@ -75,6 +75,36 @@ def test_string_image_ids_are_refused_with_the_id(shapes) -> None:
         CocoDetection(shapes / "train2017", json_file)
 
 
+def test_facts_about_many_items_are_one_log_line_per_kind(caplog) -> None:
+    """`detr fit` logged 63 separate unused_category lines on coco-mini."""
+    from detr.lightning.data_checks import report_problems
+
+    root = Path(__file__).resolve().parents[2] / "data" / "coco-mini"
+    json_file = root / "annotations" / "instances_val2017.json"
+    problems = check_dataset(root / "val2017", json_file, decode_images=False)
+    with caplog.at_level(logging.WARNING, logger="detr.lightning.data_checks"):
+        assert report_problems("val", CocoDetection(root / "val2017", json_file), problems) == []
+    assert sum("unused_category" in record.getMessage() for record in caplog.records) == 1
+    assert len(caplog.records) <= 6, [record.getMessage() for record in caplog.records]  # a line per kind
+
+
+def test_boxes_in_normalised_units_stop_fit(shapes) -> None:
+    """0-1 boxes were a warning: fit trained on dots in the corner of each image."""
+    from detr.lightning.data_checks import report_problems
+
+    def normalise(data):
+        sizes = {image["id"]: (image["width"], image["height"]) for image in data["images"]}
+        for annotation in data["annotations"]:
+            width, height = sizes[annotation["image_id"]]
+            x, y, w, h = annotation["bbox"]
+            annotation["bbox"] = [x / width, y / height, w / width, h / height]
+
+    json_file = _edit_json(shapes, "train", normalise)
+    fatal = report_problems("train", CocoDetection(shapes / "train2017", json_file),
+                            check_dataset(shapes / "train2017", json_file, decode_images=False))
+    assert [p.kind for p in fatal][:1] == ["boxes_look_normalised"]
+
+
 # ---------------------------------------------------------------------------------------- detr fit checks
 def test_fit_refuses_a_file_without_annotations(shapes, tmp_path) -> None:
     _edit_json(shapes, "train", lambda data: data.update(annotations=[]))

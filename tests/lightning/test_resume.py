@@ -172,6 +172,29 @@ def test_data_with_other_category_ids_than_the_checkpoint_is_refused() -> None:
 
 
 
+def test_data_with_the_same_category_ids_under_other_names_is_named(caplog) -> None:
+    """The same ids with swapped names: validate and resume went ahead without a word, and the resumed
+    checkpoint kept the old names."""
+    from detr.categories import CategoryMap
+
+    checkpoint = {"detr": {"category_map": CategoryMap((1, 2, 3), ("cat", "dog", "cow")).to_dict()}}
+    swapped = DetrSystem(detr=TINY, category_map=CategoryMap((1, 2, 3), ("dog", "cat", "cow")))
+    with pytest.raises(CheckpointError, match=r"same category ids other names \(id 1 is 'cat' in the checkpoint, "
+                       r"'dog' in the json; id 2 is 'dog' in the checkpoint, 'cat' in the json\).*init_checkpoint"):
+        swapped.on_load_checkpoint(checkpoint)
+    renamed_map = CategoryMap((1, 2, 3), ("cat", "dog", "bull"))
+    renamed = DetrSystem(detr=TINY, category_map=renamed_map)
+    with caplog.at_level("WARNING", logger="detr.lightning.system"):
+        renamed.on_load_checkpoint(checkpoint)
+    assert "id 3 is 'cow' in the checkpoint, 'bull' in the json" in caplog.text
+    assert renamed.category_map == renamed_map  # the json's names, saved with the next checkpoint
+    caplog.clear()
+    same_but_case = DetrSystem(detr=TINY, category_map=CategoryMap((1, 2, 3), ("Cat", "dog ", "cow")))
+    with caplog.at_level("WARNING", logger="detr.lightning.system"):
+        same_but_case.on_load_checkpoint(checkpoint)
+    assert "differently" not in caplog.text
+
+
 def _rate_of_this_schedule(checkpoint: dict, base: float, *, drops: list[int], warmup_steps: int) -> float:
     """The recipe's rate in closed form at the steps and epochs a checkpoint's schedulers reached: warm-up from
     1/1000 over ``warmup_steps`` times 0.1 per passed drop epoch."""

@@ -32,3 +32,34 @@ def test_true_and_predicted_labels_of_one_object_are_both_drawn() -> None:
                             true_boxes_xyxy=true, true_labels=torch.tensor([0]))
     colours = {tuple(pixel) for pixel in drawn.permute(1, 2, 0).reshape(-1, 3).tolist()}
     assert LEGEND_TRUE in colours and LEGEND_PREDICTED in colours  # each label's background shows
+
+
+def test_labels_of_a_small_image_are_small_and_leave_the_objects_visible() -> None:
+    """On 128-px images the labels (11 px text, half the image wide) covered the shapes: the text scales with the
+    image within [8, 36] px, and a label takes the place beside its box that covers the fewest objects."""
+    from detr.visualize.drawing import MAX_LABEL_FONT, MIN_LABEL_FONT, _font_size
+
+    assert (_font_size(128), _font_size(640), _font_size(4000)) == (MIN_LABEL_FONT, 20, MAX_LABEL_FONT)
+    # the box's top edge touches another object: above it the label would cover that object, below it nothing
+    boxes = [[40, 60, 90, 100], [40, 30, 90, 60]]
+    [first, _] = label_rectangles(boxes, [(40, 10), (40, 10)], (128, 128))
+    assert first[1] >= boxes[0][3]  # below its box
+    assert not _overlap(first, boxes[1]) and not _overlap(first, boxes[0])
+
+
+def test_a_label_stays_inside_an_image_narrower_than_its_text(monkeypatch) -> None:
+    """A label wider than the image was cut at its edge: its text is made smaller to fit."""
+    from detr.visualize import drawing
+
+    measured = []
+
+    def record(boxes, sizes, image_size, **kwargs):
+        measured.extend(sizes)
+        return [(0, 0, w, h) for w, h in sizes]
+
+    monkeypatch.setattr(drawing, "label_rectangles", record)
+    image = torch.full((3, 40, 60), 90, dtype=torch.uint8)
+    drawing.draw_labels(image, torch.tensor([[2.0, 10.0, 50.0, 30.0]]), ["traffic light 0.93"], [(200, 0, 0)],
+                        font_size=11)
+    [(width, _)] = measured
+    assert width <= 60
