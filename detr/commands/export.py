@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--int8 needs --calibration IMAGES (and a file without --postprocess)")
     if args.calibration_size < 1:
         parser.error(f"--calibration-size must be at least 1, got {args.calibration_size}")
-    from detr.inference.outputs import collect_image_paths  # light: no torch
+    from detr.inference.outputs import collect_image_paths
 
     calibration_paths = []
     if args.int8:
