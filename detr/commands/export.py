@@ -180,7 +180,7 @@ def export_and_check(args: argparse.Namespace, model: Any, feeds: list | None, e
             tool = "NNCF" if out.suffix == ".xml" else "ONNX Runtime"
             print(f"quantising to INT8 ({what}, {tool}) on {len(feeds)} calibration images ...", flush=True)
             written[int8_path] = quantize(staged, staging / int8_path.name, feeds, scope=args.int8_scope)
-            print(f"wrote {int8_path}: INT8 {what} calibrated on {len(feeds)} images"
+            print(f"quantised {int8_path}: INT8 {what} calibrated on {len(feeds)} images"
                   + ("" if args.evaluate else "; its accuracy is unchecked: add --evaluate IMAGES JSON for its AP"))
         failed_rows: set[Path] = set()
         if evaluation_set is not None:
@@ -200,8 +200,7 @@ def export_and_check(args: argparse.Namespace, model: Any, feeds: list | None, e
                 continue
             replaced = any(file.exists() for file in exported_files(path))
             move_export(staged_path, out.parent)
-            if replaced:
-                print(f"replaced the earlier {path}")
+            print(f"replaced the earlier {path}" if replaced else f"wrote {path}")
     return 1 if failed_rows else 0
 
 
