@@ -35,7 +35,6 @@ and RT-DETR's renames for the rest (input projections, AIFI, self-attention, que
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -44,7 +43,6 @@ from typing import Any, Literal
 
 import torch
 
-from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import COCO_CATEGORIES, CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, check_stated_sizes
 from detr.checkpoints.huggingface import (
@@ -54,6 +52,7 @@ from detr.checkpoints.huggingface import (
     read_json,
     read_meta,
     read_weights,
+    write_huggingface_directory,
 )
 from detr.checkpoints.rtdetr import (
     FUSED_IN_PROJ,
@@ -61,7 +60,7 @@ from detr.checkpoints.rtdetr import (
     STATED_SIZES,
     count_numbered,
     current_rtdetr_spelling,
-    write_preprocessor_config,
+    preprocessor_config,
 )
 from detr.models.config import DFINE_DEFAULTS, DetrConfig, ModelMeta
 from detr.models.dfine.hgnetv2 import SIZES
@@ -587,11 +586,8 @@ def write_huggingface_family(model: DFINE, directory: str | Path, *, category_ma
     config = huggingface_dfine_config(model, category_map=category_map, backbone=backbone)
     tensors = to_huggingface_state_dict(model, keys)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
-    data = import_safetensors().save(tensors, metadata={"format": "pt"})
-    write_atomically(directory / "model.safetensors", lambda file: file.write(data))
-    write_preprocessor_config(directory, model.input_spec.size)
+    write_huggingface_directory(directory, config, import_safetensors().save(tensors, metadata={"format": "pt"}),
+                                preprocessor_config(model.input_spec.size))
     logger.info("wrote %s (%s, %s, %d classes)", directory, config["model_type"], config["backbone_config"]["model_type"],
                 model.num_classes)
     return directory

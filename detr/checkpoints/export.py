@@ -37,6 +37,10 @@ same code with checked dynamic dimensions, and torch.jit is deprecated in its fa
 
 Every export is verified (:func:`verify_export`): the file runs on a padded batch of two images of different
 sizes and on one image of a third size, and its outputs are compared with the PyTorch model's.
+
+Every file is written whole or not at all (:mod:`detr.atomic_files`): :func:`export` writes into a staging folder
+beside ``path``, verifies there, and only then moves the file (an IR's ``.xml`` with its ``.bin``) into place, so
+a full disk, a failed verification or an interruption leaves an earlier file at ``path`` as it was.
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ import dataclasses
 import json
 import logging
 import math
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,9 +60,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from detr.atomic_files import move_into_place, staging_folder, write_path_atomically
 from detr.categories import CategoryMap
 from detr.checkpoints.deployed import open_deployed
-from detr.checkpoints.formats import ExportError
+from detr.checkpoints.formats import CheckpointError, ExportError
 from detr.checkpoints.openvino import write_ir
 from detr.inference.postprocess import boxes_to_pixels, scores_and_labels, top_k_pairs
 from detr.models.deformable.attention import BilinearKernel, use_bilinear_kernel
@@ -278,9 +282,7 @@ def export_onnx(model: Detector, path: str | Path, *, postprocess: bool = False,
         raise ExportError(f"the traced model could not be converted to ONNX: {str(error).splitlines()[0]}") from error
     onnx_program.model.metadata_props.update(
         metadata(module.model, postprocess=postprocess, category_map=category_map, eval_size=eval_size))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx_program.save(str(path), external_data=False)
-    return path
+    return write_path_atomically(path, lambda staged: onnx_program.save(str(staged), external_data=False))
 
 
 def export_program(model: Detector, path: str | Path, *, postprocess: bool = False,
@@ -292,9 +294,8 @@ def export_program(model: Detector, path: str | Path, *, postprocess: bool = Fal
     program, module = _torch_export(model, postprocess, bilinear_kernel, eval_size)
     values = {k.removeprefix("detr."): json.loads(v) for k, v in
               metadata(module.model, postprocess=postprocess, category_map=category_map, eval_size=eval_size).items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.export.save(program, str(path), extra_files={"detr.json": json.dumps(values)})
-    return path
+    return write_path_atomically(
+        path, lambda staged: torch.export.save(program, str(staged), extra_files={"detr.json": json.dumps(values)}))
 
 
 def export_openvino(model: Detector, path: str | Path, *, postprocess: bool = False,
@@ -304,9 +305,8 @@ def export_openvino(model: Detector, path: str | Path, *, postprocess: bool = Fa
     (:func:`export_onnx`, written to a temporary file beside ``path``) converted by OpenVINO, fp32 weights, the
     metadata in the IR's rt_info. Not verified here: :func:`export` verifies."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".openvino-") as folder:
-        onnx_path = export_onnx(model, Path(folder) / "model.onnx", postprocess=postprocess,
+    with staging_folder(path.parent) as folder:
+        onnx_path = export_onnx(model, folder / "model.onnx", postprocess=postprocess,
                                 category_map=category_map, eval_size=eval_size, bilinear_kernel=bilinear_kernel)
         return write_ir(onnx_path, path)
 
@@ -436,6 +436,44 @@ def verify_export(model: Detector, path: str | Path, *, format: ExportFormat = "
     return Verification(path, differences, _tolerances(postprocess, reference.model.predicts_masks))
 
 
+def exported_files(path: str | Path) -> list[Path]:
+    """The files an export at ``path`` consists of, the ones beside it first: an OpenVINO IR's ``.bin``, then
+    ``path`` itself."""
+    path = Path(path)
+    return ([path.with_suffix(".bin")] if path.suffix.lower() == ".xml" else []) + [path]
+
+
+def move_export(staged: str | Path, folder: str | Path, *, suffix: str = "") -> Path:
+    """Move the files of the export ``staged`` (:func:`exported_files`, written in a
+    :func:`detr.atomic_files.staging_folder`) into ``folder`` under their names plus ``suffix`` (".failed" for a
+    file that failed its check), the ``.bin`` before the ``.xml``, each replacing what is there; returns the main
+    file's new path."""
+    moved = [move_into_place(file, Path(folder) / (file.name + suffix)) for file in exported_files(staged)]
+    return moved[-1]
+
+
+def failed_path(path: str | Path) -> Path:
+    """Where a file that failed its check goes (``<path>.failed``): no deployment picks it up by its suffix."""
+    return Path(path).with_name(Path(path).name + ".failed")
+
+
+def write_export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx", postprocess: bool = False,
+                 category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None,
+                 bilinear_kernel: BilinearKernel = "grid_sample") -> Verification:
+    """Write ``model`` to ``path`` in ``format`` and verify it there (:func:`verify_export`), moving nothing: the
+    caller decides where the file goes (:func:`export`: into place, or ``<path>.failed``). Raises ExportError
+    if the model cannot be exported or the file written cannot be read back."""
+    if format not in FORMAT_SUFFIXES:
+        raise ExportError(f"format must be one of {', '.join(map(repr, FORMAT_SUFFIXES))}, got {format!r}")
+    writer = {"onnx": export_onnx, "pt2": export_program, "openvino": export_openvino}[format]
+    writer(model, path, postprocess=postprocess, category_map=category_map, eval_size=eval_size,
+           bilinear_kernel=bilinear_kernel)
+    try:
+        return verify_export(model, path, format=format, postprocess=postprocess, eval_size=eval_size)
+    except CheckpointError as error:  # written but unreadable: the writer failed without an error of its own
+        raise ExportError(f"the file written could not be read back: {error}") from error
+
+
 def export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx", postprocess: bool = False,
            category_map: CategoryMap | None = None, eval_size: tuple[int, int] | None = None,
            bilinear_kernel: BilinearKernel = "grid_sample") -> Verification:
@@ -446,21 +484,28 @@ def export(model: Detector, path: str | Path, *, format: ExportFormat = "onnx", 
     it runs here (its own kernel: in inference, the embedding bag), so the file equals the default export within
     the same tolerances.
 
+    The file is written and verified in a staging folder beside ``path`` and moved into place only when it
+    passed, so a failure of any kind (the model does not export, a full disk, an interruption, a file that does
+    not reproduce the model) leaves an earlier file at ``path`` as it was.
+
     Raises ExportError if the model cannot be exported, or if the file's outputs exceed the fp32
-    tolerances (boxes 1e-4, logits 1e-3, scores 1e-4; labels equal): the file is then renamed to
-    ``<path>.failed`` so that no deployment picks it up, and the message holds the differences.
+    tolerances (boxes 1e-4, logits 1e-3, scores 1e-4; labels equal): the file then goes to
+    ``<path>.failed`` (:func:`failed_path`) so that no deployment picks it up, and the message holds the
+    differences. ``path`` may not be a folder.
     """
-    if format not in FORMAT_SUFFIXES:
-        raise ExportError(f"format must be one of {', '.join(map(repr, FORMAT_SUFFIXES))}, got {format!r}")
     path = Path(path)
-    writer = {"onnx": export_onnx, "pt2": export_program, "openvino": export_openvino}[format]
-    writer(model, path, postprocess=postprocess, category_map=category_map, eval_size=eval_size,
-           bilinear_kernel=bilinear_kernel)
-    verification = verify_export(model, path, format=format, postprocess=postprocess, eval_size=eval_size)
-    if not verification.passed:
-        failed = path.with_name(path.name + ".failed")
-        path.replace(failed)
-        raise ExportError(f"the exported file does not reproduce the PyTorch model (moved to {failed}):\n"
-                          f"{verification.table()}")
+    if path.is_dir():
+        example = path / ("model" + FORMAT_SUFFIXES.get(format, ".onnx"))
+        raise ExportError(f"{path} is a folder: give the file to write, e.g. {example}")
+    with staging_folder(path.parent) as staging:
+        staged = staging / path.name
+        verification = write_export(model, staged, format=format, postprocess=postprocess, category_map=category_map,
+                                    eval_size=eval_size, bilinear_kernel=bilinear_kernel)
+        if not verification.passed:
+            failed = move_export(staged, path.parent, suffix=".failed")
+            raise ExportError(f"the exported file does not reproduce the PyTorch model (moved to {failed}; "
+                              f"{path} is unchanged):\n{verification.table()}")
+        move_export(staged, path.parent)
+    verification.path = path
     logger.info("exported and verified %s", path)
     return verification

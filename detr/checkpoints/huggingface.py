@@ -46,7 +46,7 @@ import torch
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from detr.atomic_files import write_atomically, write_text_atomically
+from detr.atomic_files import folder_written_atomically, write_atomically, write_text_atomically
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import (
     CheckpointContents,
@@ -449,6 +449,21 @@ STATED_SIZES: tuple[StatedSize, ...] = (
 )
 
 
+def write_huggingface_directory(directory: Path, config: dict[str, Any], weights: bytes,
+                                processor: dict[str, Any]) -> Path:
+    """Write a transformers directory whole or not at all (:func:`detr.atomic_files.folder_written_atomically`):
+    config.json, model.safetensors (``weights``: safetensors' bytes) and preprocessor_config.json. An earlier
+    directory there is replaced only once the new one is complete, so a full disk or a crash leaves it as it was,
+    and none of its files (another model's pytorch_model.bin) stays beside the new ones."""
+    with folder_written_atomically(directory) as staged:
+        # Through the atomic writer, not safetensors' save_file: that one renames a private temporary file into
+        # place, so model.safetensors came out 0600 beside 0644 files, unreadable to others sharing the model.
+        write_text_atomically(staged / "config.json", json.dumps(config, indent=2) + "\n")
+        write_atomically(staged / "model.safetensors", lambda file: file.write(weights))
+        write_text_atomically(staged / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
+    return directory
+
+
 def read_huggingface(directory: str | Path) -> CheckpointContents:
     """Read a transformers ``DetrForObjectDetection`` directory into this project's layout + build config.
 
@@ -654,12 +669,6 @@ def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: Back
     config = huggingface_config(model, backbone_format, category_map)
     tensors = to_huggingface_state_dict(model.state_dict(), backbone_format)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    # Through the atomic writer, not safetensors' save_file: that one renames a private temporary file into
-    # place, so model.safetensors came out 0600 beside 0644 files, unreadable to others sharing the model.
-    write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
-    data = safetensors_torch.save(tensors, metadata={"format": "pt"})
-    write_atomically(directory / "model.safetensors", lambda file: file.write(data))
     min_size, max_size = model.meta.eval_size or AUTHORS_EVAL_SIZE
     processor = {
         "image_processor_type": "DetrImageProcessor", "format": "coco_detection",
@@ -667,6 +676,7 @@ def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: Back
         "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_pad": True,
     }
-    write_text_atomically(directory / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
+    write_huggingface_directory(directory, config, safetensors_torch.save(tensors, metadata={"format": "pt"}),
+                                processor)
     logger.info("wrote %s (%s backbone, %d classes)", directory, backbone_format, model.num_classes)
     return directory

@@ -35,7 +35,6 @@ one module for both) and is refused.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -43,7 +42,6 @@ from typing import Any
 
 import torch
 
-from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, infer_deformable_config
 from detr.checkpoints.huggingface import (
@@ -62,6 +60,7 @@ from detr.checkpoints.huggingface import (
     read_meta,
     read_weights,
     rename_prefix,
+    write_huggingface_directory,
 )
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
 from detr.models.deformable.model import DeformableDETR
@@ -333,10 +332,6 @@ def save_pretrained_deformable(model: DeformableDETR, directory: str | Path, *, 
     config = huggingface_deformable_config(model, backbone_format, category_map)
     tensors = to_huggingface_state_dict(model, backbone_format)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
-    data = import_safetensors().save(tensors, metadata={"format": "pt"})
-    write_atomically(directory / "model.safetensors", lambda file: file.write(data))
     min_size, max_size = model.meta.eval_size or AUTHORS_EVAL_SIZE
     processor = {
         "image_processor_type": "DeformableDetrImageProcessor", "format": "coco_detection",
@@ -344,6 +339,7 @@ def save_pretrained_deformable(model: DeformableDETR, directory: str | Path, *, 
         "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_pad": True,
     }
-    write_text_atomically(directory / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
+    write_huggingface_directory(directory, config, import_safetensors().save(tensors, metadata={"format": "pt"}),
+                                processor)
     logger.info("wrote %s (Deformable DETR, %s backbone, %d classes)", directory, backbone_format, model.num_classes)
     return directory

@@ -70,7 +70,7 @@ class OnnxDetector(DeployedDetector):
         device: "cuda…" uses ONNX Runtime's CUDAExecutionProvider when the installed onnxruntime has it
             (onnxruntime-gpu), else the CPU with a warning; default CPU.
         threads: ONNX Runtime's intra-op threads (default: its own choice).
-        precision: "fp32", the precision the file was exported in (there is no other).
+        precision: "fp32", the precision the file was exported in (there is no other: CheckpointError).
 
     ``session`` is the ``onnxruntime.InferenceSession``; ``backend`` e.g. "onnxruntime (CPUExecutionProvider)".
     """
@@ -80,10 +80,10 @@ class OnnxDetector(DeployedDetector):
     def __init__(self, path: str | Path, *, device: str | torch.device | None = None,
                  threads: int | None = None, precision: str = "fp32") -> None:
         super().__init__(path)
-        if precision != "fp32":
-            raise ValueError(f"{self.path} is an ONNX file: it runs in the precision it was exported in (fp32), not "
-                             f"{precision!r}; for bf16 on a CPU export with --format openvino, or use the PyTorch "
-                             "checkpoint")
+        if precision != "fp32":  # a CheckpointError: every command shows it as one line
+            raise CheckpointError(f"{self.path} is an ONNX file: it runs in the precision it was exported in (fp32), "
+                                  f"not {precision!r}; use --precision fp32 with it, or for bf16 on a CPU export with "
+                                  "--format openvino, or use the PyTorch checkpoint")
         ort = import_onnxruntime()
         providers = ["CPUExecutionProvider"]
         if device is not None and torch.device(device).type == "cuda":

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from detr.atomic_files import write_path_atomically
 from detr.checkpoints.deployed import METADATA_KEYS, OPTIONAL_METADATA_KEYS, DeployedDetector
 from detr.checkpoints.formats import CheckpointError
 
@@ -44,12 +45,13 @@ def cpu_has_bf16() -> bool:
 
 
 def check_precision(precision: str) -> None:
-    """Raise ValueError for a precision OpenVINO cannot run here, naming the fix."""
+    """Raise :class:`CheckpointError` (a ValueError, shown by the commands as one line) for a precision OpenVINO
+    cannot run here, naming the fix."""
     if precision not in PRECISION_HINTS:
-        raise ValueError(f"OpenVINO precision must be one of {sorted(PRECISION_HINTS)}, got {precision!r}")
+        raise CheckpointError(f"OpenVINO precision must be one of {sorted(PRECISION_HINTS)}, got {precision!r}")
     if precision == "bf16" and not cpu_has_bf16():
-        raise ValueError("precision bf16 needs a CPU with bfloat16 instructions (AVX512-BF16 or AMX), which this one "
-                         "lacks: use fp32")
+        raise CheckpointError("precision bf16 needs a CPU with bfloat16 instructions (AVX512-BF16 or AMX), which this "
+                              "one lacks: use fp32 (--precision fp32)")
 
 
 def write_ir(onnx_path: str | Path, path: str | Path) -> Path:
@@ -64,8 +66,16 @@ def write_ir(onnx_path: str | Path, path: str | Path) -> Path:
     for key, value in properties.items():
         if key.startswith("detr."):
             converted.set_rt_info(value, ["detr", key.removeprefix("detr.")])
-    ov.save_model(converted, str(path), compress_to_fp16=False)
-    return Path(path)
+    return save_ir(converted, path)
+
+
+def save_ir(model: Any, path: str | Path) -> Path:
+    """``openvino.save_model`` of ``model`` to ``path`` (``.xml`` and its ``.bin``), weights as they are (no fp16
+    compression), whole or not at all (:func:`detr.atomic_files.write_path_atomically`: a full disk leaves an
+    earlier IR there as it was, never a new ``.xml`` beside a truncated ``.bin``)."""
+    ov, path = import_openvino(), Path(path)
+    return write_path_atomically(path, lambda staged: ov.save_model(model, str(staged), compress_to_fp16=False),
+                                 companions=[path.with_suffix(".bin")])
 
 
 def read_rt_info(model: Any) -> dict[str, str]:

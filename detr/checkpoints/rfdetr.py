@@ -39,7 +39,6 @@ transformers is never imported; safetensors only for .safetensors files.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -47,17 +46,18 @@ from typing import Any
 
 import torch
 
-from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, StatedSize, check_stated_sizes
 from detr.checkpoints.huggingface import (
-    category_map_from_labels,
     import_safetensors,
+    label_fields,
     processor_square_size,
     read_json,
+    read_meta,
     read_weights,
+    write_huggingface_directory,
 )
-from detr.models.config import DetrConfig, ModelMeta
+from detr.models.config import DetrConfig
 from detr.models.inputs import IMAGENET_MEAN, IMAGENET_STD
 from detr.models.rfdetr.model import EVAL_SIZE, RFDETR
 
@@ -293,8 +293,7 @@ def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
         num_classes=int(state_dict["decoder.class_head.weight"].shape[0]), pretrained_backbone=False)
     check_stated_sizes(model_config, state_dict, STATED_SIZES, config_path, str(directory))
     size = processor_square_size(directory, default=EVAL_SIZE)
-    meta = ModelMeta(category_map=category_map_from_labels(config, model_config.num_classes, config_path),
-                     eval_size=(size, size) if size is not None else None)
+    meta = read_meta(config, model_config.num_classes, config_path, (size, size) if size is not None else None)
     return CheckpointContents(state_dict, model_config, meta)
 
 
@@ -322,9 +321,7 @@ def huggingface_rfdetr_config(model: RFDETR, *, category_map: CategoryMap | None
     config = model.config
     if config is None or config.architecture != "rfdetr":
         raise ExportError("save_pretrained_rfdetr needs an RF-DETR built by build_detr (model.config)")
-    category_map = category_map or model.meta.category_map
-    names = list(category_map.names) if category_map is not None else [f"LABEL_{i}" for i in range(model.num_classes)]
-    labels = {"id2label": {str(i): n for i, n in enumerate(names)}, "label2id": {n: i for i, n in enumerate(names)}}
+    labels = label_fields(category_map or model.meta.category_map, model.num_classes, model.meta.score_threshold)
     layers = config.vit_num_layers
     decoder = {"d_model": config.hidden_dim, "hidden_expansion": config.projector_expansion,
                "c2f_num_blocks": config.projector_blocks, "activation_function": "silu",
@@ -363,15 +360,14 @@ def huggingface_rfdetr_config(model: RFDETR, *, category_map: CategoryMap | None
     }
 
 
-def write_preprocessor_config(directory: Path, size: int, *, lw: bool = False) -> None:
+def preprocessor_config(size: int, *, lw: bool = False) -> dict[str, Any]:
     """preprocessor_config.json of ``RfDetrImageProcessor`` (LW-DETR: ``DeformableDetrImageProcessor``) at a ``size``
     square with ImageNet's mean and std."""
     processor_type = "DeformableDetrImageProcessor" if lw else "RfDetrImageProcessor"
-    processor = {"image_processor_type": processor_type, "format": "coco_detection", "do_resize": True,
-                 "size": {"height": size, "width": size}, "resample": 2, "do_rescale": True,
-                 "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(IMAGENET_MEAN),
-                 "image_std": list(IMAGENET_STD), "do_pad": False}
-    write_text_atomically(directory / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
+    return {"image_processor_type": processor_type, "format": "coco_detection", "do_resize": True,
+            "size": {"height": size, "width": size}, "resample": 2, "do_rescale": True,
+            "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(IMAGENET_MEAN),
+            "image_std": list(IMAGENET_STD), "do_pad": False}
 
 
 def save_pretrained_rfdetr(model: RFDETR, directory: str | Path, *, category_map: CategoryMap | None = None,
@@ -383,10 +379,7 @@ def save_pretrained_rfdetr(model: RFDETR, directory: str | Path, *, category_map
     config = huggingface_rfdetr_config(model, category_map=category_map)
     tensors = to_huggingface_state_dict(model)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
-    data = import_safetensors().save(tensors, metadata={"format": "pt"})
-    write_atomically(directory / "model.safetensors", lambda file: file.write(data))
-    write_preprocessor_config(directory, model.input_spec.size, lw=config["model_type"] == LW_MODEL_TYPE)
+    write_huggingface_directory(directory, config, import_safetensors().save(tensors, metadata={"format": "pt"}),
+                                preprocessor_config(model.input_spec.size, lw=config["model_type"] == LW_MODEL_TYPE))
     logger.info("wrote %s (%s, %d classes)", directory, config["model_type"], model.num_classes)
     return directory

@@ -45,7 +45,6 @@ the ones used. transformers and timm are never imported; safetensors only for .s
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -54,7 +53,6 @@ from typing import Any
 
 import torch
 
-from detr.atomic_files import write_atomically, write_text_atomically
 from detr.categories import COCO_CATEGORIES, CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, StatedSize, check_stated_sizes
 from detr.checkpoints.huggingface import (
@@ -65,6 +63,7 @@ from detr.checkpoints.huggingface import (
     read_meta,
     read_weights,
     resnet_block_flags,
+    write_huggingface_directory,
 )
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.rtdetr.model import EVAL_SIZE, RTDETR
@@ -511,12 +510,11 @@ def huggingface_rtdetr_config(model: RTDETR, *, version: int | None = None,
     return hf
 
 
-def write_preprocessor_config(directory: Path, size: int) -> None:
+def preprocessor_config(size: int) -> dict[str, Any]:
     """preprocessor_config.json of ``RTDetrImageProcessor`` at a ``size`` square (RT-DETR's and D-FINE's)."""
-    processor = {"image_processor_type": "RTDetrImageProcessor", "format": "coco_detection", "do_resize": True,
-                 "size": {"height": size, "width": size}, "resample": 2, "do_rescale": True,
-                 "rescale_factor": 1 / 255, "do_normalize": False, "do_pad": False}
-    write_text_atomically(directory / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
+    return {"image_processor_type": "RTDetrImageProcessor", "format": "coco_detection", "do_resize": True,
+            "size": {"height": size, "width": size}, "resample": 2, "do_rescale": True,
+            "rescale_factor": 1 / 255, "do_normalize": False, "do_pad": False}
 
 
 def save_pretrained_rtdetr(model: RTDETR, directory: str | Path, *, version: int | None = None,
@@ -529,11 +527,8 @@ def save_pretrained_rtdetr(model: RTDETR, directory: str | Path, *, version: int
     config = huggingface_rtdetr_config(model, version=version, category_map=category_map)
     tensors = to_huggingface_state_dict(model, version=MODEL_TYPES.index(config["model_type"]) + 1)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(directory / "config.json", json.dumps(config, indent=2) + "\n")
-    data = import_safetensors().save(tensors, metadata={"format": "pt"})
-    write_atomically(directory / "model.safetensors", lambda file: file.write(data))
-    write_preprocessor_config(directory, model.input_spec.size)
+    write_huggingface_directory(directory, config, import_safetensors().save(tensors, metadata={"format": "pt"}),
+                                preprocessor_config(model.input_spec.size))
     logger.info("wrote %s (%s, %s, %d classes)", directory, config["model_type"], model.config.backbone,
                 model.num_classes)
     return directory

@@ -5,7 +5,9 @@ COCO-format set, one image at a time, and reports for each its box AP and AP50 (
 COCO evaluation keeps them, the boxes clipped at the image's edges as the Predictor returns them: ``detr
 validate`` scores unclipped boxes, as the authors' evaluation, so its AP of the same model is up to a few tenths
 lower), its latency per image (median and 95th percentile of the whole predict call:
-resize, forward, post-processing; the image already decoded) and its file size; an artifact that loses more
+resize, forward, post-processing; the image already decoded) and its size (an exported file's bytes, an IR's
+``.bin`` included; the PyTorch model's weights as fp32 tensors, not its checkpoint file, which may hold the
+optimiser's state too); an artifact that loses more
 than ``max_ap_drop`` AP points against the PyTorch model fails the gate. ``detr-export --evaluate`` runs it on
 the file it wrote.
 """
@@ -37,7 +39,8 @@ MAX_AP_DROP = 1.0
 @dataclass
 class GateRow:
     """One model's line of the gate: ``name`` (e.g. "pytorch (cpu, fp32)"), the file it came from (None for an
-    in-memory model), box AP and AP50 in points (0-100), latency in seconds, file size in bytes (None)."""
+    in-memory model), box AP and AP50 in points (0-100), latency in seconds, size in bytes (an exported file's;
+    a PyTorch model's weights; None: unknown)."""
 
     name: str
     path: Path | None
@@ -77,7 +80,7 @@ class GateReport:
         title = (f"accuracy gate on {self.num_images} images (batch 1, this machine; an artifact fails past "
                  f"{self.max_ap_drop:g} AP points lost)")
         lines = [title, "(box AP of the Predictor's detections, clipped at the image's edges; detr validate scores "
-                        "unclipped boxes, as the authors)", header]
+                        "unclipped boxes, as the authors; size: the file's, PyTorch's the weights' alone)", header]
         for row in [self.reference, *self.artifacts]:
             drop = "" if row is self.reference else f"{self.drop(row):+.2f}"
             size = f"{row.size_bytes / 1e6:.1f}" if row.size_bytes is not None else "-"
@@ -92,6 +95,34 @@ def file_size(path: Path | None) -> int | None:
         return None
     weights = path.with_suffix(".bin") if path.suffix.lower() == ".xml" else None
     return path.stat().st_size + (weights.stat().st_size if weights is not None and weights.is_file() else 0)
+
+
+def weights_size(model: object) -> int:
+    """Bytes of a PyTorch model's weights (parameters and buffers) as fp32 tensors: what its exported file holds,
+    where a training checkpoint also holds the optimiser's state."""
+    return sum(4 * tensor.numel() for tensor in model.state_dict().values()  # type: ignore[attr-defined]
+               if tensor.is_floating_point())
+
+
+def read_evaluation_set(images: str | Path, annotations: str | Path) -> COCO:
+    """The COCO-format set of the gate, checked: the annotation file and every image it lists (``images``/
+    ``file_name``) exist.
+
+    Raises:
+        FileNotFoundError: the annotation file or an image it lists is missing (named).
+    """
+    images, annotations = Path(images), Path(annotations)
+    if not annotations.is_file():
+        raise FileNotFoundError(f"annotation file {annotations} does not exist")
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its loading
+        coco_gt = COCO(str(annotations))
+    # a file name outside the images folder is refused (detr.data.file_names), naming the json and the image
+    missing = [record["file_name"] for record in coco_gt.dataset["images"]
+               if not resolve_file_name(images, record["file_name"], annotations_file=annotations,
+                                        image_id=record["id"]).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} images of {annotations} are not in {images} (first: {missing[0]})")
+    return coco_gt
 
 
 def evaluate_predictor(predictor: Predictor, coco_gt: COCO, images: Path, *, name: str, path: Path | None = None,
@@ -121,30 +152,21 @@ def check_max_ap_drop(max_ap_drop: float) -> None:
 
 
 def accuracy_gate(reference: Predictor, artifacts: Mapping[Path, Predictor], images: str | Path,
-                  annotations: str | Path, *, max_ap_drop: float = MAX_AP_DROP, reference_path: Path | None = None,
-                  progress: bool = True) -> GateReport:
-    """Evaluate ``reference`` (the PyTorch model) and each artifact (file → its predictor) on the COCO-format
-    set ``annotations`` (images under ``images``): :class:`GateReport` (``passed``, ``table()``).
+                  annotations: str | Path | COCO, *, max_ap_drop: float = MAX_AP_DROP, progress: bool = True) -> GateReport:
+    """Evaluate ``reference`` (the PyTorch model; its row's size: its weights, :func:`weights_size`) and each
+    artifact (file → its predictor) on the COCO-format set ``annotations`` (a json, or its
+    :func:`read_evaluation_set`; images under ``images``): :class:`GateReport` (``passed``, ``table()``).
 
     Raises:
         FileNotFoundError: the annotation file or an image it lists is missing (named).
     """
     check_max_ap_drop(max_ap_drop)  # before the evaluation, not after it
-    images, annotations = Path(images), Path(annotations)
-    if not annotations.is_file():
-        raise FileNotFoundError(f"annotation file {annotations} does not exist")
-    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its loading
-        coco_gt = COCO(str(annotations))
-    # a file name outside the images folder is refused (detr.data.file_names), naming the json and the image
-    missing = [record["file_name"] for record in coco_gt.dataset["images"]
-               if not resolve_file_name(images, record["file_name"], annotations_file=annotations,
-                                        image_id=record["id"]).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{len(missing)} images of {annotations} are not in {images} (first: {missing[0]})")
-    report = GateReport(
-        evaluate_predictor(reference, coco_gt, images, name=reference.backend, path=reference_path,
-                           progress=progress),
-        max_ap_drop=max_ap_drop, num_images=len(coco_gt.dataset["images"]))
+    images = Path(images)
+    coco_gt = annotations if isinstance(annotations, COCO) else read_evaluation_set(images, annotations)
+    row = evaluate_predictor(reference, coco_gt, images, name=reference.backend, progress=progress)
+    if reference.model.backend == "pytorch":
+        row.size_bytes = weights_size(reference.model)
+    report = GateReport(row, max_ap_drop=max_ap_drop, num_images=len(coco_gt.dataset["images"]))
     for path, predictor in artifacts.items():
         report.artifacts.append(evaluate_predictor(predictor, coco_gt, images, name=f"{path.name}: {predictor.backend}",
                                                    path=path, progress=progress))

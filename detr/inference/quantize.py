@@ -16,18 +16,26 @@ the convolutions alone lost 0.03 and 0.08. So ``scope="convolutions"`` (the defa
 convolutions (the backbone, most of a DETR's arithmetic) and keeps every matrix product (the transformer and
 the heads) in fp32; ``scope="all"`` quantises the matrix products too, all but the heads' last layers. Neither
 tool is imported by ``import detr``.
+
+A calibration image that cannot be read is skipped and counted, as training skips one (:func:`read_calibration`);
+the quantised file is written whole or not at all (:mod:`detr.atomic_files`), and NNCF's own log and progress bars
+(about 150 lines) are kept off the console: the caller prints what is being done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from detr.atomic_files import write_path_atomically
 from detr.inference.images import to_rgb_array
 from detr.inference.outputs import collect_image_paths
 from detr.models.inputs import InputSpec
@@ -41,24 +49,53 @@ CALIBRATION_SIZE = 300
 Scope = Literal["convolutions", "all"]
 
 
-def calibration_feeds(input_spec: InputSpec, images: Sequence[str | Path], *,
-                      limit: int = CALIBRATION_SIZE) -> list[dict[str, np.ndarray]]:
-    """The graph inputs of up to ``limit`` images (files, folders or patterns) prepared as the model takes them:
-    ``{"images": float32 [1, 3, h, w], "padding_mask": bool [1, h, w]}`` each (one image, no padding).
+@dataclass
+class Calibration:
+    """The calibration set :func:`read_calibration` prepared: ``feeds`` (graph inputs, one image each) and the
+    files ``skipped`` because they could not be read or prepared (path, reason)."""
+
+    feeds: list[dict[str, np.ndarray]] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def read_calibration(input_spec: InputSpec, images: Sequence[str | Path], *,
+                     limit: int = CALIBRATION_SIZE) -> Calibration:
+    """Up to ``limit`` images (files, folders or patterns, in order) prepared as the model takes them:
+    ``{"images": float32 [1, 3, h, w], "padding_mask": bool [1, h, w]}`` each (one image, no padding). A file that
+    cannot be read (corrupt, truncated, not an image) is skipped, counted in ``skipped`` and the next one taken.
 
     Raises:
-        ValueError: no image, naming the inputs.
+        ValueError: an input that names no image; or too few readable images (none, or more unreadable than
+            readable ones: the wrong folder, or a damaged copy), naming the first unreadable file.
     """
-    paths = collect_image_paths(images)[:limit]
-    if not paths:
-        raise ValueError(f"no calibration images in {', '.join(map(str, images))}")
-    feeds = []
-    for path in paths:
-        tensor = input_spec.prepare(to_rgb_array(path))
-        feeds.append({"images": tensor[None].numpy(),
-                      "padding_mask": np.zeros((1, *tensor.shape[-2:]), dtype=bool)})
-    logger.info("calibrating on %d images", len(feeds))
-    return feeds
+    calibration = Calibration()
+    for path in collect_image_paths(images):
+        if len(calibration.feeds) == limit:
+            break
+        try:
+            tensor = input_spec.prepare(to_rgb_array(path))
+        except ValueError as error:  # ImageLoadError, or an image too small to prepare
+            calibration.skipped.append((path, str(error).splitlines()[0]))
+            continue
+        calibration.feeds.append({"images": tensor[None].numpy(),
+                                  "padding_mask": np.zeros((1, *tensor.shape[-2:]), dtype=bool)})
+    readable, unreadable = len(calibration.feeds), len(calibration.skipped)
+    if unreadable and (readable == 0 or unreadable > readable):
+        path, reason = calibration.skipped[0]
+        raise ValueError(f"{unreadable} of the {readable + unreadable} calibration images could not be read (first: "
+                         f"{path}: {reason}), {readable} could: too few to calibrate on; check --calibration "
+                         f"{' '.join(map(str, images))}")
+    if unreadable:
+        logger.warning("skipped %d calibration image(s) that could not be read (first: %s: %s)", unreadable,
+                       *calibration.skipped[0])
+    logger.info("calibrating on %d images", readable)
+    return calibration
+
+
+def calibration_feeds(input_spec: InputSpec, images: Sequence[str | Path], *,
+                      limit: int = CALIBRATION_SIZE) -> list[dict[str, np.ndarray]]:
+    """:func:`read_calibration`'s feeds (unreadable files skipped)."""
+    return read_calibration(input_spec, images, limit=limit).feeds
 
 
 def _import(module: str, package: str, extra: str) -> Any:
@@ -76,15 +113,36 @@ def quantize_openvino(xml: str | Path, out: str | Path, feeds: Sequence[dict[str
     from detr.checkpoints.openvino import import_openvino
 
     check_scope(scope)
-    nncf, ov = _import("nncf", "nncf", "openvino"), import_openvino()
+    from detr.checkpoints.openvino import save_ir
+
+    torch_extensions = logging.getLogger("torch.utils.cpp_extension")
+    level = torch_extensions.level
+    torch_extensions.setLevel(logging.ERROR)  # NNCF imports nncf.torch, whose import warns "No CUDA runtime"
+    try:
+        nncf, ov = _import("nncf", "nncf", "openvino"), import_openvino()
+    finally:
+        torch_extensions.setLevel(level)
     model = ov.Core().read_model(str(xml))
     ignored = (nncf.IgnoredScope(types=["MatMul"]) if scope == "convolutions"
                else nncf.IgnoredScope(names=head_nodes(model), validate=False))
-    quantized = nncf.quantize(model, nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER,
-                              subset_size=len(feeds), ignored_scope=ignored)
+    with quiet_nncf(nncf):
+        quantized = nncf.quantize(model, nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER,
+                                  subset_size=len(feeds), ignored_scope=ignored)
     quantized.set_rt_info('"int8"', ["detr", "precision"])
-    ov.save_model(quantized, str(out), compress_to_fp16=False)
-    return Path(out)
+    return save_ir(quantized, out)
+
+
+@contextlib.contextmanager
+def quiet_nncf(nncf: Any) -> Iterator[None]:
+    """NNCF's INFO lines and its rich progress bars (written to stdout) off the console: about 150 lines that say
+    nothing a user acts on. Its warnings and errors still show (its logger at WARNING)."""
+    level = nncf.nncf_logger.level
+    nncf.set_log_level(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        nncf.set_log_level(level)
 
 
 def check_scope(scope: str) -> None:
@@ -129,19 +187,22 @@ def quantize_onnx(path: str | Path, out: str | Path, feeds: Sequence[dict[str, n
     model = onnx.load(str(path))
     exclude = onnx_head_nodes(model) if scope == "all" else []
     reader = type("Reader", (_Feeds, quantization.CalibrationDataReader), {})(feeds)
-    quantization.quantize_static(
-        str(path), str(out), reader, quant_format=quantization.QuantFormat.QDQ, per_channel=True,
-        activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
-        op_types_to_quantize=["Conv"] if scope == "convolutions" else ["Conv", "MatMul", "Gemm"],
-        nodes_to_exclude=exclude)
-    quantized = onnx.load(str(out))
     properties = {entry.key: entry.value for entry in model.metadata_props}
     properties["detr.precision"] = '"int8"'
-    del quantized.metadata_props[:]
-    for key, value in properties.items():
-        quantized.metadata_props.add(key=key, value=value)
-    onnx.save(quantized, str(out))
-    return Path(out)
+
+    def write(staged: Path) -> None:
+        quantization.quantize_static(
+            str(path), str(staged), reader, quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+            activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
+            op_types_to_quantize=["Conv"] if scope == "convolutions" else ["Conv", "MatMul", "Gemm"],
+            nodes_to_exclude=exclude)
+        quantized = onnx.load(str(staged))
+        del quantized.metadata_props[:]
+        for key, value in properties.items():
+            quantized.metadata_props.add(key=key, value=value)
+        onnx.save(quantized, str(staged))
+
+    return write_path_atomically(out, write)
 
 
 def onnx_head_nodes(model: Any) -> list[str]:
