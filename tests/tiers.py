@@ -6,8 +6,9 @@ or quantises (``torch.export``, ONNX, OpenVINO, NNCF), starts a server, a browse
 marked ``slow``. ``make test`` leaves these out (``-m "not integration"``); ``make test-all`` (CI) runs all.
 
 A *parity* test, one that compares with another implementation (the literal reference DETR and the authors'
-panoptic model in tests/reference_*.py, transformers, the losses' formulas in tests/loss/), stays in the quick
-tier whatever else it uses: a parity check is what ``make test`` is for.
+panoptic model in tests/reference_*.py, transformers' models and image processors, torchmetrics' PQ, the losses'
+formulas in tests/loss/), stays in the quick tier whatever else it uses, unless it exports (then it is an export
+test whose model happens to come from transformers): a parity check is what ``make test`` is for.
 
 The rules read source code only (``inspect.getsource`` and the names a module binds); nothing runs.
 """
@@ -66,24 +67,24 @@ HEAVY_SCRIPT_TEXT = {"Trainer(": "Trainer", ".fit(": "Trainer", "subprocess": "s
                      "detr.commands.export": "export", "detr.commands.demo": "demo training",
                      "detr.commands.serve": "server"}
 
-PARITY_PREFIXES = ("transformers", "tests.reference_detr", "tests.reference_segmentation", "panopticapi")
+PARITY_PREFIXES = ("transformers", "tests.reference_detr", "tests.reference_segmentation", "torchmetrics")
 PARITY_FOLDERS = ("loss",)
 
 
 @dataclass
 class Uses:
     """What a test's code refers to: qualified names of the objects and modules, names called on values that
-    cannot be resolved statically, string constants, and scripts loaded by path."""
+    cannot be resolved statically, the strings given as a Lightning ``strategy``, and scripts loaded by path."""
 
     qualnames: set[str] = field(default_factory=set)
     called: set[str] = field(default_factory=set)
-    strings: set[str] = field(default_factory=set)
+    strategies: set[str] = field(default_factory=set)
     scripts: set[str] = field(default_factory=set)
 
     def update(self, other: Uses) -> None:
         self.qualnames |= other.qualnames
         self.called |= other.called
-        self.strings |= other.strings
+        self.strategies |= other.strategies
         self.scripts |= other.scripts
 
 
@@ -144,8 +145,11 @@ def _uses_of(func: Callable) -> tuple[Uses, tuple[Callable, ...]]:
             uses.qualnames |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             uses.qualnames |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module}
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            uses.strings.add(node.value)
+        elif isinstance(node, ast.keyword) and node.arg == "strategy":
+            uses.strategies |= {inner.value for inner in ast.walk(node.value)
+                                if isinstance(inner, ast.Constant) and isinstance(inner.value, str)}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "--trainer.strategy=" in node.value:
+            uses.strategies.add(node.value.split("--trainer.strategy=", 1)[1])
         elif isinstance(node, ast.Call):
             chain = _chain(node.func)
             if chain and chain[-1] in ("load_script", "load_tool") and node.args:
@@ -211,7 +215,7 @@ def heavy_reasons(item: pytest.Item, uses: Uses) -> set[str]:
     reasons |= {reason for name, reason in HEAVY_CALLED_NAMES.items() if name in uses.called}
     reasons |= {reason for name, reason in HEAVY_FIXTURES.items() if name in getattr(item, "fixturenames", ())}
     reasons |= {reason for script in uses.scripts for reason in _script_reasons(script)}
-    if any(text == "ddp" or text.startswith("ddp_") for text in uses.strings):
+    if any(strategy.startswith("ddp") for strategy in uses.strategies):
         reasons.add("DDP")
     if item.get_closest_marker("slow"):
         reasons.add("slow")
