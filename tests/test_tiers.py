@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,9 +20,10 @@ import subprocess
 import lightning as L
 import torch
 
-from detr.checkpoints.export import export_onnx
+from detr.checkpoints.export import export_onnx, export_program
 from detr.commands import demo
 from detr.lightning.cli import main
+from tests.helpers import load_script, load_tool
 
 
 def fit_with_a_trainer(model, data):
@@ -70,6 +70,22 @@ def test_transformers_model_exported(tmp_path):
 
 def test_served(server):
     server.running_server()
+
+
+def test_program_exported(tmp_path):
+    export_program(None, tmp_path / "model.pt2")
+
+
+def test_export_tool():
+    load_script("tools/export.py").main([])
+
+
+def test_predict_tool():
+    load_tool("predict").main([])
+
+
+def test_benchmark_importing_its_neighbour():
+    load_script("benchmarks/finetune.py").main([])  # its training is convergence.py's
 '''
 
 
@@ -106,6 +122,10 @@ def _tier(module, name: str, *fixtures: str) -> tuple[set[str], bool]:
     ("test_transformers_model_exported", (), {"export"}, False),
     ("test_served", ("server",), {"server"}, False),
     ("test_pure", ("chromium",), {"browser"}, False),
+    ("test_program_exported", (), {"export"}, False),
+    ("test_export_tool", (), {"export"}, False),
+    ("test_predict_tool", (), set(), False),
+    ("test_benchmark_importing_its_neighbour", (), {"Lightning CLI", "Trainer"}, False),
 ])
 def test_what_a_test_uses_decides_its_tier(samples, name, fixtures, reasons, parity):
     assert _tier(samples, name, *fixtures) == (reasons, parity)

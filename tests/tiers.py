@@ -33,7 +33,7 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
 # What a qualified name (module.qualname of the object a name resolves to, or an imported module's dotted path)
-# starts with -> why it makes a test an integration test.
+# is, or is inside, -> why it makes a test an integration test; a trailing "*" matches any continuation.
 HEAVY_PREFIXES = {
     "detr.lightning.cli.": "Lightning CLI",
     "detr.lightning.command.": "Lightning CLI",
@@ -42,9 +42,8 @@ HEAVY_PREFIXES = {
     "lightning.Trainer": "Trainer",
     "lightning.pytorch.Trainer": "Trainer",
     "lightning.pytorch.strategies.ddp": "DDP",
-    "detr.checkpoints.export.export": "export",
-    "detr.checkpoints.export.export_onnx": "export",
-    "detr.checkpoints.export.export_openvino": "export",
+    "detr.checkpoints.export.export*": "export",  # export, export_onnx, export_program, export_openvino
+    "detr.inference.quantize.quantize*": "quantise",
     "detr.commands.export": "export",
     "torch.onnx.export": "export",
     "torch.onnx.utils.export": "export",
@@ -61,11 +60,12 @@ HEAVY_PREFIXES = {
 # Names called on a fixture's value, where the object cannot be resolved without running the fixture.
 HEAVY_CALLED_NAMES = {"running_server": "server", "fit": "Trainer"}
 HEAVY_FIXTURES = {"chromium": "browser"}
-# benchmarks/ and tools/ scripts loaded with tests.helpers.load_script / load_tool: text that makes running them
-# heavy (they are scripts, not test code, so the text is matched rather than resolved).
-HEAVY_SCRIPT_TEXT = {"Trainer(": "Trainer", ".fit(": "Trainer", "subprocess": "subprocess", "detr.lightning.cli": "Lightning CLI",
-                     "detr.commands.export": "export", "detr.commands.demo": "demo training",
-                     "detr.commands.serve": "server"}
+# benchmarks/ and tools/ scripts a test names ("tools/export.py", "panoptic_shapes.py", load_tool("predict")): text
+# that makes running them heavy (they are scripts, not test code, so the text is matched rather than resolved),
+# in them or in the scripts beside them that they import.
+HEAVY_SCRIPT_TEXT = {"Trainer(": "Trainer", ".fit(": "Trainer", "subprocess": "subprocess",
+                     "detr.lightning.cli": "Lightning CLI", "detr.commands.export": "export",
+                     "detr.commands.demo": "demo training", "detr.commands.serve": "server"}
 
 PARITY_PREFIXES = ("transformers", "tests.reference_detr", "tests.reference_segmentation", "torchmetrics")
 PARITY_FOLDERS = ("loss",)
@@ -74,7 +74,8 @@ PARITY_FOLDERS = ("loss",)
 @dataclass
 class Uses:
     """What a test's code refers to: qualified names of the objects and modules, names called on values that
-    cannot be resolved statically, the strings given as a Lightning ``strategy``, and scripts loaded by path."""
+    cannot be resolved statically, the strings given as a Lightning ``strategy``, and the names of ``.py`` files
+    (scripts of benchmarks/ and tools/, whose text is read)."""
 
     qualnames: set[str] = field(default_factory=set)
     called: set[str] = field(default_factory=set)
@@ -148,15 +149,17 @@ def _uses_of(func: Callable) -> tuple[Uses, tuple[Callable, ...]]:
         elif isinstance(node, ast.keyword) and node.arg == "strategy":
             uses.strategies |= {inner.value for inner in ast.walk(node.value)
                                 if isinstance(inner, ast.Constant) and isinstance(inner.value, str)}
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "--trainer.strategy=" in node.value:
-            uses.strategies.add(node.value.split("--trainer.strategy=", 1)[1])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if "--trainer.strategy=" in node.value:
+                uses.strategies.add(node.value.split("--trainer.strategy=", 1)[1])
+            if node.value.endswith(".py"):
+                uses.scripts.add(node.value)
         elif isinstance(node, ast.Call):
             chain = _chain(node.func)
-            if chain and chain[-1] in ("load_script", "load_tool") and node.args:
+            if chain and chain[-1] == "load_tool" and node.args:
                 argument = node.args[0]
                 if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
-                    script = argument.value if chain[-1] == "load_script" else f"tools/{argument.value}.py"
-                    uses.scripts.add(script)
+                    uses.scripts.add(f"tools/{argument.value}.py")
             if isinstance(node.func, ast.Attribute):
                 uses.called.add(node.func.attr)
         if isinstance(node, (ast.Name, ast.Attribute)):
@@ -197,16 +200,32 @@ def item_roots(item: pytest.Item) -> list[Callable]:
 
 
 def _under(name: str, prefix: str) -> bool:
-    """Whether the dotted ``name`` is ``prefix`` or inside it ("subprocess.run" is under "subprocess")."""
+    """Whether the dotted ``name`` is ``prefix`` or inside it ("subprocess.run" is under "subprocess"), or, for a
+    prefix that ends in "*", starts with the rest."""
+    if prefix.endswith("*"):
+        return name.startswith(prefix[:-1])
     prefix = prefix.rstrip(".")
     return name == prefix or name.startswith(prefix + ".")
 
 
 @functools.cache
-def _script_reasons(script: str) -> frozenset[str]:
-    path = REPO / script
-    text = path.read_text() if path.is_file() else ""
-    return frozenset(reason for needle, reason in HEAVY_SCRIPT_TEXT.items() if needle in text)
+def _script_reasons(script: Path) -> frozenset[str]:
+    """Why running the script at ``script`` is heavy, with the scripts beside it that it imports."""
+    text = script.read_text()
+    reasons = {reason for needle, reason in HEAVY_SCRIPT_TEXT.items() if needle in text}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] in ("from", "import") and (script.parent / f"{words[1]}.py").is_file():
+            reasons |= _script_reasons(script.parent / f"{words[1]}.py")
+    return frozenset(reasons)
+
+
+def _scripts(uses: Uses) -> list[Path]:
+    """The scripts of benchmarks/ and tools/ that a test's code names: "tools/export.py" or "convergence.py"."""
+    found = []
+    for name in uses.scripts:
+        found += [path for path in (REPO / name, REPO / "benchmarks" / name, REPO / "tools" / name) if path.is_file()]
+    return found
 
 
 def heavy_reasons(item: pytest.Item, uses: Uses) -> set[str]:
@@ -214,7 +233,7 @@ def heavy_reasons(item: pytest.Item, uses: Uses) -> set[str]:
     reasons = {reason for name in uses.qualnames for prefix, reason in HEAVY_PREFIXES.items() if _under(name, prefix)}
     reasons |= {reason for name, reason in HEAVY_CALLED_NAMES.items() if name in uses.called}
     reasons |= {reason for name, reason in HEAVY_FIXTURES.items() if name in getattr(item, "fixturenames", ())}
-    reasons |= {reason for script in uses.scripts for reason in _script_reasons(script)}
+    reasons |= {reason for script in _scripts(uses) for reason in _script_reasons(script)}
     if any(strategy.startswith("ddp") for strategy in uses.strategies):
         reasons.add("DDP")
     if item.get_closest_marker("slow"):
