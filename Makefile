@@ -1,4 +1,6 @@
-# Two commands for a fresh clone: `make demo` and `make test`. Both set up .venv first (idempotent).
+# Commands for a fresh clone: `make demo`, `make test` (the quick tier: every parity test, no CLI runs, Trainer
+# fits, exports, servers, browsers or subprocesses) and `make test-all` (everything; what CI runs, .ci/run). Each
+# sets up .venv first (idempotent). The tiers are markers that tests/conftest.py sets (tests/tiers.py).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -7,7 +9,13 @@ PY := $(VENV)/bin/python
 TORCH := torch==2.14.1 torchvision==0.29.2
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo clean
+# pytest-xdist workers, each with its share of the threads (tests/conftest.py); TEST_WORKERS=0 runs in one
+# process. A crashed worker is replaced at most once: xdist's default (4 per worker) can run a crashing test's
+# file again and again before the run ends.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=1 --durations=15
+
+.PHONY: setup test test-all demo clean
 
 setup: $(STAMP)
 
@@ -19,7 +27,10 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PYTEST) -m "not integration"
+
+test-all: $(STAMP)
+	$(PYTEST)
 
 demo: $(STAMP)   # more time on a slow machine: make demo DEMO_ARGS="--minutes 30"
 	$(PY) tools/demo.py $(DEMO_ARGS)

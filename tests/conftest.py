@@ -1,5 +1,6 @@
-"""Fixtures: the tiny model, a padded batch, one torch thread, a tiny shapes set and Chromium. What test modules
-share besides fixtures lives in tests/helpers.py (test modules import from there, not from here)."""
+"""Fixtures: the tiny model, a padded batch, one torch thread, a tiny shapes set and Chromium; the tiers of
+tests/tiers.py as markers. What test modules share besides fixtures lives in tests/helpers.py (test modules import
+from there, not from here)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from detr import build_detr
 from detr.models.config import DetrConfig
 from tests.browser import find_chromium
 from tests.helpers import TINY, write_tiny_shapes
+from tests.tiers import classify
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -82,3 +84,28 @@ def chromium() -> str:
             pytest.fail(message + "; CI is set, so the browser test must run")
         pytest.skip(message)
     return binary
+
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist, the CPUs shared among the workers: each worker's torch (and the processes its tests
+    start) gets its share of threads, unless OMP_NUM_THREADS says otherwise, so that two workers on two cores do
+    not run four threads."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = max(1, cpus // int(workers))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The tiers, from what each test uses (tests/tiers.py): ``parity`` on a test that compares with another
+    implementation, ``integration`` on one that drives the CLI or a Trainer, exports, starts a server, a browser,
+    a subprocess or DDP, or is marked slow. ``make test`` runs ``-m "not integration"``."""
+    for item in items:
+        reasons, parity = classify(item)
+        if parity:
+            item.add_marker(pytest.mark.parity)
+        elif reasons:
+            item.add_marker(pytest.mark.integration(*sorted(reasons)))

@@ -1,5 +1,6 @@
-"""The ``detr`` CLI: every config parses, --print_config works, links fill num_classes/category map, and a
-two-step fit on a tiny shapes set writes logs, COCO metrics, drawn images and loadable checkpoints."""
+"""The ``detr`` CLI: unknown keys are refused, links fill num_classes/category map, and a two-step fit on a tiny
+shapes set writes logs, COCO metrics, drawn images and loadable checkpoints. Every config parsing, printing and
+holding its recipe is tests/lightning/test_configs.py's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import yaml
 
 from detr import load_checkpoint
 from detr.lightning.cli import DetrCLI, main, make_cli
@@ -21,8 +21,7 @@ from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.system import DetrSystem
 from tests.helpers import TINY_CLI_MODEL, tiny_fit_args
 
-# the panoptic configs belong to detr-panoptic (tests/lightning/test_panoptic_training.py)
-CONFIGS = sorted(path for path in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml") if "panoptic" not in path.name)
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TINY_MODEL = TINY_CLI_MODEL
 
 
@@ -32,40 +31,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(autouse=True)
 def _no_pytest_argv(monkeypatch) -> None:
     monkeypatch.setattr("sys.argv", ["detr"])  # LightningCLI warns when sys.argv and args both have arguments
-
-
-def _print_config(args: list[str]) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
-        main(args)
-    assert exit_info.value.code in (0, None)
-    return yaml.safe_load(out.getvalue())
-
-
-def test_there_are_configs() -> None:
-    names = {path.name for path in CONFIGS}
-    assert {"detr_r50_coco.yaml", "detr_r50_dc5_coco.yaml", "detr_r101_coco.yaml", "detr_r101_dc5_coco.yaml",
-            "finetune_custom.yaml", "demo_shapes_cpu.yaml"} <= names
-
-
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-def test_every_config_parses_and_prints(config: Path) -> None:
-    printed = _print_config(["fit", "--config", str(config), "--print_config"])
-    assert printed["trainer"]["gradient_clip_val"] == 0.1
-    assert printed["trainer"]["gradient_clip_algorithm"] == "norm"
-    assert "num_classes" not in printed["model"]["detr"]  # linked from the data, never configured
-    callbacks = [c["class_path"] for c in printed["trainer"]["callbacks"]]
-    assert "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks
-
-
-def test_coco_recipe_values() -> None:
-    printed = _print_config(["fit", "--config", str(CONFIGS[0].parent / "detr_r50_coco.yaml"), "--print_config"])
-    model, trainer, data = printed["model"], printed["trainer"], printed["data"]
-    assert (model["lr"], model["lr_backbone"], model["weight_decay"]) == (1e-4, 1e-5, 1e-4)
-    detector = model["detr"]
-    assert detector["backbone"] == "resnet50" and detector["hidden_dim"] == 256 and detector["num_queries"] == 100
-    assert (trainer["num_nodes"], trainer["devices"], data["batch_size"]) == (1, "auto", 2)  # 2 images per GPU
-    assert trainer["precision"] == "32-true"
 
 
 def test_an_unknown_model_key_is_refused_by_name(tmp_path: Path, capsys) -> None:
@@ -84,7 +49,7 @@ def test_an_unknown_model_key_is_refused_by_name(tmp_path: Path, capsys) -> None
 
 
 def test_links_fill_num_classes_and_category_map(tiny_shapes_root: Path, tmp_path: Path) -> None:
-    cli = make_cli(["--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes_root}",
+    cli = make_cli(["--config", str(CONFIGS / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes_root}",
                 f"--trainer.default_root_dir={tmp_path}", *TINY_MODEL], run=False)
     assert cli.model.model.num_classes == cli.datamodule.num_classes == 5
     assert cli.model.category_map == cli.datamodule.category_map
@@ -99,7 +64,7 @@ def test_fit_two_steps_writes_logs_metrics_images_and_checkpoints(tiny_shapes_ro
         {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": where},
     ])
     main([
-        "fit", "--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes_root}",
+        "fit", "--config", str(CONFIGS / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes_root}",
         "--data.batch_size=4", "--data.val_batch_size=2", "--data.num_workers=0", *TINY_MODEL,
         f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger={loggers}", "--trainer.max_epochs=1",
         "--trainer.max_time=null", "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
@@ -128,7 +93,7 @@ def test_fit_two_steps_writes_logs_metrics_images_and_checkpoints(tiny_shapes_ro
     writer = json.dumps([{"class_path": "detr.lightning.callbacks.PredictionsWriter",
                           "init_args": {"output_path": str(tmp_path / "predict" / "predictions.json")}}])
     main([
-        "predict", "--config", str(CONFIGS[0].parent / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes_root}",
+        "predict", "--config", str(CONFIGS / "demo_shapes_cpu.yaml"), f"--data.root={tiny_shapes_root}",
         f"--data.predict_images={tiny_shapes_root / 'val2017'}", "--data.val_batch_size=3", "--data.num_workers=0",
         *TINY_MODEL, f"--trainer.callbacks={writer}", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
         f"--ckpt_path={log_dir / 'checkpoints' / 'last.ckpt'}",
@@ -220,7 +185,7 @@ def test_the_command_line_says_nothing_about_its_own_arguments(monkeypatch) -> N
     command passes sys.argv[1:] itself, so the warning was about nothing a user did."""
     from detr.lightning.command import main as command_main
 
-    config = CONFIGS[0].parent / "detr_r50_coco.yaml"
+    config = CONFIGS / "detr_r50_coco.yaml"
     monkeypatch.setattr("sys.argv", ["detr", "fit", "--config", str(config), "--print_config"])
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("default")

@@ -105,6 +105,7 @@ def test_coco_configs_run_on_one_machine_with_the_authors_recipe(name: str, caps
     assert recipe == (1e-4, 1e-5, 1e-4, [400])
     assert model["detr"]["backbone"] == ("resnet101" if "r101" in name else "resnet50")
     assert model["detr"]["dilation"] == ("dc5" in name)
+    assert (model["detr"]["hidden_dim"], model["detr"]["num_queries"]) == (256, 100)
     # the authors' images per GPU: 64 = 2 × 8 GPUs × 4 nodes, or 1 × 8 × 8 for DC5
     assert data["batch_size"] == data["val_batch_size"] == (1 if "dc5" in name else 2)
     assert trainer["gradient_clip_val"] == 0.1 and trainer["precision"] == "32-true"
@@ -114,7 +115,12 @@ def test_coco_configs_run_on_one_machine_with_the_authors_recipe(name: str, caps
 def test_every_config_trains_a_step_and_writes_only_under_default_root_dir(
     config: Path, tiny_shapes: Path, tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    backbone = _tiny_backbone(_printed(capsys, config))
+    printed = _printed(capsys, config)  # --print_config works, and what every config holds:
+    assert (printed["trainer"]["gradient_clip_val"], printed["trainer"]["gradient_clip_algorithm"]) == (0.1, "norm")
+    assert "num_classes" not in printed["model"]["detr"]  # linked from the data, never configured
+    callbacks = [callback["class_path"] for callback in printed["trainer"]["callbacks"]]
+    assert "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks
+    backbone = _tiny_backbone(printed)
     data_root = tiny_shapes if "shapes" in config.name else COCO_MINI
     workdir, run_dir = tmp_path / "cwd", tmp_path / "runs" / "one"
     workdir.mkdir()
