@@ -228,7 +228,8 @@ def train_and_evaluate(args: argparse.Namespace, data_root: Path, out: Path, say
 
     say(f"training for {args.minutes:g} minutes on {torch.get_num_threads()} thread(s); outputs in {out}")
     cli = make_cli(["--config", args.config, f"--data.root={data_root}", f"--trainer.default_root_dir={out}",
-                    "--trainer.enable_progress_bar=false"],  # ProgressLines below says what the bars did
+                    "--trainer.enable_progress_bar=false",  # ProgressLines below says what the bars did
+                    "--fit_report.quiet=true"],  # and what FitReport's lines would (it still draws ap_curve.png)
                    run=False)
     budget = time_budget_of(cli.trainer.callbacks)
     if budget is None:

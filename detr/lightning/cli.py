@@ -50,7 +50,7 @@ from detr.checkpoints.formats import CheckpointCodeError, unpickling_refusal
 from detr.data.coco import AnnotationFileError
 from detr.data.images import ImageLoadError
 from detr.data.panoptic_checks import PanopticDataError
-from detr.lightning.callbacks import PredictionsWriter
+from detr.lightning.callbacks import FitReport, PredictionsWriter
 from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, LastCheckpoint, warn_of_replaced_model_options
 from detr.lightning.data_checks import CheckData, DataCheckError
 from detr.lightning.datamodule import DetrDataModule
@@ -96,6 +96,9 @@ class DetrCLI(LightningCLI):
         # Always there, whatever the config's callbacks: last.ckpt kept current (and written on SIGTERM).
         # Configurable as last_checkpoint.*.
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        # Always there too: a line every log_every_n_steps steps in a log file, the AP curve at every validation
+        # and the best checkpoint at the end. Configurable as fit_report.*.
+        parser.add_lightning_class_args(FitReport, "fit_report")
         if issubclass(self.model_class, PanopticSystem):
             parser.link_arguments("data.categories", "model.categories", apply_on="instantiate")
             # the panoptic data module checks its inputs itself at setup (detr.data.panoptic_checks)

@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 #: Files that mark a folder as used by a run (besides checkpoints and the lock).
 RUN_FILES = ("metrics.csv", "hparams.yaml")
+#: What a run draws into its folder, deleted with its files by --overwrite_run (FitReport's AP curve).
+DRAWN_FILES = ("ap_curve.png",)
 
 
 #: How to give a fit run another folder, for the errors.
@@ -141,7 +143,8 @@ def _check_previous_run(folder: Path, log_dirs: list[Path], checkpoint_dir: Path
                 f"--overwrite_run true (deletes those files), or give this run another folder ({ELSEWHERE})"
             )
         logger.warning("--overwrite_run: deleting the previous run's files: %s", shown)
-        for path in [*previous, *_events_files(log_dirs)]:  # TensorBoard would draw both runs as one
+        drawn = [folder / name for folder in log_dirs for name in DRAWN_FILES if (folder / name).is_file()]
+        for path in [*previous, *_events_files(log_dirs), *drawn]:  # TensorBoard would draw both runs as one
             path.unlink()
     if resuming:
         for log_dir in log_dirs:
