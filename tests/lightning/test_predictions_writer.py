@@ -63,6 +63,17 @@ def test_predict_without_the_configs_data_root_numbers_images_from_1(tiny_shapes
     assert min(ids.values()) >= 1
 
 
+def test_predict_says_it_wrote_every_query_and_what_detr_predict_keeps(tiny_shapes_root, fitted, tmp_path,
+                                                                      caplog) -> None:
+    """detr predict wrote every query where detr-predict kept those above the threshold, without a word (N10):
+    the two rules are said where the file is written."""
+    checkpoint, _ = fitted
+    with caplog.at_level("INFO", logger="detr.lightning.callbacks.predictions_writer"):
+        assert main(predict_args(tiny_shapes_root, checkpoint, tmp_path / "out")) == 0
+    said = [record.getMessage() for record in caplog.records if "predictions.json holds" in record.getMessage()]
+    assert said and "every query" in said[0] and "detr-predict keeps those above" in said[0]
+
+
 def test_a_second_predict_into_the_folder_is_refused_until_it_overwrites(tiny_shapes_root, fitted, tmp_path) -> None:
     """A second detr predict silently replaced the first one's predictions.json."""
     checkpoint, _ = fitted

@@ -102,6 +102,10 @@ class PredictionsWriter(BasePredictionWriter):
         output_path = self.record(self.output_file(trainer))
         write_predictions_json(output_path, list(by_image.values()), category_map=category_map)
         self.failed = list(failed.values())
+        kept = ("every query (as COCO evaluation wants; detr-predict keeps those above the checkpoint's score "
+                "threshold unless --all-queries)" if self.score_threshold <= 0 else
+                f"those scoring above {self.score_threshold:g} (PredictionsWriter's score_threshold)")
+        logger.info("%s holds %s", output_path.name, kept)
         for file_name, reason in self.failed:
             logger.error("no predictions for %s: %s", file_name, reason)
         if self.failed:
