@@ -36,7 +36,7 @@ from detr.lightning.checkpointing import restore_rng_states, save_rng_states, se
 from detr.lightning.evaluation import EvaluationSchedule
 from detr.lightning.schedule import fit_saved_schedulers, follow_this_runs_settings, learning_rate_schedulers
 from detr.loss.build import build_criterion
-from detr.models.backbone import cpu_has_bfloat16
+from detr.models.backbone import PretrainedWeightsError, cpu_has_bfloat16
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.detector import Detector
@@ -217,7 +217,14 @@ class DetrSystem(L.LightningModule):
         # checkpoints load with torch.load(weights_only=True) and load_from_checkpoint rebuilds this system.
         self.save_hyperparameters(ignore=["category_map", "detr"])
         self.hparams["detr"] = config.to_dict()
-        self.model = build_detr(config)
+        try:
+            self.model = build_detr(config)
+        except PretrainedWeightsError as error:  # offline: the README's first detr fit
+            raise SettingError(
+                f"--model.detr.pretrained_backbone: could not download {error.url} ({error.reason}); download it "
+                f"elsewhere and pass --model.detr.pretrained_backbone /path/{error.file_name}, put it in "
+                f"{error.cache}/, or train without ImageNet weights: --model.detr.pretrained_backbone false"
+            ) from None
         self.criterion = build_criterion(config, **self.loss_settings())
         if channels_last:
             self.model.use_channels_last()

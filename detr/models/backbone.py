@@ -11,6 +11,8 @@ import contextlib
 import logging
 from collections.abc import Callable, Collection, Sequence
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 import torchvision
@@ -43,6 +45,20 @@ def norm_layer(norm: BackboneNorm) -> Callable[[int], nn.Module]:
     raise ValueError(f"backbone_norm must be 'frozen_batch_norm', 'batch_norm' or 'group_norm', got {norm!r}")
 
 
+class PretrainedWeightsError(OSError):
+    """The backbone's ImageNet weights could not be downloaded (offline, a proxy, a full disk). ``url``: the file;
+    ``cache``: the folder torch looks in before downloading; the message says both fixes (a local file, or the
+    file in that folder)."""
+
+    def __init__(self, name: str, url: str, reason: BaseException) -> None:
+        self.url, self.file_name = url, url.rsplit("/", 1)[-1]
+        self.cache = Path(torch.hub.get_dir()) / "checkpoints"
+        self.reason = str(getattr(reason, "reason", None) or reason).strip()
+        super().__init__(f"could not download the ImageNet weights of {name} ({url}: {self.reason}); download that "
+                         f"file elsewhere and pass its path as pretrained_backbone='/path/{self.file_name}', or put "
+                         f"it in {self.cache}/")
+
+
 def _load_imagenet_weights(resnet: nn.Module, name: BackboneName, pretrained: bool | str) -> None:
     """Load ImageNet weights: torchvision's IMAGENET1K_V1 (the authors' choice) or a local file."""
     if isinstance(pretrained, str):
@@ -56,11 +72,7 @@ def _load_imagenet_weights(resnet: nn.Module, name: BackboneName, pretrained: bo
         try:
             state_dict = weights.get_state_dict(progress=True)
         except Exception as error:  # offline: URLError / OSError from the download
-            raise RuntimeError(
-                f"could not get the ImageNet weights for {name} ({weights.url}): {error}. Offline, download "
-                f"that file elsewhere and pass its path: pretrained_backbone='/path/{weights.url.rsplit('/', 1)[-1]}', "
-                f"or put it in torch's hub cache ({torch.hub.get_dir()}/checkpoints/)."
-            ) from error
+            raise PretrainedWeightsError(name, weights.url, error) from error
         source = weights.url
     state_dict = {k: v for k, v in state_dict.items() if not k.startswith("fc.")}
     missing, unexpected = resnet.load_state_dict(state_dict, strict=False)

@@ -100,6 +100,23 @@ def test_expected_errors_of_fit_are_one_line_naming_the_file_or_flag(tiny_shapes
     assert f"refused to load {evil}: it carries code" in line and "truncated" not in line
     assert not (tmp_path / "pwned").exists()
 
+    # N4: the README's first detr fit offline (ImageNet weights to download) was a 133-line traceback whose fix
+    # was phrased in Python
+    import urllib.error
+
+    import torchvision
+
+    def offline(self, *args, **kwargs):
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(torchvision.models.WeightsEnum, "get_state_dict", offline)
+    line = _one_line_error(capsys, [*fit, "--model.detr.pretrained_backbone=true"], lines_before=20)
+    assert "--model.detr.pretrained_backbone /path/resnet18-f37072fd.pth" in line and "Name or service" in line
+    assert "--model.detr.pretrained_backbone false" in line
+    monkeypatch.undo()
+    monkeypatch.setattr("sys.argv", ["detr"])
+    monkeypatch.delenv("DETR_DEBUG", raising=False)
+
     (run / "checkpoints").mkdir(parents=True)
     (run / "metrics.csv").write_text("epoch,step\n")
     assert "holds a previous run" in _one_line_error(capsys, fit, lines_before=20)
