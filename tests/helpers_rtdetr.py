@@ -72,3 +72,40 @@ def random_layer(num_classes: int, batch: int, queries: int, generator: torch.Ge
     centres = torch.rand(batch, queries, 2, generator=generator) * 0.6 + 0.2
     sizes = torch.rand(batch, queries, 2, generator=generator) * 0.4 + 0.05
     return LayerOutput(logits, torch.cat([centres, sizes], -1))
+
+
+def transformers_loss_arguments(outputs, targets: list[dict[str, torch.Tensor]]) -> dict:
+    """The keyword arguments of transformers' RT-DETR, D-FINE and DEIMv2 losses for our ``outputs`` (a
+    :class:`~detr.models.outputs.DetectorOutput` with denoising queries and proposals, and for D-FINE's family its
+    distributions), laid out as transformers' models hand them over: every layer's denoising queries ahead of the
+    selected ones, b⁰ per layer; ``config`` and ``device`` are the caller's."""
+    from detr.loss.parts import denoising_indices
+
+    denoising, meta = outputs.denoising, outputs.denoising.meta
+    dn_layers, layers = [*denoising.aux, denoising], [*outputs.aux, outputs]
+    classes = torch.stack([torch.cat([d.logits, m.logits], 1) for d, m in zip(dn_layers, layers)], 1)  # [B, L, D+Q, K]
+    coords = torch.stack([torch.cat([d.boxes, m.boxes], 1) for d, m in zip(dn_layers, layers)], 1)
+    arguments = {
+        "logits": classes[:, -1], "pred_boxes": coords[:, -1], "outputs_class": classes, "outputs_coord": coords,
+        "labels": [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets],
+        "enc_topk_logits": outputs.proposals.logits, "enc_topk_bboxes": outputs.proposals.boxes,
+        "denoising_meta_values": {"dn_positive_idx": [queries for queries, _ in denoising_indices(meta, targets)],
+                                  "dn_num_group": meta.num_groups,
+                                  "dn_num_split": [meta.num_queries, outputs.logits.shape[1]]}}
+    if outputs.distributions is not None:
+        corners = torch.cat([denoising.distributions.corners, outputs.distributions.corners], 2).transpose(0, 1)
+        initial = torch.cat([denoising.distributions.initial, outputs.distributions.initial], 1)
+        arguments.update(predicted_corners=corners,
+                         initial_reference_points=initial[:, None].expand(-1, len(layers), -1, -1))
+    return arguments
+
+
+def our_term_name(name: str, layers: int, class_term: str = "loss_vfl") -> str:
+    """transformers' term name → ours (its ``class_term`` is our loss_ce; its aux layer ``layers`` - 1 is our
+    encoder proposals; its denoising layers count every layer, ours name the last one plain)."""
+    name = name.replace(class_term, "loss_ce")
+    if name.endswith(f"_aux_{layers - 1}"):
+        return name.replace(f"_aux_{layers - 1}", "_enc")
+    if name.endswith(f"_dn_{layers - 1}"):
+        return name.replace(f"_dn_{layers - 1}", "_dn")
+    return name.replace("_aux_", "_")

@@ -20,10 +20,17 @@ def hidden(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
-def test_a_file_and_its_companion_replace_the_earlier_ones_together(tmp_path):
+@pytest.fixture
+def old_model(tmp_path) -> tuple[Path, Path]:
+    """An OpenVINO-like pair of files an earlier export wrote: model.xml and its model.bin."""
     xml, weights = tmp_path / "model.xml", tmp_path / "model.bin"
     xml.write_text("old xml")
     weights.write_text("old bin")
+    return xml, weights
+
+
+def test_a_file_and_its_companion_replace_the_earlier_ones_together(tmp_path, old_model):
+    xml, weights = old_model
 
     def write(staged: Path) -> None:
         staged.write_text("new xml")
@@ -33,10 +40,8 @@ def test_a_file_and_its_companion_replace_the_earlier_ones_together(tmp_path):
     assert (xml.read_text(), weights.read_text()) == ("new xml", "new bin") and hidden(tmp_path) == []
 
 
-def test_a_writer_that_fails_midway_leaves_both_files(tmp_path):
-    xml, weights = tmp_path / "model.xml", tmp_path / "model.bin"
-    xml.write_text("old xml")
-    weights.write_text("old bin")
+def test_a_writer_that_fails_midway_leaves_both_files(tmp_path, old_model):
+    xml, weights = old_model
 
     def full_disk(staged: Path) -> None:
         staged.write_text("new xml")

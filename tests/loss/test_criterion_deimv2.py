@@ -16,7 +16,7 @@ from detr.loss.distribution import DistributionLoss
 from detr.models.config import DetrConfig
 from detr.models.dfine.decoder import weighting_function
 from detr.models.outputs import DenoisingMeta, DenoisingOutput, DetectorOutput, DistributionOutput, LayerOutput
-from tests.helpers_rtdetr import RECIPE, loss_targets, random_layer
+from tests.helpers_rtdetr import RECIPE, loss_targets, our_term_name, random_layer, transformers_loss_arguments
 
 NUM_CLASSES, LAYERS, BINS = 4, 3, 32
 #: Twice the largest target count (3), as in tests/loss/test_criterion_dfine.py (DDF's weighting of the
@@ -68,43 +68,18 @@ def _theirs(outputs: DetectorOutput, targets: list[dict[str, torch.Tensor]], *, 
     transformers = pytest.importorskip("transformers")
     from transformers.loss.loss_deimv2 import Deimv2ForObjectDetectionLoss
 
-    from detr.loss.parts import denoising_indices
-
-    meta, denoising = outputs.denoising.meta, outputs.denoising
-    dn_layers, layers = [*denoising.aux, denoising], [*outputs.aux, outputs]
-    classes = torch.stack([torch.cat([d.logits, m.logits], 1) for d, m in zip(dn_layers, layers)], 1)  # [B, L, D+Q, K]
-    coords = torch.stack([torch.cat([d.boxes, m.boxes], 1) for d, m in zip(dn_layers, layers)], 1)
-    corners = torch.cat([denoising.distributions.corners, outputs.distributions.corners], 2).transpose(0, 1)
-    initial = torch.cat([denoising.distributions.initial, outputs.distributions.initial], 1)
     config = transformers.Deimv2Config(num_labels=NUM_CLASSES, decoder_layers=LAYERS, max_num_bins=BINS,
                                        matcher_class_cost=RECIPE["cost_class"], matcher_bbox_cost=RECIPE["cost_bbox"],
                                        matcher_giou_cost=RECIPE["cost_giou"], focal_loss_gamma=MAL_GAMMA,
                                        use_dense_one_to_one=union)
-    dn_meta = {"dn_positive_idx": [queries for queries, _ in denoising_indices(meta, targets)],
-               "dn_num_group": meta.num_groups, "dn_num_split": [meta.num_queries, NUM_QUERIES]}
-    labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
-    _, losses, _ = Deimv2ForObjectDetectionLoss(
-        logits=classes[:, -1], labels=labels, device="cpu", pred_boxes=coords[:, -1], config=config,
-        outputs_class=classes, outputs_coord=coords, enc_topk_logits=outputs.proposals.logits,
-        enc_topk_bboxes=outputs.proposals.boxes, denoising_meta_values=dn_meta, predicted_corners=corners,
-        initial_reference_points=initial[:, None].expand(-1, LAYERS, -1, -1))
+    _, losses, _ = Deimv2ForObjectDetectionLoss(**transformers_loss_arguments(outputs, targets), device="cpu",
+                                                config=config)
     return losses
-
-
-def _our_name(name: str) -> str:
-    """transformers' term name → ours (loss_mal is our loss_ce; its aux layer L-1 is our encoder proposals; its
-    denoising layers count every layer, ours name the last one plain)."""
-    name = name.replace("loss_mal", "loss_ce")
-    if name.endswith(f"_aux_{LAYERS - 1}"):
-        return name.replace(f"_aux_{LAYERS - 1}", "_enc")
-    if name.endswith(f"_dn_{LAYERS - 1}"):
-        return name.replace(f"_dn_{LAYERS - 1}", "_dn")
-    return name.replace("_aux_", "_")
 
 
 def _compare(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], criterion,
              balanced_elsewhere: frozenset[str] = frozenset()) -> None:
-    theirs = {_our_name(name): value for name, value in theirs.items()}
+    theirs = {our_term_name(name, LAYERS, "loss_mal"): value for name, value in theirs.items()}
     # transformers distils the last denoising layer into itself (always 0), and leaves out the last layer's FGL
     # and the first layer's plain head, which the authors' criterion trains
     assert theirs.pop("loss_ddf_dn").item() == 0

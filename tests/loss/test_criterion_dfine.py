@@ -16,7 +16,7 @@ from detr.loss.terms import box_losses
 from detr.models.config import DetrConfig
 from detr.models.dfine.decoder import weighting_function
 from detr.models.outputs import DenoisingMeta, DenoisingOutput, DetectorOutput, DistributionOutput, LayerOutput
-from tests.helpers_rtdetr import RECIPE, loss_targets, random_layer
+from tests.helpers_rtdetr import RECIPE, loss_targets, our_term_name, random_layer, transformers_loss_arguments
 
 NUM_CLASSES, LAYERS, BINS = 4, 3, 32
 #: Twice the largest target count (3): the authors weigh the denoising queries' DDF with the selected queries'
@@ -53,37 +53,12 @@ def _theirs(outputs: DetectorOutput, targets: list[dict[str, torch.Tensor]]) -> 
     transformers = pytest.importorskip("transformers")
     from transformers.loss.loss_d_fine import DFineForObjectDetectionLoss
 
-    from detr.loss.parts import denoising_indices
-
-    meta, denoising = outputs.denoising.meta, outputs.denoising
-    dn_layers, layers = [*denoising.aux, denoising], [*outputs.aux, outputs]
-    classes = torch.stack([torch.cat([d.logits, m.logits], 1) for d, m in zip(dn_layers, layers)], 1)  # [B, L, D+Q, K]
-    coords = torch.stack([torch.cat([d.boxes, m.boxes], 1) for d, m in zip(dn_layers, layers)], 1)
-    corners = torch.cat([denoising.distributions.corners, outputs.distributions.corners], 2).transpose(0, 1)
-    initial = torch.cat([denoising.distributions.initial, outputs.distributions.initial], 1)
     config = transformers.DFineConfig(num_labels=NUM_CLASSES, decoder_layers=LAYERS, max_num_bins=BINS,
                                       matcher_class_cost=RECIPE["cost_class"], matcher_bbox_cost=RECIPE["cost_bbox"],
                                       matcher_giou_cost=RECIPE["cost_giou"])
-    dn_meta = {"dn_positive_idx": [queries for queries, _ in denoising_indices(meta, targets)],
-               "dn_num_group": meta.num_groups, "dn_num_split": [meta.num_queries, NUM_QUERIES]}
-    labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
-    _, losses, _ = DFineForObjectDetectionLoss(
-        logits=classes[:, -1], labels=labels, device="cpu", pred_boxes=coords[:, -1], config=config,
-        outputs_class=classes, outputs_coord=coords, enc_topk_logits=outputs.proposals.logits,
-        enc_topk_bboxes=outputs.proposals.boxes, denoising_meta_values=dn_meta, predicted_corners=corners,
-        initial_reference_points=initial[:, None].expand(-1, LAYERS, -1, -1))
+    _, losses, _ = DFineForObjectDetectionLoss(**transformers_loss_arguments(outputs, targets), device="cpu",
+                                               config=config)
     return losses
-
-
-def _our_name(name: str) -> str:
-    """transformers' term name → ours (loss_vfl is our loss_ce; its aux layer L-1 is our encoder proposals; its
-    denoising layers count every layer, ours name the last one plain)."""
-    name = name.replace("loss_vfl", "loss_ce")
-    if name.endswith(f"_aux_{LAYERS - 1}"):
-        return name.replace(f"_aux_{LAYERS - 1}", "_enc")
-    if name.endswith(f"_dn_{LAYERS - 1}"):
-        return name.replace(f"_dn_{LAYERS - 1}", "_dn")
-    return name.replace("_aux_", "_")
 
 
 def test_dfine_loss_is_transformers():
@@ -92,7 +67,7 @@ def test_dfine_loss_is_transformers():
     outputs = _outputs(meta, len(targets))
     criterion = build_criterion(CONFIG, **RECIPE, matching_union=False)  # transformers matches layer by layer
     ours = criterion(outputs, targets)
-    theirs = {_our_name(name): value for name, value in _theirs(outputs, targets).items()}
+    theirs = {our_term_name(name, LAYERS, "loss_vfl"): value for name, value in _theirs(outputs, targets).items()}
 
     # transformers distils the last denoising layer into itself (always 0), and leaves out the last layer's FGL
     # and the first layer's plain head, which the authors' criterion trains

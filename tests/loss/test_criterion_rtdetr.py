@@ -11,44 +11,19 @@ from detr.loss.build import build_criterion
 from detr.loss.focal import varifocal_loss
 from detr.models.config import DetrConfig
 from detr.models.outputs import DenoisingMeta, DenoisingOutput, DetectorOutput
-from tests.helpers_rtdetr import RECIPE, loss_targets, random_layer
+from tests.helpers_rtdetr import RECIPE, loss_targets, our_term_name, random_layer, transformers_loss_arguments
 
 NUM_CLASSES, NUM_QUERIES, LAYERS = 4, 12, 3
 CONFIG = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", num_classes=NUM_CLASSES,
                     num_queries=NUM_QUERIES, num_decoder_layers=LAYERS, denoising=True, pretrained_backbone=False)
-def _theirs(outputs: DetectorOutput, targets: list[dict[str, torch.Tensor]], meta: DenoisingMeta
-            ) -> dict[str, torch.Tensor]:
-    """transformers' loss on the same predictions, laid out as its model hands them over (every layer's
-    denoising queries ahead of the selected ones)."""
+def _theirs(outputs: DetectorOutput, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """transformers' loss on the same predictions."""
     transformers = pytest.importorskip("transformers")
     from transformers.loss.loss_rt_detr import RTDetrForObjectDetectionLoss
 
-    from detr.loss.parts import denoising_indices
-
-    dn_layers = [*outputs.denoising.aux, outputs.denoising]
-    layers = [*outputs.aux, outputs]
-    classes = torch.stack([torch.cat([d.logits, m.logits], 1) for d, m in zip(dn_layers, layers)], 1)  # [B, L, D+Q, K]
-    coords = torch.stack([torch.cat([d.boxes, m.boxes], 1) for d, m in zip(dn_layers, layers)], 1)
-    config = transformers.RTDetrConfig(num_labels=NUM_CLASSES)
-    dn_meta = {"dn_positive_idx": [queries for queries, _ in denoising_indices(meta, targets)],
-               "dn_num_group": meta.num_groups, "dn_num_split": [meta.num_queries, NUM_QUERIES]}
-    labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
-    _, losses, _ = RTDetrForObjectDetectionLoss(
-        logits=classes[:, -1], labels=labels, device="cpu", pred_boxes=coords[:, -1], config=config,
-        outputs_class=classes, outputs_coord=coords, enc_topk_logits=outputs.proposals.logits,
-        enc_topk_bboxes=outputs.proposals.boxes, denoising_meta_values=dn_meta)
+    _, losses, _ = RTDetrForObjectDetectionLoss(**transformers_loss_arguments(outputs, targets), device="cpu",
+                                                config=transformers.RTDetrConfig(num_labels=NUM_CLASSES))
     return losses
-
-
-def _our_name(name: str) -> str:
-    """transformers' term name → ours (loss_vfl is our loss_ce; its aux layer L-1 is our encoder proposals; its
-    denoising layers count every layer, ours name the last one plain)."""
-    name = name.replace("loss_vfl", "loss_ce")
-    if name.endswith(f"_aux_{LAYERS - 1}"):
-        return name.replace(f"_aux_{LAYERS - 1}", "_enc")
-    if name.endswith(f"_dn_{LAYERS - 1}"):
-        return name.replace(f"_dn_{LAYERS - 1}", "_dn")
-    return name.replace("_aux_", "_")
 
 
 def test_rtdetr_loss_is_transformers():
@@ -64,9 +39,9 @@ def test_rtdetr_loss_is_transformers():
                                                        meta=meta))
     criterion = build_criterion(CONFIG, **RECIPE)
     ours = criterion(outputs, targets)
-    theirs = _theirs(outputs, targets, meta)
+    theirs = _theirs(outputs, targets)
 
-    weighted = {_our_name(name): value for name, value in theirs.items()}
+    weighted = {our_term_name(name, LAYERS): value for name, value in theirs.items()}
     assert set(weighted) == set(criterion.weight_dict)
     differences = {name: abs(float(ours[name] * criterion.weight_dict[name] - value))
                    for name, value in weighted.items()}
