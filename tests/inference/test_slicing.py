@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from detr import build_detr_panoptic
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import Predictor
 from detr.inference.slicing import SliceSettings, merge_detections, predict_sliced, tile_starts, tile_windows
@@ -154,3 +155,11 @@ def test_predictor_refuses_attention_and_panoptic_with_slicing(centre_box_predic
         centre_box_predictor.predict(array, slice=32, return_attention=True)
     with pytest.raises(ValueError, match="slice size"):
         centre_box_predictor.predict(array, slice=0)
+
+
+def test_predictor_refuses_panoptic_with_slicing(tiny_config):
+    torch.manual_seed(0)
+    model = build_detr_panoptic(tiny_config.replace(hidden_dim=128, num_heads=8)).eval()
+    predictor = Predictor(model, device="cpu", min_size=64, max_size=96, is_thing=[True] * 3 + [False] * 2)
+    with pytest.raises(ValueError, match="task 'panoptic' is not supported with slicing"):
+        predictor.predict(np.zeros((64, 64, 3), dtype=np.uint8), slice=32, task="panoptic")
