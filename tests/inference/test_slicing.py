@@ -11,7 +11,7 @@ from detr import build_detr_panoptic
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import Predictor
 from detr.inference.slicing import SliceSettings, merge_detections, predict_sliced, tile_starts, tile_windows
-from tests.inference.test_predictor import fixed_box_model
+from tests.helpers import fixed_box_model
 
 
 def prediction(boxes, scores, labels, size, masks=None) -> Prediction:

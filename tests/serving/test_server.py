@@ -92,6 +92,19 @@ def test_threshold_parameter(server, predictor) -> None:
     assert len(post(server.url + "/predict?threshold=0", photo.read_bytes())[1]["detections"]) == 12  # every query
 
 
+def test_slice_parameter_gives_the_predictors_sliced_predictions(server, predictor) -> None:
+    from detr.inference.slicing import SliceSettings
+
+    photo = PHOTOS / "chelsea.png"
+    status, response = post(server.url + "/predict?slice=160&slice_overlap=0.3&threshold=0.3", photo.read_bytes())
+    assert status == 200, response
+    settings = SliceSettings(160, overlap=0.3)
+    expected = predictor.predict(photo, slice=settings, threshold=0.3)[0]
+    assert response["slice"] == {"size": 160, "overlap": 0.3, "inputs": settings.count(*expected.image_size)}
+    assert response["slice"]["inputs"] > 2
+    assert_same_as_predictor(response, expected, predictor)
+
+
 def test_concurrent_requests_are_batched_and_give_the_same_results(server, predictor) -> None:
     photos = [PHOTOS / "chelsea.png", PHOTOS / "astronaut.png"] * 6  # two sizes: batched within each size
     before = json.loads(urllib.request.urlopen(server.url + "/stats").read())["batch_sizes"]
@@ -162,6 +175,11 @@ def bad_requests() -> list[tuple[str, str, bytes, str, int, str]]:
         ("threshold below 0", "?threshold=-0.1", photo, octet, 422, "bad_threshold"),
         ("threshold nan", "?threshold=nan", photo, octet, 422, "bad_threshold"),
         ("threshold text", "?threshold=high", photo, octet, 422, "bad_threshold"),
+        ("slice zero", "?slice=0", photo, octet, 422, "bad_slice"),
+        ("slice text", "?slice=big", photo, octet, 422, "bad_slice"),
+        ("slice overlap 1", "?slice=64&slice_overlap=1", photo, octet, 422, "bad_slice"),
+        ("slice overlap alone", "?slice_overlap=0.2", photo, octet, 422, "bad_slice"),
+        ("slice beyond the tiles' limit", "?slice=8", photo, octet, 422, "too_many_tiles"),
     ]
 
 
