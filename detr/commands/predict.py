@@ -14,7 +14,7 @@ id = R + 256*G + 256^2*B) and OUT/panoptic.json (COCO panoptic results), and dra
 OUT belongs to one run: a second run into it is refused while the first writes, and afterwards unless
 --overwrite, which deletes the earlier run's files (drawings included; OUT/outputs.txt lists them) first.
 --slice SIZE predicts overlapping tiles of each image and the whole image, and merges them (small objects on
-large images: docs/guides/large_images.md).
+large images: docs/guides/large-images.md).
 Ctrl-C or SIGTERM stops the run with predictions.json holding the images done so far (exit status 130 or 143).
 """
 
