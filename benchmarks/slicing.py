@@ -9,7 +9,7 @@ The canvases are detr.data.shapes sets (``ShapesConfig``: ``--canvas``-px images
 ``--sizes`` px each, no empty image), written once into ``--data`` and kept. Each setting predicts every canvas
 with every query kept (``all_queries``, as COCO evaluation wants) and is scored by pycocotools on the canvases'
 own annotations: the whole image at the model's input size, then ``--slice`` tiles with each ``--overlaps`` and
-each merge ("nms", "nmm"). The time is the whole ``Predictor.predict`` call per image (reading the file
+each merge ("nms", "nmm"; with ``--drop-cut`` also NMS after dropping the detections cut by inner tile edges). The time is the whole ``Predictor.predict`` call per image (reading the file
 excluded). Prints a Markdown table; docs/guides/large-images.md shows one with the command that made it.
 """
 
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--slice", type=int, default=128, help="tile side, pixels (the demo model's input: 128)")
     parser.add_argument("--overlaps", type=float, nargs="+", default=(0.2,))
     parser.add_argument("--merges", nargs="+", default=("nms", "nmm"), choices=("nms", "nmm"))
+    parser.add_argument("--drop-cut", action="store_true", help="also NMS with drop_cut (SliceSettings.drop_cut)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="also write the rows here")
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     settings += [(f"slice {args.slice}, overlap {overlap:g}, {merge}", SliceSettings(args.slice, overlap=overlap,
                                                                                      merge=merge))
                  for overlap in args.overlaps for merge in args.merges]
+    if args.drop_cut:
+        settings += [(f"slice {args.slice}, overlap {overlap:g}, nms, drop_cut", SliceSettings(
+            args.slice, overlap=overlap, drop_cut=True)) for overlap in args.overlaps]
     rows = []
     print(f"{describe_machine()}; {args.images} canvases of {args.canvas} px, up to {args.objects} shapes of "
           f"{args.sizes[0]}-{args.sizes[1]} px; {args.checkpoint} ({predictor.input_spec.resize} "

@@ -55,6 +55,9 @@ class SliceSettings:
         whole-image pass finds).
     iou_threshold: the overlap above which two same-class boxes are one object: IoU for "nms", intersection
         over the smaller box for "nmm".
+    drop_cut: drop a tile's detection that touches an inner edge of its tile (an edge that is not the image's
+        border) and is narrower than the overlap across that edge: an object cut there, which the neighbour tile
+        sees whole (its cut part's IoU with the whole box can be below ``iou_threshold``, so NMS would keep both).
     """
 
     size: int
@@ -62,6 +65,7 @@ class SliceSettings:
     whole_image: bool = True
     merge: Merge = "nms"
     iou_threshold: float = 0.5
+    drop_cut: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or not isinstance(self.size, (int, np.integer)) or self.size < 1:
@@ -176,6 +180,8 @@ def merge_detections(
     image (only the kept ones: a full-size mask per detection of every tile would not fit in memory)."""
     failed = next((prediction for _, prediction in parts if prediction is not None and prediction.error), None)
     kept_parts = [(window, prediction) for window, prediction in parts if prediction is not None]
+    if settings.drop_cut and failed is None:
+        kept_parts = [(window, _drop_cut(prediction, window, image_size, settings)) for window, prediction in kept_parts]
     if failed is not None or not kept_parts:
         return replace(_empty(image_size, kept_parts), file_name=file_name,
                        error=failed.error if failed is not None else None, cut_at=threshold)
@@ -232,6 +238,37 @@ def greedy_merge_groups(boxes: Tensor, scores: Tensor, labels: Tensor, threshold
         taken[members] = True
         groups.append(members)
     return groups
+
+
+#: Pixels from a tile's edge within which a box counts as touching it (boxes are clipped to the tile).
+EDGE_MARGIN = 2.0
+
+
+def _drop_cut(prediction: Prediction, window: Window, image_size: tuple[int, int],
+              settings: SliceSettings) -> Prediction:
+    """``prediction`` (in its tile's pixels) without the detections cut by an inner edge of the tile
+    (:attr:`SliceSettings.drop_cut`); the whole image's prediction is kept as it is."""
+    x0, y0, x1, y1 = window
+    height, width = image_size
+    if (x0, y0, x1, y1) == (0, 0, width, height) or len(prediction) == 0:
+        return prediction
+    boxes = prediction.boxes
+    overlap_x, overlap_y = settings.overlap * (x1 - x0), settings.overlap * (y1 - y0)
+    box_w, box_h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    cut = torch.zeros(len(boxes), dtype=torch.bool)
+    if x0 > 0:
+        cut |= (boxes[:, 0] <= EDGE_MARGIN) & (box_w < overlap_x)
+    if x1 < width:
+        cut |= (boxes[:, 2] >= x1 - x0 - EDGE_MARGIN) & (box_w < overlap_x)
+    if y0 > 0:
+        cut |= (boxes[:, 1] <= EDGE_MARGIN) & (box_h < overlap_y)
+    if y1 < height:
+        cut |= (boxes[:, 3] >= y1 - y0 - EDGE_MARGIN) & (box_h < overlap_y)
+    keep = ~cut
+    return replace(prediction, boxes=boxes[keep], scores=prediction.scores[keep], labels=prediction.labels[keep],
+                   label_names=[name for name, k in zip(prediction.label_names, keep.tolist()) if k],
+                   query_indices=prediction.query_indices[keep],
+                   masks=None if prediction.masks is None else prediction.masks[keep])
 
 
 def _empty(image_size: tuple[int, int], parts: Sequence[tuple[Window, Prediction]]) -> Prediction:

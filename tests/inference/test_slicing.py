@@ -100,6 +100,18 @@ def test_nmm_joins_a_cut_part_into_the_whole_box():
     assert merged.boxes.tolist() == [[40, 10, 100, 30]] and merged.scores.tolist() == pytest.approx([0.9])
 
 
+def test_drop_cut_removes_the_part_cut_by_an_inner_edge_and_keeps_the_border():
+    # a 200 x 50 image, tiles [0, 120) and [80, 200) (overlap 40 px): an object at x 100..116 is cut by the left
+    # tile's right edge (x 100..120 clipped) and whole in the right tile; one at the image's left border is kept
+    left = prediction([[100, 10, 120, 30], [0, 10, 10, 30]], [0.95, 0.9], [1, 1], (50, 120))
+    right = prediction([[20, 10, 36, 30]], [0.8], [1], (50, 120))
+    parts = [((0, 0, 120, 50), left), ((80, 0, 200, 50), right)]
+    plain = merge_detections(parts, image_size=(50, 200), settings=SliceSettings(120, overlap=1 / 3))
+    assert sorted(plain.boxes.tolist()) == [[0, 10, 10, 30], [100, 10, 120, 30]]  # NMS kept the cut box (best score)
+    dropped = merge_detections(parts, image_size=(50, 200), settings=SliceSettings(120, overlap=1 / 3, drop_cut=True))
+    assert sorted(dropped.boxes.tolist()) == [[0, 10, 10, 30], [100, 10, 116, 30]]
+
+
 def test_masks_are_pasted_into_the_whole_image():
     mask = torch.zeros(1, 50, 60, dtype=torch.bool)
     mask[0, 5:15, 10:20] = True
