@@ -9,8 +9,8 @@ The canvases are detr.data.shapes sets (``ShapesConfig``: ``--canvas``-px images
 ``--sizes`` px each, no empty image), written once into ``--data`` and kept. Each setting predicts every canvas
 with every query kept (``all_queries``, as COCO evaluation wants) and is scored by pycocotools on the canvases'
 own annotations: the whole image at the model's input size, then ``--slice`` tiles with each ``--overlaps`` and
-each merge ("nms", "nmm"; with ``--drop-cut`` also NMS after dropping the detections cut by inner tile edges). The time is the whole ``Predictor.predict`` call per image (reading the file
-excluded). Prints a Markdown table; docs/guides/large-images.md shows one with the command that made it.
+each merge ("nms", "nmm"; with ``--drop-cut`` also NMS after dropping the detections cut by inner tile
+edges). The time is the whole ``Predictor.predict`` call per image (reading the file excluded). Prints a Markdown table; docs/guides/large-images.md shows one with the command that made it.
 """
 
 from __future__ import annotations
