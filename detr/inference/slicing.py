@@ -153,8 +153,7 @@ def predict_sliced(
     for positions in by_shape.values():
         for start in range(0, len(positions), batch_size):
             chunk = positions[start : start + batch_size]
-            crops = [np.ascontiguousarray(arrays[inputs[p][0]][y0:y1, x0:x1])
-                     for p in chunk for x0, y0, x1, y1 in [inputs[p][1]]]
+            crops = [_crop(arrays[inputs[p][0]], inputs[p][1]) for p in chunk]
             for position, prediction in zip(chunk, predict_batch(crops)):
                 results[position] = prediction
     names = list(file_names) if file_names is not None else [None] * len(arrays)
@@ -238,6 +237,11 @@ def greedy_merge_groups(boxes: Tensor, scores: Tensor, labels: Tensor, threshold
         taken[members] = True
         groups.append(members)
     return groups
+
+
+def _crop(array: np.ndarray, window: Window) -> np.ndarray:
+    x0, y0, x1, y1 = window
+    return np.ascontiguousarray(array[y0:y1, x0:x1])
 
 
 #: Pixels from a tile's edge within which a box counts as touching it (boxes are clipped to the tile).
