@@ -18,6 +18,7 @@ from detr.commands import predict
 from detr.data.collate import pad_images
 from detr.inference.predict import NOT_FINITE, predictions_from_outputs
 from detr.inference.predictor import NonFiniteOutputError, Predictor
+from detr.inference.slicing import SliceSettings
 from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.system import DetrSystem
 from detr.visualize.drawing import draw_prediction
@@ -148,8 +149,6 @@ def test_detr_predict_writes_a_real_time_checkpoints_predictions_and_drawings(fa
 def test_detr_predict_slice_writes_the_predictors_sliced_predictions_with_masks(tmp_path, capsys):
     """``--slice SIZE --slice-overlap F`` writes what ``Predictor.predict(..., slice=...)`` returns: the tiles'
     and the whole image's detections merged, RF-DETR's instance masks pasted into the whole image."""
-    from detr.inference.slicing import SliceSettings
-
     checkpoint = tiny_checkpoint("rfdetr", tmp_path)
     photo = REPO / "data" / "photos" / "chelsea.png"
     out = tmp_path / "out"

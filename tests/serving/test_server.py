@@ -24,6 +24,7 @@ from PIL import Image
 from detr import build_detr
 from detr.checkpoints import save_checkpoint
 from detr.inference.predictor import Predictor
+from detr.inference.slicing import SliceSettings
 from tests.helpers import load_script, randomise, read_sampling_page, tiny_config_with
 from tests.serving.helpers import MAX_BODY_MB, THRESHOLD, spread_out_model
 
@@ -93,8 +94,6 @@ def test_threshold_parameter(server, predictor) -> None:
 
 
 def test_slice_parameter_gives_the_predictors_sliced_predictions(server, predictor) -> None:
-    from detr.inference.slicing import SliceSettings
-
     photo = PHOTOS / "chelsea.png"
     status, response = post(server.url + "/predict?slice=160&slice_overlap=0.3&threshold=0.3", photo.read_bytes())
     assert status == 200, response
