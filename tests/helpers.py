@@ -22,6 +22,7 @@ import torch
 from pycocotools.coco import COCO
 from torch.utils.data import DataLoader
 
+from detr import build_detr
 from detr.models.config import DetrConfig
 from detr.models.outputs import DetectorOutput
 from detr.models.segmentation import build_detr_panoptic
@@ -342,3 +343,17 @@ class RecordTrainingBatches(L.Callback):
         with self.path.open("a") as file:
             file.write(json.dumps({"epoch": trainer.current_epoch, "side": int(images.shape[-1]),
                                    "images": len(targets), "plain": int(plain)}) + "\n")
+
+
+def fixed_box_model(tiny_config: dict, box_cxcywh: tuple[float, float, float, float], label: int) -> torch.nn.Module:
+    """A tiny model whose every query predicts ``box_cxcywh`` (normalised) with class ``label`` at ~1."""
+    torch.manual_seed(0)
+    model = build_detr(tiny_config, dropout=0.0).eval()
+    with torch.no_grad():
+        last = model.bbox_embed.layers[-1]
+        last.weight.zero_()
+        last.bias.copy_(torch.logit(torch.tensor(box_cxcywh)))
+        model.class_embed.weight.zero_()
+        model.class_embed.bias.fill_(-10.0)
+        model.class_embed.bias[label] = 10.0
+    return model

@@ -3,6 +3,7 @@
     detr-predict data/photos more/*.jpg one.png --checkpoint detr-r50 --out outputs/pred
     detr-predict --checkpoint list      # the released models' names
     detr-predict data/photos --checkpoint detr-r50-panoptic --task panoptic --out outputs/pan
+    detr-predict aerial/*.jpg --checkpoint run/checkpoints/best.ckpt --slice 640 --out outputs/tiles
 
 Writes OUT/predictions.json (one COCO results json with file names, the data set's category ids) and
 OUT/<name>.jpg with boxes, names and scores drawn. A file that cannot be read or predicted (too thin to
@@ -12,6 +13,8 @@ id = R + 256*G + 256^2*B) and OUT/panoptic.json (COCO panoptic results), and dra
 --task instances predictions.json also holds each detection's mask (COCO RLE "segmentation"), drawn too.
 OUT belongs to one run: a second run into it is refused while the first writes, and afterwards unless
 --overwrite, which deletes the earlier run's files (drawings included; OUT/outputs.txt lists them) first.
+--slice SIZE predicts overlapping tiles of each image and the whole image, and merges them (small objects on
+large images: docs/guides/large-images.md).
 Ctrl-C or SIGTERM stops the run with predictions.json holding the images done so far (exit status 130 or 143).
 """
 
@@ -30,11 +33,13 @@ from detr.inference.command_line import (
     Terminated,
     add_checkpoint_argument,
     add_resize_arguments,
+    add_slice_arguments,
     device_argument,
     interrupted_status,
     positive_int,
     probability,
     sigterm_as_interrupt,
+    slice_settings,
 )
 
 
@@ -49,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="score threshold (default: the one the checkpoint's validation found best, else 0.7)")
     parser.add_argument("--all-queries", action="store_true", help="write every query to the json (for COCO eval)")
     add_resize_arguments(parser)
+    add_slice_arguments(parser)
     parser.add_argument("--device", type=device_argument, default=None,
                         help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
@@ -90,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         predictor.check_task(args.task)
     except ValueError as error:
         parser.error(f"--task {args.task} with {args.checkpoint}: {error}")
+    try:
+        tiles = predictor.check_slice(slice_settings(args), task=args.task)
+    except ValueError as error:
+        parser.error(f"--slice {args.slice} with --task {args.task}: {error}")
     print(f"backend: {predictor.backend}; threshold {predictor.threshold:g} ({predictor.threshold_source})")
     batches = -(-len(paths) // args.batch_size)
     try:
@@ -98,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             run = predict_files(
                 predictor, paths, args.out, all_queries=args.all_queries, draw=not args.no_draw,
                 progress=partial(tqdm, total=batches, unit="batch", desc="predict"), task=args.task,
-                overwrite=args.overwrite, overwrite_flag="--overwrite", elsewhere="another --out",
+                overwrite=args.overwrite, overwrite_flag="--overwrite", elsewhere="another --out", slice=tiles,
             )
     except OutputFolderError as error:
         parser.error(str(error))

@@ -5,7 +5,7 @@
     curl -F image=@photo.jpg 'http://127.0.0.1:8000/predict?threshold=0.7'
 
 Endpoints: POST /predict (the image as the multipart field "image" or the raw body; ?threshold=, ?task=
-detection | instances | panoptic), POST /explore (the attention explorer's page for an image), GET /health,
+detection | instances | panoptic, ?slice=SIZE&slice_overlap=F: tiles and the whole image, merged), POST /explore (the attention explorer's page for an image), GET /health,
 GET /stats, and GET / (drop an image, see its boxes, click one for that query's decoder attention).
 Any checkpoint detr.load_checkpoint reads, .onnx files through ONNX Runtime, panoptic models.
 SIGTERM or Ctrl-C: finish the requests in flight, then exit 0. Needs the serve extra
@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-decoded-mb", type=bounded_int(1), default=1024,
                         help="most MiB of decoded images in flight (each read from its header before decoding); "
                              "requests beyond wait")
+    parser.add_argument("--max-tiles", type=bounded_int(1), default=64,
+                        help="most model inputs (tiles and the whole image) a ?slice= request's image may take; "
+                             "more get 422 too_many_tiles")
     add_resize_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(service, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout,
                      max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=args.max_pixels,
                      max_queue=args.max_queue or None, max_decoded_bytes=args.max_decoded_mb * 2**20,
-                     body_timeout=args.body_timeout, max_requests=args.max_requests)
+                     body_timeout=args.body_timeout, max_requests=args.max_requests, max_tiles=args.max_tiles)
     serve(app, host=args.host, port=args.port)
     return 0
 

@@ -23,6 +23,32 @@ from pathlib import Path
 from typing import Any
 
 
+def add_slice_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--slice SIZE``, ``--slice-overlap F`` and ``--slice-merge``: sliced inference
+    (:class:`detr.inference.slicing.SliceSettings`; defaults written out here so that ``--help`` does not import
+    torch). :func:`slice_settings` turns them into the settings."""
+    parser.add_argument("--slice", type=positive_int, default=None, metavar="SIZE",
+                        help="predict overlapping SIZE x SIZE px tiles of each image plus the whole image, and merge "
+                             "them: for small objects on images much larger than the model's input (e.g. the "
+                             "model's input size; default: the whole image only)")
+    parser.add_argument("--slice-overlap", type=fraction_below_one, default=0.2, metavar="F",
+                        help="with --slice: the fraction of a tile its neighbour overlaps, in [0, 1) (default 0.2); "
+                             "objects smaller than the overlap are seen whole by a tile")
+    parser.add_argument("--slice-merge", choices=("nms", "nmm"), default="nms",
+                        help="with --slice: how the tiles' duplicates merge: class-wise NMS (default) or greedy "
+                             "non-maximum merging (enclosing box, union of masks)")
+
+
+def slice_settings(args: argparse.Namespace) -> Any:
+    """The :class:`detr.inference.slicing.SliceSettings` of :func:`add_slice_arguments`' options; None without
+    ``--slice``."""
+    if args.slice is None:
+        return None
+    from detr.inference.slicing import SliceSettings  # here, so that --help does not wait for torch
+
+    return SliceSettings(size=args.slice, overlap=args.slice_overlap, merge=args.slice_merge)
+
+
 def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
     """``--min-size`` / ``--max-size`` (default None: the size the checkpoint was validated at, else the
     authors' 800 / 1333, :data:`detr.models.inputs.EVAL_MIN_SIZE` and ``EVAL_MAX_SIZE``, written out here so
@@ -192,6 +218,8 @@ non_negative_int = NumberRange(int, 0)
 any_int = NumberRange(int)
 #: argparse ``type``: a probability, score or fraction in [0, 1]
 probability = NumberRange(float, 0.0, 1.0)
+#: argparse ``type``: a fraction in [0, 1) (an overlap: 1 would never advance)
+fraction_below_one = NumberRange(float, 0.0, 1.0, high_open=True)
 #: argparse ``type``: a finite number > 0 (a size in MiB, a budget in minutes)
 positive_float = NumberRange(float, 0.0, low_open=True)
 #: argparse ``type``: a finite number >= 0 (a timeout in seconds, an AP drop in points)

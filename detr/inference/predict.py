@@ -7,6 +7,7 @@ adds each detection's mask (a panoptic model), the image's panoptic segmentation
 its attention (``return_attention``), and applies one rule to images it cannot predict: an image that could
 not be read (``errors``) or whose logits or boxes are not finite gets a :class:`Prediction` with no
 detections and :attr:`Prediction.error` saying why, so that every caller skips and reports the same images.
+Sliced inference (:mod:`detr.inference.slicing`) runs it on each tile and merges the tiles' predictions.
 """
 
 from __future__ import annotations

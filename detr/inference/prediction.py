@@ -177,12 +177,14 @@ class SamplingPoints:
 
 @dataclass
 class Prediction:
-    """Detections of one image; ``N`` kept queries, in query order.
+    """Detections of one image; ``N`` kept queries, in query order (sliced inference: merged from the tiles, in
+    decreasing score order, :mod:`detr.inference.slicing`).
 
     boxes: float32 ``[N, 4]``, pixel ``xyxy`` in the original image (EXIF orientation applied).
     scores: float32 ``[N]``, probability of the predicted class (no-object excluded from the max).
     labels: int64 ``[N]``, model labels; ``label_names[i]`` names ``labels[i]``.
-    query_indices: int64 ``[N]``, which of the model's queries each detection came from.
+    query_indices: int64 ``[N]``, which of the model's queries each detection came from (sliced: a query of the
+        tile or whole-image input that found it).
     image_size: ``(height, width)`` of the original image.
     file_name: the input's file name when it was a path, else None.
     image_id: set by callers that number images (prediction files); None otherwise.

@@ -40,6 +40,7 @@ from detr.inference.images import ImageInput, is_single_image, to_rgb_array
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
 from detr.inference.prediction import Prediction
+from detr.inference.slicing import SliceSettings, predict_sliced
 from detr.models.detector import Detector
 from detr.models.outputs import DetectorOutput
 
@@ -221,6 +222,7 @@ class Predictor:
         all_queries: bool = False,
         return_attention: bool = False,
         task: Task = "detection",
+        slice: SliceSettings | int | None = None,
     ) -> list[Prediction]:
         """Detect objects in one image or a sequence of images; one :class:`Prediction` per image.
 
@@ -231,9 +233,14 @@ class Predictor:
             return_attention: also compute the attention maps (slower; see :class:`AttentionMaps`).
             task: "panoptic" also segments each image (:attr:`Prediction.panoptic`; a panoptic model only);
                 see :data:`Task`.
+            slice: predict overlapping tiles of each image and the whole image, and merge them
+                (:mod:`detr.inference.slicing`): for small objects on images much larger than the model's input.
+                A :class:`SliceSettings`, or an ``int``: the tile side in pixels with the default overlap and
+                merge. None (default): the whole image only.
 
         Raises:
-            ValueError: ``task`` "instances" or "panoptic" with a model that predicts no masks, naming the fix.
+            ValueError: ``task`` "instances" or "panoptic" with a model that predicts no masks, naming the fix;
+                ``slice`` with ``return_attention`` or ``task="panoptic"``.
         """
         self.check_task(task)
         if is_single_image(images):
@@ -245,7 +252,8 @@ class Predictor:
             names = [Path(image).name if isinstance(image, (str, Path)) else None for image in chunk]
             predictions.extend(
                 self.predict_arrays(
-                    arrays, file_names=names, threshold=keep_threshold, return_attention=return_attention, task=task
+                    arrays, file_names=names, threshold=keep_threshold, return_attention=return_attention, task=task,
+                    slice=slice,
                 )
             )
         return predictions
@@ -298,6 +306,7 @@ class Predictor:
         task: Task = "detection",
         masks: bool = True,
         check_finite: bool = False,
+        slice: SliceSettings | int | None = None,
     ) -> list[Prediction]:
         """One forward pass on already loaded ``uint8`` RGB arrays ``[H, W, 3]`` (one batch, any count).
 
@@ -306,11 +315,44 @@ class Predictor:
         leaves out a panoptic model's instance masks (e.g. when every query is kept only to check the scores:
         a full-size mask per query costs memory). An image whose logits or boxes are not finite gets a
         prediction without detections whose ``error`` says so (:func:`detr.inference.predict.predictions_from_outputs`);
-        ``check_finite=True`` raises :class:`NonFiniteOutputError` instead.
+        ``check_finite=True`` raises :class:`NonFiniteOutputError` instead. ``slice``: see :meth:`predict`; the
+        tiles of all ``arrays`` are batched :attr:`batch_size` at a time.
         """
         self.check_task(task)
+        settings = self.check_slice(slice, return_attention=return_attention, task=task)
         if not arrays:
             return []
+        if settings is not None:
+            predictions = predict_sliced(
+                arrays, settings,
+                lambda tiles: self.predict_arrays(tiles, threshold=threshold, task=task, masks=masks),
+                batch_size=self.batch_size, file_names=file_names, threshold=threshold)
+        else:
+            predictions = self._predict_batch(arrays, file_names=file_names, threshold=threshold,
+                                              return_attention=return_attention, task=task, masks=masks)
+        failed = [index for index, prediction in enumerate(predictions) if prediction.error is not None]
+        if check_finite and failed:
+            raise NonFiniteOutputError(failed, len(arrays))
+        return predictions
+
+    def check_slice(self, slice: SliceSettings | int | None, *, return_attention: bool = False,
+                    task: str = "detection") -> SliceSettings | None:
+        """``slice`` as :class:`SliceSettings` (None: no slicing); raise ``ValueError`` naming the fix when it
+        is not valid or cannot go with ``return_attention`` or ``task``."""
+        if slice is None:
+            return None
+        settings = SliceSettings.of(slice)
+        if return_attention:
+            raise ValueError("attention maps are not supported with slicing (they belong to one model input, and "
+                             "a sliced image is many): predict without slice to see the attention")
+        if task == "panoptic":
+            raise ValueError("task 'panoptic' is not supported with slicing (one segmentation of the whole image "
+                             "per input): use task 'instances' for the masks, or predict without slice")
+        return settings
+
+    def _predict_batch(self, arrays: Sequence[np.ndarray], *, file_names: Sequence[str | None] | None,
+                       threshold: float | None, return_attention: bool, task: Task, masks: bool) -> list[Prediction]:
+        """One forward pass of ``arrays`` and its post-processing (:meth:`predict_arrays` without slicing)."""
         # the batch contract: resized, normalised, zeros bottom/right, True = padding
         images, padding_mask, input_sizes = self.input_spec.batch(arrays)
         outputs = self.forward(images, padding_mask, return_attention=return_attention)
@@ -322,9 +364,6 @@ class Predictor:
             panoptic=self._panoptic_postprocess() if task == "panoptic" else None,
             stride=self.model.stride if return_attention else None, top_k=self.model.detections_per_image,
         )
-        failed = [index for index, prediction in enumerate(predictions) if prediction.error is not None]
-        if check_finite and failed:
-            raise NonFiniteOutputError(failed, len(arrays))
         return predictions
 
     def forward(

@@ -3,6 +3,8 @@
 Endpoints:
     POST /predict?threshold=T&task=K   an image as the raw request body or as the multipart field ``image``;
         the JSON of :func:`detr.serving.service.prediction_json`. Concurrent requests are batched.
+        ``&slice=SIZE&slice_overlap=F`` predicts SIZE-px tiles and the whole image, merged
+        (:mod:`detr.inference.slicing`), at most ``max_tiles`` model inputs per image.
     POST /explore?threshold=T          the same image input; the attention explorer's HTML page for it
         (:mod:`detr.visualize.explorer`), which ``GET /`` shows in a frame.
     GET /health                        ``{"status": "ok", "model", "device", "backend", ...}``
@@ -12,7 +14,8 @@ Endpoints:
 Every refused request gets a 4xx JSON body ``{"error": kind, "detail": message}`` (see
 :class:`detr.serving.inputs.RequestError`): body over ``max_body_bytes`` (413 ``body_too_large``), not an
 image, truncated, too many pixels, decompression bomb, too thin to resize, unknown or unsupported task,
-threshold out of range;
+threshold out of range, a bad slice or one that cuts the image into more than ``max_tiles`` inputs (422
+``too_many_tiles``);
 a body that has not all arrived after ``body_timeout`` seconds gets 408 ``body_timeout``; more than
 ``max_requests`` uploads in the server at once, or more than ``max_queue`` requests waiting for the model or for
 memory to decode their images in (at most ``max_decoded_bytes`` of decoded images in flight:
@@ -38,9 +41,12 @@ from detr.serving.batching import DynamicBatcher, QueueFull
 from detr.serving.budget import BudgetFull, DecodedBytesBudget
 from detr.serving.inputs import (
     DEFAULT_MAX_PIXELS,
+    DEFAULT_MAX_TILES,
     RequestError,
+    check_tiles,
     decode_image_bytes,
     decoded_bytes,
+    parse_slice,
     parse_task,
     parse_threshold,
 )
@@ -142,6 +148,7 @@ def create_app(
     max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     max_requests: int = DEFAULT_MAX_REQUESTS,
+    max_tiles: int = DEFAULT_MAX_TILES,
 ) -> FastAPI:
     """The server's FastAPI application; the batcher starts and stops with it (its lifespan).
 
@@ -158,6 +165,7 @@ def create_app(
         body_timeout: seconds a request's body may take to arrive; later, 408 ``body_timeout``.
         max_requests: the most POST requests in the server at once; more get 503 ``overloaded`` at once
             (:class:`RequestLimit`).
+        max_tiles: the most model inputs (tiles and the whole image) a ``?slice=`` request's image may take.
     """
     batcher = DynamicBatcher(service.run_batch, max_batch_size=max_batch_size, batch_timeout=batch_timeout,
                              max_queue=max_queue)
@@ -215,13 +223,21 @@ def create_app(
         counts["requests"] += 1
         threshold = parse_threshold(request.query_params.get("threshold"), service.predictor.threshold)
         task = parse_task(request.query_params.get("task"))
+        tiles = parse_slice(request.query_params.get("slice"), request.query_params.get("slice_overlap"))
         try:
             service.check_task(task)
         except ValueError as error:
             raise RequestError(422, "unsupported_task", str(error)) from error
+        try:
+            service.predictor.check_slice(tiles, task=task)
+        except ValueError as error:
+            raise RequestError(422, "bad_slice", str(error)) from error
         async with decoded_image(request) as pixels:
+            if tiles is not None:
+                check_tiles(tiles, pixels, max_tiles)
             try:
-                return JSONResponse(await batcher.submit(Job(pixels=pixels, threshold=threshold, task=task)))
+                return JSONResponse(await batcher.submit(Job(pixels=pixels, threshold=threshold, task=task,
+                                                             slice=tiles)))
             except QueueFull as error:
                 raise RequestError(503, "overloaded", str(error)) from error
 
@@ -246,7 +262,7 @@ def create_app(
                 "tasks": [task for task in ("detection", "instances", "panoptic") if _can(service, task)],
                 "threshold": predictor.threshold, "max_batch_size": batcher.max_batch_size,
                 "batch_timeout": batcher.batch_timeout, "max_queue": batcher.max_queue,
-                "max_decoded_bytes": budget.limit}
+                "max_decoded_bytes": budget.limit, "max_tiles": max_tiles}
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """What a request brings → what the model takes: image bytes → ``uint8`` RGB ``[H, W, 3]``, and the query
-parameters ``threshold`` and ``task``, each refused with a :class:`RequestError` that names the problem.
+parameters ``threshold``, ``task`` and ``slice`` / ``slice_overlap``, each refused with a :class:`RequestError` that names the problem.
 
 The bytes are decoded as :func:`detr.data.images.decode_image` decodes a file (PIL, EXIF orientation applied,
 any mode → RGB), so the server sees the pixels the :class:`~detr.inference.predictor.Predictor` sees for the
@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from detr.data.images import pil_to_rgb_array
+from detr.inference.slicing import SliceSettings
 
 TASKS = ("detection", "instances", "panoptic")
 
@@ -35,6 +36,10 @@ BOMB_RATIO = 200.0
 #: compresses more is a bomb whatever ``max_pixels`` allows (38 kB PNGs of 39.6 MP, under the 40 MP limit,
 #: took a server from 1.3 to 3.8 GB with 16 clients).
 BOMB_MIN_PIXELS = 4_000_000
+
+#: The most model inputs (tiles and the whole image) one ``?slice=`` request may take: an 8 × 8 grid, a 4000-px
+#: image at ``slice=640`` with the default overlap, or 2560 px at ``slice=320``.
+DEFAULT_MAX_TILES = 64
 
 
 class RequestError(ValueError):
@@ -175,3 +180,43 @@ def parse_task(value: str | None) -> str:
     if value not in TASKS:
         raise RequestError(422, "unknown_task", f"task must be one of {', '.join(TASKS)}; got {value!r}")
     return value
+
+
+def parse_slice(size: str | None, overlap: str | None) -> SliceSettings | None:
+    """The ``slice`` (tile side, pixels) and ``slice_overlap`` (fraction in [0, 1), default 0.2) query
+    parameters as :class:`SliceSettings`; None without ``slice``.
+
+    Raises:
+        RequestError: 422 ``bad_slice`` for a size that is not an integer >= 1, an overlap outside [0, 1), or
+            an overlap without a size.
+    """
+    if size is None:
+        if overlap is not None:
+            raise RequestError(422, "bad_slice", "slice_overlap needs slice (the tile side in pixels), e.g. "
+                               "?slice=640&slice_overlap=0.2")
+        return None
+    try:
+        side = int(size)
+        fraction = float(overlap) if overlap is not None else SliceSettings.overlap
+        return SliceSettings(size=side, overlap=fraction)
+    except ValueError:
+        raise RequestError(422, "bad_slice", f"slice is the tile side in pixels, an integer >= 1, and slice_overlap "
+                           f"a fraction in [0, 1); got slice={size!r}, slice_overlap={overlap!r}") from None
+
+
+def check_tiles(settings: SliceSettings, pixels: np.ndarray, max_tiles: int) -> None:
+    """Refuse a sliced request whose image takes more than ``max_tiles`` model inputs (tiles and the whole image).
+
+    Raises:
+        RequestError: 422 ``too_many_tiles``, naming the count and a slice size that fits.
+    """
+    height, width = int(pixels.shape[0]), int(pixels.shape[1])
+    count = settings.count(height, width)
+    if count <= max_tiles:
+        return
+    fits = next((side for side in range(settings.size, max(height, width) + 1, 32)
+                 if SliceSettings(side, overlap=settings.overlap).count(height, width) <= max_tiles),
+                max(height, width))
+    raise RequestError(422, "too_many_tiles", f"slice={settings.size} with slice_overlap={settings.overlap:g} cuts "
+                       f"this {width}x{height} image into {count} model inputs, more than this server's "
+                       f"{max_tiles}; use slice={fits} or larger, or a smaller slice_overlap")

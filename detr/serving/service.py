@@ -25,6 +25,7 @@ from detr.categories import CategoryMap
 from detr.inference.postprocess_masks import panoptic_png
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import NonFiniteOutputError, Predictor
+from detr.inference.slicing import SliceSettings
 from detr.visualize.explorer import render_explorer_html
 from detr.visualize.explorer.pages import explorer_page_data
 
@@ -33,12 +34,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Job:
-    """One ``/predict`` request, decoded: ``pixels`` uint8 RGB ``[H, W, 3]``, a score ``threshold`` in [0, 1]
-    and a ``task`` ("detection", "instances" or "panoptic")."""
+    """One ``/predict`` request, decoded: ``pixels`` uint8 RGB ``[H, W, 3]``, a score ``threshold`` in [0, 1],
+    a ``task`` ("detection", "instances" or "panoptic") and its ``slice`` (None: the whole image only)."""
 
     pixels: np.ndarray
     threshold: float
     task: str
+    slice: SliceSettings | None = None
 
 
 class ModelOutputError(RuntimeError):
@@ -72,16 +74,18 @@ class DetectionService:
         results: list[dict[str, Any] | Exception | None] = [None] * len(jobs)
         groups: dict[tuple, list[int]] = {}
         for index, job in enumerate(jobs):
-            groups.setdefault((job.pixels.shape, job.task, job.threshold), []).append(index)
-        for (_, task, threshold), indices in groups.items():
-            for index, outcome in zip(indices, self._run_group([jobs[i] for i in indices], task, threshold)):
+            groups.setdefault((job.pixels.shape, job.task, job.threshold, job.slice), []).append(index)
+        for (_, task, threshold, tiles), indices in groups.items():
+            for index, outcome in zip(indices, self._run_group([jobs[i] for i in indices], task, threshold, tiles)):
                 results[index] = outcome
         return results  # type: ignore[return-value]
 
-    def _run_group(self, jobs: Sequence[Job], task: str, threshold: float) -> list[dict[str, Any] | Exception]:
+    def _run_group(self, jobs: Sequence[Job], task: str, threshold: float,
+                   tiles: SliceSettings | None = None) -> list[dict[str, Any] | Exception]:
         try:
             predictions = self.predictor.predict_arrays([job.pixels for job in jobs], threshold=threshold,
-                                                        task=task, check_finite=True)  # type: ignore[arg-type]
+                                                        task=task, check_finite=True,  # type: ignore[arg-type]
+                                                        slice=tiles)
         except NonFiniteOutputError as error:
             if len(error.indices) == len(jobs):
                 return [ModelOutputError(str(error)) for _ in jobs]
@@ -89,13 +93,13 @@ class DetectionService:
             outcomes: list[dict[str, Any] | Exception] = []
             for i, job in enumerate(jobs):
                 outcomes.extend([ModelOutputError(str(error))] if i in error.indices
-                                else self._run_group([job], task, threshold))
+                                else self._run_group([job], task, threshold, tiles))
             return outcomes
         except Exception as error:  # one group's failure must not cost the other groups
             logger.exception("prediction failed for a group of %d images", len(jobs))
             return [ModelOutputError(f"{type(error).__name__}: {error}") for _ in jobs]
         return [prediction_json(prediction, category_map=self.predictor.category_map, model_name=self.model_name,
-                                task=task, threshold=threshold)
+                                task=task, threshold=threshold, tiles=tiles)
                 for prediction in predictions]
 
     def explorer_page(self, pixels: np.ndarray, *, title: str, threshold: float) -> str:
@@ -117,7 +121,7 @@ def _data_url(png: bytes) -> str:
 
 
 def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None, model_name: str, task: str,
-                    threshold: float) -> dict[str, Any]:
+                    threshold: float, tiles: SliceSettings | None = None) -> dict[str, Any]:
     """A :class:`Prediction` as the ``/predict`` response.
 
     ``{"model", "task", "threshold", "image": {"width", "height"}, "detections": [{"query", "label",
@@ -126,6 +130,8 @@ def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None,
     ``task="panoptic"``, ``panoptic: {"segments": [COCO panoptic segments_info + score, label, label_name],
     "png": data URL of COCO panoptic's PNG (segment id = R + 256·G + 256²·B, 0 = void)}``.
     Category ids are the data set's (the checkpoint's category map); without a map, the model's labels.
+    A sliced request (``tiles``) also has ``slice: {"size", "overlap", "inputs"}`` (the model inputs: tiles and
+    the whole image), and each detection's ``query`` is a query of the input that found it.
     """
     detections = []
     for i in range(len(prediction)):
@@ -144,6 +150,8 @@ def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None,
     height, width = prediction.image_size
     response: dict[str, Any] = {"model": model_name, "task": task, "threshold": threshold,
                                 "image": {"width": width, "height": height}, "detections": detections}
+    if tiles is not None:
+        response["slice"] = {"size": tiles.size, "overlap": tiles.overlap, "inputs": tiles.count(height, width)}
     if prediction.panoptic is not None:
         segments = [{key: (float(value) if key == "score" else value) for key, value in segment.items()}
                     for segment in prediction.panoptic.segments_info]

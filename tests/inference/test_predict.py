@@ -18,6 +18,7 @@ from detr.commands import predict
 from detr.data.collate import pad_images
 from detr.inference.predict import NOT_FINITE, predictions_from_outputs
 from detr.inference.predictor import NonFiniteOutputError, Predictor
+from detr.inference.slicing import SliceSettings
 from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.system import DetrSystem
 from detr.visualize.drawing import draw_prediction
@@ -142,3 +143,27 @@ def test_detr_predict_writes_a_real_time_checkpoints_predictions_and_drawings(fa
         with_masks = draw_prediction(image, prediction).permute(1, 2, 0).numpy()
         boxes_only = draw_prediction(image, replace(prediction, masks=None)).permute(1, 2, 0).numpy()
         assert np.abs(drawn - with_masks).mean() < np.abs(drawn - boxes_only).mean() / 2
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_detr_predict_slice_writes_the_predictors_sliced_predictions_with_masks(tmp_path, capsys):
+    """``--slice SIZE --slice-overlap F`` writes what ``Predictor.predict(..., slice=...)`` returns: the tiles'
+    and the whole image's detections merged, RF-DETR's instance masks pasted into the whole image."""
+    checkpoint = tiny_checkpoint("rfdetr", tmp_path)
+    photo = REPO / "data" / "photos" / "chelsea.png"
+    out = tmp_path / "out"
+    status = predict.main([str(photo), "--checkpoint", str(checkpoint), "--out", str(out), "--device", "cpu",
+                           "--threshold", "0.3", "--task", "instances", "--slice", "160", "--slice-overlap", "0.25",
+                           "--no-draw"])
+    assert status == 0, capsys.readouterr().err
+    written = json.loads((out / "predictions.json").read_text())
+    predictor = Predictor.from_checkpoint(checkpoint, device="cpu", threshold=0.3)
+    (sliced,) = predictor.predict(photo, slice=SliceSettings(160, overlap=0.25))
+    (whole,) = predictor.predict(photo)
+    assert len(written) == len(sliced) > len(whole)  # the tiles find more than the whole image alone
+    np.testing.assert_allclose(sorted(row["score"] for row in written), sorted(sliced.scores.tolist()), atol=1e-3)
+    height, width = sliced.image_size
+    assert sliced.masks is not None and sliced.masks.shape == (len(sliced), height, width)
+    decoded = mask_utils.decode([row["segmentation"] for row in written])
+    assert decoded.shape[:2] == (height, width) and int(decoded.sum()) == int(sliced.masks.sum())
+

@@ -16,6 +16,7 @@ from detr.data.transforms import make_eval_transform
 from detr.inference.images import to_rgb_array
 from detr.inference.prediction import AttentionMaps
 from detr.inference.predictor import NonFiniteOutputError, Predictor
+from tests.helpers import fixed_box_model
 
 SIZES = dict(min_size=64, max_size=100)
 NAMES = CategoryMap(category_ids=(3, 5, 7, 9, 11), names=("ant", "bee", "cat", "dog", "eel"))
@@ -29,20 +30,6 @@ def save_official(model: torch.nn.Module, path) -> str:
 @pytest.fixture
 def checkpoint(tmp_path, tiny_model) -> str:
     return save_official(tiny_model, tmp_path / "tiny.pth")
-
-
-def fixed_box_model(tiny_config: dict, box_cxcywh: tuple[float, float, float, float], label: int) -> torch.nn.Module:
-    """A tiny model whose every query predicts ``box_cxcywh`` (normalised) with class ``label`` at ~1."""
-    torch.manual_seed(0)
-    model = build_detr(tiny_config, dropout=0.0).eval()
-    with torch.no_grad():
-        last = model.bbox_embed.layers[-1]
-        last.weight.zero_()
-        last.bias.copy_(torch.logit(torch.tensor(box_cxcywh)))
-        model.class_embed.weight.zero_()
-        model.class_embed.bias.fill_(-10.0)
-        model.class_embed.bias[label] = 10.0
-    return model
 
 
 def test_predictor_equals_model_and_postprocess(checkpoint, tiny_model):

@@ -24,6 +24,7 @@ from PIL import Image
 from detr import build_detr
 from detr.checkpoints import save_checkpoint
 from detr.inference.predictor import Predictor
+from detr.inference.slicing import SliceSettings
 from tests.helpers import load_script, randomise, read_sampling_page, tiny_config_with
 from tests.serving.helpers import MAX_BODY_MB, THRESHOLD, spread_out_model
 
@@ -90,6 +91,17 @@ def test_threshold_parameter(server, predictor) -> None:
         assert status == 200 and response["threshold"] == threshold
         assert_same_as_predictor(response, predictor.predict(photo, threshold=threshold)[0], predictor)
     assert len(post(server.url + "/predict?threshold=0", photo.read_bytes())[1]["detections"]) == 12  # every query
+
+
+def test_slice_parameter_gives_the_predictors_sliced_predictions(server, predictor) -> None:
+    photo = PHOTOS / "chelsea.png"
+    status, response = post(server.url + "/predict?slice=160&slice_overlap=0.3&threshold=0.3", photo.read_bytes())
+    assert status == 200, response
+    settings = SliceSettings(160, overlap=0.3)
+    expected = predictor.predict(photo, slice=settings, threshold=0.3)[0]
+    assert response["slice"] == {"size": 160, "overlap": 0.3, "inputs": settings.count(*expected.image_size)}
+    assert response["slice"]["inputs"] > 2
+    assert_same_as_predictor(response, expected, predictor)
 
 
 def test_concurrent_requests_are_batched_and_give_the_same_results(server, predictor) -> None:
@@ -162,6 +174,11 @@ def bad_requests() -> list[tuple[str, str, bytes, str, int, str]]:
         ("threshold below 0", "?threshold=-0.1", photo, octet, 422, "bad_threshold"),
         ("threshold nan", "?threshold=nan", photo, octet, 422, "bad_threshold"),
         ("threshold text", "?threshold=high", photo, octet, 422, "bad_threshold"),
+        ("slice zero", "?slice=0", photo, octet, 422, "bad_slice"),
+        ("slice text", "?slice=big", photo, octet, 422, "bad_slice"),
+        ("slice overlap 1", "?slice=64&slice_overlap=1", photo, octet, 422, "bad_slice"),
+        ("slice overlap alone", "?slice_overlap=0.2", photo, octet, 422, "bad_slice"),
+        ("slice beyond the tiles' limit", "?slice=8", photo, octet, 422, "too_many_tiles"),
     ]
 
 

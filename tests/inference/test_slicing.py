@@ -1,0 +1,177 @@
+"""detr.inference.slicing: tiles that cover the image, boxes and masks mapped back, duplicates merged, and the
+Predictor's ``slice=`` on a tiny model whose every query predicts one known box."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from detr import build_detr_panoptic
+from detr.inference.prediction import Prediction
+from detr.inference.predictor import Predictor
+from detr.inference.slicing import SliceSettings, merge_detections, predict_sliced, tile_starts, tile_windows
+from tests.helpers import fixed_box_model
+
+
+def prediction(boxes, scores, labels, size, masks=None) -> Prediction:
+    labels = torch.tensor(labels, dtype=torch.int64)
+    return Prediction(boxes=torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4),
+                      scores=torch.tensor(scores, dtype=torch.float32), labels=labels,
+                      label_names=[f"class {int(label)}" for label in labels],
+                      query_indices=torch.arange(len(labels)), image_size=size, masks=masks)
+
+
+@pytest.mark.parametrize(("height", "width", "size", "overlap"),
+                         [(1000, 700, 256, 0.2), (513, 512, 256, 0.0), (300, 1200, 320, 0.5), (257, 256, 256, 0.9)])
+def test_tiles_cover_the_image_overlap_as_asked_and_end_at_the_border(height, width, size, overlap):
+    windows = tile_windows(height, width, size, overlap)
+    covered = np.zeros((height, width), dtype=bool)
+    for x0, y0, x1, y1 in windows:
+        assert (x1 - x0, y1 - y0) == (min(size, width), min(size, height))
+        assert 0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height
+        covered[y0:y1, x0:x1] = True
+    assert covered.all()
+    for length in (height, width):
+        tile = min(size, length)
+        starts = tile_starts(length, tile, overlap)
+        assert starts[0] == 0 and starts[-1] + tile == length
+        assert all(0 < b - a <= tile * (1 - overlap) for a, b in zip(starts, starts[1:]))  # overlap >= asked
+
+
+def test_an_image_smaller_than_a_tile_is_one_tile_and_no_whole_image_pass():
+    assert tile_windows(100, 80, 256, 0.2) == [(0, 0, 80, 100)]
+    assert SliceSettings(256).count(100, 80) == 1
+    assert SliceSettings(64).count(100, 80) == len(tile_windows(100, 80, 64, 0.2)) + 1
+
+
+@pytest.mark.parametrize("bad", [dict(size=0), dict(size=64, overlap=1.0), dict(size=64, overlap=float("nan")),
+                                 dict(size=64, merge="wbf"), dict(size=64, iou_threshold=1.5)])
+def test_settings_refuse_what_cannot_slice(bad):
+    with pytest.raises(ValueError, match="slice"):
+        SliceSettings(**bad)
+
+
+def test_boxes_are_mapped_back_by_their_tile_origin():
+    """A stub model that sees one object at a fixed place in every input: each tile's box comes back at its
+    window's offset, and the merge keeps them (distinct objects)."""
+    array = np.zeros((200, 300, 3), dtype=np.uint8)
+    settings = SliceSettings(100, overlap=0.0, whole_image=False)
+
+    def predict_batch(tiles):
+        return [prediction([[10, 20, 30, 40]], [0.9], [1], tile.shape[:2]) for tile in tiles]
+
+    (merged,) = predict_sliced([array], settings, predict_batch, batch_size=4)
+    expected = sorted([x0 + 10, y0 + 20, x0 + 30, y0 + 40] for x0, y0, _, _ in tile_windows(200, 300, 100, 0.0))
+    assert sorted(merged.boxes.tolist()) == expected
+    assert merged.image_size == (200, 300)
+
+
+def test_inputs_are_batched_by_shape_at_most_batch_size():
+    array = np.zeros((300, 500, 3), dtype=np.uint8)
+    calls = []
+
+    def predict_batch(tiles):
+        calls.append([tile.shape for tile in tiles])
+        return [prediction([], [], [], tile.shape[:2]) for tile in tiles]
+
+    predict_sliced([array, array], SliceSettings(200), predict_batch, batch_size=3)
+    assert all(len(set(call)) == 1 and len(call) <= 3 for call in calls)  # one shape per batch: no padding
+    assert sum(map(len, calls)) == 2 * SliceSettings(200).count(300, 500)
+
+
+def test_merge_removes_the_duplicate_of_an_object_seen_by_two_tiles():
+    # one object at x 90..110 of a 200-px-wide image, seen by the tiles [0, 120) and [80, 200); another class
+    # at the same place is another object
+    left = prediction([[90, 10, 110, 30], [90, 10, 110, 30]], [0.9, 0.6], [1, 2], (50, 120))
+    right = prediction([[10, 10, 30.5, 30]], [0.8], [1], (50, 120))
+    merged = merge_detections([((0, 0, 120, 50), left), ((80, 0, 200, 50), right)], image_size=(50, 200),
+                              settings=SliceSettings(120))
+    assert merged.labels.tolist() == [1, 2] and merged.scores.tolist() == pytest.approx([0.9, 0.6])
+    assert merged.boxes[0].tolist() == [90, 10, 110, 30]
+
+
+def test_nmm_joins_a_cut_part_into_the_whole_box():
+    whole = prediction([[40, 10, 100, 30]], [0.9], [0], (50, 120))
+    cut = prediction([[0, 10, 20, 30]], [0.7], [0], (50, 120))  # x 80..100 in the image: inside the whole box
+    parts = [((0, 0, 120, 50), whole), ((80, 0, 200, 50), cut)]
+    assert len(merge_detections(parts, image_size=(50, 200), settings=SliceSettings(120))) == 2  # IoU 1/3
+    merged = merge_detections(parts, image_size=(50, 200), settings=SliceSettings(120, merge="nmm"))
+    assert merged.boxes.tolist() == [[40, 10, 100, 30]] and merged.scores.tolist() == pytest.approx([0.9])
+
+
+def test_drop_cut_removes_the_part_cut_by_an_inner_edge_and_keeps_the_border():
+    # a 200 x 50 image, tiles [0, 120) and [80, 200) (overlap 40 px): an object at x 100..116 is cut by the left
+    # tile's right edge (x 100..120 clipped) and whole in the right tile; one at the image's left border is kept
+    left = prediction([[100, 10, 120, 30], [0, 10, 10, 30]], [0.95, 0.9], [1, 1], (50, 120))
+    right = prediction([[20, 10, 36, 30]], [0.8], [1], (50, 120))
+    parts = [((0, 0, 120, 50), left), ((80, 0, 200, 50), right)]
+    plain = merge_detections(parts, image_size=(50, 200), settings=SliceSettings(120, overlap=1 / 3))
+    assert sorted(plain.boxes.tolist()) == [[0, 10, 10, 30], [100, 10, 120, 30]]  # NMS kept the cut box (best score)
+    dropped = merge_detections(parts, image_size=(50, 200), settings=SliceSettings(120, overlap=1 / 3, drop_cut=True))
+    assert sorted(dropped.boxes.tolist()) == [[0, 10, 10, 30], [100, 10, 116, 30]]
+
+
+def test_masks_are_pasted_into_the_whole_image():
+    mask = torch.zeros(1, 50, 60, dtype=torch.bool)
+    mask[0, 5:15, 10:20] = True
+    tile = prediction([[10, 5, 20, 15]], [0.9], [0], (50, 60), masks=mask)
+    merged = merge_detections([((100, 30, 160, 80), tile)], image_size=(100, 200), settings=SliceSettings(60))
+    assert merged.masks.shape == (1, 100, 200)
+    expected = torch.zeros(100, 200, dtype=torch.bool)
+    expected[35:45, 110:120] = True
+    assert torch.equal(merged.masks[0], expected)
+    assert merged.boxes.tolist() == [[110, 35, 120, 45]]
+
+
+def test_a_tile_whose_outputs_are_not_finite_fails_its_image():
+    bad = Prediction(boxes=torch.zeros(0, 4), scores=torch.zeros(0), labels=torch.zeros(0, dtype=torch.int64),
+                     label_names=[], query_indices=torch.zeros(0, dtype=torch.int64), image_size=(50, 60),
+                     error="not finite")
+    good = prediction([[1, 1, 5, 5]], [0.9], [0], (50, 60))
+    merged = merge_detections([((0, 0, 60, 50), good), ((40, 0, 100, 50), bad)], image_size=(50, 100),
+                              settings=SliceSettings(60))
+    assert merged.error == "not finite" and len(merged) == 0
+
+
+@pytest.fixture
+def centre_box_predictor(tiny_config):
+    """Every query of every input predicts one box: the centre fifth of the input (class 2)."""
+    model = fixed_box_model(tiny_config, (0.5, 0.5, 0.2, 0.2), label=2)
+    return Predictor(model, device="cpu", batch_size=3, min_size=64, max_size=100, optimize=False)
+
+
+def test_predictor_slices_maps_back_and_adds_the_whole_image(centre_box_predictor):
+    """A box at each tile's centre, one fifth of the tile, and one at the image's centre, one fifth of the image
+    (the whole-image pass: what is too large for a tile); the queries' identical boxes merge into one per input."""
+    height, width = 240, 400
+    array = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    settings = SliceSettings(160, overlap=0.25)
+    (sliced,) = centre_box_predictor.predict(array, slice=settings, threshold=0.5)
+    windows = tile_windows(height, width, 160, 0.25)
+    expected = [[(x0 + x1) / 2 - 16, (y0 + y1) / 2 - 16, (x0 + x1) / 2 + 16, (y0 + y1) / 2 + 16]
+                for x0, y0, x1, y1 in windows]
+    expected.append([width * 0.4, height * 0.4, width * 0.6, height * 0.6])
+    assert len(sliced) == len(expected) and set(sliced.labels.tolist()) == {2}
+    assert torch.allclose(torch.tensor(sorted(sliced.boxes.tolist())), torch.tensor(sorted(expected)), atol=0.05)
+    # an int is the tile size with the defaults; no slice is the whole image alone
+    assert len(centre_box_predictor.predict(array, slice=160, threshold=0.5)[0]) == len(tile_windows(240, 400, 160,
+                                                                                                     0.2)) + 1
+    (whole,) = centre_box_predictor.predict(array, threshold=0.5)
+    assert torch.allclose(whole.boxes, torch.tensor([expected[-1]]), atol=0.05)
+
+
+def test_predictor_refuses_attention_and_panoptic_with_slicing(centre_box_predictor):
+    array = np.zeros((64, 64, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match="attention maps are not supported with slicing"):
+        centre_box_predictor.predict(array, slice=32, return_attention=True)
+    with pytest.raises(ValueError, match="slice size"):
+        centre_box_predictor.predict(array, slice=0)
+
+
+def test_predictor_refuses_panoptic_with_slicing(tiny_config):
+    torch.manual_seed(0)
+    model = build_detr_panoptic(tiny_config.replace(hidden_dim=128, num_heads=8)).eval()
+    predictor = Predictor(model, device="cpu", min_size=64, max_size=96, is_thing=[True] * 3 + [False] * 2)
+    with pytest.raises(ValueError, match="task 'panoptic' is not supported with slicing"):
+        predictor.predict(np.zeros((64, 64, 3), dtype=np.uint8), slice=32, task="panoptic")
