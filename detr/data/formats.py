@@ -10,6 +10,7 @@ split of the two others into the :class:`~detr.data.converted.ConvertedSplit` th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from detr.data.converted import ConvertedSplit, DataFormat, LabelFileError
 from detr.data.voc import is_voc_folder, read_voc_split
@@ -74,3 +75,12 @@ def read_split(path: str | Path, split: str, data_format: DataFormat | None = No
     if data_format == "voc":
         return read_voc_split(path, split)
     raise LabelFileError(f"'{path}' is a COCO data set: read it with detr.data.coco.load_coco_json")
+
+
+def load_split(path: str | Path, split: str, data_format: DataFormat) -> dict[str, Any]:
+    """The COCO dict of a YOLO or VOC split that has no label problem (a data set's ``read_annotations``).
+
+    Raises:
+        LabelFileError: the split cannot be read, or has lines or files that cannot be (the first few named).
+    """
+    return read_split(path, split, data_format).require_clean().data
