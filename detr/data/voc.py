@@ -164,7 +164,10 @@ def read_voc_split(source: str | Path, split: str) -> ConvertedSplit:
         problems += bad
         if parsed is None:
             continue
-        image: dict[str, Any] = {"id": image_id, "file_name": parsed.file_name}
+        file_name = parsed.file_name
+        if not (root / "JPEGImages" / file_name).is_file() and (root / "JPEGImages" / f"{stem}.jpg").is_file():
+            file_name = f"{stem}.jpg"  # a <filename> without its suffix, or from before a rename: the id's image
+        image: dict[str, Any] = {"id": image_id, "file_name": file_name}
         if parsed.width > 0 and parsed.height > 0:
             image["width"], image["height"] = parsed.width, parsed.height
         images.append(image)

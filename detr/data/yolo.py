@@ -267,7 +267,7 @@ def read_yolo_split(source: str | Path, split: str, *, cache_file: Path | None =
         if not labels.is_file():
             continue  # an image without objects
         try:
-            text = labels.read_text(encoding="utf-8")
+            text = labels.read_text(encoding="utf-8-sig")  # a byte-order mark from Windows editors: not a value
         except (OSError, UnicodeDecodeError) as error:
             problems.append(LabelProblem(labels, None, f"cannot be read ({error})", "unreadable_label_file"))
             continue

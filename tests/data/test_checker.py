@@ -499,3 +499,11 @@ def test_cli_checks_a_yolo_or_voc_data_set_from_one_path(tmp_path: Path, capsys:
     assert "voc val split" in capsys.readouterr().out
     assert check_data.main([str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+    from detr.data.shapes import ShapesConfig, write_shapes_dataset
+
+    shapes = tmp_path / "shapes"  # a folder in COCO's layout: each split's json
+    write_shapes_dataset(shapes, ShapesConfig(num_train=2, num_val=2, image_size=64, min_object_size=12,
+                                              max_object_size=32))
+    assert check_data.main([str(shapes), "--min-images-per-class", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "coco train split" in out and "coco val split" in out

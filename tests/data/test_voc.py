@@ -73,3 +73,10 @@ def test_a_missing_split_file_says_what_to_write(tmp_path: Path) -> None:
         read_voc_split(root, "test")
     (root / "ImageSets" / "Main" / "train.txt").rename(root / "ImageSets" / "Main" / "trainval.txt")
     assert read_voc_split(root, "train").source.name == "trainval.txt"
+
+
+def test_a_filename_without_its_suffix_finds_the_image_of_its_id(tmp_path: Path) -> None:
+    root = write_voc_set(tmp_path)
+    xml_file = root / "Annotations" / "2008_000003.xml"
+    xml_file.write_text(xml_file.read_text().replace("<filename>2008_000003.jpg<", "<filename>2008_000003<"))
+    assert read_voc_split(root, "val").data["images"][0]["file_name"] == "2008_000003.jpg"

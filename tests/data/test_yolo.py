@@ -67,7 +67,7 @@ def test_boxes_and_names_match_supervision(tmp_path: Path) -> None:
 def test_every_bad_line_is_named_by_file_and_line(tmp_path: Path) -> None:
     data_yaml = write_yolo_set(tmp_path)
     bad = tmp_path / "labels" / "train" / "a.txt"
-    bad.write_text("0 0.5 0.5 0.25 0.5\n0 0.5 0.5 0.25\n7 0.5 0.5 0.1 0.1\n1 12 30 40 20\n2 0.5 0.5 0 0.1\n"
+    bad.write_text("\ufeff0 0.5 0.5 0.25 0.5\n0 0.5 0.5 0.25\n7 0.5 0.5 0.1 0.1\n1 12 30 40 20\n2 0.5 0.5 0 0.1\n"
                    "x 0.5 0.5 0.1 0.1\n1 0.1 0.1 0.2\n")
     split = read_yolo_split(data_yaml, "train")
     problems = {problem.line: problem for problem in split.problems}
