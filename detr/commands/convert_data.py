@@ -9,7 +9,8 @@
 COCO json out: the json's file_name entries are relative to the split's image folder, which the command prints
 (train with `--data.train_images FOLDER --data.train_annotations JSON`, or check with `detr-check-data FOLDER JSON`).
 VOC's difficult objects are crowd boxes (ignored by training and evaluation). YOLO out: images/<split>/,
-labels/<split>/ (class cx cy w h, normalised) and data.yaml; crowd boxes have no YOLO form and are left out.
+labels/<split>/ (class cx cy w h, normalised; --segments: polygons as class x1 y1 x2 y2 ...) and data.yaml; crowd
+boxes have no YOLO form and are left out.
 A label line or file that cannot be read stops the conversion, naming it (--skip-bad-labels leaves them out).
 The readers: detr.data.yolo and detr.data.voc; `detr fit --data.format yolo|voc` trains on the data as it is.
 """
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
                         "relative to it)")
     parser.add_argument("--link", action="store_true", help="--to yolo: hard-link the images instead of copying "
                         "them (where the file system allows)")
+    parser.add_argument("--segments", action="store_true", help="--to yolo: write polygon segmentations as YOLO "
+                        "segmentation lines (class x1 y1 x2 y2 ...) instead of their boxes")
     parser.add_argument("--skip-bad-labels", action="store_true", help="write the data set without the label lines "
                         "and files that cannot be read (each named on stderr) instead of stopping")
     args = parser.parse_args(argv)
@@ -71,10 +74,11 @@ def convert(args: argparse.Namespace) -> int:
             split.require_clean()
         data, images_dir = split.data, split.images_dir
     if args.to == "yolo":
-        counts = write_yolo(data, images_dir, args.out, args.split, link=args.link)
+        counts = write_yolo(data, images_dir, args.out, args.split, link=args.link, segments=args.segments)
         crowd = f", {counts['crowd_left_out']} crowd box(es) left out" if counts["crowd_left_out"] else ""
-        print(f"wrote {counts['images']} images and {counts['boxes']} boxes to {Path(args.out) / 'data.yaml'} "
-              f"({args.split} split){crowd}")
+        polygons = f" ({counts['polygons']} as polygons)" if counts["polygons"] else ""
+        print(f"wrote {counts['images']} images and {counts['boxes']} objects{polygons} to "
+              f"{Path(args.out) / 'data.yaml'} ({args.split} split){crowd}")
         return 0
     text = json.dumps(data, ensure_ascii=False).encode()
     write_atomically(args.out, lambda file: file.write(text))

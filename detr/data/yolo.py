@@ -282,16 +282,18 @@ def read_yolo_split(source: str | Path, split: str, *, cache_file: Path | None =
 
 
 def write_yolo(data: dict[str, Any], images_dir: str | Path, out_dir: str | Path, split: str, *,
-               link: bool = False) -> dict[str, int]:
+               link: bool = False, segments: bool = False) -> dict[str, int]:
     """Write a COCO instances dict and its images as split ``split`` of a YOLO data set in ``out_dir``.
 
     ``out_dir/images/<split>/`` gets the images (copied, or hard-linked with ``link`` where the file system
     allows), ``out_dir/labels/<split>/`` one ``class cx cy w h`` line per box (normalised to the image's size;
     class ids: the categories numbered 0..K-1 by increasing id), and ``out_dir/data.yaml`` the names and this split
-    (added to the splits an existing one lists). Crowd annotations have no YOLO form and are left out.
+    (added to the splits an existing one lists). Crowd annotations have no YOLO form and are left out. With
+    ``segments``, an annotation with a polygon ``segmentation`` is written as a polygon line ``class x1 y1 x2 y2 ...``
+    (the parts of a polygon in several parts one after another; an RLE stays a box).
 
     Returns:
-        counts: "images", "boxes", "crowd_left_out".
+        counts: "images", "boxes" (lines written, polygons included), "polygons", "crowd_left_out".
     """
     images_dir, out_dir = Path(images_dir), Path(out_dir)
     categories = sorted(data["categories"], key=lambda category: category["id"])
@@ -299,7 +301,7 @@ def write_yolo(data: dict[str, Any], images_dir: str | Path, out_dir: str | Path
     by_image: dict[Any, list[dict[str, Any]]] = {}
     for annotation in data.get("annotations", []):
         by_image.setdefault(annotation["image_id"], []).append(annotation)
-    counts = {"images": 0, "boxes": 0, "crowd_left_out": 0}
+    counts = {"images": 0, "boxes": 0, "polygons": 0, "crowd_left_out": 0}
     for image in data["images"]:
         source = images_dir / image["file_name"]
         target = out_dir / "images" / split / image["file_name"]
@@ -321,9 +323,17 @@ def write_yolo(data: dict[str, Any], images_dir: str | Path, out_dir: str | Path
             if annotation.get("iscrowd", 0):
                 counts["crowd_left_out"] += 1
                 continue
+            class_id = class_of[annotation["category_id"]]
+            polygon = annotation.get("segmentation")
+            if segments and isinstance(polygon, list) and polygon and all(isinstance(p, list) for p in polygon):
+                points = [v for part in polygon for v in part]
+                lines.append(f"{class_id} " + " ".join(f"{v / (width if i % 2 == 0 else height):.6f}"
+                                                       for i, v in enumerate(points)))
+                counts["polygons"] += 1
+                continue
             x, y, w, h = (float(v) for v in annotation["bbox"])
-            lines.append(f"{class_of[annotation['category_id']]} {(x + w / 2) / width:.6f} "
-                         f"{(y + h / 2) / height:.6f} {w / width:.6f} {h / height:.6f}")
+            lines.append(f"{class_id} {(x + w / 2) / width:.6f} {(y + h / 2) / height:.6f} {w / width:.6f} "
+                         f"{h / height:.6f}")
         labels = out_dir / "labels" / split / Path(image["file_name"]).with_suffix(".txt")
         labels.parent.mkdir(parents=True, exist_ok=True)
         labels.write_text("".join(line + "\n" for line in lines), encoding="utf-8")

@@ -50,7 +50,7 @@ def test_coco_json_to_yolo_and_back(tmp_path: Path, capsys) -> None:
     assert convert_data.main([str(data_yaml), "--out", str(json_file)]) == 0
     assert convert_data.main([str(json_file), "--images", str(tmp_path / "data" / "images" / "train"), "--to", "yolo",
                               "--out", str(tmp_path / "yolo")]) == 0
-    assert "wrote 4 images and 4 boxes" in capsys.readouterr().out
+    assert "wrote 4 images and 4 objects to" in capsys.readouterr().out
     again = tmp_path / "again.json"
     assert convert_data.main([str(tmp_path / "yolo"), "--out", str(again)]) == 0
     import json
@@ -72,3 +72,14 @@ def test_a_bad_label_stops_the_conversion_naming_its_line(tmp_path: Path, capsys
     assert not (tmp_path / "x.json").exists()
     assert convert_data.main([str(data_yaml), "--out", str(tmp_path / "x.json"), "--skip-bad-labels"]) == 0
     assert f"left out: {bad}:2" in capsys.readouterr().err
+
+
+def test_polygons_go_to_yolo_segmentation_lines_and_back(tmp_path: Path, capsys) -> None:
+    data_yaml = write_yolo_set(tmp_path / "data")
+    json_file = tmp_path / "train.json"
+    assert convert_data.main([str(data_yaml), "--out", str(json_file)]) == 0
+    assert convert_data.main([str(json_file), "--images", str(tmp_path / "data" / "images" / "train"), "--to", "yolo",
+                              "--segments", "--out", str(tmp_path / "yolo")]) == 0
+    assert "(1 as polygons)" in capsys.readouterr().out
+    assert (tmp_path / "yolo" / "labels" / "train" / "d.txt").read_text().splitlines()[0] == (
+        "1 0.250000 0.250000 0.750000 0.250000 0.750000 0.750000 0.250000 0.750000")

@@ -111,7 +111,7 @@ def test_coco_to_yolo_and_back_keeps_the_boxes(tmp_path: Path) -> None:
     split = read_yolo_split(data_yaml, "train")
     split.data["annotations"][0]["iscrowd"] = 1  # no YOLO form: left out
     counts = write_yolo(split.data, split.images_dir, tmp_path / "out", "train")
-    assert counts == {"images": 4, "boxes": 3, "crowd_left_out": 1}
+    assert counts == {"images": 4, "boxes": 3, "polygons": 0, "crowd_left_out": 1}
     again = read_yolo_split(tmp_path / "out", "train")
     before, after = boxes_by_file(split), boxes_by_file(again)
     before["a.png"] = before["a.png"][1:]
