@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
                         "images, else 0: in this process)")
     parser.add_argument("--max-per-kind", type=positive_int, default=20, help="problems listed per kind")
     parser.add_argument("--cache", action="store_true",
-                        help="remember each image read in JSON.imagecache beside the json (as `detr fit` does) and "
-                        "reread only files whose size or mtime changed")
+                        help="remember each image read in JSON.imagecache beside the json (YOLO, VOC: beside the "
+                        "split's folder or list file; as `detr fit` does) and reread only files whose size or mtime "
+                        "changed")
     parser.add_argument("--min-images-per-class", type=non_negative_int, default=10,
                         help="warn about categories with boxes on fewer images (default 10; 0: no check)")
     parser.add_argument("--checkpoint", default=None,
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     images = Path(args.images_dir)
     annotations = Path(args.annotations_json) if args.annotations_json is not None else None
-    if annotations is not None and images.is_file() and annotations.is_dir():  # said "does not exist" of a folder that exists
+    # said "does not exist" of a folder that exists
+    if annotations is not None and images.is_file() and annotations.is_dir():
         parser.error(f"IMAGES_DIR comes first, then ANNOTATIONS_JSON: {images} is a file and {annotations} a folder; "
                      f"swap them: detr-check-data {annotations} {images}")
     from detr.data.checker import check_dataset, format_problems, has_errors  # after --help: no image pipeline
@@ -69,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     options = {"num_queries": num_queries, "decode_images": not args.quick, "workers": args.workers, "progress": True,
                "min_images_per_class": args.min_images_per_class, "checkpoint": checkpoint}
     if annotations is not None:
-        problems = check_dataset(images, annotations, cache_file=default_cache_file(annotations) if args.cache else None,
-                                 **options)
+        cache_file = default_cache_file(annotations) if args.cache else None
+        problems = check_dataset(images, annotations, cache_file=cache_file, **options)
         print(format_problems(problems, max_per_kind=args.max_per_kind))
         failed = has_errors(problems)
     else:

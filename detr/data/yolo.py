@@ -2,7 +2,8 @@
 
 What is read (Ultralytics' conventions)::
 
-    data.yaml      path: .            # the data set's root (relative: to the yaml's folder; absent: that folder)
+    data.yaml      path: .            # the data set's root (relative: to the yaml's folder, else, as Ultralytics
+                                      # reads it, to the working directory; absent: the yaml's folder)
                    train: images/train # a folder of images, a .txt list of image paths, or a list of either
                    val: images/val
                    names: [cat, dog]   # or {0: cat, 1: dog}: class id → name
@@ -114,7 +115,8 @@ def read_layout(source: str | Path) -> YoloLayout:
         raise LabelFileError(f"'{yaml_file}': nc is {count} but 'names' lists {len(names)} classes; make them agree "
                              "(or drop nc)")
     root = Path(data["path"]) if data.get("path") else Path()
-    root = root if root.is_absolute() else yaml_file.parent / root
+    if not root.is_absolute() and ((yaml_file.parent / root).is_dir() or not root.is_dir()):
+        root = yaml_file.parent / root  # else Ultralytics' reading: relative to the working directory
     splits: dict[str, list[Path]] = {}
     for split in ("train", "val", "test"):
         entries = data.get(split)
@@ -167,7 +169,7 @@ def split_images(layout: YoloLayout, split: str) -> tuple[list[Path], list[Label
         if entry.is_dir():
             images += [path for path in entry.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file()]
         elif entry.is_file():
-            for number, line in enumerate(entry.read_text(encoding="utf-8").splitlines(), start=1):
+            for line in entry.read_text(encoding="utf-8-sig").splitlines():
                 if line.strip():
                     path = Path(line.strip())
                     images.append(path if path.is_absolute() else entry.parent / path)
