@@ -14,7 +14,7 @@ from typing import Any
 
 from detr.data.converted import ConvertedSplit, DataFormat, LabelFileError
 from detr.data.voc import is_voc_folder, read_voc_split
-from detr.data.yolo import YAML_NAMES, read_layout, read_yolo_split
+from detr.data.yolo import YAML_NAMES, label_path, read_layout, read_yolo_split
 
 #: Every format, for messages and choices.
 FORMATS: tuple[DataFormat, ...] = ("coco", "yolo", "voc")
@@ -42,6 +42,10 @@ def detect_format(path: str | Path) -> DataFormat:
             return "coco"
         if (path / "images").is_dir() and (path / "labels").is_dir():
             return "yolo"  # without its data.yaml: read_layout says what to write
+        labels = label_path(path / "x.jpg").parent
+        if labels != path and labels.is_dir():
+            raise ValueError(f"'{path}' looks like a split folder of a YOLO data set (its labels are in '{labels}'): "
+                             "pass the data.yaml, or the folder that holds it")
     elif not path.exists():
         raise ValueError(f"'{path}' does not exist; pass a COCO json, a YOLO data.yaml (or its folder) or a Pascal "
                          "VOC folder")

@@ -23,3 +23,5 @@ def test_each_format_is_told_from_its_path(tmp_path: Path) -> None:
     (tmp_path / "photos").mkdir()
     with pytest.raises(ValueError, match="cannot tell the format of .*photos"):
         detect_format(tmp_path / "photos")
+    with pytest.raises(ValueError, match=r"looks like a split folder of a YOLO data set .* pass the data\.yaml"):
+        detect_format(tmp_path / "yolo" / "images" / "train")

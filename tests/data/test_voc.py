@@ -80,3 +80,15 @@ def test_a_filename_without_its_suffix_finds_the_image_of_its_id(tmp_path: Path)
     xml_file = root / "Annotations" / "2008_000003.xml"
     xml_file.write_text(xml_file.read_text().replace("<filename>2008_000003.jpg<", "<filename>2008_000003<"))
     assert read_voc_split(root, "val").data["images"][0]["file_name"] == "2008_000003.jpg"
+
+
+def test_without_image_sets_every_xml_is_the_train_split(tmp_path: Path) -> None:
+    import shutil
+
+    root = write_voc_set(tmp_path)
+    shutil.rmtree(root / "ImageSets")
+    split = read_voc_split(root, "train")
+    assert len(split.data["images"]) == 3 and split.source == root / "Annotations"
+    assert dataset_splits(root, "voc") == ["train"]
+    with pytest.raises(LabelFileError, match=r"no ImageSets/Main/: .* write ImageSets/Main/val\.txt"):
+        read_voc_split(root, "val")
