@@ -577,8 +577,11 @@ class DetrDataModule(CocoFormatDataModule):
                     "test": (test_images, test_annotations)}
         #: split → the reader of a YOLO or VOC root's split (the data set's ``read_annotations``)
         self.readers: dict[str, Callable[[], dict[str, Any]]] = {}
+        if format not in (None, "coco", "yolo", "voc"):
+            raise ValueError(f"--data.format must be 'coco', 'yolo' or 'voc' (or null: told from --data.root), got "
+                             f"{format!r}")
         data_format = format if root is None or format is not None else _root_format(root)
-        if data_format in ("yolo", "voc"):
+        if root is not None and data_format in ("yolo", "voc"):
             self.paths = self._converted_paths(root, data_format, explicit)
         else:
             self.paths = split_paths(root, explicit, "instances_{split}2017.json",
@@ -626,6 +629,10 @@ class DetrDataModule(CocoFormatDataModule):
             self.readers[split] = functools.partial(load_split, root, split, data_format)
             logger.info("%s %s split: %d images from '%s'", data_format, split, len(converted.data["images"]),
                         converted.source)
+        if not paths:
+            fix = ("add `train: images/train` and `val: images/val` to its data.yaml" if data_format == "yolo"
+                   else "list the splits' image ids in ImageSets/Main/train.txt and val.txt")
+            raise ValueError(f"data root '{root}' ({data_format}) has no train or val split: {fix}")
         return paths
 
     # ------------------------------------------------------------------ data sets

@@ -308,3 +308,8 @@ def test_a_bad_label_line_stops_the_data_module_naming_it(tmp_path: Path) -> Non
         DetrDataModule(root=str(data_yaml), num_workers=0)
     with pytest.raises(ValueError, match="has no Annotations"):
         DetrDataModule(root=str(tmp_path), format="voc", num_workers=0)
+    with pytest.raises(ValueError, match="--data.format must be 'coco', 'yolo' or 'voc'"):
+        DetrDataModule(root=str(tmp_path), format="pascal", num_workers=0)
+    data_yaml.write_text("names: [cat]\n")
+    with pytest.raises(ValueError, match=r"\(yolo\) has no train or val split: add `train: images/train`"):
+        DetrDataModule(root=str(data_yaml), num_workers=0)
