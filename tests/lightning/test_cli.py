@@ -206,3 +206,14 @@ def test_fit_on_a_yolo_folder_as_it_is(tmp_path: Path) -> None:
     model = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert list(model.meta.category_map.names) == YOLO_NAMES
     assert main(tiny_fit_args(data_yaml, tmp_path / "again", "--trainer.max_steps=1")) == 0
+
+
+def test_fit_on_a_voc_folder_as_it_is(tmp_path: Path) -> None:
+    """The same on a Pascal VOC folder: its difficult box is left out of training and ignored by the evaluation."""
+    from tests.helpers import write_voc_set
+
+    root = write_voc_set(tmp_path / "voc")
+    assert main(tiny_fit_args(root, tmp_path / "run", "--trainer.max_steps=1", "--data.batch_size=2",
+                              "--data.val_batch_size=1")) == 0
+    assert list(load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt").meta.category_map.names) == [
+        "cat", "dog", "person"]
