@@ -62,6 +62,10 @@ def convert(args: argparse.Namespace) -> int:
     if data_format == "coco":
         if args.to == "coco":
             raise ValueError(f"{args.source} is COCO already: pass --to yolo to write it in the YOLO layout")
+        if Path(args.source).is_dir():
+            raise ValueError(f"{args.source} is a folder in COCO's layout: pass one of its instances jsons (e.g. "
+                             f"{Path(args.source) / 'annotations' / 'instances_train2017.json'}) and --images with "
+                             "its image folder")
         if args.images is None:
             raise ValueError(f"{args.source} is a COCO json: pass --images FOLDER, the folder its file_name entries "
                              "are relative to")

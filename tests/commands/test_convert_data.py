@@ -83,3 +83,14 @@ def test_polygons_go_to_yolo_segmentation_lines_and_back(tmp_path: Path, capsys)
     assert "(1 as polygons)" in capsys.readouterr().out
     assert (tmp_path / "yolo" / "labels" / "train" / "d.txt").read_text().splitlines()[0] == (
         "1 0.250000 0.250000 0.750000 0.250000 0.750000 0.750000 0.250000 0.750000")
+
+
+def test_what_a_coco_source_needs_is_named(tmp_path: Path, capsys) -> None:
+    (tmp_path / "coco" / "annotations").mkdir(parents=True)
+    assert convert_data.main([str(tmp_path / "coco"), "--to", "yolo", "--out", str(tmp_path / "y")]) == 2
+    assert "pass one of its instances jsons" in capsys.readouterr().err
+    (tmp_path / "a.json").write_text("{}")
+    assert convert_data.main([str(tmp_path / "a.json"), "--to", "yolo", "--out", str(tmp_path / "y")]) == 2
+    assert "pass --images FOLDER" in capsys.readouterr().err
+    assert convert_data.main([str(tmp_path / "a.json"), "--out", str(tmp_path / "b.json")]) == 2
+    assert "is COCO already" in capsys.readouterr().err
