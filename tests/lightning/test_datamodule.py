@@ -313,3 +313,19 @@ def test_a_bad_label_line_stops_the_data_module_naming_it(tmp_path: Path) -> Non
     data_yaml.write_text("names: [cat]\n")
     with pytest.raises(ValueError, match=r"\(yolo\) has no train or val split: add `train: images/train`"):
         DetrDataModule(root=str(data_yaml), num_workers=0)
+
+
+def test_yolo_segmentation_polygons_give_instance_masks(tmp_path: Path) -> None:
+    """A YOLO segmentation set (every line a polygon) trains masks: each polygon's pixels in its target."""
+    from tests.helpers import write_yolo_set
+
+    data_yaml = write_yolo_set(tmp_path)
+    for split in ("train", "val"):
+        for label_file in (tmp_path / "labels" / split).rglob("*.txt"):
+            label_file.write_text("".join(f"{line.split()[0]} 0.25 0.25 0.75 0.25 0.75 0.75 0.25 0.75\n"
+                                          for line in label_file.read_text().splitlines() if line.strip()))
+    data = DetrDataModule(root=str(data_yaml), num_workers=0, square_size=64, masks=True)
+    _, target = data.val_dataset[0]  # e.png: one square over the middle half, 64 x 48 → 64 x 64
+    assert target["masks"].shape == (1, 64, 64)
+    assert target["boxes_xyxy"].tolist() == [[16.0, 16.0, 48.0, 48.0]]
+    assert 0.2 < target["masks"].float().mean() < 0.3  # a quarter of the image
