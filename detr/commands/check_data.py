@@ -116,7 +116,7 @@ def check_each_split(data: Path, splits: list[str] | None, options: dict, *, cac
             problems = check_dataset(images, json_file, cache_file=default_cache_file(json_file) if cache else None,
                                      **options)
         else:
-            converted = read_split(data, split, data_format)
+            converted = read_split(data, split, data_format, cache=cache)
             where = converted.source
             problems = check_converted(converted, cache_file=default_cache_file(converted.source) if cache else None,
                                        **options)

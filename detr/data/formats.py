@@ -66,8 +66,9 @@ def dataset_splits(path: str | Path, data_format: DataFormat) -> list[str]:
 
 
 def read_split(path: str | Path, split: str, data_format: DataFormat | None = None, *,
-               cache_file: Path | None = None) -> ConvertedSplit:
-    """Split ``split`` of the YOLO or VOC data set at ``path`` as a COCO dict (problems listed, not raised).
+               cache: bool = False) -> ConvertedSplit:
+    """Split ``split`` of the YOLO or VOC data set at ``path`` as a COCO dict (problems listed, not raised);
+    ``cache``: a YOLO split's image sizes are remembered (:func:`detr.data.yolo.read_yolo_split`).
 
     Raises:
         LabelFileError: the data set cannot be read at all (no data.yaml, no Annotations/, no such split), or
@@ -75,16 +76,16 @@ def read_split(path: str | Path, split: str, data_format: DataFormat | None = No
     """
     data_format = data_format or detect_format(path)
     if data_format == "yolo":
-        return read_yolo_split(path, split, cache_file=cache_file)
+        return read_yolo_split(path, split, cache=cache)
     if data_format == "voc":
         return read_voc_split(path, split)
     raise LabelFileError(f"'{path}' is a COCO data set: read it with detr.data.coco.load_coco_json")
 
 
-def load_split(path: str | Path, split: str, data_format: DataFormat) -> dict[str, Any]:
+def load_split(path: str | Path, split: str, data_format: DataFormat, cache: bool = False) -> dict[str, Any]:
     """The COCO dict of a YOLO or VOC split that has no label problem (a data set's ``read_annotations``).
 
     Raises:
         LabelFileError: the split cannot be read, or has lines or files that cannot be (the first few named).
     """
-    return read_split(path, split, data_format).require_clean().data
+    return read_split(path, split, data_format, cache=cache).require_clean().data

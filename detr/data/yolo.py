@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from detr.data.converted import ConvertedSplit, LabelFileError, LabelProblem, coco_dict
-from detr.data.image_checks import read_images
+from detr.data.image_checks import default_cache_file, read_images
 from detr.data.images import IMAGE_SUFFIXES
 
 #: How far (normalised units) a coordinate may pass 0 or 1 from rounding before it counts as outside.
@@ -243,12 +243,13 @@ def parse_label_lines(path: Path, text: str, names: dict[int, str], width: int, 
     return annotations, problems
 
 
-def read_yolo_split(source: str | Path, split: str, *, cache_file: Path | None = None) -> ConvertedSplit:
+def read_yolo_split(source: str | Path, split: str, *, cache: bool = False) -> ConvertedSplit:
     """Split ``split`` of the YOLO data set ``source`` (a data.yaml or its folder) as a COCO dict.
 
     Every image of the split is an entry (width and height from its header; a file that cannot be read has
-    none, and the checks name it); each readable line of its label file an annotation. ``cache_file``: where the
-    image checks remember header reads (:mod:`detr.data.image_checks`).
+    none, and the checks name it); each readable line of its label file an annotation. ``cache``: remember the
+    header reads where the image checks keep theirs (beside the split's folder or list file:
+    :mod:`detr.data.image_checks`), so that the checks and the next run read only changed files.
 
     Raises:
         LabelFileError: no data.yaml, unusable ``names``, or no such split. Bad lines are listed in ``problems``.
@@ -257,6 +258,7 @@ def read_yolo_split(source: str | Path, split: str, *, cache_file: Path | None =
     image_paths, problems = split_images(layout, split)
     folders = [str(path.parent) for path in image_paths] or [str(layout.root)]
     images_dir = Path(os.path.commonpath(folders))
+    cache_file = default_cache_file(layout.splits[split][0]) if cache else None
     readings = read_images(image_paths, decode=False, annotations_file=layout.yaml_file, cache_file=cache_file)
     images, annotations = [], []
     for image_id, (path, reading) in enumerate(zip(image_paths, readings, strict=True), start=1):

@@ -623,10 +623,11 @@ class DetrDataModule(CocoFormatDataModule):
         for split in dataset_splits(root, data_format):
             if split in paths or split not in ("train", "val", "test"):
                 continue
-            converted = read_split(root, split, data_format).require_clean()
+            # image sizes remembered where the start-up checks keep their reads (CheckData's cache): read once
+            converted = read_split(root, split, data_format, cache=True).require_clean()
             paths[split] = (converted.images_dir, converted.source)
             self._json_cache[converted.source] = converted.data
-            self.readers[split] = functools.partial(load_split, root, split, data_format)
+            self.readers[split] = functools.partial(load_split, root, split, data_format, cache=True)
             logger.info("%s %s split: %d images from '%s'", data_format, split, len(converted.data["images"]),
                         converted.source)
         if not paths:

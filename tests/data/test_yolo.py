@@ -120,3 +120,12 @@ def test_coco_to_yolo_and_back_keeps_the_boxes(tmp_path: Path) -> None:
         assert [n for n, _ in after[name]] == [n for n, _ in before[name]]
         np.testing.assert_allclose([b for _, b in after[name]] or np.zeros((0, 4)),
                                    [b for _, b in before[name]] or np.zeros((0, 4)), atol=1e-3)
+
+
+def test_image_sizes_are_remembered_where_the_checks_keep_their_reads(tmp_path: Path) -> None:
+    data_yaml = write_yolo_set(tmp_path)
+    read_yolo_split(data_yaml, "val", cache=True)
+    cache_file = tmp_path / "images" / "val.imagecache"
+    assert cache_file.is_file()
+    (tmp_path / "images" / "val" / "e.png").write_bytes(b"")  # a changed file is read again
+    assert "height" not in read_yolo_split(data_yaml, "val", cache=True).data["images"][0]
