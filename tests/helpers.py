@@ -357,3 +357,69 @@ def fixed_box_model(tiny_config: dict, box_cxcywh: tuple[float, float, float, fl
         model.class_embed.bias.fill_(-10.0)
         model.class_embed.bias[label] = 10.0
     return model
+
+
+#: The YOLO fixture (:func:`write_yolo_set`): classes, and per image its size (width, height) and label lines;
+#: None: no label file. 64 × 48 images, so that a width and a height mixed up show.
+YOLO_NAMES = ["cat", "dog", "bird"]
+YOLO_IMAGES: dict[str, dict[str, tuple[tuple[int, int], str | None]]] = {
+    "train": {"a.png": ((64, 48), "0 0.5 0.5 0.25 0.5\n2 0.25 0.25 0.125 0.25\n"),
+              "b.jpg": ((64, 48), ""),              # an empty label file: no objects
+              "sub/c.png": ((48, 64), None),        # no label file at all, in a subfolder
+              "d.png": ((64, 48), "1 0.25 0.25 0.75 0.25 0.75 0.75 0.25 0.75\n0 0.75 0.5 0.25 0.5\n")},  # polygon
+    "val": {"e.png": ((64, 48), "1 0.5 0.5 0.5 0.5\n\n"), "f.png": ((64, 48), "2 0.5 0.25 0.25 0.25\n")},
+}
+
+
+def _write_image(path: Path, size: tuple[int, int]) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (90, 120, 150)).save(path)
+
+
+def write_yolo_set(root: Path, *, names_as_dict: bool = False, list_files: bool = False) -> Path:
+    """The YOLO fixture (:data:`YOLO_IMAGES`) in ``root``: images/<split>/, labels/<split>/ and data.yaml (names as
+    a list, or as ``{id: name}``; splits as folders, or as .txt lists of image paths); returns the data.yaml."""
+    for split, images in YOLO_IMAGES.items():
+        for name, (size, labels) in images.items():
+            _write_image(root / "images" / split / name, size)
+            if labels is not None:
+                label_file = (root / "labels" / split / name).with_suffix(".txt")
+                label_file.parent.mkdir(parents=True, exist_ok=True)
+                label_file.write_text(labels)
+        if list_files:
+            (root / f"{split}.txt").write_text("".join(f"./images/{split}/{name}\n" for name in images))
+    names = dict(enumerate(YOLO_NAMES)) if names_as_dict else YOLO_NAMES
+    splits = {split: f"{split}.txt" if list_files else f"images/{split}" for split in YOLO_IMAGES}
+    import yaml
+
+    (root / "data.yaml").write_text(yaml.safe_dump({"path": ".", **splits, "names": names}))
+    return root / "data.yaml"
+
+
+#: The VOC fixture (:func:`write_voc_set`): per split, image id → size and objects (name, xmin, ymin, xmax, ymax,
+#: difficult), corners 1-based and inclusive.
+VOC_IMAGES: dict[str, dict[str, tuple[tuple[int, int], list[tuple[str, int, int, int, int, int]]]]] = {
+    "train": {"2008_000001": ((64, 48), [("dog", 1, 1, 32, 24, 0), ("person", 10, 5, 40, 45, 1)]),
+              "2008_000002": ((48, 64), [])},
+    "val": {"2008_000003": ((64, 48), [("cat", 5, 6, 64, 48, 0)])},
+}
+
+
+def write_voc_set(root: Path) -> Path:
+    """The VOC fixture (:data:`VOC_IMAGES`) in ``root``: Annotations/, JPEGImages/, ImageSets/Main/; returns root."""
+    (root / "Annotations").mkdir(parents=True, exist_ok=True)
+    (root / "ImageSets" / "Main").mkdir(parents=True, exist_ok=True)
+    for split, images in VOC_IMAGES.items():
+        (root / "ImageSets" / "Main" / f"{split}.txt").write_text("".join(f"{stem}\n" for stem in images))
+        for stem, ((width, height), objects) in images.items():
+            _write_image(root / "JPEGImages" / f"{stem}.jpg", (width, height))
+            xml_objects = "".join(
+                f"<object><name>{name}</name><pose>Unspecified</pose><truncated>0</truncated>"
+                f"<difficult>{difficult}</difficult><bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin><xmax>{x1}</xmax>"
+                f"<ymax>{y1}</ymax></bndbox></object>" for name, x0, y0, x1, y1, difficult in objects)
+            (root / "Annotations" / f"{stem}.xml").write_text(
+                f"<annotation><folder>VOC2012</folder><filename>{stem}.jpg</filename><size><width>{width}</width>"
+                f"<height>{height}</height><depth>3</depth></size>{xml_objects}</annotation>")
+    return root

@@ -1,7 +1,9 @@
-"""Check a COCO-format data set for what would hurt DETR training.
+"""Check a data set for what would hurt DETR training: COCO, YOLO or Pascal VOC.
 
     detr-check-data data/coco-mini/val2017 data/coco-mini/annotations/instances_val2017.json
     detr-check-data images/ train.json --checkpoint dfine_s_coco.pth   # before a fine-tune
+    detr-check-data my-yolo/data.yaml       # YOLO: a data.yaml or its folder; every split it lists
+    detr-check-data VOCdevkit/VOC2012       # Pascal VOC: the folder with Annotations/
 
 Exit code 0 when nothing would hurt training (warnings may be listed), 1 with the list of errors
 otherwise. The checks themselves: detr.data.checker.
@@ -14,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from detr.inference.command_line import non_negative_int, positive_int
+from detr.inference.command_line import EXPECTED_ERROR_STATUS, non_negative_int, positive_int
 
 if TYPE_CHECKING:
     from detr.data.checker import CheckpointClasses
@@ -22,8 +24,14 @@ if TYPE_CHECKING:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("images_dir", help="folder the json's file_name entries are relative to")
-    parser.add_argument("annotations_json", help="COCO instances json")
+    parser.add_argument("images_dir", metavar="DATA",
+                        help="COCO: the folder the json's file_name entries are relative to (or a folder in COCO's "
+                        "layout: train2017/, val2017/, annotations/); YOLO: a data.yaml or the folder that holds it; "
+                        "Pascal VOC: the folder with Annotations/")
+    parser.add_argument("annotations_json", nargs="?", default=None,
+                        help="COCO instances json (COCO only; YOLO and VOC need the DATA argument alone)")
+    parser.add_argument("--split", action="append", default=None,
+                        help="without a json: check only this split (train, val, test; repeatable; default: all)")
     parser.add_argument("--num-queries", type=positive_int, default=None,
                         help="the model's num_queries: an image with more objects is an error (default: the "
                         "--checkpoint's, else 100, the paper's; configs/demo_shapes_cpu.yaml uses 20). `detr fit` "
@@ -34,16 +42,19 @@ def main(argv: list[str] | None = None) -> int:
                         "images, else 0: in this process)")
     parser.add_argument("--max-per-kind", type=positive_int, default=20, help="problems listed per kind")
     parser.add_argument("--cache", action="store_true",
-                        help="remember each image read in JSON.imagecache beside the json (as `detr fit` does) and "
-                        "reread only files whose size or mtime changed")
+                        help="remember each image read in JSON.imagecache beside the json (YOLO, VOC: beside the "
+                        "split's folder or list file; as `detr fit` does) and reread only files whose size or mtime "
+                        "changed")
     parser.add_argument("--min-images-per-class", type=non_negative_int, default=10,
                         help="warn about categories with boxes on fewer images (default 10; 0: no check)")
     parser.add_argument("--checkpoint", default=None,
                         help="the checkpoint a fine-tune starts from: name the json's categories it was not "
                         "trained on (their class rows start fresh; the others carry over by name)")
     args = parser.parse_args(argv)
-    images, annotations = Path(args.images_dir), Path(args.annotations_json)
-    if images.is_file() and annotations.is_dir():  # said "does not exist" of a folder that exists
+    images = Path(args.images_dir)
+    annotations = Path(args.annotations_json) if args.annotations_json is not None else None
+    # said "does not exist" of a folder that exists
+    if annotations is not None and images.is_file() and annotations.is_dir():
         parser.error(f"IMAGES_DIR comes first, then ANNOTATIONS_JSON: {images} is a file and {annotations} a folder; "
                      f"swap them: detr-check-data {annotations} {images}")
     from detr.data.checker import check_dataset, format_problems, has_errors  # after --help: no image pipeline
@@ -57,15 +68,62 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--checkpoint {args.checkpoint}: {error}")
     num_queries = args.num_queries if args.num_queries is not None else num_queries
 
-    problems = check_dataset(
-        args.images_dir, args.annotations_json, num_queries=num_queries, decode_images=not args.quick,
-        workers=args.workers, cache_file=default_cache_file(args.annotations_json) if args.cache else None,
-        progress=True, min_images_per_class=args.min_images_per_class, checkpoint=checkpoint,
-    )
-    print(format_problems(problems, max_per_kind=args.max_per_kind))
-    failed = has_errors(problems)
+    options = {"num_queries": num_queries, "decode_images": not args.quick, "workers": args.workers, "progress": True,
+               "min_images_per_class": args.min_images_per_class, "checkpoint": checkpoint}
+    if annotations is not None:
+        cache_file = default_cache_file(annotations) if args.cache else None
+        problems = check_dataset(images, annotations, cache_file=cache_file, **options)
+        print(format_problems(problems, max_per_kind=args.max_per_kind))
+        failed = has_errors(problems)
+    else:
+        try:
+            failed = check_each_split(images, args.split, options, cache=args.cache, max_per_kind=args.max_per_kind)
+        except ValueError as error:  # not a data set, or one that cannot be read at all (no data.yaml ...)
+            print(f"error: {error}", file=sys.stderr)
+            return EXPECTED_ERROR_STATUS
     print("FAIL: fix the errors above before training" if failed else "OK: nothing that would hurt training")
     return 1 if failed else 0
+
+
+def check_each_split(data: Path, splits: list[str] | None, options: dict, *, cache: bool, max_per_kind: int
+                     ) -> bool:
+    """Check every split (or ``splits``) of the data set ``data`` in any format, printing each split's report;
+    True when one has errors."""
+    from detr.data.checker import check_converted, check_dataset, format_problems, has_errors
+    from detr.data.formats import dataset_splits, detect_format, read_split
+    from detr.data.image_checks import default_cache_file
+
+    data_format = detect_format(data)
+    if data_format == "coco":
+        if data.is_file():
+            raise ValueError(f"{data} is a COCO json: pass the image folder first, then the json: detr-check-data "
+                             f"IMAGES_DIR {data}")
+        found = {split: (data / f"{split}2017", data / "annotations" / f"instances_{split}2017.json")
+                 for split in ("train", "val", "test")}
+        found = {split: paths for split, paths in found.items() if paths[1].is_file()}
+        if not found:
+            raise ValueError(f"{data}/annotations holds no instances_{{train,val}}2017.json: pass IMAGES_DIR and "
+                             "ANNOTATIONS_JSON")
+    else:
+        found = dict.fromkeys(dataset_splits(data, data_format))
+    failed = False
+    for split in splits or list(found):
+        if split not in found:
+            raise ValueError(f"{data} has no {split} split (it has {', '.join(found) or 'none'})")
+        if data_format == "coco":
+            images, json_file = found[split]
+            where = json_file
+            problems = check_dataset(images, json_file, cache_file=default_cache_file(json_file) if cache else None,
+                                     **options)
+        else:
+            converted = read_split(data, split, data_format, cache=cache)
+            where = converted.source
+            problems = check_converted(converted, cache_file=default_cache_file(converted.source) if cache else None,
+                                       **options)
+        print(f"{data_format} {split} split ({where}):")
+        print(format_problems(problems, max_per_kind=max_per_kind))
+        failed = failed or has_errors(problems)
+    return failed
 
 
 def checkpoint_classes(source: str) -> tuple[CheckpointClasses, int]:

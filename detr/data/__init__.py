@@ -1,4 +1,5 @@
-"""Data: image decoding, the COCO data set, the authors' transforms, batching, synthetic shapes, checks.
+"""Data: image decoding, the COCO data set (and YOLO and Pascal VOC read as COCO), the authors' transforms, batching,
+synthetic shapes, checks.
 
 Flow: image file → :mod:`~detr.data.images` (RGB uint8, EXIF applied) → :class:`~detr.data.coco.CocoDetection`
 (pixel xyxy boxes, labels) → :mod:`~detr.data.transforms` (albumentations) →
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     )
     from detr.data.coco_panoptic import CocoPanoptic
     from detr.data.collate import collate_detection, pad_images
+    from detr.data.formats import detect_format, read_split
     from detr.data.images import ImageFilesDataset, ImageLoadError, decode_image, load_rgb_image
     from detr.data.shapes import SHAPE_NAMES, ShapesConfig, write_shapes_dataset
     from detr.data.shapes_panoptic import write_shapes_panoptic
@@ -41,6 +43,7 @@ __all__ = [
     "check_dataset",
     "collate_detection",
     "decode_image",
+    "detect_format",
     "format_problems",
     "load_coco_json",
     "load_rgb_image",
@@ -48,6 +51,7 @@ __all__ = [
     "make_normalize_transform",
     "make_train_transform",
     "pad_images",
+    "read_split",
     "resize_shape",
     "write_shapes_dataset",
     "write_shapes_panoptic",
@@ -69,6 +73,7 @@ _MODULE_OF = {
     "check_dataset": "detr.data.checker",
     "collate_detection": "detr.data.collate",
     "decode_image": "detr.data.images",
+    "detect_format": "detr.data.formats",
     "format_problems": "detr.data.checker",
     "load_coco_json": "detr.data.coco",
     "load_rgb_image": "detr.data.images",
@@ -76,6 +81,7 @@ _MODULE_OF = {
     "make_normalize_transform": "detr.data.transforms",
     "make_train_transform": "detr.data.transforms",
     "pad_images": "detr.data.collate",
+    "read_split": "detr.data.formats",
     "resize_shape": "detr.data.transforms",
     "write_shapes_dataset": "detr.data.shapes",
     "write_shapes_panoptic": "detr.data.shapes_panoptic",

@@ -56,6 +56,7 @@ from detr.data.coco import (
     is_finite_number,
     load_coco_json,
 )
+from detr.data.converted import ConvertedSplit
 from detr.data.file_names import (
     file_name_problem,
     join_file_name,
@@ -422,6 +423,16 @@ def check_dataset(
             "evaluation reports box AP only")
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(problems, key=lambda p: order[p.severity])  # stable: json order within each group
+
+
+def check_converted(split: ConvertedSplit, **options: Any) -> list[Problem]:
+    """Every problem of a YOLO or VOC split (:mod:`detr.data.converted`): what its reader could not read, each
+    an error named by its label file and line (the file and line as the problem's ``file_name``), then
+    :func:`check_dataset` of the rest, which takes ``options``."""
+    unread = [Problem("error", problem.kind, problem.message,
+                      f"{problem.path}:{problem.line}" if problem.line is not None else str(problem.path))
+              for problem in split.problems]
+    return unread + check_dataset(split.images_dir, split.source, data=split.data, **options)
 
 
 def _first_of(items: list[str], count: int) -> str:

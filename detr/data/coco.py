@@ -357,6 +357,10 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
             that passed the start-up check but fails mid-run must not end a long run.
         coco_data: the already loaded json dict (avoids reading a large file twice); ``annotations_file``
             is still used in messages.
+        read_annotations: how to read the annotations (the COCO dict) when they are not a COCO json: a YOLO or
+            VOC split's reader (:func:`detr.data.formats.load_split`), called when ``coco_data`` is None and for
+            :attr:`coco`; ``annotations_file`` is then the file or folder that lists the split, named in messages.
+            None: read ``annotations_file`` as a COCO json.
         masks: also read each annotation's ``segmentation`` into the targets' ``masks`` (every non-crowd
             annotation needs a usable one, checked at construction); False leaves them out, and box training
             reads and transforms nothing more.
@@ -385,8 +389,10 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         skip_unreadable: bool = False,
         coco_data: dict[str, Any] | None = None,
         masks: bool = False,
+        read_annotations: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.images_dir = Path(images_dir)
+        self.read_annotations = read_annotations
         self.masks = masks
         self.annotations_file = Path(annotations_file)
         self.transform = transform if transform is not None else make_normalize_transform()
@@ -398,7 +404,7 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
             raise ValueError(
                 f"image folder '{self.images_dir}' (for annotation file '{self.annotations_file}') does not exist"
             )
-        data = coco_data if coco_data is not None else load_coco_json(self.annotations_file)
+        data = coco_data if coco_data is not None else self._read_annotations()
         validate_coco_dict(data, self.annotations_file)
         if category_map is None:
             category_map = category_map_from_categories(data["categories"], category_ids)
@@ -427,12 +433,17 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
     def coco(self) -> COCO:
         """pycocotools ``COCO`` of the full json (crowd included): the evaluator's ground truth.
 
-        Built on first use, from ``annotations_file``, in the process that asks (the evaluating main process;
+        Built on first use, from ``annotations_file`` (or ``read_annotations``), in the process that asks (the evaluating main process;
         loader workers never need it), and kept.
         """
         if self._coco is None:
-            self._coco = coco_from_dict(load_coco_json(self.annotations_file))
+            self._coco = coco_from_dict(self._read_annotations())
         return self._coco
+
+    def _read_annotations(self) -> dict[str, Any]:
+        if self.read_annotations is not None:
+            return self.read_annotations()
+        return load_coco_json(self.annotations_file)
 
     @coco.setter
     def coco(self, value: COCO) -> None:

@@ -18,6 +18,7 @@ tells its workers the trainer's epoch: :class:`EpochLoader`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ from detr.checkpoints import read_checkpoint
 from detr.data.coco import CocoDetection, category_map_from_categories, load_coco_json
 from detr.data.collate import MultiScaleCollate, collate_detection
 from detr.data.dense_o2o import DenseO2OTransform, MixUpCollate
+from detr.data.formats import dataset_splits, detect_format, load_split, read_split
 from detr.data.images import ImageFilesDataset
 from detr.data.training_epoch import SharedEpoch, StopAtEpoch
 from detr.data.transforms import (
@@ -465,7 +467,7 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         """``root``, or None when it does not exist and there are ``predict_images``: predict reads only those,
         so a config's root (the demo's data/shapes) need not exist for it. The other stages still name the
         missing root when they ask for its data (:meth:`_require`)."""
-        if predict_images is None or root is None or Path(root).is_dir():
+        if predict_images is None or root is None or Path(root).exists():  # a folder, or a YOLO data.yaml
             return root
         logger.info("data root '%s' does not exist: only predict_images can be used", root)
         self.missing_root = Path(root)
@@ -505,11 +507,16 @@ class CocoFormatDataModule(lightning.LightningDataModule):
 
 
 class DetrDataModule(CocoFormatDataModule):
-    """COCO-format data for DETR.
+    """COCO-format data for DETR, and YOLO and Pascal VOC data read as COCO.
 
     Args:
         root: a folder in COCO's layout: ROOT/train2017/, ROOT/val2017/ and ROOT/annotations/
-            instances_{train,val}2017.json; optional when the explicit paths are given.
+            instances_{train,val}2017.json; or a YOLO data set (a data.yaml, or the folder holding it: its train and
+            val splits) or a Pascal VOC folder (Annotations/, JPEGImages/, ImageSets/Main/train.txt and val.txt), read
+            into COCO's form in memory (:mod:`detr.data.formats`); optional when the explicit paths are given.
+        format: the format of ``root``: "coco", "yolo" or "voc"; None: told from the path (a .yaml or a folder
+            with data.yaml: YOLO; a folder with Annotations/: VOC; otherwise COCO). The explicit paths below are
+            always COCO json.
         train_images: folder of the training images (default: ROOT/train2017).
         train_annotations: COCO instances json of the training images (default:
             ROOT/annotations/instances_train2017.json).
@@ -556,6 +563,7 @@ class DetrDataModule(CocoFormatDataModule):
         skip_bad_images: bool = False,
         categories_from: str | None = None,
         masks: bool = False,
+        format: Literal["coco", "yolo", "voc"] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -567,8 +575,17 @@ class DetrDataModule(CocoFormatDataModule):
         root = self.set_aside_missing_root(root, predict_images)
         explicit = {"train": (train_images, train_annotations), "val": (val_images, val_annotations),
                     "test": (test_images, test_annotations)}
-        self.paths = split_paths(root, explicit, "instances_{split}2017.json",
-                                 layout="train2017/, val2017/ and annotations/")
+        #: split → the reader of a YOLO or VOC root's split (the data set's ``read_annotations``)
+        self.readers: dict[str, Callable[[], dict[str, Any]]] = {}
+        if format not in (None, "coco", "yolo", "voc"):
+            raise ValueError(f"--data.format must be 'coco', 'yolo' or 'voc' (or null: told from --data.root), got "
+                             f"{format!r}")
+        data_format = format if root is None or format is not None else _root_format(root)
+        if root is not None and data_format in ("yolo", "voc"):
+            self.paths = self._converted_paths(root, data_format, explicit)
+        else:
+            self.paths = split_paths(root, explicit, "instances_{split}2017.json",
+                                     layout="train2017/, val2017/ and annotations/")
         self.predict_images = predict_images
         self.skip_bad_images = skip_bad_images
         self.masks = masks
@@ -577,7 +594,7 @@ class DetrDataModule(CocoFormatDataModule):
         for split in ("train", "val", "test"):
             if split in self.paths:
                 json_file = self.paths[split][1]
-                data = load_coco_json(json_file)
+                data = self._json_cache.get(json_file) or load_coco_json(json_file)
                 self._json_cache[json_file] = data
                 if not isinstance(data.get("categories"), list):
                     raise ValueError(f"annotation file '{json_file}' has no 'categories' list")
@@ -598,6 +615,27 @@ class DetrDataModule(CocoFormatDataModule):
                 "val_images + val_annotations, or predict_images"
             )
 
+    def _converted_paths(self, root: str, data_format: Literal["yolo", "voc"],
+                         explicit: dict[str, tuple[str | None, str | None]]) -> dict[str, tuple[Path, Path]]:
+        """Split → (image folder, the file or folder that lists the split) of a YOLO or VOC ``root``, each split
+        read now (its COCO dict kept for the data set and the start-up checks) unless explicit paths replace it."""
+        paths = split_paths(None, explicit, "", layout="")
+        for split in dataset_splits(root, data_format):
+            if split in paths or split not in ("train", "val", "test"):
+                continue
+            # image sizes remembered where the start-up checks keep their reads (CheckData's cache): read once
+            converted = read_split(root, split, data_format, cache=True).require_clean()
+            paths[split] = (converted.images_dir, converted.source)
+            self._json_cache[converted.source] = converted.data
+            self.readers[split] = functools.partial(load_split, root, split, data_format, cache=True)
+            logger.info("%s %s split: %d images from '%s'", data_format, split, len(converted.data["images"]),
+                        converted.source)
+        if not paths:
+            fix = ("add `train: images/train` and `val: images/val` to its data.yaml" if data_format == "yolo"
+                   else "list the splits' image ids in ImageSets/Main/train.txt and val.txt")
+            raise ValueError(f"data root '{root}' ({data_format}) has no train or val split: {fix}")
+        return paths
+
     # ------------------------------------------------------------------ data sets
     def _build_dataset(self, split: Split, images: Path, annotations: Path) -> CocoDetection:
         return CocoDetection(
@@ -611,6 +649,7 @@ class DetrDataModule(CocoFormatDataModule):
             skip_unreadable=split == "train",
             coco_data=self._json_cache.get(annotations),
             masks=self.masks,
+            read_annotations=self.readers.get(split),
         )
 
     def setup(self, stage: str) -> None:
@@ -618,6 +657,15 @@ class DetrDataModule(CocoFormatDataModule):
         wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}.get(stage, ())
         for split in wanted:
             self._dataset(split)  # type: ignore[arg-type]
+
+
+def _root_format(root: str) -> Literal["coco", "yolo", "voc"]:
+    """The format of a data root (:func:`detr.data.formats.detect_format`); COCO where it cannot tell, so that a
+    root that is not a data set gets COCO's message about what it lacks."""
+    try:
+        return detect_format(root)
+    except ValueError:
+        return "coco"
 
 
 def _checkpoint_category_map(path: str) -> CategoryMap | None:

@@ -476,3 +476,34 @@ def test_real_coco_mini_raises_none_of_the_fine_tune_checks() -> None:
         kinds = {p.kind for p in problems}
         assert not kinds & {"boxes_look_like_xyxy", "boxes_look_normalised", "checkpoint_class_head",
                             "few_images_per_class"}, format_problems(problems)
+
+
+def test_cli_checks_a_yolo_or_voc_data_set_from_one_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """detr-check-data took COCO only; a data.yaml, a YOLO folder or a VOC folder alone is enough now, each split
+    checked, each bad label line named by its file and line."""
+    from tests.helpers import write_voc_set, write_yolo_set
+
+    data_yaml = write_yolo_set(tmp_path / "yolo")
+    for source in (data_yaml, data_yaml.parent):
+        assert check_data.main([str(source), "--min-images-per-class", "0"]) == 0
+        out = capsys.readouterr().out
+        assert "yolo train split" in out and "yolo val split" in out and "OK" in out
+    (tmp_path / "yolo" / "labels" / "val" / "f.txt").write_text("0 0.5 0.5 0.2\n5 0.5 0.5 0.1 0.1\n")
+    assert check_data.main([str(data_yaml), "--split", "val"]) == 1
+    out = capsys.readouterr().out
+    assert "train split" not in out and "FAIL" in out
+    assert f"invalid_label_line [{tmp_path / 'yolo' / 'labels' / 'val' / 'f.txt'}:1]" in out
+    assert "unknown_class" in out and "f.txt:2]" in out
+    voc = write_voc_set(tmp_path / "voc")
+    assert check_data.main([str(voc), "--min-images-per-class", "0"]) == 0
+    assert "voc val split" in capsys.readouterr().out
+    assert check_data.main([str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    from detr.data.shapes import ShapesConfig, write_shapes_dataset
+
+    shapes = tmp_path / "shapes"  # a folder in COCO's layout: each split's json
+    write_shapes_dataset(shapes, ShapesConfig(num_train=2, num_val=2, image_size=64, min_object_size=12,
+                                              max_object_size=32))
+    assert check_data.main([str(shapes), "--min-images-per-class", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "coco train split" in out and "coco val split" in out

@@ -192,3 +192,28 @@ def test_the_command_line_says_nothing_about_its_own_arguments(monkeypatch) -> N
         with contextlib.suppress(SystemExit):
             command_main()
     assert not [w for w in caught if "args parameter" in str(w.message)]
+
+
+def test_fit_on_a_yolo_folder_as_it_is(tmp_path: Path) -> None:
+    """`detr fit --data.root` on a YOLO data set (format given, and told from the path): it trains, validates
+    (COCO AP against the labels read as COCO) and records the data.yaml's class names in the checkpoint."""
+    from tests.helpers import YOLO_NAMES, write_yolo_set
+
+    data_yaml = write_yolo_set(tmp_path / "data")
+    assert main(tiny_fit_args(tmp_path / "data", tmp_path / "run", "--data.format=yolo", "--trainer.max_steps=2",
+                              "--data.val_batch_size=2")) == 0
+    assert "cat" in (tmp_path / "run" / "evaluation" / "val_per_class_ap.txt").read_text()
+    model = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert list(model.meta.category_map.names) == YOLO_NAMES
+    assert main(tiny_fit_args(data_yaml, tmp_path / "again", "--trainer.max_steps=1")) == 0
+
+
+def test_fit_on_a_voc_folder_as_it_is(tmp_path: Path) -> None:
+    """The same on a Pascal VOC folder: its difficult box is left out of training and ignored by the evaluation."""
+    from tests.helpers import write_voc_set
+
+    root = write_voc_set(tmp_path / "voc")
+    assert main(tiny_fit_args(root, tmp_path / "run", "--trainer.max_steps=1", "--data.batch_size=2",
+                              "--data.val_batch_size=1")) == 0
+    assert list(load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt").meta.category_map.names) == [
+        "cat", "dog", "person"]

@@ -161,7 +161,7 @@ def test_both_data_modules_keep_their_yaml_keys() -> None:
               "augmentation_stop_epoch", "mosaic_epochs", "mosaic_prob", "mixup_prob", "mixup_epochs"}
     own = {DetrDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
                             "test_images", "test_annotations", "predict_images", "category_ids", "skip_bad_images",
-                            "categories_from", "masks"},
+                            "categories_from", "masks", "format"},
            PanopticDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
                                 "category_ids", "check_train", "check_val", "predict_images", "categories_from"}}
     for module, keys in own.items():
@@ -272,3 +272,60 @@ def test_the_stop_epoch_reaches_persistent_workers() -> None:
     sides, augmented = epoch(1)
     assert sides == {96} and augmented == 0 and data.epoch.get() == 1
     assert loader._iterator is not None and loader._iterator._persistent_workers  # the same worker both epochs
+
+
+@pytest.mark.parametrize("source", ["yolo-yaml", "yolo-folder", "voc"])
+def test_a_yolo_or_voc_root_is_read_as_coco(tmp_path: Path, source: str) -> None:
+    """--data.root took COCO's layout only; a YOLO data.yaml (or its folder) or a VOC folder gives the same data set
+    (pixel xyxy boxes, names from the data), its format told from the path, its val ground truth for the evaluator."""
+    from tests.helpers import write_voc_set, write_yolo_set
+
+    root = write_voc_set(tmp_path) if source == "voc" else write_yolo_set(tmp_path)
+    root = root.parent if source == "yolo-folder" else root
+    data = DetrDataModule(root=str(root), num_workers=0, batch_size=2, square_size=64)
+    data.setup("fit")
+    if source == "voc":
+        assert data.category_names == ["cat", "dog", "person"]
+        _, target = data.val_dataset[0]
+        # 1-based inclusive corners (5, 6, 64, 48): pixels 4..64 and 5..48, scaled from 64 x 48 to 64 x 64
+        assert target["boxes_xyxy"].tolist() == [pytest.approx([4.0, 5.0 * 64 / 48, 64.0, 64.0])]
+        assert data.train_dataset.coco.loadAnns(2)[0]["iscrowd"] == 1  # difficult: ignored
+    else:
+        assert data.category_names == ["cat", "dog", "bird"] and len(data.train_dataset) == 4
+        _, target = data.val_dataset[1]  # f.png: "2 0.5 0.25 0.25 0.25" on 64 x 48 → 64 x 64
+        assert target["labels"].tolist() == [2] and target["boxes_xyxy"].tolist() == [[24.0, 8.0, 40.0, 24.0]]
+    assert len(data.val_dataset.coco.getImgIds()) == len(data.val_dataset)
+    assert data.annotations_json(data.paths["train"][1]) is not None  # the start-up checks read it
+
+
+def test_a_bad_label_line_stops_the_data_module_naming_it(tmp_path: Path) -> None:
+    from detr.data.converted import LabelFileError
+    from tests.helpers import write_yolo_set
+
+    data_yaml = write_yolo_set(tmp_path)
+    (tmp_path / "labels" / "train" / "a.txt").write_text("0 0.5 0.5 0.25 0.5\n0 40 30 10 10\n")
+    with pytest.raises(LabelFileError, match=r"a\.txt:2: coordinates .* not all within \[0, 1\]"):
+        DetrDataModule(root=str(data_yaml), num_workers=0)
+    with pytest.raises(ValueError, match="has no Annotations"):
+        DetrDataModule(root=str(tmp_path), format="voc", num_workers=0)
+    with pytest.raises(ValueError, match="--data.format must be 'coco', 'yolo' or 'voc'"):
+        DetrDataModule(root=str(tmp_path), format="pascal", num_workers=0)
+    data_yaml.write_text("names: [cat]\n")
+    with pytest.raises(ValueError, match=r"\(yolo\) has no train or val split: add `train: images/train`"):
+        DetrDataModule(root=str(data_yaml), num_workers=0)
+
+
+def test_yolo_segmentation_polygons_give_instance_masks(tmp_path: Path) -> None:
+    """A YOLO segmentation set (every line a polygon) trains masks: each polygon's pixels in its target."""
+    from tests.helpers import write_yolo_set
+
+    data_yaml = write_yolo_set(tmp_path)
+    for split in ("train", "val"):
+        for label_file in (tmp_path / "labels" / split).rglob("*.txt"):
+            label_file.write_text("".join(f"{line.split()[0]} 0.25 0.25 0.75 0.25 0.75 0.75 0.25 0.75\n"
+                                          for line in label_file.read_text().splitlines() if line.strip()))
+    data = DetrDataModule(root=str(data_yaml), num_workers=0, square_size=64, masks=True)
+    _, target = data.val_dataset[0]  # e.png: one square over the middle half, 64 x 48 → 64 x 64
+    assert target["masks"].shape == (1, 64, 64)
+    assert target["boxes_xyxy"].tolist() == [[16.0, 16.0, 48.0, 48.0]]
+    assert 0.2 < target["masks"].float().mean() < 0.3  # a quarter of the image
