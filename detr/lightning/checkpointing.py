@@ -231,12 +231,15 @@ class LastCheckpoint(L.Callback):
                             self.every_n_train_steps or "no")
 
     def save(self, trainer: L.Trainer, reason: str, *, validated: bool = False) -> Path | None:
-        """Write ``last.ckpt`` now (every process must call this together); skipped when this step is saved,
-        unless ``validated`` and the save of this step came before its validation: a validation changes what a
-        checkpoint holds (the score threshold it found best, the best score so far)."""
+        """Write ``last.ckpt`` now (every process must call this together); skipped when this step is saved.
+        ``validated``: a validation has just run; if this step was saved before it (at max_steps the save comes
+        first), the file's record is brought up to date (:meth:`refresh_record`) rather than saved again: a save
+        from inside the validation would make a resumed run train that step's batch a second time."""
         if trainer.global_step == 0:
             return None
-        if trainer.global_step == self._saved_step and (self._saved_validated or not validated):
+        if trainer.global_step == self._saved_step:
+            if validated and not self._saved_validated:
+                self.refresh_record(trainer)
             return None
         path = self.path(trainer)
         if trainer.is_global_zero:
@@ -247,6 +250,23 @@ class LastCheckpoint(L.Callback):
         self._saved_step, self._saved_validated = trainer.global_step, validated
         logger.info("saved %s at step %d (%s)", path, trainer.global_step, reason)
         return path
+
+    def refresh_record(self, trainer: L.Trainer) -> None:
+        """Put the model's current record (``checkpoint["detr"]``: the score threshold the validation just found,
+        the category map) into the ``last.ckpt`` of this step, keeping the rest of the file (the loops' state of
+        the step's end, from which a resume goes on); written whole or not at all, by rank 0."""
+        module = trainer.lightning_module
+        fresh: dict[str, Any] = {}
+        if trainer.is_global_zero and hasattr(module, "on_save_checkpoint"):
+            module.on_save_checkpoint(fresh)
+        if trainer.is_global_zero and "detr" in fresh:
+            path = self.path(trainer)
+            checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+            checkpoint["detr"] = fresh["detr"]
+            AtomicCheckpointIO().save_checkpoint(checkpoint, path)
+            logger.info("updated %s at step %d with its validation's record", path, trainer.global_step)
+        self._saved_validated = True
+        trainer.strategy.barrier("last_checkpoint_record")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

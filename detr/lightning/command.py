@@ -33,7 +33,7 @@ DETECTION_CONFIGS = {
         "dfine_finetune_custom.yaml (D-FINE S, a GPU: the defaults benchmarks/finetune.py chose)"),
     "CPU demos on the synthetic shapes set (detr-make-shapes writes data/shapes)": (
         "demo_shapes_cpu.yaml (what detr-demo trains)", "deformable_shapes_cpu.yaml", "rtdetr_shapes_cpu.yaml",
-        "dfine_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml",
+        "dfine_shapes_cpu.yaml", "deimv2_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml",
         "rfdetr_seg_shapes_cpu.yaml (instance masks: detr-make-shapes --masks rle --out data/shapes-rle)"),
 }
 PANOPTIC_CONFIGS = {
