@@ -252,9 +252,10 @@ class LastCheckpoint(L.Callback):
         return path
 
     def refresh_record(self, trainer: L.Trainer) -> None:
-        """Put the model's current record (``checkpoint["detr"]``: the score threshold the validation just found,
-        the category map) into the ``last.ckpt`` of this step, keeping the rest of the file (the loops' state of
-        the step's end, from which a resume goes on); written whole or not at all, by rank 0."""
+        """Put what the validation just changed into the ``last.ckpt`` of this step: the model's record
+        (``checkpoint["detr"]``: the score threshold it found, the category map) and the callbacks' states (the best
+        score so far, the AP curve), keeping the rest of the file (the loops' state of the step's end, from which a
+        resume goes on); written whole or not at all, by rank 0."""
         module = trainer.lightning_module
         fresh: dict[str, Any] = {}
         if trainer.is_global_zero and hasattr(module, "on_save_checkpoint"):
@@ -263,6 +264,11 @@ class LastCheckpoint(L.Callback):
             path = self.path(trainer)
             checkpoint = torch.load(path, map_location="cpu", weights_only=False)
             checkpoint["detr"] = fresh["detr"]
+            states = checkpoint.setdefault("callbacks", {})
+            for callback in trainer.callbacks:
+                state = callback.state_dict()
+                if state:
+                    states[callback.state_key] = state
             AtomicCheckpointIO().save_checkpoint(checkpoint, path)
             logger.info("updated %s at step %d with its validation's record", path, trainer.global_step)
         self._saved_validated = True

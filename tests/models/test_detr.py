@@ -193,8 +193,11 @@ def test_offline_imagenet_weights_error_says_how_to_pass_a_file(tmp_path, monkey
         raise OSError("network unreachable")
 
     monkeypatch.setattr(torchvision.models.ResNet18_Weights.IMAGENET1K_V1.__class__, "get_state_dict", refuse)
-    with pytest.raises(RuntimeError, match="pretrained_backbone='/path/resnet18"):
+    from detr.models.backbone import PretrainedWeightsError
+
+    with pytest.raises(PretrainedWeightsError, match="pretrained_backbone='/path/resnet18") as error:
         build_detr(backbone="resnet18", pretrained_backbone=True)
+    assert error.value.file_name == "resnet18-f37072fd.pth" and error.value.reason == "network unreachable"
 
 
 def test_imagenet_weights_from_a_local_file(tmp_path):
