@@ -1,5 +1,5 @@
-"""Files that users have, written by an earlier version of this code, still load and predict the same (issue 56:
-"nothing a user has breaks").
+"""Files that users have, written by an earlier version of this code, still load and predict the same: a
+redesign of configs, the training system or checkpoint conversion must not break a file a user already has.
 
 tests/fixtures/<generation>/ holds, per family and format, a tiny model's file as that version wrote it (a
 ``detr fit`` / ``detr-panoptic fit`` checkpoint, a :func:`detr.checkpoints.save_checkpoint` file, a
