@@ -24,12 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from detr.inference.command_line import (
-    Terminated,
-    add_checkpoint_argument,
-    interrupted_status,
-    sigterm_as_interrupt,
-)
+from detr.inference.command_line import add_checkpoint_argument, keep_output_on_stop
 
 
 def check_output_folder(out: Path, checkpoint: str) -> str | None:
@@ -66,26 +61,21 @@ def main(argv: list[str] | None = None) -> int:
     from detr.checkpoints.formats import ExportError
 
     replacing = out.is_dir() and any(out.iterdir())
-    try:
-        with sigterm_as_interrupt():
+
+    def convert() -> int:
+        try:
             model = load_checkpoint(args.checkpoint)
             save_huggingface(model, out, backbone_format=args.backbone_format)
-    except (CheckpointError, ExportError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:  # a full disk, a read-only folder: nothing was moved into place
-        where = f" writing {error.filename}" if error.filename else ""
-        print(f"error: {error.strerror or error}{where}; {out} is as it was", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as stop:
-        print(f"\n{'SIGTERM' if isinstance(stop, Terminated) else 'Ctrl-C'}: stopped; {out} is as it was",
-              file=sys.stderr)
-        return interrupted_status(stop)
-    if replacing:
-        print(f"replaced the earlier model in {out}")
-    print(f"wrote {out}/config.json, model.safetensors, preprocessor_config.json "
-          f"({model.config.backbone}, {model.num_classes} classes)")
-    return 0
+        except (CheckpointError, ExportError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        if replacing:
+            print(f"replaced the earlier model in {out}")
+        print(f"wrote {out}/config.json, model.safetensors, preprocessor_config.json "
+              f"({model.config.backbone}, {model.num_classes} classes)")
+        return 0
+
+    return keep_output_on_stop(convert, f"{out} is as it was")
 
 
 if __name__ == "__main__":

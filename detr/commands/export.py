@@ -43,13 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from detr.inference.command_line import (
-    Terminated,
     add_checkpoint_argument,
-    interrupted_status,
+    keep_output_on_stop,
     non_negative_float,
     one_line_errors,
     positive_int,
-    sigterm_as_interrupt,
 )
 
 
@@ -138,21 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         if calibration.skipped:
             print(f"--calibration: skipped {len(calibration.skipped)} image(s) that could not be read (first: "
                   f"{calibration.skipped[0][0]}: {calibration.skipped[0][1]})", file=sys.stderr)
-    try:
-        with sigterm_as_interrupt():
+
+    def export() -> int:
+        try:
             return export_and_check(args, model, feeds, evaluation_set)
-    except ExportError as error:
-        print(f"export failed: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:  # a full disk, a folder that became read-only: nothing was moved into place
-        where = f" writing {error.filename}" if error.filename else ""
-        print(f"error: {error.strerror or error}{where}; nothing was written to {out} (a file there is as it was)",
-              file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as stop:
-        print(f"\n{'SIGTERM' if isinstance(stop, Terminated) else 'Ctrl-C'}: stopped; nothing was written to {out} "
-              "(a file there is as it was)", file=sys.stderr)
-        return interrupted_status(stop)
+        except ExportError as error:
+            print(f"export failed: {error}", file=sys.stderr)
+            return 1
+
+    return keep_output_on_stop(export, f"nothing was written to {out} (a file there is as it was)")
 
 
 def export_and_check(args: argparse.Namespace, model: Any, feeds: list | None, evaluation_set: Any) -> int:

@@ -260,6 +260,22 @@ def interrupted_status(stop: KeyboardInterrupt) -> int:
     return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
 
 
+def keep_output_on_stop(write: Callable[[], int], kept: str) -> int:
+    """Run a command's ``write`` (which writes its output whole or not at all) with SIGTERM as Ctrl-C; a write that
+    fails on the file system (a full disk, a read-only folder: ``OSError``) or a stop (Ctrl-C, SIGTERM) becomes one
+    line ending in ``kept`` (what stayed as it was), with exit status 1, or 130 / 143. Returns ``write``'s status."""
+    try:
+        with sigterm_as_interrupt():
+            return write()
+    except OSError as error:  # nothing was moved into place
+        where = f" writing {error.filename}" if error.filename else ""
+        print(f"error: {error.strerror or error}{where}; {kept}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as stop:
+        print(f"\n{'SIGTERM' if isinstance(stop, Terminated) else 'Ctrl-C'}: stopped; {kept}", file=sys.stderr)
+        return interrupted_status(stop)
+
+
 def one_line_errors(main: Callable[..., int], also: tuple[type[Exception], ...] = ()) -> Callable[..., int]:
     """Wrap a command's ``main``: an expected error (:func:`expected_errors`, and the kinds in ``also``: the
     training command's bad data and settings) is printed as one line on stderr and the command exits
