@@ -60,7 +60,7 @@ from detr.checkpoints.formats import (
 from detr.models.backbone import Backbone
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta, check_threshold
 from detr.models.detr import DETR
-from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
+from detr.models.layers.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 
 logger = logging.getLogger(__name__)
 
