@@ -35,20 +35,24 @@ TRACKERS: tuple[str, ...] = ("bytetrack", "sort", "ocsort", "botsort")
 LOW_SCORE_RATIO = 1 / 6
 
 
+class TrackerError(ValueError):
+    """A tracker that cannot be made: an unknown name, or Roboflow's ``trackers`` package missing."""
+
+
 def build_tracker(name: str, *, threshold: float, frame_rate: float) -> Any:
     """A new tracker of ``trackers``: ``name`` one of :data:`TRACKERS`; ``threshold``: the score a detection needs to
     start a track (and, for ByteTrack, OC-SORT and BoT-SORT, to be a high-score detection); ``frame_rate``: the
     video's frames per second (its lost-track buffer, 30 frames, is counted at this rate).
 
     Raises:
-        ValueError: an unknown ``name``, or the ``trackers`` package is missing (naming the extra).
+        TrackerError: an unknown ``name``, or the ``trackers`` package is missing (naming the extra).
     """
     if name not in TRACKERS:
-        raise ValueError(f"unknown tracker {name!r}; choose one of {', '.join(TRACKERS)}")
+        raise TrackerError(f"unknown tracker {name!r}; choose one of {', '.join(TRACKERS)}")
     try:
         import trackers
     except ImportError:
-        raise ValueError("tracking needs Roboflow's trackers package: pip install 'detr-lightning[tracking]' "
+        raise TrackerError("tracking needs Roboflow's trackers package: pip install 'detr-lightning[tracking]' "
                          "(or pip install trackers)") from None
     if name == "sort":
         return trackers.SORTTracker(frame_rate=frame_rate, track_activation_threshold=threshold)
@@ -72,7 +76,7 @@ def track_frames(
     frame_rate: float = 30.0,
 ) -> Iterator[tuple[Frame, Prediction]]:
     """Detect and track: every frame with its :class:`Prediction`, whose :attr:`Prediction.track_ids` hold each
-    detection's track (-1: a detection not in a track yet, e.g. a new object's first frames) and whose
+    detection's track (1, 2, ...; -1: a detection not in a track yet, e.g. a new object's first frames) and whose
     ``image_id`` is the frame's number, 1-based (MOTChallenge's).
 
     A prediction keeps the detections in a track and those above ``threshold`` (default the predictor's); a
@@ -117,6 +121,7 @@ def assign_tracks(state: Any, prediction: Prediction, frame: Frame, *, high: flo
     if len(tracked):
         track_ids[torch.as_tensor(tracked.data["index"], dtype=torch.int64)] = torch.as_tensor(
             tracked.tracker_id, dtype=torch.int64)
+        track_ids[track_ids >= 0] += 1  # trackers count from 0, MOTChallenge files from 1
     keep = (track_ids >= 0) | (prediction.scores > high)
     return replace(
         prediction,
