@@ -209,7 +209,9 @@ class VideoWriter:
         av = _av()
         self.path = Path(path)
         self.frame_rate = frame_rate
-        self._container = av.open(str(self.path), "w")
+        # an mp4's index first (faststart): it plays, and streams over HTTP, before the whole file has arrived
+        options = {"movflags": "+faststart"} if self.path.suffix.lower() in (".mp4", ".mov") else {}
+        self._container = av.open(str(self.path), "w", options=options)
         self._stream: Any = None
         self._av = av
         self.frames = 0

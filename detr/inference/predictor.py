@@ -277,7 +277,8 @@ class Predictor:
             source: a video file, a folder of frames, a webcam index or a stream URL
                 (:func:`detr.data.video.open_frames`), or a source it opened (its :attr:`FrameSource.skipped`
                 then counts the frames that could not be decoded).
-            tracker: "bytetrack", "sort", "ocsort" or "botsort" (Roboflow's ``trackers``; :mod:`detr.inference.tracking`).
+            tracker: "bytetrack", "sort", "ocsort" or "botsort" (Roboflow's ``trackers``:
+                :mod:`detr.inference.tracking`).
             threshold: the score a detection needs to start a track (default: the predictor's).
         """
         frames = source if isinstance(source, FrameSource) else open_frames(source)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,9 +171,3 @@ def _run_record(run: TrackRun, *, source: str, tracker: str, frame_rate: float, 
                            if predictor.category_map is not None else None),
             "tracks": [run.tracks[key] for key in sorted(run.tracks)]}
 
-
-def read_mot_lines(path: str | Path) -> Iterator[list[float]]:
-    """The rows of a MOTChallenge text file as numbers (for readers of ``tracks.txt``)."""
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            yield [float(value) for value in line.split(",")]

@@ -13,9 +13,9 @@ tracker, measured on synthetic clips: docs/measurements/tracking.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -23,8 +23,14 @@ import torch
 from detr.data.video import Frame
 from detr.inference.prediction import Prediction
 
-if TYPE_CHECKING:
-    from detr.inference.predictor import Predictor
+
+class FramePredictor(Protocol):
+    """What tracking asks of the :class:`~detr.inference.predictor.Predictor` (which imports this module)."""
+
+    batch_size: int
+    threshold: float
+
+    def predict_arrays(self, arrays: Sequence[np.ndarray], *, threshold: float | None) -> list[Prediction]: ...
 
 #: The trackers :func:`build_tracker` makes (``trackers``' ByteTrackTracker, SORTTracker, OCSORTTracker,
 #: BoTSORTTracker).
@@ -72,7 +78,7 @@ def detection_threshold(name: str, threshold: float) -> float:
 
 
 def track_frames(
-    predictor: Predictor, frames: Iterable[Frame], *, tracker: str = "bytetrack", threshold: float | None = None,
+    predictor: FramePredictor, frames: Iterable[Frame], *, tracker: str = "bytetrack", threshold: float | None = None,
     frame_rate: float = 30.0,
 ) -> Iterator[tuple[Frame, Prediction]]:
     """Detect and track: every frame with its :class:`Prediction`, whose :attr:`Prediction.track_ids` hold each
@@ -96,7 +102,7 @@ def track_frames(
         yield from _track_batch(predictor, batch, state, low=low, high=high, needs_frame=tracker == "botsort")
 
 
-def _track_batch(predictor: Predictor, batch: list[Frame], state: Any, *, low: float, high: float,
+def _track_batch(predictor: FramePredictor, batch: list[Frame], state: Any, *, low: float, high: float,
                  needs_frame: bool) -> Iterator[tuple[Frame, Prediction]]:
     predictions = predictor.predict_arrays([frame.array for frame in batch], threshold=low)
     for frame, prediction in zip(batch, predictions):

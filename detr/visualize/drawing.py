@@ -228,7 +228,8 @@ def draw_tracks(image: ImageInput, prediction: Prediction, trails: dict[int, Seq
         canvas = torch.from_numpy(np.asarray(picture).copy()).permute(2, 0, 1)
     ids = track_ids[keep].tolist()
     names = [name for name, k in zip(prediction.label_names, keep.tolist()) if k]
-    texts = [f"#{track_id} {name} {score:.2f}" for track_id, name, score in zip(ids, names, prediction.scores[keep].tolist())]
+    scores = prediction.scores[keep].tolist()
+    texts = [f"#{track_id} {name} {score:.2f}" for track_id, name, score in zip(ids, names, scores)]
     return draw_boxes(canvas, prediction.boxes[keep], texts, [label_color(track_id) for track_id in ids],
                       line_width=line_width)
 
