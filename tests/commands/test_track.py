@@ -120,6 +120,18 @@ def test_ctrl_c_keeps_the_frames_done(clip, replayed, tmp_path, monkeypatch, cap
     assert not (out / "run.lock").exists()
 
 
+def test_a_corrupt_frame_of_a_folder_is_skipped_and_counted(replayed, tmp_path, capsys):
+    frames = tmp_path / "frames"
+    write_clip(frames, ClipConfig(num_frames=10, num_objects=2, crossing_pairs=1))
+    (frames / "000004.png").write_bytes(b"not a png")
+    out = tmp_path / "out"
+    assert track_command.main([str(frames), "--checkpoint", "replay", "--out", str(out), "--no-draw"]) == 0
+    assert "9 frames, 1 skipped (could not be decoded)" in capsys.readouterr().out
+    record = json.loads((out / "tracks.json").read_text())
+    assert (record["frames"], record["skipped_frames"]) == (9, 1)
+    assert 4 not in {int(line.split(",")[0]) for line in (out / "tracks.txt").read_text().splitlines()}
+
+
 def test_what_it_cannot_use_is_one_error_line(clip, replayed, tmp_path, capsys):
     path, _ = clip
     assert track_command.main([str(tmp_path / "missing.mp4"), "--checkpoint", "replay", "--out", str(tmp_path)]) == 2
