@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -60,14 +60,15 @@ class FrameSource:
         size: ``(height, width)`` of the frames when known before decoding, else None.
     """
 
-    def __init__(self, source: str, frames: Iterator[Frame], *, frame_rate: float, frame_count: int | None,
-                 size: tuple[int, int] | None = None, close: Any = None) -> None:
+    def __init__(self, source: str, decode: Callable[[FrameSource], Iterator[Frame]], *, frame_rate: float,
+                 frame_count: int | None, size: tuple[int, int] | None = None,
+                 close: Callable[[], None] | None = None) -> None:
         self.source = source
         self.frame_rate = float(frame_rate)
         self.frame_count = frame_count
         self.size = size
         self.skipped = 0
-        self._frames = frames
+        self._frames = decode(self)  # a generator: nothing is decoded before the first frame is asked for
         self._close = close
 
     def __iter__(self) -> Iterator[Frame]:
@@ -118,9 +119,7 @@ def _open_folder(folder: Path) -> FrameSource:
         paths = list_image_files(folder)
     except ValueError as error:
         raise VideoSourceError(f"video source {folder}: {error}") from None
-    source = FrameSource(str(folder), iter(()), frame_rate=DEFAULT_FRAME_RATE, frame_count=len(paths))
-
-    def frames() -> Iterator[Frame]:
+    def frames(source: FrameSource) -> Iterator[Frame]:
         for index, path in enumerate(paths):
             try:
                 array = load_rgb_image(path)
@@ -130,8 +129,7 @@ def _open_folder(folder: Path) -> FrameSource:
                 continue
             yield Frame(index, array, index / source.frame_rate)
 
-    source._frames = frames()
-    return source
+    return FrameSource(str(folder), frames, frame_rate=DEFAULT_FRAME_RATE, frame_count=len(paths))
 
 
 def _webcam_device(index: int) -> tuple[str, str]:
@@ -174,10 +172,9 @@ def _open_av(source: str | tuple[str, str], *, stream: bool = False, webcam: boo
     frame_rate = float(rate) if rate else DEFAULT_FRAME_RATE
     count = int(video.frames) if video.frames and not (stream or webcam) else None
     size = (int(video.height), int(video.width)) if video.height and video.width else None
-    source = FrameSource(name, iter(()), frame_rate=frame_rate, frame_count=count, size=size, close=container.close)
     time_base = video.time_base or Fraction(1, 1)
 
-    def frames() -> Iterator[Frame]:
+    def frames(source: FrameSource) -> Iterator[Frame]:
         index = 0
         try:
             for packet in container.demux(video):
@@ -195,8 +192,7 @@ def _open_av(source: str | tuple[str, str], *, stream: bool = False, webcam: boo
         finally:
             source.close()
 
-    source._frames = frames()
-    return source
+    return FrameSource(name, frames, frame_rate=frame_rate, frame_count=count, size=size, close=container.close)
 
 
 class VideoWriter:
