@@ -198,6 +198,8 @@ class Prediction:
         reports the reason (:func:`detr.inference.predict.predictions_from_outputs`).
     cut_at: the score threshold its detections were selected with (None: every query kept); :meth:`above`
         with a lower one warns that those detections are already gone.
+    track_ids: int64 ``[N]``, each detection's track (:meth:`detr.inference.predictor.Predictor.track`; -1: not in a
+        track yet); None outside tracking.
     """
 
     boxes: Tensor
@@ -214,6 +216,7 @@ class Prediction:
     sampling: SamplingPoints | None = field(default=None, repr=False)
     error: str | None = None
     cut_at: float | None = None
+    track_ids: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.scores.numel())
@@ -236,6 +239,7 @@ class Prediction:
             label_names=[name for name, k in zip(self.label_names, keep.tolist()) if k],
             query_indices=self.query_indices[keep],
             masks=None if self.masks is None else self.masks[keep],
+            track_ids=None if self.track_ids is None else self.track_ids[keep],
             cut_at=threshold if self.cut_at is None else max(threshold, self.cut_at),
         )
 
