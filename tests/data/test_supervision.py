@@ -123,3 +123,29 @@ def test_a_coco_json_needs_its_images_folder(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="pass images=FOLDER"):
         load_detection_dataset(tmp_path / "x.json")
 
+
+
+def test_supervisions_yolo_reading_converts_to_our_yolo_reading(tmp_path: Path) -> None:
+    """A DetectionDataset that supervision read from a YOLO folder, converted here, is the COCO dict our own reader
+    makes of that folder: the same files, sizes, class names and pixel boxes."""
+    from detr.data.yolo import read_yolo_split
+
+    write_yolo_set(tmp_path)
+    theirs = sv.DetectionDataset.from_yolo(images_directory_path=str(tmp_path / "images" / "val"),
+                                           annotations_directory_path=str(tmp_path / "labels" / "val"),
+                                           data_yaml_path=str(tmp_path / "data.yaml"))
+    data, images_dir = coco_from_detection_dataset(theirs)
+    ours = read_yolo_split(tmp_path, "val")
+    assert images_dir == ours.images_dir.resolve()
+
+    def boxes(coco: dict) -> dict[str, list]:
+        names = {category["id"]: category["name"] for category in coco["categories"]}
+        images = {image["id"]: image for image in coco["images"]}
+        found = {(image["file_name"], image["width"], image["height"]): [] for image in images.values()}
+        for annotation in coco["annotations"]:
+            image = images[annotation["image_id"]]
+            found[(image["file_name"], image["width"], image["height"])].append(
+                (names[annotation["category_id"]], [round(value, 3) for value in annotation["bbox"]]))
+        return {key: sorted(value) for key, value in found.items()}
+
+    assert boxes(data) == boxes(ours.data)
