@@ -150,8 +150,9 @@ def test_the_report_says_what_was_kept_and_how() -> None:
     assert class_report(by_name, "a.ckpt", "by_name") == \
         "init_checkpoint: 2 classes start from a.ckpt's rows (by name: Star, circle), 1 fresh: cross"
     unnamed = initial_state(source, None, config, own, TARGET, "by_name")
-    assert class_report(unnamed, "a.pth", "by_name") == ("init_checkpoint: 3 classes start from a.pth's rows (by "
-                                                         "label: a side names no classes: cross, Star, circle), 0 fresh")
+    assert class_report(unnamed, "a.pth", "by_name") == (
+        "init_checkpoint: 3 classes start from a.pth's rows (by label: a side names no classes: cross, Star, circle), "
+        "0 fresh")
     fresh = initial_state(source, SOURCE, config, own, TARGET, "fresh")
     assert class_report(fresh, "a.ckpt", "fresh") == \
         "init_checkpoint: 0 classes start from a.ckpt's rows (init_classes=fresh), 3 fresh: cross, Star, circle"

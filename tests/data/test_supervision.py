@@ -1,6 +1,7 @@
 """supervision's DetectionDataset in and out (detr.data.supervision): our YOLO and VOC readers' data sets are the
 ones supervision reads from the same folders; a DetectionDataset written as COCO json reads back (by supervision
-and by our data set) with the same boxes, names and masks. (`import detr` without supervision: tests/test_imports.py.)"""
+and by our data set) with the same boxes, names and masks. (`import detr` without supervision:
+tests/test_imports.py.)"""
 
 from __future__ import annotations
 
