@@ -1,6 +1,6 @@
 """`import detr` needs only torch, torchvision and scipy: exporters, notebooks and torch.hub users load the
 model without the training stack (Lightning), the image pipeline (albumentations, OpenCV), figures
-(matplotlib) or any interop package (transformers, timm, safetensors, onnx, onnxruntime)."""
+(matplotlib) or any interop package (transformers, timm, safetensors, onnx, onnxruntime, supervision)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 HEAVY = ("lightning", "albumentations", "cv2", "matplotlib", "transformers", "timm", "safetensors", "onnx",
-         "onnxruntime", "openvino", "pycocotools", "fastapi", "uvicorn", "detr.data", "detr.lightning", "detr.serving")
+         "onnxruntime", "openvino", "pycocotools", "fastapi", "uvicorn", "supervision", "detr.data", "detr.lightning",
+         "detr.serving")
 
 
 def test_import_detr_loads_only_the_model_stack() -> None:
