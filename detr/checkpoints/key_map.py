@@ -160,10 +160,12 @@ def _respell(key: str, spelling: Sequence[tuple[re.Pattern[str], str]]) -> str:
 @dataclass(frozen=True)
 class KeyMap:
     """The renames between one family's layout in another implementation's files and this project's (see the
-    module's docstring). ``family`` names it in errors ("transformers' D-FINE")."""
+    module's docstring). ``family`` ("D-FINE") and ``source`` (whose layout theirs is: "transformers'", "the
+    authors'") name it in errors."""
 
     family: str
     renames: tuple[Rename, ...]
+    source: str = "transformers'"
     fields: Mapping[str, Field] = field(default_factory=dict)
     fuse: tuple[Fuse, ...] = ()
     drop: tuple[Drop, ...] = ()
@@ -234,7 +236,7 @@ class KeyMap:
                 if ours[key].shape != value.shape or not torch.equal(ours[key], value):
                     raise CheckpointError(f"{where}: {came_from[key]} and {source} hold different values, but "
                                           f"this project keeps one tensor for both ({key}), as the authors' model "
-                                          f"does; the file was edited or is not {self.family}'s")
+                                          f"does; the file was edited or is not {self.source} {self.family}")
                 return
             ours[key], came_from[key] = value, source
 
@@ -256,8 +258,8 @@ class KeyMap:
             else:
                 put(our_key, value, original)
         if unknown:
-            raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in {self.family}'s layout: "
-                                  f"{unknown[:10]}")
+            raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in this project's "
+                                  f"{self.family} (not {self.source} {self.family}?): {unknown[:10]}")
         for our_key, found in parts.items():
             if set(found) != {"q", "k", "v"}:
                 raise CheckpointError(f"{where}: {our_key.rsplit('.', 1)[0]} has only the {sorted(found)} "
@@ -304,7 +306,7 @@ class KeyMap:
                 continue
             their_key = self.their_key(key)
             if their_key is None:
-                raise ExportError(f"{key} has no counterpart in {self.family}")
+                raise ExportError(f"{key} has no counterpart in {self.source} {self.family}")
             their_key = _respell(their_key, write_spelling)
             self._check_reads_back(key, their_key)
             theirs[their_key] = value

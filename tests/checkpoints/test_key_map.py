@@ -10,7 +10,7 @@ from detr.checkpoints.formats import CheckpointError, ExportError
 from detr.checkpoints.key_map import Buffer, Drop, Field, Fuse, KeyMap, Rename, refuse_unless
 
 TABLE = KeyMap(
-    "a toy family",
+    "toy",
     renames=(
         Rename("model.stem.{stem}.{cn}.", "backbone.conv1_{stem}.{cn}."),
         Rename("model.layers.{}.fc{}.", "decoder.layers.{}.linear{}."),
@@ -76,11 +76,12 @@ def test_spellings_drops_halves_and_tied_copies_are_read():
 def test_keys_that_map_nowhere_are_named_with_the_file():
     theirs = {**TABLE.to_theirs(ours(), context=2), "model.extra.weight": torch.zeros(1),
               "other.bias": torch.zeros(1)}
-    with pytest.raises(CheckpointError, match=r"toy\.safetensors: 2 keys have no counterpart in a toy family's "
-                                              r"layout: \['model\.extra\.weight', 'other\.bias'\]") as error:
+    with pytest.raises(CheckpointError, match=r"toy\.safetensors: 2 keys have no counterpart in this project's "
+                                              r"toy \(not transformers' toy\?\): \['model\.extra\.weight', "
+                                              r"'other\.bias'\]") as error:
         TABLE.to_ours(theirs, "toy.safetensors", context=2)
     assert "\n" not in str(error.value)
-    with pytest.raises(ExportError, match="unknown.weight has no counterpart in a toy family"):
+    with pytest.raises(ExportError, match="unknown.weight has no counterpart in transformers' toy"):
         TABLE.to_theirs({"unknown.weight": torch.zeros(1)})
 
 
