@@ -104,7 +104,8 @@ _RENAMES: tuple[Rename, ...] = (
 )
 #: transformers' ResNet inside the backbone ↔ torchvision's (timm's ResNet has torchvision's names): torchvision
 #: counts stages and convolutions from 1 (layer1, conv1), transformers from 0 (stages.0, layer.0).
-_RESNET_RENAMES: tuple[Rename, ...] = tuple(Rename(HF_BACKBONE_BODY + theirs, BACKBONE_BODY + ours) for theirs, ours in (
+_RESNET_RENAMES: tuple[Rename, ...] = tuple(Rename(HF_BACKBONE_BODY + theirs, BACKBONE_BODY + ours)
+                                            for theirs, ours in (
     ("embedder.embedder.convolution.", "conv1."),
     ("embedder.embedder.normalization.", "bn1."),
     ("encoder.stages.{stage}.layers.{}.shortcut.convolution.", "layer{stage}.{}.downsample.0."),

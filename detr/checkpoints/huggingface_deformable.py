@@ -90,7 +90,8 @@ _RENAMES: tuple[Rename, ...] = (
 )
 #: Deformable DETR without its backbone (:func:`detr.checkpoints.huggingface.with_resnet` adds it).
 DEFORMABLE_KEYS = KeyMap(
-    "Deformable DETR", _RENAMES, fields={"stack": Field.choice("encoder", "decoder"), "head": Field.choice("class", "bbox")},
+    "Deformable DETR", _RENAMES,
+    fields={"stack": Field.choice("encoder", "decoder"), "head": Field.choice("class", "bbox")},
     fuse=(Fuse("model.decoder.layers.{}.self_attn.", "transformer.decoder.layers.{}.self_attn."),),
     drop=(NUM_BATCHES_TRACKED,), read_spelling=CURRENT_SPELLING)
 

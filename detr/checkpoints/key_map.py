@@ -82,7 +82,8 @@ class Rename:
 @dataclass(frozen=True)
 class Fuse:
     """An attention module: theirs ``<theirs>{q,k,v}_proj.{weight,bias}`` ↔ ours ``<ours>in_proj_{weight,bias}``
-    (q, k, v stacked along the output rows, as ``nn.MultiheadAttention`` stores them). Templates as :class:`Rename`'s."""
+    (q, k, v stacked along the output rows, as ``nn.MultiheadAttention`` stores them). Templates as
+    :class:`Rename`'s."""
 
     theirs: str
     ours: str
