@@ -102,8 +102,8 @@ class Drop:
 @dataclass(frozen=True)
 class Buffer:
     """A buffer their files hold that this project computes: ``theirs`` (a template) is checked equal to
-    ``value(context)`` when read (``what`` names the value in the error) and dropped; when written, one is computed
-    for each of our keys that matches ``ours_anchor`` (a template with the same placeholders)."""
+    ``value(context)`` when read (``what`` names the value in the error, ``{context}`` the context) and dropped;
+    when written, one is computed for each of our keys that matches ``ours_anchor`` (same placeholders)."""
 
     theirs: str
     ours_anchor: str
@@ -273,8 +273,8 @@ class KeyMap:
             if theirs.pattern.fullmatch(key):
                 expected = buffer.value(context)
                 if value.shape != expected.shape or not torch.allclose(value, expected.to(value.dtype)):
-                    raise CheckpointError(f"{where}: {original} is not {buffer.what} (config.json and the weights "
-                                          f"disagree)")
+                    raise CheckpointError(f"{where}: {original} is not {buffer.what.format(context=context)} "
+                                          f"(config.json and the weights disagree)")
                 return True
         return False
 
