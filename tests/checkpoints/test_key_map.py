@@ -108,3 +108,13 @@ def test_refuse_unless_names_the_file_and_every_differing_setting():
     with pytest.raises(CheckpointError, match=r"config\.json: this project's toy has a backbone with .*the file sets "
                                               r"\{'act': 'gelu'\}, which it cannot reproduce"):
         refuse_unless({"act": "gelu"}, {"act": "relu"}, "config.json", "toy", "a backbone with")
+
+
+def test_a_family_that_writes_its_own_spelling_reads_it_back():
+    """DEIMv2's files spell the output projections ``o_proj``: written so, read through ``read_spelling``."""
+    spelled = KeyMap("toy", TABLE.renames, fields=TABLE.fields, fuse=TABLE.fuse, read_spelling=TABLE.read_spelling,
+                     write_spelling=((r"\.out_proj\.", ".o_proj."),))
+    state = ours(layers=1)
+    theirs = spelled.to_theirs(state)
+    assert "model.layers.0.self_attn.o_proj.weight" in theirs and not any(".out_proj." in key for key in theirs)
+    assert spelled.to_ours(theirs, "toy").keys() == state.keys()
