@@ -559,18 +559,25 @@ def huggingface_config(model: DETR, backbone_format: BackboneFormat = "timm",
         **label_fields(category_map, model.num_classes, model.meta.score_threshold),
         "is_encoder_decoder": True,
     }
-    if backbone_format == "timm":
-        config.update(use_timm_backbone=True, backbone=name, backbone_config=None)
-    else:
-        if dilation:
-            raise ExportError("transformers' own ResNet has no dilation (DC5): export with backbone_format='timm'")
-        layer_type, depths = RESNET_BLOCKS[name]
-        widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
-        config.update(use_timm_backbone=False, backbone=None, backbone_config={
-            "model_type": "resnet", "layer_type": layer_type, "depths": depths, "hidden_sizes": widths,
-            "embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
-            "downsample_in_bottleneck": False, "num_channels": 3, "out_features": ["stage4"]})
+    config.update(resnet_backbone_fields(name, dilation, backbone_format, stages=[4]))
     return config
+
+
+def resnet_backbone_fields(name: str, dilation: bool, backbone_format: BackboneFormat, stages: list[int]
+                           ) -> dict[str, Any]:
+    """config.json's fields for a torchvision ResNet ``name`` (DETR's and Deformable DETR's): timm's
+    (``use_timm_backbone`` + ``backbone``) or transformers' own ResNet (``backbone_config``, returning ``stages``,
+    1-4; no DC5)."""
+    if backbone_format == "timm":
+        return {"use_timm_backbone": True, "backbone": name, "backbone_config": None}
+    if dilation:
+        raise ExportError("transformers' own ResNet has no dilation (DC5): export with backbone_format='timm'")
+    layer_type, depths = RESNET_BLOCKS[name]
+    widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
+    return {"use_timm_backbone": False, "backbone": None, "backbone_config": {
+        "model_type": "resnet", "layer_type": layer_type, "depths": depths, "hidden_sizes": widths,
+        "embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
+        "downsample_in_bottleneck": False, "num_channels": 3, "out_features": [f"stage{i}" for i in stages]}}
 
 
 def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: BackboneFormat = "timm",

@@ -56,6 +56,7 @@ from detr.checkpoints.huggingface import (
     read_json,
     read_meta,
     read_weights,
+    resnet_backbone_fields,
     with_resnet,
     write_huggingface_directory,
 )
@@ -244,17 +245,7 @@ def huggingface_deformable_config(model: DeformableDETR, backbone_format: Backbo
         "tie_word_embeddings": not _distinct_class_heads(model),
     }
     stages = [2, 3, 4] if config.num_feature_levels > 1 else [4]
-    if backbone_format == "timm":
-        hf.update(use_timm_backbone=True, backbone=config.backbone, backbone_config=None)
-    else:
-        if config.dilation:
-            raise ExportError("transformers' own ResNet has no dilation (DC5): export with backbone_format='timm'")
-        layer_type, depths = RESNET_BLOCKS[config.backbone]
-        widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
-        hf.update(use_timm_backbone=False, backbone=None, backbone_config={
-            "model_type": "resnet", "layer_type": layer_type, "depths": depths, "hidden_sizes": widths,
-            "embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
-            "downsample_in_bottleneck": False, "num_channels": 3, "out_features": [f"stage{i}" for i in stages]})
+    hf.update(resnet_backbone_fields(config.backbone, config.dilation, backbone_format, stages))
     return hf
 
 
