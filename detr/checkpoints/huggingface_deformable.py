@@ -60,7 +60,7 @@ from detr.checkpoints.huggingface import (
     with_resnet,
     write_huggingface_directory,
 )
-from detr.checkpoints.key_map import Field, Fuse, KeyMap, Rename
+from detr.checkpoints.key_map import Field, Fuse, KeyMap, Rename, Tied
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
 from detr.models.deformable.model import DeformableDETR
 
@@ -94,21 +94,11 @@ DEFORMABLE_KEYS = KeyMap(
     "Deformable DETR", _RENAMES,
     fields={"stack": Field.choice("encoder", "decoder"), "head": Field.choice("class", "bbox")},
     fuse=(Fuse("model.decoder.layers.{}.self_attn.", "transformer.decoder.layers.{}.self_attn."),),
-    drop=(NUM_BATCHES_TRACKED,), read_spelling=CURRENT_SPELLING)
-
-
-def _tied_heads(state_dict: dict[str, torch.Tensor], num_heads: int, where: str) -> dict[str, torch.Tensor]:
-    """The per-layer heads the file leaves out (transformers ties them to ``class_embed.0`` unless they differ)
-    filled from the first layer's."""
-    for kind in ("class", "bbox"):
-        first = {key[len(f"{kind}_embed.0."):]: value for key, value in state_dict.items()
-                 if key.startswith(f"{kind}_embed.0.")}
-        if not first:
-            raise CheckpointError(f"{where} has no {kind}_embed.0: a DeformableDetrModel without the detection heads?")
-        for index in range(1, num_heads):
-            if not any(key.startswith(f"{kind}_embed.{index}.") for key in state_dict):
-                state_dict.update({f"{kind}_embed.{index}.{rest}": value for rest, value in first.items()})
-    return state_dict
+    drop=(NUM_BATCHES_TRACKED,), read_spelling=CURRENT_SPELLING,
+    # the heads the file leaves out are tied to the first layer's (context: the number of per-layer heads)
+    tied=tuple(Tied(f"{head}_embed.{{}}.", lambda num_heads: num_heads,
+                    "a DeformableDetrModel without the detection heads?")
+               for head in ("class", "bbox")))
 
 
 def to_official_state_dict(state_dict: dict[str, torch.Tensor], num_heads: int, where: str = "the state dict"
@@ -119,7 +109,7 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], num_heads: int, 
     ``num_heads``: per-layer heads the model has (decoder layers, +1 for two-stage). q, k and v become one
     ``in_proj``; ``num_batches_tracked`` is dropped; floats become float32; unknown keys raise, as do two copies of
     one head that differ."""
-    return _tied_heads(with_resnet(DEFORMABLE_KEYS, "either").to_ours(state_dict, where), num_heads, where)
+    return with_resnet(DEFORMABLE_KEYS, "either").to_ours(state_dict, where, context=num_heads)
 
 
 def to_huggingface_state_dict(model: DeformableDETR, backbone_format: BackboneFormat = "timm"

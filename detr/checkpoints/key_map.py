@@ -14,7 +14,8 @@ A table holds, in order of application:
 - ``renames``: ordered (theirs, ours) key templates (:class:`Rename`), the first that matches a key's start wins; the
   rest of the key is carried over. A ``{}`` in a template is an index, the same on both sides (in order); a
   ``{name}`` is a :class:`Field` of the table's ``fields`` (an index counted from 1 on one side, a letter for a
-  number, ``conv`` for ``convolution``), or an index where the table names no such field.
+  number, ``conv`` for ``convolution``), or an index where the table names no such field;
+- ``tied``: modules of ours that their files may leave out, being tied to the first of their kind (:class:`Tied`).
 
 Two keys of theirs that map to one of ours must hold the same tensor (a tied copy). Keys that map nowhere raise one
 :class:`CheckpointError` naming the file and the keys; every written key must read back to the key it came from.
@@ -111,6 +112,17 @@ class Buffer:
     what: str
 
 
+@dataclass(frozen=True)
+class Tied:
+    """Modules ``ours`` (a prefix with one ``{}``: ``class_embed.{}.``) numbered 0 .. ``count(context)`` - 1, of which
+    their files may hold only the first (transformers ties them unless they differ): a missing one, expected, is read
+    as a copy of module 0; a missing module 0 is refused (``what`` says what the file then is)."""
+
+    ours: str
+    count: Callable[[Any], int]
+    what: str
+
+
 class _Template:
     """A key template compiled for one side: ``match`` a key's start, ``format`` values read on the other side."""
 
@@ -171,6 +183,7 @@ class KeyMap:
     fuse: tuple[Fuse, ...] = ()
     drop: tuple[Drop, ...] = ()
     buffers: tuple[Buffer, ...] = ()
+    tied: tuple[Tied, ...] = ()
     read_spelling: tuple[tuple[str, str], ...] = ()
     write_spelling: tuple[tuple[str, str], ...] = ()
 
@@ -266,6 +279,15 @@ class KeyMap:
                 raise CheckpointError(f"{where}: {our_key.rsplit('.', 1)[0]} has only the {sorted(found)} "
                                       f"projections of q, k and v")
             put(our_key, torch.cat([found["q"], found["k"], found["v"]]), our_key)
+        for tied in self.tied:
+            first = tied.ours.format(0)
+            copied = {key[len(first):]: value for key, value in ours.items() if key.startswith(first)}
+            if not copied:
+                raise CheckpointError(f"{where} has no {first.rstrip('.')}: {tied.what}")
+            for index in range(1, tied.count(context)):
+                module = tied.ours.format(index)
+                if not any(key.startswith(module) for key in ours):
+                    ours.update({module + rest: value for rest, value in copied.items()})
         return ours
 
     def _checked_buffer(self, key: str, original: str, value: torch.Tensor, where: str | Path, context: Any) -> bool:

@@ -1,5 +1,6 @@
 """The key-mapping engine every checkpoint reader and writer is a table over: renames by template with indices and
-fields, q/k/v fuse and split, dropped keys, buffers checked and computed, tied copies, one error for unmapped keys."""
+fields, q/k/v fuse and split, dropped keys, buffers checked and computed, tied copies and modules, one error for
+unmapped keys."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from detr.checkpoints.formats import CheckpointError, ExportError
-from detr.checkpoints.key_map import Buffer, Drop, Field, Fuse, KeyMap, Rename, refuse_unless
+from detr.checkpoints.key_map import Buffer, Drop, Field, Fuse, KeyMap, Rename, Tied, refuse_unless
 
 TABLE = KeyMap(
     "toy",
@@ -118,3 +119,15 @@ def test_a_family_that_writes_its_own_spelling_reads_it_back():
     theirs = spelled.to_theirs(state)
     assert "model.layers.0.self_attn.o_proj.weight" in theirs and not any(".out_proj." in key for key in theirs)
     assert spelled.to_ours(theirs, "toy").keys() == state.keys()
+
+
+def test_tied_modules_a_file_leaves_out_are_copies_of_the_first():
+    """transformers ties Deformable DETR's per-layer class heads to the first unless they differ: a file may hold
+    only ``class_embed.0``, and reads as that head at every layer."""
+    tied = KeyMap("toy", (Rename("class_embed.", "class_embed."),),
+                  tied=(Tied("class_embed.{}.", lambda layers: layers, "a model without the heads?"),))
+    first, third = torch.randn(3, 4), torch.randn(3, 4)
+    read = tied.to_ours({"class_embed.0.weight": first, "class_embed.2.weight": third}, "toy", context=3)
+    assert torch.equal(read["class_embed.1.weight"], first) and torch.equal(read["class_embed.2.weight"], third)
+    with pytest.raises(CheckpointError, match=r"toy has no class_embed\.0: a model without the heads\?"):
+        tied.to_ours({"class_embed.1.weight": first}, "toy", context=3)
