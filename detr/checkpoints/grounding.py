@@ -1,0 +1,263 @@
+"""transformers' Grounding DINO and MM-Grounding-DINO directories → this project's
+:class:`~detr.models.grounding.model.GroundingDINO`.
+
+:func:`read_grounding` reads a directory as ``GroundingDinoForObjectDetection`` or
+``MMGroundingDinoForObjectDetection``'s ``save_pretrained`` writes it (``config.json`` with ``model_type``
+"grounding-dino" or "mm-grounding-dino", ``model.safetensors`` or ``pytorch_model.bin``) and returns the authors'
+state dict and the :class:`~detr.models.grounding.config.GroundingConfig`; :func:`load_grounding` builds the model;
+:func:`load_grounding_tokenizer` the prompt's tokenizer from the directory's tokenizer files (BERT WordPiece).
+
+The image backbone must be a transformers ResNet that is torchvision's (ResNet-18/34/50/101, stages 2–4 out);
+a Swin backbone (the released checkpoints') is refused with that reason.
+
+The two implementations are the same model with different parameter names (this project keeps the authors',
+IDEA-Research/GroundingDINO):
+
+===================================================  =====================================================
+this project (the authors' layout)                   transformers (as written to disk)
+===================================================  =====================================================
+``backbone.0.body.*`` (torchvision ResNet)           ``model.backbone.conv_encoder.model.*`` (its ResNet)
+``bert.*``, ``feat_map``                             ``model.text_backbone.*``, ``model.text_projection``
+``input_proj.{l}``                                   ``model.input_proj_vision.{l}``
+``transformer.{level_embed, tgt_embed, enc_output,   ``model.{level_embed, query_position_embeddings,
+enc_output_norm, enc_out_bbox_embed,                 enc_output, enc_output_norm, encoder_output_bbox_embed,
+enc_out_class_embed}``                               encoder_output_class_embed}``
+encoder ``fusion_layers.{i}`` (``layer_norm_v/l``,   ``layers.{i}.fusion_layer`` (``layer_norm_vision/text``,
+``attn.{v,l,values_v,values_l,out_v,out_l}_proj``,   ``attn.{vision,text,values_vision,values_text,out_vision,
+``gamma_v/l``)                                       out_text}_proj``, ``vision/text_param``)
+encoder ``text_layers.{i}`` (``self_attn.in_proj``,  ``layers.{i}.text_enhancer_layer`` (``self_attn.{query,
+``linear1/2``, ``norm1/2``)                          key,value}``, ``fc1/2``, ``layer_norm_before/after``)
+encoder ``layers.{i}`` (``self_attn``, ``norm1``,    ``layers.{i}.deformable_layer`` (``self_attn``,
+``linear1/2``, ``norm2``)                            ``self_attn_layer_norm``, ``fc1/2``, ``final_layer_norm``)
+decoder ``self_attn`` + ``norm2``, ``ca_text`` +     ``self_attn`` + ``self_attn_layer_norm``,
+``catext_norm``, ``cross_attn`` + ``norm1``,         ``encoder_attn_text`` + ``encoder_attn_text_layer_norm``,
+``linear1/2`` + ``norm3``; ``norm``,                 ``encoder_attn`` + ``encoder_attn_layer_norm``, ``fc1/2``
+``ref_point_head``                                   + ``final_layer_norm``; ``layer_norm``, ``reference_points_head``
+``bbox_embed.{i}``, ``class_embed.{i}``              the same (and ``model.decoder.{bbox,class}_embed.{i}``)
+===================================================  =====================================================
+
+transformers' attention has separate query, key and value projections where the authors' has one ``in_proj``
+(stacked q, k, v). A shared head (``decoder_bbox_embed_share``, ``decoder_cls_embed_share``) is written once, as
+``*.0``; its other layers are read from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from detr.checkpoints.formats import CheckpointError
+from detr.checkpoints.huggingface import (
+    HF_BACKBONE_BODY,
+    backbone_key_from_huggingface,
+    check_backbone_config,
+    read_json,
+    read_weights,
+    rename_prefix,
+)
+from detr.models.grounding.config import GroundingConfig
+from detr.models.grounding.model import GroundingDINO
+
+logger = logging.getLogger(__name__)
+
+#: config.json's model_type → the contrastive head of that family.
+MODEL_TYPES = {"grounding-dino": "dot", "mm-grounding-dino": "scaled_bias"}
+
+_ENCODER, _DECODER = "transformer.encoder.", "transformer.decoder."
+# (this project's prefix, transformers' prefix); "{layer}" is a layer index, the same on both sides.
+_PAIRS: tuple[tuple[str, str], ...] = (
+    ("bert.", "model.text_backbone."),
+    ("feat_map.", "model.text_projection."),
+    ("input_proj.", "model.input_proj_vision."),
+    ("transformer.level_embed", "model.level_embed"),
+    ("transformer.tgt_embed.", "model.query_position_embeddings."),
+    ("transformer.enc_output_norm.", "model.enc_output_norm."),
+    ("transformer.enc_output.", "model.enc_output."),
+    ("transformer.enc_out_bbox_embed.", "model.encoder_output_bbox_embed."),
+    ("transformer.enc_out_class_embed.", "model.encoder_output_class_embed."),
+    (_ENCODER + "fusion_layers.{layer}.layer_norm_v.", "model.encoder.layers.{layer}.fusion_layer.layer_norm_vision."),
+    (_ENCODER + "fusion_layers.{layer}.layer_norm_l.", "model.encoder.layers.{layer}.fusion_layer.layer_norm_text."),
+    (_ENCODER + "fusion_layers.{layer}.attn.v_proj.", "model.encoder.layers.{layer}.fusion_layer.attn.vision_proj."),
+    (_ENCODER + "fusion_layers.{layer}.attn.l_proj.", "model.encoder.layers.{layer}.fusion_layer.attn.text_proj."),
+    (_ENCODER + "fusion_layers.{layer}.attn.values_v_proj.",
+     "model.encoder.layers.{layer}.fusion_layer.attn.values_vision_proj."),
+    (_ENCODER + "fusion_layers.{layer}.attn.values_l_proj.",
+     "model.encoder.layers.{layer}.fusion_layer.attn.values_text_proj."),
+    (_ENCODER + "fusion_layers.{layer}.attn.out_v_proj.",
+     "model.encoder.layers.{layer}.fusion_layer.attn.out_vision_proj."),
+    (_ENCODER + "fusion_layers.{layer}.attn.out_l_proj.",
+     "model.encoder.layers.{layer}.fusion_layer.attn.out_text_proj."),
+    (_ENCODER + "fusion_layers.{layer}.gamma_v", "model.encoder.layers.{layer}.fusion_layer.vision_param"),
+    (_ENCODER + "fusion_layers.{layer}.gamma_l", "model.encoder.layers.{layer}.fusion_layer.text_param"),
+    (_ENCODER + "text_layers.{layer}.self_attn.out_proj.",
+     "model.encoder.layers.{layer}.text_enhancer_layer.self_attn.out_proj."),
+    (_ENCODER + "text_layers.{layer}.linear1.", "model.encoder.layers.{layer}.text_enhancer_layer.fc1."),
+    (_ENCODER + "text_layers.{layer}.linear2.", "model.encoder.layers.{layer}.text_enhancer_layer.fc2."),
+    (_ENCODER + "text_layers.{layer}.norm1.", "model.encoder.layers.{layer}.text_enhancer_layer.layer_norm_before."),
+    (_ENCODER + "text_layers.{layer}.norm2.", "model.encoder.layers.{layer}.text_enhancer_layer.layer_norm_after."),
+    (_ENCODER + "layers.{layer}.self_attn.", "model.encoder.layers.{layer}.deformable_layer.self_attn."),
+    (_ENCODER + "layers.{layer}.norm1.", "model.encoder.layers.{layer}.deformable_layer.self_attn_layer_norm."),
+    (_ENCODER + "layers.{layer}.linear1.", "model.encoder.layers.{layer}.deformable_layer.fc1."),
+    (_ENCODER + "layers.{layer}.linear2.", "model.encoder.layers.{layer}.deformable_layer.fc2."),
+    (_ENCODER + "layers.{layer}.norm2.", "model.encoder.layers.{layer}.deformable_layer.final_layer_norm."),
+    (_DECODER + "layers.{layer}.self_attn.out_proj.", "model.decoder.layers.{layer}.self_attn.out_proj."),
+    (_DECODER + "layers.{layer}.norm2.", "model.decoder.layers.{layer}.self_attn_layer_norm."),
+    (_DECODER + "layers.{layer}.ca_text.out_proj.", "model.decoder.layers.{layer}.encoder_attn_text.out_proj."),
+    (_DECODER + "layers.{layer}.catext_norm.", "model.decoder.layers.{layer}.encoder_attn_text_layer_norm."),
+    (_DECODER + "layers.{layer}.cross_attn.", "model.decoder.layers.{layer}.encoder_attn."),
+    (_DECODER + "layers.{layer}.norm1.", "model.decoder.layers.{layer}.encoder_attn_layer_norm."),
+    (_DECODER + "layers.{layer}.linear1.", "model.decoder.layers.{layer}.fc1."),
+    (_DECODER + "layers.{layer}.linear2.", "model.decoder.layers.{layer}.fc2."),
+    (_DECODER + "layers.{layer}.norm3.", "model.decoder.layers.{layer}.final_layer_norm."),
+    (_DECODER + "norm.", "model.decoder.layer_norm."),
+    (_DECODER + "ref_point_head.", "model.decoder.reference_points_head."),
+    ("bbox_embed.", "bbox_embed."),
+    ("class_embed.", "class_embed."),
+)
+# transformers' separate q, k, v projections → the authors' one in_proj: (the attention's transformers prefix,
+# q/k/v, weight/bias)
+_QKV = re.compile(r"(model\.(?:encoder\.layers\.\d+\.text_enhancer_layer\.self_attn|decoder\.layers\.\d+\."
+                  r"(?:self_attn|encoder_attn_text)))\.(query|key|value)\.(weight|bias)$")
+_QKV_TARGETS = ((".text_enhancer_layer.self_attn", "text_layers.{}.self_attn"),
+                (".encoder_attn_text", "ca_text"), (".self_attn", "self_attn"))
+
+
+def _in_proj_key(prefix: str) -> str:
+    """transformers' prefix of a q/k/v attention → this project's ``….in_proj_`` prefix."""
+    layer = re.search(r"layers\.(\d+)", prefix).group(1)
+    for theirs, ours in _QKV_TARGETS:
+        if prefix.endswith(theirs):
+            stack = _ENCODER if prefix.startswith("model.encoder.") else _DECODER + f"layers.{layer}."
+            name = ours.format(layer) if "{}" in ours else ours
+            return f"{stack}{name}.in_proj_"
+    raise AssertionError(prefix)
+
+
+def to_authors_state_dict(state_dict: dict[str, torch.Tensor], *, num_layers: int, share_box_heads: bool,
+                          share_class_heads: bool, where: str = "the state dict") -> dict[str, torch.Tensor]:
+    """A transformers Grounding DINO state dict → the authors' layout (:class:`GroundingDINO`'s keys); shared heads
+    written once (``*.0``) fill every layer. Keys without a counterpart raise a :class:`CheckpointError`."""
+    converted: dict[str, torch.Tensor] = {}
+    qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+    unknown = []
+    for key, value in state_dict.items():
+        if key.startswith("model.decoder.bbox_embed.") or key.startswith("model.decoder.class_embed."):
+            continue  # the decoder's references to the heads (tied in transformers), read from the heads
+        if key.endswith("position_ids") or key.endswith("num_batches_tracked"):
+            continue
+        match = _QKV.match(key)
+        if match:
+            qkv.setdefault((match.group(1), match.group(3)), {})[match.group(2)] = value
+            continue
+        new_key = (backbone_key_from_huggingface(key) if key.startswith(HF_BACKBONE_BODY)
+                   else rename_prefix(key, _PAIRS, to_huggingface=False))
+        if new_key is None:
+            unknown.append(key)
+        else:
+            converted[new_key] = value
+    for (prefix, kind), parts in qkv.items():
+        if set(parts) != {"query", "key", "value"}:
+            raise CheckpointError(f"{where}: {prefix} has {sorted(parts)} {kind}s but needs query, key and value")
+        converted[_in_proj_key(prefix) + kind] = torch.cat([parts["query"], parts["key"], parts["value"]])
+    if unknown:
+        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in this project's Grounding DINO, "
+                              f"e.g. {unknown[:3]}")
+    for head, shared in (("bbox_embed", share_box_heads), ("class_embed", share_class_heads)):
+        first = {key[len(f"{head}.0."):]: value for key, value in converted.items() if key.startswith(f"{head}.0.")}
+        for layer in range(1, num_layers):
+            for name, value in first.items():
+                if shared or f"{head}.{layer}.{name}" not in converted:
+                    converted[f"{head}.{layer}.{name}"] = value
+    return converted
+
+
+def _field(config: dict[str, Any], key: str, expected: Any, config_path: Path) -> None:
+    value = config.get(key, expected)
+    if value != expected:
+        raise CheckpointError(f"{config_path}: {key} = {value!r} has no counterpart here; this project's Grounding "
+                              f"DINO is the released models' ({key} = {expected!r})")
+
+
+def grounding_config(config: dict[str, Any], config_path: Path) -> GroundingConfig:
+    """config.json of a transformers (MM-)Grounding DINO → :class:`GroundingConfig`; options this project does not
+    build raise a :class:`CheckpointError` naming the field."""
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise CheckpointError(f"{config_path}: model_type {model_type!r} is not Grounding DINO; expected one of "
+                              f"{', '.join(MODEL_TYPES)}")
+    backbone_config = config.get("backbone_config")
+    if not isinstance(backbone_config, dict) or backbone_config.get("model_type") != "resnet":
+        kind = backbone_config.get("model_type") if isinstance(backbone_config, dict) else config.get("backbone")
+        raise CheckpointError(f"{config_path}: the image backbone is {kind!r}; this project builds Grounding DINO on "
+                              "a ResNet only (a transformers ResNet backbone_config), not yet on Swin")
+    backbone, dilation = check_backbone_config(config, str(config_path))
+    stages = backbone_config.get("out_features") or [f"stage{i}" for i in backbone_config.get("out_indices", [])]
+    if dilation or list(stages) != ["stage2", "stage3", "stage4"]:
+        raise CheckpointError(f"{config_path}: backbone_config out_features {stages} (dilation {dilation}): this "
+                              "project reads the ResNet's stage2, stage3 and stage4, without dilation")
+    for key, expected in (("two_stage", True), ("embedding_init_target", True), ("activation_function", "relu"),
+                          ("position_embedding_type", "sine"), ("query_dim", 4)):
+        _field(config, key, expected, config_path)
+    if config.get("num_feature_levels", 4) < 3:
+        raise CheckpointError(f"{config_path}: num_feature_levels {config['num_feature_levels']} < 3: transformers "
+                              "then still reads three backbone stages, which this project does not")
+    text_config = config.get("text_config") or {}
+    if text_config.get("model_type", "bert") != "bert":
+        raise CheckpointError(f"{config_path}: text_config model_type {text_config.get('model_type')!r}: the text "
+                              "encoder must be BERT")
+    return GroundingConfig(
+        backbone=backbone, text_config=text_config, hidden_dim=config.get("d_model", 256),
+        num_queries=config.get("num_queries", 900), num_feature_levels=config.get("num_feature_levels", 4),
+        encoder_layers=config.get("encoder_layers", 6), decoder_layers=config.get("decoder_layers", 6),
+        encoder_ffn_dim=config.get("encoder_ffn_dim", 2048), decoder_ffn_dim=config.get("decoder_ffn_dim", 2048),
+        encoder_heads=config.get("encoder_attention_heads", 8), decoder_heads=config.get("decoder_attention_heads", 8),
+        encoder_points=config.get("encoder_n_points", 4), decoder_points=config.get("decoder_n_points", 4),
+        max_text_len=config.get("max_text_len", 256),
+        position_temperature=float(config.get("positional_embedding_temperature", 20)),
+        layer_norm_eps=config.get("layer_norm_eps", 1e-5), dropout=config.get("dropout", 0.1),
+        fusion_drop_path=config.get("fusion_droppath", 0.1), class_head=MODEL_TYPES[model_type],
+        share_box_heads=config.get("decoder_bbox_embed_share", True),
+        share_class_heads=config.get("decoder_cls_embed_share", True))
+
+
+def read_grounding(directory: str | Path) -> tuple[dict[str, torch.Tensor], GroundingConfig]:
+    """A transformers (MM-)Grounding DINO directory → (the authors' state dict, its :class:`GroundingConfig`)."""
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{directory} has no config.json: expected a directory that transformers' "
+                              "GroundingDinoForObjectDetection.save_pretrained wrote")
+    config = grounding_config(read_json(config_path), config_path)
+    state_dict = to_authors_state_dict(read_weights(directory), num_layers=config.decoder_layers,
+                                       share_box_heads=config.share_box_heads,
+                                       share_class_heads=config.share_class_heads, where=str(directory))
+    return state_dict, config
+
+
+def load_grounding(directory: str | Path) -> GroundingDINO:
+    """The :class:`GroundingDINO` a transformers directory holds, in eval mode (needs transformers: BERT)."""
+    from detr.models.grounding.build import build_grounding
+
+    state_dict, config = read_grounding(directory)
+    model = build_grounding(config)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{directory}: the weights do not fit the model its config.json describes: missing "
+                              f"{missing[:3]}{'…' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}")
+    return model.eval()
+
+
+def load_grounding_tokenizer(directory: str | Path) -> Any:
+    """The prompt's tokenizer from the directory's tokenizer files (``tokenizer.json`` or ``vocab.txt``, as
+    ``save_pretrained`` of the processor writes them): transformers' ``AutoTokenizer``."""
+    directory = Path(directory)
+    if not any((directory / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+        raise CheckpointError(f"{directory} has no tokenizer files (tokenizer.json or vocab.txt): save the processor "
+                              "there too (GroundingDinoProcessor.save_pretrained), or pass input_ids yourself")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory))

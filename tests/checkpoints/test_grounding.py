@@ -1,0 +1,126 @@
+"""transformers' Grounding DINO and MM-Grounding-DINO directories → this project's model, with transformers'
+logits and boxes on a padded batch of two real photos and two prompts of different lengths; its phrase masks and
+position encodings equal to transformers'; options it does not build refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from detr.checkpoints import CheckpointError
+from detr.checkpoints.grounding import load_grounding, load_grounding_tokenizer, read_grounding
+from detr.models.grounding.text import box_position_embedding, phrase_attention
+from tests.helpers import padded_photo_batch, randomise
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+TOLERANCE = 1e-4
+PROMPTS = ["a cat. a remote control.", "two dogs?"]
+WORDS = ["a", "cat", "remote", "control", "two", "dog", "##s", "the", "cats", "couch"]
+TINY = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_n_points=2, decoder_n_points=2,
+            num_queries=12, max_text_len=24, dropout=0.0, fusion_droppath=0.0)
+
+
+def vocabulary() -> dict[str, int]:
+    """A WordPiece vocabulary with bert-base-uncased's ids for the tokens the model reads ([PAD] 0, [UNK] 100,
+    [CLS] 101, [SEP] 102, [MASK] 103, "." 1012, "?" 1029), a few words, and fillers in between."""
+    tokens = [f"[unused{i}]" for i in range(1040)]
+    for index, token in {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", 103: "[MASK]", 1012: ".",
+                         1029: "?"}.items():
+        tokens[index] = token
+    for index, word in enumerate(WORDS, start=1030):
+        tokens[index] = word
+    return {token: index for index, token in enumerate(tokens)}
+
+
+def write_directory(directory, family: str, *, seed: int = 0, **options):
+    """A tiny random transformers (MM-)Grounding DINO with a ResNet-18 and a one-layer BERT, saved with its
+    processor (tokenizer from a written vocabulary); returns the transformers model."""
+    resnet = transformers.ResNetConfig(layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                                       out_features=["stage2", "stage3", "stage4"])
+    bert = transformers.BertConfig(vocab_size=1040, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=37, max_position_embeddings=64)
+    if family == "mm":
+        config = transformers.MMGroundingDinoConfig(backbone_config=resnet, text_config=bert, **TINY, **options)
+        model = transformers.MMGroundingDinoForObjectDetection(config)
+    else:
+        config = transformers.GroundingDinoConfig(backbone_config=resnet, text_config=bert, **TINY, **options)
+        model = transformers.GroundingDinoForObjectDetection(config)
+    randomise(model, seed)
+    with torch.no_grad():  # the fusion's gains start at 1e-4: make the fusion count
+        for name, parameter in model.named_parameters():
+            if name.endswith(("vision_param", "text_param")):
+                parameter.uniform_(0.5, 1.5)
+    model.eval().save_pretrained(directory)
+    tokenizer = transformers.BertTokenizerFast(vocab=vocabulary(), do_lower_case=True)
+    processor = transformers.GroundingDinoProcessor(transformers.GroundingDinoImageProcessor(), tokenizer)
+    processor.save_pretrained(directory)
+    return model
+
+
+@pytest.fixture(scope="module")
+def photo_batch():
+    return padded_photo_batch()
+
+
+@pytest.mark.parametrize("family,options", [("gdino", {}), ("gdino", {"decoder_bbox_embed_share": False}),
+                                            ("mm", {}), ("mm", {"decoder_cls_embed_share": False})])
+def test_transformers_directory_gives_transformers_logits_and_boxes(tmp_path, photo_batch, family, options):
+    """Same weights, images, input_ids and attention mask → the same logits (−inf at the same places) and boxes,
+    for every decoder layer's heads shared or not."""
+    theirs = write_directory(tmp_path / "model", family, **options)
+    ours = load_grounding(tmp_path / "model")
+    images, padding_mask = photo_batch
+    text = load_grounding_tokenizer(tmp_path / "model")(PROMPTS, padding="longest", return_tensors="pt")
+    assert text["input_ids"].tolist()[1] == [101, 1034, 1035, 1036, 1029, 102, 0, 0, 0, 0]  # two dog ##s ?
+    assert text["input_ids"].shape[1] < TINY["max_text_len"]
+    with torch.no_grad():
+        expected = theirs(pixel_values=images, pixel_mask=(~padding_mask).long(), input_ids=text["input_ids"],
+                          attention_mask=text["attention_mask"], token_type_ids=text["token_type_ids"])
+        got = ours(images, padding_mask, text["input_ids"], text["attention_mask"], text["token_type_ids"])
+    assert got.logits.shape == expected.logits.shape == (2, TINY["num_queries"], TINY["max_text_len"])
+    assert torch.equal(got.logits.isinf(), expected.logits.isinf())
+    torch.testing.assert_close(got.logits, expected.logits, atol=TOLERANCE, rtol=TOLERANCE)
+    torch.testing.assert_close(got.boxes, expected.pred_boxes, atol=TOLERANCE, rtol=TOLERANCE)
+    assert expected.logits.isfinite().any(-1).all() and expected.logits[expected.logits.isfinite()].std() > 0.1
+
+
+def test_phrase_attention_and_positions_are_transformers():
+    from transformers.models.grounding_dino.modeling_grounding_dino import (
+        SPECIAL_TOKENS,
+        generate_masks_with_special_tokens_and_transfer_map,
+    )
+
+    input_ids = torch.tensor([[101, 1030, 1031, 1012, 1030, 1032, 1033, 1012, 102, 0, 0],
+                              [101, 1034, 1035, 1036, 1029, 1037, 102, 0, 0, 0, 0],
+                              [101, 1030, 1012, 1012, 1031, 1032, 1033, 1034, 1035, 1036, 102]])
+    allowed, positions = phrase_attention(input_ids)
+    expected_allowed, expected_positions = generate_masks_with_special_tokens_and_transfer_map(
+        input_ids, torch.tensor(SPECIAL_TOKENS))
+    assert torch.equal(allowed, expected_allowed)
+    assert torch.equal(positions, expected_positions)
+
+
+def test_box_position_embedding_is_transformers():
+    from transformers.models.grounding_dino.modeling_grounding_dino import encode_sinusoidal_position_embedding
+
+    boxes = torch.rand(2, 5, 4)
+    torch.testing.assert_close(box_position_embedding(boxes, 32), encode_sinusoidal_position_embedding(boxes, 16))
+
+
+def test_options_without_counterpart_are_refused_by_name(tmp_path):
+    write_directory(tmp_path / "model", "gdino")
+    config_path = tmp_path / "model" / "config.json"
+    config = json.loads(config_path.read_text())
+    for key, value, named in (("two_stage", False, "two_stage"), ("activation_function", "gelu", "activation"),
+                              ("model_type", "deformable_detr", "model_type")):
+        config_path.write_text(json.dumps({**config, key: value}))
+        with pytest.raises(CheckpointError, match=named):
+            read_grounding(tmp_path / "model")
+    config_path.write_text(json.dumps({**config, "backbone_config": {"model_type": "swin"}}))
+    with pytest.raises(CheckpointError, match="swin"):
+        read_grounding(tmp_path / "model")
