@@ -76,7 +76,7 @@ def test_transformers_directory_gives_transformers_logits_and_boxes(tmp_path, ph
     ours = load_grounding(tmp_path / "model")
     images, padding_mask = photo_batch
     text = load_grounding_tokenizer(tmp_path / "model")(PROMPTS, padding="longest", return_tensors="pt")
-    assert text["input_ids"].tolist()[1] == [101, 1034, 1035, 1036, 1029, 102, 0, 0, 0, 0]  # two dog ##s ?
+    assert text["input_ids"].tolist()[1] == [101, 1034, 1035, 1036, 1029, 102, 0, 0, 0]  # two dog ##s ?
     assert text["input_ids"].shape[1] < TINY["max_text_len"]
     with torch.no_grad():
         expected = theirs(pixel_values=images, pixel_mask=(~padding_mask).long(), input_ids=text["input_ids"],
