@@ -51,10 +51,12 @@ def write_directory(directory, family: str, *, seed: int = 0, **options):
         config = transformers.GroundingDinoConfig(backbone_config=resnet, text_config=bert, **TINY, **options)
         model = transformers.GroundingDinoForObjectDetection(config)
     randomise(model, seed)
-    with torch.no_grad():  # the fusion's gains start at 1e-4: make the fusion count
-        for name, parameter in model.named_parameters():
-            if name.endswith(("vision_param", "text_param")):
+    with torch.no_grad():  # the fusion's gains start at 1e-4: make the fusion count (the text's less, as the
+        for name, parameter in model.named_parameters():  # image's mean would make every token alike)
+            if name.endswith("vision_param"):
                 parameter.uniform_(0.5, 1.5)
+            elif name.endswith("text_param"):
+                parameter.uniform_(0.05, 0.15)
     model.eval().save_pretrained(directory)
     tokenizer = transformers.BertTokenizerFast(vocab=vocabulary(), do_lower_case=True)
     processor = transformers.GroundingDinoProcessor(transformers.GroundingDinoImageProcessor(), tokenizer)
@@ -124,3 +126,76 @@ def test_options_without_counterpart_are_refused_by_name(tmp_path):
     config_path.write_text(json.dumps({**config, "backbone_config": {"model_type": "swin"}}))
     with pytest.raises(CheckpointError, match="swin"):
         read_grounding(tmp_path / "model")
+
+
+def test_phrases_boxes_and_scores_are_the_processors_on_a_photo(tmp_path):
+    """The processor's inputs for a real photo and prompt → our model + :func:`grounded_detections` give what
+    transformers' model + ``post_process_grounded_object_detection`` give (boxes in pixels, scores, phrases)."""
+    from PIL import Image
+
+    from detr.inference.grounding import grounded_detections
+    from tests.helpers import REPO
+
+    theirs = write_directory(tmp_path / "model", "gdino", seed=3)
+    ours = load_grounding(tmp_path / "model")
+    processor = transformers.GroundingDinoProcessor.from_pretrained(tmp_path / "model")
+    processor.image_processor.size = {"shortest_edge": 160, "longest_edge": 240}
+    photo = Image.open(REPO / "data" / "photos" / "000000039769.png").convert("RGB")
+    inputs = processor(images=photo, text="a cat. a remote control.", return_tensors="pt")
+    with torch.no_grad():
+        expected_outputs = theirs(**inputs)
+        got = ours(inputs["pixel_values"], ~inputs["pixel_mask"].bool(), inputs["input_ids"],
+                   inputs["attention_mask"], inputs["token_type_ids"])
+    scores = expected_outputs.logits.sigmoid()[0]  # [Q, T]
+    best = scores.max(-1).values.sort().values
+    threshold = (best[-5] + best[-6]).item() / 2  # five boxes kept
+    kept = scores[scores.max(-1).values > threshold]
+    tokens = kept[kept > 0].sort().values
+    middle = tokens[len(tokens) // 4: 3 * len(tokens) // 4]
+    gap = (middle[1:] - middle[:-1]).argmax()  # the widest gap among the middle half: no score near it
+    text_threshold = (middle[gap] + middle[gap + 1]).item() / 2
+    size = (photo.height, photo.width)
+    expected = processor.post_process_grounded_object_detection(
+        expected_outputs, inputs["input_ids"], threshold=threshold, text_threshold=text_threshold,
+        target_sizes=[size])[0]
+    result = grounded_detections(got.logits, got.boxes, inputs["input_ids"], processor.tokenizer.decode,
+                                 threshold=threshold, text_threshold=text_threshold, image_sizes=[size])[0]
+    assert len(result.phrases) == 5 and result.phrases == expected["text_labels"]
+    assert len(set(result.phrases)) > 1, result.phrases
+    torch.testing.assert_close(result.scores, expected["scores"], atol=TOLERANCE, rtol=TOLERANCE)
+    torch.testing.assert_close(result.boxes, expected["boxes"], atol=1e-2, rtol=TOLERANCE)  # pixels
+
+
+def test_phrases_of_chosen_token_scores_are_the_processors():
+    """Logits that pick different words of the prompt per query → the processor's phrases, scores and boxes."""
+    from types import SimpleNamespace
+
+    from detr.inference.grounding import grounded_detections
+
+    tokenizer = transformers.BertTokenizerFast(vocab=vocabulary(), do_lower_case=True)
+    processor = transformers.GroundingDinoProcessor(transformers.GroundingDinoImageProcessor(), tokenizer)
+    input_ids = tokenizer(["a cat. a remote control.", "two dogs?"], padding="longest",
+                          return_tensors="pt")["input_ids"]
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 6, 16, generator=generator) * 3
+    logits[:, :, input_ids.shape[1]:] = float("-inf")
+    logits[1, :, 6:] = float("-inf")  # the second prompt's padding
+    boxes = torch.rand(2, 6, 4, generator=generator) * 0.5 + 0.25
+    expected = processor.post_process_grounded_object_detection(
+        SimpleNamespace(logits=logits, pred_boxes=boxes), input_ids, threshold=0.6, text_threshold=0.5,
+        target_sizes=[(480, 640), (300, 200)])
+    got = grounded_detections(logits, boxes, input_ids, tokenizer.decode, threshold=0.6, text_threshold=0.5,
+                              image_sizes=[(480, 640), (300, 200)])
+    for result, reference in zip(got, expected):
+        assert result.phrases == reference["text_labels"]
+        torch.testing.assert_close(result.scores, reference["scores"])
+        torch.testing.assert_close(result.boxes, reference["boxes"])
+    assert len({phrase for result in got for phrase in result.phrases}) > 3
+
+
+def test_thresholds_outside_scores_are_refused():
+    from detr.inference.grounding import grounded_detections
+
+    with pytest.raises(ValueError, match="text_threshold"):
+        grounded_detections(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.zeros(1, 3, dtype=torch.long), str,
+                            text_threshold=1.5)
