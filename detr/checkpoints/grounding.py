@@ -55,10 +55,12 @@ from detr.checkpoints.huggingface import (
     HF_BACKBONE_BODY,
     backbone_key_from_huggingface,
     check_backbone_config,
+    processor_eval_size,
     read_json,
     read_weights,
     rename_prefix,
 )
+from detr.models.config import ModelMeta
 from detr.models.grounding.config import GroundingConfig
 from detr.models.grounding.model import GroundingDINO
 
@@ -219,7 +221,7 @@ def grounding_config(config: dict[str, Any], config_path: Path) -> GroundingConf
         max_text_len=config.get("max_text_len", 256),
         position_temperature=float(config.get("positional_embedding_temperature", 20)),
         layer_norm_eps=config.get("layer_norm_eps", 1e-5), dropout=config.get("dropout", 0.1),
-        fusion_drop_path=config.get("fusion_droppath", 0.1), class_head=MODEL_TYPES[model_type],
+        fusion_drop_path=config.get("fusion_droppath", 0.1), contrastive_head=MODEL_TYPES[model_type],
         share_box_heads=config.get("decoder_bbox_embed_share", True),
         share_class_heads=config.get("decoder_cls_embed_share", True))
 
@@ -238,17 +240,43 @@ def read_grounding(directory: str | Path) -> tuple[dict[str, torch.Tensor], Grou
     return state_dict, config
 
 
+def is_grounding_directory(path: str | Path) -> bool:
+    """Whether ``path`` is a directory whose config.json names a (MM-)Grounding DINO."""
+    config_path = Path(path) / "config.json"
+    return config_path.is_file() and read_json(config_path).get("model_type") in MODEL_TYPES
+
+
 def load_grounding(directory: str | Path) -> GroundingDINO:
-    """The :class:`GroundingDINO` a transformers directory holds, in eval mode (needs transformers: BERT)."""
+    """The :class:`GroundingDINO` a transformers directory holds, in eval mode (needs transformers: BERT), with
+    its tokenizer (``model.tokenizer``, when the directory has the tokenizer files) and the processor's resize
+    (``model.meta.eval_size``)."""
     from detr.models.grounding.build import build_grounding
 
+    directory = Path(directory)
     state_dict, config = read_grounding(directory)
     model = build_grounding(config)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     if missing or unexpected:
         raise CheckpointError(f"{directory}: the weights do not fit the model its config.json describes: missing "
                               f"{missing[:3]}{'…' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}")
+    model.meta = ModelMeta(eval_size=_eval_size(directory))
+    if any((directory / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+        model.tokenizer = load_grounding_tokenizer(directory)
+    else:
+        logger.warning("%s has no tokenizer files: prompts cannot be read (pass input_ids to the model)", directory)
+    logger.info("loaded %s (%s)", directory, model.describe())
     return model.eval()
+
+
+def _eval_size(directory: Path) -> tuple[int, int] | None:
+    """The processor's resize (shortest, longest side): preprocessor_config.json (the hub's directories), else the
+    ``image_processor`` of processor_config.json (what transformers 5's processor ``save_pretrained`` writes)."""
+    combined = directory / "processor_config.json"
+    if not (directory / "preprocessor_config.json").is_file() and combined.is_file():
+        size = read_json(combined).get("image_processor", {}).get("size")
+        if isinstance(size, dict) and "shortest_edge" in size and "longest_edge" in size:
+            return int(size["shortest_edge"]), int(size["longest_edge"])
+    return processor_eval_size(directory)
 
 
 def load_grounding_tokenizer(directory: str | Path) -> Any:

@@ -12,57 +12,12 @@ import torch
 from detr.checkpoints import CheckpointError
 from detr.checkpoints.grounding import load_grounding, load_grounding_tokenizer, read_grounding
 from detr.models.grounding.text import box_position_embedding, phrase_attention
-from tests.helpers import padded_photo_batch, randomise
+from tests.helpers import padded_photo_batch
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-TOLERANCE = 1e-4
-PROMPTS = ["a cat. a remote control.", "two dogs?"]
-WORDS = ["a", "cat", "remote", "control", "two", "dog", "##s", "the", "cats", "couch"]
-TINY = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
-            encoder_attention_heads=4, decoder_attention_heads=4, encoder_n_points=2, decoder_n_points=2,
-            num_queries=12, max_text_len=24, dropout=0.0, fusion_droppath=0.0)
-
-
-def vocabulary() -> dict[str, int]:
-    """A WordPiece vocabulary with bert-base-uncased's ids for the tokens the model reads ([PAD] 0, [UNK] 100,
-    [CLS] 101, [SEP] 102, [MASK] 103, "." 1012, "?" 1029), a few words, and fillers in between."""
-    tokens = [f"[unused{i}]" for i in range(1040)]
-    for index, token in {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", 103: "[MASK]", 1012: ".",
-                         1029: "?"}.items():
-        tokens[index] = token
-    for index, word in enumerate(WORDS, start=1030):
-        tokens[index] = word
-    return {token: index for index, token in enumerate(tokens)}
-
-
-def write_directory(directory, family: str, *, seed: int = 0, **options):
-    """A tiny random transformers (MM-)Grounding DINO with a ResNet-18 and a one-layer BERT, saved with its
-    processor (tokenizer from a written vocabulary); returns the transformers model."""
-    resnet = transformers.ResNetConfig(layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
-                                       out_features=["stage2", "stage3", "stage4"])
-    bert = transformers.BertConfig(vocab_size=1040, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                   intermediate_size=37, max_position_embeddings=64)
-    if family == "mm":
-        config = transformers.MMGroundingDinoConfig(backbone_config=resnet, text_config=bert, **TINY, **options)
-        model = transformers.MMGroundingDinoForObjectDetection(config)
-    else:
-        config = transformers.GroundingDinoConfig(backbone_config=resnet, text_config=bert, **TINY, **options)
-        model = transformers.GroundingDinoForObjectDetection(config)
-    randomise(model, seed)
-    with torch.no_grad():  # the fusion's gains start at 1e-4: make the fusion count (the text's less, as the
-        for name, parameter in model.named_parameters():  # image's mean would make every token alike)
-            if name.endswith("vision_param"):
-                parameter.uniform_(0.5, 1.5)
-            elif name.endswith("text_param"):
-                parameter.uniform_(0.05, 0.15)
-    model.eval().save_pretrained(directory)
-    tokenizer = transformers.BertTokenizerFast(vocab=vocabulary(), do_lower_case=True)
-    processor = transformers.GroundingDinoProcessor(transformers.GroundingDinoImageProcessor(), tokenizer)
-    processor.save_pretrained(directory)
-    return model
-
+from tests.helpers_grounding import PROMPTS, TINY, TOLERANCE, vocabulary, write_directory  # noqa: E402
 
 @pytest.fixture(scope="module")
 def photo_batch():

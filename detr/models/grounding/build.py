@@ -34,5 +34,5 @@ def build_grounding(config: GroundingConfig, *, pretrained_backbone: bool | str 
          for _ in range(c.decoder_layers)], c.hidden_dim, layer_norm_eps=c.layer_norm_eps)
     transformer = GroundingTransformer(encoder, decoder, hidden_dim=c.hidden_dim, num_queries=c.num_queries,
                                        num_levels=c.num_feature_levels, max_text_len=c.max_text_len,
-                                       class_head=c.class_head, layer_norm_eps=c.layer_norm_eps)
+                                       contrastive_head=c.contrastive_head, layer_norm_eps=c.layer_norm_eps)
     return GroundingDINO(backbone, build_bert(c.text_config), transformer, c)

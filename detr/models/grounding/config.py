@@ -3,7 +3,7 @@
 Defaults are Grounding DINO-T's (Liu et al., "Grounding DINO", ECCV 2024; transformers' ``GroundingDinoConfig``):
 256 channels, 900 queries, 4 levels, 6 + 6 layers, a BERT text encoder of at most 256 tokens.
 MM-Grounding-DINO (Zhao et al. 2024; LLMDet loads as it) differs in its contrastive class head only:
-``class_head="scaled_bias"``.
+``contrastive_head="scaled_bias"``.
 """
 
 from __future__ import annotations
@@ -51,13 +51,13 @@ class GroundingConfig:
     layer_norm_eps: float = 1e-5
     dropout: float = 0.1
     fusion_drop_path: float = 0.1
-    class_head: ContrastiveHead = "dot"
+    contrastive_head: ContrastiveHead = "dot"
     share_box_heads: bool = True
     share_class_heads: bool = True
 
     def __post_init__(self) -> None:
-        if self.class_head not in ("dot", "scaled_bias"):
-            raise ValueError(f"class_head must be 'dot' or 'scaled_bias', got {self.class_head!r}")
+        if self.contrastive_head not in ("dot", "scaled_bias"):
+            raise ValueError(f"contrastive_head must be 'dot' or 'scaled_bias', got {self.contrastive_head!r}")
         if self.hidden_dim % 32:
             raise ValueError(f"hidden_dim {self.hidden_dim} must divide by 32 (the input projections' GroupNorm)")
         for name, heads in (("encoder_heads", self.encoder_heads), ("decoder_heads", self.decoder_heads)):
@@ -66,3 +66,14 @@ class GroundingConfig:
         if self.encoder_heads % 2 or (self.encoder_ffn_dim // 2) % (self.encoder_heads // 2):
             raise ValueError(f"encoder_heads {self.encoder_heads} must be even and encoder_ffn_dim / 2 "
                              f"({self.encoder_ffn_dim // 2}) must divide by half of it (the fusion's heads)")
+
+    @property
+    def num_classes(self) -> int:
+        """The logits' last size: one column per prompt token (``max_text_len``), what the detector contract
+        calls its classes."""
+        return self.max_text_len
+
+    @property
+    def class_head(self) -> str:
+        """How the logits are read: "sigmoid" (a score per prompt token)."""
+        return "sigmoid"

@@ -16,6 +16,8 @@ State-dict keys are the authors' (IDEA-Research/GroundingDINO): ``backbone.0.bod
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -23,11 +25,12 @@ from detr.box_ops import inverse_sigmoid
 from detr.models.backbone import Joiner, downsample_mask
 from detr.models.deformable.model import stage_channels
 from detr.models.deformable.transformer import REFERENCE_EPS
-from detr.models.detector import check_inputs
+from detr.models.detector import Detector, check_inputs
 from detr.models.grounding.config import GroundingConfig
 from detr.models.grounding.contrastive import ContrastiveEmbed
 from detr.models.grounding.text import phrase_attention, text_position_embedding
 from detr.models.grounding.transformer import GroundingTransformer
+from detr.models.inputs import InputSpec
 from detr.models.mlp import MLP
 from detr.models.outputs import DetectorOutput, LayerOutput, stack_layers
 
@@ -41,7 +44,7 @@ def _projection(in_channels: int, hidden_dim: int, *, extra: bool) -> nn.Sequent
     return nn.Sequential(conv, nn.GroupNorm(32, hidden_dim))
 
 
-class GroundingDINO(nn.Module):
+class GroundingDINO(Detector):
     """Image + prompt tokens → per-query logits over the prompt's tokens and boxes.
 
     Args:
@@ -50,16 +53,25 @@ class GroundingDINO(nn.Module):
         transformer: the :class:`GroundingTransformer`.
         config: the :class:`GroundingConfig` the parts were built from (its heads, sizes).
         aux_loss: also return every earlier decoder layer's predictions.
+
+    Attributes: those of the :class:`~detr.models.detector.Detector` contract, with ``prompted`` True (its
+    forward takes the prompt's tokens too) and ``num_classes`` the logits' columns (``max_text_len``);
+    ``tokenizer``: the prompt's tokenizer (transformers' BERT tokenizer, set by the loader; None when built).
     """
 
     class_head = "sigmoid"
+    attention_kind = None
+    exportable = False
+    prompted = True
 
     def __init__(self, backbone: Joiner, bert: nn.Module, transformer: GroundingTransformer, config: GroundingConfig,
                  *, aux_loss: bool = True) -> None:
         super().__init__()
         hidden_dim, levels, layers = config.hidden_dim, config.num_feature_levels, config.decoder_layers
-        self.config, self.aux_loss = config, aux_loss
+        self.config, self.aux_loss = config, aux_loss  # type: ignore[assignment]
         self.num_queries, self.max_text_len = config.num_queries, config.max_text_len
+        self.num_classes = config.max_text_len
+        self.tokenizer: Any = None
         self.backbone, self.bert, self.transformer = backbone, bert, transformer
         self.feat_map = nn.Linear(bert.config.hidden_size, hidden_dim)
         self.stages = _STAGES[-min(levels, len(_STAGES)):]
@@ -70,7 +82,7 @@ class GroundingDINO(nn.Module):
                                            extra=True))
         self.input_proj = nn.ModuleList(projections)
         box_heads = [MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(1 if config.share_box_heads else layers)]
-        class_heads = [ContrastiveEmbed(config.max_text_len, config.class_head)
+        class_heads = [ContrastiveEmbed(config.max_text_len, config.contrastive_head)
                        for _ in range(1 if config.share_class_heads else layers)]
         for head in box_heads:
             nn.init.zeros_(head.layers[-1].weight)
@@ -78,6 +90,30 @@ class GroundingDINO(nn.Module):
         # a shared head is one module at every index (the decoder's refinement reads the same modules)
         self.bbox_embed = nn.ModuleList(box_heads * layers if config.share_box_heads else box_heads)
         self.class_embed = nn.ModuleList(class_heads * layers if config.share_class_heads else class_heads)
+
+    @property
+    def stride(self) -> int:
+        """Input pixels per cell of the finest level: 8 (3 levels or more)."""
+        return {"layer2": 8, "layer3": 16, "layer4": self.backbone[0].stride}[self.stages[0]]
+
+    @property
+    def min_image_size(self) -> int:
+        """One stride of the coarsest level more than a single cell."""
+        return self.backbone[0].stride * 2 ** max(len(self.input_proj) - 3, 0) + 1
+
+    @property
+    def input_spec(self) -> InputSpec:
+        """transformers' ``GroundingDinoImageProcessor``: shortest side 800, longest at most 1333 (or the
+        checkpoint's ``meta.eval_size``), antialiased bilinear resize, ImageNet normalisation, zero padding."""
+        size, max_size = self.meta.eval_size or (800, 1333)
+        return InputSpec(size=size, max_size=max_size, interpolation="antialiased")
+
+    def describe(self) -> str:
+        """The family, its contrastive head and sizes."""
+        c = self.config
+        name = "MM-Grounding-DINO" if c.contrastive_head == "scaled_bias" else "Grounding DINO"
+        return (f"{name}, {c.backbone}, {c.encoder_layers} + {c.decoder_layers} layers, {c.hidden_dim} hidden, "
+                f"{c.num_queries} queries, prompts of at most {c.max_text_len} tokens")
 
     def multi_scale_features(self, images: torch.Tensor, padding_mask: torch.Tensor
                              ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:

@@ -20,6 +20,7 @@ from torch import nn
 
 from detr.models.deformable.attention import SpatialShapes
 from detr.models.deformable.transformer import encoder_proposals, encoder_reference_points, valid_ratios
+from detr.models.grounding.config import ContrastiveHead
 from detr.models.grounding.contrastive import ContrastiveEmbed
 from detr.models.grounding.decoder import CrossModalityDecoder
 from detr.models.grounding.encoder import FeatureEnhancer
@@ -47,12 +48,12 @@ class GroundingTransformer(nn.Module):
 
     Args:
         encoder: the :class:`FeatureEnhancer`. decoder: the :class:`CrossModalityDecoder`.
-        num_queries: Q (the released models: 900). num_levels: L. max_text_len, class_head: the proposals'
+        num_queries: Q (the released models: 900). num_levels: L. max_text_len, contrastive_head: the proposals'
             contrastive head (:class:`ContrastiveEmbed`).
     """
 
     def __init__(self, encoder: FeatureEnhancer, decoder: CrossModalityDecoder, *, hidden_dim: int, num_queries: int,
-                 num_levels: int, max_text_len: int, class_head: str = "dot", layer_norm_eps: float = 1e-5) -> None:
+                 num_levels: int, max_text_len: int, contrastive_head: ContrastiveHead = "dot", layer_norm_eps: float = 1e-5) -> None:
         super().__init__()
         self.encoder, self.decoder = encoder, decoder
         self.num_queries, self.num_levels = num_queries, num_levels
@@ -61,7 +62,7 @@ class GroundingTransformer(nn.Module):
         self.enc_output = nn.Linear(hidden_dim, hidden_dim)
         self.enc_output_norm = nn.LayerNorm(hidden_dim, layer_norm_eps)
         self.enc_out_bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
-        self.enc_out_class_embed = ContrastiveEmbed(max_text_len, class_head)
+        self.enc_out_class_embed = ContrastiveEmbed(max_text_len, contrastive_head)
 
     def forward(self, sources: list[torch.Tensor], masks: list[torch.Tensor], positions: list[torch.Tensor],
                 text: torch.Tensor, text_position: torch.Tensor, text_mask: torch.Tensor, text_allowed: torch.Tensor,

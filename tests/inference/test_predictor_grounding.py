@@ -1,0 +1,70 @@
+"""The Predictor with a prompt, on a transformers Grounding DINO directory: the boxes, scores and phrases of
+transformers' processor + model + ``post_process_grounded_object_detection`` on a real photo; labels = the
+prompt's phrases; a prompt where none is read (and none where one is) refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from detr.inference.grounding import prompt_text
+from detr.inference.predictor import Predictor
+from tests.helpers import REPO
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from tests.helpers_grounding import write_directory  # noqa: E402
+
+PHOTO = REPO / "data" / "photos" / "000000039769.png"
+SIZE = (160, 240)  # the processor's resize (shortest, longest side): a quick test
+
+
+@pytest.fixture(scope="module")
+def directory(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("grounding") / "model"
+    write_directory(directory, "gdino", seed=3, image_size=SIZE)
+    return directory
+
+
+def test_prompt_gives_the_processors_boxes_scores_and_phrases(directory):
+    theirs = transformers.GroundingDinoForObjectDetection.from_pretrained(directory).eval()
+    processor = transformers.GroundingDinoProcessor.from_pretrained(directory)
+    photo = Image.open(PHOTO).convert("RGB")
+    inputs = processor(images=photo, text="a cat. a remote control.", return_tensors="pt")
+    with torch.no_grad():
+        outputs = theirs(**inputs)
+    best = outputs.logits.sigmoid()[0].max(-1).values.sort().values
+    threshold = (best[-4] + best[-5]).item() / 2  # four boxes
+    expected = processor.post_process_grounded_object_detection(
+        outputs, inputs["input_ids"], threshold=threshold, text_threshold=0.5,
+        target_sizes=[(photo.height, photo.width)])[0]
+
+    predictor = Predictor.from_checkpoint(directory, device="cpu")
+    assert predictor.min_size == SIZE[0] and predictor.max_size == SIZE[1]
+    prediction = predictor.predict(PHOTO, prompt="a cat. a remote control.", threshold=threshold,
+                                   text_threshold=0.5)[0]
+    assert len(prediction) == 4
+    assert prediction.label_names == expected["text_labels"]
+    torch.testing.assert_close(prediction.scores, expected["scores"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(prediction.boxes, expected["boxes"], atol=0.05, rtol=1e-4)  # pixels
+    assert set(prediction.labels.tolist()) <= {0, 1}  # "a cat" or "a remote control"
+
+
+def test_phrase_list_is_the_same_prompt(directory):
+    predictor = Predictor.from_checkpoint(directory, device="cpu")
+    assert prompt_text(["A cat", "a remote control"]) == prompt_text("a cat. a remote control")
+    first = predictor.predict(PHOTO, prompt=["a cat", "a remote control"], threshold=0.0)[0]
+    second = predictor.predict(PHOTO, prompt="a cat. a remote control.", threshold=0.0)[0]
+    assert first.label_names == second.label_names and torch.equal(first.boxes, second.boxes)
+
+
+def test_a_prompted_model_needs_a_prompt_and_others_refuse_one(directory):
+    predictor = Predictor.from_checkpoint(directory, device="cpu")
+    with pytest.raises(ValueError, match="prompt="):
+        predictor.predict(PHOTO)
+    with pytest.raises(ValueError, match="empty"):
+        predictor.predict(PHOTO, prompt=" ")
+    with pytest.raises(ValueError, match="text_threshold"):
+        predictor.predict(PHOTO, prompt="a cat.", text_threshold=2.0)
