@@ -253,7 +253,6 @@ class Predictor:
                 ``slice`` with ``return_attention`` or ``task="panoptic"``.
         """
         self.check_task(task)
-        self.check_prompt(prompt, task=task, slice=slice, return_attention=return_attention)
         if is_single_image(images):
             images = [images]  # type: ignore[list-item]
         keep_threshold = None if all_queries else (self.threshold if threshold is None else float(threshold))
@@ -261,13 +260,10 @@ class Predictor:
         for chunk in _chunks(list(images), self.batch_size):  # type: ignore[arg-type]
             arrays = [to_rgb_array(image) for image in chunk]
             names = [Path(image).name if isinstance(image, (str, Path)) else None for image in chunk]
-            if prompt is not None:
-                predictions.extend(self._predict_prompted(arrays, names, prompt, keep_threshold, text_threshold))
-                continue
             predictions.extend(
                 self.predict_arrays(
                     arrays, file_names=names, threshold=keep_threshold, return_attention=return_attention, task=task,
-                    slice=slice,
+                    slice=slice, prompt=prompt, text_threshold=text_threshold,
                 )
             )
         return predictions
@@ -356,6 +352,8 @@ class Predictor:
         masks: bool = True,
         check_finite: bool = False,
         slice: SliceSettings | int | None = None,
+        prompt: str | Sequence[str] | None = None,
+        text_threshold: float = 0.25,
     ) -> list[Prediction]:
         """One forward pass on already loaded ``uint8`` RGB arrays ``[H, W, 3]`` (one batch, any count).
 
@@ -365,12 +363,17 @@ class Predictor:
         a full-size mask per query costs memory). An image whose logits or boxes are not finite gets a
         prediction without detections whose ``error`` says so (:func:`detr.inference.predict.predictions_from_outputs`);
         ``check_finite=True`` raises :class:`NonFiniteOutputError` instead. ``slice``: see :meth:`predict`; the
-        tiles of all ``arrays`` are batched :attr:`batch_size` at a time.
+        tiles of all ``arrays`` are batched :attr:`batch_size` at a time. ``prompt``, ``text_threshold``: a prompted
+        model's (see :meth:`predict`).
         """
         self.check_task(task)
+        self.check_prompt(prompt, task=task, slice=slice, return_attention=return_attention)
         settings = self.check_slice(slice, return_attention=return_attention, task=task)
         if not arrays:
             return []
+        if prompt is not None:
+            return self._predict_prompted(arrays, file_names or [None] * len(arrays), prompt, threshold,
+                                          text_threshold)
         if settings is not None:
             predictions = predict_sliced(
                 arrays, settings,

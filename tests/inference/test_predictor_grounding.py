@@ -68,3 +68,30 @@ def test_a_prompted_model_needs_a_prompt_and_others_refuse_one(directory):
         predictor.predict(PHOTO, prompt=" ")
     with pytest.raises(ValueError, match="text_threshold"):
         predictor.predict(PHOTO, prompt="a cat.", text_threshold=2.0)
+
+
+def test_detr_predict_with_a_prompt_writes_phrases(directory, tmp_path, capsys):
+    import json
+
+    from detr.commands.predict import main
+
+    out = tmp_path / "out"
+    assert main([str(PHOTO), "--checkpoint", str(directory), "--prompt", "a cat. a remote control.",
+                 "--threshold", "0.0", "--text-threshold", "0.5", "--device", "cpu", "--out", str(out)]) == 0
+    results = json.loads((out / "predictions.json").read_text())
+    predicted = Predictor.from_checkpoint(directory, device="cpu").predict(
+        PHOTO, prompt="a cat. a remote control.", threshold=0.0, text_threshold=0.5)[0]
+    assert len(results) == len(predicted) > 0
+    assert [result["category_id"] for result in results] == predicted.labels.tolist()
+    assert (out / f"{PHOTO.stem}.jpg").is_file()
+    assert "threshold 0 (given)" in capsys.readouterr().out
+
+
+def test_detr_predict_without_the_prompt_a_model_needs_is_one_error_line(directory, tmp_path, capsys):
+    from detr.commands.predict import main
+
+    with pytest.raises(SystemExit):
+        main([str(PHOTO), "--checkpoint", str(directory), "--device", "cpu", "--out", str(tmp_path / "out")])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("detr-predict: error:") or "error:" in error
+    assert "--prompt" in error
