@@ -81,7 +81,8 @@ class CrossModalityDecoder(nn.Module):
             query_pos = self.ref_point_head(box_position_embedding(level_boxes[:, :, 0], self.hidden_dim))
             target = layer(target, query_pos, level_boxes, memory, spatial_shapes, memory_padding, text, text_padding)
             # the refinement reads the layer's output before the final norm (the heads read it after)
-            reference_boxes = (box_head(target) + inverse_sigmoid(reference_boxes, eps=REFERENCE_EPS)).sigmoid().detach()
+            update = box_head(target) + inverse_sigmoid(reference_boxes, eps=REFERENCE_EPS)
+            reference_boxes = update.sigmoid().detach()
             hidden.append(self.norm(target))
             references.append(reference_boxes)
         return torch.stack(hidden), references

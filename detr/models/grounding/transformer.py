@@ -53,7 +53,8 @@ class GroundingTransformer(nn.Module):
     """
 
     def __init__(self, encoder: FeatureEnhancer, decoder: CrossModalityDecoder, *, hidden_dim: int, num_queries: int,
-                 num_levels: int, max_text_len: int, contrastive_head: ContrastiveHead = "dot", layer_norm_eps: float = 1e-5) -> None:
+                 num_levels: int, max_text_len: int, contrastive_head: ContrastiveHead = "dot",
+                 layer_norm_eps: float = 1e-5) -> None:
         super().__init__()
         self.encoder, self.decoder = encoder, decoder
         self.num_queries, self.num_levels = num_queries, num_levels
