@@ -32,8 +32,9 @@ def write_directory(directory, family: str, *, seed: int = 0, image_size: tuple[
     """A tiny random transformers (MM-)Grounding DINO ("gdino" or "mm") with a ResNet-18 and a one-layer BERT,
     saved with its processor (tokenizer from a written vocabulary; its resize (shortest, longest) side
     ``image_size``, default transformers' 800 / 1333); returns the transformers model."""
-    resnet = transformers.ResNetConfig(layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
-                                       out_features=["stage2", "stage3", "stage4"])
+    resnet = options.pop("backbone_config", None) or transformers.ResNetConfig(
+        layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+        out_features=["stage2", "stage3", "stage4"])
     bert = transformers.BertConfig(vocab_size=1040, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                    intermediate_size=37, max_position_embeddings=64)
     if family == "mm":
@@ -57,3 +58,9 @@ def write_directory(directory, family: str, *, seed: int = 0, image_size: tuple[
     processor = transformers.GroundingDinoProcessor(image_processor, tokenizer)
     processor.save_pretrained(directory)
     return model
+
+
+def swin_config():
+    """A tiny Swin Transformer putting out stage2–stage4 (channels 32, 64, 128), the released models' backbone."""
+    return transformers.SwinConfig(embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], window_size=4,
+                                   out_indices=[2, 3, 4])

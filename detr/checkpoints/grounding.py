@@ -7,8 +7,10 @@
 state dict and the :class:`~detr.models.grounding.config.GroundingConfig`; :func:`load_grounding` builds the model;
 :func:`load_grounding_tokenizer` the prompt's tokenizer from the directory's tokenizer files (BERT WordPiece).
 
-The image backbone must be a transformers ResNet that is torchvision's (ResNet-18/34/50/101, stages 2–4 out);
-a Swin backbone (the released checkpoints') is refused with that reason.
+The image backbone is a transformers ResNet that is torchvision's (ResNet-18/34/50/101, stages 2–4 out), read
+into this project's ResNet, or a Swin Transformer (the released checkpoints'), kept as transformers' module: its
+weights go through transformers' own loader (``AutoBackbone.from_pretrained``), which renames them from their
+names on disk to those of the installed version's modules.
 
 The two implementations are the same model with different parameter names (this project keeps the authors',
 IDEA-Research/GroundingDINO):
@@ -52,6 +54,7 @@ import torch
 
 from detr.checkpoints.formats import CheckpointError
 from detr.checkpoints.huggingface import (
+    BACKBONE_BODY,
     HF_BACKBONE_BODY,
     backbone_key_from_huggingface,
     check_backbone_config,
@@ -140,9 +143,12 @@ def _in_proj_key(prefix: str) -> str:
 
 
 def to_authors_state_dict(state_dict: dict[str, torch.Tensor], *, num_layers: int, share_box_heads: bool,
-                          share_class_heads: bool, where: str = "the state dict") -> dict[str, torch.Tensor]:
+                          share_class_heads: bool, resnet: bool = True, where: str = "the state dict"
+                          ) -> dict[str, torch.Tensor]:
     """A transformers Grounding DINO state dict → the authors' layout (:class:`GroundingDINO`'s keys); shared heads
-    written once (``*.0``) fill every layer. Keys without a counterpart raise a :class:`CheckpointError`."""
+    written once (``*.0``) fill every layer. A transformers ResNet becomes torchvision's; another backbone
+    (``resnet=False``: Swin) keeps its names on disk under ``backbone.0.body.``. Keys without a counterpart raise a
+    :class:`CheckpointError`."""
     converted: dict[str, torch.Tensor] = {}
     qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     unknown = []
@@ -155,8 +161,11 @@ def to_authors_state_dict(state_dict: dict[str, torch.Tensor], *, num_layers: in
         if match:
             qkv.setdefault((match.group(1), match.group(3)), {})[match.group(2)] = value
             continue
-        new_key = (backbone_key_from_huggingface(key) if key.startswith(HF_BACKBONE_BODY)
-                   else rename_prefix(key, _PAIRS, to_huggingface=False))
+        if key.startswith(HF_BACKBONE_BODY):
+            new_key = (backbone_key_from_huggingface(key) if resnet
+                       else BACKBONE_BODY + key[len(HF_BACKBONE_BODY):])
+        else:
+            new_key = rename_prefix(key, _PAIRS, to_huggingface=False)
         if new_key is None:
             unknown.append(key)
         else:
@@ -192,11 +201,11 @@ def grounding_config(config: dict[str, Any], config_path: Path) -> GroundingConf
         raise CheckpointError(f"{config_path}: model_type {model_type!r} is not Grounding DINO; expected one of "
                               f"{', '.join(MODEL_TYPES)}")
     backbone_config = config.get("backbone_config")
-    if not isinstance(backbone_config, dict) or backbone_config.get("model_type") != "resnet":
-        kind = backbone_config.get("model_type") if isinstance(backbone_config, dict) else config.get("backbone")
+    kind = backbone_config.get("model_type") if isinstance(backbone_config, dict) else config.get("backbone")
+    if kind not in ("resnet", "swin"):
         raise CheckpointError(f"{config_path}: the image backbone is {kind!r}; this project builds Grounding DINO on "
-                              "a ResNet only (a transformers ResNet backbone_config), not yet on Swin")
-    backbone, dilation = check_backbone_config(config, str(config_path))
+                              "a transformers ResNet or Swin backbone_config")
+    backbone, dilation = ("swin", False) if kind == "swin" else check_backbone_config(config, str(config_path))
     stages = backbone_config.get("out_features") or [f"stage{i}" for i in backbone_config.get("out_indices", [])]
     if dilation or list(stages) != ["stage2", "stage3", "stage4"]:
         raise CheckpointError(f"{config_path}: backbone_config out_features {stages} (dilation {dilation}): this "
@@ -212,7 +221,8 @@ def grounding_config(config: dict[str, Any], config_path: Path) -> GroundingConf
         raise CheckpointError(f"{config_path}: text_config model_type {text_config.get('model_type')!r}: the text "
                               "encoder must be BERT")
     return GroundingConfig(
-        backbone=backbone, text_config=text_config, hidden_dim=config.get("d_model", 256),
+        backbone=backbone, text_config=text_config, backbone_config=backbone_config if kind == "swin" else {},
+        hidden_dim=config.get("d_model", 256),
         num_queries=config.get("num_queries", 900), num_feature_levels=config.get("num_feature_levels", 4),
         encoder_layers=config.get("encoder_layers", 6), decoder_layers=config.get("decoder_layers", 6),
         encoder_ffn_dim=config.get("encoder_ffn_dim", 2048), decoder_ffn_dim=config.get("decoder_ffn_dim", 2048),
@@ -236,7 +246,8 @@ def read_grounding(directory: str | Path) -> tuple[dict[str, torch.Tensor], Grou
     config = grounding_config(read_json(config_path), config_path)
     state_dict = to_authors_state_dict(read_weights(directory), num_layers=config.decoder_layers,
                                        share_box_heads=config.share_box_heads,
-                                       share_class_heads=config.share_class_heads, where=str(directory))
+                                       share_class_heads=config.share_class_heads, resnet=config.backbone != "swin",
+                                       where=str(directory))
     return state_dict, config
 
 
@@ -254,6 +265,8 @@ def load_grounding(directory: str | Path) -> GroundingDINO:
 
     directory = Path(directory)
     state_dict, config = read_grounding(directory)
+    if config.backbone == "swin":
+        state_dict = transformers_backbone_weights(state_dict, config, where=str(directory))
     model = build_grounding(config)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     if missing or unexpected:
@@ -266,6 +279,33 @@ def load_grounding(directory: str | Path) -> GroundingDINO:
         logger.warning("%s has no tokenizer files: prompts cannot be read (pass input_ids to the model)", directory)
     logger.info("loaded %s (%s)", directory, model.describe())
     return model.eval()
+
+
+def transformers_backbone_weights(state_dict: dict[str, torch.Tensor], config: GroundingConfig, *,
+                                  where: str) -> dict[str, torch.Tensor]:
+    """``state_dict`` with its ``backbone.0.body.*`` weights (a transformers backbone's names on disk) renamed as the
+    installed transformers names its modules: written to a temporary directory with the backbone's config and
+    read back by the backbone class's ``from_pretrained``, which knows its renames (not ``AutoBackbone``'s, which
+    asks the hub whether the folder is a repository). Missing weights raise."""
+    import json
+    import tempfile
+
+    from detr.checkpoints.huggingface import import_safetensors
+    from detr.models.grounding.swin import transformers_backbone_class
+
+    body = {key[len(BACKBONE_BODY):]: value.contiguous() for key, value in state_dict.items()
+            if key.startswith(BACKBONE_BODY)}
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_text(json.dumps(dict(config.backbone_config)))
+        import_safetensors().save_file(body, str(Path(folder) / "model.safetensors"))
+        backbone, info = transformers_backbone_class(config.backbone_config).from_pretrained(
+            folder, output_loading_info=True)
+    missing = [key for key in info["missing_keys"] if not key.endswith("relative_position_index")]
+    if missing:
+        raise CheckpointError(f"{where}: the {config.backbone} backbone's weights lack {sorted(missing)[:3]}")
+    converted = {key: value for key, value in state_dict.items() if not key.startswith(BACKBONE_BODY)}
+    converted.update({BACKBONE_BODY + key: value for key, value in backbone.state_dict().items()})
+    return converted
 
 
 def _eval_size(directory: Path) -> tuple[int, int] | None:

@@ -17,7 +17,14 @@ from tests.helpers import padded_photo_batch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from tests.helpers_grounding import PROMPTS, TINY, TOLERANCE, vocabulary, write_directory  # noqa: E402
+from tests.helpers_grounding import (  # noqa: E402
+    PROMPTS,
+    TINY,
+    TOLERANCE,
+    swin_config,
+    vocabulary,
+    write_directory,
+)
 
 @pytest.fixture(scope="module")
 def photo_batch():
@@ -25,10 +32,13 @@ def photo_batch():
 
 
 @pytest.mark.parametrize("family,options", [("gdino", {}), ("gdino", {"decoder_bbox_embed_share": False}),
-                                            ("mm", {}), ("mm", {"decoder_cls_embed_share": False})])
+                                            ("mm", {}), ("mm", {"decoder_cls_embed_share": False}),
+                                            ("gdino", {"backbone_config": "swin"}), ("mm", {"backbone_config": "swin"})])
 def test_transformers_directory_gives_transformers_logits_and_boxes(tmp_path, photo_batch, family, options):
     """Same weights, images, input_ids and attention mask → the same logits (−inf at the same places) and boxes,
-    for every decoder layer's heads shared or not."""
+    for every decoder layer's heads shared or not, on a ResNet-18 or a Swin Transformer."""
+    if options.get("backbone_config") == "swin":
+        options = {**options, "backbone_config": swin_config()}
     theirs = write_directory(tmp_path / "model", family, **options)
     ours = load_grounding(tmp_path / "model")
     images, padding_mask = photo_batch
@@ -78,8 +88,8 @@ def test_options_without_counterpart_are_refused_by_name(tmp_path):
         config_path.write_text(json.dumps({**config, key: value}))
         with pytest.raises(CheckpointError, match=named):
             read_grounding(tmp_path / "model")
-    config_path.write_text(json.dumps({**config, "backbone_config": {"model_type": "swin"}}))
-    with pytest.raises(CheckpointError, match="swin"):
+    config_path.write_text(json.dumps({**config, "backbone_config": {"model_type": "convnext"}}))
+    with pytest.raises(CheckpointError, match="convnext"):
         read_grounding(tmp_path / "model")
 
 

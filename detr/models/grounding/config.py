@@ -15,8 +15,9 @@ from typing import Any, Literal
 #: How a query's logit for a text token is made from their features (q · t):
 #: "dot" (Grounding DINO's) or "scaled_bias" (MM-Grounding-DINO's: q · t / √C + a learned bias per head).
 ContrastiveHead = Literal["dot", "scaled_bias"]
-#: The image backbones: torchvision's ResNets (this project's :class:`detr.models.backbone.Backbone`).
-GroundingBackbone = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
+#: The image backbones: torchvision's ResNets (this project's :class:`detr.models.backbone.Backbone`), or "swin":
+#: transformers' Swin Transformer (the released models'; :mod:`detr.models.grounding.swin`).
+GroundingBackbone = Literal["resnet18", "resnet34", "resnet50", "resnet101", "swin"]
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,14 @@ class GroundingConfig:
     whose width is ``encoder_ffn_dim / 2`` (the authors' ``d_model // 2``-style choices, as transformers').
 
     text_config: the BERT text encoder's ``transformers.BertConfig`` as a dict (``to_dict()``); the text features
-    are projected from its ``hidden_size`` to C. share_box_heads: one box MLP for every decoder layer (both
+    are projected from its ``hidden_size`` to C. backbone_config: with ``backbone="swin"``, the
+    ``transformers.SwinConfig`` as a dict (its ``out_features`` stage2–stage4 feed the levels). share_box_heads: one box MLP for every decoder layer (both
     released families); share_class_heads: one contrastive head (its bias) for every layer (MM-Grounding-DINO).
     """
 
     backbone: GroundingBackbone = "resnet50"
     text_config: Mapping[str, Any] = field(default_factory=dict)
+    backbone_config: Mapping[str, Any] = field(default_factory=dict)
     hidden_dim: int = 256
     num_queries: int = 900
     num_feature_levels: int = 4

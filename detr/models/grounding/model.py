@@ -2,20 +2,22 @@
 Detection", ECCV 2024) and MM-Grounding-DINO (Zhao et al. 2024): a DINO-style Deformable DETR that detects what
 a text prompt names.
 
-Data flow (Fig. 3 of the paper): image → ResNet stages layer2–layer4 (+ one 3×3 stride-2 level) → 1×1 / 3×3
+Data flow (Fig. 3 of the paper): image → ResNet stages layer2–layer4 or Swin's stage2–stage4 (+ one 3×3 stride-2 level) → 1×1 / 3×3
 projections + GroupNorm → levels with sine positions (temperature 20) and level embeddings; prompt → BERT
 (each phrase read on its own, :mod:`detr.models.grounding.text`) → linear ``feat_map`` to C; both → the feature
 enhancer (:mod:`~detr.models.grounding.encoder`) → language-guided query selection and the cross-modality decoder
 (:mod:`~detr.models.grounding.transformer`) → per layer a contrastive class head (logits per prompt token,
 :mod:`~detr.models.grounding.contrastive`) and a box head refining the layer's reference box.
 
-State-dict keys are the authors' (IDEA-Research/GroundingDINO): ``backbone.0.body.*`` (torchvision's ResNet),
+State-dict keys are the authors' (IDEA-Research/GroundingDINO): ``backbone.0.body.*`` (torchvision's ResNet;
+transformers' Swin in its own names),
 ``bert.*`` (transformers' ``BertModel``), ``feat_map``, ``input_proj.{l}.{0,1}``, ``transformer.*``,
 ``bbox_embed.{i}.layers.{j}``, ``class_embed.{i}`` (a bias for MM-Grounding-DINO).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,7 +25,6 @@ from torch import nn
 
 from detr.box_ops import inverse_sigmoid
 from detr.models.backbone import Joiner, downsample_mask
-from detr.models.deformable.model import stage_channels
 from detr.models.deformable.transformer import REFERENCE_EPS
 from detr.models.detector import Detector, check_inputs
 from detr.models.grounding.config import GroundingConfig
@@ -48,10 +49,12 @@ class GroundingDINO(Detector):
     """Image + prompt tokens → per-query logits over the prompt's tokens and boxes.
 
     Args:
-        backbone: a ResNet and its sine position encoding (temperature 20, no half-cell offset).
+        backbone: a ResNet (or :class:`~detr.models.grounding.swin.SwinStages`) and its sine position encoding
+            (temperature 20, no half-cell offset).
         bert: transformers' ``BertModel`` without pooler (:func:`detr.models.grounding.text.build_bert`).
         transformer: the :class:`GroundingTransformer`.
         config: the :class:`GroundingConfig` the parts were built from (its heads, sizes).
+        channels: the channels of the backbone stages that feed the levels (layer2–layer4 for 3 levels or more).
         aux_loss: also return every earlier decoder layer's predictions.
 
     Attributes: those of the :class:`~detr.models.detector.Detector` contract, with ``prompted`` True (its
@@ -65,7 +68,7 @@ class GroundingDINO(Detector):
     prompted = True
 
     def __init__(self, backbone: Joiner, bert: nn.Module, transformer: GroundingTransformer, config: GroundingConfig,
-                 *, aux_loss: bool = True) -> None:
+                 *, channels: Sequence[int], aux_loss: bool = True) -> None:
         super().__init__()
         hidden_dim, levels, layers = config.hidden_dim, config.num_feature_levels, config.decoder_layers
         self.config, self.aux_loss = config, aux_loss  # type: ignore[assignment]
@@ -75,7 +78,8 @@ class GroundingDINO(Detector):
         self.backbone, self.bert, self.transformer = backbone, bert, transformer
         self.feat_map = nn.Linear(bert.config.hidden_size, hidden_dim)
         self.stages = _STAGES[-min(levels, len(_STAGES)):]
-        channels = [stage_channels(backbone[0], stage) for stage in self.stages]
+        if len(channels) != len(self.stages):
+            raise ValueError(f"channels {list(channels)}: one count per stage of {self.stages}")
         projections = [_projection(c, hidden_dim, extra=False) for c in channels]
         for level in range(len(channels), levels):
             projections.append(_projection(channels[-1] if level == len(channels) else hidden_dim, hidden_dim,
