@@ -28,8 +28,19 @@ def directory(tmp_path_factory):
     return directory
 
 
-def test_prompt_gives_the_processors_boxes_scores_and_phrases(directory):
-    theirs = transformers.GroundingDinoForObjectDetection.from_pretrained(directory).eval()
+@pytest.fixture(scope="module")
+def mm_directory(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("mm_grounding") / "model"
+    write_directory(directory, "mm", seed=4, image_size=SIZE)
+    return directory
+
+
+@pytest.mark.parametrize("family", ["gdino", "mm"])
+def test_prompt_gives_the_processors_boxes_scores_and_phrases(request, family):
+    directory = request.getfixturevalue("directory" if family == "gdino" else "mm_directory")
+    model_class = (transformers.GroundingDinoForObjectDetection if family == "gdino"
+                   else transformers.MMGroundingDinoForObjectDetection)
+    theirs = model_class.from_pretrained(directory).eval()
     processor = transformers.GroundingDinoProcessor.from_pretrained(directory)
     photo = Image.open(PHOTO).convert("RGB")
     inputs = processor(images=photo, text="a cat. a remote control.", return_tensors="pt")
@@ -37,14 +48,19 @@ def test_prompt_gives_the_processors_boxes_scores_and_phrases(directory):
         outputs = theirs(**inputs)
     best = outputs.logits.sigmoid()[0].max(-1).values.sort().values
     threshold = (best[-4] + best[-5]).item() / 2  # four boxes
+    scores = outputs.logits.sigmoid()[0]
+    tokens = scores[scores > 0].sort().values
+    middle = tokens[len(tokens) // 4: 3 * len(tokens) // 4]
+    gap = (middle[1:] - middle[:-1]).argmax()  # no word's score near the text threshold
+    text_threshold = (middle[gap] + middle[gap + 1]).item() / 2
     expected = processor.post_process_grounded_object_detection(
-        outputs, inputs["input_ids"], threshold=threshold, text_threshold=0.5,
+        outputs, inputs["input_ids"], threshold=threshold, text_threshold=text_threshold,
         target_sizes=[(photo.height, photo.width)])[0]
 
     predictor = Predictor.from_checkpoint(directory, device="cpu")
     assert predictor.min_size == SIZE[0] and predictor.max_size == SIZE[1]
     prediction = predictor.predict(PHOTO, prompt="a cat. a remote control.", threshold=threshold,
-                                   text_threshold=0.5)[0]
+                                   text_threshold=text_threshold)[0]
     assert len(prediction) == 4
     assert prediction.label_names == expected["text_labels"]
     torch.testing.assert_close(prediction.scores, expected["scores"], atol=1e-4, rtol=1e-4)
@@ -95,3 +111,12 @@ def test_detr_predict_without_the_prompt_a_model_needs_is_one_error_line(directo
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("detr-predict: error:") or "error:" in error
     assert "--prompt" in error
+
+
+def test_a_model_without_prompts_refuses_one():
+    from detr.models.build import build_detr
+    from tests.helpers import TINY
+
+    predictor = Predictor(build_detr(TINY), device="cpu")
+    with pytest.raises(ValueError, match="reads no prompt"):
+        predictor.predict(PHOTO, prompt="a cat.")
