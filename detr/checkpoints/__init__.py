@@ -180,6 +180,9 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> Detector:
     """
     path = released.download_url(path) if released.is_url(path) else Path(path)  # Path would fold a URL's //
     if is_grounding_directory(path):  # its own config class (detr.models.grounding.config)
+        if overrides:
+            raise CheckpointError(f"{path} is a Grounding DINO directory: its config.json states the model; drop "
+                                  f"{sorted(overrides)}")
         return load_grounding(path)
     contents = read_checkpoint(path)
     if is_panoptic_state_dict(contents.state_dict):

@@ -164,3 +164,15 @@ def test_thresholds_outside_scores_are_refused():
     with pytest.raises(ValueError, match="text_threshold"):
         grounded_detections(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.zeros(1, 3, dtype=torch.long), str,
                             text_threshold=1.5)
+
+
+def test_load_checkpoint_reads_the_directory_and_refuses_overrides(tmp_path):
+    import detr
+    from detr.models.grounding.model import GroundingDINO
+
+    write_directory(tmp_path / "model", "mm")
+    model = detr.load_checkpoint(tmp_path / "model")
+    assert isinstance(model, GroundingDINO) and model.prompted and model.tokenizer is not None
+    assert model.config.contrastive_head == "scaled_bias"
+    with pytest.raises(CheckpointError, match="num_heads"):
+        detr.load_checkpoint(tmp_path / "model", num_heads=4)
