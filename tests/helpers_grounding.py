@@ -28,20 +28,26 @@ def vocabulary() -> dict[str, int]:
     return {token: index for index, token in enumerate(tokens)}
 
 
-def write_directory(directory, family: str, *, seed: int = 0, image_size: tuple[int, int] | None = None, **options):
+def write_directory(directory, family: str, *, seed: int = 0, image_size: tuple[int, int] | None = None,
+                    text_width: int = 32, **options):
     """A tiny random transformers (MM-)Grounding DINO ("gdino" or "mm") with a ResNet-18 and a one-layer BERT,
     saved with its processor (tokenizer from a written vocabulary; its resize (shortest, longest) side
-    ``image_size``, default transformers' 800 / 1333); returns the transformers model."""
+    ``image_size``, default transformers' 800 / 1333); ``text_width``: the BERT's; ``options``: config fields over
+    :data:`TINY` (``backbone_config`` a transformers backbone config instead of the ResNet-18); returns the
+    transformers model."""
     resnet = options.pop("backbone_config", None) or transformers.ResNetConfig(
         layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
         out_features=["stage2", "stage3", "stage4"])
-    bert = transformers.BertConfig(vocab_size=1040, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                   intermediate_size=37, max_position_embeddings=64)
+    tiny_text = text_width == 32  # one layer of 2 heads; wider: 2 layers of 4 heads
+    bert = transformers.BertConfig(vocab_size=1040, hidden_size=text_width, num_hidden_layers=1 if tiny_text else 2,
+                                   num_attention_heads=2 if tiny_text else 4,
+                                   intermediate_size=37 if tiny_text else 2 * text_width, max_position_embeddings=64)
+    sizes = {**TINY, **options}
     if family == "mm":
-        config = transformers.MMGroundingDinoConfig(backbone_config=resnet, text_config=bert, **TINY, **options)
+        config = transformers.MMGroundingDinoConfig(backbone_config=resnet, text_config=bert, **sizes)
         model = transformers.MMGroundingDinoForObjectDetection(config)
     else:
-        config = transformers.GroundingDinoConfig(backbone_config=resnet, text_config=bert, **TINY, **options)
+        config = transformers.GroundingDinoConfig(backbone_config=resnet, text_config=bert, **sizes)
         model = transformers.GroundingDinoForObjectDetection(config)
     randomise(model, seed)
     with torch.no_grad():  # the fusion's gains start at 1e-4: make the fusion count (the text's less, as the
