@@ -65,8 +65,9 @@ def main() -> None:
         head.forward = lambda queries, text_, mask_: (
             expected.enc_outputs_class if queries.shape[1] == proposals.shape[1] else own(queries, text_, mask_))
         given = ours(images, mask, text["input_ids"], text["attention_mask"], text["token_type_ids"])
-        print(f"given transformers' selection: logits {(given.logits[finite] - expected.logits[finite]).abs().max():.2e}"
-              f", boxes {(given.boxes - expected.pred_boxes).abs().max():.2e}")
+        logits = (given.logits[finite] - expected.logits[finite]).abs().max()
+        print(f"given transformers' selection: logits {logits:.2e}, "
+              f"boxes {(given.boxes - expected.pred_boxes).abs().max():.2e}")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ def photo_batch():
 
 @pytest.mark.parametrize("family,options", [("gdino", {}), ("gdino", {"decoder_bbox_embed_share": False}),
                                             ("mm", {}), ("mm", {"decoder_cls_embed_share": False}),
-                                            ("gdino", {"backbone_config": "swin"}), ("mm", {"backbone_config": "swin"})])
+                                            ("gdino", {"backbone_config": "swin"}),
+                                            ("mm", {"backbone_config": "swin"})])
 def test_transformers_directory_gives_transformers_logits_and_boxes(tmp_path, photo_batch, family, options):
     """Same weights, images, input_ids and attention mask → the same logits (−inf at the same places) and boxes,
     for every decoder layer's heads shared or not, on a ResNet-18 or a Swin Transformer."""

@@ -27,12 +27,13 @@ class GroundingConfig:
     Sizes: ``hidden_dim`` C, ``num_queries`` Q, ``num_feature_levels`` L, ``max_text_len`` (the contrastive
     logits' last size; longer prompts are cut to it). The feature enhancer's layers have ``encoder_heads`` heads
     for the deformable self-attention and half as many for the text self-attention and the image-text fusion,
-    whose width is ``encoder_ffn_dim / 2`` (the authors' ``d_model // 2``-style choices, as transformers').
+    whose width is ``encoder_ffn_dim / 2`` (as transformers' ``GroundingDinoConfig`` sets them).
 
     text_config: the BERT text encoder's ``transformers.BertConfig`` as a dict (``to_dict()``); the text features
     are projected from its ``hidden_size`` to C. backbone_config: with ``backbone="swin"``, the
-    ``transformers.SwinConfig`` as a dict (its ``out_features`` stage2–stage4 feed the levels). share_box_heads: one box MLP for every decoder layer (both
-    released families); share_class_heads: one contrastive head (its bias) for every layer (MM-Grounding-DINO).
+    ``transformers.SwinConfig`` as a dict (its ``out_features`` stage2–stage4 feed the levels).
+    share_box_heads: one box MLP for every decoder layer (both released families); share_class_heads: one
+    contrastive head (its bias) for every layer (MM-Grounding-DINO).
     """
 
     backbone: GroundingBackbone = "resnet50"
