@@ -4,15 +4,16 @@ a text prompt names.
 
 Data flow (Fig. 3 of the paper): image → ResNet stages layer2–layer4 or Swin's stage2–stage4 (+ one 3×3
 stride-2 level) → 1×1 / 3×3 projections + GroupNorm → levels with sine positions (temperature 20) and level
-embeddings; prompt → BERT (each phrase read on its own, :mod:`detr.models.grounding.text`) → linear ``feat_map`` to C; both → the feature
-enhancer (:mod:`~detr.models.grounding.encoder`) → language-guided query selection and the cross-modality decoder
-(:mod:`~detr.models.grounding.transformer`) → per layer a contrastive class head (logits per prompt token,
-:mod:`~detr.models.grounding.contrastive`) and a box head refining the layer's reference box.
+embeddings; prompt → BERT (each phrase read on its own, :mod:`detr.models.grounding.text`) → linear
+``feat_map`` to C; both → the feature enhancer (:mod:`~detr.models.grounding.encoder`) → language-guided query
+selection and the cross-modality decoder (:mod:`~detr.models.grounding.transformer`) → per layer a contrastive
+class head (logits per prompt token, :mod:`~detr.models.grounding.contrastive`) and a box head refining the
+layer's reference box.
 
 State-dict keys are the authors' (IDEA-Research/GroundingDINO): ``backbone.0.body.*`` (torchvision's ResNet;
-transformers' Swin in its own names),
-``bert.*`` (transformers' ``BertModel``), ``feat_map``, ``input_proj.{l}.{0,1}``, ``transformer.*``,
-``bbox_embed.{i}.layers.{j}``, ``class_embed.{i}`` (a bias for MM-Grounding-DINO).
+transformers' Swin in its own names), ``bert.*`` (transformers' ``BertModel``), ``feat_map``,
+``input_proj.{l}.{0,1}``, ``transformer.*``, ``bbox_embed.{i}.layers.{j}``, ``class_embed.{i}`` (a bias for
+MM-Grounding-DINO).
 """
 
 from __future__ import annotations
