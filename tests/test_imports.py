@@ -192,7 +192,7 @@ def test_tests_share_helpers_through_helper_modules() -> None:
 # model modules and at most its declared parent; the shared blocks import no family. ---
 
 #: Each family folder's declared parent (the folder it builds on); a folder not named here has none.
-FAMILY_PARENTS = {"dfine": "rtdetr", "deimv2": "dfine"}
+FAMILY_PARENTS = {"dfine": "rtdetr", "deimv2": "dfine", "grounding": "deformable"}
 
 
 def family_folders() -> set[str]:

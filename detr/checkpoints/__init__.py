@@ -50,6 +50,7 @@ from detr.checkpoints.formats import (
     torch_contents,
     torch_load,
 )
+from detr.checkpoints.grounding import is_grounding_directory, load_grounding
 from detr.checkpoints.huggingface import BackboneFormat, read_huggingface, read_json, save_pretrained
 from detr.checkpoints.huggingface_deformable import (
     read_huggingface_deformable,
@@ -178,6 +179,11 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> Detector:
     beside ``mask_head.*``) gives a :class:`DETRPanoptic` (see :func:`detr.checkpoints.panoptic.load_panoptic`).
     """
     path = released.download_url(path) if released.is_url(path) else Path(path)  # Path would fold a URL's //
+    if is_grounding_directory(path):  # its own config class (detr.models.grounding.config)
+        if overrides:
+            raise CheckpointError(f"{path} is a Grounding DINO directory: its config.json states the model; drop "
+                                  f"{sorted(overrides)}")
+        return load_grounding(path)
     contents = read_checkpoint(path)
     if is_panoptic_state_dict(contents.state_dict):
         return load_panoptic(path, contents, **overrides)

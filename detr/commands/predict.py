@@ -4,6 +4,7 @@
     detr-predict --checkpoint list      # the released models' names
     detr-predict data/photos --checkpoint detr-r50-panoptic --task panoptic --out outputs/pan
     detr-predict aerial/*.jpg --checkpoint run/checkpoints/best.ckpt --slice 640 --out outputs/tiles
+    detr-predict photos --checkpoint grounding-dino-tiny/ --prompt "a cat. a remote control." --out outputs/cats
 
 Writes OUT/predictions.json (one COCO results json with file names, the data set's category ids) and
 OUT/<name>.jpg with boxes, names and scores drawn. A file that cannot be read or predicted (too thin to
@@ -13,7 +14,9 @@ id = R + 256*G + 256^2*B) and OUT/panoptic.json (COCO panoptic results), and dra
 --task instances predictions.json also holds each detection's mask (COCO RLE "segmentation"), drawn too.
 OUT belongs to one run: a second run into it is refused while the first writes, and afterwards unless
 --overwrite, which deletes the earlier run's files (drawings included; OUT/outputs.txt lists them) first.
---slice SIZE predicts overlapping tiles of each image and the whole image, and merges them (small objects on
+--prompt names what an open-vocabulary checkpoint (a transformers Grounding DINO directory) detects; each box
+is drawn with the prompt's words it was found for, and predictions.json's category_id is the prompt's phrase
+(0-based). --slice SIZE predicts overlapping tiles of each image and the whole image, and merges them (small objects on
 large images: docs/guides/large-images.md).
 Ctrl-C or SIGTERM stops the run with predictions.json holding the images done so far (exit status 130 or 143).
 """
@@ -51,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the outputs of an earlier run in --out (deletes its json and drawings)")
     parser.add_argument("--threshold", type=probability, default=None,
-                        help="score threshold (default: the one the checkpoint's validation found best, else 0.7)")
+                        help="score threshold (default: the one the checkpoint's validation found best, else 0.7; "
+                             "0.25 with --prompt)")
+    parser.add_argument("--prompt", default=None,
+                        help='what to detect, for an open-vocabulary checkpoint: "a cat. a remote control."')
+    parser.add_argument("--text-threshold", type=probability, default=0.25,
+                        help="with --prompt: the score a word needs to be part of a box's phrase (default 0.25)")
     parser.add_argument("--all-queries", action="store_true", help="write every query to the json (for COCO eval)")
     add_resize_arguments(parser)
     add_slice_arguments(parser)
@@ -97,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(f"--task {args.task} with {args.checkpoint}: {error}")
     try:
+        predictor.check_prompt(args.prompt, task=args.task, slice=slice_settings(args))
+    except ValueError as error:
+        parser.error(f"--prompt with {args.checkpoint}: {error}")
+    try:
         tiles = predictor.check_slice(slice_settings(args), task=args.task)
     except ValueError as error:
         parser.error(f"--slice {args.slice} with --task {args.task}: {error}")
@@ -109,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 predictor, paths, args.out, all_queries=args.all_queries, draw=not args.no_draw,
                 progress=partial(tqdm, total=batches, unit="batch", desc="predict"), task=args.task,
                 overwrite=args.overwrite, overwrite_flag="--overwrite", elsewhere="another --out", slice=tiles,
+                prompt=args.prompt, text_threshold=args.text_threshold,
             )
     except OutputFolderError as error:
         parser.error(str(error))

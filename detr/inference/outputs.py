@@ -167,6 +167,8 @@ def predict_files(
     overwrite_flag: str = "overwrite=True",
     elsewhere: str = "another out_dir",
     slice: SliceSettings | int | None = None,
+    prompt: str | Sequence[str] | None = None,
+    text_threshold: float = 0.25,
 ) -> PredictionRun:
     """Run ``predictor`` on image files and write ``out_dir/predictions.json`` and drawn images.
 
@@ -190,18 +192,22 @@ def predict_files(
     these in the error (``--overwrite``, ``--out``).
 
     ``slice`` predicts each image's tiles and the whole image and merges them (:meth:`Predictor.predict`'s
-    ``slice``; :mod:`detr.inference.slicing`).
+    ``slice``; :mod:`detr.inference.slicing`). ``prompt`` and ``text_threshold``: a prompted model's
+    (:meth:`Predictor.predict`); the drawings name each box by its phrase, and predictions.json's ``category_id``
+    is the prompt's phrase (0-based).
 
     Raises:
         detr.output_folder.OutputFolderError: ``out_dir`` is another run's (above), or holds input images.
     """
     predictor.check_task(task)  # before any file is read: a detection model cannot segment
     predictor.check_slice(slice, task=task)
+    predictor.check_prompt(prompt, task=task, slice=slice)
     _refuse_inputs_in(out_dir, paths, elsewhere)
     with claim_output_folder(out_dir, overwrite=overwrite, overwrite_flag=overwrite_flag, elsewhere=elsewhere,
                              markers=PREDICTION_FILES) as folder:
         return _predict_into(predictor, [Path(p) for p in paths], folder.folder, folder.record, threshold=threshold,
-                             all_queries=all_queries, draw=draw, progress=progress, task=task, slice=slice)
+                             all_queries=all_queries, draw=draw, progress=progress, task=task, slice=slice,
+                             prompt=prompt, text_threshold=text_threshold)
 
 
 def _refuse_inputs_in(out_dir: str | Path, paths: Sequence[str | Path], elsewhere: str) -> None:
@@ -218,7 +224,8 @@ def _refuse_inputs_in(out_dir: str | Path, paths: Sequence[str | Path], elsewher
 def _predict_into(
     predictor: Predictor, paths: list[Path], out_dir: Path, record: Callable[[Path], Path], *,
     threshold: float | None, all_queries: bool, draw: bool, progress: Callable[[Iterable[Any]], Iterable[Any]] | None,
-    task: Task, slice: SliceSettings | int | None = None,
+    task: Task, slice: SliceSettings | int | None = None, prompt: str | Sequence[str] | None = None,
+    text_threshold: float = 0.25,
 ) -> PredictionRun:
     """:func:`predict_files` in its claimed folder; ``record`` notes each file before it is written."""
     names = unique_file_names(paths)
@@ -238,7 +245,7 @@ def _predict_into(
                     cause = error.__cause__
                     _skip(run, paths[index], f"{type(cause).__name__}: {cause}" if cause is not None else str(error))
             for path, array, prediction in _predict_each(predictor, loaded, None if all_queries else threshold_value,
-                                                         run, task, slice):
+                                                         run, task, slice, prompt, text_threshold):
                 run.predictions.append(prediction)
                 name = _unique_name(prediction.file_name, used_names)
                 if task == "panoptic":
@@ -281,7 +288,8 @@ def _skip(run: PredictionRun, path: Path, reason: str) -> None:
 
 def _predict_each(
     predictor: Predictor, loaded: list[tuple[Path, str, np.ndarray]], threshold: float | None, run: PredictionRun,
-    task: Task = "detection", slice: SliceSettings | int | None = None,
+    task: Task = "detection", slice: SliceSettings | int | None = None, prompt: str | Sequence[str] | None = None,
+    text_threshold: float = 0.25,
 ) -> list[tuple[Path, np.ndarray, Prediction]]:
     """Predict a batch of loaded images; an image that fails (too thin to resize, ...) or whose output is
     not finite (NaN weights) is skipped into ``run.skipped``, and a failed batch is retried image by image."""
@@ -292,11 +300,13 @@ def _predict_each(
         # every query, the threshold applied below (instance masks only for "instances": one full-size mask per
         # query costs memory)
         predictions = predictor.predict_arrays(arrays, file_names=[name for _, name, _ in loaded], threshold=None,
-                                               task=task, masks=task == "instances", slice=slice)
+                                               task=task, masks=task == "instances", slice=slice, prompt=prompt,
+                                               text_threshold=text_threshold)
     except Exception as error:  # one bad image must not cost the others
         if len(loaded) > 1:
             return [result for item in loaded
-                    for result in _predict_each(predictor, [item], threshold, run, task, slice)]
+                    for result in _predict_each(predictor, [item], threshold, run, task, slice, prompt,
+                                                text_threshold)]
         path, _, array = loaded[0]
         _skip(run, path, f"cannot predict on its {array.shape[1]}x{array.shape[0]} pixels: {type(error).__name__}: "
                          f"{str(error).strip().splitlines()[-1] if str(error).strip() else ''}")

@@ -37,6 +37,7 @@ from detr.checkpoints import CheckpointError, load_checkpoint
 from detr.checkpoints.deployed import is_deployed, open_deployed
 from detr.checkpoints.released import download_url, is_url
 from detr.data.video import FrameSource, open_frames
+from detr.inference.grounding import grounded_predictions, prompt_text
 from detr.inference.images import ImageInput, is_single_image, to_rgb_array
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
@@ -85,7 +86,8 @@ class Predictor:
         precision: "fp32", or "bf16" for bfloat16 autocast (on CPU and CUDA).
         threshold: default score threshold of :meth:`predict`; None: the one the model's last validation
             found best (``model.meta.score_threshold``, this project's checkpoints), else the authors' 0.7
-            (their released models). :attr:`threshold_source` says which.
+            (their released models; 0.25 for a prompted model, transformers' box threshold of Grounding DINO).
+            :attr:`threshold_source` says which.
         batch_size: images per forward pass. Padding depends on the batch, so outputs can differ slightly
             with the batch size, as in the authors' evaluation.
         min_size, max_size: the eval resize (shortest side ``min_size``, longest at most ``max_size``);
@@ -148,7 +150,8 @@ class Predictor:
         self.precision: Precision = precision
         validated = getattr(model.meta, "score_threshold", None)
         #: the default score threshold, and where it came from (shown by the commands)
-        self.threshold = float(threshold if threshold is not None else validated if validated is not None else 0.7)
+        default = 0.25 if model.prompted else 0.7
+        self.threshold = float(threshold if threshold is not None else validated if validated is not None else default)
         self.threshold_source = ("given" if threshold is not None else
                                  "the checkpoint's validation: best F1" if validated is not None else
                                  "the authors' default")
@@ -225,6 +228,8 @@ class Predictor:
         return_attention: bool = False,
         task: Task = "detection",
         slice: SliceSettings | int | None = None,
+        prompt: str | Sequence[str] | None = None,
+        text_threshold: float = 0.25,
     ) -> list[Prediction]:
         """Detect objects in one image or a sequence of images; one :class:`Prediction` per image.
 
@@ -239,6 +244,11 @@ class Predictor:
                 (:mod:`detr.inference.slicing`): for small objects on images much larger than the model's input.
                 A :class:`SliceSettings`, or an ``int``: the tile side in pixels with the default overlap and
                 merge. None (default): the whole image only.
+            prompt: what to detect, for a prompted model (Grounding DINO): "a cat. a remote control." or a list of
+                phrases; each detection's ``label_names`` entry is the prompt's words it was found for and its label
+                the phrase that holds its best word (:mod:`detr.inference.grounding`).
+            text_threshold: a prompted model's score a word needs to be part of a detection's phrase (transformers'
+                ``text_threshold``).
 
         Raises:
             ValueError: ``task`` "instances" or "panoptic" with a model that predicts no masks, naming the fix;
@@ -255,7 +265,7 @@ class Predictor:
             predictions.extend(
                 self.predict_arrays(
                     arrays, file_names=names, threshold=keep_threshold, return_attention=return_attention, task=task,
-                    slice=slice,
+                    slice=slice, prompt=prompt, text_threshold=text_threshold,
                 )
             )
         return predictions
@@ -305,6 +315,41 @@ class Predictor:
                          f"task {task!r}; load a checkpoint with masks (a panoptic DETR such as detr-r50-panoptic, "
                          "a .pth/.ckpt with mask_head.* weights, or an RF-DETR instance segmentation model)")
 
+    def check_prompt(self, prompt: str | Sequence[str] | None, *, task: str = "detection",
+                     slice: SliceSettings | int | None = None, return_attention: bool = False) -> None:
+        """Raise ``ValueError`` unless a prompt is given exactly when the model reads one (and nothing it cannot
+        go with: masks, slicing, attention), naming the fix."""
+        if prompt is None and self.model.prompted:
+            raise ValueError(f"{type(self.model).__name__} detects what a text prompt names: pass prompt='a cat. a "
+                             "remote control.' (Python) or --prompt (the commands)")
+        if prompt is None:
+            return
+        if not self.model.prompted:
+            raise ValueError(f"{type(self.model).__name__} detects its trained classes and reads no prompt: drop the "
+                             "prompt, or load an open-vocabulary checkpoint (a transformers Grounding DINO directory)")
+        if task != "detection" or slice is not None or return_attention:
+            raise ValueError("a prompt goes with plain detection only: drop task, slice and return_attention")
+        if self.model.tokenizer is None:
+            raise ValueError("the model has no tokenizer to read the prompt: load it from a directory with the "
+                             "tokenizer files (tokenizer.json or vocab.txt), or set model.tokenizer")
+
+    def _predict_prompted(self, arrays: Sequence[np.ndarray], names: Sequence[str | None],
+                          prompt: str | Sequence[str], threshold: float | None, text_threshold: float
+                          ) -> list[Prediction]:
+        """One forward pass of a prompted model on ``arrays`` and its phrase post-processing."""
+        images, padding_mask, _ = self.input_spec.batch(arrays)
+        tokenizer = self.model.tokenizer
+        text = tokenizer([prompt_text(prompt)] * len(arrays), return_tensors="pt")
+        with torch.inference_mode(), torch.autocast(
+            device_type=self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
+        ):
+            outputs = self.model(images.to(self.device), padding_mask.to(self.device),
+                                 text["input_ids"].to(self.device), text["attention_mask"].to(self.device),
+                                 text["token_type_ids"].to(self.device))
+        return grounded_predictions(outputs.logits.float().cpu(), outputs.boxes.float().cpu(), text["input_ids"],
+                                    tokenizer.decode, image_sizes=[(int(a.shape[0]), int(a.shape[1])) for a in arrays],
+                                    threshold=threshold, text_threshold=text_threshold, file_names=names)
+
     def _panoptic_postprocess(self) -> PostProcessPanoptic:
         num_classes = self.model.config.num_classes
         if self.is_thing is None:
@@ -328,6 +373,8 @@ class Predictor:
         masks: bool = True,
         check_finite: bool = False,
         slice: SliceSettings | int | None = None,
+        prompt: str | Sequence[str] | None = None,
+        text_threshold: float = 0.25,
     ) -> list[Prediction]:
         """One forward pass on already loaded ``uint8`` RGB arrays ``[H, W, 3]`` (one batch, any count).
 
@@ -337,12 +384,17 @@ class Predictor:
         a full-size mask per query costs memory). An image whose logits or boxes are not finite gets a
         prediction without detections whose ``error`` says so (:func:`detr.inference.predict.predictions_from_outputs`);
         ``check_finite=True`` raises :class:`NonFiniteOutputError` instead. ``slice``: see :meth:`predict`; the
-        tiles of all ``arrays`` are batched :attr:`batch_size` at a time.
+        tiles of all ``arrays`` are batched :attr:`batch_size` at a time. ``prompt``, ``text_threshold``: a prompted
+        model's (see :meth:`predict`).
         """
         self.check_task(task)
+        self.check_prompt(prompt, task=task, slice=slice, return_attention=return_attention)
         settings = self.check_slice(slice, return_attention=return_attention, task=task)
         if not arrays:
             return []
+        if prompt is not None:
+            return self._predict_prompted(arrays, file_names or [None] * len(arrays), prompt, threshold,
+                                          text_threshold)
         if settings is not None:
             predictions = predict_sliced(
                 arrays, settings,

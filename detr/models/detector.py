@@ -55,6 +55,8 @@ class Detector(nn.Module):
         predicts_masks: whether the output holds masks (a panoptic model, RF-DETR with instance masks, their files).
         exportable: whether :func:`detr.checkpoints.export.export` can trace it.
         backend: what runs it: "pytorch", or the backend's own description.
+        prompted: whether ``forward`` also takes a text prompt's tokens (an open-vocabulary model: Grounding DINO,
+            :mod:`detr.models.grounding`), whose logits are per prompt token.
     """
 
     num_classes: int
@@ -67,6 +69,7 @@ class Detector(nn.Module):
     predicts_masks: bool = False
     exportable: bool = True
     backend: str = "pytorch"
+    prompted: bool = False
 
     @property
     def stride(self) -> int:
