@@ -321,9 +321,14 @@
       const [x0, y0, x1, y1] = track.box_xyxy;
       svgElement("rect", { class: "track-box", x: x0 * SX, y: y0 * SY, width: (x1 - x0) * SX, height: (y1 - y0) * SY,
         stroke: colour }, group);
-      const label = svgElement("text", { class: "track-label", x: x0 * SX, y: Math.max(y0 * SY - 0.3 * fontSize, fontSize),
-        "font-size": fontSize, fill: colour }, group);
-      label.textContent = "id " + track.id + " " + track.label_name + " " + track.score.toFixed(2);
+      const text = "id " + track.id + " " + track.label_name + " " + track.score.toFixed(2);
+      const tagWidth = (text.length * 0.6 + 0.6) * fontSize, tagHeight = 1.35 * fontSize;
+      const tx = Math.min(Math.max(x0 * SX, 0), W - tagWidth);
+      const ty = y0 * SY - tagHeight >= 0 ? y0 * SY - tagHeight : Math.max(y0 * SY, 0);
+      svgElement("rect", { x: tx, y: ty, width: tagWidth, height: tagHeight, fill: colour, "fill-opacity": 0.75 }, group);
+      const label = svgElement("text", { class: "track-label", x: tx + 0.3 * fontSize, y: ty + 1.05 * fontSize,
+        "font-size": fontSize }, group);
+      label.textContent = text;
     }
   }
 
