@@ -108,7 +108,12 @@ def test_each_bound_is_refused_naming_its_option(clip):
         refusal(http.post("/track", content=data), 413, "body_too_large", "--max-video-mb")
         assert http.post("/predict", content=b"").json()["error"] == "empty_body"  # the server goes on
     with client(truth, max_frames=CONFIG.num_frames - 1) as http:
-        refusal(http.post("/track", content=data), 413, "too_many_frames", "--max-video-frames")
+        refusal(http.post("/track", content=data), 413, "too_many_frames", "--max-video-frames")  # the mp4's header
+    mkv = path.with_suffix(".mkv")  # a Matroska file does not say how many frames it has: counted while decoding
+    write_clip(mkv, CONFIG)
+    with client(truth, max_frames=CONFIG.num_frames - 1) as http:
+        refusal(http.post("/track", content=mkv.read_bytes()), 413, "too_many_frames", "--max-video-frames")
+        assert http.post("/track/sessions").status_code == 201  # the server goes on
     with client(truth, max_seconds=1e-9) as http:
         refusal(http.post("/track", content=data), 408, "track_timeout", "--max-track-seconds")
     with client(truth) as http:
