@@ -5,10 +5,10 @@
     curl -F image=@photo.jpg 'http://127.0.0.1:8000/predict?threshold=0.7'
 
 Endpoints: POST /predict (the image as the multipart field "image" or the raw body; ?threshold=, ?task=
-detection | instances | panoptic, ?slice=SIZE&slice_overlap=F: tiles and the whole image, merged), POST /explore (the attention explorer's page for an image),
-POST /track (a video upload tracked: tracks.json's record, or ?format=mot), /track/sessions (a frame stream
-posted frame by frame, keeping its tracker), GET /health,
-GET /stats, and GET / (drop an image, see its boxes, click one for that query's decoder attention).
+detection | instances | panoptic, ?slice=SIZE&slice_overlap=F: tiles and the whole image, merged), POST /explore
+(the attention explorer's page for an image), POST /track (a video upload tracked: tracks.json's record, or
+?format=mot), /track/sessions (a frame stream posted frame by frame, keeping its tracker), GET /health, GET /stats,
+and GET / (drop an image, see its boxes, click one for that query's decoder attention).
 Any checkpoint detr.load_checkpoint reads, .onnx files through ONNX Runtime, panoptic models.
 SIGTERM or Ctrl-C: finish the requests in flight, then exit 0. Needs the serve extra
 (pip install 'detr-lightning[serve]'). The API: detr.serving; docs/guides/serve.md.

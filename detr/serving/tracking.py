@@ -26,7 +26,14 @@ import numpy as np
 from detr.data.video import DEFAULT_FRAME_RATE, Frame, VideoSourceError, open_frames
 from detr.inference.prediction import Prediction
 from detr.inference.track_outputs import TrackRun, add_to_tracks, mot_lines, run_record
-from detr.inference.tracking import TRACKERS, TrackerError, assign_tracks, build_tracker, detection_threshold, track_frames
+from detr.inference.tracking import (
+    TRACKERS,
+    TrackerError,
+    assign_tracks,
+    build_tracker,
+    detection_threshold,
+    track_frames,
+)
 from detr.serving.inputs import RequestError
 from detr.serving.service import DetectionService
 

@@ -96,7 +96,8 @@ def test_a_frame_stream_keeps_its_tracker_state(clip):
                                        prediction.boxes.numpy(), atol=1e-3)
         closed = http.delete(f"/track/sessions/{session}")
         assert closed.status_code == 200 and closed.json()["frames"] == CONFIG.num_frames
-        assert {t["id"] for t in closed.json()["tracks"]} == {i for p in expected for i in p.track_ids.tolist() if i > 0}
+        tracked_ids = {i for p in expected for i in p.track_ids.tolist() if i > 0}
+        assert {t["id"] for t in closed.json()["tracks"]} == tracked_ids
         refusal(http.post(f"/track/sessions/{session}/frames", content=image.getvalue()), 404, "unknown_session",
                 "POST /track/sessions")
 

@@ -117,7 +117,8 @@ def match_queries(tracks: list[dict[str, Any]], data: Mapping[str, Any]) -> None
             tracks[row]["query"] = int(column)
 
 
-def add_tracks(data: dict[str, Any], record: Mapping[str, Any], frame: int, *, trail_length: int = 30) -> dict[str, Any]:
+def add_tracks(data: dict[str, Any], record: Mapping[str, Any], frame: int, *,
+               trail_length: int = 30) -> dict[str, Any]:
     """``data`` (one frame's explorer data) with the ``tracks`` key of tracks.json ``record``'s frame ``frame``
     (module docstring)."""
     tracks = frame_tracks(record, frame, trail_length=trail_length)
