@@ -151,3 +151,22 @@ def test_the_tracked_upload_decodes_every_frame_once(clip):
         assert http.post("/track", content=path.read_bytes()).status_code == 200
     with open_frames(path) as frames:
         assert service.predictor.model.frame == sum(1 for _ in frames) == CONFIG.num_frames
+
+
+def test_detr_serve_passes_its_tracking_options(clip, monkeypatch):
+    """Each bound is a detr-serve option: what the command line says reaches the app."""
+    import detr.commands.serve as serve_command
+    import detr.serving as serving
+
+    _, truth = clip
+    served = {}
+    monkeypatch.setattr(serving, "load_service",
+                        lambda *args, **kwargs: DetectionService(replay_predictor(truth), model_name="replay"))
+    monkeypatch.setattr(serving, "serve", lambda app, **kwargs: served.update(app=app))
+    assert serve_command.main(["--checkpoint", "replay.ckpt", "--max-video-mb", "1.5", "--max-video-frames", "7",
+                               "--max-track-seconds", "9", "--max-track-sessions", "2", "--session-idle", "4"]) == 0
+    limits = served["app"].state.track_sessions.limits
+    assert limits == TrackLimits(max_bytes=int(1.5 * 2**20), max_frames=7, max_seconds=9.0, max_sessions=2,
+                                 session_idle=4.0)
+    assert serve_command.main(["--checkpoint", "replay.ckpt"]) == 0  # the defaults
+    assert served["app"].state.track_sessions.limits == TrackLimits()
