@@ -210,10 +210,13 @@ def _bounded(frames: Iterator[Frame], limits: TrackLimits, service: DetectionSer
              max_pixels: int) -> Iterator[Frame]:
     """The frames, refused past ``limits.max_frames`` (a container that did not say, or said less) or when a frame
     is too large or too thin (a stream whose size changes)."""
+    checked = None
     for count, frame in enumerate(frames, start=1):
         if count > limits.max_frames:
             raise limits.too_many_frames(f"more than {limits.max_frames}")
-        _check_frame(service, frame.array.shape[:2], max_pixels)
+        if frame.array.shape[:2] != checked:
+            checked = frame.array.shape[:2]
+            _check_frame(service, checked, max_pixels)
         yield frame
 
 
@@ -223,7 +226,7 @@ def _check_frame(service: DetectionService, size: tuple[int, int], max_pixels: i
         raise RequestError(413, "image_too_large", f"the video's frames have {width}×{height} = {width * height} "
                            f"pixels, more than the server's limit of {max_pixels} (--max-pixels); scale it down first")
     try:
-        service.check_image(np.empty((height, width, 3), dtype=np.uint8))
+        service.check_image(np.empty((height, width, 1), dtype=np.uint8))  # only its shape is read
     except ValueError as error:
         raise RequestError(422, "image_too_thin", str(error)) from error
 

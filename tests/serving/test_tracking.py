@@ -46,9 +46,9 @@ def replay_predictor(truth, batch_size: int = 1) -> Predictor:
                      batch_size=batch_size)
 
 
-def client(truth, **limits) -> TestClient:
+def client(truth, max_pixels: int = 40_000_000, **limits) -> TestClient:
     service = DetectionService(replay_predictor(truth, batch_size=4), model_name="replay")
-    return TestClient(create_app(service, track_limits=TrackLimits(**limits)))
+    return TestClient(create_app(service, max_pixels=max_pixels, track_limits=TrackLimits(**limits)))
 
 
 def refusal(response, status: int, kind: str, option: str) -> None:
@@ -115,6 +115,8 @@ def test_each_bound_is_refused_naming_its_option(clip):
     with client(truth, max_frames=CONFIG.num_frames - 1) as http:
         refusal(http.post("/track", content=mkv.read_bytes()), 413, "too_many_frames", "--max-video-frames")
         assert http.post("/track/sessions").status_code == 201  # the server goes on
+    with client(truth, max_pixels=CONFIG.height * CONFIG.width - 1) as http:  # each frame is checked as an image
+        refusal(http.post("/track", content=data), 413, "image_too_large", "--max-pixels")
     with client(truth, max_seconds=1e-9) as http:
         refusal(http.post("/track", content=data), 408, "track_timeout", "--max-track-seconds")
     with client(truth) as http:
