@@ -113,7 +113,7 @@ def track_video(
                     if lines:
                         text.write("\n".join(lines) + "\n")  # one write per frame, flushed: a stop keeps whole frames
                         text.flush()
-                    _add_to_tracks(run.tracks, prediction, category_ids)
+                    add_to_tracks(run.tracks, prediction, category_ids)
                     if video is not None:
                         _extend_trails(trails, prediction, trail_length)
                         video.write(draw_tracks(frame.array, prediction, trails).permute(1, 2, 0).numpy())
@@ -122,13 +122,15 @@ def track_video(
             run.skipped = frames.skipped
             if video is not None:
                 video.close()
-            write_text_atomically(folder.record(run.tracks_json), json.dumps(_run_record(
+            write_text_atomically(folder.record(run.tracks_json), json.dumps(run_record(
                 run, source=str(source), tracker=tracker, frame_rate=frames.frame_rate,
                 threshold=predictor.threshold if threshold is None else threshold, predictor=predictor)))
     return run
 
 
-def _add_to_tracks(tracks: dict[int, dict[str, Any]], prediction: Prediction, category_ids: list[int] | None) -> None:
+def add_to_tracks(tracks: dict[int, dict[str, Any]], prediction: Prediction, category_ids: list[int] | None) -> None:
+    """Add one tracked frame's detections in a track to ``tracks`` (id → its tracks.json record, module
+    docstring); ``category_ids`` maps labels to the data set's ids (None: the label)."""
     assert prediction.track_ids is not None and prediction.image_id is not None
     for (x0, y0, x1, y1), score, label, name, track_id in zip(
             prediction.boxes.tolist(), prediction.scores.tolist(), prediction.labels.tolist(), prediction.label_names,
@@ -161,8 +163,9 @@ def _extend_trails(trails: dict[int, list[tuple[float, float]]], prediction: Pre
                 del trails[track_id]
 
 
-def _run_record(run: TrackRun, *, source: str, tracker: str, frame_rate: float, threshold: float,
-                predictor: Predictor) -> dict[str, Any]:
+def run_record(run: TrackRun, *, source: str, tracker: str, frame_rate: float, threshold: float,
+               predictor: Predictor) -> dict[str, Any]:
+    """tracks.json's content (module docstring) for ``run`` (also ``detr-serve``'s ``POST /track`` answer)."""
     return {"source": source, "tracker": tracker, "threshold": threshold, "frame_rate": frame_rate,
             "frames": run.frames, "skipped_frames": run.skipped, "failed_frames": run.failed,
             "seconds": round(run.seconds, 3),

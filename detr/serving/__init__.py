@@ -7,6 +7,7 @@ Needs the ``serve`` extra (``pip install 'detr-lightning[serve]'``: fastapi, uvi
 - :mod:`~detr.serving.budget`: :class:`DecodedBytesBudget`, the decoded images a server holds at once;
 - :mod:`~detr.serving.batching`: :class:`DynamicBatcher`, requests that arrive together run together;
 - :mod:`~detr.serving.service`: the :class:`~detr.inference.predictor.Predictor` on batches, its JSON;
+- :mod:`~detr.serving.tracking`: video uploads and frame streams tracked, within their bounds (:class:`TrackLimits`);
 - :mod:`~detr.serving.app`: the endpoints (:func:`create_app`);
 - :mod:`~detr.serving.server`: load a checkpoint and run uvicorn (:func:`load_service`, :func:`serve`).
 

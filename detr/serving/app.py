@@ -7,6 +7,12 @@ Endpoints:
         (:mod:`detr.inference.slicing`), at most ``max_tiles`` model inputs per image.
     POST /explore?threshold=T          the same image input; the attention explorer's HTML page for it
         (:mod:`detr.visualize.explorer`), which ``GET /`` shows in a frame.
+    POST /track?tracker=N&threshold=T&format=F   a video (raw body or multipart field ``video``) tracked whole:
+        tracks.json's record (``format=tracks``) or tracks.txt's MOTChallenge lines (``format=mot``)
+        (:mod:`detr.serving.tracking`), bounded by ``track_limits`` (bytes, frames, seconds).
+    POST /track/sessions?tracker=N&threshold=T&frame_rate=R   opens a frame stream: ``{"session": id, ...}``;
+    POST /track/sessions/ID/frames     its next frame (an image): /predict's JSON with ``frame`` and each
+        detection's ``track_id``; DELETE /track/sessions/ID closes it and answers its tracks.
     GET /health                        ``{"status": "ok", "model", "device", "backend", ...}``
     GET /stats                         requests served and the batch sizes the server formed
     GET /                              the page: drop or pick an image, see the boxes, click one for its attention
@@ -34,7 +40,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from starlette.requests import ClientDisconnect
 
 from detr.serving.batching import DynamicBatcher, QueueFull
@@ -50,7 +56,16 @@ from detr.serving.inputs import (
     parse_task,
     parse_threshold,
 )
-from detr.serving.service import DetectionService, Job, ModelOutputError
+from detr.serving.service import DetectionService, Job, ModelOutputError, prediction_json
+from detr.serving.tracking import (
+    TrackLimits,
+    TrackSessions,
+    parse_frame_rate,
+    parse_track_format,
+    parse_tracker,
+    track_upload,
+    tracks_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,13 +81,15 @@ DEFAULT_BODY_TIMEOUT = 30.0
 DEFAULT_MAX_REQUESTS = 512
 
 
-async def read_body(request: Request, max_body_bytes: int, body_timeout: float = DEFAULT_BODY_TIMEOUT) -> bytes:
-    """The request body, refused (413 ``body_too_large``) as soon as it passes ``max_body_bytes``: from the
-    Content-Length header before anything is read, else while streaming (chunked uploads); and refused (408
-    ``body_timeout``) when it has not all arrived after ``body_timeout`` seconds (a client that sends half a
-    body and waits held its request open until the connection died)."""
+async def read_body(request: Request, max_body_bytes: int, body_timeout: float = DEFAULT_BODY_TIMEOUT, *,
+                    what: str = "image", option: str = "--max-body-mb") -> bytes:
+    """The request body, refused (413 ``body_too_large``, naming ``option``, the limit's) as soon as it passes
+    ``max_body_bytes``: from the Content-Length header before anything is read, else while streaming (chunked
+    uploads); and refused (408 ``body_timeout``) when it has not all arrived after ``body_timeout`` seconds (a client
+    that sends half a body and waits held its request open until the connection died). ``what``: the file the body
+    holds ("image", "video"), for the messages."""
     too_large = RequestError(413, "body_too_large", f"the request body is larger than the server's limit of "
-                                                    f"{max_body_bytes} bytes (--max-body-mb); send a smaller image")
+                                                    f"{max_body_bytes} bytes ({option}); send a smaller {what}")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_body_bytes:
         raise too_large
@@ -86,7 +103,7 @@ async def read_body(request: Request, max_body_bytes: int, body_timeout: float =
                 chunks.append(chunk)
     except TimeoutError as error:
         raise RequestError(408, "body_timeout", f"the request body did not arrive within {body_timeout:g} s "
-                                                f"(--body-timeout; {size} bytes came): send the whole image "
+                                                f"(--body-timeout; {size} bytes came): send the whole {what} "
                                                 "at once") from error
     return b"".join(chunks)
 
@@ -117,9 +134,11 @@ class RequestLimit:
             self.active -= 1
 
 
-async def image_bytes(request: Request, max_body_bytes: int, body_timeout: float = DEFAULT_BODY_TIMEOUT) -> bytes:
-    """The image file of a request: the multipart field ``image`` or, for any other content type, the body."""
-    body = await read_body(request, max_body_bytes, body_timeout)
+async def image_bytes(request: Request, max_body_bytes: int, body_timeout: float = DEFAULT_BODY_TIMEOUT, *,
+                      what: str = "image", option: str = "--max-body-mb") -> bytes:
+    """The file of a request: the multipart field named ``what`` ("image", "video") or, for any other content type,
+    the body (:func:`read_body`, whose limit is ``option``)."""
+    body = await read_body(request, max_body_bytes, body_timeout, what=what, option=option)
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         return body
 
@@ -130,10 +149,11 @@ async def image_bytes(request: Request, max_body_bytes: int, body_timeout: float
         form = await Request(request.scope, replay).form(max_part_size=max_body_bytes)
     except Exception as error:  # a malformed multipart body
         raise RequestError(400, "bad_multipart", f"the multipart body could not be parsed ({error})") from error
-    field = form.get("image")
+    field = form.get(what)
     if field is None or isinstance(field, str):
-        raise RequestError(400, "missing_image_field", "the multipart body has no file field 'image'; send "
-                                                       "the image as -F image=@photo.jpg or as the raw body")
+        example = "photo.jpg" if what == "image" else "clip.mp4"
+        raise RequestError(400, f"missing_{what}_field", f"the multipart body has no file field '{what}'; send the "
+                                                          f"{what} as -F {what}=@{example} or as the raw body")
     return await field.read()
 
 
@@ -149,6 +169,7 @@ def create_app(
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     max_requests: int = DEFAULT_MAX_REQUESTS,
     max_tiles: int = DEFAULT_MAX_TILES,
+    track_limits: TrackLimits = TrackLimits(),
 ) -> FastAPI:
     """The server's FastAPI application; the batcher starts and stops with it (its lifespan).
 
@@ -166,6 +187,7 @@ def create_app(
         max_requests: the most POST requests in the server at once; more get 503 ``overloaded`` at once
             (:class:`RequestLimit`).
         max_tiles: the most model inputs (tiles and the whole image) a ``?slice=`` request's image may take.
+        track_limits: the bounds of ``/track`` uploads and ``/track/sessions`` streams (:mod:`detr.serving.tracking`).
     """
     batcher = DynamicBatcher(service.run_batch, max_batch_size=max_batch_size, batch_timeout=batch_timeout,
                              max_queue=max_queue)
@@ -254,6 +276,55 @@ def create_app(
             page = await batcher.run_exclusive(lambda: service.explorer_page(pixels, title=title, threshold=threshold))
         return HTMLResponse(page)
 
+    sessions = TrackSessions(service, track_limits)
+    app.state.track_sessions = sessions
+
+    @app.post("/track", response_model=None)
+    async def track(request: Request) -> JSONResponse | PlainTextResponse:
+        counts["requests"] += 1
+        threshold = parse_threshold(request.query_params.get("threshold"), service.predictor.threshold)
+        tracker = parse_tracker(request.query_params.get("tracker"))
+        answer = parse_track_format(request.query_params.get("format"))
+        try:
+            data = await image_bytes(request, track_limits.max_bytes, body_timeout, what="video",
+                                     option="--max-video-mb")
+        except ClientDisconnect as error:
+            raise RequestError(400, "client_disconnected", "the client left before sending the whole body") from error
+        if not data:
+            raise RequestError(400, "empty_body", "the request holds no video: send the video file as the request "
+                                                  "body or as the multipart field 'video'")
+        tracked = await track_upload(data, service, batcher.run_exclusive, tracker=tracker, threshold=threshold,
+                                     limits=track_limits, max_pixels=max_pixels)
+        if answer == "mot":
+            return PlainTextResponse("".join(line + "\n" for line in tracked.lines))
+        return JSONResponse(tracks_json(tracked, service, source="upload", tracker=tracker, threshold=threshold))
+
+    @app.post("/track/sessions", status_code=201)
+    async def open_session(request: Request) -> JSONResponse:
+        session = sessions.open(
+            tracker=parse_tracker(request.query_params.get("tracker")),
+            threshold=parse_threshold(request.query_params.get("threshold"), service.predictor.threshold),
+            frame_rate=parse_frame_rate(request.query_params.get("frame_rate")))
+        return JSONResponse(session.describe(track_limits), status_code=201)
+
+    @app.post("/track/sessions/{key}/frames")
+    async def track_frame(key: str, request: Request) -> JSONResponse:
+        counts["requests"] += 1
+        session = sessions.get(key)
+        async with decoded_image(request) as pixels:
+            prediction = await sessions.track_frame(session, pixels, batcher.run_exclusive)
+        if prediction.error is not None:
+            raise ModelOutputError(prediction.error)
+        return JSONResponse({"session": session.id, **prediction_json(
+            prediction, category_map=service.predictor.category_map, model_name=service.model_name,
+            task="detection", threshold=session.threshold)})
+
+    @app.delete("/track/sessions/{key}")
+    async def close_session(key: str) -> JSONResponse:
+        session = sessions.close(key)
+        return JSONResponse({**session.describe(track_limits),
+                             "tracks": [session.tracks[track_id] for track_id in sorted(session.tracks)]})
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
         predictor = service.predictor
@@ -262,12 +333,16 @@ def create_app(
                 "tasks": [task for task in ("detection", "instances", "panoptic") if _can(service, task)],
                 "threshold": predictor.threshold, "max_batch_size": batcher.max_batch_size,
                 "batch_timeout": batcher.batch_timeout, "max_queue": batcher.max_queue,
-                "max_decoded_bytes": budget.limit, "max_tiles": max_tiles}
+                "max_decoded_bytes": budget.limit, "max_tiles": max_tiles,
+                "track": {"max_video_bytes": track_limits.max_bytes, "max_frames": track_limits.max_frames,
+                          "max_seconds": track_limits.max_seconds, "max_sessions": track_limits.max_sessions,
+                          "session_idle": track_limits.session_idle}}
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         return {**counts, "batch_sizes": {str(size): n for size, n in sorted(batcher.batch_sizes.items())},
-                "decoded_bytes": budget.stats()}
+                "decoded_bytes": budget.stats(),
+                "track_sessions": {"open": len(sessions.sessions), "expired": sessions.expired}}
 
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:

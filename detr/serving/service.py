@@ -130,6 +130,8 @@ def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None,
     ``task="panoptic"``, ``panoptic: {"segments": [COCO panoptic segments_info + score, label, label_name],
     "png": data URL of COCO panoptic's PNG (segment id = R + 256·G + 256²·B, 0 = void)}``.
     Category ids are the data set's (the checkpoint's category map); without a map, the model's labels.
+    A tracked frame (:attr:`Prediction.track_ids` set) also has ``frame`` (its number in the stream, 1-based), and
+    each detection ``track_id`` (1, 2, ...; -1: not in a track yet).
     A sliced request (``tiles``) also has ``slice: {"size", "overlap", "inputs"}`` (the model inputs: tiles and
     the whole image), and each detection's ``query`` is a query of the input that found it.
     """
@@ -144,12 +146,16 @@ def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None,
             "score": float(prediction.scores[i]),
             "box_xyxy": [float(v) for v in prediction.boxes[i]],
         }
+        if prediction.track_ids is not None:
+            detection["track_id"] = int(prediction.track_ids[i])
         if prediction.masks is not None:
             detection["mask"] = _data_url(_mask_png(prediction.masks[i].numpy()))
         detections.append(detection)
     height, width = prediction.image_size
     response: dict[str, Any] = {"model": model_name, "task": task, "threshold": threshold,
                                 "image": {"width": width, "height": height}, "detections": detections}
+    if prediction.track_ids is not None:
+        response["frame"] = prediction.image_id
     if tiles is not None:
         response["slice"] = {"size": tiles.size, "overlap": tiles.overlap, "inputs": tiles.count(height, width)}
     if prediction.panoptic is not None:

@@ -111,6 +111,12 @@
   const FINAL = PRED_LAYERS.length - 1;
 
   const ORDER = upTo(Q).sort((a, b) => DATA.scores[b] - DATA.scores[a]);
+  // A frame of a tracked video (detr/visualize/explorer/tracks.py): the frame's tracks, their boxes and trails in
+  // the original frame's pixels, and the query each track's box came from (null when no query's box matches).
+  const TRACKS = DATA.tracks ? DATA.tracks.tracks : [];
+  const SX = W / DATA.image.original_width, SY = H / DATA.image.original_height;  // original -> model-input pixels
+  const TRACK_OF = {};  // query -> track id
+  for (const track of TRACKS) if (track.query !== null && track.query !== undefined) TRACK_OF[track.query] = track.id;
 
   // ---- colours ------------------------------------------------------------------------------
   const VIRIDIS = [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
@@ -121,6 +127,8 @@
     for (let c = 0; c < 3; c++) LUT[i * 3 + c] = Math.round(VIRIDIS[k][c] * (1 - f) + VIRIDIS[k + 1][c] * f);
   }
   function classColour(label) { return "hsl(" + ((label * 137.508) % 360).toFixed(1) + ",75%,48%)"; }
+  function trackColour(id) { return "hsl(" + ((id * 97.3 + 40) % 360).toFixed(1) + ",85%,45%)"; }
+  function queryColour(q) { return q in TRACK_OF ? trackColour(TRACK_OF[q]) : classColour(DATA.labels[q]); }
   // One colour per head: matplotlib's tab10, as detr/visualize/sampling.py's figure.
   const TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf"];
@@ -172,8 +180,12 @@
   function boxPixels(box) {  // normalised cxcywh -> model-input pixels xyxy
     return [(box[0] - box[2] / 2) * W, (box[1] - box[3] / 2) * H, (box[0] + box[2] / 2) * W, (box[1] + box[3] / 2) * H];
   }
-  function isShown(q) { return state.showAll || DATA.scores[q] >= state.threshold || q === state.query; }
-  function labelText(q) { return NAMES[DATA.labels[q]] + " " + DATA.scores[q].toFixed(2); }
+  function isShown(q) {
+    return state.showAll || DATA.scores[q] >= state.threshold || q === state.query || q in TRACK_OF;
+  }
+  function labelText(q) {
+    return (q in TRACK_OF ? "id " + TRACK_OF[q] + " " : "") + NAMES[DATA.labels[q]] + " " + DATA.scores[q].toFixed(2);
+  }
 
   // ---- drawing ------------------------------------------------------------------------------
   function currentMap() {
@@ -251,12 +263,13 @@
     overlay.setAttribute("viewBox", "0 0 " + W + " " + H);
     svgElement("rect", { class: "background", x: 0, y: 0, width: W, height: H, fill: "transparent" }, overlay);
     const fontSize = 12 / displayScale;
+    drawTracks(fontSize);
     const shown = ORDER.filter(isShown).reverse();  // highest score drawn last (on top)
     const selectedLast = shown.filter((q) => q !== state.query).concat(shown.includes(state.query) ? [state.query] : []);
     for (const q of selectedLast) {
       const [x0, y0, x1, y1] = boxPixels(DATA.boxes[FINAL][q]);
-      const colour = q === state.query ? "#ff7a00" : classColour(DATA.labels[q]);
-      const below = DATA.scores[q] < state.threshold;
+      const colour = q === state.query ? "#ff7a00" : queryColour(q);
+      const below = DATA.scores[q] < state.threshold && !(q in TRACK_OF);
       const classes = "box" + (below ? " below" : "") + (q === state.query ? " selected" : "");
       const group = svgElement("g", { class: classes, "data-query": q }, overlay);
       svgElement("rect", { class: "hit", x: x0, y: y0, width: x1 - x0, height: y1 - y0 }, group);
@@ -291,6 +304,31 @@
       const cx = Math.min((c + 0.5) * STRIDE, W - 1), cy = Math.min((r + 0.5) * STRIDE, H - 1);
       svgElement("circle", { class: "marker", cx: cx, cy: cy, r: 7 / displayScale }, overlay);
       svgElement("circle", { class: "marker-inner", cx: cx, cy: cy, r: 8.5 / displayScale }, overlay);
+    }
+  }
+
+  // Each track's trail (its box centres over the last frames, oldest first) and, for a track whose box no query
+  // matches, its box and id; a tracked query's own box is drawn by drawOverlay, labelled with its id.
+  function drawTracks(fontSize) {
+    for (const track of TRACKS) {
+      const colour = trackColour(track.id);
+      const group = svgElement("g", { class: "track", "data-track": track.id }, overlay);
+      if (track.trail.length > 1) {
+        svgElement("polyline", { class: "track-trail", stroke: colour,
+          points: track.trail.map(([x, y]) => (x * SX).toFixed(2) + "," + (y * SY).toFixed(2)).join(" ") }, group);
+      }
+      if (track.query !== null && track.query !== undefined) continue;
+      const [x0, y0, x1, y1] = track.box_xyxy;
+      svgElement("rect", { class: "track-box", x: x0 * SX, y: y0 * SY, width: (x1 - x0) * SX, height: (y1 - y0) * SY,
+        stroke: colour }, group);
+      const text = "id " + track.id + " " + track.label_name + " " + track.score.toFixed(2);
+      const tagWidth = (text.length * 0.6 + 0.6) * fontSize, tagHeight = 1.35 * fontSize;
+      const tx = Math.min(Math.max(x0 * SX, 0), W - tagWidth);
+      const ty = y0 * SY - tagHeight >= 0 ? y0 * SY - tagHeight : Math.max(y0 * SY, 0);
+      svgElement("rect", { x: tx, y: ty, width: tagWidth, height: tagHeight, fill: colour, "fill-opacity": 0.75 }, group);
+      const label = svgElement("text", { class: "track-label", x: tx + 0.3 * fontSize, y: ty + 1.05 * fontSize,
+        "font-size": fontSize }, group);
+      label.textContent = text;
     }
   }
 
@@ -426,8 +464,8 @@
       const row = element("tr", null, table);
       row.dataset.query = q;
       const first = element("td", null, row);
-      element("span", null, first, "swatch").style.background = classColour(DATA.labels[q]);
-      first.appendChild(document.createTextNode("#" + q));
+      element("span", null, first, "swatch").style.background = queryColour(q);
+      first.appendChild(document.createTextNode("#" + q + (q in TRACK_OF ? " id " + TRACK_OF[q] : "")));
       element("td", NAMES[DATA.labels[q]], row);
       element("td", DATA.scores[q].toFixed(3), row, "num");
       const top = DATA.top_classes[FINAL][q][0];
@@ -574,7 +612,9 @@
   $("summary").textContent = DATA.image.original_width + "×" + DATA.image.original_height
     + " image, shown at the model's input size " + W + "×" + H + "; " + features + "; " + Q + " queries, " + L
     + " decoder layers, " + NH + " heads; " + DATA.scores.filter((s) => s >= DATA.threshold).length
-    + " queries score ≥ " + DATA.threshold + (DATA.model ? "; " + DATA.model : "");
+    + " queries score ≥ " + DATA.threshold + (DATA.model ? "; " + DATA.model : "")
+    + (DATA.tracks ? "; frame " + DATA.tracks.frame + " of " + DATA.tracks.source + ", " + TRACKS.length
+      + " tracks (" + DATA.tracks.tracker + ", trails of " + DATA.tracks.trail_length + " frames)" : "");
   if (SAMPLING) {  // the controls and sections of the sampling view instead of the maps'
     $("hint").textContent = "Click a box's edge or label (or a row of the query list) to show where that query's "
       + "decoder cross-attention sampled: its points per head (colour) and feature level, area proportional to "

@@ -14,12 +14,14 @@ page opens from the file system with no server and no network; page sizes: docs/
 
 - :mod:`~detr.visualize.explorer.data`: a page's data from the model's outputs (:func:`explorer_data`, its format);
 - :mod:`~detr.visualize.explorer.render`: the HTML of a page and of an index;
-- :mod:`~detr.visualize.explorer.pages`: :func:`write_attention_explorer`, pages for a model and images.
+- :mod:`~detr.visualize.explorer.pages`: :func:`write_attention_explorer`, pages for a model and images;
+- :mod:`~detr.visualize.explorer.tracks`: :func:`write_frame_explorer`, a frame of a tracked video with its tracks.
 """
 
 from detr.visualize.explorer.data import DATA_FORMAT, explorer_data, feature_stride, quantize_maps
 from detr.visualize.explorer.pages import write_attention_explorer
 from detr.visualize.explorer.render import render_explorer_html, render_index_html
+from detr.visualize.explorer.tracks import write_frame_explorer
 
 __all__ = [
     "DATA_FORMAT",
@@ -29,4 +31,5 @@ __all__ = [
     "render_explorer_html",
     "render_index_html",
     "write_attention_explorer",
+    "write_frame_explorer",
 ]

@@ -21,6 +21,8 @@ Embedded data (the JSON block ``<script id="explorer-data">``, format ``detr-att
     boxes [P][Q][4] normalised cxcywh per prediction layer, top_classes / top_probs [P][Q][k] (k = 5),
     masks (panoptic models only, absent otherwise): {shape [Q, mh, mw] (the mask head's stride-4 map, cropped
         to the image), stride 4, maps (base64 uint8, byte = round(255 * sigmoid(mask logit)))}.
+    tracks (a frame of a tracked video only, absent otherwise): the frame's tracks, their boxes, ids, trails and
+        matched queries (:mod:`detr.visualize.explorer.tracks`).
   kind "dense":
     feature: {height h, width w (unpadded feature region), stride (input pixels per feature cell)}
     decoder: {shape [L, heads + 1, Q, h, w] (head index ``heads`` is the mean over heads), maps (base64
