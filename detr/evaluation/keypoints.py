@@ -195,18 +195,23 @@ def keypoints_to_results(image_id: int, detection: Mapping[str, torch.Tensor], c
     """
     labels = detection["labels"].detach().long().cpu()
     category_ids = (labels if category_map is None else category_map.label_to_category_id(labels)).tolist()
-    keypoints = detection["keypoints"].detach().float().cpu().numpy().astype(np.float64)
+    keypoints = detection["keypoints"].detach().float().cpu()
     scores = detection["scores"].detach().float().cpu().tolist()
-    digits = (2, 2, 5) if rounded else None
     results = []
     for category_id, points, score in zip(category_ids, keypoints, scores):
         count = counts.get(int(category_id))
         if count is None:
             continue
-        flat = points[:count].reshape(-1).tolist()
-        if digits is not None:
-            flat = [round(value, digits[i % 3]) for i, value in enumerate(flat)]
-            score = round(score, 5)
-        results.append({"image_id": int(image_id), "category_id": int(category_id), "keypoints": flat,
-                        "score": float(score)})
+        results.append({"image_id": int(image_id), "category_id": int(category_id),
+                        "keypoints": flat_keypoints(points[:count], rounded=rounded),
+                        "score": round(score, 5) if rounded else float(score)})
     return results
+
+
+def flat_keypoints(points: torch.Tensor, *, rounded: bool = False) -> list[float]:
+    """float [K, 3] (pixel x, y, score) → COCO's flat ``[x1, y1, s1, ...]`` (``rounded``: x, y to 0.01 pixel,
+    scores to 1e-5)."""
+    flat = points.detach().double().cpu().reshape(-1).tolist()
+    if not rounded:
+        return flat
+    return [round(value, 2 if i % 3 < 2 else 5) for i, value in enumerate(flat)]
