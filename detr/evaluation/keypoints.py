@@ -9,7 +9,8 @@ category; :class:`KeypointCOCOeval` gives each category its own (classes with th
 leaves everything else to pycocotools, so that for one category it is pycocotools' number exactly
 (tests/evaluation/test_keypoints.py compares every statistic on random predictions).
 
-Sigmas: given per category id, or, for a category of 17 points, COCO's person sigmas
+Sigmas: given per category id; else the category's own ``sigmas`` field (this project's addition to COCO's
+categories: the synthetic shapes write it); else, for a category of 17 points, COCO's person sigmas
 (:data:`COCO_PERSON_SIGMAS`). Any other count needs them given (:class:`MissingSigmasError` says how).
 """
 
@@ -128,7 +129,7 @@ def evaluate_keypoints(coco_gt: COCO, results: Sequence[dict[str, Any]], *,
         results: COCO keypoint results ``{"image_id", "category_id", "keypoints": [x1, y1, s1, ...] pixels,
             "score"}``, 3K numbers for a category of K points (the third of each triple is not scored). An entry
             with a ``bbox`` takes its area from it (pycocotools' ``loadRes``), others from the points' extent.
-        sigmas: see :func:`resolve_sigmas`.
+        sigmas: see :func:`resolve_sigmas`; a category without any takes its own ``sigmas`` field, if it has one.
         image_ids: the images to evaluate (None: every ground-truth image).
 
     Raises:
@@ -136,6 +137,9 @@ def evaluate_keypoints(coco_gt: COCO, results: Sequence[dict[str, Any]], *,
         ValueError: a result whose keypoints do not fit its category's count.
     """
     counts = category_keypoint_counts(coco_gt)
+    if sigmas is None or isinstance(sigmas, Mapping):  # the categories' own where none is given for them
+        own = {int(c["id"]): c["sigmas"] for c in coco_gt.dataset.get("categories", []) if "sigmas" in c}
+        sigmas = {**own, **(sigmas or {})}
     resolved = resolve_sigmas(counts, sigmas)
     for entry in results:
         expected = counts.get(entry["category_id"])
