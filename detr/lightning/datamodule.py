@@ -537,6 +537,9 @@ class DetrDataModule(CocoFormatDataModule):
             size, from the json's polygons or RLE; :class:`detr.data.coco.CocoDetection`), for a model that
             trains instance masks. False: boxes only, read and transformed as before. Mask AP does not need
             it: the evaluator reads the json's segmentations itself.
+        keypoints: give every split's targets each object's keypoints (``keypoints`` float [T, K, 3] after
+            collation: x, y normalised as the boxes, visibility 0/1/2; :class:`detr.data.coco.CocoDetection`), for a
+            model that trains keypoints (none yet: the keypoint heads are to come). False: not read.
         kwargs: the batch sizes, loader settings and transform sizes of :class:`CocoFormatDataModule`
             (``batch_size``, ``val_batch_size``, ``num_workers``, ``pin_memory``, ``persistent_workers``,
             ``drop_last``, ``train_scales``, ``train_max_size``, ``crop_resize_scales``, ``crop_min_size``,
@@ -564,12 +567,14 @@ class DetrDataModule(CocoFormatDataModule):
         categories_from: str | None = None,
         masks: bool = False,
         format: Literal["coco", "yolo", "voc"] | None = None,
+        keypoints: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if masks and self.augmentation == "deim":
-            raise ValueError("--data.masks true with --data.augmentation deim: DEIM's mosaic moves boxes only; train "
-                             "masks with --data.augmentation rtdetr")
+        for option, value in (("masks", masks), ("keypoints", keypoints)):
+            if value and self.augmentation == "deim":
+                raise ValueError(f"--data.{option} true with --data.augmentation deim: DEIM's mosaic moves boxes "
+                                 f"only; train {option} with --data.augmentation rtdetr")
         self.save_hyperparameters()
         self.hparams.update(self.sizes)  # the sizes in use (image_size scales them): a checkpoint's eval size
         root = self.set_aside_missing_root(root, predict_images)
@@ -589,6 +594,7 @@ class DetrDataModule(CocoFormatDataModule):
         self.predict_images = predict_images
         self.skip_bad_images = skip_bad_images
         self.masks = masks
+        self.keypoints = keypoints
 
         # The json is read once: kept here for its data set and the start-up checks (see annotations_json).
         for split in ("train", "val", "test"):
@@ -649,6 +655,7 @@ class DetrDataModule(CocoFormatDataModule):
             skip_unreadable=split == "train",
             coco_data=self._json_cache.get(annotations),
             masks=self.masks,
+            keypoints=self.keypoints,
             read_annotations=self.readers.get(split),
         )
 
