@@ -1,9 +1,9 @@
 """COCO keypoints in the data path: each category's keypoint names, skeleton and left/right mirror, the annotations'
 ``keypoints`` as one array, and what a transform does to them.
 
-COCO's format (docs/data.md, "Keypoints"): an annotation's ``keypoints`` is ``[x1, y1, v1, x2, y2, v2, ...]``, pixel
-x, y in the image and a visibility ``v``: 0 not labelled (x = y = 0), 1 labelled but hidden, 2 labelled and
-visible; ``num_keypoints`` counts the points with v > 0. Its category names the points (``keypoints``, K names) and
+COCO's format (docs/guides/train-on-your-data.md, "Keypoints"): an annotation's ``keypoints`` is
+``[x1, y1, v1, x2, y2, v2, ...]``, pixel x, y in the image and a visibility ``v``: 0 not labelled (x = y = 0), 1
+labelled but hidden, 2 labelled and visible; ``num_keypoints`` counts the points with v > 0. Its category names the points (``keypoints``, K names) and
 joins them (``skeleton``, 1-based index pairs). A category may also give ``flip_pairs`` (0-based index pairs, as
 mmpose's data set metadata; a YOLO-pose ``flip_idx`` becomes these): the points that trade places when the image
 is mirrored. Without it, the pairs come from the names: ``left_X`` ↔ ``right_X`` (also ``X_left`` ↔ ``X_right``,

@@ -12,7 +12,10 @@ and returns ``{"image": float32 tensor [3, h, w], "bboxes": [M, 4] pixel xyxy in
 "labels": [M]}``. Boxes go through albumentations' bbox support (``pascal_voc`` format = pixel xyxy):
 after every step they are clipped to the image, and a box the crop leaves with no width or height is
 dropped together with its label (the authors keep a box iff x1 > x0 and y1 > y0 after clamping), so an
-image can end with no boxes.
+image can end with no boxes. A call may add ``keypoints`` (float [P, 3] albumentations "xya" points,
+:func:`keypoint_params`): they move with the image, stay in order when they leave it, and come back as
+``"keypoints"`` (:mod:`detr.data.keypoints` turns them back into COCO keypoints; :class:`HorizontalFlip` mirrors
+them as boxes are mirrored).
 
 RT-DETR and D-FINE train on squares instead (:func:`make_square_transform`: the horizontal flip alone, or
 :func:`make_rtdetr_train_transform`: the authors' photometric distortion, zoom-out, IoU crop, flip and resize;

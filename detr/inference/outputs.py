@@ -61,8 +61,8 @@ def predictions_to_coco_results(
     without one). Boxes go from pixel ``xyxy`` to COCO's pixel ``xywh``; ``file_name`` is added when known;
     ``segmentation`` (COCO RLE, :func:`detr.evaluation.coco_evaluator.masks_to_rle`) when the prediction has masks;
     ``keypoints`` (flat [x1, y1, s1, ...], pixels, 0.01 px) when it has keypoints: a category's first
-    ``keypoint_counts[category id]`` points, none for a category not in it (None: all K the model predicts). An entry carries its ``bbox`` too, so
-    ``loadRes`` takes the object's area from the box.
+    ``keypoint_counts[category id]`` points, none for a category not in it (None: all K the model predicts). An
+    entry carries its ``bbox`` too, so ``loadRes`` takes the object's area from the box.
     """
     results: list[dict[str, Any]] = []
     for prediction in predictions:

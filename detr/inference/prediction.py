@@ -1,5 +1,6 @@
 """What a prediction run returns per image: :class:`Prediction` (boxes, scores, labels; masks and a panoptic
-segmentation for a panoptic model; keypoints for a keypoint model) and the :class:`AttentionMaps` that ``return_attention=True`` adds."""
+segmentation for a panoptic model; keypoints for a keypoint model) and the :class:`AttentionMaps` that
+``return_attention=True`` adds."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ The prediction files (:func:`detr.inference.outputs.predict_files`), the validat
 class has one colour everywhere and the labels read the same.
 
 - raster images (``uint8`` ``[3, H, W]`` tensors): :func:`draw_boxes` (``torchvision.utils.draw_bounding_boxes``),
-  :func:`draw_prediction` (with its instance masks and keypoints, if any), :func:`draw_keypoints_with_skeleton`, :func:`draw_detections` (true and predicted boxes),
-  :func:`draw_panoptic`
+  :func:`draw_prediction` (with its instance masks and keypoints, if any), :func:`draw_keypoints_with_skeleton`,
+  :func:`draw_detections` (true and predicted boxes), :func:`draw_panoptic`
   (``torchvision.utils.draw_segmentation_masks``), :func:`save_image`;
 - matplotlib axes: :func:`add_box`, :func:`matplotlib_color`.
 """
