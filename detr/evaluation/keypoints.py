@@ -87,6 +87,20 @@ def resolve_sigmas(counts: Mapping[int, int], sigmas: Mapping[int, Sequence[floa
     return resolved
 
 
+def ground_truth_sigmas(coco_gt: COCO, sigmas: Mapping[int, Sequence[float]] | Sequence[float] | None = None
+                        ) -> dict[int, np.ndarray]:
+    """Each keypoint category of ``coco_gt`` with its sigmas: those given (see :func:`resolve_sigmas`), else the
+    category's own ``sigmas`` field, else COCO's person sigmas for 17 points.
+
+    Raises:
+        MissingSigmasError: see :func:`resolve_sigmas`.
+    """
+    if sigmas is None or isinstance(sigmas, Mapping):  # the categories' own where none is given for them
+        own = {int(c["id"]): c["sigmas"] for c in coco_gt.dataset.get("categories", []) if "sigmas" in c}
+        sigmas = {**own, **(sigmas or {})}
+    return resolve_sigmas(category_keypoint_counts(coco_gt), sigmas)
+
+
 class KeypointCOCOeval(COCOeval):
     """pycocotools' keypoint COCOeval with each category's own sigmas (``{category id: float [K]}``).
 
@@ -137,10 +151,7 @@ def evaluate_keypoints(coco_gt: COCO, results: Sequence[dict[str, Any]], *,
         ValueError: a result whose keypoints do not fit its category's count.
     """
     counts = category_keypoint_counts(coco_gt)
-    if sigmas is None or isinstance(sigmas, Mapping):  # the categories' own where none is given for them
-        own = {int(c["id"]): c["sigmas"] for c in coco_gt.dataset.get("categories", []) if "sigmas" in c}
-        sigmas = {**own, **(sigmas or {})}
-    resolved = resolve_sigmas(counts, sigmas)
+    resolved = ground_truth_sigmas(coco_gt, sigmas)
     for entry in results:
         expected = counts.get(entry["category_id"])
         if expected is None or len(entry["keypoints"]) != 3 * expected:
@@ -197,10 +208,13 @@ def keypoints_to_results(image_id: int, detection: Mapping[str, torch.Tensor], c
             points than the model predicts); a category without keypoints gets no entry.
         rounded: x, y to 0.01 pixel and scores to 1e-5 (a small predictions file).
     """
+    if "keypoints" not in detection:
+        raise ValueError(f"the detections of image {image_id} have no 'keypoints' (float [N, K, 3] pixels): keypoint "
+                         "evaluation needs a model that predicts them")
     labels = detection["labels"].detach().long().cpu()
     category_ids = (labels if category_map is None else category_map.label_to_category_id(labels)).tolist()
-    keypoints = detection["keypoints"].detach().float().cpu()
-    scores = detection["scores"].detach().float().cpu().tolist()
+    keypoints = detection["keypoints"].detach().cpu()  # as given: float32 from a model, exactly
+    scores = detection["scores"].detach().double().cpu().tolist()
     results = []
     for category_id, points, score in zip(category_ids, keypoints, scores):
         count = counts.get(int(category_id))

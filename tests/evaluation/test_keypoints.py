@@ -127,3 +127,29 @@ def test_detections_become_keypoint_results_cut_to_each_categorys_count() -> Non
     results = keypoints_to_results(7, detection, category_map, {4: 2}, rounded=True)
     assert results == [{"image_id": 7, "category_id": 4, "keypoints": [0.12, 1.12, 2.12346, 3.12, 4.12, 5.12346],
                         "score": 0.9}]
+
+
+def test_the_coco_evaluator_gives_the_same_oks_ap_batch_by_batch() -> None:
+    """CocoEvaluator(iou_type="keypoints"), fed per image as a training loop would, equals pycocotools."""
+    from detr.evaluation.coco_evaluator import CocoEvaluator
+
+    data, results = person_like_set(3)
+    coco_gt = coco_ground_truth(data)
+    evaluator = CocoEvaluator(coco_gt, iou_type="keypoints")
+    assert evaluator.backend == "pycocotools"
+    for image in data["images"]:
+        mine = [r for r in results if r["image_id"] == image["id"]]
+        evaluator.update([image["id"]], [{
+            "scores": torch.tensor([r["score"] for r in mine]).reshape(-1),
+            "labels": torch.tensor([r["category_id"] for r in mine], dtype=torch.int64).reshape(-1),
+            "keypoints": torch.tensor([r["keypoints"] for r in mine], dtype=torch.float64).reshape(-1, 17, 3)}])
+    evaluation = evaluator.compute()
+    expected = pycocotools_stats(coco_gt, results, np.array(COCO_PERSON_SIGMAS), [1])
+    assert list(evaluation.stats) == list(KEYPOINT_STAT_NAMES)
+    assert [evaluation.stats[name] for name in KEYPOINT_STAT_NAMES] == expected.tolist()
+    assert "AR50" in evaluation.stats_table()
+    with pytest.raises(MissingSigmasError):
+        CocoEvaluator(coco_ground_truth(person_like_set(0, categories={3: 4}, num_images=1)[0]), iou_type="keypoints")
+    with pytest.raises(ValueError, match="no 'keypoints'"):
+        CocoEvaluator(coco_gt, iou_type="keypoints").update(
+            [1], [{"scores": torch.ones(1), "labels": torch.ones(1, dtype=torch.int64)}])
