@@ -103,7 +103,7 @@ def test_coco_keypoints_go_to_yolo_pose_and_back(tmp_path: Path, capsys) -> None
 
     from PIL import Image
 
-    from tests.data.test_keypoints import COCO_PERSON
+    from tests.helpers import COCO_PERSON_KEYPOINTS as COCO_PERSON
 
     (tmp_path / "images").mkdir()
     Image.new("RGB", (200, 100)).save(tmp_path / "images" / "a.png")

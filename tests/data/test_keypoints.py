@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import albumentations as A
@@ -29,11 +30,7 @@ from detr.data.transforms import (
     make_square_transform,
     make_train_transform,
 )
-from tests.data.test_coco import make_dataset
-
-COCO_PERSON = ["nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder",
-               "left_elbow", "right_elbow", "left_wrist", "right_wrist", "left_hip", "right_hip", "left_knee",
-               "right_knee", "left_ankle", "right_ankle"]
+from tests.helpers import COCO_PERSON_KEYPOINTS as COCO_PERSON
 
 # a "hand" of three points (left, tip, right) and a "stick" of two points without a mirror
 CATEGORIES = [
@@ -46,6 +43,18 @@ CATEGORIES = [
 def hand(ann_id: int, image_id: int, points: list[float], bbox: list[float] | None = None) -> dict:
     return {"id": ann_id, "image_id": image_id, "category_id": 1, "bbox": bbox or [10, 10, 40, 20], "iscrowd": 0,
             "keypoints": points, "num_keypoints": sum(1 for v in points[2::3] if v > 0)}
+
+
+def make_dataset(root: Path, images: list[dict], annotations: list[dict], categories: list[dict]) -> tuple[Path, Path]:
+    """The images (one colour each) and their json in ``root``; returns (images folder, json)."""
+    from PIL import Image
+
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    for image in images:
+        Image.new("RGB", (image["width"], image["height"]), (90, 120, 200)).save(root / "images" / image["file_name"])
+    json_file = root / "instances.json"
+    json_file.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))
+    return root / "images", json_file
 
 
 def keypoint_set(tmp_path: Path, annotations: list[dict] | None = None) -> tuple[Path, Path]:
