@@ -137,6 +137,10 @@ def test_make_shapes_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert module.main([*argv, "--masks", "rle"]) == 0  # other parameters: written again
     written = json.loads((tmp_path / "s" / "annotations" / "instances_val2017.json").read_text())
     assert all(isinstance(a["segmentation"], dict) for a in written["annotations"])
+    assert module.main([*argv, "--keypoints"]) == 0  # the keypoint set: written again, with its points
+    written = json.loads((tmp_path / "s" / "annotations" / "instances_val2017.json").read_text())
+    assert written["info"]["parameters"]["keypoints"] is True and "skeleton" in written["categories"][0]
+    assert all("keypoints" in a for a in written["annotations"])
 
 
 def test_instance_masks_are_the_drawn_pixels(tmp_path: Path) -> None:
