@@ -35,6 +35,7 @@ from detr.data.collate import MultiScaleCollate, collate_detection
 from detr.data.dense_o2o import DenseO2OTransform, MixUpCollate
 from detr.data.formats import dataset_splits, detect_format, load_split, read_split
 from detr.data.images import ImageFilesDataset
+from detr.data.keypoints import CategoryKeypoints, keypoint_categories
 from detr.data.training_epoch import SharedEpoch, StopAtEpoch
 from detr.data.transforms import (
     CROP_MAX_SIZE,
@@ -595,6 +596,9 @@ class DetrDataModule(CocoFormatDataModule):
         self.skip_bad_images = skip_bad_images
         self.masks = masks
         self.keypoints = keypoints
+        #: category id → its keypoint names, skeleton and mirror (from the json that names the classes; empty
+        #: without ``keypoints``)
+        self.keypoint_categories: dict[int, CategoryKeypoints] = {}
 
         # The json is read once: kept here for its data set and the start-up checks (see annotations_json).
         for split in ("train", "val", "test"):
@@ -605,6 +609,8 @@ class DetrDataModule(CocoFormatDataModule):
                 if not isinstance(data.get("categories"), list):
                     raise ValueError(f"annotation file '{json_file}' has no 'categories' list")
                 self.category_map = category_map_from_categories(data["categories"], category_ids)
+                if keypoints:
+                    self.keypoint_categories = keypoint_categories(data["categories"])
                 logger.info("%d classes from '%s' (category_ids=%s)", self.category_map.num_classes, json_file,
                             category_ids)
                 break
@@ -620,6 +626,17 @@ class DetrDataModule(CocoFormatDataModule):
                 "DetrDataModule needs data: root=DIR (COCO layout), or train_images + train_annotations / "
                 "val_images + val_annotations, or predict_images"
             )
+
+    @property
+    def num_keypoints_per_class(self) -> list[int]:
+        """Each model label's number of keypoints (0: a class without; empty without ``keypoints``): a value the
+        data decides, for a keypoint model's head (RF-DETR's ``num_keypoints_per_class``), as ``num_classes`` is."""
+        if not self.keypoint_categories or self.category_map is None:
+            return []
+        counts = [0] * self.category_map.num_classes
+        for category_id, spec in self.keypoint_categories.items():
+            counts[self.category_map.category_id_to_label(category_id)] = spec.num_keypoints
+        return counts
 
     def _converted_paths(self, root: str, data_format: Literal["yolo", "voc"],
                          explicit: dict[str, tuple[str | None, str | None]]) -> dict[str, tuple[Path, Path]]:

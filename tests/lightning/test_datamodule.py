@@ -336,6 +336,7 @@ def test_keypoints_option_gives_normalised_keypoints_in_every_training_pipeline(
                                                 max_object_size=24, keypoints=True))
     for options in ({}, {"augmentation": "rtdetr", "square_size": 64}):
         data = DetrDataModule(root=str(tmp_path), batch_size=2, num_workers=0, keypoints=True, **SMALL, **options)
+        assert data.num_keypoints_per_class == [1, 4, 3, 2, 5]  # circle, square, triangle, ellipse, star
         data.setup("fit")
         for _, _, targets in [next(iter(data.train_dataloader())), next(iter(data.val_dataloader()))]:
             for target in targets:
@@ -343,5 +344,6 @@ def test_keypoints_option_gives_normalised_keypoints_in_every_training_pipeline(
                 assert keypoints.shape == (len(target["labels"]), 5, 3)  # the star's five points the most
                 labelled = keypoints[..., 2] > 0
                 assert ((keypoints[..., :2][labelled] >= 0) & (keypoints[..., :2][labelled] <= 1)).all()
+    assert DetrDataModule(root=str(tmp_path), **SMALL).num_keypoints_per_class == []  # without the option
     with pytest.raises(ValueError, match="--data.keypoints true with --data.augmentation deim"):
         DetrDataModule(root=str(tmp_path), keypoints=True, augmentation="deim", square_size=64)
