@@ -8,7 +8,7 @@ hidden size 256 and 8 heads, for an input image of the given size, whose ResNet 
 16, 32 and 64 (Deformable DETR's 4 levels; DETR's encoder sees the stride-32 map alone):
 
 - encoder self-attention: every position of the feature maps attends. Deformable: 4 levels x 4 points per
-  head (:class:`detr.models.deformable.attention.MultiScaleDeformableAttention`, grid_sample). Dense:
+  head (:class:`detr.models.layers.deformable_attention.MultiScaleDeformableAttention`, grid_sample). Dense:
   ``nn.MultiheadAttention`` (PyTorch's SDPA kernel) over the stride-32 map (the paper's DETR) and over all
   four levels (what dense attention would cost on Deformable DETR's input).
 - decoder cross-attention: 300 queries attend to the encoder output, deformable against dense over all levels.
@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from detr.models.deformable.attention import MultiScaleDeformableAttention, use_bilinear_kernel
+from detr.models.layers.deformable_attention import MultiScaleDeformableAttention, use_bilinear_kernel
 
 HIDDEN, HEADS, POINTS, QUERIES = 256, 8, 4, 300
 

@@ -40,7 +40,7 @@ from realtime_speed import Stopwatch, median_text  # noqa: E402
 import detr  # noqa: E402
 from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 from detr.inference.postprocess import PostProcess  # noqa: E402
-from detr.models.deformable.attention import BILINEAR_KERNELS, use_bilinear_kernel  # noqa: E402
+from detr.models.layers.deformable_attention import BILINEAR_KERNELS, use_bilinear_kernel  # noqa: E402
 from tests.helpers import randomise  # noqa: E402
 
 PHOTO = Path(__file__).resolve().parents[1] / "data" / "photos" / "chelsea.png"

@@ -325,18 +325,18 @@ def loss_section(args: argparse.Namespace, device: torch.device) -> None:
 
 
 def sdpa_section(args: argparse.Namespace, device: torch.device) -> None:
-    """bf16 training with and without cuDNN's fused attention (detr.models.transformer.TRAINING_SDPA_BACKENDS):
+    """bf16 training with and without cuDNN's fused attention (detr.models.layers.attention.TRAINING_SDPA_BACKENDS):
     the first step whose gradient norm or loss is not finite, from the same weights and data."""
     from torch.nn.attention import SDPBackend
 
-    from detr.models import transformer
+    from detr.models.layers import attention
 
     print(f"\n## bf16 training: the first non-finite step in {args.sdpa_steps} (same initial weights and data)")
-    shipped = list(transformer.TRAINING_SDPA_BACKENDS)
+    shipped = list(attention.TRAINING_SDPA_BACKENDS)
     initial = None
     for name, backends in (("without cuDNN attention (shipped)", shipped),
                            ("with cuDNN attention (torch's default)", shipped + [SDPBackend.CUDNN_ATTENTION])):
-        transformer.TRAINING_SDPA_BACKENDS = backends
+        attention.TRAINING_SDPA_BACKENDS = backends
         trainer = make_trainer(args, device, Setting("bf16", compiled=False))
         if initial is None:
             initial = {k: v.clone() for k, v in trainer.system.model.state_dict().items()}
@@ -355,7 +355,7 @@ def sdpa_section(args: argparse.Namespace, device: torch.device) -> None:
                              f"finite for {args.sdpa_steps} steps, mean loss of the last 10 {tail.mean().item():.3f}"),
               flush=True)
         del trainer
-    transformer.TRAINING_SDPA_BACKENDS = shipped
+    attention.TRAINING_SDPA_BACKENDS = shipped
 
 
 def main() -> None:

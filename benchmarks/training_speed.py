@@ -43,8 +43,8 @@ from machine import describe_machine  # noqa: E402
 
 from detr.data.collate import pad_images  # noqa: E402
 from detr.lightning.system import DetrSystem  # noqa: E402
-from detr.models import transformer  # noqa: E402
 from detr.models.config import DetrConfig  # noqa: E402
+from detr.models.layers import attention  # noqa: E402
 
 #: Our speed-ups, each switched on by name in ``--variants``.
 OPTIONS = {
@@ -53,8 +53,8 @@ OPTIONS = {
     "fused_adamw": "AdamW(fused=True) (else the for-loop AdamW, torch's CPU default)",
     "foreach_clip": "clip_grad_norm_(foreach=True) (else one norm per tensor)",
     "compile": "torch.compile of the model's forward (inductor)",
-    "torch_dropout": "torch's own dropout draw (F.dropout, Bernoulli) instead of detr.models.transformer.dropout's "
-                     "(as before it; a comparison, not a speed-up)",
+    "torch_dropout": "torch's own dropout draw (F.dropout, Bernoulli) instead of "
+                     "detr.models.layers.cpu_kernels.dropout's (as before it; a comparison, not a speed-up)",
     "nchw_frozen_stages": "the frozen stem and layer1 in NCHW, as the trained stages (else NHWC on the CPU: "
                           "the backbone's frozen_stages_channels_last; a comparison, not a speed-up)",
 }
@@ -148,12 +148,12 @@ class OurTrainer:
     def step(self, batch: tuple) -> torch.Tensor:
         if "torch_dropout" not in self.options:
             return self._step(batch)
-        ours = transformer.dropout
-        transformer.dropout = lambda x, p, training=True: F.dropout(x, p, training)  # read at call time
+        ours = attention.dropout
+        attention.dropout = lambda x, p, training=True: F.dropout(x, p, training)  # read at call time
         try:
             return self._step(batch)
         finally:
-            transformer.dropout = ours
+            attention.dropout = ours
 
     def _step(self, batch: tuple) -> torch.Tensor:
         images, mask, targets = batch

@@ -43,6 +43,32 @@ def class_name_key(name: str) -> str | None:
     return None if name == UNUSED_NAME else name.strip().lower()
 
 
+def ambiguous_class_names(data_names: list[str], checkpoint_names: list[str]) -> str | None:
+    """Why a data set's classes (``data_names``, one per label) cannot be matched to a checkpoint's
+    (``checkpoint_names``) by name (:func:`class_name_key`), with the fix; None when they can. Two classes of the
+    data under one name would share one row; a name of the data that the checkpoint has twice has no one row."""
+    def labels_by_key(names: list[str]) -> dict[str, list[int]]:
+        found: dict[str, list[int]] = {}
+        for label, name in enumerate(names):
+            key = class_name_key(name)
+            if key is not None:
+                found.setdefault(key, []).append(label)
+        return found
+
+    ours, theirs = labels_by_key(data_names), labels_by_key(checkpoint_names)
+    for key, labels in ours.items():
+        if len(labels) > 1:
+            return (f"the data names {len(labels)} classes {key!r} (labels {', '.join(map(str, labels))}; names match "
+                    "without case): the checkpoint's rows cannot be matched to them by name; merge them into one "
+                    "category or rename them in the data")
+    for key, labels in theirs.items():
+        if len(labels) > 1 and key in ours:
+            return (f"the checkpoint names {len(labels)} classes {key!r} (its labels {', '.join(map(str, labels))}): "
+                    f"the data's {key!r} cannot be matched to one of its rows by name; fine-tune with "
+                    "--model.init_classes by_label (rows by position) or fresh")
+    return None
+
+
 @dataclass(frozen=True)
 class CategoryMap:
     """Label ``i`` of the model is category ``category_ids[i]`` of the data set, named ``names[i]``.

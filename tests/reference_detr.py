@@ -16,7 +16,7 @@ from torch import nn
 
 
 def sine_position_encoding(mask: torch.Tensor, num_pos_feats: int) -> torch.Tensor:
-    """The authors' sine encoding (models/position_encoding.py), written out with loops over channels
+    """The authors' sine encoding (models/layers/position_encoding.py), written out with loops over channels
     (slow, obviously right)."""
     batch, height, width = mask.shape
     not_mask = (~mask).float()

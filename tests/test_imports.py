@@ -1,6 +1,6 @@
 """`import detr` needs only torch, torchvision and scipy: exporters, notebooks and torch.hub users load the
 model without the training stack (Lightning), the image pipeline (albumentations, OpenCV), figures
-(matplotlib) or any interop package (transformers, timm, safetensors, onnx, onnxruntime)."""
+(matplotlib) or any interop package (transformers, timm, safetensors, onnx, onnxruntime, supervision)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 HEAVY = ("lightning", "albumentations", "cv2", "matplotlib", "transformers", "timm", "safetensors", "onnx",
-         "onnxruntime", "openvino", "pycocotools", "fastapi", "uvicorn", "detr.data", "detr.lightning", "detr.serving")
+         "onnxruntime", "openvino", "pycocotools", "fastapi", "uvicorn", "supervision", "detr.data", "detr.lightning",
+         "detr.serving")
 
 
 def test_import_detr_loads_only_the_model_stack() -> None:
@@ -185,3 +186,56 @@ def test_tests_share_helpers_through_helper_modules() -> None:
             wrong += [f"{path.relative_to(repo)}:{node.lineno} imports {name}" for name in names
                       if name == "tests.conftest" or name.split(".")[-1].startswith("test_")]
     assert not wrong, "import shared test code from tests/helpers.py instead:\n" + "\n".join(wrong)
+
+
+# --- Families (docs/STYLE habit 20): a family folder imports the shared blocks (detr.models.layers), the top-level
+# model modules and at most its declared parent; the shared blocks import no family. ---
+
+#: Each family folder's declared parent (the folder it builds on); a folder not named here has none.
+FAMILY_PARENTS = {"dfine": "rtdetr", "deimv2": "dfine"}
+
+
+def family_folders() -> set[str]:
+    """The family folders: every package directly under detr/models but the shared layers."""
+    return {path.parent.name for path in (PACKAGE / "models").glob("*/__init__.py")} - {"layers"}
+
+
+def family_import_violations(graph: dict[str, set[str]], families: set[str]) -> list[str]:
+    """``module imports target`` for every import of a family folder from outside it, other than from its declared
+    child (:data:`FAMILY_PARENTS`)."""
+    def family_of(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[:2] == ["detr", "models"] and parts[2] in families else None
+
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        parts = module.split(".")
+        importer = family_of(module)
+        shared_layer = parts[:3] == ["detr", "models", "layers"]
+        if importer is None and not shared_layer:
+            continue
+        for target in sorted(targets):
+            imported = family_of(target)
+            if imported is not None and imported != importer and imported != FAMILY_PARENTS.get(importer or ""):
+                wrong.append(f"{module} imports {target}")
+    return wrong
+
+
+def test_the_family_rule_finds_a_cross_family_import() -> None:
+    graph = {"detr.models.rfdetr.decoder": {"detr.models.rtdetr.decoder", "detr.models.layers.mlp"},
+             "detr.models.dfine.decoder": {"detr.models.rtdetr.decoder", "detr.models.dfine.encoder"},
+             "detr.models.deimv2.model": {"detr.models.dfine.model", "detr.models.rtdetr.model"},
+             "detr.models.layers.denoising": {"detr.models.anchor.denoising"},
+             "detr.models.build": {"detr.models.rtdetr.build"}}
+    assert family_import_violations(graph, {"rfdetr", "rtdetr", "dfine", "deimv2", "anchor"}) == [
+        "detr.models.deimv2.model imports detr.models.rtdetr.model",
+        "detr.models.layers.denoising imports detr.models.anchor.denoising",
+        "detr.models.rfdetr.decoder imports detr.models.rtdetr.decoder"]
+
+
+def test_a_family_folder_imports_shared_layers_and_its_parent_only() -> None:
+    families = family_folders()
+    assert {"rtdetr", "dfine", "rfdetr", "deformable", "anchor"} <= families
+    wrong = family_import_violations(import_graph(), families)
+    assert not wrong, ("a family folder imports another family's folder (move the shared block to "
+                       "detr/models/layers/, or declare the parent in FAMILY_PARENTS):\n" + "\n".join(wrong))

@@ -11,8 +11,8 @@ The authors' files (Peterande/D-FINE, and DEIM's D-FINE models: ``{"ema": {"modu
 ``{"model": state_dict}``) hold this project's own key layout but for buffers it recomputes;
 :func:`read_dfine_state_dict` reads them, with the configuration read off the weights.
 
-This project keeps the authors' parameter names; transformers renames them (:data:`_RULES`, one table for both
-directions, ``{}`` a layer index):
+This project keeps the authors' parameter names; transformers renames them (:data:`DFINE_KEYS`, a table over
+:mod:`detr.checkpoints.key_map`, read in both directions, ``{}`` a layer index):
 
 =====================================================  ==============================================
 this project (the authors' layout)                     transformers (as written to disk)
@@ -54,12 +54,14 @@ from detr.checkpoints.huggingface import (
     read_weights,
     write_huggingface_directory,
 )
+from detr.checkpoints.key_map import Buffer, Drop, Field, KeyMap, Rename, refuse_unless
 from detr.checkpoints.rtdetr import (
-    FUSED_IN_PROJ,
-    HUGGINGFACE_QKV,
+    REALTIME_FIELDS,
+    REALTIME_FUSE,
+    REALTIME_RENAMES,
+    REALTIME_SPELLING,
     STATED_SIZES,
     count_numbered,
-    current_rtdetr_spelling,
     preprocessor_config,
 )
 from detr.models.config import DFINE_DEFAULTS, DetrConfig, ModelMeta
@@ -71,140 +73,26 @@ logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "d_fine"
 
-#: (transformers' key start, this project's), ``{}`` a layer index; read in both directions, first match wins.
-_RULES: tuple[tuple[str, str], ...] = (
-    ("model.encoder_input_proj.{}.0.", "encoder.input_proj.{}.conv."),
-    ("model.encoder_input_proj.{}.1.", "encoder.input_proj.{}.norm."),
-    ("model.encoder.encoder.{}.layers.{}.self_attn.out_proj.", "encoder.encoder.{}.layers.{}.self_attn.out_proj."),
-    ("model.encoder.encoder.{}.layers.{}.self_attn_layer_norm.", "encoder.encoder.{}.layers.{}.norm1."),
-    ("model.encoder.encoder.{}.layers.{}.fc1.", "encoder.encoder.{}.layers.{}.linear1."),
-    ("model.encoder.encoder.{}.layers.{}.fc2.", "encoder.encoder.{}.layers.{}.linear2."),
-    ("model.encoder.encoder.{}.layers.{}.final_layer_norm.", "encoder.encoder.{}.layers.{}.norm2."),
-    ("model.encoder.lateral_convs.{}.", "encoder.lateral_convs.{}."),
-    *((f"model.encoder.{blocks}.{{}}.{theirs}.", f"encoder.{blocks}.{{}}.{ours}.")
-      for blocks in ("fpn_blocks", "pan_blocks")
+_DECODER = "model.decoder.layers.{}.", "decoder.decoder.layers.{}."
+#: D-FINE's own renames besides RT-DETR's (:data:`detr.checkpoints.rtdetr.REALTIME_RENAMES`): transformers' key
+#: start, this project's, ``{}`` an index.
+_RULES: tuple[Rename, ...] = (
+    Rename("model.encoder.lateral_convs.{}.", "encoder.lateral_convs.{}."),
+    *(Rename(f"model.encoder.{{blocks}}.{{}}.{theirs}.", f"encoder.{{blocks}}.{{}}.{ours}.")
       for theirs, ours in (("conv1", "cv1"), ("csp_rep1", "cv2.0"), ("conv2", "cv2.1"), ("csp_rep2", "cv3.0"),
                            ("conv3", "cv3.1"), ("conv4", "cv4"))),
-    ("model.encoder.downsample_convs.{}.conv1.", "encoder.downsample_convs.{}.0.cv1."),
-    ("model.encoder.downsample_convs.{}.conv2.", "encoder.downsample_convs.{}.0.cv2."),
-    ("model.decoder_input_proj.{}.0.", "decoder.input_proj.{}.conv."),
-    ("model.decoder_input_proj.{}.1.", "decoder.input_proj.{}.norm."),
-    ("model.decoder.layers.{}.self_attn.out_proj.", "decoder.decoder.layers.{}.self_attn.out_proj."),
-    ("model.decoder.layers.{}.self_attn_layer_norm.", "decoder.decoder.layers.{}.norm1."),
-    ("model.decoder.layers.{}.encoder_attn.", "decoder.decoder.layers.{}.cross_attn."),
-    ("model.decoder.layers.{}.gateway.", "decoder.decoder.layers.{}.gateway."),
-    ("model.decoder.layers.{}.fc1.", "decoder.decoder.layers.{}.linear1."),
-    ("model.decoder.layers.{}.fc2.", "decoder.decoder.layers.{}.linear2."),
-    ("model.decoder.layers.{}.final_layer_norm.", "decoder.decoder.layers.{}.norm3."),
-    ("model.decoder.lqe_layers.{}.", "decoder.decoder.lqe_layers.{}."),
-    ("model.decoder.up", "decoder.decoder.up"),
-    ("model.decoder.reg_scale", "decoder.decoder.reg_scale"),
-    ("model.decoder.pre_bbox_head.", "decoder.pre_bbox_head."),
-    ("model.decoder.query_pos_head.", "decoder.query_pos_head."),
-    ("model.decoder.class_embed.{}.", "decoder.dec_score_head.{}."),
-    ("model.decoder.bbox_embed.{}.", "decoder.dec_bbox_head.{}."),
-    ("model.enc_output.0.", "decoder.enc_output.proj."),
-    ("model.enc_output.1.", "decoder.enc_output.norm."),
-    ("model.enc_score_head.", "decoder.enc_score_head."),
-    ("model.enc_bbox_head.", "decoder.enc_bbox_head."),
-    ("model.denoising_class_embed.", "decoder.denoising_class_embed."),
+    Rename("model.encoder.downsample_convs.{}.conv{}.", "encoder.downsample_convs.{}.0.cv{}."),
+    Rename(_DECODER[0] + "gateway.", _DECODER[1] + "gateway."),
+    Rename("model.decoder.lqe_layers.{}.", "decoder.decoder.lqe_layers.{}."),
+    Rename("model.decoder.up", "decoder.decoder.up"),
+    Rename("model.decoder.reg_scale", "decoder.decoder.reg_scale"),
+    Rename("model.decoder.pre_bbox_head.", "decoder.pre_bbox_head."),
 )
-
-
-def _pattern(template: str) -> re.Pattern[str]:
-    return re.compile(re.escape(template).replace(r"\{\}", r"(\d+)"))
-
-
-def _substitute(table: tuple[tuple[re.Pattern[str], str], ...], key: str) -> str | None:
-    for pattern, replacement in table:
-        if match := pattern.match(key):
-            return replacement.format(*match.groups()) + key[match.end():]
-    return None
-
-
-#: The backbone's conv and norm: transformers' names, this project's.
-_BACKBONE_PARTS = ((".convolution.", ".conv."), (".normalization.", ".bn."))
-
-
-class KeyMap:
-    """The renames between transformers' keys (as on disk) and this project's for one family: ``rules``
-    ((transformers' key start, this project's), ``{}`` a layer index; read in both directions, first match wins)
-    and the HGNetV2 backbone under ``backbone_prefix`` (the same tree, with transformers' module names). Keys are
-    read in transformers' D-FINE spelling (``current_rtdetr_spelling``); ``disk_spelling`` (pattern, replacement) turns
-    the written ones into a family's own where its files differ (DEIMv2 writes ``aifi`` and ``o_proj``)."""
-
-    def __init__(self, family: str, rules: tuple[tuple[str, str], ...], backbone_prefix: str, *,
-                 disk_spelling: tuple[tuple[str, str], ...] = ()) -> None:
-        self.family = family
-        self._disk = tuple((re.compile(pattern), replacement) for pattern, replacement in disk_spelling)
-        self._to_ours = tuple((_pattern(theirs), ours) for theirs, ours in rules)
-        self._to_theirs = tuple((_pattern(ours), theirs) for theirs, ours in rules)
-        self._backbone = ((backbone_prefix + "embedder.", "backbone.stem."),
-                          (backbone_prefix + "encoder.stages.", "backbone.stages."))
-
-    def to_ours(self, key: str) -> str | None:
-        """transformers' key → this project's, None where there is none."""
-        for theirs, ours in self._backbone:
-            if key.startswith(theirs):
-                rest = key[len(theirs):]
-                for their_part, our_part in _BACKBONE_PARTS:
-                    rest = rest.replace(their_part, our_part)
-                return ours + rest
-        return _substitute(self._to_ours, key)
-
-    def to_theirs(self, key: str) -> str:
-        """This project's key → transformers'; :class:`ExportError` where there is none."""
-        for theirs, ours in self._backbone:
-            if key.startswith(ours):
-                rest = key[len(ours):]
-                for their_part, our_part in _BACKBONE_PARTS:
-                    rest = rest.replace(our_part, their_part)
-                return theirs + rest
-        hf_key = _substitute(self._to_theirs, key)
-        if hf_key is None:
-            raise ExportError(f"{key} has no counterpart in transformers' {self.family}")
-        for pattern, replacement in self._disk:
-            hf_key = pattern.sub(replacement, hf_key)
-        return hf_key
-
-
-DFINE_KEYS = KeyMap("D-FINE", _RULES, "model.backbone.model.")
-
-#: DEIMv2's (transformers' ``Deimv2ForObjectDetection``): the backbone and the input projections under
-#: ``model.conv_encoder``, the fusion blocks and the lite encoder under their transformers names (this project uses
-#: them: :mod:`detr.models.dfine.encoder`), the SwiGLU ``mlp`` (``ffn`` here) and the gate-less layers' norm.
-_DEIMV2_RULES: tuple[tuple[str, str], ...] = (
-    ("model.conv_encoder.encoder_input_proj.{}.conv.", "encoder.input_proj.{}.conv."),
-    ("model.conv_encoder.encoder_input_proj.{}.norm.", "encoder.input_proj.{}.norm."),
-    *((theirs, ours) for theirs, ours in _RULES
-      if not theirs.startswith(("model.encoder_input_proj.", "model.encoder.fpn_blocks.", "model.encoder.pan_blocks.",
-                                "model.decoder.layers.{}.fc", "model.encoder.encoder.{}.layers.{}.fc"))),
-    ("model.encoder.encoder.{}.layers.{}.mlp.layers.0.", "encoder.encoder.{}.layers.{}.linear1."),
-    ("model.encoder.encoder.{}.layers.{}.mlp.layers.1.", "encoder.encoder.{}.layers.{}.linear2."),
-    ("model.decoder.layers.{}.mlp.", "decoder.decoder.layers.{}.ffn."),
-    ("model.decoder.layers.{}.encoder_attn_layer_norm.", "decoder.decoder.layers.{}.norm2."),
-    ("model.encoder.fpn_blocks.", "encoder.fpn_blocks."),
-    ("model.encoder.pan_blocks.", "encoder.pan_blocks."),
-)
-#: DEIMv2 S-X: the DINOv3 ViT and the adapter under ``backbone`` (transformers' names), the hybrid encoder's input
-#: projections are transformers' ``fusion_proj``.
-_DEIMV2_DINOV3_RULES: tuple[tuple[str, str], ...] = (
-    ("model.conv_encoder.fusion_proj.{}.", "encoder.input_proj.{}."),
-    ("model.conv_encoder.backbone.layer.{}.attention.out_proj.", "backbone.backbone.layer.{}.attention.o_proj."),
-    ("model.conv_encoder.backbone.", "backbone.backbone."),
-    ("model.conv_encoder.spatial_tuning_adapter.", "backbone.spatial_tuning_adapter."),
-    *_DEIMV2_RULES[2:],
-)
-_DEIMV2_DISK = ((r"^model\.encoder\.encoder\.", "model.encoder.aifi."), (r"\.out_proj\.", ".o_proj."))
-DEIMV2_KEYS = KeyMap("DEIMv2", _DEIMV2_RULES, "model.conv_encoder.model.", disk_spelling=_DEIMV2_DISK)
-#: The lite encoder's parts keep transformers' names (its input projections included).
-DEIMV2_DINOV3_KEYS = KeyMap("DEIMv2", _DEIMV2_DINOV3_RULES, "model.conv_encoder.model.", disk_spelling=_DEIMV2_DISK)
-DEIMV2_LITE_KEYS = KeyMap("DEIMv2", (*_DEIMV2_RULES[2:], ("model.encoder.", "encoder.")), "model.conv_encoder.model.",
-                          disk_spelling=_DEIMV2_DISK)
-#: The cross-attention's 1 / points per sampling point, a buffer this project computes from the point counts
-_POINTS_SCALE = re.compile(r"model\.decoder\.layers\.\d+\.encoder_attn\.num_points_scale$")
-#: Copies of the decoder's heads at the top level (tied to them in transformers)
-_TIED = re.compile(r"(class|bbox)_embed\.\d+\.")
+_FIELDS = {**REALTIME_FIELDS, "blocks": Field.choice("fpn_blocks", "pan_blocks"),
+           # HGNetV2's modules: transformers' names inside the backbone, this project's (the rest as it is)
+           "hgnet": Field(r".*", r".*",
+                          lambda rest: rest.replace(".convolution.", ".conv.").replace(".normalization.", ".bn."),
+                          lambda rest: rest.replace(".conv.", ".convolution.").replace(".bn.", ".normalization."))}
 
 
 def points_scale(points_per_level: tuple[int, ...] | list[int]) -> torch.Tensor:
@@ -212,53 +100,65 @@ def points_scale(points_per_level: tuple[int, ...] | list[int]) -> torch.Tensor:
     return torch.tensor([1.0 / count for count in points_per_level for _ in range(count)])
 
 
+def _family(name: str, renames: tuple[Rename, ...], backbone_prefix: str, **options: Any) -> KeyMap:
+    """A transformers table of the D-FINE kind: ``renames``, then the HGNetV2 backbone under ``backbone_prefix``;
+    the points scale (context: the points per level), the tied top-level head copies dropped, q/k/v fused, keys read
+    in D-FINE's spelling."""
+    hgnet = (Rename(backbone_prefix + "embedder.{hgnet}", "backbone.stem.{hgnet}"),
+             Rename(backbone_prefix + "encoder.stages.{hgnet}", "backbone.stages.{hgnet}"))
+    return KeyMap(
+        name, (*hgnet, *renames), fields=_FIELDS, fuse=REALTIME_FUSE, read_spelling=REALTIME_SPELLING,
+        drop=(Drop(r"(class|bbox)_embed\.\d+\.", "copies of the decoder's heads at the top level (tied to them)"),),
+        buffers=(Buffer(_DECODER[0] + "encoder_attn.num_points_scale",
+                        _DECODER[1] + "cross_attn.attention_weights.weight", points_scale,
+                        "1 / points per point for decoder_n_points {context}"),),
+        **options)
+
+
+DFINE_KEYS = _family("D-FINE", (*REALTIME_RENAMES, *_RULES), "model.backbone.model.")
+
+#: DEIMv2's (transformers' ``Deimv2ForObjectDetection``): the backbone and the input projections under
+#: ``model.conv_encoder``, the fusion blocks and the lite encoder under their transformers names (this project uses
+#: them: :mod:`detr.models.dfine.encoder`), the SwiGLU ``mlp`` (``ffn`` here) and the gate-less layers' norm; its
+#: files spell AIFI ``aifi`` and the output projections ``o_proj``.
+_DEIMV2_RULES: tuple[Rename, ...] = (
+    Rename("model.conv_encoder.encoder_input_proj.{}.conv.", "encoder.input_proj.{}.conv."),
+    Rename("model.conv_encoder.encoder_input_proj.{}.norm.", "encoder.input_proj.{}.norm."),
+    *(rule for rule in (*REALTIME_RENAMES, *_RULES)
+      if not rule.theirs.startswith(("model.encoder_input_proj.", "model.encoder.{blocks}.", _DECODER[0] + "fc",
+                                     "model.encoder.encoder.{}.layers.{}.fc"))),
+    Rename("model.encoder.encoder.{}.layers.{}.mlp.layers.0.", "encoder.encoder.{}.layers.{}.linear1."),
+    Rename("model.encoder.encoder.{}.layers.{}.mlp.layers.1.", "encoder.encoder.{}.layers.{}.linear2."),
+    Rename(_DECODER[0] + "mlp.", _DECODER[1] + "ffn."),
+    Rename(_DECODER[0] + "encoder_attn_layer_norm.", _DECODER[1] + "norm2."),
+    Rename("model.encoder.fpn_blocks.", "encoder.fpn_blocks."),
+    Rename("model.encoder.pan_blocks.", "encoder.pan_blocks."),
+)
+#: DEIMv2 S-X: the DINOv3 ViT and the adapter under ``backbone`` (transformers' names), the hybrid encoder's input
+#: projections are transformers' ``fusion_proj``.
+_DEIMV2_DINOV3_RULES: tuple[Rename, ...] = (
+    Rename("model.conv_encoder.fusion_proj.{}.", "encoder.input_proj.{}."),
+    Rename("model.conv_encoder.backbone.layer.{}.attention.out_proj.", "backbone.backbone.layer.{}.attention.o_proj."),
+    Rename("model.conv_encoder.backbone.", "backbone.backbone."),
+    Rename("model.conv_encoder.spatial_tuning_adapter.", "backbone.spatial_tuning_adapter."),
+    *_DEIMV2_RULES[2:],
+)
+_DEIMV2_DISK = ((r"^model\.encoder\.encoder\.", "model.encoder.aifi."), (r"\.out_proj\.", ".o_proj."))
+_DEIMV2_BACKBONE = "model.conv_encoder.model."
+DEIMV2_KEYS = _family("DEIMv2", _DEIMV2_RULES, _DEIMV2_BACKBONE, write_spelling=_DEIMV2_DISK)
+DEIMV2_DINOV3_KEYS = _family("DEIMv2", _DEIMV2_DINOV3_RULES, _DEIMV2_BACKBONE, write_spelling=_DEIMV2_DISK)
+#: The lite encoder's parts keep transformers' names (its input projections included).
+DEIMV2_LITE_KEYS = _family("DEIMv2", (*_DEIMV2_RULES[2:], Rename("model.encoder.", "encoder.")), _DEIMV2_BACKBONE,
+                           write_spelling=_DEIMV2_DISK)
+
+
 def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str, *, points_per_level: list[int],
                            keys: KeyMap = DFINE_KEYS) -> dict[str, torch.Tensor]:
-    """A transformers ``DFineForObjectDetection`` state dict → this project's (the authors') keys: q, k and v
-    become one ``in_proj``, floats float32; the points scale is checked against ``points_per_level`` and
-    dropped, as are the tied top-level head copies; unknown keys raise :class:`CheckpointError`."""
-    official: dict[str, torch.Tensor] = {}
-    projections: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    unknown = []
-    for hf_key, value in state_dict.items():
-        value = value.float() if value.is_floating_point() else value
-        key = current_rtdetr_spelling(hf_key)
-        if _TIED.match(key):
-            continue
-        if _POINTS_SCALE.match(key):
-            if value.shape != (sum(points_per_level),) or not torch.allclose(value, points_scale(points_per_level)):
-                raise CheckpointError(f"{where}: {hf_key} is not 1 / points per point for decoder_n_points "
-                                      f"{points_per_level} (config.json and the weights disagree)")
-            continue
-        if match := HUGGINGFACE_QKV.match(key):
-            prefix, which, kind = match.groups()
-            projections.setdefault((prefix, kind), {})[which] = value
-            continue
-        new_key = keys.to_ours(key)
-        if new_key is None:
-            unknown.append(hf_key)
-        else:
-            official[new_key] = value
-    if unknown:
-        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in {keys.family}'s layout: {unknown[:10]}")
-    for (prefix, kind), parts in projections.items():
-        if set(parts) != {"q", "k", "v"}:
-            raise CheckpointError(f"{where}: {prefix} has only the {sorted(parts)} projections")
-        ours = keys.to_ours(prefix + ".self_attn_layer_norm.")
-        assert ours is not None and ours.endswith(".norm1.")
-        official[ours[: -len("norm1.")] + f"self_attn.in_proj_{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
-    return official
-
-
-def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path: Path) -> None:
-    """Raise naming every setting of ``config`` that differs from ``expected`` (absent ones take the default)."""
-    def plain(value: Any) -> Any:
-        return list(value) if isinstance(value, (list, tuple)) else value
-    wrong = {key: config[key] for key, value in expected.items()
-             if key in config and config[key] is not None and plain(config[key]) != plain(value)}
-    if wrong:
-        raise CheckpointError(f"{config_path}: this project's D-FINE has {expected}; the file sets {wrong}, which it "
-                              f"cannot reproduce")
+    """A transformers ``DFineForObjectDetection`` state dict → this project's (the authors') keys (``keys``: D-FINE's
+    or a DEIMv2 table): q, k and v become one ``in_proj``, floats float32; the points scale is checked against
+    ``points_per_level`` and dropped, as are the tied top-level head copies; unknown keys raise
+    :class:`CheckpointError`."""
+    return keys.to_ours(state_dict, where, context=list(points_per_level))
 
 
 def _hgnetv2_backbone_config(name: str, learnable_affine: bool, levels: int) -> dict[str, Any]:
@@ -294,9 +194,9 @@ def _backbone(config: dict[str, Any], config_path: Path) -> tuple[str, bool, int
     for name in SIZES:
         expected = _hgnetv2_backbone_config(name, bool(backbone.get("use_learnable_affine_block")), levels)
         if all(found[field] == list(expected[field]) for field in _SIZE_FIELDS):
-            _refuse_unless(backbone, {key: expected[key] for key in ("hidden_act", "stem_strides", "num_channels",
-                                                                     "stage_downsample_strides", "out_indices")},
-                           config_path)
+            refuse_unless(backbone, {key: expected[key] for key in ("hidden_act", "stem_strides", "num_channels",
+                                                                    "stage_downsample_strides", "out_indices")},
+                          config_path, "D-FINE")
             return name, bool(backbone.get("use_learnable_affine_block")), levels
     raise CheckpointError(f"{config_path}: the HGNetV2 of backbone_config (stem_channels "
                           f"{found['stem_channels']}, stage_out_channels {found['stage_out_channels']}, ...) is none of "
@@ -347,7 +247,7 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
             extra["encoder_has_trailing_conv"] = True
     if config.get("decoder_activation_function", "relu") not in ("relu", "silu"):
         extra["decoder_activation_function"] = "relu"
-    _refuse_unless(config, {
+    refuse_unless(config, {
         "encoder_activation_function": "gelu", "activation_function": "silu", **extra,
         "normalize_before": False, "learn_initial_query": False, "with_box_refine": True,
         "feat_strides": [8, 16, 32][-levels:], "num_feature_levels": levels,
@@ -355,7 +255,7 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
         "batch_norm_eps": 1e-5, "decoder_in_channels": [encoder_dim] * levels,
         "decoder_attention_heads": config.get("encoder_attention_heads", 8),
         "decoder_method": config.get("decoder_method") if config.get("decoder_method") == "discrete" else "default",
-        "anchor_image_size": None}, config_path)
+        "anchor_image_size": None}, config_path, "D-FINE")
     if config.get("eval_idx", -1) not in (-1, layers - 1):
         raise CheckpointError(f"{config_path}: eval_idx {config['eval_idx']}: this project predicts with the last "
                               f"decoder layer (eval_idx -1)")
@@ -411,10 +311,14 @@ def _check_constants(state_dict: dict[str, torch.Tensor], config: DetrConfig, wh
                                   f"configuration (up / reg_scale); make them agree")
 
 
-#: Buffers of the authors' files that this project computes or keeps once: the anchors and valid mask at the
-#: evaluation size, the 1 / points per sampling point, and the transformer's copies of up and reg_scale.
-_RECOMPUTED = re.compile(r"^decoder\.(anchors|valid_mask|up|reg_scale)$"
-                         r"|^decoder\.decoder\.layers\.\d+\.cross_attn\.num_points_scale$")
+#: The authors' files (Peterande/D-FINE, DEIM): this project's keys but for buffers it computes or keeps once.
+AUTHORS_DFINE_KEYS = KeyMap(
+    "D-FINE", (Rename("", ""),), source="the authors'",
+    drop=(Drop(r"decoder\.(anchors|valid_mask)$", "the anchors and valid mask at the evaluation size, computed here "
+                                                  "at the input's size"),
+          Drop(r"decoder\.(up|reg_scale)$", "the weighting function's constants, kept once beside the decoder layers"),
+          Drop(r"decoder\.decoder\.layers\.\d+\.cross_attn\.num_points_scale$",
+               "1 / points per sampling point, computed here from the point counts")))
 
 
 def is_dfine_state_dict(state_dict: dict[str, torch.Tensor]) -> bool:
@@ -446,8 +350,7 @@ def read_dfine_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the
     decoder_mlp_activation="silu"``)."""
     scales = {key: value for key, value in state_dict.items()
               if re.match(r"^decoder\.decoder\.layers\.0\.cross_attn\.num_points_scale$", key)}
-    official = {key: (value.float() if value.is_floating_point() else value) for key, value in state_dict.items()
-                if not _RECOMPUTED.match(key)}
+    official = AUTHORS_DFINE_KEYS.to_ours(state_dict, where)
     backbone = _backbone_from_weights(official, where)
     levels = count_numbered(official, "encoder.input_proj.")
     weights_out = int(official["decoder.decoder.layers.0.cross_attn.attention_weights.weight"].shape[0])
@@ -498,25 +401,11 @@ def read_dfine_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the
 
 
 def to_huggingface_state_dict(model: DFINE, keys: KeyMap = DFINE_KEYS) -> dict[str, torch.Tensor]:
-    """This project's D-FINE → transformers' keys (as on disk), every tensor a contiguous copy, with the points
-    scale transformers keeps."""
-    hf: dict[str, torch.Tensor] = {}
-    for key, value in model.state_dict().items():
-        value = value.detach().to("cpu", copy=True).contiguous()
-        if match := FUSED_IN_PROJ.match(key):
-            prefix, kind = match.groups()
-            hf_prefix = keys.to_theirs(prefix + ".norm1.")[: -len("self_attn_layer_norm.")]
-            for which, part in zip("qkv", value.chunk(3)):
-                hf[f"{hf_prefix}self_attn.{which}_proj.{kind}"] = part.clone()
-            continue
-        hf_key = keys.to_theirs(key)
-        if keys.to_ours(current_rtdetr_spelling(hf_key)) != key:  # the two directions must be inverses
-            raise AssertionError(f"{key} → {hf_key} does not read back")
-        hf[hf_key] = value
-    for index, layer in enumerate(model.decoder.decoder.layers):
-        hf[f"model.decoder.layers.{index}.encoder_attn.num_points_scale"] = points_scale(
-            layer.cross_attn.points_per_level)
-    return hf
+    """This project's D-FINE → transformers' keys (as on disk; ``keys``: D-FINE's or a DEIMv2 table), every tensor a
+    contiguous copy, with the points scale transformers keeps."""
+    config = model.config
+    points = list(config.num_points_per_level or [config.num_points] * config.num_feature_levels)
+    return keys.to_theirs(model.state_dict(), context=points)
 
 
 def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None = None,

@@ -66,8 +66,8 @@ from detr.checkpoints.deployed import open_deployed
 from detr.checkpoints.formats import CheckpointError, ExportError
 from detr.checkpoints.openvino import write_ir
 from detr.inference.postprocess import boxes_to_pixels, scores_and_labels, top_k_pairs
-from detr.models.deformable.attention import BilinearKernel, use_bilinear_kernel
 from detr.models.detector import Detector
+from detr.models.layers.deformable_attention import BilinearKernel, use_bilinear_kernel
 
 logger = logging.getLogger(__name__)
 

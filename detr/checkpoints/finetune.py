@@ -14,6 +14,9 @@ keep the pre-trained classes), here done from the names both sides record. ``ini
 - ``"by_label"``: rows by position where the shapes agree (label i of the data takes the checkpoint's row i),
   the whole tensor fresh where they do not (the authors' DETR FAQ recipe).
 - ``"fresh"``: every class row starts from the model's initialisation; the rows after the classes carry over.
+
+Where the names make ``by_name`` ambiguous (a name twice on one side), :func:`check_class_match` refuses the
+fine-tune with :class:`ClassMatchError`, naming the fix; :func:`class_report` is the line a run logs of what was kept.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from typing import Literal
 
 import torch
 
-from detr.categories import UNUSED_NAME, CategoryMap, class_name_key
-from detr.checkpoints.formats import CheckpointContents, is_deformable_state_dict
+from detr.categories import UNUSED_NAME, CategoryMap, ambiguous_class_names, class_name_key
+from detr.checkpoints.formats import CheckpointContents, CheckpointError, is_deformable_state_dict
 from detr.models.build import build_detr
 from detr.models.config import DetrConfig
 
@@ -93,6 +96,23 @@ def class_rows(config: DetrConfig) -> dict[str, int]:
             if more[key].shape != tensor.shape}
 
 
+class ClassMatchError(CheckpointError):
+    """init_checkpoint's classes cannot be matched to the data's the way ``init_classes`` asks (the message names the
+    classes and the fix)."""
+
+
+def check_class_match(own_map: CategoryMap | None, source_map: CategoryMap | None, init_classes: InitClasses
+                      ) -> None:
+    """Raise :class:`ClassMatchError` when ``init_classes`` is ``by_name`` and the data's classes (``own_map``) cannot
+    be matched to the checkpoint's (``source_map``) by name (:func:`detr.categories.ambiguous_class_names`); a side
+    that names no classes (None) is matched by label, where names do not matter."""
+    if init_classes != "by_name" or own_map is None or source_map is None:
+        return
+    problem = ambiguous_class_names(list(own_map.names), list(source_map.names))
+    if problem is not None:
+        raise ClassMatchError(f"--model.init_checkpoint: {problem}")
+
+
 @dataclass
 class InitialWeights:
     """What :func:`initial_state` made of a checkpoint for a model.
@@ -101,12 +121,29 @@ class InitialWeights:
     fresh_tensors: keys left out because their shape does not fit (and no class rows could be carried).
     carried_classes: the model's class names whose rows come from the checkpoint's (by name or label).
     fresh_classes: the model's class names whose rows start from the initialisation.
+    rows_by: how the class rows were matched: "name", "label" (asked for, or because a side names no classes),
+        "fresh".
     """
 
     state: dict[str, torch.Tensor]
     fresh_tensors: list[str] = field(default_factory=list)
     carried_classes: list[str] = field(default_factory=list)
     fresh_classes: list[str] = field(default_factory=list)
+    rows_by: Literal["name", "label", "fresh"] = "name"
+
+
+def class_report(initial: InitialWeights, source: str, init_classes: InitClasses) -> str:
+    """The line a fine-tune logs of its classes: how many (and which) start from ``source``'s rows and how they were
+    matched, how many (and which) start fresh."""
+    def listed(names: list[str]) -> str:
+        return ", ".join(names[:8] + (["..."] if len(names) > 8 else []))
+
+    how = {"name": "by name", "fresh": "init_classes=fresh",
+           "label": "by label" if init_classes == "by_label" else "by label: a side names no classes"}[initial.rows_by]
+    kept = f"{how}: {listed(initial.carried_classes)}" if initial.carried_classes else how
+    fresh = f": {listed(initial.fresh_classes)}" if initial.fresh_classes else ""
+    return (f"init_checkpoint: {len(initial.carried_classes)} classes start from {source}'s rows ({kept}), "
+            f"{len(initial.fresh_classes)} fresh{fresh}")
 
 
 def _names(category_map: CategoryMap | None, num_classes: int) -> list[str | None] | None:
@@ -139,8 +176,11 @@ def initial_state(source: dict[str, torch.Tensor], source_map: CategoryMap | Non
     rows = class_rows(config)
     own_count = config.num_classes
     their_count = next((source[key].shape[0] - extra for key, extra in rows.items() if key in source), own_count)
-    sources = class_sources(_names(own_map, own_count), _names(source_map, their_count), own_count, their_count,
-                            init_classes)
+    own_names, their_names = _names(own_map, own_count), _names(source_map, their_count)
+    check_class_match(own_map if own_names else None, source_map if their_names else None, init_classes)
+    sources = class_sources(own_names, their_names, own_count, their_count, init_classes)
+    rows_by = "fresh" if init_classes == "fresh" else \
+        "name" if init_classes == "by_name" and own_names is not None and their_names is not None else "label"
     state, fresh = {}, []
     for key, tensor in source.items():
         extra = rows.get(key)
@@ -165,4 +205,4 @@ def initial_state(source: dict[str, torch.Tensor], source_map: CategoryMap | Non
         sources = [None] * own_count
     carried = [n for n, s in zip(names, sources) if s is not None and n != UNUSED_NAME]
     started = [n for n, s in zip(names, sources) if s is None and n != UNUSED_NAME]
-    return InitialWeights(state, sorted(fresh), carried, started)
+    return InitialWeights(state, sorted(fresh), carried, started, rows_by)

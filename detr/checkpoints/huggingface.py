@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
-import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,6 +48,7 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 
 from detr.atomic_files import folder_written_atomically, write_atomically, write_text_atomically
 from detr.categories import CategoryMap
+from detr.checkpoints.key_map import Drop, Field, Fuse, KeyMap, Rename
 from detr.checkpoints.formats import (
     CheckpointContents,
     CheckpointError,
@@ -60,7 +61,7 @@ from detr.checkpoints.formats import (
 from detr.models.backbone import Backbone
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta, check_threshold
 from detr.models.detr import DETR
-from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
+from detr.models.layers.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 
 logger = logging.getLogger(__name__)
 
@@ -76,47 +77,62 @@ RESNET_BLOCKS = {
     "resnet101": ("bottleneck", [3, 4, 23, 3]),
 }
 
-# (this project's prefix, transformers' prefix); "{layer}" is a layer index, the same on both sides.
-_PAIRS: tuple[tuple[str, str], ...] = (
-    ("input_proj.", "model.input_projection."),
-    ("query_embed.", "model.query_position_embeddings."),
-    ("class_embed.", "class_labels_classifier."),
-    ("bbox_embed.layers.", "bbox_predictor.layers."),
-    ("transformer.decoder.norm.", "model.decoder.layernorm."),
-    # learned position encoding: transformers 4 had it under model.backbone., 5 reads and writes it here
-    ("backbone.1.row_embed.", "model.position_embedding.row_embeddings."),
-    ("backbone.1.col_embed.", "model.position_embedding.column_embeddings."),
-    ("transformer.encoder.layers.{layer}.self_attn.out_proj.", "model.encoder.layers.{layer}.self_attn.out_proj."),
-    ("transformer.encoder.layers.{layer}.norm1.", "model.encoder.layers.{layer}.self_attn_layer_norm."),
-    ("transformer.encoder.layers.{layer}.norm2.", "model.encoder.layers.{layer}.final_layer_norm."),
-    ("transformer.encoder.layers.{layer}.linear1.", "model.encoder.layers.{layer}.fc1."),
-    ("transformer.encoder.layers.{layer}.linear2.", "model.encoder.layers.{layer}.fc2."),
-    ("transformer.decoder.layers.{layer}.self_attn.out_proj.", "model.decoder.layers.{layer}.self_attn.out_proj."),
-    ("transformer.decoder.layers.{layer}.multihead_attn.out_proj.",
-     "model.decoder.layers.{layer}.encoder_attn.out_proj."),
-    ("transformer.decoder.layers.{layer}.norm1.", "model.decoder.layers.{layer}.self_attn_layer_norm."),
-    ("transformer.decoder.layers.{layer}.norm2.", "model.decoder.layers.{layer}.encoder_attn_layer_norm."),
-    ("transformer.decoder.layers.{layer}.norm3.", "model.decoder.layers.{layer}.final_layer_norm."),
-    ("transformer.decoder.layers.{layer}.linear1.", "model.decoder.layers.{layer}.fc1."),
-    ("transformer.decoder.layers.{layer}.linear2.", "model.decoder.layers.{layer}.fc2."),
-)
 BACKBONE_BODY, HF_BACKBONE_BODY = "backbone.0.body.", "model.backbone.conv_encoder.model."
-# q, k, v projections ↔ one in_proj: (stack, layer index, this project's module, transformers' module)
-_HF_QKV = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.([qkv])_proj\.(weight|bias)$")
-_IN_PROJ = re.compile(
-    r"transformer\.(encoder|decoder)\.layers\.(\d+)\.(self_attn|multihead_attn)\.in_proj_(weight|bias)$")
-
-# transformers' ResNet ↔ torchvision's, inside the backbone: (torchvision's prefix, transformers' prefix).
-_RESNET_PAIRS: tuple[tuple[str, str], ...] = (
-    ("conv1.", "embedder.embedder.convolution."),
-    ("bn1.", "embedder.embedder.normalization."),
-    ("layer{stage}.{block}.downsample.0.", "encoder.stages.{stage}.layers.{block}.shortcut.convolution."),
-    ("layer{stage}.{block}.downsample.1.", "encoder.stages.{stage}.layers.{block}.shortcut.normalization."),
-    ("layer{stage}.{block}.conv{conv}.", "encoder.stages.{stage}.layers.{block}.layer.{conv}.convolution."),
-    ("layer{stage}.{block}.bn{conv}.", "encoder.stages.{stage}.layers.{block}.layer.{conv}.normalization."),
+NUM_BATCHES_TRACKED = Drop(r".*num_batches_tracked$", "batch norm's step counter, unused by frozen batch norm", "both")
+#: transformers 5's in-memory names → the names it writes to disk (DETR, Deformable DETR).
+CURRENT_SPELLING = ((r"^model\.backbone\.model\.", HF_BACKBONE_BODY), (r"\.o_proj\.", ".out_proj."),
+                    (r"\.mlp\.(fc[12])\.", r".\1."))
+_ATTENTION, _LAYERS = "model.{stack}.layers.{}.", "transformer.{stack}.layers.{}."
+#: (transformers' key start, this project's); ``{}`` a layer index, the same on both sides.
+_RENAMES: tuple[Rename, ...] = (
+    Rename("model.input_projection.", "input_proj."),
+    Rename("model.query_position_embeddings.", "query_embed."),
+    Rename("class_labels_classifier.", "class_embed."),
+    Rename("bbox_predictor.layers.", "bbox_embed.layers."),
+    Rename("model.decoder.layernorm.", "transformer.decoder.norm."),
+    # learned position encoding: transformers 4 had it under model.backbone., 5 reads and writes it here
+    Rename("model.position_embedding.row_embeddings.", "backbone.1.row_embed."),
+    Rename("model.position_embedding.column_embeddings.", "backbone.1.col_embed."),
+    Rename(_ATTENTION + "self_attn.out_proj.", _LAYERS + "self_attn.out_proj."),
+    Rename("model.decoder.layers.{}.encoder_attn.out_proj.", "transformer.decoder.layers.{}.multihead_attn.out_proj."),
+    Rename("model.encoder.layers.{}.self_attn_layer_norm.", "transformer.encoder.layers.{}.norm1."),
+    Rename("model.encoder.layers.{}.final_layer_norm.", "transformer.encoder.layers.{}.norm2."),
+    Rename("model.decoder.layers.{}.self_attn_layer_norm.", "transformer.decoder.layers.{}.norm1."),
+    Rename("model.decoder.layers.{}.encoder_attn_layer_norm.", "transformer.decoder.layers.{}.norm2."),
+    Rename("model.decoder.layers.{}.final_layer_norm.", "transformer.decoder.layers.{}.norm3."),
+    Rename(_ATTENTION + "fc{}.", _LAYERS + "linear{}."),
 )
-#: Indices torchvision counts from 1 (layer1, conv1) and transformers from 0 (stages.0, layer.0).
-_ONE_BASED_IN_TORCHVISION = ("stage", "conv")
+#: transformers' ResNet inside the backbone ↔ torchvision's (timm's ResNet has torchvision's names): torchvision
+#: counts stages and convolutions from 1 (layer1, conv1), transformers from 0 (stages.0, layer.0).
+_RESNET_RENAMES: tuple[Rename, ...] = tuple(Rename(HF_BACKBONE_BODY + theirs, BACKBONE_BODY + ours)
+                                            for theirs, ours in (
+    ("embedder.embedder.convolution.", "conv1."),
+    ("embedder.embedder.normalization.", "bn1."),
+    ("encoder.stages.{stage}.layers.{}.shortcut.convolution.", "layer{stage}.{}.downsample.0."),
+    ("encoder.stages.{stage}.layers.{}.shortcut.normalization.", "layer{stage}.{}.downsample.1."),
+    ("encoder.stages.{stage}.layers.{}.layer.{conv}.convolution.", "layer{stage}.{}.conv{conv}."),
+    ("encoder.stages.{stage}.layers.{}.layer.{conv}.normalization.", "layer{stage}.{}.bn{conv}."),
+))
+_TIMM_RENAME = Rename(HF_BACKBONE_BODY, BACKBONE_BODY)
+
+
+def with_resnet(keys: KeyMap, backbone_format: BackboneFormat | Literal["either"]) -> KeyMap:
+    """``keys`` (a table of DETR or Deformable DETR without the backbone) with the ResNet's renames after its own:
+    timm's (torchvision's names), transformers' own ResNet's, or, for reading, ``"either"``."""
+    backbone = {"timm": (_TIMM_RENAME,), "transformers": _RESNET_RENAMES,
+                "either": (*_RESNET_RENAMES, _TIMM_RENAME)}[backbone_format]
+    return replace(keys, renames=(*keys.renames, *backbone),
+                   fields={**keys.fields, "stage": Field.shifted(1), "conv": Field.shifted(1)})
+
+
+#: DETR without its backbone (:func:`with_resnet` adds it).
+DETR_KEYS = KeyMap(
+    "DETR", _RENAMES, fields={"stack": Field.choice("encoder", "decoder")},
+    fuse=(Fuse(_ATTENTION + "self_attn.", _LAYERS + "self_attn."),
+          Fuse("model.decoder.layers.{}.encoder_attn.", "transformer.decoder.layers.{}.multihead_attn.")),
+    drop=(NUM_BATCHES_TRACKED,),
+    # transformers 5's in-memory names and version 4's learned position table → the names transformers 5 writes
+    read_spelling=(*CURRENT_SPELLING, (r"^model\.backbone\.position_embedding\.", "model.position_embedding.")))
 
 
 def import_safetensors():
@@ -130,53 +146,10 @@ def import_safetensors():
     return safetensors.torch
 
 
-def rename_prefix(key: str, pairs: tuple[tuple[str, str], ...], to_huggingface: bool) -> str | None:
-    """``key`` with the first matching prefix of ``pairs`` swapped for its counterpart, None if none matches.
-    A ``{name}`` in a prefix is an index, carried over (shifted by one for ``_ONE_BASED_IN_TORCHVISION``)."""
-    shift = -1 if to_huggingface else 1
-    for ours, theirs in pairs:
-        source, target = (ours, theirs) if to_huggingface else (theirs, ours)
-        literals, names = re.split(r"\{\w+\}", source), re.findall(r"\{(\w+)\}", source)
-        pattern = "".join(re.escape(text) + (rf"(?P<{name}>\d+)" if name else "")
-                          for text, name in zip(literals, [*names, None]))
-        match = re.match(pattern, key)
-        if match:
-            indices = {name: int(value) + (shift if name in _ONE_BASED_IN_TORCHVISION else 0)
-                       for name, value in match.groupdict().items()}
-            return target.format(**indices) + key[match.end():]
-    return None
-
-
-def backbone_key_from_huggingface(key: str) -> str | None:
-    """A backbone key of a transformers DETR-family file (``model.backbone.conv_encoder.model.*``, a timm or a
-    transformers ResNet) as this project's ``backbone.0.body.*`` key; None for one with no counterpart."""
-    suffix = key[len(HF_BACKBONE_BODY):]
-    if suffix.startswith(("embedder.", "encoder.")):  # transformers' ResNet
-        renamed = rename_prefix(suffix, _RESNET_PAIRS, to_huggingface=False)
-        return None if renamed is None else BACKBONE_BODY + renamed
-    return BACKBONE_BODY + suffix  # timm's ResNet has torchvision's module names
-
-
-def backbone_key_to_huggingface(key: str, backbone_format: BackboneFormat) -> str | None:
-    """This project's ``backbone.0.body.*`` key as transformers names it for a timm or a transformers ResNet;
-    None for one with no counterpart."""
-    suffix = key[len(BACKBONE_BODY):]
-    renamed = suffix if backbone_format == "timm" else rename_prefix(suffix, _RESNET_PAIRS, to_huggingface=True)
-    return None if renamed is None else HF_BACKBONE_BODY + renamed
-
-
-def current_spelling(key: str) -> str:
-    """transformers 5's in-memory names and version 4's learned position table → the names transformers 5
-    writes to disk."""
-    key = re.sub(r"^model\.backbone\.model\.", HF_BACKBONE_BODY, key)
-    key = re.sub(r"^model\.backbone\.position_embedding\.", "model.position_embedding.", key)
-    key = re.sub(r"\.o_proj\.", ".out_proj.", key)
-    return re.sub(r"\.mlp\.(fc[12])\.", r".\1.", key)
-
-
 def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the state dict"
                            ) -> dict[str, torch.Tensor]:
-    """A transformers ``DetrForObjectDetection`` state dict → this project's (the authors') key layout.
+    """A transformers ``DetrForObjectDetection`` state dict → this project's (the authors') key layout
+    (:data:`DETR_KEYS` :func:`with_resnet` either backbone).
 
     q, k and v projections are concatenated into ``in_proj_weight`` / ``in_proj_bias`` (in that order, as
     ``nn.MultiheadAttention`` stores them); ``num_batches_tracked`` buffers are dropped; floating-point
@@ -185,36 +158,7 @@ def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
     if any(key.startswith("detr.") for key in state_dict):
         raise CheckpointError(f"{where} is a DetrForSegmentation (panoptic) model: only DetrForObjectDetection "
                               f"checkpoints are read")
-    official: dict[str, torch.Tensor] = {}
-    projections: dict[tuple[str, str, str, str], dict[str, torch.Tensor]] = {}
-    unknown = []
-    for hf_key, value in state_dict.items():
-        if hf_key.endswith("num_batches_tracked"):
-            continue
-        value = value.float() if value.is_floating_point() else value
-        key = current_spelling(hf_key)
-        if match := _HF_QKV.match(key):
-            stack, index, module, which, kind = match.groups()
-            projections.setdefault((stack, index, module, kind), {})[which] = value
-            continue
-        if key.startswith(HF_BACKBONE_BODY):
-            new_key = backbone_key_from_huggingface(key)
-        else:
-            new_key = rename_prefix(key, _PAIRS, to_huggingface=False)
-        if new_key is None:
-            unknown.append(hf_key)
-        else:
-            official[new_key] = value
-    if unknown:
-        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in DETR's layout (not a "
-                              f"DetrForObjectDetection?): {unknown[:10]}")
-    for (stack, index, module, kind), parts in projections.items():
-        if set(parts) != {"q", "k", "v"}:
-            raise CheckpointError(f"{where}: layer {stack}.{index}.{module} has only the {sorted(parts)} projections")
-        ours = "multihead_attn" if module == "encoder_attn" else module
-        official[f"transformer.{stack}.layers.{index}.{ours}.in_proj_{kind}"] = torch.cat(
-            [parts["q"], parts["k"], parts["v"]])
-    return official
+    return with_resnet(DETR_KEYS, "either").to_ours(state_dict, where)
 
 
 def to_huggingface_state_dict(state_dict: dict[str, torch.Tensor], backbone_format: BackboneFormat = "timm"
@@ -222,28 +166,9 @@ def to_huggingface_state_dict(state_dict: dict[str, torch.Tensor], backbone_form
     """The inverse of :func:`to_official_state_dict`: this project's layout → transformers' (as on disk).
 
     ``backbone_format`` "timm" keeps torchvision's ResNet names (transformers' default backbone);
-    "transformers" uses transformers' own ResNet names. Every tensor is a contiguous copy (safetensors
-    refuses tensors that share memory, as the q/k/v slices of one in_proj would).
+    "transformers" uses transformers' own ResNet names. Every tensor is a contiguous copy.
     """
-    hf: dict[str, torch.Tensor] = {}
-    for key, value in state_dict.items():
-        if key.endswith("num_batches_tracked"):
-            continue
-        value = value.detach().to("cpu", copy=True).contiguous()
-        if match := _IN_PROJ.match(key):
-            stack, index, module, kind = match.groups()
-            theirs = "encoder_attn" if module == "multihead_attn" else module
-            for which, part in zip("qkv", value.chunk(3)):
-                hf[f"model.{stack}.layers.{index}.{theirs}.{which}_proj.{kind}"] = part.clone()
-            continue
-        if key.startswith(BACKBONE_BODY):
-            new_key = backbone_key_to_huggingface(key, backbone_format)
-        else:
-            new_key = rename_prefix(key, _PAIRS, to_huggingface=True)
-        if new_key is None:
-            raise ExportError(f"{key} has no counterpart in transformers' DETR")
-        hf[new_key] = value
-    return hf
+    return with_resnet(DETR_KEYS, backbone_format).to_theirs(state_dict)
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -634,18 +559,25 @@ def huggingface_config(model: DETR, backbone_format: BackboneFormat = "timm",
         **label_fields(category_map, model.num_classes, model.meta.score_threshold),
         "is_encoder_decoder": True,
     }
-    if backbone_format == "timm":
-        config.update(use_timm_backbone=True, backbone=name, backbone_config=None)
-    else:
-        if dilation:
-            raise ExportError("transformers' own ResNet has no dilation (DC5): export with backbone_format='timm'")
-        layer_type, depths = RESNET_BLOCKS[name]
-        widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
-        config.update(use_timm_backbone=False, backbone=None, backbone_config={
-            "model_type": "resnet", "layer_type": layer_type, "depths": depths, "hidden_sizes": widths,
-            "embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
-            "downsample_in_bottleneck": False, "num_channels": 3, "out_features": ["stage4"]})
+    config.update(resnet_backbone_fields(name, dilation, backbone_format, stages=[4]))
     return config
+
+
+def resnet_backbone_fields(name: str, dilation: bool, backbone_format: BackboneFormat, stages: list[int]
+                           ) -> dict[str, Any]:
+    """config.json's fields for a torchvision ResNet ``name`` (DETR's and Deformable DETR's): timm's
+    (``use_timm_backbone`` + ``backbone``) or transformers' own ResNet (``backbone_config``, returning ``stages``,
+    1-4; no DC5)."""
+    if backbone_format == "timm":
+        return {"use_timm_backbone": True, "backbone": name, "backbone_config": None}
+    if dilation:
+        raise ExportError("transformers' own ResNet has no dilation (DC5): export with backbone_format='timm'")
+    layer_type, depths = RESNET_BLOCKS[name]
+    widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
+    return {"use_timm_backbone": False, "backbone": None, "backbone_config": {
+        "model_type": "resnet", "layer_type": layer_type, "depths": depths, "hidden_sizes": widths,
+        "embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
+        "downsample_in_bottleneck": False, "num_channels": 3, "out_features": [f"stage{i}" for i in stages]}}
 
 
 def save_pretrained(model: DETR, directory: str | Path, *, backbone_format: BackboneFormat = "timm",

@@ -36,7 +36,6 @@ one module for both) and is refused.
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -46,22 +45,22 @@ from detr.categories import CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError, infer_deformable_config
 from detr.checkpoints.huggingface import (
     BACKBONE_BODY,
-    HF_BACKBONE_BODY,
+    CURRENT_SPELLING,
+    NUM_BATCHES_TRACKED,
     RESNET_BLOCKS,
     BackboneFormat,
-    backbone_key_from_huggingface,
-    backbone_key_to_huggingface,
     check_backbone_config,
-    current_spelling,
     import_safetensors,
     label_fields,
     processor_eval_size,
     read_json,
     read_meta,
     read_weights,
-    rename_prefix,
+    resnet_backbone_fields,
+    with_resnet,
     write_huggingface_directory,
 )
+from detr.checkpoints.key_map import Field, Fuse, KeyMap, Rename, Tied
 from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
 from detr.models.deformable.model import DeformableDETR
 
@@ -69,123 +68,57 @@ logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "deformable_detr"
 
-_PAIRS: tuple[tuple[str, str], ...] = (
-    ("input_proj.", "model.input_proj."),
-    ("query_embed.", "model.query_position_embeddings."),
-    ("transformer.level_embed", "model.level_embed"),
-    ("transformer.reference_points.", "model.reference_points."),
-    ("transformer.enc_output.", "model.enc_output."),
-    ("transformer.enc_output_norm.", "model.enc_output_norm."),
-    ("transformer.pos_trans.", "model.pos_trans."),
-    ("transformer.pos_trans_norm.", "model.pos_trans_norm."),
-    ("transformer.encoder.layers.{layer}.self_attn.", "model.encoder.layers.{layer}.self_attn."),
-    ("transformer.encoder.layers.{layer}.norm1.", "model.encoder.layers.{layer}.self_attn_layer_norm."),
-    ("transformer.encoder.layers.{layer}.linear1.", "model.encoder.layers.{layer}.fc1."),
-    ("transformer.encoder.layers.{layer}.linear2.", "model.encoder.layers.{layer}.fc2."),
-    ("transformer.encoder.layers.{layer}.norm2.", "model.encoder.layers.{layer}.final_layer_norm."),
-    ("transformer.decoder.layers.{layer}.cross_attn.", "model.decoder.layers.{layer}.encoder_attn."),
-    ("transformer.decoder.layers.{layer}.norm1.", "model.decoder.layers.{layer}.encoder_attn_layer_norm."),
-    ("transformer.decoder.layers.{layer}.self_attn.out_proj.", "model.decoder.layers.{layer}.self_attn.out_proj."),
-    ("transformer.decoder.layers.{layer}.norm2.", "model.decoder.layers.{layer}.self_attn_layer_norm."),
-    ("transformer.decoder.layers.{layer}.linear1.", "model.decoder.layers.{layer}.fc1."),
-    ("transformer.decoder.layers.{layer}.linear2.", "model.decoder.layers.{layer}.fc2."),
-    ("transformer.decoder.layers.{layer}.norm3.", "model.decoder.layers.{layer}.final_layer_norm."),
+_LAYERS = "transformer.{stack}.layers.{}."
+#: (transformers' key start, this project's), ``{}`` a layer index. The per-layer heads come twice in transformers'
+#: files where the decoder uses them (``model.decoder.{class,bbox}_embed``): both copies are this project's one head.
+_RENAMES: tuple[Rename, ...] = (
+    Rename("model.input_proj.", "input_proj."),
+    Rename("model.query_position_embeddings.", "query_embed."),
+    Rename("model.level_embed", "transformer.level_embed"),
+    *(Rename(f"model.{name}.", f"transformer.{name}.")
+      for name in ("reference_points", "enc_output", "enc_output_norm", "pos_trans", "pos_trans_norm")),
+    Rename("model.encoder.layers.{}.self_attn.", "transformer.encoder.layers.{}.self_attn."),
+    Rename("model.encoder.layers.{}.self_attn_layer_norm.", "transformer.encoder.layers.{}.norm1."),
+    Rename("model.encoder.layers.{}.final_layer_norm.", "transformer.encoder.layers.{}.norm2."),
+    Rename("model.decoder.layers.{}.encoder_attn.", "transformer.decoder.layers.{}.cross_attn."),
+    Rename("model.decoder.layers.{}.encoder_attn_layer_norm.", "transformer.decoder.layers.{}.norm1."),
+    Rename("model.decoder.layers.{}.self_attn.out_proj.", "transformer.decoder.layers.{}.self_attn.out_proj."),
+    Rename("model.decoder.layers.{}.self_attn_layer_norm.", "transformer.decoder.layers.{}.norm2."),
+    Rename("model.decoder.layers.{}.final_layer_norm.", "transformer.decoder.layers.{}.norm3."),
+    Rename("model.{stack}.layers.{}.fc{}.", _LAYERS + "linear{}."),
+    Rename("{head}_embed.{}.", "{head}_embed.{}."),
+    Rename("model.decoder.{head}_embed.{}.", "{head}_embed.{}."),
 )
-_HF_QKV = re.compile(r"model\.decoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.(weight|bias)$")
-_IN_PROJ = re.compile(r"transformer\.decoder\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$")
-#: a head's key, in either copy: (decoder copy?, class or bbox, index, rest)
-_HF_HEAD = re.compile(r"(model\.decoder\.)?(class|bbox)_embed\.(\d+)\.(.+)$")
-
-
-def _heads(found: dict[tuple[str, int], dict[str, dict[str, torch.Tensor]]], num_heads: int, where: str
-           ) -> dict[str, torch.Tensor]:
-    """The per-layer heads in this project's keys from the file's copies ({(kind, i): {copy: {rest: tensor}}})."""
-    heads: dict[str, torch.Tensor] = {}
-    for kind in ("class", "bbox"):
-        if (kind, 0) not in found:
-            raise CheckpointError(f"{where} has no {kind}_embed.0: a DeformableDetrModel without the detection heads?")
-        for index in range(num_heads):
-            copies = found.get((kind, index)) or found[(kind, 0)]
-            first, *others = copies.values()
-            for other in others:
-                if first.keys() != other.keys() or any(not torch.equal(first[k], other[k]) for k in first):
-                    raise CheckpointError(
-                        f"{where}: {kind}_embed.{index} and model.decoder.{kind}_embed.{index} hold different "
-                        f"weights; the authors' model (and this project's) uses one head for both")
-            heads.update({f"{kind}_embed.{index}.{rest}": value for rest, value in first.items()})
-    return heads
+#: Deformable DETR without its backbone (:func:`detr.checkpoints.huggingface.with_resnet` adds it).
+DEFORMABLE_KEYS = KeyMap(
+    "Deformable DETR", _RENAMES,
+    fields={"stack": Field.choice("encoder", "decoder"), "head": Field.choice("class", "bbox")},
+    fuse=(Fuse("model.decoder.layers.{}.self_attn.", "transformer.decoder.layers.{}.self_attn."),),
+    drop=(NUM_BATCHES_TRACKED,), read_spelling=CURRENT_SPELLING,
+    # the heads the file leaves out are tied to the first layer's (context: the number of per-layer heads)
+    tied=tuple(Tied(f"{head}_embed.{{}}.", lambda num_heads: num_heads,
+                    "a DeformableDetrModel without the detection heads?")
+               for head in ("class", "bbox")))
 
 
 def to_official_state_dict(state_dict: dict[str, torch.Tensor], num_heads: int, where: str = "the state dict"
                            ) -> dict[str, torch.Tensor]:
-    """A transformers ``DeformableDetrForObjectDetection`` state dict → this project's (the authors') keys.
+    """A transformers ``DeformableDetrForObjectDetection`` state dict → this project's (the authors') keys
+    (:data:`DEFORMABLE_KEYS`, either ResNet).
 
     ``num_heads``: per-layer heads the model has (decoder layers, +1 for two-stage). q, k and v become one
-    ``in_proj``; ``num_batches_tracked`` is dropped; floats become float32; unknown keys raise."""
-    official: dict[str, torch.Tensor] = {}
-    projections: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    heads: dict[tuple[str, int], dict[str, dict[str, torch.Tensor]]] = {}
-    unknown = []
-    for hf_key, value in state_dict.items():
-        if hf_key.endswith("num_batches_tracked"):
-            continue
-        value = value.float() if value.is_floating_point() else value
-        key = current_spelling(hf_key)
-        if match := _HF_QKV.match(key):
-            index, which, kind = match.groups()
-            projections.setdefault((index, kind), {})[which] = value
-            continue
-        if match := _HF_HEAD.match(key):
-            copy, kind, index, rest = match.groups()
-            heads.setdefault((kind, int(index)), {}).setdefault(copy or "", {})[rest] = value
-            continue
-        if key.startswith(HF_BACKBONE_BODY):
-            new_key = backbone_key_from_huggingface(key)
-        else:
-            new_key = rename_prefix(key, _PAIRS, to_huggingface=False)
-        if new_key is None:
-            unknown.append(hf_key)
-        else:
-            official[new_key] = value
-    if unknown:
-        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in Deformable DETR's layout: "
-                              f"{unknown[:10]}")
-    for (index, kind), parts in projections.items():
-        if set(parts) != {"q", "k", "v"}:
-            raise CheckpointError(f"{where}: decoder layer {index} has only the {sorted(parts)} projections")
-        official[f"transformer.decoder.layers.{index}.self_attn.in_proj_{kind}"] = torch.cat(
-            [parts["q"], parts["k"], parts["v"]])
-    official.update(_heads(heads, num_heads, where))
-    return official
+    ``in_proj``; ``num_batches_tracked`` is dropped; floats become float32; unknown keys raise, as do two copies of
+    one head that differ."""
+    return with_resnet(DEFORMABLE_KEYS, "either").to_ours(state_dict, where, context=num_heads)
 
 
 def to_huggingface_state_dict(model: DeformableDETR, backbone_format: BackboneFormat = "timm"
                               ) -> dict[str, torch.Tensor]:
     """This project's Deformable DETR → transformers' keys (as on disk), every tensor a contiguous copy; the
     refinement's and two-stage's decoder copies of the heads are written too."""
-    hf: dict[str, torch.Tensor] = {}
-    for key, value in model.state_dict().items():
-        if key.endswith("num_batches_tracked"):
-            continue
-        value = value.detach().to("cpu", copy=True).contiguous()
-        if match := _IN_PROJ.match(key):
-            index, kind = match.groups()
-            for which, part in zip("qkv", value.chunk(3)):
-                hf[f"model.decoder.layers.{index}.self_attn.{which}_proj.{kind}"] = part.clone()
-            continue
-        if match := re.match(r"(class|bbox)_embed\.(\d+)\.(.+)$", key):
-            kind, index, rest = match.groups()
-            hf[key] = value
-            if (kind == "bbox" and model.box_refine) or (kind == "class" and model.two_stage):
-                hf[f"model.decoder.{key}"] = value.clone()
-            continue
-        if key.startswith(BACKBONE_BODY):
-            new_key = backbone_key_to_huggingface(key, backbone_format)
-        else:
-            new_key = rename_prefix(key, _PAIRS, to_huggingface=True)
-        if new_key is None:
-            raise ExportError(f"{key} has no counterpart in transformers' Deformable DETR")
-        hf[new_key] = value
+    hf = with_resnet(DEFORMABLE_KEYS, backbone_format).to_theirs(model.state_dict())
+    copied = ("bbox_embed." if model.box_refine else "!", "class_embed." if model.two_stage else "!")
+    hf.update({f"model.decoder.{key}": value.clone() for key, value in hf.items() if key.startswith(copied)})
     return hf
 
 
@@ -302,17 +235,7 @@ def huggingface_deformable_config(model: DeformableDETR, backbone_format: Backbo
         "tie_word_embeddings": not _distinct_class_heads(model),
     }
     stages = [2, 3, 4] if config.num_feature_levels > 1 else [4]
-    if backbone_format == "timm":
-        hf.update(use_timm_backbone=True, backbone=config.backbone, backbone_config=None)
-    else:
-        if config.dilation:
-            raise ExportError("transformers' own ResNet has no dilation (DC5): export with backbone_format='timm'")
-        layer_type, depths = RESNET_BLOCKS[config.backbone]
-        widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
-        hf.update(use_timm_backbone=False, backbone=None, backbone_config={
-            "model_type": "resnet", "layer_type": layer_type, "depths": depths, "hidden_sizes": widths,
-            "embedding_size": 64, "hidden_act": "relu", "downsample_in_first_stage": False,
-            "downsample_in_bottleneck": False, "num_channels": 3, "out_features": [f"stage{i}" for i in stages]})
+    hf.update(resnet_backbone_fields(config.backbone, config.dilation, backbone_format, stages))
     return hf
 
 

@@ -40,7 +40,6 @@ transformers is never imported; safetensors only for .safetensors files.
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +56,7 @@ from detr.checkpoints.huggingface import (
     read_weights,
     write_huggingface_directory,
 )
+from detr.checkpoints.key_map import Fuse, KeyMap, Rename, refuse_unless
 from detr.models.config import DetrConfig
 from detr.models.inputs import IMAGENET_MEAN, IMAGENET_STD
 from detr.models.rfdetr.model import EVAL_SIZE, RFDETR
@@ -67,7 +67,7 @@ MODEL_TYPE = "rf_detr"
 _VIT = "backbone.0.encoder.encoder."
 _C2F = "backbone.0.projector.stages.0.0."
 
-#: (the authors' key, this project's), ``{}`` an index; read in both directions, first match wins.
+#: (the authors' key start, this project's), ``{}`` an index.
 _RULES: tuple[tuple[str, str], ...] = (
     (_VIT + "embeddings.patch_embeddings.projection.", "backbone.patch_embed."),
     *((_VIT + f"embeddings.{name}", f"backbone.{name}") for name in ("cls_token", "mask_token", "position_embeddings")),
@@ -104,12 +104,8 @@ _RULES: tuple[tuple[str, str], ...] = (
 )
 
 
-def _pattern(template: str) -> re.Pattern[str]:
-    return re.compile("^" + re.escape(template).replace(r"\{\}", r"(\d+)"))
-
-
-_TO_OURS = tuple((_pattern(theirs), ours) for theirs, ours in _RULES)
-_TO_THEIRS = tuple((_pattern(ours), theirs) for theirs, ours in _RULES)
+RFDETR_KEYS = KeyMap("RF-DETR", tuple(Rename(theirs, ours) for theirs, ours in _RULES),
+                     source="the authors'")
 
 
 LW_MODEL_TYPE = "lw_detr"
@@ -147,25 +143,8 @@ _LW_RULES: tuple[tuple[str, str], ...] = (
     ("class_embed.", "decoder.class_head."),
     ("bbox_embed.", "decoder.box_head."),
 )
-_LW_TO_OURS = tuple((_pattern(theirs), ours) for theirs, ours in _LW_RULES)
-_LW_TO_THEIRS = tuple((_pattern(ours), theirs) for theirs, ours in _LW_RULES)
-_LW_QKV = re.compile(r"^model\.decoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.(weight|bias)$")
-_OUR_IN_PROJ = re.compile(r"^decoder\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$")
-
-
-def _substitute(table: tuple[tuple[re.Pattern[str], str], ...], key: str) -> str | None:
-    for pattern, replacement in table:
-        if match := pattern.match(key):
-            return replacement.format(*match.groups()) + key[match.end():]
-    return None
-
-
-def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path: Path, what: str) -> None:
-    """Raise naming every setting of ``config`` that differs from ``expected`` (absent ones take the default)."""
-    wrong = {key: config[key] for key, value in expected.items() if key in config and config[key] != value}
-    if wrong:
-        raise CheckpointError(f"{config_path}: this project's RF-DETR has {what} {expected}; the file sets {wrong}, "
-                              f"which it cannot reproduce")
+LWDETR_KEYS = KeyMap("LW-DETR", tuple(Rename(theirs, ours) for theirs, ours in _LW_RULES),
+                     fuse=(Fuse("model.decoder.layers.{}.self_attn.", "decoder.layers.{}.self_attn."),))
 
 
 def _side(value: Any, name: str, config_path: Path) -> int:
@@ -182,8 +161,8 @@ def _lw_vit_options(config: dict[str, Any], config_path: Path) -> dict[str, Any]
     if vit.get("model_type") != "lw_detr_vit":
         raise CheckpointError(f"{config_path}: the backbone must be transformers' LwDetrViT (backbone_config "
                               f"model_type 'lw_detr_vit'), got {vit.get('model_type')!r}")
-    _refuse_unless(vit, {"hidden_act": "gelu", "layer_norm_eps": 1e-6, "qkv_bias": True, "num_channels": 3,
-                         "use_absolute_position_embeddings": True}, config_path, "a backbone with")
+    refuse_unless(vit, {"hidden_act": "gelu", "layer_norm_eps": 1e-6, "qkv_bias": True, "num_channels": 3,
+                        "use_absolute_position_embeddings": True}, config_path, "RF-DETR", "a backbone with")
     windows = int(vit.get("num_windows", 16))
     side = round(windows ** 0.5)
     if side * side != windows:
@@ -203,9 +182,9 @@ def _vit_options(config: dict[str, Any], config_path: Path) -> dict[str, Any]:
     if vit.get("model_type") != "rf_detr_dinov2":
         raise CheckpointError(f"{config_path}: the backbone must be transformers' RfDetrDinov2 (backbone_config "
                               f"model_type 'rf_detr_dinov2'), got {vit.get('model_type')!r}")
-    _refuse_unless(vit, {"hidden_act": "gelu", "layer_norm_eps": 1e-6, "qkv_bias": True, "use_swiglu_ffn": False,
-                         "apply_layernorm": True, "reshape_hidden_states": True, "num_channels": 3},
-                   config_path, "a backbone with")
+    refuse_unless(vit, {"hidden_act": "gelu", "layer_norm_eps": 1e-6, "qkv_bias": True, "use_swiglu_ffn": False,
+                        "apply_layernorm": True, "reshape_hidden_states": True, "num_channels": 3},
+                  config_path, "RF-DETR", "a backbone with")
     layers = int(vit.get("num_hidden_layers", 12))
     out_indices = vit.get("out_indices") or [int(name.removeprefix("stage")) for name in vit.get("out_features", ())]
     return {"backbone": "dinov2_windowed", "vit_hidden_dim": int(vit.get("hidden_size", 768)), "vit_num_layers": layers,
@@ -217,26 +196,9 @@ def _vit_options(config: dict[str, Any], config_path: Path) -> dict[str, Any]:
 
 
 def to_our_state_dict(weights: dict[str, torch.Tensor], where: str, *, lw: bool = False) -> dict[str, torch.Tensor]:
-    """The authors' keys (RF-DETR's transformers files) or transformers' (LW-DETR's, ``lw``) → this project's, every
-    query group."""
-    ours, unknown, projections = {}, [], {}
-    for key, value in weights.items():
-        if lw and (match := _LW_QKV.match(key)):
-            layer, which, kind = match.groups()
-            projections.setdefault((layer, kind), {})[which] = value
-            continue
-        new_key = _substitute(_LW_TO_OURS if lw else _TO_OURS, key)
-        if new_key is None:
-            unknown.append(key)
-            continue
-        ours[new_key] = value
-    if unknown:
-        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in RF-DETR's layout: {unknown[:10]}")
-    for (layer, kind), parts in projections.items():
-        if set(parts) != {"q", "k", "v"}:
-            raise CheckpointError(f"{where}: decoder layer {layer}'s self-attention has only {sorted(parts)}")
-        ours[f"decoder.layers.{layer}.self_attn.in_proj_{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
-    return ours
+    """The authors' keys (RF-DETR's transformers files: :data:`RFDETR_KEYS`) or transformers' (LW-DETR's, ``lw``:
+    :data:`LWDETR_KEYS`, the decoder's q, k, v joined) → this project's, every query group."""
+    return (LWDETR_KEYS if lw else RFDETR_KEYS).to_ours(weights, where)
 
 
 #: The sizes config.json states that the weights show (this project's keys): checked by
@@ -266,11 +228,11 @@ def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
     lw = config.get("model_type") == LW_MODEL_TYPE
     vit = _lw_vit_options(config, config_path) if lw else _vit_options(config, config_path)
     scales = tuple(float(scale) for scale in config.get("projector_scale_factors") or ()) if lw else (1.0,)
-    _refuse_unless(config, {"activation_function": "silu", "decoder_activation_function": "relu",
-                            "num_feature_levels": len(scales), "attention_bias": True,
-                            **({"batch_norm_eps": 1e-5} if lw else {
-                                "layer_norm_eps": 1e-5, "segmentation_head_activation_function": "gelu",
-                                "mask_downsample_ratio": 4})}, config_path, "")
+    refuse_unless(config, {"activation_function": "silu", "decoder_activation_function": "relu",
+                           "num_feature_levels": len(scales), "attention_bias": True,
+                           **({"batch_norm_eps": 1e-5} if lw else {
+                               "layer_norm_eps": 1e-5, "segmentation_head_activation_function": "gelu",
+                               "mask_downsample_ratio": 4})}, config_path, "RF-DETR")
     num_queries, groups = int(config.get("num_queries", 300)), int(config.get("group_detr", 13))
     state_dict = to_our_state_dict(read_weights(directory), str(directory), lw=lw)
     if "decoder.class_head.weight" not in state_dict:
@@ -298,22 +260,10 @@ def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
 
 
 def to_huggingface_state_dict(model: RFDETR) -> dict[str, torch.Tensor]:
-    """This project's RF-DETR → the authors' keys (as transformers writes them, every query group), every tensor a
-    contiguous copy."""
+    """This project's RF-DETR → the authors' keys (as transformers writes them, every query group; LW-DETR:
+    transformers' keys), every tensor a contiguous copy, in the order of the model's state dict."""
     lw = model.config is not None and model.config.backbone == "lwdetr_vit"
-    to_theirs, to_ours = (_LW_TO_THEIRS, _LW_TO_OURS) if lw else (_TO_THEIRS, _TO_OURS)
-    theirs: dict[str, torch.Tensor] = {}
-    for key, value in model.state_dict().items():
-        if lw and (match := _OUR_IN_PROJ.match(key)):
-            layer, kind = match.groups()
-            for which, part in zip("qkv", value.detach().cpu().chunk(3)):
-                theirs[f"model.decoder.layers.{layer}.self_attn.{which}_proj.{kind}"] = part.clone().contiguous()
-            continue
-        new_key = _substitute(to_theirs, key)
-        if new_key is None or _substitute(to_ours, new_key) != key:  # the two directions must be inverses
-            raise AssertionError(f"{key} → {new_key} does not read back")
-        theirs[new_key] = value.detach().to("cpu", copy=True).contiguous()
-    return theirs
+    return (LWDETR_KEYS if lw else RFDETR_KEYS).to_theirs(model.state_dict())
 
 
 def huggingface_rfdetr_config(model: RFDETR, *, category_map: CategoryMap | None = None) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 ``rf-detr-seg-small.pt``, a fine-tuning run's ``checkpoint_best_total.pth``.
 
 The file is ``{"model": state_dict, "args": ...}``: the state dict in the authors' keys (the layout that transformers'
-RF-DETR files keep, so :func:`detr.checkpoints.rfdetr.to_our_state_dict` maps it, every Group DETR group included),
+RF-DETR files keep, so :data:`detr.checkpoints.rfdetr.RFDETR_KEYS` maps it, every Group DETR group included),
 ``args`` the run's settings (an ``argparse.Namespace`` from ``populate_args`` in the package's engine, a plain dict in
 its Lightning-based releases, which also store ``model_config``, the ``ModelConfig`` fields, and ``model_name``).
 Released files may carry no settings at all.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,12 +35,16 @@ import torch
 
 from detr.categories import UNUSED_NAME, CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError
-from detr.checkpoints.rfdetr import to_our_state_dict
+from detr.checkpoints.key_map import Drop
+from detr.checkpoints.rfdetr import RFDETR_KEYS
 from detr.checkpoints.rtdetr import count_numbered
 from detr.models.config import DetrConfig, ModelMeta
 
 logger = logging.getLogger(__name__)
 
+#: The package's keys: the authors' (those of transformers' RF-DETR files) and its keypoint schema.
+PACKAGE_KEYS = replace(RFDETR_KEYS, drop=(Drop(r"_kp_active_mask$", "the package's keypoint schema buffer, with no "
+                                                                     "active slot in the models read here"),))
 #: The key that marks the authors' RF-DETR state dict (the DINOv2 patch embedding of ``backbone.0``).
 PATCH_KEY = "backbone.0.encoder.encoder.embeddings.patch_embeddings.projection.weight"
 #: What the weights do not show, per released model (roboflow/rf-detr ``rfdetr/config.py``); the rest is read off
@@ -125,7 +130,6 @@ def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> Checkpoin
     if keypoints is not None and bool(keypoints.any()):
         raise CheckpointError(f"{path}: a keypoint model (its _kp_active_mask has active slots): this project's "
                               "RF-DETR predicts boxes and instance masks, not keypoints")
-    weights = {key: value for key, value in weights.items() if key != "_kp_active_mask"}
     settings, preset = _settings(obj, path)
     encoder = str(settings.get("encoder", "dinov2_windowed_small"))
     scales = list(settings.get("projector_scale") or ["P4"])
@@ -140,7 +144,7 @@ def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> Checkpoin
         raise CheckpointError(f"{path}: the file records no {missing} (its 'args' lack them and its name is no "
                               f"released model's: {', '.join(PRESETS)}); rename it to the released model it was "
                               "fine-tuned from")
-    state_dict = to_our_state_dict(weights, str(path))
+    state_dict = PACKAGE_KEYS.to_ours(weights, path)
     patch = state_dict["backbone.patch_embed.weight"]
     vit_dim, patch_size = int(patch.shape[0]), int(patch.shape[-1])
     table = int(round((state_dict["backbone.position_embeddings"].shape[1] - 1) ** 0.5))

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ from detr.checkpoints.huggingface import (
     resnet_block_flags,
     write_huggingface_directory,
 )
+from detr.checkpoints.key_map import Buffer, Drop, Field, Fuse, KeyMap, Rename, refuse_unless
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.rtdetr.model import EVAL_SIZE, RTDETR
 from detr.models.rtdetr.resnet_vd import DEPTHS
@@ -73,135 +74,74 @@ logger = logging.getLogger(__name__)
 
 MODEL_TYPES = ("rt_detr", "rt_detr_v2")
 
-_CONV_NORM = {"convolution": "conv", "normalization": "norm"}
-#: (transformers' pattern, this project's replacement), tried in order; the first match wins.
-_RENAMES: tuple[tuple[str, str], ...] = (
-    (r"model\.backbone\.model\.embedder\.embedder\.(\d)\.(convolution|normalization)\.",
-     "backbone.conv1.conv1_{stem}.{cn}."),
-    (r"model\.backbone\.model\.encoder\.stages\.(\d+)\.layers\.(\d+)\.layer\.(\d)\.(convolution|normalization)\.",
-     "backbone.res_layers.{0}.blocks.{1}.branch2{branch}.{cn}."),
-    (r"model\.backbone\.model\.encoder\.stages\.(\d+)\.layers\.(\d+)\.shortcut\.1\.(convolution|normalization)\.",
-     "backbone.res_layers.{0}.blocks.{1}.short.conv.{cn}."),
-    (r"model\.backbone\.model\.encoder\.stages\.(\d+)\.layers\.(\d+)\.shortcut\.(convolution|normalization)\.",
-     "backbone.res_layers.{0}.blocks.{1}.short.{cn}."),
-    (r"model\.encoder_input_proj\.(\d+)\.0\.", "encoder.input_proj.{0}.conv."),
-    (r"model\.encoder_input_proj\.(\d+)\.1\.", "encoder.input_proj.{0}.norm."),
-    (r"model\.encoder\.encoder\.(\d+)\.layers\.(\d+)\.self_attn\.out_proj\.",
-     "encoder.encoder.{0}.layers.{1}.self_attn.out_proj."),
-    (r"model\.encoder\.encoder\.(\d+)\.layers\.(\d+)\.self_attn_layer_norm\.", "encoder.encoder.{0}.layers.{1}.norm1."),
-    (r"model\.encoder\.encoder\.(\d+)\.layers\.(\d+)\.fc1\.", "encoder.encoder.{0}.layers.{1}.linear1."),
-    (r"model\.encoder\.encoder\.(\d+)\.layers\.(\d+)\.fc2\.", "encoder.encoder.{0}.layers.{1}.linear2."),
-    (r"model\.encoder\.encoder\.(\d+)\.layers\.(\d+)\.final_layer_norm\.", "encoder.encoder.{0}.layers.{1}.norm2."),
-    (r"model\.encoder\.(lateral_convs|fpn_blocks|downsample_convs|pan_blocks)\.", "encoder.{0}."),
-    (r"model\.decoder_input_proj\.(\d+)\.0\.", "decoder.input_proj.{0}.conv."),
-    (r"model\.decoder_input_proj\.(\d+)\.1\.", "decoder.input_proj.{0}.norm."),
-    (r"model\.decoder\.layers\.(\d+)\.self_attn\.out_proj\.", "decoder.decoder.layers.{0}.self_attn.out_proj."),
-    (r"model\.decoder\.layers\.(\d+)\.self_attn_layer_norm\.", "decoder.decoder.layers.{0}.norm1."),
-    (r"model\.decoder\.layers\.(\d+)\.encoder_attn\.", "decoder.decoder.layers.{0}.cross_attn."),
-    (r"model\.decoder\.layers\.(\d+)\.encoder_attn_layer_norm\.", "decoder.decoder.layers.{0}.norm2."),
-    (r"model\.decoder\.layers\.(\d+)\.fc1\.", "decoder.decoder.layers.{0}.linear1."),
-    (r"model\.decoder\.layers\.(\d+)\.fc2\.", "decoder.decoder.layers.{0}.linear2."),
-    (r"model\.decoder\.layers\.(\d+)\.final_layer_norm\.", "decoder.decoder.layers.{0}.norm3."),
-    (r"model\.decoder\.query_pos_head\.", "decoder.query_pos_head."),
-    (r"model\.decoder\.class_embed\.(\d+)\.", "decoder.dec_score_head.{0}."),
-    (r"model\.decoder\.bbox_embed\.(\d+)\.", "decoder.dec_bbox_head.{0}."),
-    (r"model\.enc_output\.0\.", "decoder.enc_output.proj."),
-    (r"model\.enc_output\.1\.", "decoder.enc_output.norm."),
-    (r"model\.(enc_score_head|enc_bbox_head|denoising_class_embed)\.", "decoder.{0}."),
+_DECODER = "model.decoder.layers.{}.", "decoder.decoder.layers.{}."
+#: transformers' names of what RT-DETR, D-FINE and DEIMv2 share (their key start, this project's; ``{}`` an
+#: index): the input projections, AIFI, the decoder layers' attention and FFN, query selection and the heads.
+REALTIME_RENAMES: tuple[Rename, ...] = (
+    Rename("model.encoder_input_proj.{}.0.", "encoder.input_proj.{}.conv."),
+    Rename("model.encoder_input_proj.{}.1.", "encoder.input_proj.{}.norm."),
+    Rename("model.encoder.encoder.{}.layers.{}.self_attn.out_proj.",
+           "encoder.encoder.{}.layers.{}.self_attn.out_proj."),
+    Rename("model.encoder.encoder.{}.layers.{}.self_attn_layer_norm.", "encoder.encoder.{}.layers.{}.norm1."),
+    Rename("model.encoder.encoder.{}.layers.{}.fc{}.", "encoder.encoder.{}.layers.{}.linear{}."),
+    Rename("model.encoder.encoder.{}.layers.{}.final_layer_norm.", "encoder.encoder.{}.layers.{}.norm2."),
+    Rename("model.decoder_input_proj.{}.0.", "decoder.input_proj.{}.conv."),
+    Rename("model.decoder_input_proj.{}.1.", "decoder.input_proj.{}.norm."),
+    Rename(_DECODER[0] + "self_attn.out_proj.", _DECODER[1] + "self_attn.out_proj."),
+    Rename(_DECODER[0] + "self_attn_layer_norm.", _DECODER[1] + "norm1."),
+    Rename(_DECODER[0] + "encoder_attn.", _DECODER[1] + "cross_attn."),
+    Rename(_DECODER[0] + "fc{}.", _DECODER[1] + "linear{}."),
+    Rename(_DECODER[0] + "final_layer_norm.", _DECODER[1] + "norm3."),
+    Rename("model.decoder.query_pos_head.", "decoder.query_pos_head."),
+    Rename("model.decoder.class_embed.{}.", "decoder.dec_score_head.{}."),
+    Rename("model.decoder.bbox_embed.{}.", "decoder.dec_bbox_head.{}."),
+    Rename("model.enc_output.0.", "decoder.enc_output.proj."),
+    Rename("model.enc_output.1.", "decoder.enc_output.norm."),
+    Rename("model.{selection}.", "decoder.{selection}."),
 )
-_COMPILED = tuple((re.compile(pattern), replacement) for pattern, replacement in _RENAMES)
-#: q, k, v projections of transformers' attention → one in_proj of this project's: (stack prefix, q/k/v, kind)
-HUGGINGFACE_QKV = re.compile(r"(model\.encoder\.encoder\.\d+\.layers\.\d+|model\.decoder\.layers\.\d+)\.self_attn\."
-                     r"([qkv])_proj\.(weight|bias)$")
-#: The heads' copies at RT-DETRv2's top level: not read by transformers' forward
-_UNUSED = re.compile(r"(class|bbox)_embed\.\d+\.")
-#: RT-DETRv2's 1 / points per sampling point, a buffer this project computes from the point count
-_POINTS_SCALE = re.compile(r"model\.decoder\.layers\.\d+\.encoder_attn\.n_points_scale$")
-
-
-def current_rtdetr_spelling(key: str) -> str:
-    """transformers 5's in-memory names → the names it writes to disk."""
-    key = re.sub(r"^model\.encoder\.aifi\.", "model.encoder.encoder.", key)
-    key = re.sub(r"\.o_proj\.", ".out_proj.", key)
-    return re.sub(r"\.mlp\.(fc[12])\.", r".\1.", key)
-
-
-def _substitute(table: tuple[tuple[re.Pattern, str], ...], key: str,
-                names: Callable[[str, tuple[str, ...]], dict[str, str]]) -> str | None:
-    """``key`` rewritten by the first (pattern, replacement) of ``table`` that matches its start: the
-    replacement's ``{0}``, ``{1}`` ... are the pattern's groups, its named fields ``names(replacement, groups)``;
-    None when no pattern matches."""
-    for pattern, replacement in table:
-        if match := pattern.match(key):
-            groups = match.groups()
-            return replacement.format(*groups, **names(replacement, groups)) + key[match.end():]
-    return None
-
-
-def _our_names(replacement: str, groups: tuple[str, ...]) -> dict[str, str]:
-    """The named fields of a transformers → ours replacement: stem index, block branch letter, conv/norm."""
-    if "{stem}" in replacement:
-        return {"stem": str(int(groups[0]) + 1), "cn": _CONV_NORM[groups[1]]}
-    if "{branch}" in replacement:
-        return {"branch": "abc"[int(groups[2])], "cn": _CONV_NORM[groups[3]]}
-    return {"cn": _CONV_NORM[groups[-1]]} if "{cn}" in replacement else {}
-
-
-def _rename(key: str) -> str | None:
-    return _substitute(_COMPILED, key, _our_names)
+REALTIME_FIELDS: dict[str, Field] = {
+    "selection": Field.choice("enc_score_head", "enc_bbox_head", "denoising_class_embed")}
+#: The self-attention of AIFI and of the decoder layers (q, k, v ↔ in_proj).
+REALTIME_FUSE = (Fuse("model.encoder.encoder.{}.layers.{}.self_attn.", "encoder.encoder.{}.layers.{}.self_attn."),
+                 Fuse(_DECODER[0] + "self_attn.", _DECODER[1] + "self_attn."))
+#: transformers 5's in-memory names → the names it writes to disk.
+REALTIME_SPELLING = ((r"^model\.encoder\.aifi\.", "model.encoder.encoder."), (r"\.o_proj\.", ".out_proj."),
+                     (r"\.mlp\.(fc[12])\.", r".\1."))
+_RESNET_VD = "model.backbone.model."
+#: RT-DETR (v1) in transformers: the shared renames, RTDetrResNet and RT-DETR's own encoder blocks and decoder norm.
+RTDETR_KEYS = KeyMap(
+    "RT-DETR",
+    (Rename(_RESNET_VD + "embedder.embedder.{stem}.{cn}.", "backbone.conv1.conv1_{stem}.{cn}."),
+     Rename(_RESNET_VD + "encoder.stages.{}.layers.{}.layer.{branch}.{cn}.",
+            "backbone.res_layers.{}.blocks.{}.branch2{branch}.{cn}."),
+     Rename(_RESNET_VD + "encoder.stages.{}.layers.{}.shortcut.1.{cn}.",
+            "backbone.res_layers.{}.blocks.{}.short.conv.{cn}."),
+     Rename(_RESNET_VD + "encoder.stages.{}.layers.{}.shortcut.{cn}.", "backbone.res_layers.{}.blocks.{}.short.{cn}."),
+     *REALTIME_RENAMES,
+     Rename(_DECODER[0] + "encoder_attn_layer_norm.", _DECODER[1] + "norm2."),
+     Rename("model.encoder.{blocks}.", "encoder.{blocks}.")),
+    fields={**REALTIME_FIELDS, "stem": Field.shifted(1), "branch": Field.named({"0": "a", "1": "b", "2": "c"}),
+            "cn": Field.named({"convolution": "conv", "normalization": "norm"}),
+            "blocks": Field.choice("lateral_convs", "fpn_blocks", "downsample_convs", "pan_blocks")},
+    fuse=REALTIME_FUSE, read_spelling=REALTIME_SPELLING,
+    drop=(Drop(r"(class|bbox)_embed\.\d+\.", "RT-DETRv2's copies of the decoder's heads, which its forward does not "
+                                            "read (the decoder's are the ones used)"),))
+#: RT-DETRv2: RT-DETR's, with the cross-attention's 1 / points per sampling point (context: (levels, points)).
+RTDETR_V2_KEYS = replace(RTDETR_KEYS, buffers=(Buffer(
+    _DECODER[0] + "encoder_attn.n_points_scale", _DECODER[1] + "cross_attn.attention_weights.weight",
+    lambda levels_points: torch.full((levels_points[0] * levels_points[1],), 1.0 / levels_points[1]),
+    "1 / points per point for (levels, decoder_n_points) {context}; per-level point counts are not supported"),))
 
 
 def to_official_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the state dict", *,
-                           num_points: int = 4) -> dict[str, torch.Tensor]:
-    """A transformers ``RTDetr(V2)ForObjectDetection`` state dict → this project's (the authors') keys.
+                           num_points: int = 4, num_levels: int = 3) -> dict[str, torch.Tensor]:
+    """A transformers ``RTDetr(V2)ForObjectDetection`` state dict → this project's (the authors') keys
+    (:data:`RTDETR_V2_KEYS`).
 
     q, k and v become one ``in_proj``; floats become float32; RT-DETRv2's unused head copies are dropped, and
-    its points scale too once checked to be 1 / ``num_points`` (the decoder's points per level); unknown keys
-    raise :class:`CheckpointError`."""
-    official: dict[str, torch.Tensor] = {}
-    projections: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    unknown = []
-    for hf_key, value in state_dict.items():
-        value = value.float() if value.is_floating_point() else value
-        key = current_rtdetr_spelling(hf_key)
-        if _UNUSED.match(key):
-            continue
-        if _POINTS_SCALE.match(key):
-            if not torch.allclose(value, torch.full_like(value, 1.0 / num_points)):
-                raise CheckpointError(f"{where}: {hf_key} is not 1 / {num_points} per point (the config's "
-                                      f"decoder_n_points); per-level point counts are not supported")
-            continue
-        if match := HUGGINGFACE_QKV.match(key):
-            prefix, which, kind = match.groups()
-            projections.setdefault((prefix, kind), {})[which] = value
-            continue
-        new_key = _rename(key)
-        if new_key is None:
-            unknown.append(hf_key)
-        else:
-            official[new_key] = value
-    if unknown:
-        raise CheckpointError(f"{where}: {len(unknown)} keys have no counterpart in RT-DETR's layout: {unknown[:10]}")
-    for (prefix, kind), parts in projections.items():
-        if set(parts) != {"q", "k", "v"}:
-            raise CheckpointError(f"{where}: {prefix} has only the {sorted(parts)} projections")
-        ours = _rename(prefix + ".self_attn_layer_norm.")
-        assert ours is not None and ours.endswith(".norm1.")
-        official[ours[: -len("norm1.")] + f"self_attn.in_proj_{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
-    return official
-
-
-def _refuse_unless(config: dict[str, Any], expected: dict[str, Any], config_path: Path) -> None:
-    """Raise naming every setting of ``config`` that differs from ``expected`` (absent ones take the default)."""
-    wrong = {key: config[key] for key, value in expected.items()
-             if key in config and config[key] is not None and _plain(config[key]) != _plain(value)}
-    if wrong:
-        raise CheckpointError(f"{config_path}: this project's RT-DETR has {expected}; the file sets "
-                              f"{wrong}, which it cannot reproduce")
-
-
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, (list, tuple)) else value
+    its points scale too once checked to be 1 / ``num_points`` (the decoder's points per level) at each of
+    ``num_levels``; unknown keys raise :class:`CheckpointError`."""
+    return RTDETR_V2_KEYS.to_ours(state_dict, where, context=(num_levels, num_points))
 
 
 def _backbone_name(config: dict[str, Any], config_path: Path) -> str:
@@ -216,9 +156,9 @@ def _backbone_name(config: dict[str, Any], config_path: Path) -> str:
         raise CheckpointError(f"{config_path}: a ResNet-vd of {layer_type} blocks {depths} is none of "
                               f"{', '.join(DEPTHS)}, the depths this project builds")
     widths = [64, 128, 256, 512] if layer_type == "basic" else [256, 512, 1024, 2048]
-    _refuse_unless(backbone, {"embedding_size": 64, "hidden_sizes": widths, "hidden_act": "relu",
+    refuse_unless(backbone, {"embedding_size": 64, "hidden_sizes": widths, "hidden_act": "relu",
                               "downsample_in_first_stage": False, **resnet_block_flags(layer_type),
-                              "num_channels": 3, "out_indices": [2, 3, 4]}, config_path)
+                              "num_channels": 3, "out_indices": [2, 3, 4]}, config_path, "RT-DETR")
     return name
 
 
@@ -236,19 +176,19 @@ def read_huggingface_rtdetr(directory: str | Path) -> CheckpointContents:
     backbone = _backbone_name(config, config_path)
     encoder_dim = int(config.get("encoder_hidden_dim", 256))
     levels = int(config.get("num_feature_levels", 3))
-    _refuse_unless(config, {
+    refuse_unless(config, {
         "encoder_activation_function": "gelu", "activation_function": "silu", "decoder_activation_function": "relu",
         "normalize_before": False, "learn_initial_query": False, "with_box_refine": True, "encode_proj_layers": [2],
         "feat_strides": [8, 16, 32], "positional_encoding_temperature": 10000, "layer_norm_eps": 1e-5,
         "batch_norm_eps": 1e-5, "decoder_in_channels": [encoder_dim] * 3,
         "decoder_attention_heads": config.get("encoder_attention_heads", 8),
-        **({"decoder_n_levels": levels} if version_2 else {})}, config_path)
+        **({"decoder_n_levels": levels} if version_2 else {})}, config_path, "RT-DETR")
     if config.get("eval_size") is not None:
         logger.warning("%s sets eval_size %s: transformers then runs the AIFI layer without positions in eval mode, "
                        "this project (as the authors' code) with them; outputs will differ from transformers'",
                        config_path, config["eval_size"])
     state_dict = to_official_state_dict(read_weights(directory), str(directory),
-                                        num_points=int(config.get("decoder_n_points", 4)))
+                                        num_points=int(config.get("decoder_n_points", 4)), num_levels=levels)
     if "decoder.dec_score_head.0.weight" not in state_dict:
         raise CheckpointError(f"{directory}: no decoder class heads (model.decoder.class_embed.0): an RTDetrModel "
                               f"without the detection heads?")
@@ -296,17 +236,18 @@ STATED_SIZES: tuple[StatedSize, ...] = (
 )
 
 
-#: RT-DETR (v1)'s spellings of two Sequentials that RT-DETRv2 names (this project keeps v2's names).
-_V1_SPELLINGS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"^encoder\.input_proj\.(\d+)\.0\."), r"encoder.input_proj.\1.conv."),
-    (re.compile(r"^encoder\.input_proj\.(\d+)\.1\."), r"encoder.input_proj.\1.norm."),
-    (re.compile(r"^decoder\.enc_output\.0\."), "decoder.enc_output.proj."),
-    (re.compile(r"^decoder\.enc_output\.1\."), "decoder.enc_output.norm."),
-)
-#: Buffers of the authors' files that this project computes: RT-DETRv2's anchors and valid mask at its eval size
-#: and its 1 / points per sampling point.
-_RECOMPUTED = re.compile(r"^decoder\.(anchors|valid_mask)$"
-                         r"|^decoder\.decoder\.layers\.\d+\.cross_attn\.num_points_scale$")
+#: The authors' files (lyuwenyu/RT-DETR): this project's keys but for RT-DETR (v1)'s spellings of two Sequentials
+#: that RT-DETRv2 names (this project keeps v2's names) and buffers this project computes.
+AUTHORS_RTDETR_KEYS = KeyMap(
+    "RT-DETR", (Rename("", ""),), source="the authors'",
+    read_spelling=((r"^encoder\.input_proj\.(\d+)\.0\.", r"encoder.input_proj.\1.conv."),
+                   (r"^encoder\.input_proj\.(\d+)\.1\.", r"encoder.input_proj.\1.norm."),
+                   (r"^decoder\.enc_output\.0\.", "decoder.enc_output.proj."),
+                   (r"^decoder\.enc_output\.1\.", "decoder.enc_output.norm.")),
+    drop=(Drop(r"decoder\.(anchors|valid_mask)$", "RT-DETRv2's anchors and valid mask at its eval size, computed "
+                                                  "here at the input's size"),
+          Drop(r"decoder\.decoder\.layers\.\d+\.cross_attn\.num_points_scale$",
+               "1 / points per sampling point, computed here from the point count")))
 
 
 def is_rtdetr_state_dict(state_dict: dict[str, torch.Tensor]) -> bool:
@@ -334,13 +275,7 @@ def read_rtdetr_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
     that ``load_checkpoint(path, **overrides)`` can replace: num_queries (300), num_heads (8), and RT-DETRv2's
     sampling_offset_scale (0.5) and sampling_method ("bilinear"; "discrete" for their ``_dsp`` models).
     """
-    official: dict[str, torch.Tensor] = {}
-    for key, value in state_dict.items():
-        if _RECOMPUTED.match(key):
-            continue
-        for pattern, replacement in _V1_SPELLINGS:
-            key = pattern.sub(replacement, key)
-        official[key] = value.float() if value.is_floating_point() else value
+    official = AUTHORS_RTDETR_KEYS.to_ours(state_dict, where)
     if "decoder.tgt_embed.weight" in official:
         raise CheckpointError(f"{where}: learned initial queries (decoder.tgt_embed) are not supported; this "
                               f"project's RT-DETR takes its queries from the encoder, as the released models")
@@ -383,85 +318,11 @@ def read_rtdetr_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
     return CheckpointContents(official, config, meta)
 
 
-#: (this project's pattern, transformers' replacement): :data:`_RENAMES` the other way.
-_TO_HUGGINGFACE_PAIRS: tuple[tuple[str, str], ...] = (
-    (r"backbone\.conv1\.conv1_(\d)\.(conv|norm)\.", "model.backbone.model.embedder.embedder.{stem}.{cn}."),
-    (r"backbone\.res_layers\.(\d+)\.blocks\.(\d+)\.branch2([abc])\.(conv|norm)\.",
-     "model.backbone.model.encoder.stages.{0}.layers.{1}.layer.{branch}.{cn}."),
-    (r"backbone\.res_layers\.(\d+)\.blocks\.(\d+)\.short\.conv\.(conv|norm)\.",
-     "model.backbone.model.encoder.stages.{0}.layers.{1}.shortcut.1.{cn}."),
-    (r"backbone\.res_layers\.(\d+)\.blocks\.(\d+)\.short\.(conv|norm)\.",
-     "model.backbone.model.encoder.stages.{0}.layers.{1}.shortcut.{cn}."),
-    (r"encoder\.input_proj\.(\d+)\.conv\.", "model.encoder_input_proj.{0}.0."),
-    (r"encoder\.input_proj\.(\d+)\.norm\.", "model.encoder_input_proj.{0}.1."),
-    (r"encoder\.encoder\.(\d+)\.layers\.(\d+)\.self_attn\.out_proj\.",
-     "model.encoder.encoder.{0}.layers.{1}.self_attn.out_proj."),
-    (r"encoder\.encoder\.(\d+)\.layers\.(\d+)\.norm1\.",
-     "model.encoder.encoder.{0}.layers.{1}.self_attn_layer_norm."),
-    (r"encoder\.encoder\.(\d+)\.layers\.(\d+)\.linear1\.", "model.encoder.encoder.{0}.layers.{1}.fc1."),
-    (r"encoder\.encoder\.(\d+)\.layers\.(\d+)\.linear2\.", "model.encoder.encoder.{0}.layers.{1}.fc2."),
-    (r"encoder\.encoder\.(\d+)\.layers\.(\d+)\.norm2\.",
-     "model.encoder.encoder.{0}.layers.{1}.final_layer_norm."),
-    (r"encoder\.(lateral_convs|fpn_blocks|downsample_convs|pan_blocks)\.", "model.encoder.{0}."),
-    (r"decoder\.input_proj\.(\d+)\.conv\.", "model.decoder_input_proj.{0}.0."),
-    (r"decoder\.input_proj\.(\d+)\.norm\.", "model.decoder_input_proj.{0}.1."),
-    (r"decoder\.decoder\.layers\.(\d+)\.self_attn\.out_proj\.", "model.decoder.layers.{0}.self_attn.out_proj."),
-    (r"decoder\.decoder\.layers\.(\d+)\.norm1\.", "model.decoder.layers.{0}.self_attn_layer_norm."),
-    (r"decoder\.decoder\.layers\.(\d+)\.cross_attn\.", "model.decoder.layers.{0}.encoder_attn."),
-    (r"decoder\.decoder\.layers\.(\d+)\.norm2\.", "model.decoder.layers.{0}.encoder_attn_layer_norm."),
-    (r"decoder\.decoder\.layers\.(\d+)\.linear1\.", "model.decoder.layers.{0}.fc1."),
-    (r"decoder\.decoder\.layers\.(\d+)\.linear2\.", "model.decoder.layers.{0}.fc2."),
-    (r"decoder\.decoder\.layers\.(\d+)\.norm3\.", "model.decoder.layers.{0}.final_layer_norm."),
-    (r"decoder\.query_pos_head\.", "model.decoder.query_pos_head."),
-    (r"decoder\.dec_score_head\.(\d+)\.", "model.decoder.class_embed.{0}."),
-    (r"decoder\.dec_bbox_head\.(\d+)\.", "model.decoder.bbox_embed.{0}."),
-    (r"decoder\.enc_output\.proj\.", "model.enc_output.0."),
-    (r"decoder\.enc_output\.norm\.", "model.enc_output.1."),
-    (r"decoder\.(enc_score_head|enc_bbox_head|denoising_class_embed)\.", "model.{0}."),
-)
-_TO_HUGGINGFACE = tuple((re.compile(pattern), replacement) for pattern, replacement in _TO_HUGGINGFACE_PAIRS)
-_CN = {"conv": "convolution", "norm": "normalization"}
-FUSED_IN_PROJ = re.compile(r"(encoder\.encoder\.\d+\.layers\.\d+|decoder\.decoder\.layers\.\d+)"
-                      r"\.self_attn\.in_proj_(weight|bias)$")
-
-
-def _huggingface_names(replacement: str, groups: tuple[str, ...]) -> dict[str, str]:
-    """The inverse of :func:`_our_names`, for an ours → transformers replacement."""
-    if "{stem}" in replacement:
-        return {"stem": str(int(groups[0]) - 1), "cn": _CN[groups[1]]}
-    if "{branch}" in replacement:
-        return {"branch": str("abc".index(groups[2])), "cn": _CN[groups[3]]}
-    return {"cn": _CN[groups[-1]]} if "{cn}" in replacement else {}
-
-
-def _to_huggingface_key(key: str) -> str:
-    hf_key = _substitute(_TO_HUGGINGFACE, key, _huggingface_names)
-    if hf_key is None:
-        raise ExportError(f"{key} has no counterpart in transformers' RT-DETR")
-    if _rename(current_rtdetr_spelling(hf_key)) != key:  # the two tables must be inverses
-        raise AssertionError(f"{key} → {hf_key} does not read back")
-    return hf_key
-
-
 def to_huggingface_state_dict(model: RTDETR, *, version: int = 1) -> dict[str, torch.Tensor]:
     """This project's RT-DETR → transformers' keys (as on disk), every tensor a contiguous copy; ``version=2``
     adds RT-DETRv2's 1 / points buffer."""
-    hf: dict[str, torch.Tensor] = {}
-    for key, value in model.state_dict().items():
-        value = value.detach().to("cpu", copy=True).contiguous()
-        if match := FUSED_IN_PROJ.match(key):
-            prefix, kind = match.groups()
-            hf_prefix = _to_huggingface_key(prefix + ".norm1.")[: -len("self_attn_layer_norm.")]
-            for which, part in zip("qkv", value.chunk(3)):
-                hf[f"{hf_prefix}self_attn.{which}_proj.{kind}"] = part.clone()
-            continue
-        hf[_to_huggingface_key(key)] = value
-    if version == 2:
-        points = model.config.num_points
-        for index in range(model.num_decoder_layers):
-            hf[f"model.decoder.layers.{index}.encoder_attn.n_points_scale"] = torch.full(
-                (model.config.num_feature_levels * points,), 1.0 / points)
-    return hf
+    keys = RTDETR_V2_KEYS if version == 2 else RTDETR_KEYS
+    return keys.to_theirs(model.state_dict(), context=(model.config.num_feature_levels, model.config.num_points))
 
 
 def huggingface_rtdetr_config(model: RTDETR, *, version: int | None = None,

@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 from pycocotools import mask as mask_utils
 
-from detr.categories import CategoryMap, class_name_key
+from detr.categories import CategoryMap, ambiguous_class_names, class_name_key
 from detr.data.coco import (
     AnnotationFileError,
     all_coco_bboxes,
@@ -478,7 +478,7 @@ def checkpoint_class_problems(categories: dict[int, str], checkpoint: Checkpoint
     The training system carries the class rows by name (``--model.init_classes by_name``,
     :mod:`detr.checkpoints.finetune`): a class the checkpoint names keeps its trained row whatever its id here,
     a new class starts fresh. Nothing is said when the checkpoint knows every class; a warning names the classes
-    that start fresh. A checkpoint that names no classes is matched by label: a head of another size starts
+    that start fresh; an error names a name that matches no single row (as ``detr fit`` refuses it). A checkpoint that names no classes is matched by label: a head of another size starts
     fresh (a warning, naming ``--data.category_ids`` where the other convention would keep it).
     """
     if not categories:
@@ -486,6 +486,9 @@ def checkpoint_class_problems(categories: dict[int, str], checkpoint: Checkpoint
     where = f"'{annotations_file}'"
     theirs = checkpoint.category_map
     if theirs is not None:
+        ambiguous = ambiguous_class_names([categories[i] for i in sorted(categories)], list(theirs.names))
+        if ambiguous is not None:  # detr fit refuses it (detr.checkpoints.finetune.check_class_match)
+            return [Problem("error", "checkpoint_class_names", f"{checkpoint.source} and {where}: {ambiguous}")]
         known = {class_name_key(name) for name in theirs.names} - {None}
         new = [f"'{name}'" for name in categories.values() if class_name_key(name) not in known]
         if not new:

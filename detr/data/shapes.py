@@ -153,7 +153,7 @@ def shape_polygon(name: str, center: tuple[float, float], radius: float, angle: 
     return xy @ rotation.T + np.array([cx, cy])
 
 
-def _background(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+def background_gradient(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
     """float [size, size, 3] gradient between two random colours, and its mean colour."""
     start, end = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
     direction = rng.uniform(0, 2 * math.pi)
@@ -163,7 +163,7 @@ def _background(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.nda
     return image, (start + end) / 2
 
 
-def _object_colour(rng: np.random.Generator, background: np.ndarray) -> np.ndarray:
+def object_colour(rng: np.random.Generator, background: np.ndarray) -> np.ndarray:
     """A random colour far enough from the background's mean to stay visible under the noise."""
     for _ in range(50):
         colour = rng.uniform(0, 255, 3)
@@ -179,7 +179,7 @@ def render_shapes_image(rng: np.random.Generator, config: ShapesConfig,
     ``masks``: a list that receives each shape's drawn pixels, bool [S, S] (the panoptic annotations use
     them: the stored polygon is rounded, so rasterising it again may differ by a few edge pixels)."""
     size = config.image_size
-    canvas, mean_colour = _background(rng, size)
+    canvas, mean_colour = background_gradient(rng, size)
     image = Image.fromarray(canvas.clip(0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(image)
     for _ in range(int(rng.integers(0, 4))):  # unlabelled clutter
@@ -194,7 +194,7 @@ def render_shapes_image(rng: np.random.Generator, config: ShapesConfig,
         radius = diameter / 2
         angle = rng.uniform(0, 2 * math.pi)
         aspect = rng.uniform(0.35, 0.6)
-        colour = tuple(int(c) for c in _object_colour(rng, mean_colour))
+        colour = tuple(int(c) for c in object_colour(rng, mean_colour))
         for _attempt in range(20):
             center = (rng.uniform(radius, size - radius), rng.uniform(radius, size - radius))
             polygon = shape_polygon(config.shapes[category], center, radius, angle, aspect)

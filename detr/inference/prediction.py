@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from detr.categories import CategoryMap
 from detr.models.outputs import DetectorOutput
+
+if TYPE_CHECKING:
+    import supervision as sv
 
 
 @dataclass
@@ -202,6 +206,8 @@ class Prediction:
         reports the reason (:func:`detr.inference.predict.predictions_from_outputs`).
     cut_at: the score threshold its detections were selected with (None: every query kept); :meth:`above`
         with a lower one warns that those detections are already gone.
+    track_ids: int64 ``[N]``, each detection's track (:meth:`detr.inference.predictor.Predictor.track`; -1: not in a
+        track yet); None outside tracking.
     """
 
     boxes: Tensor
@@ -219,6 +225,7 @@ class Prediction:
     keypoints: Tensor | None = field(default=None, repr=False)
     error: str | None = None
     cut_at: float | None = None
+    track_ids: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.scores.numel())
@@ -242,7 +249,58 @@ class Prediction:
             query_indices=self.query_indices[keep],
             masks=None if self.masks is None else self.masks[keep],
             keypoints=None if self.keypoints is None else self.keypoints[keep],
+            track_ids=None if self.track_ids is None else self.track_ids[keep],
             cut_at=threshold if self.cut_at is None else max(threshold, self.cut_at),
+        )
+
+    def to_supervision(self) -> sv.Detections:
+        """These detections as supervision's ``sv.Detections`` (for its annotators, trackers, slicers and metrics).
+
+        ``xyxy`` float32 ``[N, 4]`` pixel corners, ``class_id`` int64 model labels, ``confidence`` float32
+        scores, ``data["class_name"]`` the label names, ``mask`` bool ``[N, H, W]`` when the prediction has masks.
+        Needs supervision (``pip install 'detr-lightning[supervision]'``)."""
+        from detr.data.supervision import import_supervision
+
+        sv = import_supervision()
+        return sv.Detections(
+            xyxy=self.boxes.detach().float().cpu().numpy().reshape(-1, 4),
+            class_id=self.labels.detach().cpu().long().numpy(),
+            confidence=self.scores.detach().float().cpu().numpy(),
+            mask=None if self.masks is None else self.masks.detach().cpu().bool().numpy(),
+            data={"class_name": np.array(self.label_names, dtype=str)},
+        )
+
+    @classmethod
+    def from_supervision(cls, detections: sv.Detections, *, image_size: tuple[int, int],
+                         category_map: CategoryMap | None = None, file_name: str | None = None) -> Prediction:
+        """supervision's ``sv.Detections`` of one image as a :class:`Prediction` (``image_size``: its
+        ``(height, width)``), e.g. ground truth or another detector's output for this package's drawing and
+        evaluation.
+
+        Label names come from ``data["class_name"]`` when the detections have it, else from ``category_map``
+        (else "class <id>"); detections without ``confidence`` (ground truth) score 1. There are no model
+        queries behind them: ``query_indices`` are -1.
+
+        Raises:
+            ValueError: the detections have no ``class_id``.
+        """
+        count = len(detections)
+        if count and detections.class_id is None:
+            raise ValueError("the detections have no class_id: a Prediction needs each detection's class")
+        labels = torch.as_tensor(np.asarray(detections.class_id if count else [], dtype=np.int64))
+        names = detections.data.get("class_name") if detections.data else None
+        label_names = ([str(name) for name in names] if names is not None and len(names) == count
+                       else [label_name(category_map, int(label)) for label in labels])
+        confidence = detections.confidence if detections.confidence is not None else np.ones(count)
+        return cls(
+            boxes=torch.as_tensor(np.asarray(detections.xyxy, dtype=np.float32)).reshape(-1, 4),
+            scores=torch.as_tensor(np.asarray(confidence, dtype=np.float32)),
+            labels=labels,
+            label_names=label_names,
+            query_indices=torch.full((count,), -1, dtype=torch.int64),
+            image_size=(int(image_size[0]), int(image_size[1])),
+            file_name=file_name,
+            masks=None if detections.mask is None else torch.as_tensor(np.asarray(detections.mask, dtype=bool)),
         )
 
 

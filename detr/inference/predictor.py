@@ -36,11 +36,13 @@ from detr.categories import CategoryMap
 from detr.checkpoints import CheckpointError, load_checkpoint
 from detr.checkpoints.deployed import is_deployed, open_deployed
 from detr.checkpoints.released import download_url, is_url
+from detr.data.video import FrameSource, open_frames
 from detr.inference.images import ImageInput, is_single_image, to_rgb_array
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
 from detr.inference.prediction import Prediction
 from detr.inference.slicing import SliceSettings, predict_sliced
+from detr.inference.tracking import TrackerName, track_frames
 from detr.models.detector import Detector
 from detr.models.outputs import DetectorOutput
 
@@ -265,6 +267,25 @@ class Predictor:
     ) -> list[Prediction]:
         """:meth:`predict` with ``task="panoptic"``: detections, their masks and :attr:`Prediction.panoptic`."""
         return self.predict(images, threshold=threshold, task="panoptic")
+
+    def track(self, source: str | int | Path | FrameSource, *, tracker: TrackerName = "bytetrack",
+              threshold: float | None = None) -> Iterator[Prediction]:
+        """Detect and track objects through a video: one :class:`Prediction` per decoded frame, in order, with
+        :attr:`Prediction.track_ids` (-1: not in a track yet) and ``image_id`` the frame's number (1-based).
+
+        Args:
+            source: a video file, a folder of frames, a webcam index or a stream URL
+                (:func:`detr.data.video.open_frames`), or a source it opened (its :attr:`FrameSource.skipped`
+                then counts the frames that could not be decoded).
+            tracker: "bytetrack", "sort", "ocsort" or "botsort" (Roboflow's ``trackers``:
+                :mod:`detr.inference.tracking`).
+            threshold: the score a detection needs to start a track (default: the predictor's).
+        """
+        frames = source if isinstance(source, FrameSource) else open_frames(source)
+        with frames:
+            for _, prediction in track_frames(self, frames, tracker=tracker, threshold=threshold,
+                                              frame_rate=frames.frame_rate):
+                yield prediction
 
     def check_task(self, task: str) -> None:
         """Raise ``ValueError`` when this predictor cannot do ``task``, naming the fix."""

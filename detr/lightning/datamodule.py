@@ -32,11 +32,12 @@ from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
 from detr.data.coco import CocoDetection, category_map_from_categories, load_coco_json
 from detr.data.collate import MultiScaleCollate, collate_detection
-from detr.data.dense_o2o import DenseO2OTransform, MixUpCollate
+from detr.data.augmentations import Augmentation, AugmentationName, TrainingInput, augmentation_named
+from detr.data.dense_o2o import MixUpCollate
 from detr.data.formats import dataset_splits, detect_format, load_split, read_split
 from detr.data.images import ImageFilesDataset
 from detr.data.keypoints import CategoryKeypoints, keypoint_categories
-from detr.data.training_epoch import SharedEpoch, StopAtEpoch
+from detr.data.training_epoch import SharedEpoch
 from detr.data.transforms import (
     CROP_MAX_SIZE,
     CROP_MIN_SIZE,
@@ -46,10 +47,7 @@ from detr.data.transforms import (
     TRAIN_MAX_SIZE,
     TRAIN_SCALES,
     make_eval_transform,
-    make_rfdetr_train_transform,
-    make_rtdetr_train_transform,
     make_square_transform,
-    make_train_transform,
     reseed_transform,
 )
 from detr.models.inputs import InputSpec
@@ -125,15 +123,13 @@ def sizes_for(image_size: int, given: dict[str, Any]) -> dict[str, Any]:
     return sizes
 
 
-def _check_augmentation(augmentation: str, multi_scale: Sequence[int] | None, stop_epoch: int | None,
+def _check_augmentation(augmentation: Augmentation, multi_scale: Sequence[int] | None, stop_epoch: int | None,
                         square_size: int | None) -> tuple[list[int] | None, int | None]:
     """The data module's augmentation settings checked (a one-line error naming the flag): multi_scale as a list
     of ints, and the stop epoch."""
-    if augmentation not in ("default", "rtdetr", "rfdetr", "deim"):
-        raise ValueError(f"--data.augmentation must be 'default', 'rtdetr', 'rfdetr' or 'deim', got {augmentation!r}")
-    if augmentation in ("rtdetr", "rfdetr", "deim") and square_size is None:
-        raise ValueError(f"--data.augmentation {augmentation} resizes to a square: set --data.square_size too (e.g. "
-                         f"{560 if augmentation == 'rfdetr' else 640})")
+    if augmentation.needs_square_size and square_size is None:
+        raise ValueError(f"--data.augmentation {augmentation.name} resizes to a square: set --data.square_size too "
+                         f"(e.g. {augmentation.authors_square_size})")
     sizes = None
     if multi_scale is not None:
         if square_size is None:
@@ -148,10 +144,10 @@ def _check_augmentation(augmentation: str, multi_scale: Sequence[int] | None, st
     return sizes, stop_epoch
 
 
-def _check_dense_o2o(augmentation: str, mosaic_prob: float, mosaic_epochs: Sequence[int], mixup_prob: float,
+def _check_dense_o2o(augmentation: Augmentation, mosaic_prob: float, mosaic_epochs: Sequence[int], mixup_prob: float,
                      mixup_epochs: Sequence[int], stop_epoch: int | None) -> tuple[tuple[int, int], tuple[int, int]]:
     """DEIM's settings checked (a one-line error naming the flag): the probabilities and the two epoch ranges, the
-    mosaic's within the augmentations' (with ``augmentation`` "deim", the only one that reads them)."""
+    mosaic's within the augmentations' (with an augmentation that draws mosaics, the only kind that reads them)."""
     for flag, value in (("mosaic_prob", mosaic_prob), ("mixup_prob", mixup_prob)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
             raise ValueError(f"--data.{flag} must be a probability in [0, 1], got {value!r}")
@@ -162,7 +158,7 @@ def _check_dense_o2o(augmentation: str, mosaic_prob: float, mosaic_epochs: Seque
             raise ValueError(f"--data.{flag} must be [start, end]: epochs (0-based) with 0 <= start <= end, e.g. "
                              f"[4, 29], got {epochs!r}")
         ranges.append((int(epochs[0]), int(epochs[1])))
-    if augmentation == "deim" and stop_epoch is not None and ranges[0][1] > stop_epoch:
+    if augmentation.mosaic and stop_epoch is not None and ranges[0][1] > stop_epoch:
         raise ValueError(f"--data.mosaic_epochs {list(ranges[0])} ends after --data.augmentation_stop_epoch "
                          f"{stop_epoch}: end the mosaic at or before the stop (DEIM: [4, 29] and 50)")
     return ranges[0], ranges[1]
@@ -233,12 +229,13 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             those resizes.
         normalize: ImageNet's mean and std (the paper's DETR, Deformable DETR, RF-DETR); False: pixels / 255
             (RT-DETR). The training system refuses data that does not follow its model's input contract.
-        augmentation: the training augmentation. "default": the paper's DETR (flip, random resizes and crop;
-            the sizes above), or with ``square_size`` the horizontal flip alone. "rtdetr": RT-DETR's and D-FINE's
-            (needs ``square_size``): photometric distortion, zoom-out, IoU crop, flip, the square resize
-            (:func:`detr.data.transforms.make_rtdetr_train_transform`; docs/models/rtdetr.md). "rfdetr": RF-DETR's and
-            LW-DETR's (needs ``square_size``): flip, then the square resize or DETR's crop and the square resize
-            (:func:`detr.data.transforms.make_rfdetr_train_transform`; the crop's sizes above); with
+        augmentation: the training augmentation, a name of :data:`detr.data.augmentations.AUGMENTATIONS`.
+            "default": the paper's DETR (flip, random resizes and crop; the sizes above), or with ``square_size``
+            the horizontal flip alone. "rtdetr": RT-DETR's and D-FINE's (needs ``square_size``): photometric
+            distortion, zoom-out, IoU crop, flip, the square resize
+            (:func:`detr.data.transforms.make_rtdetr_train_transform`; docs/models/rtdetr.md). "rfdetr": RF-DETR's
+            and LW-DETR's (needs ``square_size``): flip, then the square resize or DETR's crop and the square
+            resize (:func:`detr.data.transforms.make_rfdetr_train_transform`; the crop's sizes above); with
             ``multi_scale``, the training square is its largest side and batches are resized bilinearly, as the
             authors (docs/models/rfdetr.md). "deim": DEIM's dense one-to-one over RT-DETR's (needs ``square_size``;
             boxes only): the mosaic of four images and the batches' MixUp, by epoch
@@ -284,7 +281,7 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         image_size: int | None = None,
         square_size: int | None = None,
         normalize: bool = True,
-        augmentation: Literal["default", "rtdetr", "rfdetr", "deim"] = "default",
+        augmentation: AugmentationName = "default",
         multi_scale: Sequence[int] | None = None,
         augmentation_stop_epoch: int | None = None,
         mosaic_epochs: Sequence[int] = (4, 29),
@@ -316,50 +313,24 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
         self.drop_last = drop_last
-        sizes = self.sizes
+        #: the training augmentation's record (:mod:`detr.data.augmentations`)
+        self.augmentation = augmentation_named(augmentation)
         self.multi_scale, self.augmentation_stop_epoch = _check_augmentation(
-            augmentation, multi_scale, augmentation_stop_epoch, square_size)
-        self.augmentation = augmentation
-        self.mosaic_epochs, self.mixup_epochs = _check_dense_o2o(augmentation, mosaic_prob, mosaic_epochs, mixup_prob,
-                                                                 mixup_epochs, augmentation_stop_epoch)
+            self.augmentation, multi_scale, augmentation_stop_epoch, square_size)
+        self.mosaic_epochs, self.mixup_epochs = _check_dense_o2o(self.augmentation, mosaic_prob, mosaic_epochs,
+                                                                 mixup_prob, mixup_epochs, augmentation_stop_epoch)
         self.mosaic_prob, self.mixup_prob = float(mosaic_prob), float(mixup_prob)
         #: the trainer's epoch as the training loader's workers see it (written by :class:`EpochLoader`)
         self.epoch = SharedEpoch()
-        if square_size is not None and augmentation == "deim":
-            # the mosaic draws its other images from the training set: bound to it when it is built (_dataset)
-            self.train_transform = DenseO2OTransform(square_size, epoch=self.epoch, mosaic_epochs=self.mosaic_epochs,
-                                                     stop_epoch=augmentation_stop_epoch, mosaic_prob=mosaic_prob,
-                                                     normalize=normalize)
-            self.eval_transform = make_square_transform(square_size, train=False, normalize=normalize)
-        elif square_size is not None and augmentation == "rtdetr":
-            self.train_transform = make_rtdetr_train_transform(square_size, normalize=normalize)
-            if augmentation_stop_epoch is not None:
-                plain = make_rtdetr_train_transform(square_size, augment=False, normalize=normalize)
-                self.train_transform = StopAtEpoch(self.train_transform, plain, stop_epoch=augmentation_stop_epoch,
-                                                   epoch=self.epoch)
-            self.eval_transform = make_square_transform(square_size, train=False, normalize=normalize)
-        elif square_size is not None and augmentation == "rfdetr":
-            # the authors resize to their largest scale, then every batch to one of the scales (engine.py)
-            train_size = max(self.multi_scale) if self.multi_scale is not None else square_size
-            self.train_transform = make_rfdetr_train_transform(
-                train_size, normalize=normalize, crop_resize_scales=sizes["crop_resize_scales"],
-                crop_min_size=sizes["crop_min_size"], crop_max_size=sizes["crop_max_size"])
-            if augmentation_stop_epoch is not None:
-                plain = make_square_transform(square_size, train=True, normalize=normalize)
-                self.train_transform = StopAtEpoch(self.train_transform, plain, stop_epoch=augmentation_stop_epoch,
-                                                   epoch=self.epoch)
-            self.eval_transform = make_square_transform(square_size, train=False, normalize=normalize)
-        elif square_size is not None:
-            self.train_transform = make_square_transform(square_size, train=True, normalize=normalize)
+        self.train_transform = self.augmentation.train_transform(TrainingInput(
+            square_size=square_size, normalize=normalize, sizes=self.sizes, multi_scale=self.multi_scale,
+            stop_epoch=self.augmentation_stop_epoch, epoch=self.epoch, mosaic_epochs=self.mosaic_epochs,
+            mosaic_prob=self.mosaic_prob))
+        if square_size is not None:
             self.eval_transform = make_square_transform(square_size, train=False, normalize=normalize)
         else:
-            self.train_transform = make_train_transform(
-                scales=sizes["train_scales"], max_size=sizes["train_max_size"],
-                crop_resize_scales=sizes["crop_resize_scales"], crop_min_size=sizes["crop_min_size"],
-                crop_max_size=sizes["crop_max_size"], normalize=normalize,
-            )
-            self.eval_transform = make_eval_transform(min_size=sizes["eval_min_size"], max_size=sizes["eval_max_size"],
-                                                      normalize=normalize)
+            self.eval_transform = make_eval_transform(min_size=self.sizes["eval_min_size"],
+                                                      max_size=self.sizes["eval_max_size"], normalize=normalize)
         self.paths: dict[str, tuple[Path, Path]] = {}
         self.category_map: CategoryMap | None = None
         self.predict_images: str | list[str] | None = None  # a subclass's predict_images argument
@@ -402,10 +373,10 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         if split not in self.paths:
             return None
         dataset = self._datasets[split] = self._build_dataset(split, *self.paths[split])
-        if split == "train" and isinstance(self.train_transform, DenseO2OTransform):
+        if split == "train" and self.augmentation.mosaic:
             if not isinstance(dataset, CocoDetection):
-                raise ValueError("--data.augmentation deim draws mosaics from a detection set (boxes): use "
-                                 "--data.augmentation rtdetr for this data")
+                raise ValueError(f"--data.augmentation {self.augmentation.name} draws mosaics from a detection set "
+                                 "(boxes): use --data.augmentation rtdetr for this data")
             self.train_transform.draw_from(dataset)
         return dataset
 
@@ -453,9 +424,8 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             return DataLoader(dataset, **settings)
         if self.multi_scale is not None:
             settings["collate_fn"] = MultiScaleCollate(self.multi_scale, stop_epoch=self.augmentation_stop_epoch,
-                                                       epoch=self.epoch,
-                                                       mode="bilinear" if self.augmentation == "rfdetr" else "nearest")
-        if self.augmentation == "deim":
+                                                       epoch=self.epoch, mode=self.augmentation.multi_scale_mode)
+        if self.augmentation.mixup:
             settings["collate_fn"] = MixUpCollate(settings["collate_fn"], prob=self.mixup_prob,
                                                   epochs=self.mixup_epochs, epoch=self.epoch)
         return EpochLoader(dataset, epoch=self.epoch, current_epoch=self.training_epoch, **settings)
@@ -573,9 +543,9 @@ class DetrDataModule(CocoFormatDataModule):
     ) -> None:
         super().__init__(**kwargs)
         for option, value in (("masks", masks), ("keypoints", keypoints)):
-            if value and self.augmentation == "deim":
-                raise ValueError(f"--data.{option} true with --data.augmentation deim: DEIM's mosaic moves boxes "
-                                 f"only; train {option} with --data.augmentation rtdetr")
+            if value and self.augmentation.mosaic:
+                raise ValueError(f"--data.{option} true with --data.augmentation {self.augmentation.name}: its mosaic "
+                                 f"moves boxes only; train {option} with --data.augmentation rtdetr")
         self.save_hyperparameters()
         self.hparams.update(self.sizes)  # the sizes in use (image_size scales them): a checkpoint's eval size
         root = self.set_aside_missing_root(root, predict_images)

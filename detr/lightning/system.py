@@ -23,7 +23,7 @@ import torch
 
 from detr.categories import CategoryMap, class_name_key
 from detr.checkpoints import CheckpointError, read_checkpoint
-from detr.checkpoints.finetune import check_same_family, initial_state
+from detr.checkpoints.finetune import check_same_family, class_report, initial_state
 from detr.checkpoints.formats import checkpoint_record, key_mismatch
 from detr.evaluation import CocoEvaluation, CocoEvaluator
 from detr.evaluation.coco_evaluator import scored_detections
@@ -293,11 +293,7 @@ class DetrSystem(L.LightningModule):
         for key in initial.fresh_tensors:
             logger.warning("init_checkpoint: %s has shape %s in %s, the model needs %s; it stays freshly "
                            "initialised", key, tuple(source[key].shape), path, tuple(own[key].shape))
-        if initial.fresh_classes and not initial.fresh_tensors:
-            shown = initial.fresh_classes[:8] + (["..."] if len(initial.fresh_classes) > 8 else [])
-            logger.info("init_checkpoint: %d classes start from %s's rows (init_classes=%s), %d fresh: %s",
-                        len(initial.carried_classes), path, self.hparams.init_classes, len(initial.fresh_classes),
-                        ", ".join(shown))
+        logger.info("%s", class_report(initial, path, self.hparams.init_classes))
         logger.info("init_checkpoint: loaded %d tensors from %s", len(initial.state), path)
 
     @property

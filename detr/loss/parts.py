@@ -21,8 +21,8 @@ from detr.box_ops import cxcywh_to_xyxy
 from detr.loss.criterion import LossContext, LossPart, SetCriterion
 from detr.loss.focal import sigmoid_focal_loss
 from detr.loss.terms import Indices, Targets, box_losses, matched_labels, matched_query_index
-from detr.models.anchor.denoising import DenoisingMeta
 from detr.models.config import ClassHead
+from detr.models.layers.denoising import DenoisingMeta
 from detr.models.outputs import DetectorOutput
 
 

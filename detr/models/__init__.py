@@ -5,7 +5,7 @@ from detr.models.build import build_detr
 from detr.models.config import DetrConfig
 from detr.models.detector import Detector
 from detr.models.detr import DETR
-from detr.models.mlp import MLP
+from detr.models.layers.mlp import MLP
 from detr.models.outputs import DetectorOutput, LayerOutput
 from detr.models.segmentation import DETRPanoptic, build_detr_panoptic
 from detr.models.single_scale import SingleScaleDetector

@@ -10,16 +10,16 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Collection, Sequence
-
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import torchvision
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from detr.models.config import BackboneName, BackboneNorm, DetrConfig, LastStage
+from detr.models.layers.conv_norm import fold_norm_into_conv, folded_weight_and_bias
+from detr.models.layers.cpu_kernels import stage_layout, strided_pointwise_conv
 
 logger = logging.getLogger(__name__)
 
@@ -207,12 +207,9 @@ class Backbone(nn.Module):
                             ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """:meth:`forward`'s features and mask, and the outputs of the stages named in ``keep_stages``
         ({"layer1": [B, C_1, H_1, W_1], …}: the panoptic mask head's skip connections)."""
-        # On the CPU the frozen stages ahead of the first trained one (the paper's stem and layer1) run in NHWC,
-        # where oneDNN's pooling and convolutions are faster in a training step; the first trained stage gets NCHW
-        # back, whose weight gradients are the faster ones on CPUs without AMX (docs/measurements/speed.md,
-        # "Training step against the authors"). Training only, as the folded norms: NHWC kernels round
-        # differently, and an inference forward stays equal to the reference's (optimize_for_inference chooses
-        # its own layout).
+        # On the CPU a training step runs the frozen stages in NHWC (cpu_kernels.stage_layout). Training only, as
+        # the folded norms: NHWC kernels round differently, and an inference forward stays equal to the
+        # reference's (optimize_for_inference chooses its own layout).
         training = self.training and torch.is_grad_enabled()
         frozen_nhwc = (training and self.frozen_stages_channels_last and not self.channels_last
                        and images.device.type == "cpu")
@@ -226,11 +223,7 @@ class Backbone(nn.Module):
         with context:
             features = images
             for name, stage in self.body.items():
-                if frozen_nhwc:  # each conversion a no-op but the first (none where the stem trains)
-                    if any(parameter.requires_grad for parameter in stage.parameters()):
-                        features, frozen_nhwc = features.contiguous(), False
-                    else:
-                        features = features.contiguous(memory_format=torch.channels_last)
+                features, frozen_nhwc = stage_layout(stage, features, frozen_nhwc)
                 if not fold:
                     features = stage(features)
                 elif name == "conv1":
@@ -253,23 +246,8 @@ def conv_frozen_norm(conv: nn.Conv2d, norm: nn.Module, x: torch.Tensor) -> torch
     if not isinstance(norm, FrozenBatchNorm2d):
         return norm(conv(x))
     weight, bias = folded_weight_and_bias(conv, norm)
-    if x.device.type == "cpu" and conv.kernel_size == (1, 1) and conv.padding == (0, 0) and conv.stride != (1, 1):
-        # a strided 1 × 1 convolution (a ResNet stage's shortcut) reads every s-th pixel: the same product as an
-        # unstrided one on those pixels, whose forward and backward oneDNN runs 1.4-1.7× faster on the CPU
-        rows, columns = conv.stride
-        return F.conv2d(x[..., ::rows, ::columns], weight, bias, 1, 0, conv.dilation, conv.groups)
-    return conv._conv_forward(x, weight, bias)
-
-
-def folded_weight_and_bias(conv: nn.Conv2d, norm: nn.BatchNorm2d | FrozenBatchNorm2d
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weight and bias of ``conv`` followed by the BatchNorm ``norm`` (frozen or in eval mode) as one
-    convolution: ``w · s`` and ``β − μ · s (+ b · s)``, ``s = γ / sqrt(σ² + eps)``."""
-    scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
-    bias = norm.bias - norm.running_mean * scale
-    if conv.bias is not None:
-        bias = bias + conv.bias * scale
-    return conv.weight * scale[:, None, None, None], bias
+    shortcut = strided_pointwise_conv(conv, x, weight, bias)  # a stage's strided 1 × 1 shortcut on the CPU
+    return shortcut if shortcut is not None else conv._conv_forward(x, weight, bias)
 
 
 def _folded_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -295,15 +273,6 @@ def _folded_stage(stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
             x = _folded_block(block, x)
         return x
     return stage(x)
-
-
-@torch.no_grad()
-def fold_norm_into_conv(conv: nn.Conv2d, norm: nn.BatchNorm2d | FrozenBatchNorm2d) -> None:
-    """Fold the BatchNorm ``norm`` (frozen or in eval mode) that follows ``conv`` into ``conv``'s weight and bias:
-    :func:`folded_weight_and_bias`. The caller removes ``norm``."""
-    weight, bias = folded_weight_and_bias(conv, norm)
-    conv.weight.copy_(weight)
-    conv.bias = nn.Parameter(bias, requires_grad=False)
 
 
 def nearest_indices(in_size: int, out_size: int, device: torch.device) -> torch.Tensor:

@@ -21,7 +21,7 @@ from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.detector import Detector
 from detr.models.detr import DETR
 from detr.models.dfine.build import build_dfine
-from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
+from detr.models.layers.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 from detr.models.rfdetr.build import build_rfdetr
 from detr.models.rtdetr.build import build_rtdetr
 from detr.models.transformer import Transformer, TransformerEncoder, TransformerEncoderLayer

@@ -26,7 +26,7 @@ from torch import nn
 
 from detr.box_ops import inverse_sigmoid
 from detr.models.config import PRIOR_BIAS
-from detr.models.mlp import MLP
+from detr.models.layers.mlp import MLP
 from detr.models.outputs import DenseOutput
 
 #: Width and height (normalised) of the box each cell regresses from.

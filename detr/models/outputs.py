@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from detr.models.anchor.denoising import DenoisingMeta
+from detr.models.layers.denoising import DenoisingMeta
 
 
 @dataclass

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from detr.models.anchor.denoising import DenoisingMeta
 from detr.models.backbone import Joiner
 from detr.models.config import PRIOR_BIAS, ClassHead
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.detector import Detector, Targets, check_inputs
-from detr.models.mlp import MLP
+from detr.models.layers.denoising import DenoisingMeta
+from detr.models.layers.mlp import MLP
+from detr.models.layers.position_encoding import PositionEmbeddingLearned
 from detr.models.outputs import AttentionOutput, DenoisingOutput, DetectorOutput, stack_layers
-from detr.models.position_encoding import PositionEmbeddingLearned
 
 
 def class_embedding(hidden_dim: int, num_classes: int, class_head: ClassHead) -> nn.Linear:

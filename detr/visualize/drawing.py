@@ -7,7 +7,8 @@ class has one colour everywhere and the labels read the same.
 
 - raster images (``uint8`` ``[3, H, W]`` tensors): :func:`draw_boxes` (``torchvision.utils.draw_bounding_boxes``),
   :func:`draw_prediction` (with its instance masks and keypoints, if any), :func:`draw_keypoints_with_skeleton`,
-  :func:`draw_detections` (true and predicted boxes), :func:`draw_panoptic`
+  :func:`draw_detections` (true and predicted boxes), :func:`draw_tracks` (a tracked frame: boxes, ids and trails),
+  :func:`draw_panoptic`
   (``torchvision.utils.draw_segmentation_masks``), :func:`save_image`;
 - matplotlib axes: :func:`add_box`, :func:`matplotlib_color`.
 """
@@ -253,6 +254,31 @@ def draw_prediction(
                                               threshold=keypoint_threshold)
     return draw_boxes(canvas, prediction.boxes, detection_labels(prediction.label_names, prediction.scores),
                       colors, line_width=line_width, font_size=font_size)
+
+
+def draw_tracks(image: ImageInput, prediction: Prediction, trails: dict[int, Sequence[tuple[float, float]]], *,
+                line_width: int | None = None) -> Tensor:
+    """A tracked frame (:meth:`detr.inference.predictor.Predictor.track`): each tracked detection's box and
+    "#id name score" label in its track's colour, and each track's trail, the polyline of its boxes' centres
+    (pixel (x, y), oldest first) in ``trails``; detections not in a track are left out. ``uint8`` ``[3, H, W]``."""
+    canvas = _canvas(image, prediction.image_size, "prediction")
+    track_ids = prediction.track_ids if prediction.track_ids is not None else torch.full((len(prediction),), -1)
+    keep = track_ids >= 0
+    short_side = min(canvas.shape[-2:])
+    width = line_width if line_width is not None else max(1 if short_side < 250 else 2, round(short_side / 250))
+    if trails:
+        picture = Image.fromarray(canvas.permute(1, 2, 0).numpy())
+        draw = ImageDraw.Draw(picture)
+        for track_id, points in trails.items():
+            if len(points) > 1:
+                draw.line([tuple(p) for p in points], fill=label_color(track_id), width=width)
+        canvas = torch.from_numpy(np.asarray(picture).copy()).permute(2, 0, 1)
+    ids = track_ids[keep].tolist()
+    names = [name for name, k in zip(prediction.label_names, keep.tolist()) if k]
+    scores = prediction.scores[keep].tolist()
+    texts = [f"#{track_id} {name} {score:.2f}" for track_id, name, score in zip(ids, names, scores)]
+    return draw_boxes(canvas, prediction.boxes[keep], texts, [label_color(track_id) for track_id in ids],
+                      line_width=line_width)
 
 
 def draw_detections(

@@ -9,7 +9,8 @@ import torch
 
 from detr.categories import CategoryMap
 from detr.checkpoints import save_checkpoint
-from detr.checkpoints.finetune import class_rows, initial_state
+from detr.checkpoints.finetune import ClassMatchError, class_report, class_rows, initial_state
+from detr.inference.command_line import expected_errors
 from detr.lightning import DetrSystem
 from detr.lightning.system import SettingError
 from detr.models.build import build_detr
@@ -116,3 +117,42 @@ def test_the_training_system_starts_from_the_rows_by_name(tmp_path) -> None:
     system.trainer = Trainer()  # type: ignore[assignment]
     with pytest.raises(SettingError, match="not trained on 1 of the data's classes \\('cross'\\)"):
         system.setup("validate")
+
+
+def test_by_name_refuses_names_that_match_no_single_row(tmp_path) -> None:
+    """A name the data has twice (whatever its case), or a name of the data the checkpoint has twice, cannot be
+    matched by name: refused with the fix, before any weight is loaded (by label or fresh, the names do not
+    matter); `detr fit` prints it as one error line (a CheckpointError)."""
+    config = tiny_config_with(num_classes=3)
+    source, own = _source_state(config), build_detr(config).state_dict()
+    twice_here = CategoryMap((5, 6, 7), ("circle", "cross", "Circle "))
+    with pytest.raises(ClassMatchError, match="the data names 2 classes 'circle' \\(labels 0, 2.*merge them"):
+        initial_state(source, SOURCE, config, own, twice_here, "by_name")
+    twice_there = CategoryMap((1, 2, 3), ("star", "circle", "star"))
+    with pytest.raises(ClassMatchError, match="checkpoint names 2 classes 'star' \\(its labels 0, 2\\).*by_label"):
+        initial_state(source, twice_there, config, own, TARGET, "by_name")
+    unused = initial_state(source, twice_there, config, own, CategoryMap((1, 2, 3), ("circle", "cross", "ring")),
+                           "by_name")  # the repeated name is not the data's: nothing to choose
+    assert unused.carried_classes == ["circle"]
+    for init_classes in ("by_label", "fresh"):
+        initial_state(source, twice_there, config, own, twice_here, init_classes)
+    assert issubclass(ClassMatchError, expected_errors())
+
+    path = save_checkpoint(tiny_model("dfine", category_map=twice_there), tmp_path / "twice.ckpt")
+    with pytest.raises(ClassMatchError, match="'star'"):
+        DetrSystem(detr=CONFIGS["dfine"].replace(num_classes=3), category_map=TARGET, init_checkpoint=str(path))
+
+
+def test_the_report_says_what_was_kept_and_how() -> None:
+    config = tiny_config_with(num_classes=3)
+    source, own = _source_state(config), build_detr(config).state_dict()
+    by_name = initial_state(source, SOURCE, config, own, TARGET, "by_name")
+    assert class_report(by_name, "a.ckpt", "by_name") == \
+        "init_checkpoint: 2 classes start from a.ckpt's rows (by name: Star, circle), 1 fresh: cross"
+    unnamed = initial_state(source, None, config, own, TARGET, "by_name")
+    assert class_report(unnamed, "a.pth", "by_name") == (
+        "init_checkpoint: 3 classes start from a.pth's rows (by label: a side names no classes: cross, Star, circle), "
+        "0 fresh")
+    fresh = initial_state(source, SOURCE, config, own, TARGET, "fresh")
+    assert class_report(fresh, "a.ckpt", "fresh") == \
+        "init_checkpoint: 0 classes start from a.ckpt's rows (init_classes=fresh), 3 fresh: cross, Star, circle"

@@ -447,6 +447,17 @@ def test_checkpoint_classes_against_the_json() -> None:
     assert checkpoint_class_problems(dict(enumerate(coco.names)), unnamed, "yolo.json") == []
 
 
+def test_checkpoint_classes_that_match_no_single_row_by_name_are_errors() -> None:
+    """The names detr fit refuses to match by name (detr.checkpoints.finetune.check_class_match) are an error here."""
+    checkpoint = CheckpointClasses("parts.ckpt", 3, CategoryMap((1, 2, 3), ("dent", "crack", "Dent")))
+    [problem] = checkpoint_class_problems({1: "dent", 2: "scratch"}, checkpoint, "parts.json")
+    assert (problem.severity, problem.kind) == ("error", "checkpoint_class_names")
+    assert "the checkpoint names 2 classes 'dent' (its labels 0, 2)" in problem.message
+    [problem] = checkpoint_class_problems({1: "crack", 2: "scratch", 3: "Crack"}, checkpoint, "parts.json")
+    assert "the data names 2 classes 'crack' (labels 0, 2" in problem.message and "merge them" in problem.message
+    assert checkpoint_class_problems({1: "crack"}, checkpoint, "parts.json") == []  # its 'dent' is not the data's
+
+
 def test_cli_reads_the_checkpoint_classes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = build_detr(tiny_config_with(num_classes=2))
     model.meta = ModelMeta(category_map=CategoryMap((1, 2), ("dent", "crack")))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from detr.categories import CategoryMap
+from detr.data.augmentations import AUGMENTATIONS
 from detr.data.coco import CocoDetection
 from detr.data.shapes import SHAPE_NAMES, ShapesConfig, write_shapes_dataset
 from detr.lightning.datamodule import AUTHORS_SIZES, DetrDataModule, sizes_for
@@ -347,3 +349,23 @@ def test_keypoints_option_gives_normalised_keypoints_in_every_training_pipeline(
     assert DetrDataModule(root=str(tmp_path), **SMALL).num_keypoints_per_class == []  # without the option
     with pytest.raises(ValueError, match="--data.keypoints true with --data.augmentation deim"):
         DetrDataModule(root=str(tmp_path), keypoints=True, augmentation="deim", square_size=64)
+
+
+def test_the_data_module_compares_no_augmentation_name() -> None:
+    """The data module asks the record (issue 56: no family name compared outside the family's own code)."""
+    names = set(AUGMENTATIONS) - {"default"}
+    tree = ast.parse((REPO / "detr" / "lightning" / "datamodule.py").read_text())
+    compared = [f"line {node.lineno}" for node in ast.walk(tree)
+                if isinstance(node, ast.Compare)
+                and any(isinstance(side, ast.Constant) and side.value in names
+                        or isinstance(side, (ast.Tuple, ast.List, ast.Set))
+                        and any(isinstance(item, ast.Constant) and item.value in names for item in side.elts)
+                        for side in (node.left, *node.comparators))]
+    assert not compared, f"detr/lightning/datamodule.py compares against an augmentation's name: {compared}"
+
+
+def test_an_augmentation_that_draws_mosaics_refuses_masks_in_one_line(shapes_root: Path) -> None:
+    with pytest.raises(ValueError, match="--data.masks true with --data.augmentation deim: its mosaic moves boxes "
+                                         "only; train masks with --data.augmentation rtdetr") as error:
+        DetrDataModule(root=str(shapes_root), square_size=64, augmentation="deim", masks=True)
+    assert "\n" not in str(error.value)

@@ -8,7 +8,11 @@ import torch
 
 from detr import build_detr
 from detr.models.config import DetrConfig
-from detr.models.deformable.attention import MultiScaleDeformableAttention, deformable_sampling, use_bilinear_kernel
+from detr.models.layers.deformable_attention import (
+    MultiScaleDeformableAttention,
+    deformable_sampling,
+    use_bilinear_kernel,
+)
 from tests.helpers import tiny_config_with
 
 TINY_DEFORMABLE = tiny_config_with(architecture="deformable", class_head="sigmoid", num_points=2, dropout=0.0)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import detr.models.anchor.denoising as denoising
 from detr import build_detr
 from detr.loss.criterion import SetCriterion
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, denoising_indices
-from detr.models.anchor.denoising import DenoisingMeta, DenoisingQueries, denoising_attention_mask
+import detr.models.anchor.denoising as denoising
+from detr.models.anchor.denoising import DenoisingQueries
+from detr.models.layers.denoising import DenoisingMeta, denoising_attention_mask
 from tests.helpers import tiny_config_with
 
 TINY = tiny_config_with(num_queries=6, num_classes=4, dropout=0.0)

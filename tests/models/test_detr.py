@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
+from detr.models.layers.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 from tests.helpers import tiny_config_with
 from tests.reference_detr import ReferenceDETR, sine_position_encoding
 
@@ -85,7 +85,8 @@ def test_dropout_drops_each_element_with_probability_p_and_scales_the_rest():
     """The CPU dropout's draw (31-bit integers against p · 2³¹): each element kept with probability 1 - p (within
     five standard deviations over 400,000), kept ones scaled by exactly 1 / (1 - p), dropped ones 0, the gradient
     through the same mask; the same seed, the same mask; nothing dropped outside training."""
-    from detr.models.transformer import Dropout, dropout
+    from detr.models.layers.attention import Dropout
+    from detr.models.layers.cpu_kernels import dropout
 
     count, p = 400_000, 0.1
     x = torch.ones(count, requires_grad=True)

@@ -9,9 +9,9 @@ import torch
 
 from detr import build_detr
 from detr.models.config import DetrConfig
-from detr.models.deformable.attention import MultiScaleDeformableAttention, deformable_sampling
 from detr.models.dfine.decoder import distance_to_box, edge_distances, weighting_function
 from detr.models.dfine.hgnetv2 import SIZES, HGNetV2, LearnableAffineBlock
+from detr.models.layers.deformable_attention import MultiScaleDeformableAttention, deformable_sampling
 
 TINY_DFINE = DetrConfig(architecture="dfine", class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32,
                         num_heads=4, dim_feedforward=48, num_decoder_layers=3, num_queries=20, num_classes=5,

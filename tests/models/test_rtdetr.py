@@ -9,7 +9,7 @@ import torch
 
 from detr import build_detr
 from detr.models.config import DetrConfig
-from detr.models.deformable.attention import deformable_sampling
+from detr.models.layers.deformable_attention import deformable_sampling
 from detr.models.rtdetr.decoder import anchors_for
 from detr.models.rtdetr.hybrid_encoder import RepVggBlock, sincos_position_embedding
 from detr.models.rtdetr.resnet_vd import ResNetVd

@@ -6,7 +6,15 @@ import itertools
 
 import torch
 
-from detr.visualize.drawing import LEGEND_PREDICTED, LEGEND_TRUE, draw_detections, label_rectangles
+from detr.inference.prediction import Prediction
+from detr.visualize.drawing import (
+    LEGEND_PREDICTED,
+    LEGEND_TRUE,
+    draw_detections,
+    draw_tracks,
+    label_color,
+    label_rectangles,
+)
 
 
 def _overlap(a, b) -> bool:
@@ -80,3 +88,14 @@ def test_keypoints_are_drawn_with_their_skeleton_in_the_label_colour_and_hidden_
     assert torch.equal(drawn[:, 60, 20], colour)  # a point's centre (its rim is white)
     assert not drawn[:, 10, 60].any() and not drawn[:, 35, 80].any()  # the hidden point and its line are not drawn
     assert not draw_prediction(image, prediction, skeleton=None)[:, 60, 60].any()  # points only
+
+
+def test_a_tracked_frame_draws_tracked_boxes_in_their_tracks_colours_and_the_trails() -> None:
+    image = torch.full((3, 96, 128), 255, dtype=torch.uint8)
+    prediction = Prediction(boxes=torch.tensor([[10.0, 40.0, 30.0, 60.0], [70.0, 40.0, 90.0, 60.0]]),
+                            scores=torch.tensor([0.9, 0.8]), labels=torch.tensor([0, 0]), label_names=["a", "a"],
+                            query_indices=torch.arange(2), image_size=(96, 128), track_ids=torch.tensor([3, -1]))
+    drawn = draw_tracks(image, prediction, {3: [(20.0, 90.0), (60.0, 90.0)], 5: [(100.0, 5.0), (120.0, 5.0)]})
+    pixels = {tuple(drawn[:, y, x].tolist()) for y, x in ((40, 20), (90, 40), (5, 110))}
+    assert tuple(label_color(3)) in pixels and tuple(label_color(5)) in pixels  # box top edge, both trails
+    assert drawn[:, 40:61, 70:91].eq(255).all()  # the untracked detection is not drawn

@@ -31,23 +31,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from detr.box_ops import inverse_sigmoid
-from detr.models.mlp import MLP
-from detr.models.position_encoding import sine_embedding
-from detr.models.transformer import (
-    Dropout,
-    FeatureMapTransformer,
-    TransformerEncoder,
-    attention_with_weights,
-    fused_attention,
-    xavier_init_,
-)
+from detr.models.layers.attention import Dropout, attention_with_weights, fused_attention
+from detr.models.layers.mlp import MLP
+from detr.models.layers.position_encoding import sine_embedding
+from detr.models.transformer import FeatureMapTransformer, TransformerEncoder, xavier_init_
 
 
 def anchor_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:
     """Sine embedding of normalised boxes, DETR's sine encoding applied to each coordinate.
 
     boxes float [..., 4] normalised cxcywh → float [..., 4 · num_feats], ordered (y, x, w, h) as DAB-DETR
-    (y first, like :class:`detr.models.position_encoding.PositionEmbeddingSine`, so the x/y half lines up
+    (y first, like :class:`detr.models.layers.position_encoding.PositionEmbeddingSine`, so the x/y half lines up
     with the key positions). Each coordinate is scaled by 2π; channel i uses frequency
     ``temperature ** (2 ⌊i/2⌋ / num_feats)``, sin on even and cos on odd channels (interleaved).
     """

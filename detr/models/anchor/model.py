@@ -20,11 +20,12 @@ import torch
 from torch import nn
 
 from detr.models.anchor.decoder import AnchorTransformer
-from detr.models.anchor.denoising import DenoisingMeta, DenoisingQueries
+from detr.models.anchor.denoising import DenoisingQueries
 from detr.models.backbone import Joiner
 from detr.models.config import ClassHead, QueryType
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.detector import Targets
+from detr.models.layers.denoising import DenoisingMeta
 from detr.models.single_scale import DecodedQueries, SingleScaleDetector
 
 
@@ -61,7 +62,7 @@ class AnchorDETR(SingleScaleDetector):
       (a matcher built with ``group_size=Q`` matches each group on its own);
     - with denoising (``targets`` required: labels int64 [T], boxes float [T, 4] normalised cxcywh per
       image): ``denoising``, the denoising queries' predictions (logits [B, D, ·], boxes [B, D, 4], their
-      aux layers; D = meta.num_queries) and their layout (:class:`detr.models.anchor.denoising.DenoisingMeta`).
+      aux layers; D = meta.num_queries) and their layout (:class:`detr.models.layers.denoising.DenoisingMeta`).
 
     Attention maps cover the matching queries only. Attributes as :class:`SingleScaleDetector`'s
     (``query_type`` is "anchor"), plus ``query_groups`` and ``denoising``.

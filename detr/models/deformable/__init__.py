@@ -1,2 +1,2 @@
-"""Deformable DETR: multi-scale deformable attention (:mod:`.attention`), its encoder and decoder
-(:mod:`.transformer`) and the detector (:mod:`.model`)."""
+"""Deformable DETR: its encoder and decoder (:mod:`.transformer`) over the shared multi-scale deformable attention
+(:mod:`detr.models.layers.deformable_attention`), and the detector (:mod:`.model`)."""

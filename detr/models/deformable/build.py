@@ -13,7 +13,7 @@ from detr.models.deformable.transformer import (
     DeformableEncoderLayer,
     DeformableTransformer,
 )
-from detr.models.position_encoding import PositionEmbeddingSine
+from detr.models.layers.position_encoding import PositionEmbeddingSine
 
 
 def build_deformable_detr(config: DetrConfig) -> DeformableDETR:

@@ -24,10 +24,10 @@ from torch import nn
 from detr.box_ops import inverse_sigmoid
 from detr.models.backbone import Joiner, downsample_mask
 from detr.models.config import PRIOR_BIAS, ClassHead
-from detr.models.deformable.attention import MultiScaleDeformableAttention
 from detr.models.deformable.transformer import REFERENCE_EPS, DeformableTransformer
 from detr.models.detector import Detector, check_inputs
-from detr.models.mlp import MLP
+from detr.models.layers.deformable_attention import MultiScaleDeformableAttention
+from detr.models.layers.mlp import MLP
 from detr.models.outputs import DetectorOutput, LayerOutput, SamplingOutput, stack_layers
 
 #: The backbone stages that feed the levels, finest first (strides 8, 16, 32).

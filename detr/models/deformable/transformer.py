@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from detr.box_ops import inverse_sigmoid
-from detr.models.deformable.attention import MultiScaleDeformableAttention, SpatialShapes
-from detr.models.position_encoding import sine_embedding
-from detr.models.transformer import Dropout
+from detr.models.layers.attention import Dropout
+from detr.models.layers.deformable_attention import MultiScaleDeformableAttention, SpatialShapes
+from detr.models.layers.position_encoding import sine_embedding
 
 #: inverse_sigmoid's eps in the authors' and transformers' Deformable DETR.
 REFERENCE_EPS = 1e-5

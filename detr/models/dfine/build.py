@@ -12,7 +12,7 @@ from detr.models.dfine.dinov3 import DINOv3Backbone
 from detr.models.dfine.encoder import LiteEncoder, deimv2_hybrid_encoder, dfine_hybrid_encoder
 from detr.models.dfine.hgnetv2 import HGNetV2
 from detr.models.dfine.model import DFINE
-from detr.models.mlp import MLP
+from detr.models.layers.mlp import MLP
 
 
 def build_dfine(config: DetrConfig) -> DFINE:

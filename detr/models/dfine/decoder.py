@@ -36,10 +36,11 @@ from torchvision.ops import box_convert
 
 from detr.box_ops import inverse_sigmoid
 from detr.models.config import PRIOR_BIAS, SamplingMethod
-from detr.models.deformable.attention import MultiScaleDeformableAttention, SpatialShapes
-from detr.models.mlp import MLP
+from detr.models.layers.decoder_layer import DecoderLayer
+from detr.models.layers.deformable_attention import MultiScaleDeformableAttention, SpatialShapes
+from detr.models.layers.mlp import MLP
 from detr.models.outputs import DistributionOutput, LayerOutput
-from detr.models.rtdetr.decoder import REFERENCE_EPS, DecoderLayer, DecoderOutput, RTDETRDecoder
+from detr.models.rtdetr.decoder import REFERENCE_EPS, DecoderOutput, RTDETRDecoder
 
 #: The clamp of the query positions (the authors').
 POSITION_CLAMP = 10.0

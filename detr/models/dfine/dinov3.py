@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.models.rtdetr.resnet_vd import ConvNorm, fold_batch_norms
+from detr.models.layers.conv_norm import ConvNorm, fold_batch_norms
+
 
 PATCH_SIZE = 16
 

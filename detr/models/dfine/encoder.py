@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.models.layers.conv_norm import ConvNorm
 from detr.models.rtdetr.hybrid_encoder import CSPRepLayer, HybridEncoder, RepVggBlock
-from detr.models.rtdetr.resnet_vd import ConvNorm
 
 
 class RepNCSPELAN4(nn.Module):

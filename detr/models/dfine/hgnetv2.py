@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from detr.models.backbone import fold_norm_into_conv
+from detr.models.layers.conv_norm import fold_norm_into_conv
 
 
 @dataclass(frozen=True)

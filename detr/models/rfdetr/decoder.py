@@ -8,7 +8,7 @@ size, size · exp(d_wh): no sigmoid, no logits); the ``num_queries`` best cells'
 by the learned ``reference_points`` (same parameterisation) into the decoder's reference boxes. The content queries
 are learned (``query_embed``), not the cells' features.
 
-Decoder: RT-DETR's post-norm layers (:class:`detr.models.rtdetr.decoder.DecoderLayer`: self-attention, the shared
+Decoder: RT-DETR's post-norm layers (:class:`detr.models.layers.decoder_layer.DecoderLayer`: self-attention, the shared
 deformable cross-attention around the reference box, ReLU FFN), with separate self- and cross-attention head
 counts. The reference boxes are not refined between layers: each query's position (an MLP of the boxes' sine
 embedding) is computed once, and every layer's output (after the shared LayerNorm ``norm``) is read by the same
@@ -31,10 +31,11 @@ import torch
 from torch import nn
 
 from detr.models.config import PRIOR_BIAS
-from detr.models.deformable.attention import SpatialShapes
-from detr.models.mlp import MLP
-from detr.models.position_encoding import sine_embedding
-from detr.models.rtdetr.decoder import ANCHOR_MARGIN, ANCHOR_SIZE, DecoderLayer
+from detr.models.layers.cell_anchors import cell_anchors
+from detr.models.layers.decoder_layer import DecoderLayer
+from detr.models.layers.deformable_attention import SpatialShapes
+from detr.models.layers.mlp import MLP
+from detr.models.layers.position_encoding import sine_embedding
 from detr.models.size_constants import SizeConstants
 
 
@@ -46,16 +47,9 @@ def refine_boxes(boxes: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
 def proposals_for(spatial_shapes: SpatialShapes, *, device: torch.device | None = None,
                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """Every cell's proposal box of the levels → boxes [1, S, 4] (cxcywh, side 0.05 · 2^level, 0 where invalid),
-    valid bool [1, S, 1] (every coordinate within (0.01, 0.99))."""
-    levels = []
-    for level, (height, width) in enumerate(spatial_shapes):
-        rows, columns = torch.meshgrid(torch.arange(height, device=device).to(dtype),
-                                       torch.arange(width, device=device).to(dtype), indexing="ij")
-        centres = torch.stack([(columns + 0.5) / width, (rows + 0.5) / height], -1)
-        sizes = torch.full_like(centres, ANCHOR_SIZE * 2.0 ** level)
-        levels.append(torch.cat([centres, sizes], -1).reshape(1, height * width, 4))
-    boxes = torch.cat(levels, 1)
-    valid = ((boxes > ANCHOR_MARGIN) & (boxes < 1 - ANCHOR_MARGIN)).all(-1, keepdim=True)
+    valid bool [1, S, 1] (every coordinate within (0.01, 0.99)): :func:`~detr.models.layers.cell_anchors.cell_anchors`
+    with the invalid boxes zeroed."""
+    boxes, valid = cell_anchors(spatial_shapes, device=device, dtype=dtype)
     return boxes.masked_fill(~valid, 0.0), valid
 
 

@@ -2,15 +2,16 @@
 
 Query selection: every cell of the encoder's maps (flattened, finest first) goes through ``enc_output`` (linear +
 LayerNorm), a class head and a box head whose output is added to the cell's anchor (its centre, and a size of
-0.05 · 2^level, in logits); the ``num_queries`` cells with the best class score become the decoder's queries:
-their features as content (detached) and their boxes as the first reference boxes. Anchors within 1 % of the
-border are invalid: their cells are zeroed before the heads and their box logits pushed to the largest float.
+0.05 · 2^level, in logits: :mod:`detr.models.layers.cell_anchors`); the ``num_queries`` cells with the best class
+score become the decoder's queries: their features as content (detached) and their boxes as the first reference
+boxes. Anchors within 1 % of the border are invalid: their cells are zeroed before the heads and their box logits
+pushed to the largest float.
 
-Decoder: post-norm layers of self-attention among queries (positions from an MLP of the reference box, added to
-queries and keys), multi-scale deformable cross-attention around the reference box (the shared
-:class:`~detr.models.deformable.attention.MultiScaleDeformableAttention`, one reference box for every level),
-and a ReLU FFN; after layer i, ``dec_bbox_head.i`` refines the box (a delta in logit space) and
-``dec_score_head.i`` classifies. The refined box, detached, is the next layer's reference.
+Decoder: post-norm layers (:class:`~detr.models.layers.decoder_layer.DecoderLayer`) of self-attention among
+queries (positions from an MLP of the reference box, added to queries and keys), multi-scale deformable
+cross-attention around the reference box (one reference box for every level), and a ReLU FFN; after layer i,
+``dec_bbox_head.i`` refines the box (a delta in logit space) and ``dec_score_head.i`` classifies. The refined box,
+detached, is the next layer's reference.
 
 Parameter names are the authors' (``src/zoo/rtdetr/rtdetrv2_decoder.py``): ``input_proj.{l}.{conv,norm}``,
 ``decoder.layers.{i}.{self_attn,norm1,cross_attn,norm2,linear1,linear2,norm3}``, ``query_pos_head``,
@@ -25,21 +26,19 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from detr.box_ops import inverse_sigmoid
 from detr.models.config import PRIOR_BIAS, SamplingMethod
-from detr.models.deformable.attention import MultiScaleDeformableAttention, SpatialShapes
-from detr.models.mlp import MLP
+from detr.models.layers.cell_anchors import cell_anchors
+from detr.models.layers.decoder_layer import DecoderLayer
+from detr.models.layers.deformable_attention import SpatialShapes
+from detr.models.layers.denoising import DenoisingMeta
+from detr.models.layers.mlp import MLP
 from detr.models.outputs import DistributionOutput
-from detr.models.rtdetr.denoising import DenoisingMeta, contrastive_denoising_queries
+from detr.models.rtdetr.denoising import contrastive_denoising_queries
 from detr.models.size_constants import SizeConstants
-from detr.models.transformer import MultiheadAttention
 
-#: Anchor sizes: 0.05 of the image at the finest level, doubling per level; anchors whose centre or size lies
-#: within ANCHOR_MARGIN of 0 or 1 are invalid (the authors' grid_size and eps).
-ANCHOR_SIZE, ANCHOR_MARGIN = 0.05, 0.01
 #: The clamp of inverse_sigmoid for reference boxes (the authors' 1e-5).
 REFERENCE_EPS = 1e-5
 
@@ -47,16 +46,8 @@ REFERENCE_EPS = 1e-5
 def anchors_for(spatial_shapes: SpatialShapes, *, device: torch.device | None = None,
                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """Every cell's anchor box in logits and whether it is valid → anchors [1, S, 4] (cx, cy, w, h; invalid:
-    the dtype's largest value), valid bool [1, S, 1]."""
-    anchors = []
-    for level, (height, width) in enumerate(spatial_shapes):
-        rows, columns = torch.meshgrid(torch.arange(height, device=device).to(dtype),
-                                       torch.arange(width, device=device).to(dtype), indexing="ij")
-        centres = torch.stack([(columns + 0.5) / width, (rows + 0.5) / height], -1)  # [h, w, 2] (x, y)
-        sizes = torch.full_like(centres, ANCHOR_SIZE * 2.0 ** level)
-        anchors.append(torch.cat([centres, sizes], -1).reshape(1, height * width, 4))
-    boxes = torch.cat(anchors, 1)
-    valid = ((boxes > ANCHOR_MARGIN) & (boxes < 1 - ANCHOR_MARGIN)).all(-1, keepdim=True)
+    the dtype's largest value), valid bool [1, S, 1] (:func:`~detr.models.layers.cell_anchors.cell_anchors`)."""
+    boxes, valid = cell_anchors(spatial_shapes, device=device, dtype=dtype)
     logits = torch.log(boxes / (1 - boxes))
     largest = torch.full((), torch.finfo(dtype).max, dtype=dtype, device=device)
     return torch.where(valid, logits, largest), valid
@@ -67,50 +58,6 @@ def _anchors_and_mask(spatial_shapes: tuple[tuple[int, int], ...], *, device: to
     """:func:`anchors_for`, the valid mask in ``dtype`` (1.0 valid, 0.0 not): what query selection multiplies by."""
     anchors, valid = anchors_for(list(spatial_shapes), device=device, dtype=dtype)
     return anchors, valid.to(dtype)
-
-
-class DecoderLayer(nn.Module):
-    """Self-attention → deformable cross-attention → FFN, each with a residual and a LayerNorm after it
-    (``cross_attention_heads``: the cross-attention's heads when they differ from the self-attention's, as
-    RF-DETR's 16 beside 8)."""
-
-    def __init__(self, hidden_dim: int, num_heads: int, num_levels: int, num_points: int, dim_feedforward: int,
-                 dropout: float = 0.0, *, offset_scale: float = 0.5, sampling_method: SamplingMethod = "bilinear",
-                 cross_attention_heads: int | None = None) -> None:
-        super().__init__()
-        self.self_attn = MultiheadAttention(hidden_dim, num_heads, dropout=dropout)
-        self.norm1 = nn.LayerNorm(hidden_dim)
-        self.cross_attn = MultiScaleDeformableAttention(hidden_dim, cross_attention_heads or num_heads, num_levels,
-                                                        num_points, offset_scale=offset_scale,
-                                                        sampling_method=sampling_method)
-        self.norm2 = nn.LayerNorm(hidden_dim)
-        self.linear1 = nn.Linear(hidden_dim, dim_feedforward)
-        self.linear2 = nn.Linear(dim_feedforward, hidden_dim)
-        self.norm3 = nn.LayerNorm(hidden_dim)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, target: torch.Tensor, query_pos: torch.Tensor, reference_boxes: torch.Tensor,
-                memory: torch.Tensor, spatial_shapes: SpatialShapes, self_attn_mask: torch.Tensor | None = None,
-                return_sampling: bool = False, query_groups: int = 1
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        """target, query_pos [B, Q, C]; reference_boxes [B, Q, 1, 4] cxcywh in [0, 1]; memory [B, S, C] →
-        target [B, Q, C] and, with ``return_sampling``, the cross-attention's (locations, weights).
-        ``query_groups`` G > 1: the Q queries are G groups (Group DETR, as RF-DETR trains), each attending only
-        within itself: the groups go through the self-attention as separate batch entries, as the authors do."""
-        q = k = target + query_pos
-        if query_groups > 1:
-            batch, length, dim = target.shape
-            q, k, v = (x.reshape(batch * query_groups, length // query_groups, dim) for x in (q, k, target))
-            attended = self.self_attn(q, k, v, self_attn_mask)[0].reshape(batch, length, dim)
-        else:
-            attended = self.self_attn(q, k, target, self_attn_mask)[0]
-        target = self.norm1(target + self.dropout(attended))
-        attended, sampling = self.cross_attn(target + query_pos, reference_boxes, memory, spatial_shapes,
-                                             return_sampling=return_sampling)
-        target = self.norm2(target + self.dropout(attended))
-        ffn = self.linear2(self.dropout(F.relu(self.linear1(target))))
-        # the authors clamp to float16's range before the last norm, so that half-precision runs stay finite
-        return self.norm3((target + self.dropout(ffn)).clamp(min=-65504, max=65504)), sampling
 
 
 class TransformerDecoder(nn.Module):

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from detr.box_ops import cxcywh_to_xyxy, inverse_sigmoid, xyxy_to_cxcywh
-from detr.models.anchor.denoising import DenoisingMeta, denoising_attention_mask
+from detr.models.layers.denoising import DenoisingMeta, denoising_attention_mask
 
 
 def contrastive_denoising_queries(targets: list[dict[str, torch.Tensor]], class_embed: nn.Embedding, *,

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.models.rtdetr.resnet_vd import ConvNorm
+from detr.models.layers.conv_norm import ConvNorm
 from detr.models.size_constants import SizeConstants
 from detr.models.transformer import TransformerEncoderLayer
 

@@ -18,10 +18,11 @@ from torch import nn
 from detr.models.config import ClassHead
 from detr.models.detector import Detector
 from detr.models.inputs import InputSpec
+from detr.models.layers.conv_norm import fold_batch_norms
 from detr.models.outputs import DenoisingOutput, DetectorOutput, LayerOutput, SamplingOutput, stack_layers
 from detr.models.rtdetr.decoder import RTDETRDecoder
 from detr.models.rtdetr.hybrid_encoder import HybridEncoder
-from detr.models.rtdetr.resnet_vd import ResNetVd, fold_batch_norms
+from detr.models.rtdetr.resnet_vd import ResNetVd
 
 #: The authors' evaluation size: images resized to a 640 × 640 square.
 EVAL_SIZE = 640

@@ -8,22 +8,21 @@ ones, with the bottleneck's stride on its 3×3 convolution.
 
 Parameter names are the authors' (lyuwenyu/RT-DETR, ``src/nn/backbone/presnet.py``): ``conv1.conv1_{1,2,3}``,
 ``res_layers.{stage}.blocks.{block}.branch2{a,b,c}`` and ``short`` (``short.conv`` behind the pooling), each a
-:class:`ConvNorm` with ``conv`` and ``norm``.
+:class:`~detr.models.layers.conv_norm.ConvNorm` with ``conv`` and ``norm``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops.misc import FrozenBatchNorm2d
 
-from detr.models.backbone import fold_norm_into_conv, norm_layer
+from detr.models.backbone import norm_layer
 from detr.models.config import BackboneName, BackboneNorm
+from detr.models.layers.conv_norm import ConvNorm, Norm
 
 #: Blocks per stage and whether they are bottlenecks, per depth (as torchvision's ResNets).
 DEPTHS: dict[str, tuple[tuple[int, int, int, int], bool]] = {
@@ -34,42 +33,6 @@ DEPTHS: dict[str, tuple[tuple[int, int, int, int], bool]] = {
 }
 #: The stages' base widths (a bottleneck's output is 4 times its base width).
 _WIDTHS = (64, 128, 256, 512)
-
-Norm = Callable[[int], nn.Module]
-
-
-class ConvNorm(nn.Module):
-    """Convolution (no bias, "same" padding for odd kernels, ``groups``) → norm → optional activation: ``conv``,
-    ``norm``."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, *,
-                 norm: Norm = nn.BatchNorm2d, activation: nn.Module | None = None, groups: int = 1) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=(kernel_size - 1) // 2,
-                              groups=groups, bias=False)
-        self.norm = norm(out_channels)
-        self.activation = activation if activation is not None else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.norm(self.conv(x)))
-
-
-@torch.no_grad()
-def fold_batch_norms(module: nn.Module) -> int:
-    """Fold every (eval-mode or frozen) BatchNorm that directly follows a convolution inside ``module`` (a
-    :class:`ConvNorm`'s ``norm``, or the ``norm`` beside a ``conv`` in a Sequential) into that convolution, for
-    inference: ``w' = w · s``, ``b' = β − μ · s``, ``s = γ / sqrt(σ² + eps)``, one pass over the activations
-    fewer per layer. Outputs change only by float rounding; the state dict loses the authors' layout. Returns
-    how many were folded."""
-    folded = 0
-    for parent in list(module.modules()):
-        conv, norm = getattr(parent, "conv", None), getattr(parent, "norm", None)
-        if not isinstance(conv, nn.Conv2d) or not isinstance(norm, (nn.BatchNorm2d, FrozenBatchNorm2d)):
-            continue
-        fold_norm_into_conv(conv, norm)
-        parent.norm = nn.Identity()
-        folded += 1
-    return folded
 
 
 def _shortcut(in_channels: int, out_channels: int, stride: int, norm: Norm) -> nn.Module:

@@ -27,7 +27,7 @@ builds the [·, D, Q, L·P] samples (5 to 7× faster than grid_sample on the enc
 benchmarks/deformable_attention.py; its backward is slower than grid_sample's). The default, ``"auto"``, is
 "embedding_bag" when no gradient is asked for (inference, validation) and grid_sample otherwise; exports write
 grid_sample or the gathers (:func:`detr.checkpoints.export.prepare_for_export`). :func:`use_bilinear_kernel`
-switches a model's modules.
+switches a model's modules. The two kernels other than grid_sample are in :mod:`detr.models.layers.cpu_kernels`.
 
 D-FINE (Peng et al. 2024) adds two more: a point count per level (``num_points=(3, 6, 3)``: more points on the
 middle level) with offsets scaled by 1 / that level's count, and no value or output projection
@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.models.layers.cpu_kernels import bilinear_gather, embedding_bag_sampling
 from detr.models.size_constants import SizeConstants
 
 #: (height, width) of each feature level, finest first.
@@ -74,101 +75,6 @@ def _nearest_cells(level_value: torch.Tensor, locations: torch.Tensor) -> torch.
     return level_value.flatten(2).gather(2, index).view(count, channels, queries, points)
 
 
-def _bilinear_cells(level_value: torch.Tensor, locations: torch.Tensor) -> torch.Tensor:
-    """``grid_sample(level_value, 2 · locations − 1, "bilinear", padding_mode="zeros", align_corners=False)``
-    as four gathers: level_value [N, D, h, w], locations [N, Q, P, 2] (x, y) in [0, 1] → [N, D, Q, P].
-
-    The map gets a border of zeros one cell wide, so a neighbour outside the map reads 0 (any farther one is
-    clamped onto that border) and no mask is needed."""
-    count, channels, height, width = level_value.shape
-    _, queries, points, _ = locations.shape
-    padded = F.pad(level_value, (1, 1, 1, 1)).flatten(2)  # [N, D, (h + 2)·(w + 2)]
-    x = locations[..., 0] * width - 0.5  # pixel centres at integers (align_corners=False)
-    y = locations[..., 1] * height - 0.5
-    x0, y0 = x.floor(), y.floor()
-    fx, fy = x - x0, y - y0
-    column = (x0 + 1).to(torch.int64)  # in the padded map
-    row = (y0 + 1).to(torch.int64)
-    output = level_value.new_zeros(count, channels, queries, points)
-    for dy, weight_y in ((0, 1 - fy), (1, fy)):
-        rows = (row + dy).clamp(0, height + 1) * (width + 2)
-        for dx, weight_x in ((0, 1 - fx), (1, fx)):
-            index = (rows + (column + dx).clamp(0, width + 1)).reshape(count, 1, queries * points)
-            cells = padded.gather(2, index.expand(count, channels, queries * points))
-            output = output + cells.view(count, channels, queries, points) * (weight_y * weight_x).unsqueeze(1)
-    return output
-
-
-def _bag_constants(spatial_shapes: SpatialShapes, points_per_level: Sequence[int], *, device: torch.device,
-                   dtype: torch.dtype, index_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """What :func:`_embedding_bag_sampling` reads per point [ΣP, ...] in a table whose levels have a border of zeros
-    one cell wide: its level's (w, h) and (w − 1, h − 1) in ``dtype``; the row of its level's cell (0, 0) within one
-    head's table, and its level's bordered row length (w + 2), in ``index_dtype``."""
-    first_cells, row_lengths, sizes = [], [], []
-    start = 0
-    for (height, width), count in zip(spatial_shapes, points_per_level):
-        first_cells += [start + (width + 2) + 1] * count  # (0, 0) is one row and one column into the border
-        row_lengths += [width + 2] * count
-        sizes += [(width, height)] * count
-        start += (height + 2) * (width + 2)
-    size = torch.tensor(sizes, dtype=dtype, device=device)
-    return (size, size - 1, torch.tensor(first_cells, dtype=index_dtype, device=device),
-            torch.tensor(row_lengths, dtype=index_dtype, device=device))
-
-
-def _bordered_table(value: torch.Tensor, spatial_shapes: SpatialShapes) -> torch.Tensor:
-    """value [B, S, H, D] → rows [B·H·Σ (h + 2)(w + 2), D]: per image and head, each level's map with a border of
-    zeros one cell wide, levels one after another."""
-    batch, _, heads, head_dim = value.shape
-    levels = value.split([height * width for height, width in spatial_shapes], dim=1)
-    bordered = [F.pad(level.view(batch, height, width, heads, head_dim).permute(0, 3, 1, 2, 4), (0, 0, 1, 1, 1, 1))
-                .flatten(2, 3) for level, (height, width) in zip(levels, spatial_shapes)]  # [B, H, (h + 2)(w + 2), D]
-    return torch.cat(bordered, 2).reshape(-1, head_dim)
-
-
-def _embedding_bag_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, locations: torch.Tensor,
-                            weights: torch.Tensor, points_per_level: Sequence[int], method: SamplingMethod
-                            ) -> torch.Tensor:
-    """The sampling and the weighted sum in one ``embedding_bag``: the value's maps, each with a border of zeros,
-    are a table of rows of D; each (image, query, head) is a bag of the cells its points read (the four
-    neighbours of each point for "bilinear", the nearest cell for "discrete"), each weighted by its attention
-    weight times its bilinear weight. A neighbour outside the map reads the border (zero: grid_sample's padding);
-    a point farther out than one cell gets weight 0. value [B, S, H, D], locations [B, Q, H, ΣP, 2] (x, y) in
-    [0, 1], weights [B, Q, H, ΣP] → [B, Q, H·D]; nothing of size [·, D, Q, ΣP] is built."""
-    batch, _, heads, head_dim = value.shape
-    queries = locations.shape[1]
-    table = _bordered_table(value, spatial_shapes)
-    head_rows = table.shape[0] // (batch * heads)  # Σ (h + 2)(w + 2)
-    index_dtype = torch.int32 if table.shape[0] < 2**31 else torch.int64  # int32: half the index arithmetic's bytes
-    size, last, first_cell, row_length = _bag_constants(spatial_shapes, points_per_level, device=value.device,
-                                                        dtype=locations.dtype, index_dtype=index_dtype)
-    first_row = (torch.arange(batch, dtype=index_dtype, device=value.device).view(batch, 1, 1, 1) * heads
-                 + torch.arange(heads, dtype=index_dtype, device=value.device).view(1, 1, heads, 1)) * head_rows
-    first_row = first_row + first_cell  # [B, 1, H, ΣP]: the row of cell (0, 0) of each point's level
-    if method == "discrete":  # the cell holding each location, int(x · w + 0.5) truncated, clamped into the map
-        cell = torch.minimum(torch.addcmul(torch.full_like(size, 0.5), locations, size).nan_to_num_(0.0)
-                             .clamp_(min=0), last).to(index_dtype)
-        index = (cell[..., 1] * row_length + cell[..., 0] + first_row)[..., None]
-        cell_weights = weights[..., None]
-    else:
-        xy = torch.addcmul(torch.full_like(size, -0.5), locations, size)  # pixel centres at integers
-        corner = xy.floor()
-        fraction = xy - corner
-        near = ((corner >= -1) & (corner <= last)).all(-1)  # a neighbour in the map: else every one reads 0
-        corner = torch.minimum(corner.nan_to_num_(-1.0).clamp_(min=-1), last).to(index_dtype)
-        top_left = corner[..., 1] * row_length + corner[..., 0] + first_row
-        offsets = torch.stack((torch.zeros_like(row_length), torch.ones_like(row_length), row_length,
-                               row_length + 1), -1)  # top-left, top-right, bottom-left, bottom-right
-        index = top_left[..., None] + offsets
-        weight_y = torch.stack((1 - fraction[..., 1], fraction[..., 1]), -1) * (weights * near)[..., None]
-        weight_x = torch.stack((1 - fraction[..., 0], fraction[..., 0]), -1)
-        cell_weights = (weight_y[..., :, None] * weight_x[..., None, :]).flatten(-2)
-    bags = batch * queries * heads
-    output = F.embedding_bag(index.reshape(bags, -1), table, mode="sum",
-                             per_sample_weights=cell_weights.reshape(bags, -1).to(table.dtype))
-    return output.view(batch, queries, heads * head_dim)
-
-
 def deformable_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, sampling_locations: torch.Tensor,
                         attention_weights: torch.Tensor, method: SamplingMethod = "bilinear",
                         points_per_level: Sequence[int] | None = None,
@@ -192,7 +98,7 @@ def deformable_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, samp
             tensor.requires_grad for tensor in (value, sampling_locations, attention_weights))
         kernel = "grid_sample" if needs_gradient else "embedding_bag"
     if kernel == "embedding_bag":
-        return _embedding_bag_sampling(value, spatial_shapes, sampling_locations, attention_weights,
+        return embedding_bag_sampling(value, spatial_shapes, sampling_locations, attention_weights,
                                        points_per_level, method)
     queries, total_points = sampling_locations.shape[1], sampling_locations.shape[3]
     # One layout change for every level, each level a view of it (the kernels read strided maps): value [B, S, H, D]
@@ -210,7 +116,7 @@ def deformable_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, samp
         if method == "discrete":
             sampled.append(_nearest_cells(level_value, level_locations[level]))  # [B·H, D, Q, P_l]
         elif kernel == "gather":
-            sampled.append(_bilinear_cells(level_value, level_locations[level]))
+            sampled.append(bilinear_gather(level_value, level_locations[level]))
         else:
             sampled.append(F.grid_sample(level_value, level_locations[level], mode="bilinear",
                                          padding_mode="zeros", align_corners=False))  # [B·H, D, Q, P_l]

@@ -1,4 +1,4 @@
-"""2-D position encodings computed from the padding mask (the authors' models/position_encoding.py).
+"""2-D position encodings computed from the padding mask (the authors' models/layers/position_encoding.py).
 
 Both encodings return ``pos`` float32 [B, hidden_dim, h, w] for a feature map of size h × w.
 """

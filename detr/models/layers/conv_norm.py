@@ -1,0 +1,70 @@
+"""Convolution → BatchNorm → activation (:class:`ConvNorm`), the block of the real-time detectors' backbones and
+encoders (RT-DETR's ResNet-vd and hybrid encoder, D-FINE's encoder blocks, DEIMv2's adapter), and the folding of a
+BatchNorm into the convolution before it (every backbone's: ``bn(conv(x)) = conv'(x)`` with ``w' = w · s`` and
+``b' = β − μ · s``, ``s = γ / sqrt(σ² + eps)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torchvision.ops.misc import FrozenBatchNorm2d
+
+#: A norm layer's constructor: channels → module (nn.BatchNorm2d, FrozenBatchNorm2d, ...).
+Norm = Callable[[int], nn.Module]
+
+
+def folded_weight_and_bias(conv: nn.Conv2d, norm: nn.BatchNorm2d | FrozenBatchNorm2d
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight and bias of ``conv`` followed by the BatchNorm ``norm`` (frozen or in eval mode) as one
+    convolution: ``w · s`` and ``β − μ · s (+ b · s)``, ``s = γ / sqrt(σ² + eps)``."""
+    scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
+    bias = norm.bias - norm.running_mean * scale
+    if conv.bias is not None:
+        bias = bias + conv.bias * scale
+    return conv.weight * scale[:, None, None, None], bias
+
+
+@torch.no_grad()
+def fold_norm_into_conv(conv: nn.Conv2d, norm: nn.BatchNorm2d | FrozenBatchNorm2d) -> None:
+    """Fold the BatchNorm ``norm`` (frozen or in eval mode) that follows ``conv`` into ``conv``'s weight and bias:
+    :func:`folded_weight_and_bias`. The caller removes ``norm``."""
+    weight, bias = folded_weight_and_bias(conv, norm)
+    conv.weight.copy_(weight)
+    conv.bias = nn.Parameter(bias, requires_grad=False)
+
+
+class ConvNorm(nn.Module):
+    """Convolution (no bias, "same" padding for odd kernels, ``groups``) → norm → optional activation: ``conv``,
+    ``norm``."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, *,
+                 norm: Norm = nn.BatchNorm2d, activation: nn.Module | None = None, groups: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=(kernel_size - 1) // 2,
+                              groups=groups, bias=False)
+        self.norm = norm(out_channels)
+        self.activation = activation if activation is not None else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.norm(self.conv(x)))
+
+
+@torch.no_grad()
+def fold_batch_norms(module: nn.Module) -> int:
+    """Fold every (eval-mode or frozen) BatchNorm that directly follows a convolution inside ``module`` (a
+    :class:`ConvNorm`'s ``norm``, or the ``norm`` beside a ``conv`` in a Sequential) into that convolution, for
+    inference: ``w' = w · s``, ``b' = β − μ · s``, ``s = γ / sqrt(σ² + eps)``, one pass over the activations
+    fewer per layer. Outputs change only by float rounding; the state dict loses the authors' layout. Returns
+    how many were folded."""
+    folded = 0
+    for parent in list(module.modules()):
+        conv, norm = getattr(parent, "conv", None), getattr(parent, "norm", None)
+        if not isinstance(conv, nn.Conv2d) or not isinstance(norm, (nn.BatchNorm2d, FrozenBatchNorm2d)):
+            continue
+        fold_norm_into_conv(conv, norm)
+        parent.norm = nn.Identity()
+        folded += 1
+    return folded
