@@ -371,6 +371,12 @@ YOLO_IMAGES: dict[str, dict[str, tuple[tuple[int, int], str | None]]] = {
 }
 
 
+#: COCO's 17 person keypoint names, in its order (left before right).
+COCO_PERSON_KEYPOINTS = ["nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder",
+                         "left_elbow", "right_elbow", "left_wrist", "right_wrist", "left_hip", "right_hip",
+                         "left_knee", "right_knee", "left_ankle", "right_ankle"]
+
+
 def _write_image(path: Path, size: tuple[int, int]) -> None:
     from PIL import Image
 

@@ -10,7 +10,9 @@ COCO json out: the json's file_name entries are relative to the split's image fo
 (train with `--data.train_images FOLDER --data.train_annotations JSON`, or check with `detr-check-data FOLDER JSON`).
 VOC's difficult objects are crowd boxes (ignored by training and evaluation). YOLO out: images/<split>/,
 labels/<split>/ (class cx cy w h, normalised; --segments: polygons as class x1 y1 x2 y2 ...) and data.yaml; crowd
-boxes have no YOLO form and are left out.
+boxes have no YOLO form and are left out. Keypoints go both ways: a json whose categories name keypoints becomes
+YOLO-pose (kpt_shape, flip_idx, kpt_names; each line's points after its box), and a YOLO-pose set becomes COCO
+keypoints (its skeleton is empty: YOLO has none).
 A label line or file that cannot be read stops the conversion, naming it (--skip-bad-labels leaves them out).
 The readers: detr.data.yolo and detr.data.voc; `detr fit --data.format yolo|voc` trains on the data as it is.
 """

@@ -5,6 +5,7 @@
     detr-make-shapes --panoptic           # also COCO panoptic annotations (PNGs + json)
     detr-make-shapes --masks rle --out data/shapes-rle   # instance masks as the drawn pixels (COCO RLE)
     detr-make-shapes --shapes circle,triangle,cross,arrow,semicircle --num-train 200 --seed 1 --out data/new
+    detr-make-shapes --keypoints --out data/shapes-keypoints   # corners and vertices as COCO keypoints
 
 Idempotent: a complete set made with the same parameters is left as it is (--force rewrites it).
 The generator itself: detr.data.shapes (panoptic annotations: detr.data.shapes_panoptic).
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", type=shape_list, default=defaults.shapes, metavar="NAME,NAME,...",
                         help=f"the classes, in category id order (default {','.join(defaults.shapes)}; any of "
                              f"{','.join(ALL_SHAPES)})")
+    parser.add_argument("--keypoints", action="store_true",
+                        help="also each shape's corners or vertices as COCO keypoints (a quarter of the shapes with "
+                             "one covered: v = 1), the categories' names, skeleton, flip_pairs and OKS sigmas")
     parser.add_argument("--force", action="store_true", help="rewrite even if a complete set exists")
     parser.add_argument("--panoptic", action="store_true",
                         help="also write COCO panoptic annotations: annotations/panoptic_{split}.json and PNGs")
@@ -60,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             num_train=args.num_train, num_val=args.num_val, image_size=args.image_size,
             max_objects=args.max_objects, empty_fraction=args.empty_fraction, min_object_size=args.min_object_size,
             max_object_size=args.max_object_size, seed=args.seed, mask_format=args.masks, shapes=args.shapes,
+            keypoints=args.keypoints,
         )
     except ValueError as error:
         parser.error(f"{error} (--min-object-size, --max-object-size, --image-size)")

@@ -19,7 +19,9 @@ height] and nine in ten fit inside it as corners: :data:`XYXY_MIN_OUTSIDE`) or i
 mask/box disagreements it explains instead of listing them; a
 ``segmentation`` that cannot be a mask (a polygon of fewer than 3 points or of odd length, an RLE whose size is
 not its image's, a corrupt compressed RLE: :func:`detr.data.instance_masks.segmentation_problem`) or that covers
-no pixel.
+no pixel; keypoints (:mod:`detr.data.keypoints`) that are not 3K numbers for a category of K named points, have a
+visibility other than 0, 1, 2, a ``num_keypoints`` that is not the count of labelled points, or a labelled point
+outside the image; a category whose ``keypoints``, ``skeleton`` or ``flip_pairs`` is unusable.
 
 Warnings: images without boxes, crowd annotations (left out of training, kept for evaluation), category
 id gaps, categories without annotations, duplicate file names, annotations without ``area``/``iscrowd``,
@@ -65,6 +67,7 @@ from detr.data.file_names import (
 )
 from detr.data.image_checks import read_images
 from detr.data.instance_masks import segmentation_problem, segmentation_to_rle
+from detr.data.keypoints import annotation_keypoints_problem, category_keypoints_problem, points_outside
 
 Severity = Literal["error", "warning", "info"]
 
@@ -193,6 +196,16 @@ def check_dataset(
         add("warning", "category_id_gap", f"category ids are not contiguous ({len(gaps)} unused ids: {shown}); "
             "fine with contiguous labels (category_ids='auto'/'contiguous'), wasted logits with raw ids")
 
+    keypoint_counts: dict[int, int] = {}  # category id → how many points it names
+    for category in data["categories"]:
+        if isinstance(category, dict) and category.get("id") in categories and "keypoints" in category:
+            problem = category_keypoints_problem(category)
+            if problem is not None:
+                add("error", "invalid_category_keypoints", f"category {category['id']} ('{category.get('name')}'): "
+                    f"{problem}; keypoints are names, skeleton 1-based index pairs, flip_pairs 0-based index pairs")
+            elif isinstance(category["keypoints"], list):
+                keypoint_counts[category["id"]] = len(category["keypoints"])
+
     # Images.
     images: dict[Any, dict[str, Any]] = {}
     file_names: Counter[str] = Counter()
@@ -317,6 +330,10 @@ def check_dataset(
                     mask_box_mismatches.append(Problem(severity, kind, message, file_name, ann_id))
                 else:
                     add(severity, kind, message, file_name, ann_id)
+        if "keypoints" in annotation:
+            size = sizes.get(annotation.get("image_id")) if image is not None else None
+            for severity, kind, message in _keypoint_problems(annotation, keypoint_counts.get(category_id), size):
+                add(severity, kind, message, file_name, ann_id)
         bbox = annotation.get("bbox")
         if not bboxes_valid and not is_coco_bbox(bbox):
             add("error", "invalid_bbox", f"bbox {bbox!r} is not [x, y, width, height] of 4 finite numbers",
@@ -496,6 +513,31 @@ def checkpoint_class_problems(categories: dict[int, str], checkpoint: Checkpoint
     other = next((name for name, count in counts.items() if name != auto and count == checkpoint.num_classes), None)
     message += f"; pass --data.category_ids {other} to keep its head)" if other is not None else ")"
     return [Problem("warning", "checkpoint_class_head", message)]
+
+
+def _keypoint_problems(annotation: dict[str, Any], num_keypoints: int | None, size: tuple[int, int] | None
+                       ) -> list[tuple[Severity, str, str]]:
+    """(severity, kind, message) of what is wrong with ``annotation``'s ``keypoints`` for a category of
+    ``num_keypoints`` named points (None: its category names none) in an image of ``size`` (height, width; None
+    when unknown: not checked against the image)."""
+    problem = annotation_keypoints_problem(annotation, num_keypoints)
+    if problem is not None:
+        return [("error", "invalid_keypoints", f"{problem}; training with keypoints refuses the file and OKS AP "
+                 "cannot be computed: fix the annotation")]
+    found: list[tuple[Severity, str, str]] = []
+    if num_keypoints is None and annotation["keypoints"]:
+        found.append(("error", "unnamed_keypoints", "the annotation has keypoints but its category lists no "
+                      "'keypoints' names (nor a 'skeleton'); add them to the category"))
+    if size is not None:
+        height, width = size
+        values = annotation["keypoints"]
+        outside = points_outside(values, height, width, tolerance=OUTSIDE_TOLERANCE)
+        if outside:
+            shown = ", ".join(f"{k} ({values[3 * k]:g}, {values[3 * k + 1]:g})" for k in outside[:5])
+            found.append(("error", "keypoint_outside_image", f"labelled keypoint(s) {shown} lie outside the "
+                          f"{width}x{height} image (0-based index, x, y); training marks them not labelled: fix "
+                          "them, or set their v to 0"))
+    return found
 
 
 def _segmentation_problems(annotation: dict[str, Any], size: tuple[int, int] | None

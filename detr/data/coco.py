@@ -9,7 +9,10 @@ What the model sees (as the authors' datasets/coco.py prepares it; bad inputs fa
 - labels come from a :class:`~detr.categories.CategoryMap`: COCO's raw ids for COCO itself (91 classes, so
   the released checkpoints apply unchanged), contiguous labels 0..K-1 for other data sets;
 - with ``masks=True``, each kept box's ``segmentation`` (polygons or RLE) as a mask
-  (:mod:`detr.data.instance_masks`), moved by the transform with the image and kept or dropped with its box.
+  (:mod:`detr.data.instance_masks`), moved by the transform with the image and kept or dropped with its box;
+- with ``keypoints=True``, each kept box's ``keypoints`` (x, y, v per point; :mod:`detr.data.keypoints`), moved by
+  the transform with the image, kept or dropped with its box, left and right swapped by a flip, and a point the
+  transform moves out of the image marked not labelled.
 
 The json is validated when the data set is built, so a bad annotation fails the run at start-up with the
 file, the annotation id and the fix, not at epoch 40 inside a worker. Image files are checked for
@@ -46,6 +49,14 @@ from detr.data.coco_index import CocoIndex
 from detr.data.file_names import file_name_problem, join_file_name, normalise_file_name, unsafe_file_name_message
 from detr.data.images import ImageLoadError, ReplacesUnreadableSamples, decode_image
 from detr.data.instance_masks import decode_segmentations, segmentation_problem
+from detr.data.keypoints import (
+    CategoryKeypoints,
+    annotation_keypoints_problem,
+    from_transform_points,
+    hide_outside,
+    keypoint_categories,
+    to_transform_points,
+)
 from detr.data.transforms import make_normalize_transform
 
 logger = logging.getLogger(__name__)
@@ -292,6 +303,41 @@ def check_segmentations(data: dict[str, Any], annotations_file: str | Path) -> N
         )
 
 
+def check_keypoints(data: dict[str, Any], annotations_file: str | Path) -> dict[int, CategoryKeypoints]:
+    """The categories' keypoints (``{category id: CategoryKeypoints}``) of ``data`` (a json that passed
+    :func:`validate_coco_dict`), after checking what training with keypoints needs: some category names its
+    keypoints, their fields are usable, and every non-crowd annotation's ``keypoints`` (where given) has 3K numbers
+    with v in {0, 1, 2} (:func:`detr.data.keypoints.annotation_keypoints_problem`).
+
+    Raises:
+        AnnotationFileError: naming the file, the category or annotation ids and the fix.
+    """
+    try:
+        categories = keypoint_categories(data["categories"])
+    except ValueError as error:
+        raise AnnotationFileError(f"annotation file '{annotations_file}': {error}") from None
+    if not categories:
+        raise AnnotationFileError(
+            f"annotation file '{annotations_file}' has no category with 'keypoints' (its point names), so it cannot "
+            "give keypoints: add them to the categories (COCO's person_keypoints json has them), or train without "
+            "keypoints (--data.keypoints false)")
+    problems = []
+    for annotation in data.get("annotations", []):
+        if annotation.get("iscrowd", 0) or "keypoints" not in annotation:
+            continue  # crowd regions are no targets; an annotation without keypoints has none labelled
+        spec = categories.get(annotation["category_id"])
+        problem = annotation_keypoints_problem(annotation, spec.num_keypoints if spec else None)
+        if problem is not None:
+            problems.append(f"annotation {annotation.get('id')}: {problem}")
+    if problems:
+        raise AnnotationFileError(
+            f"annotation file '{annotations_file}' cannot give keypoints: {len(problems)} annotation(s) with unusable "
+            f"keypoints: {_first_listed(problems)}. Fix them (`detr-check-data` lists every one), or train without "
+            "keypoints (--data.keypoints false)"
+        )
+    return categories
+
+
 def coco_boxes_to_xyxy(
     bboxes_xywh: np.ndarray, height: int, width: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -322,6 +368,8 @@ class RawSample:
     image_id: the json's image id.
     path: the image file.
     masks: uint8 [T, H, W] each box's mask (1 inside), or None (a data set without ``masks``).
+    keypoints: float32 [T, K, 3] each box's keypoints (pixel x, y, v; a point outside the image or not labelled is
+        (0, 0, 0)), or None (a data set without ``keypoints``).
     """
 
     pixels: np.ndarray
@@ -330,6 +378,7 @@ class RawSample:
     image_id: int
     path: Path
     masks: np.ndarray | None = None
+    keypoints: np.ndarray | None = None
 
 
 class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
@@ -339,8 +388,10 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
     ``target`` = ``{"boxes_xyxy": float32 [T, 4] pixel xyxy in the transformed image, "labels": int64 [T],
     "image_id": int64 scalar, "orig_size": int64 [2] (h, w) of the decoded image, "size": int64 [2] (h, w)
     after the transform}``, and with ``masks`` also ``"masks": bool [T, h, w]`` (each box's, at the transformed
-    size; unpadded, as the panoptic targets: the mask losses pad them). :func:`detr.data.collate.collate_detection`
-    turns the boxes into normalised cxcywh.
+    size; unpadded, as the panoptic targets: the mask losses pad them), and with ``keypoints`` also
+    ``"keypoints_pixels": float32 [T, K, 3]`` (each box's points: x, y pixels in the transformed image, visibility
+    0/1/2; a point not labelled, or moved out of the image, is (0, 0, 0)). :func:`detr.data.collate.collate_detection`
+    turns the boxes into normalised cxcywh and the keypoints' x, y into fractions of the image.
 
     Args:
         images_dir: folder the json's ``file_name`` entries are relative to.
@@ -364,6 +415,8 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         masks: also read each annotation's ``segmentation`` into the targets' ``masks`` (every non-crowd
             annotation needs a usable one, checked at construction); False leaves them out, and box training
             reads and transforms nothing more.
+        keypoints: also read each annotation's ``keypoints`` into the targets' ``keypoints_pixels`` (checked at
+            construction: :func:`check_keypoints`); K is the most points any category names.
 
     Attributes:
         index: the json's images and annotations as flat arrays (:class:`~detr.data.coco_index.CocoIndex`):
@@ -390,6 +443,7 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         coco_data: dict[str, Any] | None = None,
         masks: bool = False,
         read_annotations: Callable[[], dict[str, Any]] | None = None,
+        keypoints: bool = False,
     ) -> None:
         self.images_dir = Path(images_dir)
         self.read_annotations = read_annotations
@@ -422,9 +476,17 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         # Flat arrays, not the json's dicts: forked loader workers read them without copying (coco_index).
         if masks:
             check_segmentations(data, self.annotations_file)
-        self.index = CocoIndex.from_coco_dict(data, segmentations=masks)
+        #: category id → its keypoint names, skeleton and mirror (empty without ``keypoints``)
+        self.keypoint_categories = check_keypoints(data, self.annotations_file) if keypoints else {}
+        self.num_keypoints = max((spec.num_keypoints for spec in self.keypoint_categories.values()), default=0)
+        self.index = CocoIndex.from_coco_dict(data, segmentations=masks,
+                                              num_keypoints=self.num_keypoints if keypoints else None)
         category_ids = np.array(sorted(label_of), dtype=np.int64)
         labels_by_id = np.array([label_of[int(i)] for i in category_ids], dtype=np.int64)
+        # int64 [num_classes, K]: each label's mirror permutation, the identity for the padding and other classes
+        self._flip_index = np.tile(np.arange(self.num_keypoints), (max(category_map.num_classes, 1), 1))
+        for category_id, spec in self.keypoint_categories.items():
+            self._flip_index[label_of[category_id], :spec.num_keypoints] = spec.flip_index
         self._labels = labels_by_id[np.searchsorted(category_ids, self.index.category_ids)]  # int64 [A]
         self._coco: COCO | None = None
         self._positions = self._existing_positions(np.arange(len(self.index)))  # int64 [n] served images
@@ -534,8 +596,11 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
         if self.masks:
             kept_rows = np.arange(rows.start, rows.stop)[not_crowd][keep]
             masks = self._decode_masks(kept_rows, path, height, width)
+        keypoints = None
+        if self.index.keypoints is not None:
+            keypoints = hide_outside(self.index.keypoints[rows][not_crowd][keep], height, width)
         return RawSample(pixels=decoded.pixels, boxes_xyxy=boxes[keep], labels=labels[keep], image_id=image_id,
-                         path=path, masks=masks)
+                         path=path, masks=masks, keypoints=keypoints)
 
     def _decode_masks(self, rows: np.ndarray, path: Path, height: int, width: int) -> np.ndarray:
         """uint8 [T, height, width] masks of annotation ``rows``; a segmentation that cannot be decoded (the
@@ -588,11 +653,14 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
     def _load(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
         sample = self.raw_sample(index)
         inputs: dict[str, Any] = {"image": sample.pixels, "bboxes": sample.boxes_xyxy, "labels": sample.labels}
-        if sample.masks is not None:
-            # the transform keeps or drops boxes with their "labels": pass positions, to keep the masks alike
+        tracked = sample.masks is not None or sample.keypoints is not None
+        if tracked:
+            # the transform keeps or drops boxes with their "labels": pass positions, to keep masks and keypoints alike
             inputs["labels"] = np.arange(len(sample.labels))
-            if len(sample.masks):
-                inputs["masks"] = sample.masks
+        if sample.masks is not None and len(sample.masks):
+            inputs["masks"] = sample.masks
+        if sample.keypoints is not None:
+            inputs["keypoints"] = to_transform_points(sample.keypoints)
         try:
             out = self.transform(**inputs)
         except ImageLoadError:
@@ -612,9 +680,14 @@ class CocoDetection(ReplacesUnreadableSamples, torch.utils.data.Dataset):
             "orig_size": torch.tensor(sample.pixels.shape[:2], dtype=torch.int64),
             "size": torch.tensor(tuple(image.shape[-2:]), dtype=torch.int64),
         }
-        if sample.masks is not None:
-            kept = labels.numpy()
+        kept = labels.numpy()
+        if tracked:
             target["labels"] = torch.from_numpy(sample.labels[kept])
+        if sample.keypoints is not None:
+            keypoints = from_transform_points(out["keypoints"], sample.keypoints[..., 2], kept,
+                                              self._flip_index[sample.labels], *image.shape[-2:])
+            target["keypoints_pixels"] = torch.from_numpy(keypoints)
+        if sample.masks is not None:
             masks = np.asarray(out["masks"]) if len(kept) else np.zeros((0, *image.shape[-2:]), dtype=np.uint8)
             if len(kept) != len(masks) or (kept != np.arange(len(kept))).any():
                 masks = masks[kept]

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from detr.data.keypoints import keypoints_array
+
 
 @dataclass(frozen=True)
 class CocoIndex:
@@ -37,6 +39,9 @@ class CocoIndex:
         annotation without one: ``null``); None unless indexed with ``segmentations=True``.
     segmentation_offsets: int64 [A + 1] row ``a``'s text is ``segmentation_bytes[offsets[a]:offsets[a + 1]]``.
     annotation_ids: int64 [A] the json's annotation ``id`` (-1 where it is not an integer), for messages.
+    keypoints: float32 [A, K, 3] each annotation's ``keypoints`` (pixel x, y, visibility v; K the most any category
+        has, fewer padded with zeros: :func:`detr.data.keypoints.keypoints_array`); None unless indexed with
+        ``num_keypoints``.
     """
 
     image_ids: np.ndarray
@@ -52,11 +57,14 @@ class CocoIndex:
     segmentation_bytes: np.ndarray | None = None
     segmentation_offsets: np.ndarray | None = None
     annotation_ids: np.ndarray | None = None
+    keypoints: np.ndarray | None = None
 
     @classmethod
-    def from_coco_dict(cls, data: dict[str, Any], *, segmentations: bool = False) -> CocoIndex:
+    def from_coco_dict(cls, data: dict[str, Any], *, segmentations: bool = False,
+                       num_keypoints: int | None = None) -> CocoIndex:
         """Index a json dict that passed :func:`detr.data.coco.validate_coco_dict` (integer image ids, every
-        annotation on a listed image with a 4-number bbox); with ``segmentations``, their ``segmentation`` too."""
+        annotation on a listed image with a 4-number bbox); with ``segmentations``, their ``segmentation`` too;
+        with ``num_keypoints`` (K), their ``keypoints`` as [A, K, 3]."""
         images = sorted(data["images"], key=lambda image: image["id"])
         image_ids = np.array([image["id"] for image in images], dtype=np.int64)
         heights = np.array([image.get("height", -1) for image in images], dtype=np.int64)
@@ -86,11 +94,14 @@ class CocoIndex:
             segmentation_offsets = np.zeros(count + 1, dtype=np.int64)
             np.cumsum([len(text) for text in texts], out=segmentation_offsets[1:])
             segmentation_bytes = np.frombuffer(b"".join(texts), dtype=np.uint8).copy()
+        keypoints = None
+        if num_keypoints is not None:
+            keypoints = keypoints_array([annotations[i] for i in order], num_keypoints)
         return cls(image_ids=image_ids, heights=heights, widths=widths, name_bytes=name_bytes,
                    name_offsets=name_offsets, box_offsets=box_offsets, boxes_xywh=boxes[order],
                    category_ids=category_ids[order], areas=areas[order], iscrowd=iscrowd[order],
                    segmentation_bytes=segmentation_bytes, segmentation_offsets=segmentation_offsets,
-                   annotation_ids=annotation_ids[order])
+                   annotation_ids=annotation_ids[order], keypoints=keypoints)
 
     def __len__(self) -> int:
         return len(self.image_ids)

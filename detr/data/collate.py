@@ -7,7 +7,9 @@ A batch is ``(images, padding_mask, targets)``, what the models, the criterion a
 - ``padding_mask`` bool [B, H, W], True on padding;
 - ``targets`` list of B dicts: ``boxes`` float [T, 4] normalised cxcywh of the UNPADDED transformed image,
   ``labels`` int64 [T], ``image_id`` int64 scalar, ``orig_size`` int64 [2] (h, w) of the original image,
-  ``size`` int64 [2] (h, w) after the transform. Prediction samples (no annotations) carry ``file_name``
+  ``size`` int64 [2] (h, w) after the transform; with keypoints, ``keypoints`` float [T, K, 3]: x / w, y / h of
+  the unpadded transformed image (as the boxes) and the visibility 0/1/2 (a point not labelled is (0, 0, 0)).
+  Prediction samples (no annotations) carry ``file_name``
   instead of boxes and labels.
 
 :class:`MultiScaleCollate` then resizes each training batch to a square drawn from a list (RT-DETRv2's and D-FINE's
@@ -34,13 +36,20 @@ def normalize_boxes(boxes_xyxy: torch.Tensor, size: torch.Tensor) -> torch.Tenso
     return box_convert(boxes_xyxy.to(torch.float32).reshape(-1, 4), in_fmt="xyxy", out_fmt="cxcywh") / scale
 
 
+def normalize_keypoints(keypoints_pixels: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
+    """Pixel (x, y, v) [T, K, 3] in an image of ``size`` (h, w) → (x / w, y / h, v) [T, K, 3] float32."""
+    height, width = (float(v) for v in size)
+    scale = torch.tensor([width, height, 1.0], dtype=torch.float32)
+    return keypoints_pixels.to(torch.float32) / scale
+
+
 def collate_detection(
     samples: Sequence[tuple[torch.Tensor, dict[str, Any]]],
 ) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, Any]]]:
     """Samples ``(image [3, h, w], target)`` from the data sets in :mod:`detr.data` → a batch (module docstring).
 
-    A target's ``boxes_xyxy`` (pixels of the transformed image) becomes ``boxes`` (normalised cxcywh);
-    every other entry is passed through.
+    A target's ``boxes_xyxy`` (pixels of the transformed image) becomes ``boxes`` (normalised cxcywh), its
+    ``keypoints_pixels`` become ``keypoints`` (x, y normalised alike); every other entry is passed through.
     """
     images, padding_mask = pad_images([image for image, _ in samples])
     targets = []
@@ -48,6 +57,8 @@ def collate_detection(
         target = dict(target)
         if "boxes_xyxy" in target:
             target["boxes"] = normalize_boxes(target.pop("boxes_xyxy"), target["size"])
+        if "keypoints_pixels" in target:
+            target["keypoints"] = normalize_keypoints(target.pop("keypoints_pixels"), target["size"])
         targets.append(target)
     return images, padding_mask, targets
 
@@ -58,7 +69,8 @@ class MultiScaleCollate:
 
     The images are resized with ``F.interpolate``'s default, nearest neighbour, as the authors' collate does
     (``mode="bilinear"``: bilinear without corner alignment, as RF-DETR's training loop resizes its batches); the
-    padding mask (and any target ``masks``) by nearest neighbour. Boxes are normalised, so they do not change;
+    padding mask (and any target ``masks``) by nearest neighbour. Boxes and keypoints are normalised, so they do
+    not change;
     each target's ``size`` becomes the new square. From epoch ``stop_epoch`` on (read from ``epoch`` per batch) the
     batch keeps the size its transform gave it.
 

@@ -100,8 +100,9 @@ class Mosaic:
         reseed_transform(self.affine, seed + 1)
 
     def __call__(self, **data: Any) -> dict[str, Any]:
-        if "masks" in data:
-            raise ValueError("Mosaic moves boxes only: train masks with another --data.augmentation")
+        if "masks" in data or "keypoints" in data:
+            what = "masks" if "masks" in data else "keypoints"
+            raise ValueError(f"Mosaic moves boxes only: train {what} with another --data.augmentation")
         if self.samples is None or len(self.samples) == 0:
             raise ValueError("Mosaic has no data set to draw its other images from: call draw_from(dataset)")
         parts = [(np.asarray(data["image"]), data["bboxes"], data["labels"])]
@@ -208,9 +209,9 @@ class MixUpCollate:
 
     The batch's images must share one size (square inputs: ``--data.square_size``). Mixing commutes with the
     multi-scale resize (both act on every pixel alike), so the authors' order (mix, then resize) gives the same
-    batch. A target's ``boxes`` (normalised cxcywh), ``labels`` and ``masks`` (if any) are concatenated, its
-    own first; its ``image_id`` and sizes stay its own. A pixel is padding only where both images are. The draws
-    use torch's generator (seeded per loader worker and epoch).
+    batch. A target's ``boxes`` (normalised cxcywh), ``labels``, ``masks`` and ``keypoints`` (if any) are
+    concatenated, its own first; its ``image_id`` and sizes stay its own. A pixel is padding only where both images
+    are. The draws use torch's generator (seeded per loader worker and epoch).
 
     Args:
         collate: the batch before mixing.
@@ -248,7 +249,7 @@ def mix_batch(images: torch.Tensor, padding_mask: torch.Tensor, targets: list[di
     mixed = []
     for own, other in zip(targets, previous):
         target = dict(own)
-        for key in ("boxes", "labels", "masks"):
+        for key in ("boxes", "labels", "masks", "keypoints"):
             if key in own:
                 target[key] = torch.cat([own[key], other[key]])
         mixed.append(target)

@@ -13,8 +13,10 @@ The layout is COCO's, so every tool that reads COCO reads it::
 Boxes are the exact extent of each shape's rendered pixels (COCO [x, y, w, h], pixel edges), ``area`` is
 the pixel count, ``segmentation`` the polygon (rounded to 0.01 px: rasterised by pycocotools it differs from the
 drawn pixels at a few edge pixels) or, with ``mask_format="rle"``, the drawn pixels themselves as a compressed
-COCO RLE (pycocotools' ``encode``), so that instance masks train on exactly what was drawn. Image ``i`` of a
-split depends only on (seed, split, i), so the same parameters always give the same files.
+COCO RLE (pycocotools' ``encode``), so that instance masks train on exactly what was drawn. With ``keypoints=True``
+each shape also has its corners or vertices as COCO ``keypoints`` (some covered, v = 1) and each category their
+names, skeleton, ``flip_pairs`` and OKS ``sigmas`` (:mod:`detr.data.shapes_keypoints`). Image ``i`` of a split
+depends only on (seed, split, i), so the same parameters always give the same files.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from PIL import Image, ImageDraw
 from pycocotools import mask as mask_utils
 
 from detr.atomic_files import write_text_atomically
+from detr.data.shapes_keypoints import OCCLUDED_SHARE, keypoint_category_fields, shape_keypoints
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,8 @@ class ShapesConfig:
     jpeg_quality: quality of the written JPEG files.
     mask_format: each annotation's ``segmentation``: "polygon" (the drawn polygon) or "rle" (the drawn pixels).
     shapes: the classes, in category id order (names from :data:`ALL_SHAPES`; default :data:`SHAPE_NAMES`).
+    keypoints: also each shape's corners or vertices as keypoints (:mod:`detr.data.shapes_keypoints`); a quarter of
+        the shapes get one of them covered, which changes those images.
     """
 
     num_train: int = 2000
@@ -70,6 +75,7 @@ class ShapesConfig:
     jpeg_quality: int = 92
     mask_format: Literal["polygon", "rle"] = "polygon"
     shapes: tuple[str, ...] = SHAPE_NAMES
+    keypoints: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shapes", tuple(self.shapes))  # a list from a caller or a json
@@ -97,12 +103,14 @@ class ShapesConfig:
 @dataclass(frozen=True)
 class ShapeObject:
     """One rendered shape: category_id (1-based, see SHAPE_NAMES), bbox_xywh pixel edges, area in pixels,
-    polygon [x0, y0, x1, y1, ...] in pixels."""
+    polygon [x0, y0, x1, y1, ...] in pixels, keypoints COCO's [x1, y1, v1, ...] (continuous pixels; empty without
+    ``ShapesConfig.keypoints``)."""
 
     category_id: int
     bbox_xywh: tuple[float, float, float, float]
     area: int
     polygon: tuple[float, ...]
+    keypoints: tuple[float, ...] = ()
 
 
 def shape_polygon(name: str, center: tuple[float, float], radius: float, angle: float, aspect: float) -> np.ndarray:
@@ -203,12 +211,17 @@ def render_shapes_image(rng: np.random.Generator, config: ShapesConfig,
             image.paste(colour, mask=mask_image)
             if masks is not None:
                 masks.append(mask)
+            keypoints: tuple[float, ...] = ()
+            if config.keypoints:
+                box = (int(x0), int(y0), int(x1), int(y1))
+                keypoints = _keypoints_of(rng, draw, config.shapes[category], polygon, center, radius, box)
             objects.append(
                 ShapeObject(
                     category_id=category + 1,
                     bbox_xywh=(float(x0), float(y0), float(x1 - x0), float(y1 - y0)),
                     area=int(mask.sum()),
                     polygon=tuple(round(float(v), 2) for v in polygon.reshape(-1)),
+                    keypoints=keypoints,
                 )
             )
             break
@@ -217,11 +230,34 @@ def render_shapes_image(rng: np.random.Generator, config: ShapesConfig,
     return pixels.clip(0, 255).round().astype(np.uint8), objects
 
 
+def _keypoints_of(rng: np.random.Generator, draw: ImageDraw.ImageDraw, shape: str, polygon: np.ndarray,
+                  center: tuple[float, float], radius: float, box: tuple[int, int, int, int]) -> tuple[float, ...]:
+    """A drawn shape's points as COCO's flat [x, y, v, ...], after covering one of them, with
+    :data:`~detr.data.shapes_keypoints.OCCLUDED_SHARE`, by a patch of random colour clipped to the shape's ``box``
+    (pixel edges x0, y0, x1, y1): that point's v is 1."""
+    points = shape_keypoints(shape, polygon, center)
+    visibility = np.full(len(points), 2)
+    if rng.random() < OCCLUDED_SHARE:
+        hidden = int(rng.integers(len(points)))
+        half = max(1.5, 0.3 * radius)
+        x, y = points[hidden]
+        left, top = max(x - half, box[0]), max(y - half, box[1])
+        right, bottom = min(x + half, box[2]) - 1, min(y + half, box[3]) - 1
+        fill = tuple(int(c) for c in rng.uniform(0, 255, 3))
+        if right >= left and bottom >= top:  # else the point lies on the box's edge: nothing to cover it with
+            draw.rectangle((left, top, right, bottom), fill=fill)
+            visibility[hidden] = 1
+    return tuple(v for (x, y), visible in zip(points.tolist(), visibility.tolist())
+                 for v in (round(x, 2), round(y, 2), int(visible)))
+
+
 def shapes_parameters(config: ShapesConfig) -> dict[str, Any]:
-    """``config`` as the jsons' ``info.parameters`` record it: every field, except ``mask_format`` and ``shapes``
-    at their defaults (so that the sets written before they existed stay byte for byte what they were, and
-    complete)."""
+    """``config`` as the jsons' ``info.parameters`` record it: every field, except ``mask_format``, ``shapes`` and
+    ``keypoints`` at their defaults (so that the sets written before they existed stay byte for byte what they
+    were, and complete)."""
     parameters = asdict(config)
+    if not parameters["keypoints"]:
+        del parameters["keypoints"]
     if parameters["mask_format"] == "polygon":
         del parameters["mask_format"]
     if config.shapes == SHAPE_NAMES:
@@ -265,6 +301,9 @@ def _write_split(root: Path, split: str, count: int, config: ShapesConfig) -> No
                 "iscrowd": 0,
                 "segmentation": mask_to_rle(mask) if config.mask_format == "rle" else [list(shape.polygon)],
             })
+            if config.keypoints:
+                annotations[-1].update(keypoints=list(shape.keypoints),
+                                       num_keypoints=sum(1 for v in shape.keypoints[2::3] if v > 0))
     data = {
         "info": {
             "description": "detr synthetic shapes (detr.data.shapes)",
@@ -274,7 +313,8 @@ def _write_split(root: Path, split: str, count: int, config: ShapesConfig) -> No
         "licenses": [{"id": 1, "name": "CC0 1.0 (generated data)", "url": "https://creativecommons.org/publicdomain/zero/1.0/"}],
         "images": images,
         "annotations": annotations,
-        "categories": [{"id": i + 1, "name": name, "supercategory": "shape"}
+        "categories": [{"id": i + 1, "name": name, "supercategory": "shape",
+                        **(keypoint_category_fields(name) if config.keypoints else {})}
                        for i, name in enumerate(config.shapes)],
     }
     target = _split_json(root, split)

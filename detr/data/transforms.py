@@ -12,7 +12,10 @@ and returns ``{"image": float32 tensor [3, h, w], "bboxes": [M, 4] pixel xyxy in
 "labels": [M]}``. Boxes go through albumentations' bbox support (``pascal_voc`` format = pixel xyxy):
 after every step they are clipped to the image, and a box the crop leaves with no width or height is
 dropped together with its label (the authors keep a box iff x1 > x0 and y1 > y0 after clamping), so an
-image can end with no boxes.
+image can end with no boxes. A call may add ``keypoints`` (float [P, 3] albumentations "xya" points,
+:func:`keypoint_params`): they move with the image, stay in order when they leave it, and come back as
+``"keypoints"`` (:mod:`detr.data.keypoints` turns them back into COCO keypoints; :class:`HorizontalFlip` mirrors
+them as boxes are mirrored).
 
 RT-DETR and D-FINE train on squares instead (:func:`make_square_transform`: the horizontal flip alone, or
 :func:`make_rtdetr_train_transform`: the authors' photometric distortion, zoom-out, IoU crop, flip and resize;
@@ -104,6 +107,17 @@ class ShortestSideResize(A.DualTransform):
 
     def get_transform_init_args_names(self) -> tuple[str, ...]:
         return ("sizes", "max_size", "interpolation")
+
+
+class HorizontalFlip(A.HorizontalFlip):
+    """Albumentations' horizontal flip, with keypoints mirrored as boxes are: x → W − x (continuous pixel
+    coordinates, COCO's) rather than albumentations' W − 1 − x (pixel indices). A keypoint's angle turns by
+    180°, as albumentations' does (:mod:`detr.data.keypoints` reads it to swap left and right points)."""
+
+    def apply_to_keypoints(self, keypoints: np.ndarray, **params: Any) -> np.ndarray:
+        flipped = super().apply_to_keypoints(keypoints, **params)
+        flipped[:, 0] += 1.0
+        return flipped
 
 
 class RandomSizeCrop(BaseCrop):
@@ -276,6 +290,13 @@ def box_params(min_box_size: float = _MIN_BOX_SIDE) -> A.BboxParams:
     )
 
 
+def keypoint_params() -> A.KeypointParams:
+    """Keypoints as every transform here takes them (optional: a call without ``keypoints`` moves none): "xya"
+    pixel points, angle in degrees, kept in order when they leave the image (:mod:`detr.data.keypoints` marks
+    those not labelled after the transform and reads the angle for the flips)."""
+    return A.KeypointParams(format="xya", remove_invisible=False, angle_in_degrees=True)
+
+
 def _to_tensor(normalize: bool = True) -> list[A.BasicTransform]:
     """ImageNet normalisation (or, ``normalize=False``, pixels / 255: the real-time DETRs') and a CHW tensor."""
     mean, std = (IMAGENET_MEAN, IMAGENET_STD) if normalize else ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
@@ -288,9 +309,9 @@ def make_square_transform(size: int, *, train: bool, normalize: bool = False, se
     aspect ratio not kept; OpenCV's bilinear filter), pixels / 255 (ImageNet's mean and std with
     ``normalize``); ``train`` adds the horizontal flip (p = 0.5). Same call and output as
     :func:`make_train_transform`. The authors' training augmentations: :func:`make_rtdetr_train_transform`."""
-    flip = [A.HorizontalFlip(p=0.5)] if train else []
+    flip = [HorizontalFlip(p=0.5)] if train else []
     return _seeded(A.Compose([*flip, A.Resize(size, size, interpolation=cv2.INTER_LINEAR), *_to_tensor(normalize)],
-                             bbox_params=box_params()), seed)
+                             bbox_params=box_params(), keypoint_params=keypoint_params()), seed)
 
 
 def make_rtdetr_train_transform(size: int, *, augment: bool = True, zoom_and_crop: bool = True, normalize: bool = False,
@@ -316,8 +337,9 @@ def make_rtdetr_train_transform(size: int, *, augment: bool = True, zoom_and_cro
     """
     geometric = [RandomZoomOut(fill=0, p=0.5), RandomIoUCrop(p=0.8)] if zoom_and_crop else []
     random_ops = [photometric_distort(p=0.5), *geometric] if augment else []
-    steps = [*random_ops, A.HorizontalFlip(p=0.5), A.Resize(size, size, interpolation=cv2.INTER_LINEAR)]
-    return _seeded(A.Compose([*steps, *_to_tensor(normalize)], bbox_params=box_params(min_box_size=1.0)), seed)
+    steps = [*random_ops, HorizontalFlip(p=0.5), A.Resize(size, size, interpolation=cv2.INTER_LINEAR)]
+    return _seeded(A.Compose([*steps, *_to_tensor(normalize)], bbox_params=box_params(min_box_size=1.0),
+                             keypoint_params=keypoint_params()), seed)
 
 
 def make_rfdetr_train_transform(size: int, *, normalize: bool = True,
@@ -336,7 +358,7 @@ def make_rfdetr_train_transform(size: int, *, normalize: bool = True,
     square = A.Resize(size, size, interpolation=cv2.INTER_LINEAR)
     return _seeded(A.Compose(
         [
-            A.HorizontalFlip(p=0.5),
+            HorizontalFlip(p=0.5),
             A.OneOf(
                 [
                     A.Resize(size, size, interpolation=cv2.INTER_LINEAR, p=0.5),
@@ -347,7 +369,7 @@ def make_rfdetr_train_transform(size: int, *, normalize: bool = True,
             ),
             *_to_tensor(normalize),
         ],
-        bbox_params=box_params(),
+        bbox_params=box_params(), keypoint_params=keypoint_params(),
     ), seed)
 
 
@@ -379,7 +401,7 @@ def make_train_transform(
     multi_scale = ShortestSideResize(scales, max_size=max_size)
     return _seeded(A.Compose(
         [
-            A.HorizontalFlip(p=0.5),
+            HorizontalFlip(p=0.5),
             A.OneOf(
                 [
                     ShortestSideResize(scales, max_size=max_size, p=0.5),
@@ -396,7 +418,7 @@ def make_train_transform(
             ),
             *_to_tensor(normalize),
         ],
-        bbox_params=box_params(),
+        bbox_params=box_params(), keypoint_params=keypoint_params(),
     ), seed)
 
 
@@ -407,13 +429,15 @@ def make_eval_transform(*, min_size: int = EVAL_MIN_SIZE, max_size: int = EVAL_M
     Same call and output as :func:`make_train_transform`; deterministic.
     """
     return A.Compose(
-        [ShortestSideResize([min_size], max_size=max_size), *_to_tensor(normalize)], bbox_params=box_params()
+        [ShortestSideResize([min_size], max_size=max_size), *_to_tensor(normalize)], bbox_params=box_params(),
+        keypoint_params=keypoint_params(),
     )
 
 
 def make_normalize_transform() -> A.Compose:
     """No resize: ImageNet normalisation and CHW tensor only (same call and output as the others)."""
-    return A.Compose([A.NoOp(), *_to_tensor()], bbox_params=box_params())  # NoOp: a step that carries the boxes
+    # NoOp: a step that carries the boxes and keypoints
+    return A.Compose([A.NoOp(), *_to_tensor()], bbox_params=box_params(), keypoint_params=keypoint_params())
 
 
 def denormalize(image: torch.Tensor) -> torch.Tensor:
@@ -460,6 +484,8 @@ __all__ = [
     "TRAIN_MAX_SIZE",
     "TRAIN_SCALES",
     "box_params",
+    "keypoint_params",
+    "HorizontalFlip",
     "denormalize",
     "photometric_distort",
     "make_eval_transform",

@@ -1,4 +1,5 @@
-"""COCO evaluation of DETR detections (faster-coco-eval where installed, else pycocotools) and panoptic quality."""
+"""COCO evaluation of DETR detections (faster-coco-eval where installed, else pycocotools), OKS AP of keypoints and
+panoptic quality."""
 
 from detr.evaluation.coco_evaluator import (
     STAT_NAMES,
@@ -9,6 +10,7 @@ from detr.evaluation.coco_evaluator import (
     resolve_backend,
     write_coco_results,
 )
+from detr.evaluation.keypoints import KeypointEvaluation, evaluate_keypoints
 from detr.evaluation.panoptic import PanopticQuality, evaluate_panoptic_files, format_panoptic_table
 
 __all__ = [
@@ -17,6 +19,8 @@ __all__ = [
     "CocoEvaluator",
     "detections_to_coco_results",
     "format_per_class_table",
+    "KeypointEvaluation",
+    "evaluate_keypoints",
     "resolve_backend",
     "write_coco_results",
     "PanopticQuality",

@@ -1,6 +1,7 @@
-"""COCO evaluation of post-processed DETR predictions, boxes ("bbox") and masks ("segm"), on faster-coco-eval
-where it is installed, else pycocotools (the same numbers: tests/evaluation/test_coco_evaluator.py compares
-every statistic).
+"""COCO evaluation of post-processed DETR predictions, boxes ("bbox"), masks ("segm") and keypoints ("keypoints":
+OKS AP, :mod:`detr.evaluation.keypoints`), on faster-coco-eval where it is installed, else pycocotools (the same
+numbers: tests/evaluation/test_coco_evaluator.py compares every statistic; keypoints always on pycocotools, whose
+OKS takes each category's own sigmas there).
 
 Flow: :meth:`CocoEvaluator.update` after every evaluation batch (post-processed detections, pixel xyxy
 in the ORIGINAL image; for "segm" also their masks at that size), kept per image (boxes as one float64
@@ -29,7 +30,7 @@ import json
 import logging
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -43,12 +44,19 @@ from torchvision.ops import box_convert
 from detr.atomic_files import write_text_atomically
 from detr.categories import CategoryMap
 from detr.evaluation.gather import on_rank_zero
+from detr.evaluation.keypoints import (
+    KEYPOINT_STAT_NAMES,
+    category_keypoint_counts,
+    evaluate_keypoints,
+    ground_truth_sigmas,
+    keypoints_to_results,
+)
 
 logger = logging.getLogger(__name__)
 
 Backend = Literal["auto", "pycocotools", "faster_coco_eval"]
-#: What COCOeval scores: boxes or instance masks.
-IouType = Literal["bbox", "segm"]
+#: What COCOeval scores: boxes, instance masks or keypoints (OKS).
+IouType = Literal["bbox", "segm", "keypoints"]
 BACKENDS: tuple[str, ...] = ("auto", "pycocotools", "faster_coco_eval")
 
 #: The columns of a detections array (:func:`detections_to_array`): COCO.loadRes's numpy layout, box xywh pixels.
@@ -67,7 +75,9 @@ class CocoEvaluation:
     """What one evaluation produced.
 
     stats: ``{"AP", "AP50", "AP75", "APs", "APm", "APl", "AR100"}`` as floats in [0, 1], or -1 where
-        COCOeval has no ground truth to score (e.g. no small objects), exactly as pycocotools reports.
+        COCOeval has no ground truth to score (e.g. no small objects), exactly as pycocotools reports; for
+        keypoints pycocotools' ten instead (:data:`detr.evaluation.keypoints.KEYPOINT_STAT_NAMES`: no small objects,
+        AR at 20 detections).
     per_class: one dict per ground-truth category: ``category_id``, ``name``, ``num_instances``
         (non-crowd boxes in the evaluated images), ``AP``, ``AP50``, ``AP75`` (-1 without ground truth).
     results: COCO results json entries ``{"image_id", "category_id", "bbox": [x, y, w, h] pixels,
@@ -98,9 +108,9 @@ class CocoEvaluation:
         return format_per_class_table(self.per_class)
 
     def stats_table(self) -> str:
-        """The seven statistics as a two-line text table (percent)."""
-        header = " ".join(f"{name:>7}" for name in STAT_NAMES)
-        values = " ".join(f"{_percent(self.stats[name]):>7}" for name in STAT_NAMES)
+        """The statistics (seven; ten for keypoints) as a two-line text table (percent)."""
+        header = " ".join(f"{name:>7}" for name in self.stats)
+        values = " ".join(f"{_percent(value):>7}" for value in self.stats.values())
         return f"{header}\n{values}"
 
     def write(self, directory: str | Path, *, prefix: str = "") -> dict[str, Path]:
@@ -275,7 +285,8 @@ class CocoEvaluator:
         coco_gt: ground truth as a pycocotools ``COCO`` (crowd regions included; they are ignored by
             COCOeval as in the official evaluation), e.g. ``datamodule.val_dataset.coco``; None when it is
             made image by image with :meth:`add_ground_truth` (then ``categories`` lists the data set's).
-        iou_type: "bbox" (box AP) or "segm" (mask AP: the detections need ``masks``).
+        iou_type: "bbox" (box AP), "segm" (mask AP: the detections need ``masks``) or "keypoints" (OKS AP: the
+            detections need ``keypoints`` [Q, K, 3] pixels; always pycocotools; ``coco_gt`` needed).
         categories: the data set's categories (``id``, ``name``) for ground truth given image by image.
         category_map: maps model labels to the data set's category ids; None means the labels already
             are category ids (the raw-id convention of the released COCO checkpoints).
@@ -284,6 +295,9 @@ class CocoEvaluator:
             faster-coco-eval``). :attr:`backend` holds the resolved name.
         progress: show a tqdm progress bar while pycocotools matches detections (a minute on COCO val;
             faster-coco-eval takes seconds and shows none).
+        keypoint_sigmas: OKS sigmas per category id (``{id: [K numbers]}``; "keypoints" only); a category without
+            takes its json ``sigmas`` field, else COCO's person sigmas for 17 points
+            (:func:`detr.evaluation.keypoints.ground_truth_sigmas`, checked here: a missing one fails at start).
     """
 
     def __init__(
@@ -295,9 +309,21 @@ class CocoEvaluator:
         category_map: CategoryMap | None = None,
         backend: Backend = "auto",
         progress: bool = False,
+        keypoint_sigmas: Mapping[int, Sequence[float]] | None = None,
     ) -> None:
-        if iou_type not in ("bbox", "segm"):
-            raise ValueError(f"iou_type must be 'bbox' or 'segm', got {iou_type!r}")
+        if iou_type not in ("bbox", "segm", "keypoints"):
+            raise ValueError(f"iou_type must be 'bbox', 'segm' or 'keypoints', got {iou_type!r}")
+        self.keypoint_sigmas: dict[int, np.ndarray] = {}
+        self.keypoint_counts: dict[int, int] = {}
+        if iou_type == "keypoints":
+            if coco_gt is None:
+                raise ValueError("CocoEvaluator(iou_type='keypoints') needs coco_gt, the ground truth with keypoints")
+            if backend == "faster_coco_eval":
+                raise ValueError("keypoint evaluation runs on pycocotools (each category's own OKS sigmas): pass "
+                                 "backend='auto' or 'pycocotools'")
+            backend = "pycocotools"
+            self.keypoint_sigmas = ground_truth_sigmas(coco_gt, keypoint_sigmas)
+            self.keypoint_counts = category_keypoint_counts(coco_gt)
         if coco_gt is None and categories is None:
             raise ValueError("CocoEvaluator without coco_gt needs the data set's categories (ground truth then "
                              "comes image by image: add_ground_truth)")
@@ -351,6 +377,9 @@ class CocoEvaluator:
                 continue
             if self.iou_type == "segm":
                 self._results[image_id] = detections_to_mask_results(image_id, detection, self.category_map)
+            elif self.iou_type == "keypoints":
+                self._results[image_id] = keypoints_to_results(image_id, detection, self.category_map,
+                                                               self.keypoint_counts)
             else:
                 self._results[image_id] = detections_to_array(image_id, detection, self.category_map)
 
@@ -378,10 +407,17 @@ class CocoEvaluator:
 
     def _evaluate(self, per_image: dict[int, Any], ground_truth: dict[int, Any]) -> CocoEvaluation:
         image_ids = sorted(per_image)
+        names = KEYPOINT_STAT_NAMES if self.iou_type == "keypoints" else STAT_NAMES
         if not image_ids:
             logger.warning("CocoEvaluator.compute called without any predicted image; all stats are -1")
-            return CocoEvaluation(stats={name: -1.0 for name in STAT_NAMES})
+            return CocoEvaluation(stats={name: -1.0 for name in names})
         coco_gt = self.coco_gt if self.coco_gt is not None else self._ground_truth_coco(ground_truth)
+        if self.iou_type == "keypoints":
+            results = [dict(entry) for image_id in image_ids for entry in per_image[image_id]]
+            evaluation = evaluate_keypoints(coco_gt, results, sigmas=self.keypoint_sigmas, image_ids=image_ids)
+            return CocoEvaluation(stats=evaluation.stats, per_class=evaluation.per_class, results=results,
+                                  image_ids=image_ids, summary=evaluation.summary, coco_eval=evaluation.coco_eval,
+                                  backend=self.backend)
         if self.iou_type == "segm":
             results = [dict(entry) for image_id in image_ids for entry in per_image[image_id]]
         else:

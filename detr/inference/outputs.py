@@ -5,7 +5,8 @@ Shared by ``detr-predict`` and the Lightning ``detr predict`` writer so both wri
 - :func:`write_predictions_json`: one COCO results json, a list of ``{"image_id", "file_name",
   "category_id", "bbox": [x, y, w, h] pixels, "score"}`` with the data set's own category ids, so
   ``pycocotools.COCO.loadRes`` reads it as is; predictions with instance masks add ``segmentation``
-  (COCO RLE, "segm" results).
+  (COCO RLE, "segm" results), predictions with keypoints add ``keypoints`` ([x1, y1, s1, ...]: COCO's
+  keypoint results, s the point's score).
 - the images with their boxes, names and scores drawn (:func:`detr.visualize.drawing.draw_prediction`);
 - :func:`collect_image_paths` and :func:`predict_files`: files, folders and glob patterns in, the two
   outputs above out; a file that cannot be read is logged, skipped and reported, the rest goes on. With
@@ -21,7 +22,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import numpy as np
 from detr.categories import CategoryMap
 from detr.data.images import ImageLoadError, list_image_files
 from detr.evaluation.coco_evaluator import detections_to_coco_results, masks_to_rle, write_coco_results
+from detr.evaluation.keypoints import flat_keypoints
 from detr.inference.images import to_rgb_array
 from detr.inference.panoptic_outputs import (
     panoptic_annotation,
@@ -50,13 +52,17 @@ logger = logging.getLogger(__name__)
 PREDICTION_FILES = ("predictions.json", "panoptic.json")
 
 def predictions_to_coco_results(
-    predictions: Sequence[Prediction], *, category_map: CategoryMap | None
+    predictions: Sequence[Prediction], *, category_map: CategoryMap | None,
+    keypoint_counts: Mapping[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """COCO results entries for every detection of every prediction.
 
     Each prediction needs ``image_id`` set. Category ids come from ``category_map`` (label == id
     without one). Boxes go from pixel ``xyxy`` to COCO's pixel ``xywh``; ``file_name`` is added when known;
-    ``segmentation`` (COCO RLE, :func:`detr.evaluation.coco_evaluator.masks_to_rle`) when the prediction has masks.
+    ``segmentation`` (COCO RLE, :func:`detr.evaluation.coco_evaluator.masks_to_rle`) when the prediction has masks;
+    ``keypoints`` (flat [x1, y1, s1, ...], pixels, 0.01 px) when it has keypoints: a category's first
+    ``keypoint_counts[category id]`` points, none for a category not in it (None: all K the model predicts). An
+    entry carries its ``bbox`` too, so ``loadRes`` takes the object's area from the box.
     """
     results: list[dict[str, Any]] = []
     for prediction in predictions:
@@ -74,16 +80,22 @@ def predictions_to_coco_results(
         if prediction.masks is not None:
             for entry, rle in zip(entries, masks_to_rle(prediction.masks)):
                 entry["segmentation"] = rle
+        if prediction.keypoints is not None:
+            for entry, points in zip(entries, prediction.keypoints):
+                count = len(points) if keypoint_counts is None else keypoint_counts.get(entry["category_id"])
+                if count is not None:  # a category without keypoints gets none
+                    entry["keypoints"] = flat_keypoints(points[:count], rounded=True)
         results += entries
     return results
 
 
 def write_predictions_json(
-    path: str | Path, predictions: Sequence[Prediction], *, category_map: CategoryMap | None
+    path: str | Path, predictions: Sequence[Prediction], *, category_map: CategoryMap | None,
+    keypoint_counts: Mapping[int, int] | None = None,
 ) -> Path:
     """Write :func:`predictions_to_coco_results` of ``predictions`` to ``path`` (parents created)."""
     path = Path(path)
-    results = predictions_to_coco_results(predictions, category_map=category_map)
+    results = predictions_to_coco_results(predictions, category_map=category_map, keypoint_counts=keypoint_counts)
     write_coco_results(path, results)  # NaN is not JSON: callers leave out predictions that are not finite
     logger.info("wrote %d detections of %d images to %s", len(results), len(predictions), path)
     return path

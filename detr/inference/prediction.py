@@ -1,5 +1,6 @@
 """What a prediction run returns per image: :class:`Prediction` (boxes, scores, labels; masks and a panoptic
-segmentation for a panoptic model) and the :class:`AttentionMaps` that ``return_attention=True`` adds."""
+segmentation for a panoptic model; keypoints for a keypoint model) and the :class:`AttentionMaps` that
+``return_attention=True`` adds."""
 
 from __future__ import annotations
 
@@ -197,6 +198,9 @@ class Prediction:
     masks: bool ``[N, H, W]``, each detection's instance mask at the original image size; a panoptic model
         only (None otherwise).
     panoptic: the image's :class:`PanopticSegmentation`; only with ``task="panoptic"``.
+    keypoints: float32 ``[N, K, 3]``, each detection's K points: pixel x, y in the original image and a per-point
+        score (the model's visibility probability); a keypoint model only (None otherwise). A category of fewer
+        than K points uses its first ones.
     error: why the image has no predictions (it could not be read, or the model's outputs for it are not
         finite); None for an image that was predicted. Every prediction command skips such an image and
         reports the reason (:func:`detr.inference.predict.predictions_from_outputs`).
@@ -218,6 +222,7 @@ class Prediction:
     masks: Tensor | None = field(default=None, repr=False)
     panoptic: PanopticSegmentation | None = field(default=None, repr=False)
     sampling: SamplingPoints | None = field(default=None, repr=False)
+    keypoints: Tensor | None = field(default=None, repr=False)
     error: str | None = None
     cut_at: float | None = None
     track_ids: Tensor | None = None
@@ -243,6 +248,7 @@ class Prediction:
             label_names=[name for name, k in zip(self.label_names, keep.tolist()) if k],
             query_indices=self.query_indices[keep],
             masks=None if self.masks is None else self.masks[keep],
+            keypoints=None if self.keypoints is None else self.keypoints[keep],
             track_ids=None if self.track_ids is None else self.track_ids[keep],
             cut_at=threshold if self.cut_at is None else max(threshold, self.cut_at),
         )
@@ -311,7 +317,8 @@ def select_detections(
 
     Args:
         result: ``{"scores" [N], "labels" int64 [N], "boxes" [N, 4] pixel xyxy, "queries" int64 [N]}`` for one
-            image.
+            image, and ``"keypoints"`` [N, K, 3] for a keypoint model
+            (:func:`detr.inference.postprocess_keypoints.add_keypoints`).
         image_size: ``(height, width)`` of the original image.
         category_map: names the labels; None names them ``"class <label>"``.
         threshold: keep queries whose score is strictly above it; None keeps all queries.
@@ -319,6 +326,7 @@ def select_detections(
     scores = result["scores"].detach().float().cpu()
     keep = torch.arange(scores.numel()) if threshold is None else torch.nonzero(scores > threshold).flatten()
     labels = result["labels"].detach().cpu()[keep].long()
+    keypoints = result.get("keypoints")
     return Prediction(
         boxes=result["boxes"].detach().float().cpu()[keep],
         scores=scores[keep],
@@ -329,6 +337,7 @@ def select_detections(
         file_name=file_name,
         image_id=image_id,
         cut_at=None if threshold is None else float(threshold),
+        keypoints=None if keypoints is None else keypoints.detach().float().cpu()[keep],
     )
 
 

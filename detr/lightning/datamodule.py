@@ -36,6 +36,7 @@ from detr.data.augmentations import Augmentation, AugmentationName, TrainingInpu
 from detr.data.dense_o2o import MixUpCollate
 from detr.data.formats import dataset_splits, detect_format, load_split, read_split
 from detr.data.images import ImageFilesDataset
+from detr.data.keypoints import CategoryKeypoints, keypoint_categories
 from detr.data.training_epoch import SharedEpoch
 from detr.data.transforms import (
     CROP_MAX_SIZE,
@@ -507,6 +508,9 @@ class DetrDataModule(CocoFormatDataModule):
             size, from the json's polygons or RLE; :class:`detr.data.coco.CocoDetection`), for a model that
             trains instance masks. False: boxes only, read and transformed as before. Mask AP does not need
             it: the evaluator reads the json's segmentations itself.
+        keypoints: give every split's targets each object's keypoints (``keypoints`` float [T, K, 3] after
+            collation: x, y normalised as the boxes, visibility 0/1/2; :class:`detr.data.coco.CocoDetection`), for a
+            model that trains keypoints (none yet: the keypoint heads are to come). False: not read.
         kwargs: the batch sizes, loader settings and transform sizes of :class:`CocoFormatDataModule`
             (``batch_size``, ``val_batch_size``, ``num_workers``, ``pin_memory``, ``persistent_workers``,
             ``drop_last``, ``train_scales``, ``train_max_size``, ``crop_resize_scales``, ``crop_min_size``,
@@ -534,12 +538,14 @@ class DetrDataModule(CocoFormatDataModule):
         categories_from: str | None = None,
         masks: bool = False,
         format: Literal["coco", "yolo", "voc"] | None = None,
+        keypoints: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if masks and self.augmentation.mosaic:
-            raise ValueError(f"--data.masks true with --data.augmentation {self.augmentation.name}: its mosaic moves "
-                             "boxes only; train masks with --data.augmentation rtdetr")
+        for option, value in (("masks", masks), ("keypoints", keypoints)):
+            if value and self.augmentation.mosaic:
+                raise ValueError(f"--data.{option} true with --data.augmentation {self.augmentation.name}: its mosaic "
+                                 f"moves boxes only; train {option} with --data.augmentation rtdetr")
         self.save_hyperparameters()
         self.hparams.update(self.sizes)  # the sizes in use (image_size scales them): a checkpoint's eval size
         root = self.set_aside_missing_root(root, predict_images)
@@ -559,6 +565,10 @@ class DetrDataModule(CocoFormatDataModule):
         self.predict_images = predict_images
         self.skip_bad_images = skip_bad_images
         self.masks = masks
+        self.keypoints = keypoints
+        #: category id → its keypoint names, skeleton and mirror (from the json that names the classes; empty
+        #: without ``keypoints``)
+        self.keypoint_categories: dict[int, CategoryKeypoints] = {}
 
         # The json is read once: kept here for its data set and the start-up checks (see annotations_json).
         for split in ("train", "val", "test"):
@@ -569,6 +579,8 @@ class DetrDataModule(CocoFormatDataModule):
                 if not isinstance(data.get("categories"), list):
                     raise ValueError(f"annotation file '{json_file}' has no 'categories' list")
                 self.category_map = category_map_from_categories(data["categories"], category_ids)
+                if keypoints:
+                    self.keypoint_categories = keypoint_categories(data["categories"])
                 logger.info("%d classes from '%s' (category_ids=%s)", self.category_map.num_classes, json_file,
                             category_ids)
                 break
@@ -584,6 +596,17 @@ class DetrDataModule(CocoFormatDataModule):
                 "DetrDataModule needs data: root=DIR (COCO layout), or train_images + train_annotations / "
                 "val_images + val_annotations, or predict_images"
             )
+
+    @property
+    def num_keypoints_per_class(self) -> list[int]:
+        """Each model label's number of keypoints (0: a class without; empty without ``keypoints``): a value the
+        data decides, for a keypoint model's head (RF-DETR's ``num_keypoints_per_class``), as ``num_classes`` is."""
+        if not self.keypoint_categories or self.category_map is None:
+            return []
+        counts = [0] * self.category_map.num_classes
+        for category_id, spec in self.keypoint_categories.items():
+            counts[self.category_map.category_id_to_label(category_id)] = spec.num_keypoints
+        return counts
 
     def _converted_paths(self, root: str, data_format: Literal["yolo", "voc"],
                          explicit: dict[str, tuple[str | None, str | None]]) -> dict[str, tuple[Path, Path]]:
@@ -619,6 +642,7 @@ class DetrDataModule(CocoFormatDataModule):
             skip_unreadable=split == "train",
             coco_data=self._json_cache.get(annotations),
             masks=self.masks,
+            keypoints=self.keypoints,
             read_annotations=self.readers.get(split),
         )
 

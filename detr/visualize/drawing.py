@@ -6,15 +6,16 @@ The prediction files (:func:`detr.inference.outputs.predict_files`), the validat
 class has one colour everywhere and the labels read the same.
 
 - raster images (``uint8`` ``[3, H, W]`` tensors): :func:`draw_boxes` (``torchvision.utils.draw_bounding_boxes``),
-  :func:`draw_prediction` (with its instance masks, if any), :func:`draw_detections` (true and predicted boxes),
-  :func:`draw_tracks` (a tracked frame: boxes, ids and trails), :func:`draw_panoptic`
+  :func:`draw_prediction` (with its instance masks and keypoints, if any), :func:`draw_keypoints_with_skeleton`,
+  :func:`draw_detections` (true and predicted boxes), :func:`draw_tracks` (a tracked frame: boxes, ids and trails),
+  :func:`draw_panoptic`
   (``torchvision.utils.draw_segmentation_masks``), :func:`save_image`;
 - matplotlib axes: :func:`add_box`, :func:`matplotlib_color`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -191,12 +192,55 @@ def add_legend(image: Tensor, entries: Sequence[tuple[tuple[int, int, int], str]
     return torch.from_numpy(np.asarray(picture).copy()).permute(2, 0, 1)
 
 
+#: A skeleton: 0-based keypoint index pairs (COCO's 1-based ``skeleton`` minus 1), one for every label or one per
+#: model label.
+Skeleton = Sequence[tuple[int, int]] | Mapping[int, Sequence[tuple[int, int]]]
+
+
+def draw_keypoints_with_skeleton(
+    image: Tensor, keypoints: Tensor, labels: Tensor, *, skeleton: Skeleton | None = None,
+    threshold: float = 0.5, radius: int | None = None, width: int | None = None,
+) -> Tensor:
+    """Draw each instance's keypoints (dots with a white rim) and the skeleton's lines between them, in its label's
+    colour: ``uint8`` ``[3, H, W]``. (``torchvision.utils.draw_keypoints`` draws every line white, so that one
+    person's limbs could not be told from another's.)
+
+    Args:
+        image: ``uint8`` ``[3, H, W]``.
+        keypoints: float ``[N, K, 3]``: pixel x, y in ``image`` and a score or visibility; a point is drawn when
+            its third value is above ``threshold`` (ground truth's v = 1, 2 with the default 0.5), and a line when
+            both its ends are.
+        labels: int64 ``[N]`` model labels (the colours, and the skeleton of each with a per-label mapping).
+        skeleton: 0-based index pairs (one for every label, or ``{label: pairs}``); None: points only.
+        radius, width: the points' radius and the lines' width in pixels (None: from the image's size).
+    """
+    if len(keypoints) == 0:
+        return image
+    short_side = min(image.shape[-2:])
+    radius = radius if radius is not None else max(1, round(short_side / 160))
+    width = width if width is not None else max(1, round(short_side / 240))
+    picture = Image.fromarray(image.permute(1, 2, 0).cpu().numpy())
+    draw = ImageDraw.Draw(picture)
+    for points, label in zip(keypoints.detach().float().cpu().tolist(), labels.tolist()):
+        color = label_color(int(label))
+        shown = [score > threshold for _, _, score in points]
+        edges = skeleton.get(int(label), ()) if isinstance(skeleton, Mapping) else (skeleton or ())
+        for a, b in edges:
+            if max(a, b) < len(points) and shown[a] and shown[b]:
+                draw.line((tuple(points[a][:2]), tuple(points[b][:2])), fill=color, width=width)
+        for (x, y, _), visible in zip(points, shown):
+            if visible:
+                draw.ellipse((x - radius, y - radius, x + radius, y + radius), fill=color, outline=(255, 255, 255))
+    return torch.from_numpy(np.asarray(picture).copy()).permute(2, 0, 1)
+
+
 def draw_prediction(
     image: ImageInput, prediction: Prediction, *, line_width: int | None = None, font_size: int | None = None,
-    mask_alpha: float = 0.45,
+    mask_alpha: float = 0.45, skeleton: Skeleton | None = None, keypoint_threshold: float = 0.5,
 ) -> Tensor:
     """Draw the prediction's boxes with "name score" labels, over its instance masks when it has them (alpha
-    ``mask_alpha``, each in its box's colour): ``uint8`` ``[3, H, W]``.
+    ``mask_alpha``, each in its box's colour), and its keypoints when it has them (the points scored above
+    ``keypoint_threshold``, joined by ``skeleton``: :func:`draw_keypoints_with_skeleton`): ``uint8`` ``[3, H, W]``.
 
     ``image`` is the original image (``uint8`` ``[H, W, 3]`` array, ``[3, H, W]`` tensor or PIL); the
     line width and font size scale with the image unless given.
@@ -205,6 +249,9 @@ def draw_prediction(
     colors = [label_color(int(label)) for label in prediction.labels]
     if prediction.masks is not None and len(prediction):
         canvas = draw_segmentation_masks(canvas, prediction.masks.cpu().bool(), alpha=mask_alpha, colors=colors)
+    if prediction.keypoints is not None:
+        canvas = draw_keypoints_with_skeleton(canvas, prediction.keypoints, prediction.labels, skeleton=skeleton,
+                                              threshold=keypoint_threshold)
     return draw_boxes(canvas, prediction.boxes, detection_labels(prediction.label_names, prediction.scores),
                       colors, line_width=line_width, font_size=font_size)
 

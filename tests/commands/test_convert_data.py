@@ -94,3 +94,31 @@ def test_what_a_coco_source_needs_is_named(tmp_path: Path, capsys) -> None:
     assert "pass --images FOLDER" in capsys.readouterr().err
     assert convert_data.main([str(tmp_path / "a.json"), "--out", str(tmp_path / "b.json")]) == 2
     assert "is COCO already" in capsys.readouterr().err
+
+
+def test_coco_keypoints_go_to_yolo_pose_and_back(tmp_path: Path, capsys) -> None:
+    """A COCO json with person keypoints (names, skeleton, left/right) → YOLO-pose (kpt_shape, flip_idx,
+    kpt_names) → a COCO json with the same points and names; the skeleton has no YOLO form."""
+    import json
+
+    from PIL import Image
+
+    from tests.helpers import COCO_PERSON_KEYPOINTS as COCO_PERSON
+
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (200, 100)).save(tmp_path / "images" / "a.png")
+    points = [v for k in range(17) for v in ((10 + 10 * k, 50, 2) if k % 4 else (0, 0, 0))]
+    data = {"images": [{"id": 1, "file_name": "a.png", "height": 100, "width": 200}],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [5, 20, 180, 60], "area": 10800,
+                             "iscrowd": 0, "keypoints": points, "num_keypoints": 12}],
+            "categories": [{"id": 1, "name": "person", "keypoints": COCO_PERSON, "skeleton": [[16, 14], [14, 12]]}]}
+    (tmp_path / "person.json").write_text(json.dumps(data))
+    assert convert_data.main([str(tmp_path / "person.json"), "--images", str(tmp_path / "images"), "--to", "yolo",
+                              "--out", str(tmp_path / "yolo")]) == 0
+    assert convert_data.main([str(tmp_path / "yolo"), "--out", str(tmp_path / "again.json")]) == 0
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["annotations"][0]["keypoints"] == pytest.approx(points, abs=1e-3)
+    assert again["annotations"][0]["num_keypoints"] == 12
+    category = again["categories"][0]
+    assert category["keypoints"] == COCO_PERSON and [1, 2] in category["flip_pairs"]
+    capsys.readouterr()

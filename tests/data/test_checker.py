@@ -518,3 +518,25 @@ def test_cli_checks_a_yolo_or_voc_data_set_from_one_path(tmp_path: Path, capsys:
     assert check_data.main([str(shapes), "--min-images-per-class", "0"]) == 0
     out = capsys.readouterr().out
     assert "coco train split" in out and "coco val split" in out
+
+
+def test_keypoint_annotations_are_checked_naming_file_and_annotation(tmp_path: Path) -> None:
+    images_dir, path = write_clean(tmp_path)
+    data = json.loads(path.read_text())
+    data["categories"][0].update(keypoints=["left_eye", "right_eye"], skeleton=[[1, 2]])
+    data["categories"][1].update(keypoints=["a"], skeleton=[[1, 3]])  # an edge to a point it does not have
+    good = [10, 10, 2, 20, 10, 1]
+    data["annotations"][0].update(keypoints=good, num_keypoints=2)
+    data["annotations"][1].update(keypoints=[10, 10, 2], num_keypoints=1)  # 1 point of 2
+    data["annotations"][2].update(keypoints=[10, 10, 5, 20, 10, 2])  # v = 5
+    data["annotations"][3].update(keypoints=good, num_keypoints=1)  # 2 labelled
+    data["annotations"].append({**ann(6, 1, [1, 1, 10, 10]), "keypoints": [10, 10, 2, 70, 10, 2], "num_keypoints": 2})
+    path.write_text(json.dumps(data))
+    problems = [p for p in check_dataset(images_dir, path, decode_images=False) if "keypoint" in p.kind]
+    found = {(p.kind, p.file_name, p.annotation_id): p.message for p in problems}
+    assert ("invalid_category_keypoints", None, None) in found
+    assert "3 x 2 = 6" in found[("invalid_keypoints", "gray.png", 2)]
+    assert "visibility [5]" in found[("invalid_keypoints", "rgba.png", 3)]
+    assert "set num_keypoints to 2" in found[("invalid_keypoints", "cmyk.jpg", 4)]
+    assert "1 (70, 10)" in found[("keypoint_outside_image", "ok.jpg", 6)]
+    assert all(p.severity == "error" for p in problems) and len(problems) == 5

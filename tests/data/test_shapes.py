@@ -137,6 +137,10 @@ def test_make_shapes_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert module.main([*argv, "--masks", "rle"]) == 0  # other parameters: written again
     written = json.loads((tmp_path / "s" / "annotations" / "instances_val2017.json").read_text())
     assert all(isinstance(a["segmentation"], dict) for a in written["annotations"])
+    assert module.main([*argv, "--keypoints"]) == 0  # the keypoint set: written again, with its points
+    written = json.loads((tmp_path / "s" / "annotations" / "instances_val2017.json").read_text())
+    assert written["info"]["parameters"]["keypoints"] is True and "skeleton" in written["categories"][0]
+    assert all("keypoints" in a for a in written["annotations"])
 
 
 def test_instance_masks_are_the_drawn_pixels(tmp_path: Path) -> None:
@@ -173,3 +177,49 @@ def test_instance_masks_are_the_drawn_pixels(tmp_path: Path) -> None:
     assert sample.masks.shape == (len(sample.boxes_xyxy), 64, 64)
     assert not has_errors(check_dataset(tmp_path / "rle" / "train2017",
                                         tmp_path / "rle" / "annotations" / "instances_train2017.json"))
+
+
+KEYPOINTS = ShapesConfig(num_train=6, num_val=2, image_size=96, min_object_size=16, max_object_size=40,
+                         keypoints=True, shapes=ALL_SHAPES)
+
+
+def test_keypoints_are_the_shapes_corners_inside_their_boxes_and_the_set_passes_the_checks(tmp_path: Path) -> None:
+    write_shapes_dataset(tmp_path, KEYPOINTS)
+    data = json.loads((tmp_path / "annotations" / "instances_train2017.json").read_text())
+    counts = {c["id"]: len(c["keypoints"]) for c in data["categories"]}
+    assert counts == {1: 1, 2: 4, 3: 3, 4: 2, 5: 5, 6: 4, 7: 5, 8: 3, 9: 5, 10: 6}
+    visibility = []
+    for annotation in data["annotations"]:
+        points = np.array(annotation["keypoints"]).reshape(-1, 3)
+        assert len(points) == counts[annotation["category_id"]]
+        x, y, w, h = annotation["bbox"]
+        assert (points[:, 0] >= x - 1).all() and (points[:, 0] <= x + w + 1).all()
+        assert (points[:, 1] >= y - 1).all() and (points[:, 1] <= y + h + 1).all()
+        assert annotation["num_keypoints"] == len(points)
+        visibility += points[:, 2].tolist()
+    assert set(visibility) == {1, 2}  # some covered, most visible
+    assert not has_errors(check_dataset(tmp_path / "train2017", tmp_path / "annotations" /
+                                        "instances_train2017.json"))
+    dataset = CocoDetection(tmp_path / "train2017", tmp_path / "annotations" / "instances_train2017.json",
+                            keypoints=True)
+    assert dataset.num_keypoints == 6
+
+
+def test_a_square_is_numbered_from_its_top_corner_clockwise_and_mirrors_to_n_minus_k() -> None:
+    from detr.data.shapes_keypoints import keypoint_category_fields, shape_keypoints
+
+    polygon = shape_polygon("square", (50.0, 50.0), 10.0, 0.1, 0.5)
+    points = shape_keypoints("square", polygon, (50.0, 50.0)) - 0.5
+    angles = np.degrees(np.arctan2(points[:, 0] - 50, -(points[:, 1] - 50))) % 360
+    assert min(angles[0], 360 - angles[0]) <= 45  # the corner nearest twelve o'clock first
+    assert (np.diff((angles - angles[0]) % 360) > 0).all()  # then clockwise
+    assert keypoint_category_fields("square")["flip_pairs"] == [[1, 3]]
+    assert keypoint_category_fields("ellipse")["keypoints"] == ["left_end", "right_end"]
+
+
+def test_without_keypoints_the_set_is_what_it_was(tmp_path: Path) -> None:
+    """The option leaves every existing set byte for byte as before: no parameter, field or random draw added."""
+    write_shapes_dataset(tmp_path, TINY)
+    data = json.loads((tmp_path / "annotations" / "instances_train2017.json").read_text())
+    assert "keypoints" not in data["info"]["parameters"] and "keypoints" not in data["categories"][0]
+    assert all("keypoints" not in annotation for annotation in data["annotations"])

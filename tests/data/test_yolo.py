@@ -129,3 +129,57 @@ def test_image_sizes_are_remembered_where_the_checks_keep_their_reads(tmp_path: 
     assert cache_file.is_file()
     (tmp_path / "images" / "val" / "e.png").write_bytes(b"")  # a changed file is read again
     assert "height" not in read_yolo_split(data_yaml, "val", cache=True).data["images"][0]
+
+
+def write_pose_set(root: Path, labels: str, **yaml_fields) -> Path:
+    import yaml
+    from PIL import Image
+
+    (root / "images" / "train").mkdir(parents=True)
+    (root / "labels" / "train").mkdir(parents=True)
+    Image.new("RGB", (100, 50)).save(root / "images" / "train" / "a.png")
+    (root / "labels" / "train" / "a.txt").write_text(labels)
+    fields = {"path": ".", "train": "images/train", "names": ["hand"], "kpt_shape": [3, 3], **yaml_fields}
+    (root / "data.yaml").write_text(yaml.safe_dump(fields))
+    return root / "data.yaml"
+
+
+def test_yolo_pose_labels_become_coco_keypoints_and_round_trip(tmp_path: Path) -> None:
+    data_yaml = write_pose_set(tmp_path / "in", "0 0.5 0.5 0.4 0.4 0.3 0.4 2 0.5 0.3 1 0 0 0\n",
+                               flip_idx=[2, 1, 0], kpt_names={0: ["left_finger", "tip", "right_finger"]})
+    split = read_yolo_split(data_yaml, "train")
+    assert split.problems == []
+    (annotation,) = split.data["annotations"]
+    assert annotation["keypoints"] == pytest.approx([30, 20, 2, 50, 15, 1, 0, 0, 0])
+    assert annotation["num_keypoints"] == 2
+    (category,) = split.data["categories"]
+    assert category["keypoints"] == ["left_finger", "tip", "right_finger"] and category["flip_pairs"] == [[0, 2]]
+
+    write_yolo(split.data, split.images_dir, tmp_path / "out", "train")
+    again = read_yolo_split(tmp_path / "out", "train")
+    assert again.data["annotations"][0]["keypoints"] == pytest.approx(annotation["keypoints"])
+    assert again.data["categories"] == split.data["categories"]
+
+
+def test_yolo_pose_without_visibility_reads_points_at_zero_as_not_labelled(tmp_path: Path) -> None:
+    data_yaml = write_pose_set(tmp_path, "0 0.5 0.5 0.4 0.4 0.3 0.4 0 0 0.5 0.3\n", kpt_shape=[3, 2])
+    (annotation,) = read_yolo_split(data_yaml, "train").data["annotations"]
+    assert annotation["keypoints"] == pytest.approx([30, 20, 2, 0, 0, 0, 50, 15, 2])
+    assert read_yolo_split(data_yaml, "train").data["categories"][0]["keypoints"] == ["kpt_0", "kpt_1", "kpt_2"]
+
+
+@pytest.mark.parametrize(("labels", "fields", "message"), [
+    ("0 0.5 0.5 0.4 0.4\n", {}, "a box without its 3 keypoints"),
+    ("0 0.5 0.5 0.4 0.4 0.3 0.4 7 0 0 0 0 0 0\n", {}, "visibility 7"),
+    ("0 0.5 0.5 0.4 0.4 30 40 2 0 0 0 0 0 0\n", {}, "not within"),
+])
+def test_bad_pose_lines_are_named_by_file_and_line(tmp_path: Path, labels: str, fields: dict, message: str) -> None:
+    (problem,) = read_yolo_split(write_pose_set(tmp_path, labels, **fields), "train").problems
+    assert message in str(problem) and "a.txt" in str(problem) and problem.line == 1
+
+
+@pytest.mark.parametrize(("fields", "message"), [({"kpt_shape": [3, 4]}, "kpt_shape"),
+                                                 ({"flip_idx": [1, 2, 0]}, "not a mirror permutation")])
+def test_a_bad_pose_yaml_says_the_fix(tmp_path: Path, fields: dict, message: str) -> None:
+    with pytest.raises(LabelFileError, match=message):
+        read_layout(write_pose_set(tmp_path, "", **fields))

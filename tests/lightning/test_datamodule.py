@@ -163,7 +163,7 @@ def test_both_data_modules_keep_their_yaml_keys() -> None:
               "augmentation_stop_epoch", "mosaic_epochs", "mosaic_prob", "mixup_prob", "mixup_epochs"}
     own = {DetrDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
                             "test_images", "test_annotations", "predict_images", "category_ids", "skip_bad_images",
-                            "categories_from", "masks", "format"},
+                            "categories_from", "masks", "format", "keypoints"},
            PanopticDataModule: {"root", "train_images", "train_annotations", "val_images", "val_annotations",
                                 "category_ids", "check_train", "check_val", "predict_images", "categories_from"}}
     for module, keys in own.items():
@@ -331,6 +331,24 @@ def test_yolo_segmentation_polygons_give_instance_masks(tmp_path: Path) -> None:
     assert target["masks"].shape == (1, 64, 64)
     assert target["boxes_xyxy"].tolist() == [[16.0, 16.0, 48.0, 48.0]]
     assert 0.2 < target["masks"].float().mean() < 0.3  # a quarter of the image
+
+
+def test_keypoints_option_gives_normalised_keypoints_in_every_training_pipeline(tmp_path: Path) -> None:
+    write_shapes_dataset(tmp_path, ShapesConfig(num_train=4, num_val=2, image_size=64, min_object_size=12,
+                                                max_object_size=24, keypoints=True))
+    for options in ({}, {"augmentation": "rtdetr", "square_size": 64}):
+        data = DetrDataModule(root=str(tmp_path), batch_size=2, num_workers=0, keypoints=True, **SMALL, **options)
+        assert data.num_keypoints_per_class == [1, 4, 3, 2, 5]  # circle, square, triangle, ellipse, star
+        data.setup("fit")
+        for _, _, targets in [next(iter(data.train_dataloader())), next(iter(data.val_dataloader()))]:
+            for target in targets:
+                keypoints = target["keypoints"]
+                assert keypoints.shape == (len(target["labels"]), 5, 3)  # the star's five points the most
+                labelled = keypoints[..., 2] > 0
+                assert ((keypoints[..., :2][labelled] >= 0) & (keypoints[..., :2][labelled] <= 1)).all()
+    assert DetrDataModule(root=str(tmp_path), **SMALL).num_keypoints_per_class == []  # without the option
+    with pytest.raises(ValueError, match="--data.keypoints true with --data.augmentation deim"):
+        DetrDataModule(root=str(tmp_path), keypoints=True, augmentation="deim", square_size=64)
 
 
 def test_the_data_module_compares_no_augmentation_name() -> None:

@@ -73,6 +73,23 @@ def test_a_label_stays_inside_an_image_narrower_than_its_text(monkeypatch) -> No
     assert width <= 60
 
 
+def test_keypoints_are_drawn_with_their_skeleton_in_the_label_colour_and_hidden_ones_left_out() -> None:
+    from detr.inference.prediction import Prediction
+    from detr.visualize.drawing import draw_prediction, label_color
+
+    image = torch.zeros((3, 80, 120), dtype=torch.uint8)
+    points = torch.tensor([[[20.0, 60.0, 0.9], [100.0, 60.0, 0.9], [60.0, 10.0, 0.1]]])
+    prediction = Prediction(boxes=torch.zeros(1, 4), scores=torch.tensor([0.8]), labels=torch.tensor([2]),
+                            label_names=["hand"], query_indices=torch.tensor([0]), image_size=(80, 120),
+                            keypoints=points)
+    drawn = draw_prediction(image, prediction, skeleton={2: [(0, 1), (1, 2)]})
+    colour = torch.tensor(label_color(2), dtype=torch.uint8)
+    assert torch.equal(drawn[:, 60, 60], colour)  # on the line between the two visible points
+    assert torch.equal(drawn[:, 60, 20], colour)  # a point's centre (its rim is white)
+    assert not drawn[:, 10, 60].any() and not drawn[:, 35, 80].any()  # the hidden point and its line are not drawn
+    assert not draw_prediction(image, prediction, skeleton=None)[:, 60, 60].any()  # points only
+
+
 def test_a_tracked_frame_draws_tracked_boxes_in_their_tracks_colours_and_the_trails() -> None:
     image = torch.full((3, 96, 128), 255, dtype=torch.uint8)
     prediction = Prediction(boxes=torch.tensor([[10.0, 40.0, 30.0, 60.0], [70.0, 40.0, 90.0, 60.0]]),
