@@ -1,4 +1,4 @@
-"""The keypoint losses and matching costs (detr.loss.keypoints) equal the rfdetr package's (1.8.0:
+"""The keypoint losses and matching costs (detr.loss.keypoint_terms) equal the rfdetr package's (1.8.0:
 ``compute_l1_keypoint_loss``, ``compute_keypoint_matching_cost``, ``SetCriterion.loss_keypoints``) on the same
 predictions and matches; the part runs inside the set loss for every layer and the proposals."""
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from detr.loss.criterion import SetCriterion
-from detr.loss.keypoints import KeypointLoss, keypoint_losses, keypoint_matching_costs
+from detr.loss.keypoint_terms import keypoint_losses, keypoint_matching_costs
+from detr.loss.keypoints import KeypointLoss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import ProposalLoss
 from detr.models.layers.keypoint_head import KeypointSchema
