@@ -121,3 +121,27 @@ def test_a_target_class_without_a_keypoint_count_is_refused():
     with pytest.raises(ValueError, match="num_keypoints_per_class"):
         keypoint_losses(_keypoints((1,), generator), torch.zeros(1, 3, 3), torch.tensor([3]), torch.ones(1),
                         KeypointSchema(COUNTS))
+
+
+def test_the_matcher_with_keypoint_costs_matches_as_the_package():
+    matcher_module = rfdetr_module("models.matcher")
+    generator = torch.Generator().manual_seed(5)
+    outputs = _outputs(generator, layers=2, queries=8)
+    targets = [_targets(4, generator), _targets(3, generator)]
+    weights = {"cost_class": 2.0, "cost_bbox": 5.0, "cost_giou": 2.0}
+    ours = HungarianMatcher(**weights, class_head="sigmoid", num_keypoints_per_class=COUNTS, cost_keypoint_l1=1.0,
+                            cost_keypoint_findable=1.0, cost_keypoint_visible=1.0, cost_keypoint_nll=1.0)
+    theirs = matcher_module.HungarianMatcher(
+        **weights, num_keypoints_per_class=list(COUNTS), keypoint_l1_loss_coef=1.0, keypoint_findable_loss_coef=1.0,
+        keypoint_visible_loss_coef=1.0, keypoint_nll_loss_coef=1.0)
+    package = theirs({"pred_logits": outputs.logits, "pred_boxes": outputs.boxes, "pred_keypoints": outputs.keypoints},
+                     targets)
+    without_keypoints = HungarianMatcher(**weights, class_head="sigmoid")(outputs, targets)
+    for layer_indices in (ours(outputs, targets), ours.match_layers(outputs.layers, targets)[-1]):
+        for (queries, columns), (package_queries, package_columns) in zip(layer_indices, package):
+            order = torch.as_tensor(package_queries).argsort()
+            assert queries.tolist() == torch.as_tensor(package_queries)[order].tolist()
+            assert columns.tolist() == torch.as_tensor(package_columns)[order].tolist()
+    assert any(not torch.equal(a[1], b[1]) for a, b in zip(ours(outputs, targets), without_keypoints))
+    with pytest.raises(ValueError, match="num_keypoints_per_class"):
+        HungarianMatcher(cost_keypoint_nll=1.0)
