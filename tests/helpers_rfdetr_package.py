@@ -1,4 +1,6 @@
-"""The rfdetr package's model code (roboflow/rf-detr), for parity tests: never a dependency of this project.
+"""The rfdetr package's model code (roboflow/rf-detr), for parity tests: never a dependency of this project. The
+keypoint tests pass with 1.8.0 (the first with ``RFDETRKeypointPreview``) and 1.11.2; where the two differ, they
+follow 1.11.2 and say so.
 
 Install a throwaway copy and point at it (the tests that need it skip without it)::
 

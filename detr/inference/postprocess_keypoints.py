@@ -5,9 +5,11 @@ package's ``PostProcess`` (1.8.0) decodes them after its top-k (query, class) se
 Each detection reads the keypoints of its class (the padded slots ``label · K_max …``) of its query: x, y times the
 original image's width and height, and a score, the sigmoid of the findable logit; the precision's Cholesky factor
 (log l11, l21, log l22, normalised units) is handed on as predicted. A detection whose class has no keypoints (or lies
-beyond the schema) gets zeros, and NaN for the precision. With ``trace_alpha`` > 0 the detection's score is
-multiplied by exp(−α · log t̄), t̄ the findability-weighted mean of the keypoints' covariance traces (Σ = (L Lᵀ)⁻¹,
-computed in log space), so that detections with uncertain keypoints rank lower.
+beyond the schema) gets zeros, and NaN for the precision. With ``trace_alpha`` > 0 the score s of a detection whose
+class the schema lists becomes sigmoid(log s − α · log t̄), below 1, t̄ the findability-weighted mean of its
+keypoints' covariance traces (Σ = (L Lᵀ)⁻¹, in log space; 0 for a class without keypoints), so that detections with
+uncertain keypoints rank lower: the package's rule since 1.11 (1.8.0 multiplied s by t̄^−α, which could pass 1; the
+two rank detections alike, so AP is the same).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def keypoints_to_pixels(keypoints: torch.Tensor, detections: list[dict[str, torc
 
     Returns per image the detection's dict with ``keypoints`` float [N, K_max, 3] (x, y in pixels of the original
     image, score in [0, 1]), ``keypoint_precision`` float [N, K_max, 3] (log l11, l21, log l22; NaN where the
-    class has no such keypoint) and, with ``trace_alpha`` > 0, ``scores`` lowered by the keypoints' uncertainty.
+    class has no such keypoint) and, with ``trace_alpha`` > 0, ``scores`` fused with the keypoints' uncertainty.
     """
     schema = KeypointSchema(tuple(num_keypoints_per_class))
     if len(detections) != len(keypoints) or target_sizes.shape != (len(keypoints), 2):
@@ -63,6 +65,9 @@ def keypoints_to_pixels(keypoints: torch.Tensor, detections: list[dict[str, torc
             precision[rows, :count] = chosen[..., 4:7]
             penalty[rows] = log_mean_trace(chosen).to(penalty.dtype)
         if trace_alpha > 0:
-            scores = scores * torch.exp(-trace_alpha * penalty)
+            listed = labels < schema.num_classes
+            fused = torch.sigmoid(torch.log(scores) - trace_alpha * penalty)
+            fused = torch.minimum(fused, torch.nextafter(torch.ones_like(fused), torch.zeros_like(fused)))
+            scores = torch.where(listed, fused, scores)
         results.append({**detection, "scores": scores, "keypoints": pixels, "keypoint_precision": precision})
     return results

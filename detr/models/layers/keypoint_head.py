@@ -207,7 +207,10 @@ class KeypointLayer(nn.Module):
 
 def place_keypoints(deltas: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     """deltas [..., K, 8] from the predictor, boxes [..., 4] cxcywh → keypoints [..., K, 8] with x, y =
-    centre + delta · size (LW-DETR's box parameterisation, per keypoint); the other channels as predicted."""
+    centre + delta · size (LW-DETR's box parameterisation, per keypoint); the other channels as predicted. Non-finite
+    deltas become 0 first (the package since 1.9): a NaN times the box size would poison the box's gradient, which the
+    box head shares."""
+    deltas = torch.nan_to_num(deltas, nan=0.0, posinf=0.0, neginf=0.0)
     xy = deltas[..., :2] * boxes[..., None, 2:] + boxes[..., None, :2]
     return torch.cat([xy, deltas[..., 2:]], -1)
 
@@ -287,12 +290,12 @@ class KeypointHead(nn.Module):
 
     def encoder_keypoints(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """The selected proposals' features [B, G · Q, C] and boxes [B, G · Q, 4] (cxcywh, with their gradient)
-        → padded keypoints [B, G · Q, C_k · K_max, 8]. The proposals are cut into as many chunks as there are
-        ``encoder_predictors`` (torch.chunk's sizes), chunk g read by predictor g: in training the query groups;
-        in evaluation, with one group's Q proposals, the package cuts those Q alike, and so does this."""
+        → padded keypoints [B, G · Q, C_k · K_max, 8], group g read by ``encoder_predictors[g]`` in training; in
+        evaluation (one group) predictor 0 reads them all, as the package since 1.11 (1.8.0 cut the one group's
+        proposals into G chunks, one per predictor)."""
         if not hasattr(self, "encoder_predictors"):
             raise ValueError("this KeypointHead was built with encoder=False: it has no encoder predictors")
         queries = self.encoder_query_initializer(features)  # [B, G·Q, K, D]
-        count = len(self.encoder_predictors)
+        count = len(self.encoder_predictors) if self.training else 1
         chunks = zip(queries.chunk(count, 1), boxes.chunk(count, 1), self.encoder_predictors)
         return self.schema.pad(torch.cat([place_keypoints(predictor(q), b) for q, b, predictor in chunks], 1))
