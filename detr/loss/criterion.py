@@ -28,7 +28,8 @@ _PART_OUTPUTS = {"proposals": ("two-stage encoder proposals", "detr.loss.parts.P
                  "dense": ("dense auxiliary predictions", "detr.loss.parts.DenseLoss"),
                  "masks": ("masks", "detr.loss.masks.MaskLoss"),
                  "mask_features": ("every layer's masks as features", "detr.loss.masks.PointMaskLoss"),
-                 "distributions": ("edge distributions", "detr.loss.distribution.DistributionLoss")}
+                 "distributions": ("edge distributions", "detr.loss.distribution.DistributionLoss"),
+                 "keypoints": ("keypoints", "detr.loss.keypoints.KeypointLoss")}
 
 
 @dataclass

@@ -11,6 +11,7 @@ from torch import nn
 
 from detr.box_ops import batched_generalized_box_iou, cxcywh_to_xyxy
 from detr.loss.focal import focal_class_cost
+from detr.loss.keypoint_terms import keypoint_matching_costs
 from detr.loss.point_sampling import (
     logits_at_points,
     padded_masks,
@@ -20,6 +21,7 @@ from detr.loss.point_sampling import (
     point_sample,
 )
 from detr.models.config import ClassHead
+from detr.models.layers.keypoint_head import KeypointSchema
 from detr.models.outputs import LayerOutput
 
 
@@ -46,12 +48,19 @@ class HungarianMatcher(nn.Module):
     masks; one draw from torch's global generator per call, shared by every query and target:
     :mod:`detr.loss.point_sampling`). transformers' ``RfDetrHungarianMatcher`` draws its point count from the
     flattened boxes' shape (B · Q · 4 / ratio) instead; the authors' count is the one used here.
+
+    Keypoint costs (the rfdetr package's matcher for a keypoint model): with ``num_keypoints_per_class`` and a
+    non-zero ``cost_keypoint_l1``, ``cost_keypoint_findable``, ``cost_keypoint_visible`` or ``cost_keypoint_nll``, a
+    layer that carries ``keypoints`` matched against targets with ``keypoints`` also costs those weights times
+    the terms of :func:`detr.loss.keypoint_terms.keypoint_matching_costs`.
     """
 
     def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0, *,
                  class_head: ClassHead = "softmax", focal_alpha: float = 0.25, focal_gamma: float = 2.0,
                  group_size: int | None = None, cost_mask_ce: float = 0.0, cost_mask_dice: float = 0.0,
-                 mask_point_ratio: int = 16) -> None:
+                 mask_point_ratio: int = 16, num_keypoints_per_class: tuple[int, ...] | list[int] | None = None,
+                 cost_keypoint_l1: float = 0.0, cost_keypoint_findable: float = 0.0,
+                 cost_keypoint_visible: float = 0.0, cost_keypoint_nll: float = 0.0) -> None:
         super().__init__()
         if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
             raise ValueError("at least one of cost_class, cost_bbox, cost_giou must be non-zero")
@@ -61,6 +70,10 @@ class HungarianMatcher(nn.Module):
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
         self.cost_mask_ce, self.cost_mask_dice, self.mask_point_ratio = cost_mask_ce, cost_mask_dice, mask_point_ratio
+        self.keypoint_costs = (cost_keypoint_l1, cost_keypoint_findable, cost_keypoint_visible, cost_keypoint_nll)
+        self.keypoint_schema = KeypointSchema(tuple(num_keypoints_per_class)) if num_keypoints_per_class else None
+        if any(self.keypoint_costs) and self.keypoint_schema is None:
+            raise ValueError("HungarianMatcher: keypoint costs need num_keypoints_per_class (the keypoint head's)")
 
     def num_groups(self, num_predictions: int) -> int:
         """How many query groups ``num_predictions`` predictions per image hold: num_predictions / group_size,
@@ -102,17 +115,41 @@ class HungarianMatcher(nn.Module):
                                       + self.cost_mask_dice * pairwise_dice(logits[index], labels))
         return cost
 
+    def keypoint_cost(self, outputs: LayerOutput, targets: list[dict[str, torch.Tensor]], longest: int
+                      ) -> torch.Tensor | None:
+        """The weighted keypoint costs [B, Q, T_max] of the layer's keypoints against each image's targets (padding
+        columns 0), or None when the weights are 0, the layer has no keypoints or the targets none."""
+        if not any(self.keypoint_costs) or outputs.keypoints is None or "keypoints" not in targets[0]:
+            return None
+        keypoints = outputs.keypoints
+        device = keypoints.device
+        boxes = torch.cat([t["boxes"] for t in targets]).to(device)
+        terms = keypoint_matching_costs(keypoints, torch.cat([t["keypoints"] for t in targets]).to(device),
+                                        torch.cat([t["labels"] for t in targets]).to(device),
+                                        boxes[:, 2] * boxes[:, 3], self.keypoint_schema)  # each [B, Q, ΣT]
+        total = sum(weight * term.float() for weight, term in zip(self.keypoint_costs, terms))
+        cost = total.new_zeros(*total.shape[:2], longest)
+        start = 0
+        for index, target in enumerate(targets):
+            count = len(target["labels"])
+            cost[index, :, :count] = total[index, :, start:start + count]  # each image against its own targets
+            start += count
+        return cost
+
     @torch.no_grad()
     def match_layers(self, layers: Sequence[LayerOutput], targets: list[dict[str, torch.Tensor]]
                      ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
         """:meth:`forward` for several layers' predictions (every decoder layer's, first to last): the layers of
         one shape in one batched pass (one cost computation over [L · B, Q, T], one device-to-host copy instead of
         L); the same matches as one call per layer. Returns per layer what :meth:`forward` returns."""
-        if len(layers) < 2 or len({(layer.logits.shape, layer.boxes.shape) for layer in layers}) > 1:
+        shapes = {(layer.logits.shape, layer.boxes.shape, None if layer.keypoints is None else layer.keypoints.shape)
+                  for layer in layers}
+        if len(layers) < 2 or len(shapes) > 1:
             return [self(layer, targets) for layer in layers]
         batch = layers[0].logits.shape[0]
+        keypoints = None if layers[0].keypoints is None else torch.cat([layer.keypoints for layer in layers])
         stacked = LayerOutput(torch.cat([layer.logits for layer in layers]),
-                              torch.cat([layer.boxes for layer in layers]))
+                              torch.cat([layer.boxes for layer in layers]), keypoints=keypoints)
         indices = self(stacked, list(targets) * len(layers))
         return [indices[start:start + batch] for start in range(0, len(indices), batch)]
 
@@ -139,9 +176,9 @@ class HungarianMatcher(nn.Module):
         cost = (self.cost_bbox * torch.cdist(pred_boxes, boxes, p=1)
                 + self.cost_class * self.class_cost(logits, labels)
                 - self.cost_giou * batched_generalized_box_iou(cxcywh_to_xyxy(pred_boxes), cxcywh_to_xyxy(boxes)))
-        mask_cost = self.mask_cost(outputs, targets, longest)
-        if mask_cost is not None:
-            cost = cost + mask_cost
+        for extra in (self.mask_cost(outputs, targets, longest), self.keypoint_cost(outputs, targets, longest)):
+            if extra is not None:
+                cost = cost + extra
         cost = cost.cpu()  # [B, Q, T_max]: the one device-to-host copy
         if not torch.isfinite(cost).all():
             raise FloatingPointError(

@@ -3,10 +3,11 @@
 Every model of this package (the paper's DETR, the anchor detector, Deformable DETR, the panoptic model)
 returns a :class:`DetectorOutput` from ``forward``: the last decoder layer's class logits and boxes, and
 typed optional fields for what some models or modes add (earlier decoder layers, denoising queries, the
-dense head, two-stage proposals, masks, attention maps, sampling points, edge distributions). A field a model does not fill
-is ``None`` (or an empty list for :attr:`DetectorOutput.aux`), so readers test ``output.masks is not None``
-rather than a key. Exports see plain tensors: :class:`detr.checkpoints.export.DeployModel` flattens at the
-boundary, and the file formats keep their own names (``pred_logits``, ``pred_boxes``).
+dense head, two-stage proposals, masks, keypoints, attention maps, sampling points, edge distributions). A
+field a model does not fill is ``None`` (or an empty list for :attr:`DetectorOutput.aux`), so readers test
+``output.masks is not None`` rather than a key. Exports see plain tensors:
+:class:`detr.checkpoints.export.DeployModel` flattens at the boundary, and the file formats keep their own names
+(``pred_logits``, ``pred_boxes``).
 """
 
 from __future__ import annotations
@@ -43,11 +44,15 @@ class LayerOutput:
     logits: ``[B, Q, K]``: K = num_classes + 1 for the softmax head (the last = "no object"), num_classes
     for the sigmoid head. boxes: ``[B, Q, 4]``, normalised ``cxcywh`` of each unpadded image.
     mask_features: the layer's masks as :class:`MaskFeatures` (a model with an instance-mask head, in training).
+    keypoints: ``[B, Q, C_k · K_max, 8]``, a keypoint model's raw keypoints, padded per class
+    (:mod:`detr.models.layers.keypoint_head`: x, y normalised as the boxes; findable and visible logits; the
+    precision's Cholesky factor log l11, l21, log l22; a class-logit share); None for a model without keypoints.
     """
 
     logits: Tensor
     boxes: Tensor
     mask_features: MaskFeatures | None = field(default=None, kw_only=True)
+    keypoints: Tensor | None = field(default=None, kw_only=True)
 
 
 @dataclass
@@ -158,7 +163,8 @@ class DetectorOutput(LayerOutput):
     @property
     def layers(self) -> list[LayerOutput]:
         """Every decoder layer's predictions, first to last (the last is this output's own)."""
-        return [*self.aux, LayerOutput(self.logits, self.boxes, mask_features=self.mask_features)]
+        return [*self.aux, LayerOutput(self.logits, self.boxes, mask_features=self.mask_features,
+                                       keypoints=self.keypoints)]
 
     def apply(self, fn: Callable[[Tensor], Tensor]) -> DetectorOutput:
         """A copy with ``fn`` applied to every tensor (e.g. ``lambda t: t.float().cpu()``); other values kept."""
