@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e ".[test]"
+	# the rfdetr package's model code, for the keypoint parity tests only (tests/helpers_rfdetr_package.py): its
+	# own folder, without its dependencies, never importable as a dependency of this project
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/rfdetr_package rfdetr==1.8.0
 	touch $(STAMP)
 
 test: $(STAMP)

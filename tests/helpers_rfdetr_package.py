@@ -2,7 +2,8 @@
 keypoint tests pass with 1.8.0 (the first with ``RFDETRKeypointPreview``) and 1.11.2; where the two differ, they
 follow 1.11.2 and say so.
 
-Install a throwaway copy and point at it (the tests that need it skip without it)::
+``make setup`` installs a copy, without its dependencies, in ``.venv/rfdetr_package`` (found here without
+setting anything); elsewhere install a throwaway copy and point at it (the tests that need it skip without it)::
 
     pip install --no-deps --target /tmp/rfdetr_pkg rfdetr==1.8.0
     RFDETR_PACKAGE_DIR=/tmp/rfdetr_pkg pytest tests/models/test_keypoint_head.py   # or put the folder on PYTHONPATH
@@ -30,8 +31,9 @@ def rfdetr_module(name: str) -> types.ModuleType:
         spec = importlib.util.find_spec("rfdetr")
         if spec is not None and spec.submodule_search_locations:
             locations = list(spec.submodule_search_locations)
-        elif os.environ.get("RFDETR_PACKAGE_DIR"):
-            folder = os.path.join(os.environ["RFDETR_PACKAGE_DIR"], "rfdetr")
+        else:
+            root = os.environ.get("RFDETR_PACKAGE_DIR") or os.path.join(sys.prefix, "rfdetr_package")
+            folder = os.path.join(root, "rfdetr")
             locations = [folder] if os.path.isdir(folder) else None
         if locations is None:
             pytest.skip("the rfdetr package is not installed: pip install --no-deps --target DIR rfdetr==1.8.0 and "
