@@ -258,7 +258,11 @@ class Prediction:
 
         ``xyxy`` float32 ``[N, 4]`` pixel corners, ``class_id`` int64 model labels, ``confidence`` float32
         scores, ``data["class_name"]`` the label names, ``mask`` bool ``[N, H, W]`` when the prediction has masks.
-        Needs supervision (``pip install 'detr-lightning[supervision]'``)."""
+        Needs supervision (``pip install 'detr-lightning[supervision]'``).
+
+        A keypoint model's points are supervision's other type, :meth:`to_supervision_keypoints`' ``sv.KeyPoints``
+        (its ``VertexAnnotator`` and ``EdgeAnnotator`` draw them), row for row with these detections: the same
+        boolean index selects the same objects of both."""
         from detr.data.supervision import import_supervision
 
         sv = import_supervision()
@@ -270,9 +274,41 @@ class Prediction:
             data={"class_name": np.array(self.label_names, dtype=str)},
         )
 
+    def to_supervision_keypoints(self, *, keypoint_threshold: float = 0.5) -> sv.KeyPoints:
+        """A keypoint model's points as supervision's ``sv.KeyPoints``, row ``i`` the points of detection ``i``
+        (the row of :meth:`to_supervision`'s ``sv.Detections``), as the rfdetr package's keypoint model returns
+        them.
+
+        ``xy`` float32 ``[N, K, 2]`` pixel x, y in the original image, ``keypoint_confidence`` float32 ``[N, K]``
+        each point's score, ``visible`` bool ``[N, K]`` the points scored above ``keypoint_threshold`` (those
+        :func:`detr.visualize.drawing.draw_prediction` draws), ``class_id`` int64 model labels,
+        ``detection_confidence`` float32 the detections' scores, ``data["class_name"]`` the label names. A
+        category of fewer than K points fills the rest with ``(0, 0)`` scored 0, supervision's missing point.
+        Needs supervision (``pip install 'detr-lightning[supervision]'``).
+
+        Raises:
+            ValueError: the prediction has no keypoints (the model predicts none).
+        """
+        if self.keypoints is None:
+            raise ValueError("this prediction has no keypoints (its model predicts none): to_supervision_keypoints "
+                             "needs a keypoint model's prediction; use to_supervision() for the boxes")
+        from detr.data.supervision import import_supervision
+
+        sv = import_supervision()
+        points = self.keypoints.detach().float().cpu().numpy()  # [N, K, 3]
+        return sv.KeyPoints(
+            xy=np.ascontiguousarray(points[..., :2]),
+            class_id=self.labels.detach().cpu().long().numpy(),
+            keypoint_confidence=np.ascontiguousarray(points[..., 2]),
+            detection_confidence=self.scores.detach().float().cpu().numpy(),
+            visible=points[..., 2] > keypoint_threshold,
+            data={"class_name": np.array(self.label_names, dtype=str)},
+        )
+
     @classmethod
     def from_supervision(cls, detections: sv.Detections, *, image_size: tuple[int, int],
-                         category_map: CategoryMap | None = None, file_name: str | None = None) -> Prediction:
+                         category_map: CategoryMap | None = None, file_name: str | None = None,
+                         keypoints: sv.KeyPoints | None = None) -> Prediction:
         """supervision's ``sv.Detections`` of one image as a :class:`Prediction` (``image_size``: its
         ``(height, width)``), e.g. ground truth or another detector's output for this package's drawing and
         evaluation.
@@ -281,12 +317,19 @@ class Prediction:
         (else "class <id>"); detections without ``confidence`` (ground truth) score 1. There are no model
         queries behind them: ``query_indices`` are -1.
 
+        ``keypoints``: the detections' ``sv.KeyPoints``, row for row (:meth:`to_supervision_keypoints`'), as
+        :attr:`keypoints` ``[N, K, 3]``: x, y and ``keypoint_confidence`` (without it, 1 for a ``visible`` point
+        and 0 for another; 1 for all without either).
+
         Raises:
-            ValueError: the detections have no ``class_id``.
+            ValueError: the detections have no ``class_id``, or ``keypoints`` holds another number of objects.
         """
         count = len(detections)
         if count and detections.class_id is None:
             raise ValueError("the detections have no class_id: a Prediction needs each detection's class")
+        if keypoints is not None and len(keypoints) != count:
+            raise ValueError(f"from_supervision: keypoints holds {len(keypoints)} objects but detections {count}; "
+                             f"pass the key points of the same objects, row for row")
         labels = torch.as_tensor(np.asarray(detections.class_id if count else [], dtype=np.int64))
         names = detections.data.get("class_name") if detections.data else None
         label_names = ([str(name) for name in names] if names is not None and len(names) == count
@@ -301,7 +344,20 @@ class Prediction:
             image_size=(int(image_size[0]), int(image_size[1])),
             file_name=file_name,
             masks=None if detections.mask is None else torch.as_tensor(np.asarray(detections.mask, dtype=bool)),
+            keypoints=None if keypoints is None else _keypoints_from_supervision(keypoints),
         )
+
+
+def _keypoints_from_supervision(keypoints: sv.KeyPoints) -> Tensor:
+    """``sv.KeyPoints`` → float32 ``[N, K, 3]``: x, y and each point's confidence (else its visibility as 1/0)."""
+    xy = np.asarray(keypoints.xy, dtype=np.float32)
+    if keypoints.keypoint_confidence is not None:
+        score = np.asarray(keypoints.keypoint_confidence, dtype=np.float32)
+    elif keypoints.visible is not None:
+        score = np.asarray(keypoints.visible, dtype=np.float32)
+    else:
+        score = np.ones(xy.shape[:2], dtype=np.float32)
+    return torch.as_tensor(np.concatenate([xy, score.reshape(*xy.shape[:2], 1)], axis=-1))
 
 
 def select_detections(

@@ -79,3 +79,59 @@ def test_detections_without_class_ids_are_refused() -> None:
     with pytest.raises(ValueError, match="no class_id"):
         Prediction.from_supervision(sv.Detections(xyxy=np.array([[1, 2, 10, 20]], dtype=np.float32)),
                                     image_size=(30, 40))
+
+
+def _keypoint_prediction() -> Prediction:
+    # two detections of a 3-point class and a 2-point class (its third slot unused: (0, 0) scored 0)
+    points = torch.tensor([[[10.0, 12.0, 0.9], [30.0, 12.0, 0.3], [20.0, 30.0, 0.7]],
+                           [[50.0, 5.0, 0.8], [55.0, 9.0, 0.6], [0.0, 0.0, 0.0]]])
+    return Prediction(boxes=torch.tensor([[5.0, 5.0, 35.0, 35.0], [45.0, 2.0, 60.0, 12.0]]),
+                      scores=torch.tensor([0.75, 0.5]), labels=torch.tensor([0, 1]), label_names=["hand", "pen"],
+                      query_indices=torch.tensor([4, 7]), image_size=(40, 64), keypoints=points)
+
+
+def test_keypoints_go_to_supervision_key_points_row_for_row_and_come_back() -> None:
+    prediction = _keypoint_prediction()
+    detections, key_points = prediction.to_supervision(), prediction.to_supervision_keypoints()
+    assert isinstance(key_points, sv.KeyPoints) and len(key_points) == len(detections) == 2
+    np.testing.assert_array_equal(key_points.xy, prediction.keypoints[..., :2].numpy())
+    np.testing.assert_array_equal(key_points.keypoint_confidence, prediction.keypoints[..., 2].numpy())
+    assert key_points.visible.tolist() == [[True, False, True], [True, True, False]]
+    np.testing.assert_array_equal(key_points.class_id, detections.class_id)
+    np.testing.assert_array_equal(key_points.detection_confidence, detections.confidence)
+    assert key_points.data["class_name"].tolist() == ["hand", "pen"]
+
+    back = Prediction.from_supervision(detections, keypoints=key_points, image_size=prediction.image_size)
+    _assert_same(back, prediction)
+    assert torch.equal(back.keypoints, prediction.keypoints)
+    assert Prediction.from_supervision(detections, image_size=prediction.image_size).keypoints is None
+
+    chosen = detections.confidence > 0.6  # one index selects the same objects of both
+    kept = Prediction.from_supervision(detections[chosen], keypoints=key_points[chosen],
+                                       image_size=prediction.image_size)
+    assert torch.equal(kept.keypoints, prediction.above(0.6).keypoints)
+    # supervision's own reading: the box around the visible points, the (0, 0) slot left out
+    assert key_points.as_detections().xyxy.tolist() == [[10, 12, 20, 30], [50, 5, 55, 9]]
+    only_visible = sv.KeyPoints(xy=key_points.xy, visible=key_points.visible)
+    assert Prediction.from_supervision(detections, keypoints=only_visible,
+                                       image_size=prediction.image_size).keypoints[..., 2].tolist() == \
+        [[1, 0, 1], [1, 1, 0]]
+
+    canvas = np.zeros((40, 64, 3), dtype=np.uint8)
+    drawn = sv.EdgeAnnotator(edges=[(1, 2), (2, 3)]).annotate(sv.VertexAnnotator().annotate(canvas.copy(),
+                                                                                            key_points), key_points)
+    assert drawn.shape == canvas.shape and drawn.any()
+
+
+def test_key_points_of_no_detections_and_of_a_model_without_keypoints() -> None:
+    prediction = _keypoint_prediction()
+    empty = prediction.above(0.99).to_supervision_keypoints()
+    assert len(empty) == 0 and empty.xy.shape == (0, 3, 2)
+    back = Prediction.from_supervision(sv.Detections.empty(), keypoints=empty, image_size=(40, 64))
+    assert back.keypoints.shape == (0, 3, 3)
+    boxes_only = Prediction.from_supervision(prediction.to_supervision(), image_size=(40, 64))
+    with pytest.raises(ValueError, match="no keypoints.*to_supervision\\(\\)"):
+        boxes_only.to_supervision_keypoints()
+    with pytest.raises(ValueError, match="keypoints holds 1 objects but detections 2"):
+        Prediction.from_supervision(prediction.to_supervision(), image_size=(40, 64),
+                                    keypoints=prediction.to_supervision_keypoints()[np.array([True, False])])
