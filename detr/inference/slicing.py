@@ -4,8 +4,8 @@ A DETR returns at most its number of queries and sees an image resized to its in
 the small objects shrink below what the model can see, and a crowded one holds more objects than it has
 queries. Slicing (as sahi and supervision's ``InferenceSlicer`` do) predicts overlapping tiles of the image,
 each resized by the model's own input contract, plus the whole image at the model's size (for the objects
-larger than a tile), maps every box back to the image's pixels and merges the duplicates that the overlaps
-make.
+larger than a tile), maps every box (and its mask and keypoints) back to the image's pixels and merges the
+duplicates that the overlaps make.
 
 :func:`tile_windows` lays the tiles; :func:`predict_sliced` runs them through a batch-prediction function (the
 :class:`~detr.inference.predictor.Predictor`'s :meth:`~detr.inference.predictor.Predictor.predict_arrays`, so every
@@ -31,7 +31,8 @@ Window = tuple[int, int, int, int]
 #: How detections seen by several tiles become one: "nms" keeps the best-scoring box of each group of
 #: same-class boxes whose IoU is above the threshold (``torchvision.ops.batched_nms``); "nmm" (greedy
 #: non-maximum merging, sahi's default) replaces each such group, matched by intersection over the smaller box,
-#: by the box that encloses them all, its best score and the union of its masks.
+#: by the box that encloses them all, its best score and the union of its masks; its keypoints are those of its
+#: best-scoring box (points of one object seen by several tiles are not averaged: a cut part's are guesses).
 Merge = Literal["nms", "nmm"]
 
 
@@ -127,15 +128,15 @@ def predict_sliced(
     Args:
         arrays: the images, uint8 RGB ``[H, W, 3]``.
         settings: the tiles and the merge.
-        predict_batch: predicts a batch of uint8 RGB arrays, boxes (and masks) at each array's own size (the
+        predict_batch: predicts a batch of uint8 RGB arrays, boxes (masks, keypoints) at each array's own size (the
             Predictor's ``predict_arrays``, its threshold and options bound).
         batch_size: the most model inputs per call of ``predict_batch``; the tiles of all ``arrays`` are
             batched together, same-size inputs with each other (no padding between them).
         file_names: recorded in each prediction.
         threshold: recorded as each prediction's ``cut_at`` (the threshold ``predict_batch`` applies).
 
-    Returns one prediction per image, its detections in decreasing score order, boxes pixel ``xyxy`` and masks
-    ``[N, H, W]`` in the original image; ``query_indices`` are queries of the input that found each detection
+    Returns one prediction per image, its detections in decreasing score order, boxes pixel ``xyxy``, masks
+    ``[N, H, W]`` and keypoints ``[N, K, 3]`` (pixel x, y, score) in the original image; ``query_indices`` are queries of the input that found each detection
     (a tile or the whole image). An image a tile of which has outputs that are not finite gets no detections
     and that tile's :attr:`Prediction.error`.
     """
@@ -175,8 +176,10 @@ def merge_detections(
     threshold: float | None = None,
 ) -> Prediction:
     """The tiles' predictions of one image as one :class:`Prediction` of the ``image_size`` ``(height, width)``
-    image: boxes shifted by their tile's origin, duplicates merged (``settings.merge``), masks pasted into the
-    image (only the kept ones: a full-size mask per detection of every tile would not fit in memory)."""
+    image: boxes and keypoints shifted by their tile's origin, duplicates merged (``settings.merge``: each kept
+    detection keeps the keypoints of its group's best-scoring box), masks pasted into the image (only the kept
+    ones: a full-size mask per detection of every tile would not fit in memory). Keypoints are kept when every
+    part has them (a keypoint model's tiles and whole image)."""
     failed = next((prediction for _, prediction in parts if prediction is not None and prediction.error), None)
     kept_parts = [(window, prediction) for window, prediction in parts if prediction is not None]
     if settings.drop_cut and failed is None:
@@ -190,6 +193,10 @@ def merge_detections(
     labels = torch.cat([prediction.labels for _, prediction in kept_parts])
     queries = torch.cat([prediction.query_indices for _, prediction in kept_parts])
     names = [name for _, prediction in kept_parts for name in prediction.label_names]
+    keypoints = None
+    if all(prediction.keypoints is not None for _, prediction in kept_parts):
+        keypoints = torch.cat([_shift_keypoints(prediction.keypoints, x0, y0)  # type: ignore[arg-type]
+                               for (x0, y0, _, _), prediction in kept_parts])
     # (part, detection) of every row, to find its mask
     sources = [(part, row) for part, (_, prediction) in enumerate(kept_parts) for row in range(len(prediction))]
     if settings.merge == "nms":
@@ -212,7 +219,13 @@ def merge_detections(
                 masks[out, y0:y1, x0:x1] |= prediction.masks[detection]  # type: ignore[index]
     return Prediction(boxes=merged_boxes, scores=scores[heads], labels=labels[heads],
                       label_names=[names[int(h)] for h in heads], query_indices=queries[heads],
-                      image_size=image_size, file_name=file_name, masks=masks, cut_at=threshold)
+                      image_size=image_size, file_name=file_name, masks=masks,
+                      keypoints=None if keypoints is None else keypoints[heads], cut_at=threshold)
+
+
+def _shift_keypoints(keypoints: Tensor, x0: int, y0: int) -> Tensor:
+    """A tile's keypoints ``[N, K, 3]`` in the image's pixels: x, y moved by the tile's origin, scores unchanged."""
+    return keypoints + torch.tensor([x0, y0, 0], dtype=keypoints.dtype)
 
 
 def greedy_merge_groups(boxes: Tensor, scores: Tensor, labels: Tensor, threshold: float) -> list[list[int]]:
@@ -272,11 +285,14 @@ def _drop_cut(prediction: Prediction, window: Window, image_size: tuple[int, int
     return replace(prediction, boxes=boxes[keep], scores=prediction.scores[keep], labels=prediction.labels[keep],
                    label_names=[name for name, k in zip(prediction.label_names, keep.tolist()) if k],
                    query_indices=prediction.query_indices[keep],
-                   masks=None if prediction.masks is None else prediction.masks[keep])
+                   masks=None if prediction.masks is None else prediction.masks[keep],
+                   keypoints=None if prediction.keypoints is None else prediction.keypoints[keep])
 
 
 def _empty(image_size: tuple[int, int], parts: Sequence[tuple[Window, Prediction]]) -> Prediction:
     with_masks = bool(parts) and all(prediction.masks is not None for _, prediction in parts)
+    with_keypoints = bool(parts) and all(prediction.keypoints is not None for _, prediction in parts)
     return Prediction(boxes=torch.zeros(0, 4), scores=torch.zeros(0), labels=torch.zeros(0, dtype=torch.int64),
                       label_names=[], query_indices=torch.zeros(0, dtype=torch.int64), image_size=image_size,
-                      masks=torch.zeros(0, *image_size, dtype=torch.bool) if with_masks else None)
+                      masks=torch.zeros(0, *image_size, dtype=torch.bool) if with_masks else None,
+                      keypoints=parts[0][1].keypoints[:0] if with_keypoints else None)  # type: ignore[index]

@@ -3,6 +3,8 @@ Predictor's ``slice=`` on a tiny model whose every query predicts one known box.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -14,12 +16,13 @@ from detr.inference.slicing import SliceSettings, merge_detections, predict_slic
 from tests.helpers import fixed_box_model
 
 
-def prediction(boxes, scores, labels, size, masks=None) -> Prediction:
+def prediction(boxes, scores, labels, size, masks=None, keypoints=None) -> Prediction:
     labels = torch.tensor(labels, dtype=torch.int64)
     return Prediction(boxes=torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4),
                       scores=torch.tensor(scores, dtype=torch.float32), labels=labels,
                       label_names=[f"class {int(label)}" for label in labels],
-                      query_indices=torch.arange(len(labels)), image_size=size, masks=masks)
+                      query_indices=torch.arange(len(labels)), image_size=size, masks=masks,
+                      keypoints=None if keypoints is None else torch.tensor(keypoints, dtype=torch.float32))
 
 
 @pytest.mark.parametrize(("height", "width", "size", "overlap"),
@@ -122,6 +125,67 @@ def test_masks_are_pasted_into_the_whole_image():
     expected[35:45, 110:120] = True
     assert torch.equal(merged.masks[0], expected)
     assert merged.boxes.tolist() == [[110, 35, 120, 45]]
+
+
+def corners(box, score=0.9):
+    """Two keypoints of a box: its top-left and bottom-right corners, pixel x, y and a score."""
+    x0, y0, x1, y1 = box
+    return [[x0, y0, score], [x1, y1, score]]
+
+
+@pytest.mark.parametrize("merge", ["nms", "nmm"])
+def test_keypoints_are_shifted_with_their_boxes_and_kept_with_the_kept_box(merge):
+    # a 200 x 50 image, tiles [0, 120) and [80, 200) and the whole image: one object at x 90..110 seen whole by
+    # both tiles (the left tile's copy scores best), its cut part x 80..100 in the whole image's pass scored lower;
+    # another object only in the right tile. Every detection's points are its box's corners, so the kept points
+    # must be the kept box's (with NMM the group's best box's, not the enclosing box's).
+    left = prediction([[90, 10, 110, 30]], [0.9], [1], (50, 120), keypoints=[corners([90, 10, 110, 30], 0.9)])
+    right = prediction([[10, 10, 30, 30], [60, 5, 70, 15]], [0.8, 0.7], [1, 1], (50, 120),
+                       keypoints=[corners([10, 10, 30, 30], 0.8), corners([60, 5, 70, 15], 0.7)])
+    whole = prediction([[80, 10, 100, 30]], [0.6], [1], (50, 200), keypoints=[corners([80, 10, 100, 30], 0.6)])
+    parts = [((0, 0, 120, 50), left), ((80, 0, 200, 50), right), ((0, 0, 200, 50), whole)]
+    merged = merge_detections(parts, image_size=(50, 200), settings=SliceSettings(120, merge=merge,
+                                                                                  iou_threshold=0.3))
+    assert merged.scores.tolist() == pytest.approx([0.9, 0.7])
+    torch.testing.assert_close(merged.keypoints, torch.tensor([corners([90, 10, 110, 30], 0.9),
+                                                               corners([140, 5, 150, 15], 0.7)]))
+    if merge == "nms":
+        assert torch.equal(merged.keypoints[:, :, :2].flatten(1), merged.boxes)
+    else:  # the enclosing box of the object's three copies, with the best copy's points
+        assert merged.boxes[0].tolist() == [80, 10, 110, 30]
+    assert merge_detections([((0, 0, 120, 50), prediction([[1, 1, 5, 5]], [0.9], [0], (50, 120)))],
+                            image_size=(50, 200), settings=SliceSettings(120)).keypoints is None
+
+
+def test_keypoints_follow_drop_cut_and_an_empty_merge():
+    left = prediction([[100, 10, 120, 30], [0, 10, 10, 30]], [0.95, 0.9], [1, 1], (50, 120),
+                      keypoints=[corners([100, 10, 120, 30]), corners([0, 10, 10, 30])])
+    right = prediction([[20, 10, 36, 30]], [0.8], [1], (50, 120), keypoints=[corners([20, 10, 36, 30])])
+    parts = [((0, 0, 120, 50), left), ((80, 0, 200, 50), right)]
+    dropped = merge_detections(parts, image_size=(50, 200), settings=SliceSettings(120, overlap=1 / 3, drop_cut=True))
+    assert sorted(dropped.keypoints[:, :, :2].flatten(1).tolist()) == [[0, 10, 10, 30], [100, 10, 116, 30]]
+    nothing = replace(prediction([], [], [], (50, 120)), keypoints=torch.zeros(0, 2, 3))
+    empty = merge_detections([((0, 0, 120, 50), nothing), ((80, 0, 200, 50), nothing)], image_size=(50, 200),
+                             settings=SliceSettings(120))
+    assert len(empty) == 0 and empty.keypoints.shape == (0, 2, 3)
+
+
+def test_predict_sliced_carries_the_tiles_keypoints_into_the_image():
+    # a stand-in model that finds one object at the centre of every input, its points at the box's corners
+    def predict_batch(tiles):
+        out = []
+        for tile in tiles:
+            height, width = tile.shape[:2]
+            box = [width / 2 - 4, height / 2 - 4, width / 2 + 4, height / 2 + 4]
+            out.append(prediction([box], [0.9 if (height, width) == (60, 60) else 0.5], [0], (height, width),
+                                  keypoints=[corners(box)]))
+        return out
+
+    image = np.zeros((60, 200, 3), dtype=np.uint8)
+    merged = predict_sliced([image], SliceSettings(60, overlap=0.0), predict_batch, batch_size=4)[0]
+    assert len(merged) == 5  # four tiles' objects, the whole image's one (at x 96..104, between tiles 60 and 120)
+    torch.testing.assert_close(merged.keypoints[:, :, :2].flatten(1), merged.boxes)
+    assert sorted(merged.boxes[:, 0].tolist()) == [26, 86, 96, 146, 166]
 
 
 def test_a_tile_whose_outputs_are_not_finite_fails_its_image():
