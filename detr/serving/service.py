@@ -126,7 +126,9 @@ def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None,
 
     ``{"model", "task", "threshold", "image": {"width", "height"}, "detections": [{"query", "label",
     "category_id", "category_name", "score", "box_xyxy" (pixels in the original image)}]}``; with a panoptic
-    model's masks, each detection also has ``mask`` (a PNG data URL, white = the instance); with
+    model's masks, each detection also has ``mask`` (a PNG data URL, white = the instance); with a keypoint
+    model's, ``keypoints``: ``[[x, y, score], ...]``, its K points in pixels of the original image and each
+    point's score (:attr:`Prediction.keypoints`: a category of fewer than K points uses its first ones); with
     ``task="panoptic"``, ``panoptic: {"segments": [COCO panoptic segments_info + score, label, label_name],
     "png": data URL of COCO panoptic's PNG (segment id = R + 256·G + 256²·B, 0 = void)}``.
     Category ids are the data set's (the checkpoint's category map); without a map, the model's labels.
@@ -150,6 +152,8 @@ def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None,
             detection["track_id"] = int(prediction.track_ids[i])
         if prediction.masks is not None:
             detection["mask"] = _data_url(_mask_png(prediction.masks[i].numpy()))
+        if prediction.keypoints is not None:
+            detection["keypoints"] = prediction.keypoints[i].float().tolist()
         detections.append(detection)
     height, width = prediction.image_size
     response: dict[str, Any] = {"model": model_name, "task": task, "threshold": threshold,

@@ -2,12 +2,13 @@
 segments and the COCO panoptic PNG in the JSON) and exported files (.onnx through ONNX Runtime, .xml through
 OpenVINO); results equal the
 Predictor's, a batch of mixed sizes gives what each image gives alone, and non-finite outputs fail only the
-images they belong to."""
+images they belong to; a keypoint prediction's points go into its detections' JSON."""
 
 from __future__ import annotations
 
 import base64
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +19,12 @@ from PIL import Image
 from detr.categories import coco_panoptic_category_map, coco_panoptic_is_thing
 from detr.checkpoints import save_checkpoint
 from detr.inference.postprocess_masks import rgb_to_id_map
+from detr.inference.prediction import Prediction
 from detr.inference.predictor import NonFiniteOutputError, Predictor
 from detr.models.config import ModelMeta
 from detr.serving import DetectionService, Job, load_service
 from detr.serving.inputs import decode_image_bytes
-from detr.serving.service import ModelOutputError
+from detr.serving.service import ModelOutputError, prediction_json
 from tests.helpers import tiny_coco_panoptic
 from tests.serving.helpers import spread_out_model
 
@@ -117,3 +119,17 @@ def test_non_finite_outputs_fail_only_their_images(tmp_path: Path, monkeypatch) 
     assert calls == [3, 1, 1]
     assert isinstance(results[1], ModelOutputError) and "not finite" in str(results[1])
     assert results[0] == expected and results[2] == expected
+
+
+def test_the_json_of_a_keypoint_prediction_holds_each_detections_points() -> None:
+    points = torch.tensor([[[10.0, 12.0, 0.75], [30.0, 12.0, 0.25]], [[50.0, 5.0, 0.5], [0.0, 0.0, 0.0]]])
+    prediction = Prediction(boxes=torch.tensor([[5.0, 5.0, 35.0, 35.0], [45.0, 2.0, 60.0, 12.0]]),
+                            scores=torch.tensor([0.75, 0.5]), labels=torch.tensor([0, 1]),
+                            label_names=["class 0", "class 1"], query_indices=torch.tensor([4, 7]),
+                            image_size=(40, 64), keypoints=points)
+    response = prediction_json(prediction, category_map=None, model_name="tiny", task="detection", threshold=0.3)
+    assert [d["keypoints"] for d in response["detections"]] == points.tolist()
+    assert response["detections"][0]["box_xyxy"] == [5, 5, 35, 35]
+    plain = prediction_json(replace(prediction, keypoints=None), category_map=None, model_name="tiny",
+                            task="detection", threshold=0.3)
+    assert all("keypoints" not in d for d in plain["detections"])
