@@ -9,7 +9,8 @@ duplicates that the overlaps make.
 
 :func:`tile_windows` lays the tiles; :func:`predict_sliced` runs them through a batch-prediction function (the
 :class:`~detr.inference.predictor.Predictor`'s :meth:`~detr.inference.predictor.Predictor.predict_arrays`, so every
-family and backend slices alike) and merges with :func:`merge_detections`.
+family and backend slices alike) and merges with :func:`merge_detections`. The defaults of
+:class:`SliceSettings` (NMS, the whole-image pass, no ``drop_cut``) were chosen by docs/measurements/slicing.md.
 """
 
 from __future__ import annotations

@@ -3,17 +3,20 @@ Predictor's ``slice=`` on a tiny model whose every query predicts one known box.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from pycocotools.cocoeval import COCOeval
 
 from detr import build_detr_panoptic
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import Predictor
 from detr.inference.slicing import SliceSettings, merge_detections, predict_sliced, tile_starts, tile_windows
-from tests.helpers import fixed_box_model
+from tests.helpers import coco_ground_truth, fixed_box_model, tiny_config_with
 
 
 def prediction(boxes, scores, labels, size, masks=None, keypoints=None) -> Prediction:
@@ -239,3 +242,62 @@ def test_predictor_refuses_panoptic_with_slicing(tiny_config):
     predictor = Predictor(model, device="cpu", min_size=64, max_size=96, is_thing=[True] * 3 + [False] * 2)
     with pytest.raises(ValueError, match="task 'panoptic' is not supported with slicing"):
         predictor.predict(np.zeros((64, 64, 3), dtype=np.uint8), slice=32, task="panoptic")
+
+
+class QuarterBoxes(torch.nn.Module):
+    """A box head whose query ``q`` predicts the centre half of the input's quarter ``q`` (normalised ``cxcywh``),
+    whatever the decoder says: four queries, four fixed places in any input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        centres = [(0.25, 0.25), (0.75, 0.25), (0.25, 0.75), (0.75, 0.75)]
+        self.logits = torch.nn.Parameter(torch.logit(torch.tensor([[x, y, 0.25, 0.25] for x, y in centres])))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [L, B, Q, D] -> [L, B, Q, 4] logits
+        return self.logits.expand(*hidden.shape[:-1], 4)
+
+
+def ap50(dataset: dict, prediction: Prediction) -> float:
+    """COCO AP50 (pycocotools, in points) of one image's ``prediction``, labels as category ids."""
+    ground_truth = coco_ground_truth(dataset)
+    results = [{"image_id": 1, "category_id": int(label), "score": float(score), "bbox": [x0, y0, x1 - x0, y1 - y0]}
+               for (x0, y0, x1, y1), score, label in zip(prediction.boxes.tolist(), prediction.scores.tolist(),
+                                                          prediction.labels.tolist())]
+    with contextlib.redirect_stdout(io.StringIO()):
+        evaluation = COCOeval(ground_truth, ground_truth.loadRes(results), "bbox")
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    return 100 * evaluation.stats[1]
+
+
+def test_slicing_finds_more_than_twice_the_ap50_of_the_whole_image_when_the_queries_run_out():
+    """Issue 60's done-when on a deterministic stand-in: a model with four queries, each answering one quarter of
+    any input (:class:`QuarterBoxes`), at a 128-px input, on a 256-px canvas of twenty objects: sixteen small
+    32-px squares, one at the centre of each quarter of each 128-px tile, and four large 64-px ones, one at the
+    centre of each quarter of the canvas. The whole image at the model's size has four queries for twenty
+    objects and finds the four large ones (AP50 about 20); the four tiles find the sixteen small ones at their
+    own scale and the whole-image pass the large ones (AP50 100). What a trained model sees is a benchmark
+    figure (docs/measurements/slicing.md); this is the geometry: queries and scale multiplied by the tiles."""
+    model = fixed_box_model(tiny_config_with(num_queries=4), (0.5, 0.5, 0.2, 0.2), label=1)
+    model.bbox_embed = QuarterBoxes()
+    predictor = Predictor(model, device="cpu", batch_size=5, min_size=128, max_size=128, optimize=False)
+    canvas = np.zeros((256, 256, 3), dtype=np.uint8)
+    small = [(x - 16, y - 16, 32, 32) for y in range(32, 256, 64) for x in range(32, 256, 64)]
+    large = [(x - 32, y - 32, 64, 64) for y in (64, 192) for x in (64, 192)]
+    for x, y, w, h in small + large:
+        canvas[y : y + h, x : x + w] = 255 if w == 32 else 128
+    dataset = {"images": [{"id": 1, "width": 256, "height": 256, "file_name": "canvas.png"}],
+               "categories": [{"id": 1, "name": "square"}],
+               "annotations": [{"id": i + 1, "image_id": 1, "category_id": 1, "bbox": list(box),
+                                "area": box[2] * box[3], "iscrowd": 0} for i, box in enumerate(small + large)]}
+
+    (whole,) = predictor.predict(canvas, all_queries=True)
+    (sliced,) = predictor.predict(canvas, all_queries=True, slice=SliceSettings(128, overlap=0.0))
+    (tiles_only,) = predictor.predict(canvas, all_queries=True, slice=SliceSettings(128, overlap=0.0,
+                                                                                     whole_image=False))
+    assert (len(whole), len(tiles_only), len(sliced)) == (4, 16, 20)
+    assert ap50(dataset, whole) == pytest.approx(20, abs=1.5)
+    assert ap50(dataset, tiles_only) == pytest.approx(80, abs=1.5)
+    assert ap50(dataset, sliced) == pytest.approx(100)
+    assert ap50(dataset, sliced) >= 2 * ap50(dataset, whole)
