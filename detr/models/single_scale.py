@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from detr.models.anchor.denoising import DenoisingMeta
-from detr.models.backbone import Joiner
+from detr.models.backbone import Joiner, describe_resnet_detector
 from detr.models.config import PRIOR_BIAS, ClassHead
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.detector import Detector, Targets, check_inputs
@@ -98,6 +98,9 @@ class SingleScaleDetector(Detector):
         self.input_proj = nn.Conv2d(backbone.num_channels, hidden_dim, kernel_size=1)
         self.backbone = backbone
         self.dense_head = dense_head
+
+    def describe(self) -> str:
+        return "" if self.config is None else describe_resnet_detector(self.config)
 
     def init_queries(self, hidden_dim: int) -> None:
         """Make the query source's parameters (called by ``__init__``)."""

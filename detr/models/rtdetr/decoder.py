@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from detr.box_ops import inverse_sigmoid
-from detr.models.config import PRIOR_BIAS, SamplingMethod
+from detr.models.config import PRIOR_BIAS
+from detr.models.rtdetr.config import SamplingMethod
 from detr.models.deformable.attention import MultiScaleDeformableAttention, SpatialShapes
 from detr.models.mlp import MLP
 from detr.models.outputs import DistributionOutput
