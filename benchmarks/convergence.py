@@ -60,7 +60,7 @@ import torch
 
 from detr.lightning import DetrDataModule, DetrSystem
 from detr.lightning.callbacks import ExponentialMovingAverage, TimeBudget, TrainingThroughput
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ import torch
 
 from detr.lightning import DetrSystem
 from detr.lightning.cli import make_cli
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from detr.checkpoints.finetune import FAMILY_NAMES
 from tests.helpers import write_tiny_shapes
 from tests.helpers_realtime import CONFIGS, tiny_checkpoint

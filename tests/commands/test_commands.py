@@ -158,7 +158,7 @@ def test_help_texts_name_every_family(capsys) -> None:
     from detr.commands import export
     from detr.inference.command_line import FAMILY_NAMES
     from detr.lightning.command import overview
-    from detr.models.config import Architecture
+
 
     assert list(FAMILY_NAMES) == list(get_args(Architecture))
     with pytest.raises(SystemExit):

@@ -7,7 +7,7 @@ import pytest
 from detr.loss.build import build_criterion
 from detr.loss.masks import MaskLoss
 from detr.loss.parts import DenoisingLoss, DenseLoss, ProposalLoss
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 
 PAPER = DetrConfig()
 

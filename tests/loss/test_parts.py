@@ -10,7 +10,7 @@ from detr.loss.criterion import LossPart, SetCriterion
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss
 from detr.models.anchor.denoising import DenoisingMeta
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from detr.models.outputs import DenoisingOutput, DenseOutput, DetectorOutput
 from tests.helpers import model_output
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.models.config import ARCHITECTURE_DEFAULTS, DetrConfig
+from detr.models.detr_family import DetrConfig
 
 
 @pytest.mark.parametrize("architecture", [name for name in ARCHITECTURE_DEFAULTS if name != "detr"])
@@ -15,7 +15,7 @@ def test_build_detr_with_only_the_architecture_builds_the_family_default(archite
     with torch.device("meta"):
         model = build_detr(architecture=architecture, pretrained_backbone=False)
     config = model.config
-    assert config.architecture == architecture and config.class_head == "sigmoid"
+    assert config.family == architecture and config.class_head == "sigmoid"
     assert all(getattr(config, name) == value for name, value in ARCHITECTURE_DEFAULTS[architecture].items())
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from detr.models.deformable.attention import MultiScaleDeformableAttention, deformable_sampling, use_bilinear_kernel
 from tests.helpers import tiny_config_with
 

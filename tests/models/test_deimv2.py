@@ -10,15 +10,18 @@ import torch
 from torch import nn
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.deimv2.config import DEIMv2Config
+from detr.models.dfine.config import DistributionDecoder
+from detr.models.detr_family import DetrConfig
 from detr.models.dfine.decoder import SwiGLU
 from detr.models.dfine.encoder import LiteEncoder, RepNCSPELAN5
 from tests.helpers import randomise
 
-TINY_DEIMV2 = DetrConfig(architecture="deimv2", class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32,
-                         num_heads=4, dim_feedforward=48, num_decoder_layers=3, num_queries=20, num_classes=5,
-                         dropout=0.0, num_feature_levels=2, num_points=3, csp_expansion=0.5,
-                         csp_depth_multiplier=0.34, backbone_learnable_affine=True, max_num_bins=8)
+TINY_DEIMV2 = DEIMv2Config(class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32, num_heads=4,
+                           dim_feedforward=48, num_decoder_layers=3, num_queries=20, num_classes=5, dropout=0.0,
+                           num_feature_levels=2, num_points=3, csp_expansion=0.5, csp_depth_multiplier=0.34,
+                           backbone_learnable_affine=True, num_encoder_layers=6, backbone_norm='frozen_batch_norm',
+                           denoising=False, decoder=DistributionDecoder(max_num_bins=8, num_points_per_level=None))
 LITE = {"lite_encoder": True, "num_encoder_layers": 0, "decoder_gateway": False, "decoder_activation": "silu"}
 DINOV3 = {"backbone": "dinov3_vit", "num_feature_levels": 3, "num_points": 2, "vit_dim": 32, "vit_depth": 3,
           "vit_heads": 2, "vit_mlp_dim": 48, "vit_register_tokens": 2, "vit_out_layers": (1, 2, 3),

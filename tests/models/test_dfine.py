@@ -8,15 +8,18 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.dfine.config import DFINEConfig, DistributionDecoder
+from detr.models.rtdetr.config import RTDETRConfig
+from detr.models.detr_family import DetrConfig
 from detr.models.deformable.attention import MultiScaleDeformableAttention, deformable_sampling
 from detr.models.dfine.decoder import distance_to_box, edge_distances, weighting_function
 from detr.models.dfine.hgnetv2 import SIZES, HGNetV2, LearnableAffineBlock
 
-TINY_DFINE = DetrConfig(architecture="dfine", class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32,
-                        num_heads=4, dim_feedforward=48, num_decoder_layers=3, num_queries=20, num_classes=5,
-                        dropout=0.0, num_feature_levels=3, num_points_per_level=(2, 3, 1), csp_expansion=0.5,
-                        csp_depth_multiplier=0.34, backbone_learnable_affine=True, max_num_bins=8, denoising=True)
+TINY_DFINE = DFINEConfig(class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32, num_heads=4, dim_feedforward=48,
+                         num_decoder_layers=3, num_queries=20, num_classes=5, dropout=0.0, num_feature_levels=3,
+                         csp_expansion=0.5, csp_depth_multiplier=0.34, backbone_learnable_affine=True,
+                         denoising=True, num_encoder_layers=6, backbone_norm='frozen_batch_norm',
+                         decoder=DistributionDecoder(num_points_per_level=(2, 3, 1), max_num_bins=8))
 
 
 def _model(**changes) -> torch.nn.Module:
@@ -169,7 +172,8 @@ def test_dfine_options_need_the_dfine_architecture():
         DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", num_feature_levels=3,
                    max_num_bins=16)
     with pytest.raises(ValueError, match="HGNetV2 sizes"):
-        DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="hgnetv2_b0", num_feature_levels=3)
+        RTDETRConfig(class_head="sigmoid", backbone="hgnetv2_b0", num_feature_levels=3, num_queries=100,
+                     dim_feedforward=2048, dropout=0.1, num_encoder_layers=6, denoising=False)
 
 
 def test_optimize_for_inference_keeps_the_outputs():

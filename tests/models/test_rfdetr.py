@@ -8,15 +8,17 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
+from detr.models.detr_family import DetrConfig
 from detr.models.rfdetr.decoder import refine_boxes
 from detr.models.rfdetr.vit import WindowedViT
 
-TINY_RFDETR = DetrConfig(architecture="rfdetr", backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=1,
-                         hidden_dim=32, num_heads=4, cross_attention_heads=8, dim_feedforward=48,
-                         num_decoder_layers=2, num_queries=12, num_classes=5, dropout=0.0, vit_hidden_dim=24,
-                         vit_num_layers=3, vit_num_heads=3, vit_out_indices=(1, 3), vit_num_windows=2,
-                         vit_position_size=56, projector_blocks=1, mask_dim_feedforward=16)
+TINY_RFDETR = RFDETRConfig(backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=1, hidden_dim=32,
+                           num_heads=4, cross_attention_heads=8, dim_feedforward=48, num_decoder_layers=2,
+                           num_queries=12, num_classes=5, dropout=0.0, projector_blocks=1, mask_dim_feedforward=16,
+                           num_points=4, query_groups=1,
+                           vit=WindowedViTSize(width=24, depth=3, heads=3, out_indices=(1, 3), num_windows=2,
+                                               position_size=56, mlp_dim=96))
 
 
 def _model(**changes) -> torch.nn.Module:

@@ -8,15 +8,16 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.rtdetr.config import RTDETRConfig
+from detr.models.detr_family import DetrConfig
 from detr.models.deformable.attention import deformable_sampling
 from detr.models.rtdetr.decoder import anchors_for
 from detr.models.rtdetr.hybrid_encoder import RepVggBlock, sincos_position_embedding
 from detr.models.rtdetr.resnet_vd import ResNetVd
 
-TINY_RTDETR = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=4,
-                         dim_feedforward=48, num_decoder_layers=3, num_queries=20, num_classes=5, dropout=0.0,
-                         num_points=2, denoising=True)
+TINY_RTDETR = RTDETRConfig(class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=4, dim_feedforward=48,
+                           num_decoder_layers=3, num_queries=20, num_classes=5, dropout=0.0, num_points=2,
+                           denoising=True, num_encoder_layers=6, num_feature_levels=4)
 
 
 def _model(**changes) -> torch.nn.Module:

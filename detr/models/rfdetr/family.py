@@ -14,6 +14,6 @@ def rfdetr_base() -> RFDETRConfig:
 
 
 FAMILY = register_family(Family(
-    name="rfdetr", title="RF-DETR", config_class=RFDETRConfig, builder=build_rfdetr,
+    name="rfdetr", title="RF-DETR / LW-DETR", config_class=RFDETRConfig, builder=build_rfdetr,
     presets={"rfdetr_base": rfdetr_base}, augmentation="rfdetr", flat_names=FLAT_NAMES, migrate_flat=migrate_flat,
 ))
