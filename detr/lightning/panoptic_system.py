@@ -85,10 +85,13 @@ class PanopticSystem(DetrSystem):
         mask_ap: bool = True,
         categories: list[dict[str, Any]] | None = None,
         init_checkpoint: str | None = None,
-        detr: DetrConfig = DetrConfig(),  # frozen: a shared default is safe
+        detr: DetrConfig | dict[str, Any] = DetrConfig(),  # frozen: a shared default is safe
         **kwargs: Any,
     ) -> None:
         config = _model_config(detr)
+        if not isinstance(config, DetrConfig):
+            raise ValueError(f"model.detr: the panoptic mask head sits on the paper's DETR (family 'detr'), got "
+                             f"family {config.family!r}")
         if init_checkpoint:  # every detector tensor comes from it: no ImageNet download
             config = config.replace(pretrained_backbone=False)
         # the mask stage loads init_checkpoint itself, strictly: a frozen detector must not keep any

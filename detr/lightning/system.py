@@ -156,7 +156,7 @@ class DetrSystem(L.LightningModule):
         self,
         *,
         # --- model: one family's config (YAML: model.detr: {family: dfine, backbone: ...} or its fields) ---
-        detr: ModelConfig = DetrConfig(),  # frozen: a shared default is safe
+        detr: ModelConfig | dict[str, Any] = DetrConfig(),  # frozen: a shared default is safe
         # --- matching and loss ---
         cost_class: float = 1.0,
         cost_bbox: float = 5.0,

@@ -4,17 +4,21 @@ Until the families had their own config classes, one record held every family's 
 named by ``architecture``, "detr" when absent). Checkpoints (``checkpoint["detr"]["model_config"]``, the training
 system's ``hyper_parameters["detr"]``), YAML configs (``model.detr:``) and the readers of that time wrote it. They
 still load: :func:`migrate_flat_config` turns such a dict into the fields of the family it names (its
-:class:`detr.models.family.Family`'s ``flat_names`` say where an option moved), and refuses an option that family
-never read unless it holds the value the one record had by default (which the old checks required anyway).
+:class:`detr.models.family.Family`'s ``flat_names`` say where an option moved) and leaves out the options that family
+never read: the one record's checks had accepted the dict, so such an option was inert for it (a YAML chain that
+switched families mid-way leaves the first family's values behind, e.g. ``denoising_groups`` under Deformable DETR).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from detr.models.family import Family
+
+logger = logging.getLogger(__name__)
 
 #: The one record's fields and their defaults (the last version that wrote it); a field a family's config does
 #: not have was inert for that family at this value.
@@ -48,9 +52,9 @@ def is_flat_config(values: Mapping[str, Any]) -> bool:
 def migrate_flat_config(values: Mapping[str, Any], family: Family, where: str) -> dict[str, Any]:
     """The fields of ``family``'s config (records as nested dicts) from an old one-record dict ``values`` (any
     subset of :data:`FLAT_DEFAULTS`' fields, ``architecture`` = the family's name). A field missing from
-    ``values`` takes the one record's default, not the family config's (what the old file meant). A name that the
-    one record did not have, or an option ``family`` does not read set to another value than the default, raises
-    ValueError naming ``where``, the option and the fix."""
+    ``values`` takes the one record's default, not the family config's (what the old file meant); an option the
+    family does not read is left out (logged). A name that the one record did not have raises ValueError naming
+    ``where`` and the options."""
     unknown = sorted(set(values) - set(FLAT_DEFAULTS))
     if unknown:
         raise ValueError(f"{where}: unknown model option(s) {unknown}; a {family.title} config's options are "
@@ -70,8 +74,8 @@ def migrate_flat_config(values: Mapping[str, Any], family: Family, where: str) -
                 container = container.setdefault(part, {})
             container[field] = value
         elif not _same(value, FLAT_DEFAULTS.get(name)):
-            raise ValueError(f"{where}: {name}={value!r} is not an option of {family.title} (family "
-                             f"{family.name!r}); drop it, or choose the family that has it")
+            logger.debug("%s: %s=%r is not an option of %s: left out (it was inert there)", where, name, value,
+                         family.title)
     return migrated
 
 
