@@ -96,7 +96,7 @@ class ModelConfig:
         if self.hidden_dim < 2 or self.hidden_dim % 2:
             raise ValueError(f"hidden_dim must be even (half of it encodes each axis), got {self.hidden_dim}")
         if self.num_heads < 1 or self.hidden_dim % self.num_heads:
-            raise ValueError(f"hidden_dim ({self.hidden_dim}) must divide into num_heads ({self.num_heads}) heads")
+            raise ValueError(f"hidden_dim ({self.hidden_dim}) must be divisible by num_heads ({self.num_heads})")
         if self.backbones and self.backbone not in self.backbones:
             raise ValueError(f"backbone {self.backbone!r} is not one of {self.family}'s: "
                              f"{', '.join(self.backbones)}")
@@ -107,10 +107,13 @@ class ModelConfig:
         return self.num_classes + 1 if self.class_head == "softmax" else self.num_classes
 
     def replace(self: Config, **changes: Any) -> Config:
-        """A copy with ``changes`` applied (validated again; a record field takes a record or a dict of its
-        fields); unknown names raise ValueError naming them."""
-        values = {**self.to_dict(), **changes}
+        """A copy with ``changes`` applied (validated again; a record field takes a record, or a dict of the fields
+        to change); unknown names raise ValueError naming them."""
+        values = self.to_dict()
         values.pop("family")
+        for name, value in changes.items():  # a record's fields given as a dict change only those fields
+            values[name] = {**values[name], **value} if isinstance(value, dict) and isinstance(values.get(name),
+                                                                                                dict) else value
         return type(self).from_dict(values, where=f"{type(self).__name__}.replace")
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,7 +125,13 @@ class ModelConfig:
     @classmethod
     def from_dict(cls: type[Config], values: dict[str, Any], where: str = "the model configuration") -> Config:
         """The config from its fields (any subset; the rest are the class's defaults; a record field as a dict of
-        its fields). A name that is not a field raises ValueError naming it and ``where`` it came from."""
+        its fields; a ``family`` key, as :meth:`to_dict` writes, must name this class's family). A name that is not
+        a field raises ValueError naming it and ``where`` it came from."""
+        values = dict(values)
+        family = values.pop("family", cls.family)
+        if family != cls.family:
+            raise ValueError(f"{where}: a config of family {family!r}, not {cls.family!r} ({cls.__name__}); read it "
+                             f"with detr.models.family.config_from_dict")
         return record_from_dict(cls, values, where)
 
 

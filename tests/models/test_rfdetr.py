@@ -134,8 +134,8 @@ def test_sides_that_do_not_divide_by_patch_times_windows_or_differ_are_refused()
 @pytest.mark.parametrize("changes, message", [
     ({"num_feature_levels": 2}, "num_feature_levels=1"),
     ({"class_head": "softmax"}, "class_head='sigmoid'"),
-    ({"vit_out_indices": (3, 1)}, "vit_out_indices"),
-    ({"vit_out_indices": (1, 4)}, "vit_out_indices"),
+    ({"vit": {"out_indices": (3, 1)}}, "vit.out_indices"),
+    ({"vit": {"out_indices": (1, 4)}}, "vit.out_indices"),
     ({"cross_attention_heads": 5}, "cross_attention_heads"),
     ({"backbone": "resnet50"}, "dinov2_windowed"),
 ])
@@ -144,15 +144,16 @@ def test_the_config_refuses_what_rfdetr_cannot_build(changes, message):
         TINY_RFDETR.replace(**changes)
 
 
-def test_rfdetr_options_need_the_rfdetr_architecture():
-    with pytest.raises(ValueError, match="RF-DETR option"):
-        DetrConfig(vit_num_windows=2)
-    with pytest.raises(ValueError, match="LW-DETR's backbones"):
+def test_rfdetr_options_are_rfdetr_s_config_s_only():
+    with pytest.raises(ValueError, match="unknown model option.*vit"):
+        DetrConfig.from_dict({"vit": {"num_windows": 2}})
+    with pytest.raises(ValueError, match="not one of detr's"):
         DetrConfig(backbone="dinov2_windowed")
 
 
 def test_lwdetr_projects_one_level_per_scale_and_its_windowed_blocks_stay_local():
-    model = _model(backbone="lwdetr_vit", vit_window_blocks=(0, 1, 2), vit_out_indices=(2, 3), projector_scales=(2.0, 0.5),
+    model = _model(backbone="lwdetr_vit", vit={"window_blocks": (0, 1, 2), "out_indices": (2, 3)},
+                   projector_scales=(2.0, 0.5),
                    num_feature_levels=2, projector_norm="batch_norm")
     assert model.stride == 7 and "LW-DETR" in model.describe()
     with torch.no_grad():
