@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from detr.models.anchor.denoising import DenoisingMeta
-from detr.models.backbone import Joiner, describe_resnet_detector
+from detr.models.backbone import Joiner
 from detr.models.config import PRIOR_BIAS, ClassHead
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.detector import Detector, Targets, check_inputs
@@ -100,7 +100,15 @@ class SingleScaleDetector(Detector):
         self.dense_head = dense_head
 
     def describe(self) -> str:
-        return "" if self.config is None else describe_resnet_detector(self.config)
+        """"resnet50-DC5, 6 encoder layers, 256 hidden, 91 classes", read off the model and its config's shared
+        fields."""
+        config = self.config
+        if config is None:
+            return ""
+        body = self.backbone[0]
+        dilated = "-DC5" if "layer4" in body.body and body.stride == 16 else ""
+        return (f"{config.backbone}{dilated}, {len(self.transformer.encoder.layers)} encoder layers, "
+                f"{config.hidden_dim} hidden, {config.num_classes} classes")
 
     def init_queries(self, hidden_dim: int) -> None:
         """Make the query source's parameters (called by ``__init__``)."""
