@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from detr.models.deimv2.config import DEIMv2Config
-from detr.models.dfine.config import DistributionDecoder
+from detr.models.dfine.config import DFINEConfig, DistributionDecoder
 from detr.loss.build import build_criterion
 from detr.loss.parts import DenoisingLoss, ProposalLoss
 from detr.loss.distribution import DistributionLoss
@@ -102,7 +102,9 @@ def test_deimv2_builds_dfines_parts_with_mal_and_the_union():
     assert criterion.matching_union
     assert {type(part) for part in criterion.parts} == {ProposalLoss, DenoisingLoss, DistributionLoss}
     # the same as D-FINE's criterion with MAL asked for
-    dfine = build_criterion(dataclasses.replace(CONFIG, architecture="dfine"), **RECIPE, matchability=True)
+    same = {name: value for name, value in CONFIG.to_dict().items()
+            if name in DFINEConfig.__dataclass_fields__ and name != "family"}
+    dfine = build_criterion(DFINEConfig.from_dict(same), **RECIPE, matchability=True)
     targets = loss_targets(NUM_CLASSES)
     outputs = _outputs(DenoisingMeta(num_groups=4, group_size=6), len(targets))
     ours, theirs = criterion(outputs, targets), dfine(outputs, targets)
