@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 
 
 def authors_args(config: DetrConfig, device: torch.device) -> argparse.Namespace:

@@ -60,7 +60,10 @@ import torch
 
 from detr.lightning import DetrDataModule, DetrSystem
 from detr.lightning.callbacks import ExponentialMovingAverage, TimeBudget, TrainingThroughput
-from detr.models.config import DetrConfig
+from detr.models.config import ModelConfig
+from detr.models.detr_family import DetrConfig
+from detr.models.family import config_from_dict
+from detr.models.legacy import FLAT_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,7 +76,7 @@ BENCHMARK_MODEL = DetrConfig(backbone="resnet18", hidden_dim=128, num_heads=8, n
 class RunConfig:
     """Everything one run depends on: the model, the training system's other arguments, the trainer's."""
 
-    detr: DetrConfig = BENCHMARK_MODEL  # num_classes comes from the data
+    detr: ModelConfig = BENCHMARK_MODEL  # num_classes comes from the data
     system: dict[str, Any] = field(default_factory=dict)  # DetrSystem arguments besides detr; unset: its defaults
     batch_size: int = 16
     clip: float = 0.1  # gradient clipping, global norm (the authors')
@@ -220,7 +223,8 @@ def build_run_config(preset: str, overrides: list[str]) -> RunConfig:
     values = {key: value for key, value in preset_values(preset).items() if key != "detr"}
     model = dict(preset_values(preset).get("detr", {}))
     run_fields = {f.name for f in dataclasses.fields(RunConfig)} - {"detr", "system"}
-    system_fields, model_fields = system_arguments(), {field.name for field in dataclasses.fields(DetrConfig)}
+    # the presets' model settings are in the one-record vocabulary (``architecture`` and any family's options)
+    system_fields, model_fields = system_arguments(), set(FLAT_DEFAULTS)
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.removeprefix("detr.") if key.removeprefix("detr.") in model_fields else key
@@ -236,7 +240,8 @@ def build_run_config(preset: str, overrides: list[str]) -> RunConfig:
     unknown = sorted(set(values) - run_fields - system_fields)
     if unknown:
         raise SystemExit(f"preset {preset!r}: unknown keys {unknown}")
-    return RunConfig(detr=BENCHMARK_MODEL.replace(**model),
+    base = {name: value for name, value in BENCHMARK_MODEL.to_dict().items() if name != "family"}
+    return RunConfig(detr=config_from_dict({**base, **model}, where=f"preset {preset!r}"),
                      system={k: v for k, v in values.items() if k in system_fields},
                      **{k: v for k, v in values.items() if k in run_fields})
 

@@ -59,7 +59,7 @@ from detr.data.collate import collate_detection, pad_images  # noqa: E402
 from detr.data.transforms import make_train_transform  # noqa: E402
 from detr.lightning.datamodule import seed_worker_transform  # noqa: E402
 from detr.lightning.system import DetrSystem  # noqa: E402
-from detr.models.config import DetrConfig  # noqa: E402
+from detr.models.detr_family import DetrConfig  # noqa: E402
 from tests.helpers import TINY  # noqa: E402
 
 PRECISIONS = ("fp32", "tf32", "bf16")

@@ -43,7 +43,7 @@ from machine import describe_machine  # noqa: E402
 
 from detr.data.collate import pad_images  # noqa: E402
 from detr.lightning.system import DetrSystem  # noqa: E402
-from detr.models.config import DetrConfig  # noqa: E402
+from detr.models.detr_family import DetrConfig  # noqa: E402
 from detr.models.layers import attention  # noqa: E402
 
 #: Our speed-ups, each switched on by name in ``--variants``.

@@ -14,10 +14,21 @@ if TYPE_CHECKING:
     from detr.inference.predictor import Predictor
     from detr.loss.criterion import SetCriterion
     from detr.loss.matcher import HungarianMatcher
-    from detr.models import DETR, DetectorOutput, DetrConfig, DETRPanoptic, build_detr, build_detr_panoptic
+    from detr.models import (
+        DETR,
+        DetectorOutput,
+        DetrConfig,
+        DETRPanoptic,
+        ModelConfig,
+        build,
+        build_detr,
+        build_detr_panoptic,
+        config_from_dict,
+    )
 
-__all__ = ["DETR", "CategoryMap", "DETRPanoptic", "DetectorOutput", "DetrConfig", "HungarianMatcher", "PostProcess",
-           "Predictor", "SetCriterion", "build_detr", "build_detr_panoptic", "load_checkpoint"]
+__all__ = ["DETR", "CategoryMap", "DETRPanoptic", "DetectorOutput", "DetrConfig", "HungarianMatcher", "ModelConfig",
+           "PostProcess", "Predictor", "SetCriterion", "build", "build_detr", "build_detr_panoptic", "config_from_dict",
+           "load_checkpoint"]
 
 # Each public name is imported on first use (PEP 562), so that importing a submodule (`detr.commands.predict`,
 # whose --help needs no model) does not wait for torch; the Predictor also pulls in the image pipeline.
@@ -26,7 +37,8 @@ _MODULE_OF = {
     "PostProcess": "detr.inference.postprocess", "Predictor": "detr.inference.predictor",
     "SetCriterion": "detr.loss.criterion", "HungarianMatcher": "detr.loss.matcher",
     "DETR": "detr.models", "DetectorOutput": "detr.models", "DetrConfig": "detr.models", "DETRPanoptic": "detr.models",
-    "build_detr": "detr.models", "build_detr_panoptic": "detr.models",
+    "build_detr": "detr.models", "build_detr_panoptic": "detr.models", "build": "detr.models",
+    "ModelConfig": "detr.models", "config_from_dict": "detr.models",
 }
 
 

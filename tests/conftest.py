@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from tests.browser import find_chromium
 from tests.helpers import TINY, write_tiny_shapes
 from tests.tiers import classify

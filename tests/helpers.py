@@ -23,7 +23,9 @@ from pycocotools.coco import COCO
 from torch.utils.data import DataLoader
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.config import ModelConfig
+from detr.models.detr_family import DetrConfig
+from detr.models.family import config_from_dict
 from detr.models.outputs import DetectorOutput
 from detr.models.segmentation import build_detr_panoptic
 from detr.visualize.explorer.data import POINT_UNITS, WEIGHT_UNITS
@@ -35,8 +37,13 @@ TINY = DetrConfig(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_l
                   dim_feedforward=64, num_queries=10, num_classes=5)
 
 
-def tiny_config_with(**changes: Any) -> DetrConfig:
-    """:data:`TINY` with some fields changed, so a test module states only what it needs different."""
+def tiny_config_with(**changes: Any) -> ModelConfig:
+    """:data:`TINY` with some fields changed, so a test module states only what it needs different; with
+    ``architecture`` (another family, e.g. "deformable"), TINY's sizes in that family's config, read as the old
+    one-record config would have been (:func:`detr.models.family.config_from_dict`)."""
+    if "architecture" in changes:
+        flat = {name: value for name, value in TINY.to_dict().items() if name != "family"}
+        return config_from_dict({**flat, **changes})
     return TINY.replace(**changes)
 
 

@@ -12,7 +12,7 @@
   state_dict}}``, whose configuration :data:`STATE_DICT_READERS` read off the weights; the rfdetr package's
   ``{"model": ..., "args": ...}``: :mod:`detr.checkpoints.rfdetr_package`), plain state dicts, and
   this project's Lightning checkpoints (``state_dict`` with keys ``"model." + official key`` and
-  ``checkpoint["detr"]``: the :class:`detr.models.config.DetrConfig` and the
+  ``checkpoint["detr"]``: the model's config (:meth:`detr.models.config.ModelConfig.to_dict`) and the
   :class:`detr.models.config.ModelMeta`, written by the training system or :func:`save_checkpoint`).
 
 :func:`load_checkpoint` then builds the model: a :class:`DETRPanoptic` for the authors' panoptic layout
@@ -66,7 +66,8 @@ from detr.checkpoints.rtdetr import (
     save_pretrained_rtdetr,
 )
 from detr.models.build import build_detr
-from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
+from detr.models.config import AUTHORS_EVAL_SIZE, ModelConfig
+from detr.models.detr_family import DetrConfig
 from detr.models.detector import Detector
 
 __all__ = ["HUGGINGFACE_WRITERS", "READERS", "CheckpointContents", "CheckpointError", "ExportError", "infer_model_config",
@@ -196,7 +197,7 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> Detector:
     config = config.replace(pretrained_backbone=False, **overrides)
     model = build_detr(config)
     load_strict(model, contents.state_dict,
-                f"{path} does not fit the {config.architecture} model built from its config ({model.describe()})")
+                f"{path} does not fit the {config.family} model built from its config ({model.describe()})")
     meta = contents.meta
     if meta.category_map is None and model.num_classes == CategoryMap.coco().num_classes:
         meta = meta.replace(category_map=CategoryMap.coco())
@@ -235,7 +236,7 @@ def _check_inferred_layer_counts(path: Path, inferred: DetrConfig, overrides: di
             path, *found_counts, *paper, *found_counts)
 
 
-#: ``DetrConfig.architecture`` → the writer of its transformers format (a new family adds its line).
+#: a family's name (``config.family``) → the writer of its transformers format (a new family adds its line).
 HUGGINGFACE_WRITERS: dict[str, Callable[..., Path]] = {
     "detr": save_pretrained,
     "deformable": save_pretrained_deformable,
@@ -253,8 +254,8 @@ def save_huggingface(model: Detector, directory: str | Path, *, backbone_format:
     RT-DETR's :func:`detr.checkpoints.rtdetr.save_pretrained_rtdetr`, D-FINE's
     :func:`detr.checkpoints.dfine.save_pretrained_dfine` or RF-DETR's
     :func:`detr.checkpoints.rfdetr.save_pretrained_rfdetr`)."""
-    architecture = model.config.architecture if model.config is not None else "detr"
-    return HUGGINGFACE_WRITERS[architecture](model, directory, backbone_format=backbone_format)
+    family = model.config.family if model.config is not None else "detr"
+    return HUGGINGFACE_WRITERS[family](model, directory, backbone_format=backbone_format)
 
 
 def save_checkpoint(model: Detector, path: str | Path) -> Path:
@@ -263,7 +264,7 @@ def save_checkpoint(model: Detector, path: str | Path) -> Path:
     The file is replaced atomically; returns its path."""
     if model.config is None:
         raise ValueError(f"cannot save {type(model).__name__} to {path}: it was built without build_detr, so it has "
-                         "no DetrConfig to record; build it with detr.build_detr(config)")
+                         "no config to record; build it with detr.build_detr(config)")
     checkpoint = {"state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
                   "detr": checkpoint_record(model.config, model.meta)}
     return write_atomically(path, lambda file: torch.save(checkpoint, file))

@@ -28,6 +28,7 @@ from detr.checkpoints.dfine import (
 )
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, ExportError
 from detr.checkpoints.huggingface import read_json
+from detr.models.deimv2.config import DEIMv2Config, DINOv3Size
 from detr.models.dfine.model import DFINE
 
 MODEL_TYPE = "deimv2"
@@ -35,7 +36,7 @@ MODEL_TYPE = "deimv2"
 
 def read_huggingface_deimv2(directory: str | Path) -> CheckpointContents:
     """Read a transformers ``Deimv2ForObjectDetection`` directory (HGNetV2 backbone) into this project's layout and
-    a ``DetrConfig(architecture="deimv2", ...)``.
+    a :class:`detr.models.deimv2.config.DEIMv2Config`.
 
     Raises:
         CheckpointError: a DINOv3 backbone or other settings this project does not build, keys without a
@@ -55,7 +56,7 @@ _DINOV3_FIXED = {"patch_size": 16, "num_channels": 3, "rope_theta": 100.0, "laye
 
 
 def _dinov3_options(config: dict[str, Any], config_path: Path) -> dict[str, Any]:
-    """DetrConfig options of config.json's DINOv3 backbone_config and adapter."""
+    """DEIMv2Config options of config.json's DINOv3 backbone_config and adapter."""
     vit = config["backbone_config"]
     gated = bool(vit.get("use_gated_mlp", False))
     expected = {**_DINOV3_FIXED, "hidden_act": "silu" if gated else "gelu"}
@@ -65,21 +66,23 @@ def _dinov3_options(config: dict[str, Any], config_path: Path) -> dict[str, Any]
         raise CheckpointError(f"{config_path}: this project's DINOv3 ViT has {expected} and three out_indices; the "
                               f"backbone_config sets {wrong or {'out_indices': out_layers}}, which it cannot reproduce")
     # absent fields take DINOv3ViTConfig's defaults (ViT-S/16)
-    return {"vit_dim": int(vit.get("hidden_size", 384)), "vit_depth": int(vit.get("num_hidden_layers", 12)),
-            "vit_heads": int(vit.get("num_attention_heads", 6)), "vit_mlp_dim": int(vit.get("intermediate_size", 1536)),
-            "vit_register_tokens": int(vit.get("num_register_tokens", 0)), "vit_out_layers": tuple(out_layers),
-            "vit_gated_mlp": gated, "adapter_channels": int(config.get("spatial_tuning_adapter_inplanes", 16))}
+    size = DINOv3Size(width=int(vit.get("hidden_size", 384)), depth=int(vit.get("num_hidden_layers", 12)),
+                      heads=int(vit.get("num_attention_heads", 6)), mlp_dim=int(vit.get("intermediate_size", 1536)),
+                      register_tokens=int(vit.get("num_register_tokens", 0)), out_layers=tuple(out_layers),
+                      gated_mlp=gated)
+    return {"vit": size, "adapter_channels": int(config.get("spatial_tuning_adapter_inplanes", 16))}
 
 
 def _dinov3_backbone_fields(model: DFINE) -> dict[str, Any]:
     """config.json's backbone fields for a DINOv3 model (the inverse of :func:`_dinov3_options`)."""
     config = model.config
-    assert config is not None
-    vit = {"model_type": "dinov3_vit", **_DINOV3_FIXED, "hidden_size": config.vit_dim,
-           "num_hidden_layers": config.vit_depth, "num_attention_heads": config.vit_heads,
-           "intermediate_size": config.vit_mlp_dim, "num_register_tokens": config.vit_register_tokens,
-           "use_gated_mlp": config.vit_gated_mlp, "hidden_act": "silu" if config.vit_gated_mlp else "gelu",
-           "out_indices": list(config.vit_out_layers), "layerscale_value": 1.0, "drop_path_rate": 0.0}
+    assert isinstance(config, DEIMv2Config)
+    size = config.vit
+    vit = {"model_type": "dinov3_vit", **_DINOV3_FIXED, "hidden_size": size.width,
+           "num_hidden_layers": size.depth, "num_attention_heads": size.heads,
+           "intermediate_size": size.mlp_dim, "num_register_tokens": size.register_tokens,
+           "use_gated_mlp": size.gated_mlp, "hidden_act": "silu" if size.gated_mlp else "gelu",
+           "out_indices": list(size.out_layers), "layerscale_value": 1.0, "drop_path_rate": 0.0}
     return {"backbone_config": vit, "encoder_in_channels": list(model.backbone.out_channels),
             "spatial_tuning_adapter_inplanes": config.adapter_channels}
 
@@ -88,8 +91,8 @@ def save_pretrained_deimv2(model: DFINE, directory: str | Path, *, category_map:
                            backbone_format: str | None = None) -> Path:
     """Write ``model`` (``architecture="deimv2"``) as ``Deimv2ForObjectDetection.save_pretrained`` would.
     ``backbone_format`` is not read (the backbone is HGNetV2)."""
-    if model.config is None or model.config.architecture != "deimv2":
-        raise ExportError("save_pretrained_deimv2 needs a DEIMv2 built by build_detr (architecture='deimv2')")
+    if not isinstance(model.config, DEIMv2Config):
+        raise ExportError("save_pretrained_deimv2 needs a DEIMv2 built by build_detr (a DEIMv2Config)")
     if model.config.backbone == "dinov3_vit":
         return write_huggingface_family(model, directory, category_map=category_map, keys=DEIMV2_DINOV3_KEYS,
                                         backbone=_dinov3_backbone_fields(model))

@@ -23,7 +23,9 @@ from torch import Tensor
 
 from detr.categories import CategoryMap
 from detr.checkpoints.formats import CheckpointError
-from detr.models.config import DetrConfig, ModelMeta
+from detr.models.config import ModelMeta
+from detr.models.detr_family import DetrConfig
+from detr.models.family import config_from_dict
 from detr.models.detector import Detector
 from detr.models.inputs import InputSpec
 from detr.models.outputs import DetectorOutput
@@ -71,7 +73,7 @@ class DeployedDetector(Detector):
 
     A subclass opens the file, calls :meth:`read_metadata` with its properties, sets ``output_names`` and
     ``backend`` and implements :meth:`infer`. Attributes: ``path``, ``meta`` (:class:`ModelMeta`: category map, eval size), ``config``
-    (:class:`DetrConfig`), ``num_classes``, ``class_head``, ``postprocessed`` (the file outputs scores, labels
+    (:meth:`detr.models.config.ModelConfig.to_dict`), ``num_classes``, ``class_head``, ``postprocessed`` (the file outputs scores, labels
     and pixel boxes) and ``backend`` (the runtime, e.g. "onnxruntime (CPUExecutionProvider)"). It holds no
     torch parameters: ``.to()`` and ``.eval()`` change nothing. As a :class:`Detector` it returns no attention
     (``attention_kind`` None), masks where its model predicted instance masks (``predicts_masks`` from the
@@ -119,7 +121,7 @@ class DeployedDetector(Detector):
         self.predicts_masks = bool(meta["predicts_masks"])
         # files of models built without build_detr record no config: the class head and class count are all
         # the predictor needs, and they are recorded on their own
-        self.config = (DetrConfig.from_dict(meta["model_config"], where=str(self.path)) if meta["model_config"]
+        self.config = (config_from_dict(meta["model_config"], where=str(self.path)) if meta["model_config"]
                        else DetrConfig(num_classes=self.num_classes, class_head=self.class_head))
         self.num_queries = self.config.num_queries
 

@@ -64,7 +64,9 @@ from detr.checkpoints.rtdetr import (
     count_numbered,
     preprocessor_config,
 )
-from detr.models.config import DFINE_DEFAULTS, DetrConfig, ModelMeta
+from detr.models.config import ModelMeta
+from detr.models.deimv2.config import DEIMv2Config
+from detr.models.dfine.config import DFINEConfig, DistributionDecoder
 from detr.models.dfine.hgnetv2 import SIZES
 from detr.models.dfine.model import DFINE
 from detr.models.rtdetr.model import EVAL_SIZE
@@ -222,8 +224,8 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
                             vit_backbone: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None
                             ) -> CheckpointContents:
     """:func:`read_huggingface_dfine`, or with ``architecture="deimv2"`` a ``Deimv2ForObjectDetection``
-    directory (:mod:`detr.checkpoints.deimv2`); ``vit_backbone`` reads a DINOv3 backbone_config into DetrConfig
-    options (DEIMv2 S-X)."""
+    directory (:mod:`detr.checkpoints.deimv2`); ``vit_backbone`` reads a DINOv3 backbone_config into
+    :class:`detr.models.deimv2.config.DEIMv2Config` options (DEIMv2 S-X)."""
     directory = Path(directory)
     config_path = directory / "config.json"
     config = read_json(config_path)
@@ -276,8 +278,9 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
     deimv2_options = {"lite_encoder": lite, "decoder_gateway": bool(config.get("use_gateway", True)),
                       "csp_trailing_conv": bool(config.get("encoder_has_trailing_conv", True)),
                       **vit_options} if deimv2 else {}
-    model_config = DetrConfig(
-        architecture=architecture, class_head="sigmoid", backbone=backbone, backbone_learnable_affine=learnable_affine,
+    config_class = DEIMv2Config if deimv2 else DFINEConfig
+    model_config = config_class(
+        class_head="sigmoid", backbone=backbone, backbone_learnable_affine=learnable_affine,
         backbone_norm="frozen_batch_norm" if config.get("freeze_backbone_batch_norms", True) else "batch_norm",
         hidden_dim=hidden, num_heads=int(config.get("encoder_attention_heads", 8)),
         encoder_hidden_dim=encoder_dim if encoder_dim != hidden else None,
@@ -287,15 +290,16 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
         csp_depth_multiplier=float(config.get("depth_mult", 1.0)), dropout=float(config.get("dropout", 0.0)),
         num_queries=int(config.get("num_queries", 300)),
         num_classes=int(state_dict["decoder.dec_score_head.0.weight"].shape[0]), num_feature_levels=levels,
-        num_points=points[0], num_points_per_level=tuple(points) if len(set(points)) > 1 else None,
-        denoising=int(config.get("num_denoising", 100)) > 0,
+        num_points=points[0], denoising=int(config.get("num_denoising", 100)) > 0,
         sampling_offset_scale=float(config.get("decoder_offset_scale", 0.5)),
         sampling_method="discrete" if config.get("decoder_method") == "discrete" else "bilinear",
-        max_num_bins=int(config.get("max_num_bins", 32)), reg_scale=float(config.get("reg_scale", 4.0)),
-        reg_up=float(config.get("up", 0.5)), lqe_top_k=int(config.get("top_prob_values", 4)),
-        lqe_hidden_dim=int(config.get("lqe_hidden_dim", 64)), lqe_layers=int(config.get("lqe_layers", 2)),
-        decoder_activation=config.get("decoder_activation_function", "relu"), pretrained_backbone=False,
-        **deimv2_options)
+        decoder=DistributionDecoder(
+            num_points_per_level=tuple(points) if len(set(points)) > 1 else None,
+            max_num_bins=int(config.get("max_num_bins", 32)), reg_scale=float(config.get("reg_scale", 4.0)),
+            reg_up=float(config.get("up", 0.5)), lqe_top_k=int(config.get("top_prob_values", 4)),
+            lqe_hidden_dim=int(config.get("lqe_hidden_dim", 64)), lqe_layers=int(config.get("lqe_layers", 2)),
+            activation=config.get("decoder_activation_function", "relu")),
+        pretrained_backbone=False, **deimv2_options)
     _check_constants(state_dict, model_config, str(config_path))
     check_stated_sizes(model_config, state_dict, STATED_SIZES, config_path, str(directory))
     size = processor_square_size(directory, default=EVAL_SIZE)
@@ -303,9 +307,10 @@ def read_huggingface_family(directory: str | Path, architecture: Literal["dfine"
     return CheckpointContents(state_dict, model_config, meta)
 
 
-def _check_constants(state_dict: dict[str, torch.Tensor], config: DetrConfig, where: str) -> None:
+def _check_constants(state_dict: dict[str, torch.Tensor], config: DFINEConfig, where: str) -> None:
     """The weights' copies of the weighting function's constants must be the configuration's."""
-    for key, value in (("decoder.decoder.up", config.reg_up), ("decoder.decoder.reg_scale", config.reg_scale)):
+    for key, value in (("decoder.decoder.up", config.decoder.reg_up),
+                       ("decoder.decoder.reg_scale", config.decoder.reg_scale)):
         if key in state_dict and not torch.allclose(state_dict[key], torch.tensor([value])):
             raise CheckpointError(f"{where}: {key} is {state_dict[key].tolist()} in the weights but {value} in the "
                                   f"configuration (up / reg_scale); make them agree")
@@ -371,10 +376,11 @@ def read_dfine_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the
     encoder_ffn = int(official["encoder.encoder.0.layers.0.linear1.weight"].shape[0]) if encoder_layers else ffn
     branch = int(official["encoder.fpn_blocks.0.cv2.0.conv1.conv.weight"].shape[0])
     quality_in = int(official["decoder.decoder.lqe_layers.0.reg_conf.layers.0.weight"].shape[1])
-    up = float(state_dict.get("decoder.decoder.up", torch.tensor([DFINE_DEFAULTS["reg_up"]]))[0])
-    reg_scale = float(state_dict.get("decoder.decoder.reg_scale", torch.tensor([DFINE_DEFAULTS["reg_scale"]]))[0])
-    config = DetrConfig(
-        architecture="dfine", class_head="sigmoid", backbone=backbone,
+    defaults = DistributionDecoder()
+    up = float(state_dict.get("decoder.decoder.up", torch.tensor([defaults.reg_up]))[0])
+    reg_scale = float(state_dict.get("decoder.decoder.reg_scale", torch.tensor([defaults.reg_scale]))[0])
+    config = DFINEConfig(
+        class_head="sigmoid", backbone=backbone, backbone_norm="frozen_batch_norm",
         backbone_learnable_affine="backbone.stem.stem1.lab.scale" in official, hidden_dim=hidden,
         num_heads=num_heads, encoder_hidden_dim=encoder_dim if encoder_dim != hidden else None,
         num_encoder_layers=encoder_layers, num_decoder_layers=count_numbered(official, "decoder.decoder.layers."),
@@ -385,12 +391,14 @@ def read_dfine_state_dict(state_dict: dict[str, torch.Tensor], where: str = "the
         csp_depth_multiplier=count_numbered(official, "encoder.fpn_blocks.0.cv2.0.bottlenecks.") / 3,
         dropout=0.0, num_queries=300, num_classes=int(official["decoder.dec_score_head.0.weight"].shape[0]),
         num_feature_levels=levels, num_points=points[0],
-        num_points_per_level=tuple(points) if len(set(points)) > 1 else None,
         denoising="decoder.denoising_class_embed.weight" in official,
-        max_num_bins=int(official["decoder.dec_bbox_head.0.layers.2.weight"].shape[0]) // 4 - 1,
-        reg_scale=reg_scale, reg_up=up, lqe_top_k=quality_in // 4 - 1,
-        lqe_hidden_dim=int(official["decoder.decoder.lqe_layers.0.reg_conf.layers.0.weight"].shape[0]),
-        lqe_layers=count_numbered(official, "decoder.decoder.lqe_layers.0.reg_conf.layers."), pretrained_backbone=False)
+        decoder=DistributionDecoder(
+            num_points_per_level=tuple(points) if len(set(points)) > 1 else None,
+            max_num_bins=int(official["decoder.dec_bbox_head.0.layers.2.weight"].shape[0]) // 4 - 1,
+            reg_scale=reg_scale, reg_up=up, lqe_top_k=quality_in // 4 - 1,
+            lqe_hidden_dim=int(official["decoder.decoder.lqe_layers.0.reg_conf.layers.0.weight"].shape[0]),
+            lqe_layers=count_numbered(official, "decoder.decoder.lqe_layers.0.reg_conf.layers.")),
+        pretrained_backbone=False)
     if "decoder.decoder.up" not in official:  # older files keep the constants only beside the decoder
         official["decoder.decoder.up"] = torch.tensor([up])
         official["decoder.decoder.reg_scale"] = torch.tensor([reg_scale])
@@ -413,22 +421,22 @@ def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None =
     """config.json of :func:`save_pretrained_dfine` (and, for ``architecture="deimv2"``, of
     :func:`detr.checkpoints.deimv2.save_pretrained_deimv2`)."""
     config = model.config
-    if config is None or config.architecture not in ("dfine", "deimv2"):
+    if not isinstance(config, DFINEConfig):
         raise ExportError("save_pretrained_dfine needs a D-FINE or DEIMv2 built by build_detr (model.config)")
     if config.backbone_norm == "group_norm":
         raise ExportError("transformers' D-FINE and DEIMv2 have batch norms in their backbone, not group norms")
-    if config.decoder_mlp_activation != "relu":
-        raise ExportError(f"decoder_mlp_activation={config.decoder_mlp_activation!r} (DEIM's SiLU heads): "
+    if config.decoder.mlp_activation != "relu":
+        raise ExportError(f"decoder.mlp_activation={config.decoder.mlp_activation!r} (DEIM's SiLU heads): "
                           f"transformers' D-FINE has ReLU in its decoder's MLPs and no setting for them; keep the "
                           f".pt checkpoint")
     levels = config.num_feature_levels
     encoder_dim = config.encoder_hidden_dim or config.hidden_dim
-    points = list(config.num_points_per_level or [config.num_points] * levels)
+    points = list(config.points_per_level)
     category_map = category_map or model.meta.category_map
     deimv2 = {"architectures": ["Deimv2ForObjectDetection"], "model_type": "deimv2",
               "encoder_type": "lite" if config.lite_encoder else "hybrid", "encoder_fuse_op": "sum",
               "use_gateway": config.decoder_gateway, "share_bbox_head": False,
-              "encoder_has_trailing_conv": config.csp_trailing_conv} if config.architecture == "deimv2" else {}
+              "encoder_has_trailing_conv": config.csp_trailing_conv} if isinstance(config, DEIMv2Config) else {}
     if backbone is None:  # HGNetV2 (the DINOv3 backbone's fields come from detr.checkpoints.deimv2)
         backbone = {"backbone_config": _hgnetv2_backbone_config(config.backbone, config.backbone_learnable_affine,
                                                                 levels),
@@ -446,12 +454,13 @@ def huggingface_dfine_config(model: DFINE, *, category_map: CategoryMap | None =
         "d_model": config.hidden_dim, "num_queries": config.num_queries, "decoder_in_channels": [encoder_dim] * levels,
         "decoder_ffn_dim": config.dim_feedforward, "num_feature_levels": levels, "decoder_n_points": points,
         "decoder_layers": config.num_decoder_layers, "decoder_attention_heads": config.num_heads,
-        "decoder_activation_function": config.decoder_activation, "attention_dropout": 0.0,
+        "decoder_activation_function": config.decoder.activation, "attention_dropout": 0.0,
         "num_denoising": 100 if config.denoising else 0, "learn_initial_query": False, "anchor_image_size": None,
         "with_box_refine": True, "is_encoder_decoder": True, "layer_norm_eps": 1e-5, "batch_norm_eps": 1e-5,
-        "eval_idx": -1, "layer_scale": 1.0, "max_num_bins": config.max_num_bins, "reg_scale": config.reg_scale,
-        "up": config.reg_up, "top_prob_values": config.lqe_top_k, "lqe_hidden_dim": config.lqe_hidden_dim,
-        "lqe_layers": config.lqe_layers, "decoder_offset_scale": config.sampling_offset_scale,
+        "eval_idx": -1, "layer_scale": 1.0, "max_num_bins": config.decoder.max_num_bins,
+        "reg_scale": config.decoder.reg_scale, "up": config.decoder.reg_up, "top_prob_values": config.decoder.lqe_top_k,
+        "lqe_hidden_dim": config.decoder.lqe_hidden_dim, "lqe_layers": config.decoder.lqe_layers,
+        "decoder_offset_scale": config.sampling_offset_scale,
         "decoder_method": "discrete" if config.sampling_method == "discrete" else "default",
         **label_fields(category_map, model.num_classes, model.meta.score_threshold),
         **deimv2,
@@ -463,8 +472,8 @@ def save_pretrained_dfine(model: DFINE, directory: str | Path, *, category_map: 
     """Write ``model`` as ``DFineForObjectDetection.save_pretrained`` would: config.json, model.safetensors and
     preprocessor_config.json (``RTDetrImageProcessor`` at the model's square size). ``backbone_format`` (the DETR
     writers' choice of timm or transformers' ResNet) is not read: transformers' D-FINE has one backbone, HGNetV2."""
-    if model.config is not None and model.config.architecture != "dfine":
-        raise ExportError(f"save_pretrained_dfine writes D-FINE, got architecture {model.config.architecture!r}")
+    if model.config is not None and model.config.family != "dfine":
+        raise ExportError(f"save_pretrained_dfine writes D-FINE, got family {model.config.family!r}")
     return write_huggingface_family(model, directory, category_map=category_map, keys=DFINE_KEYS)
 
 

@@ -31,23 +31,21 @@ import torch
 from detr.categories import UNUSED_NAME, CategoryMap, ambiguous_class_names, class_name_key
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, is_deformable_state_dict
 from detr.models.build import build_detr
-from detr.models.config import DetrConfig
+from detr.models.config import ModelConfig
+from detr.models.family import family_named
 
 InitClasses = Literal["by_name", "by_label", "fresh"]
 
-#: Each ``DetrConfig.architecture``'s name as its papers write it (for messages).
-FAMILY_NAMES: dict[str, str] = {"detr": "DETR", "deformable": "Deformable DETR", "rtdetr": "RT-DETR",
-                                "dfine": "D-FINE", "deimv2": "DEIMv2", "rfdetr": "RF-DETR / LW-DETR"}
 #: The repository's configs/ (present in a source checkout), where each family's YAML files are.
 _CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def checkpoint_family(contents: CheckpointContents) -> str | None:
-    """The ``DetrConfig.architecture`` of a checkpoint, from its own config (this project's checkpoints, every
+    """The family name (``config.family``) of a checkpoint, from its own config (this project's checkpoints, every
     transformers directory, the real-time families' and the rfdetr package's files) or its layout (the authors'
     DETR and Deformable DETR files); None for a layout none of these has."""
     if contents.config is not None:
-        return contents.config.architecture
+        return contents.config.family
     state_dict = contents.state_dict
     if is_deformable_state_dict(state_dict):
         return "deformable"
@@ -56,33 +54,35 @@ def checkpoint_family(contents: CheckpointContents) -> str | None:
     return None
 
 
-def _family_configs(architecture: str) -> list[str]:
-    """configs/*.yaml that build ``architecture`` (their ``architecture:`` line; DETR's have none)."""
+def _family_configs(family: str) -> list[str]:
+    """configs/*.yaml that build ``family`` (their ``family:`` line, or the old ``architecture:``; DETR's may have
+    none)."""
     if not _CONFIGS.is_dir():
         return []
     found = []
     for path in sorted(_CONFIGS.glob("*.yaml")):
-        stated = re.search(r"^\s*(?:model\.detr\.)?architecture:\s*(\w+)", path.read_text(), re.MULTILINE)
-        if (stated.group(1) if stated else "detr") == architecture:
+        stated = re.search(r"^\s*(?:model\.detr\.)?(?:architecture|family):\s*(\w+)", path.read_text(),
+                           re.MULTILINE)
+        if (stated.group(1) if stated else "detr") == family:
             found.append(f"configs/{path.name}")
     return found
 
 
-def check_same_family(contents: CheckpointContents, config: DetrConfig, source: str) -> None:
+def check_same_family(contents: CheckpointContents, config: ModelConfig, source: str) -> None:
     """Raise ``ValueError`` when the checkpoint ``source`` is of another family than the model ``config``
     builds, naming both and the configs that build the checkpoint's (a key-by-key mismatch names neither)."""
-    theirs, ours = checkpoint_family(contents), config.architecture
+    theirs, ours = checkpoint_family(contents), config.family
     if theirs is None or theirs == ours:
         return
+    their_title, our_title = family_named(theirs).title, family_named(ours).title
     configs = _family_configs(theirs)
-    where = f"one of its configs ({', '.join(configs)})" if configs else f"a {FAMILY_NAMES[theirs]} config"
-    raise ValueError(f"init_checkpoint {source} is a checkpoint of {FAMILY_NAMES[theirs]}, but the config builds "
-                     f"{FAMILY_NAMES[ours]} (architecture {ours!r}): start from {where}, or set "
-                     f"--model.detr.architecture {theirs} with that family's settings; or pass a checkpoint of "
-                     f"{FAMILY_NAMES[ours]}")
+    where = f"one of its configs ({', '.join(configs)})" if configs else f"a {their_title} config"
+    raise ValueError(f"init_checkpoint {source} is a checkpoint of {their_title}, but the config builds "
+                     f"{our_title} (family {ours!r}): start from {where}, or set --model.detr to a {their_title} "
+                     f"config (family {theirs!r}); or pass a checkpoint of {our_title}")
 
 
-def class_rows(config: DetrConfig) -> dict[str, int]:
+def class_rows(config: ModelConfig) -> dict[str, int]:
     """The state-dict tensors of ``build_detr(config)`` whose first dimension is indexed by class: key → the rows
     after the classes' (1: a softmax head's "no object" or a denoising embedding's padding row; 0: none).
 
@@ -167,7 +167,7 @@ def class_sources(own_names: list[str | None] | None, their_names: list[str | No
     return None
 
 
-def initial_state(source: dict[str, torch.Tensor], source_map: CategoryMap | None, config: DetrConfig,
+def initial_state(source: dict[str, torch.Tensor], source_map: CategoryMap | None, config: ModelConfig,
                   own: dict[str, torch.Tensor], own_map: CategoryMap | None,
                   init_classes: InitClasses = "by_name") -> InitialWeights:
     """The tensors of ``source`` (a checkpoint whose classes ``source_map`` names) to load into the model that

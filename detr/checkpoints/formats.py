@@ -20,7 +20,10 @@ from typing import Any
 
 import torch
 
-from detr.models.config import ClassHead, DetrConfig, ModelMeta
+from detr.models.config import ClassHead, ModelConfig, ModelMeta
+from detr.models.deformable.config import DeformableConfig
+from detr.models.detr_family import DetrConfig
+from detr.models.family import config_from_dict
 
 
 class CheckpointError(ValueError):
@@ -42,7 +45,7 @@ class CheckpointContents:
     (None where the file does not record it: it is then read from the weights) and the run metadata."""
 
     state_dict: dict[str, torch.Tensor]
-    config: DetrConfig | None = None
+    config: ModelConfig | None = None
     meta: ModelMeta = ModelMeta()
 
 
@@ -175,10 +178,10 @@ def _count_layers(state_dict: dict[str, torch.Tensor], prefix: str, where: str) 
 
 #: A size that config.json states and the weights show: (config.json's key, the value the reader made of it,
 #: where the weights show it: a tensor and its dimension, or with None a prefix whose numbered modules are counted).
-StatedSize = tuple[str, Callable[[DetrConfig], int], str, int | None]
+StatedSize = tuple[str, Callable[[Any], int], str, int | None]
 
 
-def check_stated_sizes(stated: DetrConfig, state_dict: dict[str, torch.Tensor], sizes: Sequence[StatedSize],
+def check_stated_sizes(stated: ModelConfig, state_dict: dict[str, torch.Tensor], sizes: Sequence[StatedSize],
                        config_path: Path, where: str) -> None:
     """Raise :class:`CheckpointError` naming each size of config.json (``sizes``: the reader's table) that the
     weights contradict, with the tensor that shows it: a config.json of another model beside the weights printed
@@ -345,8 +348,8 @@ def without_decoder_head_copies(state_dict: dict[str, torch.Tensor], where: str 
 
 
 def infer_deformable_config(state_dict: dict[str, torch.Tensor], file_name: str = "", *, num_heads: int = 8
-                            ) -> DetrConfig:
-    """The Deformable DETR :class:`DetrConfig` of a state dict in the authors' layout.
+                            ) -> DeformableConfig:
+    """The Deformable DETR :class:`DeformableConfig` of a state dict in the authors' layout.
 
     Read from the weights: backbone, hidden and FFN sizes, layer counts, levels, points per head and level
     (given ``num_heads``: the authors' 8), num_queries (two-stage: 300, the authors' proposals), num_classes,
@@ -373,8 +376,8 @@ def infer_deformable_config(state_dict: dict[str, torch.Tensor], file_name: str 
     box_refine = not torch.equal(state_dict["bbox_embed.0.layers.0.weight"],
                                  state_dict["bbox_embed.1.layers.0.weight"]) if "bbox_embed.1.layers.0.weight" in \
         state_dict else False
-    return DetrConfig(
-        architecture="deformable", class_head="sigmoid", backbone=depth,
+    return DeformableConfig(
+        class_head="sigmoid", backbone=depth,
         dilation="dc5" in Path(file_name).name.lower(), hidden_dim=hidden, num_heads=num_heads,
         num_encoder_layers=_count_layers(state_dict, "transformer.encoder.layers.", where),
         num_decoder_layers=_count_layers(state_dict, "transformer.decoder.layers.", where),
@@ -385,7 +388,7 @@ def infer_deformable_config(state_dict: dict[str, torch.Tensor], file_name: str 
         box_refine=box_refine or two_stage, two_stage=two_stage, pretrained_backbone=False)
 
 
-def checkpoint_record(config: DetrConfig, meta: ModelMeta) -> dict[str, Any]:
+def checkpoint_record(config: ModelConfig, meta: ModelMeta) -> dict[str, Any]:
     """``checkpoint["detr"]`` of this project's checkpoints: the model config and the run metadata, in plain
     types (:func:`read_torch_file` reads it back)."""
     return {"model_config": config.to_dict(), **meta.to_dict()}
@@ -406,7 +409,7 @@ def torch_contents(obj: Any, path: Path) -> CheckpointContents:
         prefix = "model."
         state_dict = {k[len(prefix):]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
         try:
-            config = (DetrConfig.from_dict(record["model_config"], where="checkpoint['detr']['model_config']")
+            config = (config_from_dict(record["model_config"], where="checkpoint['detr']['model_config']")
                       if record.get("model_config") else None)
             meta = ModelMeta.from_dict(record)
         except (ValueError, TypeError, KeyError) as error:

@@ -59,7 +59,8 @@ from detr.checkpoints.formats import (
     torch_load,
 )
 from detr.models.backbone import Backbone
-from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig, ModelMeta, check_threshold
+from detr.models.config import AUTHORS_EVAL_SIZE, ModelMeta, check_threshold
+from detr.models.detr_family import DetrConfig
 from detr.models.detr import DETR
 from detr.models.layers.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 

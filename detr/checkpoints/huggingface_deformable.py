@@ -61,7 +61,8 @@ from detr.checkpoints.huggingface import (
     write_huggingface_directory,
 )
 from detr.checkpoints.key_map import Field, Fuse, KeyMap, Rename, Tied
-from detr.models.config import AUTHORS_EVAL_SIZE, DetrConfig
+from detr.models.config import AUTHORS_EVAL_SIZE
+from detr.models.deformable.config import DeformableConfig
 from detr.models.deformable.model import DeformableDETR
 
 logger = logging.getLogger(__name__)
@@ -173,8 +174,8 @@ def read_huggingface_deformable(directory: str | Path) -> CheckpointContents:
         raise CheckpointError(f"{config_path} names backbone {backbone} but the weights are a {depth}")
     num_queries = int(config.get("two_stage_num_proposals", 300) if two_stage else
                       state_dict["query_embed.weight"].shape[0])
-    model_config = DetrConfig(
-        architecture="deformable", class_head="sigmoid", backbone=depth, dilation=dilation,
+    model_config = DeformableConfig(
+        class_head="sigmoid", backbone=depth, dilation=dilation,
         hidden_dim=int(config.get("d_model", 256)), num_heads=int(heads), dim_feedforward=int(ffn),
         num_encoder_layers=int(config.get("encoder_layers", 6)), num_decoder_layers=decoder_layers,
         num_queries=num_queries, num_classes=int(state_dict["class_embed.0.weight"].shape[0]),
@@ -185,13 +186,13 @@ def read_huggingface_deformable(directory: str | Path) -> CheckpointContents:
     return CheckpointContents(state_dict, model_config, meta)
 
 
-#: config.json's name of each size the weights also show (DetrConfig field → transformers' key).
+#: config.json's name of each size the weights also show (DeformableConfig field → transformers' key).
 _STATED_SIZES = {"hidden_dim": "d_model", "dim_feedforward": "encoder_ffn_dim", "num_encoder_layers": "encoder_layers",
                  "num_decoder_layers": "decoder_layers", "num_feature_levels": "num_feature_levels",
                  "num_points": "encoder_n_points"}
 
 
-def _check_config_fits_weights(stated: DetrConfig, state_dict: dict[str, torch.Tensor], config_path: Path,
+def _check_config_fits_weights(stated: DeformableConfig, state_dict: dict[str, torch.Tensor], config_path: Path,
                                where: str) -> None:
     """Raise :class:`CheckpointError` naming config.json and each size it states that the weights contradict
     (a config.json of another model beside these weights printed 21 size mismatches and named neither)."""
@@ -212,7 +213,7 @@ def huggingface_deformable_config(model: DeformableDETR, backbone_format: Backbo
                                   category_map: CategoryMap | None = None) -> dict[str, Any]:
     """config.json of :func:`save_pretrained_deformable`."""
     config = model.config
-    if config is None or config.architecture != "deformable":
+    if config is None or config.family != "deformable":
         raise ExportError("save_pretrained_deformable needs a Deformable DETR built by build_detr (model.config)")
     if config.backbone not in RESNET_BLOCKS:
         raise ExportError(f"backbone {config.backbone!r}: transformers can hold {', '.join(RESNET_BLOCKS)}")

@@ -31,7 +31,8 @@ import torch
 
 from detr.categories import COCO_PANOPTIC_NUM_CLASSES, CategoryMap, coco_panoptic_category_map, coco_panoptic_is_thing
 from detr.checkpoints.formats import CheckpointContents, CheckpointError, infer_model_config, read_torch_file
-from detr.models.config import AUTHORS_EVAL_SIZE, BackboneName, DetrConfig, ModelMeta
+from detr.models.config import AUTHORS_EVAL_SIZE, BackboneName, ModelMeta
+from detr.models.detr_family import DetrConfig
 
 logger = logging.getLogger(__name__)
 

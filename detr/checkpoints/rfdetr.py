@@ -57,7 +57,7 @@ from detr.checkpoints.huggingface import (
     write_huggingface_directory,
 )
 from detr.checkpoints.key_map import Fuse, KeyMap, Rename, refuse_unless
-from detr.models.config import DetrConfig
+from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
 from detr.models.inputs import IMAGENET_MEAN, IMAGENET_STD
 from detr.models.rfdetr.model import EVAL_SIZE, RFDETR
 
@@ -169,12 +169,13 @@ def _lw_vit_options(config: dict[str, Any], config_path: Path) -> dict[str, Any]
         raise CheckpointError(f"{config_path}: backbone_config num_windows {windows} is not a square number")
     layers = int(vit.get("num_hidden_layers", 12))
     out_indices = vit.get("out_indices") or [int(name.removeprefix("stage")) for name in vit.get("out_features", ())]
-    return {"backbone": "lwdetr_vit", "vit_hidden_dim": int(vit.get("hidden_size", 768)), "vit_num_layers": layers,
-            "vit_num_heads": int(vit.get("num_attention_heads", 12)), "vit_mlp_ratio": int(vit.get("mlp_ratio", 4)),
-            "vit_out_indices": tuple(int(i) for i in out_indices) or (layers,), "vit_num_windows": side,
-            "vit_window_blocks": tuple(int(i) for i in vit.get("window_block_indices", ())),
-            "vit_patch_size": _side(vit.get("patch_size", 16), "patch_size", config_path),
-            "vit_position_size": _side(vit.get("pretrain_image_size", 224), "pretrain_image_size", config_path)}
+    width = int(vit.get("hidden_size", 768))
+    return {"backbone": "lwdetr_vit", "vit": WindowedViTSize(
+        width=width, depth=layers, heads=int(vit.get("num_attention_heads", 12)),
+        mlp_dim=int(vit.get("mlp_ratio", 4)) * width, out_indices=tuple(int(i) for i in out_indices) or (layers,),
+        num_windows=side, window_blocks=tuple(int(i) for i in vit.get("window_block_indices", ())),
+        patch_size=_side(vit.get("patch_size", 16), "patch_size", config_path),
+        position_size=_side(vit.get("pretrain_image_size", 224), "pretrain_image_size", config_path))}
 
 
 def _vit_options(config: dict[str, Any], config_path: Path) -> dict[str, Any]:
@@ -187,12 +188,12 @@ def _vit_options(config: dict[str, Any], config_path: Path) -> dict[str, Any]:
                   config_path, "RF-DETR", "a backbone with")
     layers = int(vit.get("num_hidden_layers", 12))
     out_indices = vit.get("out_indices") or [int(name.removeprefix("stage")) for name in vit.get("out_features", ())]
-    return {"backbone": "dinov2_windowed", "vit_hidden_dim": int(vit.get("hidden_size", 768)), "vit_num_layers": layers,
-            "vit_num_heads": int(vit.get("num_attention_heads", 12)), "vit_mlp_ratio": int(vit.get("mlp_ratio", 4)),
-            "vit_out_indices": tuple(int(i) for i in out_indices) or (layers,),
-            "vit_num_windows": int(vit.get("num_windows", 4)),
-            "vit_patch_size": _side(vit.get("patch_size", 14), "patch_size", config_path),
-            "vit_position_size": _side(vit.get("image_size", 224), "image_size", config_path)}
+    width = int(vit.get("hidden_size", 768))
+    return {"backbone": "dinov2_windowed", "vit": WindowedViTSize(
+        width=width, depth=layers, heads=int(vit.get("num_attention_heads", 12)),
+        mlp_dim=int(vit.get("mlp_ratio", 4)) * width, out_indices=tuple(int(i) for i in out_indices) or (layers,),
+        num_windows=int(vit.get("num_windows", 4)), patch_size=_side(vit.get("patch_size", 14), "patch_size", config_path),
+        position_size=_side(vit.get("image_size", 224), "image_size", config_path))}
 
 
 def to_our_state_dict(weights: dict[str, torch.Tensor], where: str, *, lw: bool = False) -> dict[str, torch.Tensor]:
@@ -210,7 +211,7 @@ STATED_SIZES: tuple[StatedSize, ...] = (
     ("decoder_cross_attention_heads x decoder_n_points x levels",
      lambda config: config.cross_attention_heads * config.num_points * config.num_feature_levels,
      "decoder.layers.0.cross_attn.attention_weights.weight", 0),
-    ("backbone_config hidden_size", lambda config: config.vit_hidden_dim, "backbone.patch_embed.weight", 0),
+    ("backbone_config hidden_size", lambda config: config.vit.width, "backbone.patch_embed.weight", 0),
 )
 
 
@@ -241,8 +242,8 @@ def read_huggingface_rfdetr(directory: str | Path) -> CheckpointContents:
     if rows is not None and rows != num_queries * groups:
         raise CheckpointError(f"{directory}: {rows} query rows (query_feat) are not num_queries {num_queries} × "
                               f"group_detr {groups} of config.json")
-    model_config = DetrConfig(
-        architecture="rfdetr", class_head="sigmoid", num_feature_levels=len(scales), projector_scales=scales,
+    model_config = RFDETRConfig(
+        class_head="sigmoid", num_feature_levels=len(scales), projector_scales=scales,
         projector_norm="batch_norm" if lw else "layer_norm", **vit,
         hidden_dim=int(config.get("d_model", 256)), num_heads=int(config.get("decoder_self_attention_heads", 8)),
         cross_attention_heads=int(config.get("decoder_cross_attention_heads", 16)),
@@ -269,10 +270,11 @@ def to_huggingface_state_dict(model: RFDETR) -> dict[str, torch.Tensor]:
 def huggingface_rfdetr_config(model: RFDETR, *, category_map: CategoryMap | None = None) -> dict[str, Any]:
     """config.json of :func:`save_pretrained_rfdetr`."""
     config = model.config
-    if config is None or config.architecture != "rfdetr":
+    if not isinstance(config, RFDETRConfig):
         raise ExportError("save_pretrained_rfdetr needs an RF-DETR built by build_detr (model.config)")
     labels = label_fields(category_map or model.meta.category_map, model.num_classes, model.meta.score_threshold)
-    layers = config.vit_num_layers
+    vit = config.vit
+    layers = vit.depth
     decoder = {"d_model": config.hidden_dim, "hidden_expansion": config.projector_expansion,
                "c2f_num_blocks": config.projector_blocks, "activation_function": "silu",
                "num_feature_levels": config.num_feature_levels, "decoder_layers": config.num_decoder_layers,
@@ -284,26 +286,26 @@ def huggingface_rfdetr_config(model: RFDETR, *, category_map: CategoryMap | None
         return {
             "architectures": ["LwDetrForObjectDetection"], "model_type": LW_MODEL_TYPE,
             "backbone_config": {
-                "model_type": "lw_detr_vit", "hidden_size": config.vit_hidden_dim, "num_hidden_layers": layers,
-                "num_attention_heads": config.vit_num_heads, "mlp_ratio": config.vit_mlp_ratio, "hidden_act": "gelu",
-                "layer_norm_eps": 1e-6, "pretrain_image_size": config.vit_position_size,
-                "patch_size": config.vit_patch_size, "num_channels": 3, "qkv_bias": True,
-                "use_absolute_position_embeddings": True, "num_windows": config.vit_num_windows ** 2,
-                "window_block_indices": list(config.vit_window_blocks or ()),
-                "out_indices": list(config.vit_out_indices),
-                "out_features": [f"stage{i}" for i in config.vit_out_indices],
+                "model_type": "lw_detr_vit", "hidden_size": vit.width, "num_hidden_layers": layers,
+                "num_attention_heads": vit.heads, "mlp_ratio": vit.mlp_dim // vit.width, "hidden_act": "gelu",
+                "layer_norm_eps": 1e-6, "pretrain_image_size": vit.position_size,
+                "patch_size": vit.patch_size, "num_channels": 3, "qkv_bias": True,
+                "use_absolute_position_embeddings": True, "num_windows": vit.num_windows ** 2,
+                "window_block_indices": list(vit.window_blocks or ()),
+                "out_indices": list(vit.out_indices),
+                "out_features": [f"stage{i}" for i in vit.out_indices],
                 "stage_names": ["stem"] + [f"stage{i}" for i in range(1, layers + 1)]},
             "projector_scale_factors": list(config.projector_scales), "batch_norm_eps": 1e-5, **decoder, **labels}
     return {
         "architectures": ["RfDetrForInstanceSegmentation" if config.instance_masks else "RfDetrForObjectDetection"],
         "model_type": MODEL_TYPE,
         "backbone_config": {
-            "model_type": "rf_detr_dinov2", "hidden_size": config.vit_hidden_dim, "num_hidden_layers": layers,
-            "num_attention_heads": config.vit_num_heads, "mlp_ratio": config.vit_mlp_ratio, "hidden_act": "gelu",
-            "layer_norm_eps": 1e-6, "image_size": config.vit_position_size, "patch_size": config.vit_patch_size,
+            "model_type": "rf_detr_dinov2", "hidden_size": vit.width, "num_hidden_layers": layers,
+            "num_attention_heads": vit.heads, "mlp_ratio": vit.mlp_dim // vit.width, "hidden_act": "gelu",
+            "layer_norm_eps": 1e-6, "image_size": vit.position_size, "patch_size": vit.patch_size,
             "num_channels": 3, "qkv_bias": True, "layerscale_value": 1.0, "use_swiglu_ffn": False,
-            "num_windows": config.vit_num_windows, "out_indices": list(config.vit_out_indices),
-            "out_features": [f"stage{i}" for i in config.vit_out_indices],
+            "num_windows": vit.num_windows, "out_indices": list(vit.out_indices),
+            "out_features": [f"stage{i}" for i in vit.out_indices],
             "stage_names": ["stem"] + [f"stage{i}" for i in range(1, layers + 1)]},
         **decoder, "layer_norm_eps": 1e-5, "intermediate_size": config.mask_dim_feedforward,
         "mask_downsample_ratio": 4, "segmentation_head_activation_function": "gelu", **labels,

@@ -38,7 +38,8 @@ from detr.checkpoints.formats import CheckpointContents, CheckpointError
 from detr.checkpoints.key_map import Drop
 from detr.checkpoints.rfdetr import RFDETR_KEYS
 from detr.checkpoints.rtdetr import count_numbered
-from detr.models.config import DetrConfig, ModelMeta
+from detr.models.config import ModelMeta
+from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
 
 logger = logging.getLogger(__name__)
 
@@ -155,14 +156,15 @@ def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> Checkpoin
     masks = "mask_head.bias" in state_dict
     num_classes = int(state_dict["decoder.class_head.weight"].shape[0])
     try:
-        config = DetrConfig(
-            architecture="rfdetr", backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=levels,
-            vit_hidden_dim=vit_dim, vit_num_layers=count_numbered(state_dict, "backbone.blocks."),
-            vit_num_heads=vit_dim // 64,  # DINOv2's 64-wide heads (ViT-S 6, ViT-B 12)
-            vit_mlp_ratio=int(state_dict["backbone.blocks.0.mlp.fc1.weight"].shape[0]) // vit_dim,
-            vit_out_indices=tuple(int(i) for i in settings["out_feature_indexes"]),
-            vit_num_windows=int(settings["num_windows"]), vit_patch_size=patch_size,
-            vit_position_size=table * patch_size, hidden_dim=int(hidden), num_heads=int(settings["sa_nheads"]),
+        vit = WindowedViTSize(
+            width=vit_dim, depth=count_numbered(state_dict, "backbone.blocks."),
+            heads=vit_dim // 64,  # DINOv2's 64-wide heads (ViT-S 6, ViT-B 12)
+            mlp_dim=int(state_dict["backbone.blocks.0.mlp.fc1.weight"].shape[0]) // vit_dim * vit_dim,
+            out_indices=tuple(int(i) for i in settings["out_feature_indexes"]),
+            num_windows=int(settings["num_windows"]), patch_size=patch_size, position_size=table * patch_size)
+        config = RFDETRConfig(
+            backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=levels, vit=vit,
+            hidden_dim=int(hidden), num_heads=int(settings["sa_nheads"]),
             cross_attention_heads=cross_heads, num_points=int(points),
             dim_feedforward=int(state_dict["decoder.layers.0.linear1.weight"].shape[0]),
             num_decoder_layers=count_numbered(state_dict, "decoder.layers."), num_queries=int(rows) // groups,

@@ -66,7 +66,9 @@ from detr.checkpoints.huggingface import (
     write_huggingface_directory,
 )
 from detr.checkpoints.key_map import Buffer, Drop, Field, Fuse, KeyMap, Rename, refuse_unless
-from detr.models.config import DetrConfig, ModelMeta
+from detr.models.config import ModelMeta
+from detr.models.dfine.config import DFINEConfig
+from detr.models.rtdetr.config import RTDETRConfig
 from detr.models.rtdetr.model import EVAL_SIZE, RTDETR
 from detr.models.rtdetr.resnet_vd import DEPTHS
 
@@ -194,8 +196,8 @@ def read_huggingface_rtdetr(directory: str | Path) -> CheckpointContents:
                               f"without the detection heads?")
     decoder_ffn = int(config.get("decoder_ffn_dim", 1024))
     encoder_ffn = int(config.get("encoder_ffn_dim", 1024))
-    model_config = DetrConfig(
-        architecture="rtdetr", class_head="sigmoid", backbone=backbone,
+    model_config = RTDETRConfig(
+        class_head="sigmoid", backbone=backbone,
         backbone_norm="frozen_batch_norm" if config.get("freeze_backbone_batch_norms", True) else "batch_norm",
         hidden_dim=int(config.get("d_model", 256)), num_heads=int(config.get("encoder_attention_heads", 8)),
         encoder_hidden_dim=encoder_dim if encoder_dim != int(config.get("d_model", 256)) else None,
@@ -230,8 +232,8 @@ STATED_SIZES: tuple[StatedSize, ...] = (
     ("decoder_layers", lambda config: config.num_decoder_layers, "decoder.decoder.layers.", None),
     ("encoder_layers", lambda config: config.num_encoder_layers, "encoder.encoder.0.layers.", None),
     ("decoder_attention_heads x decoder_n_points x num_feature_levels",
-     lambda config: config.num_heads * sum(config.num_points_per_level
-                                           or (config.num_points,) * config.num_feature_levels),
+     lambda config: config.num_heads * sum(config.points_per_level if isinstance(config, DFINEConfig)
+                                           else (config.num_points,) * config.num_feature_levels),
      "decoder.decoder.layers.0.cross_attn.attention_weights.weight", 0),
 )
 
@@ -302,8 +304,8 @@ def read_rtdetr_state_dict(state_dict: dict[str, torch.Tensor], where: str = "th
     if int(official["decoder.enc_score_head.weight"].shape[0]) != num_classes:
         raise CheckpointError(f"{where}: a class-agnostic query selection (enc_score_head with one output) is not "
                               f"supported")
-    config = DetrConfig(
-        architecture="rtdetr", class_head="sigmoid", backbone=backbone, hidden_dim=hidden, num_heads=num_heads,
+    config = RTDETRConfig(
+        class_head="sigmoid", backbone=backbone, hidden_dim=hidden, num_heads=num_heads,
         encoder_hidden_dim=encoder_dim if encoder_dim != hidden else None, num_encoder_layers=encoder_layers,
         num_decoder_layers=count_numbered(official, "decoder.decoder.layers."), dim_feedforward=ffn,
         encoder_dim_feedforward=encoder_ffn if encoder_ffn != ffn else None,
@@ -329,7 +331,7 @@ def huggingface_rtdetr_config(model: RTDETR, *, version: int | None = None,
                               category_map: CategoryMap | None = None) -> dict[str, Any]:
     """config.json of :func:`save_pretrained_rtdetr` (``version`` None: 2 where RT-DETRv2's options are used)."""
     config = model.config
-    if config is None or config.architecture != "rtdetr":
+    if config is None or config.family != "rtdetr":
         raise ExportError("save_pretrained_rtdetr needs an RT-DETR built by build_detr (model.config)")
     v2_options = config.sampling_method != "bilinear" or config.sampling_offset_scale != 0.5
     version = version if version is not None else (2 if v2_options else 1)

@@ -59,10 +59,19 @@ def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
                         help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
 
 
-#: Every model family, by its ``architecture`` (:data:`detr.models.config.Architecture`; a test keeps the two
-#: equal), as the help texts name it: written here so that ``--help`` does not import torch.
+#: Every model family of the package, by its name (:data:`detr.models.FAMILIES`; a test keeps the two equal), as the
+#: help texts name it: written here so that ``--help`` does not import torch.
 FAMILY_NAMES: dict[str, str] = {"detr": "DETR", "deformable": "Deformable DETR", "rtdetr": "RT-DETR",
                                 "dfine": "D-FINE", "deimv2": "DEIMv2", "rfdetr": "RF-DETR"}
+#: Each family's presets (:func:`detr.models.family.presets`; a test keeps the two equal), for ``detr --help``.
+PRESET_NAMES: dict[str, tuple[str, ...]] = {
+    "detr": ("detr_r50", "detr_r50_dc5", "detr_r101", "detr_r101_dc5"),
+    "deformable": ("deformable_detr", "deformable_detr_box_refine", "deformable_detr_two_stage"),
+    "rtdetr": ("rtdetr_r18vd", "rtdetr_r50vd", "rtdetr_r101vd"),
+    "dfine": ("dfine_n", "dfine_s", "dfine_m", "dfine_l", "dfine_x", "deim_dfine_s"),
+    "deimv2": (),
+    "rfdetr": ("rfdetr_base",),
+}
 
 
 def family_list(architectures: Iterable[str] = FAMILY_NAMES) -> str:

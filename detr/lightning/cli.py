@@ -42,7 +42,8 @@ import torch
 import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import RichProgressBar
-from lightning.pytorch.cli import LightningCLI
+from jsonargparse import Namespace, dict_to_namespace, set_loader, set_parsing_settings
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from detr.checkpoints import CheckpointError
@@ -57,7 +58,16 @@ from detr.lightning.datamodule import DetrDataModule
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.run_folder import claim_run_folder
+from detr.lightning.model_yaml import (
+    PARSER_MODE,
+    class_path_form,
+    family_form,
+    family_form_yaml,
+    load_yaml_without_model_detr,
+    migrate_arguments,
+)
 from detr.lightning.system import DetrSystem, SettingError
+from detr.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -84,14 +94,26 @@ class DetrCLI(LightningCLI):
 
     def __init__(self, *args: Any, subcommand_names: tuple[str, ...] = SUBCOMMANDS, **kwargs: Any) -> None:
         self._subcommand_names = subcommand_names
-        super().__init__(*args, **kwargs)
+        # model.detr is any family's config class: --model.detr DFINEConfig, or class_path / init_args in YAML
+        set_parsing_settings(subclasses_enabled=[ModelConfig])
+        set_loader(PARSER_MODE, load_yaml_without_model_detr)
+        super().__init__(*args, parser_class=_FamilyFormParser, **kwargs)
+
+    def _dump_config(self) -> None:
+        # what Lightning's instantiator reads (and links into): jsonargparse's own form, not the family form
+        if hasattr(self, "config_dump"):
+            return
+        self.config_dump = yaml.safe_load(LightningArgumentParser.dump(self.parser, self.config, skip_link_targets=False,
+                                                                       skip_none=False, format="yaml"))
+        if "subcommand" in self.config:
+            self.config_dump = self.config_dump[self.config.subcommand]
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]  # a staticmethod in LightningCLI
         return {name: skip for name, skip in LightningCLI.subcommands().items() if name in self._subcommand_names}
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         # The data decides these (the annotation json), so no config repeats them: linked once both are built.
-        parser.link_arguments("data.num_classes", "model.detr.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.detr.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.category_map", "model.category_map", apply_on="instantiate")
         # Always there, whatever the config's callbacks: last.ckpt kept current (and written on SIGTERM).
         # Configurable as last_checkpoint.*.
@@ -169,8 +191,12 @@ class DetrCLI(LightningCLI):
         for key, value in getattr(self, "_command_line_model_values", {}).items():
             config[key] = value  # over --ckpt_path's hyperparameters (parse_arguments)
         ckpt_path = config.get("ckpt_path")
+        restored = config.get("model.detr")
+        if isinstance(restored, dict):  # --ckpt_path's hyperparameters: the config as a dict, in either form
+            restored = dict_to_namespace(class_path_form(restored, f"{ckpt_path}: its model config"))
+            config["model.detr"] = restored
         if ckpt_path:  # said, not silent: the config's own model options give way to the checkpoint's
-            warn_of_replaced_model_options(getattr(self, "_configured_model", None), config.get("model.detr"),
+            warn_of_replaced_model_options(_fields(getattr(self, "_configured_model", None)), _fields(restored),
                                            ckpt_path)
         if ckpt_path and config.get("model.init_checkpoint"):
             # every weight comes from the checkpoint: the fine-tune's source is not read again (it may have moved)
@@ -271,6 +297,20 @@ def config_file_problem(path: Path, _seen: frozenset[Path] = frozenset()) -> str
     return None
 
 
+def _fields(detr: Namespace | None) -> dict[str, Any] | None:
+    """A parsed ``model.detr`` (jsonargparse's class_path form) as the family form's fields."""
+    return None if detr is None else family_form(detr.as_dict())
+
+
+class _FamilyFormParser(LightningArgumentParser):
+    """The parser, printing and saving ``model.detr`` in the family form users write (``family: dfine`` and the
+    fields) rather than jsonargparse's class_path / init_args (:mod:`detr.lightning.model_yaml`)."""
+
+    def dump(self, *args: Any, **kwargs: Any) -> Any:
+        dumped = super().dump(*args, **kwargs)
+        return family_form_yaml(dumped) if isinstance(dumped, str) else dumped
+
+
 def _argv(args: Any) -> list[str]:
     """LightningCLI's ``args`` as command-line strings: ``sys.argv[1:]`` when None, none for a dict."""
     if args is None:
@@ -294,15 +334,20 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     """
     system, data = (PanopticSystem, PanopticDataModule) if panoptic else (DetrSystem, DetrDataModule)
     argv = _argv(args)
+    if argv:  # model.detr as a preset, the family form or the old one-record form: as jsonargparse reads it
+        migrated = migrate_arguments(argv)
+        args = migrated if migrated != argv or args is not None else args
     # the subcommand asked for, first on the command line as the shell gives it; otherwise (none, a misspelt
     # one) every parser, so that the error lists every choice
     names = (argv[0],) if argv and argv[0] in SUBCOMMANDS else SUBCOMMANDS
-    usage = {subcommand: {"usage": _USAGE} for subcommand in names}
+    usage: dict[str, Any] = {subcommand: {"usage": _USAGE, "parser_mode": PARSER_MODE} for subcommand in names}
+    usage["parser_mode"] = PARSER_MODE
     # the command passes sys.argv[1:] itself (less --debug): Lightning's warning that args and sys.argv are both
     # given is about calls from Python, not this one, and opened every `detr fit` with four lines of noise
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
     return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True},
-                   parser_kwargs=usage if run else {"usage": _USAGE}, subcommand_names=names)
+                   parser_kwargs=usage if run else {"usage": _USAGE, "parser_mode": PARSER_MODE},
+                   subcommand_names=names)
 
 
 def show_package_messages() -> None:

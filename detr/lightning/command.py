@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from detr.inference.command_line import family_list
+from detr.inference.command_line import FAMILY_NAMES, PRESET_NAMES, family_list
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -74,6 +74,11 @@ def overview(prog: str) -> str:
     for purpose, names in configs.items():
         lines.append(f"  {purpose}:")
         lines += [f"    configs/{name}" for name in names]
+    if not panoptic:
+        lines += ["", "model families and their presets (--model.detr PRESET, or model.detr: PRESET in a YAML; a",
+                  "family's own options: --model.detr CLASS --model.detr.help CLASS):"]
+        lines += [f"  {FAMILY_NAMES[family]}: {', '.join(names) or '(no preset yet)'}"
+                  for family, names in PRESET_NAMES.items()]
     lines += [
         "",
         "options:",

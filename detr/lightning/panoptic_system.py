@@ -35,7 +35,7 @@ from detr.inference.prediction import Prediction
 from detr.lightning.evaluation import evaluation_dataset
 from detr.lightning.system import DetrSystem, _model_config
 from detr.loss.build import build_criterion
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from detr.models.outputs import DetectorOutput
 from detr.models.segmentation import DETRPanoptic
 
@@ -69,7 +69,7 @@ class PanopticSystem(DetrSystem):
             the CLI); they decide things and stuff for post-processing and PQ.
         init_checkpoint: in the mask stage the box stage's checkpoint (or a panoptic checkpoint to continue
             from), loaded strictly; in the box stage the weights to start from, as in ``detr fit``.
-        detr: the detector, a :class:`detr.models.config.DetrConfig` (``--model.detr.*``), as in ``detr fit``.
+        detr: the detector, a :class:`detr.models.detr_family.DetrConfig` (``--model.detr.*``), as in ``detr fit``.
         kwargs: :class:`DetrSystem`'s other arguments (loss weights, optimisation, evaluation).
     """
 
@@ -85,10 +85,13 @@ class PanopticSystem(DetrSystem):
         mask_ap: bool = True,
         categories: list[dict[str, Any]] | None = None,
         init_checkpoint: str | None = None,
-        detr: DetrConfig = DetrConfig(),  # frozen: a shared default is safe
+        detr: DetrConfig | dict[str, Any] = DetrConfig(),  # frozen: a shared default is safe
         **kwargs: Any,
     ) -> None:
         config = _model_config(detr)
+        if not isinstance(config, DetrConfig):
+            raise ValueError(f"model.detr: the panoptic mask head sits on the paper's DETR (family 'detr'), got "
+                             f"family {config.family!r}")
         if init_checkpoint:  # every detector tensor comes from it: no ImageNet download
             config = config.replace(pretrained_backbone=False)
         # the mask stage loads init_checkpoint itself, strictly: a frozen detector must not keep any

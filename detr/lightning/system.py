@@ -3,7 +3,7 @@
 The model (:func:`detr.build_detr`), the matcher, the criterion and the post-processor are plain modules;
 this file only wires them into Lightning's loops, so the model works without Lightning (in a notebook, an
 exporter) and the training loop can change without touching it.
-The model is one :class:`detr.models.config.DetrConfig` (the ``model.detr.*`` keys of a LightningCLI YAML,
+The model is one family's config (a :class:`detr.models.config.ModelConfig`: the ``model.detr`` keys of a LightningCLI YAML,
 stored in checkpoints); ``num_classes`` (``model.detr.num_classes``) and ``category_map`` are linked from the
 data module by the CLI.
 
@@ -38,7 +38,9 @@ from detr.lightning.schedule import fit_saved_schedulers, follow_this_runs_setti
 from detr.loss.build import build_criterion
 from detr.models.backbone import PretrainedWeightsError, cpu_has_bfloat16
 from detr.models.build import build_detr
-from detr.models.config import DetrConfig, ModelMeta
+from detr.models.config import ModelConfig, ModelMeta
+from detr.models.detr_family import DetrConfig
+from detr.models.family import config_from_dict
 from detr.models.detector import Detector
 from detr.models.inputs import InputSpec
 from detr.models.outputs import DetectorOutput
@@ -67,7 +69,8 @@ class DetrSystem(L.LightningModule):
     ``--model.<argument>``.
 
     Args:
-        detr: the detector, a :class:`detr.models.config.DetrConfig` (``--model.detr.*``; default: the paper's
+        detr: the detector, a family's config (``--model.detr``: a class such as DFINEConfig, then its fields
+            ``--model.detr.*``; default: the paper's
             COCO model), including the options for training from scratch on a short budget (query_type,
             class_head, denoising...; docs/measurements/convergence.md); a dict of its fields where the hyperparameters of
             a checkpoint rebuild the system.
@@ -152,8 +155,8 @@ class DetrSystem(L.LightningModule):
     def __init__(
         self,
         *,
-        # --- model: one DetrConfig (YAML: model.detr.backbone, model.detr.num_queries, ...) ---
-        detr: DetrConfig = DetrConfig(),  # frozen: a shared default is safe
+        # --- model: one family's config (YAML: model.detr: {family: dfine, backbone: ...} or its fields) ---
+        detr: ModelConfig | dict[str, Any] = DetrConfig(),  # frozen: a shared default is safe
         # --- matching and loss ---
         cost_class: float = 1.0,
         cost_bbox: float = 5.0,
@@ -734,13 +737,13 @@ def _no_training_steps(trainer: L.Trainer) -> str:
     return f"{flag}: this fit would train no step (and lr_decay_fraction has no steps to decay over)"
 
 
-def _model_config(detr: DetrConfig | dict[str, Any] | None) -> DetrConfig:
-    """The model's :class:`DetrConfig` from the ``detr`` argument: a DetrConfig (the CLI), a dict (the
-    hyperparameters of a checkpoint) or None (the paper's model)."""
+def _model_config(detr: ModelConfig | dict[str, Any] | None) -> ModelConfig:
+    """The model's config from the ``detr`` argument: a family's config (the CLI), a dict (the hyperparameters of
+    a checkpoint, in either form :func:`detr.models.family.config_from_dict` reads) or None (the paper's model)."""
     if detr is None:
         return DetrConfig()
     if isinstance(detr, dict):
-        return DetrConfig.from_dict(detr, where="DetrSystem(detr=...)")
+        return config_from_dict(detr, where="DetrSystem(detr=...)")
     return detr
 
 

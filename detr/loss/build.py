@@ -14,10 +14,14 @@ from detr.loss.distribution import DistributionLoss
 from detr.loss.masks import MaskLoss, PointMaskLoss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart, ProposalLoss
-from detr.models.config import DFINE_FAMILY, REAL_TIME, DetrConfig
+from detr.models.config import ModelConfig
+from detr.models.deimv2.config import DEIMv2Config
+from detr.models.dfine.config import DFINEConfig
+from detr.models.family import family_of
+from detr.models.rfdetr.config import RFDETRConfig
 
 
-def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0,
+def build_criterion(config: ModelConfig, *, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0,
                     loss_ce: float = 1.0, loss_bbox: float = 5.0, loss_giou: float = 2.0, eos_coef: float = 0.1,
                     focal_alpha: float = 0.25, focal_gamma: float = 2.0, masks: bool = False,
                     loss_mask: float = 1.0, loss_dice: float = 1.0, training_only_parts: bool = True,
@@ -34,7 +38,7 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     training-only outputs (denoising, dense head), for a detector that stays in eval mode (a frozen one under
     the mask head).
 
-    RT-DETR (``config.architecture == "rtdetr"``) is trained as its authors do: the varifocal class loss
+    RT-DETR (a real-time family: ``Family.real_time``) is trained as its authors do: the varifocal class loss
     (α ``varifocal_alpha``, γ ``focal_gamma``; the matcher keeps the focal cost with ``focal_alpha``), its
     selected encoder proposals scored as one more decoder layer (matched with their classes, loss_*_enc) and
     its contrastive denoising groups scored with the same terms (loss_*_dn). The recipe's costs and weights
@@ -66,37 +70,41 @@ def build_criterion(config: DetrConfig, *, cost_class: float = 1.0, cost_bbox: f
     costs, at the same weights (5 and 5: the authors' ``SegmentationTrainConfig``, which also sets the class weight
     to 5: the caller's).
     """
-    rtdetr = config.architecture in REAL_TIME
-    distributions = config.architecture in DFINE_FAMILY
-    rfdetr = config.architecture == "rfdetr"
+    # until the families' recipes say which parts they train with: the family's record and config class
+    rtdetr = family_of(config).real_time
+    distributions = isinstance(config, DFINEConfig)
+    rfdetr = isinstance(config, RFDETRConfig)
+    two_stage, instance_masks = getattr(config, "two_stage", False), getattr(config, "instance_masks", False)
+    denoising, dense_aux_head = getattr(config, "denoising", False), getattr(config, "dense_aux_head", False)
+    query_groups = getattr(config, "query_groups", 1)
     if matchability is None:
-        matchability = config.architecture == "deimv2"
+        matchability = isinstance(config, DEIMv2Config)
     if matchability and not rtdetr:
         raise ValueError("matchability=True (DEIM's class loss) replaces the varifocal loss of RT-DETR, D-FINE and "
-                         f"DEIMv2: architecture={config.architecture!r} has none; set matchability false")
+                         f"DEIMv2: family {config.family!r} has none; set matchability false")
     weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
     focal = {"focal_alpha": focal_alpha, "focal_gamma": focal_gamma}
     layers = config.num_decoder_layers if config.aux_loss else 1
     parts: list[LossPart] = []
-    if config.two_stage or rtdetr or rfdetr:
+    if two_stage or rtdetr or rfdetr:
         parts.append(ProposalLoss(**weights, class_agnostic=not (rtdetr or rfdetr)))
-    if config.denoising and training_only_parts:
+    if denoising and training_only_parts:
         parts.append(DenoisingLoss(layers, class_head=config.class_head, **focal, **weights, contrastive=rtdetr))
     if distributions and training_only_parts:
         parts.append(DistributionLoss(layers, loss_fgl=loss_fgl, loss_ddf=loss_ddf, **weights))
-    if config.dense_aux_head and training_only_parts:
+    if dense_aux_head and training_only_parts:
         parts.append(DenseLoss(**focal, **weights))
     if masks:
         parts.append(MaskLoss(loss_mask=loss_mask, loss_dice=loss_dice))
     mask_costs = {}
-    if config.instance_masks:
+    if instance_masks:
         parts.append(PointMaskLoss(layers, loss_mask_ce=loss_mask_ce, loss_mask_dice=loss_mask_dice,
-                                   point_ratio=mask_point_ratio, proposals=config.two_stage or rtdetr or rfdetr))
+                                   point_ratio=mask_point_ratio, proposals=two_stage or rtdetr or rfdetr))
         mask_costs = {"cost_mask_ce": loss_mask_ce, "cost_mask_dice": loss_mask_dice,
                       "mask_point_ratio": mask_point_ratio}
     matcher = HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou,
                                class_head=config.class_head, **focal, **mask_costs,
-                               group_size=config.num_queries if config.query_groups > 1 else None)
+                               group_size=config.num_queries if query_groups > 1 else None)
     loss_focal = {**focal, "focal_alpha": varifocal_alpha} if rtdetr else focal
     return SetCriterion(config.num_classes, matcher, eos_coef=eos_coef, **weights, num_decoder_layers=layers,
                         class_head=config.class_head, **loss_focal, varifocal=rtdetr and not matchability,

@@ -17,7 +17,7 @@ import torchvision
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from detr.models.config import BackboneName, BackboneNorm, DetrConfig, LastStage
+from detr.models.config import BackboneName, BackboneNorm, LastStage, ModelConfig
 from detr.models.layers.conv_norm import fold_norm_into_conv, folded_weight_and_bias
 from detr.models.layers.cpu_kernels import stage_layout, strided_pointwise_conv
 
@@ -294,11 +294,21 @@ def downsample_mask(padding_mask: torch.Tensor, size: Sequence[int]) -> torch.Te
     return padding_mask[:, rows[:, None], columns[None, :]]
 
 
-def backbone_from_config(config: DetrConfig) -> Backbone:
-    """The :class:`Backbone` a :class:`DetrConfig` describes (the one backbone builder of every family)."""
-    return Backbone(config.backbone, dilation=config.dilation, pretrained=config.pretrained_backbone,
-                    norm=config.backbone_norm, trainable_layers=config.backbone_trainable_layers,
-                    last_stage=config.backbone_last_stage)
+def backbone_from_config(config: ModelConfig, last_stage: LastStage = "layer4") -> Backbone:
+    """The ResNet :class:`Backbone` of a config with the ResNet options (DETR's, Deformable DETR's: ``backbone``,
+    ``dilation``, ``pretrained_backbone``, ``backbone_norm``, ``backbone_trainable_layers``), cut after
+    ``last_stage``."""
+    return Backbone(config.backbone, dilation=config.dilation,  # type: ignore[attr-defined]
+                    pretrained=config.pretrained_backbone, norm=config.backbone_norm,  # type: ignore[attr-defined]
+                    trainable_layers=config.backbone_trainable_layers,  # type: ignore[attr-defined]
+                    last_stage=last_stage)
+
+
+def describe_resnet_detector(config: ModelConfig) -> str:
+    """"resnet50-DC5, 6 encoder layers, 256 hidden, 91 classes": a ResNet detector's line for ``describe``."""
+    return ", ".join([config.backbone + ("-DC5" if config.dilation else ""),  # type: ignore[attr-defined]
+                      f"{config.num_encoder_layers} encoder layers",  # type: ignore[attr-defined]
+                      f"{config.hidden_dim} hidden", f"{config.num_classes} classes"])
 
 
 class Joiner(nn.Sequential):

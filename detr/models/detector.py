@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from detr.models.config import ClassHead, DetrConfig, ModelMeta, QueryType
+from detr.models.config import ClassHead, ModelConfig, ModelMeta, QueryType
 from detr.models.inputs import InputSpec
 from detr.models.outputs import DetectorOutput
 
@@ -49,7 +49,7 @@ class Detector(nn.Module):
         num_classes, num_queries: the model's real classes and object queries.
         class_head: "softmax" (num_classes + 1 logits, the last = "no object") or "sigmoid".
         query_type: "learned" or "anchor" (the query source).
-        config: the :class:`DetrConfig` that built it (None for a model built by hand; checkpoints store it).
+        config: the family's config (a :class:`detr.models.config.ModelConfig`) that built it (None for a model built by hand; checkpoints store it).
         meta: :class:`ModelMeta` (categories, eval size, things/stuff; set by loaders, empty here).
         attention_kind: what ``return_attention=True`` adds ("maps", "points" or None: see :data:`AttentionKind`).
         predicts_masks: whether the output holds masks (a panoptic model, RF-DETR with instance masks, their files).
@@ -63,7 +63,7 @@ class Detector(nn.Module):
     num_queries: int
     class_head: ClassHead = "softmax"
     query_type: QueryType = "learned"
-    config: DetrConfig | None = None  # set by build_detr and the loaders
+    config: ModelConfig | None = None  # set by build_detr and the loaders
     meta: ModelMeta = ModelMeta()  # frozen: loaders assign a new record per model
     attention_kind: AttentionKind = "maps"
     predicts_masks: bool = False
@@ -115,14 +115,12 @@ class Detector(nn.Module):
         return self
 
     def describe(self) -> str:
-        """One line about the model, e.g. "resnet50, 6 encoder layers, 256 hidden, 91 classes" ("" when built
-        without a config)."""
+        """One line about the model, e.g. "resnet50, 256 hidden, 91 classes" ("" when built without a config);
+        a family says more."""
         config = self.config
         if config is None:
             return ""
-        return ", ".join([config.backbone + ("-DC5" if config.dilation else ""),
-                          f"{config.num_encoder_layers} encoder layers", f"{config.hidden_dim} hidden",
-                          f"{config.num_classes} classes"])
+        return ", ".join([config.backbone, f"{config.hidden_dim} hidden", f"{config.num_classes} classes"])
 
     def slow_modules(self) -> list[nn.Module]:
         """Modules its authors train at a tenth of the learning rate (none here; Deformable DETR's sampling

@@ -29,7 +29,8 @@ from detr.models.anchor.decoder import anchor_sine_embedding, local_attention_se
 from detr.models.anchor.model import AnchorDETR
 from detr.models.backbone import Backbone
 from detr.models.build import build_detr
-from detr.models.config import DetrConfig, ModelMeta
+from detr.models.config import ModelConfig, ModelMeta
+from detr.models.detr_family import DetrConfig
 from detr.models.detector import Detector
 from detr.models.outputs import DetectorOutput
 from detr.models.single_scale import SingleScaleDetector
@@ -288,7 +289,7 @@ class DETRPanoptic(Detector):
         return self.detr.aux_loss
 
     @property
-    def config(self) -> DetrConfig | None:
+    def config(self) -> ModelConfig | None:
         return self.detr.config
 
     @property

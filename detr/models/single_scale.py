@@ -99,6 +99,17 @@ class SingleScaleDetector(Detector):
         self.backbone = backbone
         self.dense_head = dense_head
 
+    def describe(self) -> str:
+        """"resnet50-DC5, 6 encoder layers, 256 hidden, 91 classes", read off the model and its config's shared
+        fields."""
+        config = self.config
+        if config is None:
+            return ""
+        body = self.backbone[0]
+        dilated = "-DC5" if "layer4" in body.body and body.stride == 16 else ""
+        return (f"{config.backbone}{dilated}, {len(self.transformer.encoder.layers)} encoder layers, "
+                f"{config.hidden_dim} hidden, {config.num_classes} classes")
+
     def init_queries(self, hidden_dim: int) -> None:
         """Make the query source's parameters (called by ``__init__``)."""
         raise NotImplementedError

@@ -50,7 +50,7 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photos, ba
     hf.save_pretrained(tmp_path)
     model = detr.load_checkpoint(tmp_path)
     config = model.config
-    assert (config.architecture, config.backbone, config.num_classes) == ("deimv2", backbone, num_labels)
+    assert (config.family, config.backbone, config.num_classes) == ("deimv2", backbone, num_labels)
     assert (config.num_feature_levels, config.backbone_learnable_affine) == (levels, learnable_affine)
     lite = options.get("encoder_type") == "lite"
     assert (config.lite_encoder, config.decoder_gateway) == (lite, not lite)

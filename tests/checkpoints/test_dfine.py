@@ -51,7 +51,7 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photos, ba
     hf.save_pretrained(tmp_path)
     model = detr.load_checkpoint(tmp_path)
     config = model.config
-    assert (config.architecture, config.backbone, config.num_classes) == ("dfine", backbone, num_labels)
+    assert (config.family, config.backbone, config.num_classes) == ("dfine", backbone, num_labels)
     assert (config.num_feature_levels, config.backbone_learnable_affine) == (levels, learnable_affine)
     assert (config.num_decoder_layers, config.num_queries, config.hidden_dim) == (3, 30, 64)
     assert model.meta.category_map.names == tuple(f"thing {i}" for i in range(num_labels))

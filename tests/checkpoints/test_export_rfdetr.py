@@ -18,7 +18,7 @@ from detr.checkpoints.export import DeployModel, example_inputs, export, load_pr
 from detr.commands import export as export_command
 from detr.inference.postprocess import top_k_pairs
 from detr.inference.predictor import Predictor
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from tests.helpers import REPO
 from tests.helpers_realtime import tiny_model
 from tests.helpers_rfdetr import hf_lwdetr, hf_model

@@ -11,8 +11,8 @@ import torch
 
 from detr.lightning import DetrSystem
 from detr.lightning.cli import make_cli
-from detr.models.config import DetrConfig
-from detr.checkpoints.finetune import FAMILY_NAMES
+from detr.models.detr_family import DetrConfig
+from detr.models.family import family_named
 from tests.helpers import write_tiny_shapes
 from tests.helpers_realtime import CONFIGS, tiny_checkpoint
 
@@ -90,9 +90,9 @@ def test_init_checkpoint_of_another_family_names_both_families(tmp_path, family,
     with pytest.raises(ValueError) as error:
         DetrSystem(detr=config.replace(pretrained_backbone=False), init_checkpoint=str(path))
     message = str(error.value)
-    assert f"is a checkpoint of {FAMILY_NAMES[family]}, but the config builds " \
-        f"{FAMILY_NAMES[config.architecture]}" in message, message
-    assert f"--model.detr.architecture {family}" in message and f"configs/{family}_shapes_cpu.yaml" in message
+    assert f"is a checkpoint of {family_named(family).title}, but the config builds " \
+        f"{family_named(config.family).title}" in message, message
+    assert f"(family {family!r})" in message and f"configs/{family}_shapes_cpu.yaml" in message
     assert "missing keys" not in message
 
 

@@ -9,6 +9,7 @@ import logging
 import pytest
 import torch
 
+from detr.models.deformable.config import DeformableConfig
 import detr
 from detr.checkpoints import CheckpointError
 from detr.checkpoints.huggingface_deformable import save_pretrained_deformable, to_huggingface_state_dict
@@ -71,7 +72,7 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photo_batc
     hf.save_pretrained(tmp_path)
     model = detr.load_checkpoint(tmp_path)
     config = model.config
-    assert (config.architecture, config.backbone, config.num_classes) == ("deformable", backbone, num_labels)
+    assert (config.family, config.backbone, config.num_classes) == ("deformable", backbone, num_labels)
     assert (config.box_refine, config.two_stage) == (hf.config.with_box_refine, hf.config.two_stage)
     assert config.num_feature_levels == hf.config.num_feature_levels and config.num_queries == 12
     assert model.meta.category_map.names == tuple(f"thing {i}" for i in range(num_labels))
@@ -148,9 +149,9 @@ def test_a_box_refinement_model_with_its_own_head_per_layer_loads_in_transformer
     config.json says tie_word_embeddings: false, so loading a converted model warned once per tensor that it
     would NOT tie them ("You should update the config with `tie_word_embeddings=False`"). The directory now
     says so, transformers loads it without a word and with the same outputs."""
-    config = detr.DetrConfig(architecture="deformable", class_head="sigmoid", backbone="resnet18", hidden_dim=64,
-                             num_heads=4, num_encoder_layers=1, num_decoder_layers=3, dim_feedforward=32,
-                             num_queries=12, num_points=2, num_classes=3, box_refine=True)
+    config = DeformableConfig(class_head="sigmoid", backbone="resnet18", hidden_dim=64, num_heads=4,
+                              num_encoder_layers=1, num_decoder_layers=3, dim_feedforward=32, num_queries=12,
+                              num_points=2, num_classes=3, box_refine=True)
     torch.manual_seed(0)
     model = detr.build_detr(config).eval()
     generator = torch.Generator().manual_seed(1)

@@ -91,4 +91,4 @@ def test_a_model_type_no_reader_reads_lists_those_read(tmp_path, model_type, nam
 
 def test_every_family_still_loads_by_its_model_type(tmp_path):
     for family in ["detr", *FAMILIES]:
-        assert detr.load_checkpoint(_folder(tmp_path, family)).config.architecture == family
+        assert detr.load_checkpoint(_folder(tmp_path, family)).config.family == family

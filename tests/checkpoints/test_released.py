@@ -236,7 +236,7 @@ def test_a_hub_id_is_downloaded_with_huggingface_hub_and_read(tmp_path, monkeypa
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     monkeypatch.chdir(tmp_path)
     model = detr.load_checkpoint("PekingU/rtdetr_r50vd")
-    assert asked == ["PekingU/rtdetr_r50vd"] and model.config.architecture == "rtdetr"
+    assert asked == ["PekingU/rtdetr_r50vd"] and model.config.family == "rtdetr"
 
 
 def test_a_hub_id_that_cannot_be_downloaded_gives_the_command(tmp_path, monkeypatch):

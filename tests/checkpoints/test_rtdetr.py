@@ -53,7 +53,7 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photos, ve
     hf.save_pretrained(tmp_path)
     model = detr.load_checkpoint(tmp_path)
     config = model.config
-    assert (config.architecture, config.backbone, config.num_classes) == ("rtdetr", backbone, num_labels)
+    assert (config.family, config.backbone, config.num_classes) == ("rtdetr", backbone, num_labels)
     assert (config.num_decoder_layers, config.num_queries, config.hidden_dim) == (3, 30, 64)
     assert config.sampling_method == ("discrete" if options else "bilinear")
     assert model.meta.category_map.names == tuple(f"thing {i}" for i in range(num_labels))

@@ -152,15 +152,16 @@ def test_the_hub_folder_is_torch_hubs(monkeypatch, tmp_path) -> None:
 
 def test_help_texts_name_every_family(capsys) -> None:
     """N14: RF-DETR (and DEIMv2) were missing from `detr --help` and `detr-export --help`; the families the help
-    texts name are the list of families (detr.models.config.Architecture), not written out per command."""
-    from typing import get_args
-
+    texts name are the list of families (detr.models.FAMILIES), not written out per command; `detr --help` also
+    lists each family's presets."""
     from detr.commands import export
-    from detr.inference.command_line import FAMILY_NAMES
+    from detr.inference.command_line import FAMILY_NAMES, PRESET_NAMES
     from detr.lightning.command import overview
-    from detr.models.config import Architecture
+    from detr.models import FAMILIES
 
-    assert list(FAMILY_NAMES) == list(get_args(Architecture))
+    assert list(FAMILY_NAMES) == [family.name for family in FAMILIES] == list(PRESET_NAMES)
+    assert {family.name: tuple(family.presets) for family in FAMILIES} == PRESET_NAMES
+    assert all(f"{name}" in overview("detr") for names in PRESET_NAMES.values() for name in names)
     with pytest.raises(SystemExit):
         export.main(["--help"])
     for text in (overview("detr"), capsys.readouterr().out):

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from detr import Predictor, build_detr, load_checkpoint
+from detr.models.deformable.config import DeformableConfig
 from detr.categories import CategoryMap
 from detr.checkpoints import save_checkpoint
 from detr.commands.convert import main as convert
-from detr.models.config import DetrConfig, ModelMeta
+from detr.models.config import ModelMeta
 from tests.helpers import TINY
 from tests.helpers_realtime import CATEGORIES, CONFIGS, EVAL_SIZES, tiny_model
 
@@ -26,9 +27,9 @@ THRESHOLD = 0.95
 #: neither), LW-DETR (RF-DETR's tiny model with LW-DETR's ViT and batch-norm projectors at two levels).
 CONFIGS = {
     "detr": TINY.replace(dropout=0.0),
-    "deformable": DetrConfig(architecture="deformable", class_head="sigmoid", backbone="resnet18", hidden_dim=32,
-                             num_heads=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=32,
-                             num_queries=10, num_points=2, num_classes=5, dropout=0.0),
+    "deformable": DeformableConfig(class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=2,
+                                   num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=32, num_queries=10,
+                                   num_points=2, num_classes=5, dropout=0.0),
     **CONFIGS,
     "lwdetr": CONFIGS["rfdetr"].replace(backbone="lwdetr_vit", projector_norm="batch_norm", instance_masks=False,
                                         vit_window_blocks=(0, 2), num_feature_levels=2, projector_scales=(2.0, 0.5),

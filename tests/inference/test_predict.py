@@ -23,7 +23,7 @@ from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.system import DetrSystem
 from detr.visualize.drawing import draw_prediction
 from detr.visualize.explorer.pages import explorer_page_data
-from tests.helpers import REPO, TINY
+from tests.helpers import REPO, TINY, tiny_config_with
 from tests.helpers_realtime import CONFIGS, tiny_checkpoint
 
 SIZES = {"min_size": 64, "max_size": 96}
@@ -58,7 +58,7 @@ def test_the_predictor_and_detr_predict_make_the_same_predictions(kind):
         system = PanopticSystem(detr=config, evaluation_dir="", categories=[
             {"id": i, "name": f"c{i}", "isthing": int(i < 3)} for i in range(TINY.num_classes)])
     else:
-        config = TINY if kind == "detr" else TINY.replace(architecture="deformable", class_head="sigmoid",
+        config = TINY if kind == "detr" else tiny_config_with(architecture="deformable", class_head="sigmoid",
                                                             num_points=2)
         system = DetrSystem(detr=config, evaluation_dir="")
     system.eval()

@@ -54,12 +54,12 @@ def _printed(capsys, *configs: Path) -> dict:
 
 def _tiny_backbone(printed: dict) -> list[str]:
     """The options of a small backbone for the config's architecture (and, for RF-DETR, the squares it takes)."""
-    architecture = printed["model"]["detr"].get("architecture")
+    architecture = printed["model"]["detr"]["family"]
     if architecture in ("dfine", "deimv2"):
         return ["--model.detr.backbone=hgnetv2_b0"]  # D-FINE's and DEIMv2's smallest
     if architecture == "rfdetr":  # a 2-block ViT with 4-px patches: enough cells for 300 queries at 112 px
-        vit = {"backbone": "dinov2_windowed", "vit_hidden_dim": 32, "vit_num_layers": 2, "vit_num_heads": 2,
-               "vit_out_indices": "[1,2]", "vit_patch_size": 4, "vit_position_size": 112, "projector_blocks": 1}
+        vit = {"backbone": "dinov2_windowed", "vit.width": 32, "vit.depth": 2, "vit.heads": 2, "vit.mlp_dim": 128,
+               "vit.out_indices": "[1,2]", "vit.patch_size": 4, "vit.position_size": 112, "projector_blocks": 1}
         return [*(f"--model.detr.{name}={value}" for name, value in vit.items()), "--data.square_size=112",
                 *(["--data.multi_scale=[112]"] if printed["data"].get("multi_scale") else [])]
     return [f"--model.detr.backbone={'resnet50' if printed['model']['detr'].get('dilation') else 'resnet18'}"]
@@ -165,7 +165,7 @@ def test_the_deformable_coco_config_has_the_authors_recipe(capsys) -> None:
     printed = _printed(capsys, REPO / "configs" / "deformable_detr_coco.yaml")
     trainer, model, data = printed["trainer"], printed["model"], printed["data"]
     detr = model["detr"]
-    assert (detr["architecture"], detr["class_head"], detr["num_queries"], detr["dim_feedforward"]) == (
+    assert (detr["family"], detr["class_head"], detr["num_queries"], detr["dim_feedforward"]) == (
         "deformable", "sigmoid", 300, 1024)
     assert (detr["num_feature_levels"], detr["num_points"], detr["backbone"]) == (4, 4, "resnet50")
     assert (model["lr"], model["lr_backbone"], model["weight_decay"], model["lr_drop_epochs"]) == (2e-4, 2e-5, 1e-4, [40])
@@ -200,7 +200,7 @@ def test_rtdetr_coco_configs_hold_the_authors_recipe(name: str, capsys) -> None:
     assert recipe == (1e-4, 1e-5, 1e-4, 2000, 72)
     assert (model["cost_class"], model["loss_ce"], model["loss_bbox"], model["loss_giou"]) == (2.0, 1.0, 5.0, 2.0)
     detector = model["detr"]
-    assert (detector["architecture"], detector["num_queries"], detector["denoising"]) == ("rtdetr", 300, True)
+    assert (detector["family"], detector["num_queries"], detector["denoising"]) == ("rtdetr", 300, True)
     assert detector["num_decoder_layers"] == (3 if "r18" in name else 6)
     assert (data["square_size"], data["normalize"], data["batch_size"]) == (640, False, 4)  # 4 × 4 GPUs = 16
     # RT-DETRv2's include/dataloader.yml: the random operations and the multi-scale batches stop for epoch 71 of 72
@@ -218,7 +218,7 @@ def test_the_dfine_coco_config_holds_the_authors_recipe(capsys) -> None:
     weights = tuple(model[name] for name in ("cost_class", "loss_ce", "loss_bbox", "loss_giou", "loss_fgl", "loss_ddf"))
     assert weights == (2.0, 1.0, 5.0, 2.0, 0.15, 1.5) and not model["matchability"]
     detector = model["detr"]
-    assert (detector["architecture"], detector["backbone"], detector["num_queries"]) == ("dfine", "hgnetv2_b0", 300)
+    assert (detector["family"], detector["backbone"], detector["num_queries"]) == ("dfine", "hgnetv2_b0", 300)
     assert (detector["num_decoder_layers"], detector["num_points_per_level"]) == (3, [3, 6, 3])
     assert (data["square_size"], data["normalize"], data["batch_size"]) == (640, False, 8)  # 8 × 4 GPUs = 32
     # the authors' generate_scales(640, base_size_repeat=20) and stop epoch 120 (dfine_hgnetv2_s_coco.yml)
@@ -267,7 +267,7 @@ def test_the_deim_config_holds_the_authors_recipe(capsys) -> None:
     flat_cosine = (model["lr_flat_cosine_epochs"], model["lr_flat_cosine_gamma"], model["lr_drop_epochs"])
     assert flat_cosine == ([64, 120], 0.5, [])
     assert model["matchability"] and (model["cost_class"], model["cost_bbox"], model["cost_giou"]) == (2.0, 5.0, 2.0)
-    assert (model["detr"]["architecture"], model["detr"]["backbone"]) == ("dfine", "hgnetv2_b0")
+    assert (model["detr"]["family"], model["detr"]["backbone"]) == ("dfine", "hgnetv2_b0")
     assert (model["detr"]["decoder_activation"], model["detr"]["decoder_mlp_activation"]) == ("silu", "silu")
     assert (data["augmentation"], data["mosaic_epochs"], data["mosaic_prob"], data["augmentation_stop_epoch"]) == (
         "deim", [4, 64], 0.5, 120)
@@ -307,7 +307,7 @@ def test_the_rfdetr_coco_config_holds_the_authors_recipe(capsys) -> None:
     assert (model["cost_class"], model["cost_bbox"], model["cost_giou"]) == (2.0, 5.0, 2.0)
     assert (model["loss_ce"], model["loss_bbox"], model["loss_giou"], model["focal_alpha"]) == (1.0, 5.0, 2.0, 0.25)
     detector = model["detr"]
-    assert (detector["architecture"], detector["num_queries"], detector["query_groups"]) == ("rfdetr", 300, 13)
+    assert (detector["family"], detector["num_queries"], detector["query_groups"]) == ("rfdetr", 300, 13)
     assert (detector["vit_hidden_dim"], detector["vit_num_layers"], detector["vit_out_indices"]) == (384, 12, [2, 5, 8, 11])
     assert (detector["vit_patch_size"], detector["vit_num_windows"], detector["num_decoder_layers"]) == (14, 4, 3)
     assert (detector["num_points"], detector["cross_attention_heads"], detector["dropout"]) == (2, 16, 0.0)

@@ -45,7 +45,7 @@ def test_fit_trains_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Pat
         assert len(values) == 30 and all(value >= 0 for value in values) and values[-1] > 0, name
 
     model = load_checkpoint(run / "checkpoints" / "last.ckpt")
-    assert model.config.architecture == "dfine" and model.config.denoising
+    assert model.config.family == "dfine" and model.config.denoising
     spec = model.input_spec
     assert (spec.resize, spec.size, spec.mean) == ("square", 64, None)
     image = sorted((tiny_shapes / "val2017").iterdir())[0]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from detr.lightning import DetrSystem
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from tests.helpers import randomise, tiny_config_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,21 +16,22 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
+from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
 from detr.data.shapes import ShapesConfig, write_shapes_dataset
 from detr.evaluation import STAT_NAMES
 from detr.lightning.datamodule import DetrDataModule
 from detr.lightning.system import DetrSystem
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 #: RF-DETR at 64 px: 16-pixel patches in 2 × 2 windows, 12 queries, 5 shape classes, the mask head.
-TINY_RFDETR = DetrConfig(architecture="rfdetr", backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=1,
-                         hidden_dim=32, num_heads=4, cross_attention_heads=8, dim_feedforward=48,
-                         num_decoder_layers=2, num_queries=12, num_classes=5, dropout=0.0, vit_hidden_dim=24,
-                         vit_num_layers=3, vit_num_heads=3, vit_out_indices=(1, 3), vit_num_windows=2,
-                         vit_patch_size=16, vit_position_size=64, projector_blocks=1, instance_masks=True,
-                         mask_dim_feedforward=16, pretrained_backbone=False)
+TINY_RFDETR = RFDETRConfig(backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=1, hidden_dim=32,
+                           num_heads=4, cross_attention_heads=8, dim_feedforward=48, num_decoder_layers=2,
+                           num_queries=12, num_classes=5, dropout=0.0, projector_blocks=1, instance_masks=True,
+                           mask_dim_feedforward=16, pretrained_backbone=False, num_points=4, query_groups=1,
+                           vit=WindowedViTSize(width=24, depth=3, heads=3, out_indices=(1, 3), num_windows=2,
+                                               patch_size=16, position_size=64, mlp_dim=96))
 _COCOEVAL_INDEX = {"AP": 0, "AP50": 1, "AP75": 2, "APs": 3, "APm": 4, "APl": 5, "AR100": 8}
 
 

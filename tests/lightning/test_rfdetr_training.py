@@ -18,6 +18,8 @@ import pytest
 import torch
 
 from detr import Predictor, load_checkpoint
+from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
+from detr.models.rtdetr.config import RTDETRConfig
 from detr.checkpoints.rfdetr import to_huggingface_state_dict
 from detr.commands import analyze as analyze_command
 from detr.lightning.cli import main
@@ -146,13 +148,13 @@ def _authors_rate(key: str, lr: float, lr_encoder: float, num_layers: int, weigh
 
 def test_the_optimizer_groups_are_the_authors() -> None:
     from detr.lightning import DetrSystem
-    from detr.models.config import DetrConfig
+    from detr.models.detr_family import DetrConfig
 
-    config = DetrConfig(architecture="rfdetr", backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=1,
-                        vit_hidden_dim=32, vit_num_layers=4, vit_num_heads=2, vit_out_indices=(1, 2, 3),
-                        vit_num_windows=2, vit_patch_size=8, vit_position_size=64, hidden_dim=32, num_heads=2,
-                        cross_attention_heads=4, num_decoder_layers=2, dim_feedforward=64, num_queries=10,
-                        query_groups=3, num_classes=3)
+    config = RFDETRConfig(backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=1, hidden_dim=32,
+                          num_heads=2, cross_attention_heads=4, num_decoder_layers=2, dim_feedforward=64,
+                          num_queries=10, query_groups=3, num_classes=3, dropout=0.1, num_points=4,
+                          vit=WindowedViTSize(width=32, depth=4, heads=2, out_indices=(1, 2, 3), num_windows=2,
+                                              patch_size=8, position_size=64, mlp_dim=128))
     system = DetrSystem(detr=config, lr=1e-4, lr_backbone=1.5e-4, lr_layer_decay=0.8, lr_component_decay=0.7,
                         weight_decay=1e-4, evaluation_dir="")
     (optimizer,), _ = system.configure_optimizers()
@@ -170,10 +172,11 @@ def test_the_optimizer_groups_are_the_authors() -> None:
 
 def test_decays_a_model_has_nothing_for_are_refused() -> None:
     from detr.lightning import DetrSystem
-    from detr.models.config import DetrConfig
+    from detr.models.detr_family import DetrConfig
 
-    config = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=2,
-                        dim_feedforward=64, num_decoder_layers=2, num_queries=10, num_classes=3, num_points=2)
+    config = RTDETRConfig(class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=2, dim_feedforward=64,
+                          num_decoder_layers=2, num_queries=10, num_classes=3, num_points=2, dropout=0.1,
+                          num_encoder_layers=6, denoising=False, num_feature_levels=4)
     with pytest.raises(SettingError, match="--model.lr_layer_decay=0.8: RTDETR has no backbone layer depths"):
         DetrSystem(detr=config, lr_layer_decay=0.8, evaluation_dir="")
     with pytest.raises(SettingError, match="--model.lr_component_decay must be in"):

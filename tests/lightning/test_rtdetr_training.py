@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from detr import Predictor, load_checkpoint
+from detr.models.rtdetr.config import RTDETRConfig
 from detr.categories import CategoryMap
 from detr.checkpoints import save_checkpoint
 from detr.lightning.cli import main
@@ -57,7 +58,7 @@ def test_fit_trains_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Pat
         assert name in logged, name
 
     model = load_checkpoint(run / "checkpoints" / "last.ckpt")
-    assert model.config.architecture == "rtdetr" and model.config.denoising
+    assert model.config.family == "rtdetr" and model.config.denoising
     spec = model.input_spec
     assert (spec.resize, spec.size, spec.mean) == ("square", 64, None)
     predictor = Predictor(model, threshold=0.0)
@@ -75,11 +76,11 @@ def test_data_outside_the_input_contract_is_refused(tiny_shapes: Path, tmp_path:
 
 def test_the_system_trains_the_resnet_vd_at_the_backbone_rate_in_its_own_layout() -> None:
     from detr.lightning import DetrSystem
-    from detr.models.config import DetrConfig
 
-    config = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=2,
-                        dim_feedforward=64, num_decoder_layers=2, num_queries=10, num_classes=3, num_points=2,
-                        denoising=True, backbone_norm="batch_norm")
+
+    config = RTDETRConfig(class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=2, dim_feedforward=64,
+                          num_decoder_layers=2, num_queries=10, num_classes=3, num_points=2, denoising=True,
+                          backbone_norm="batch_norm", dropout=0.1, num_encoder_layers=6, num_feature_levels=4)
     system = DetrSystem(detr=config, lr=1e-4, lr_backbone=1e-5, channels_last=True, backbone_bf16=True,
                         evaluation_dir="")
     (optimizer,), _ = system.configure_optimizers()

@@ -12,7 +12,7 @@ import torch
 from detr import CategoryMap, load_checkpoint
 from detr.evaluation import resolve_backend
 from detr.lightning import DetrSystem, NonFiniteLossError
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from tests.helpers import ANIMALS, animal_data, animal_samples, collate_unpadded, tiny_config_with
 
 TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3")

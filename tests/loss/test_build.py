@@ -7,7 +7,8 @@ import pytest
 from detr.loss.build import build_criterion
 from detr.loss.masks import MaskLoss
 from detr.loss.parts import DenoisingLoss, DenseLoss, ProposalLoss
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
+from detr.models.family import config_from_dict
 
 PAPER = DetrConfig()
 
@@ -21,7 +22,7 @@ PAPER = DetrConfig()
     ({}, True, True, [MaskLoss]),
 ])
 def test_the_parts_follow_the_config(changes, masks, training_only, parts):
-    config = PAPER.replace(**changes)
+    config = PAPER.replace(**changes) if "architecture" not in changes else config_from_dict(changes)
     criterion = build_criterion(config, masks=masks, training_only_parts=training_only, loss_bbox=4.0)
     assert [type(part) for part in criterion.parts] == parts
     assert criterion.class_head == config.class_head == criterion.matcher.class_head

@@ -10,10 +10,12 @@ import dataclasses
 import pytest
 import torch
 
+from detr.models.deimv2.config import DEIMv2Config
+from detr.models.dfine.config import DFINEConfig, DistributionDecoder
 from detr.loss.build import build_criterion
 from detr.loss.parts import DenoisingLoss, ProposalLoss
 from detr.loss.distribution import DistributionLoss
-from detr.models.config import DetrConfig
+
 from detr.models.dfine.decoder import weighting_function
 from detr.models.outputs import DenoisingMeta, DenoisingOutput, DetectorOutput, DistributionOutput, LayerOutput
 from tests.helpers_rtdetr import RECIPE, loss_targets, our_term_name, random_layer, transformers_loss_arguments
@@ -23,9 +25,11 @@ NUM_CLASSES, LAYERS, BINS = 4, 3, 32
 #: denoising queries is the same in both then).
 NUM_QUERIES = 6
 MAL_GAMMA = 1.5  # the authors' DEIMCriterion gamma
-CONFIG = DetrConfig(architecture="deimv2", class_head="sigmoid", backbone="hgnetv2_b0", num_classes=NUM_CLASSES,
-                    num_queries=NUM_QUERIES, num_decoder_layers=LAYERS, denoising=True, pretrained_backbone=False,
-                    num_feature_levels=3, num_points_per_level=(3, 6, 3))
+CONFIG = DEIMv2Config(class_head="sigmoid", backbone="hgnetv2_b0", num_classes=NUM_CLASSES, num_queries=NUM_QUERIES,
+                      num_decoder_layers=LAYERS, denoising=True, pretrained_backbone=False, num_feature_levels=3,
+                      dim_feedforward=2048, dropout=0.1, num_encoder_layers=6, backbone_norm='frozen_batch_norm',
+                      csp_expansion=1.0, backbone_learnable_affine=False, csp_depth_multiplier=1.0,
+                      decoder=DistributionDecoder(num_points_per_level=(3, 6, 3)))
 UP, REG_SCALE = torch.tensor([0.5]), torch.tensor([4.0])
 
 
@@ -98,7 +102,9 @@ def test_deimv2_builds_dfines_parts_with_mal_and_the_union():
     assert criterion.matching_union
     assert {type(part) for part in criterion.parts} == {ProposalLoss, DenoisingLoss, DistributionLoss}
     # the same as D-FINE's criterion with MAL asked for
-    dfine = build_criterion(dataclasses.replace(CONFIG, architecture="dfine"), **RECIPE, matchability=True)
+    same = {name: value for name, value in CONFIG.to_dict().items()
+            if name in DFINEConfig.__dataclass_fields__ and name != "family"}
+    dfine = build_criterion(DFINEConfig.from_dict(same), **RECIPE, matchability=True)
     targets = loss_targets(NUM_CLASSES)
     outputs = _outputs(DenoisingMeta(num_groups=4, group_size=6), len(targets))
     ours, theirs = criterion(outputs, targets), dfine(outputs, targets)

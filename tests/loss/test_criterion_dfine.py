@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from detr.models.dfine.config import DFINEConfig, DistributionDecoder
 from detr.loss.build import build_criterion
 from detr.loss.criterion import matching_union
 from detr.loss.distribution import edge_targets, localization_loss
 from detr.loss.focal import matchability_loss
 from detr.loss.terms import box_losses
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from detr.models.dfine.decoder import weighting_function
 from detr.models.outputs import DenoisingMeta, DenoisingOutput, DetectorOutput, DistributionOutput, LayerOutput
 from tests.helpers_rtdetr import RECIPE, loss_targets, our_term_name, random_layer, transformers_loss_arguments
@@ -22,9 +23,11 @@ NUM_CLASSES, LAYERS, BINS = 4, 3, 32
 #: Twice the largest target count (3): the authors weigh the denoising queries' DDF with the selected queries'
 #: matched / unmatched counts, transformers with their own; with Q = 2 T the two ratios are equal.
 NUM_QUERIES = 6
-CONFIG = DetrConfig(architecture="dfine", class_head="sigmoid", backbone="hgnetv2_b0", num_classes=NUM_CLASSES,
-                    num_queries=NUM_QUERIES, num_decoder_layers=LAYERS, denoising=True, pretrained_backbone=False,
-                    num_feature_levels=3, num_points_per_level=(3, 6, 3))
+CONFIG = DFINEConfig(class_head="sigmoid", backbone="hgnetv2_b0", num_classes=NUM_CLASSES, num_queries=NUM_QUERIES,
+                     num_decoder_layers=LAYERS, denoising=True, pretrained_backbone=False, num_feature_levels=3,
+                     dim_feedforward=2048, dropout=0.1, num_encoder_layers=6, backbone_norm='frozen_batch_norm',
+                     csp_expansion=1.0, backbone_learnable_affine=False, csp_depth_multiplier=1.0,
+                     decoder=DistributionDecoder(num_points_per_level=(3, 6, 3)))
 UP, REG_SCALE = torch.tensor([0.5]), torch.tensor([4.0])
 
 

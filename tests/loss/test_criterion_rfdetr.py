@@ -10,19 +10,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from detr.models.rfdetr.config import RFDETRConfig
 import detr
 from detr.loss.build import build_criterion
 from detr.loss.focal import ia_bce_loss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.point_sampling import pairwise_dice, pairwise_sigmoid_ce
-from detr.models.config import DetrConfig
+
 from detr.models.outputs import DetectorOutput, LayerOutput, MaskFeatures
 from tests.helpers_rfdetr import hf_lwdetr, hf_model
 from tests.helpers_rtdetr import RECIPE, loss_targets, random_layer, square_photos
 
 NUM_CLASSES, NUM_QUERIES, GROUPS, LAYERS = 4, 6, 3, 3
-CONFIG = DetrConfig(architecture="rfdetr", backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=1,
-                    num_classes=NUM_CLASSES, num_queries=NUM_QUERIES, query_groups=GROUPS, num_decoder_layers=LAYERS)
+CONFIG = RFDETRConfig(backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=1,
+                      num_classes=NUM_CLASSES, num_queries=NUM_QUERIES, query_groups=GROUPS,
+                      num_decoder_layers=LAYERS, dropout=0.1, num_points=4)
 
 
 def _theirs(outputs: DetectorOutput, targets: list[dict[str, torch.Tensor]], groups: int,

@@ -7,15 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from detr.models.rtdetr.config import RTDETRConfig
 from detr.loss.build import build_criterion
 from detr.loss.focal import varifocal_loss
-from detr.models.config import DetrConfig
+
 from detr.models.outputs import DenoisingMeta, DenoisingOutput, DetectorOutput
 from tests.helpers_rtdetr import RECIPE, loss_targets, our_term_name, random_layer, transformers_loss_arguments
 
 NUM_CLASSES, NUM_QUERIES, LAYERS = 4, 12, 3
-CONFIG = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", num_classes=NUM_CLASSES,
-                    num_queries=NUM_QUERIES, num_decoder_layers=LAYERS, denoising=True, pretrained_backbone=False)
+CONFIG = RTDETRConfig(class_head="sigmoid", backbone="resnet18", num_classes=NUM_CLASSES, num_queries=NUM_QUERIES,
+                      num_decoder_layers=LAYERS, denoising=True, pretrained_backbone=False, dim_feedforward=2048,
+                      dropout=0.1, num_encoder_layers=6, num_feature_levels=4)
 def _theirs(outputs: DetectorOutput, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """transformers' loss on the same predictions."""
     transformers = pytest.importorskip("transformers")

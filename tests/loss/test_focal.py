@@ -11,7 +11,7 @@ from detr.inference.postprocess import PostProcess
 from detr.loss.criterion import SetCriterion
 from detr.loss.focal import focal_class_cost, sigmoid_focal_loss
 from detr.loss.matcher import HungarianMatcher
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from tests.helpers import model_output
 
 

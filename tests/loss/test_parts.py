@@ -9,7 +9,7 @@ from detr.loss.build import build_criterion
 from detr.loss.criterion import LossPart, SetCriterion
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from detr.models.layers.denoising import DenoisingMeta
 from detr.models.outputs import DenoisingOutput, DenseOutput, DetectorOutput
 from tests.helpers import model_output

@@ -18,7 +18,7 @@ from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from detr.inference.postprocess import PostProcess
 from detr.loss.build import build_criterion
 from detr.loss.criterion import SetCriterion
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
 from detr.models.detr import DETR
 from tests.helpers import load_script, tiny_config_with
 

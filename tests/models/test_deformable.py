@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.deformable.config import DeformableConfig
+from detr.models.detr_family import DetrConfig
 from detr.models.layers.deformable_attention import (
     MultiScaleDeformableAttention,
     deformable_sampling,
@@ -111,16 +112,19 @@ def test_two_stage_on_images_too_small_for_its_queries_says_so():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"architecture": "deformable"}, "class_head='sigmoid'"),
-    ({"architecture": "deformable", "class_head": "sigmoid", "hidden_dim": 48}, "divide by 32"),
-    ({"architecture": "deformable", "class_head": "sigmoid", "two_stage": True}, "needs box_refine"),
-    ({"box_refine": True}, "architecture='deformable'"),
-    ({"architecture": "deformable", "class_head": "sigmoid", "query_type": "anchor"}, "query_type='learned'"),
-    ({"architecture": "transformer"}, "architecture must be"),
+    ({"class_head": "softmax"}, "class_head='sigmoid'"),
+    ({"hidden_dim": 48}, "divide by 32"),
+    ({"two_stage": True}, "needs box_refine"),
+    ({"query_type": "anchor"}, "unknown model option"),
 ])
 def test_config_refuses_what_the_model_lacks(changes, message):
     with pytest.raises(ValueError, match=message):
-        DetrConfig(**changes)
+        DeformableConfig.from_dict(changes)
+
+
+def test_deformable_options_are_deformable_s_config_s_only():
+    with pytest.raises(ValueError, match="unknown model option.*box_refine"):
+        DetrConfig.from_dict({"box_refine": True})
 
 
 def _sampling_case(points_per_level, dtype=torch.float32):

@@ -10,18 +10,21 @@ import torch
 from torch import nn
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.deimv2.config import DEIMv2Config
+from detr.models.dfine.config import DFINEConfig, DistributionDecoder
+from detr.models.rtdetr.config import RTDETRConfig
 from detr.models.dfine.decoder import SwiGLU
 from detr.models.dfine.encoder import LiteEncoder, RepNCSPELAN5
 from tests.helpers import randomise
 
-TINY_DEIMV2 = DetrConfig(architecture="deimv2", class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32,
-                         num_heads=4, dim_feedforward=48, num_decoder_layers=3, num_queries=20, num_classes=5,
-                         dropout=0.0, num_feature_levels=2, num_points=3, csp_expansion=0.5,
-                         csp_depth_multiplier=0.34, backbone_learnable_affine=True, max_num_bins=8)
-LITE = {"lite_encoder": True, "num_encoder_layers": 0, "decoder_gateway": False, "decoder_activation": "silu"}
-DINOV3 = {"backbone": "dinov3_vit", "num_feature_levels": 3, "num_points": 2, "vit_dim": 32, "vit_depth": 3,
-          "vit_heads": 2, "vit_mlp_dim": 48, "vit_register_tokens": 2, "vit_out_layers": (1, 2, 3),
+TINY_DEIMV2 = DEIMv2Config(class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32, num_heads=4,
+                           dim_feedforward=48, num_decoder_layers=3, num_queries=20, num_classes=5, dropout=0.0,
+                           num_feature_levels=2, num_points=3, csp_expansion=0.5, csp_depth_multiplier=0.34,
+                           backbone_learnable_affine=True, num_encoder_layers=6, backbone_norm='frozen_batch_norm',
+                           denoising=False, decoder=DistributionDecoder(max_num_bins=8, num_points_per_level=None))
+LITE = {"lite_encoder": True, "num_encoder_layers": 0, "decoder_gateway": False, "decoder": {"activation": "silu"}}
+DINOV3 = {"backbone": "dinov3_vit", "num_feature_levels": 3, "num_points": 2,
+          "vit": {"width": 32, "depth": 3, "heads": 2, "mlp_dim": 48, "register_tokens": 2, "out_layers": (1, 2, 3)},
           "adapter_channels": 4, "csp_trailing_conv": False, "backbone_learnable_affine": False}
 
 
@@ -104,24 +107,23 @@ def test_optimize_for_inference_keeps_the_outputs(changes):
 @pytest.mark.parametrize("changes, message", [
     ({"lite_encoder": True}, "num_encoder_layers=0"),
     ({**LITE, "num_feature_levels": 3}, "num_feature_levels=2"),
-    ({"decoder_activation": "gelu"}, "decoder_activation"),
-    ({"decoder_mlp_activation": "silu"}, "D-FINE's \\(DEIM's\\) option"),
-    ({"backbone": "resnet50"}, "HGNetV2 sizes"),
-    ({"vit_dim": 64}, "backbone='dinov3_vit'"),
+    ({"decoder": {"activation": "gelu"}}, "activation"),
+    ({"decoder": {"mlp_activation": "silu"}}, "D-FINE's \\(DEIM's\\) option"),
+    ({"backbone": "resnet50"}, "not one of deimv2's: hgnetv2_b0"),
+    ({"vit": {"width": 64, "heads": 8}}, "backbone='dinov3_vit'"),
     ({**DINOV3, "num_feature_levels": 2}, "num_feature_levels=3"),
-    ({**DINOV3, "vit_out_layers": (1, 2)}, "three vit_out_layers"),
+    ({**DINOV3, "vit": {**DINOV3["vit"], "out_layers": (1, 2)}}, "three out_layers"),
 ])
 def test_the_config_refuses_what_deimv2_cannot_build(changes, message):
     with pytest.raises(ValueError, match=message):
         TINY_DEIMV2.replace(**changes)
 
 
-def test_deimv2_options_need_the_deimv2_architecture():
-    with pytest.raises(ValueError, match="DEIMv2 option"):
-        TINY_DEIMV2.replace(architecture="dfine", decoder_gateway=False)
-    with pytest.raises(ValueError, match="DEIMv2 option"):
-        DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", num_feature_levels=3,
-                   lite_encoder=True)
+def test_deimv2_options_are_deimv2_s_config_s_only():
+    with pytest.raises(ValueError, match="unknown model option.*decoder_gateway"):
+        DFINEConfig.from_dict({"decoder_gateway": False})
+    with pytest.raises(ValueError, match="unknown model option.*lite_encoder"):
+        RTDETRConfig.from_dict({"lite_encoder": True})
 
 
 def test_the_dinov3_backbone_gives_strides_8_16_32_and_rotary_positions():

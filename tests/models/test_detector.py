@@ -116,7 +116,7 @@ def test_every_model_and_backend_meets_one_contract(tmp_path):
     through the contract what callers used to learn from their class."""
     from detr.models import Detector, build_detr_panoptic
 
-    deformable = build_detr(TINY.replace(architecture="deformable", class_head="sigmoid", num_points=2))
+    deformable = build_detr(tiny_config_with(architecture="deformable", class_head="sigmoid", num_points=2))
     models = {"detr": build_detr(TINY), "anchor": build_detr(TINY, query_type="anchor"), "deformable": deformable,
               "panoptic": build_detr_panoptic(TINY.replace(hidden_dim=128, num_heads=8))}
     for name, model in models.items():

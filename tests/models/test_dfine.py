@@ -8,15 +8,18 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.detr_family import DetrConfig
+from detr.models.dfine.config import DFINEConfig, DistributionDecoder
 from detr.models.dfine.decoder import distance_to_box, edge_distances, weighting_function
 from detr.models.dfine.hgnetv2 import SIZES, HGNetV2, LearnableAffineBlock
 from detr.models.layers.deformable_attention import MultiScaleDeformableAttention, deformable_sampling
+from detr.models.rtdetr.config import RTDETRConfig
 
-TINY_DFINE = DetrConfig(architecture="dfine", class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32,
-                        num_heads=4, dim_feedforward=48, num_decoder_layers=3, num_queries=20, num_classes=5,
-                        dropout=0.0, num_feature_levels=3, num_points_per_level=(2, 3, 1), csp_expansion=0.5,
-                        csp_depth_multiplier=0.34, backbone_learnable_affine=True, max_num_bins=8, denoising=True)
+TINY_DFINE = DFINEConfig(class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32, num_heads=4, dim_feedforward=48,
+                         num_decoder_layers=3, num_queries=20, num_classes=5, dropout=0.0, num_feature_levels=3,
+                         csp_expansion=0.5, csp_depth_multiplier=0.34, backbone_learnable_affine=True,
+                         denoising=True, num_encoder_layers=6, backbone_norm='frozen_batch_norm',
+                         decoder=DistributionDecoder(num_points_per_level=(2, 3, 1), max_num_bins=8))
 
 
 def _model(**changes) -> torch.nn.Module:
@@ -121,7 +124,7 @@ def test_a_shorter_decoder_predicts_with_its_last_layer():
 
 
 def test_two_levels_read_strides_16_and_32():
-    model = _model(num_feature_levels=2, num_points_per_level=None, num_points=3)
+    model = _model(num_feature_levels=2, decoder={"num_points_per_level": None}, num_points=3)
     images, mask = _images(1)
     with torch.no_grad():
         output = model(images, mask, return_attention=True)
@@ -136,7 +139,7 @@ def test_deims_silu_reaches_the_feed_forward_networks_and_every_decoder_mlp(deco
     """DEIM's ``activation`` / ``mlp_act``: the layers' feed-forward networks take ``decoder_activation``; the
     query positions, the encoder's box head, the first layer's box head, the distribution heads and the quality
     heads take ``decoder_mlp_activation``."""
-    model = _model(decoder_activation=decoder_activation, decoder_mlp_activation=decoder_mlp_activation)
+    model = _model(decoder={"activation": decoder_activation, "mlp_activation": decoder_mlp_activation})
     functions = {"relu": torch.nn.functional.relu, "silu": torch.nn.functional.silu}
     decoder = model.decoder
     mlps = [decoder.query_pos_head, decoder.enc_bbox_head, decoder.pre_bbox_head, *decoder.dec_bbox_head,
@@ -153,23 +156,23 @@ def test_deims_silu_reaches_the_feed_forward_networks_and_every_decoder_mlp(deco
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"decoder_mlp_activation": "gelu"}, "decoder_mlp_activation"),
-    ({"backbone": "resnet50"}, "HGNetV2 sizes"),
-    ({"num_feature_levels": 4, "num_points_per_level": None}, "num_feature_levels must be 2 or 3"),
-    ({"num_points_per_level": (3, 6)}, "num_points_per_level"),
-    ({"max_num_bins": 7}, "max_num_bins"),
+    ({"decoder": {"mlp_activation": "gelu"}}, "mlp_activation"),
+    ({"backbone": "resnet50"}, "not one of dfine's: hgnetv2_b0"),
+    ({"num_feature_levels": 4, "decoder": {"num_points_per_level": None}}, "num_feature_levels must be 2 or 3"),
+    ({"decoder": {"num_points_per_level": (3, 6)}}, "num_points_per_level"),
+    ({"decoder": {"max_num_bins": 7}}, "max_num_bins"),
 ])
 def test_the_config_refuses_what_dfine_cannot_build(changes, message):
     with pytest.raises(ValueError, match=message):
         TINY_DFINE.replace(**changes)
 
 
-def test_dfine_options_need_the_dfine_architecture():
-    with pytest.raises(ValueError, match="D-FINE option"):
-        DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", num_feature_levels=3,
-                   max_num_bins=16)
-    with pytest.raises(ValueError, match="HGNetV2 sizes"):
-        DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="hgnetv2_b0", num_feature_levels=3)
+def test_dfine_options_are_dfine_s_config_s_only():
+    with pytest.raises(ValueError, match="unknown model option.*decoder"):
+        RTDETRConfig.from_dict({"decoder": {"max_num_bins": 16}})
+    with pytest.raises(ValueError, match="not one of rtdetr's"):
+        RTDETRConfig(class_head="sigmoid", backbone="hgnetv2_b0", num_feature_levels=3, num_queries=100,
+                     dim_feedforward=2048, dropout=0.1, num_encoder_layers=6, denoising=False)
 
 
 def test_optimize_for_inference_keeps_the_outputs():

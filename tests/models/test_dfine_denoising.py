@@ -6,14 +6,17 @@ from __future__ import annotations
 import torch
 
 from detr import build_detr
+from detr.models.dfine.config import DFINEConfig, DistributionDecoder
 from detr.loss.build import build_criterion
-from detr.models.config import DetrConfig
+
 
 NUM_CLASSES, NUM_QUERIES, BINS = 6, 10, 32
-TINY_DFINE = DetrConfig(architecture="dfine", class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32, num_heads=4,
-                        dim_feedforward=48, num_decoder_layers=2, num_queries=NUM_QUERIES, num_classes=NUM_CLASSES,
-                        num_feature_levels=3, num_points_per_level=(2, 2, 2), denoising=True, dropout=0.0,
-                        backbone_last_stage="layer4", backbone_norm="batch_norm", pretrained_backbone=False)
+TINY_DFINE = DFINEConfig(class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32, num_heads=4, dim_feedforward=48,
+                         num_decoder_layers=2, num_queries=NUM_QUERIES, num_classes=NUM_CLASSES,
+                         num_feature_levels=3, denoising=True, dropout=0.0, backbone_norm="batch_norm",
+                         pretrained_backbone=False, num_encoder_layers=6, csp_expansion=1.0,
+                         backbone_learnable_affine=False, csp_depth_multiplier=1.0,
+                         decoder=DistributionDecoder(num_points_per_level=(2, 2, 2)))
 
 
 def _targets(counts: tuple[int, ...]) -> list[dict[str, torch.Tensor]]:

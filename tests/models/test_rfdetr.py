@@ -8,15 +8,17 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
+from detr.models.detr_family import DetrConfig
 from detr.models.rfdetr.decoder import refine_boxes
 from detr.models.rfdetr.vit import WindowedViT
 
-TINY_RFDETR = DetrConfig(architecture="rfdetr", backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=1,
-                         hidden_dim=32, num_heads=4, cross_attention_heads=8, dim_feedforward=48,
-                         num_decoder_layers=2, num_queries=12, num_classes=5, dropout=0.0, vit_hidden_dim=24,
-                         vit_num_layers=3, vit_num_heads=3, vit_out_indices=(1, 3), vit_num_windows=2,
-                         vit_position_size=56, projector_blocks=1, mask_dim_feedforward=16)
+TINY_RFDETR = RFDETRConfig(backbone="dinov2_windowed", class_head="sigmoid", num_feature_levels=1, hidden_dim=32,
+                           num_heads=4, cross_attention_heads=8, dim_feedforward=48, num_decoder_layers=2,
+                           num_queries=12, num_classes=5, dropout=0.0, projector_blocks=1, mask_dim_feedforward=16,
+                           num_points=4, query_groups=1,
+                           vit=WindowedViTSize(width=24, depth=3, heads=3, out_indices=(1, 3), num_windows=2,
+                                               position_size=56, mlp_dim=96))
 
 
 def _model(**changes) -> torch.nn.Module:
@@ -132,8 +134,8 @@ def test_sides_that_do_not_divide_by_patch_times_windows_or_differ_are_refused()
 @pytest.mark.parametrize("changes, message", [
     ({"num_feature_levels": 2}, "num_feature_levels=1"),
     ({"class_head": "softmax"}, "class_head='sigmoid'"),
-    ({"vit_out_indices": (3, 1)}, "vit_out_indices"),
-    ({"vit_out_indices": (1, 4)}, "vit_out_indices"),
+    ({"vit": {"out_indices": (3, 1)}}, "vit.out_indices"),
+    ({"vit": {"out_indices": (1, 4)}}, "vit.out_indices"),
     ({"cross_attention_heads": 5}, "cross_attention_heads"),
     ({"backbone": "resnet50"}, "dinov2_windowed"),
 ])
@@ -142,15 +144,16 @@ def test_the_config_refuses_what_rfdetr_cannot_build(changes, message):
         TINY_RFDETR.replace(**changes)
 
 
-def test_rfdetr_options_need_the_rfdetr_architecture():
-    with pytest.raises(ValueError, match="RF-DETR option"):
-        DetrConfig(vit_num_windows=2)
-    with pytest.raises(ValueError, match="LW-DETR's backbones"):
+def test_rfdetr_options_are_rfdetr_s_config_s_only():
+    with pytest.raises(ValueError, match="unknown model option.*vit"):
+        DetrConfig.from_dict({"vit": {"num_windows": 2}})
+    with pytest.raises(ValueError, match="not one of detr's"):
         DetrConfig(backbone="dinov2_windowed")
 
 
 def test_lwdetr_projects_one_level_per_scale_and_its_windowed_blocks_stay_local():
-    model = _model(backbone="lwdetr_vit", vit_window_blocks=(0, 1, 2), vit_out_indices=(2, 3), projector_scales=(2.0, 0.5),
+    model = _model(backbone="lwdetr_vit", vit={"window_blocks": (0, 1, 2), "out_indices": (2, 3)},
+                   projector_scales=(2.0, 0.5),
                    num_feature_levels=2, projector_norm="batch_norm")
     assert model.stride == 7 and "LW-DETR" in model.describe()
     with torch.no_grad():

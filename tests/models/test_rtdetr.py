@@ -8,15 +8,16 @@ import pytest
 import torch
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.deformable.config import DeformableConfig
 from detr.models.layers.deformable_attention import deformable_sampling
+from detr.models.rtdetr.config import RTDETRConfig
 from detr.models.rtdetr.decoder import anchors_for
 from detr.models.rtdetr.hybrid_encoder import RepVggBlock, sincos_position_embedding
 from detr.models.rtdetr.resnet_vd import ResNetVd
 
-TINY_RTDETR = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=4,
-                         dim_feedforward=48, num_decoder_layers=3, num_queries=20, num_classes=5, dropout=0.0,
-                         num_points=2, denoising=True)
+TINY_RTDETR = RTDETRConfig(class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=4, dim_feedforward=48,
+                           num_decoder_layers=3, num_queries=20, num_classes=5, dropout=0.0, num_points=2,
+                           denoising=True, num_encoder_layers=6, num_feature_levels=4)
 
 
 def _model(**changes) -> torch.nn.Module:
@@ -164,7 +165,7 @@ def test_discrete_sampling_and_offset_scale_change_the_predictions_only_through_
 @pytest.mark.parametrize("changes, message", [
     ({"num_feature_levels": 2}, "num_feature_levels must be at least 3"),
     ({"class_head": "softmax"}, "class_head"),
-    ({"box_refine": True}, "always refines"),
+    ({"box_refine": True}, "unknown model option"),
     ({"hidden_dim": 30}, "divisible"),
 ])
 def test_config_refuses_what_the_model_lacks(changes, message):
@@ -172,6 +173,6 @@ def test_config_refuses_what_the_model_lacks(changes, message):
         TINY_RTDETR.replace(**changes)
 
 
-def test_rtdetr_options_need_the_rtdetr_architecture():
-    with pytest.raises(ValueError, match="RT-DETR option"):
-        DetrConfig(architecture="deformable", class_head="sigmoid", sampling_method="discrete")
+def test_rtdetr_options_are_rtdetr_s_config_s_only():
+    with pytest.raises(ValueError, match="unknown model option.*sampling_method"):
+        DeformableConfig.from_dict({"sampling_method": "discrete"})

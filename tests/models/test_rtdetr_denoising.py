@@ -8,15 +8,17 @@ import pytest
 import torch
 
 from detr import build_detr
+from detr.models.rtdetr.config import RTDETRConfig
 from detr.box_ops import cxcywh_to_xyxy
 from detr.loss.parts import denoising_indices
-from detr.models.config import DetrConfig
+
 from detr.models.rtdetr.denoising import contrastive_denoising_queries
 
 NUM_CLASSES, NUM_QUERIES = 6, 10
-TINY_RTDETR = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=4,
-                         dim_feedforward=48, num_decoder_layers=2, num_queries=NUM_QUERIES, num_classes=NUM_CLASSES,
-                         dropout=0.0, num_points=2, denoising=True, pretrained_backbone=False)
+TINY_RTDETR = RTDETRConfig(class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=4, dim_feedforward=48,
+                           num_decoder_layers=2, num_queries=NUM_QUERIES, num_classes=NUM_CLASSES, dropout=0.0,
+                           num_points=2, denoising=True, pretrained_backbone=False, num_encoder_layers=6,
+                           num_feature_levels=4)
 
 
 def _targets(counts=(3, 1, 0)) -> list[dict[str, torch.Tensor]]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from detr import build_detr
-from detr.models.config import DetrConfig
+from detr.models.dfine.config import DFINEConfig, DistributionDecoder
+
 from detr.models.size_constants import SizeConstants
 
 CPU = torch.device("cpu")
@@ -32,10 +33,11 @@ def test_kept_per_key_and_dtype_under_inference_mode_and_computed_afresh_outside
 def test_a_model_run_under_inference_mode_then_trains_and_predicts_the_same():
     """The kept anchors, AIFI positions and point scales are inference tensors, which autograd cannot save: a
     model that predicted under inference mode (a validation pass) must still train, and predict as before."""
-    config = DetrConfig(architecture="dfine", class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32,
-                        num_heads=4, dim_feedforward=48, num_decoder_layers=2, num_queries=10, num_classes=3,
-                        dropout=0.0, num_feature_levels=3, num_points_per_level=(2, 3, 1), csp_expansion=0.5,
-                        csp_depth_multiplier=0.34, max_num_bins=8, denoising=False)
+    config = DFINEConfig(class_head="sigmoid", backbone="hgnetv2_b0", hidden_dim=32, num_heads=4, dim_feedforward=48,
+                         num_decoder_layers=2, num_queries=10, num_classes=3, dropout=0.0, num_feature_levels=3,
+                         csp_expansion=0.5, csp_depth_multiplier=0.34, denoising=False, num_encoder_layers=6,
+                         backbone_norm='frozen_batch_norm', backbone_learnable_affine=False,
+                         decoder=DistributionDecoder(num_points_per_level=(2, 3, 1), max_num_bins=8))
     torch.manual_seed(0)
     model = build_detr(config).eval()
     images, mask = torch.rand(2, 3, 64, 64), torch.zeros(2, 64, 64, dtype=torch.bool)

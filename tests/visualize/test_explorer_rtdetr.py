@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from detr import build_detr, load_checkpoint
+from detr.models.rtdetr.config import RTDETRConfig
 from detr.checkpoints import save_checkpoint
 from detr.commands import explore
 from detr.inference.predictor import Predictor
-from detr.models.config import DetrConfig
+
 from detr.visualize.explorer.data import POINT_UNITS, WEIGHT_UNITS
 from tests.helpers import REPO, randomise, read_sampling_page
 
@@ -24,9 +25,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    model = build_detr(DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", hidden_dim=32,
-                                  num_heads=4, dim_feedforward=48, num_decoder_layers=2, num_queries=12,
-                                  num_classes=5, dropout=0.0, num_points=2, num_feature_levels=3)).eval()
+    model = build_detr(RTDETRConfig(class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=4,
+                                    dim_feedforward=48, num_decoder_layers=2, num_queries=12, num_classes=5,
+                                    dropout=0.0, num_points=2, num_feature_levels=3, num_encoder_layers=6,
+                                    denoising=False)).eval()
     randomise(model, 1)
     model.meta = model.meta.replace(eval_size=(160, 160))
     return model

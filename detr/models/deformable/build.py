@@ -1,10 +1,9 @@
-"""Deformable DETR from its :class:`detr.models.config.DetrConfig` (``architecture="deformable"``): the
-family's builder in :data:`detr.models.build.ARCHITECTURES`."""
+"""Deformable DETR from its :class:`detr.models.deformable.config.DeformableConfig`: the family's builder."""
 
 from __future__ import annotations
 
 from detr.models.backbone import Joiner, backbone_from_config
-from detr.models.config import DetrConfig
+from detr.models.deformable.config import DeformableConfig
 from detr.models.deformable.model import DeformableDETR
 from detr.models.deformable.transformer import (
     DeformableDecoder,
@@ -16,7 +15,7 @@ from detr.models.deformable.transformer import (
 from detr.models.layers.position_encoding import PositionEmbeddingSine
 
 
-def build_deformable_detr(config: DetrConfig) -> DeformableDETR:
+def build_deformable_detr(config: DeformableConfig) -> DeformableDETR:
     """The ResNet with the sine encoding at cell centres (``offset=-0.5``, as the authors'), the deformable
     encoder and decoder, and the per-layer heads (box refinement and two-stage as the config says)."""
     backbone = Joiner(backbone_from_config(config), PositionEmbeddingSine(config.hidden_dim // 2, offset=-0.5))

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from detr.box_ops import inverse_sigmoid
-from detr.models.backbone import Joiner, downsample_mask
+from detr.models.backbone import Joiner, describe_resnet_detector, downsample_mask
 from detr.models.config import PRIOR_BIAS, ClassHead
 from detr.models.deformable.transformer import REFERENCE_EPS, DeformableTransformer
 from detr.models.detector import Detector, check_inputs
@@ -127,7 +127,7 @@ class DeformableDETR(Detector):
         if config is None:
             return ""
         return (f"Deformable DETR{f' ({variant})' if variant else ''}, {config.num_feature_levels} levels × "
-                f"{config.num_points} points, {super().describe()}")
+                f"{config.num_points} points, {describe_resnet_detector(config)}")
 
     def multi_scale_features(self, images: torch.Tensor, padding_mask: torch.Tensor
                              ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:

@@ -35,11 +35,12 @@ from torch import nn
 from torchvision.ops import box_convert
 
 from detr.box_ops import inverse_sigmoid
-from detr.models.config import PRIOR_BIAS, SamplingMethod
+from detr.models.config import PRIOR_BIAS
 from detr.models.layers.decoder_layer import DecoderLayer
 from detr.models.layers.deformable_attention import MultiScaleDeformableAttention, SpatialShapes
 from detr.models.layers.mlp import MLP
 from detr.models.outputs import DistributionOutput, LayerOutput
+from detr.models.rtdetr.config import SamplingMethod
 from detr.models.rtdetr.decoder import REFERENCE_EPS, DecoderOutput, RTDETRDecoder
 
 #: The clamp of the query positions (the authors').

@@ -6,7 +6,7 @@ The detector is RT-DETR's (:class:`detr.models.rtdetr.model.RTDETR`: backbone �
 same input contract and top-k post-processing) with D-FINE's three parts: the HGNetV2 backbone
 (:mod:`detr.models.dfine.hgnetv2`), the encoder's GELAN fusion blocks (:mod:`detr.models.dfine.encoder`) and the
 distribution-refinement decoder (:mod:`detr.models.dfine.decoder`). DEIM (Huang et al. 2025) trains the same
-network otherwise, so its released D-FINE models load here too. DEIMv2 (``architecture="deimv2"``) is this class
+network otherwise, so its released D-FINE models load here too. DEIMv2 (:mod:`detr.models.deimv2`) is this class
 with DEIMv2's encoder and decoder layers (docs/models/dfine.md).
 
 State-dict keys are the authors' (Peterande/D-FINE): ``backbone.*`` (``HGNetv2``), ``encoder.*``
@@ -21,6 +21,7 @@ from detr.models.dfine.decoder import DFineDecoder
 from detr.models.dfine.dinov3 import DINOv3Backbone
 from detr.models.dfine.encoder import LiteEncoder
 from detr.models.dfine.hgnetv2 import HGNetV2
+from detr.models.family import family_of
 from detr.models.rtdetr.hybrid_encoder import HybridEncoder
 from detr.models.rtdetr.model import RTDETR
 
@@ -70,9 +71,8 @@ class DFINE(RTDETR):
         config = self.config
         if config is None:
             return ""
-        points = config.num_points_per_level or (config.num_points,) * config.num_feature_levels
-        family = "DEIMv2" if config.architecture == "deimv2" else "D-FINE"
-        encoder = ", lite encoder" if config.lite_encoder else ""
-        return (f"{family}, {config.backbone}{encoder}, {self.num_decoder_layers} decoder layers, "
-                f"{config.num_feature_levels} levels × {list(points)} points, {config.max_num_bins} + 1 bins, "
+        encoder = ", lite encoder" if isinstance(self.encoder, LiteEncoder) else ""
+        return (f"{family_of(config).title}, {config.backbone}{encoder}, {self.num_decoder_layers} decoder layers, "
+                f"{config.num_feature_levels} levels × {list(config.points_per_level)} points, "
+                f"{config.decoder.max_num_bins} + 1 bins, "
                 f"{config.hidden_dim} hidden, {config.num_classes} classes")

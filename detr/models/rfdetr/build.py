@@ -1,11 +1,10 @@
-"""RF-DETR from its :class:`detr.models.config.DetrConfig` (``architecture="rfdetr"``): the family's builder in
-:data:`detr.models.build.ARCHITECTURES`."""
+"""RF-DETR from its :class:`detr.models.rfdetr.config.RFDETRConfig`: the family's builder."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from detr.models.config import DetrConfig
+from detr.models.rfdetr.config import RFDETRConfig
 from detr.models.rfdetr.decoder import RFDETRDecoder
 from detr.models.rfdetr.lw_vit import LwDetrViT
 from detr.models.rfdetr.model import RFDETR
@@ -14,14 +13,15 @@ from detr.models.rfdetr.segmentation import MaskHead
 from detr.models.rfdetr.vit import WindowedViT
 
 
-def build_rfdetr(config: DetrConfig) -> RFDETR:
-    """The windowed ViT of the ``vit_*`` options (DINOv2's, or LW-DETR's for ``backbone="lwdetr_vit"``), a C2f
+def build_rfdetr(config: RFDETRConfig) -> RFDETR:
+    """The windowed ViT of ``config.vit`` (DINOv2's, or LW-DETR's for ``backbone="lwdetr_vit"``), a C2f
     projector per scale, the decoder and its heads (``query_groups`` Group DETR groups in training), and the mask head
     when ``instance_masks``."""
-    sizes = (config.vit_hidden_dim, config.vit_num_layers, config.vit_num_heads, config.vit_mlp_ratio)
-    common = {"out_indices": config.vit_out_indices, "num_windows": config.vit_num_windows,
-              "patch_size": config.vit_patch_size, "position_size": config.vit_position_size}
-    backbone = (LwDetrViT(*sizes, window_blocks=config.vit_window_blocks or (), **common)
+    vit = config.vit
+    sizes = (vit.width, vit.depth, vit.heads, vit.mlp_dim // vit.width)
+    common = {"out_indices": vit.out_indices, "num_windows": vit.num_windows, "patch_size": vit.patch_size,
+              "position_size": vit.position_size}
+    backbone = (LwDetrViT(*sizes, window_blocks=vit.window_blocks or (), **common)
                 if config.backbone == "lwdetr_vit" else WindowedViT(*sizes, **common))
     projector = nn.ModuleList(
         Projector(backbone.out_channels, config.hidden_dim, expansion=config.projector_expansion,

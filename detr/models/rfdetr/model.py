@@ -96,8 +96,8 @@ class RFDETR(Detector):
             return ""
         masks = ", instance masks" if self.mask_head is not None else ""
         name = "LW-DETR" if config.backbone == "lwdetr_vit" else "RF-DETR"
-        return (f"{name}, windowed ViT {config.vit_hidden_dim} × {config.vit_num_layers} (patch "
-                f"{config.vit_patch_size}, {config.vit_num_windows}² windows), {self.num_decoder_layers} decoder "
+        return (f"{name}, windowed ViT {config.vit.width} × {config.vit.depth} (patch "
+                f"{config.vit.patch_size}, {config.vit.num_windows}² windows), {self.num_decoder_layers} decoder "
                 f"layers, {config.hidden_dim} hidden, {config.num_classes} classes{masks}")
 
     def slow_modules(self) -> list[nn.Module]:

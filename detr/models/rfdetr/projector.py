@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.models.config import ProjectorNorm
+from detr.models.rfdetr.config import ProjectorNorm
 
 
 class ChannelLayerNorm(nn.LayerNorm):

@@ -1,16 +1,15 @@
-"""RT-DETR from its :class:`detr.models.config.DetrConfig` (``architecture="rtdetr"``): the family's builder in
-:data:`detr.models.build.ARCHITECTURES`."""
+"""RT-DETR from its :class:`detr.models.rtdetr.config.RTDETRConfig`: the family's builder."""
 
 from __future__ import annotations
 
-from detr.models.config import DetrConfig
+from detr.models.rtdetr.config import RTDETRConfig
 from detr.models.rtdetr.decoder import RTDETRDecoder
 from detr.models.rtdetr.hybrid_encoder import HybridEncoder
 from detr.models.rtdetr.model import RTDETR
 from detr.models.rtdetr.resnet_vd import ResNetVd
 
 
-def build_rtdetr(config: DetrConfig) -> RTDETR:
+def build_rtdetr(config: RTDETRConfig) -> RTDETR:
     """ResNet-vd of ``config.backbone``, the hybrid encoder (``encoder_hidden_dim``, ``encoder_dim_feedforward``
     when set, else the decoder's), the decoder and its heads."""
     backbone = ResNetVd(config.backbone, norm=config.backbone_norm)

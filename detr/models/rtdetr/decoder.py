@@ -29,13 +29,14 @@ import torch
 from torch import nn
 
 from detr.box_ops import inverse_sigmoid
-from detr.models.config import PRIOR_BIAS, SamplingMethod
+from detr.models.config import PRIOR_BIAS
 from detr.models.layers.cell_anchors import cell_anchors
 from detr.models.layers.decoder_layer import DecoderLayer
 from detr.models.layers.deformable_attention import SpatialShapes
 from detr.models.layers.denoising import DenoisingMeta
 from detr.models.layers.mlp import MLP
 from detr.models.outputs import DistributionOutput
+from detr.models.rtdetr.config import SamplingMethod
 from detr.models.rtdetr.denoising import contrastive_denoising_queries
 from detr.models.size_constants import SizeConstants
 

@@ -1,0 +1,164 @@
+"""``model.detr`` as YAML files and command lines write it, and as jsonargparse parses it.
+
+The training system's ``detr`` argument is a family's config class (jsonargparse's subclass form:
+``{class_path: detr.models.dfine.config.DFINEConfig, init_args: {...}}``, or ``--model.detr DFINEConfig
+--model.detr.decoder.max_num_bins 16``). Users write it in three more forms, which :func:`migrate_arguments` turns
+into that one before parsing:
+
+- a preset's name: ``model.detr: dfine_s`` (``--model.detr dfine_s``), its fields overridable key by key;
+- the family form that :meth:`detr.models.config.ModelConfig.to_dict` writes (``family: dfine`` and the fields), which
+  is also how a printed or saved config (``--print_config``, a run's config.yaml) shows it (:func:`family_form`);
+- the old one-record form (``architecture: dfine`` and any of its 74 fields, DETR's without ``architecture``), as
+  every YAML file before the families had their own configs wrote it, also across a chain of files that include one
+  another (``config: parent.yaml`` and ``model.detr.<field>: value`` overrides).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import get_loader
+
+from detr.models.config import ModelConfig
+from detr.models.family import config_from_dict, preset_config, presets
+
+
+def class_path_form(value: Any, where: str) -> dict[str, Any] | None:
+    """jsonargparse's ``{class_path, init_args}`` of a ``model.detr`` value in any of the module's forms (None: the
+    value is in that form already, or is not a model config at all). Invalid settings raise ValueError naming
+    ``where``."""
+    if isinstance(value, str) and value in presets():
+        config = preset_config(value)
+    elif isinstance(value, dict) and "class_path" not in value:
+        config = config_from_dict(value, where=where)
+    else:
+        return None
+    values = config.to_dict()
+    values.pop("family")
+    return {"class_path": f"{type(config).__module__}.{type(config).__qualname__}", "init_args": values}
+
+
+def family_form(value: Any) -> Any:
+    """``value`` (a parsed or dumped config, nested dicts) with every ``{class_path, init_args}`` of a model config
+    written in the family form (``family`` and the fields), the form users read and write."""
+    if isinstance(value, list):
+        return [family_form(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    config_class = _model_config_class(value.get("class_path"))
+    if config_class is not None and set(value) <= {"class_path", "init_args"}:
+        return {"family": config_class.family, **family_form(value.get("init_args") or {})}
+    return {key: family_form(item) for key, item in value.items()}
+
+
+def family_form_yaml(text: str) -> str:
+    """:func:`family_form` of a YAML document (a dump of the parser), as YAML again."""
+    loaded = yaml.safe_load(text)
+    converted = family_form(loaded)
+    if converted == loaded:
+        return text
+    return yaml.safe_dump(converted, sort_keys=False, allow_unicode=True)
+
+
+#: The parser mode (jsonargparse's YAML loader) of the detr commands: :func:`load_yaml_without_model_detr`.
+PARSER_MODE = "detr_yaml"
+
+
+def load_yaml_without_model_detr(text: str) -> Any:
+    """jsonargparse's YAML loader, leaving out a config file's ``model.detr`` (nested or as dotted keys):
+    :func:`migrate_arguments` gives it, from the whole chain of files, as one ``--model.detr`` after the
+    ``--config``, in the form the parser reads."""
+    value = get_loader("yaml")(text)
+    if not isinstance(value, dict):
+        return value
+    value = {key: item for key, item in value.items() if key != "model.detr" and not str(key).startswith("model.detr.")}
+    if isinstance(value.get("model"), dict) and "detr" in value["model"]:
+        value["model"] = {key: item for key, item in value["model"].items() if key != "detr"}
+    return value
+
+
+def migrate_arguments(args: Sequence[str]) -> list[str]:
+    """A command line with every ``model.detr`` in jsonargparse's form: after each ``--config FILE`` whose files
+    (following their ``config:`` includes) set ``model.detr`` (in any form), that value as
+    ``--model.detr={class_path...}`` (so that later ``--model.detr.<field>`` options still apply to it; the parser's
+    loader leaves it out of the files: :func:`load_yaml_without_model_detr`); a ``--model.detr PRESET`` likewise."""
+    out: list[str] = []
+    index = 0
+    args = list(args)
+    while index < len(args):
+        arg = args[index]
+        name, equals, given = arg.partition("=")
+        value = given if equals else (args[index + 1] if index + 1 < len(args) else None)
+        step = 1 if equals else 2
+        if name == "--config" and value is not None:
+            out += args[index:index + step]
+            path = Path(value)
+            if path.is_file():
+                detr = _chain_value(path, ("model", "detr"))
+                if detr is not None:
+                    form = class_path_form(detr, f"{path}: model.detr") or detr
+                    out.append(f"--model.detr={json.dumps(form)}")
+            index += step
+            continue
+        if name == "--model.detr" and value is not None and value in presets():
+            out.append(f"--model.detr={json.dumps(class_path_form(value, name))}")
+            index += step
+            continue
+        out.append(arg)
+        index += 1
+    return out
+
+
+def _chain_value(path: Path, keys: tuple[str, ...], seen: frozenset[Path] = frozenset()) -> Any:
+    """The value at ``keys`` of a YAML config file after its includes (``config: parent.yaml``, relative to the
+    file) and its own keys, nested or dotted (``model.detr.backbone: x``), each over the last: None if unset."""
+    path = path.resolve()
+    if path in seen:
+        return None
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        return None
+    value: Any = None
+    parents = data.get("config")
+    for parent in [parents] if isinstance(parents, str) else parents or []:
+        inherited = _chain_value(path.parent / parent, keys, seen | {path})
+        value = _merge(value, inherited)
+    for key, item in data.items():
+        parts = tuple(str(key).split("."))
+        if parts[:len(keys)] == keys:  # the value itself or a field of it
+            for part in reversed(parts[len(keys):]):
+                item = {part: item}
+            value = _merge(value, item)
+        elif keys[:len(parts)] == parts:  # a dict holding it
+            for part in keys[len(parts):]:
+                item = item.get(part) if isinstance(item, dict) else None
+            if item is not None:
+                value = _merge(value, item)
+    return value
+
+
+def _merge(base: Any, update: Any) -> Any:
+    if update is None:
+        return base
+    if isinstance(base, dict) and isinstance(update, dict) and "class_path" not in update:
+        merged = dict(base)
+        for key, item in update.items():
+            merged[key] = _merge(merged.get(key), item)
+        return merged
+    return update
+
+
+def _model_config_class(class_path: Any) -> type[ModelConfig] | None:
+    if not isinstance(class_path, str) or "." not in class_path:
+        return None
+    module, _, name = class_path.rpartition(".")
+    try:
+        found = getattr(import_module(module), name, None)
+    except ImportError:
+        return None
+    return found if isinstance(found, type) and issubclass(found, ModelConfig) else None
