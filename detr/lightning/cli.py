@@ -20,7 +20,9 @@ two stages of the authors' panoptic recipe (paper §4.4)::
         --data.predict_images data/photos --ckpt_path outputs/demo_shapes_panoptic/checkpoints/last.ckpt
 
 YAML keys mirror the constructors (``model.*`` = the system: ``model.detr.*`` the detector's
-:class:`detr.models.config.DetrConfig`, the rest the recipe; ``data.*`` = the data module, ``trainer.*`` =
+:class:`detr.models.config.DetrConfig`, ``model.loss.*`` and ``model.optimizer.*`` its family's recipe
+(:mod:`detr.models.recipe`), ``model.runtime.*`` and ``model.evaluation.*`` the run's options; an earlier version's
+flat keys such as ``model.lr`` are read as today's with a note: :mod:`detr.lightning.migrate`; ``data.*`` = the data module, ``trainer.*`` =
 lightning.Trainer); a key that no constructor has is refused by name. The number of classes, the category
 map and (panoptic) the categories with their things and stuff are not configured: the data module reads them
 from the annotation json and they are linked into the model. One output folder per run
@@ -54,6 +56,7 @@ from detr.lightning.callbacks import FitReport, PredictionsWriter
 from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, LastCheckpoint, warn_of_replaced_model_options
 from detr.lightning.data_checks import CheckData, DataCheckError
 from detr.lightning.datamodule import DetrDataModule
+from detr.lightning.migrate import install_config_loader, migrate_arguments, migrate_hyperparameters
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.run_folder import claim_run_folder
@@ -153,6 +156,26 @@ class DetrCLI(LightningCLI):
                     "not a checkpoint; resume from another one (the best-model checkpoints beside it) or start over"
                 ) from error
 
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI's: the ``--ckpt_path`` checkpoint's hyperparameters over the parsed config, those of an
+        earlier version migrated first (:func:`detr.lightning.migrate.migrate_hyperparameters`)."""
+        if not self.config.get("subcommand"):
+            return
+        ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
+        if not (ckpt_path and Path(ckpt_path).is_file()):
+            return
+        checkpoint = torch.load(ckpt_path, weights_only=True, map_location="cpu", mmap=True)
+        hparams = dict(checkpoint.get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        hparams = migrate_hyperparameters(hparams, where=str(ckpt_path))
+        try:
+            self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
+        except SystemExit:
+            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+            raise
+
     def instantiate_classes(self) -> None:
         """Build the model, the data module and the trainer; a value one of them refuses (a plain ValueError,
         whose message names the argument: ``num_queries must be an integer >= 1 ...``) is a
@@ -231,7 +254,8 @@ class EpochProgressBar(RichProgressBar):
 
 
 def command_line_model_keys(args: Any) -> list[str]:
-    """The ``model.*`` keys that command-line ``args`` set (``--model.lr 1e-4``, ``--model.lr=1e-4``)."""
+    """The ``model.*`` keys that command-line ``args`` set (``--model.optimizer.lr 1e-4``,
+    ``--model.optimizer.lr=1e-4``)."""
     return [arg.split("=", 1)[0][2:] for arg in _argv(args) if arg.startswith("--model.")]
 
 
@@ -293,16 +317,20 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     ``model``, ``datamodule`` and ``trainer`` for the caller to use (``cli.trainer.fit(cli.model, ...)``).
     """
     system, data = (PanopticSystem, PanopticDataModule) if panoptic else (DetrSystem, DetrDataModule)
+    if not isinstance(args, dict):  # an earlier version's option names (--model.lr ...), as today's
+        args = migrate_arguments(_argv(args))
+    mode = install_config_loader()  # and its YAML keys, in every config file read
     argv = _argv(args)
     # the subcommand asked for, first on the command line as the shell gives it; otherwise (none, a misspelt
     # one) every parser, so that the error lists every choice
     names = (argv[0],) if argv and argv[0] in SUBCOMMANDS else SUBCOMMANDS
-    usage = {subcommand: {"usage": _USAGE} for subcommand in names}
+    usage = {subcommand: {"usage": _USAGE, "parser_mode": mode} for subcommand in names}
     # the command passes sys.argv[1:] itself (less --debug): Lightning's warning that args and sys.argv are both
     # given is about calls from Python, not this one, and opened every `detr fit` with four lines of noise
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
     return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True},
-                   parser_kwargs=usage if run else {"usage": _USAGE}, subcommand_names=names)
+                   parser_kwargs={"parser_mode": mode, **usage} if run else {"usage": _USAGE, "parser_mode": mode},
+                   subcommand_names=names)
 
 
 def show_package_messages() -> None:
