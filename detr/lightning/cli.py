@@ -56,7 +56,8 @@ from detr.lightning.callbacks import FitReport, PredictionsWriter
 from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, LastCheckpoint, warn_of_replaced_model_options
 from detr.lightning.data_checks import CheckData, DataCheckError
 from detr.lightning.datamodule import DetrDataModule
-from detr.lightning.migrate import install_config_loader, migrate_arguments, migrate_hyperparameters
+from detr.lightning.migrate import (fill_old_defaults, install_config_loader, migrate_arguments,
+                                   migrate_hyperparameters)
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.run_folder import claim_run_folder
@@ -83,10 +84,13 @@ class DetrCLI(LightningCLI):
 
     ``subcommand_names``: the subcommands whose parsers are built (default: every one). Each parser describes
     every option of the system, the data module and the Trainer, which takes seconds, so :func:`make_cli`
-    builds only the one the command line asks for."""
+    builds only the one the command line asks for. ``old_keys``: the flat ``model.*`` keys of an earlier version
+    that the command line and its configs used (:mod:`detr.lightning.migrate`), filled in as it parses."""
 
-    def __init__(self, *args: Any, subcommand_names: tuple[str, ...] = SUBCOMMANDS, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, subcommand_names: tuple[str, ...] = SUBCOMMANDS,
+                 old_keys: set[str] | None = None, **kwargs: Any) -> None:
         self._subcommand_names = subcommand_names
+        self._old_keys = old_keys if old_keys is not None else set()
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]  # a staticmethod in LightningCLI
@@ -191,6 +195,13 @@ class DetrCLI(LightningCLI):
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
         for key, value in getattr(self, "_command_line_model_values", {}).items():
             config[key] = value  # over --ckpt_path's hyperparameters (parse_arguments)
+        if self._old_keys:  # configured in an earlier version's keys: what they leave unset is its default
+            filled = fill_old_defaults(config)
+            if filled:
+                logger.warning("configured with an earlier version's model.* keys: %d loss and optimizer settings they "
+                               "leave unset take that version's defaults (DETR's), not the family's recipe; move the "
+                               "keys to model.loss.* / model.optimizer.* to train with the family's",
+                               len(filled))
         ckpt_path = config.get("ckpt_path")
         if ckpt_path:  # said, not silent: the config's own model options give way to the checkpoint's
             warn_of_replaced_model_options(getattr(self, "_configured_model", None), config.get("model.detr"),
@@ -317,9 +328,10 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     ``model``, ``datamodule`` and ``trainer`` for the caller to use (``cli.trainer.fit(cli.model, ...)``).
     """
     system, data = (PanopticSystem, PanopticDataModule) if panoptic else (DetrSystem, DetrDataModule)
+    old_keys: set[str] = set()  # an earlier version's keys found (its defaults then fill what they leave unset)
     if not isinstance(args, dict):  # an earlier version's option names (--model.lr ...), as today's
-        args = migrate_arguments(_argv(args))
-    mode = install_config_loader()  # and its YAML keys, in every config file read
+        args = migrate_arguments(_argv(args), old_keys)
+    mode = install_config_loader(old_keys)  # and its YAML keys, in every config file read
     argv = _argv(args)
     # the subcommand asked for, first on the command line as the shell gives it; otherwise (none, a misspelt
     # one) every parser, so that the error lists every choice
@@ -330,7 +342,7 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
     return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True},
                    parser_kwargs={"parser_mode": mode, **usage} if run else {"usage": _USAGE, "parser_mode": mode},
-                   subcommand_names=names)
+                   subcommand_names=names, old_keys=old_keys)
 
 
 def show_package_messages() -> None:

@@ -55,11 +55,14 @@ def _new_value(key: str, value: Any) -> tuple[bool, Any]:
     return True, value
 
 
-def _note(old: str, record: str, where: str) -> None:
+def _note(old: str, record: str, where: str, seen: set[str] | None) -> None:
     logger.warning("%s: model.%s is now model.%s.%s (read as it; rename it there)", where, old, record, old)
+    if seen is not None:
+        seen.add(old)
 
 
-def migrate_model_settings(model: dict[str, Any], where: str = "config") -> dict[str, Any]:
+def migrate_model_settings(model: dict[str, Any], where: str = "config", seen: set[str] | None = None
+                           ) -> dict[str, Any]:
     """The ``model`` group of a config (a dict of the training system's arguments) with every old flat key moved
     into its record's dict (an existing ``loss:``... dict of the same config wins over an old key), noted."""
     if not any(key in MOVED for key in model):
@@ -73,7 +76,7 @@ def migrate_model_settings(model: dict[str, Any], where: str = "config") -> dict
             else:
                 migrated[key] = value
             continue
-        _note(key, record, where)
+        _note(key, record, where, seen)
         keep, value = _new_value(key, value)
         group = migrated.setdefault(record, {})
         if keep and isinstance(group, dict):
@@ -81,31 +84,32 @@ def migrate_model_settings(model: dict[str, Any], where: str = "config") -> dict
     return migrated
 
 
-def migrate_config(config: Any, where: str = "config") -> Any:
+def migrate_config(config: Any, where: str = "config", seen: set[str] | None = None) -> Any:
     """A loaded YAML config (or a subcommand's part of one) with its old keys moved: the ``model:`` group's
-    (:func:`migrate_model_settings`) and dotted top-level ``model.lr: ...`` keys (→ ``model.optimizer.lr``)."""
+    (:func:`migrate_model_settings`) and dotted top-level ``model.lr: ...`` keys (→ ``model.optimizer.lr``).
+    ``seen`` collects the old keys found."""
     if not isinstance(config, dict):
         return config
     migrated: dict[str, Any] = {}
     for key, value in config.items():
         if key == "model" and isinstance(value, dict):
-            migrated[key] = migrate_model_settings(value, where)
+            migrated[key] = migrate_model_settings(value, where, seen)
         elif isinstance(key, str) and key.startswith("model.") and key[len("model."):] in MOVED:
             old = key[len("model."):]
-            _note(old, MOVED[old], where)
+            _note(old, MOVED[old], where, seen)
             keep, value = _new_value(old, value)
             if keep:
                 migrated[f"model.{MOVED[old]}.{old}"] = value
         elif isinstance(key, str) and key in ("fit", "validate", "test", "predict") and isinstance(value, dict):
-            migrated[key] = migrate_config(value, where)
+            migrated[key] = migrate_config(value, where, seen)
         else:
             migrated[key] = value
     return migrated
 
 
-def migrate_arguments(argv: list[str]) -> list[str]:
+def migrate_arguments(argv: list[str], seen: set[str] | None = None) -> list[str]:
     """Command-line arguments with old ``--model.<key>`` options renamed (``--model.lr 1e-4`` →
-    ``--model.optimizer.lr 1e-4``; ``--model.lr=1e-4`` likewise), each noted."""
+    ``--model.optimizer.lr 1e-4``; ``--model.lr=1e-4`` likewise), each noted; ``seen`` collects the old keys."""
     migrated = []
     for arg in argv:
         if not arg.startswith("--model."):
@@ -116,7 +120,7 @@ def migrate_arguments(argv: list[str]) -> list[str]:
         if old not in MOVED:
             migrated.append(arg)
             continue
-        _note(old, MOVED[old], "command line")
+        _note(old, MOVED[old], "command line", seen)
         if old == "lr_flat_cosine_epochs" and equals and value.lower() in ("null", "none"):
             value = "[]"
         migrated.append(f"--model.{MOVED[old]}.{old}" + (f"={value}" if equals else ""))
@@ -147,20 +151,34 @@ def migrate_hyperparameters(hparams: dict[str, Any], where: str = "checkpoint") 
     return migrated
 
 
+def fill_old_defaults(config: Any) -> list[str]:
+    """In a parsed config (a subcommand's namespace) of a run configured with an earlier version's keys, give
+    every loss and optimizer setting it leaves unset that version's default (DETR's, whatever the family), so
+    the run trains as it did; returns the keys filled. (A config in today's keys takes the family's recipe.)"""
+    filled = []
+    for key, record in MOVED.items():
+        name = f"model.{record}.{key}"
+        if key in OLD_DEFAULTS and record in ("loss", "optimizer") and config.get(name, "") is None:
+            keep, value = _new_value(key, OLD_DEFAULTS[key])
+            if keep:
+                config[name] = value
+                filled.append(name)
+    return filled
+
+
 _MODE = "detr_yaml"
 
 
-def _load(text: str, path: Any = None) -> Any:
-    """jsonargparse's YAML loader, then :func:`migrate_config` (``path``: the file, named in the notes)."""
-    return migrate_config(get_loader("yaml")(text), where=str(path) if path else "config")
+def install_config_loader(seen: set[str] | None = None) -> str:
+    """Make jsonargparse migrate every config it loads (:func:`migrate_config`; ``seen`` collects the old keys
+    found); returns the parser mode to give LightningCLI's parsers (``parser_kwargs={"parser_mode": ...}``)."""
 
+    def load(text: str, path: Any = None) -> Any:
+        return migrate_config(get_loader("yaml")(text), where=str(path) if path else "config", seen=seen)
 
-def install_config_loader() -> str:
-    """Make jsonargparse migrate every config it loads (:func:`migrate_config`); returns the parser mode to
-    give LightningCLI's parsers (``parser_kwargs={"parser_mode": ...}``)."""
-    set_loader(_MODE, _load, exceptions=(yaml.YAMLError,))
+    set_loader(_MODE, load, exceptions=(yaml.YAMLError,))
     return _MODE
 
 
-__all__ = ["MOVED", "OLD_DEFAULTS", "install_config_loader", "migrate_arguments", "migrate_config",
-           "migrate_hyperparameters", "migrate_model_settings"]
+__all__ = ["MOVED", "OLD_DEFAULTS", "fill_old_defaults", "install_config_loader", "migrate_arguments",
+           "migrate_config", "migrate_hyperparameters", "migrate_model_settings"]

@@ -21,7 +21,9 @@ from detr import Predictor, load_checkpoint
 from detr.checkpoints.rfdetr import to_huggingface_state_dict
 from detr.commands import analyze as analyze_command
 from detr.lightning.cli import main
+from detr.lightning.options import EvaluationOptions
 from detr.lightning.system import SettingError
+from detr.models.recipe import OptimizerRecipe
 from tests.helpers import tiny_square_fit_args, write_tiny_shapes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,8 +94,8 @@ def test_fit_with_instance_masks_needs_the_datas_masks(tiny_shapes_with_masks: P
 def test_fit_trains_with_an_ema_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     main(_fit_args(tiny_shapes, run, "--trainer.max_steps=20", "--trainer.check_val_every_n_epoch=20",
-                   "--model.warmup_steps=0", "--model.lr_decay_fraction=0", "--model.lr=1e-3",
-                   "--model.lr_backbone=1e-3",
+                   "--model.optimizer.warmup_steps=0", "--model.optimizer.lr_decay_fraction=0", "--model.optimizer.lr=1e-3",
+                   "--model.optimizer.lr_backbone=1e-3",
                    "--trainer.callbacks+=detr.lightning.callbacks.ExponentialMovingAverage",
                    "--trainer.callbacks.decay=0.9", "--trainer.callbacks.warmup_steps=5"))
     with (run / "metrics.csv").open() as file:
@@ -153,8 +155,9 @@ def test_the_optimizer_groups_are_the_authors() -> None:
                         vit_num_windows=2, vit_patch_size=8, vit_position_size=64, hidden_dim=32, num_heads=2,
                         cross_attention_heads=4, num_decoder_layers=2, dim_feedforward=64, num_queries=10,
                         query_groups=3, num_classes=3)
-    system = DetrSystem(detr=config, lr=1e-4, lr_backbone=1.5e-4, lr_layer_decay=0.8, lr_component_decay=0.7,
-                        weight_decay=1e-4, evaluation_dir="")
+    system = DetrSystem(detr=config, optimizer=OptimizerRecipe(lr=1e-4, lr_backbone=1.5e-4, lr_layer_decay=0.8,
+                                                               lr_component_decay=0.7, weight_decay=1e-4),
+                        evaluation=EvaluationOptions(evaluation_dir=""))
     (optimizer,), _ = system.configure_optimizers()
     settings = {id(p): (group["lr"], group["weight_decay"]) for group in optimizer.param_groups for p in group["params"]}
     theirs = to_huggingface_state_dict(system.model)  # the authors' key of every tensor, in our order
@@ -174,7 +177,7 @@ def test_decays_a_model_has_nothing_for_are_refused() -> None:
 
     config = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=2,
                         dim_feedforward=64, num_decoder_layers=2, num_queries=10, num_classes=3, num_points=2)
-    with pytest.raises(SettingError, match="--model.lr_layer_decay=0.8: RTDETR has no backbone layer depths"):
-        DetrSystem(detr=config, lr_layer_decay=0.8, evaluation_dir="")
-    with pytest.raises(SettingError, match="--model.lr_component_decay must be in"):
-        DetrSystem(detr=config, lr_component_decay=0.0, evaluation_dir="")
+    with pytest.raises(SettingError, match="--model.optimizer.lr_layer_decay=0.8: RTDETR has no backbone layer depths"):
+        DetrSystem(detr=config, optimizer=OptimizerRecipe(lr_layer_decay=0.8))
+    with pytest.raises(SettingError, match="--model.optimizer.lr_component_decay must be in"):
+        DetrSystem(detr=config, optimizer=OptimizerRecipe(lr_component_decay=0.0))

@@ -13,8 +13,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from detr.lightning import DetrSystem
+from detr.lightning.options import EvaluationOptions
 from detr.lightning.schedule import FlatCosine, fit_saved_schedulers, flat_cosine_factor, learning_rate_schedulers
 from detr.lightning.system import SettingError
+from detr.models.recipe import OptimizerRecipe
 from tests.helpers import InMemoryData, tiny_config_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -50,8 +52,9 @@ def _samples(count: int = 6, size: int = 48) -> list[tuple[torch.Tensor, dict]]:
 
 def _fit(tmp_path, max_epochs: int, ckpt_path: str | None = None, **options) -> list[list[float]]:
     """The rates of each step of a tiny run (6 images in batches of 2: 3 steps an epoch), last.ckpt kept."""
-    system = DetrSystem(detr=tiny_config_with(num_classes=3, backbone_last_stage="layer3"), lr=1e-3,
-                        lr_backbone=1e-4, lr_drop_epochs=[], evaluation_dir="", **options)
+    system = DetrSystem(detr=tiny_config_with(num_classes=3, backbone_last_stage="layer3"),
+                        optimizer=OptimizerRecipe(lr=1e-3, lr_backbone=1e-4, lr_drop_epochs=[], **options),
+                        evaluation=EvaluationOptions(evaluation_dir=""))
     record = _RecordRates()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, limit_val_batches=0, logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
@@ -103,7 +106,7 @@ def test_it_chains_after_the_warm_up() -> None:
 ])
 def test_settings_are_checked_in_one_line(options, message) -> None:
     with pytest.raises(SettingError, match=message) as raised:
-        DetrSystem(**options)
+        DetrSystem(optimizer=OptimizerRecipe(**options))
     assert "\n" not in str(raised.value)
     with pytest.raises(ValueError, match="FlatCosine"):
         FlatCosine(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 3, 3, 10)
