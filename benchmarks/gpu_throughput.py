@@ -147,7 +147,8 @@ class Trainer:
     def __init__(self, model_config: DetrConfig, device: torch.device, setting: Setting, seed: int = 0,
                  compile_backend: str = "inductor") -> None:
         torch.manual_seed(seed)
-        self.system = DetrSystem(detr=model_config, runtime=RuntimeOptions(channels_last=device.type == "cuda")).to(device).train()
+        runtime = RuntimeOptions(channels_last=device.type == "cuda")
+        self.system = DetrSystem(detr=model_config, runtime=runtime).to(device).train()
         self.device = device
         self.autocast = set_precision(setting.precision)
         self.forward: Callable = self.system.model

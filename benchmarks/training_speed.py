@@ -50,7 +50,8 @@ from detr.models.config import DetrConfig  # noqa: E402
 #: Our speed-ups, each switched on by name in ``--variants``.
 OPTIONS = {
     "channels_last": "the backbone in NHWC (RuntimeOptions(channels_last=True))",
-    "fold_batch_norm": "every frozen BatchNorm folded into its convolution in training (RuntimeOptions(fold_batch_norm=True))",
+    "fold_batch_norm": "every frozen BatchNorm folded into its convolution in training "
+                       "(RuntimeOptions(fold_batch_norm=True))",
     "fused_adamw": "AdamW(fused=True) (else the for-loop AdamW, torch's CPU default)",
     "foreach_clip": "clip_grad_norm_(foreach=True) (else one norm per tensor)",
     "compile": "torch.compile of the model's forward (inductor)",

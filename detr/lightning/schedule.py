@@ -321,8 +321,9 @@ def follow_this_runs_settings(trainer: L.Trainer, base_rates: dict[str, float], 
         changed = f"; schedule {', '.join(rebuilt)}" if rebuilt else ""
         logger.info(
             "resumed from %s at step %d: the learning rates follow this run's settings (base rates %s, the "
-            "checkpoint's %s%s%s): now %s, were %s. Other rates or lengths: --model.optimizer.lr, --model.optimizer.lr_backbone, "
-            "--model.optimizer.warmup_steps, --model.optimizer.lr_drop_epochs, --trainer.max_steps", trainer.ckpt_path,
+            "checkpoint's %s%s%s): now %s, were %s. Other rates or lengths: --model.optimizer.lr, "
+            "--model.optimizer.lr_backbone, --model.optimizer.warmup_steps, --model.optimizer.lr_drop_epochs, "
+            "--trainer.max_steps", trainer.ckpt_path,
             trainer.global_step, _rates(base_lrs), _rates(checkpoint_base), length, changed,
             _rates([group["lr"] for group in optimizer.param_groups]), _rates(restored),
         )

@@ -83,7 +83,8 @@ class DetrSystem(L.LightningModule):
         loss: the matching costs, loss weights and loss terms (:class:`detr.models.recipe.LossRecipe`,
             ``--model.loss.*``); a field left None: the family's authors' (:func:`detr.models.recipe.recipe_for`).
         optimizer: AdamW's rates and decays and the learning-rate schedule
-            (:class:`detr.models.recipe.OptimizerRecipe`, ``--model.optimizer.*``); a field left None: the family's. The schedule's warm-up may be a share of the run (``warmup_fraction``), whose step count is the
+            (:class:`detr.models.recipe.OptimizerRecipe`, ``--model.optimizer.*``); a field left None: the family's.
+            The schedule's warm-up may be a share of the run (``warmup_fraction``), whose step count is the
             trainer's ``max_steps`` (or ``max_epochs`` × batches); ``lr_decay_fraction``'s run may also be bounded by
             :class:`detr.lightning.callbacks.TimeBudget`, which fixes the step count from the step rate early on.
         runtime: how the model runs (:class:`detr.lightning.options.RuntimeOptions`: ``--model.runtime.*``,
@@ -705,7 +706,8 @@ def _record(kind: type[_Record], value: _Record | dict[str, Any] | None) -> _Rec
         names = {field.name for field in dataclasses.fields(kind)}
         unknown = sorted(set(value) - names)
         if unknown:
-            raise SettingError(f"{kind.__name__} has no field {', '.join(unknown)}; its fields: {', '.join(sorted(names))}")
+            raise SettingError(f"{kind.__name__} has no field {', '.join(unknown)}; its fields: "
+                               f"{', '.join(sorted(names))}")
         return kind(**value)
     return value
 

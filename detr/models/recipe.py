@@ -31,7 +31,8 @@ _Record = TypeVar("_Record", "LossRecipe", "OptimizerRecipe")
 
 
 def _over(recipe: _Record, base: _Record) -> _Record:
-    changes = {f.name: getattr(recipe, f.name) for f in dataclasses.fields(recipe) if getattr(recipe, f.name) is not None}
+    changes = {field.name: getattr(recipe, field.name) for field in dataclasses.fields(recipe)
+               if getattr(recipe, field.name) is not None}
     return dataclasses.replace(base, **changes)
 
 
@@ -45,12 +46,15 @@ class LossRecipe:
     (:func:`detr.loss.build.build_criterion`). None: the family's value.
 
     Args:
-        cost_class, cost_bbox, cost_giou: the Hungarian matching cost's class, L1 box and GIoU weights (DETR:
-            1, 5, 2).
-        loss_ce, loss_bbox, loss_giou: the class, L1 box and GIoU loss weights, in every auxiliary layer and the
-            parts' terms too (DETR: 1, 5, 2).
+        cost_class: weight of the class term in the Hungarian matching cost (DETR: 1).
+        cost_bbox: weight of the L1 box term in the matching cost (DETR: 5).
+        cost_giou: weight of the GIoU term in the matching cost (DETR: 2).
+        loss_ce: weight of the class loss, in every auxiliary layer and the parts' terms too (DETR: 1).
+        loss_bbox: weight of the L1 box loss, likewise (DETR: 5).
+        loss_giou: weight of the GIoU box loss, likewise (DETR: 2).
         eos_coef: cross-entropy weight of the no-object class (softmax head only; DETR: 0.1).
-        focal_alpha, focal_gamma: α and γ of the focal loss and the focal matching cost (sigmoid head; 0.25, 2).
+        focal_alpha: α of the focal loss and the focal matching cost (sigmoid head; 0.25).
+        focal_gamma: γ of the focal loss and the focal matching cost (sigmoid head; 2).
         class_loss: a sigmoid head's class loss (:data:`ClassLoss`).
         varifocal_alpha: α of the varifocal loss (RT-DETR: 0.75).
         matchability: DEIM's matchability-aware class loss (MAL, γ 1.5) in place of the varifocal loss
@@ -198,5 +202,5 @@ def recipe_for(config: Any) -> Recipe:
     return recipes[config.architecture]
 
 
-__all__ = ["ClassLoss", "DETR_LOSS", "DETR_OPTIMIZER", "DETR_RECIPE", "LossRecipe", "OptimizerRecipe", "Proposals", "Recipe",
-           "recipe_for"]
+__all__ = ["ClassLoss", "DETR_LOSS", "DETR_OPTIMIZER", "DETR_RECIPE", "LossRecipe", "OptimizerRecipe", "Proposals",
+           "Recipe", "recipe_for"]

@@ -156,7 +156,8 @@ def test_two_process_training_checkpoints_every_process_rng_and_resumes(tmp_path
                             limit_val_batches=1, num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
                             enable_model_summary=False, default_root_dir=tmp_path,
                             callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)])
-        trainer.fit(DetrSystem(detr=TINY, evaluation=EvaluationOptions(evaluation_dir="")), datamodule=_validation_data(), ckpt_path=ckpt_path)
+        system = DetrSystem(detr=TINY, evaluation=EvaluationOptions(evaluation_dir=""))
+        trainer.fit(system, datamodule=_validation_data(), ckpt_path=ckpt_path)
         return trainer
 
     fit(max_epochs=1)

@@ -24,7 +24,8 @@ def _system(**changes) -> DetrSystem:
     torch.manual_seed(0)
     return DetrSystem(detr=DEFORMABLE.replace(**changes), loss=LossRecipe(cost_class=2.0, loss_ce=2.0),
                       optimizer=OptimizerRecipe(lr=2e-4, lr_backbone=2e-5),
-                      category_map=CategoryMap.from_coco_categories(ANIMALS, contiguous=True), evaluation=EvaluationOptions(evaluation_dir=""))
+                      category_map=CategoryMap.from_coco_categories(ANIMALS, contiguous=True),
+                      evaluation=EvaluationOptions(evaluation_dir=""))
 
 
 @pytest.mark.parametrize("changes", [{}, {"box_refine": True, "two_stage": True}])

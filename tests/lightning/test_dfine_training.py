@@ -32,7 +32,8 @@ def test_fit_trains_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Pat
     run = tmp_path / "run"
     main(tiny_square_fit_args(CONFIG, TINY_DFINE, tiny_shapes, run, "--trainer.max_steps=30",
                               "--trainer.check_val_every_n_epoch=30", "--model.optimizer.warmup_steps=0",
-                              "--model.optimizer.lr_decay_fraction=0", "--model.optimizer.lr=1e-3", "--model.optimizer.lr_backbone=1e-3"))
+                              "--model.optimizer.lr_decay_fraction=0", "--model.optimizer.lr=1e-3",
+                              "--model.optimizer.lr_backbone=1e-3"))
     with (run / "metrics.csv").open() as file:
         rows = list(csv.DictReader(file))
     losses = [float(row["train/loss"]) for row in rows if row.get("train/loss")]

@@ -61,7 +61,8 @@ def test_tiny_detr_overfits_three_images(tmp_path) -> None:
     system = DetrSystem(
         detr=tiny_config_with(backbone_norm="group_norm", backbone_trainable_layers=0, backbone_last_stage="layer3",
                               dropout=0.0, num_classes=2), optimizer=OptimizerRecipe(lr=1e-3, lr_backbone=1e-3),
-        category_map=CategoryMap.from_coco_categories(CATEGORIES, contiguous=True), evaluation=EvaluationOptions(evaluation_dir=""),
+        category_map=CategoryMap.from_coco_categories(CATEGORIES, contiguous=True),
+        evaluation=EvaluationOptions(evaluation_dir=""),
     )
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=150, gradient_clip_val=0.1, gradient_clip_algorithm="norm",

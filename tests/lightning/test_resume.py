@@ -209,8 +209,8 @@ def _rate_of_this_schedule(checkpoint: dict, base: float, *, drops: list[int], w
 
 @pytest.mark.usefixtures("bare_argv")
 def test_a_resume_trains_on_the_schedule_it_records(tiny_shapes_root, tmp_path) -> None:
-    """A resume with other --model.optimizer.warmup_steps / --model.optimizer.lr_drop_epochs trained on the checkpoint's schedule
-    (weights bit-identical to a resume without them) yet recorded the new values in its checkpoint."""
+    """A resume with other --model.optimizer.warmup_steps / --model.optimizer.lr_drop_epochs trained on the
+    checkpoint's schedule (weights bit-identical to a resume without them) yet recorded the new values in its checkpoint."""
     out = tmp_path / "run"
     constant = ["--model.optimizer.warmup_steps=0", "--model.optimizer.lr_decay_fraction=0"]
     main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", *constant))
@@ -219,7 +219,8 @@ def test_a_resume_trains_on_the_schedule_it_records(tiny_shapes_root, tmp_path) 
 
     # warm-up added, and a drop at epoch 2: both at the step reached (4 steps of 2 an epoch: epoch 2 begins)
     main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=6", "--model.optimizer.warmup_steps=100",
-                       "--model.optimizer.lr_drop_epochs=[2]", "--model.optimizer.lr_decay_fraction=0", f"--ckpt_path={last}"))
+                       "--model.optimizer.lr_drop_epochs=[2]", "--model.optimizer.lr_decay_fraction=0",
+                       f"--ckpt_path={last}"))
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 6
     assert checkpoint["hyper_parameters"]["warmup_steps"] == 100  # recorded, and so it trained:

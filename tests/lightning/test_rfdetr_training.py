@@ -94,7 +94,8 @@ def test_fit_with_instance_masks_needs_the_datas_masks(tiny_shapes_with_masks: P
 def test_fit_trains_with_an_ema_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     main(_fit_args(tiny_shapes, run, "--trainer.max_steps=20", "--trainer.check_val_every_n_epoch=20",
-                   "--model.optimizer.warmup_steps=0", "--model.optimizer.lr_decay_fraction=0", "--model.optimizer.lr=1e-3",
+                   "--model.optimizer.warmup_steps=0", "--model.optimizer.lr_decay_fraction=0",
+                   "--model.optimizer.lr=1e-3",
                    "--model.optimizer.lr_backbone=1e-3",
                    "--trainer.callbacks+=detr.lightning.callbacks.ExponentialMovingAverage",
                    "--trainer.callbacks.decay=0.9", "--trainer.callbacks.warmup_steps=5"))

@@ -47,7 +47,8 @@ def _fit_args(data_root: Path, out_dir: Path, *extra: str) -> list[str]:
 def test_fit_trains_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     main(_fit_args(tiny_shapes, run, "--trainer.max_steps=30", "--trainer.check_val_every_n_epoch=30",
-                   "--model.optimizer.warmup_steps=0", "--model.optimizer.lr_decay_fraction=0", "--model.optimizer.lr=1e-3",
+                   "--model.optimizer.warmup_steps=0", "--model.optimizer.lr_decay_fraction=0",
+                   "--model.optimizer.lr=1e-3",
                    "--model.optimizer.lr_backbone=1e-3"))
     with (run / "metrics.csv").open() as file:
         rows = list(csv.DictReader(file))
@@ -83,7 +84,8 @@ def test_the_system_trains_the_resnet_vd_at_the_backbone_rate_in_its_own_layout(
                         dim_feedforward=64, num_decoder_layers=2, num_queries=10, num_classes=3, num_points=2,
                         denoising=True, backbone_norm="batch_norm")
     system = DetrSystem(detr=config, optimizer=OptimizerRecipe(lr=1e-4, lr_backbone=1e-5),
-                        runtime=RuntimeOptions(channels_last=True, backbone_bf16=True), evaluation=EvaluationOptions(evaluation_dir=""))
+                        runtime=RuntimeOptions(channels_last=True, backbone_bf16=True),
+                        evaluation=EvaluationOptions(evaluation_dir=""))
     (optimizer,), _ = system.configure_optimizers()
     groups = {group["name"]: group for group in optimizer.param_groups}
     model = system.model

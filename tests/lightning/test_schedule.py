@@ -126,3 +126,23 @@ def test_a_resume_keeps_an_unchanged_flat_cosine_and_rebuilds_a_changed_one() ->
     states, changes = fit_saved_schedulers(saved, **same)
     assert changes == ["lr_flat_cosine_epochs [64, 120] (checkpoint) -> None"]
     assert len(states) == 1
+
+
+@pytest.mark.parametrize("max_epochs", [2, 4])
+def test_a_warm_up_given_as_a_share_of_the_run_ends_inside_it(tmp_path, max_epochs) -> None:
+    """warmup_fraction 0.5 of a 6- or 12-step run (3 steps an epoch) warms up over 3 or 6 steps and then trains at
+    the full rate: a short run is never all warm-up, whatever its length (2,000 fixed steps would be)."""
+    rates = _fit(tmp_path, max_epochs, warmup_steps=2000, warmup_fraction=0.5)
+    warmup = 3 * max_epochs // 2
+    assert len(rates) == 3 * max_epochs
+    assert rates[0][0] == pytest.approx(1e-6) and all(main < 1e-3 for main, _ in rates[:warmup])
+    assert [main for main, _ in rates[warmup:]] == pytest.approx([1e-3] * (len(rates) - warmup), rel=1e-6)
+
+
+def test_a_warm_up_share_needs_a_run_length(tmp_path) -> None:
+    system = DetrSystem(detr=tiny_config_with(num_classes=3, backbone_last_stage="layer3"),
+                        optimizer=OptimizerRecipe(warmup_fraction=0.1), evaluation=EvaluationOptions(evaluation_dir=""))
+    system.trainer = L.Trainer(accelerator="cpu", max_epochs=-1, logger=False, enable_progress_bar=False,
+                               default_root_dir=tmp_path)
+    with pytest.raises(SettingError, match="--model.optimizer.warmup_fraction=0.1 is a share of the run's steps"):
+        system.warmup_steps()
