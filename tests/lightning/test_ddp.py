@@ -112,7 +112,7 @@ class OracleSystem(DetrSystem):
 
 def _system(record_dir: Path) -> OracleSystem:
     torch.manual_seed(0)
-    system = OracleSystem(detr=TINY, evaluation_dir="")
+    system = OracleSystem(detr=TINY, evaluation=EvaluationOptions(evaluation_dir=""))
     system.table_logits, system.table_boxes = _predictions(_targets())
     system.record_dir = str(record_dir)
     return system

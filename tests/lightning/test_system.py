@@ -14,7 +14,7 @@ from detr.evaluation import resolve_backend
 from detr.lightning import DetrSystem, NonFiniteLossError
 from detr.lightning.options import EvaluationOptions, RuntimeOptions
 from detr.models.config import DetrConfig
-from detr.models.recipe import OptimizerRecipe
+from detr.models.recipe import LossRecipe, OptimizerRecipe
 from tests.helpers import ANIMALS, animal_data, animal_samples, collate_unpadded, tiny_config_with
 
 TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3")
@@ -159,8 +159,8 @@ def test_convergence_options_train_and_evaluate(tmp_path) -> None:
     """Anchor queries + denoising + sigmoid/focal head + query groups + dense head + NHWC bfloat16 backbone
     (docs/measurements/convergence.md) go through the same training system."""
     system = _system(TINY.replace(query_type="anchor", denoising=True, denoising_groups=2, class_head="sigmoid",
-                                  query_groups=2, dense_aux_head=True), cost_class=2.0, channels_last=True,
-                     backbone_bf16=True)
+                                  query_groups=2, dense_aux_head=True), loss=LossRecipe(cost_class=2.0),
+                     runtime=RuntimeOptions(channels_last=True, backbone_bf16=True))
     assert "loss_ce_dn" in system.criterion.weight_dict and system.postprocess.class_head == "sigmoid"
     assert system.model.backbone[0].autocast_dtype == torch.bfloat16
     assert "loss_ce_dense" in system.criterion.weight_dict and system.model.backbone[0].channels_last
