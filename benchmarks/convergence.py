@@ -59,6 +59,7 @@ import torch
 
 from detr.lightning import DetrDataModule, DetrSystem
 from detr.lightning.callbacks import ExponentialMovingAverage, TimeBudget, TrainingThroughput
+from detr.lightning.migrate import OLD_DEFAULTS, migrate_hyperparameters
 from detr.lightning.options import EvaluationOptions, RuntimeOptions
 from detr.models.config import DetrConfig
 from detr.models.recipe import LossRecipe, OptimizerRecipe
@@ -101,9 +102,14 @@ def system_arguments() -> set[str]:
 
 
 def system_records(settings: dict[str, Any]) -> dict[str, Any]:
-    """A run's flat training settings as :class:`DetrSystem`'s ``loss``, ``optimizer`` and ``runtime`` records."""
-    return {name: kind(**{field.name: settings[field.name] for field in dataclasses.fields(kind)
-                          if field.name in settings})
+    """A run's flat training settings as :class:`DetrSystem`'s ``loss``, ``optimizer`` and ``runtime`` records. A
+    setting the run leaves unset keeps the training system's default from before the family recipes (DETR's, as
+    the runs of docs/measurements/convergence.md were measured: :data:`detr.lightning.migrate.OLD_DEFAULTS`); the
+    recipe's other parts (the class loss, the proposals ...) are the family's."""
+    old = migrate_hyperparameters({**OLD_DEFAULTS, **{k: v for k, v in settings.items() if k in OLD_DEFAULTS}})
+    return {name: kind(**{**old.get(name, {}),
+                          **{field.name: settings[field.name] for field in dataclasses.fields(kind)
+                             if field.name in settings}})
             for name, kind in _SETTINGS.items()}
 
 

@@ -23,10 +23,10 @@ YAML keys mirror the constructors (``model.*`` = the system: ``model.detr.*`` th
 :class:`detr.models.config.DetrConfig`, ``model.loss.*`` and ``model.optimizer.*`` its family's recipe
 (:mod:`detr.models.recipe`), ``model.runtime.*`` and ``model.evaluation.*`` the run's options; an earlier
 version's flat keys such as ``model.lr`` are read as today's with a note: :mod:`detr.lightning.migrate`;
-``data.*`` = the data module, ``trainer.*`` = lightning.Trainer); a key that no constructor has is refused by name. The number of classes, the category
-map and (panoptic) the categories with their things and stuff are not configured: the data module reads them
-from the annotation json and they are linked into the model. One output folder per run
-(:mod:`detr.lightning.run_folder`).
+``data.*`` = the data module, ``trainer.*`` = lightning.Trainer); a key that no constructor has is refused by name.
+The number of classes, the category map and (panoptic) the categories with their things and stuff are not
+configured: the data module reads them from the annotation json and they are linked into the model. One output
+folder per run (:mod:`detr.lightning.run_folder`).
 """
 
 from __future__ import annotations

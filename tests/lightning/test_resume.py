@@ -223,7 +223,7 @@ def test_a_resume_trains_on_the_schedule_it_records(tiny_shapes_root, tmp_path) 
                        f"--ckpt_path={last}"))
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 6
-    assert checkpoint["hyper_parameters"]["warmup_steps"] == 100  # recorded, and so it trained:
+    assert checkpoint["hyper_parameters"]["optimizer"]["warmup_steps"] == 100  # recorded, and so it trained:
     step_decay, warmup = checkpoint["lr_schedulers"]
     assert sorted(step_decay["milestones"].elements()) == [2] and warmup["total_iters"] == 100
     expected = _rate_of_this_schedule(checkpoint, 5e-4, drops=[2], warmup_steps=100)

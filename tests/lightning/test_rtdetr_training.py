@@ -83,7 +83,7 @@ def test_the_system_trains_the_resnet_vd_at_the_backbone_rate_in_its_own_layout(
     config = DetrConfig(architecture="rtdetr", class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=2,
                         dim_feedforward=64, num_decoder_layers=2, num_queries=10, num_classes=3, num_points=2,
                         denoising=True, backbone_norm="batch_norm")
-    system = DetrSystem(detr=config, optimizer=OptimizerRecipe(lr=1e-4, lr_backbone=1e-5),
+    system = DetrSystem(detr=config, optimizer=OptimizerRecipe(lr=1e-4, lr_backbone=1e-5, warmup_steps=0),
                         runtime=RuntimeOptions(channels_last=True, backbone_bf16=True),
                         evaluation=EvaluationOptions(evaluation_dir=""))
     (optimizer,), _ = system.configure_optimizers()
