@@ -38,18 +38,18 @@ from detr.inference.prediction import Prediction
 from detr.lightning.callbacks import time_budget_of
 from detr.lightning.checkpointing import restore_rng_states, save_rng_states, seed_each_process
 from detr.lightning.evaluation import EvaluationSchedule
-from detr.lightning.schedule import fit_saved_schedulers, follow_this_runs_settings, learning_rate_schedulers
 from detr.lightning.migrate import migrate_hyperparameters
 from detr.lightning.options import EvaluationOptions, RuntimeOptions
 from detr.lightning.param_groups import parameter_groups
+from detr.lightning.schedule import fit_saved_schedulers, follow_this_runs_settings, learning_rate_schedulers
 from detr.loss.build import build_criterion
 from detr.models.backbone import PretrainedWeightsError, cpu_has_bfloat16
-from detr.models.build import build_detr
+from detr.models.build import build_detr, recipe_for
 from detr.models.config import DetrConfig, ModelMeta
 from detr.models.detector import Detector
 from detr.models.inputs import InputSpec
 from detr.models.outputs import DetectorOutput
-from detr.models.recipe import LossRecipe, OptimizerRecipe, Recipe, recipe_for
+from detr.models.recipe import LossRecipe, OptimizerRecipe, Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class DetrSystem(L.LightningModule):
             class_head, denoising...; docs/measurements/convergence.md); a dict of its fields where the
             hyperparameters of a checkpoint rebuild the system.
         loss: the matching costs, loss weights and loss terms (:class:`detr.models.recipe.LossRecipe`,
-            ``--model.loss.*``); a field left None: the family's authors' (:func:`detr.models.recipe.recipe_for`).
+            ``--model.loss.*``); a field left None: the family's authors' (:func:`detr.models.build.recipe_for`).
         optimizer: AdamW's rates and decays and the learning-rate schedule
             (:class:`detr.models.recipe.OptimizerRecipe`, ``--model.optimizer.*``); a field left None: the family's.
             The schedule's warm-up may be a share of the run (``warmup_fraction``), whose step count is the

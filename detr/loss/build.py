@@ -18,8 +18,9 @@ from detr.loss.distribution import DistributionLoss
 from detr.loss.masks import MaskLoss, PointMaskLoss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart, ProposalLoss
+from detr.models.build import recipe_for
 from detr.models.config import DetrConfig
-from detr.models.recipe import LossRecipe, recipe_for
+from detr.models.recipe import LossRecipe
 
 
 def build_criterion(config: DetrConfig, recipe: LossRecipe | None = None, *, masks: bool = False,
@@ -30,7 +31,7 @@ def build_criterion(config: DetrConfig, recipe: LossRecipe | None = None, *, mas
         config: the model's config (its class head, layers, queries and the options that add outputs: two-stage
             proposals, denoising queries, the dense head, instance masks).
         recipe: the costs, weights and loss terms (:class:`detr.models.recipe.LossRecipe`); None, or a field left
-            None: the family's (:func:`detr.models.recipe.recipe_for`).
+            None: the family's (:func:`detr.models.build.recipe_for`).
         masks: a panoptic model's mask terms (the recipe's ``loss_mask``, ``loss_dice``).
         training_only_parts: False leaves out the parts that read training-only outputs (denoising, dense head),
             for a detector that stays in eval mode (a frozen one under the mask head).

@@ -17,13 +17,18 @@ from detr.models.anchor.model import AnchorDETR
 from detr.models.backbone import Joiner, backbone_from_config
 from detr.models.config import ARCHITECTURE_DEFAULTS, DetrConfig
 from detr.models.deformable.build import build_deformable_detr
+from detr.models.deformable.recipe import RECIPE as DEFORMABLE_RECIPE
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.detector import Detector
 from detr.models.detr import DETR
 from detr.models.dfine.build import build_dfine
+from detr.models.dfine.recipe import DEIMV2_RECIPE, RECIPE as DFINE_RECIPE
 from detr.models.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
+from detr.models.recipe import DETR_RECIPE, Recipe
 from detr.models.rfdetr.build import build_rfdetr
+from detr.models.rfdetr.recipe import RECIPE as RFDETR_RECIPE, SEGMENTATION_RECIPE as RFDETR_SEGMENTATION_RECIPE
 from detr.models.rtdetr.build import build_rtdetr
+from detr.models.rtdetr.recipe import RECIPE as RTDETR_RECIPE
 from detr.models.transformer import Transformer, TransformerEncoder, TransformerEncoderLayer
 
 
@@ -90,3 +95,21 @@ ARCHITECTURES: dict[str, Callable[[DetrConfig], Detector]] = {
     "deimv2": build_dfine,
     "rfdetr": build_rfdetr,
 }
+
+#: Each ``architecture``'s training recipe (its authors'), beside its builder.
+RECIPES: dict[str, Recipe] = {
+    "detr": DETR_RECIPE,
+    "deformable": DEFORMABLE_RECIPE,
+    "rtdetr": RTDETR_RECIPE,
+    "dfine": DFINE_RECIPE,
+    "deimv2": DEIMV2_RECIPE,
+    "rfdetr": RFDETR_RECIPE,
+}
+
+
+def recipe_for(config: DetrConfig) -> Recipe:
+    """The authors' training recipe (:class:`detr.models.recipe.Recipe`) of the family that ``config`` describes;
+    RF-DETR with instance masks: its segmentation recipe."""
+    if config.architecture == "rfdetr" and config.instance_masks:
+        return RFDETR_SEGMENTATION_RECIPE
+    return RECIPES[config.architecture]

@@ -2,9 +2,9 @@
 learning-rate schedule (:class:`OptimizerRecipe`), together a :class:`Recipe`.
 
 Each family states its authors' recipe in its own folder (``detr/models/<family>/recipe.py``: ``RECIPE``), and
-:func:`recipe_for` finds a model config's. The loss builder (:func:`detr.loss.build.build_criterion`) reads the
-loss recipe's parts (the class loss, the proposals, the denoising, the distribution terms) instead of the
-family's name; the training system (:class:`detr.lightning.system.DetrSystem`) takes both records
+:func:`detr.models.build.recipe_for` finds a model config's. The loss builder
+(:func:`detr.loss.build.build_criterion`) reads the loss recipe's parts (the class loss, the proposals, the
+denoising, the distribution terms) instead of the family's name; the training system (:class:`detr.lightning.system.DetrSystem`) takes both records
 (``model.loss.*`` and ``model.optimizer.*`` in a YAML config).
 
 A field left None takes the family's value (:meth:`LossRecipe.over`): ``LossRecipe(cost_class=8.0)`` is the
@@ -188,19 +188,5 @@ DETR_OPTIMIZER = OptimizerRecipe(
 DETR_RECIPE = Recipe(DETR_LOSS, DETR_OPTIMIZER)
 
 
-def recipe_for(config: Any) -> Recipe:
-    """The authors' recipe of the family that ``config`` (a :class:`detr.models.config.DetrConfig`) describes."""
-    from detr.models.deformable.recipe import RECIPE as DEFORMABLE
-    from detr.models.dfine.recipe import DEIMV2_RECIPE, RECIPE as DFINE
-    from detr.models.rfdetr.recipe import RECIPE as RFDETR, SEGMENTATION_RECIPE
-    from detr.models.rtdetr.recipe import RECIPE as RTDETR
-
-    if config.architecture == "rfdetr" and config.instance_masks:
-        return SEGMENTATION_RECIPE
-    recipes = {"detr": DETR_RECIPE, "deformable": DEFORMABLE, "rtdetr": RTDETR, "dfine": DFINE, "deimv2": DEIMV2_RECIPE,
-               "rfdetr": RFDETR}
-    return recipes[config.architecture]
-
-
 __all__ = ["ClassLoss", "DETR_LOSS", "DETR_OPTIMIZER", "DETR_RECIPE", "LossRecipe", "OptimizerRecipe", "Proposals",
-           "Recipe", "recipe_for"]
+           "Recipe"]

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from detr.lightning.cli import main
+from detr.models.build import recipe_for
 from detr.models.config import DetrConfig
-from detr.models.recipe import DETR_RECIPE, LossRecipe, OptimizerRecipe, recipe_for
+from detr.models.recipe import DETR_RECIPE, LossRecipe, OptimizerRecipe
 from tests.helpers import write_tiny_shapes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,10 +13,11 @@ import yaml
 from detr.lightning.migrate import migrate_config
 from detr.loss.build import build_criterion
 from detr.loss.parts import DenoisingLoss, ProposalLoss
+from detr.models.build import recipe_for
 from detr.models.config import DetrConfig
 from detr.models.deformable.recipe import RECIPE as DEFORMABLE
 from detr.models.dfine.recipe import DEIMV2_RECIPE, RECIPE as DFINE
-from detr.models.recipe import DETR_RECIPE, LossRecipe, OptimizerRecipe, Recipe, recipe_for
+from detr.models.recipe import DETR_RECIPE, LossRecipe, OptimizerRecipe, Recipe
 from detr.models.rfdetr.recipe import RECIPE as RFDETR, SEGMENTATION_RECIPE
 from detr.models.rtdetr.recipe import RECIPE as RTDETR
 from tests.helpers_realtime import CONFIGS
