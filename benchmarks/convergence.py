@@ -43,7 +43,6 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import inspect
 import io
 import json
 import os
@@ -64,6 +63,9 @@ from detr.models.config import ModelConfig
 from detr.models.detr_family import DetrConfig
 from detr.models.family import config_from_dict
 from detr.models.legacy import FLAT_DEFAULTS
+from detr.lightning.migrate import OLD_DEFAULTS, migrate_hyperparameters
+from detr.lightning.options import EvaluationOptions, RuntimeOptions
+from detr.models.recipe import LossRecipe, OptimizerRecipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,7 +79,7 @@ class RunConfig:
     """Everything one run depends on: the model, the training system's other arguments, the trainer's."""
 
     detr: ModelConfig = BENCHMARK_MODEL  # num_classes comes from the data
-    system: dict[str, Any] = field(default_factory=dict)  # DetrSystem arguments besides detr; unset: its defaults
+    system: dict[str, Any] = field(default_factory=dict)  # loss, optimizer and runtime fields; unset: the family's
     batch_size: int = 16
     clip: float = 0.1  # gradient clipping, global norm (the authors')
     precision: str = "32-true"  # the Trainer's ("bf16-mixed": everything in bfloat16 autocast)
@@ -92,10 +94,32 @@ class RunConfig:
         return {**dataclasses.asdict(self), "detr": self.detr.to_dict()}
 
 
+#: The training settings a run may set, each a field of one of DetrSystem's records.
+_SETTINGS = {"loss": LossRecipe, "optimizer": OptimizerRecipe, "runtime": RuntimeOptions}
+
+
 def system_arguments() -> set[str]:
-    """The :class:`DetrSystem` arguments a run may set (the model is ``detr``; the data links the categories)."""
-    parameters = inspect.signature(DetrSystem.__init__).parameters.values()
-    return {p.name for p in parameters if p.kind is p.KEYWORD_ONLY} - {"detr", "category_map"}
+    """The training settings a run may set: the fields of the loss and optimizer recipes and of the runtime
+    options (:class:`DetrSystem`'s ``loss``, ``optimizer`` and ``runtime``; unset: the family's recipe)."""
+    return {field.name for kind in _SETTINGS.values() for field in dataclasses.fields(kind)}
+
+
+def system_records(settings: dict[str, Any]) -> dict[str, Any]:
+    """A run's flat training settings as :class:`DetrSystem`'s ``loss``, ``optimizer`` and ``runtime`` records. A
+    setting the run leaves unset keeps the training system's default from before the family recipes (DETR's, as
+    the runs of docs/measurements/convergence.md were measured: :data:`detr.lightning.migrate.OLD_DEFAULTS`); the
+    recipe's other parts (the class loss, the proposals ...) are the family's."""
+    old = migrate_hyperparameters({**OLD_DEFAULTS, **{k: v for k, v in settings.items() if k in OLD_DEFAULTS}})
+    return {name: kind(**{**old.get(name, {}),
+                          **{field.name: settings[field.name] for field in dataclasses.fields(kind)
+                             if field.name in settings}})
+            for name, kind in _SETTINGS.items()}
+
+
+def _flat_settings(model: dict[str, Any], ignored: set[str]) -> dict[str, Any]:
+    """A YAML's ``model`` group's set training settings (``loss:``, ``optimizer:``, ``runtime:``), flat."""
+    return {key: value for group in _SETTINGS for key, value in (model.get(group) or {}).items()
+            if value is not None and key not in ignored}
 
 
 _FROM_SCRATCH_MODEL = {"backbone_norm": "batch_norm", "backbone_trainable_layers": 5}
@@ -150,8 +174,8 @@ def demo_preset(path: Path = DEMO_CONFIG) -> dict[str, Any]:
 
     config = yaml.safe_load(path.read_text())
     model = dict(config["model"])
-    ignored = {"evaluator_backend", "lr_drop_epochs"}  # evaluation only; an empty list is no step decay
-    return {"detr": dict(model.pop("detr")), **{k: v for k, v in model.items() if k not in ignored},
+    ignored = {"lr_drop_epochs"}  # an empty list is no step decay
+    return {"detr": dict(model["detr"]), **_flat_settings(model, ignored),
             "batch_size": config["data"]["batch_size"], "clip": config["trainer"]["gradient_clip_val"],
             "seed": config.get("seed_everything", 0)}
 
@@ -163,9 +187,8 @@ def demo_image_size(path: Path = DEMO_CONFIG) -> int:
     return int(yaml.safe_load(path.read_text())["data"]["train_max_size"])
 
 
-#: DetrSystem arguments a YAML preset does not carry over: evaluation only, or set by :func:`build_system`.
-_NOT_TRAINING = {"evaluator_backend", "lr_drop_epochs", "evaluation_dir", "error_analysis",
-                 "error_analysis_every_n_validations", "init_checkpoint"}
+#: Training settings a YAML preset does not carry over (the benchmark's runs have no step decay).
+_NOT_TRAINING = {"lr_drop_epochs"}
 
 
 def resolved_config(path: Path) -> dict[str, Any]:
@@ -192,7 +215,7 @@ def yaml_preset(path: Path) -> dict[str, Any]:
     them; its image size is :func:`yaml_image_size`'s."""
     config = resolved_config(path)
     model, data = dict(config["model"]), config["data"]
-    system = {key: value for key, value in model.items() if key in system_arguments() - _NOT_TRAINING}
+    system = _flat_settings(model, _NOT_TRAINING)
     return {"detr": model["detr"], **system, "batch_size": data["batch_size"],
             "clip": config["trainer"]["gradient_clip_val"], "seed": config.get("seed_everything") or 0,
             "square_size": data["square_size"], "normalize": data["normalize"]}
@@ -249,7 +272,8 @@ def build_run_config(preset: str, overrides: list[str]) -> RunConfig:
 def build_system(config: RunConfig, datamodule: DetrDataModule) -> DetrSystem:
     """The training system of a run: the model of ``config.detr`` for the data's classes."""
     return DetrSystem(detr=for_data(config, datamodule).detr, category_map=datamodule.category_map,
-                      evaluation_dir="", error_analysis=False, **config.system)
+                      evaluation=EvaluationOptions(evaluation_dir="", error_analysis=False),
+                      **system_records(config.system))
 
 
 def for_data(config: RunConfig, datamodule: DetrDataModule) -> RunConfig:

@@ -58,6 +58,7 @@ from detr.data.coco import CocoDetection  # noqa: E402
 from detr.data.collate import collate_detection, pad_images  # noqa: E402
 from detr.data.transforms import make_train_transform  # noqa: E402
 from detr.lightning.datamodule import seed_worker_transform  # noqa: E402
+from detr.lightning.options import RuntimeOptions
 from detr.lightning.system import DetrSystem  # noqa: E402
 from detr.models.detr_family import DetrConfig  # noqa: E402
 from tests.helpers import TINY  # noqa: E402
@@ -146,7 +147,8 @@ class Trainer:
     def __init__(self, model_config: DetrConfig, device: torch.device, setting: Setting, seed: int = 0,
                  compile_backend: str = "inductor") -> None:
         torch.manual_seed(seed)
-        self.system = DetrSystem(detr=model_config, channels_last=device.type == "cuda").to(device).train()
+        runtime = RuntimeOptions(channels_last=device.type == "cuda")
+        self.system = DetrSystem(detr=model_config, runtime=runtime).to(device).train()
         self.device = device
         self.autocast = set_precision(setting.precision)
         self.forward: Callable = self.system.model

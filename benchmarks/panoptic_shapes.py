@@ -8,7 +8,7 @@ against steps and minutes of training (validation excluded).
     .venv/bin/python benchmarks/panoptic_shapes.py --curve-only --out outputs/panoptic_shapes   # print a finished run
     .venv/bin/python benchmarks/panoptic_shapes.py --curve-only --thresholds 0.3 0.4 0.5 0.6 0.7 0.85
     .venv/bin/python benchmarks/panoptic_shapes.py --curve-only --thresholds 0.2 0.3 --overlaps 0.8 --plot curve.png
-    .venv/bin/python benchmarks/panoptic_shapes.py --masks-only --overwrite --mask-steps 500 --set=--model.lr=2e-3
+    .venv/bin/python benchmarks/panoptic_shapes.py --masks-only --overwrite --mask-steps 500 --set=--model.optimizer.lr=2e-3
     .venv/bin/python benchmarks/panoptic_shapes.py --curve-only --things 0.2 0.3   # what the box model finds
 
 The budgets are the configs' (TimeBudget: 600 s and 300 s of training). On cores shared with other work a
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve-only", action="store_true", help="train nothing: print the runs in --out")
     parser.add_argument("--masks-only", action="store_true",
                         help="train only the mask stage, on the box stage already in --out/boxes (with --overwrite: "
-                             "a new mask stage, e.g. --set=--model.lr=4e-3)")
+                             "a new mask stage, e.g. --set=--model.optimizer.lr=4e-3)")
     parser.add_argument("--overwrite", action="store_true", help="replace earlier runs in --out")
     parser.add_argument("--set", action="append", default=[], metavar="--KEY=VALUE",
                         help="a CLI override for both stages, e.g. --set=--model.panoptic_threshold=0.4")

@@ -42,14 +42,16 @@ from authors_detr import AuthorsTrainer  # noqa: E402
 from machine import describe_machine  # noqa: E402
 
 from detr.data.collate import pad_images  # noqa: E402
+from detr.lightning.options import RuntimeOptions
 from detr.lightning.system import DetrSystem  # noqa: E402
 from detr.models.detr_family import DetrConfig  # noqa: E402
 from detr.models.layers import attention  # noqa: E402
 
 #: Our speed-ups, each switched on by name in ``--variants``.
 OPTIONS = {
-    "channels_last": "the backbone in NHWC (DetrSystem(channels_last=True))",
-    "fold_batch_norm": "every frozen BatchNorm folded into its convolution in training (DetrSystem(fold_batch_norm=True))",
+    "channels_last": "the backbone in NHWC (RuntimeOptions(channels_last=True))",
+    "fold_batch_norm": "every frozen BatchNorm folded into its convolution in training "
+                       "(RuntimeOptions(fold_batch_norm=True))",
     "fused_adamw": "AdamW(fused=True) (else the for-loop AdamW, torch's CPU default)",
     "foreach_clip": "clip_grad_norm_(foreach=True) (else one norm per tensor)",
     "compile": "torch.compile of the model's forward (inductor)",
@@ -128,8 +130,9 @@ class OurTrainer:
 
     def __init__(self, config: DetrConfig, options: tuple[str, ...], seed: int = 0) -> None:
         torch.manual_seed(seed)
-        self.system = DetrSystem(detr=config, channels_last="channels_last" in options,
-                                 fold_batch_norm="fold_batch_norm" in options).train()
+        self.system = DetrSystem(detr=config, runtime=RuntimeOptions(channels_last="channels_last" in options,
+                                                                     fold_batch_norm="fold_batch_norm" in options)
+                                 ).train()
         self.options = options
         model = self.system.model
         model.backbone[0].frozen_stages_channels_last = "nchw_frozen_stages" not in options

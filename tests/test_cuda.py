@@ -15,6 +15,7 @@ from PIL import Image
 
 from detr import build_detr
 from detr.inference.predictor import Predictor
+from detr.lightning.options import EvaluationOptions
 from detr.lightning.system import DetrSystem
 from detr.loss.matcher import HungarianMatcher
 from tests.helpers import TINY, InMemoryData
@@ -95,7 +96,7 @@ def test_matching_and_loss_on_cuda_equal_cpu(padded_batch):
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_lightning_fit_on_one_gpu(tmp_path, padded_batch, precision):
     torch.manual_seed(0)
-    system = DetrSystem(detr=TINY, evaluation_dir="")
+    system = DetrSystem(detr=TINY, evaluation=EvaluationOptions(evaluation_dir=""))
     images, mask = padded_batch
     samples = [(images[i], target) for i, target in enumerate(targets_for(2, torch.device("cpu")))]
     for i, (_, target) in enumerate(samples):

@@ -20,11 +20,13 @@ two stages of the authors' panoptic recipe (paper §4.4)::
         --data.predict_images data/photos --ckpt_path outputs/demo_shapes_panoptic/checkpoints/last.ckpt
 
 YAML keys mirror the constructors (``model.*`` = the system: ``model.detr.*`` the detector's
-:class:`detr.models.config.DetrConfig`, the rest the recipe; ``data.*`` = the data module, ``trainer.*`` =
-lightning.Trainer); a key that no constructor has is refused by name. The number of classes, the category
-map and (panoptic) the categories with their things and stuff are not configured: the data module reads them
-from the annotation json and they are linked into the model. One output folder per run
-(:mod:`detr.lightning.run_folder`).
+:class:`detr.models.config.DetrConfig`, ``model.loss.*`` and ``model.optimizer.*`` its family's recipe
+(:mod:`detr.models.recipe`), ``model.runtime.*`` and ``model.evaluation.*`` the run's options; an earlier
+version's flat keys such as ``model.lr`` are read as today's with a note: :mod:`detr.lightning.migrate`;
+``data.*`` = the data module, ``trainer.*`` = lightning.Trainer); a key that no constructor has is refused by name.
+The number of classes, the category map and (panoptic) the categories with their things and stuff are not
+configured: the data module reads them from the annotation json and they are linked into the model. One output
+folder per run (:mod:`detr.lightning.run_folder`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import torch
 import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import RichProgressBar
-from jsonargparse import Namespace, dict_to_namespace, set_loader, set_parsing_settings
+from jsonargparse import Namespace, dict_to_namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
@@ -55,15 +57,15 @@ from detr.lightning.callbacks import FitReport, PredictionsWriter
 from detr.lightning.checkpointing import INTERRUPTED_EXIT_CODE, LastCheckpoint, warn_of_replaced_model_options
 from detr.lightning.data_checks import CheckData, DataCheckError
 from detr.lightning.datamodule import DetrDataModule
+from detr.lightning.migrate import fill_old_defaults, install_config_loader, migrate_hyperparameters
+from detr.lightning.migrate import migrate_arguments as migrate_old_arguments
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.run_folder import claim_run_folder
 from detr.lightning.model_yaml import (
-    PARSER_MODE,
     class_path_form,
     family_form,
     family_form_yaml,
-    load_yaml_without_model_detr,
     migrate_arguments,
 )
 from detr.lightning.system import DetrSystem, SettingError
@@ -90,13 +92,16 @@ class DetrCLI(LightningCLI):
 
     ``subcommand_names``: the subcommands whose parsers are built (default: every one). Each parser describes
     every option of the system, the data module and the Trainer, which takes seconds, so :func:`make_cli`
-    builds only the one the command line asks for."""
+    builds only the one the command line asks for. ``old_keys``: the flat ``model.*`` keys of an earlier version
+    that the command line and its configs used (:mod:`detr.lightning.migrate`), filled in as it parses."""
 
-    def __init__(self, *args: Any, subcommand_names: tuple[str, ...] = SUBCOMMANDS, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, subcommand_names: tuple[str, ...] = SUBCOMMANDS,
+                 old_keys: set[str] | None = None, **kwargs: Any) -> None:
         self._subcommand_names = subcommand_names
+        self._old_keys = old_keys if old_keys is not None else set()
         # model.detr is any family's config class: --model.detr DFINEConfig, or class_path / init_args in YAML
         set_parsing_settings(subclasses_enabled=[ModelConfig])
-        set_loader(PARSER_MODE, load_yaml_without_model_detr)
+        install_config_loader(self._old_keys)  # old keys migrated, model.detr left to the command line
         super().__init__(*args, parser_class=_FamilyFormParser, **kwargs)
 
     def _dump_config(self) -> None:
@@ -175,6 +180,26 @@ class DetrCLI(LightningCLI):
                     "not a checkpoint; resume from another one (the best-model checkpoints beside it) or start over"
                 ) from error
 
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI's: the ``--ckpt_path`` checkpoint's hyperparameters over the parsed config, those of an
+        earlier version migrated first (:func:`detr.lightning.migrate.migrate_hyperparameters`)."""
+        if not self.config.get("subcommand"):
+            return
+        ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
+        if not (ckpt_path and Path(ckpt_path).is_file()):
+            return
+        checkpoint = torch.load(ckpt_path, weights_only=True, map_location="cpu", mmap=True)
+        hparams = dict(checkpoint.get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        hparams = migrate_hyperparameters(hparams, where=str(ckpt_path))
+        try:
+            self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
+        except SystemExit:
+            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+            raise
+
     def instantiate_classes(self) -> None:
         """Build the model, the data module and the trainer; a value one of them refuses (a plain ValueError,
         whose message names the argument: ``num_queries must be an integer >= 1 ...``) is a
@@ -190,6 +215,13 @@ class DetrCLI(LightningCLI):
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
         for key, value in getattr(self, "_command_line_model_values", {}).items():
             config[key] = value  # over --ckpt_path's hyperparameters (parse_arguments)
+        if self._old_keys:  # configured in an earlier version's keys: what they leave unset is its default
+            filled = fill_old_defaults(config)
+            if filled:
+                logger.warning("configured with an earlier version's model.* keys: %d loss and optimizer settings they "
+                               "leave unset take that version's defaults (DETR's), not the family's recipe; move the "
+                               "keys to model.loss.* / model.optimizer.* to train with the family's",
+                               len(filled))
         ckpt_path = config.get("ckpt_path")
         restored = config.get("model.detr")
         if isinstance(restored, dict):  # --ckpt_path's hyperparameters: the config as a dict, in either form
@@ -257,7 +289,8 @@ class EpochProgressBar(RichProgressBar):
 
 
 def command_line_model_keys(args: Any) -> list[str]:
-    """The ``model.*`` keys that command-line ``args`` set (``--model.lr 1e-4``, ``--model.lr=1e-4``)."""
+    """The ``model.*`` keys that command-line ``args`` set (``--model.optimizer.lr 1e-4``,
+    ``--model.optimizer.lr=1e-4``)."""
     return [arg.split("=", 1)[0][2:] for arg in _argv(args) if arg.startswith("--model.")]
 
 
@@ -333,6 +366,10 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     ``model``, ``datamodule`` and ``trainer`` for the caller to use (``cli.trainer.fit(cli.model, ...)``).
     """
     system, data = (PanopticSystem, PanopticDataModule) if panoptic else (DetrSystem, DetrDataModule)
+    old_keys: set[str] = set()  # an earlier version's keys found (its defaults then fill what they leave unset)
+    if not isinstance(args, dict):  # an earlier version's option names (--model.lr ...), as today's
+        args = migrate_old_arguments(_argv(args), old_keys)
+    mode = install_config_loader(old_keys)  # and its YAML keys, in every config file read
     argv = _argv(args)
     if argv:  # model.detr as a preset, the family form or the old one-record form: as jsonargparse reads it
         migrated = migrate_arguments(argv)
@@ -340,14 +377,13 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     # the subcommand asked for, first on the command line as the shell gives it; otherwise (none, a misspelt
     # one) every parser, so that the error lists every choice
     names = (argv[0],) if argv and argv[0] in SUBCOMMANDS else SUBCOMMANDS
-    usage: dict[str, Any] = {subcommand: {"usage": _USAGE, "parser_mode": PARSER_MODE} for subcommand in names}
-    usage["parser_mode"] = PARSER_MODE
+    usage: dict[str, Any] = {subcommand: {"usage": _USAGE, "parser_mode": mode} for subcommand in names}
     # the command passes sys.argv[1:] itself (less --debug): Lightning's warning that args and sys.argv are both
     # given is about calls from Python, not this one, and opened every `detr fit` with four lines of noise
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
     return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True},
-                   parser_kwargs=usage if run else {"usage": _USAGE, "parser_mode": PARSER_MODE},
-                   subcommand_names=names)
+                   parser_kwargs={"parser_mode": mode, **usage} if run else {"usage": _USAGE, "parser_mode": mode},
+                   subcommand_names=names, old_keys=old_keys)
 
 
 def show_package_messages() -> None:

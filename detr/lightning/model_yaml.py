@@ -70,10 +70,14 @@ PARSER_MODE = "detr_yaml"
 
 
 def load_yaml_without_model_detr(text: str) -> Any:
-    """jsonargparse's YAML loader, leaving out a config file's ``model.detr`` (nested or as dotted keys):
-    :func:`migrate_arguments` gives it, from the whole chain of files, as one ``--model.detr`` after the
-    ``--config``, in the form the parser reads."""
-    value = get_loader("yaml")(text)
+    """jsonargparse's YAML loader, leaving out a config file's ``model.detr`` (:func:`without_model_detr`)."""
+    return without_model_detr(get_loader("yaml")(text))
+
+
+def without_model_detr(value: Any) -> Any:
+    """A loaded config file without its ``model.detr`` (nested or as dotted keys): :func:`migrate_arguments` gives
+    it, from the whole chain of files, as one ``--model.detr`` after the ``--config``, in the form the parser
+    reads."""
     if not isinstance(value, dict):
         return value
     value = {key: item for key, item in value.items() if key != "model.detr" and not str(key).startswith("model.detr.")}
@@ -105,6 +109,11 @@ def migrate_arguments(args: Sequence[str]) -> list[str]:
                     out.append(f"--model.detr={json.dumps(form)}")
             index += step
             continue
+        if name == "--model.detr.architecture":
+            raise ValueError(f"{arg}: the family is the config's class now, not a field: give it as "
+                             f"--model.detr RTDETRConfig (a family's config class) or a preset such as "
+                             f"--model.detr rtdetr_r18vd (detr --help lists them), then its fields; a YAML file's "
+                             f"old model.detr.architecture still reads as before")
         if name == "--model.detr" and value is not None and value in presets():
             out.append(f"--model.detr={json.dumps(class_path_form(value, name))}")
             index += step

@@ -19,11 +19,12 @@ with :func:`detr.load_checkpoint` (a :class:`DETRPanoptic` with its category map
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from detr.categories import CategoryMap
 from detr.checkpoints import read_checkpoint
 from detr.checkpoints.formats import key_mismatch
 from detr.checkpoints.panoptic import is_panoptic_state_dict
@@ -33,10 +34,12 @@ from detr.evaluation.panoptic import PanopticQuality, format_panoptic_table
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.prediction import Prediction
 from detr.lightning.evaluation import evaluation_dataset
+from detr.lightning.options import EvaluationOptions, RuntimeOptions
 from detr.lightning.system import DetrSystem, _model_config
 from detr.loss.build import build_criterion
 from detr.models.detr_family import DetrConfig
 from detr.models.outputs import DetectorOutput
+from detr.models.recipe import LossRecipe, OptimizerRecipe
 from detr.models.segmentation import DETRPanoptic
 
 logger = logging.getLogger(__name__)
@@ -56,8 +59,6 @@ class PanopticSystem(DetrSystem):
             would cost time for losses without gradients, and the mask head learns on the queries that
             inference decodes. (The authors' frozen detector kept its dropout; this one keeps it too when
             it has no such parts.)
-        loss_mask: weight of the focal mask loss (authors: 1).
-        loss_dice: weight of the DICE mask loss (authors: 1).
         panoptic_threshold: class score a query needs to enter the panoptic segmentation (0.85, the authors'
             softmax probability; a sigmoid head's focal scores run lower: the shapes demo uses 0.2).
         panoptic_overlap_threshold: None (the authors' rules) or Mask2Former's overlap filter (0.8): a thing
@@ -70,7 +71,9 @@ class PanopticSystem(DetrSystem):
         init_checkpoint: in the mask stage the box stage's checkpoint (or a panoptic checkpoint to continue
             from), loaded strictly; in the box stage the weights to start from, as in ``detr fit``.
         detr: the detector, a :class:`detr.models.detr_family.DetrConfig` (``--model.detr.*``), as in ``detr fit``.
-        kwargs: :class:`DetrSystem`'s other arguments (loss weights, optimisation, evaluation).
+        loss, optimizer, runtime, evaluation, category_map, init_classes: as :class:`DetrSystem`'s; the mask
+            stage's mask loss weights are the loss recipe's ``loss_mask`` (focal) and ``loss_dice`` (DICE; authors:
+            1 and 1).
     """
 
     def __init__(
@@ -78,15 +81,18 @@ class PanopticSystem(DetrSystem):
         *,
         masks: bool = True,
         freeze_detr: bool = True,
-        loss_mask: float = 1.0,
-        loss_dice: float = 1.0,
         panoptic_threshold: float = 0.85,
         panoptic_overlap_threshold: float | None = None,
         mask_ap: bool = True,
         categories: list[dict[str, Any]] | None = None,
         init_checkpoint: str | None = None,
         detr: DetrConfig | dict[str, Any] = DetrConfig(),  # frozen: a shared default is safe
-        **kwargs: Any,
+        loss: LossRecipe = LossRecipe(),  # every field None: the family's
+        optimizer: OptimizerRecipe = OptimizerRecipe(),
+        runtime: RuntimeOptions = RuntimeOptions(),
+        evaluation: EvaluationOptions = EvaluationOptions(),
+        category_map: CategoryMap | dict[str, Any] | None = None,
+        init_classes: Literal["by_name", "by_label", "fresh"] = "by_name",
     ) -> None:
         config = _model_config(detr)
         if not isinstance(config, DetrConfig):
@@ -96,7 +102,9 @@ class PanopticSystem(DetrSystem):
             config = config.replace(pretrained_backbone=False)
         # the mask stage loads init_checkpoint itself, strictly: a frozen detector must not keep any
         # freshly initialised tensor, and a panoptic checkpoint also holds the mask head
-        super().__init__(detr=config, init_checkpoint=None if masks else init_checkpoint, **kwargs)
+        super().__init__(detr=config, loss=loss, optimizer=optimizer, runtime=runtime, evaluation=evaluation,
+                         category_map=category_map, init_checkpoint=None if masks else init_checkpoint,
+                         init_classes=init_classes)
         # (DetrSystem's save_hyperparameters also records this class's arguments, the real init_checkpoint)
         self.postprocess_masks = PostProcessMasks() if masks else None
         self.postprocess_panoptic: PostProcessPanoptic | None = None
@@ -109,8 +117,7 @@ class PanopticSystem(DetrSystem):
             if freeze_detr:
                 self.model.detr.requires_grad_(False)
                 self._fix_frozen_detector()
-            self.criterion = build_criterion(config, **self.loss_settings(), masks=True, loss_mask=loss_mask,
-                                             loss_dice=loss_dice, training_only_parts=not freeze_detr)
+            self.criterion = build_criterion(config, self.recipe.loss, masks=True, training_only_parts=not freeze_detr)
         self._use_categories(categories)
         self._panoptic: PanopticQuality | None = None
         self.last_panoptic: dict[str, Any] | None = None
@@ -194,7 +201,7 @@ class PanopticSystem(DetrSystem):
         if self.postprocess_masks is None or not self.hparams.mask_ap or not self._panoptic_ground_truth(stage):
             return None
         return CocoEvaluator(iou_type="segm", categories=self.categories or [], category_map=self.category_map,
-                             backend=self.hparams.evaluator_backend)
+                             backend=self.evaluation.backend)
 
     def _panoptic_ground_truth(self, stage: str) -> Any:
         dataset = evaluation_dataset(self._trainer, stage)

@@ -148,7 +148,7 @@ def resume_schedule(optimizer: torch.optim.Optimizer, schedulers: list[torch.opt
 
     A checkpoint restores the optimizer's rates and every scheduler's state as the run that wrote it left
     them. The schedulers chain by ratios of their factors, so a rate that reached 0 at the end of a decay
-    stays 0 whatever the new length, and other base rates (``--model.lr``) never reach the optimizer. When
+    stays 0 whatever the new length, and other base rates (``--model.optimizer.lr``) never reach the optimizer. When
     ``base_lrs`` (one per parameter group) differ from the schedulers' or a :class:`LinearDecayToZero`'s
     length changed since its last step (:meth:`LinearDecayToZero.set_total_steps`), every rate is set to
     its base × the product of the schedulers' factors at the step reached (:func:`schedule_factor`), and
@@ -321,8 +321,9 @@ def follow_this_runs_settings(trainer: L.Trainer, base_rates: dict[str, float], 
         changed = f"; schedule {', '.join(rebuilt)}" if rebuilt else ""
         logger.info(
             "resumed from %s at step %d: the learning rates follow this run's settings (base rates %s, the "
-            "checkpoint's %s%s%s): now %s, were %s. Other rates or lengths: --model.lr, --model.lr_backbone, "
-            "--model.warmup_steps, --model.lr_drop_epochs, --trainer.max_steps", trainer.ckpt_path,
+            "checkpoint's %s%s%s): now %s, were %s. Other rates or lengths: --model.optimizer.lr, "
+            "--model.optimizer.lr_backbone, --model.optimizer.warmup_steps, --model.optimizer.lr_drop_epochs, "
+            "--trainer.max_steps", trainer.ckpt_path,
             trainer.global_step, _rates(base_lrs), _rates(checkpoint_base), length, changed,
             _rates([group["lr"] for group in optimizer.param_groups]), _rates(restored),
         )

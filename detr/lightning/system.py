@@ -3,20 +3,24 @@
 The model (:func:`detr.build_detr`), the matcher, the criterion and the post-processor are plain modules;
 this file only wires them into Lightning's loops, so the model works without Lightning (in a notebook, an
 exporter) and the training loop can change without touching it.
-The model is one family's config (a :class:`detr.models.config.ModelConfig`: the ``model.detr`` keys of a LightningCLI YAML,
-stored in checkpoints); ``num_classes`` (``model.detr.num_classes``) and ``category_map`` are linked from the
+The model is one family's config (a :class:`detr.models.config.ModelConfig`: the ``model.detr`` keys of a
+LightningCLI YAML, stored in checkpoints); ``num_classes`` (``model.detr.num_classes``) and ``category_map`` are linked from the
 data module by the CLI.
 
-Recipe (paper section 4 and appendix A.4; the authors' main.py): AdamW, lr 1e-4, backbone lr 1e-5,
-weight decay 1e-4 on every parameter, step decay ×0.1 at ``lr_drop_epochs``; gradient clipping (0.1,
-global norm) and precision are Trainer settings in configs/.
+The loss and the optimizer are the family's recipe (:mod:`detr.models.recipe`: ``model.loss.*``,
+``model.optimizer.*``; DETR's: paper section 4 and appendix A.4, AdamW, lr 1e-4, backbone lr 1e-5, weight decay
+1e-4, step decay ×0.1 at ``lr_drop_epochs``); gradient clipping (0.1, global norm) and precision are Trainer
+settings in configs/.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from typing import Any, Literal
+import os
+from pathlib import Path
+from typing import Any, Literal, TypeVar
 
 import lightning as L
 import torch
@@ -34,16 +38,20 @@ from detr.inference.prediction import Prediction
 from detr.lightning.callbacks import time_budget_of
 from detr.lightning.checkpointing import restore_rng_states, save_rng_states, seed_each_process
 from detr.lightning.evaluation import EvaluationSchedule
+from detr.lightning.migrate import migrate_hyperparameters
+from detr.lightning.options import EvaluationOptions, RuntimeOptions
+from detr.lightning.param_groups import parameter_groups
 from detr.lightning.schedule import fit_saved_schedulers, follow_this_runs_settings, learning_rate_schedulers
 from detr.loss.build import build_criterion
 from detr.models.backbone import PretrainedWeightsError, cpu_has_bfloat16
-from detr.models.build import build_detr
+from detr.models.build import build_detr, recipe_for
 from detr.models.config import ModelConfig, ModelMeta
 from detr.models.detr_family import DetrConfig
 from detr.models.family import config_from_dict
 from detr.models.detector import Detector
 from detr.models.inputs import InputSpec
 from detr.models.outputs import DetectorOutput
+from detr.models.recipe import LossRecipe, OptimizerRecipe, Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +59,7 @@ logger = logging.getLogger(__name__)
 _MASK_CHUNK = 32
 
 Batch = tuple[torch.Tensor, torch.Tensor, list[dict[str, Any]]]
+_Record = TypeVar("_Record", LossRecipe, OptimizerRecipe, RuntimeOptions, EvaluationOptions)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -72,60 +81,19 @@ class DetrSystem(L.LightningModule):
         detr: the detector, a family's config (``--model.detr``: a class such as DFINEConfig, then its fields
             ``--model.detr.*``; default: the paper's
             COCO model), including the options for training from scratch on a short budget (query_type,
-            class_head, denoising...; docs/measurements/convergence.md); a dict of its fields where the hyperparameters of
-            a checkpoint rebuild the system.
-        cost_class: weight of the class term in the Hungarian matching cost (paper: 1).
-        cost_bbox: weight of the L1 box term in the matching cost (paper: 5).
-        cost_giou: weight of the GIoU term in the matching cost (paper: 2).
-        loss_ce: weight of the class loss (cross-entropy, or focal for the sigmoid head), in every auxiliary
-            layer and the denoising terms too (paper: 1).
-        loss_bbox: weight of the L1 box loss, likewise (paper: 5).
-        loss_giou: weight of the GIoU box loss, likewise (paper: 2).
-        eos_coef: cross-entropy weight of the no-object class (paper: 0.1; softmax head only).
-        focal_alpha: α of the focal loss and the focal matching cost of the sigmoid head (0.25).
-        focal_gamma: γ of the focal loss and the focal matching cost of the sigmoid head (2).
-        loss_fgl: weight of D-FINE's fine-grained localisation loss, every layer's (authors: 0.15; D-FINE only).
-        loss_ddf: weight of D-FINE's decoupled distillation focal loss, every earlier layer's (authors: 1.5).
-        matchability: DEIM's matchability-aware class loss (γ 1.5) in place of RT-DETR's and D-FINE's varifocal
-            loss (still logged as loss_ce); None: the family's (DEIMv2 trains with it, the others without).
-        loss_mask_ce: a model with instance masks (RF-DETR's segmentation head): the weight of its point-sampled
-            mask BCE, also its matching cost (authors: 5; :class:`detr.loss.masks.PointMaskLoss`).
-        loss_mask_dice: the weight of its point-sampled mask DICE, also its matching cost (authors: 5).
-        mask_point_ratio: the matcher's points per mask are h · w / mask_point_ratio (authors: 16).
-        lr: AdamW learning rate outside the backbone (paper: 1e-4; Deformable DETR's sampling offsets and
-            reference points train at a tenth of it).
-        lr_backbone: AdamW learning rate of the backbone's trainable stages (paper: 1e-5).
-        lr_layer_decay: layer-wise decay of the backbone's rate (RF-DETR's ViT: 0.8): a parameter at depth k below
-            the backbone's output trains at lr_backbone × lr_layer_decay^k
-            (:meth:`detr.models.detector.Detector.backbone_layer_depths`; 1: none).
-        lr_component_decay: RF-DETR's component decay (0.7): its decoder layers train at lr × this, its backbone
-            at lr_backbone × this² (:meth:`detr.models.detector.Detector.decoder_parameters`; 1: none).
-        weight_decay: AdamW weight decay (paper: 1e-4).
-        lr_drop_epochs: multiply every learning rate by ``lr_drop_gamma`` at these epochs (default [200]:
-            the authors' 300-epoch schedule; [400] of 500).
-        lr_drop_gamma: the factor of each drop (0.1).
-        warmup_steps: linear learning-rate warm-up from 1/1000 over this many optimizer steps (authors: 0).
-        channels_last: run the backbone in NHWC memory layout, which oneDNN (CPU) and cuDNN prefer; same
-            numbers up to float rounding (benchmarks/convergence.py --step-time measures the speed).
-        fold_batch_norm: fold the backbone's frozen BatchNorms into their convolutions in training's forward and
-            backward (:meth:`detr.models.detector.Detector.use_folded_batch_norm`): the same losses and gradients
-            up to float rounding, the state dict unchanged; on by default (a DETR-R50 step at 512 × 683 took
-            about 8 % less on a quiet 2-core CPU: docs/measurements/speed.md, "Training step against the authors"); a
-            model without frozen BatchNorms has nothing to fold.
-        backbone_bf16: run the backbone's convolutions in bfloat16 autocast, the transformer in float32
-            (:meth:`detr.models.detector.Detector.use_autocast`): for CPUs with AMX / AVX512-BF16, where
-            Lightning's ``bf16-mixed`` would also put attention in bfloat16, whose CPU backward is slow.
-            Not needed on GPUs (use ``precision: bf16-mixed``). The weights stay float32, and
-            :func:`detr.load_checkpoint` runs them in float32.
-        lr_decay_fraction: > 0: every learning rate falls linearly to zero over this last share of the run's
-            optimizer steps (:class:`detr.lightning.schedule.LinearDecayToZero`; authors: 0). The run's step
-            count is the trainer's ``max_steps`` (or ``max_epochs`` × batches), or else the one that
-            :class:`detr.lightning.callbacks.TimeBudget` fixes from the step rate early in a time-bounded run.
-        lr_flat_cosine_epochs: DEIM's FlatCosine (:class:`detr.lightning.schedule.FlatCosine`): [flat, end]:
-            every learning rate stays flat to epoch ``flat``, falls on a half cosine, per optimizer step, to
-            ``lr_flat_cosine_gamma`` × itself at epoch ``end`` and stays there (DEIM-D-FINE S: [64, 120], the
-            authors' flat_epoch and epoches - no_aug_epoch); after the warm-up. None: off.
-        lr_flat_cosine_gamma: the FlatCosine's final factor (the authors' lr_gamma, 0.5).
+            class_head, denoising...; docs/measurements/convergence.md); a dict of its fields where the
+            hyperparameters of a checkpoint rebuild the system.
+        loss: the matching costs, loss weights and loss terms (:class:`detr.models.recipe.LossRecipe`,
+            ``--model.loss.*``); a field left None: the family's authors' (:func:`detr.models.build.recipe_for`).
+        optimizer: AdamW's rates and decays and the learning-rate schedule
+            (:class:`detr.models.recipe.OptimizerRecipe`, ``--model.optimizer.*``); a field left None: the family's.
+            The schedule's warm-up may be a share of the run (``warmup_fraction``), whose step count is the
+            trainer's ``max_steps`` (or ``max_epochs`` × batches); ``lr_decay_fraction``'s run may also be bounded by
+            :class:`detr.lightning.callbacks.TimeBudget`, which fixes the step count from the step rate early on.
+        runtime: how the model runs (:class:`detr.lightning.options.RuntimeOptions`: ``--model.runtime.*``,
+            channels_last, fold_batch_norm, backbone_bf16).
+        evaluation: how it is evaluated (:class:`detr.lightning.options.EvaluationOptions`:
+            ``--model.evaluation.*``, the COCO evaluator's backend, its output folder, the error analysis).
         category_map: label → data set category id and name (a :class:`CategoryMap` or its ``to_dict()``);
             linked from the data module by the CLI (not set by hand); stored in checkpoints.
         init_checkpoint: weights to start from: a released model's name such as "detr-r50" (downloaded on
@@ -139,87 +107,43 @@ class DetrSystem(L.LightningModule):
             data's classes (:mod:`detr.checkpoints.finetune`): "by_name" (a class the checkpoint names starts
             from its row, wherever its label; a new class fresh), "by_label" (row i for label i when the counts
             agree, else all fresh) or "fresh" (every class row fresh).
-        evaluator_backend: "auto" (faster_coco_eval where installed, else pycocotools; the log says which
-            ran), "pycocotools" (the reference) or "faster_coco_eval" (the same numbers, seconds instead of
-            minutes on COCO val: docs/measurements/evaluation.md).
-        evaluation_dir: where each COCO evaluation writes its per-class AP table and COCO results json
-            (default: ``<trainer.log_dir>/evaluation``; "" disables writing).
-        error_analysis: after ``detr validate`` / ``detr test``, write an error analysis (per-class AP, PR
-            curves, confusion matrix, TIDE's AP lost per error type, worst cases) as
-            ``<evaluation_dir>/<stage>_analysis/report.html`` and log its figures to TensorBoard
-            (:mod:`detr.lightning.error_analysis`).
-        error_analysis_every_n_validations: in ``detr fit``, also after every N-th validation (0: never;
-            it adds the figures' time to a validation).
+
+    Hyperparameters saved by an earlier version (flat ``lr``, ``loss_ce`` ...) are migrated on load
+    (:mod:`detr.lightning.migrate`).
     """
 
     def __init__(
         self,
         *,
-        # --- model: one family's config (YAML: model.detr: {family: dfine, backbone: ...} or its fields) ---
+        # model: one family's config (YAML model.detr: a preset, {class_path: DFINEConfig, init_args: ...}, fields)
         detr: ModelConfig | dict[str, Any] = DetrConfig(),  # frozen: a shared default is safe
-        # --- matching and loss ---
-        cost_class: float = 1.0,
-        cost_bbox: float = 5.0,
-        cost_giou: float = 2.0,
-        loss_ce: float = 1.0,
-        loss_bbox: float = 5.0,
-        loss_giou: float = 2.0,
-        eos_coef: float = 0.1,
-        focal_alpha: float = 0.25,
-        focal_gamma: float = 2.0,
-        loss_fgl: float = 0.15,
-        loss_ddf: float = 1.5,
-        matchability: bool | None = None,
-        loss_mask_ce: float = 5.0,
-        loss_mask_dice: float = 5.0,
-        mask_point_ratio: int = 16,
-        # --- optimisation ---
-        lr: float = 1e-4,
-        lr_backbone: float = 1e-5,
-        lr_layer_decay: float = 1.0,
-        lr_component_decay: float = 1.0,
-        weight_decay: float = 1e-4,
-        lr_drop_epochs: list[int] | None = None,
-        lr_drop_gamma: float = 0.1,
-        warmup_steps: int = 0,
-        channels_last: bool = False,
-        fold_batch_norm: bool = True,
-        backbone_bf16: bool = False,
-        lr_decay_fraction: float = 0.0,
-        lr_flat_cosine_epochs: list[int] | None = None,
-        lr_flat_cosine_gamma: float = 0.5,
-        # --- data, weights, evaluation ---
+        loss: LossRecipe = LossRecipe(),  # every field None: the family's
+        optimizer: OptimizerRecipe = OptimizerRecipe(),
+        runtime: RuntimeOptions = RuntimeOptions(),
+        evaluation: EvaluationOptions = EvaluationOptions(),
         category_map: CategoryMap | dict[str, Any] | None = None,
         init_checkpoint: str | None = None,
         init_classes: Literal["by_name", "by_label", "fresh"] = "by_name",
-        evaluator_backend: Literal["auto", "pycocotools", "faster_coco_eval"] = "auto",
-        evaluation_dir: str | None = None,
-        error_analysis: bool = True,
-        error_analysis_every_n_validations: int = 0,
     ) -> None:
         super().__init__()
-        for name, value in (("lr", lr), ("lr_backbone", lr_backbone), ("weight_decay", weight_decay)):
-            if not value >= 0:  # AdamW would refuse it only when the fit starts, as a traceback
-                raise SettingError(f"--model.{name} must be >= 0, got {value}")
-        for name, value in (("lr_layer_decay", lr_layer_decay), ("lr_component_decay", lr_component_decay)):
-            if not 0 < value <= 1:
-                raise SettingError(f"--model.{name} must be in (0, 1] (1: no decay), got {value}")
-        if lr_flat_cosine_epochs is not None and not (
-                len(lr_flat_cosine_epochs) == 2 and 0 <= lr_flat_cosine_epochs[0] < lr_flat_cosine_epochs[1]):
-            raise SettingError(f"--model.lr_flat_cosine_epochs must be [flat, end] with 0 <= flat < end (DEIM: "
-                               f"[64, 120]), got {lr_flat_cosine_epochs}")
-        if not 0 <= lr_flat_cosine_gamma <= 1:
-            raise SettingError(f"--model.lr_flat_cosine_gamma must be in [0, 1] (DEIM: 0.5), got "
-                               f"{lr_flat_cosine_gamma}")
         config = _model_config(detr)
+        family = recipe_for(config)
+        #: the loss and optimizer this system trains with: the arguments' fields over the family's recipe
+        self.recipe = Recipe(loss=_record(LossRecipe, loss).over(family.loss),
+                             optimizer=_record(OptimizerRecipe, optimizer).over(family.optimizer))
+        _check_optimizer(self.recipe.optimizer)
+        runtime, evaluation = _record(RuntimeOptions, runtime), _record(EvaluationOptions, evaluation)
         if init_checkpoint and config.pretrained_backbone:
             # every backbone tensor comes from init_checkpoint: no ImageNet download (which needs a network)
             logger.info("init_checkpoint given: pretrained_backbone=%r is not loaded", config.pretrained_backbone)
             config = config.replace(pretrained_backbone=False)
-        # Hyperparameters stay plain types (the config as a dict, category_map in checkpoint["detr"]), so that
-        # checkpoints load with torch.load(weights_only=True) and load_from_checkpoint rebuilds this system.
+        # Hyperparameters stay plain types (the config and the records as dicts, category_map in
+        # checkpoint["detr"]), so that checkpoints load with torch.load(weights_only=True) and
+        # load_from_checkpoint rebuilds this system.
         self.save_hyperparameters(ignore=["category_map", "detr"])
-        self.hparams["detr"] = config.to_dict()
+        self.hparams.update(detr=config.to_dict(), loss=self.recipe.loss.to_dict(),
+                            optimizer=self.recipe.optimizer.to_dict(), runtime=runtime.to_dict(),
+                            evaluation=evaluation.to_dict())
         try:
             self.model = build_detr(config)
         except PretrainedWeightsError as error:  # offline: the README's first detr fit
@@ -228,21 +152,20 @@ class DetrSystem(L.LightningModule):
                 f"elsewhere and pass --model.detr.pretrained_backbone /path/{error.file_name}, put it in "
                 f"{error.cache}/, or train without ImageNet weights: --model.detr.pretrained_backbone false"
             ) from None
-        self.criterion = build_criterion(config, **self.loss_settings())
-        if channels_last:
+        self.criterion = build_criterion(config, self.recipe.loss)
+        if runtime.channels_last:
             self.model.use_channels_last()
-        if fold_batch_norm:
+        if runtime.fold_batch_norm:
             self.model.use_folded_batch_norm()
-        if backbone_bf16:
+        if runtime.backbone_bf16:
             self.model.use_autocast(torch.bfloat16)
         self.postprocess = PostProcess(class_head=config.class_head, top_k=self.detector.detections_per_image)
         #: each detection's mask at the original size, for mask AP (a model that predicts masks)
         self.postprocess_masks = PostProcessMasks() if self.model.predicts_masks else None
         self.category_map = _as_category_map(category_map, config.num_classes)
-        self.lr_drop_epochs = list(lr_drop_epochs) if lr_drop_epochs is not None else [200]
-        self.evaluation = EvaluationSchedule(backend=evaluator_backend, directory=evaluation_dir,
-                                             error_analysis=error_analysis,
-                                             every_n_validations=error_analysis_every_n_validations)
+        self.evaluation = EvaluationSchedule(backend=evaluation.evaluator_backend, directory=evaluation.evaluation_dir,
+                                             error_analysis=evaluation.error_analysis,
+                                             every_n_validations=evaluation.error_analysis_every_n_validations)
         self.evaluator: CocoEvaluator | None = None
         self.last_evaluation: CocoEvaluation | None = None
         self.mask_evaluator: CocoEvaluator | None = None
@@ -259,15 +182,23 @@ class DetrSystem(L.LightningModule):
         try:
             self.parameter_groups()
         except ValueError as error:  # a decay the model has nothing to apply to: a setting of this run
-            raise SettingError(f"--model.{error}") from None
+            raise SettingError(f"--model.optimizer.{error}") from None
 
-    def loss_settings(self) -> dict[str, float | bool]:
-        """The matching costs, loss weights and focal parameters this system was built with
-        (:func:`detr.loss.build.build_criterion`'s arguments)."""
-        names = ("cost_class", "cost_bbox", "cost_giou", "loss_ce", "loss_bbox", "loss_giou", "eos_coef",
-                 "focal_alpha", "focal_gamma", "loss_fgl", "loss_ddf", "matchability", "loss_mask_ce", "loss_mask_dice",
-                 "mask_point_ratio")
-        return {name: self.hparams[name] for name in names}
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, **kwargs: Any) -> DetrSystem:
+        """Lightning's ``load_from_checkpoint``, with the hyperparameters of an earlier version migrated
+        (:func:`detr.lightning.migrate.migrate_hyperparameters`); ``kwargs`` replace hyperparameters."""
+        saved = {}
+        if isinstance(checkpoint_path, (str, os.PathLike)) and Path(checkpoint_path).is_file():
+            # memory-mapped: only the hyperparameters are read here
+            saved = torch.load(checkpoint_path, weights_only=True, map_location="cpu", mmap=True).get(
+                "hyper_parameters") or {}
+        migrated = migrate_hyperparameters(dict(saved), where=str(checkpoint_path))
+        if migrated is not saved:  # the old flat keys are not arguments any more: passed migrated, over them
+            kwargs = {**{key: value for key, value in migrated.items() if key not in saved}, **kwargs}
+        return super().load_from_checkpoint(checkpoint_path, map_location=map_location, hparams_file=hparams_file,
+                                            strict=strict, **kwargs)
 
     # ------------------------------------------------------------------ weights
     def load_initial_weights(self, path: str) -> None:
@@ -371,7 +302,7 @@ class DetrSystem(L.LightningModule):
         """A resumed run's schedule follows this run's settings, not the checkpoint's
         (:func:`detr.lightning.schedule.follow_this_runs_settings`)."""
         base_rates = {group["name"]: group["lr"] for group in self.parameter_groups()}
-        follow_this_runs_settings(self.trainer, base_rates, self.hparams.lr_decay_fraction,
+        follow_this_runs_settings(self.trainer, base_rates, self.recipe.optimizer.lr_decay_fraction,
                                   rebuilt=self._schedule_changes)
 
     # ------------------------------------------------------------------ steps
@@ -548,22 +479,23 @@ class DetrSystem(L.LightningModule):
 
     # ------------------------------------------------------------------ optimisation
     def parameter_groups(self) -> list[dict[str, Any]]:
-        """The optimizer's parameter groups, the model's own (:meth:`detr.models.Detector.parameter_groups`:
-        the backbone at ``lr_backbone``, the rest at ``lr``, Deformable DETR's sampling offsets at ``lr`` × 0.1,
-        RF-DETR's layer-wise and component decays)."""
-        return self.model.parameter_groups(self.hparams.lr, self.hparams.lr_backbone,
-                                           lr_layer_decay=self.hparams.lr_layer_decay,
-                                           lr_component_decay=self.hparams.lr_component_decay)
+        """The optimizer's parameter groups (:func:`detr.lightning.param_groups.parameter_groups`: the backbone at
+        ``lr_backbone``, the rest at ``lr``, Deformable DETR's sampling offsets at ``lr`` × 0.1, RF-DETR's
+        layer-wise and component decays), from the recipe's rates."""
+        recipe = self.recipe.optimizer
+        return parameter_groups(self.model, lr=recipe.lr, lr_backbone=recipe.lr_backbone,
+                                lr_layer_decay=recipe.lr_layer_decay, lr_component_decay=recipe.lr_component_decay)
 
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         """AdamW over :meth:`parameter_groups` and the recipe's learning-rate schedulers
         (:func:`detr.lightning.schedule.learning_rate_schedulers`: step decay, warm-up, decay to zero over the
         run's last steps, whose count the trainer gives or a :class:`TimeBudget` fixes)."""
+        recipe = self.recipe.optimizer
         groups = self.parameter_groups()
         # fused: one kernel for every tensor instead of a Python loop over them (on the CPU the default is
         # that loop)
-        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, fused=True)
-        decay_fraction = self.hparams.lr_decay_fraction
+        optimizer = torch.optim.AdamW(groups, lr=recipe.lr, weight_decay=recipe.weight_decay, fused=True)
+        decay_fraction = recipe.lr_decay_fraction
         total_steps = None
         if self._trainer is not None:
             planned = self.trainer.estimated_stepping_batches  # max_steps, or max_epochs × batches; else inf
@@ -573,32 +505,49 @@ class DetrSystem(L.LightningModule):
             total_steps = int(planned) if math.isfinite(planned) else None
             if total_steps is None and time_budget_of(self.trainer.callbacks) is None:
                 raise SettingError(
-                    f"lr_decay_fraction={decay_fraction} decays over the run's last steps, but the run has no "
-                    "length: set trainer.max_steps (or max_epochs), or add the callback "
+                    f"--model.optimizer.lr_decay_fraction={decay_fraction} decays over the run's last steps, but the "
+                    "run has no length: set trainer.max_steps (or max_epochs), or add the callback "
                     "detr.lightning.callbacks.TimeBudget (it fixes the step count of a time-bounded run)"
                 )
         schedulers = learning_rate_schedulers(
-            optimizer, lr_drop_epochs=self.lr_drop_epochs, lr_drop_gamma=self.hparams.lr_drop_gamma,
-            warmup_steps=self.hparams.warmup_steps, decay_fraction=decay_fraction, total_steps=total_steps,
+            optimizer, lr_drop_epochs=list(recipe.lr_drop_epochs), lr_drop_gamma=recipe.lr_drop_gamma,
+            warmup_steps=self.warmup_steps(), decay_fraction=decay_fraction, total_steps=total_steps,
             **self._flat_cosine_settings(),
         )
         return [optimizer], schedulers
 
+    def warmup_steps(self) -> int:
+        """The warm-up's optimizer steps: the recipe's ``warmup_fraction`` of the run's steps (the trainer's
+        ``max_steps``, or ``max_epochs`` × batches; at least 1) where it is > 0, else its ``warmup_steps``.
+
+        Raises :class:`SettingError` for a fraction without a run length (no trainer, or one bounded by time
+        alone)."""
+        recipe = self.recipe.optimizer
+        if recipe.warmup_fraction <= 0:
+            return recipe.warmup_steps
+        planned = self.trainer.estimated_stepping_batches if self._trainer is not None else math.inf
+        if not math.isfinite(planned):
+            raise SettingError(
+                f"--model.optimizer.warmup_fraction={recipe.warmup_fraction} is a share of the run's steps, but the "
+                "run has no length: set trainer.max_steps (or max_epochs), or give the warm-up in steps "
+                "(--model.optimizer.warmup_steps N --model.optimizer.warmup_fraction 0)")
+        return max(1, round(recipe.warmup_fraction * planned))
+
     def _flat_cosine_settings(self) -> dict[str, Any]:
         """:func:`learning_rate_schedulers`' FlatCosine arguments: the epochs, the factor and the optimizer steps
         per epoch (the trainer's batches per epoch over its gradient accumulation)."""
-        epochs = self.hparams.lr_flat_cosine_epochs
-        if epochs is None:
+        epochs = list(self.recipe.optimizer.lr_flat_cosine_epochs)
+        if not epochs:
             return {}
         if self._trainer is None:
-            raise SettingError(f"lr_flat_cosine_epochs={list(epochs)} counts epochs of the trainer's batches: "
-                               "configure the optimizers within a fit")
+            raise SettingError(f"--model.optimizer.lr_flat_cosine_epochs={epochs} counts epochs of the trainer's "
+                               "batches: configure the optimizers within a fit")
         batches = self.trainer.num_training_batches  # counted: configure_optimizers asked the planned steps
         if not math.isfinite(batches):
-            raise SettingError(f"lr_flat_cosine_epochs={list(epochs)} counts epochs, but the run's batches per epoch "
-                               "are unknown: give the data a length (a map-style data set)")
+            raise SettingError(f"--model.optimizer.lr_flat_cosine_epochs={epochs} counts epochs, but the run's "
+                               "batches per epoch are unknown: give the data a length (a map-style data set)")
         steps_per_epoch = max(1, math.ceil(batches / self.trainer.accumulate_grad_batches))
-        return {"flat_cosine_epochs": list(epochs), "flat_cosine_gamma": self.hparams.lr_flat_cosine_gamma,
+        return {"flat_cosine_epochs": epochs, "flat_cosine_gamma": self.recipe.optimizer.lr_flat_cosine_gamma,
                 "steps_per_epoch": steps_per_epoch}
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
@@ -644,12 +593,13 @@ class DetrSystem(L.LightningModule):
             restore_rng_states(checkpoint, self.trainer)
             if checkpoint.get("lr_schedulers"):
                 # this run's lr_drop_epochs / warmup_steps, not the checkpoint's (Lightning restores them next)
+                recipe = self.recipe.optimizer
                 checkpoint["lr_schedulers"], self._schedule_changes = fit_saved_schedulers(
-                    checkpoint["lr_schedulers"], lr_drop_epochs=self.lr_drop_epochs,
-                    lr_drop_gamma=self.hparams.lr_drop_gamma, warmup_steps=self.hparams.warmup_steps,
-                    decay_fraction=self.hparams.lr_decay_fraction, global_step=int(checkpoint.get("global_step", 0)),
-                    flat_cosine_epochs=self.hparams.lr_flat_cosine_epochs,
-                    flat_cosine_gamma=self.hparams.lr_flat_cosine_gamma)
+                    checkpoint["lr_schedulers"], lr_drop_epochs=list(recipe.lr_drop_epochs),
+                    lr_drop_gamma=recipe.lr_drop_gamma, warmup_steps=self.warmup_steps(),
+                    decay_fraction=recipe.lr_decay_fraction, global_step=int(checkpoint.get("global_step", 0)),
+                    flat_cosine_epochs=list(recipe.lr_flat_cosine_epochs) or None,
+                    flat_cosine_gamma=recipe.lr_flat_cosine_gamma)
 
     def _check_same_categories(self, saved: CategoryMap) -> None:
         """Raise :class:`CheckpointError` when the data's category ids (linked by the CLI) differ from those the
@@ -734,7 +684,7 @@ def _no_training_steps(trainer: L.Trainer) -> str:
     else:
         flag = ("the training loader has no batches: check --trainer.limit_train_batches and the training set's "
                 "size against --data.batch_size")
-    return f"{flag}: this fit would train no step (and lr_decay_fraction has no steps to decay over)"
+    return f"{flag}: this fit would train no step (and a schedule's fractions have no steps to be shares of)"
 
 
 def _model_config(detr: ModelConfig | dict[str, Any] | None) -> ModelConfig:
@@ -745,6 +695,45 @@ def _model_config(detr: ModelConfig | dict[str, Any] | None) -> ModelConfig:
     if isinstance(detr, dict):
         return config_from_dict(detr, where="DetrSystem(detr=...)")
     return detr
+
+
+def _record(kind: type[_Record], value: _Record | dict[str, Any] | None) -> _Record:
+    """A record argument as its record: itself (the CLI), from a dict of its fields (a checkpoint's
+    hyperparameters) or, for None, the record of unset fields."""
+    if value is None:
+        return kind()
+    if isinstance(value, dict):
+        names = {field.name for field in dataclasses.fields(kind)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise SettingError(f"{kind.__name__} has no field {', '.join(unknown)}; its fields: "
+                               f"{', '.join(sorted(names))}")
+        return kind(**value)
+    return value
+
+
+def _check_optimizer(recipe: OptimizerRecipe) -> None:
+    """Raise :class:`SettingError` for an optimizer recipe that cannot train (before the fit starts, when AdamW
+    or a scheduler would refuse it as a traceback)."""
+    for name in ("lr", "lr_backbone", "weight_decay"):
+        if not getattr(recipe, name) >= 0:
+            raise SettingError(f"--model.optimizer.{name} must be >= 0, got {getattr(recipe, name)}")
+    for name in ("lr_layer_decay", "lr_component_decay"):
+        if not 0 < getattr(recipe, name) <= 1:
+            raise SettingError(f"--model.optimizer.{name} must be in (0, 1] (1: no decay), got {getattr(recipe, name)}")
+    for name in ("warmup_fraction", "lr_decay_fraction"):
+        if not 0 <= getattr(recipe, name) <= 1:
+            raise SettingError(f"--model.optimizer.{name} must be in [0, 1] (a share of the run's steps; 0: none), "
+                               f"got {getattr(recipe, name)}")
+    if recipe.warmup_steps < 0:
+        raise SettingError(f"--model.optimizer.warmup_steps must be >= 0, got {recipe.warmup_steps}")
+    epochs = list(recipe.lr_flat_cosine_epochs)
+    if epochs and not (len(epochs) == 2 and 0 <= epochs[0] < epochs[1]):
+        raise SettingError(f"--model.optimizer.lr_flat_cosine_epochs must be [flat, end] with 0 <= flat < end (DEIM: "
+                           f"[64, 120]) or [] (off), got {epochs}")
+    if not 0 <= recipe.lr_flat_cosine_gamma <= 1:
+        raise SettingError(f"--model.optimizer.lr_flat_cosine_gamma must be in [0, 1] (DEIM: 0.5), got "
+                           f"{recipe.lr_flat_cosine_gamma}")
 
 
 def _as_category_map(category_map: CategoryMap | dict[str, Any] | None, num_classes: int) -> CategoryMap | None:

@@ -9,6 +9,7 @@ from detr.models.config import ModelConfig
 from detr.models.detector import Detector
 from detr.models.detr_family import DetrConfig
 from detr.models.family import family_of, preset_config
+from detr.models.recipe import Recipe
 
 
 def build_detr(config: ModelConfig | None = None, /, **options: Any) -> Detector:
@@ -30,3 +31,11 @@ def build(preset: str, /, **overrides: Any) -> Detector:
     """The detector of a named preset (``build("dfine_s", num_classes=3)``; ``detr --help`` lists the presets),
     with ``overrides`` (fields of its family's config) applied."""
     return build_detr(preset_config(preset, **overrides))
+
+
+def recipe_for(config: ModelConfig) -> Recipe:
+    """The authors' training recipe (:class:`detr.models.recipe.Recipe`) of the family ``config`` belongs to: its
+    record's ``recipe``, or what its record's recipe function gives for ``config`` (RF-DETR with instance masks:
+    its segmentation recipe)."""
+    recipe = family_of(config).recipe
+    return recipe if isinstance(recipe, Recipe) else recipe(config)

@@ -122,6 +122,7 @@ class Detector(nn.Module):
             return ""
         return ", ".join([config.backbone, f"{config.hidden_dim} hidden", f"{config.num_classes} classes"])
 
+    # Declarative hooks of the optimizer's parameter groups (detr.lightning.param_groups.parameter_groups).
     def slow_modules(self) -> list[nn.Module]:
         """Modules its authors train at a tenth of the learning rate (none here; Deformable DETR's sampling
         offsets and reference points)."""
@@ -134,67 +135,17 @@ class Detector(nn.Module):
 
     def backbone_layer_depths(self) -> dict[int, int]:
         """Layer-wise learning-rate decay (BEiT's, as RF-DETR trains its ViT): ``id`` of each backbone parameter →
-        its depth below the backbone's output (0 at the top); with ``lr_layer_decay`` d it trains at
-        ``lr_backbone`` · d^depth. Empty (here): the backbone has no such depths."""
+        its depth below the backbone's output (0 at the top); with a layer decay d it trains at the backbone's
+        rate · d^depth. Empty (here): the backbone has no such depths."""
         return {}
 
     def decoder_parameters(self) -> list[nn.Parameter]:
-        """Parameters trained at ``lr`` × ``lr_component_decay`` (RF-DETR's decoder layers; its backbone then at
-        ``lr_backbone`` × ``lr_component_decay``²). Empty (here): none."""
+        """Parameters trained at the rate × a component decay c (RF-DETR's decoder layers; its backbone then at the
+        backbone's rate × c²). Empty (here): none."""
         return []
 
-    def parameter_groups(self, lr: float, lr_backbone: float, *, lr_layer_decay: float = 1.0,
-                         lr_component_decay: float = 1.0) -> list[dict]:
-        """The optimizer's parameter groups of this model's trainable parameters, chosen by module:
-        "transformer" (every one outside the others) at ``lr``, "norms" (the box detector's
-        :meth:`no_weight_decay_parameters` outside the backbone, where it has any) at ``lr`` without weight decay,
-        "sampling_offsets" (its :meth:`slow_modules`, where it has any) at ``lr`` × 0.1, "decoder" (its
-        :meth:`decoder_parameters`, where it has any) at ``lr`` × ``lr_component_decay``, and "backbone" (its
-        :meth:`backbone_parameters`, when any of them trains) at ``lr_backbone`` × ``lr_component_decay``², split
-        by :meth:`backbone_layer_depths` into "backbone.depth{k}" groups at × ``lr_layer_decay``^k where the
-        detector has depths, and into "...no_decay" groups (weight decay 0) for its
-        :meth:`no_weight_decay_parameters` in the backbone. Each group keeps ``self.parameters()``'s order.
-
-        Raises ValueError for a ``lr_layer_decay`` or ``lr_component_decay`` other than 1 that this detector has
-        nothing to apply to."""
-        detector = self.box_detector
-        depths = detector.backbone_layer_depths() if lr_layer_decay != 1.0 else {}
-        decoder = {id(parameter) for parameter in detector.decoder_parameters()} if lr_component_decay != 1.0 else set()
-        for name, value, present, needs in (("lr_layer_decay", lr_layer_decay, depths, "backbone layer depths"),
-                                            ("lr_component_decay", lr_component_decay, decoder, "decoder parameters")):
-            if value != 1.0 and not present:
-                raise ValueError(f"{name}={value}: {type(detector).__name__} has no {needs} to apply it to (RF-DETR's "
-                                 f"recipe); set {name} to 1")
-        in_backbone = {id(parameter) for parameter in detector.backbone_parameters()}
-        slow_modules = detector.slow_modules()
-        slow = {id(parameter) for module in slow_modules for parameter in module.parameters()}
-        no_decay = {id(parameter) for parameter in detector.no_weight_decay_parameters()} - slow
-        decoder -= in_backbone | slow | no_decay
-        trainable = [parameter for parameter in self.parameters() if parameter.requires_grad]
-        others = in_backbone | slow | no_decay | decoder
-        groups = [{"params": [p for p in trainable if id(p) not in others], "lr": lr, "name": "transformer"}]
-        if any(id(p) in no_decay and id(p) not in in_backbone for p in trainable):
-            groups.append({"params": [p for p in trainable if id(p) in no_decay and id(p) not in in_backbone],
-                           "lr": lr, "weight_decay": 0.0, "name": "norms"})
-        if slow_modules:
-            groups.append({"params": [p for p in trainable if id(p) in slow], "lr": lr * 0.1,
-                           "name": "sampling_offsets"})
-        if decoder:
-            groups.append({"params": [p for p in trainable if id(p) in decoder], "lr": lr * lr_component_decay,
-                           "name": "decoder"})
-        backbone: dict[tuple[int | None, bool], list[nn.Parameter]] = {}
-        for parameter in trainable:
-            if id(parameter) in in_backbone:
-                key = (depths.get(id(parameter), 0) if depths else None, id(parameter) in no_decay)
-                backbone.setdefault(key, []).append(parameter)
-        for (depth, decay_free), params in sorted(backbone.items(), key=lambda item: (item[0][0] or 0, item[0][1])):
-            rate = lr_backbone * lr_component_decay ** 2 * (lr_layer_decay ** depth if depth is not None else 1.0)
-            name = "backbone" + (f".depth{depth}" if depth is not None else "") + (".no_decay" if decay_free else "")
-            groups.append({"params": params, "lr": rate, "name": name, **({"weight_decay": 0.0} if decay_free else {})})
-        return groups
-
     def backbone_parameters(self) -> list[nn.Parameter]:
-        """The parameters trained at the backbone's learning rate (``lr_backbone``): here the DETR backbone
+        """The parameters trained at the backbone's learning rate: here the DETR backbone
         wrapper's (``self.backbone``); a family with another backbone overrides this."""
         return list(self.backbone.parameters())
 

@@ -18,6 +18,7 @@ from detr.models.config import BackboneNorm, LastStage, ModelConfig, QueryType, 
 from detr.models.dense_head import DenseAuxiliaryHead
 from detr.models.detr import DETR
 from detr.models.family import Family, register_family
+from detr.models.recipe import DETR_RECIPE
 from detr.models.layers.position_encoding import PositionEmbeddingLearned, PositionEmbeddingSine
 from detr.models.transformer import Transformer, TransformerEncoder, TransformerEncoderLayer
 
@@ -164,5 +165,5 @@ FAMILY = register_family(Family(
     name="detr", title="DETR", config_class=DetrConfig, builder=build_single_scale_detr,
     presets={"detr_r50": detr_r50, "detr_r50_dc5": detr_r50_dc5, "detr_r101": detr_r101,
              "detr_r101_dc5": detr_r101_dc5},
-    augmentation="default",
+    augmentation="default", recipe=DETR_RECIPE,
 ))

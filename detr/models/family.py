@@ -37,7 +37,8 @@ class Family:
         builder: config → the detector (a :class:`detr.models.detector.Detector`).
         presets: preset name → a function returning that model's config (its authors' sizes, COCO's classes).
         parent: the family whose code this one builds on ("dfine" for DEIMv2), or None.
-        recipe: the family's training recipe (loss and optimizer records), or None.
+        recipe: the family's training recipe (:class:`detr.models.recipe.Recipe`: its authors' loss and optimizer),
+            or a function of the config that returns one (RF-DETR: the segmentation recipe with instance masks).
         augmentation: the data module's augmentation its authors train with.
         real_time: the family predicts the ``num_queries`` best (query, class) pairs and takes denoising targets
             in training (RT-DETR's lineage); the CLI and the data module ask this, not the name.

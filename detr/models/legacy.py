@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from detr.models.family import Family
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +47,10 @@ def is_flat_config(values: Mapping[str, Any]) -> bool:
     return "family" not in values
 
 
-def migrate_flat_config(values: Mapping[str, Any], family: Family, where: str) -> dict[str, Any]:
-    """The fields of ``family``'s config (records as nested dicts) from an old one-record dict ``values`` (any
-    subset of :data:`FLAT_DEFAULTS`' fields, ``architecture`` = the family's name). A field missing from
-    ``values`` takes the one record's default, not the family config's (what the old file meant); an option the
+def migrate_flat_config(values: Mapping[str, Any], family: Any, where: str) -> dict[str, Any]:
+    """The fields of ``family``'s config (records as nested dicts; ``family`` a :class:`detr.models.family.Family`,
+    whose module imports this one) from an old one-record dict ``values`` (any subset of :data:`FLAT_DEFAULTS`'
+    fields, ``architecture`` = the family's name). A field missing from ``values`` takes the one record's default, not the family config's (what the old file meant); an option the
     family does not read is left out (logged). A name that the one record did not have raises ValueError naming
     ``where`` and the options."""
     unknown = sorted(set(values) - set(FLAT_DEFAULTS))

@@ -23,9 +23,9 @@ def test_demo_preset_is_the_demo_yaml() -> None:
     model = dict(config["model"])
     for name, value in model.pop("detr").items():
         assert getattr(run.detr, name) == value, name
-    for name in ("evaluator_backend", "lr_drop_epochs"):
-        model.pop(name)
-    assert run.system == model
+    settings = {**model["loss"], **model["optimizer"], **model["runtime"]}  # the training settings, flat
+    settings.pop("lr_drop_epochs")
+    assert run.system == settings
     assert (run.batch_size, run.clip, run.seed) == (config["data"]["batch_size"],
                                                     config["trainer"]["gradient_clip_val"], config["seed_everything"])
     assert benchmark.demo_image_size() == config["data"]["train_max_size"]
@@ -53,7 +53,7 @@ def test_a_yaml_preset_is_what_detr_fit_trains_from_that_file() -> None:
     benchmark = load_script("benchmarks/convergence.py")
     path = REPO / "configs" / "rtdetr_shapes_cpu.yaml"
     run = benchmark.build_run_config(str(path), ["lr=1e-3"])
-    assert (run.detr.architecture, run.detr.backbone, run.detr.num_feature_levels) == ("rtdetr", "resnet18", 3)
+    assert (run.detr.family, run.detr.backbone, run.detr.num_feature_levels) == ("rtdetr", "resnet18", 3)
     assert (run.square_size, run.normalize, run.batch_size, run.clip) == (128, False, 8, 0.1)
     assert run.system["lr"] == 1e-3 and run.system["lr_decay_fraction"] == 0.3  # --set over the demo's value
     assert "evaluation_dir" not in run.system and "init_checkpoint" not in run.system
@@ -74,5 +74,5 @@ def test_a_yaml_preset_run_saves_a_model_that_loads_with_its_input_contract(tmp_
     assert benchmark.main(argv) == 0
     assert re.search(r"\[rtdetr_shapes_cpu\] train .* step +2/2 .* AP50 [0-9.]+", capsys.readouterr().out)
     model = load_checkpoint(tmp_path / "models" / "rtdetr_shapes_cpu.ckpt")
-    assert (model.config.architecture, model.input_spec.resize, model.input_spec.size) == ("rtdetr", "square", 128)
+    assert (model.config.family, model.input_spec.resize, model.input_spec.size) == ("rtdetr", "square", 128)
     assert model.input_spec.mean is None and len(model.meta.category_map.names) == 5

@@ -19,6 +19,7 @@ from detr.data.collate import pad_images
 from detr.inference.predict import NOT_FINITE, predictions_from_outputs
 from detr.inference.predictor import NonFiniteOutputError, Predictor
 from detr.inference.slicing import SliceSettings
+from detr.lightning.options import EvaluationOptions
 from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.system import DetrSystem
 from detr.visualize.drawing import draw_prediction
@@ -55,12 +56,12 @@ def test_the_predictor_and_detr_predict_make_the_same_predictions(kind):
     torch.manual_seed(0)
     if kind == "panoptic":
         config = TINY.replace(hidden_dim=128, num_heads=8)
-        system = PanopticSystem(detr=config, evaluation_dir="", categories=[
+        system = PanopticSystem(detr=config, evaluation=EvaluationOptions(evaluation_dir=""), categories=[
             {"id": i, "name": f"c{i}", "isthing": int(i < 3)} for i in range(TINY.num_classes)])
     else:
         config = TINY if kind == "detr" else tiny_config_with(architecture="deformable", class_head="sigmoid",
                                                             num_points=2)
-        system = DetrSystem(detr=config, evaluation_dir="")
+        system = DetrSystem(detr=config, evaluation=EvaluationOptions(evaluation_dir=""))
     system.eval()
     predictor = Predictor(system.model, device="cpu", **SIZES)
     task = "panoptic" if kind == "panoptic" else "detection"

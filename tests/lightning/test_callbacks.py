@@ -26,6 +26,7 @@ from detr.lightning.callbacks import (
 )
 from detr.lightning.callbacks.validation_images import draw_batch_item
 from detr.lightning.schedule import LinearDecayToZero, decay_factor
+from detr.models.recipe import OptimizerRecipe
 from detr.visualize.drawing import LEGEND_PREDICTED, LEGEND_TRUE
 
 
@@ -146,7 +147,8 @@ def test_decay_factor_is_one_then_linear_to_zero() -> None:
 def test_schedule_per_step_warmup_plateau_decay_and_step_decay() -> None:
     """DetrSystem's schedulers, stepped as Lightning steps them: the learning rate is a function of the step
     (and the epoch): warm-up from 1/1000, a plateau, a linear decay to zero, times the epoch step decay."""
-    system = DetrSystem(lr=1e-4, lr_backbone=1e-5, warmup_steps=4, lr_decay_fraction=0.5, lr_drop_epochs=[1])
+    system = DetrSystem(optimizer=OptimizerRecipe(lr=1e-4, lr_backbone=1e-5, warmup_steps=4, lr_decay_fraction=0.5,
+                                                 lr_drop_epochs=[1]))
     (optimizer,), configs = system.configure_optimizers()
     assert [(c["name"], c["interval"]) for c in configs] == [("step_decay", "epoch"), ("warmup", "step"),
                                                              ("decay", "step")]
@@ -170,7 +172,7 @@ def test_schedule_per_step_warmup_plateau_decay_and_step_decay() -> None:
 
 
 def test_decay_without_a_run_length_is_an_error(tmp_path) -> None:
-    system = DetrSystem(lr_decay_fraction=0.3)
+    system = DetrSystem(optimizer=OptimizerRecipe(lr_decay_fraction=0.3))
     trainer = _trainer(tmp_path, [], max_epochs=-1)
     system.trainer = trainer
     with pytest.raises(ValueError, match="TimeBudget"):

@@ -145,7 +145,8 @@ def test_every_option_of_the_model_and_data_has_a_meaning_in_help(panoptic: bool
     options = {option: action.help for action in parsed.value.args[0]._actions for option in action.option_strings
                if option.startswith(ours) and not option.endswith("+")  # "+": jsonargparse's append to a list
                and action.help != "Path to a configuration file."}  # a nested class's --model.detr CONFIG
-    assert {"--model.init_checkpoint", "--model.detr.num_queries", "--data.root", "--model.lr"} <= set(options)
+    assert {"--model.init_checkpoint", "--model.detr.num_queries", "--data.root",
+            "--model.optimizer.lr"} <= set(options)
     without = sorted(option for option, text in options.items() if not text or text.startswith("(type"))
     assert not without, f"options without a sentence in --help: {without}"
     assert "checkpoint" in options["--model.init_checkpoint"] and "COCO" in options["--data.root"]

@@ -86,7 +86,7 @@ def test_expected_errors_of_fit_are_one_line_naming_the_file_or_flag(tiny_shapes
     missing = tmp_path / "nowhere"
     assert f"data root '{missing}' does not exist" in _one_line_error(capsys, [*fit, f"--data.root={missing}"])
     assert "num_queries must be an integer >= 1" in _one_line_error(capsys, [*fit, "--model.detr.num_queries=0"])
-    assert "--model.lr must be >= 0, got -1" in _one_line_error(capsys, [*fit, "--model.lr=-1"])
+    assert "--model.optimizer.lr must be >= 0, got -1" in _one_line_error(capsys, [*fit, "--model.optimizer.lr=-1"])
     # found once the fit has started: the run's log lines (data checks ...) come first
     line = _one_line_error(capsys, [*fit, "--trainer.max_steps=0"], lines_before=20)
     assert "--trainer.max_steps must be >= 1" in line

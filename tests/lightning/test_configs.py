@@ -6,12 +6,16 @@ of a run lands in ``trainer.default_root_dir``, and nothing in the working direc
 from __future__ import annotations
 
 import csv
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
 from detr.lightning.cli import main
+from detr.models.build import recipe_for
+from detr.models.detr_family import DetrConfig
+from detr.models.recipe import DETR_RECIPE, LossRecipe, OptimizerRecipe
 from tests.helpers import write_tiny_shapes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +54,15 @@ def _printed(capsys, *configs: Path) -> dict:
         main([*args, "--print_config"])
     assert exit_info.value.code in (0, None)
     return yaml.safe_load(capsys.readouterr().out)
+
+
+def _resolved(model: dict) -> dict:
+    """A printed config's ``model`` group with its loss and optimizer as the system trains them (a field the config
+    leaves unset: the family's recipe), flat beside its other keys: {"detr": ..., "lr": ..., "cost_class": ...}."""
+    family = recipe_for(DetrConfig.from_dict(model["detr"]))
+    loss = LossRecipe(**model["loss"]).over(family.loss)
+    optimizer = OptimizerRecipe(**model["optimizer"]).over(family.optimizer)
+    return {**model, **dataclasses.asdict(loss), **dataclasses.asdict(optimizer)}
 
 
 def _tiny_backbone(printed: dict) -> list[str]:
@@ -101,8 +114,10 @@ def test_coco_configs_run_on_one_machine_with_the_authors_recipe(name: str, caps
     printed = _printed(capsys, REPO / "configs" / name)
     trainer, model, data = printed["trainer"], printed["model"], printed["data"]
     assert (trainer["accelerator"], trainer["devices"], trainer["num_nodes"]) == ("auto", "auto", 1)
-    recipe = (model["lr"], model["lr_backbone"], model["weight_decay"], model["lr_drop_epochs"])
+    optimizer = OptimizerRecipe(**model["optimizer"]).over(DETR_RECIPE.optimizer)  # unset: the family's
+    recipe = (optimizer.lr, optimizer.lr_backbone, optimizer.weight_decay, optimizer.lr_drop_epochs)
     assert recipe == (1e-4, 1e-5, 1e-4, [400])
+    assert LossRecipe(**model["loss"]).over(DETR_RECIPE.loss) == DETR_RECIPE.loss
     assert model["detr"]["backbone"] == ("resnet101" if "r101" in name else "resnet50")
     assert model["detr"]["dilation"] == ("dc5" in name)
     assert (model["detr"]["hidden_dim"], model["detr"]["num_queries"]) == (256, 100)
@@ -163,7 +178,7 @@ def test_validate_and_predict_write_beside_the_fit_not_over_it(tiny_shapes: Path
 
 def test_the_deformable_coco_config_has_the_authors_recipe(capsys) -> None:
     printed = _printed(capsys, REPO / "configs" / "deformable_detr_coco.yaml")
-    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    trainer, model, data = printed["trainer"], _resolved(printed["model"]), printed["data"]
     detr = model["detr"]
     assert (detr["family"], detr["class_head"], detr["num_queries"], detr["dim_feedforward"]) == (
         "deformable", "sigmoid", 300, 1024)
@@ -195,7 +210,7 @@ def test_the_cpu_finetune_config_trains_on_coco_mini_at_its_image_size(tmp_path:
 @pytest.mark.parametrize("name", ["rtdetr_r18vd_coco.yaml", "rtdetr_r50vd_coco.yaml"])
 def test_rtdetr_coco_configs_hold_the_authors_recipe(name: str, capsys) -> None:
     printed = _printed(capsys, REPO / "configs" / name)
-    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    trainer, model, data = printed["trainer"], _resolved(printed["model"]), printed["data"]
     recipe = (model["lr"], model["lr_backbone"], model["weight_decay"], model["warmup_steps"], trainer["max_epochs"])
     assert recipe == (1e-4, 1e-5, 1e-4, 2000, 72)
     assert (model["cost_class"], model["loss_ce"], model["loss_bbox"], model["loss_giou"]) == (2.0, 1.0, 5.0, 2.0)
@@ -212,7 +227,7 @@ def test_rtdetr_coco_configs_hold_the_authors_recipe(name: str, capsys) -> None:
 
 def test_the_dfine_coco_config_holds_the_authors_recipe(capsys) -> None:
     printed = _printed(capsys, REPO / "configs" / "dfine_s_coco.yaml")
-    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    trainer, model, data = printed["trainer"], _resolved(printed["model"]), printed["data"]
     recipe = (model["lr"], model["lr_backbone"], model["weight_decay"], model["warmup_steps"], trainer["max_epochs"])
     assert recipe == (2e-4, 1e-4, 1e-4, 500, 132)  # dfine_hgnetv2_s_coco.yml (its include's 2.5e-4 overridden)
     weights = tuple(model[name] for name in ("cost_class", "loss_ce", "loss_bbox", "loss_giou", "loss_fgl", "loss_ddf"))
@@ -244,7 +259,7 @@ def test_the_dfine_size_configs_hold_the_authors_recipes(name: str, sizes: tuple
                                                          multi_scale: int | None, capsys) -> None:
     """Peterande/D-FINE configs/dfine/dfine_hgnetv2_{n,m,l,x}_coco.yml over their includes."""
     printed = _printed(capsys, REPO / "configs" / name)
-    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    trainer, model, data = printed["trainer"], _resolved(printed["model"]), printed["data"]
     detector = model["detr"]
     assert tuple(detector[key] for key in ("backbone", "backbone_learnable_affine", "backbone_norm",
                                            "num_feature_levels", "hidden_dim", "encoder_hidden_dim",
@@ -261,7 +276,7 @@ def test_the_deim_config_holds_the_authors_recipe(capsys) -> None:
     """Intellindust/DEIM configs/deim_dfine/deim_hgnetv2_s_coco.yml over base/deim.yml: D-FINE S with DEIM's SiLU
     decoder and FlatCosine schedule, MAL, the dense one-to-one policy [4, 64, 120] with mosaic and MixUp at 0.5."""
     printed = _printed(capsys, REPO / "configs" / "deim_dfine_s_coco.yaml")
-    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    trainer, model, data = printed["trainer"], _resolved(printed["model"]), printed["data"]
     assert (model["lr"], model["lr_backbone"], model["weight_decay"], model["warmup_steps"], trainer["max_epochs"]) == (
         4e-4, 2e-4, 1e-4, 2000, 132)
     flat_cosine = (model["lr_flat_cosine_epochs"], model["lr_flat_cosine_gamma"], model["lr_drop_epochs"])
@@ -280,11 +295,12 @@ def test_the_dfine_finetune_config_is_the_s_recipe_with_the_benchmarks_defaults(
     final linear decay."""
     coco = _printed(capsys, REPO / "configs" / "dfine_s_coco.yaml")
     printed = _printed(capsys, REPO / "configs" / "dfine_finetune_custom.yaml")
-    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    trainer, model, data = printed["trainer"], _resolved(printed["model"]), printed["data"]
     assert model["detr"] == coco["model"]["detr"] and (model["lr"], model["lr_backbone"]) == (2e-4, 1e-4)
     assert (trainer["devices"], trainer["max_epochs"]) == (1, 50)
-    assert (model["init_classes"], model["warmup_steps"], model["lr_decay_fraction"], model["lr_drop_epochs"]) == (
-        "by_name", 50, 0.3, [])
+    # the warm-up a share of the run (15 %: the measured 50 of about 350 steps), in place of D-FINE's 500 steps
+    assert (model["init_classes"], model["warmup_fraction"], model["lr_decay_fraction"], model["lr_drop_epochs"]) == (
+        "by_name", 0.15, 0.3, [])
     assert (data["augmentation"], data["augmentation_stop_epoch"]) == ("rtdetr", None)
     assert not [c for c in trainer["callbacks"] if c["class_path"].endswith("ExponentialMovingAverage")]
     assert len(trainer["callbacks"]) == len(coco["trainer"]["callbacks"]) - 1
@@ -300,7 +316,7 @@ def test_the_rfdetr_coco_config_holds_the_authors_recipe(capsys) -> None:
     """roboflow/rf-detr's RFDETRBaseConfig and TrainConfig (config.py), main.py's clipping and get_param_dicts.py's
     decays; and the fine-tuning config is the same recipe on one device."""
     printed = _printed(capsys, REPO / "configs" / "rfdetr_base_coco.yaml")
-    trainer, model, data = printed["trainer"], printed["model"], printed["data"]
+    trainer, model, data = printed["trainer"], _resolved(printed["model"]), printed["data"]
     recipe = (model["lr"], model["lr_backbone"], model["lr_layer_decay"], model["lr_component_decay"],
               model["weight_decay"], model["warmup_steps"], model["lr_drop_epochs"], trainer["max_epochs"])
     assert recipe == (1e-4, 1.5e-4, 0.8, 0.7, 1e-4, 0, [], 100)
@@ -319,4 +335,4 @@ def test_the_rfdetr_coco_config_holds_the_authors_recipe(capsys) -> None:
     (ema,) = [c for c in trainer["callbacks"] if c["class_path"].endswith("ExponentialMovingAverage")]
     assert (ema["init_args"]["decay"], ema["init_args"]["warmup_steps"]) == (0.993, 100)
     finetune = _printed(capsys, REPO / "configs" / "rfdetr_finetune_custom.yaml")
-    assert finetune["model"] == model and finetune["data"] == data and finetune["trainer"]["devices"] == 1
+    assert finetune["model"] == printed["model"] and finetune["data"] == data and finetune["trainer"]["devices"] == 1

@@ -14,6 +14,7 @@ import torch
 from pycocotools.coco import COCO
 
 from detr.lightning import DetrSystem
+from detr.lightning.options import EvaluationOptions
 from tests.helpers import InMemoryData, coco_ground_truth, model_output, tiny_config_with
 
 NUM_IMAGES = 5  # odd: with 2 processes the sampler pads with a repeated image
@@ -111,7 +112,7 @@ class OracleSystem(DetrSystem):
 
 def _system(record_dir: Path) -> OracleSystem:
     torch.manual_seed(0)
-    system = OracleSystem(detr=TINY, evaluation_dir="")
+    system = OracleSystem(detr=TINY, evaluation=EvaluationOptions(evaluation_dir=""))
     system.table_logits, system.table_boxes = _predictions(_targets())
     system.record_dir = str(record_dir)
     return system
@@ -155,7 +156,8 @@ def test_two_process_training_checkpoints_every_process_rng_and_resumes(tmp_path
                             limit_val_batches=1, num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
                             enable_model_summary=False, default_root_dir=tmp_path,
                             callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)])
-        trainer.fit(DetrSystem(detr=TINY, evaluation_dir=""), datamodule=_validation_data(), ckpt_path=ckpt_path)
+        system = DetrSystem(detr=TINY, evaluation=EvaluationOptions(evaluation_dir=""))
+        trainer.fit(system, datamodule=_validation_data(), ckpt_path=ckpt_path)
         return trainer
 
     fit(max_epochs=1)

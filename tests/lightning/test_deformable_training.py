@@ -10,6 +10,8 @@ import torch
 
 from detr import CategoryMap, load_checkpoint
 from detr.lightning import DetrSystem
+from detr.lightning.options import EvaluationOptions
+from detr.models.recipe import LossRecipe, OptimizerRecipe
 from tests.helpers import ANIMALS, animal_data, animal_samples, collate_unpadded, tiny_config_with
 
 DEFORMABLE = tiny_config_with(num_classes=3, architecture="deformable", class_head="sigmoid", num_points=2,
@@ -20,8 +22,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _system(**changes) -> DetrSystem:
     torch.manual_seed(0)
-    return DetrSystem(detr=DEFORMABLE.replace(**changes), lr=2e-4, lr_backbone=2e-5, cost_class=2.0, loss_ce=2.0,
-                      category_map=CategoryMap.from_coco_categories(ANIMALS, contiguous=True), evaluation_dir="")
+    return DetrSystem(detr=DEFORMABLE.replace(**changes), loss=LossRecipe(cost_class=2.0, loss_ce=2.0),
+                      optimizer=OptimizerRecipe(lr=2e-4, lr_backbone=2e-5),
+                      category_map=CategoryMap.from_coco_categories(ANIMALS, contiguous=True),
+                      evaluation=EvaluationOptions(evaluation_dir=""))
 
 
 @pytest.mark.parametrize("changes", [{}, {"box_refine": True, "two_stage": True}])

@@ -31,8 +31,9 @@ def tiny_shapes(tmp_path_factory) -> Path:
 def test_fit_trains_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     main(tiny_square_fit_args(CONFIG, TINY_DFINE, tiny_shapes, run, "--trainer.max_steps=30",
-                              "--trainer.check_val_every_n_epoch=30", "--model.warmup_steps=0",
-                              "--model.lr_decay_fraction=0", "--model.lr=1e-3", "--model.lr_backbone=1e-3"))
+                              "--trainer.check_val_every_n_epoch=30", "--model.optimizer.warmup_steps=0",
+                              "--model.optimizer.lr_decay_fraction=0", "--model.optimizer.lr=1e-3",
+                              "--model.optimizer.lr_backbone=1e-3"))
     with (run / "metrics.csv").open() as file:
         rows = list(csv.DictReader(file))
     losses = [float(row["train/loss"]) for row in rows if row.get("train/loss")]
@@ -63,7 +64,7 @@ def test_fit_with_deim_dense_one_to_one_and_a_loader_worker(tiny_shapes: Path, t
                               "--data.persistent_workers=true", "--data.augmentation=deim",
                               "--data.mosaic_epochs=[0, 1]", "--data.mosaic_prob=1", "--data.mixup_prob=1",
                               "--data.mixup_epochs=[0, 1]", "--data.augmentation_stop_epoch=2",
-                              "--data.multi_scale=[64, 96]", "--model.matchability=true"))
+                              "--data.multi_scale=[64, 96]", "--model.loss.matchability=true"))
     with (run / "metrics.csv").open() as file:
         losses = [float(row["train/loss"]) for row in csv.DictReader(file) if row.get("train/loss")]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))

@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from detr import CategoryMap
 from detr.lightning import DetrSystem
+from detr.lightning.options import EvaluationOptions
 from tests.helpers import ANIMALS, animal_data, tiny_config_with
 
 TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3")
@@ -18,11 +19,11 @@ TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _system(tmp_path, **recipe) -> DetrSystem:
+def _system(tmp_path, **evaluation) -> DetrSystem:
     torch.manual_seed(0)
     category_map = CategoryMap.from_coco_categories(ANIMALS, contiguous=True)
-    return DetrSystem(detr=TINY, **recipe, category_map=category_map,
-                      evaluation_dir=str(tmp_path / "evaluation"))
+    return DetrSystem(detr=TINY, category_map=category_map,
+                      evaluation=EvaluationOptions(evaluation_dir=str(tmp_path / "evaluation"), **evaluation))
 
 
 def _trainer(tmp_path, **kwargs) -> L.Trainer:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from detr.lightning import DetrSystem
+from detr.lightning.options import EvaluationOptions, RuntimeOptions
 from detr.models.detr_family import DetrConfig
 from tests.helpers import randomise, tiny_config_with
 
@@ -32,7 +33,8 @@ def _step(config: DetrConfig, **options) -> tuple[dict[str, torch.Tensor], dict[
     """One forward, loss and backward of a DetrSystem from fixed random weights (frozen BatchNorm statistics
     far from the identity, so that folding has something to fold): the loss terms and every gradient."""
     torch.manual_seed(0)
-    system = DetrSystem(detr=config, evaluation_dir="", **options).train()
+    system = DetrSystem(detr=config, evaluation=EvaluationOptions(evaluation_dir=""),
+                        runtime=RuntimeOptions(**options)).train()
     randomise(system.model, seed=2)
     system.model.double()
     images, mask, targets = _batch()
@@ -62,9 +64,10 @@ def test_fast_options_give_the_plain_losses_and_gradients(trainable_layers: int)
 
 def test_folding_keeps_the_state_dict() -> None:
     torch.manual_seed(0)
-    system = DetrSystem(detr=tiny_config_with(), evaluation_dir="")  # folding by default
+    system = DetrSystem(detr=tiny_config_with(), evaluation=EvaluationOptions(evaluation_dir=""))  # folding by default
     assert system.model.backbone[0].fold_in_training
-    trainable = DetrSystem(detr=tiny_config_with(backbone_norm="batch_norm"), evaluation_dir="")
+    trainable = DetrSystem(detr=tiny_config_with(backbone_norm="batch_norm"),
+                           evaluation=EvaluationOptions(evaluation_dir=""))
     assert not trainable.model.backbone[0].fold_in_training  # nothing frozen to fold: torchvision's forward
     keys = set(system.model.state_dict())
     assert "backbone.0.body.layer1.0.bn1.running_var" in keys and "backbone.0.body.bn1.weight" in keys

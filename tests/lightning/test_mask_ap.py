@@ -20,6 +20,7 @@ from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
 from detr.data.shapes import ShapesConfig, write_shapes_dataset
 from detr.evaluation import STAT_NAMES
 from detr.lightning.datamodule import DetrDataModule
+from detr.lightning.options import EvaluationOptions
 from detr.lightning.system import DetrSystem
 from detr.models.detr_family import DetrConfig
 
@@ -51,8 +52,8 @@ def _validate(config: DetrConfig, root: Path, out: Path, monkeypatch: pytest.Mon
                           val_annotations=str(annotations or root / "annotations" / "instances_val2017.json"),
                           square_size=64, batch_size=3, val_batch_size=3, num_workers=0,
                           masks=config.instance_masks)
-    system = DetrSystem(detr=config.to_dict(), category_map=data.category_map, evaluation_dir=str(out),
-                        error_analysis=False)
+    system = DetrSystem(detr=config.to_dict(), category_map=data.category_map,
+                        evaluation=EvaluationOptions(evaluation_dir=str(out), error_analysis=False))
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=str(out))
     trainer.validate(system, datamodule=data, verbose=False)

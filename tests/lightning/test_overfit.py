@@ -11,6 +11,8 @@ from pycocotools.coco import COCO
 from detr import CategoryMap
 from detr.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from detr.lightning import DetrSystem
+from detr.lightning.options import EvaluationOptions
+from detr.models.recipe import OptimizerRecipe
 from tests.helpers import InMemoryData, coco_ground_truth, tiny_config_with
 
 SIZE = 64
@@ -58,8 +60,9 @@ def test_tiny_detr_overfits_three_images(tmp_path) -> None:
     # after layer3 (4 × 4 features), a 1 + 2 layer transformer, no dropout, a high learning rate.
     system = DetrSystem(
         detr=tiny_config_with(backbone_norm="group_norm", backbone_trainable_layers=0, backbone_last_stage="layer3",
-                              dropout=0.0, num_classes=2), lr=1e-3, lr_backbone=1e-3,
-        category_map=CategoryMap.from_coco_categories(CATEGORIES, contiguous=True), evaluation_dir="",
+                              dropout=0.0, num_classes=2), optimizer=OptimizerRecipe(lr=1e-3, lr_backbone=1e-3),
+        category_map=CategoryMap.from_coco_categories(CATEGORIES, contiguous=True),
+        evaluation=EvaluationOptions(evaluation_dir=""),
     )
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=150, gradient_clip_val=0.1, gradient_clip_algorithm="norm",

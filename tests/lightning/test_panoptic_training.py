@@ -22,6 +22,7 @@ from detr.data.shapes_panoptic import write_shapes_panoptic
 from detr.inference.predictor import Predictor
 from detr.lightning.cli import make_cli, panoptic_main
 from detr.lightning.panoptic_datamodule import PanopticDataModule
+from detr.models.recipe import DETR_RECIPE, LossRecipe, OptimizerRecipe
 from detr.models.segmentation import DETRPanoptic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -319,14 +320,16 @@ def test_coco_panoptic_configs_follow_the_authors_recipe(name, capsys):
 
     printed = yaml.safe_load(capsys.readouterr().out)
     model, trainer = printed["model"], printed["trainer"]
-    assert (model["lr"], model["lr_backbone"], model["weight_decay"]) == (1e-4, 1e-5, 1e-4)
+    optimizer = OptimizerRecipe(**model["optimizer"]).over(DETR_RECIPE.optimizer)  # unset: DETR's recipe
+    assert (optimizer.lr, optimizer.lr_backbone, optimizer.weight_decay) == (1e-4, 1e-5, 1e-4)
+    assert LossRecipe(**model["loss"]).over(DETR_RECIPE.loss) == DETR_RECIPE.loss  # mask weights 1 and 1
     assert model["detr"]["class_head"] == "softmax" and model["detr"]["query_type"] == "learned"
     if name == "panoptic_coco.yaml":
         assert model["masks"] and model["freeze_detr"]
-        assert (trainer["max_epochs"], model["lr_drop_epochs"]) == (25, [15])
+        assert (trainer["max_epochs"], optimizer.lr_drop_epochs) == (25, [15])
         assert model["init_checkpoint"] == "outputs/panoptic_boxes_coco/checkpoints/last.ckpt"
     else:
-        assert not model["masks"] and (trainer["max_epochs"], model["lr_drop_epochs"]) == (300, [200])
+        assert not model["masks"] and (trainer["max_epochs"], optimizer.lr_drop_epochs) == (300, [200])
 
 
 def test_coco_panoptic_configs_train_a_step(shapes_root, tmp_path):

@@ -12,10 +12,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from detr.checkpoints import CheckpointError
 from detr.lightning import DetrSystem
 from detr.lightning.cli import main
+from detr.lightning.options import EvaluationOptions
+from detr.models.recipe import OptimizerRecipe
 from tests.helpers import InMemoryData, tiny_config_with, tiny_fit_args
 
 TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3", dropout=0.1)
-RECIPE = dict(lr=1e-3, lr_backbone=1e-4, lr_drop_epochs=[2])
+RECIPE = OptimizerRecipe(lr=1e-3, lr_backbone=1e-4, lr_drop_epochs=[2])
 SIZE = 48
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,7 +44,7 @@ def _shuffled_data() -> InMemoryData:
 def _fit(tmp_path, *, max_epochs: int, ckpt_path: str | None = None, init_seed: int = 0) -> DetrSystem:
     L.seed_everything(123)
     torch.manual_seed(init_seed)
-    system = DetrSystem(detr=TINY, **RECIPE, evaluation_dir="")
+    system = DetrSystem(detr=TINY, optimizer=RECIPE, evaluation=EvaluationOptions(evaluation_dir=""))
     L.seed_everything(123)  # the same seed at the entry point, as `detr fit` does it
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_epochs=max_epochs, deterministic=True, gradient_clip_val=0.1,
@@ -92,14 +94,14 @@ def _weights(path) -> dict[str, torch.Tensor]:
 def test_a_finished_run_resumed_with_more_steps_keeps_learning(tiny_shapes_root, tmp_path) -> None:
     """The decay to zero of the first run (the demo config's lr_decay_fraction 0.3) used to stay at its
     length: resumed with max_steps 8, the run trained 4 more steps at learning rate 0 with its weights
-    unchanged; and --model.lr given at resume was ignored."""
+    unchanged; and --model.optimizer.lr given at resume was ignored."""
     out = tmp_path / "run"
-    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", "--model.warmup_steps=0"))
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", "--model.optimizer.warmup_steps=0"))
     last = out / "checkpoints" / "last.ckpt"
     assert _optimizer_lrs(last) == [0.0, 0.0]  # the first run decayed to zero at its end
     finished = _weights(last)
 
-    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=8", "--model.warmup_steps=0",
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=8", "--model.optimizer.warmup_steps=0",
                        f"--ckpt_path={last}"))
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 8
@@ -111,10 +113,10 @@ def test_a_finished_run_resumed_with_more_steps_keeps_learning(tiny_shapes_root,
     trained = [k for k in finished if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))]
     assert any(not torch.equal(finished[k], resumed[k]) for k in trained)  # parameters, not batch-norm statistics
 
-    # another learning rate at resume is used: the schedule's base rates are this run's --model.lr (and the
+    # another learning rate at resume is used: the schedule's base rates are this run's --model.optimizer.lr (and the
     # config's lr_backbone), not the checkpoint's 5e-4; so is another lr_decay_fraction
-    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=10", "--model.warmup_steps=0",
-                       "--model.lr=1e-3", "--model.lr_decay_fraction=0.5", f"--ckpt_path={last}"))
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=10", "--model.optimizer.warmup_steps=0",
+                       "--model.optimizer.lr=1e-3", "--model.optimizer.lr_decay_fraction=0.5", f"--ckpt_path={last}"))
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 10
     assert [group["initial_lr"] for group in checkpoint["optimizer_states"][0]["param_groups"]] == [1e-3, 5e-4]
@@ -207,20 +209,21 @@ def _rate_of_this_schedule(checkpoint: dict, base: float, *, drops: list[int], w
 
 @pytest.mark.usefixtures("bare_argv")
 def test_a_resume_trains_on_the_schedule_it_records(tiny_shapes_root, tmp_path) -> None:
-    """A resume with other --model.warmup_steps / --model.lr_drop_epochs trained on the checkpoint's schedule
-    (weights bit-identical to a resume without them) yet recorded the new values in its checkpoint."""
+    """A resume with other --model.optimizer.warmup_steps / --model.optimizer.lr_drop_epochs trained on the
+    checkpoint's schedule (weights bit-identical to a resume without them) yet recorded the new values in its checkpoint."""
     out = tmp_path / "run"
-    constant = ["--model.warmup_steps=0", "--model.lr_decay_fraction=0"]
+    constant = ["--model.optimizer.warmup_steps=0", "--model.optimizer.lr_decay_fraction=0"]
     main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=4", *constant))
     last = out / "checkpoints" / "last.ckpt"
     assert _optimizer_lrs(last) == [5e-4, 5e-4]  # the demo config's lr and lr_backbone, no schedule
 
     # warm-up added, and a drop at epoch 2: both at the step reached (4 steps of 2 an epoch: epoch 2 begins)
-    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=6", "--model.warmup_steps=100",
-                       "--model.lr_drop_epochs=[2]", "--model.lr_decay_fraction=0", f"--ckpt_path={last}"))
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=6", "--model.optimizer.warmup_steps=100",
+                       "--model.optimizer.lr_drop_epochs=[2]", "--model.optimizer.lr_decay_fraction=0",
+                       f"--ckpt_path={last}"))
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 6
-    assert checkpoint["hyper_parameters"]["warmup_steps"] == 100  # recorded, and so it trained:
+    assert checkpoint["hyper_parameters"]["optimizer"]["warmup_steps"] == 100  # recorded, and so it trained:
     step_decay, warmup = checkpoint["lr_schedulers"]
     assert sorted(step_decay["milestones"].elements()) == [2] and warmup["total_iters"] == 100
     expected = _rate_of_this_schedule(checkpoint, 5e-4, drops=[2], warmup_steps=100)
@@ -228,7 +231,7 @@ def test_a_resume_trains_on_the_schedule_it_records(tiny_shapes_root, tmp_path) 
     assert _optimizer_lrs(last) == pytest.approx([expected, expected], rel=1e-6)
 
     # and taken away again: no warm-up, no drop, the plain rate from the step reached on
-    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=8", "--model.lr_drop_epochs=[]", *constant,
+    main(tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=8", "--model.optimizer.lr_drop_epochs=[]", *constant,
                        f"--ckpt_path={last}"))
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 8 and len(checkpoint["lr_schedulers"]) == 1

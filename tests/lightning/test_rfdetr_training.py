@@ -23,7 +23,9 @@ from detr.models.rtdetr.config import RTDETRConfig
 from detr.checkpoints.rfdetr import to_huggingface_state_dict
 from detr.commands import analyze as analyze_command
 from detr.lightning.cli import main
+from detr.lightning.options import EvaluationOptions
 from detr.lightning.system import SettingError
+from detr.models.recipe import OptimizerRecipe
 from tests.helpers import tiny_square_fit_args, write_tiny_shapes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,8 +96,9 @@ def test_fit_with_instance_masks_needs_the_datas_masks(tiny_shapes_with_masks: P
 def test_fit_trains_with_an_ema_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     main(_fit_args(tiny_shapes, run, "--trainer.max_steps=20", "--trainer.check_val_every_n_epoch=20",
-                   "--model.warmup_steps=0", "--model.lr_decay_fraction=0", "--model.lr=1e-3",
-                   "--model.lr_backbone=1e-3",
+                   "--model.optimizer.warmup_steps=0", "--model.optimizer.lr_decay_fraction=0",
+                   "--model.optimizer.lr=1e-3",
+                   "--model.optimizer.lr_backbone=1e-3",
                    "--trainer.callbacks+=detr.lightning.callbacks.ExponentialMovingAverage",
                    "--trainer.callbacks.decay=0.9", "--trainer.callbacks.warmup_steps=5"))
     with (run / "metrics.csv").open() as file:
@@ -111,7 +114,7 @@ def test_fit_trains_with_an_ema_and_the_checkpoint_predicts(tiny_shapes: Path, t
     key = "model.decoder.class_head.weight"
     assert not torch.equal(average[key], current[key])  # the checkpoint's weights are the average
     model = load_checkpoint(run / "checkpoints" / "last.ckpt")
-    assert (model.config.architecture, model.config.query_groups) == ("rfdetr", 3)
+    assert (model.config.family, model.config.query_groups) == ("rfdetr", 3)
     assert torch.equal(model.state_dict()["decoder.class_head.weight"], average[key])
     spec = model.input_spec
     assert (spec.resize, spec.size, spec.mean is not None) == ("square", 64, True)
@@ -155,8 +158,9 @@ def test_the_optimizer_groups_are_the_authors() -> None:
                           num_queries=10, query_groups=3, num_classes=3, dropout=0.1, num_points=4,
                           vit=WindowedViTSize(width=32, depth=4, heads=2, out_indices=(1, 2, 3), num_windows=2,
                                               patch_size=8, position_size=64, mlp_dim=128))
-    system = DetrSystem(detr=config, lr=1e-4, lr_backbone=1.5e-4, lr_layer_decay=0.8, lr_component_decay=0.7,
-                        weight_decay=1e-4, evaluation_dir="")
+    system = DetrSystem(detr=config, optimizer=OptimizerRecipe(lr=1e-4, lr_backbone=1.5e-4, lr_layer_decay=0.8,
+                                                               lr_component_decay=0.7, weight_decay=1e-4),
+                        evaluation=EvaluationOptions(evaluation_dir=""))
     (optimizer,), _ = system.configure_optimizers()
     settings = {id(p): (group["lr"], group["weight_decay"]) for group in optimizer.param_groups for p in group["params"]}
     theirs = to_huggingface_state_dict(system.model)  # the authors' key of every tensor, in our order
@@ -177,7 +181,7 @@ def test_decays_a_model_has_nothing_for_are_refused() -> None:
     config = RTDETRConfig(class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=2, dim_feedforward=64,
                           num_decoder_layers=2, num_queries=10, num_classes=3, num_points=2, dropout=0.1,
                           num_encoder_layers=6, denoising=False, num_feature_levels=4)
-    with pytest.raises(SettingError, match="--model.lr_layer_decay=0.8: RTDETR has no backbone layer depths"):
-        DetrSystem(detr=config, lr_layer_decay=0.8, evaluation_dir="")
-    with pytest.raises(SettingError, match="--model.lr_component_decay must be in"):
-        DetrSystem(detr=config, lr_component_decay=0.0, evaluation_dir="")
+    with pytest.raises(SettingError, match="--model.optimizer.lr_layer_decay=0.8: RTDETR has no backbone layer depths"):
+        DetrSystem(detr=config, optimizer=OptimizerRecipe(lr_layer_decay=0.8))
+    with pytest.raises(SettingError, match="--model.optimizer.lr_component_decay must be in"):
+        DetrSystem(detr=config, optimizer=OptimizerRecipe(lr_component_decay=0.0))

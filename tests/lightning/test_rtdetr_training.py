@@ -21,7 +21,9 @@ from detr.models.rtdetr.config import RTDETRConfig
 from detr.categories import CategoryMap
 from detr.checkpoints import save_checkpoint
 from detr.lightning.cli import main
+from detr.lightning.options import EvaluationOptions, RuntimeOptions
 from detr.lightning.system import SettingError
+from detr.models.recipe import OptimizerRecipe
 from tests.helpers import RecordTrainingBatches, tiny_square_fit_args, write_tiny_shapes
 from tests.helpers_realtime import tiny_model
 
@@ -46,8 +48,9 @@ def _fit_args(data_root: Path, out_dir: Path, *extra: str) -> list[str]:
 def test_fit_trains_and_the_checkpoint_predicts(tiny_shapes: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     main(_fit_args(tiny_shapes, run, "--trainer.max_steps=30", "--trainer.check_val_every_n_epoch=30",
-                   "--model.warmup_steps=0", "--model.lr_decay_fraction=0", "--model.lr=1e-3",
-                   "--model.lr_backbone=1e-3"))
+                   "--model.optimizer.warmup_steps=0", "--model.optimizer.lr_decay_fraction=0",
+                   "--model.optimizer.lr=1e-3",
+                   "--model.optimizer.lr_backbone=1e-3"))
     with (run / "metrics.csv").open() as file:
         rows = list(csv.DictReader(file))
     losses = [float(row["train/loss"]) for row in rows if row.get("train/loss")]
@@ -81,8 +84,9 @@ def test_the_system_trains_the_resnet_vd_at_the_backbone_rate_in_its_own_layout(
     config = RTDETRConfig(class_head="sigmoid", backbone="resnet18", hidden_dim=32, num_heads=2, dim_feedforward=64,
                           num_decoder_layers=2, num_queries=10, num_classes=3, num_points=2, denoising=True,
                           backbone_norm="batch_norm", dropout=0.1, num_encoder_layers=6, num_feature_levels=4)
-    system = DetrSystem(detr=config, lr=1e-4, lr_backbone=1e-5, channels_last=True, backbone_bf16=True,
-                        evaluation_dir="")
+    system = DetrSystem(detr=config, optimizer=OptimizerRecipe(lr=1e-4, lr_backbone=1e-5, warmup_steps=0),
+                        runtime=RuntimeOptions(channels_last=True, backbone_bf16=True),
+                        evaluation=EvaluationOptions(evaluation_dir=""))
     (optimizer,), _ = system.configure_optimizers()
     groups = {group["name"]: group for group in optimizer.param_groups}
     model = system.model

@@ -13,8 +13,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from detr.lightning import DetrSystem
+from detr.lightning.options import EvaluationOptions
 from detr.lightning.schedule import FlatCosine, fit_saved_schedulers, flat_cosine_factor, learning_rate_schedulers
 from detr.lightning.system import SettingError
+from detr.models.recipe import OptimizerRecipe
 from tests.helpers import InMemoryData, tiny_config_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -50,8 +52,9 @@ def _samples(count: int = 6, size: int = 48) -> list[tuple[torch.Tensor, dict]]:
 
 def _fit(tmp_path, max_epochs: int, ckpt_path: str | None = None, **options) -> list[list[float]]:
     """The rates of each step of a tiny run (6 images in batches of 2: 3 steps an epoch), last.ckpt kept."""
-    system = DetrSystem(detr=tiny_config_with(num_classes=3, backbone_last_stage="layer3"), lr=1e-3,
-                        lr_backbone=1e-4, lr_drop_epochs=[], evaluation_dir="", **options)
+    system = DetrSystem(detr=tiny_config_with(num_classes=3, backbone_last_stage="layer3"),
+                        optimizer=OptimizerRecipe(lr=1e-3, lr_backbone=1e-4, lr_drop_epochs=[], **options),
+                        evaluation=EvaluationOptions(evaluation_dir=""))
     record = _RecordRates()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, limit_val_batches=0, logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
@@ -103,7 +106,7 @@ def test_it_chains_after_the_warm_up() -> None:
 ])
 def test_settings_are_checked_in_one_line(options, message) -> None:
     with pytest.raises(SettingError, match=message) as raised:
-        DetrSystem(**options)
+        DetrSystem(optimizer=OptimizerRecipe(**options))
     assert "\n" not in str(raised.value)
     with pytest.raises(ValueError, match="FlatCosine"):
         FlatCosine(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 3, 3, 10)
@@ -123,3 +126,23 @@ def test_a_resume_keeps_an_unchanged_flat_cosine_and_rebuilds_a_changed_one() ->
     states, changes = fit_saved_schedulers(saved, **same)
     assert changes == ["lr_flat_cosine_epochs [64, 120] (checkpoint) -> None"]
     assert len(states) == 1
+
+
+@pytest.mark.parametrize("max_epochs", [2, 4])
+def test_a_warm_up_given_as_a_share_of_the_run_ends_inside_it(tmp_path, max_epochs) -> None:
+    """warmup_fraction 0.5 of a 6- or 12-step run (3 steps an epoch) warms up over 3 or 6 steps and then trains at
+    the full rate: a short run is never all warm-up, whatever its length (2,000 fixed steps would be)."""
+    rates = _fit(tmp_path, max_epochs, warmup_steps=2000, warmup_fraction=0.5)
+    warmup = 3 * max_epochs // 2
+    assert len(rates) == 3 * max_epochs
+    assert rates[0][0] == pytest.approx(1e-6) and all(main < 1e-3 for main, _ in rates[:warmup])
+    assert [main for main, _ in rates[warmup:]] == pytest.approx([1e-3] * (len(rates) - warmup), rel=1e-6)
+
+
+def test_a_warm_up_share_needs_a_run_length(tmp_path) -> None:
+    system = DetrSystem(detr=tiny_config_with(num_classes=3, backbone_last_stage="layer3"),
+                        optimizer=OptimizerRecipe(warmup_fraction=0.1), evaluation=EvaluationOptions(evaluation_dir=""))
+    system.trainer = L.Trainer(accelerator="cpu", max_epochs=-1, logger=False, enable_progress_bar=False,
+                               default_root_dir=tmp_path)
+    with pytest.raises(SettingError, match="--model.optimizer.warmup_fraction=0.1 is a share of the run's steps"):
+        system.warmup_steps()

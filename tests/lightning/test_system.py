@@ -12,7 +12,9 @@ import torch
 from detr import CategoryMap, load_checkpoint
 from detr.evaluation import resolve_backend
 from detr.lightning import DetrSystem, NonFiniteLossError
+from detr.lightning.options import EvaluationOptions, RuntimeOptions
 from detr.models.detr_family import DetrConfig
+from detr.models.recipe import LossRecipe, OptimizerRecipe
 from tests.helpers import ANIMALS, animal_data, animal_samples, collate_unpadded, tiny_config_with
 
 TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3")
@@ -20,10 +22,10 @@ TINY = tiny_config_with(num_classes=3, backbone_last_stage="layer3")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _system(detr: DetrConfig = TINY, **recipe) -> DetrSystem:
+def _system(detr: DetrConfig = TINY, **settings) -> DetrSystem:
     torch.manual_seed(0)
     category_map = CategoryMap.from_coco_categories(ANIMALS, contiguous=True)
-    return DetrSystem(detr=detr, **recipe, category_map=category_map, evaluation_dir="")
+    return DetrSystem(detr=detr, **settings, category_map=category_map, evaluation=EvaluationOptions(evaluation_dir=""))
 
 
 def _trainer(tmp_path, **kwargs) -> L.Trainer:
@@ -122,7 +124,7 @@ def test_total_loss_is_the_weighted_sum() -> None:
 
 
 def test_optimizer_groups_and_step_decay() -> None:
-    system = _system(lr=1e-4, lr_backbone=1e-5, weight_decay=1e-4, lr_drop_epochs=[2])
+    system = _system(optimizer=OptimizerRecipe(lr=1e-4, lr_backbone=1e-5, weight_decay=1e-4, lr_drop_epochs=[2]))
     (optimizer,), (schedule,) = system.configure_optimizers()
     scheduler = schedule["scheduler"]
     assert schedule["interval"] == "epoch"
@@ -140,7 +142,7 @@ def test_optimizer_groups_and_step_decay() -> None:
 
 
 def test_linear_warmup_then_step_decay() -> None:
-    system = _system(lr=1e-4, lr_backbone=1e-5, warmup_steps=4, lr_drop_epochs=[1])
+    system = _system(optimizer=OptimizerRecipe(lr=1e-4, lr_backbone=1e-5, warmup_steps=4, lr_drop_epochs=[1]))
     (optimizer,), (decay, warmup) = system.configure_optimizers()
     assert warmup["interval"] == "step" and decay["interval"] == "epoch"
     lrs = []
@@ -157,8 +159,8 @@ def test_convergence_options_train_and_evaluate(tmp_path) -> None:
     """Anchor queries + denoising + sigmoid/focal head + query groups + dense head + NHWC bfloat16 backbone
     (docs/measurements/convergence.md) go through the same training system."""
     system = _system(TINY.replace(query_type="anchor", denoising=True, denoising_groups=2, class_head="sigmoid",
-                                  query_groups=2, dense_aux_head=True), cost_class=2.0, channels_last=True,
-                     backbone_bf16=True)
+                                  query_groups=2, dense_aux_head=True), loss=LossRecipe(cost_class=2.0),
+                     runtime=RuntimeOptions(channels_last=True, backbone_bf16=True))
     assert "loss_ce_dn" in system.criterion.weight_dict and system.postprocess.class_head == "sigmoid"
     assert system.model.backbone[0].autocast_dtype == torch.bfloat16
     assert "loss_ce_dense" in system.criterion.weight_dict and system.model.backbone[0].channels_last
@@ -244,7 +246,7 @@ def test_backbone_bf16_runs_in_float32_on_a_cpu_without_bfloat16(monkeypatch, tm
     import detr.lightning.system as system_module
 
     monkeypatch.setattr(system_module, "cpu_has_bfloat16", lambda: has_bfloat16)
-    system = _system(backbone_bf16=True)
+    system = _system(runtime=RuntimeOptions(backbone_bf16=True))
     system.trainer = _trainer(tmp_path, enable_checkpointing=False)
     system.setup("fit")
     assert system.model.backbone[0].autocast_dtype == (torch.bfloat16 if has_bfloat16 else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from detr.models.deformable.build import build_deformable_detr
 from detr.models.deformable.config import DeformableConfig
 from detr.models.family import Family, register_family
+from detr.models.deformable.recipe import RECIPE
 
 
 def deformable_detr() -> DeformableConfig:
@@ -26,5 +27,5 @@ FAMILY = register_family(Family(
     name="deformable", title="Deformable DETR", config_class=DeformableConfig, builder=build_deformable_detr,
     presets={"deformable_detr": deformable_detr, "deformable_detr_box_refine": deformable_detr_box_refine,
              "deformable_detr_two_stage": deformable_detr_two_stage},
-    augmentation="default",
+    augmentation="default", recipe=RECIPE,
 ))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from detr.models.dfine.build import build_dfine
 from detr.models.dfine.config import FLAT_NAMES, DFINEConfig, DistributionDecoder
 from detr.models.family import Family, register_family
+from detr.models.dfine.recipe import RECIPE
 
 
 def dfine_n() -> DFINEConfig:
@@ -47,5 +48,5 @@ FAMILY = register_family(Family(
     name="dfine", title="D-FINE", config_class=DFINEConfig, builder=build_dfine, parent="rtdetr",
     presets={"dfine_n": dfine_n, "dfine_s": dfine_s, "dfine_m": dfine_m, "dfine_l": dfine_l, "dfine_x": dfine_x,
              "deim_dfine_s": deim_dfine_s},
-    augmentation="rtdetr", real_time=True, flat_names=FLAT_NAMES,
+    augmentation="rtdetr", real_time=True, flat_names=FLAT_NAMES, recipe=RECIPE,
 ))

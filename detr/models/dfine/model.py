@@ -58,7 +58,7 @@ class DFINE(RTDETR):
     def use_autocast(self, dtype: torch.dtype | None = torch.bfloat16) -> None:
         if dtype is not None:
             raise ValueError("backbone_bf16: D-FINE's HGNetV2 has no bfloat16 autocast path yet; set "
-                             "--model.backbone_bf16 false (or train with --trainer.precision bf16-mixed)")
+                             "--model.runtime.backbone_bf16 false (or train with --trainer.precision bf16-mixed)")
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> DFINE:
         """:meth:`RTDETR.optimize_for_inference`, with HGNetV2's BatchNorms folded too."""

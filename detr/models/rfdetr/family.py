@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from detr.models.family import Family, register_family
+from detr.models.recipe import Recipe
 from detr.models.rfdetr.build import build_rfdetr
 from detr.models.rfdetr.config import FLAT_NAMES, RFDETRConfig, migrate_flat
+from detr.models.rfdetr.recipe import RECIPE, SEGMENTATION_RECIPE
 
 
 def rfdetr_base() -> RFDETRConfig:
@@ -13,7 +15,13 @@ def rfdetr_base() -> RFDETRConfig:
     return RFDETRConfig()
 
 
+def recipe(config: RFDETRConfig) -> Recipe:
+    """The authors' recipe; with instance masks, their segmentation recipe."""
+    return SEGMENTATION_RECIPE if config.instance_masks else RECIPE
+
+
 FAMILY = register_family(Family(
     name="rfdetr", title="RF-DETR / LW-DETR", config_class=RFDETRConfig, builder=build_rfdetr,
-    presets={"rfdetr_base": rfdetr_base}, augmentation="rfdetr", flat_names=FLAT_NAMES, migrate_flat=migrate_flat,
+    presets={"rfdetr_base": rfdetr_base}, recipe=recipe, augmentation="rfdetr", flat_names=FLAT_NAMES,
+    migrate_flat=migrate_flat,
 ))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from detr.models.family import Family, register_family
+from detr.models.rtdetr.recipe import RECIPE
 from detr.models.rtdetr.build import build_rtdetr
 from detr.models.rtdetr.config import RTDETRConfig
 
@@ -25,5 +26,5 @@ def rtdetr_r101vd() -> RTDETRConfig:
 FAMILY = register_family(Family(
     name="rtdetr", title="RT-DETR", config_class=RTDETRConfig, builder=build_rtdetr,
     presets={"rtdetr_r18vd": rtdetr_r18vd, "rtdetr_r50vd": rtdetr_r50vd, "rtdetr_r101vd": rtdetr_r101vd},
-    augmentation="rtdetr", real_time=True,
+    augmentation="rtdetr", real_time=True, recipe=RECIPE,
 ))
