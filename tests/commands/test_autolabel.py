@@ -136,3 +136,23 @@ def test_a_missing_checkpoint_is_one_error_line(images, tmp_path, capsys):
                  "--out", str(tmp_path / "x.json")]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("error:") and len(error.splitlines()) == 1
+
+
+def test_autolabel_output_trains_a_shapes_model(directory, tmp_path_factory, tmp_path, monkeypatch):
+    """The loop of the README's "Open vocabulary": label the shapes set's train and val images with a prompt,
+    then `detr fit` a tiny DETR on the two jsons as they are (a few steps, validation included)."""
+    from detr.lightning.cli import main as detr
+    from tests.helpers import tiny_fit_args, write_tiny_shapes
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    shapes = write_tiny_shapes(tmp_path_factory, num_train=4, num_val=2)
+    jsons = {}
+    for split in ("train", "val"):
+        jsons[split] = tmp_path / f"{split}.json"
+        assert main([str(shapes / f"{split}2017"), "--prompt", "circle. square.", "--checkpoint", str(directory),
+                     "--out", str(jsons[split]), "--device", "cpu", "--threshold", "0.0"]) == 0
+    # the jsons replace the root's; 12 queries of the grounding model kept per image: as many queries
+    args = tiny_fit_args(shapes, tmp_path / "run", "--trainer.max_steps=2", "--model.detr.num_queries=12")
+    assert detr([*args, f"--data.train_images={shapes / 'train2017'}", f"--data.train_annotations={jsons['train']}",
+                 f"--data.val_images={shapes / 'val2017'}", f"--data.val_annotations={jsons['val']}"]) == 0
+    assert list((tmp_path / "run").rglob("*.ckpt"))
