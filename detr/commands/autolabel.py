@@ -2,7 +2,7 @@
 directory), as a COCO data set to review and fine-tune on.
 
     detr-autolabel photos/ --prompt "a cat. a remote control." --checkpoint grounding-dino-tiny/ --out cats.json
-    detr-check-data photos/ cats.json      # then: detr fit ... --data.train_images photos/ --data.train_annotations cats.json
+    detr-check-data photos/ cats.json      # then: detr fit ... --data.train_annotations cats.json
 
 Writes OUT (replaced whole, never half-written: --overwrite to replace an existing file): the prompt's phrases as
 categories (ids 1.. in prompt order), the images with their width and height (file_name relative to IMAGES), and

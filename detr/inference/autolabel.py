@@ -3,7 +3,8 @@ the prompt's phrases, for ``detr-check-data``, a review, and a fine-tune (``detr
 
 The data set (:func:`autolabel_dataset`):
 
-- ``categories``: one per phrase of the prompt, in prompt order, ids 1..K (:func:`detr.inference.grounding.prompt_phrases`);
+- ``categories``: one per phrase of the prompt, in prompt order, ids 1..K
+  (:func:`detr.inference.grounding.prompt_phrases`);
 - ``images``: ``id``, ``file_name`` (relative to the image folder), ``width`` and ``height`` in pixels;
 - ``annotations``: ``id``, ``image_id``, ``category_id`` (the phrase that holds the box's best word), ``bbox`` COCO
   ``[x, y, width, height]`` in pixels clipped to the image, ``area`` (the box's, px²), ``iscrowd`` 0, and ``score``:

@@ -1,5 +1,6 @@
 """What a request brings → what the model takes: image bytes → ``uint8`` RGB ``[H, W, 3]``, and the query
-parameters ``threshold``, ``task`` and ``slice`` / ``slice_overlap``, each refused with a :class:`RequestError` that names the problem.
+parameters ``threshold``, ``task``, ``slice`` / ``slice_overlap``, ``prompt`` and ``text_threshold``, each refused with
+a :class:`RequestError` that names the problem.
 
 The bytes are decoded as :func:`detr.data.images.decode_image` decodes a file (PIL, EXIF orientation applied,
 any mode → RGB), so the server sees the pixels the :class:`~detr.inference.predictor.Predictor` sees for the
