@@ -6,13 +6,14 @@ tokens whose score is above ``text_threshold`` (the first token, [CLS], and the 
 the tokenizer. Boxes go from normalised cxcywh to pixel xyxy of each image. Its label is the prompt's phrase
 (0-based, phrases separated by "." or "?") that holds its best word, so that a prompt's phrases can be categories.
 
-:func:`prompt_text` writes a prompt as the models were trained to read it; :func:`grounded_predictions` turns a
-batch's outputs into the :class:`~detr.inference.prediction.Prediction` every command reads, with the phrases as
-label names.
+:func:`prompt_text` writes a prompt as the models were trained to read it, :func:`prompt_phrases` lists its
+phrases; :func:`grounded_predictions` turns a batch's outputs into the
+:class:`~detr.inference.prediction.Prediction` every command reads, with the phrases as label names.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,21 @@ def prompt_text(prompt: str | Sequence[str]) -> str:
     if not text:
         raise ValueError("the prompt is empty: name what to detect, e.g. 'a cat. a remote control.'")
     return text if text.endswith((".", "?")) else text + "."
+
+
+def prompt_phrases(prompt: str | Sequence[str]) -> list[str]:
+    """The phrases of a prompt in order, as its detections' labels number them (0-based): "a cat. a remote
+    control." → ["a cat", "a remote control"]. Raises ValueError for an empty phrase ("a cat.. a dog.") or one
+    named twice: each phrase becomes a category of its own."""
+    text = prompt_text(prompt)
+    phrases = [phrase.strip() for phrase in re.split(r"[.?]", text)[:-1]]  # the text ends with a delimiter
+    if any(not phrase for phrase in phrases):
+        raise ValueError(f"the prompt {text!r} has an empty phrase between two delimiters ('.' or '?'): write one "
+                         "phrase between each, e.g. 'a cat. a remote control.'")
+    repeated = sorted({phrase for phrase in phrases if phrases.count(phrase) > 1})
+    if repeated:
+        raise ValueError(f"the prompt {text!r} names {repeated[0]!r} twice: name each phrase once")
+    return phrases
 
 
 def phrase_labels(probabilities: Tensor, input_ids: Tensor) -> Tensor:

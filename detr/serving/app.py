@@ -4,7 +4,10 @@ Endpoints:
     POST /predict?threshold=T&task=K   an image as the raw request body or as the multipart field ``image``;
         the JSON of :func:`detr.serving.service.prediction_json`. Concurrent requests are batched.
         ``&slice=SIZE&slice_overlap=F`` predicts SIZE-px tiles and the whole image, merged
-        (:mod:`detr.inference.slicing`), at most ``max_tiles`` model inputs per image.
+        (:mod:`detr.inference.slicing`), at most ``max_tiles`` model inputs per image. A prompted model
+        (Grounding DINO) needs ``&prompt=a cat. a remote control.`` (``&text_threshold=T``: a word's score to be
+        part of a box's phrase, default 0.25), and any other refuses one (422 ``prompt_required`` /
+        ``prompt_not_read``).
     POST /explore?threshold=T          the same image input; the attention explorer's HTML page for it
         (:mod:`detr.visualize.explorer`), which ``GET /`` shows in a frame.
     POST /track?tracker=N&threshold=T&format=F   a video (raw body or multipart field ``video``) tracked whole:
@@ -52,6 +55,7 @@ from detr.serving.inputs import (
     check_tiles,
     decode_image_bytes,
     decoded_bytes,
+    parse_prompt,
     parse_slice,
     parse_task,
     parse_threshold,
@@ -246,6 +250,9 @@ def create_app(
         threshold = parse_threshold(request.query_params.get("threshold"), service.predictor.threshold)
         task = parse_task(request.query_params.get("task"))
         tiles = parse_slice(request.query_params.get("slice"), request.query_params.get("slice_overlap"))
+        prompt = parse_prompt(request.query_params.get("prompt"), prompted=service.predictor.model.prompted,
+                              model_name=service.model_name)
+        text_threshold = parse_threshold(request.query_params.get("text_threshold"), 0.25, "text_threshold")
         try:
             service.check_task(task)
         except ValueError as error:
@@ -254,12 +261,17 @@ def create_app(
             service.predictor.check_slice(tiles, task=task)
         except ValueError as error:
             raise RequestError(422, "bad_slice", str(error)) from error
+        try:
+            service.predictor.check_prompt(prompt, task=task, slice=tiles)
+        except ValueError as error:  # a prompt with a task or a slice it cannot go with
+            raise RequestError(422, "bad_prompt", str(error)) from error
         async with decoded_image(request) as pixels:
             if tiles is not None:
                 check_tiles(tiles, pixels, max_tiles)
             try:
                 return JSONResponse(await batcher.submit(Job(pixels=pixels, threshold=threshold, task=task,
-                                                             slice=tiles)))
+                                                             slice=tiles, prompt=prompt,
+                                                             text_threshold=text_threshold)))
             except QueueFull as error:
                 raise RequestError(503, "overloaded", str(error)) from error
 
@@ -268,6 +280,7 @@ def create_app(
         counts["requests"] += 1
         threshold = parse_threshold(request.query_params.get("threshold"), service.predictor.threshold)
         title = request.query_params.get("title") or "uploaded image"
+        refuse_prompted(service, "/explore")
         if service.predictor.model.attention_kind is None:  # what this backend cannot do is a 4xx, not a 500
             raise RequestError(400, "no_attention", f"{service.model_name} runs on {service.predictor.backend}, "
                                "which returns no attention: the explorer needs the model's PyTorch checkpoint "
@@ -285,6 +298,7 @@ def create_app(
         threshold = parse_threshold(request.query_params.get("threshold"), service.predictor.threshold)
         tracker = parse_tracker(request.query_params.get("tracker"))
         answer = parse_track_format(request.query_params.get("format"))
+        refuse_prompted(service, "/track")
         try:
             data = await image_bytes(request, track_limits.max_bytes, body_timeout, what="video",
                                      option="--max-video-mb")
@@ -301,6 +315,7 @@ def create_app(
 
     @app.post("/track/sessions", status_code=201)
     async def open_session(request: Request) -> JSONResponse:
+        refuse_prompted(service, "/track/sessions")
         session = sessions.open(
             tracker=parse_tracker(request.query_params.get("tracker")),
             threshold=parse_threshold(request.query_params.get("threshold"), service.predictor.threshold),
@@ -331,7 +346,8 @@ def create_app(
         return {"status": "ok", "model": service.model_name, "description": service.description,
                 "device": str(predictor.device), "backend": predictor.backend,
                 "tasks": [task for task in ("detection", "instances", "panoptic") if _can(service, task)],
-                "threshold": predictor.threshold, "max_batch_size": batcher.max_batch_size,
+                "threshold": predictor.threshold, "prompted": predictor.model.prompted,
+                "max_batch_size": batcher.max_batch_size,
                 "batch_timeout": batcher.batch_timeout, "max_queue": batcher.max_queue,
                 "max_decoded_bytes": budget.limit, "max_tiles": max_tiles,
                 "track": {"max_video_bytes": track_limits.max_bytes, "max_frames": track_limits.max_frames,
@@ -349,6 +365,14 @@ def create_app(
         return HTMLResponse(resources.files("detr.serving").joinpath("page.html").read_text(encoding="utf-8"))
 
     return app
+
+
+def refuse_prompted(service: DetectionService, endpoint: str) -> None:
+    """Raise 422 ``prompt_unsupported`` when the model is a prompted one (Grounding DINO): ``endpoint`` does not
+    pass a prompt yet, and the model detects nothing without one."""
+    if service.predictor.model.prompted:
+        raise RequestError(422, "prompt_unsupported", f"{service.model_name} detects what a text prompt names and "
+                           f"{endpoint} takes no prompt: use /predict?prompt=a%20cat.%20a%20remote%20control.")
 
 
 def _can(service: DetectionService, task: str) -> bool:

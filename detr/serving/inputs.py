@@ -1,5 +1,6 @@
 """What a request brings → what the model takes: image bytes → ``uint8`` RGB ``[H, W, 3]``, and the query
-parameters ``threshold``, ``task`` and ``slice`` / ``slice_overlap``, each refused with a :class:`RequestError` that names the problem.
+parameters ``threshold``, ``task``, ``slice`` / ``slice_overlap``, ``prompt`` and ``text_threshold``, each refused with
+a :class:`RequestError` that names the problem.
 
 The bytes are decoded as :func:`detr.data.images.decode_image` decodes a file (PIL, EXIF orientation applied,
 any mode → RGB), so the server sees the pixels the :class:`~detr.inference.predictor.Predictor` sees for the
@@ -19,6 +20,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from detr.data.images import pil_to_rgb_array
+from detr.inference.grounding import prompt_phrases
 from detr.inference.slicing import SliceSettings
 
 TASKS = ("detection", "instances", "panoptic")
@@ -152,11 +154,12 @@ def _format_of_signature(data: bytes) -> str | None:
     return None
 
 
-def parse_threshold(value: str | None, default: float) -> float:
-    """The ``threshold`` query parameter: a score in [0, 1]; ``default`` when absent.
+def parse_threshold(value: str | None, default: float, name: str = "threshold") -> float:
+    """The ``threshold`` query parameter (or another score's: ``name``, e.g. ``text_threshold``): a score in
+    [0, 1]; ``default`` when absent.
 
     Raises:
-        RequestError: 422 ``bad_threshold`` for anything else (text, NaN, out of range).
+        RequestError: 422 ``bad_threshold`` (``bad_<name>``) for anything else (text, NaN, out of range).
     """
     if value is None:
         return default
@@ -165,8 +168,32 @@ def parse_threshold(value: str | None, default: float) -> float:
     except ValueError:
         threshold = math.nan
     if not 0.0 <= threshold <= 1.0:  # NaN fails this too
-        raise RequestError(422, "bad_threshold", f"threshold must be a score in [0, 1], got {value!r}")
+        raise RequestError(422, f"bad_{name}", f"{name} must be a score in [0, 1], got {value!r}")
     return threshold
+
+
+def parse_prompt(value: str | None, *, prompted: bool, model_name: str) -> str | None:
+    """The ``prompt`` query parameter: what a prompted model (Grounding DINO) detects, "a cat. a remote control.";
+    None when absent from a request to a model that reads none.
+
+    Raises:
+        RequestError: 422 ``prompt_required`` when a prompted model gets none, ``prompt_not_read`` when a model
+            that detects its trained classes gets one, ``bad_prompt`` for an empty or repeated phrase.
+    """
+    if value is None:
+        if prompted:
+            raise RequestError(422, "prompt_required", f"{model_name} detects what a text prompt names: add "
+                               "?prompt= to the URL, e.g. /predict?prompt=a%20cat.%20a%20remote%20control.")
+        return None
+    if not prompted:
+        raise RequestError(422, "prompt_not_read", f"{model_name} detects the classes it was trained on and reads "
+                           "no prompt: drop ?prompt=, or serve an open-vocabulary checkpoint (a transformers "
+                           "Grounding DINO directory)")
+    try:
+        prompt_phrases(value)
+    except ValueError as error:
+        raise RequestError(422, "bad_prompt", f"?prompt=: {error}") from error
+    return value
 
 
 def parse_task(value: str | None) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image
 
 from detr.categories import CategoryMap
+from detr.inference.grounding import prompt_phrases, prompt_text
 from detr.inference.postprocess_masks import panoptic_png
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import NonFiniteOutputError, Predictor
@@ -35,12 +36,15 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Job:
     """One ``/predict`` request, decoded: ``pixels`` uint8 RGB ``[H, W, 3]``, a score ``threshold`` in [0, 1],
-    a ``task`` ("detection", "instances" or "panoptic") and its ``slice`` (None: the whole image only)."""
+    a ``task`` ("detection", "instances" or "panoptic") and its ``slice`` (None: the whole image only); a prompted
+    model's ``prompt`` ("a cat. a remote control.") and ``text_threshold`` in [0, 1]."""
 
     pixels: np.ndarray
     threshold: float
     task: str
     slice: SliceSettings | None = None
+    prompt: str | None = None
+    text_threshold: float = 0.25
 
 
 class ModelOutputError(RuntimeError):
@@ -74,18 +78,20 @@ class DetectionService:
         results: list[dict[str, Any] | Exception | None] = [None] * len(jobs)
         groups: dict[tuple, list[int]] = {}
         for index, job in enumerate(jobs):
-            groups.setdefault((job.pixels.shape, job.task, job.threshold, job.slice), []).append(index)
-        for (_, task, threshold, tiles), indices in groups.items():
-            for index, outcome in zip(indices, self._run_group([jobs[i] for i in indices], task, threshold, tiles)):
+            key = (job.pixels.shape, job.task, job.threshold, job.slice, job.prompt, job.text_threshold)
+            groups.setdefault(key, []).append(index)
+        for (_, task, threshold, tiles, prompt, text_threshold), indices in groups.items():
+            group = [jobs[i] for i in indices]
+            for index, outcome in zip(indices, self._run_group(group, task, threshold, tiles, prompt, text_threshold)):
                 results[index] = outcome
         return results  # type: ignore[return-value]
 
-    def _run_group(self, jobs: Sequence[Job], task: str, threshold: float,
-                   tiles: SliceSettings | None = None) -> list[dict[str, Any] | Exception]:
+    def _run_group(self, jobs: Sequence[Job], task: str, threshold: float, tiles: SliceSettings | None = None,
+                   prompt: str | None = None, text_threshold: float = 0.25) -> list[dict[str, Any] | Exception]:
         try:
             predictions = self.predictor.predict_arrays([job.pixels for job in jobs], threshold=threshold,
                                                         task=task, check_finite=True,  # type: ignore[arg-type]
-                                                        slice=tiles)
+                                                        slice=tiles, prompt=prompt, text_threshold=text_threshold)
         except NonFiniteOutputError as error:
             if len(error.indices) == len(jobs):
                 return [ModelOutputError(str(error)) for _ in jobs]
@@ -93,13 +99,13 @@ class DetectionService:
             outcomes: list[dict[str, Any] | Exception] = []
             for i, job in enumerate(jobs):
                 outcomes.extend([ModelOutputError(str(error))] if i in error.indices
-                                else self._run_group([job], task, threshold, tiles))
+                                else self._run_group([job], task, threshold, tiles, prompt, text_threshold))
             return outcomes
         except Exception as error:  # one group's failure must not cost the other groups
             logger.exception("prediction failed for a group of %d images", len(jobs))
             return [ModelOutputError(f"{type(error).__name__}: {error}") for _ in jobs]
         return [prediction_json(prediction, category_map=self.predictor.category_map, model_name=self.model_name,
-                                task=task, threshold=threshold, tiles=tiles)
+                                task=task, threshold=threshold, tiles=tiles, prompt=prompt)
                 for prediction in predictions]
 
     def explorer_page(self, pixels: np.ndarray, *, title: str, threshold: float) -> str:
@@ -121,7 +127,8 @@ def _data_url(png: bytes) -> str:
 
 
 def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None, model_name: str, task: str,
-                    threshold: float, tiles: SliceSettings | None = None) -> dict[str, Any]:
+                    threshold: float, tiles: SliceSettings | None = None, prompt: str | None = None
+                    ) -> dict[str, Any]:
     """A :class:`Prediction` as the ``/predict`` response.
 
     ``{"model", "task", "threshold", "image": {"width", "height"}, "detections": [{"query", "label",
@@ -136,6 +143,9 @@ def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None,
     each detection ``track_id`` (1, 2, ...; -1: not in a track yet).
     A sliced request (``tiles``) also has ``slice: {"size", "overlap", "inputs"}`` (the model inputs: tiles and
     the whole image), and each detection's ``query`` is a query of the input that found it.
+    A prompted request (``prompt``) also has ``prompt`` (as the model read it) and ``phrases`` (the prompt's
+    phrases); each detection's ``label`` and ``category_id`` are its phrase (0-based) and ``category_name`` the
+    prompt's words it was found for.
     """
     detections = []
     for i in range(len(prediction)):
@@ -160,6 +170,8 @@ def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None,
                                 "image": {"width": width, "height": height}, "detections": detections}
     if prediction.track_ids is not None:
         response["frame"] = prediction.image_id
+    if prompt is not None:
+        response["prompt"], response["phrases"] = prompt_text(prompt), prompt_phrases(prompt)
     if tiles is not None:
         response["slice"] = {"size": tiles.size, "overlap": tiles.overlap, "inputs": tiles.count(height, width)}
     if prediction.panoptic is not None:

@@ -46,3 +46,13 @@ def test_box_labels_keep_their_screen_size_and_stay_inside_a_small_image() -> No
         assert 0 <= place["x"] and place["x"] + text_width <= width
         assert place["fontSize"] <= place["y"] <= height
     assert "font-size:12px" not in text[text.index("#boxes text"):]
+
+
+def test_the_prompt_box_shows_for_a_prompted_model_and_goes_into_predict() -> None:
+    """A Grounding DINO checkpoint's /predict needs ?prompt= (tests/serving/test_prompt.py): the page shows its
+    prompt box when /health says ``prompted``, adds the box's text to /predict, and asks no /explore page then."""
+    text = PAGE.read_text()
+    assert re.search(r'<label id="prompt-box" hidden>', text) and 'id="prompt"' in text
+    assert '$("prompt-box").hidden = !state.prompted' in text and "health.prompted" in text
+    assert '"&prompt=" + encodeURIComponent($("prompt").value)' in text
+    assert "state.prompted ? Promise.reject" in text
