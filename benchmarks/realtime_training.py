@@ -339,7 +339,10 @@ def main() -> None:
                         seconds["loss"] = seconds.pop("forward") - seconds.pop("model")
                     for part, value in seconds.items():
                         parts[name][side][part].append(value)
-        print(f"round {round_} done, load average {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+        steps = "; ".join(f"{name} {times[name]['theirs'][-1]:.1f} s / {times[name]['ours'][-1]:.1f} s"
+                          for name in sides if round_)
+        print(f"round {round_} done, load average {os.getloadavg()[0]:.1f}; transformers / ours: {steps}",
+              file=sys.stderr, flush=True)
     load_after = os.getloadavg()
     print(f"\ntorch {torch.__version__}, {args.threads} threads, batch {args.batch}, {args.rounds} rounds; "
           f"load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after")
