@@ -218,3 +218,22 @@ def test_a_model_switched_to_each_kernel_predicts_the_same():
             assert (got.logits - expected.logits).abs().max() < 1e-4 and (got.boxes - expected.boxes).abs().max() < 1e-4
     with pytest.raises(ValueError, match="bilinear kernel must be one of auto, grid_sample, gather, embedding_bag"):
         use_bilinear_kernel(model, "nearest")
+
+
+def test_the_bordered_table_is_each_map_padded_with_zeros():
+    """The embedding bag's table, built by one copy per map, is exactly each level padded by one zero cell and the
+    levels concatenated, per image and head; its gradient reaches the value."""
+    from detr.models.layers.cpu_kernels import _bordered_table
+
+    shapes = [(5, 7), (3, 4), (1, 2)]
+    value = torch.randn(2, sum(h * w for h, w in shapes), 3, 4, dtype=torch.float64, requires_grad=True)
+    levels = value.split([h * w for h, w in shapes], dim=1)
+    expected = torch.cat([torch.nn.functional.pad(level.view(2, h, w, 3, 4).permute(0, 3, 1, 2, 4),
+                                                  (0, 0, 1, 1, 1, 1)).flatten(2, 3)
+                          for level, (h, w) in zip(levels, shapes)], 2).reshape(-1, 4)
+    table = _bordered_table(value, shapes)
+    assert torch.equal(table, expected)
+    weights = torch.randn_like(table)
+    (gradient,) = torch.autograd.grad((table * weights).sum(), value)
+    (expected_gradient,) = torch.autograd.grad((expected * weights).sum(), value)
+    assert torch.equal(gradient, expected_gradient)

@@ -114,12 +114,18 @@ def _bag_constants(spatial_shapes: SpatialShapes, points_per_level: Sequence[int
 
 def _bordered_table(value: torch.Tensor, spatial_shapes: SpatialShapes) -> torch.Tensor:
     """value [B, S, H, D] → rows [B·H·Σ (h + 2)(w + 2), D]: per image and head, each level's map with a border of
-    zeros one cell wide, levels one after another."""
+    zeros one cell wide, levels one after another. Each map is copied once, into the inside of its bordered block
+    of a zeroed table (padding then concatenating copies every map twice)."""
     batch, _, heads, head_dim = value.shape
     levels = value.split([height * width for height, width in spatial_shapes], dim=1)
-    bordered = [F.pad(level.view(batch, height, width, heads, head_dim).permute(0, 3, 1, 2, 4), (0, 0, 1, 1, 1, 1))
-                .flatten(2, 3) for level, (height, width) in zip(levels, spatial_shapes)]  # [B, H, (h + 2)(w + 2), D]
-    return torch.cat(bordered, 2).reshape(-1, head_dim)
+    blocks = [(height + 2) * (width + 2) for height, width in spatial_shapes]
+    table = value.new_zeros(batch, heads, sum(blocks), head_dim)
+    start = 0
+    for level, block, (height, width) in zip(levels, blocks, spatial_shapes):
+        inside = table[:, :, start:start + block].view(batch, heads, height + 2, width + 2, head_dim)[:, :, 1:-1, 1:-1]
+        inside.copy_(level.view(batch, height, width, heads, head_dim).permute(0, 3, 1, 2, 4))
+        start += block
+    return table.view(-1, head_dim)
 
 
 def embedding_bag_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, locations: torch.Tensor,
