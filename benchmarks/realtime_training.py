@@ -50,7 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helper
 from realtime_speed import MODELS, SIZE, SIZES, transformers_model
 
 import detr
+from detr.lightning.param_groups import parameter_groups
 from detr.loss.build import build_criterion
+from detr.models.build import recipe_for
 from tests.helpers_rtdetr import our_term_name, square_photos
 
 #: The configs' recipes (configs/rtdetr_r18vd_coco.yaml, dfine_s_coco.yaml, rfdetr_base_coco.yaml): loss settings
@@ -67,13 +69,14 @@ PARTS = ("backbone", "encoder", "decoder", "matcher", "loss", "backward", "optim
 
 def build_our_training(model: torch.nn.Module, family: str, **criterion_options
                        ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Our side's criterion and optimizer for ``model``, as DetrSystem builds them from the family's config
-    (the one place to adapt when DetrSystem's and build_criterion's arguments change)."""
-    criterion = build_criterion(model.config, **LOSS[family], **criterion_options)
-    settings = dict(OPTIMIZER[family])
-    lr, lr_backbone = settings.pop("lr"), settings.pop("lr_backbone")
-    groups = model.parameter_groups(lr, lr_backbone, **settings)
-    return criterion, torch.optim.AdamW(groups, lr=lr, weight_decay=WEIGHT_DECAY, fused=True)
+    """Our side's criterion and optimizer for ``model``, as DetrSystem builds them: the recipe of the model's
+    family (:func:`detr.models.build.recipe_for`; ``family`` names it in messages only), ``criterion_options``
+    replacing loss recipe fields."""
+    criterion = build_criterion(model.config, **criterion_options)
+    optimizer = recipe_for(model.config).optimizer
+    groups = parameter_groups(model, lr=optimizer.lr, lr_backbone=optimizer.lr_backbone,
+                              lr_layer_decay=optimizer.lr_layer_decay, lr_component_decay=optimizer.lr_component_decay)
+    return criterion, torch.optim.AdamW(groups, lr=optimizer.lr, weight_decay=optimizer.weight_decay, fused=True)
 
 
 def make_targets(batch: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
