@@ -412,7 +412,7 @@ def to_huggingface_state_dict(model: DFINE, keys: KeyMap = DFINE_KEYS) -> dict[s
     """This project's D-FINE → transformers' keys (as on disk; ``keys``: D-FINE's or a DEIMv2 table), every tensor a
     contiguous copy, with the points scale transformers keeps."""
     config = model.config
-    points = list(config.num_points_per_level or [config.num_points] * config.num_feature_levels)
+    points = list(config.points_per_level)
     return keys.to_theirs(model.state_dict(), context=points)
 
 

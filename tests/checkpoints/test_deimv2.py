@@ -107,9 +107,9 @@ def test_dinov3_directories_load_and_write_back_with_the_same_outputs(tmp_path, 
     hf.save_pretrained(tmp_path / "theirs")
     model = detr.load_checkpoint(tmp_path / "theirs")
     config = model.config
-    assert (config.backbone, config.vit_dim, config.vit_depth, config.vit_out_layers) == ("dinov3_vit", 32, 4,
-                                                                                          (1, 2, 3))
-    assert (config.vit_gated_mlp, config.csp_trailing_conv, config.adapter_channels) == (
+    assert (config.backbone, config.vit.width, config.vit.depth, config.vit.out_layers) == ("dinov3_vit", 32, 4,
+                                                                                            (1, 2, 3))
+    assert (config.vit.gated_mlp, config.csp_trailing_conv, config.adapter_channels) == (
         bool(options), False, 8)
     logits_diff, boxes_diff = differences(model, hf, photos)
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)

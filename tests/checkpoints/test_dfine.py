@@ -102,7 +102,7 @@ def test_the_authors_release_layout_loads_with_transformers_outputs(tmp_path, ph
     model = detr.load_checkpoint(path, num_queries=30)
     assert model.config == loaded.config.replace(num_heads=8, csp_expansion=model.config.csp_expansion,
                                                  csp_depth_multiplier=model.config.csp_depth_multiplier)
-    assert model.config.num_points_per_level == (3, 6, 3)
+    assert model.config.decoder.num_points_per_level == (3, 6, 3)
     assert model.meta.category_map.names[0] == "person"
     logits_diff, boxes_diff = differences(model, hf, photos)
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
@@ -115,10 +115,10 @@ def test_a_silu_decoder_loads_with_the_same_outputs_and_goes_back_out(tmp_path, 
     hf = hf_model("hgnetv2_b0", 5, seed=5, decoder_activation_function="silu", **N_S)
     hf.save_pretrained(tmp_path / "theirs")
     model = detr.load_checkpoint(tmp_path / "theirs")
-    assert (model.config.decoder_activation, model.config.decoder_mlp_activation) == ("silu", "relu")
+    assert (model.config.decoder.activation, model.config.decoder.mlp_activation) == ("silu", "relu")
     logits_diff, boxes_diff = differences(model, hf, photos)
     assert logits_diff <= TOLERANCE and boxes_diff <= TOLERANCE, (logits_diff, boxes_diff)
-    relu = detr.load_checkpoint(tmp_path / "theirs", decoder_activation="relu")
+    relu = detr.load_checkpoint(tmp_path / "theirs", decoder={"activation": "relu"})
     assert max(differences(relu, hf, photos)) > 100 * TOLERANCE  # the activation is what made them agree
     save_huggingface(model, tmp_path / "ours")
     assert json.loads((tmp_path / "ours" / "config.json").read_text())["decoder_activation_function"] == "silu"
@@ -130,8 +130,8 @@ def test_a_silu_decoder_loads_with_the_same_outputs_and_goes_back_out(tmp_path, 
 def test_silu_heads_are_not_written_as_transformers_relu_heads(tmp_path):
     """DEIM's SiLU MLP heads (``decoder_mlp_activation``) have no transformers setting: the writer refuses them."""
     hf_model("hgnetv2_b0", 3, **N_S).save_pretrained(tmp_path / "theirs")
-    model = detr.load_checkpoint(tmp_path / "theirs", decoder_activation="silu", decoder_mlp_activation="silu")
-    with pytest.raises(ExportError, match="decoder_mlp_activation"):
+    model = detr.load_checkpoint(tmp_path / "theirs", decoder={"activation": "silu", "mlp_activation": "silu"})
+    with pytest.raises(ExportError, match=r"decoder\.mlp_activation"):
         save_huggingface(model, tmp_path / "ours")
 
 
