@@ -14,7 +14,7 @@ import yaml
 
 from detr.lightning.cli import main
 from detr.models.build import recipe_for
-from detr.models.detr_family import DetrConfig
+from detr.models.family import config_from_dict
 from detr.models.recipe import DETR_RECIPE, LossRecipe, OptimizerRecipe
 from tests.helpers import write_tiny_shapes
 
@@ -59,7 +59,7 @@ def _printed(capsys, *configs: Path) -> dict:
 def _resolved(model: dict) -> dict:
     """A printed config's ``model`` group with its loss and optimizer as the system trains them (a field the config
     leaves unset: the family's recipe), flat beside its other keys: {"detr": ..., "lr": ..., "cost_class": ...}."""
-    family = recipe_for(DetrConfig.from_dict(model["detr"]))
+    family = recipe_for(config_from_dict(model["detr"]))
     loss = LossRecipe(**model["loss"]).over(family.loss)
     optimizer = OptimizerRecipe(**model["optimizer"]).over(family.optimizer)
     return {**model, **dataclasses.asdict(loss), **dataclasses.asdict(optimizer)}
@@ -234,7 +234,7 @@ def test_the_dfine_coco_config_holds_the_authors_recipe(capsys) -> None:
     assert weights == (2.0, 1.0, 5.0, 2.0, 0.15, 1.5) and not model["matchability"]
     detector = model["detr"]
     assert (detector["family"], detector["backbone"], detector["num_queries"]) == ("dfine", "hgnetv2_b0", 300)
-    assert (detector["num_decoder_layers"], detector["num_points_per_level"]) == (3, [3, 6, 3])
+    assert (detector["num_decoder_layers"], detector["decoder"]["num_points_per_level"]) == (3, [3, 6, 3])
     assert (data["square_size"], data["normalize"], data["batch_size"]) == (640, False, 8)  # 8 × 4 GPUs = 32
     # the authors' generate_scales(640, base_size_repeat=20) and stop epoch 120 (dfine_hgnetv2_s_coco.yml)
     assert (data["augmentation"], data["augmentation_stop_epoch"]) == ("rtdetr", 120)
@@ -261,6 +261,7 @@ def test_the_dfine_size_configs_hold_the_authors_recipes(name: str, sizes: tuple
     printed = _printed(capsys, REPO / "configs" / name)
     trainer, model, data = printed["trainer"], _resolved(printed["model"]), printed["data"]
     detector = model["detr"]
+    detector = {**detector, **detector["decoder"]}  # D-FINE's decoder record's fields beside the others
     assert tuple(detector[key] for key in ("backbone", "backbone_learnable_affine", "backbone_norm",
                                            "num_feature_levels", "hidden_dim", "encoder_hidden_dim",
                                            "num_decoder_layers", "csp_expansion", "csp_depth_multiplier",
@@ -283,7 +284,7 @@ def test_the_deim_config_holds_the_authors_recipe(capsys) -> None:
     assert flat_cosine == ([64, 120], 0.5, [])
     assert model["matchability"] and (model["cost_class"], model["cost_bbox"], model["cost_giou"]) == (2.0, 5.0, 2.0)
     assert (model["detr"]["family"], model["detr"]["backbone"]) == ("dfine", "hgnetv2_b0")
-    assert (model["detr"]["decoder_activation"], model["detr"]["decoder_mlp_activation"]) == ("silu", "silu")
+    assert (model["detr"]["decoder"]["activation"], model["detr"]["decoder"]["mlp_activation"]) == ("silu", "silu")
     assert (data["augmentation"], data["mosaic_epochs"], data["mosaic_prob"], data["augmentation_stop_epoch"]) == (
         "deim", [4, 64], 0.5, 120)
     assert (data["mixup_prob"], data["mixup_epochs"], data["square_size"]) == (0.5, [4, 64], 640)
@@ -324,8 +325,9 @@ def test_the_rfdetr_coco_config_holds_the_authors_recipe(capsys) -> None:
     assert (model["loss_ce"], model["loss_bbox"], model["loss_giou"], model["focal_alpha"]) == (1.0, 5.0, 2.0, 0.25)
     detector = model["detr"]
     assert (detector["family"], detector["num_queries"], detector["query_groups"]) == ("rfdetr", 300, 13)
-    assert (detector["vit_hidden_dim"], detector["vit_num_layers"], detector["vit_out_indices"]) == (384, 12, [2, 5, 8, 11])
-    assert (detector["vit_patch_size"], detector["vit_num_windows"], detector["num_decoder_layers"]) == (14, 4, 3)
+    vit = detector["vit"]
+    assert (vit["width"], vit["depth"], vit["out_indices"]) == (384, 12, [2, 5, 8, 11])
+    assert (vit["patch_size"], vit["num_windows"], detector["num_decoder_layers"]) == (14, 4, 3)
     assert (detector["num_points"], detector["cross_attention_heads"], detector["dropout"]) == (2, 16, 0.0)
     # batch 4 × 4 accumulated per device; clipping 0.1
     assert (data["batch_size"], trainer["accumulate_grad_batches"], trainer["gradient_clip_val"]) == (4, 4, 0.1)
