@@ -155,6 +155,8 @@ class DetrCLI(LightningCLI):
         if not subcommand:
             return
         for key in keys:
+            if key.startswith("model.detr.") and key.split(".")[2] not in ("class_path", "init_args"):
+                key = "model.detr.init_args." + key[len("model.detr."):]  # a field of the family's config class
             with contextlib.suppress(KeyError):
                 self._command_line_model_values[key] = self.config[subcommand][key]
         self._configured_model = self.config[subcommand].get("model.detr")  # before --ckpt_path's replace it
@@ -224,6 +226,10 @@ class DetrCLI(LightningCLI):
                                len(filled))
         ckpt_path = config.get("ckpt_path")
         restored = config.get("model.detr")
+        if isinstance(restored, dict) and not ckpt_path:  # a field the family's config class does not have
+            raise SettingError(f"--model.detr: the configured family's config class has no option among "
+                               f"{sorted(restored)}; a family has only its own options (e.g. RF-DETR no "
+                               f"num_encoder_layers): drop them, or see `detr fit --model.detr CLASS --help`")
         if isinstance(restored, dict):  # --ckpt_path's hyperparameters: the config as a dict, in either form
             restored = dict_to_namespace(class_path_form(restored, f"{ckpt_path}: its model config"))
             config["model.detr"] = restored
