@@ -297,7 +297,14 @@ class EpochProgressBar(RichProgressBar):
 def command_line_model_keys(args: Any) -> list[str]:
     """The ``model.*`` keys that command-line ``args`` set (``--model.optimizer.lr 1e-4``,
     ``--model.optimizer.lr=1e-4``)."""
-    return [arg.split("=", 1)[0][2:] for arg in _argv(args) if arg.startswith("--model.")]
+    argv = _argv(args)
+    # a --model.detr={...} right after a --config FILE is that file's model, which migrate_arguments moved onto the
+    # command line (detr.lightning.model_yaml): the file's, not the command line's
+    from_files = {index for index, arg in enumerate(argv) if arg.startswith("--model.detr=") and (
+        (index >= 2 and argv[index - 2] in ("--config", "-c"))
+        or (index >= 1 and argv[index - 1].startswith("--config=")))}
+    return [arg.split("=", 1)[0][2:] for index, arg in enumerate(argv)
+            if arg.startswith("--model.") and index not in from_files]
 
 
 def command_line_config_files(args: Any) -> list[Path]:

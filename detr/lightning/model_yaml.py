@@ -57,12 +57,14 @@ def family_form(value: Any) -> Any:
 
 
 def family_form_yaml(text: str) -> str:
-    """:func:`family_form` of a YAML document (a dump of the parser), as YAML again."""
+    """:func:`family_form` of a YAML document (a dump of the parser), as YAML again, its leading comment lines (the
+    header LightningCLI writes: how a run's own config.yaml is told from a user's) kept."""
     loaded = yaml.safe_load(text)
     converted = family_form(loaded)
     if converted == loaded:
         return text
-    return yaml.safe_dump(converted, sort_keys=False, allow_unicode=True)
+    header = "".join(line for line in text.splitlines(keepends=True)[:5] if line.startswith("#"))
+    return header + yaml.safe_dump(converted, sort_keys=False, allow_unicode=True)
 
 
 #: The parser mode (jsonargparse's YAML loader) of the detr commands: :func:`load_yaml_without_model_detr`.
