@@ -73,8 +73,8 @@ def test_with_its_processor_config_nothing_is_said(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("model_type, name", [("conditional_detr", "Conditional DETR"), ("dab-detr", "DAB-DETR"),
-                                              ("yolos", "YOLOS"), ("grounding-dino", "Grounding DINO"),
-                                              ("table-transformer", "Table Transformer"), ("florence2", None)])
+                                              ("yolos", "YOLOS"), ("table-transformer", "Table Transformer"),
+                                              ("florence2", None)])
 def test_a_model_type_no_reader_reads_lists_those_read(tmp_path, model_type, name):
     folder = _folder(tmp_path, "rtdetr")
     _edit_config(folder, model_type=model_type)
