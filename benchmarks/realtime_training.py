@@ -191,6 +191,19 @@ class Side:
         self.step, self.timer = step, timer
 
 
+def backward_and_update(model, optimizer, loss: torch.Tensor, timer: Timer) -> torch.Tensor:
+    """The step after the loss, alike on both sides: backward, clipping at :data:`CLIP`, the optimizer."""
+    start = time.perf_counter()
+    loss.backward()
+    timer.add("backward", start)
+    start = time.perf_counter()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP, foreach=True)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    timer.add("optimizer", start)
+    return loss.detach()
+
+
 def our_side(model, criterion, optimizer, images, mask, targets) -> Side:
     timer = Timer()
 
@@ -198,15 +211,7 @@ def our_side(model, criterion, optimizer, images, mask, targets) -> Side:
         outputs = model(images, mask, targets=targets)
         losses = criterion(outputs, targets)
         loss = sum(losses[name] * weight for name, weight in criterion.weight_dict.items())
-        start = time.perf_counter()
-        loss.backward()
-        timer.add("backward", start)
-        start = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP, foreach=True)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        timer.add("optimizer", start)
-        return loss.detach()
+        return backward_and_update(model, optimizer, loss, timer)
     return Side(step, timer)
 
 
@@ -221,15 +226,7 @@ def their_side(model, optimizer, images, labels) -> Side:
         finally:
             _ACTIVE.pop()
             timer.add("forward", start)
-        start = time.perf_counter()
-        loss.backward()
-        timer.add("backward", start)
-        start = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP, foreach=True)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        timer.add("optimizer", start)
-        return loss.detach()
+        return backward_and_update(model, optimizer, loss, timer)
     return Side(step, timer)
 
 

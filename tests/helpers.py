@@ -436,3 +436,10 @@ def write_voc_set(root: Path) -> Path:
                 f"<annotation><folder>VOC2012</folder><filename>{stem}.jpg</filename><size><width>{width}</width>"
                 f"<height>{height}</height><depth>3</depth></size>{xml_objects}</annotation>")
     return root
+
+
+def error_lines(err: str) -> list[str]:
+    """The ``error:`` lines of a command's stderr, beside the INFO lines the package may print there, failing on a
+    traceback."""
+    assert "Traceback" not in err, err
+    return [line for line in err.splitlines() if line.startswith("error:")]

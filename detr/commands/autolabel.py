@@ -26,6 +26,7 @@ from detr.inference.command_line import (
     add_resize_arguments,
     device_argument,
     keep_output_on_stop,
+    report_skipped,
     one_line_errors,
     positive_int,
     probability,
@@ -86,12 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(data['annotations'])} boxes on {labelled_images(data)} of {len(data['images'])} images, "
               f"{len(data['categories'])} categories, scores above {predictor.threshold:g} -> {out}; its file_name "
               f"entries are relative to {args.images_dir}")
-        if run.skipped:
-            print(f"skipped {len(run.skipped)} file(s) that could not be read or predicted:", file=sys.stderr)
-            for path, reason in run.skipped:
-                print(f"  {path}: {reason}", file=sys.stderr)
-            return 1
-        return 0
+        return report_skipped(run.skipped)
 
     return keep_output_on_stop(write, f"{out} is as it was")
 

@@ -41,6 +41,7 @@ from detr.inference.command_line import (
     interrupted_status,
     positive_int,
     probability,
+    report_skipped,
     sigterm_as_interrupt,
     slice_settings,
 )
@@ -144,12 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if run.panoptic_json is not None:
         segments = sum(len(p.panoptic.segments_info) for p in run.predictions if p.panoptic is not None)
         print(f"{segments} panoptic segments -> {run.panoptic_json} and {run.panoptic_json.parent / 'panoptic'}")
-    if run.skipped:
-        print(f"skipped {len(run.skipped)} file(s) that could not be read or predicted:", file=sys.stderr)
-        for path, reason in run.skipped:
-            print(f"  {path}: {reason}", file=sys.stderr)
-        return 1
-    return 0
+    return report_skipped(run.skipped)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +267,16 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def interrupted_status(stop: KeyboardInterrupt) -> int:
     """A shell's exit status for a command stopped by ``stop``: 128 + SIGTERM (143) or 128 + SIGINT (130)."""
     return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+
+
+def report_skipped(skipped: Sequence[tuple[Any, str]]) -> int:
+    """Name on stderr each input file a command skipped (path, reason); its exit status: 1 if any, else 0."""
+    if not skipped:
+        return 0
+    print(f"skipped {len(skipped)} file(s) that could not be read or predicted:", file=sys.stderr)
+    for path, reason in skipped:
+        print(f"  {path}: {reason}", file=sys.stderr)
+    return 1
 
 
 def keep_output_on_stop(write: Callable[[], int], kept: str) -> int:

@@ -1,7 +1,7 @@
 """Keypoint predictions → pixels of the original image, per kept detection (the keypoint half of
 :class:`detr.PostProcess`, as :mod:`detr.inference.postprocess_masks` is the masks').
 
-A keypoint model (issue 61's heads, to come) predicts, per query, K points as normalised (x, y) in [0, 1] of the
+A keypoint model predicts, per query, K points as normalised (x, y) in [0, 1] of the
 unpadded input image, as its boxes are, and a third channel per point (a visibility score). These functions scale
 them as :func:`detr.inference.postprocess.boxes_to_pixels` scales the boxes, and pick each kept detection's
 points by the query it came from.

@@ -196,17 +196,22 @@ def parse_prompt(value: str | None, *, prompted: bool, model_name: str) -> str |
     return value
 
 
-def parse_task(value: str | None) -> str:
-    """The ``task`` query parameter: one of :data:`TASKS`; "detection" when absent.
+def parse_choice(name: str, value: str | None, choices: tuple[str, ...] | list[str], default: str) -> str:
+    """A query parameter ``name`` that takes one of ``choices``; ``default`` when absent.
 
     Raises:
-        RequestError: 422 ``unknown_task``.
+        RequestError: 422 ``unknown_<name>``, listing the choices.
     """
     if value is None:
-        return "detection"
-    if value not in TASKS:
-        raise RequestError(422, "unknown_task", f"task must be one of {', '.join(TASKS)}; got {value!r}")
+        return default
+    if value not in choices:
+        raise RequestError(422, f"unknown_{name}", f"{name} must be one of {', '.join(choices)}; got {value!r}")
     return value
+
+
+def parse_task(value: str | None) -> str:
+    """The ``task`` query parameter: one of :data:`TASKS`; "detection" when absent (422 ``unknown_task``)."""
+    return parse_choice("task", value, TASKS, "detection")
 
 
 def parse_slice(size: str | None, overlap: str | None) -> SliceSettings | None:

@@ -34,7 +34,7 @@ from detr.inference.tracking import (
     detection_threshold,
     track_frames,
 )
-from detr.serving.inputs import RequestError
+from detr.serving.inputs import RequestError, parse_choice
 from detr.serving.service import DetectionService
 
 #: The largest video upload: 100 MiB, minutes of a 720p H.264 video.
@@ -89,29 +89,15 @@ class TrackLimits:
 
 
 def parse_tracker(value: str | None) -> str:
-    """The ``tracker`` query parameter: one of :data:`detr.inference.tracking.TRACKERS`; "bytetrack" when absent.
-
-    Raises:
-        RequestError: 422 ``unknown_tracker``.
-    """
-    if value is None:
-        return "bytetrack"
-    if value not in TRACKERS:
-        raise RequestError(422, "unknown_tracker", f"tracker must be one of {', '.join(TRACKERS)}; got {value!r}")
-    return value
+    """The ``tracker`` query parameter: one of :data:`detr.inference.tracking.TRACKERS`; "bytetrack" when absent
+    (422 ``unknown_tracker``)."""
+    return parse_choice("tracker", value, TRACKERS, "bytetrack")
 
 
 def parse_track_format(value: str | None) -> str:
-    """The ``format`` query parameter of ``POST /track``: one of :data:`TRACK_FORMATS`; "tracks" when absent.
-
-    Raises:
-        RequestError: 422 ``unknown_format``.
-    """
-    if value is None:
-        return "tracks"
-    if value not in TRACK_FORMATS:
-        raise RequestError(422, "unknown_format", f"format must be one of {', '.join(TRACK_FORMATS)}; got {value!r}")
-    return value
+    """The ``format`` query parameter of ``POST /track``: one of :data:`TRACK_FORMATS`; "tracks" when absent (422
+    ``unknown_format``)."""
+    return parse_choice("format", value, TRACK_FORMATS, "tracks")
 
 
 def parse_frame_rate(value: str | None) -> float:

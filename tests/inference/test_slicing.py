@@ -272,8 +272,8 @@ def ap50(dataset: dict, prediction: Prediction) -> float:
 
 
 def test_slicing_finds_more_than_twice_the_ap50_of_the_whole_image_when_the_queries_run_out():
-    """Issue 60's done-when on a deterministic stand-in: a model with four queries, each answering one quarter of
-    any input (:class:`QuarterBoxes`), at a 128-px input, on a 256-px canvas of twenty objects: sixteen small
+    """Slicing finds at least twice the whole image's AP50, shown on a deterministic stand-in: a model with four
+    queries, each answering one quarter of any input (:class:`QuarterBoxes`), at a 128-px input, on a 256-px canvas of twenty objects: sixteen small
     32-px squares, one at the centre of each quarter of each 128-px tile, and four large 64-px ones, one at the
     centre of each quarter of the canvas. The whole image at the model's size has four queries for twenty
     objects and finds the four large ones (AP50 about 20); the four tiles find the sixteen small ones at their

@@ -352,7 +352,7 @@ def test_keypoints_option_gives_normalised_keypoints_in_every_training_pipeline(
 
 
 def test_the_data_module_compares_no_augmentation_name() -> None:
-    """The data module asks the record (issue 56: no family name compared outside the family's own code)."""
+    """The data module asks the record (no family's name is compared outside that family's own code)."""
     names = set(AUGMENTATIONS) - {"default"}
     tree = ast.parse((REPO / "detr" / "lightning" / "datamodule.py").read_text())
     compared = [f"line {node.lineno}" for node in ast.walk(tree)
