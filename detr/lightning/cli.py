@@ -93,11 +93,15 @@ class DetrCLI(LightningCLI):
     ``subcommand_names``: the subcommands whose parsers are built (default: every one). Each parser describes
     every option of the system, the data module and the Trainer, which takes seconds, so :func:`make_cli`
     builds only the one the command line asks for. ``old_keys``: the flat ``model.*`` keys of an earlier version
-    that the command line and its configs used (:mod:`detr.lightning.migrate`), filled in as it parses."""
+    that the command line and its configs used (:mod:`detr.lightning.migrate`), filled in as it parses.
+    ``command_line_keys``: the ``model.*`` keys the user's command line set (:func:`command_line_model_keys` of it
+    before the config files' models were moved onto it), which win over a ``--ckpt_path`` checkpoint's."""
 
     def __init__(self, *args: Any, subcommand_names: tuple[str, ...] = SUBCOMMANDS,
-                 old_keys: set[str] | None = None, **kwargs: Any) -> None:
+                 old_keys: set[str] | None = None, command_line_keys: list[str] | None = None,
+                 **kwargs: Any) -> None:
         self._subcommand_names = subcommand_names
+        self._command_line_keys = command_line_keys
         self._old_keys = old_keys if old_keys is not None else set()
         # model.detr is any family's config class: --model.detr DFINEConfig, or class_path / init_args in YAML
         set_parsing_settings(subclasses_enabled=[ModelConfig])
@@ -148,7 +152,7 @@ class DetrCLI(LightningCLI):
             problem = config_file_problem(config_file)
             if problem:
                 parser.error(problem)
-        keys = command_line_model_keys(args)
+        keys = self._command_line_keys if self._command_line_keys is not None else command_line_model_keys(args)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         self._command_line_model_values = {}
@@ -215,6 +219,16 @@ class DetrCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        ckpt_path = config.get("ckpt_path")
+        restored = config.get("model.detr")
+        if isinstance(restored, dict) and not ckpt_path:  # a field the family's config class does not have
+            raise SettingError(f"--model.detr: the configured family's config class has no option among "
+                               f"{sorted(restored)}; a family has only its own options (e.g. RF-DETR no "
+                               f"num_encoder_layers): drop them, or see `detr fit --model.detr CLASS --help`")
+        if isinstance(restored, dict):  # --ckpt_path's hyperparameters: the config as a dict, in either form
+            form = class_path_form(restored, f"{ckpt_path}: its model config")
+            restored = dict_to_namespace(form if form is not None else restored)
+            config["model.detr"] = restored
         for key, value in getattr(self, "_command_line_model_values", {}).items():
             config[key] = value  # over --ckpt_path's hyperparameters (parse_arguments)
         if self._old_keys:  # configured in an earlier version's keys: what they leave unset is its default
@@ -224,15 +238,6 @@ class DetrCLI(LightningCLI):
                                "leave unset take that version's defaults (DETR's), not the family's recipe; move the "
                                "keys to model.loss.* / model.optimizer.* to train with the family's",
                                len(filled))
-        ckpt_path = config.get("ckpt_path")
-        restored = config.get("model.detr")
-        if isinstance(restored, dict) and not ckpt_path:  # a field the family's config class does not have
-            raise SettingError(f"--model.detr: the configured family's config class has no option among "
-                               f"{sorted(restored)}; a family has only its own options (e.g. RF-DETR no "
-                               f"num_encoder_layers): drop them, or see `detr fit --model.detr CLASS --help`")
-        if isinstance(restored, dict):  # --ckpt_path's hyperparameters: the config as a dict, in either form
-            restored = dict_to_namespace(class_path_form(restored, f"{ckpt_path}: its model config"))
-            config["model.detr"] = restored
         if ckpt_path:  # said, not silent: the config's own model options give way to the checkpoint's
             warn_of_replaced_model_options(_fields(getattr(self, "_configured_model", None)), _fields(restored),
                                            ckpt_path)
@@ -296,15 +301,9 @@ class EpochProgressBar(RichProgressBar):
 
 def command_line_model_keys(args: Any) -> list[str]:
     """The ``model.*`` keys that command-line ``args`` set (``--model.optimizer.lr 1e-4``,
-    ``--model.optimizer.lr=1e-4``)."""
-    argv = _argv(args)
-    # a --model.detr={...} right after a --config FILE is that file's model, which migrate_arguments moved onto the
-    # command line (detr.lightning.model_yaml): the file's, not the command line's
-    from_files = {index for index, arg in enumerate(argv) if arg.startswith("--model.detr=") and (
-        (index >= 2 and argv[index - 2] in ("--config", "-c"))
-        or (index >= 1 and argv[index - 1].startswith("--config=")))}
-    return [arg.split("=", 1)[0][2:] for index, arg in enumerate(argv)
-            if arg.startswith("--model.") and index not in from_files]
+    ``--model.optimizer.lr=1e-4``), as the user wrote them: before :func:`detr.lightning.model_yaml.migrate_arguments`
+    moves the config files' models onto the command line."""
+    return [arg.split("=", 1)[0][2:] for arg in _argv(args) if arg.startswith("--model.")]
 
 
 def command_line_config_files(args: Any) -> list[Path]:
@@ -384,6 +383,7 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
         args = migrate_old_arguments(_argv(args), old_keys)
     mode = install_config_loader(old_keys)  # and its YAML keys, in every config file read
     argv = _argv(args)
+    command_line_keys = command_line_model_keys(argv)  # the user's, not the config files' models moved beside them
     if argv:  # model.detr as a preset, the family form or the old one-record form: as jsonargparse reads it
         migrated = migrate_arguments(argv)
         args = migrated if migrated != argv or args is not None else args
@@ -396,7 +396,7 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
     return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True},
                    parser_kwargs={"parser_mode": mode, **usage} if run else {"usage": _USAGE, "parser_mode": mode},
-                   subcommand_names=names, old_keys=old_keys)
+                   subcommand_names=names, old_keys=old_keys, command_line_keys=command_line_keys)
 
 
 def show_package_messages() -> None:

@@ -21,6 +21,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from jsonargparse import get_loader
 
@@ -89,26 +90,38 @@ def without_model_detr(value: Any) -> Any:
 
 
 def migrate_arguments(args: Sequence[str]) -> list[str]:
-    """A command line with every ``model.detr`` in jsonargparse's form: after each ``--config FILE`` whose files
-    (following their ``config:`` includes) set ``model.detr`` (in any form), that value as
-    ``--model.detr={class_path...}`` (so that later ``--model.detr.<field>`` options still apply to it; the parser's
-    loader leaves it out of the files: :func:`load_yaml_without_model_detr`); a ``--model.detr PRESET`` likewise."""
+    """A command line with every ``model.detr`` in jsonargparse's form (the parser's loader leaves it out of the
+    files: :func:`load_yaml_without_model_detr`):
+
+    - after each ``--config FILE`` whose files (following their ``config:`` includes) set ``model.detr``: that
+      value as ``--model.detr={class_path...}``, so that later ``--model.detr.<field>`` options still apply to it;
+      a file that sets only some fields (no ``family``, ``architecture`` or preset) after an earlier model is an
+      overlay, as a chain of configs was before the families had their own classes: its fields as
+      ``--model.detr.<field>=VALUE`` options;
+    - a ``--model.detr PRESET`` as that preset's class and fields;
+    - before the first ``--model.detr.<field>`` that no model precedes: the model it changes, the ``--ckpt_path``
+      checkpoint's when the command line resumes one, otherwise the default (the paper's DETR)."""
     out: list[str] = []
     index = 0
     args = list(args)
+    have_model = False
     while index < len(args):
         arg = args[index]
         name, equals, given = arg.partition("=")
         value = given if equals else (args[index + 1] if index + 1 < len(args) else None)
         step = 1 if equals else 2
-        if name == "--config" and value is not None:
+        if name in ("--config", "-c") and value is not None:
             out += args[index:index + step]
             path = Path(value)
             if path.is_file():
                 detr = _chain_value(path, ("model", "detr"))
-                if detr is not None:
+                if have_model and _is_overlay(detr):
+                    out += [f"--model.detr.{key}={item if isinstance(item, str) else json.dumps(item)}"
+                            for key, item in _leaves(detr)]
+                elif detr is not None:
                     form = class_path_form(detr, f"{path}: model.detr") or detr
                     out.append(f"--model.detr={json.dumps(form)}")
+                    have_model = True
             index += step
             continue
         if name == "--model.detr.architecture":
@@ -116,13 +129,52 @@ def migrate_arguments(args: Sequence[str]) -> list[str]:
                              f"--model.detr RTDETRConfig (a family's config class) or a preset such as "
                              f"--model.detr rtdetr_r18vd (detr --help lists them), then its fields; a YAML file's "
                              f"old model.detr.architecture still reads as before")
-        if name == "--model.detr" and value is not None and value in presets():
-            out.append(f"--model.detr={json.dumps(class_path_form(value, name))}")
-            index += step
-            continue
+        if name in ("--model.detr", "--model.detr.class_path"):
+            have_model = True
+            if value is not None and value in presets():
+                out.append(f"--model.detr={json.dumps(class_path_form(value, name))}")
+                index += step
+                continue
+        elif name.startswith("--model.detr.") and name.split(".")[2] not in ("help", "init_args") and not have_model:
+            out.append(f"--model.detr={json.dumps(_default_model(args))}")
+            have_model = True
         out.append(arg)
         index += 1
     return out
+
+
+def _is_overlay(detr: Any) -> bool:
+    """A config file's ``model.detr`` that changes some fields of the model before it rather than naming one."""
+    return isinstance(detr, dict) and not {"family", "architecture", "class_path"} & set(detr)
+
+
+def _leaves(value: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """A nested dict's leaves as (dotted key, value): ``{"decoder": {"max_num_bins": 16}}`` → decoder.max_num_bins."""
+    leaves: list[tuple[str, Any]] = []
+    for key, item in value.items():
+        if isinstance(item, dict) and item:
+            leaves += _leaves(item, f"{prefix}{key}.")
+        else:
+            leaves.append((f"{prefix}{key}", item))
+    return leaves
+
+
+def _default_model(args: Sequence[str]) -> dict[str, Any]:
+    """The model that command-line ``--model.detr.<field>`` options change when nothing names one: the
+    ``--ckpt_path`` checkpoint's (a resume), otherwise the paper's DETR with its defaults."""
+    for index, arg in enumerate(args):
+        name, equals, given = arg.partition("=")
+        path = given if equals else (args[index + 1] if index + 1 < len(args) else "")
+        if name == "--ckpt_path" and Path(path).is_file():
+            try:
+                hparams = torch.load(path, weights_only=True, map_location="cpu", mmap=True).get("hyper_parameters")
+            except Exception:  # noqa: BLE001 - the command's own check names an unreadable checkpoint
+                break
+            detr = (hparams or {}).get("detr")
+            if isinstance(detr, dict):
+                return class_path_form(detr, f"{path}: its model config") or detr
+            break
+    return class_path_form({}, "the default model")  # type: ignore[return-value]  # a dict: never None
 
 
 def _chain_value(path: Path, keys: tuple[str, ...], seen: frozenset[Path] = frozenset()) -> Any:

@@ -55,7 +55,7 @@ def test_transformers_directory_loads_with_the_same_outputs(tmp_path, photos, nu
     config = model.config
     assert (config.family, config.num_classes, config.num_queries, config.hidden_dim) == ("rfdetr", num_labels,
                                                                                                20, 64)
-    assert (config.vit_num_windows, config.vit_patch_size) == (vit.get("num_windows", 2), vit.get("patch_size", 14))
+    assert (config.vit.num_windows, config.vit.patch_size) == (vit.get("num_windows", 2), vit.get("patch_size", 14))
     assert model.meta.category_map.names == tuple(f"thing {i}" for i in range(num_labels))
     assert not model.predicts_masks
     found = differences(model, hf, photos)

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from jsonargparse import ArgumentParser
 
 from detr import load_checkpoint
 from detr.lightning.cli import DetrCLI, main, make_cli
@@ -19,6 +20,7 @@ from detr.lightning.datamodule import DetrDataModule
 from detr.lightning.panoptic_datamodule import PanopticDataModule
 from detr.lightning.panoptic_system import PanopticSystem
 from detr.lightning.system import DetrSystem
+from detr.models.family import families
 from tests.helpers import TINY_CLI_MODEL, tiny_fit_args
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -145,8 +147,16 @@ def test_every_option_of_the_model_and_data_has_a_meaning_in_help(panoptic: bool
     options = {option: action.help for action in parsed.value.args[0]._actions for option in action.option_strings
                if option.startswith(ours) and not option.endswith("+")  # "+": jsonargparse's append to a list
                and action.help != "Path to a configuration file."}  # a nested class's --model.detr CONFIG
-    assert {"--model.init_checkpoint", "--model.detr.num_queries", "--data.root",
+    assert {"--model.init_checkpoint", "--model.detr", "--model.detr.help", "--data.root",
             "--model.optimizer.lr"} <= set(options)
+    # a family's fields: `detr fit --model.detr.help DFINEConfig` (or after --model.detr CLASS), as jsonargparse
+    # describes a subclass
+    for family in families():
+        fields = ArgumentParser()
+        fields.add_class_arguments(family.config_class, "model.detr")
+        options.update({option: action.help for action in fields._actions for option in action.option_strings
+                        if option.startswith("--model.detr.") and action.help != "Path to a configuration file."})
+    assert {"--model.detr.num_queries", "--model.detr.decoder.max_num_bins"} <= set(options)
     without = sorted(option for option, text in options.items() if not text or text.startswith("(type"))
     assert not without, f"options without a sentence in --help: {without}"
     assert "checkpoint" in options["--model.init_checkpoint"] and "COCO" in options["--data.root"]
