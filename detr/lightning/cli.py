@@ -44,7 +44,7 @@ import torch
 import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import RichProgressBar
-from jsonargparse import Namespace, dict_to_namespace, set_parsing_settings
+from jsonargparse import DefaultHelpFormatter, Namespace, dict_to_namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
@@ -70,6 +70,7 @@ from detr.lightning.model_yaml import (
 )
 from detr.lightning.system import DetrSystem, SettingError
 from detr.models.config import ModelConfig
+from detr.models.family import families
 
 logger = logging.getLogger(__name__)
 
@@ -356,6 +357,23 @@ class _FamilyFormParser(LightningArgumentParser):
         return family_form_yaml(dumped) if isinstance(dumped, str) else dumped
 
 
+def models_epilog() -> str:
+    """The model families and their presets, as the end of ``detr --help`` and ``detr fit --help`` lists them."""
+    lines = ["model families and their presets (model.detr: PRESET in a config, --model.detr PRESET on the command",
+             "line; --model.detr.help CLASS lists a family's options):"]
+    for family in families():
+        names = ", ".join(family.presets) or "no presets"
+        lines.append(f"  {family.title} ({family.config_class.__name__}): {names}")
+    return "\n".join(lines)
+
+
+class _HelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, its epilog (:func:`models_epilog`) printed line by line as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
 def _argv(args: Any) -> list[str]:
     """LightningCLI's ``args`` as command-line strings: ``sys.argv[1:]`` when None, none for a dict."""
     if args is None:
@@ -390,12 +408,14 @@ def make_cli(args: list[str] | None = None, *, run: bool = True, panoptic: bool 
     # the subcommand asked for, first on the command line as the shell gives it; otherwise (none, a misspelt
     # one) every parser, so that the error lists every choice
     names = (argv[0],) if argv and argv[0] in SUBCOMMANDS else SUBCOMMANDS
-    usage: dict[str, Any] = {subcommand: {"usage": _USAGE, "parser_mode": mode} for subcommand in names}
+    usage: dict[str, Any] = {subcommand: {"usage": _USAGE, "parser_mode": mode, "epilog": models_epilog(),
+                                          "formatter_class": _HelpFormatter} for subcommand in names}
     # the command passes sys.argv[1:] itself (less --debug): Lightning's warning that args and sys.argv are both
     # given is about calls from Python, not this one, and opened every `detr fit` with four lines of noise
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
     return DetrCLI(system, data, args=args, run=run, save_config_kwargs={"overwrite": True},
-                   parser_kwargs={"parser_mode": mode, **usage} if run else {"usage": _USAGE, "parser_mode": mode},
+                   parser_kwargs={"parser_mode": mode, "epilog": models_epilog(), "formatter_class": _HelpFormatter,
+                                  **usage} if run else {"usage": _USAGE, "parser_mode": mode},
                    subcommand_names=names, old_keys=old_keys, command_line_keys=command_line_keys)
 
 

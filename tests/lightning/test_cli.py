@@ -228,3 +228,15 @@ def test_fit_on_a_voc_folder_as_it_is(tmp_path: Path) -> None:
                               "--data.val_batch_size=1")) == 0
     assert list(load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt").meta.category_map.names) == [
         "cat", "dog", "person"]
+
+
+def test_help_lists_every_family_and_its_presets(capsys) -> None:
+    """`detr --help` and `detr fit --help` end with the model families and their presets, the names a config's
+    model.detr takes."""
+    for args in (["--help"], ["fit", "--help"]):
+        with pytest.raises(SystemExit):
+            main(args)
+        printed = capsys.readouterr().out
+        for family in families():
+            assert f"{family.title} ({family.config_class.__name__})" in printed
+            assert all(name in printed for name in family.presets)
