@@ -218,16 +218,24 @@ def _torch_export(model: Detector, postprocess: bool, bilinear_kernel: BilinearK
     return program, module
 
 
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is plain data that JSON keeps: scalars, and lists, tuples and string-keyed dicts of them."""
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(item) for item in value)
+    return isinstance(value, dict) and all(isinstance(key, str) and _plain(item) for key, item in value.items())
+
+
 def metadata(model: Detector, *, postprocess: bool, category_map: CategoryMap | None = None,
              eval_size: tuple[int, int] | None = None) -> dict[str, str]:
     """The metadata an exported file carries, as JSON strings keyed ``detr.*``."""
     category_map = category_map if category_map is not None else model.meta.category_map
     eval_size = eval_size if eval_size is not None else model.meta.eval_size
     options = model.config.to_dict() if model.config is not None else {}
-    scalar = (str, int, float, bool, type(None))
-    # tuples of scalars too (RF-DETR's ViT stages, D-FINE's points per level): JSON lists, tuples again in DetrConfig
-    config = {key: value for key, value in options.items() if isinstance(value, scalar)
-              or (isinstance(value, (list, tuple)) and all(isinstance(item, scalar) for item in value))}
+    # tuples of scalars (RF-DETR's ViT stages) and records (RF-DETR's ViT, D-FINE's decoder) too: JSON lists and
+    # objects, tuples and records again in the family's config
+    config = {key: value for key, value in options.items() if _plain(value)}
     square = static_input_size(model, eval_size)
     values = {
         "outputs": "postprocessed" if postprocess else "raw",

@@ -15,7 +15,10 @@ into that one before parsing:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import logging
 from collections.abc import Sequence
 from importlib import import_module
 from pathlib import Path
@@ -26,7 +29,9 @@ import yaml
 from jsonargparse import get_loader
 
 from detr.models.config import ModelConfig
-from detr.models.family import config_from_dict, preset_config, presets
+from detr.models.family import config_from_dict, families, preset_config, presets
+
+logger = logging.getLogger(__name__)
 
 
 def class_path_form(value: Any, where: str) -> dict[str, Any] | None:
@@ -100,11 +105,14 @@ def migrate_arguments(args: Sequence[str]) -> list[str]:
       ``--model.detr.<field>=VALUE`` options;
     - a ``--model.detr PRESET`` as that preset's class and fields;
     - before the first ``--model.detr.<field>`` that no model precedes: the model it changes, the ``--ckpt_path``
-      checkpoint's when the command line resumes one, otherwise the default (the paper's DETR)."""
+      checkpoint's when the command line resumes one, otherwise the default (the paper's DETR);
+    - a field by an old one-record name that its family moved into a record (``--model.detr.vit_hidden_dim`` of
+      RF-DETR) as today's (``--model.detr.vit.width``), with a note."""
     out: list[str] = []
     index = 0
     args = list(args)
     have_model = False
+    config_class: type[ModelConfig] | None = None  # the model the field options that follow change
     while index < len(args):
         arg = args[index]
         name, equals, given = arg.partition("=")
@@ -116,12 +124,12 @@ def migrate_arguments(args: Sequence[str]) -> list[str]:
             if path.is_file():
                 detr = _chain_value(path, ("model", "detr"))
                 if have_model and _is_overlay(detr):
-                    out += [f"--model.detr.{key}={item if isinstance(item, str) else json.dumps(item)}"
-                            for key, item in _leaves(detr)]
+                    out += [f"--model.detr.{_today_name(key, config_class, f'{path}: model.detr')}="
+                            f"{item if isinstance(item, str) else json.dumps(item)}" for key, item in _leaves(detr)]
                 elif detr is not None:
                     form = class_path_form(detr, f"{path}: model.detr") or detr
                     out.append(f"--model.detr={json.dumps(form)}")
-                    have_model = True
+                    have_model, config_class = True, _config_class_of(form)
             index += step
             continue
         if name == "--model.detr.architecture":
@@ -132,15 +140,54 @@ def migrate_arguments(args: Sequence[str]) -> list[str]:
         if name in ("--model.detr", "--model.detr.class_path"):
             have_model = True
             if value is not None and value in presets():
-                out.append(f"--model.detr={json.dumps(class_path_form(value, name))}")
+                form = class_path_form(value, name)
+                out.append(f"--model.detr={json.dumps(form)}")
+                config_class = _config_class_of(form)
                 index += step
                 continue
-        elif name.startswith("--model.detr.") and name.split(".")[2] not in ("help", "init_args") and not have_model:
-            out.append(f"--model.detr={json.dumps(_default_model(args))}")
-            have_model = True
+            config_class = _config_class_of(value)
+        elif name.startswith("--model.detr.") and name.split(".")[2] not in ("help", "init_args"):
+            if not have_model:
+                form = _default_model(args)
+                out.append(f"--model.detr={json.dumps(form)}")
+                have_model, config_class = True, _config_class_of(form)
+            field = _today_name(name[len("--model.detr."):], config_class, "command line")
+            arg = f"--model.detr.{field}" + (f"={given}" if equals else "")
         out.append(arg)
         index += 1
     return out
+
+
+def _config_class_of(value: Any) -> type[ModelConfig] | None:
+    """The family config class a ``model.detr`` value names: jsonargparse's form (a dict or its JSON), a class
+    path or a config class's name (``--model.detr RFDETRConfig``); None if it names none."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)
+    if isinstance(value, dict):
+        value = value.get("class_path")
+    if not isinstance(value, str):
+        return None
+    for family in families():
+        config_class = family.config_class
+        if value in (config_class.__name__, f"{config_class.__module__}.{config_class.__qualname__}"):
+            return config_class
+    return _model_config_class(value)
+
+
+def _today_name(field: str, config_class: type[ModelConfig] | None, where: str) -> str:
+    """A ``model.detr`` field as the family's config names it today: an old one-record name that the family moved
+    into a record (RF-DETR's ``vit_hidden_dim`` → ``vit.width``, D-FINE's ``max_num_bins`` →
+    ``decoder.max_num_bins``) is renamed, with a note; any other name is returned as it is."""
+    top, dot, rest = field.partition(".")
+    if config_class is None or dot or top in {f.name for f in dataclasses.fields(config_class)}:
+        return field
+    family = next((family for family in families() if family.config_class is config_class), None)
+    renamed = family.flat_names.get(top) if family is not None else None
+    if renamed is None:
+        return field
+    logger.warning("%s: model.detr.%s is now model.detr.%s (read as it; rename it there)", where, top, renamed)
+    return renamed
 
 
 def _is_overlay(detr: Any) -> bool:

@@ -18,7 +18,7 @@ from detr.checkpoints.export import DeployModel, example_inputs, export, load_pr
 from detr.commands import export as export_command
 from detr.inference.postprocess import top_k_pairs
 from detr.inference.predictor import Predictor
-from detr.models.detr_family import DetrConfig
+from detr.models.family import config_from_dict
 from tests.helpers import REPO
 from tests.helpers_realtime import tiny_model
 from tests.helpers_rfdetr import hf_lwdetr, hf_model
@@ -77,7 +77,7 @@ def test_the_metadata_rebuilds_the_models_config_and_says_it_predicts_masks():
     model = tiny_model("rfdetr")
     values = {key: json.loads(value) for key, value in metadata(model, postprocess=False).items()}
     assert values["detr.predicts_masks"] is True and values["detr.static_input_size"] == [112, 112]
-    assert DetrConfig.from_dict(values["detr.model_config"]) == model.config  # the ViT's stages (a tuple) included
+    assert config_from_dict(values["detr.model_config"]) == model.config  # the ViT's stages (a tuple) included
 
 
 @pytest.mark.slow  # about a minute: the ONNX exporter

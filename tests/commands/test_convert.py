@@ -4,6 +4,8 @@ only once the new one is complete."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import errno
 from pathlib import Path
 
@@ -32,8 +34,9 @@ CONFIGS = {
                                    num_points=2, num_classes=5, dropout=0.0),
     **CONFIGS,
     "lwdetr": CONFIGS["rfdetr"].replace(backbone="lwdetr_vit", projector_norm="batch_norm", instance_masks=False,
-                                        vit_window_blocks=(0, 2), num_feature_levels=2, projector_scales=(2.0, 0.5),
-                                        vit_out_indices=(2, 3)),
+                                        num_feature_levels=2, projector_scales=(2.0, 0.5),
+                                        vit=dataclasses.replace(CONFIGS["rfdetr"].vit, window_blocks=(0, 2),
+                                                                out_indices=(2, 3))),
 }
 
 
