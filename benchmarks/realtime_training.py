@@ -1,7 +1,7 @@
 """CPU training step of the real-time DETRs beside transformers' own training path, on the same weights.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/realtime_training.py [--models rtdetr_r18 dfine_s rfdetr_nano]
-        [--batch 2] [--threads 2] [--rounds 5] [--components] [--profile]
+        [--batch 2] [--threads 2] [--rounds 5] [--components] [--profile] [--omp-passive]
 
 Each model of the released layout (benchmarks/realtime_speed.py's ``MODELS``: RT-DETR-R18 and D-FINE-S at 640 × 640,
 RF-DETR-Nano at 384 × 384) is built by transformers with random weights, saved with ``save_pretrained`` and loaded
@@ -27,7 +27,10 @@ alternating order, so that both share the machine's load; printed: the median of
 the per-round ratios (ours / transformers) and the load average before and after. ``--components`` adds the
 breakdown (forward hooks and timers): backbone, encoder (RF-DETR: the projector), decoder, matcher, loss (the
 criterion or transformers' loss function, the matcher included), backward, optimizer (clipping and AdamW).
-``--profile`` ends with torch.profiler's top operators of two of our steps per model. Results:
+``--profile`` ends with torch.profiler's top operators of two of our steps per model. ``--omp-passive`` sets
+``OMP_WAIT_POLICY=PASSIVE`` for the process (both sides): on a loaded machine a spinning OpenMP thread waits at
+every parallel region's barrier for a descheduled one, and the parts made of many small kernels (the fused AdamW:
+7-11 s against 0.3 s passive, 2 threads, load 9) take several times longer by chance. Results:
 docs/measurements/speed.md.
 """
 
@@ -43,17 +46,20 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
+if "--omp-passive" in sys.argv:  # before torch starts its OpenMP pool
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers_*
 
-from realtime_speed import MODELS, SIZE, SIZES, transformers_model
+from realtime_speed import MODELS, SIZE, SIZES, transformers_model  # noqa: E402
 
-import detr
-from detr.lightning.param_groups import parameter_groups
-from detr.loss.build import build_criterion
-from detr.models.build import recipe_for
-from tests.helpers_rtdetr import our_term_name, square_photos
+import detr  # noqa: E402
+from detr.lightning.param_groups import parameter_groups  # noqa: E402
+from detr.loss.build import build_criterion  # noqa: E402
+from detr.models.build import recipe_for  # noqa: E402
+from tests.helpers_rtdetr import our_term_name, square_photos  # noqa: E402
 
 #: The configs' recipes (configs/rtdetr_r18vd_coco.yaml, dfine_s_coco.yaml, rfdetr_base_coco.yaml): loss settings
 #: and optimizer settings.
@@ -293,6 +299,8 @@ def main() -> None:
     parser.add_argument("--components", action="store_true", help="also time each step's parts")
     parser.add_argument("--profile", action="store_true", help="torch.profiler's top operators of our steps")
     parser.add_argument("--no-check", action="store_true", help="skip the check that the losses are equal")
+    parser.add_argument("--omp-passive", action="store_true",
+                        help="OMP_WAIT_POLICY=PASSIVE for both sides (the module docstring)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -357,7 +365,8 @@ def main() -> None:
         print(f"round {round_} done, load average {os.getloadavg()[0]:.1f}; transformers / ours: {steps}",
               file=sys.stderr, flush=True)
     load_after = os.getloadavg()
-    print(f"\ntorch {torch.__version__}, {args.threads} threads, batch {args.batch}, {args.rounds} rounds; "
+    print(f"\ntorch {torch.__version__}, {args.threads} threads, OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, batch {args.batch}, {args.rounds} rounds; "
           f"load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after")
     print(f"{'model':14} {'transformers s':>18} {'ours s':>18} {'ours / transformers':>22}")
     for name in sides:

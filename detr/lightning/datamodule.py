@@ -200,7 +200,9 @@ class CocoFormatDataModule(lightning.LightningDataModule):
     ``_build_dataset``; their YAML keys are theirs plus these.
 
     Args:
-        batch_size: training images per process (authors: 2 for R50, 4 per GPU in the 64-batch recipe).
+        batch_size: training images per process (authors: 2 for R50, 4 per GPU in the 64-batch recipe), or
+            "auto": the largest that fits in the memory available, chosen when the run starts
+            (:mod:`detr.lightning.batch_size`: the rule, and the line it logs).
         val_batch_size: images per evaluation batch (None: ``batch_size``). AP depends on it through
             padding: evaluate at the training images per GPU to reproduce the authors' numbers.
         num_workers: DataLoader worker processes (0: load in the training process).
@@ -265,7 +267,7 @@ class CocoFormatDataModule(lightning.LightningDataModule):
     def __init__(
         self,
         *,
-        batch_size: int = 2,
+        batch_size: int | Literal["auto"] = 2,
         val_batch_size: int | None = None,
         num_workers: int = 2,
         pin_memory: bool = True,
@@ -303,12 +305,14 @@ class CocoFormatDataModule(lightning.LightningDataModule):
             # the evaluation size a checkpoint records (its reader's resize)
             self.sizes = {**self.sizes, "eval_min_size": square_size, "eval_max_size": square_size}
         self.square_size, self.normalize = square_size, normalize
+        if isinstance(batch_size, str) and batch_size != "auto":
+            raise ValueError(f"--data.batch_size must be an integer >= 1 or auto, got {batch_size!r}")
         for flag, value, least in (("batch_size", batch_size, 1), ("val_batch_size", val_batch_size, 1),
                                    ("num_workers", num_workers, 0)):
-            if value is not None and value < least:  # named as the user set it: the flag, not the class
+            if isinstance(value, int) and value < least:  # named as the user set it: the flag, not the class
                 raise ValueError(f"--data.{flag} must be >= {least}, got {value}")
-        self.batch_size = batch_size
-        self.val_batch_size = val_batch_size if val_batch_size is not None else batch_size
+        self.batch_size: int | Literal["auto"] = batch_size
+        self._val_batch_size = val_batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
@@ -430,6 +434,23 @@ class CocoFormatDataModule(lightning.LightningDataModule):
                                                   epochs=self.mixup_epochs, epoch=self.epoch)
         return EpochLoader(dataset, epoch=self.epoch, current_epoch=self.training_epoch, **settings)
 
+    @property
+    def val_batch_size(self) -> int | Literal["auto"]:
+        """Images per evaluation batch: ``val_batch_size`` as given, else ``batch_size``."""
+        return self._val_batch_size if self._val_batch_size is not None else self.batch_size
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Set the training batch (and the evaluation batch where it follows it): ``batch_size="auto"``'s choice
+        (:func:`detr.lightning.batch_size.resolve_auto_batch_size`)."""
+        self.batch_size = batch_size
+
+    def _chosen(self, batch_size: int | Literal["auto"]) -> int:
+        if batch_size == "auto":
+            raise ValueError("--data.batch_size auto is chosen by the training system when a run starts "
+                             "(detr fit / validate / test / predict); this data module was used without one: give a "
+                             "number (batch_size=4)")
+        return batch_size
+
     def training_epoch(self) -> int | None:
         """The attached trainer's current epoch (0-based), None without a trainer."""
         return None if self.trainer is None else self.trainer.current_epoch
@@ -456,25 +477,27 @@ class CocoFormatDataModule(lightning.LightningDataModule):
         dataset = self._require(self.train_dataset, "train")
         if self.num_workers == 0:  # in-process augmentation: seed it from the (seed_everything) torch generator
             reseed_transform(dataset.transform, int(torch.randint(0, 2**31 - 1, ()).item()))
-        if self.drop_last and len(dataset) < self.batch_size:
+        batch_size = self._chosen(self.batch_size)
+        if self.drop_last and len(dataset) < batch_size:
             raise ValueError(
                 f"the training set has {len(dataset)} images, fewer than batch_size={self.batch_size}, so drop_last "
                 "leaves no batch; lower batch_size or set drop_last=False"
             )
-        return self._loader(dataset, batch_size=self.batch_size, shuffle=True, drop_last=self.drop_last, train=True)
+        return self._loader(dataset, batch_size=batch_size, shuffle=True, drop_last=self.drop_last, train=True)
 
     def val_dataloader(self) -> DataLoader:
         dataset = self._require(self.val_dataset, "val")
-        return self._loader(dataset, batch_size=self.val_batch_size, shuffle=False, drop_last=False)
+        return self._loader(dataset, batch_size=self._chosen(self.val_batch_size), shuffle=False, drop_last=False)
 
     def test_dataloader(self) -> DataLoader:
         dataset = self._require(self.test_dataset, "test")
-        return self._loader(dataset, batch_size=self.val_batch_size, shuffle=False, drop_last=False)
+        return self._loader(dataset, batch_size=self._chosen(self.val_batch_size), shuffle=False, drop_last=False)
 
     def predict_dataloader(self) -> DataLoader:
         if self.predict_dataset is None:
             raise ValueError("no predict data configured: pass predict_images (a folder or a list of image files)")
-        return self._loader(self.predict_dataset, batch_size=self.val_batch_size, shuffle=False, drop_last=False)
+        return self._loader(self.predict_dataset, batch_size=self._chosen(self.val_batch_size), shuffle=False,
+                            drop_last=False)
 
 
 class DetrDataModule(CocoFormatDataModule):

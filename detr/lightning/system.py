@@ -35,6 +35,7 @@ from detr.inference.postprocess import PostProcess
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
 from detr.inference.prediction import Prediction
+from detr.lightning.batch_size import resolve_auto_batch_size
 from detr.lightning.callbacks import time_budget_of
 from detr.lightning.checkpointing import restore_rng_states, save_rng_states, seed_each_process
 from detr.lightning.evaluation import EvaluationSchedule
@@ -239,7 +240,8 @@ class DetrSystem(L.LightningModule):
     def setup(self, stage: str) -> None:
         """Seed every process differently once the model is built
         (:func:`detr.lightning.checkpointing.seed_each_process`); check the evaluator backend and that the data
-        follows the model's input contract; run the backbone in float32 after all where ``backbone_bf16`` asks
+        follows the model's input contract; choose ``--data.batch_size auto``'s batch
+        (:mod:`detr.lightning.batch_size`); run the backbone in float32 after all where ``backbone_bf16`` asks
         for bfloat16 on a CPU without it."""
         if (self.detector.autocast_dtype == torch.bfloat16 and self.trainer.strategy.root_device.type == "cpu"
                 and not cpu_has_bfloat16()):
@@ -265,6 +267,8 @@ class DetrSystem(L.LightningModule):
                                "segmentations, e.g. detr-make-shapes --masks rle)")
         if stage in ("fit", "validate", "test"):
             self._check_input_contract()
+        resolve_auto_batch_size(self, self.trainer)  # before the loaders, whose length the schedule reads
+        if stage in ("fit", "validate", "test"):
             self.evaluation.announce(self.trainer)
         if stage == "fit" and self.trainer.world_size > 1:
             seed_each_process(self.global_rank)

@@ -18,8 +18,8 @@ from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from detr.models.config import BackboneName, BackboneNorm, LastStage, ModelConfig
-from detr.models.layers.conv_norm import fold_norm_into_conv, folded_weight_and_bias
-from detr.models.layers.cpu_kernels import stage_layout, strided_pointwise_conv
+from detr.models.layers.conv_norm import conv_frozen_norm, fold_norm_into_conv
+from detr.models.layers.cpu_kernels import stage_layout
 
 logger = logging.getLogger(__name__)
 
@@ -237,17 +237,6 @@ class Backbone(nn.Module):
         if self.autocast_dtype is not None:
             features, stages = features.float(), {name: value.float() for name, value in stages.items()}
         return features, downsample_mask(padding_mask, features.shape[-2:]), stages
-
-
-def conv_frozen_norm(conv: nn.Conv2d, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``norm(conv(x))`` with a FrozenBatchNorm2d ``norm`` folded into the convolution's weight and bias on the
-    fly (``w · s``, ``β − μ · s (+ b · s)``, ``s = γ / sqrt(σ² + eps)``): one pass over the activations fewer
-    forward and backward; gradients reach ``conv.weight`` through the product. Any other norm runs as it is."""
-    if not isinstance(norm, FrozenBatchNorm2d):
-        return norm(conv(x))
-    weight, bias = folded_weight_and_bias(conv, norm)
-    shortcut = strided_pointwise_conv(conv, x, weight, bias)  # a stage's strided 1 × 1 shortcut on the CPU
-    return shortcut if shortcut is not None else conv._conv_forward(x, weight, bias)
 
 
 def _folded_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:

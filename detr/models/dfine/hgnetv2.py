@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from detr.models.layers.conv_norm import fold_norm_into_conv
+from detr.models.layers.conv_norm import conv_frozen_norm, fold_norm_into_conv
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,11 @@ class ConvBNAct(nn.Module):
         self.lab = LearnableAffineBlock() if activation and lab else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.bn(self.conv(x))
+        # a training forward folds the frozen norm into the convolution (conv_frozen_norm), as ConvNorm does
+        if self.training and torch.is_grad_enabled():
+            x = conv_frozen_norm(self.conv, self.bn, x)
+        else:
+            x = self.bn(self.conv(x))
         return self.lab(F.relu(x)) if self.activation else x
 
 

@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
+from detr.models.layers.cpu_kernels import strided_pointwise_conv
+
 #: A norm layer's constructor: channels → module (nn.BatchNorm2d, FrozenBatchNorm2d, ...).
 Norm = Callable[[int], nn.Module]
 
@@ -36,6 +38,18 @@ def fold_norm_into_conv(conv: nn.Conv2d, norm: nn.BatchNorm2d | FrozenBatchNorm2
     conv.bias = nn.Parameter(bias, requires_grad=False)
 
 
+def conv_frozen_norm(conv: nn.Conv2d, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(conv(x))`` with a FrozenBatchNorm2d ``norm`` folded into the convolution's weight and bias on the
+    fly (``w · s``, ``β − μ · s (+ b · s)``, ``s = γ / sqrt(σ² + eps)``): one pass over the activations fewer
+    forward and backward; gradients reach ``conv.weight`` through the product (equal to the plain path's up to
+    float rounding). Any other norm runs as it is."""
+    if not isinstance(norm, FrozenBatchNorm2d):
+        return norm(conv(x))
+    weight, bias = folded_weight_and_bias(conv, norm)
+    shortcut = strided_pointwise_conv(conv, x, weight, bias)  # a stage's strided 1 × 1 shortcut on the CPU
+    return shortcut if shortcut is not None else conv._conv_forward(x, weight, bias)
+
+
 class ConvNorm(nn.Module):
     """Convolution (no bias, "same" padding for odd kernels, ``groups``) → norm → optional activation: ``conv``,
     ``norm``."""
@@ -49,6 +63,10 @@ class ConvNorm(nn.Module):
         self.activation = activation if activation is not None else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # a training forward folds a frozen norm into the convolution (conv_frozen_norm); inference keeps the
+        # separate norm, whose outputs equal the reference's bit for bit (optimize_for_inference folds for good)
+        if self.training and torch.is_grad_enabled():
+            return self.activation(conv_frozen_norm(self.conv, self.norm, x))
         return self.activation(self.norm(self.conv(x)))
 
 
