@@ -31,7 +31,7 @@ def _their_meta_weights(keys: KeyMap, model) -> dict[str, torch.Tensor]:
     """The model's weights in ``keys``' on-disk names, still on the meta device (KeyMap.to_theirs copies data)."""
     theirs = {}
     for key, value in model.state_dict().items():
-        split = keys._split_keys(key)  # a q, k, v in_proj: three tensors on disk
+        split = keys._split_keys(key)  # a q, k, v in_proj: three on disk
         parts = zip(split, value.chunk(3)) if split else [(keys.their_key(key), value)]
         theirs.update(parts)
     return theirs
