@@ -55,8 +55,8 @@ def test_every_release_is_a_preset_of_the_family():
     ("lwdetr_xlarge", 118.0),
 ])
 def test_the_presets_have_the_published_parameter_counts(name, millions):
-    """Seg Large is left out: the README says 36.2 M, the package's own RFDETRSegLargeConfig (5 layers, 200 queries,
-    a 42 × 42 position table at 504 px) builds 35.9 M there too (Seg Medium, the same but a 36 × 36 table, is 35.7)."""
+    """Seg Large is left out: the README says 36.2 M, the package's own RFDETRSegLargeConfig (5 layers, 200
+    queries, a 42 × 42 position table at 504 px) builds 35.9 M here (Seg Medium, but a 36 × 36 table: 35.7)."""
     count = sum(parameter.numel() for parameter in _meta_model(name).parameters())
     assert round(count / 1e6, 1) == millions
 
