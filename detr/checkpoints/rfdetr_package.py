@@ -56,7 +56,7 @@ def release_settings(release: Release) -> dict[str, Any]:
     config = release.config
     return {"sa_nheads": config.num_heads, "ca_nheads": config.cross_attention_heads, "projector_scale": ["P4"],
             "encoder": "dinov2_windowed_small", "out_feature_indexes": list(config.vit.out_indices),
-            "num_windows": config.vit.num_windows, "resolution": release.resolution}
+            "num_windows": config.vit.num_windows, "resolution": release.resolution, **release.package_settings}
 
 
 #: The released models' file stems (``pretrain_weights``), for messages.

@@ -13,7 +13,9 @@ patch) and the eval square (``resolution``). LW-DETR: the authors' scripts (Atte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
 
@@ -28,12 +30,15 @@ class Release:
         package_file: the rfdetr package's weights file stem (``rf-detr-nano``; its ``pretrain_weights``), or None
             (LW-DETR, whose files the package does not write).
         package_class: the package's class of that model (``RFDETRNano``; a checkpoint's ``model_name``), or None.
+        package_settings: settings of the package's model that neither its weights nor ``config`` show, which the
+            rfdetr package reader needs (``{"dual_projector_kp_only": True}``); none for the models here.
     """
 
     config: RFDETRConfig
     resolution: int
     package_file: str | None = None
     package_class: str | None = None
+    package_settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _rfdetr(*, patch: int, windows: int, stages: tuple[int, ...], layers: int,
