@@ -14,8 +14,9 @@ The configuration comes from three places, each filling what the one before leav
    the class count (``num_classes`` + 1 logits: label k is the data set's category k) and the mask head;
 2. ``model_config`` and ``args``: ``out_feature_indexes``, ``num_windows``, ``sa_nheads``, ``ca_nheads``,
    ``resolution`` (the square the model was trained at), ``encoder``, ``projector_scale``, ``class_names``;
-3. the released model of the file's name (or ``model_name``): the package's presets (``rfdetr/config.py``: Nano,
-   Small, Medium, Base, Large, Seg Preview, Seg Nano ... Seg 2XLarge).
+3. the released model of the file's name (or ``model_name``): the family's preset of that release
+   (:data:`detr.models.rfdetr.presets.RELEASES`, the package's ``rfdetr/config.py``: Nano, Small, Medium, Base,
+   Large, Seg Preview, Seg Nano ... Seg 2XLarge).
 
 A setting that none gives is refused with one line naming the file and the setting. Not read: LW-DETR's files (their
 ViT is another), the ``dinov2_registers_*`` encoders, several projector scales (``P3``, ``P5``), LoRA adapters,
@@ -40,6 +41,7 @@ from detr.checkpoints.rfdetr import RFDETR_KEYS
 from detr.checkpoints.rtdetr import count_numbered
 from detr.models.config import ModelMeta
 from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
+from detr.models.rfdetr.presets import RELEASES, Release, release_of_package_name
 
 logger = logging.getLogger(__name__)
 
@@ -48,27 +50,18 @@ PACKAGE_KEYS = replace(RFDETR_KEYS, drop=(Drop(r"_kp_active_mask$", "the package
                                                                      "active slot in the models read here"),))
 #: The key that marks the authors' RF-DETR state dict (the DINOv2 patch embedding of ``backbone.0``).
 PATCH_KEY = "backbone.0.encoder.encoder.embeddings.patch_embeddings.projection.weight"
-#: What the weights do not show, per released model (roboflow/rf-detr ``rfdetr/config.py``); the rest is read off
-#: the weights. Keys: the file's stem (``pretrain_weights``) or ``model_name``.
-_DETECTION = {"sa_nheads": 8, "ca_nheads": 16, "projector_scale": ["P4"], "encoder": "dinov2_windowed_small"}
-PRESETS: dict[str, dict[str, Any]] = {
-    "rf-detr-base": {**_DETECTION, "out_feature_indexes": [2, 5, 8, 11], "num_windows": 4, "resolution": 560},
-    "rf-detr-nano": {**_DETECTION, "out_feature_indexes": [3, 6, 9, 12], "num_windows": 2, "resolution": 384},
-    "rf-detr-small": {**_DETECTION, "out_feature_indexes": [3, 6, 9, 12], "num_windows": 2, "resolution": 512},
-    "rf-detr-medium": {**_DETECTION, "out_feature_indexes": [3, 6, 9, 12], "num_windows": 2, "resolution": 576},
-    "rf-detr-large-2026": {**_DETECTION, "out_feature_indexes": [3, 6, 9, 12], "num_windows": 2, "resolution": 704},
-    **{f"rf-detr-seg-{name}": {**_DETECTION, "out_feature_indexes": [3, 6, 9, 12], "num_windows": windows,
-                               "resolution": resolution}
-       for name, windows, resolution in (("preview", 2, 432), ("nano", 1, 312), ("small", 2, 384), ("medium", 2, 432),
-                                         ("large", 2, 504), ("xlarge", 2, 624), ("xxlarge", 2, 768))},
-}
-#: The package's class names of its presets (``RFDETRNano`` ...) → the file stems above.
-_MODEL_NAMES = {"RFDETRBase": "rf-detr-base", "RFDETRNano": "rf-detr-nano", "RFDETRSmall": "rf-detr-small",
-                "RFDETRMedium": "rf-detr-medium", "RFDETRLarge": "rf-detr-large-2026",
-                "RFDETRSegPreview": "rf-detr-seg-preview", "RFDETRSegNano": "rf-detr-seg-nano",
-                "RFDETRSegSmall": "rf-detr-seg-small", "RFDETRSegMedium": "rf-detr-seg-medium",
-                "RFDETRSegLarge": "rf-detr-seg-large", "RFDETRSegXLarge": "rf-detr-seg-xlarge",
-                "RFDETRSeg2XLarge": "rf-detr-seg-xxlarge"}
+def release_settings(release: Release) -> dict[str, Any]:
+    """What the weights do not show of a released model, as the package's settings, from its preset
+    (:data:`detr.models.rfdetr.presets.RELEASES`, the family's one table of sizes)."""
+    config = release.config
+    return {"sa_nheads": config.num_heads, "ca_nheads": config.cross_attention_heads, "projector_scale": ["P4"],
+            "encoder": "dinov2_windowed_small", "out_feature_indexes": list(config.vit.out_indices),
+            "num_windows": config.vit.num_windows, "resolution": release.resolution, **release.package_settings}
+
+
+#: The released models' file stems (``pretrain_weights``), for messages.
+RELEASED_FILES = tuple(release.package_file for release in RELEASES.values() if release.package_file)
+
 #: The settings this reader needs besides the weights.
 NEEDED = ("out_feature_indexes", "num_windows", "sa_nheads", "ca_nheads", "resolution")
 
@@ -91,12 +84,12 @@ def _settings(obj: dict[str, Any], path: Path) -> tuple[dict[str, Any], str | No
     """The run's settings: the preset of the file's (or model_name's) released model, then ``args``, then
     ``model_config`` over it (None values skipped) → (settings, the preset's name or None)."""
     model_name = obj.get("model_name")
-    names = [_MODEL_NAMES.get(str(model_name), str(model_name).lower()) if model_name else None, path.stem.lower()]
-    preset = next((name for name in names if name in PRESETS), None)
-    settings = dict(PRESETS[preset]) if preset else {}
+    names = [str(model_name)] if model_name else []
+    release = next(filter(None, (release_of_package_name(name) for name in (*names, path.stem))), None)
+    settings = release_settings(release) if release else {}
     for source in (_fields(obj.get("args")), _fields(obj.get("model_config"))):
         settings.update({key: value for key, value in source.items() if value is not None})
-    return settings, preset
+    return settings, release.package_file if release else None
 
 
 def _category_map(settings: dict[str, Any], num_classes: int, path: Path) -> CategoryMap | None:
@@ -143,7 +136,7 @@ def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> Checkpoin
     missing = [name for name in NEEDED if name not in settings]
     if missing:
         raise CheckpointError(f"{path}: the file records no {missing} (its 'args' lack them and its name is no "
-                              f"released model's: {', '.join(PRESETS)}); rename it to the released model it was "
+                              f"released model's: {', '.join(RELEASED_FILES)}); rename it to the released model it was "
                               "fine-tuned from")
     state_dict = PACKAGE_KEYS.to_ours(weights, path)
     patch = state_dict["backbone.patch_embed.weight"]

@@ -69,8 +69,10 @@ PRESET_NAMES: dict[str, tuple[str, ...]] = {
     "deformable": ("deformable_detr", "deformable_detr_box_refine", "deformable_detr_two_stage"),
     "rtdetr": ("rtdetr_r18vd", "rtdetr_r50vd", "rtdetr_r101vd"),
     "dfine": ("dfine_n", "dfine_s", "dfine_m", "dfine_l", "dfine_x", "deim_dfine_s"),
-    "deimv2": (),
-    "rfdetr": ("rfdetr_base",),
+    "deimv2": ("deimv2_n", "deimv2_l", "deimv2_x"),
+    "rfdetr": ("rfdetr_nano", "rfdetr_small", "rfdetr_medium", "rfdetr_base", "rfdetr_large", "rfdetr_seg_preview",
+               "rfdetr_seg_nano", "rfdetr_seg_small", "rfdetr_seg_medium", "rfdetr_seg_large", "rfdetr_seg_xlarge",
+               "rfdetr_seg_2xlarge", "lwdetr_tiny", "lwdetr_small", "lwdetr_medium", "lwdetr_large", "lwdetr_xlarge"),
 }
 
 

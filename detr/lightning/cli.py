@@ -36,6 +36,7 @@ import logging
 import os
 import pickle
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Any
@@ -363,7 +364,9 @@ def models_epilog() -> str:
              "line; --model.detr.help CLASS lists a family's options):"]
     for family in families():
         names = ", ".join(family.presets) or "no presets"
-        lines.append(f"  {family.title} ({family.config_class.__name__}): {names}")
+        lines.append(textwrap.fill(f"{family.title} ({family.config_class.__name__}): {names}", width=116,
+                                   initial_indent="  ", subsequent_indent="      ", break_long_words=False,
+                                   break_on_hyphens=False))
     return "\n".join(lines)
 
 

@@ -77,8 +77,9 @@ def overview(prog: str) -> str:
     if not panoptic:
         lines += ["", "model families and their presets (--model.detr PRESET, or model.detr: PRESET in a YAML; a",
                   "family's own options: --model.detr CLASS --model.detr.help CLASS):"]
-        lines += [f"  {FAMILY_NAMES[family]}: {', '.join(names) or '(no preset yet)'}"
-                  for family, names in PRESET_NAMES.items()]
+        lines += [textwrap.fill(f"{FAMILY_NAMES[family]}: {', '.join(names) or '(no preset yet)'}", width=116,
+                                initial_indent="  ", subsequent_indent="      ", break_long_words=False,
+                                break_on_hyphens=False) for family, names in PRESET_NAMES.items()]
     lines += [
         "",
         "options:",

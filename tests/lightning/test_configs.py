@@ -14,7 +14,7 @@ import yaml
 
 from detr.lightning.cli import main
 from detr.models.build import recipe_for
-from detr.models.family import config_from_dict
+from detr.models.family import config_from_dict, preset_config
 from detr.models.recipe import DETR_RECIPE, LossRecipe, OptimizerRecipe
 from tests.helpers import write_tiny_shapes
 
@@ -87,6 +87,18 @@ def _flat(group: dict) -> dict:
         else:
             flat[key] = value
     return flat
+
+
+@pytest.mark.parametrize(("name", "preset"), [
+    ("rfdetr_base_coco.yaml", "rfdetr_base"), ("dfine_s_coco.yaml", "dfine_s"), ("dfine_n_coco.yaml", "dfine_n"),
+    ("dfine_m_coco.yaml", "dfine_m"), ("dfine_l_coco.yaml", "dfine_l"), ("dfine_x_coco.yaml", "dfine_x"),
+    ("deim_dfine_s_coco.yaml", "deim_dfine_s"), ("rtdetr_r50vd_coco.yaml", "rtdetr_r50vd"),
+    ("rtdetr_r18vd_coco.yaml", "rtdetr_r18vd"),
+])
+def test_a_config_naming_a_preset_resolves_to_the_preset(name: str, preset: str, capsys) -> None:
+    """The COCO configs of a released size name its preset (``model.detr: dfine_n``): what they train is the
+    preset's model, field by field (num_classes, linked from the data, left at its default)."""
+    assert config_from_dict(_printed(capsys, REPO / "configs" / name)["model"]["detr"]) == preset_config(preset)
 
 
 def test_the_model_configs_and_their_base_exist() -> None:

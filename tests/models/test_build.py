@@ -4,6 +4,7 @@ registry every lookup derives from."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,6 +61,13 @@ def test_every_preset_builds_its_family_on_the_meta_device(name):
 def test_the_presets_are_the_configs_models(name, expected):
     config = preset_config(name)
     assert {key: getattr(config, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.name)
+def test_each_family_page_lists_its_presets(family):
+    """docs/models/<family>.md names every preset of its family (issue 56: the pages list the presets)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "models" / f"{family.name}.md").read_text()
+    assert [name for name in family.presets if f"`{name}`" not in page] == []
 
 
 def test_an_unknown_preset_names_the_presets():

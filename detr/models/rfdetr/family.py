@@ -1,18 +1,25 @@
-"""RF-DETR (and LW-DETR) as a family: its config, builder and presets (configs/rfdetr_base_coco.yaml)."""
+"""RF-DETR (and LW-DETR) as a family: its config, builder and presets, one per released size
+(:data:`detr.models.rfdetr.presets.RELEASES`; configs/rfdetr_base_coco.yaml)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from detr.models.family import Family, register_family
 from detr.models.recipe import Recipe
 from detr.models.rfdetr.build import build_rfdetr
 from detr.models.rfdetr.config import FLAT_NAMES, RFDETRConfig, migrate_flat
+from detr.models.rfdetr.presets import RELEASES
 from detr.models.rfdetr.recipe import RECIPE, SEGMENTATION_RECIPE
 
 
-def rfdetr_base() -> RFDETRConfig:
-    """RF-DETR base: DINOv2-S windowed (4 × 4 windows, patch 14), 3 decoder layers, 13 groups of 300 queries
-    (configs/rfdetr_base_coco.yaml)."""
-    return RFDETRConfig()
+def _preset(name: str) -> Callable[[], RFDETRConfig]:
+    def config() -> RFDETRConfig:
+        return RELEASES[name].config
+
+    config.__name__ = config.__qualname__ = name
+    config.__doc__ = f"The released {name} (its eval square: {RELEASES[name].resolution} px)."
+    return config
 
 
 def recipe(config: RFDETRConfig) -> Recipe:
@@ -22,6 +29,6 @@ def recipe(config: RFDETRConfig) -> Recipe:
 
 FAMILY = register_family(Family(
     name="rfdetr", title="RF-DETR / LW-DETR", config_class=RFDETRConfig, builder=build_rfdetr,
-    presets={"rfdetr_base": rfdetr_base}, recipe=recipe, augmentation="rfdetr", flat_names=FLAT_NAMES,
+    presets={name: _preset(name) for name in RELEASES}, recipe=recipe, augmentation="rfdetr", flat_names=FLAT_NAMES,
     migrate_flat=migrate_flat,
 ))
