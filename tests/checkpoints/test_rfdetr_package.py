@@ -53,7 +53,7 @@ def test_a_file_with_namespace_args_loads_with_the_same_outputs(tmp_path, masks)
                 "args": argparse.Namespace(**ARGS, class_names=names, segmentation_head=masks)}, path)
     model = detr.load_checkpoint(path)
     config = model.config
-    assert (config.vit_hidden_dim, config.vit_num_heads, config.vit_out_indices, config.vit_num_windows) == (
+    assert (config.vit.width, config.vit.heads, config.vit.out_indices, config.vit.num_windows) == (
         128, 2, (1, 2, 4), 2)
     assert (config.num_queries, config.query_groups, config.num_classes, config.num_points) == (20, 3, 5, 4)
     assert model.predicts_masks == masks and model.meta.eval_size == (112, 112)
@@ -71,7 +71,7 @@ def test_a_lightning_era_file_reads_model_config_and_a_release_its_presets(tmp_p
     released = tmp_path / "rf-detr-nano.pth"
     torch.save({"model": weights}, released)
     model = detr.load_checkpoint(released)
-    assert model.config.vit_out_indices == (3, 6, 9, 12) and model.config.vit_patch_size == 16
+    assert model.config.vit.out_indices == (3, 6, 9, 12) and model.config.vit.patch_size == 16
     assert model.meta.eval_size == (384, 384) and model.meta.category_map.names[1] == "person"  # COCO's ids
     assert max(_max_differences(model, hf, 128)) <= 1e-4
     renamed = tmp_path / "mine.pth"
