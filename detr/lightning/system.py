@@ -32,6 +32,7 @@ from detr.checkpoints.formats import checkpoint_record, key_mismatch
 from detr.evaluation import CocoEvaluation, CocoEvaluator
 from detr.evaluation.coco_evaluator import scored_detections
 from detr.inference.postprocess import PostProcess
+from detr.inference.postprocess_keypoints import PostProcessKeypoints
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
 from detr.inference.prediction import Prediction
@@ -475,7 +476,8 @@ class DetrSystem(L.LightningModule):
             input_sizes=[tuple(int(v) for v in t["size"]) for t in targets], class_head=self.detector.class_head,
             category_map=self.category_map, file_names=[t.get("file_name") for t in targets],
             image_ids=[int(t["image_id"]) for t in targets], errors=[t.get("error") for t in targets],
-            masks=masks, panoptic=panoptic, top_k=self.detector.detections_per_image)
+            masks=masks, panoptic=panoptic, top_k=self.detector.detections_per_image,
+            keypoints=PostProcessKeypoints.for_model(self.detector))
 
     # ------------------------------------------------------------------ optimisation
     def parameter_groups(self) -> list[dict[str, Any]]:
