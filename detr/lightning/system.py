@@ -264,11 +264,29 @@ class DetrSystem(L.LightningModule):
             raise SettingError("--data.masks false: the model predicts instance masks (model.detr.instance_masks), "
                                "whose loss needs each object's mask: set --data.masks true (annotations with "
                                "segmentations, e.g. detr-make-shapes --masks rle)")
+        schema = self.detector.keypoint_schema
+        if stage == "fit" and schema is not None and data is not None and hasattr(data, "keypoints"):
+            self._check_keypoint_data(schema.counts, data)
         if stage in ("fit", "validate", "test"):
             self._check_input_contract()
             self.evaluation.announce(self.trainer)
         if stage == "fit" and self.trainer.world_size > 1:
             seed_each_process(self.global_rank)
+
+    @staticmethod
+    def _check_keypoint_data(counts: tuple[int, ...], data: Any) -> None:
+        """Raise :class:`SettingError` when a keypoint model (``counts``: its keypoints per class) is to train on
+        data without keypoints, or on data whose classes have other keypoint counts."""
+        if not data.keypoints:
+            raise SettingError("--data.keypoints false: the model predicts keypoints (model.detr.num_keypoints_per_class), "
+                               "whose loss needs each object's keypoints: set --data.keypoints true (annotations "
+                               "with keypoints, e.g. detr-make-shapes --keypoints)")
+        theirs = list(data.num_keypoints_per_class)
+        ours = [*counts, *[0] * (len(theirs) - len(counts))]
+        if theirs and ours != theirs:
+            raise SettingError(f"--model.detr.num_keypoints_per_class {list(counts)} does not match the data's "
+                               f"categories, whose labels have {theirs} keypoints: set "
+                               f"--model.detr.num_keypoints_per_class {str(theirs).replace(' ', '')}")
 
     def _check_input_contract(self) -> None:
         """Raise :class:`SettingError` when the data module's transforms do not follow the model's input
