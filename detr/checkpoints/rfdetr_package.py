@@ -61,7 +61,8 @@ _KEYPOINT_RENAMES = (
     Rename("keypoint_embed.", f"{_HEAD}predictor."),
     # the second projector (dual_projector): the first's rules, on its own keys
     *(Rename(rule.theirs.replace("backbone.0.projector.", "backbone.0.cross_attn_projector.", 1),
-             "keypoint_" + rule.ours) for rule in RFDETR_KEYS.renames if rule.theirs.startswith("backbone.0.projector.")),
+             "keypoint_" + rule.ours)
+      for rule in RFDETR_KEYS.renames if rule.theirs.startswith("backbone.0.projector.")),
 )
 #: The package's keys: the authors' (those of transformers' RF-DETR files) and its keypoint model's.
 PACKAGE_KEYS = replace(RFDETR_KEYS, renames=(*_KEYPOINT_RENAMES, *RFDETR_KEYS.renames), drop=(

@@ -278,9 +278,9 @@ class DetrSystem(L.LightningModule):
         """Raise :class:`SettingError` when a keypoint model (``counts``: its keypoints per class) is to train on
         data without keypoints, or on data whose classes have other keypoint counts."""
         if not data.keypoints:
-            raise SettingError("--data.keypoints false: the model predicts keypoints (model.detr.num_keypoints_per_class), "
-                               "whose loss needs each object's keypoints: set --data.keypoints true (annotations "
-                               "with keypoints, e.g. detr-make-shapes --keypoints)")
+            raise SettingError("--data.keypoints false: the model predicts keypoints "
+                               "(model.detr.num_keypoints_per_class), whose loss needs each object's keypoints: set "
+                               "--data.keypoints true (annotations with keypoints, e.g. detr-make-shapes --keypoints)")
         theirs = list(data.num_keypoints_per_class)
         ours = [*counts, *[0] * (len(theirs) - len(counts))]
         if theirs and ours != theirs:

@@ -17,7 +17,8 @@ from detr.inference.predictor import Predictor
 from detr.models.build import build_detr
 from detr.models.config import ModelMeta
 from tests.helpers import randomise
-from tests.models.test_rfdetr_keypoints import COUNTS, TINY
+from tests.helpers_rfdetr import KEYPOINT_COUNTS as COUNTS
+from tests.helpers_rfdetr import TINY_KEYPOINT_RFDETR as TINY
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,17 +11,12 @@ import torch
 from detr.loss.build import build_criterion
 from detr.models.build import build_detr, recipe_for
 from detr.models.family import family_named
-from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
+from tests.helpers_rfdetr import KEYPOINT_COUNTS, TINY_KEYPOINT_RFDETR
 from tests.helpers_rfdetr_package import rfdetr_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-COUNTS = (0, 3, 2)
-TINY = RFDETRConfig(hidden_dim=32, num_heads=4, cross_attention_heads=8, dim_feedforward=48, num_decoder_layers=2,
-                    num_queries=6, num_classes=4, projector_blocks=1, num_points=2, query_groups=2,
-                    vit=WindowedViTSize(width=24, depth=3, heads=3, out_indices=(1, 3), num_windows=2, patch_size=8,
-                                        position_size=32, mlp_dim=48),
-                    num_keypoints_per_class=COUNTS, keypoint_projector=True, pretrained_backbone=False)
+COUNTS, TINY = KEYPOINT_COUNTS, TINY_KEYPOINT_RFDETR
 
 
 def test_the_preview_preset_is_the_package_s_keypoint_preview():

@@ -35,6 +35,6 @@ def recipe(config: RFDETRConfig) -> Recipe:
 
 FAMILY = register_family(Family(
     name="rfdetr", title="RF-DETR / LW-DETR", config_class=RFDETRConfig, builder=build_rfdetr,
-    presets={"rfdetr_base": rfdetr_base, "rfdetr_keypoint_preview": rfdetr_keypoint_preview}, recipe=recipe, augmentation="rfdetr", flat_names=FLAT_NAMES,
-    migrate_flat=migrate_flat,
+    presets={"rfdetr_base": rfdetr_base, "rfdetr_keypoint_preview": rfdetr_keypoint_preview}, recipe=recipe,
+    augmentation="rfdetr", flat_names=FLAT_NAMES, migrate_flat=migrate_flat,
 ))

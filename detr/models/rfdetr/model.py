@@ -180,8 +180,8 @@ class RFDETR(Detector):
         Returns a :class:`DetectorOutput`: logits [B, Q, num_classes] (sigmoid scores), boxes [B, Q, 4] normalised
         cxcywh of the last decoder layer; aux (if aux_loss): the earlier layers; proposals: the selected encoder
         proposals; masks (with a mask head, in evaluation): logits [B, Q, H / 4, W / 4]; keypoints (a keypoint model):
-        [B, Q, C_k · K_max, 8] for every layer and the proposals (:mod:`detr.models.layers.keypoint_head`); with return_attention,
-        sampling. In training Q is ``query_groups`` × num_queries, group by group (Group DETR), and with a mask
+        [B, Q, C_k · K_max, 8] for every layer and the proposals (:mod:`detr.models.layers.keypoint_head`); with
+        return_attention, sampling. In training Q is ``query_groups`` × num_queries, group by group (Group DETR), and with a mask
         head every layer (the proposals too) carries its masks as ``mask_features`` instead of ``masks``.
         """
         if images.dim() != 4:
