@@ -171,6 +171,9 @@ class DetrSystem(L.LightningModule):
         self.last_evaluation: CocoEvaluation | None = None
         self.mask_evaluator: CocoEvaluator | None = None
         self.last_mask_evaluation: CocoEvaluation | None = None
+        #: a keypoint model's post-processing and OKS AP evaluator (None without keypoints)
+        self.postprocess_keypoints = PostProcessKeypoints.for_model(self.detector)
+        self.keypoint_evaluator: CocoEvaluator | None = None
         #: the score threshold the last validation found best (saved in checkpoints: the commands' default)
         self.score_threshold: float | None = None
         #: the schedule settings a resumed run changed (fit_saved_schedulers), applied at the start of training
@@ -405,6 +408,8 @@ class DetrSystem(L.LightningModule):
     def _start_evaluation(self, stage: str) -> None:
         self.evaluator = self.evaluation.start(self.trainer, stage, self.category_map)
         self.mask_evaluator = self._start_mask_evaluation(stage)
+        self.keypoint_evaluator = (self.evaluation.start_keypoints(self.trainer, stage, self.category_map)
+                                   if self.postprocess_keypoints is not None else None)
 
     def _start_mask_evaluation(self, stage: str) -> CocoEvaluator | None:
         """The mask AP evaluator of a model that predicts masks, on the json's segmentations (None without)."""
@@ -428,7 +433,11 @@ class DetrSystem(L.LightningModule):
                        detections: list[dict[str, torch.Tensor]], orig_sizes: torch.Tensor) -> None:
         """Evaluation beyond box AP on one batch: the detections' masks for mask AP, those COCOeval scores
         (:func:`detr.evaluation.coco_evaluator.scored_detections`) at the original size, a few queries at a
-        time. The panoptic system adds PQ."""
+        time; a keypoint model's keypoints for OKS AP (scores fused with their uncertainty). The panoptic system
+        adds PQ."""
+        if self.keypoint_evaluator is not None and outputs.keypoints is not None:
+            with_keypoints = self.postprocess_keypoints(outputs.keypoints, detections, orig_sizes)
+            self.keypoint_evaluator.update([int(t["image_id"]) for t in targets], with_keypoints)
         if self.mask_evaluator is None or self.postprocess_masks is None or outputs.masks is None:
             return
         processed = [(int(t["size"][0]), int(t["size"][1])) for t in targets]
@@ -456,6 +465,8 @@ class DetrSystem(L.LightningModule):
                                    "given --threshold", stage)
         if self.mask_evaluator is not None:
             self.last_mask_evaluation = self.evaluation.finish(self, stage, self.mask_evaluator)
+        if self.keypoint_evaluator is not None:
+            self.evaluation.finish(self, stage, self.keypoint_evaluator)
 
     def on_validation_epoch_start(self) -> None:
         self._start_evaluation("val")
@@ -495,7 +506,7 @@ class DetrSystem(L.LightningModule):
             category_map=self.category_map, file_names=[t.get("file_name") for t in targets],
             image_ids=[int(t["image_id"]) for t in targets], errors=[t.get("error") for t in targets],
             masks=masks, panoptic=panoptic, top_k=self.detector.detections_per_image,
-            keypoints=PostProcessKeypoints.for_model(self.detector))
+            keypoints=self.postprocess_keypoints)
 
     # ------------------------------------------------------------------ optimisation
     def parameter_groups(self) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """RF-DETR with keypoints through `detr fit`: a tiny GroupPose keypoint model trains a few steps on the synthetic
-keypoint set (``detr-make-shapes --keypoints``) with every keypoint term logged, and its checkpoint predicts each
-detection's keypoints; a keypoint model on data without keypoints, or with other counts, is refused in one line."""
+keypoint set (``detr-make-shapes --keypoints``) with every keypoint term and the validation's OKS AP logged, and its
+checkpoint predicts each detection's keypoints; a keypoint model on data without keypoints, or with other counts, is refused in one line."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ def test_fit_trains_the_keypoint_terms_and_the_checkpoint_predicts_keypoints(key
              for suffix in ("", "_0", "_enc")]
     logged = [float(row[name]) for row in rows for name in terms if row.get(name)]
     assert len(logged) == 2 * len(terms) and all(math.isfinite(value) for value in logged)
+    assert any(row.get("val/keypoint_AP") for row in rows) and any(row.get("val/AP") for row in rows)  # OKS AP
     model = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert model.config.num_keypoints_per_class == tuple(COUNTS)
     image = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
