@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
 from tests.helpers import randomise
 
 #: A small ViT: 4 blocks of width 48, stages 1, 2 and 4 read, 2 × 2 windows, a 4 × 4 position table.
@@ -56,3 +57,13 @@ def hf_lwdetr(num_labels: int = 80, *, vit: dict | None = None, seed: int = 0, *
     model = transformers.LwDetrForObjectDetection(config).eval()
     randomise(model, seed)
     return model
+
+
+#: A tiny RF-DETR with GroupPose keypoints (classes with 0, 3 and 2 keypoints, the second projector): 32-px squares.
+KEYPOINT_COUNTS = (0, 3, 2)
+TINY_KEYPOINT_RFDETR = RFDETRConfig(
+    hidden_dim=32, num_heads=4, cross_attention_heads=8, dim_feedforward=48, num_decoder_layers=2, num_queries=6,
+    num_classes=4, projector_blocks=1, num_points=2, query_groups=2,
+    vit=WindowedViTSize(width=24, depth=3, heads=3, out_indices=(1, 3), num_windows=2, patch_size=8, position_size=32,
+                        mlp_dim=48),
+    num_keypoints_per_class=KEYPOINT_COUNTS, keypoint_projector=True, pretrained_backbone=False)

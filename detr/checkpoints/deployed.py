@@ -28,6 +28,7 @@ from detr.models.detr_family import DetrConfig
 from detr.models.family import config_from_dict
 from detr.models.detector import Detector
 from detr.models.inputs import InputSpec
+from detr.models.layers.keypoint_head import KeypointSchema
 from detr.models.outputs import DetectorOutput
 
 #: The metadata keys every exported file carries (values are JSON strings).
@@ -35,7 +36,7 @@ METADATA_KEYS = ("detr.outputs", "detr.class_head", "detr.num_classes", "detr.ca
                  "detr.min_image_size", "detr.model_config")
 #: Keys that files written before them lack (read as None).
 OPTIONAL_METADATA_KEYS = ("detr.input_spec", "detr.precision", "detr.score_threshold", "detr.detections_per_image",
-                          "detr.static_input_size", "detr.predicts_masks")
+                          "detr.static_input_size", "detr.predicts_masks", "detr.keypoints")
 
 #: Suffix of a deployed file → "module:class" of the runtime that runs it.
 RUNTIMES = {".onnx": "detr.checkpoints.onnx:OnnxDetector", ".xml": "detr.checkpoints.openvino:OpenVinoDetector"}
@@ -119,6 +120,15 @@ class DeployedDetector(Detector):
         self.static_input_size = tuple(meta["static_input_size"]) if meta["static_input_size"] else None
         #: the file outputs mask logits after the boxes (pred_masks; post-processed: mask_logits)
         self.predicts_masks = bool(meta["predicts_masks"])
+        keypoints = meta["keypoints"]
+        if keypoints:  # the file outputs a keypoint model's raw keypoints last (pred_keypoints; post-processed:
+            # keypoints of the kept pairs)
+            try:
+                self.keypoint_schema = KeypointSchema(tuple(int(n) for n in keypoints["num_keypoints_per_class"]))
+                self.keypoint_trace_alpha = float(keypoints["trace_alpha"])
+            except (KeyError, TypeError, ValueError) as error:
+                raise CheckpointError(f"{self.path}: its DETR metadata's keypoints are not valid ({error}); export "
+                                      "the checkpoint again with detr-export") from None
         # files of models built without build_detr record no config: the class head and class count are all
         # the predictor needs, and they are recorded on their own
         self.config = (config_from_dict(meta["model_config"], where=str(self.path)) if meta["model_config"]
@@ -163,8 +173,10 @@ class DeployedDetector(Detector):
             raise ValueError(f"{self.path.name} was exported with post-processing: it needs orig_sizes [B, 2] and "
                              f"returns scores, labels and pixel boxes ({type(self).__name__}.detect). "
                              "detr.Predictor post-processes itself: export without --postprocess for it")
-        logits, boxes, *masks = self._run(images, padding_mask)
-        return DetectorOutput(logits, boxes, class_head=self.class_head, masks=masks[0] if masks else None)
+        logits, boxes, *rest = self._run(images, padding_mask)
+        masks = rest.pop(0) if self.predicts_masks else None
+        keypoints = rest.pop(0) if self.keypoint_schema is not None else None
+        return DetectorOutput(logits, boxes, class_head=self.class_head, masks=masks, keypoints=keypoints)
 
     def detect(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor) -> dict[str, Tensor]:
         """A file exported with post-processing: images and padding_mask as :meth:`forward`, orig_sizes int64

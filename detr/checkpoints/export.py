@@ -89,7 +89,10 @@ class DeployModel(nn.Module):
     (scores [B, Q], labels int64 [B, Q], boxes [B, Q, 4] pixel xyxy), scored by :mod:`detr.inference.postprocess`;
     for a model with ``detections_per_image`` k, the k best (query, class) pairs: [B, k] each, best first. A model
     that predicts masks adds its mask logits: pred_masks [B, Q, H / 4, W / 4]; post-processed, mask_logits
-    [B, k, H / 4, W / 4] of the kept pairs' queries.
+    [B, k, H / 4, W / 4] of the kept pairs' queries. A keypoint model (``keypoint_schema``) adds its raw keypoints
+    after them: pred_keypoints [B, Q, C_k · K_max, 8] (:mod:`detr.models.layers.keypoint_head`); post-processed,
+    keypoints [B, k, C_k · K_max, 8] of the kept pairs' queries (decoded outside the graph:
+    :func:`detr.inference.postprocess_keypoints.grouppose_keypoints`).
     """
 
     def __init__(self, model: Detector, *, postprocess: bool = False) -> None:
@@ -105,24 +108,30 @@ class DeployModel(nn.Module):
         names = ["scores", "labels", "boxes"] if self.postprocess else ["pred_logits", "pred_boxes"]
         if self.model.predicts_masks:
             names.append("mask_logits" if self.postprocess else "pred_masks")
+        if self.model.keypoint_schema is not None:
+            names.append("keypoints" if self.postprocess else "pred_keypoints")
         return names
 
     def forward(self, images: Tensor, padding_mask: Tensor, orig_sizes: Tensor | None = None) -> tuple[Tensor, ...]:
         outputs = self.model(images, padding_mask)
         masks = (outputs.masks,) if self.model.predicts_masks else ()
+        keypoints = (outputs.keypoints,) if self.model.keypoint_schema is not None else ()
         if not self.postprocess:
-            return outputs.logits, outputs.boxes, *masks
+            return outputs.logits, outputs.boxes, *masks, *keypoints
         assert orig_sizes is not None, "a post-processing graph takes orig_sizes"
         top_k = self.model.detections_per_image
         if top_k is None:
             scores, labels = scores_and_labels(outputs.logits, self.model.class_head)
-            return scores, labels, boxes_to_pixels(outputs.boxes, orig_sizes), *masks
+            return scores, labels, boxes_to_pixels(outputs.boxes, orig_sizes), *masks, *keypoints
         scores, labels, queries = top_k_pairs(outputs.logits, top_k)
         boxes = outputs.boxes.gather(1, queries[..., None].expand(-1, -1, 4))
         if masks:  # the kept pairs' queries' masks (a query kept for two classes: its mask twice)
             height, width = outputs.masks.shape[-2:]
             masks = (outputs.masks.gather(1, queries[..., None, None].expand(-1, -1, height, width)),)
-        return scores, labels, boxes_to_pixels(boxes, orig_sizes), *masks
+        if keypoints:  # likewise their keypoints
+            slots, channels = outputs.keypoints.shape[-2:]
+            keypoints = (outputs.keypoints.gather(1, queries[..., None, None].expand(-1, -1, slots, channels)),)
+        return scores, labels, boxes_to_pixels(boxes, orig_sizes), *masks, *keypoints
 
 
 def prepare_for_export(model: Detector, *, bilinear_kernel: BilinearKernel = "grid_sample") -> Detector:
@@ -251,6 +260,8 @@ def metadata(model: Detector, *, postprocess: bool, category_map: CategoryMap | 
         "detections_per_image": model.detections_per_image,
         "static_input_size": [square, square] if square is not None else None,
         "predicts_masks": model.predicts_masks,
+        "keypoints": None if model.keypoint_schema is None else {
+            "num_keypoints_per_class": list(model.keypoint_schema.counts), "trace_alpha": model.keypoint_trace_alpha},
     }
     return {f"detr.{key}": json.dumps(value) for key, value in values.items()}
 
@@ -349,13 +360,15 @@ class Verification:
         return "\n".join(lines)
 
 
-def _tolerances(postprocess: bool, masks: bool = False) -> dict[str, float]:
+def _tolerances(postprocess: bool, masks: bool = False, keypoints: bool = False) -> dict[str, float]:
     if postprocess:  # boxes are compared in normalised units (pixel difference / image size)
         tolerances = {"scores": SCORE_TOLERANCE, "labels": 0.0, "boxes": BOX_TOLERANCE}
     else:
         tolerances = {"pred_logits": LOGIT_TOLERANCE, "pred_boxes": BOX_TOLERANCE}
     if masks:
         tolerances["mask_logits" if postprocess else "pred_masks"] = LOGIT_TOLERANCE
+    if keypoints:  # normalised x, y beside logits and log-precisions: held to the logits' tolerance
+        tolerances["keypoints" if postprocess else "pred_keypoints"] = LOGIT_TOLERANCE
     return tolerances
 
 
@@ -441,7 +454,8 @@ def verify_export(model: Detector, path: str | Path, *, format: ExportFormat = "
                 diff = diff / inputs[2].double().amax(dim=1)[:, None, None]
             row[name] = float(diff.max()) if diff.numel() else 0.0
         differences[check] = row
-    return Verification(path, differences, _tolerances(postprocess, reference.model.predicts_masks))
+    return Verification(path, differences, _tolerances(postprocess, reference.model.predicts_masks,
+                                                       reference.model.keypoint_schema is not None))
 
 
 def exported_files(path: str | Path) -> list[Path]:

@@ -19,8 +19,14 @@ The configuration comes from three places, each filling what the one before leav
    Large, Seg Preview, Seg Nano ... Seg 2XLarge).
 
 A setting that none gives is refused with one line naming the file and the setting. Not read: LW-DETR's files (their
-ViT is another), the ``dinov2_registers_*`` encoders, several projector scales (``P3``, ``P5``), LoRA adapters,
-keypoint models (the package's empty keypoint schema buffer, ``_kp_active_mask``, is dropped).
+ViT is another), the ``dinov2_registers_*`` encoders, several projector scales (``P3``, ``P5``), LoRA adapters.
+
+Keypoint models (``RFDETRKeypointPreview``, GroupPose): the schema (keypoints per class) is the file's
+``_kp_active_mask``; the keypoint width, cross-attention, inter-instance attention and second projector are read off
+the weights (the keypoint head's keys are renamed into :class:`~detr.models.layers.keypoint_head.KeypointHead`'s,
+``backbone.0.cross_attn_projector`` into ``keypoint_projector``), ``postprocess_trace_alpha`` off the settings (0.2).
+Refused: decoder register tokens (``num_decoder_registers`` > 0) and a second projector that the whole decoder reads
+(``dual_projector`` without ``dual_projector_kp_only``). A detection file's empty schema buffer is dropped.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import torch
 
 from detr.categories import UNUSED_NAME, CategoryMap
 from detr.checkpoints.formats import CheckpointContents, CheckpointError
-from detr.checkpoints.key_map import Drop
+from detr.checkpoints.key_map import Drop, Rename
 from detr.checkpoints.rfdetr import RFDETR_KEYS
 from detr.checkpoints.rtdetr import count_numbered
 from detr.models.config import ModelMeta
@@ -45,9 +51,25 @@ from detr.models.rfdetr.presets import RELEASES, Release, release_of_package_nam
 
 logger = logging.getLogger(__name__)
 
-#: The package's keys: the authors' (those of transformers' RF-DETR files) and its keypoint schema.
-PACKAGE_KEYS = replace(RFDETR_KEYS, drop=(Drop(r"_kp_active_mask$", "the package's keypoint schema buffer, with no "
-                                                                     "active slot in the models read here"),))
+_HEAD = "decoder.keypoint_head."
+#: The package's GroupPose keypoint keys → :class:`KeypointHead`'s (before the authors' blanket decoder-layer rule).
+_KEYPOINT_RENAMES = (
+    *(Rename(f"transformer.decoder.layers.{{}}.{part}", f"{_HEAD}layers.{{}}.{part}")
+      for part in ("inst_", "memory_in_proj", "kp_", "inter_inst_kp_", "instance_kp_layer_scale")),
+    Rename("transformer.decoder.keypoint_pos_embed", f"{_HEAD}keypoint_pos_embed"),
+    Rename("transformer.keypoint_query_initializer_enc.", f"{_HEAD}encoder_query_initializer."),
+    Rename("transformer.keypoint_query_initializer.", f"{_HEAD}query_initializer."),
+    Rename("transformer.enc_out_keypoint_embed.{}.", f"{_HEAD}encoder_predictors.{{}}."),
+    Rename("keypoint_embed.", f"{_HEAD}predictor."),
+    # the second projector (dual_projector): the first's rules, on its own keys
+    *(Rename(rule.theirs.replace("backbone.0.projector.", "backbone.0.cross_attn_projector.", 1),
+             "keypoint_" + rule.ours)
+      for rule in RFDETR_KEYS.renames if rule.theirs.startswith("backbone.0.projector.")),
+)
+#: The package's keys: the authors' (those of transformers' RF-DETR files) and its keypoint model's.
+PACKAGE_KEYS = replace(RFDETR_KEYS, renames=(*_KEYPOINT_RENAMES, *RFDETR_KEYS.renames), drop=(
+    Drop(r"_kp_active_mask$", "the package's keypoint schema, read into num_keypoints_per_class"),
+    Drop(r"transformer\.decoder\.keypoint_class_mask$", "the keypoint attention mask, computed from the schema")))
 #: The key that marks the authors' RF-DETR state dict (the DINOv2 patch embedding of ``backbone.0``).
 PATCH_KEY = "backbone.0.encoder.encoder.embeddings.patch_embeddings.projection.weight"
 def release_settings(release: Release) -> dict[str, Any]:
@@ -108,6 +130,30 @@ def _category_map(settings: dict[str, Any], num_classes: int, path: Path) -> Cat
     return CategoryMap.coco() if num_classes == 91 else None
 
 
+def _keypoint_fields(weights: dict[str, torch.Tensor], state_dict: dict[str, torch.Tensor],
+                     settings: dict[str, Any], hidden: int, path: Path) -> dict[str, Any]:
+    """A keypoint model's :class:`RFDETRConfig` fields: the schema from ``_kp_active_mask`` (bool [C_k, K_max]),
+    the rest off the renamed weights and the settings; {} for a detection model (no active slot)."""
+    active = weights.get("_kp_active_mask")
+    if active is None or not bool(active.any()):
+        return {}
+    if "transformer.register_tokens" in weights:
+        raise CheckpointError(f"{path}: the decoder holds register tokens (num_decoder_registers > 0), which this "
+                              "project's RF-DETR does not have")
+    second = any(key.startswith("backbone.0.cross_attn_projector.") for key in weights)
+    if second and settings.get("dual_projector_kp_only") is not True:
+        raise CheckpointError(f"{path}: a second projector (dual_projector) that the whole decoder reads: this project "
+                              "reads it only with dual_projector_kp_only=True (the keypoints' cross-attention alone), "
+                              "which the file does not record")
+    width = int(state_dict[f"{_HEAD}keypoint_pos_embed"].shape[1])
+    return {"num_keypoints_per_class": tuple(int(n) for n in active.sum(1).tolist()),
+            "keypoint_dim_divisor": hidden // width,
+            "keypoint_cross_attention": f"{_HEAD}layers.0.kp_cross_attn.value_proj.weight" in state_dict,
+            "keypoint_inter_instance_attention": f"{_HEAD}layers.0.inter_inst_kp_attn.in_proj_weight" in state_dict,
+            "keypoint_projector": second,
+            "keypoint_trace_alpha": float(settings.get("postprocess_trace_alpha", 0.2))}
+
+
 def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> CheckpointContents:
     """The package's loaded file (:func:`is_rfdetr_package_file`) → this project's state dict, config and meta.
 
@@ -120,10 +166,6 @@ def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> Checkpoin
     if any(key.startswith("backbone.0.encoder.base_model.") for key in weights):
         raise CheckpointError(f"{path}: the ViT holds LoRA adapters (backbone_lora): merge them into the encoder's "
                               "weights with the rfdetr package and save again")
-    keypoints = weights.get("_kp_active_mask")  # the package's keypoint schema (1.11): no active slot, no keypoints
-    if keypoints is not None and bool(keypoints.any()):
-        raise CheckpointError(f"{path}: a keypoint model (its _kp_active_mask has active slots): this project's "
-                              "RF-DETR predicts boxes and instance masks, not keypoints")
     settings, preset = _settings(obj, path)
     encoder = str(settings.get("encoder", "dinov2_windowed_small"))
     scales = list(settings.get("projector_scale") or ["P4"])
@@ -147,6 +189,7 @@ def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> Checkpoin
     cross_heads, levels = int(settings["ca_nheads"]), 1
     points = state_dict["decoder.layers.0.cross_attn.attention_weights.weight"].shape[0] // (cross_heads * levels)
     masks = "mask_head.bias" in state_dict
+    keypoints = _keypoint_fields(weights, state_dict, settings, int(hidden), path)
     num_classes = int(state_dict["decoder.class_head.weight"].shape[0])
     try:
         vit = WindowedViTSize(
@@ -165,7 +208,7 @@ def read_rfdetr_package_file(obj: dict[str, Any], path: str | Path) -> Checkpoin
             projector_blocks=count_numbered(state_dict, "projector.0.bottlenecks."),
             instance_masks=masks,
             mask_dim_feedforward=int(state_dict["mask_head.query_block.fc1.weight"].shape[0]) if masks else 1024,
-            num_classes=num_classes, pretrained_backbone=False)
+            num_classes=num_classes, pretrained_backbone=False, **keypoints)
     except ValueError as error:
         raise CheckpointError(f"{path}: its settings do not describe an RF-DETR this project builds: {error}"
                               ) from error

@@ -13,8 +13,11 @@ point slot of each class; :func:`grouppose_keypoints` decodes them for each kept
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from detr.models.detector import Detector
 from detr.models.layers.keypoint_head import KeypointSchema
 
 
@@ -101,3 +104,26 @@ def grouppose_keypoints(keypoints: torch.Tensor, detections: list[dict[str, torc
             scores = torch.where(listed, fused, scores)
         results.append({**detection, "scores": scores, "keypoints": pixels, "keypoint_precision": precision})
     return results
+
+
+@dataclass(frozen=True)
+class PostProcessKeypoints:
+    """A GroupPose keypoint model's post-processing (:func:`grouppose_keypoints` with its schema and trace α), as
+    the prediction path applies it to :class:`~detr.inference.postprocess.PostProcess`'s detections."""
+
+    num_keypoints_per_class: tuple[int, ...]
+    trace_alpha: float = 0.2
+
+    @classmethod
+    def for_model(cls, model: Detector) -> PostProcessKeypoints | None:
+        """The model's (its ``keypoint_schema`` and ``keypoint_trace_alpha``), or None for a model without
+        keypoints."""
+        schema = model.keypoint_schema
+        return None if schema is None else cls(schema.counts, model.keypoint_trace_alpha)
+
+    def __call__(self, keypoints: torch.Tensor, detections: list[dict[str, torch.Tensor]],
+                 target_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """:func:`grouppose_keypoints` of ``keypoints`` [B, Q, C_k · K_max, 8] for ``detections`` in images of
+        ``target_sizes`` [B, 2] (height, width)."""
+        return grouppose_keypoints(keypoints, detections, target_sizes, self.num_keypoints_per_class,
+                                   trace_alpha=self.trace_alpha)

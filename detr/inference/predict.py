@@ -18,6 +18,7 @@ import torch
 
 from detr.categories import CategoryMap
 from detr.inference.postprocess import PostProcess
+from detr.inference.postprocess_keypoints import PostProcessKeypoints
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.prediction import (
     AttentionMaps,
@@ -53,6 +54,7 @@ def predictions_from_outputs(
     panoptic: PostProcessPanoptic | None = None,
     stride: int | None = None,
     top_k: int | None = None,
+    keypoints: PostProcessKeypoints | None = None,
 ) -> list[Prediction]:
     """The :class:`Prediction` of every image of a batch.
 
@@ -72,6 +74,9 @@ def predictions_from_outputs(
             goes into each prediction (:class:`AttentionMaps` or :class:`SamplingPoints`); without it, none.
         top_k: the model's ``detections_per_image``: None, one detection per query; k, the k best (query,
             class) pairs (see :class:`detr.inference.postprocess.PostProcess`).
+        keypoints: a keypoint model's post-processing (:class:`PostProcessKeypoints`, ``for_model``): each
+            detection's keypoints in :attr:`Prediction.keypoints`, its score fused with their uncertainty before
+            the threshold; None, or outputs without keypoints: no keypoints.
 
     Returns one prediction per image, in batch order; a failed image's has no detections and
     :attr:`Prediction.error` set.
@@ -89,6 +94,8 @@ def predictions_from_outputs(
     # clipped to the image: these predictions are written to files, drawn and served
     sizes_on_device = target_sizes.to(outputs.logits.device)
     results = PostProcess(class_head=class_head, clip=True, top_k=top_k)(outputs, sizes_on_device)
+    if keypoints is not None and outputs.keypoints is not None:
+        results = keypoints(outputs.keypoints, results, sizes_on_device)
     # the sampling points' per-query scores are one per query, whatever the detections are
     per_query = (results if top_k is None or stride is None or outputs.sampling is None else
                  PostProcess(class_head=class_head, clip=True)(outputs, sizes_on_device))

@@ -39,6 +39,7 @@ from detr.checkpoints.released import download_url, is_url
 from detr.data.video import FrameSource, open_frames
 from detr.inference.grounding import grounded_predictions, prompt_text
 from detr.inference.images import ImageInput, is_single_image, to_rgb_array
+from detr.inference.postprocess_keypoints import PostProcessKeypoints
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
 from detr.inference.prediction import Prediction
@@ -165,6 +166,8 @@ class Predictor:
         #: whether the model predicts masks (a panoptic model, :class:`detr.DETRPanoptic`)
         self.predicts_masks = model.predicts_masks
         self.postprocess_masks = PostProcessMasks()
+        #: a keypoint model's keypoint post-processing (None without keypoints)
+        self.postprocess_keypoints = PostProcessKeypoints.for_model(model)
         meta = model.meta
         if is_thing is None and meta.is_thing is not None:
             is_thing = meta.is_thing
@@ -436,6 +439,7 @@ class Predictor:
             masks=self.postprocess_masks if masks and self.predicts_masks else None,
             panoptic=self._panoptic_postprocess() if task == "panoptic" else None,
             stride=self.model.stride if return_attention else None, top_k=self.model.detections_per_image,
+            keypoints=self.postprocess_keypoints,
         )
         return predictions
 

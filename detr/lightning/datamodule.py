@@ -533,7 +533,8 @@ class DetrDataModule(CocoFormatDataModule):
             it: the evaluator reads the json's segmentations itself.
         keypoints: give every split's targets each object's keypoints (``keypoints`` float [T, K, 3] after
             collation: x, y normalised as the boxes, visibility 0/1/2; :class:`detr.data.coco.CocoDetection`), for a
-            model that trains keypoints (none yet: the keypoint heads are to come). False: not read.
+            model that trains keypoints (RF-DETR with ``num_keypoints_per_class``: the GroupPose head). False: not
+            read.
         kwargs: the batch sizes, loader settings and transform sizes of :class:`CocoFormatDataModule`
             (``batch_size``, ``val_batch_size``, ``num_workers``, ``pin_memory``, ``persistent_workers``,
             ``drop_last``, ``train_scales``, ``train_max_size``, ``crop_resize_scales``, ``crop_min_size``,

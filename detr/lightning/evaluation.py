@@ -14,6 +14,10 @@ logged as ``{stage}/mask_AP``, ``{stage}/mask_AP50`` ... beside the boxes' and w
 ``{stage}_mask_predictions.json`` (COCO "segm" results: RLE ``segmentation``, no ``bbox``, so that pycocotools
 reads each detection's area from its mask, as this evaluation does), ``{stage}_mask_metrics.json`` and
 ``{stage}_mask_per_class_ap.txt``.
+
+A keypoint model is also scored on its keypoints, when its ground truth's categories name them
+(:meth:`start_keypoints`): an evaluator with ``iou_type="keypoints"`` (OKS AP, pycocotools), whose ten statistics
+are logged as ``{stage}/keypoint_AP`` ... and whose files start ``{stage}_keypoint_``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import lightning as L
 
 from detr.categories import CategoryMap
 from detr.evaluation import STAT_NAMES, CocoEvaluation, CocoEvaluator, resolve_backend
+from detr.evaluation.keypoints import KEYPOINT_STAT_NAMES
 from detr.lightning.error_analysis import write_error_analysis
 
 logger = logging.getLogger(__name__)
@@ -92,16 +97,26 @@ class EvaluationSchedule:
         return CocoEvaluator(coco_gt, iou_type="segm", category_map=category_map, backend=self.backend,
                              progress=show_progress)
 
+    def start_keypoints(self, trainer: L.Trainer, stage: str, category_map: CategoryMap | None
+                        ) -> CocoEvaluator | None:
+        """A fresh keypoint evaluator (COCOeval "keypoints", OKS AP on pycocotools) on the ground truth of
+        ``stage``'s data set, or None when it has none or no category names keypoints."""
+        coco_gt = getattr(evaluation_dataset(trainer, stage), "coco", None)
+        if coco_gt is None or not any(category.get("keypoints") for category in coco_gt.dataset.get("categories", [])):
+            return None
+        show_progress = trainer.progress_bar_callback is not None and trainer.is_global_zero
+        return CocoEvaluator(coco_gt, iou_type="keypoints", category_map=category_map, progress=show_progress)
+
     def finish(self, module: L.LightningModule, stage: str, evaluator: CocoEvaluator) -> CocoEvaluation:
         """Compute (every process), log ``{stage}/AP`` ... (masks: ``{stage}/mask_AP`` ...) on every process, and
         on rank 0 log the tables, write the evaluation's files and, when due, the error analysis (of boxes). The
         returned evaluation keeps no COCOeval (its per-image matches are large)."""
         trainer = module.trainer
         boxes = evaluator.iou_type == "bbox"
-        kind = "" if boxes else "mask_"
+        kind = {"bbox": "", "segm": "mask_", "keypoints": "keypoint_"}[evaluator.iou_type]
         # the detections of every process go to rank 0 once, rank 0 evaluates, every rank gets its stats
         evaluation = evaluator.compute()
-        for name in STAT_NAMES:
+        for name in KEYPOINT_STAT_NAMES if evaluator.iou_type == "keypoints" else STAT_NAMES:
             # the values are rank 0's everywhere: the max over processes keeps them exact where a mean could round
             module.log(f"{stage}/{kind}{name}", evaluation.stats[name], prog_bar=boxes and name == "AP",
                        sync_dist=True, reduce_fx="max")
@@ -109,7 +124,8 @@ class EvaluationSchedule:
             evaluation.coco_eval = None
             return evaluation
         logger.info(
-            "%s COCO %s evaluation at epoch %d (%d images):\n%s\n%s\n%s", stage, "box" if boxes else "mask",
+            "%s COCO %s evaluation at epoch %d (%d images):\n%s\n%s\n%s", stage,
+            {"bbox": "box", "segm": "mask", "keypoints": "keypoint"}[evaluator.iou_type],
             module.current_epoch, len(evaluation.image_ids), evaluation.summary, evaluation.stats_table(),
             evaluation.per_class_table(),
         )

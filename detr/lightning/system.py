@@ -32,6 +32,7 @@ from detr.checkpoints.formats import checkpoint_record, key_mismatch
 from detr.evaluation import CocoEvaluation, CocoEvaluator
 from detr.evaluation.coco_evaluator import scored_detections
 from detr.inference.postprocess import PostProcess
+from detr.inference.postprocess_keypoints import PostProcessKeypoints
 from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanoptic
 from detr.inference.predict import predictions_from_outputs
 from detr.inference.prediction import Prediction
@@ -171,6 +172,9 @@ class DetrSystem(L.LightningModule):
         self.last_evaluation: CocoEvaluation | None = None
         self.mask_evaluator: CocoEvaluator | None = None
         self.last_mask_evaluation: CocoEvaluation | None = None
+        #: a keypoint model's post-processing and OKS AP evaluator (None without keypoints)
+        self.postprocess_keypoints = PostProcessKeypoints.for_model(self.detector)
+        self.keypoint_evaluator: CocoEvaluator | None = None
         #: the score threshold the last validation found best (saved in checkpoints: the commands' default)
         self.score_threshold: float | None = None
         #: the schedule settings a resumed run changed (fit_saved_schedulers), applied at the start of training
@@ -265,6 +269,9 @@ class DetrSystem(L.LightningModule):
             raise SettingError("--data.masks false: the model predicts instance masks (model.detr.instance_masks), "
                                "whose loss needs each object's mask: set --data.masks true (annotations with "
                                "segmentations, e.g. detr-make-shapes --masks rle)")
+        schema = self.detector.keypoint_schema
+        if stage == "fit" and schema is not None and data is not None and hasattr(data, "keypoints"):
+            self._check_keypoint_data(schema.counts, data)
         if stage in ("fit", "validate", "test"):
             self._check_input_contract()
         resolve_auto_batch_size(self, self.trainer)  # before the loaders, whose length the schedule reads
@@ -272,6 +279,21 @@ class DetrSystem(L.LightningModule):
             self.evaluation.announce(self.trainer)
         if stage == "fit" and self.trainer.world_size > 1:
             seed_each_process(self.global_rank)
+
+    @staticmethod
+    def _check_keypoint_data(counts: tuple[int, ...], data: Any) -> None:
+        """Raise :class:`SettingError` when a keypoint model (``counts``: its keypoints per class) is to train on
+        data without keypoints, or on data whose classes have other keypoint counts."""
+        if not data.keypoints:
+            raise SettingError("--data.keypoints false: the model predicts keypoints "
+                               "(model.detr.num_keypoints_per_class), whose loss needs each object's keypoints: set "
+                               "--data.keypoints true (annotations with keypoints, e.g. detr-make-shapes --keypoints)")
+        theirs = list(data.num_keypoints_per_class)
+        ours = [*counts, *[0] * (len(theirs) - len(counts))]
+        if theirs and ours != theirs:
+            raise SettingError(f"--model.detr.num_keypoints_per_class {list(counts)} does not match the data's "
+                               f"categories, whose labels have {theirs} keypoints: set "
+                               f"--model.detr.num_keypoints_per_class {str(theirs).replace(' ', '')}")
 
     def _check_input_contract(self) -> None:
         """Raise :class:`SettingError` when the data module's transforms do not follow the model's input
@@ -390,6 +412,8 @@ class DetrSystem(L.LightningModule):
     def _start_evaluation(self, stage: str) -> None:
         self.evaluator = self.evaluation.start(self.trainer, stage, self.category_map)
         self.mask_evaluator = self._start_mask_evaluation(stage)
+        self.keypoint_evaluator = (self.evaluation.start_keypoints(self.trainer, stage, self.category_map)
+                                   if self.postprocess_keypoints is not None else None)
 
     def _start_mask_evaluation(self, stage: str) -> CocoEvaluator | None:
         """The mask AP evaluator of a model that predicts masks, on the json's segmentations (None without)."""
@@ -413,7 +437,11 @@ class DetrSystem(L.LightningModule):
                        detections: list[dict[str, torch.Tensor]], orig_sizes: torch.Tensor) -> None:
         """Evaluation beyond box AP on one batch: the detections' masks for mask AP, those COCOeval scores
         (:func:`detr.evaluation.coco_evaluator.scored_detections`) at the original size, a few queries at a
-        time. The panoptic system adds PQ."""
+        time; a keypoint model's keypoints for OKS AP (scores fused with their uncertainty). The panoptic system
+        adds PQ."""
+        if self.keypoint_evaluator is not None and outputs.keypoints is not None:
+            with_keypoints = self.postprocess_keypoints(outputs.keypoints, detections, orig_sizes)
+            self.keypoint_evaluator.update([int(t["image_id"]) for t in targets], with_keypoints)
         if self.mask_evaluator is None or self.postprocess_masks is None or outputs.masks is None:
             return
         processed = [(int(t["size"][0]), int(t["size"][1])) for t in targets]
@@ -441,6 +469,8 @@ class DetrSystem(L.LightningModule):
                                    "given --threshold", stage)
         if self.mask_evaluator is not None:
             self.last_mask_evaluation = self.evaluation.finish(self, stage, self.mask_evaluator)
+        if self.keypoint_evaluator is not None:
+            self.evaluation.finish(self, stage, self.keypoint_evaluator)
 
     def on_validation_epoch_start(self) -> None:
         self._start_evaluation("val")
@@ -479,7 +509,8 @@ class DetrSystem(L.LightningModule):
             input_sizes=[tuple(int(v) for v in t["size"]) for t in targets], class_head=self.detector.class_head,
             category_map=self.category_map, file_names=[t.get("file_name") for t in targets],
             image_ids=[int(t["image_id"]) for t in targets], errors=[t.get("error") for t in targets],
-            masks=masks, panoptic=panoptic, top_k=self.detector.detections_per_image)
+            masks=masks, panoptic=panoptic, top_k=self.detector.detections_per_image,
+            keypoints=self.postprocess_keypoints)
 
     # ------------------------------------------------------------------ optimisation
     def parameter_groups(self) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from detr.loss.criterion import SetCriterion
 from detr.loss.distribution import DistributionLoss
+from detr.loss.keypoints import KeypointLoss
 from detr.loss.masks import MaskLoss, PointMaskLoss
 from detr.loss.matcher import HungarianMatcher
 from detr.loss.parts import DenoisingLoss, DenseLoss, LossPart, ProposalLoss
@@ -58,7 +59,10 @@ def build_criterion(config: ModelConfig, recipe: LossRecipe | None = None, *, ma
     instance masks (``config.instance_masks``: RF-DETR's segmentation head, as rf-detr's ``loss_masks`` and
     transformers' ``RfDetrForSegmentationLoss``): :class:`~detr.loss.masks.PointMaskLoss` (point-sampled BCE
     weighted ``loss_mask_ce``, DICE ``loss_mask_dice``, on every decoder layer and the encoder proposals; h · w /
-    ``mask_point_ratio`` points) and the same two as matching costs, at the same weights.
+    ``mask_point_ratio`` points) and the same two as matching costs, at the same weights. A keypoint model
+    (``config.num_keypoints_per_class``: RF-DETR's GroupPose head): :class:`~detr.loss.keypoints.KeypointLoss`
+    (``loss_keypoint_{l1,findable,visible,nll}`` on every decoder layer and the proposals) and the same four as
+    matching costs, as the rfdetr package's keypoint recipe.
     """
     try:
         recipe = dataclasses.replace(recipe or LossRecipe(), **changes).over(recipe_for(config).loss)
@@ -91,8 +95,18 @@ def build_criterion(config: ModelConfig, recipe: LossRecipe | None = None, *, ma
                                    point_ratio=recipe.mask_point_ratio, proposals=two_stage or selected))
         mask_costs = {"cost_mask_ce": recipe.loss_mask_ce, "cost_mask_dice": recipe.loss_mask_dice,
                       "mask_point_ratio": recipe.mask_point_ratio}
+    keypoint_costs = {}
+    num_keypoints_per_class = tuple(getattr(config, "num_keypoints_per_class", ()))
+    if num_keypoints_per_class:
+        keypoint_weights = (recipe.loss_keypoint_l1, recipe.loss_keypoint_findable, recipe.loss_keypoint_visible,
+                            recipe.loss_keypoint_nll)
+        parts.append(KeypointLoss(num_keypoints_per_class, layers, **dict(zip(
+            ("loss_l1", "loss_findable", "loss_visible", "loss_nll"), keypoint_weights))))
+        keypoint_costs = {"num_keypoints_per_class": num_keypoints_per_class, **dict(zip(
+            ("cost_keypoint_l1", "cost_keypoint_findable", "cost_keypoint_visible", "cost_keypoint_nll"),
+            keypoint_weights))}
     matcher = HungarianMatcher(cost_class=recipe.cost_class, cost_bbox=recipe.cost_bbox, cost_giou=recipe.cost_giou,
-                               class_head=config.class_head, **focal, **mask_costs,
+                               class_head=config.class_head, **focal, **mask_costs, **keypoint_costs,
                                group_size=config.num_queries if getattr(config, "query_groups", 1) > 1 else None)
     loss_focal = {**focal, "focal_alpha": recipe.varifocal_alpha} if recipe.class_loss == "varifocal" else focal
     return SetCriterion(config.num_classes, matcher, eos_coef=recipe.eos_coef, **weights, num_decoder_layers=layers,

@@ -19,6 +19,7 @@ from torch import nn
 
 from detr.models.config import ClassHead, ModelConfig, ModelMeta, QueryType
 from detr.models.inputs import InputSpec
+from detr.models.layers.keypoint_head import KeypointSchema
 from detr.models.outputs import DetectorOutput
 
 Targets = list[dict[str, torch.Tensor]]
@@ -53,6 +54,10 @@ class Detector(nn.Module):
         meta: :class:`ModelMeta` (categories, eval size, things/stuff; set by loaders, empty here).
         attention_kind: what ``return_attention=True`` adds ("maps", "points" or None: see :data:`AttentionKind`).
         predicts_masks: whether the output holds masks (a panoptic model, RF-DETR with instance masks, their files).
+        keypoint_schema: a keypoint model's :class:`~detr.models.layers.keypoint_head.KeypointSchema` (its
+            outputs' ``keypoints`` are GroupPose's 8 channels per class slot); None for a model without keypoints.
+        keypoint_trace_alpha: how much a keypoint model's post-processing lowers a detection's score for its
+            keypoints' uncertainty (:func:`detr.inference.postprocess_keypoints.grouppose_keypoints`; 0: not).
         exportable: whether :func:`detr.checkpoints.export.export` can trace it.
         backend: what runs it: "pytorch", or the backend's own description.
         prompted: whether ``forward`` also takes a text prompt's tokens (an open-vocabulary model: Grounding DINO,
@@ -67,6 +72,8 @@ class Detector(nn.Module):
     meta: ModelMeta = ModelMeta()  # frozen: loaders assign a new record per model
     attention_kind: AttentionKind = "maps"
     predicts_masks: bool = False
+    keypoint_schema: KeypointSchema | None = None
+    keypoint_trace_alpha: float = 0.0
     exportable: bool = True
     backend: str = "pytorch"
     prompted: bool = False

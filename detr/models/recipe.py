@@ -72,6 +72,11 @@ class LossRecipe:
         mask_point_ratio: the matcher's points per mask are h · w / mask_point_ratio (authors: 16).
         loss_mask: the panoptic mask stage's focal mask loss weight (authors: 1).
         loss_dice: the panoptic mask stage's DICE loss weight (authors: 1).
+        loss_keypoint_l1: a keypoint model's (GroupPose, :mod:`detr.loss.keypoints`) keypoint L1 weight, also its
+            matching cost (the rfdetr package's keypoint recipe: 1).
+        loss_keypoint_findable: a keypoint model's weight of the findable BCE, also its matching cost (1).
+        loss_keypoint_visible: a keypoint model's weight of the visible BCE, also its matching cost (1).
+        loss_keypoint_nll: a keypoint model's weight of the keypoints' Gaussian NLL, also its matching cost (1).
     """
 
     cost_class: float | None = None
@@ -97,6 +102,10 @@ class LossRecipe:
     mask_point_ratio: int | None = None
     loss_mask: float | None = None
     loss_dice: float | None = None
+    loss_keypoint_l1: float | None = None
+    loss_keypoint_findable: float | None = None
+    loss_keypoint_visible: float | None = None
+    loss_keypoint_nll: float | None = None
 
     def over(self, base: LossRecipe) -> LossRecipe:
         """This recipe's fields that are set (not None), ``base``'s for the others."""
@@ -179,7 +188,8 @@ DETR_LOSS = LossRecipe(
     cost_class=1.0, cost_bbox=5.0, cost_giou=2.0, loss_ce=1.0, loss_bbox=5.0, loss_giou=2.0, eos_coef=0.1,
     focal_alpha=0.25, focal_gamma=2.0, class_loss="focal", varifocal_alpha=0.75, matchability=False,
     proposals="two_stage", contrastive_denoising=False, distribution_terms=False, loss_fgl=0.15, loss_ddf=1.5,
-    matching_union=False, loss_mask_ce=5.0, loss_mask_dice=5.0, mask_point_ratio=16, loss_mask=1.0, loss_dice=1.0)
+    matching_union=False, loss_mask_ce=5.0, loss_mask_dice=5.0, mask_point_ratio=16, loss_mask=1.0, loss_dice=1.0,
+    loss_keypoint_l1=1.0, loss_keypoint_findable=1.0, loss_keypoint_visible=1.0, loss_keypoint_nll=1.0)
 DETR_OPTIMIZER = OptimizerRecipe(
     lr=1e-4, lr_backbone=1e-5, lr_layer_decay=1.0, lr_component_decay=1.0, weight_decay=1e-4, lr_drop_epochs=[200],
     lr_drop_gamma=0.1, warmup_steps=0, warmup_fraction=0.0, lr_decay_fraction=0.0, lr_flat_cosine_epochs=[],

@@ -19,7 +19,10 @@ from detr.checkpoints.rfdetr_package import read_rfdetr_package_file
 from detr.models.family import family_named, preset_config
 from detr.models.rfdetr.presets import RELEASES, release_of_package_name
 
-PACKAGE_RELEASES = [name for name, release in RELEASES.items() if release.package_file]
+#: The released package files whose weights are the authors' detection or segmentation keys (the keypoint model's
+#: file, with its head's keys and schema buffer: tests/checkpoints/test_rfdetr_package_keypoints.py).
+PACKAGE_RELEASES = [name for name, release in RELEASES.items()
+                    if release.package_file and not release.config.num_keypoints_per_class]
 
 
 def _meta_model(name: str):

@@ -78,7 +78,8 @@ class KeypointSchema:
         """bool [1 + K, 1 + K], True = may attend: the object query (index 0) and its keypoint queries, where a
         class's keypoints do not attend to another class's (the package's ``keypoint_class_mask``, inverted)."""
         owner = torch.repeat_interleave(torch.arange(self.num_classes, device=device),
-                                        torch.tensor(self.counts, device=device))  # [K]: each keypoint's class
+                                        torch.tensor(self.counts, device=device),
+                                        output_size=self.total)  # [K]: each keypoint's class (sized: meta device)
         owner = torch.cat([owner.new_full((1,), -1), owner])  # the object query belongs to no class
         return (owner[:, None] == owner[None, :]) | (owner[:, None] < 0) | (owner[None, :] < 0)
 

@@ -56,6 +56,17 @@ class RFDETRConfig(ModelConfig):
         projector_scales: one projector per feature level, at this scale of the patch grid (RF-DETR: (1.0,);
             LW-DETR: (2.0, 0.5) and the like).
         projector_norm: "layer_norm" (RF-DETR) or "batch_norm" (LW-DETR) in the projector's C2f blocks.
+        num_keypoints_per_class: GroupPose keypoints (:mod:`detr.models.layers.keypoint_head`): per class id its
+            keypoint count, 0 for a class without (COCO's persons: (0, 17)); () for none (boxes only).
+        keypoint_dim_divisor: the keypoint queries' width is hidden_dim / this (the package's
+            ``grouppose_keypoint_dim_downscale``, 1).
+        keypoint_cross_attention: the keypoint queries sample the image by deformable attention (True).
+        keypoint_inter_instance_attention: each keypoint attends to the same keypoint of every query (False).
+        keypoint_projector: a second C2f projector whose maps only the keypoints' cross-attention reads (the
+            package's ``dual_projector`` with ``dual_projector_kp_only``); False: they read the decoder's maps.
+        keypoint_trace_alpha: post-processing fuses a detection's score with its keypoints' uncertainty,
+            sigmoid(log s − α · log mean trace of their covariance) (the package's ``postprocess_trace_alpha``,
+            0.2; 0: scores as the class head gives them).
     """
 
     family: ClassVar[str] = "rfdetr"
@@ -77,6 +88,12 @@ class RFDETRConfig(ModelConfig):
     mask_dim_feedforward: int = 1024
     projector_scales: tuple[float, ...] = (1.0,)
     projector_norm: ProjectorNorm = "layer_norm"
+    num_keypoints_per_class: tuple[int, ...] = ()
+    keypoint_dim_divisor: int = 1
+    keypoint_cross_attention: bool = True
+    keypoint_inter_instance_attention: bool = False
+    keypoint_projector: bool = False
+    keypoint_trace_alpha: float = 0.2
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -99,6 +116,25 @@ class RFDETRConfig(ModelConfig):
                              f"num_feature_levels={len(self.projector_scales)}, got {self.num_feature_levels}")
         if any(scale not in (0.5, 1.0, 2.0) for scale in self.projector_scales):
             raise ValueError(f"projector_scales must be among 0.5, 1.0 and 2.0 (LW-DETR's), got {self.projector_scales}")
+        object.__setattr__(self, "num_keypoints_per_class", tuple(int(n) for n in self.num_keypoints_per_class))
+        if self.num_keypoints_per_class:
+            if min(self.num_keypoints_per_class) < 0 or sum(self.num_keypoints_per_class) == 0:
+                raise ValueError(f"num_keypoints_per_class must list a count >= 0 per class id, at least one above 0 "
+                                 f"(e.g. [0, 17] for COCO's persons), got {list(self.num_keypoints_per_class)}")
+            if len(self.num_keypoints_per_class) > self.num_classes:
+                raise ValueError(f"num_keypoints_per_class lists {len(self.num_keypoints_per_class)} classes but "
+                                 f"num_classes is {self.num_classes}: shorten the list or raise num_classes")
+            if self.keypoint_dim_divisor < 1 or self.hidden_dim % self.keypoint_dim_divisor:
+                raise ValueError(f"keypoint_dim_divisor must divide hidden_dim ({self.hidden_dim}), got "
+                                 f"{self.keypoint_dim_divisor}")
+            if self.keypoint_trace_alpha < 0:
+                raise ValueError(f"keypoint_trace_alpha must be >= 0, got {self.keypoint_trace_alpha}")
+            if self.instance_masks:
+                raise ValueError("RF-DETR predicts instance masks or keypoints, not both: set instance_masks=False "
+                                 "or num_keypoints_per_class=[]")
+        elif self.keypoint_projector:
+            raise ValueError("keypoint_projector=True is a keypoint model's second projector: set "
+                             "num_keypoints_per_class (e.g. [0, 17]) or keypoint_projector=False")
         if self.class_head != "sigmoid":
             raise ValueError(f"RF-DETR does not take class_head={self.class_head!r}: set class_head='sigmoid'")
 

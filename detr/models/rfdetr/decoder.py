@@ -20,6 +20,12 @@ encoder heads (``enc_output``, ``enc_output_norm``, ``enc_class_head``, ``enc_bo
 selects its own Q proposals with its own heads, decodes them with self-attention inside the group only, and is
 matched one-to-one on its own (the criterion's matcher, ``group_size`` Q). Inference (eval mode) runs the first
 group alone, as the authors' model and transformers' do.
+
+Keypoints (GroupPose, the rfdetr package's ``RFDETRKeypointPreview``), with a ``keypoint_head``
+(:class:`~detr.models.layers.keypoint_head.KeypointHead`): the keypoint queries start from the object queries'
+content, each layer's object queries pass the head's layer (which also updates them) before the shared LayerNorm,
+every layer's keypoints are predicted around the reference boxes, and the keypoints add their class shares to every
+layer's class logits and the proposals' (the selected cells' keypoints from the head's encoder predictors).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from detr.models.config import PRIOR_BIAS
 from detr.models.layers.cell_anchors import cell_anchors
 from detr.models.layers.decoder_layer import DecoderLayer
 from detr.models.layers.deformable_attention import SpatialShapes
+from detr.models.layers.keypoint_head import KeypointHead
 from detr.models.layers.mlp import MLP
 from detr.models.layers.position_encoding import sine_embedding
 from detr.models.size_constants import SizeConstants
@@ -74,6 +81,8 @@ class DecoderOutput:
     proposal_boxes: torch.Tensor
     sampling: list[tuple[torch.Tensor, torch.Tensor]] | None
     proposal_hidden: torch.Tensor
+    keypoints: torch.Tensor | None = None
+    proposal_keypoints: torch.Tensor | None = None
 
 
 class RFDETRDecoder(nn.Module):
@@ -84,11 +93,13 @@ class RFDETRDecoder(nn.Module):
         num_layers, num_heads, cross_attention_heads, num_levels, num_points, dim_feedforward, dropout: the decoder
             layers'.
         num_groups: Group DETR's query groups in training (1: none; the authors' recipe: 13).
+        keypoint_head: a :class:`KeypointHead` (GroupPose keypoints, built for these layers and groups), or None.
     """
 
     def __init__(self, *, num_classes: int, hidden_dim: int = 256, num_queries: int = 300, num_layers: int = 3,
                  num_heads: int = 8, cross_attention_heads: int = 16, num_levels: int = 1, num_points: int = 4,
-                 dim_feedforward: int = 2048, dropout: float = 0.0, num_groups: int = 1) -> None:
+                 dim_feedforward: int = 2048, dropout: float = 0.0, num_groups: int = 1,
+                 keypoint_head: KeypointHead | None = None) -> None:
         super().__init__()
         self.num_queries, self.num_levels, self.num_groups = num_queries, num_levels, num_groups
         self.layers = nn.ModuleList(
@@ -104,6 +115,7 @@ class RFDETRDecoder(nn.Module):
         self.enc_box_head = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_groups))
         self.class_head = nn.Linear(hidden_dim, num_classes)
         self.box_head = MLP(hidden_dim, hidden_dim, 4, 3)
+        self.keypoint_head = keypoint_head
         self.proposals = SizeConstants(_proposals)  # kept per size under inference mode only
         self.reset_parameters()
 
@@ -131,7 +143,10 @@ class RFDETRDecoder(nn.Module):
         boxes = refine_boxes(anchors, self.enc_box_head[group](selected))
         return boxes, logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])), selected
 
-    def forward(self, features: list[torch.Tensor], return_sampling: bool = False) -> DecoderOutput:
+    def forward(self, features: list[torch.Tensor], return_sampling: bool = False,
+                keypoint_features: list[torch.Tensor] | None = None) -> DecoderOutput:
+        """features: the projector's maps, each [B, C, h_l, w_l]; keypoint_features: the keypoint projector's (same
+        shapes; what the keypoint head's cross-attention reads instead of ``features``), or None."""
         batch, dim = features[0].shape[:2]
         spatial_shapes = [(int(f.shape[-2]), int(f.shape[-1])) for f in features]
         memory = torch.cat([f.flatten(2).transpose(1, 2) for f in features], 1)  # [B, S, C]
@@ -147,15 +162,31 @@ class RFDETRDecoder(nn.Module):
         angles = reference[..., [1, 0, 2, 3]] * (2 * math.pi)
         query_pos = self.ref_point_head(sine_embedding(angles, dim // 2).flatten(-2))
         target = self.query_embed.weight[None, :queries].expand(batch, -1, -1)
+        head = self.keypoint_head
+        if head is not None:
+            keypoint_memory = (memory if keypoint_features is None else
+                               torch.cat([f.flatten(2).transpose(1, 2) for f in keypoint_features], 1))
+            keypoints, keypoint_states = head.start(target), []  # [B, G·Q, K, D]
         hidden, sampling = [], [] if return_sampling else None
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
             levels = reference[:, :, None].expand(-1, -1, len(spatial_shapes), -1)  # one box for every level
             target, points = layer(target, query_pos, levels, memory, spatial_shapes,
                                    return_sampling=return_sampling, query_groups=groups)
+            if head is not None:
+                target, keypoints = head.layer(index, target, query_pos, keypoints, levels, keypoint_memory,
+                                               spatial_shapes)
+                keypoint_states.append(keypoints)
             hidden.append(self.norm(target))
             if sampling is not None:
                 sampling.append(points)
         stacked = torch.stack(hidden)  # [L, B, Q, C]
         boxes = refine_boxes(reference[None], self.box_head(stacked))
-        return DecoderOutput(stacked, self.class_head(stacked), boxes, reference, proposal_logits, proposal_boxes,
-                             sampling, proposal_hidden)
+        logits = self.class_head(stacked)
+        keypoints = proposal_keypoints = None
+        if head is not None:
+            keypoints = head.predict(torch.stack(keypoint_states), reference)  # [L, B, Q, C_k · K_max, 8]
+            logits = logits + head.schema.class_logits(keypoints, logits.shape[-1])
+            proposal_keypoints = head.encoder_keypoints(proposal_hidden, proposal_boxes)
+            proposal_logits = proposal_logits + head.schema.class_logits(proposal_keypoints, logits.shape[-1])
+        return DecoderOutput(stacked, logits, boxes, reference, proposal_logits, proposal_boxes, sampling,
+                             proposal_hidden, keypoints, proposal_keypoints)

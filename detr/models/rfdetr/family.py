@@ -10,7 +10,7 @@ from detr.models.recipe import Recipe
 from detr.models.rfdetr.build import build_rfdetr
 from detr.models.rfdetr.config import FLAT_NAMES, RFDETRConfig, migrate_flat
 from detr.models.rfdetr.presets import RELEASES
-from detr.models.rfdetr.recipe import RECIPE, SEGMENTATION_RECIPE
+from detr.models.rfdetr.recipe import KEYPOINT_RECIPE, RECIPE, SEGMENTATION_RECIPE
 
 
 def _preset(name: str) -> Callable[[], RFDETRConfig]:
@@ -23,7 +23,10 @@ def _preset(name: str) -> Callable[[], RFDETRConfig]:
 
 
 def recipe(config: RFDETRConfig) -> Recipe:
-    """The authors' recipe; with instance masks, their segmentation recipe."""
+    """The authors' recipe; with instance masks, their segmentation recipe; with keypoints, their keypoint
+    recipe."""
+    if config.num_keypoints_per_class:
+        return KEYPOINT_RECIPE
     return SEGMENTATION_RECIPE if config.instance_masks else RECIPE
 
 

@@ -42,6 +42,8 @@ class RFDETR(Detector):
         backbone: the :class:`WindowedViT` (RF-DETR) or :class:`LwDetrViT` (LW-DETR). projector: a :class:`Projector`
             per feature level. decoder: the :class:`RFDETRDecoder`.
         mask_head: the :class:`MaskHead`, or None for boxes only.
+        keypoint_projector: a keypoint model's second :class:`Projector` per feature level, whose maps only the
+            keypoint head's cross-attention reads (the package's ``dual_projector``), or None.
         num_classes: sigmoid class logits (no "no object"). aux_loss: also return the earlier decoder layers.
     """
 
@@ -50,11 +52,15 @@ class RFDETR(Detector):
     exportable = True  # at its fixed square (docs/models/rfdetr.md, "Export")
 
     def __init__(self, backbone: WindowedViT | LwDetrViT, projector: nn.ModuleList, decoder: RFDETRDecoder,
-                 mask_head: MaskHead | None = None, *, num_classes: int, aux_loss: bool = True) -> None:
+                 mask_head: MaskHead | None = None, *, keypoint_projector: nn.ModuleList | None = None,
+                 num_classes: int, aux_loss: bool = True) -> None:
         super().__init__()
         self.num_classes, self.num_queries, self.aux_loss = num_classes, decoder.num_queries, aux_loss
         self.backbone, self.projector, self.decoder, self.mask_head = backbone, projector, decoder, mask_head
+        self.keypoint_projector = keypoint_projector
         self.predicts_masks = mask_head is not None
+        if decoder.keypoint_head is not None:
+            self.keypoint_schema = decoder.keypoint_head.schema
         self._autocast_dtype: torch.dtype | None = None
 
     @property
@@ -95,6 +101,8 @@ class RFDETR(Detector):
         if config is None:
             return ""
         masks = ", instance masks" if self.mask_head is not None else ""
+        if self.decoder.keypoint_head is not None:
+            masks += f", keypoints {list(self.decoder.keypoint_head.schema.counts)} per class"
         name = "LW-DETR" if config.backbone == "lwdetr_vit" else "RF-DETR"
         return (f"{name}, windowed ViT {config.vit.width} × {config.vit.depth} (patch "
                 f"{config.vit.patch_size}, {config.vit.num_windows}² windows), {self.num_decoder_layers} decoder "
@@ -134,8 +142,10 @@ class RFDETR(Detector):
     def decoder_parameters(self) -> list[nn.Parameter]:
         """The decoder's layers, final norm and query-position MLP: the authors' ``transformer.decoder``, trained at
         ``lr`` × ``lr_component_decay`` (the heads, queries and encoder heads outside it at ``lr``)."""
-        decoder = self.decoder
-        return [*decoder.layers.parameters(), *decoder.norm.parameters(), *decoder.ref_point_head.parameters()]
+        decoder, head = self.decoder, self.decoder.keypoint_head
+        keypoint_parts = [*head.layers.parameters(), head.keypoint_pos_embed] if head is not None else []
+        return [*decoder.layers.parameters(), *decoder.norm.parameters(), *decoder.ref_point_head.parameters(),
+                *keypoint_parts]
 
     @property
     def coarsest_stride(self) -> int:
@@ -169,8 +179,9 @@ class RFDETR(Detector):
 
         Returns a :class:`DetectorOutput`: logits [B, Q, num_classes] (sigmoid scores), boxes [B, Q, 4] normalised
         cxcywh of the last decoder layer; aux (if aux_loss): the earlier layers; proposals: the selected encoder
-        proposals; masks (with a mask head, in evaluation): logits [B, Q, H / 4, W / 4]; with return_attention,
-        sampling. In training Q is ``query_groups`` × num_queries, group by group (Group DETR), and with a mask
+        proposals; masks (with a mask head, in evaluation): logits [B, Q, H / 4, W / 4]; keypoints (a keypoint model):
+        [B, Q, C_k · K_max, 8] for every layer and the proposals (:mod:`detr.models.layers.keypoint_head`); with
+        return_attention, sampling. In training Q is ``query_groups`` × num_queries, group by group (Group DETR), and with a mask
         head every layer (the proposals too) carries its masks as ``mask_features`` instead of ``masks``.
         """
         if images.dim() != 4:
@@ -180,9 +191,16 @@ class RFDETR(Detector):
             stages = self.backbone(images)
         stages = [stage.float() for stage in stages]
         features = [projector(stages) for projector in self.projector]
-        decoded = self.decoder(features, return_sampling=return_attention)
+        keypoint_features = ([projector(stages) for projector in self.keypoint_projector]
+                             if self.keypoint_projector is not None else None)
+        decoded = self.decoder(features, return_sampling=return_attention, keypoint_features=keypoint_features)
         output = stack_layers(decoded.logits, decoded.boxes, self.aux_loss, self.class_head)
-        output.proposals = LayerOutput(decoded.proposal_logits, decoded.proposal_boxes)
+        output.proposals = LayerOutput(decoded.proposal_logits, decoded.proposal_boxes,
+                                       keypoints=decoded.proposal_keypoints)
+        if decoded.keypoints is not None:
+            output.keypoints = decoded.keypoints[-1]
+            for layer, keypoints in zip(output.aux, decoded.keypoints[:-1]):
+                layer.keypoints = keypoints
         size = images.shape[-2:]
         if self.mask_head is not None and self.training:  # every layer's masks, as factors, for the mask loss
             layers = [*output.aux, output]

@@ -14,7 +14,7 @@ patch) and the eval square (``resolution``). LW-DETR: the authors' scripts (Atte
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from detr.models.rfdetr.config import RFDETRConfig, WindowedViTSize
@@ -31,7 +31,7 @@ class Release:
             (LW-DETR, whose files the package does not write).
         package_class: the package's class of that model (``RFDETRNano``; a checkpoint's ``model_name``), or None.
         package_settings: settings of the package's model that neither its weights nor ``config`` show, which the
-            rfdetr package reader needs (``{"dual_projector_kp_only": True}``); none for the models here.
+            rfdetr package reader needs (the keypoint model's ``{"dual_projector_kp_only": True}``).
     """
 
     config: RFDETRConfig
@@ -88,6 +88,12 @@ RELEASES: dict[str, Release] = {
            ("small", "small", "Small", 2, 4, 100, 384), ("medium", "medium", "Medium", 2, 5, 200, 432),
            ("large", "large", "Large", 2, 5, 200, 504), ("xlarge", "xlarge", "XLarge", 2, 6, 300, 624),
            ("2xlarge", "xxlarge", "2XLarge", 2, 6, 300, 768))},
+    # the package's RFDETRKeypointPreview: the persons' 17 COCO keypoints (GroupPose) with the keypoints' own projector
+    "rfdetr_keypoint_preview": Release(
+        replace(_rfdetr(patch=12, windows=2, stages=_LATE, layers=4, position_patches=48, queries=100),
+                num_keypoints_per_class=(0, 17), keypoint_projector=True),
+        576, "rf-detr-keypoint-preview-xlarge", "RFDETRKeypointPreview",
+        {"dual_projector_kp_only": True, "postprocess_trace_alpha": 0.2}),
     "lwdetr_tiny": Release(_lwdetr(width=192, depth=6, windowed=(0, 2, 4), stages=(2, 4, 6), large=False,
                                    queries=100), 640),
     "lwdetr_small": Release(_lwdetr(width=192, depth=10, windowed=_LW_WINDOWED, stages=_LW_STAGES, large=False), 640),

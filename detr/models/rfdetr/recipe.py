@@ -6,6 +6,9 @@ no warm-up, no drop within the run.
 
 With instance masks (``SEGMENTATION_RECIPE``: the authors' ``SegmentationTrainConfig``): the class weight 5 and the
 point-sampled mask BCE and DICE at 5 each, also as matching costs, on h · w / 16 points.
+
+With keypoints (``KEYPOINT_RECIPE``: the package's ``KeypointTrainConfig``): the class weight 2 and the four
+keypoint terms (L1, findable, visible, NLL) at 1 each, also as matching costs.
 """
 
 from __future__ import annotations
@@ -21,3 +24,6 @@ RECIPE = Recipe(
 )
 SEGMENTATION_RECIPE = dataclasses.replace(RECIPE, loss=dataclasses.replace(
     RECIPE.loss, loss_ce=5.0, loss_mask_ce=5.0, loss_mask_dice=5.0, mask_point_ratio=16))
+KEYPOINT_RECIPE = dataclasses.replace(RECIPE, loss=dataclasses.replace(
+    RECIPE.loss, loss_ce=2.0, loss_keypoint_l1=1.0, loss_keypoint_findable=1.0, loss_keypoint_visible=1.0,
+    loss_keypoint_nll=1.0))

@@ -57,7 +57,8 @@ def explorer_page_data(predictor: Predictor, pixels: np.ndarray, *, title: str, 
     prediction, = predictions_from_outputs(outputs, image_sizes=[pixels.shape[:2]],
                                            input_sizes=[tuple(tensor.shape[1:])], class_head=class_head,
                                            category_map=predictor.category_map,
-                                           top_k=predictor.model.detections_per_image)
+                                           top_k=predictor.model.detections_per_image,
+                                           keypoints=predictor.postprocess_keypoints)
     if prediction.error is not None:
         raise ValueError(prediction.error)
     num_classes = int(outputs.logits.shape[-1]) - (1 if class_head == "softmax" else 0)
