@@ -71,10 +71,10 @@ class GroundingDINO(Detector):
     def __init__(self, backbone: Joiner, bert: nn.Module, transformer: GroundingTransformer, config: GroundingConfig,
                  *, channels: Sequence[int], aux_loss: bool = True) -> None:
         super().__init__()
-        hidden_dim, levels, layers = config.hidden_dim, config.num_feature_levels, config.decoder_layers
-        self.config, self.aux_loss = config, aux_loss  # type: ignore[assignment]
-        self.num_queries, self.max_text_len = config.num_queries, config.max_text_len
-        self.num_classes = config.max_text_len
+        hidden_dim, levels, layers = config.hidden_dim, config.num_feature_levels, config.num_decoder_layers
+        self.config, self.aux_loss = config, aux_loss
+        self.num_queries, self.max_text_len = config.num_queries, config.num_classes
+        self.num_classes = config.num_classes
         self.tokenizer: Any = None
         self.backbone, self.bert, self.transformer = backbone, bert, transformer
         self.feat_map = nn.Linear(bert.config.hidden_size, hidden_dim)
@@ -87,7 +87,7 @@ class GroundingDINO(Detector):
                                            extra=True))
         self.input_proj = nn.ModuleList(projections)
         box_heads = [MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(1 if config.share_box_heads else layers)]
-        class_heads = [ContrastiveEmbed(config.max_text_len, config.contrastive_head)
+        class_heads = [ContrastiveEmbed(config.num_classes, config.contrastive_head)
                        for _ in range(1 if config.share_class_heads else layers)]
         for head in box_heads:
             nn.init.zeros_(head.layers[-1].weight)
@@ -117,8 +117,8 @@ class GroundingDINO(Detector):
         """The family, its contrastive head and sizes."""
         c = self.config
         name = "MM-Grounding-DINO" if c.contrastive_head == "scaled_bias" else "Grounding DINO"
-        return (f"{name}, {c.backbone}, {c.encoder_layers} + {c.decoder_layers} layers, {c.hidden_dim} hidden, "
-                f"{c.num_queries} queries, prompts of at most {c.max_text_len} tokens")
+        return (f"{name}, {c.backbone}, {c.encoder_layers} + {c.num_decoder_layers} layers, {c.hidden_dim} hidden, "
+                f"{c.num_queries} queries, prompts of at most {c.num_classes} tokens")
 
     def multi_scale_features(self, images: torch.Tensor, padding_mask: torch.Tensor
                              ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
