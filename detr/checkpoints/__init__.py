@@ -251,9 +251,15 @@ def save_huggingface(model: Detector, directory: str | Path, *, backbone_format:
     it cannot write, Deformable DETR's :func:`detr.checkpoints.huggingface_deformable.save_pretrained_deformable`
     RT-DETR's :func:`detr.checkpoints.rtdetr.save_pretrained_rtdetr`, D-FINE's
     :func:`detr.checkpoints.dfine.save_pretrained_dfine` or RF-DETR's
-    :func:`detr.checkpoints.rfdetr.save_pretrained_rfdetr`)."""
+    :func:`detr.checkpoints.rfdetr.save_pretrained_rfdetr`). A family without a writer (Grounding DINO: read
+    from transformers' directories, not written back) raises :class:`CheckpointError` naming it."""
     family = model.config.family if model.config is not None else "detr"
-    return HUGGINGFACE_WRITERS[family](model, directory, backbone_format=backbone_format)
+    writer = HUGGINGFACE_WRITERS.get(family)
+    if writer is None:
+        raise CheckpointError(f"{model.describe()}: this project writes no transformers directory of the {family!r} "
+                              f"family (it writes {', '.join(HUGGINGFACE_WRITERS)}); use the directory it was read "
+                              "from, or save_checkpoint for this project's layout")
+    return writer(model, directory, backbone_format=backbone_format)
 
 
 def save_checkpoint(model: Detector, path: str | Path) -> Path:

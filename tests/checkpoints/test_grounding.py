@@ -190,3 +190,14 @@ def test_load_checkpoint_reads_the_directory_as_every_family_s(tmp_path):
         detr.load_checkpoint(tmp_path / "model", num_queries=5)
     with pytest.raises(ValueError, match="unknown model option.*box_refine"):
         detr.load_checkpoint(tmp_path / "model", box_refine=True)
+
+
+def test_writing_it_back_as_a_transformers_directory_is_refused_by_name(tmp_path):
+    """Issue 63: as a family it reaches save_huggingface (detr-convert), which has no writer for it: a
+    CheckpointError naming the family, not a KeyError."""
+    import detr
+    from detr.checkpoints import save_huggingface
+
+    write_directory(tmp_path / "model", "gdino")
+    with pytest.raises(CheckpointError, match="'grounding' family"):
+        save_huggingface(detr.load_checkpoint(tmp_path / "model"), tmp_path / "out")
