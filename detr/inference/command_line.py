@@ -62,7 +62,8 @@ def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
 #: Every model family of the package, by its name (:data:`detr.models.FAMILIES`; a test keeps the two equal), as the
 #: help texts name it: written here so that ``--help`` does not import torch.
 FAMILY_NAMES: dict[str, str] = {"detr": "DETR", "deformable": "Deformable DETR", "rtdetr": "RT-DETR",
-                                "dfine": "D-FINE", "deimv2": "DEIMv2", "rfdetr": "RF-DETR", "grounding": "Grounding DINO"}
+                                "dfine": "D-FINE", "deimv2": "DEIMv2", "rfdetr": "RF-DETR",
+                                "grounding": "Grounding DINO"}
 #: Each family's presets (:func:`detr.models.family.presets`; a test keeps the two equal), for ``detr --help``.
 PRESET_NAMES: dict[str, tuple[str, ...]] = {
     "detr": ("detr_r50", "detr_r50_dc5", "detr_r101", "detr_r101_dc5"),

@@ -60,7 +60,8 @@ def test_autolabel_writes_a_coco_data_set_of_the_prompts_phrases(grounding_direc
     assert f"-> {out}" in capsys.readouterr().out
 
 
-def test_autolabel_output_passes_detr_check_data_and_reads_as_coco_detection(grounding_directory, images, tmp_path, capsys):
+def test_autolabel_output_passes_detr_check_data_and_reads_as_coco_detection(grounding_directory, images, tmp_path,
+                                                                              capsys):
     from detr.commands.check_data import main as check_data
     from detr.data.coco import CocoDetection
 
@@ -141,8 +142,9 @@ def test_autolabel_output_trains_a_shapes_model(grounding_directory, tmp_path_fa
     jsons = {}
     for split in ("train", "val"):
         jsons[split] = tmp_path / f"{split}.json"
-        assert main([str(shapes / f"{split}2017"), "--prompt", "circle. square.", "--checkpoint", str(grounding_directory),
-                     "--out", str(jsons[split]), "--device", "cpu", "--threshold", "0.0"]) == 0
+        assert main([str(shapes / f"{split}2017"), "--prompt", "circle. square.", "--checkpoint",
+                     str(grounding_directory), "--out", str(jsons[split]), "--device", "cpu", "--threshold",
+                     "0.0"]) == 0
     # the jsons replace the root's; 12 queries of the grounding model kept per image: as many queries
     args = tiny_fit_args(shapes, tmp_path / "run", "--trainer.max_steps=2", "--model.detr.num_queries=12")
     assert detr([*args, f"--data.train_images={shapes / 'train2017'}", f"--data.train_annotations={jsons['train']}",

@@ -60,8 +60,8 @@ class GroundingDINO(Detector):
 
     Attributes: those of the :class:`~detr.models.detector.Detector` contract, with ``prompted`` True (its
     forward takes the prompt's tokens too), ``attention_kind`` "points" (the decoder's sampling points, and its
-    attention over the prompt's tokens in ``text_attention``) and ``num_classes`` the logits' columns (``max_text_len``);
-    ``tokenizer``: the prompt's tokenizer (transformers' BERT tokenizer, set by the loader; None when built).
+    attention over the prompt's tokens in ``text_attention``) and ``num_classes`` the logits' columns
+    (``max_text_len``); ``tokenizer``: the prompt's tokenizer (transformers' BERT tokenizer, set by the loader; None when built).
     """
 
     class_head = "sigmoid"
