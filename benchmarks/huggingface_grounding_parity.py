@@ -4,7 +4,7 @@
 
 A transformers ``GroundingDinoForObjectDetection`` of Grounding DINO-T's size (Swin-T, 256 wide, 6 + 6 layers,
 900 queries, 256 text tokens) with a 2-layer BERT of width 256 and random weights (those of the tests'
-``randomise``) is saved with ``save_pretrained`` and read by :func:`detr.checkpoints.grounding.load_grounding`;
+``randomise``) is saved with ``save_pretrained`` and read by :func:`detr.load_checkpoint`;
 both run on two random images (the second padded) and the tests' two prompts. Printed: the max abs differences
 of the encoder outputs, the proposals' logits, the final logits and boxes, the selected slots that differ (the
 order of near-tied proposals: docs/models/grounding.md), and the final differences given transformers'
@@ -32,7 +32,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import transformers
 
-    from detr.checkpoints.grounding import load_grounding
+    from detr.checkpoints import load_checkpoint
     from tests.helpers_grounding import PROMPTS, write_directory
 
     swin = transformers.SwinConfig(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], window_size=7,
@@ -42,7 +42,7 @@ def main() -> None:
                  num_queries=900, max_text_len=256)
     with tempfile.TemporaryDirectory() as folder:
         theirs = write_directory(Path(folder) / "model", "gdino", backbone_config=swin, text_width=256, **sizes)
-        ours = load_grounding(Path(folder) / "model")
+        ours = load_checkpoint(Path(folder) / "model")
         text = ours.tokenizer(PROMPTS, padding="longest", return_tensors="pt")
     images = torch.randn(2, 3, args.height, args.width, generator=torch.Generator().manual_seed(0))
     mask = torch.zeros(2, args.height, args.width, dtype=torch.bool)

@@ -73,6 +73,19 @@ def tiny_shapes_root(tmp_path_factory):
     return write_tiny_shapes(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def grounding_directory(tmp_path_factory):
+    """A tiny random transformers Grounding DINO directory with its processor (tests/helpers_grounding.py; its
+    resize 160 / 240 px), shared by the commands, the server and the explorer that read a prompt."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    from tests.helpers_grounding import write_directory
+
+    directory = tmp_path_factory.mktemp("grounding") / "model"
+    write_directory(directory, "gdino", seed=3, image_size=(160, 240))
+    return directory
+
+
 @pytest.fixture(scope="module")
 def chromium() -> str:
     """The Chromium binary (tests/browser.py); skips the test without one, unless CI is set: then it fails."""

@@ -6,7 +6,8 @@
   huggingface_hub, then read as the directory it is);
 - a directory written by Hugging Face transformers (:mod:`detr.checkpoints.huggingface`; Deformable DETR's:
   :mod:`detr.checkpoints.huggingface_deformable`; RT-DETR's: :mod:`detr.checkpoints.rtdetr`; D-FINE's: :mod:`detr.checkpoints.dfine`;
-  DEIMv2's: :mod:`detr.checkpoints.deimv2`; RF-DETR's: :mod:`detr.checkpoints.rfdetr`);
+  DEIMv2's: :mod:`detr.checkpoints.deimv2`; RF-DETR's: :mod:`detr.checkpoints.rfdetr`; (MM-)Grounding DINO's:
+  :mod:`detr.checkpoints.grounding`);
 - a file written by ``torch.save`` (:func:`detr.checkpoints.formats.read_torch_file`): the authors' release
   files (detr-r50-e632da11.pth …: ``{"model": state_dict, ...}``; the real-time DETRs' ``{"ema": {"module":
   state_dict}}``, whose configuration :data:`STATE_DICT_READERS` read off the weights; the rfdetr package's
@@ -32,7 +33,7 @@ import torch
 
 from detr.atomic_files import write_atomically
 from detr.categories import CategoryMap
-from detr.checkpoints import deimv2, dfine, huggingface, huggingface_deformable, released, rfdetr, rtdetr
+from detr.checkpoints import deimv2, dfine, grounding, huggingface, huggingface_deformable, released, rfdetr, rtdetr
 from detr.checkpoints.deimv2 import read_huggingface_deimv2, save_pretrained_deimv2
 from detr.checkpoints.dfine import (
     is_dfine_state_dict,
@@ -50,7 +51,7 @@ from detr.checkpoints.formats import (
     torch_contents,
     torch_load,
 )
-from detr.checkpoints.grounding import is_grounding_directory, load_grounding
+from detr.checkpoints.grounding import read_huggingface_grounding
 from detr.checkpoints.huggingface import BackboneFormat, read_huggingface, read_json, save_pretrained
 from detr.checkpoints.huggingface_deformable import (
     read_huggingface_deformable,
@@ -94,14 +95,14 @@ HUGGINGFACE_READERS: dict[str, Callable[[str | Path], CheckpointContents]] = {
     dfine.MODEL_TYPE: read_huggingface_dfine,
     deimv2.MODEL_TYPE: read_huggingface_deimv2,
     **dict.fromkeys((rfdetr.MODEL_TYPE, rfdetr.LW_MODEL_TYPE), read_huggingface_rfdetr),
+    **dict.fromkeys(grounding.MODEL_TYPES, read_huggingface_grounding),
 }
 
 #: transformers' detectors of the DETR kind that no reader here reads (their weights do not fit any family
 #: here): model_type → the model's name, so that the error says what the folder holds.
 OTHER_MODEL_TYPES: dict[str, str] = {
     "conditional_detr": "Conditional DETR", "dab-detr": "DAB-DETR", "table-transformer": "Table Transformer",
-    "yolos": "YOLOS", "grounding-dino": "Grounding DINO", "mm-grounding-dino": "MM Grounding DINO",
-    "omdet-turbo": "OmDet-Turbo", "owlvit": "OWL-ViT", "owlv2": "OWLv2", "deta": "DETA",
+    "yolos": "YOLOS", "omdet-turbo": "OmDet-Turbo", "owlvit": "OWL-ViT", "owlv2": "OWLv2", "deta": "DETA",
 }
 
 
@@ -180,11 +181,6 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> Detector:
     beside ``mask_head.*``) gives a :class:`DETRPanoptic` (see :func:`detr.checkpoints.panoptic.load_panoptic`).
     """
     path = released.download_url(path) if released.is_url(path) else Path(path)  # Path would fold a URL's //
-    if is_grounding_directory(path):  # its own config class (detr.models.grounding.config)
-        if overrides:
-            raise CheckpointError(f"{path} is a Grounding DINO directory: its config.json states the model; drop "
-                                  f"{sorted(overrides)}")
-        return load_grounding(path)
     contents = read_checkpoint(path)
     if is_panoptic_state_dict(contents.state_dict):
         return load_panoptic(path, contents, **overrides)
@@ -210,6 +206,8 @@ def load_checkpoint(path: str | Path, **overrides: Any) -> Detector:
             path, model.num_classes, model.num_classes - 1, *AUTHORS_EVAL_SIZE,
         )
     model.meta = meta
+    if model.prompted:
+        model.tokenizer = contents.tokenizer
     logger.info("loaded %s (%s, %d classes)", path, config.backbone, model.num_classes)
     return model.eval()
 
@@ -253,9 +251,15 @@ def save_huggingface(model: Detector, directory: str | Path, *, backbone_format:
     it cannot write, Deformable DETR's :func:`detr.checkpoints.huggingface_deformable.save_pretrained_deformable`
     RT-DETR's :func:`detr.checkpoints.rtdetr.save_pretrained_rtdetr`, D-FINE's
     :func:`detr.checkpoints.dfine.save_pretrained_dfine` or RF-DETR's
-    :func:`detr.checkpoints.rfdetr.save_pretrained_rfdetr`)."""
+    :func:`detr.checkpoints.rfdetr.save_pretrained_rfdetr`). A family without a writer (Grounding DINO: read
+    from transformers' directories, not written back) raises :class:`CheckpointError` naming it."""
     family = model.config.family if model.config is not None else "detr"
-    return HUGGINGFACE_WRITERS[family](model, directory, backbone_format=backbone_format)
+    writer = HUGGINGFACE_WRITERS.get(family)
+    if writer is None:
+        raise CheckpointError(f"{model.describe()}: this project writes no transformers directory of the {family!r} "
+                              f"family (it writes {', '.join(HUGGINGFACE_WRITERS)}); use the directory it was read "
+                              "from, or save_checkpoint for this project's layout")
+    return writer(model, directory, backbone_format=backbone_format)
 
 
 def save_checkpoint(model: Detector, path: str | Path) -> Path:

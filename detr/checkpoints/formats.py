@@ -42,11 +42,14 @@ class ExportError(ValueError):
 @dataclass(frozen=True)
 class CheckpointContents:
     """What a checkpoint file holds: the weights in the official key layout, the config that built them
-    (None where the file does not record it: it is then read from the weights) and the run metadata."""
+    (None where the file does not record it: it is then read from the weights), the run metadata and, for a
+    prompted model (:attr:`detr.models.detector.Detector.prompted`), the prompt's tokenizer (transformers', read
+    from the directory's tokenizer files; None where it has none)."""
 
     state_dict: dict[str, torch.Tensor]
     config: ModelConfig | None = None
     meta: ModelMeta = ModelMeta()
+    tokenizer: Any = None
 
 
 #: Plain attribute bags that training scripts pickle beside the weights (the rfdetr package's and the authors' DETR

@@ -4,8 +4,10 @@
 :func:`read_grounding` reads a directory as ``GroundingDinoForObjectDetection`` or
 ``MMGroundingDinoForObjectDetection``'s ``save_pretrained`` writes it (``config.json`` with ``model_type``
 "grounding-dino" or "mm-grounding-dino", ``model.safetensors`` or ``pytorch_model.bin``) and returns the authors'
-state dict and the :class:`~detr.models.grounding.config.GroundingConfig`; :func:`load_grounding` builds the model;
-:func:`load_grounding_tokenizer` the prompt's tokenizer from the directory's tokenizer files (BERT WordPiece).
+state dict and the :class:`~detr.models.grounding.config.GroundingConfig`; :func:`read_huggingface_grounding` is
+the reader :func:`detr.load_checkpoint` finds by those model types (:data:`detr.checkpoints.HUGGINGFACE_READERS`),
+which also reads the processor's resize and, with :func:`load_grounding_tokenizer`, the prompt's tokenizer from
+the directory's tokenizer files (BERT WordPiece).
 
 The image backbone is a transformers ResNet that is torchvision's (ResNet-18/34/50/101, stages 2–4 out), read
 into this project's ResNet, or a Swin Transformer (the released checkpoints'), kept as transformers' module: its
@@ -52,7 +54,7 @@ from typing import Any
 
 import torch
 
-from detr.checkpoints.formats import CheckpointError
+from detr.checkpoints.formats import CheckpointContents, CheckpointError
 from detr.checkpoints.huggingface import (
     BACKBONE_BODY,
     HF_BACKBONE_BODY,
@@ -65,7 +67,6 @@ from detr.checkpoints.huggingface import (
 from detr.checkpoints.key_map import Drop, Fuse, KeyMap, Rename
 from detr.models.config import ModelMeta
 from detr.models.grounding.config import GroundingConfig
-from detr.models.grounding.model import GroundingDINO
 
 logger = logging.getLogger(__name__)
 
@@ -197,11 +198,11 @@ def grounding_config(config: dict[str, Any], config_path: Path) -> GroundingConf
         backbone=backbone, text_config=text_config, backbone_config=backbone_config if kind == "swin" else {},
         hidden_dim=config.get("d_model", 256),
         num_queries=config.get("num_queries", 900), num_feature_levels=config.get("num_feature_levels", 4),
-        encoder_layers=config.get("encoder_layers", 6), decoder_layers=config.get("decoder_layers", 6),
-        encoder_ffn_dim=config.get("encoder_ffn_dim", 2048), decoder_ffn_dim=config.get("decoder_ffn_dim", 2048),
-        encoder_heads=config.get("encoder_attention_heads", 8), decoder_heads=config.get("decoder_attention_heads", 8),
+        encoder_layers=config.get("encoder_layers", 6), num_decoder_layers=config.get("decoder_layers", 6),
+        encoder_ffn_dim=config.get("encoder_ffn_dim", 2048), dim_feedforward=config.get("decoder_ffn_dim", 2048),
+        encoder_heads=config.get("encoder_attention_heads", 8), num_heads=config.get("decoder_attention_heads", 8),
         encoder_points=config.get("encoder_n_points", 4), decoder_points=config.get("decoder_n_points", 4),
-        max_text_len=config.get("max_text_len", 256),
+        num_classes=config.get("max_text_len", 256),
         position_temperature=float(config.get("positional_embedding_temperature", 20)),
         layer_norm_eps=config.get("layer_norm_eps", 1e-5), dropout=config.get("dropout", 0.1),
         fusion_drop_path=config.get("fusion_droppath", 0.1), contrastive_head=MODEL_TYPES[model_type],
@@ -217,41 +218,28 @@ def read_grounding(directory: str | Path) -> tuple[dict[str, torch.Tensor], Grou
         raise CheckpointError(f"{directory} has no config.json: expected a directory that transformers' "
                               "GroundingDinoForObjectDetection.save_pretrained wrote")
     config = grounding_config(read_json(config_path), config_path)
-    state_dict = to_authors_state_dict(read_weights(directory), num_layers=config.decoder_layers,
+    state_dict = to_authors_state_dict(read_weights(directory), num_layers=config.num_decoder_layers,
                                        share_box_heads=config.share_box_heads,
                                        share_class_heads=config.share_class_heads, resnet=config.backbone != "swin",
                                        where=str(directory))
     return state_dict, config
 
 
-def is_grounding_directory(path: str | Path) -> bool:
-    """Whether ``path`` is a directory whose config.json names a (MM-)Grounding DINO."""
-    config_path = Path(path) / "config.json"
-    return config_path.is_file() and read_json(config_path).get("model_type") in MODEL_TYPES
-
-
-def load_grounding(directory: str | Path) -> GroundingDINO:
-    """The :class:`GroundingDINO` a transformers directory holds, in eval mode (needs transformers: BERT), with
-    its tokenizer (``model.tokenizer``, when the directory has the tokenizer files) and the processor's resize
-    (``model.meta.eval_size``)."""
-    from detr.models.grounding.build import build_grounding
-
+def read_huggingface_grounding(directory: str | Path) -> CheckpointContents:
+    """A transformers (MM-)Grounding DINO directory → its contents: the authors' state dict (a Swin backbone's
+    weights in the installed transformers' names), its :class:`GroundingConfig`, the processor's resize
+    (``meta.eval_size``) and the prompt's tokenizer (when the directory has the tokenizer files; needs
+    transformers, as building the model does)."""
     directory = Path(directory)
     state_dict, config = read_grounding(directory)
     if config.backbone == "swin":
         state_dict = transformers_backbone_weights(state_dict, config, where=str(directory))
-    model = build_grounding(config)
-    missing, unexpected = model.load_state_dict(state_dict, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"{directory}: the weights do not fit the model its config.json describes: missing "
-                              f"{missing[:3]}{'…' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}")
-    model.meta = ModelMeta(eval_size=_eval_size(directory))
+    tokenizer = None
     if any((directory / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
-        model.tokenizer = load_grounding_tokenizer(directory)
+        tokenizer = load_grounding_tokenizer(directory)
     else:
         logger.warning("%s has no tokenizer files: prompts cannot be read (pass input_ids to the model)", directory)
-    logger.info("loaded %s (%s)", directory, model.describe())
-    return model.eval()
+    return CheckpointContents(state_dict, config, ModelMeta(eval_size=_eval_size(directory)), tokenizer=tokenizer)
 
 
 def transformers_backbone_weights(state_dict: dict[str, torch.Tensor], config: GroundingConfig, *,

@@ -3,6 +3,7 @@
     detr-explore photo.jpg --checkpoint detr-r50-e632da11.pth --out explorer/
     detr-explore data/photos/*.png --checkpoint RUN/checkpoints/last.ckpt --out explorer/ --threshold 0.5
     detr-explore --video clip.mp4 --frame 40 --tracks tracks/tracks.json --checkpoint C --out explorer/
+    detr-explore photo.jpg --checkpoint grounding-dino-tiny/ --prompt "a cat. a remote control." --out explorer/
 
 Open <out>/<image stem>.html (or <out>/index.html for several images) in any browser; no server or
 network is needed. An image that cannot be read or run is reported and skipped (exit status 1), the
@@ -12,6 +13,8 @@ clicked query's sampling points per level and head, sized by their weights, inst
 With --video and --frame N (1-based, as tracks.txt numbers frames), the page is that frame's; with --tracks (the
 tracks.json detr-track wrote; --video defaults to its source) each track's box is labelled with its id and drawn
 with its trail (--trail frames), and a tracked query's attention is a click away as for any query.
+--prompt names what an open-vocabulary checkpoint (a transformers Grounding DINO directory) detects; its pages also
+show the clicked query's attention over the prompt's tokens, grouped by phrase, per decoder layer and head.
 The pages themselves: detr.visualize.explorer.
 """
 
@@ -48,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=probability, default=None,
                         help="initial score threshold of the box display (default: the checkpoint's validated one, "
                              "else 0.7)")
+    parser.add_argument("--prompt", default=None,
+                        help="what an open-vocabulary checkpoint detects, phrases ended by '.': \"a cat. a remote "
+                             "control.\" (a Grounding DINO directory needs it, other checkpoints refuse it)")
     add_resize_arguments(parser)
     parser.add_argument("--device", type=device_argument, default=None, help="default: CUDA when available, else CPU")
     args = parser.parse_args(argv)
@@ -56,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give images, or --video/--tracks with --frame, not both")
     if not args.images and not video_mode:
         parser.error("give at least one IMAGE, or --video V --frame N (with --tracks tracks.json for its tracks)")
+    if video_mode and args.prompt is not None:
+        parser.error("--prompt goes with images, not with --video/--tracks")
     if video_mode and args.frame is None:
         parser.error("--video and --tracks need --frame N, the frame to explore (1-based, as in tracks.txt)")
     from detr.checkpoints import load_checkpoint  # after --help: torch
@@ -87,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     model = load_checkpoint(args.checkpoint)
     errors: list[tuple[str, str]] = []
-    pages = write_attention_explorer(
-        model, args.images, args.out, threshold=args.threshold, min_size=args.min_size, max_size=args.max_size,
-        device=args.device, errors=errors,
-    )
+    try:
+        pages = write_attention_explorer(
+            model, args.images, args.out, threshold=args.threshold, min_size=args.min_size, max_size=args.max_size,
+            device=args.device, errors=errors, prompt=args.prompt,
+        )
+    except ValueError as error:  # the model and the prompt disagree (checked before any image; those are skipped)
+        parser.error(f"--prompt with {args.checkpoint}: {error}")
     for page in pages:
         print(f"{page} ({page.stat().st_size / 2**20:.1f} MiB)")
     if errors:  # each was logged with its reason as it was skipped

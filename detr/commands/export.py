@@ -9,8 +9,9 @@
         --evaluate val2017/ instances_val2017.json              # + detector-int8.xml, both gated
 
 CHECKPOINT is anything detr.load_checkpoint reads, of every family: DETR, Deformable DETR, RT-DETR, D-FINE,
-DEIMv2 and RF-DETR. Batch, height and width are dynamic (a model whose input is a fixed square, RT-DETR, D-FINE,
-DEIMv2 and RF-DETR, takes that square only: batch dynamic, height and width its eval size). A deformable model's
+DEIMv2 and RF-DETR (not Grounding DINO, whose forward also takes a prompt's tokens: it is refused). Batch,
+height and width are dynamic (a model whose input is a fixed square, RT-DETR, D-FINE, DEIMv2 and RF-DETR, takes
+that square only: batch dynamic, height and width its eval size). A deformable model's
 sampling is GridSample in the file unless --sampling-kernel gather writes it as index gathers. The file is run
 (ONNX Runtime for .onnx, OpenVINO for .xml) on a padded batch of two sizes and on one image of a third size and compared with
 the PyTorch model; the differences are printed. If they exceed the tolerance the file is renamed to

@@ -62,7 +62,8 @@ def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
 #: Every model family of the package, by its name (:data:`detr.models.FAMILIES`; a test keeps the two equal), as the
 #: help texts name it: written here so that ``--help`` does not import torch.
 FAMILY_NAMES: dict[str, str] = {"detr": "DETR", "deformable": "Deformable DETR", "rtdetr": "RT-DETR",
-                                "dfine": "D-FINE", "deimv2": "DEIMv2", "rfdetr": "RF-DETR"}
+                                "dfine": "D-FINE", "deimv2": "DEIMv2", "rfdetr": "RF-DETR",
+                                "grounding": "Grounding DINO"}
 #: Each family's presets (:func:`detr.models.family.presets`; a test keeps the two equal), for ``detr --help``.
 PRESET_NAMES: dict[str, tuple[str, ...]] = {
     "detr": ("detr_r50", "detr_r50_dc5", "detr_r101", "detr_r101_dc5"),
@@ -72,8 +73,13 @@ PRESET_NAMES: dict[str, tuple[str, ...]] = {
     "deimv2": ("deimv2_n", "deimv2_l", "deimv2_x"),
     "rfdetr": ("rfdetr_nano", "rfdetr_small", "rfdetr_medium", "rfdetr_base", "rfdetr_large", "rfdetr_seg_preview",
                "rfdetr_seg_nano", "rfdetr_seg_small", "rfdetr_seg_medium", "rfdetr_seg_large", "rfdetr_seg_xlarge",
-               "rfdetr_seg_2xlarge", "lwdetr_tiny", "lwdetr_small", "lwdetr_medium", "lwdetr_large", "lwdetr_xlarge"),
+               "rfdetr_seg_2xlarge", "rfdetr_keypoint_preview", "lwdetr_tiny", "lwdetr_small", "lwdetr_medium",
+               "lwdetr_large", "lwdetr_xlarge"),
+    "grounding": ("grounding_dino_tiny", "mm_grounding_dino_tiny"),
 }
+#: The families without a training recipe here (their record's ``recipe`` is None; a test keeps the two equal):
+#: they predict, label and serve from a transformers directory, and ``detr fit`` refuses them.
+PREDICT_ONLY_FAMILIES: tuple[str, ...] = ("grounding",)
 
 
 def family_list(architectures: Iterable[str] = FAMILY_NAMES) -> str:

@@ -67,6 +67,14 @@ def prompt_phrases(prompt: str | Sequence[str]) -> list[str]:
     return phrases
 
 
+def token_phrases(input_ids: Tensor) -> Tensor:
+    """input_ids int64 [N] → int64 [N]: each token's phrase (0-based, as :func:`phrase_labels` numbers them), -1 for
+    the delimiters ([CLS], [SEP], ".", "?")."""
+    delimiter = torch.isin(input_ids, torch.tensor(DELIMITER_TOKEN_IDS, device=input_ids.device))
+    phrase = torch.cumsum(delimiter.long(), 0) - delimiter.long() - 1
+    return phrase.masked_fill(delimiter, -1)
+
+
 def phrase_labels(probabilities: Tensor, input_ids: Tensor) -> Tensor:
     """probabilities [Q, T], input_ids [N] → int64 [Q]: the phrase (0-based) of each query's best word; words
     are the tokens between delimiters ([CLS], [SEP], ".", "?")."""

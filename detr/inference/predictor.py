@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -444,20 +444,25 @@ class Predictor:
         return predictions
 
     def forward(
-        self, images: Tensor, padding_mask: Tensor, *, return_attention: bool = False, aux_outputs: bool = False
+        self, images: Tensor, padding_mask: Tensor, *, return_attention: bool = False, aux_outputs: bool = False,
+        text: Mapping[str, Tensor] | None = None,
     ) -> DetectorOutput:
         """The model on a padded batch, under ``torch.inference_mode`` and the chosen precision.
 
         Returns the model's :class:`DetectorOutput` on the CPU in float32 (integer tensors keep their type).
         ``aux_outputs=True`` keeps ``aux`` (the heads' predictions after decoder layers 1 .. L-1, as the
-        attention explorer shows them); by default they are dropped.
+        attention explorer shows them); by default they are dropped. ``text``: a prompted model's prompt as its
+        tokenizer returns it (``input_ids``, ``attention_mask``, ``token_type_ids``: int64 [B, N]).
         """
+        prompt = () if text is None else tuple(text[key].to(self.device) for key in
+                                               ("input_ids", "attention_mask", "token_type_ids"))
         with torch.inference_mode(), torch.autocast(
             device_type=self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
         ):
             outputs = self.model(
                 images.to(self.device, non_blocking=True),
                 padding_mask.to(self.device, non_blocking=True),
+                *prompt,
                 return_attention=return_attention,
             )
         if not aux_outputs:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from detr.inference.command_line import FAMILY_NAMES, PRESET_NAMES, family_list
+from detr.inference.command_line import FAMILY_NAMES, PREDICT_ONLY_FAMILIES, PRESET_NAMES, family_list
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -44,13 +44,18 @@ PANOPTIC_CONFIGS = {
 }
 
 
+#: After a family without a training recipe in the presets' list.
+PREDICT_ONLY_NOTE = " (does not train here: detr-predict --prompt, detr-autolabel, detr-serve)"
+
+
 def overview(prog: str) -> str:
     """What ``prog --help`` prints: the subcommands, the configs and where every option is described."""
     panoptic = prog == "detr-panoptic"
     what = ("Panoptic segmentation with DETR (paper §4.4): train, evaluate and run the box stage and the\n"
             "mask stage, through Lightning." if panoptic else
             textwrap.fill(f"Train, evaluate and run DETR detectors of every family through Lightning: "
-                          f"{family_list()} (the paper's DETR also with its anchor variants for short CPU budgets).",
+                          f"{family_list(name for name in FAMILY_NAMES if name not in PREDICT_ONLY_FAMILIES)} (the "
+                          f"paper's DETR also with its anchor variants for short CPU budgets).",
                           width=100, break_on_hyphens=False))
     configs = PANOPTIC_CONFIGS if panoptic else DETECTION_CONFIGS
     lines = [
@@ -77,7 +82,8 @@ def overview(prog: str) -> str:
     if not panoptic:
         lines += ["", "model families and their presets (--model.detr PRESET, or model.detr: PRESET in a YAML; a",
                   "family's own options: --model.detr CLASS --model.detr.help CLASS):"]
-        lines += [textwrap.fill(f"{FAMILY_NAMES[family]}: {', '.join(names) or '(no preset yet)'}", width=116,
+        lines += [textwrap.fill(f"{FAMILY_NAMES[family]}: {', '.join(names) or '(no preset yet)'}"
+                                f"{PREDICT_ONLY_NOTE if family in PREDICT_ONLY_FAMILIES else ''}", width=116,
                                 initial_indent="  ", subsequent_indent="      ", break_long_words=False,
                                 break_on_hyphens=False) for family, names in PRESET_NAMES.items()]
     lines += [

@@ -12,6 +12,7 @@ from detr.models.detr import DETR
 from detr.models.detr_family import DetrConfig
 from detr.models.dfine import family as dfine_family
 from detr.models.family import Family, config_from_dict, families, family_named, family_of, register_family
+from detr.models.grounding import family as grounding_family
 from detr.models.layers.mlp import MLP
 from detr.models.outputs import DetectorOutput, LayerOutput
 from detr.models.rfdetr import family as rfdetr_family
@@ -21,7 +22,7 @@ from detr.models.single_scale import SingleScaleDetector
 
 #: The package's own families, in the order ``detr --help`` lists them.
 FAMILIES = (detr_family.FAMILY, deformable_family.FAMILY, rtdetr_family.FAMILY, dfine_family.FAMILY,
-            deimv2_family.FAMILY, rfdetr_family.FAMILY)
+            deimv2_family.FAMILY, rfdetr_family.FAMILY, grounding_family.FAMILY)
 
 __all__ = ["DETR", "FAMILIES", "AnchorDETR", "Detector", "DetectorOutput", "DETRPanoptic", "DetrConfig", "Family",
            "LayerOutput", "MLP", "ModelConfig", "SingleScaleDetector", "build", "build_detr", "build_detr_panoptic",

@@ -36,6 +36,12 @@ def build(preset: str, /, **overrides: Any) -> Detector:
 def recipe_for(config: ModelConfig) -> Recipe:
     """The authors' training recipe (:class:`detr.models.recipe.Recipe`) of the family ``config`` belongs to: its
     record's ``recipe``, or what its record's recipe function gives for ``config`` (RF-DETR with instance masks:
-    its segmentation recipe)."""
-    recipe = family_of(config).recipe
+    its segmentation recipe). A family without one (``recipe`` None: Grounding DINO, read from transformers
+    directories to predict) raises ValueError."""
+    family = family_of(config)
+    recipe = family.recipe
+    if recipe is None:
+        raise ValueError(f"model.detr: the {family.title} family has no training recipe here: it predicts, labels "
+                         f"and serves (a transformers directory as --checkpoint) but does not train; pick another "
+                         f"family's preset to train")
     return recipe if isinstance(recipe, Recipe) else recipe(config)

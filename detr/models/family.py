@@ -1,7 +1,7 @@
 """What a model family is, as one record, and the one list of families every lookup derives from.
 
-A family (the paper's DETR, Deformable DETR, RT-DETR, D-FINE, DEIMv2, RF-DETR; or one a user adds) declares
-``FAMILY = Family(...)`` in its own folder and registers it with :func:`register_family`; importing
+A family (the paper's DETR, Deformable DETR, RT-DETR, D-FINE, DEIMv2, RF-DETR, Grounding DINO; or one a user
+adds) declares ``FAMILY = Family(...)`` in its own folder and registers it with :func:`register_family`; importing
 :mod:`detr.models` registers the package's own. Code outside a family's folder asks the record
 (:func:`family_of` a config, :func:`family_named` a checkpoint's or a YAML's name), never compares names.
 
@@ -38,7 +38,8 @@ class Family:
         presets: preset name → a function returning that model's config (its authors' sizes, COCO's classes).
         parent: the family whose code this one builds on ("dfine" for DEIMv2), or None.
         recipe: the family's training recipe (:class:`detr.models.recipe.Recipe`: its authors' loss and optimizer),
-            or a function of the config that returns one (RF-DETR: the segmentation recipe with instance masks).
+            or a function of the config that returns one (RF-DETR: the segmentation recipe with instance masks);
+            None: the family does not train here (Grounding DINO: it predicts from a transformers directory).
         augmentation: the data module's augmentation its authors train with.
         real_time: the family predicts the ``num_queries`` best (query, class) pairs and takes denoising targets
             in training (RT-DETR's lineage); the CLI and the data module ask this, not the name.

@@ -145,6 +145,8 @@ class DetectorOutput(LayerOutput):
         instance masks in evaluation: in training its layers' ``mask_features`` hold them instead).
     attention: the attention maps of a dense-attention detector (``return_attention=True``).
     sampling: a Deformable DETR's sampling points (``return_attention=True``).
+    text_attention: a prompted model's decoder cross-attention over the prompt's tokens ``[L, B, heads, Q, N]``
+        (softmax weights over the N tokens; ``return_attention=True``).
     distributions: the edge distributions of a model that refines boxes as distributions (D-FINE, training only).
     class_head: the head that made ``logits`` ("softmax" or "sigmoid"), so that post-processing reads them
         as they were made (None: not stated, e.g. outputs built by hand).
@@ -157,6 +159,7 @@ class DetectorOutput(LayerOutput):
     masks: Tensor | None = None
     attention: AttentionOutput | None = None
     sampling: SamplingOutput | None = None
+    text_attention: Tensor | None = None
     distributions: DistributionOutput | None = None
     class_head: str | None = None
 

@@ -62,6 +62,22 @@
     checkLength("sampling.points", POINTS, L * Q * NH * NL * NP * 2);
     checkLength("sampling.weights", WEIGHTS, L * Q * NH * NL * NP);
   }
+  // A prompted model (Grounding DINO): per layer, query, head and prompt token, the decoder's text cross-attention
+  // weight in 1/65535 (uint16); each head's weights sum to 1 over the tokens. TEXT.phrases: the token's phrase,
+  // -1 for [CLS], [SEP] and the delimiters.
+  const TEXT = DATA.text || null;
+  const NT = TEXT ? TEXT.tokens.length : 0;
+  const TEXT_WEIGHTS = TEXT ? new Uint16Array(decodeBase64(TEXT.weights).buffer) : null;
+  if (TEXT) checkLength("text.weights", TEXT_WEIGHTS, L * Q * NH * NT);
+  function tokenWeights(layer, query, head) {  // [NT]; head MEAN: the mean over heads
+    const weights = new Float64Array(NT);
+    const heads = head === MEAN ? upTo(NH) : [head];
+    for (const h of heads) {
+      const base = ((layer * Q + query) * NH + h) * NT;
+      for (let t = 0; t < NT; t++) weights[t] += TEXT_WEIGHTS[base + t] / WEIGHT_UNITS / heads.length;
+    }
+    return weights;
+  }
   function samplingIndex(layer, query, head, level, point) {
     return (((layer * Q + query) * NH + head) * NL + level) * NP + point;
   }
@@ -375,6 +391,47 @@
       paintMap($("mask-canvas"), maskMap(q), MW, MH);
     }
     if (SAMPLING) drawLevels();
+    if (TEXT) drawPrompt();
+  }
+
+  // A prompted model: the query's attention over the prompt's tokens (the shown layer and head, or the mean),
+  // tokens grouped by phrase and shaded by weight, and each phrase's share.
+  function drawPrompt() {
+    const q = state.query, weights = tokenWeights(state.layer, q, state.head);
+    const top = Math.max(...weights, 1e-9);
+    $("prompt-title").textContent = "Attention over the prompt (query " + q + ", layer " + (state.layer + 1) + ", "
+      + (state.head === MEAN ? "mean over heads" : "head " + (state.head + 1)) + ")";
+    const strip = $("prompt-tokens");
+    strip.replaceChildren();
+    let group = null, groupPhrase = null;
+    TEXT.tokens.forEach((token, t) => {
+      const phrase = TEXT.phrases[t];
+      if (group === null || phrase !== groupPhrase) {
+        group = element("span", null, strip, phrase >= 0 ? "phrase" : "phrase delimiters");
+        if (phrase >= 0) element("span", TEXT.phrase_names[phrase], group, "phrase-name");
+        groupPhrase = phrase;
+      }
+      const shade = weights[t] / top;
+      const chip = element("span", null, group, "token" + (shade > 0.55 ? " strong" : ""));
+      chip.dataset.token = t;
+      chip.style.background = "rgba(214, 72, 20, " + shade.toFixed(3) + ")";
+      chip.title = token + ": " + fmt(weights[t]);
+      element("span", token, chip, "token-text");
+      element("span", fmt(weights[t]), chip, "token-weight");
+    });
+    const shares = TEXT.phrase_names.map(() => 0);
+    let rest = 0;
+    TEXT.phrases.forEach((phrase, t) => { if (phrase >= 0) shares[phrase] += weights[t]; else rest += weights[t]; });
+    const table = $("prompt-phrases");
+    table.replaceChildren();
+    [...TEXT.phrase_names.map((name, k) => [name, shares[k]]), ["[CLS], [SEP] and delimiters", rest]]
+      .forEach(([name, share]) => {
+        const row = element("tr", null, table);
+        element("td", name, row);
+        const bar = element("td", null, row, "bar");
+        element("div", null, bar, "bar-fill").style.width = (100 * share).toFixed(1) + "%";
+        element("td", fmt(share), row, "num");
+      });
   }
 
   // Sampling: per level its stride, its cells and the query's attention share (the shown head, or the mean).
@@ -613,6 +670,7 @@
     + " image, shown at the model's input size " + W + "×" + H + "; " + features + "; " + Q + " queries, " + L
     + " decoder layers, " + NH + " heads; " + DATA.scores.filter((s) => s >= DATA.threshold).length
     + " queries score ≥ " + DATA.threshold + (DATA.model ? "; " + DATA.model : "")
+    + (TEXT ? "; prompt \u201c" + TEXT.prompt + "\u201d (" + NT + " tokens, " + TEXT.phrase_names.length + " phrases)" : "")
     + (DATA.tracks ? "; frame " + DATA.tracks.frame + " of " + DATA.tracks.source + ", " + TRACKS.length
       + " tracks (" + DATA.tracks.tracker + ", trails of " + DATA.tracks.trail_length + " frames)" : "");
   if (SAMPLING) {  // the controls and sections of the sampling view instead of the maps'
@@ -627,8 +685,9 @@
     $("grid-title").firstChild.textContent = "Share per layer × level ";
     buildHeadLegend();
   }
+  if (TEXT) $("prompt-section").hidden = false;
   window.detrExplorer = { kind: DATA.kind, state, selectQuery, setLayer, setHead, setLevel, showEncoder, decoderMap,
-    encoderMap, maskMap, samplingPoints, levelShares, featureSize: [FH, FW], stride: STRIDE, imageSize: [H, W] };
+    encoderMap, maskMap, samplingPoints, levelShares, tokenWeights, featureSize: [FH, FW], stride: STRIDE, imageSize: [H, W] };
   photo.addEventListener("load", () => {
     buildControls(); buildGrid(); buildQueryList(); fit(); render();
     document.body.dataset.ready = "true";

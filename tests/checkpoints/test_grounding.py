@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from detr.checkpoints import CheckpointError
-from detr.checkpoints.grounding import load_grounding, load_grounding_tokenizer, read_grounding
+from detr.checkpoints import CheckpointError, load_checkpoint
+from detr.checkpoints.grounding import load_grounding_tokenizer, read_grounding
 from detr.models.grounding.text import box_position_embedding, phrase_attention
 from tests.helpers import padded_photo_batch
 
@@ -41,7 +41,7 @@ def test_transformers_directory_gives_transformers_logits_and_boxes(tmp_path, ph
     if options.get("backbone_config") == "swin":
         options = {**options, "backbone_config": swin_config()}
     theirs = write_directory(tmp_path / "model", family, **options)
-    ours = load_grounding(tmp_path / "model")
+    ours = load_checkpoint(tmp_path / "model")
     images, padding_mask = photo_batch
     text = load_grounding_tokenizer(tmp_path / "model")(PROMPTS, padding="longest", return_tensors="pt")
     assert text["input_ids"].tolist()[1] == [101, 1034, 1035, 1036, 1029, 102, 0, 0, 0]  # two dog ##s ?
@@ -103,7 +103,7 @@ def test_phrases_boxes_and_scores_are_the_processors_on_a_photo(tmp_path):
     from tests.helpers import REPO
 
     theirs = write_directory(tmp_path / "model", "gdino", seed=3)
-    ours = load_grounding(tmp_path / "model")
+    ours = load_checkpoint(tmp_path / "model")
     processor = transformers.GroundingDinoProcessor.from_pretrained(tmp_path / "model")
     processor.image_processor.size = {"shortest_edge": 160, "longest_edge": 240}
     photo = Image.open(REPO / "data" / "photos" / "000000039769.png").convert("RGB")
@@ -167,13 +167,37 @@ def test_thresholds_outside_scores_are_refused():
                             text_threshold=1.5)
 
 
-def test_load_checkpoint_reads_the_directory_and_refuses_overrides(tmp_path):
+def test_load_checkpoint_reads_the_directory_as_every_family_s(tmp_path):
+    """Issue 63: the directory is read through the transformers readers' table, into the family's config (its
+    record found by the config), and overrides are that config's fields, as for every family."""
     import detr
+    from detr.checkpoints import HUGGINGFACE_READERS, read_checkpoint
+    from detr.checkpoints.grounding import read_huggingface_grounding
+    from detr.models.family import family_of
+    from detr.models.grounding.config import GroundingConfig
     from detr.models.grounding.model import GroundingDINO
 
     write_directory(tmp_path / "model", "mm")
+    assert HUGGINGFACE_READERS["grounding-dino"] is HUGGINGFACE_READERS["mm-grounding-dino"] \
+        is read_huggingface_grounding
+    contents = read_checkpoint(tmp_path / "model")
+    assert isinstance(contents.config, GroundingConfig) and family_of(contents.config).name == "grounding"
     model = detr.load_checkpoint(tmp_path / "model")
     assert isinstance(model, GroundingDINO) and model.prompted and model.tokenizer is not None
-    assert model.config.contrastive_head == "scaled_bias"
-    with pytest.raises(CheckpointError, match="num_heads"):
-        detr.load_checkpoint(tmp_path / "model", num_heads=4)
+    assert model.config.contrastive_head == "scaled_bias" and model.config == contents.config
+    assert detr.load_checkpoint(tmp_path / "model", aux_loss=False).aux_loss is False
+    with pytest.raises(CheckpointError, match="does not fit"):
+        detr.load_checkpoint(tmp_path / "model", num_queries=5)
+    with pytest.raises(ValueError, match="unknown model option.*box_refine"):
+        detr.load_checkpoint(tmp_path / "model", box_refine=True)
+
+
+def test_writing_it_back_as_a_transformers_directory_is_refused_by_name(tmp_path):
+    """Issue 63: as a family it reaches save_huggingface (detr-convert), which has no writer for it: a
+    CheckpointError naming the family, not a KeyError."""
+    import detr
+    from detr.checkpoints import save_huggingface
+
+    write_directory(tmp_path / "model", "gdino")
+    with pytest.raises(CheckpointError, match="'grounding' family"):
+        save_huggingface(detr.load_checkpoint(tmp_path / "model"), tmp_path / "out")

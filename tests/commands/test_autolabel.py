@@ -16,17 +16,9 @@ from tests.helpers import REPO
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from tests.helpers_grounding import write_directory  # noqa: E402
 
 PHOTOS = ["000000039769.png", "chelsea.png", "coffee.png"]
 PROMPT = "a cat. a remote control."
-
-
-@pytest.fixture(scope="module")
-def directory(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("grounding") / "model"
-    write_directory(directory, "gdino", seed=3, image_size=(160, 240))
-    return directory
 
 
 @pytest.fixture
@@ -38,20 +30,20 @@ def images(tmp_path):
     return folder
 
 
-def _autolabel(directory, images, out, *extra):
-    return main([str(images), "--prompt", PROMPT, "--checkpoint", str(directory), "--out", str(out),
+def _autolabel(grounding_directory, images, out, *extra):
+    return main([str(images), "--prompt", PROMPT, "--checkpoint", str(grounding_directory), "--out", str(out),
                  "--device", "cpu", "--threshold", "0.0", *extra])
 
 
-def test_autolabel_writes_a_coco_data_set_of_the_prompts_phrases(directory, images, tmp_path, capsys):
+def test_autolabel_writes_a_coco_data_set_of_the_prompts_phrases(grounding_directory, images, tmp_path, capsys):
     from detr.inference.predictor import Predictor
 
     out = tmp_path / "instances.json"
-    assert _autolabel(directory, images, out) == 0
+    assert _autolabel(grounding_directory, images, out) == 0
     data = json.loads(out.read_text())
     assert data["categories"] == [{"id": 1, "name": "a cat"}, {"id": 2, "name": "a remote control"}]
     assert [image["file_name"] for image in data["images"]] == PHOTOS
-    predicted = Predictor.from_checkpoint(directory, device="cpu").predict(
+    predicted = Predictor.from_checkpoint(grounding_directory, device="cpu").predict(
         [images / name for name in PHOTOS], prompt=PROMPT, threshold=0.0)
     for image, prediction in zip(data["images"], predicted):
         assert (image["height"], image["width"]) == prediction.image_size
@@ -68,12 +60,13 @@ def test_autolabel_writes_a_coco_data_set_of_the_prompts_phrases(directory, imag
     assert f"-> {out}" in capsys.readouterr().out
 
 
-def test_autolabel_output_passes_detr_check_data_and_reads_as_coco_detection(directory, images, tmp_path, capsys):
+def test_autolabel_output_passes_detr_check_data_and_reads_as_coco_detection(grounding_directory, images, tmp_path,
+                                                                              capsys):
     from detr.commands.check_data import main as check_data
     from detr.data.coco import CocoDetection
 
     out = tmp_path / "instances.json"
-    assert _autolabel(directory, images, out) == 0
+    assert _autolabel(grounding_directory, images, out) == 0
     capsys.readouterr()
     assert check_data([str(images), str(out), "--min-images-per-class", "0"]) == 0
     assert "OK: nothing that would hurt training" in capsys.readouterr().out
@@ -84,21 +77,21 @@ def test_autolabel_output_passes_detr_check_data_and_reads_as_coco_detection(dir
     assert len(target["labels"]) > 0 and set(target["labels"].tolist()) <= {0, 1}
 
 
-def test_autolabel_keeps_an_existing_json_unless_overwrite(directory, images, tmp_path, capsys):
+def test_autolabel_keeps_an_existing_json_unless_overwrite(grounding_directory, images, tmp_path, capsys):
     out = tmp_path / "instances.json"
     out.write_text("reviewed")
     with pytest.raises(SystemExit):
-        _autolabel(directory, images, out)
+        _autolabel(grounding_directory, images, out)
     assert "--overwrite" in capsys.readouterr().err and out.read_text() == "reviewed"
-    assert _autolabel(directory, images, out, "--overwrite", "--threshold", "1.0") == 0
+    assert _autolabel(grounding_directory, images, out, "--overwrite", "--threshold", "1.0") == 0
     data = json.loads(out.read_text())
     assert len(data["images"]) == len(PHOTOS) and data["annotations"] == []
 
 
-def test_an_unreadable_image_is_left_out_and_reported(directory, images, tmp_path, capsys):
+def test_an_unreadable_image_is_left_out_and_reported(grounding_directory, images, tmp_path, capsys):
     (images / "broken.png").write_bytes(b"not a png")
     out = tmp_path / "instances.json"
-    assert _autolabel(directory, images, out, "--batch-size", "2") == 1
+    assert _autolabel(grounding_directory, images, out, "--batch-size", "2") == 1
     assert [image["file_name"] for image in json.loads(out.read_text())["images"]] == PHOTOS
     assert "broken.png" in capsys.readouterr().err
 
@@ -107,9 +100,9 @@ def test_an_unreadable_image_is_left_out_and_reported(directory, images, tmp_pat
     (["--prompt", "a cat.. a dog."], "empty phrase"),
     (["--prompt", "a cat. a cat."], "twice"),
 ])
-def test_a_bad_prompt_is_one_error_line(directory, images, tmp_path, capsys, argv, named):
+def test_a_bad_prompt_is_one_error_line(grounding_directory, images, tmp_path, capsys, argv, named):
     with pytest.raises(SystemExit):
-        main([str(images), "--checkpoint", str(directory), "--out", str(tmp_path / "x.json"), *argv])
+        main([str(images), "--checkpoint", str(grounding_directory), "--out", str(tmp_path / "x.json"), *argv])
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "error:" in error and named in error
     assert not (tmp_path / "x.json").exists()
@@ -138,7 +131,7 @@ def test_a_missing_checkpoint_is_one_error_line(images, tmp_path, capsys):
     assert error.startswith("error:") and len(error.splitlines()) == 1
 
 
-def test_autolabel_output_trains_a_shapes_model(directory, tmp_path_factory, tmp_path, monkeypatch):
+def test_autolabel_output_trains_a_shapes_model(grounding_directory, tmp_path_factory, tmp_path, monkeypatch):
     """The loop of the README's "Open vocabulary": label the shapes set's train and val images with a prompt,
     then `detr fit` a tiny DETR on the two jsons as they are (a few steps, validation included)."""
     from detr.lightning.cli import main as detr
@@ -149,8 +142,9 @@ def test_autolabel_output_trains_a_shapes_model(directory, tmp_path_factory, tmp
     jsons = {}
     for split in ("train", "val"):
         jsons[split] = tmp_path / f"{split}.json"
-        assert main([str(shapes / f"{split}2017"), "--prompt", "circle. square.", "--checkpoint", str(directory),
-                     "--out", str(jsons[split]), "--device", "cpu", "--threshold", "0.0"]) == 0
+        assert main([str(shapes / f"{split}2017"), "--prompt", "circle. square.", "--checkpoint",
+                     str(grounding_directory), "--out", str(jsons[split]), "--device", "cpu", "--threshold",
+                     "0.0"]) == 0
     # the jsons replace the root's; 12 queries of the grounding model kept per image: as many queries
     args = tiny_fit_args(shapes, tmp_path / "run", "--trainer.max_steps=2", "--model.detr.num_queries=12")
     assert detr([*args, f"--data.train_images={shapes / 'train2017'}", f"--data.train_annotations={jsons['train']}",

@@ -155,11 +155,12 @@ def test_help_texts_name_every_family(capsys) -> None:
     texts name are the list of families (detr.models.FAMILIES), not written out per command; `detr --help` also
     lists each family's presets."""
     from detr.commands import export
-    from detr.inference.command_line import FAMILY_NAMES, PRESET_NAMES
+    from detr.inference.command_line import FAMILY_NAMES, PREDICT_ONLY_FAMILIES, PRESET_NAMES
     from detr.lightning.command import overview
     from detr.models import FAMILIES
 
     assert list(FAMILY_NAMES) == [family.name for family in FAMILIES] == list(PRESET_NAMES)
+    assert PREDICT_ONLY_FAMILIES == tuple(family.name for family in FAMILIES if family.recipe is None)
     assert {family.name: tuple(family.presets) for family in FAMILIES} == PRESET_NAMES
     assert all(f"{name}" in overview("detr") for names in PRESET_NAMES.values() for name in names)
     with pytest.raises(SystemExit):

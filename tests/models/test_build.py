@@ -29,7 +29,8 @@ def test_the_largest_config_class_has_at_most_30_fields():
 
 
 def test_every_family_is_registered_once_and_found_by_its_config():
-    assert [family.name for family in FAMILIES] == ["detr", "deformable", "rtdetr", "dfine", "deimv2", "rfdetr"]
+    assert [family.name for family in FAMILIES] == ["detr", "deformable", "rtdetr", "dfine", "deimv2", "rfdetr",
+                                                 "grounding"]
     for family in FAMILIES:
         assert family_named(family.name) is family
         assert family_of(family.config_class()) is family

@@ -121,3 +121,12 @@ def test_the_loss_builder_reads_the_recipes_parts_not_the_family() -> None:
         build_criterion(config, LossRecipe(class_loss="focal", matchability=True))
     with pytest.raises(ValueError, match="LossRecipe"):
         build_criterion(config, no_such_weight=1.0)
+
+
+def test_a_family_without_a_recipe_is_refused_by_name():
+    """Issue 63: Grounding DINO is a family (its presets build) but has no training recipe here: asking for one
+    names the family and what it does instead, not a TypeError on None."""
+    from detr.models.family import preset_config
+
+    with pytest.raises(ValueError, match="Grounding DINO family has no training recipe"):
+        recipe_for(preset_config("grounding_dino_tiny"))

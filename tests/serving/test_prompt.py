@@ -17,17 +17,9 @@ pytest.importorskip("safetensors")
 pytest.importorskip("httpx")  # FastAPI's TestClient
 from fastapi.testclient import TestClient  # noqa: E402
 
-from tests.helpers_grounding import write_directory  # noqa: E402
 
 PHOTO = REPO / "data" / "photos" / "000000039769.png"
 PROMPT = "a cat. a remote control."
-
-
-@pytest.fixture(scope="module")
-def directory(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("grounding") / "model"
-    write_directory(directory, "gdino", seed=3, image_size=(160, 240))
-    return directory
 
 
 def _client(predictor: Predictor, name: str) -> TestClient:
@@ -39,8 +31,8 @@ def _refused(response, kind: str, named: str) -> None:
     assert response.json()["error"] == kind and named in response.json()["detail"], response.json()
 
 
-def test_prompt_gives_the_predictors_boxes_scores_and_phrases(directory):
-    predictor = Predictor.from_checkpoint(directory, device="cpu")
+def test_prompt_gives_the_predictors_boxes_scores_and_phrases(grounding_directory):
+    predictor = Predictor.from_checkpoint(grounding_directory, device="cpu")
     expected = predictor.predict(PHOTO, prompt=PROMPT, threshold=0.1, text_threshold=0.3)[0]
     with _client(predictor, "gdino") as http:
         response = http.post("/predict", params={"prompt": PROMPT, "threshold": 0.1, "text_threshold": 0.3},
@@ -58,8 +50,8 @@ def test_prompt_gives_the_predictors_boxes_scores_and_phrases(directory):
                                rtol=0)
 
 
-def test_a_prompted_model_without_a_prompt_names_it(directory):
-    with _client(Predictor.from_checkpoint(directory, device="cpu"), "gdino") as http:
+def test_a_prompted_model_without_a_prompt_names_it(grounding_directory):
+    with _client(Predictor.from_checkpoint(grounding_directory, device="cpu"), "gdino") as http:
         _refused(http.post("/predict", content=PHOTO.read_bytes()), "prompt_required", "?prompt=")
         _refused(http.post("/predict", params={"prompt": "a cat.. a dog."}, content=PHOTO.read_bytes()),
                  "bad_prompt", "empty phrase")

@@ -16,10 +16,11 @@ from detr.models.grounding.transformer import GroundingTransformer
 from detr.models.layers.position_encoding import PositionEmbeddingSine
 
 
-def build_grounding(config: GroundingConfig, *, pretrained_backbone: bool | str = False) -> GroundingDINO:
-    """The model ``config`` describes; ``pretrained_backbone`` as :class:`detr.models.backbone.Backbone`'s
-    ``pretrained``. Needs transformers (the BERT text encoder)."""
+def build_grounding(config: GroundingConfig) -> GroundingDINO:
+    """The model ``config`` describes (its ``pretrained_backbone`` as :class:`detr.models.backbone.Backbone`'s
+    ``pretrained``). Needs transformers (the BERT text encoder)."""
     c = config
+    pretrained_backbone = c.pretrained_backbone
     stages = ("layer2", "layer3", "layer4")[-min(c.num_feature_levels, 3):]
     if c.backbone == "swin":
         if pretrained_backbone:
@@ -40,10 +41,11 @@ def build_grounding(config: GroundingConfig, *, pretrained_backbone: bool | str 
         [DeformableEncoderLayer(c.hidden_dim, c.encoder_heads, c.num_feature_levels, c.encoder_points,
                                 c.encoder_ffn_dim, c.dropout) for _ in range(c.encoder_layers)])
     decoder = CrossModalityDecoder(
-        [CrossModalityDecoderLayer(c.hidden_dim, c.decoder_heads, c.num_feature_levels, c.decoder_points,
-                                   c.decoder_ffn_dim, dropout=c.dropout, layer_norm_eps=c.layer_norm_eps)
-         for _ in range(c.decoder_layers)], c.hidden_dim, layer_norm_eps=c.layer_norm_eps)
+        [CrossModalityDecoderLayer(c.hidden_dim, c.num_heads, c.num_feature_levels, c.decoder_points,
+                                   c.dim_feedforward, dropout=c.dropout, layer_norm_eps=c.layer_norm_eps)
+         for _ in range(c.num_decoder_layers)], c.hidden_dim, layer_norm_eps=c.layer_norm_eps)
     transformer = GroundingTransformer(encoder, decoder, hidden_dim=c.hidden_dim, num_queries=c.num_queries,
-                                       num_levels=c.num_feature_levels, max_text_len=c.max_text_len,
+                                       num_levels=c.num_feature_levels, max_text_len=c.num_classes,
                                        contrastive_head=c.contrastive_head, layer_norm_eps=c.layer_norm_eps)
-    return GroundingDINO(backbone, build_bert(c.text_config), transformer, c, channels=channels)
+    return GroundingDINO(backbone, build_bert(c.text_config), transformer, c, channels=channels,
+                         aux_loss=c.aux_loss)

@@ -10,6 +10,7 @@ Names are the authors' (IDEA-Research/GroundingDINO ``DeformableTransformerDecod
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,18 @@ from detr.models.layers.deformable_attention import MultiScaleDeformableAttentio
 from detr.models.deformable.transformer import REFERENCE_EPS
 from detr.models.grounding.text import box_position_embedding
 from detr.models.layers.mlp import MLP
+
+
+@dataclass
+class LayerAttention:
+    """Where one decoder layer's queries looked (``return_attention``): in the image, the deformable
+    cross-attention's sampling_locations [B, Q, heads, levels, P, 2] (x, y in [0, 1] of each level's padded map)
+    and weights [B, Q, heads, levels, P] (summing to 1 per head); in the prompt, the text cross-attention's
+    text_weights [B, heads, Q, N] (softmax over the prompt's tokens: 1 per head and query, 0 at padding)."""
+
+    sampling_locations: torch.Tensor
+    sampling_weights: torch.Tensor
+    text_weights: torch.Tensor
 
 
 class CrossModalityDecoderLayer(nn.Module):
@@ -41,18 +54,25 @@ class CrossModalityDecoderLayer(nn.Module):
 
     def forward(self, target: torch.Tensor, query_pos: torch.Tensor, reference_points: torch.Tensor,
                 memory: torch.Tensor, spatial_shapes: SpatialShapes, memory_padding: torch.Tensor,
-                text: torch.Tensor, text_padding: torch.Tensor) -> torch.Tensor:
+                text: torch.Tensor, text_padding: torch.Tensor, return_attention: bool = False
+                ) -> tuple[torch.Tensor, LayerAttention | None]:
         """target, query_pos [B, Q, C]; reference_points [B, Q, L, 4] (boxes in each level's padded map);
         memory [B, S, C] with memory_padding bool [B, S]; text [B, N, C] with text_padding bool [B, N]
-        (True = padding) → [B, Q, C]."""
+        (True = padding) → ([B, Q, C], with ``return_attention`` the layer's :class:`LayerAttention`, else
+        None)."""
         query = target + query_pos
         attended = self.self_attn(query, query, target, need_weights=False)[0]
         target = self.norm2(target + self.dropout(attended))
-        attended = self.ca_text(target + query_pos, text, text, key_padding_mask=text_padding, need_weights=False)[0]
+        attended, text_weights = self.ca_text(target + query_pos, text, text, key_padding_mask=text_padding,
+                                              need_weights=return_attention, average_attn_weights=False)
         target = self.catext_norm(target + self.dropout(attended))
-        attended, _ = self.cross_attn(target + query_pos, reference_points, memory, spatial_shapes, memory_padding)
+        attended, sampling = self.cross_attn(target + query_pos, reference_points, memory, spatial_shapes,
+                                             memory_padding, return_attention)
         target = self.norm1(target + self.dropout(attended))
-        return self.norm3(target + self.dropout(self.linear2(self.dropout(F.relu(self.linear1(target))))))
+        target = self.norm3(target + self.dropout(self.linear2(self.dropout(F.relu(self.linear1(target))))))
+        if not return_attention:
+            return target, None
+        return target, LayerAttention(sampling[0], sampling[1], text_weights)
 
 
 class CrossModalityDecoder(nn.Module):
@@ -69,20 +89,24 @@ class CrossModalityDecoder(nn.Module):
 
     def forward(self, target: torch.Tensor, reference_boxes: torch.Tensor, memory: torch.Tensor,
                 spatial_shapes: SpatialShapes, ratios: torch.Tensor, memory_padding: torch.Tensor,
-                text: torch.Tensor, text_padding: torch.Tensor, box_heads: Sequence[nn.Module]
-                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                text: torch.Tensor, text_padding: torch.Tensor, box_heads: Sequence[nn.Module],
+                return_attention: bool = False) -> tuple[torch.Tensor, list[torch.Tensor], list[LayerAttention]]:
         """target [B, Q, C]; reference_boxes [B, Q, 4] (cxcywh in [0, 1] of the unpadded image, detached);
         ratios [B, L, 2] (the unpadded fraction of each level); box_heads: one per layer, predicting the
         inverse-sigmoid update of its box → (every layer's normalised output [layers, B, Q, C], the reference
-        box each layer leaves [B, Q, 4] per layer)."""
-        hidden, references = [], []
+        box each layer leaves [B, Q, 4] per layer, with ``return_attention`` each layer's :class:`LayerAttention`
+        (else empty))."""
+        hidden, references, attention = [], [], []
         for layer, box_head in zip(self.layers, box_heads):
             level_boxes = reference_boxes[:, :, None] * torch.cat([ratios, ratios], -1)[:, None]  # [B, Q, L, 4]
             query_pos = self.ref_point_head(box_position_embedding(level_boxes[:, :, 0], self.hidden_dim))
-            target = layer(target, query_pos, level_boxes, memory, spatial_shapes, memory_padding, text, text_padding)
+            target, layer_attention = layer(target, query_pos, level_boxes, memory, spatial_shapes, memory_padding,
+                                            text, text_padding, return_attention)
+            if layer_attention is not None:
+                attention.append(layer_attention)
             # the refinement reads the layer's output before the final norm (the heads read it after)
             update = box_head(target) + inverse_sigmoid(reference_boxes, eps=REFERENCE_EPS)
             reference_boxes = update.sigmoid().detach()
             hidden.append(self.norm(target))
             references.append(reference_boxes)
-        return torch.stack(hidden), references
+        return torch.stack(hidden), references, attention

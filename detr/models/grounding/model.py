@@ -34,7 +34,7 @@ from detr.models.grounding.text import phrase_attention, text_position_embedding
 from detr.models.grounding.transformer import GroundingTransformer
 from detr.models.inputs import InputSpec
 from detr.models.layers.mlp import MLP
-from detr.models.outputs import DetectorOutput, LayerOutput, stack_layers
+from detr.models.outputs import DetectorOutput, LayerOutput, SamplingOutput, stack_layers
 
 #: The backbone stages that feed the levels, finest first (strides 8, 16, 32).
 _STAGES = ("layer2", "layer3", "layer4")
@@ -59,22 +59,23 @@ class GroundingDINO(Detector):
         aux_loss: also return every earlier decoder layer's predictions.
 
     Attributes: those of the :class:`~detr.models.detector.Detector` contract, with ``prompted`` True (its
-    forward takes the prompt's tokens too) and ``num_classes`` the logits' columns (``max_text_len``);
-    ``tokenizer``: the prompt's tokenizer (transformers' BERT tokenizer, set by the loader; None when built).
+    forward takes the prompt's tokens too), ``attention_kind`` "points" (the decoder's sampling points, and its
+    attention over the prompt's tokens in ``text_attention``) and ``num_classes`` the logits' columns
+    (``max_text_len``); ``tokenizer``: the prompt's tokenizer (transformers' BERT tokenizer, set by the loader; None when built).
     """
 
     class_head = "sigmoid"
-    attention_kind = None
+    attention_kind = "points"
     exportable = False
     prompted = True
 
     def __init__(self, backbone: Joiner, bert: nn.Module, transformer: GroundingTransformer, config: GroundingConfig,
                  *, channels: Sequence[int], aux_loss: bool = True) -> None:
         super().__init__()
-        hidden_dim, levels, layers = config.hidden_dim, config.num_feature_levels, config.decoder_layers
-        self.config, self.aux_loss = config, aux_loss  # type: ignore[assignment]
-        self.num_queries, self.max_text_len = config.num_queries, config.max_text_len
-        self.num_classes = config.max_text_len
+        hidden_dim, levels, layers = config.hidden_dim, config.num_feature_levels, config.num_decoder_layers
+        self.config, self.aux_loss = config, aux_loss
+        self.num_queries, self.max_text_len = config.num_queries, config.num_classes
+        self.num_classes = config.num_classes
         self.tokenizer: Any = None
         self.backbone, self.bert, self.transformer = backbone, bert, transformer
         self.feat_map = nn.Linear(bert.config.hidden_size, hidden_dim)
@@ -87,7 +88,7 @@ class GroundingDINO(Detector):
                                            extra=True))
         self.input_proj = nn.ModuleList(projections)
         box_heads = [MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(1 if config.share_box_heads else layers)]
-        class_heads = [ContrastiveEmbed(config.max_text_len, config.contrastive_head)
+        class_heads = [ContrastiveEmbed(config.num_classes, config.contrastive_head)
                        for _ in range(1 if config.share_class_heads else layers)]
         for head in box_heads:
             nn.init.zeros_(head.layers[-1].weight)
@@ -117,8 +118,8 @@ class GroundingDINO(Detector):
         """The family, its contrastive head and sizes."""
         c = self.config
         name = "MM-Grounding-DINO" if c.contrastive_head == "scaled_bias" else "Grounding DINO"
-        return (f"{name}, {c.backbone}, {c.encoder_layers} + {c.decoder_layers} layers, {c.hidden_dim} hidden, "
-                f"{c.num_queries} queries, prompts of at most {c.max_text_len} tokens")
+        return (f"{name}, {c.backbone}, {c.encoder_layers} + {c.num_decoder_layers} layers, {c.hidden_dim} hidden, "
+                f"{c.num_queries} queries, prompts of at most {c.num_classes} tokens")
 
     def multi_scale_features(self, images: torch.Tensor, padding_mask: torch.Tensor
                              ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
@@ -154,8 +155,8 @@ class GroundingDINO(Detector):
         return text, text_position_embedding(position_ids, text.shape[-1]), attention_mask.bool(), allowed
 
     def forward(self, images: torch.Tensor, padding_mask: torch.Tensor, input_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None
-                ) -> DetectorOutput:
+                attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
+                return_attention: bool = False) -> DetectorOutput:
         """images float [B, 3, H, W] (ImageNet-normalised, zero-padded), padding_mask bool [B, H, W] (True =
         padding); input_ids int64 [B, N] (a BERT tokenizer's, the prompt "a cat. a remote control."),
         attention_mask [B, N] (1 = a real token; default all).
@@ -163,12 +164,16 @@ class GroundingDINO(Detector):
         Returns a :class:`DetectorOutput`: logits [B, Q, max_text_len] (sigmoid scores per prompt token, −inf at
         padding and beyond the prompt), boxes [B, Q, 4] normalised cxcywh of the unpadded image; aux (with
         ``aux_loss``): layers 1 … L-1; proposals: every encoder position's (logits [B, S, max_text_len], boxes).
+        With ``return_attention``: sampling, where each decoder layer's queries looked in the image (as Deformable
+        DETR's), and text_attention [L, B, heads, Q, N], their attention over the prompt's N tokens (softmax
+        weights: 1 per layer, image, head and query; 0 at padding tokens).
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         text, text_position, text_mask, allowed = self.encode_text(input_ids, attention_mask, token_type_ids)
         sources, masks, positions = self.multi_scale_features(images, padding_mask)
-        out = self.transformer(sources, masks, positions, text, text_position, text_mask, allowed, self.bbox_embed)
+        out = self.transformer(sources, masks, positions, text, text_position, text_mask, allowed, self.bbox_embed,
+                               return_attention)
         logits, boxes = [], []
         for layer in range(out.hidden.shape[0]):
             hidden = out.hidden[layer]
@@ -177,5 +182,13 @@ class GroundingDINO(Detector):
             boxes.append((self.bbox_embed[layer](hidden) + reference).sigmoid())
         output = stack_layers(torch.stack(logits), torch.stack(boxes), self.aux_loss, self.class_head)
         output.proposals = LayerOutput(out.encoder_logits, out.encoder_boxes)
+        if return_attention:
+            locations = torch.stack([layer.sampling_locations for layer in out.attention])
+            output.sampling = SamplingOutput(
+                locations=locations, points=locations / out.valid_ratios[None, :, None, None, :, None, :],
+                weights=torch.stack([layer.sampling_weights for layer in out.attention]),
+                spatial_shapes=torch.tensor(out.spatial_shapes, dtype=torch.int64),
+                strides=tuple(self.stride * 2**level for level in range(len(out.spatial_shapes))))
+            output.text_attention = torch.stack([layer.text_weights for layer in out.attention])
         return output
 

@@ -22,7 +22,7 @@ from detr.models.layers.deformable_attention import SpatialShapes
 from detr.models.deformable.transformer import encoder_proposals, encoder_reference_points, valid_ratios
 from detr.models.grounding.config import ContrastiveHead
 from detr.models.grounding.contrastive import ContrastiveEmbed
-from detr.models.grounding.decoder import CrossModalityDecoder
+from detr.models.grounding.decoder import CrossModalityDecoder, LayerAttention
 from detr.models.grounding.encoder import FeatureEnhancer
 from detr.models.layers.mlp import MLP
 
@@ -32,7 +32,8 @@ class GroundingTransformerOutput:
     """hidden: every decoder layer's normalised output [layers, B, Q, C]; references: the box each layer started
     from, first to last, [layers, B, Q, 4] (cxcywh in [0, 1]); text: the enhanced text [B, N, C];
     encoder_logits [B, S, max_text_len] and encoder_boxes [B, S, 4]: every position's proposal (logits and
-    sigmoid boxes); spatial_shapes, valid_ratios [B, L, 2] of the levels."""
+    sigmoid boxes); spatial_shapes, valid_ratios [B, L, 2] of the levels; attention: each decoder layer's
+    :class:`~detr.models.grounding.decoder.LayerAttention` when asked (else empty)."""
 
     hidden: torch.Tensor
     references: torch.Tensor
@@ -41,6 +42,7 @@ class GroundingTransformerOutput:
     encoder_boxes: torch.Tensor
     spatial_shapes: SpatialShapes
     valid_ratios: torch.Tensor
+    attention: list[LayerAttention]
 
 
 class GroundingTransformer(nn.Module):
@@ -67,10 +69,11 @@ class GroundingTransformer(nn.Module):
 
     def forward(self, sources: list[torch.Tensor], masks: list[torch.Tensor], positions: list[torch.Tensor],
                 text: torch.Tensor, text_position: torch.Tensor, text_mask: torch.Tensor, text_allowed: torch.Tensor,
-                box_heads: Sequence[nn.Module]) -> GroundingTransformerOutput:
+                box_heads: Sequence[nn.Module], return_attention: bool = False) -> GroundingTransformerOutput:
         """Per level: sources [B, C, h, w], masks bool [B, h, w] (True = padding), positions [B, C, h, w]; text,
         text_position [B, N, C]; text_mask bool [B, N] (True = a real token); text_allowed bool [B, N, N];
-        box_heads: the decoder's refinement heads, one per layer."""
+        box_heads: the decoder's refinement heads, one per layer; return_attention: keep where each decoder layer's
+        queries looked in the image and the prompt."""
         spatial_shapes = [(source.shape[-2], source.shape[-1]) for source in sources]
         memory = torch.cat([source.flatten(2).transpose(1, 2) for source in sources], 1)  # [B, S, C]
         padding = torch.cat([mask.flatten(1) for mask in masks], 1)  # [B, S]
@@ -88,8 +91,8 @@ class GroundingTransformer(nn.Module):
         selected = encoder_logits.max(-1).values.topk(self.num_queries, dim=1).indices  # [B, Q]
         reference_boxes = encoder_box_logits.gather(1, selected[..., None].expand(-1, -1, 4)).detach().sigmoid()
         target = self.tgt_embed.weight[None].expand(memory.shape[0], -1, -1)
-        hidden, refined = self.decoder(target, reference_boxes, memory, spatial_shapes, ratios, padding, text,
-                                       ~text_mask, box_heads)
+        hidden, refined, attention = self.decoder(target, reference_boxes, memory, spatial_shapes, ratios, padding,
+                                                  text, ~text_mask, box_heads, return_attention)
         references = torch.stack([reference_boxes, *refined[:-1]])
         return GroundingTransformerOutput(hidden, references, text, encoder_logits, encoder_box_logits.sigmoid(),
-                                          spatial_shapes, ratios)
+                                          spatial_shapes, ratios, attention)

@@ -7,7 +7,8 @@ other pixel shows the last encoder layer's self-attention of that feature positi
 for every query, layer and head instead of the figures' selection). For a Deformable DETR the page shows,
 instead of maps, the clicked query's sampling points per feature level and head with their weights (the
 Deformable DETR paper's Fig. 5 and 6, for any query, layer, head and level), and each level's share of the
-query's attention; it has no encoder view.
+query's attention; it has no encoder view. For a prompted model (Grounding DINO, ``prompt=``) the sampling page
+also shows the clicked query's attention over the prompt's tokens per layer and head, grouped by phrase.
 
 Everything is inline in one file (HTML, CSS and JavaScript; the image as JPEG; the maps as base64), so the
 page opens from the file system with no server and no network; page sizes: docs/guides/explore.md.

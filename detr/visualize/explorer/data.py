@@ -23,6 +23,12 @@ Embedded data (the JSON block ``<script id="explorer-data">``, format ``detr-att
         to the image), stride 4, maps (base64 uint8, byte = round(255 * sigmoid(mask logit)))}.
     tracks (a frame of a tracked video only, absent otherwise): the frame's tracks, their boxes, ids, trails and
         matched queries (:mod:`detr.visualize.explorer.tracks`).
+    text (a prompted model's page only, absent otherwise: Grounding DINO's decoder cross-attention over the
+        prompt): {prompt (as the model read it), tokens [N] (the tokenizer's strings, [CLS] and [SEP] included),
+        phrases [N] (the 0-based phrase each token belongs to, -1 for [CLS], [SEP] and the delimiters),
+        phrase_names [phrases], shape [L, Q, heads, N], weights (base64 uint16 little-endian [L, Q, heads, N]:
+        each head's softmax weights over the tokens, summing to 1, in 1/65535)}; class_names are then the
+        tokens, one per logit column (empty past the prompt).
   kind "dense":
     feature: {height h, width w (unpadded feature region), stride (input pixels per feature cell)}
     decoder: {shape [L, heads + 1, Q, h, w] (head index ``heads`` is the mean over heads), maps (base64
@@ -43,6 +49,7 @@ import base64
 import io
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -123,6 +130,7 @@ def explorer_data(
     jpeg_quality: int = 88,
     class_head: str = "softmax",
     stride: int | None = None,
+    prompt: PromptTokens | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready data of one image's page, cut out of a batch's model outputs.
 
@@ -144,6 +152,7 @@ def explorer_data(
         stride: the model's ``model.stride`` (input pixels per feature cell; Deformable DETR: of the finest
             level); None derives it from the image and feature sizes (:func:`feature_stride`), which sampling
             points cannot (a Deformable DETR's outputs need it).
+        prompt: a prompted model's prompt as tokens and phrases; its outputs' ``text_attention`` is then kept.
 
     With ``outputs.masks`` (a :class:`detr.DETRPanoptic`: mask logits [B, Q, h', w'] at stride 4)
     the data also holds every query's mask probability (key ``masks``), which the page shows beside the
@@ -215,6 +224,7 @@ def explorer_data(
         "top_probs": top_probs,
         **attention,
         **({"masks": _mask_data(outputs.masks[index], height, width)} if outputs.masks is not None else {}),
+        **({"text": _text_data(outputs.text_attention, index, prompt)} if prompt is not None else {}),
     }
 
 
@@ -288,6 +298,31 @@ def _sampling_data(sampling: SamplingOutput, index: int, input_size: tuple[int, 
             "weights": _base64(quantize_weights(weights)),
         },
     }
+
+
+@dataclass(frozen=True)
+class PromptTokens:
+    """A prompt as a prompted model read it: ``text`` (the prompt), ``tokens`` (the tokenizer's strings, one per
+    input id), ``phrases`` (per token its 0-based phrase, -1 for [CLS], [SEP] and the delimiters) and
+    ``phrase_names`` (each phrase's words)."""
+
+    text: str
+    tokens: tuple[str, ...]
+    phrases: tuple[int, ...]
+    phrase_names: tuple[str, ...]
+
+
+def _text_data(text_attention: Tensor | None, index: int, prompt: PromptTokens) -> dict[str, Any]:
+    """One image's attention over the prompt's tokens, [L, heads, Q, N] of the batch's → [L, Q, heads, N]."""
+    if text_attention is None:
+        raise ValueError("the model outputs hold no text_attention: call a prompted model with return_attention=True")
+    weights = text_attention[:, index].transpose(1, 2)  # [L, Q, heads, N]
+    if int(weights.shape[-1]) != len(prompt.tokens):
+        raise ValueError(f"the text attention covers {int(weights.shape[-1])} tokens, the prompt has "
+                         f"{len(prompt.tokens)}: pass the tokens the model read")
+    return {"prompt": prompt.text, "tokens": list(prompt.tokens), "phrases": list(prompt.phrases),
+            "phrase_names": list(prompt.phrase_names), "shape": list(weights.shape),
+            "weights": _base64(quantize_weights(weights))}
 
 
 #: Input pixels per cell of the mask head's output (the ResNet stem's stride).
