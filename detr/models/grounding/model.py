@@ -162,7 +162,9 @@ class GroundingDINO(Detector):
 
         Returns a :class:`DetectorOutput`: logits [B, Q, max_text_len] (sigmoid scores per prompt token, −inf at
         padding and beyond the prompt), boxes [B, Q, 4] normalised cxcywh of the unpadded image; aux (with
-        ``aux_loss``): layers 1 … L-1; proposals: every encoder position's (logits [B, S, max_text_len], boxes).
+        ``aux_loss``): layers 1 … L-1; proposals: the ``num_queries`` encoder proposals the decoder starts from
+        (logits [B, Q, max_text_len], boxes [B, Q, 4]), scored by the encoder loss as the authors' (mmdetection's
+        ``enc_outputs_class`` / ``enc_outputs_coord``).
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
