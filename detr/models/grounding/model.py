@@ -113,6 +113,11 @@ class GroundingDINO(Detector):
         size, max_size = self.meta.eval_size or (800, 1333)
         return InputSpec(size=size, max_size=max_size, interpolation="antialiased")
 
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        """The pretrained encoders', trained at the backbone's learning rate: the image backbone and the BERT text
+        encoder."""
+        return [*self.backbone.parameters(), *self.bert.parameters()]
+
     def describe(self) -> str:
         """The family, its contrastive head and sizes."""
         c = self.config
