@@ -21,11 +21,8 @@ from detr.loss.parts import ProposalLoss
 from detr.loss.terms import Targets
 from detr.models.grounding.config import GroundingConfig
 from detr.models.grounding.recipe import RECIPE
-from detr.models.grounding.text import DELIMITER_TOKEN_IDS
+from detr.models.grounding.text import phrase_token_mask
 from detr.models.recipe import LossRecipe
-
-#: Token ids that separate phrases: the delimiters ([CLS], [SEP], ".", "?") and [PAD] (0).
-_SEPARATORS = (*DELIMITER_TOKEN_IDS, 0)
 
 
 def phrase_token_maps(input_ids: torch.Tensor, columns: int) -> torch.Tensor:
@@ -37,14 +34,7 @@ def phrase_token_maps(input_ids: torch.Tensor, columns: int) -> torch.Tensor:
     if len(input_ids) > columns:
         raise ValueError(f"the prompt has {len(input_ids)} tokens but the model reads at most {columns} "
                          "(max_text_len): shorten the category names or train on fewer categories at a time")
-    separator = torch.isin(input_ids, torch.tensor(_SEPARATORS, device=input_ids.device))
-    starts = ~separator & torch.cat([separator.new_ones(1), separator[:-1]])  # a phrase's first token
-    phrase = torch.cumsum(starts.long(), 0) - 1  # [N]: which phrase each token is in (valid where not separator)
-    count = int(starts.sum())
-    maps = torch.zeros(count, columns, device=input_ids.device)
-    tokens = (~separator).nonzero().flatten()
-    maps[phrase[tokens], tokens] = 1.0
-    return maps
+    return phrase_token_mask(input_ids, columns).float()
 
 
 def with_token_maps(targets: Targets, token_maps: torch.Tensor) -> Targets:

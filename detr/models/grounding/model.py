@@ -113,6 +113,15 @@ class GroundingDINO(Detector):
         size, max_size = self.meta.eval_size or (800, 1333)
         return InputSpec(size=size, max_size=max_size, interpolation="antialiased")
 
+    def with_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, phrases: Sequence[str]) -> Detector:
+        """This model with one prompt fixed: input_ids and attention_mask int64 [1, N] (its tokens, as the tokenizer
+        gives them), ``phrases`` its phrases in order. Returns a detector of one class per phrase that takes images
+        only, and exports (:class:`~detr.models.grounding.fixed_prompt.FixedPromptDetector`);
+        :func:`detr.inference.fixed_prompt.fix_prompt` makes the tokens from a prompt's text."""
+        from detr.models.grounding.fixed_prompt import FixedPromptDetector
+
+        return FixedPromptDetector(self, input_ids, attention_mask, phrases)
+
     def backbone_parameters(self) -> list[nn.Parameter]:
         """The pretrained encoders', trained at the backbone's learning rate: the image backbone and the BERT text
         encoder."""
@@ -173,7 +182,12 @@ class GroundingDINO(Detector):
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        text, text_position, text_mask, allowed = self.encode_text(input_ids, attention_mask, token_type_ids)
+        return self.detect(images, padding_mask, *self.encode_text(input_ids, attention_mask, token_type_ids))
+
+    def detect(self, images: torch.Tensor, padding_mask: torch.Tensor, text: torch.Tensor, text_position: torch.Tensor,
+               text_mask: torch.Tensor, allowed: torch.Tensor) -> DetectorOutput:
+        """:meth:`forward` from the prompt's encoded text (what :meth:`encode_text` returns), so that a fixed
+        prompt is encoded once (:mod:`detr.models.grounding.fixed_prompt`)."""
         sources, masks, positions = self.multi_scale_features(images, padding_mask)
         out = self.transformer(sources, masks, positions, text, text_position, text_mask, allowed, self.bbox_embed)
         logits, boxes = [], []
