@@ -7,6 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from detr.checkpoints.grounding import load_grounding
+from detr.inference.predictor import Predictor
+from detr.lightning.datamodule import DetrDataModule
+from detr.lightning.grounding_system import GroundingSystem, fine_tune_grounding
 from detr.models.recipe import OptimizerRecipe
 from tests.helpers import write_tiny_shapes
 
@@ -37,8 +41,6 @@ def directory(tmp_path_factory):
 
 
 def _fixed_batch(shapes):
-    from detr.lightning.datamodule import DetrDataModule
-
     data = DetrDataModule(val_images=str(shapes / "train2017"),
                           val_annotations=str(shapes / "annotations" / "instances_train2017.json"),
                           category_ids="contiguous", batch_size=4, num_workers=0, **DATA)
@@ -46,9 +48,6 @@ def _fixed_batch(shapes):
 
 
 def _loss(directory, shapes) -> float:
-    from detr.checkpoints.grounding import load_grounding
-    from detr.lightning.grounding_system import GroundingSystem
-
     system = GroundingSystem(load_grounding(directory), SHAPES)
     images, padding_mask, targets = _fixed_batch(shapes)
     with torch.no_grad():
@@ -56,9 +55,6 @@ def _loss(directory, shapes) -> float:
 
 
 def test_fine_tuning_lowers_the_loss_and_writes_a_model_that_predicts_with_the_prompt(directory, shapes, tmp_path):
-    from detr.inference.predictor import Predictor
-    from detr.lightning.grounding_system import fine_tune_grounding
-
     torch.manual_seed(0)
     written, system = fine_tune_grounding(
         directory, tmp_path / "tuned", train_images=shapes / "train2017",
@@ -78,9 +74,6 @@ def test_fine_tuning_lowers_the_loss_and_writes_a_model_that_predicts_with_the_p
 
 
 def test_a_category_name_that_is_no_phrase_is_refused(directory):
-    from detr.checkpoints.grounding import load_grounding
-    from detr.lightning.grounding_system import GroundingSystem
-
     model = load_grounding(directory)
     with pytest.raises(ValueError, match="must not hold"):
         GroundingSystem(model, ["circle", "square. star"])

@@ -17,17 +17,18 @@ import torch
 from detr.categories import CategoryMap
 from detr.models.config import ModelMeta
 from detr.models.detector import Detector
-from detr.models.grounding.model import GroundingDINO
 from detr.models.grounding.text import phrase_token_mask
 from detr.models.inputs import InputSpec
 from detr.models.outputs import DetectorOutput, LayerOutput
 
 
 class FixedPromptDetector(Detector):
-    """A :class:`GroundingDINO` and one prompt → logits [B, Q, K] (one per phrase) and boxes [B, Q, 4].
+    """A grounding model and one prompt → logits [B, Q, K] (one per phrase) and boxes [B, Q, 4].
 
     Args:
-        model: the grounding model (its modules are shared, not copied; its BERT is not called).
+        model: the grounding model, a :class:`~detr.models.grounding.model.GroundingDINO` (which makes this
+            detector: :meth:`~detr.models.grounding.model.GroundingDINO.with_prompt`; its modules are shared, not
+            copied; its BERT is not called).
         input_ids, attention_mask: the prompt's tokens int64 [1, N] (N ≤ ``max_text_len``).
         phrases: the prompt's K phrases in order (the class names; ``meta.category_map``).
 
@@ -37,7 +38,7 @@ class FixedPromptDetector(Detector):
     class_head = "sigmoid"
     attention_kind = None
 
-    def __init__(self, model: GroundingDINO, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    def __init__(self, model: Detector, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  phrases: Sequence[str]) -> None:
         super().__init__()
         if input_ids.dim() != 2 or input_ids.shape[0] != 1 or attention_mask.shape != input_ids.shape:
