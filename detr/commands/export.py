@@ -10,8 +10,9 @@
 
 CHECKPOINT is anything detr.load_checkpoint reads, of every family: DETR, Deformable DETR, RT-DETR, D-FINE,
 DEIMv2 and RF-DETR; an open-vocabulary model (Grounding DINO) with --prompt 'a cat. a remote control.' baked in
-(its phrases the file's classes, each scored by its best token; the text features constants). Batch, height and width are dynamic (a model whose input is a fixed square, RT-DETR, D-FINE,
-DEIMv2 and RF-DETR, takes that square only: batch dynamic, height and width its eval size). A deformable model's
+(its phrases the file's classes, each scored by its best token; the text features constants). Batch, height and
+width are dynamic (a model whose input is a fixed square, RT-DETR, D-FINE, DEIMv2 and RF-DETR, takes that square
+only: batch dynamic, height and width its eval size). A deformable model's
 sampling is GridSample in the file unless --sampling-kernel gather writes it as index gathers. The file is run
 (ONNX Runtime for .onnx, OpenVINO for .xml) on a padded batch of two sizes and on one image of a third size and compared with
 the PyTorch model; the differences are printed. If they exceed the tolerance the file is renamed to

@@ -178,7 +178,8 @@ class HungarianMatcher(nn.Module):
         labels = logits.new_zeros((batch, longest), dtype=torch.int64)
         # Padding boxes are valid (non-degenerate) so the GIoU stays finite; their columns are dropped.
         boxes = pred_boxes.new_tensor([0.5, 0.5, 1.0, 1.0]).repeat(batch, longest, 1)
-        token_maps = logits.new_zeros((batch, longest, logits.shape[-1])) if "token_map" in targets[0] else None
+        token_maps = (logits.new_zeros((batch, longest, logits.shape[-1]), dtype=torch.float32)
+                      if "token_map" in targets[0] else None)
         for index, (target, size) in enumerate(zip(targets, sizes)):
             labels[index, :size] = target["labels"]
             boxes[index, :size] = target["boxes"].float()

@@ -1,7 +1,7 @@
-"""Grounding DINO out of PyTorch with its prompt baked in (``detr-export --prompt``): ONNX Runtime gives the fixed-prompt
-model's logits and boxes on real photos within 1e-4, whose class logits are each phrase's best token logit of the
-prompted model; the file names the phrases as its classes; a prompted model without a prompt, and a prompt for a
-model that reads none, refused."""
+"""Grounding DINO out of PyTorch with its prompt baked in (``detr-export --prompt``): ONNX Runtime gives the
+fixed-prompt model's logits and boxes on real photos within 1e-4, whose class logits are each phrase's best token
+logit of the prompted model; the file names the phrases as its classes and the Predictor runs it; a prompted model
+without a prompt, and a prompt for a model that reads none, refused."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from detr.inference.fixed_prompt import fix_prompt
-from tests.helpers import padded_photo_batch
+from detr.inference.predictor import Predictor
+from tests.helpers import REPO, padded_photo_batch
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -19,6 +20,7 @@ onnxruntime = pytest.importorskip("onnxruntime")
 from tests.helpers_grounding import write_directory  # noqa: E402
 
 PROMPT = "a cat. a remote control."
+PHOTO = REPO / "data" / "photos" / "000000039769.png"
 SIZE = (160, 240)  # the processor's resize (shortest, longest side)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -58,6 +60,9 @@ def test_exported_file_gives_the_fixed_prompt_models_logits_and_boxes(directory,
     assert torch.equal(expected.boxes, tokens.boxes)
     metadata = read_onnx_metadata(out)
     assert metadata["category_map"]["names"] == ["a cat", "a remote control"] and metadata["class_head"] == "sigmoid"
+    # the Predictor runs the file as a detector of the prompt's phrases
+    on_file = Predictor.from_checkpoint(out, device="cpu").predict(PHOTO, threshold=0.0)[0]
+    assert len(on_file) == prompted.num_queries and set(on_file.label_names) <= {"a cat", "a remote control"}
 
 
 def test_a_prompted_model_needs_a_prompt_to_export(directory, tmp_path, capsys):
