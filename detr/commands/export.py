@@ -9,9 +9,10 @@
         --evaluate val2017/ instances_val2017.json              # + detector-int8.xml, both gated
 
 CHECKPOINT is anything detr.load_checkpoint reads, of every family: DETR, Deformable DETR, RT-DETR, D-FINE,
-DEIMv2 and RF-DETR (not Grounding DINO, whose forward also takes a prompt's tokens: it is refused). Batch,
-height and width are dynamic (a model whose input is a fixed square, RT-DETR, D-FINE, DEIMv2 and RF-DETR, takes
-that square only: batch dynamic, height and width its eval size). A deformable model's
+DEIMv2 and RF-DETR; an open-vocabulary model, Grounding DINO, with --prompt 'a cat. a remote control.' baked in
+(its phrases the file's classes, each scored by its best token; the text features constants). Batch, height and
+width are dynamic (a model whose input is a fixed square, RT-DETR, D-FINE, DEIMv2 and RF-DETR, takes that square
+only: batch dynamic, height and width its eval size). A deformable model's
 sampling is GridSample in the file unless --sampling-kernel gather writes it as index gathers. The file is run
 (ONNX Runtime for .onnx, OpenVINO for .xml) on a padded batch of two sizes and on one image of a third size and compared with
 the PyTorch model; the differences are printed. If they exceed the tolerance the file is renamed to
@@ -66,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--postprocess", action="store_true",
                         help="put the post-processing in the graph: input orig_sizes [B, 2] (h, w); outputs "
                              "scores, labels, boxes (pixel xyxy)")
+    parser.add_argument("--prompt", default=None,
+                        help="an open-vocabulary model (Grounding DINO): the prompt to bake into the file, e.g. "
+                             "'a cat. a remote control.': its phrases become the file's classes, the text features "
+                             "constants (the file takes images only)")
     parser.add_argument("--sampling-kernel", choices=("grid_sample", "gather"), default="grid_sample",
                         help="how deformable attention's bilinear sampling is written: grid_sample (GridSample) or "
                              "gather (index gathers, no GridSample in the file: for TensorRT and runtimes without a "
@@ -127,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         args.max_ap_drop = MAX_AP_DROP
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     model = load_checkpoint(args.checkpoint)
+    if model.prompted or args.prompt is not None:
+        from detr.inference.fixed_prompt import fix_prompt
+
+        if args.prompt is None:
+            parser.error(f"--prompt: {args.checkpoint} is an open-vocabulary model; give the prompt to bake into the "
+                         "file, e.g. --prompt 'a cat. a remote control.'")
+        try:
+            model = fix_prompt(model, args.prompt)
+        except ValueError as error:
+            parser.error(f"--prompt: {error}")
     feeds = None
     if args.int8:
         try:

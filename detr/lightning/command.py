@@ -45,7 +45,8 @@ PANOPTIC_CONFIGS = {
 
 
 #: After a family without a training recipe in the presets' list.
-PREDICT_ONLY_NOTE = " (does not train here: detr-predict --prompt, detr-autolabel, detr-serve)"
+PREDICT_ONLY_NOTE = (" (not detr fit: detr-predict --prompt, detr-autolabel, detr-serve; fine-tuned in Python by "
+                     "detr.lightning.grounding_system)")
 
 
 def overview(prog: str) -> str:

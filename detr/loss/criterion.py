@@ -17,7 +17,15 @@ from torch import nn
 
 from detr.loss.focal import ia_bce_loss, matchability_loss, sigmoid_focal_loss, varifocal_loss
 from detr.loss.matcher import HungarianMatcher
-from detr.loss.terms import Indices, Targets, box_losses, matched_box_iou, matched_labels, matched_query_index
+from detr.loss.terms import (
+    Indices,
+    Targets,
+    box_losses,
+    matched_box_iou,
+    matched_labels,
+    matched_query_index,
+    matched_token_maps,
+)
 from detr.models.config import ClassHead
 from detr.models.outputs import DetectorOutput, LayerOutput
 
@@ -162,6 +170,9 @@ class SetCriterion(nn.Module):
         logits = outputs.logits.float()  # [B, Q, C+1] softmax, [B, Q, C] sigmoid
         batch_index, query_index = matched_query_index(indices)
         labels = matched_labels(targets, indices).to(logits.device)
+        token_maps = matched_token_maps(targets, indices)
+        if token_maps is not None:  # a grounding model's: a target's class is its phrase's tokens
+            return self.token_loss_labels(logits, batch_index, query_index, token_maps.to(logits), num_boxes)
         if self.class_head == "sigmoid":
             onehot = torch.zeros_like(logits)  # unmatched queries: every class negative
             onehot[batch_index, query_index, labels] = 1.0
@@ -186,6 +197,27 @@ class SetCriterion(nn.Module):
             accuracy = logits.new_zeros(())  # the authors' convention: class_error 100 with no targets
         else:
             accuracy = (logits[batch_index, query_index].argmax(-1) == labels).float().mean() * 100
+        return {"loss_ce": loss_ce, "class_error": 100 - accuracy}
+
+    def token_loss_labels(self, logits: torch.Tensor, batch_index: torch.Tensor, query_index: torch.Tensor,
+                          token_maps: torch.Tensor, num_boxes: float | torch.Tensor) -> dict[str, torch.Tensor]:
+        """The focal loss of a grounding model's logits [B, Q, N] (one per prompt token, −inf outside the prompt):
+        a matched query's target is its target's token map [N], every other query's all zero; summed over the
+        prompt's tokens only (the finite logits) and divided by ``num_boxes``. class_error: 100 − the share of
+        matched queries whose best token is one of their target's."""
+        if self.class_head != "sigmoid" or self.varifocal or self.matchability or self.ia_bce:
+            raise ValueError("targets with a token_map (a grounding model's) train the sigmoid focal loss: build the "
+                             "criterion with class_head='sigmoid' and class_loss 'focal'")
+        onehot = torch.zeros_like(logits)
+        onehot[batch_index, query_index] = token_maps
+        prompt = logits.isfinite()
+        loss_ce = sigmoid_focal_loss(logits[prompt], onehot[prompt], num_boxes, alpha=self.focal_alpha,
+                                     gamma=self.focal_gamma)
+        if len(token_maps) == 0:
+            accuracy = logits.new_zeros(())
+        else:
+            best = logits[batch_index, query_index].argmax(-1)
+            accuracy = (token_maps.gather(1, best[:, None]) > 0).float().mean() * 100
         return {"loss_ce": loss_ce, "class_error": 100 - accuracy}
 
     @torch.no_grad()

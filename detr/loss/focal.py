@@ -61,6 +61,25 @@ def focal_class_cost(logits: torch.Tensor, labels: torch.Tensor, *, alpha: float
     return positive.gather(2, index) - negative.gather(2, index)
 
 
+def focal_token_cost(logits: torch.Tensor, token_maps: torch.Tensor, *, alpha: float = 0.25,
+                     gamma: float = 2.0) -> torch.Tensor:
+    """The focal matching cost of :func:`focal_class_cost` for targets named by spans of prompt tokens (Grounding
+    DINO: a target's "class" is the phrase of the prompt that names it): the cost of each token, averaged over the
+    target's tokens.
+
+    Args:
+        logits: float [B, Q, N] (a logit per prompt token; −inf outside the prompt gives p = 0);
+        token_maps: float [B, T, N]: 1 at the tokens of each target's phrase, 0 elsewhere (padding targets: all 0).
+
+    Returns cost float32 [B, Q, T] (0 for an all-zero map).
+    """
+    prob = logits.float().sigmoid()
+    negative = (1 - alpha) * prob.pow(gamma) * -(1 - prob + 1e-8).log()
+    positive = alpha * (1 - prob).pow(gamma) * -(prob + 1e-8).log()
+    weights = token_maps.float() / token_maps.float().sum(-1, keepdim=True).clamp(min=1)  # mean over the span
+    return (positive - negative) @ weights.transpose(1, 2)
+
+
 def varifocal_loss(logits: torch.Tensor, onehot: torch.Tensor, scores: torch.Tensor, num_boxes: float | torch.Tensor,
                    *, alpha: float = 0.75, gamma: float = 2.0) -> torch.Tensor:
     """Varifocal loss (Zhang et al., "VarifocalNet", CVPR 2021), as RT-DETR trains its class head: binary

@@ -10,7 +10,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from detr.box_ops import batched_generalized_box_iou, cxcywh_to_xyxy
-from detr.loss.focal import focal_class_cost
+from detr.loss.focal import focal_class_cost, focal_token_cost
 from detr.loss.keypoint_terms import keypoint_matching_costs
 from detr.loss.point_sampling import (
     logits_at_points,
@@ -85,9 +85,16 @@ class HungarianMatcher(nn.Module):
                              f"group_size={self.group_size}: build the matcher with the model's num_queries")
         return num_predictions // self.group_size
 
-    def class_cost(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def class_cost(self, logits: torch.Tensor, labels: torch.Tensor, token_maps: torch.Tensor | None = None
+                   ) -> torch.Tensor:
         """logits [B, Q, C+1] (softmax; [B, Q, C] for focal), labels int64 [B, T] → cost [B, Q, T]: minus
-        the softmax probability (paper), or the focal cost."""
+        the softmax probability (paper), or the focal cost; with ``token_maps`` float [B, T, C] (targets named by
+        prompt tokens, a grounding model's), the focal cost averaged over each target's tokens."""
+        if token_maps is not None:
+            if self.class_head != "sigmoid":
+                raise ValueError("targets with a token_map (a grounding model's) are matched with a sigmoid class "
+                                 "head: build the matcher with class_head='sigmoid'")
+            return focal_token_cost(logits, token_maps, alpha=self.focal_alpha, gamma=self.focal_gamma)
         if self.class_head == "sigmoid":
             return focal_class_cost(logits, labels, alpha=self.focal_alpha, gamma=self.focal_gamma)
         prob = logits.float().softmax(-1)
@@ -158,8 +165,9 @@ class HungarianMatcher(nn.Module):
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """outputs: one layer's predictions (a :class:`detr.models.outputs.LayerOutput`, e.g. a model's
         :class:`~detr.models.outputs.DetectorOutput`): logits [B, Q, C+1], boxes [B, Q, 4] normalised cxcywh;
-        targets: per image labels int64 [T] and boxes [T, 4] normalised cxcywh. Returns per image (query
-        indices, target indices), two int64 tensors of length min(Q, T), sorted by query index."""
+        targets: per image labels int64 [T] and boxes [T, 4] normalised cxcywh, and for a grounding model
+        ``token_map`` float [T, C] (each target's prompt tokens: :mod:`detr.loss.grounding`). Returns per image
+        (query indices, target indices), two int64 tensors of length min(Q, T), sorted by query index."""
         logits, pred_boxes = outputs.logits, outputs.boxes.float()
         batch, num_queries = logits.shape[:2]
         sizes = [len(t["boxes"]) for t in targets]
@@ -170,11 +178,15 @@ class HungarianMatcher(nn.Module):
         labels = logits.new_zeros((batch, longest), dtype=torch.int64)
         # Padding boxes are valid (non-degenerate) so the GIoU stays finite; their columns are dropped.
         boxes = pred_boxes.new_tensor([0.5, 0.5, 1.0, 1.0]).repeat(batch, longest, 1)
+        token_maps = (logits.new_zeros((batch, longest, logits.shape[-1]), dtype=torch.float32)
+                      if "token_map" in targets[0] else None)
         for index, (target, size) in enumerate(zip(targets, sizes)):
             labels[index, :size] = target["labels"]
             boxes[index, :size] = target["boxes"].float()
+            if token_maps is not None:
+                token_maps[index, :size] = target["token_map"]
         cost = (self.cost_bbox * torch.cdist(pred_boxes, boxes, p=1)
-                + self.cost_class * self.class_cost(logits, labels)
+                + self.cost_class * self.class_cost(logits, labels, token_maps)
                 - self.cost_giou * batched_generalized_box_iou(cxcywh_to_xyxy(pred_boxes), cxcywh_to_xyxy(boxes)))
         for extra in (self.mask_cost(outputs, targets, longest), self.keypoint_cost(outputs, targets, longest)):
             if extra is not None:

@@ -29,6 +29,14 @@ def matched_labels(targets: Targets, indices: Indices) -> torch.Tensor:
     return torch.cat([t["labels"][tgt] for t, (_, tgt) in zip(targets, indices)])
 
 
+def matched_token_maps(targets: Targets, indices: Indices) -> torch.Tensor | None:
+    """float [N, C]: the prompt tokens of each pair's target (``token_map``, a grounding model's targets), in the
+    order of :func:`matched_query_index`; None for targets without token maps."""
+    if not targets or "token_map" not in targets[0]:
+        return None
+    return torch.cat([t["token_map"][tgt] for t, (_, tgt) in zip(targets, indices)])
+
+
 def matched_boxes(pred_boxes: torch.Tensor, targets: Targets, indices: Indices) -> tuple[torch.Tensor, torch.Tensor]:
     """The pairs' boxes: predictions float32 [N, 4] and targets [N, 4], normalised cxcywh, in the order of
     :func:`matched_query_index`."""

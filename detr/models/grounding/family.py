@@ -1,6 +1,7 @@
 """Grounding DINO (and MM-Grounding-DINO) as a family: its config, builder and presets. It detects what a text
-prompt names and is read from transformers' directories (:mod:`detr.checkpoints.grounding`); it has no training
-recipe here, so it predicts, labels and serves but does not train."""
+prompt names and is read from transformers' directories (:mod:`detr.checkpoints.grounding`). Its record has no
+recipe for the detection training system, so ``detr fit`` refuses it; it predicts, labels and serves, and
+:func:`detr.lightning.grounding_system.fine_tune_grounding` fine-tunes it (its loss recipe: :mod:`.recipe`)."""
 
 from __future__ import annotations
 

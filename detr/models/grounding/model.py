@@ -114,6 +114,20 @@ class GroundingDINO(Detector):
         size, max_size = self.meta.eval_size or (800, 1333)
         return InputSpec(size=size, max_size=max_size, interpolation="antialiased")
 
+    def with_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, phrases: Sequence[str]) -> Detector:
+        """This model with one prompt fixed: input_ids and attention_mask int64 [1, N] (its tokens, as the tokenizer
+        gives them), ``phrases`` its phrases in order. Returns a detector of one class per phrase that takes images
+        only, and exports (:class:`~detr.models.grounding.fixed_prompt.FixedPromptDetector`);
+        :func:`detr.inference.fixed_prompt.fix_prompt` makes the tokens from a prompt's text."""
+        from detr.models.grounding.fixed_prompt import FixedPromptDetector
+
+        return FixedPromptDetector(self, input_ids, attention_mask, phrases)
+
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        """The pretrained encoders', trained at the backbone's learning rate: the image backbone and the BERT text
+        encoder."""
+        return [*self.backbone.parameters(), *self.bert.parameters()]
+
     def describe(self) -> str:
         """The family, its contrastive head and sizes."""
         c = self.config
@@ -163,14 +177,22 @@ class GroundingDINO(Detector):
 
         Returns a :class:`DetectorOutput`: logits [B, Q, max_text_len] (sigmoid scores per prompt token, −inf at
         padding and beyond the prompt), boxes [B, Q, 4] normalised cxcywh of the unpadded image; aux (with
-        ``aux_loss``): layers 1 … L-1; proposals: every encoder position's (logits [B, S, max_text_len], boxes).
-        With ``return_attention``: sampling, where each decoder layer's queries looked in the image (as Deformable
-        DETR's), and text_attention [L, B, heads, Q, N], their attention over the prompt's N tokens (softmax
-        weights: 1 per layer, image, head and query; 0 at padding tokens).
+        ``aux_loss``): layers 1 … L-1; proposals: the ``num_queries`` encoder proposals the decoder starts from
+        (logits [B, Q, max_text_len], boxes [B, Q, 4]), scored by the encoder loss as the authors' (mmdetection's
+        ``enc_outputs_class`` / ``enc_outputs_coord``). With ``return_attention``: sampling, where each decoder
+        layer's queries looked in the image (as Deformable DETR's), and text_attention [L, B, heads, Q, N], their
+        attention over the prompt's N tokens (softmax weights: 1 per layer, image, head and query; 0 at padding
+        tokens).
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        text, text_position, text_mask, allowed = self.encode_text(input_ids, attention_mask, token_type_ids)
+        return self.detect(images, padding_mask, *self.encode_text(input_ids, attention_mask, token_type_ids),
+                           return_attention=return_attention)
+
+    def detect(self, images: torch.Tensor, padding_mask: torch.Tensor, text: torch.Tensor, text_position: torch.Tensor,
+               text_mask: torch.Tensor, allowed: torch.Tensor, return_attention: bool = False) -> DetectorOutput:
+        """:meth:`forward` from the prompt's encoded text (what :meth:`encode_text` returns), so that a fixed
+        prompt is encoded once (:mod:`detr.models.grounding.fixed_prompt`)."""
         sources, masks, positions = self.multi_scale_features(images, padding_mask)
         out = self.transformer(sources, masks, positions, text, text_position, text_mask, allowed, self.bbox_embed,
                                return_attention)

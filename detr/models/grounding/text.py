@@ -66,3 +66,16 @@ def build_bert(text_config: Mapping[str, Any]) -> nn.Module:
         raise ImportError("Grounding DINO's text encoder is transformers' BERT: pip install transformers") from error
     fields = {key: value for key, value in text_config.items() if key not in ("architectures", "transformers_version")}
     return AutoModel.from_config(BertConfig.from_dict(fields), add_pooling_layer=False)
+
+
+def phrase_token_mask(input_ids: torch.Tensor, columns: int) -> torch.Tensor:
+    """One prompt's input_ids int64 [N] → bool [K, columns]: True at the tokens of its k-th phrase (a run of tokens
+    between delimiters, :data:`DELIMITER_TOKEN_IDS`, and [PAD] 0), False elsewhere and beyond N (< ``columns``).
+    transformers' ``build_label_maps``; the grounding loss's targets and a fixed prompt's classes."""
+    separator = torch.isin(input_ids, torch.tensor((*DELIMITER_TOKEN_IDS, 0), device=input_ids.device))
+    starts = ~separator & torch.cat([separator.new_ones(1), separator[:-1]])
+    phrase = torch.cumsum(starts.long(), 0) - 1
+    mask = torch.zeros(int(starts.sum()), columns, dtype=torch.bool, device=input_ids.device)
+    tokens = (~separator).nonzero().flatten()
+    mask[phrase[tokens], tokens] = True
+    return mask

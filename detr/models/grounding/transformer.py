@@ -31,9 +31,10 @@ from detr.models.layers.mlp import MLP
 class GroundingTransformerOutput:
     """hidden: every decoder layer's normalised output [layers, B, Q, C]; references: the box each layer started
     from, first to last, [layers, B, Q, 4] (cxcywh in [0, 1]); text: the enhanced text [B, N, C];
-    encoder_logits [B, S, max_text_len] and encoder_boxes [B, S, 4]: every position's proposal (logits and
-    sigmoid boxes); spatial_shapes, valid_ratios [B, L, 2] of the levels; attention: each decoder layer's
-    :class:`~detr.models.grounding.decoder.LayerAttention` when asked (else empty)."""
+    encoder_logits [B, Q, max_text_len] and encoder_boxes [B, Q, 4]: the ``num_queries`` selected proposals'
+    logits and sigmoid boxes (with their gradient, for the encoder loss); spatial_shapes, valid_ratios [B, L, 2]
+    of the levels; attention: each decoder layer's :class:`~detr.models.grounding.decoder.LayerAttention` when asked
+    (else empty)."""
 
     hidden: torch.Tensor
     references: torch.Tensor
@@ -89,10 +90,12 @@ class GroundingTransformer(nn.Module):
         encoder_logits = self.enc_out_class_embed(proposal_memory, text, text_mask)  # [B, S, T]
         encoder_box_logits = self.enc_out_bbox_embed(proposal_memory) + proposals  # [B, S, 4]
         selected = encoder_logits.max(-1).values.topk(self.num_queries, dim=1).indices  # [B, Q]
-        reference_boxes = encoder_box_logits.gather(1, selected[..., None].expand(-1, -1, 4)).detach().sigmoid()
+        selected_logits = encoder_logits.gather(1, selected[..., None].expand(-1, -1, encoder_logits.shape[-1]))
+        selected_boxes = encoder_box_logits.gather(1, selected[..., None].expand(-1, -1, 4)).sigmoid()
+        reference_boxes = selected_boxes.detach()
         target = self.tgt_embed.weight[None].expand(memory.shape[0], -1, -1)
         hidden, refined, attention = self.decoder(target, reference_boxes, memory, spatial_shapes, ratios, padding,
                                                   text, ~text_mask, box_heads, return_attention)
         references = torch.stack([reference_boxes, *refined[:-1]])
-        return GroundingTransformerOutput(hidden, references, text, encoder_logits, encoder_box_logits.sigmoid(),
-                                          spatial_shapes, ratios, attention)
+        return GroundingTransformerOutput(hidden, references, text, selected_logits, selected_boxes, spatial_shapes,
+                                          ratios, attention)
