@@ -56,19 +56,27 @@ def rfdetr_module(name: str) -> types.ModuleType:
 TINY_VIT = {"hidden_size": 64, "num_attention_heads": 1, "num_hidden_layers": 4}
 
 
+def package_config(name: str, **fields: Any) -> Any:
+    """The package's config class ``name`` (``rfdetr.config.RFDETRKeypointPreviewConfig`` ...) with ``fields``, its
+    warnings silenced: a warning class of the package (``PretrainWeightsCompatibilityWarning``) reaching pytest-xdist's
+    controller, which cannot import ``rfdetr``, takes the whole test run down."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(rfdetr_module("config"), name)(**fields)
+
+
 def package_keypoint_model(counts: Sequence[int], *, num_classes: int = 4, seed: int = 0, **changes: Any):
     """The package's own ``RFDETRKeypointPreview`` (its ``LWDETR`` built by ``build_model_from_config``) in a tiny
     size, random weights: a 64-wide 4-block DINOv2 (patch 12, 2 × 2 windows, 48-pixel position table), a 32-wide
     decoder of 2 layers, 3 query groups of 10 queries, ``num_classes`` + 1 logits, keypoints ``counts`` per class,
     the second projector for the keypoints' cross-attention; ``changes``: other ``ModelConfig`` fields. Returns
     (model in eval mode, the package's ``ModelConfig``)."""
-    config_module, lwdetr, dinov2 = (rfdetr_module(name) for name in ("config", "models.lwdetr",
-                                                                       "models.backbone.dinov2"))
+    lwdetr, dinov2 = (rfdetr_module(name) for name in ("models.lwdetr", "models.backbone.dinov2"))
     fields = {"num_keypoints_per_class": list(counts), "num_classes": num_classes, "hidden_dim": 32, "sa_nheads": 4,
               "ca_nheads": 8, "dec_layers": 2, "num_queries": 10, "num_select": 10, "resolution": 48,
               "positional_encoding_size": 4, "out_feature_indexes": [1, 2, 4], "pretrain_weights": None,
               "group_detr": 3, "device": "cpu", **changes}
-    config = config_module.RFDETRKeypointPreviewConfig(**fields)
+    config = package_config("RFDETRKeypointPreviewConfig", **fields)
     read_config, width = dinov2.get_config, dinov2.size_to_width["small"]
     dinov2.get_config = lambda size, registers: {**read_config(size, registers), **TINY_VIT}
     dinov2.size_to_width["small"] = TINY_VIT["hidden_size"]

@@ -12,7 +12,7 @@ from detr.loss.build import build_criterion
 from detr.models.build import build_detr, recipe_for
 from detr.models.family import family_named
 from tests.helpers_rfdetr import KEYPOINT_COUNTS, TINY_KEYPOINT_RFDETR
-from tests.helpers_rfdetr_package import rfdetr_module
+from tests.helpers_rfdetr_package import package_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -21,7 +21,7 @@ COUNTS, TINY = KEYPOINT_COUNTS, TINY_KEYPOINT_RFDETR
 
 def test_the_preview_preset_is_the_package_s_keypoint_preview():
     ours = family_named("rfdetr").presets["rfdetr_keypoint_preview"]()
-    theirs = rfdetr_module("config").RFDETRKeypointPreviewConfig(pretrain_weights=None)
+    theirs = package_config("RFDETRKeypointPreviewConfig", pretrain_weights=None)
     vit = ours.vit
     assert (vit.out_indices, vit.num_windows, vit.patch_size, vit.position_size) == (
         tuple(theirs.out_feature_indexes), theirs.num_windows, theirs.patch_size,
@@ -36,7 +36,7 @@ def test_the_preview_preset_is_the_package_s_keypoint_preview():
         theirs.grouppose_keypoint_dim_downscale, theirs.keypoint_cross_attn, theirs.inter_instance_kp_attn)
     assert ours.keypoint_projector == (theirs.dual_projector and theirs.dual_projector_kp_only)
     assert ours.keypoint_trace_alpha == theirs.postprocess_trace_alpha
-    train = rfdetr_module("config").KeypointTrainConfig(dataset_dir=".", output_dir=".")
+    train = package_config("KeypointTrainConfig", dataset_dir=".", output_dir=".")
     loss = recipe_for(ours).loss
     assert (loss.loss_ce, loss.loss_keypoint_l1, loss.loss_keypoint_findable, loss.loss_keypoint_visible,
             loss.loss_keypoint_nll) == (train.cls_loss_coef, train.keypoint_l1_loss_coef,
