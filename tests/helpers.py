@@ -143,14 +143,15 @@ def animal_data() -> InMemoryData:
     return InMemoryData(samples, coco=animal_ground_truth(samples))
 
 
-def write_tiny_shapes(tmp_path_factory, *, num_train: int = 8, num_val: int = 4, seed: int = 3) -> Path:
+def write_tiny_shapes(tmp_path_factory, *, num_train: int = 8, num_val: int = 4, seed: int = 3,
+                      keypoints: bool = False) -> Path:
     """A COCO-layout shapes set of 64 px images (5 classes, at most 6 objects of 12 to 32 px) in a new
-    temporary folder; returns the folder."""
+    temporary folder, with each shape's keypoints when ``keypoints``; returns the folder."""
     from detr.data.shapes import ShapesConfig, write_shapes_dataset
 
     root = tmp_path_factory.mktemp("tiny_shapes")
     write_shapes_dataset(root, ShapesConfig(num_train=num_train, num_val=num_val, image_size=64, min_object_size=12,
-                                            max_object_size=32, seed=seed))
+                                            max_object_size=32, seed=seed, keypoints=keypoints))
     return root
 
 

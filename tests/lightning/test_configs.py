@@ -48,6 +48,11 @@ def tiny_shapes(tmp_path_factory) -> Path:
     return write_tiny_shapes(tmp_path_factory, num_train=4, num_val=2, seed=3)
 
 
+@pytest.fixture(scope="module")
+def tiny_keypoint_shapes(tmp_path_factory) -> Path:
+    return write_tiny_shapes(tmp_path_factory, num_train=4, num_val=2, seed=3, keypoints=True)
+
+
 def _printed(capsys, *configs: Path) -> dict:
     args = ["fit"] + [arg for config in configs for arg in ("--config", str(config))]
     with pytest.raises(SystemExit) as exit_info:
@@ -140,7 +145,7 @@ def test_coco_configs_run_on_one_machine_with_the_authors_recipe(name: str, caps
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.name)
 def test_every_config_trains_a_step_and_writes_only_under_default_root_dir(
-    config: Path, tiny_shapes: Path, tmp_path: Path, monkeypatch, capsys
+    config: Path, tiny_shapes: Path, tmp_path: Path, monkeypatch, capsys, request
 ) -> None:
     printed = _printed(capsys, config)  # --print_config works, and what every config holds:
     assert (printed["trainer"]["gradient_clip_val"], printed["trainer"]["gradient_clip_algorithm"]) == (0.1, "norm")
@@ -149,6 +154,8 @@ def test_every_config_trains_a_step_and_writes_only_under_default_root_dir(
     assert "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks
     backbone = _tiny_backbone(printed)
     data_root = tiny_shapes if "shapes" in config.name else COCO_MINI
+    if printed["data"].get("keypoints"):  # a keypoint model trains only on data with its keypoints
+        data_root = request.getfixturevalue("tiny_keypoint_shapes")
     workdir, run_dir = tmp_path / "cwd", tmp_path / "runs" / "one"
     workdir.mkdir()
     monkeypatch.chdir(workdir)
