@@ -1,5 +1,5 @@
 """Fine-tuning a grounding model (Grounding DINO, MM-Grounding-DINO) on detection data whose category names are
-the prompt (issue 63).
+the prompt.
 
 The data set's categories, in label order, make one prompt, "circle. square. triangle."
 (:func:`detr.inference.grounding.prompt_text`); every image is read with it, and each box's target is its category's

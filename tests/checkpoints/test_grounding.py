@@ -168,7 +168,7 @@ def test_thresholds_outside_scores_are_refused():
 
 
 def test_load_checkpoint_reads_the_directory_as_every_family_s(tmp_path):
-    """Issue 63: the directory is read through the transformers readers' table, into the family's config (its
+    """A Grounding DINO directory is read through the transformers readers' table, into the family's config (its
     record found by the config), and overrides are that config's fields, as for every family."""
     import detr
     from detr.checkpoints import HUGGINGFACE_READERS, read_checkpoint
@@ -193,7 +193,7 @@ def test_load_checkpoint_reads_the_directory_as_every_family_s(tmp_path):
 
 
 def test_writing_it_back_as_a_transformers_directory_is_refused_by_name(tmp_path):
-    """Issue 63: as a family it reaches save_huggingface (detr-convert), which has no writer for it: a
+    """As a family, Grounding DINO reaches save_huggingface (detr-convert), which has no writer for it: a
     CheckpointError naming the family, not a KeyError."""
     import detr
     from detr.checkpoints import save_huggingface

@@ -66,7 +66,7 @@ def test_the_presets_are_the_configs_models(name, expected):
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.name)
 def test_each_family_page_lists_its_presets(family):
-    """docs/models/<family>.md names every preset of its family (issue 56: the pages list the presets)."""
+    """docs/models/<family>.md names every preset of its family."""
     page = (Path(__file__).resolve().parents[2] / "docs" / "models" / f"{family.name}.md").read_text()
     assert [name for name in family.presets if f"`{name}`" not in page] == []
 

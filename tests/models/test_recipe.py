@@ -124,7 +124,7 @@ def test_the_loss_builder_reads_the_recipes_parts_not_the_family() -> None:
 
 
 def test_a_family_without_a_recipe_is_refused_by_name():
-    """Issue 63: Grounding DINO is a family (its presets build) but has no training recipe here: asking for one
+    """Grounding DINO is a family (its presets build) but has no training recipe here: asking for one
     names the family and what it does instead, not a TypeError on None."""
     from detr.models.family import preset_config
 

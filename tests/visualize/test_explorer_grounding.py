@@ -1,4 +1,4 @@
-"""detr-explore --prompt (issue 63): a Grounding DINO page shows, per query, its decoder attention over the prompt's
+"""detr-explore --prompt: a Grounding DINO page shows, per query, its decoder attention over the prompt's
 tokens beside its sampling points in the image. On a real photo with the tiny random model: the page holds the
 tokens and phrases, and its weights are softmax weights (1 per layer, query and head) equal to the attention that
 a forward hook recomputes from the text cross-attention's own inputs and projections."""
