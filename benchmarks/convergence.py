@@ -264,7 +264,9 @@ def build_run_config(preset: str, overrides: list[str]) -> RunConfig:
     if unknown:
         raise SystemExit(f"preset {preset!r}: unknown keys {unknown}")
     base = {name: value for name, value in BENCHMARK_MODEL.to_dict().items() if name != "family"}
-    return RunConfig(detr=config_from_dict({**base, **model}, where=f"preset {preset!r}"),
+    # a YAML preset's model is whole, in the family form (``family: rtdetr`` and that family's fields only)
+    return RunConfig(detr=config_from_dict(model if "family" in model else {**base, **model},
+                                           where=f"preset {preset!r}"),
                      system={k: v for k, v in values.items() if k in system_fields},
                      **{k: v for k, v in values.items() if k in run_fields})
 

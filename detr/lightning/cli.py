@@ -217,7 +217,7 @@ class DetrCLI(LightningCLI):
         except ValueError as error:
             if type(error) is not ValueError:  # a precise kind (CheckpointError, DataCheckError ...) stays itself
                 raise
-            raise SettingError(str(error)) from error
+            raise SettingError(_union_problem(str(error))) from error
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
@@ -356,6 +356,31 @@ class _FamilyFormParser(LightningArgumentParser):
     def dump(self, *args: Any, **kwargs: Any) -> Any:
         dumped = super().dump(*args, **kwargs)
         return family_form_yaml(dumped) if isinstance(dumped, str) else dumped
+
+    def error(self, message: str, *args: Any, **kwargs: Any) -> Any:
+        return super().error(_union_problem(message), *args, **kwargs)
+
+
+def _union_problem(message: str) -> str:
+    """jsonargparse's message for a ``model.detr`` value (typed "a family's config or a checkpoint's dict") lists
+    what each type made of it ("Does not validate against any of the Union subtypes ... - num_queries must be ...
+    - Expected a <class 'dict'> ..."): the config class's own problem, on one line; other messages as they are."""
+    if "Does not validate against any of the Union subtypes" not in message:
+        return message
+    entries: list[list[str]] = []
+    inside = False
+    for line in message.splitlines():
+        stripped = line.strip()
+        if stripped == "Errors:":
+            inside = True
+        elif inside and stripped.startswith("- "):
+            entries.append([stripped[2:]])
+        elif inside and entries and stripped and line.startswith("    "):
+            entries[-1].append(stripped)
+        elif inside and stripped:
+            inside = False
+    problems = [" ".join(entry) for entry in entries if not entry[0].startswith("Expected a <class 'dict'>")]
+    return problems[0] if problems else message
 
 
 def models_epilog() -> str:

@@ -122,7 +122,10 @@ def migrate_arguments(args: Sequence[str]) -> list[str]:
             out += args[index:index + step]
             path = Path(value)
             if path.is_file():
-                detr = _chain_value(path, ("model", "detr"))
+                try:
+                    detr = _chain_value(path, ("model", "detr"))
+                except (yaml.YAMLError, OSError, UnicodeDecodeError):
+                    detr = None  # the command's check of its config files names the file and the problem
                 if have_model and _is_overlay(detr):
                     out += [f"--model.detr.{_today_name(key, config_class, f'{path}: model.detr')}="
                             f"{item if isinstance(item, str) else json.dumps(item)}" for key, item in _leaves(detr)]
