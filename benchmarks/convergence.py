@@ -98,10 +98,14 @@ class RunConfig:
 _SETTINGS = {"loss": LossRecipe, "optimizer": OptimizerRecipe, "runtime": RuntimeOptions}
 
 
+#: DetrSystem's own arguments a run may set beside the records (a fine-tune's source and how its classes map).
+_DIRECT = ("init_checkpoint", "init_classes")
+
+
 def system_arguments() -> set[str]:
     """The training settings a run may set: the fields of the loss and optimizer recipes and of the runtime
     options (:class:`DetrSystem`'s ``loss``, ``optimizer`` and ``runtime``; unset: the family's recipe)."""
-    return {field.name for kind in _SETTINGS.values() for field in dataclasses.fields(kind)}
+    return {field.name for kind in _SETTINGS.values() for field in dataclasses.fields(kind)} | set(_DIRECT)
 
 
 def system_records(settings: dict[str, Any]) -> dict[str, Any]:
@@ -110,10 +114,11 @@ def system_records(settings: dict[str, Any]) -> dict[str, Any]:
     the runs of docs/measurements/convergence.md were measured: :data:`detr.lightning.migrate.OLD_DEFAULTS`); the
     recipe's other parts (the class loss, the proposals ...) are the family's."""
     old = migrate_hyperparameters({**OLD_DEFAULTS, **{k: v for k, v in settings.items() if k in OLD_DEFAULTS}})
-    return {name: kind(**{**old.get(name, {}),
-                          **{field.name: settings[field.name] for field in dataclasses.fields(kind)
-                             if field.name in settings}})
-            for name, kind in _SETTINGS.items()}
+    return {**{name: kind(**{**old.get(name, {}),
+                             **{field.name: settings[field.name] for field in dataclasses.fields(kind)
+                                if field.name in settings}})
+               for name, kind in _SETTINGS.items()},
+            **{name: settings[name] for name in _DIRECT if name in settings}}
 
 
 def _flat_settings(model: dict[str, Any], ignored: set[str]) -> dict[str, Any]:

@@ -220,14 +220,12 @@ def test_resuming_from_a_truncated_checkpoint_names_the_file(tiny_shapes_root, t
 
 # ---------------------------------------------------------------------------------------------- SIGTERM
 @contextlib.contextmanager
-def _training_process(tiny_shapes_root: Path, tmp_path: Path, *extra: str
-                      ) -> Iterator[tuple[subprocess.Popen, Path, Path]]:
+def _training_process(tiny_shapes_root: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path, Path]]:
     """A long `detr fit` in a process of its own, given once its first validation (step 2) wrote last.ckpt:
     training is under way. Yields the process, the run folder and last.ckpt; kills the process on exit if
     it still runs."""
     out = tmp_path / "run"
-    args = tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=100000", "--last_checkpoint.every_n_train_steps=0",
-                         *extra)
+    args = tiny_fit_args(tiny_shapes_root, out, "--trainer.max_steps=100000", "--last_checkpoint.every_n_train_steps=0")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     # Ctrl-C as a terminal delivers it, even where this test runs with SIGINT ignored (a shell's background job)
     process = subprocess.Popen([sys.executable, "-m", "detr.lightning.cli", *args], env=env, cwd=tmp_path,
@@ -244,20 +242,6 @@ def _training_process(tiny_shapes_root: Path, tmp_path: Path, *extra: str
         if process.poll() is None:
             process.kill()
             process.wait()
-
-
-def _lines_until_step(process: subprocess.Popen, step: int, timeout: float = 240) -> str:
-    """The training process's output up to its step line (FitReport's "step N/...") for ``step`` or later."""
-    lines, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:  # the process ended
-            break
-        lines.append(line)
-        found = re.match(r"step (\d+)", line)
-        if found and int(found.group(1)) >= step:
-            return "".join(lines)
-    raise AssertionError(f"no step {step} line within {timeout} s: {''.join(lines)[-3000:]}")
 
 
 def test_sigterm_saves_last_checkpoint_exits_143_and_the_run_resumes_there(tiny_shapes_root, tmp_path) -> None:
@@ -282,12 +266,10 @@ def test_sigterm_saves_last_checkpoint_exits_143_and_the_run_resumes_there(tiny_
 # ------------------------------------------------------------------------------ Ctrl-C and errors mid-run
 def test_ctrl_c_saves_last_checkpoint_exits_130_and_names_the_resume_command(tiny_shapes_root, tmp_path) -> None:
     """Ctrl-C used to end the run with status 1 and last.ckpt at the last validation, with no resume hint."""
-    with _training_process(tiny_shapes_root, tmp_path, "--trainer.log_every_n_steps=1",
-                           "--fit_report.step_lines=true") as (process, out, last):
-        seen = _lines_until_step(process, 3)  # past that validation, however fast the machine
+    with _training_process(tiny_shapes_root, tmp_path) as (process, out, last):
+        time.sleep(1.0)  # a few steps past that validation
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=120)
-    output = seen + output
     assert process.returncode == INTERRUPTED_EXIT_CODE, output[-3000:]
     stopped = int(re.search(r"SIGINT \(Ctrl-C\): stopped at step (\d+)", output).group(1))
     assert f"Resume with --ckpt_path {last}" in output

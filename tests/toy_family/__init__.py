@@ -17,6 +17,7 @@ from detr.models.backbone import Backbone, Joiner
 from detr.models.config import ClassHead, ModelConfig
 from detr.models.detr import DETR
 from detr.models.family import Family, register_family
+from detr.models.recipe import DETR_RECIPE
 from detr.models.layers.position_encoding import PositionEmbeddingSine
 from detr.models.transformer import Transformer
 
@@ -60,4 +61,4 @@ def toy_tiny() -> ToyConfig:
 
 
 FAMILY = register_family(Family(name="toy", title="Toy DETR", config_class=ToyConfig, builder=build_toy,
-                                presets={"toy_tiny": toy_tiny}))
+                                presets={"toy_tiny": toy_tiny}, recipe=DETR_RECIPE))
