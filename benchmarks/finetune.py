@@ -15,7 +15,8 @@ warm-up and a linear decay to zero over the last 30 % of the run, batch 8, 128-p
 source model (``--model.init_checkpoint``) with its class rows carried by name (``--model.init_classes by_name``:
 circle and triangle start from their trained rows, the three new classes fresh), fitted to ``--steps`` steps.
 "defaults" adds what this benchmark chose: the real-time DETRs' augmentations (photometric distortion, zoom-out,
-IoU crop); "defaults_ema" adds an EMA of the weights (decay 0.99) to them; the other variants change one thing of
+IoU crop; for the paper's DETR and Deformable DETR, whose input is not a square, DETR's own multi-scale resize and
+random crop at its authors' sizes scaled to the 128-px images); "defaults_ema" adds an EMA of the weights (decay 0.99) to them; the other variants change one thing of
 the recipe each (:data:`VARIANTS`): the start (from scratch; class rows fresh; rows by label, which gives the new
 set's triangle the source's square row), a quarter of the learning rates, a step drop two thirds into the run
 instead of the final decay, the EMA, and D-FINE's own schedule (a 500-step warm-up, a constant lr, EMA 0.9999 over
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convergence import REPO, build_run_config, run, shapes_root, yaml_image_size  # noqa: E402
 
 from detr.data.shapes import ShapesConfig, write_shapes_dataset  # noqa: E402
+from detr.lightning.datamodule import AUTHORS_SIZES, sizes_for  # noqa: E402
 
 #: The second set's classes: two of the source's (their rows carry over by name) and three new ones.
 TARGET_SHAPES = ("circle", "triangle", "cross", "arrow", "semicircle")
@@ -84,7 +86,21 @@ def variant_settings(name: str, preset: str, source: Path | None, *, images: int
               "lr_backbone_quarter": recipe.system.get("lr_backbone", 1e-5) / 4,
               "drop_epoch": max(1, round(steps * 2 / 3 / batches_per_epoch))}
     start = [f"init_checkpoint={source}"] if source is not None else []
-    return [*common, *start, *(item.format(**values) for item in VARIANTS[name])]
+    changes = [item.format(**values) for item in VARIANTS[name]]
+    if recipe.square_size is None:  # the paper's DETR and Deformable DETR: no square resize in their input contract
+        changes = [detr_augmentation(yaml_image_size(Path(preset))) if item.startswith("data=") else item
+                   for item in changes]
+    return [*common, *start, *changes]
+
+
+def detr_augmentation(image_size: int) -> str:
+    """The ``--set`` item of DETR's own augmentation (flip, multi-scale resize, the random crop branch) at the
+    authors' sizes scaled from their 800 px to ``image_size`` (``--data.image_size``'s rule), evaluated at the
+    images' size: what the DETR and Deformable DETR fine-tuning configs train with, in place of the real-time
+    DETRs' square pipeline, which their input contract refuses."""
+    sizes = sizes_for(image_size, AUTHORS_SIZES)
+    return "data=" + json.dumps({name: list(value) if isinstance(value, (list, tuple)) else value
+                                 for name, value in sizes.items() if not name.startswith("eval_")})
 
 
 def source_checkpoint(args: argparse.Namespace) -> Path:

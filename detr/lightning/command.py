@@ -27,10 +27,12 @@ DETECTION_CONFIGS = {
         "dfine_m_coco.yaml", "dfine_l_coco.yaml", "dfine_x_coco.yaml",
         "deim_dfine_s_coco.yaml (D-FINE S with DEIM's mosaic, MixUp and MAL)",
         "rfdetr_base_coco.yaml (from --model.init_checkpoint, as the authors)"),
-    "fine-tuning a checkpoint on your own COCO-format set": (
-        "finetune_custom.yaml (a GPU)", "finetune_custom_cpu.yaml (a 2-core CPU: 384-px images, a time budget)",
-        "rfdetr_finetune_custom.yaml (RF-DETR Base, a GPU)",
-        "dfine_finetune_custom.yaml (D-FINE S, a GPU: the defaults benchmarks/finetune.py chose)"),
+    "fine-tuning a released checkpoint on your own set (COCO json, a YOLO folder, Pascal VOC)": (
+        "finetune_custom.yaml (DETR R50, a GPU)",
+        "finetune_custom_cpu.yaml (DETR R50 on a 2-core CPU: 384-px images, a time budget)",
+        "deformable_finetune_custom.yaml (Deformable DETR, a GPU)", "rtdetr_finetune_custom.yaml (RT-DETR R18-vd, a GPU)",
+        "dfine_finetune_custom.yaml (D-FINE S, a GPU)", "deimv2_finetune_custom.yaml (DEIMv2 N, a GPU)",
+        "rfdetr_finetune_custom.yaml (RF-DETR Base, a GPU)"),
     "CPU demos on the synthetic shapes set (detr-make-shapes writes data/shapes)": (
         "demo_shapes_cpu.yaml (what detr-demo trains)", "deformable_shapes_cpu.yaml", "rtdetr_shapes_cpu.yaml",
         "dfine_shapes_cpu.yaml", "deimv2_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml",

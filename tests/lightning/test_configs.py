@@ -328,6 +328,47 @@ def test_the_dfine_finetune_config_is_the_s_recipe_with_the_benchmarks_defaults(
     assert len(trainer["callbacks"]) == len(coco["trainer"]["callbacks"]) - 1
 
 
+#: family → its fine-tuning config and the COCO config it builds on (RF-DETR's is the authors' own recipe:
+#: RFDETRBase().train(), tested below with its COCO config)
+FINETUNE_CONFIGS = {"detr": ("finetune_custom.yaml", "detr_coco.yaml"),
+                    "deformable": ("deformable_finetune_custom.yaml", "deformable_detr_coco.yaml"),
+                    "rtdetr": ("rtdetr_finetune_custom.yaml", "rtdetr_r18vd_coco.yaml"),
+                    "dfine": ("dfine_finetune_custom.yaml", "dfine_s_coco.yaml"),
+                    "deimv2": ("deimv2_finetune_custom.yaml", None),
+                    "rfdetr": ("rfdetr_finetune_custom.yaml", "rfdetr_base_coco.yaml")}
+
+
+def test_every_family_that_trains_has_a_finetuning_config() -> None:
+    from detr.models.family import families
+
+    trained = {family.name for family in families() if family.recipe is not None
+               and family.builder.__module__.startswith("detr.")}
+    assert trained == set(FINETUNE_CONFIGS)
+
+
+@pytest.mark.parametrize("family", [name for name in FINETUNE_CONFIGS if name != "rfdetr"])
+def test_finetuning_configs_share_the_small_data_schedule(family: str, capsys) -> None:
+    """Each family's fine-tuning config: its family's model, one device, class rows by name, the warm-up and the
+    final linear decay as shares of the run (so that a short run is never all warm-up), no drop, no EMA, the
+    augmentations to the end of the run; the COCO config's learning rates where it has one (DEIMv2 N: the
+    authors' deimv2_hgnetv2_n_coco.yml, 8e-4 and 4e-4)."""
+    name, coco_name = FINETUNE_CONFIGS[family]
+    printed = _printed(capsys, REPO / "configs" / name)
+    trainer, model, data = printed["trainer"], _resolved(printed["model"]), printed["data"]
+    assert model["detr"]["family"] == family and trainer["devices"] == 1
+    assert (model["init_classes"], model["warmup_fraction"], model["lr_decay_fraction"], model["lr_drop_epochs"],
+            model["lr_flat_cosine_epochs"]) == ("by_name", 0.15, 0.3, [], [])
+    assert not [c for c in trainer["callbacks"] if c["class_path"].endswith("ExponentialMovingAverage")]
+    assert data["augmentation_stop_epoch"] is None
+    if coco_name is None:
+        assert (model["lr"], model["lr_backbone"]) == (8e-4, 4e-4)
+    else:
+        coco = _resolved(_printed(capsys, REPO / "configs" / coco_name)["model"])
+        assert (model["lr"], model["lr_backbone"]) == (coco["lr"], coco["lr_backbone"])
+        ours, theirs = ({k: v for k, v in m["detr"].items() if k != "pretrained_backbone"} for m in (model, coco))
+        assert ours == theirs  # the checkpoint holds the backbone's weights: no ImageNet weights read first
+
+
 @pytest.mark.parametrize("name", ["rtdetr_shapes_cpu.yaml", "dfine_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml"])
 def test_the_real_time_shapes_configs_train_with_flips_only(name: str, capsys) -> None:
     data = _printed(capsys, REPO / "configs" / name)["data"]
