@@ -9,7 +9,7 @@ modules, checkpoints and prediction files, so outputs always carry the data set'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -74,10 +74,16 @@ class CategoryMap:
     """Label ``i`` of the model is category ``category_ids[i]`` of the data set, named ``names[i]``.
 
     Build one with :meth:`from_coco_categories` or :meth:`coco`; store it with :meth:`to_dict`.
+
+    ``skeletons``: a keypoint model's drawing of each label's keypoints: per label its 0-based keypoint index pairs
+    (COCO's 1-based ``skeleton`` minus 1; empty: points only), from the data it trained on (:meth:`with_skeletons`),
+    kept in checkpoints and exported files so that ``detr-predict`` draws the lines; empty for a model without
+    keypoints. Two maps of the same classes are equal whatever their skeletons.
     """
 
     category_ids: tuple[int, ...]
     names: tuple[str, ...]
+    skeletons: tuple[tuple[tuple[int, int], ...], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if len(self.category_ids) != len(self.names):
@@ -85,6 +91,9 @@ class CategoryMap:
                 f"CategoryMap needs one name per category id, got {len(self.category_ids)} ids "
                 f"and {len(self.names)} names"
             )
+        if self.skeletons and len(self.skeletons) != len(self.category_ids):
+            raise ValueError(f"CategoryMap needs a skeleton per class or none, got {len(self.skeletons)} for "
+                             f"{len(self.category_ids)} classes")
         if len(set(self.category_ids)) != len(self.category_ids):
             raise ValueError(f"CategoryMap category ids must be unique, got {list(self.category_ids)}")
 
@@ -118,14 +127,27 @@ class CategoryMap:
         return [(category_id, name, theirs[category_id]) for category_id, name in zip(self.category_ids, self.names)
                 if category_id in theirs and class_name_key(name) != class_name_key(theirs[category_id])]
 
+    def with_skeletons(self, edges: dict[int, tuple[tuple[int, int], ...]]) -> CategoryMap:
+        """This map with each category's skeleton (category id → 0-based index pairs; a category not given: none)."""
+        by_label = tuple(tuple(edges.get(category_id, ())) for category_id in self.category_ids)
+        return CategoryMap(self.category_ids, self.names, by_label if any(by_label) else ())
+
+    def skeleton_by_label(self) -> dict[int, tuple[tuple[int, int], ...]]:
+        """Label → its skeleton's 0-based index pairs (empty without skeletons), as the drawing functions take it."""
+        return dict(enumerate(self.skeletons))
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form, for checkpoints and prediction files."""
-        return {"category_ids": list(self.category_ids), "names": list(self.names)}
+        """JSON-safe form, for checkpoints and prediction files (``skeletons`` only when there are any)."""
+        data: dict[str, Any] = {"category_ids": list(self.category_ids), "names": list(self.names)}
+        if self.skeletons:
+            data["skeletons"] = [[list(edge) for edge in edges] for edges in self.skeletons]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CategoryMap:
-        """Inverse of :meth:`to_dict`."""
-        return cls(tuple(int(i) for i in data["category_ids"]), tuple(str(n) for n in data["names"]))
+        """Inverse of :meth:`to_dict` (a dict written before skeletons were kept: none)."""
+        skeletons = tuple(tuple((int(a), int(b)) for a, b in edges) for edges in data.get("skeletons") or ())
+        return cls(tuple(int(i) for i in data["category_ids"]), tuple(str(n) for n in data["names"]), skeletons)
 
     @classmethod
     def from_coco_categories(cls, categories: list[dict[str, Any]], contiguous: bool) -> CategoryMap:

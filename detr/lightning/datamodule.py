@@ -605,6 +605,8 @@ class DetrDataModule(CocoFormatDataModule):
                 self.category_map = category_map_from_categories(data["categories"], category_ids)
                 if keypoints:
                     self.keypoint_categories = keypoint_categories(data["categories"])
+                    self.category_map = self.category_map.with_skeletons(
+                        {category_id: spec.edges for category_id, spec in self.keypoint_categories.items()})
                 logger.info("%d classes from '%s' (category_ids=%s)", self.category_map.num_classes, json_file,
                             category_ids)
                 break

@@ -63,6 +63,22 @@ def test_fit_trains_the_keypoint_terms_and_the_checkpoint_predicts_keypoints(key
     image = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
     prediction = Predictor(model).predict_arrays([image], threshold=0.0)[0]
     assert prediction.keypoints is not None and prediction.keypoints.shape == (len(prediction.boxes), 5, 3)
+    # the data's skeletons (1-based outline edges in its json) kept by the checkpoint, 0-based, for drawing
+    skeletons = model.meta.category_map.skeletons
+    assert skeletons[1] == ((0, 1), (1, 2), (2, 3), (3, 0)) and skeletons[4][-1] == (4, 0)  # square, star
+
+
+def test_detr_predict_draws_the_checkpoints_skeletons(keypoint_shapes, tmp_path, monkeypatch):
+    from detr.inference import outputs
+
+    assert main(_args(tmp_path, keypoint_shapes, "--trainer.max_steps=1")) == 0
+    drawn = []
+    real = outputs.draw_prediction
+    monkeypatch.setattr(outputs, "draw_prediction",
+                        lambda *args, **kwargs: drawn.append(kwargs.get("skeleton")) or real(*args, **kwargs))
+    predictor = Predictor(load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt"))
+    outputs.predict_files(predictor, [next((keypoint_shapes / "val2017").iterdir())], tmp_path / "out")
+    assert drawn and drawn[0][1] == ((0, 1), (1, 2), (2, 3), (3, 0))
 
 
 @pytest.mark.parametrize(("extra", "detector", "message"), [
