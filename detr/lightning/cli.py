@@ -32,6 +32,7 @@ folder per run (:mod:`detr.lightning.run_folder`).
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import os
 import pickle
@@ -89,6 +90,13 @@ SUBCOMMANDS: tuple[str, ...] = tuple(LightningCLI.subcommands())
 _USAGE = "%(prog)s [--config FILE.yaml] [--KEY VALUE ...]"
 
 
+#: jsonargparse's dump keeping None values: ``skip_unset=False`` from 4.49, which warns of the older
+#: ``skip_none`` on every fit; the project allows 4.41 on.
+_KEEP_NONE = ({"skip_unset": False}
+              if tuple(int(part) for part in importlib.metadata.version("jsonargparse").split(".")[:2]) >= (4, 49)
+              else {"skip_none": False})
+
+
 class DetrCLI(LightningCLI):
     """LightningCLI with the data → model links DETR needs, for the detection or the panoptic system.
 
@@ -115,7 +123,7 @@ class DetrCLI(LightningCLI):
         if hasattr(self, "config_dump"):
             return
         self.config_dump = yaml.safe_load(LightningArgumentParser.dump(self.parser, self.config, skip_link_targets=False,
-                                                                       skip_none=False, format="yaml"))
+                                                                       format="yaml", **_KEEP_NONE))
         if "subcommand" in self.config:
             self.config_dump = self.config_dump[self.config.subcommand]
 
