@@ -244,6 +244,23 @@ def _training_process(tiny_shapes_root: Path, tmp_path: Path) -> Iterator[tuple[
             process.wait()
 
 
+def _wait_for_cpu_seconds(process: subprocess.Popen, seconds: float, timeout: float = 120.0) -> None:
+    """Wait until ``process`` has used ``seconds`` more CPU time (its own, from /proc): a number of training steps
+    that a loaded machine stretches in wall time but not in CPU time. Without /proc: ``seconds`` of wall time."""
+    stat = Path(f"/proc/{process.pid}/stat")
+    if not stat.exists():
+        time.sleep(seconds)
+        return
+
+    def used() -> float:
+        fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state is field 3
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+    start, deadline = used(), time.monotonic() + timeout
+    while used() - start < seconds and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def test_sigterm_saves_last_checkpoint_exits_143_and_the_run_resumes_there(tiny_shapes_root, tmp_path) -> None:
     with _training_process(tiny_shapes_root, tmp_path) as (process, out, last):
         # a second run started into the folder of this live one is refused, naming it
@@ -267,7 +284,7 @@ def test_sigterm_saves_last_checkpoint_exits_143_and_the_run_resumes_there(tiny_
 def test_ctrl_c_saves_last_checkpoint_exits_130_and_names_the_resume_command(tiny_shapes_root, tmp_path) -> None:
     """Ctrl-C used to end the run with status 1 and last.ckpt at the last validation, with no resume hint."""
     with _training_process(tiny_shapes_root, tmp_path) as (process, out, last):
-        time.sleep(1.0)  # a few steps past that validation
+        _wait_for_cpu_seconds(process, 3.0)  # a few steps past that validation, however busy the machine
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=120)
     assert process.returncode == INTERRUPTED_EXIT_CODE, output[-3000:]
