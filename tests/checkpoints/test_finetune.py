@@ -49,9 +49,9 @@ def test_finetune_config_loads_all_but_the_class_head_and_trains(release_file, t
         "--data.train_scales=[64]", "--data.train_max_size=64", "--data.crop_resize_scales=[64]",
         "--data.crop_min_size=48", "--data.crop_max_size=64", "--data.eval_min_size=64", "--data.eval_max_size=64",
         "--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false",
-        "--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
+        "--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
         "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}", "--trainer.accelerator=cpu",
-    ], run=False)
+    ], run=False)  # two steps: the config's warm-up (15 % of the run, at least one step) starts at lr / 1000
     model = cli.model.model
     assert model.num_classes == 5
     assert model.class_embed.weight.shape == (6, 256) and model.class_embed.bias.shape == (6,)
@@ -65,7 +65,7 @@ def test_finetune_config_loads_all_but_the_class_head_and_trains(release_file, t
 
     before = {k: v.clone() for k, v in loaded.items()}
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert cli.trainer.global_step == 1
+    assert cli.trainer.global_step == 2
     after = cli.model.model.state_dict()
     assert not torch.equal(after["class_embed.weight"], before["class_embed.weight"])  # the new head trains
     assert not torch.equal(after["query_embed.weight"], before["query_embed.weight"])
