@@ -16,11 +16,12 @@ source model (``--model.init_checkpoint``) with its class rows carried by name (
 circle and triangle start from their trained rows, the three new classes fresh), fitted to ``--steps`` steps.
 "defaults" adds what this benchmark chose: the real-time DETRs' augmentations (photometric distortion, zoom-out,
 IoU crop; for the paper's DETR and Deformable DETR, whose input is not a square, DETR's own multi-scale resize and
-random crop at its authors' sizes scaled to the 128-px images); "defaults_ema" adds an EMA of the weights (decay 0.99) to them; the other variants change one thing of
-the recipe each (:data:`VARIANTS`): the start (from scratch; class rows fresh; rows by label, which gives the new
-set's triangle the source's square row), a quarter of the learning rates, a step drop two thirds into the run
-instead of the final decay, the EMA, and D-FINE's own schedule (a 500-step warm-up, a constant lr, EMA 0.9999 over
-1000 warm-up updates). Compare runs by step: the machine's load changes their time, not their steps.
+random crop at its authors' sizes scaled to the 128-px images); "defaults_ema" adds an EMA of the weights (decay
+0.99) to them; the other variants change one thing of the recipe each (:data:`VARIANTS`): the start (from scratch;
+class rows fresh; rows by label, which gives the new set's triangle the source's square row), a quarter of the
+learning rates, a step drop two thirds into the run instead of the final decay, the EMA, and D-FINE's own schedule
+(a 500-step warm-up, a constant lr, EMA 0.9999 over 1000 warm-up updates). Compare runs by step: the machine's
+load changes their time, not their steps.
 """
 
 from __future__ import annotations

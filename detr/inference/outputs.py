@@ -270,7 +270,8 @@ def _predict_into(
                         run.drawn.append(save_image(record(out_dir / name), draw_panoptic(array, prediction.panoptic)))
                 elif draw:
                     shown = prediction.above(threshold_value) if all_queries else prediction
-                    run.drawn.append(save_image(record(out_dir / name), draw_prediction(array, shown, skeleton=skeleton)))
+                    drawing = draw_prediction(array, shown, skeleton=skeleton)
+                    run.drawn.append(save_image(record(out_dir / name), drawing))
     finally:  # whatever stops the run, the images done so far are written
         assign_image_ids(run.predictions)
         run.predictions_json = write_predictions_json(

@@ -30,7 +30,8 @@ DETECTION_CONFIGS = {
     "fine-tuning a released checkpoint on your own set (COCO json, a YOLO folder, Pascal VOC)": (
         "finetune_custom.yaml (DETR R50, a GPU)",
         "finetune_custom_cpu.yaml (DETR R50 on a 2-core CPU: 384-px images, a time budget)",
-        "deformable_finetune_custom.yaml (Deformable DETR, a GPU)", "rtdetr_finetune_custom.yaml (RT-DETR R18-vd, a GPU)",
+        "deformable_finetune_custom.yaml (Deformable DETR, a GPU)",
+        "rtdetr_finetune_custom.yaml (RT-DETR R18-vd, a GPU)",
         "dfine_finetune_custom.yaml (D-FINE S, a GPU)", "deimv2_finetune_custom.yaml (DEIMv2 N, a GPU)",
         "rfdetr_finetune_custom.yaml (RF-DETR Base, a GPU)"),
     "CPU demos on the synthetic shapes set (detr-make-shapes writes data/shapes)": (
