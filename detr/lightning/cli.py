@@ -90,11 +90,12 @@ SUBCOMMANDS: tuple[str, ...] = tuple(LightningCLI.subcommands())
 _USAGE = "%(prog)s [--config FILE.yaml] [--KEY VALUE ...]"
 
 
-#: jsonargparse's dump keeping None values: ``skip_unset=False`` from 4.49, which warns of the older
-#: ``skip_none`` on every fit; the project allows 4.41 on.
-_KEEP_NONE = ({"skip_unset": False}
-              if tuple(int(part) for part in importlib.metadata.version("jsonargparse").split(".")[:2]) >= (4, 49)
-              else {"skip_none": False})
+def _keep_none() -> dict[str, bool]:
+    """jsonargparse's dump option keeping None values: ``skip_unset=False`` from 4.49, which warns of the older
+    ``skip_none`` on every fit; the project allows 4.41 on. Asked at the dump, not at import (every command's
+    start-up imports this module; reading the installed version takes milliseconds)."""
+    version = tuple(int(part) for part in importlib.metadata.version("jsonargparse").split(".")[:2])
+    return {"skip_unset": False} if version >= (4, 49) else {"skip_none": False}
 
 
 class DetrCLI(LightningCLI):
@@ -123,7 +124,7 @@ class DetrCLI(LightningCLI):
         if hasattr(self, "config_dump"):
             return
         self.config_dump = yaml.safe_load(LightningArgumentParser.dump(self.parser, self.config, skip_link_targets=False,
-                                                                       format="yaml", **_KEEP_NONE))
+                                                                       format="yaml", **_keep_none()))
         if "subcommand" in self.config:
             self.config_dump = self.config_dump[self.config.subcommand]
 
