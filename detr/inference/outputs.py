@@ -61,7 +61,8 @@ def predictions_to_coco_results(
     without one). Boxes go from pixel ``xyxy`` to COCO's pixel ``xywh``; ``file_name`` is added when known;
     ``segmentation`` (COCO RLE, :func:`detr.evaluation.coco_evaluator.masks_to_rle`) when the prediction has masks;
     ``keypoints`` (flat [x1, y1, s1, ...], pixels, 0.01 px) when it has keypoints: a category's first
-    ``keypoint_counts[category id]`` points, none for a category not in it (None: all K the model predicts). An
+    ``keypoint_counts[category id]`` points, none for a category not in it (None: the model's own count for the
+    detection's label, :meth:`Prediction.detection_keypoints`). An
     entry carries its ``bbox`` too, so ``loadRes`` takes the object's area from the box.
     """
     results: list[dict[str, Any]] = []
@@ -81,10 +82,14 @@ def predictions_to_coco_results(
             for entry, rle in zip(entries, masks_to_rle(prediction.masks)):
                 entry["segmentation"] = rle
         if prediction.keypoints is not None:
-            for entry, points in zip(entries, prediction.keypoints):
-                count = len(points) if keypoint_counts is None else keypoint_counts.get(entry["category_id"])
-                if count is not None:  # a category without keypoints gets none
-                    entry["keypoints"] = flat_keypoints(points[:count], rounded=True)
+            for index, (entry, points) in enumerate(zip(entries, prediction.keypoints)):
+                if keypoint_counts is None:  # the model's own count for the detection's label
+                    points = prediction.detection_keypoints(index)
+                else:
+                    count = keypoint_counts.get(entry["category_id"], 0)
+                    points = points[:count]
+                if len(points):  # a category without keypoints gets none
+                    entry["keypoints"] = flat_keypoints(points, rounded=True)
         results += entries
     return results
 

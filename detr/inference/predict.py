@@ -110,7 +110,8 @@ def predictions_from_outputs(
             continue
         result = {key: value.cpu() for key, value in result.items()}
         prediction = select_detections(result, image_size=image_sizes[i], category_map=category_map,
-                                       threshold=threshold, file_name=file_names[i], image_id=image_ids[i])
+                                       threshold=threshold, file_name=file_names[i], image_id=image_ids[i],
+                                       keypoint_counts=None if keypoints is None else keypoints.num_keypoints_per_class)
         if masks is not None and outputs.masks is not None:  # the kept detections only: one full-size map each
             prediction.masks = masks.image_masks(outputs.masks[i, prediction.query_indices.to(outputs.masks.device)],
                                                  input_sizes[i], padded_size, image_sizes[i]).cpu()

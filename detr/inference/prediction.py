@@ -200,7 +200,9 @@ class Prediction:
     panoptic: the image's :class:`PanopticSegmentation`; only with ``task="panoptic"``.
     keypoints: float32 ``[N, K, 3]``, each detection's K points: pixel x, y in the original image and a per-point
         score (the model's visibility probability); a keypoint model only (None otherwise). A category of fewer
-        than K points uses its first ones.
+        than K points uses its first ones (:attr:`keypoint_counts`, :meth:`detection_keypoints`), the rest zeros.
+    keypoint_counts: a keypoint model's points per model label (its schema's counts; a label past the end has
+        none); None: every detection's K points are its own.
     error: why the image has no predictions (it could not be read, or the model's outputs for it are not
         finite); None for an image that was predicted. Every prediction command skips such an image and
         reports the reason (:func:`detr.inference.predict.predictions_from_outputs`).
@@ -223,12 +225,24 @@ class Prediction:
     panoptic: PanopticSegmentation | None = field(default=None, repr=False)
     sampling: SamplingPoints | None = field(default=None, repr=False)
     keypoints: Tensor | None = field(default=None, repr=False)
+    keypoint_counts: tuple[int, ...] | None = field(default=None, repr=False)
     error: str | None = None
     cut_at: float | None = None
     track_ids: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.scores.numel())
+
+    def detection_keypoints(self, index: int) -> Tensor | None:
+        """Detection ``index``'s own points ``[k, 3]``: the first :attr:`keypoint_counts` of its label of its K
+        (all K without counts; none, ``[0, 3]``, for a label without keypoints); None without keypoints."""
+        if self.keypoints is None:
+            return None
+        points = self.keypoints[index]
+        if self.keypoint_counts is None:
+            return points
+        label = int(self.labels[index])
+        return points[:self.keypoint_counts[label] if 0 <= label < len(self.keypoint_counts) else 0]
 
     def above(self, threshold: float) -> Prediction:
         """The detections whose score is strictly above ``threshold`` (attention and panoptic kept as is).
@@ -368,6 +382,7 @@ def select_detections(
     threshold: float | None,
     file_name: str | None = None,
     image_id: int | None = None,
+    keypoint_counts: tuple[int, ...] | None = None,
 ) -> Prediction:
     """One image's :class:`detr.PostProcess` output → :class:`Prediction`.
 
@@ -378,6 +393,7 @@ def select_detections(
         image_size: ``(height, width)`` of the original image.
         category_map: names the labels; None names them ``"class <label>"``.
         threshold: keep queries whose score is strictly above it; None keeps all queries.
+        keypoint_counts: a keypoint model's points per label (:attr:`Prediction.keypoint_counts`).
     """
     scores = result["scores"].detach().float().cpu()
     keep = torch.arange(scores.numel()) if threshold is None else torch.nonzero(scores > threshold).flatten()
@@ -394,6 +410,7 @@ def select_detections(
         image_id=image_id,
         cut_at=None if threshold is None else float(threshold),
         keypoints=None if keypoints is None else keypoints.detach().float().cpu()[keep],
+        keypoint_counts=None if keypoints is None else keypoint_counts,
     )
 
 

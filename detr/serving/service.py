@@ -134,8 +134,8 @@ def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None,
     ``{"model", "task", "threshold", "image": {"width", "height"}, "detections": [{"query", "label",
     "category_id", "category_name", "score", "box_xyxy" (pixels in the original image)}]}``; with a panoptic
     model's masks, each detection also has ``mask`` (a PNG data URL, white = the instance); with a keypoint
-    model's, ``keypoints``: ``[[x, y, score], ...]``, its K points in pixels of the original image and each
-    point's score (:attr:`Prediction.keypoints`: a category of fewer than K points uses its first ones); with
+    model's, ``keypoints``: ``[[x, y, score], ...]``, its category's points in pixels of the original image and
+    each point's score (:meth:`Prediction.detection_keypoints`: as many as the model gives its class); with
     ``task="panoptic"``, ``panoptic: {"segments": [COCO panoptic segments_info + score, label, label_name],
     "png": data URL of COCO panoptic's PNG (segment id = R + 256·G + 256²·B, 0 = void)}``.
     Category ids are the data set's (the checkpoint's category map); without a map, the model's labels.
@@ -163,7 +163,7 @@ def prediction_json(prediction: Prediction, *, category_map: CategoryMap | None,
         if prediction.masks is not None:
             detection["mask"] = _data_url(_mask_png(prediction.masks[i].numpy()))
         if prediction.keypoints is not None:
-            detection["keypoints"] = prediction.keypoints[i].float().tolist()
+            detection["keypoints"] = prediction.detection_keypoints(i).float().tolist()  # type: ignore[union-attr]
         detections.append(detection)
     height, width = prediction.image_size
     response: dict[str, Any] = {"model": model_name, "task": task, "threshold": threshold,

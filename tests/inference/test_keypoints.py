@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from dataclasses import replace
 
 import pytest
 import torch
@@ -61,3 +62,23 @@ def test_the_predictions_json_holds_coco_keypoint_results_that_oks_ap_reads() ->
     with contextlib.redirect_stdout(io.StringIO()):
         evaluation = evaluate_keypoints(ground_truth, results, sigmas={1: [0.05, 0.05]})
     assert evaluation.stats["AP"] == pytest.approx(1.0)
+
+
+def test_each_detection_writes_as_many_points_as_the_model_gives_its_class() -> None:
+    """A keypoint model's classes have their own counts (its schema's): the json lists each detection's own points,
+    not the K_max the tensor pads to, and a class without keypoints gets none, as the data's json would."""
+    points = torch.arange(3 * 3 * 3, dtype=torch.float32).reshape(3, 3, 3) / 100 + 1
+    result = {"scores": torch.tensor([0.9, 0.8, 0.7]), "labels": torch.tensor([0, 1, 2]),
+              "queries": torch.tensor([0, 1, 2]), "boxes": torch.tensor([[1.0, 1.0, 9.0, 9.0]] * 3),
+              "keypoints": points}
+    prediction = select_detections(result, image_size=(40, 60), category_map=None, threshold=None,
+                                   keypoint_counts=(3, 1, 0))
+    assert [tuple(prediction.detection_keypoints(i).shape) for i in range(3)] == [(3, 3), (1, 3), (0, 3)]
+    assert prediction.above(0.85).keypoint_counts == (3, 1, 0)
+    prediction.image_id = 1
+    category_map = CategoryMap(category_ids=(5, 6, 7), names=("star", "circle", "sky"))
+    results = predictions_to_coco_results([prediction], category_map=category_map)
+    assert [len(entry.get("keypoints", [])) for entry in results] == [9, 3, 0]
+    assert results[1]["keypoints"] == [round(float(v), 2) for v in points[1, 0]]
+    assert [len(entry["keypoints"]) for entry in predictions_to_coco_results(
+        [replace(prediction, keypoint_counts=None)], category_map=category_map)] == [9, 9, 9]

@@ -5,6 +5,7 @@ checkpoint predicts each detection's keypoints; a keypoint model on data without
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -77,8 +78,14 @@ def test_detr_predict_draws_the_checkpoints_skeletons(keypoint_shapes, tmp_path,
     monkeypatch.setattr(outputs, "draw_prediction",
                         lambda *args, **kwargs: drawn.append(kwargs.get("skeleton")) or real(*args, **kwargs))
     predictor = Predictor(load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt"))
-    outputs.predict_files(predictor, [next((keypoint_shapes / "val2017").iterdir())], tmp_path / "out")
+    outputs.predict_files(predictor, [next((keypoint_shapes / "val2017").iterdir())], tmp_path / "out",
+                          all_queries=True)
     assert drawn and drawn[0][1] == ((0, 1), (1, 2), (2, 3), (3, 0))
+    # predictions.json lists each detection's own points, as many as its category names in the data's json
+    names = {c["id"]: len(c["keypoints"]) for c in json.loads((keypoint_shapes / "annotations" /
+                                                               "instances_val2017.json").read_text())["categories"]}
+    written = json.loads((tmp_path / "out" / "predictions.json").read_text())
+    assert written and all(len(entry["keypoints"]) == 3 * names[entry["category_id"]] for entry in written)
 
 
 @pytest.mark.parametrize(("extra", "detector", "message"), [

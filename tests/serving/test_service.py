@@ -129,6 +129,9 @@ def test_the_json_of_a_keypoint_prediction_holds_each_detections_points() -> Non
                             image_size=(40, 64), keypoints=points)
     response = prediction_json(prediction, category_map=None, model_name="tiny", task="detection", threshold=0.3)
     assert [d["keypoints"] for d in response["detections"]] == points.tolist()
+    counted = prediction_json(replace(prediction, keypoint_counts=(2, 1)), category_map=None, model_name="tiny",
+                              task="detection", threshold=0.3)  # each class's own points, as the model gives them
+    assert [d["keypoints"] for d in counted["detections"]] == [points[0].tolist(), points[1, :1].tolist()]
     assert response["detections"][0]["box_xyxy"] == [5, 5, 35, 35]
     plain = prediction_json(replace(prediction, keypoints=None), category_map=None, model_name="tiny",
                             task="detection", threshold=0.3)
