@@ -14,13 +14,16 @@ object or the occluder), as MOTChallenge's ``gt.txt`` records them (:func:`mot_g
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from detr.atomic_files import write_text_atomically
 from detr.data.shapes import SHAPE_NAMES, background_gradient, object_colour, shape_polygon
 from detr.data.video import write_video
 
@@ -182,3 +185,89 @@ def write_clip(path: str | Path, config: ClipConfig = ClipConfig()) -> list[list
         for index, frame in enumerate(frames, start=1):
             Image.fromarray(frame).save(path / f"{index:06d}.png")
     return truth
+
+
+@dataclass(frozen=True)
+class ClipFramesConfig:
+    """A detection set of clip frames (:func:`write_clip_frames_dataset`): what a detector for the clips trains on.
+
+    clip: every clip's parameters (its ``seed`` is replaced: training clip ``i`` has seed ``first_seed + i``, the
+    validation clips follow, so none is a clip the tests or the tracking benchmark make with seeds 0, 1, ...).
+    num_train_clips, num_val_clips: clips per split. every: every ``every``-th frame becomes an image (neighbouring
+    frames are nearly the same). min_visibility: objects less visible than this are not annotated (a detector is
+    not asked to find what it cannot see; MOTChallenge's evaluation ignores them below 0.5).
+    """
+
+    clip: ClipConfig = ClipConfig(num_objects=6, crossing_pairs=2)
+    num_train_clips: int = 40
+    num_val_clips: int = 4
+    every: int = 3
+    min_visibility: float = 0.25
+    first_seed: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.num_train_clips < 0 or self.num_val_clips < 0 or self.every < 1 or not 0 <= self.min_visibility <= 1:
+            raise ValueError("need clip counts >= 0, every >= 1 and 0 <= min_visibility <= 1, got "
+                             f"{self.num_train_clips}, {self.num_val_clips}, {self.every}, {self.min_visibility}")
+
+
+def clip_frame_annotations(objects: list[ClipObject], *, image_id: int, first_id: int,
+                           min_visibility: float) -> list[dict[str, Any]]:
+    """COCO annotations of one frame's ground truth: each object at least ``min_visibility`` visible, its whole box
+    (hidden parts included, as MOTChallenge's ground truth) clipped to the frame by construction."""
+    annotations = []
+    for o in objects:
+        if o.visibility < min_visibility:
+            continue
+        x0, y0, x1, y1 = o.box_xyxy
+        annotations.append({"id": first_id + len(annotations), "image_id": image_id, "category_id": o.category_id,
+                            "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
+    return annotations
+
+
+def write_clip_frames_dataset(root: str | Path, config: ClipFramesConfig = ClipFramesConfig(), *,
+                              overwrite: bool = False) -> bool:
+    """Write frames of synthetic clips as a COCO-layout detection set under ``root`` (``train2017/``,
+    ``val2017/``, ``annotations/instances_{split}.json``), for training a detector that ``detr-track`` then tracks
+    the clips with. Idempotent as :func:`detr.data.shapes.write_shapes_dataset`: a complete set written with the
+    same ``config`` is kept (True: files were written)."""
+    root = Path(root)
+    parameters = json.loads(json.dumps(asdict(config)))
+    splits = {"train2017": range(config.num_train_clips),
+              "val2017": range(config.num_train_clips, config.num_train_clips + config.num_val_clips)}
+    if not overwrite and all(_written_with(root, split, parameters) for split in splits):
+        return False
+    for split, clips in splits.items():
+        target = root / "annotations" / f"instances_{split}.json"
+        target.unlink(missing_ok=True)  # an interrupted rewrite must not look complete
+        folder = root / split
+        folder.mkdir(parents=True, exist_ok=True)
+        images: list[dict[str, Any]] = []
+        annotations: list[dict[str, Any]] = []
+        for clip in clips:
+            frames, truth = render_clip(replace(config.clip, seed=config.first_seed + clip))
+            for frame in range(0, len(frames), config.every):
+                image_id = len(images) + 1
+                file_name = f"{image_id:012d}.jpg"
+                Image.fromarray(frames[frame]).save(folder / file_name, quality=95)
+                images.append({"id": image_id, "file_name": file_name, "width": config.clip.width,
+                               "height": config.clip.height})
+                annotations += clip_frame_annotations(truth[frame], image_id=image_id, first_id=len(annotations) + 1,
+                                                      min_visibility=config.min_visibility)
+        data = {"info": {"description": "detr synthetic clip frames (detr.data.shape_clips)",
+                         "parameters": parameters},
+                "images": images, "annotations": annotations,
+                "categories": [{"id": i + 1, "name": name, "supercategory": "shape"}
+                               for i, name in enumerate(config.clip.shapes)]}
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(target, json.dumps(data))
+    return True
+
+
+def _written_with(root: Path, split: str, parameters: dict[str, Any]) -> bool:
+    try:
+        data = json.loads((root / "annotations" / f"instances_{split}.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (data.get("info", {}).get("parameters") == parameters
+            and all((root / split / image["file_name"]).is_file() for image in data.get("images", [])))

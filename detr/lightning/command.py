@@ -38,7 +38,9 @@ DETECTION_CONFIGS = {
         "demo_shapes_cpu.yaml (what detr-demo trains)", "deformable_shapes_cpu.yaml", "rtdetr_shapes_cpu.yaml",
         "dfine_shapes_cpu.yaml", "deimv2_shapes_cpu.yaml", "rfdetr_shapes_cpu.yaml",
         "rfdetr_seg_shapes_cpu.yaml (instance masks: detr-make-shapes --masks rle --out data/shapes-rle)",
-        "rfdetr_keypoints_shapes_cpu.yaml (keypoints: detr-make-shapes --keypoints --out data/shapes-kp)"),
+        "rfdetr_keypoints_shapes_cpu.yaml (keypoints: detr-make-shapes --keypoints --out data/shapes-kp)",
+        "demo_shapes_tracking_cpu.yaml (tracking clips' frames for detr-track: detr-make-shapes --clips --out "
+        "data/shape-clips)"),
 }
 PANOPTIC_CONFIGS = {
     "the authors' two-stage COCO panoptic recipe (boxes, then the mask head on the frozen box model)": (

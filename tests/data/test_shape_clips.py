@@ -3,6 +3,9 @@ behind the occluder (their visibility drops), and the ground truth reads as MOTC
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -39,3 +42,30 @@ def test_ground_truth_lines_are_motchallenge():
     x0, y0, x1, y1 = truth[0][0].box_xyxy
     assert (frame, track_id, confidence) == (1, 1, 1) and (x, y, w, h) == pytest.approx((x0, y0, x1 - x0, y1 - y0))
     assert 1 <= category <= 5 and 0 <= visibility <= 1
+
+
+def test_clip_frames_make_a_coco_set_the_checker_passes(tmp_path, capsys):
+    """detr-make-shapes --clips: frames of clips that are not the tests' or the benchmark's, as a detection set
+    (one frame in three, objects at least a quarter visible), written once (idempotent) and passed by the checker."""
+    from detr.commands.check_data import main as check_data
+    from detr.commands.make_shapes import main as make_shapes
+    from detr.data.shape_clips import ClipFramesConfig, write_clip_frames_dataset
+
+    out = tmp_path / "clips"
+    assert make_shapes(["--clips", "--out", str(out), "--num-train", "2", "--num-val", "1"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    data = json.loads((out / "annotations" / "instances_train2017.json").read_text())
+    config = ClipFramesConfig(num_train_clips=2, num_val_clips=1)
+    assert len(data["images"]) == 2 * 30 and data["images"][0]["width"] == 192 and data["images"][0]["height"] == 128
+    _, truth = render_clip(replace(config.clip, seed=1000))  # the first training clip
+    expected = [list(o.box_xyxy) for o in truth[3] if o.visibility >= 0.25]  # its second image: frame 3
+    boxes = [[a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2], a["bbox"][1] + a["bbox"][3]]
+             for a in data["annotations"] if a["image_id"] == 2]
+    assert boxes == expected and boxes
+    assert write_clip_frames_dataset(out, config) is False  # complete: kept as it is
+    assert make_shapes(["--clips", "--out", str(out), "--num-train", "2", "--num-val", "1"]) == 0
+    assert "nothing written" in capsys.readouterr().out
+    assert check_data([str(out)]) == 0
+    with pytest.raises(SystemExit):
+        make_shapes(["--clips", "--keypoints", "--out", str(out)])
+    assert "boxes only" in capsys.readouterr().err
