@@ -251,8 +251,6 @@ def _predict_into(
     size = predictor.batch_size
     batches = [list(range(start, min(start + size, len(paths)))) for start in range(0, len(paths), size)]
     used_names: set[str] = set()
-    # a keypoint model's points joined as the data it trained on joins them
-    skeleton = predictor.category_map.skeleton_by_label() if predictor.category_map is not None else None
     try:
         for batch in progress(batches) if progress is not None else batches:
             loaded = []
@@ -275,7 +273,7 @@ def _predict_into(
                         run.drawn.append(save_image(record(out_dir / name), draw_panoptic(array, prediction.panoptic)))
                 elif draw:
                     shown = prediction.above(threshold_value) if all_queries else prediction
-                    drawing = draw_prediction(array, shown, skeleton=skeleton)
+                    drawing = draw_prediction(array, shown)  # keypoints joined by the prediction's skeletons
                     run.drawn.append(save_image(record(out_dir / name), drawing))
     finally:  # whatever stops the run, the images done so far are written
         assign_image_ids(run.predictions)

@@ -203,6 +203,8 @@ class Prediction:
         than K points uses its first ones (:attr:`keypoint_counts`, :meth:`detection_keypoints`), the rest zeros.
     keypoint_counts: a keypoint model's points per model label (its schema's counts; a label past the end has
         none); None: every detection's K points are its own.
+    keypoint_skeletons: label → 0-based point pairs joined in drawings (the category map's, from the training
+        data's ``skeleton``; :func:`detr.visualize.drawing.draw_prediction` draws them); None: points only.
     error: why the image has no predictions (it could not be read, or the model's outputs for it are not
         finite); None for an image that was predicted. Every prediction command skips such an image and
         reports the reason (:func:`detr.inference.predict.predictions_from_outputs`).
@@ -226,6 +228,7 @@ class Prediction:
     sampling: SamplingPoints | None = field(default=None, repr=False)
     keypoints: Tensor | None = field(default=None, repr=False)
     keypoint_counts: tuple[int, ...] | None = field(default=None, repr=False)
+    keypoint_skeletons: dict[int, tuple[tuple[int, int], ...]] | None = field(default=None, repr=False)
     error: str | None = None
     cut_at: float | None = None
     track_ids: Tensor | None = None
@@ -411,6 +414,8 @@ def select_detections(
         cut_at=None if threshold is None else float(threshold),
         keypoints=None if keypoints is None else keypoints.detach().float().cpu()[keep],
         keypoint_counts=None if keypoints is None else keypoint_counts,
+        keypoint_skeletons=(category_map.skeleton_by_label() if keypoints is not None and category_map is not None
+                            and category_map.skeletons else None),
     )
 
 

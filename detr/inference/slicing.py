@@ -222,7 +222,8 @@ def merge_detections(
                       label_names=[names[int(h)] for h in heads], query_indices=queries[heads],
                       image_size=image_size, file_name=file_name, masks=masks,
                       keypoints=None if keypoints is None else keypoints[heads], cut_at=threshold,
-                      keypoint_counts=None if keypoints is None else kept_parts[0][1].keypoint_counts)
+                      keypoint_counts=None if keypoints is None else kept_parts[0][1].keypoint_counts,
+                      keypoint_skeletons=None if keypoints is None else kept_parts[0][1].keypoint_skeletons)
 
 
 def _shift_keypoints(keypoints: Tensor, x0: int, y0: int) -> Tensor:
@@ -298,4 +299,5 @@ def _empty(image_size: tuple[int, int], parts: Sequence[tuple[Window, Prediction
                       label_names=[], query_indices=torch.zeros(0, dtype=torch.int64), image_size=image_size,
                       masks=torch.zeros(0, *image_size, dtype=torch.bool) if with_masks else None,
                       keypoints=parts[0][1].keypoints[:0] if with_keypoints else None,  # type: ignore[index]
-                      keypoint_counts=parts[0][1].keypoint_counts if with_keypoints else None)
+                      keypoint_counts=parts[0][1].keypoint_counts if with_keypoints else None,
+                      keypoint_skeletons=parts[0][1].keypoint_skeletons if with_keypoints else None)

@@ -240,7 +240,9 @@ def draw_prediction(
 ) -> Tensor:
     """Draw the prediction's boxes with "name score" labels, over its instance masks when it has them (alpha
     ``mask_alpha``, each in its box's colour), and its keypoints when it has them (the points scored above
-    ``keypoint_threshold``, joined by ``skeleton``: :func:`draw_keypoints_with_skeleton`): ``uint8`` ``[3, H, W]``.
+    ``keypoint_threshold``, joined by ``skeleton``, by default the prediction's own
+    :attr:`~detr.inference.prediction.Prediction.keypoint_skeletons`: :func:`draw_keypoints_with_skeleton`):
+    ``uint8`` ``[3, H, W]``.
 
     ``image`` is the original image (``uint8`` ``[H, W, 3]`` array, ``[3, H, W]`` tensor or PIL); the
     line width and font size scale with the image unless given.
@@ -250,7 +252,8 @@ def draw_prediction(
     if prediction.masks is not None and len(prediction):
         canvas = draw_segmentation_masks(canvas, prediction.masks.cpu().bool(), alpha=mask_alpha, colors=colors)
     if prediction.keypoints is not None:
-        canvas = draw_keypoints_with_skeleton(canvas, prediction.keypoints, prediction.labels, skeleton=skeleton,
+        joined = skeleton if skeleton is not None else prediction.keypoint_skeletons
+        canvas = draw_keypoints_with_skeleton(canvas, prediction.keypoints, prediction.labels, skeleton=joined,
                                               threshold=keypoint_threshold)
     return draw_boxes(canvas, prediction.boxes, detection_labels(prediction.label_names, prediction.scores),
                       colors, line_width=line_width, font_size=font_size)

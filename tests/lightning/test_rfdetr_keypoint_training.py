@@ -76,7 +76,8 @@ def test_detr_predict_draws_the_checkpoints_skeletons(keypoint_shapes, tmp_path,
     drawn = []
     real = outputs.draw_prediction
     monkeypatch.setattr(outputs, "draw_prediction",
-                        lambda *args, **kwargs: drawn.append(kwargs.get("skeleton")) or real(*args, **kwargs))
+                        lambda image, prediction, **kwargs: drawn.append(prediction.keypoint_skeletons)
+                        or real(image, prediction, **kwargs))
     predictor = Predictor(load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt"))
     outputs.predict_files(predictor, [next((keypoint_shapes / "val2017").iterdir())], tmp_path / "out",
                           all_queries=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import torch
 
@@ -88,6 +89,9 @@ def test_keypoints_are_drawn_with_their_skeleton_in_the_label_colour_and_hidden_
     assert torch.equal(drawn[:, 60, 20], colour)  # a point's centre (its rim is white)
     assert not drawn[:, 10, 60].any() and not drawn[:, 35, 80].any()  # the hidden point and its line are not drawn
     assert not draw_prediction(image, prediction, skeleton=None)[:, 60, 60].any()  # points only
+    # a predictor's prediction carries its category map's skeletons: drawn without being passed
+    joined = replace(prediction, keypoint_skeletons={2: ((0, 1),)})
+    assert torch.equal(draw_prediction(image, joined)[:, 60, 60], colour)
 
 
 def test_a_tracked_frame_draws_tracked_boxes_in_their_tracks_colours_and_the_trails() -> None:
