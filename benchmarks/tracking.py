@@ -4,15 +4,17 @@ previous frame's box it overlaps most, IoU >= 0.3, else a new one).
 
     python benchmarks/tracking.py                              # the replayed detector (below), 8 clips
     python benchmarks/tracking.py --clips 8 --noise 3 --drop 0.15 --false-positive 0.2
-    python benchmarks/tracking.py --checkpoint outputs/demo/checkpoints/best-*.ckpt   # a shapes model instead
-    python benchmarks/tracking.py --figure docs/images/tracking.jpg     # the README's drawn frames, then stops
+    python benchmarks/tracking.py --checkpoint tests/fixtures/tracking/demo_shapes_tracking.pt   # a trained model
+    python benchmarks/tracking.py --figure docs/images/tracking.jpg \
+        --checkpoint tests/fixtures/tracking/demo_shapes_tracking.pt     # the README's drawn frames, then stops
 
 The clips are :mod:`detr.data.shape_clips`' (moving shapes crossing head-on and passing behind an occluder; seed =
 clip number), written as H.264 into ``--data`` and read back through ``detr.data.video``, as detr-track reads a
 video. The detector is, by default, tests/helpers_tracking.py's ReplayDetector: the ground truth degraded as a
 detector degrades it (box noise, missed and false detections, low scores for half-hidden objects) and fed through
 the real Predictor path, so that the trackers are compared on detections of known quality; ``--checkpoint`` runs a
-model instead (one trained on 128-px shapes images: ``make demo``).
+model instead (configs/demo_shapes_tracking_cpu.yaml's, trained on other clips' frames, is
+tests/fixtures/tracking/demo_shapes_tracking.pt).
 
 Scoring is motmetrics' (MOTA, IDF1, switches) on the ground truth of every object at least ``--min-visibility``
 visible; a tracked box that matches (IoU >= 0.5) only a less visible object is left out, neither right nor wrong
@@ -128,9 +130,10 @@ def tracker_lines(predictor: Predictor, source: str | Path, tracker: str) -> lis
                 for line in mot_lines(prediction)]
 
 
-def draw_figure(path: Path, folder: Path, frames: tuple[int, ...] = (25, 50, 75)) -> Path:
-    """Three frames (0-based) of detr-track's drawn video of a 384 x 256 clip, side by side, with the replayed
-    detector and ByteTrack: the README's figure."""
+def draw_figure(path: Path, folder: Path, frames: tuple[int, ...] = (25, 50, 75), checkpoint: str | None = None
+                ) -> Path:
+    """Three frames (0-based) of detr-track's drawn video of a 384 x 256 clip, side by side, with ByteTrack and
+    the replayed detector or the ``checkpoint``'s model: the README's figure."""
     from PIL import Image
 
     from detr.inference.track_outputs import track_video
@@ -140,7 +143,8 @@ def draw_figure(path: Path, folder: Path, frames: tuple[int, ...] = (25, 50, 75)
                         min_object_size=40, max_object_size=64, max_speed=6, occluder_width=28, seed=0)
     clip = folder / "figure_clip.mp4"
     truth = write_clip(clip, config)
-    predictor = Predictor(ReplayDetector(truth, height=config.height, width=config.width), device="cpu")
+    predictor = (Predictor.from_checkpoint(checkpoint, device="cpu") if checkpoint is not None else
+                 Predictor(ReplayDetector(truth, height=config.height, width=config.width), device="cpu"))
     track_video(predictor, clip, folder / "figure", overwrite=True)
     with open_frames(folder / "figure" / "tracks.mp4") as video:
         drawn = [frame.array for frame in video if frame.index in frames]
@@ -166,7 +170,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     if args.figure is not None:
         args.data.mkdir(parents=True, exist_ok=True)
-        print(draw_figure(args.figure, args.data))
+        print(draw_figure(args.figure, args.data, checkpoint=args.checkpoint))
         return []
 
     def predictor(truth: list[list[ClipObject]], config: ClipConfig, seed: int) -> Predictor:
