@@ -37,9 +37,10 @@ from detr.inference.command_line import (
     sigterm_as_interrupt,
 )
 
-#: ``--tracker``'s choices (:data:`detr.inference.tracking.TRACKERS`, written here so that ``--help`` does not import
-#: torch).
+#: ``--tracker``'s choices and default (:data:`detr.inference.tracking.TRACKERS` and ``DEFAULT_TRACKER``, written
+#: here so that ``--help`` does not import torch).
 TRACKER_CHOICES = ("bytetrack", "sort", "ocsort", "botsort")
+DEFAULT_TRACKER = "botsort"
 
 
 @one_line_errors
@@ -52,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output folder (one run's: see --overwrite)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the outputs of an earlier run in --out (deletes its tracks.* files)")
-    parser.add_argument("--tracker", choices=TRACKER_CHOICES, default="bytetrack",
-                        help="Roboflow trackers' ByteTrack (default), SORT, OC-SORT or BoT-SORT")
+    parser.add_argument("--tracker", choices=TRACKER_CHOICES, default=DEFAULT_TRACKER,
+                        help="Roboflow trackers' BoT-SORT (default), ByteTrack, SORT or OC-SORT")
     parser.add_argument("--threshold", type=probability, default=None,
                         help="score a detection needs to start a track (default: the one the checkpoint's "
                              "validation found best, else 0.7)")

@@ -44,7 +44,7 @@ from detr.inference.postprocess_masks import PostProcessMasks, PostProcessPanopt
 from detr.inference.predict import predictions_from_outputs
 from detr.inference.prediction import Prediction
 from detr.inference.slicing import SliceSettings, predict_sliced
-from detr.inference.tracking import TrackerName, track_frames
+from detr.inference.tracking import DEFAULT_TRACKER, TrackerName, track_frames
 from detr.models.detector import Detector
 from detr.models.outputs import DetectorOutput
 
@@ -281,7 +281,7 @@ class Predictor:
         """:meth:`predict` with ``task="panoptic"``: detections, their masks and :attr:`Prediction.panoptic`."""
         return self.predict(images, threshold=threshold, task="panoptic")
 
-    def track(self, source: str | int | Path | FrameSource, *, tracker: TrackerName = "bytetrack",
+    def track(self, source: str | int | Path | FrameSource, *, tracker: TrackerName = DEFAULT_TRACKER,
               threshold: float | None = None) -> Iterator[Prediction]:
         """Detect and track objects through a video: one :class:`Prediction` per decoded frame, in order, with
         :attr:`Prediction.track_ids` (-1: not in a track yet) and ``image_id`` the frame's number (1-based).
@@ -290,7 +290,7 @@ class Predictor:
             source: a video file, a folder of frames, a webcam index or a stream URL
                 (:func:`detr.data.video.open_frames`), or a source it opened (its :attr:`FrameSource.skipped`
                 then counts the frames that could not be decoded).
-            tracker: "bytetrack", "sort", "ocsort" or "botsort" (Roboflow's ``trackers``:
+            tracker: "botsort" (the default), "bytetrack", "sort" or "ocsort" (Roboflow's ``trackers``:
                 :mod:`detr.inference.tracking`).
             threshold: the score a detection needs to start a track (default: the predictor's).
         """

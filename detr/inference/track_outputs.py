@@ -25,7 +25,7 @@ from detr.atomic_files import write_text_atomically
 from detr.data.video import Frame, VideoWriter, open_frames
 from detr.inference.prediction import Prediction
 from detr.inference.predictor import Predictor
-from detr.inference.tracking import track_frames
+from detr.inference.tracking import DEFAULT_TRACKER, track_frames
 from detr.output_folder import claim_output_folder
 from detr.visualize.drawing import draw_tracks
 
@@ -74,7 +74,7 @@ def track_video(
     source: str | int | Path,
     out_dir: str | Path,
     *,
-    tracker: str = "bytetrack",
+    tracker: str = DEFAULT_TRACKER,
     threshold: float | None = None,
     draw: bool = True,
     trail_length: int = 30,

@@ -36,6 +36,11 @@ class FramePredictor(Protocol):
 #: BoTSORTTracker).
 TrackerName = Literal["bytetrack", "sort", "ocsort", "botsort"]
 TRACKERS: tuple[str, ...] = ("bytetrack", "sort", "ocsort", "botsort")
+#: The tracker every command uses unless told otherwise: BoT-SORT, the best MOTA with both trained models and both
+#: replayed detectors of docs/measurements/tracking.md, and the best IDF1 with the trained models (ByteTrack's
+#: second association, which ranked it first on replayed detections, brings a trained model's low-score false
+#: boxes into its tracks).
+DEFAULT_TRACKER = "botsort"
 #: The low score threshold of the trackers with a second association, as a share of the high one (ByteTrack's
 #: paper: 0.1 and 0.6).
 LOW_SCORE_RATIO = 1 / 6
@@ -78,8 +83,8 @@ def detection_threshold(name: str, threshold: float) -> float:
 
 
 def track_frames(
-    predictor: FramePredictor, frames: Iterable[Frame], *, tracker: str = "bytetrack", threshold: float | None = None,
-    frame_rate: float = 30.0,
+    predictor: FramePredictor, frames: Iterable[Frame], *, tracker: str = DEFAULT_TRACKER,
+    threshold: float | None = None, frame_rate: float = 30.0,
 ) -> Iterator[tuple[Frame, Prediction]]:
     """Detect and track: every frame with its :class:`Prediction`, whose :attr:`Prediction.track_ids` hold each
     detection's track (1, 2, ...; -1: a detection not in a track yet, e.g. a new object's first frames) and whose

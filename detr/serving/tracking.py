@@ -27,6 +27,7 @@ from detr.data.video import DEFAULT_FRAME_RATE, Frame, VideoSourceError, open_fr
 from detr.inference.prediction import Prediction
 from detr.inference.track_outputs import TrackRun, add_to_tracks, mot_lines, run_record
 from detr.inference.tracking import (
+    DEFAULT_TRACKER,
     TRACKERS,
     TrackerError,
     assign_tracks,
@@ -89,9 +90,9 @@ class TrackLimits:
 
 
 def parse_tracker(value: str | None) -> str:
-    """The ``tracker`` query parameter: one of :data:`detr.inference.tracking.TRACKERS`; "bytetrack" when absent
-    (422 ``unknown_tracker``)."""
-    return parse_choice("tracker", value, TRACKERS, "bytetrack")
+    """The ``tracker`` query parameter: one of :data:`detr.inference.tracking.TRACKERS`; ``DEFAULT_TRACKER`` when
+    absent (422 ``unknown_tracker``)."""
+    return parse_choice("tracker", value, TRACKERS, DEFAULT_TRACKER)
 
 
 def parse_track_format(value: str | None) -> str:

@@ -65,12 +65,12 @@ def test_an_upload_gets_the_tracks_detr_track_writes(clip, tmp_path):
         answer = http.post("/track", content=path.read_bytes())
     assert answer.status_code == 200, answer.text
     record = answer.json()
-    assert record["model"] == "replay" and record["tracker"] == "bytetrack" and record["threshold"] == 0.5
+    assert record["model"] == "replay" and record["tracker"] == "botsort" and record["threshold"] == 0.5  # the default
     assert record["frames"] == run.frames == CONFIG.num_frames and record["skipped_frames"] == 0
     assert record["tracks"] == written["tracks"] and len(record["tracks"]) >= CONFIG.num_objects
     assert record["categories"] == written["categories"]
     with client(truth) as http:  # the MOTChallenge lines, the video as a multipart field as curl -F video=@ sends it
-        answer = http.post("/track?format=mot&tracker=bytetrack", files={"video": ("clip.mp4", path.read_bytes())})
+        answer = http.post("/track?format=mot&tracker=botsort", files={"video": ("clip.mp4", path.read_bytes())})
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
     assert answer.text.splitlines() == (tmp_path / "out" / "tracks.txt").read_text().splitlines()
 
@@ -83,7 +83,7 @@ def test_a_frame_stream_keeps_its_tracker_state(clip):
         opened = http.post("/track/sessions?frame_rate=25")
         assert opened.status_code == 201, opened.text
         session = opened.json()["session"]
-        assert opened.json()["tracker"] == "bytetrack" and opened.json()["max_frames"] == 1800
+        assert opened.json()["tracker"] == "botsort" and opened.json()["max_frames"] == 1800
         for number, (pixels, prediction) in enumerate(zip(frames, expected), start=1):
             image = io.BytesIO()
             Image.fromarray(pixels).save(image, format="PNG")

@@ -58,7 +58,7 @@ def test_the_page_holds_the_frames_tracks_on_their_queries(tracked, tmp_path):
     assert page.name == "clip_frame000006.html"
     data = page_data(page)
     tracks = data["tracks"]
-    assert (tracks["frame"], tracks["tracker"], tracks["trail_length"]) == (frame, "bytetrack", 4)
+    assert (tracks["frame"], tracks["tracker"], tracks["trail_length"]) == (frame, record["tracker"], 4)
     expected = {t["id"] for t in record["tracks"] if any(box[0] == frame for box in t["boxes"])}
     assert {t["id"] for t in tracks["tracks"]} == expected and expected
     width, height = data["image"]["original_width"], data["image"]["original_height"]
