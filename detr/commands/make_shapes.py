@@ -19,7 +19,6 @@ import logging
 import sys
 import time
 
-from detr.data.shape_clips import ClipFramesConfig, write_clip_frames_dataset
 from detr.data.shapes import ALL_SHAPES, ShapesConfig, write_shapes_dataset
 from detr.data.shapes_panoptic import write_shapes_panoptic
 from detr.inference.command_line import bounded_int, non_negative_int, positive_int, probability
@@ -94,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_clips(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from detr.data.shape_clips import ClipFramesConfig, write_clip_frames_dataset  # imports torch: not for --help
+
     frames = ClipFramesConfig()
     if args.panoptic or args.keypoints:
         parser.error("--clips writes boxes only: leave out --panoptic and --keypoints")
