@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from detr.atomic_files import write_text_atomically
-from detr.data.shapes import SHAPE_NAMES, background_gradient, object_colour, shape_polygon
+from detr.data.shapes import SHAPE_NAMES, background_gradient, object_colour, shape_polygon, split_is_complete
 from detr.data.video import write_video
 
 
@@ -235,7 +235,7 @@ def write_clip_frames_dataset(root: str | Path, config: ClipFramesConfig = ClipF
     parameters = json.loads(json.dumps(asdict(config)))
     splits = {"train2017": range(config.num_train_clips),
               "val2017": range(config.num_train_clips, config.num_train_clips + config.num_val_clips)}
-    if not overwrite and all(_written_with(root, split, parameters) for split in splits):
+    if not overwrite and all(split_is_complete(root, split, parameters) for split in splits):
         return False
     for split, clips in splits.items():
         target = root / "annotations" / f"instances_{split}.json"
@@ -262,12 +262,3 @@ def write_clip_frames_dataset(root: str | Path, config: ClipFramesConfig = ClipF
         target.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomically(target, json.dumps(data))
     return True
-
-
-def _written_with(root: Path, split: str, parameters: dict[str, Any]) -> bool:
-    try:
-        data = json.loads((root / "annotations" / f"instances_{split}.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return (data.get("info", {}).get("parameters") == parameters
-            and all((root / split / image["file_name"]).is_file() for image in data.get("images", [])))

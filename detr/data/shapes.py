@@ -324,23 +324,29 @@ def _write_split(root: Path, split: str, count: int, config: ShapesConfig) -> No
 
 def read_json_written_with(path: Path, config: ShapesConfig) -> dict[str, Any] | None:
     """The annotation json at ``path`` if it exists, parses and was written with exactly ``config``, else None."""
+    return read_json_with_parameters(path, shapes_parameters(config))
+
+
+def read_json_with_parameters(path: Path, parameters: dict[str, Any]) -> dict[str, Any] | None:
+    """The json at ``path`` if it exists, parses and records exactly ``parameters`` (its ``info.parameters``: what
+    a generator of this package wrote it with), else None."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return data if data.get("info", {}).get("parameters") == shapes_parameters(config) else None
+    return data if data.get("info", {}).get("parameters") == parameters else None
+
+
+def split_is_complete(root: Path, split: str, parameters: dict[str, Any]) -> bool:
+    """True if ``root``'s ``annotations/instances_{split}.json`` was written with exactly ``parameters`` and every
+    image file it names is in ``root/split``: a generated split that need not be written again."""
+    data = read_json_with_parameters(_split_json(root, split), parameters)
+    return data is not None and all((root / split / image["file_name"]).is_file() for image in data.get("images", []))
 
 
 def shapes_dataset_is_complete(root: str | Path, config: ShapesConfig = ShapesConfig()) -> bool:
     """True if ``root`` holds both splits written with exactly ``config`` and every image file exists."""
-    root = Path(root)
-    for split in _SPLITS:
-        data = read_json_written_with(_split_json(root, split), config)
-        if data is None:
-            return False
-        if not all((root / split / image["file_name"]).is_file() for image in data.get("images", [])):
-            return False
-    return True
+    return all(split_is_complete(Path(root), split, shapes_parameters(config)) for split in _SPLITS)
 
 
 def write_shapes_dataset(
