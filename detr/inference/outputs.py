@@ -22,7 +22,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,16 +53,14 @@ PREDICTION_FILES = ("predictions.json", "panoptic.json")
 
 def predictions_to_coco_results(
     predictions: Sequence[Prediction], *, category_map: CategoryMap | None,
-    keypoint_counts: Mapping[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """COCO results entries for every detection of every prediction.
 
     Each prediction needs ``image_id`` set. Category ids come from ``category_map`` (label == id
     without one). Boxes go from pixel ``xyxy`` to COCO's pixel ``xywh``; ``file_name`` is added when known;
     ``segmentation`` (COCO RLE, :func:`detr.evaluation.coco_evaluator.masks_to_rle`) when the prediction has masks;
-    ``keypoints`` (flat [x1, y1, s1, ...], pixels, 0.01 px) when it has keypoints: a category's first
-    ``keypoint_counts[category id]`` points, none for a category not in it (None: the model's own count for the
-    detection's label, :meth:`Prediction.detection_keypoints`). An
+    ``keypoints`` (flat [x1, y1, s1, ...], pixels, 0.01 px) when it has keypoints: each detection's own points
+    (:meth:`Prediction.detection_keypoints`: as many as the model gives its class; none for a class without). An
     entry carries its ``bbox`` too, so ``loadRes`` takes the object's area from the box.
     """
     results: list[dict[str, Any]] = []
@@ -82,13 +80,9 @@ def predictions_to_coco_results(
             for entry, rle in zip(entries, masks_to_rle(prediction.masks)):
                 entry["segmentation"] = rle
         if prediction.keypoints is not None:
-            for index, (entry, points) in enumerate(zip(entries, prediction.keypoints)):
-                if keypoint_counts is None:  # the model's own count for the detection's label
-                    points = prediction.detection_keypoints(index)
-                else:
-                    count = keypoint_counts.get(entry["category_id"], 0)
-                    points = points[:count]
-                if len(points):  # a category without keypoints gets none
+            for index, entry in enumerate(entries):
+                points = prediction.detection_keypoints(index)
+                if points is not None and len(points):  # a class without keypoints gets none
                     entry["keypoints"] = flat_keypoints(points, rounded=True)
         results += entries
     return results
@@ -96,11 +90,10 @@ def predictions_to_coco_results(
 
 def write_predictions_json(
     path: str | Path, predictions: Sequence[Prediction], *, category_map: CategoryMap | None,
-    keypoint_counts: Mapping[int, int] | None = None,
 ) -> Path:
     """Write :func:`predictions_to_coco_results` of ``predictions`` to ``path`` (parents created)."""
     path = Path(path)
-    results = predictions_to_coco_results(predictions, category_map=category_map, keypoint_counts=keypoint_counts)
+    results = predictions_to_coco_results(predictions, category_map=category_map)
     write_coco_results(path, results)  # NaN is not JSON: callers leave out predictions that are not finite
     logger.info("wrote %d detections of %d images to %s", len(results), len(predictions), path)
     return path

@@ -50,7 +50,8 @@ def test_the_predictions_json_holds_coco_keypoint_results_that_oks_ap_reads() ->
     prediction = Prediction(boxes=torch.tensor([[5.0, 5.0, 35.0, 35.0]]), scores=torch.tensor([0.75]),
                             labels=torch.tensor([0]), label_names=["hand"], query_indices=torch.tensor([4]),
                             image_size=(40, 60), image_id=1, keypoints=points)
-    results = predictions_to_coco_results([prediction], category_map=category_map, keypoint_counts={1: 2})
+    counted = replace(prediction, keypoint_counts=(2, 0))  # the hand's two points, the ball none
+    results = predictions_to_coco_results([counted], category_map=category_map)
     assert results[0]["keypoints"] == [10.0, 12.0, 0.9, 30.0, 12.0, 0.8]  # the hand's two points, rounded
     assert predictions_to_coco_results([prediction], category_map=category_map)[0]["keypoints"][6:] == [20, 30, 0.2]
     ground_truth = coco_ground_truth({
