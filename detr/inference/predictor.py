@@ -9,7 +9,7 @@ as the user sees it (EXIF orientation applied). Only then does it keep the queri
 threshold, unless all queries are asked for.
 
 It stays on the fast path unless attention is asked for: ``torch.inference_mode``, no attention
-weights, optional bf16 autocast. With ``return_attention=True`` every :class:`Prediction` also carries
+weights, optional bf16 or fp16 autocast. With ``return_attention=True`` every :class:`Prediction` also carries
 an :class:`~detr.inference.prediction.AttentionMaps` cropped to the image's unpadded feature region, which the figures of
 :mod:`detr.visualize.figures` draw (paper Fig. 3 and Fig. 6).
 
@@ -50,7 +50,10 @@ from detr.models.outputs import DetectorOutput
 
 logger = logging.getLogger(__name__)
 
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["fp32", "bf16", "fp16"]
+
+#: each precision's autocast dtype; None: no autocast (float32). The outputs come back in float32 either way.
+AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 #: "detection": boxes (plus instance masks with a model that predicts masks: a panoptic model, RF-DETR's instance
 #: segmentation); "instances": the same, but a model without masks is refused; "panoptic": also the image's
@@ -61,7 +64,7 @@ Task = Literal["detection", "instances", "panoptic"]
 
 class NonFiniteOutputError(ValueError):
     """The model's outputs (logits or boxes) hold NaN or inf for some images of a batch (NaN weights, an
-    overflow in bf16, ...): raised by :meth:`Predictor.predict_arrays` with ``check_finite=True``.
+    overflow in fp16 or bf16, ...): raised by :meth:`Predictor.predict_arrays` with ``check_finite=True``.
 
     Attributes:
         indices: the positions, in the batch, of the images whose outputs are not finite.
@@ -84,7 +87,8 @@ class Predictor:
         model: a :class:`detr.models.DETR` (any module with its forward contract).
         category_map: names and data set ids of the labels; default: ``model.meta.category_map`` if set.
         device: where the model runs; default CUDA when available, else CPU.
-        precision: "fp32", or "bf16" for bfloat16 autocast (on CPU and CUDA).
+        precision: "fp32", "bf16" for bfloat16 autocast or "fp16" for float16 autocast (on CPU and CUDA;
+            see :data:`AUTOCAST_DTYPES`).
         threshold: default score threshold of :meth:`predict`; None: the one the model's last validation
             found best (``model.meta.score_threshold``, this project's checkpoints), else the authors' 0.7
             (their released models; 0.25 for a prompted model, transformers' box threshold of Grounding DINO).
@@ -126,8 +130,8 @@ class Predictor:
         panoptic_threshold: float | None = None,
         panoptic_overlap_threshold: float | None = None,
     ) -> None:
-        if precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+        if precision not in AUTOCAST_DTYPES:
+            raise ValueError(f"precision must be one of {', '.join(map(repr, AUTOCAST_DTYPES))}, got {precision!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         for name, value in (("threshold", threshold), ("panoptic_threshold", panoptic_threshold),
@@ -343,15 +347,18 @@ class Predictor:
         images, padding_mask, _ = self.input_spec.batch(arrays)
         tokenizer = self.model.tokenizer
         text = tokenizer([prompt_text(prompt)] * len(arrays), return_tensors="pt")
-        with torch.inference_mode(), torch.autocast(
-            device_type=self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
-        ):
+        with torch.inference_mode(), self.autocast():
             outputs = self.model(images.to(self.device), padding_mask.to(self.device),
                                  text["input_ids"].to(self.device), text["attention_mask"].to(self.device),
                                  text["token_type_ids"].to(self.device))
         return grounded_predictions(outputs.logits.float().cpu(), outputs.boxes.float().cpu(), text["input_ids"],
                                     tokenizer.decode, image_sizes=[(int(a.shape[0]), int(a.shape[1])) for a in arrays],
                                     threshold=threshold, text_threshold=text_threshold, file_names=names)
+
+    def autocast(self) -> torch.autocast:
+        """The autocast context of :attr:`precision` on :attr:`device` (disabled for "fp32")."""
+        dtype = AUTOCAST_DTYPES[self.precision]
+        return torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None)
 
     def _panoptic_postprocess(self) -> PostProcessPanoptic:
         num_classes = self.model.config.num_classes
@@ -456,9 +463,7 @@ class Predictor:
         """
         prompt = () if text is None else tuple(text[key].to(self.device) for key in
                                                ("input_ids", "attention_mask", "token_type_ids"))
-        with torch.inference_mode(), torch.autocast(
-            device_type=self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
-        ):
+        with torch.inference_mode(), self.autocast():
             outputs = self.model(
                 images.to(self.device, non_blocking=True),
                 padding_mask.to(self.device, non_blocking=True),
