@@ -35,6 +35,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from detr.inference.command_line import (
     Terminated,
     add_checkpoint_argument,
+    add_precision_argument,
     add_resize_arguments,
     add_slice_arguments,
     device_argument,
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     add_slice_arguments(parser)
     parser.add_argument("--device", type=device_argument, default=None,
                         help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    add_precision_argument(parser)
     parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument("--no-draw", action="store_true", help="write only the json (and panoptic PNGs)")
     parser.add_argument("--task", choices=("detection", "instances", "panoptic"), default="detection",

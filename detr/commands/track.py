@@ -28,6 +28,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from detr.inference.command_line import (
     Terminated,
     add_checkpoint_argument,
+    add_precision_argument,
     add_resize_arguments,
     device_argument,
     interrupted_status,
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     add_resize_arguments(parser)
     parser.add_argument("--device", type=device_argument, default=None,
                         help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    add_precision_argument(parser)
     parser.add_argument("--batch-size", type=positive_int, default=1, help="frames per forward pass")
     args = parser.parse_args(argv)
     # after parsing, so that --help does not wait for torch

@@ -59,6 +59,18 @@ def add_resize_arguments(parser: argparse.ArgumentParser) -> None:
                         help="eval resize: longest side cap (default: the checkpoint's validation size, else 1333)")
 
 
+#: the PyTorch inference precisions (:data:`detr.inference.predictor.AUTOCAST_DTYPES`), written out here so that
+#: ``--help`` does not import torch (a test keeps the two equal)
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    """``--precision``: :class:`detr.inference.predictor.Predictor`'s ``precision`` (autocast dtype)."""
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="fp32 (default), bf16 (bfloat16 autocast) or fp16 (float16 autocast), on CPU and CUDA; "
+                             "an exported .onnx runs in fp32 only, an OpenVINO .xml in fp32 or bf16")
+
+
 #: Every model family of the package, by its name (:data:`detr.models.FAMILIES`; a test keeps the two equal), as the
 #: help texts name it: written here so that ``--help`` does not import torch.
 FAMILY_NAMES: dict[str, str] = {"detr": "DETR", "deformable": "Deformable DETR", "rtdetr": "RT-DETR",

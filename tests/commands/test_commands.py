@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,14 @@ def test_help_texts_name_every_family(capsys) -> None:
     for text in (overview("detr"), capsys.readouterr().out):
         words = " ".join(text.split())
         assert all(f" {name}" in words for name in FAMILY_NAMES.values()), words
+
+
+def test_the_commands_precisions_are_the_predictors() -> None:
+    """--precision's choices (written out so that --help does not import torch) are the Predictor's precisions."""
+    from detr.inference.command_line import PRECISIONS
+    from detr.inference.predictor import AUTOCAST_DTYPES, Precision
+
+    assert PRECISIONS == tuple(AUTOCAST_DTYPES) == typing.get_args(Precision)
 
 
 def test_the_readme_lists_every_extra() -> None:

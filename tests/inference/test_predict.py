@@ -168,3 +168,21 @@ def test_detr_predict_slice_writes_the_predictors_sliced_predictions_with_masks(
     decoded = mask_utils.decode([row["segmentation"] for row in written])
     assert decoded.shape[:2] == (height, width) and int(decoded.sum()) == int(sliced.masks.sum())
 
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_detr_predict_precision_fp16_writes_the_fp16_predictors_predictions(tmp_path, capsys):
+    """``--precision fp16`` reaches the Predictor (float16 autocast, on the CPU here: torch 2.14 has it), and its
+    scores stay close to fp32's on a tiny RT-DETR (deformable sampling under float16 included)."""
+    checkpoint = tiny_checkpoint("rtdetr", tmp_path)
+    photo = REPO / "data" / "photos" / "chelsea.png"
+    out = tmp_path / "out"
+    status = predict.main([str(photo), "--checkpoint", str(checkpoint), "--out", str(out), "--device", "cpu",
+                           "--precision", "fp16", "--all-queries", "--no-draw"])
+    assert status == 0, capsys.readouterr().err
+    written = json.loads((out / "predictions.json").read_text())
+    (half,) = Predictor.from_checkpoint(checkpoint, device="cpu", precision="fp16").predict(photo, all_queries=True)
+    (full,) = Predictor.from_checkpoint(checkpoint, device="cpu").predict(photo, all_queries=True)
+    assert half.scores.dtype == torch.float32 and len(written) == len(half) > 0
+    np.testing.assert_allclose([row["score"] for row in written], half.scores.numpy(), atol=1e-3)
+    assert (half.scores - full.scores).abs().max() < 5e-3
