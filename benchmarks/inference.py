@@ -1,13 +1,14 @@
-"""Images per second of detr.Predictor for DETR R50 at COCO size, fp32 and bf16, CPU and CUDA.
+"""Images per second of detr.Predictor for DETR R50 at COCO size, fp32 and bf16 (or fp16), CPU and CUDA.
 
     python benchmarks/inference.py                       # R50, 800 x 1066, every device present
     python benchmarks/inference.py --devices cpu --iterations 3 --warmup 1
     python benchmarks/inference.py --devices cuda --batch-size 4 --iterations 50
+    python benchmarks/inference.py --devices cuda --precisions fp32 bf16 fp16
 
 Random-init weights (speed does not depend on the values). The model gets ``optimize_for_inference()``
 as in ``Predictor.from_checkpoint`` (``--no-optimize`` to compare). The timed call is the whole
 ``Predictor.predict`` on uint8 arrays: eval resize and normalisation, padding, the model under
-``torch.inference_mode`` (and bf16 autocast), post-processing and the threshold. The image is already at
+``torch.inference_mode`` (and bf16 or fp16 autocast), post-processing and the threshold. The image is already at
 the eval size (800 x 1066), so the resize is a no-op copy. The paper's figure is 28 FPS for R50 on a V100
 at batch 1 (Carion et al. 2020, Table 1).
 """
@@ -23,7 +24,7 @@ import torch
 from machine import describe_machine
 
 from detr import build_detr
-from detr.inference.predictor import Predictor
+from detr.inference.predictor import AUTOCAST_DTYPES, Predictor
 
 
 def measure(predictor: Predictor, images: list[np.ndarray], *, warmup: int, iterations: int) -> list[float]:
@@ -48,7 +49,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1066)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--devices", nargs="+", default=None, help="default: cpu, and cuda when present")
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=list(AUTOCAST_DTYPES))
     parser.add_argument("--warmup", type=int, default=None, help="default: 1 on CPU, 5 on CUDA")
     parser.add_argument("--iterations", type=int, default=None, help="default: 3 on CPU, 30 on CUDA")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
