@@ -83,6 +83,17 @@ def test_a_file_that_loses_ap_fails_the_gate(own_ground_truth, tmp_path):
     assert lenient.passed
 
 
+def test_an_fp16_predictor_is_gated_against_fp32(own_ground_truth):
+    """The gate takes any Predictor: the same checkpoint under float16 autocast, here on the CPU, against its fp32
+    self (what a GPU session measures on a real model)."""
+    checkpoint, annotations = own_ground_truth
+    reference = Predictor.from_checkpoint(checkpoint, device="cpu")
+    half = Predictor.from_checkpoint(checkpoint, device="cpu", precision="fp16")
+    report = accuracy_gate(reference, {checkpoint: half}, PHOTOS, annotations, progress=False)
+    assert report.passed and "cpu, fp16" in report.artifacts[0].name
+    assert report.artifacts[0].ap == pytest.approx(report.reference.ap, abs=1.0)
+
+
 def test_the_gate_names_what_is_missing(own_ground_truth, tmp_path):
     checkpoint, annotations = own_ground_truth
     reference = Predictor.from_checkpoint(checkpoint, device="cpu")
