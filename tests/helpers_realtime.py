@@ -52,12 +52,12 @@ EVAL_SIZES = {"rtdetr": 160, "dfine": 160, "deimv2": 160, "rfdetr": 112}
 CATEGORIES = CategoryMap((3, 7, 9, 11, 12), ("circle", "square", "triangle", "star", "ring"))
 
 
-def tiny_model(family: str, seed: int = 0, category_map: CategoryMap = CATEGORIES) -> torch.nn.Module:
-    """The family's tiny model (:data:`CONFIGS`) with random weights (the authors' inits start every query at the
-    same box), D-FINE's weighting constants kept, in eval mode, its classes and meta those of ``category_map`` at
-    its square :data:`EVAL_SIZES`."""
+def tiny_model(family: str, seed: int = 0, category_map: CategoryMap = CATEGORIES, **changes) -> torch.nn.Module:
+    """The family's tiny model (:data:`CONFIGS`, with config fields ``changes``) with random weights (the authors'
+    inits start every query at the same box), D-FINE's weighting constants kept, in eval mode, its classes and meta
+    those of ``category_map`` at its square :data:`EVAL_SIZES`."""
     torch.manual_seed(seed)
-    model = build_detr(CONFIGS[family].replace(num_classes=category_map.num_classes)).eval()
+    model = build_detr(CONFIGS[family].replace(num_classes=category_map.num_classes, **changes)).eval()
     constants = {name: buffer.clone() for name, buffer in model.named_buffers() if name.startswith("decoder.decoder.")}
     randomise(model, seed)
     model.load_state_dict(constants, strict=False)

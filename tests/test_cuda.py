@@ -19,25 +19,11 @@ from detr.lightning.options import EvaluationOptions
 from detr.lightning.system import DetrSystem
 from detr.loss.matcher import HungarianMatcher
 from tests.helpers import TINY, InMemoryData
+from tests.helpers_cuda import CUDA, needs_cuda, no_tf32, relative_error  # noqa: F401 (no_tf32: autouse)
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = needs_cuda
 
 PHOTOS = Path(__file__).parents[1] / "data" / "photos"
-CUDA = torch.device("cuda")
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    """Plain fp32 matrix products on the GPU, so that CPU and GPU differ by rounding only."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-
-
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    value, reference = value.double().cpu(), reference.double().cpu()
-    return float((value - reference).norm() / reference.norm())
 
 
 def targets_for(batch_size: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
