@@ -5,10 +5,13 @@
 #   bash benchmarks/gpu_session.sh --prepare               # here, before the first call: .whl/ and .authors/detr
 #   bash benchmarks/gpu_session.sh tests train infer       # on the GPU: CUDA tests; training and inference tables
 #   bash benchmarks/gpu_session.sh loss commands compile   # fp32/bf16/authors loss; detr fit/validate/predict; compile
-#   bash benchmarks/gpu_session.sh --rehearse all          # the very same commands on the CPU at tiny sizes (CI runs it)
+#   bash benchmarks/gpu_session.sh realtime                # the real-time families: tests, training, inference, gate
+#   bash benchmarks/gpu_session.sh --rehearse all realtime # the same commands on the CPU at tiny sizes (CI runs it)
 #
 # Parts: tests, sdpa, train, infer, loss, commands, compile ('all' = each in that order; compile_infer and
-# compile_train are compile's two halves). Each writes its log
+# compile_train are compile's two halves); the real-time families' (benchmarks/realtime_gpu.py): rt_tests,
+# rt_train, rt_infer, rt_fit, rt_gate, rt_compile ('realtime' = each in that order, about 9 minutes on an H200).
+# Each writes its log
 # (with its table) to $OUT/PART.log (OUT defaults to /tmp/gpu_session); a step that fails is reported
 # ("=== NAME: exit N") and the part goes on. The last line is "ALL DONE in S s, F failed steps".
 #
@@ -17,6 +20,10 @@
 #   .authors/detr   a checkout of facebookresearch/detr, whose training step is timed beside ours
 #                   (--prepare copies it from AUTHORS_SOURCE, a clone or a git directory of that repository;
 #                   without it the authors' rows are left out and the tables say so)
+#   .gpu/*.pt       trained shapes models (optional) that rt_gate gates beside the ones rt_fit trains: detr fit of
+#                   configs/*_shapes_cpu.yaml, written small (fp16 weights) by
+#                   tests/fixtures/make_tracking_model.py CKPT --out .gpu/NAME.pt
+#                   (.git/info/exclude: /.gpu/; the working tree that travels is at most 64 MiB)
 # On a machine with the project installed (`make setup`) it uses .venv; else python3 with the wheels
 # installed into /tmp/site.
 set -uo pipefail
@@ -48,6 +55,7 @@ for arg in "$@"; do
     --prepare) prepare; exit $? ;;
     --rehearse) REHEARSE=1 ;;
     all) parts+=(tests sdpa train infer loss commands compile) ;;
+    realtime) parts+=(rt_tests rt_train rt_infer rt_fit rt_gate rt_compile) ;;
     *) parts+=("$arg") ;;
   esac
 done
@@ -83,6 +91,13 @@ if [ $REHEARSE = 1 ]; then
               --data.num_workers 0)
   PREDICT_SIZE=(--min-size 128 --max-size 192)
   LIMIT_VAL=(--trainer.limit_val_batches 2)
+  # the real-time families: one model beside transformers and one of ours alone (the GPU runs every one)
+  RT=(--quick --device cpu --compile-backend eager --models rtdetr_r18 --ours-only deimv2_l)
+  RT_FIT_STEPS=2
+  RT_FIT_FAMILIES=${RT_FIT_FAMILIES:-rtdetr rfdetr}
+  SHAPES=$RUNS/shapes
+  SHAPES_SIZE=(--num-train 8 --num-val 4)
+  GATE_IMAGES=3
 else
   DEVICE=cuda
   BENCH=()
@@ -92,6 +107,12 @@ else
   SMALL_DATA=(--data.num_workers 8)
   PREDICT_SIZE=()
   LIMIT_VAL=()
+  RT=()
+  RT_FIT_STEPS=${RT_FIT_STEPS:-300}
+  RT_FIT_FAMILIES=${RT_FIT_FAMILIES:-rtdetr dfine deimv2 rfdetr}
+  SHAPES=data/shapes   # the set the carried .gpu models were trained and validated on (detr-make-shapes' default)
+  SHAPES_SIZE=()
+  GATE_IMAGES=${GATE_IMAGES:-100}
 fi
 FAILED=0
 
@@ -189,9 +210,54 @@ part_commands() {
   ls -la "$RUNS/explore"
 }
 
+# The real-time families (benchmarks/realtime_gpu.py). Each step's timeout keeps 'realtime' within one command;
+# the rehearsal's are long (a busy CI machine), its sizes tiny.
+limit() { if [ $REHEARSE = 1 ]; then echo 1500; else echo "$1"; fi; }
+part_rt_tests() {
+  step "CUDA tests, every family" timeout $(limit ${RT_TESTS_S:-90}) $PY -m pytest -q -p no:cacheprovider -rs \
+    tests/test_cuda.py tests/test_cuda_families.py
+}
+part_rt_train() {
+  step "real-time training beside transformers, eager bf16" timeout $(limit ${RT_TRAIN_S:-150}) $PY \
+    benchmarks/realtime_gpu.py "${RT[@]}" --sections train --modes eager
+}
+part_rt_infer() {
+  step "real-time inference, eager" timeout $(limit ${RT_INFER_S:-90}) $PY benchmarks/realtime_gpu.py "${RT[@]}" \
+    --sections infer --modes eager
+}
+part_rt_fit() {
+  step "shapes set" $PY -m detr.commands.make_shapes --out "$SHAPES" "${SHAPES_SIZE[@]}"
+  for family in $RT_FIT_FAMILIES; do
+    step "detr fit $family shapes (bf16-mixed, $RT_FIT_STEPS steps)" timeout $(limit ${RT_FIT_S:-40}) \
+      $PY -m detr.lightning.cli fit --config configs/${family}_shapes_cpu.yaml --data.root "$SHAPES" \
+      --trainer.accelerator $DEVICE \
+      --trainer.devices 1 --trainer.precision bf16-mixed --trainer.max_steps $RT_FIT_STEPS \
+      --trainer.check_val_every_n_epoch 1000 --trainer.default_root_dir "$RUNS/fit_$family"
+    [ -f "$RUNS/fit_$family/metrics.csv" ] && tail -n 2 "$RUNS/fit_$family/metrics.csv"
+  done
+}
+part_rt_gate() {
+  local checkpoints=() family
+  for file in .gpu/*.pt; do [ -f "$file" ] && checkpoints+=("$file"); done
+  for family in $RT_FIT_FAMILIES; do  # the short GPU runs of the families no trained model was carried for
+    [ -f ".gpu/${family}_shapes.pt" ] || [ ! -f "$RUNS/fit_$family/checkpoints/last.ckpt" ] \
+      || checkpoints+=("$RUNS/fit_$family/checkpoints/last.ckpt")
+  done
+  step "accuracy gate: fp32, bf16, fp16, ONNX" timeout $(limit ${RT_GATE_S:-120}) $PY benchmarks/realtime_gpu.py \
+    "${RT[@]}" --sections gate --limit-images "$GATE_IMAGES" --images "$SHAPES/val2017" --annotations "$SHAPES/annotations/instances_val2017.json" \
+    --checkpoints "${checkpoints[@]}"
+}
+part_rt_compile() {
+  step "real-time inference, compiled bf16" timeout $(limit ${RT_COMPILE_INFER_S:-40}) $PY benchmarks/realtime_gpu.py \
+    "${RT[@]}" --sections infer --modes compiled --ours-only
+  step "real-time training, compiled bf16" timeout $(limit ${RT_COMPILE_TRAIN_S:-60}) $PY benchmarks/realtime_gpu.py \
+    "${RT[@]}" --sections train --modes compiled --batches 8 --steps 30
+}
+
 for part in "${parts[@]}"; do
   if ! declare -F "part_$part" >/dev/null; then
-    echo "unknown part '$part' (tests sdpa train infer loss commands compile all)"; FAILED=$((FAILED + 1)); continue
+    echo "unknown part '$part' (tests sdpa train infer loss commands compile all; rt_tests rt_train rt_infer rt_fit" \
+      "rt_gate rt_compile realtime)"; FAILED=$((FAILED + 1)); continue
   fi
   start=$SECONDS
   FAILED_BEFORE=$FAILED

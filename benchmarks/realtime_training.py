@@ -243,6 +243,7 @@ def check_losses(name: str, family: str, ours, theirs, images, mask, targets, la
     denoising = getattr(theirs.config, "num_denoising", 0)
     set_denoising(ours, theirs, False, denoising)
     criterion = build_criterion(ours.config, **LOSS[family], **({"matching_union": False} if family == "dfine" else {}))
+    criterion.to(images.device)
     try:
         with torch.no_grad():
             their_outputs = theirs(pixel_values=images, labels=labels)
