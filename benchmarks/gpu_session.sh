@@ -218,7 +218,7 @@ part_rt_tests() {
     tests/test_cuda.py tests/test_cuda_families.py
 }
 part_rt_train() {
-  step "real-time training beside transformers, eager bf16" timeout $(limit ${RT_TRAIN_S:-150}) $PY \
+  step "real-time training beside transformers, eager bf16" timeout $(limit ${RT_TRAIN_S:-170}) $PY \
     benchmarks/realtime_gpu.py "${RT[@]}" --sections train --modes eager
 }
 part_rt_infer() {

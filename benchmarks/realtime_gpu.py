@@ -369,7 +369,7 @@ def main() -> None:
                         help="families timed on our side only (inference)")
     parser.add_argument("--batches", nargs="+", type=int, default=[8, 16], help="training batch sizes")
     parser.add_argument("--modes", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"])
-    parser.add_argument("--steps", nargs="+", type=int, default=[200, 40],
+    parser.add_argument("--steps", nargs="+", type=int, default=[150, 30],
                         help="training steps per run, per batch size (one value: every batch size)")
     parser.add_argument("--warmup", type=int, default=10, help="of which untimed")
     parser.add_argument("--infer-batches", nargs="+", type=int, default=[1, 32])
