@@ -158,10 +158,14 @@ def train_section(args, device: torch.device) -> None:
         mask = torch.zeros(check_batch, square, square, dtype=torch.bool, device=device)
         targets = [{k: v.to(device) for k, v in t.items()} for t in make_targets(check_batch)]
         labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
+        tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # the check: plain fp32
         try:
             print(check_losses(name, family, ours, theirs, images, mask, targets, labels), flush=True)
         except AssertionError as error:  # reported; the timing still runs
             print(f"CHECK FAILED: {error}", flush=True)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         initial = {"theirs": copy.deepcopy(theirs.state_dict()), "ours": copy.deepcopy(ours.state_dict())}
         for batch, steps in zip(args.batches, args.steps):
             images = photos[torch.arange(batch) % len(photos)].contiguous().to(device)

@@ -25,9 +25,10 @@ MaskSource = MaskFeatures | torch.Tensor
 
 
 def point_sample(maps: torch.Tensor, points: torch.Tensor, mode: str = "bilinear") -> torch.Tensor:
-    """maps [N, C, H, W] read at points [N, P, 2] ((x, y) in [0, 1]) → [N, C, P]."""
-    grid = 2.0 * points[:, :, None] - 1.0  # [N, P, 1, 2] in grid_sample's [-1, 1]
-    return F.grid_sample(maps, grid, mode=mode, padding_mode="border", align_corners=False)[..., 0]
+    """maps [N, C, H, W] read at points [N, P, 2] ((x, y) in [0, 1]) → [N, C, P], in float32 (the loss's
+    precision: a model trained under bf16 autocast hands bf16 maps to a loss computed without it)."""
+    grid = 2.0 * points[:, :, None].float() - 1.0  # [N, P, 1, 2] in grid_sample's [-1, 1]
+    return F.grid_sample(maps.float(), grid, mode=mode, padding_mode="border", align_corners=False)[..., 0]
 
 
 @torch.no_grad()
@@ -52,7 +53,7 @@ def logits_at_points(source: MaskSource, points: torch.Tensor) -> torch.Tensor:
     """Every query's mask logit at points [P, 2] shared by the batch → [B, Q, P] (the matcher's read)."""
     if isinstance(source, MaskFeatures):
         pixels = point_sample(source.pixels, points[None].expand(len(source.pixels), -1, -1))  # [B, C, P]
-        return torch.einsum("bcp,bqc->bqp", pixels, source.queries) + source.bias
+        return torch.einsum("bcp,bqc->bqp", pixels, source.queries.float()) + source.bias.float()
     return point_sample(source, points[None].expand(len(source), -1, -1))  # queries as channels
 
 
@@ -63,7 +64,8 @@ def matched_mask_logits(source: MaskSource, indices: Indices) -> torch.Tensor:
     for image, (queries, _) in enumerate(indices):
         queries = queries.to(source.pixels.device if isinstance(source, MaskFeatures) else source.device)
         if isinstance(source, MaskFeatures):
-            maps.append(torch.einsum("qc,chw->qhw", source.queries[image, queries], source.pixels[image]) + source.bias)
+            maps.append(torch.einsum("qc,chw->qhw", source.queries[image, queries].float(), source.pixels[image].float())
+                        + source.bias.float())
         else:
             maps.append(source[image, queries])
     return torch.cat(maps)

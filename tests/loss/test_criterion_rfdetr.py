@@ -257,3 +257,45 @@ def test_mask_costs_are_transformers_pairwise_costs_and_steer_the_matching():
     with_masks = HungarianMatcher(**RECIPE, class_head="sigmoid", cost_mask_ce=5.0, cost_mask_dice=5.0)
     (queries, _), = with_masks(layer, target)
     assert queries.tolist() == [1]
+
+
+@pytest.mark.parametrize("pixels_dtype, queries_dtype", [(torch.float32, torch.bfloat16),
+                                                         (torch.bfloat16, torch.float32),
+                                                         (torch.bfloat16, torch.bfloat16)])
+def test_mask_terms_of_a_bf16_model_are_computed_in_float32(pixels_dtype, queries_dtype):
+    """A model trained under bf16 autocast hands the loss mask factors in bf16 or float32 (autocast's layer norms
+    return float32), and the loss runs without autocast (DetrSystem.compute_losses): the mask terms read them in
+    float32, equal to the terms of the same values given as float32 (a dtype error in grid_sample or einsum
+    before)."""
+    generator = torch.Generator().manual_seed(5)
+    targets = _mask_targets(generator)
+    batch, queries = len(targets), GROUPS * NUM_QUERIES
+    layers = [_masked_layer(batch, queries, generator) for _ in range(LAYERS)]
+    proposals = _masked_layer(batch, queries, generator)
+
+    def outputs(mixed: bool) -> DetectorOutput:
+        """The layers rounded to bf16, given in the test's dtypes (``mixed``) or as float32."""
+        def cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return tensor.detach().to(torch.bfloat16).to(dtype if mixed else torch.float32)
+
+        def cast_layer(layer: LayerOutput) -> LayerOutput:
+            features = layer.mask_features
+            return LayerOutput(cast(layer.logits, queries_dtype), cast(layer.boxes, queries_dtype),
+                               mask_features=MaskFeatures(cast(features.pixels, pixels_dtype),
+                                                          cast(features.queries, queries_dtype),
+                                                          cast(features.bias, torch.float32)))
+        cast_layers = [cast_layer(layer) for layer in layers]
+        last = cast_layers[-1]
+        return DetectorOutput(last.logits, last.boxes, aux=cast_layers[:-1], proposals=cast_layer(proposals),
+                              class_head="sigmoid", mask_features=last.mask_features)
+
+    criterion = build_criterion(CONFIG.replace(instance_masks=True), **RECIPE)
+    criterion.matcher = _BoxMatcher()
+    torch.manual_seed(11)
+    from_bf16 = criterion(outputs(True), targets)
+    torch.manual_seed(11)
+    from_float = criterion(outputs(False), targets)
+    for name in ("loss_mask_ce", "loss_mask_dice", "loss_mask_ce_0", "loss_mask_ce_enc"):
+        assert from_bf16[name].dtype == torch.float32, name
+        assert torch.isfinite(from_bf16[name]), name
+        assert torch.allclose(from_bf16[name], from_float[name], rtol=1e-5, atol=1e-6), name
