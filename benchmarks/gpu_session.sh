@@ -5,12 +5,14 @@
 #   bash benchmarks/gpu_session.sh --prepare               # here, before the first call: .whl/ and .authors/detr
 #   bash benchmarks/gpu_session.sh tests train infer       # on the GPU: CUDA tests; training and inference tables
 #   bash benchmarks/gpu_session.sh loss commands compile   # fp32/bf16/authors loss; detr fit/validate/predict; compile
-#   bash benchmarks/gpu_session.sh realtime                # the real-time families: tests, training, inference, gate
+#   bash benchmarks/gpu_session.sh rt_tests rt_train rt_infer rt_fit   # the real-time families: tests, tables, fit
+#   bash benchmarks/gpu_session.sh rt_gate rt_compile                  # their accuracy gate; compiled rows
 #   bash benchmarks/gpu_session.sh --rehearse all realtime # the same commands on the CPU at tiny sizes (CI runs it)
 #
 # Parts: tests, sdpa, train, infer, loss, commands, compile ('all' = each in that order; compile_infer and
 # compile_train are compile's two halves); the real-time families' (benchmarks/realtime_gpu.py): rt_tests,
-# rt_train, rt_infer, rt_fit, rt_gate, rt_compile ('realtime' = each in that order, about 9 minutes on an H200).
+# rt_train, rt_infer, rt_fit, rt_gate, rt_compile ('realtime' = each in that order). On an H200 they take two
+# commands: `rt_tests rt_train rt_infer rt_fit` (at most 510 s) and `rt_gate rt_compile` (at most 340 s).
 # Each writes its log
 # (with its table) to $OUT/PART.log (OUT defaults to /tmp/gpu_session); a step that fails is reported
 # ("=== NAME: exit N") and the part goes on. The last line is "ALL DONE in S s, F failed steps".
@@ -33,7 +35,9 @@ REHEARSE=0
 # The packages the device image lacks (benchmarks/README: the GPU session); versions = what `make setup` installs.
 WHEELS="albumentations==2.0.8 albucore==0.0.24 stringzilla==5.3.2 simsimd==6.5.16 pydantic==2.14.4
 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
-pycocotools==2.0.11 jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 importlib-resources==7.1.0"
+pycocotools==2.0.11 jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 importlib-resources==7.1.0
+rfdetr==1.8.0 pyDeprecate==0.13.0"
+# (rfdetr and pyDeprecate: the authors' RF-DETR package, timed beside ours by rt_train; not a project dependency)
 
 prepare() {
   mkdir -p .whl
@@ -94,7 +98,7 @@ if [ $REHEARSE = 1 ]; then
   # the real-time families: one model beside transformers and one of ours alone (the GPU runs every one)
   RT=(--quick --device cpu --compile-backend eager --models rtdetr_r18 --ours-only deimv2_l)
   RT_FIT_STEPS=2
-  RT_FIT_FAMILIES=${RT_FIT_FAMILIES:-rtdetr rfdetr}
+  RT_FIT_FAMILIES=${RT_FIT_FAMILIES:-rtdetr}
   SHAPES=$RUNS/shapes
   SHAPES_SIZE=(--num-train 8 --num-val 4)
   GATE_IMAGES=3
@@ -108,8 +112,8 @@ else
   PREDICT_SIZE=()
   LIMIT_VAL=()
   RT=()
-  RT_FIT_STEPS=${RT_FIT_STEPS:-300}
-  RT_FIT_FAMILIES=${RT_FIT_FAMILIES:-rtdetr dfine deimv2 rfdetr}
+  RT_FIT_STEPS=${RT_FIT_STEPS:-60}
+  RT_FIT_FAMILIES=${RT_FIT_FAMILIES:-rtdetr rfdetr}
   SHAPES=data/shapes   # the set the carried .gpu models were trained and validated on (detr-make-shapes' default)
   SHAPES_SIZE=()
   GATE_IMAGES=${GATE_IMAGES:-100}
@@ -218,17 +222,20 @@ part_rt_tests() {
     tests/test_cuda.py tests/test_cuda_families.py
 }
 part_rt_train() {
-  step "real-time training beside transformers, eager bf16" timeout $(limit ${RT_TRAIN_S:-170}) $PY \
-    benchmarks/realtime_gpu.py "${RT[@]}" --sections train --modes eager
+  local package=()  # the rfdetr package's side where it is importable (the device: its wheel, from --prepare)
+  $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('rfdetr') is None)" 2>/dev/null \
+    && package=(--rfdetr-package)
+  step "real-time training beside transformers, eager bf16" timeout $(limit ${RT_TRAIN_S:-200}) $PY \
+    benchmarks/realtime_gpu.py "${RT[@]}" --sections train --modes eager "${package[@]}"
 }
 part_rt_infer() {
-  step "real-time inference, eager" timeout $(limit ${RT_INFER_S:-90}) $PY benchmarks/realtime_gpu.py "${RT[@]}" \
+  step "real-time inference, eager" timeout $(limit ${RT_INFER_S:-110}) $PY benchmarks/realtime_gpu.py "${RT[@]}" \
     --sections infer --modes eager
 }
 part_rt_fit() {
   step "shapes set" $PY -m detr.commands.make_shapes --out "$SHAPES" "${SHAPES_SIZE[@]}"
   for family in $RT_FIT_FAMILIES; do
-    step "detr fit $family shapes (bf16-mixed, $RT_FIT_STEPS steps)" timeout $(limit ${RT_FIT_S:-40}) \
+    step "detr fit $family shapes (bf16-mixed, $RT_FIT_STEPS steps)" timeout $(limit ${RT_FIT_S:-50}) \
       $PY -m detr.lightning.cli fit --config configs/${family}_shapes_cpu.yaml --data.root "$SHAPES" \
       --trainer.accelerator $DEVICE \
       --trainer.devices 1 --trainer.precision bf16-mixed --trainer.max_steps $RT_FIT_STEPS \
@@ -237,20 +244,19 @@ part_rt_fit() {
   done
 }
 part_rt_gate() {
-  local checkpoints=() family
+  local checkpoints=()
   for file in .gpu/*.pt; do [ -f "$file" ] && checkpoints+=("$file"); done
-  for family in $RT_FIT_FAMILIES; do  # the short GPU runs of the families no trained model was carried for
-    [ -f ".gpu/${family}_shapes.pt" ] || [ ! -f "$RUNS/fit_$family/checkpoints/last.ckpt" ] \
-      || checkpoints+=("$RUNS/fit_$family/checkpoints/last.ckpt")
-  done
-  step "accuracy gate: fp32, bf16, fp16, ONNX" timeout $(limit ${RT_GATE_S:-120}) $PY benchmarks/realtime_gpu.py \
+  if [ ${#checkpoints[@]} = 0 ]; then  # no trained model carried (the rehearsal): rt_fit's short runs
+    for file in "$RUNS"/fit_*/checkpoints/last.ckpt; do [ -f "$file" ] && checkpoints+=("$file"); done
+  fi
+  step "accuracy gate: fp32, bf16, fp16, ONNX" timeout $(limit ${RT_GATE_S:-160}) $PY benchmarks/realtime_gpu.py \
     "${RT[@]}" --sections gate --limit-images "$GATE_IMAGES" --images "$SHAPES/val2017" --annotations "$SHAPES/annotations/instances_val2017.json" \
     --checkpoints "${checkpoints[@]}"
 }
 part_rt_compile() {
-  step "real-time inference, compiled bf16" timeout $(limit ${RT_COMPILE_INFER_S:-40}) $PY benchmarks/realtime_gpu.py \
+  step "real-time inference, compiled bf16" timeout $(limit ${RT_COMPILE_INFER_S:-90}) $PY benchmarks/realtime_gpu.py \
     "${RT[@]}" --sections infer --modes compiled --ours-only
-  step "real-time training, compiled bf16" timeout $(limit ${RT_COMPILE_TRAIN_S:-60}) $PY benchmarks/realtime_gpu.py \
+  step "real-time training, compiled bf16" timeout $(limit ${RT_COMPILE_TRAIN_S:-90}) $PY benchmarks/realtime_gpu.py \
     "${RT[@]}" --sections train --modes compiled --batches 8 --steps 30
 }
 

@@ -19,7 +19,9 @@ Sections (``--sections``):
   backward, clipping at 0.1, fused AdamW (our side: the family's recipe's parameter groups). Printed per row:
   images/s over the steps after ``--warmup`` (the first step's seconds: compilation), peak GPU memory, and the
   mean loss of the last tenth of the steps on each side (they train the same model on the same batch: they
-  should end close; denoising queries are drawn at random on each side).
+  should end close; denoising queries are drawn at random on each side). ``--rfdetr-package`` adds a third side
+  for RF-DETR: the authors' ``rfdetr`` package's model of the preset (its own random weights, the same layout)
+  and its criterion, trained the same way (only its model code is imported: benchmarks/rfdetr_package_parity.py).
 - ``infer``: forward and post-processing (300 detections) at batch 1 and 32, square inputs (RF-DETR at its
   release's), the transformers side for the families it has; our model after ``optimize_for_inference()``; fp32,
   bf16 and fp16 autocast, eager, and bf16 compiled (ours). images/s over ``--infer-iterations`` after warm-up.
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import json
 import subprocess
 import sys
@@ -50,8 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helper
 
 from machine import describe_machine  # noqa: E402
 from realtime_speed import DETR_SIZE, MODELS, SIZE, SIZES, transformers_model  # noqa: E402
-from realtime_training import (CLIP, OPTIMIZER, WEIGHT_DECAY, build_our_training, check_losses,  # noqa: E402
-                               make_targets, without_dropout)
+from realtime_training import (CLIP, NUM_CLASSES, OPTIMIZER, WEIGHT_DECAY, build_our_training,  # noqa: E402
+                               check_losses, make_targets, without_dropout)
 
 import detr  # noqa: E402
 from detr.inference.postprocess import PostProcess  # noqa: E402
@@ -94,10 +97,26 @@ def pair_of_models(name: str):
 
 
 # ----------------------------------------------------------------------------------------------------- training
+def rfdetr_package_training(name: str, device: torch.device):
+    """The rfdetr package's model of ``name``'s preset (its own random weights: the same layout and sizes) and its
+    criterion (``build_criterion_from_config`` with the package's default TrainConfig), and its NestedTensor."""
+    from rfdetr_package_parity import PRESETS, import_package_models
+    config_module, lwdetr = import_package_models()
+    preset = PRESETS[name.replace("_", "-").replace("rfdetr", "rf-detr")]
+    # a pretrain_weights name keeps the builder from fetching DINOv2's weights (build_model_from_config loads none)
+    model_config = getattr(config_module, preset)(pretrain_weights="unused.pth", num_classes=NUM_CLASSES,
+                                                  device=device.type)
+    model = lwdetr.build_model_from_config(model_config)
+    criterion, _ = lwdetr.build_criterion_from_config(model_config,
+                                                      config_module.TrainConfig(dataset_dir=".", output_dir="."))
+    nested = importlib.import_module("rfdetr.utilities.tensors").NestedTensor
+    return model, criterion, nested
+
+
 def train_run(side: str, model, family: str, initial: dict, images, mask, targets, labels, *, device, steps: int,
-              warmup: int, compiled: bool, backend: str) -> dict:
+              warmup: int, compiled: bool, backend: str, package=None) -> dict:
     """``steps`` bf16 training steps of one side from ``initial``: images/s after ``warmup``, first step's
-    seconds, peak memory, losses."""
+    seconds, peak memory, losses. ``package``: the rfdetr package's (criterion, NestedTensor) for its side."""
     model.load_state_dict(initial)
     if side == "ours":
         criterion, optimizer = build_our_training(model, family)
@@ -112,6 +131,11 @@ def train_run(side: str, model, family: str, initial: dict, images, mask, target
             if side == "ours":
                 losses = criterion(forward(images, mask, targets=targets), targets)
                 loss = sum(losses[name] * weight for name, weight in criterion.weight_dict.items())
+            elif side == "rfdetr":
+                package_criterion, nested = package
+                losses = package_criterion(forward(nested(images, mask), targets), targets)
+                loss = sum(losses[name] * weight for name, weight in package_criterion.weight_dict.items()
+                           if name in losses)
             else:
                 loss = forward(pixel_values=images, labels=labels).loss
         loss.backward()
@@ -167,6 +191,13 @@ def train_section(args, device: torch.device) -> None:
         finally:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         initial = {"theirs": copy.deepcopy(theirs.state_dict()), "ours": copy.deepcopy(ours.state_dict())}
+        sides = [("theirs", theirs, None), ("ours", ours, None)]
+        if args.rfdetr_package and family == "rfdetr":
+            package_model, package_criterion, nested = rfdetr_package_training(name, device)
+            package_model.to(device).train()
+            without_dropout(package_model)
+            initial["rfdetr"] = copy.deepcopy(package_model.state_dict())
+            sides.append(("rfdetr", package_model, (package_criterion.to(device), nested)))
         for batch, steps in zip(args.batches, args.steps):
             images = photos[torch.arange(batch) % len(photos)].contiguous().to(device)
             mask = torch.zeros(batch, square, square, dtype=torch.bool, device=device)
@@ -176,18 +207,19 @@ def train_section(args, device: torch.device) -> None:
                 if args.quick and mode == "compiled" and name != args.models[0]:
                     continue  # the rehearsal compiles one model: the code path, not the table
                 result = {}
-                for side, model in (("theirs", theirs), ("ours", ours)):
+                for side, model, package in sides:
                     torch.manual_seed(0)
                     try:
                         result[side] = train_run(side, model, family, initial[side], images, mask, targets, labels,
                                                  device=device, steps=steps, warmup=args.warmup,
-                                                 compiled=mode == "compiled", backend=args.compile_backend)
+                                                 compiled=mode == "compiled", backend=args.compile_backend,
+                                                 package=package)
                     except Exception as error:  # noqa: BLE001 - a failed side is reported, the table goes on
                         print(f"FAILED {name} {side} batch {batch} {mode}: {type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}", flush=True)
                 rows.append((name, batch, mode, result))
                 print(train_row(name, batch, mode, result), flush=True)
-        theirs = ours = None  # the GPU's memory for the next model
+        theirs = ours = sides = None  # the GPU's memory for the next model
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print(f"\nsteps per run {', '.join(f'{s} at batch {b}' for b, s in zip(args.batches, args.steps))} "
@@ -198,6 +230,18 @@ def train_section(args, device: torch.device) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(train_row(*row))
+    package_rows = [row for row in rows if "rfdetr" in row[3]]
+    if package_rows:
+        print("\nthe rfdetr package's training step (its own random weights of the same preset, its criterion):")
+        print("| model | batch | mode | rfdetr package img/s | ours img/s | ours / package | "
+              "peak GiB (package / ours) |")
+        print("|---|---|---|---|---|---|---|")
+        for name, batch, mode, result in package_rows:
+            package, ours = result["rfdetr"], result.get("ours")
+            ratio = f"{ours['images_s'] / package['images_s']:.2f}" if ours else "-"
+            print(f"| {MODELS[name][0]} | {batch} | {mode} | {package['images_s']:.1f} | "
+                  f"{ours['images_s'] if ours else float('nan'):.1f} | {ratio} | {package['memory']} / "
+                  f"{ours['memory'] if ours else '-'} |")
 
 
 def input_square(args, name: str) -> int:
@@ -372,8 +416,11 @@ def main() -> None:
     parser.add_argument("--ours-only", nargs="*", choices=list(OURS_ONLY), default=list(OURS_ONLY),
                         help="families timed on our side only (inference)")
     parser.add_argument("--batches", nargs="+", type=int, default=[8, 16], help="training batch sizes")
+    parser.add_argument("--rfdetr-package", action="store_true",
+                        help="RF-DETR also trained by the rfdetr package (on PYTHONPATH: pip install --target DIR "
+                             "rfdetr --no-deps)")
     parser.add_argument("--modes", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"])
-    parser.add_argument("--steps", nargs="+", type=int, default=[150, 30],
+    parser.add_argument("--steps", nargs="+", type=int, default=[100, 20],
                         help="training steps per run, per batch size (one value: every batch size)")
     parser.add_argument("--warmup", type=int, default=10, help="of which untimed")
     parser.add_argument("--infer-batches", nargs="+", type=int, default=[1, 32])

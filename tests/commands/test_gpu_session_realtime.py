@@ -1,0 +1,46 @@
+"""The real-time families' parts of the GPU session, rehearsed: ``benchmarks/gpu_session.sh --rehearse realtime``
+runs the CUDA tests (skipped here), the training and inference benchmark beside transformers
+(benchmarks/realtime_gpu.py), a short ``detr fit`` in bf16-mixed on the shapes set, the accuracy gate of that
+model in fp32, bf16, fp16 and ONNX, and the compiled rows, all on the CPU at tiny sizes, so that the commands a
+lent GPU runs cannot go stale. (A file of its own: it runs beside tests/commands/test_gpu_session.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+# What each part's log must hold: its table's header and rows, or its result lines.
+EXPECTED = {
+    "rt_tests": ["=== CUDA tests, every family: exit 0"],
+    "rt_train": ["rtdetr_r18: 12 weighted terms compared", "| model | batch | mode | transformers img/s |",
+                 "| RT-DETR R18, 3 decoder layers | 2 | eager |"],
+    "rt_infer": ["| rtdetr_r18 | 1 × 128 × 128 | transformers | eager | fp32 |",
+                 "| rtdetr_r18 | 1 × 128 × 128 | ours | eager | fp16 |", "| deimv2_l | 1 × 128 × 128 | ours | eager |"],
+    "rt_fit": ["=== shapes set: exit 0", "=== detr fit rtdetr shapes (bf16-mixed, 2 steps): exit 0"],
+    "rt_gate": ["### fit_rtdetr", "pytorch-bf16: pytorch (cpu, bf16)", "pytorch-fp16: pytorch (cpu, fp16)",
+                "fit_rtdetr.onnx: onnxruntime"],
+    "rt_compile": ["| rtdetr_r18 | 1 × 128 × 128 | ours | compiled | bf16 |",
+                   "| RT-DETR R18, 3 decoder layers | 2 | compiled |"],
+}
+
+
+@pytest.mark.slow
+def test_rehearsal_runs_every_realtime_part_of_the_gpu_session(tmp_path):
+    out = tmp_path / "out"
+    env = os.environ | {"OUT": str(out), "RUNS": str(tmp_path / "runs")}
+    env.pop("PYTHON", None)
+    result = subprocess.run(["bash", "benchmarks/gpu_session.sh", "--rehearse", "realtime"], cwd=ROOT, env=env,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=2400)
+    failed = [line for line in result.stdout.splitlines() if line.startswith("===") and "exit " in line
+              and "exit 0 " not in line]
+    assert result.returncode == 0, f"{failed}\n{result.stdout[-4000:]}\n{result.stderr[-2000:]}"
+    assert result.stdout.rstrip().splitlines()[-1].endswith(", 0 failed steps")
+    for part, expected in EXPECTED.items():
+        log = (out / f"{part}.log").read_text()
+        for text in expected:
+            assert text in log, f"{part}.log lacks {text!r}"
