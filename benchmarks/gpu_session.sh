@@ -25,7 +25,8 @@
 #   .gpu/*.pt       trained shapes models (optional) that rt_gate gates beside the ones rt_fit trains: detr fit of
 #                   configs/*_shapes_cpu.yaml, written small (fp16 weights) by
 #                   tests/fixtures/make_tracking_model.py CKPT --out .gpu/NAME.pt
-#                   (.git/info/exclude: /.gpu/; the working tree that travels is at most 64 MiB)
+#                   (.git/info/exclude: /.gpu/; the working tree that travels is at most 64 MiB; CARRIED=DIR
+#                   names another folder)
 # On a machine with the project installed (`make setup`) it uses .venv; else python3 with the wheels
 # installed into /tmp/site.
 set -uo pipefail
@@ -245,12 +246,13 @@ part_rt_fit() {
 }
 part_rt_gate() {
   local checkpoints=()
-  for file in .gpu/*.pt; do [ -f "$file" ] && checkpoints+=("$file"); done
+  for file in "${CARRIED:-.gpu}"/*.pt; do [ -f "$file" ] && checkpoints+=("$file"); done
   if [ ${#checkpoints[@]} = 0 ]; then  # no trained model carried (the rehearsal): rt_fit's short runs
     for file in "$RUNS"/fit_*/checkpoints/last.ckpt; do [ -f "$file" ] && checkpoints+=("$file"); done
   fi
   step "accuracy gate: fp32, bf16, fp16, ONNX" timeout $(limit ${RT_GATE_S:-160}) $PY benchmarks/realtime_gpu.py \
-    "${RT[@]}" --sections gate --limit-images "$GATE_IMAGES" --images "$SHAPES/val2017" --annotations "$SHAPES/annotations/instances_val2017.json" \
+    "${RT[@]}" --sections gate --limit-images "$GATE_IMAGES" --images "$SHAPES/val2017" \
+    --annotations "$SHAPES/annotations/instances_val2017.json" \
     --checkpoints "${checkpoints[@]}"
 }
 part_rt_compile() {

@@ -114,9 +114,9 @@ def rfdetr_package_training(name: str, device: torch.device):
 
 
 def train_run(side: str, model, family: str, initial: dict, images, mask, targets, labels, *, device, steps: int,
-              warmup: int, compiled: bool, backend: str, package=None) -> dict:
-    """``steps`` bf16 training steps of one side from ``initial``: images/s after ``warmup``, first step's
-    seconds, peak memory, losses. ``package``: the rfdetr package's (criterion, NestedTensor) for its side."""
+              warmup: int, compiled: bool, backend: str, package=None, precision: str = "bf16") -> dict:
+    """``steps`` training steps (autocast ``precision``) of one side from ``initial``: images/s after ``warmup``,
+    first step's seconds, peak memory, losses. ``package``: the rfdetr package's (criterion, NestedTensor)."""
     model.load_state_dict(initial)
     if side == "ours":
         criterion, optimizer = build_our_training(model, family)
@@ -127,7 +127,7 @@ def train_run(side: str, model, family: str, initial: dict, images, mask, target
     forward = torch.compile(model, backend=backend) if compiled else model
 
     def step() -> torch.Tensor:
-        with autocast(device, "bf16"):
+        with autocast(device, precision):
             if side == "ours":
                 losses = criterion(forward(images, mask, targets=targets), targets)
                 loss = sum(losses[name] * weight for name, weight in criterion.weight_dict.items())
@@ -168,7 +168,7 @@ def train_run(side: str, model, family: str, initial: dict, images, mask, target
 
 
 def train_section(args, device: torch.device) -> None:
-    print("\n## Training (bf16 autocast): ours beside transformers, same weights, same batch\n")
+    print(f"\n## Training ({args.train_precision}): ours beside transformers, same weights, same batch\n")
     rows = []
     for name in args.models:
         family, theirs, ours = pair_of_models(name)
@@ -213,7 +213,7 @@ def train_section(args, device: torch.device) -> None:
                         result[side] = train_run(side, model, family, initial[side], images, mask, targets, labels,
                                                  device=device, steps=steps, warmup=args.warmup,
                                                  compiled=mode == "compiled", backend=args.compile_backend,
-                                                 package=package)
+                                                 package=package, precision=args.train_precision)
                     except Exception as error:  # noqa: BLE001 - a failed side is reported, the table goes on
                         print(f"FAILED {name} {side} batch {batch} {mode}: {type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}", flush=True)
@@ -416,6 +416,8 @@ def main() -> None:
     parser.add_argument("--ours-only", nargs="*", choices=list(OURS_ONLY), default=list(OURS_ONLY),
                         help="families timed on our side only (inference)")
     parser.add_argument("--batches", nargs="+", type=int, default=[8, 16], help="training batch sizes")
+    parser.add_argument("--train-precision", choices=("fp32", "bf16"), default="bf16",
+                        help="training's autocast (fp32: none, as on a CPU benchmark of record)")
     parser.add_argument("--rfdetr-package", action="store_true",
                         help="RF-DETR also trained by the rfdetr package (on PYTHONPATH: pip install --target DIR "
                              "rfdetr --no-deps)")

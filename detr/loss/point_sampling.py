@@ -64,8 +64,8 @@ def matched_mask_logits(source: MaskSource, indices: Indices) -> torch.Tensor:
     for image, (queries, _) in enumerate(indices):
         queries = queries.to(source.pixels.device if isinstance(source, MaskFeatures) else source.device)
         if isinstance(source, MaskFeatures):
-            maps.append(torch.einsum("qc,chw->qhw", source.queries[image, queries].float(), source.pixels[image].float())
-                        + source.bias.float())
+            maps.append(torch.einsum("qc,chw->qhw", source.queries[image, queries].float(),
+                                     source.pixels[image].float()) + source.bias.float())
         else:
             maps.append(source[image, queries])
     return torch.cat(maps)
