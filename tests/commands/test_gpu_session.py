@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers_cuda import rehearse_gpu_session
+
 ROOT = Path(__file__).parents[2]
 
 # What each part's log must hold: its table's header and rows, or its result lines.
@@ -27,19 +29,7 @@ EXPECTED = {
 
 @pytest.mark.slow
 def test_rehearsal_runs_every_part_of_the_gpu_session(tmp_path):
-    out = tmp_path / "out"
-    env = os.environ | {"OUT": str(out), "RUNS": str(tmp_path / "runs")}
-    env.pop("PYTHON", None)
-    result = subprocess.run(["bash", "benchmarks/gpu_session.sh", "--rehearse", "all"], cwd=ROOT, env=env,
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
-    failed = [line for line in result.stdout.splitlines() if line.startswith("===") and "exit " in line
-              and "exit 0 " not in line]
-    assert result.returncode == 0, f"{failed}\n{result.stdout[-4000:]}\n{result.stderr[-2000:]}"
-    assert result.stdout.rstrip().splitlines()[-1].endswith(", 0 failed steps")
-    for part, expected in EXPECTED.items():
-        log = (out / f"{part}.log").read_text()
-        for text in expected:
-            assert text in log, f"{part}.log lacks {text!r}"
+    out = rehearse_gpu_session(tmp_path, "all", EXPECTED)
     train = (out / "train.log").read_text()
     # The authors' rows where a checkout of facebookresearch/detr is at hand (.authors/detr), else the reason.
     if (ROOT / ".authors" / "detr" / "models").is_dir():

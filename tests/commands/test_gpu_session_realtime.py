@@ -6,13 +6,9 @@ lent GPU runs cannot go stale. (A file of its own: it runs beside tests/commands
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).parents[2]
+from tests.helpers_cuda import rehearse_gpu_session
 
 # What each part's log must hold: its table's header and rows, or its result lines.
 EXPECTED = {
@@ -32,17 +28,5 @@ EXPECTED = {
 
 @pytest.mark.slow
 def test_rehearsal_runs_every_realtime_part_of_the_gpu_session(tmp_path):
-    out = tmp_path / "out"
     # no trained models carried (a clone's .gpu/ may hold some): the gate takes rt_fit's run
-    env = os.environ | {"OUT": str(out), "RUNS": str(tmp_path / "runs"), "CARRIED": str(tmp_path / "carried")}
-    env.pop("PYTHON", None)
-    result = subprocess.run(["bash", "benchmarks/gpu_session.sh", "--rehearse", "realtime"], cwd=ROOT, env=env,
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=2400)
-    failed = [line for line in result.stdout.splitlines() if line.startswith("===") and "exit " in line
-              and "exit 0 " not in line]
-    assert result.returncode == 0, f"{failed}\n{result.stdout[-4000:]}\n{result.stderr[-2000:]}"
-    assert result.stdout.rstrip().splitlines()[-1].endswith(", 0 failed steps")
-    for part, expected in EXPECTED.items():
-        log = (out / f"{part}.log").read_text()
-        for text in expected:
-            assert text in log, f"{part}.log lacks {text!r}"
+    rehearse_gpu_session(tmp_path, "realtime", EXPECTED, CARRIED=str(tmp_path / "carried"))
