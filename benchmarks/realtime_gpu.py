@@ -30,8 +30,8 @@ Sections (``--sections``):
   autocast on the device, and the ONNX file ``detr-export --sampling-kernel gather`` writes (ONNX Runtime on the
   device where onnxruntime has CUDA, else the CPU). A row that loses more than ``--max-ap-drop`` AP is named.
 
-Results: docs/gpu.md. ``--quick`` (the CPU rehearsal, benchmarks/gpu_session.sh) runs every code path at
-128-pixel inputs and a few steps.
+Results: docs/measurements/gpu.md. ``--quick`` (the CPU rehearsal, benchmarks/gpu_session.sh) runs every code
+path at 128-pixel inputs and a few steps.
 """
 
 from __future__ import annotations
