@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import json
 import subprocess
 import sys
@@ -53,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helper
 
 from machine import describe_machine  # noqa: E402
 from realtime_speed import DETR_SIZE, MODELS, SIZE, SIZES, transformers_model  # noqa: E402
-from realtime_training import (CLIP, NUM_CLASSES, OPTIMIZER, WEIGHT_DECAY, build_our_training,  # noqa: E402
-                               check_losses, make_targets, without_dropout)
+from realtime_training import (CLIP, OPTIMIZER, WEIGHT_DECAY, build_our_training, check_losses,  # noqa: E402
+                               make_targets, rfdetr_package_training, without_dropout)
 
 import detr  # noqa: E402
 from detr.inference.postprocess import PostProcess  # noqa: E402
@@ -97,22 +96,6 @@ def pair_of_models(name: str):
 
 
 # ----------------------------------------------------------------------------------------------------- training
-def rfdetr_package_training(name: str, device: torch.device):
-    """The rfdetr package's model of ``name``'s preset (its own random weights: the same layout and sizes) and its
-    criterion (``build_criterion_from_config`` with the package's default TrainConfig), and its NestedTensor."""
-    from rfdetr_package_parity import PRESETS, import_package_models
-    config_module, lwdetr = import_package_models()
-    preset = PRESETS[name.replace("_", "-").replace("rfdetr", "rf-detr")]
-    # a pretrain_weights name keeps the builder from fetching DINOv2's weights (build_model_from_config loads none)
-    model_config = getattr(config_module, preset)(pretrain_weights="unused.pth", num_classes=NUM_CLASSES,
-                                                  device=device.type)
-    model = lwdetr.build_model_from_config(model_config)
-    criterion, _ = lwdetr.build_criterion_from_config(model_config,
-                                                      config_module.TrainConfig(dataset_dir=".", output_dir="."))
-    nested = importlib.import_module("rfdetr.utilities.tensors").NestedTensor
-    return model, criterion, nested
-
-
 def train_run(side: str, model, family: str, initial: dict, images, mask, targets, labels, *, device, steps: int,
               warmup: int, compiled: bool, backend: str, package=None, precision: str = "bf16") -> dict:
     """``steps`` training steps (autocast ``precision``) of one side from ``initial``: images/s after ``warmup``,

@@ -27,11 +27,13 @@ alternating order, so that both share the machine's load; printed: the median of
 the per-round ratios (ours / transformers) and the load average before and after. ``--components`` adds the
 breakdown (forward hooks and timers): backbone, encoder (RF-DETR: the projector), decoder, matcher, loss (the
 criterion or transformers' loss function, the matcher included), backward, optimizer (clipping and AdamW).
-``--profile`` ends with torch.profiler's top operators of two of our steps per model. ``--omp-passive`` sets
-``OMP_WAIT_POLICY=PASSIVE`` for the process (both sides): on a loaded machine a spinning OpenMP thread waits at
-every parallel region's barrier for a descheduled one, and the parts made of many small kernels (the fused AdamW:
-7-11 s against 0.3 s passive, 2 threads, load 9) take several times longer by chance. Results:
-docs/measurements/speed.md.
+``--profile`` ends with torch.profiler's top operators of two of our steps per model. ``--rfdetr-package`` adds a
+third side for RF-DETR: the authors' ``rfdetr`` package's model of the preset (its own random weights, the same
+layout) and its criterion, in the same rounds (its loss is not checked against ours: other weights).
+``--omp-passive`` sets ``OMP_WAIT_POLICY=PASSIVE`` for the process (both sides): on a loaded machine a spinning
+OpenMP thread waits at every parallel region's barrier for a descheduled one, and the parts made of many small
+kernels (the fused AdamW: 7-11 s against 0.3 s passive, 2 threads, load 9) take several times longer by chance.
+Results: docs/measurements/speed.md.
 """
 
 from __future__ import annotations
@@ -236,6 +238,37 @@ def their_side(model, optimizer, images, labels) -> Side:
     return Side(step, timer)
 
 
+def rfdetr_package_training(name: str, device: torch.device | str = "cpu"):
+    """The authors' ``rfdetr`` package's model of ``name``'s preset (its own random weights: the same layout and
+    sizes), its criterion (``build_criterion_from_config`` with the package's default TrainConfig) and its
+    NestedTensor; only its model code is imported (benchmarks/rfdetr_package_parity.py)."""
+    import importlib
+
+    from rfdetr_package_parity import PRESETS, import_package_models
+    config_module, lwdetr = import_package_models()
+    preset = PRESETS[name.replace("_", "-").replace("rfdetr", "rf-detr")]
+    # a pretrain_weights name keeps the builder from fetching DINOv2's weights (build_model_from_config loads none)
+    model_config = getattr(config_module, preset)(pretrain_weights="unused.pth", num_classes=NUM_CLASSES,
+                                                  device=torch.device(device).type)
+    model = lwdetr.build_model_from_config(model_config)
+    criterion, _ = lwdetr.build_criterion_from_config(model_config,
+                                                      config_module.TrainConfig(dataset_dir=".", output_dir="."))
+    nested = importlib.import_module("rfdetr.utilities.tensors").NestedTensor
+    return model, criterion, nested
+
+
+def package_side(model, criterion, nested, optimizer, images, mask, targets) -> Side:
+    """The rfdetr package's training step: its model on a NestedTensor with the targets, its criterion weighted
+    by its ``weight_dict``, then the same backward, clipping and optimizer."""
+    timer = Timer()
+
+    def step() -> torch.Tensor:
+        losses = criterion(model(nested(images, mask), targets), targets)
+        loss = sum(losses[name] * weight for name, weight in criterion.weight_dict.items() if name in losses)
+        return backward_and_update(model, optimizer, loss, timer)
+    return Side(step, timer)
+
+
 def check_losses(name: str, family: str, ours, theirs, images, mask, targets, labels) -> str:
     """One forward of each side with denoising off: transformers' total and weighted terms against ours.
     Returns a line saying what was compared and the largest difference; raises AssertionError beyond 1e-4
@@ -300,6 +333,9 @@ def main() -> None:
     parser.add_argument("--components", action="store_true", help="also time each step's parts")
     parser.add_argument("--profile", action="store_true", help="torch.profiler's top operators of our steps")
     parser.add_argument("--no-check", action="store_true", help="skip the check that the losses are equal")
+    parser.add_argument("--rfdetr-package", action="store_true",
+                        help="RF-DETR also trained by the authors' rfdetr package (on PYTHONPATH: pip install "
+                             "--target DIR rfdetr --no-deps), a third side of each round")
     parser.add_argument("--omp-passive", action="store_true",
                         help="OMP_WAIT_POLICY=PASSIVE for both sides (the module docstring)")
     args = parser.parse_args()
@@ -333,7 +369,17 @@ def main() -> None:
         criterion, optimizer = build_our_training(ours, family)
         their_optimizer = torch.optim.AdamW(theirs.parameters(), lr=OPTIMIZER[family]["lr"],
                                             weight_decay=WEIGHT_DECAY, fused=True)
-        sides[name] = {"theirs": their_side(theirs, their_optimizer, images, labels),
+        if args.rfdetr_package and family == "rfdetr":
+            package_model, package_criterion, nested = rfdetr_package_training(name)
+            package_model.train()
+            without_dropout(package_model)
+            package_optimizer = torch.optim.AdamW(package_model.parameters(), lr=OPTIMIZER[family]["lr"],
+                                                  weight_decay=WEIGHT_DECAY, fused=True)
+            package = {"rfdetr": package_side(package_model, package_criterion, nested, package_optimizer, images,
+                                              mask, targets)}
+        else:
+            package = {}
+        sides[name] = {**package, "theirs": their_side(theirs, their_optimizer, images, labels),
                        "ours": our_side(ours, criterion, optimizer, images, mask, targets)}
         ours_models[name] = (title, sides[name]["ours"])
         if args.components:
@@ -344,7 +390,7 @@ def main() -> None:
     load_before = os.getloadavg()
     times: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name in sides}
     parts: dict[str, dict[str, dict[str, list[float]]]] = {
-        name: {side: defaultdict(list) for side in ("theirs", "ours")} for name in sides}
+        name: {side: defaultdict(list) for side in sides[name]} for name in sides}
     for round_ in range(args.rounds + 1):  # round 0: warm-up
         for name, pair in sides.items():
             for side in sorted(pair, reverse=round_ % 2 == 1):
@@ -374,6 +420,11 @@ def main() -> None:
         ratios = [o / t for o, t in zip(times[name]["ours"], times[name]["theirs"])]
         print(f"{name:14} {median_text(times[name]['theirs']):>18} {median_text(times[name]['ours']):>18} "
               f"{median_text(ratios):>22}")
+    for name in sides:
+        if "rfdetr" in times[name]:
+            ratios = [o / p for o, p in zip(times[name]["ours"], times[name]["rfdetr"])]
+            print(f"{name:14} rfdetr package {median_text(times[name]['rfdetr'])} s; ours / package "
+                  f"{median_text(ratios)} (the package's own random weights of the same preset)")
     if args.components:
         for name in sides:
             print(f"\n{name}: medians (s)   transformers     ours")
