@@ -215,8 +215,8 @@ part_commands() {
   ls -la "$RUNS/explore"
 }
 
-# The real-time families (benchmarks/realtime_gpu.py). Each step's timeout keeps 'realtime' within one command;
-# the rehearsal's are long (a busy CI machine), its sizes tiny.
+# The real-time families (benchmarks/realtime_gpu.py). Each step's timeout keeps each of the two commands the
+# header names within its limit; the rehearsal's are long (a busy CI machine), its sizes tiny.
 limit() { if [ $REHEARSE = 1 ]; then echo 1500; else echo "$1"; fi; }
 part_rt_tests() {
   step "CUDA tests, every family" timeout $(limit ${RT_TESTS_S:-90}) $PY -m pytest -q -p no:cacheprovider -rs \
@@ -238,8 +238,8 @@ part_rt_fit() {
   for family in $RT_FIT_FAMILIES; do
     step "detr fit $family shapes (bf16-mixed, $RT_FIT_STEPS steps)" timeout $(limit ${RT_FIT_S:-50}) \
       $PY -m detr.lightning.cli fit --config configs/${family}_shapes_cpu.yaml --data.root "$SHAPES" \
-      --trainer.accelerator $DEVICE \
-      --trainer.devices 1 --trainer.precision bf16-mixed --trainer.max_steps $RT_FIT_STEPS \
+      --trainer.accelerator $DEVICE --trainer.devices 1 --trainer.precision bf16-mixed \
+      --trainer.max_steps $RT_FIT_STEPS \
       --trainer.check_val_every_n_epoch 1000 --trainer.default_root_dir "$RUNS/fit_$family"
     [ -f "$RUNS/fit_$family/metrics.csv" ] && tail -n 2 "$RUNS/fit_$family/metrics.csv"
   done

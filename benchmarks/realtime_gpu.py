@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -51,15 +51,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers_*
 
 from machine import describe_machine  # noqa: E402
-from realtime_speed import DETR_SIZE, MODELS, SIZE, SIZES, transformers_model  # noqa: E402
-from realtime_training import (CLIP, OPTIMIZER, WEIGHT_DECAY, build_our_training, check_losses,  # noqa: E402
-                               make_targets, rfdetr_package_training, without_dropout)
+from realtime_speed import DETR_SIZE, MODELS, SIZE, SIZES, pair_of_models  # noqa: E402
+from realtime_training import (OPTIMIZER, WEIGHT_DECAY, build_our_training, check_losses,  # noqa: E402
+                               make_targets, our_side, package_side, rfdetr_package_training, their_side,
+                               without_dropout)
 
 import detr  # noqa: E402
 from detr.inference.postprocess import PostProcess  # noqa: E402
+from detr.inference.predictor import AUTOCAST_DTYPES  # noqa: E402
 from tests.helpers_rtdetr import square_photos  # noqa: E402
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: the families transformers does not have here, timed on our side only: (preset or None for DETR-R50, input)
 OURS_ONLY = {"deimv2_l": ("deimv2_l", (SIZE, SIZE)), "deformable_detr": ("deformable_detr", DETR_SIZE),
              "detr_r50": (None, DETR_SIZE)}
@@ -80,19 +81,10 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def autocast(device: torch.device, precision: str):
-    dtype = DTYPES[precision]
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
-
-
-def pair_of_models(name: str):
-    """transformers' model of ``name`` (random weights) and ours loaded from its ``save_pretrained`` files."""
-    _, family, backbone, options = MODELS[name]
-    theirs = transformers_model(family, backbone, options)
-    with tempfile.TemporaryDirectory() as directory:
-        theirs.save_pretrained(directory)
-        ours = detr.load_checkpoint(directory)
-    return family, theirs, ours
+def autocast(device: torch.device, precision: str) -> torch.autocast:
+    """The autocast of a Predictor's ``precision`` (:data:`AUTOCAST_DTYPES`; disabled for fp32) on ``device``."""
+    dtype = AUTOCAST_DTYPES[precision]
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
 
 # ----------------------------------------------------------------------------------------------------- training
@@ -101,31 +93,18 @@ def train_run(side: str, model, family: str, initial: dict, images, mask, target
     """``steps`` training steps (autocast ``precision``) of one side from ``initial``: images/s after ``warmup``,
     first step's seconds, peak memory, losses. ``package``: the rfdetr package's (criterion, NestedTensor)."""
     model.load_state_dict(initial)
+    forward = torch.compile(model, backend=backend) if compiled else model  # (its parameters are the model's)
+    context = partial(autocast, device, precision)
     if side == "ours":
         criterion, optimizer = build_our_training(model, family)
-        criterion = criterion.to(device)
+        step = our_side(forward, criterion.to(device), optimizer, images, mask, targets, context).step
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIMIZER[family]["lr"], weight_decay=WEIGHT_DECAY,
                                       fused=device.type == "cuda")
-    forward = torch.compile(model, backend=backend) if compiled else model
-
-    def step() -> torch.Tensor:
-        with autocast(device, precision):
-            if side == "ours":
-                losses = criterion(forward(images, mask, targets=targets), targets)
-                loss = sum(losses[name] * weight for name, weight in criterion.weight_dict.items())
-            elif side == "rfdetr":
-                package_criterion, nested = package
-                losses = package_criterion(forward(nested(images, mask), targets), targets)
-                loss = sum(losses[name] * weight for name, weight in package_criterion.weight_dict.items()
-                           if name in losses)
-            else:
-                loss = forward(pixel_values=images, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP, foreach=True)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        if side == "rfdetr":
+            step = package_side(forward, *package, optimizer, images, mask, targets, context).step
+        else:
+            step = their_side(forward, optimizer, images, labels, context).step
 
     losses = []
     reset_peak(device)
@@ -334,7 +313,7 @@ def infer_row(name, size, side, mode, precision, images_s, first, memory) -> str
 
 def rate(images_s: float) -> str:
     """images/s with a decimal on a GPU (61.1) and three figures on a CPU (0.312)."""
-    return f"{images_s:.1f}" if images_s >= 10 else f"{images_s:.3g}"
+    return f"{images_s:.1f}" if images_s >= 10 else f"{images_s:#.3g}"
 
 
 def _ours(model, postprocess, images, mask, sizes, device, precision):
@@ -371,13 +350,9 @@ def gate_section(args, device: torch.device) -> None:
             continue
         title = checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else checkpoint.stem
         reference = Predictor.from_checkpoint(checkpoint, device=device)
-        artifacts = {}
-        for precision in ("bf16", "fp16"):
-            try:
-                artifacts[Path(f"pytorch-{precision}")] = Predictor.from_checkpoint(checkpoint, device=device,
-                                                                                    precision=precision)
-            except ValueError as error:  # a precision this version or device does not take
-                print(f"{title}: no {precision} row ({error})")
+        # the same (optimized) model under each half precision's autocast: the checkpoint is read once
+        artifacts = {Path(f"pytorch-{precision}"): Predictor(reference.model, device=device, precision=precision)
+                     for precision in ("bf16", "fp16")}
         onnx = work / f"{title}.onnx"
         export = subprocess.run([sys.executable, "-m", "detr.commands.export", str(checkpoint), "--format", "onnx",
                                  "--sampling-kernel", "gather", "--out", str(onnx)], capture_output=True, text=True)
@@ -415,7 +390,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="of which untimed")
     parser.add_argument("--infer-batches", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--infer-iterations", type=int, default=40)
-    parser.add_argument("--precisions", nargs="+", choices=tuple(DTYPES), default=["fp32", "bf16", "fp16"])
+    parser.add_argument("--precisions", nargs="+", choices=tuple(AUTOCAST_DTYPES), default=["fp32", "bf16", "fp16"])
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--square", type=int, default=None, help="input side for every model (default: theirs)")
     parser.add_argument("--checkpoints", nargs="*", default=[], help="trained checkpoints for the gate")

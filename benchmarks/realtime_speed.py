@@ -99,6 +99,30 @@ def transformers_model(family: str, backbone: str, options: dict):
     return hf_model(backbone, 80, **options)
 
 
+def pair_of_models(name: str):
+    """``MODELS[name]``'s family, transformers' model (random weights) and ours loaded from its ``save_pretrained``
+    files: the same weights on both sides."""
+    _, family, backbone, options = MODELS[name]
+    theirs = transformers_model(family, backbone, options)
+    with tempfile.TemporaryDirectory() as directory:
+        theirs.save_pretrained(directory)
+        ours = detr.load_checkpoint(directory)
+    return family, theirs, ours
+
+
+def rfdetr_package_model(name: str, device: str = "cpu"):
+    """The authors' ``rfdetr`` package (only its model code: benchmarks/rfdetr_package_parity.py): its config
+    module and ``rfdetr.models.lwdetr``, the ModelConfig of ``name``'s preset (80 classes) and that model, built
+    with the package's own random weights (the same layout and sizes)."""
+    from rfdetr_package_parity import PRESETS, import_package_models
+
+    config_module, lwdetr = import_package_models()
+    preset = PRESETS[name.replace("_", "-").replace("rfdetr", "rf-detr")]
+    # a pretrain_weights name keeps the builder from fetching DINOv2's weights (build_model_from_config loads none)
+    model_config = getattr(config_module, preset)(pretrain_weights="unused.pth", num_classes=80, device=device)
+    return config_module, lwdetr, model_config, lwdetr.build_model_from_config(model_config)
+
+
 class Stopwatch:
     """Seconds spent in each hooked module's forward, summed per name until :meth:`clear`."""
 
@@ -176,15 +200,9 @@ def components(seconds: dict[str, float], ours: bool) -> dict[str, float]:
 def rfdetr_package_side(name: str, images: torch.Tensor) -> Callable[[], None]:
     """The rfdetr package's model of ``name``'s preset, exported and traced as its ``inference()`` does, with its
     post-processing: a run of one batch."""
-    from rfdetr_package_parity import PRESETS, import_package_models
-
     from tests.helpers import randomise
 
-    config_module, lwdetr = import_package_models()
-    preset = PRESETS[name.replace("_", "-").replace("rfdetr", "rf-detr")]
-    # a pretrain_weights name keeps the builder from fetching DINOv2's weights (build_model_from_config loads none)
-    model = lwdetr.build_model_from_config(getattr(config_module, preset)(pretrain_weights="unused.pth",
-                                                                           num_classes=80, device="cpu")).eval()
+    model = rfdetr_package_model(name)[3].eval()
     randomise(model, 0)
     model.export()
     traced = torch.jit.trace(model, images)
@@ -218,16 +236,13 @@ def main() -> None:
     postprocess = PostProcess("sigmoid", top_k=300)
     runs, watches = {}, {}
     for name in args.models:
-        _, family, backbone, options = MODELS[name]
+        family, theirs, ours = pair_of_models(name)
+        ours = ours.optimize_for_inference()
         side = SIZES.get(name, SIZE)
         images = square_photos(side)[: args.batch]
         mask = torch.zeros(args.batch, side, side, dtype=torch.bool)
         sizes = torch.tensor([[side, side]] * args.batch)
         processor = RfDetrImageProcessor() if family == "rfdetr" else RTDetrImageProcessor()
-        theirs = transformers_model(family, backbone, options)
-        with tempfile.TemporaryDirectory() as directory:
-            theirs.save_pretrained(directory)
-            ours = detr.load_checkpoint(directory).optimize_for_inference()
         watches[name] = {"theirs": Stopwatch(), "ours": Stopwatch()}
         if args.components:
             watch_theirs(watches[name]["theirs"], theirs)

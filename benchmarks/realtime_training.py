@@ -42,10 +42,10 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 if "--omp-passive" in sys.argv:  # before torch starts its OpenMP pool
@@ -55,9 +55,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers_*
 
-from realtime_speed import MODELS, SIZE, SIZES, transformers_model  # noqa: E402
+from realtime_speed import MODELS, SIZE, SIZES, pair_of_models, rfdetr_package_model  # noqa: E402
 
-import detr  # noqa: E402
 from detr.lightning.param_groups import parameter_groups  # noqa: E402
 from detr.loss.build import build_criterion  # noqa: E402
 from detr.models.build import recipe_for  # noqa: E402
@@ -212,25 +211,29 @@ def backward_and_update(model, optimizer, loss: torch.Tensor, timer: Timer) -> t
     return loss.detach()
 
 
-def our_side(model, criterion, optimizer, images, mask, targets) -> Side:
+def our_side(model, criterion, optimizer, images, mask, targets, autocast=nullcontext) -> Side:
+    """Our training step; ``autocast``: the context of the forward and loss (none: float32)."""
     timer = Timer()
 
     def step() -> torch.Tensor:
-        outputs = model(images, mask, targets=targets)
-        losses = criterion(outputs, targets)
-        loss = sum(losses[name] * weight for name, weight in criterion.weight_dict.items())
+        with autocast():
+            outputs = model(images, mask, targets=targets)
+            losses = criterion(outputs, targets)
+            loss = sum(losses[name] * weight for name, weight in criterion.weight_dict.items())
         return backward_and_update(model, optimizer, loss, timer)
     return Side(step, timer)
 
 
-def their_side(model, optimizer, images, labels) -> Side:
+def their_side(model, optimizer, images, labels, autocast=nullcontext) -> Side:
+    """transformers' training step (its loss inside the forward); ``autocast`` as :func:`our_side`'s."""
     timer = Timer()
 
     def step() -> torch.Tensor:
         _ACTIVE.append(timer)
         start = time.perf_counter()
         try:
-            loss = model(pixel_values=images, labels=labels).loss
+            with autocast():
+                loss = model(pixel_values=images, labels=labels).loss
         finally:
             _ACTIVE.pop()
             timer.add("forward", start)
@@ -240,33 +243,29 @@ def their_side(model, optimizer, images, labels) -> Side:
 
 def rfdetr_package_training(name: str, device: torch.device | str = "cpu"):
     """The authors' ``rfdetr`` package's model of ``name``'s preset (its own random weights: the same layout and
-    sizes), its criterion (``build_criterion_from_config`` with the package's default TrainConfig) and its
-    NestedTensor; only its model code is imported (benchmarks/rfdetr_package_parity.py)."""
+    sizes: realtime_speed.rfdetr_package_model), its criterion (``build_criterion_from_config`` with the package's
+    default TrainConfig) and its NestedTensor."""
     import importlib
 
-    from rfdetr_package_parity import PRESETS, import_package_models
-    config_module, lwdetr = import_package_models()
-    preset = PRESETS[name.replace("_", "-").replace("rfdetr", "rf-detr")]
-    # a pretrain_weights name keeps the builder from fetching DINOv2's weights (build_model_from_config loads none)
-    model_config = getattr(config_module, preset)(pretrain_weights="unused.pth", num_classes=NUM_CLASSES,
-                                                  device=torch.device(device).type)
-    model = lwdetr.build_model_from_config(model_config)
+    config_module, lwdetr, model_config, model = rfdetr_package_model(name, torch.device(device).type)
     criterion, _ = lwdetr.build_criterion_from_config(model_config,
                                                       config_module.TrainConfig(dataset_dir=".", output_dir="."))
     nested = importlib.import_module("rfdetr.utilities.tensors").NestedTensor
     return model, criterion, nested
 
 
-def package_side(model, criterion, nested, optimizer, images, mask, targets) -> Side:
+def package_side(model, criterion, nested, optimizer, images, mask, targets, autocast=nullcontext) -> Side:
     """The rfdetr package's training step: its model on a NestedTensor with the targets, its criterion weighted
     by its ``weight_dict``, then the same backward, clipping and optimizer."""
     timer = Timer()
 
     def step() -> torch.Tensor:
-        losses = criterion(model(nested(images, mask), targets), targets)
-        loss = sum(losses[name] * weight for name, weight in criterion.weight_dict.items() if name in losses)
+        with autocast():
+            losses = criterion(model(nested(images, mask), targets), targets)
+            loss = sum(losses[name] * weight for name, weight in criterion.weight_dict.items() if name in losses)
         return backward_and_update(model, optimizer, loss, timer)
     return Side(step, timer)
+
 
 
 def check_losses(name: str, family: str, ours, theirs, images, mask, targets, labels) -> str:
@@ -344,17 +343,14 @@ def main() -> None:
     sides: dict[str, dict[str, Side]] = {}
     ours_models = {}
     for name in args.models:
-        title, family, backbone, options = MODELS[name]
+        title = MODELS[name][0]
         square = SIZES.get(name, SIZE)
         photos = square_photos(square)
         images = photos[torch.arange(args.batch) % len(photos)].contiguous()
         mask = torch.zeros(args.batch, square, square, dtype=torch.bool)
         targets = make_targets(args.batch)
         labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
-        theirs = transformers_model(family, backbone, options)
-        with tempfile.TemporaryDirectory() as directory:
-            theirs.save_pretrained(directory)
-            ours = detr.load_checkpoint(directory)
+        family, theirs, ours = pair_of_models(name)
         theirs.train()
         ours.train()
         without_dropout(theirs)
