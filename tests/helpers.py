@@ -26,6 +26,7 @@ from detr import build_detr
 from detr.models.config import ModelConfig
 from detr.models.detr_family import DetrConfig
 from detr.models.family import config_from_dict
+from detr.models.grounding.config import GroundingConfig
 from detr.models.outputs import DetectorOutput
 from detr.models.segmentation import build_detr_panoptic
 from detr.visualize.explorer.data import POINT_UNITS, WEIGHT_UNITS
@@ -35,6 +36,12 @@ REPO = Path(__file__).resolve().parents[1]
 #: The tiny detector every test and benchmark builds from: a few-second CPU model with the paper's layout.
 TINY = DetrConfig(backbone="resnet18", hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
                   dim_feedforward=64, num_queries=10, num_classes=5)
+#: The tiny Grounding DINO (a one-layer BERT of 32 wide, 16 text tokens): building it needs transformers (the BERT).
+TINY_GROUNDING = GroundingConfig(
+    backbone="resnet18", hidden_dim=32, encoder_layers=2, num_decoder_layers=2, encoder_ffn_dim=64, dim_feedforward=64,
+    encoder_heads=4, num_heads=4, encoder_points=2, decoder_points=2, num_queries=8, num_classes=16, dropout=0.0,
+    fusion_drop_path=0.0, text_config=dict(vocab_size=1040, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                           intermediate_size=37, max_position_embeddings=64))
 
 
 def tiny_config_with(**changes: Any) -> ModelConfig:

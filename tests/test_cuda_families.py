@@ -15,9 +15,8 @@ from detr import build_detr
 from detr.lightning.options import EvaluationOptions
 from detr.lightning.system import DetrSystem
 from detr.loss.build import build_criterion
-from detr.models.grounding.config import GroundingConfig
 from detr.models.recipe import OptimizerRecipe
-from tests.helpers import InMemoryData, randomise, tiny_config_with
+from tests.helpers import TINY_GROUNDING, InMemoryData, randomise, tiny_config_with
 from tests.helpers_cuda import CUDA, needs_cuda, no_tf32, relative_error  # noqa: F401 (no_tf32: autouse)
 from tests.helpers_realtime import tiny_model
 
@@ -35,12 +34,6 @@ NUM_CLASSES = 5
 
 DEFORMABLE = tiny_config_with(architecture="deformable", class_head="sigmoid", num_points=2, num_feature_levels=2,
                               box_refine=True, two_stage=True, num_classes=NUM_CLASSES, dropout=0.0)
-#: tests/models/test_grounding.py's tiny Grounding DINO (a one-layer BERT of 32, 16 text tokens).
-GROUNDING = GroundingConfig(backbone="resnet18", hidden_dim=32, encoder_layers=2, num_decoder_layers=2,
-                            encoder_ffn_dim=64, dim_feedforward=64, encoder_heads=4, num_heads=4, encoder_points=2,
-                            decoder_points=2, num_queries=8, num_classes=16, dropout=0.0, fusion_drop_path=0.0,
-                            text_config=dict(vocab_size=1040, hidden_size=32, num_hidden_layers=1,
-                                             num_attention_heads=2, intermediate_size=37, max_position_embeddings=64))
 #: "[CLS] a cat . remote control ? [SEP]" (tests/helpers_grounding.py's vocabulary): two phrases, labels 0 and 1.
 PROMPT = torch.tensor([[101, 1030, 1031, 1012, 1032, 1033, 1029, 102]])
 PHRASES = 2
@@ -59,7 +52,7 @@ def tiny(family: str, **changes) -> torch.nn.Module:
         from detr.models.grounding.build import build_grounding
 
         torch.manual_seed(0)
-        model = build_grounding(GROUNDING.replace(**changes)).eval()
+        model = build_grounding(TINY_GROUNDING.replace(**changes)).eval()
         randomise(model, 1)
         return model
     return tiny_model(family, **changes)

@@ -169,7 +169,6 @@ def test_detr_predict_slice_writes_the_predictors_sliced_predictions_with_masks(
     assert decoded.shape[:2] == (height, width) and int(decoded.sum()) == int(sliced.masks.sum())
 
 
-
 @pytest.mark.usefixtures("one_thread")
 def test_detr_predict_precision_fp16_writes_the_fp16_predictors_predictions(tmp_path, capsys):
     """``--precision fp16`` reaches the Predictor (float16 autocast, on the CPU here: torch 2.14 has it), and its

@@ -9,13 +9,7 @@ import sys
 import pytest
 import torch
 
-from detr.models.grounding.config import GroundingConfig
-
-BERT = dict(vocab_size=1040, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
-            max_position_embeddings=64)
-TINY = GroundingConfig(backbone="resnet18", text_config=BERT, hidden_dim=32, encoder_layers=2, num_decoder_layers=2,
-                       encoder_ffn_dim=64, dim_feedforward=64, encoder_heads=4, num_heads=4, encoder_points=2,
-                       decoder_points=2, num_queries=8, num_classes=16, dropout=0.0, fusion_drop_path=0.0)
+from tests.helpers import TINY_GROUNDING as TINY
 
 
 def test_importing_the_family_does_not_import_transformers():
