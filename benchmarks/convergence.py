@@ -335,8 +335,9 @@ class ConvergenceReport(L.Callback):
     ``curve`` and to the ``jsonl`` file."""
 
     def __init__(self, name: str, config: RunConfig, throughput: TrainingThroughput, budget: TimeBudget,
-                 jsonl: Path | None) -> None:
+                 jsonl: Path | None, save_at_ap: dict[float, Path] | None = None) -> None:
         self.name, self.config, self.throughput, self.budget, self.jsonl = name, config, throughput, budget, jsonl
+        self.save_at_ap = dict(save_at_ap or {})
         self.curve: list[dict[str, Any]] = []
         self._wall_start, self._cpu_start = time.perf_counter(), time.process_time()
 
@@ -371,6 +372,13 @@ class ConvergenceReport(L.Callback):
         if self.jsonl is not None:
             with self.jsonl.open("a") as handle:
                 handle.write(json.dumps({**point, "config": self.config.to_dict()}) + "\n")
+        for target in sorted(ap for ap in self.save_at_ap if point["AP"] >= ap):
+            path = self.save_at_ap.pop(target)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            trainer.save_checkpoint(path, weights_only=True)
+            print(f"[{self.name}] AP {point['AP']:.4f} >= {target} at step {step}: saved {path}", flush=True)
+            if not self.save_at_ap:
+                trainer.should_stop = True
 
 
 def make_trainer(config: RunConfig, callbacks: list[L.Callback], root: str, *, max_steps: int = -1,
@@ -393,11 +401,14 @@ def make_trainer(config: RunConfig, callbacks: list[L.Callback], root: str, *, m
 
 def run(config: RunConfig, data_root: Path, *, minutes: float, eval_every: float, name: str, jsonl: Path | None,
         max_steps: int | None = None, image_size: int = 128,
-        eval_every_steps: int | None = None, save: Path | None = None) -> list[dict[str, Any]]:
+        eval_every_steps: int | None = None, save: Path | None = None,
+        save_at_ap: dict[float, Path] | None = None) -> list[dict[str, Any]]:
     """Train for ``minutes`` of training time, or ``max_steps`` steps when given (the time budget is then
     only a safety stop); evaluate every ``eval_every`` minutes, or every ``eval_every_steps`` steps when
     given, and at the end; ``save``: write the trained model there as ``detr fit`` writes a checkpoint (it
-    loads with :func:`detr.load_checkpoint`, its eval size and categories kept). Returns the curve's points."""
+    loads with :func:`detr.load_checkpoint`, its eval size and categories kept); ``save_at_ap``: COCO AP →
+    path, the model written there at the first evaluation that reaches that AP, the run ended once every one
+    is written. Returns the curve's points."""
     L.seed_everything(config.seed, verbose=False)
     datamodule = make_datamodule(data_root, config.batch_size, image_size, square_size=config.square_size,
                                  normalize=config.normalize, **config.data)
@@ -405,7 +416,7 @@ def run(config: RunConfig, data_root: Path, *, minutes: float, eval_every: float
     system = build_system(config, datamodule)
     throughput = TrainingThroughput()
     budget = TimeBudget(max_train_seconds=minutes * 60)
-    report = ConvergenceReport(name, config, throughput, budget, jsonl)
+    report = ConvergenceReport(name, config, throughput, budget, jsonl, save_at_ap)
     callbacks: list[L.Callback] = [throughput, budget, report]
     if config.ema_decay > 0:
         callbacks.append(ExponentialMovingAverage(decay=config.ema_decay, warmup_steps=config.ema_warmup_steps))

@@ -110,19 +110,38 @@ def source_checkpoint(args: argparse.Namespace) -> Path:
         if not args.source.is_file():
             raise SystemExit(f"--source {args.source}: no such file")
         return args.source
-    path = args.cache_dir / f"source-{Path(args.preset).stem}-{args.source_steps}.ckpt"
-    if not path.is_file():
-        config = build_run_config(args.preset, args.set)
-        run(config, shapes_root(2000, 200, 0, args.cache_dir), minutes=10_000.0, eval_every=0.0, name="source",
-            jsonl=None, max_steps=args.source_steps, image_size=yaml_image_size(Path(args.preset)),
-            eval_every_steps=args.source_steps, save=path)
-    return path
+    stem = f"source-{Path(args.preset).stem}-{args.source_steps}"
+    if not args.source_ap:
+        path = args.cache_dir / f"{stem}.ckpt"
+        if not path.is_file():
+            run(build_run_config(args.preset, args.set), shapes_root(2000, 200, 0, args.cache_dir), minutes=10_000.0,
+                eval_every=0.0, name="source", jsonl=args.source_jsonl, max_steps=args.source_steps,
+                image_size=yaml_image_size(Path(args.preset)), eval_every_steps=args.source_steps, save=path)
+        return path
+    # sources of one quality: trained until their AP reaches each of --source-ap, a model kept at each
+    paths = {ap: args.cache_dir / f"{stem}-ap{ap:g}.ckpt" for ap in args.source_ap}
+    if not paths[args.source_ap[0]].is_file():
+        curve = run(build_run_config(args.preset, args.set), shapes_root(2000, 200, 0, args.cache_dir),
+                    minutes=10_000.0, eval_every=0.0, name="source", jsonl=args.source_jsonl,
+                    max_steps=args.source_steps, image_size=yaml_image_size(Path(args.preset)),
+                    eval_every_steps=args.source_eval_every, save_at_ap=paths)
+        if not paths[args.source_ap[0]].is_file():
+            raise SystemExit(f"the source did not reach AP {args.source_ap[0]} in {args.source_steps} steps (its "
+                             f"last: {curve[-1]['AP'] if curve else 'none'}): give more --source-steps")
+    return paths[args.source_ap[0]]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", type=Path, default=None, help="the model trained on the shapes set")
-    parser.add_argument("--source-steps", type=int, default=1000, help="its training steps when --source is not given")
+    parser.add_argument("--source-steps", type=int, default=1000,
+                        help="its training steps when --source is not given (with --source-ap: at most)")
+    parser.add_argument("--source-ap", type=float, nargs="+", default=None,
+                        help="sources of one quality: train the source until its COCO AP on the shapes' validation "
+                             "images reaches each of these (evaluated every --source-eval-every steps), keep a "
+                             "model at each, fine-tune from the first")
+    parser.add_argument("--source-eval-every", type=int, default=100)
+    parser.add_argument("--source-jsonl", type=Path, default=None, help="append the source's evaluation points here")
     parser.add_argument("--preset", default=str(PRESET), help="the recipe (a shapes YAML of configs/)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change the recipe of every run, the source's too (benchmarks/convergence.py's --set)")

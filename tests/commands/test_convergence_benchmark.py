@@ -76,3 +76,23 @@ def test_a_yaml_preset_run_saves_a_model_that_loads_with_its_input_contract(tmp_
     model = load_checkpoint(tmp_path / "models" / "rtdetr_shapes_cpu.ckpt")
     assert (model.config.family, model.input_spec.resize, model.input_spec.size) == ("rtdetr", "square", 128)
     assert model.input_spec.mean is None and len(model.meta.category_map.names) == 5
+
+
+def test_a_run_keeps_a_model_at_each_ap_it_reaches_and_ends_when_all_are_kept(tmp_path) -> None:
+    """``save_at_ap`` (benchmarks/finetune.py's ``--source-ap``, sources of one quality): the model is written at the
+    first evaluation whose AP reaches each target; a run that reaches every target ends there, one that does not
+    trains to its last step without writing the unreached one."""
+    from detr import load_checkpoint
+
+    benchmark = load_script("benchmarks/convergence.py")
+    config = benchmark.build_run_config("demo", TINY)
+    root = benchmark.shapes_root(4, 2, 0, tmp_path)
+    reached, unreached = tmp_path / "ap0.ckpt", tmp_path / "ap2.ckpt"
+    curve = benchmark.run(config, root, minutes=60.0, eval_every=0.0, name="source", jsonl=None, max_steps=6,
+                          eval_every_steps=2, save_at_ap={0.0: reached, 2.0: unreached})
+    assert [point["step"] for point in curve] == [2, 4, 6] and not unreached.exists()
+    assert len(load_checkpoint(reached).meta.category_map.names) == 5
+    reached.unlink()
+    curve = benchmark.run(config, root, minutes=60.0, eval_every=0.0, name="source", jsonl=None, max_steps=6,
+                          eval_every_steps=2, save_at_ap={0.0: reached})
+    assert [point["step"] for point in curve] == [2] and reached.is_file()
