@@ -8,6 +8,9 @@ for one change at a time.
     # the source model: benchmarks/convergence.py --preset configs/dfine_shapes_cpu.yaml --seeds 0 \
     #     --train-steps 1000 --eval-every-steps 250 --save-dir runs/   (trained here when --source is not given)
     .venv/bin/python benchmarks/finetune.py --source S.ckpt --variants defaults lr_quarter --images 50
+    # sources of one quality: each family's source trained until its AP on the shapes set reaches 0.6
+    .venv/bin/python benchmarks/finetune.py --preset configs/rfdetr_shapes_cpu.yaml --source-ap 0.6 0.5 \
+        --source-steps 8000 --source-eval-every 250 --variants recipe --images 200 --threads 1
 
 Each run is what :mod:`benchmarks.convergence` trains (``detr fit``'s system, data module and trainer, in this
 process) from the preset's recipe (``--preset``, default configs/dfine_shapes_cpu.yaml: lr 5e-4 with a 50-step
