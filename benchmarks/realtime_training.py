@@ -335,6 +335,8 @@ def main() -> None:
     parser.add_argument("--rfdetr-package", action="store_true",
                         help="RF-DETR also trained by the authors' rfdetr package (on PYTHONPATH: pip install "
                              "--target DIR rfdetr --no-deps), a third side of each round")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="our backbone in NHWC (model.runtime.channels_last), transformers' as it is")
     parser.add_argument("--omp-passive", action="store_true",
                         help="OMP_WAIT_POLICY=PASSIVE for both sides (the module docstring)")
     args = parser.parse_args()
@@ -362,6 +364,8 @@ def main() -> None:
                 print(f"CHECK FAILED: {error}", flush=True)
         if args.rounds == 0:
             continue
+        if args.channels_last:
+            ours.use_channels_last()
         criterion, optimizer = build_our_training(ours, family)
         their_optimizer = torch.optim.AdamW(theirs.parameters(), lr=OPTIMIZER[family]["lr"],
                                             weight_decay=WEIGHT_DECAY, fused=True)
