@@ -114,24 +114,21 @@ def source_checkpoint(args: argparse.Namespace) -> Path:
             raise SystemExit(f"--source {args.source}: no such file")
         return args.source
     stem = f"source-{Path(args.preset).stem}-{args.source_steps}"
-    if not args.source_ap:
-        path = args.cache_dir / f"{stem}.ckpt"
-        if not path.is_file():
-            run(build_run_config(args.preset, args.set), shapes_root(2000, 200, 0, args.cache_dir), minutes=10_000.0,
-                eval_every=0.0, name="source", jsonl=args.source_jsonl, max_steps=args.source_steps,
-                image_size=yaml_image_size(Path(args.preset)), eval_every_steps=args.source_steps, save=path)
-        return path
-    # sources of one quality: trained until their AP reaches each of --source-ap, a model kept at each
-    paths = {ap: args.cache_dir / f"{stem}-ap{ap:g}.ckpt" for ap in args.source_ap}
-    if not paths[args.source_ap[0]].is_file():
+    if args.source_ap:  # sources of one quality: trained until their AP reaches each of --source-ap, kept at each
+        save_at_ap = {ap: args.cache_dir / f"{stem}-ap{ap:g}.ckpt" for ap in args.source_ap}
+        path, save, every = save_at_ap[args.source_ap[0]], None, args.source_eval_every
+    else:
+        path, save_at_ap, every = args.cache_dir / f"{stem}.ckpt", None, args.source_steps
+        save = path
+    if not path.is_file():
         curve = run(build_run_config(args.preset, args.set), shapes_root(2000, 200, 0, args.cache_dir),
                     minutes=10_000.0, eval_every=0.0, name="source", jsonl=args.source_jsonl,
                     max_steps=args.source_steps, image_size=yaml_image_size(Path(args.preset)),
-                    eval_every_steps=args.source_eval_every, save_at_ap=paths)
-        if not paths[args.source_ap[0]].is_file():
+                    eval_every_steps=every, save=save, save_at_ap=save_at_ap)
+        if not path.is_file():
             raise SystemExit(f"the source did not reach AP {args.source_ap[0]} in {args.source_steps} steps (its "
                              f"last: {curve[-1]['AP'] if curve else 'none'}): give more --source-steps")
-    return paths[args.source_ap[0]]
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -267,7 +267,6 @@ def package_side(model, criterion, nested, optimizer, images, mask, targets, aut
     return Side(step, timer)
 
 
-
 def check_losses(name: str, family: str, ours, theirs, images, mask, targets, labels) -> str:
     """One forward of each side with denoising off: transformers' total and weighted terms against ours.
     Returns a line saying what was compared and the largest difference; raises AssertionError beyond 1e-4
