@@ -11,6 +11,9 @@ for one change at a time.
     # sources of one quality: each family's source trained until its AP on the shapes set reaches 0.6
     .venv/bin/python benchmarks/finetune.py --preset configs/rfdetr_shapes_cpu.yaml --source-ap 0.6 0.5 \
         --source-steps 8000 --source-eval-every 250 --variants recipe --images 200 --threads 1
+    # the same source, fine-tuned with another seed (--tune: the fine-tunes only; --set: the source's recipe too)
+    .venv/bin/python benchmarks/finetune.py --preset configs/rfdetr_shapes_cpu.yaml --source-ap 0.6 0.5 \
+        --source-steps 8000 --source-eval-every 250 --variants recipe --images 200 --threads 1 --tune seed=1
 
 Each run is what :mod:`benchmarks.convergence` trains (``detr fit``'s system, data module and trainer, in this
 process) from the preset's recipe (``--preset``, default configs/dfine_shapes_cpu.yaml: lr 5e-4 with a 50-step
@@ -30,6 +33,7 @@ load changes their time, not their steps.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -107,13 +111,23 @@ def detr_augmentation(image_size: int) -> str:
                                  for name, value in sizes.items() if not name.startswith("eval_")})
 
 
+def source_stem(preset: str, steps: int, settings: list[str]) -> str:
+    """The cached source's file name (before ``-ap<AP>.ckpt`` or ``.ckpt``): its preset and steps, and a digest of
+    the ``--set`` items when there are any, so that a changed recipe trains its own source (``--tune`` changes
+    the fine-tunes only and keeps the source)."""
+    stem = f"source-{Path(preset).stem}-{steps}"
+    if settings:
+        stem += "-" + hashlib.sha1("\n".join(sorted(settings)).encode()).hexdigest()[:8]
+    return stem
+
+
 def source_checkpoint(args: argparse.Namespace) -> Path:
     """``--source``, or the preset trained on the shapes set for ``--source-steps`` (kept in ``--cache-dir``)."""
     if args.source is not None:
         if not args.source.is_file():
             raise SystemExit(f"--source {args.source}: no such file")
         return args.source
-    stem = f"source-{Path(args.preset).stem}-{args.source_steps}"
+    stem = source_stem(args.preset, args.source_steps, args.set)
     if args.source_ap:  # sources of one quality: trained until their AP reaches each of --source-ap, kept at each
         save_at_ap = {ap: args.cache_dir / f"{stem}-ap{ap:g}.ckpt" for ap in args.source_ap}
         path, save, every = save_at_ap[args.source_ap[0]], None, args.source_eval_every
@@ -144,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source-jsonl", type=Path, default=None, help="append the source's evaluation points here")
     parser.add_argument("--preset", default=str(PRESET), help="the recipe (a shapes YAML of configs/)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="change the recipe of every run, the source's too (benchmarks/convergence.py's --set)")
+                        help="change the recipe of every run, the source's too (benchmarks/convergence.py's --set; "
+                             "the source is then trained and cached apart)")
+    parser.add_argument("--tune", action="append", default=[], metavar="KEY=VALUE",
+                        help="change the recipe of the fine-tunes only, after --set (a seed, a learning rate)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--images", type=int, nargs="+", default=[50, 200],
                         help="training images of the second set; every variant runs on the first size, "
@@ -166,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for name, images in runs:
         root = target_root(images, args.num_val, args.cache_dir)
-        settings = variant_settings(name, args.preset, source, images=images, steps=args.steps, common=args.set)
+        settings = variant_settings(name, args.preset, source, images=images, steps=args.steps,
+                                    common=[*args.set, *args.tune])
         config = build_run_config(args.preset, settings)
         curves[name, images] = run(config, root, minutes=10_000.0, eval_every=0.0, name=f"{name} {images} images",
                                    jsonl=args.jsonl, max_steps=args.steps, image_size=image_size,

@@ -41,3 +41,24 @@ def test_variants_print_ap_against_steps(tmp_path, capsys, caplog) -> None:
     # the step drop lands two thirds into the run: 3 steps of 2-image batches over 4 images, at epoch 1
     assert benchmark.variant_settings("lr_drop", str(benchmark.PRESET), None, images=4, steps=3, common=TINY)[-1] == \
         "lr_drop_epochs=[1]"
+
+
+def test_a_changed_recipe_trains_its_own_source_and_tune_keeps_the_cached_one(tmp_path, capsys) -> None:
+    benchmark = load_script("benchmarks/finetune.py")
+    preset = str(benchmark.PRESET)
+    plain = benchmark.source_stem(preset, 5, [])
+    assert plain == "source-dfine_shapes_cpu-5"
+    changed = benchmark.source_stem(preset, 5, ["lr=1e-3"])
+    assert changed.startswith(plain + "-") and changed != benchmark.source_stem(preset, 5, ["lr=2e-3"])
+    assert benchmark.source_stem(preset, 5, ["a=1", "b=2"]) == benchmark.source_stem(preset, 5, ["b=2", "a=1"])
+    # the cached source of the tiny recipe: --tune changes the fine-tune only, so no source is trained
+    config = benchmark.build_run_config(preset, TINY).detr.replace(num_classes=len(SHAPE_NAMES))
+    source = build_detr(config)
+    source.meta = ModelMeta(category_map=CategoryMap(tuple(range(1, 6)), SHAPE_NAMES), eval_size=(128, 128))
+    save_checkpoint(source, tmp_path / f"{benchmark.source_stem(preset, 5, TINY)}.ckpt")
+    argv = ["--source-steps", "5", *(f"--set={item}" for item in TINY), "--tune=seed=3", "--variants", "recipe",
+            "--images", "4", "--steps", "1", "--eval-every-steps", "1", "--num-val", "2", "--threads", "1",
+            "--cache-dir", str(tmp_path)]
+    assert benchmark.main(argv) == 0
+    assert re.search(r"^\| recipe \| 4 \| ", capsys.readouterr().out, re.MULTILINE)
+    assert sorted(path.name for path in tmp_path.glob("source-*")) == [f"{benchmark.source_stem(preset, 5, TINY)}.ckpt"]
