@@ -26,8 +26,8 @@ random crop at its authors' sizes scaled to the 128-px images); "defaults_ema" a
 0.99) to them; the other variants change one thing of the recipe each (:data:`VARIANTS`): the start (from scratch;
 class rows fresh; rows by label, which gives the new set's triangle the source's square row), a quarter of the
 learning rates, a step drop two thirds into the run instead of the final decay, the EMA, and D-FINE's own schedule
-(a 500-step warm-up, a constant lr, EMA 0.9999 over 1000 warm-up updates). Compare runs by step: the machine's
-load changes their time, not their steps.
+(a 500-step warm-up, a constant lr, EMA 0.9999 over 1000 warm-up updates); "lr_double_ema" is twice the recipe's
+learning rates with the EMA. Compare runs by step: the machine's load changes their time, not their steps.
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ TARGET_SHAPES = ("circle", "triangle", "cross", "arrow", "semicircle")
 PRESET = REPO / "configs" / "dfine_shapes_cpu.yaml"
 
 #: name → what the run changes from the preset's recipe: ``--set`` items of benchmarks/convergence.py, with
-#: {lr_quarter}, {lr_backbone_quarter} and {drop_epoch} filled in from the preset and the run's length. "defaults" is
-#: what this benchmark chose for fine-tuning (the recipe with the real-time DETRs' augmentations); every other variant
-#: is one change to the recipe, but "defaults_ema" (the defaults with an EMA of the weights).
+#: {lr_quarter}, {lr_backbone_quarter}, {lr_double}, {lr_backbone_double} and {drop_epoch} filled in from the preset
+#: and the run's length. "defaults" is what this benchmark chose for fine-tuning (the recipe with the real-time DETRs'
+#: augmentations); every other variant is one change to the recipe, but "defaults_ema" (the defaults with an EMA of
+#: the weights) and "lr_double_ema" (twice the learning rates with an EMA).
 VARIANTS: dict[str, list[str]] = {
     "defaults": ['data={{"augmentation": "rtdetr"}}'],
     "recipe": [],
@@ -68,6 +69,8 @@ VARIANTS: dict[str, list[str]] = {
     "lr_drop": ["lr_decay_fraction=0.0", "lr_drop_epochs=[{drop_epoch}]"],
     "ema": ["ema_decay=0.99"],
     "defaults_ema": ['data={{"augmentation": "rtdetr"}}', "ema_decay=0.99"],
+    # twice the recipe's learning rates with an EMA of the weights: a 300-step fine-tune is still climbing at its end
+    "lr_double_ema": ["lr={lr_double}", "lr_backbone={lr_backbone_double}", "ema_decay=0.99"],
     # D-FINE's own schedule (configs/dfine/include/optimizer.yml): a 500-step linear warm-up, then a constant lr
     # (its step drop at epoch 500 never comes), the weights' EMA at 0.9999 over 1000 warm-up updates
     "authors_schedule": ["warmup_steps=500", "lr_decay_fraction=0.0", "ema_decay=0.9999", "ema_warmup_steps=1000"],
@@ -92,6 +95,8 @@ def variant_settings(name: str, preset: str, source: Path | None, *, images: int
     batches_per_epoch = math.ceil(images / recipe.batch_size)
     values = {"lr_quarter": recipe.system.get("lr", 1e-4) / 4,
               "lr_backbone_quarter": recipe.system.get("lr_backbone", 1e-5) / 4,
+              "lr_double": recipe.system.get("lr", 1e-4) * 2,
+              "lr_backbone_double": recipe.system.get("lr_backbone", 1e-5) * 2,
               "drop_epoch": max(1, round(steps * 2 / 3 / batches_per_epoch))}
     start = [f"init_checkpoint={source}"] if source is not None else []
     changes = [item.format(**values) for item in VARIANTS[name]]

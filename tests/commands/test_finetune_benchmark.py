@@ -41,6 +41,9 @@ def test_variants_print_ap_against_steps(tmp_path, capsys, caplog) -> None:
     # the step drop lands two thirds into the run: 3 steps of 2-image batches over 4 images, at epoch 1
     assert benchmark.variant_settings("lr_drop", str(benchmark.PRESET), None, images=4, steps=3, common=TINY)[-1] == \
         "lr_drop_epochs=[1]"
+    # twice the preset's rates (5e-4 in the D-FINE shapes recipe) with an EMA of the weights
+    assert benchmark.variant_settings("lr_double_ema", str(benchmark.PRESET), None, images=4, steps=3)[-3:] == \
+        ["lr=0.001", "lr_backbone=0.001", "ema_decay=0.99"]
 
 
 def test_a_changed_recipe_trains_its_own_source_and_tune_keeps_the_cached_one(tmp_path, capsys) -> None:
