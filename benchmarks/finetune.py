@@ -27,7 +27,8 @@ random crop at its authors' sizes scaled to the 128-px images); "defaults_ema" a
 class rows fresh; rows by label, which gives the new set's triangle the source's square row), a quarter of the
 learning rates, a step drop two thirds into the run instead of the final decay, the EMA, and D-FINE's own schedule
 (a 500-step warm-up, a constant lr, EMA 0.9999 over 1000 warm-up updates); "lr_double_ema" is twice the recipe's
-learning rates with the EMA. Compare runs by step: the machine's load changes their time, not their steps.
+learning rates with the EMA ("lr_double_ema_constant": without the final decay). Compare runs by step: the
+machine's load changes their time, not their steps.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ PRESET = REPO / "configs" / "dfine_shapes_cpu.yaml"
 #: {lr_quarter}, {lr_backbone_quarter}, {lr_double}, {lr_backbone_double} and {drop_epoch} filled in from the preset
 #: and the run's length. "defaults" is what this benchmark chose for fine-tuning (the recipe with the real-time DETRs'
 #: augmentations); every other variant is one change to the recipe, but "defaults_ema" (the defaults with an EMA of
-#: the weights) and "lr_double_ema" (twice the learning rates with an EMA).
+#: the weights) and "lr_double_ema" (twice the learning rates with an EMA; "lr_double_ema_constant" without the final
+#: decay too).
 VARIANTS: dict[str, list[str]] = {
     "defaults": ['data={{"augmentation": "rtdetr"}}'],
     "recipe": [],
@@ -71,12 +73,15 @@ VARIANTS: dict[str, list[str]] = {
     "defaults_ema": ['data={{"augmentation": "rtdetr"}}', "ema_decay=0.99"],
     # twice the recipe's learning rates with an EMA of the weights: a 300-step fine-tune is still climbing at its end
     "lr_double_ema": ["lr={lr_double}", "lr_backbone={lr_backbone_double}", "ema_decay=0.99"],
+    # the same at a constant rate after the warm-up (RF-DETR's authors train at a constant rate with an EMA)
+    "lr_double_ema_constant": ["lr={lr_double}", "lr_backbone={lr_backbone_double}", "ema_decay=0.99",
+                               "lr_decay_fraction=0.0"],
     # D-FINE's own schedule (configs/dfine/include/optimizer.yml): a 500-step linear warm-up, then a constant lr
     # (its step drop at epoch 500 never comes), the weights' EMA at 0.9999 over 1000 warm-up updates
     "authors_schedule": ["warmup_steps=500", "lr_decay_fraction=0.0", "ema_decay=0.9999", "ema_warmup_steps=1000"],
 }
 #: the variants that run on every ``--images`` size (the others on the first only)
-EVERY_SIZE = ("defaults", "recipe", "scratch")
+EVERY_SIZE = ("defaults", "recipe", "scratch", "lr_double_ema", "lr_double_ema_constant")
 
 
 def target_root(num_train: int, num_val: int, cache_dir: Path) -> Path:
