@@ -98,11 +98,9 @@ def variant_settings(name: str, preset: str, source: Path | None, *, images: int
     """The ``--set`` items of one run: ``common`` (every run's), the source model, then the variant's changes."""
     recipe = build_run_config(preset, list(common))
     batches_per_epoch = math.ceil(images / recipe.batch_size)
-    values = {"lr_quarter": recipe.system.get("lr", 1e-4) / 4,
-              "lr_backbone_quarter": recipe.system.get("lr_backbone", 1e-5) / 4,
-              "lr_double": recipe.system.get("lr", 1e-4) * 2,
-              "lr_backbone_double": recipe.system.get("lr_backbone", 1e-5) * 2,
-              "drop_epoch": max(1, round(steps * 2 / 3 / batches_per_epoch))}
+    lr, lr_backbone = recipe.system.get("lr", 1e-4), recipe.system.get("lr_backbone", 1e-5)
+    values = {"lr_quarter": lr / 4, "lr_backbone_quarter": lr_backbone / 4, "lr_double": lr * 2,
+              "lr_backbone_double": lr_backbone * 2, "drop_epoch": max(1, round(steps * 2 / 3 / batches_per_epoch))}
     start = [f"init_checkpoint={source}"] if source is not None else []
     changes = [item.format(**values) for item in VARIANTS[name]]
     if recipe.square_size is None:  # the paper's DETR and Deformable DETR: no square resize in their input contract
@@ -124,10 +122,12 @@ def detr_augmentation(image_size: int) -> str:
 def source_stem(preset: str, steps: int, settings: list[str]) -> str:
     """The cached source's file name (before ``-ap<AP>.ckpt`` or ``.ckpt``): its preset and steps, and a digest of
     the ``--set`` items when there are any, so that a changed recipe trains its own source (``--tune`` changes
-    the fine-tunes only and keeps the source)."""
+    the fine-tunes only and keeps the source). The digest is of what the items set (a key given twice: its last
+    value), whatever their order."""
     stem = f"source-{Path(preset).stem}-{steps}"
     if settings:
-        stem += "-" + hashlib.sha1("\n".join(sorted(settings)).encode()).hexdigest()[:8]
+        values = dict(item.partition("=")[::2] for item in settings)
+        stem += "-" + hashlib.sha1("\n".join(f"{k}={v}" for k, v in sorted(values.items())).encode()).hexdigest()[:8]
     return stem
 
 
@@ -140,15 +140,14 @@ def source_checkpoint(args: argparse.Namespace) -> Path:
     stem = source_stem(args.preset, args.source_steps, args.set)
     if args.source_ap:  # sources of one quality: trained until their AP reaches each of --source-ap, kept at each
         save_at_ap = {ap: args.cache_dir / f"{stem}-ap{ap:g}.ckpt" for ap in args.source_ap}
-        path, save, every = save_at_ap[args.source_ap[0]], None, args.source_eval_every
+        path, every = save_at_ap[args.source_ap[0]], args.source_eval_every
     else:
-        path, save_at_ap, every = args.cache_dir / f"{stem}.ckpt", None, args.source_steps
-        save = path
+        save_at_ap, path, every = None, args.cache_dir / f"{stem}.ckpt", args.source_steps
     if not path.is_file():
         curve = run(build_run_config(args.preset, args.set), shapes_root(2000, 200, 0, args.cache_dir),
                     minutes=10_000.0, eval_every=0.0, name="source", jsonl=args.source_jsonl,
                     max_steps=args.source_steps, image_size=yaml_image_size(Path(args.preset)),
-                    eval_every_steps=every, save=save, save_at_ap=save_at_ap)
+                    eval_every_steps=every, save=None if save_at_ap else path, save_at_ap=save_at_ap)
         if not path.is_file():
             raise SystemExit(f"the source did not reach AP {args.source_ap[0]} in {args.source_steps} steps (its "
                              f"last: {curve[-1]['AP'] if curve else 'none'}): give more --source-steps")

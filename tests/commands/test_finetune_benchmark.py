@@ -21,12 +21,17 @@ TINY = ["detr.hidden_dim=32", "detr.num_heads=2", "detr.num_decoder_layers=2", "
         "detr.num_queries=6", "batch_size=2"]
 
 
-def test_variants_print_ap_against_steps(tmp_path, capsys, caplog) -> None:
-    benchmark = load_script("benchmarks/finetune.py")
+def tiny_source(benchmark, path):
+    """A source model of the tiny recipe with the shapes set's classes, saved at ``path``."""
     config = benchmark.build_run_config(str(benchmark.PRESET), TINY).detr.replace(num_classes=len(SHAPE_NAMES))
     source = build_detr(config)
     source.meta = ModelMeta(category_map=CategoryMap(tuple(range(1, 6)), SHAPE_NAMES), eval_size=(128, 128))
-    path = save_checkpoint(source, tmp_path / "source.ckpt")
+    return save_checkpoint(source, path)
+
+
+def test_variants_print_ap_against_steps(tmp_path, capsys, caplog) -> None:
+    benchmark = load_script("benchmarks/finetune.py")
+    path = tiny_source(benchmark, tmp_path / "source.ckpt")
     argv = ["--source", str(path), *(f"--set={item}" for item in TINY), "--variants", "defaults", "scratch",
             "rows_by_label", "lr_drop", "--images", "4", "6", "--steps", "2", "--eval-every-steps", "2", "--num-val",
             "2", "--threads", "1", "--cache-dir", str(tmp_path)]
@@ -54,11 +59,11 @@ def test_a_changed_recipe_trains_its_own_source_and_tune_keeps_the_cached_one(tm
     changed = benchmark.source_stem(preset, 5, ["lr=1e-3"])
     assert changed.startswith(plain + "-") and changed != benchmark.source_stem(preset, 5, ["lr=2e-3"])
     assert benchmark.source_stem(preset, 5, ["a=1", "b=2"]) == benchmark.source_stem(preset, 5, ["b=2", "a=1"])
+    # a key given twice sets its last value: the order of those two matters
+    assert benchmark.source_stem(preset, 5, ["lr=1", "lr=2"]) == benchmark.source_stem(preset, 5, ["lr=2"]) != \
+        benchmark.source_stem(preset, 5, ["lr=2", "lr=1"])
     # the cached source of the tiny recipe: --tune changes the fine-tune only, so no source is trained
-    config = benchmark.build_run_config(preset, TINY).detr.replace(num_classes=len(SHAPE_NAMES))
-    source = build_detr(config)
-    source.meta = ModelMeta(category_map=CategoryMap(tuple(range(1, 6)), SHAPE_NAMES), eval_size=(128, 128))
-    save_checkpoint(source, tmp_path / f"{benchmark.source_stem(preset, 5, TINY)}.ckpt")
+    tiny_source(benchmark, tmp_path / f"{benchmark.source_stem(preset, 5, TINY)}.ckpt")
     argv = ["--source-steps", "5", *(f"--set={item}" for item in TINY), "--tune=seed=3", "--variants", "recipe",
             "--images", "4", "--steps", "1", "--eval-every-steps", "1", "--num-val", "2", "--threads", "1",
             "--cache-dir", str(tmp_path)]
