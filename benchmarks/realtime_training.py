@@ -1,7 +1,7 @@
 """CPU training step of the real-time DETRs beside transformers' own training path, on the same weights.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/realtime_training.py [--models rtdetr_r18 dfine_s rfdetr_nano]
-        [--batch 2] [--threads 2] [--rounds 5] [--components] [--profile] [--omp-passive]
+        [--batch 2] [--threads 2] [--rounds 5] [--components] [--profile] [--omp-passive] [--direct-convolutions]
 
 Each model of the released layout (benchmarks/realtime_speed.py's ``MODELS``: RT-DETR-R18 and D-FINE-S at 640 × 640,
 RF-DETR-Nano at 384 × 384) is built by transformers with random weights, saved with ``save_pretrained`` and loaded
@@ -27,12 +27,15 @@ alternating order, so that both share the machine's load; printed: the median of
 the per-round ratios (ours / transformers) and the load average before and after. ``--components`` adds the
 breakdown (forward hooks and timers): backbone, encoder (RF-DETR: the projector), decoder, matcher, loss (the
 criterion or transformers' loss function, the matcher included), backward, optimizer (clipping and AdamW).
-``--profile`` ends with torch.profiler's top operators of two of our steps per model. ``--rfdetr-package`` adds a
+``--profile`` ends with torch.profiler's top operators of two steps of each side per model. ``--rfdetr-package`` adds a
 third side for RF-DETR: the authors' ``rfdetr`` package's model of the preset (its own random weights, the same
 layout) and its criterion, in the same rounds (its loss is not checked against ours: other weights).
 ``--omp-passive`` sets ``OMP_WAIT_POLICY=PASSIVE`` for the process (both sides): on a loaded machine a spinning
 OpenMP thread waits at every parallel region's barrier for a descheduled one, and the parts made of many small
 kernels (the fused AdamW: 7-11 s against 0.3 s passive, 2 threads, load 9) take several times longer by chance.
+``--direct-convolutions`` adds a side: our step (the same model and optimizer) with the convolutions by oneDNN's
+direct kernel only, as before Winograd's wide 3 × 3 ones and the NHWC depthwise ones
+(detr/models/layers/conv_norm.py ``training_conv``), in the same rounds.
 Results: docs/measurements/speed.md.
 """
 
@@ -58,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helper
 from realtime_speed import MODELS, SIZE, SIZES, pair_of_models, rfdetr_package_model  # noqa: E402
 
 from detr.lightning.param_groups import parameter_groups  # noqa: E402
+from detr.models.layers.conv_norm import direct_convolutions  # noqa: E402
 from detr.loss.build import build_criterion  # noqa: E402
 from detr.models.build import recipe_for  # noqa: E402
 from tests.helpers_rtdetr import our_term_name, square_photos  # noqa: E402
@@ -211,16 +215,19 @@ def backward_and_update(model, optimizer, loss: torch.Tensor, timer: Timer) -> t
     return loss.detach()
 
 
-def our_side(model, criterion, optimizer, images, mask, targets, autocast=nullcontext) -> Side:
-    """Our training step; ``autocast``: the context of the forward and loss (none: float32)."""
+def our_side(model, criterion, optimizer, images, mask, targets, autocast=nullcontext, kernels=nullcontext
+             ) -> Side:
+    """Our training step; ``autocast``: the context of the forward and loss (none: float32); ``kernels``: the
+    context of the whole step (:func:`detr.models.layers.conv_norm.direct_convolutions` for the plain kernels)."""
     timer = Timer()
 
     def step() -> torch.Tensor:
-        with autocast():
-            outputs = model(images, mask, targets=targets)
-            losses = criterion(outputs, targets)
-            loss = sum(losses[name] * weight for name, weight in criterion.weight_dict.items())
-        return backward_and_update(model, optimizer, loss, timer)
+        with kernels():
+            with autocast():
+                outputs = model(images, mask, targets=targets)
+                losses = criterion(outputs, targets)
+                loss = sum(losses[name] * weight for name, weight in criterion.weight_dict.items())
+            return backward_and_update(model, optimizer, loss, timer)
     return Side(step, timer)
 
 
@@ -336,6 +343,9 @@ def main() -> None:
                              "--target DIR rfdetr --no-deps), a third side of each round")
     parser.add_argument("--channels-last", action="store_true",
                         help="our backbone in NHWC (model.runtime.channels_last), transformers' as it is")
+    parser.add_argument("--direct-convolutions", action="store_true",
+                        help="add our step with oneDNN's direct kernel only (no Winograd, no NHWC depthwise: "
+                             "detr.models.layers.conv_norm.direct_convolutions), as before them")
     parser.add_argument("--omp-passive", action="store_true",
                         help="OMP_WAIT_POLICY=PASSIVE for both sides (the module docstring)")
     args = parser.parse_args()
@@ -380,6 +390,9 @@ def main() -> None:
             package = {}
         sides[name] = {**package, "theirs": their_side(theirs, their_optimizer, images, labels),
                        "ours": our_side(ours, criterion, optimizer, images, mask, targets)}
+        if args.direct_convolutions:  # the same model and optimizer: one more step per round
+            sides[name]["direct"] = our_side(ours, criterion, optimizer, images, mask, targets,
+                                             kernels=direct_convolutions)
         ours_models[name] = (title, sides[name]["ours"])
         if args.components:
             watch_theirs(sides[name]["theirs"].timer, theirs)
@@ -424,6 +437,11 @@ def main() -> None:
             ratios = [o / p for o, p in zip(times[name]["ours"], times[name]["rfdetr"])]
             print(f"{name:14} rfdetr package {median_text(times[name]['rfdetr'])} s; ours / package "
                   f"{median_text(ratios)} (the package's own random weights of the same preset)")
+    for name in sides:
+        if "direct" in times[name]:
+            ratios = [o / d for o, d in zip(times[name]["ours"], times[name]["direct"])]
+            print(f"{name:14} ours with the direct convolutions only {median_text(times[name]['direct'])} s; "
+                  f"ours / that {median_text(ratios)}")
     if args.components:
         for name in sides:
             print(f"\n{name}: medians (s)   transformers     ours")
@@ -433,12 +451,13 @@ def main() -> None:
                 print(f"  {part:12} {values[0]:14.3f} {values[1]:8.3f}")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
-        for name, (title, side) in ours_models.items():
-            with profile(activities=[ProfilerActivity.CPU]) as profiler:
-                side.step()
-                side.step()
-            print(f"\n{title}: our two steps' top operators")
-            print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        for name, (title, _) in ours_models.items():
+            for side_name, side in sides[name].items():
+                with profile(activities=[ProfilerActivity.CPU]) as profiler:
+                    side.step()
+                    side.step()
+                print(f"\n{title}: two steps' top operators, {side_name}")
+                print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
 
 if __name__ == "__main__":

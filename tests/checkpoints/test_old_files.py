@@ -70,9 +70,11 @@ def _expected(folder: Path, name: str) -> tuple[dict[str, torch.Tensor], dict[st
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """Equal to 1e-5 relative to the tensor's scale (float rounding of other kernels, not other numbers)."""
+    """Equal to 5e-5 relative to the tensor's scale (float rounding of other kernels, not other numbers: the
+    fixtures were computed on an Intel CPU, and an AMD EPYC's kernels put one panoptic mask logit of 1,408 at
+    1.2e-5 of the scale)."""
     scale = float(expected.abs().max()) if expected.numel() else 1.0
-    torch.testing.assert_close(actual.float(), expected.float(), rtol=1e-5, atol=1e-5 * max(scale, 1e-3),
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=1e-5, atol=5e-5 * max(scale, 1e-3),
                                msg=lambda message: f"{what}: {message}")
 
 

@@ -6,13 +6,15 @@ BatchNorm into the convolution before it (every backbone's: ``bn(conv(x)) = conv
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from detr.models.layers.cpu_kernels import strided_pointwise_conv
+from detr.models.layers.cpu_kernels import depthwise_conv_nhwc, strided_pointwise_conv
+from detr.models.layers.winograd import winograd_conv3x3, winograd_pays
 
 #: A norm layer's constructor: channels → module (nn.BatchNorm2d, FrozenBatchNorm2d, ...).
 Norm = Callable[[int], nn.Module]
@@ -39,15 +41,48 @@ def fold_norm_into_conv(conv: nn.Conv2d, norm: nn.BatchNorm2d | FrozenBatchNorm2
 
 
 def conv_frozen_norm(conv: nn.Conv2d, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``norm(conv(x))`` with a FrozenBatchNorm2d ``norm`` folded into the convolution's weight and bias on the
-    fly (``w · s``, ``β − μ · s (+ b · s)``, ``s = γ / sqrt(σ² + eps)``): one pass over the activations fewer
-    forward and backward; gradients reach ``conv.weight`` through the product (equal to the plain path's up to
-    float rounding). Any other norm runs as it is."""
+    """``norm(conv(x))`` in a training step: a FrozenBatchNorm2d ``norm`` folded into the convolution's weight and
+    bias on the fly (``w · s``, ``β − μ · s (+ b · s)``, ``s = γ / sqrt(σ² + eps)``): one pass over the activations
+    fewer forward and backward; gradients reach ``conv.weight`` through the product (equal to the plain path's up
+    to float rounding). Any other norm runs as it is. On the CPU the convolution runs by the faster algorithm
+    where there is one (:func:`training_conv`)."""
     if not isinstance(norm, FrozenBatchNorm2d):
-        return norm(conv(x))
+        return norm(training_conv(conv, x, conv.weight, conv.bias))
     weight, bias = folded_weight_and_bias(conv, norm)
-    shortcut = strided_pointwise_conv(conv, x, weight, bias)  # a stage's strided 1 × 1 shortcut on the CPU
-    return shortcut if shortcut is not None else conv._conv_forward(x, weight, bias)
+    return training_conv(conv, x, weight, bias)
+
+
+_direct_only = False
+
+
+@contextlib.contextmanager
+def direct_convolutions() -> Iterator[None]:
+    """Within the block, :func:`training_conv` runs every convolution by oneDNN's direct kernel in NCHW: no
+    Winograd, no NHWC depthwise (for comparisons: the benchmarks' ``--direct-convolutions``; the numbers differ by
+    float rounding only). Process-wide, not per thread."""
+    global _direct_only
+    before, _direct_only = _direct_only, True
+    try:
+        yield
+    finally:
+        _direct_only = before
+
+
+def training_conv(conv: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
+    """``conv``'s convolution of ``x`` with ``weight`` and ``bias`` (its own, or with a norm folded in) in a
+    training step, by the faster algorithm where there is one on the CPU (the same function up to float rounding:
+    docs/measurements/speed.md): a wide 3 × 3 convolution on a large map by Winograd
+    (:func:`~detr.models.layers.winograd.winograd_conv3x3` where :func:`~detr.models.layers.winograd.winograd_pays`),
+    a stage's strided 1 × 1 shortcut on every s-th pixel, a depthwise 5 × 5 one in NHWC; otherwise the direct
+    kernel."""
+    if not _direct_only and winograd_pays(conv, x):
+        return winograd_conv3x3(x, weight, bias)
+    for kernel in (strided_pointwise_conv,) if _direct_only else (strided_pointwise_conv, depthwise_conv_nhwc):
+        output = kernel(conv, x, weight, bias)
+        if output is not None:
+            return output
+    return conv._conv_forward(x, weight, bias)
 
 
 class ConvNorm(nn.Module):

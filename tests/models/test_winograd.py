@@ -1,0 +1,159 @@
+"""A training step's convolutions by the faster algorithm on the CPU (detr/models/layers/conv_norm.py
+``training_conv``): a wide 3 × 3 one by Winograd's F(4 × 4, 3 × 3) (detr/models/layers/winograd.py), a depthwise
+5 × 5 one in NHWC. The same function as ``F.conv2d``: exact to float64 rounding in float64, within float32
+rounding in float32, forward and backward; a model's training loss and gradients the plain path's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import detr.models.layers.conv_norm as conv_norm
+import detr.models.layers.winograd as winograd
+from detr.models.dfine.hgnetv2 import ConvBNAct
+from detr.models.layers.conv_norm import ConvNorm, direct_convolutions
+from detr.models.layers.winograd import winograd_conv3x3, winograd_pays
+from tests.helpers_realtime import tiny_model
+
+
+def _outputs_and_gradients(convolve, x, weight, bias, grad_out):
+    leaves = [t.detach().clone().requires_grad_() for t in (x, weight) + ((bias,) if bias is not None else ())]
+    out = convolve(leaves[0], leaves[1], leaves[2] if bias is not None else None)
+    out.backward(grad_out)
+    return [out.detach()] + [leaf.grad for leaf in leaves]
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 8, 8), (2, 4, 9, 13), (1, 5, 4, 7), (2, 2, 1, 1)],
+                         ids=["tiles", "ragged", "one-row-of-tiles", "one-pixel"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
+def test_in_float64_it_is_the_convolution_to_rounding(shape, with_bias) -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=generator, dtype=torch.float64)
+    weight = torch.randn(6, shape[1], 3, 3, generator=generator, dtype=torch.float64)
+    bias = torch.randn(6, generator=generator, dtype=torch.float64) if with_bias else None
+    grad_out = torch.randn(shape[0], 6, *shape[2:], generator=generator, dtype=torch.float64)
+    ours = _outputs_and_gradients(winograd_conv3x3, x, weight, bias, grad_out)
+    plain = _outputs_and_gradients(lambda a, w, b: F.conv2d(a, w, b, padding=1), x, weight, bias, grad_out)
+    assert ours[0].shape == plain[0].shape and ours[0].is_contiguous()
+    for a, b in zip(ours, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_in_float32_it_is_within_float_rounding_of_the_direct_kernel() -> None:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 24, 18, 21, generator=generator)
+    weight = torch.randn(16, 24, 3, 3, generator=generator) * 0.2
+    bias = torch.randn(16, generator=generator)
+    grad_out = torch.randn(2, 16, 18, 21, generator=generator)
+    exact = _outputs_and_gradients(lambda a, w, b: F.conv2d(a, w, b, padding=1), x.double(), weight.double(),
+                                   bias.double(), grad_out.double())
+    ours = _outputs_and_gradients(winograd_conv3x3, x, weight, bias, grad_out)
+    for a, b in zip(ours, exact, strict=True):  # relative to the largest value: F(4 × 4, 3 × 3) rounds to ~1e-6
+        assert (a.double() - b).abs().max() <= 5e-5 * b.abs().max()
+
+
+def test_it_runs_where_it_pays_and_nowhere_else() -> None:
+    conv = torch.nn.Conv2d(128, 128, 3, padding=1, bias=False)
+    x = torch.randn(1, 128, 80, 80)
+    assert winograd_pays(conv, x)
+    assert winograd_pays(torch.nn.Conv2d(256, 512, 3, padding=1), torch.randn(2, 256, 40, 40))
+    with torch.no_grad():
+        assert not winograd_pays(conv, x)  # inference keeps the direct kernel (and the reference's exact numbers)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not winograd_pays(conv, x)
+    assert not winograd_pays(conv, x.double())
+    assert not winograd_pays(conv, x.contiguous(memory_format=torch.channels_last))
+    assert not winograd_pays(conv, x[..., :40, :40])  # a small map: the transforms cost more than they save
+    for other in (torch.nn.Conv2d(128, 128, 3, stride=2, padding=1), torch.nn.Conv2d(128, 128, 3, padding=0),
+                  torch.nn.Conv2d(128, 128, 3, padding=1, groups=2), torch.nn.Conv2d(128, 128, 3, padding=2,
+                                                                                  dilation=2),
+                  torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.Conv2d(128, 128, 1),
+                  torch.nn.Conv2d(128, 128, 3, padding=1, padding_mode="reflect")):
+        assert not winograd_pays(other, x)
+
+
+def _spy(monkeypatch, name: str) -> list[int]:
+    calls = []
+    original = getattr(conv_norm, name)
+    monkeypatch.setattr(conv_norm, name, lambda *args: calls.append(1) or original(*args))
+    return calls
+
+
+def _step(module: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor | None = None) -> list[torch.Tensor]:
+    module.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_()
+    out = module(x)
+    out.backward(grad_out if grad_out is not None else torch.ones_like(out))
+    return [out.detach(), x.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+
+
+def test_a_wide_convnorm_trains_by_winograd_with_the_plain_outputs_and_gradients(monkeypatch) -> None:
+    torch.manual_seed(0)
+    module = ConvNorm(128, 128, 3, activation=torch.nn.SiLU()).train()  # a trained BatchNorm, as the encoders'
+    x = torch.randn(2, 128, 80, 80)
+    grad_out = torch.randn(2, 128, 80, 80)
+    calls = _spy(monkeypatch, "winograd_conv3x3")
+    ours = _step(module, x, grad_out)
+    assert calls
+    with direct_convolutions():
+        plain = _step(module, x, grad_out)
+    assert len(calls) == 1
+    for a, b in zip(ours, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+
+
+def test_a_depthwise_5x5_trains_in_nhwc_and_hands_back_nchw(monkeypatch) -> None:
+    torch.manual_seed(0)
+    module = ConvBNAct(16, 16, 5, groups=16, lab=True).train()
+    x = torch.randn(2, 16, 12, 12)
+    calls = _spy(monkeypatch, "depthwise_conv_nhwc")
+    out = module(x)
+    assert calls and out.is_contiguous()
+    with direct_convolutions():
+        plain = module(x)
+    assert len(calls) == 1 and module(x) is not None and len(calls) == 2  # on again after the block
+    torch.testing.assert_close(out, plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["rtdetr", "dfine"])
+def test_a_training_step_is_as_close_to_exact_as_the_direct_kernels(family, monkeypatch) -> None:
+    """Every eligible convolution of a tiny model's backbone and encoder by Winograd (the thresholds lowered so that
+    its narrow layers qualify): its encoder maps and every gradient (of a random projection of the maps) against
+    the same step in float64: no farther than 10 times the direct kernels' float32 step, or 0.2 % of the largest
+    value. (The gradients of a tiny random model include sums over whole maps that cancel, such as HGNetV2's
+    affine biases, where float32 itself is off by 0.6 %. The decoder is left out: its top-k query selection may
+    pick other queries after any rounding difference where a random model's scores nearly tie.)"""
+    model = tiny_model(family).train()
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    generator = torch.Generator().manual_seed(3)
+    projections: list[torch.Tensor] = []
+
+    def step(model: torch.nn.Module, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        maps = model.encoder(model.backbone(images))
+        while len(projections) < len(maps):
+            projections.append(torch.randn(maps[len(projections)].shape, generator=generator, dtype=torch.float64))
+        sum((feature * projection.to(feature.dtype)).sum() for feature, projection in zip(maps, projections)
+            ).backward()
+        values = {f"map {level}": feature.detach().double() for level, feature in enumerate(maps)}
+        return values | {name: p.grad.double() for name, p in model.named_parameters() if p.grad is not None}
+
+    exact = step(copy.deepcopy(model).double(), images.double())
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
+    monkeypatch.setattr(winograd, "MIN_WORK", 1)
+    monkeypatch.setattr(winograd, "_CHUNK", 36 * 16 * 4)  # several bands of tiles per image
+    calls = _spy(monkeypatch, "winograd_conv3x3")
+    ours = step(model, images)
+    assert len(calls) >= 3
+    with direct_convolutions():
+        direct = step(model, images)
+    assert ours.keys() == direct.keys() == exact.keys()
+    largest = max(value.abs().max().item() for name, value in exact.items() if not name.startswith("map"))
+    for name, value in exact.items():
+        scale = max(value.abs().max().item(), 1e-3 * (largest if not name.startswith("map") else 1.0))
+        our_error = (ours[name] - value).abs().max().item() / scale
+        direct_error = (direct[name] - value).abs().max().item() / scale
+        assert our_error <= max(10 * direct_error, 2e-3), (name, our_error, direct_error)
