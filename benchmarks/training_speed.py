@@ -23,6 +23,7 @@ heads, loss sum).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -46,6 +47,7 @@ from detr.lightning.options import RuntimeOptions
 from detr.lightning.system import DetrSystem  # noqa: E402
 from detr.models.detr_family import DetrConfig  # noqa: E402
 from detr.models.layers import attention  # noqa: E402
+from detr.models.layers.conv_norm import direct_convolutions  # noqa: E402
 
 #: Our speed-ups, each switched on by name in ``--variants``.
 OPTIONS = {
@@ -59,9 +61,12 @@ OPTIONS = {
                      "detr.models.layers.cpu_kernels.dropout's (as before it; a comparison, not a speed-up)",
     "nchw_frozen_stages": "the frozen stem and layer1 in NCHW, as the trained stages (else NHWC on the CPU: "
                           "the backbone's frozen_stages_channels_last; a comparison, not a speed-up)",
+    "direct_convolutions": "every convolution by oneDNN's direct kernel, as before the wide 3 × 3 ones ran by "
+                           "Winograd (detr.models.layers.conv_norm.direct_convolutions; a comparison, not a "
+                           "speed-up)",
 }
 #: Options that are not speed-ups of ours, left out of "all".
-NOT_IN_ALL = ("compile", "torch_dropout", "nchw_frozen_stages")
+NOT_IN_ALL = ("compile", "torch_dropout", "nchw_frozen_stages", "direct_convolutions")
 DEFAULT = ("fold_batch_norm", "fused_adamw", "foreach_clip")  # what DetrSystem does by default
 
 
@@ -149,12 +154,15 @@ class OurTrainer:
         self.timer.watch(self.system.criterion, "criterion")
 
     def step(self, batch: tuple) -> torch.Tensor:
+        kernels = direct_convolutions() if "direct_convolutions" in self.options else contextlib.nullcontext()
         if "torch_dropout" not in self.options:
-            return self._step(batch)
+            with kernels:
+                return self._step(batch)
         ours = attention.dropout
         attention.dropout = lambda x, p, training=True: F.dropout(x, p, training)  # read at call time
         try:
-            return self._step(batch)
+            with kernels:
+                return self._step(batch)
         finally:
             attention.dropout = ours
 
