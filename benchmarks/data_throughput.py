@@ -36,6 +36,21 @@ def rate(count: int, seconds: float) -> str:
     return f"{count / seconds:7.1f} images/s  ({1000 * seconds / count:6.1f} ms/image, {count} images)"
 
 
+def loader_throughput(dataset, order: list[int], workers: int, batch_size: int, seed: int) -> tuple[int, float]:
+    """Images delivered and seconds taken by a DataLoader of ``workers`` processes over the samples ``order`` (in a
+    seeded random order), after its first batch (workers started and warm)."""
+    sampler = torch.utils.data.SubsetRandomSampler(order, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                        collate_fn=collate_detection, worker_init_fn=seed_worker_transform)
+    iterator = iter(loader)
+    next(iterator)
+    start = time.perf_counter()
+    count = 0
+    for _, _, targets in iterator:
+        count += len(targets)
+    return count, time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", default="data/coco-mini", help="COCO-layout folder")
@@ -69,16 +84,7 @@ def main() -> None:
     print(f"(2) train pipeline, 1 process (1 worker): {rate(len(order), time.perf_counter() - start)}")
 
     if args.workers > 0:
-        sampler = torch.utils.data.SubsetRandomSampler(order, generator=torch.Generator().manual_seed(args.seed))
-        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
-                            collate_fn=collate_detection, worker_init_fn=seed_worker_transform)
-        iterator = iter(loader)
-        next(iterator)  # workers started and warm
-        start = time.perf_counter()
-        count = 0
-        for _, _, targets in iterator:
-            count += len(targets)
-        seconds = time.perf_counter() - start
+        count, seconds = loader_throughput(dataset, order, args.workers, args.batch_size, args.seed)
         label = f"(3) DataLoader, {args.workers} workers, batch {args.batch_size}:".ljust(42)
         print(f"{label}{rate(count, seconds)} total, "
               f"{count / seconds / args.workers:.1f} images/s per worker")

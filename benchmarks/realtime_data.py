@@ -31,19 +31,17 @@ import albumentations
 import cv2
 import numpy as np
 import torch
+from data_throughput import loader_throughput
 from machine import describe_machine
 from PIL import Image
-from torch.utils.data import DataLoader
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from detr.data.coco import CocoDetection
-from detr.data.collate import collate_detection
 from detr.data.dense_o2o import DenseO2OTransform
 from detr.data.images import load_rgb_image
 from detr.data.training_epoch import SharedEpoch
 from detr.data.transforms import make_rtdetr_train_transform
-from detr.lightning.datamodule import seed_worker_transform
 
 
 def authors_pipeline(size: int) -> v2.Compose:
@@ -128,16 +126,7 @@ def main() -> None:
     if args.workers > 0:
         order = [i % len(dataset) for i in range(max(4 * args.batch_size * args.workers, 2 * len(dataset)))]
         random.Random(args.seed).shuffle(order)
-        sampler = torch.utils.data.SubsetRandomSampler(order, generator=torch.Generator().manual_seed(args.seed))
-        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
-                            collate_fn=collate_detection, worker_init_fn=seed_worker_transform)
-        iterator = iter(loader)
-        next(iterator)  # workers started and warm
-        start = time.perf_counter()
-        count = 0
-        for _, _, targets in iterator:
-            count += len(targets)
-        seconds = time.perf_counter() - start
+        count, seconds = loader_throughput(dataset, order, args.workers, args.batch_size, args.seed)
         print(f"(5) DataLoader, {args.workers} workers, batch {args.batch_size}, decode + rtdetr: "
               f"{rate(count, seconds)}, {count / seconds / args.workers:.1f} images/s per worker")
 
