@@ -75,10 +75,10 @@ def strided_pointwise_conv(conv: nn.Conv2d, x: torch.Tensor, weight: torch.Tenso
 def depthwise_conv_nhwc(conv: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                         ) -> torch.Tensor | None:
     """A depthwise convolution of kernel 5 or more and stride 1 with ``weight`` and ``bias`` in a training step on
-    the CPU, run in NHWC and handed back in NCHW: the same product, whose backward oneDNN runs 3-6 times faster in
-    NHWC (2 × 64 × 40 × 40, 5 × 5, 2 threads: 12.6 against 3.6 ms forward and backward with both conversions;
-    docs/measurements/speed.md); its forward alone is no faster, so inference keeps NCHW. None for any other
-    convolution, device or layout (an NHWC ``x`` runs in NHWC anyway: the caller runs it as it is).""" 
+    the CPU, run in NHWC and handed back in NCHW: the same product, whose backward oneDNN runs several times faster
+    in NHWC (2 × 64 × 40 × 40, 5 × 5, 2 threads: 14.8 against 2.1 ms forward and backward with both conversions:
+    benchmarks/convolutions.py); its forward alone is no faster, so inference keeps NCHW. None for any other
+    convolution, device or layout (an NHWC ``x`` runs in NHWC anyway: the caller runs it as it is)."""
     if (x.device.type != "cpu" or not torch.is_grad_enabled() or not x.is_contiguous() or conv.groups == 1
             or not conv.groups == conv.in_channels == conv.out_channels or conv.stride != (1, 1)
             or min(conv.kernel_size) < 5):

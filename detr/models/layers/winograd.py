@@ -10,10 +10,11 @@ gradient is this convolution of the output's gradient with the flipped, transpos
 is the batched product of the output's gradient (carried by ``Aᵀ``'s transpose) with the input's tiles. The tiles
 go through in bands of a few rows, so that the temporaries stay small and the step saves only the padded input.
 
-The numbers are the direct convolution's up to float rounding (relative differences of about 1e-5 on unit-scale
-data, against 3e-7 for oneDNN's direct kernel: tests/models/test_winograd.py), so a caller uses it where a plain
-float32 convolution would run and the gradients are wanted; :func:`winograd_pays` says where it is the faster of
-the two (docs/measurements/speed.md). On a GPU cuDNN chooses its own algorithms, and this module is not used.
+The numbers are the direct convolution's up to float rounding (about 1e-5 of the largest value from the float64
+convolution, against 1-5e-6 for oneDNN's direct kernel: benchmarks/convolutions.py, tests/models/test_winograd.py),
+so a caller uses it where a plain float32 convolution would run and the gradients are wanted; :func:`winograd_pays`
+says where it is the faster of the two (docs/measurements/speed.md). On a GPU cuDNN chooses its own algorithms, and
+this module is not used.
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ def _filter_gradient(padded: torch.Tensor, grad_output: torch.Tensor, weight_sha
 
 class _Winograd3x3(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None  # noqa: ANN001
-                ) -> torch.Tensor:
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
         padded = _padded(x)
         ctx.save_for_backward(padded if ctx.needs_input_grad[1] else None, weight)
         ctx.has_bias = bias is not None
@@ -138,8 +139,8 @@ class _Winograd3x3(torch.autograd.Function):
         return output if bias is None else output + bias.view(1, -1, 1, 1)
 
     @staticmethod
-    def backward(ctx, grad_output: torch.Tensor
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:  # noqa: ANN001
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_output: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         padded, weight = ctx.saved_tensors
         grad_output = grad_output.contiguous()
         grad_x = grad_weight = grad_bias = None
