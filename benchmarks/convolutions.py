@@ -3,11 +3,11 @@
 depthwise 5 × 5 ones), forward and backward (the input's and the weight's gradients), and each one's distance from
 the float64 convolution.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/convolutions.py [--threads 2] [--repeats 5]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/convolutions.py [--threads 2] [--repeats 5] [--batch 2]
 
-The shapes are those of RT-DETR-R18's and D-FINE-S's steps at 640 × 640 and DETR-R50's at 512 × 683, batch 2; each
-time is the fastest of ``--repeats`` after a warm-up (ms); error: the largest difference from float64 relative to
-the largest value, of the output and of both gradients. "used" says whether ``training_conv`` takes the other
+The shapes are those of RT-DETR-R18's and D-FINE-S's steps at 640 × 640 and DETR-R50's at 512 × 683 (batch 2, or
+``--batch``); each time is the fastest of ``--repeats`` after a warm-up (ms); error: the largest difference from
+float64 relative to the largest value, of the output and of both gradients. "used" says whether ``training_conv`` takes the other
 algorithm for that shape (``winograd_pays``: the thresholds come from this table). Results:
 docs/measurements/speed.md, "Winograd".
 """
@@ -50,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=2, help="images per batch (the shapes' first dimension)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
@@ -57,6 +58,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(0)
     for shape, out_channels, kernel, groups in SHAPES:
+        shape = (args.batch, *shape[1:])
         conv = torch.nn.Conv2d(shape[1], out_channels, kernel, padding=kernel // 2, groups=groups, bias=False)
         x = torch.randn(shape, generator=generator).requires_grad_()
         weight = (torch.randn(conv.weight.shape, generator=generator) * 0.05).requires_grad_()

@@ -29,7 +29,10 @@ def _outputs_and_gradients(convolve, x, weight, bias, grad_out):
 @pytest.mark.parametrize("shape", [(1, 3, 8, 8), (2, 4, 9, 13), (1, 5, 4, 7), (2, 2, 1, 1)],
                          ids=["tiles", "ragged", "one-row-of-tiles", "one-pixel"])
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
-def test_in_float64_it_is_the_convolution_to_rounding(shape, with_bias) -> None:
+@pytest.mark.parametrize("chunk", [None, 36 * 6], ids=["whole-images-per-band", "a-row-of-tiles-per-band"])
+def test_in_float64_it_is_the_convolution_to_rounding(shape, with_bias, chunk, monkeypatch) -> None:
+    if chunk is not None:
+        monkeypatch.setattr(winograd, "_CHUNK", chunk)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=generator, dtype=torch.float64)
     weight = torch.randn(6, shape[1], 3, 3, generator=generator, dtype=torch.float64)
@@ -67,6 +70,9 @@ def test_it_runs_where_it_pays_and_nowhere_else() -> None:
     assert not winograd_pays(conv, x.double())
     assert not winograd_pays(conv, x.contiguous(memory_format=torch.channels_last))
     assert not winograd_pays(conv, x[..., :40, :40])  # a small map: the transforms cost more than they save
+    wide = torch.nn.Conv2d(512, 512, 3, padding=1)
+    assert winograd_pays(wide, torch.randn(4, 512, 20, 20))  # 512 channels on 20 × 20 pay from 4 images on
+    assert not winograd_pays(wide, torch.randn(2, 512, 20, 20))
     for other in (torch.nn.Conv2d(128, 128, 3, stride=2, padding=1), torch.nn.Conv2d(128, 128, 3, padding=0),
                   torch.nn.Conv2d(128, 128, 3, padding=1, groups=2), torch.nn.Conv2d(128, 128, 3, padding=2,
                                                                                   dilation=2),

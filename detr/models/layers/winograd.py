@@ -34,11 +34,15 @@ _TILE, _OUT = 6, 4  # an input tile and the output tile it gives
 _CHUNK = 1 << 22
 
 #: Where F(4 × 4, 3 × 3) beats oneDNN's direct kernel on 2 cores, forward and backward together
-#: (docs/measurements/speed.md, "Winograd"): at least :data:`MIN_CHANNELS` channels in and out, and at least
-#: :data:`MIN_WORK` = the smaller channel count × the map's pixels (256 channels on 40 × 40, 128 on 80 × 80); below
-#: them the transforms' passes over memory cost more than the products saved.
+#: (benchmarks/convolutions.py; docs/measurements/speed.md, "Winograd"): at least :data:`MIN_CHANNELS` channels in
+#: and out, and either the smaller channel count × one image's pixels at least :data:`MIN_WORK` (256 channels on
+#: 40 × 40, 128 on 80 × 80), or at least :data:`WIDE_CHANNELS` channels and the batch's pixels at least
+#: :data:`WIDE_MIN_PIXELS` (512 channels on 20 × 20 pay from 4 images on: 0.82, 8 images 0.66, 2 images 1.01).
+#: Below them the transforms' passes over memory cost more than the products saved.
 MIN_CHANNELS = 128
 MIN_WORK = 256 * 40 * 40
+WIDE_CHANNELS = 512
+WIDE_MIN_PIXELS = 4 * 20 * 20
 
 _matrices: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
@@ -62,20 +66,27 @@ def _padded(x: torch.Tensor) -> torch.Tensor:
     return F.pad(x, (1, 1 + -width % _OUT, 1, 1 + -height % _OUT))
 
 
-def _bands(padded: torch.Tensor, channels: int) -> list[tuple[int, int]]:
-    """The rows of tiles [first, last) of one image that go through the transforms together: as many as keep a
-    band's transformed tiles (36 · channels · tiles) within :data:`_CHUNK` numbers, so that its temporaries are
-    reused from band to band instead of a map-sized allocation each."""
+def _bands(padded: torch.Tensor, channels: int) -> list[tuple[slice, int, int]]:
+    """The tiles that go through the transforms together, as (images, first row of tiles, last row + 1): as many
+    as keep a band's transformed tiles (36 · channels · tiles) within :data:`_CHUNK` numbers, so that the
+    temporaries are reused from band to band instead of a map-sized allocation each: whole images together where
+    they fit (small maps), else a few rows of one image."""
+    count = padded.shape[0]
     rows, columns = (padded.shape[-2] - 2) // _OUT, (padded.shape[-1] - 2) // _OUT
-    per_band = max(1, _CHUNK // (_TILE * _TILE * channels * columns))
-    return [(first, min(first + per_band, rows)) for first in range(0, rows, per_band)]
+    per_band = _CHUNK // (_TILE * _TILE * channels * columns)  # rows of tiles
+    if per_band >= rows:
+        images = max(1, per_band // rows)
+        return [(slice(first, min(first + images, count)), 0, rows) for first in range(0, count, images)]
+    per_band = max(1, per_band)
+    return [(slice(image, image + 1), first, min(first + per_band, rows))
+            for image in range(count) for first in range(0, rows, per_band)]
 
 
-def _band_tiles(padded: torch.Tensor, image: int, first: int, last: int) -> torch.Tensor:
-    """The transformed input tiles ``Bᵀ d B`` of one band of one image: [36, C, tiles of the band]."""
+def _band_tiles(padded: torch.Tensor, images: slice, first: int, last: int) -> torch.Tensor:
+    """The transformed input tiles ``Bᵀ d B`` of one band: [36, C, tiles of the band (image, row, column)]."""
     channels = padded.shape[1]
-    tiles = padded[image, :, _OUT * first:_OUT * last + 2].unfold(1, _TILE, _OUT).unfold(2, _TILE, _OUT)
-    tiles = tiles.permute(3, 4, 0, 1, 2).reshape(_TILE * _TILE, -1)  # [36, C · rows · columns], one copy
+    tiles = padded[images, :, _OUT * first:_OUT * last + 2].unfold(2, _TILE, _OUT).unfold(3, _TILE, _OUT)
+    tiles = tiles.permute(4, 5, 1, 0, 2, 3).reshape(_TILE * _TILE, -1)  # [36, C · images · rows · columns], a copy
     return (_transforms(padded)[0] @ tiles).view(_TILE * _TILE, channels, -1)
 
 
@@ -94,13 +105,12 @@ def _convolve(padded: torch.Tensor, filters: torch.Tensor, height: int, width: i
     rows, columns = (padded.shape[-2] - 2) // _OUT, (padded.shape[-1] - 2) // _OUT
     output_transform = _transforms(padded)[2]
     output = padded.new_empty(count, out_channels, rows * _OUT, columns * _OUT)
-    for image in range(count):
-        for first, last in _bands(padded, max(in_channels, out_channels)):
-            products = torch.bmm(filters, _band_tiles(padded, image, first, last))  # [36, O, tiles]
-            tiles = (output_transform @ products.view(_TILE * _TILE, -1)).view(_OUT, _OUT, out_channels,
-                                                                               last - first, columns)
-            band = output[image, :, _OUT * first:_OUT * last].view(out_channels, last - first, _OUT, columns, _OUT)
-            band.copy_(tiles.permute(2, 3, 0, 4, 1))
+    for images, first, last in _bands(padded, max(in_channels, out_channels)):
+        products = torch.bmm(filters, _band_tiles(padded, images, first, last))  # [36, O, tiles]
+        tiles = (output_transform @ products.view(_TILE * _TILE, -1)).view(_OUT, _OUT, out_channels, -1,
+                                                                           last - first, columns)
+        band = output[images, :, _OUT * first:_OUT * last]
+        band.view(-1, out_channels, last - first, _OUT, columns, _OUT).copy_(tiles.permute(3, 2, 4, 0, 5, 1))
     if output.shape[-2:] != (height, width):
         output = output[..., :height, :width].contiguous()
     return output
@@ -111,19 +121,17 @@ def _filter_gradient(padded: torch.Tensor, grad_output: torch.Tensor, weight_sha
     domain [36, O, tiles] times the band's input tiles [36, C, tiles] (transformed again rather than kept from the
     forward: the step then saves the padded input only, as the direct kernel saves its input), summed, then back
     through ``G``."""
-    count, out_channels, height, width = grad_output.shape
+    _, out_channels, height, width = grad_output.shape
     in_channels = padded.shape[1]
     columns = (padded.shape[-1] - 2) // _OUT
     grad_output = F.pad(grad_output, (0, -width % _OUT, 0, -height % _OUT))
     filter_transform, output_transform = _transforms(grad_output)[1:]
     grad_filters = grad_output.new_zeros(_TILE * _TILE, out_channels, in_channels)
-    for image in range(count):
-        for first, last in _bands(padded, max(in_channels, out_channels)):
-            band = grad_output[image, :, _OUT * first:_OUT * last].view(out_channels, last - first, _OUT, columns,
-                                                                         _OUT)
-            band = band.permute(2, 4, 0, 1, 3).reshape(_OUT * _OUT, -1)  # [16, O · tiles]
-            grad_products = (output_transform.t() @ band).view(_TILE * _TILE, out_channels, -1)
-            grad_filters.baddbmm_(grad_products, _band_tiles(padded, image, first, last).transpose(1, 2))
+    for images, first, last in _bands(padded, max(in_channels, out_channels)):
+        band = grad_output[images, :, _OUT * first:_OUT * last]
+        band = band.view(-1, out_channels, last - first, _OUT, columns, _OUT).permute(3, 5, 1, 0, 2, 4)
+        grad_products = (output_transform.t() @ band.reshape(_OUT * _OUT, -1)).view(_TILE * _TILE, out_channels, -1)
+        grad_filters.baddbmm_(grad_products, _band_tiles(padded, images, first, last).transpose(1, 2))
     grad_weight = filter_transform.t() @ grad_filters.view(_TILE * _TILE, -1)  # [9, O · C]
     return grad_weight.view(3, 3, *weight_shape[:2]).permute(2, 3, 0, 1).contiguous()
 
@@ -166,11 +174,18 @@ def winograd_conv3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 def winograd_pays(conv: nn.Conv2d, x: torch.Tensor) -> bool:
     """Whether ``conv`` on ``x`` is a training convolution that :func:`winograd_conv3x3` runs faster than the
     direct kernel: on the CPU, float32 (no autocast), NCHW, with gradients, a plain 3 × 3 filter (stride,
-    dilation and groups 1, padding 1) of at least :data:`MIN_CHANNELS` channels in and out on a map large enough
-    for them (:data:`MIN_WORK`)."""
+    dilation and groups 1, padding 1) of at least :data:`MIN_CHANNELS` channels in and out on maps large enough
+    for them (:data:`MIN_WORK`, :data:`WIDE_MIN_PIXELS`)."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and torch.is_grad_enabled()
             and not torch.is_autocast_enabled("cpu") and x.is_contiguous()
             and conv.kernel_size == (3, 3) and conv.stride == (1, 1) and conv.padding == (1, 1)
             and conv.dilation == (1, 1) and conv.groups == 1 and conv.padding_mode == "zeros"
-            and min(conv.in_channels, conv.out_channels) >= MIN_CHANNELS
-            and min(conv.in_channels, conv.out_channels) * x.shape[-2] * x.shape[-1] >= MIN_WORK)
+            and _enough_work(min(conv.in_channels, conv.out_channels), x.shape[0], x.shape[-2] * x.shape[-1]))
+
+
+def _enough_work(channels: int, images: int, pixels: int) -> bool:
+    """Whether a convolution of ``channels`` (the smaller count) over ``images`` maps of ``pixels`` is large enough
+    for Winograd to pay (:data:`MIN_CHANNELS`, :data:`MIN_WORK`, :data:`WIDE_CHANNELS`)."""
+    if channels < MIN_CHANNELS:
+        return False
+    return channels * pixels >= MIN_WORK or (channels >= WIDE_CHANNELS and images * pixels >= WIDE_MIN_PIXELS)
