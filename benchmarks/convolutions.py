@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 if "OMP_WAIT_POLICY" not in os.environ:
@@ -90,7 +89,6 @@ def main() -> None:
         print(f"| {' × '.join(map(str, shape))} | {filter_text} | {times[0]:.1f} | {times[1]:.1f} ({name}) | "
               f"{times[1] / times[0]:.2f} | {'yes' if used else 'no'} | {errors[0]:.1e} | {errors[1]:.1e} |",
               flush=True)
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

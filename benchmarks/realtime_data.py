@@ -31,7 +31,7 @@ import albumentations
 import cv2
 import numpy as np
 import torch
-from data_throughput import loader_throughput
+from data_throughput import loader_throughput, rate
 from machine import describe_machine
 from PIL import Image
 from torchvision import tv_tensors
@@ -67,10 +67,6 @@ def authors_step(pipeline: v2.Compose, image: Image.Image, boxes: np.ndarray, la
     image, target = pipeline(image, target)
     target["boxes"] = target["boxes"] / torch.tensor([image.shape[-1], image.shape[-2]] * 2)  # their ConvertBoxes
     return image, target
-
-
-def rate(count: int, seconds: float) -> str:
-    return f"{count / seconds:7.1f} images/s ({1000 * seconds / count:6.1f} ms/image)"
 
 
 def main() -> None:

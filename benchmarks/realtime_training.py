@@ -352,9 +352,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     sides: dict[str, dict[str, Side]] = {}
-    ours_models = {}
     for name in args.models:
-        title = MODELS[name][0]
         square = SIZES.get(name, SIZE)
         photos = square_photos(square)
         images = photos[torch.arange(args.batch) % len(photos)].contiguous()
@@ -393,7 +391,6 @@ def main() -> None:
         if args.direct_convolutions:  # the same model and optimizer: one more step per round
             sides[name]["direct"] = our_side(ours, criterion, optimizer, images, mask, targets,
                                              kernels=direct_convolutions)
-        ours_models[name] = (title, sides[name]["ours"])
         if args.components:
             watch_theirs(sides[name]["theirs"].timer, theirs)
             watch_ours(sides[name]["ours"].timer, ours, criterion)
@@ -451,12 +448,12 @@ def main() -> None:
                 print(f"  {part:12} {values[0]:14.3f} {values[1]:8.3f}")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
-        for name, (title, _) in ours_models.items():
+        for name in sides:
             for side_name, side in sides[name].items():
                 with profile(activities=[ProfilerActivity.CPU]) as profiler:
                     side.step()
                     side.step()
-                print(f"\n{title}: two steps' top operators, {side_name}")
+                print(f"\n{MODELS[name][0]}: two steps' top operators, {side_name}")
                 print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
 

@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 if "--omp-passive" in sys.argv:  # before torch starts its OpenMP pool
@@ -130,6 +131,17 @@ class Timer:
         self.seconds[phase] += seconds
 
 
+@contextlib.contextmanager
+def torch_dropout() -> Iterator[None]:
+    """Within the block, the layers' dropout is torch's own draw (``F.dropout``, read at call time)."""
+    ours = attention.dropout
+    attention.dropout = lambda x, p, training=True: F.dropout(x, p, training)
+    try:
+        yield
+    finally:
+        attention.dropout = ours
+
+
 class OurTrainer:
     """DetrSystem's training step (as Lightning runs it: model, compute_losses, backward, clip, AdamW)."""
 
@@ -154,17 +166,12 @@ class OurTrainer:
         self.timer.watch(self.system.criterion, "criterion")
 
     def step(self, batch: tuple) -> torch.Tensor:
-        kernels = direct_convolutions() if "direct_convolutions" in self.options else contextlib.nullcontext()
-        if "torch_dropout" not in self.options:
-            with kernels:
-                return self._step(batch)
-        ours = attention.dropout
-        attention.dropout = lambda x, p, training=True: F.dropout(x, p, training)  # read at call time
-        try:
-            with kernels:
-                return self._step(batch)
-        finally:
-            attention.dropout = ours
+        with contextlib.ExitStack() as options:
+            if "direct_convolutions" in self.options:
+                options.enter_context(direct_convolutions())
+            if "torch_dropout" in self.options:
+                options.enter_context(torch_dropout())
+            return self._step(batch)
 
     def _step(self, batch: tuple) -> torch.Tensor:
         images, mask, targets = batch

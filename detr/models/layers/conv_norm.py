@@ -76,13 +76,14 @@ def training_conv(conv: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, bias: 
     (:func:`~detr.models.layers.winograd.winograd_conv3x3` where :func:`~detr.models.layers.winograd.winograd_pays`),
     a stage's strided 1 × 1 shortcut on every s-th pixel, a depthwise 5 × 5 one in NHWC; otherwise the direct
     kernel."""
-    if not _direct_only and winograd_pays(conv, x):
-        return winograd_conv3x3(x, weight, bias)
-    for kernel in (strided_pointwise_conv,) if _direct_only else (strided_pointwise_conv, depthwise_conv_nhwc):
-        output = kernel(conv, x, weight, bias)
-        if output is not None:
-            return output
-    return conv._conv_forward(x, weight, bias)
+    if not _direct_only:
+        if winograd_pays(conv, x):
+            return winograd_conv3x3(x, weight, bias)
+        depthwise = depthwise_conv_nhwc(conv, x, weight, bias)
+        if depthwise is not None:
+            return depthwise
+    shortcut = strided_pointwise_conv(conv, x, weight, bias)
+    return shortcut if shortcut is not None else conv._conv_forward(x, weight, bias)
 
 
 class ConvNorm(nn.Module):

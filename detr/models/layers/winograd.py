@@ -117,14 +117,12 @@ def _convolve(padded: torch.Tensor, filters: torch.Tensor, height: int, width: i
 
 
 def _filter_gradient(padded: torch.Tensor, grad_output: torch.Tensor, weight_shape: torch.Size) -> torch.Tensor:
-    """The filters' gradient: per band, the output's gradient carried back through ``Aᵀ`` into the transform
-    domain [36, O, tiles] times the band's input tiles [36, C, tiles] (transformed again rather than kept from the
-    forward: the step then saves the padded input only, as the direct kernel saves its input), summed, then back
-    through ``G``."""
-    _, out_channels, height, width = grad_output.shape
-    in_channels = padded.shape[1]
+    """The filters' gradient from the output's gradient zero-padded to whole tiles: per band, that gradient
+    carried back through ``Aᵀ`` into the transform domain [36, O, tiles] times the band's input tiles [36, C, tiles]
+    (transformed again rather than kept from the forward: the step then saves the padded input only, as the direct
+    kernel saves its input), summed, then back through ``G``."""
+    out_channels, in_channels = grad_output.shape[1], padded.shape[1]
     columns = (padded.shape[-1] - 2) // _OUT
-    grad_output = F.pad(grad_output, (0, -width % _OUT, 0, -height % _OUT))
     filter_transform, output_transform = _transforms(grad_output)[1:]
     grad_filters = grad_output.new_zeros(_TILE * _TILE, out_channels, in_channels)
     for images, first, last in _bands(padded, max(in_channels, out_channels)):
@@ -150,13 +148,15 @@ class _Winograd3x3(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_output: torch.Tensor
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         padded, weight = ctx.saved_tensors
-        grad_output = grad_output.contiguous()
         grad_x = grad_weight = grad_bias = None
+        # one padded copy of the gradient: with its border of 1 for the input's gradient, without it (a view) for
+        # the filters'
+        padded_grad = _padded(grad_output)
         if ctx.needs_input_grad[0]:  # a 3 × 3 convolution of the gradient with the flipped, transposed filters
             flipped = _filter_transform(weight.transpose(0, 1).flip(2, 3))
-            grad_x = _convolve(_padded(grad_output), flipped, *grad_output.shape[-2:])
+            grad_x = _convolve(padded_grad, flipped, *grad_output.shape[-2:])
         if ctx.needs_input_grad[1]:
-            grad_weight = _filter_gradient(padded, grad_output, weight.shape)
+            grad_weight = _filter_gradient(padded, padded_grad[..., 1:-1, 1:-1], weight.shape)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_output.sum((0, 2, 3))
         return grad_x, grad_weight, grad_bias
