@@ -163,3 +163,41 @@ def test_a_training_step_is_as_close_to_exact_as_the_direct_kernels(family, monk
         our_error = (ours[name] - value).abs().max().item() / scale
         direct_error = (direct[name] - value).abs().max().item() / scale
         assert our_error <= max(10 * direct_error, 2e-3), (name, our_error, direct_error)
+
+
+@pytest.mark.parametrize("family", ["rtdetr", "dfine"])
+def test_the_stride_4_part_trains_in_nhwc_and_hands_nchw_to_the_next_stage(family) -> None:
+    """A CPU training step runs the backbone's stem and first stage in NHWC (``stride_four_nhwc``), the second stage
+    on in NCHW; its maps and gradients are the all-NCHW step's to float rounding; inference keeps NCHW."""
+    model = tiny_model(family).train()
+    backbone = model.backbone
+    stem, stages = (backbone.conv1, backbone.res_layers) if family == "rtdetr" else (backbone.stem, backbone.stages)
+    layouts: list[tuple[str, bool]] = []
+
+    def record(name: str):
+        return lambda module, inputs: layouts.append((name, inputs[0].is_contiguous()))
+    stem.register_forward_pre_hook(record("stem"))
+    stages[0].register_forward_pre_hook(record("stage 1"))
+    stages[1].register_forward_pre_hook(record("stage 2"))
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(4))
+
+    def step() -> list[torch.Tensor]:
+        backbone.zero_grad(set_to_none=True)
+        maps = backbone(images)
+        sum((feature * torch.linspace(-1, 1, feature.numel()).view_as(feature)).sum() for feature in maps).backward()
+        assert all(feature.is_contiguous() for feature in maps)
+        return [feature.detach() for feature in maps] + [p.grad for p in backbone.parameters() if p.grad is not None]
+
+    ours = step()
+    assert layouts == [("stem", False), ("stage 1", False), ("stage 2", True)]
+    layouts.clear()
+    with direct_convolutions():
+        plain = step()
+    assert layouts == [("stem", True), ("stage 1", True), ("stage 2", True)]
+    assert len(ours) == len(plain) > 3
+    for a, b in zip(ours, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * max(b.abs().max().item(), 1.0))
+    layouts.clear()
+    with torch.no_grad():
+        backbone(images)
+    assert all(contiguous for _, contiguous in layouts)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from detr.models.layers.conv_norm import conv_frozen_norm, fold_norm_into_conv
+from detr.models.layers.conv_norm import conv_frozen_norm, fold_norm_into_conv, stride_four_nhwc
 
 
 @dataclass(frozen=True)
@@ -223,11 +223,13 @@ class HGNetV2(nn.Module):
 
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
         """images [B, 3, H, W] → the last ``num_outputs`` stages' maps, each [B, c, H / s, W / s]."""
-        if self.channels_last:
+        if self.channels_last or stride_four_nhwc(self, images):
             images = images.contiguous(memory_format=torch.channels_last)
         x = self.stem(images)
         outputs = []
-        for stage in self.stages:
+        for index, stage in enumerate(self.stages):
+            if index == 1 and not self.channels_last:
+                x = x.contiguous()  # NCHW from stride 8 on (a training step's stride-4 part ran in NHWC)
             x = stage(x)
             outputs.append(x)
         return outputs[-self.num_outputs:]

@@ -22,7 +22,7 @@ from torch import nn
 
 from detr.models.backbone import norm_layer
 from detr.models.config import BackboneName, BackboneNorm
-from detr.models.layers.conv_norm import ConvNorm, Norm
+from detr.models.layers.conv_norm import ConvNorm, Norm, stride_four_nhwc
 
 #: Blocks per stage and whether they are bottlenecks, per depth (as torchvision's ResNets).
 DEPTHS: dict[str, tuple[tuple[int, int, int, int], bool]] = {
@@ -127,7 +127,7 @@ class ResNetVd(nn.Module):
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
         """images [B, 3, H, W] → [C3 [B, c3, H/8, W/8], C4 [.., H/16, ..], C5 [.., H/32, ..]] (sizes rounded up);
         float32 maps when ``autocast_dtype`` is set."""
-        if self.channels_last:
+        if self.channels_last or stride_four_nhwc(self, images):
             images = images.contiguous(memory_format=torch.channels_last)
         # no context at all without autocast_dtype: an enclosing autocast (e.g. bf16-mixed) then applies
         context = (contextlib.nullcontext() if self.autocast_dtype is None
@@ -136,6 +136,8 @@ class ResNetVd(nn.Module):
             x = F.max_pool2d(self.conv1(images), kernel_size=3, stride=2, padding=1)
             outputs = []
             for index, stage in enumerate(self.res_layers):
+                if index == 1 and not self.channels_last:
+                    x = x.contiguous()  # NCHW from stride 8 on (a training step's stride-4 part ran in NHWC)
                 x = stage(x)
                 if index > 0:
                     outputs.append(x)
