@@ -1,6 +1,7 @@
 """A training step's convolutions by the faster algorithm on the CPU (detr/models/layers/conv_norm.py
 ``training_conv``): a wide 3 × 3 one by Winograd's F(4 × 4, 3 × 3) (detr/models/layers/winograd.py), a depthwise
-5 × 5 one in NHWC. The same function as ``F.conv2d``: exact to float64 rounding in float64, within float32
+5 × 5 one in NHWC, a 1 × 1 one of an upsampled concatenation by parts, a backbone's stride-4 part in NHWC. The
+same function as ``F.conv2d``: exact to float64 rounding in float64, within float32
 rounding in float32, forward and backward; a model's training loss and gradients the plain path's."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 import detr.models.layers.conv_norm as conv_norm
 import detr.models.layers.winograd as winograd
 from detr.models.dfine.hgnetv2 import ConvBNAct
-from detr.models.layers.conv_norm import ConvNorm, direct_convolutions
+from detr.models.layers.conv_norm import ConvNorm, UpsampledConcat, concat_conv, direct_convolutions
 from detr.models.layers.winograd import winograd_conv3x3, winograd_pays
 from tests.helpers_realtime import tiny_model
 
@@ -201,3 +202,63 @@ def test_the_stride_4_part_trains_in_nhwc_and_hands_nchw_to_the_next_stage(famil
     with torch.no_grad():
         backbone(images)
     assert all(contiguous for _, contiguous in layouts)
+
+
+@pytest.mark.parametrize("kernel", [1, 3], ids=["1x1-by-parts", "3x3-written-out"])
+def test_a_convolution_of_an_upsampled_concatenation_is_the_concatenations(kernel) -> None:
+    generator = torch.Generator().manual_seed(5)
+    coarse = torch.randn(2, 3, 4, 5, generator=generator, dtype=torch.float64)
+    fine = torch.randn(2, 4, 8, 10, generator=generator, dtype=torch.float64)
+    conv = torch.nn.Conv2d(7, 6, kernel, padding=kernel // 2).double()
+    grad_out = torch.randn(2, 6, 8, 10, generator=generator, dtype=torch.float64)
+
+    def outputs_and_gradients(convolve) -> list[torch.Tensor]:
+        leaves = [t.detach().clone().requires_grad_() for t in (coarse, fine, conv.weight, conv.bias)]
+        out = convolve(UpsampledConcat(leaves[0], leaves[1]), leaves[2], leaves[3])
+        out.backward(grad_out)
+        return [out.detach()] + [leaf.grad for leaf in leaves]
+
+    ours = outputs_and_gradients(lambda x, weight, bias: concat_conv(conv, x, weight, bias))
+    written = outputs_and_gradients(lambda x, weight, bias: F.conv2d(
+        torch.cat([F.interpolate(x.coarse, scale_factor=2.0), x.fine], dim=1), weight, bias, padding=kernel // 2))
+    for a, b in zip(ours, written, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", ["rtdetr", "dfine"])
+def test_the_top_down_fusion_reads_its_concatenation_by_parts_in_training_and_once_optimized(family) -> None:
+    """The encoder's top-down fusion blocks get an ``UpsampledConcat`` in a training step (its maps and gradients
+    the written-out concatenation's, ``direct_convolutions``, to float rounding) and after ``reparameterize``; the
+    reference's inference forward gets the concatenation itself."""
+    model = tiny_model(family).train()
+    encoder = model.encoder
+    seen: list[type] = []
+    for block in encoder.fpn_blocks:
+        block.register_forward_pre_hook(lambda module, inputs: seen.append(type(inputs[0])))
+    features = [feature.detach() for feature in model.backbone(torch.rand(2, 3, 64, 64))]
+
+    def step() -> list[torch.Tensor]:
+        encoder.zero_grad(set_to_none=True)
+        maps = encoder([feature.clone().requires_grad_() for feature in features])
+        sum((feature * torch.linspace(-1, 1, feature.numel()).view_as(feature)).sum() for feature in maps).backward()
+        return [feature.detach() for feature in maps] + [p.grad for p in encoder.parameters() if p.grad is not None]
+
+    ours = step()
+    assert seen and set(seen) == {UpsampledConcat}
+    seen.clear()
+    with direct_convolutions():
+        written = step()
+    assert seen and set(seen) == {torch.Tensor}
+    largest = max(b.abs().max().item() for b in written)  # (a BatchNorm's bias gradient sums a map that cancels)
+    for a, b in zip(ours, written, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * largest)
+    encoder.eval()
+    seen.clear()
+    with torch.no_grad():
+        reference = encoder(features)
+        encoder.reparameterize()
+        optimized = encoder(features)
+    assert seen[:len(seen) // 2] == [torch.Tensor] * (len(seen) // 2)
+    assert seen[len(seen) // 2:] == [UpsampledConcat] * (len(seen) // 2)
+    for a, b in zip(optimized, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * max(b.abs().max().item(), 1.0))

@@ -1,15 +1,18 @@
 """Convolution → BatchNorm → activation (:class:`ConvNorm`), the block of the real-time detectors' backbones and
 encoders (RT-DETR's ResNet-vd and hybrid encoder, D-FINE's encoder blocks, DEIMv2's adapter), and the folding of a
 BatchNorm into the convolution before it (every backbone's: ``bn(conv(x)) = conv'(x)`` with ``w' = w · s`` and
-``b' = β − μ · s``, ``s = γ / sqrt(σ² + eps)``).
+``b' = β − μ · s``, ``s = γ / sqrt(σ² + eps)``). A ConvNorm also takes an :class:`UpsampledConcat`, the
+concatenation of a coarse map upsampled 2× and a fine one, which a 1 × 1 convolution reads by parts.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
@@ -18,6 +21,44 @@ from detr.models.layers.winograd import winograd_conv3x3, winograd_pays
 
 #: A norm layer's constructor: channels → module (nn.BatchNorm2d, FrozenBatchNorm2d, ...).
 Norm = Callable[[int], nn.Module]
+
+
+class UpsampledConcat(NamedTuple):
+    """``torch.cat([F.interpolate(coarse, scale_factor=2, mode="nearest"), fine], dim=1)`` kept in its parts: the
+    input of RT-DETR's and D-FINE's top-down fusion blocks (:class:`detr.models.rtdetr.hybrid_encoder.HybridEncoder`),
+    whose first convolutions are 1 × 1 ones. A 1 × 1 convolution commutes with nearest upsampling, so
+    :func:`concat_conv` computes the coarse part's share on the coarse map (a quarter of the pixels), upsamples
+    that and adds the fine part's: the same sum of products, in another order; the concatenation is not written."""
+
+    coarse: torch.Tensor  # [B, C1, h, w]
+    fine: torch.Tensor  # [B, C2, 2h, 2w]
+
+    def tensor(self) -> torch.Tensor:
+        """The concatenation itself, [B, C1 + C2, 2h, 2w]."""
+        return torch.cat([F.interpolate(self.coarse, scale_factor=2.0, mode="nearest"), self.fine], dim=1)
+
+
+def upsampled_concat(coarse: torch.Tensor, fine: torch.Tensor, by_parts: bool) -> torch.Tensor | UpsampledConcat:
+    """The concatenation of ``coarse`` upsampled 2× (nearest) and ``fine``: an :class:`UpsampledConcat` where
+    ``by_parts`` (and not within :func:`direct_convolutions`), for a block whose first convolutions are 1 × 1 ones
+    (:class:`ConvNorm` reads it by parts), else the tensor itself."""
+    parts = UpsampledConcat(coarse, fine)
+    return parts if by_parts and not _direct_only else parts.tensor()
+
+
+def concat_conv(conv: nn.Conv2d, x: UpsampledConcat, weight: torch.Tensor, bias: torch.Tensor | None
+                ) -> torch.Tensor:
+    """``conv``'s convolution of the concatenation ``x`` with ``weight`` and ``bias``: a 1 × 1 one (stride 1, no
+    groups) by parts, ``W_f * fine + b + up(W_c * coarse)`` (:class:`UpsampledConcat`; adding the upsampled product
+    in place: a broadcast add into 2 × 2 blocks was as fast forward and slower backward); any other convolution of
+    the concatenation itself."""
+    coarse, fine = x
+    _, channels, height, width = coarse.shape
+    if (conv.kernel_size != (1, 1) or conv.stride != (1, 1) or conv.groups != 1
+            or fine.shape[-2:] != (2 * height, 2 * width)):
+        return conv._conv_forward(x.tensor(), weight, bias)
+    output = F.conv2d(fine, weight[:, channels:], bias)
+    return output.add_(F.interpolate(F.conv2d(coarse, weight[:, :channels]), scale_factor=2.0, mode="nearest"))
 
 
 def folded_weight_and_bias(conv: nn.Conv2d, norm: nn.BatchNorm2d | FrozenBatchNorm2d
@@ -75,7 +116,9 @@ def training_conv(conv: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, bias: 
     docs/measurements/speed.md): a wide 3 × 3 convolution on a large map by Winograd
     (:func:`~detr.models.layers.winograd.winograd_conv3x3` where :func:`~detr.models.layers.winograd.winograd_pays`),
     a stage's strided 1 × 1 shortcut on every s-th pixel, a depthwise 5 × 5 one in NHWC; otherwise the direct
-    kernel."""
+    kernel. ``x`` may be an :class:`UpsampledConcat` (:func:`concat_conv`)."""
+    if isinstance(x, UpsampledConcat):
+        return concat_conv(conv, x, weight, bias)
     if not _direct_only:
         if winograd_pays(conv, x):
             return winograd_conv3x3(x, weight, bias)
@@ -116,6 +159,8 @@ class ConvNorm(nn.Module):
         # separate norm, whose outputs equal the reference's bit for bit (optimize_for_inference folds for good)
         if self.training and torch.is_grad_enabled():
             return self.activation(conv_frozen_norm(self.conv, self.norm, x))
+        if isinstance(x, UpsampledConcat):
+            return self.activation(self.norm(concat_conv(self.conv, x, self.conv.weight, self.conv.bias)))
         return self.activation(self.norm(self.conv(x)))
 
 

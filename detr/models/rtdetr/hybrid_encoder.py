@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.models.layers.conv_norm import ConvNorm
+from detr.models.layers.conv_norm import ConvNorm, UpsampledConcat, upsampled_concat
 from detr.models.size_constants import SizeConstants
 from detr.models.transformer import TransformerEncoderLayer
 
@@ -150,6 +150,8 @@ class HybridEncoder(nn.Module):
             raise ValueError(f"fusion must be 'concat' or 'sum', got {fusion!r}")
         self.hidden_dim = hidden_dim
         self.fusion = fusion
+        #: whether an inference forward keeps the top-down concatenations in parts (set by :meth:`reparameterize`)
+        self.concat_by_parts = False
         self.input_proj = nn.ModuleList(
             nn.Sequential(OrderedDict(conv=nn.Conv2d(channels, hidden_dim, 1, bias=False),
                                       norm=nn.BatchNorm2d(hidden_dim))) for channels in in_channels)
@@ -181,7 +183,7 @@ class HybridEncoder(nn.Module):
             high = lateral(inner[0])
             inner[0] = high
             finer = projected[len(projected) - 2 - index]
-            inner.insert(0, block(self._fuse(F.interpolate(high, scale_factor=2.0, mode="nearest"), finer)))
+            inner.insert(0, block(self._fuse_upsampled(high, finer)))
         # bottom-up: each finer output is downsampled and fused with the next coarser top-down map
         outputs = [inner[0]]
         for index, (downsample, block) in enumerate(zip(self.downsample_convs, self.pan_blocks)):
@@ -191,8 +193,19 @@ class HybridEncoder(nn.Module):
     def _fuse(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
         return first + second if self.fusion == "sum" else torch.cat([first, second], dim=1)
 
+    def _fuse_upsampled(self, coarse: torch.Tensor, fine: torch.Tensor) -> torch.Tensor | UpsampledConcat:
+        """The top-down fusion of ``coarse`` upsampled 2× (nearest) with ``fine``. A concatenation stays in its
+        parts in a training step and once re-parameterised (:class:`~detr.models.layers.conv_norm.UpsampledConcat`:
+        the fusion blocks' first 1 × 1 convolutions read the coarse part on the coarse map, the same sums in
+        another order); the reference's forward writes it out."""
+        if self.fusion == "concat":
+            return upsampled_concat(coarse, fine, self.concat_by_parts or (self.training and torch.is_grad_enabled()))
+        return F.interpolate(coarse, scale_factor=2.0, mode="nearest") + fine
+
     def reparameterize(self) -> int:
-        """Fold every RepVGG block's two branches into one convolution (inference only); returns how many."""
+        """Fold every RepVGG block's two branches into one convolution (inference only), and read the top-down
+        concatenations by parts from now on (:meth:`_fuse_upsampled`); returns how many blocks were folded."""
+        self.concat_by_parts = True
         blocks = [module for module in self.modules() if isinstance(module, RepVggBlock) and module.fused is None]
         for block in blocks:
             block.reparameterize()
