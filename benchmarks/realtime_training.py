@@ -1,7 +1,8 @@
 """CPU training step of the real-time DETRs beside transformers' own training path, on the same weights.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/realtime_training.py [--models rtdetr_r18 dfine_s rfdetr_nano]
-        [--batch 2] [--threads 2] [--rounds 5] [--components] [--profile] [--omp-passive] [--direct-convolutions]
+        [--batch 2] [--threads 2] [--rounds 5] [--components] [--profile[-shapes]]
+        [--omp-passive] [--direct-convolutions]
 
 Each model of the released layout (benchmarks/realtime_speed.py's ``MODELS``: RT-DETR-R18 and D-FINE-S at 640 × 640,
 RF-DETR-Nano at 384 × 384) is built by transformers with random weights, saved with ``save_pretrained`` and loaded
@@ -27,7 +28,8 @@ alternating order, so that both share the machine's load; printed: the median of
 the per-round ratios (ours / transformers) and the load average before and after. ``--components`` adds the
 breakdown (forward hooks and timers): backbone, encoder (RF-DETR: the projector), decoder, matcher, loss (the
 criterion or transformers' loss function, the matcher included), backward, optimizer (clipping and AdamW).
-``--profile`` ends with torch.profiler's top operators of two steps of each side per model. ``--rfdetr-package`` adds a
+``--profile`` ends with torch.profiler's top operators of two steps of each side per model (``--profile-shapes``: each
+operator's input shapes apart, so that a row is a layer). ``--rfdetr-package`` adds a
 third side for RF-DETR: the authors' ``rfdetr`` package's model of the preset (its own random weights, the same
 layout) and its criterion, in the same rounds (its loss is not checked against ours: other weights).
 ``--omp-passive`` sets ``OMP_WAIT_POLICY=PASSIVE`` for the process (both sides): on a loaded machine a spinning
@@ -337,6 +339,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (0: only the check of the losses)")
     parser.add_argument("--components", action="store_true", help="also time each step's parts")
     parser.add_argument("--profile", action="store_true", help="torch.profiler's top operators of our steps")
+    parser.add_argument("--profile-shapes", action="store_true",
+                        help="--profile with each operator's input shapes apart (which layer costs what)")
     parser.add_argument("--no-check", action="store_true", help="skip the check that the losses are equal")
     parser.add_argument("--rfdetr-package", action="store_true",
                         help="RF-DETR also trained by the authors' rfdetr package (on PYTHONPATH: pip install "
@@ -446,15 +450,16 @@ def main() -> None:
                 values = [statistics.median(parts[name][side][part]) if parts[name][side][part] else float("nan")
                           for side in ("theirs", "ours")]
                 print(f"  {part:12} {values[0]:14.3f} {values[1]:8.3f}")
-    if args.profile:
+    if args.profile or args.profile_shapes:
         from torch.profiler import ProfilerActivity, profile
         for name in sides:
             for side_name, side in sides[name].items():
-                with profile(activities=[ProfilerActivity.CPU]) as profiler:
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=args.profile_shapes) as profiler:
                     side.step()
                     side.step()
                 print(f"\n{MODELS[name][0]}: two steps' top operators, {side_name}")
-                print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+                print(profiler.key_averages(group_by_input_shape=args.profile_shapes).table(
+                    sort_by="self_cpu_time_total", row_limit=30))
 
 
 if __name__ == "__main__":

@@ -133,9 +133,9 @@ def stride_four_nhwc(backbone: nn.Module, images: torch.Tensor) -> bool:
     """Whether a training step of ``backbone`` (RT-DETR's ResNet-vd, HGNetV2) runs its part at stride 4 or less
     (the stem and the first stage: 16 to 64 channels on maps of 320² and 160² at 640²) in NHWC and hands NCHW to
     the second stage: on the CPU, float32, with gradients. There oneDNN's convolutions of few channels on large maps
-    and their backward, and the max-pool, are faster in NHWC (2 threads, batch 2 at 640²: ResNet-18-vd's stem and
-    layer1 forward and backward 573 against 492 ms, HGNetV2-B0's stem 131-153 against 65-72 ms:
-    docs/measurements/speed.md; not within :func:`direct_convolutions`); from the second stage on, the wider
+    and their backward, and the max-pool, are faster in NHWC (2 threads, batch 2 at 640², forward and backward:
+    ResNet-18-vd's stem and layer1 535 against 441 ms, HGNetV2-B0's stem and first stage 157 against 105 ms:
+    benchmarks/convolutions.py; not within :func:`direct_convolutions`); from the second stage on, the wider
     layers run in NCHW, where Winograd's convolutions run (:func:`training_conv`). Inference keeps its layout
     (NCHW, or NHWC throughout once optimized)."""
     return (not _direct_only and backbone.training and torch.is_grad_enabled() and images.device.type == "cpu"
