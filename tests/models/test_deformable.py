@@ -237,3 +237,33 @@ def test_the_bordered_table_is_each_map_padded_with_zeros():
     (gradient,) = torch.autograd.grad((table * weights).sum(), value)
     (expected_gradient,) = torch.autograd.grad((expected * weights).sum(), value)
     assert torch.equal(gradient, expected_gradient)
+
+
+@pytest.mark.parametrize("projections", [True, False], ids=["value-projection", "none (D-FINE)"])
+def test_a_channel_first_value_samples_as_the_contiguous_one_without_a_copy(projections, monkeypatch):
+    """A training step's decoder hands its memory over channel-first (a transposed view of [B, C, S]): the
+    attention's outputs and gradients are the contiguous memory's, and the sampling's per-head maps are views of the
+    projected values (no layout copy per layer)."""
+    torch.manual_seed(2)
+    attention = MultiScaleDeformableAttention(16, num_heads=2, num_levels=2, num_points=2, projections=projections)
+    shapes = [(5, 7), (3, 4)]
+    channel_first = torch.randn(2, 16, 47).requires_grad_()
+    contiguous = channel_first.detach().transpose(1, 2).contiguous().requires_grad_()
+    query, reference = torch.randn(2, 6, 16), torch.rand(2, 6, 2, 2)
+    copies = []
+    permute = torch.Tensor.permute
+
+    def watched(tensor, *dims):
+        permuted = permute(tensor, *dims)
+        if dims == (0, 2, 3, 1):
+            copies.append(not permuted.is_contiguous())
+        return permuted
+    monkeypatch.setattr(torch.Tensor, "permute", watched)
+    ours, _ = attention(query, reference, channel_first.transpose(1, 2), shapes)
+    plain, _ = attention(query, reference, contiguous, shapes)
+    assert copies == [False, True]
+    torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-6)
+    gradient = torch.randn_like(ours)
+    ours.backward(gradient)
+    plain.backward(gradient)
+    torch.testing.assert_close(channel_first.grad.transpose(1, 2), contiguous.grad, rtol=1e-5, atol=1e-6)

@@ -176,3 +176,16 @@ def test_config_refuses_what_the_model_lacks(changes, message):
 def test_rtdetr_options_are_rtdetr_s_config_s_only():
     with pytest.raises(ValueError, match="unknown model option.*sampling_method"):
         DeformableConfig.from_dict({"sampling_method": "discrete"})
+
+
+def test_the_memory_is_channel_first_with_gradients_and_contiguous_without():
+    """The decoder's memory [B, S, C]: channel-first in a training step (the sampling's maps are views of it),
+    contiguous in inference (the embedding bag's rows); the same values."""
+    model = build_detr(RTDETRConfig(backbone="resnet18", num_classes=3, num_queries=10, num_decoder_layers=1))
+    features = model.encoder(model.backbone(torch.randn(1, 3, 64, 64)))
+    memory, shapes = model.decoder.flatten_levels(features)
+    with torch.no_grad():
+        inference, same_shapes = model.decoder.flatten_levels(features)
+    assert shapes == same_shapes and memory.shape == inference.shape == (1, sum(h * w for h, w in shapes), 256)
+    assert memory.transpose(1, 2).is_contiguous() and inference.is_contiguous()
+    assert torch.equal(memory, inference)

@@ -269,7 +269,7 @@ class MultiScaleDeformableAttention(nn.Module):
             raise ValueError(f"value has {length} positions but the spatial shapes {spatial_shapes} hold "
                              f"{sum(h * w for h, w in spatial_shapes)}")
         if self.value_proj is not None:
-            value = self.value_proj(value)
+            value = _project(self.value_proj, value)
         if padding_mask is not None:
             value = value.masked_fill(padding_mask[..., None], 0.0)
         value = value.view(batch, length, self.num_heads, self.hidden_dim // self.num_heads)
@@ -282,6 +282,16 @@ class MultiScaleDeformableAttention(nn.Module):
         if return_sampling and per_level is not None:
             locations, weights = pad_points(locations, weights, per_level)
         return output, ((locations, weights) if return_sampling else None)
+
+
+def _project(projection: nn.Linear, value: torch.Tensor) -> torch.Tensor:
+    """``projection(value)``, value [B, S, C]. A channel-first value (a transposed view of [B, C, S], as a training
+    step's decoder hands its memory over) is projected in that layout, as a 1 × 1 convolution over the S cells, so
+    that the sampling's [B·H, D, S] maps stay views of it (``F.linear`` would copy it to [B, S, C] first, and the
+    sampling copy the result back)."""
+    if value.dim() != 3 or value.is_contiguous() or not value.transpose(1, 2).is_contiguous():
+        return projection(value)
+    return F.conv1d(value.transpose(1, 2), projection.weight[:, :, None], projection.bias).transpose(1, 2)
 
 
 def use_bilinear_kernel(model: nn.Module, kernel: BilinearKernel) -> int:

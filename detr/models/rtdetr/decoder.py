@@ -171,11 +171,18 @@ class RTDETRDecoder(nn.Module):
             nn.init.xavier_uniform_(layer.weight)
 
     def flatten_levels(self, features: list[torch.Tensor]) -> tuple[torch.Tensor, SpatialShapes]:
-        """The encoder's maps → memory [B, S, C] (every level's cells, finest first) and the levels' (h, w)."""
+        """The encoder's maps → memory [B, S, C] (every level's cells, finest first) and the levels' (h, w).
+
+        With gradients the memory is channel-first in memory (a transposed view of [B, C, S]): the layers'
+        deformable sampling reads each head's values as [D, S] maps (``grid_sample``, whose backward a training
+        step needs), which are then views of it, not a copy per layer; without, it is contiguous [B, S, C], as
+        the inference kernel reads it (``embedding_bag`` rows). The same values either way."""
         sources = [projection(feature) for projection, feature in zip(self.input_proj, features)]
         for level in range(len(features), self.num_levels):
             sources.append(self.input_proj[level](features[-1] if level == len(features) else sources[-1]))
         shapes = [(int(source.shape[-2]), int(source.shape[-1])) for source in sources]
+        if torch.is_grad_enabled():
+            return torch.cat([source.flatten(2) for source in sources], 2).transpose(1, 2), shapes
         return torch.cat([source.flatten(2).transpose(1, 2) for source in sources], 1), shapes
 
     def select_queries(self, memory: torch.Tensor, spatial_shapes: SpatialShapes
