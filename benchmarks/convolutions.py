@@ -46,7 +46,7 @@ SHAPES = [((2, 256, 80, 80), 256, 3, 1, 1, "winograd"), ((2, 256, 40, 40), 256, 
           ((2, 512, 80, 80), 512, 1, 1, 1, "concat"), ((2, 512, 80, 80), 256, 1, 1, 1, "concat"),
           ((2, 512, 40, 40), 512, 1, 1, 1, "concat")]
 
-#: the backbones whose stride-4 part a training step runs in NHWC: name → (backbone, its stem, its first stage)
+#: the backbones whose stride-4 part a training step runs in NHWC: name → a function that builds one
 BACKBONES = {"ResNet-18-vd (RT-DETR-R18)": lambda: ResNetVd("resnet18"),
              "HGNetV2-B0 (D-FINE-S)": lambda: HGNetV2("hgnetv2_b0", learnable_affine=True)}
 

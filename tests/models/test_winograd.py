@@ -166,6 +166,14 @@ def test_a_training_step_is_as_close_to_exact_as_the_direct_kernels(family, monk
         assert our_error <= max(10 * direct_error, 2e-3), (name, our_error, direct_error)
 
 
+def _maps_and_gradients(module: torch.nn.Module, forward) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``forward()``'s maps and ``module``'s parameter gradients of a fixed weighting of the maps."""
+    module.zero_grad(set_to_none=True)
+    maps = forward()
+    sum((feature * torch.linspace(-1, 1, feature.numel()).view_as(feature)).sum() for feature in maps).backward()
+    return [feature.detach() for feature in maps], [p.grad for p in module.parameters() if p.grad is not None]
+
+
 @pytest.mark.parametrize("family", ["rtdetr", "dfine"])
 def test_the_stride_4_part_trains_in_nhwc_and_hands_nchw_to_the_next_stage(family) -> None:
     """A CPU training step runs the backbone's stem and first stage in NHWC (``stride_four_nhwc``), the second stage
@@ -183,11 +191,9 @@ def test_the_stride_4_part_trains_in_nhwc_and_hands_nchw_to_the_next_stage(famil
     images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(4))
 
     def step() -> list[torch.Tensor]:
-        backbone.zero_grad(set_to_none=True)
-        maps = backbone(images)
-        sum((feature * torch.linspace(-1, 1, feature.numel()).view_as(feature)).sum() for feature in maps).backward()
+        maps, gradients = _maps_and_gradients(backbone, lambda: backbone(images))
         assert all(feature.is_contiguous() for feature in maps)
-        return [feature.detach() for feature in maps] + [p.grad for p in backbone.parameters() if p.grad is not None]
+        return maps + gradients
 
     ours = step()
     assert layouts == [("stem", False), ("stage 1", False), ("stage 2", True)]
@@ -238,10 +244,9 @@ def test_the_top_down_fusion_reads_its_concatenation_by_parts_in_training_and_on
     features = [feature.detach() for feature in model.backbone(torch.rand(2, 3, 64, 64))]
 
     def step() -> list[torch.Tensor]:
-        encoder.zero_grad(set_to_none=True)
-        maps = encoder([feature.clone().requires_grad_() for feature in features])
-        sum((feature * torch.linspace(-1, 1, feature.numel()).view_as(feature)).sum() for feature in maps).backward()
-        return [feature.detach() for feature in maps] + [p.grad for p in encoder.parameters() if p.grad is not None]
+        maps, gradients = _maps_and_gradients(
+            encoder, lambda: encoder([feature.clone().requires_grad_() for feature in features]))
+        return maps + gradients
 
     ours = step()
     assert seen and set(seen) == {UpsampledConcat}

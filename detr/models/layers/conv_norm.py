@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from detr.models.layers.cpu_kernels import depthwise_conv_nhwc, strided_pointwise_conv
+from detr.models.layers.cpu_kernels import cpu_float32_training, depthwise_conv_nhwc, strided_pointwise_conv
 from detr.models.layers.winograd import winograd_conv3x3, winograd_pays
 
 #: A norm layer's constructor: channels → module (nn.BatchNorm2d, FrozenBatchNorm2d, ...).
@@ -138,8 +138,7 @@ def stride_four_nhwc(backbone: nn.Module, images: torch.Tensor) -> bool:
     benchmarks/convolutions.py; not within :func:`direct_convolutions`); from the second stage on, the wider
     layers run in NCHW, where Winograd's convolutions run (:func:`training_conv`). Inference keeps its layout
     (NCHW, or NHWC throughout once optimized)."""
-    return (not _direct_only and backbone.training and torch.is_grad_enabled() and images.device.type == "cpu"
-            and images.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"))
+    return not _direct_only and backbone.training and cpu_float32_training(images)
 
 
 class ConvNorm(nn.Module):

@@ -4,6 +4,7 @@ of kernel is made.
 
 - :func:`dropout`: ``F.dropout`` whose CPU mask is drawn as 31-bit random integers (every transformer's dropout,
   :class:`detr.models.layers.attention.Dropout`).
+- :func:`cpu_float32_training`: whether a computation is one these CPU training kernels are for.
 - :func:`stage_layout` and :func:`strided_pointwise_conv`: a ResNet training step on the CPU (the frozen stages
   in NHWC, a stage's strided 1 × 1 shortcut as an unstrided one on every s-th pixel;
   :class:`detr.models.backbone.Backbone`).
@@ -43,6 +44,13 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return F.dropout(x, p, training)
     keep = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_() >= round(p * 2**31)
     return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
+
+
+def cpu_float32_training(x: torch.Tensor) -> bool:
+    """Whether ``x`` enters a computation whose CPU training kernels this module and
+    :mod:`detr.models.layers.winograd` choose: on the CPU, float32, gradients on, no autocast."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and torch.is_grad_enabled()
+            and not torch.is_autocast_enabled("cpu"))
 
 
 def stage_layout(stage: nn.Module, features: torch.Tensor, frozen_nhwc: bool) -> tuple[torch.Tensor, bool]:

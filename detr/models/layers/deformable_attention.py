@@ -289,7 +289,7 @@ def _project(projection: nn.Linear, value: torch.Tensor) -> torch.Tensor:
     step's decoder hands its memory over) is projected in that layout, as a 1 × 1 convolution over the S cells, so
     that the sampling's [B·H, D, S] maps stay views of it (``F.linear`` would copy it to [B, S, C] first, and the
     sampling copy the result back)."""
-    if value.dim() != 3 or value.is_contiguous() or not value.transpose(1, 2).is_contiguous():
+    if value.is_contiguous() or not value.transpose(1, 2).is_contiguous():
         return projection(value)
     return F.conv1d(value.transpose(1, 2), projection.weight[:, :, None], projection.bias).transpose(1, 2)
 

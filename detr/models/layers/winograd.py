@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.models.layers.cpu_kernels import cpu_float32_training
+
 # F(4 × 4, 3 × 3): input transform Bᵀ (6 × 6), filter transform G (6 × 3), output transform Aᵀ (4 × 6)
 _B_T = ((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
         (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1))
@@ -176,8 +178,7 @@ def winograd_pays(conv: nn.Conv2d, x: torch.Tensor) -> bool:
     direct kernel: on the CPU, float32 (no autocast), NCHW, with gradients, a plain 3 × 3 filter (stride,
     dilation and groups 1, padding 1) of at least :data:`MIN_CHANNELS` channels in and out on maps large enough
     for them (:data:`MIN_WORK`, :data:`WIDE_MIN_PIXELS`)."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and torch.is_grad_enabled()
-            and not torch.is_autocast_enabled("cpu") and x.is_contiguous()
+    return (cpu_float32_training(x) and x.is_contiguous()
             and conv.kernel_size == (3, 3) and conv.stride == (1, 1) and conv.padding == (1, 1)
             and conv.dilation == (1, 1) and conv.groups == 1 and conv.padding_mode == "zeros"
             and _enough_work(min(conv.in_channels, conv.out_channels), x.shape[0], x.shape[-2] * x.shape[-1]))
