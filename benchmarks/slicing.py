@@ -45,7 +45,6 @@ from sahi.slicing import get_slice_bboxes
 
 from detr.data.shapes import ShapesConfig, write_shapes_dataset
 from detr.inference.images import to_rgb_array
-from detr.inference.prediction import Prediction
 from detr.inference.predictor import Predictor
 from detr.inference.slicing import SliceSettings
 

@@ -178,7 +178,6 @@ class CocoPanoptic(ReplacesUnreadableSamples, torch.utils.data.Dataset):
 
     def raw_sample(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(pixels uint8 [H, W, 3], masks bool [T, H, W], labels int64 [T], iscrowd int64 [T]) before the transform."""
-        annotation = self.annotations[index]
         pixels = decode_image(self.image_path(index), annotations_file=self.annotations_file).pixels
         png_path = self.png_path(index)
         ids, segments = self.ground_truth(index)

@@ -14,7 +14,6 @@ from detr.models.dfine.decoder import DFineDecoder
 from detr.models.dfine.encoder import dfine_hybrid_encoder
 from detr.models.dfine.hgnetv2 import HGNetV2
 from detr.models.dfine.model import DFINE
-from detr.models.layers.mlp import MLP
 
 
 def build_dfine(config: DFINEConfig) -> DFINE:

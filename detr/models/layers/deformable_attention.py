@@ -235,7 +235,8 @@ class MultiScaleDeformableAttention(nn.Module):
             locations = (reference_points[:, :, None, :, None, :2]
                          + offsets / points * reference_points[:, :, None, :, None, 2:] * self.offset_scale)
         else:
-            raise ValueError(f"reference_points must end in 2 (points) or 4 (boxes), got {tuple(reference_points.shape)}")
+            raise ValueError(f"reference_points must end in 2 (points) or 4 (boxes), "
+                             f"got {tuple(reference_points.shape)}")
         return locations, weights
 
     def _sampling_per_level_counts(self, query: torch.Tensor, reference_points: torch.Tensor
