@@ -189,3 +189,35 @@ def test_the_memory_is_channel_first_with_gradients_and_contiguous_without():
     assert shapes == same_shapes and memory.shape == inference.shape == (1, sum(h * w for h, w in shapes), 256)
     assert memory.transpose(1, 2).is_contiguous() and inference.is_contiguous()
     assert torch.equal(memory, inference)
+
+
+def _selection_and_gradients(model: torch.nn.Module, memory: torch.Tensor, shapes: list[tuple[int, int]]
+                             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The query selection's outputs and the gradients of a loss on them (the memory's and the selection
+    heads')."""
+    memory = memory.detach().requires_grad_()
+    content, box_logits, class_logits = model.decoder.select_queries(memory, shapes)
+    (box_logits.sin().sum() + class_logits.cos().sum()).backward()
+    heads = [model.decoder.enc_output, model.decoder.enc_score_head, model.decoder.enc_bbox_head]
+    gradients = [memory.grad] + [parameter.grad.clone() for head in heads for parameter in head.parameters()]
+    model.zero_grad()
+    return [content, box_logits, class_logits], gradients
+
+
+def test_a_training_selection_trains_the_selected_rows_as_the_full_pass_does():
+    """In a training step the query selection scores every cell without gradients and runs the selected rows
+    again with them: the same content, box and class logits as the full pass with gradients (what eval mode with
+    gradients still runs), and the same gradients for the memory and the selection's heads (float64: exact to
+    rounding). Cells outside the selection get no gradient either way."""
+    model = _model(num_queries=7).double()
+    images, _ = _images(batch=2, side=64)
+    with torch.no_grad():
+        memory, shapes = model.decoder.flatten_levels(model.encoder(model.backbone(images.double())))
+    model.train()
+    outputs, gradients = _selection_and_gradients(model, memory, shapes)
+    model.eval()
+    full_outputs, full_gradients = _selection_and_gradients(model, memory, shapes)
+    for ours, full in zip(outputs + gradients, full_outputs + full_gradients):
+        torch.testing.assert_close(ours, full, rtol=1e-10, atol=1e-12)
+    touched = gradients[0].abs().sum(-1) > 0  # [B, S]: the selected cells only
+    assert touched.sum(1).tolist() == [7, 7]
