@@ -220,3 +220,28 @@ def test_inference_mode_keeps_the_size_constants_and_a_weight_change_recomputes_
         with torch.no_grad():
             model.backbone.position_embeddings.mul_(3.0)  # the second round must see the new table
     assert len(model.backbone._positions._kept) == 2 and len(model.decoder.proposals._kept) == 1
+
+
+def test_a_training_selection_trains_each_groups_selected_rows_as_the_full_pass_does():
+    """In a training step each query group's selection scores every cell without gradients and runs its selected
+    rows again with them: the same boxes, logits and features as the full pass with gradients (what eval mode with
+    gradients runs), and the same gradients for the memory and the group's heads (float64: exact to rounding)."""
+    model = _model(query_groups=2, num_queries=5).double().train()
+    memory, shapes = torch.randn(2, 36, 32, dtype=torch.float64), [(6, 6)]
+    group = 1
+    heads = [model.decoder.enc_output[group], model.decoder.enc_output_norm[group],
+             model.decoder.enc_class_head[group], model.decoder.enc_box_head[group]]
+
+    def selection_and_gradients() -> list[torch.Tensor]:
+        cells = memory.clone().requires_grad_()
+        boxes, logits, selected = model.decoder.select(cells, shapes, group)
+        (boxes.sin().sum() + logits.cos().sum() + selected.tanh().sum()).backward()
+        gradients = [cells.grad] + [parameter.grad.clone() for head in heads for parameter in head.parameters()]
+        model.zero_grad()
+        return [boxes, logits, selected, *gradients]
+
+    trained = selection_and_gradients()
+    model.eval()
+    for ours, full in zip(trained, selection_and_gradients()):
+        torch.testing.assert_close(ours, full, rtol=1e-10, atol=1e-12)
+    assert ((trained[3].abs().sum(-1) > 0).sum(1) <= 5).all()  # the memory's gradient: the selected cells only
