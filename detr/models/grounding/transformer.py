@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from detr.models.layers.cell_anchors import gather_cells, select_cells
 from detr.models.layers.deformable_attention import SpatialShapes
 from detr.models.deformable.transformer import encoder_proposals, encoder_reference_points, valid_ratios
 from detr.models.grounding.config import ContrastiveHead
@@ -86,12 +87,15 @@ class GroundingTransformer(nn.Module):
                                     ~text_mask, text_allowed)
         # language-guided query selection
         proposal_memory, proposals = encoder_proposals(memory, padding, spatial_shapes)
-        proposal_memory = self.enc_output_norm(self.enc_output(proposal_memory))
-        encoder_logits = self.enc_out_class_embed(proposal_memory, text, text_mask)  # [B, S, T]
-        encoder_box_logits = self.enc_out_bbox_embed(proposal_memory) + proposals  # [B, S, 4]
-        selected = encoder_logits.max(-1).values.topk(self.num_queries, dim=1).indices  # [B, Q]
-        selected_logits = encoder_logits.gather(1, selected[..., None].expand(-1, -1, encoder_logits.shape[-1]))
-        selected_boxes = encoder_box_logits.gather(1, selected[..., None].expand(-1, -1, 4)).sigmoid()
+
+        def score(cells: torch.Tensor, _: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            features = self.enc_output_norm(self.enc_output(cells))
+            return features, self.enc_out_class_embed(features, text, text_mask)  # [B, N, T]
+
+        selected, selected_features, selected_logits = select_cells(
+            score, proposal_memory, self.num_queries, trained=self.training and torch.is_grad_enabled())
+        # the box head is per cell: run on the selected cells only (the same values)
+        selected_boxes = (self.enc_out_bbox_embed(selected_features) + gather_cells(proposals, selected)).sigmoid()
         reference_boxes = selected_boxes.detach()
         target = self.tgt_embed.weight[None].expand(memory.shape[0], -1, -1)
         hidden, refined, attention = self.decoder(target, reference_boxes, memory, spatial_shapes, ratios, padding,

@@ -30,7 +30,6 @@ layer's class logits and the proposals' (the selected cells' keypoints from the 
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -38,7 +37,7 @@ import torch
 from torch import nn
 
 from detr.models.config import PRIOR_BIAS
-from detr.models.layers.cell_anchors import cell_anchors
+from detr.models.layers.cell_anchors import cell_anchors, gather_cells, select_cells
 from detr.models.layers.decoder_layer import DecoderLayer
 from detr.models.layers.deformable_attention import SpatialShapes
 from detr.models.layers.keypoint_head import KeypointHead
@@ -135,28 +134,17 @@ class RFDETRDecoder(nn.Module):
         """memory [B, S, C] → with query group ``group``'s encoder heads, the selected proposals' boxes [B, Q, 4]
         (with their gradient), their logits [B, Q, K], and the selected cells' features [B, Q, C]."""
         proposals, valid = self.proposals(tuple(spatial_shapes), device=memory.device, dtype=memory.dtype)
-        batch = memory.shape[0]
-        trained = self.training and torch.is_grad_enabled()
 
-        def heads(cells: torch.Tensor, cells_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def score(cells: torch.Tensor, cells_valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             features = self.enc_output_norm[group](self.enc_output[group](cells.masked_fill(~cells_valid, 0.0)))
             return features, self.enc_class_head[group](features)
 
-        # only the selected cells' rows reach a loss: with gradients, the pass over all S cells (which cells) runs
-        # without them and the Q selected rows again with them (the same values; the backward covers Q rows)
-        with torch.no_grad() if trained else contextlib.nullcontext():
-            features, logits = heads(memory, valid)  # [B, S, C], [B, S, K]
-            index = logits.masked_fill(~valid, float("-inf")).max(-1).values.topk(self.num_queries, dim=1).indices
-
-        def pick(values: torch.Tensor) -> torch.Tensor:
-            return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
-
-        if trained:
-            selected, selected_logits = heads(pick(memory), pick(valid.expand(batch, -1, -1)))  # [B, Q, C], [B, Q, K]
-        else:
-            selected, selected_logits = pick(features), pick(logits)
+        index, selected, selected_logits = select_cells(score, memory, self.num_queries, valid=valid,
+                                                        skip_invalid=True,
+                                                        trained=self.training and torch.is_grad_enabled())
         # the box head is per cell: run on the selected cells only (the authors run it on every cell, then select)
-        boxes = refine_boxes(pick(proposals.expand(batch, -1, -1)), self.enc_box_head[group](selected))
+        boxes = refine_boxes(gather_cells(proposals.expand(memory.shape[0], -1, -1), index),
+                             self.enc_box_head[group](selected))
         return boxes, selected_logits, selected
 
     def forward(self, features: list[torch.Tensor], return_sampling: bool = False,

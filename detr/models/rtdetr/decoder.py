@@ -21,7 +21,6 @@ Parameter names are the authors' (``src/zoo/rtdetr/rtdetrv2_decoder.py``): ``inp
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -31,7 +30,7 @@ from torch import nn
 
 from detr.box_ops import inverse_sigmoid
 from detr.models.config import PRIOR_BIAS
-from detr.models.layers.cell_anchors import cell_anchors
+from detr.models.layers.cell_anchors import cell_anchors, gather_cells, select_cells
 from detr.models.layers.decoder_layer import DecoderLayer
 from detr.models.layers.deformable_attention import SpatialShapes
 from detr.models.layers.denoising import DenoisingMeta
@@ -192,26 +191,15 @@ class RTDETRDecoder(nn.Module):
         class logits [B, Q, K] (the top ``num_queries`` cells by their best class logit). The box logits keep
         their gradient (the proposals' box loss trains the encoder's box head); the decoder detaches them."""
         anchors, valid = self.anchors(tuple(spatial_shapes), device=memory.device, dtype=memory.dtype)
-        batch = memory.shape[0]
-        trained = self.training and torch.is_grad_enabled()
-        # Only the selected cells' rows reach a loss, so with gradients the pass over all S cells (which cells)
-        # runs without them and the Q selected rows run again with them: the same values, and the backward of
-        # the projection, norm and class head covers Q rows instead of S (of which S - Q had zero gradients).
-        with torch.no_grad() if trained else contextlib.nullcontext():
-            features = self.enc_output(valid * memory)
-            class_logits = self.enc_score_head(features)  # [B, S, K]
-            index = class_logits.max(-1).values.topk(self.num_queries, dim=1).indices  # [B, Q]
 
-        def pick(values: torch.Tensor) -> torch.Tensor:
-            return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
+        def score(cells: torch.Tensor, cells_valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            features = self.enc_output(cells_valid * cells)
+            return features, self.enc_score_head(features)
 
-        if trained:
-            selected = self.enc_output(pick(valid.expand(batch, -1, -1)) * pick(memory))
-            selected_logits = self.enc_score_head(selected)
-        else:
-            selected, selected_logits = pick(features), pick(class_logits)
+        index, selected, selected_logits = select_cells(score, memory, self.num_queries, valid=valid,
+                                                        trained=self.training and torch.is_grad_enabled())
         # the box head runs on the selected cells only (Q of S rows: the same values, and only those are trained)
-        box_logits = self.enc_bbox_head(selected) + pick(anchors.expand(batch, -1, -1))  # [B, Q, 4]
+        box_logits = self.enc_bbox_head(selected) + gather_cells(anchors.expand(memory.shape[0], -1, -1), index)
         return selected.detach(), box_logits, selected_logits
 
     def forward(self, features: list[torch.Tensor], num_layers: int | None = None, return_sampling: bool = False,
