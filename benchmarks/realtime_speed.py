@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers_*
 
+from arithmetic import floor_table, product_rate
 from machine import describe_machine
 
 import detr
@@ -229,6 +230,9 @@ def main() -> None:
     parser.add_argument("--components", action="store_true", help="also time each model's parts")
     parser.add_argument("--rfdetr-package", action="store_true",
                         help="also time the rfdetr package's traced model for the RF-DETR models (on PYTHONPATH)")
+    parser.add_argument("--flops", action="store_true",
+                        help="also count each side's dense arithmetic and its least time at this machine's best "
+                             "product rate (benchmarks/arithmetic.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import RfDetrImageProcessor, RTDetrImageProcessor
@@ -329,6 +333,11 @@ def main() -> None:
                 ours = statistics.median(parts[name]["ours"][part] or [0.0]) * 1e3
                 ratio = f"{ours / theirs:.2f}" if theirs else ""
                 print(f"| {part} | {theirs:.0f} | {ours:.0f} | {ratio} |")
+    if args.flops:
+        compared = {name: runs[name] for name in args.models}
+        with torch.inference_mode():
+            print("\n" + floor_table(compared, {name: statistics.median(times[name]["theirs"]) for name in compared},
+                                     product_rate()))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers_*
 
+from arithmetic import floor_table, product_rate  # noqa: E402
 from realtime_speed import MODELS, SIZE, SIZES, pair_of_models, rfdetr_package_model  # noqa: E402
 
 from detr.lightning.param_groups import parameter_groups  # noqa: E402
@@ -352,6 +353,9 @@ def main() -> None:
                              "detr.models.layers.conv_norm.direct_convolutions), as before them")
     parser.add_argument("--omp-passive", action="store_true",
                         help="OMP_WAIT_POLICY=PASSIVE for both sides (the module docstring)")
+    parser.add_argument("--flops", action="store_true",
+                        help="also count each side's dense arithmetic per step and its least time at this machine's "
+                             "best product rate (benchmarks/arithmetic.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -450,6 +454,10 @@ def main() -> None:
                 values = [statistics.median(parts[name][side][part]) if parts[name][side][part] else float("nan")
                           for side in ("theirs", "ours")]
                 print(f"  {part:12} {values[0]:14.3f} {values[1]:8.3f}")
+    if args.flops:  # one more step of each side, counted
+        steps = {name: {side: sides[name][side].step for side in ("theirs", "ours")} for name in sides}
+        print("\n" + floor_table(steps, {name: statistics.median(times[name]["theirs"]) for name in sides},
+                                 product_rate()))
     if args.profile or args.profile_shapes:
         from torch.profiler import ProfilerActivity, profile
         for name in sides:
