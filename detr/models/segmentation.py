@@ -31,6 +31,7 @@ from detr.models.backbone import Backbone
 from detr.models.build import build_detr
 from detr.models.config import ModelConfig, ModelMeta
 from detr.models.detr_family import DetrConfig
+from detr.models.layers.conv_norm import fresh_activation
 from detr.models.detector import Detector
 from detr.models.outputs import DetectorOutput
 from detr.models.single_scale import SingleScaleDetector
@@ -189,15 +190,15 @@ class MaskHead(nn.Module):
         batch, num_queries = attention.shape[:2]
         x = torch.cat([features.unsqueeze(1).expand(-1, num_queries, -1, -1, -1), attention], dim=2)
         x = x.flatten(0, 1)  # [B·Q, C + heads, h, w]: every query runs through the head on its own
-        x = F.relu(self.gn1(self.lay1(x)))
-        x = F.relu(self.gn2(self.lay2(x)))
+        x = fresh_activation(F.relu, self.gn1(self.lay1(x)))
+        x = fresh_activation(F.relu, self.gn2(self.lay2(x)))
         stages = ((self.adapter1, self.lay3, self.gn3), (self.adapter2, self.lay4, self.gn4),
                   (self.adapter3, self.lay5, self.gn5))
         for (adapter, conv, norm), skip in zip(stages, skips):
             skip = adapter(skip)  # once per image, shared by its queries
             x = F.interpolate(x, size=skip.shape[-2:], mode="nearest")
             x = (x.unflatten(0, (batch, num_queries)) + skip.unsqueeze(1)).flatten(0, 1)
-            x = F.relu(norm(conv(x)))
+            x = fresh_activation(F.relu, norm(conv(x)))
         return self.out_lay(x).view(batch, num_queries, *x.shape[-2:])
 
 

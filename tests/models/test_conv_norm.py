@@ -1,6 +1,8 @@
 """A training forward folds a frozen BatchNorm into the convolution before it (detr/models/layers/conv_norm.py
 ``conv_frozen_norm``: RT-DETR's ResNet-vd ConvNorm, D-FINE's HGNetV2 ConvBNAct): outputs and gradients equal the
-plain ``norm(conv(x))``'s within 1e-5; inference keeps the plain path, bit for bit."""
+plain ``norm(conv(x))``'s within 1e-5; inference keeps the plain path, bit for bit. A layer's fresh output gets its
+activation and residual sum in place where that is safe (``fresh_activation``, ``fresh_sum``): the same values and
+gradients."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from detr.models.dfine.hgnetv2 import ConvBNAct
-from detr.models.layers.conv_norm import ConvNorm
+from detr.models.layers.conv_norm import ConvNorm, fresh_activation, fresh_sum
 
 
 def _frozen(module: torch.nn.Module) -> torch.nn.Module:
@@ -79,3 +81,43 @@ def test_a_training_forward_runs_the_folded_convolution(monkeypatch) -> None:
     _frozen(ConvNorm(6, 8, 3, norm=FrozenBatchNorm2d)).train()(x)
     _frozen(ConvBNAct(6, 8, 3)).train()(x)
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("activation", [torch.nn.ReLU(), torch.nn.SiLU(), torch.nn.functional.relu,
+                                        torch.nn.functional.silu, torch.nn.GELU()],
+                         ids=["relu", "silu", "f.relu", "f.silu", "gelu"])
+def test_a_fresh_maps_activation_runs_in_place_where_that_is_safe(activation) -> None:
+    x = torch.randn(2, 4, 5, 5)
+    with torch.no_grad():
+        fresh = x.clone()
+        out = fresh_activation(activation, fresh)
+    assert torch.equal(out, activation(x))
+    in_place = not isinstance(activation, torch.nn.GELU)
+    assert (out.data_ptr() == fresh.data_ptr()) == in_place
+    # with gradients: ReLU in place (its backward reads its output), SiLU not (its backward reads its input); the
+    # gradients are the plain activation's
+    leaf = x.clone().requires_grad_()
+    fresh = leaf * 1.0
+    out = fresh_activation(activation, fresh)
+    relu = isinstance(activation, torch.nn.ReLU) or activation is torch.nn.functional.relu
+    assert (out.data_ptr() == fresh.data_ptr()) == relu
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    plain = x.clone().requires_grad_()
+    activation(plain).backward(grad_out)
+    assert torch.equal(leaf.grad, plain.grad)
+
+
+def test_a_fresh_maps_sum_runs_in_place_only_without_gradients() -> None:
+    a, b = torch.randn(2, 4, 5, 5), torch.randn(2, 4, 5, 5)
+    with torch.no_grad():
+        fresh = a.clone()
+        assert fresh_sum(fresh, b).data_ptr() == fresh.data_ptr() and torch.equal(fresh, a + b)
+        small = a[:, :, :1].clone()  # broadcast to a larger sum: a new tensor
+        assert torch.equal(fresh_sum(small, b), a[:, :, :1] + b) and torch.equal(small, a[:, :, :1])
+    weight = torch.ones(1, requires_grad=True)
+    fresh = a * weight
+    out = fresh_sum(fresh, b)
+    assert out.data_ptr() != fresh.data_ptr()
+    out.sum().backward()
+    assert weight.grad.item() == pytest.approx(a.sum().item(), rel=1e-5)

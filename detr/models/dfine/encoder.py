@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.models.layers.conv_norm import ConvNorm
+from detr.models.layers.conv_norm import ConvNorm, fresh_sum
 from detr.models.rtdetr.hybrid_encoder import CSPRepLayer, HybridEncoder, RepVggBlock
 
 
@@ -94,7 +94,7 @@ class SplitCSPLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         residual, path = self.conv1(x).chunk(2, dim=1)
-        return self.conv2(residual + self.bottlenecks(path))
+        return self.conv2(fresh_sum(self.bottlenecks(path), residual))
 
 
 class RepNCSPELAN5(nn.Module):

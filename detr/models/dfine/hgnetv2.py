@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from detr.models.layers.conv_norm import conv_frozen_norm, fold_norm_into_conv, stride_four_nhwc
+from detr.models.layers.conv_norm import (conv_frozen_norm, fold_norm_into_conv, fresh_activation, fresh_sum,
+                                         stride_four_nhwc)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,11 @@ class LearnableAffineBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.bias if self.scale_folded else self.scale * x + self.bias
 
+    def apply_(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` in place on ``x``, where autograd records nothing (a fresh map of
+        :class:`ConvBNAct`'s in inference: no second map written, as :func:`fresh_activation`)."""
+        return x.add_(self.bias) if self.scale_folded else x.mul_(self.scale).add_(self.bias)
+
 
 class ConvBNAct(nn.Module):
     """Convolution (no bias, "same" padding for odd kernels; stride and groups as given) → BatchNorm → ReLU →
@@ -104,7 +110,12 @@ class ConvBNAct(nn.Module):
             x = conv_frozen_norm(self.conv, self.bn, x)
         else:
             x = self.bn(self.conv(x))
-        return self.lab(F.relu(x)) if self.activation else x
+        if not self.activation:
+            return x
+        x = fresh_activation(F.relu, x)
+        if isinstance(self.lab, LearnableAffineBlock) and not torch.is_grad_enabled():
+            return self.lab.apply_(x)
+        return self.lab(x)
 
 
 class LightConvBNAct(nn.Module):
@@ -159,7 +170,7 @@ class HGBlock(nn.Module):
         for layer in self.layers:
             outputs.append(layer(outputs[-1]))
         aggregated = self.aggregation(torch.cat(outputs, dim=1))
-        return aggregated + x if self.residual else aggregated
+        return fresh_sum(aggregated, x) if self.residual else aggregated
 
 
 class HGStage(nn.Module):

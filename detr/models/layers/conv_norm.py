@@ -3,6 +3,8 @@ encoders (RT-DETR's ResNet-vd and hybrid encoder, D-FINE's encoder blocks, DEIMv
 BatchNorm into the convolution before it (every backbone's: ``bn(conv(x)) = conv'(x)`` with ``w' = w · s`` and
 ``b' = β − μ · s``, ``s = γ / sqrt(σ² + eps)``). A ConvNorm also takes an :class:`UpsampledConcat`, the
 concatenation of a coarse map upsampled 2× and a fine one, which a 1 × 1 convolution reads by parts.
+:func:`fresh_activation` and :func:`fresh_sum` apply an activation or a residual sum to a layer's fresh output in
+place where autograd records nothing.
 """
 
 from __future__ import annotations
@@ -141,6 +143,29 @@ def stride_four_nhwc(backbone: nn.Module, images: torch.Tensor) -> bool:
     return not _direct_only and backbone.training and cpu_float32_training(images)
 
 
+def fresh_activation(activation: nn.Module | Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+                     ) -> torch.Tensor:
+    """``activation(x)`` for an ``x`` that only the caller holds (a layer's fresh output), in place where that is
+    safe: a forward then writes one map per layer instead of two, and every fresh map costs a pass over memory and
+    its page faults (docs/measurements/speed.md, "Activations in place"). ReLU runs in place always (its backward
+    reads its output, and the layers that make ``x`` do not keep it), SiLU where autograd records nothing for ``x``
+    (inference, ``no_grad``, a frozen layer: its backward would need the input); anything else (``nn.Identity``,
+    GELU, ...) as it is. The same values and gradients either way."""
+    if isinstance(activation, nn.ReLU) or activation is F.relu:
+        return x.relu_()
+    if not x.requires_grad and (isinstance(activation, nn.SiLU) or activation is F.silu):
+        return F.silu(x, inplace=True)
+    return activation(x)
+
+
+def fresh_sum(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``fresh + other`` for a ``fresh`` that only the caller holds, of the sum's shape: added in place where
+    autograd records nothing for either (as :func:`fresh_activation`)."""
+    if fresh.requires_grad or other.requires_grad or fresh.shape != torch.broadcast_shapes(fresh.shape, other.shape):
+        return fresh + other
+    return fresh.add_(other)
+
+
 class ConvNorm(nn.Module):
     """Convolution (no bias, "same" padding for odd kernels, ``groups``) → norm → optional activation: ``conv``,
     ``norm``."""
@@ -157,10 +182,11 @@ class ConvNorm(nn.Module):
         # a training forward folds a frozen norm into the convolution (conv_frozen_norm); inference keeps the
         # separate norm, whose outputs equal the reference's bit for bit (optimize_for_inference folds for good)
         if self.training and torch.is_grad_enabled():
-            return self.activation(conv_frozen_norm(self.conv, self.norm, x))
+            return fresh_activation(self.activation, conv_frozen_norm(self.conv, self.norm, x))
         if isinstance(x, UpsampledConcat):
-            return self.activation(self.norm(concat_conv(self.conv, x, self.conv.weight, self.conv.bias)))
-        return self.activation(self.norm(self.conv(x)))
+            return fresh_activation(self.activation,
+                                    self.norm(concat_conv(self.conv, x, self.conv.weight, self.conv.bias)))
+        return fresh_activation(self.activation, self.norm(self.conv(x)))
 
 
 @torch.no_grad()

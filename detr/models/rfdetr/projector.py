@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detr.models.layers.conv_norm import fresh_activation
 from detr.models.rfdetr.config import ProjectorNorm
 
 
@@ -41,8 +42,7 @@ class ConvNorm(nn.Module):
         self.relu = relu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(self.conv(x))
-        return F.relu(x) if self.relu else F.silu(x)
+        return fresh_activation(F.relu if self.relu else F.silu, self.norm(self.conv(x)))
 
 
 def sampling_layers(channels: int, scale: float, norm: ProjectorNorm) -> tuple[nn.Sequential, int]:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.models.layers.conv_norm import ConvNorm, UpsampledConcat, upsampled_concat
+from detr.models.layers.conv_norm import ConvNorm, UpsampledConcat, fresh_activation, fresh_sum, upsampled_concat
 from detr.models.size_constants import SizeConstants
 from detr.models.transformer import TransformerEncoderLayer
 
@@ -77,8 +77,8 @@ class RepVggBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused is not None:
-            return F.silu(self.fused(x))
-        return F.silu(self.conv1(x) + self.conv2(x))
+            return fresh_activation(F.silu, self.fused(x))
+        return fresh_activation(F.silu, fresh_sum(self.conv1(x), self.conv2(x)))
 
 
 def _fold(layer: ConvNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +102,7 @@ class CSPRepLayer(nn.Module):
                       else nn.Identity())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv3(self.bottlenecks(self.conv1(x)) + self.conv2(x))
+        return self.conv3(fresh_sum(self.bottlenecks(self.conv1(x)), self.conv2(x)))
 
 
 class AIFI(nn.Module):

@@ -22,7 +22,7 @@ from torch import nn
 
 from detr.models.backbone import norm_layer
 from detr.models.config import BackboneName, BackboneNorm
-from detr.models.layers.conv_norm import ConvNorm, Norm, stride_four_nhwc
+from detr.models.layers.conv_norm import ConvNorm, Norm, fresh_activation, fresh_sum, stride_four_nhwc
 
 #: Blocks per stage and whether they are bottlenecks, per depth (as torchvision's ResNets).
 DEPTHS: dict[str, tuple[tuple[int, int, int, int], bool]] = {
@@ -57,7 +57,7 @@ class BasicBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.branch2b(self.branch2a(x))
-        return F.relu(out + (x if self.short is None else self.short(x)))
+        return fresh_activation(F.relu, fresh_sum(out, x if self.short is None else self.short(x)))
 
 
 class Bottleneck(nn.Module):
@@ -74,7 +74,7 @@ class Bottleneck(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.branch2c(self.branch2b(self.branch2a(x)))
-        return F.relu(out + (x if self.short is None else self.short(x)))
+        return fresh_activation(F.relu, fresh_sum(out, x if self.short is None else self.short(x)))
 
 
 class Stage(nn.Module):
