@@ -50,12 +50,13 @@ def write_directory(directory, family: str, *, seed: int = 0, image_size: tuple[
         config = transformers.GroundingDinoConfig(backbone_config=resnet, text_config=bert, **sizes)
         model = transformers.GroundingDinoForObjectDetection(config)
     randomise(model, seed)
+    generator = torch.Generator().manual_seed(seed)  # the same directory in every process
     with torch.no_grad():  # the fusion's gains start at 1e-4: make the fusion count (the text's less, as the
         for name, parameter in model.named_parameters():  # image's mean would make every token alike)
             if name.endswith("vision_param"):
-                parameter.uniform_(0.5, 1.5)
+                parameter.uniform_(0.5, 1.5, generator=generator)
             elif name.endswith("text_param"):
-                parameter.uniform_(0.05, 0.15)
+                parameter.uniform_(0.05, 0.15, generator=generator)
     model.eval().save_pretrained(directory)
     tokenizer = transformers.BertTokenizerFast(vocab=vocabulary(), do_lower_case=True)
     image_processor = transformers.GroundingDinoImageProcessor()
