@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -40,8 +39,10 @@ _FORMULAS = {**flop_registry,
 
 
 class _Counter(TorchDispatchMode):
-    """Adds up the formulas of the operators run under it (``FlopCounterMode`` without its module tracker, whose
-    hooks fail on inputs that are parameters under ``torch.no_grad`` or ``inference_mode``)."""
+    """Adds up the formulas of the operators run under it, as ``FlopCounterMode`` does (a composite operator
+    without a formula, such as ``aten.linear`` under ``inference_mode``, counted as the operators it decomposes
+    into), without its module tracker, whose hooks fail on inputs that are parameters under ``torch.no_grad`` or
+    ``inference_mode``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -49,18 +50,21 @@ class _Counter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         formula = _FORMULAS.get(func._overloadpacket)
+        if formula is None:
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        out = func(*args, **kwargs)
         if formula is not None:
             self.flops += formula(*args, **kwargs, out_val=out)
         return out
 
 
 def counted_flops(call: Callable[[], object]) -> int:
-    """The floating-point operations of ``call()``'s dense kernels (one run; under ``inference_mode`` it runs under
-    ``no_grad`` instead, where the mode sees ``aten.linear``'s product: the same arithmetic)."""
-    inference = torch.is_inference_mode_enabled()
-    with torch.inference_mode(False), torch.no_grad() if inference else nullcontext(), _Counter() as counter:
+    """The floating-point operations of ``call()``'s dense kernels (one run)."""
+    with _Counter() as counter:
         call()
     return counter.flops
 

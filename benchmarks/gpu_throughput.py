@@ -25,8 +25,8 @@ batches and card, eager, fp32 and tf32 (their code has no mixed precision), and 
 their model from the same initial weights on the same data: the speed ratio and the loss are measured
 side by side.
 
-FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (matrix products and convolutions;
-a training step counts forward and backward). MFU = achieved FLOP/s over the card's dense peak for the
+FLOPs are counted with torch's flop formulas (benchmarks/arithmetic.py ``counted_flops``: matrix products,
+convolutions and attention; a training step counts forward and backward). MFU = achieved FLOP/s over the card's dense peak for the
 precision (``--peak-tflops`` overrides the built-in table of H100 / H200 / A100 figures).
 """
 
@@ -47,10 +47,10 @@ from typing import Any, Callable
 
 import torch
 from torch.utils.data import DataLoader
-from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers (the tiny model of --quick)
 
+from arithmetic import counted_flops  # noqa: E402
 from authors_detr import AuthorsTrainer  # noqa: E402
 from machine import describe_machine  # noqa: E402
 
@@ -193,12 +193,6 @@ def count_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def flops_of(fn: Callable[[], Any]) -> int:
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
-
-
 def timed_steps(step: Callable[[Any], Any], batches: Any, steps: int, warmup: int, device: torch.device) -> float:
     iterator = iter(batches)
     for _ in range(warmup):
@@ -252,7 +246,7 @@ def train_section(args: argparse.Namespace, device: torch.device, settings: list
         syncs = count_syncs(partial(trainer.step, synthetic[0]), device)
         real_seconds = timed_steps(trainer.step, forever(loader, device), args.steps, args.warmup, device)
         real_rate = args.steps * args.batch_size / real_seconds
-        flops = flops_of(partial(trainer.step, synthetic[0])) / args.batch_size
+        flops = counted_flops(partial(trainer.step, synthetic[0])) / args.batch_size
         print(f"| {setting} | {synthetic_rate:7.1f} | {real_rate:7.1f} | {peak_memory} | "
               f"{syncs if syncs is not None else 'n/a'} | "
               f"{mfu(synthetic_rate, flops, peak_flops(device, setting.precision, args.peak_tflops))} |", flush=True)
@@ -273,9 +267,7 @@ def infer_section(args: argparse.Namespace, device: torch.device, settings: list
     system = DetrSystem(detr=args.model)
     model = system.model.to(device).eval()
     model.optimize_for_inference()
-    # Counted with autograd on: FlopCounterMode's module tracker fails on parameters without a graph
-    # under no_grad / inference_mode; the forward's FLOPs are the same.
-    flops = flops_of(lambda: model(torch.randn(1, 3, height, width, device=device),
+    flops = counted_flops(lambda: model(torch.randn(1, 3, height, width, device=device),
                                    torch.zeros(1, height, width, dtype=torch.bool, device=device)))
     for setting in settings:
         autocast = set_precision(setting.precision)

@@ -182,11 +182,12 @@ class ConvNorm(nn.Module):
         # a training forward folds a frozen norm into the convolution (conv_frozen_norm); inference keeps the
         # separate norm, whose outputs equal the reference's bit for bit (optimize_for_inference folds for good)
         if self.training and torch.is_grad_enabled():
-            return fresh_activation(self.activation, conv_frozen_norm(self.conv, self.norm, x))
-        if isinstance(x, UpsampledConcat):
-            return fresh_activation(self.activation,
-                                    self.norm(concat_conv(self.conv, x, self.conv.weight, self.conv.bias)))
-        return fresh_activation(self.activation, self.norm(self.conv(x)))
+            y = conv_frozen_norm(self.conv, self.norm, x)
+        elif isinstance(x, UpsampledConcat):
+            y = self.norm(concat_conv(self.conv, x, self.conv.weight, self.conv.bias))
+        else:
+            y = self.norm(self.conv(x))
+        return fresh_activation(self.activation, y)
 
 
 @torch.no_grad()
