@@ -26,8 +26,8 @@ their model from the same initial weights on the same data: the speed ratio and 
 side by side.
 
 FLOPs are counted with torch's flop formulas (benchmarks/arithmetic.py ``counted_flops``: matrix products,
-convolutions and attention; a training step counts forward and backward). MFU = achieved FLOP/s over the card's dense peak for the
-precision (``--peak-tflops`` overrides the built-in table of H100 / H200 / A100 figures).
+convolutions and attention; a training step counts forward and backward). MFU = achieved FLOP/s over the card's
+dense peak for the precision (``--peak-tflops`` overrides the built-in table of H100 / H200 / A100 figures).
 """
 
 from __future__ import annotations
