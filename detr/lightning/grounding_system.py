@@ -22,7 +22,7 @@ import torch
 
 from detr.inference.grounding import prompt_phrases, prompt_text
 from detr.lightning.param_groups import parameter_groups
-from detr.loss.grounding import build_grounding_criterion, phrase_token_maps, with_token_maps
+from detr.loss.grounding import build_grounding_criterion, check_phrase_labels, phrase_token_maps, with_token_maps
 from detr.models.grounding.model import GroundingDINO
 from detr.models.grounding.recipe import RECIPE
 from detr.models.outputs import DetectorOutput
@@ -79,12 +79,19 @@ class GroundingSystem(L.LightningModule):
         return self.model(images, padding_mask, self.input_ids.expand(batch, -1),
                           self.attention_mask.expand(batch, -1))
 
-    def reduced_num_boxes(self, targets: list[dict[str, torch.Tensor]]) -> float:
-        """Target boxes in the batch, averaged over processes, at least 1."""
+    def reduced_num_boxes(self, targets: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """Target boxes in the batch, averaged over processes, at least 1: a scalar on the device (not read back,
+        as :meth:`detr.lightning.system.DetrSystem.reduced_num_boxes`)."""
         num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=self.device)
         if self._trainer is not None:
             num_boxes = self.trainer.strategy.reduce(num_boxes, reduce_op="sum") / self.trainer.world_size
-        return max(float(num_boxes.item()), 1.0)
+        return num_boxes.clamp(min=1.0)
+
+    def on_before_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
+        """Every target's label checked against the prompt's phrases on the host, before the batch moves to the
+        device (where :func:`with_token_maps` does not read them back)."""
+        check_phrase_labels(batch[2], len(self.token_maps))
+        return batch
 
     def compute_losses(self, outputs: DetectorOutput, targets: list[dict[str, torch.Tensor]]
                        ) -> dict[str, torch.Tensor]:

@@ -341,12 +341,14 @@ class DetrSystem(L.LightningModule):
         from them; evaluation never shows the model its targets."""
         return self.model(images, padding_mask, targets=targets if self.model.training else None)
 
-    def reduced_num_boxes(self, targets: list[dict[str, Any]]) -> float:
-        """Target boxes in the batch, averaged over processes, at least 1 (the authors' SetCriterion.forward)."""
+    def reduced_num_boxes(self, targets: list[dict[str, Any]]) -> torch.Tensor:
+        """Target boxes in the batch, averaged over processes, at least 1 (the authors' SetCriterion.forward): a
+        float32 scalar on the device, which the criterion divides by without reading it (a GPU step does not wait
+        for the host here)."""
         num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=self.device)
         if self._trainer is not None:  # (the sum divided here: NCCL's own average rounds differently)
             num_boxes = self.trainer.strategy.reduce(num_boxes, reduce_op="sum") / self.trainer.world_size
-        return max(float(num_boxes.item()), 1.0)
+        return num_boxes.clamp(min=1.0)
 
     def compute_losses(self, outputs: DetectorOutput, targets: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Unweighted loss terms plus the weighted total under "loss"; computed in float32 (also under bf16)."""

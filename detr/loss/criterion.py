@@ -210,9 +210,8 @@ class SetCriterion(nn.Module):
                              "criterion with class_head='sigmoid' and class_loss 'focal'")
         onehot = torch.zeros_like(logits)
         onehot[batch_index, query_index] = token_maps
-        prompt = logits.isfinite()
-        loss_ce = sigmoid_focal_loss(logits[prompt], onehot[prompt], num_boxes, alpha=self.focal_alpha,
-                                     gamma=self.focal_gamma)
+        loss_ce = sigmoid_focal_loss(logits, onehot, num_boxes, alpha=self.focal_alpha, gamma=self.focal_gamma,
+                                     where=logits.isfinite())
         if len(token_maps) == 0:
             accuracy = logits.new_zeros(())
         else:

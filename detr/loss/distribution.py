@@ -45,15 +45,15 @@ def edge_targets(initial: torch.Tensor, target_xyxy: torch.Tensor, project: torc
     distances = torch.cat([(centre - target_xyxy[:, :2]) / size, (target_xyxy[:, 2:] - centre) / size], 1)
     distances = (distances - 0.5 * scale).reshape(-1)  # [4N]: left, top, right, bottom of each pair
     left = ((project[None, :] - distances[:, None]) <= 0).sum(1).float() - 1  # the last bin at or below
-    weight_right, weight_left = torch.zeros_like(left), torch.zeros_like(left)
-    inside = (left >= 0) & (left < num_bins)
-    index = left[inside].long()
-    below, above = (distances[inside] - project[index]).abs(), (project[index + 1] - distances[inside]).abs()
-    weight_right[inside] = below / (below + above)
-    weight_left[inside] = 1 - weight_right[inside]
-    weight_left[left < 0], left[left < 0] = 1.0, 0.0
-    beyond = left >= num_bins
-    weight_right[beyond], weight_left[beyond], left[beyond] = 1.0, 0.0, num_bins - 0.1
+    below_range, beyond = left < 0, left >= num_bins
+    inside = ~below_range & ~beyond
+    # every edge computes its two bins' weights (masks select, no indexing by mask: a GPU step does not wait)
+    index = left.clamp(min=0, max=num_bins - 1).long()
+    below, above = (distances - project[index]).abs(), (project[index + 1] - distances).abs()
+    fraction = below / (below + above)
+    weight_right = torch.where(inside, fraction, torch.where(beyond, 1.0, 0.0))
+    weight_left = torch.where(inside, 1 - fraction, torch.where(below_range, 1.0, 0.0))
+    left = torch.where(below_range, 0.0, torch.where(beyond, num_bins - 0.1, left))
     return left.clamp(min=0, max=num_bins - 0.1), weight_right, weight_left
 
 
@@ -94,10 +94,13 @@ def distillation_loss(corners: torch.Tensor, teacher_corners: torch.Tensor, teac
     student = F.log_softmax(corners.float().reshape(-1, bins) / TEMPERATURE, -1)
     teacher = F.softmax(teacher_corners.detach().float().reshape(-1, bins) / TEMPERATURE, -1)
     loss = weight * TEMPERATURE ** 2 * F.kl_div(student, teacher, reduction="none").sum(-1)  # [4 B Q]
+    matched_count = matched.sum()
+    unmatched_count = matched.numel() - matched_count
     if balance is None:
-        balance = (matched.sum().float().sqrt(), (~matched).sum().float().sqrt())
-    positive = loss[matched].mean() if matched.any() else loss.new_zeros(())
-    negative = loss[~matched].mean() if (~matched).any() else loss.new_zeros(())
+        balance = (matched_count.float().sqrt(), unmatched_count.float().sqrt())
+    # the means over the matched and the unmatched edges (0 where there are none), by masks: no host sync
+    positive = torch.where(matched, loss, 0.0).sum() / matched_count.clamp(min=1)
+    negative = torch.where(matched, 0.0, loss).sum() / unmatched_count.clamp(min=1)
     return (positive * balance[0] + negative * balance[1]) / (balance[0] + balance[1]), balance
 
 

@@ -22,7 +22,7 @@ from torchvision.ops import sigmoid_focal_loss as _torchvision_sigmoid_focal_los
 
 
 def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, num_boxes: float | torch.Tensor, *,
-                       alpha: float = 0.25, gamma: float = 2.0) -> torch.Tensor:
+                       alpha: float = 0.25, gamma: float = 2.0, where: torch.Tensor | None = None) -> torch.Tensor:
     """Focal loss summed over every element and divided by ``num_boxes`` (Deformable DETR's normalisation:
     its ``loss.mean(1).sum() / num_boxes * num_queries``).
 
@@ -34,11 +34,16 @@ def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, num_boxes: f
         targets: float, same shape, one-hot (all zero for unmatched queries).
         num_boxes: the batch's target count (already reduced across processes by the caller), ≥ 1.
         alpha, gamma: 0.25 and 2 in the papers.
+        where: bool, same shape: sum these elements only (a grounding model's prompt tokens, whose other logits
+            are −inf), selected by masks rather than indexing, so that a GPU step does not wait for the host.
 
     Returns a float scalar.
     """
-    loss = _torchvision_sigmoid_focal_loss(logits, targets, alpha=alpha, gamma=gamma, reduction="sum")
-    return loss / num_boxes
+    if where is None:
+        return _torchvision_sigmoid_focal_loss(logits, targets, alpha=alpha, gamma=gamma, reduction="sum") / num_boxes
+    loss = _torchvision_sigmoid_focal_loss(logits.masked_fill(~where, 0.0), targets, alpha=alpha, gamma=gamma,
+                                           reduction="none")
+    return torch.where(where, loss, 0.0).sum() / num_boxes
 
 
 def focal_class_cost(logits: torch.Tensor, labels: torch.Tensor, *, alpha: float = 0.25,

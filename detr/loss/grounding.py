@@ -37,18 +37,23 @@ def phrase_token_maps(input_ids: torch.Tensor, columns: int) -> torch.Tensor:
     return phrase_token_mask(input_ids, columns).float()
 
 
+def check_phrase_labels(targets: Targets, phrases: int) -> None:
+    """Raise ValueError if a target's label has no phrase among the prompt's ``phrases``."""
+    for target in targets:
+        labels = target["labels"]
+        if len(labels) and int(labels.max()) >= phrases:
+            raise ValueError(f"a target has label {int(labels.max())} but the prompt has {phrases} phrases: the "
+                             "prompt must name every category of the data, one phrase each, in label order")
+
+
 def with_token_maps(targets: Targets, token_maps: torch.Tensor) -> Targets:
     """``targets`` (per image labels int64 [T]: the phrase of each box, boxes) with ``token_map`` [T, columns]:
     each target's row of ``token_maps`` [K, columns] (:func:`phrase_token_maps`). A label without a phrase raises
-    ValueError."""
-    result = []
-    for target in targets:
-        labels = target["labels"]
-        if len(labels) and int(labels.max()) >= len(token_maps):
-            raise ValueError(f"a target has label {int(labels.max())} but the prompt has {len(token_maps)} phrases: "
-                             "the prompt must name every category of the data, one phrase each, in label order")
-        result.append({**target, "token_map": token_maps.to(labels.device)[labels]})
-    return result
+    ValueError where the labels are on the CPU (:func:`check_phrase_labels`; on a GPU the caller checks them before
+    the batch moves there, so that a training step does not wait to read them back)."""
+    if all(target["labels"].device.type == "cpu" for target in targets):
+        check_phrase_labels(targets, len(token_maps))
+    return [{**target, "token_map": token_maps.to(target["labels"].device)[target["labels"]]} for target in targets]
 
 
 def build_grounding_criterion(config: GroundingConfig, recipe: LossRecipe | None = None, *, aux_loss: bool = True,

@@ -104,20 +104,21 @@ def keypoint_matching_costs(keypoints: torch.Tensor, target_keypoints: torch.Ten
     batch, queries = keypoints.shape[:2]
     per_class = _per_class(keypoints, schema).flatten(0, 1)  # [B·Q, C_k, K_max, D]
     costs = [keypoints.new_zeros((batch * queries, len(labels))) for _ in TERMS]
+    # Each class's terms against every target, kept at that class's targets by a mask (the targets of one class
+    # are not gathered: a GPU does not wait for the host to count them)
     for label, count in enumerate(schema.counts):
-        index = (labels == label).nonzero().squeeze(1)
-        if count == 0 or index.numel() == 0:
+        if count == 0:
             continue
         predicted = per_class[:, label, :count]  # [P, K_c, D]
-        target = target_keypoints.index_select(0, index)[:, :count]  # [n, K_c, 3]
-        area = areas.index_select(0, index).to(torch.float32)
+        target = target_keypoints[:, :count]  # [T, K_c, 3]
+        area = areas.to(torch.float32)
         eps = torch.finfo(area.dtype).eps
         labelled = (torch.isfinite(target[..., 2]) & (target[..., 2] > 0) & torch.isfinite(target[..., :2]).all(-1)
-                    & (torch.isfinite(area) & (area > eps))[:, None])  # [n, K_c]
+                    & (torch.isfinite(area) & (area > eps))[:, None])  # [T, K_c]
         labelled_count = labelled.sum(1).to(torch.float32)
         divisor = labelled_count.clamp(min=1)
-        delta = predicted[:, None, :, :2].to(torch.float32) - target[None, :, :, :2].to(torch.float32)  # [P, n, K_c, 2]
-        distance = delta.abs().sum(-1).masked_fill(~labelled[None], 0.0).sum(-1)  # [P, n]
+        delta = predicted[:, None, :, :2].to(torch.float32) - target[None, :, :, :2].to(torch.float32)  # [P, T, K_c, 2]
+        distance = delta.abs().sum(-1).masked_fill(~labelled[None], 0.0).sum(-1)  # [P, T]
         l1 = torch.nan_to_num(distance / divisor / area.clamp_min(eps).sqrt(), nan=0.0, posinf=0.0, neginf=0.0)
         precision = predicted[..., 4:7].to(torch.float32)  # [P, K_c, 3]
         finite = torch.isfinite(predicted[..., :2].to(torch.float32)).all(-1) & torch.isfinite(precision).all(-1)
@@ -126,6 +127,7 @@ def keypoint_matching_costs(keypoints: torch.Tensor, target_keypoints: torch.Ten
         nll = nll.masked_fill(~(labelled_count > 0)[None], 0.0)
         findable = _pairwise_bce(predicted[..., 2], target[..., 2] > 0) / float(count)
         visible = _pairwise_bce(predicted[..., 3], target[..., 2] > 1) / float(count)
-        for cost, value in zip(costs, (l1, findable, visible, nll)):
-            cost[:, index] = value.to(cost.dtype)
+        of_class = labels == label  # [T]
+        costs = [torch.where(of_class, value.to(cost.dtype), cost)
+                 for cost, value in zip(costs, (l1, findable, visible, nll))]
     return tuple(cost.view(batch, queries, len(labels)) for cost in costs)

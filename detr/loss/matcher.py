@@ -191,22 +191,28 @@ class HungarianMatcher(nn.Module):
         for extra in (self.mask_cost(outputs, targets, longest), self.keypoint_cost(outputs, targets, longest)):
             if extra is not None:
                 cost = cost + extra
-        cost = cost.cpu()  # [B, Q, T_max]: the one device-to-host copy
-        if not torch.isfinite(cost).all():
-            raise FloatingPointError(
-                "the matching cost has NaN or infinite values: the model's predictions are not finite "
-                "(diverged training; lower the learning rate or check the inputs)"
-            )
-        groups = self.num_groups(num_queries)
-        group_size = num_queries // groups
-        indices = []
-        for index, size in enumerate(sizes):
-            rows, cols = [], []
-            for group in range(groups):
-                block = cost[index, group * group_size:(group + 1) * group_size, :size].numpy()
-                group_rows, group_cols = linear_sum_assignment(block)
-                rows.append(group_rows + group * group_size)
-                cols.append(group_cols)
-            indices.append((torch.as_tensor(np.concatenate(rows), dtype=torch.int64),
-                            torch.as_tensor(np.concatenate(cols), dtype=torch.int64)))
-        return indices
+        return assign(cost.cpu(), sizes, self.num_groups(num_queries))  # the one device-to-host copy
+
+
+def assign(cost: torch.Tensor, sizes: Sequence[int], groups: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The Hungarian assignment on the host: cost [B, Q, T_max] on the CPU (image b's first ``sizes[b]`` columns
+    are its targets), the queries in ``groups`` equal groups each matched on its own (Group DETR) → per image
+    (query indices, target indices), int64 on the CPU, sorted by query index within each group. A cost with NaN
+    or infinite values raises FloatingPointError."""
+    if not torch.isfinite(cost).all():
+        raise FloatingPointError(
+            "the matching cost has NaN or infinite values: the model's predictions are not finite "
+            "(diverged training; lower the learning rate or check the inputs)"
+        )
+    group_size = cost.shape[1] // groups
+    indices = []
+    for index, size in enumerate(sizes):
+        rows, cols = [], []
+        for group in range(groups):
+            block = cost[index, group * group_size:(group + 1) * group_size, :size].numpy()
+            group_rows, group_cols = linear_sum_assignment(block)
+            rows.append(group_rows + group * group_size)
+            cols.append(group_cols)
+        indices.append((torch.as_tensor(np.concatenate(rows), dtype=torch.int64),
+                        torch.as_tensor(np.concatenate(cols), dtype=torch.int64)))
+    return indices

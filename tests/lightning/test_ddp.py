@@ -97,7 +97,8 @@ class OracleSystem(DetrSystem):
     def validation_step(self, batch, batch_idx: int) -> dict:
         targets = batch[2]
         self.seen += [int(t["image_id"]) for t in targets]
-        self.box_counts.append((float(sum(len(t["labels"]) for t in targets)), self.reduced_num_boxes(targets)))
+        local = float(sum(len(t["labels"]) for t in targets))
+        self.box_counts.append((local, float(self.reduced_num_boxes(targets))))
         return super().validation_step(batch, batch_idx)
 
     def on_validation_epoch_end(self) -> None:

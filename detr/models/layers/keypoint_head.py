@@ -85,9 +85,10 @@ class KeypointSchema:
 
     def pad(self, keypoints: torch.Tensor) -> torch.Tensor:
         """[..., K, D] (classes' keypoints one after another) → [..., C_k · K_max, D], zeros in unused slots."""
-        index = torch.full((self.num_classes * self.max_count,), self.total, dtype=torch.int64,
-                           device=keypoints.device)  # slot → compact keypoint, K = the zero row
-        index[self.active(keypoints.device).flatten()] = torch.arange(self.total, device=keypoints.device)
+        active = self.active(keypoints.device).flatten()
+        # slot → compact keypoint (the active slots in order), K = the zero row; no indexing by mask: a GPU does not
+        # wait for the host
+        index = torch.where(active, active.cumsum(0) - 1, self.total)
         zero = keypoints.new_zeros((*keypoints.shape[:-2], 1, keypoints.shape[-1]))
         return torch.cat([keypoints, zero], -2).index_select(-2, index)
 
