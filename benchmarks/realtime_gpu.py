@@ -17,7 +17,8 @@ Sections (``--sections``):
   transformers' model with its loss inside the compiled forward) each side trains ``--steps`` steps from those
   weights on the same batch (the two photos repeated, seeded random targets) in bf16 autocast: forward, loss,
   backward, clipping at 0.1, fused AdamW (our side: the family's recipe's parameter groups). Printed per row:
-  images/s over the steps after ``--warmup`` (the first step's seconds: compilation), peak GPU memory, and the
+  images/s over the steps after ``--warmup`` (the first step's seconds: compilation), peak GPU memory, the host
+  synchronisations of one more step (``torch.cuda.set_sync_debug_mode``; "-" off CUDA), and the
   mean loss of the last tenth of the steps on each side (they train the same model on the same batch: they
   should end close; denoising queries are drawn at random on each side). ``--rfdetr-package`` adds a third side
   for RF-DETR: the authors' ``rfdetr`` package's model of the preset (its own random weights, the same layout)
@@ -50,6 +51,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers_*
 
+from gpu_throughput import count_syncs  # noqa: E402
 from machine import describe_machine  # noqa: E402
 from realtime_speed import DETR_SIZE, MODELS, SIZE, SIZES, pair_of_models  # noqa: E402
 from realtime_training import (OPTIMIZER, WEIGHT_DECAY, build_our_training, check_losses,  # noqa: E402
@@ -125,8 +127,10 @@ def train_run(side: str, model, family: str, initial: dict, images, mask, target
     if not torch.isfinite(values).all():
         raise FloatingPointError(f"{side}: a non-finite loss at step {int((~torch.isfinite(values)).nonzero()[0])}")
     tail = values[-max(1, len(values) // 10):]
+    syncs = count_syncs(step, device)  # one more step, after the timed ones
     return {"images_s": images.shape[0] * (steps - warmup) / elapsed, "first_s": first, "memory": peak_memory(device),
-            "first_loss": float(values[0]), "last_loss": float(tail.mean())}
+            "first_loss": float(values[0]), "last_loss": float(tail.mean()),
+            "syncs": "-" if syncs is None else str(syncs)}
 
 
 def train_section(args, device: torch.device) -> None:
@@ -188,8 +192,8 @@ def train_section(args, device: torch.device) -> None:
           f"({args.warmup} warm-up), {device}, square inputs (RF-DETR-Nano "
           f"{input_square(args, 'rfdetr_nano')}, else {input_square(args, 'rtdetr_r18')})")
     print("| model | batch | mode | transformers img/s | ours img/s | ours / transformers | first step s (t / o) | "
-          "peak GiB (t / o) | last-tenth loss (t / o) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "peak GiB (t / o) | last-tenth loss (t / o) | host syncs / step (t / o) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(train_row(*row))
     package_rows = [row for row in rows if "rfdetr" in row[3]]
@@ -223,7 +227,8 @@ def train_row(name: str, batch: int, mode: str, result: dict) -> str:
     return (f"| {MODELS[name][0]} | {batch} | {mode} | {rate(theirs['images_s']) if theirs else 'failed'} | "
             f"{rate(ours['images_s']) if ours else 'failed'} | {ratio} | {value(theirs, 'first_s', '.1f')} / "
             f"{value(ours, 'first_s', '.1f')} | {value(theirs, 'memory', 's')} / {value(ours, 'memory', 's')} | "
-            f"{value(theirs, 'last_loss', '.2f')} / {value(ours, 'last_loss', '.2f')} |")
+            f"{value(theirs, 'last_loss', '.2f')} / {value(ours, 'last_loss', '.2f')} | "
+            f"{value(theirs, 'syncs', 's')} / {value(ours, 'syncs', 's')} |")
 
 
 # ---------------------------------------------------------------------------------------------------- inference

@@ -14,7 +14,7 @@ from tests.helpers_cuda import rehearse_gpu_session
 EXPECTED = {
     "rt_tests": ["=== CUDA tests, every family: exit 0"],
     "rt_train": ["rtdetr_r18: 12 weighted terms compared", "| model | batch | mode | transformers img/s |",
-                 "| RT-DETR R18, 3 decoder layers | 2 | eager |"],
+                 "| host syncs / step (t / o) |", "| RT-DETR R18, 3 decoder layers | 2 | eager |"],
     "rt_infer": ["| rtdetr_r18 | 1 × 128 × 128 | transformers | eager | fp32 |",
                  "| rtdetr_r18 | 1 × 128 × 128 | ours | eager | fp16 |",
                  "| deimv2_l | 1 × 128 × 128 | ours | eager |"],
