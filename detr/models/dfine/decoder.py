@@ -32,7 +32,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import box_convert
 
 from detr.box_ops import inverse_sigmoid
 from detr.models.config import PRIOR_BIAS
@@ -65,7 +64,7 @@ def distance_to_box(initial: torch.Tensor, distances: torch.Tensor, reg_scale: t
     centre, size = initial[..., :2], initial[..., 2:]
     top_left = centre - (0.5 * scale + distances[..., :2]) * (size / scale)
     bottom_right = centre + (0.5 * scale + distances[..., 2:]) * (size / scale)
-    return box_convert(torch.cat([top_left, bottom_right], -1), "xyxy", "cxcywh")
+    return torch.cat([(top_left + bottom_right) / 2, bottom_right - top_left], -1)  # xyxy → cxcywh
 
 
 def edge_distances(corner_logits: torch.Tensor, project: torch.Tensor) -> torch.Tensor:
