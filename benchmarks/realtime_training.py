@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/realtime_training.py [--models rtdetr_r18 dfine_s rfdetr_nano]
         [--batch 2] [--threads 2] [--rounds 5] [--components] [--profile[-shapes]]
-        [--omp-passive] [--direct-convolutions]
+        [--omp-passive] [--direct-convolutions] [--flops] [--count-ops]
 
 Each model of the released layout (benchmarks/realtime_speed.py's ``MODELS``: RT-DETR-R18 and D-FINE-S at 640 × 640,
 RF-DETR-Nano at 384 × 384) is built by transformers with random weights, saved with ``save_pretrained`` and loaded
@@ -38,6 +38,11 @@ kernels (the fused AdamW: 7-11 s against 0.3 s passive, 2 threads, load 9) take 
 ``--direct-convolutions`` adds a side: our step (the same model and optimizer) with the convolutions by oneDNN's
 direct kernel only, as before Winograd's wide 3 × 3 ones and the NHWC depthwise ones
 (detr/models/layers/conv_norm.py ``training_conv``), in the same rounds.
+``--count-ops`` ends with one more step of each side counted by a dispatch mode (tests/helpers_cuda.py's
+``DeviceReads``): the operations dispatched in its forward and loss, its backward and its optimizer step (views
+included: a GPU launches a kernel for most of the others, and a host-bound GPU step pays each launch), and the
+operations that would read a device value back (``.item()``, a boolean mask's indexing, ``nonzero``, ...), every
+one of them, the host-side ones of the matching included.
 Results: docs/measurements/speed.md.
 """
 
@@ -67,6 +72,7 @@ from detr.lightning.param_groups import parameter_groups  # noqa: E402
 from detr.models.layers.conv_norm import direct_convolutions  # noqa: E402
 from detr.loss.build import build_criterion  # noqa: E402
 from detr.models.build import recipe_for  # noqa: E402
+from tests.helpers_cuda import DeviceReads  # noqa: E402
 from tests.helpers_rtdetr import our_term_name, square_photos  # noqa: E402
 
 #: The configs' recipes (configs/rtdetr_r18vd_coco.yaml, dfine_s_coco.yaml, rfdetr_base_coco.yaml): loss settings
@@ -327,6 +333,26 @@ def check_losses(name: str, family: str, ours, theirs, images, mask, targets, la
     return line
 
 
+def count_operations(step: Callable[[], torch.Tensor]) -> tuple[int, int, int, int]:
+    """One ``step`` counted (``--count-ops``): operations dispatched in the forward and loss, in backward, in
+    clipping and the optimizer, and the reads of device values among all of them."""
+    reads, marks = DeviceReads(exempt=False), []
+    backward = torch.Tensor.backward
+
+    def marked(tensor, *args, **kwargs):  # the operation counts where backward starts and ends
+        marks.append(reads.operations)
+        backward(tensor, *args, **kwargs)
+        marks.append(reads.operations)
+
+    torch.Tensor.backward = marked
+    try:
+        with reads:
+            step()
+    finally:
+        torch.Tensor.backward = backward
+    return marks[0], marks[-1] - marks[0], reads.operations - marks[-1], len(reads.found)
+
+
 def median_text(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
@@ -353,6 +379,9 @@ def main() -> None:
                              "detr.models.layers.conv_norm.direct_convolutions), as before them")
     parser.add_argument("--omp-passive", action="store_true",
                         help="OMP_WAIT_POLICY=PASSIVE for both sides (the module docstring)")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="also count each side's operations per step (forward and loss, backward, optimizer) and "
+                             "its reads of device values (the module docstring)")
     parser.add_argument("--flops", action="store_true",
                         help="also count each side's dense arithmetic per step and its least time at this machine's "
                              "best product rate (benchmarks/arithmetic.py)")
@@ -458,6 +487,13 @@ def main() -> None:
         steps = {name: {side: sides[name][side].step for side in ("theirs", "ours")} for name in sides}
         print("\n" + floor_table(steps, {name: statistics.median(times[name]["theirs"]) for name in sides},
                                  product_rate()))
+    if args.count_ops:  # one more step of each side, counted
+        print("\n| model | side | operations: forward and loss | backward | optimizer | reads of device values |")
+        print("|---|---|---|---|---|---|")
+        for name in sides:
+            for side in ("theirs", "ours"):
+                counts = count_operations(sides[name][side].step)
+                print(f"| {MODELS[name][0]} | {side} | {' | '.join(str(count) for count in counts)} |")
     if args.profile or args.profile_shapes:
         from torch.profiler import ProfilerActivity, profile
         for name in sides:

@@ -1,15 +1,18 @@
 """Shared by the CUDA tests (tests/test_cuda.py, tests/test_cuda_families.py): their skip marker, the device, plain
-fp32 matrix products on it and the relative error they compare with; and the rehearsal of the GPU session's script
-(tests/commands/test_gpu_session*.py)."""
+fp32 matrix products on it and the relative error they compare with; the rehearsal of the GPU session's script
+(tests/commands/test_gpu_session*.py); and :class:`DeviceReads`, which finds on the CPU the operations that would make
+a GPU step wait for the host (tests/loss/test_host_syncs.py, benchmarks/realtime_training.py --count-ops)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).parents[1]
 
@@ -50,3 +53,43 @@ def rehearse_gpu_session(tmp_path: Path, parts: str, expected: dict[str, list[st
         for text in lines:
             assert text in log, f"{part}.log lacks {text!r}"
     return out
+
+
+#: Operations whose result the host must read (or whose output size depends on the values).
+READS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_dim", "unique_consecutive",
+         "repeat_interleave", "equal", "is_nonzero", "bincount", "histc", "masked_scatter"}
+#: Indexing operations, which read the values back when an index is a boolean mask.
+INDEXING = {"index", "index_put", "index_put_", "_index_put_impl_"}
+#: (file in the package, function): the reads that are meant, and why.
+BY_DESIGN = {
+    ("loss/matcher.py", "assign"): "the Hungarian assignment on the host copy of the costs (the one copy)",
+    ("loss/criterion.py", "matching_union"): "GO-LSD's union of the matcher's indices, which are host tensors",
+    ("loss/keypoint_terms.py", "_check_labels"): "a target class without a keypoint count raises a named error",
+    ("models/transformer.py", "flatten_feature_map"): "DETR drops an all-real mask so SDPA can run its fastest kernel",
+}
+
+
+class DeviceReads(TorchDispatchMode):
+    """Records (operation, innermost package frame) of every operation that would read a device value back, other
+    than :data:`BY_DESIGN`'s (all of them with ``exempt=False``) in ``found``, and counts every operation dispatched
+    (``operations``: views included, which launch no kernel)."""
+
+    def __init__(self, exempt: bool = True) -> None:
+        super().__init__()
+        self.exempt = exempt  # False: record BY_DESIGN's reads too
+        self.found: list[tuple[str, str]] = []
+        self.operations = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._overloadpacket.__name__
+        self.operations += 1
+        reads = name in READS or (name in INDEXING and any(
+            isinstance(index, torch.Tensor) and index.dtype == torch.bool for index in args[1] if index is not None))
+        if reads:
+            frames = [(frame.filename.replace("\\", "/").split("/detr/", 1)[-1], frame.name, frame.lineno)
+                      for frame in traceback.extract_stack() if "/detr/" in frame.filename.replace("\\", "/")
+                      and "/tests/" not in frame.filename.replace("\\", "/")]
+            if not (self.exempt and any((path, function) in BY_DESIGN for path, function, _ in frames)):
+                where = f"{frames[-1][0]}:{frames[-1][2]} ({frames[-1][1]})" if frames else "outside the package"
+                self.found.append((name, where))
+        return func(*args, **(kwargs or {}))

@@ -3,62 +3,26 @@ to the host (``.item()``, ``bool(t)``, ``int(t)``, a boolean mask's indexing, ``
 host until every kernel queued before it has run; a step that does this in its loss runs at the pace of its kernel
 launches (docs/measurements/gpu.md: the real-time families' steps were host-bound there). Every family's training
 forward (with its denoising queries) and criterion here reads nothing back but the matcher's one copy of its costs,
-and the few reads listed in :data:`BY_DESIGN`.
+and the few reads listed in tests/helpers_cuda.py's ``BY_DESIGN``.
 
-The check runs on the CPU (CI has no GPU): a dispatch mode sees every operation of the forward and the loss and
-records those that would wait on a GPU, with the place in the package they come from.
+The check runs on the CPU (CI has no GPU): a dispatch mode (tests/helpers_cuda.py's :class:`DeviceReads`) sees every
+operation of the forward and the loss and records those that would wait on a GPU, with the place in the package they
+come from.
 """
 
 from __future__ import annotations
 
-import traceback
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from detr import build_detr
 from detr.lightning.system import DetrSystem
 from detr.loss.build import build_criterion
 from detr.loss.grounding import with_token_maps
 from tests.helpers import TINY
+from tests.helpers_cuda import DeviceReads
 from tests.helpers_families import DENOISING, FAMILIES, batch, criterion_for, forward, targets_for, tiny
 from tests.helpers_rfdetr import KEYPOINT_COUNTS, TINY_KEYPOINT_RFDETR
-
-#: Operations whose result the host must read (or whose output size depends on the values).
-READS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_dim", "unique_consecutive",
-         "repeat_interleave", "equal", "is_nonzero", "bincount", "histc", "masked_scatter"}
-#: Indexing operations, which read the values back when an index is a boolean mask.
-INDEXING = {"index", "index_put", "index_put_", "_index_put_impl_"}
-#: (file in the package, function): the reads that are meant, and why.
-BY_DESIGN = {
-    ("loss/matcher.py", "assign"): "the Hungarian assignment on the host copy of the costs (the one copy)",
-    ("loss/criterion.py", "matching_union"): "GO-LSD's union of the matcher's indices, which are host tensors",
-    ("loss/keypoint_terms.py", "_check_labels"): "a target class without a keypoint count raises a named error",
-    ("models/transformer.py", "flatten_feature_map"): "DETR drops an all-real mask so SDPA can run its fastest kernel",
-}
-
-
-class DeviceReads(TorchDispatchMode):
-    """Records (operation, innermost package frame) of every operation that would read a device value back, other
-    than :data:`BY_DESIGN`'s."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.found: list[tuple[str, str]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._overloadpacket.__name__
-        reads = name in READS or (name in INDEXING and any(
-            isinstance(index, torch.Tensor) and index.dtype == torch.bool for index in args[1] if index is not None))
-        if reads:
-            frames = [(frame.filename.replace("\\", "/").split("/detr/", 1)[-1], frame.name, frame.lineno)
-                      for frame in traceback.extract_stack() if "/detr/" in frame.filename.replace("\\", "/")
-                      and "/tests/" not in frame.filename.replace("\\", "/")]
-            if not any((path, function) in BY_DESIGN for path, function, _ in frames):
-                where = f"{frames[-1][0]}:{frames[-1][2]} ({frames[-1][1]})" if frames else "outside the package"
-                self.found.append((name, where))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
