@@ -64,7 +64,8 @@ INDEXING = {"index", "index_put", "index_put_", "_index_put_impl_"}
 BY_DESIGN = {
     ("loss/matcher.py", "assign"): "the Hungarian assignment on the host copy of the costs (the one copy)",
     ("loss/criterion.py", "matching_union"): "GO-LSD's union of the matcher's indices, which are host tensors",
-    ("loss/keypoint_terms.py", "_check_labels"): "a target class without a keypoint count raises a named error",
+    ("loss/keypoint_terms.py", "check_keypoint_labels"): "labels on the CPU only (a GPU batch's are checked on the "
+                                                         "host before they move: DetrSystem.on_before_batch_transfer)",
     ("models/transformer.py", "flatten_feature_map"): "DETR drops an all-real mask so SDPA can run its fastest kernel",
 }
 

@@ -45,6 +45,7 @@ from detr.lightning.options import EvaluationOptions, RuntimeOptions
 from detr.lightning.param_groups import parameter_groups
 from detr.lightning.schedule import fit_saved_schedulers, follow_this_runs_settings, learning_rate_schedulers
 from detr.loss.build import build_criterion
+from detr.loss.keypoint_terms import check_keypoint_labels
 from detr.models.backbone import PretrainedWeightsError, cpu_has_bfloat16
 from detr.models.build import build_detr, recipe_for
 from detr.models.config import ModelConfig, ModelMeta
@@ -357,6 +358,17 @@ class DetrSystem(L.LightningModule):
         weights = self.criterion.weight_dict
         losses["loss"] = sum(losses[name] * weight for name, weight in weights.items())
         return losses
+
+    def on_before_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
+        """A keypoint model's target classes checked against its keypoint schema on the host, before the batch moves
+        to the device (where the loss does not read them back)."""
+        schema = self.detector.keypoint_schema
+        targets = batch[2] if isinstance(batch, (tuple, list)) and len(batch) == 3 else None
+        if schema is not None and isinstance(targets, list):
+            for target in targets:
+                if isinstance(target, dict) and "labels" in target:
+                    check_keypoint_labels(target["labels"], schema)
+        return batch
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         images, padding_mask, targets = batch

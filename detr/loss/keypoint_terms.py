@@ -35,11 +35,20 @@ def _per_class(keypoints: torch.Tensor, schema: KeypointSchema) -> torch.Tensor:
     return keypoints.unflatten(-2, (schema.num_classes, schema.max_count))
 
 
-def _check_labels(labels: torch.Tensor, schema: KeypointSchema) -> None:
+def check_keypoint_labels(labels: torch.Tensor, schema: KeypointSchema) -> None:
+    """Raise ValueError if a target's class (``labels`` int64 [T]) has no keypoint count in ``schema``."""
     if len(labels) and int(labels.max()) >= schema.num_classes:
         raise ValueError(f"a target of class {int(labels.max())} has no keypoint count: num_keypoints_per_class "
                          f"{list(schema.counts)} covers classes 0-{schema.num_classes - 1}; list every class (0 for "
                          "a class without keypoints)")
+
+
+def _check_labels(labels: torch.Tensor, schema: KeypointSchema) -> None:
+    """:func:`check_keypoint_labels` for labels on the CPU; on a GPU the training system checks them on the host
+    before the batch moves there (:meth:`detr.lightning.system.DetrSystem.on_before_batch_transfer`), so that a
+    step does not wait to read them back."""
+    if labels.device.type == "cpu":
+        check_keypoint_labels(labels, schema)
 
 
 def _gaussian_nll(delta: torch.Tensor, precision: torch.Tensor, area: torch.Tensor

@@ -76,3 +76,13 @@ def test_the_grounding_labels_are_checked_where_they_are_on_the_host():
     assert torch.equal(with_token_maps(targets, token_maps)[0]["token_map"], token_maps[[1, 0]])
     with pytest.raises(ValueError, match="label 2 but the prompt has 2 phrases"):
         with_token_maps([{"labels": torch.tensor([2]), "boxes": torch.rand(1, 4)}], token_maps)
+
+
+def test_the_keypoint_labels_are_checked_on_the_host_before_the_batch_moves():
+    system = DetrSystem(detr=TINY_KEYPOINT_RFDETR)
+    images, mask = torch.zeros(1, 3, 64, 64), torch.zeros(1, 64, 64, dtype=torch.bool)
+    good = [{"labels": torch.tensor([0, 2]), "boxes": torch.rand(2, 4)}]
+    assert system.on_before_batch_transfer((images, mask, good), 0)[2] is good
+    bad = [{"labels": torch.tensor([len(KEYPOINT_COUNTS)]), "boxes": torch.rand(1, 4)}]
+    with pytest.raises(ValueError, match="has no keypoint count"):
+        system.on_before_batch_transfer((images, mask, bad), 0)
