@@ -363,10 +363,9 @@ class DetrSystem(L.LightningModule):
         """A keypoint model's target classes checked against its keypoint schema on the host, before the batch moves
         to the device (where the loss does not read them back)."""
         schema = self.detector.keypoint_schema
-        targets = batch[2] if isinstance(batch, (tuple, list)) and len(batch) == 3 else None
-        if schema is not None and isinstance(targets, list):
-            for target in targets:
-                if isinstance(target, dict) and "labels" in target:
+        if schema is not None:
+            for target in batch[2]:
+                if "labels" in target:  # (a predict batch's images may have no annotations)
                     check_keypoint_labels(target["labels"], schema)
         return batch
 

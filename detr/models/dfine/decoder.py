@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.box_ops import inverse_sigmoid
+from detr.box_ops import inverse_sigmoid, xyxy_to_cxcywh
 from detr.models.config import PRIOR_BIAS
 from detr.models.layers.decoder_layer import DecoderLayer
 from detr.models.layers.deformable_attention import MultiScaleDeformableAttention, SpatialShapes
@@ -64,7 +64,7 @@ def distance_to_box(initial: torch.Tensor, distances: torch.Tensor, reg_scale: t
     centre, size = initial[..., :2], initial[..., 2:]
     top_left = centre - (0.5 * scale + distances[..., :2]) * (size / scale)
     bottom_right = centre + (0.5 * scale + distances[..., 2:]) * (size / scale)
-    return torch.cat([(top_left + bottom_right) / 2, bottom_right - top_left], -1)  # xyxy → cxcywh
+    return xyxy_to_cxcywh(torch.cat([top_left, bottom_right], -1))
 
 
 def edge_distances(corner_logits: torch.Tensor, project: torch.Tensor) -> torch.Tensor:
