@@ -9,6 +9,7 @@ import torch
 
 from detr import build_detr
 from detr.models.deformable.config import DeformableConfig
+from detr.models.layers.cell_anchors import gather_cells
 from detr.models.layers.deformable_attention import deformable_sampling
 from detr.models.rtdetr.config import RTDETRConfig
 from detr.models.rtdetr.decoder import anchors_for
@@ -221,3 +222,17 @@ def test_a_training_selection_trains_the_selected_rows_as_the_full_pass_does():
         torch.testing.assert_close(ours, full, rtol=1e-10, atol=1e-12)
     touched = gradients[0].abs().sum(-1) > 0  # [B, S]: the selected cells only
     assert touched.sum(1).tolist() == [7, 7]
+
+
+def test_channel_first_cells_are_gathered_with_their_gradient_in_that_layout():
+    """A training step's memory is channel-first (a transposed view of [B, C, S]); its selected rows are the
+    contiguous memory's, and their gradient comes back channel-first too, as the value projections' gradients it
+    is summed with (torch sums two layouts several times slower than one)."""
+    channel_first = torch.randn(2, 8, 30)
+    memory = channel_first.transpose(1, 2).requires_grad_()
+    index = torch.tensor([[3, 0, 29], [5, 5, 1]])
+    rows = gather_cells(memory, index)
+    assert torch.equal(rows, gather_cells(memory.detach().contiguous(), index))
+    (gradient,) = torch.autograd.grad((rows * torch.randn_like(rows)).sum(), memory)
+    assert gradient.transpose(1, 2).is_contiguous()
+    assert (gradient.abs().sum(-1) > 0).sum(1).tolist() == [3, 2]

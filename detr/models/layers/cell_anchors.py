@@ -42,7 +42,13 @@ CellScore = Callable[[torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, to
 
 
 def gather_cells(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """values [B, S, D] at the cells index [B, Q] → [B, Q, D]."""
+    """values [B, S, D] at the cells index [B, Q] → [B, Q, D]. A channel-first ``values`` (a transposed view of
+    [B, D, S], as a training step's decoder hands its memory over) is read in that layout, so that its gradient
+    (zeros but at the Q cells) is laid out as the value projections' gradients it is summed with: torch's sum of
+    two [B, S, D] tensors in different layouts is several times slower than in one."""
+    if not values.is_contiguous() and values.transpose(1, 2).is_contiguous():
+        channels_first = values.transpose(1, 2)
+        return channels_first.gather(2, index[:, None].expand(-1, channels_first.shape[1], -1)).transpose(1, 2)
     return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
 
 
