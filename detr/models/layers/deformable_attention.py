@@ -61,16 +61,16 @@ BILINEAR_KERNELS: tuple[str, ...] = ("auto", "grid_sample", "gather", "embedding
 
 
 def _nearest_cells(level_value: torch.Tensor, locations: torch.Tensor) -> torch.Tensor:
-    """level_value [N, D, h, w], locations [N, Q, P, 2] (x, y) in [0, 1] → [N, D, Q, P]: the value of the cell
-    that holds each location (``int(x · w + 0.5)``, truncated toward zero, then clamped into the map, as
-    RT-DETRv2's discrete sampling)."""
+    """level_value [N, D, h, w], locations [N, Q, P, 2] (x, y) in [0, 1] → [N, D, Q, P] (or any two middle
+    dimensions: :func:`deformable_sampling` passes [N, P, Q, 2]): the value of the cell that holds each location
+    (``int(x · w + 0.5)``, truncated toward zero, then clamped into the map, as RT-DETRv2's discrete sampling)."""
     count, channels, height, width = level_value.shape
     _, queries, points, _ = locations.shape
     cells = (locations * torch.tensor([width, height], dtype=locations.dtype, device=locations.device) + 0.5
              ).to(torch.int64)
     column = cells[..., 0].clamp(0, width - 1)
     row = cells[..., 1].clamp(0, height - 1)
-    # reshape, not view: for one image the locations keep the transposed strides of the caller's [B, Q, H, P, 2]
+    # reshape, not view: a level's locations are a strided split of the caller's [B·H, ΣP, Q, 2]
     index = (row * width + column).reshape(count, 1, queries * points).expand(count, channels, queries * points)
     return level_value.flatten(2).gather(2, index).view(count, channels, queries, points)
 
@@ -102,26 +102,29 @@ def deformable_sampling(value: torch.Tensor, spatial_shapes: SpatialShapes, samp
                                        points_per_level, method)
     queries, total_points = sampling_locations.shape[1], sampling_locations.shape[3]
     # One layout change for every level, each level a view of it (the kernels read strided maps): value [B, S, H, D]
-    # → [B·H, D, S], locations [B, Q, H, ΣP, 2] → [B·H, Q, ΣP, 2] (grid_sample's [-1, 1] for "bilinear")
+    # → [B·H, D, S], locations [B, Q, H, ΣP, 2] → [B·H, ΣP, Q, 2] (grid_sample's [-1, 1] for "bilinear"). The
+    # points come before the queries, so that the samples [B·H, D, ΣP, Q] are weighted and summed over the points
+    # with the queries innermost: torch's product, sum and their gradients run several times slower over a run of
+    # a few points
     value = value.permute(0, 2, 3, 1).reshape(batch * heads, head_dim, -1)
-    locations = sampling_locations.transpose(1, 2).flatten(0, 1)
+    locations = sampling_locations.movedim(1, 3).reshape(batch * heads, total_points, queries, 2)
     grid_sample = method == "bilinear" and kernel == "grid_sample"
     if grid_sample:
         locations = 2 * locations - 1
     values = value.split([height * width for height, width in spatial_shapes], dim=2)
-    level_locations = locations.split(list(points_per_level), dim=2)
+    level_locations = locations.split(list(points_per_level), dim=1)
     sampled = []
     for level, (height, width) in enumerate(spatial_shapes):
         level_value = values[level].view(batch * heads, head_dim, height, width)
         if method == "discrete":
-            sampled.append(_nearest_cells(level_value, level_locations[level]))  # [B·H, D, Q, P_l]
+            sampled.append(_nearest_cells(level_value, level_locations[level]))  # [B·H, D, P_l, Q]
         elif kernel == "gather":
             sampled.append(bilinear_gather(level_value, level_locations[level]))
         else:  # a contiguous grid: torch's CPU kernel reads a strided one 2-3 times slower, forward and backward
             sampled.append(F.grid_sample(level_value, level_locations[level].contiguous(), mode="bilinear",
-                                         padding_mode="zeros", align_corners=False))  # [B·H, D, Q, P_l]
-    weights = attention_weights.transpose(1, 2).reshape(batch * heads, 1, queries, total_points)
-    output = (torch.cat(sampled, dim=-1) * weights).sum(-1)  # [B·H, D, Q]
+                                         padding_mode="zeros", align_corners=False))  # [B·H, D, P_l, Q]
+    weights = attention_weights.movedim(1, 3).reshape(batch * heads, 1, total_points, queries)
+    output = (torch.cat(sampled, dim=2) * weights).sum(2)  # [B·H, D, Q]
     return output.view(batch, heads * head_dim, queries).transpose(1, 2).contiguous()
 
 
