@@ -98,7 +98,8 @@ def depthwise_conv_nhwc(conv: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, 
 def bilinear_gather(level_value: torch.Tensor, locations: torch.Tensor) -> torch.Tensor:
     """``grid_sample(level_value, 2 · locations − 1, "bilinear", padding_mode="zeros", align_corners=False)``
     as four gathers (the "gather" kernel: an export without ``GridSample``): level_value [N, D, h, w], locations
-    [N, Q, P, 2] (x, y) in [0, 1] → [N, D, Q, P].
+    [N, Q, P, 2] (x, y) in [0, 1] → [N, D, Q, P] (or any two middle dimensions, as grid_sample:
+    :func:`detr.models.layers.deformable_attention.deformable_sampling` passes [N, P, Q, 2]).
 
     The map gets a border of zeros one cell wide, so a neighbour outside the map reads 0 (any farther one is
     clamped onto that border) and no mask is needed."""
