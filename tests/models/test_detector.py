@@ -8,6 +8,7 @@ import torch
 from detr import DetrConfig, build_detr
 from detr.models import DETR, AnchorDETR
 from tests.helpers import tiny_config_with
+from tests.helpers_families import FAMILIES, batch, forward, tiny
 
 TINY = tiny_config_with(num_queries=6, num_classes=4, dropout=0.0)
 TARGETS = [{"labels": torch.tensor([1, 3]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1]])},
@@ -129,3 +130,28 @@ def test_every_model_and_backend_meets_one_contract(tmp_path):
     assert deformable.min_image_size == deformable.backbone[0].stride * 2 + 1  # the fourth level halves layer4's map
     assert deformable.describe().startswith("Deformable DETR, 4 levels × 2 points, resnet18")
     assert models["panoptic"].describe() == models["panoptic"].detr.describe() + ", mask head"
+
+
+@pytest.mark.parametrize("family", ("detr", *FAMILIES))
+def test_an_enclosing_autocast_reaches_every_layer_of_every_family(family):
+    """bf16-mixed training and the Predictor's bf16 run the model inside one ``torch.autocast``: no part of a model
+    may turn it off for itself (RF-DETR's ViT did, with a disabled context of its own when it had no dtype, so its
+    products ran in float32 under bf16-mixed while the rest ran in bfloat16)."""
+    if family == "detr":
+        model, (images, mask) = build_detr(TINY).eval(), _batch()
+    else:
+        model, (images, mask) = tiny(family), batch(family)
+    dtypes = {}
+
+    def record(name):
+        def hook(module, inputs, output) -> None:
+            dtypes.setdefault(name, output.dtype)
+        return hook
+
+    hooks = [module.register_forward_hook(record(name)) for name, module in model.named_modules()
+             if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d))]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        forward(model, family, images, mask)
+    for hook in hooks:
+        hook.remove()
+    assert dtypes and {name for name, dtype in dtypes.items() if dtype != torch.bfloat16} == set()

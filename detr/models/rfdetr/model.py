@@ -164,8 +164,8 @@ class RFDETR(Detector):
         return self._autocast_dtype
 
     def use_autocast(self, dtype: torch.dtype | None = torch.bfloat16) -> None:
-        """Run the ViT under ``torch.autocast`` in ``dtype`` (None: off); the projector and decoder get float32
-        stages."""
+        """Run the ViT under ``torch.autocast`` in ``dtype``, the projector and decoder getting float32 stages (None:
+        no autocast of its own, so that an enclosing one, e.g. bf16-mixed, applies to the whole model)."""
         self._autocast_dtype = dtype
 
     def optimize_for_inference(self, *, fold_batch_norm: bool = True, channels_last: bool = True) -> RFDETR:
@@ -187,9 +187,14 @@ class RFDETR(Detector):
         if images.dim() != 4:
             raise ValueError(f"RF-DETR takes images [B, 3, H, W], got {tuple(images.shape)}")
         dtype = self._autocast_dtype
-        with torch.autocast(images.device.type, dtype=dtype, enabled=dtype is not None):
+        # no context at all without a dtype of its own: an enclosing autocast (e.g. bf16-mixed) then reaches the ViT
+        # (a disabled autocast context would turn it off there)
+        if dtype is None:
             stages = self.backbone(images)
-        stages = [stage.float() for stage in stages]
+        else:
+            with torch.autocast(images.device.type, dtype=dtype):
+                stages = self.backbone(images)
+            stages = [stage.float() for stage in stages]
         features = [projector(stages) for projector in self.projector]
         keypoint_features = ([projector(stages) for projector in self.keypoint_projector]
                              if self.keypoint_projector is not None else None)
