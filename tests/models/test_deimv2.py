@@ -5,6 +5,8 @@ strides, and the config's checks."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -13,7 +15,7 @@ from detr import build_detr
 from detr.models.deimv2.config import DEIMv2Config
 from detr.models.dfine.config import DFINEConfig, DistributionDecoder
 from detr.models.rtdetr.config import RTDETRConfig
-from detr.models.dfine.decoder import SwiGLU
+from detr.models.dfine.decoder import RMSNorm, SwiGLU
 from detr.models.dfine.encoder import LiteEncoder, RepNCSPELAN5
 from tests.helpers import randomise
 
@@ -58,6 +60,23 @@ def test_the_decoder_layers_are_deimv2s(changes):
     assert len(model.decoder.query_pos_head.layers) == 3
     fusions = [module for module in model.encoder.modules() if isinstance(module, RepNCSPELAN5)]
     assert len(fusions) == 2 and isinstance(model.encoder, LiteEncoder) == bool(changes)
+
+
+def test_the_rms_norm_runs_fused_in_float32_under_bf16_autocast():
+    """bf16-mixed hands the RMSNorm bfloat16 inputs beside its float32 scale; torch's fused kernel refused the mix
+    (a warning and a slower path). It computes in the scale's dtype, as transformers' Llama RMSNorm in float32."""
+    torch.manual_seed(0)
+    norm = RMSNorm(16, eps=1e-6)
+    nn.init.normal_(norm.weight)
+    x = torch.randn(3, 5, 16)
+    assert torch.equal(norm(x), nn.functional.rms_norm(x, (16,), norm.weight, 1e-6))  # float32: nn.RMSNorm's
+    half = x.bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = norm(half)
+    expected = half.float() * torch.rsqrt(half.float().pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    assert out.dtype == torch.float32 and torch.allclose(out, expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("changes", [{}, LITE], ids=["hybrid", "lite"])

@@ -102,10 +102,19 @@ DecoderNorm = Literal["layer_norm", "rms_norm"]
 FeedForward = Literal["relu", "swiglu"]
 
 
+class RMSNorm(nn.RMSNorm):
+    """DEIMv2's RMSNorm, transformers' Llama one: eps 1e-6, a scale and no bias, computed in the scale's dtype.
+
+    Under an autocast (bf16-mixed) the input arrives in bfloat16 beside a float32 scale, which torch's fused kernel
+    refuses (a warning, and a slower composite path); computed in the scale's dtype it runs fused in float32, as
+    transformers computes it whatever the input's dtype. Equal to ``nn.RMSNorm`` when the two dtypes agree."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.to(self.weight.dtype), self.normalized_shape, self.weight, self.eps)
+
+
 def _norm(kind: DecoderNorm, hidden_dim: int) -> nn.Module:
-    # DEIMv2's RMSNorm is transformers' Llama one: eps 1e-6, a scale and no bias (transformers computes it in
-    # float32 whatever the input's dtype; nn.RMSNorm in the input's, equal in float32)
-    return nn.LayerNorm(hidden_dim) if kind == "layer_norm" else nn.RMSNorm(hidden_dim, eps=1e-6)
+    return nn.LayerNorm(hidden_dim) if kind == "layer_norm" else RMSNorm(hidden_dim, eps=1e-6)
 
 
 class SwiGLU(nn.Module):
