@@ -64,7 +64,7 @@ def test_the_decoder_layers_are_deimv2s(changes):
 
 def test_the_rms_norm_runs_fused_in_float32_under_bf16_autocast():
     """bf16-mixed hands the RMSNorm bfloat16 inputs beside its float32 scale; torch's fused kernel refused the mix
-    (a warning and a slower path). It computes in the scale's dtype, as transformers' Llama RMSNorm in float32."""
+    (a warning and a slower path). It computes in the scale's dtype: float32 under autocast."""
     torch.manual_seed(0)
     norm = RMSNorm(16, eps=1e-6)
     nn.init.normal_(norm.weight)

@@ -106,8 +106,9 @@ class RMSNorm(nn.RMSNorm):
     """DEIMv2's RMSNorm, transformers' Llama one: eps 1e-6, a scale and no bias, computed in the scale's dtype.
 
     Under an autocast (bf16-mixed) the input arrives in bfloat16 beside a float32 scale, which torch's fused kernel
-    refuses (a warning, and a slower composite path); computed in the scale's dtype it runs fused in float32, as
-    transformers computes it whatever the input's dtype. Equal to ``nn.RMSNorm`` when the two dtypes agree."""
+    refuses (a warning, and a slower composite path); computed in the scale's dtype it runs fused in float32
+    (transformers normalises in float32 too, then rounds to the input's dtype before the scale). Equal to
+    ``nn.RMSNorm`` when the two dtypes agree."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x.to(self.weight.dtype), self.normalized_shape, self.weight, self.eps)
