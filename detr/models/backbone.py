@@ -92,6 +92,13 @@ def cpu_has_bfloat16() -> bool:
     return any(check() for check in checks if check is not None)
 
 
+def own_autocast(device_type: str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """The context of a part that runs in a precision of its own (``use_autocast``): ``torch.autocast`` in ``dtype``,
+    or, when ``dtype`` is None, no context at all, so that an enclosing autocast (bf16-mixed, the Predictor's
+    precision) reaches the part; a disabled autocast context would switch that one off there."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
+
+
 class Backbone(nn.Module):
     """A torchvision ResNet cut after ``last_stage``.
 
@@ -216,11 +223,8 @@ class Backbone(nn.Module):
         fold = training and self.fold_in_training
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        # no context at all without autocast_dtype: an enclosing autocast (e.g. bf16-mixed) then applies
-        context = (contextlib.nullcontext() if self.autocast_dtype is None
-                   else torch.autocast(images.device.type, dtype=self.autocast_dtype))
         stages = {}
-        with context:
+        with own_autocast(images.device.type, self.autocast_dtype):
             features = images
             for name, stage in self.body.items():
                 features, frozen_nhwc = stage_layout(stage, features, frozen_nhwc)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from detr.models.backbone import own_autocast
 from detr.models.config import ClassHead
 from detr.models.detector import Detector
 from detr.models.inputs import InputSpec
@@ -187,13 +188,9 @@ class RFDETR(Detector):
         if images.dim() != 4:
             raise ValueError(f"RF-DETR takes images [B, 3, H, W], got {tuple(images.shape)}")
         dtype = self._autocast_dtype
-        # no context at all without a dtype of its own: an enclosing autocast (e.g. bf16-mixed) then reaches the ViT
-        # (a disabled autocast context would turn it off there)
-        if dtype is None:
+        with own_autocast(images.device.type, dtype):
             stages = self.backbone(images)
-        else:
-            with torch.autocast(images.device.type, dtype=dtype):
-                stages = self.backbone(images)
+        if dtype is not None:
             stages = [stage.float() for stage in stages]
         features = [projector(stages) for projector in self.projector]
         keypoint_features = ([projector(stages) for projector in self.keypoint_projector]

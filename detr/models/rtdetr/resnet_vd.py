@@ -13,14 +13,13 @@ Parameter names are the authors' (lyuwenyu/RT-DETR, ``src/nn/backbone/presnet.py
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detr.models.backbone import norm_layer
+from detr.models.backbone import norm_layer, own_autocast
 from detr.models.config import BackboneName, BackboneNorm
 from detr.models.layers.conv_norm import ConvNorm, Norm, fresh_activation, fresh_sum, stride_four_nhwc
 
@@ -129,10 +128,7 @@ class ResNetVd(nn.Module):
         float32 maps when ``autocast_dtype`` is set."""
         if self.channels_last or stride_four_nhwc(self, images):
             images = images.contiguous(memory_format=torch.channels_last)
-        # no context at all without autocast_dtype: an enclosing autocast (e.g. bf16-mixed) then applies
-        context = (contextlib.nullcontext() if self.autocast_dtype is None
-                   else torch.autocast(images.device.type, dtype=self.autocast_dtype))
-        with context:
+        with own_autocast(images.device.type, self.autocast_dtype):
             x = F.max_pool2d(self.conv1(images), kernel_size=3, stride=2, padding=1)
             outputs = []
             for index, stage in enumerate(self.res_layers):
